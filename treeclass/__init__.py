@@ -1,0 +1,62 @@
+"""treeclass: JAX pytrees that are pleasant and fast to define, read, edit and train.
+
+This module only re-exports; see DESIGN.md for the layout.
+"""
+
+from ._at import AtIndexer, at
+from ._fields import Field, autoinit, field, fields
+from ._leafwise import bcmap, leafwise
+from ._mask import freeze, is_frozen, is_nondiff, tree_mask, tree_unmask, unfreeze
+from ._pprint import (
+    tree_diagram,
+    tree_graph,
+    tree_mermaid,
+    tree_repr,
+    tree_repr_with_trace,
+    tree_str,
+    tree_summary,
+)
+from ._selectors import BaseKey, glob, where
+from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
+from ._treeclass import TreeClass
+from ._util import Partial, is_tree_equal
+
+__all__ = [
+    # classes and fields
+    "TreeClass",
+    "Field",
+    "field",
+    "fields",
+    "autoinit",
+    "leafwise",
+    # indexing
+    "at",
+    "AtIndexer",
+    "BaseKey",
+    "where",
+    "glob",
+    # tree maps
+    "bcmap",
+    "Partial",
+    "is_tree_equal",
+    "tree_map_with_trace",
+    "tree_leaves_with_trace",
+    "tree_flatten_with_trace",
+    # masking
+    "freeze",
+    "unfreeze",
+    "is_frozen",
+    "is_nondiff",
+    "tree_mask",
+    "tree_unmask",
+    # printing
+    "tree_repr",
+    "tree_str",
+    "tree_diagram",
+    "tree_summary",
+    "tree_graph",
+    "tree_mermaid",
+    "tree_repr_with_trace",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,435 @@
+"""Fields: `Field`, `field()`, `fields()` and the generated `__init__`.
+
+A field is an annotated class attribute. Fields are collected once per class, when the
+class is created, in definition order with inherited fields first (a redefinition keeps
+the position of the original, as in `dataclasses`). The generated `__init__` is compiled
+from source once per class so that constructing an instance costs about as much as a
+hand-written `__init__`.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, get_origin
+
+__all__ = ["Field", "field", "fields", "autoinit"]
+
+KINDS = ("POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR")
+# the order Python requires in a signature
+_KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __reduce__(self):
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+_MUTABLE_DEFAULT_MSG = (
+    "Mutable default {type} for field {cls}.{name}: it would be shared by every instance.\n"
+    "Use a factory instead:\n"
+    "    before: {name}: {type} = {value!r}\n"
+    "    after:  {name}: {type} = tc.field(factory=lambda: {value!r})"
+)
+
+
+def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
+    if value is None:
+        return ()
+    items = tuple(value) if isinstance(value, Sequence) and not callable(value) else (value,)
+    for item in items:
+        if not callable(item):
+            raise TypeError(
+                f"`{argname}` must be a callable or a sequence of callables, "
+                f"got {item!r} of type {type(item).__name__}."
+            )
+    return items
+
+
+class Field:
+    """The description of one field of a class; returned by `fields()`.
+
+    Build it with `field()`; its attributes are read-only.
+    """
+
+    __slots__ = (
+        "name", "type", "default", "factory", "init", "repr", "kind", "alias",
+        "on_setattr", "on_getattr", "static", "metadata", "doc",
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        type: Any = None,
+        default: Any = MISSING,
+        factory: Callable[[], Any] | None = None,
+        init: bool = True,
+        repr: bool = True,
+        kind: str = "POS_OR_KW",
+        alias: str | None = None,
+        on_setattr: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
+        on_getattr: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
+        static: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+        doc: str = "",
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
+        if default is not MISSING and factory is not None:
+            raise TypeError("Pass either `default` or `factory` to `field`, not both.")
+        if factory is not None and not callable(factory):
+            raise TypeError(f"`factory` must be callable, got {factory!r}.")
+        if alias is not None and not isinstance(alias, str):
+            raise TypeError(f"`alias` must be a str, got {alias!r} of type {type_name(alias)}.")
+        if alias is not None and not alias.isidentifier():
+            raise ValueError(f"`alias` must be a valid identifier, got {alias!r}.")
+        if not isinstance(doc, str):
+            raise TypeError(f"`doc` must be a str, got {type_name(doc)}.")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
+        setter = object.__setattr__
+        setter(self, "name", name)
+        setter(self, "type", type)
+        setter(self, "default", default)
+        setter(self, "factory", factory)
+        setter(self, "init", bool(init))
+        setter(self, "repr", bool(repr))
+        setter(self, "kind", kind)
+        setter(self, "alias", alias)
+        setter(self, "on_setattr", _as_callables(on_setattr, "on_setattr"))
+        setter(self, "on_getattr", _as_callables(on_getattr, "on_getattr"))
+        setter(self, "static", bool(static))
+        setter(self, "metadata", types.MappingProxyType(dict(metadata or {})))
+        setter(self, "doc", doc)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Field objects are immutable; use `field.replace({name}=...)`.")
+
+    def replace(self, **changes: Any) -> Field:
+        """Return a copy of this field with `changes` applied."""
+        kwargs = {slot: getattr(self, slot) for slot in Field.__slots__}
+        kwargs.update(changes)
+        return Field(**kwargs)
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not MISSING or self.factory is not None
+
+    def __repr__(self) -> str:
+        shown = [f"name={self.name!r}"]
+        defaults = Field()
+        for slot in Field.__slots__[1:]:
+            value = getattr(self, slot)
+            if value != getattr(defaults, slot) and slot != "type":
+                shown.append(f"{slot}={value!r}")
+        return f"Field({', '.join(shown)})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Field):
+            return NotImplemented
+        return all(getattr(self, s) is getattr(other, s) or getattr(self, s) == getattr(other, s)
+                   for s in Field.__slots__)
+
+    __hash__ = object.__hash__
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def field(
+    *,
+    default: Any = MISSING,
+    factory: Callable[[], Any] | None = None,
+    init: bool = True,
+    repr: bool = True,
+    kind: str = "POS_OR_KW",
+    alias: str | None = None,
+    on_setattr: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
+    on_getattr: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
+    static: bool = False,
+    metadata: Mapping[str, Any] | None = None,
+    doc: str = "",
+) -> Any:
+    """Describe a field of a `TreeClass` (or an `autoinit` class).
+
+    **Arguments**
+
+    - `default`: the default value; must not be a `list`, `dict` or `set` (use `factory`).
+    - `factory`: a zero-argument callable that makes the default for each instance.
+    - `init`: whether the field is a parameter of the generated `__init__`. A field with
+      `init=False` and a default is set to the default by `__init__`.
+    - `repr`: whether the field is shown by `repr`.
+    - `kind`: the parameter kind in the generated `__init__`: `"POS_ONLY"`, `"POS_OR_KW"`
+      (the default), `"VAR_POS"` (`*args`, stored as a tuple), `"KW_ONLY"`, `"VAR_KW"`
+      (`**kwargs`, stored as a dict) or `"CLASS_VAR"` (not an instance field at all).
+    - `alias`: the name of the `__init__` parameter, when it differs from the field name.
+    - `on_setattr`: a callable (or a sequence, applied in order) that validates or converts
+      the value whenever the field is assigned (in `__init__`, or inside `.at["method"]`).
+    - `on_getattr`: a callable (or a sequence) applied to the value on attribute reads.
+      Flattening sees the stored value.
+    - `static`: store the value in the tree definition instead of as a leaf. It must be
+      hashable; it survives flatten/unflatten and takes part in `==`, `hash` and the
+      `jax.jit` cache key.
+    - `metadata`: a mapping of extra information, kept read-only.
+    - `doc`: a documentation string for the field.
+
+    **Returns**
+
+    A `Field`, to be assigned to an annotated class attribute.
+
+    ```python
+    import treeclass as tc
+
+    class Tree(tc.TreeClass):
+        a: int = tc.field(default=1, on_setattr=[int])
+        name: str = tc.field(default="x", static=True)
+
+    assert Tree(a=2.7).a == 2
+    ```
+    """
+    return Field(
+        default=default, factory=factory, init=init, repr=repr, kind=kind, alias=alias,
+        on_setattr=on_setattr, on_getattr=on_getattr, static=static, metadata=metadata,
+        doc=doc,
+    )
+
+
+def _is_classvar(annotation: Any) -> bool:
+    if annotation is ClassVar or get_origin(annotation) is ClassVar:
+        return True
+    if isinstance(annotation, str):
+        text = annotation.strip()
+        for prefix in ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar"):
+            if text == prefix or text.startswith(prefix + "["):
+                return True
+    return False
+
+
+def _own_annotations(cls: type) -> dict[str, Any]:
+    # `cls.__annotations__` would fall back to a parent's dict on older Pythons.
+    return dict(cls.__dict__.get("__annotations__", {}))
+
+
+def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, Field]:
+    """Fields of `cls` in definition order, inherited ones first, keyed by name.
+
+    Reads annotations from every class in the MRO; Field objects still in a class body
+    are read from there, already-processed classes from their cached `_tc_fields`. With
+    `marked_bases_only`, annotations of bases that are not field classes themselves
+    (plain mixins) are not fields, as in `dataclasses`.
+    """
+    result: dict[str, Field] = {}
+    for base in reversed(cls.__mro__):
+        if base is object:
+            continue
+        cached = base.__dict__.get("_tc_fields")
+        if cached is not None and base is not cls:
+            result.update(cached)
+            continue
+        if marked_bases_only and base is not cls:
+            continue
+        for name, annotation in _own_annotations(base).items():
+            if _is_classvar(annotation):
+                continue
+            value = base.__dict__.get(name, MISSING)
+            if isinstance(value, Field):
+                item = value.replace(name=name, type=annotation)
+            elif isinstance(value, types.MemberDescriptorType):
+                item = Field(name=name, type=annotation)  # a __slots__ entry, no default
+            else:
+                item = Field(name=name, type=annotation, default=value)
+            _check_default(base, item)
+            result[name] = item
+    return result
+
+
+def _check_default(cls: type, item: Field) -> None:
+    if isinstance(item.default, (list, dict, set, bytearray)):
+        raise TypeError(
+            _MUTABLE_DEFAULT_MSG.format(
+                type=type(item.default).__name__, cls=cls.__name__, name=item.name,
+                value=item.default,
+            )
+        )
+
+
+def fields(item: Any) -> tuple[Field, ...]:
+    """The fields of a class or instance, in definition order, inherited fields first.
+
+    `CLASS_VAR` fields are included (their `kind` says so). Works on `TreeClass`
+    subclasses and on `autoinit` classes.
+
+    ```python
+    import treeclass as tc
+
+    class Tree(tc.TreeClass):
+        a: int
+        b: float = 2.0
+
+    assert [f.name for f in tc.fields(Tree)] == ["a", "b"]
+    ```
+    """
+    cls = item if isinstance(item, type) else type(item)
+    cached = cls.__dict__.get("_tc_fields")
+    if cached is None:
+        cached = collect_fields(cls)
+    return tuple(cached.values())
+
+
+# -- __init__ generation --------------------------------------------------------------------
+
+
+def _check_signature_order(cls: type, params: list[Field]) -> None:
+    seen_default: Field | None = None
+    seen_kinds: set[str] = set()
+    for item in params:
+        if item.kind in ("VAR_POS", "VAR_KW") and item.kind in seen_kinds:
+            raise TypeError(f"{cls.__name__}: only one field may have kind={item.kind!r}.")
+        seen_kinds.add(item.kind)
+        if item.kind not in ("POS_ONLY", "POS_OR_KW"):
+            continue
+        if item.has_default:
+            seen_default = item
+        elif seen_default is not None:
+            raise TypeError(
+                f"{cls.__name__}: field {item.name!r} has no default but follows field "
+                f"{seen_default.name!r}, which has one. Give {item.name!r} a default, move it "
+                f"before {seen_default.name!r}, or make it kind='KW_ONLY'."
+            )
+
+
+def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) -> Callable:
+    """Compile an `__init__` for `cls` from its fields.
+
+    With `through_setattr=False` (TreeClass), values are written straight into the
+    instance `__dict__`, after their `on_setattr` callbacks: the fast path. Otherwise
+    (plain `autoinit` classes) each value goes through `setattr`.
+    """
+    instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
+    params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
+    _check_signature_order(cls, params)
+
+    namespace: dict[str, Any] = {"MISSING": MISSING}
+    signature: list[str] = []
+    has_pos_only = any(p.kind == "POS_ONLY" for p in params)
+    for item in params:
+        arg = item.alias or item.name
+        if has_pos_only and item.kind != "POS_ONLY" and "/" not in signature:
+            signature.append("/")
+        if item.kind == "VAR_POS":
+            signature.append(f"*{arg}")
+            continue
+        if item.kind == "VAR_KW":
+            signature.append(f"**{arg}")
+            continue
+        if item.kind == "KW_ONLY" and not any(t.startswith("*") for t in signature):
+            signature.append("*")
+        text = arg
+        if item.default is not MISSING:
+            namespace[f"_default_{item.name}"] = item.default
+            text += f"=_default_{item.name}"
+        elif item.factory is not None:
+            text += "=MISSING"
+        signature.append(text)
+    if has_pos_only and "/" not in signature:
+        signature.append("/")
+
+    body: list[str] = []
+    for item in instance_fields:
+        arg = item.alias or item.name
+        if item.init:
+            value = arg
+            if item.factory is not None:
+                namespace[f"_factory_{item.name}"] = item.factory
+                value = f"(_factory_{item.name}() if {arg} is MISSING else {arg})"
+            if item.kind == "VAR_KW":
+                value = f"dict({arg})"
+        elif item.default is not MISSING:
+            namespace[f"_default_{item.name}"] = item.default
+            value = f"_default_{item.name}"
+        elif item.factory is not None:
+            namespace[f"_factory_{item.name}"] = item.factory
+            value = f"_factory_{item.name}()"
+        else:
+            continue
+        if through_setattr:
+            body.append(f"    self.{item.name} = {value}")
+            continue
+        for i, fn in enumerate(item.on_setattr):
+            namespace[f"_set_{item.name}_{i}"] = fn
+            value = f"_set_{item.name}_{i}({value})"
+        if item.on_setattr:
+            # a try block is free in CPython 3.11+ until it raises
+            namespace["_note"] = add_field_note
+            body.append(f"    try:\n        _d[{item.name!r}] = {value}")
+            body.append(f"    except Exception as e:\n        _note(e, self, {item.name!r})\n"
+                        "        raise")
+        else:
+            body.append(f"    _d[{item.name!r}] = {value}")
+
+    if not through_setattr and body:
+        body.insert(0, "    _d = self.__dict__")
+    if getattr(cls, "__post_init__", None) is not None:
+        body.append("    self.__post_init__()")
+    if not body:
+        body.append("    pass")
+    source = f"def __init__({', '.join(['self', *signature])}):\n" + "\n".join(body)
+    exec(compile(source, f"<treeclass __init__ of {cls.__qualname__}>", "exec"), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__tc_generated__ = True
+    return init
+
+
+def add_field_note(error: BaseException, obj: Any, name: str) -> None:
+    """Say which field a failing `on_setattr` callback was validating."""
+    if hasattr(error, "add_note"):
+        error.add_note(f"while setting field `{type(obj).__name__}.{name}` (its on_setattr)")
+
+
+def autoinit(cls: type) -> type:
+    """Give `cls` an `__init__` generated from its annotated fields.
+
+    On a `TreeClass` subclass this is what subclassing does already when the class has
+    fields and no `__init__` of its own; `autoinit` makes it explicit and forces it even
+    when a parent defines `__init__`. It is idempotent, and works on plain classes too
+    (there values are assigned with `setattr`, so `on_setattr` is not applied).
+
+    ```python
+    import treeclass as tc
+
+    @tc.autoinit
+    class Point:
+        x: float
+        y: float = 0.0
+
+    assert Point(1.0).y == 0.0
+    ```
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"`autoinit` expects a class, got {cls!r}.")
+    if "__init__" in cls.__dict__ and getattr(cls.__init__, "__tc_generated__", False):
+        return cls
+    is_treeclass = "_tc_fields" in cls.__dict__
+    items = cls.__dict__["_tc_fields"] if is_treeclass else collect_fields(cls)
+    if not is_treeclass:
+        for name, item in items.items():
+            # as in dataclasses, the class attribute holds the default (or nothing)
+            if isinstance(cls.__dict__.get(name), Field):
+                if item.default is MISSING:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, item.default)
+    cls.__init__ = build_init(cls, items, through_setattr=not is_treeclass)
+    return cls
+

@@ -1,0 +1,485 @@
+"""`TreeClass`: a class whose instances are registered, immutable JAX pytrees.
+
+How flattening stays cheap (see DESIGN.md section 5): an instance is immutable once its
+`__init__` has run, so its *layout* (attribute names in assignment order, the values of
+static fields, the `GetAttrKey` of every child) is computed once, when `__init__` ends,
+interned per class and kept in a slot outside the instance `__dict__`. Flatten reads the
+children with one precomputed getter and returns the layout itself as the auxiliary
+data; JAX compares layouts by identity first, so equal trees hit the `jax.jit` cache
+without any per-call hashing. Unflatten never calls `__init__`: it allocates with
+`object.__new__` and fills `__dict__` directly.
+
+The layout slot doubles as the mutability flag: `None` means "under construction" (or a
+private copy inside `.at["method"]()`), anything else means sealed. Being per instance,
+it is thread-safe without any global registry.
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from typing_extensions import dataclass_transform
+
+from ._at import AtIndexer
+from ._fields import MISSING, Field, add_field_note, build_init, collect_fields, field
+from ._pprint import tree_repr, tree_str
+from ._util import is_tree_equal
+
+__all__ = ["TreeClass"]
+
+_IMMUTABLE_MSG = (
+    "Cannot {action} attribute {name!r} of an immutable `{cls}` instance: TreeClass "
+    "instances are frozen once `__init__` has returned. Make a changed copy instead:\n"
+    "    before: {before}\n"
+    "    after:  tree = tree.at[{name!r}].set(value)\n"
+    "To run a method that mutates the instance, call it on a copy:\n"
+    "    value, tree = tree.at['method_name'](*args, **kwargs)"
+)
+_UNHASHABLE_STATIC_MSG = (
+    "Static field `{cls}.{name}` must be hashable, but got a value of type {type}: static "
+    "values are part of the tree definition, which JAX hashes on every jit call.\n"
+    "Make it hashable (e.g. a tuple instead of a list), or make it a leaf:\n"
+    "    before: {name}: ... = tc.field(static=True)\n"
+    "    after:  {name}: ... = tc.field()   # optionally frozen with tc.freeze"
+)
+_ARRAY_STATIC_MSG = (
+    "Static field `{cls}.{name}` holds an array: it will be compared by identity, so an "
+    "equal but distinct array retraces `jax.jit`. Make it a leaf, or freeze it with "
+    "`tc.freeze`, which hashes the array's contents once."
+)
+# Layouts are interned per class; a class whose static values vary without bound (a
+# static float per instance, say) stops interning past this many, staying correct
+# because layouts also compare by value.
+_MAX_INTERNED_LAYOUTS = 4096
+
+
+class _ByIdentity:
+    """Wraps an unhashable static value (an array) so that it compares by identity."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByIdentity) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def _typed_key(value: Any, cls: type, name: str) -> Any:
+    # 1, 1.0 and True are equal and hash alike, but a static field must give back the
+    # exact value it was given, so the interning key carries the types too.
+    kind = type(value)
+    if kind is tuple:
+        return (tuple, tuple(_typed_key(item, cls, name) for item in value))
+    if isinstance(value, (np.ndarray, jax.Array)):
+        warnings.warn(_ARRAY_STATIC_MSG.format(cls=cls.__name__, name=name), stacklevel=5)
+        return _ByIdentity(value)
+    return (kind, value)
+
+
+class _Layout:
+    """What flatten returns as auxiliary data: everything about an instance but its leaves."""
+
+    __slots__ = ("cls", "names", "leaf_names", "static", "keys", "get", "build", "key", "hash")
+
+    def __init__(self, cls: type, names: tuple[str, ...], static: dict[str, Any], key: Any):
+        self.cls = cls
+        self.names = names  # every attribute, in assignment order
+        self.leaf_names = tuple(n for n in names if n not in static)
+        self.static = static
+        key_of = cls._tc_keys
+        self.keys = tuple(key_of(n) for n in self.leaf_names)
+        count = len(self.leaf_names)
+        if count == 0:
+            self.get = lambda _: ()
+        elif count == 1:
+            only = self.leaf_names[0]
+            self.get = lambda d: (d[only],)
+        else:
+            self.get = operator.itemgetter(*self.leaf_names)
+        self.build = self._compile_build()
+        self.key = key
+        self.hash = hash((cls, key))
+
+    def _compile_build(self) -> Callable[[Any], Any]:
+        # Unflatten is on the hot path of every jit call. Code generated once per layout
+        # (straight-line stores into a fresh __dict__) runs about twice as fast as
+        # `dict(zip(names, children))`.
+        namespace: dict[str, Any] = {"new": _new, "cls": self.cls, "layout": self,
+                                     "set_layout": _layout_slot.__set__}
+        lines = ["def build(children):", "    tree = new(cls)", "    set_layout(tree, layout)",
+                 "    state = tree.__dict__"]
+        if self.leaf_names:
+            targets = "".join(f"c{i}, " for i in range(len(self.leaf_names)))
+            lines.append(f"    {targets}= children")
+        leaf_index = {name: i for i, name in enumerate(self.leaf_names)}
+        for i, name in enumerate(self.names):
+            if name in leaf_index:
+                lines.append(f"    state[{name!r}] = c{leaf_index[name]}")
+            else:
+                namespace[f"s{i}"] = self.static[name]
+                lines.append(f"    state[{name!r}] = s{i}")
+        lines.append("    return tree")
+        exec("\n".join(lines), namespace)
+        return namespace["build"]
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is _Layout and self.cls is other.cls and self.key == other.key
+        )
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __repr__(self) -> str:
+        static = ", ".join(f"{k}={v!r}" for k, v in self.static.items())
+        return f"{self.cls.__name__}Layout(leaves={self.leaf_names}, static=({static}))"
+
+    def __reduce__(self):
+        return (_layout_for, (self.cls, self.names, self.static))
+
+
+class _Broken:
+    """The layout of an instance whose `__init__` failed: sealed, but not a valid tree."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
+def _layout_for(cls: type, names: tuple[str, ...], static: dict[str, Any]) -> _Layout:
+    if static:
+        try:
+            key: Any = (names, tuple(_typed_key(v, cls, n) for n, v in static.items()))
+            cached = cls._tc_layouts.get(key)
+        except TypeError:
+            for name, value in static.items():
+                try:
+                    hash(value)
+                except TypeError:
+                    raise TypeError(
+                        _UNHASHABLE_STATIC_MSG.format(
+                            cls=cls.__name__, name=name, type=type(value).__name__
+                        )
+                    ) from None
+            raise
+    else:
+        key = names
+        cached = cls._tc_layouts.get(key)
+    if cached is not None:
+        return cached
+    layout = _Layout(cls, names, static, key)
+    if len(cls._tc_layouts) < _MAX_INTERNED_LAYOUTS:
+        layout = cls._tc_layouts.setdefault(key, layout)
+    return layout
+
+
+def _layout_of(tree: TreeClass) -> _Layout:
+    cls = type(tree)
+    d = tree.__dict__
+    names = tuple(d)
+    statics = cls._tc_static_names
+    static = {n: d[n] for n in statics if n in d} if statics else {}
+    return _layout_for(cls, names, static)
+
+
+# Direct slot and __dict__ access, bypassing our __setattr__.
+_set_dict = object.__setattr__
+_new = object.__new__
+
+
+def _seal(tree: TreeClass) -> None:
+    _layout_slot.__set__(tree, _layout_of(tree))
+
+
+def _seal_after_error(tree: TreeClass, error: BaseException) -> None:
+    try:
+        _seal(tree)
+    except Exception:  # the original error matters more; stay immutable regardless
+        _layout_slot.__set__(tree, _Broken(error))
+
+
+class _TreeClassMeta(abc.ABCMeta):
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.__new__ is object.__new__:
+            tree = _new(cls)
+        else:
+            tree = cls.__new__(cls, *args, **kwargs)
+            if not isinstance(tree, cls):
+                return tree
+        _layout_slot.__set__(tree, None)
+        try:
+            tree.__init__(*args, **kwargs)
+        except BaseException as error:
+            _seal_after_error(tree, error)
+            raise
+        _seal(tree)
+        return tree
+
+
+def _register(cls: type) -> None:
+    def flatten(tree: Any) -> tuple[Any, _Layout]:
+        layout = tree._tc_layout
+        if type(layout) is not _Layout:  # unsealed (inside __init__) or a failed __init__
+            layout = _layout_of(tree)
+        return layout.get(tree.__dict__), layout
+
+    def flatten_with_keys(tree: Any) -> tuple[list[tuple[Any, Any]], _Layout]:
+        children, layout = flatten(tree)
+        return list(zip(layout.keys, children)), layout
+
+    def unflatten(layout: _Layout, children: Any) -> Any:
+        return layout.build(children)
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+
+
+class _FieldGetter:
+    """Class attribute for a field with `on_getattr`: applies the callbacks on reads."""
+
+    __slots__ = ("name", "callbacks", "default")
+
+    def __init__(self, item: Field) -> None:
+        self.name = item.name
+        self.callbacks = item.on_getattr
+        self.default = item.default
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            if self.default is MISSING:
+                raise AttributeError(self.name)
+            return self.default
+        try:
+            value = obj.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(
+                f"`{type(obj).__name__}` instance has no attribute {self.name!r}"
+            ) from None
+        for callback in self.callbacks:
+            value = callback(value)
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        TreeClass.__setattr__(obj, self.name, value)
+
+    def __delete__(self, obj: Any) -> None:
+        TreeClass.__delattr__(obj, self.name)
+
+
+@dataclass_transform(field_specifiers=(field, Field))
+class TreeClass(metaclass=_TreeClassMeta):
+    """Base class for classes whose instances are JAX pytrees.
+
+    Subclassing registers the class with `jax.tree_util` (keyed by `GetAttrKey`); the
+    children are the instance attributes in assignment order, except fields declared
+    with `field(static=True)`, which live in the tree definition. Annotated fields give a
+    generated `__init__` unless the class defines one. Instances are immutable after
+    `__init__`: edit them with `.at[...]`.
+
+    **Class keywords**
+
+    - `leafwise=True`: add leafwise arithmetic and comparison operators
+      (see `treeclass.leafwise`).
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array
+        bias: jax.Array
+        name: str = tc.field(default="linear", static=True)
+
+    layer = Linear(jnp.ones((2, 2)), jnp.zeros(2))
+    assert len(jax.tree_util.tree_leaves(layer)) == 2
+    layer = layer.at["bias"].set(1.0)
+    ```
+    """
+
+    __slots__ = ("_tc_layout", "__weakref__")
+
+    # filled per subclass by __init_subclass__
+    _tc_fields: dict[str, Field] = {}
+    _tc_static_names: tuple[str, ...] = ()
+    _tc_setters: dict[str, tuple[Callable[[Any], Any], ...]] = {}
+    _tc_layouts: dict[Any, _Layout] = {}
+
+    def __init_subclass__(cls, *, leafwise: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        items = collect_fields(cls, marked_bases_only=True)
+        own = set(cls.__dict__.get("__annotations__", {})) & set(items)
+        for name in own:
+            item = items[name]
+            if item.kind == "CLASS_VAR":
+                setattr_type(cls, name, item.default)
+            elif item.on_getattr:
+                setattr_type(cls, name, _FieldGetter(item))
+            elif item.default is not MISSING:
+                setattr_type(cls, name, item.default)  # `Tree.a` reads the default
+            elif isinstance(cls.__dict__.get(name), Field):
+                delattr(cls, name)
+        setattr_type(cls, "_tc_fields", items)
+        instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
+        setattr_type(cls, "_tc_static_names", tuple(f.name for f in instance_fields if f.static))
+        setattr_type(
+            cls, "_tc_setters", {f.name: f.on_setattr for f in instance_fields if f.on_setattr}
+        )
+        setattr_type(cls, "_tc_layouts", {})
+        setattr_type(cls, "_tc_keys", _key_factory())
+
+        if "__init__" not in cls.__dict__:
+            inherited = cls.__init__
+            inherited_is_generated = getattr(inherited, "__tc_generated__", False)
+            if own or inherited_is_generated or inherited is object.__init__:
+                cls.__init__ = build_init(cls, items, through_setattr=False)
+        _register(cls)
+        if leafwise:
+            from ._leafwise import leafwise as make_leafwise
+
+            make_leafwise(cls)
+
+    # -- immutability ------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_tc_layout", None) is not None:
+            raise AttributeError(
+                _IMMUTABLE_MSG.format(
+                    action="set", name=name, cls=type(self).__name__,
+                    before=f"tree.{name} = value",
+                )
+            )
+        callbacks = type(self)._tc_setters.get(name)
+        if callbacks:
+            try:
+                for callback in callbacks:
+                    value = callback(value)
+            except Exception as error:
+                add_field_note(error, self, name)
+                raise
+        self.__dict__[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        if getattr(self, "_tc_layout", None) is not None:
+            raise AttributeError(
+                _IMMUTABLE_MSG.format(
+                    action="delete", name=name, cls=type(self).__name__,
+                    before=f"del tree.{name}",
+                )
+            )
+        try:
+            del self.__dict__[name]
+        except KeyError:
+            raise AttributeError(
+                f"`{type(self).__name__}` instance has no attribute {name!r}"
+            ) from None
+
+    # -- the indexer -------------------------------------------------------------------
+
+    @property
+    def at(self) -> AtIndexer:
+        """The `.at[...]` indexer: select parts of this tree and get a new tree back."""
+        return AtIndexer(self)
+
+    # -- dunders -----------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return tree_repr(self)
+
+    def __str__(self) -> str:
+        return tree_str(self)
+
+    def __eq__(self, other: object) -> Any:
+        return is_tree_equal(self, other)
+
+    def __hash__(self) -> int:
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(self)
+        try:
+            return hash((treedef, *(leaf for _, leaf in leaves)))
+        except TypeError:
+            for path, leaf in leaves:
+                try:
+                    hash(leaf)
+                except TypeError:
+                    raise TypeError(
+                        f"Cannot hash a `{type(self).__name__}`: the leaf at "
+                        f"{type(self).__name__}{jax.tree_util.keystr(path)} is an unhashable "
+                        f"{type(leaf).__name__}. Freeze it (`tc.freeze`) to hash by value."
+                    ) from None
+            raise
+
+    def __copy__(self) -> Any:
+        tree = _new(type(self))
+        _set_dict(tree, "__dict__", dict(self.__dict__))
+        _layout_slot.__set__(tree, getattr(self, "_tc_layout", None))
+        return tree
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _set_dict(self, "__dict__", dict(state))
+        _seal(self)
+
+    # -- support for `.at["method"](...)` ------------------------------------------------
+
+    def _tc_unsealed_copy(self) -> Any:
+        """A copy of this tree in which every TreeClass node may be mutated."""
+        tree = jax.tree_util.tree_map(lambda x: x, self)
+        for node in _treeclass_nodes(tree):
+            _layout_slot.__set__(node, None)
+        return tree
+
+    def _tc_reseal(self) -> None:
+        """Make every TreeClass node of this (unsealed copy) tree immutable again."""
+        for node in _treeclass_nodes(self):
+            if node._tc_layout is None:
+                _seal(node)
+
+
+def setattr_type(cls: type, name: str, value: Any) -> None:
+    type.__setattr__(cls, name, value)
+
+
+def _key_factory() -> Callable[[str], Any]:
+    # one GetAttrKey per class and name, built on first use and then reused
+    cache: dict[str, Any] = {}
+
+    def key_of(name: str) -> Any:
+        key = cache.get(name)
+        if key is None:
+            key = cache.setdefault(name, jax.tree_util.GetAttrKey(name))
+        return key
+
+    return key_of
+
+
+def _treeclass_nodes(tree: Any) -> Iterator[TreeClass]:
+    """Every TreeClass node of `tree` (itself included), parents before children."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TreeClass):
+            yield node
+            statics = node._tc_static_names
+            children = [v for k, v in node.__dict__.items() if k not in statics]
+        else:
+            children = [node]  # only the root can be a plain pytree here
+        found = jax.tree_util.tree_leaves(children, is_leaf=_is_treeclass)
+        stack.extend(x for x in reversed(found) if isinstance(x, TreeClass))
+
+
+def _is_treeclass(node: Any) -> bool:
+    return isinstance(node, TreeClass)
+
+
+_layout_slot = TreeClass.__dict__["_tc_layout"]
