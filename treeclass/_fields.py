@@ -13,6 +13,8 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, get_origin
 
+from typing_extensions import dataclass_transform
+
 __all__ = ["Field", "field", "fields", "autoinit"]
 
 KINDS = ("POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR")
@@ -135,10 +137,19 @@ class Field:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Field):
             return NotImplemented
-        return all(getattr(self, s) is getattr(other, s) or getattr(self, s) == getattr(other, s)
-                   for s in Field.__slots__)
+        return all(_same_value(getattr(self, s), getattr(other, s)) for s in Field.__slots__)
 
     __hash__ = object.__hash__
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    # defaults may be arrays, whose `==` is elementwise (and has no truth value)
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def type_name(value: Any) -> str:
@@ -231,7 +242,7 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
     for base in reversed(cls.__mro__):
         if base is object:
             continue
-        cached = base.__dict__.get("_tc_fields")
+        cached = _cached_fields(base)
         if cached is not None and base is not cls:
             result.update(cached)
             continue
@@ -250,6 +261,18 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
             _check_default(base, item)
             result[name] = item
     return result
+
+
+# Where `autoinit` keeps the fields of a plain (non-TreeClass) class: not `_tc_fields`,
+# which other modules read as "this is a TreeClass".
+_PLAIN_FIELDS_ATTR = "_tc_autoinit_fields"
+
+
+def _cached_fields(cls: type) -> dict[str, Field] | None:
+    cached = cls.__dict__.get("_tc_fields")
+    if cached is None:
+        cached = cls.__dict__.get(_PLAIN_FIELDS_ATTR)
+    return cached
 
 
 def _check_default(cls: type, item: Field) -> None:
@@ -279,7 +302,7 @@ def fields(item: Any) -> tuple[Field, ...]:
     ```
     """
     cls = item if isinstance(item, type) else type(item)
-    cached = cls.__dict__.get("_tc_fields")
+    cached = _cached_fields(cls)
     if cached is None:
         cached = collect_fields(cls)
     return tuple(cached.values())
@@ -307,6 +330,24 @@ def _check_signature_order(cls: type, params: list[Field]) -> None:
             )
 
 
+_DUPLICATE_PARAM_MSG = (
+    "{cls}: fields {first!r} and {second!r} both use the `__init__` parameter name {arg!r}. "
+    "Give one of them a different `alias`."
+)
+
+
+_REINIT_MSG = (
+    "Cannot call `__init__` again on an immutable `{cls}` instance: it would change the "
+    "instance in place. Make a new instance instead:\n"
+    "    before: tree.__init__(...)\n"
+    "    after:  tree = {cls}(...)"
+)
+
+
+def _refuse_reinit(obj: Any) -> None:
+    raise AttributeError(_REINIT_MSG.format(cls=type(obj).__name__))
+
+
 def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) -> Callable:
     """Compile an `__init__` for `cls` from its fields.
 
@@ -317,8 +358,20 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
     params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
     _check_signature_order(cls, params)
+    owners: dict[str, str] = {}
+    for item in params:
+        arg = item.alias or item.name
+        if arg in owners:
+            raise TypeError(
+                _DUPLICATE_PARAM_MSG.format(cls=cls.__name__, first=owners[arg],
+                                            second=item.name, arg=arg)
+            )
+        owners[arg] = item.name
 
-    namespace: dict[str, Any] = {"MISSING": MISSING}
+    # Every helper name in the generated code starts with `__tc_` so that no field (or
+    # alias) name can shadow it; `self` is renamed only when a field is called `self`.
+    this = "__tc_self__" if "self" in owners else "self"
+    namespace: dict[str, Any] = {"__tc_missing": MISSING, "__tc_dict_type": dict}
     signature: list[str] = []
     has_pos_only = any(p.kind == "POS_ONLY" for p in params)
     for item in params:
@@ -335,10 +388,10 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
             signature.append("*")
         text = arg
         if item.default is not MISSING:
-            namespace[f"_default_{item.name}"] = item.default
-            text += f"=_default_{item.name}"
+            namespace[f"__tc_default_{item.name}"] = item.default
+            text += f"=__tc_default_{item.name}"
         elif item.factory is not None:
-            text += "=MISSING"
+            text += "=__tc_missing"
         signature.append(text)
     if has_pos_only and "/" not in signature:
         signature.append("/")
@@ -349,40 +402,49 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
         if item.init:
             value = arg
             if item.factory is not None:
-                namespace[f"_factory_{item.name}"] = item.factory
-                value = f"(_factory_{item.name}() if {arg} is MISSING else {arg})"
+                namespace[f"__tc_factory_{item.name}"] = item.factory
+                value = f"(__tc_factory_{item.name}() if {arg} is __tc_missing else {arg})"
             if item.kind == "VAR_KW":
-                value = f"dict({arg})"
+                value = f"__tc_dict_type({arg})"
         elif item.default is not MISSING:
-            namespace[f"_default_{item.name}"] = item.default
-            value = f"_default_{item.name}"
+            namespace[f"__tc_default_{item.name}"] = item.default
+            value = f"__tc_default_{item.name}"
         elif item.factory is not None:
-            namespace[f"_factory_{item.name}"] = item.factory
-            value = f"_factory_{item.name}()"
+            namespace[f"__tc_factory_{item.name}"] = item.factory
+            value = f"__tc_factory_{item.name}()"
         else:
             continue
         if through_setattr:
-            body.append(f"    self.{item.name} = {value}")
+            body.append(f"    {this}.{item.name} = {value}")
             continue
         for i, fn in enumerate(item.on_setattr):
-            namespace[f"_set_{item.name}_{i}"] = fn
-            value = f"_set_{item.name}_{i}({value})"
+            namespace[f"__tc_set_{item.name}_{i}"] = fn
+            value = f"__tc_set_{item.name}_{i}({value})"
         if item.on_setattr:
             # a try block is free in CPython 3.11+ until it raises
-            namespace["_note"] = add_field_note
-            body.append(f"    try:\n        _d[{item.name!r}] = {value}")
-            body.append(f"    except Exception as e:\n        _note(e, self, {item.name!r})\n"
+            namespace["__tc_note"] = add_field_note
+            body.append(f"    try:\n        __tc_state[{item.name!r}] = {value}")
+            body.append(f"    except Exception as __tc_error:\n"
+                        f"        __tc_note(__tc_error, {this}, {item.name!r})\n"
                         "        raise")
         else:
-            body.append(f"    _d[{item.name!r}] = {value}")
+            body.append(f"    __tc_state[{item.name!r}] = {value}")
 
-    if not through_setattr and body:
-        body.insert(0, "    _d = self.__dict__")
+    if not through_setattr:
+        # The fast path writes `__dict__` directly, so it checks for itself that the
+        # instance is still under construction (the layout slot unset or None).
+        namespace["__tc_refuse"] = _refuse_reinit
+        body[:0] = [
+            f"    try:\n        __tc_layout = {this}._tc_layout",
+            "    except AttributeError:\n        __tc_layout = None",
+            f"    if __tc_layout is not None:\n        __tc_refuse({this})",
+            f"    __tc_state = {this}.__dict__",
+        ]
     if getattr(cls, "__post_init__", None) is not None:
-        body.append("    self.__post_init__()")
+        body.append(f"    {this}.__post_init__()")
     if not body:
         body.append("    pass")
-    source = f"def __init__({', '.join(['self', *signature])}):\n" + "\n".join(body)
+    source = f"def __init__({', '.join([this, *signature])}):\n" + "\n".join(body)
     exec(compile(source, f"<treeclass __init__ of {cls.__qualname__}>", "exec"), namespace)
     init = namespace["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
@@ -397,6 +459,7 @@ def add_field_note(error: BaseException, obj: Any, name: str) -> None:
         error.add_note(f"while setting field `{type(obj).__name__}.{name}` (its on_setattr)")
 
 
+@dataclass_transform(field_specifiers=(field, Field))
 def autoinit(cls: type) -> type:
     """Give `cls` an `__init__` generated from its annotated fields.
 
@@ -423,6 +486,9 @@ def autoinit(cls: type) -> type:
     is_treeclass = "_tc_fields" in cls.__dict__
     items = cls.__dict__["_tc_fields"] if is_treeclass else collect_fields(cls)
     if not is_treeclass:
+        # kept on the class because the class body's Field objects are replaced below:
+        # subclasses and `fields()` read the full fields (alias, factory, ...) from here
+        setattr(cls, _PLAIN_FIELDS_ATTR, items)
         for name, item in items.items():
             # as in dataclasses, the class attribute holds the default (or nothing)
             if isinstance(cls.__dict__.get(name), Field):
