@@ -1,33 +1,909 @@
-"""Printing trees. (Minimal first version; the printing issue fills this module in.)"""
+"""Printing trees: `tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`, `tree_graph`,
+`tree_mermaid` and `tree_repr_with_trace`.
+
+Every printer works on any pytree and shares three pieces:
+
+- how one value is shown (arrays as `f32[3](μ=…, σ=…, ∈[…])`, tracers as their type,
+  frozen values with `#`, functions as their signature, and the rules added with
+  `register_printer`, see `_pprint_registry`);
+- how a node is opened into labelled children (`_node_parts`): TreeClass fields in
+  attribute order without `repr=False` fields, dicts, lists, tuples, namedtuples,
+  dataclasses and any other registered pytree;
+- for the pictures, a small tree of labelled entries (`_entries`) that the diagram, the
+  graph, the mermaid chart and the notebook display each draw in their own way.
+
+The layout of `tree_repr` is computed bottom-up once: each node knows the length of its
+one-line form before any text is built, so deciding where to break costs one pass and
+building the text another, whatever the depth.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import functools
+import inspect
+import math
+import numbers
+import sys
+import types
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-__all__ = ["tree_repr", "tree_str"]
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _mask, _trace
+from ._pprint_registry import rule_for
+
+__all__ = [
+    "tree_repr",
+    "tree_str",
+    "tree_diagram",
+    "tree_summary",
+    "tree_graph",
+    "tree_mermaid",
+    "tree_repr_with_trace",
+]
+
+_DEPTH_TYPE_MSG = (
+    "`depth` must be a number (an int, or `float('inf')` for no limit), got {value!r}."
+)
+_DEPTH_VALUE_MSG = "`depth` must be >= 0, got {value!r}."
+_INT_TYPE_MSG = "`{name}` must be an int, got {value!r}."
+_INT_VALUE_MSG = "`{name}` must be >= {low}, got {value!r}."
+_IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value!r}."
+
+_Tracer = jax.core.Tracer
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+_registry = jax.tree_util.default_registry
+
+# Statistics of arrays at least this big, living on an accelerator, are reduced on the
+# device and only four numbers come back; smaller (or host) arrays are copied to host
+# once and reduced with numpy, which avoids compiling a reduction per shape.
+_DEVICE_STATS_MIN_SIZE = 1 << 20
+# Up to this size, statistics take a shortcut with less Python overhead than `np.std`.
+_SMALL_ARRAY_SIZE = 1 << 16
 
 
-def _fields_shown(tree: Any) -> list[tuple[str, Any]]:
-    hidden = {f.name for f in getattr(type(tree), "_tc_fields", {}).values() if not f.repr}
-    return [(k, v) for k, v in vars(tree).items() if k not in hidden]
+# -- arguments -------------------------------------------------------------------------
 
 
-def tree_repr(tree: Any) -> str:
-    if hasattr(type(tree), "_tc_fields"):
-        body = ", ".join(f"{k}={tree_repr(v)}" for k, v in _fields_shown(tree))
-        return f"{type(tree).__name__}({body})"
-    return repr(tree)
+def _check_depth(depth: Any) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
+        raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))
+    if not depth >= 0:  # also rejects nan
+        raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
 
 
-def tree_str(tree: Any) -> str:
-    if hasattr(type(tree), "_tc_fields"):
-        body = ", ".join(f"{k}={tree_str(v)}" for k, v in _fields_shown(tree))
-        return f"{type(tree).__name__}({body})"
-    return str(tree)
+def _check_int(value: Any, name: str, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(_INT_TYPE_MSG.format(name=name, value=value))
+    if value < low:
+        raise ValueError(_INT_VALUE_MSG.format(name=name, low=low, value=value))
 
 
-def _not_built(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError("printing is not built yet")
+def _check_is_leaf(is_leaf: Any) -> None:
+    if is_leaf is not None and not callable(is_leaf):
+        raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
 
 
-tree_diagram = tree_summary = tree_graph = tree_mermaid = tree_repr_with_trace = _not_built
+# -- one value ---------------------------------------------------------------------------
+
+_DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
+
+
+@functools.cache
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype)
+    for long, short in _DTYPE_PREFIXES:
+        if name.startswith(long):
+            return short + name[len(long) :]
+    return name
+
+
+@functools.cache
+def _dtype_kind(dtype: Any) -> str:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return "extended"  # e.g. PRNG keys: no numbers to summarize, no numpy view
+    for kind, family in (("bool", jnp.bool_), ("complex", jnp.complexfloating),
+                         ("float", jnp.floating), ("int", jnp.integer)):
+        if jnp.issubdtype(dtype, family):
+            return kind
+    return "other"
+
+
+def _type_text(dtype: Any, shape: tuple[int, ...]) -> str:
+    return f"{_dtype_name(dtype)}[{','.join(map(str, shape))}]"
+
+
+def _to_host(x: Any) -> np.ndarray:
+    # The only place an array's data leaves its device for printing.
+    return np.asarray(x)
+
+
+def _on_host(x: Any) -> bool:
+    if not isinstance(x, jax.Array):
+        return True
+    return all(device.platform == "cpu" for device in x.sharding.device_set)
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
+    wide = x.astype(jnp.complex64 if kind == "complex" else jnp.float32)
+    if kind == "complex":
+        return jnp.mean(wide), jnp.std(wide)
+    return jnp.mean(wide), jnp.std(wide), jnp.min(x), jnp.max(x)
+
+
+def _stats(x: Any, kind: str) -> tuple[Any, ...]:
+    """`(mean, std, min, max)` (`(mean, std)` for complex), as host scalars."""
+    if x.size >= _DEVICE_STATS_MIN_SIZE and not _on_host(x):
+        return jax.device_get(_device_stats(x, kind))
+    host = _to_host(x)
+    # accumulate in double precision: the two printed decimals should not depend on dtype
+    wide = np.complex128 if kind == "complex" else np.float64
+    with np.errstate(all="ignore"):  # inf and nan values are printed, not warned about
+        if host.size <= _SMALL_ARRAY_SIZE:
+            # numpy's `std` costs ~20 us of Python per call: a model has many small arrays
+            flat = host.reshape(-1).astype(wide)
+            mean = flat.sum() / flat.size
+            deviation = flat - mean
+            std = math.sqrt(np.vdot(deviation, deviation).real / flat.size)
+        else:
+            mean, std = host.mean(dtype=wide), np.real(host.std(dtype=wide))
+        if kind == "complex":
+            return mean, std
+        return mean, std, host.min(), host.max()
+
+
+def _number_text(value: Any) -> str:
+    value = float(value)
+    if math.isfinite(value) and abs(value) >= 1e5:
+        return f"{value:.2e}"
+    return f"{value:.2f}"
+
+
+def _complex_text(value: Any) -> str:
+    value = complex(value)
+    imag = _number_text(abs(value.imag))
+    return f"{_number_text(value.real)}{'-' if math.copysign(1, value.imag) < 0 else '+'}{imag}j"
+
+
+def _array_repr(x: Any) -> str:
+    shape = tuple(x.shape)
+    head = _type_text(x.dtype, shape)
+    if isinstance(x, _Tracer):
+        return head
+    kind = _dtype_kind(x.dtype)
+    size = math.prod(shape)
+    if kind in ("other", "extended") or size == 0:
+        return head
+    try:
+        if not shape:
+            return f"{head}({str(_to_host(x)[()])})"
+        if kind == "bool":
+            return head
+        stats = _stats(x, kind)
+    except Exception:  # a deleted (donated) buffer, an exotic dtype: the type still helps
+        return head
+    if kind == "complex":
+        mean, std = stats
+        return f"{head}(μ={_complex_text(mean)}, σ={_number_text(std)})"
+    mean, std, low, high = stats
+    if kind == "int":
+        bounds = f"{int(low)},{int(high)}"
+    else:
+        bounds = f"{_number_text(low)},{_number_text(high)}"
+    return f"{head}(μ={_number_text(mean)}, σ={_number_text(std)}, ∈[{bounds}])"
+
+
+def _array_str(x: Any) -> str:
+    if isinstance(x, _Tracer) or _dtype_kind(x.dtype) == "extended":
+        return _type_text(x.dtype, tuple(x.shape))
+    try:
+        return str(_to_host(x))
+    except Exception:
+        return _type_text(x.dtype, tuple(x.shape))
+
+
+def _is_function(x: Any) -> bool:
+    if isinstance(x, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        return True
+    # jitted and custom-derivative functions are objects that wrap a function
+    return callable(x) and not isinstance(x, type) and hasattr(x, "__wrapped__")
+
+
+def _function_text(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    if name == "<lambda>":
+        name = "lambda"
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+    # annotations are noise here (and strings under `from __future__ import annotations`)
+    params = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+    bare = signature.replace(parameters=params, return_annotation=signature.empty)
+    return f"{name}{bare}"
+
+
+def _safe_repr(x: Any, as_str: bool) -> str:
+    try:
+        return str(x) if as_str else repr(x)
+    except Exception as error:  # printing must never be the thing that fails
+        return f"<{type(x).__name__} object (repr failed: {type(error).__name__})>"
+
+
+def _leaf_text(x: Any, as_str: bool = False) -> str:
+    """The text of a value shown as a leaf (not opened into children)."""
+    rule = rule_for(x)
+    if rule is not None:
+        show = (rule.str or rule.repr) if as_str else rule.repr
+        if show is not None:
+            return show(x)
+    if isinstance(x, _ARRAY_TYPES):
+        if isinstance(x, np.generic) and as_str:
+            return str(x)
+        return _array_str(x) if as_str else _array_repr(x)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return _type_text(x.dtype, tuple(x.shape))
+    if isinstance(x, str) or x is None or type(x) in (bool, int, float, complex):
+        return repr(x)
+    if x is Ellipsis:  # a placeholder in `tc.Partial` arguments
+        return "..."
+    if _is_function(x):
+        return _function_text(x)
+    return _safe_repr(x, as_str)
+
+
+# -- nodes -------------------------------------------------------------------------------
+
+
+class _Parts(NamedTuple):
+    """A node opened for printing."""
+
+    name: str  # type name, for diagrams and summaries
+    open: str
+    close: str
+    cut: str  # the text when `depth` stops here
+    items: list[tuple[str, str, Any]]  # (repr label, diagram key, child)
+    single_comma: bool = False  # a one-element tuple keeps its comma
+
+
+_ATOMS = frozenset({int, float, bool, str, complex, type(None), bytes})
+
+
+def _is_treeclass(x: Any) -> bool:
+    return hasattr(type(x), "_tc_fields")
+
+
+def _treeclass_parts(x: Any) -> _Parts:
+    cls = type(x)
+    fields = cls._tc_fields
+    name = cls.__name__
+    items = []
+    for key, value in x.__dict__.items():
+        item = fields.get(key)
+        if item is None or item.repr:
+            items.append((f"{key}=", f".{key}", value))
+    return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
+
+
+def _key_labels(key: Any) -> tuple[str, str]:
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return f"{key.name}=", f".{key.name}"
+    if isinstance(key, jax.tree_util.DictKey):
+        return f"{key.key!r}: ", f"[{key.key!r}]"
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return "", f"[{key.idx}]"
+    if isinstance(key, jax.tree_util.FlattenedIndexKey):
+        return "", f"[{key.key}]"
+    return "", str(key)
+
+
+def _node_parts(x: Any, is_leaf: Callable[[Any], bool] | None = None) -> _Parts | None:
+    """`x` opened into labelled children, or None when it is shown as a leaf."""
+    if is_leaf is not None and is_leaf(x):
+        return None
+    kind = type(x)
+    if kind in _ATOMS or isinstance(x, _ARRAY_TYPES):
+        return None
+    if _is_treeclass(x):
+        return _treeclass_parts(x)
+    if kind is list:
+        return _Parts("list", "[", "]", "[...]", [("", f"[{i}]", v) for i, v in enumerate(x)])
+    if kind is tuple:
+        items = [("", f"[{i}]", v) for i, v in enumerate(x)]
+        return _Parts("tuple", "(", ")", "(...)", items, len(items) == 1)
+    if kind is dict:
+        items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
+        return _Parts("dict", "{", "}", "{...}", items)
+    if rule_for(x) is not None or _mask.is_frozen(x):
+        return None
+    name = kind.__name__
+    if isinstance(x, tuple) and hasattr(kind, "_fields"):  # namedtuple
+        items = [(f"{f}=", f".{f}", v) for f, v in zip(kind._fields, x, strict=True)]
+        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
+    if isinstance(x, dict):  # OrderedDict, defaultdict, ...
+        items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
+        return _Parts(name, f"{name}({{", "})", f"{name}({{...}})", items)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = [(f"{f.name}=", f".{f.name}", getattr(x, f.name))
+                 for f in dataclasses.fields(x) if f.repr and hasattr(x, f.name)]
+        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
+    if _is_partial(x):  # the function lives in the aux data, so show it from the object
+        items = [("", ".func", x.func)]
+        items += [("", f".args[{i}]", arg) for i, arg in enumerate(x.args)]
+        items += [(f"{k}=", f".keywords[{k!r}]", v) for k, v in x.keywords.items()]
+        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
+    if isinstance(x, (list, tuple)):  # subclasses that are not namedtuples
+        items = [("", f"[{i}]", v) for i, v in enumerate(x)]
+        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
+    flat = _one_level(x)
+    if flat is None:
+        return None
+    items = [(*_key_labels(key), child) for key, child in flat]
+    return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
+
+
+def _is_partial(x: Any) -> bool:
+    """`functools.partial`, `jax.tree_util.Partial`, `tc.Partial` and look-alikes."""
+    if isinstance(x, functools.partial):
+        return True
+    try:
+        return (callable(getattr(x, "func", None)) and isinstance(x.args, tuple)
+                and isinstance(x.keywords, dict))
+    except Exception:
+        return False
+
+
+def _one_level(x: Any) -> list[tuple[Any, Any]] | None:
+    """`x`'s `(key, child)` pairs as JAX sees them, or None for a leaf."""
+    flat = _registry.flatten_one_level_with_keys(x)
+    if flat is None:
+        return None
+    pairs = flat[0]
+    if isinstance(x, tuple) and hasattr(type(x), "_fields") and len(x._fields) == len(pairs):
+        # jax 0.10 gives every namedtuple child the first field's key: rebuild them
+        get_attr = jax.tree_util.GetAttrKey
+        return [(get_attr(name), child) for name, (_, child) in zip(x._fields, pairs, strict=True)]
+    return list(pairs)
+
+
+# -- tree_repr / tree_str: layout ---------------------------------------------------------
+
+
+def _atom_size(text: str) -> float:
+    return math.inf if "\n" in text else len(text)
+
+
+class _Group:
+    """A node's text before layout: one line if it fits, else one child per line."""
+
+    __slots__ = ("open", "close", "items", "comma", "size")
+
+    def __init__(self, open: str, close: str, items: list[tuple[str, Any]], comma: bool):
+        self.open = open
+        self.close = close
+        self.items = items
+        self.comma = comma
+        size = len(open) + len(close) + 2 * max(len(items) - 1, 0) + comma
+        for label, doc in items:
+            size += len(label) + (doc.size if type(doc) is _Group else _atom_size(doc))
+        self.size = size
+
+
+def _flat(doc: Any) -> str:
+    if type(doc) is not _Group:
+        return doc
+    body = ", ".join(label + _flat(child) for label, child in doc.items)
+    return f"{doc.open}{body}{',' if doc.comma else ''}{doc.close}"
+
+
+def _render(doc: Any, out: list[str], indent: int, col: int, width: float, tab: int,
+            trail: int) -> None:
+    if type(doc) is not _Group:
+        # continuation lines of a multi-line value line up under its first character
+        out.append(doc.replace("\n", "\n" + " " * col) if "\n" in doc else doc)
+        return
+    if col + doc.size + trail <= width or not doc.items:
+        out.append(_flat(doc))
+        return
+    out.append(doc.open)
+    inner = indent + tab
+    pad = "\n" + " " * inner
+    last = len(doc.items) - 1
+    for i, (label, child) in enumerate(doc.items):
+        out.append(pad)
+        out.append(label)
+        comma = i < last or doc.comma
+        _render(child, out, inner, inner + len(label), width, tab, comma)
+        if comma:
+            out.append(",")
+    out.append("\n" + " " * indent + doc.close)
+
+
+def _doc(x: Any, depth: float, as_str: bool) -> Any:
+    if _mask.is_frozen(x):
+        inner = _doc(_mask.unfreeze(x), depth, as_str)
+        if type(inner) is _Group:
+            return _Group("#" + inner.open, inner.close, inner.items, inner.comma)
+        return "#" + inner
+    parts = _node_parts(x)
+    if parts is None:
+        return _leaf_text(x, as_str)
+    if not parts.items:
+        return parts.open + parts.close
+    if depth <= 0:
+        return parts.cut
+    items = [(label, _doc(child, depth - 1, as_str)) for label, _, child in parts.items]
+    return _Group(parts.open, parts.close, items, parts.single_comma)
+
+
+def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool) -> str:
+    _check_depth(depth)
+    if not isinstance(width, numbers.Real) or isinstance(width, bool):
+        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
+    _check_int(tabwidth, "tabwidth", 0)
+    doc = _doc(tree, depth, as_str)
+    out: list[str] = []
+    _render(doc, out, 0, 0, width, tabwidth, 0)
+    return "".join(out)
+
+
+def tree_repr(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = math.inf) -> str:
+    """A compact, exact text of a tree; `TreeClass.__repr__` uses it.
+
+    One line when it fits in `width`, else one child per line, indented by `tabwidth`.
+    Arrays show dtype, shape and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`),
+    tracers inside `jit`/`grad`/`vmap` their dtype and shape, frozen values a `#`,
+    functions their signature. Fields declared with `repr=False` are hidden.
+
+    **Arguments**
+
+    - `tree`: any pytree (or any value).
+    - `width`: the line width to fit in.
+    - `tabwidth`: spaces per indentation level.
+    - `depth`: how many levels of nodes to open; deeper nodes print as `Name(...)`,
+      `[...]`, `(...)` or `{...}`.
+
+    **Returns**
+
+    The text, a `str`.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    tree = {"w": jnp.array([4.0, 5.0, 6.0]), "n": [1, 2]}
+    assert tc.tree_repr(tree) == "{'w': f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00]), 'n': [1, 2]}"
+    assert tc.tree_repr(tree, depth=0) == "{...}"
+    ```
+    """
+    return _layout(tree, width, tabwidth, depth, as_str=False)
+
+
+def tree_str(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = math.inf) -> str:
+    """Like `tree_repr`, but arrays show their values (numpy's printing); `TreeClass.__str__`.
+
+    **Arguments**
+
+    - `tree`, `width`, `tabwidth`, `depth`: as for `tree_repr`.
+
+    **Returns**
+
+    The text, a `str`.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    assert tc.tree_str({"w": jnp.array([4.0, 5.0])}) == "{'w': [4. 5.]}"
+    ```
+    """
+    return _layout(tree, width, tabwidth, depth, as_str=True)
+
+
+# -- pictures: labelled entries -----------------------------------------------------------
+
+
+class _Entry(NamedTuple):
+    label: str  # ".b:tuple" for an opened node, ".a=1.0" for a leaf
+    children: tuple[_Entry, ...]
+
+
+def _one_line(x: Any) -> str:
+    return _layout(x, math.inf, 0, math.inf, as_str=False)
+
+
+def _entries(x: Any, key: str, depth: float, is_leaf: Callable[[Any], bool] | None) -> _Entry:
+    parts = _node_parts(x, is_leaf)
+    if parts is None or not parts.items or depth <= 0:
+        if parts is None:
+            text = _flat(_doc(x, depth, False))  # a frozen subtree obeys depth too
+        elif not parts.items:
+            text = parts.open + parts.close
+        else:
+            text = parts.cut
+        return _Entry(f"{key}={text}" if key else text, ())
+    children = tuple(_entries(child, child_key, depth - 1, is_leaf)
+                     for _, child_key, child in parts.items)
+    return _Entry(f"{key}:{parts.name}" if key else parts.name, children)
+
+
+def _picture_entries(tree: Any, depth: Any, is_leaf: Any) -> _Entry:
+    _check_depth(depth)
+    _check_is_leaf(is_leaf)
+    return _entries(tree, "", depth, is_leaf)
+
+
+def tree_diagram(
+    tree: Any,
+    *,
+    depth: float = math.inf,
+    is_leaf: Callable[[Any], bool] | None = None,
+    tabwidth: int = 4,
+) -> str:
+    """A box-drawing diagram of a tree: one line per node or leaf, with its key.
+
+    Opened nodes show `key:Type`, leaves (and nodes cut by `depth`) `key=value`.
+
+    **Arguments**
+
+    - `tree`: any pytree.
+    - `depth`: how many levels of nodes to open.
+    - `is_leaf`: a predicate; nodes where it is true are shown as values.
+    - `tabwidth`: the width of one indentation level (at least 1).
+
+    **Returns**
+
+    The diagram, a `str`.
+
+    ```python
+    import treeclass as tc
+
+    assert tc.tree_diagram({"a": 1, "b": (2.0, 3.0)}) == (
+        "dict\\n"
+        "├── ['a']=1\\n"
+        "└── ['b']:tuple\\n"
+        "    ├── [0]=2.0\\n"
+        "    └── [1]=3.0"
+    )
+    ```
+    """
+    _check_int(tabwidth, "tabwidth", 1)
+    root = _picture_entries(tree, depth, is_leaf)
+    bar = "─" * (tabwidth - 2) + " " if tabwidth >= 2 else ""
+    marks = ("├" + bar, "└" + bar, "│" + " " * (tabwidth - 1), " " * tabwidth)
+    lines = [root.label]
+    _diagram_lines(root, "", lines, marks)
+    return "\n".join(lines)
+
+
+def _diagram_lines(entry: _Entry, prefix: str, lines: list[str], marks: tuple[str, ...]) -> None:
+    branch, corner, pipe, blank = marks
+    last = len(entry.children) - 1
+    for i, child in enumerate(entry.children):
+        below = prefix + (blank if i == last else pipe)
+        label = child.label.replace("\n", "\n" + below) if "\n" in child.label else child.label
+        lines.append(prefix + (corner if i == last else branch) + label)
+        if child.children:
+            _diagram_lines(child, below, lines, marks)
+
+
+def _numbered(root: _Entry) -> tuple[list[str], list[tuple[int, int]]]:
+    """Labels by node number (the root is 0, parents before children) and the edges."""
+    labels: list[str] = []
+    edges: list[tuple[int, int]] = []
+    stack: list[tuple[_Entry, int]] = [(root, -1)]
+    while stack:
+        entry, parent = stack.pop()
+        number = len(labels)
+        labels.append(entry.label)
+        if parent >= 0:
+            edges.append((parent, number))
+        stack.extend((child, number) for child in reversed(entry.children))
+    return labels, edges
+
+
+def _dot_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\l")
+
+
+def tree_graph(
+    tree: Any,
+    *,
+    depth: float = math.inf,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> str:
+    """The tree as a graphviz `dot` graph (render it with `dot -Tsvg` or `graphviz.Source`).
+
+    Nodes carry the same labels as `tree_diagram`; edges go from parent to child.
+
+    **Arguments**
+
+    - `tree`, `depth`, `is_leaf`: as for `tree_diagram`.
+
+    **Returns**
+
+    The dot source, a `str`.
+
+    ```python
+    import treeclass as tc
+
+    dot = tc.tree_graph({"a": 1})
+    assert '0 [label="dict"];' in dot and "0 -> 1;" in dot
+    ```
+    """
+    labels, edges = _numbered(_picture_entries(tree, depth, is_leaf))
+    lines = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
+    lines += [f'    {n} [label="{_dot_escape(label)}"];' for n, label in enumerate(labels)]
+    lines += [f"    {a} -> {b};" for a, b in edges]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _mermaid_escape(text: str) -> str:
+    # mermaid reads `#name;` as an entity, so `#` itself goes first
+    for char, code in (("#", "#35;"), ('"', "#quot;"), ("<", "#lt;"), (">", "#gt;")):
+        text = text.replace(char, code)
+    return text.replace("\n", "<br>")
+
+
+def tree_mermaid(
+    tree: Any,
+    *,
+    depth: float = math.inf,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> str:
+    """The tree as a mermaid flowchart (renders on GitHub, in many editors and notebooks).
+
+    Nodes carry the same labels as `tree_diagram`; edges go from parent to child.
+
+    **Arguments**
+
+    - `tree`, `depth`, `is_leaf`: as for `tree_diagram`.
+
+    **Returns**
+
+    The mermaid source, a `str`.
+
+    ```python
+    import treeclass as tc
+
+    chart = tc.tree_mermaid({"a": 1})
+    assert chart.splitlines() == ["flowchart LR", '    n0["dict"]', '    n1["[\\'a\\']=1"]',
+                                  "    n0 --> n1"]
+    ```
+    """
+    labels, edges = _numbered(_picture_entries(tree, depth, is_leaf))
+    lines = ["flowchart LR"]
+    lines += [f'    n{n}["{_mermaid_escape(label)}"]' for n, label in enumerate(labels)]
+    lines += [f"    n{a} --> n{b}" for a, b in edges]
+    return "\n".join(lines)
+
+
+# -- tree_summary ---------------------------------------------------------------------------
+
+
+def _path_text(keys: tuple[Any, ...]) -> str:
+    return "".join(_key_labels(key)[1] for key in keys)
+
+
+def _leaf_type(x: Any) -> str:
+    rule = rule_for(x)
+    if rule is not None and rule.type_name is not None:
+        return rule.type_name(x)
+    if _mask.is_frozen(x):
+        return "#" + _leaf_type(_mask.unfreeze(x))
+    if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
+        return _type_text(x.dtype, tuple(x.shape))
+    if _is_function(x):  # not `custom_jvp`, `PjitFunction`, `builtin_function_or_method`
+        return "function"
+    return type(x).__name__
+
+
+def _leaf_count_size(x: Any) -> tuple[int, int]:
+    rule = rule_for(x)
+    if rule is not None and (rule.count is not None or rule.size is not None):
+        count = rule.count(x) if rule.count is not None else 0
+        size = rule.size(x) if rule.size is not None else sys.getsizeof(x)
+        return count, size
+    if _mask.is_frozen(x):
+        return _leaf_count_size(_mask.unfreeze(x))
+    if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
+        count = math.prod(x.shape)
+        try:
+            itemsize = np.dtype(x.dtype).itemsize
+        except TypeError:  # extended dtypes (PRNG keys)
+            itemsize = getattr(x.dtype, "itemsize", 0)
+        return count, count * itemsize
+    if isinstance(x, (bool, numbers.Number)):
+        return 1, sys.getsizeof(x)
+    # frozen subtrees and other nodes reached through `is_leaf`: their leaves
+    leaves = jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf)
+    if len(leaves) != 1 or leaves[0] is not x:
+        pairs = [_leaf_count_size(leaf) for leaf in leaves]
+        return sum(c for c, _ in pairs), sum(s for _, s in pairs)
+    return 0, sys.getsizeof(x)
+
+
+def _summary_leaf(x: Any) -> bool:
+    return _mask.is_frozen(x) or rule_for(x) is not None
+
+
+def _sharding_text(x: Any) -> str:
+    if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
+        return ""
+    try:
+        sharding = x.sharding
+        if len(sharding.device_set) <= 1:
+            return ""
+        spec = getattr(sharding, "spec", None)
+        return repr(spec) if spec is not None else f"{len(sharding.device_set)} devices"
+    except Exception:
+        return ""
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def _size_text(size: int) -> str:
+    if size < 1024:
+        return f"{size}B"
+    unit = min(int(math.log(size, 1024)), len(_UNITS) - 1)
+    return f"{size / 1024**unit:.2f}{_UNITS[unit]}"
+
+
+def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[int]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def rule(left: str, mid: str, end: str) -> str:
+        return left + mid.join("─" * (w + 2) for w in widths) + end
+
+    lines = [rule("┌", "┬", "┐")]
+    for n, row in enumerate(rows):
+        cells = [cell.rjust(w) if r else cell.ljust(w)
+                 for cell, w, r in zip(row, widths, right, strict=True)]
+        lines.append("│ " + " │ ".join(cells) + " │")
+        if n in rules_after:
+            lines.append(rule("├", "┼", "┤"))
+    lines.append(rule("└", "┴", "┘"))
+    return "\n".join(lines)
+
+
+def tree_summary(
+    tree: Any,
+    *,
+    depth: float = math.inf,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> str:
+    """A table of a tree's leaves: key path, type, element count and size, with totals.
+
+    One row per leaf in `jax.tree_util` order (frozen values count as leaves, marked `#`;
+    fields hidden from `repr` still count), or per node where `depth` stops; a final `Σ`
+    row sums everything. Count is the number of elements (1 for a Python number, 0 for
+    other objects), Size the bytes (`nbytes` for arrays, `sys.getsizeof` otherwise); teach
+    it other types with `register_printer`. When a leaf is sharded across devices, a
+    Sharding column shows its partition spec.
+
+    **Arguments**
+
+    - `tree`: any pytree.
+    - `depth`: how many levels of nodes to open before summing a node in one row.
+    - `is_leaf`: a predicate; nodes where it is true get one row each.
+
+    **Returns**
+
+    The table, a `str`.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    table = tc.tree_summary({"w": jnp.ones((2, 3))})
+    assert "│ ['w'] │ f32[2,3] │     6 │  24B │" in table
+    ```
+    """
+    _check_depth(depth)
+    _check_is_leaf(is_leaf)
+    rows: list[list[str]] = []
+    total_count = total_size = 0
+
+    def stop(x: Any) -> bool:
+        return _summary_leaf(x) or (is_leaf is not None and bool(is_leaf(x)))
+
+    def visit(x: Any, keys: tuple[Any, ...], remaining: float) -> None:
+        nonlocal total_count, total_size
+        flat = None if stop(x) else _one_level(x)
+        if flat is not None and remaining > 0:
+            for key, child in flat:
+                visit(child, (*keys, key), remaining - 1)
+            return
+        if flat is not None:  # a node where depth stops: one row with its leaves' totals
+            leaves = jax.tree_util.tree_leaves(x, is_leaf=stop)
+            if not leaves:
+                return
+            pairs = [_leaf_count_size(leaf) for leaf in leaves]
+            count, size = sum(c for c, _ in pairs), sum(s for _, s in pairs)
+            kind, sharding = type(x).__name__, ""
+        else:
+            count, size = _leaf_count_size(x)
+            kind, sharding = _leaf_type(x), _sharding_text(x)
+        total_count += count
+        total_size += size
+        rows.append([_path_text(keys), kind, f"{count:,}", _size_text(size), sharding])
+
+    visit(tree, (), depth)
+    sharded = any(row[4] for row in rows)
+    table = [["Name", "Type", "Count", "Size", "Sharding"], *rows]
+    table.append(["Σ", type(tree).__name__, f"{total_count:,}", _size_text(total_size), ""])
+    if not sharded:
+        table = [row[:4] for row in table]
+    right = (False, False, True, True, False)[: len(table[0])]
+    return _box_table(table, right, {0, len(table) - 2})
+
+
+# -- tree_repr_with_trace -----------------------------------------------------------------
+
+
+class _TraceTable(str):
+    """A leaf's trace table: a `str` that prints as itself, so tables show unquoted."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _type_name(kind: Any) -> str:
+    if isinstance(kind, type) and issubclass(kind, jax.Array):
+        return "Array"  # not `ArrayImpl`, JAX's private concrete class
+    return getattr(kind, "__name__", str(kind))
+
+
+def tree_repr_with_trace(tree: Any, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """The tree with each leaf replaced by a small table of its value, name path and type path.
+
+    Useful to see where each leaf sits and which node types lie above it (what
+    `tree_map_with_trace` passes to its function). The tables are strings that print
+    without quotes, so `print(tc.tree_str(tc.tree_repr_with_trace(tree)))` (or printing
+    a `TreeClass` of them) shows them in place.
+
+    **Arguments**
+
+    - `tree`: any pytree.
+    - `is_leaf`: as for `jax.tree_util.tree_map`.
+
+    **Returns**
+
+    A tree of the same structure whose leaves are the tables.
+
+    ```python
+    import treeclass as tc
+
+    tables = tc.tree_repr_with_trace({"a": 1.0})
+    assert tables["a"] == (
+        "┌───────────┬─────────────┐\\n"
+        "│ Value     │ 1.0         │\\n"
+        "├───────────┼─────────────┤\\n"
+        "│ Name path │ ['a']       │\\n"
+        "├───────────┼─────────────┤\\n"
+        "│ Type path │ dict->float │\\n"
+        "└───────────┴─────────────┘"
+    )
+    ```
+    """
+    _check_is_leaf(is_leaf)
+
+    def table(trace: Any, leaf: Any) -> _TraceTable:
+        keys, kinds = trace
+        rows = [
+            ["Value", _one_line(leaf)],
+            ["Name path", _path_text(tuple(keys))],
+            ["Type path", "->".join(_type_name(kind) for kind in kinds)],
+        ]
+        return _TraceTable(_box_table(rows, (False, False), {0, 1}))
+
+    return _trace.tree_map_with_trace(table, tree, is_leaf=is_leaf)
