@@ -17,7 +17,10 @@ it is thread-safe without any global registry.
 from __future__ import annotations
 
 import abc
+import math
 import operator
+import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +32,7 @@ from typing_extensions import dataclass_transform
 from ._at import AtIndexer
 from ._fields import MISSING, Field, add_field_note, build_init, collect_fields, field
 from ._pprint import tree_repr, tree_str
+from ._pprint_html import tree_html, treescope_repr
 from ._util import is_tree_equal
 
 __all__ = ["TreeClass"]
@@ -41,6 +45,10 @@ _IMMUTABLE_MSG = (
     "To run a method that mutates the instance, call it on a copy:\n"
     "    value, tree = tree.at['method_name'](*args, **kwargs)"
 )
+_SETSTATE_MSG = (
+    "Cannot call `__setstate__` on an immutable `{cls}` instance: it would replace its "
+    "attributes in place. Unpickle or copy it instead (`copy.deepcopy(tree)`)."
+)
 _UNHASHABLE_STATIC_MSG = (
     "Static field `{cls}.{name}` must be hashable, but got a value of type {type}: static "
     "values are part of the tree definition, which JAX hashes on every jit call.\n"
@@ -52,6 +60,11 @@ _ARRAY_STATIC_MSG = (
     "Static field `{cls}.{name}` holds an array: it will be compared by identity, so an "
     "equal but distinct array retraces `jax.jit`. Make it a leaf, or freeze it with "
     "`tc.freeze`, which hashes the array's contents once."
+)
+_SLOTS_MSG = (
+    "`{cls}` defines `__slots__` {slots}: TreeClass instances keep their attributes in "
+    "`__dict__` (flatten reads them from there), so slots would hide them. Remove "
+    "`__slots__` from the class body."
 )
 # Layouts are interned per class; a class whose static values vary without bound (a
 # static float per instance, say) stops interning past this many, staying correct
@@ -81,9 +94,35 @@ def _typed_key(value: Any, cls: type, name: str) -> Any:
     if kind is tuple:
         return (tuple, tuple(_typed_key(item, cls, name) for item in value))
     if isinstance(value, (np.ndarray, jax.Array)):
-        warnings.warn(_ARRAY_STATIC_MSG.format(cls=cls.__name__, name=name), stacklevel=5)
+        message = _ARRAY_STATIC_MSG.format(cls=cls.__name__, name=name)
+        warnings.warn(message, stacklevel=_user_stacklevel())
         return _ByIdentity(value)
+    if kind is float and value == 0.0:
+        # 0.0 == -0.0 too, yet a trace that divides by the value must not be shared
+        return (kind, value, math.copysign(1.0, value))
     return (kind, value)
+
+
+def _holds_identity(typed: Any) -> bool:
+    if type(typed) is _ByIdentity:
+        return True
+    if type(typed) is tuple and len(typed) == 2 and typed[0] is tuple:
+        return any(_holds_identity(item) for item in typed[1])
+    return False
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_stacklevel() -> int:
+    # The call depth from a warning to user code varies (construction, unpickling, nested
+    # tuples); point the warning at the first frame outside treeclass.
+    frame = sys._getframe(2)  # the caller of the function that warns
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 class _Layout:
@@ -179,7 +218,11 @@ def _layout_for(cls: type, names: tuple[str, ...], static: dict[str, Any]) -> _L
     if cached is not None:
         return cached
     layout = _Layout(cls, names, static, key)
-    if len(cls._tc_layouts) < _MAX_INTERNED_LAYOUTS:
+    # A layout holding an array compared by identity is never shared, so interning it
+    # would only keep the array alive for the life of the class.
+    if len(cls._tc_layouts) < _MAX_INTERNED_LAYOUTS and not (
+        static and any(_holds_identity(typed) for typed in key[1])
+    ):
         layout = cls._tc_layouts.setdefault(key, layout)
     return layout
 
@@ -220,10 +263,13 @@ class _TreeClassMeta(abc.ABCMeta):
         _layout_slot.__set__(tree, None)
         try:
             tree.__init__(*args, **kwargs)
+            # inside the try: sealing itself can fail (an unhashable static value), and
+            # the half-built instance, maybe stored somewhere by __init__, must not stay
+            # mutable
+            _seal(tree)
         except BaseException as error:
             _seal_after_error(tree, error)
             raise
-        _seal(tree)
         return tree
 
 
@@ -236,7 +282,8 @@ def _register(cls: type) -> None:
 
     def flatten_with_keys(tree: Any) -> tuple[list[tuple[Any, Any]], _Layout]:
         children, layout = flatten(tree)
-        return list(zip(layout.keys, children)), layout
+        # equal lengths by construction; `strict=` would cost a keyword parse per node
+        return list(zip(layout.keys, children)), layout  # noqa: B905
 
     def unflatten(layout: _Layout, children: Any) -> Any:
         return layout.build(children)
@@ -316,18 +363,23 @@ class TreeClass(metaclass=_TreeClassMeta):
 
     def __init_subclass__(cls, *, leafwise: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        slots = cls.__dict__.get("__slots__", ())
+        slots = (slots,) if isinstance(slots, str) else tuple(slots)
+        if cls.__dictoffset__ == 0 or set(slots) - {"__dict__", "__weakref__"}:
+            raise TypeError(_SLOTS_MSG.format(cls=cls.__name__, slots=slots))
         items = collect_fields(cls, marked_bases_only=True)
         own = set(cls.__dict__.get("__annotations__", {})) & set(items)
         for name in own:
             item = items[name]
-            if item.kind == "CLASS_VAR":
-                setattr_type(cls, name, item.default)
-            elif item.on_getattr:
+            if item.on_getattr and item.kind != "CLASS_VAR":
                 setattr_type(cls, name, _FieldGetter(item))
             elif item.default is not MISSING:
                 setattr_type(cls, name, item.default)  # `Tree.a` reads the default
             elif isinstance(cls.__dict__.get(name), Field):
                 delattr(cls, name)
+            if name not in cls.__dict__ and _inherited_getter(cls, name):
+                # a redefinition without `on_getattr` must not keep the parent's getter
+                setattr_type(cls, name, _FieldGetter(item))
         setattr_type(cls, "_tc_fields", items)
         instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
         setattr_type(cls, "_tc_static_names", tuple(f.name for f in instance_fields if f.static))
@@ -398,6 +450,12 @@ class TreeClass(metaclass=_TreeClassMeta):
     def __str__(self) -> str:
         return tree_str(self)
 
+    def _repr_html_(self) -> str:
+        return tree_html(self)
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        return treescope_repr(self, path, subtree_renderer)
+
     def __eq__(self, other: object) -> Any:
         return is_tree_equal(self, other)
 
@@ -427,6 +485,8 @@ class TreeClass(metaclass=_TreeClassMeta):
         return dict(self.__dict__)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if getattr(self, "_tc_layout", None) is not None:  # only fresh unpickled objects
+            raise AttributeError(_SETSTATE_MSG.format(cls=type(self).__name__))
         _set_dict(self, "__dict__", dict(state))
         _seal(self)
 
@@ -444,6 +504,13 @@ class TreeClass(metaclass=_TreeClassMeta):
         for node in _treeclass_nodes(self):
             if node._tc_layout is None:
                 _seal(node)
+
+
+def _inherited_getter(cls: type, name: str) -> bool:
+    for base in cls.__mro__[1:]:
+        if name in base.__dict__:
+            return isinstance(base.__dict__[name], _FieldGetter)
+    return False
 
 
 def setattr_type(cls: type, name: str, value: Any) -> None:
