@@ -13,7 +13,6 @@ unchanged subtree is returned as the same object, never rebuilt.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
 from collections.abc import Callable
@@ -217,9 +216,8 @@ class _Walker:
                 new = self.walk(child, path + (GetAttrKey(key),), i + 1, emask)
                 if new is child:
                     return node
-                out = copy.copy(node)  # same layout: writing the new child keeps it valid
-                out.__dict__[key] = new
-                return out
+                # same names, so the same layout: a cheap copy with one child replaced
+                return node._tc_replace({key: new})
         elif kind == DICT:
             if key in node:
                 child = node[key]

@@ -22,7 +22,6 @@ rebuild it): the walker and the mask matcher both need it.
 from __future__ import annotations
 
 import abc
-import copy
 import difflib
 import fnmatch
 import functools
@@ -132,12 +131,8 @@ def _open_generic(node: Any) -> tuple[tuple[Any, ...], list[Any], Any] | None:
 def rebuild(node: Any, kind: int, aux: Any, children: list[Any]) -> Any:
     """`node` with its children replaced by `children` (same count and order)."""
     if kind == TREECLASS:
-        # the layout (names, statics) is unchanged, so a shallow copy keeps it valid
-        new = copy.copy(node)
-        d = new.__dict__
-        for name, child in zip(aux, children, strict=True):
-            d[name] = child
-        return new
+        # the layout (names, statics) is unchanged: a cheap copy with the children replaced
+        return node._tc_replace(dict(zip(aux, children, strict=True)))
     if kind == DICT:
         if isinstance(aux, list):
             new = dict(node)  # keeps the caller's insertion order

@@ -154,9 +154,10 @@ class _Layout:
         # (straight-line stores into a fresh __dict__) runs about twice as fast as
         # `dict(zip(names, children))`.
         namespace: dict[str, Any] = {"new": _new, "cls": self.cls, "layout": self,
-                                     "set_layout": _layout_slot.__set__}
+                                     "set_layout": _layout_slot.__set__,
+                                     "set_flat": _flat_slot.__set__}
         lines = ["def build(children):", "    tree = new(cls)", "    set_layout(tree, layout)",
-                 "    state = tree.__dict__"]
+                 "    set_flat(tree, (children, layout))", "    state = tree.__dict__"]
         if self.leaf_names:
             targets = "".join(f"c{i}, " for i in range(len(self.leaf_names)))
             lines.append(f"    {targets}= children")
@@ -242,7 +243,21 @@ _new = object.__new__
 
 
 def _seal(tree: TreeClass) -> None:
-    _layout_slot.__set__(tree, _layout_of(tree))
+    layout = _layout_of(tree)
+    _layout_slot.__set__(tree, layout)
+    _flat_slot.__set__(tree, (layout.get(tree.__dict__), layout))
+
+
+def _unseal(tree: TreeClass) -> None:
+    _layout_slot.__set__(tree, None)
+    if hasattr(tree, "_tc_flat"):
+        _flat_slot.__delete__(tree)
+
+
+def _flat_of(tree: TreeClass) -> tuple[tuple[Any, ...], _Layout]:
+    """Children and layout of an instance whose `_tc_flat` slot is not set (unsealed)."""
+    layout = _layout_of(tree)
+    return layout.get(tree.__dict__), layout
 
 
 def _seal_after_error(tree: TreeClass, error: BaseException) -> None:
@@ -260,7 +275,7 @@ class _TreeClassMeta(abc.ABCMeta):
             tree = cls.__new__(cls, *args, **kwargs)
             if not isinstance(tree, cls):
                 return tree
-        _layout_slot.__set__(tree, None)
+        _layout_slot.__set__(tree, None)  # unsealed: `_tc_flat` stays empty until sealing
         try:
             tree.__init__(*args, **kwargs)
             # inside the try: sealing itself can fail (an unhashable static value), and
@@ -273,22 +288,23 @@ class _TreeClassMeta(abc.ABCMeta):
         return tree
 
 
-def _register(cls: type) -> None:
-    def flatten(tree: Any) -> tuple[Any, _Layout]:
-        layout = tree._tc_layout
-        if type(layout) is not _Layout:  # unsealed (inside __init__) or a failed __init__
-            layout = _layout_of(tree)
-        return layout.get(tree.__dict__), layout
+# Flatten is a C-level attribute read: a sealed instance keeps `(children, layout)`
+# in its `_tc_flat` slot (immutability makes that safe), and an unsealed one, whose slot is
+# empty, falls through to `TreeClass.__getattr__`, which computes it. This takes the
+# Python frame out of every node flattened on every jit dispatch.
+_flatten = operator.attrgetter("_tc_flat")
 
+
+def _register(cls: type) -> None:
     def flatten_with_keys(tree: Any) -> tuple[list[tuple[Any, Any]], _Layout]:
-        children, layout = flatten(tree)
+        children, layout = tree._tc_flat
         # equal lengths by construction; `strict=` would cost a keyword parse per node
         return list(zip(layout.keys, children)), layout  # noqa: B905
 
     def unflatten(layout: _Layout, children: Any) -> Any:
         return layout.build(children)
 
-    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, _flatten)
 
 
 class _FieldGetter:
@@ -353,7 +369,7 @@ class TreeClass(metaclass=_TreeClassMeta):
     ```
     """
 
-    __slots__ = ("_tc_layout", "__weakref__")
+    __slots__ = ("_tc_layout", "_tc_flat", "__weakref__")
 
     # filled per subclass by __init_subclass__
     _tc_fields: dict[str, Field] = {}
@@ -475,10 +491,30 @@ class TreeClass(metaclass=_TreeClassMeta):
                     ) from None
             raise
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat`
+        # yet (it is still changing): compute it on demand for flatten.
+        if name == "_tc_flat":
+            return _flat_of(self)
+        raise AttributeError(f"`{type(self).__name__}` instance has no attribute {name!r}")
+
     def __copy__(self) -> Any:
+        return self._tc_replace({})
+
+    def _tc_replace(self, changes: dict[str, Any]) -> Any:
+        """A copy with some children replaced: the indexer's fast path for rebuilding.
+
+        The names in `changes` must already be non-static attributes, so the layout is
+        unchanged and the copy is sealed (or unsealed) exactly like `self`.
+        """
         tree = _new(type(self))
-        _set_dict(tree, "__dict__", dict(self.__dict__))
-        _layout_slot.__set__(tree, getattr(self, "_tc_layout", None))
+        state = dict(self.__dict__)
+        state.update(changes)
+        _set_dict(tree, "__dict__", state)
+        layout = getattr(self, "_tc_layout", None)
+        _layout_slot.__set__(tree, layout)
+        if type(layout) is _Layout:
+            _flat_slot.__set__(tree, (layout.get(state), layout))
         return tree
 
     def __getstate__(self) -> dict[str, Any]:
@@ -496,7 +532,7 @@ class TreeClass(metaclass=_TreeClassMeta):
         """A copy of this tree in which every TreeClass node may be mutated."""
         tree = jax.tree_util.tree_map(lambda x: x, self)
         for node in _treeclass_nodes(tree):
-            _layout_slot.__set__(node, None)
+            _unseal(node)
         return tree
 
     def _tc_reseal(self) -> None:
@@ -550,3 +586,4 @@ def _is_treeclass(node: Any) -> bool:
 
 
 _layout_slot = TreeClass.__dict__["_tc_layout"]
+_flat_slot = TreeClass.__dict__["_tc_flat"]
