@@ -1,15 +1,417 @@
-"""Leafwise operators. (Placeholder until the leafwise issue lands.)"""
+"""Leafwise operators (`leafwise`) and broadcasting maps over trees (`bcmap`).
+
+Both are one `jax.tree_util.tree_flatten` per tree argument, a `map` over the leaves and
+one `unflatten`: the same work as `jax.tree_util.tree_map`, so they cost the same. When a
+leaf raises, how far the leaves iterator got says which leaf it was; its key path is only
+computed then, on the error path.
+"""
 
 from __future__ import annotations
 
-__all__ = ["leafwise"]
+import functools
+import math
+import operator
+from collections.abc import Callable
+from itertools import repeat, starmap
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._util import add_leaf_note, leaf_path_str
+
+__all__ = ["leafwise", "bcmap"]
+
+_T = TypeVar("_T", bound=type)
+_flatten = jax.tree_util.tree_flatten
+
+_NOT_A_CLASS_MSG = (
+    "`leafwise` decorates a class (a TreeClass subclass or another registered pytree "
+    "class), got a {type}. Use it as:\n"
+    "    @tc.leafwise\n"
+    "    class Tree: ..."
+)
+_OPERAND_STRUCTURE_MSG = (
+    "Leafwise `{symbol}` combines two `{cls}` trees leaf by leaf, so they need the same "
+    "structure, but got:\n"
+    "    left:  {left}\n"
+    "    right: {right}\n"
+    "To combine every leaf with one value, pass that value instead of a tree."
+)
+_LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
 
 
-def leafwise(cls: type) -> type:
-    raise NotImplementedError(
-        "leafwise=True is accepted but leafwise operators are not implemented yet"
-    )
+# -- leaf functions for math.floor / ceil / trunc ----------------------------------------
+# `math.floor(array)` only works on scalars (and concretizes tracers); arrays take the
+# elementwise NumPy/JAX function, Python numbers keep `math` semantics (an int back).
 
 
-def bcmap(func, broadcast_to=None, *, is_leaf=None):
-    raise NotImplementedError("bcmap is not built yet")
+def _floor(x: Any) -> Any:
+    if isinstance(x, jax.Array):
+        return jnp.floor(x)
+    if isinstance(x, np.ndarray):
+        return np.floor(x)
+    return math.floor(x)
+
+
+def _ceil(x: Any) -> Any:
+    if isinstance(x, jax.Array):
+        return jnp.ceil(x)
+    if isinstance(x, np.ndarray):
+        return np.ceil(x)
+    return math.ceil(x)
+
+
+def _trunc(x: Any) -> Any:
+    if isinstance(x, jax.Array):
+        return jnp.trunc(x)
+    if isinstance(x, np.ndarray):
+        return np.trunc(x)
+    return math.trunc(x)
+
+
+# -- the two loops -----------------------------------------------------------------------
+# `list(map(...))` runs the loop in C. When a leaf raises, the leaves iterator has been
+# advanced just past it, so its remaining length says which leaf it was.
+
+
+def _failed_index(leaves: list, remaining: Any) -> int:
+    return len(leaves) - operator.length_hint(remaining) - 1
+
+
+def _note_leaf(error: BaseException, tree: Any, index: int, symbol: str, leaves: list) -> None:
+    leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
+    path = leaf_path_str(tree, index)
+    add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
+
+
+def _unary_leaves(fn: Callable[[Any], Any], tree: Any, symbol: str) -> tuple[list, Any]:
+    leaves, treedef = _flatten(tree)
+    remaining = iter(leaves)
+    try:
+        return list(map(fn, remaining)), treedef
+    except Exception as error:
+        _note_leaf(error, tree, _failed_index(leaves, remaining), symbol, leaves)
+        raise
+
+
+def _binary_leaves(
+    op: Callable[[Any, Any], Any],
+    tree: Any,
+    other: Any,
+    symbol: str,
+    cls: type,
+    reflected: bool,
+) -> tuple[list, Any]:
+    leaves, treedef = _flatten(tree)
+    if isinstance(other, cls):
+        others, other_def = _flatten(other)
+        if other_def != treedef:
+            left, right = (other_def, treedef) if reflected else (treedef, other_def)
+            raise ValueError(
+                _OPERAND_STRUCTURE_MSG.format(
+                    symbol=symbol, cls=cls.__name__, left=left, right=right
+                )
+            )
+    else:
+        others = repeat(other)
+    remaining = iter(leaves)
+    try:
+        if reflected:
+            return list(map(op, others, remaining)), treedef
+        return list(map(op, remaining, others)), treedef
+    except Exception as error:
+        _note_leaf(error, tree, _failed_index(leaves, remaining), symbol, leaves)
+        raise
+
+
+# -- method factories ----------------------------------------------------------------------
+
+_BINARY = (
+    ("add", operator.add, "+"),
+    ("sub", operator.sub, "-"),
+    ("mul", operator.mul, "*"),
+    ("truediv", operator.truediv, "/"),
+    ("floordiv", operator.floordiv, "//"),
+    ("mod", operator.mod, "%"),
+    ("matmul", operator.matmul, "@"),
+    ("lshift", operator.lshift, "<<"),
+    ("rshift", operator.rshift, ">>"),
+    ("and", operator.and_, "&"),
+    ("or", operator.or_, "|"),
+    ("xor", operator.xor, "^"),
+)
+# no reflected forms: Python swaps `1 < tree` into `tree > 1` by itself
+_COMPARISONS = (
+    ("eq", operator.eq, "=="),
+    ("ne", operator.ne, "!="),
+    ("lt", operator.lt, "<"),
+    ("le", operator.le, "<="),
+    ("gt", operator.gt, ">"),
+    ("ge", operator.ge, ">="),
+)
+_UNARY = (
+    ("neg", operator.neg, "-"),
+    ("pos", operator.pos, "+"),
+    ("abs", operator.abs, "abs"),
+    ("invert", operator.invert, "~"),
+    ("floor", _floor, "math.floor"),
+    ("ceil", _ceil, "math.ceil"),
+    ("trunc", _trunc, "math.trunc"),
+)
+
+
+def _binary_method(op: Callable[[Any, Any], Any], symbol: str, cls: type, reflected: bool):
+    def method(self: Any, other: Any) -> Any:
+        out, treedef = _binary_leaves(op, self, other, symbol, cls, reflected)
+        return treedef.unflatten(out)
+
+    return method
+
+
+def _unary_method(fn: Callable[[Any], Any], symbol: str):
+    def method(self: Any) -> Any:
+        out, treedef = _unary_leaves(fn, self, symbol)
+        return treedef.unflatten(out)
+
+    return method
+
+
+def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    methods: dict[str, Callable[..., Any]] = {}
+    for name, op, symbol in _BINARY:
+        methods[f"__{name}__"] = _binary_method(op, symbol, cls, reflected=False)
+        methods[f"__r{name}__"] = _binary_method(op, symbol, cls, reflected=True)
+    for name, op, symbol in _COMPARISONS:
+        methods[f"__{name}__"] = _binary_method(op, symbol, cls, reflected=False)
+    for name, fn, symbol in _UNARY:
+        methods[f"__{name}__"] = _unary_method(fn, symbol)
+
+    def __pow__(self: Any, other: Any, modulo: Any = None) -> Any:
+        op = operator.pow if modulo is None else (lambda x, y: pow(x, y, modulo))
+        out, treedef = _binary_leaves(op, self, other, "**", cls, reflected=False)
+        return treedef.unflatten(out)
+
+    def __rpow__(self: Any, other: Any) -> Any:
+        out, treedef = _binary_leaves(operator.pow, self, other, "**", cls, reflected=True)
+        return treedef.unflatten(out)
+
+    def __round__(self: Any, ndigits: int | None = None) -> Any:
+        fn = round if ndigits is None else (lambda x: round(x, ndigits))
+        out, treedef = _unary_leaves(fn, self, "round")
+        return treedef.unflatten(out)
+
+    # divmod of a tree is a pair of trees (quotients, remainders), as for arrays
+    def __divmod__(self: Any, other: Any) -> Any:
+        out, treedef = _binary_leaves(divmod, self, other, "divmod", cls, reflected=False)
+        return treedef.unflatten([q for q, _ in out]), treedef.unflatten([r for _, r in out])
+
+    def __rdivmod__(self: Any, other: Any) -> Any:
+        out, treedef = _binary_leaves(divmod, self, other, "divmod", cls, reflected=True)
+        return treedef.unflatten([q for q, _ in out]), treedef.unflatten([r for _, r in out])
+
+    for method in (__pow__, __rpow__, __round__, __divmod__, __rdivmod__):
+        methods[method.__name__] = method
+    return methods
+
+
+def leafwise(cls: _T) -> _T:
+    """Give a pytree class arithmetic, comparison and unary operators that act leaf by leaf.
+
+    Adds `+ - * / // % ** @`, `divmod`, `& | ^ << >>` (with their reflected forms),
+    `== != < <= > >=`, `-x`, `+x`, `abs`, `~`, `round`, `math.floor`, `math.ceil` and
+    `math.trunc`. A binary operator with another instance of `cls` (or of a subclass)
+    combines the two trees leaf by leaf (they must have the same structure, else
+    `ValueError`); with any other value it applies that value to every leaf. Results are
+    new trees of the same structure; `divmod` returns a pair of trees. Comparisons return
+    a tree of booleans, usable directly as an `.at[...]` mask, so `==` no longer answers
+    "are these trees equal?": use `tc.is_tree_equal` for that.
+
+    Static fields and frozen leaves (`tc.freeze`) are not leaves, so they are left as
+    they are. Methods written in the class body itself are kept (note that `@dataclass`
+    writes `__eq__` into the body: pass `eq=False` to get a leafwise `==`). An error
+    raised at a leaf gets a note naming it (`tree.b[0]`).
+
+    `class Tree(tc.TreeClass, leafwise=True)` is the same as decorating the class.
+
+    **Arguments**
+
+    - `cls`: a `TreeClass` subclass, or any class registered as a pytree (before or after
+      decorating).
+
+    **Returns**
+
+    `cls` itself, with the operators added.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    @tc.leafwise
+    class Pair(tc.TreeClass):
+        a: float
+        b: jnp.ndarray
+
+    pair = Pair(1.0, jnp.array([2.0, 3.0]))
+    doubled = pair * 2
+    assert doubled.a == 2.0
+    assert (pair + pair).b.tolist() == [4.0, 6.0]
+    assert (pair > 1.5).b.tolist() == [True, True]
+    ```
+    """
+    if not isinstance(cls, type):
+        raise TypeError(_NOT_A_CLASS_MSG.format(type=type(cls).__name__))
+    for name, method in _special_methods(cls).items():
+        if name in cls.__dict__:
+            continue  # the class body wins
+        method.__name__ = name
+        method.__qualname__ = f"{cls.__qualname__}.{name}"
+        method.__module__ = cls.__module__
+        setattr(cls, name, method)
+    return cls
+
+
+# -- bcmap ---------------------------------------------------------------------------------
+
+_BCMAP_NOT_CALLABLE_MSG = "bcmap(func) needs a callable `func`, got a {type}."
+_BCMAP_STRUCTURE_MSG = (
+    "bcmap({func}): {arg} is a tree whose structure differs from that of {ref}, which "
+    "fixes the structure of the map:\n"
+    "    {ref}: {ref_def}\n"
+    "    {arg}: {arg_def}\n"
+    "Pass a tree of the same structure, or a single value (a leaf or None) to broadcast "
+    "to every leaf. To pass a container such as `axis=(0, 1)` unchanged to every call, "
+    "bind it to the function first:\n"
+    "    tc.bcmap(tc.Partial(jnp.sum, axis=(0, 1)))(tree)"
+)
+_BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
+
+# values that are leaves whatever `is_leaf` says, so need no flattening to tell
+_LEAF_TYPES = (int, float, complex, bool, str, bytes, np.ndarray, np.generic, jax.Array)
+
+
+def _func_name(func: Any) -> str:
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+def bcmap(
+    func: Callable[..., Any],
+    broadcast_to: Any = None,
+    *,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Callable[..., Any]:
+    """Map `func` over the leaves of its tree arguments, broadcasting everything else.
+
+    The returned function takes the arguments of `func`. Among them (positional and
+    keyword), the *tree arguments* are those that are neither a leaf nor `None`; the
+    first of them (or `broadcast_to`, when given) fixes the structure, every other tree
+    argument must have exactly that structure (else `ValueError` showing both), and
+    leaves and `None` are passed unchanged to every call. `func` is called once per leaf
+    position; the results form a tree of that structure. With no tree argument and no
+    `broadcast_to`, `func` is simply called.
+
+    **Arguments**
+
+    - `func`: the function to map.
+    - `broadcast_to`: a tree that fixes the output structure even when no argument has
+      it (then `func` is called with the same arguments for every leaf).
+    - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves.
+
+    **Returns**
+
+    A function with the signature of `func` that maps it over tree arguments.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    tree = {"a": jnp.array([1.0, 3.0]), "b": 5.0}
+    out = tc.bcmap(jnp.where)(tc.bcmap(jnp.greater)(tree, 2), tree, 0.0)
+    assert out["a"].tolist() == [0.0, 3.0] and out["b"] == 5.0
+    assert tc.bcmap(jnp.sum)(tree, axis=None)["a"] == 4.0
+    ```
+    """
+    if not callable(func):
+        raise TypeError(_BCMAP_NOT_CALLABLE_MSG.format(type=type(func).__name__))
+
+    @functools.wraps(func)
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        return _broadcast_call(func, broadcast_to, is_leaf, args, kwargs)
+
+    return mapped
+
+
+def _broadcast_call(
+    func: Callable[..., Any],
+    broadcast_to: Any,
+    is_leaf: Callable[[Any], bool] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    ref = ref_def = ref_name = None
+    if broadcast_to is not None:
+        ref, ref_name = broadcast_to, "broadcast_to"
+        ref_def = jax.tree_util.tree_structure(broadcast_to, is_leaf=is_leaf)
+
+    def tree_leaves_of(arg: Any, name: str) -> list | None:
+        nonlocal ref, ref_def, ref_name
+        if arg is None or isinstance(arg, _LEAF_TYPES):
+            return None
+        leaves, treedef = _flatten(arg, is_leaf)
+        if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+            return None  # a leaf (a custom leaf type, or one `is_leaf` picked)
+        if ref_def is None:
+            ref, ref_def, ref_name = arg, treedef, name
+        elif treedef != ref_def:
+            raise ValueError(
+                _BCMAP_STRUCTURE_MSG.format(
+                    func=_func_name(func), arg=name, ref=ref_name, ref_def=ref_def,
+                    arg_def=treedef,
+                )
+            )
+        return leaves
+
+    mapped_args = []
+    for position, arg in enumerate(args):
+        leaves = tree_leaves_of(arg, f"positional argument {position}")
+        if leaves is not None:
+            mapped_args.append((position, leaves))
+    mapped_kwargs = []
+    for key, arg in kwargs.items():
+        leaves = tree_leaves_of(arg, f"keyword argument `{key}`")
+        if leaves is not None:
+            mapped_kwargs.append((key, leaves))
+    if ref_def is None:
+        return func(*args, **kwargs)
+
+    # one column per positional argument: its leaves, or the value itself repeated
+    count = ref_def.num_leaves
+    if mapped_args:
+        columns: list[Any] = [repeat(arg) for arg in args]
+        for position, leaves in mapped_args:
+            columns[position] = leaves
+        counted = columns[mapped_args[0][0]] = iter(mapped_args[0][1])
+    else:
+        counted = columns = repeat(args, count)  # type: ignore[assignment]
+    try:
+        if mapped_kwargs:
+            out = []
+            call_kwargs = dict(kwargs)
+            rows = zip(*columns, strict=False) if mapped_args else columns  # repeats
+            for index, row in enumerate(rows):
+                for key, leaves in mapped_kwargs:
+                    call_kwargs[key] = leaves[index]
+                out.append(func(*row, **call_kwargs))
+        else:
+            call = functools.partial(func, **kwargs) if kwargs else func
+            out = list(map(call, *columns) if mapped_args else starmap(call, columns))
+    except Exception as error:
+        if mapped_kwargs:
+            index = len(out)
+        else:
+            index = count - operator.length_hint(counted) - 1
+        path = leaf_path_str(ref, index, is_leaf)
+        add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=_func_name(func), path=path))
+        raise
+    return ref_def.unflatten(out)
