@@ -16,10 +16,12 @@ from ._pprint import (
     tree_str,
     tree_summary,
 )
+from ._pprint_registry import PrintRule, register_printer
 from ._selectors import BaseKey, glob, where
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass
 from ._util import Partial, is_tree_equal
+from . import optim  # optax itself is imported lazily, on first use
 
 __all__ = [
     # classes and fields
@@ -57,6 +59,8 @@ __all__ = [
     "tree_graph",
     "tree_mermaid",
     "tree_repr_with_trace",
+    "register_printer",
+    "PrintRule",
 ]
 
 __version__ = "0.1.0"

@@ -1,0 +1,625 @@
+"""treeclass.optim: masks and labels from selections, their checks, and optax training."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treeclass as tc
+from treeclass import optim
+
+optax = pytest.importorskip("optax")
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples"
+
+
+class Linear(tc.TreeClass):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __call__(self, x):
+        return x @ self.weight + self.bias
+
+
+class MLP(tc.TreeClass):
+    def __init__(self, sizes=(2, 3, 1)):
+        self.layers = tuple(
+            Linear(jnp.full((i, o), 0.5), jnp.zeros(o)) for i, o in zip(sizes[:-1], sizes[1:])
+        )
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def flags(tree):
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree.leaves_with_path(tree)]
+
+
+def same_bits(a, b):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(leaves_a) == len(leaves_b) and all(
+        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(leaves_a, leaves_b)
+    )
+
+
+def ones_like(tree):
+    return jax.tree.map(jnp.ones_like, tree)
+
+
+# --------------------------------------------------------------------------------------
+# mask
+
+
+def test_mask_is_true_exactly_at_the_selected_leaves():
+    model = MLP()
+    assert flags(optim.mask(model.at[Linear]["weight"])) == [
+        (".layers[0].weight", True),
+        (".layers[0].bias", False),
+        (".layers[1].weight", True),
+        (".layers[1].bias", False),
+    ]
+
+
+def test_mask_has_the_structure_of_the_tree_and_python_bool_leaves():
+    model = MLP()
+    m = optim.mask(model.at[Linear]["bias"])
+    assert jax.tree.structure(m) == jax.tree.structure(model)
+    assert all(type(leaf) is bool for leaf in jax.tree.leaves(m))
+
+
+def test_mask_of_tree_and_selectors_equals_mask_of_indexer():
+    model = MLP()
+    assert optim.mask(model, Linear, "weight") == optim.mask(model.at[Linear]["weight"])
+    assert optim.mask(model, "layers", 1) == optim.mask(tc.at(model)["layers"][1])
+
+
+def test_mask_of_indexer_with_more_selectors_chains_them():
+    model = MLP()
+    assert optim.mask(model.at["layers"], 0, "bias") == optim.mask(model.at["layers"][0]["bias"])
+
+
+def test_mask_works_on_plain_pytrees():
+    params = {"w": jnp.ones(2), "b": [jnp.zeros(1), 3.0]}
+    assert optim.mask(tc.at(params)["b"]) == {"w": False, "b": [True, True]}
+
+
+def test_mask_of_bare_tree_without_selectors_raises():
+    with pytest.raises(TypeError, match=r"takes an `.at` selection.*tc.optim.mask\(tree, \.\.\.\)"):
+        optim.mask(MLP())
+
+
+def test_mask_of_ellipsis_selects_every_leaf():
+    assert all(jax.tree.leaves(optim.mask(MLP(), ...)))
+
+
+def test_mask_keeps_frozen_leaves_as_leafless_nodes_and_fits_the_params():
+    model = MLP().at["layers"][0].apply(tc.freeze)
+    m = optim.mask(model.at[Linear]["weight"])
+    assert [leaf for _, leaf in flags(m)] == [True, False]
+    assert tc.is_frozen(m.layers[0].weight)
+    assert optim.check_mask(m, model) is m
+
+
+def test_mask_leaves_the_input_tree_unchanged():
+    model = MLP()
+    before = jax.tree.leaves(model)
+    optim.mask(model.at[Linear]["weight"])
+    assert all(a is b for a, b in zip(before, jax.tree.leaves(model)))
+
+
+# --------------------------------------------------------------------------------------
+# check_mask / check_labels
+
+
+def test_check_mask_returns_the_mask_itself():
+    model = MLP()
+    m = optim.mask(model.at[Linear]["weight"])
+    assert optim.check_mask(m, model) is m
+
+
+def test_check_mask_accepts_a_prefix_mask():
+    params = {"enc": {"w": jnp.ones(2), "b": jnp.ones(2)}, "head": jnp.ones(1)}
+    assert optim.check_mask({"enc": False, "head": True}, params) == {"enc": False, "head": True}
+    assert optim.check_mask(True, params) is True
+
+
+def test_check_mask_accepts_scalar_bool_arrays():
+    params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+    optim.check_mask({"w": jnp.array(True), "b": np.bool_(False)}, params)
+
+
+def test_check_mask_names_missing_keys_with_the_key_path():
+    params = {"enc": {"w": jnp.ones(2), "b": jnp.ones(2)}}
+    expected = r"(?s)at `tree\['enc'\]`.*keys only in the parameters: \['b'\]"
+    with pytest.raises(ValueError, match=expected):
+        optim.check_mask({"enc": {"w": True}}, params)
+
+
+def test_check_mask_names_the_node_types_that_differ():
+    layers = MLP().layers
+    mask_tree = (optim.mask(layers[0], ...), {"weight": True, "bias": True})
+    with pytest.raises(ValueError, match=r"at `tree\[1\]`: a `dict` node in the mask, a `Linear`"):
+        optim.check_mask(mask_tree, layers)
+
+
+def test_check_mask_rejects_a_subtree_where_the_params_have_a_leaf():
+    with pytest.raises(ValueError, match=r"at `tree\['w'\]`: a `dict` node in the mask, a leaf"):
+        optim.check_mask({"w": {"a": True}}, {"w": jnp.ones(2)})
+
+
+def test_check_mask_rejects_non_bool_leaves_naming_the_key_path():
+    model = MLP()
+    with pytest.raises(TypeError, match=r"mask leaf at `tree.layers\[0\].bias` is a leaf float32"):
+        optim.check_mask(model.at[Linear]["weight"].set(True), model)
+
+
+def test_check_mask_rejects_bool_arrays_that_are_not_scalars():
+    with pytest.raises(TypeError, match=r"mask leaf at `tree\['w'\]` is a leaf bool\[2\]"):
+        optim.check_mask({"w": jnp.ones(2, bool)}, {"w": jnp.ones(2)})
+
+
+def test_check_mask_rejects_a_mask_made_after_freezing_for_unfrozen_params():
+    model = MLP()
+    frozen = model.at["layers"][0]["bias"].apply(tc.freeze)
+    m = optim.mask(frozen.at[Linear]["weight"])
+    expected = r"at `tree.layers\[0\].bias`: a frozen value \(a node without leaves\) in the mask"
+    with pytest.raises(ValueError, match=expected):
+        optim.check_mask(m, model)
+
+
+def test_mask_made_before_freezing_still_fits_as_a_prefix():
+    model = MLP()
+    m = optim.mask(model.at[Linear]["weight"])
+    frozen = model.at["layers"][0].apply(tc.freeze)
+    assert optim.check_mask(m, frozen) is m
+
+
+def test_check_labels_accepts_labels_and_plain_label_trees():
+    params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+    plain = {"w": "a", "b": "b"}
+    assert optim.check_labels(plain, params, {"a": 0, "b": 0}) is plain
+    wrapped = optim.Labels(plain)
+    assert optim.check_labels(wrapped, params) is wrapped
+
+
+def test_check_labels_names_a_label_without_transform():
+    params = {"w": jnp.ones(2), "b": jnp.ones(2)}
+    with pytest.raises(ValueError, match=r"label 'sgd' at `tree\['b'\]` has no transform"):
+        optim.check_labels({"w": "adam", "b": "sgd"}, params, {"adam": None})
+
+
+def test_check_labels_rejects_unhashable_labels():
+    expected = r"label at `tree\['w'\]` is a leaf float64\[2\], which is not hashable"
+    with pytest.raises(TypeError, match=expected):
+        optim.check_labels({"w": np.ones(2)}, {"w": jnp.ones(2)})
+
+
+def test_check_labels_names_the_key_path_of_a_structure_mismatch():
+    with pytest.raises(ValueError, match=r"label tree does not fit the parameters at `tree`"):
+        optim.check_labels({"w": "a"}, {"w": jnp.ones(2), "b": jnp.ones(2)})
+
+
+# --------------------------------------------------------------------------------------
+# labels
+
+
+def test_labels_label_each_selection_and_the_rest_by_default():
+    model = MLP()
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]}, default="rest")
+    assert [leaf for _, leaf in flags(lab.tree)] == ["w", "rest", "w", "rest"]
+
+
+def test_labels_accept_selectors_for_the_tree_as_well_as_indexers():
+    model = MLP()
+    by_indexer = optim.labels(model, {"first": model.at["layers"][0]})
+    assert [leaf for _, leaf in flags(by_indexer.tree)] == ["first", "first", "rest", "rest"]
+    by_name = optim.labels(model, {"all": "layers"})
+    assert set(jax.tree.leaves(by_name.tree)) == {"all"}
+    by_type = optim.labels(model, {"linear": Linear}, default=None)
+    assert set(jax.tree.leaves(by_type.tree)) == {"linear"}
+
+
+def test_labels_reject_overlapping_selections_naming_the_paths_claimed_twice():
+    model = MLP()
+    with pytest.raises(ValueError, match=r"1 leaf\(s\) are claimed") as info:
+        optim.labels(model, {"first": model.at["layers"][0], "w": model.at[Linear]["weight"]})
+    message = str(info.value)
+    assert "`tree.layers[0].weight`: 'first', 'w'" in message
+    assert "`tree.layers[1].weight`" not in message and "`tree.layers[0].bias`" not in message
+
+
+def test_labels_with_default_none_reject_unclaimed_leaves():
+    model = MLP()
+    with pytest.raises(ValueError, match=r"2 leaf\(s\) are not:\n    `tree.layers\[0\].bias`"):
+        optim.labels(model, {"w": model.at[Linear]["weight"]}, default=None)
+
+
+def test_labels_reject_a_selection_made_on_another_tree():
+    model, other = MLP(), MLP((2, 1))
+    with pytest.raises(ValueError, match=r"selection for label 'w' was made on another tree"):
+        optim.labels(model, {"w": other.at[Linear]["weight"]})
+
+
+def test_labels_skip_frozen_leaves():
+    model = MLP().at["layers"][0].apply(tc.freeze)
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]}, default="b")
+    assert jax.tree.leaves(lab.tree) == ["w", "b"]
+    assert tc.is_frozen(lab.tree.layers[0].weight)
+
+
+def test_labels_object_returns_its_tree_and_checks_the_params():
+    model = MLP()
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]})
+    assert lab(model) is lab.tree
+    expected = r"label tree does not fit the parameters at `tree.layers`"
+    with pytest.raises(ValueError, match=expected):
+        lab(MLP((2, 1)))
+
+
+def test_labels_repr_and_equality():
+    a, b = optim.Labels({"w": "x"}), optim.Labels({"w": "x"})
+    assert a == b and a != optim.Labels({"w": "y"})
+    assert repr(a) == "Labels({'w': 'x'})"
+
+
+# --------------------------------------------------------------------------------------
+# optax: masks and labels in the transforms that take them
+
+
+def test_mask_with_optax_masked_on_a_callable_model():
+    model = MLP()
+    assert callable(model)  # optax must not take the mask tree for a mask function
+    opt = optax.masked(optax.scale(-1.0), optim.mask(model.at[Linear]["weight"]))
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert updates.layers[0].weight[0, 0] == -1.0 and updates.layers[0].bias[0] == 1.0
+    assert updates.layers[1].weight[0, 0] == -1.0 and updates.layers[1].bias[0] == 1.0
+
+
+def test_mask_in_adamw_decays_only_the_selected_leaves():
+    model = MLP()
+    opt = optax.adamw(0.1, weight_decay=0.5, mask=optim.mask(model.at[Linear]["weight"]))
+    zeros = jax.tree.map(jnp.zeros_like, model)
+    updates, _ = opt.update(zeros, opt.init(model), model)
+    # zero gradients: only the decay term moves a leaf (-lr * wd * param)
+    assert jnp.allclose(updates.layers[0].weight, -0.1 * 0.5 * 0.5)
+    model = model.at[Linear]["bias"].set(1.0)
+    updates, _ = opt.update(zeros, opt.init(model), model)
+    assert jnp.all(updates.layers[0].bias == 0.0) and jnp.all(updates.layers[1].bias == 0.0)
+
+
+def test_labels_in_multi_transform_on_a_callable_model():
+    model = MLP()
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]}, default="b")
+    opt = optax.multi_transform({"w": optax.scale(2.0), "b": optax.scale(3.0)}, lab)
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert [float(leaf.ravel()[0]) for leaf in jax.tree.leaves(updates)] == [2.0, 3.0, 2.0, 3.0]
+
+
+def test_labels_in_multi_transform_under_jit():
+    model = MLP()
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]}, default="b")
+    opt = optax.multi_transform({"w": optax.adam(0.1), "b": optax.sgd(0.01)}, lab)
+
+    @jax.jit
+    def step(model, state):
+        updates, state = opt.update(ones_like(model), state, model)
+        return optax.apply_updates(model, updates), state
+
+    new, _ = step(model, opt.init(model))
+    assert jnp.allclose(new.layers[0].weight, 0.4) and jnp.allclose(new.layers[0].bias, -0.01)
+
+
+def test_multi_transform_with_labels_that_do_not_fit_names_the_key_path():
+    model = MLP()
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]})
+    opt = optax.multi_transform({"w": optax.sgd(1.0), "rest": optax.sgd(1.0)}, lab)
+    with pytest.raises(ValueError, match=r"at `tree.layers`: a `tuple` node in the label tree"):
+        opt.init(MLP((2, 4, 3, 1)))
+
+
+def test_mask_in_optax_freeze_zeroes_the_selected_updates():
+    model = MLP()
+    opt = optax.freeze(optim.mask(model.at["layers"][0]))
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert [float(leaf.sum()) for leaf in jax.tree.leaves(updates)] == [0.0, 0.0, 3.0, 1.0]
+
+
+def test_mask_in_selective_transform_trains_only_the_unselected_leaves():
+    model = MLP()
+    opt = optax.selective_transform(
+        optax.sgd(1.0), freeze_mask=optim.mask(model.at[Linear]["bias"])
+    )
+    state = opt.init(model)
+    updates, _ = opt.update(ones_like(model), state, model)
+    assert [float(leaf.sum()) for leaf in jax.tree.leaves(updates)] == [-6.0, 0.0, -3.0, 0.0]
+
+
+def test_masks_in_a_chain():
+    model = MLP()
+    weights = optim.mask(model.at[Linear]["weight"])
+    biases = optim.mask(model.at[Linear]["bias"])
+    opt = optax.chain(
+        optax.masked(optax.scale(10.0), weights),
+        optax.masked(optax.scale(-1.0), biases),
+    )
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert [float(leaf.ravel()[0]) for leaf in jax.tree.leaves(updates)] == [10.0, -1.0] * 2
+
+
+def _is_masked_node(x):
+    return isinstance(x, optax.MaskedNode)
+
+
+def _plus_one(p):
+    return p if _is_masked_node(p) else p + 1
+
+
+def test_masks_with_optax_tree_utils():
+    model = MLP()
+    weights = optim.mask(model.at[Linear]["weight"])
+    assert optax.tree_utils.tree_sum(weights) == 2  # selected leaves
+    opt = optax.masked(optax.adam(1e-3), weights)
+    state = opt.init(model)
+    mu = optax.tree_utils.tree_get(state, "mu")
+    assert [jnp.shape(x) for x in jax.tree.leaves(mu)] == [(2, 3), (3, 1)]
+    shifted = optax.tree_utils.tree_map_params(opt, _plus_one, state, is_leaf=_is_masked_node)
+    assert jax.tree.leaves(optax.tree_utils.tree_get(shifted, "mu"))[0][0, 0] == 1.0
+
+
+def test_labels_with_optax_tree_map_params():
+    model = MLP()
+    lab = optim.labels(model, {"w": model.at[Linear]["weight"]})
+    opt = optax.multi_transform({"w": optax.adam(1e-3), "rest": optax.sgd(1e-3)}, lab)
+    state = opt.init(model)
+    mapped = optax.tree_utils.tree_map_params(opt, _plus_one, state, is_leaf=_is_masked_node)
+    mu = optax.tree_utils.tree_get(mapped, "mu")
+    assert [float(x.ravel()[0]) for x in jax.tree.leaves(mu)] == [1.0, 1.0]
+
+
+# --------------------------------------------------------------------------------------
+# freezing: optax sees only the unfrozen leaves
+
+
+def test_optimizer_state_has_no_entries_for_frozen_leaves():
+    model = MLP().at["layers"][0].apply(tc.freeze)
+    state = optax.adam(1e-3).init(model)
+    mu, nu = state[0].mu, state[0].nu
+    assert [jnp.shape(x) for x in jax.tree.leaves(mu)] == [(3, 1), (1,)]
+    assert [jnp.shape(x) for x in jax.tree.leaves(nu)] == [(3, 1), (1,)]
+    assert tc.is_frozen(mu.layers[0].weight) and tc.is_frozen(mu.layers[0].bias)
+
+
+def test_frozen_leaves_stay_bit_identical_through_training():
+    model = MLP().at["layers"][0]["weight"].apply(tc.freeze)
+    before = tc.unfreeze(model.layers[0].weight)
+    opt = optax.adamw(0.1, weight_decay=0.1)
+    state = opt.init(model)
+
+    @jax.jit
+    def step(model, state):
+        grads = jax.grad(lambda m: jnp.sum(tc.tree_unmask(m)(jnp.ones((4, 2))) ** 2))(model)
+        updates, state = opt.update(grads, state, model)
+        return optax.apply_updates(model, updates), state
+
+    for _ in range(3):
+        model, state = step(model, state)
+    assert tc.is_frozen(model.layers[0].weight)
+    assert np.asarray(tc.unfreeze(model.layers[0].weight)).tobytes() == np.asarray(before).tobytes()
+    assert not jnp.allclose(model.layers[1].weight, 0.5)
+
+
+def test_masked_non_array_leaves_need_no_special_handling():
+    class Layer(tc.TreeClass):
+        weight: jax.Array
+        activation: object
+        name: str
+        depth: int
+
+    model = tc.tree_mask(Layer(jnp.ones(2), jnp.tanh, "dense", 3))
+    opt = optax.adam(0.1)
+    state = opt.init(model)
+    grads = jax.grad(lambda m: jnp.sum(tc.unfreeze(m.activation)(m.weight)))(model)
+    updates, state = opt.update(grads, state, model)
+    new = tc.tree_unmask(optax.apply_updates(model, updates))
+    assert new.activation is jnp.tanh and new.name == "dense" and new.depth == 3
+    assert jnp.allclose(new.weight, 0.9)
+
+
+# --------------------------------------------------------------------------------------
+# partition
+
+
+def test_partition_builds_a_multi_transform_in_one_call():
+    model = MLP()
+    opt = optim.partition(
+        {"w": optax.scale(2.0), "rest": optax.scale(0.0)}, model, {"w": model.at[Linear]["weight"]}
+    )
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert [float(leaf.ravel()[0]) for leaf in jax.tree.leaves(updates)] == [2.0, 0.0] * 2
+
+
+def test_partition_names_a_leaf_whose_label_has_no_transform():
+    model = MLP()
+    expected = r"label 'rest' at `tree.layers\[0\].bias` has no transform"
+    with pytest.raises(ValueError, match=expected):
+        optim.partition({"w": optax.sgd(1.0)}, model, {"w": model.at[Linear]["weight"]})
+
+
+def test_partition_without_optax_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "optax", None)
+    model = MLP()
+    with pytest.raises(ImportError, match=r"(?s)pip install optax.*treeclass\[optax\]"):
+        optim.partition({}, model, {})
+
+
+def test_optim_imports_without_optax():
+    code = (
+        "import sys; sys.modules['optax'] = None\n"
+        "import treeclass.optim as o\n"
+        "import jax.numpy as jnp\n"
+        "assert o.check_mask({'a': True}, {'a': jnp.ones(1)}) == {'a': True}\n"
+    )
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# --------------------------------------------------------------------------------------
+# properties
+
+_names = st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8, unique=True)
+
+
+@settings(max_examples=30, deadline=None)
+@given(_names, st.data())
+def test_mask_selects_exactly_the_named_keys(names, data):
+    params = {name: jnp.full(i + 1, float(i)) for i, name in enumerate(names)}
+    chosen = data.draw(st.lists(st.sampled_from(names), unique=True))
+    m = optim.mask(tc.at(params)[tuple(chosen)]) if chosen else {n: False for n in names}
+    assert m == {name: name in chosen for name in names}
+
+
+@settings(max_examples=30, deadline=None)
+@given(_names, st.data())
+def test_labels_of_disjoint_selections_label_each_leaf_once(names, data):
+    params = {name: jnp.zeros(2) for name in names}
+    groups = data.draw(st.lists(st.sampled_from(["x", "y", "z"]), min_size=len(names),
+                                max_size=len(names)))
+    selections = {
+        g: tc.at(params)[tuple(n for n, h in zip(names, groups) if h == g)] for g in set(groups)
+    }
+    lab = optim.labels(params, selections, default=None)
+    assert lab.tree == dict(zip(names, groups))
+    optim.check_labels(lab, params, set(groups))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.recursive(st.booleans(), lambda c: st.dictionaries(st.sampled_from("abc"), c,
+                                                              min_size=1, max_size=3),
+                    max_leaves=8))
+def test_every_prefix_of_a_fitting_mask_fits(mask_tree):
+    params = jax.tree.map(lambda _: jnp.ones(1), mask_tree)
+
+    def prefixes(tree):
+        yield True
+        if isinstance(tree, dict):
+            for key in tree:
+                for sub in prefixes(tree[key]):
+                    yield {**tree, key: sub}
+
+    for prefix in prefixes(mask_tree):
+        optim.check_mask(prefix, params)
+
+
+# --------------------------------------------------------------------------------------
+# the documented examples
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_mlp_per_leaf_decays_weights_slows_biases_and_freezes_a_layer():
+    example = _example("mlp_per_leaf")
+    figures = example.main()
+    losses = figures["losses"]
+    assert losses[-1] < 0.2 * losses[0]
+    assert figures["frozen_layer_unchanged"]
+    assert figures["first_weight_step"] == pytest.approx(example.WEIGHT_LR, rel=1e-2)
+    assert figures["first_bias_step"] == pytest.approx(example.BIAS_LR, rel=1e-2)
+    assert figures["trainable_leaves"] == 4  # the frozen first layer is not a leaf
+
+
+def test_example_fine_tuning_trains_the_head_then_everything():
+    figures = _example("fine_tuning").main()
+    assert figures["pretrain_losses"][-1] < 0.1 * figures["pretrain_losses"][0]
+    assert figures["head_losses"][-1] < 0.5 * figures["head_losses"][0]
+    assert figures["fine_tune_losses"][-1] < 0.5 * figures["head_losses"][-1]
+    assert figures["encoder_unchanged_in_phase_1"]
+    assert figures["encoder_changed_in_phase_2"]
+    assert figures["phase_1_state_mu_leaves"] == figures["head_leaves"] == 2
+    assert figures["phase_1_state_nu_leaves"] == 2
+
+
+def test_example_treeclass_and_dict_params_train_identically():
+    figures = _example("treeclass_vs_dict").main()
+    assert figures["treeclass_losses"] == figures["dict_losses"]
+    assert figures["dict_losses"][-1] < 0.5 * figures["dict_losses"][0]
+    assert figures["final_params_identical"]
+
+
+# --------------------------------------------------------------------------------------
+# selections that are not plain: element masks, frozen-only, mistakes
+
+
+def test_mask_rejects_an_element_mask_that_picks_part_of_a_leaf():
+    params = {"w": jnp.ones(2), "b": jnp.ones(3)}
+    with pytest.raises(ValueError, match=r"boolean array at `mask\['w'\]` .* picks some elements"):
+        optim.mask(tc.at(params)[{"w": jnp.array([True, False]), "b": False}])
+
+
+def test_mask_accepts_boolean_arrays_that_select_whole_leaves():
+    params = {"w": jnp.ones(2), "b": jnp.ones(3), "c": jnp.ones(1)}
+    selector = {"w": jnp.array(True), "b": np.ones(3, bool), "c": jnp.zeros(1, bool)}
+    assert optim.mask(tc.at(params)[selector]) == {"w": True, "b": True, "c": False}
+
+
+def test_mask_of_a_selection_reaching_only_frozen_values_is_all_false():
+    model = MLP().at[Linear]["weight"].apply(tc.freeze)
+    m = optim.mask(model.at[Linear]["weight"])
+    assert jax.tree.leaves(m) == [False, False]
+    assert tc.is_frozen(m.layers[1].weight)
+
+
+def test_mask_passes_on_the_indexer_error_for_a_missing_key():
+    with pytest.raises(LookupError, match=r"'wieght' not found at \w+\.layers\[0\]; did you mean"):
+        optim.mask(MLP().at[Linear]["wieght"])
+
+
+def test_mask_of_a_predicate_selection():
+    model = MLP()
+    m = optim.mask(model.at[tc.where(lambda path, x: getattr(x, "ndim", 0) == 1)])
+    assert [leaf for _, leaf in flags(m)] == [False, True, False, True]
+
+
+def test_labels_accept_a_mask_tree_as_selection_on_a_frozen_model():
+    model = MLP().at["layers"][0].apply(tc.freeze)
+    weights = optim.mask(model.at[Linear]["weight"])
+    lab = optim.labels(model, {"w": weights, "b": model.at[Linear]["bias"]}, default=None)
+    assert jax.tree.leaves(lab.tree) == ["w", "b"]
+
+
+# --------------------------------------------------------------------------------------
+# the docstring examples run
+
+
+def _docstring_blocks():
+    import re
+
+    blocks = []
+    for name in optim.__all__:
+        doc = getattr(optim, name).__doc__ or ""
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", doc, re.DOTALL)):
+            blocks.append(pytest.param(block, id=f"{name}-{i}"))
+    return blocks
+
+
+@pytest.mark.parametrize("code", _docstring_blocks())
+def test_docstring_example_runs(code):
+    import textwrap
+
+    exec(compile(textwrap.dedent(code), "<docstring>", "exec"), {})
