@@ -3,6 +3,7 @@
 This module only re-exports; see DESIGN.md for the layout.
 """
 
+from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
 from ._fields import Field, autoinit, field, fields
 from ._leafwise import bcmap, leafwise
@@ -21,7 +22,6 @@ from ._selectors import BaseKey, glob, where
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass
 from ._util import Partial, is_tree_equal
-from . import optim  # optax itself is imported lazily, on first use
 
 __all__ = [
     # classes and fields
@@ -61,6 +61,8 @@ __all__ = [
     "tree_repr_with_trace",
     "register_printer",
     "PrintRule",
+    # optax integration (a submodule)
+    "optim",
 ]
 
 __version__ = "0.1.0"

@@ -16,7 +16,8 @@ import copy
 import functools
 import hashlib
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -315,7 +316,7 @@ def is_frozen(x: Any) -> bool:
 # --------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_inexact_dtype(dtype: Any) -> bool:
     # jax.dtypes knows bfloat16 & co. and the extended (key) dtypes; numpy does not
     return bool(jax.dtypes.issubdtype(dtype, np.inexact))
