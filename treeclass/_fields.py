@@ -15,6 +15,8 @@ from typing import Any, ClassVar, get_origin
 
 from typing_extensions import dataclass_transform
 
+from ._util import equal_or_false
+
 __all__ = ["Field", "field", "fields", "autoinit"]
 
 KINDS = ("POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR")
@@ -137,19 +139,9 @@ class Field:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Field):
             return NotImplemented
-        return all(_same_value(getattr(self, s), getattr(other, s)) for s in Field.__slots__)
+        return all(equal_or_false(getattr(self, s), getattr(other, s)) for s in Field.__slots__)
 
     __hash__ = object.__hash__
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    # defaults may be arrays, whose `==` is elementwise (and has no truth value)
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def type_name(value: Any) -> str:

@@ -498,11 +498,24 @@ def _record_statics(node: Any, kind: int, path: tuple[Any, ...], walker: Any,
             walker.record_blocked(path + (GetAttrKey(name),), "a static field")
 
 
-class NameMatcher(Matcher):
+class _SingleKeyMatcher(Matcher):
+    """A selector naming one child: the fast path walks it, and missing it is an error."""
+
+    __slots__ = ()
+    single_key = True
+
+    def finish(self, state, node, kind, opened, path, walker):
+        if not state[0]:
+            raise walker.missing(self.key, node, kind, opened, path)
+
+    def __repr__(self) -> str:
+        return repr(self.key)
+
+
+class NameMatcher(_SingleKeyMatcher):
     """`"name"`: the attribute or dict key `name` among the children."""
 
     __slots__ = ("key",)
-    single_key = True
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -521,19 +534,12 @@ class NameMatcher(Matcher):
             return _MATCHED
         return _PRUNED
 
-    def finish(self, state, node, kind, opened, path, walker):
-        if not state[0]:
-            raise walker.missing(self.key, node, kind, opened, path)
-
-    def __repr__(self) -> str:
-        return repr(self.key)
 
 
-class IndexMatcher(Matcher):
+class IndexMatcher(_SingleKeyMatcher):
     """`0`, `-1`: a sequence position (negative counts from the end), or an int dict key."""
 
     __slots__ = ("key",)
-    single_key = True
 
     def __init__(self, key: int) -> None:
         self.key = key
@@ -560,12 +566,6 @@ class IndexMatcher(Matcher):
             return _MATCHED
         return _PRUNED
 
-    def finish(self, state, node, kind, opened, path, walker):
-        if not state[0]:
-            raise walker.missing(self.key, node, kind, opened, path)
-
-    def __repr__(self) -> str:
-        return repr(self.key)
 
 
 class EllipsisMatcher(Matcher):

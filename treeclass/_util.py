@@ -210,7 +210,7 @@ class Partial:
             return True
         if type(other) is not Partial:
             return NotImplemented
-        if self._holes != other._holes or not _static_equal(self.func, other.func):
+        if self._holes != other._holes or not equal_or_false(self.func, other.func):
             return False
         return is_tree_equal((self.args, self._keywords), (other.args, other._keywords))
 
@@ -268,8 +268,8 @@ class Partial:
 _set_slot = object.__setattr__
 
 
-def _static_equal(a: Any, b: Any) -> bool:
-    # a callable pytree (a leafwise module, say) may answer `==` with a tree
+def equal_or_false(a: Any, b: Any) -> bool:
+    """`a == b` as a bool; False when `==` has no truth value (arrays, leafwise trees)."""
     if a is b:
         return True
     try:
