@@ -839,3 +839,72 @@ def test_equal_trees_hash_equal(a, b, tag_a, tag_b):
         assert hash(first) == hash(second)
     if not (type(tag_a) is type(tag_b) and tag_a == tag_b):
         assert not equal  # a different static value is a different tree
+
+
+# -- who seals: the outermost __init__ ---------------------------------------------------
+
+
+def test_init_from_a_plain_mixin_seals_the_instance():
+    class Mixin:
+        def __init__(self, value):
+            self.value = value
+
+    class Tree(tc.TreeClass, Mixin):
+        pass
+
+    class Reversed(Mixin, tc.TreeClass):
+        pass
+
+    for cls in (Tree, Reversed):
+        tree = cls(3)
+        assert jax.tree_util.tree_leaves(tree) == [3]
+        with pytest.raises(AttributeError, match="immutable"):
+            tree.value = 4
+
+
+def test_inherited_hand_written_init_seals_the_subclass_instance():
+    class Parent(tc.TreeClass):
+        def __init__(self, n):
+            self.items = tuple(range(n))
+
+    class Child(Parent):
+        pass
+
+    child = Child(2)
+    assert jax.tree_util.tree_leaves(child) == [0, 1]
+    with pytest.raises(AttributeError, match="immutable `Child` instance"):
+        child.items = ()
+
+
+def test_parent_hand_written_init_called_through_super_does_not_seal_early():
+    class Parent(tc.TreeClass):
+        def __init__(self):
+            self.a = 1
+
+    class Child(Parent):
+        def __init__(self):
+            super().__init__()
+            self.b = 2  # would raise if the parent's __init__ had sealed
+
+    child = Child()
+    assert jax.tree_util.tree_flatten_with_path(child)[0] == [
+        ((jax.tree_util.GetAttrKey("a"),), 1),
+        ((jax.tree_util.GetAttrKey("b"),), 2),
+    ]
+    with pytest.raises(AttributeError, match="immutable"):
+        child.a = 0
+
+
+def test_flatten_inside_post_init_sees_the_attributes_set_so_far():
+    seen = []
+
+    class Tree(tc.TreeClass):
+        a: int = 1
+
+        def __post_init__(self):
+            seen.append(jax.tree_util.tree_leaves(self))
+            self.b = 2
+
+    tree = Tree()
+    assert seen == [[1]]
+    assert jax.tree_util.tree_leaves(tree) == [1, 2]

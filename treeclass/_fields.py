@@ -422,18 +422,14 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
         else:
             body.append(f"    __tc_state[{item.name!r}] = {value}")
 
-    if not through_setattr:
-        # The fast path writes `__dict__` directly, so it checks for itself that the
-        # instance is still under construction (the layout slot unset or None).
-        namespace["__tc_refuse"] = _refuse_reinit
-        body[:0] = [
-            f"    try:\n        __tc_layout = {this}._tc_layout",
-            "    except AttributeError:\n        __tc_layout = None",
-            f"    if __tc_layout is not None:\n        __tc_refuse({this})",
-            f"    __tc_state = {this}.__dict__",
-        ]
-    if getattr(cls, "__post_init__", None) is not None:
+    has_post_init = getattr(cls, "__post_init__", None) is not None
+    if has_post_init:
         body.append(f"    {this}.__post_init__()")
+    sealing = None if through_setattr else getattr(cls, "_tc_sealing", None)
+    if sealing is not None:
+        body = _with_sealing(cls, body, this, namespace, sealing, instance_fields, has_post_init)
+    elif not through_setattr:
+        body.insert(0, f"    __tc_state = {this}.__dict__")
     if not body:
         body.append("    pass")
     source = f"def __init__({', '.join([this, *signature])}):\n" + "\n".join(body)
@@ -443,6 +439,60 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     init.__module__ = cls.__module__
     init.__tc_generated__ = True
     return init
+
+
+def _with_sealing(
+    cls: type,
+    body: list[str],
+    this: str,
+    namespace: dict[str, Any],
+    sealing: Any,
+    instance_fields: list[Field],
+    has_post_init: bool,
+) -> list[str]:
+    """Wrap a TreeClass `__init__` body so that the instance is sealed when it returns.
+
+    The constructor is the plain `type.__call__`, so the generated `__init__` seals the
+    instance itself, but only when it is the class's own `__init__` (not a parent's
+    reached through `super()`, whose caller seals). When the attribute names are known
+    here (no static fields, no `__post_init__`), the layout is built once now and the
+    two slots are written inline: no lookup at all per instance.
+    """
+    namespace.update(
+        __tc_cls=cls, __tc_seal=sealing.seal, __tc_seal_after_error=sealing.seal_after_error,
+        __tc_refuse=_refuse_reinit,
+    )
+    stored = [f.name for f in instance_fields
+              if f.init or f.default is not MISSING or f.factory is not None]
+    static = any(f.static for f in instance_fields)
+    if static or has_post_init:
+        seal = [f"        __tc_seal({this})"]
+    else:
+        layout, namespace["__tc_set_layout"], namespace["__tc_set_flat"] = (
+            sealing.fixed_layout(cls, tuple(stored))
+        )
+        namespace["__tc_layout"] = layout
+        leaves = "".join(f"__tc_state[{name!r}], " for name in stored)
+        seal = [f"        __tc_set_layout({this}, __tc_layout)",
+                f"        __tc_set_flat({this}, (({leaves}), __tc_layout))"]
+    indented = ["\n".join("    " + line for line in part.split("\n")) for part in body]
+    return [
+        f"    __tc_state = {this}.__dict__",
+        # a fresh instance has an empty __dict__; anything else may be a sealed instance
+        # whose __init__ is being called again, which must not change it
+        f"    if __tc_state and {this}._tc_layout is not None:",
+        f"        __tc_refuse({this})",
+        "    try:",
+        *indented,
+        # sealing inside the try: it can fail (an unhashable static value), and the
+        # instance, maybe stored somewhere already, must not stay mutable
+        f"        if type({this}) is __tc_cls:",
+        *("    " + line for line in seal),
+        "    except BaseException as __tc_error:",
+        f"        if type({this}) is __tc_cls:",
+        f"            __tc_seal_after_error({this}, __tc_error)",
+        "        raise",
+    ]
 
 
 def add_field_note(error: BaseException, obj: Any, name: str) -> None:

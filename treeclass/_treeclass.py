@@ -17,13 +17,14 @@ it is thread-safe without any global registry.
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import operator
 import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -114,12 +115,17 @@ def _holds_identity(typed: Any) -> bool:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def _inside_treeclass(filename: str) -> bool:
+    # generated __init__ code is named "<treeclass __init__ of ...>"
+    return filename.startswith(_PACKAGE_DIR) or filename.startswith("<treeclass ")
+
+
 def _user_stacklevel() -> int:
     # The call depth from a warning to user code varies (construction, unpickling, nested
     # tuples); point the warning at the first frame outside treeclass.
     frame = sys._getframe(2)  # the caller of the function that warns
     level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and _inside_treeclass(frame.f_code.co_filename):
         frame = frame.f_back
         level += 1
     return level
@@ -268,24 +274,46 @@ def _seal_after_error(tree: TreeClass, error: BaseException) -> None:
 
 
 class _TreeClassMeta(abc.ABCMeta):
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls.__new__ is object.__new__:
-            tree = _new(cls)
-        else:
-            tree = cls.__new__(cls, *args, **kwargs)
-            if not isinstance(tree, cls):
-                return tree
-        _layout_slot.__set__(tree, None)  # unsealed: `_tc_flat` stays empty until sealing
+    """ABCMeta, so that `abc.abstractmethod` works on TreeClass subclasses.
+
+    It adds no `__call__`: construction is the C-level `type.__call__`, and `__init__`
+    seals the instance itself (the generated one inline, a hand-written one through
+    `_sealing_init`), which keeps construction within a few times a plain dataclass.
+    """
+
+
+class _Sealing(NamedTuple):
+    """What a generated `__init__` needs from this module (see `_fields.build_init`)."""
+
+    seal: Callable[[Any], None]
+    seal_after_error: Callable[[Any, BaseException], None]
+    fixed_layout: Callable[[type, tuple[str, ...]], tuple[Any, Any, Any]]
+
+
+def _fixed_layout(cls: type, names: tuple[str, ...]) -> tuple[_Layout, Any, Any]:
+    return _layout_for(cls, names, {}), _layout_slot.__set__, _flat_slot.__set__
+
+
+def _sealing_init(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a hand-written (or inherited foreign) `__init__` so that it seals on return.
+
+    Only the outermost `__init__` seals: a parent's, reached through `super().__init__`,
+    sees that `type(self).__init__` is not itself and leaves sealing to its caller.
+    """
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            tree.__init__(*args, **kwargs)
-            # inside the try: sealing itself can fail (an unhashable static value), and
-            # the half-built instance, maybe stored somewhere by __init__, must not stay
-            # mutable
-            _seal(tree)
+            init(self, *args, **kwargs)
+            if type(self).__init__ is __init__:
+                _seal(self)  # inside the try: see `_with_sealing` in _fields.py
         except BaseException as error:
-            _seal_after_error(tree, error)
+            if type(self).__init__ is __init__:
+                _seal_after_error(self, error)
             raise
-        return tree
+
+    __init__.__tc_sealing__ = True
+    return __init__
 
 
 # Flatten is a C-level attribute read: a sealed instance keeps `(children, layout)`
@@ -405,11 +433,17 @@ class TreeClass(metaclass=_TreeClassMeta):
         setattr_type(cls, "_tc_layouts", {})
         setattr_type(cls, "_tc_keys", _key_factory())
 
-        if "__init__" not in cls.__dict__:
+        if "__init__" in cls.__dict__:
+            if not getattr(cls.__dict__["__init__"], "__tc_generated__", False):
+                cls.__init__ = _sealing_init(cls.__dict__["__init__"])
+        else:
             inherited = cls.__init__
             inherited_is_generated = getattr(inherited, "__tc_generated__", False)
             if own or inherited_is_generated or inherited is object.__init__:
                 cls.__init__ = build_init(cls, items, through_setattr=False)
+            elif not getattr(inherited, "__tc_sealing__", False):
+                # an __init__ from a plain mixin: it must seal too
+                cls.__init__ = _sealing_init(inherited)
         _register(cls)
         if leafwise:
             from ._leafwise import leafwise as make_leafwise
@@ -496,6 +530,8 @@ class TreeClass(metaclass=_TreeClassMeta):
         # yet (it is still changing): compute it on demand for flatten.
         if name == "_tc_flat":
             return _flat_of(self)
+        if name == "_tc_layout":  # a fresh instance: its slot is not set until sealing
+            return None
         raise AttributeError(f"`{type(self).__name__}` instance has no attribute {name!r}")
 
     def __copy__(self) -> Any:
@@ -587,3 +623,4 @@ def _is_treeclass(node: Any) -> bool:
 
 _layout_slot = TreeClass.__dict__["_tc_layout"]
 _flat_slot = TreeClass.__dict__["_tc_flat"]
+TreeClass._tc_sealing = _Sealing(_seal, _seal_after_error, _fixed_layout)
