@@ -794,3 +794,25 @@ def test_property_treeclass_input_unchanged_and_set_get_roundtrip(n, data, value
     model.at[Linear][...].scan(lambda x, s: (x, s), 0)
     after = jax.tree_util.tree_leaves(model)
     assert all(a is b for a, b in zip(before, after, strict=True))
+
+
+@settings(max_examples=30, deadline=None)
+@given(tree_and_mask(), leaf_values)
+def test_property_whole_tree_mask_agrees_with_the_general_walk(pair, value):
+    # `at[mask]` alone takes a flatten-and-zip fast path; `at[...][mask]` walks node by
+    # node. Both must select exactly the same leaves.
+    tree, mask = pair
+    fast = tc.at(tree)[mask]
+    walked = tc.at(tree)[...][mask]
+    assert tc.is_tree_equal(fast.set(value), walked.set(value))
+    assert tc.is_tree_equal(fast.apply(lambda x: x * 2), walked.apply(lambda x: x * 2))
+
+
+def test_whole_tree_mask_with_element_masks_and_frozen_leaves_matches_general_walk():
+    tree = {"w": jnp.arange(-2.0, 2.0), "s": tc.freeze("relu"), "b": jnp.float32(3.0)}
+    mask = {"w": tree["w"] > 0, "s": tc.freeze("relu"), "b": False}
+    fast = tc.at(tree)[mask].set(9.0)
+    walked = tc.at(tree)[...][mask].set(9.0)
+    assert tc.is_tree_equal(fast, walked)
+    np.testing.assert_array_equal(fast["w"], [-2.0, -1.0, 0.0, 9.0])
+    assert fast["s"] is tree["s"] and fast["b"] is tree["b"]

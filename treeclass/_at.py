@@ -38,6 +38,7 @@ from ._selectors import (
     TUPLE,
     IndexMatcher,
     Matcher,
+    MaskMatcher,
     NameMatcher,
     child_by_entry,
     compile_selector,
@@ -465,6 +466,46 @@ class _Replace(_Op):
 # -- the indexer -------------------------------------------------------------------------
 
 
+_NO_FAST_PATH = object()
+
+
+def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op) -> Any:
+    """`tree.at[mask].set/apply` for a mask with exactly the tree's structure.
+
+    The most common mask (`tree > 0`, or one built with `tree_map`) lines up leaf for
+    leaf, so one C-level flatten of each and a zip replace the general walk (which keeps
+    paths for its error messages). Anything unusual (a prefix mask, a non-bool leaf, a
+    selection of nothing) returns `_NO_FAST_PATH`, and the general walk reports it.
+    """
+    if type(op) is _Apply:
+        fn = op.fn
+    elif type(op) is _Set and op.mode == _Set.BROADCAST:
+        value = op.value
+        fn = lambda _: value
+    else:
+        return _NO_FAST_PATH
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    flags, mask_def = jax.tree_util.tree_flatten(mask)
+    if mask_def != treedef:
+        return _NO_FAST_PATH
+    out = []
+    selected = 0
+    for leaf, flag in zip(leaves, flags):
+        if flag is True or (type(flag) is np.bool_ and flag):
+            out.append(fn(leaf))
+        elif flag is False or type(flag) is np.bool_:
+            out.append(leaf)
+            continue
+        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
+            out.append(_masked(flag, fn(leaf), leaf))
+        else:
+            return _NO_FAST_PATH
+        selected += 1
+    if not selected:
+        return _NO_FAST_PATH
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
 class AtIndexer:
     """Select parts of a pytree with `[...]`, then get, set, apply, reduce or scan them.
 
@@ -555,6 +596,10 @@ class AtIndexer:
         return f"AtIndexer({_selection_str(self.tree, self.where)})"
 
     def _run(self, op: _Op, is_leaf: Any) -> Any:
+        if is_leaf is None and len(self._matchers) == 1 and type(self._matchers[0]) is MaskMatcher:
+            out = _whole_mask_fast_path(self.tree, self._matchers[0].mask, op)
+            if out is not _NO_FAST_PATH:
+                return out
         walker = _Walker(self.tree, self._matchers, op, is_leaf)
         return walker.run(lambda: _selection_str(self.tree, self.where))
 

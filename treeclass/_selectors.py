@@ -131,6 +131,10 @@ def _open_generic(node: Any) -> tuple[tuple[Any, ...], list[Any], Any] | None:
 def rebuild(node: Any, kind: int, aux: Any, children: list[Any]) -> Any:
     """`node` with its children replaced by `children` (same count and order)."""
     if kind == TREECLASS:
+        layout = getattr(node, "_tc_layout", None)
+        if layout is not None and aux is getattr(layout, "leaf_names", None):
+            # a sealed instance opened by `open_node`: unflatten through its layout
+            return layout.build(tuple(children))
         # the layout (names, statics) is unchanged: a cheap copy with the children replaced
         return node._tc_replace(dict(zip(aux, children, strict=True)))
     if kind == DICT:
