@@ -60,7 +60,18 @@ def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
 class Field:
     """The description of one field of a class; returned by `fields()`.
 
-    Build it with `field()`; its attributes are read-only.
+    Build it with `field()`; its attributes are read-only (`replace` makes a changed copy).
+
+    ```python
+    import treeclass as tc
+
+    class Tree(tc.TreeClass):
+        a: int = tc.field(default=1, doc="a counter")
+
+    (a,) = tc.fields(Tree)
+    assert (a.name, a.default, a.doc, a.static) == ("a", 1, "a counter", False)
+    assert a.replace(default=2).default == 2
+    ```
     """
 
     __slots__ = (

@@ -17,7 +17,18 @@ __all__ = ["register_printer", "PrintRule"]
 
 
 class PrintRule(NamedTuple):
-    """How the printers show values of one type; a field left as `None` keeps the default."""
+    """How the printers show values of one type; a field left as `None` keeps the default.
+
+    `register_printer` builds one from its keyword arguments; the fields are the same
+    callables (`repr`, `str`, `type_name`, `count`, `size`).
+
+    ```python
+    import treeclass as tc
+
+    rule = tc.PrintRule(repr=lambda v: "<secret>")
+    assert rule.repr(object()) == "<secret>" and rule.count is None
+    ```
+    """
 
     repr: Callable[[Any], str] | None = None
     str: Callable[[Any], str] | None = None
@@ -69,16 +80,15 @@ def register_printer(
 
     ```python
     import treeclass as tc
-    from treeclass._pprint_registry import register_printer
 
     class Tokenizer:
         def __init__(self, vocab):
             self.vocab = vocab
 
-    register_printer(Tokenizer, repr=lambda t: f"Tokenizer(|V|={len(t.vocab)})",
-                     count=lambda t: len(t.vocab))
+    tc.register_printer(Tokenizer, repr=lambda t: f"Tokenizer(|V|={len(t.vocab)})",
+                        count=lambda t: len(t.vocab))
     assert tc.tree_repr({"tok": Tokenizer("abc")}) == "{'tok': Tokenizer(|V|=3)}"
-    register_printer(Tokenizer)  # forget the rule again
+    tc.register_printer(Tokenizer)  # forget the rule again
     ```
     """
     global _rules, _resolved
