@@ -134,7 +134,7 @@ def rebuild(node: Any, kind: int, aux: Any, children: list[Any]) -> Any:
         layout = getattr(node, "_tc_layout", None)
         if layout is not None and aux is getattr(layout, "leaf_names", None):
             # a sealed instance opened by `open_node`: unflatten through its layout
-            return layout.build(tuple(children))
+            return layout.build(layout, tuple(children))
         # the layout (names, statics) is unchanged: a cheap copy with the children replaced
         return node._tc_replace(dict(zip(aux, children, strict=True)))
     if kind == DICT:

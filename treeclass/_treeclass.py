@@ -155,26 +155,37 @@ class _Layout:
         self.key = key
         self.hash = hash((cls, key))
 
-    def _compile_build(self) -> Callable[[Any], Any]:
-        # Unflatten is on the hot path of every jit call. Code generated once per layout
-        # (straight-line stores into a fresh __dict__) runs about twice as fast as
-        # `dict(zip(names, children))`.
-        namespace: dict[str, Any] = {"new": _new, "cls": self.cls, "layout": self,
+    def _compile_build(self, fallback: bool = False) -> Callable[[Any, Any], Any]:
+        """Generated unflatten code for this layout: `build(layout, children)`.
+
+        Unflatten is on the hot path of every jit call. Straight-line stores into a fresh
+        `__dict__` run about twice as fast as `dict(zip(names, children))`. With
+        `fallback`, the function serves a whole class: it inlines this (the class's
+        fixed) layout and hands any other layout to that layout's own `build`, which
+        saves a Python call per node in the common case.
+        """
+        namespace: dict[str, Any] = {"new": _new, "cls": self.cls, "fixed": self,
                                      "set_layout": _layout_slot.__set__,
                                      "set_flat": _flat_slot.__set__}
-        lines = ["def build(children):", "    tree = new(cls)", "    set_layout(tree, layout)",
-                 "    set_flat(tree, (children, layout))", "    state = tree.__dict__"]
+        body = ["tree = new(cls)", "set_layout(tree, layout)",
+                "set_flat(tree, (children, layout))", "state = tree.__dict__"]
         if self.leaf_names:
             targets = "".join(f"c{i}, " for i in range(len(self.leaf_names)))
-            lines.append(f"    {targets}= children")
+            body.append(f"{targets}= children")
         leaf_index = {name: i for i, name in enumerate(self.leaf_names)}
         for i, name in enumerate(self.names):
             if name in leaf_index:
-                lines.append(f"    state[{name!r}] = c{leaf_index[name]}")
+                body.append(f"state[{name!r}] = c{leaf_index[name]}")
             else:
                 namespace[f"s{i}"] = self.static[name]
-                lines.append(f"    state[{name!r}] = s{i}")
-        lines.append("    return tree")
+                body.append(f"state[{name!r}] = s{i}")
+        body.append("return tree")
+        if fallback:
+            lines = ["def build(layout, children):", "    if layout is not fixed:",
+                     "        return layout.build(layout, children)"]
+        else:
+            lines = ["def build(layout, children):"]
+        lines += ["    " + line for line in body]
         exec("\n".join(lines), namespace)
         return namespace["build"]
 
@@ -291,7 +302,9 @@ class _Sealing(NamedTuple):
 
 
 def _fixed_layout(cls: type, names: tuple[str, ...]) -> tuple[_Layout, Any, Any]:
-    return _layout_for(cls, names, {}), _layout_slot.__set__, _flat_slot.__set__
+    layout = _layout_for(cls, names, {})
+    setattr_type(cls, "_tc_fixed_layout", layout)  # `_register` inlines it in unflatten
+    return layout, _layout_slot.__set__, _flat_slot.__set__
 
 
 def _sealing_init(init: Callable[..., None]) -> Callable[..., None]:
@@ -330,8 +343,11 @@ def _register(cls: type) -> None:
         return list(zip(layout.keys, children)), layout  # noqa: B905
 
     def unflatten(layout: _Layout, children: Any) -> Any:
-        return layout.build(children)
+        return layout.build(layout, children)
 
+    fixed = cls.__dict__.get("_tc_fixed_layout")
+    if fixed is not None:  # see `_Layout._compile_build`
+        unflatten = fixed._compile_build(fallback=True)
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, _flatten)
 
 
