@@ -1,0 +1,800 @@
+"""The benchmark cases: what each one times, with which implementations, against which target.
+
+A `Case` lists `Entry`s: one row of its table each, a zero-argument operation built
+lazily (so a missing peer only skips its row). Roles:
+
+- `treeclass`: the row the "vs treeclass" column divides by;
+- `floor`: plain dict/list parameters, the "vs floor" column's divisor;
+- `baseline`: the hand-written `jax.tree_util` equivalent on the *same* treeclass model
+  (what the edit targets compare against: the cost of the convenience itself);
+- `peer`: another library.
+
+Every entry's first result is checked against the floor's (same key paths, same numbers)
+before anything is timed; all implementations share the same input arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .peers import KIT_NAMES, Kit, PeerMissing, get_kit, mask_where
+
+__all__ = [
+    "Case",
+    "Entry",
+    "Sizes",
+    "Target",
+    "FULL_SIZES",
+    "SMOKE_SIZES",
+    "all_cases",
+    "canonical",
+    "compare",
+]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Model sizes. The full suite uses `FULL_SIZES`; the tests' smoke mode `SMOKE_SIZES`."""
+
+    small_layers: int = 10
+    large_layers: int = 100
+    small_fields: int = 4
+    large_fields: int = 1000
+    width: int = 4
+    batch: int = 8
+
+
+FULL_SIZES = Sizes()
+SMOKE_SIZES = Sizes(small_layers=2, large_layers=4, small_fields=4, large_fields=8, width=2,
+                    batch=2)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A DESIGN.md section 5 target for the treeclass row.
+
+    `kind` is `"max_ratio"` (treeclass time / baseline time must be <= `limit`) or
+    `"min_speedup"` (the fastest of `baselines` / treeclass time must be >= `limit`).
+    """
+
+    text: str
+    kind: str
+    limit: float
+    baselines: tuple[str, ...]
+
+
+@dataclass
+class Entry:
+    """One implementation of a case: a table row."""
+
+    name: str
+    role: str
+    build: Callable[[], Callable[[], Any]]
+    note: str = ""
+    canon: Callable[[Any], dict[tuple, np.ndarray]] | None = None
+
+
+@dataclass
+class Case:
+    """One benchmark: a table in the report."""
+
+    name: str
+    group: str
+    title: str
+    entries: Callable[[], list[Entry]]
+    sync: Callable[[Any], Any] | None
+    needs: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    target: Target | None = None
+    published: list[tuple[str, str, float]] = field(default_factory=list)
+    published_note: str = ""
+
+
+# -- correctness ---------------------------------------------------------------------------
+
+
+def _key_part(key: Any) -> Any:
+    for attribute in ("name", "key", "idx"):
+        if hasattr(key, attribute):
+            return getattr(key, attribute)
+    return str(key)
+
+
+def _canonical_leaves(pairs: Sequence[tuple[Any, Any]]) -> dict[tuple, np.ndarray]:
+    canon = {}
+    for path, leaf in pairs:
+        value = np.asarray(leaf)
+        # numbers only: equinox keeps strings (a layer's name) as leaves, others do not
+        if value.dtype.kind in "biufc":
+            canon[tuple(_key_part(k) for k in path)] = value
+    return canon
+
+
+def canonical(tree: Any) -> dict[tuple, np.ndarray]:
+    """Key path (attribute names, dict keys and indices alike) -> numeric leaf, as NumPy.
+
+    Dicts order keys alphabetically and classes by field order; comparing by path makes
+    a dict `{"weight", "bias"}` and a class `Linear(weight, bias)` agree.
+    """
+    return _canonical_leaves(jax.tree_util.tree_flatten_with_path(tree)[0])
+
+
+def compare(got: dict[tuple, np.ndarray], want: dict[tuple, np.ndarray]) -> str | None:
+    """`None` when both canonical trees hold the same numbers, else what differs."""
+    if got.keys() != want.keys():
+        missing = sorted(map(str, want.keys() - got.keys()))[:3]
+        extra = sorted(map(str, got.keys() - want.keys()))[:3]
+        return f"different leaves: missing {missing}, unexpected {extra}"
+    for path, expected in want.items():
+        actual = got[path]
+        if actual.shape != expected.shape:
+            return f"leaf {path}: shape {actual.shape}, expected {expected.shape}"
+        if not np.allclose(actual, expected, rtol=1e-5, atol=1e-6, equal_nan=True):
+            return f"leaf {path}: values differ (max abs diff {np.max(np.abs(actual - expected))})"
+    return None
+
+
+# -- shared inputs (NumPy-seeded, so every run and every implementation sees the same) -----
+
+
+@functools.cache
+def _layer_arrays(n: int, width: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    rng = np.random.default_rng(n * 1000 + width)
+    scale = 1.0 / np.sqrt(width)
+    ws = tuple(jnp.asarray((rng.normal(size=(width, width)) * scale).astype(np.float32))
+               for _ in range(n))
+    bs = tuple(jnp.asarray((rng.normal(size=(width,)) * 0.1).astype(np.float32))
+               for _ in range(n))
+    return ws, bs
+
+
+@functools.cache
+def _batch(batch: int, width: int) -> tuple[Any, Any]:
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=(batch, width)).astype(np.float32))
+    y = jnp.asarray(rng.normal(size=(batch, width)).astype(np.float32))
+    return x, y
+
+
+@functools.cache
+def _field_values(n: int) -> tuple[Any, ...]:
+    return tuple(jnp.asarray(np.float32(i)) for i in range(n))
+
+
+def _model(kit: Kit, n: int, width: int) -> Any:
+    ws, bs = _layer_arrays(n, width)
+    return kit.mlp([kit.linear(w, b) for w, b in zip(ws, bs)])
+
+
+def _activations(n: int) -> list[str]:
+    return ["tanh" if i % 2 == 0 else "relu" for i in range(n)]
+
+
+_ACT = {"tanh": jnp.tanh, "relu": jax.nn.relu}
+
+
+# -- forward passes (a fresh function per entry, so each gets its own jit cache) -----------
+
+
+def _forward(style: str) -> Callable[[Any, Any], Any]:
+    if style == "item":
+
+        def forward_item(params: Any, x: Any) -> Any:
+            for layer in params["layers"]:
+                x = jnp.tanh(x @ layer["weight"] + layer["bias"])
+            return x
+
+        return forward_item
+
+    def forward_attr(model: Any, x: Any) -> Any:
+        for layer in model.layers:
+            x = jnp.tanh(x @ layer.weight + layer.bias)
+        return x
+
+    return forward_attr
+
+
+def _sgd_step(style: str, lr: float = 0.01) -> Callable[..., Any]:
+    forward = _forward(style)
+
+    def loss_fn(model: Any, x: Any, y: Any) -> Any:
+        return jnp.mean((forward(model, x) - y) ** 2)
+
+    def step(model: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(model, x, y)
+        model = jax.tree_util.tree_map(lambda p, g: p - lr * g, model, grads)
+        return model, loss
+
+    return step
+
+
+def _sgd_step_equinox(lr: float = 0.01) -> Callable[..., Any]:
+    import equinox as eqx
+
+    forward = _forward("attr")
+
+    def loss_fn(model: Any, x: Any, y: Any) -> Any:
+        return jnp.mean((forward(model, x) - y) ** 2)
+
+    def step(model: Any, x: Any, y: Any) -> Any:
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+        model = eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -lr * g, grads))
+        return model, loss
+
+    return step
+
+
+# -- sync functions: what the clock waits for -----------------------------------------------
+
+
+def _block_array(result: Any) -> Any:
+    return result.block_until_ready()
+
+
+def _block_last(result: Any) -> Any:
+    # every output of one jitted call becomes ready together: waiting on one suffices
+    return result[-1].block_until_ready()
+
+
+_block_tree = jax.block_until_ready
+
+# -- entry helpers ---------------------------------------------------------------------------
+
+_LABELS = {
+    "treeclass": "treeclass",
+    "dict": "dict/list",
+    "dataclass": "register_dataclass",
+    "flax": "flax.struct",
+    "equinox": "equinox",
+    "pytreeclass": "pytreeclass",
+    "sepes": "sepes",
+}
+_ROLES = {"treeclass": "treeclass", "dict": "floor"}
+FLOOR = _LABELS["dict"]
+
+
+def _role(kit_name: str) -> str:
+    return _ROLES.get(kit_name, "peer")
+
+
+def _jit_variants(kit_name: str) -> list[tuple[str, Callable[[Callable], Callable]]]:
+    """(row label, jit) pairs: equinox runs both with `jax.jit` and `eqx.filter_jit`."""
+    if kit_name != "equinox":
+        return [(_LABELS[kit_name], jax.jit)]
+
+    def filter_jit(fn: Callable) -> Callable:
+        import equinox as eqx
+
+        return eqx.filter_jit(fn)
+
+    return [("equinox (jax.jit)", jax.jit), ("equinox (filter_jit)", filter_jit)]
+
+
+def _per_kit(
+    make: Callable[[Kit], Callable[[], Any]],
+    kits: Sequence[str] = KIT_NAMES,
+    canon: Callable[[Any], dict] | None = None,
+) -> list[Entry]:
+    def build(name: str) -> Callable[[], Callable[[], Any]]:
+        return lambda: make(get_kit(name))
+
+    return [Entry(_LABELS[k], _role(k), build(k), canon=canon) for k in kits]
+
+
+def _per_kit_jitted(
+    make: Callable[[Kit, Callable[[Callable], Callable], str], Callable[[], Any]],
+    kits: Sequence[str] = KIT_NAMES,
+) -> list[Entry]:
+    entries = []
+    for kit_name in kits:
+        for label, jit in _jit_variants(kit_name):
+
+            def build(kit_name: str = kit_name, jit: Callable = jit, label: str = label):
+                return make(get_kit(kit_name), jit, label)
+
+            entries.append(Entry(label, _role(kit_name), build))
+    return entries
+
+
+# -- 1. flatten + unflatten ---------------------------------------------------------------
+
+
+def _roundtrip_op(tree: Any) -> Callable[[], Any]:
+    flatten, unflatten = jax.tree_util.tree_flatten, jax.tree_util.tree_unflatten
+
+    def roundtrip() -> Any:
+        leaves, treedef = flatten(tree)
+        return unflatten(treedef, leaves)
+
+    out = roundtrip()
+    if type(out) is not type(tree):
+        raise TypeError(f"round trip gave a {type(out).__name__}, not a {type(tree).__name__}")
+    return roundtrip
+
+
+def _keyed_op(tree: Any) -> Callable[[], Any]:
+    flatten_with_path = jax.tree_util.tree_flatten_with_path
+    return lambda: flatten_with_path(tree)
+
+
+def _keyed_canon(result: Any) -> dict[tuple, np.ndarray]:
+    return _canonical_leaves(result[0])
+
+
+def _flatten_cases(sizes: Sizes) -> list[Case]:
+    def wide(n: int) -> Callable[[Kit], Any]:
+        return lambda kit: kit.wide(_field_values(n))
+
+    def layered(n: int) -> Callable[[Kit], Any]:
+        return lambda kit: _model(kit, n, sizes.width)
+
+    trees = [
+        (f"{sizes.small_fields}_fields", f"a {sizes.small_fields}-field object",
+         wide(sizes.small_fields)),
+        (f"{sizes.large_layers}_layers", f"a {sizes.large_layers}-layer MLP",
+         layered(sizes.large_layers)),
+        (f"{sizes.large_fields}_fields", f"a {sizes.large_fields}-field object",
+         wide(sizes.large_fields)),
+    ]
+    cases = []
+    for suffix, what, make in trees:
+        cases.append(Case(
+            name=f"flatten_{suffix}",
+            group="1. flatten",
+            title=f"flatten + unflatten round trip of {what}",
+            entries=lambda make=make: _per_kit(lambda kit: _roundtrip_op(make(kit))),
+            sync=None,
+            target=Target("<= 2.5x vs dict", "max_ratio", 2.5, (FLOOR,)),
+        ))
+    for suffix, what, make in trees:
+        cases.append(Case(
+            name=f"keyed_flatten_{suffix}",
+            group="1. flatten",
+            title=f"keyed flatten (`tree_flatten_with_path`) of {what}",
+            entries=lambda make=make: _per_kit(
+                lambda kit: _keyed_op(make(kit)), canon=_keyed_canon
+            ),
+            sync=None,
+            target=Target("<= 2.0x vs dict", "max_ratio", 2.0, (FLOOR,)),
+        ))
+    return cases
+
+
+# -- 2. jit dispatch ---------------------------------------------------------------------------
+
+
+def _dispatch_cases(sizes: Sizes) -> list[Case]:
+    def entries(n: int) -> list[Entry]:
+        def make(kit: Kit, jit: Callable, label: str) -> Callable[[], Any]:
+            model = _model(kit, n, sizes.width)
+            x, _ = _batch(sizes.batch, sizes.width)
+            forward = jit(_forward(kit.style))
+            return lambda: forward(model, x)
+
+        return _per_kit_jitted(make)
+
+    return [
+        Case(
+            name=f"dispatch_{n}_layers",
+            group="2. jit dispatch",
+            title=f"`jax.jit` call of the forward pass of a {n}-layer MLP "
+                  f"(width {sizes.width}, batch {sizes.batch})",
+            entries=lambda n=n: entries(n),
+            sync=_block_array,
+            target=Target("<= 1.10x vs dict", "max_ratio", 1.10, (FLOOR,)),
+        )
+        for n in (sizes.small_layers, sizes.large_layers)
+    ]
+
+
+# -- 3. training steps ---------------------------------------------------------------------
+
+
+def _train_cases(sizes: Sizes) -> list[Case]:
+    def entries(n: int) -> list[Entry]:
+        def make(kit: Kit, jit: Callable, label: str) -> Callable[[], Any]:
+            model = _model(kit, n, sizes.width)
+            x, y = _batch(sizes.batch, sizes.width)
+            step = _sgd_step_equinox() if label == "equinox (filter_jit)" else _sgd_step(kit.style)
+            step = jit(step)
+            return lambda: step(model, x, y)
+
+        return _per_kit_jitted(make)
+
+    cases = [
+        Case(
+            name=f"train_step_{n}_layers",
+            group="3. training step",
+            title=f"jitted SGD step (`value_and_grad` + update) of a {n}-layer MLP "
+                  f"(width {sizes.width}, batch {sizes.batch})",
+            entries=lambda n=n: entries(n),
+            sync=_block_last,
+            target=Target("<= 1.05x vs dict", "max_ratio", 1.05, (FLOOR,)),
+        )
+        for n in (sizes.small_layers, sizes.large_layers)
+    ]
+    # PyTreeClass's notebooks also give 100-layer figures (flax 1.113, equinox 2.714), but
+    # compiling adam over 100 separate 1x1 layers five times takes minutes on a small CPU
+    n = sizes.small_layers
+    cases.append(Case(
+        name=f"pytreeclass_published_{n}_layers",
+        group="3. training step",
+        title=f"PyTreeClass's published comparison: adam step of a list of {n} "
+              "`Linear(1, 1)` layers with a name each",
+        entries=lambda: _published_entries(n),
+        sync=_block_last,
+        modules=("optax",),
+        published=[("flax.struct", "pytreeclass", 1.427),
+                   ("equinox (filter_jit)", "pytreeclass", 6.671)],
+        published_note=(
+            "*published*: PyTreeClass's Colab notebooks (benchmark_nn_training_flax.ipynb, "
+            "benchmark_nn_training_equinox.ipynb), mean time of 100-step loops at 10 layers; "
+            "*this run*: median per-round ratio of single steps"
+            + ("" if n == 10 else f" at {n} layers (smoke sizes: not comparable)")
+        ),
+    ))
+    return cases
+
+
+def _published_entries(n: int) -> list[Entry]:
+    def data() -> tuple[list[Any], list[Any], Any, Any]:
+        rng = np.random.default_rng(12345)
+        ws = [jnp.asarray(rng.normal(size=(1, 1)).astype(np.float32)) for _ in range(n)]
+        bs = [jnp.asarray(np.float32(0.0)) for _ in range(n)]
+        x = jnp.linspace(100, 1)[:, None]
+        return ws, bs, x, x**2
+
+    def forward(layers: Any, x: Any, item: bool) -> Any:
+        *hidden, last = layers
+        for layer in hidden:
+            x = jax.nn.relu(_linear_1x1(layer, x, item))
+        return _linear_1x1(last, x, item)
+
+    def make(kit_name: str, use_equinox: bool) -> Callable[[], Callable[[], Any]]:
+        def build() -> Callable[[], Any]:
+            import optax
+
+            kit = get_kit(kit_name)
+            ws, bs, x, y = data()
+            layers = [kit.named_linear(w, b, f"linear_{i}") for i, (w, b) in
+                      enumerate(zip(ws, bs))]
+            optim = optax.adam(1e-3)
+            item = kit.style == "item"
+
+            def loss_fn(layers: Any, x: Any, y: Any) -> Any:
+                return jnp.mean((forward(layers, x, item) - y) ** 2)
+
+            if use_equinox:
+                import equinox as eqx
+
+                state = optim.init(eqx.filter(layers, eqx.is_array))
+
+                @eqx.filter_jit
+                def step(layers: Any, state: Any, x: Any, y: Any) -> Any:
+                    loss, grads = eqx.filter_value_and_grad(loss_fn)(layers, x, y)
+                    updates, state = optim.update(grads, state)
+                    return eqx.apply_updates(layers, updates), state, loss
+            else:
+                state = optim.init(layers)
+
+                @jax.jit
+                def step(layers: Any, state: Any, x: Any, y: Any) -> Any:
+                    loss, grads = jax.value_and_grad(loss_fn)(layers, x, y)
+                    updates, state = optim.update(grads, state)
+                    return optax.apply_updates(layers, updates), state, loss
+
+            return lambda: step(layers, state, x, y)
+
+        return build
+
+    entries = [
+        Entry("treeclass", "treeclass", make("treeclass", False), note="name: static field"),
+        Entry(FLOOR, "floor", make("dict", False), note="no names"),
+        Entry("flax.struct", "peer", make("flax", False), note="name: pytree_node=False"),
+        Entry("equinox (filter_jit)", "peer", make("equinox", True), note="as published"),
+        Entry("pytreeclass", "peer", make("pytreeclass", False), note="name: pytc.freeze"),
+    ]
+    return entries
+
+
+def _linear_1x1(layer: Any, x: Any, item: bool) -> Any:
+    if item:
+        return x @ layer["weight"] + layer["bias"]
+    return x @ layer.weight + layer.bias
+
+
+# -- 4. edits --------------------------------------------------------------------------------
+
+
+def _edit_cases(sizes: Sizes) -> list[Case]:
+    n, width = sizes.large_layers, sizes.width
+    k = n // 2
+
+    def set_deep_entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            model = _model(kit, n, width)
+            new_weight = jnp.full((width, width), -1.0, jnp.float32)
+            set_deep = kit.set_deep
+            return lambda: set_deep(model, k, new_weight)
+
+        entries = _per_kit(make)
+        for entry in entries:
+            kit_name = _kit_of(entry.name)
+            entry.note = _NOTES["set_deep"].get(kit_name, "")
+        return entries
+
+    def scale(w: Any) -> Any:
+        return w * 0.5
+
+    def apply_entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            model = _model(kit, n, width)
+            apply = kit.apply_weights
+            return lambda: apply(model, scale)
+
+        def hand(kit: Kit) -> Callable[[], Any]:
+            model = _model(kit, n, width)
+            return lambda: jax.tree_util.tree_map_with_path(
+                lambda path, x: scale(x) if path[-1].name == "weight" else x, model
+            )
+
+        entries = _per_kit(make, ("treeclass", "dict", "equinox", "pytreeclass", "sepes"))
+        entries.insert(1, Entry("treeclass (tree_map_with_path)", "baseline",
+                                lambda: hand(get_kit("treeclass")),
+                                note="hand-written, same model"))
+        for entry in entries:
+            entry.note = entry.note or _NOTES["apply"].get(_kit_of(entry.name), "")
+        return entries
+
+    def mask_entries(jitted: bool) -> list[Entry]:
+        def prepare(kit: Kit, op: Callable[[Any, Any, Any], Any]) -> Callable[[], Any]:
+            model = _model(kit, n, width)
+            mask = jax.tree_util.tree_map(lambda x: x > 0, model)
+            if jitted:
+                fn = jax.jit(lambda tree, mask: op(tree, mask, 0.0))
+                return lambda: fn(model, mask)
+            return lambda: op(model, mask, 0.0)
+
+        entries = _per_kit(lambda kit: prepare(kit, kit.mask_set),
+                           ("treeclass", "dict", "pytreeclass", "sepes"))
+        entries.insert(1, Entry("treeclass (tree_map + where)", "baseline",
+                                lambda: prepare(get_kit("treeclass"), mask_where),
+                                note="hand-written, same model"))
+        entries[0].note = "`.at[mask].set(0.0)`"
+        entries[2].note = "`tree_map` + `jnp.where`"
+        return entries
+
+    peers_with_paths = ("equinox", "pytreeclass", "sepes")
+    return [
+        Case(
+            name=f"set_deep_leaf_{n}_layers",
+            group="4. edits",
+            title=f"set one leaf deep in a {n}-layer MLP (layer {k}'s weight), eagerly",
+            entries=set_deep_entries,
+            sync=None,
+            needs=("at_path",),
+            target=Target(">= 10x faster than the fastest of equinox, pytreeclass, sepes",
+                          "min_speedup", 10.0, peers_with_paths),
+        ),
+        Case(
+            name=f"apply_selector_{n}_layers",
+            group="4. edits",
+            title=f"apply `w * 0.5` to every weight of a {n}-layer MLP, eagerly",
+            entries=apply_entries,
+            sync=_block_tree,
+            needs=("at_type",),
+            target=Target("<= 1.5x vs hand-written tree_map_with_path", "max_ratio", 1.5,
+                          ("treeclass (tree_map_with_path)",)),
+        ),
+        Case(
+            name=f"mask_set_eager_{n}_layers",
+            group="4. edits",
+            title=f"set by a boolean mask (`x > 0`) in a {n}-layer MLP, eagerly",
+            entries=lambda: mask_entries(False),
+            sync=_block_tree,
+            needs=("at_mask",),
+            target=Target("<= 1.2x vs tree_map + where", "max_ratio", 1.2,
+                          ("treeclass (tree_map + where)",)),
+        ),
+        Case(
+            name=f"mask_set_jit_{n}_layers",
+            group="4. edits",
+            title=f"set by a boolean mask (`x > 0`) in a {n}-layer MLP, under `jax.jit`",
+            entries=lambda: mask_entries(True),
+            sync=_block_tree,
+            needs=("at_mask", "at_mask_jit"),
+            target=Target("<= 1.1x vs tree_map + where", "max_ratio", 1.1,
+                          ("treeclass (tree_map + where)",)),
+        ),
+    ]
+
+
+_NOTES = {
+    "set_deep": {"treeclass": '`.at["layers"][k]["weight"].set`', "dict": "by hand",
+                 "dataclass": "`dataclasses.replace` by hand", "flax": "`.replace` by hand",
+                 "equinox": "`eqx.tree_at`", "pytreeclass": "`.at[...].set`",
+                 "sepes": "`.at[...].set`"},
+    "apply": {"treeclass": '`.at[Linear]["weight"].apply`',
+              "dict": "`tree_map_with_path` by hand", "equinox": "`eqx.tree_at(replace_fn=)`",
+              "pytreeclass": '`.at["layers"][...]["weight"].apply`',
+              "sepes": '`.at["layers"][...]["weight"].apply`'},
+}
+
+
+def _kit_of(label: str) -> str:
+    for name, text in _LABELS.items():
+        if text == label:
+            return name
+    return ""
+
+
+# -- 5. frozen leaves --------------------------------------------------------------------------
+
+
+def _frozen_cases(sizes: Sizes) -> list[Case]:
+    n, width = sizes.large_layers, sizes.width
+
+    def scales() -> tuple[Any, ...]:
+        rng = np.random.default_rng(99)
+        return tuple(jnp.asarray(rng.uniform(0.5, 1.5, size=(width,)).astype(np.float32))
+                     for _ in range(n))
+
+    def entries() -> list[Entry]:
+        ws, bs = _layer_arrays(n, width)
+        ss, acts = scales(), _activations(n)
+        x, _ = _batch(sizes.batch, width)
+
+        def make(kit: Kit, jit: Callable, label: str) -> Callable[[], Any]:
+            if kit.name == "dict":
+                # the floor: only the trainable leaves travel; the rest are constants
+                params = kit.mlp([kit.linear(w, b) for w, b in zip(ws, bs)])
+
+                def forward_dict(params: Any, x: Any) -> Any:
+                    for layer, s, a in zip(params["layers"], ss, acts):
+                        x = _ACT[a](x @ layer["weight"] + layer["bias"]) * s
+                    return x
+
+                fn = jit(forward_dict)
+                return lambda: fn(params, x)
+            model = kit.mlp([kit.frozen_linear(w, b, s, a) for w, b, s, a in
+                             zip(ws, bs, ss, acts)])
+            unfreeze = kit.unfreeze
+
+            def forward_frozen(model: Any, x: Any) -> Any:
+                for layer in unfreeze(model).layers:
+                    x = _ACT[layer.act](x @ layer.weight + layer.bias) * layer.scale
+                return x
+
+            fn = jit(forward_frozen)
+            return lambda: fn(model, x)
+
+        built = _per_kit_jitted(make)
+        for entry in built:
+            kit_name = _kit_of(entry.name) or "equinox"
+            if kit_name == "dict":
+                entry.note = "weight and bias only; the rest closed over"
+            else:
+                entry.note = _FROZEN_NOTES.get(kit_name, "")
+        return built
+
+    return [Case(
+        name=f"frozen_dispatch_{n}_layers",
+        group="5. frozen leaves",
+        title=f"`jax.jit` call of a {n}-layer MLP with one frozen array and one frozen "
+              "string per layer",
+        entries=entries,
+        sync=_block_array,
+        needs=("freeze",),
+        target=Target("<= 1.2x vs dict", "max_ratio", 1.2, (FLOOR,)),
+    )]
+
+
+_FROZEN_NOTES = {
+    "treeclass": "`tc.freeze`",
+    "dataclass": "no freeze: array traced, string static",
+    "flax": "no freeze: array traced, string static",
+    "equinox": "no freeze: array traced, string static",
+    "pytreeclass": "`pytc.freeze`",
+    "sepes": "`sp.tree_mask`",
+}
+
+
+# -- 6. construction and leafwise operators ------------------------------------------------
+
+
+def _construct_cases(sizes: Sizes) -> list[Case]:
+    n, width = sizes.large_layers, sizes.width
+
+    def construct_entries() -> list[Entry]:
+        ws, bs = _layer_arrays(n, width)
+
+        def make(kit: Kit) -> Callable[[], Any]:
+            linear, mlp = kit.linear, kit.mlp
+            return lambda: mlp([linear(w, b) for w, b in zip(ws, bs)])
+
+        return _per_kit(make)
+
+    def leafwise_entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            ws, bs = _layer_arrays(n, width)
+            model = kit.leafwise_mlp([kit.linear(w, b) for w, b in zip(ws, bs)])
+            return lambda: model * 2 + 1
+
+        def by_tree_map(kit: Kit) -> Callable[[], Any]:
+            model = _model(kit, n, width)
+            tree_map = jax.tree_util.tree_map
+            return lambda: tree_map(lambda x: x * 2 + 1, model)
+
+        entries = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
+        entries.insert(1, Entry("treeclass (tree_map)", "baseline",
+                                lambda: by_tree_map(get_kit("treeclass")),
+                                note="hand-written, same model"))
+        entries.insert(2, Entry(FLOOR, "floor", lambda: by_tree_map(get_kit("dict")),
+                                note="`tree_map`"))
+        return entries
+
+    return [
+        Case(
+            name=f"construct_{n}_layers",
+            group="6. construction, leafwise",
+            title=f"construct a {n}-layer MLP from existing arrays",
+            entries=construct_entries,
+            sync=None,
+            target=Target("<= 3x vs register_dataclass", "max_ratio", 3.0,
+                          ("register_dataclass",)),
+        ),
+        Case(
+            name=f"leafwise_{n}_layers",
+            group="6. construction, leafwise",
+            title=f"leafwise `model * 2 + 1` on a {n}-layer MLP, eagerly",
+            entries=leafwise_entries,
+            sync=_block_tree,
+            needs=("leafwise",),
+        ),
+    ]
+
+
+def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
+    """Every case, in report order, for the given model sizes.
+
+    **Arguments**
+
+    - `sizes`: `FULL_SIZES` (the suite), or `SMOKE_SIZES` (the tests).
+
+    **Returns**
+
+    A list of `Case`; building it imports no peer.
+
+    ```python
+    from benchmarks.cases import SMOKE_SIZES, all_cases
+
+    names = [case.name for case in all_cases(SMOKE_SIZES)]
+    assert "dispatch_2_layers" in names
+    ```
+    """
+    return [
+        *_flatten_cases(sizes),
+        *_dispatch_cases(sizes),
+        *_train_cases(sizes),
+        *_edit_cases(sizes),
+        *_frozen_cases(sizes),
+        *_construct_cases(sizes),
+    ]
+
+
+def missing_modules(case: Case) -> list[str]:
+    """The modules `case` needs that are not installed."""
+    return [name for name in case.modules if importlib.util.find_spec(name) is None]
+
+
+def peer_missing(error: BaseException) -> bool:
+    """Whether `error` means "that library is not installed" (a skip, not a failure)."""
+    return isinstance(error, (PeerMissing, ModuleNotFoundError))

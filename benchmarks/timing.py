@@ -1,0 +1,157 @@
+"""Timing that stays stable on a noisy machine.
+
+Every implementation of a case is timed in each *round*, in a freshly shuffled order, so
+that a burst of noise (another process, frequency scaling, a garbage collection) hits
+all of them alike. A *sample* is a batch of calls timed together, sized by calibration to
+last about `Plan.sample_s`; its time divided by the number of calls is one per-call time.
+Reported figures are the median over rounds of the per-call time, and the median over
+rounds of the per-round *ratio* between two implementations: a ratio taken inside one
+round cancels whatever that round's noise did to both.
+
+As in `timeit`, the garbage collector is paused while a sample runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CLOCKS", "Plan", "Series", "measure", "median_ratio", "median_best_ratio"]
+
+# A sample's calibration stops once a batch lasts this fraction of the sample duration.
+_CALIBRATION_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to measure.
+
+    - `rounds`: rounds of interleaved samples (the medians are over these);
+    - `sample_s`: the target duration of one sample;
+    - `warmup`: untimed calls per implementation before calibration;
+    - `calibrate`: when False, every sample is one call (the smoke mode of the tests);
+    - `max_number`: the most calls in one sample;
+    - `clock`: `"wall"` (`time.perf_counter`, the default) or `"cpu"` (this process's CPU
+      time, `time.process_time`: blind to the time the process waits for a CPU on a busy
+      machine, so steadier there, but it also misses time spent waiting for a device, so
+      it is only meaningful on the CPU backend with synchronous dispatch).
+    """
+
+    rounds: int
+    sample_s: float
+    warmup: int
+    calibrate: bool = True
+    max_number: int = 100_000
+    clock: str = "wall"
+
+
+@dataclass
+class Series:
+    """The per-call times of one implementation: one entry per round, in round order."""
+
+    number: int
+    times: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _time_batch(
+    fn: Callable[[], Any], sync: Callable[[Any], Any] | None, number: int, clock_name: str
+) -> float:
+    clock = CLOCKS[clock_name]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if sync is None:
+            start = clock()
+            for _ in range(number):
+                fn()
+            return clock() - start
+        start = clock()
+        for _ in range(number):
+            sync(fn())
+        return clock() - start
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _calibrate(fn: Callable[[], Any], sync: Callable[[Any], Any] | None, plan: Plan) -> int:
+    number = 1
+    while True:
+        elapsed = _time_batch(fn, sync, number, plan.clock)
+        if elapsed >= plan.sample_s * _CALIBRATION_FRACTION or number >= plan.max_number:
+            break
+        number = min(number * 4, plan.max_number)
+    per_call = max(elapsed / number, 1e-9)
+    return max(1, min(plan.max_number, round(plan.sample_s / per_call)))
+
+
+def measure(
+    fns: dict[str, Callable[[], Any]],
+    sync: Callable[[Any], Any] | None,
+    plan: Plan,
+    rng: random.Random,
+) -> dict[str, Series]:
+    """Time every function in `fns` in interleaved, shuffled rounds.
+
+    **Arguments**
+
+    - `fns`: implementation name -> a zero-argument function doing one operation;
+    - `sync`: called on each result before the clock reads it (`block_until_ready`
+      for work dispatched to a device), or `None` for pure-Python work;
+    - `plan`: rounds, sample duration and warm-up;
+    - `rng`: the source of the shuffled orders.
+
+    **Returns**
+
+    Name -> `Series` of per-call times in seconds, one per round.
+
+    ```python
+    import random
+    from benchmarks.timing import Plan, measure
+
+    series = measure({"a": lambda: 1 + 1}, None, Plan(3, 1e-3, 1), random.Random(0))
+    assert len(series["a"].times) == 3
+    ```
+    """
+    for fn in fns.values():
+        for _ in range(plan.warmup):
+            if sync is None:
+                fn()
+            else:
+                sync(fn())
+    numbers = {
+        name: (_calibrate(fn, sync, plan) if plan.calibrate else 1) for name, fn in fns.items()
+    }
+    series = {name: Series(numbers[name], []) for name in fns}
+    names = list(fns)
+    for _ in range(plan.rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
+            elapsed = _time_batch(fns[name], sync, numbers[name], plan.clock)
+            series[name].times.append(elapsed / numbers[name])
+        gc.collect()
+    return series
+
+
+def median_ratio(a: Series, b: Series) -> float:
+    """The median over rounds of `a`'s time divided by `b`'s time in the same round."""
+    return statistics.median(x / y for x, y in zip(a.times, b.times))
+
+
+def median_best_ratio(a: Sequence[Series], b: Series) -> float:
+    """The median over rounds of the fastest of `a` in that round divided by `b`."""
+    per_round = zip(*(s.times for s in a))
+    return statistics.median(min(xs) / y for xs, y in zip(per_round, b.times))
