@@ -957,14 +957,20 @@ def test_array_in_static_tuple_warns():
         Tree((1, jnp.ones(2)))
 
 
-def test_layouts_holding_arrays_are_not_interned():
+def test_layouts_holding_arrays_do_not_outlive_their_instances():
+    import gc
+
     class Tree(tc.TreeClass):
         table: Any = tc.field(static=True)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trees = [Tree(jnp.ones(2)) for _ in range(3)]
-    assert Tree._tc_layouts == {}  # the class does not keep the arrays alive
+        kept = Tree(jnp.ones(2))
+    assert len(Tree._tc_layouts) == 4  # one per distinct array (compared by identity)
+    del kept
+    gc.collect()
+    assert len(Tree._tc_layouts) == 3  # the class does not keep the arrays alive
     for tree in trees:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         assert jax.tree_util.tree_unflatten(treedef, leaves).table is tree.table
