@@ -14,7 +14,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402
 import traceback  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

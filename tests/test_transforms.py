@@ -213,7 +213,7 @@ def test_mask_unmask_recipe_matches_gradients_of_the_float_leaves():
         layers = tuple(Linear(w, b, "tanh") for w, b in ws)
         return jnp.mean((_forward(layers, x) - y) ** 2)
 
-    expected = jax.grad(loss_of_weights)([(l.weight, l.bias) for l in model.layers])
+    expected = jax.grad(loss_of_weights)([(layer.weight, layer.bias) for layer in model.layers])
     for layer, (gw, gb) in zip(grads.layers, expected):
         np.testing.assert_allclose(layer.weight, gw, rtol=1e-6)
         np.testing.assert_allclose(layer.bias, gb, rtol=1e-6)
