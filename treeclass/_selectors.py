@@ -505,8 +505,11 @@ def _record_statics(node: Any, kind: int, path: tuple[Any, ...], walker: Any,
 class _SingleKeyMatcher(Matcher):
     """A selector naming one child: the fast path walks it, and missing it is an error."""
 
-    __slots__ = ()
+    __slots__ = ("key",)
     single_key = True
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
 
     def finish(self, state, node, kind, opened, path, walker):
         if not state[0]:
@@ -519,10 +522,7 @@ class _SingleKeyMatcher(Matcher):
 class NameMatcher(_SingleKeyMatcher):
     """`"name"`: the attribute or dict key `name` among the children."""
 
-    __slots__ = ("key",)
-
-    def __init__(self, key: str) -> None:
-        self.key = key
+    __slots__ = ()
 
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
@@ -539,14 +539,10 @@ class NameMatcher(_SingleKeyMatcher):
         return _PRUNED
 
 
-
 class IndexMatcher(_SingleKeyMatcher):
     """`0`, `-1`: a sequence position (negative counts from the end), or an int dict key."""
 
-    __slots__ = ("key",)
-
-    def __init__(self, key: int) -> None:
-        self.key = key
+    __slots__ = ()
 
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
