@@ -910,3 +910,33 @@ def test_flatten_inside_post_init_sees_the_attributes_set_so_far():
     tree = Tree()
     assert seen == [[1]]
     assert jax.tree_util.tree_leaves(tree) == [1, 2]
+
+
+class _StaticTagged(tc.TreeClass):  # module level: pickle finds classes by name
+    value: Any
+    tag: str = tc.field(static=True)
+
+
+def test_pickled_treedef_comes_back_with_the_interned_layout():
+    # layouts hash by identity (JAX hashes aux data on every dispatch), so a layout that
+    # comes back from pickle must be the interned one, or equal treedefs would hash apart
+    tree = _StaticTagged(1.0, tag="a")
+    treedef = jax.tree_util.tree_structure(tree)
+    again = pickle.loads(pickle.dumps(treedef))
+    assert again == treedef and hash(again) == hash(treedef)
+    assert pickle.loads(pickle.dumps(tree._tc_layout)) is tree._tc_layout
+
+
+def test_a_failed_init_leaves_a_sealed_instance_behind():
+    escaped = []
+
+    class Tree(tc.TreeClass):
+        def __init__(self):
+            escaped.append(self)
+            self.a = 1
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Tree()
+    with pytest.raises(AttributeError, match="immutable"):
+        escaped[0].a = 2

@@ -499,9 +499,9 @@ def _with_sealing(
         # instance, maybe stored somewhere already, must not stay mutable
         f"        if type({this}) is __tc_cls:",
         *("    " + line for line in seal),
-        "    except BaseException as __tc_error:",
+        "    except BaseException:",
         f"        if type({this}) is __tc_cls:",
-        f"            __tc_seal_after_error({this}, __tc_error)",
+        f"            __tc_seal_after_error({this})",
         "        raise",
     ]
 

@@ -567,7 +567,6 @@ class IndexMatcher(_SingleKeyMatcher):
         return _PRUNED
 
 
-
 class EllipsisMatcher(Matcher):
     """`...`: every child; on a leaf, the leaf itself."""
 

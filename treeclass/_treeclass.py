@@ -199,10 +199,13 @@ class _Layout:
 class _Broken:
     """The layout of an instance whose `__init__` failed: sealed, but not a valid tree."""
 
-    __slots__ = ("error",)
+    __slots__ = ()
 
-    def __init__(self, error: BaseException | None) -> None:
-        self.error = error
+    def __repr__(self) -> str:
+        return "<layout of a failed __init__>"
+
+
+_BROKEN = _Broken()
 
 
 def _layout_for(cls: type, names: tuple[str, ...], static: dict[str, Any]) -> _Layout:
@@ -247,45 +250,38 @@ _set_dict = object.__setattr__
 _new = object.__new__
 
 
-def _seal(tree: TreeClass) -> None:
-    layout = _layout_of(tree)
-    _layout_slot.__set__(tree, layout)
-    _flat_slot.__set__(tree, (layout.get(tree.__dict__), layout))
-
-
-def _unseal(tree: TreeClass) -> None:
-    _layout_slot.__set__(tree, None)
-    if hasattr(tree, "_tc_flat"):
-        _flat_slot.__delete__(tree)
-
-
 def _flat_of(tree: TreeClass) -> tuple[tuple[Any, ...], _Layout]:
-    """Children and layout of an instance whose `_tc_flat` slot is not set (unsealed)."""
+    """Children and layout computed from `__dict__` (what sealing stores in `_tc_flat`)."""
     layout = _layout_of(tree)
     return layout.get(tree.__dict__), layout
 
 
-def _seal_after_error(tree: TreeClass, error: BaseException) -> None:
+def _seal(tree: TreeClass) -> None:
+    flat = _flat_of(tree)
+    _layout_slot.__set__(tree, flat[1])
+    _flat_slot.__set__(tree, flat)
+
+
+def _unseal(tree: TreeClass) -> None:
+    _layout_slot.__set__(tree, None)
+    try:
+        _flat_slot.__delete__(tree)
+    except AttributeError:  # never sealed: nothing cached
+        pass
+
+
+def _seal_after_error(tree: TreeClass) -> None:
     try:
         _seal(tree)
     except Exception:  # the original error matters more; stay immutable regardless
-        _layout_slot.__set__(tree, _Broken(error))
-
-
-class _TreeClassMeta(abc.ABCMeta):
-    """ABCMeta, so that `abc.abstractmethod` works on TreeClass subclasses.
-
-    It adds no `__call__`: construction is the C-level `type.__call__`, and `__init__`
-    seals the instance itself (the generated one inline, a hand-written one through
-    `_sealing_init`), which keeps construction within a few times a plain dataclass.
-    """
+        _layout_slot.__set__(tree, _BROKEN)
 
 
 class _Sealing(NamedTuple):
     """What a generated `__init__` needs from this module (see `_fields.build_init`)."""
 
     seal: Callable[[Any], None]
-    seal_after_error: Callable[[Any, BaseException], None]
+    seal_after_error: Callable[[Any], None]
     fixed_layout: Callable[[type, tuple[str, ...]], tuple[Any, Any, Any]]
 
 
@@ -308,9 +304,9 @@ def _sealing_init(init: Callable[..., None]) -> Callable[..., None]:
             init(self, *args, **kwargs)
             if type(self).__init__ is __init__:
                 _seal(self)  # inside the try: see `_with_sealing` in _fields.py
-        except BaseException as error:
+        except BaseException:
             if type(self).__init__ is __init__:
-                _seal_after_error(self, error)
+                _seal_after_error(self)
             raise
 
     __init__.__tc_sealing__ = True
@@ -372,7 +368,10 @@ class _FieldGetter:
 
 
 @dataclass_transform(field_specifiers=(field, Field))
-class TreeClass(metaclass=_TreeClassMeta):
+# The metaclass is plain ABCMeta (so `abc.abstractmethod` works), with no `__call__` of
+# ours: construction is the C-level `type.__call__`, and `__init__` seals the instance
+# itself (the generated one inline, a hand-written one through `_sealing_init`).
+class TreeClass(metaclass=abc.ABCMeta):
     """Base class for classes whose instances are JAX pytrees.
 
     Subclassing registers the class with `jax.tree_util` (keyed by `GetAttrKey`); the
