@@ -172,9 +172,9 @@ def test_namedtuple_dataclass_ordereddict_and_foreign_pytree_print_readably():
         "Config(lr=0.1, table=i8[2](μ=1.00, σ=0.00, ∈[1,1])), "
         "OrderedDict({'z': 1}), Pair(left=1.0, right='x')]"
     )
-    assert tc.tree_str(tree, width=200) == (
+    assert tc.tree_str(tree, width=200) == (  # `str` shows strings unquoted
         "[Point(x=1, y=[0 1 2]), Config(lr=0.1, table=[1 1]), OrderedDict({'z': 1}), "
-        "Pair(left=1.0, right='x')]"
+        "Pair(left=1.0, right=x)]"
     )
 
 
@@ -363,17 +363,21 @@ def test_diagram_of_the_issue_example():
 
 
 def test_diagram_of_a_model_with_frozen_values_functions_and_hidden_fields():
+    # a diagram is a debugging view: it shows `repr=False` fields (`cache`), as
+    # PyTreeClass's does; `repr` hides them
     assert tc.tree_diagram(Model()) == textwrap.dedent("""\
         Model
         ├── .layers:list
         │   ├── [0]:Linear
         │   │   ├── .weight=f32[2,3](μ=2.50, σ=1.71, ∈[0.00,5.00])
         │   │   ├── .bias=f32[3](μ=0.00, σ=0.00, ∈[0.00,0.00])
-        │   │   └── .name='linear'
+        │   │   ├── .name='linear'
+        │   │   └── .cache=0
         │   └── [1]:Linear
         │       ├── .weight=f32[3,1](μ=1.00, σ=0.00, ∈[1.00,1.00])
         │       ├── .bias=f32[1](μ=1.00, σ=0.00, ∈[1.00,1.00])
-        │       └── .name='linear'
+        │       ├── .name='linear'
+        │       └── .cache=0
         ├── .act=relu(x)
         ├── .scale=#2.0
         └── .meta:dict
@@ -645,7 +649,7 @@ def test_graph_and_mermaid_respect_depth():
 
 
 def test_html_is_well_formed_with_collapsible_nodes():
-    page = tree_html(Model())
+    page = tree_html(Model(), open_levels=1)
     root = ET.fromstring(page)
     details = root.findall(".//details")
     assert [d.find("summary").text for d in details] == [
@@ -759,38 +763,55 @@ def test_register_printer_rejects_bad_arguments():
 
 
 def test_repr_with_trace_replaces_each_leaf_with_its_table():
+    # PyTreeClass v0.4's trace: the types below the root, ending with the leaf's own
     traced = tc.tree_repr_with_trace(Tree())
     assert isinstance(traced, Tree)
     assert traced.b[1] == textwrap.dedent("""\
-        ┌───────────┬────────────────────┐
-        │ Value     │ 3.0                │
-        ├───────────┼────────────────────┤
-        │ Name path │ .b[1]              │
-        ├───────────┼────────────────────┤
-        │ Type path │ Tree->tuple->float │
-        └───────────┴────────────────────┘""")
+        ┌───────────┬──────────────┐
+        │ Value     │ 3.0          │
+        ├───────────┼──────────────┤
+        │ Name path │ .b[1]        │
+        ├───────────┼──────────────┤
+        │ Type path │ tuple->float │
+        └───────────┴──────────────┘""")
 
 
 def test_repr_with_trace_prints_tables_in_place():
     text = str(tc.tree_repr_with_trace(Tree(a=1, b=(), c=jnp.ones(1))))
     assert text == textwrap.dedent("""\
         Tree(
-          a=┌───────────┬───────────┐
-            │ Value     │ 1         │
-            ├───────────┼───────────┤
-            │ Name path │ .a        │
-            ├───────────┼───────────┤
-            │ Type path │ Tree->int │
-            └───────────┴───────────┘,
+          a=┌───────────┬─────┐
+            │ Value     │ 1   │
+            ├───────────┼─────┤
+            │ Name path │ .a  │
+            ├───────────┼─────┤
+            │ Type path │ int │
+            └───────────┴─────┘,
           b=(),
           c=┌───────────┬──────────────────────────────────────┐
             │ Value     │ f32[1](μ=1.00, σ=0.00, ∈[1.00,1.00]) │
             ├───────────┼──────────────────────────────────────┤
             │ Name path │ .c                                   │
             ├───────────┼──────────────────────────────────────┤
-            │ Type path │ Tree->Array                          │
+            │ Type path │ Array                                │
             └───────────┴──────────────────────────────────────┘
         )""")
+    assert repr(tc.tree_repr_with_trace(Tree(a=1, b=(), c=jnp.ones(1)))) == text
+
+
+def test_repr_with_trace_transposed_has_a_header_row():
+    assert tc.tree_repr_with_trace([Point(1.0, "s")], transpose=True)[0].y == textwrap.dedent(
+        """\
+        ┌───────┬───────────┬────────────┐
+        │ Value │ Name path │ Type path  │
+        ├───────┼───────────┼────────────┤
+        │ 's'   │ [0].y     │ Point->str │
+        └───────┴───────────┴────────────┘""")
+
+
+def test_repr_with_trace_of_a_bare_leaf_has_empty_paths():
+    row = tc.tree_repr_with_trace(2, None, True).splitlines()[3]
+    assert row == "│ 2     │           │           │"
 
 
 def test_repr_with_trace_keeps_frozen_values_and_respects_is_leaf():

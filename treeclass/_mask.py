@@ -178,11 +178,24 @@ class _Frozen:
         except Exception:  # a value whose `==` has no truth value (elementwise, say)
             return False
 
+    # The printers live a floor above (`_pprint` imports this module), hence the imports
+    # at call time; by then `treeclass` has loaded them. One text for a frozen value
+    # everywhere: `repr(tc.freeze(x)) == tc.tree_repr(tc.freeze(x))`, `#` + x's tree repr.
     def __repr__(self) -> str:
-        return "#" + repr(self._value)
+        from ._pprint import tree_repr
+
+        return tree_repr(self)
 
     def __str__(self) -> str:
-        return "#" + str(self._value)
+        from ._pprint import tree_str
+
+        return tree_str(self)
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        # called by treescope only, once it is imported; we never import it ourselves
+        from ._pprint_html import frozen_treescope_repr
+
+        return frozen_treescope_repr(self, path, subtree_renderer)
 
     def __getattr__(self, name: str) -> Any:
         # only reached for missing attributes; protocol probes (`__array_priority__`, ...)

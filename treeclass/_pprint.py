@@ -1,14 +1,18 @@
 """Printing trees: `tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`, `tree_graph`,
 `tree_mermaid` and `tree_repr_with_trace`.
 
-Every printer works on any pytree and shares three pieces:
+Every printer works on any pytree and shares four pieces:
 
 - how one value is shown (arrays as `f32[3](μ=…, σ=…, ∈[…])`, tracers as their type,
   frozen values with `#`, functions as their signature, and the rules added with
   `register_printer`, see `_pprint_registry`);
 - how a node is opened into labelled children (`_node_parts`): TreeClass fields in
-  attribute order without `repr=False` fields, dicts, lists, tuples, namedtuples,
-  dataclasses and any other registered pytree;
+  attribute order (`repr=False` fields only in the debugging views: diagram, graph,
+  mermaid), dicts, lists, tuples, namedtuples, dataclasses and any other registered pytree;
+- how long runs of siblings of one type and structure (the layers of a big model) are
+  folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`_fold_runs`);
+  the values of folded children are never computed, which is what keeps printing a
+  1,000-layer model fast;
 - for the pictures, a small tree of labelled entries (`_entries`) that the diagram, the
   graph, the mermaid chart and the notebook display each draw in their own way.
 
@@ -34,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _mask, _trace
-from ._pprint_registry import rule_for
+from ._pprint_registry import printer_alias, rule_for
 
 __all__ = [
     "tree_repr",
@@ -53,6 +57,16 @@ _DEPTH_VALUE_MSG = "`depth` must be >= 0, got {value!r}."
 _INT_TYPE_MSG = "`{name}` must be an int, got {value!r}."
 _INT_VALUE_MSG = "`{name}` must be >= {low}, got {value!r}."
 _IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value!r}."
+_REPEATS_MSG = (
+    "`repeats` must be None (show every child) or an int >= 0 (how many children to keep at "
+    "each end of a run of siblings of one type and structure), got {value!r}."
+)
+
+# How many children of a run of same-type, same-structure siblings the printers keep at
+# each end by default; the middle of a longer run is one `… n more T(...) …` entry.
+DEFAULT_REPEATS = 3
+# A folded run names its children's structure up to this many characters, else `T(...)`.
+_RUN_SIGNATURE_MAX = 72
 
 _Tracer = jax.core.Tracer
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
@@ -86,6 +100,15 @@ def _check_int(value: Any, name: str, low: int) -> None:
 def _check_is_leaf(is_leaf: Any) -> None:
     if is_leaf is not None and not callable(is_leaf):
         raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
+
+
+def _check_repeats(repeats: Any) -> None:
+    if repeats is None:
+        return
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
+        raise TypeError(_REPEATS_MSG.format(value=repeats))
+    if repeats < 0:
+        raise ValueError(_REPEATS_MSG.format(value=repeats))
 
 
 # -- one value ---------------------------------------------------------------------------
@@ -248,7 +271,9 @@ def _leaf_text(x: Any, as_str: bool = False) -> str:
         return _array_str(x) if as_str else _array_repr(x)
     if isinstance(x, jax.ShapeDtypeStruct):
         return _type_text(x.dtype, tuple(x.shape))
-    if isinstance(x, str) or x is None or type(x) in (bool, int, float, complex):
+    if isinstance(x, str):  # `str` of a tree shows its strings as `str` does: unquoted
+        return str(x) if as_str else repr(x)
+    if x is None or type(x) in (bool, int, float, complex):
         return repr(x)
     if x is Ellipsis:  # a placeholder in `tc.Partial` arguments
         return "..."
@@ -278,14 +303,14 @@ def _is_treeclass(x: Any) -> bool:
     return hasattr(type(x), "_tc_fields")
 
 
-def _treeclass_parts(x: Any) -> _Parts:
+def _treeclass_parts(x: Any, hidden: bool) -> _Parts:
     cls = type(x)
     fields = cls._tc_fields
     name = cls.__name__
     items = []
     for key, value in x.__dict__.items():
         item = fields.get(key)
-        if item is None or item.repr:
+        if hidden or item is None or item.repr:
             items.append((f"{key}=", f".{key}", value))
     return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
 
@@ -302,15 +327,23 @@ def _key_labels(key: Any) -> tuple[str, str]:
     return "", str(key)
 
 
-def _node_parts(x: Any, is_leaf: Callable[[Any], bool] | None = None) -> _Parts | None:
-    """`x` opened into labelled children, or None when it is shown as a leaf."""
+def _node_parts(
+    x: Any, is_leaf: Callable[[Any], bool] | None = None, hidden: bool = False
+) -> _Parts | None:
+    """`x` opened into labelled children, or None when it is shown as a leaf.
+
+    `hidden` also opens fields declared with `repr=False` (for the debugging views).
+    """
     if is_leaf is not None and is_leaf(x):
         return None
     kind = type(x)
     if kind in _ATOMS or isinstance(x, _ARRAY_TYPES):
         return None
+    rule = rule_for(x)
+    if rule is not None and rule.has_text:
+        return None
     if _is_treeclass(x):
-        return _treeclass_parts(x)
+        return _treeclass_parts(x, hidden)
     if kind is list:
         return _Parts("list", "[", "]", "[...]", [("", f"[{i}]", v) for i, v in enumerate(x)])
     if kind is tuple:
@@ -319,7 +352,7 @@ def _node_parts(x: Any, is_leaf: Callable[[Any], bool] | None = None) -> _Parts 
     if kind is dict:
         items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
         return _Parts("dict", "{", "}", "{...}", items)
-    if rule_for(x) is not None or _mask.is_frozen(x):
+    if _mask.is_frozen(x):
         return None
     name = kind.__name__
     if isinstance(x, tuple) and hasattr(kind, "_fields"):  # namedtuple
@@ -330,7 +363,7 @@ def _node_parts(x: Any, is_leaf: Callable[[Any], bool] | None = None) -> _Parts 
         return _Parts(name, f"{name}({{", "})", f"{name}({{...}})", items)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         items = [(f"{f.name}=", f".{f.name}", getattr(x, f.name))
-                 for f in dataclasses.fields(x) if f.repr and hasattr(x, f.name)]
+                 for f in dataclasses.fields(x) if (hidden or f.repr) and hasattr(x, f.name)]
         return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
     if _is_partial(x):  # the function lives in the aux data, so show it from the object
         items = [("", ".func", x.func)]
@@ -369,6 +402,83 @@ def _one_level(x: Any) -> list[tuple[Any, Any]] | None:
         get_attr = jax.tree_util.GetAttrKey
         return [(get_attr(name), child) for name, (_, child) in zip(x._fields, pairs, strict=True)]
     return list(pairs)
+
+
+# -- runs of repeated siblings -------------------------------------------------------------
+
+
+def _signature(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> str:
+    """`x`'s type and structure without its values: `Linear(weight=f32[8,8], bias=f32[8])`.
+
+    Leaves show their type (`f32[8,8]`, `str`, `function`), so two layers that differ only
+    in their numbers or names have the same signature.
+    """
+    if _mask.is_frozen(x):
+        return "#" + _signature(_mask.unfreeze(x), is_leaf, hidden)
+    parts = _node_parts(x, is_leaf, hidden)
+    if parts is None:
+        return _leaf_type(x)
+    body = ", ".join(label + _signature(child, is_leaf, hidden) for label, _, child in parts.items)
+    return f"{parts.open}{body}{',' if parts.single_comma else ''}{parts.close}"
+
+
+def _run_key(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> Any:
+    # Plain Python values never fold: their values are the information (a list of layer
+    # sizes), and they cost nothing to print.
+    if type(x) in _ATOMS:
+        return None
+    return type(x), _signature(x, is_leaf, hidden)
+
+
+class _Run(NamedTuple):
+    """The middle of a long run of siblings of one type and structure, shown as one entry."""
+
+    items: list[tuple[str, str, Any]]  # the folded (repr label, diagram key, child) items
+    signature: str  # their common structure, or `Name(...)` when that is long
+
+    @property
+    def keys(self) -> str:
+        return f"{self.items[0][1]}…{self.items[-1][1]}"
+
+    @property
+    def text(self) -> str:
+        return f"… {len(self.items)} more {self.signature} …"
+
+
+def _fold_runs(
+    items: list[tuple[str, str, Any]],
+    repeats: int | None,
+    is_leaf: Callable[[Any], bool] | None = None,
+    hidden: bool = False,
+) -> list[Any]:
+    """`items` with the middle of every run longer than `2 * repeats + 1` made a `_Run`.
+
+    A run is consecutive siblings of one type and structure; its first and last `repeats`
+    children stay. Folding one child would not save a line, hence the `+ 1`.
+    """
+    if repeats is None or len(items) <= 2 * repeats + 1:
+        return items
+    keys = [_run_key(child, is_leaf, hidden) for _, _, child in items]
+    out: list[Any] = []
+    start, count = 0, len(items)
+    while start < count:
+        key, stop = keys[start], start + 1
+        if key is not None:
+            while stop < count and keys[stop] == key:
+                stop += 1
+        if stop - start > 2 * repeats + 1:
+            out.extend(items[start : start + repeats])
+            folded = items[start + repeats : stop - repeats]
+            signature = key[1]
+            if len(signature) > _RUN_SIGNATURE_MAX:
+                parts = _node_parts(folded[0][2], is_leaf, hidden)
+                signature = parts.cut if parts is not None else signature
+            out.append(_Run(folded, signature))
+            out.extend(items[stop - repeats : stop])
+        else:
+            out.extend(items[start:stop])
+        start = stop
+    return out
 
 
 # -- tree_repr / tree_str: layout ---------------------------------------------------------
@@ -424,9 +534,9 @@ def _render(doc: Any, out: list[str], indent: int, col: int, width: float, tab: 
     out.append("\n" + " " * indent + doc.close)
 
 
-def _doc(x: Any, depth: float, as_str: bool) -> Any:
+def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
     if _mask.is_frozen(x):
-        inner = _doc(_mask.unfreeze(x), depth, as_str)
+        inner = _doc(_mask.unfreeze(x), depth, as_str, repeats)
         if type(inner) is _Group:
             return _Group("#" + inner.open, inner.close, inner.items, inner.comma)
         return "#" + inner
@@ -437,28 +547,46 @@ def _doc(x: Any, depth: float, as_str: bool) -> Any:
         return parts.open + parts.close
     if depth <= 0:
         return parts.cut
-    items = [(label, _doc(child, depth - 1, as_str)) for label, _, child in parts.items]
+    items = [
+        ("", item.text) if type(item) is _Run else (item[0], _doc(item[2], depth - 1, as_str,
+                                                                   repeats))
+        for item in _fold_runs(parts.items, repeats)
+    ]
     return _Group(parts.open, parts.close, items, parts.single_comma)
 
 
-def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool) -> str:
+def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool,
+            repeats: Any) -> str:
     _check_depth(depth)
     if not isinstance(width, numbers.Real) or isinstance(width, bool):
         raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
     _check_int(tabwidth, "tabwidth", 0)
-    doc = _doc(tree, depth, as_str)
+    _check_repeats(repeats)
+    doc = _doc(tree, depth, as_str, repeats)
     out: list[str] = []
     _render(doc, out, 0, 0, width, tabwidth, 0)
     return "".join(out)
 
 
-def tree_repr(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = math.inf) -> str:
-    """A compact, exact text of a tree; `TreeClass.__repr__` uses it.
+def tree_repr(
+    tree: Any,
+    *,
+    width: int = 80,
+    tabwidth: int = 2,
+    depth: float = math.inf,
+    repeats: int | None = DEFAULT_REPEATS,
+) -> str:
+    """A compact text of a tree; `TreeClass.__repr__` uses it.
 
     One line when it fits in `width`, else one child per line, indented by `tabwidth`.
     Arrays show dtype, shape and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`),
     tracers inside `jit`/`grad`/`vmap` their dtype and shape, frozen values a `#`,
     functions their signature. Fields declared with `repr=False` are hidden.
+
+    Big models stay readable: in a long run of siblings of the same type and structure
+    (the layers of a deep model), only the first and last `repeats` are shown and the
+    middle is one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry; leaves show
+    only their type there (`f32[8,8]`, `str`). Plain numbers and strings never fold.
 
     **Arguments**
 
@@ -467,6 +595,9 @@ def tree_repr(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = m
     - `tabwidth`: spaces per indentation level.
     - `depth`: how many levels of nodes to open; deeper nodes print as `Name(...)`,
       `[...]`, `(...)` or `{...}`.
+    - `repeats`: how many children to keep at each end of a run of same-type,
+      same-structure siblings (runs of at most `2 * repeats + 1` are shown whole);
+      `None` shows every child.
 
     **Returns**
 
@@ -479,17 +610,33 @@ def tree_repr(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = m
     tree = {"w": jnp.array([4.0, 5.0, 6.0]), "n": [1, 2]}
     assert tc.tree_repr(tree) == "{'w': f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00]), 'n': [1, 2]}"
     assert tc.tree_repr(tree, depth=0) == "{...}"
+
+    stack = [jnp.zeros(2)] * 10
+    assert tc.tree_repr(stack, repeats=1, width=200) == (
+        "[f32[2](μ=0.00, σ=0.00, ∈[0.00,0.00]), … 8 more f32[2] …, "
+        "f32[2](μ=0.00, σ=0.00, ∈[0.00,0.00])]"
+    )
+    assert tc.tree_repr(stack, repeats=None).count("f32[2]") == 10
     ```
     """
-    return _layout(tree, width, tabwidth, depth, as_str=False)
+    return _layout(tree, width, tabwidth, depth, False, repeats)
 
 
-def tree_str(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = math.inf) -> str:
-    """Like `tree_repr`, but arrays show their values (numpy's printing); `TreeClass.__str__`.
+def tree_str(
+    tree: Any,
+    *,
+    width: int = 80,
+    tabwidth: int = 2,
+    depth: float = math.inf,
+    repeats: int | None = DEFAULT_REPEATS,
+) -> str:
+    """Like `tree_repr`, but leaves print with `str`; `TreeClass.__str__` uses it.
+
+    Arrays show their values (numpy's printing) and strings have no quotes.
 
     **Arguments**
 
-    - `tree`, `width`, `tabwidth`, `depth`: as for `tree_repr`.
+    - `tree`, `width`, `tabwidth`, `depth`, `repeats`: as for `tree_repr`.
 
     **Returns**
 
@@ -499,10 +646,11 @@ def tree_str(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = ma
     import jax.numpy as jnp
     import treeclass as tc
 
-    assert tc.tree_str({"w": jnp.array([4.0, 5.0])}) == "{'w': [4. 5.]}"
+    text = tc.tree_str({"w": jnp.array([4.0, 5.0]), "act": "relu"})
+    assert text == "{'w': [4. 5.], 'act': relu}"
     ```
     """
-    return _layout(tree, width, tabwidth, depth, as_str=True)
+    return _layout(tree, width, tabwidth, depth, True, repeats)
 
 
 # -- pictures: labelled entries -----------------------------------------------------------
@@ -511,31 +659,59 @@ def tree_str(tree: Any, *, width: int = 80, tabwidth: int = 2, depth: float = ma
 class _Entry(NamedTuple):
     label: str  # ".b:tuple" for an opened node, ".a=1.0" for a leaf
     children: tuple[_Entry, ...]
+    value: Any = None  # the node or leaf shown (a folded run's first child)
+    run: bool = False  # a folded run: `children` are its entries when they were asked for
 
 
 def _one_line(x: Any) -> str:
-    return _layout(x, math.inf, 0, math.inf, as_str=False)
+    return _layout(x, math.inf, 0, math.inf, False, None)
 
 
-def _entries(x: Any, key: str, depth: float, is_leaf: Callable[[Any], bool] | None) -> _Entry:
-    parts = _node_parts(x, is_leaf)
+class _EntryOptions(NamedTuple):
+    is_leaf: Callable[[Any], bool] | None
+    hidden: bool  # show `repr=False` fields
+    repeats: int | None
+    open_runs: bool  # give folded runs their entries as children (the HTML view)
+
+
+def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> _Entry:
+    parts = _node_parts(x, options.is_leaf, options.hidden)
     if parts is None or not parts.items or depth <= 0:
         if parts is None:
-            text = _flat(_doc(x, depth, False))  # a frozen subtree obeys depth too
+            # a frozen subtree obeys depth too
+            text = _flat(_doc(x, depth, False, options.repeats))
         elif not parts.items:
             text = parts.open + parts.close
         else:
             text = parts.cut
-        return _Entry(f"{key}={text}" if key else text, ())
-    children = tuple(_entries(child, child_key, depth - 1, is_leaf)
-                     for _, child_key, child in parts.items)
-    return _Entry(f"{key}:{parts.name}" if key else parts.name, children)
+        return _Entry(f"{key}={text}" if key else text, (), x)
+    children = []
+    for item in _fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
+        if type(item) is not _Run:
+            children.append(_entries(item[2], item[1], depth - 1, options))
+            continue
+        label = f"{item.keys}: {len(item.items)} more {item.signature}"
+        inner = ()
+        if options.open_runs:
+            inner = tuple(_entries(child, child_key, depth - 1, options)
+                          for _, child_key, child in item.items)
+        children.append(_Entry(label, inner, item.items[0][2], True))
+    return _Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
 
 
-def _picture_entries(tree: Any, depth: Any, is_leaf: Any) -> _Entry:
+def _picture_entries(
+    tree: Any,
+    depth: Any,
+    is_leaf: Any,
+    repeats: Any,
+    *,
+    hidden: bool = True,
+    open_runs: bool = False,
+) -> _Entry:
     _check_depth(depth)
     _check_is_leaf(is_leaf)
-    return _entries(tree, "", depth, is_leaf)
+    _check_repeats(repeats)
+    return _entries(tree, "", depth, _EntryOptions(is_leaf, hidden, repeats, open_runs))
 
 
 def tree_diagram(
@@ -544,10 +720,14 @@ def tree_diagram(
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
     tabwidth: int = 4,
+    repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
     """A box-drawing diagram of a tree: one line per node or leaf, with its key.
 
-    Opened nodes show `key:Type`, leaves (and nodes cut by `depth`) `key=value`.
+    Opened nodes show `key:Type`, leaves (and nodes cut by `depth`) `key=value`. A
+    diagram is a debugging view: unlike `repr`, it also shows fields declared with
+    `repr=False`. The middle of a long run of siblings of one type and structure is one
+    line, `[3]…[996]: 994 more Linear(weight=f32[8,8], bias=f32[8])`.
 
     **Arguments**
 
@@ -555,6 +735,8 @@ def tree_diagram(
     - `depth`: how many levels of nodes to open.
     - `is_leaf`: a predicate; nodes where it is true are shown as values.
     - `tabwidth`: the width of one indentation level (at least 1).
+    - `repeats`: as for `tree_repr`: how many children to keep at each end of a long
+      run; `None` shows every child.
 
     **Returns**
 
@@ -573,7 +755,7 @@ def tree_diagram(
     ```
     """
     _check_int(tabwidth, "tabwidth", 1)
-    root = _picture_entries(tree, depth, is_leaf)
+    root = _picture_entries(tree, depth, is_leaf, repeats)
     bar = "─" * (tabwidth - 2) + " " if tabwidth >= 2 else ""
     marks = ("├" + bar, "└" + bar, "│" + " " * (tabwidth - 1), " " * tabwidth)
     lines = [root.label]
@@ -592,15 +774,15 @@ def _diagram_lines(entry: _Entry, prefix: str, lines: list[str], marks: tuple[st
             _diagram_lines(child, below, lines, marks)
 
 
-def _numbered(root: _Entry) -> tuple[list[str], list[tuple[int, int]]]:
-    """Labels by node number (the root is 0, parents before children) and the edges."""
-    labels: list[str] = []
+def _numbered(root: _Entry) -> tuple[list[_Entry], list[tuple[int, int]]]:
+    """Entries by node number (the root is 0, parents before children) and the edges."""
+    labels: list[_Entry] = []
     edges: list[tuple[int, int]] = []
     stack: list[tuple[_Entry, int]] = [(root, -1)]
     while stack:
         entry, parent = stack.pop()
         number = len(labels)
-        labels.append(entry.label)
+        labels.append(entry)
         if parent >= 0:
             edges.append((parent, number))
         stack.extend((child, number) for child in reversed(entry.children))
@@ -611,19 +793,30 @@ def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\l")
 
 
+def _dot_attributes(entry: _Entry) -> str:
+    rule = None if entry.run else rule_for(entry.value)
+    if rule is None or rule.nodestyle is None:
+        return ""
+    style = rule.nodestyle(entry.value)
+    return "".join(f', {name}="{_dot_escape(str(value))}"' for name, value in style.items())
+
+
 def tree_graph(
     tree: Any,
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
+    repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
     """The tree as a graphviz `dot` graph (render it with `dot -Tsvg` or `graphviz.Source`).
 
-    Nodes carry the same labels as `tree_diagram`; edges go from parent to child.
+    Nodes carry the same labels as `tree_diagram`; edges go from parent to child. Style
+    the nodes of a type with `tc.tree_graph.def_nodestyle(T)` (or `register_printer(T,
+    nodestyle=...)`): a function of the value that returns graphviz attributes.
 
     **Arguments**
 
-    - `tree`, `depth`, `is_leaf`: as for `tree_diagram`.
+    - `tree`, `depth`, `is_leaf`, `repeats`: as for `tree_diagram`.
 
     **Returns**
 
@@ -636,9 +829,10 @@ def tree_graph(
     assert '0 [label="dict"];' in dot and "0 -> 1;" in dot
     ```
     """
-    labels, edges = _numbered(_picture_entries(tree, depth, is_leaf))
+    entries, edges = _numbered(_picture_entries(tree, depth, is_leaf, repeats))
     lines = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
-    lines += [f'    {n} [label="{_dot_escape(label)}"];' for n, label in enumerate(labels)]
+    lines += [f'    {n} [label="{_dot_escape(entry.label)}"{_dot_attributes(entry)}];'
+              for n, entry in enumerate(entries)]
     lines += [f"    {a} -> {b};" for a, b in edges]
     lines.append("}")
     return "\n".join(lines)
@@ -656,6 +850,7 @@ def tree_mermaid(
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
+    repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
     """The tree as a mermaid flowchart (renders on GitHub, in many editors and notebooks).
 
@@ -663,7 +858,7 @@ def tree_mermaid(
 
     **Arguments**
 
-    - `tree`, `depth`, `is_leaf`: as for `tree_diagram`.
+    - `tree`, `depth`, `is_leaf`, `repeats`: as for `tree_diagram`.
 
     **Returns**
 
@@ -677,9 +872,9 @@ def tree_mermaid(
                                   "    n0 --> n1"]
     ```
     """
-    labels, edges = _numbered(_picture_entries(tree, depth, is_leaf))
+    entries, edges = _numbered(_picture_entries(tree, depth, is_leaf, repeats))
     lines = ["flowchart LR"]
-    lines += [f'    n{n}["{_mermaid_escape(label)}"]' for n, label in enumerate(labels)]
+    lines += [f'    n{n}["{_mermaid_escape(entry.label)}"]' for n, entry in enumerate(entries)]
     lines += [f"    n{a} --> n{b}" for a, b in edges]
     return "\n".join(lines)
 
@@ -707,9 +902,15 @@ def _leaf_type(x: Any) -> str:
 def _leaf_count_size(x: Any) -> tuple[int, int]:
     rule = rule_for(x)
     if rule is not None and (rule.count is not None or rule.size is not None):
-        count = rule.count(x) if rule.count is not None else 0
-        size = rule.size(x) if rule.size is not None else sys.getsizeof(x)
-        return count, size
+        if rule.count is not None and rule.size is not None:
+            return rule.count(x), rule.size(x)
+        count, size = _default_count_size(x)  # a rule may set one of the two
+        return (rule.count(x) if rule.count is not None else count,
+                rule.size(x) if rule.size is not None else size)
+    return _default_count_size(x)
+
+
+def _default_count_size(x: Any) -> tuple[int, int]:
     if _mask.is_frozen(x):
         return _leaf_count_size(_mask.unfreeze(x))
     if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
@@ -724,13 +925,20 @@ def _leaf_count_size(x: Any) -> tuple[int, int]:
     # frozen subtrees and other nodes reached through `is_leaf`: their leaves
     leaves = jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf)
     if len(leaves) != 1 or leaves[0] is not x:
-        pairs = [_leaf_count_size(leaf) for leaf in leaves]
-        return sum(c for c, _ in pairs), sum(s for _, s in pairs)
+        return _totals(leaves)
     return 0, sys.getsizeof(x)
 
 
+def _totals(leaves: list[Any]) -> tuple[int, int]:
+    pairs = [_leaf_count_size(leaf) for leaf in leaves]
+    return sum(c for c, _ in pairs), sum(s for _, s in pairs)
+
+
 def _summary_leaf(x: Any) -> bool:
-    return _mask.is_frozen(x) or rule_for(x) is not None
+    if _mask.is_frozen(x):
+        return True
+    rule = rule_for(x)
+    return rule is not None and rule.has_summary
 
 
 def _sharding_text(x: Any) -> str:
@@ -778,6 +986,7 @@ def tree_summary(
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
+    repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
     """A table of a tree's leaves: key path, type, element count and size, with totals.
 
@@ -785,14 +994,20 @@ def tree_summary(
     fields hidden from `repr` still count), or per node where `depth` stops; a final `Σ`
     row sums everything. Count is the number of elements (1 for a Python number, 0 for
     other objects), Size the bytes (`nbytes` for arrays, `sys.getsizeof` otherwise); teach
-    it other types with `register_printer`. When a leaf is sharded across devices, a
-    Sharding column shows its partition spec.
+    it other types with `register_printer`, or with PyTreeClass's spelling
+    `tc.tree_summary.def_type(T)`, `.def_count(T)` and `.def_size(T)`. When a leaf is
+    sharded across devices, a Sharding column shows its partition spec.
+
+    The middle of a long run of siblings of one type and structure (the layers of a big
+    model) is one row with the run's totals: `.layers[3]…[996] │ 994 × Linear │ …`.
 
     **Arguments**
 
     - `tree`: any pytree.
     - `depth`: how many levels of nodes to open before summing a node in one row.
     - `is_leaf`: a predicate; nodes where it is true get one row each.
+    - `repeats`: as for `tree_repr`: how many children to keep, row by row, at each end
+      of a long run (`0`: the whole run in one row); `None` gives every leaf its row.
 
     **Returns**
 
@@ -808,32 +1023,49 @@ def tree_summary(
     """
     _check_depth(depth)
     _check_is_leaf(is_leaf)
+    _check_repeats(repeats)
     rows: list[list[str]] = []
     total_count = total_size = 0
 
     def stop(x: Any) -> bool:
         return _summary_leaf(x) or (is_leaf is not None and bool(is_leaf(x)))
 
-    def visit(x: Any, keys: tuple[Any, ...], remaining: float) -> None:
+    def add_row(path: str, kind: str, count: int, size: int, sharding: str) -> None:
         nonlocal total_count, total_size
+        total_count += count
+        total_size += size
+        rows.append([path, kind, f"{count:,}", _size_text(size), sharding])
+
+    def visit(x: Any, keys: tuple[Any, ...], remaining: float) -> None:
         flat = None if stop(x) else _one_level(x)
         if flat is not None and remaining > 0:
-            for key, child in flat:
-                visit(child, (*keys, key), remaining - 1)
+            items = [("", _key_labels(key)[1], child) for key, child in flat]
+            position = 0  # in `flat`, whose keys the rows need
+            # hidden=True: runs are judged on every field, as JAX flattens them
+            for item in _fold_runs(items, repeats, stop, hidden=True):
+                if type(item) is _Run:
+                    position += len(item.items)
+                    children = [child for _, _, child in item.items]
+                    kind = _leaf_type(children[0]) if stop(children[0]) else (
+                        type(children[0]).__name__)
+                    leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
+                    add_row(_path_text(keys) + item.keys, f"{len(children)} × {kind}",
+                            *_totals(leaves), "")
+                else:
+                    key, child = flat[position]
+                    position += 1
+                    visit(child, (*keys, key), remaining - 1)
             return
         if flat is not None:  # a node where depth stops: one row with its leaves' totals
             leaves = jax.tree_util.tree_leaves(x, is_leaf=stop)
             if not leaves:
                 return
-            pairs = [_leaf_count_size(leaf) for leaf in leaves]
-            count, size = sum(c for c, _ in pairs), sum(s for _, s in pairs)
+            count, size = _totals(leaves)
             kind, sharding = type(x).__name__, ""
         else:
             count, size = _leaf_count_size(x)
             kind, sharding = _leaf_type(x), _sharding_text(x)
-        total_count += count
-        total_size += size
-        rows.append([_path_text(keys), kind, f"{count:,}", _size_text(size), sharding])
+        add_row(_path_text(keys), kind, count, size, sharding)
 
     visit(tree, (), depth)
     sharded = any(row[4] for row in rows)
@@ -863,18 +1095,25 @@ def _type_name(kind: Any) -> str:
     return getattr(kind, "__name__", str(kind))
 
 
-def tree_repr_with_trace(tree: Any, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+def tree_repr_with_trace(
+    tree: Any,
+    is_leaf: Callable[[Any], bool] | None = None,
+    transpose: bool = False,
+) -> Any:
     """The tree with each leaf replaced by a small table of its value, name path and type path.
 
-    Useful to see where each leaf sits and which node types lie above it (what
-    `tree_map_with_trace` passes to its function). The tables are strings that print
-    without quotes, so `print(tc.tree_str(tc.tree_repr_with_trace(tree)))` (or printing
-    a `TreeClass` of them) shows them in place.
+    Useful to see where each leaf sits and which node types lie above it: the type path
+    is what `tc.tree_map_with_trace` passes to its function (the types of the nodes below
+    the root on the way to the leaf, ending with the leaf's own type), as in PyTreeClass
+    v0.4. The tables are strings that print without quotes, so `print(...)` of the result
+    shows them in place.
 
     **Arguments**
 
     - `tree`: any pytree.
     - `is_leaf`: as for `jax.tree_util.tree_map`.
+    - `transpose`: one header row (`Value`, `Name path`, `Type path`) above one row of
+      values, instead of one row per item.
 
     **Returns**
 
@@ -883,19 +1122,27 @@ def tree_repr_with_trace(tree: Any, *, is_leaf: Callable[[Any], bool] | None = N
     ```python
     import treeclass as tc
 
-    tables = tc.tree_repr_with_trace({"a": 1.0})
-    assert tables["a"] == (
+    tables = tc.tree_repr_with_trace({"a": [1.0]})
+    assert tables["a"][0] == (
         "┌───────────┬─────────────┐\\n"
         "│ Value     │ 1.0         │\\n"
         "├───────────┼─────────────┤\\n"
-        "│ Name path │ ['a']       │\\n"
+        "│ Name path │ ['a'][0]    │\\n"
         "├───────────┼─────────────┤\\n"
-        "│ Type path │ dict->float │\\n"
+        "│ Type path │ list->float │\\n"
         "└───────────┴─────────────┘"
+    )
+    assert tc.tree_repr_with_trace({"a": 1}, transpose=True)["a"] == (
+        "┌───────┬───────────┬───────────┐\\n"
+        "│ Value │ Name path │ Type path │\\n"
+        "├───────┼───────────┼───────────┤\\n"
+        "│ 1     │ ['a']     │ int       │\\n"
+        "└───────┴───────────┴───────────┘"
     )
     ```
     """
     _check_is_leaf(is_leaf)
+    traced, treedef = _trace.tree_flatten_with_trace(tree, is_leaf=is_leaf)
 
     def table(trace: Any, leaf: Any) -> _TraceTable:
         keys, kinds = trace
@@ -904,6 +1151,16 @@ def tree_repr_with_trace(tree: Any, *, is_leaf: Callable[[Any], bool] | None = N
             ["Name path", _path_text(tuple(keys))],
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
+        if transpose:
+            return _TraceTable(_box_table([list(column) for column in zip(*rows)],
+                                          (False, False, False), {0}))
         return _TraceTable(_box_table(rows, (False, False), {0, 1}))
 
-    return _trace.tree_map_with_trace(table, tree, is_leaf=is_leaf)
+    return treedef.unflatten([table(trace, leaf) for trace, leaf in traced])
+
+
+# PyTreeClass's spelling of `register_printer`: one rule per type, one field per alias.
+tree_summary.def_type = printer_alias("type_name", "tree_summary.def_type")  # type: ignore
+tree_summary.def_count = printer_alias("count", "tree_summary.def_count")  # type: ignore
+tree_summary.def_size = printer_alias("size", "tree_summary.def_size")  # type: ignore
+tree_graph.def_nodestyle = printer_alias("nodestyle", "tree_graph.def_nodestyle")  # type: ignore

@@ -1,33 +1,74 @@
 """Notebook display of trees: rich HTML (`tree_html`) and treescope (`treescope_repr`).
 
-`TreeClass` plugs these in as `_repr_html_` and `__treescope_repr__`. Treescope is never
-imported here: it calls `__treescope_repr__` only once it is itself imported, so
-`treescope_repr` imports it lazily at that point.
+`TreeClass` plugs these in as `_repr_html_` and `__treescope_repr__`, and frozen values
+as `__treescope_repr__`. Treescope is never imported here: it calls `__treescope_repr__`
+only once it is itself imported, so the treescope functions import it at that point.
+
+The HTML is plain `<details>` elements with inline styles: it folds without JavaScript,
+needs no network, survives notebook front ends that strip `<style>` blocks, and takes
+its colours from the page (text inherits, lines are translucent grey), so it reads the
+same on light and dark themes.
 """
 
 from __future__ import annotations
 
 import html
 import math
+import types
 from collections.abc import Callable
 from typing import Any
 
-from ._pprint import _Entry, _picture_entries
+from . import _mask
+from ._pprint import (
+    DEFAULT_REPEATS,
+    _Entry,
+    _fold_runs,
+    _function_text,
+    _is_function,
+    _picture_entries,
+    _Run,
+)
+from ._pprint_registry import rule_for
 
-__all__ = ["tree_html", "treescope_repr"]
+__all__ = ["tree_html", "treescope_repr", "frozen_treescope_repr", "html_display"]
 
-# Inline styles: notebook front ends strip <style> blocks inconsistently.
-_ROOT_STYLE = "font-family: monospace; white-space: pre; line-height: 1.4"
-_CHILDREN_STYLE = "margin-left: 1.5em; border-left: 1px solid #ccc; padding-left: 0.5em"
+# Levels open at first: as many as keep the first view within this many lines (the root
+# always opens), so a small model shows whole and a big one starts folded below a depth.
+_OPEN_LINES = 40
+
+_ROOT_STYLE = "font-family: monospace; white-space: pre; line-height: 1.45; color: inherit"
+_SUMMARY_STYLE = "cursor: pointer"
+# translucent grey reads on white and on black alike
+_CHILDREN_STYLE = (
+    "margin-left: 0.45em; padding-left: 1.1em; border-left: 1px solid rgba(128, 128, 128, 0.45)"
+)
+_RUN_STYLE = "opacity: 0.7"
 
 
-def _html_lines(entry: _Entry, level: int, open_levels: int, out: list[str]) -> None:
+def _open_levels(root: _Entry) -> int:
+    """How many levels to open so that at most `_OPEN_LINES` lines show (at least 1)."""
+    shown, level, frontier = 1, 0, [root]
+    while frontier:
+        below = [child for entry in frontier if not entry.run for child in entry.children]
+        if level >= 1 and shown + len(below) > _OPEN_LINES:
+            break
+        shown += len(below)
+        level += 1
+        frontier = [entry for entry in below if entry.children and not entry.run]
+    return max(level, 1)
+
+
+def _html_lines(entry: _Entry, level: int, open_levels: float, out: list[str]) -> None:
     label = html.escape(entry.label)
+    if entry.run:
+        label = f'<span style="{_RUN_STYLE}">{label}</span>'
     if not entry.children:
         out.append(f"<div>{label}</div>")
         return
-    state = ' open="open"' if level < open_levels else ""
-    out.append(f"<details{state}><summary>{label}</summary><div style=\"{_CHILDREN_STYLE}\">")
+    # a folded run opens only on a click: it is folded because it is long
+    state = ' open="open"' if level < open_levels and not entry.run else ""
+    out.append(f'<details{state}><summary style="{_SUMMARY_STYLE}">{label}</summary>'
+               f'<div style="{_CHILDREN_STYLE}">')
     for child in entry.children:
         _html_lines(child, level + 1, open_levels, out)
     out.append("</div></details>")
@@ -38,46 +79,147 @@ def tree_html(
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
-    open_levels: int = 1,
+    open_levels: int | None = None,
+    repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
     """The tree as HTML with collapsible nodes (what Jupyter shows for a `TreeClass`).
 
     Each node is a `<details>` element labelled like a line of `tree_diagram`
-    (`.b:tuple`); leaves show `key=value`.
+    (`.b:tuple`); leaves show `key=value`. Fields declared with `repr=False` are hidden,
+    as in `repr`. The middle of a long run of siblings of one type and structure is one
+    folded node, `[3]…[996]: 994 more Linear(...)`, that opens onto those children.
 
     **Arguments**
 
     - `tree`: any pytree.
-    - `depth`, `is_leaf`: as for `tree_diagram`.
-    - `open_levels`: how many levels start expanded (the root only, by default).
+    - `depth`, `is_leaf`, `repeats`: as for `tree_diagram`.
+    - `open_levels`: how many levels start expanded; by default as many as keep the first
+      view within about 40 lines (at least the root), so big models open folded.
 
     **Returns**
 
-    An HTML fragment, a `str` (also well-formed XML).
+    An HTML fragment, a `str` (also well-formed XML), with no scripts, no external
+    resources and no fixed text colour.
 
     ```python
     from treeclass._pprint_html import tree_html
 
     page = tree_html({"a": 1, "b": [2.0]})
-    assert "<summary>[&#x27;b&#x27;]:list</summary>" in page
+    assert '[&#x27;b&#x27;]:list</summary>' in page
     ```
     """
-    root = _picture_entries(tree, depth, is_leaf)
+    root = _picture_entries(tree, depth, is_leaf, repeats, hidden=False, open_runs=True)
+    levels = _open_levels(root) if open_levels is None else open_levels
     out = [f'<div class="treeclass-tree" style="{_ROOT_STYLE}">']
-    _html_lines(root, 0, open_levels, out)
+    _html_lines(root, 0, levels, out)
     out.append("</div>")
     return "\n".join(out)
 
 
-def treescope_repr(tree: Any, path: str | None, subtree_renderer: Any) -> Any:
-    """Render a `TreeClass` for treescope as `Name(field=..., ...)` with foldable fields.
+class _HtmlDisplay:
+    """`_repr_html_` for instances only: `Class._repr_html_` is this (not callable) object.
 
-    Fields declared with `repr=False` are hidden, as in `tree_repr`.
+    Treescope appends a "Rich HTML representation" box to any object whose *class* has a
+    callable `_repr_html_`, which repeats a tree that treescope already draws itself.
+    IPython looks the method up on the instance, where this gives a bound method.
+    """
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return types.MethodType(tree_html, instance)
+
+    def __repr__(self) -> str:
+        return "<_repr_html_ of instances: treeclass._pprint_html.tree_html>"
+
+
+html_display = _HtmlDisplay()
+
+
+# -- treescope ------------------------------------------------------------------------------
+
+
+def _own_text(value: Any) -> str | None:
+    """Our text for values treescope would show as a bare `<object at 0x…>`."""
+    rule = rule_for(value)
+    if rule is not None and rule.repr is not None:
+        return rule.repr(value)
+    # plain functions get treescope's own reflection; wrapped ones (`jax.nn.relu` is a
+    # `custom_jvp`, a jitted function a `PjitFunction`) their signature, as in `repr`
+    if _is_function(value) and not isinstance(value, types.FunctionType):
+        return _function_text(value)
+    return None
+
+
+def _separator(last: bool) -> Any:
+    from treescope import rendering_parts as parts
+
+    if last:  # a trailing comma only when the node is expanded
+        return parts.fold_condition(expanded=parts.text(","))
+    return parts.siblings(",", parts.fold_condition(collapsed=parts.text(" ")))
+
+
+def _render_child(value: Any, path: str | None, subtree_renderer: Any, repeats: Any) -> Any:
+    from treescope import rendering_parts as parts
+
+    text = _own_text(value)
+    if text is not None:
+        return parts.build_one_line_tree_node(parts.text(text), path=path)
+    kind = type(value)
+    if repeats is not None and kind in (list, tuple, dict) and len(value) > 2 * repeats + 1:
+        if kind is dict:
+            items = [(f"{key!r}: ", f"[{key!r}]", child) for key, child in value.items()]
+        else:
+            items = [("", f"[{i}]", child) for i, child in enumerate(value)]
+        folded = _fold_runs(items, repeats)
+        if len(folded) != len(items):
+            return _render_folded(value, folded, path, subtree_renderer, repeats)
+    return subtree_renderer(value, path=path)
+
+
+def _render_folded(
+    value: Any, items: list[Any], path: str | None, subtree_renderer: Any, repeats: Any
+) -> Any:
+    """A list, tuple or dict with folded runs, drawn as treescope draws the container."""
+    from treescope import rendering_parts as parts
+
+    opening, closing = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}[type(value)]
+    children = []
+    for i, item in enumerate(items):
+        last = i == len(items) - 1
+        if type(item) is _Run:
+            line = parts.abbreviation_color(parts.text(item.text))
+            children.append(parts.siblings(line, _separator(last)))
+            continue
+        label, key, child = item
+        child_path = None if path is None else path + key
+        rendering = _render_child(child, child_path, subtree_renderer, repeats)
+        children.append(parts.build_full_line_with_annotations(
+            parts.siblings_with_annotations(label, rendering), _separator(last)))
+    return parts.build_foldable_tree_node_from_children(
+        prefix=opening, children=children, suffix=closing, path=path)
+
+
+def treescope_repr(
+    tree: Any,
+    path: str | None,
+    subtree_renderer: Any,
+    *,
+    repeats: int | None = DEFAULT_REPEATS,
+) -> Any:
+    """Render a `TreeClass` for treescope as a foldable `Name(field=..., ...)` node.
+
+    Fields are children with their key paths (treescope's copy-path buttons give
+    `.layers[0].weight`); arrays get treescope's own summaries and, when the user turns it
+    on, its array visualization. Static fields carry a `# static` comment, fields declared
+    with `repr=False` are hidden, and long runs of same-structure layers fold to one
+    `… 994 more Linear(...) …` line as in `repr`.
 
     **Arguments**
 
     - `tree`: a `TreeClass` instance.
     - `path`, `subtree_renderer`: as passed by treescope to `__treescope_repr__`.
+    - `repeats`: as for `tc.tree_repr`.
 
     **Returns**
 
@@ -89,22 +231,66 @@ def treescope_repr(tree: Any, path: str | None, subtree_renderer: Any) -> Any:
 
     class Tree(tc.TreeClass):
         a: int = 1
+        name: str = tc.field(default="x", static=True)
 
-    assert "a=1" in treescope.render_to_text(Tree())
+    assert treescope.render_to_text(Tree()).startswith("Tree(a=1, name='x')")
+    with treescope.using_expansion_strategy(target_width=0):  # expand every node
+        assert "name='x',  # static" in treescope.render_to_text(Tree())
     ```
     """
-    from treescope import repr_lib  # treescope is already imported when it calls us
+    from treescope import rendering_parts as parts
 
-    fields = getattr(type(tree), "_tc_fields", {})
-    attributes = {
-        name: value
-        for name, value in tree.__dict__.items()
-        if name not in fields or fields[name].repr
-    }
-    return repr_lib.render_object_constructor(
-        object_type=type(tree),
-        attributes=attributes,
-        path=path,
-        subtree_renderer=subtree_renderer,
-        roundtrippable=False,
-    )
+    cls = type(tree)
+    fields = getattr(cls, "_tc_fields", {})
+    shown = [(name, value) for name, value in tree.__dict__.items()
+             if name not in fields or fields[name].repr]
+    static_note = parts.comment_color(parts.text("  # static"))
+    children = []
+    for i, (name, value) in enumerate(shown):
+        child_path = None if path is None else f"{path}.{name}"
+        rendering = _render_child(value, child_path, subtree_renderer, repeats)
+        line = [parts.siblings_with_annotations(f"{name}=", rendering),
+                _separator(i == len(shown) - 1)]
+        if name in fields and fields[name].static:
+            line.append(parts.fold_condition(expanded=static_note))
+        children.append(parts.build_full_line_with_annotations(*line))
+    # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
+    opening = parts.siblings(parts.roundtrip_condition(roundtrip=parts.text("<")),
+                             parts.maybe_qualified_type_name(cls), "(")
+    closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))
+    return parts.build_foldable_tree_node_from_children(
+        prefix=opening, children=children, suffix=closing, path=path)
+
+
+def frozen_treescope_repr(frozen: Any, path: str | None, subtree_renderer: Any) -> Any:
+    """Render a frozen value for treescope: `#` and the value as treescope draws it.
+
+    A frozen array keeps treescope's foldable array summary, a frozen subtree folds like
+    the subtree; in round-trip mode the value shows as `freeze(...)`.
+
+    **Arguments**
+
+    - `frozen`: a value made by `tc.freeze`.
+    - `path`, `subtree_renderer`: as passed by treescope to `__treescope_repr__`.
+
+    **Returns**
+
+    A treescope rendering.
+
+    ```python
+    import jax.numpy as jnp
+    import treescope
+    import treeclass as tc
+
+    assert treescope.render_to_text({"n": tc.freeze(2)}) == "{'n': #2}"
+    ```
+    """
+    from treescope import rendering_parts as parts
+
+    # the inner value has no path of its own: `tc.unfreeze` is not an attribute
+    inner = _render_child(_mask.unfreeze(frozen), None, subtree_renderer, DEFAULT_REPEATS)
+    marker = parts.roundtrip_condition(
+        roundtrip=parts.text("freeze("), not_roundtrip=parts.comment_color(parts.text("#")))
+    closing = parts.roundtrip_condition(roundtrip=parts.text(")"))
+    return parts.build_one_line_tree_node(
+        parts.siblings_with_annotations(marker, inner, closing), path=path)

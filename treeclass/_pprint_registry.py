@@ -2,9 +2,13 @@
 
 One rule per type tells every printer (`tree_repr`, `tree_str`, `tree_diagram`,
 `tree_summary`, `tree_graph`, `tree_mermaid` and the notebook display) how to show a value
-of that type: its text, the name in the summary's Type column, its element count and its
-size in bytes. Rules are found along the value's method resolution order, so a rule for a
-base class also covers its subclasses.
+of that type: its text, the name in the summary's Type column, its element count, its
+size in bytes and its node style in `tree_graph`. Rules are found along the value's method
+resolution order, so a rule for a base class also covers its subclasses.
+
+PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
+`.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
+setting one field of the same rule through `register_printer`.
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["register_printer", "PrintRule"]
+__all__ = ["register_printer", "PrintRule", "printer_alias"]
 
 
 class PrintRule(NamedTuple):
     """How the printers show values of one type; a field left as `None` keeps the default.
 
     `register_printer` builds one from its keyword arguments; the fields are the same
-    callables (`repr`, `str`, `type_name`, `count`, `size`).
+    callables (`repr`, `str`, `type_name`, `count`, `size`, `nodestyle`).
 
     ```python
     import treeclass as tc
@@ -35,15 +39,28 @@ class PrintRule(NamedTuple):
     type_name: Callable[[Any], str] | None = None
     count: Callable[[Any], int] | None = None
     size: Callable[[Any], int] | None = None
+    nodestyle: Callable[[Any], dict[str, Any]] | None = None
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the rule gives a text: values with one print as leaves."""
+        return self.repr is not None or self.str is not None
+
+    @property
+    def has_summary(self) -> bool:
+        """Whether the rule changes a summary row: values with one get a row of their own."""
+        return self.has_text or any(
+            f is not None for f in (self.type_name, self.count, self.size)
+        )
 
 
-_NOT_A_TYPE_MSG = "`register_printer` expects a class as its first argument, got {value!r}."
+_NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value!r}."
 _NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value!r}."
 
 # The rules are process-wide by nature (a user teaches the printers a type once). Writers
 # take the lock and publish fresh dicts, so readers never see a half-updated table and
 # need no lock: swapping a module attribute is atomic.
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: `printer_alias` updates a rule under it
 _rules: dict[type, PrintRule] = {}
 _resolved: dict[type, PrintRule | None] = {}  # per concrete type, including misses
 
@@ -56,6 +73,7 @@ def register_printer(
     type_name: Callable[[Any], str] | None = None,
     count: Callable[[Any], int] | None = None,
     size: Callable[[Any], int] | None = None,
+    nodestyle: Callable[[Any], dict[str, Any]] | None = None,
 ) -> None:
     """Teach every tree printer how to show values of type `cls` (and its subclasses).
 
@@ -71,8 +89,12 @@ def register_printer(
       that are neither arrays nor numbers).
     - `size`: `value -> int`, bytes for the summary's Size column (defaults to
       `sys.getsizeof`).
+    - `nodestyle`: `value -> dict`, graphviz attributes of the value's node in
+      `tree_graph` (say `{"shape": "circle", "fillcolor": "lightblue", "style": "filled"}`).
 
-    A value with a rule is always printed as a leaf, even if it is a pytree node.
+    A value whose rule has a `repr` or `str` is printed as a leaf, even if it is a pytree
+    node; one whose rule has a `type_name`, `count` or `size` gets one summary row. A
+    `nodestyle` alone changes nothing but the graph.
 
     **Returns**
 
@@ -93,8 +115,9 @@ def register_printer(
     """
     global _rules, _resolved
     if not isinstance(cls, type):
-        raise TypeError(_NOT_A_TYPE_MSG.format(value=cls))
-    rule = PrintRule(repr=repr, str=str, type_name=type_name, count=count, size=size)
+        raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
+    rule = PrintRule(repr=repr, str=str, type_name=type_name, count=count, size=size,
+                     nodestyle=nodestyle)
     for name, value in zip(PrintRule._fields, rule, strict=True):
         if value is not None and not callable(value):
             raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))
@@ -106,6 +129,77 @@ def register_printer(
             rules.pop(cls, None)
         _rules = rules
         _resolved = {}
+
+
+_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for {printers}.
+
+PyTreeClass's spelling of `tc.register_printer(cls, {field}=func)` that keeps the rule's
+other fields. Use it as a decorator, `@{name}(cls)`, or call it as `{name}(cls, func)`;
+`func` is returned unchanged.
+
+**Arguments**
+
+- `cls`: the class.
+- `func`: `value -> {returns}`; `None` removes this part of the rule.
+
+**Returns**
+
+`func`, or (without `func`) a decorator that registers the function it decorates.
+
+```python
+import treeclass as tc
+
+class Token:
+    pass
+
+@{name}(Token)
+def _(token):
+    return {example}
+
+{check}
+{name}(Token, None)  # forget it again
+```
+"""
+
+_ALIAS_EXAMPLES = {
+    "type_name": ('"token"', 'assert "│ token │" in tc.tree_summary([Token()])'),
+    "count": ("7", 'assert "│     7 │" in tc.tree_summary([Token()])'),
+    "size": ("1024", 'assert "│ 1.00KiB │" in tc.tree_summary([Token()])'),
+    "nodestyle": ('{"shape": "circle"}', "assert 'shape=\"circle\"' in tc.tree_graph([Token()])"),
+}
+_ALIAS_TEXT = {
+    "type_name": ("summary Type column text", "`tc.tree_summary`", "str"),
+    "count": ("summary element count", "`tc.tree_summary`", "int"),
+    "size": ("summary size in bytes", "`tc.tree_summary`", "int"),
+    "nodestyle": ("graphviz node attributes", "`tc.tree_graph`", "dict"),
+}
+
+
+_DECORATE = object()  # `def_type(T)` without a function: return a decorator
+
+
+def printer_alias(field: str, name: str) -> Callable[..., Any]:
+    """A PyTreeClass-style `def_*` function that sets one field of a type's rule."""
+
+    def define(cls: type, func: Any = _DECORATE, /) -> Any:
+        if not isinstance(cls, type):
+            raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=cls))
+        if func is _DECORATE:
+            return lambda func: define(cls, func)
+        with _lock:
+            current = _rules.get(cls, PrintRule())._asdict()
+            current[field] = func
+            register_printer(cls, **current)
+        return func
+
+    what, printers, returns = _ALIAS_TEXT[field]
+    example, check = _ALIAS_EXAMPLES[field]
+    define.__name__ = define.__qualname__ = name.rpartition(".")[2]
+    define.__doc__ = _ALIAS_DOC.format(
+        what=what, printers=printers, field=field, name=f"tc.{name}", returns=returns,
+        example=example, check=check,
+    )
+    return define
 
 
 def rule_for(value: Any) -> PrintRule | None:
