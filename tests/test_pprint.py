@@ -904,3 +904,204 @@ def test_docstring_examples_run(obj):
     assert blocks
     for block in blocks:
         exec(textwrap.dedent(block), {})
+
+
+# -- one frozen repr --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [jax.nn.relu, jnp.arange(3), {"a": [1, "x"]}, "relu", 2.0])
+def test_frozen_repr_is_its_tree_repr(value):
+    frozen = tc.freeze(value)
+    assert repr(frozen) == tc.tree_repr(frozen) == "#" + tc.tree_repr(value)
+    assert str(frozen) == tc.tree_str(frozen) == "#" + tc.tree_str(value)
+
+
+def test_frozen_function_reads_as_its_signature():
+    assert repr(tc.freeze(jax.nn.relu)) == "#relu(x)"
+    assert tc.tree_diagram({"f": tc.freeze(jax.nn.relu)}) == "dict\n└── ['f']=#relu(x)"
+
+
+# -- str and repr of leaves, hidden fields ----------------------------------------------------
+
+
+def test_str_prints_string_leaves_unquoted_and_repr_quotes_them():
+    layer = Linear(jnp.ones(1), jnp.ones(1), name="dense")
+    assert "name=dense" in str(layer) and "name='dense'" in repr(layer)
+    assert tc.tree_str({"k": "v"}) == "{'k': v}"  # keys stay as Python writes them
+
+
+def test_pictures_show_repr_false_fields_and_repr_and_html_hide_them():
+    layer = Linear(jnp.ones(1), jnp.ones(1), cache=7)
+    assert ".cache=7" in tc.tree_diagram(layer)
+    assert ".cache=7" in tc.tree_graph(layer) and ".cache=7" in tc.tree_mermaid(layer)
+    assert "cache" not in repr(layer) and "cache" not in str(layer)
+    assert "cache" not in tree_html(layer)
+    assert "│ .cache  │ int" in tc.tree_summary(layer)  # summary counts every leaf
+
+
+# -- runs of repeated siblings ------------------------------------------------------------------
+
+
+class Block(tc.TreeClass):
+    weight: jax.Array
+    bias: jax.Array
+    name: str = tc.field(static=True)
+
+
+class Deep(tc.TreeClass):
+    def __init__(self, count, size=2):
+        self.layers = tuple(
+            Block(jnp.full((size, size), float(i)), jnp.zeros(size), f"layer{i}")
+            for i in range(count)
+        )
+
+
+def test_repr_folds_the_middle_of_a_long_run_of_same_structure_layers():
+    assert tc.tree_repr(Deep(10), depth=2, width=60) == textwrap.dedent("""\
+        Deep(
+          layers=(
+            Block(...),
+            Block(...),
+            Block(...),
+            … 4 more Block(weight=f32[2,2], bias=f32[2], name=str) …,
+            Block(...),
+            Block(...),
+            Block(...)
+          )
+        )""")
+    lines = tc.tree_repr(Deep(10), width=200).splitlines()
+    assert len(lines) == 11
+    assert "name='layer2'" in lines[4] and "name='layer7'" in lines[6]
+
+
+def test_repeats_none_prints_every_child_and_the_keyword_sets_the_ends():
+    model = Deep(10)
+    assert tc.tree_repr(model, repeats=None) == tc.tree_repr(model, repeats=5)
+    assert tc.tree_repr(model, repeats=None).count("Block(") == 10
+    assert tc.tree_repr(model, repeats=1, width=300).count("Block(") == 3  # 2 + the run
+    assert "… 10 more Block(" in tc.tree_repr(model, repeats=0)
+    assert "… 3 more" in tc.tree_str(Deep(9), repeats=3)
+
+
+def test_runs_of_at_most_two_ends_plus_one_are_shown_whole():
+    assert "more" not in tc.tree_repr(Deep(7))
+    assert "… 2 more" in tc.tree_repr(Deep(8))
+
+
+def test_plain_values_never_fold_and_different_structures_break_runs():
+    assert tc.tree_repr(list(range(20)), width=200) == repr(list(range(20)))
+    mixed = [jnp.zeros(2)] * 4 + [jnp.zeros(3)] * 4
+    assert "more" not in tc.tree_repr(mixed, width=1000)
+    assert "… 3 more f32[2] …" in tc.tree_repr([jnp.zeros(2)] * 9, width=1000)
+
+
+def test_runs_fold_in_dicts_and_frozen_values_fold_by_their_value():
+    tree = {f"w{i}": tc.freeze(jnp.ones(2)) for i in range(9)}
+    assert "… 3 more #f32[2] …" in tc.tree_repr(tree, width=1000)
+
+
+def test_long_run_signatures_are_cut_to_the_type_name():
+    nested = [{"deep": {f"k{j}": jnp.ones(1) for j in range(10)}} for _ in range(9)]
+    assert "… 3 more dict(...) …" not in tc.tree_repr(nested)
+    assert "… 3 more {...} …" in tc.tree_repr(nested)
+
+
+def test_folded_children_are_never_summarised(monkeypatch):
+    calls = []
+    real = _pprint._stats
+    monkeypatch.setattr(_pprint, "_stats", lambda x, kind: calls.append(1) or real(x, kind))
+    tc.tree_repr(Deep(1000))
+    assert len(calls) == 2 * 6  # three layers at each end, two arrays each
+
+
+@pytest.mark.parametrize("repeats", [-1, 1.5, True, "3"])
+def test_bad_repeats_raise(repeats):
+    error = ValueError if repeats == -1 else TypeError
+    for printer in (tc.tree_repr, tc.tree_diagram, tc.tree_summary, tree_html):
+        with pytest.raises(error, match=r"`repeats` must be None"):
+            printer([1], repeats=repeats)
+
+
+def test_diagram_graph_and_mermaid_show_a_run_as_one_entry():
+    diagram = tc.tree_diagram(Deep(9), depth=2)
+    assert "    ├── [3]…[5]: 3 more Block(weight=f32[2,2], bias=f32[2], name=str)" in diagram
+    assert len(diagram.splitlines()) == 2 + 7
+    assert "3 more Block(" in tc.tree_graph(Deep(9)) and "3 more Block(" in tc.tree_mermaid(Deep(9))
+    assert "more" not in tc.tree_diagram(Deep(9), repeats=None)
+
+
+def test_summary_gives_a_run_one_row_with_its_count_and_totals():
+    model = Deep(1000)
+    table = tc.tree_summary(model)
+    assert "│ .layers[3]…[996]    │ 994 × Block │ 5,964 │ 23.30KiB │" in table
+    full = tc.tree_summary(model, repeats=None)
+    assert table.splitlines()[-2].split() == full.splitlines()[-2].split()  # same totals
+    assert len(full.splitlines()) == 2000 + 6
+    rows = tc.tree_summary(model, repeats=0).splitlines()
+    assert rows[3] == "│ .layers[0]…[999] │ 1000 × Block │ 6,000 │ 23.44KiB │"
+    assert len(rows) == 7
+
+
+def test_summary_runs_of_leaves_name_their_type():
+    table = tc.tree_summary({"w": [jnp.ones(2)] * 9}, repeats=1)
+    assert "│ ['w'][1]…[7] │ 7 × f32[2] │    14 │  56B │" in table
+
+
+# -- PyTreeClass's printing hooks ---------------------------------------------------------------
+
+
+class Token:
+    pass
+
+
+@pytest.fixture
+def forget_token():
+    yield
+    register_printer(Token)
+    register_printer(list)
+
+
+def test_def_type_count_and_size_set_one_field_each_of_one_rule(forget_token):
+    @tc.tree_summary.def_type(Token)
+    def _(token):
+        return "token"
+
+    assert tc.tree_summary.def_count(Token, lambda t: 7) is not None
+    tc.tree_summary.def_size(Token)(lambda t: 1024)
+    rule = _pprint_registry.rule_for(Token())
+    assert (rule.type_name(Token()), rule.count(Token()), rule.size(Token())) == ("token", 7, 1024)
+    assert "│ [0]  │ token │     7 │ 1.00KiB │" in tc.tree_summary([Token()])
+    tc.tree_summary.def_count(Token, None)  # the other fields stay
+    assert "│ [0]  │ token │     0 │ 1.00KiB │" in tc.tree_summary([Token()])
+
+
+def test_def_size_alone_keeps_the_default_count(forget_token):
+    tc.tree_summary.def_size(int)(lambda n: 4)
+    try:
+        assert "│ [0]  │ int  │     1 │   4B │" in tc.tree_summary([5])
+    finally:
+        register_printer(int)
+
+
+def test_def_nodestyle_styles_graph_nodes_and_keeps_nodes_open(forget_token):
+    @tc.tree_graph.def_nodestyle(list)
+    def _(value):
+        return {"shape": "circle", "fillcolor": 'light"blue', "style": "filled"}
+
+    dot = tc.tree_graph({"a": [1]})
+    assert '1 [label="[\'a\']:list", shape="circle", fillcolor="light\\"blue", style="filled"];' \
+        in dot
+    assert '0 [label="dict"];' in dot and tc.tree_repr({"a": [1]}) == "{'a': [1]}"
+
+
+def test_def_aliases_reject_non_types():
+    with pytest.raises(TypeError, match=r"`tree_summary.def_type` expects a class"):
+        tc.tree_summary.def_type("int")
+
+
+def test_def_aliases_have_docstrings_with_examples():
+    for alias in (tc.tree_summary.def_type, tc.tree_summary.def_count,
+                  tc.tree_summary.def_size, tc.tree_graph.def_nodestyle):
+        blocks = re.findall(r"```python\n(.*?)```", alias.__doc__, re.DOTALL)
+        assert blocks and "register_printer" in alias.__doc__
+        exec(blocks[0], {})

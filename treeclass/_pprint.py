@@ -1046,8 +1046,9 @@ def tree_summary(
                 if type(item) is _Run:
                     position += len(item.items)
                     children = [child for _, _, child in item.items]
-                    kind = _leaf_type(children[0]) if stop(children[0]) else (
-                        type(children[0]).__name__)
+                    first = children[0]
+                    is_node = not stop(first) and _one_level(first) is not None
+                    kind = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
                     add_row(_path_text(keys) + item.keys, f"{len(children)} × {kind}",
                             *_totals(leaves), "")
