@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,35 +15,32 @@ __all__ = ["is_tree_equal", "Partial"]
 
 _Tracer = jax.core.Tracer
 
+# -- what kind of value a leaf is ---------------------------------------------------------
+# `isinstance(x, jax.Array)` costs about 1 us (an ABC check); a type's kind never changes,
+# so it is looked up once per type. A bounded cache, thread-safe as `lru_cache` is, and
+# never needed for correctness.
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (np.ndarray, np.generic, jax.Array))
+_OTHER, _NUMBER, _NUMPY, _JAX = 0, 1, 2, 3
+_PYTHON_NUMBERS = (bool, int, float, complex)
 
 
-def _leaves_equal(a: Any, b: Any) -> Any:
-    """`True`/`False`, or a traced boolean scalar when a tracer is involved."""
-    if a is b:
-        # containers compare members by identity first too ([nan] == [nan] when shared);
-        # this is also the fast path for comparing a tree with itself
-        return True
-    a_array, b_array = _is_array(a), _is_array(b)
-    if a_array or b_array:
-        if not (a_array and b_array):
-            return False
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if isinstance(a, _Tracer) or isinstance(b, _Tracer):
-            return jnp.array_equal(a, b)
-        return bool((np.asarray(a) == np.asarray(b)).all())
-    if type(a) is not type(b):
-        # 1, 1.0 and True are == in Python but behave differently once traced (weak int vs
-        # weak float vs bool), like arrays of different dtypes; treating them as equal
-        # would also let a tree holding 1 reuse the jit cache entry of one holding 1.0.
-        return False
-    try:
-        result = a == b
-    except Exception:
-        return False
+@functools.lru_cache(maxsize=512)
+def _kind_of_type(cls: type) -> int:
+    if issubclass(cls, jax.Array):  # also tracers
+        return _JAX
+    if issubclass(cls, (np.ndarray, np.generic)):  # before numbers: np.float64 is a float
+        return _NUMPY
+    if issubclass(cls, _PYTHON_NUMBERS):
+        return _NUMBER
+    return _OTHER
+
+
+def _kind(x: Any) -> int:
+    return _kind_of_type(type(x))
+
+
+def _truth(result: Any) -> Any:
+    """`result` of an `==` as a bool, a traced bool, or False when it has no truth value."""
     if isinstance(result, _Tracer):
         return jnp.all(result)
     try:
@@ -50,18 +49,73 @@ def _leaves_equal(a: Any, b: Any) -> Any:
         return False
 
 
+def _arrays_equal(a: Any, b: Any) -> Any:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if isinstance(a, _Tracer) or isinstance(b, _Tracer):
+        return jnp.array_equal(a, b)
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def _array_equals_number(array: Any, number: Any, kind: int) -> Any:
+    if array.shape != ():
+        return False
+    try:
+        if kind == _JAX:
+            # rounds `number` to the array's dtype, as `jax.jit` does to a Python number leaf
+            return _truth(array == number)
+        # NumPy values are compared exactly: `np.float32(0.1)` is not `0.1`, which keeps
+        # equality consistent with NumPy scalars' hash (that of the exact Python value)
+        return _truth(array.item() == number)
+    except (OverflowError, TypeError, ValueError):  # e.g. 2**40 against an int32 array
+        return False
+
+
+def _leaves_equal(a: Any, b: Any) -> Any:
+    """`True`/`False`, or a traced boolean scalar when a tracer is involved."""
+    if a is b:
+        # containers compare members by identity first too ([nan] == [nan] when shared);
+        # this is also the fast path for comparing a tree with itself
+        return True
+    a_kind, b_kind = _kind(a), _kind(b)
+    if a_kind < _NUMPY and b_kind < _NUMPY:  # neither is an array: Python's ==
+        try:
+            return _truth(a == b)
+        except Exception:
+            return False
+    if a_kind >= _NUMPY and b_kind >= _NUMPY:
+        return _arrays_equal(a, b)
+    if a_kind == _NUMBER:
+        return _array_equals_number(b, a, b_kind)
+    if b_kind == _NUMBER:
+        return _array_equals_number(a, b, a_kind)
+    if isinstance(a, np.generic) or isinstance(b, np.generic):  # np.str_("a") == "a"
+        try:
+            return _truth(a == b)
+        except Exception:
+            return False
+    return False  # an array and a non-numeric value
+
+
 def is_tree_equal(*trees: Any) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
-    Two leaves are equal when:
+    Leaves are compared by value, as PyTreeClass does, so a tree equals itself after a
+    round trip through `jax.jit` (which turns a leaf `0` into `Array(0)`):
 
-    - both are arrays (NumPy or JAX) of the same shape and dtype with equal values; an
-      array never equals a Python scalar;
-    - otherwise, both have the same type and compare equal with `==`; so `1`, `1.0` and
-      `True` are *different* leaves, just as arrays of different dtypes are.
+    - two arrays (NumPy or JAX) are equal when they have the same shape, dtype and values;
+    - a Python number (`bool`, `int`, `float`, `complex`) and an array are equal when the
+      array has shape `()` and the same value. A JAX array compares after rounding the
+      number to its dtype, as `jax.jit` converts a Python number; a NumPy value compares
+      exactly;
+    - other leaves are equal when `==` says so: `1 == 1.0 == True`, `"a" == "a"`. An `==`
+      that raises or has no truth value counts as different.
 
-    A leaf is always equal to itself (the same object), which makes comparing a tree
-    with itself cheap and `True` even when it holds NaNs.
+    Static values (`tc.field(static=True)`, frozen values, `tc.Partial`) are not leaves
+    but part of the tree structure, which is compared strictly: there `1`, `1.0` and
+    `True` differ, because a function traced with one is not the function traced with
+    another. A leaf is always equal to itself (the same object), even a NaN. Whenever two
+    trees are equal and all their leaves hashable, they hash alike.
 
     **Arguments**
 
@@ -78,7 +132,8 @@ def is_tree_equal(*trees: Any) -> Any:
 
     assert tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
     assert not tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(3)})
-    assert not tc.is_tree_equal((1,), (1.0,))
+    assert tc.is_tree_equal((0, 1.5), jax.jit(lambda t: t)((0, 1.5)))   # Array(0) is 0
+    assert not tc.is_tree_equal(jnp.ones(2), jnp.ones(2, jnp.int32))    # dtypes differ
     assert jax.jit(tc.is_tree_equal)(jnp.ones(2), jnp.ones(2))
     ```
     """
@@ -95,6 +150,8 @@ def is_tree_equal(*trees: Any) -> Any:
             return False
         for a, b in zip(first_leaves, leaves, strict=True):
             equal = _leaves_equal(a, b)
+            if equal is True:
+                continue
             if isinstance(equal, _Tracer):
                 traced.append(equal)
             elif not equal:
@@ -124,6 +181,10 @@ def add_leaf_note(error: BaseException, note: str) -> None:
 
 
 # -- Partial ----------------------------------------------------------------------------
+# A Partial is a pytree node without children that holds itself as its auxiliary data (as
+# PyTreeClass's does): transformations pass it through untouched, and `jax.jit` treats it
+# as static, comparing and hashing it as part of the tree definition on every call. So
+# its arguments are compared like static values, strictly, and its hash is computed once.
 
 _PARTIAL_NOT_CALLABLE_MSG = "Partial(func, ...) needs a callable `func`, got a {type}."
 _PARTIAL_MISSING_MSG = (
@@ -132,28 +193,28 @@ _PARTIAL_MISSING_MSG = (
     "    f = tc.Partial(func, ..., 2)\n"
     "    f(1)  # calls func(1, 2)"
 )
-_PARTIAL_UNHASHABLE_MSG = (
-    "Cannot hash {name}: its argument `{where}` is an unhashable {type}. A Partial is "
-    "hashable (and so usable as a `jax.jit` static argument) only when all its arguments "
-    "are. Pass arrays as ordinary (traced) arguments instead:\n"
-    "    before: jax.jit(f, static_argnums=0)(tc.Partial(g, array), x)\n"
-    "    after:  jax.jit(f)(tc.Partial(g, array), x)   # a Partial is a pytree"
-)
 _PARTIAL_IMMUTABLE_MSG = "Partial is immutable: make a new one instead of setting `{name}`."
 
 
 class Partial:
-    """A partial function application that is hashable, comparable and a pytree.
+    """A partial function application that is hashable, comparable and has no pytree leaves.
 
     Like `functools.partial`, but:
 
-    - it is a pytree: its positional and keyword arguments are its children (so array
-      arguments are leaves that `jax.jit`, `jax.grad` and `tree_map` see), while the
-      function is static (part of the tree definition);
     - `...` in the positional arguments is a placeholder, filled from the call's
       positional arguments in order; extra call arguments are appended;
-    - it compares with `tc.is_tree_equal` semantics and is hashable when its arguments
-      are, so it can be a `jax.jit` static argument.
+    - it is a pytree *without leaves*: the function and its arguments are static (part of
+      the tree definition), so `jax.jit`, `jax.grad`, `jax.vmap` and `tree_map` pass it
+      through unchanged, and a `Partial` can be a `jax.jit` argument or be stored in a
+      `TreeClass` field. `jax.jit` compiles once per distinct `Partial`: pass values that
+      change from call to call (or that `jax.grad` should see) as call arguments instead;
+    - two `Partial`s are equal when their functions are equal and their arguments are the
+      same static values: the same types and values (`1`, `1.0` and `True` differ) and, for
+      arrays, the same type, shape, dtype and values. It is always hashable (arrays and
+      other unhashable arguments are hashed by their type and shape).
+
+    Arguments that are tracers (a `Partial` built inside `jax.jit` from traced values)
+    compare by identity, and cannot leave the traced function inside a `Partial`.
 
     **Arguments**
 
@@ -167,14 +228,16 @@ class Partial:
 
     sub_from_ten = tc.Partial(jnp.subtract, 10.0, ...)
     assert sub_from_ten(3.0) == 7.0
-    scale = tc.Partial(jnp.multiply, jnp.array([1.0, 2.0]))   # the array is a leaf
-    assert len(jax.tree_util.tree_leaves(scale)) == 1
-    apply = jax.jit(lambda f, x: f(x), static_argnums=0)
+    scale = tc.Partial(jnp.multiply, jnp.array([1.0, 2.0]))
+    assert jax.tree_util.tree_leaves(scale) == []     # static: the array is not a leaf
+    assert scale == tc.Partial(jnp.multiply, jnp.array([1.0, 2.0]))
+    assert hash(scale) == hash(tc.Partial(jnp.multiply, jnp.array([1.0, 2.0])))
+    apply = jax.jit(lambda f, x: f(x))                # compiled once per distinct Partial
     assert apply(tc.Partial(jnp.add, 1.0), 2.0) == 3.0
     ```
     """
 
-    __slots__ = ("func", "args", "_keywords", "_holes", "_hash")
+    __slots__ = ("func", "args", "_keywords", "_holes", "_hash", "__weakref__")
 
     func: Callable[..., Any]
     args: tuple[Any, ...]
@@ -205,38 +268,27 @@ class Partial:
         keywords = {**self._keywords, **kwargs} if kwargs else self._keywords
         return self.func(*args, **keywords)
 
-    def __eq__(self, other: object) -> Any:
+    def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if type(other) is not Partial:
             return NotImplemented
-        if self._holes != other._holes or not equal_or_false(self.func, other.func):
+        if self._holes != other._holes or hash(self) != hash(other):
             return False
-        return is_tree_equal((self.args, self._keywords), (other.args, other._keywords))
+        return _statics_equal(
+            (self.func, self.args, self._keywords), (other.func, other.args, other._keywords)
+        )
 
     def __hash__(self) -> int:
         cached = self._hash
         if cached is None:
             try:
-                cached = hash((self.func, self.args, tuple(sorted(self._keywords.items()))))
-            except TypeError:
-                self._raise_unhashable()
-                raise
-            object.__setattr__(self, "_hash", cached)
+                cached = hash(_static_hash_key((self.func, self.args, self._keywords)))
+            except TypeError:  # node data that cannot be hashed, inside an argument
+                cached = hash((len(self.args), tuple(sorted(self._keywords))))
+            cached = hash((cached, self._holes))
+            _set_slot(self, "_hash", cached)
         return cached
-
-    def _raise_unhashable(self) -> None:
-        named = [(f"args[{i}]", a) for i, a in enumerate(self.args)]
-        named += [(f"{k}=", v) for k, v in self._keywords.items()]
-        for where, value in named:
-            try:
-                hash(value)
-            except TypeError:
-                raise TypeError(
-                    _PARTIAL_UNHASHABLE_MSG.format(
-                        name=repr(self), where=where, type=type(value).__name__
-                    )
-                ) from None
 
     def __repr__(self) -> str:
         name = getattr(self.func, "__name__", None) or repr(self.func)
@@ -278,6 +330,50 @@ def equal_or_false(a: Any, b: Any) -> bool:
         return False
 
 
+# -- static values: strict equality and a hash that never fails --------------------------
+
+
+def _static_hash_key(value: Any) -> Any:
+    """A hashable stand-in for `value`, equal for values that `_statics_equal` calls equal."""
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    keys = []
+    for leaf in leaves:
+        if _kind(leaf) >= _NUMPY and not isinstance(leaf, np.generic):
+            keys.append((type(leaf), leaf.shape, str(leaf.dtype)))
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            keys.append(type(leaf))
+        else:
+            keys.append(leaf)
+    return treedef, tuple(keys)
+
+
+def _static_equal(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):  # 1, 1.0 and True trace differently
+        return False
+    if isinstance(a, _Tracer) or isinstance(b, _Tracer):
+        return False  # distinct tracers: their values are not known
+    if _kind(a) >= _NUMPY:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    if type(a) is float and a == 0.0:
+        return b == 0.0 and math.copysign(1.0, a) == math.copysign(1.0, b)  # 0.0 vs -0.0
+    return equal_or_false(a, b)
+
+
+def _statics_equal(a: Any, b: Any) -> bool:
+    a_leaves, a_def = jax.tree_util.tree_flatten(a)
+    b_leaves, b_def = jax.tree_util.tree_flatten(b)
+    if a_def != b_def:
+        return False
+    return all(_static_equal(x, y) for x, y in zip(a_leaves, b_leaves, strict=True))
+
+
 def _set_partial(
     partial: Partial, func: Any, args: tuple[Any, ...], keywords: dict[str, Any]
 ) -> None:
@@ -294,37 +390,14 @@ def _rebuild_partial(func: Any, args: tuple[Any, ...], keywords: dict[str, Any])
     return partial
 
 
-_ARGS_KEY = jax.tree_util.GetAttrKey("args")
-_KEYWORDS_KEY = jax.tree_util.GetAttrKey("keywords")
+def _flatten_partial(partial: Partial) -> tuple[tuple[()], Partial]:
+    return (), partial
 
 
-def _partial_children(partial: Partial) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    args = partial.args
-    if partial._holes:
-        # `...` would be a leaf (and not a valid jit argument); it lives in the treedef
-        args = tuple(None if a is Ellipsis else a for a in args)
-    return args, partial._keywords
-
-
-def _flatten_partial(partial: Partial) -> tuple[Any, Any]:
-    return _partial_children(partial), (partial.func, partial._holes)
-
-
-def _flatten_partial_with_keys(partial: Partial) -> tuple[Any, Any]:
-    args, keywords = _partial_children(partial)
-    return ((_ARGS_KEY, args), (_KEYWORDS_KEY, keywords)), (partial.func, partial._holes)
-
-
-def _unflatten_partial(aux: tuple[Any, tuple[int, ...]], children: Any) -> Partial:
-    func, holes = aux
-    args, keywords = children
-    if holes:
-        args = list(args)
-        for position in holes:
-            args[position] = Ellipsis
-    return _rebuild_partial(func, tuple(args), keywords)
+def _unflatten_partial(partial: Partial, children: Any) -> Partial:
+    return partial
 
 
 jax.tree_util.register_pytree_with_keys(
-    Partial, _flatten_partial_with_keys, _unflatten_partial, _flatten_partial
+    Partial, _flatten_partial, _unflatten_partial, _flatten_partial
 )
