@@ -147,13 +147,20 @@ def test_array_operand_broadcasts_against_every_leaf():
     assert out.u.tolist() == [2.0, 3.0, 4.0] and out.v.tolist() == [1.0, 2.0, 3.0]
 
 
-def test_divmod_returns_a_pair_of_trees():
-    quotient, remainder = divmod(Tree(), 2)
-    assert_same(quotient, jax.tree_util.tree_map(lambda x: x // 2, Tree()))
-    assert_same(remainder, jax.tree_util.tree_map(lambda x: x % 2, Tree()))
-    quotient, remainder = divmod(7, IntTree())
-    assert_same(quotient, jax.tree_util.tree_map(lambda x: 7 // x, IntTree()))
-    assert_same(remainder, jax.tree_util.tree_map(lambda x: 7 % x, IntTree()))
+def test_divmod_gives_one_tree_of_quotient_remainder_pairs():
+    assert_same(divmod(Tree(), 2), jax.tree_util.tree_map(lambda x: divmod(x, 2), Tree()))
+    assert divmod(Tree(), 2).a == (0, 1)
+
+
+def test_reflected_divmod_gives_one_tree_of_pairs():
+    assert_same(divmod(7, IntTree()), jax.tree_util.tree_map(lambda x: divmod(7, x), IntTree()))
+    assert divmod(7, IntTree()).a == (1, 1)
+
+
+def test_divmod_of_two_trees_pairs_leaf_by_leaf():
+    out = divmod(IntTree(), IntTree(a=4, b=jnp.array([2, 5], dtype=jnp.int32)))
+    assert out.a == (1, 2)
+    assert [x.tolist() for x in out.b] == [[1, 2], [1, 2]]
 
 
 def test_three_argument_pow_takes_a_modulus():
@@ -377,6 +384,17 @@ def test_tree_plus_itself_equals_twice_the_tree(a, b1, b2):
     assert tc.is_tree_equal(-negated, tree)
 
 
+@settings(max_examples=30, deadline=None)
+@given(a=ints, b1=ints, b2=ints, k=st.integers(1, 50))
+def test_divmod_pairs_rebuild_each_leaf(a, b1, b2, k):
+    tree = IntTree(a=a, b=jnp.array([b1, b2], dtype=jnp.int32))
+    out = divmod(tree, k)
+    assert out.a == divmod(a, k)
+    quotient, remainder = out.b
+    assert (quotient * k + remainder).tolist() == [b1, b2]
+    assert ((remainder >= 0) & (remainder < k)).all()
+
+
 # -- bcmap -----------------------------------------------------------------------------------
 
 
@@ -405,9 +423,10 @@ def test_bcmap_maps_tree_keyword_arguments():
     assert out == {"x": -8.5, "y": -17.5}
 
 
-def test_bcmap_first_tree_may_be_a_keyword_argument():
-    out = tc.bcmap(lambda a, b: a + b)(1.0, b={"x": 1.0, "y": 2.0})
-    assert out == {"x": 2.0, "y": 3.0}
+def test_bcmap_first_keyword_argument_fixes_the_structure_without_positional_ones():
+    out = tc.bcmap(lambda a, b, c: a + b + c)(a={"x": 1.0, "y": 2.0}, b={"x": 10.0, "y": 20.0},
+                                              c=0.5)
+    assert out == {"x": 11.5, "y": 22.5}
 
 
 def test_bcmap_none_argument_is_broadcast():
@@ -415,9 +434,35 @@ def test_bcmap_none_argument_is_broadcast():
     assert out["x"] == 3.0
 
 
-def test_bcmap_first_tree_argument_fixes_the_structure_even_after_leaves():
-    out = tc.bcmap(lambda s, t: s * t)(2.0, (1.0, 2.0))
-    assert out == (2.0, 4.0)
+def test_bcmap_with_a_leaf_first_argument_is_one_plain_call():
+    assert tc.bcmap(lambda s, t: (s, t))(2.0, (1.0, 2.0)) == (2.0, (1.0, 2.0))
+    assert tc.bcmap(jnp.sum)(jnp.ones((2, 3)), axis=(0, 1)) == 6.0
+
+
+def test_bcmap_none_first_argument_has_no_leaves():
+    assert tc.bcmap(lambda x, y: 1 / 0)(None, {"a": 1}) is None
+
+
+def test_bcmap_passes_a_tree_of_another_structure_whole_to_every_call():
+    out = tc.bcmap(lambda x, y: (x, y))({"a": 1, "b": 2}, {"a": 1})
+    assert out == {"a": (1, {"a": 1}), "b": (2, {"a": 1})}
+
+
+def test_bcmap_passes_a_keyword_tree_of_another_structure_whole():
+    out = tc.bcmap(jnp.sum)([jnp.ones((2, 2)), jnp.ones((1, 3))], axis=(0, 1))
+    assert [x.tolist() for x in out] == [4.0, 3.0]
+
+
+def test_bcmap_maps_every_argument_with_the_structure_of_the_first():
+    out = tc.bcmap(lambda a, b, c=0: (a, b, c))([1, 2], [3, 4], c=[5, 6])
+    assert out == [(1, 3, 5), (2, 4, 6)]
+
+
+def test_bcmap_is_leaf_applies_to_every_argument():
+    out = tc.bcmap(lambda x, y: x + y, is_leaf=lambda v: isinstance(v, tuple))(
+        {"p": (1, 2)}, {"p": (3,)}
+    )
+    assert out == {"p": (1, 2, 3)}
 
 
 def test_bcmap_broadcast_to_fixes_the_structure_without_tree_arguments():
@@ -474,28 +519,25 @@ def test_bcmap_with_a_partial_binds_a_container_argument():
     assert out["x"] == 6.0
 
 
-def test_bcmap_mismatched_positional_structure_shows_both_structures():
+def test_bcmap_error_names_a_tree_argument_passed_whole_with_both_structures():
     with pytest.raises(
-        ValueError,
-        match=r"(?s)positional argument 1 is a tree whose structure differs.*"
+        TypeError,
+        match=r"(?s)passed positional argument 1 whole to every call: its structure differs.*"
         r"positional argument 0: PyTreeDef\(\{'a': \*, 'b': \*\}\).*"
         r"positional argument 1: PyTreeDef\(\{'a': \*\}\)",
     ):
         tc.bcmap(operator.add)({"a": 1, "b": 2}, {"a": 1})
 
 
-def test_bcmap_mismatched_keyword_structure_shows_both_structures():
-    with pytest.raises(
-        ValueError,
-        match=r"(?s)keyword argument `axis` is a tree.*"
-        r"PyTreeDef\(\[\*\]\).*PyTreeDef\(\(\*, \*\)\)",
-    ):
-        tc.bcmap(jnp.sum)([jnp.ones((2, 2))], axis=(0, 1))
+def test_bcmap_error_names_a_keyword_tree_passed_whole():
+    with pytest.raises(TypeError, match=r"(?s)keyword argument `k` whole.*PyTreeDef\(\(\*, \*\)\)"):
+        tc.bcmap(lambda x, k: x + k)([1], k=(1, 2))
 
 
-def test_bcmap_mismatch_with_broadcast_to_names_it():
-    message = r"(?s)differs from that of broadcast_to.*broadcast_to: PyTreeDef\(\(\*,\)\)"
-    with pytest.raises(ValueError, match=message):
+def test_bcmap_error_with_broadcast_to_names_it():
+    message = (r"(?s)its structure differs from that of broadcast_to.*"
+               r"broadcast_to: PyTreeDef\(\(\*,\)\)")
+    with pytest.raises(TypeError, match=message):
         tc.bcmap(operator.add, broadcast_to=(0,))((1, 2), 1)
 
 
@@ -516,6 +558,31 @@ def test_bcmap_error_with_tree_keyword_names_the_leaf_path():
 def test_bcmap_error_with_broadcast_to_only_names_the_first_leaf():
     with pytest.raises(ZeroDivisionError, match=r"at the leaf `tree\[0\]`"):
         tc.bcmap(lambda: 1 / 0, broadcast_to=(0, 0))()
+
+
+small_trees = st.recursive(
+    st.integers(-100, 100),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from("abc"), inner, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_trees, st.integers(-5, 5))
+def test_bcmap_with_a_scalar_is_tree_map_with_the_scalar_bound(tree, k):
+    if not isinstance(tree, (list, dict)):
+        return  # a leaf first argument is a plain call, tested above
+    assert tc.bcmap(operator.sub)(tree, k) == jax.tree_util.tree_map(lambda x: x - k, tree)
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_trees)
+def test_bcmap_of_same_structure_trees_is_tree_map(tree):
+    other = jax.tree_util.tree_map(lambda x: x * 3, tree)
+    assert tc.bcmap(operator.sub)(tree, other) == jax.tree_util.tree_map(operator.sub, tree, other)
 
 
 def _docstring_examples(*objects):

@@ -141,6 +141,7 @@ _BINARY = (
     ("and", operator.and_, "&"),
     ("or", operator.or_, "|"),
     ("xor", operator.xor, "^"),
+    ("divmod", divmod, "divmod"),  # one tree of (quotient, remainder) pairs, as PyTreeClass
 )
 # no reflected forms: Python swaps `1 < tree` into `tree > 1` by itself
 _COMPARISONS = (
@@ -202,16 +203,7 @@ def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
         out, treedef = _unary_leaves(fn, self, "round")
         return treedef.unflatten(out)
 
-    # divmod of a tree is a pair of trees (quotients, remainders), as for arrays
-    def __divmod__(self: Any, other: Any) -> Any:
-        out, treedef = _binary_leaves(divmod, self, other, "divmod", cls, reflected=False)
-        return treedef.unflatten([q for q, _ in out]), treedef.unflatten([r for _, r in out])
-
-    def __rdivmod__(self: Any, other: Any) -> Any:
-        out, treedef = _binary_leaves(divmod, self, other, "divmod", cls, reflected=True)
-        return treedef.unflatten([q for q, _ in out]), treedef.unflatten([r for _, r in out])
-
-    for method in (__pow__, __rpow__, __round__, __divmod__, __rdivmod__):
+    for method in (__pow__, __rpow__, __round__):
         methods[method.__name__] = method
     return methods
 
@@ -224,7 +216,9 @@ def leafwise(cls: _T) -> _T:
     `math.trunc`. A binary operator with another instance of `cls` (or of a subclass)
     combines the two trees leaf by leaf (they must have the same structure, else
     `ValueError`); with any other value it applies that value to every leaf. Results are
-    new trees of the same structure; `divmod` returns a pair of trees. Comparisons return
+    new trees of the same structure; `divmod` gives one tree whose leaves are
+    `(quotient, remainder)` pairs, as `tree_map(divmod, ...)` (and PyTreeClass) do, both
+    `divmod(tree, x)` and `divmod(x, tree)`. Comparisons return
     a tree of booleans, usable directly as an `.at[...]` mask, so `==` no longer answers
     "are these trees equal?": use `tc.is_tree_equal` for that.
 
@@ -258,6 +252,7 @@ def leafwise(cls: _T) -> _T:
     assert doubled.a == 2.0
     assert (pair + pair).b.tolist() == [4.0, 6.0]
     assert (pair > 1.5).b.tolist() == [True, True]
+    assert divmod(Pair(7.0, jnp.array([9.0])), 2).a == (3.0, 1.0)
     ```
     """
     if not isinstance(cls, type):
@@ -275,17 +270,14 @@ def leafwise(cls: _T) -> _T:
 # -- bcmap ---------------------------------------------------------------------------------
 
 _BCMAP_NOT_CALLABLE_MSG = "bcmap(func) needs a callable `func`, got a {type}."
-_BCMAP_STRUCTURE_MSG = (
-    "bcmap({func}): {arg} is a tree whose structure differs from that of {ref}, which "
-    "fixes the structure of the map:\n"
+_BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
+_BCMAP_WHOLE_NOTE = (
+    "bcmap passed {arg} whole to every call: its structure differs from that of {ref}, "
+    "which fixes the structure of the map:\n"
     "    {ref}: {ref_def}\n"
     "    {arg}: {arg_def}\n"
-    "Pass a tree of the same structure, or a single value (a leaf or None) to broadcast "
-    "to every leaf. To pass a container such as `axis=(0, 1)` unchanged to every call, "
-    "bind it to the function first:\n"
-    "    tc.bcmap(tc.Partial(jnp.sum, axis=(0, 1)))(tree)"
+    "To map it leaf by leaf, give it the structure of {ref}."
 )
-_BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
 
 # values that are leaves whatever `is_leaf` says, so need no flattening to tell
 _LEAF_TYPES = (int, float, complex, bool, str, bytes, np.ndarray, np.generic, jax.Array)
@@ -301,26 +293,32 @@ def bcmap(
     *,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Callable[..., Any]:
-    """Map `func` over the leaves of its tree arguments, broadcasting everything else.
+    """Map `func` over the leaves of its first argument, broadcasting other arguments.
 
-    The returned function takes the arguments of `func`. Among them (positional and
-    keyword), the *tree arguments* are those that are neither a leaf nor `None`; the
-    first of them (or `broadcast_to`, when given) fixes the structure, every other tree
-    argument must have exactly that structure (else `ValueError` showing both), and
-    leaves and `None` are passed unchanged to every call. `func` is called once per leaf
-    position; the results form a tree of that structure. With no tree argument and no
-    `broadcast_to`, `func` is simply called.
+    The returned function takes the arguments of `func`. Its first argument (the first
+    positional one, or the first keyword one when there is none) fixes the structure of
+    the map, as in PyTreeClass. Every other argument, positional or keyword, with exactly
+    that structure is mapped leaf by leaf along with it; any other argument (a scalar, an
+    array, `None`, or a tree of another structure, such as `axis=(0, 1)`) is passed
+    unchanged to every call. `func` is called once per leaf of the first argument and the
+    results form a tree of its structure; when the first argument is a leaf, that is one
+    plain call. With no arguments, `func()` is called.
 
     **Arguments**
 
     - `func`: the function to map.
-    - `broadcast_to`: a tree that fixes the output structure even when no argument has
-      it (then `func` is called with the same arguments for every leaf).
-    - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves.
+    - `broadcast_to`: a tree that fixes the structure instead of the first argument; an
+      argument of its structure is mapped, any other is broadcast (so `func` may be called
+      with the same arguments for every leaf).
+    - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves. It
+      applies to every argument when comparing structures.
 
     **Returns**
 
-    A function with the signature of `func` that maps it over tree arguments.
+    A function with the signature of `func` that maps it over its first argument.
+
+    An error raised by `func` gets a note naming the leaf it was called for, and the
+    arguments passed whole because their structure differs.
 
     ```python
     import jax.numpy as jnp
@@ -329,7 +327,8 @@ def bcmap(
     tree = {"a": jnp.array([1.0, 3.0]), "b": 5.0}
     out = tc.bcmap(jnp.where)(tc.bcmap(jnp.greater)(tree, 2), tree, 0.0)
     assert out["a"].tolist() == [0.0, 3.0] and out["b"] == 5.0
-    assert tc.bcmap(jnp.sum)(tree, axis=None)["a"] == 4.0
+    assert tc.bcmap(jnp.sum)({"x": jnp.ones((2, 3))}, axis=(0, 1))["x"] == 6.0
+    assert tc.bcmap(lambda x, y: x + y)([1, 2], [10, 20]) == [11, 22]
     ```
     """
     if not callable(func):
@@ -349,41 +348,50 @@ def _broadcast_call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    ref = ref_def = ref_name = None
+    ref_key = None  # the keyword of the first argument, when it is a keyword argument
     if broadcast_to is not None:
         ref, ref_name = broadcast_to, "broadcast_to"
-        ref_def = jax.tree_util.tree_structure(broadcast_to, is_leaf=is_leaf)
+    elif args:
+        ref, ref_name = args[0], "positional argument 0"
+    elif kwargs:
+        ref_key = next(iter(kwargs))
+        ref, ref_name = kwargs[ref_key], f"keyword argument `{ref_key}`"
+    else:
+        return func()
+    if broadcast_to is None and isinstance(ref, _LEAF_TYPES):
+        return func(*args, **kwargs)  # the first argument is a leaf: one plain call
+    ref_leaves, ref_def = _flatten(ref, is_leaf)
+    if broadcast_to is None and ref_def.num_nodes == 1 and ref_def.num_leaves == 1:
+        return func(*args, **kwargs)  # a leaf of a custom type, or one `is_leaf` picked
 
-    def tree_leaves_of(arg: Any, name: str) -> list | None:
-        nonlocal ref, ref_def, ref_name
+    whole: list[tuple[str, Any]] = []  # trees passed whole, for the note on errors
+
+    def leaves_if_mapped(arg: Any, name: str) -> list | None:
         if arg is None or isinstance(arg, _LEAF_TYPES):
             return None
         leaves, treedef = _flatten(arg, is_leaf)
-        if treedef.num_nodes == 1 and treedef.num_leaves == 1:
-            return None  # a leaf (a custom leaf type, or one `is_leaf` picked)
-        if ref_def is None:
-            ref, ref_def, ref_name = arg, treedef, name
-        elif treedef != ref_def:
-            raise ValueError(
-                _BCMAP_STRUCTURE_MSG.format(
-                    func=_func_name(func), arg=name, ref=ref_name, ref_def=ref_def,
-                    arg_def=treedef,
-                )
-            )
-        return leaves
+        if treedef == ref_def:
+            return leaves
+        if not (treedef.num_nodes == 1 and treedef.num_leaves == 1):
+            whole.append((name, treedef))
+        return None
 
     mapped_args = []
     for position, arg in enumerate(args):
-        leaves = tree_leaves_of(arg, f"positional argument {position}")
+        if position == 0 and broadcast_to is None:
+            leaves = ref_leaves
+        else:
+            leaves = leaves_if_mapped(arg, f"positional argument {position}")
         if leaves is not None:
             mapped_args.append((position, leaves))
     mapped_kwargs = []
     for key, arg in kwargs.items():
-        leaves = tree_leaves_of(arg, f"keyword argument `{key}`")
+        if key == ref_key:
+            leaves = ref_leaves
+        else:
+            leaves = leaves_if_mapped(arg, f"keyword argument `{key}`")
         if leaves is not None:
             mapped_kwargs.append((key, leaves))
-    if ref_def is None:
-        return func(*args, **kwargs)
 
     # one column per positional argument: its leaves, or the value itself repeated
     count = ref_def.num_leaves
@@ -394,9 +402,9 @@ def _broadcast_call(
         counted = columns[mapped_args[0][0]] = iter(mapped_args[0][1])
     else:
         counted = columns = repeat(args, count)  # type: ignore[assignment]
+    out: list[Any] = []
     try:
         if mapped_kwargs:
-            out = []
             call_kwargs = dict(kwargs)
             rows = zip(*columns, strict=False) if mapped_args else columns  # repeats
             for index, row in enumerate(rows):
@@ -413,5 +421,9 @@ def _broadcast_call(
             index = count - operator.length_hint(counted) - 1
         path = leaf_path_str(ref, index, is_leaf)
         add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=_func_name(func), path=path))
+        for name, treedef in whole:
+            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(
+                arg=name, ref=ref_name, ref_def=ref_def, arg_def=treedef,
+            ))
         raise
     return ref_def.unflatten(out)
