@@ -5,6 +5,7 @@ This module only re-exports; see DESIGN.md for the layout.
 
 from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
+from ._checkpoint import from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
 from ._leafwise import bcmap, leafwise
 from ._mask import freeze, is_frozen, is_nondiff, tree_mask, tree_unmask, unfreeze
@@ -61,6 +62,11 @@ __all__ = [
     "tree_repr_with_trace",
     "register_printer",
     "PrintRule",
+    # checkpoints
+    "state_dict",
+    "from_state_dict",
+    "save",
+    "load",
     # optax integration (a submodule)
     "optim",
 ]
