@@ -542,6 +542,7 @@ def test_example_mlp_per_leaf_decays_weights_slows_biases_and_freezes_a_layer():
     assert figures["first_weight_step"] == pytest.approx(example.WEIGHT_LR, rel=1e-2)
     assert figures["first_bias_step"] == pytest.approx(example.BIAS_LR, rel=1e-2)
     assert figures["trainable_leaves"] == 4  # the frozen first layer is not a leaf
+    assert figures["resumed_losses_identical"]  # saved and loaded halfway through
 
 
 def test_example_fine_tuning_trains_the_head_then_everything():

@@ -15,10 +15,17 @@ check: the loss falls, the frozen layer is bit-identical, and the first Adam ste
 every weight by the weight learning rate and every bias by the bias learning rate (Adam's
 first step is `lr * sign(grad)`, up to its epsilon), which shows the two rates apart.
 
+Halfway through, the model and the optimizer state are saved with `tc.save` and training
+continues from `tc.load` into a freshly built model and optimizer state: the losses after
+the checkpoint are those of the same steps run from the in-memory state, bit for bit.
+
 Run it with `python docs/examples/mlp_per_leaf.py`.
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +39,7 @@ WEIGHT_LR = 1e-2
 BIAS_LR = 1e-3
 WEIGHT_DECAY = 1e-4
 STEPS = 300
+CHECKPOINT_AT = STEPS // 2
 
 
 class Linear(tc.TreeClass):
@@ -71,10 +79,29 @@ def loss_fn(model: MLP, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((model(x) - y) ** 2)
 
 
+def make_model(seed: int) -> MLP:
+    model = MLP([4, 32, 32, 1], np.random.default_rng(seed))
+    return model.at["layers"][0].apply(tc.freeze)  # every leaf of the first layer
+
+
+def save_and_load(
+    model: MLP, state: optax.OptState, opt: optax.GradientTransformation
+) -> tuple[MLP, optax.OptState]:
+    """Write model and optimizer state to a file, then read them into a fresh template."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "checkpoint.safetensors")
+        tc.save(path, {"model": model, "opt_state": state})
+        # what a restarted script builds before it loads: the model made as in `main`,
+        # and its optimizer state; all their data, the frozen layer's too, comes from
+        # the file
+        new = make_model(1)
+        restored = tc.load(path, {"model": new, "opt_state": opt.init(new)})
+    return restored["model"], restored["opt_state"]
+
+
 def main() -> dict:
     x, y = make_data(np.random.default_rng(0))
-    model = MLP([4, 32, 32, 1], np.random.default_rng(1))
-    model = model.at["layers"][0].apply(tc.freeze)  # every leaf of the first layer
+    model = make_model(1)
     first_layer = tc.tree_unmask(model.layers[0])
 
     labels = tc.optim.labels(
@@ -99,10 +126,20 @@ def main() -> dict:
 
     losses = []
     for i in range(STEPS):
+        if i == CHECKPOINT_AT:
+            in_memory = model, state
+            model, state = save_and_load(model, state, opt)
         model, state, loss, updates = step(model, state)
         losses.append(float(loss))
         if i == 0:
             first_updates = updates
+
+    # the same steps from the state in memory: the checkpoint must change nothing
+    reference = []
+    reference_model, reference_state = in_memory
+    for _ in range(CHECKPOINT_AT, STEPS):
+        reference_model, reference_state, loss, _ = step(reference_model, reference_state)
+        reference.append(float(loss))
 
     trained = tc.tree_unmask(model.layers[0])
     return {
@@ -119,6 +156,7 @@ def main() -> dict:
             float(jnp.abs(layer.bias).max()) for layer in first_updates.layers[1:]
         ),
         "trainable_leaves": len(jax.tree.leaves(model)),
+        "resumed_losses_identical": losses[CHECKPOINT_AT:] == reference,
         "labels": labels.tree,
     }
 
@@ -127,5 +165,6 @@ if __name__ == "__main__":
     figures = main()
     print(f"loss {figures['losses'][0]:.4f} -> {figures['losses'][-1]:.4f}")
     print(f"frozen first layer unchanged: {figures['frozen_layer_unchanged']}")
+    print(f"resumed from a checkpoint identically: {figures['resumed_losses_identical']}")
     print(f"first step: weights {figures['first_weight_step']:.2e}, "
           f"biases {figures['first_bias_step']:.2e}")
