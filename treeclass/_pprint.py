@@ -1106,8 +1106,8 @@ def tree_repr_with_trace(
     Useful to see where each leaf sits and which node types lie above it: the type path
     is what `tc.tree_map_with_trace` passes to its function (the types of the nodes below
     the root on the way to the leaf, ending with the leaf's own type), as in PyTreeClass
-    v0.4. The tables are strings that print without quotes, so `print(...)` of the result
-    shows them in place.
+    v0.4. The tables are strings that print without quotes, so `tc.tree_str` of the result
+    (what `print` uses for a `TreeClass`) shows them in place.
 
     **Arguments**
 

@@ -113,7 +113,7 @@ def tree_html(
     out = [f'<div class="treeclass-tree" style="{_ROOT_STYLE}">']
     _html_lines(root, 0, levels, out)
     out.append("</div>")
-    return "\n".join(out)
+    return "".join(out)  # no newlines: the root's `white-space: pre` would show them
 
 
 class _HtmlDisplay:
