@@ -645,7 +645,7 @@ class _Checker:
         self.used: set[str] = set()
         self.missing: list[str] = []
         self.mismatched: list[str] = []
-        self.messages: list[str] = []
+        self.messages: list[Any] = []  # lines, or (path, name) of a missing entry
 
     def decide(self, entry: _Entry) -> str:
         stored = self.source.stored(entry.name)
@@ -691,12 +691,8 @@ class _Checker:
 
     def _missing(self, where: str, entry: _Entry) -> str:
         self.missing.append(where)
-        names = list(self.source.names())
-        close = difflib.get_close_matches(entry.name, names, n=1)
-        hint = f" (closest: {close[0]!r})" if close else ""
-        self.messages.append(
-            f"missing     {where}: no {entry.name!r} in {self.source.label}{hint}"
-        )
+        # the hint is added by `finish`, which knows which names no entry used
+        self.messages.append((where, entry.name))
         return _KEEP
 
     def _mismatch(self, where: str, value: Any, stored: _Stored, what: str) -> str:
@@ -707,15 +703,26 @@ class _Checker:
         )
         return _KEEP
 
-    def unexpected(self) -> list[str]:
-        found = [name for name in self.source.names() if name not in self.used]
-        for name in found:
-            stored = self.source.stored(name)
-            self.messages.append(
-                f"unexpected  {name!r} ({stored.describe()}) in {self.source.label}: "
+    def finish(self) -> LoadReport:
+        """The report, once every entry is decided: unexpected names and missing hints."""
+        unused = [name for name in self.source.names() if name not in self.used]
+        label = self.source.label
+        messages = []
+        for message in self.messages:
+            if isinstance(message, tuple):  # a missing entry: hint at a renamed one
+                where, name = message
+                close = difflib.get_close_matches(name, unused, n=1)
+                hint = f" (closest: {close[0]!r})" if close else ""
+                message = f"missing     {where}: no {name!r} in {label}{hint}"
+            messages.append(message)
+        for name in unused:
+            messages.append(
+                f"unexpected  {name!r} ({self.source.stored(name).describe()}) in {label}: "
                 "the template has no such path"
             )
-        return found
+        return LoadReport(
+            tuple(self.missing), tuple(self.mismatched), tuple(unused), tuple(messages)
+        )
 
 
 def _restore(like: Any, source: Any, strict: bool) -> Any:
@@ -723,11 +730,7 @@ def _restore(like: Any, source: Any, strict: bool) -> Any:
     entries = _entries(like, action, source.call.replace("like", "value"))
     checker = _Checker(like, source)
     decisions = [checker.decide(entry) for entry in entries]
-    unexpected = checker.unexpected()
-    report = LoadReport(
-        tuple(checker.missing), tuple(checker.mismatched), tuple(unexpected),
-        tuple(checker.messages),
-    )
+    report = checker.finish()
     if strict and report.messages:
         count = len(report.messages)
         raise ValueError(
