@@ -162,6 +162,14 @@ def test_treescope_marks_static_fields_and_hides_repr_false_ones():
 
 
 @needs_treescope
+def test_treescope_array_visualization_reaches_fields_and_frozen_arrays():
+    x = jnp.arange(64.0).reshape(8, 8)
+    with treescope.active_autovisualizer.set_scoped(treescope.ArrayAutovisualizer()):
+        assert "<Arrayviz rendering>" in treescope.render_to_text(Shown(x, x[0]))
+        assert "<Arrayviz rendering>" in treescope.render_to_text(tc.freeze(x))
+
+
+@needs_treescope
 def test_treescope_folds_long_runs_like_repr():
     text = treescope.render_to_text(Stack(1000))
     assert "… 994 more Shown(weight=f32[8,8], bias=f32[8], name=str) …," in text
