@@ -245,9 +245,11 @@ def test_set_with_value_of_the_whole_tree_structure_reads_where_selected():
     assert tc.at(tree)["b"].set(other) == {"a": 1, "b": 20}
 
 
-def test_set_with_mismatched_value_structure_names_the_path():
-    with pytest.raises(ValueError, match=r"Cannot set tree\['a'\]"):
-        tc.at({"a": 1, "b": 2})["a"].set({"x": 1})
+def test_set_value_fitting_neither_selection_nor_tree_is_put_whole():
+    # PyTreeClass's rule: one value at every selected position
+    assert tc.at({"a": 1, "b": 2})["a"].set({"x": 1}) == {"a": {"x": 1}, "b": 2}
+    assert tc.at({"a": 1, "b": 2})["a"].set((7, 8)) == {"a": (7, 8), "b": 2}
+    assert tc.at({"a": [1, 2], "b": 3})["a"].set((7, 8, 9)) == {"a": (7, 8, 9), "b": 3}
 
 
 def test_set_none_replaces_the_leaf():
@@ -319,10 +321,14 @@ def test_is_leaf_is_accepted_by_every_operation():
 # -- masks with paths --------------------------------------------------------------------
 
 
-def test_whole_tree_mask_after_path_selector():
+def test_mask_after_path_selector_applies_to_the_node_it_follows():
     tree = {"a": jnp.array([-1.0, 2.0]), "b": jnp.array([5.0])}
-    new = tc.at(tree)["a"][positive(tree)].set(0.0)
+    new = tc.at(tree)["a"][tree["a"] > 0].set(0.0)
     assert new["a"].tolist() == [-1.0, 0.0] and new["b"].tolist() == [5.0]
+    # a mask of the whole tree does not fit the node it follows: an error, not a guess
+    with pytest.raises(ValueError, match=r"does not match the tree at tree\['a'\]"):
+        tc.at(tree)["a"][positive(tree)].set(0.0)
+    assert tree["a"].tolist() == [-1.0, 2.0]
 
 
 def test_subtree_mask_after_path_selector():
@@ -563,7 +569,7 @@ def test_failed_operation_leaves_input_unchanged():
     tree = {"a": [1, 2], "b": {"c": 3}}
     snapshot = copy.deepcopy(tree)
     for bad in (lambda: tc.at(tree)["b"]["zz"].set(0), lambda: tc.at(tree)["a"][9].set(0),
-                lambda: tc.at(tree)["a"].set({"x": 1}),
+                lambda: tc.at(tree)["a"][{"x": True}].set(0),
                 lambda: tc.at(tree)[{"a": [True, True], "b": {"d": True}}].set(0)):
         with pytest.raises((LookupError, ValueError)):
             bad()
@@ -799,20 +805,20 @@ def test_property_treeclass_input_unchanged_and_set_get_roundtrip(n, data, value
 @settings(max_examples=30, deadline=None)
 @given(tree_and_mask(), leaf_values)
 def test_property_whole_tree_mask_agrees_with_the_general_walk(pair, value):
-    # `at[mask]` alone takes a flatten-and-zip fast path; `at[...][mask]` walks node by
-    # node. Both must select exactly the same leaves.
+    # `at[mask]` alone takes a flatten-and-zip fast path; with an `is_leaf` it walks node
+    # by node. Both must select exactly the same leaves.
     tree, mask = pair
-    fast = tc.at(tree)[mask]
-    walked = tc.at(tree)[...][mask]
-    assert tc.is_tree_equal(fast.set(value), walked.set(value))
-    assert tc.is_tree_equal(fast.apply(lambda x: x * 2), walked.apply(lambda x: x * 2))
+    at = tc.at(tree)[mask]
+    walk = lambda x: False  # any is_leaf turns the fast path off
+    assert tc.is_tree_equal(at.set(value), at.set(value, is_leaf=walk))
+    assert tc.is_tree_equal(at.apply(lambda x: x * 2), at.apply(lambda x: x * 2, is_leaf=walk))
 
 
 def test_whole_tree_mask_with_element_masks_and_frozen_leaves_matches_general_walk():
     tree = {"w": jnp.arange(-2.0, 2.0), "s": tc.freeze("relu"), "b": jnp.float32(3.0)}
     mask = {"w": tree["w"] > 0, "s": tc.freeze("relu"), "b": False}
     fast = tc.at(tree)[mask].set(9.0)
-    walked = tc.at(tree)[...][mask].set(9.0)
+    walked = tc.at(tree)[mask].set(9.0, is_leaf=lambda x: False)
     assert tc.is_tree_equal(fast, walked)
     np.testing.assert_array_equal(fast["w"], [-2.0, -1.0, 0.0, 9.0])
     assert fast["s"] is tree["s"] and fast["b"] is tree["b"]

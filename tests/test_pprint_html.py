@@ -135,11 +135,6 @@ def test_treescope_shows_no_stray_boxes_for_treeclasses_and_frozen_values():
 
 
 @needs_treescope
-@pytest.mark.xfail(
-    strict=True,
-    reason="TreeClass._repr_html_ must become `treeclass._pprint_html.html_display` "
-    "(in _treeclass.py) for treescope to skip its duplicate HTML box",
-)
 def test_plain_treeclass_in_treescope_has_no_rich_html_box():
     assert "Rich HTML representation" not in treescope.render_to_text(
         Linear(jnp.ones(2), jnp.ones(2)))
@@ -474,9 +469,6 @@ def _write_screenshots(directory: pathlib.Path) -> None:
     if binary is None or treescope is None or shutil.which("dot") is None:
         raise SystemExit("needs Chromium, treescope and graphviz's dot")
     model = _notebooks_model()
-    # what TreeClass does once its `_repr_html_` is `html_display` (see the xfail above)
-    type(model)._repr_html_ = html_display
-    type(model.layers[0])._repr_html_ = html_display
     graph = subprocess.run(["dot", "-Tsvg", "-Grankdir=LR"], input=tc.tree_graph(model, depth=2),
                            capture_output=True, text=True, check=True).stdout
     (directory / "notebook-graph.svg").write_text(graph)

@@ -73,9 +73,11 @@ def test_glob_needs_a_string():
         tc.glob(3)
 
 
-def test_glob_selects_nothing_when_nothing_matches():
+def test_glob_that_matches_nothing_is_an_error_naming_the_closest_key():
     tree = {"a": {"b": 1}}
-    assert tc.at(tree)[tc.glob("a.c")].get() == {"a": {"b": None}}
+    with pytest.raises(LookupError, match=r"(?s)glob\('a\.c'\) selects nothing.*after a, no key "
+                                          r"matches 'c' \(keys there: 'b'\)"):
+        tc.at(tree)[tc.glob("a.c")].get()
 
 
 def test_glob_wildcard_question_mark_and_index_names():
@@ -169,8 +171,10 @@ def test_basekey_receives_every_entry_kind():
             seen.append(type(entry).__name__)
             return False
 
-    tc.at({"a": [1]})[Spy()].get()
-    tc.at([1])[Spy()].get()
+    with pytest.raises(LookupError, match="selects nothing"):  # as a name would
+        tc.at({"a": [1]})[Spy()].get()
+    with pytest.raises(LookupError, match="selects nothing"):
+        tc.at([1])[Spy()].get()
     tc.at(jnp.ones(1))[...].get()
     assert seen == ["DictKey", "SequenceKey"]
 

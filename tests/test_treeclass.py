@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treeclass as tc
+from treeclass import _node
 from treeclass._treeclass import TreeClass
 
 GetAttrKey = jax.tree_util.GetAttrKey
@@ -220,7 +221,7 @@ def test_equal_static_values_share_one_layout_and_unused_layouts_are_dropped():
         jax.tree_util.tree_structure(trees[3]))
     del trees[:3]
     gc.collect()
-    assert sorted(key[1][0][1] for key in Tree._tc_layouts.keys()) == [3]
+    assert sorted(key[1][0][1] for key in _node.live_layouts(Tree).keys()) == [3]
 
     traces = []
 
@@ -351,13 +352,29 @@ def test_setstate_on_sealed_instance_raises():
     assert tree.x == 1.0
 
 
-@pytest.mark.parametrize("slots", [("a",), ("b", "__dict__"), ()])
+@pytest.mark.parametrize("slots", [("a",), ("a", "b")])
 def test_slots_in_subclass_raise_at_definition(slots):
     with pytest.raises(TypeError, match=r"`Tree` defines `__slots__`.*Remove `__slots__`"):
 
         class Tree(tc.TreeClass):
             __slots__ = slots
             a: int
+
+
+def test_dict_slot_in_subclass_raises_at_definition():
+    with pytest.raises(TypeError, match="__dict__"):  # Python's own check: TreeClass has one
+
+        class Tree(tc.TreeClass):
+            __slots__ = ("b", "__dict__")
+            a: int
+
+
+def test_empty_slots_in_subclass_are_harmless():
+    class Tree(tc.TreeClass):
+        __slots__ = ()
+        a: int
+
+    assert jax.tree_util.tree_leaves(Tree(1)) == [1] and vars(Tree(2)) == {"a": 2}
 
 
 def test_empty_slots_allowed_when_a_base_provides_dict():
@@ -545,7 +562,8 @@ def test_eq_is_structural():
     assert Point(jnp.ones(2)) != Point(jnp.ones(3))  # shape
     assert Point(jnp.ones(2)) != Point(jnp.ones(2, dtype=jnp.int32))  # dtype
     assert Point(jnp.ones(2)) != Point(jnp.array([1.0, 0.0]))  # values
-    assert Point(jnp.ones(())) != Point(1.0)  # an array never equals a scalar
+    assert Point(jnp.ones(())) == Point(1.0)  # leaves compare by value (as PyTreeClass)
+    assert Point(1, 0.0) != Point(1, jnp.zeros(3))
 
 
 def test_eq_false_for_other_class_or_structure():
@@ -720,10 +738,10 @@ def test_instances_support_weakrefs():
 
 def test_unsealed_copy_is_mutable_and_reseal_freezes_again():
     model = _mlp()
-    work = model._tc_unsealed_copy()
+    work = _node.unsealed_copy(model)
     work.scale = 3.0
     work.layers[0].name = "changed"
-    work._tc_reseal()
+    _node.reseal(work)
     assert (model.scale, model.layers[0].name) == (1.0, "layer0")
     assert (work.scale, work.layers[0].name) == (3.0, "changed")
     assert jax.tree_util.tree_structure(work) != jax.tree_util.tree_structure(model)

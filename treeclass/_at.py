@@ -2,55 +2,66 @@
 
 How it stays fast: selectors are compiled once, when indexed (`_selectors.py`). An
 operation then walks the tree from the root. A plain name or index is looked up directly
-(a TreeClass child is `node.__dict__[name]`, a dict child `node[key]`, a sequence child
-`node[i]`), so a chain of them costs what the path is deep, not what the tree is big. Only
-the nodes on the path to a change are rebuilt, and a TreeClass is rebuilt as a shallow
-copy whose `__dict__` entry is overwritten: its layout (names, static values) is unchanged,
-so the copy stays valid without running `__init__` or re-flattening. Every other selector
-(masks, classes, predicates, globs, `...`) visits each node below its level once, and an
-unchanged subtree is returned as the same object, never rebuilt.
+(a TreeClass child by name, a dict child `node[key]`, a sequence child `node[i]`), so a
+chain of them costs what the path is deep, not what the tree is big. Only the nodes on the
+path to a change are rebuilt, and a TreeClass is rebuilt as a copy with one child replaced:
+its layout (names, static values) is unchanged, so the copy stays valid without running
+`__init__` or re-flattening. Every other selector (masks, classes, predicates, globs,
+`...`) visits each node below its level once, and an unchanged subtree is returned as the
+same object, never rebuilt.
+
+Errors are the user's to read: every error raised by a user function (`apply`, `scan`,
+`reduce`, a `where` predicate) gets a note naming the key path it was called at, and a
+selector that names something (a glob, a regex, a `BaseKey`) but selects nothing is an
+error, not a silent no-op.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import difflib
-import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
+from . import _node
 from ._selectors import (
     DESCEND,
-    DICT,
-    GENERIC,
-    LEAF,
-    LIST,
     MASK_MISMATCH_MSG,
     MATCH,
-    NAMEDTUPLE,
     NOTHING,
     SELF,
-    TREECLASS,
-    TUPLE,
     IndexMatcher,
     MaskMatcher,
     Matcher,
     NameMatcher,
-    child_by_entry,
     compile_selector,
     is_frozen,
     missing_key_error,
+)
+from ._structure import (
+    DICT,
+    LEAF,
+    LIST,
+    NAMEDTUPLE,
+    TREECLASS,
+    TUPLE,
+    child_by_entry,
+    is_leaf_node,
     node_kind,
     open_node,
+    path_str,
     rebuild,
+    root_name,
 )
 
 __all__ = ["AtIndexer", "at"]
 
+T = TypeVar("T")
 _MISSING: Any = object()
 
 ONLY_BLOCKED_MSG = (
@@ -68,13 +79,15 @@ TRACED_MASK_GET_MSG = (
     "    before: tree.at[mask].get()\n"
     "    after:  tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)"
 )
-SET_STRUCTURE_MSG = (
-    "Cannot set {where}: the value's structure fits neither the selection there nor the "
-    "whole tree. The value must be a leaf (broadcast to every selected leaf), a tree with "
-    "the structure of the selected subtree (or a prefix of it), or a tree with the "
-    "structure of the whole tree.\n    selected: {selected}\n    value:    {value}\n"
-    "To put a tree of another structure in place of a leaf, use `.apply(lambda _: new)`; "
-    "in place of a subtree, `.apply(lambda _: new, is_leaf=lambda x: x is old_subtree)`."
+ELEMENT_MASK_SHAPE_MSG = (
+    "The element mask at {where} has shape {mask_shape}, but the leaf there has shape "
+    "{leaf_shape}: an element mask selects elements of its leaf, so it must have the leaf's "
+    "shape (or broadcast to it without changing it)."
+)
+ELEMENT_VALUE_SHAPE_MSG = (
+    "Cannot set elements of the leaf at {where} (shape {leaf_shape}) to a value of shape "
+    "{value_shape}: under an element mask the leaf keeps its shape, so the value must "
+    "broadcast to it."
 )
 EMPTY_REDUCE_MSG = (
     "`reduce` over an empty selection {selection} needs an initializer: "
@@ -93,13 +106,21 @@ ITERATION_MSG = (
     "An `AtIndexer` cannot be iterated: index it (`tree.at['name']`) and call an operation "
     "(`.get()`, `.set(v)`, `.apply(fn)`, `.reduce(fn)`, `.scan(fn, state)`)."
 )
-
-
-def _path_str(root: Any, path: tuple[Any, ...]) -> str:
-    """A key path as text, prefixed by the root's class name (or `tree` for builtins)."""
-    cls = type(root)
-    prefix = cls.__name__ if cls.__module__ != "builtins" else "tree"
-    return prefix + jax.tree_util.keystr(path)
+NOT_CALLABLE_ARG_MSG = "`{method}` expects a callable `{arg}`{what}, got {value!r} of type {type}."
+SCAN_RESULT_MSG = (
+    "The scan function must return a pair `(new_leaf, new_state)`, but at {where} it "
+    "returned {value} of type {type}."
+)
+PARALLEL_ARG_MSG = (
+    "`is_parallel` must be True, False, or a dict of `concurrent.futures.ThreadPoolExecutor` "
+    "keyword arguments (e.g. {{'max_workers': 4}}), got {value!r}."
+)
+PARALLEL_TRACED_MSG = (
+    "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
+    "leaf at {where} is a tracer, and tracing on other threads would leak it. Run the "
+    "parallel operation outside the transformation, or drop `is_parallel`."
+)
+FN_NOTE = "raised by `{fn}` at {where} (in {selection})"
 
 
 def _short_repr(x: Any, limit: int = 40) -> str:
@@ -107,44 +128,107 @@ def _short_repr(x: Any, limit: int = 40) -> str:
         return "..."
     if isinstance(x, type):
         return x.__name__
-    text = repr(x)
+    try:
+        text = repr(x)
+    except Exception:
+        text = f"<{type(x).__name__}>"
     if "\n" in text:  # a multi-line repr (a mask tree): name its type only
         return f"<{type(x).__name__} mask>" if x is not None else "None"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _selection_str(root: Any, where: tuple[Any, ...]) -> str:
-    cls = type(root)
-    prefix = cls.__name__ if cls.__module__ != "builtins" else "tree"
-    return prefix + ".at" + "".join(f"[{_short_repr(s)}]" for s in where)
+    return root_name(root) + ".at" + "".join(f"[{_short_repr(s)}]" for s in where)
 
 
-def _is_leaf_node(node: Any, is_leaf: Any) -> bool:
-    kind = node_kind(node, is_leaf)
-    return kind == LEAF or (kind == GENERIC and open_node(node, kind) is None)
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _and_masks(outer: Any, inner: Any) -> Any:
-    if outer is None:
-        return inner
-    if inner is None:
-        return outer
-    return jnp.logical_and(outer, inner)
+def _note(error: BaseException, text: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(text)
 
 
-def _masked(mask: Any, new: Any, old: Any) -> Any:
+def _check_callable(value: Any, method: str, arg: str, what: str = "") -> None:
+    if not callable(value):
+        raise TypeError(NOT_CALLABLE_ARG_MSG.format(
+            method=method, arg=arg, what=what, value=value, type=type(value).__name__))
+
+
+def _check_is_leaf(is_leaf: Any, method: str) -> None:
+    if is_leaf is not None:
+        _check_callable(is_leaf, method, "is_leaf", " (or None)")
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else np.shape(x)
+
+
+def _check_element_mask(mask: Any, leaf: Any, where: Callable[[], str]) -> None:
+    mask_shape, leaf_shape = _shape(mask), _shape(leaf)
+    if mask_shape == leaf_shape:
+        return
+    try:
+        fits = np.broadcast_shapes(mask_shape, leaf_shape) == leaf_shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(ELEMENT_MASK_SHAPE_MSG.format(
+            where=where(), mask_shape=mask_shape, leaf_shape=leaf_shape))
+
+
+def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
+    """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
+    _check_element_mask(mask, old, where)
+    new_shape, old_shape = _shape(new), _shape(old)
+    if new_shape != old_shape:
+        try:
+            fits = np.broadcast_shapes(new_shape, old_shape) == old_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(ELEMENT_VALUE_SHAPE_MSG.format(
+                where=where(), leaf_shape=old_shape, value_shape=new_shape))
     return jnp.where(mask, new, old)
 
 
-def _take(x: Any, mask: Any, fill_value: Any, where: str) -> Any:
+def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str]) -> Any:
     """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill."""
+    _check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
     if isinstance(mask, jax.core.Tracer):
-        raise TypeError(TRACED_MASK_GET_MSG.format(where=where))
+        raise TypeError(TRACED_MASK_GET_MSG.format(where=where()))
     if not isinstance(x, (jax.Array, np.ndarray)):
         x = jnp.asarray(x)
-    return x[mask]
+    return x[jnp.broadcast_to(mask, x.shape)]
+
+
+# -- running per-leaf functions on a thread pool -----------------------------------------------
+
+
+class _Pending:
+    """A leaf whose new value is being computed on a thread pool (`is_parallel`)."""
+
+    __slots__ = ("future", "path", "finish")
+
+    def __init__(self, future: Any, path: tuple[Any, ...],
+                 finish: Callable[[Any], Any] | None) -> None:
+        self.future = future
+        self.path = path
+        self.finish = finish  # applied to the result once it is there (an element mask)
+
+
+def _executor_args(is_parallel: Any) -> dict[str, Any] | None:
+    if is_parallel is False or is_parallel is None:
+        return None
+    if is_parallel is True:
+        return {}
+    if isinstance(is_parallel, dict):
+        return dict(is_parallel)
+    raise TypeError(PARALLEL_ARG_MSG.format(value=is_parallel))
 
 
 # -- the walker ----------------------------------------------------------------------------
@@ -153,45 +237,75 @@ def _take(x: Any, mask: Any, fill_value: Any, where: str) -> Any:
 class _Walker:
     """One operation's traversal: which nodes the selectors reach, and what the op does there."""
 
-    __slots__ = ("root", "matchers", "n", "op", "is_leaf", "fills", "memo", "count", "blocked")
+    __slots__ = ("root", "matchers", "n", "op", "is_leaf", "fills", "count", "blocked",
+                 "hits", "names", "glob_starts", "selection", "pool", "pending")
 
-    def __init__(self, root: Any, matchers: tuple[Matcher, ...], op: _Op, is_leaf: Any):
+    def __init__(self, root: Any, matchers: tuple[Matcher, ...], op: _Op, is_leaf: Any,
+                 selection: Callable[[], str], pool: Any = None):
         self.root = root
         self.matchers = matchers
         self.n = len(matchers)
         self.op = op
         self.is_leaf = is_leaf
         self.fills = op.fills
-        self.memo: dict[Any, Any] = {}
         self.count = 0  # selected leaves: an empty selection of only frozen/static is an error
         self.blocked: list[tuple[tuple[Any, ...], str]] = []
+        self.hits: set[int] = set()  # id() of the naming matchers that selected something
+        self.names: dict[int, list[Any]] = {}  # names a naming matcher looked at, for errors
+        self.glob_starts: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
+        self.selection = selection
+        self.pool = pool
+        self.pending = False
 
     # helpers the matchers call back
     def where(self, path: tuple[Any, ...]) -> str:
-        return _path_str(self.root, path)
+        return path_str(self.root, path)
 
     def missing(self, key: Any, node: Any, kind: int, opened: Any, path: tuple) -> Exception:
         return missing_key_error(key, node, kind, opened, self.where(path))
 
     def mask_error(self, path: tuple[Any, ...], tree_has: str, mask_has: str) -> Exception:
-        extra = ""
-        if "node" in self.memo.values():
-            extra = (" (The mask does not fit the whole tree either, so it was matched "
-                     "against the subtree selected before it.)")
         return ValueError(MASK_MISMATCH_MSG.format(
-            where=self.where(path), tree_has=tree_has, mask_has=mask_has, extra=extra))
+            where=self.where(path), tree_has=tree_has, mask_has=mask_has))
 
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
         self.blocked.append((path, why))
 
+    def hit(self, matcher: Matcher) -> None:
+        self.hits.add(id(matcher))
+
+    def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None:
+        from ._structure import entry_name
+
+        seen = self.names.setdefault(id(matcher), [])
+        if len(seen) < 64:
+            seen.extend(n for n in map(entry_name, entries) if n not in seen)
+
+    def names_seen(self, matcher: Matcher) -> list[Any]:
+        return self.names.get(id(matcher), [])
+
+    def note_start(self, matcher: Matcher, node: Any, path: tuple[Any, ...]) -> None:
+        starts = self.glob_starts.setdefault(id(matcher), [])
+        if len(starts) < 16:
+            starts.append((node, path))
+
+    def starts(self, matcher: Matcher) -> list[tuple[Any, tuple[Any, ...]]]:
+        return self.glob_starts.get(id(matcher), [])
+
     # the traversal
-    def run(self, selection: Callable[[], str]) -> Any:
+    def run(self) -> Any:
         out = self.walk(self.root, (), 0, None)
         if self.count == 0 and self.blocked:
             what = ", ".join(f"{self.where(p)} ({why})" for p, why in self.blocked[:8])
             if len(self.blocked) > 8:
                 what += f" and {len(self.blocked) - 8} more"
-            raise LookupError(ONLY_BLOCKED_MSG.format(selection=selection(), what=what))
+            raise LookupError(ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what))
+        for matcher in self.matchers:
+            for member in matcher.members():
+                if member.names_something and id(member) not in self.hits:
+                    raise member.no_match_error(self, self.selection())
+        if self.pending:
+            out = self.resolve(out)
         return out
 
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
@@ -211,14 +325,14 @@ class _Walker:
         key = matcher.key
         kind = node_kind(node, self.is_leaf)
         if kind == TREECLASS:
-            d = node.__dict__
-            if type(key) is str and key in d and key not in type(node)._tc_static_names:
-                child = d[key]
-                new = self.walk(child, path + (GetAttrKey(key),), i + 1, emask)
-                if new is child:
-                    return node
-                # same names, so the same layout: a cheap copy with one child replaced
-                return node._tc_replace({key: new})
+            if type(key) is str:
+                child = _node.child(node, key)
+                if child is not _node.NOTHING:
+                    new = self.walk(child, path + (GetAttrKey(key),), i + 1, emask)
+                    if new is child:
+                        return node
+                    # same names, so the same layout: a cheap copy with one child replaced
+                    return _node.replace_children(node, {key: new})
         elif kind == DICT:
             if key in node:
                 child = node[key]
@@ -271,7 +385,12 @@ class _Walker:
         for k, child in enumerate(children):
             entry = entries[k]
             child_path = path + (entry,)
-            code, result = step(payload, k, entry, child, child_path)
+            try:
+                code, result = step(payload, k, entry, child, child_path)
+            except Exception as error:
+                _note(error, f"raised while matching {matcher!r} at {self.where(child_path)} "
+                             f"(in {self.selection()})")
+                raise
             if code == MATCH:
                 new = self.walk(child, child_path, i + 1, _and_masks(emask, result))
             elif code == DESCEND:
@@ -294,14 +413,57 @@ class _Walker:
             return fill
         return jax.tree_util.tree_map(lambda _: fill, node, is_leaf=self.is_leaf)
 
-    def map_leaves(self, fn: Callable[[Any], Any], node: Any) -> Any:
-        """`fn` over the leaves of a selected subtree (counting them)."""
+    def call(self, fn: Callable[..., Any], path: tuple[Any, ...], *args: Any,
+             finish: Callable[[Any], Any] | None = None) -> Any:
+        """`fn(*args)` for the leaf at `path` (then `finish` of it); errors name the path.
 
-        def counted(x: Any) -> Any:
+        With a thread pool (`is_parallel`), `fn` is submitted and a `_Pending` stands in
+        for its result until `resolve`.
+        """
+        if self.pool is not None:
+            if isinstance(args[0], jax.core.Tracer):
+                raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path)))
+            self.pending = True
+            return _Pending(self.pool.submit(fn, *args), path, finish)
+        try:
+            result = fn(*args)
+        except Exception as error:
+            _note(error, FN_NOTE.format(fn=_fn_name(fn), where=self.where(path),
+                                        selection=self.selection()))
+            raise
+        return result if finish is None else finish(result)
+
+    def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
+        """`fn` over the leaves of a selected subtree (counting them, naming a failing leaf)."""
+        if is_leaf_node(node, self.is_leaf):
             self.count += 1
-            return fn(x)
+            return self.call(fn, path, node)
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)
+        self.count += len(pairs)
+        return treedef.unflatten([self.call(fn, path + p, x) for p, x in pairs])
 
-        return jax.tree_util.tree_map(counted, node, is_leaf=self.is_leaf)
+    def resolve(self, tree: Any) -> Any:
+        """Replace the pending results of `is_parallel` by their values, in order."""
+        def value(x: Any) -> Any:
+            if type(x) is not _Pending:
+                return x
+            try:
+                result = x.future.result()
+            except Exception as error:
+                _note(error, f"raised at {self.where(x.path)} (in {self.selection()}, "
+                             "run with is_parallel)")
+                raise
+            return result if x.finish is None else x.finish(result)
+
+        return jax.tree_util.tree_map(value, tree, is_leaf=lambda x: type(x) is _Pending)
+
+
+def _and_masks(outer: Any, inner: Any) -> Any:
+    if outer is None:
+        return inner
+    if inner is None:
+        return outer
+    return jnp.logical_and(outer, inner)
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -327,23 +489,44 @@ class _Get(_Op):
 
     def spot(self, walker, node, path, emask):
         if emask is None:
-            if _is_leaf_node(node, walker.is_leaf):
+            if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
             else:
                 walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
             return node
-        fill, where = self.fill_value, walker.where(path)
-        return walker.map_leaves(lambda x: _take(x, emask, fill, where), node)
+        fill = self.fill_value
+
+        def take(x: Any, where: tuple = path) -> Any:
+            return _take(x, emask, fill, lambda: walker.where(where))
+
+        return _map_with_paths(walker, take, node, path)
+
+
+def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: Any, path: tuple) -> Any:
+    """Like `walker.map_leaves`, passing each leaf's path to `fn` as `where`."""
+    if is_leaf_node(node, walker.is_leaf):
+        walker.count += 1
+        return walker.call(fn, path, node, path)
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
+    walker.count += len(pairs)
+    return treedef.unflatten([walker.call(fn, path + p, x, path + p) for p, x in pairs])
 
 
 class _Set(_Op):
+    """Put `value` at the selection.
+
+    `value` is a leaf (every selected leaf gets it); a tree fitting the selected subtree
+    (or a prefix of it: leaf by leaf); a tree fitting the whole tree (read where
+    selected); or, fitting neither, one value put whole at each selected spot.
+    """
+
     __slots__ = ("value", "mode")
 
     BROADCAST, ROOT, SPOT = range(3)
 
     def __init__(self, value: Any, root: Any, is_leaf: Any) -> None:
         self.value = value
-        if value is None or _is_leaf_node(value, is_leaf):
+        if value is None or is_leaf_node(value, is_leaf):
             self.mode = self.BROADCAST
         else:
             same = (jax.tree_util.tree_structure(value, is_leaf=is_leaf)
@@ -353,49 +536,56 @@ class _Set(_Op):
     def spot(self, walker, node, path, emask):
         value = self.value
         if self.mode == self.BROADCAST:
-            if _is_leaf_node(node, walker.is_leaf):
-                walker.count += 1
-                return value if emask is None else _masked(emask, value, node)
-            if emask is None:
-                return walker.map_leaves(lambda _: value, node)
-            return walker.map_leaves(lambda x: _masked(emask, value, x), node)
+            return self._put(walker, value, node, path, emask)
         if self.mode == self.ROOT:
             return self._pairwise(walker, node, self._navigate(walker, value, path), emask, path)
-        try:
-            return self._pairwise(walker, node, value, emask, path)
-        except ValueError:
-            # not a prefix of the selected subtree: maybe a prefix of the whole tree
-            return self._pairwise(walker, node, self._navigate(walker, value, path), emask, path)
+        fitted = self._pairwise(walker, node, value, emask, path)
+        if fitted is not _MISSING:
+            return fitted
+        whole = self._navigate(walker, value, path)
+        if whole is not _MISSING:
+            fitted = self._pairwise(walker, node, whole, emask, path)
+            if fitted is not _MISSING:
+                return fitted
+        # fits neither: the value goes whole where the selection points
+        walker.count += max(1, len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf)))
+        if emask is not None:
+            return _masked(emask, value, node, lambda: walker.where(path))
+        return value
+
+    def _put(self, walker, value, node, path, emask):
+        if emask is None:
+            return _map_with_paths(walker, lambda _x, _where: value, node, path)
+
+        def put(x: Any, where: tuple) -> Any:
+            return _masked(emask, value, x, lambda: walker.where(where))
+
+        return _map_with_paths(walker, put, node, path)
 
     def _navigate(self, walker, value, path):
         for entry in path:
-            if _is_leaf_node(value, walker.is_leaf):
+            if is_leaf_node(value, walker.is_leaf):
                 return value  # a prefix of the whole tree: this leaf covers the subtree
             found, value = child_by_entry(value, entry)
             if not found:
-                raise self._structure_error(walker, path, walker.root, self.value)
+                return _MISSING
         return value
 
-    def _structure_error(self, walker, path, node, value):
-        return ValueError(SET_STRUCTURE_MSG.format(
-            where=walker.where(path),
-            selected=jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf),
-            value=jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf),
-        ))
-
     def _pairwise(self, walker, node, value, emask, path):
-        def put_subtree(v: Any, sub: Any) -> Any:
-            if emask is None:
-                return walker.map_leaves(lambda _: v, sub)
-            return walker.map_leaves(lambda x: _masked(emask, v, x), sub)
-
-        count = walker.count
+        """`value` (a prefix of `node`) put leaf by leaf, or `_MISSING` if it does not fit."""
+        if value is None or is_leaf_node(value, walker.is_leaf):
+            return self._put(walker, value, node, path, emask)
         try:
-            # `value` first: it may be a prefix of the selected subtree
-            return jax.tree_util.tree_map(put_subtree, value, node, is_leaf=walker.is_leaf)
-        except ValueError:
-            walker.count = count
-            raise self._structure_error(walker, path, node, self.value) from None
+            subtrees = jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(
+                node)
+        except (ValueError, TypeError):
+            return _MISSING
+        values, treedef = jax.tree_util.tree_flatten(value, is_leaf=walker.is_leaf)
+        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
+            value, is_leaf=walker.is_leaf)[0]]
+        out = [self._put(walker, v, sub, path + p, emask)
+               for v, sub, p in zip(values, subtrees, paths, strict=True)]
+        return treedef.unflatten(out)
 
 
 class _Apply(_Op):
@@ -406,29 +596,43 @@ class _Apply(_Op):
 
     def spot(self, walker, node, path, emask):
         fn = self.fn
-        if _is_leaf_node(node, walker.is_leaf):
-            walker.count += 1
-            return fn(node) if emask is None else _masked(emask, fn(node), node)
         if emask is None:
-            return walker.map_leaves(fn, node)
-        return walker.map_leaves(lambda x: _masked(emask, fn(x), x), node)
+            return walker.map_leaves(fn, node, path)
+        if is_leaf_node(node, walker.is_leaf):
+            pairs, treedef = [((), node)], None
+        else:
+            pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
+        walker.count += len(pairs)
+        out = []
+        for p, x in pairs:
+            where = path + p
+
+            def finish(new: Any, x: Any = x, where: tuple = where) -> Any:
+                return _masked(emask, new, x, lambda: walker.where(where))
+
+            out.append(walker.call(fn, where, x, finish=finish))
+        return out[0] if treedef is None else treedef.unflatten(out)
 
 
 class _Collect(_Op):
-    __slots__ = ("leaves",)
+    __slots__ = ("leaves", "paths")
 
     def __init__(self) -> None:
         self.leaves: list[Any] = []
+        self.paths: list[tuple[Any, ...]] = []
 
     def spot(self, walker, node, path, emask):
-        if emask is None:
-            found = jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf)
+        if is_leaf_node(node, walker.is_leaf):
+            pairs = [((), node)]
         else:
-            where = walker.where(path)
-            found = [_take(x, emask, None, where)
-                     for x in jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf)]
-        walker.count += len(found)
-        self.leaves.extend(found)
+            pairs = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)[0]
+        for p, x in pairs:
+            where = path + p
+            if emask is not None:
+                x = _take(x, emask, None, lambda where=where: walker.where(where))
+            self.leaves.append(x)
+            self.paths.append(where)
+        walker.count += len(pairs)
         return node
 
 
@@ -439,15 +643,20 @@ class _Scan(_Op):
         self.fn = fn
         self.state = state
 
-    def _one(self, x: Any, emask: Any) -> Any:
-        new, self.state = self.fn(x, self.state)
-        return new if emask is None else _masked(emask, new, x)
+    def _one(self, walker: _Walker, x: Any, emask: Any, where: tuple) -> Any:
+        result = walker.call(self.fn, where, x, self.state)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(SCAN_RESULT_MSG.format(
+                where=walker.where(where), value=_short_repr(result),
+                type=type(result).__name__))
+        new, self.state = result
+        if emask is None:
+            return new
+        return _masked(emask, new, x, lambda: walker.where(where))
 
     def spot(self, walker, node, path, emask):
-        if _is_leaf_node(node, walker.is_leaf):
-            walker.count += 1
-            return self._one(node, emask)
-        return walker.map_leaves(lambda x: self._one(x, emask), node)
+        return _map_with_paths(walker, lambda x, where: self._one(walker, x, emask, where),
+                               node, path)
 
 
 class _Replace(_Op):
@@ -469,13 +678,14 @@ class _Replace(_Op):
 _NO_FAST_PATH = object()
 
 
-def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op) -> Any:
+def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
     """`tree.at[mask].set/apply` for a mask with exactly the tree's structure.
 
     The most common mask (`tree > 0`, or one built with `tree_map`) lines up leaf for
-    leaf, so one C-level flatten of each and a zip replace the general walk (which keeps
-    paths for its error messages). Anything unusual (a prefix mask, a non-bool leaf, a
-    selection of nothing) returns `_NO_FAST_PATH`, and the general walk reports it.
+    leaf, so one C-level flatten of each and a zip replace the general walk. Anything
+    unusual (a prefix mask, a non-bool leaf, a selection of nothing) returns
+    `_NO_FAST_PATH`, and the general walk reports it. Key paths are only computed on the
+    error path.
     """
     if type(op) is _Apply:
         fn = op.fn
@@ -488,25 +698,38 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op) -> Any:
     flags, mask_def = jax.tree_util.tree_flatten(mask)
     if mask_def != treedef:
         return _NO_FAST_PATH
+    for flag in flags:
+        if not (flag is True or flag is False or type(flag) is np.bool_ or (
+                isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_)):
+            return _NO_FAST_PATH
     out = []
     selected = 0
-    for leaf, flag in zip(leaves, flags):
-        if flag is True or (type(flag) is np.bool_ and flag):
-            out.append(fn(leaf))
-        elif flag is False or type(flag) is np.bool_:
+
+    def where(index: int) -> str:
+        path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
+        return path_str(tree, path)
+
+    for index, (leaf, flag) in enumerate(zip(leaves, flags)):
+        if flag is False or (type(flag) is np.bool_ and not flag):
             out.append(leaf)
             continue
-        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
-            out.append(_masked(flag, fn(leaf), leaf))
+        try:
+            new = fn(leaf)
+        except Exception as error:
+            _note(error, FN_NOTE.format(fn=_fn_name(fn), where=where(index),
+                                        selection=selection()))
+            raise
+        if flag is True or type(flag) is np.bool_:
+            out.append(new)
         else:
-            return _NO_FAST_PATH
+            out.append(_masked(flag, new, leaf, lambda index=index: where(index)))
         selected += 1
     if not selected:
         return _NO_FAST_PATH
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-class AtIndexer:
+class AtIndexer(Generic[T]):
     """Select parts of a pytree with `[...]`, then get, set, apply, reduce or scan them.
 
     `tree.at[...]` on a `TreeClass`, `tc.at(tree)[...]` (or `AtIndexer(tree)[...]`) on any
@@ -523,25 +746,33 @@ class AtIndexer:
       bools or boolean arrays, e.g. `jax.tree_util.tree_map(lambda x: x > 0, tree)`. A
       bool selects (or not) the whole leaf or subtree; a boolean *array* selects elements
       of its leaf (`jnp.where` semantics for `set`/`apply`/`scan`, `leaf[mask]` for `get`
-      and `reduce`). A mask used after path selectors is matched against the whole tree
-      when it fits it, otherwise against each node selected so far. A tuple made only of
+      and `reduce`); an element mask has its leaf's shape (or broadcasts to it). A mask
+      used after other selectors is matched against each node they selected
+      (`at[0][mask]`: the mask has the structure of `tree[0]`). A tuple made only of
       bools/masks is one mask (for a tuple tree), not a union;
     - a class, e.g. `Linear`: every node below the current level that is an instance of
       it (leaves too: `jax.Array`), not looking inside a match;
     - `tc.where(fn)`: every node below for which `fn(path, node)` is true;
     - `tc.glob("layers.*.weight")`: nodes whose key path below matches the pattern;
-    - a `tc.BaseKey` instance: children whose key entry it says it equals.
+    - a `tc.BaseKey` instance: children whose key entry it says it equals; a value of a
+      type registered with `tc.BaseKey.def_alias`.
+
+    A name or index that is missing, and a glob, regex or `BaseKey` that selects nothing,
+    raise `LookupError` (naming the closest existing keys); a mask or predicate that
+    selects nothing is an empty selection.
 
     Later selectors apply relative to each node selected before them:
     `model.at[Linear]["weight"]`.
 
-    **Operations** (each accepts `is_leaf=`, treating more nodes as leaves)
+    **Operations** (each accepts `is_leaf=`, treating more nodes as leaves; `get`, `set`
+    and `apply` accept `is_parallel=`, see `apply`)
 
     - `.get(fill_value=None)`: the same structure, unselected leaves replaced by
       `fill_value`;
     - `.set(value)`: `value` is a leaf (put at every selected leaf), a tree with the
       structure of the selected subtree (or a prefix of it), or a tree with the structure
-      of the whole tree (values taken where selected);
+      of the whole tree (values taken where selected); any other value is put whole at
+      each selected spot (a tuple at a leaf, a frozen value in place of a subtree);
     - `.apply(fn)`: `fn` applied to every selected leaf;
     - `.reduce(fn, initializer=...)`: `fn(accumulator, leaf)` folded over the selected
       leaves in flatten order;
@@ -566,7 +797,7 @@ class AtIndexer:
 
     __slots__ = ("tree", "where", "_matchers")
 
-    def __init__(self, tree: Any, where: tuple[Any, ...] = ()) -> None:
+    def __init__(self, tree: T, where: tuple[Any, ...] = ()) -> None:
         self.tree = tree
         self.where = tuple(where)
         matchers = []
@@ -576,7 +807,7 @@ class AtIndexer:
                 compile_selector(selector, lambda upto=upto: _selection_str(tree, upto)))
         self._matchers = tuple(matchers)
 
-    def __getitem__(self, selector: Any) -> AtIndexer:
+    def __getitem__(self, selector: Any) -> AtIndexer[T]:
         new = object.__new__(AtIndexer)
         new.tree = self.tree
         new.where = self.where + (selector,)
@@ -595,15 +826,25 @@ class AtIndexer:
     def __repr__(self) -> str:
         return f"AtIndexer({_selection_str(self.tree, self.where)})"
 
-    def _run(self, op: _Op, is_leaf: Any) -> Any:
-        if is_leaf is None and len(self._matchers) == 1 and type(self._matchers[0]) is MaskMatcher:
-            out = _whole_mask_fast_path(self.tree, self._matchers[0].mask, op)
-            if out is not _NO_FAST_PATH:
-                return out
-        walker = _Walker(self.tree, self._matchers, op, is_leaf)
-        return walker.run(lambda: _selection_str(self.tree, self.where))
+    def _selection(self) -> str:
+        return _selection_str(self.tree, self.where)
 
-    def get(self, fill_value: Any = None, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    def _run(self, op: _Op, is_leaf: Any, is_parallel: Any = False) -> Any:
+        pool_args = _executor_args(is_parallel)
+        if pool_args is None:
+            if (is_leaf is None and len(self._matchers) == 1
+                    and type(self._matchers[0]) is MaskMatcher):
+                out = _whole_mask_fast_path(self.tree, self._matchers[0].mask, op,
+                                            self._selection)
+                if out is not _NO_FAST_PATH:
+                    return out
+            return _Walker(self.tree, self._matchers, op, is_leaf, self._selection).run()
+        with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
+            return _Walker(self.tree, self._matchers, op, is_leaf, self._selection,
+                           pool).run()
+
+    def get(self, fill_value: Any = None, *, is_leaf: Callable[[Any], bool] | None = None,
+            is_parallel: bool | dict[str, Any] = False) -> T:
         """The tree with unselected leaves replaced by `fill_value`.
 
         **Arguments**
@@ -612,6 +853,7 @@ class AtIndexer:
           element mask, `None` gives `leaf[mask]`; any other value gives
           `jnp.where(mask, leaf, fill_value)` (which also works with traced masks).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
+        - `is_parallel`: as for `apply`.
 
         **Returns**
 
@@ -623,18 +865,23 @@ class AtIndexer:
         assert tc.at({"a": 1, "b": 2})["a"].get() == {"a": 1, "b": None}
         ```
         """
-        return self._run(_Get(fill_value), is_leaf)
+        _check_is_leaf(is_leaf, "get")
+        return self._run(_Get(fill_value), is_leaf, is_parallel)
 
-    def set(self, value: Any, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
-        """The tree with the selected leaves replaced by `value`.
+    def set(self, value: Any, *, is_leaf: Callable[[Any], bool] | None = None,
+            is_parallel: bool | dict[str, Any] = False) -> T:
+        """The tree with the selection replaced by `value`.
 
         **Arguments**
 
         - `value`: a leaf, put at every selected leaf; a tree with the structure of each
           selected subtree (or a prefix of it, broadcast); or a tree with the structure of
-          the whole tree, read where selected. Under an element mask the result is
-          `jnp.where(mask, value, leaf)`.
+          the whole tree, read where selected. A value that fits none of these is put
+          whole at each selected spot (PyTreeClass's rule: `(7, 8)` set at a leaf is that
+          tuple; a frozen subtree set at a node replaces the node). Under an element mask
+          the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
+        - `is_parallel`: as for `apply`.
 
         **Returns**
 
@@ -645,19 +892,30 @@ class AtIndexer:
 
         assert tc.at({"a": 1, "b": 2})["a"].set(10) == {"a": 10, "b": 2}
         assert tc.at([[1, 2], [3]])[0].set([8, 9]) == [[8, 9], [3]]
+        assert tc.at({"a": 1, "b": 2})["a"].set((7, 8)) == {"a": (7, 8), "b": 2}
         ```
         """
-        return self._run(_Set(value, self.tree, is_leaf), is_leaf)
+        _check_is_leaf(is_leaf, "set")
+        return self._run(_Set(value, self.tree, is_leaf), is_leaf, is_parallel)
 
     def apply(self, fn: Callable[[Any], Any], *,
-              is_leaf: Callable[[Any], bool] | None = None) -> Any:
+              is_leaf: Callable[[Any], bool] | None = None,
+              is_parallel: bool | dict[str, Any] = False) -> T:
         """The tree with `fn` applied to every selected leaf.
 
         **Arguments**
 
         - `fn`: a function of one leaf. Under an element mask the result is
-          `jnp.where(mask, fn(leaf), leaf)`.
+          `jnp.where(mask, fn(leaf), leaf)`. An error raised by `fn` gets a note naming
+          the leaf's key path.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
+        - `is_parallel`: `True`, or a dict of `concurrent.futures.ThreadPoolExecutor`
+          arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf;
+          the result is the same as without it (leaves in order, the first error
+          re-raised with its leaf's key path). It pays for I/O-bound functions (loading or
+          fetching per leaf) and for functions that release the GIL; for jax computations
+          it only adds overhead. Not inside `jax.jit`/`vmap`/`grad`: on traced leaves it
+          raises, since tracing on other threads would leak tracers.
 
         **Returns**
 
@@ -667,9 +925,12 @@ class AtIndexer:
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["b"].apply(lambda x: x * 10) == {"a": 1, "b": 20}
+        assert tc.at([1, 2, 3])[...].apply(str, is_parallel=True) == ["1", "2", "3"]
         ```
         """
-        return self._run(_Apply(fn), is_leaf)
+        _check_callable(fn, "apply", "fn", " of one leaf")
+        _check_is_leaf(is_leaf, "apply")
+        return self._run(_Apply(fn), is_leaf, is_parallel)
 
     def reduce(self, fn: Callable[[Any, Any], Any], *, initializer: Any = _MISSING,
                is_leaf: Callable[[Any], bool] | None = None) -> Any:
@@ -677,7 +938,8 @@ class AtIndexer:
 
         **Arguments**
 
-        - `fn`: a function of the accumulator and one leaf.
+        - `fn`: a function of the accumulator and one leaf; an error it raises gets a
+          note naming the leaf's key path.
         - `initializer`: the first accumulator; without it the first selected leaf is.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
 
@@ -692,22 +954,35 @@ class AtIndexer:
         assert tc.at(tree)["a", "c"].reduce(lambda acc, x: acc + x) == 4
         ```
         """
+        _check_callable(fn, "reduce", "fn", " of (accumulator, leaf)")
+        _check_is_leaf(is_leaf, "reduce")
         collect = _Collect()
         self._run(collect, is_leaf)
+        leaves, paths = collect.leaves, collect.paths
         if initializer is _MISSING:
-            if not collect.leaves:
-                raise TypeError(EMPTY_REDUCE_MSG.format(
-                    selection=_selection_str(self.tree, self.where)))
-            return functools.reduce(fn, collect.leaves)
-        return functools.reduce(fn, collect.leaves, initializer)
+            if not leaves:
+                raise TypeError(EMPTY_REDUCE_MSG.format(selection=self._selection()))
+            accumulator, start = leaves[0], 1
+        else:
+            accumulator, start = initializer, 0
+        for index in range(start, len(leaves)):
+            try:
+                accumulator = fn(accumulator, leaves[index])
+            except Exception as error:
+                _note(error, FN_NOTE.format(fn=_fn_name(fn),
+                                            where=path_str(self.tree, paths[index]),
+                                            selection=self._selection()))
+                raise
+        return accumulator
 
     def scan(self, fn: Callable[[Any, Any], tuple[Any, Any]], state: Any, *,
-             is_leaf: Callable[[Any], bool] | None = None) -> tuple[Any, Any]:
+             is_leaf: Callable[[Any], bool] | None = None) -> tuple[T, Any]:
         """Apply `fn` to the selected leaves in flatten order, threading a state.
 
         **Arguments**
 
-        - `fn`: `(leaf, state) -> (new_leaf, new_state)`.
+        - `fn`: `(leaf, state) -> (new_leaf, new_state)`; an error it raises gets a note
+          naming the leaf's key path.
         - `state`: the initial state.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
 
@@ -724,14 +999,17 @@ class AtIndexer:
         assert tc.at(tree)[...].scan(count, 0) == ({"a": 10, "b": 20}, 2)
         ```
         """
+        _check_callable(fn, "scan", "fn", " of (leaf, state)")
+        _check_is_leaf(is_leaf, "scan")
         scan = _Scan(fn, state)
         tree = self._run(scan, is_leaf)
         return tree, scan.state
 
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, T]:
         """Call a method on a mutable copy: `tree.at["method"](*a, **k)` -> `(value, new_tree)`.
 
-        The copy's nodes may be mutated by the method (set, delete or add attributes);
+        The copy's nodes may be mutated by the method (set, delete or add attributes;
+        NumPy array leaves are copies, so writing into them leaves the input's intact);
         they are immutable again once it returns or raises, and the input is untouched.
         Earlier names and indices reach a nested node: `tree.at["child"]["method"]()`.
 
@@ -759,36 +1037,37 @@ class AtIndexer:
                     selection="".join(f"[{_short_repr(s)}]" for s in where)))
         name = where[-1]
         root = self.tree
-        if hasattr(root, "_tc_unsealed_copy"):
-            tree = root._tc_unsealed_copy()
+        if _node.is_treeclass(root):
+            tree = _node.unsealed_copy(root)
             try:
                 parent, path = _navigate(tree, where[:-1])
                 value = _method(tree, parent, path, name)(*args, **kwargs)
             except BaseException:
                 try:
-                    tree._tc_reseal()
+                    _node.reseal(tree)
                 except Exception:  # the method's own error is the one to report
                     pass
                 raise
-            tree._tc_reseal()
+            _node.reseal(tree)
             return value, tree
         parent, path = _navigate(root, where[:-1])
-        if not hasattr(parent, "_tc_unsealed_copy"):
+        if not _node.is_treeclass(parent):
             return _method(root, parent, path, name)(*args, **kwargs), root
-        local = parent._tc_unsealed_copy()
+        local = _node.unsealed_copy(parent)
         try:
             value = _method(root, local, path, name)(*args, **kwargs)
         except BaseException:
             try:
-                local._tc_reseal()
+                _node.reseal(local)
             except Exception:
                 pass
             raise
-        local._tc_reseal()
+        _node.reseal(local)
         if not path:
             return value, local
-        walker = _Walker(root, self._matchers[:-1], _Replace(local), None)
-        return value, walker.run(lambda: _selection_str(root, where[:-1]))
+        selection = lambda: _selection_str(root, where[:-1])
+        walker = _Walker(root, self._matchers[:-1], _Replace(local), None, selection)
+        return value, walker.run()
 
 
 def _navigate(tree: Any, keys: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
@@ -798,7 +1077,7 @@ def _navigate(tree: Any, keys: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
         kind = node_kind(node)
         opened = open_node(node, kind)
         matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
-        probe = _Walker(tree, (), _Op(), None)
+        probe = _Walker(tree, (), _Op(), None, lambda: "")
         code, state = matcher.enter(None, node, kind, opened, path, probe)
         found = None
         for k, (entry, child) in enumerate(zip(opened[0], opened[1], strict=True)):
@@ -812,7 +1091,7 @@ def _navigate(tree: Any, keys: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _method(root: Any, parent: Any, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
-    where = _path_str(root, path)
+    where = path_str(root, path)
     try:
         method = getattr(parent, name)
     except AttributeError:
@@ -827,7 +1106,7 @@ def _method(root: Any, parent: Any, path: tuple[Any, ...], name: str) -> Callabl
     return method
 
 
-def at(tree: Any) -> AtIndexer:
+def at(tree: T) -> AtIndexer[T]:
     """The `.at[...]` indexer of any pytree: `tc.at(tree)[...]`; see `AtIndexer`.
 
     **Arguments**

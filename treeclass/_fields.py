@@ -9,12 +9,16 @@ hand-written `__init__`.
 
 from __future__ import annotations
 
+import keyword
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, get_origin
 
+import numpy as np
 from typing_extensions import dataclass_transform
 
+from . import _node
+from ._codegen import InitStore, compile_function, render_init
 from ._util import equal_or_false
 
 __all__ = ["Field", "field", "fields", "autoinit"]
@@ -36,6 +40,23 @@ class _Missing:
 
 MISSING: Any = _Missing()
 
+_NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value!r} of type {type}."
+_RESERVED_NAME_MSG = (
+    "{cls}: a field cannot be named {name!r}: {why}. Rename the field (an `alias` can keep "
+    "the `__init__` parameter name)."
+)
+_RESERVED_NAMES = {
+    "self": "it is the instance parameter of `__init__`",
+    "__post_init__": "it is the hook called after `__init__`",
+    "__annotations__": "it holds the class's annotations",
+    "at": "it would hide the `.at` indexer",
+}
+_EXCLUDED_DEFAULT_MSG = (
+    "{cls}.{name}: a default of type `{type}` is not allowed{reason}.\n"
+    "Use a factory instead:\n"
+    "    before: {name}: {type} = ...\n"
+    "    after:  {name}: {type} = tc.field(factory=lambda: ...)"
+)
 _MUTABLE_DEFAULT_MSG = (
     "Mutable default {type} for field {cls}.{name}: it would be shared by every instance.\n"
     "Use a factory instead:\n"
@@ -96,6 +117,10 @@ class Field:
         metadata: Mapping[str, Any] | None = None,
         doc: str = "",
     ) -> None:
+        for flag, value in (("init", init), ("repr", repr), ("static", static)):
+            if not isinstance(value, bool):
+                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=value,
+                                                     type=type_name(value)))
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
         if default is not MISSING and factory is not None:
@@ -104,8 +129,10 @@ class Field:
             raise TypeError(f"`factory` must be callable, got {factory!r}.")
         if alias is not None and not isinstance(alias, str):
             raise TypeError(f"`alias` must be a str, got {alias!r} of type {type_name(alias)}.")
-        if alias is not None and not alias.isidentifier():
-            raise ValueError(f"`alias` must be a valid identifier, got {alias!r}.")
+        if alias is not None and (not alias.isidentifier() or keyword.iskeyword(alias)):
+            raise ValueError(
+                f"`alias` must be a valid identifier and not a Python keyword, got {alias!r}: "
+                "it is the name of an `__init__` parameter.")
         if not isinstance(doc, str):
             raise TypeError(f"`doc` must be a str, got {type_name(doc)}.")
         if metadata is not None and not isinstance(metadata, Mapping):
@@ -115,18 +142,24 @@ class Field:
         setter(self, "type", type)
         setter(self, "default", default)
         setter(self, "factory", factory)
-        setter(self, "init", bool(init))
-        setter(self, "repr", bool(repr))
+        setter(self, "init", init)
+        setter(self, "repr", repr)
         setter(self, "kind", kind)
         setter(self, "alias", alias)
         setter(self, "on_setattr", _as_callables(on_setattr, "on_setattr"))
         setter(self, "on_getattr", _as_callables(on_getattr, "on_getattr"))
-        setter(self, "static", bool(static))
+        setter(self, "static", static)
         setter(self, "metadata", types.MappingProxyType(dict(metadata or {})))
         setter(self, "doc", doc)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Field objects are immutable; use `field.replace({name}=...)`.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # slots behind an immutable __setattr__: pickle by the constructor's arguments
+        kwargs = {slot: getattr(self, slot) for slot in Field.__slots__}
+        kwargs["metadata"] = dict(kwargs["metadata"])
+        return (_field_from_kwargs, (kwargs,))
 
     def replace(self, **changes: Any) -> Field:
         """Return a copy of this field with `changes` applied."""
@@ -153,6 +186,10 @@ class Field:
         return all(equal_or_false(getattr(self, s), getattr(other, s)) for s in Field.__slots__)
 
     __hash__ = object.__hash__
+
+
+def _field_from_kwargs(kwargs: dict[str, Any]) -> Field:
+    return Field(**kwargs)
 
 
 def type_name(value: Any) -> str:
@@ -237,9 +274,9 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
     """Fields of `cls` in definition order, inherited ones first, keyed by name.
 
     Reads annotations from every class in the MRO; Field objects still in a class body
-    are read from there, already-processed classes from their cached `_tc_fields`. With
-    `marked_bases_only`, annotations of bases that are not field classes themselves
-    (plain mixins) are not fields, as in `dataclasses`.
+    are read from there, already-processed classes from their cached fields. With
+    `marked_bases_only` (TreeClass), annotations of bases that are not field classes
+    themselves (plain mixins) are not fields, as in `dataclasses`.
     """
     result: dict[str, Field] = {}
     for base in reversed(cls.__mro__):
@@ -254,11 +291,14 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
         for name, annotation in _own_annotations(base).items():
             if _is_classvar(annotation):
                 continue
+            _check_name(base, name, treeclass=marked_bases_only)
             value = base.__dict__.get(name, MISSING)
             if isinstance(value, Field):
                 item = value.replace(name=name, type=annotation)
             elif isinstance(value, types.MemberDescriptorType):
                 item = Field(name=name, type=annotation)  # a __slots__ entry, no default
+            elif isinstance(value, _node.GUARDS):  # a TreeClass field guard (cloudpickle)
+                item = Field(name=name, type=annotation)
             else:
                 item = Field(name=name, type=annotation, default=value)
             _check_default(base, item)
@@ -266,26 +306,81 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
     return result
 
 
-# Where `autoinit` keeps the fields of a plain (non-TreeClass) class: not `_tc_fields`,
-# which other modules read as "this is a TreeClass".
+def _check_name(cls: type, name: str, *, treeclass: bool) -> None:
+    why = _RESERVED_NAMES.get(name)
+    if name == "at" and not treeclass:
+        why = None
+    if why is None and treeclass and name.startswith("_tc_"):
+        why = "names starting with `_tc_` are treeclass's own"
+    if why is not None:
+        raise ValueError(_RESERVED_NAME_MSG.format(cls=cls.__name__, name=name, why=why))
+
+
+# Where `autoinit` keeps the fields of a plain (non-TreeClass) class; a TreeClass keeps
+# them in its `ClassInfo` record.
 _PLAIN_FIELDS_ATTR = "_tc_autoinit_fields"
 
 
 def _cached_fields(cls: type) -> dict[str, Field] | None:
-    cached = cls.__dict__.get("_tc_fields")
-    if cached is None:
-        cached = cls.__dict__.get(_PLAIN_FIELDS_ATTR)
-    return cached
+    info = cls.__dict__.get("_tc_info")
+    if info is not None:
+        return info.fields
+    return cls.__dict__.get(_PLAIN_FIELDS_ATTR)
+
+
+# Types whose instances may not be field defaults (shared by every instance), with the
+# reason; `autoinit.register_excluded_type` adds to it. Written only by that registration
+# (a dict update under the GIL), read when a class is created.
+_EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 
 
 def _check_default(cls: type, item: Field) -> None:
-    if isinstance(item.default, (list, dict, set, bytearray)):
+    default = item.default
+    if isinstance(default, (list, dict, set, bytearray)):
         raise TypeError(
             _MUTABLE_DEFAULT_MSG.format(
-                type=type(item.default).__name__, cls=cls.__name__, name=item.name,
-                value=item.default,
+                type=type(default).__name__, cls=cls.__name__, name=item.name, value=default,
             )
         )
+    if isinstance(default, np.ndarray) and default.flags.writeable:
+        raise TypeError(_EXCLUDED_DEFAULT_MSG.format(
+            cls=cls.__name__, name=item.name, type="numpy.ndarray",
+            reason=": a writable NumPy array would be one buffer shared (and mutable in "
+                   "place) by every instance"))
+    for kind, reason in _EXCLUDED_DEFAULT_TYPES.items():
+        if isinstance(default, kind):
+            raise TypeError(_EXCLUDED_DEFAULT_MSG.format(
+                cls=cls.__name__, name=item.name, type=kind.__name__,
+                reason=f" ({reason})" if reason else " (excluded with "
+                "`tc.autoinit.register_excluded_type`)"))
+
+
+def register_excluded_type(kind: type, reason: str | None = None) -> None:
+    """Refuse field defaults of type `kind` (and its subclasses), saying `reason`.
+
+    **Arguments**
+
+    - `kind`: the type whose instances may not be field defaults.
+    - `reason`: shown in the error, e.g. `"it is mutable"`.
+
+    ```python
+    import treeclass as tc
+
+    class Registry: ...
+
+    tc.autoinit.register_excluded_type(Registry, reason="it is shared mutable state")
+    try:
+        class Tree(tc.TreeClass):
+            registry: Registry = Registry()
+    except TypeError as error:
+        assert "shared mutable state" in str(error)
+    ```
+    """
+    if not isinstance(kind, type):
+        raise TypeError(f"`register_excluded_type` expects a type, got {kind!r}.")
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"`reason` must be a str or None, got {type_name(reason)}.")
+    _EXCLUDED_DEFAULT_TYPES[kind] = reason
 
 
 def fields(item: Any) -> tuple[Field, ...]:
@@ -351,14 +446,8 @@ def _refuse_reinit(obj: Any) -> None:
     raise AttributeError(_REINIT_MSG.format(cls=type(obj).__name__))
 
 
-def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) -> Callable:
-    """Compile an `__init__` for `cls` from its fields.
-
-    With `through_setattr=False` (TreeClass), values are written straight into the
-    instance `__dict__`, after their `on_setattr` callbacks: the fast path. Otherwise
-    (plain `autoinit` classes) each value goes through `setattr`.
-    """
-    instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
+def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
+    """The fields that are `__init__` parameters, in signature order, checked."""
     params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
     _check_signature_order(cls, params)
     owners: dict[str, str] = {}
@@ -370,11 +459,11 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
                                             second=item.name, arg=arg)
             )
         owners[arg] = item.name
+    return params
 
-    # Every helper name in the generated code starts with `__tc_` so that no field (or
-    # alias) name can shadow it; `self` is renamed only when a field is called `self`.
-    this = "__tc_self__" if "self" in owners else "self"
-    namespace: dict[str, Any] = {"__tc_missing": MISSING, "__tc_dict_type": dict}
+
+def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]:
+    """The parameter list of the generated `__init__` (defaults go into `namespace`)."""
     signature: list[str] = []
     has_pos_only = any(p.kind == "POS_ONLY" for p in params)
     for item in params:
@@ -398,8 +487,14 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
         signature.append(text)
     if has_pos_only and "/" not in signature:
         signature.append("/")
+    return signature
 
-    body: list[str] = []
+
+def _init_stores(
+    instance_fields: list[Field], namespace: dict[str, Any], *, through_setattr: bool
+) -> list[InitStore]:
+    """What the generated `__init__` stores, field by field, in definition order."""
+    stores: list[InitStore] = []
     for item in instance_fields:
         arg = item.alias or item.name
         if item.init:
@@ -417,93 +512,81 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
             value = f"__tc_factory_{item.name}()"
         else:
             continue
-        if through_setattr:
-            body.append(f"    {this}.{item.name} = {value}")
-            continue
-        for i, fn in enumerate(item.on_setattr):
-            namespace[f"__tc_set_{item.name}_{i}"] = fn
-            value = f"__tc_set_{item.name}_{i}({value})"
-        if item.on_setattr:
-            # a try block is free in CPython 3.11+ until it raises
-            namespace["__tc_note"] = add_field_note
-            body.append(f"    try:\n        __tc_state[{item.name!r}] = {value}")
-            body.append(f"    except Exception as __tc_error:\n"
-                        f"        __tc_note(__tc_error, {this}, {item.name!r})\n"
-                        "        raise")
-        else:
-            body.append(f"    __tc_state[{item.name!r}] = {value}")
-
-    has_post_init = getattr(cls, "__post_init__", None) is not None
-    if has_post_init:
-        body.append(f"    {this}.__post_init__()")
-    sealing = None if through_setattr else getattr(cls, "_tc_sealing", None)
-    if sealing is not None:
-        body = _with_sealing(cls, body, this, namespace, sealing, instance_fields, has_post_init)
-    elif not through_setattr:
-        body.insert(0, f"    __tc_state = {this}.__dict__")
-    if not body:
-        body.append("    pass")
-    source = f"def __init__({', '.join([this, *signature])}):\n" + "\n".join(body)
-    exec(compile(source, f"<treeclass __init__ of {cls.__qualname__}>", "exec"), namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    init.__tc_generated__ = True
-    return init
+        if not through_setattr:  # TreeClass: callbacks inline, then a direct store
+            for i, fn in enumerate(item.on_setattr):
+                namespace[f"__tc_set_{item.name}_{i}"] = fn
+                value = f"__tc_set_{item.name}_{i}({value})"
+        stores.append(InitStore(item.name, value, bool(item.on_setattr) and not through_setattr))
+    return stores
 
 
-def _with_sealing(
-    cls: type,
-    body: list[str],
-    this: str,
-    namespace: dict[str, Any],
-    sealing: Any,
-    instance_fields: list[Field],
-    has_post_init: bool,
-) -> list[str]:
-    """Wrap a TreeClass `__init__` body so that the instance is sealed when it returns.
+def _init_sealing(
+    cls: type, stores: list[InitStore], has_post_init: bool, namespace: dict[str, Any]
+) -> tuple[str, list[str]]:
+    """How a TreeClass `__init__` seals its instance: `(mode, leaf names)`.
 
     The constructor is the plain `type.__call__`, so the generated `__init__` seals the
-    instance itself, but only when it is the class's own `__init__` (not a parent's
-    reached through `super()`, whose caller seals). When the attribute names are known
-    here (no static fields, no `__post_init__`), the layout is built once now and the
-    two slots are written inline: no lookup at all per instance.
+    instance itself, but only when it is the class's own `__init__` (a parent's, reached
+    through `super()`, leaves sealing to its caller). Without `__post_init__` the names it
+    stores are the instance's whole layout, known now: the layout (or, with static
+    fields, the shape whose static values vary) is looked up once, here.
     """
+    info = cls._tc_info
     namespace.update(
-        __tc_cls=cls, __tc_seal=sealing.seal, __tc_seal_after_error=sealing.seal_after_error,
-        __tc_refuse=_refuse_reinit,
+        __tc_cls=cls, __tc_seal=_node.seal, __tc_seal_after_error=_node.seal_after_error,
+        __tc_refuse=_refuse_reinit, __tc_set_layout=_node.set_layout,
+        __tc_set_flat=_node.set_flat,
     )
-    stored = [f.name for f in instance_fields
-              if f.init or f.default is not MISSING or f.factory is not None]
-    static = any(f.static for f in instance_fields)
-    if static or has_post_init:
-        seal = [f"        __tc_seal({this})"]
+    if has_post_init:
+        return "dynamic", []
+    names = tuple(store.name for store in stores)
+    if any(name in info.static_names for name in names):
+        shape = info.fix_shape(names)
+        namespace["__tc_with_values"] = shape.with_values
+        return "shape", list(shape.static_names)
+    namespace["__tc_layout"] = info.fix_layout(names)
+    return "fixed", list(names)
+
+
+def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) -> Callable:
+    """Compile an `__init__` for `cls` from its fields.
+
+    With `through_setattr=False` (TreeClass), values are written straight into the
+    instance's attributes, after their `on_setattr` callbacks, and the instance is sealed
+    at the end: the fast path. Otherwise (plain `autoinit` classes) each value goes through
+    `setattr`, so field descriptors run their callbacks.
+    """
+    instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
+    params = _init_params(cls, instance_fields)
+    namespace: dict[str, Any] = {
+        "__tc_missing": MISSING, "__tc_dict_type": dict, "__tc_note": add_field_note,
+        # the module, not `_node.attributes` itself: a method-wrapper of the `__dict__` slot
+        # cannot be pickled, and cloudpickle ships a local class's __init__ with its globals
+        "__tc_node": _node,
+    }
+    signature = _init_signature(params, namespace)
+    stores = _init_stores(instance_fields, namespace, through_setattr=through_setattr)
+    has_post_init = getattr(cls, "__post_init__", None) is not None
+    sealing, fixed_names = "none", []
+    if not through_setattr:
+        sealing, fixed_names = _init_sealing(cls, stores, has_post_init, namespace)
+    if sealing == "shape":
+        leaves = [s.name for s in stores if s.name not in fixed_names]
     else:
-        layout, namespace["__tc_set_layout"], namespace["__tc_set_flat"] = (
-            sealing.fixed_layout(cls, tuple(stored))
-        )
-        namespace["__tc_layout"] = layout
-        leaves = "".join(f"__tc_state[{name!r}], " for name in stored)
-        seal = [f"        __tc_set_layout({this}, __tc_layout)",
-                f"        __tc_set_flat({this}, (({leaves}), __tc_layout))"]
-    indented = ["\n".join("    " + line for line in part.split("\n")) for part in body]
-    return [
-        f"    __tc_state = {this}.__dict__",
-        # a fresh instance has an empty __dict__; anything else may be a sealed instance
-        # whose __init__ is being called again, which must not change it
-        f"    if __tc_state and {this}._tc_layout is not None:",
-        f"        __tc_refuse({this})",
-        "    try:",
-        *indented,
-        # sealing inside the try: it can fail (an unhashable static value), and the
-        # instance, maybe stored somewhere already, must not stay mutable
-        f"        if type({this}) is __tc_cls:",
-        *("    " + line for line in seal),
-        "    except BaseException:",
-        f"        if type({this}) is __tc_cls:",
-        f"            __tc_seal_after_error({this})",
-        "        raise",
-    ]
+        leaves = fixed_names
+    source = render_init(
+        this="self", signature=signature, stores=stores, post_init=has_post_init,
+        sealing=sealing, through_setattr=through_setattr, fixed_leaves=leaves,
+        static_names=fixed_names if sealing == "shape" else (),
+    )
+    label = f"__init__ of {cls.__module__}.{cls.__qualname__}"
+    init = compile_function(source, "__init__", namespace, label)
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__annotations__ = {**{(p.alias or p.name): p.type for p in params if p.type is not None},
+                            "return": None}
+    init.__tc_generated__ = True
+    return init
 
 
 def add_field_note(error: BaseException, obj: Any, name: str) -> None:
@@ -518,8 +601,9 @@ def autoinit(cls: type) -> type:
 
     On a `TreeClass` subclass this is what subclassing does already when the class has
     fields and no `__init__` of its own; `autoinit` makes it explicit and forces it even
-    when a parent defines `__init__`. It is idempotent, and works on plain classes too
-    (there values are assigned with `setattr`, so `on_setattr` is not applied).
+    when a parent defines `__init__`. An `__init__` written in the class body itself is
+    never replaced: then `autoinit` changes nothing. It is idempotent, and works on plain
+    classes too (there values are assigned with `setattr`).
 
     ```python
     import treeclass as tc
@@ -534,10 +618,13 @@ def autoinit(cls: type) -> type:
     """
     if not isinstance(cls, type):
         raise TypeError(f"`autoinit` expects a class, got {cls!r}.")
-    if "__init__" in cls.__dict__ and getattr(cls.__init__, "__tc_generated__", False):
-        return cls
-    is_treeclass = "_tc_fields" in cls.__dict__
-    items = cls.__dict__["_tc_fields"] if is_treeclass else collect_fields(cls)
+    info = cls.__dict__.get("_tc_info")
+    is_treeclass = info is not None
+    own = cls.__dict__.get("__init__")
+    if own is not None and (not is_treeclass or getattr(own, "__tc_generated__", False)
+                            or getattr(own, "__tc_body__", False)):
+        return cls  # generated already, or written in the class body: either way it stays
+    items = info.fields if is_treeclass else collect_fields(cls)
     if not is_treeclass:
         # kept on the class because the class body's Field objects are replaced below:
         # subclasses and `fields()` read the full fields (alias, factory, ...) from here
@@ -551,4 +638,7 @@ def autoinit(cls: type) -> type:
                     setattr(cls, name, item.default)
     cls.__init__ = build_init(cls, items, through_setattr=not is_treeclass)
     return cls
+
+
+autoinit.register_excluded_type = register_excluded_type  # type: ignore[attr-defined]
 

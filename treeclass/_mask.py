@@ -22,6 +22,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _node, _structure
+from ._keys import value_key
+
 __all__ = ["freeze", "unfreeze", "is_frozen", "is_nondiff", "tree_mask", "tree_unmask"]
 
 PyTree = Any
@@ -103,17 +106,16 @@ def _leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, (jax.Array, np.ndarray)):
         return _array_key(leaf)
     try:
-        hash(leaf)
+        # typed and exact: 1, 1.0 and True, or 0.0 and -0.0, are equal in Python, but a
+        # function traced with one is not the function traced with another
+        return value_key(leaf)
     except TypeError:
         return _ByIdentity(leaf)
-    # the type is part of the key: 1, 1.0 and True are equal in Python, but a function
-    # traced with one is not the function traced with another
-    return (type(leaf), leaf)
 
 
 def _fingerprint(value: Any) -> Any:
     """A hashable key with the equality we want for `value`, computed once at freeze time."""
-    if isinstance(value, (jax.Array, np.ndarray, str, int, float, complex)):
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, str, int, float, complex)):
         return _leaf_key(value)
     try:
         leaves, treedef = jax.tree_util.tree_flatten(value)
@@ -221,11 +223,20 @@ class _Frozen:
         return (freeze, (self._value,))
 
 
+class FrozenOperationError(NotImplementedError, TypeError):
+    """An operation on a frozen value (which supports none): unfreeze it first.
+
+    A `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python raises
+    for an operation a type does not support.
+    """
+
+
 def _refuse(expr: str) -> Callable[..., Any]:
     fixed = re.sub(r"\bx\b", "tc.unfreeze(x)", expr)
 
     def method(self: _Frozen, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(_OPERATION_ON_FROZEN.format(expr=expr, fixed=fixed, value=_short(self)))
+        raise FrozenOperationError(
+            _OPERATION_ON_FROZEN.format(expr=expr, fixed=fixed, value=_short(self)))
 
     return method
 
@@ -269,13 +280,19 @@ def freeze(x: Any) -> Any:
 
     The frozen value is static under `jax.jit` (a changed value retraces, an equal one does
     not), carried unchanged through `jax.grad`, `jax.vmap`, `jax.lax.scan` and optax, and
-    refuses arithmetic and calls until unfrozen. Freezing is idempotent.
+    refuses arithmetic and calls (`FrozenOperationError`, a `NotImplementedError` and a
+    `TypeError`) until unfrozen. Freezing is idempotent.
 
-    Two frozen values are equal when their values are of the same type and equal; arrays
-    when their type, shape, dtype and bytes are (the bytes are read, and hashed, once,
-    here); subtrees when their structure and leaves are. Values with no usable hash fall
-    back to identity. The hash is computed once, so the `jax.jit` cache lookup costs the
-    same for a frozen array as for a frozen `int`.
+    Freezing takes a snapshot: a writable NumPy array is copied (read-only) and containers
+    are rebuilt, so changing the original later changes neither the frozen value nor the
+    traces `jax.jit` made with it.
+
+    Two frozen values are equal when their values are of the same type and equal exactly:
+    `-0.0` and `0.0` differ (so do `1`, `1.0` and `True`), a NaN equals a NaN with the
+    same bits; arrays when their type, shape, dtype and bytes are (the bytes are read, and
+    hashed, once, here); subtrees when their structure and leaves are. Values with no
+    usable hash fall back to identity. The hash is computed once, so the `jax.jit` cache
+    lookup costs the same for a frozen array as for a frozen `int`.
 
     **Arguments**
 
@@ -296,7 +313,38 @@ def freeze(x: Any) -> Any:
     """
     if type(x) is _Frozen:
         return x
-    return _Frozen(x)
+    return _Frozen(_snapshot(x))
+
+
+def _copy_array(x: Any) -> Any:
+    # object arrays are keyed by identity (their bytes are pointers): kept as they are
+    if type(x) is np.ndarray and x.flags.writeable and x.dtype != object:
+        x = x.copy()
+        x.flags.writeable = False
+    return x
+
+
+def _snapshot(x: Any) -> Any:
+    """`x` as it is now: writable NumPy arrays copied (read-only), containers rebuilt.
+
+    A frozen value is hashed once, when frozen, and `jax.jit` bakes it into traces; if the
+    caller could still change it in place, a later call would silently reuse a trace made
+    for the old value.
+    """
+    if type(x) is np.ndarray:
+        return _copy_array(x)
+    if isinstance(x, (jax.Array, str, bytes, int, float, complex, np.generic)) or x is None:
+        return x
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(x, is_leaf=is_frozen)
+    except Exception:  # not a pytree we can take apart: keep it as it is
+        return x
+    if treedef.num_nodes == 1:  # a leaf (a function, an object): nothing to rebuild
+        return x
+    try:
+        return treedef.unflatten([_copy_array(leaf) for leaf in leaves])
+    except Exception:  # a node that cannot be rebuilt: keep it as it is
+        return x
 
 
 def unfreeze(x: Any) -> Any:
@@ -369,80 +417,18 @@ _MASK_DOES_NOT_FIT = (
 )
 
 _MASK_LEAF_NOT_BOOL = (
-    "the mask has {value!r} at `{path}`, expected True or False (a bool scalar): a leaf is "
+    "the mask has {value} at `{path}`, expected True or False (a bool scalar): a leaf is "
     "frozen whole or not at all."
+)
+_MASK_AND_COND_MSG = (
+    "`{name}` takes the mask (or predicate) as `mask=` (PyTreeClass) or `cond=` (sepes), not "
+    "both."
 )
 
 
 def _is_predicate(cond: Any) -> bool:
     # A TreeClass layer may define __call__, yet as `cond` it is a mask tree
-    return callable(cond) and not hasattr(type(cond), "_tc_fields")
-
-
-def _path_str(path: tuple) -> str:
-    return "tree" + jax.tree_util.keystr(tuple(path))
-
-
-def _node_name(x: Any) -> str:
-    if type(x) is _Frozen:
-        return "frozen"
-    return "None" if x is None else type(x).__name__
-
-
-def _is_leaf_under(x: Any, is_leaf: Callable[[Any], bool] | None) -> bool:
-    if is_leaf is not None and is_leaf(x):
-        return True
-    treedef = jax.tree_util.tree_structure(x)
-    return treedef.num_nodes == 1 and treedef.num_leaves == 1
-
-
-def _find_mismatch(
-    tree: Any, mask: Any, is_leaf: Callable[[Any], bool] | None, path: tuple = ()
-) -> tuple[tuple, str] | None:
-    """The key path and reason of the first place where `mask` differs from `tree`."""
-    tree_leaf, mask_leaf = _is_leaf_under(tree, is_leaf), _is_leaf_under(mask, None)
-    if tree_leaf and mask_leaf:
-        return None
-    if tree_leaf or mask_leaf:
-        what = "a leaf" if tree_leaf else f"a {_node_name(tree)} node"
-        with_ = "a leaf" if mask_leaf else f"a {_node_name(mask)} node"
-        return path, f"the tree has {what} ({_short(tree)}), the mask has {with_} ({_short(mask)})"
-    if type(tree) is not type(mask):
-        return path, f"the tree has a {_node_name(tree)} node, the mask a {_node_name(mask)} node"
-    tree_kids, tree_def = _one_level(tree)
-    mask_kids, mask_def = _one_level(mask)
-    tree_keys = [k for k, _ in tree_kids]
-    mask_keys = [k for k, _ in mask_kids]
-    if tree_keys != mask_keys:
-        only_tree = [jax.tree_util.keystr((k,)) for k in tree_keys if k not in mask_keys]
-        only_mask = [jax.tree_util.keystr((k,)) for k in mask_keys if k not in tree_keys]
-        reason = f"the tree's {_node_name(tree)} has children {_keys_str(tree_keys)}, "
-        reason += f"the mask's has {_keys_str(mask_keys)}"
-        if only_tree:
-            reason += f"; missing in the mask: {', '.join(only_tree)}"
-        if only_mask:
-            reason += f"; not in the tree: {', '.join(only_mask)}"
-        return path, reason
-    for (key, tree_kid), (_, mask_kid) in zip(tree_kids, mask_kids):
-        found = _find_mismatch(tree_kid, mask_kid, is_leaf, (*path, key))
-        if found is not None:
-            return found
-    if tree_def != mask_def:
-        return path, (
-            f"the {_node_name(tree)} node's static data (fields kept in the tree definition) "
-            "differs between the tree and the mask"
-        )
-    return None
-
-
-def _one_level(x: Any) -> tuple[list, Any]:
-    kids, _ = jax.tree_util.flatten_one_level_with_keys(x)
-    treedef = jax.tree_util.tree_structure(x, is_leaf=lambda y: y is not x)
-    return list(kids), treedef
-
-
-def _keys_str(keys: list) -> str:
-    return " ".join(jax.tree_util.keystr((k,)) for k in keys) or "none"
+    return callable(cond) and not _node.is_treeclass(cond)
 
 
 def _short(x: Any) -> str:
@@ -460,13 +446,19 @@ def _mask_leaves(
         # a mask made from the tree with its frozen values as leaves fits too
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
     if mask_def != treedef:
-        found = _find_mismatch(tree, mask, is_leaf)
-        path, reason = found if found is not None else ((), "the structures differ")
-        raise ValueError(_MASK_DOES_NOT_FIT.format(path=_path_str(path), reason=reason))
+        split = _frozen_or(is_leaf) if frozen_may_be_leaves else is_leaf
+        found = _structure.first_mismatch(tree, mask, is_leaf=split)
+        if found is None:
+            path, reason = (), "the structures differ"
+        else:
+            path, reason = found.path, found.explain("mask")
+        raise ValueError(_MASK_DOES_NOT_FIT.format(
+            path=_structure.path_str(tree, path), reason=reason))
     for i, flag in enumerate(flags):
         if not _is_bool_scalar(flag):
             paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask)[0]]
-            raise ValueError(_MASK_LEAF_NOT_BOOL.format(value=flag, path=_path_str(paths[i])))
+            raise ValueError(_MASK_LEAF_NOT_BOOL.format(
+                value=_short(flag), path=_structure.path_str(tree, paths[i])))
     return leaves, flags, treedef
 
 
@@ -481,20 +473,48 @@ def _is_bool_scalar(x: Any) -> bool:
     )
 
 
+_UNSET: Any = object()
+
+
+def _one_condition(name: str, mask: Any, cond: Any, default: Any) -> Any:
+    if mask is not _UNSET and cond is not _UNSET:
+        raise TypeError(_MASK_AND_COND_MSG.format(name=name))
+    if mask is not _UNSET:
+        return mask
+    return default if cond is _UNSET else cond
+
+
+def _map_predicate(fn: Callable[[Any], Any], tree: Any, is_leaf: Any, what: str) -> Any:
+    """`tree_map(fn, tree)`; an error raised by the user's predicate names the leaf's path."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
+    out = []
+    try:
+        for leaf in leaves:
+            out.append(fn(leaf))
+    except Exception as error:
+        path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0][len(out)][0]
+        if hasattr(error, "add_note"):
+            error.add_note(f"raised by the {what} at {_structure.path_str(tree, path)}")
+        raise
+    return treedef.unflatten(out)
+
+
 def tree_mask(
     tree: PyTree,
-    cond: Callable[[Any], bool] | PyTree = is_nondiff,
+    mask: Callable[[Any], bool] | PyTree = _UNSET,
     *,
+    cond: Callable[[Any], bool] | PyTree = _UNSET,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> PyTree:
-    """Freeze the leaves of `tree` where `cond` holds; the input is not changed.
+    """Freeze the leaves of `tree` where the mask holds; the input is not changed.
 
     **Arguments**
 
     - `tree`: any pytree; leaves already frozen stay frozen.
-    - `cond`: a predicate called on every leaf, or a mask tree: `tree`'s structure with a
-      bool at every leaf (the leaves to freeze are True). Default `is_nondiff`: freeze all
-      that `jax.grad` cannot differentiate.
+    - `mask` (PyTreeClass's name) or `cond` (sepes's name), one of the two: a predicate
+      called on every leaf, or a mask tree: `tree`'s structure with a bool at every leaf
+      (the leaves to freeze are True). Default `is_nondiff`: freeze all that `jax.grad`
+      cannot differentiate.
     - `is_leaf`: as in `jax.tree_util.tree_map`, to freeze whole subtrees.
 
     **Returns**
@@ -503,7 +523,8 @@ def tree_mask(
 
     **Raises**
 
-    `ValueError` naming the key path where a mask tree does not fit `tree`.
+    `ValueError` naming the key path where a mask tree does not fit `tree`; an error
+    raised by the predicate gets a note naming the leaf.
 
     ```python
     import jax, jax.numpy as jnp
@@ -514,28 +535,41 @@ def tree_mask(
     grads = jax.grad(lambda m: (tc.tree_unmask(m)["w"] ** 2).sum())(masked)
     assert tc.is_frozen(grads["act"]) and grads["w"].shape == (3,)
     assert tc.is_tree_equal(tc.tree_unmask(masked), model)
+    assert tc.tree_mask(model, mask={"w": False, "act": True, "n": False})["n"] == 2
     ```
     """
+    cond = _one_condition("tree_mask", mask, cond, is_nondiff)
     if _is_predicate(cond):
         def mask_leaf(x: Any) -> Any:
             return freeze(x) if cond(x) else x
 
-        return jax.tree_util.tree_map(mask_leaf, tree, is_leaf=is_leaf)
+        return _map_predicate(mask_leaf, tree, is_leaf, "mask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
     return treedef.unflatten([freeze(x) if f else x for x, f in zip(leaves, flags)])
 
 
+def _everything(_: Any) -> bool:
+    return True
+
+
 def tree_unmask(
-    tree: PyTree, cond: Callable[[Any], bool] | PyTree = lambda _: True
+    tree: PyTree,
+    mask: Callable[[Any], bool] | PyTree = _UNSET,
+    *,
+    cond: Callable[[Any], bool] | PyTree = _UNSET,
 ) -> PyTree:
-    """Unfreeze the frozen leaves of `tree` where `cond` holds (all by default).
+    """Unfreeze the frozen leaves of `tree` where the mask holds (all by default).
+
+    Without a mask this undoes *every* freeze in the tree, also values a class froze on
+    purpose (`activation = tc.freeze(jax.nn.relu)`); to undo only what `tree_mask`
+    froze, pass it the same mask (or predicate).
 
     **Arguments**
 
     - `tree`: any pytree.
-    - `cond`: a predicate called with the *unfrozen* value of every frozen leaf, or a mask
-      tree with a bool at every leaf of `tree`, counting frozen values as leaves (so the
-      mask given to `tree_mask` fits).
+    - `mask` or `cond`, one of the two: a predicate called with the *unfrozen* value of
+      every frozen leaf, or a mask tree with a bool at every leaf of `tree`, counting
+      frozen values as leaves (so the mask given to `tree_mask` fits).
 
     **Returns**
 
@@ -554,13 +588,14 @@ def tree_unmask(
     assert only_ints["a"] == 1 and tc.is_frozen(only_ints["b"])
     ```
     """
+    cond = _one_condition("tree_unmask", mask, cond, _everything)
     if _is_predicate(cond):
         def unmask_leaf(x: Any) -> Any:
             if type(x) is _Frozen and cond(x._value):
                 return x._value
             return x
 
-        return jax.tree_util.tree_map(unmask_leaf, tree, is_leaf=is_frozen)
+        return _map_predicate(unmask_leaf, tree, is_frozen, "unmask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_frozen, frozen_may_be_leaves=False)
     return treedef.unflatten([unfreeze(x) if f else x for x, f in zip(leaves, flags)])
 

@@ -1,192 +1,62 @@
 """Selectors for `.at[...]`: what each kind of selector matches, one tree level at a time.
 
 A selector is compiled once (by `compile_selector`, when `.at[...]` is indexed) into a
-*matcher*. The walker in `_at.py` drives every matcher through the same small protocol,
+*matcher*: `compile_selector` looks the selector's type up in a table (`BaseKey.def_alias`
+adds to it). The walker in `_at.py` drives every matcher through the same small protocol,
 so that unions (`at["a", Linear]`) and chains combine freely:
 
 - `initial(node, path, walker)`: the matcher's state when its level starts at `node`;
 - `enter(state, node, kind, opened, path, walker)`: looking into `node` (whose children
-  are `opened`, or `None` for a leaf), answer `(SELF, mask)` (the node itself is
-  selected, `mask` an element mask or `None`), `(NOTHING, None)`, or
-  `(CHILDREN, node_state)`;
+  are `opened`, or `None` for a leaf), answer `(Enter.SELF, mask)` (the node itself is
+  selected, `mask` an element mask or `None`), `(Enter.NOTHING, None)`, or
+  `(Enter.CHILDREN, node_state)`;
 - `step(node_state, k, entry, child, child_path)`: for the `k`-th child answer
-  `(PRUNE, None)`, `(MATCH, mask)` or `(DESCEND, state)` (keep looking below it, at the
-  same level);
+  `(Step.PRUNE, None)`, `(Step.MATCH, mask)` or `(Step.DESCEND, state)` (keep looking
+  below it, at the same level);
 - `finish(node_state, node, kind, opened, path, walker)`: raise when a required key was
   not found.
 
-This module also knows how to open one node (its key entries, its children, how to
-rebuild it): the walker and the mask matcher both need it.
+A selector that *names* something (a glob, a regex, a `BaseKey`) must select something:
+it records each match with the walker, and `no_match_error` explains an empty selection
+with the closest existing keys. Node access (kinds, opening, key names) is `_structure`'s.
 """
 
 from __future__ import annotations
 
 import abc
+import ast
 import difflib
+import enum
 import fnmatch
 import functools
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
-from . import _mask
+from . import _mask, _node
+from ._structure import (
+    GENERIC,
+    LIST,
+    NAMEDTUPLE,
+    TREECLASS,
+    TUPLE,
+    Kind,
+    Opened,
+    describe,
+    entry_name,
+    node_kind,
+    open_node,
+)
 
 __all__ = ["BaseKey", "where", "glob"]
 
-# -- node access ---------------------------------------------------------------------------
-
-LEAF, TREECLASS, DICT, LIST, TUPLE, NAMEDTUPLE, NONE, GENERIC = range(8)
-
-# Exact types only: a subclass (OrderedDict, a custom list) may be registered differently.
-_BUILTIN_KINDS: dict[type, int] = {
-    dict: DICT,
-    list: LIST,
-    tuple: TUPLE,
-    type(None): NONE,
-    float: LEAF,
-    int: LEAF,
-    bool: LEAF,
-    complex: LEAF,
-    str: LEAF,
-    bytes: LEAF,
-    np.ndarray: LEAF,
-}
-
-
-# Concrete array and tracer classes seen so far. A speed cache only: jax never treats an
-# array as a node, so membership cannot go stale; adding to a set is atomic under the GIL.
-_ARRAY_TYPES: set[type] = set()
-
-
-def node_kind(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> int:
-    """A cheap classification of `node`; `GENERIC` may still turn out to be a leaf."""
-    if is_leaf is not None and is_leaf(node):
-        return LEAF
-    cls = type(node)
-    kind = _BUILTIN_KINDS.get(cls)
-    if kind is not None:
-        return kind
-    if cls in _ARRAY_TYPES:
-        return LEAF
-    if hasattr(cls, "_tc_fields"):  # a TreeClass (duck typed: no import of _treeclass)
-        return TREECLASS
-    if isinstance(node, (jax.Array, np.generic)):  # tracers are jax.Array instances
-        if isinstance(node, jax.Array):
-            _ARRAY_TYPES.add(cls)
-        return LEAF
-    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        return NAMEDTUPLE
-    return GENERIC
-
-
-def treeclass_names(node: Any) -> tuple[str, ...]:
-    """The names of a TreeClass instance's children, in flatten order."""
-    names = getattr(getattr(node, "_tc_layout", None), "leaf_names", None)
-    if names is None:  # unsealed (inside `.at["method"]()`) or a failed __init__
-        statics = type(node)._tc_static_names
-        names = tuple(n for n in node.__dict__ if n not in statics)
-    return names
-
-
-def open_node(node: Any, kind: int) -> tuple[tuple[Any, ...], list[Any], Any] | None:
-    """`(entries, children, aux)` of one node, or `None` for a leaf; `aux` feeds `rebuild`."""
-    if kind == TREECLASS:
-        names = treeclass_names(node)
-        layout = getattr(node, "_tc_layout", None)
-        entries = getattr(layout, "keys", None)
-        if entries is None or getattr(layout, "leaf_names", None) is not names:
-            entries = tuple(GetAttrKey(n) for n in names)
-        d = node.__dict__
-        return entries, [d[n] for n in names], names
-    if kind == DICT:
-        try:
-            keys = sorted(node)  # the order jax flattens a dict in
-        except TypeError:
-            return _open_generic(node)
-        return tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys
-    if kind == LIST or kind == TUPLE:
-        return tuple(SequenceKey(i) for i in range(len(node))), list(node), None
-    if kind == NAMEDTUPLE:
-        return tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None
-    if kind == NONE:
-        return (), [], None
-    if kind == LEAF:
-        return None
-    return _open_generic(node)
-
-
-def _open_generic(node: Any) -> tuple[tuple[Any, ...], list[Any], Any] | None:
-    # one level only: every child is forced to be a leaf of this flatten
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
-        return None  # not a registered node: a leaf
-    return tuple(p[0] for p, _ in pairs), [c for _, c in pairs], treedef
-
-
-def rebuild(node: Any, kind: int, aux: Any, children: list[Any]) -> Any:
-    """`node` with its children replaced by `children` (same count and order)."""
-    if kind == TREECLASS:
-        layout = getattr(node, "_tc_layout", None)
-        if layout is not None and aux is getattr(layout, "leaf_names", None):
-            # a sealed instance opened by `open_node`: unflatten through its layout
-            return layout.build(layout, tuple(children))
-        # the layout (names, statics) is unchanged: a cheap copy with the children replaced
-        return node._tc_replace(dict(zip(aux, children, strict=True)))
-    if kind == DICT:
-        if isinstance(aux, list):
-            new = dict(node)  # keeps the caller's insertion order
-            for key, child in zip(aux, children, strict=True):
-                new[key] = child
-            return new
-        return aux.unflatten(children)
-    if kind == LIST:
-        return children
-    if kind == TUPLE:
-        return tuple(children)
-    if kind == NAMEDTUPLE:
-        return node._make(children)
-    if kind == NONE:
-        return node
-    return aux.unflatten(children)
-
-
-def entry_name(entry: Any) -> Any:
-    """The name a key entry stands for: attribute name, dict key, or sequence index."""
-    cls = type(entry)
-    if cls is GetAttrKey:
-        return entry.name
-    if cls is DictKey:
-        return entry.key
-    if cls is SequenceKey:
-        return entry.idx
-    if cls is FlattenedIndexKey:
-        return entry.key
-    for attribute in ("name", "key", "idx"):
-        if hasattr(entry, attribute):
-            return getattr(entry, attribute)
-    return entry
-
-
-def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
-    """`(found, child)`: the child of `node` under key `entry` (jax structure only)."""
-    kind = node_kind(node)
-    opened = open_node(node, kind)
-    if opened is None:
-        return False, None
-    entries, children, _ = opened
-    for e, c in zip(entries, children, strict=True):
-        if e == entry:
-            return True, c
-    return False, None
-
 
 def is_frozen(x: Any) -> bool:
-    # through the module so that `_mask` can be rebuilt by its owner independently
     return _mask.is_frozen(x)
 
 
@@ -200,7 +70,11 @@ class BaseKey(abc.ABC):
     current level (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`,
     `FlattenedIndexKey`, or a custom node's own key type) and returns whether that child
     is selected. An instance is a selector like a name: it matches children of the
-    current level only.
+    current level only, and a key that matches no child anywhere is an error
+    (`LookupError`), as for a name.
+
+    `BaseKey.def_alias(T)(converter)` makes values of type `T` selectors: `converter(value)`
+    returns the selector (usually a `BaseKey`) that a `T` stands for.
 
     ```python
     import jax
@@ -223,6 +97,52 @@ class BaseKey(abc.ABC):
 
     __hash__ = object.__hash__
 
+    @staticmethod
+    def def_alias(kind: type, converter: Callable[[Any], Any] | None = None) -> Any:
+        """Make values of type `kind` selectors: `.at[value]` means `.at[converter(value)]`.
+
+        **Arguments**
+
+        - `kind`: the type (its subclasses too) to accept as a selector.
+        - `converter`: a function of the value returning a selector (a `BaseKey`, a name,
+          a mask, ...). Without it, `def_alias(kind)` is a decorator for the converter.
+
+        **Returns**
+
+        The converter (so that it works as a decorator).
+
+        ```python
+        import types
+        import treeclass as tc
+
+        class NameIs(tc.BaseKey):
+            def __init__(self, test):
+                self.test = test
+
+            def __eq__(self, entry):
+                return bool(self.test(getattr(entry, "key", None)))
+
+        @tc.BaseKey.def_alias(types.FunctionType)
+        def _(fn):
+            return NameIs(fn)
+
+        tree = {"alpha": 1, "beta": 2}
+        assert tc.at(tree)[lambda key: key.startswith("a")].set(0) == {"alpha": 0, "beta": 2}
+        ```
+        """
+        if not isinstance(kind, type):
+            raise TypeError(f"`def_alias` expects a type, got {kind!r}.")
+
+        def register(converter: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            if not callable(converter):
+                raise TypeError(f"`def_alias({kind.__name__})` needs a callable converter, "
+                                f"got {converter!r}.")
+            _ALIASES[kind] = converter
+            _compiler_for.cache_clear()
+            return converter
+
+        return register if converter is None else register(converter)
+
 
 class _Where:
     __slots__ = ("fn",)
@@ -241,7 +161,8 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     entries, as in `tree_flatten_with_path`); `node` is a subtree or a leaf. Nodes are
     visited below the current level, parents before children; a node that matches is
     selected whole and not looked into. `fn` may return a boolean array for a leaf: it
-    then selects elements of that leaf, as a mask would.
+    then selects elements of that leaf, as a mask would. A predicate that selects nothing
+    is a valid (empty) selection; an error raised by `fn` names the node's key path.
 
     **Arguments**
 
@@ -265,31 +186,71 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     return _Where(fn)
 
 
+# -- globs -------------------------------------------------------------------------------------
+
 _GLOB_SYNTAX = (
     "Glob syntax: segments separated by '.', each matched against a key's name with "
     "fnmatch wildcards ('*', '?'); '[0]' or '0' for a sequence index, \"['key']\" for a "
-    "dict key, '**' for any number of levels. Examples: 'layers.*.weight', '**.bias', "
-    "'layers[0].weight'."
+    "dict key (quoted: literal, no wildcards), '**' for any number of levels. Examples: "
+    "'layers.*.weight', '**.bias', 'layers[0].weight'."
 )
+_WILDCARDS = re.compile(r"[*?\[]")
+
+
+class _Segment(str):
+    """One segment of a glob: its text, and how it matches a key's name.
+
+    A dotted segment (`layers.*`) matches `str(name)` with fnmatch wildcards. A bracket
+    segment is what `jax.tree_util.keystr` writes for one key: quoted (`['a.b']`) it is a
+    literal string; unquoted (`[0]`, `[(1, 2)]`) it matches the name whose `repr` it is,
+    or, holding wildcards (`[*]`), `str(name)` with fnmatch.
+    """
+
+    match: Callable[[Any], bool] | None  # None for '**'
+
+    @classmethod
+    def dotted(cls, text: str) -> _Segment:
+        segment = cls(text)
+        if text == "**":
+            segment.match = None
+        else:
+            regex = re.compile(fnmatch.translate(text)).match
+            segment.match = lambda name: regex(name if isinstance(name, str) else str(name))
+        return segment
+
+    @classmethod
+    def bracket(cls, content: str) -> _Segment:
+        if len(content) >= 2 and content[0] == content[-1] and content[0] in "'\"":
+            try:
+                literal = ast.literal_eval(content)
+            except (ValueError, SyntaxError):
+                literal = content[1:-1]
+            segment = cls(literal)
+            segment.match = lambda name: isinstance(name, str) and name == literal
+            return segment
+        segment = cls(content)
+        if _WILDCARDS.search(content):
+            regex = re.compile(fnmatch.translate(content)).match
+            segment.match = lambda name: regex(str(name)) is not None or repr(name) == content
+        else:
+            segment.match = lambda name: repr(name) == content
+        return segment
 
 
 class _Glob:
-    __slots__ = ("pattern", "segments", "compiled", "matcher")
+    __slots__ = ("pattern", "segments", "matcher")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.segments = _parse_glob(pattern)
-        self.compiled = tuple(
-            None if s == "**" else re.compile(fnmatch.translate(s)).match for s in self.segments
-        )
         self.matcher: GlobMatcher | None = None  # built on first use, then shared
 
     def __repr__(self) -> str:
         return f"glob({self.pattern!r})"
 
 
-def _parse_glob(pattern: str) -> tuple[str, ...]:
-    segments: list[str] = []
+def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
+    segments: list[_Segment] = []
     current = ""
     after_bracket = False
     text = pattern[1:] if pattern.startswith(".") else pattern  # keystr paths start with '.'
@@ -298,7 +259,7 @@ def _parse_glob(pattern: str) -> tuple[str, ...]:
         char = text[i]
         if char == ".":
             if current:
-                segments.append(current)
+                segments.append(_Segment.dotted(current))
             elif not after_bracket:
                 raise ValueError(f"Empty segment in glob {pattern!r}. {_GLOB_SYNTAX}")
             current, after_bracket = "", False
@@ -307,15 +268,13 @@ def _parse_glob(pattern: str) -> tuple[str, ...]:
                 raise ValueError(f"Glob {pattern!r} ends with '.'. {_GLOB_SYNTAX}")
         elif char == "[":
             if current:
-                segments.append(current)
+                segments.append(_Segment.dotted(current))
                 current = ""
             close = _bracket_end(text, i, pattern)
             content = text[i + 1 : close].strip()
-            if len(content) >= 2 and content[0] == content[-1] and content[0] in "'\"":
-                content = content[1:-1]
             if not content:
                 raise ValueError(f"Empty brackets in glob {pattern!r}. {_GLOB_SYNTAX}")
-            segments.append(content)
+            segments.append(_Segment.bracket(content))
             after_bracket = True
             i = close + 1
         elif char == "]":
@@ -327,24 +286,35 @@ def _parse_glob(pattern: str) -> tuple[str, ...]:
             current += char
             i += 1
     if current:
-        segments.append(current)
+        segments.append(_Segment.dotted(current))
     if not segments:
         raise ValueError(f"Empty glob pattern. {_GLOB_SYNTAX}")
     return tuple(segments)
 
 
 def _bracket_end(text: str, start: int, pattern: str) -> int:
-    i = start + 1
-    quote = text[i] if i < len(text) and text[i] in "'\"" else None
+    """The index of the `]` closing the `[` at `start`, skipping quoted strings."""
+    depth, quote, i = 0, None, start + 1
+    while i < len(text):
+        char = text[i]
+        if quote is not None:
+            if char == "\\":
+                i += 1
+            elif char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")}":
+            depth -= 1
+        elif char == "]":
+            if depth <= 0:
+                return i
+        i += 1
     if quote is not None:
-        end_quote = text.find(quote, i + 1)
-        if end_quote < 0:
-            raise ValueError(f"Unclosed quote in glob {pattern!r}. {_GLOB_SYNTAX}")
-        i = end_quote + 1
-    close = text.find("]", i)
-    if close < 0:
-        raise ValueError(f"Unclosed '[' in glob {pattern!r}. {_GLOB_SYNTAX}")
-    return close
+        raise ValueError(f"Unclosed quote in glob {pattern!r}. {_GLOB_SYNTAX}")
+    raise ValueError(f"Unclosed '[' in glob {pattern!r}. {_GLOB_SYNTAX}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -361,17 +331,19 @@ def glob(pattern: str) -> Any:
     key path below the current level:
 
     - segments are separated by `.`; a leading `.` is allowed, so the output of
-      `jax.tree_util.keystr` for a path is a pattern matching that path;
+      `jax.tree_util.keystr` for a path is a pattern matching exactly that path;
     - a segment is matched against the key's name with `fnmatch` wildcards, case
       sensitively: `*` (any characters), `?` (one character). The name of an attribute
       (`GetAttrKey`) is its name, of a dict entry `str(key)`, of a sequence entry its
       index in decimal (`0`, `1`, ...; negative indices are not supported);
-    - `[...]` is a segment of its own, so `layers[0]` is `layers.0`; inside brackets a
-      quoted name (`['a.b']`) may contain `.` and `[`;
+    - `[...]` is a segment of its own, written as `keystr` writes a key: `layers[0]` is
+      the index 0, `['a.b']` the dict key `'a.b'`. Inside quotes a key is literal (no
+      wildcards, may contain `.`, `[` and `*`); unquoted brackets may hold wildcards (`[*]`);
     - `**` matches any number of levels, including none.
 
     The whole pattern must match: `"layers.*"` selects each layer (whole subtrees),
     `"layers.*.weight"` each layer's weight. A matching node is not looked into further.
+    A pattern that matches nothing is an error (`LookupError`) naming the closest keys.
 
     **Arguments**
 
@@ -395,10 +367,27 @@ def glob(pattern: str) -> Any:
     return _compiled_glob(pattern)
 
 
-# -- matchers --------------------------------------------------------------------------------
+# -- the matcher protocol ------------------------------------------------------------------------
 
-SELF, NOTHING, CHILDREN = 0, 1, 2
-PRUNE, MATCH, DESCEND = 0, 1, 2
+
+class Enter(enum.IntEnum):
+    """What a matcher says on entering a node."""
+
+    SELF = 0  # the node itself is selected (payload: an element mask or None)
+    NOTHING = 1  # nothing here or below
+    CHILDREN = 2  # look at the children (payload: the matcher's state for them)
+
+
+class Step(enum.IntEnum):
+    """What a matcher says of one child."""
+
+    PRUNE = 0  # not selected, not looked into
+    MATCH = 1  # selected (payload: an element mask or None)
+    DESCEND = 2  # not selected, but look below it at the same level (payload: state)
+
+
+SELF, NOTHING, CHILDREN = Enter
+PRUNE, MATCH, DESCEND = Step
 _PRUNED = (PRUNE, None)
 _MATCHED = (MATCH, None)
 _NOTHING = (NOTHING, None)
@@ -410,18 +399,35 @@ class Matcher:
 
     __slots__ = ()
     single_key = False  # a plain name or index: the walker may look the child up directly
+    names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
 
     def initial(self, node: Any, path: tuple[Any, ...], walker: Any) -> Any:
         return None
 
-    def enter(self, state, node, kind, opened, path, walker) -> tuple[int, Any]:
+    def enter(self, state: Any, node: Any, kind: Kind, opened: Opened | None,
+              path: tuple[Any, ...], walker: Any) -> tuple[Enter, Any]:
         return _NOTHING if opened is None else (CHILDREN, state)
 
-    def step(self, state, k, entry, child, child_path) -> tuple[int, Any]:
+    def step(self, state: Any, k: int, entry: Any, child: Any,
+             child_path: tuple[Any, ...]) -> tuple[Step, Any]:
         raise NotImplementedError
 
-    def finish(self, state, node, kind, opened, path, walker) -> None:
+    def finish(self, state: Any, node: Any, kind: Kind, opened: Opened | None,
+               path: tuple[Any, ...], walker: Any) -> None:
         pass
+
+    def members(self) -> Iterator[Matcher]:
+        yield self
+
+    def no_match_error(self, walker: Any, selection: str) -> Exception:
+        return LookupError(f"{self!r} selects nothing in {selection}.")
+
+
+class _Level(NamedTuple):
+    """The state of a matcher that records its matches: the walker, and its own state."""
+
+    walker: Any
+    state: Any
 
 
 # Long messages, next to the checks that raise them (filled by `_at` with the key path).
@@ -445,6 +451,10 @@ INDEX_ON_NAMED_MSG = (
     "index {key} is not a child of {where}: a `{type}` has named children ({names}); "
     "select them by name, e.g. .at[{first!r}]."
 )
+NAMED_NOTHING_MSG = (
+    "{selector} selects nothing in {selection}: {detail}{hint}\n"
+    "An empty selection here is almost always a typo; check the key names{extra}."
+)
 
 
 def _leaf_summary(x: Any) -> str:
@@ -455,15 +465,16 @@ def _leaf_summary(x: Any) -> str:
     return f"a `{type(x).__name__}`"
 
 
-def missing_key_error(key: Any, node: Any, kind: int, opened: Any, where: str) -> Exception:
+def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) -> Exception:
     """The error for a name or index selector that matched no child of `node`."""
     if opened is None:
         return LookupError(LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where,
                                                           leaf=_leaf_summary(node)))
     entries = opened[0]
+    statics = _node.static_names(type(node)) if kind == TREECLASS else ()
     if not entries and is_frozen(node):
         return LookupError(FROZEN_HAS_NO_CHILDREN_MSG.format(key=key, where=where))
-    if kind == TREECLASS and isinstance(key, str) and key in type(node)._tc_static_names:
+    if isinstance(key, str) and key in statics:
         return LookupError(STATIC_FIELD_MSG.format(key=key, where=where))
     names = [entry_name(e) for e in entries]
     if isinstance(key, int) and kind in (LIST, TUPLE, NAMEDTUPLE):
@@ -483,23 +494,37 @@ def missing_key_error(key: Any, node: Any, kind: int, opened: Any, where: str) -
         hint += f"{'' if hint else '.'} Children there: {', '.join(repr(x) for x in names)}."
     else:
         hint += f": a `{type(node).__name__}` with no children."
-    if kind == TREECLASS and type(node)._tc_static_names:
-        statics = ", ".join(repr(x) for x in type(node)._tc_static_names)
-        hint += f" Static fields (not selectable): {statics}."
+    if statics:
+        hint += f" Static fields (not selectable): {', '.join(repr(x) for x in statics)}."
     elif kind == GENERIC and isinstance(key, str) and hasattr(node, key):
         hint += (f" `{type(node).__name__}` has an attribute {key!r}, but it is not a child "
                  "of the tree (a static field, a property or a method).")
     return LookupError(NOT_FOUND_MSG.format(key=key, where=where, hint=hint))
 
 
-def _record_statics(node: Any, kind: int, path: tuple[Any, ...], walker: Any,
+def _record_statics(node: Any, kind: Kind, path: tuple[Any, ...], walker: Any,
                     matches: Callable[[Any], bool]) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
     if kind != TREECLASS:
         return
-    for name in type(node)._tc_static_names:
-        if name in node.__dict__ and matches(GetAttrKey(name)):
+    statics = _node.static_values(node)
+    for name in statics:
+        if matches(GetAttrKey(name)):
             walker.record_blocked(path + (GetAttrKey(name),), "a static field")
+
+
+# -- one-key matchers ----------------------------------------------------------------------------
+
+
+class _KeyState:
+    """The state of a name or index matcher in one node: where to look, and whether found."""
+
+    __slots__ = ("found", "position", "positional")
+
+    def __init__(self, position: int = -1, positional: bool = False) -> None:
+        self.found = False
+        self.position = position  # the index, for a sequence
+        self.positional = positional  # children are addressed by position
 
 
 class _SingleKeyMatcher(Matcher):
@@ -512,7 +537,7 @@ class _SingleKeyMatcher(Matcher):
         self.key = key
 
     def finish(self, state, node, kind, opened, path, walker):
-        if not state[0]:
+        if not state.found:
             raise walker.missing(self.key, node, kind, opened, path)
 
     def __repr__(self) -> str:
@@ -527,14 +552,14 @@ class NameMatcher(_SingleKeyMatcher):
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
             raise walker.missing(self.key, node, kind, opened, path)
-        return CHILDREN, [False]
+        return CHILDREN, _KeyState()
 
     def step(self, state, k, entry, child, child_path):
         cls = type(entry)
         if (cls is GetAttrKey and entry.name == self.key) or (
             cls is DictKey and entry.key == self.key
         ) or (cls not in (GetAttrKey, DictKey) and entry_name(entry) == self.key):
-            state[0] = True
+            state.found = True
             return _MATCHED
         return _PRUNED
 
@@ -549,12 +574,12 @@ class IndexMatcher(_SingleKeyMatcher):
             raise walker.missing(self.key, node, kind, opened, path)
         n = len(opened[0])
         position = self.key + n if self.key < 0 else self.key
-        return CHILDREN, [False, position, kind in (LIST, TUPLE, NAMEDTUPLE)]
+        return CHILDREN, _KeyState(position, kind in (LIST, TUPLE, NAMEDTUPLE))
 
     def step(self, state, k, entry, child, child_path):
         cls = type(entry)
-        if state[2] or cls is SequenceKey or cls is FlattenedIndexKey:
-            hit = k == state[1]
+        if state.positional or cls is SequenceKey or cls is FlattenedIndexKey:
+            hit = k == state.position
         elif cls is DictKey:
             hit = type(entry.key) is not bool and entry.key == self.key
         elif cls is GetAttrKey:
@@ -562,9 +587,12 @@ class IndexMatcher(_SingleKeyMatcher):
         else:
             hit = entry_name(entry) == self.key
         if hit:
-            state[0] = True
+            state.found = True
             return _MATCHED
         return _PRUNED
+
+
+# -- level matchers -------------------------------------------------------------------------------
 
 
 class EllipsisMatcher(Matcher):
@@ -585,7 +613,46 @@ class EllipsisMatcher(Matcher):
         return "..."
 
 
-class PatternMatcher(Matcher):
+class _NamingMatcher(Matcher):
+    """A level selector that names keys (regex, BaseKey): it must select something."""
+
+    __slots__ = ()
+    names_something = True
+
+    def matches(self, entry: Any) -> bool:
+        raise NotImplementedError
+
+    def enter(self, state, node, kind, opened, path, walker):
+        if opened is None:
+            return _NOTHING
+        walker.note_names(self, opened.entries)
+        _record_statics(node, kind, path, walker, self.matches)
+        return CHILDREN, walker
+
+    def step(self, state, k, entry, child, child_path):
+        if self.matches(entry):
+            state.hit(self)
+            return _MATCHED
+        return _PRUNED
+
+    def no_match_error(self, walker: Any, selection: str) -> Exception:
+        seen = walker.names_seen(self)
+        if not seen:
+            detail = "the selectors before it reached no node with children"
+            return LookupError(NAMED_NOTHING_MSG.format(
+                selector=repr(self), selection=selection, detail=detail, hint="", extra=""))
+        shown = ", ".join(repr(n) for n in seen[:12]) + (", ..." if len(seen) > 12 else "")
+        close = self.closest(seen)
+        hint = f"; did you mean {close!r}?" if close is not None else ""
+        return LookupError(NAMED_NOTHING_MSG.format(
+            selector=repr(self), selection=selection,
+            detail=f"no key matches it (keys there: {shown})", hint=hint, extra=""))
+
+    def closest(self, names: list[Any]) -> Any:
+        return None
+
+
+class PatternMatcher(_NamingMatcher):
     """`re.compile(p)`: children whose name (as a string) fully matches `p`."""
 
     __slots__ = ("pattern",)
@@ -593,23 +660,18 @@ class PatternMatcher(Matcher):
     def __init__(self, pattern: re.Pattern) -> None:
         self.pattern = pattern
 
-    def _matches(self, entry: Any) -> bool:
+    def matches(self, entry: Any) -> bool:
         return self.pattern.fullmatch(str(entry_name(entry))) is not None
 
-    def enter(self, state, node, kind, opened, path, walker):
-        if opened is None:
-            return _NOTHING
-        _record_statics(node, kind, path, walker, self._matches)
-        return CHILDREN, None
-
-    def step(self, state, k, entry, child, child_path):
-        return _MATCHED if self._matches(entry) else _PRUNED
+    def closest(self, names: list[Any]) -> Any:
+        close = difflib.get_close_matches(self.pattern.pattern, [str(n) for n in names], n=1)
+        return close[0] if close else None
 
     def __repr__(self) -> str:
         return f"re.compile({self.pattern.pattern!r})"
 
 
-class BaseKeyMatcher(Matcher):
+class BaseKeyMatcher(_NamingMatcher):
     """A `BaseKey` instance: children whose entry it says it equals."""
 
     __slots__ = ("key",)
@@ -617,18 +679,9 @@ class BaseKeyMatcher(Matcher):
     def __init__(self, key: BaseKey) -> None:
         self.key = key
 
-    def _matches(self, entry: Any) -> bool:
+    def matches(self, entry: Any) -> bool:
         result = self.key.__eq__(entry)
         return result is not NotImplemented and bool(result)
-
-    def enter(self, state, node, kind, opened, path, walker):
-        if opened is None:
-            return _NOTHING
-        _record_statics(node, kind, path, walker, self._matches)
-        return CHILDREN, None
-
-    def step(self, state, k, entry, child, child_path):
-        return _MATCHED if self._matches(entry) else _PRUNED
 
     def __repr__(self) -> str:
         return repr(self.key)
@@ -680,6 +733,7 @@ class GlobMatcher(Matcher):
     """
 
     __slots__ = ("glob", "start", "accept", "transitions")
+    names_something = True
 
     # memoization only (a pure function of the pattern): bounded, so a tree with
     # unboundedly many distinct names cannot grow it without limit
@@ -689,7 +743,7 @@ class GlobMatcher(Matcher):
         self.glob = glob_
         self.accept = len(glob_.segments)
         self.start = self._closure(frozenset([0]))
-        self.transitions: dict[tuple[frozenset[int], Any], frozenset[int]] = {}
+        self.transitions: dict[Any, frozenset[int]] = {}
 
     def _closure(self, positions: frozenset[int]) -> frozenset[int]:
         segments = self.glob.segments
@@ -697,30 +751,29 @@ class GlobMatcher(Matcher):
         todo = list(positions)
         while todo:  # '**' may match no level at all: skip over it
             p = todo.pop()
-            if p < len(segments) and segments[p] == "**" and p + 1 not in out:
+            if p < len(segments) and segments[p].match is None and p + 1 not in out:
                 out.add(p + 1)
                 todo.append(p + 1)
         return frozenset(out)
 
-    def _advance(self, state: frozenset[int], entry: Any) -> frozenset[int]:
+    def advance(self, state: frozenset[int], entry: Any) -> frozenset[int]:
         name = entry_name(entry)
-        key = (state, name)
+        key: Any = (state, type(name), name)  # 1, 1.0 and True are different names
         try:
             return self.transitions[key]
         except KeyError:
             pass
         except TypeError:  # an unhashable custom key name
             key = None
-        text = name if isinstance(name, str) else str(name)
-        compiled = self.glob.compiled
+        segments = self.glob.segments
         nxt: set[int] = set()
         for p in state:
             if p >= self.accept:
                 continue
-            match = compiled[p]
+            match = segments[p].match
             if match is None:
                 nxt.add(p)  # '**' consumes this level and may consume more
-            elif match(text):
+            elif match(name):
                 nxt.add(p + 1)
         result = self._closure(frozenset(nxt)) if nxt else frozenset()
         if key is not None and len(self.transitions) < self._MAX_TRANSITIONS:
@@ -728,6 +781,7 @@ class GlobMatcher(Matcher):
         return result
 
     def initial(self, node, path, walker):
+        walker.note_start(self, node, path)
         return self.start
 
     def enter(self, state, node, kind, opened, path, walker):
@@ -735,16 +789,57 @@ class GlobMatcher(Matcher):
             return _NOTHING
         if not opened[0] and kind == GENERIC and is_frozen(node):
             walker.record_blocked(path, "frozen")  # the pattern leads through a frozen value
-        if kind == TREECLASS and type(node)._tc_static_names:
+        if kind == TREECLASS:
             accept = self.accept
-            _record_statics(node, kind, path, walker, lambda e: accept in self._advance(state, e))
-        return CHILDREN, state
+            _record_statics(node, kind, path, walker, lambda e: accept in self.advance(state, e))
+        return CHILDREN, _Level(walker, state)
 
     def step(self, state, k, entry, child, child_path):
-        nxt = self._advance(state, entry)
+        nxt = self.advance(state.state, entry)
         if self.accept in nxt:
+            state.walker.hit(self)
             return _MATCHED
         return (DESCEND, nxt) if nxt else _PRUNED
+
+    def no_match_error(self, walker: Any, selection: str) -> Exception:
+        best_position, names = -1, set()
+        for node, _ in walker.starts(self):
+            for position, name in self._misses(node, self.start):
+                if position > best_position:
+                    best_position, names = position, set()
+                if position == best_position:
+                    names.add(name)
+        segments = self.glob.segments
+        if best_position < 0:
+            detail = "the selectors before it reached no node with children"
+            return LookupError(NAMED_NOTHING_MSG.format(
+                selector=repr(self), selection=selection, detail=detail, hint="", extra=""))
+        failing = segments[best_position]
+        matched = ".".join(segments[:best_position]) or "(the start)"
+        shown = sorted(map(str, names))
+        listed = ", ".join(repr(n) for n in shown[:12]) + (", ..." if len(shown) > 12 else "")
+        detail = f"after {matched!s}, no key matches {str(failing)!r} (keys there: {listed})"
+        hint = ""
+        close = difflib.get_close_matches(str(failing), shown, n=1)
+        if close:
+            fixed = [str(s) for s in segments]
+            fixed[best_position] = close[0]
+            hint = f"; did you mean {'.'.join(fixed)!r}?"
+        return LookupError(NAMED_NOTHING_MSG.format(
+            selector=repr(self), selection=selection, detail=detail, hint=hint, extra=""))
+
+    def _misses(self, node: Any, state: frozenset[int]) -> Iterator[tuple[int, Any]]:
+        """`(position, name)` wherever a name fails the segment at that position (for errors)."""
+        opened = open_node(node, node_kind(node))
+        if opened is None:
+            return
+        for entry, child in zip(opened.entries, opened.children, strict=True):
+            nxt = self.advance(state, entry)
+            for p in state:
+                if p < self.accept and self.glob.segments[p].match is not None and p + 1 not in nxt:
+                    yield p, entry_name(entry)
+            if nxt and self.accept not in nxt:
+                yield from self._misses(child, nxt)
 
     def __repr__(self) -> str:
         return repr(self.glob)
@@ -753,13 +848,13 @@ class GlobMatcher(Matcher):
 # -- masks -------------------------------------------------------------------------------------
 
 MASK_LEAF_MSG = (
-    "The mask leaf at {where} is {value!r} (of type {type}); a mask holds Python bools or "
+    "The mask leaf at {where} is {value} (of type {type}); a mask holds Python bools or "
     "boolean arrays, e.g. built with `jax.tree_util.tree_map(lambda x: x > 0, tree)`."
 )
 MASK_MISMATCH_MSG = (
     "The mask's structure does not match the tree at {where}: the tree has {tree_has}, the "
-    "mask has {mask_has}. A mask must have the tree's structure (or a prefix of it), with a "
-    "bool or a boolean array in place of each selected leaf or subtree.{extra}"
+    "mask has {mask_has}. A mask must have the structure of the tree it follows (or a prefix "
+    "of it), with a bool or a boolean array in place of each selected leaf or subtree."
 )
 
 
@@ -782,7 +877,9 @@ def _is_other_selector(x: Any) -> bool:
     if x is Ellipsis or (isinstance(x, (str, bytes, int, float, complex, type))
                          and not isinstance(x, bool)):
         return True
-    return isinstance(x, (re.Pattern, BaseKey, _Where, _Glob))
+    if isinstance(x, (re.Pattern, BaseKey, _Where, _Glob)):
+        return True
+    return _alias_for(type(x)) is not None
 
 
 def is_mask_like(x: Any) -> bool:
@@ -802,36 +899,18 @@ def is_mask_like(x: Any) -> bool:
     return not any(_is_other_selector(child) for child in opened[1])
 
 
-def _describe_children(kind: int, node: Any, opened: Any) -> str:
-    if opened is None:
-        return f"a leaf ({_leaf_summary(node)})"
-    names = ", ".join(repr(entry_name(e)) for e in opened[0])
-    return f"a `{type(node).__name__}` with children ({names})"
-
-
-def mask_mismatch(mask: Any, tree: Any, path: tuple[Any, ...], is_leaf: Any,
-                  ) -> tuple[tuple[Any, ...], str, str] | None:
-    """Where `mask` stops being a prefix of `tree`: `(path, tree_has, mask_has)`, or `None`."""
-    if mask_leaf_value(mask) is not None:
-        return None
-    kind = node_kind(tree, is_leaf)
-    opened = open_node(tree, kind)
-    mask_kind = node_kind(mask)
-    mask_opened = open_node(mask, mask_kind)
-    if mask_opened is None:
-        return path, _describe_children(kind, tree, opened), f"{mask!r}"
-    if opened is None or type(mask) is not type(tree) or mask_opened[0] != opened[0]:
-        return (path, _describe_children(kind, tree, opened),
-                _describe_children(mask_kind, mask, mask_opened))
-    for entry, m, t in zip(opened[0], mask_opened[1], opened[1], strict=True):
-        found = mask_mismatch(m, t, path + (entry,), is_leaf)
-        if found is not None:
-            return found
-    return None
+def _mask_leaf_text(value: Any) -> str:
+    text = repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class MaskMatcher(Matcher):
-    """A boolean mask pytree, aligned with the whole tree or with the current node."""
+    """A boolean mask pytree, aligned with the node its level starts at.
+
+    As the first selector that is the whole tree; after path selectors (`at[0][mask]`),
+    each node they selected: a mask means the same thing wherever it sits.
+    """
 
     __slots__ = ("mask",)
 
@@ -839,23 +918,7 @@ class MaskMatcher(Matcher):
         self.mask = mask
 
     def initial(self, node, path, walker):
-        if not path:
-            return self.mask
-        aligned = walker.memo.get(self)
-        if aligned is None:
-            # A mask built from the whole tree (`tree > 0`) used after a path selector.
-            fits = mask_mismatch(self.mask, walker.root, (), walker.is_leaf) is None
-            aligned = walker.memo[self] = "root" if fits else "node"
-        if aligned == "node":
-            return self.mask
-        sub = self.mask
-        for entry in path:
-            if mask_leaf_value(sub) is not None:
-                break  # a prefix mask: this leaf covers the whole subtree
-            found, sub = child_by_entry(sub, entry)
-            if not found:  # unreachable once `fits`, but fail loudly rather than guess
-                raise walker.mask_error(path, "a child " + repr(entry), "none")
-        return sub
+        return self.mask
 
     def enter(self, state, node, kind, opened, path, walker):
         value = mask_leaf_value(state)
@@ -871,21 +934,19 @@ class MaskMatcher(Matcher):
                 if len(state) == len(node):
                     return CHILDREN, state
             elif kind == TREECLASS:
-                names = opened[2]
-                if treeclass_names(state) == names:
-                    d = state.__dict__
-                    return CHILDREN, [d[n] for n in names]
-            elif kind == DICT and isinstance(opened[2], list):
-                if len(state) == len(node) and all(k in state for k in opened[2]):
-                    return CHILDREN, [state[k] for k in opened[2]]
+                if _node.child_names(state) == opened.aux:
+                    return CHILDREN, list(_node.children(state))
+            elif kind == Kind.DICT and isinstance(opened.aux, list):
+                if len(state) == len(node) and all(k in state for k in opened.aux):
+                    return CHILDREN, [state[k] for k in opened.aux]
         mask_kind = node_kind(state)
         mask_opened = open_node(state, mask_kind)
         if mask_opened is None:
             raise ValueError(MASK_LEAF_MSG.format(
-                where=walker.where(path), value=state, type=type(state).__name__))
+                where=walker.where(path), value=_mask_leaf_text(state),
+                type=type(state).__name__))
         if opened is None or type(state) is not type(node) or mask_opened[0] != opened[0]:
-            raise walker.mask_error(path, _describe_children(kind, node, opened),
-                                    _describe_children(mask_kind, state, mask_opened))
+            raise walker.mask_error(path, describe(node, opened), describe(state, mask_opened))
         return CHILDREN, mask_opened[1]
 
     def step(self, state, k, entry, child, child_path):
@@ -908,19 +969,23 @@ class MaskMatcher(Matcher):
 class UnionMatcher(Matcher):
     """A tuple of selectors at one level: a node is selected when any member selects it."""
 
-    __slots__ = ("members",)
+    __slots__ = ("members_",)
 
     def __init__(self, members: tuple[Matcher, ...]) -> None:
-        self.members = members
+        self.members_ = members
+
+    def members(self) -> Iterator[Matcher]:
+        for member in self.members_:
+            yield from member.members()
 
     def initial(self, node, path, walker):
-        return tuple(m.initial(node, path, walker) for m in self.members)
+        return tuple(m.initial(node, path, walker) for m in self.members_)
 
     def enter(self, state, node, kind, opened, path, walker):
         entered: list[Any] = []
         selected = False
         element_mask: Any = None
-        for member, member_state in zip(self.members, state, strict=True):
+        for member, member_state in zip(self.members_, state, strict=True):
             if member_state is _SKIP:
                 entered.append(_SKIP)
                 continue
@@ -939,7 +1004,7 @@ class UnionMatcher(Matcher):
         selected = False
         element_mask: Any = None
         descend: list[Any] | None = None
-        for i, (member, entered) in enumerate(zip(self.members, state, strict=True)):
+        for i, (member, entered) in enumerate(zip(self.members_, state, strict=True)):
             if entered is _SKIP:
                 continue
             code, payload = member.step(entered[1], k, entry, child, child_path)
@@ -948,7 +1013,7 @@ class UnionMatcher(Matcher):
                 selected = True
             elif code == DESCEND:
                 if descend is None:
-                    descend = [_SKIP] * len(self.members)
+                    descend = [_SKIP] * len(self.members_)
                 descend[i] = payload
         if selected:
             return MATCH, element_mask
@@ -957,12 +1022,12 @@ class UnionMatcher(Matcher):
         return _PRUNED
 
     def finish(self, state, node, kind, opened, path, walker):
-        for member, entered in zip(self.members, state, strict=True):
+        for member, entered in zip(self.members_, state, strict=True):
             if entered is not _SKIP:
                 member.finish(entered[1], node, kind, opened, path, walker)
 
     def __repr__(self) -> str:
-        return "(" + ", ".join(repr(m) for m in self.members) + ")"
+        return "(" + ", ".join(repr(m) for m in self.members_) + ")"
 
 
 class _Skip:
@@ -984,57 +1049,101 @@ def _union_masks(current: Any, new: Any, already_selected: bool) -> Any:
     return jnp.logical_or(current, new)
 
 
-# -- compiling -------------------------------------------------------------------------------
+# -- compiling: a table from selector type to matcher ---------------------------------------------
 
 SUPPORTED_SELECTORS = (
     "a str name (attribute or dict key), an int index (negative counts from the end), "
     "`...` (every child), `re.compile(pattern)` (names matching at this level), a class "
     "(every instance at any depth), `tc.where(fn)`, `tc.glob(pattern)`, a `tc.BaseKey` "
-    "instance, a boolean mask (a bool, a boolean array or a pytree of them), or a tuple of "
-    "these (their union at one level)"
+    "instance, a boolean mask (a bool, a boolean array or a pytree of them), a type "
+    "registered with `tc.BaseKey.def_alias`, or a flat tuple of these (their union at one "
+    "level)"
 )
 UNSUPPORTED_MSG = (
-    "Unsupported selector {selector!r} of type `{type}` in `{where}`. Supported: "
+    "Unsupported selector {selector} of type `{type}` in `{where}`. Supported: "
     "{supported}.{hint}"
 )
+
+Compiler = Callable[[Any, Callable[[], str]], Matcher]
+
+
+def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
+    if selector and all(is_mask_like(s) for s in selector):
+        return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
+    for member in selector:
+        if type(member) is tuple and not is_mask_like(member):
+            raise NotImplementedError(UNSUPPORTED_MSG.format(
+                selector=_mask_leaf_text(selector), type="tuple", where=where(),
+                supported=SUPPORTED_SELECTORS,
+                hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')]."))
+    return UnionMatcher(tuple(compile_selector(s, where) for s in selector))
+
+
+def _compile_glob(selector: _Glob, where: Callable[[], str]) -> Matcher:
+    if selector.matcher is None:
+        selector.matcher = GlobMatcher(selector)
+    return selector.matcher
+
+
+def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
+    if issubclass(selector, BaseKey):
+        raise TypeError(
+            f"`{selector.__name__}` is a BaseKey class; select with an instance of it: "
+            f".at[{selector.__name__}(...)]."
+        )
+    return TypeMatcher(selector)
+
+
+# The built-in selector types; `BaseKey.def_alias` registrations (`_ALIASES`) take
+# precedence, so users can redefine what a type means. Looked up along the selector type's
+# MRO, so subclasses (np.int64 of np.integer, a str subclass) follow their base.
+_BUILTIN: dict[type, Compiler] = {
+    str: lambda s, where: NameMatcher(str(s)),
+    bool: lambda s, where: MaskMatcher(bool(s)),
+    np.bool_: lambda s, where: MaskMatcher(bool(s)),
+    int: lambda s, where: IndexMatcher(int(s)),
+    np.integer: lambda s, where: IndexMatcher(int(s)),
+    type(Ellipsis): lambda s, where: EllipsisMatcher(),
+    tuple: _compile_tuple,
+    re.Pattern: lambda s, where: PatternMatcher(s),
+    BaseKey: lambda s, where: BaseKeyMatcher(s),
+    _Where: lambda s, where: WhereMatcher(s.fn),
+    _Glob: _compile_glob,
+    type: _compile_type,
+}
+# User aliases: type -> converter to another selector. Written by `def_alias` (a dict
+# store under the GIL; `_compiler_for`'s cache is cleared after it), read on indexing.
+_ALIASES: dict[type, Callable[[Any], Any]] = {}
+
+
+def _alias_for(cls: type) -> Callable[[Any], Any] | None:
+    for base in cls.__mro__:
+        alias = _ALIASES.get(base)
+        if alias is not None:
+            return alias
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _compiler_for(cls: type) -> Compiler | None:
+    alias = _alias_for(cls)
+    if alias is not None:
+        return lambda s, where: compile_selector(alias(s), where)
+    for base in cls.__mro__:
+        compiler = _BUILTIN.get(base)
+        if compiler is not None:
+            return compiler
+    return None
 
 
 def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
     """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
-    cls = type(selector)
-    if cls is str:
-        return NameMatcher(selector)
-    if cls is int:
-        return IndexMatcher(selector)
-    if selector is Ellipsis:
-        return EllipsisMatcher()
-    if cls is tuple:
-        if selector and all(is_mask_like(s) for s in selector):
-            return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
-        return UnionMatcher(tuple(compile_selector(s, where) for s in selector))
-    if isinstance(selector, (bool, np.bool_)):
-        return MaskMatcher(bool(selector))
-    if isinstance(selector, str):
-        return NameMatcher(str(selector))
-    if isinstance(selector, (int, np.integer)):
-        return IndexMatcher(int(selector))
-    if isinstance(selector, re.Pattern):
-        return PatternMatcher(selector)
-    if isinstance(selector, BaseKey):
-        return BaseKeyMatcher(selector)
-    if isinstance(selector, _Where):
-        return WhereMatcher(selector.fn)
-    if isinstance(selector, _Glob):
-        if selector.matcher is None:
-            selector.matcher = GlobMatcher(selector)
-        return selector.matcher
-    if isinstance(selector, type):
-        if issubclass(selector, BaseKey):
-            raise TypeError(
-                f"`{selector.__name__}` is a BaseKey class; select with an instance of it: "
-                f".at[{selector.__name__}(...)]."
-            )
-        return TypeMatcher(selector)
+    try:
+        compiler = _compiler_for(type(selector))
+    except TypeError:  # an unhashable selector type (never, for real classes)
+        compiler = None
+    if compiler is not None:
+        return compiler(selector, where)
     if is_mask_like(selector):
         return MaskMatcher(selector)
     hint = ""
@@ -1045,5 +1154,6 @@ def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
     elif isinstance(selector, (float, complex)):
         hint = " Indices must be ints."
     raise NotImplementedError(UNSUPPORTED_MSG.format(
-        selector=selector, type=cls.__name__, where=where(), supported=SUPPORTED_SELECTORS,
-        hint=hint))
+        selector=_mask_leaf_text(selector), type=type(selector).__name__, where=where(),
+        supported=SUPPORTED_SELECTORS, hint=hint))
+

@@ -1,0 +1,721 @@
+"""The TreeClass node contract: how an instance is stored, sealed, flattened and rebuilt.
+
+Every other module asks this one what it needs of a TreeClass instance (is it one, its
+child names and key entries, its children, its static values, a copy with other
+children, an unsealed copy and resealing); none reads the private state itself.
+`_treeclass` builds the class on top of `TreeNode` and registers it here.
+
+How an instance is kept (the invariants):
+
+- its attributes live in its `__dict__`, in assignment order; `TreeNode` owns that slot,
+  and `attributes(node)` reads it directly (`TreeClass` shows users a read-only view);
+- once its `__init__` has returned it is *sealed*: `_tc_layout` holds its `Layout` and
+  `_tc_flat` holds `(children, layout)`. Flatten is a C-level read of `_tc_flat`, which is
+  safe because a sealed instance never changes: every way of writing an attribute
+  (`setattr`, `object.__setattr__`, `object.__delattr__`, `vars(obj)[k] = v`, ...) is
+  refused, by `TreeClass.__setattr__`, by the read-only `__dict__` view, and by an
+  `_Attribute` guard on the class for every attribute name an instance has had;
+- a `Layout` is everything about an instance but its leaves: its class, attribute names in
+  order, static values and key entries. Layouts are interned per class (typed, exact keys
+  for static values, see `_keys`), so equal layouts are the same object and JAX's per-call
+  hashing and comparison of them is a C-level identity check. A `Shape` is what all
+  layouts with one attribute order share, including the generated unflatten code, so a new
+  static value costs a small object, never new code;
+- unsealed (`_tc_layout` is `None` or unset) means under construction, or a private copy
+  inside `.at["method"]()`; flatten then computes `(children, layout)` on demand.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import _codegen
+from ._keys import value_key
+
+__all__ = [
+    "TreeNode", "ClassInfo", "Layout", "attributes", "is_treeclass", "is_treeclass_type",
+    "seal", "seal_after_error", "unseal", "unsealed_copy", "reseal", "child_names",
+    "child_keys", "children", "static_names", "static_values", "replace_children",
+    "rebuild", "register",
+]
+
+_IMMUTABLE_MSG = (
+    "Cannot {action} attribute {name!r} of an immutable `{cls}` instance: TreeClass "
+    "instances are frozen once `__init__` has returned. Make a changed copy instead:\n"
+    "    before: {before}\n"
+    "    after:  tree = tree.at[{name!r}].set(value)\n"
+    "To run a method that mutates the instance, call it on a copy:\n"
+    "    value, tree = tree.at['method_name'](*args, **kwargs)"
+)
+_UNHASHABLE_STATIC_MSG = (
+    "Static field `{cls}.{name}` must be hashable, but got a value of type {type}: static "
+    "values are part of the tree definition, which JAX hashes on every jit call.\n"
+    "Make it hashable (e.g. a tuple instead of a list), or make it a leaf:\n"
+    "    before: {name}: ... = tc.field(static=True)\n"
+    "    after:  {name}: ... = tc.field()   # optionally frozen with tc.freeze"
+)
+_ARRAY_STATIC_MSG = (
+    "Static field `{cls}.{name}` holds an array: it will be compared by identity, so an "
+    "equal but distinct array retraces `jax.jit`. Make it a leaf, or freeze it with "
+    "`tc.freeze`, which hashes the array's contents once."
+)
+_CHILD_COUNT_MSG = (
+    "Cannot rebuild a `{cls}` from {got} children: its layout has {want} ({names}). The "
+    "children must come from flattening a `{cls}` with this tree definition."
+)
+
+
+class TreeNode:
+    """The storage of a TreeClass instance: its `__dict__` and the two sealing slots."""
+
+    __slots__ = ("__dict__", "_tc_layout", "_tc_flat", "__weakref__")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat` yet
+        # (it is still changing): compute it on demand, for flatten.
+        if name == "_tc_flat":
+            return flat_of(self)
+        if name == "_tc_layout":  # a fresh instance: its slot is not set until sealing
+            return None
+        raise AttributeError(f"`{type(self).__name__}` instance has no attribute {name!r}")
+
+
+_DICT_SLOT = TreeNode.__dict__["__dict__"]
+attributes: Callable[[Any], dict[str, Any]] = _DICT_SLOT.__get__  # the real instance dict
+set_attributes: Callable[[Any, dict[str, Any]], None] = _DICT_SLOT.__set__
+_layout_slot = TreeNode.__dict__["_tc_layout"]
+_flat_slot = TreeNode.__dict__["_tc_flat"]
+set_layout = _set_layout = _layout_slot.__set__
+set_flat = _set_flat = _flat_slot.__set__
+_new = object.__new__
+
+
+def is_treeclass(x: Any) -> bool:
+    """Whether `x` is a TreeClass instance (a C-level isinstance: `TreeNode` is a plain class)."""
+    return isinstance(x, TreeNode)
+
+
+def is_treeclass_type(cls: Any) -> bool:
+    return isinstance(cls, type) and issubclass(cls, TreeNode)
+
+
+def layout_of(node: Any) -> Layout | None:
+    """The layout of a sealed instance; `None` while it is unsealed."""
+    layout = getattr(node, "_tc_layout", None)
+    return layout if type(layout) is Layout else None
+
+
+# -- shapes and layouts ------------------------------------------------------------------------
+
+
+def _single(name: str) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    return lambda d: (d[name],)
+
+
+class Shape:
+    """What every layout with one attribute order shares: names, keys, getter, unflatten."""
+
+    __slots__ = ("info", "names", "leaf_names", "static_names", "keys", "get", "build",
+                 "layout", "__weakref__")
+
+    def __init__(self, info: ClassInfo, names: tuple[str, ...]) -> None:
+        statics = info.static_names
+        self.info = info
+        self.names = names
+        self.leaf_names = tuple(n for n in names if n not in statics)
+        self.static_names = tuple(n for n in names if n in statics)
+        self.keys = tuple(info.key_of(n) for n in self.leaf_names)
+        count = len(self.leaf_names)
+        if count == 0:
+            self.get = lambda _: ()
+        elif count == 1:
+            self.get = _single(self.leaf_names[0])
+        else:
+            self.get = operator.itemgetter(*self.leaf_names)
+        self.build = self.compile_build(inline=False)
+        # the one layout of a shape without static values lives as long as the shape
+        self.layout = None if self.static_names else Layout(self, (), self)
+
+    def compile_build(self, inline: bool) -> Callable[[Any, Any], Any]:
+        cls = self.info.cls
+        source = _codegen.render_build(self.names, self.leaf_names, inline_fixed=inline)
+        namespace = {"cls": cls, "shape": self, "new": _new, "set_attributes": set_attributes,
+                     "set_layout": _set_layout, "set_flat": _set_flat}
+        what = "unflatten" if not inline else "registered unflatten"
+        label = f"{what} of {cls.__module__}.{cls.__qualname__}({', '.join(self.names)})"
+        return _codegen.compile_function(source, "build", namespace, label)
+
+    def with_values(self, values: tuple[Any, ...]) -> Layout:
+        """The interned layout of this shape with these static values."""
+        return self.info.intern(self, values)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_shape_from_pickle, (self.info.cls, self.names))
+
+    def __repr__(self) -> str:
+        return f"Shape({self.info.cls.__name__}, {self.names})"
+
+
+class Layout:
+    """What flatten returns as auxiliary data: everything about an instance but its leaves."""
+
+    __slots__ = ("shape", "values", "key", "keys", "build", "__weakref__")
+
+    def __init__(self, shape: Shape, values: tuple[Any, ...], key: Any) -> None:
+        self.shape = shape
+        self.values = values  # the static values, in the order of `shape.static_names`
+        self.key = key
+        self.keys = shape.keys
+        self.build = shape.build
+
+    @property
+    def cls(self) -> type:
+        return self.shape.info.cls
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.shape.names
+
+    @property
+    def leaf_names(self) -> tuple[str, ...]:
+        return self.shape.leaf_names
+
+    @property
+    def static(self) -> dict[str, Any]:
+        return dict(zip(self.shape.static_names, self.values))
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is Layout and other.shape is self.shape and other.key == self.key
+        )
+
+    # JAX hashes every node's aux data on every jit dispatch (the cache key). Layouts are
+    # interned, so equal layouts are the same object and the C-level identity hash is
+    # consistent with `__eq__`; a Python `__hash__` here cost ~1.5% of a small train step.
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        static = ", ".join(f"{k}={v!r}" for k, v in self.static.items())
+        return f"{self.cls.__name__}Layout(leaves={self.leaf_names}, static=({static}))"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # unpickling re-interns: a pickled tree definition comes back with the live layout
+        return (_layout_from_pickle, (self.cls, self.names, self.values))
+
+
+def _shape_from_pickle(cls: type, names: tuple[str, ...]) -> Shape:
+    return cls._tc_info.shape(names)
+
+
+def _layout_from_pickle(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Layout:
+    shape = cls._tc_info.shape(names)
+    return shape.layout if shape.layout is not None else shape.with_values(tuple(values))
+
+
+class _Broken:
+    """The layout of an instance whose `__init__` failed: sealed, but not a valid tree."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<layout of a failed __init__>"
+
+
+_BROKEN = _Broken()
+
+
+def _forget_layout(table: dict[Any, Any], key: Any, ref: Any) -> None:
+    # a weakref callback: drop the table entry if it still holds this (dead) layout
+    if table.get(key) is ref:
+        table.pop(key, None)
+
+
+class _ByIdentity:
+    """The key of a static array: compared by identity (and warned about)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _ByIdentity and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+class ClassInfo:
+    """Everything treeclass keeps about one TreeClass subclass, in one record.
+
+    `fields`, `static_names` and `setters` describe the class; `shapes` and `layouts`
+    intern its layouts (`shapes` strongly: one per attribute order seen; `layouts` weakly:
+    a layout with static values lives as long as an instance or a tree definition holds
+    it); `fixed_layout` is the one layout of a class whose generated `__init__` knows its
+    attribute names. New layouts are made under `lock`, so equal static values built on
+    many threads always share one layout object. Pickling the record keeps the description
+    and starts the tables empty (so cloudpickle can ship a class defined in a function).
+    """
+
+    __slots__ = ("cls", "fields", "static_names", "setters", "shapes", "layouts", "lock",
+                 "fixed_layout", "fixed_shape", "_keys", "_setter_kinds")
+
+    def __init__(self, cls: type, fields: dict[str, Any], static_names: tuple[str, ...],
+                 setters: dict[str, tuple[Callable[[Any], Any], ...]]) -> None:
+        self.cls = cls
+        self.fields = fields
+        self.static_names = static_names
+        self.setters = setters
+        self.shapes: dict[tuple[str, ...], Shape] = {}
+        self.layouts: dict[Any, Any] = {}
+        self.lock = threading.Lock()
+        self.fixed_layout: Layout | None = None
+        self.fixed_shape: Shape | None = None
+        self._keys: dict[str, Any] = {}
+        self._setter_kinds: dict[str, Any] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ClassInfo, (self.cls, self.fields, self.static_names, self.setters))
+
+    def key_of(self, name: str) -> Any:
+        """The `GetAttrKey` of an attribute, built once per class and name."""
+        key = self._keys.get(name)
+        if key is None:
+            key = self._keys.setdefault(name, jax.tree_util.GetAttrKey(name))
+        return key
+
+    def shape(self, names: tuple[str, ...]) -> Shape:
+        shape = self.shapes.get(names)
+        if shape is None:
+            with self.lock:
+                shape = self.shapes.get(names)
+                if shape is None:
+                    shape = Shape(self, names)
+                    _guard_names(self.cls, names)
+                    self.shapes[names] = shape
+        return shape
+
+    def intern(self, shape: Shape, values: tuple[Any, ...]) -> Layout:
+        try:
+            key = tuple(map(value_key, values))
+        except TypeError:
+            key = self._static_key_or_raise(shape, values)
+        key = (shape, key)
+        ref = self.layouts.get(key)
+        if ref is not None:
+            layout = ref()
+            if layout is not None:
+                return layout
+        with self.lock:  # the miss path is atomic: one layout per key, whatever the threads
+            ref = self.layouts.get(key)
+            layout = ref() if ref is not None else None
+            if layout is None:
+                layout = Layout(shape, values, key)
+                self.layouts[key] = weakref.ref(
+                    layout, functools.partial(_forget_layout, self.layouts, key))
+        return layout
+
+    def _static_key_or_raise(self, shape: Shape, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        # the slow path of `intern`: arrays (warned about, keyed by identity), or an error
+        # naming the field of an unhashable value
+        keys = []
+        for name, value in zip(shape.static_names, values, strict=True):
+            try:
+                keys.append(self._static_key(value, name))
+            except TypeError:
+                raise TypeError(_UNHASHABLE_STATIC_MSG.format(
+                    cls=self.cls.__name__, name=name, type=type(value).__name__)) from None
+        return tuple(keys)
+
+    def _static_key(self, value: Any, name: str) -> Any:
+        if isinstance(value, (np.ndarray, jax.Array)):
+            import warnings
+
+            message = _ARRAY_STATIC_MSG.format(cls=self.cls.__name__, name=name)
+            warnings.warn(message, stacklevel=_user_stacklevel())
+            return _ByIdentity(value)
+        if isinstance(value, tuple):
+            return (type(value), tuple(self._static_key(v, name) for v in value))
+        return value_key(value)
+
+    def layout_of_attributes(self, d: dict[str, Any]) -> Layout:
+        shape = self.shape(tuple(d))
+        if shape.layout is not None:
+            return shape.layout
+        return self.intern(shape, tuple(d[n] for n in shape.static_names))
+
+    def fix_layout(self, names: tuple[str, ...]) -> Layout:
+        """Record the one layout of a class whose generated `__init__` sets `names`."""
+        shape = self.shape(names)
+        assert shape.layout is not None, "a fixed layout has no static values"
+        self.fixed_layout = shape.layout
+        self.fixed_shape = shape
+        return shape.layout
+
+    def fix_shape(self, names: tuple[str, ...]) -> Shape:
+        """Record the shape of a class whose generated `__init__` sets `names` (statics vary)."""
+        shape = self.fixed_shape = self.shape(names)
+        return shape
+
+    def live_layouts(self) -> dict[Any, Layout]:
+        """The interned layouts with static values that are alive now (for tests)."""
+        out = {}
+        for key, ref in list(self.layouts.items()):
+            layout = ref()
+            if layout is not None:
+                out[key] = layout
+        return out
+
+    def setter_kind(self, name: str) -> Any:
+        """`None` to store `name` in the instance dict, else the data descriptor to call."""
+        try:
+            return self._setter_kinds[name]
+        except KeyError:
+            pass
+        found = _class_lookup(self.cls, name)
+        kind = None
+        if found is not _NOTHING and not isinstance(found, _Attribute) and (
+            hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
+        ):
+            kind = found  # a property, say: setting goes through it, as in plain Python
+        self._setter_kinds[name] = kind
+        return kind
+
+
+def _user_stacklevel() -> int:
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(2)
+    level = 2
+    while frame is not None and (frame.f_code.co_filename.startswith(package)
+                                 or frame.f_code.co_filename.startswith("<treeclass ")):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+# -- attribute guards --------------------------------------------------------------------------
+
+_NOTHING: Any = object()
+NOTHING = _NOTHING  # "no such attribute / no class-level value"
+
+
+def _class_lookup(cls: type, name: str) -> Any:
+    """What `cls.name` finds in the MRO, undecorated (like `inspect.getattr_static`)."""
+    for base in cls.__mro__:
+        if name in base.__dict__:
+            return base.__dict__[name]
+    return _NOTHING
+
+
+class _Attribute:
+    """The class-level guard of one attribute name of a TreeClass.
+
+    A data descriptor, so `object.__setattr__` and `object.__delattr__` reach it too:
+    they are refused on a sealed instance, like every other write. Reads return the
+    instance's value; without one, the class-level value it displaced (a field default,
+    a method), else `AttributeError`.
+    """
+
+    __slots__ = ("name", "fallback")
+
+    def __init__(self, name: str, fallback: Any = _NOTHING) -> None:
+        self.name = name
+        self.fallback = fallback
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self._class_value(owner)
+        try:
+            return attributes(obj)[self.name]
+        except KeyError:
+            return self._missing(obj, owner)
+
+    def _class_value(self, owner: Any) -> Any:
+        fallback = self.fallback
+        if fallback is _NOTHING:
+            raise AttributeError(self.name)
+        get = getattr(type(fallback), "__get__", None)
+        return fallback if get is None else get(fallback, None, owner)
+
+    def _missing(self, obj: Any, owner: Any) -> Any:
+        fallback = self.fallback
+        if fallback is _NOTHING:
+            raise AttributeError(
+                f"`{type(obj).__name__}` instance has no attribute {self.name!r}")
+        get = getattr(type(fallback), "__get__", None)
+        return fallback if get is None else get(fallback, obj, owner)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        if getattr(obj, "_tc_layout", None) is not None:
+            raise AttributeError(_IMMUTABLE_MSG.format(
+                action="set", name=self.name, cls=type(obj).__name__,
+                before=f"object.__setattr__(tree, {self.name!r}, value)"))
+        attributes(obj)[self.name] = value
+
+    def __delete__(self, obj: Any) -> None:
+        if getattr(obj, "_tc_layout", None) is not None:
+            raise AttributeError(_IMMUTABLE_MSG.format(
+                action="delete", name=self.name, cls=type(obj).__name__,
+                before=f"object.__delattr__(tree, {self.name!r})"))
+        try:
+            del attributes(obj)[self.name]
+        except KeyError:
+            raise AttributeError(
+                f"`{type(obj).__name__}` instance has no attribute {self.name!r}") from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.fallback))
+
+    def __repr__(self) -> str:
+        return f"<treeclass attribute {self.name!r}>"
+
+
+class _GetterAttribute(_Attribute):
+    """A guard that also applies a field's `on_getattr` callbacks on reads."""
+
+    __slots__ = ("callbacks",)
+
+    def __init__(self, name: str, fallback: Any = _NOTHING,
+                 callbacks: tuple[Callable[[Any], Any], ...] = ()) -> None:
+        super().__init__(name, fallback)
+        self.callbacks = callbacks
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self._class_value(owner)
+        try:
+            value = attributes(obj)[self.name]
+        except KeyError:
+            return self._missing(obj, owner)
+        for callback in self.callbacks:
+            value = callback(value)
+        return value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.fallback, self.callbacks))
+
+
+GUARDS = (_Attribute,)
+
+
+def guard_field(cls: type, name: str, default: Any, on_getattr: tuple[Any, ...]) -> None:
+    """Put the guard of a declared field on `cls`; `default` (or `NOTHING`) is its class value."""
+    guard = (_GetterAttribute(name, default, on_getattr) if on_getattr
+             else _Attribute(name, default))
+    type.__setattr__(cls, name, guard)
+
+
+def _guard_names(cls: type, names: Sequence[str]) -> None:
+    # Attribute names set by a hand-written __init__ get their guard when an instance first
+    # has them. A name the class already knows as something else (a method, a class
+    # constant) is guarded too, keeping that as its class-level value; dunder names and
+    # foreign data descriptors (properties) are left alone.
+    for name in names:
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        found = _class_lookup(cls, name)
+        if isinstance(found, _Attribute):
+            continue
+        if found is not _NOTHING and (hasattr(type(found), "__set__")
+                                      or hasattr(type(found), "__delete__")):
+            continue
+        type.__setattr__(cls, name, _Attribute(name, found))
+
+
+# -- sealing ----------------------------------------------------------------------------------
+
+
+def flat_of(node: Any) -> tuple[tuple[Any, ...], Layout]:
+    """Children and layout computed from the attributes (what sealing stores in `_tc_flat`)."""
+    d = attributes(node)
+    layout = type(node)._tc_info.layout_of_attributes(d)
+    return layout.shape.get(d), layout
+
+
+def seal(node: Any) -> None:
+    """Make `node` immutable: compute its layout and cache `(children, layout)`."""
+    flat = flat_of(node)
+    _set_layout(node, flat[1])
+    _set_flat(node, flat)
+
+
+def seal_after_error(node: Any) -> None:
+    """Seal an instance whose `__init__` raised; if even that fails, mark it broken."""
+    try:
+        seal(node)
+    except Exception:  # the original error matters more; stay immutable regardless
+        _set_layout(node, _BROKEN)
+
+
+def unseal(node: Any) -> None:
+    _set_layout(node, None)
+    try:
+        _flat_slot.__delete__(node)
+    except AttributeError:  # never sealed: nothing cached
+        pass
+
+
+def is_sealed(node: Any) -> bool:
+    return getattr(node, "_tc_layout", None) is not None
+
+
+def refuse_write(node: Any, name: str, action: str) -> None:
+    """Raise the immutability error for `tree.name = value` / `del tree.name`."""
+    before = f"tree.{name} = value" if action == "set" else f"del tree.{name}"
+    raise AttributeError(_IMMUTABLE_MSG.format(
+        action=action, name=name, cls=type(node).__name__, before=before))
+
+
+def _snapshot(x: Any) -> Any:
+    # a NumPy array is mutable in place: a method of the copy must not write into the
+    # caller's buffer (`self.buf[0] = -1`)
+    return x.copy() if type(x) is np.ndarray else x
+
+
+def unsealed_copy(tree: Any) -> Any:
+    """A copy of `tree` in which every TreeClass node may be mutated (and arrays are copies)."""
+    copy = jax.tree_util.tree_map(_snapshot, tree)
+    for node in treeclass_nodes(copy):
+        unseal(node)
+    return copy
+
+
+def reseal(tree: Any) -> None:
+    """Make every TreeClass node of an unsealed copy immutable again."""
+    for node in treeclass_nodes(tree):
+        if getattr(node, "_tc_layout", None) is None:
+            seal(node)
+
+
+def treeclass_nodes(tree: Any) -> Iterator[Any]:
+    """Every TreeClass node of `tree` (itself included), parents before children."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TreeNode):
+            yield node
+            found = jax.tree_util.tree_leaves(children(node), is_leaf=is_treeclass)
+        else:  # only the root can be a plain pytree here
+            found = jax.tree_util.tree_leaves(node, is_leaf=is_treeclass)
+        stack.extend(x for x in reversed(found) if isinstance(x, TreeNode))
+
+
+# -- the contract lower modules use -----------------------------------------------------------
+
+
+def static_names(cls: type) -> tuple[str, ...]:
+    """The names of the declared static fields of a TreeClass subclass."""
+    return cls._tc_info.static_names
+
+
+def child_names(node: Any) -> tuple[str, ...]:
+    """The names of a TreeClass instance's children, in flatten order."""
+    layout = layout_of(node)
+    if layout is not None:
+        return layout.shape.leaf_names
+    statics = type(node)._tc_info.static_names
+    return tuple(n for n in attributes(node) if n not in statics)
+
+
+def child_keys(node: Any) -> tuple[Any, ...]:
+    """The `GetAttrKey` entries of a TreeClass instance's children, in flatten order."""
+    layout = layout_of(node)
+    if layout is not None:
+        return layout.keys
+    key_of = type(node)._tc_info.key_of
+    return tuple(key_of(n) for n in child_names(node))
+
+
+def children(node: Any) -> tuple[Any, ...]:
+    layout = layout_of(node)
+    if layout is not None:
+        return node._tc_flat[0]
+    d = attributes(node)
+    return tuple(d[n] for n in child_names(node))
+
+
+def static_values(node: Any) -> dict[str, Any]:
+    """`{name: value}` of the static fields an instance has."""
+    d = attributes(node)
+    return {n: d[n] for n in type(node)._tc_info.static_names if n in d}
+
+
+def child(node: Any, name: str) -> Any:
+    """The child `name` of a TreeClass instance, or `_NOTHING` when it has no such child."""
+    d = attributes(node)
+    if name in d and name not in type(node)._tc_info.static_names:
+        return d[name]
+    return _NOTHING
+
+
+
+
+def replace_children(node: Any, changes: dict[str, Any]) -> Any:
+    """A copy of `node` with some children replaced (names must be existing children).
+
+    The layout is unchanged, so the copy is sealed (or unsealed) exactly like `node`.
+    """
+    tree = _new(type(node))
+    state = dict(attributes(node))
+    state.update(changes)
+    set_attributes(tree, state)
+    layout = getattr(node, "_tc_layout", None)
+    _set_layout(tree, layout)
+    if type(layout) is Layout:
+        _set_flat(tree, (layout.shape.get(state), layout))
+    return tree
+
+
+def rebuild(node: Any, new_children: Sequence[Any]) -> Any:
+    """`node` with all its children replaced, in `child_names(node)` order."""
+    layout = layout_of(node)
+    if layout is not None:
+        if len(new_children) != len(layout.keys):
+            names = ", ".join(layout.shape.leaf_names)
+            raise ValueError(_CHILD_COUNT_MSG.format(
+                cls=type(node).__name__, got=len(new_children), want=len(layout.keys),
+                names=names))
+        return layout.build(layout, tuple(new_children))
+    return replace_children(node, dict(zip(child_names(node), new_children, strict=True)))
+
+
+# -- registration with JAX ---------------------------------------------------------------------
+
+# Flatten is a C-level attribute read: a sealed instance keeps `(children, layout)` in its
+# `_tc_flat` slot, and an unsealed one, whose slot is empty, falls through to
+# `TreeNode.__getattr__`, which computes it. No Python frame per node on jit dispatch.
+_flatten = operator.attrgetter("_tc_flat")
+
+
+def _flatten_with_keys(tree: Any) -> tuple[list[tuple[Any, Any]], Layout]:
+    children, layout = tree._tc_flat
+    # equal lengths by construction; `strict=` would cost a keyword parse per node
+    return list(zip(layout.keys, children)), layout  # noqa: B905
+
+
+def _unflatten(layout: Layout, children: Any) -> Any:
+    return layout.build(layout, children)
+
+
+def register(cls: type) -> None:
+    """Register `cls` with JAX; its unflatten inlines the class's fixed shape, if it has one."""
+    shape = cls._tc_info.fixed_shape
+    unflatten = _unflatten if shape is None else shape.compile_build(inline=True)
+    jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, unflatten, _flatten)
+
+
+
+def live_layouts(cls: type) -> dict[Any, Layout]:
+    """The interned layouts with static values of `cls` that are alive now (for tests)."""
+    return cls._tc_info.live_layouts()

@@ -1,0 +1,291 @@
+"""Looking at a pytree one node at a time: kinds, opening, rebuilding, and where two part.
+
+Everything in treeclass that walks a tree level by level (the `.at` walker and its
+matchers, the mask checks of `tree_mask` and `tc.optim`, the printers) opens a node here,
+so there is one answer to "what are this node's children and their key entries", and one
+explanation of where a mask, a value or a label tree stops fitting a tree, with one way
+of writing the key path in messages: the root's class name (`MLP.layers[0].weight`), or
+`tree` when the root is a dict, list or tuple.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from . import _mask, _node
+
+__all__ = [
+    "Kind", "Opened", "Mismatch", "node_kind", "open_node", "rebuild", "entry_name",
+    "child_by_entry", "path_str", "root_name", "describe", "first_mismatch", "is_leaf_node",
+]
+
+
+class Kind(enum.IntEnum):
+    """How a node is opened and rebuilt."""
+
+    LEAF = 0
+    TREECLASS = 1
+    DICT = 2
+    LIST = 3
+    TUPLE = 4
+    NAMEDTUPLE = 5
+    NONE = 6
+    GENERIC = 7  # any other registered node (or, once opened, maybe a leaf)
+
+
+LEAF, TREECLASS, DICT, LIST, TUPLE, NAMEDTUPLE, NONE, GENERIC = Kind
+
+# Exact types only: a subclass (OrderedDict, a custom list) may be registered differently.
+_BUILTIN_KINDS: dict[type, Kind] = {
+    dict: DICT,
+    list: LIST,
+    tuple: TUPLE,
+    type(None): NONE,
+    float: LEAF,
+    int: LEAF,
+    bool: LEAF,
+    complex: LEAF,
+    str: LEAF,
+    bytes: LEAF,
+    np.ndarray: LEAF,
+}
+
+# Concrete array and tracer classes seen so far. A speed cache only: jax never treats an
+# array as a node, so membership cannot go stale; adding to a set is atomic under the GIL.
+_ARRAY_TYPES: set[type] = set()
+
+
+def node_kind(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> Kind:
+    """A cheap classification of `node`; `GENERIC` may still turn out to be a leaf."""
+    if is_leaf is not None and is_leaf(node):
+        return LEAF
+    cls = type(node)
+    kind = _BUILTIN_KINDS.get(cls)
+    if kind is not None:
+        return kind
+    if cls in _ARRAY_TYPES:
+        return LEAF
+    if isinstance(node, _node.TreeNode):
+        return TREECLASS
+    if isinstance(node, (jax.Array, np.generic)):  # tracers are jax.Array instances
+        if isinstance(node, jax.Array):
+            _ARRAY_TYPES.add(cls)
+        return LEAF
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return NAMEDTUPLE
+    return GENERIC
+
+
+class Opened(NamedTuple):
+    """One node, opened: its children's key entries, the children, and what `rebuild` needs."""
+
+    entries: tuple[Any, ...]
+    children: list[Any]  # a fresh list: callers may replace items, then `rebuild`
+    aux: Any
+
+
+def open_node(node: Any, kind: Kind) -> Opened | None:
+    """The children of one node with their key entries, or `None` for a leaf."""
+    if kind == TREECLASS:
+        names = _node.child_names(node)
+        return Opened(_node.child_keys(node), list(_node.children(node)), names)
+    if kind == DICT:
+        try:
+            keys = sorted(node)  # the order jax flattens a dict in
+        except TypeError:
+            return _open_generic(node)
+        return Opened(tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys)
+    if kind == LIST or kind == TUPLE:
+        return Opened(tuple(SequenceKey(i) for i in range(len(node))), list(node), None)
+    if kind == NAMEDTUPLE:
+        # not jax's one-level flatten, which gives every namedtuple child the first key
+        return Opened(tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None)
+    if kind == NONE:
+        return Opened((), [], None)
+    if kind == LEAF:
+        return None
+    return _open_generic(node)
+
+
+def _open_generic(node: Any) -> Opened | None:
+    # one level only: every child is forced to be a leaf of this flatten
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return None  # not a registered node: a leaf
+    return Opened(tuple(p[0] for p, _ in pairs), [c for _, c in pairs], treedef)
+
+
+def rebuild(node: Any, kind: Kind, aux: Any, children: Sequence[Any]) -> Any:
+    """`node` with its children replaced by `children` (same count and order as opened)."""
+    if kind == TREECLASS:
+        return _node.rebuild(node, children)
+    if kind == DICT:
+        if isinstance(aux, list):
+            new = dict(node)  # keeps the caller's insertion order
+            for key, child in zip(aux, children, strict=True):
+                new[key] = child
+            return new
+        return aux.unflatten(children)
+    if kind == LIST:
+        return list(children)
+    if kind == TUPLE:
+        return tuple(children)
+    if kind == NAMEDTUPLE:
+        return node._make(children)
+    if kind == NONE:
+        return node
+    return aux.unflatten(children)
+
+
+def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> bool:
+    """Whether `node` is a leaf of a flatten with `is_leaf` (a childless node is not)."""
+    kind = node_kind(node, is_leaf)
+    return kind == LEAF or (kind == GENERIC and open_node(node, kind) is None)
+
+
+def entry_name(entry: Any) -> Any:
+    """The name a key entry stands for: attribute name, dict key, or sequence index."""
+    cls = type(entry)
+    if cls is GetAttrKey:
+        return entry.name
+    if cls is DictKey:
+        return entry.key
+    if cls is SequenceKey:
+        return entry.idx
+    if cls is FlattenedIndexKey:
+        return entry.key
+    for attribute in ("name", "key", "idx"):
+        if hasattr(entry, attribute):
+            return getattr(entry, attribute)
+    return entry
+
+
+def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
+    """`(found, child)`: the child of `node` under key `entry` (jax structure only)."""
+    opened = open_node(node, node_kind(node))
+    if opened is None:
+        return False, None
+    for e, c in zip(opened.entries, opened.children, strict=True):
+        if e == entry:
+            return True, c
+    return False, None
+
+
+# -- key paths in messages -------------------------------------------------------------------
+
+
+def root_name(root: Any) -> str:
+    """How messages name the root of a tree: its class, or `tree` for builtins."""
+    cls = type(root)
+    return "tree" if cls.__module__ == "builtins" else cls.__name__
+
+
+def path_str(root: Any, path: Sequence[Any]) -> str:
+    """A key path as text, prefixed by the root's name: `MLP.layers[0].weight`."""
+    return root_name(root) + jax.tree_util.keystr(tuple(path))
+
+
+# -- where two structures part ---------------------------------------------------------------
+
+
+def _short(x: Any, limit: int = 40) -> str:
+    try:
+        text = repr(x)
+    except Exception:  # a broken repr must not hide the real error
+        text = f"<{type(x).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe(node: Any, opened: Opened | None) -> str:
+    """A short description of a node for messages: what is there, and its children."""
+    if _mask.is_frozen(node):
+        return f"a frozen value ({_short(node)})"
+    if opened is None:
+        shape, dtype = getattr(node, "shape", None), getattr(node, "dtype", None)
+        if shape is not None and dtype is not None:
+            return f"a leaf, an array {dtype}{list(shape)}"
+        return f"a leaf {_short(node)} of type {type(node).__name__}"
+    if not opened.entries:
+        return f"a `{type(node).__name__}` node without children"
+    names = ", ".join(repr(entry_name(e)) for e in opened.entries)
+    return f"a `{type(node).__name__}` with children ({names})"
+
+
+class Mismatch(NamedTuple):
+    """Where a second tree stops fitting a first: the key path and what each has there."""
+
+    path: tuple[Any, ...]
+    tree_has: str
+    other_has: str
+    only_tree: tuple[str, ...] = ()  # key entries (as `keystr` text) only the tree has
+    only_other: tuple[str, ...] = ()  # and only the other has
+
+    def explain(self, other: str) -> str:
+        """`the tree has ..., the <other> has ...; missing in the <other>: ...`."""
+        text = f"the tree has {self.tree_has}, the {other} has {self.other_has}"
+        if self.only_tree:
+            text += f"; missing in the {other}: {', '.join(self.only_tree)}"
+        if self.only_other:
+            text += f"; not in the tree: {', '.join(self.only_other)}"
+        return text
+
+
+def first_mismatch(
+    tree: Any,
+    other: Any,
+    *,
+    is_leaf: Callable[[Any], bool] | None = None,
+    other_covers: Callable[[Any], bool] | None = None,
+    path: tuple[Any, ...] = (),
+) -> Mismatch | None:
+    """The first place (in flatten order) where `other` does not fit `tree`, or `None`.
+
+    `other` fits when it has `tree`'s structure: the same node types with the same key
+    entries and the same static data, down to the leaves of `tree` (split with
+    `is_leaf`). With `other_covers`, a node of `other` for which it returns True stands
+    for the whole subtree of `tree` at its place (a prefix: a mask's `True`, a label);
+    without it, `other` must have a leaf exactly where `tree` has one.
+    """
+    tree_kind = node_kind(tree, is_leaf)
+    tree_opened = None if tree_kind == LEAF else open_node(tree, tree_kind)
+    if other_covers is not None and other_covers(other):
+        return None
+    other_kind = node_kind(other)
+    other_opened = None if other_kind == LEAF else open_node(other, other_kind)
+    if tree_opened is None or other_opened is None:
+        if tree_opened is None and other_opened is None and other_covers is None:
+            return None  # leaf against leaf
+        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
+    if type(tree) is not type(other):
+        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
+    if tree_opened.entries != other_opened.entries:
+        only_tree, only_other = keys_difference(tree_opened, other_opened)
+        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened),
+                        tuple(only_tree), tuple(only_other))
+    for entry, t, o in zip(tree_opened.entries, tree_opened.children, other_opened.children,
+                           strict=True):
+        found = first_mismatch(t, o, is_leaf=is_leaf, other_covers=other_covers,
+                               path=path + (entry,))
+        if found is not None:
+            return found
+    if jax.tree_util.tree_structure(tree, is_leaf=lambda x: x is not tree) != (
+        jax.tree_util.tree_structure(other, is_leaf=lambda x: x is not other)
+    ):
+        what = f"a `{type(tree).__name__}`"
+        return Mismatch(path, f"{what} with other static data (static fields, frozen values)",
+                        f"{what} with the same children but different static data")
+    return None
+
+
+def keys_difference(tree_opened: Opened, other_opened: Opened) -> tuple[list[str], list[str]]:
+    """`(only in tree, only in other)`: the key entries, as `keystr` text."""
+    t = [jax.tree_util.keystr((e,)) for e in tree_opened.entries]
+    o = [jax.tree_util.keystr((e,)) for e in other_opened.entries]
+    return [k for k in t if k not in o], [k for k in o if k not in t]
