@@ -322,7 +322,7 @@ _PLAIN_FIELDS_ATTR = "_tc_autoinit_fields"
 
 
 def _cached_fields(cls: type) -> dict[str, Field] | None:
-    info = cls.__dict__.get("_tc_info")
+    info = _node.own_info(cls)
     if info is not None:
         return info.fields
     return cls.__dict__.get(_PLAIN_FIELDS_ATTR)
@@ -531,7 +531,7 @@ def _init_sealing(
     stores are the instance's whole layout, known now: the layout (or, with static
     fields, the shape whose static values vary) is looked up once, here.
     """
-    info = cls._tc_info
+    info = _node.own_info(cls)
     namespace.update(
         __tc_cls=cls, __tc_seal=_node.seal, __tc_seal_after_error=_node.seal_after_error,
         __tc_refuse=_refuse_reinit, __tc_set_layout=_node.set_layout,
@@ -618,7 +618,7 @@ def autoinit(cls: type) -> type:
     """
     if not isinstance(cls, type):
         raise TypeError(f"`autoinit` expects a class, got {cls!r}.")
-    info = cls.__dict__.get("_tc_info")
+    info = _node.own_info(cls)
     is_treeclass = info is not None
     own = cls.__dict__.get("__init__")
     if own is not None and (not is_treeclass or getattr(own, "__tc_generated__", False)

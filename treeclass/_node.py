@@ -719,3 +719,27 @@ def register(cls: type) -> None:
 def live_layouts(cls: type) -> dict[Any, Layout]:
     """The interned layouts with static values of `cls` that are alive now (for tests)."""
     return cls._tc_info.live_layouts()
+
+
+def fields_of(cls: type) -> dict[str, Any]:
+    """The `Field`s of a TreeClass subclass by name (statics and `repr=False` ones too)."""
+    return cls._tc_info.fields
+
+
+def attach_info(cls: type, fields: dict[str, Any], static_names: tuple[str, ...],
+                setters: dict[str, tuple[Callable[[Any], Any], ...]]) -> ClassInfo:
+    """Create the record of a new TreeClass subclass and keep it on the class."""
+    info = ClassInfo(cls, fields, static_names, setters)
+    type.__setattr__(cls, "_tc_info", info)
+    return info
+
+
+def info(node: Any) -> ClassInfo:
+    """The record of a TreeClass instance's class."""
+    return type(node)._tc_info
+
+
+def own_info(cls: type) -> ClassInfo | None:
+    """The record of `cls` itself (not inherited), or `None` for any other class."""
+    info = cls.__dict__.get("_tc_info")
+    return info if type(info) is ClassInfo else None

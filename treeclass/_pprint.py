@@ -37,8 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _mask, _trace
+from . import _mask, _node, _trace
 from ._pprint_registry import printer_alias, rule_for
+from ._structure import node_kind, open_node
 
 __all__ = [
     "tree_repr",
@@ -70,7 +71,6 @@ _RUN_SIGNATURE_MAX = 72
 
 _Tracer = jax.core.Tracer
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-_registry = jax.tree_util.default_registry
 
 # Statistics of arrays at least this big, living on an accelerator, are reduced on the
 # device and only four numbers come back; smaller (or host) arrays are copied to host
@@ -300,15 +300,15 @@ _ATOMS = frozenset({int, float, bool, str, complex, type(None), bytes})
 
 
 def _is_treeclass(x: Any) -> bool:
-    return hasattr(type(x), "_tc_fields")
+    return _node.is_treeclass(x)
 
 
 def _treeclass_parts(x: Any, hidden: bool) -> _Parts:
     cls = type(x)
-    fields = cls._tc_fields
+    fields = _node.fields_of(cls)
     name = cls.__name__
     items = []
-    for key, value in x.__dict__.items():
+    for key, value in _node.attributes(x).items():
         item = fields.get(key)
         if hidden or item is None or item.repr:
             items.append((f"{key}=", f".{key}", value))
@@ -393,15 +393,8 @@ def _is_partial(x: Any) -> bool:
 
 def _one_level(x: Any) -> list[tuple[Any, Any]] | None:
     """`x`'s `(key, child)` pairs as JAX sees them, or None for a leaf."""
-    flat = _registry.flatten_one_level_with_keys(x)
-    if flat is None:
-        return None
-    pairs = flat[0]
-    if isinstance(x, tuple) and hasattr(type(x), "_fields") and len(x._fields) == len(pairs):
-        # jax 0.10 gives every namedtuple child the first field's key: rebuild them
-        get_attr = jax.tree_util.GetAttrKey
-        return [(get_attr(name), child) for name, (_, child) in zip(x._fields, pairs, strict=True)]
-    return list(pairs)
+    opened = open_node(x, node_kind(x))
+    return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
 
 
 # -- runs of repeated siblings -------------------------------------------------------------

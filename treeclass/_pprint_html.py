@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import _mask
+from . import _mask, _node
 from ._pprint import (
     DEFAULT_REPEATS,
     _Entry,
@@ -241,8 +241,8 @@ def treescope_repr(
     from treescope import rendering_parts as parts
 
     cls = type(tree)
-    fields = getattr(cls, "_tc_fields", {})
-    shown = [(name, value) for name, value in tree.__dict__.items()
+    fields = _node.fields_of(cls)
+    shown = [(name, value) for name, value in _node.attributes(tree).items()
              if name not in fields or fields[name].repr]
     static_note = parts.comment_color(parts.text("  # static"))
     children = []

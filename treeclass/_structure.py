@@ -227,13 +227,14 @@ class Mismatch(NamedTuple):
     only_tree: tuple[str, ...] = ()  # key entries (as `keystr` text) only the tree has
     only_other: tuple[str, ...] = ()  # and only the other has
 
-    def explain(self, other: str) -> str:
+    def explain(self, other: str, tree: str = "tree") -> str:
         """`the tree has ..., the <other> has ...; missing in the <other>: ...`."""
-        text = f"the tree has {self.tree_has}, the {other} has {self.other_has}"
+        verb = "have" if tree.endswith("s") else "has"
+        text = f"the {tree} {verb} {self.tree_has}, the {other} has {self.other_has}"
         if self.only_tree:
             text += f"; missing in the {other}: {', '.join(self.only_tree)}"
         if self.only_other:
-            text += f"; not in the tree: {', '.join(self.only_other)}"
+            text += f"; not in the {tree}: {', '.join(self.only_other)}"
         return text
 
 

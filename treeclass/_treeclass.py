@@ -162,13 +162,11 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
                 raise TypeError(_RESERVED_METHOD_MSG.format(cls=cls.__name__, name=name))
         items = collect_fields(cls, marked_bases_only=True)
         instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
-        info = _node.ClassInfo(
+        _node.attach_info(
             cls, items,
             static_names=tuple(f.name for f in instance_fields if f.static),
             setters={f.name: f.on_setattr for f in instance_fields if f.on_setattr},
         )
-        type.__setattr__(cls, "_tc_info", info)
-        type.__setattr__(cls, "_tc_fields", items)  # read by _pprint until it uses _node
         _guard_fields(cls, items)
         own = set(cls.__dict__.get("__annotations__", {})) & set(items)
         if "__init__" in cls.__dict__:
@@ -193,7 +191,7 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
     def __setattr__(self, name: str, value: Any) -> None:
         if _node.is_sealed(self):
             _node.refuse_write(self, name, "set")
-        info = type(self)._tc_info
+        info = _node.info(self)
         callbacks = info.setters.get(name)
         if callbacks:
             try:
@@ -211,7 +209,7 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
     def __delattr__(self, name: str) -> None:
         if _node.is_sealed(self):
             _node.refuse_write(self, name, "delete")
-        descriptor = type(self)._tc_info.setter_kind(name)
+        descriptor = _node.info(self).setter_kind(name)
         if descriptor is not None:
             descriptor.__delete__(self)
             return

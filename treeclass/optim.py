@@ -28,6 +28,15 @@ import numpy as np
 
 from ._at import AtIndexer, at
 from ._mask import is_frozen
+from ._structure import (
+    LEAF,
+    describe,
+    first_mismatch,
+    is_leaf_node,
+    node_kind,
+    open_node,
+    path_str,
+)
 
 __all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition"]
 
@@ -48,54 +57,14 @@ def _import_optax(name: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------
-# key paths and one-level views of a tree
-
-
-def _path_str(path: tuple[Any, ...], root: str = "tree") -> str:
-    return root + jax.tree_util.keystr(path)
-
-
-def _is_leaf(node: Any) -> bool:
-    # a childless node (None, (), a frozen value) has one node and no leaves
-    treedef = jax.tree_util.tree_structure(node)
-    return treedef.num_nodes == 1 and treedef.num_leaves == 1
-
-
-def _one_level(node: Any) -> tuple[list[tuple[Any, Any]], Any]:
-    """The `(key, child)` pairs of `node` and the treedef of this level alone."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    return [(path[0], child) for path, child in flat], treedef
-
-
-def _describe(node: Any) -> str:
-    if is_frozen(node):
-        return "a frozen value (a node without leaves)"
-    if _is_leaf(node):
-        shape, dtype = getattr(node, "shape", None), getattr(node, "dtype", None)
-        if shape is not None and dtype is not None:
-            return f"a leaf {dtype}{list(shape)}"
-        return f"a leaf {type(node).__name__} {node!r:.40}"
-    if jax.tree_util.tree_structure(node).num_leaves == 0:
-        return f"a node without leaves ({type(node).__name__})"
-    return f"a `{type(node).__name__}` node"
-
-
-# --------------------------------------------------------------------------------------
 # checking that a mask or label tree fits the parameters
 
 _NOT_A_PREFIX_MSG = (
-    "The {what} does not fit the parameters at `{path}`: {found} in the {what}, {expected} "
-    "in the parameters.\n{hint}"
+    "The {what} does not fit the parameters at `{path}`: {reason}.\n"
     "A {what} must have the structure of the parameters, or of a prefix of them (a single "
     "value may stand for a whole subtree). Build it from the same tree you hand to optax:\n"
     "    before: m = tc.optim.mask(model.at[...]); model = model.at[...].apply(tc.freeze)\n"
     "    after:  model = model.at[...].apply(tc.freeze); m = tc.optim.mask(model.at[...])"
-)
-_KEYS_HINT = "Keys only in the {what}: {extra}; keys only in the parameters: {missing}.\n"
-_TYPE_HINT = "Node types differ: `{found}` in the {what}, `{expected}` in the parameters.\n"
-_AUX_HINT = (
-    "Both are `{type}` nodes with the same keys, but their static data differ (a static "
-    "field, or the value of a frozen leaf).\n"
 )
 _MASK_LEAF_MSG = (
     "The mask leaf at `{path}` is {found}; mask leaves must be Python or scalar array "
@@ -111,71 +80,32 @@ _UNKNOWN_LABEL_MSG = (
 )
 
 
-def _mismatch_hint(found: Any, expected: Any, what: str) -> str:
-    if type(found) is not type(expected):
-        return _TYPE_HINT.format(
-            found=type(found).__name__, expected=type(expected).__name__, what=what
-        )
-    found_keys = [jax.tree_util.keystr((k,)) for k, _ in _one_level(found)[0]]
-    expected_keys = [jax.tree_util.keystr((k,)) for k, _ in _one_level(expected)[0]]
-    shown = lambda keys: ", ".join(keys) or "none"
-    if found_keys != expected_keys:
-        extra = [k for k in found_keys if k not in expected_keys]
-        missing = [k for k in expected_keys if k not in found_keys]
-        if not extra and not missing:
-            return (
-                f"The keys are in another order: {shown(found_keys)} in the {what}, "
-                f"{shown(expected_keys)} in the parameters.\n"
-            )
-        return _KEYS_HINT.format(what=what, extra=shown(extra), missing=shown(missing))
-    return _AUX_HINT.format(type=type(found).__name__)
-
-
-def _walk_prefix(
-    tree: Any,
-    params: Any,
-    path: tuple[Any, ...],
-    what: str,
-    check_leaf: Callable[[Any, tuple[Any, ...]], None],
-) -> None:
-    if _is_leaf(tree):
-        check_leaf(tree, path)
-        return
-    children, treedef = _one_level(tree)
-    param_is_leaf = _is_leaf(params)
-    param_children, param_treedef = ([], None) if param_is_leaf else _one_level(params)
-    if param_is_leaf or treedef != param_treedef:
-        hint = "" if param_is_leaf else _mismatch_hint(tree, params, what)
-        raise ValueError(
-            _NOT_A_PREFIX_MSG.format(
-                what=what,
-                path=_path_str(path),
-                found=_describe(tree),
-                expected=_describe(params),
-                hint=hint,
-            )
-        )
-    for (key, child), (_, param_child) in zip(children, param_children):
-        _walk_prefix(child, param_child, (*path, key), what, check_leaf)
+def _describe(node: Any) -> str:
+    kind = node_kind(node)
+    return describe(node, None if kind == LEAF else open_node(node, kind))
 
 
 def _check_prefix(
     tree: Any, params: Any, what: str, check_leaf: Callable[[Any, tuple[Any, ...]], None]
 ) -> None:
-    if jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(params):
-        # the common case, one comparison; leaves still get their check
-        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            check_leaf(leaf, path)
-        return
-    _walk_prefix(tree, params, (), what, check_leaf)
+    """Raise where `tree` (a mask or label tree) stops being a prefix of `params`."""
+    if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(params):
+        # a leaf of `tree` stands for the whole subtree of `params` at its place
+        found = first_mismatch(params, tree, other_covers=is_leaf_node)
+        if found is not None:
+            raise ValueError(_NOT_A_PREFIX_MSG.format(
+                what=what, path=path_str(params, found.path),
+                reason=found.explain(what, tree="parameters")))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        check_leaf(leaf, path_str(params, path))
 
 
-def _check_mask_leaf(leaf: Any, path: tuple[Any, ...]) -> None:
+def _check_mask_leaf(leaf: Any, where: str) -> None:
     if isinstance(leaf, (bool, np.bool_)):
         return
     if getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ():
         return
-    raise TypeError(_MASK_LEAF_MSG.format(path=_path_str(path), found=_describe(leaf)))
+    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=_describe(leaf)))
 
 
 def check_mask(mask: Any, params: Any) -> Any:
@@ -209,7 +139,7 @@ def check_mask(mask: Any, params: Any) -> Any:
     try:
         tc.optim.check_mask({"w": True}, params)
     except ValueError as error:
-        assert "keys only in the parameters: ['b']" in str(error)
+        assert "missing in the mask: ['b']" in str(error)
     ```
     """
     _check_prefix(mask, params, "mask", _check_mask_leaf)
@@ -248,17 +178,15 @@ def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None
     tree = labels.tree if isinstance(labels, Labels) else labels
     known = None if transforms is None else list(transforms)
 
-    def check_leaf(leaf: Any, path: tuple[Any, ...]) -> None:
+    def check_leaf(leaf: Any, where: str) -> None:
         try:
             hash(leaf)
         except TypeError:
             raise TypeError(
-                _UNHASHABLE_LABEL_MSG.format(path=_path_str(path), found=_describe(leaf))
+                _UNHASHABLE_LABEL_MSG.format(path=where, found=_describe(leaf))
             ) from None
         if known is not None and leaf not in known:
-            raise ValueError(
-                _UNKNOWN_LABEL_MSG.format(label=leaf, path=_path_str(path), known=known)
-            )
+            raise ValueError(_UNKNOWN_LABEL_MSG.format(label=leaf, path=where, known=known))
 
     _check_prefix(tree, params, "label tree", check_leaf)
     return labels
@@ -294,7 +222,7 @@ _NOT_AN_INDEXER_MSG = (
 def _whole_leaf_flag(path: tuple[Any, ...], x: Any) -> Any:
     if not _is_bool_array(x):
         return x
-    where = _path_str(path, root="mask")
+    where = "mask" + jax.tree_util.keystr(path)
     if isinstance(x, jax.core.Tracer):
         raise ValueError(_PARTIAL_SELECTION_MSG.format(where=f"{where} (traced)"))
     if x.all():
@@ -339,7 +267,19 @@ def _indexer(selection: Any, where: tuple[Any, ...]) -> AtIndexer:
     return indexer
 
 
-def mask(selection: Any, *where: Any) -> Any:
+_EMPTY_SELECTION_MSG = (
+    "{what} selects no leaf{why}: an optimizer setting built from it would change nothing "
+    "(a typo in a selector, say, turns weight decay off without a word). Check the "
+    "selection; if an empty selection is what you mean, pass `strict=False`."
+)
+
+
+def _empty_selection_error(what: str, reached_frozen: bool) -> ValueError:
+    why = " (frozen values are not leaves: optax never sees them)" if reached_frozen else ""
+    return ValueError(_EMPTY_SELECTION_MSG.format(what=what, why=why))
+
+
+def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     """A boolean tree, `True` exactly at the leaves a selection picks.
 
     The result has the structure of the selected tree (same node types, frozen values
@@ -351,8 +291,10 @@ def mask(selection: Any, *where: Any) -> Any:
     which are never callable here. (For `optax.multi_transform`, which calls any callable
     it gets, use `labels`.)
 
-    Frozen values (`tc.freeze`) are not leaves, so a mask never selects them; a selection
-    that reaches only frozen values gives an all-`False` mask rather than an error.
+    Frozen values (`tc.freeze`) are not leaves, so a mask never selects them. A selection
+    that selects no leaf at all (a mask or predicate selecting nothing, or only frozen
+    values) is an error unless `strict=False`: an optimizer setting built from it would
+    silently change nothing.
 
     **Arguments**
 
@@ -360,6 +302,7 @@ def mask(selection: Any, *where: Any) -> Any:
       `tc.at(tree)["layers"][0]`; or a tree, followed by selectors.
     - `*where`: selectors applied one level after another, as `.at[a][b]` would:
       `mask(model, Linear, "weight")` is `mask(model.at[Linear]["weight"])`.
+    - `strict`: whether selecting no leaf is an error (the default).
 
     **Returns**
 
@@ -367,8 +310,9 @@ def mask(selection: Any, *where: Any) -> Any:
 
     **Raises**
 
-    What `.at` raises for a selector that does not fit the tree (a missing key, say), and
-    `ValueError` for a boolean array selector that picks only some elements of a leaf.
+    What `.at` raises for a selector that does not fit the tree (a missing key, a glob
+    matching nothing); `ValueError` for a boolean array selector that picks only some
+    elements of a leaf, and for an empty selection when `strict`.
 
     ```python
     import jax.numpy as jnp
@@ -384,12 +328,19 @@ def mask(selection: Any, *where: Any) -> Any:
     # frozen values count as leaves here, so that a selection reaching only frozen values
     # is not an error; they are put back unchanged below
     marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
-    return jax.tree_util.tree_map(
+    result = jax.tree_util.tree_map(
         lambda old, new: old if is_frozen(old) else new is _SELECTED,
         indexer.tree,
         marked,
         is_leaf=is_frozen,
     )
+    if strict and not any(x is True for x in jax.tree_util.tree_leaves(result)):
+        reached_frozen = any(
+            is_frozen(old) and new is _SELECTED for old, new in zip(
+                jax.tree_util.tree_leaves(indexer.tree, is_leaf=is_frozen),
+                jax.tree_util.tree_leaves(marked, is_leaf=is_frozen)))
+        raise _empty_selection_error(f"The selection {indexer!r}", reached_frozen)
+    return result
 
 
 # --------------------------------------------------------------------------------------
@@ -456,7 +407,10 @@ class Labels:
 
 
 def _selection_mask(tree: Any, label: Hashable, selection: Any) -> Any:
-    selected = mask(selection) if isinstance(selection, AtIndexer) else mask(tree, selection)
+    if isinstance(selection, AtIndexer):
+        selected = mask(selection, strict=False)
+    else:
+        selected = mask(tree, selection, strict=False)
     if jax.tree_util.tree_structure(selected) != jax.tree_util.tree_structure(tree):
         try:
             check_mask(selected, tree)
@@ -467,8 +421,18 @@ def _selection_mask(tree: Any, label: Hashable, selection: Any) -> Any:
     return selected
 
 
+_SELECTIONS_TYPE_MSG = (
+    "`tc.optim.labels` takes a mapping of label -> selection, e.g. "
+    "`{{'decay': model.at[Linear]['weight']}}`; got {type}."
+)
+
+
 def labels(
-    tree: Any, selections: Mapping[Hashable, Any], *, default: Hashable | None = "rest"
+    tree: Any,
+    selections: Mapping[Hashable, Any],
+    *,
+    default: Hashable | None = "rest",
+    strict: bool = True,
 ) -> Labels:
     """Labels for `optax.multi_transform` from a mapping of label -> selection.
 
@@ -480,6 +444,8 @@ def labels(
       a type, `tc.glob("layers.*.bias")`, a boolean mask tree, ...).
     - `default`: the label of the leaves no selection claims; `None` makes every
       unclaimed leaf an error.
+    - `strict`: whether a label whose selection selects no leaf is an error (the
+      default: a typo would otherwise leave that label's transform unused).
 
     **Returns**
 
@@ -489,8 +455,9 @@ def labels(
     **Raises**
 
     `ValueError` when selections overlap (naming every leaf claimed twice and by which
-    labels), when `default=None` leaves leaves unclaimed, or when a selection was made on
-    another tree.
+    labels), when `default=None` leaves leaves unclaimed, when a selection was made on
+    another tree, or (with `strict`) when a label selects nothing; `TypeError` when
+    `selections` is not a mapping.
 
     ```python
     import jax.numpy as jnp
@@ -502,22 +469,27 @@ def labels(
     assert labels.tree == {"w1": "decay", "b1": "plain", "w2": "decay"}
     ```
     """
+    if not isinstance(selections, Mapping):
+        raise TypeError(_SELECTIONS_TYPE_MSG.format(type=type(selections).__name__))
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
         selected = jax.tree_util.tree_leaves(_selection_mask(tree, label, selection))
+        if strict and not any(selected):
+            raise _empty_selection_error(f"The selection for label {label!r}", False)
         for index, is_selected in enumerate(selected):
             if is_selected:
                 claims[index].append(label)
     overlaps = [
-        f"    `{_path_str(path)}`: " + ", ".join(map(repr, claimed))
+        f"    `{path_str(tree, path)}`: " + ", ".join(map(repr, claimed))
         for (path, _), claimed in zip(flat, claims)
         if len(claimed) > 1
     ]
     if overlaps:
         raise ValueError(_OVERLAP_MSG.format(count=len(overlaps), claims="\n".join(overlaps)))
     if default is None:
-        unclaimed = [f"    `{_path_str(path)}`" for (path, _), c in zip(flat, claims) if not c]
+        unclaimed = [f"    `{path_str(tree, path)}`" for (path, _), c in zip(flat, claims)
+                     if not c]
         if unclaimed:
             raise ValueError(
                 _UNCLAIMED_MSG.format(count=len(unclaimed), paths="\n".join(unclaimed))
@@ -532,6 +504,7 @@ def partition(
     selections: Mapping[Hashable, Any],
     *,
     default: Hashable | None = "rest",
+    strict: bool = True,
 ) -> Any:
     """One optax transform per selection, in one call (needs optax).
 
@@ -541,7 +514,7 @@ def partition(
     **Arguments**
 
     - `transforms`: label -> optax `GradientTransformation`.
-    - `tree`, `selections`, `default`: as for `tc.optim.labels`.
+    - `tree`, `selections`, `default`, `strict`: as for `tc.optim.labels`.
 
     **Returns**
 
@@ -566,7 +539,7 @@ def partition(
     ```
     """
     optax = _import_optax("partition")
-    label_tree = labels(tree, selections, default=default)
+    label_tree = labels(tree, selections, default=default, strict=strict)
     check_labels(label_tree, tree, transforms)
     combine = getattr(optax, "partition", None) or optax.multi_transform
     return combine(transforms, label_tree)

@@ -7,8 +7,10 @@ A `Classifier` holds an `Encoder` (an MLP) and a linear `head`. The encoder is
    `Encoder`, at any depth): its arrays become pytree nodes without children, so
    `jax.grad` returns no gradient for them and `opt.init` keeps no state for them; only
    the head trains, with `optax.adam(1e-2)`;
-2. then `tc.tree_unmask` unfreezes everything and the whole model trains with a ten
-   times smaller learning rate, on a fresh optimizer state.
+2. then the same selection unfreezes it, `model.at[Encoder].apply(tc.unfreeze,
+   is_leaf=tc.is_frozen)`, and the whole model trains with a ten times smaller learning
+   rate, on a fresh optimizer state. (Not `tc.tree_unmask(model)`: that would also
+   unfreeze values a class froze on purpose, such as a frozen activation function.)
 
 `main()` returns the figures the tests check: the loss falls in both phases and ends
 lower after phase 2; the encoder is bit-identical after phase 1 and has moved after
@@ -75,8 +77,13 @@ def make_tasks(rng: np.random.Generator, n: int = 256) -> tuple[jax.Array, ...]:
     return _f32(x), _f32(features @ task_a), _f32(features @ task_b)
 
 
+def thaw(model: Classifier) -> Classifier:
+    """Unfreeze what phase 1 froze, and nothing else."""
+    return model.at[Encoder].apply(tc.unfreeze, is_leaf=tc.is_frozen)
+
+
 def loss_fn(model: Classifier, x: jax.Array, y: jax.Array) -> jax.Array:
-    return jnp.mean((tc.tree_unmask(model)(x) - y) ** 2)
+    return jnp.mean((thaw(model)(x) - y) ** 2)
 
 
 def train(model, opt, x, y, steps):
@@ -116,10 +123,10 @@ def main() -> dict:
     model = Classifier(model.encoder, linear(rng, 16, 1))
     model = model.at[Encoder].apply(tc.freeze)
     model, head_losses, head_state = train(model, optax.adam(HEAD_LR), x, y_b, STEPS)
-    encoder_after_phase_1 = tc.tree_unmask(model.encoder)
+    encoder_after_phase_1 = thaw(model).encoder
 
     # phase 2: everything trains, more gently
-    model = tc.tree_unmask(model)
+    model = thaw(model)
     model, tune_losses, _ = train(model, optax.adam(FINE_TUNE_LR), x, y_b, STEPS)
 
     adam_state = head_state[0]  # optax.adam is a chain: (ScaleByAdamState, ...)
