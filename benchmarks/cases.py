@@ -15,8 +15,10 @@ before anything is timed; all implementations share the same input arrays.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .peers import KIT_NAMES, Kit, PeerMissing, get_kit, mask_where
+from .timing import Plan
 
 __all__ = [
     "Case",
@@ -59,10 +62,15 @@ SMOKE_SIZES = Sizes(small_layers=2, large_layers=4, small_fields=4, large_fields
 
 @dataclass(frozen=True)
 class Target:
-    """A DESIGN.md section 5 target for the treeclass row.
+    """A speed target for the treeclass row (the targets of docs/architecture.md).
 
-    `kind` is `"max_ratio"` (treeclass time / baseline time must be <= `limit`) or
-    `"min_speedup"` (the fastest of `baselines` / treeclass time must be >= `limit`).
+    `kind` is one of
+
+    - `"max_ratio"`: treeclass time / the first baseline's time must be <= `limit`;
+    - `"max_ratio_fastest"`: treeclass time / the fastest of `baselines` must be <= `limit`;
+    - `"min_speedup"`: the fastest of `baselines` / treeclass time must be >= `limit`.
+
+    Each is taken per round, so the verdict rests on paired values (see `stats`).
     """
 
     text: str
@@ -70,21 +78,52 @@ class Target:
     limit: float
     baselines: tuple[str, ...]
 
+    def per_round(self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]
+                  ) -> list[float]:
+        """The paired value of each round, from per-round times (rounds beyond the
+        shortest series are left out: a re-measure extends only the target's rows)."""
+        rounds = list(zip(treeclass, *bases))
+        if self.kind == "max_ratio":
+            return [times[0] / times[1] for times in rounds]
+        if self.kind == "max_ratio_fastest":
+            return [times[0] / min(times[1:]) for times in rounds]
+        if self.kind == "min_speedup":
+            return [min(times[1:]) / times[0] for times in rounds]
+        raise ValueError(f"unknown target kind {self.kind!r}")
+
+    @property
+    def direction(self) -> str:
+        """`"at_most"` or `"at_least"`, as `stats.judge` takes it."""
+        return "at_least" if self.kind == "min_speedup" else "at_most"
+
 
 @dataclass
 class Entry:
-    """One implementation of a case: a table row."""
+    """One implementation of a case: a table row.
+
+    `needs` names treeclass features (keys of `probes.FEATURES`) the row uses: when one
+    is not ready the row reads "not available" and the case runs with the others.
+    """
 
     name: str
     role: str
     build: Callable[[], Callable[[], Any]]
     note: str = ""
     canon: Callable[[Any], dict[tuple, np.ndarray]] | None = None
+    needs: tuple[str, ...] = ()
 
 
 @dataclass
 class Case:
-    """One benchmark: a table in the report."""
+    """One benchmark: a table in the report.
+
+    `plan`, when given, adapts the run's timing plan to the case (a checkpoint is timed
+    one call per sample on the wall clock); `extra`, when given, runs after the timing
+    and returns more results for the report (a checkpoint's peak memory); `note` is a
+    sentence printed under the case's table; `rate`, `(unit, count)`, adds a column of
+    `count / median` (a training loop of 10 steps per call: `("steps/s", 10)`);
+    `full_only` leaves the case out of `--quick` (it compiles much and has no target).
+    """
 
     name: str
     group: str
@@ -96,6 +135,11 @@ class Case:
     target: Target | None = None
     published: list[tuple[str, str, float]] = field(default_factory=list)
     published_note: str = ""
+    plan: Callable[[Plan], Plan] | None = None
+    extra: Callable[[], dict[str, Any]] | None = None
+    note: str = ""
+    rate: tuple[str, int] | None = None
+    full_only: bool = False
 
 
 # -- correctness ---------------------------------------------------------------------------
@@ -329,6 +373,22 @@ def _keyed_canon(result: Any) -> dict[tuple, np.ndarray]:
     return _canonical_leaves(result[0])
 
 
+def _roundtrip_case(suffix: str, what: str, make: Callable[[Kit], Any]) -> Case:
+    return Case(
+        name=f"flatten_{suffix}",
+        group="1. flatten",
+        title=f"flatten + unflatten round trip of {what}",
+        entries=lambda: _per_kit(lambda kit: _roundtrip_op(make(kit))),
+        sync=None,
+        target=Target("<= 2.5x vs dict", "max_ratio", 2.5, (FLOOR,)),
+    )
+
+
+def flatten_layers_case(n: int, width: int) -> Case:
+    """`flatten_{n}_layers`: the flatten + unflatten round trip of an `n`-layer MLP."""
+    return _roundtrip_case(f"{n}_layers", f"a {n}-layer MLP", lambda kit: _model(kit, n, width))
+
+
 def _flatten_cases(sizes: Sizes) -> list[Case]:
     def wide(n: int) -> Callable[[Kit], Any]:
         return lambda kit: kit.wide(_field_values(n))
@@ -346,14 +406,7 @@ def _flatten_cases(sizes: Sizes) -> list[Case]:
     ]
     cases = []
     for suffix, what, make in trees:
-        cases.append(Case(
-            name=f"flatten_{suffix}",
-            group="1. flatten",
-            title=f"flatten + unflatten round trip of {what}",
-            entries=lambda make=make: _per_kit(lambda kit: _roundtrip_op(make(kit))),
-            sync=None,
-            target=Target("<= 2.5x vs dict", "max_ratio", 2.5, (FLOOR,)),
-        ))
+        cases.append(_roundtrip_case(suffix, what, make))
     for suffix, what, make in trees:
         cases.append(Case(
             name=f"keyed_flatten_{suffix}",
@@ -398,8 +451,10 @@ def _dispatch_cases(sizes: Sizes) -> list[Case]:
 # -- 3. training steps ---------------------------------------------------------------------
 
 
-def _train_cases(sizes: Sizes) -> list[Case]:
-    def entries(n: int) -> list[Entry]:
+def train_step_case(n: int, sizes: Sizes) -> Case:
+    """`train_step_{n}_layers`: a jitted SGD step of an `n`-layer MLP."""
+
+    def entries() -> list[Entry]:
         def make(kit: Kit, jit: Callable, label: str) -> Callable[[], Any]:
             model = _model(kit, n, sizes.width)
             x, y = _batch(sizes.batch, sizes.width)
@@ -409,18 +464,19 @@ def _train_cases(sizes: Sizes) -> list[Case]:
 
         return _per_kit_jitted(make)
 
-    cases = [
-        Case(
-            name=f"train_step_{n}_layers",
-            group="3. training step",
-            title=f"jitted SGD step (`value_and_grad` + update) of a {n}-layer MLP "
-                  f"(width {sizes.width}, batch {sizes.batch})",
-            entries=lambda n=n: entries(n),
-            sync=_block_last,
-            target=Target("<= 1.05x vs dict", "max_ratio", 1.05, (FLOOR,)),
-        )
-        for n in (sizes.small_layers, sizes.large_layers)
-    ]
+    return Case(
+        name=f"train_step_{n}_layers",
+        group="3. training step",
+        title=f"jitted SGD step (`value_and_grad` + update) of a {n}-layer MLP "
+              f"(width {sizes.width}, batch {sizes.batch})",
+        entries=entries,
+        sync=_block_last,
+        target=Target("<= 1.05x vs dict", "max_ratio", 1.05, (FLOOR,)),
+    )
+
+
+def _train_cases(sizes: Sizes) -> list[Case]:
+    cases = [train_step_case(n, sizes) for n in (sizes.small_layers, sizes.large_layers)]
     # PyTreeClass's notebooks also give 100-layer figures (flax 1.113, equinox 2.714), but
     # compiling adam over 100 separate 1x1 layers five times takes minutes on a small CPU
     n = sizes.small_layers
@@ -434,6 +490,7 @@ def _train_cases(sizes: Sizes) -> list[Case]:
         modules=("optax",),
         published=[("flax.struct", "pytreeclass", 1.427),
                    ("equinox (filter_jit)", "pytreeclass", 6.671)],
+        full_only=True,
         published_note=(
             "*published*: PyTreeClass's Colab notebooks (benchmark_nn_training_flax.ipynb, "
             "benchmark_nn_training_equinox.ipynb), mean time of 100-step loops at 10 layers; "
@@ -514,45 +571,75 @@ def _linear_1x1(layer: Any, x: Any, item: bool) -> Any:
 # -- 4. edits --------------------------------------------------------------------------------
 
 
-def _edit_cases(sizes: Sizes) -> list[Case]:
-    n, width = sizes.large_layers, sizes.width
+def _scale(w: Any) -> Any:
+    return w * 0.5
+
+
+def set_deep_case(n: int, width: int) -> Case:
+    """`set_deep_leaf_{n}_layers`: set layer `n // 2`'s weight in an `n`-layer MLP."""
     k = n // 2
 
-    def set_deep_entries() -> list[Entry]:
+    def entries() -> list[Entry]:
         def make(kit: Kit) -> Callable[[], Any]:
             model = _model(kit, n, width)
             new_weight = jnp.full((width, width), -1.0, jnp.float32)
             set_deep = kit.set_deep
             return lambda: set_deep(model, k, new_weight)
 
-        entries = _per_kit(make)
-        for entry in entries:
-            kit_name = _kit_of(entry.name)
-            entry.note = _NOTES["set_deep"].get(kit_name, "")
-        return entries
+        built = _per_kit(make)
+        for entry in built:
+            entry.note = _NOTES["set_deep"].get(_kit_of(entry.name), "")
+        return built
 
-    def scale(w: Any) -> Any:
-        return w * 0.5
+    return Case(
+        name=f"set_deep_leaf_{n}_layers",
+        group="4. edits",
+        title=f"set one leaf deep in a {n}-layer MLP (layer {k}'s weight), eagerly",
+        entries=entries,
+        sync=None,
+        needs=("at_path",),
+        target=Target(">= 10x faster than the fastest of equinox, pytreeclass, sepes",
+                      "min_speedup", 10.0, ("equinox", "pytreeclass", "sepes")),
+    )
 
-    def apply_entries() -> list[Entry]:
+
+def apply_selector_case(n: int, width: int) -> Case:
+    """`apply_selector_{n}_layers`: `.at[Linear]["weight"].apply` on an `n`-layer MLP."""
+
+    def entries() -> list[Entry]:
         def make(kit: Kit) -> Callable[[], Any]:
             model = _model(kit, n, width)
             apply = kit.apply_weights
-            return lambda: apply(model, scale)
+            return lambda: apply(model, _scale)
 
         def hand(kit: Kit) -> Callable[[], Any]:
             model = _model(kit, n, width)
             return lambda: jax.tree_util.tree_map_with_path(
-                lambda path, x: scale(x) if path[-1].name == "weight" else x, model
+                lambda path, x: _scale(x) if path[-1].name == "weight" else x, model
             )
 
-        entries = _per_kit(make, ("treeclass", "dict", "equinox", "pytreeclass", "sepes"))
-        entries.insert(1, Entry("treeclass (tree_map_with_path)", "baseline",
-                                lambda: hand(get_kit("treeclass")),
-                                note="hand-written, same model"))
-        for entry in entries:
+        built = _per_kit(make, ("treeclass", "dict", "equinox", "pytreeclass", "sepes"))
+        built.insert(1, Entry("treeclass (tree_map_with_path)", "baseline",
+                              lambda: hand(get_kit("treeclass")),
+                              note="hand-written, same model"))
+        for entry in built:
             entry.note = entry.note or _NOTES["apply"].get(_kit_of(entry.name), "")
-        return entries
+        return built
+
+    return Case(
+        name=f"apply_selector_{n}_layers",
+        group="4. edits",
+        title=f"apply `w * 0.5` to every weight of a {n}-layer MLP, eagerly",
+        entries=entries,
+        sync=_block_tree,
+        needs=("at_type",),
+        target=Target("<= 1.5x vs hand-written tree_map_with_path", "max_ratio", 1.5,
+                      ("treeclass (tree_map_with_path)",)),
+    )
+
+
+def _edit_cases(sizes: Sizes) -> list[Case]:
+    n, width = sizes.large_layers, sizes.width
 
     def mask_entries(jitted: bool) -> list[Entry]:
         def prepare(kit: Kit, op: Callable[[Any, Any, Any], Any]) -> Callable[[], Any]:
@@ -572,28 +659,9 @@ def _edit_cases(sizes: Sizes) -> list[Case]:
         entries[2].note = "`tree_map` + `jnp.where`"
         return entries
 
-    peers_with_paths = ("equinox", "pytreeclass", "sepes")
     return [
-        Case(
-            name=f"set_deep_leaf_{n}_layers",
-            group="4. edits",
-            title=f"set one leaf deep in a {n}-layer MLP (layer {k}'s weight), eagerly",
-            entries=set_deep_entries,
-            sync=None,
-            needs=("at_path",),
-            target=Target(">= 10x faster than the fastest of equinox, pytreeclass, sepes",
-                          "min_speedup", 10.0, peers_with_paths),
-        ),
-        Case(
-            name=f"apply_selector_{n}_layers",
-            group="4. edits",
-            title=f"apply `w * 0.5` to every weight of a {n}-layer MLP, eagerly",
-            entries=apply_entries,
-            sync=_block_tree,
-            needs=("at_type",),
-            target=Target("<= 1.5x vs hand-written tree_map_with_path", "max_ratio", 1.5,
-                          ("treeclass (tree_map_with_path)",)),
-        ),
+        set_deep_case(n, width),
+        apply_selector_case(n, width),
         Case(
             name=f"mask_set_eager_{n}_layers",
             group="4. edits",
@@ -751,6 +819,7 @@ def _construct_cases(sizes: Sizes) -> list[Case]:
             target=Target("<= 3x vs register_dataclass", "max_ratio", 3.0,
                           ("register_dataclass",)),
         ),
+        *_construct_static_cases(sizes),
         Case(
             name=f"leafwise_{n}_layers",
             group="6. construction, leafwise",
@@ -759,7 +828,129 @@ def _construct_cases(sizes: Sizes) -> list[Case]:
             sync=_block_tree,
             needs=("leafwise",),
         ),
+        _replace_case(),
     ]
+
+
+_STATIC_NOTES = {"treeclass": "`tc.field(static=True)`", "dict": "weight and bias only",
+                 "dataclass": "`field(metadata={'static': True})`",
+                 "flax": "`struct.field(pytree_node=False)`",
+                 "equinox": "`eqx.field(static=True)`",
+                 "pytreeclass": "`pytc.freeze(index)` (no static fields)",
+                 "sepes": "`sp.tree_mask` of the layer (no static fields)"}
+
+
+def _construct_static_cases(sizes: Sizes) -> list[Case]:
+    """Construction with a distinct static int per layer, layouts alive (warm) or not."""
+    n, width = sizes.large_layers, sizes.width
+
+    def entries(fresh: bool) -> list[Entry]:
+        ws, bs = _layer_arrays(n, width)
+
+        def make(kit: Kit) -> Callable[[], Any]:
+            if kit.name == "dict":
+                return lambda: {"layers": [{"weight": w, "bias": b} for w, b in zip(ws, bs)]}
+            indexed, mlp = kit.indexed_linear, kit.mlp
+            if fresh:
+                # every call uses static values never used before (the next block of n
+                # ints), so no layout for them can be alive, whatever a library caches
+                blocks = itertools.count(1)
+
+                def construct_fresh() -> Any:
+                    first = next(blocks) * n
+                    return mlp([indexed(w, b, first + i)
+                                for i, (w, b) in enumerate(zip(ws, bs))])
+
+                return construct_fresh
+            kept = mlp([indexed(w, b, i) for i, (w, b) in enumerate(zip(ws, bs))])
+
+            def construct_warm() -> Any:
+                return mlp([indexed(w, b, i) for i, (w, b) in enumerate(zip(ws, bs))])
+
+            construct_warm.kept = kept  # an earlier model with the same values stays alive
+            return construct_warm
+
+        built = _per_kit(make)
+        for entry in built:
+            entry.note = _STATIC_NOTES.get(_kit_of(entry.name), "")
+        return built
+
+    cases = []
+    for fresh in (False, True):
+        state = "fresh" if fresh else "warm"
+        detail = ("no earlier model with these static values alive: each call uses values "
+                  "never used before" if fresh else
+                  "an earlier model with the same static values kept alive")
+        cases.append(Case(
+            name=f"construct_static_{n}_layers_{state}",
+            group="6. construction, leafwise",
+            title=f"construct a {n}-layer MLP whose layers each hold a distinct static int "
+                  f"index ({detail})",
+            entries=lambda fresh=fresh: entries(fresh),
+            sync=None,
+            target=Target("<= 3x vs register_dataclass", "max_ratio", 3.0,
+                          ("register_dataclass",)),
+        ))
+    return cases
+
+
+_REPLACE_BASELINE = "frozen dataclass"
+
+
+def _replace_case() -> Case:
+    """`model.replace(f0=...)` on a 3-field instance against `dataclasses.replace`."""
+
+    def entries() -> list[Entry]:
+        values = _field_values(3)
+        new = jnp.asarray(np.float32(-1.0))
+
+        def with_replace_method(kit_name: str) -> Callable[[], Callable[[], Any]]:
+            def build() -> Callable[[], Any]:
+                obj = get_kit(kit_name).wide(values)
+                return lambda: obj.replace(f0=new)
+
+            return build
+
+        def frozen_dataclass() -> Callable[[], Any]:
+            @jax.tree_util.register_dataclass
+            @dataclasses.dataclass(frozen=True)
+            class Three:
+                f0: Any
+                f1: Any
+                f2: Any
+
+            obj, replace = Three(*values), dataclasses.replace
+            return lambda: replace(obj, f0=new)
+
+        def plain_dict() -> Callable[[], Any]:
+            obj = get_kit("dict").wide(values)
+            return lambda: {**obj, "f0": new}
+
+        def equinox_tree_at() -> Callable[[], Any]:
+            import equinox as eqx
+
+            obj = get_kit("equinox").wide(values)
+            return lambda: eqx.tree_at(lambda t: t.f0, obj, new)
+
+        return [
+            Entry("treeclass", "treeclass", with_replace_method("treeclass"),
+                  note="`.replace(f0=...)`", needs=("replace",)),
+            Entry(FLOOR, "floor", plain_dict, note="`{**d, 'f0': ...}`"),
+            Entry(_REPLACE_BASELINE, "peer", frozen_dataclass, note="`dataclasses.replace`"),
+            Entry(_LABELS["flax"], "peer", with_replace_method("flax"),
+                  note="`.replace(f0=...)`"),
+            Entry(_LABELS["equinox"], "peer", equinox_tree_at, note="`eqx.tree_at`"),
+        ]
+
+    return Case(
+        name="replace_3_fields",
+        group="6. construction, leafwise",
+        title="replace one field of a 3-field object",
+        entries=entries,
+        sync=None,
+        target=Target("<= 2x vs dataclasses.replace (frozen dataclass)", "max_ratio", 2.0,
+                      (_REPLACE_BASELINE,)),
+    )
 
 
 def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:

@@ -51,6 +51,12 @@ class Kit:
     apply_weights: Callable[[Any, Callable[[Any], Any]], Any] | None = None
     mask_set: Callable[[Any, Any, Any], Any] | None = None
     leafwise_mlp: Callable[[Sequence[Any]], Any] | None = None
+    # a layer with a distinct static int per layer (construction with static values)
+    indexed_linear: Callable[[Any, Any, int], Any] | None = None
+    # a layer whose activation name is a plain leaf, and the library's `tree_mask`
+    tagged_linear: Callable[[Any, Any, str], Any] | None = None
+    tree_mask: Callable[[Any], Any] | None = None
+    summary: Callable[[Any], str] | None = None
 
 
 def _wide_annotations(n: int) -> dict[str, Any]:
@@ -128,6 +134,13 @@ def _dataclass_kit() -> Kit:
         bias: Any
         name: str = dataclasses.field(metadata=static)
 
+    @register
+    @dataclasses.dataclass
+    class IndexedLinear:
+        weight: Any
+        bias: Any
+        index: int = dataclasses.field(metadata=static)
+
     @functools.cache
     def wide_class(n: int) -> type:
         cls = dataclasses.make_dataclass(f"Wide{n}", [(f"f{i}", Any) for i in range(n)])
@@ -149,6 +162,7 @@ def _dataclass_kit() -> Kit:
         unfreeze=lambda model: model,
         set_deep=set_deep,
         apply_weights=_weights_by_path_attr,
+        indexed_linear=IndexedLinear,
     )
 
 
@@ -179,6 +193,11 @@ def _flax_kit() -> Kit:
         bias: Any
         name: str = struct.field(pytree_node=False)
 
+    class IndexedLinear(struct.PyTreeNode):
+        weight: Any
+        bias: Any
+        index: int = struct.field(pytree_node=False)
+
     @functools.cache
     def wide_class(n: int) -> type:
         return type(
@@ -202,6 +221,7 @@ def _flax_kit() -> Kit:
         unfreeze=lambda model: model,
         set_deep=set_deep,
         apply_weights=_weights_by_path_attr,
+        indexed_linear=IndexedLinear,
     )
 
 
@@ -232,6 +252,11 @@ def _equinox_kit() -> Kit:
         bias: Any
         name: str
 
+    class IndexedLinear(eqx.Module):
+        weight: Any
+        bias: Any
+        index: int = eqx.field(static=True)
+
     @functools.cache
     def wide_class(n: int) -> type:
         return type(
@@ -256,6 +281,7 @@ def _equinox_kit() -> Kit:
         unfreeze=lambda model: model,
         set_deep=set_deep,
         apply_weights=apply_weights,
+        indexed_linear=IndexedLinear,
     )
 
 
@@ -295,6 +321,12 @@ def _pytreeclass_kit() -> Kit:
         bias: Any
         name: Any
 
+    @pytc.autoinit
+    class TaggedLinear(pytc.TreeClass):
+        weight: Any
+        bias: Any
+        act: Any
+
     @functools.cache
     def wide_class(n: int) -> type:
         cls = type(
@@ -320,6 +352,11 @@ def _pytreeclass_kit() -> Kit:
         apply_weights=lambda model, f: model.at["layers"][...]["weight"].apply(f),
         mask_set=lambda model, mask, v: model.at[mask].set(v),
         leafwise_mlp=lambda layers: LeafwiseMLP(tuple(layers)),
+        # pytreeclass has no static fields: the index is frozen, as its docs do
+        indexed_linear=lambda w, b, i: NamedLinear(w, b, pytc.freeze(i)),
+        tagged_linear=TaggedLinear,
+        tree_mask=pytc.tree_mask,
+        summary=pytc.tree_summary,
     )
 
 
@@ -356,6 +393,12 @@ def _sepes_kit() -> Kit:
         bias: Any
         name: Any
 
+    @sp.autoinit
+    class TaggedLinear(sp.TreeClass):
+        weight: Any
+        bias: Any
+        act: Any
+
     @functools.cache
     def wide_class(n: int) -> type:
         cls = type(
@@ -382,6 +425,11 @@ def _sepes_kit() -> Kit:
         apply_weights=lambda model, f: model.at["layers"][...]["weight"].apply(f),
         mask_set=lambda model, mask, v: model.at[mask].set(v),
         leafwise_mlp=lambda layers: LeafwiseMLP(tuple(layers)),
+        # sepes has no static fields: mask the layer, which freezes the int index
+        indexed_linear=lambda w, b, i: sp.tree_mask(NamedLinear(w, b, i)),
+        tagged_linear=TaggedLinear,
+        tree_mask=sp.tree_mask,
+        summary=sp.tree_summary,
     )
 
 
@@ -411,6 +459,16 @@ def _treeclass_kit() -> Kit:
         weight: Any
         bias: Any
         name: str = tc.field(static=True)
+
+    class IndexedLinear(tc.TreeClass):
+        weight: Any
+        bias: Any
+        index: int = tc.field(static=True)
+
+    class TaggedLinear(tc.TreeClass):
+        weight: Any
+        bias: Any
+        act: Any
 
     @functools.cache
     def wide_class(n: int) -> type:
@@ -443,6 +501,10 @@ def _treeclass_kit() -> Kit:
         apply_weights=lambda model, f: model.at[Linear]["weight"].apply(f),
         mask_set=lambda model, mask, v: model.at[mask].set(v),
         leafwise_mlp=lambda layers: leafwise_class()(tuple(layers)),
+        indexed_linear=IndexedLinear,
+        tagged_linear=TaggedLinear,
+        tree_mask=tc.tree_mask,
+        summary=tc.tree_summary,
     )
 
 

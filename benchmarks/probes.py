@@ -70,6 +70,27 @@ def _probe_leafwise() -> None:
     assert float(out.layers[0].weight[0]) == 3.0, "wrong value from model * 2 + 1"
 
 
+def _probe_checkpoint() -> None:
+    import os
+    import tempfile
+
+    import treeclass as tc
+
+    _, model = _two_layers()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "probe.safetensors")
+        tc.save(path, model)
+        loaded = tc.load(path, jax.eval_shape(lambda: model))
+    assert float(loaded.layers[1].weight[0, 0]) == 1.0, "tc.load gave different numbers"
+
+
+def _probe_replace() -> None:
+    kit, model = _two_layers()
+    layer = model.layers[1].replace(weight=jnp.full((2, 2), 5.0))
+    assert float(layer.weight[0, 0]) == 5.0, "wrong value after .replace"
+    assert type(layer) is type(model.layers[1]), ".replace changed the type"
+
+
 # feature name -> (what the report calls it, the probe)
 FEATURES: dict[str, tuple[str, Callable[[], None]]] = {
     "at_path": ('`.at["layers"][k]["weight"].set`', _probe_at_path),
@@ -78,6 +99,8 @@ FEATURES: dict[str, tuple[str, Callable[[], None]]] = {
     "at_mask_jit": ("`.at[mask].set` under `jax.jit`", _probe_at_mask_jit),
     "freeze": ("`tc.freeze`", _probe_freeze),
     "leafwise": ("`leafwise=True` operators", _probe_leafwise),
+    "checkpoint": ("`tc.save` / `tc.load`", _probe_checkpoint),
+    "replace": ("`.replace(**changes)`", _probe_replace),
 }
 
 

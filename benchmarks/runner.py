@@ -1,13 +1,23 @@
 """Run cases: build every implementation, check that they agree, then time them together.
 
-Nothing in a case may crash the suite: a missing peer is a skipped row, a peer that
-raises is a failed row, a treeclass feature that is not ready skips the whole case, and
-an implementation whose numbers differ from the floor's is a *wrong* row (reported,
-never timed, and the command exits with status 1).
+Nothing in a case may crash the suite: a missing peer is a skipped row, an
+implementation that raises is a failed row, a treeclass feature that is not ready skips
+the whole case (or marks one row "not available"), and an implementation whose numbers
+differ from the floor's is a *wrong* row (reported, never timed).
+
+Every row has an *owner*: treeclass (its own row and the hand-written baselines on the
+same treeclass model), the floor (plain dicts), or a peer. A peer's failure or wrong
+result is the peer's: it is labelled so, and it never counts against treeclass (only
+treeclass's or the floor's wrong numbers make the command exit with status 1).
+
+A case with a target whose verdict is *within noise* is measured again: its treeclass
+and baseline rows run `plan.remeasure_factor * plan.rounds` more rounds, up to
+`plan.remeasures` times, before the verdict stands.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -16,14 +26,22 @@ from typing import Any, TextIO
 
 from .cases import Case, canonical, compare, missing_modules, peer_missing
 from .probes import probe
+from .stats import WITHIN_NOISE, Verdict, judge
 from .timing import Plan, Series, measure
 
-__all__ = ["CaseResult", "EntryResult", "run_case", "run_cases"]
+__all__ = ["CaseResult", "EntryResult", "owner", "run_case", "run_cases", "target_verdict"]
+
+
+def owner(role: str) -> str:
+    """Whose row a role is: `"treeclass"` (its row and its baselines), `"floor"`, `"peer"`."""
+    return {"treeclass": "treeclass", "baseline": "treeclass", "floor": "floor"}.get(
+        role, "peer")
 
 
 @dataclass
 class EntryResult:
-    """One row: `status` is `ok` (timed), `skipped`, `failed` or `wrong`."""
+    """One row: `status` is `ok` (timed), `skipped`, `unavailable` (a treeclass feature
+    the row needs is not ready), `failed` (raised) or `wrong` (different numbers)."""
 
     name: str
     role: str
@@ -31,16 +49,26 @@ class EntryResult:
     note: str = ""
     series: Series | None = None
 
+    @property
+    def owner(self) -> str:
+        return owner(self.role)
+
 
 @dataclass
 class CaseResult:
-    """One case: `status` is `ran` or `skipped` (then `note` says why)."""
+    """One case: `status` is `ran` or `skipped` (then `note` says why).
+
+    `extra_rounds` counts the rounds added because the verdict was within noise;
+    `extra` holds what `Case.extra` returned (e.g. peak memory).
+    """
 
     case: Case
     status: str
     note: str = ""
     entries: list[EntryResult] = field(default_factory=list)
     seconds: float = 0.0
+    extra_rounds: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def timed(self, name: str) -> Series | None:
         for entry in self.entries:
@@ -53,6 +81,20 @@ class CaseResult:
             if entry.role == role:
                 return entry
         return None
+
+
+def target_verdict(result: CaseResult) -> Verdict | None:
+    """The case's target against the timed rows, or `None` when treeclass or every
+    baseline went untimed (or the case has no target)."""
+    target = result.case.target
+    if target is None:
+        return None
+    tc = result.timed("treeclass")
+    bases = [s for s in (result.timed(name) for name in target.baselines) if s is not None]
+    if tc is None or not bases:
+        return None
+    values = target.per_round(tc.times, [b.times for b in bases])
+    return judge(target.direction, target.limit, values)
 
 
 def _one_line(error: BaseException, limit: int = 160) -> str:
@@ -94,6 +136,8 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
     ```
     """
     start = time.perf_counter()
+    if case.plan is not None:
+        plan = case.plan(plan)
     missing = missing_modules(case)
     if missing:
         return CaseResult(case, "skipped", f"needs {', '.join(missing)} (not installed)")
@@ -112,6 +156,10 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
     for entry in entries:
         row = EntryResult(entry.name, entry.role, "ok", entry.note)
         results.append(row)
+        reasons = [r for r in (probe(feature) for feature in entry.needs) if r is not None]
+        if reasons:
+            row.status, row.note = "unavailable", reasons[0]
+            continue
         try:
             op = entry.build()
         except Exception as error:
@@ -137,12 +185,41 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
                 row.status, row.note = "wrong", f"differs from {reference}: {difference}"
                 del ops[row.name]
 
+    result = CaseResult(case, "ran", "", results)
     if ops:
         series = measure(ops, case.sync, plan, rng)
         for row in results:
             if row.name in series:
                 row.series = series[row.name]
-    return CaseResult(case, "ran", "", results, time.perf_counter() - start)
+        _remeasure_if_within_noise(result, ops, plan, rng)
+    if case.extra is not None:
+        try:
+            result.extra = case.extra()
+        except Exception as error:  # the extra figures are optional; the timings stand
+            result.extra = {"error": _one_line(error)}
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _remeasure_if_within_noise(
+    result: CaseResult, ops: dict[str, Callable[[], Any]], plan: Plan, rng: random.Random
+) -> None:
+    target = result.case.target
+    if target is None or plan.rounds < 2:
+        return
+    names = [name for name in ("treeclass", *target.baselines) if result.timed(name)]
+    for _ in range(plan.remeasures):
+        verdict = target_verdict(result)
+        if verdict is None or verdict.status != WITHIN_NOISE:
+            return
+        rows = {name: result.timed(name) for name in names}
+        extra = plan.rounds * plan.remeasure_factor
+        more = measure({name: ops[name] for name in names}, result.case.sync,
+                       dataclasses.replace(plan, rounds=extra), rng,
+                       numbers={name: rows[name].number for name in names})
+        for name, series in more.items():
+            rows[name].times.extend(series.times)
+        result.extra_rounds += extra
 
 
 def _reference(results: list[EntryResult], canons: dict[str, dict]) -> str | None:
@@ -168,16 +245,31 @@ def run_cases(
         result = run_case(case, plan, rng)
         results.append(result)
         if progress is not None:
-            progress.write(_progress_summary(result) + "\n")
+            progress.write(progress_summary(result) + "\n")
             progress.flush()
     return results
 
 
-def _progress_summary(result: CaseResult) -> str:
+_PROGRESS_LABELS = {"skipped": "skipped", "unavailable": "not available", "failed": "FAILED",
+                    "wrong": "WRONG NUMBERS"}
+
+
+def progress_summary(result: CaseResult) -> str:
+    """One line per case: rows timed, whose rows did not run and why, the verdict."""
     if result.status == "skipped":
         return f"skipped: {result.note}"
-    counts: dict[str, int] = {}
+    timed = sum(row.status == "ok" for row in result.entries)
+    parts = [f"{timed} timed"]
+    peer_trouble = [row.name for row in result.entries
+                    if row.owner == "peer" and row.status in ("failed", "wrong")]
+    if peer_trouble:
+        parts.append(f"peer failed, not counted against treeclass: {', '.join(peer_trouble)}")
     for row in result.entries:
-        counts[row.status] = counts.get(row.status, 0) + 1
-    parts = [f"{counts.pop('ok', 0)} timed"] + [f"{n} {status}" for status, n in counts.items()]
-    return f"{', '.join(parts)} ({result.seconds:.1f} s)"
+        if row.owner != "peer" and row.status not in ("ok", "skipped"):
+            parts.append(f"{row.name} {_PROGRESS_LABELS[row.status]}")
+    verdict = target_verdict(result)
+    if verdict is not None:
+        more = f", {result.extra_rounds} more rounds" if result.extra_rounds else ""
+        parts.append(f"target {verdict.status} ({verdict.measured:.3g} in "
+                     f"[{verdict.low:.3g}, {verdict.high:.3g}]{more})")
+    return f"{'; '.join(parts)} ({result.seconds:.1f} s)"

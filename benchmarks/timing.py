@@ -39,7 +39,10 @@ class Plan:
     - `clock`: `"wall"` (`time.perf_counter`, the default) or `"cpu"` (this process's CPU
       time, `time.process_time`: blind to the time the process waits for a CPU on a busy
       machine, so steadier there, but it also misses time spent waiting for a device, so
-      it is only meaningful on the CPU backend with synchronous dispatch).
+      it is only meaningful on the CPU backend with synchronous dispatch);
+    - `remeasures`: how many times a case whose target verdict is *within noise* is
+      measured again, each time `remeasure_factor * rounds` more rounds, before the
+      verdict stands.
     """
 
     rounds: int
@@ -48,6 +51,8 @@ class Plan:
     calibrate: bool = True
     max_number: int = 100_000
     clock: str = "wall"
+    remeasures: int = 0
+    remeasure_factor: int = 2
 
 
 @dataclass
@@ -102,6 +107,7 @@ def measure(
     sync: Callable[[Any], Any] | None,
     plan: Plan,
     rng: random.Random,
+    numbers: dict[str, int] | None = None,
 ) -> dict[str, Series]:
     """Time every function in `fns` in interleaved, shuffled rounds.
 
@@ -111,7 +117,9 @@ def measure(
     - `sync`: called on each result before the clock reads it (`block_until_ready`
       for work dispatched to a device), or `None` for pure-Python work;
     - `plan`: rounds, sample duration and warm-up;
-    - `rng`: the source of the shuffled orders.
+    - `rng`: the source of the shuffled orders;
+    - `numbers`: calls per sample by name, from an earlier `Series.number`: no warm-up
+      and no calibration then (measuring more rounds of the same functions).
 
     **Returns**
 
@@ -125,15 +133,17 @@ def measure(
     assert len(series["a"].times) == 3
     ```
     """
-    for fn in fns.values():
-        for _ in range(plan.warmup):
-            if sync is None:
-                fn()
-            else:
-                sync(fn())
-    numbers = {
-        name: (_calibrate(fn, sync, plan) if plan.calibrate else 1) for name, fn in fns.items()
-    }
+    if numbers is None:
+        for fn in fns.values():
+            for _ in range(plan.warmup):
+                if sync is None:
+                    fn()
+                else:
+                    sync(fn())
+        numbers = {
+            name: (_calibrate(fn, sync, plan) if plan.calibrate else 1)
+            for name, fn in fns.items()
+        }
     series = {name: Series(numbers[name], []) for name in fns}
     names = list(fns)
     for _ in range(plan.rounds):
