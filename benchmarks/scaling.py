@@ -1,0 +1,423 @@
+"""Scaling: how the cost of each operation grows with the number of layers.
+
+Each scaling case times one operation on MLPs of 10, 100, 1,000 and 10,000 layers
+(`--quick` stops at 1,000) for treeclass and every peer that has the operation, and fits
+the exponent `k` of `time ~ n ** k` per implementation (`stats.fit_exponent`): 1 is
+linear, 2 quadratic. A second exponent, between the two largest sizes, shows the growth
+where it matters most, without the fixed cost that flattens the small sizes.
+
+At each size the case runs through `runner.run_case`, so the implementations are
+checked against each other before they are timed, and a peer that fails at one size is
+labelled at that size. An implementation whose next size would take too long (its
+time so far, grown at its exponent so far, but at least linearly, times the rounds) is
+not timed at the larger sizes, with a note; its exponent rests on the sizes it ran.
+
+Two operations are sized down on purpose:
+
+- *jit dispatch* calls `jax.jit(lambda model, x: x * 2, keep_unused=True)`: every leaf
+  is flattened, checked and handed to the executable as in any call, but the program is
+  trivial, because compiling a forward pass over 10,000 layers takes many minutes;
+- the *jitted train step* (the SGD step of section 3) stops at 1,000 layers (100 in
+  `--quick`): compiling it takes about 20 s per implementation at 1,000 layers and
+  minutes at 10,000. Its 10- and 100-layer points are section 3's own results when
+  those cases ran in the same process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import jax
+
+from .cases import (
+    Case,
+    Entry,
+    Kit,
+    Sizes,
+    _batch,
+    _model,
+    _per_kit,
+    apply_selector_case,
+    flatten_layers_case,
+    set_deep_case,
+    train_step_case,
+)
+from .peers import get_kit
+from .runner import CaseResult, run_case
+from .stats import fit_exponent
+from .timing import Plan
+
+__all__ = [
+    "LINEAR_LIMIT",
+    "SCALING_SIZES",
+    "ScalingCase",
+    "ScalingResult",
+    "ScalingRow",
+    "flagged",
+    "run_scaling",
+    "run_scaling_cases",
+    "scaling_cases",
+]
+
+# the sizes per mode; the train step stops at its own largest size (compile time)
+SCALING_SIZES: dict[str, tuple[int, ...]] = {
+    "full": (10, 100, 1_000, 10_000),
+    "quick": (10, 100, 1_000),
+    "smoke": (2, 4, 8),
+}
+_TRAIN_STEP_LARGEST = {"full": 1_000, "quick": 100, "smoke": 4}
+# seconds one implementation may take at one size before it is left out of larger ones
+BUDGET_S: dict[str, float] = {"full": 60.0, "quick": 2.5, "smoke": math.inf}
+LINEAR_LIMIT = 1.1
+
+
+@dataclass
+class ScalingCase:
+    """One operation timed at several sizes.
+
+    - `case_at(n)`: the `Case` at `n` layers (no target: scaling has no verdicts);
+    - `sizes`: the layer counts, ascending;
+    - `reuse(n)`: the name of a main case timing the same operation at `n` layers, whose
+      result is used when it ran in the same process.
+    """
+
+    name: str
+    title: str
+    case_at: Callable[[int], Case]
+    sizes: tuple[int, ...]
+    reuse: Callable[[int], str] | None = None
+    note: str = ""
+
+
+@dataclass
+class ScalingRow:
+    """One implementation: median time per size, the fitted exponents, notes."""
+
+    name: str
+    role: str
+    times: dict[int, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def k(self) -> float | None:
+        """The least-squares exponent over every size timed (at least two)."""
+        if len(self.times) < 2:
+            return None
+        sizes = sorted(self.times)
+        return fit_exponent(sizes, [self.times[n] for n in sizes])
+
+    @property
+    def k_last(self) -> float | None:
+        """The exponent between the two largest sizes timed."""
+        if len(self.times) < 2:
+            return None
+        a, b = sorted(self.times)[-2:]
+        return fit_exponent([a, b], [self.times[a], self.times[b]])
+
+
+@dataclass
+class ScalingResult:
+    case: ScalingCase
+    status: str
+    note: str = ""
+    rows: list[ScalingRow] = field(default_factory=list)
+    results: dict[int, CaseResult] = field(default_factory=dict)
+    reused: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def row(self, name: str) -> ScalingRow | None:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        return None
+
+    @property
+    def floor(self) -> ScalingRow | None:
+        for row in self.rows:
+            if row.role == "floor":
+                return row
+        return None
+
+
+def _scaling_plan(plan: Plan) -> Plan:
+    # the exponent needs the medians, not tight ratios: fewer rounds than the main cases
+    rounds = min(plan.rounds, 7 if plan.rounds > 5 else 3)
+    return dataclasses.replace(plan, rounds=rounds, remeasures=0)
+
+
+def _untargeted(case: Case, name: str) -> Case:
+    previous = case.plan
+
+    def plan(base: Plan) -> Plan:
+        return _scaling_plan(previous(base) if previous is not None else base)
+
+    return dataclasses.replace(case, name=name, target=None, plan=plan)
+
+
+# -- the operations -------------------------------------------------------------------------
+
+
+def _dispatch_at(n: int, sizes: Sizes) -> Case:
+    def entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            model = _model(kit, n, sizes.width)
+            x, _ = _batch(sizes.batch, sizes.width)
+            call = jax.jit(lambda model, x: x * 2, keep_unused=True)
+            return lambda: call(model, x)
+
+        return _per_kit(make, canon=_array_canon)
+
+    return Case(name=f"scaling_dispatch_{n}", group="8. scaling",
+                title=f"`jax.jit` dispatch with a {n}-layer MLP argument", entries=entries,
+                sync=_block_array, plan=_scaling_plan)
+
+
+def _tagged_model(kit: Kit, n: int, width: int) -> Any:
+    from .cases import _activations, _layer_arrays
+
+    ws, bs = _layer_arrays(n, width)
+    return kit.mlp([kit.tagged_linear(w, b, a) for w, b, a in zip(ws, bs, _activations(n))])
+
+
+def _tree_mask_at(n: int, sizes: Sizes) -> Case:
+    def entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            model, mask = _tagged_model(kit, n, sizes.width), kit.tree_mask
+            return lambda: mask(model)
+
+        def by_hand() -> Callable[[], Any]:
+            import treeclass as tc
+
+            model = _tagged_model(get_kit("treeclass"), n, sizes.width)
+            freeze, is_nondiff, tree_map = tc.freeze, tc.is_nondiff, jax.tree_util.tree_map
+            return lambda: tree_map(lambda x: freeze(x) if is_nondiff(x) else x, model)
+
+        built = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
+        built.insert(1, Entry("treeclass (tree_map + freeze)", "baseline", by_hand,
+                              note="hand-written, same model"))
+        return built
+
+    return Case(name=f"scaling_tree_mask_{n}", group="8. scaling",
+                title=f"`tree_mask` (freeze what `jax.grad` cannot differentiate) of a {n}-layer "
+                      "MLP with a string leaf per layer",
+                entries=entries, sync=None, needs=("freeze",), plan=_scaling_plan)
+
+
+def _repr_at(n: int, sizes: Sizes) -> Case:
+    def entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            model = _model(kit, n, sizes.width)
+            return lambda: repr(model)
+
+        return _per_kit(make, canon=_text_canon)
+
+    return Case(name=f"scaling_repr_{n}", group="8. scaling",
+                title=f"`repr` of a {n}-layer MLP", entries=entries, sync=None,
+                plan=_scaling_plan)
+
+
+def _summary_at(n: int, sizes: Sizes) -> Case:
+    def entries() -> list[Entry]:
+        def make(kit: Kit) -> Callable[[], Any]:
+            model, summary = _model(kit, n, sizes.width), kit.summary
+            return lambda: summary(model)
+
+        return _per_kit(make, ("treeclass", "pytreeclass", "sepes"), canon=_text_canon)
+
+    return Case(name=f"scaling_tree_summary_{n}", group="8. scaling",
+                title=f"`tree_summary` of a {n}-layer MLP", entries=entries, sync=None,
+                plan=_scaling_plan)
+
+
+def _array_canon(result: Any) -> dict[tuple, Any]:
+    import numpy as np
+
+    return {(): np.asarray(result)}
+
+
+def _text_canon(result: Any) -> dict[tuple, Any]:
+    if not isinstance(result, str) or not result:
+        raise TypeError(f"expected the text, got a {type(result).__name__}")
+    return {}
+
+
+def _block_array(result: Any) -> Any:
+    return result.block_until_ready()
+
+
+def scaling_cases(sizes: Sizes, mode: str, layer_counts: Sequence[int] | None = None
+                  ) -> list[ScalingCase]:
+    """The scaling cases for `mode` (`"full"`, `"quick"` or `"smoke"`).
+
+    **Arguments**
+
+    - `sizes`: the main cases' sizes (width and batch come from there);
+    - `mode`: picks the layer counts and the train step's largest size;
+    - `layer_counts`: other layer counts (the train step still stops at its largest).
+    """
+    counts = tuple(sorted(layer_counts or SCALING_SIZES[mode]))
+    train_counts = tuple(n for n in counts if n <= _TRAIN_STEP_LARGEST[mode]) or counts[:1]
+    width = sizes.width
+
+    def scaled(name: str, make: Callable[[int], Case]) -> Callable[[int], Case]:
+        return lambda n: _untargeted(make(n), f"scaling_{name}_{n}")
+
+    return [
+        ScalingCase("scaling_flatten", "flatten + unflatten round trip",
+                    scaled("flatten", lambda n: flatten_layers_case(n, width)), counts,
+                    reuse=lambda n: f"flatten_{n}_layers"),
+        ScalingCase("scaling_dispatch", "`jax.jit` dispatch (trivial body, every leaf passed)",
+                    lambda n: _dispatch_at(n, sizes), counts,
+                    note="`jax.jit(lambda model, x: x * 2, keep_unused=True)`; equinox "
+                         "through `jax.jit`"),
+        ScalingCase("scaling_train_step", "jitted SGD train step",
+                    scaled("train_step", lambda n: train_step_case(n, sizes)), train_counts,
+                    reuse=lambda n: f"train_step_{n}_layers",
+                    note=f"up to {train_counts[-1]:,} layers: compiling the step takes minutes "
+                         "per implementation beyond"),
+        ScalingCase("scaling_set_deep", "set one leaf deep (layer n/2's weight)",
+                    scaled("set_deep", lambda n: set_deep_case(n, width)), counts,
+                    reuse=lambda n: f"set_deep_leaf_{n}_layers"),
+        ScalingCase("scaling_apply_selector", '`.at[Linear]["weight"].apply` and equivalents',
+                    scaled("apply_selector", lambda n: apply_selector_case(n, width)), counts,
+                    reuse=lambda n: f"apply_selector_{n}_layers"),
+        ScalingCase("scaling_tree_mask", "`tc.tree_mask` and equivalents",
+                    lambda n: _tree_mask_at(n, sizes), counts),
+        ScalingCase("scaling_repr", "`repr`", lambda n: _repr_at(n, sizes), counts),
+        ScalingCase("scaling_tree_summary", "`tc.tree_summary` and equivalents",
+                    lambda n: _summary_at(n, sizes), counts),
+    ]
+
+
+# -- running --------------------------------------------------------------------------------
+
+_STATUS_WORDS = {"skipped": "skipped", "unavailable": "not available", "failed": "failed",
+                 "wrong": "gave different numbers"}
+
+
+def run_scaling(
+    case: ScalingCase,
+    plan: Plan,
+    rng: random.Random,
+    budget_s: float = math.inf,
+    earlier: dict[str, CaseResult] | None = None,
+) -> ScalingResult:
+    """Time `case` at each of its sizes, smallest first.
+
+    **Arguments**
+
+    - `case`: the scaling case;
+    - `plan`: the run's timing plan (each size's case trims it to a few rounds);
+    - `rng`: the source of the shuffled orders;
+    - `budget_s`: the most seconds an implementation may be projected to take at the
+      next size before it is left out of the larger sizes;
+    - `earlier`: results of main cases of this run, by name, to reuse (see `reuse`).
+
+    **Returns**
+
+    A `ScalingResult` with one `ScalingRow` per implementation.
+    """
+    start = time.perf_counter()
+    result = ScalingResult(case, "ran")
+    rows: dict[str, ScalingRow] = {}
+    left_out: set[str] = set()
+    for index, n in enumerate(case.sizes):
+        reuse = earlier.get(case.reuse(n)) if earlier and case.reuse else None
+        if reuse is not None and reuse.status == "ran":
+            at_n = reuse
+            result.reused.append(n)
+        else:
+            at_n = run_case(_without(case.case_at(n), left_out), plan, rng)
+        result.results[n] = at_n
+        if at_n.status == "skipped":
+            if not rows:
+                result.status, result.note = "skipped", at_n.note
+                break
+            for row in rows.values():
+                row.notes.append(f"n={n:,}: case skipped ({at_n.note})")
+            continue
+        for entry in at_n.entries:
+            row = rows.setdefault(entry.name, ScalingRow(entry.name, entry.role))
+            if entry.status == "ok" and entry.series is not None:
+                row.times[n] = entry.series.median
+            elif entry.name not in left_out:
+                row.notes.append(f"n={n:,}: {_STATUS_WORDS.get(entry.status, entry.status)}"
+                                 + (f" ({entry.note})" if entry.note else ""))
+        if index + 1 < len(case.sizes):
+            _leave_out_slow(rows, left_out, n, case.sizes[index + 1], plan, budget_s)
+    result.rows = list(rows.values())
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _without(case: Case, names: set[str]) -> Case:
+    if not names:
+        return case
+    entries = case.entries
+    return dataclasses.replace(case, entries=lambda: [e for e in entries() if e.name not in names])
+
+
+def _leave_out_slow(rows: dict[str, ScalingRow], left_out: set[str], n: int, next_n: int,
+                    plan: Plan, budget_s: float) -> None:
+    rounds = _scaling_plan(plan).rounds
+    for row in rows.values():
+        if row.name in left_out or n not in row.times:
+            continue
+        growth = max(1.0, row.k_last or 1.0)
+        projected = row.times[n] * (next_n / n) ** growth
+        # a first call, a warm-up call, a calibration call and the rounds
+        if projected * (rounds + 3) > budget_s:
+            left_out.add(row.name)
+            row.notes.append(f"not timed from n={next_n:,}: projected {projected:.3g} s per "
+                             f"call (k={growth:.2f} so far)")
+
+
+def flagged(result: ScalingResult) -> list[ScalingRow]:
+    """The rows whose fitted exponent exceeds `LINEAR_LIMIT`."""
+    return [row for row in result.rows if row.k is not None and row.k > LINEAR_LIMIT]
+
+
+def run_scaling_cases(
+    cases: Sequence[ScalingCase],
+    plan: Plan,
+    seed: int,
+    budget_s: float,
+    earlier: dict[str, CaseResult],
+    progress: TextIO | None = None,
+) -> list[ScalingResult]:
+    """Run every scaling case, one progress line each (see `run_scaling`)."""
+    rng = random.Random(seed + 1)
+    results = []
+    width = len(str(len(cases)))
+    for index, case in enumerate(cases, 1):
+        if progress is not None:
+            progress.write(f"[scaling {index:>{width}}/{len(cases)}] {case.name} "
+                           f"(n = {', '.join(f'{n:,}' for n in case.sizes)}) ... ")
+            progress.flush()
+        result = run_scaling(case, plan, rng, budget_s, earlier)
+        results.append(result)
+        if progress is not None:
+            progress.write(_progress_line(result) + "\n")
+            progress.flush()
+    return results
+
+
+def _progress_line(result: ScalingResult) -> str:
+    if result.status == "skipped":
+        return f"skipped: {result.note}"
+    parts = []
+    for row in result.rows:
+        if row.k is not None:
+            parts.append(f"{row.name} k={row.k:.2f}")
+    tc, floor = result.row("treeclass"), result.floor
+    warn = ""
+    if tc is not None and tc.k is not None and tc.k > LINEAR_LIMIT:
+        beside = f"; the floor's is {floor.k:.2f}" if floor is not None and floor.k else ""
+        warn = f" <- treeclass above k={LINEAR_LIMIT:g}{beside}"
+    return f"{'; '.join(parts)}{warn} ({result.seconds:.1f} s)"
