@@ -1,4 +1,4 @@
-"""The command line: `python -m benchmarks [--quick] [--only NAMES] [--json PATH] [--plot PATH]`.
+"""The command line: `python -m benchmarks [--quick] [--only NAMES] [--json PATH] ...`.
 
 The report (Markdown) goes to stdout, one progress line per case to stderr. On the CPU
 backend, dispatch is made synchronous before JAX starts its CPU client, unless
@@ -9,7 +9,27 @@ unchanged (it uses JAX's default backend).
 
 The clock (`--clock auto`) is this process's CPU time when dispatch is synchronous on the
 CPU backend, where it equals the wall time of the work but ignores the time a busy
-machine makes the process wait for a core; it is the wall clock everywhere else.
+machine makes the process wait for a core; it is the wall clock everywhere else. The
+training loop and the checkpoints always use the wall clock (they use several threads).
+
+What runs, per mode (`--list` names every case):
+
+- full (the default): the real workload, every main case, the checkpoint cases (1 GiB;
+  `--checkpoint-mb 0` leaves them out) and the scaling section (10 to 10,000 layers).
+  About 15 minutes on a 2-core CPU.
+- `--quick`: the same with fewer, shorter rounds, scaling up to 1,000 layers, and no
+  checkpoints unless `--checkpoint-mb` is given. About a minute and a half; its verdicts
+  are labelled indicative.
+- `--smoke`: one single-call round on the smallest models (the tests' mode).
+
+To regenerate the published figures (benchmarks/RESULTS.md, the README's "Benchmarks"
+section, docs/performance.md and the plots) from one full run, on an idle machine:
+
+```bash
+python -m benchmarks --json benchmarks/results-cpu.json --markdown benchmarks/RESULTS.md \
+    --plot benchmarks/ratios-cpu.png --scaling-plot benchmarks/scaling-cpu.png
+python -m benchmarks.publish benchmarks/results-cpu.json
+```
 """
 
 from __future__ import annotations
@@ -24,12 +44,14 @@ from typing import Any
 
 from .timing import Plan
 
+DEFAULT_CHECKPOINT_MB = 1024
+
 __all__ = ["main", "build_parser", "select_cases", "PLANS"]
 
-# mode -> timing plan; the full run takes a few minutes on a 2-core CPU, --quick under one
+# mode -> timing plan
 PLANS: dict[str, Plan] = {
-    "full": Plan(rounds=21, sample_s=0.02, warmup=3),
-    "quick": Plan(rounds=5, sample_s=0.002, warmup=1),
+    "full": Plan(rounds=21, sample_s=0.02, warmup=3, remeasures=2),
+    "quick": Plan(rounds=5, sample_s=0.002, warmup=1, remeasures=1),
     "smoke": Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False),
 }
 
@@ -52,13 +74,31 @@ def build_parser() -> argparse.ArgumentParser:
                     "(register_dataclass, flax.struct, equinox, pytreeclass, sepes).",
     )
     parser.add_argument("--quick", action="store_true",
-                        help="fewer, shorter rounds (under a minute on a 2-core CPU)")
+                        help="fewer, shorter rounds, scaling up to 1,000 layers, no checkpoints "
+                             "(about a minute and a half on a 2-core CPU; verdicts indicative)")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated case names (exact), or substrings or glob "
                              "patterns of names")
     parser.add_argument("--json", metavar="PATH", help="also write all results as JSON")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="also write the report (what stdout shows) to PATH")
     parser.add_argument("--plot", metavar="PATH",
                         help="also write a PNG bar chart of the ratios (needs matplotlib)")
+    parser.add_argument("--scaling-plot", metavar="PATH",
+                        help="also write a PNG of time against layers, log-log, per scaling "
+                             "case (needs matplotlib)")
+    parser.add_argument("--scaling-sizes", metavar="N,N,...",
+                        help="layer counts of the scaling section (default 10,100,1000,10000; "
+                             "--quick: 10,100,1000)")
+    parser.add_argument("--checkpoint-mb", type=float, metavar="MB",
+                        help=f"size of the checkpoint cases' model in MiB (default "
+                             f"{DEFAULT_CHECKPOINT_MB}; 0 leaves them out; --quick leaves them "
+                             "out unless this is given)")
+    parser.add_argument("--workload-width", type=int, metavar="N",
+                        help="width of the training loop's MLP (default 512; raise it on a GPU "
+                             "so that compute dominates there too)")
+    parser.add_argument("--workload-batch", type=int, metavar="N",
+                        help="batch rows of the training loop (default 256)")
     parser.add_argument("--async-dispatch", action="store_true",
                         help="on CPU, keep JAX's asynchronous dispatch (default: synchronous)")
     parser.add_argument("--clock", choices=("auto", "wall", "cpu"), default="auto",
@@ -135,6 +175,45 @@ def _cpu_dispatch_is_async(jax: Any) -> bool:
         return True
 
 
+def _parse_counts(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    counts = tuple(int(part) for part in text.split(",") if part.strip())
+    if len(counts) < 2 or min(counts) < 1:
+        raise ValueError("--scaling-sizes needs two or more positive layer counts")
+    return counts
+
+
+def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[Any]]:
+    """The main cases (workload first, checkpoints last) and the scaling cases of `mode`."""
+    from .cases import FULL_SIZES, SMOKE_SIZES, all_cases
+    from .checkpoint import CheckpointSize, checkpoint_cases, size_for_mb
+    from .scaling import scaling_cases
+    from .workload import WorkloadSize, workload_case
+
+    sizes = SMOKE_SIZES if mode == "smoke" else FULL_SIZES
+    if mode == "smoke":
+        workload = WorkloadSize(width=16, depth=2, batch=8, steps=2)
+    else:
+        workload = WorkloadSize(steps=2 if mode == "quick" else 10)
+    workload = dataclasses.replace(
+        workload, width=args.workload_width or workload.width,
+        batch=args.workload_batch or workload.batch)
+    cases = [workload_case(workload), *all_cases(sizes)]
+    if mode == "quick":
+        cases = [case for case in cases if not case.full_only]
+    if mode == "smoke":
+        # the plumbing only: a tiny model, and no peak-memory children
+        cases += checkpoint_cases(CheckpointSize(layers=2, width=16), memory=False)
+    else:
+        mb = args.checkpoint_mb
+        if mb is None and mode == "full":
+            mb = DEFAULT_CHECKPOINT_MB
+        if mb:
+            cases += checkpoint_cases(size_for_mb(mb))
+    return cases, scaling_cases(sizes, mode, _parse_counts(args.scaling_sizes))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the selected cases, print the report; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -145,20 +224,26 @@ def main(argv: list[str] | None = None) -> int:
     if clock == "cpu" and not synchronous_cpu:
         print(_CPU_CLOCK_WARNING, file=sys.stderr)
 
-    from .cases import FULL_SIZES, SMOKE_SIZES, all_cases
-    from .report import collect_header, format_markdown, plot_ratios, to_json
+    from .report import collect_header, format_markdown, to_json
     from .runner import run_cases
+    from .scaling import BUDGET_S, ScalingCase, run_scaling_cases
 
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
-    cases = all_cases(SMOKE_SIZES if args.smoke else FULL_SIZES)
-    if args.list:
-        print("\n".join(f"{case.name}: {case.title}" for case in cases))
-        return 0
     try:
-        cases = select_cases(cases, args.only)
+        cases, scaling = _build_cases(args, mode)
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
+    if args.list:
+        print("\n".join(f"{case.name}: {case.title}" for case in [*cases, *scaling]))
+        return 0
+    try:
+        chosen = select_cases([*cases, *scaling], args.only)
+    except ValueError as error:
+        print(error, file=sys.stderr)
+        return 2
+    cases = [case for case in chosen if not isinstance(case, ScalingCase)]
+    scaling = [case for case in chosen if isinstance(case, ScalingCase)]
     plan = dataclasses.replace(PLANS[mode], clock=clock)
     if args.rounds is not None:
         if args.rounds < 1:
@@ -167,19 +252,52 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, rounds=args.rounds)
 
     results = run_cases(cases, plan, seed=args.seed, progress=sys.stderr)
+    earlier = {result.case.name: result for result in results}
+    scaled = run_scaling_cases(scaling, plan, args.seed, BUDGET_S[mode], earlier,
+                               progress=sys.stderr)
     header = collect_header(dispatch, plan, mode, command)
-    sys.stdout.write(format_markdown(header, results))
+    data = to_json(header, results, scaled)
+    markdown = format_markdown(data)
+    sys.stdout.write(markdown)
     sys.stdout.flush()
+    _write_outputs(args, data, markdown)
+    return _exit_status(data)
+
+
+def _write_outputs(args: argparse.Namespace, data: dict[str, Any], markdown: str) -> None:
+    from .plots import plot_ratios, plot_scaling
+
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(to_json(header, results), out, indent=1)
-    if args.plot:
-        reason = plot_ratios(results, args.plot)
-        if reason is not None:
-            print(reason, file=sys.stderr)
-    wrong = [f"{r.case.name}: {row.name}" for r in results for row in r.entries
-             if row.status == "wrong"]
-    if wrong:
-        print("wrong numbers (not timed): " + "; ".join(wrong), file=sys.stderr)
+            json.dump(data, out, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as out:
+            out.write(markdown)
+    for path, plot in ((args.plot, plot_ratios), (args.scaling_plot, plot_scaling)):
+        if path:
+            reason = plot(data, path)
+            if reason is not None:
+                print(reason, file=sys.stderr)
+
+
+def _exit_status(data: dict[str, Any]) -> int:
+    """1 when treeclass or the floor gave wrong numbers; a peer's wrong numbers are noted."""
+    wrong = {"ours": [], "peers": []}
+    for case in data["cases"]:
+        for row in case["rows"]:
+            if row["status"] == "wrong":
+                side = "peers" if row["owner"] == "peer" else "ours"
+                wrong[side].append(f"{case['name']}: {row['name']}")
+    for case in data.get("scaling", []):
+        for row in case["rows"]:
+            for note in row["notes"]:
+                if "gave different numbers" in note:
+                    side = "peers" if row["role"] == "peer" else "ours"
+                    wrong[side].append(f"{case['name']}: {row['name']} ({note.split(':')[0]})")
+    if wrong["peers"]:
+        print("peers that gave different numbers (not timed, not counted against treeclass): "
+              + "; ".join(wrong["peers"]), file=sys.stderr)
+    if wrong["ours"]:
+        print("wrong numbers (not timed): " + "; ".join(wrong["ours"]), file=sys.stderr)
         return 1
     return 0

@@ -1,7 +1,15 @@
-"""What a run prints and saves: the header, a Markdown table per case, JSON, a PNG plot.
+"""What a run prints and saves: the header, JSON, and Markdown rendered from that JSON.
+
+`to_json` turns a run's results into one JSON-ready dict; every Markdown view is rendered
+from that dict, so a saved `--json` file regenerates them all (`benchmarks.publish`):
+
+- `format_markdown`: the whole report (what `python -m benchmarks` prints, and
+  benchmarks/RESULTS.md), with the GPU/TPU instructions at its end;
+- `format_summary`: the short block that README.md and docs/performance.md show.
 
 Ratios are medians of per-round ratios (see `timing`), so a row's "vs floor" is not its
 median time divided by the floor's median time, though the two are usually close.
+Verdicts and their intervals come from `stats`.
 """
 
 from __future__ import annotations
@@ -12,20 +20,23 @@ import os
 import platform
 from typing import Any
 
-from .runner import CaseResult, EntryResult
-from .timing import Plan, median_best_ratio, median_ratio
+from .runner import CaseResult, EntryResult, target_verdict
+from .scaling import LINEAR_LIMIT, ScalingResult
+from .stats import CONFIDENCE, MET, MISSED
+from .timing import Plan, median_ratio
 
 __all__ = [
+    "ARCHITECTURE_DOC",
     "collect_header",
     "evaluate_target",
     "format_markdown",
-    "plot_ratios",
+    "format_summary",
     "to_json",
 ]
 
+ARCHITECTURE_DOC = "docs/architecture.md"
 _VERSIONED = ("jax", "jaxlib", "numpy", "treeclass", "optax", "equinox", "flax", "pytreeclass",
-              "sepes", "matplotlib")
-_PLOT_NEEDS_MATPLOTLIB = "--plot needs matplotlib (pip install matplotlib); no plot written"
+              "sepes", "safetensors", "orbax-checkpoint", "matplotlib")
 
 
 def _version(distribution: str) -> str:
@@ -86,6 +97,8 @@ def collect_header(dispatch: str, plan: Plan, mode: str, command: str) -> dict[s
             "warmup_calls": plan.warmup,
             "calibrated": plan.calibrate,
             "clock": plan.clock,
+            "remeasures": plan.remeasures,
+            "remeasure_rounds": plan.rounds * plan.remeasure_factor,
         },
     }
 
@@ -104,34 +117,62 @@ def _timed(result: CaseResult, role: str) -> EntryResult | None:
     return row if row is not None and row.status == "ok" else None
 
 
-def evaluate_target(result: CaseResult) -> dict[str, Any] | None:
-    """The case's DESIGN.md target against this run: measured value, met or not, a sentence."""
+def _shown(kind: str, value: float) -> str:
+    return f"{value:.1f}x faster" if kind == "min_speedup" else f"{value:.2f}x"
+
+
+def _untimed_reason(result: CaseResult) -> tuple[str, str]:
+    """Why a target went unmeasured: a short phrase, and the row's own note."""
+    tc = result.by_role("treeclass")
+    if tc is None or tc.status != "ok":
+        status = "missing" if tc is None else {"unavailable": "not available"}.get(
+            tc.status, tc.status)
+        return f"not measured (treeclass {status})", tc.note if tc is not None else ""
+    return f"not measured ({', '.join(result.case.target.baselines)} not timed)", ""
+
+
+def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | None:
+    """The case's target against this run: the verdict, its interval, and a sentence.
+
+    **Arguments**
+
+    - `result`: a case that ran;
+    - `mode`: `"quick"` labels the verdict as indicative, `"smoke"` as not meaningful.
+
+    **Returns**
+
+    `None` for a case without a target, else a dict with `status` (`"met"`, `"missed"`,
+    `"within noise"`, or `None` when not measured, then `reason` says why), `met` (True,
+    False or None), `measured`, `low`, `high`, `margin`, `rounds`, `extra_rounds`,
+    `summary`.
+    """
     target = result.case.target
     if target is None:
         return None
     out: dict[str, Any] = {"text": target.text, "kind": target.kind, "limit": target.limit,
-                           "baselines": list(target.baselines), "measured": None, "met": None,
-                           "gap": None}
-    tc = result.timed("treeclass")
-    bases = [s for s in (result.timed(name) for name in target.baselines) if s is not None]
-    if tc is None or not bases:
-        missing = "treeclass" if tc is None else ", ".join(target.baselines)
-        out["summary"] = f"not measured ({missing} not timed)"
+                           "baselines": list(target.baselines), "status": None, "met": None,
+                           "measured": None, "low": None, "high": None, "margin": None,
+                           "rounds": None, "extra_rounds": result.extra_rounds,
+                           "indicative": mode != "full"}
+    verdict = target_verdict(result) if result.status == "ran" else None
+    if verdict is None:
+        out["summary"], out["reason"] = (("skipped", result.note) if result.status != "ran"
+                                         else _untimed_reason(result))
         return out
-    if target.kind == "max_ratio":
-        measured = median_ratio(tc, bases[0])
-        met = measured <= target.limit
-        gap = abs(measured - target.limit) / target.limit
-        verdict = f"met by {gap:.0%}" if met else f"missed by {gap:.0%}"
-        out["summary"] = f"{verdict} ({measured:.2f}x; target {target.text})"
+    interval = (f"{_shown(target.kind, verdict.measured)}; {CONFIDENCE:.0%} interval "
+                f"{verdict.low:.2f}-{verdict.high:.2f}")
+    if verdict.status == MET:
+        words = f"met by {verdict.margin:.0%} ({interval}"
+    elif verdict.status == MISSED:
+        words = f"missed by {-verdict.margin:.0%} ({interval}"
     else:
-        measured = median_best_ratio(bases, tc)
-        met = measured >= target.limit
-        gap = abs(measured - target.limit) / target.limit
-        verdict = f"met by {gap:.0%}" if met else f"missed by {gap:.0%}"
-        out["summary"] = (f"{verdict} ({measured:.1f}x faster than the fastest of them; "
-                          f"target {target.text})")
-    out["measured"], out["met"], out["gap"] = measured, met, gap
+        words = f"within noise ({interval} straddles {target.limit:g}"
+    more = f"; after {result.extra_rounds} more rounds" if result.extra_rounds else ""
+    prefix = {"quick": "indicative: ", "smoke": "smoke, not meaningful: "}.get(mode, "")
+    out.update(status=verdict.status, met={MET: True, MISSED: False}.get(verdict.status),
+               measured=verdict.measured, low=verdict.low, high=verdict.high,
+               margin=verdict.margin, rounds=verdict.rounds,
+               summary=f"{prefix}{words}{more}; target {target.text})")
     return out
 
 
@@ -147,6 +188,70 @@ def _published(result: CaseResult) -> list[dict[str, Any]]:
             rows.append({"ratio": f"{numerator} / treeclass", "published": None,
                          "ours": median_ratio(a, b)})
     return rows
+
+
+# -- JSON: the one source every view renders from ---------------------------------------------
+
+
+def to_json(header: dict[str, Any], results: list[CaseResult],
+            scaling: list[ScalingResult] | None = None) -> dict[str, Any]:
+    """Everything measured, for machines to compare runs (times in seconds)."""
+    mode = header["mode"]
+    cases = []
+    for result in results:
+        tc, floor = _timed(result, "treeclass"), _timed(result, "floor")
+        rows = []
+        for row in result.entries:
+            rows.append({
+                "name": row.name,
+                "role": row.role,
+                "owner": row.owner,
+                "status": row.status,
+                "note": row.note,
+                "number": row.series.number if row.series is not None else None,
+                "median_s": row.series.median if row.series is not None else None,
+                "times_s": list(row.series.times) if row.series is not None else [],
+                "vs_treeclass": _ratio(row, tc),
+                "vs_floor": _ratio(row, floor),
+            })
+        case = result.case
+        cases.append({
+            "name": case.name,
+            "group": case.group,
+            "title": case.title,
+            "note": case.note,
+            "status": result.status,
+            "skip_reason": result.note,
+            "seconds": result.seconds,
+            "rate": list(case.rate) if case.rate else None,
+            "target": evaluate_target(result, mode),
+            "published": _published(result) if result.status == "ran" else [],
+            "published_note": case.published_note,
+            "extra": result.extra,
+            "rows": rows,
+        })
+    return {"header": header, "cases": cases,
+            "scaling": [_scaling_json(s) for s in (scaling or [])]}
+
+
+def _scaling_json(result: ScalingResult) -> dict[str, Any]:
+    floor = result.floor
+    return {
+        "name": result.case.name,
+        "title": result.case.title,
+        "note": result.case.note,
+        "status": result.status,
+        "skip_reason": result.note,
+        "sizes": list(result.case.sizes),
+        "reused_sizes": result.reused,
+        "seconds": result.seconds,
+        "floor_k": floor.k if floor is not None else None,
+        "floor_k_last": floor.k_last if floor is not None else None,
+        "rows": [{"name": row.name, "role": row.role,
+                  "times_s": {str(n): t for n, t in sorted(row.times.items())},
+                  "k": row.k, "k_last": row.k_last, "notes": row.notes}
+                 for row in result.rows],
+    }
 
 
 # -- Markdown -------------------------------------------------------------------------------
@@ -167,64 +272,75 @@ def _times(value: float | None) -> str:
     return f"{value:.0f}x" if value >= 100 else f"{value:.2f}x"
 
 
-def _row_note(row: EntryResult) -> str:
-    if row.status == "ok":
-        return row.note
-    label = {"skipped": "skipped", "failed": "FAILED", "wrong": "WRONG NUMBERS"}[row.status]
-    return f"{label}: {row.note}" if row.note else label
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def _case_markdown(result: CaseResult) -> list[str]:
-    case = result.case
-    lines = [f"### `{case.name}`: {case.title}", ""]
-    if result.status == "skipped":
-        return [*lines, f"Skipped: {result.note}", ""]
-    tc, floor = _timed(result, "treeclass"), _timed(result, "floor")
-    target = evaluate_target(result)
-    lines += ["| implementation | median | vs treeclass | vs floor | target | note |",
-              "|---|---:|---:|---:|---|---|"]
-    for row in result.entries:
-        name = f"**{row.name}**" if row.role == "treeclass" else row.name
-        if row.role == "floor":
-            name += " (floor)"
-        target_cell = ""
-        if target is not None:
-            if row.role == "treeclass":
-                target_cell = target["summary"]
-            elif row.name in target["baselines"]:
-                target_cell = "target baseline"
-        median = row.series.median if row.series is not None else None
-        cells = [name, _seconds(median), _times(_ratio(row, tc)), _times(_ratio(row, floor)),
-                 target_cell, _row_note(row).replace("|", "\\|")]
-        lines.append("| " + " | ".join(cells) + " |")
-    published = _published(result)
-    if published:
-        lines += ["", "| ratio | published | this run |", "|---|---:|---:|"]
-        for item in published:
-            shown = f"{item['published']:.3f}" if item["published"] is not None else "—"
-            ours = f"{item['ours']:.3f}" if item["ours"] is not None else "—"
-            lines.append(f"| {item['ratio']} | {shown} | {ours} |")
-        lines += ["", case.published_note]
-    return [*lines, ""]
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
-def format_markdown(header: dict[str, Any], results: list[CaseResult]) -> str:
-    """The whole report as Markdown: header, one table per case, then the targets."""
-    versions = ", ".join(f"{k} {v}" for k, v in header["versions"].items())
+def _row_note(row: dict[str, Any]) -> str:
+    status, note = row["status"], row["note"]
+    if status == "ok":
+        return note
+    peer = row["owner"] == "peer"
+    label = {
+        "skipped": "skipped",
+        "unavailable": "not available",
+        "failed": "peer failed (the peer's error; not counted against treeclass)" if peer
+        else "FAILED",
+        "wrong": "peer gave different numbers (not timed; not counted against treeclass)"
+        if peer else "WRONG NUMBERS",
+    }[status]
+    return f"{label}: {note}" if note else label
+
+
+def _method(header: dict[str, Any]) -> str:
     timing = header["timing"]
-    method = (
-        f"median of {timing['rounds']} rounds; in each round every implementation runs one "
-        f"sample (~{timing['sample_s'] * 1e3:g} ms of back-to-back calls) in a fresh shuffled "
-        "order; ratios are medians of per-round ratios; "
-        f"{timing['warmup_calls']} warm-up call{'' if timing['warmup_calls'] == 1 else 's'} "
-        "first; gc paused during samples; clock: "
-        + ("wall time" if timing["clock"] == "wall" else
-           "this process's CPU time, which equals wall time for synchronous CPU work but "
-           "ignores time spent waiting for a CPU on a busy machine (`--clock wall` for wall "
-           "time)")
-        if timing["calibrated"] else
-        f"smoke mode: {timing['rounds']} round of single calls (numbers are not meaningful)"
-    )
+    if not timing["calibrated"]:
+        return (f"smoke mode: {timing['rounds']} round of single calls (numbers are not "
+                "meaningful)")
+    clock = ("wall time" if timing["clock"] == "wall" else
+             "this process's CPU time, which equals wall time for synchronous CPU work but "
+             "ignores time spent waiting for a CPU on a busy machine (`--clock wall` for wall "
+             "time)")
+    warmups = timing["warmup_calls"]
+    return (f"median of {timing['rounds']} rounds; in each round every implementation runs "
+            f"one sample (~{timing['sample_s'] * 1e3:g} ms of back-to-back calls) in a fresh "
+            f"shuffled order; {warmups} warm-up call{'' if warmups == 1 else 's'} first; gc "
+            f"paused during samples; clock: {clock}. Cases that say so in their notes use "
+            "fewer rounds, one call per sample or the wall clock (training loop, checkpoints, "
+            "scaling)")
+
+
+def _definitions(header: dict[str, Any]) -> list[str]:
+    timing = header["timing"]
+    remeasure = (f"a case whose interval straddles its limit is first measured again, "
+                 f"{timing['remeasure_rounds']} more rounds of its treeclass and baseline "
+                 f"rows, up to {timing['remeasures']} time(s)"
+                 if timing.get("remeasures") else "this mode does not re-measure")
+    return [
+        "- columns: *median* is one call's time, the median over rounds; *vs treeclass* and "
+        "*vs floor* are medians of per-round ratios of the row's time to the treeclass row's "
+        "and to the plain dict/list row's (the floor), lower is faster; *target* gives the "
+        f"treeclass row's verdict against its speed target ({ARCHITECTURE_DOC}) and marks "
+        "the rows that target compares against; *note* says how each library does it",
+        f"- verdicts: the {CONFIDENCE:.0%} interval is a bootstrap of the median per-round "
+        "ratio (resampled rounds). *met*: the whole interval is on the target's side of the "
+        "limit; *missed*: wholly on the other side; *within noise*: it straddles the limit "
+        f"({remeasure}). *met by X%* / *missed by X%*: the median is X% of the limit inside "
+        "/ outside it (1.00x against <= 1.10x is met by 9%)",
+        "- failures: a peer that raises or gives different numbers is labelled as the "
+        "peer's and is never counted against treeclass; only treeclass's or the floor's "
+        "wrong numbers make the command exit with status 1",
+    ]
+
+
+def format_markdown(data: dict[str, Any]) -> str:
+    """The whole report as Markdown, from `to_json`'s dict (or a saved `--json` file)."""
+    header = data["header"]
+    versions = ", ".join(f"{k} {v}" for k, v in header["versions"].items())
     lines = [
         "# treeclass benchmarks",
         "",
@@ -236,145 +352,273 @@ def format_markdown(header: dict[str, Any], results: list[CaseResult]) -> str:
         f"{header['device_count']} device(s))",
         f"- dispatch: {header['dispatch']}",
         f"- versions: {versions}",
-        f"- method: {method}",
-        "- columns: *vs treeclass* and *vs floor* divide each row's time by the treeclass "
-        "row's and by the plain dict/list row's (lower is faster); *target* is the "
-        "DESIGN.md section 5 target for the treeclass row",
-        "",
+        f"- method: {_method(header)}",
+        *_definitions(header),
     ]
+    if header["mode"] == "quick":
+        lines.append("- **`--quick` run: few, short rounds; every verdict is indicative only.** "
+                     "Run without `--quick` for figures to publish")
+    lines.append("")
     group = None
-    for result in results:
-        if result.case.group != group:
-            group = result.case.group
+    for case in data["cases"]:
+        if case["group"] != group:
+            group = case["group"]
             lines += [f"## {group}", ""]
-        lines += _case_markdown(result)
-    lines += _targets_markdown(results)
+        lines += _case_markdown(case)
+    lines += _scaling_markdown(data.get("scaling", []))
+    lines += _targets_markdown(data["cases"], header["mode"])
+    lines += GPU_SECTION.splitlines()
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _targets_markdown(results: list[CaseResult]) -> list[str]:
+def _case_markdown(case: dict[str, Any]) -> list[str]:
+    lines = [f"### `{case['name']}`: {case['title']}", ""]
+    if case["status"] == "skipped":
+        return [*lines, f"Skipped: {case['skip_reason']}", ""]
+    target = case["target"]
+    rate = case["rate"]
+    head = ["implementation", "median", *([rate[0]] if rate else []), "vs treeclass",
+            "vs floor", "target", "note"]
+    lines += ["| " + " | ".join(head) + " |",
+              "|---|---:|" + ("---:|" if rate else "") + "---:|---:|---|---|"]
+    for row in case["rows"]:
+        name = f"**{row['name']}**" if row["role"] == "treeclass" else row["name"]
+        if row["role"] == "floor":
+            name += " (floor)"
+        target_cell = ""
+        if target is not None:
+            if row["role"] == "treeclass":
+                target_cell = target["summary"]
+            elif row["name"] in target["baselines"]:
+                target_cell = "target baseline"
+        rate_cells = []
+        if rate:
+            median = row["median_s"]
+            rate_cells = [_rate(rate[1] / median) if median else "—"]
+        cells = [name, _seconds(row["median_s"]), *rate_cells, _times(row["vs_treeclass"]),
+                 _times(row["vs_floor"]), target_cell, _row_note(row)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if case["published"]:
+        lines += ["", "| ratio | published | this run |", "|---|---:|---:|"]
+        for item in case["published"]:
+            shown = f"{item['published']:.3f}" if item["published"] is not None else "—"
+            ours = f"{item['ours']:.3f}" if item["ours"] is not None else "—"
+            lines.append(f"| {item['ratio']} | {shown} | {ours} |")
+        lines += ["", case["published_note"]]
+    if case["note"]:
+        lines += ["", case["note"]]
+    if case["extra"]:
+        lines += _memory_markdown(case["extra"])
+    return [*lines, ""]
+
+
+def _mib(value: float | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def _memory_markdown(extra: dict[str, Any]) -> list[str]:
+    if "error" in extra:
+        return ["", f"Peak memory not measured: {extra['error']}"]
+    leaf = extra["largest_leaf"]
+    lines = ["", f"Peak extra host memory of one save (largest leaf {_mib(leaf)}; header "
+                 f"{extra['header'] if extra['header'] is not None else '—'} bytes):", "",
+             "| implementation | peak extra | x largest leaf | note |", "|---|---:|---:|---|"]
+    for row in extra["rows"]:
+        multiple = "—" if row["extra"] is None else f"{row['extra'] / leaf:.2f}x"
+        name = f"**{row['name']}**" if row["name"] == "treeclass" else row["name"]
+        lines.append(f"| {name} | {_mib(row['extra'])} | {multiple} | {_cell(row['note'])} |")
+    target = extra["target"]
+    lines += ["", f"Target: {target['text']}: {target['summary']}. Measured as "
+                  f"{extra['method'] or 'no method available'}, in a fresh interpreter per "
+                  "implementation, minus the resident memory just before the save."]
+    return lines
+
+
+def _k(value: float | None, flag: bool = False) -> str:
+    if value is None:
+        return "—"
+    text = f"{value:.2f}"
+    return f"**{text}** (above {LINEAR_LIMIT:g})" if flag and value > LINEAR_LIMIT else text
+
+
+def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
+    if not scaling:
+        return []
+    lines = ["## Scaling: how cost grows with the number of layers", "",
+             "Median time of one call per size; *k* is the slope of a least-squares line "
+             "through log(time) against log(layers) (cost ~ n^k: 1 is linear, 2 quadratic); "
+             "*k, last step* is the slope between the two largest sizes timed. A treeclass "
+             f"exponent above {LINEAR_LIMIT:g} is flagged in bold; the floor's exponent shows "
+             "what JAX itself does at that size.", ""]
+    for case in scaling:
+        lines += [f"### `{case['name']}`: {case['title']}", ""]
+        if case["status"] == "skipped":
+            lines += [f"Skipped: {case['skip_reason']}", ""]
+            continue
+        sizes = case["sizes"]
+        lines += ["| implementation | " + " | ".join(f"n={n:,}" for n in sizes)
+                  + " | k | k, last step | note |",
+                  "|---|" + "---:|" * (len(sizes) + 2) + "---|"]
+        for row in case["rows"]:
+            mine = row["role"] == "treeclass"
+            name = f"**{row['name']}**" if mine else row["name"]
+            if row["role"] == "floor":
+                name += " (floor)"
+            times = [_seconds(row["times_s"].get(str(n))) for n in sizes]
+            cells = [name, *times, _k(row["k"], mine), _k(row["k_last"], mine),
+                     "; ".join(row["notes"])]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        notes = [case["note"]] if case["note"] else []
+        if case["reused_sizes"]:
+            notes.append("n = " + ", ".join(f"{n:,}" for n in case["reused_sizes"])
+                         + ": the main case's own measurement in this run")
+        if notes:
+            lines += ["", "; ".join(notes) + "."]
+        lines.append("")
+    lines += _exponents_table(scaling)
+    return lines
+
+
+def _exponents_table(scaling: list[dict[str, Any]]) -> list[str]:
+    lines = ["### Exponents at a glance", "",
+             "| case | treeclass k | treeclass k, last step | floor k | floor k, last step | "
+             f"above k = {LINEAR_LIMIT:g} |", "|---|---:|---:|---:|---:|---|"]
+    for case in scaling:
+        if case["status"] == "skipped":
+            lines.append(f"| `{case['name']}` | — | — | — | — | skipped |")
+            continue
+        rows = {row["name"]: row for row in case["rows"]}
+        tc = rows.get("treeclass", {})
+        above = [f"{row['name']} ({row['k']:.2f})" for row in case["rows"]
+                 if row["k"] is not None and row["k"] > LINEAR_LIMIT]
+        lines.append(f"| `{case['name']}` | {_k(tc.get('k'), True)} | "
+                     f"{_k(tc.get('k_last'), True)} | {_k(case['floor_k'])} | "
+                     f"{_k(case.get('floor_k_last'))} | {_cell(', '.join(above)) or 'none'} |")
+    return [*lines, ""]
+
+
+def _verdict_cell(target: dict[str, Any], mode: str) -> str:
+    if target["status"] is None:
+        return target["summary"]
+    status = target["status"]
+    word = {MET: f"met by {target['margin']:.0%}",
+            MISSED: f"**missed** by {-target['margin']:.0%}"}.get(status, "within noise")
+    if target["extra_rounds"]:
+        word += f" (after {target['extra_rounds']} more rounds)"
+    return word + {"quick": " (indicative)", "smoke": " (smoke)"}.get(mode, "")
+
+
+def _targets_rows(cases: list[dict[str, Any]], mode: str) -> list[str]:
     rows = []
-    for result in results:
-        if result.case.target is None:
+    for case in cases:
+        target = case["target"]
+        if target is None:
             continue
-        if result.status == "skipped":
-            rows.append(f"| `{result.case.name}` | {result.case.target.text} | — | skipped |")
+        if target["status"] is None:
+            reason = f": {target['reason']}" if target.get("reason") else ""
+            rows.append(f"| `{case['name']}` | {target['text']} | — | — | "
+                        f"{_cell(target['summary'] + reason)} |")
             continue
-        target = evaluate_target(result)
-        measured = target["measured"]
-        shown = "—" if measured is None else (
-            f"{measured:.2f}x" if target["kind"] == "max_ratio" else f"{measured:.1f}x faster")
-        if target["met"] is None:
-            status = target["summary"]
-        else:
-            status = f"{'met' if target['met'] else '**missed**'} by {target['gap']:.0%}"
-        rows.append(f"| `{result.case.name}` | {target['text']} | {shown} | {status} |")
+        kind = target["kind"]
+        interval = f"{target['low']:.2f}-{target['high']:.2f}"
+        rows.append(f"| `{case['name']}` | {target['text']} | "
+                    f"{_shown(kind, target['measured'])} | {interval} | "
+                    f"{_verdict_cell(target, mode)} |")
+        memory = (case.get("extra") or {}).get("target")
+        if memory:
+            rows.append(f"| `{case['name']}` (memory) | {memory['text']} | — | — | "
+                        f"{_cell(memory['summary'])} |")
+    return rows
+
+
+def _targets_markdown(cases: list[dict[str, Any]], mode: str) -> list[str]:
+    rows = _targets_rows(cases, mode)
     if not rows:
         return []
-    return ["## Targets (DESIGN.md section 5)", "",
-            "| case | target | treeclass | result |", "|---|---|---:|---|", *rows, ""]
+    return [f"## Targets ({ARCHITECTURE_DOC})", "",
+            "*treeclass*: the median paired ratio; *interval*: its "
+            f"{CONFIDENCE:.0%} bootstrap interval; *verdict*: met, missed or within noise "
+            "(see the definitions at the top).", "",
+            "| case | target | treeclass | interval | verdict |", "|---|---|---:|---|---|",
+            *rows, ""]
 
 
-# -- JSON and plot ------------------------------------------------------------------------------
+def format_summary(data: dict[str, Any], image_folder: str, scaling_plot: bool = True) -> str:
+    """The block README.md and docs/performance.md show: facts, targets, exponents, plots.
 
+    **Arguments**
 
-def to_json(header: dict[str, Any], results: list[CaseResult]) -> dict[str, Any]:
-    """Everything measured, for machines to compare runs (times in seconds)."""
-    cases = []
-    for result in results:
-        tc, floor = _timed(result, "treeclass"), _timed(result, "floor")
-        rows = []
-        for row in result.entries:
-            rows.append({
-                "name": row.name,
-                "role": row.role,
-                "status": row.status,
-                "note": row.note,
-                "number": row.series.number if row.series is not None else None,
-                "median_s": row.series.median if row.series is not None else None,
-                "times_s": list(row.series.times) if row.series is not None else [],
-                "vs_treeclass": _ratio(row, tc),
-                "vs_floor": _ratio(row, floor),
-            })
-        cases.append({
-            "name": result.case.name,
-            "group": result.case.group,
-            "title": result.case.title,
-            "status": result.status,
-            "note": result.note,
-            "seconds": result.seconds,
-            "target": evaluate_target(result) if result.status == "ran" else (
-                None if result.case.target is None else
-                {"text": result.case.target.text, "measured": None, "met": None,
-                 "summary": "skipped"}),
-            "published": _published(result) if result.status == "ran" else [],
-            "rows": rows,
-        })
-    return {"header": header, "cases": cases}
-
-
-def plot_ratios(results: list[CaseResult], path: str) -> str | None:
-    """Write a PNG bar chart of every timed row's ratio to the floor (or to treeclass).
-
-    **Returns**
-
-    `None` on success, or a one-line reason no plot was written (matplotlib missing).
+    - `data`: `to_json`'s dict (a saved `--json` file);
+    - `image_folder`: where the plots are, relative to the page (`"benchmarks"` from the
+      README, `"assets"` from docs/performance.md);
+    - `scaling_plot`: whether the scaling plot exists, to show it.
     """
-    try:
-        import matplotlib
+    header = data["header"]
+    command = header["command"]
+    lines = [
+        f"- date: {header['date']}",
+        f"- machine: {header['machine']}; Python {header['python']}; load average at the "
+        f"end (1, 5, 15 min): {header['load_average']}",
+        f"- backend: {header['backend']} (device kind: {header['device_kind']}, "
+        f"{header['device_count']} device(s))",
+        f"- dispatch: {header['dispatch']}",
+        f"- command: `{command}`",
+        "",
+        "*treeclass* is the median paired ratio of treeclass's time to the target's "
+        f"baseline; *interval* its {CONFIDENCE:.0%} bootstrap interval. *met*: the whole "
+        "interval is within the target; *missed*: wholly outside; *within noise*: it "
+        "straddles the limit even after re-measuring. *met by X%*: the median is X% of the "
+        "limit inside it.",
+        "",
+        "| case | target | treeclass | interval | verdict |", "|---|---|---:|---|---|",
+        *_targets_rows(data["cases"], header["mode"]),
+        "",
+    ]
+    scaling = [case for case in data.get("scaling", []) if case["status"] == "ran"]
+    if scaling:
+        lines += ["How cost grows with the number of layers (cost ~ n^k, fitted over "
+                  + ", ".join(f"{n:,}" for n in scaling[0]["sizes"]) + " layers):", "",
+                  *_exponents_table(scaling)]
+    lines += [f"![ratios of every implementation to plain dicts, per case]"
+              f"({image_folder}/ratios-cpu.png)", ""]
+    if scaling and scaling_plot:
+        lines += [f"![time against layers, log-log, per case]({image_folder}/scaling-cpu.png)",
+                  ""]
+    return "\n".join(lines).rstrip() + "\n"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return _PLOT_NEEDS_MATPLOTLIB
-    panels = []
-    for result in results:
-        base = _timed(result, "floor") or _timed(result, "treeclass")
-        rows = [row for row in result.entries if row.series is not None]
-        if result.status == "ran" and base is not None and rows:
-            label = "floor" if base.role == "floor" else "treeclass"
-            panels.append((result, label, [(row, _ratio(row, base)) for row in rows]))
-    if not panels:
-        return "nothing was timed; no plot written"
-    columns = 3
-    count = len(panels)
-    rows_of_panels = (count + columns - 1) // columns
-    figure, axes = plt.subplots(rows_of_panels, columns, squeeze=False,
-                                figsize=(6 * columns, 2.6 * rows_of_panels))
-    for axis in axes.flat[count:]:
-        axis.set_visible(False)
-    for axis, (result, label, bars) in zip(axes.flat, panels):
-        _draw_panel(axis, result.case.name, label, bars)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return None
 
+GPU_SECTION = """
+## Running it on a GPU or TPU
 
-def _draw_panel(axis: Any, title: str, label: str, bars: list[tuple[EntryResult, float]]) -> None:
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+The suite runs on JAX's default backend and has nothing CPU-specific. Start with the real
+workload, the number an accelerator user cares about: steps per second of a training loop
+whose compute dominates, with the model and batch raised so that it dominates on the
+device too:
 
-    names = [row.name.replace(" (", "\n(") for row, _ in bars][::-1]
-    values = [value for _, value in bars][::-1]
-    colors = ["tab:orange" if row.role == "treeclass" else
-              "tab:gray" if row.role in ("floor", "baseline") else "tab:blue"
-              for row, _ in bars][::-1]
-    # bars grow from 1x (the divisor) to the ratio, so faster rows point left
-    axis.barh(names, [v - 1.0 for v in values], left=1.0, color=colors)
-    axis.axvline(1.0, color="black", linewidth=0.8)
-    axis.set_xscale("log")
-    low, high = min(values + [1.0]) / 1.3, max(values + [1.0]) * 1.6
-    axis.set_xlim(low, high)
-    ticks = [2.0**k for k in range(-10, 16) if low <= 2.0**k <= high]
-    if len(ticks) < 3:
-        ticks = [t for t in (0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 2.5, 3)
-                 if low <= t <= high]
-    axis.xaxis.set_major_locator(FixedLocator(ticks))
-    axis.xaxis.set_minor_locator(NullLocator())
-    axis.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
-    for y, value in enumerate(values):
-        axis.text(value * (1.04 if value >= 1 else 0.96), y, f"{value:.2f}x", va="center",
-                  ha="left" if value >= 1 else "right", fontsize=7)
-    axis.set_title(title, fontsize=9)
-    axis.set_xlabel(f"time / {label} time (log scale; left of 1x is faster)", fontsize=8)
-    axis.tick_params(labelsize=7)
+```bash
+python3 -m venv .venv && . .venv/bin/activate
+pip install -e ".[bench]" "jax[cuda12]"       # NVIDIA GPU (pick the CUDA extra that matches
+                                              # the driver); on a TPU VM: pip install "jax[tpu]"
+python -c "import jax; print(jax.devices())"  # should list a CUDA (or TPU) device
+python -m benchmarks --only workload --workload-width 4096 --workload-batch 4096
+python -m benchmarks --json results-gpu.json --markdown RESULTS-gpu.md \\
+    --plot ratios-gpu.png --scaling-plot scaling-gpu.png
+```
+
+What differs from the CPU run:
+
+- The header says `backend: gpu` (or `tpu`) and the device kind; dispatch is asynchronous
+  (the suite's synchronous-dispatch default only applies to the CPU backend) and the clock
+  is wall time (`--clock auto`), because CPU time would miss the wait for the device.
+- The training loop waits only for its last loss, so the host queues steps ahead of the
+  device as a real loop does: the tree layer costs nothing there while the device is the
+  bottleneck.
+- Every other timed call waits for its result with `block_until_ready`, so each jitted
+  call (dispatch, training step, masks under `jit`, frozen leaves) includes one launch
+  and synchronization round trip, which narrows the ratios between implementations.
+  Flatten, construction and setting a leaf are pure Python and cost the same as on the CPU.
+- Checkpoints move every array from the device to the host to save, and back to load.
+- `JAX_PLATFORMS=cpu python -m benchmarks` runs the CPU suite on the same machine, and
+  the `--json` files of two runs can be compared row by row (each row keeps its per-round
+  times and ratios).
+"""
