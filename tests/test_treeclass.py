@@ -206,6 +206,31 @@ def test_signed_zero_static_values_keep_their_sign_under_jit():
     assert str(jax.tree_util.tree_map(lambda v: v, negative).tag) == "-0.0"
 
 
+def test_static_values_of_plain_types_leave_the_layout_pending_until_first_flatten():
+    class Tree(tc.TreeClass):
+        value: Any
+        index: int = tc.field(static=True)
+
+    tree = Tree(1.0, index=123456)
+    assert not _node.live_layouts(Tree)  # nothing interned yet
+    with pytest.raises(AttributeError, match="immutable"):
+        tree.value = 2.0  # sealed all the same
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    assert leaves == [1.0] and len(_node.live_layouts(Tree)) == 1
+    assert jax.tree_util.tree_unflatten(treedef, [2.0]).index == 123456
+    assert tree._tc_layout is jax.tree_util.tree_flatten(Tree(0.0, index=123456))[1].node_data()[1]
+    assert jax.jit(lambda t: t.value * t.index)(tree) == 123456.0
+
+
+def test_static_values_of_other_types_are_checked_in_init():
+    class Tree(tc.TreeClass):
+        index: Any = tc.field(static=True)
+
+    with pytest.raises(TypeError, match=r"Static field `Tree\.index` must be hashable"):
+        Tree([1])
+    assert Tree((1, 2.0)).index == (1, 2.0)
+
+
 def test_equal_static_values_share_one_layout_and_unused_layouts_are_dropped():
     import gc
 

@@ -105,24 +105,21 @@ def render_init(
     head = f"def __init__({', '.join([this, *signature])}):"
     if sealing == "none":
         if not through_setattr:
-            body.insert(0, f"__tc_state = __tc_node.attributes({this})")
+            body.insert(0, f"__tc_state = {this}._tc_dict")
         return "\n".join([head, *_indent(body or ["pass"])]) + "\n"
     children = "".join(f"__tc_state[{name!r}], " for name in fixed_leaves)
     if sealing == "fixed":
         seal = [f"__tc_set_layout({this}, __tc_layout)",
                 f"__tc_set_flat({this}, (({children}), __tc_layout))"]
     elif sealing == "shape":
-        values = "".join(f"__tc_state[{name!r}], " for name in static_names)
-        seal = [f"__tc_layout = __tc_with_values(({values}))",
-                f"__tc_set_layout({this}, __tc_layout)",
-                f"__tc_set_flat({this}, (({children}), __tc_layout))"]
+        seal = _shape_lookup(this, static_names, children)
     else:
         seal = [f"__tc_seal({this})"]
     lines = [
         head,
         # a fresh instance has no attributes yet; anything else may be a sealed instance
         # whose __init__ is called again, which must not change it
-        f"    __tc_state = __tc_node.attributes({this})",
+        f"    __tc_state = {this}._tc_dict",
         f"    if __tc_state and {this}._tc_layout is not None:",
         f"        __tc_refuse({this})",
         "    try:",
@@ -137,6 +134,30 @@ def render_init(
         "        raise",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list[str]:
+    """Seal an instance with static values.
+
+    When every static value is of a plain type (ints, strings, bools, None: hashable, and
+    their own exact keys), the instance is sealed with its layout *pending*: its shape
+    stands in the layout slot, and the interned layout is looked up the first time the
+    instance is flattened (see `_node._materialize`). Building a model whose layers each
+    hold a new static value then costs no layout at all until it is used. Any other
+    static value is keyed and interned now, so an unhashable one fails here, in
+    `__init__`, naming its field.
+    """
+    values = [f"__tc_state[{name!r}]" for name in static_names]
+    plain = " and ".join(f"type({v}) in __tc_plain" for v in values)
+    given = "".join(f"{v}, " for v in values)
+    return [
+        f"if {plain}:",
+        f"    __tc_set_layout({this}, __tc_shape)",
+        "else:",
+        f"    __tc_layout = __tc_shape.with_values(({given}))",
+        f"    __tc_set_layout({this}, __tc_layout)",
+        f"    __tc_set_flat({this}, (({children}), __tc_layout))",
+    ]
 
 
 # -- unflatten -------------------------------------------------------------------------------

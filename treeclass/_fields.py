@@ -19,6 +19,7 @@ from typing_extensions import dataclass_transform
 
 from . import _node
 from ._codegen import InitStore, compile_function, render_init
+from ._keys import PLAIN_TYPES
 from ._util import equal_or_false
 
 __all__ = ["Field", "field", "fields", "autoinit"]
@@ -542,7 +543,8 @@ def _init_sealing(
     names = tuple(store.name for store in stores)
     if any(name in info.static_names for name in names):
         shape = info.fix_shape(names)
-        namespace["__tc_with_values"] = shape.with_values
+        namespace["__tc_shape"] = shape
+        namespace["__tc_plain"] = PLAIN_TYPES
         return "shape", list(shape.static_names)
     namespace["__tc_layout"] = info.fix_layout(names)
     return "fixed", list(names)

@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["value_key"]
+__all__ = ["value_key", "PLAIN_TYPES"]
 
-_PLAIN = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
+# types whose values are their own exact keys, next to their type (`(type(v), v)`)
+PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
+_PLAIN = PLAIN_TYPES
 _pack_double = struct.Struct("<d").pack
 
 

@@ -21,6 +21,10 @@ How an instance is kept (the invariants):
   hashing and comparison of them is a C-level identity check. A `Shape` is what all
   layouts with one attribute order share, including the generated unflatten code, so a new
   static value costs a small object, never new code;
+- a generated `__init__` whose static values are all of plain types (ints, strings,
+  bools, None) seals with the layout *pending*: the `Shape` stands in `_tc_layout`, and
+  the interned layout is looked up on the first flatten (or `layout_of`), then kept. So
+  building layers with new static values costs no layout until one is used;
 - unsealed (`_tc_layout` is `None` or unset) means under construction, or a private copy
   inside `.at["method"]()`; flatten then computes `(children, layout)` on demand.
 """
@@ -80,8 +84,12 @@ class TreeNode:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat` yet
-        # (it is still changing): compute it on demand, for flatten.
+        # (it is still changing): compute it on demand, for flatten. A sealed instance
+        # whose layout is still pending (see `seal_pending`) computes and keeps it, once.
         if name == "_tc_flat":
+            pending = getattr(self, "_tc_layout", None)
+            if type(pending) is Shape:
+                return _materialize(self, pending)
             return flat_of(self)
         if name == "_tc_layout":  # a fresh instance: its slot is not set until sealing
             return None
@@ -89,6 +97,9 @@ class TreeNode:
 
 
 _DICT_SLOT = TreeNode.__dict__["__dict__"]
+# The real `__dict__` slot under a second name: generated code reads `self._tc_dict`, a
+# C-level descriptor call that (unlike the slot's bound `__get__`) pickles with the class.
+TreeNode._tc_dict = _DICT_SLOT  # type: ignore[attr-defined]
 attributes: Callable[[Any], dict[str, Any]] = _DICT_SLOT.__get__  # the real instance dict
 set_attributes: Callable[[Any, dict[str, Any]], None] = _DICT_SLOT.__set__
 _layout_slot = TreeNode.__dict__["_tc_layout"]
@@ -110,7 +121,21 @@ def is_treeclass_type(cls: Any) -> bool:
 def layout_of(node: Any) -> Layout | None:
     """The layout of a sealed instance; `None` while it is unsealed."""
     layout = getattr(node, "_tc_layout", None)
-    return layout if type(layout) is Layout else None
+    if type(layout) is Layout:
+        return layout
+    if type(layout) is Shape:
+        return _materialize(node, layout)[1]
+    return None
+
+
+def _materialize(node: Any, shape: Shape) -> tuple[tuple[Any, ...], Layout]:
+    """Find the layout of a sealed instance whose layout was left pending, and keep it."""
+    d = attributes(node)
+    layout = shape.with_values(tuple(d[n] for n in shape.static_names))
+    flat = (shape.get(d), layout)
+    _set_flat(node, flat)
+    _set_layout(node, layout)
+    return flat
 
 
 # -- shapes and layouts ------------------------------------------------------------------------
@@ -124,7 +149,7 @@ class Shape:
     """What every layout with one attribute order shares: names, keys, getter, unflatten."""
 
     __slots__ = ("info", "names", "leaf_names", "static_names", "keys", "get", "build",
-                 "layout", "__weakref__")
+                 "layout", "table", "swept", "__weakref__")
 
     def __init__(self, info: ClassInfo, names: tuple[str, ...]) -> None:
         statics = info.static_names
@@ -142,7 +167,10 @@ class Shape:
             self.get = operator.itemgetter(*self.leaf_names)
         self.build = self.compile_build(inline=False)
         # the one layout of a shape without static values lives as long as the shape
-        self.layout = None if self.static_names else Layout(self, (), self)
+        self.layout = None if self.static_names else Layout(self, (), ())
+        # static values' keys -> weak reference to the interned layout (see `intern`)
+        self.table: dict[Any, Any] = {}
+        self.swept = 0  # the table's size after its last sweep of dead entries
 
     def compile_build(self, inline: bool) -> Callable[[Any, Any], Any]:
         cls = self.info.cls
@@ -155,7 +183,42 @@ class Shape:
 
     def with_values(self, values: tuple[Any, ...]) -> Layout:
         """The interned layout of this shape with these static values."""
-        return self.info.intern(self, values)
+        try:
+            key = tuple(map(value_key, values))
+        except TypeError:
+            key = self.info.static_key_or_raise(self, values)
+        ref = self.table.get(key)
+        if ref is not None:
+            layout = ref()
+            if layout is not None:
+                return layout
+        return self.intern(values, key)
+
+    def intern(self, values: tuple[Any, ...], key: tuple[Any, ...]) -> Layout:
+        """The miss path of `with_values` (and of generated `__init__`s): atomic per class.
+
+        Under the class's lock, so equal static values built on many threads always share
+        one layout. The table holds weak references: a layout lives as long as an instance
+        or a tree definition holds it. Dead entries are swept when the table has doubled
+        since the last sweep (amortized constant time); keys that hold an array (static
+        arrays, keyed by identity) are dropped as soon as their layout dies, so the class
+        never keeps an array alive.
+        """
+        with self.info.lock:
+            ref = self.table.get(key)
+            layout = ref() if ref is not None else None
+            if layout is None:
+                table = self.table
+                if len(table) > 2 * self.swept + 64:
+                    for dead in [k for k, r in table.items() if r() is None]:
+                        del table[dead]
+                    self.swept = len(table)
+                layout = Layout(self, values, key)
+                if any(type(k) is _ByIdentity for k in key):
+                    table[key] = weakref.ref(layout, functools.partial(_forget_layout, table, key))
+                else:
+                    table[key] = weakref.ref(layout)
+        return layout
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_shape_from_pickle, (self.info.cls, self.names))
@@ -256,16 +319,17 @@ class _ByIdentity:
 class ClassInfo:
     """Everything treeclass keeps about one TreeClass subclass, in one record.
 
-    `fields`, `static_names` and `setters` describe the class; `shapes` and `layouts`
-    intern its layouts (`shapes` strongly: one per attribute order seen; `layouts` weakly:
-    a layout with static values lives as long as an instance or a tree definition holds
-    it); `fixed_layout` is the one layout of a class whose generated `__init__` knows its
-    attribute names. New layouts are made under `lock`, so equal static values built on
-    many threads always share one layout object. Pickling the record keeps the description
-    and starts the tables empty (so cloudpickle can ship a class defined in a function).
+    `fields`, `static_names` and `setters` describe the class; `shapes` holds one `Shape`
+    per attribute order seen (strongly), and each shape interns its layouts with static
+    values (weakly: a layout lives as long as an instance or a tree definition holds it);
+    `fixed_layout` / `fixed_shape` are those of a class whose generated `__init__` knows
+    its attribute names. New shapes and layouts are made under `lock`, so equal static
+    values built on many threads always share one layout object. Pickling the record
+    keeps the description and starts the tables empty (so cloudpickle can ship a class
+    defined in a function).
     """
 
-    __slots__ = ("cls", "fields", "static_names", "setters", "shapes", "layouts", "lock",
+    __slots__ = ("cls", "fields", "static_names", "setters", "shapes", "lock",
                  "fixed_layout", "fixed_shape", "_keys", "_setter_kinds")
 
     def __init__(self, cls: type, fields: dict[str, Any], static_names: tuple[str, ...],
@@ -275,7 +339,6 @@ class ClassInfo:
         self.static_names = static_names
         self.setters = setters
         self.shapes: dict[tuple[str, ...], Shape] = {}
-        self.layouts: dict[Any, Any] = {}
         self.lock = threading.Lock()
         self.fixed_layout: Layout | None = None
         self.fixed_shape: Shape | None = None
@@ -303,28 +366,8 @@ class ClassInfo:
                     self.shapes[names] = shape
         return shape
 
-    def intern(self, shape: Shape, values: tuple[Any, ...]) -> Layout:
-        try:
-            key = tuple(map(value_key, values))
-        except TypeError:
-            key = self._static_key_or_raise(shape, values)
-        key = (shape, key)
-        ref = self.layouts.get(key)
-        if ref is not None:
-            layout = ref()
-            if layout is not None:
-                return layout
-        with self.lock:  # the miss path is atomic: one layout per key, whatever the threads
-            ref = self.layouts.get(key)
-            layout = ref() if ref is not None else None
-            if layout is None:
-                layout = Layout(shape, values, key)
-                self.layouts[key] = weakref.ref(
-                    layout, functools.partial(_forget_layout, self.layouts, key))
-        return layout
-
-    def _static_key_or_raise(self, shape: Shape, values: tuple[Any, ...]) -> tuple[Any, ...]:
-        # the slow path of `intern`: arrays (warned about, keyed by identity), or an error
+    def static_key_or_raise(self, shape: Shape, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        # the slow path of `Shape.with_values`: arrays (warned about, keyed by identity), or an error
         # naming the field of an unhashable value
         keys = []
         for name, value in zip(shape.static_names, values, strict=True):
@@ -350,7 +393,7 @@ class ClassInfo:
         shape = self.shape(tuple(d))
         if shape.layout is not None:
             return shape.layout
-        return self.intern(shape, tuple(d[n] for n in shape.static_names))
+        return shape.with_values(tuple(d[n] for n in shape.static_names))
 
     def fix_layout(self, names: tuple[str, ...]) -> Layout:
         """Record the one layout of a class whose generated `__init__` sets `names`."""
@@ -366,12 +409,13 @@ class ClassInfo:
         return shape
 
     def live_layouts(self) -> dict[Any, Layout]:
-        """The interned layouts with static values that are alive now (for tests)."""
+        """The interned layouts with static values that are alive now, by `(shape, key)`."""
         out = {}
-        for key, ref in list(self.layouts.items()):
-            layout = ref()
-            if layout is not None:
-                out[key] = layout
+        for shape in list(self.shapes.values()):
+            for key, ref in list(shape.table.items()):
+                layout = ref()
+                if layout is not None:
+                    out[(shape, key)] = layout
         return out
 
     def setter_kind(self, name: str) -> Any:
