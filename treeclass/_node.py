@@ -367,8 +367,8 @@ class ClassInfo:
         return shape
 
     def static_key_or_raise(self, shape: Shape, values: tuple[Any, ...]) -> tuple[Any, ...]:
-        # the slow path of `Shape.with_values`: arrays (warned about, keyed by identity), or an error
-        # naming the field of an unhashable value
+        # the slow path of `Shape.with_values`: arrays (warned about, keyed by identity),
+        # or an error naming the field of an unhashable value
         keys = []
         for name, value in zip(shape.static_names, values, strict=True):
             try:
