@@ -1,6 +1,7 @@
 """treeclass: JAX pytrees that are pleasant and fast to define, read, edit and train.
 
-This module only re-exports; see DESIGN.md for the layout.
+This module only re-exports; the design (modules floor by floor, the invariants, how to
+measure a change) is docs/architecture.md.
 """
 
 from . import optim  # optax itself is imported lazily, on first use

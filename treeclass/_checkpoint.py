@@ -44,9 +44,8 @@ import jax
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
 
-from ._fields import fields
+from . import _node
 from ._mask import freeze, is_frozen, unfreeze
-from ._treeclass import TreeClass
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 
@@ -103,14 +102,12 @@ def _walk(
     With `rebuild`, return the tree with each leaf replaced by what `visit` returned, and
     each frozen subtree rebuilt and frozen again; static fields stay as they are.
     """
-    if isinstance(node, TreeClass):
-        state = vars(node)
-        for item in fields(node):
-            if item.static and item.name in state:
-                visit((*path, jax.tree_util.GetAttrKey(item.name)), _STATIC, state[item.name])
+    if _node.is_treeclass(node):
+        for name, value in _node.static_values(node).items():
+            visit((*path, jax.tree_util.GetAttrKey(name)), _STATIC, value)
 
     def stop(x: Any) -> bool:
-        return x is not node and (is_frozen(x) or isinstance(x, TreeClass))
+        return x is not node and (is_frozen(x) or _node.is_treeclass(x))
 
     items, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)
     new = []
@@ -121,7 +118,7 @@ def _walk(
             if rebuild:
                 # an unchanged frozen value keeps its node: freezing again would hash it again
                 new.append(x if inner is unfreeze(x) else freeze(inner))
-        elif isinstance(x, TreeClass) and x is not node:
+        elif _node.is_treeclass(x) and x is not node:
             new.append(_walk(x, visit, rebuild, where, frozen))
         else:
             new.append(visit(where, _FROZEN if frozen else _LEAF, x))
