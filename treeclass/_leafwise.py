@@ -13,7 +13,7 @@ import math
 import operator
 from collections.abc import Callable
 from itertools import repeat, starmap
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -341,60 +341,92 @@ def bcmap(
     return mapped
 
 
-def _broadcast_call(
-    func: Callable[..., Any],
-    broadcast_to: Any,
-    is_leaf: Callable[[Any], bool] | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    ref_key = None  # the keyword of the first argument, when it is a keyword argument
-    if broadcast_to is not None:
-        ref, ref_name = broadcast_to, "broadcast_to"
-    elif args:
-        ref, ref_name = args[0], "positional argument 0"
-    elif kwargs:
-        ref_key = next(iter(kwargs))
-        ref, ref_name = kwargs[ref_key], f"keyword argument `{ref_key}`"
-    else:
-        return func()
-    if broadcast_to is None and isinstance(ref, _LEAF_TYPES):
-        return func(*args, **kwargs)  # the first argument is a leaf: one plain call
-    ref_leaves, ref_def = _flatten(ref, is_leaf)
-    if broadcast_to is None and ref_def.num_nodes == 1 and ref_def.num_leaves == 1:
-        return func(*args, **kwargs)  # a leaf of a custom type, or one `is_leaf` picked
+class _Reference(NamedTuple):
+    """The argument whose structure `bcmap` maps over, flattened."""
 
-    whole: list[tuple[str, Any]] = []  # trees passed whole, for the note on errors
+    value: Any
+    name: str  # how messages name it: "positional argument 0", "keyword argument `x`"
+    key: str | None  # its keyword, when it is a keyword argument
+    leaves: list[Any]
+    treedef: Any
+
+
+class _Arguments(NamedTuple):
+    """The call's arguments sorted: which are mapped leaf by leaf, which passed whole."""
+
+    positional: list[tuple[int, list[Any]]]  # (position, leaves) of the mapped ones
+    keywords: list[tuple[str, list[Any]]]  # (keyword, leaves) of the mapped ones
+    whole: list[tuple[str, Any]]  # (name, treedef) of trees of another structure
+
+
+def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _Reference | None:
+    """The argument fixing the structure, or `None` when there is none to map over."""
+    key = None
+    if broadcast_to is not None:
+        value, name = broadcast_to, "broadcast_to"
+    elif args:
+        value, name = args[0], "positional argument 0"
+    elif kwargs:
+        key = next(iter(kwargs))
+        value, name = kwargs[key], f"keyword argument `{key}`"
+    else:
+        return None
+    if broadcast_to is None and isinstance(value, _LEAF_TYPES):
+        return None  # the first argument is a leaf: one plain call
+    leaves, treedef = _flatten(value, is_leaf)
+    if broadcast_to is None and treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return None  # a leaf of a custom type, or one `is_leaf` picked
+    return _Reference(value, name, key, leaves, treedef)
+
+
+def _sort_arguments(ref: _Reference, own: bool, args: tuple, kwargs: dict,
+                    is_leaf: Any) -> _Arguments:
+    """Map the arguments with the reference's structure; pass every other one whole.
+
+    `own` says that the reference is one of the arguments (not `broadcast_to`).
+    """
+    whole: list[tuple[str, Any]] = []
 
     def leaves_if_mapped(arg: Any, name: str) -> list | None:
         if arg is None or isinstance(arg, _LEAF_TYPES):
             return None
         leaves, treedef = _flatten(arg, is_leaf)
-        if treedef == ref_def:
+        if treedef == ref.treedef:
             return leaves
         if not (treedef.num_nodes == 1 and treedef.num_leaves == 1):
             whole.append((name, treedef))
         return None
 
-    mapped_args = []
+    positional = []
     for position, arg in enumerate(args):
-        if position == 0 and broadcast_to is None:
-            leaves = ref_leaves
+        if position == 0 and own and ref.key is None:
+            leaves = ref.leaves
         else:
             leaves = leaves_if_mapped(arg, f"positional argument {position}")
         if leaves is not None:
-            mapped_args.append((position, leaves))
-    mapped_kwargs = []
+            positional.append((position, leaves))
+    keywords = []
     for key, arg in kwargs.items():
-        if key == ref_key:
-            leaves = ref_leaves
+        if key == ref.key:
+            leaves = ref.leaves
         else:
             leaves = leaves_if_mapped(arg, f"keyword argument `{key}`")
         if leaves is not None:
-            mapped_kwargs.append((key, leaves))
+            keywords.append((key, leaves))
+    return _Arguments(positional, keywords, whole)
 
-    # one column per positional argument: its leaves, or the value itself repeated
-    count = ref_def.num_leaves
+
+def _map_calls(func: Callable[..., Any], ref: _Reference, sorted_args: _Arguments,
+               args: tuple, kwargs: dict, on_error: Callable[[BaseException, int], None],
+               ) -> list[Any]:
+    """Call `func` once per leaf of the reference, in flatten order.
+
+    Calls run in C (`map`/`starmap`) when no keyword is mapped. When a call raises,
+    `on_error(error, index)` is told which leaf's call it was (for the map, from how far
+    the counted iterator got) before the error propagates.
+    """
+    count = ref.treedef.num_leaves
+    mapped_args, mapped_kwargs = sorted_args.positional, sorted_args.keywords
     if mapped_args:
         columns: list[Any] = [repeat(arg) for arg in args]
         for position, leaves in mapped_args:
@@ -415,15 +447,29 @@ def _broadcast_call(
             call = functools.partial(func, **kwargs) if kwargs else func
             out = list(map(call, *columns) if mapped_args else starmap(call, columns))
     except Exception as error:
-        if mapped_kwargs:
-            index = len(out)
-        else:
-            index = count - operator.length_hint(counted) - 1
-        path = leaf_path_str(ref, index, is_leaf)
-        add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=_func_name(func), path=path))
-        for name, treedef in whole:
-            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(
-                arg=name, ref=ref_name, ref_def=ref_def, arg_def=treedef,
-            ))
+        on_error(error, len(out) if mapped_kwargs else count - operator.length_hint(counted) - 1)
         raise
-    return ref_def.unflatten(out)
+    return out
+
+
+def _broadcast_call(
+    func: Callable[..., Any],
+    broadcast_to: Any,
+    is_leaf: Callable[[Any], bool] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    ref = _reference(broadcast_to, args, kwargs, is_leaf)
+    if ref is None:
+        return func(*args, **kwargs)
+    sorted_args = _sort_arguments(ref, broadcast_to is None, args, kwargs, is_leaf)
+
+    def note(error: BaseException, index: int) -> None:
+        path = leaf_path_str(ref.value, index, is_leaf)
+        add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=_func_name(func), path=path))
+        for name, treedef in sorted_args.whole:
+            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(
+                arg=name, ref=ref.name, ref_def=ref.treedef, arg_def=treedef,
+            ))
+
+    return ref.treedef.unflatten(_map_calls(func, ref, sorted_args, args, kwargs, note))
