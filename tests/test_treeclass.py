@@ -790,9 +790,10 @@ def test_autoinit_carries_dataclass_transform_with_field_specifier():
 def test_py_typed_is_shipped():
     assert (importlib.resources.files("treeclass") / "py.typed").is_file()
     pyproject = pathlib.Path(__file__).parents[1] / "pyproject.toml"
-    # the wheel ships it only if it is package data (tomllib is 3.11+, so read the text)
-    section = pyproject.read_text().split("[tool.setuptools.package-data]")[1].split("\n[")[0]
-    assert "treeclass" in section and "py.typed" in section
+    # hatchling's wheel holds every file of the packages it lists, py.typed included
+    # (tomllib is 3.11+, so read the text)
+    section = pyproject.read_text().split("[tool.hatch.build.targets.wheel]")[1].split("\n[")[0]
+    assert 'packages = ["treeclass"]' in section
 
 
 # -- properties ---------------------------------------------------------------------------------
