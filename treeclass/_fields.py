@@ -94,6 +94,25 @@ class Field:
     assert (a.name, a.default, a.doc, a.static) == ("a", 1, "a counter", False)
     assert a.replace(default=2).default == 2
     ```
+
+    In a plain class (one that is not a `TreeClass`, with or without `autoinit`) a Field
+    is a descriptor, as in PyTreeClass: each assignment runs its `on_setattr` callbacks,
+    each read its `on_getattr` ones, a read before any assignment gives the default, and
+    the class attribute (`Point.x`) is the Field itself. On a `TreeClass` the class
+    attribute is the default and the class runs the callbacks itself.
+
+    ```python
+    import treeclass as tc
+
+    class Point:  # no decorator, a hand-written __init__
+        x: float = tc.field(default=0.0, on_setattr=[float, abs])
+
+        def __init__(self, x):
+            self.x = x
+
+    assert Point(-2).x == 2.0
+    assert isinstance(Point.x, tc.Field) and Point.x.name == "x"
+    ```
     """
 
     __slots__ = (
@@ -173,13 +192,66 @@ class Field:
         return self.default is not MISSING or self.factory is not None
 
     def __repr__(self) -> str:
-        shown = [f"name={self.name!r}"]
-        defaults = Field()
-        for slot in Field.__slots__[1:]:
-            value = getattr(self, slot)
-            if value != getattr(defaults, slot) and slot != "type":
-                shown.append(f"{slot}={value!r}")
-        return f"Field({', '.join(shown)})"
+        # every setting, defaults included (PyTreeClass's style): a printed Field says all
+        # that it does without a look at `field()`'s signature
+        shown = ", ".join(f"{slot}={_setting_repr(getattr(self, slot))}"
+                          for slot in Field.__slots__)
+        return f"Field({shown})"
+
+    # -- the descriptor: a Field outside TreeClass ----------------------------------------
+    # A Field in a plain class body (with or without `autoinit`) stays there as a data
+    # descriptor, so its callbacks run on every assignment and read, as in PyTreeClass.
+    # TreeClass replaces its Fields with its own guards (`_node.guard_field`), so none of
+    # this runs for a TreeClass field.
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        annotation = _own_annotations(owner).get(name)
+        if self.name is None:  # still being set up: the class body names it
+            object.__setattr__(self, "name", name)
+            if self.type is None:
+                object.__setattr__(self, "type", annotation)
+        elif self.name != name:  # one Field object under two names: each gets its own
+            setattr(owner, name, self.replace(name=name, type=annotation))
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self  # `Cls.x` is the Field, as `Cls.prop` is the property
+        try:
+            value = _instance_dict(instance)[self.name]
+        except KeyError:
+            if self.default is MISSING:
+                raise AttributeError(
+                    f"`{type(instance).__name__}` instance has no attribute {self.name!r}"
+                ) from None
+            value = self.default  # never assigned: the default, as a class attribute reads
+        for callback in self.on_getattr:
+            value = callback(value)
+        return value
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        name = self._bound_name(instance, "set")
+        try:
+            for callback in self.on_setattr:
+                value = callback(value)
+        except Exception as error:
+            add_field_note(error, instance, name)
+            raise
+        _instance_dict(instance)[name] = value
+
+    def __delete__(self, instance: Any) -> None:
+        name = self._bound_name(instance, "delete")
+        try:
+            del _instance_dict(instance)[name]
+        except KeyError:
+            raise AttributeError(
+                f"`{type(instance).__name__}` instance has no attribute {name!r}") from None
+
+    def _bound_name(self, instance: Any, action: str) -> str:
+        if self.name is None:
+            raise TypeError(_UNNAMED_FIELD_MSG)
+        if _node.is_sealed(instance):  # a TreeClass instance using a plain mixin's Field
+            _node.refuse_write(instance, self.name, action)
+        return self.name
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Field):
@@ -191,6 +263,32 @@ class Field:
 
 def _field_from_kwargs(kwargs: dict[str, Any]) -> Field:
     return Field(**kwargs)
+
+
+_UNNAMED_FIELD_MSG = (
+    "This Field has no name: it works as a descriptor only when assigned in a class body.\n"
+    "    before: Cls.x = tc.field(...)   # after the class was created\n"
+    "    after:  class Cls:\n"
+    "                x: int = tc.field(...)"
+)
+
+
+def _instance_dict(instance: Any) -> dict[str, Any]:
+    # a TreeClass instance's `__dict__` attribute is a read-only view; its real dict is
+    # `_node.attributes` (reached here only through a plain mixin's Field)
+    if isinstance(instance, _node.TreeNode):
+        return _node.attributes(instance)
+    return instance.__dict__
+
+
+def _setting_repr(value: Any) -> str:
+    if isinstance(value, types.MappingProxyType):
+        return repr(dict(value))
+    if isinstance(value, tuple) and all(callable(item) for item in value):
+        return f"({', '.join(_setting_repr(item) for item in value)}{',' * (len(value) == 1)})"
+    if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return value.__name__  # `int`, `positive`, `<lambda>`: not `<function ... at 0x...>`
+    return repr(value)
 
 
 def type_name(value: Any) -> str:
@@ -592,12 +690,37 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
 
 
 def add_field_note(error: BaseException, obj: Any, name: str) -> None:
-    """Say which field a failing `on_setattr` callback was validating."""
+    """Make the error of a failing `on_setattr` callback name the field it was setting.
+
+    The message itself gains the field (`ValueError: while setting field `Tree.rate` (its
+    on_setattr): expected ...`) when it is the exception's one string argument, as for
+    nearly every `raise SomeError("...")` and a bare `assert`: the exception keeps its type,
+    identity, attributes and traceback, only its `args` change. An exception that renders
+    itself another way (`KeyError`, `OSError`, a custom `__str__`) is left as it is and
+    gets a PEP 678 note instead.
+    """
+    where = f"while setting field `{type(obj).__name__}.{name}` (its on_setattr)"
+    args = error.args
+    try:
+        renders_args = not args or (len(args) == 1 and isinstance(args[0], str)
+                                    and str(error) == args[0])
+    except Exception:  # a broken __str__: leave the message alone
+        renders_args = False
+    if renders_args:
+        message = f"{where}: {args[0]}" if args else where
+        if args and args[0].startswith(where):
+            return  # one exception object raised twice (a module-level constant, say)
+        error.args = (message,)
+        if str(error) == message:
+            return
+        error.args = args
     if hasattr(error, "add_note"):
-        error.add_note(f"while setting field `{type(obj).__name__}.{name}` (its on_setattr)")
+        error.add_note(where)
 
 
-@dataclass_transform(field_specifiers=(field, Field))
+# eq_default=False: autoinit writes no `__eq__` (a type checker would otherwise take a plain
+# autoinit class to be unhashable, as a non-frozen dataclass with eq=True is)
+@dataclass_transform(field_specifiers=(field, Field), eq_default=False)
 def autoinit(cls: type) -> type:
     """Give `cls` an `__init__` generated from its annotated fields.
 
@@ -605,17 +728,19 @@ def autoinit(cls: type) -> type:
     fields and no `__init__` of its own; `autoinit` makes it explicit and forces it even
     when a parent defines `__init__`. An `__init__` written in the class body itself is
     never replaced: then `autoinit` changes nothing. It is idempotent, and works on plain
-    classes too (there values are assigned with `setattr`).
+    classes too: there values are assigned with `setattr`, so the `on_setattr` callbacks
+    of `field()`s run (a Field is a descriptor outside `TreeClass`, see `Field`), and a
+    plain subclass inherits both the `__init__` and the callbacks.
 
     ```python
     import treeclass as tc
 
     @tc.autoinit
     class Point:
-        x: float
+        x: float = tc.field(on_setattr=[float])
         y: float = 0.0
 
-    assert Point(1.0).y == 0.0
+    assert Point(1).x == 1.0 and Point(1.0).y == 0.0
     ```
     """
     if not isinstance(cls, type):
@@ -628,16 +753,19 @@ def autoinit(cls: type) -> type:
         return cls  # generated already, or written in the class body: either way it stays
     items = info.fields if is_treeclass else collect_fields(cls)
     if not is_treeclass:
-        # kept on the class because the class body's Field objects are replaced below:
-        # subclasses and `fields()` read the full fields (alias, factory, ...) from here
+        # the full fields (inherited ones, plain defaults made Fields) for subclasses and
+        # `fields()`; the class body's own Field objects stay as descriptors (see
+        # `Field.__get__`), which is how the generated `setattr`s run their callbacks
         setattr(cls, _PLAIN_FIELDS_ATTR, items)
         for name, item in items.items():
-            # as in dataclasses, the class attribute holds the default (or nothing)
-            if isinstance(cls.__dict__.get(name), Field):
-                if item.default is MISSING:
-                    delattr(cls, name)
-                else:
-                    setattr(cls, name, item.default)
+            if not isinstance(cls.__dict__.get(name), Field):
+                continue
+            if item.kind != "CLASS_VAR":
+                setattr(cls, name, item)  # the same Field, now knowing its annotation
+            elif item.default is MISSING:  # a class attribute: its default, or nothing
+                delattr(cls, name)
+            else:
+                setattr(cls, name, item.default)
     cls.__init__ = build_init(cls, items, through_setattr=not is_treeclass)
     return cls
 
