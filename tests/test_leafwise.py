@@ -338,22 +338,22 @@ def test_decorator_on_a_non_class_raises():
 
 
 def test_error_from_a_leaf_names_its_path():
-    with pytest.raises(TypeError, match=r"leafwise `\+` at the leaf `tree\.a` \(int\)"):
+    with pytest.raises(TypeError, match=r"leafwise `\+` at the leaf `Tree\.a` \(int\)"):
         Tree() + "s"
 
 
 def test_error_from_a_nested_leaf_names_its_path():
-    with pytest.raises(TypeError, match=r"leafwise `-` at the leaf `tree\.b\[1\]` \(str\)"):
+    with pytest.raises(TypeError, match=r"leafwise `-` at the leaf `Tree\.b\[1\]` \(str\)"):
         -Tree(b=(1.0, "s"))
 
 
 def test_error_from_a_reflected_operator_names_its_path():
-    with pytest.raises(TypeError, match=r"leafwise `\*\*` at the leaf `tree\.b\[0\]`"):
+    with pytest.raises(TypeError, match=r"leafwise `\*\*` at the leaf `Tree\.b\[0\]`"):
         ("s",) ** Tree(a=tc.freeze(1))
 
 
 def test_error_in_a_leaf_by_leaf_operation_names_its_path():
-    with pytest.raises(TypeError, match=r"leafwise `\+` at the leaf `tree\.b\[1\]` \(float\)"):
+    with pytest.raises(TypeError, match=r"leafwise `\+` at the leaf `Tree\.b\[1\]` \(float\)"):
         Tree() + Tree(b=(1.0, "s"))
 
 
@@ -542,7 +542,7 @@ def test_bcmap_error_with_broadcast_to_names_it():
 
 
 def test_bcmap_error_from_a_leaf_names_its_path():
-    message = r"raised by `add` \(in bcmap\) at the leaf `tree\.b\[1\]`"
+    message = r"raised by `add` \(in bcmap\) at the leaf `Tree\.b\[1\]`"
     with pytest.raises(TypeError, match=message):
         tc.bcmap(operator.add)(Tree(b=(1.0, "s")), 1.0)
 

@@ -431,7 +431,7 @@ def test_map_with_trace_error_at_a_root_leaf_names_it():
 
 
 def test_map_with_trace_error_with_rest_trees_names_the_leaf():
-    with pytest.raises(ZeroDivisionError, match=r"at the leaf `tree\.weight`"):
+    with pytest.raises(ZeroDivisionError, match=r"at the leaf `Linear\.weight`"):
         tc.tree_map_with_trace(
             lambda t, x, y: x / y, Linear(1.0, 2.0), Linear(0.0, 1.0)
         )

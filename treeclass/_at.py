@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import difflib
+import functools
+import sys
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
@@ -50,6 +53,7 @@ from ._structure import (
     NAMEDTUPLE,
     TREECLASS,
     TUPLE,
+    Kind,
     child_by_entry,
     is_leaf_node,
     node_kind,
@@ -58,10 +62,14 @@ from ._structure import (
     rebuild,
     root_name,
 )
+from ._util import check_callable
 
 __all__ = ["AtIndexer", "at"]
 
 T = TypeVar("T")
+_A = TypeVar("_A")  # a fold's initial accumulator
+_R = TypeVar("_R")  # what a fold's function returns
+_S = TypeVar("_S")  # a scan's state
 _MISSING: Any = object()
 
 ONLY_BLOCKED_MSG = (
@@ -106,7 +114,6 @@ ITERATION_MSG = (
     "An `AtIndexer` cannot be iterated: index it (`tree.at['name']`) and call an operation "
     "(`.get()`, `.set(v)`, `.apply(fn)`, `.reduce(fn)`, `.scan(fn, state)`)."
 )
-NOT_CALLABLE_ARG_MSG = "`{method}` expects a callable `{arg}`{what}, got {value!r} of type {type}."
 SCAN_RESULT_MSG = (
     "The scan function must return a pair `(new_leaf, new_state)`, but at {where} it "
     "returned {value} of type {type}."
@@ -146,19 +153,16 @@ def _fn_name(fn: Any) -> str:
 
 
 def _note(error: BaseException, text: str) -> None:
-    if hasattr(error, "add_note"):
+    if sys.version_info >= (3, 11):
         error.add_note(text)
 
 
 def _check_callable(value: Any, method: str, arg: str, what: str = "") -> None:
-    if not callable(value):
-        raise TypeError(NOT_CALLABLE_ARG_MSG.format(
-            method=method, arg=arg, what=what, value=value, type=type(value).__name__))
+    check_callable(value, f"AtIndexer.{method}", arg, what)
 
 
 def _check_is_leaf(is_leaf: Any, method: str) -> None:
-    if is_leaf is not None:
-        _check_callable(is_leaf, method, "is_leaf", " (or None)")
+    check_callable(is_leaf, f"AtIndexer.{method}", "is_leaf", optional=True)
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -199,7 +203,7 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str]) -> Any:
     _check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
-    if isinstance(mask, jax.core.Tracer):
+    if isinstance(mask, Tracer):
         raise TypeError(TRACED_MASK_GET_MSG.format(where=where()))
     if not isinstance(x, (jax.Array, np.ndarray)):
         x = jnp.asarray(x)
@@ -261,12 +265,11 @@ class _Walker:
     def where(self, path: tuple[Any, ...]) -> str:
         return path_str(self.root, path)
 
-    def missing(self, key: Any, node: Any, kind: int, opened: Any, path: tuple) -> Exception:
+    def missing(self, key: Any, node: Any, kind: Kind, opened: Any, path: tuple) -> Exception:
         return missing_key_error(key, node, kind, opened, self.where(path))
 
-    def mask_error(self, path: tuple[Any, ...], tree_has: str, mask_has: str) -> Exception:
-        return ValueError(MASK_MISMATCH_MSG.format(
-            where=self.where(path), tree_has=tree_has, mask_has=mask_has))
+    def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception:
+        return ValueError(MASK_MISMATCH_MSG.format(where=self.where(path), reason=reason))
 
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
         self.blocked.append((path, why))
@@ -351,9 +354,9 @@ class _Walker:
                     new = self.walk(child, path + (SequenceKey(index),), i + 1, emask)
                     if new is child:
                         return node
-                    out = list(node)
-                    out[index] = new
-                    return out if kind == LIST else tuple(out)
+                    items = list(node)
+                    items[index] = new
+                    return items if kind == LIST else tuple(items)
         elif kind == NAMEDTUPLE:
             fields = type(node)._fields
             index = -1
@@ -421,7 +424,7 @@ class _Walker:
         for its result until `resolve`.
         """
         if self.pool is not None:
-            if isinstance(args[0], jax.core.Tracer):
+            if isinstance(args[0], Tracer):
                 raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path)))
             self.pending = True
             return _Pending(self.pool.submit(fn, *args), path, finish)
@@ -655,8 +658,13 @@ class _Scan(_Op):
         return _masked(emask, new, x, lambda: walker.where(where))
 
     def spot(self, walker, node, path, emask):
-        return _map_with_paths(walker, lambda x, where: self._one(walker, x, emask, where),
-                               node, path)
+        # not through `walker.call`: `_one` calls the user's function through it already
+        if is_leaf_node(node, walker.is_leaf):
+            walker.count += 1
+            return self._one(walker, node, emask, path)
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
+        walker.count += len(pairs)
+        return treedef.unflatten([self._one(walker, x, emask, path + p) for p, x in pairs])
 
 
 class _Replace(_Op):
@@ -722,7 +730,7 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
         if flag is True or type(flag) is np.bool_:
             out.append(new)
         else:
-            out.append(_masked(flag, new, leaf, lambda index=index: where(index)))
+            out.append(_masked(flag, new, leaf, functools.partial(where, index)))
         selected += 1
     if not selected:
         return _NO_FAST_PATH
@@ -797,6 +805,10 @@ class AtIndexer(Generic[T]):
 
     __slots__ = ("tree", "where", "_matchers")
 
+    tree: T
+    where: tuple[Any, ...]
+    _matchers: tuple[Matcher, ...]
+
     def __init__(self, tree: T, where: tuple[Any, ...] = ()) -> None:
         self.tree = tree
         self.where = tuple(where)
@@ -804,7 +816,7 @@ class AtIndexer(Generic[T]):
         for i, selector in enumerate(self.where):
             upto = self.where[: i + 1]
             matchers.append(
-                compile_selector(selector, lambda upto=upto: _selection_str(tree, upto)))
+                compile_selector(selector, functools.partial(_selection_str, tree, upto)))
         self._matchers = tuple(matchers)
 
     def __getitem__(self, selector: Any) -> AtIndexer[T]:
@@ -932,6 +944,12 @@ class AtIndexer(Generic[T]):
         _check_is_leaf(is_leaf, "apply")
         return self._run(_Apply(fn), is_leaf, is_parallel)
 
+    @overload
+    def reduce(self, fn: Callable[[_A | _R, Any], _R], *, initializer: _A,
+               is_leaf: Callable[[Any], bool] | None = None) -> _A | _R: ...
+    @overload
+    def reduce(self, fn: Callable[[Any, Any], _R], *,
+               is_leaf: Callable[[Any], bool] | None = None) -> _R: ...
     def reduce(self, fn: Callable[[Any, Any], Any], *, initializer: Any = _MISSING,
                is_leaf: Callable[[Any], bool] | None = None) -> Any:
         """Fold `fn(accumulator, leaf)` over the selected leaves, in flatten order.
@@ -975,8 +993,8 @@ class AtIndexer(Generic[T]):
                 raise
         return accumulator
 
-    def scan(self, fn: Callable[[Any, Any], tuple[Any, Any]], state: Any, *,
-             is_leaf: Callable[[Any], bool] | None = None) -> tuple[T, Any]:
+    def scan(self, fn: Callable[[Any, _S], tuple[Any, _S]], state: _S, *,
+             is_leaf: Callable[[Any], bool] | None = None) -> tuple[T, _S]:
         """Apply `fn` to the selected leaves in flatten order, threading a state.
 
         **Arguments**
@@ -1072,19 +1090,22 @@ class AtIndexer(Generic[T]):
 
 def _navigate(tree: Any, keys: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     """The node reached by a chain of names and indices, and its key path."""
-    node, path = tree, ()
+    node = tree
+    path: tuple[Any, ...] = ()
     for key in keys:
         kind = node_kind(node)
         opened = open_node(node, kind)
         matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
         probe = _Walker(tree, (), _Op(), None, lambda: "")
         code, state = matcher.enter(None, node, kind, opened, path, probe)
-        found = None
+        assert opened is not None  # a leaf has no children: `enter` raised for it
+        found: tuple[Any, Any] | None = None
         for k, (entry, child) in enumerate(zip(opened[0], opened[1], strict=True)):
             if matcher.step(state, k, entry, child, path + (entry,))[0] == MATCH:
                 found = (entry, child)
                 break
         matcher.finish(state, node, kind, opened, path, probe)
+        assert found is not None  # no child matched: `finish` raised
         path = path + (found[0],)
         node = found[1]
     return node, path

@@ -12,7 +12,7 @@ from __future__ import annotations
 import keyword
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, get_origin
+from typing import Any, ClassVar, Literal, TypeVar, get_origin, overload
 
 import numpy as np
 from typing_extensions import dataclass_transform
@@ -42,15 +42,15 @@ class _Missing:
 MISSING: Any = _Missing()
 
 _NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value!r} of type {type}."
-_RESERVED_NAME_MSG = (
-    "{cls}: a field cannot be named {name!r}: {why}. Rename the field (an `alias` can keep "
-    "the `__init__` parameter name)."
-)
+_RESERVED_NAME_MSG = "{cls}: {a_what} cannot be named {name!r}: {why}. {fix}"
+_RENAME_FIELD = "Rename the field (an `alias` can set the `__init__` parameter name)."
+_RENAME_ALIAS = "Choose another alias."
 _RESERVED_NAMES = {
     "self": "it is the instance parameter of `__init__`",
     "__post_init__": "it is the hook called after `__init__`",
     "__annotations__": "it holds the class's annotations",
     "at": "it would hide the `.at` indexer",
+    "replace": "it would hide the `.replace` method",
 }
 _EXCLUDED_DEFAULT_MSG = (
     "{cls}.{name}: a default of type `{type}` is not allowed{reason}.\n"
@@ -119,6 +119,21 @@ class Field:
         "name", "type", "default", "factory", "init", "repr", "kind", "alias",
         "on_setattr", "on_getattr", "static", "metadata", "doc",
     )
+    # what type checkers (and readers) see of the slots; `__init__` sets every one. `name`
+    # is `None` only on a Field not yet in a class (as in `dataclasses.Field`, typed `str`)
+    name: str
+    type: Any
+    default: Any
+    factory: Callable[[], Any] | None
+    init: bool
+    repr: bool
+    kind: FieldKind
+    alias: str | None
+    on_setattr: tuple[Callable[[Any], Any], ...]
+    on_getattr: tuple[Callable[[Any], Any], ...]
+    static: bool
+    metadata: Mapping[str, Any]
+    doc: str
 
     def __init__(
         self,
@@ -295,16 +310,44 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
+# The overloads are what type checkers read (`field` is a `dataclass_transform` field
+# specifier): `default` and `factory` are the parameter names they recognise, so a field
+# given either is optional in the generated `__init__`, and the value's type is checked
+# against the annotation (`x: int = tc.field(default="a")` is an error). Without one, the
+# field is required. `init` and `alias` are recognised by name too.
+_T = TypeVar("_T")
+FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
+_Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
+
+
+@overload
+def field(
+    *, default: _T, init: bool = ..., repr: bool = ..., kind: FieldKind = ...,
+    alias: str | None = ..., on_setattr: _Callbacks = ..., on_getattr: _Callbacks = ...,
+    static: bool = ..., metadata: Mapping[str, Any] | None = ..., doc: str = ...,
+) -> _T: ...
+@overload
+def field(
+    *, factory: Callable[[], _T], init: bool = ..., repr: bool = ..., kind: FieldKind = ...,
+    alias: str | None = ..., on_setattr: _Callbacks = ..., on_getattr: _Callbacks = ...,
+    static: bool = ..., metadata: Mapping[str, Any] | None = ..., doc: str = ...,
+) -> _T: ...
+@overload
+def field(
+    *, init: bool = ..., repr: bool = ..., kind: FieldKind = ..., alias: str | None = ...,
+    on_setattr: _Callbacks = ..., on_getattr: _Callbacks = ..., static: bool = ...,
+    metadata: Mapping[str, Any] | None = ..., doc: str = ...,
+) -> Any: ...
 def field(
     *,
     default: Any = MISSING,
     factory: Callable[[], Any] | None = None,
     init: bool = True,
     repr: bool = True,
-    kind: str = "POS_OR_KW",
+    kind: FieldKind = "POS_OR_KW",
     alias: str | None = None,
-    on_setattr: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
-    on_getattr: Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
+    on_setattr: _Callbacks = None,
+    on_getattr: _Callbacks = None,
     static: bool = False,
     metadata: Mapping[str, Any] | None = None,
     doc: str = "",
@@ -405,14 +448,22 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
     return result
 
 
-def _check_name(cls: type, name: str, *, treeclass: bool) -> None:
+def _check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") -> None:
+    """Refuse a field (or alias) name that cannot be a parameter of a generated `__init__`."""
     why = _RESERVED_NAMES.get(name)
-    if name == "at" and not treeclass:
+    if name in ("at", "replace") and (not treeclass or what != "field"):
         why = None
-    if why is None and treeclass and name.startswith("_tc_"):
-        why = "names starting with `_tc_` are treeclass's own"
+    if why is None and (not isinstance(name, str) or not name.isidentifier()
+                        or keyword.iskeyword(name)):
+        why = "it is not a valid Python identifier (it must be an `__init__` parameter)"
+    elif why is None and name.startswith("__") and name.endswith("__"):
+        why = "dunder names are Python's own"
+    elif why is None and (name.startswith("__tc_") or (treeclass and name.startswith("_tc_"))):
+        why = "names starting with `_tc_` or `__tc_` are treeclass's own"
     if why is not None:
-        raise ValueError(_RESERVED_NAME_MSG.format(cls=cls.__name__, name=name, why=why))
+        raise ValueError(_RESERVED_NAME_MSG.format(
+            cls=cls.__name__, a_what="a field" if what == "field" else "an alias", name=name,
+            why=why, fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS))
 
 
 # Where `autoinit` keeps the fields of a plain (non-TreeClass) class; a TreeClass keeps
@@ -441,17 +492,25 @@ def _check_default(cls: type, item: Field) -> None:
                 type=type(default).__name__, cls=cls.__name__, name=item.name, value=default,
             )
         )
-    if isinstance(default, np.ndarray) and default.flags.writeable:
+    if _holds_numpy_array(default):
         raise TypeError(_EXCLUDED_DEFAULT_MSG.format(
-            cls=cls.__name__, name=item.name, type="numpy.ndarray",
-            reason=": a writable NumPy array would be one buffer shared (and mutable in "
-                   "place) by every instance"))
+            cls=cls.__name__, name=item.name, type=type(default).__name__,
+            reason=": a NumPy array is a buffer that every instance would share (and that "
+                   "can change in place, even a read-only view of a writable one)"))
     for kind, reason in _EXCLUDED_DEFAULT_TYPES.items():
         if isinstance(default, kind):
             raise TypeError(_EXCLUDED_DEFAULT_MSG.format(
                 cls=cls.__name__, name=item.name, type=kind.__name__,
                 reason=f" ({reason})" if reason else " (excluded with "
                 "`tc.autoinit.register_excluded_type`)"))
+
+
+def _holds_numpy_array(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return any(_holds_numpy_array(item) for item in value)
+    return False
 
 
 def register_excluded_type(kind: type, reason: str | None = None) -> None:
@@ -552,6 +611,8 @@ def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
     owners: dict[str, str] = {}
     for item in params:
         arg = item.alias or item.name
+        if item.alias is not None:
+            _check_name(cls, item.alias, treeclass=True, what="alias")
         if arg in owners:
             raise TypeError(
                 _DUPLICATE_PARAM_MSG.format(cls=cls.__name__, first=owners[arg],

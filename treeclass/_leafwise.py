@@ -11,19 +11,20 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import repeat, starmap
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._util import add_leaf_note, leaf_path_str
+from ._util import add_leaf_note, check_callable, leaf_path_str
 
 __all__ = ["leafwise", "bcmap"]
 
 _T = TypeVar("_T", bound=type)
+_Tree = TypeVar("_Tree")
 _flatten = jax.tree_util.tree_flatten
 
 _NOT_A_CLASS_MSG = (
@@ -105,6 +106,7 @@ def _binary_leaves(
     reflected: bool,
 ) -> tuple[list, Any]:
     leaves, treedef = _flatten(tree)
+    others: Iterable[Any]
     if isinstance(other, cls):
         others, other_def = _flatten(other)
         if other_def != treedef:
@@ -287,12 +289,35 @@ def _func_name(func: Any) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
 
+class BroadcastMap(Protocol):
+    """What `bcmap(func)` returns, as type checkers see it: a tree of the first argument's type.
+
+    (With a leaf as the first argument the result is `func`'s own; the class of every node
+    of a tree is kept, the types of its leaves are `func`'s results.)
+    """
+
+    @overload
+    def __call__(self, tree: _Tree, /, *args: Any, **kwargs: Any) -> _Tree: ...
+    @overload
+    def __call__(self, **kwargs: Any) -> Any: ...
+
+
+@overload
+def bcmap(
+    func: Callable[..., Any], broadcast_to: None = None, *,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> BroadcastMap: ...
+@overload
+def bcmap(
+    func: Callable[..., Any], broadcast_to: _Tree, *,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Callable[..., _Tree]: ...
 def bcmap(
     func: Callable[..., Any],
     broadcast_to: Any = None,
     *,
     is_leaf: Callable[[Any], bool] | None = None,
-) -> Callable[..., Any]:
+) -> Any:
     """Map `func` over the leaves of its first argument, broadcasting other arguments.
 
     The returned function takes the arguments of `func`. Its first argument (the first
@@ -333,6 +358,7 @@ def bcmap(
     """
     if not callable(func):
         raise TypeError(_BCMAP_NOT_CALLABLE_MSG.format(type=type(func).__name__))
+    check_callable(is_leaf, "bcmap", "is_leaf", optional=True)
 
     @functools.wraps(func)
     def mapped(*args: Any, **kwargs: Any) -> Any:
@@ -398,6 +424,7 @@ def _sort_arguments(ref: _Reference, own: bool, args: tuple, kwargs: dict,
         return None
 
     positional = []
+    leaves: list[Any] | None
     for position, arg in enumerate(args):
         if position == 0 and own and ref.key is None:
             leaves = ref.leaves

@@ -16,18 +16,23 @@ import copy
 import functools
 import hashlib
 import re
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from . import _node, _structure
 from ._keys import value_key
+from ._util import check_callable
 
 __all__ = ["freeze", "unfreeze", "is_frozen", "is_nondiff", "tree_mask", "tree_unmask"]
 
 PyTree = Any
+_T = TypeVar("_T")
 
 
 # --------------------------------------------------------------------------------------
@@ -63,7 +68,7 @@ class _ArrayKey:
     def __init__(self, array: Any, meta: tuple, host: np.ndarray) -> None:
         self.array = array
         self.meta = meta
-        self.digest = hashlib.blake2b(host, digest_size=16).digest()
+        self.digest = hashlib.blake2b(host.data, digest_size=16).digest()
         self.hash = hash((meta, self.digest))
 
     def __hash__(self) -> int:
@@ -83,7 +88,7 @@ class _ArrayKey:
 
 def _host_bytes(array: Any) -> np.ndarray:
     """The array's bytes on the host, as a flat uint8 view (no copy where none is needed)."""
-    if jax.dtypes.issubdtype(array.dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(array.dtype, jax.dtypes.prng_key):
         array = jax.random.key_data(array)
     host = np.asarray(array)
     if host.dtype == object:  # the bytes would be pointers
@@ -101,7 +106,7 @@ def _array_key(array: Any) -> Any:
 
 
 def _leaf_key(leaf: Any) -> Any:
-    if isinstance(leaf, jax.core.Tracer):
+    if isinstance(leaf, Tracer):
         return _ByIdentity(leaf)
     if isinstance(leaf, (jax.Array, np.ndarray)):
         return _array_key(leaf)
@@ -275,7 +280,7 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def freeze(x: Any) -> Any:
+def freeze(x: _T) -> _T:
     """Wrap `x` in a node without children, so JAX transformations do not see it.
 
     The frozen value is static under `jax.jit` (a changed value retraces, an equal one does
@@ -313,25 +318,30 @@ def freeze(x: Any) -> Any:
     """
     if type(x) is _Frozen:
         return x
-    return _Frozen(_snapshot(x))
+    # typed as `x`'s own type: a frozen value stands in for its value in a tree, so a
+    # field keeps the annotation of what it holds (unfreeze before use; no checker knows)
+    return _Frozen(_snapshot(x))  # type: ignore[return-value]
 
 
 def _copy_array(x: Any) -> Any:
-    # object arrays are keyed by identity (their bytes are pointers): kept as they are
-    if type(x) is np.ndarray and x.flags.writeable and x.dtype != object:
+    # Any NumPy array may change under us: a writable one, a read-only view of a writable
+    # buffer, a read-only array its owner can make writable again. So each is copied (a
+    # private, read-only copy, of the same class). Object arrays are keyed by identity
+    # (their bytes are pointers): kept as they are.
+    if isinstance(x, np.ndarray) and x.dtype != object:
         x = x.copy()
         x.flags.writeable = False
     return x
 
 
 def _snapshot(x: Any) -> Any:
-    """`x` as it is now: writable NumPy arrays copied (read-only), containers rebuilt.
+    """`x` as it is now: NumPy arrays copied (read-only), containers rebuilt.
 
     A frozen value is hashed once, when frozen, and `jax.jit` bakes it into traces; if the
     caller could still change it in place, a later call would silently reuse a trace made
     for the old value.
     """
-    if type(x) is np.ndarray:
+    if isinstance(x, np.ndarray):
         return _copy_array(x)
     if isinstance(x, (jax.Array, str, bytes, int, float, complex, np.generic)) or x is None:
         return x
@@ -347,7 +357,7 @@ def _snapshot(x: Any) -> Any:
         return x
 
 
-def unfreeze(x: Any) -> Any:
+def unfreeze(x: _T) -> _T:
     """The value inside a frozen `x`; any other `x` is returned unchanged.
 
     ```python
@@ -357,7 +367,9 @@ def unfreeze(x: Any) -> Any:
     assert tc.unfreeze(1.0) == 1.0
     ```
     """
-    return x._value if type(x) is _Frozen else x
+    if isinstance(x, _Frozen):  # (`type(x) is` would not narrow a type variable for mypy)
+        return x._value
+    return x
 
 
 def is_frozen(x: Any) -> bool:
@@ -380,7 +392,7 @@ def is_frozen(x: Any) -> bool:
 @functools.cache
 def _is_inexact_dtype(dtype: Any) -> bool:
     # jax.dtypes knows bfloat16 & co. and the extended (key) dtypes; numpy does not
-    return bool(jax.dtypes.issubdtype(dtype, np.inexact))
+    return bool(jnp.issubdtype(dtype, np.inexact))
 
 
 def is_nondiff(x: Any) -> bool:
@@ -439,9 +451,13 @@ def _short(x: Any) -> str:
 def _mask_leaves(
     tree: Any, mask: Any, is_leaf: Callable[[Any], bool] | None, frozen_may_be_leaves: bool
 ) -> tuple[list, list, Any]:
-    """Leaves of `tree` (split with `is_leaf`) and the mask's bools, or a ValueError."""
+    """Leaves of `tree` (split with `is_leaf`) and the mask's bools, or a ValueError.
+
+    A frozen value in the mask (a mask built with `tree_map` over a tree that holds values
+    the class froze keeps them) stands for `False`: it is left as it is.
+    """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
-    flags, mask_def = jax.tree_util.tree_flatten(mask)
+    flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=is_frozen)
     if mask_def != treedef and frozen_may_be_leaves:
         # a mask made from the tree with its frozen values as leaves fits too
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
@@ -455,8 +471,11 @@ def _mask_leaves(
         raise ValueError(_MASK_DOES_NOT_FIT.format(
             path=_structure.path_str(tree, path), reason=reason))
     for i, flag in enumerate(flags):
-        if not _is_bool_scalar(flag):
-            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask)[0]]
+        if type(flag) is _Frozen:
+            flags[i] = False
+        elif not _is_bool_scalar(flag):
+            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
+                mask, is_leaf=is_frozen)[0]]
             raise ValueError(_MASK_LEAF_NOT_BOOL.format(
                 value=_short(flag), path=_structure.path_str(tree, paths[i])))
     return leaves, flags, treedef
@@ -467,7 +486,7 @@ def _is_bool_scalar(x: Any) -> bool:
         return True
     return (
         isinstance(x, (jax.Array, np.ndarray))
-        and not isinstance(x, jax.core.Tracer)
+        and not isinstance(x, Tracer)
         and x.shape == ()
         and x.dtype == np.bool_
     )
@@ -493,19 +512,19 @@ def _map_predicate(fn: Callable[[Any], Any], tree: Any, is_leaf: Any, what: str)
             out.append(fn(leaf))
     except Exception as error:
         path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0][len(out)][0]
-        if hasattr(error, "add_note"):
+        if sys.version_info >= (3, 11):
             error.add_note(f"raised by the {what} at {_structure.path_str(tree, path)}")
         raise
     return treedef.unflatten(out)
 
 
 def tree_mask(
-    tree: PyTree,
+    tree: _T,
     mask: Callable[[Any], bool] | PyTree = _UNSET,
     *,
     cond: Callable[[Any], bool] | PyTree = _UNSET,
     is_leaf: Callable[[Any], bool] | None = None,
-) -> PyTree:
+) -> _T:
     """Freeze the leaves of `tree` where the mask holds; the input is not changed.
 
     **Arguments**
@@ -539,6 +558,7 @@ def tree_mask(
     ```
     """
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
+    check_callable(is_leaf, "tree_mask", "is_leaf", optional=True)
     if _is_predicate(cond):
         def mask_leaf(x: Any) -> Any:
             return freeze(x) if cond(x) else x
@@ -553,16 +573,17 @@ def _everything(_: Any) -> bool:
 
 
 def tree_unmask(
-    tree: PyTree,
+    tree: _T,
     mask: Callable[[Any], bool] | PyTree = _UNSET,
     *,
     cond: Callable[[Any], bool] | PyTree = _UNSET,
-) -> PyTree:
+) -> _T:
     """Unfreeze the frozen leaves of `tree` where the mask holds (all by default).
 
     Without a mask this undoes *every* freeze in the tree, also values a class froze on
     purpose (`activation = tc.freeze(jax.nn.relu)`); to undo only what `tree_mask`
-    froze, pass it the same mask (or predicate).
+    froze, pass the same mask tree (a frozen value in the mask is left frozen). A
+    predicate sees only the values, so it cannot tell the two apart.
 
     **Arguments**
 

@@ -588,7 +588,13 @@ def flat_of(node: Any) -> tuple[tuple[Any, ...], Layout]:
 
 
 def seal(node: Any) -> None:
-    """Make `node` immutable: compute its layout and cache `(children, layout)`."""
+    """Make `node` immutable: compute its layout and cache `(children, layout)`.
+
+    The attributes are moved to a fresh dict: a reference to the old one that escaped
+    while the instance was changing (`vars(self)` kept by an `__init__`) cannot change
+    the sealed instance.
+    """
+    set_attributes(node, dict(attributes(node)))
     flat = flat_of(node)
     _set_layout(node, flat[1])
     _set_flat(node, flat)

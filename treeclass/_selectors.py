@@ -46,9 +46,11 @@ from ._structure import (
     TREECLASS,
     TUPLE,
     Kind,
+    Mismatch,
     Opened,
     describe,
     entry_name,
+    first_mismatch,
     node_kind,
     open_node,
 )
@@ -852,9 +854,9 @@ MASK_LEAF_MSG = (
     "boolean arrays, e.g. built with `jax.tree_util.tree_map(lambda x: x > 0, tree)`."
 )
 MASK_MISMATCH_MSG = (
-    "The mask's structure does not match the tree at {where}: the tree has {tree_has}, the "
-    "mask has {mask_has}. A mask must have the structure of the tree it follows (or a prefix "
-    "of it), with a bool or a boolean array in place of each selected leaf or subtree."
+    "The mask's structure does not match the tree at {where}: {reason}. A mask must have "
+    "the structure of the tree it follows (or a prefix of it), with a bool or a boolean "
+    "array in place of each selected leaf or subtree."
 )
 
 
@@ -887,7 +889,8 @@ def is_mask_like(x: Any) -> bool:
     container none of whose children is another kind of selector.
 
     Only the first level is looked at, so that indexing with a big mask stays cheap; a
-    leaf that is not a bool is reported, with its path, when the mask is used.
+    container other than a tuple (which may be a union) with any bool child is a mask,
+    and a leaf of it that is not a bool is reported, with its path, when it is used.
     """
     if mask_leaf_value(x) is not None:
         return True
@@ -896,6 +899,8 @@ def is_mask_like(x: Any) -> bool:
     opened = open_node(x, node_kind(x))
     if opened is None:
         return False  # a leaf that is neither a bool nor a boolean array
+    if type(x) is not tuple and any(mask_leaf_value(c) is not None for c in opened[1]):
+        return True  # a mask with a bad leaf somewhere: the walk reports it by its path
     return not any(_is_other_selector(child) for child in opened[1])
 
 
@@ -946,7 +951,11 @@ class MaskMatcher(Matcher):
                 where=walker.where(path), value=_mask_leaf_text(state),
                 type=type(state).__name__))
         if opened is None or type(state) is not type(node) or mask_opened[0] != opened[0]:
-            raise walker.mask_error(path, describe(node, opened), describe(state, mask_opened))
+            found = first_mismatch(node, state, is_leaf=walker.is_leaf,
+                                   other_covers=lambda m: mask_leaf_value(m) is not None)
+            if found is None:  # not expected: the checks above found a difference here
+                found = Mismatch((), describe(node, opened), describe(state, mask_opened))
+            raise walker.mask_error(path + found.path, found.explain("mask"))
         return CHILDREN, mask_opened[1]
 
     def step(self, state, k, entry, child, child_path):

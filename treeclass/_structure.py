@@ -19,6 +19,7 @@ import numpy as np
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from . import _mask, _node
+from ._util import path_str, root_name
 
 __all__ = [
     "Kind", "Opened", "Mismatch", "node_kind", "open_node", "rebuild", "entry_name",
@@ -178,17 +179,6 @@ def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
 
 
 # -- key paths in messages -------------------------------------------------------------------
-
-
-def root_name(root: Any) -> str:
-    """How messages name the root of a tree: its class, or `tree` for builtins."""
-    cls = type(root)
-    return "tree" if cls.__module__ == "builtins" else cls.__name__
-
-
-def path_str(root: Any, path: Sequence[Any]) -> str:
-    """A key path as text, prefixed by the root's name: `MLP.layers[0].weight`."""
-    return root_name(root) + jax.tree_util.keystr(tuple(path))
 
 
 # -- where two structures part ---------------------------------------------------------------

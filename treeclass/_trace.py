@@ -23,14 +23,13 @@ from typing import Any
 
 import jax
 
-from ._util import add_leaf_note
+from ._util import add_leaf_note, check_callable, path_str
 
 __all__ = ["tree_flatten_with_trace", "tree_leaves_with_trace", "tree_map_with_trace"]
 
 Trace = tuple[tuple[Any, ...], tuple[type, ...]]
 
 _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path
-_keystr = jax.tree_util.keystr
 _ROOT_TRACE: Trace = ((), ())
 
 _IS_TRACE_LEAF_JAX_MSG = (
@@ -161,6 +160,8 @@ def tree_flatten_with_trace(
     assert stopped == [(((DictKey("a"),), (list,)), [1.0, 2.0])]
     ```
     """
+    check_callable(is_leaf, "tree_flatten_with_trace", "is_leaf", optional=True)
+    check_callable(is_trace_leaf, "tree_flatten_with_trace", "is_trace_leaf", optional=True)
     if is_trace_leaf is None:
         leaves_with_path, treedef = _tree_flatten_with_path(tree, is_leaf=is_leaf)
     else:
@@ -235,6 +236,7 @@ def tree_map_with_trace(
     assert sizes == {"keep": 2, "drop": 1}
     ```
     """
+    check_callable(func, "tree_map_with_trace", "func", " of (trace, leaf, *rest)")
     traced, treedef = tree_flatten_with_trace(tree, is_leaf=is_leaf, is_trace_leaf=is_trace_leaf)
     columns = [treedef.flatten_up_to(other) for other in rest]
     out: list[Any] = []
@@ -246,14 +248,15 @@ def tree_map_with_trace(
             for trace, leaf in traced:
                 out.append(func(trace, leaf))
     except Exception as error:
-        _note_failed_leaf(error, func, traced[len(out)])
+        _note_failed_leaf(error, func, traced[len(out)], tree)
         raise
     return treedef.unflatten(out)
 
 
-def _note_failed_leaf(error: BaseException, func: Any, traced_leaf: tuple[Trace, Any]) -> None:
+def _note_failed_leaf(error: BaseException, func: Any, traced_leaf: tuple[Trace, Any],
+                      root: Any) -> None:
     (keys, _), leaf = traced_leaf
     name = getattr(func, "__name__", type(func).__name__)
     add_leaf_note(
-        error, f"raised by `{name}` at the leaf `tree{_keystr(keys)}` ({type(leaf).__name__})"
+        error, f"raised by `{name}` at the leaf `{path_str(root, keys)}` ({type(leaf).__name__})"
     )

@@ -9,13 +9,14 @@ rebuilt is the node contract in `_node.py` (see its docstring for the invariants
 from __future__ import annotations
 
 import abc
+import difflib
 import functools
 import types
 from collections.abc import Callable
 from typing import Any
 
 import jax
-from typing_extensions import dataclass_transform
+from typing_extensions import Self, dataclass_transform
 
 from . import _node
 from ._at import AtIndexer
@@ -36,12 +37,17 @@ _SLOTS_MSG = (
     "`__slots__` from the class body."
 )
 _RESERVED_METHOD_MSG = (
-    "`{cls}` defines `{name}`: TreeClass reserves it, since it keeps instances immutable "
+    "`{cls}` defines (or inherits from a mixin) `{name}`: TreeClass reserves it, since it "
+    "keeps instances immutable "
     "after `__init__` (and what JAX flattens equal to what attribute reads return). To "
     "validate or convert values on assignment, use a field callback instead:\n"
     "    x: float = tc.field(on_setattr=[check])"
 )
 _DICT_VALUE_MSG = "`__dict__` must be set to a dict, got {type}."
+_REPLACE_UNKNOWN_MSG = (
+    "`{cls}.replace` got {name!r}, which is not an attribute of this instance.{hint} Its "
+    "attributes: {names}."
+)
 
 
 class _AttributesView:
@@ -91,8 +97,9 @@ def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., Non
                 _node.seal_after_error(self)
             raise
 
-    __init__.__tc_sealing__ = True
-    __init__.__tc_body__ = body
+    # markers for `__init_subclass__` and `autoinit` (through `vars`: a type checker knows
+    # no such attributes of a function)
+    vars(__init__).update(__tc_sealing__=True, __tc_body__=body)
     return __init__
 
 
@@ -115,7 +122,7 @@ def _guard_fields(cls: type, items: dict[str, Field]) -> None:
             _node.guard_field(cls, name, default, item.on_getattr)
 
 
-@dataclass_transform(field_specifiers=(field, Field))
+@dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
 # The metaclass is plain ABCMeta (so `abc.abstractmethod` works), with no `__call__` of
 # ours: construction is the C-level `type.__call__`, and `__init__` seals the instance
 # itself (the generated one inline, a hand-written one through `_sealing_init`).
@@ -149,7 +156,8 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
     """
 
     __slots__ = ()
-    __dict__ = _AttributesView()  # type: ignore[assignment]
+    # a descriptor in place of the `__dict__` slot, which typeshed declares as a mapping
+    __dict__ = _AttributesView()  # pyright: ignore[reportGeneralTypeIssues,reportAssignmentType]
 
     def __init_subclass__(cls, *, leafwise: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -158,7 +166,7 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
         if cls.__dictoffset__ == 0 or set(slots) - {"__dict__", "__weakref__"}:
             raise TypeError(_SLOTS_MSG.format(cls=cls.__name__, slots=slots))
         for name in ("__setattr__", "__delattr__"):
-            if name in cls.__dict__:
+            if getattr(cls, name) is not getattr(TreeClass, name):  # in the body or a mixin
                 raise TypeError(_RESERVED_METHOD_MSG.format(cls=cls.__name__, name=name))
         items = collect_fields(cls, marked_bases_only=True)
         instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
@@ -171,15 +179,16 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
         own = set(cls.__dict__.get("__annotations__", {})) & set(items)
         if "__init__" in cls.__dict__:
             if not getattr(cls.__dict__["__init__"], "__tc_generated__", False):
-                cls.__init__ = _sealing_init(cls.__dict__["__init__"], body=True)
+                init = _sealing_init(cls.__dict__["__init__"], body=True)
+                type.__setattr__(cls, "__init__", init)
         else:
             inherited = cls.__init__
             inherited_is_generated = getattr(inherited, "__tc_generated__", False)
             if own or inherited_is_generated or inherited is object.__init__:
-                cls.__init__ = build_init(cls, items, through_setattr=False)
+                type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
             elif not getattr(inherited, "__tc_sealing__", False):
                 # an __init__ from a plain mixin: it must seal too
-                cls.__init__ = _sealing_init(inherited, body=False)
+                type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
         _node.register(cls)
         if leafwise:
             from ._leafwise import leafwise as make_leafwise
@@ -223,9 +232,57 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
     # -- the indexer -------------------------------------------------------------------
 
     @property
-    def at(self) -> AtIndexer:
+    def at(self) -> AtIndexer[Self]:
         """The `.at[...]` indexer: select parts of this tree and get a new tree back."""
         return AtIndexer(self)
+
+    # -- replace -----------------------------------------------------------------------
+
+    def replace(self, /, **changes: Any) -> Self:
+        """A copy of this instance with the named attributes changed, validated.
+
+        Each new value goes through its field's `on_setattr` callbacks, as an assignment in
+        `__init__` would (`.at[...].set` does not run them: it edits the tree's structure,
+        leaf by leaf). A static field may change too; the copy gets the layout of its new
+        static values. Neither `__init__` nor `__post_init__` runs, so it works the same for
+        a class with a hand-written `__init__`: the names are the instance's attributes.
+        `copy.replace(tree, **changes)` (Python 3.13+) calls it.
+
+        The name `replace` is reserved: a field of that name is refused when the class is
+        created. An attribute named `replace` set by a hand-written `__init__` hides this
+        method on its instances; `copy.replace(tree, ...)` and
+        `tc.TreeClass.replace(tree, ...)` still reach it.
+
+        **Arguments**
+
+        - `**changes`: new values by attribute name.
+
+        **Returns**
+
+        A new instance of the same class; this one is unchanged.
+
+        **Raises**
+
+        `TypeError` for a name that is not an attribute of the instance (naming the closest
+        one); whatever an `on_setattr` callback raises, with a note naming its field.
+
+        ```python
+        import treeclass as tc
+
+        class Adam(tc.TreeClass):
+            lr: float = tc.field(default=1e-3, on_setattr=[float])
+            name: str = tc.field(default="adam", static=True)
+
+        opt = Adam()
+        faster = opt.replace(lr=1)                # validated: converted to a float
+        assert faster.lr == 1.0 and type(faster.lr) is float and opt.lr == 1e-3
+        assert opt.replace(name="adamw").name == "adamw"   # a static field: a new layout
+        ```
+        """
+        return _replace(self, changes)
+
+    def __replace__(self, /, **changes: Any) -> Self:
+        return _replace(self, changes)
 
     # -- dunders -----------------------------------------------------------------------
 
@@ -261,7 +318,7 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
                     ) from None
             raise
 
-    def __copy__(self) -> Any:
+    def __copy__(self) -> Self:
         return _node.replace_children(self, {})
 
     def __getstate__(self) -> dict[str, Any]:
@@ -272,3 +329,38 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
             raise AttributeError(_SETSTATE_MSG.format(cls=type(self).__name__))
         _node.set_attributes(self, dict(state))
         _node.seal(self)
+
+
+def _replace(node: Any, changes: dict[str, Any]) -> Any:
+    """`node.replace(**changes)`: `changes` is the call's own dict, updated in place."""
+    attributes = _node.attributes(node)
+    info = _node.info(node)
+    setters = info.setters
+    statics = info.static_names
+    layout_changes = False
+    for name in changes:
+        if name not in attributes:
+            close = difflib.get_close_matches(name, list(attributes), n=1)
+            raise TypeError(_REPLACE_UNKNOWN_MSG.format(
+                cls=type(node).__name__, name=name,
+                hint=f" Did you mean {close[0]!r}?" if close else "",
+                names=", ".join(attributes) or "none"))
+        callbacks = setters.get(name)
+        if callbacks:
+            value = changes[name]
+            try:
+                for callback in callbacks:
+                    value = callback(value)
+            except Exception as error:
+                add_field_note(error, node, name)
+                raise
+            changes[name] = value
+        if name in statics:
+            layout_changes = True
+    if not layout_changes:  # the same names and static values: the same layout
+        return _node.replace_children(node, changes)
+    new = object.__new__(type(node))
+    _node.set_attributes(new, {**attributes, **changes})
+    if _node.is_sealed(node):
+        _node.seal(new)  # the layout of the new static values (refusing unhashable ones)
+    return new

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer as _Tracer
 
 __all__ = ["is_tree_equal", "Partial"]
 
-_Tracer = jax.core.Tracer
+_R = TypeVar("_R")
 
 # -- what kind of value a leaf is ---------------------------------------------------------
 # `isinstance(x, jax.Array)` costs about 1 us (an ABC check); a type's kind never changes,
@@ -36,7 +38,7 @@ def _kind_of_type(cls: type) -> int:
 
 
 def _kind(x: Any) -> int:
-    return _kind_of_type(type(x))
+    return _kind_of_type(type(x))  # type: ignore[arg-type]  # mypy: a class is not Hashable
 
 
 def _truth(result: Any) -> Any:
@@ -166,17 +168,44 @@ def is_tree_equal(*trees: Any) -> Any:
 # -- the note maps attach to an error raised at one leaf --------------------------------
 
 
+def root_name(root: Any) -> str:
+    """How messages name the root of a tree: its class, or `tree` for builtins."""
+    cls = type(root)
+    return "tree" if cls.__module__ == "builtins" else cls.__name__
+
+
+def path_str(root: Any, path: Any) -> str:
+    """A key path as text, prefixed by the root's name: `MLP.layers[0].weight`."""
+    return root_name(root) + jax.tree_util.keystr(tuple(path))
+
+
 def leaf_path_str(tree: Any, index: int, is_leaf: Callable[[Any], bool] | None = None) -> str:
-    """`tree.b[0]`-style name of the `index`-th leaf of `tree` (in `tree_flatten` order)."""
+    """`MLP.b[0]`-style name of the `index`-th leaf of `tree` (in `tree_flatten` order)."""
     paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
     if not 0 <= index < len(paths):
-        return "tree"
-    return "tree" + jax.tree_util.keystr(paths[index][0])
+        return root_name(tree)
+    return path_str(tree, paths[index][0])
+
+
+_NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value} of type {type}."
+
+
+def check_callable(value: Any, where: str, arg: str, what: str = "",
+                   optional: bool = False) -> None:
+    """Raise a `TypeError` naming the function and argument when `value` is not callable."""
+    if optional and value is None:
+        return
+    if not callable(value):
+        text = repr(value)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        raise TypeError(_NOT_CALLABLE_MSG.format(
+            where=where, arg=arg, what=what + (" (or None)" if optional else ""),
+            value=text, type=type(value).__name__))
 
 
 def add_leaf_note(error: BaseException, note: str) -> None:
     """Attach `note` to `error` (PEP 678) so that its traceback says where it happened."""
-    if hasattr(error, "add_note"):
+    if sys.version_info >= (3, 11):
         error.add_note(note)
 
 
@@ -196,7 +225,7 @@ _PARTIAL_MISSING_MSG = (
 _PARTIAL_IMMUTABLE_MSG = "Partial is immutable: make a new one instead of setting `{name}`."
 
 
-class Partial:
+class Partial(Generic[_R]):
     """A partial function application that is hashable, comparable and has no pytree leaves.
 
     Like `functools.partial`, but:
@@ -239,10 +268,13 @@ class Partial:
 
     __slots__ = ("func", "args", "_keywords", "_holes", "_hash", "__weakref__")
 
-    func: Callable[..., Any]
+    func: Callable[..., _R]
     args: tuple[Any, ...]
+    _keywords: dict[str, Any]
+    _holes: tuple[int, ...]  # the positions of `...` in `args`
+    _hash: int | None  # computed on first use
 
-    def __init__(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, func: Callable[..., _R], /, *args: Any, **kwargs: Any) -> None:
         if not callable(func):
             raise TypeError(_PARTIAL_NOT_CALLABLE_MSG.format(type=type(func).__name__))
         _set_partial(self, func, args, kwargs)
@@ -252,7 +284,7 @@ class Partial:
         """The keyword arguments (a copy: a Partial never changes)."""
         return dict(self._keywords)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> _R:
         holes = self._holes
         if holes:
             if len(args) < len(holes):
@@ -306,10 +338,10 @@ class Partial:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_partial, (self.func, self.args, self._keywords))
 
-    def __copy__(self) -> Partial:
+    def __copy__(self) -> Partial[_R]:
         return self
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Partial:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Partial[_R]:
         import copy
 
         return _rebuild_partial(
@@ -336,7 +368,7 @@ def equal_or_false(a: Any, b: Any) -> bool:
 def _static_hash_key(value: Any) -> Any:
     """A hashable stand-in for `value`, equal for values that `_statics_equal` calls equal."""
     leaves, treedef = jax.tree_util.tree_flatten(value)
-    keys = []
+    keys: list[Any] = []
     for leaf in leaves:
         if _kind(leaf) >= _NUMPY and not isinstance(leaf, np.generic):
             keys.append((type(leaf), leaf.shape, str(leaf.dtype)))

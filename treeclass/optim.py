@@ -274,6 +274,12 @@ _EMPTY_SELECTION_MSG = (
 )
 
 
+def _check_strict(strict: Any, where: str) -> None:
+    if not isinstance(strict, bool):
+        raise TypeError(f"`tc.optim.{where}` takes `strict` as a bool, got {strict!r} of type "
+                        f"{type(strict).__name__}.")
+
+
 def _empty_selection_error(what: str, reached_frozen: bool) -> ValueError:
     why = " (frozen values are not leaves: optax never sees them)" if reached_frozen else ""
     return ValueError(_EMPTY_SELECTION_MSG.format(what=what, why=why))
@@ -324,6 +330,7 @@ def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     assert tc.optim.mask(params, "b") == {"w": False, "b": True}
     ```
     """
+    _check_strict(strict, "mask")
     indexer = _indexer(selection, where)
     # frozen values count as leaves here, so that a selection reaching only frozen values
     # is not an error; they are put back unchanged below
@@ -471,6 +478,7 @@ def labels(
     """
     if not isinstance(selections, Mapping):
         raise TypeError(_SELECTIONS_TYPE_MSG.format(type=type(selections).__name__))
+    _check_strict(strict, "labels")
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
