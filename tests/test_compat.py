@@ -617,3 +617,34 @@ def test_repr_of_a_class_field_names_it_and_its_annotation():
         a: int = tc.field(default=1)
 
     assert repr(tc.fields(Tree)[0]).startswith("Field(name='a', type='int', default=1, ")
+
+
+# -- 14.4 (more): which annotations of plain bases are fields ---------------------------------
+
+
+def test_autoinit_ignores_bare_annotations_of_an_undecorated_base():
+    class Base:
+        x: int  # what the base expects, not a parameter
+        scale: float = tc.field(default=1.0, on_setattr=[float])
+
+    @tc.autoinit
+    class Derived(Base):
+        y: int = 0
+
+    assert list(inspect.signature(Derived).parameters) == ["scale", "y"]
+    assert vars(Derived(2)) == {"scale": 2.0, "y": 0}
+
+
+def test_autoinit_keeps_fields_of_decorated_bases_across_an_undecorated_one():
+    @tc.autoinit
+    class A:
+        a: int
+
+    class B(A):
+        b: int
+
+    @tc.autoinit
+    class C(B):
+        c: int
+
+    assert list(inspect.signature(C).parameters) == ["a", "c"]

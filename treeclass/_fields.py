@@ -812,7 +812,7 @@ def autoinit(cls: type) -> type:
     if own is not None and (not is_treeclass or getattr(own, "__tc_generated__", False)
                             or getattr(own, "__tc_body__", False)):
         return cls  # generated already, or written in the class body: either way it stays
-    items = info.fields if is_treeclass else collect_fields(cls)
+    items = info.fields if is_treeclass else _plain_class_fields(cls)
     if not is_treeclass:
         # the full fields (inherited ones, plain defaults made Fields) for subclasses and
         # `fields()`; the class body's own Field objects stay as descriptors (see
@@ -832,4 +832,24 @@ def autoinit(cls: type) -> type:
 
 
 autoinit.register_excluded_type = register_excluded_type  # type: ignore[attr-defined]
+
+
+def _plain_class_fields(cls: type) -> dict[str, Field]:
+    """The fields `autoinit` gives a plain class: its own annotations, the fields of its
+    `autoinit` bases, and the `field()`s of its undecorated bases.
+
+    A bare annotation of an undecorated base (a mixin's `name: str`) is not a field, as in
+    `dataclasses`, PyTreeClass and `TreeClass`: it says what the base expects, not what
+    the subclass's `__init__` takes.
+    """
+    items = collect_fields(cls)
+    kept: dict[str, Field] = {}
+    for name, item in items.items():
+        # the nearest class that declares `name` is the one whose declaration counts
+        owner = next(base for base in cls.__mro__
+                     if name in _own_annotations(base) or name in (_cached_fields(base) or ()))
+        if (owner is cls or _cached_fields(owner) is not None
+                or isinstance(owner.__dict__.get(name), Field)):
+            kept[name] = item
+    return kept
 
