@@ -14,13 +14,13 @@ training loop and the checkpoints always use the wall clock (they use several th
 
 What runs, per mode (`--list` names every case):
 
-- full (the default): the real workload, every main case, the checkpoint cases (1 GiB;
-  `--checkpoint-mb 0` leaves them out) and the scaling section (10 to 10,000 layers).
-  About 15 minutes on a 2-core CPU.
-- `--quick`: the same with fewer, shorter rounds, scaling up to 1,000 layers, and no
-  checkpoints unless `--checkpoint-mb` is given. About a minute and a half; its verdicts
-  are labelled indicative.
+- full (the default): the real workload, every main case and the scaling section (10 to
+  10,000 layers).
+- `--quick`: the same with fewer, shorter rounds and scaling up to 1,000 layers; about a
+  minute and a half on a 2-core CPU; its verdicts are labelled indicative.
 - `--smoke`: one single-call round on the smallest models (the tests' mode).
+- `--checkpoint-mb 1024` adds the checkpoint cases (1 GiB saved and loaded by five tools,
+  and each save's peak memory in a fresh interpreter): several minutes, so only on request.
 
 To regenerate the published figures (benchmarks/RESULTS.md, the README's "Benchmarks"
 section, docs/performance.md and the plots) from one full run, on an idle machine:
@@ -91,9 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="layer counts of the scaling section (default 10,100,1000,10000; "
                              "--quick: 10,100,1000)")
     parser.add_argument("--checkpoint-mb", type=float, metavar="MB",
-                        help=f"size of the checkpoint cases' model in MiB (default "
-                             f"{DEFAULT_CHECKPOINT_MB}; 0 leaves them out; --quick leaves them "
-                             "out unless this is given)")
+                        help=f"run the checkpoint cases on a model of MB MiB "
+                             f"({DEFAULT_CHECKPOINT_MB} for the published figures; they take "
+                             "minutes, so no run has them unless this is given)")
+    parser.add_argument("--checkpoint-dir", metavar="DIR",
+                        help="where the checkpoint cases write (default: /dev/shm where it has "
+                             "room, so that the disk is not timed; else the temp dir)")
     parser.add_argument("--workload-width", type=int, metavar="N",
                         help="width of the training loop's MLP (default 512; raise it on a GPU "
                              "so that compute dominates there too)")
@@ -204,13 +207,12 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
         cases = [case for case in cases if not case.full_only]
     if mode == "smoke":
         # the plumbing only: a tiny model, and no peak-memory children
-        cases += checkpoint_cases(CheckpointSize(layers=2, width=16), memory=False)
+        cases += checkpoint_cases(CheckpointSize(layers=2, width=16), memory=False,
+                                  folder=args.checkpoint_dir)
     else:
-        mb = args.checkpoint_mb
-        if mb is None and mode == "full":
-            mb = DEFAULT_CHECKPOINT_MB
-        if mb:
-            cases += checkpoint_cases(size_for_mb(mb))
+        # a gigabyte saved and loaded by five tools takes minutes: asked for, not default
+        if args.checkpoint_mb:
+            cases += checkpoint_cases(size_for_mb(args.checkpoint_mb), folder=args.checkpoint_dir)
     return cases, scaling_cases(sizes, mode, _parse_counts(args.scaling_sizes))
 
 

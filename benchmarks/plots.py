@@ -128,17 +128,29 @@ def plot_scaling(data: dict[str, Any], path: str) -> str | None:
     return None
 
 
+# every colour but treeclass's orange, so that no peer is mistaken for it
+_PEER_COLORS = ("tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                "tab:olive", "tab:cyan")
+
+
 def _draw_scaling_panel(axis: Any, case: dict[str, Any]) -> None:
+    peers = 0
     for row in case["rows"]:
         points = sorted((int(n), t) for n, t in row["times_s"].items())
         if len(points) < 2:
             continue
         sizes, times = zip(*points)
-        mine = row["role"] == "treeclass"
+        mine, floor = row["role"] == "treeclass", row["role"] == "floor"
+        if mine:
+            color = "tab:orange"
+        elif floor:
+            color = "tab:gray"
+        else:
+            color, peers = _PEER_COLORS[peers % len(_PEER_COLORS)], peers + 1
         label = f"{row['name']} (k={row['k']:.2f})" if row["k"] is not None else row["name"]
         axis.plot(sizes, times, marker="o", markersize=3, label=label,
-                  linewidth=2.4 if mine else 1.0, color="tab:orange" if mine else None,
-                  linestyle="--" if row["role"] == "floor" else "-", zorder=3 if mine else 2)
+                  linewidth=2.4 if mine else 1.0, color=color,
+                  linestyle="--" if floor else "-", zorder=3 if mine else 2)
         if mine:
             guide = [times[0] * n / sizes[0] for n in sizes]
             axis.plot(sizes, guide, color="black", linestyle=":", linewidth=0.8,

@@ -1,8 +1,9 @@
 """Publish one run: rewrite the generated benchmark blocks of README.md and docs/performance.md.
 
 ```bash
-python -m benchmarks --json benchmarks/results-cpu.json --markdown benchmarks/RESULTS.md \\
-    --plot benchmarks/ratios-cpu.png --scaling-plot benchmarks/scaling-cpu.png
+python -m benchmarks --checkpoint-mb 1024 --json benchmarks/results-cpu.json \\
+    --markdown benchmarks/RESULTS.md --plot benchmarks/ratios-cpu.png \\
+    --scaling-plot benchmarks/scaling-cpu.png
 python -m benchmarks.publish benchmarks/results-cpu.json
 ```
 

@@ -21,7 +21,7 @@ import platform
 from typing import Any
 
 from .runner import CaseResult, EntryResult, target_verdict
-from .scaling import LINEAR_LIMIT, ScalingResult
+from .scaling import LINEAR_LIMIT, ScalingResult, above_linear
 from .stats import CONFIDENCE, MET, MISSED
 from .timing import Plan, median_ratio
 
@@ -438,7 +438,7 @@ def _k(value: float | None, flag: bool = False) -> str:
     if value is None:
         return "—"
     text = f"{value:.2f}"
-    return f"**{text}** (above {LINEAR_LIMIT:g})" if flag and value > LINEAR_LIMIT else text
+    return f"**{text}** (above {LINEAR_LIMIT:g})" if flag and above_linear(value) else text
 
 
 def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
@@ -479,9 +479,9 @@ def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _exponents_table(scaling: list[dict[str, Any]]) -> list[str]:
-    lines = ["### Exponents at a glance", "",
-             "| case | treeclass k | treeclass k, last step | floor k | floor k, last step | "
+def _exponents_table(scaling: list[dict[str, Any]], heading: bool = True) -> list[str]:
+    lines = ["### Exponents at a glance", ""] if heading else []
+    lines += ["| case | treeclass k | treeclass k, last step | floor k | floor k, last step | "
              f"above k = {LINEAR_LIMIT:g} |", "|---|---:|---:|---:|---:|---|"]
     for case in scaling:
         if case["status"] == "skipped":
@@ -490,7 +490,7 @@ def _exponents_table(scaling: list[dict[str, Any]]) -> list[str]:
         rows = {row["name"]: row for row in case["rows"]}
         tc = rows.get("treeclass", {})
         above = [f"{row['name']} ({row['k']:.2f})" for row in case["rows"]
-                 if row["k"] is not None and row["k"] > LINEAR_LIMIT]
+                 if above_linear(row["k"])]
         lines.append(f"| `{case['name']}` | {_k(tc.get('k'), True)} | "
                      f"{_k(tc.get('k_last'), True)} | {_k(case['floor_k'])} | "
                      f"{_k(case.get('floor_k_last'))} | {_cell(', '.join(above)) or 'none'} |")
@@ -503,9 +503,9 @@ def _verdict_cell(target: dict[str, Any], mode: str) -> str:
     status = target["status"]
     word = {MET: f"met by {target['margin']:.0%}",
             MISSED: f"**missed** by {-target['margin']:.0%}"}.get(status, "within noise")
-    if target["extra_rounds"]:
-        word += f" (after {target['extra_rounds']} more rounds)"
-    return word + {"quick": " (indicative)", "smoke": " (smoke)"}.get(mode, "")
+    remarks = [f"after {target['extra_rounds']} more rounds"] if target["extra_rounds"] else []
+    remarks += {"quick": ["indicative"], "smoke": ["smoke"]}.get(mode, [])
+    return f"{word} ({'; '.join(remarks)})" if remarks else word
 
 
 def _targets_rows(cases: list[dict[str, Any]], mode: str) -> list[str]:
@@ -574,17 +574,34 @@ def format_summary(data: dict[str, Any], image_folder: str, scaling_plot: bool =
         *_targets_rows(data["cases"], header["mode"]),
         "",
     ]
+    lines += _workload_lines(data["cases"])
     scaling = [case for case in data.get("scaling", []) if case["status"] == "ran"]
     if scaling:
         lines += ["How cost grows with the number of layers (cost ~ n^k, fitted over "
-                  + ", ".join(f"{n:,}" for n in scaling[0]["sizes"]) + " layers):", "",
-                  *_exponents_table(scaling)]
+                  + ", ".join(f"{n:,}" for n in scaling[0]["sizes"]) + " layers; "
+                  "*last step*: between the two largest):", "",
+                  *_exponents_table(scaling, heading=False)]
     lines += [f"![ratios of every implementation to plain dicts, per case]"
               f"({image_folder}/ratios-cpu.png)", ""]
     if scaling and scaling_plot:
         lines += [f"![time against layers, log-log, per case]({image_folder}/scaling-cpu.png)",
                   ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _workload_lines(cases: list[dict[str, Any]]) -> list[str]:
+    rates = []
+    for case in cases:
+        if case["rate"] is None or case["status"] != "ran":
+            continue
+        unit, count = case["rate"]
+        for row in case["rows"]:
+            if row["median_s"]:
+                rates.append(f"{row['name']} {_rate(count / row['median_s'])}")
+        if rates:
+            return [f"`{case['name']}` ({unit}, higher is better): " + ", ".join(rates) + ".",
+                    ""]
+    return []
 
 
 GPU_SECTION = """

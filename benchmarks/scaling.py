@@ -55,6 +55,7 @@ from .timing import Plan
 
 __all__ = [
     "LINEAR_LIMIT",
+    "above_linear",
     "SCALING_SIZES",
     "ScalingCase",
     "ScalingResult",
@@ -73,8 +74,13 @@ SCALING_SIZES: dict[str, tuple[int, ...]] = {
 }
 _TRAIN_STEP_LARGEST = {"full": 1_000, "quick": 100, "smoke": 4}
 # seconds one implementation may take at one size before it is left out of larger ones
-BUDGET_S: dict[str, float] = {"full": 60.0, "quick": 2.5, "smoke": math.inf}
+BUDGET_S: dict[str, float] = {"full": 20.0, "quick": 1.5, "smoke": math.inf}
 LINEAR_LIMIT = 1.1
+
+
+def above_linear(k: float | None) -> bool:
+    """Whether an exponent, as shown (two decimals), exceeds `LINEAR_LIMIT`."""
+    return k is not None and round(k, 2) > LINEAR_LIMIT
 
 
 @dataclass
@@ -147,8 +153,9 @@ class ScalingResult:
 
 def _scaling_plan(plan: Plan) -> Plan:
     # the exponent needs the medians, not tight ratios: fewer rounds than the main cases
-    rounds = min(plan.rounds, 7 if plan.rounds > 5 else 3)
-    return dataclasses.replace(plan, rounds=rounds, remeasures=0)
+    # (and no warm-up call: the first, checked call has warmed every implementation up)
+    rounds = min(plan.rounds, 5 if plan.rounds > 5 else 3)
+    return dataclasses.replace(plan, rounds=rounds, warmup=0, remeasures=0)
 
 
 def _untargeted(case: Case, name: str) -> Case:
@@ -371,8 +378,8 @@ def _leave_out_slow(rows: dict[str, ScalingRow], left_out: set[str], n: int, nex
             continue
         growth = max(1.0, row.k_last or 1.0)
         projected = row.times[n] * (next_n / n) ** growth
-        # a first call, a warm-up call, a calibration call and the rounds
-        if projected * (rounds + 3) > budget_s:
+        # the first (checked) call, a calibration call and the rounds
+        if projected * (rounds + 2) > budget_s:
             left_out.add(row.name)
             row.notes.append(f"not timed from n={next_n:,}: projected {projected:.3g} s per "
                              f"call (k={growth:.2f} so far)")
@@ -380,7 +387,7 @@ def _leave_out_slow(rows: dict[str, ScalingRow], left_out: set[str], n: int, nex
 
 def flagged(result: ScalingResult) -> list[ScalingRow]:
     """The rows whose fitted exponent exceeds `LINEAR_LIMIT`."""
-    return [row for row in result.rows if row.k is not None and row.k > LINEAR_LIMIT]
+    return [row for row in result.rows if above_linear(row.k)]
 
 
 def run_scaling_cases(
@@ -417,7 +424,7 @@ def _progress_line(result: ScalingResult) -> str:
             parts.append(f"{row.name} k={row.k:.2f}")
     tc, floor = result.row("treeclass"), result.floor
     warn = ""
-    if tc is not None and tc.k is not None and tc.k > LINEAR_LIMIT:
+    if tc is not None and above_linear(tc.k):
         beside = f"; the floor's is {floor.k:.2f}" if floor is not None and floor.k else ""
         warn = f" <- treeclass above k={LINEAR_LIMIT:g}{beside}"
     return f"{'; '.join(parts)}{warn} ({result.seconds:.1f} s)"

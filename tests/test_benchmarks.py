@@ -283,17 +283,18 @@ def test_list_prints_every_case_name(capsys):
     assert all(case.name in printed for case in scaling_cases(SMOKE_SIZES, "smoke"))
 
 
-def test_quick_leaves_out_checkpoints_and_full_only_cases_unless_asked(capsys):
+def test_checkpoints_run_only_when_asked_and_quick_leaves_out_full_only_cases(capsys):
     assert main(["--quick", "--list"]) == 0
     printed = capsys.readouterr().out
     assert "checkpoint_save" not in printed and "pytreeclass_published" not in printed
-    assert main(["--quick", "--list", "--checkpoint-mb", "32"]) == 0
-    assert "checkpoint_save: save a 32 MiB model (2 layers" in capsys.readouterr().out
     assert main(["--list"]) == 0
     printed = capsys.readouterr().out
+    assert "checkpoint_save" not in printed and "pytreeclass_published" in printed
+    assert main(["--quick", "--list", "--checkpoint-mb", "32"]) == 0
+    assert "checkpoint_save: save a 32 MiB model (2 layers" in capsys.readouterr().out
+    assert main(["--list", "--checkpoint-mb", "1024"]) == 0
+    printed = capsys.readouterr().out
     assert "checkpoint_save: save a 1 GiB model (64 layers of f32[2048,2048]" in printed
-    assert main(["--list", "--checkpoint-mb", "0"]) == 0
-    assert "checkpoint_save" not in capsys.readouterr().out
 
 
 def test_rounds_below_one_is_rejected(capsys):
