@@ -15,9 +15,10 @@ training loop and the checkpoints always use the wall clock (they use several th
 What runs, per mode (`--list` names every case):
 
 - full (the default): the real workload, every main case and the scaling section (10 to
-  10,000 layers).
+  10,000 layers); about 15 minutes on a 2-core CPU, most of it scaling (compiling a
+  1,000-layer train step eight times, printing 10,000 layers).
 - `--quick`: the same with fewer, shorter rounds and scaling up to 1,000 layers; about a
-  minute and a half on a 2-core CPU; its verdicts are labelled indicative.
+  minute and a quarter on a 2-core CPU; its verdicts are labelled indicative.
 - `--smoke`: one single-call round on the smallest models (the tests' mode).
 - `--checkpoint-mb 1024` adds the checkpoint cases (1 GiB saved and loaded by five tools,
   and each save's peak memory in a fresh interpreter): several minutes, so only on request.
@@ -26,8 +27,9 @@ To regenerate the published figures (benchmarks/RESULTS.md, the README's "Benchm
 section, docs/performance.md and the plots) from one full run, on an idle machine:
 
 ```bash
-python -m benchmarks --json benchmarks/results-cpu.json --markdown benchmarks/RESULTS.md \
-    --plot benchmarks/ratios-cpu.png --scaling-plot benchmarks/scaling-cpu.png
+python -m benchmarks --checkpoint-mb 1024 --json benchmarks/results-cpu.json \\
+    --markdown benchmarks/RESULTS.md --plot benchmarks/ratios-cpu.png \\
+    --scaling-plot benchmarks/scaling-cpu.png
 python -m benchmarks.publish benchmarks/results-cpu.json
 ```
 """
@@ -71,11 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Time treeclass against plain dicts and the installed peers "
-                    "(register_dataclass, flax.struct, equinox, pytreeclass, sepes).",
+                    "(register_dataclass, flax.struct, flax.nnx, equinox, pytreeclass, sepes; "
+                    "safetensors, NumPy and orbax for checkpoints), and how each cost grows "
+                    "with the number of layers. See benchmarks/README.md.",
     )
     parser.add_argument("--quick", action="store_true",
-                        help="fewer, shorter rounds, scaling up to 1,000 layers, no checkpoints "
-                             "(about a minute and a half on a 2-core CPU; verdicts indicative)")
+                        help="fewer, shorter rounds and scaling up to 1,000 layers (about a "
+                             "minute and a quarter on a 2-core CPU; verdicts indicative)")
     parser.add_argument("--only", metavar="NAMES",
                         help="comma-separated case names (exact), or substrings or glob "
                              "patterns of names")
