@@ -167,34 +167,38 @@ def _check_is_leaf(is_leaf: Any, method: str) -> None:
 
 def _shape(x: Any) -> tuple[int, ...]:
     shape = getattr(x, "shape", None)
-    return tuple(shape) if shape is not None else np.shape(x)
+    if shape is not None:
+        return tuple(shape)
+    return () if isinstance(x, (int, float, complex, bool)) else np.shape(x)
+
+
+def _broadcasts_to(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    """Whether an array of shape `small` broadcasts to `big` without changing `big`."""
+    if small == big or not small:
+        return True
+    if len(small) > len(big):
+        return False
+    return all(s == 1 or s == b for s, b in zip(reversed(small), reversed(big)))
 
 
 def _check_element_mask(mask: Any, leaf: Any, where: Callable[[], str]) -> None:
     mask_shape, leaf_shape = _shape(mask), _shape(leaf)
-    if mask_shape == leaf_shape:
-        return
-    try:
-        fits = np.broadcast_shapes(mask_shape, leaf_shape) == leaf_shape
-    except ValueError:
-        fits = False
-    if not fits:
+    if not _broadcasts_to(mask_shape, leaf_shape):
         raise ValueError(ELEMENT_MASK_SHAPE_MSG.format(
             where=where(), mask_shape=mask_shape, leaf_shape=leaf_shape))
 
 
 def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
-    _check_element_mask(mask, old, where)
-    new_shape, old_shape = _shape(new), _shape(old)
-    if new_shape != old_shape:
-        try:
-            fits = np.broadcast_shapes(new_shape, old_shape) == old_shape
-        except ValueError:
-            fits = False
-        if not fits:
-            raise ValueError(ELEMENT_VALUE_SHAPE_MSG.format(
-                where=where(), leaf_shape=old_shape, value_shape=new_shape))
+    old_shape = _shape(old)
+    mask_shape = _shape(mask)
+    if not _broadcasts_to(mask_shape, old_shape):
+        raise ValueError(ELEMENT_MASK_SHAPE_MSG.format(
+            where=where(), mask_shape=mask_shape, leaf_shape=old_shape))
+    new_shape = _shape(new)
+    if not _broadcasts_to(new_shape, old_shape):
+        raise ValueError(ELEMENT_VALUE_SHAPE_MSG.format(
+            where=where(), leaf_shape=old_shape, value_shape=new_shape))
     return jnp.where(mask, new, old)
 
 
@@ -684,6 +688,7 @@ class _Replace(_Op):
 
 
 _NO_FAST_PATH = object()
+_SCALARS = frozenset({int, float, bool, complex})
 
 
 def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
@@ -729,6 +734,9 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
             raise
         if flag is True or type(flag) is np.bool_:
             out.append(new)
+        elif flag.shape == getattr(leaf, "shape", None) and (
+                type(new) in _SCALARS or getattr(new, "shape", None) == flag.shape):
+            out.append(jnp.where(flag, new, leaf))  # the common case, shapes already fit
         else:
             out.append(_masked(flag, new, leaf, functools.partial(where, index)))
         selected += 1

@@ -64,7 +64,8 @@ class InitStore(NamedTuple):
 def _store_lines(this: str, store: InitStore, through_setattr: bool) -> list[str]:
     if through_setattr:
         return [f"{this}.{store.name} = {store.expr}"]
-    line = f"__tc_state[{store.name!r}] = {store.expr}"
+    # the value also goes into a local, which the sealing below reads instead of the dict
+    line = f"__tc_state[{store.name!r}] = __tc_f_{store.name} = {store.expr}"
     if not store.noted:
         return [line]
     # a try block costs nothing in CPython 3.11+ until it raises
@@ -107,7 +108,7 @@ def render_init(
         if not through_setattr:
             body.insert(0, f"__tc_state = {this}._tc_dict")
         return "\n".join([head, *_indent(body or ["pass"])]) + "\n"
-    children = "".join(f"__tc_state[{name!r}], " for name in fixed_leaves)
+    children = "".join(f"__tc_f_{name}, " for name in fixed_leaves)
     if sealing == "fixed":
         seal = [f"__tc_set_layout({this}, __tc_layout)",
                 f"__tc_set_flat({this}, (({children}), __tc_layout))"]
@@ -147,7 +148,7 @@ def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list
     static value is keyed and interned now, so an unhashable one fails here, in
     `__init__`, naming its field.
     """
-    values = [f"__tc_state[{name!r}]" for name in static_names]
+    values = [f"__tc_f_{name}" for name in static_names]
     plain = " and ".join(f"type({v}) in __tc_plain" for v in values)
     given = "".join(f"{v}, " for v in values)
     return [

@@ -88,6 +88,10 @@ def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., Non
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if not _node.attributes(self):
+            # a fresh instance: mark it unsealed, so that each `self.x = ...` in `init`
+            # finds the slot set (an unset slot costs a failed lookup per assignment)
+            _node.set_layout(self, None)
         try:
             init(self, *args, **kwargs)
             if type(self).__init__ is __init__:
