@@ -20,7 +20,7 @@ from typing_extensions import dataclass_transform
 from . import _node
 from ._codegen import InitStore, compile_function, render_init
 from ._keys import PLAIN_TYPES
-from ._util import equal_or_false
+from ._util import add_leaf_note, equal_or_false
 
 __all__ = ["Field", "field", "fields", "autoinit"]
 
@@ -775,8 +775,7 @@ def add_field_note(error: BaseException, obj: Any, name: str) -> None:
         if str(error) == message:
             return
         error.args = args
-    if hasattr(error, "add_note"):
-        error.add_note(where)
+    add_leaf_note(error, where)
 
 
 # eq_default=False: autoinit writes no `__eq__` (a type checker would otherwise take a plain
@@ -812,7 +811,7 @@ def autoinit(cls: type) -> type:
     if own is not None and (not is_treeclass or getattr(own, "__tc_generated__", False)
                             or getattr(own, "__tc_body__", False)):
         return cls  # generated already, or written in the class body: either way it stays
-    items = info.fields if is_treeclass else _plain_class_fields(cls)
+    items = info.fields if info is not None else _plain_class_fields(cls)
     if not is_treeclass:
         # the full fields (inherited ones, plain defaults made Fields) for subclasses and
         # `fields()`; the class body's own Field objects stay as descriptors (see
@@ -827,7 +826,7 @@ def autoinit(cls: type) -> type:
                 delattr(cls, name)
             else:
                 setattr(cls, name, item.default)
-    cls.__init__ = build_init(cls, items, through_setattr=not is_treeclass)
+    type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=not is_treeclass))
     return cls
 
 
