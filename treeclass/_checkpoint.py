@@ -38,11 +38,13 @@ import os
 import secrets
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn, TypeVar, overload
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
+from jax.core import Tracer
 
 from . import _node
 from ._mask import freeze, is_frozen, unfreeze
@@ -50,6 +52,7 @@ from ._mask import freeze, is_frozen, unfreeze
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 
 PyTree = Any
+_T = TypeVar("_T")
 
 _FORMAT_VERSION = 1
 _METADATA_KEY = "treeclass"
@@ -145,7 +148,7 @@ def _is_plain(value: Any) -> bool:
 
 
 def _is_abstract(value: Any) -> bool:
-    return isinstance(value, (jax.ShapeDtypeStruct, jax.core.Tracer))
+    return isinstance(value, (jax.ShapeDtypeStruct, Tracer))
 
 
 def _key_name(key: Any) -> str:
@@ -235,7 +238,7 @@ def _entries(tree: Any, action: str, call: str) -> list[_Entry]:
 
 
 def _is_key_dtype(dtype: Any) -> bool:
-    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    return jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -300,7 +303,7 @@ def state_dict(tree: PyTree) -> dict:
         if entry.kind == _STATIC or entry.category not in (_TENSOR, _NUMBER):
             continue
         value = entry.value
-        if isinstance(value, jax.core.Tracer):  # a frozen array of an abstract model
+        if isinstance(value, Tracer):  # a frozen array of an abstract model
             value = jax.ShapeDtypeStruct(value.shape, value.dtype)
         node = out
         for key in entry.path[:-1]:
@@ -309,6 +312,12 @@ def state_dict(tree: PyTree) -> dict:
     return out
 
 
+@overload
+def from_state_dict(like: _T, state: dict, *, strict: Literal[True] = True) -> _T: ...
+@overload
+def from_state_dict(like: _T, state: dict, *, strict: Literal[False]) -> tuple[_T, LoadReport]: ...
+@overload
+def from_state_dict(like: _T, state: dict, *, strict: bool) -> _T | tuple[_T, LoadReport]: ...
 def from_state_dict(like: PyTree, state: dict, *, strict: bool = True) -> Any:
     """The inverse of `state_dict`: `like` with its data taken from `state`.
 
@@ -477,7 +486,7 @@ class _FileSource:
         self.objects = {name: str(record.get("type")) for name, record in
                         document.get("objects", {}).items()}
 
-    def _corrupt(self, reason: str) -> None:
+    def _corrupt(self, reason: str) -> NoReturn:
         raise ValueError(_NOT_A_CHECKPOINT.format(path=self.path, reason=reason))
 
     def _document(self, metadata: dict) -> dict | None:
@@ -510,7 +519,7 @@ class _FileSource:
             shape = tuple(shape)
             ok = all(type(n) is int and n >= 0 for n in (*shape, start, stop)) and start <= stop
         except (TypeError, KeyError, ValueError):
-            ok = False
+            ok, start, stop = False, 0, 0  # bound for type checkers: `_corrupt` raises below
         if not ok:
             self._corrupt(f"the header entry of tensor {name!r} is malformed: {info!r}")
         if code in _PACKED_SAFETENSORS_NAMES:
@@ -578,7 +587,7 @@ class _FileSource:
             return self.values[name]
         buffer = np.empty(tensor.stop - tensor.start, np.uint8)
         self.file.seek(self.data_start + tensor.start)
-        view, done = memoryview(buffer), 0
+        view, done = buffer.data, 0
         while done < len(buffer):
             count = self.file.readinto(view[done:])
             if not count:
@@ -586,8 +595,10 @@ class _FileSource:
             done += count
         if tensor.key_impl:
             data = buffer.view(np.dtype("<u4")).reshape(tensor.shape)
-            return jax.random.wrap_key_data(data, impl=tensor.key_impl)
+            # (jax takes a NumPy array here; its annotation says `Array`)
+            return jax.random.wrap_key_data(data, impl=tensor.key_impl)  # type: ignore[arg-type]
         dtype = _numpy_dtype(tensor.dtype)
+        assert dtype is not None  # the header's dtypes were checked when the file was opened
         return buffer.view(dtype.newbyteorder("<")).reshape(tensor.true_shape)
 
 
@@ -764,7 +775,7 @@ def _place(template: Any, value: Any) -> Any:
     sharding = None
     if isinstance(template, jax.ShapeDtypeStruct):
         sharding = template.sharding
-    elif isinstance(template, jax.Array) and not isinstance(template, jax.core.Tracer):
+    elif isinstance(template, jax.Array) and not isinstance(template, Tracer):
         if template.committed or len(template.sharding.device_set) > 1:
             sharding = template.sharding
     if sharding is not None:
@@ -786,7 +797,7 @@ def _number_fits(template: Any, stored: _Stored) -> bool:
         if kind is int:
             return bool(np.issubdtype(dtype, np.integer))
         wanted = np.floating if kind is float else np.inexact
-        return bool(jax.dtypes.issubdtype(dtype, wanted))
+        return bool(jnp.issubdtype(dtype, wanted))
     return stored.category == _PLAIN and _to_number(template, stored.value) is not None
 
 
@@ -807,7 +818,7 @@ def _abstract_number_fits(template: Any, stored: _Stored) -> bool:
     if kind is int:
         return bool(np.issubdtype(dtype, np.integer))
     wanted = np.floating if kind is float else np.complexfloating
-    return bool(jax.dtypes.issubdtype(dtype, wanted))
+    return bool(jnp.issubdtype(dtype, wanted))
 
 
 
@@ -910,7 +921,8 @@ def _plan_tensor(tree: Any, entry: _Entry) -> _PlannedTensor:
         raise ValueError(_NOT_ADDRESSABLE.format(where=where))
     if entry.name == "__metadata__":
         raise ValueError(_RESERVED_NAME.format(where=where))
-    shape, record = tuple(value.shape), {"kind": entry.kind}
+    shape = tuple(value.shape)
+    record: dict[str, Any] = {"kind": entry.kind}
     if _is_key_dtype(value.dtype):
         stored = jax.eval_shape(jax.random.key_data, value).shape
         record.update(dtype=str(value.dtype), shape=list(shape))
@@ -1029,7 +1041,7 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
                 data = _host_bytes(tensor.value)
                 if data.nbytes != tensor.nbytes:  # the tree changed under us
                     raise ValueError(f"{tensor.name!r} changed size while being saved")
-                file.write(data)
+                file.write(data.data)
                 del data  # free this leaf's host copy before the next is made
         os.replace(temp, path)
     except BaseException:
@@ -1038,6 +1050,12 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
         raise
 
 
+@overload
+def load(path: str | os.PathLike, like: _T, *, strict: Literal[True] = True) -> _T: ...
+@overload
+def load(path: str | os.PathLike, like: _T, *, strict: Literal[False]) -> tuple[_T, LoadReport]: ...
+@overload
+def load(path: str | os.PathLike, like: _T, *, strict: bool) -> _T | tuple[_T, LoadReport]: ...
 def load(path: str | os.PathLike, like: PyTree, *, strict: bool = True) -> Any:
     """Load the checkpoint at `path` into the template `like`.
 

@@ -31,11 +31,12 @@ import numbers
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeGuard
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from . import _mask, _node, _trace
 from ._pprint_registry import printer_alias, rule_for
@@ -69,7 +70,7 @@ DEFAULT_REPEATS = 3
 # A folded run names its children's structure up to this many characters, else `T(...)`.
 _RUN_SIGNATURE_MAX = 72
 
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 # Statistics of arrays at least this big, living on an accelerator, are reduced on the
@@ -86,8 +87,13 @@ _SMALL_ARRAY_SIZE = 1 << 16
 def _check_depth(depth: Any) -> None:
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
         raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))
-    if not depth >= 0:  # also rejects nan
+    if not depth >= 0:  # type: ignore[operator]  # (also rejects nan; numbers.Real has no <)
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
+
+
+def _check_width(width: Any) -> None:
+    if not isinstance(width, numbers.Real) or isinstance(width, bool):
+        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
 
 
 def _check_int(value: Any, name: str, low: int) -> None:
@@ -127,7 +133,7 @@ def _dtype_name(dtype: Any) -> str:
 
 @functools.cache
 def _dtype_kind(dtype: Any) -> str:
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
         return "extended"  # e.g. PRNG keys: no numbers to summarize, no numpy view
     for kind, family in (("bool", jnp.bool_), ("complex", jnp.complexfloating),
                          ("float", jnp.floating), ("int", jnp.integer)):
@@ -380,7 +386,13 @@ def _node_parts(
     return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
 
 
-def _is_partial(x: Any) -> bool:
+class _PartialLike(Protocol):
+    func: Callable[..., Any]
+    args: tuple[Any, ...]
+    keywords: dict[str, Any]
+
+
+def _is_partial(x: Any) -> TypeGuard[_PartialLike]:
     """`functools.partial`, `jax.tree_util.Partial`, `tc.Partial` and look-alikes."""
     if isinstance(x, functools.partial):
         return True
@@ -462,6 +474,7 @@ def _fold_runs(
         if stop - start > 2 * repeats + 1:
             out.extend(items[start : start + repeats])
             folded = items[start + repeats : stop - repeats]
+            assert key is not None  # a run of more than one: its children have a key
             signature = key[1]
             if len(signature) > _RUN_SIGNATURE_MAX:
                 parts = _node_parts(folded[0][2], is_leaf, hidden)
@@ -486,12 +499,18 @@ class _Group:
 
     __slots__ = ("open", "close", "items", "comma", "size")
 
+    open: str
+    close: str
+    items: list[tuple[str, Any]]
+    comma: bool
+    size: float  # the width of the one-line form (infinite if a value spans lines)
+
     def __init__(self, open: str, close: str, items: list[tuple[str, Any]], comma: bool):
         self.open = open
         self.close = close
         self.items = items
         self.comma = comma
-        size = len(open) + len(close) + 2 * max(len(items) - 1, 0) + comma
+        size: float = len(open) + len(close) + 2 * max(len(items) - 1, 0) + comma
         for label, doc in items:
             size += len(label) + (doc.size if type(doc) is _Group else _atom_size(doc))
         self.size = size
@@ -551,8 +570,7 @@ def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
 def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool,
             repeats: Any) -> str:
     _check_depth(depth)
-    if not isinstance(width, numbers.Real) or isinstance(width, bool):
-        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
+    _check_width(width)
     _check_int(tabwidth, "tabwidth", 0)
     _check_repeats(repeats)
     doc = _doc(tree, depth, as_str, repeats)
@@ -684,7 +702,7 @@ def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> _Entry:
             children.append(_entries(item[2], item[1], depth - 1, options))
             continue
         label = f"{item.keys}: {len(item.items)} more {item.signature}"
-        inner = ()
+        inner: tuple[_Entry, ...] = ()
         if options.open_runs:
             inner = tuple(_entries(child, child_key, depth - 1, options)
                           for _, child_key, child in item.items)

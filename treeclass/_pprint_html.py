@@ -183,7 +183,8 @@ def _render_folded(
     """A list, tuple or dict with folded runs, drawn as treescope draws the container."""
     from treescope import rendering_parts as parts
 
-    opening, closing = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}[type(value)]
+    brackets: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}
+    opening, closing = brackets[type(value)]
     children = []
     for i, item in enumerate(items):
         last = i == len(items) - 1

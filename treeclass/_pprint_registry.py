@@ -13,6 +13,7 @@ setting one field of the same rule through `register_printer`.
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -34,12 +35,13 @@ class PrintRule(NamedTuple):
     ```
     """
 
+    # (below the `str` field, `builtins.str` names the type; `count` hides `tuple.count`)
     repr: Callable[[Any], str] | None = None
     str: Callable[[Any], str] | None = None
-    type_name: Callable[[Any], str] | None = None
-    count: Callable[[Any], int] | None = None
+    type_name: Callable[[Any], builtins.str] | None = None
+    count: Callable[[Any], int] | None = None  # type: ignore[assignment]
     size: Callable[[Any], int] | None = None
-    nodestyle: Callable[[Any], dict[str, Any]] | None = None
+    nodestyle: Callable[[Any], dict[builtins.str, Any]] | None = None
 
     @property
     def has_text(self) -> bool:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from . import _mask, _node
@@ -208,7 +209,7 @@ class _Segment(str):
     or, holding wildcards (`[*]`), `str(name)` with fnmatch.
     """
 
-    match: Callable[[Any], bool] | None  # None for '**'
+    match: Callable[[Any], object] | None  # truthy for a name that matches; None for '**'
 
     @classmethod
     def dotted(cls, text: str) -> _Segment:
@@ -719,7 +720,7 @@ class WhereMatcher(Matcher):
         if result is False or result is None:
             return (DESCEND, None)
         if isinstance(result, (jax.Array, np.ndarray)) and result.dtype == np.bool_:
-            if isinstance(result, jax.core.Tracer) or result.ndim:
+            if isinstance(result, Tracer) or result.ndim:
                 return (MATCH, result)  # an element mask for this node's leaves
         return _MATCHED if bool(result) else (DESCEND, None)
 
@@ -804,7 +805,8 @@ class GlobMatcher(Matcher):
         return (DESCEND, nxt) if nxt else _PRUNED
 
     def no_match_error(self, walker: Any, selection: str) -> Exception:
-        best_position, names = -1, set()
+        names: set[Any] = set()
+        best_position = -1
         for node, _ in walker.starts(self):
             for position, name in self._misses(node, self.start):
                 if position > best_position:
@@ -1148,7 +1150,7 @@ def _compiler_for(cls: type) -> Compiler | None:
 def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
     """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
     try:
-        compiler = _compiler_for(type(selector))
+        compiler = _compiler_for(type(selector))  # type: ignore[arg-type]  # mypy: a class is not Hashable
     except TypeError:  # an unhashable selector type (never, for real classes)
         compiler = None
     if compiler is not None:

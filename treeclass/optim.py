@@ -21,10 +21,11 @@ so when called.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 from ._at import AtIndexer, at
 from ._mask import is_frozen
@@ -39,6 +40,8 @@ from ._structure import (
 )
 
 __all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition"]
+
+_T = TypeVar("_T")
 
 _NO_OPTAX_MSG = (
     "`treeclass.optim.{name}` needs optax, which is not installed. Install it with\n"
@@ -86,7 +89,7 @@ def _describe(node: Any) -> str:
 
 
 def _check_prefix(
-    tree: Any, params: Any, what: str, check_leaf: Callable[[Any, tuple[Any, ...]], None]
+    tree: Any, params: Any, what: str, check_leaf: Callable[[Any, str], None]
 ) -> None:
     """Raise where `tree` (a mask or label tree) stops being a prefix of `params`."""
     if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(params):
@@ -223,7 +226,7 @@ def _whole_leaf_flag(path: tuple[Any, ...], x: Any) -> Any:
     if not _is_bool_array(x):
         return x
     where = "mask" + jax.tree_util.keystr(path)
-    if isinstance(x, jax.core.Tracer):
+    if isinstance(x, Tracer):
         raise ValueError(_PARTIAL_SELECTION_MSG.format(where=f"{where} (traced)"))
     if x.all():
         return True
@@ -285,6 +288,12 @@ def _empty_selection_error(what: str, reached_frozen: bool) -> ValueError:
     return ValueError(_EMPTY_SELECTION_MSG.format(what=what, why=why))
 
 
+# Typed as the selected tree: a mask has its structure (the class of every node), with
+# `bool` leaves.
+@overload
+def mask(selection: AtIndexer[_T], *where: Any, strict: bool = True) -> _T: ...
+@overload
+def mask(selection: _T, where: Any, /, *more: Any, strict: bool = True) -> _T: ...
 def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     """A boolean tree, `True` exactly at the leaves a selection picks.
 
@@ -370,7 +379,7 @@ _SELECTION_TREE_MSG = (
 _PLACEHOLDER_TYPE = "_ParamsPlaceholder"
 
 
-class Labels:
+class Labels(Generic[_T]):
     """A label tree for `optax.multi_transform` / `optax.partition`, as a label function.
 
     optax calls any callable it is given as labels, and a label tree whose root is a
@@ -390,10 +399,12 @@ class Labels:
 
     __slots__ = ("tree",)
 
-    def __init__(self, tree: Any) -> None:
+    tree: _T
+
+    def __init__(self, tree: _T) -> None:
         self.tree = tree
 
-    def __call__(self, params: Any) -> Any:
+    def __call__(self, params: Any) -> _T:
         # `optax.tree_utils.tree_map_params` initialises with a stand-in object instead
         # of the parameters; it only needs the tree back
         if type(params).__name__ != _PLACEHOLDER_TYPE:
@@ -435,12 +446,12 @@ _SELECTIONS_TYPE_MSG = (
 
 
 def labels(
-    tree: Any,
+    tree: _T,
     selections: Mapping[Hashable, Any],
     *,
     default: Hashable | None = "rest",
     strict: bool = True,
-) -> Labels:
+) -> Labels[_T]:
     """Labels for `optax.multi_transform` from a mapping of label -> selection.
 
     **Arguments**
