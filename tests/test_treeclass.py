@@ -774,12 +774,130 @@ def test_unsealed_copy_is_mutable_and_reseal_freezes_again():
         work.layers[0].name = "again"
 
 
+# -- replace -----------------------------------------------------------------------------------
+
+
+class _Optimizer(tc.TreeClass):
+    lr: float = tc.field(default=1e-3, on_setattr=[float])
+    steps: Any = 0
+    name: str = tc.field(default="adam", static=True)
+
+
+def _positive(x):
+    if x <= 0:
+        raise ValueError(f"must be positive, got {x}")
+    return x
+
+
+def test_replace_changes_the_named_fields_and_leaves_the_original():
+    opt = _Optimizer()
+    new = opt.replace(lr=0.5, steps=jnp.ones(2))
+    assert type(new) is _Optimizer and new.lr == 0.5 and new.steps.tolist() == [1.0, 1.0]
+    assert (opt.lr, opt.steps) == (1e-3, 0)
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(opt)
+
+
+def test_replace_runs_the_fields_on_setattr_converters():
+    new = _Optimizer().replace(lr=1)
+    assert new.lr == 1.0 and type(new.lr) is float
+
+
+def test_replace_error_of_a_validator_names_the_field():
+    class Tree(tc.TreeClass):
+        rate: float = tc.field(default=1.0, on_setattr=[_positive])
+
+    with pytest.raises(ValueError, match=r"Tree\.rate.*must be positive, got -1"):
+        Tree().replace(rate=-1)
+
+
+def test_replace_runs_validators_where_at_set_does_not():
+    class Tree(tc.TreeClass):
+        rate: float = tc.field(default=1.0, on_setattr=[_positive])
+
+    assert Tree().at["rate"].set(-1.0).rate == -1.0  # structural: no validation
+    with pytest.raises(ValueError, match="must be positive"):
+        Tree().replace(rate=-1.0)
+
+
+def test_replace_with_an_unknown_name_names_the_closest():
+    with pytest.raises(TypeError, match=r"`_Optimizer.replace` got 'lrr'.*Did you mean 'lr'\?"):
+        _Optimizer().replace(lrr=0.1)
+
+
+def test_replace_of_a_static_field_gets_the_layout_of_the_new_value():
+    new = _Optimizer().replace(name="sgd")
+    fresh = _Optimizer(name="sgd")
+    assert new.name == "sgd"
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(fresh)
+    assert jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(_Optimizer())
+    assert jax.jit(lambda t: t.steps + 1)(new) == 1
+    with pytest.raises(AttributeError, match="immutable"):
+        new.lr = 2.0
+
+
+def test_replace_refuses_an_unhashable_static_value():
+    with pytest.raises(TypeError, match="must be hashable"):
+        _Optimizer().replace(name=["not", "hashable"])
+
+
+def test_replace_works_with_a_hand_written_init_and_runs_neither_init_nor_post_init():
+    calls = []
+
+    class Model(tc.TreeClass):
+        def __init__(self, width):
+            calls.append("init")
+            self.weight = jnp.ones(width)
+            self.width = width
+
+        def __post_init__(self):
+            calls.append("post_init")
+
+    model = Model(2)
+    new = model.replace(weight=jnp.zeros(3))
+    assert calls == ["init"] and new.weight.tolist() == [0.0, 0.0, 0.0] and new.width == 2
+    assert model.weight.tolist() == [1.0, 1.0]
+
+
+def test_replace_is_what_copy_replace_calls():
+    new = _Optimizer().__replace__(lr=2)
+    assert new.lr == 2.0
+    if hasattr(copy, "replace"):  # Python 3.13+
+        assert copy.replace(_Optimizer(), lr=3).lr == 3.0
+
+
+def test_a_field_named_replace_is_refused_in_a_treeclass_only():
+    with pytest.raises(ValueError, match="cannot be named 'replace'.*hide the `.replace`"):
+        class Tree(tc.TreeClass):
+            replace: int = 1
+
+    @tc.autoinit
+    class Plain:  # no `replace` method to hide
+        replace: int = 1
+
+    class Aliased(tc.TreeClass):
+        value: int = tc.field(alias="replace")
+
+    assert Plain().replace == 1 and Aliased(replace=2).value == 2
+
+
+def test_an_attribute_named_replace_hides_the_method_but_copy_replace_reaches_it():
+    class Tree(tc.TreeClass):
+        def __init__(self):
+            self.replace = "a value"
+            self.k = 1
+
+    tree = Tree()
+    assert tree.replace == "a value"
+    assert tc.TreeClass.replace(tree, k=2).k == 2 and tree.__replace__(k=3).k == 3
+
+
 # -- typing ------------------------------------------------------------------------------------
 
 
 def test_treeclass_carries_dataclass_transform_with_field_specifier():
     transform = TreeClass.__dataclass_transform__
     assert tc.field in transform["field_specifiers"]
+    assert transform["frozen_default"] is True  # instances are immutable
     assert Point.__dataclass_transform__ is transform
 
 
