@@ -65,6 +65,16 @@ class Counter(tc.TreeClass):
         return self.count
 
 
+@tc.autoinit
+class Point:  # a plain class: an __init__ from its fields, not frozen
+    x: float
+    y: float = 0.0
+
+
+class Scaled(tc.TreeClass, leafwise=True):
+    value: jax.Array
+
+
 class Handwritten(tc.TreeClass):
     """A hand-written `__init__`: checkers take instances to be frozen all along."""
 
@@ -80,6 +90,9 @@ assert_type(block.rate, float)
 model = MLP.create([3, 4, 1], jax.random.key(0))
 assert_type(model.layers[0].weight, jax.Array)
 assert_type(Handwritten(2).width, int)
+point = Point(1.0)
+point.x = 2.0
+assert_type(point.y, float)
 
 # -- fields -----------------------------------------------------------------------------
 
@@ -132,6 +145,7 @@ assert_type(tc.is_tree_equal(layer, layer), Any)
 add_one = tc.Partial(jnp.add, 1.0)
 assert_type(add_one, tc.Partial[jax.Array])
 assert_type(add_one.args, tuple[Any, ...])
+assert_type(add_one(2.0), jax.Array)
 
 # -- optax ----------------------------------------------------------------------------------
 
@@ -168,3 +182,5 @@ def _errors() -> None:  # never called: each line is a mistake a checker catches
     Block(layer, count=1)  # E: both
     tags: tuple[str, ...] = tc.field(default="not a tuple")  # E: both
     print(tags)
+    Point("a")  # E: both
+    Scaled(jnp.ones(2)) * 2  # E: both
