@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import keyword
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Mapping,
+    MutableMapping,
+    MutableSequence,
+    MutableSet,
+    Sequence,
+)
 from typing import Any, ClassVar, Literal, TypeVar, get_origin, overload
 
 import numpy as np
@@ -484,9 +491,13 @@ def _cached_fields(cls: type) -> dict[str, Field] | None:
 _EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 
 
+# any mutable container (list, dict, set, bytearray, deque, UserDict, array.array, ...)
+_MUTABLE_CONTAINERS = (MutableSequence, MutableMapping, MutableSet, bytearray)
+
+
 def _check_default(cls: type, item: Field) -> None:
     default = item.default
-    if isinstance(default, (list, dict, set, bytearray)):
+    if isinstance(default, _MUTABLE_CONTAINERS):
         raise TypeError(
             _MUTABLE_DEFAULT_MSG.format(
                 type=type(default).__name__, cls=cls.__name__, name=item.name, value=default,
