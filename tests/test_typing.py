@@ -77,42 +77,20 @@ def mypy_errors() -> Errors:
     return _mypy(["treeclass", "tests/typing"], ROOT, "--config-file", "pyproject.toml")
 
 
-# Modules with errors left when the checkers joined the suite (issue 16), being fixed by
-# the work that owns them; their tests below fail until then, and once the errors are
-# gone they pass and strict xfail fails them: remove the module from this list then.
-_PENDING = ("treeclass/_codegen.py", "treeclass/_fields.py", "treeclass/_node.py")
-
-
-def _package_errors(errors: Errors, pending: bool) -> list[str]:
+def _package_errors(errors: Errors) -> list[str]:
     package = ROOT / "treeclass"
-    return [f"{name}:{line}: {message}"
+    return [f"{path.relative_to(ROOT)}:{line}: {message}"
             for path, lines in sorted(errors.items()) if package in path.parents
-            if ((name := str(path.relative_to(ROOT))) in _PENDING) == pending
             for line, messages in sorted(lines.items()) for message in messages]
 
 
 def test_package_has_no_pyright_error(pyright_errors):
-    errors = _package_errors(pyright_errors, pending=False)
+    errors = _package_errors(pyright_errors)
     assert not errors, "\n".join(errors)
 
 
 def test_package_has_no_mypy_error(mypy_errors):
-    errors = _package_errors(mypy_errors, pending=False)
-    assert not errors, "\n".join(errors)
-
-
-_BEING_FIXED = pytest.mark.xfail(strict=True, reason=f"errors being fixed in {_PENDING}")
-
-
-@_BEING_FIXED
-def test_pending_modules_have_no_pyright_error(pyright_errors):
-    errors = _package_errors(pyright_errors, pending=True)
-    assert not errors, "\n".join(errors)
-
-
-@_BEING_FIXED
-def test_pending_modules_have_no_mypy_error(mypy_errors):
-    errors = _package_errors(mypy_errors, pending=True)
+    errors = _package_errors(mypy_errors)
     assert not errors, "\n".join(errors)
 
 

@@ -26,7 +26,7 @@ def compile_function(source: str, name: str, namespace: dict[str, Any], label: s
     `label` names the code in tracebacks: the file is `<treeclass {label}>`.
     """
     filename = f"<treeclass {label}>"
-    cached = linecache.cache.get(filename)
+    cached: Any = linecache.cache.get(filename)  # (size, mtime, lines, name) for ours
     if cached is not None and "".join(cached[2]) != source:
         # another function under this label (a class redefined in a notebook): keep both
         filename = f"<treeclass {label} #{next(_serial)}>"
@@ -40,7 +40,7 @@ def compile_function(source: str, name: str, namespace: dict[str, Any], label: s
 
 
 def _forget(filename: str, lines: list[str]) -> None:
-    cached = linecache.cache.get(filename)
+    cached: Any = linecache.cache.get(filename)
     if cached is not None and cached[2] is lines:
         del linecache.cache[filename]
 

@@ -703,6 +703,7 @@ def _init_sealing(
     fields, the shape whose static values vary) is looked up once, here.
     """
     info = _node.own_info(cls)
+    assert info is not None, "a TreeClass gets its record before its __init__ is built"
     namespace.update(
         __tc_cls=cls, __tc_seal=_node.seal, __tc_seal_after_error=_node.seal_after_error,
         __tc_refuse=_refuse_reinit, __tc_set_layout=_node.set_layout,
@@ -739,7 +740,7 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     signature = _init_signature(params, namespace)
     stores = _init_stores(instance_fields, namespace, through_setattr=through_setattr)
     has_post_init = getattr(cls, "__post_init__", None) is not None
-    sealing, fixed_names = "none", []
+    sealing, fixed_names = "none", list[str]()
     if not through_setattr:
         sealing, fixed_names = _init_sealing(cls, stores, has_post_init, namespace)
     if sealing == "shape":

@@ -36,13 +36,13 @@ import operator
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
 
 from . import _codegen
-from ._keys import value_key
+from ._keys import PLAIN_TYPES, value_key
 
 __all__ = [
     "TreeNode", "ClassInfo", "Layout", "attributes", "is_treeclass", "is_treeclass_type",
@@ -82,18 +82,24 @@ class TreeNode:
 
     __slots__ = ("__dict__", "_tc_layout", "_tc_flat", "__weakref__")
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat` yet
-        # (it is still changing): compute it on demand, for flatten. A sealed instance
-        # whose layout is still pending (see `seal_pending`) computes and keeps it, once.
-        if name == "_tc_flat":
-            pending = getattr(self, "_tc_layout", None)
-            if type(pending) is Shape:
-                return _materialize(self, pending)
-            return flat_of(self)
-        if name == "_tc_layout":  # a fresh instance: its slot is not set until sealing
-            return None
-        raise AttributeError(f"`{type(self).__name__}` instance has no attribute {name!r}")
+    _tc_info: ClassVar[ClassInfo]  # set on each subclass by `attach_info`
+
+    if not TYPE_CHECKING:  # hidden from type checkers, which would then accept any name
+
+        def __getattr__(self, name: str) -> Any:
+            # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat`
+            # yet (it is still changing): compute it on demand, for flatten. A sealed
+            # instance whose layout is still pending (see `_materialize`) computes and keeps
+            # it, once.
+            if name == "_tc_flat":
+                pending = getattr(self, "_tc_layout", None)
+                if type(pending) is Shape:
+                    return _materialize(self, pending)
+                return flat_of(self)
+            if name == "_tc_layout":  # a fresh instance: its slot is not set until sealing
+                return None
+            raise AttributeError(
+                f"`{type(self).__name__}` instance has no attribute {name!r}")
 
 
 _DICT_SLOT = TreeNode.__dict__["__dict__"]
@@ -274,11 +280,12 @@ class Layout:
         return (_layout_from_pickle, (self.cls, self.names, self.values))
 
 
-def _shape_from_pickle(cls: type, names: tuple[str, ...]) -> Shape:
+def _shape_from_pickle(cls: type[TreeNode], names: tuple[str, ...]) -> Shape:
     return cls._tc_info.shape(names)
 
 
-def _layout_from_pickle(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> Layout:
+def _layout_from_pickle(cls: type[TreeNode], names: tuple[str, ...],
+                        values: tuple[Any, ...]) -> Layout:
     shape = cls._tc_info.shape(names)
     return shape.layout if shape.layout is not None else shape.with_values(tuple(values))
 
@@ -437,9 +444,10 @@ class ClassInfo:
 def _user_stacklevel() -> int:
     import os
     import sys
+    import types
 
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     level = 2
     while frame is not None and (frame.f_code.co_filename.startswith(package)
                                  or frame.f_code.co_filename.startswith("<treeclass ")):
@@ -600,6 +608,27 @@ def seal(node: Any) -> None:
     _set_flat(node, flat)
 
 
+def seal_like(node: Any, like: Any) -> None:
+    """Seal `node`, whose attribute names are those of the sealed `like` (statics may differ).
+
+    The shape is `like`'s, so only the static values are looked up; plain ones (as in a
+    generated `__init__`) leave the layout pending until the first flatten.
+    """
+    layout = getattr(like, "_tc_layout", None)
+    shape = layout if type(layout) is Shape else getattr(layout, "shape", None)
+    if type(shape) is not Shape:
+        seal(node)
+        return
+    d = attributes(node)
+    values = tuple(d[n] for n in shape.static_names)
+    if all(type(v) in PLAIN_TYPES for v in values):
+        _set_layout(node, shape)
+        return
+    layout = shape.with_values(values)
+    _set_layout(node, layout)
+    _set_flat(node, (shape.get(d), layout))
+
+
 def seal_after_error(node: Any) -> None:
     """Seal an instance whose `__init__` raised; if even that fails, mark it broken."""
     try:
@@ -664,7 +693,7 @@ def treeclass_nodes(tree: Any) -> Iterator[Any]:
 # -- the contract lower modules use -----------------------------------------------------------
 
 
-def static_names(cls: type) -> tuple[str, ...]:
+def static_names(cls: type[TreeNode]) -> tuple[str, ...]:
     """The names of the declared static fields of a TreeClass subclass."""
     return cls._tc_info.static_names
 
@@ -758,7 +787,7 @@ def _unflatten(layout: Layout, children: Any) -> Any:
     return layout.build(layout, children)
 
 
-def register(cls: type) -> None:
+def register(cls: type[TreeNode]) -> None:
     """Register `cls` with JAX; its unflatten inlines the class's fixed shape, if it has one."""
     shape = cls._tc_info.fixed_shape
     unflatten = _unflatten if shape is None else shape.compile_build(inline=True)
@@ -766,12 +795,12 @@ def register(cls: type) -> None:
 
 
 
-def live_layouts(cls: type) -> dict[Any, Layout]:
+def live_layouts(cls: type[TreeNode]) -> dict[Any, Layout]:
     """The interned layouts with static values of `cls` that are alive now (for tests)."""
     return cls._tc_info.live_layouts()
 
 
-def fields_of(cls: type) -> dict[str, Any]:
+def fields_of(cls: type[TreeNode]) -> dict[str, Any]:
     """The `Field`s of a TreeClass subclass by name (statics and `repr=False` ones too)."""
     return cls._tc_info.fields
 

@@ -366,5 +366,5 @@ def _replace(node: Any, changes: dict[str, Any]) -> Any:
     new = object.__new__(type(node))
     _node.set_attributes(new, {**attributes, **changes})
     if _node.is_sealed(node):
-        _node.seal(new)  # the layout of the new static values (refusing unhashable ones)
+        _node.seal_like(new, node)  # the layout of the new static values (refusing unhashable)
     return new
