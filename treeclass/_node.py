@@ -181,7 +181,9 @@ class Shape:
     def compile_build(self, inline: bool) -> Callable[[Any, Any], Any]:
         cls = self.info.cls
         source = _codegen.render_build(self.names, self.leaf_names, inline_fixed=inline)
-        namespace = {"cls": cls, "shape": self, "new": _new, "set_attributes": set_attributes,
+        # `fixed`: the shape's one layout (None while it is being made, or with statics)
+        fixed = getattr(self, "layout", None)
+        namespace = {"cls": cls, "shape": self, "fixed": fixed, "new": _new,
                      "set_layout": _set_layout, "set_flat": _set_flat}
         what = "unflatten" if not inline else "registered unflatten"
         label = f"{what} of {cls.__module__}.{cls.__qualname__}({', '.join(self.names)})"
