@@ -45,7 +45,7 @@ from . import _codegen
 from ._keys import PLAIN_TYPES, value_key
 
 __all__ = [
-    "TreeNode", "ClassInfo", "Layout", "attributes", "is_treeclass", "is_treeclass_type",
+    "TreeNode", "ClassInfo", "Layout", "attributes", "is_treeclass",
     "seal", "seal_after_error", "unseal", "unsealed_copy", "reseal", "child_names",
     "child_keys", "children", "static_names", "static_values", "replace_children",
     "rebuild", "register",
@@ -118,10 +118,6 @@ _new = object.__new__
 def is_treeclass(x: Any) -> bool:
     """Whether `x` is a TreeClass instance (a C-level isinstance: `TreeNode` is a plain class)."""
     return isinstance(x, TreeNode)
-
-
-def is_treeclass_type(cls: Any) -> bool:
-    return isinstance(cls, type) and issubclass(cls, TreeNode)
 
 
 def layout_of(node: Any) -> Layout | None:
