@@ -55,6 +55,7 @@ from ._structure import (
     TUPLE,
     Kind,
     child_by_entry,
+    entry_name,
     is_leaf_node,
     node_kind,
     open_node,
@@ -258,7 +259,9 @@ class _Walker:
         self.fills = op.fills
         self.count = 0  # selected leaves: an empty selection of only frozen/static is an error
         self.blocked: list[tuple[tuple[Any, ...], str]] = []
-        self.hits: set[int] = set()  # id() of the naming matchers that selected something
+        # the naming matchers that selected something; they add themselves (a C-level
+        # `set.add` per match, through the state `enter` gave them)
+        self.hits: set[Matcher] = set()
         self.names: dict[int, list[Any]] = {}  # names a naming matcher looked at, for errors
         self.glob_starts: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
         self.selection = selection
@@ -278,12 +281,7 @@ class _Walker:
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
         self.blocked.append((path, why))
 
-    def hit(self, matcher: Matcher) -> None:
-        self.hits.add(id(matcher))
-
     def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None:
-        from ._structure import entry_name
-
         seen = self.names.setdefault(id(matcher), [])
         if len(seen) < 64:
             seen.extend(n for n in map(entry_name, entries) if n not in seen)
@@ -308,8 +306,10 @@ class _Walker:
                 what += f" and {len(self.blocked) - 8} more"
             raise LookupError(ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what))
         for matcher in self.matchers:
+            if matcher.single_key:  # a missing name or index raised already, in the walk
+                continue
             for member in matcher.members():
-                if member.names_something and id(member) not in self.hits:
+                if member.names_something and member not in self.hits:
                     raise member.no_match_error(self, self.selection())
         if self.pending:
             out = self.resolve(out)
@@ -435,19 +435,39 @@ class _Walker:
         try:
             result = fn(*args)
         except Exception as error:
-            _note(error, FN_NOTE.format(fn=_fn_name(fn), where=self.where(path),
-                                        selection=self.selection()))
+            self.note_failure(error, fn, path)
             raise
         return result if finish is None else finish(result)
 
+    def note_failure(self, error: BaseException, fn: Any, path: tuple[Any, ...]) -> None:
+        """Name the leaf at `path` (and the selection) on an error the user's `fn` raised."""
+        _note(error, FN_NOTE.format(fn=_fn_name(fn), where=self.where(path),
+                                    selection=self.selection()))
+
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
-        """`fn` over the leaves of a selected subtree (counting them, naming a failing leaf)."""
+        """The user's `fn` over the leaves of a selected subtree, counting them.
+
+        The subtree is flattened without keys: a failing leaf's key path is only worked
+        out on the error path (or for the thread pool, which names each pending leaf).
+        """
         if is_leaf_node(node, self.is_leaf):
             self.count += 1
             return self.call(fn, path, node)
-        pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)
-        self.count += len(pairs)
-        return treedef.unflatten([self.call(fn, path + p, x) for p, x in pairs])
+        if self.pool is not None:
+            pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)
+            self.count += len(pairs)
+            return treedef.unflatten([self.call(fn, path + p, x) for p, x in pairs])
+        leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=self.is_leaf)
+        self.count += len(leaves)
+        out: list[Any] = []
+        try:
+            for leaf in leaves:
+                out.append(fn(leaf))
+        except Exception as error:
+            failed = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]
+            self.note_failure(error, fn, path + failed[len(out)][0])
+            raise
+        return treedef.unflatten(out)
 
     def resolve(self, tree: Any) -> Any:
         """Replace the pending results of `is_parallel` by their values, in order."""
@@ -510,13 +530,17 @@ class _Get(_Op):
 
 
 def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: Any, path: tuple) -> Any:
-    """Like `walker.map_leaves`, passing each leaf's path to `fn` as `where`."""
+    """treeclass's own `fn(leaf, key_path)` over the leaves of a selected subtree.
+
+    For the element-mask operations, whose checks name the leaf's path themselves: no
+    note, no thread pool (there is no user function to run).
+    """
     if is_leaf_node(node, walker.is_leaf):
         walker.count += 1
-        return walker.call(fn, path, node, path)
+        return fn(node, path)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
     walker.count += len(pairs)
-    return treedef.unflatten([walker.call(fn, path + p, x, path + p) for p, x in pairs])
+    return treedef.unflatten([fn(x, path + p) for p, x in pairs])
 
 
 class _Set(_Op):
@@ -561,8 +585,13 @@ class _Set(_Op):
         return value
 
     def _put(self, walker, value, node, path, emask):
-        if emask is None:
-            return _map_with_paths(walker, lambda _x, _where: value, node, path)
+        if emask is None:  # no function to run: the value at every leaf
+            if is_leaf_node(node, walker.is_leaf):
+                walker.count += 1
+                return value
+            treedef = jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf)
+            walker.count += treedef.num_leaves
+            return treedef.unflatten([value] * treedef.num_leaves)
 
         def put(x: Any, where: tuple) -> Any:
             return _masked(emask, value, x, lambda: walker.where(where))
@@ -604,6 +633,14 @@ class _Apply(_Op):
     def spot(self, walker, node, path, emask):
         fn = self.fn
         if emask is None:
+            if walker.pool is None and is_leaf_node(node, walker.is_leaf):
+                # the common spot (a name chain ending at a leaf), without a frame to spare
+                walker.count += 1
+                try:
+                    return fn(node)
+                except Exception as error:
+                    walker.note_failure(error, fn, path)
+                    raise
             return walker.map_leaves(fn, node, path)
         if is_leaf_node(node, walker.is_leaf):
             pairs, treedef = [((), node)], None
@@ -662,13 +699,8 @@ class _Scan(_Op):
         return _masked(emask, new, x, lambda: walker.where(where))
 
     def spot(self, walker, node, path, emask):
-        # not through `walker.call`: `_one` calls the user's function through it already
-        if is_leaf_node(node, walker.is_leaf):
-            walker.count += 1
-            return self._one(walker, node, emask, path)
-        pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
-        walker.count += len(pairs)
-        return treedef.unflatten([self._one(walker, x, emask, path + p) for p, x in pairs])
+        return _map_with_paths(walker, lambda x, where: self._one(walker, x, emask, where),
+                               node, path)
 
 
 class _Replace(_Op):

@@ -722,6 +722,21 @@ def children(node: Any) -> tuple[Any, ...]:
     return tuple(d[n] for n in child_names(node))
 
 
+def opened(node: Any) -> tuple[tuple[Any, ...], list[Any], tuple[str, ...]]:
+    """`(key entries, children as a fresh list, child names)` of a TreeClass instance.
+
+    `child_keys`, `children` and `child_names` in one look at the layout: the `.at` walker
+    opens every node it passes this way.
+    """
+    layout = layout_of(node)
+    if layout is not None:
+        return layout.keys, list(node._tc_flat[0]), layout.shape.leaf_names
+    names = child_names(node)
+    key_of = type(node)._tc_info.key_of
+    d = attributes(node)
+    return tuple(key_of(n) for n in names), [d[n] for n in names], names
+
+
 def static_values(node: Any) -> dict[str, Any]:
     """`{name: value}` of the static fields an instance has."""
     d = attributes(node)

@@ -31,7 +31,7 @@ import fnmatch
 import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -426,13 +426,6 @@ class Matcher:
         return LookupError(f"{self!r} selects nothing in {selection}.")
 
 
-class _Level(NamedTuple):
-    """The state of a matcher that records its matches: the walker, and its own state."""
-
-    walker: Any
-    state: Any
-
-
 # Long messages, next to the checks that raise them (filled by `_at` with the key path).
 NOT_FOUND_MSG = "{key!r} not found at {where}{hint}"
 STATIC_FIELD_MSG = (
@@ -508,10 +501,9 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
 def _record_statics(node: Any, kind: Kind, path: tuple[Any, ...], walker: Any,
                     matches: Callable[[Any], bool]) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
-    if kind != TREECLASS:
+    if kind != TREECLASS or not _node.static_names(type(node)):
         return
-    statics = _node.static_values(node)
-    for name in statics:
+    for name in _node.static_values(node):
         if matches(GetAttrKey(name)):
             walker.record_blocked(path + (GetAttrKey(name),), "a static field")
 
@@ -630,11 +622,11 @@ class _NamingMatcher(Matcher):
             return _NOTHING
         walker.note_names(self, opened.entries)
         _record_statics(node, kind, path, walker, self.matches)
-        return CHILDREN, walker
+        return CHILDREN, walker.hits  # where a match records itself
 
     def step(self, state, k, entry, child, child_path):
         if self.matches(entry):
-            state.hit(self)
+            state.add(self)
             return _MATCHED
         return _PRUNED
 
@@ -761,7 +753,8 @@ class GlobMatcher(Matcher):
 
     def advance(self, state: frozenset[int], entry: Any) -> frozenset[int]:
         name = entry_name(entry)
-        key: Any = (state, type(name), name)  # 1, 1.0 and True are different names
+        # 1, 1.0 and True are equal but different names; strings (most names) need no type
+        key: Any = (state, name) if type(name) is str else (state, type(name), name)
         try:
             return self.transitions[key]
         except KeyError:
@@ -792,17 +785,18 @@ class GlobMatcher(Matcher):
             return _NOTHING
         if not opened[0] and kind == GENERIC and is_frozen(node):
             walker.record_blocked(path, "frozen")  # the pattern leads through a frozen value
-        if kind == TREECLASS:
+        if kind == TREECLASS and _node.static_names(type(node)):
             accept = self.accept
             _record_statics(node, kind, path, walker, lambda e: accept in self.advance(state, e))
-        return CHILDREN, _Level(walker, state)
+        return CHILDREN, (walker.hits, state)  # where a match records itself, and the NFA state
 
     def step(self, state, k, entry, child, child_path):
-        nxt = self.advance(state.state, entry)
+        hits, positions = state
+        nxt = self.advance(positions, entry)
         if self.accept in nxt:
-            state.walker.hit(self)
+            hits.add(self)
             return _MATCHED
-        return (DESCEND, nxt) if nxt else _PRUNED
+        return (DESCEND, nxt) if nxt else _PRUNED  # `enter` pairs it with the hits again
 
     def no_match_error(self, walker: Any, selection: str) -> Exception:
         names: set[Any] = set()

@@ -11,6 +11,7 @@ of writing the key path in messages: the root's class name (`MLP.layers[0].weigh
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -91,24 +92,28 @@ class Opened(NamedTuple):
     aux: Any
 
 
+# `Opened(a, b, c)` runs a Python-level `__new__`; the walker opens every node it passes,
+# so the tuple is made by the C-level constructor instead (same type, same fields)
+_opened: Callable[[tuple[Any, Any, Any]], Opened] = functools.partial(tuple.__new__, Opened)
+
+
 def open_node(node: Any, kind: Kind) -> Opened | None:
     """The children of one node with their key entries, or `None` for a leaf."""
     if kind == TREECLASS:
-        names = _node.child_names(node)
-        return Opened(_node.child_keys(node), list(_node.children(node)), names)
+        return _opened(_node.opened(node))
     if kind == DICT:
         try:
             keys = sorted(node)  # the order jax flattens a dict in
         except TypeError:
             return _open_generic(node)
-        return Opened(tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys)
+        return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
     if kind == LIST or kind == TUPLE:
-        return Opened(tuple(SequenceKey(i) for i in range(len(node))), list(node), None)
+        return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
     if kind == NAMEDTUPLE:
         # not jax's one-level flatten, which gives every namedtuple child the first key
-        return Opened(tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None)
+        return _opened((tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None))
     if kind == NONE:
-        return Opened((), [], None)
+        return _opened(((), [], None))
     if kind == LEAF:
         return None
     return _open_generic(node)
@@ -119,7 +124,7 @@ def _open_generic(node: Any) -> Opened | None:
     pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if treedef.num_nodes == 1 and treedef.num_leaves == 1:
         return None  # not a registered node: a leaf
-    return Opened(tuple(p[0] for p, _ in pairs), [c for _, c in pairs], treedef)
+    return _opened((tuple(p[0] for p, _ in pairs), [c for _, c in pairs], treedef))
 
 
 def rebuild(node: Any, kind: Kind, aux: Any, children: Sequence[Any]) -> Any:
