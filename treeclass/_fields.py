@@ -717,7 +717,7 @@ def _init_sealing(
         namespace["__tc_shape"] = shape
         namespace["__tc_plain"] = PLAIN_TYPES
         return "shape", list(shape.static_names)
-    namespace["__tc_layout"] = info.fix_layout(names)
+    namespace["__tc_layout"] = info.fix_shape(names).layout
     return "fixed", list(names)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["value_key", "PLAIN_TYPES"]
+__all__ = ["value_key", "PLAIN_TYPES", "ByIdentity"]
 
 # types whose values are their own exact keys, next to their type (`(type(v), v)`)
 PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
@@ -62,3 +62,18 @@ def value_key(value: Any) -> Any:
         # Decimal('-0') == Decimal('0'); the repr keeps the sign
         return (kind, value, repr(value))
     return (kind, value)
+
+
+class ByIdentity:
+    """The key of a value with no equality we can trust (an array, say): its identity."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ByIdentity and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)

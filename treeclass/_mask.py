@@ -16,7 +16,6 @@ import copy
 import functools
 import hashlib
 import re
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,8 +25,8 @@ import numpy as np
 from jax.core import Tracer
 
 from . import _node, _structure
-from ._keys import value_key
-from ._util import check_callable
+from ._keys import ByIdentity, value_key
+from ._util import add_leaf_note, check_callable, leaf_path_str
 
 __all__ = ["freeze", "unfreeze", "is_frozen", "is_nondiff", "tree_mask", "tree_unmask"]
 
@@ -38,21 +37,6 @@ _T = TypeVar("_T")
 # --------------------------------------------------------------------------------------
 # Fingerprints: what a frozen value is hashed and compared by
 # --------------------------------------------------------------------------------------
-
-
-class _ByIdentity:
-    """Fallback key for values that have no value equality we can trust (identity)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __hash__(self) -> int:
-        return id(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _ByIdentity and other.value is self.value
 
 
 class _ArrayKey:
@@ -100,14 +84,14 @@ def _array_key(array: Any) -> Any:
     try:
         host = _host_bytes(array)
     except Exception:  # an object array, or one sharded over devices we cannot read
-        return _ByIdentity(array)
+        return ByIdentity(array)
     meta = (type(array), array.shape, str(array.dtype), bool(getattr(array, "weak_type", False)))
     return _ArrayKey(array, meta, host)
 
 
 def _leaf_key(leaf: Any) -> Any:
     if isinstance(leaf, Tracer):
-        return _ByIdentity(leaf)
+        return ByIdentity(leaf)
     if isinstance(leaf, (jax.Array, np.ndarray)):
         return _array_key(leaf)
     try:
@@ -115,7 +99,7 @@ def _leaf_key(leaf: Any) -> Any:
         # function traced with one is not the function traced with another
         return value_key(leaf)
     except TypeError:
-        return _ByIdentity(leaf)
+        return ByIdentity(leaf)
 
 
 def _fingerprint(value: Any) -> Any:
@@ -135,7 +119,7 @@ def _fingerprint(value: Any) -> Any:
     try:
         hash(key)
     except TypeError:  # unhashable node data
-        return _ByIdentity(value)
+        return ByIdentity(value)
     return key
 
 
@@ -511,9 +495,8 @@ def _map_predicate(fn: Callable[[Any], Any], tree: Any, is_leaf: Any, what: str)
         for leaf in leaves:
             out.append(fn(leaf))
     except Exception as error:
-        path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0][len(out)][0]
-        if sys.version_info >= (3, 11):
-            error.add_note(f"raised by the {what} at {_structure.path_str(tree, path)}")
+        add_leaf_note(error, f"raised by the {what} at "
+                             f"{leaf_path_str(tree, len(out), is_leaf)}")
         raise
     return treedef.unflatten(out)
 

@@ -33,7 +33,11 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
+import sys
 import threading
+import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,7 +46,7 @@ import jax
 import numpy as np
 
 from . import _codegen
-from ._keys import PLAIN_TYPES, value_key
+from ._keys import PLAIN_TYPES, ByIdentity, value_key
 
 __all__ = [
     "TreeNode", "ClassInfo", "Layout", "attributes", "is_treeclass",
@@ -218,7 +222,7 @@ class Shape:
                         del table[dead]
                     self.swept = len(table)
                 layout = Layout(self, values, key)
-                if any(type(k) is _ByIdentity for k in key):
+                if any(type(k) is ByIdentity for k in key):
                     table[key] = weakref.ref(layout, functools.partial(_forget_layout, table, key))
                 else:
                     table[key] = weakref.ref(layout)
@@ -306,36 +310,21 @@ def _forget_layout(table: dict[Any, Any], key: Any, ref: Any) -> None:
         table.pop(key, None)
 
 
-class _ByIdentity:
-    """The key of a static array: compared by identity (and warned about)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _ByIdentity and other.value is self.value
-
-    def __hash__(self) -> int:
-        return id(self.value)
-
-
 class ClassInfo:
     """Everything treeclass keeps about one TreeClass subclass, in one record.
 
     `fields`, `static_names` and `setters` describe the class; `shapes` holds one `Shape`
     per attribute order seen (strongly), and each shape interns its layouts with static
     values (weakly: a layout lives as long as an instance or a tree definition holds it);
-    `fixed_layout` / `fixed_shape` are those of a class whose generated `__init__` knows
-    its attribute names. New shapes and layouts are made under `lock`, so equal static
-    values built on many threads always share one layout object. Pickling the record
-    keeps the description and starts the tables empty (so cloudpickle can ship a class
-    defined in a function).
+    `fixed_shape` is the shape of a class whose generated `__init__` knows its attribute
+    names (its `layout` is the class's one layout when it has no static fields). New
+    shapes and layouts are made under `lock`, so equal static values built on many
+    threads always share one layout object. Pickling the record keeps the description
+    and starts the tables empty (so cloudpickle can ship a class defined in a function).
     """
 
     __slots__ = ("cls", "fields", "static_names", "setters", "shapes", "lock",
-                 "fixed_layout", "fixed_shape", "_keys", "_setter_kinds")
+                 "fixed_shape", "_keys", "_setter_kinds")
 
     def __init__(self, cls: type, fields: dict[str, Any], static_names: tuple[str, ...],
                  setters: dict[str, tuple[Callable[[Any], Any], ...]]) -> None:
@@ -345,7 +334,6 @@ class ClassInfo:
         self.setters = setters
         self.shapes: dict[tuple[str, ...], Shape] = {}
         self.lock = threading.Lock()
-        self.fixed_layout: Layout | None = None
         self.fixed_shape: Shape | None = None
         self._keys: dict[str, Any] = {}
         self._setter_kinds: dict[str, Any] = {}
@@ -385,11 +373,9 @@ class ClassInfo:
 
     def _static_key(self, value: Any, name: str) -> Any:
         if isinstance(value, (np.ndarray, jax.Array)):
-            import warnings
-
             message = _ARRAY_STATIC_MSG.format(cls=self.cls.__name__, name=name)
             warnings.warn(message, stacklevel=_user_stacklevel())
-            return _ByIdentity(value)
+            return ByIdentity(value)
         if isinstance(value, tuple):
             return (type(value), tuple(self._static_key(v, name) for v in value))
         return value_key(value)
@@ -400,16 +386,8 @@ class ClassInfo:
             return shape.layout
         return shape.with_values(tuple(d[n] for n in shape.static_names))
 
-    def fix_layout(self, names: tuple[str, ...]) -> Layout:
-        """Record the one layout of a class whose generated `__init__` sets `names`."""
-        shape = self.shape(names)
-        assert shape.layout is not None, "a fixed layout has no static values"
-        self.fixed_layout = shape.layout
-        self.fixed_shape = shape
-        return shape.layout
-
     def fix_shape(self, names: tuple[str, ...]) -> Shape:
-        """Record the shape of a class whose generated `__init__` sets `names` (statics vary)."""
+        """Record the shape of a class whose generated `__init__` sets `names`."""
         shape = self.fixed_shape = self.shape(names)
         return shape
 
@@ -439,12 +417,12 @@ class ClassInfo:
         return kind
 
 
-def _user_stacklevel() -> int:
-    import os
-    import sys
-    import types
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+def _user_stacklevel() -> int:
+    """How far up the first frame outside treeclass (and its generated code) is."""
+    package = _PACKAGE_DIR
     frame: types.FrameType | None = sys._getframe(2)
     level = 2
     while frame is not None and (frame.f_code.co_filename.startswith(package)
