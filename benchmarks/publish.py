@@ -1,13 +1,8 @@
 """Publish one run: rewrite the generated benchmark blocks of README.md and docs/performance.md.
 
-```bash
-python -m benchmarks --checkpoint-mb 1024 --json benchmarks/results-cpu.json \\
-    --markdown benchmarks/RESULTS.md --plot benchmarks/ratios-cpu.png \\
-    --scaling-plot benchmarks/scaling-cpu.png
-python -m benchmarks.publish benchmarks/results-cpu.json
-```
-
-The second command replaces what lies between the two marker comments
+`python -m benchmarks.publish results.json` is the second of the two regeneration commands
+(the first, the full run that writes the JSON, is in `benchmarks/cli.py` and
+benchmarks/README.md). It replaces what lies between the two marker comments
 `<!-- benchmarks:summary:start ... -->` and `<!-- benchmarks:summary:end -->` in each page
 with `report.format_summary` of the JSON file (the run's facts, its targets with their
 intervals and verdicts, the scaling exponents and the plots), and copies the plots next

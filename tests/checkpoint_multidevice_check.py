@@ -13,9 +13,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import json  # noqa: E402
 import tempfile  # noqa: E402
-import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -24,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from multidevice import report  # noqa: E402
 
 import treeclass as tc  # noqa: E402
 
@@ -169,16 +168,5 @@ def load_into_a_sharded_model_keeps_its_shardings() -> None:
     assert_restored(restored, model)
 
 
-def main() -> None:
-    results = {}
-    for name, fn in CHECKS.items():
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc(limit=8)
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    report(CHECKS, limit=8)

@@ -12,8 +12,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import json  # noqa: E402
-import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any
 
@@ -23,6 +21,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from multidevice import report  # noqa: E402
 
 import treeclass as tc  # noqa: E402
 
@@ -265,16 +264,5 @@ def jit_with_indexer_shardings() -> None:
     assert_trees_close(out, expected)
 
 
-def main() -> None:
-    results = {}
-    for name, fn in CHECKS.items():
-        try:
-            fn()
-            results[name] = "ok"
-        except Exception:
-            results[name] = traceback.format_exc(limit=6)
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    report(CHECKS, limit=6)

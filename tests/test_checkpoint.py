@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidevice import run_check_script
 
 import treeclass as tc
 
@@ -817,18 +818,9 @@ def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(tmp_path)
 # 8 devices and orbax (in a subprocess)
 # ------------------------------------------------------------------------------------------
 
-_SCRIPT = pathlib.Path(__file__).with_name("checkpoint_multidevice_check.py")
-
-
 @pytest.fixture(scope="module")
 def multidevice_results() -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [sys.executable, str(_SCRIPT)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_check_script("checkpoint_multidevice_check.py")
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,6 @@ number of CPU devices is fixed when jax is imported.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from multidevice import run_check_script
 
 import treeclass as tc
 
@@ -413,18 +409,9 @@ def test_eval_shape_keeps_frozen_values_and_gives_shapes():
 # many devices (8 CPU devices, in a subprocess)
 # ------------------------------------------------------------------------------------------
 
-_SCRIPT = Path(__file__).with_name("multidevice_check.py")
-
-
 @pytest.fixture(scope="module")
 def multidevice_results() -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [sys.executable, str(_SCRIPT)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_check_script("multidevice_check.py")
 
 
 MULTIDEVICE_CHECKS = [
