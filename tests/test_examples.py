@@ -186,3 +186,13 @@ def test_docs_site_builds_without_warnings(tmp_path: pathlib.Path) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "WARNING" not in output, output
+
+
+def test_no_project_file_points_to_a_design_doc_outside_the_repo() -> None:
+    # the project's own design document is docs/architecture.md
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "treeclass").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+             *(ROOT / "benchmarks").rglob("*.md")]
+    offenders = [str(f.relative_to(ROOT)) for f in files if "DESIGN.md" in f.read_text()]
+    assert not offenders
+    assert (ROOT / "docs" / "architecture.md").exists()

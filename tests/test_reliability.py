@@ -1027,15 +1027,18 @@ def test_object_setattr_of_a_name_the_class_never_had_leaves_the_tree_as_it_was(
     assert_children_match_flatten(obj)
     out = jax.jit(lambda t: t)(obj)  # leaves come back as arrays: compare by value
     assert jax.tree_util.tree_structure(out) == before[0]
-    assert tc.is_tree_equal(out, obj) and not hasattr(out, name) or _read(out, name) != 7.0
+    for got, want in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(obj),
+                         strict=True):  # values only: jit makes f64 NumPy leaves f32
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert _read(out, name) != 7.0  # the extra attribute is not part of the tree
 
 
-@pytest.mark.parametrize("name", ["a", "b", "s", "g"])
-@pytest.mark.parametrize("factory", sorted(FACTORIES))
+@pytest.mark.parametrize(("factory", "name"), [
+    ("declared", "a"), ("declared", "s"), ("declared", "g"), ("written", "a"), ("written", "b"),
+])
 def test_object_setattr_of_a_known_name_is_refused(factory, name):
     obj = FACTORIES[factory]()
-    if _unknown_to_the_class(obj, name):
-        return  # `Written` has no `s` or `g`
+    assert not _unknown_to_the_class(obj, name)
     before = snapshot(obj)
     with pytest.raises(AttributeError, match="immutable"):
         object.__setattr__(obj, name, 7.0)
