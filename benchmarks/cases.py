@@ -471,7 +471,11 @@ def train_step_case(n: int, sizes: Sizes) -> Case:
               f"(width {sizes.width}, batch {sizes.batch})",
         entries=entries,
         sync=_block_last,
-        target=Target("<= 1.05x vs dict", "max_ratio", 1.05, (FLOOR,)),
+        # the target: no worse than jax's own `register_dataclass`, whose nodes
+        # jaxlib flattens and rebuilds natively, in the same run (the dict cancels out of
+        # the paired ratio of the two ratios to it)
+        target=Target("<= register_dataclass (same run)", "max_ratio", 1.0,
+                      ("register_dataclass",)),
     )
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "evaluate_target",
     "format_markdown",
     "format_summary",
+    "growth_verdict",
     "to_json",
 ]
 
@@ -247,6 +248,7 @@ def _scaling_json(result: ScalingResult) -> dict[str, Any]:
         "seconds": result.seconds,
         "floor_k": floor.k if floor is not None else None,
         "floor_k_last": floor.k_last if floor is not None else None,
+        "treeclass_k_over_floor": result.k_over_floor(),
         "rows": [{"name": row.name, "role": row.role,
                   "times_s": {str(n): t for n, t in sorted(row.times.items())},
                   "k": row.k, "k_last": row.k_last, "notes": row.notes}
@@ -449,7 +451,9 @@ def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
              "through log(time) against log(layers) (cost ~ n^k: 1 is linear, 2 quadratic); "
              "*k, last step* is the slope between the two largest sizes timed. A treeclass "
              f"exponent above {LINEAR_LIMIT:g} is flagged in bold; the floor's exponent shows "
-             "what JAX itself does at that size.", ""]
+             "what JAX itself does at that size, and *relative to the floor* is the slope of "
+             "treeclass's time over the floor's (0: treeclass grows exactly as plain dicts "
+             "under the same JAX call do), what the tree library itself adds.", ""]
     for case in scaling:
         lines += [f"### `{case['name']}`: {case['title']}", ""]
         if case["status"] == "skipped":
@@ -482,19 +486,37 @@ def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
 def _exponents_table(scaling: list[dict[str, Any]], heading: bool = True) -> list[str]:
     lines = ["### Exponents at a glance", ""] if heading else []
     lines += ["| case | treeclass k | treeclass k, last step | floor k | floor k, last step | "
-             f"above k = {LINEAR_LIMIT:g} |", "|---|---:|---:|---:|---:|---|"]
+              "treeclass relative to the floor | treeclass | "
+              f"above k = {LINEAR_LIMIT:g} |", "|---|---:|---:|---:|---:|---:|---|---|"]
     for case in scaling:
         if case["status"] == "skipped":
-            lines.append(f"| `{case['name']}` | — | — | — | — | skipped |")
+            lines.append(f"| `{case['name']}` | — | — | — | — | — | — | skipped |")
             continue
         rows = {row["name"]: row for row in case["rows"]}
         tc = rows.get("treeclass", {})
+        relative = case.get("treeclass_k_over_floor")
         above = [f"{row['name']} ({row['k']:.2f})" for row in case["rows"]
                  if above_linear(row["k"])]
+        shown_relative = "—" if relative is None else f"{relative:+.2f}"
         lines.append(f"| `{case['name']}` | {_k(tc.get('k'), True)} | "
                      f"{_k(tc.get('k_last'), True)} | {_k(case['floor_k'])} | "
-                     f"{_k(case.get('floor_k_last'))} | {_cell(', '.join(above)) or 'none'} |")
+                     f"{_k(case.get('floor_k_last'))} | {shown_relative} | "
+                     f"{growth_verdict(tc.get('k'), relative)} | "
+                     f"{_cell(', '.join(above)) or 'none'} |")
     return [*lines, ""]
+
+
+def growth_verdict(k: float | None, relative: float | None) -> str:
+    """How treeclass grows: *linear* (k <= the limit), *as the floor* (k above it, but no
+    faster than plain dicts under the same JAX call: its slope relative to the floor is at
+    most the limit's excess over 1), else *above linear*."""
+    if k is None:
+        return "—"
+    if not above_linear(k):
+        return "linear"
+    if relative is not None and round(relative, 2) <= round(LINEAR_LIMIT - 1, 2):
+        return "as the floor (JAX's own growth)"
+    return "**above linear**"
 
 
 def _verdict_cell(target: dict[str, Any], mode: str) -> str:

@@ -56,6 +56,7 @@ from .timing import Plan
 __all__ = [
     "LINEAR_LIMIT",
     "above_linear",
+    "relative_exponent",
     "SCALING_SIZES",
     "ScalingCase",
     "ScalingResult",
@@ -149,6 +150,28 @@ class ScalingResult:
             if row.role == "floor":
                 return row
         return None
+
+    def k_over_floor(self, name: str = "treeclass") -> float | None:
+        """The exponent of `name`'s time *relative to the floor's* (see `relative_exponent`)."""
+        row, floor = self.row(name), self.floor
+        if row is None or floor is None:
+            return None
+        return relative_exponent(row.times, floor.times)
+
+
+def relative_exponent(times: dict[int, float], floor: dict[int, float]) -> float | None:
+    """The slope of log(time / floor time) against log(n), over the sizes both timed.
+
+    0 means the implementation grows exactly as the floor (plain dicts under the same JAX
+    call) does; 0.1 means its time relative to the floor grows as n^0.1. Where JAX's own
+    cost grows faster than linearly (dispatching 20,000 arrays), the plain exponent `k`
+    of every implementation shows that growth; this one shows what the tree library adds.
+    `None` with fewer than two common sizes.
+    """
+    common = sorted(set(times) & set(floor))
+    if len(common) < 2:
+        return None
+    return fit_exponent(common, [times[n] / floor[n] for n in common])
 
 
 def _scaling_plan(plan: Plan) -> Plan:
@@ -426,5 +449,8 @@ def _progress_line(result: ScalingResult) -> str:
     warn = ""
     if tc is not None and above_linear(tc.k):
         beside = f"; the floor's is {floor.k:.2f}" if floor is not None and floor.k else ""
+        relative = result.k_over_floor()
+        if relative is not None:
+            beside += f"; relative to the floor {relative:+.2f}"
         warn = f" <- treeclass above k={LINEAR_LIMIT:g}{beside}"
     return f"{'; '.join(parts)}{warn} ({result.seconds:.1f} s)"

@@ -33,7 +33,7 @@ from benchmarks.cli import main, select_cases  # noqa: E402
 from benchmarks.peers import PeerMissing, get_kit  # noqa: E402
 from benchmarks.plots import plot_ratios, plot_scaling  # noqa: E402
 from benchmarks.publish import MARK_END, MARK_START, replace_block  # noqa: E402
-from benchmarks.report import evaluate_target, format_markdown, to_json  # noqa: E402
+from benchmarks.report import evaluate_target, format_markdown, growth_verdict, to_json  # noqa: E402
 from benchmarks.runner import (  # noqa: E402
     CaseResult,
     EntryResult,
@@ -41,7 +41,13 @@ from benchmarks.runner import (  # noqa: E402
     run_case,
     target_verdict,
 )
-from benchmarks.scaling import ScalingCase, ScalingRow, run_scaling, scaling_cases  # noqa: E402
+from benchmarks.scaling import (  # noqa: E402
+    ScalingCase,
+    ScalingRow,
+    relative_exponent,
+    run_scaling,
+    scaling_cases,
+)
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
 from benchmarks.timing import Plan, Series, measure, median_best_ratio, median_ratio  # noqa: E402
 
@@ -765,7 +771,43 @@ def test_scaling_markdown_flags_treeclass_above_linear():
     assert "| **treeclass** | 1 µs | 100 µs | **2.00** (above 1.1) | **2.00** (above 1.1) |  |" in (
         markdown)
     assert "| `scaling_x` | **2.00** (above 1.1) | **2.00** (above 1.1) | 1.00 | 1.00 | " \
-           "treeclass (2.00) |" in markdown
+           "— | **above linear** | treeclass (2.00) |" in markdown
+
+
+def test_relative_exponent_is_the_slope_of_the_ratio_to_the_floor():
+    sizes = (10, 100, 1000, 10000)
+    floor = {n: 1e-7 * n**1.3 for n in sizes}  # JAX's own cost, above linear
+    same_growth = {n: 1.1e-7 * n**1.3 for n in sizes}  # a constant 1.1x of the floor
+    faster_growth = {n: 1e-7 * n**1.5 for n in sizes}
+    assert relative_exponent(same_growth, floor) == pytest.approx(0.0, abs=1e-9)
+    assert relative_exponent(faster_growth, floor) == pytest.approx(0.2)
+    # only the sizes both timed count; fewer than two gives no exponent
+    assert relative_exponent({10: 1.0, 100: 10.0, 1000: 100.0}, {10: 1.0, 100: 10.0}) == (
+        pytest.approx(0.0, abs=1e-9))
+    assert relative_exponent({10: 1.0}, floor) is None
+
+
+def test_growth_verdict_tells_the_libraries_growth_from_jaxs():
+    assert growth_verdict(1.05, 0.0) == "linear"
+    assert growth_verdict(1.10, 0.5) == "linear"  # shown as 1.10: not above the limit
+    assert growth_verdict(1.30, 0.02) == "as the floor (JAX's own growth)"
+    assert growth_verdict(1.30, 0.10) == "as the floor (JAX's own growth)"
+    assert growth_verdict(1.30, 0.11) == "**above linear**"
+    assert growth_verdict(1.30, None) == "**above linear**"
+    assert growth_verdict(None, None) == "—"
+
+
+def test_scaling_markdown_says_when_treeclass_grows_as_the_floor():
+    rows = [{"name": "treeclass", "role": "treeclass",
+             "times_s": {"10": 1.1e-6, "100": 2.2e-5}, "k": 1.30, "k_last": 1.30, "notes": []},
+            {"name": "dict/list", "role": "floor", "times_s": {"10": 1e-6, "100": 2e-5},
+             "k": 1.30, "k_last": 1.30, "notes": []}]
+    data = {"header": _header(), "cases": [], "scaling": [{
+        "name": "scaling_y", "title": "y", "note": "", "status": "ran", "skip_reason": "",
+        "sizes": [10, 100], "reused_sizes": [], "seconds": 0.0, "floor_k": 1.30,
+        "floor_k_last": 1.30, "treeclass_k_over_floor": 0.0, "rows": rows}]}
+    assert "| 1.30 | 1.30 | +0.00 | as the floor (JAX's own growth) | treeclass (1.30), " \
+           "dict/list (1.30) |" in format_markdown(data)
 
 
 # -- publishing and the checkpoint case's plumbing --------------------------------------
