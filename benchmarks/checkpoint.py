@@ -278,9 +278,10 @@ def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:
 
 def _one_call_per_sample(plan: Plan) -> Plan:
     # a gigabyte takes a second or more: one call per sample (the first, checked call
-    # warms up), wall clock (writers use threads), three rounds and at most three more;
-    # smoke mode keeps its single round
-    rounds = plan.rounds if plan.rounds <= 1 else min(plan.rounds, 3)
+    # warms up), wall clock (writers use threads), five rounds (with three, the bootstrap
+    # interval of a median is just the spread of the three) and at most five more; smoke
+    # mode keeps its single round
+    rounds = plan.rounds if plan.rounds <= 1 else min(plan.rounds, 5)
     return Plan(rounds=rounds, sample_s=0.0, warmup=0, calibrate=False, clock="wall",
                 remeasures=min(plan.remeasures, 1), remeasure_factor=1)
 

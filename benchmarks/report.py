@@ -332,7 +332,8 @@ def _definitions(header: dict[str, Any]) -> list[str]:
         "ratio (resampled rounds). *met*: the whole interval is on the target's side of the "
         "limit; *missed*: wholly on the other side; *within noise*: it straddles the limit "
         f"({remeasure}). *met by X%* / *missed by X%*: the median is X% of the limit inside "
-        "/ outside it (1.00x against <= 1.10x is met by 9%)",
+        "/ outside it (1.00x against <= 1.10x is met by 9%). *The fastest of* several "
+        "baselines is the one with the lowest median, paired with treeclass in every round",
         "- failures: a peer that raises or gives different numbers is labelled as the "
         "peer's and is never counted against treeclass; only treeclass's or the floor's "
         "wrong numbers make the command exit with status 1",
@@ -373,6 +374,16 @@ def format_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _fastest_baseline(case: dict[str, Any]) -> str | None:
+    """For a "the fastest of" target, the name of the baseline it is paired with."""
+    target = case["target"]
+    if target is None or target["kind"] not in ("max_ratio_fastest", "min_speedup"):
+        return None
+    timed = [row for row in case["rows"]
+             if row["name"] in target["baselines"] and row["median_s"]]
+    return min(timed, key=lambda row: row["median_s"])["name"] if timed else None
+
+
 def _case_markdown(case: dict[str, Any]) -> list[str]:
     lines = [f"### `{case['name']}`: {case['title']}", ""]
     if case["status"] == "skipped":
@@ -383,6 +394,7 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
             "vs floor", "target", "note"]
     lines += ["| " + " | ".join(head) + " |",
               "|---|---:|" + ("---:|" if rate else "") + "---:|---:|---|---|"]
+    fastest = _fastest_baseline(case)
     for row in case["rows"]:
         name = f"**{row['name']}**" if row["role"] == "treeclass" else row["name"]
         if row["role"] == "floor":
@@ -391,8 +403,10 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
         if target is not None:
             if row["role"] == "treeclass":
                 target_cell = target["summary"]
+            elif row["name"] == fastest:
+                target_cell = "target baseline (the fastest, by median)"
             elif row["name"] in target["baselines"]:
-                target_cell = "target baseline"
+                target_cell = "target baseline" if fastest is None else "candidate baseline"
         rate_cells = []
         if rate:
             median = row["median_s"]
@@ -590,7 +604,8 @@ def format_summary(data: dict[str, Any], image_folder: str, scaling_plot: bool =
         f"baseline; *interval* its {CONFIDENCE:.0%} bootstrap interval. *met*: the whole "
         "interval is within the target; *missed*: wholly outside; *within noise*: it "
         "straddles the limit even after re-measuring. *met by X%*: the median is X% of the "
-        "limit inside it.",
+        "limit inside it. *The fastest of* several baselines is the one with the lowest "
+        "median time, paired with treeclass in every round.",
         "",
         "| case | target | treeclass | interval | verdict |", "|---|---|---:|---|---|",
         *_targets_rows(data["cases"], header["mode"]),

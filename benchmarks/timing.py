@@ -17,11 +17,11 @@ import gc
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLOCKS", "Plan", "Series", "measure", "median_ratio", "median_best_ratio"]
+__all__ = ["CLOCKS", "Plan", "Series", "measure", "median_ratio"]
 
 # A sample's calibration stops once a batch lasts this fraction of the sample duration.
 _CALIBRATION_FRACTION = 0.2
@@ -160,8 +160,3 @@ def median_ratio(a: Series, b: Series) -> float:
     """The median over rounds of `a`'s time divided by `b`'s time in the same round."""
     return statistics.median(x / y for x, y in zip(a.times, b.times))
 
-
-def median_best_ratio(a: Sequence[Series], b: Series) -> float:
-    """The median over rounds of the fastest of `a` in that round divided by `b`."""
-    per_round = zip(*(s.times for s in a))
-    return statistics.median(min(xs) / y for xs, y in zip(per_round, b.times))
