@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLOCKS", "Plan", "Series", "measure", "median_ratio"]
+__all__ = ["CLOCKS", "Plan", "Prepared", "Series", "measure", "median_ratio"]
 
 # A sample's calibration stops once a batch lasts this fraction of the sample duration.
 _CALIBRATION_FRACTION = 0.2
@@ -70,10 +70,28 @@ class Series:
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A timed operation with work to do, untimed, before each sample.
+
+    `measure` calls `prepare()` before it starts the clock for a sample of `fn` (once per
+    sample: the checkpoint cases, whose samples are one call each, remove the previous
+    file there). Calling the object calls `fn`, so warm-up and checks are unchanged.
+    """
+
+    fn: Callable[[], Any]
+    prepare: Callable[[], None]
+
+    def __call__(self) -> Any:
+        return self.fn()
+
+
 def _time_batch(
     fn: Callable[[], Any], sync: Callable[[Any], Any] | None, number: int, clock_name: str
 ) -> float:
     clock = CLOCKS[clock_name]
+    if isinstance(fn, Prepared):
+        fn.prepare()
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -28,7 +30,12 @@ from benchmarks import cases as cases_module  # noqa: E402
 from benchmarks import cli as cli_module  # noqa: E402
 from benchmarks import runner as runner_module  # noqa: E402
 from benchmarks.cases import SMOKE_SIZES, Case, Entry, Target, all_cases, canonical  # noqa: E402
-from benchmarks.checkpoint import size_for_mb  # noqa: E402
+from benchmarks.checkpoint import (  # noqa: E402
+    CheckpointSize,
+    _numpy_layers,
+    _Savers,
+    size_for_mb,
+)
 from benchmarks.cli import main, select_cases  # noqa: E402
 from benchmarks.peers import PeerMissing, get_kit  # noqa: E402
 from benchmarks.plots import plot_ratios, plot_scaling  # noqa: E402
@@ -49,7 +56,7 @@ from benchmarks.scaling import (  # noqa: E402
     scaling_cases,
 )
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
-from benchmarks.timing import Plan, Series, measure, median_ratio  # noqa: E402
+from benchmarks.timing import Plan, Prepared, Series, measure, median_ratio  # noqa: E402
 
 SMOKE_PLAN = Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False)
 
@@ -416,6 +423,26 @@ def test_canonical_ignores_non_numeric_leaves():
 def test_median_ratio_is_the_median_of_per_round_ratios():
     a, b = Series(1, [1.0, 4.0, 9.0]), Series(1, [1.0, 1.0, 3.0])
     assert median_ratio(a, b) == 3.0  # per-round ratios 1, 4, 3
+
+
+def test_prepared_work_runs_before_each_sample_and_is_not_timed():
+    prepared, called = [], []
+    fn = Prepared(lambda: called.append(1), lambda: (prepared.append(1), time.sleep(0.05)))
+    series = measure({"x": fn}, None, Plan(rounds=3, sample_s=0.0, warmup=1, calibrate=False),
+                     random.Random(0))
+    assert len(prepared) == 3 and len(called) == 4  # one warm-up call, then three samples
+    assert max(series["x"].times) < 0.04  # the 50 ms of preparation is outside the clock
+
+
+def test_checkpoint_saves_remove_the_previous_file_before_each_sample(tmp_path):
+    size = CheckpointSize(layers=2, width=8)
+    savers = _Savers(size, str(tmp_path), _numpy_layers(size))
+    save = savers.save("numpy")
+    save()
+    assert os.path.exists(savers.path("numpy"))
+    save.prepare()
+    assert not os.path.exists(savers.path("numpy"))
+    save.prepare()  # nothing there: nothing to do
 
 
 def test_measure_shuffles_the_order_in_each_round():
