@@ -61,6 +61,10 @@ SMOKE_SIZES = Sizes(small_layers=2, large_layers=4, small_fields=4, large_fields
                     batch=2)
 
 
+# the target kinds judged against "the fastest of" several baselines
+FASTEST_KINDS = ("max_ratio_fastest", "min_speedup")
+
+
 @dataclass(frozen=True)
 class Target:
     """A speed target for the treeclass row (the targets of docs/architecture.md).
@@ -88,26 +92,30 @@ class Target:
                   ) -> list[float]:
         """The paired value of each round, from per-round times (rounds beyond the
         shortest series are left out: a re-measure extends only the target's rows)."""
+        if self.kind not in ("max_ratio", *FASTEST_KINDS):
+            raise ValueError(f"unknown target kind {self.kind!r}")
         rounds = list(zip(treeclass, *bases))
-        if self.kind == "max_ratio":
-            return [times[0] / times[1] for times in rounds]
-        if self.kind in ("max_ratio_fastest", "min_speedup"):
-            fastest = _fastest([base[:len(rounds)] for base in bases])
-            pairs = [(times[0], times[1 + fastest]) for times in rounds]
-            if self.kind == "max_ratio_fastest":
-                return [mine / theirs for mine, theirs in pairs]
-            return [theirs / mine for mine, theirs in pairs]
-        raise ValueError(f"unknown target kind {self.kind!r}")
+        if not rounds:
+            return []
+        which = 1 + self.paired_with(treeclass, bases)
+        if self.kind == "min_speedup":
+            return [times[which] / times[0] for times in rounds]
+        return [times[0] / times[which] for times in rounds]
+
+    def paired_with(self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]
+                    ) -> int:
+        """The index in `bases` of the baseline treeclass is paired with: the first for
+        `"max_ratio"`; for the fastest-of kinds, the one whose median over the rounds
+        every series has is lowest (the first of equal ones)."""
+        if self.kind not in FASTEST_KINDS:
+            return 0
+        count = min(len(treeclass), *map(len, bases))
+        return min(range(len(bases)), key=lambda i: statistics.median(bases[i][:count]))
 
     @property
     def direction(self) -> str:
         """`"at_most"` or `"at_least"`, as `stats.judge` takes it."""
         return "at_least" if self.kind == "min_speedup" else "at_most"
-
-
-def _fastest(series: Sequence[Sequence[float]]) -> int:
-    """The index of the series with the lowest median (the first of equal ones)."""
-    return min(range(len(series)), key=lambda i: statistics.median(series[i]))
 
 
 @dataclass

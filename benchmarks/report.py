@@ -20,6 +20,7 @@ import os
 import platform
 from typing import Any
 
+from .cases import FASTEST_KINDS
 from .runner import CaseResult, EntryResult, target_verdict
 from .scaling import LINEAR_LIMIT, ScalingResult, above_linear
 from .stats import CONFIDENCE, MET, MISSED
@@ -145,7 +146,8 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
     `None` for a case without a target, else a dict with `status` (`"met"`, `"missed"`,
     `"within noise"`, or `None` when not measured, then `reason` says why), `met` (True,
     False or None), `measured`, `low`, `high`, `margin`, `rounds`, `extra_rounds`,
-    `summary`.
+    `summary`, and for a target against "the fastest of" several baselines `paired_with`,
+    the one treeclass was paired with.
     """
     target = result.case.target
     if target is None:
@@ -156,6 +158,13 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
                            "rounds": None, "extra_rounds": result.extra_rounds,
                            "indicative": mode != "full"}
     verdict = target_verdict(result) if result.status == "ran" else None
+    if verdict is not None and target.kind in FASTEST_KINDS:
+        timed = [(name, series) for name in target.baselines
+                 if (series := result.timed(name)) is not None]
+        tc = result.timed("treeclass")
+        if tc is not None and timed:
+            index = target.paired_with(tc.times, [series.times for _, series in timed])
+            out["paired_with"] = timed[index][0]
     if verdict is None:
         out["summary"], out["reason"] = (("skipped", result.note) if result.status != "ran"
                                          else _untimed_reason(result))
@@ -374,16 +383,6 @@ def format_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _fastest_baseline(case: dict[str, Any]) -> str | None:
-    """For a "the fastest of" target, the name of the baseline it is paired with."""
-    target = case["target"]
-    if target is None or target["kind"] not in ("max_ratio_fastest", "min_speedup"):
-        return None
-    timed = [row for row in case["rows"]
-             if row["name"] in target["baselines"] and row["median_s"]]
-    return min(timed, key=lambda row: row["median_s"])["name"] if timed else None
-
-
 def _case_markdown(case: dict[str, Any]) -> list[str]:
     lines = [f"### `{case['name']}`: {case['title']}", ""]
     if case["status"] == "skipped":
@@ -394,7 +393,7 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
             "vs floor", "target", "note"]
     lines += ["| " + " | ".join(head) + " |",
               "|---|---:|" + ("---:|" if rate else "") + "---:|---:|---|---|"]
-    fastest = _fastest_baseline(case)
+    fastest = (target or {}).get("paired_with")  # set for "the fastest of" targets
     for row in case["rows"]:
         name = f"**{row['name']}**" if row["role"] == "treeclass" else row["name"]
         if row["role"] == "floor":

@@ -514,6 +514,22 @@ def test_fastest_of_target_pairs_with_the_baseline_of_lowest_median():
     assert speedup.per_round([1.0, 0.5], [[4.0, 4.0], [3.0, 3.0]]) == [3.0, 6.0]
 
 
+def test_report_names_the_baseline_a_fastest_of_target_was_paired_with():
+    target = Target("<= 1.2x the fastest", "max_ratio_fastest", 1.2, ("a", "b"))
+    result = _result_with([("treeclass", "treeclass", [1.0, 1.0, 1.0]),
+                           ("a", "peer", [0.5, 3.0, 3.0]), ("b", "peer", [2.0, 1.0, 1.0])],
+                          target)
+    verdict = evaluate_target(result)
+    assert verdict["paired_with"] == "b" and verdict["measured"] == 1.0
+    markdown = format_markdown(to_json(_header(), [result]))
+    assert "| b | 1 s |" in markdown and "target baseline (the fastest, by median)" in markdown
+    assert "candidate baseline" in markdown
+    plain = evaluate_target(_result_with([("treeclass", "treeclass", [1.0]),
+                                          ("dict/list", "floor", [1.0])],
+                                         Target("<= 2x", "max_ratio", 2.0, ("dict/list",))))
+    assert "paired_with" not in plain
+
+
 def test_fastest_of_is_not_biased_by_each_rounds_luckiest_baseline():
     # four baselines and treeclass, all the same speed but noisy (one slow round in four
     # each, at different rounds): the minimum of four per round is always the fast time,
