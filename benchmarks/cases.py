@@ -107,6 +107,8 @@ class Target:
         """The index in `bases` of the baseline treeclass is paired with: the first for
         `"max_ratio"`; for the fastest-of kinds, the one whose median over the rounds
         every series has is lowest (the first of equal ones)."""
+        if not bases:
+            raise ValueError("a target needs at least one timed baseline")
         if self.kind not in FASTEST_KINDS:
             return 0
         count = min(len(treeclass), *map(len, bases))

@@ -21,7 +21,7 @@ import platform
 from typing import Any
 
 from .cases import FASTEST_KINDS
-from .runner import CaseResult, EntryResult, target_verdict
+from .runner import CaseResult, EntryResult, paired_baseline, target_verdict
 from .scaling import LINEAR_LIMIT, ScalingResult, above_linear
 from .stats import CONFIDENCE, MET, MISSED
 from .timing import Plan, median_ratio
@@ -159,12 +159,7 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
                            "indicative": mode != "full"}
     verdict = target_verdict(result) if result.status == "ran" else None
     if verdict is not None and target.kind in FASTEST_KINDS:
-        timed = [(name, series) for name in target.baselines
-                 if (series := result.timed(name)) is not None]
-        tc = result.timed("treeclass")
-        if tc is not None and timed:
-            index = target.paired_with(tc.times, [series.times for _, series in timed])
-            out["paired_with"] = timed[index][0]
+        out["paired_with"] = paired_baseline(result)
     if verdict is None:
         out["summary"], out["reason"] = (("skipped", result.note) if result.status != "ran"
                                          else _untimed_reason(result))

@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .cases import Case, canonical, compare, missing_modules, peer_missing
+from .cases import Case, Target, canonical, compare, missing_modules, peer_missing
 from .probes import probe
 from .stats import WITHIN_NOISE, Verdict, judge
 from .timing import Plan, Series, measure
 
-__all__ = ["CaseResult", "EntryResult", "owner", "run_case", "run_cases", "target_verdict"]
+__all__ = ["CaseResult", "EntryResult", "owner", "paired_baseline", "run_case", "run_cases",
+           "target_verdict"]
 
 
 def owner(role: str) -> str:
@@ -83,18 +84,39 @@ class CaseResult:
         return None
 
 
-def target_verdict(result: CaseResult) -> Verdict | None:
-    """The case's target against the timed rows, or `None` when treeclass or every
-    baseline went untimed (or the case has no target)."""
+def _target_series(result: CaseResult
+                   ) -> tuple[Target, Series, list[tuple[str, Series]]] | None:
+    """The target, the treeclass row's series and the timed baselines' `(name, series)`,
+    or `None` when the case has no target, or treeclass or every baseline went untimed."""
     target = result.case.target
     if target is None:
         return None
     tc = result.timed("treeclass")
-    bases = [s for s in (result.timed(name) for name in target.baselines) if s is not None]
+    bases = [(name, s) for name in target.baselines if (s := result.timed(name)) is not None]
     if tc is None or not bases:
         return None
-    values = target.per_round(tc.times, [b.times for b in bases])
+    return target, tc, bases
+
+
+def target_verdict(result: CaseResult) -> Verdict | None:
+    """The case's target against the timed rows, or `None` when treeclass or every
+    baseline went untimed (or the case has no target)."""
+    found = _target_series(result)
+    if found is None:
+        return None
+    target, tc, bases = found
+    values = target.per_round(tc.times, [s.times for _, s in bases])
     return judge(target.direction, target.limit, values)
+
+
+def paired_baseline(result: CaseResult) -> str | None:
+    """The name of the baseline row the target's paired values divide by (for a "the
+    fastest of" target, the one `Target.paired_with` picks), or `None` when not timed."""
+    found = _target_series(result)
+    if found is None:
+        return None
+    target, tc, bases = found
+    return bases[target.paired_with(tc.times, [s.times for _, s in bases])][0]
 
 
 def _one_line(error: BaseException, limit: int = 160) -> str:

@@ -151,9 +151,10 @@ class ScalingResult:
                 return row
         return None
 
-    def k_over_floor(self, name: str = "treeclass") -> float | None:
-        """The exponent of `name`'s time *relative to the floor's* (see `relative_exponent`)."""
-        row, floor = self.row(name), self.floor
+    def k_over_floor(self) -> float | None:
+        """The exponent of treeclass's time *relative to the floor's* (see
+        `relative_exponent`), or `None` without both rows."""
+        row, floor = self.row("treeclass"), self.floor
         if row is None or floor is None:
             return None
         return relative_exponent(row.times, floor.times)
