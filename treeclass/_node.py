@@ -729,8 +729,6 @@ def child(node: Any, name: str) -> Any:
     return _NOTHING
 
 
-
-
 def replace_children(node: Any, changes: dict[str, Any]) -> Any:
     """A copy of `node` with some children replaced (names must be existing children).
 
@@ -783,7 +781,6 @@ def register(cls: type[TreeNode]) -> None:
     shape = cls._tc_info.fixed_shape
     unflatten = _unflatten if shape is None else shape.compile_build(inline=True)
     jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, unflatten, _flatten)
-
 
 
 def live_layouts(cls: type[TreeNode]) -> dict[Any, Layout]:
