@@ -57,8 +57,9 @@ class Sizes:
 
 
 FULL_SIZES = Sizes()
-SMOKE_SIZES = Sizes(small_layers=2, large_layers=4, small_fields=4, large_fields=8, width=2,
-                    batch=2)
+SMOKE_SIZES = Sizes(
+    small_layers=2, large_layers=4, small_fields=4, large_fields=8, width=2, batch=2
+)
 
 
 # the target kinds judged against "the fastest of" several baselines
@@ -88,8 +89,9 @@ class Target:
     limit: float
     baselines: tuple[str, ...]
 
-    def per_round(self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]
-                  ) -> list[float]:
+    def per_round(
+        self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]
+    ) -> list[float]:
         """The paired value of each round, from per-round times (rounds beyond the
         shortest series are left out: a re-measure extends only the target's rows)."""
         if self.kind not in ("max_ratio", *FASTEST_KINDS):
@@ -102,8 +104,7 @@ class Target:
             return [times[which] / times[0] for times in rounds]
         return [times[0] / times[which] for times in rounds]
 
-    def paired_with(self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]
-                    ) -> int:
+    def paired_with(self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]) -> int:
         """The index in `bases` of the baseline treeclass is paired with: the first for
         `"max_ratio"`; for the fastest-of kinds, the one whose median over the rounds
         every series has is lowest (the first of equal ones)."""
@@ -216,10 +217,10 @@ def compare(got: dict[tuple, np.ndarray], want: dict[tuple, np.ndarray]) -> str 
 def _layer_arrays(n: int, width: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     rng = np.random.default_rng(n * 1000 + width)
     scale = 1.0 / np.sqrt(width)
-    ws = tuple(jnp.asarray((rng.normal(size=(width, width)) * scale).astype(np.float32))
-               for _ in range(n))
-    bs = tuple(jnp.asarray((rng.normal(size=(width,)) * 0.1).astype(np.float32))
-               for _ in range(n))
+    ws = tuple(
+        jnp.asarray((rng.normal(size=(width, width)) * scale).astype(np.float32)) for _ in range(n)
+    )
+    bs = tuple(jnp.asarray((rng.normal(size=(width,)) * 0.1).astype(np.float32)) for _ in range(n))
     return ws, bs
 
 
@@ -420,27 +421,38 @@ def _flatten_cases(sizes: Sizes) -> list[Case]:
         return lambda kit: _model(kit, n, sizes.width)
 
     trees = [
-        (f"{sizes.small_fields}_fields", f"a {sizes.small_fields}-field object",
-         wide(sizes.small_fields)),
-        (f"{sizes.large_layers}_layers", f"a {sizes.large_layers}-layer MLP",
-         layered(sizes.large_layers)),
-        (f"{sizes.large_fields}_fields", f"a {sizes.large_fields}-field object",
-         wide(sizes.large_fields)),
+        (
+            f"{sizes.small_fields}_fields",
+            f"a {sizes.small_fields}-field object",
+            wide(sizes.small_fields),
+        ),
+        (
+            f"{sizes.large_layers}_layers",
+            f"a {sizes.large_layers}-layer MLP",
+            layered(sizes.large_layers),
+        ),
+        (
+            f"{sizes.large_fields}_fields",
+            f"a {sizes.large_fields}-field object",
+            wide(sizes.large_fields),
+        ),
     ]
     cases = []
     for suffix, what, make in trees:
         cases.append(_roundtrip_case(suffix, what, make))
     for suffix, what, make in trees:
-        cases.append(Case(
-            name=f"keyed_flatten_{suffix}",
-            group="1. flatten",
-            title=f"keyed flatten (`tree_flatten_with_path`) of {what}",
-            entries=lambda make=make: _per_kit(
-                lambda kit: _keyed_op(make(kit)), canon=_keyed_canon
-            ),
-            sync=None,
-            target=Target("<= 2.0x vs dict", "max_ratio", 2.0, (FLOOR,)),
-        ))
+        cases.append(
+            Case(
+                name=f"keyed_flatten_{suffix}",
+                group="1. flatten",
+                title=f"keyed flatten (`tree_flatten_with_path`) of {what}",
+                entries=lambda make=make: _per_kit(
+                    lambda kit: _keyed_op(make(kit)), canon=_keyed_canon
+                ),
+                sync=None,
+                target=Target("<= 2.0x vs dict", "max_ratio", 2.0, (FLOOR,)),
+            )
+        )
     return cases
 
 
@@ -462,7 +474,7 @@ def _dispatch_cases(sizes: Sizes) -> list[Case]:
             name=f"dispatch_{n}_layers",
             group="2. jit dispatch",
             title=f"`jax.jit` call of the forward pass of a {n}-layer MLP "
-                  f"(width {sizes.width}, batch {sizes.batch})",
+            f"(width {sizes.width}, batch {sizes.batch})",
             entries=lambda n=n: entries(n),
             sync=_block_array,
             target=Target("<= 1.10x vs dict", "max_ratio", 1.10, (FLOOR,)),
@@ -491,14 +503,15 @@ def train_step_case(n: int, sizes: Sizes) -> Case:
         name=f"train_step_{n}_layers",
         group="3. training step",
         title=f"jitted SGD step (`value_and_grad` + update) of a {n}-layer MLP "
-              f"(width {sizes.width}, batch {sizes.batch})",
+        f"(width {sizes.width}, batch {sizes.batch})",
         entries=entries,
         sync=_block_last,
         # the issue's target: no worse than jax's own `register_dataclass`, whose nodes
         # jaxlib flattens and rebuilds natively, in the same run (the dict cancels out of
         # the paired ratio of the two ratios to it)
-        target=Target("<= register_dataclass (same run)", "max_ratio", 1.0,
-                      ("register_dataclass",)),
+        target=Target(
+            "<= register_dataclass (same run)", "max_ratio", 1.0, ("register_dataclass",)
+        ),
     )
 
 
@@ -507,24 +520,28 @@ def _train_cases(sizes: Sizes) -> list[Case]:
     # PyTreeClass's notebooks also give 100-layer figures (flax 1.113, equinox 2.714), but
     # compiling adam over 100 separate 1x1 layers five times takes minutes on a small CPU
     n = sizes.small_layers
-    cases.append(Case(
-        name=f"pytreeclass_published_{n}_layers",
-        group="3. training step",
-        title=f"PyTreeClass's published comparison: adam step of a list of {n} "
-              "`Linear(1, 1)` layers with a name each",
-        entries=lambda: _published_entries(n),
-        sync=_block_last,
-        modules=("optax",),
-        published=[("flax.struct", "pytreeclass", 1.427),
-                   ("equinox (filter_jit)", "pytreeclass", 6.671)],
-        full_only=True,
-        published_note=(
-            "*published*: PyTreeClass's Colab notebooks (benchmark_nn_training_flax.ipynb, "
-            "benchmark_nn_training_equinox.ipynb), mean time of 100-step loops at 10 layers; "
-            "*this run*: median per-round ratio of single steps"
-            + ("" if n == 10 else f" at {n} layers (smoke sizes: not comparable)")
-        ),
-    ))
+    cases.append(
+        Case(
+            name=f"pytreeclass_published_{n}_layers",
+            group="3. training step",
+            title=f"PyTreeClass's published comparison: adam step of a list of {n} "
+            "`Linear(1, 1)` layers with a name each",
+            entries=lambda: _published_entries(n),
+            sync=_block_last,
+            modules=("optax",),
+            published=[
+                ("flax.struct", "pytreeclass", 1.427),
+                ("equinox (filter_jit)", "pytreeclass", 6.671),
+            ],
+            full_only=True,
+            published_note=(
+                "*published*: PyTreeClass's Colab notebooks (benchmark_nn_training_flax.ipynb, "
+                "benchmark_nn_training_equinox.ipynb), mean time of 100-step loops at 10 layers; "
+                "*this run*: median per-round ratio of single steps"
+                + ("" if n == 10 else f" at {n} layers (smoke sizes: not comparable)")
+            ),
+        )
+    )
     return cases
 
 
@@ -548,8 +565,7 @@ def _published_entries(n: int) -> list[Entry]:
 
             kit = get_kit(kit_name)
             ws, bs, x, y = data()
-            layers = [kit.named_linear(w, b, f"linear_{i}") for i, (w, b) in
-                      enumerate(zip(ws, bs))]
+            layers = [kit.named_linear(w, b, f"linear_{i}") for i, (w, b) in enumerate(zip(ws, bs))]
             optim = optax.adam(1e-3)
             item = kit.style == "item"
 
@@ -625,8 +641,12 @@ def set_deep_case(n: int, width: int) -> Case:
         entries=entries,
         sync=None,
         needs=("at_path",),
-        target=Target(">= 10x faster than the fastest of equinox, pytreeclass, sepes",
-                      "min_speedup", 10.0, ("equinox", "pytreeclass", "sepes")),
+        target=Target(
+            ">= 10x faster than the fastest of equinox, pytreeclass, sepes",
+            "min_speedup",
+            10.0,
+            ("equinox", "pytreeclass", "sepes"),
+        ),
     )
 
 
@@ -646,9 +666,15 @@ def apply_selector_case(n: int, width: int) -> Case:
             )
 
         built = _per_kit(make, ("treeclass", "dict", "equinox", "pytreeclass", "sepes"))
-        built.insert(1, Entry("treeclass (tree_map_with_path)", "baseline",
-                              lambda: hand(get_kit("treeclass")),
-                              note="hand-written, same model"))
+        built.insert(
+            1,
+            Entry(
+                "treeclass (tree_map_with_path)",
+                "baseline",
+                lambda: hand(get_kit("treeclass")),
+                note="hand-written, same model",
+            ),
+        )
         for entry in built:
             entry.note = entry.note or _NOTES["apply"].get(_kit_of(entry.name), "")
         return built
@@ -660,8 +686,12 @@ def apply_selector_case(n: int, width: int) -> Case:
         entries=entries,
         sync=_block_tree,
         needs=("at_type",),
-        target=Target("<= 1.5x vs hand-written tree_map_with_path", "max_ratio", 1.5,
-                      ("treeclass (tree_map_with_path)",)),
+        target=Target(
+            "<= 1.5x vs hand-written tree_map_with_path",
+            "max_ratio",
+            1.5,
+            ("treeclass (tree_map_with_path)",),
+        ),
     )
 
 
@@ -677,11 +707,18 @@ def _edit_cases(sizes: Sizes) -> list[Case]:
                 return lambda: fn(model, mask)
             return lambda: op(model, mask, 0.0)
 
-        entries = _per_kit(lambda kit: prepare(kit, kit.mask_set),
-                           ("treeclass", "dict", "pytreeclass", "sepes"))
-        entries.insert(1, Entry("treeclass (tree_map + where)", "baseline",
-                                lambda: prepare(get_kit("treeclass"), mask_where),
-                                note="hand-written, same model"))
+        entries = _per_kit(
+            lambda kit: prepare(kit, kit.mask_set), ("treeclass", "dict", "pytreeclass", "sepes")
+        )
+        entries.insert(
+            1,
+            Entry(
+                "treeclass (tree_map + where)",
+                "baseline",
+                lambda: prepare(get_kit("treeclass"), mask_where),
+                note="hand-written, same model",
+            ),
+        )
         entries[0].note = "`.at[mask].set(0.0)`"
         entries[2].note = "`tree_map` + `jnp.where`"
         return entries
@@ -696,8 +733,9 @@ def _edit_cases(sizes: Sizes) -> list[Case]:
             entries=lambda: mask_entries(False),
             sync=_block_tree,
             needs=("at_mask",),
-            target=Target("<= 1.2x vs tree_map + where", "max_ratio", 1.2,
-                          ("treeclass (tree_map + where)",)),
+            target=Target(
+                "<= 1.2x vs tree_map + where", "max_ratio", 1.2, ("treeclass (tree_map + where)",)
+            ),
         ),
         Case(
             name=f"mask_set_jit_{n}_layers",
@@ -706,21 +744,30 @@ def _edit_cases(sizes: Sizes) -> list[Case]:
             entries=lambda: mask_entries(True),
             sync=_block_tree,
             needs=("at_mask", "at_mask_jit"),
-            target=Target("<= 1.1x vs tree_map + where", "max_ratio", 1.1,
-                          ("treeclass (tree_map + where)",)),
+            target=Target(
+                "<= 1.1x vs tree_map + where", "max_ratio", 1.1, ("treeclass (tree_map + where)",)
+            ),
         ),
     ]
 
 
 _NOTES = {
-    "set_deep": {"treeclass": '`.at["layers"][k]["weight"].set`', "dict": "by hand",
-                 "dataclass": "`dataclasses.replace` by hand", "flax": "`.replace` by hand",
-                 "equinox": "`eqx.tree_at`", "pytreeclass": "`.at[...].set`",
-                 "sepes": "`.at[...].set`"},
-    "apply": {"treeclass": '`.at[Linear]["weight"].apply`',
-              "dict": "`tree_map_with_path` by hand", "equinox": "`eqx.tree_at(replace_fn=)`",
-              "pytreeclass": '`.at["layers"][...]["weight"].apply`',
-              "sepes": '`.at["layers"][...]["weight"].apply`'},
+    "set_deep": {
+        "treeclass": '`.at["layers"][k]["weight"].set`',
+        "dict": "by hand",
+        "dataclass": "`dataclasses.replace` by hand",
+        "flax": "`.replace` by hand",
+        "equinox": "`eqx.tree_at`",
+        "pytreeclass": "`.at[...].set`",
+        "sepes": "`.at[...].set`",
+    },
+    "apply": {
+        "treeclass": '`.at[Linear]["weight"].apply`',
+        "dict": "`tree_map_with_path` by hand",
+        "equinox": "`eqx.tree_at(replace_fn=)`",
+        "pytreeclass": '`.at["layers"][...]["weight"].apply`',
+        "sepes": '`.at["layers"][...]["weight"].apply`',
+    },
 }
 
 
@@ -739,8 +786,9 @@ def _frozen_cases(sizes: Sizes) -> list[Case]:
 
     def scales() -> tuple[Any, ...]:
         rng = np.random.default_rng(99)
-        return tuple(jnp.asarray(rng.uniform(0.5, 1.5, size=(width,)).astype(np.float32))
-                     for _ in range(n))
+        return tuple(
+            jnp.asarray(rng.uniform(0.5, 1.5, size=(width,)).astype(np.float32)) for _ in range(n)
+        )
 
     def entries() -> list[Entry]:
         ws, bs = _layer_arrays(n, width)
@@ -759,8 +807,7 @@ def _frozen_cases(sizes: Sizes) -> list[Case]:
 
                 fn = jit(forward_dict)
                 return lambda: fn(params, x)
-            model = kit.mlp([kit.frozen_linear(w, b, s, a) for w, b, s, a in
-                             zip(ws, bs, ss, acts)])
+            model = kit.mlp([kit.frozen_linear(w, b, s, a) for w, b, s, a in zip(ws, bs, ss, acts)])
             unfreeze = kit.unfreeze
 
             def forward_frozen(model: Any, x: Any) -> Any:
@@ -780,16 +827,18 @@ def _frozen_cases(sizes: Sizes) -> list[Case]:
                 entry.note = _FROZEN_NOTES.get(kit_name, "")
         return built
 
-    return [Case(
-        name=f"frozen_dispatch_{n}_layers",
-        group="5. frozen leaves",
-        title=f"`jax.jit` call of a {n}-layer MLP with one frozen array and one frozen "
-              "string per layer",
-        entries=entries,
-        sync=_block_array,
-        needs=("freeze",),
-        target=Target("<= 1.2x vs dict", "max_ratio", 1.2, (FLOOR,)),
-    )]
+    return [
+        Case(
+            name=f"frozen_dispatch_{n}_layers",
+            group="5. frozen leaves",
+            title=f"`jax.jit` call of a {n}-layer MLP with one frozen array and one frozen "
+            "string per layer",
+            entries=entries,
+            sync=_block_array,
+            needs=("freeze",),
+            target=Target("<= 1.2x vs dict", "max_ratio", 1.2, (FLOOR,)),
+        )
+    ]
 
 
 _FROZEN_NOTES = {
@@ -829,11 +878,18 @@ def _construct_cases(sizes: Sizes) -> list[Case]:
             return lambda: tree_map(lambda x: x * 2 + 1, model)
 
         entries = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
-        entries.insert(1, Entry("treeclass (tree_map)", "baseline",
-                                lambda: by_tree_map(get_kit("treeclass")),
-                                note="hand-written, same model"))
-        entries.insert(2, Entry(FLOOR, "floor", lambda: by_tree_map(get_kit("dict")),
-                                note="`tree_map`"))
+        entries.insert(
+            1,
+            Entry(
+                "treeclass (tree_map)",
+                "baseline",
+                lambda: by_tree_map(get_kit("treeclass")),
+                note="hand-written, same model",
+            ),
+        )
+        entries.insert(
+            2, Entry(FLOOR, "floor", lambda: by_tree_map(get_kit("dict")), note="`tree_map`")
+        )
         return entries
 
     return [
@@ -843,8 +899,7 @@ def _construct_cases(sizes: Sizes) -> list[Case]:
             title=f"construct a {n}-layer MLP from existing arrays",
             entries=construct_entries,
             sync=None,
-            target=Target("<= 3x vs register_dataclass", "max_ratio", 3.0,
-                          ("register_dataclass",)),
+            target=Target("<= 3x vs register_dataclass", "max_ratio", 3.0, ("register_dataclass",)),
         ),
         *_construct_static_cases(sizes),
         Case(
@@ -859,12 +914,15 @@ def _construct_cases(sizes: Sizes) -> list[Case]:
     ]
 
 
-_STATIC_NOTES = {"treeclass": "`tc.field(static=True)`", "dict": "weight and bias only",
-                 "dataclass": "`field(metadata={'static': True})`",
-                 "flax": "`struct.field(pytree_node=False)`",
-                 "equinox": "`eqx.field(static=True)`",
-                 "pytreeclass": "`pytc.freeze(index)` (no static fields)",
-                 "sepes": "`sp.tree_mask` of the layer (no static fields)"}
+_STATIC_NOTES = {
+    "treeclass": "`tc.field(static=True)`",
+    "dict": "weight and bias only",
+    "dataclass": "`field(metadata={'static': True})`",
+    "flax": "`struct.field(pytree_node=False)`",
+    "equinox": "`eqx.field(static=True)`",
+    "pytreeclass": "`pytc.freeze(index)` (no static fields)",
+    "sepes": "`sp.tree_mask` of the layer (no static fields)",
+}
 
 
 def _construct_static_cases(sizes: Sizes) -> list[Case]:
@@ -885,8 +943,7 @@ def _construct_static_cases(sizes: Sizes) -> list[Case]:
 
                 def construct_fresh() -> Any:
                     first = next(blocks) * n
-                    return mlp([indexed(w, b, first + i)
-                                for i, (w, b) in enumerate(zip(ws, bs))])
+                    return mlp([indexed(w, b, first + i) for i, (w, b) in enumerate(zip(ws, bs))])
 
                 return construct_fresh
             kept = mlp([indexed(w, b, i) for i, (w, b) in enumerate(zip(ws, bs))])
@@ -905,19 +962,25 @@ def _construct_static_cases(sizes: Sizes) -> list[Case]:
     cases = []
     for fresh in (False, True):
         state = "fresh" if fresh else "warm"
-        detail = ("no earlier model with these static values alive: each call uses values "
-                  "never used before" if fresh else
-                  "an earlier model with the same static values kept alive")
-        cases.append(Case(
-            name=f"construct_static_{n}_layers_{state}",
-            group="6. construction, leafwise",
-            title=f"construct a {n}-layer MLP whose layers each hold a distinct static int "
-                  f"index ({detail})",
-            entries=lambda fresh=fresh: entries(fresh),
-            sync=None,
-            target=Target("<= 3x vs register_dataclass", "max_ratio", 3.0,
-                          ("register_dataclass",)),
-        ))
+        detail = (
+            "no earlier model with these static values alive: each call uses values "
+            "never used before"
+            if fresh
+            else "an earlier model with the same static values kept alive"
+        )
+        cases.append(
+            Case(
+                name=f"construct_static_{n}_layers_{state}",
+                group="6. construction, leafwise",
+                title=f"construct a {n}-layer MLP whose layers each hold a distinct static int "
+                f"index ({detail})",
+                entries=lambda fresh=fresh: entries(fresh),
+                sync=None,
+                target=Target(
+                    "<= 3x vs register_dataclass", "max_ratio", 3.0, ("register_dataclass",)
+                ),
+            )
+        )
     return cases
 
 
@@ -960,12 +1023,16 @@ def _replace_case() -> Case:
             return lambda: eqx.tree_at(lambda t: t.f0, obj, new)
 
         return [
-            Entry("treeclass", "treeclass", with_replace_method("treeclass"),
-                  note="`.replace(f0=...)`", needs=("replace",)),
+            Entry(
+                "treeclass",
+                "treeclass",
+                with_replace_method("treeclass"),
+                note="`.replace(f0=...)`",
+                needs=("replace",),
+            ),
             Entry(FLOOR, "floor", plain_dict, note="`{**d, 'f0': ...}`"),
             Entry(_REPLACE_BASELINE, "peer", frozen_dataclass, note="`dataclasses.replace`"),
-            Entry(_LABELS["flax"], "peer", with_replace_method("flax"),
-                  note="`.replace(f0=...)`"),
+            Entry(_LABELS["flax"], "peer", with_replace_method("flax"), note="`.replace(f0=...)`"),
             Entry(_LABELS["equinox"], "peer", equinox_tree_at, note="`eqx.tree_at`"),
         ]
 
@@ -975,8 +1042,12 @@ def _replace_case() -> Case:
         title="replace one field of a 3-field object",
         entries=entries,
         sync=None,
-        target=Target("<= 2x vs dataclasses.replace (frozen dataclass)", "max_ratio", 2.0,
-                      (_REPLACE_BASELINE,)),
+        target=Target(
+            "<= 2x vs dataclasses.replace (frozen dataclass)",
+            "max_ratio",
+            2.0,
+            (_REPLACE_BASELINE,),
+        ),
     )
 
 

@@ -61,18 +61,24 @@ from .cases import Case, Entry, Target, canonical
 from .peers import PeerMissing
 from .timing import Plan, Prepared
 
-__all__ = ["CheckpointSize", "DEFAULT_MB", "checkpoint_cases", "default_folder",
-           "size_for_mb"]
+__all__ = ["CheckpointSize", "DEFAULT_MB", "checkpoint_cases", "default_folder", "size_for_mb"]
 
 DEFAULT_MB = 1024
 _WIDTH = 2048
 _IMPLEMENTATIONS = ("treeclass", "safetensors", "numpy", "orbax", "equinox")
-_LABELS = {"treeclass": "treeclass", "safetensors": "safetensors (numpy API)",
-           "numpy": "np.savez / np.load", "orbax": "orbax StandardCheckpointer",
-           "equinox": "equinox tree_serialise_leaves"}
+_LABELS = {
+    "treeclass": "treeclass",
+    "safetensors": "safetensors (numpy API)",
+    "numpy": "np.savez / np.load",
+    "orbax": "orbax StandardCheckpointer",
+    "equinox": "equinox tree_serialise_leaves",
+}
 # implementation -> (module imported, what to pip install)
-_NEEDS = {"safetensors": ("safetensors", "safetensors"),
-          "orbax": ("orbax.checkpoint", "orbax-checkpoint"), "equinox": ("equinox", "equinox")}
+_NEEDS = {
+    "safetensors": ("safetensors", "safetensors"),
+    "orbax": ("orbax.checkpoint", "orbax-checkpoint"),
+    "equinox": ("equinox", "equinox"),
+}
 _MEMORY_TIMEOUT_S = 600
 
 
@@ -109,8 +115,13 @@ def size_for_mb(mb: float) -> CheckpointSize:
 
 def _numpy_layers(size: CheckpointSize) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(2048)
-    return [(rng.standard_normal((size.width, size.width), dtype=np.float32),
-             rng.standard_normal((size.width,), dtype=np.float32)) for _ in range(size.layers)]
+    return [
+        (
+            rng.standard_normal((size.width, size.width), dtype=np.float32),
+            rng.standard_normal((size.width,), dtype=np.float32),
+        )
+        for _ in range(size.layers)
+    ]
 
 
 def _jax_layers(size: CheckpointSize) -> list[tuple[Any, Any]]:
@@ -138,8 +149,15 @@ def _flat(layers: list[tuple[Any, Any]]) -> dict[str, Any]:
 def _unflat(flat: dict[str, Any], count: int) -> dict[str, Any]:
     import jax.numpy as jnp
 
-    return {"layers": [{"weight": jnp.asarray(flat[f"layers.{i}.weight"]),
-                        "bias": jnp.asarray(flat[f"layers.{i}.bias"])} for i in range(count)]}
+    return {
+        "layers": [
+            {
+                "weight": jnp.asarray(flat[f"layers.{i}.weight"]),
+                "bias": jnp.asarray(flat[f"layers.{i}.bias"]),
+            }
+            for i in range(count)
+        ]
+    }
 
 
 def _treeclass_model(layers: list[tuple[Any, Any]]) -> Any:
@@ -159,8 +177,9 @@ def _equinox_model(layers: list[tuple[Any, Any]]) -> Any:
 class _Savers:
     """Save and load functions per implementation, over one folder and one set of arrays."""
 
-    def __init__(self, size: CheckpointSize, folder: str, layers: list[tuple[Any, Any]],
-                 prefix: str = ""):
+    def __init__(
+        self, size: CheckpointSize, folder: str, layers: list[tuple[Any, Any]], prefix: str = ""
+    ):
         self.size, self.folder, self.layers, self.prefix = size, folder, layers, prefix
 
     def path(self, name: str) -> str:
@@ -275,8 +294,9 @@ def _module_missing(name: str) -> None:
     try:
         __import__(module)
     except ImportError as error:
-        raise PeerMissing(f"{distribution} is not installed (pip install {distribution})"
-                          ) from error
+        raise PeerMissing(
+            f"{distribution} is not installed (pip install {distribution})"
+        ) from error
 
 
 def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:
@@ -289,9 +309,16 @@ def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:
         return make
 
     canon = (lambda _: {}) if kind == "save" else canonical
-    return [Entry(_LABELS[name], "treeclass" if name == "treeclass" else "peer", build(name),
-                  canon=canon, needs=("checkpoint",) if name == "treeclass" else ())
-            for name in _IMPLEMENTATIONS]
+    return [
+        Entry(
+            _LABELS[name],
+            "treeclass" if name == "treeclass" else "peer",
+            build(name),
+            canon=canon,
+            needs=("checkpoint",) if name == "treeclass" else (),
+        )
+        for name in _IMPLEMENTATIONS
+    ]
 
 
 def _one_call_per_sample(plan: Plan) -> Plan:
@@ -300,12 +327,20 @@ def _one_call_per_sample(plan: Plan) -> Plan:
     # interval of a median is just the spread of the three) and at most five more; smoke
     # mode keeps its single round
     rounds = plan.rounds if plan.rounds <= 1 else min(plan.rounds, 5)
-    return Plan(rounds=rounds, sample_s=0.0, warmup=0, calibrate=False, clock="wall",
-                remeasures=min(plan.remeasures, 1), remeasure_factor=1)
+    return Plan(
+        rounds=rounds,
+        sample_s=0.0,
+        warmup=0,
+        calibrate=False,
+        clock="wall",
+        remeasures=min(plan.remeasures, 1),
+        remeasure_factor=1,
+    )
 
 
-def checkpoint_cases(size: CheckpointSize, memory: bool = True, folder: str | None = None
-                     ) -> list[Case]:
+def checkpoint_cases(
+    size: CheckpointSize, memory: bool = True, folder: str | None = None
+) -> list[Case]:
     """The save and the load case for a model of `size` (see the module docstring).
 
     **Arguments**
@@ -317,14 +352,19 @@ def checkpoint_cases(size: CheckpointSize, memory: bool = True, folder: str | No
       `/dev/shm` where it has room, else the system's temp dir.
     """
     parent = folder or default_folder(size)
-    where = ("in memory (/dev/shm): the cost of serialising, not of the disk"
-             if parent == _MEMORY_FOLDER else f"in {parent} (a disk's speed is part of it)")
-    note = (f"Wall clock, one save or load per sample; files {where}. Before each save "
-            "the implementation's previous file is removed, untimed, so every save writes "
-            "a new file, as `tc.save` always does (a temporary file renamed over the old "
-            "one, which survives a crash); on a VM that hands freed memory back to its "
-            "host, a save that must keep the old file while writing pays to fault fresh "
-            "pages in (here 2.8 s against 0.5 s for the same gigabyte).")
+    where = (
+        "in memory (/dev/shm): the cost of serialising, not of the disk"
+        if parent == _MEMORY_FOLDER
+        else f"in {parent} (a disk's speed is part of it)"
+    )
+    note = (
+        f"Wall clock, one save or load per sample; files {where}. Before each save "
+        "the implementation's previous file is removed, untimed, so every save writes "
+        "a new file, as `tc.save` always does (a temporary file renamed over the old "
+        "one, which survives a crash); on a VM that hands freed memory back to its "
+        "host, a save that must keep the old file while writing pays to fault fresh "
+        "pages in (here 2.8 s against 0.5 s for the same gigabyte)."
+    )
     peers = tuple(_LABELS[name] for name in _IMPLEMENTATIONS if name != "treeclass")
     what = f"{size.layers} layers of f32[{size.width},{size.width}] + f32[{size.width}]"
     target = "<= 1.2x the fastest of safetensors, np.savez, orbax, equinox"
@@ -380,11 +420,22 @@ def measure_save_memory(size: CheckpointSize, parent: str) -> dict[str, Any]:
         except PeerMissing as error:
             row["note"] = f"skipped: {error}"
             continue
-        command = [sys.executable, "-m", "benchmarks.checkpoint", "--memory", name,
-                   "--layers", str(size.layers), "--width", str(size.width),
-                   "--folder", folder]
-        done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=_MEMORY_TIMEOUT_S, cwd=_ROOT)
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.checkpoint",
+            "--memory",
+            name,
+            "--layers",
+            str(size.layers),
+            "--width",
+            str(size.width),
+            "--folder",
+            folder,
+        ]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=_MEMORY_TIMEOUT_S, cwd=_ROOT
+        )
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:160]
@@ -399,17 +450,26 @@ def measure_save_memory(size: CheckpointSize, parent: str) -> dict[str, Any]:
             header = report.get("header")
     limit_bytes = 1.2 * (size.largest_leaf + (header or 0))
     tc_row = rows[0]
-    target: dict[str, Any] = {"text": "peak extra host memory of `tc.save` <= 1.2x (largest "
-                                      "leaf + header)", "limit_bytes": limit_bytes}
+    target: dict[str, Any] = {
+        "text": "peak extra host memory of `tc.save` <= 1.2x (largest leaf + header)",
+        "limit_bytes": limit_bytes,
+    }
     if tc_row["extra"] is None:
         target.update(status=None, summary=f"not measured ({tc_row['note'] or 'no figure'})")
     else:
         met = tc_row["extra"] <= limit_bytes
-        target.update(status="met" if met else "missed",
-                      summary=f"{'met' if met else 'missed'}: {tc_row['extra'] / 2**20:.1f} MiB "
-                              f"against {limit_bytes / 2**20:.1f} MiB (one measurement)")
-    return {"method": method, "largest_leaf": size.largest_leaf, "header": header,
-            "rows": rows, "target": target}
+        target.update(
+            status="met" if met else "missed",
+            summary=f"{'met' if met else 'missed'}: {tc_row['extra'] / 2**20:.1f} MiB "
+            f"against {limit_bytes / 2**20:.1f} MiB (one measurement)",
+        )
+    return {
+        "method": method,
+        "largest_leaf": size.largest_leaf,
+        "header": header,
+        "rows": rows,
+        "target": target,
+    }
 
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -475,8 +535,10 @@ def _measure_child(name: str, size: CheckpointSize, folder: str) -> dict[str, An
     if _reset_peak():
         before = _rss_bytes()
         save()
-        extra, method = _peak_bytes() - before, (
-            "the kernel's peak resident memory (VmHWM, reset through /proc/self/clear_refs)")
+        extra, method = (
+            _peak_bytes() - before,
+            ("the kernel's peak resident memory (VmHWM, reset through /proc/self/clear_refs)"),
+        )
     else:
         with _Sampler() as sampler:
             before = sampler.peak
@@ -498,7 +560,8 @@ def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.checkpoint",
         description="Measure one save's peak extra host memory in this fresh interpreter "
-                    "(run by the checkpoint_save case; prints one JSON line).")
+        "(run by the checkpoint_save case; prints one JSON line).",
+    )
     parser.add_argument("--memory", choices=_IMPLEMENTATIONS, required=True)
     parser.add_argument("--layers", type=int, required=True)
     parser.add_argument("--width", type=int, required=True)

@@ -73,52 +73,90 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Time treeclass against plain dicts and the installed peers "
-                    "(register_dataclass, flax.struct, flax.nnx, equinox, pytreeclass, sepes; "
-                    "safetensors, NumPy and orbax for checkpoints), and how each cost grows "
-                    "with the number of layers. See benchmarks/README.md.",
+        "(register_dataclass, flax.struct, flax.nnx, equinox, pytreeclass, sepes; "
+        "safetensors, NumPy and orbax for checkpoints), and how each cost grows "
+        "with the number of layers. See benchmarks/README.md.",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer, shorter rounds and scaling up to 1,000 layers (about a "
-                             "minute and a quarter on a 2-core CPU; verdicts indicative)")
-    parser.add_argument("--only", metavar="NAMES",
-                        help="comma-separated case names (exact), or substrings or glob "
-                             "patterns of names")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer, shorter rounds and scaling up to 1,000 layers (about a "
+        "minute and a quarter on a 2-core CPU; verdicts indicative)",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="comma-separated case names (exact), or substrings or glob patterns of names",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write all results as JSON")
-    parser.add_argument("--markdown", metavar="PATH",
-                        help="also write the report (what stdout shows) to PATH")
-    parser.add_argument("--plot", metavar="PATH",
-                        help="also write a PNG bar chart of the ratios (needs matplotlib)")
-    parser.add_argument("--scaling-plot", metavar="PATH",
-                        help="also write a PNG of time against layers, log-log, per scaling "
-                             "case (needs matplotlib)")
-    parser.add_argument("--scaling-sizes", metavar="N,N,...",
-                        help="layer counts of the scaling section (default 10,100,1000,10000; "
-                             "--quick: 10,100,1000)")
-    parser.add_argument("--checkpoint-mb", type=float, metavar="MB",
-                        help=f"run the checkpoint cases on a model of MB MiB "
-                             f"({DEFAULT_CHECKPOINT_MB} for the published figures; they take "
-                             "minutes, so no run has them unless this is given)")
-    parser.add_argument("--checkpoint-dir", metavar="DIR",
-                        help="where the checkpoint cases write (default: /dev/shm where it has "
-                             "room, so that the disk is not timed; else the temp dir)")
-    parser.add_argument("--workload-width", type=int, metavar="N",
-                        help="width of the training loop's MLP (default 512; raise it on a GPU "
-                             "so that compute dominates there too)")
-    parser.add_argument("--workload-batch", type=int, metavar="N",
-                        help="batch rows of the training loop (default 256)")
-    parser.add_argument("--async-dispatch", action="store_true",
-                        help="on CPU, keep JAX's asynchronous dispatch (default: synchronous)")
-    parser.add_argument("--clock", choices=("auto", "wall", "cpu"), default="auto",
-                        help="wall-clock time, or this process's CPU time (blind to waiting "
-                             "for a CPU on a busy machine, but also to waiting for a device); "
-                             "auto (default): CPU time on the CPU backend with synchronous "
-                             "dispatch, wall time otherwise")
+    parser.add_argument(
+        "--markdown", metavar="PATH", help="also write the report (what stdout shows) to PATH"
+    )
+    parser.add_argument(
+        "--plot", metavar="PATH", help="also write a PNG bar chart of the ratios (needs matplotlib)"
+    )
+    parser.add_argument(
+        "--scaling-plot",
+        metavar="PATH",
+        help="also write a PNG of time against layers, log-log, per scaling "
+        "case (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--scaling-sizes",
+        metavar="N,N,...",
+        help="layer counts of the scaling section (default 10,100,1000,10000; "
+        "--quick: 10,100,1000)",
+    )
+    parser.add_argument(
+        "--checkpoint-mb",
+        type=float,
+        metavar="MB",
+        help=f"run the checkpoint cases on a model of MB MiB "
+        f"({DEFAULT_CHECKPOINT_MB} for the published figures; they take "
+        "minutes, so no run has them unless this is given)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="where the checkpoint cases write (default: /dev/shm where it has "
+        "room, so that the disk is not timed; else the temp dir)",
+    )
+    parser.add_argument(
+        "--workload-width",
+        type=int,
+        metavar="N",
+        help="width of the training loop's MLP (default 512; raise it on a GPU "
+        "so that compute dominates there too)",
+    )
+    parser.add_argument(
+        "--workload-batch",
+        type=int,
+        metavar="N",
+        help="batch rows of the training loop (default 256)",
+    )
+    parser.add_argument(
+        "--async-dispatch",
+        action="store_true",
+        help="on CPU, keep JAX's asynchronous dispatch (default: synchronous)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=("auto", "wall", "cpu"),
+        default="auto",
+        help="wall-clock time, or this process's CPU time (blind to waiting "
+        "for a CPU on a busy machine, but also to waiting for a device); "
+        "auto (default): CPU time on the CPU backend with synchronous "
+        "dispatch, wall time otherwise",
+    )
     parser.add_argument("--rounds", type=int, metavar="N", help="override the number of rounds")
     parser.add_argument("--seed", type=int, default=0, help="seed of the shuffled orders")
     parser.add_argument("--list", action="store_true", help="list the case names and exit")
-    parser.add_argument("--smoke", action="store_true",
-                        help="one single-call round on the smallest models (for the tests; "
-                             "numbers are meaningless)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one single-call round on the smallest models (for the tests; "
+        "numbers are meaningless)",
+    )
     return parser
 
 
@@ -136,8 +174,7 @@ def select_cases(cases: list[Any], patterns: str | None) -> list[Any]:
 
     def picked(name: str) -> bool:
         return any(
-            name == p if p in names else (p in name or fnmatch.fnmatchcase(name, p))
-            for p in wanted
+            name == p if p in names else (p in name or fnmatch.fnmatchcase(name, p)) for p in wanted
         )
 
     chosen = [case for case in cases if picked(case.name)]
@@ -169,10 +206,15 @@ def _set_dispatch(keep_async: bool) -> tuple[str, bool]:
     if _cpu_dispatch_is_async(jax):
         if keep_async:
             return "asynchronous (JAX's default, kept by `--async-dispatch`)", False
-        return ("asynchronous (the CPU backend had started before the suite could make it "
-                "synchronous)", False)
-    return ("synchronous (`jax_cpu_enable_async_dispatch=False`, the suite's default on CPU; "
-            "`--async-dispatch` keeps JAX's asynchronous dispatch)", True)
+        return (
+            "asynchronous (the CPU backend had started before the suite could make it synchronous)",
+            False,
+        )
+    return (
+        "synchronous (`jax_cpu_enable_async_dispatch=False`, the suite's default on CPU; "
+        "`--async-dispatch` keeps JAX's asynchronous dispatch)",
+        True,
+    )
 
 
 def _cpu_dispatch_is_async(jax: Any) -> bool:
@@ -204,15 +246,18 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
     else:
         workload = WorkloadSize(steps=2 if mode == "quick" else 10)
     workload = dataclasses.replace(
-        workload, width=args.workload_width or workload.width,
-        batch=args.workload_batch or workload.batch)
+        workload,
+        width=args.workload_width or workload.width,
+        batch=args.workload_batch or workload.batch,
+    )
     cases = [workload_case(workload), *all_cases(sizes)]
     if mode == "quick":
         cases = [case for case in cases if not case.full_only]
     if mode == "smoke":
         # the plumbing only: a tiny model, and no peak-memory children
-        cases += checkpoint_cases(CheckpointSize(layers=2, width=16), memory=False,
-                                  folder=args.checkpoint_dir)
+        cases += checkpoint_cases(
+            CheckpointSize(layers=2, width=16), memory=False, folder=args.checkpoint_dir
+        )
     else:
         # a gigabyte saved and loaded by five tools takes minutes: asked for, not default
         if args.checkpoint_mb:
@@ -224,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the selected cases, print the report; returns the exit status."""
     args = build_parser().parse_args(argv)
     command = "python -m benchmarks" + "".join(
-        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     dispatch, synchronous_cpu = _set_dispatch(args.async_dispatch)
     clock = args.clock if args.clock != "auto" else "cpu" if synchronous_cpu else "wall"
     if clock == "cpu" and not synchronous_cpu:
@@ -259,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results = run_cases(cases, plan, seed=args.seed, progress=sys.stderr)
     earlier = {result.case.name: result for result in results}
-    scaled = run_scaling_cases(scaling, plan, args.seed, BUDGET_S[mode], earlier,
-                               progress=sys.stderr)
+    scaled = run_scaling_cases(
+        scaling, plan, args.seed, BUDGET_S[mode], earlier, progress=sys.stderr
+    )
     header = collect_header(dispatch, plan, mode, command)
     data = to_json(header, results, scaled)
     markdown = format_markdown(data)
@@ -301,8 +348,11 @@ def _exit_status(data: dict[str, Any]) -> int:
                     side = "peers" if row["role"] == "peer" else "ours"
                     wrong[side].append(f"{case['name']}: {row['name']} ({note.split(':')[0]})")
     if wrong["peers"]:
-        print("peers that gave different numbers (not timed, not counted against treeclass): "
-              + "; ".join(wrong["peers"]), file=sys.stderr)
+        print(
+            "peers that gave different numbers (not timed, not counted against treeclass): "
+            + "; ".join(wrong["peers"]),
+            file=sys.stderr,
+        )
     if wrong["ours"]:
         print("wrong numbers (not timed): " + "; ".join(wrong["ours"]), file=sys.stderr)
         return 1

@@ -201,7 +201,8 @@ def _flax_kit() -> Kit:
     @functools.cache
     def wide_class(n: int) -> type:
         return type(
-            f"Wide{n}", (struct.PyTreeNode,),
+            f"Wide{n}",
+            (struct.PyTreeNode,),
             {"__annotations__": _wide_annotations(n), "__module__": __name__},
         )
 
@@ -260,7 +261,8 @@ def _equinox_kit() -> Kit:
     @functools.cache
     def wide_class(n: int) -> type:
         return type(
-            f"Wide{n}", (eqx.Module,),
+            f"Wide{n}",
+            (eqx.Module,),
             {"__annotations__": _wide_annotations(n), "__module__": __name__},
         )
 
@@ -330,7 +332,8 @@ def _pytreeclass_kit() -> Kit:
     @functools.cache
     def wide_class(n: int) -> type:
         cls = type(
-            f"Wide{n}", (pytc.TreeClass,),
+            f"Wide{n}",
+            (pytc.TreeClass,),
             {"__annotations__": _wide_annotations(n), "__module__": __name__},
         )
         return pytc.autoinit(cls)
@@ -402,7 +405,8 @@ def _sepes_kit() -> Kit:
     @functools.cache
     def wide_class(n: int) -> type:
         cls = type(
-            f"Wide{n}", (sp.TreeClass,),
+            f"Wide{n}",
+            (sp.TreeClass,),
             {"__annotations__": _wide_annotations(n), "__module__": __name__},
         )
         return sp.autoinit(cls)
@@ -473,7 +477,8 @@ def _treeclass_kit() -> Kit:
     @functools.cache
     def wide_class(n: int) -> type:
         return type(
-            f"Wide{n}", (tc.TreeClass,),
+            f"Wide{n}",
+            (tc.TreeClass,),
             {"__annotations__": _wide_annotations(n), "__module__": __name__},
         )
 

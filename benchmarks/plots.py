@@ -54,8 +54,9 @@ def plot_ratios(data: dict[str, Any], path: str) -> str | None:
     columns = 3
     count = len(panels)
     rows_of_panels = (count + columns - 1) // columns
-    figure, axes = plt.subplots(rows_of_panels, columns, squeeze=False,
-                                figsize=(6 * columns, 2.6 * rows_of_panels))
+    figure, axes = plt.subplots(
+        rows_of_panels, columns, squeeze=False, figsize=(6 * columns, 2.6 * rows_of_panels)
+    )
     for axis in axes.flat[count:]:
         axis.set_visible(False)
     for axis, (title, label, bars) in zip(axes.flat, panels):
@@ -67,12 +68,18 @@ def plot_ratios(data: dict[str, Any], path: str) -> str | None:
 
 
 def _color(role: str) -> str:
-    return ("tab:orange" if role == "treeclass" else
-            "tab:gray" if role in ("floor", "baseline") else "tab:blue")
+    return (
+        "tab:orange"
+        if role == "treeclass"
+        else "tab:gray"
+        if role in ("floor", "baseline")
+        else "tab:blue"
+    )
 
 
-def _draw_ratio_panel(axis: Any, title: str, label: str,
-                      bars: list[tuple[dict[str, Any], float]]) -> None:
+def _draw_ratio_panel(
+    axis: Any, title: str, label: str, bars: list[tuple[dict[str, Any], float]]
+) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     names = [row["name"].replace(" (", "\n(") for row, _ in bars][::-1]
@@ -86,14 +93,23 @@ def _draw_ratio_panel(axis: Any, title: str, label: str,
     axis.set_xlim(low, high)
     ticks = [2.0**k for k in range(-10, 16) if low <= 2.0**k <= high]
     if len(ticks) < 3:
-        ticks = [t for t in (0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 2.5, 3)
-                 if low <= t <= high]
+        ticks = [
+            t
+            for t in (0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 2.5, 3)
+            if low <= t <= high
+        ]
     axis.xaxis.set_major_locator(FixedLocator(ticks))
     axis.xaxis.set_minor_locator(NullLocator())
     axis.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
     for y, value in enumerate(values):
-        axis.text(value * (1.04 if value >= 1 else 0.96), y, f"{value:.2f}x", va="center",
-                  ha="left" if value >= 1 else "right", fontsize=7)
+        axis.text(
+            value * (1.04 if value >= 1 else 0.96),
+            y,
+            f"{value:.2f}x",
+            va="center",
+            ha="left" if value >= 1 else "right",
+            fontsize=7,
+        )
     axis.set_title(title, fontsize=9)
     axis.set_xlabel(f"time / {label} time (log scale; left of 1x is faster)", fontsize=8)
     axis.tick_params(labelsize=7)
@@ -109,15 +125,19 @@ def plot_scaling(data: dict[str, Any], path: str) -> str | None:
     plt, reason = _pyplot("--scaling-plot")
     if reason is not None:
         return reason
-    panels = [case for case in data.get("scaling", []) if case["status"] == "ran"
-              and any(len(row["times_s"]) >= 2 for row in case["rows"])]
+    panels = [
+        case
+        for case in data.get("scaling", [])
+        if case["status"] == "ran" and any(len(row["times_s"]) >= 2 for row in case["rows"])
+    ]
     if not panels:
         return "no scaling case has two sizes timed; no scaling plot written"
     columns = 4
     count = len(panels)
     rows_of_panels = (count + columns - 1) // columns
-    figure, axes = plt.subplots(rows_of_panels, columns, squeeze=False,
-                                figsize=(4.6 * columns, 3.8 * rows_of_panels))
+    figure, axes = plt.subplots(
+        rows_of_panels, columns, squeeze=False, figsize=(4.6 * columns, 3.8 * rows_of_panels)
+    )
     for axis in axes.flat[count:]:
         axis.set_visible(False)
     for axis, case in zip(axes.flat, panels):
@@ -129,8 +149,16 @@ def plot_scaling(data: dict[str, Any], path: str) -> str | None:
 
 
 # every colour but treeclass's orange, so that no peer is mistaken for it
-_PEER_COLORS = ("tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-                "tab:olive", "tab:cyan")
+_PEER_COLORS = (
+    "tab:blue",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:olive",
+    "tab:cyan",
+)
 
 
 def _draw_scaling_panel(axis: Any, case: dict[str, Any]) -> None:
@@ -148,13 +176,22 @@ def _draw_scaling_panel(axis: Any, case: dict[str, Any]) -> None:
         else:
             color, peers = _PEER_COLORS[peers % len(_PEER_COLORS)], peers + 1
         label = f"{row['name']} (k={row['k']:.2f})" if row["k"] is not None else row["name"]
-        axis.plot(sizes, times, marker="o", markersize=3, label=label,
-                  linewidth=2.4 if mine else 1.0, color=color,
-                  linestyle="--" if floor else "-", zorder=3 if mine else 2)
+        axis.plot(
+            sizes,
+            times,
+            marker="o",
+            markersize=3,
+            label=label,
+            linewidth=2.4 if mine else 1.0,
+            color=color,
+            linestyle="--" if floor else "-",
+            zorder=3 if mine else 2,
+        )
         if mine:
             guide = [times[0] * n / sizes[0] for n in sizes]
-            axis.plot(sizes, guide, color="black", linestyle=":", linewidth=0.8,
-                      label="slope 1 (linear)")
+            axis.plot(
+                sizes, guide, color="black", linestyle=":", linewidth=0.8, label="slope 1 (linear)"
+            )
     axis.set_xscale("log")
     axis.set_yscale("log")
     axis.set_title(case["name"], fontsize=9)

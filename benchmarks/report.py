@@ -37,8 +37,20 @@ __all__ = [
 ]
 
 ARCHITECTURE_DOC = "docs/architecture.md"
-_VERSIONED = ("jax", "jaxlib", "numpy", "treeclass", "optax", "equinox", "flax", "pytreeclass",
-              "sepes", "safetensors", "orbax-checkpoint", "matplotlib")
+_VERSIONED = (
+    "jax",
+    "jaxlib",
+    "numpy",
+    "treeclass",
+    "optax",
+    "equinox",
+    "flax",
+    "pytreeclass",
+    "sepes",
+    "safetensors",
+    "orbax-checkpoint",
+    "matplotlib",
+)
 
 
 def _version(distribution: str) -> str:
@@ -85,7 +97,7 @@ def collect_header(dispatch: str, plan: Plan, mode: str, command: str) -> dict[s
         "command": command,
         "mode": mode,
         "machine": f"{platform.system()} {platform.machine()}, {_cpu_model()}, "
-                   f"{os.cpu_count()} CPUs",
+        f"{os.cpu_count()} CPUs",
         "load_average": load,
         "python": platform.python_version(),
         "backend": jax.default_backend(),
@@ -127,8 +139,9 @@ def _untimed_reason(result: CaseResult) -> tuple[str, str]:
     """Why a target went unmeasured: a short phrase, and the row's own note."""
     tc = result.by_role("treeclass")
     if tc is None or tc.status != "ok":
-        status = "missing" if tc is None else {"unavailable": "not available"}.get(
-            tc.status, tc.status)
+        status = (
+            "missing" if tc is None else {"unavailable": "not available"}.get(tc.status, tc.status)
+        )
         return f"not measured (treeclass {status})", tc.note if tc is not None else ""
     return f"not measured ({', '.join(result.case.target.baselines)} not timed)", ""
 
@@ -152,20 +165,33 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
     target = result.case.target
     if target is None:
         return None
-    out: dict[str, Any] = {"text": target.text, "kind": target.kind, "limit": target.limit,
-                           "baselines": list(target.baselines), "status": None, "met": None,
-                           "measured": None, "low": None, "high": None, "margin": None,
-                           "rounds": None, "extra_rounds": result.extra_rounds,
-                           "indicative": mode != "full"}
+    out: dict[str, Any] = {
+        "text": target.text,
+        "kind": target.kind,
+        "limit": target.limit,
+        "baselines": list(target.baselines),
+        "status": None,
+        "met": None,
+        "measured": None,
+        "low": None,
+        "high": None,
+        "margin": None,
+        "rounds": None,
+        "extra_rounds": result.extra_rounds,
+        "indicative": mode != "full",
+    }
     verdict = target_verdict(result) if result.status == "ran" else None
     if verdict is not None and target.kind in FASTEST_KINDS:
         out["paired_with"] = paired_baseline(result)
     if verdict is None:
-        out["summary"], out["reason"] = (("skipped", result.note) if result.status != "ran"
-                                         else _untimed_reason(result))
+        out["summary"], out["reason"] = (
+            ("skipped", result.note) if result.status != "ran" else _untimed_reason(result)
+        )
         return out
-    interval = (f"{_shown(target.kind, verdict.measured)}; {CONFIDENCE:.0%} interval "
-                f"{verdict.low:.2f}-{verdict.high:.2f}")
+    interval = (
+        f"{_shown(target.kind, verdict.measured)}; {CONFIDENCE:.0%} interval "
+        f"{verdict.low:.2f}-{verdict.high:.2f}"
+    )
     if verdict.status == MET:
         words = f"met by {verdict.margin:.0%} ({interval}"
     elif verdict.status == MISSED:
@@ -174,10 +200,16 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
         words = f"within noise ({interval} straddles {target.limit:g}"
     more = f"; after {result.extra_rounds} more rounds" if result.extra_rounds else ""
     prefix = {"quick": "indicative: ", "smoke": "smoke, not meaningful: "}.get(mode, "")
-    out.update(status=verdict.status, met={MET: True, MISSED: False}.get(verdict.status),
-               measured=verdict.measured, low=verdict.low, high=verdict.high,
-               margin=verdict.margin, rounds=verdict.rounds,
-               summary=f"{prefix}{words}{more}; target {target.text})")
+    out.update(
+        status=verdict.status,
+        met={MET: True, MISSED: False}.get(verdict.status),
+        measured=verdict.measured,
+        low=verdict.low,
+        high=verdict.high,
+        margin=verdict.margin,
+        rounds=verdict.rounds,
+        summary=f"{prefix}{words}{more}; target {target.text})",
+    )
     return out
 
 
@@ -190,16 +222,18 @@ def _published(result: CaseResult) -> list[dict[str, Any]]:
     for numerator in ("flax.struct", "equinox (filter_jit)"):
         a, b = result.timed(numerator), result.timed("treeclass")
         if result.case.published and a is not None and b is not None:
-            rows.append({"ratio": f"{numerator} / treeclass", "published": None,
-                         "ours": median_ratio(a, b)})
+            rows.append(
+                {"ratio": f"{numerator} / treeclass", "published": None, "ours": median_ratio(a, b)}
+            )
     return rows
 
 
 # -- JSON: the one source every view renders from ---------------------------------------------
 
 
-def to_json(header: dict[str, Any], results: list[CaseResult],
-            scaling: list[ScalingResult] | None = None) -> dict[str, Any]:
+def to_json(
+    header: dict[str, Any], results: list[CaseResult], scaling: list[ScalingResult] | None = None
+) -> dict[str, Any]:
     """Everything measured, for machines to compare runs (times in seconds)."""
     mode = header["mode"]
     cases = []
@@ -207,36 +241,43 @@ def to_json(header: dict[str, Any], results: list[CaseResult],
         tc, floor = _timed(result, "treeclass"), _timed(result, "floor")
         rows = []
         for row in result.entries:
-            rows.append({
-                "name": row.name,
-                "role": row.role,
-                "owner": row.owner,
-                "status": row.status,
-                "note": row.note,
-                "number": row.series.number if row.series is not None else None,
-                "median_s": row.series.median if row.series is not None else None,
-                "times_s": list(row.series.times) if row.series is not None else [],
-                "vs_treeclass": _ratio(row, tc),
-                "vs_floor": _ratio(row, floor),
-            })
+            rows.append(
+                {
+                    "name": row.name,
+                    "role": row.role,
+                    "owner": row.owner,
+                    "status": row.status,
+                    "note": row.note,
+                    "number": row.series.number if row.series is not None else None,
+                    "median_s": row.series.median if row.series is not None else None,
+                    "times_s": list(row.series.times) if row.series is not None else [],
+                    "vs_treeclass": _ratio(row, tc),
+                    "vs_floor": _ratio(row, floor),
+                }
+            )
         case = result.case
-        cases.append({
-            "name": case.name,
-            "group": case.group,
-            "title": case.title,
-            "note": case.note,
-            "status": result.status,
-            "skip_reason": result.note,
-            "seconds": result.seconds,
-            "rate": list(case.rate) if case.rate else None,
-            "target": evaluate_target(result, mode),
-            "published": _published(result) if result.status == "ran" else [],
-            "published_note": case.published_note,
-            "extra": result.extra,
-            "rows": rows,
-        })
-    return {"header": header, "cases": cases,
-            "scaling": [_scaling_json(s) for s in (scaling or [])]}
+        cases.append(
+            {
+                "name": case.name,
+                "group": case.group,
+                "title": case.title,
+                "note": case.note,
+                "status": result.status,
+                "skip_reason": result.note,
+                "seconds": result.seconds,
+                "rate": list(case.rate) if case.rate else None,
+                "target": evaluate_target(result, mode),
+                "published": _published(result) if result.status == "ran" else [],
+                "published_note": case.published_note,
+                "extra": result.extra,
+                "rows": rows,
+            }
+        )
+    return {
+        "header": header,
+        "cases": cases,
+        "scaling": [_scaling_json(s) for s in (scaling or [])],
+    }
 
 
 def _scaling_json(result: ScalingResult) -> dict[str, Any]:
@@ -253,10 +294,17 @@ def _scaling_json(result: ScalingResult) -> dict[str, Any]:
         "floor_k": floor.k if floor is not None else None,
         "floor_k_last": floor.k_last if floor is not None else None,
         "treeclass_k_over_floor": result.k_over_floor(),
-        "rows": [{"name": row.name, "role": row.role,
-                  "times_s": {str(n): t for n, t in sorted(row.times.items())},
-                  "k": row.k, "k_last": row.k_last, "notes": row.notes}
-                 for row in result.rows],
+        "rows": [
+            {
+                "name": row.name,
+                "role": row.role,
+                "times_s": {str(n): t for n, t in sorted(row.times.items())},
+                "k": row.k,
+                "k_last": row.k_last,
+                "notes": row.notes,
+            }
+            for row in result.rows
+        ],
     }
 
 
@@ -294,10 +342,12 @@ def _row_note(row: dict[str, Any]) -> str:
     label = {
         "skipped": "skipped",
         "unavailable": "not available",
-        "failed": "peer failed (the peer's error; not counted against treeclass)" if peer
+        "failed": "peer failed (the peer's error; not counted against treeclass)"
+        if peer
         else "FAILED",
         "wrong": "peer gave different numbers (not timed; not counted against treeclass)"
-        if peer else "WRONG NUMBERS",
+        if peer
+        else "WRONG NUMBERS",
     }[status]
     return f"{label}: {note}" if note else label
 
@@ -305,27 +355,34 @@ def _row_note(row: dict[str, Any]) -> str:
 def _method(header: dict[str, Any]) -> str:
     timing = header["timing"]
     if not timing["calibrated"]:
-        return (f"smoke mode: {timing['rounds']} round of single calls (numbers are not "
-                "meaningful)")
-    clock = ("wall time" if timing["clock"] == "wall" else
-             "this process's CPU time, which equals wall time for synchronous CPU work but "
-             "ignores time spent waiting for a CPU on a busy machine (`--clock wall` for wall "
-             "time)")
+        return f"smoke mode: {timing['rounds']} round of single calls (numbers are not meaningful)"
+    clock = (
+        "wall time"
+        if timing["clock"] == "wall"
+        else "this process's CPU time, which equals wall time for synchronous CPU work but "
+        "ignores time spent waiting for a CPU on a busy machine (`--clock wall` for wall "
+        "time)"
+    )
     warmups = timing["warmup_calls"]
-    return (f"median of {timing['rounds']} rounds; in each round every implementation runs "
-            f"one sample (~{timing['sample_s'] * 1e3:g} ms of back-to-back calls) in a fresh "
-            f"shuffled order; {warmups} warm-up call{'' if warmups == 1 else 's'} first; gc "
-            f"paused during samples; clock: {clock}. Cases that say so in their notes use "
-            "fewer rounds, one call per sample or the wall clock (training loop, checkpoints, "
-            "scaling)")
+    return (
+        f"median of {timing['rounds']} rounds; in each round every implementation runs "
+        f"one sample (~{timing['sample_s'] * 1e3:g} ms of back-to-back calls) in a fresh "
+        f"shuffled order; {warmups} warm-up call{'' if warmups == 1 else 's'} first; gc "
+        f"paused during samples; clock: {clock}. Cases that say so in their notes use "
+        "fewer rounds, one call per sample or the wall clock (training loop, checkpoints, "
+        "scaling)"
+    )
 
 
 def _definitions(header: dict[str, Any]) -> list[str]:
     timing = header["timing"]
-    remeasure = (f"a case whose interval straddles its limit is first measured again, "
-                 f"{timing['remeasure_rounds']} more rounds of its treeclass and baseline "
-                 f"rows, up to {timing['remeasures']} time(s)"
-                 if timing.get("remeasures") else "this mode does not re-measure")
+    remeasure = (
+        f"a case whose interval straddles its limit is first measured again, "
+        f"{timing['remeasure_rounds']} more rounds of its treeclass and baseline "
+        f"rows, up to {timing['remeasures']} time(s)"
+        if timing.get("remeasures")
+        else "this mode does not re-measure"
+    )
     return [
         "- columns: *median* is one call's time, the median over rounds; *vs treeclass* and "
         "*vs floor* are medians of per-round ratios of the row's time to the treeclass row's "
@@ -363,8 +420,10 @@ def format_markdown(data: dict[str, Any]) -> str:
         *_definitions(header),
     ]
     if header["mode"] == "quick":
-        lines.append("- **`--quick` run: few, short rounds; every verdict is indicative only.** "
-                     "Run without `--quick` for figures to publish")
+        lines.append(
+            "- **`--quick` run: few, short rounds; every verdict is indicative only.** "
+            "Run without `--quick` for figures to publish"
+        )
     lines.append("")
     group = None
     for case in data["cases"]:
@@ -384,10 +443,19 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
         return [*lines, f"Skipped: {case['skip_reason']}", ""]
     target = case["target"]
     rate = case["rate"]
-    head = ["implementation", "median", *([rate[0]] if rate else []), "vs treeclass",
-            "vs floor", "target", "note"]
-    lines += ["| " + " | ".join(head) + " |",
-              "|---|---:|" + ("---:|" if rate else "") + "---:|---:|---|---|"]
+    head = [
+        "implementation",
+        "median",
+        *([rate[0]] if rate else []),
+        "vs treeclass",
+        "vs floor",
+        "target",
+        "note",
+    ]
+    lines += [
+        "| " + " | ".join(head) + " |",
+        "|---|---:|" + ("---:|" if rate else "") + "---:|---:|---|---|",
+    ]
     fastest = (target or {}).get("paired_with")  # set for "the fastest of" targets
     for row in case["rows"]:
         name = f"**{row['name']}**" if row["role"] == "treeclass" else row["name"]
@@ -405,8 +473,15 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
         if rate:
             median = row["median_s"]
             rate_cells = [_rate(rate[1] / median) if median else "—"]
-        cells = [name, _seconds(row["median_s"]), *rate_cells, _times(row["vs_treeclass"]),
-                 _times(row["vs_floor"]), target_cell, _row_note(row)]
+        cells = [
+            name,
+            _seconds(row["median_s"]),
+            *rate_cells,
+            _times(row["vs_treeclass"]),
+            _times(row["vs_floor"]),
+            target_cell,
+            _row_note(row),
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if case["published"]:
         lines += ["", "| ratio | published | this run |", "|---|---:|---:|"]
@@ -430,17 +505,25 @@ def _memory_markdown(extra: dict[str, Any]) -> list[str]:
     if "error" in extra:
         return ["", f"Peak memory not measured: {extra['error']}"]
     leaf = extra["largest_leaf"]
-    lines = ["", f"Peak extra host memory of one save (largest leaf {_mib(leaf)}; header "
-                 f"{extra['header'] if extra['header'] is not None else '—'} bytes):", "",
-             "| implementation | peak extra | x largest leaf | note |", "|---|---:|---:|---|"]
+    lines = [
+        "",
+        f"Peak extra host memory of one save (largest leaf {_mib(leaf)}; header "
+        f"{extra['header'] if extra['header'] is not None else '—'} bytes):",
+        "",
+        "| implementation | peak extra | x largest leaf | note |",
+        "|---|---:|---:|---|",
+    ]
     for row in extra["rows"]:
         multiple = "—" if row["extra"] is None else f"{row['extra'] / leaf:.2f}x"
         name = f"**{row['name']}**" if row["name"] == "treeclass" else row["name"]
         lines.append(f"| {name} | {_mib(row['extra'])} | {multiple} | {_cell(row['note'])} |")
     target = extra["target"]
-    lines += ["", f"Target: {target['text']}: {target['summary']}. Measured as "
-                  f"{extra['method'] or 'no method available'}, in a fresh interpreter per "
-                  "implementation, minus the resident memory just before the save."]
+    lines += [
+        "",
+        f"Target: {target['text']}: {target['summary']}. Measured as "
+        f"{extra['method'] or 'no method available'}, in a fresh interpreter per "
+        "implementation, minus the resident memory just before the save.",
+    ]
     return lines
 
 
@@ -454,36 +537,51 @@ def _k(value: float | None, flag: bool = False) -> str:
 def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
     if not scaling:
         return []
-    lines = ["## Scaling: how cost grows with the number of layers", "",
-             "Median time of one call per size; *k* is the slope of a least-squares line "
-             "through log(time) against log(layers) (cost ~ n^k: 1 is linear, 2 quadratic); "
-             "*k, last step* is the slope between the two largest sizes timed. A treeclass "
-             f"exponent above {LINEAR_LIMIT:g} is flagged in bold; the floor's exponent shows "
-             "what JAX itself does at that size, and *relative to the floor* is the slope of "
-             "treeclass's time over the floor's (0: treeclass grows exactly as plain dicts "
-             "under the same JAX call do), what the tree library itself adds.", ""]
+    lines = [
+        "## Scaling: how cost grows with the number of layers",
+        "",
+        "Median time of one call per size; *k* is the slope of a least-squares line "
+        "through log(time) against log(layers) (cost ~ n^k: 1 is linear, 2 quadratic); "
+        "*k, last step* is the slope between the two largest sizes timed. A treeclass "
+        f"exponent above {LINEAR_LIMIT:g} is flagged in bold; the floor's exponent shows "
+        "what JAX itself does at that size, and *relative to the floor* is the slope of "
+        "treeclass's time over the floor's (0: treeclass grows exactly as plain dicts "
+        "under the same JAX call do), what the tree library itself adds.",
+        "",
+    ]
     for case in scaling:
         lines += [f"### `{case['name']}`: {case['title']}", ""]
         if case["status"] == "skipped":
             lines += [f"Skipped: {case['skip_reason']}", ""]
             continue
         sizes = case["sizes"]
-        lines += ["| implementation | " + " | ".join(f"n={n:,}" for n in sizes)
-                  + " | k | k, last step | note |",
-                  "|---|" + "---:|" * (len(sizes) + 2) + "---|"]
+        lines += [
+            "| implementation | "
+            + " | ".join(f"n={n:,}" for n in sizes)
+            + " | k | k, last step | note |",
+            "|---|" + "---:|" * (len(sizes) + 2) + "---|",
+        ]
         for row in case["rows"]:
             mine = row["role"] == "treeclass"
             name = f"**{row['name']}**" if mine else row["name"]
             if row["role"] == "floor":
                 name += " (floor)"
             times = [_seconds(row["times_s"].get(str(n))) for n in sizes]
-            cells = [name, *times, _k(row["k"], mine), _k(row["k_last"], mine),
-                     "; ".join(row["notes"])]
+            cells = [
+                name,
+                *times,
+                _k(row["k"], mine),
+                _k(row["k_last"], mine),
+                "; ".join(row["notes"]),
+            ]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         notes = [case["note"]] if case["note"] else []
         if case["reused_sizes"]:
-            notes.append("n = " + ", ".join(f"{n:,}" for n in case["reused_sizes"])
-                         + ": the main case's own measurement in this run")
+            notes.append(
+                "n = "
+                + ", ".join(f"{n:,}" for n in case["reused_sizes"])
+                + ": the main case's own measurement in this run"
+            )
         if notes:
             lines += ["", "; ".join(notes) + "."]
         lines.append("")
@@ -493,9 +591,12 @@ def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
 
 def _exponents_table(scaling: list[dict[str, Any]], heading: bool = True) -> list[str]:
     lines = ["### Exponents at a glance", ""] if heading else []
-    lines += ["| case | treeclass k | treeclass k, last step | floor k | floor k, last step | "
-              "treeclass relative to the floor | treeclass | "
-              f"above k = {LINEAR_LIMIT:g} |", "|---|---:|---:|---:|---:|---:|---|---|"]
+    lines += [
+        "| case | treeclass k | treeclass k, last step | floor k | floor k, last step | "
+        "treeclass relative to the floor | treeclass | "
+        f"above k = {LINEAR_LIMIT:g} |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
     for case in scaling:
         if case["status"] == "skipped":
             lines.append(f"| `{case['name']}` | — | — | — | — | — | — | skipped |")
@@ -503,14 +604,17 @@ def _exponents_table(scaling: list[dict[str, Any]], heading: bool = True) -> lis
         rows = {row["name"]: row for row in case["rows"]}
         tc = rows.get("treeclass", {})
         relative = case.get("treeclass_k_over_floor")
-        above = [f"{row['name']} ({row['k']:.2f})" for row in case["rows"]
-                 if above_linear(row["k"])]
+        above = [
+            f"{row['name']} ({row['k']:.2f})" for row in case["rows"] if above_linear(row["k"])
+        ]
         shown_relative = "—" if relative is None else f"{relative:+.2f}"
-        lines.append(f"| `{case['name']}` | {_k(tc.get('k'), True)} | "
-                     f"{_k(tc.get('k_last'), True)} | {_k(case['floor_k'])} | "
-                     f"{_k(case.get('floor_k_last'))} | {shown_relative} | "
-                     f"{growth_verdict(tc.get('k'), relative)} | "
-                     f"{_cell(', '.join(above)) or 'none'} |")
+        lines.append(
+            f"| `{case['name']}` | {_k(tc.get('k'), True)} | "
+            f"{_k(tc.get('k_last'), True)} | {_k(case['floor_k'])} | "
+            f"{_k(case.get('floor_k_last'))} | {shown_relative} | "
+            f"{growth_verdict(tc.get('k'), relative)} | "
+            f"{_cell(', '.join(above)) or 'none'} |"
+        )
     return [*lines, ""]
 
 
@@ -531,8 +635,10 @@ def _verdict_cell(target: dict[str, Any], mode: str) -> str:
     if target["status"] is None:
         return target["summary"]
     status = target["status"]
-    word = {MET: f"met by {target['margin']:.0%}",
-            MISSED: f"**missed** by {-target['margin']:.0%}"}.get(status, "within noise")
+    word = {
+        MET: f"met by {target['margin']:.0%}",
+        MISSED: f"**missed** by {-target['margin']:.0%}",
+    }.get(status, "within noise")
     remarks = [f"after {target['extra_rounds']} more rounds"] if target["extra_rounds"] else []
     remarks += {"quick": ["indicative"], "smoke": ["smoke"]}.get(mode, [])
     return f"{word} ({'; '.join(remarks)})" if remarks else word
@@ -546,18 +652,24 @@ def _targets_rows(cases: list[dict[str, Any]], mode: str) -> list[str]:
             continue
         if target["status"] is None:
             reason = f": {target['reason']}" if target.get("reason") else ""
-            rows.append(f"| `{case['name']}` | {target['text']} | — | — | "
-                        f"{_cell(target['summary'] + reason)} |")
+            rows.append(
+                f"| `{case['name']}` | {target['text']} | — | — | "
+                f"{_cell(target['summary'] + reason)} |"
+            )
             continue
         kind = target["kind"]
         interval = f"{target['low']:.2f}-{target['high']:.2f}"
-        rows.append(f"| `{case['name']}` | {target['text']} | "
-                    f"{_shown(kind, target['measured'])} | {interval} | "
-                    f"{_verdict_cell(target, mode)} |")
+        rows.append(
+            f"| `{case['name']}` | {target['text']} | "
+            f"{_shown(kind, target['measured'])} | {interval} | "
+            f"{_verdict_cell(target, mode)} |"
+        )
         memory = (case.get("extra") or {}).get("target")
         if memory:
-            rows.append(f"| `{case['name']}` (memory) | {memory['text']} | — | — | "
-                        f"{_cell(memory['summary'])} |")
+            rows.append(
+                f"| `{case['name']}` (memory) | {memory['text']} | — | — | "
+                f"{_cell(memory['summary'])} |"
+            )
     return rows
 
 
@@ -565,12 +677,18 @@ def _targets_markdown(cases: list[dict[str, Any]], mode: str) -> list[str]:
     rows = _targets_rows(cases, mode)
     if not rows:
         return []
-    return [f"## Targets ({ARCHITECTURE_DOC})", "",
-            "*treeclass*: the median paired ratio; *interval*: its "
-            f"{CONFIDENCE:.0%} bootstrap interval; *verdict*: met, missed or within noise "
-            "(see the definitions at the top).", "",
-            "| case | target | treeclass | interval | verdict |", "|---|---|---:|---|---|",
-            *rows, ""]
+    return [
+        f"## Targets ({ARCHITECTURE_DOC})",
+        "",
+        "*treeclass*: the median paired ratio; *interval*: its "
+        f"{CONFIDENCE:.0%} bootstrap interval; *verdict*: met, missed or within noise "
+        "(see the definitions at the top).",
+        "",
+        "| case | target | treeclass | interval | verdict |",
+        "|---|---|---:|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def format_summary(data: dict[str, Any], image_folder: str, scaling_plot: bool = True) -> str:
@@ -601,22 +719,29 @@ def format_summary(data: dict[str, Any], image_folder: str, scaling_plot: bool =
         "limit inside it. *The fastest of* several baselines is the one with the lowest "
         "median time, paired with treeclass in every round.",
         "",
-        "| case | target | treeclass | interval | verdict |", "|---|---|---:|---|---|",
+        "| case | target | treeclass | interval | verdict |",
+        "|---|---|---:|---|---|",
         *_targets_rows(data["cases"], header["mode"]),
         "",
     ]
     lines += _workload_lines(data["cases"])
     scaling = [case for case in data.get("scaling", []) if case["status"] == "ran"]
     if scaling:
-        lines += ["How cost grows with the number of layers (cost ~ n^k, fitted over "
-                  + ", ".join(f"{n:,}" for n in scaling[0]["sizes"]) + " layers; "
-                  "*last step*: between the two largest):", "",
-                  *_exponents_table(scaling, heading=False)]
-    lines += [f"![ratios of every implementation to plain dicts, per case]"
-              f"({image_folder}/ratios-cpu.png)", ""]
+        lines += [
+            "How cost grows with the number of layers (cost ~ n^k, fitted over "
+            + ", ".join(f"{n:,}" for n in scaling[0]["sizes"])
+            + " layers; "
+            "*last step*: between the two largest):",
+            "",
+            *_exponents_table(scaling, heading=False),
+        ]
+    lines += [
+        f"![ratios of every implementation to plain dicts, per case]"
+        f"({image_folder}/ratios-cpu.png)",
+        "",
+    ]
     if scaling and scaling_plot:
-        lines += [f"![time against layers, log-log, per case]({image_folder}/scaling-cpu.png)",
-                  ""]
+        lines += [f"![time against layers, log-log, per case]({image_folder}/scaling-cpu.png)", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -630,8 +755,7 @@ def _workload_lines(cases: list[dict[str, Any]]) -> list[str]:
             if row["median_s"]:
                 rates.append(f"{row['name']} {_rate(count / row['median_s'])}")
         if rates:
-            return [f"`{case['name']}` ({unit}, higher is better): " + ", ".join(rates) + ".",
-                    ""]
+            return [f"`{case['name']}` ({unit}, higher is better): " + ", ".join(rates) + ".", ""]
     return []
 
 

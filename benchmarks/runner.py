@@ -29,14 +29,20 @@ from .probes import probe
 from .stats import WITHIN_NOISE, Verdict, judge
 from .timing import Plan, Series, measure
 
-__all__ = ["CaseResult", "EntryResult", "owner", "paired_baseline", "run_case", "run_cases",
-           "target_verdict"]
+__all__ = [
+    "CaseResult",
+    "EntryResult",
+    "owner",
+    "paired_baseline",
+    "run_case",
+    "run_cases",
+    "target_verdict",
+]
 
 
 def owner(role: str) -> str:
     """Whose row a role is: `"treeclass"` (its row and its baselines), `"floor"`, `"peer"`."""
-    return {"treeclass": "treeclass", "baseline": "treeclass", "floor": "floor"}.get(
-        role, "peer")
+    return {"treeclass": "treeclass", "baseline": "treeclass", "floor": "floor"}.get(role, "peer")
 
 
 @dataclass
@@ -84,8 +90,7 @@ class CaseResult:
         return None
 
 
-def _target_series(result: CaseResult
-                   ) -> tuple[Target, Series, list[tuple[str, Series]]] | None:
+def _target_series(result: CaseResult) -> tuple[Target, Series, list[tuple[str, Series]]] | None:
     """The target, the treeclass row's series and the timed baselines' `(name, series)`,
     or `None` when the case has no target, or treeclass or every baseline went untimed."""
     target = result.case.target
@@ -236,9 +241,13 @@ def _remeasure_if_within_noise(
             return
         rows = {name: result.timed(name) for name in names}
         extra = plan.rounds * plan.remeasure_factor
-        more = measure({name: ops[name] for name in names}, result.case.sync,
-                       dataclasses.replace(plan, rounds=extra), rng,
-                       numbers={name: rows[name].number for name in names})
+        more = measure(
+            {name: ops[name] for name in names},
+            result.case.sync,
+            dataclasses.replace(plan, rounds=extra),
+            rng,
+            numbers={name: rows[name].number for name in names},
+        )
         for name, series in more.items():
             rows[name].times.extend(series.times)
         result.extra_rounds += extra
@@ -272,8 +281,12 @@ def run_cases(
     return results
 
 
-_PROGRESS_LABELS = {"skipped": "skipped", "unavailable": "not available", "failed": "FAILED",
-                    "wrong": "WRONG NUMBERS"}
+_PROGRESS_LABELS = {
+    "skipped": "skipped",
+    "unavailable": "not available",
+    "failed": "FAILED",
+    "wrong": "WRONG NUMBERS",
+}
 
 
 def progress_summary(result: CaseResult) -> str:
@@ -282,8 +295,11 @@ def progress_summary(result: CaseResult) -> str:
         return f"skipped: {result.note}"
     timed = sum(row.status == "ok" for row in result.entries)
     parts = [f"{timed} timed"]
-    peer_trouble = [row.name for row in result.entries
-                    if row.owner == "peer" and row.status in ("failed", "wrong")]
+    peer_trouble = [
+        row.name
+        for row in result.entries
+        if row.owner == "peer" and row.status in ("failed", "wrong")
+    ]
     if peer_trouble:
         parts.append(f"peer failed, not counted against treeclass: {', '.join(peer_trouble)}")
     for row in result.entries:
@@ -292,6 +308,8 @@ def progress_summary(result: CaseResult) -> str:
     verdict = target_verdict(result)
     if verdict is not None:
         more = f", {result.extra_rounds} more rounds" if result.extra_rounds else ""
-        parts.append(f"target {verdict.status} ({verdict.measured:.3g} in "
-                     f"[{verdict.low:.3g}, {verdict.high:.3g}]{more})")
+        parts.append(
+            f"target {verdict.status} ({verdict.measured:.3g} in "
+            f"[{verdict.low:.3g}, {verdict.high:.3g}]{more})"
+        )
     return f"{'; '.join(parts)} ({result.seconds:.1f} s)"

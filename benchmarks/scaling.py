@@ -206,9 +206,14 @@ def _dispatch_at(n: int, sizes: Sizes) -> Case:
 
         return _per_kit(make, canon=_array_canon)
 
-    return Case(name=f"scaling_dispatch_{n}", group="8. scaling",
-                title=f"`jax.jit` dispatch with a {n}-layer MLP argument", entries=entries,
-                sync=_block_array, plan=_scaling_plan)
+    return Case(
+        name=f"scaling_dispatch_{n}",
+        group="8. scaling",
+        title=f"`jax.jit` dispatch with a {n}-layer MLP argument",
+        entries=entries,
+        sync=_block_array,
+        plan=_scaling_plan,
+    )
 
 
 def _tagged_model(kit: Kit, n: int, width: int) -> Any:
@@ -232,14 +237,27 @@ def _tree_mask_at(n: int, sizes: Sizes) -> Case:
             return lambda: tree_map(lambda x: freeze(x) if is_nondiff(x) else x, model)
 
         built = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
-        built.insert(1, Entry("treeclass (tree_map + freeze)", "baseline", by_hand,
-                              note="hand-written, same model"))
+        built.insert(
+            1,
+            Entry(
+                "treeclass (tree_map + freeze)",
+                "baseline",
+                by_hand,
+                note="hand-written, same model",
+            ),
+        )
         return built
 
-    return Case(name=f"scaling_tree_mask_{n}", group="8. scaling",
-                title=f"`tree_mask` (freeze what `jax.grad` cannot differentiate) of a {n}-layer "
-                      "MLP with a string leaf per layer",
-                entries=entries, sync=None, needs=("freeze",), plan=_scaling_plan)
+    return Case(
+        name=f"scaling_tree_mask_{n}",
+        group="8. scaling",
+        title=f"`tree_mask` (freeze what `jax.grad` cannot differentiate) of a {n}-layer "
+        "MLP with a string leaf per layer",
+        entries=entries,
+        sync=None,
+        needs=("freeze",),
+        plan=_scaling_plan,
+    )
 
 
 def _repr_at(n: int, sizes: Sizes) -> Case:
@@ -250,9 +268,14 @@ def _repr_at(n: int, sizes: Sizes) -> Case:
 
         return _per_kit(make, canon=_text_canon)
 
-    return Case(name=f"scaling_repr_{n}", group="8. scaling",
-                title=f"`repr` of a {n}-layer MLP", entries=entries, sync=None,
-                plan=_scaling_plan)
+    return Case(
+        name=f"scaling_repr_{n}",
+        group="8. scaling",
+        title=f"`repr` of a {n}-layer MLP",
+        entries=entries,
+        sync=None,
+        plan=_scaling_plan,
+    )
 
 
 def _summary_at(n: int, sizes: Sizes) -> Case:
@@ -263,9 +286,14 @@ def _summary_at(n: int, sizes: Sizes) -> Case:
 
         return _per_kit(make, ("treeclass", "pytreeclass", "sepes"), canon=_text_canon)
 
-    return Case(name=f"scaling_tree_summary_{n}", group="8. scaling",
-                title=f"`tree_summary` of a {n}-layer MLP", entries=entries, sync=None,
-                plan=_scaling_plan)
+    return Case(
+        name=f"scaling_tree_summary_{n}",
+        group="8. scaling",
+        title=f"`tree_summary` of a {n}-layer MLP",
+        entries=entries,
+        sync=None,
+        plan=_scaling_plan,
+    )
 
 
 def _array_canon(result: Any) -> dict[tuple, Any]:
@@ -284,8 +312,9 @@ def _block_array(result: Any) -> Any:
     return result.block_until_ready()
 
 
-def scaling_cases(sizes: Sizes, mode: str, layer_counts: Sequence[int] | None = None
-                  ) -> list[ScalingCase]:
+def scaling_cases(
+    sizes: Sizes, mode: str, layer_counts: Sequence[int] | None = None
+) -> list[ScalingCase]:
     """The scaling cases for `mode` (`"full"`, `"quick"` or `"smoke"`).
 
     **Arguments**
@@ -302,36 +331,67 @@ def scaling_cases(sizes: Sizes, mode: str, layer_counts: Sequence[int] | None = 
         return lambda n: _untargeted(make(n), f"scaling_{name}_{n}")
 
     return [
-        ScalingCase("scaling_flatten", "flatten + unflatten round trip",
-                    scaled("flatten", lambda n: flatten_layers_case(n, width)), counts,
-                    reuse=lambda n: f"flatten_{n}_layers"),
-        ScalingCase("scaling_dispatch", "`jax.jit` dispatch (trivial body, every leaf passed)",
-                    lambda n: _dispatch_at(n, sizes), counts,
-                    note="`jax.jit(lambda model, x: x * 2, keep_unused=True)`; equinox "
-                         "through `jax.jit`"),
-        ScalingCase("scaling_train_step", "jitted SGD train step",
-                    scaled("train_step", lambda n: train_step_case(n, sizes)), train_counts,
-                    reuse=lambda n: f"train_step_{n}_layers",
-                    note=f"up to {train_counts[-1]:,} layers: compiling the step takes minutes "
-                         "per implementation beyond"),
-        ScalingCase("scaling_set_deep", "set one leaf deep (layer n/2's weight)",
-                    scaled("set_deep", lambda n: set_deep_case(n, width)), counts,
-                    reuse=lambda n: f"set_deep_leaf_{n}_layers"),
-        ScalingCase("scaling_apply_selector", '`.at[Linear]["weight"].apply` and equivalents',
-                    scaled("apply_selector", lambda n: apply_selector_case(n, width)), counts,
-                    reuse=lambda n: f"apply_selector_{n}_layers"),
-        ScalingCase("scaling_tree_mask", "`tc.tree_mask` and equivalents",
-                    lambda n: _tree_mask_at(n, sizes), counts),
+        ScalingCase(
+            "scaling_flatten",
+            "flatten + unflatten round trip",
+            scaled("flatten", lambda n: flatten_layers_case(n, width)),
+            counts,
+            reuse=lambda n: f"flatten_{n}_layers",
+        ),
+        ScalingCase(
+            "scaling_dispatch",
+            "`jax.jit` dispatch (trivial body, every leaf passed)",
+            lambda n: _dispatch_at(n, sizes),
+            counts,
+            note="`jax.jit(lambda model, x: x * 2, keep_unused=True)`; equinox through `jax.jit`",
+        ),
+        ScalingCase(
+            "scaling_train_step",
+            "jitted SGD train step",
+            scaled("train_step", lambda n: train_step_case(n, sizes)),
+            train_counts,
+            reuse=lambda n: f"train_step_{n}_layers",
+            note=f"up to {train_counts[-1]:,} layers: compiling the step takes minutes "
+            "per implementation beyond",
+        ),
+        ScalingCase(
+            "scaling_set_deep",
+            "set one leaf deep (layer n/2's weight)",
+            scaled("set_deep", lambda n: set_deep_case(n, width)),
+            counts,
+            reuse=lambda n: f"set_deep_leaf_{n}_layers",
+        ),
+        ScalingCase(
+            "scaling_apply_selector",
+            '`.at[Linear]["weight"].apply` and equivalents',
+            scaled("apply_selector", lambda n: apply_selector_case(n, width)),
+            counts,
+            reuse=lambda n: f"apply_selector_{n}_layers",
+        ),
+        ScalingCase(
+            "scaling_tree_mask",
+            "`tc.tree_mask` and equivalents",
+            lambda n: _tree_mask_at(n, sizes),
+            counts,
+        ),
         ScalingCase("scaling_repr", "`repr`", lambda n: _repr_at(n, sizes), counts),
-        ScalingCase("scaling_tree_summary", "`tc.tree_summary` and equivalents",
-                    lambda n: _summary_at(n, sizes), counts),
+        ScalingCase(
+            "scaling_tree_summary",
+            "`tc.tree_summary` and equivalents",
+            lambda n: _summary_at(n, sizes),
+            counts,
+        ),
     ]
 
 
 # -- running --------------------------------------------------------------------------------
 
-_STATUS_WORDS = {"skipped": "skipped", "unavailable": "not available", "failed": "failed",
-                 "wrong": "gave different numbers"}
+_STATUS_WORDS = {
+    "skipped": "skipped",
+    "unavailable": "not available",
+    "failed": "failed",
+    "wrong": "gave different numbers",
+}
 
 
 def run_scaling(
@@ -380,8 +440,10 @@ def run_scaling(
             if entry.status == "ok" and entry.series is not None:
                 row.times[n] = entry.series.median
             elif entry.name not in left_out:
-                row.notes.append(f"n={n:,}: {_STATUS_WORDS.get(entry.status, entry.status)}"
-                                 + (f" ({entry.note})" if entry.note else ""))
+                row.notes.append(
+                    f"n={n:,}: {_STATUS_WORDS.get(entry.status, entry.status)}"
+                    + (f" ({entry.note})" if entry.note else "")
+                )
         if index + 1 < len(case.sizes):
             _leave_out_slow(rows, left_out, n, case.sizes[index + 1], plan, budget_s)
     result.rows = list(rows.values())
@@ -396,8 +458,14 @@ def _without(case: Case, names: set[str]) -> Case:
     return dataclasses.replace(case, entries=lambda: [e for e in entries() if e.name not in names])
 
 
-def _leave_out_slow(rows: dict[str, ScalingRow], left_out: set[str], n: int, next_n: int,
-                    plan: Plan, budget_s: float) -> None:
+def _leave_out_slow(
+    rows: dict[str, ScalingRow],
+    left_out: set[str],
+    n: int,
+    next_n: int,
+    plan: Plan,
+    budget_s: float,
+) -> None:
     rounds = _scaling_plan(plan).rounds
     for row in rows.values():
         if row.name in left_out or n not in row.times:
@@ -407,8 +475,10 @@ def _leave_out_slow(rows: dict[str, ScalingRow], left_out: set[str], n: int, nex
         # the first (checked) call, a calibration call and the rounds
         if projected * (rounds + 2) > budget_s:
             left_out.add(row.name)
-            row.notes.append(f"not timed from n={next_n:,}: projected {projected:.3g} s per "
-                             f"call (k={growth:.2f} so far)")
+            row.notes.append(
+                f"not timed from n={next_n:,}: projected {projected:.3g} s per "
+                f"call (k={growth:.2f} so far)"
+            )
 
 
 def flagged(result: ScalingResult) -> list[ScalingRow]:
@@ -430,8 +500,10 @@ def run_scaling_cases(
     width = len(str(len(cases)))
     for index, case in enumerate(cases, 1):
         if progress is not None:
-            progress.write(f"[scaling {index:>{width}}/{len(cases)}] {case.name} "
-                           f"(n = {', '.join(f'{n:,}' for n in case.sizes)}) ... ")
+            progress.write(
+                f"[scaling {index:>{width}}/{len(cases)}] {case.name} "
+                f"(n = {', '.join(f'{n:,}' for n in case.sizes)}) ... "
+            )
             progress.flush()
         result = run_scaling(case, plan, rng, budget_s, earlier)
         results.append(result)

@@ -159,8 +159,7 @@ def measure(
                 else:
                     sync(fn())
         numbers = {
-            name: (_calibrate(fn, sync, plan) if plan.calibrate else 1)
-            for name, fn in fns.items()
+            name: (_calibrate(fn, sync, plan) if plan.calibrate else 1) for name, fn in fns.items()
         }
     series = {name: Series(numbers[name], []) for name in fns}
     names = list(fns)
@@ -177,4 +176,3 @@ def measure(
 def median_ratio(a: Series, b: Series) -> float:
     """The median over rounds of `a`'s time divided by `b`'s time in the same round."""
     return statistics.median(x / y for x, y in zip(a.times, b.times))
-

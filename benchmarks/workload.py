@@ -53,12 +53,20 @@ class WorkloadSize:
 def _arrays(size: WorkloadSize) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
     rng = np.random.default_rng(512)
     scale = np.float32(np.sqrt(2.0 / size.width))
-    layers = [(jnp.asarray(rng.standard_normal((size.width, size.width), dtype=np.float32)
-                           * scale),
-               jnp.zeros((size.width,), jnp.float32)) for _ in range(size.depth)]
-    batches = [(jnp.asarray(rng.standard_normal((size.batch, size.width), dtype=np.float32)),
-                jnp.asarray(rng.standard_normal((size.batch, size.width), dtype=np.float32)))
-               for _ in range(_BATCHES)]
+    layers = [
+        (
+            jnp.asarray(rng.standard_normal((size.width, size.width), dtype=np.float32) * scale),
+            jnp.zeros((size.width,), jnp.float32),
+        )
+        for _ in range(size.depth)
+    ]
+    batches = [
+        (
+            jnp.asarray(rng.standard_normal((size.batch, size.width), dtype=np.float32)),
+            jnp.asarray(rng.standard_normal((size.batch, size.width), dtype=np.float32)),
+        )
+        for _ in range(_BATCHES)
+    ]
     return layers, batches
 
 
@@ -71,8 +79,9 @@ def _loss(layers: Any, x: Any, y: Any, item: bool) -> Any:
     return jnp.mean((x @ w + b - y) ** 2)
 
 
-def _loop(step: Callable[..., Any], state: list[Any], batches: list[Any], steps: int
-          ) -> Callable[[], Any]:
+def _loop(
+    step: Callable[..., Any], state: list[Any], batches: list[Any], steps: int
+) -> Callable[[], Any]:
     """A zero-argument function running `steps` steps; the state lives in `state`."""
     turn = [0]
 
@@ -100,7 +109,8 @@ def _jax_jit(kit_name: str, size: WorkloadSize) -> Callable[[], Any]:
     @jax.jit
     def step(model: Any, opt_state: Any, x: Any, y: Any) -> Any:
         loss, grads = jax.value_and_grad(
-            lambda m: _loss(m["layers"] if item else m.layers, x, y, item))(model)
+            lambda m: _loss(m["layers"] if item else m.layers, x, y, item)
+        )(model)
         updates, opt_state = optim.update(grads, opt_state, model)
         return optax.apply_updates(model, updates), opt_state, loss
 
@@ -122,8 +132,7 @@ def _equinox(size: WorkloadSize) -> Callable[[], Any]:
         updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         return eqx.apply_updates(model, updates), opt_state, loss
 
-    return _loop(step, [model, optim.init(eqx.filter(model, eqx.is_array))], batches,
-                 size.steps)
+    return _loop(step, [model, optim.init(eqx.filter(model, eqx.is_array))], batches, size.steps)
 
 
 def _nnx(size: WorkloadSize) -> Callable[[], Any]:
@@ -148,8 +157,9 @@ def _nnx(size: WorkloadSize) -> Callable[[], Any]:
     @nnx.jit
     def step(model: Any, optimizer: Any, x: Any, y: Any) -> Any:
         def loss_fn(model: Any) -> Any:
-            return _loss([_Layer(layer.weight[...], layer.bias[...]) for layer in model.layers],
-                         x, y, False)
+            return _loss(
+                [_Layer(layer.weight[...], layer.bias[...]) for layer in model.layers], x, y, False
+            )
 
         loss, grads = nnx.value_and_grad(loss_fn)(model)
         optimizer.update(model, grads)
@@ -177,28 +187,26 @@ def workload_case(size: WorkloadSize) -> Case:
 
     def entries() -> list[Entry]:
         return [
-            Entry("treeclass", "treeclass", lambda: _jax_jit("treeclass", size),
-                  note="`jax.jit`"),
+            Entry("treeclass", "treeclass", lambda: _jax_jit("treeclass", size), note="`jax.jit`"),
             Entry(FLOOR, "floor", lambda: _jax_jit("dict", size), note="`jax.jit`"),
-            Entry("equinox (filter_jit)", "peer", lambda: _equinox(size),
-                  note="`eqx.filter_jit`"),
+            Entry("equinox (filter_jit)", "peer", lambda: _equinox(size), note="`eqx.filter_jit`"),
             Entry("flax.nnx", "peer", lambda: _nnx(size), note="`nnx.jit` + `nnx.Optimizer`"),
-            Entry("pytreeclass", "peer", lambda: _jax_jit("pytreeclass", size),
-                  note="`jax.jit`"),
+            Entry("pytreeclass", "peer", lambda: _jax_jit("pytreeclass", size), note="`jax.jit`"),
         ]
 
     def plan(base: Plan) -> Plan:
         # one loop per sample on the wall clock (XLA's CPU matmuls use every core, which a
         # process's CPU time would count several times over)
         rounds = base.rounds if base.rounds <= 1 else min(base.rounds, 9)
-        return dataclasses.replace(base, rounds=rounds, calibrate=False, clock="wall",
-                                   warmup=min(base.warmup, 1))
+        return dataclasses.replace(
+            base, rounds=rounds, calibrate=False, clock="wall", warmup=min(base.warmup, 1)
+        )
 
     return Case(
         name="workload_training_loop",
         group="0. real workload",
         title=f"training loop: {size.steps} adam steps of a {size.depth}-layer MLP of width "
-              f"{size.width}, batch {size.batch}",
+        f"{size.width}, batch {size.batch}",
         entries=entries,
         sync=_block_array,
         modules=("optax",),
@@ -206,5 +214,5 @@ def workload_case(size: WorkloadSize) -> Case:
         plan=plan,
         rate=("steps/s", size.steps),
         note="Each sample is a loop of steps that waits for the last loss only; the rate "
-             "column is steps per second.",
+        "column is steps per second.",
     )

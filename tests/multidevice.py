@@ -21,8 +21,11 @@ DEVICE_COUNT = 8
 
 def run_check_script(name: str) -> dict[str, str]:
     """Run `tests/<name>` on 8 CPU devices; `{check name: "ok" or its traceback}`."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICE_COUNT}"}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICE_COUNT}",
+    }
     script = pathlib.Path(__file__).with_name(name)
     proc = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300

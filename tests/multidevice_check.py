@@ -187,9 +187,7 @@ def model_parallel_training_matches_single_device() -> None:
 def frozen_layers_stay_bit_identical_in_parallel_training() -> None:
     plain = MLP(SIZES, jax.random.key(0))
     first = plain.layers[0]
-    masked = tc.tree_mask(
-        tc.tree_mask(plain, lambda x: x is first, is_leaf=lambda x: x is first)
-    )
+    masked = tc.tree_mask(tc.tree_mask(plain, lambda x: x is first, is_leaf=lambda x: x is first))
     mesh = mesh_1d("data")
     batch = NamedSharding(mesh, P("data", None))
     params = jax.device_put(masked, NamedSharding(mesh, P()))
@@ -220,9 +218,7 @@ def shard_map_data_parallel_gradients_match() -> None:
         # varying-axis tracking sums the replicated parameters' cotangents over "x"
         return jax.grad(lambda m: jax.lax.pmean(loss(m, x, y), "x"))(m)
 
-    sharded = jax.shard_map(
-        local_grads, mesh=mesh, in_specs=(P(), P("x"), P("x")), out_specs=P()
-    )
+    sharded = jax.shard_map(local_grads, mesh=mesh, in_specs=(P(), P("x"), P("x")), out_specs=P())
     grads = jax.jit(sharded)(masked, X, Y)
     assert grads.steps is masked.steps
     assert_trees_close(grads, jax.grad(loss)(masked, X, Y))

@@ -36,9 +36,7 @@ class Linear(tc.TreeClass):
 
 class MLP(tc.TreeClass):
     def __init__(self, n: int):
-        self.layers = tuple(
-            Linear(jnp.full((2, 2), float(i)), jnp.zeros(2)) for i in range(n)
-        )
+        self.layers = tuple(Linear(jnp.full((2, 2), float(i)), jnp.zeros(2)) for i in range(n))
         self.scale = 1.0
 
     def grow(self, value):
@@ -313,9 +311,13 @@ def test_is_leaf_is_accepted_by_every_operation():
     assert tc.at(tree)["a"].set(0, is_leaf=is_pair) == {"a": 0, "b": 3}
     assert tc.at(tree)["b"].get(is_leaf=is_pair) == {"a": None, "b": 3}
     assert tc.at(tree)[...].reduce(lambda a, x: a + [x], initializer=[], is_leaf=is_pair) == [
-        (1, 2), 3]
+        (1, 2),
+        3,
+    ]
     assert tc.at(tree)["a"].scan(lambda x, s: (s, s + 1), 0, is_leaf=is_pair) == (
-        {"a": 0, "b": 3}, 1)
+        {"a": 0, "b": 3},
+        1,
+    )
 
 
 # -- masks with paths --------------------------------------------------------------------
@@ -342,8 +344,10 @@ def test_prefix_mask_selects_whole_subtrees():
     mask = MLP(2).at["layers"].set(False).at["scale"].set(True)
     assert model.at[mask].get().scale == 1.0
     prefix = {"a": True, "b": False}
-    assert tc.at({"a": {"x": 1, "y": 2}, "b": [3]})[prefix].set(0) == {"a": {"x": 0, "y": 0},
-                                                                       "b": [3]}
+    assert tc.at({"a": {"x": 1, "y": 2}, "b": [3]})[prefix].set(0) == {
+        "a": {"x": 0, "y": 0},
+        "b": [3],
+    }
 
 
 def test_mask_treeclass_selects_where_true():
@@ -435,8 +439,7 @@ def test_basekey_subclass_matches_entries():
             self.suffix = suffix
 
         def __eq__(self, entry):
-            return isinstance(entry, jax.tree_util.GetAttrKey) and entry.name.endswith(
-                self.suffix)
+            return isinstance(entry, jax.tree_util.GetAttrKey) and entry.name.endswith(self.suffix)
 
     model = MLP(2)
     new = model.at["layers"][...][Suffix("ight")].set(0.0)
@@ -492,8 +495,7 @@ def test_grad_through_apply():
 
 
 def test_vmap_over_set():
-    out = jax.vmap(lambda x: tc.at({"x": x, "y": 1.0})["x"].apply(lambda v: v * 2))(
-        jnp.arange(3.0))
+    out = jax.vmap(lambda x: tc.at({"x": x, "y": 1.0})["x"].apply(lambda v: v * 2))(jnp.arange(3.0))
     assert out["x"].tolist() == [0.0, 2.0, 4.0]
 
 
@@ -501,8 +503,11 @@ def test_vmap_over_set():
 
 
 def test_missing_name_names_path_and_closest():
-    with pytest.raises(LookupError, match=r"'weigth' not found at MLP\.layers\[0\]; "
-                                          r"did you mean 'weight'\?"):
+    with pytest.raises(
+        LookupError,
+        match=r"'weigth' not found at MLP\.layers\[0\]; "
+        r"did you mean 'weight'\?",
+    ):
         MLP(2).at["layers"][0]["weigth"].set(1.0)
 
 
@@ -512,8 +517,11 @@ def test_missing_name_in_get_also_raises():
 
 
 def test_index_out_of_range():
-    with pytest.raises(IndexError, match=r"index 5 out of range at MLP\.layers: a tuple of "
-                                         r"length 2"):
+    with pytest.raises(
+        IndexError,
+        match=r"index 5 out of range at MLP\.layers: a tuple of "
+        r"length 2",
+    ):
         MLP(2).at["layers"][5].set(0)
 
 
@@ -534,15 +542,18 @@ def test_set_on_static_field_raises():
 
 def test_selection_reaching_only_static_fields_says_so():
     layer = Linear(jnp.ones(1), jnp.ones(1))
-    with pytest.raises(LookupError,
-                       match=r"(?s)reaches no leaves.*Linear\.name \(a static field\)"):
+    with pytest.raises(
+        LookupError, match=r"(?s)reaches no leaves.*Linear\.name \(a static field\)"
+    ):
         layer.at[re.compile("na.*")].set("x")
 
 
 def test_unsupported_selector_lists_supported_kinds():
-    with pytest.raises(NotImplementedError,
-                       match=r"(?s)Unsupported selector 1\.5.*MLP\.at\['layers'\]\[1\.5\]"
-                             r".*Supported: a str name"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"(?s)Unsupported selector 1\.5.*MLP\.at\['layers'\]\[1\.5\]"
+        r".*Supported: a str name",
+    ):
         MLP(1).at["layers"][1.5]
 
 
@@ -568,9 +579,12 @@ def test_indexer_is_not_iterable():
 def test_failed_operation_leaves_input_unchanged():
     tree = {"a": [1, 2], "b": {"c": 3}}
     snapshot = copy.deepcopy(tree)
-    for bad in (lambda: tc.at(tree)["b"]["zz"].set(0), lambda: tc.at(tree)["a"][9].set(0),
-                lambda: tc.at(tree)["a"][{"x": True}].set(0),
-                lambda: tc.at(tree)[{"a": [True, True], "b": {"d": True}}].set(0)):
+    for bad in (
+        lambda: tc.at(tree)["b"]["zz"].set(0),
+        lambda: tc.at(tree)["a"][9].set(0),
+        lambda: tc.at(tree)["a"][{"x": True}].set(0),
+        lambda: tc.at(tree)[{"a": [True, True], "b": {"d": True}}].set(0),
+    ):
         with pytest.raises((LookupError, ValueError)):
             bad()
         assert tree == snapshot

@@ -74,8 +74,18 @@ def smoke(tmp_path_factory):
     out, err = io.StringIO(), io.StringIO()
     # --async-dispatch: leave JAX's global dispatch setting alone for the other tests
     # (the subprocess test below covers the default, synchronous mode)
-    arguments = ["--smoke", "--async-dispatch", "--json", str(json_path), "--plot", str(plot_path),
-                 "--scaling-plot", str(scaling_path), "--markdown", str(markdown_path)]
+    arguments = [
+        "--smoke",
+        "--async-dispatch",
+        "--json",
+        str(json_path),
+        "--plot",
+        str(plot_path),
+        "--scaling-plot",
+        str(scaling_path),
+        "--markdown",
+        str(markdown_path),
+    ]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(arguments)
     return {
@@ -97,8 +107,12 @@ def test_smoke_run_exits_zero(smoke):
 
 
 def _smoke_case_names():
-    return ["workload_training_loop", *(case.name for case in all_cases(SMOKE_SIZES)),
-            "checkpoint_save", "checkpoint_load"]
+    return [
+        "workload_training_loop",
+        *(case.name for case in all_cases(SMOKE_SIZES)),
+        "checkpoint_save",
+        "checkpoint_load",
+    ]
 
 
 def test_smoke_run_reports_every_case(smoke):
@@ -124,8 +138,12 @@ def test_markdown_file_is_what_stdout_shows(smoke):
 
 
 def test_smoke_run_has_no_implementation_with_wrong_numbers(smoke):
-    wrong = [(case["name"], row["name"], row["note"]) for case in smoke["json"]["cases"]
-             for row in case["rows"] if row["status"] == "wrong"]
+    wrong = [
+        (case["name"], row["name"], row["note"])
+        for case in smoke["json"]["cases"]
+        for row in case["rows"]
+        if row["status"] == "wrong"
+    ]
     assert wrong == []
 
 
@@ -164,8 +182,16 @@ def test_timed_rows_carry_one_time_per_round(smoke):
 def test_every_peer_appears_in_the_dispatch_table(smoke):
     dispatch = next(c for c in smoke["json"]["cases"] if c["name"].startswith("dispatch_"))
     names = {row["name"] for row in dispatch["rows"]}
-    assert names == {"treeclass", "dict/list", "register_dataclass", "flax.struct",
-                     "equinox (jax.jit)", "equinox (filter_jit)", "pytreeclass", "sepes"}
+    assert names == {
+        "treeclass",
+        "dict/list",
+        "register_dataclass",
+        "flax.struct",
+        "equinox (jax.jit)",
+        "equinox (filter_jit)",
+        "pytreeclass",
+        "sepes",
+    }
 
 
 def test_header_names_backend_device_versions_and_dispatch(smoke):
@@ -175,14 +201,17 @@ def test_header_names_backend_device_versions_and_dispatch(smoke):
     assert header["mode"] == "smoke"
     assert header["dispatch"].split()[0] in ("synchronous", "asynchronous")
     assert {"jax", "treeclass", "equinox", "flax", "pytreeclass", "sepes"} <= set(
-        header["versions"])
+        header["versions"]
+    )
     assert f"- backend: {header['backend']}" in smoke["markdown"]
     assert "- dispatch: " in smoke["markdown"]
 
 
 def test_targets_appear_as_a_column_and_a_summary(smoke):
-    assert "| implementation | median | vs treeclass | vs floor | target | note |" in (
-        smoke["markdown"])
+    assert (
+        "| implementation | median | vs treeclass | vs floor | target | note |"
+        in (smoke["markdown"])
+    )
     assert "## Targets (docs/architecture.md)" in smoke["markdown"]
     assert "| case | target | treeclass | interval | verdict |" in smoke["markdown"]
     targeted = [c for c in smoke["json"]["cases"] if c["target"] is not None]
@@ -238,13 +267,19 @@ def test_plots_are_pngs(smoke):
 
 
 def test_peer_failure_in_the_smoke_run_is_labelled_as_the_peers(smoke):
-    failed = [(case, row) for case in smoke["json"]["cases"] for row in case["rows"]
-              if row["status"] == "failed" and row["owner"] == "peer"]
+    failed = [
+        (case, row)
+        for case in smoke["json"]["cases"]
+        for row in case["rows"]
+        if row["status"] == "failed" and row["owner"] == "peer"
+    ]
     for case, row in failed:
         assert "FAILED" not in smoke["progress"].split(case["name"], 1)[1].splitlines()[0]
         assert f"| {row['name']} | — |" in smoke["markdown"]
-    assert "peer failed (the peer's error; not counted against treeclass)" in (
-        smoke["markdown"]) or not failed
+    assert (
+        "peer failed (the peer's error; not counted against treeclass)" in (smoke["markdown"])
+        or not failed
+    )
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -253,7 +288,10 @@ def test_peer_failure_in_the_smoke_run_is_labelled_as_the_peers(smoke):
 def test_python_m_benchmarks_runs_as_a_module():
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--smoke", "--only", "flatten_4_fields"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert "### `flatten_4_fields`" in done.stdout
@@ -262,11 +300,14 @@ def test_python_m_benchmarks_runs_as_a_module():
 
 
 def test_importing_the_suite_imports_no_peer():
-    code = ("import sys, benchmarks.cli, benchmarks.cases, benchmarks.report; "
-            "print(sorted(m for m in ('flax', 'equinox', 'pytreeclass', 'sepes', 'optax', "
-            "'matplotlib') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    code = (
+        "import sys, benchmarks.cli, benchmarks.cases, benchmarks.report; "
+        "print(sorted(m for m in ('flax', 'equinox', 'pytreeclass', 'sepes', 'optax', "
+        "'matplotlib') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.stdout.strip() == "[]", done.stderr
 
 
@@ -274,12 +315,16 @@ def test_only_selects_by_exact_name_substring_and_glob():
     cases = [*all_cases(SMOKE_SIZES), *scaling_cases(SMOKE_SIZES, "smoke")]
     assert [c.name for c in select_cases(cases, "flatten_4_fields")] == ["flatten_4_fields"]
     assert [c.name for c in select_cases(cases, "flatten_4_f")] == [
-        "flatten_4_fields", "keyed_flatten_4_fields"]
+        "flatten_4_fields",
+        "keyed_flatten_4_fields",
+    ]
     assert {c.name for c in select_cases(cases, "dispatch")} == {
-        "dispatch_2_layers", "dispatch_4_layers", "frozen_dispatch_4_layers",
-        "scaling_dispatch"}
-    assert [c.name for c in select_cases(cases, "keyed*8_fields")] == [
-        "keyed_flatten_8_fields"]
+        "dispatch_2_layers",
+        "dispatch_4_layers",
+        "frozen_dispatch_4_layers",
+        "scaling_dispatch",
+    }
+    assert [c.name for c in select_cases(cases, "keyed*8_fields")] == ["keyed_flatten_8_fields"]
     assert [c.name for c in select_cases(cases, "scaling_repr")] == ["scaling_repr"]
 
 
@@ -320,12 +365,13 @@ def test_rounds_below_one_is_rejected(capsys):
 
 
 def _tiny_case(entries, **kwargs):
-    return Case(name="tiny", group="test", title="a test case", entries=lambda: entries,
-                sync=None, **kwargs)
+    return Case(
+        name="tiny", group="test", title="a test case", entries=lambda: entries, sync=None, **kwargs
+    )
 
 
 def _constant(value):
-    return lambda: (lambda: {"a": jnp.asarray(value)})
+    return lambda: lambda: {"a": jnp.asarray(value)}
 
 
 def test_case_needing_a_missing_treeclass_feature_is_skipped(monkeypatch):
@@ -355,7 +401,10 @@ def test_missing_peer_is_a_skipped_row(monkeypatch):
     result = run_case(case, SMOKE_PLAN, random.Random(0))
     row = next(r for r in result.entries if r.name == "sepes")
     assert (row.status, row.note, row.series) == (
-        "skipped", "sepes is not installed (pip install sepes)", None)
+        "skipped",
+        "sepes is not installed (pip install sepes)",
+        None,
+    )
     assert result.timed("treeclass") is not None
 
 
@@ -363,17 +412,18 @@ def test_implementation_that_raises_is_a_failed_row():
     def broken():
         raise RuntimeError("no such API")
 
-    entries = [Entry("treeclass", "treeclass", _constant(1.0)),
-               Entry("broken", "peer", broken)]
+    entries = [Entry("treeclass", "treeclass", _constant(1.0)), Entry("broken", "peer", broken)]
     result = run_case(_tiny_case(entries), SMOKE_PLAN, random.Random(0))
     row = result.entries[1]
     assert (row.status, row.note) == ("failed", "setup raised RuntimeError: no such API")
 
 
 def test_implementation_with_different_numbers_is_a_wrong_row_and_not_timed():
-    entries = [Entry("dict/list", "floor", _constant(1.0)),
-               Entry("treeclass", "treeclass", _constant(1.0)),
-               Entry("off", "peer", _constant(2.0))]
+    entries = [
+        Entry("dict/list", "floor", _constant(1.0)),
+        Entry("treeclass", "treeclass", _constant(1.0)),
+        Entry("off", "peer", _constant(2.0)),
+    ]
     result = run_case(_tiny_case(entries), SMOKE_PLAN, random.Random(0))
     row = result.entries[2]
     assert row.status == "wrong" and row.series is None
@@ -386,24 +436,30 @@ def _only_cases(monkeypatch, cases):
 
 
 def test_wrong_numbers_make_the_command_exit_1(monkeypatch, capsys):
-    entries = [Entry("dict/list", "floor", _constant(1.0)),
-               Entry("treeclass", "treeclass", _constant(3.0))]
+    entries = [
+        Entry("dict/list", "floor", _constant(1.0)),
+        Entry("treeclass", "treeclass", _constant(3.0)),
+    ]
     _only_cases(monkeypatch, [_tiny_case(entries)])
     assert main(["--smoke", "--async-dispatch"]) == 1
     assert "wrong numbers (not timed): tiny: treeclass" in capsys.readouterr().err
 
 
 def test_a_peers_wrong_numbers_are_the_peers_and_exit_0(monkeypatch, capsys):
-    entries = [Entry("dict/list", "floor", _constant(1.0)),
-               Entry("treeclass", "treeclass", _constant(1.0)),
-               Entry("off", "peer", _constant(2.0))]
+    entries = [
+        Entry("dict/list", "floor", _constant(1.0)),
+        Entry("treeclass", "treeclass", _constant(1.0)),
+        Entry("off", "peer", _constant(2.0)),
+    ]
     _only_cases(monkeypatch, [_tiny_case(entries)])
     assert main(["--smoke", "--async-dispatch"]) == 0
     captured = capsys.readouterr()
-    assert ("peers that gave different numbers (not timed, not counted against treeclass): "
-            "tiny: off") in captured.err
+    assert (
+        "peers that gave different numbers (not timed, not counted against treeclass): tiny: off"
+    ) in captured.err
     assert "| off | — | — | — |  | peer gave different numbers (not timed; not counted " in (
-        captured.out)
+        captured.out
+    )
 
 
 # -- correctness checks and statistics ------------------------------------------------------------
@@ -413,8 +469,11 @@ def test_canonical_matches_dict_and_class_by_key_path():
     kit = get_kit("treeclass")
     model = kit.mlp([kit.linear(jnp.ones(2), jnp.zeros(2))])
     params = get_kit("dict").mlp([get_kit("dict").linear(jnp.ones(2), jnp.zeros(2))])
-    assert canonical(model).keys() == canonical(params).keys() == {
-        ("layers", 0, "weight"), ("layers", 0, "bias")}
+    assert (
+        canonical(model).keys()
+        == canonical(params).keys()
+        == {("layers", 0, "weight"), ("layers", 0, "bias")}
+    )
 
 
 def test_canonical_ignores_non_numeric_leaves():
@@ -429,8 +488,9 @@ def test_median_ratio_is_the_median_of_per_round_ratios():
 def test_prepared_work_runs_before_each_sample_and_is_not_timed():
     prepared, called = [], []
     fn = Prepared(lambda: called.append(1), lambda: (prepared.append(1), time.sleep(0.05)))
-    series = measure({"x": fn}, None, Plan(rounds=3, sample_s=0.0, warmup=1, calibrate=False),
-                     random.Random(0))
+    series = measure(
+        {"x": fn}, None, Plan(rounds=3, sample_s=0.0, warmup=1, calibrate=False), random.Random(0)
+    )
     assert len(prepared) == 3 and len(called) == 4  # one warm-up call, then three samples
     assert max(series["x"].times) < 0.04  # the 50 ms of preparation is outside the clock
 
@@ -449,9 +509,10 @@ def test_checkpoint_saves_remove_the_previous_file_before_each_sample(tmp_path):
 def test_measure_shuffles_the_order_in_each_round():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in "abcd"}
-    series = measure(fns, None, Plan(rounds=8, sample_s=0.0, warmup=0, calibrate=False),
-                     random.Random(3))
-    rounds = [tuple(calls[i:i + 4]) for i in range(0, 32, 4)]
+    series = measure(
+        fns, None, Plan(rounds=8, sample_s=0.0, warmup=0, calibrate=False), random.Random(3)
+    )
+    rounds = [tuple(calls[i : i + 4]) for i in range(0, 32, 4)]
     assert all(sorted(order) == list("abcd") for order in rounds)
     assert len(set(rounds)) > 1
     assert all(len(s.times) == 8 for s in series.values())
@@ -459,33 +520,35 @@ def test_measure_shuffles_the_order_in_each_round():
 
 def test_measure_calls_sync_on_every_result():
     synced = []
-    measure({"a": lambda: 7}, synced.append, Plan(2, 0.0, 1, calibrate=False),
-            random.Random(0))
+    measure({"a": lambda: 7}, synced.append, Plan(2, 0.0, 1, calibrate=False), random.Random(0))
     assert synced == [7, 7, 7]  # one warm-up call, then one call per round
 
 
 def _result_with(times, target):
     case = _tiny_case([], target=target)
-    rows = [EntryResult(name, role, "ok", series=Series(1, values))
-            for name, role, values in times]
+    rows = [EntryResult(name, role, "ok", series=Series(1, values)) for name, role, values in times]
     return CaseResult(case, "ran", "", rows)
 
 
 def test_ratio_target_reports_met_and_by_how_much():
     target = Target("<= 1.10x vs dict", "max_ratio", 1.10, ("dict/list",))
-    result = _result_with([("treeclass", "treeclass", [1.0]), ("dict/list", "floor", [1.0])],
-                          target)
+    result = _result_with(
+        [("treeclass", "treeclass", [1.0]), ("dict/list", "floor", [1.0])], target
+    )
     verdict = evaluate_target(result)
     assert verdict["met"] is True and verdict["measured"] == 1.0
     assert verdict["status"] == "met" and verdict["margin"] == pytest.approx(1 / 11)
-    assert verdict["summary"] == ("met by 9% (1.00x; 95% interval 1.00-1.00; "
-                                  "target <= 1.10x vs dict)")
+    assert verdict["summary"] == (
+        "met by 9% (1.00x; 95% interval 1.00-1.00; target <= 1.10x vs dict)"
+    )
 
 
 def test_speedup_target_reports_missed_and_by_how_much():
     target = Target(">= 10x faster", "min_speedup", 10.0, ("equinox", "sepes"))
-    result = _result_with([("treeclass", "treeclass", [1.0]), ("equinox", "peer", [8.0]),
-                           ("sepes", "peer", [5.0])], target)
+    result = _result_with(
+        [("treeclass", "treeclass", [1.0]), ("equinox", "peer", [8.0]), ("sepes", "peer", [5.0])],
+        target,
+    )
     verdict = evaluate_target(result)
     assert verdict["met"] is False and verdict["measured"] == 5.0
     assert verdict["summary"].startswith("missed by 50% (5.0x faster")
@@ -493,14 +556,17 @@ def test_speedup_target_reports_missed_and_by_how_much():
 
 def test_quick_verdicts_are_labelled_indicative():
     target = Target("<= 1.10x vs dict", "max_ratio", 1.10, ("dict/list",))
-    result = _result_with([("treeclass", "treeclass", [1.0, 1.0, 1.0]),
-                           ("dict/list", "floor", [1.0, 1.0, 1.0])], target)
+    result = _result_with(
+        [("treeclass", "treeclass", [1.0, 1.0, 1.0]), ("dict/list", "floor", [1.0, 1.0, 1.0])],
+        target,
+    )
     verdict = evaluate_target(result, mode="quick")
     assert verdict["indicative"] and verdict["summary"].startswith("indicative: met by 9%")
     data = to_json(_header("quick"), [result])
     markdown = format_markdown(data)
     assert "| `tiny` | <= 1.10x vs dict | 1.00x | 1.00-1.00 | met by 9% (indicative) |" in (
-        markdown)
+        markdown
+    )
     assert "every verdict is indicative only" in markdown
 
 
@@ -509,7 +575,8 @@ def test_fastest_of_target_pairs_with_the_baseline_of_lowest_median():
     # b's median (1.0) is below a's (2.0): every round is paired with b, even the one
     # where a happened to be faster
     assert target.per_round([1.0, 3.0, 1.0], [[2.0, 0.5, 2.0], [1.0, 1.0, 0.5]]) == (
-        [1.0, 3.0, 2.0])
+        [1.0, 3.0, 2.0]
+    )
     assert target.direction == "at_most"
     speedup = Target(">= 2x faster", "min_speedup", 2.0, ("a", "b"))
     assert speedup.per_round([1.0, 0.5], [[4.0, 4.0], [3.0, 3.0]]) == [3.0, 6.0]
@@ -517,17 +584,25 @@ def test_fastest_of_target_pairs_with_the_baseline_of_lowest_median():
 
 def test_report_names_the_baseline_a_fastest_of_target_was_paired_with():
     target = Target("<= 1.2x the fastest", "max_ratio_fastest", 1.2, ("a", "b"))
-    result = _result_with([("treeclass", "treeclass", [1.0, 1.0, 1.0]),
-                           ("a", "peer", [0.5, 3.0, 3.0]), ("b", "peer", [2.0, 1.0, 1.0])],
-                          target)
+    result = _result_with(
+        [
+            ("treeclass", "treeclass", [1.0, 1.0, 1.0]),
+            ("a", "peer", [0.5, 3.0, 3.0]),
+            ("b", "peer", [2.0, 1.0, 1.0]),
+        ],
+        target,
+    )
     verdict = evaluate_target(result)
     assert verdict["paired_with"] == "b" and verdict["measured"] == 1.0
     markdown = format_markdown(to_json(_header(), [result]))
     assert "| b | 1 s |" in markdown and "target baseline (the fastest, by median)" in markdown
     assert "candidate baseline" in markdown
-    plain = evaluate_target(_result_with([("treeclass", "treeclass", [1.0]),
-                                          ("dict/list", "floor", [1.0])],
-                                         Target("<= 2x", "max_ratio", 2.0, ("dict/list",))))
+    plain = evaluate_target(
+        _result_with(
+            [("treeclass", "treeclass", [1.0]), ("dict/list", "floor", [1.0])],
+            Target("<= 2x", "max_ratio", 2.0, ("dict/list",)),
+        )
+    )
     assert "paired_with" not in plain
 
 
@@ -564,7 +639,10 @@ def test_train_step_is_judged_against_register_dataclass_in_the_same_run():
     for case in steps:
         target = case.target
         assert (target.kind, target.limit, target.baselines) == (
-            "max_ratio", 1.0, ("register_dataclass",))
+            "max_ratio",
+            1.0,
+            ("register_dataclass",),
+        )
         # the paired value is treeclass's time over register_dataclass's, per round
         assert target.per_round([1.02, 1.0], [[1.0, 1.0]]) == [1.02, 1.0]
 
@@ -578,29 +656,52 @@ def test_checkpoint_cases_take_five_rounds_and_remeasure_once():
 def test_target_not_measured_when_treeclass_is_not_available():
     target = Target("<= 2x", "max_ratio", 2.0, ("base",))
     case = _tiny_case([], target=target)
-    rows = [EntryResult("treeclass", "treeclass", "unavailable", "`.replace` is not ready"),
-            EntryResult("base", "peer", "ok", series=Series(1, [1.0]))]
+    rows = [
+        EntryResult("treeclass", "treeclass", "unavailable", "`.replace` is not ready"),
+        EntryResult("base", "peer", "ok", series=Series(1, [1.0])),
+    ]
     verdict = evaluate_target(CaseResult(case, "ran", "", rows))
     assert verdict["status"] is None
     assert (verdict["summary"], verdict["reason"]) == (
-        "not measured (treeclass not available)", "`.replace` is not ready")
+        "not measured (treeclass not available)",
+        "`.replace` is not ready",
+    )
 
 
 def _header(mode="full"):
-    return {"date": "today", "command": "python -m benchmarks", "mode": mode, "machine": "m",
-            "load_average": "0", "python": "3", "backend": "cpu", "device_kind": "cpu",
-            "device_count": 1, "dispatch": "synchronous", "versions": {"jax": "0"},
-            "timing": {"rounds": 5, "sample_s": 0.002, "warmup_calls": 1, "calibrated": True,
-                       "clock": "wall", "remeasures": 1, "remeasure_rounds": 10}}
+    return {
+        "date": "today",
+        "command": "python -m benchmarks",
+        "mode": mode,
+        "machine": "m",
+        "load_average": "0",
+        "python": "3",
+        "backend": "cpu",
+        "device_kind": "cpu",
+        "device_count": 1,
+        "dispatch": "synchronous",
+        "versions": {"jax": "0"},
+        "timing": {
+            "rounds": 5,
+            "sample_s": 0.002,
+            "warmup_calls": 1,
+            "calibrated": True,
+            "clock": "wall",
+            "remeasures": 1,
+            "remeasure_rounds": 10,
+        },
+    }
 
 
 def test_plot_without_matplotlib_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     data = {"cases": [], "scaling": []}
     assert plot_ratios(data, "unused.png") == (
-        "--plot needs matplotlib (pip install matplotlib); no plot written")
+        "--plot needs matplotlib (pip install matplotlib); no plot written"
+    )
     assert plot_scaling(data, "unused.png") == (
-        "--scaling-plot needs matplotlib (pip install matplotlib); no plot written")
+        "--scaling-plot needs matplotlib (pip install matplotlib); no plot written"
+    )
 
 
 # -- bootstrap intervals and verdicts on synthetic per-round ratios ----------------------------
@@ -678,9 +779,11 @@ def _scripted_measure(monkeypatch, batches):
 
 def _targeted_case():
     target = Target("<= 1.10x vs dict", "max_ratio", 1.10, ("dict/list",))
-    entries = [Entry("treeclass", "treeclass", _constant(1.0)),
-               Entry("dict/list", "floor", _constant(1.0)),
-               Entry("peer", "peer", _constant(1.0))]
+    entries = [
+        Entry("treeclass", "treeclass", _constant(1.0)),
+        Entry("dict/list", "floor", _constant(1.0)),
+        Entry("peer", "peer", _constant(1.0)),
+    ]
     return _tiny_case(entries, target=target)
 
 
@@ -689,10 +792,13 @@ _PLAN = Plan(rounds=5, sample_s=0.0, warmup=0, calibrate=False, remeasures=2)
 
 
 def test_case_within_noise_is_remeasured_until_the_verdict_is_clear(monkeypatch):
-    calls = _scripted_measure(monkeypatch, [
-        {"treeclass": _STRADDLING, "dict/list": [1.0] * 5, "peer": [2.0] * 5},
-        {"treeclass": [1.0] * 10, "dict/list": [1.0] * 10},
-    ])
+    calls = _scripted_measure(
+        monkeypatch,
+        [
+            {"treeclass": _STRADDLING, "dict/list": [1.0] * 5, "peer": [2.0] * 5},
+            {"treeclass": [1.0] * 10, "dict/list": [1.0] * 10},
+        ],
+    )
     result = run_case(_targeted_case(), _PLAN, random.Random(0))
     assert len(calls) == 2
     assert calls[1]["names"] == ["dict/list", "treeclass"]  # the target's rows only
@@ -705,17 +811,19 @@ def test_case_within_noise_is_remeasured_until_the_verdict_is_clear(monkeypatch)
 
 
 def test_clear_verdict_is_not_remeasured(monkeypatch):
-    calls = _scripted_measure(monkeypatch, [
-        {"treeclass": [1.0] * 5, "dict/list": [1.0] * 5, "peer": [2.0] * 5}])
+    calls = _scripted_measure(
+        monkeypatch, [{"treeclass": [1.0] * 5, "dict/list": [1.0] * 5, "peer": [2.0] * 5}]
+    )
     result = run_case(_targeted_case(), _PLAN, random.Random(0))
     assert len(calls) == 1 and result.extra_rounds == 0
 
 
 def test_remeasuring_stops_after_the_plans_limit_and_stays_within_noise(monkeypatch):
     straddle = {"treeclass": _STRADDLING * 2, "dict/list": [1.0] * 10}
-    calls = _scripted_measure(monkeypatch, [
-        {"treeclass": _STRADDLING, "dict/list": [1.0] * 5, "peer": [2.0] * 5},
-        straddle, straddle])
+    calls = _scripted_measure(
+        monkeypatch,
+        [{"treeclass": _STRADDLING, "dict/list": [1.0] * 5, "peer": [2.0] * 5}, straddle, straddle],
+    )
     result = run_case(_targeted_case(), _PLAN, random.Random(0))
     assert len(calls) == 3 and result.extra_rounds == 20
     assert target_verdict(result).status == "within noise"
@@ -728,37 +836,45 @@ def test_peer_failure_is_labelled_the_peers_in_progress_and_report():
     def broken():
         raise RuntimeError("no such API")
 
-    entries = [Entry("treeclass", "treeclass", _constant(1.0)),
-               Entry("dict/list", "floor", _constant(1.0)),
-               Entry("sepes", "peer", broken)]
+    entries = [
+        Entry("treeclass", "treeclass", _constant(1.0)),
+        Entry("dict/list", "floor", _constant(1.0)),
+        Entry("sepes", "peer", broken),
+    ]
     result = run_case(_tiny_case(entries), SMOKE_PLAN, random.Random(0))
     line = progress_summary(result)
     assert "peer failed, not counted against treeclass: sepes" in line
     assert "FAILED" not in line
     markdown = format_markdown(to_json(_header(), [result]))
-    assert ("| sepes | — | — | — |  | peer failed (the peer's error; not counted against "
-            "treeclass): setup raised RuntimeError: no such API |") in markdown
+    assert (
+        "| sepes | — | — | — |  | peer failed (the peer's error; not counted against "
+        "treeclass): setup raised RuntimeError: no such API |"
+    ) in markdown
 
 
 def test_treeclass_failure_is_labelled_failed():
     def broken():
         raise RuntimeError("boom")
 
-    entries = [Entry("treeclass", "treeclass", broken),
-               Entry("dict/list", "floor", _constant(1.0))]
+    entries = [Entry("treeclass", "treeclass", broken), Entry("dict/list", "floor", _constant(1.0))]
     result = run_case(_tiny_case(entries), SMOKE_PLAN, random.Random(0))
     assert "treeclass FAILED" in progress_summary(result)
     assert "| FAILED: setup raised RuntimeError: boom |" in format_markdown(
-        to_json(_header(), [result]))
+        to_json(_header(), [result])
+    )
 
 
 def test_row_needing_a_missing_feature_is_not_available_and_the_others_run(monkeypatch):
     monkeypatch.setattr(runner_module, "probe", lambda feature: f"{feature} is not ready (x)")
-    entries = [Entry("treeclass", "treeclass", _constant(1.0), needs=("replace",)),
-               Entry("dict/list", "floor", _constant(1.0))]
+    entries = [
+        Entry("treeclass", "treeclass", _constant(1.0), needs=("replace",)),
+        Entry("dict/list", "floor", _constant(1.0)),
+    ]
     result = run_case(_tiny_case(entries), SMOKE_PLAN, random.Random(0))
     assert (result.entries[0].status, result.entries[0].note) == (
-        "unavailable", "replace is not ready (x)")
+        "unavailable",
+        "replace is not ready (x)",
+    )
     assert result.status == "ran" and result.timed("dict/list") is not None
     assert "treeclass not available" in progress_summary(result)
 
@@ -797,17 +913,21 @@ def _scaling_case(times_by_size, sizes=(10, 100, 1000), reuse=None):
     """A scaling case whose rows 'take' the given synthetic times (scripted measure)."""
 
     def case_at(n):
-        entries = [Entry(name, role, _constant(1.0)) for name, role in
-                   (("treeclass", "treeclass"), ("dict/list", "floor"), ("slow", "peer"))]
+        entries = [
+            Entry(name, role, _constant(1.0))
+            for name, role in (("treeclass", "treeclass"), ("dict/list", "floor"), ("slow", "peer"))
+        ]
         return _tiny_case(entries)
 
     return ScalingCase("scaling_tiny", "a tiny operation", case_at, sizes, reuse=reuse)
 
 
 def test_run_scaling_fits_each_implementation_and_leaves_out_the_slow(monkeypatch):
-    times = {10: {"treeclass": 1e-5, "dict/list": 1e-5, "slow": 1e-3},
-             100: {"treeclass": 1e-4, "dict/list": 1e-4, "slow": 1e-1},
-             1000: {"treeclass": 1e-3, "dict/list": 1e-3}}
+    times = {
+        10: {"treeclass": 1e-5, "dict/list": 1e-5, "slow": 1e-3},
+        100: {"treeclass": 1e-4, "dict/list": 1e-4, "slow": 1e-1},
+        1000: {"treeclass": 1e-3, "dict/list": 1e-3},
+    }
     calls = []
 
     def fake(fns, sync, plan, rng, numbers=None):
@@ -821,17 +941,23 @@ def test_run_scaling_fits_each_implementation_and_leaves_out_the_slow(monkeypatc
     rows = {row.name: row for row in result.rows}
     assert rows["treeclass"].k == pytest.approx(1.0)
     assert rows["slow"].k == pytest.approx(2.0) and sorted(rows["slow"].times) == [10, 100]
-    assert rows["slow"].notes == ["not timed from n=1,000: projected 10 s per call (k=2.00 so "
-                                  "far)"]
+    assert rows["slow"].notes == ["not timed from n=1,000: projected 10 s per call (k=2.00 so far)"]
 
 
 def test_run_scaling_reuses_a_main_case_measured_in_the_same_run(monkeypatch):
-    calls = _scripted_measure(monkeypatch, [
-        {"treeclass": [2e-4], "dict/list": [2e-4], "slow": [2e-4]}])
+    calls = _scripted_measure(
+        monkeypatch, [{"treeclass": [2e-4], "dict/list": [2e-4], "slow": [2e-4]}]
+    )
     earlier_case = _tiny_case([])
-    earlier = CaseResult(earlier_case, "ran", "", [
-        EntryResult("treeclass", "treeclass", "ok", series=Series(1, [2e-5])),
-        EntryResult("dict/list", "floor", "ok", series=Series(1, [2e-5]))])
+    earlier = CaseResult(
+        earlier_case,
+        "ran",
+        "",
+        [
+            EntryResult("treeclass", "treeclass", "ok", series=Series(1, [2e-5])),
+            EntryResult("dict/list", "floor", "ok", series=Series(1, [2e-5])),
+        ],
+    )
     case = _scaling_case({}, sizes=(10, 100), reuse=lambda n: f"main_{n}")
     result = run_scaling(case, SMOKE_PLAN, random.Random(0), earlier={"main_10": earlier})
     assert len(calls) == 1 and result.reused == [10]
@@ -844,25 +970,63 @@ def test_scaling_sizes_per_mode_and_the_train_step_stops_early():
     assert full["scaling_train_step"] == (10, 100, 1000)
     quick = {case.name: case.sizes for case in scaling_cases(SMOKE_SIZES, "quick")}
     assert quick["scaling_repr"] == (10, 100, 1000) and quick["scaling_train_step"] == (10, 100)
-    assert set(full) == {"scaling_flatten", "scaling_dispatch", "scaling_train_step",
-                         "scaling_set_deep", "scaling_apply_selector", "scaling_tree_mask",
-                         "scaling_repr", "scaling_tree_summary"}
+    assert set(full) == {
+        "scaling_flatten",
+        "scaling_dispatch",
+        "scaling_train_step",
+        "scaling_set_deep",
+        "scaling_apply_selector",
+        "scaling_tree_mask",
+        "scaling_repr",
+        "scaling_tree_summary",
+    }
 
 
 def test_scaling_markdown_flags_treeclass_above_linear():
-    data = {"header": _header(), "cases": [], "scaling": [{
-        "name": "scaling_x", "title": "x", "note": "", "status": "ran", "skip_reason": "",
-        "sizes": [10, 100], "reused_sizes": [], "seconds": 0.0, "floor_k": 1.0,
-        "floor_k_last": 1.0,
-        "rows": [{"name": "treeclass", "role": "treeclass", "times_s": {"10": 1e-6, "100": 1e-4},
-                  "k": 2.0, "k_last": 2.0, "notes": []},
-                 {"name": "dict/list", "role": "floor", "times_s": {"10": 1e-6, "100": 1e-5},
-                  "k": 1.0, "k_last": 1.0, "notes": []}]}]}
+    data = {
+        "header": _header(),
+        "cases": [],
+        "scaling": [
+            {
+                "name": "scaling_x",
+                "title": "x",
+                "note": "",
+                "status": "ran",
+                "skip_reason": "",
+                "sizes": [10, 100],
+                "reused_sizes": [],
+                "seconds": 0.0,
+                "floor_k": 1.0,
+                "floor_k_last": 1.0,
+                "rows": [
+                    {
+                        "name": "treeclass",
+                        "role": "treeclass",
+                        "times_s": {"10": 1e-6, "100": 1e-4},
+                        "k": 2.0,
+                        "k_last": 2.0,
+                        "notes": [],
+                    },
+                    {
+                        "name": "dict/list",
+                        "role": "floor",
+                        "times_s": {"10": 1e-6, "100": 1e-5},
+                        "k": 1.0,
+                        "k_last": 1.0,
+                        "notes": [],
+                    },
+                ],
+            }
+        ],
+    }
     markdown = format_markdown(data)
     assert "| **treeclass** | 1 µs | 100 µs | **2.00** (above 1.1) | **2.00** (above 1.1) |  |" in (
-        markdown)
-    assert "| `scaling_x` | **2.00** (above 1.1) | **2.00** (above 1.1) | 1.00 | 1.00 | " \
-           "— | **above linear** | treeclass (2.00) |" in markdown
+        markdown
+    )
+    assert (
+        "| `scaling_x` | **2.00** (above 1.1) | **2.00** (above 1.1) | 1.00 | 1.00 | "
+        "— | **above linear** | treeclass (2.00) |" in markdown
+    )
 
 
 def test_relative_exponent_is_the_slope_of_the_ratio_to_the_floor():
@@ -874,7 +1038,8 @@ def test_relative_exponent_is_the_slope_of_the_ratio_to_the_floor():
     assert relative_exponent(faster_growth, floor) == pytest.approx(0.2)
     # only the sizes both timed count; fewer than two gives no exponent
     assert relative_exponent({10: 1.0, 100: 10.0, 1000: 100.0}, {10: 1.0, 100: 10.0}) == (
-        pytest.approx(0.0, abs=1e-9))
+        pytest.approx(0.0, abs=1e-9)
+    )
     assert relative_exponent({10: 1.0}, floor) is None
 
 
@@ -889,16 +1054,48 @@ def test_growth_verdict_tells_the_libraries_growth_from_jaxs():
 
 
 def test_scaling_markdown_says_when_treeclass_grows_as_the_floor():
-    rows = [{"name": "treeclass", "role": "treeclass",
-             "times_s": {"10": 1.1e-6, "100": 2.2e-5}, "k": 1.30, "k_last": 1.30, "notes": []},
-            {"name": "dict/list", "role": "floor", "times_s": {"10": 1e-6, "100": 2e-5},
-             "k": 1.30, "k_last": 1.30, "notes": []}]
-    data = {"header": _header(), "cases": [], "scaling": [{
-        "name": "scaling_y", "title": "y", "note": "", "status": "ran", "skip_reason": "",
-        "sizes": [10, 100], "reused_sizes": [], "seconds": 0.0, "floor_k": 1.30,
-        "floor_k_last": 1.30, "treeclass_k_over_floor": 0.0, "rows": rows}]}
-    assert "| 1.30 | 1.30 | +0.00 | as the floor (JAX's own growth) | treeclass (1.30), " \
-           "dict/list (1.30) |" in format_markdown(data)
+    rows = [
+        {
+            "name": "treeclass",
+            "role": "treeclass",
+            "times_s": {"10": 1.1e-6, "100": 2.2e-5},
+            "k": 1.30,
+            "k_last": 1.30,
+            "notes": [],
+        },
+        {
+            "name": "dict/list",
+            "role": "floor",
+            "times_s": {"10": 1e-6, "100": 2e-5},
+            "k": 1.30,
+            "k_last": 1.30,
+            "notes": [],
+        },
+    ]
+    data = {
+        "header": _header(),
+        "cases": [],
+        "scaling": [
+            {
+                "name": "scaling_y",
+                "title": "y",
+                "note": "",
+                "status": "ran",
+                "skip_reason": "",
+                "sizes": [10, 100],
+                "reused_sizes": [],
+                "seconds": 0.0,
+                "floor_k": 1.30,
+                "floor_k_last": 1.30,
+                "treeclass_k_over_floor": 0.0,
+                "rows": rows,
+            }
+        ],
+    }
+    assert (
+        "| 1.30 | 1.30 | +0.00 | as the floor (JAX's own growth) | treeclass (1.30), "
+        "dict/list (1.30) |" in format_markdown(data)
+    )
 
 
 # -- publishing and the checkpoint case's plumbing --------------------------------------
@@ -926,9 +1123,24 @@ def test_checkpoint_size_defaults_to_one_gibibyte_of_2048_wide_layers():
 
 def test_checkpoint_memory_child_reports_a_peak(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.checkpoint", "--memory", "numpy", "--layers", "2",
-         "--width", "64", "--folder", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.checkpoint",
+            "--memory",
+            "numpy",
+            "--layers",
+            "2",
+            "--width",
+            "64",
+            "--folder",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["extra"] >= 0 and report["method"]

@@ -43,8 +43,11 @@ class MLP(tc.TreeClass):
     def __init__(self, sizes: list[int], seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
         self.layers = tuple(
-            Linear(jnp.asarray(rng.normal(size=(i, o)), jnp.float32), jnp.zeros(o) + seed,
-                   name=f"layer{n}")
+            Linear(
+                jnp.asarray(rng.normal(size=(i, o)), jnp.float32),
+                jnp.zeros(o) + seed,
+                name=f"layer{n}",
+            )
             for n, (i, o) in enumerate(zip(sizes[:-1], sizes[1:]))
         )
         self.embed = tc.freeze(jnp.asarray(rng.normal(size=(5, sizes[0])), jnp.float32))
@@ -129,8 +132,15 @@ STANDARD_DTYPES = [
 ]  # fmt: skip
 # no safetensors name: stored as raw bytes
 RAW_DTYPES = [
-    "complex128", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float4_e2m1fn",
-    "int4", "uint4", "int2", "uint2",
+    "complex128",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3b11fnuz",
+    "float4_e2m1fn",
+    "int4",
+    "uint4",
+    "int2",
+    "uint2",
 ]
 ALL_DTYPES = STANDARD_DTYPES + RAW_DTYPES
 SHAPES = [(), (0,), (3, 0), (2, 3)]
@@ -161,27 +171,46 @@ def test_every_dtype_round_trips_bit_exactly_as_numpy_and_jax_arrays(name):
 
 def test_file_tensors_carry_safetensors_dtype_names(tmp_path):
     path = tmp_path / "tree.safetensors"
-    tree = {name: np.zeros(2, _dtype(name)) for name in ["bool", "bfloat16", "float8_e4m3fn",
-                                                         "float8_e8m0fnu", "complex128"]}
+    tree = {
+        name: np.zeros(2, _dtype(name))
+        for name in ["bool", "bfloat16", "float8_e4m3fn", "float8_e8m0fnu", "complex128"]
+    }
     tc.save(path, tree)
     header, _ = read_header(path)
     codes = {name: header[name]["dtype"] for name in tree}
-    assert codes == {"bool": "BOOL", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
-                     "float8_e8m0fnu": "F8_E8M0", "complex128": "U8"}
+    assert codes == {
+        "bool": "BOOL",
+        "bfloat16": "BF16",
+        "float8_e4m3fn": "F8_E4M3",
+        "float8_e8m0fnu": "F8_E8M0",
+        "complex128": "U8",
+    }
     assert header["complex128"]["shape"] == [2, 16]  # raw bytes: one more axis
 
 
 def test_prng_keys_round_trip():
-    tree = {"key": jax.random.key(3), "keys": jax.random.split(jax.random.key(4), 3),
-            "rbg": jax.random.key(5, impl="rbg")}
+    tree = {
+        "key": jax.random.key(3),
+        "keys": jax.random.split(jax.random.key(4), 3),
+        "rbg": jax.random.key(5, impl="rbg"),
+    }
     restored = round_trip(tree)
     assert_same(restored, tree)
     assert str(restored["rbg"].dtype) == "key<rbg>"
 
 
 def test_python_numbers_round_trip_with_their_types():
-    tree = {"int": 3, "big": 2**80, "float": 0.1, "nan": float("nan"), "inf": -float("inf"),
-            "zero": -0.0, "complex": 1 - 2j, "bool": True, "frozen": tc.freeze(7)}
+    tree = {
+        "int": 3,
+        "big": 2**80,
+        "float": 0.1,
+        "nan": float("nan"),
+        "inf": -float("inf"),
+        "zero": -0.0,
+        "complex": 1 - 2j,
+        "bool": True,
+        "frozen": tc.freeze(7),
+    }
     restored = round_trip(tree)
     assert_same(restored, tree)
     assert str(restored["zero"]) == "-0.0"
@@ -218,9 +247,14 @@ def test_static_fields_are_recorded_and_checked(tmp_path):
     header, _ = read_header(path)
     document = json.loads(header["__metadata__"]["treeclass"])
     assert document["values"]["layers.1.name"] == {"kind": "static", "value": "layer1"}
-    renamed = MLP([3, 4, 2]).at["layers"][1].apply(
-        lambda layer: Linear(layer.weight, layer.bias, name="head"), is_leaf=lambda x:
-        isinstance(x, Linear))
+    renamed = (
+        MLP([3, 4, 2])
+        .at["layers"][1]
+        .apply(
+            lambda layer: Linear(layer.weight, layer.bias, name="head"),
+            is_leaf=lambda x: isinstance(x, Linear),
+        )
+    )
     with pytest.raises(ValueError, match=r"static +MLP\.layers\[1\]\.name: str 'head'"):
         tc.load(path, renamed)
 
@@ -373,8 +407,14 @@ class Block(tc.TreeClass):
 
 def _mismatched_file(tmp_path: pathlib.Path) -> pathlib.Path:
     path = tmp_path / "blocks.safetensors"
-    tc.save(path, {"blocks": [Block(jnp.ones((2, 2)), 1, "a"), Block(jnp.ones(2), 2, "b")],
-                   "head": jnp.ones(3), "old": jnp.ones(1)})
+    tc.save(
+        path,
+        {
+            "blocks": [Block(jnp.ones((2, 2)), 1, "a"), Block(jnp.ones(2), 2, "b")],
+            "head": jnp.ones(3),
+            "old": jnp.ones(1),
+        },
+    )
     return path
 
 
@@ -416,7 +456,9 @@ def test_non_strict_load_restores_what_fits_and_reports_the_rest(tmp_path):
     restored, report = tc.load(path, like, strict=False)
     assert report.missing == ("tree['heads']",)
     assert report.mismatched == (
-        "tree['blocks'][0].name", "tree['blocks'][0].weight", "tree['blocks'][1].weight",
+        "tree['blocks'][0].name",
+        "tree['blocks'][0].weight",
+        "tree['blocks'][1].weight",
         "tree['blocks'][1].count",
     )
     assert report.unexpected == ("head", "old")
@@ -471,7 +513,7 @@ def _good_file(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict]:
 def test_a_truncated_file_is_a_value_error_that_says_so(tmp_path, keep):
     path, tree = _good_file(tmp_path)
     raw = path.read_bytes()
-    path.write_bytes(raw[:keep] if keep >= 0 else raw[:len(raw) + keep])
+    path.write_bytes(raw[:keep] if keep >= 0 else raw[: len(raw) + keep])
     for strict in (True, False):
         with pytest.raises(ValueError, match="not a checkpoint tc.load can read"):
             tc.load(path, tree, strict=strict)
@@ -543,7 +585,8 @@ def test_a_file_written_by_plain_safetensors_loads_by_key_path(tmp_path):
         "layers.0.bias": np.ones(4, np.float32),
         "layers.1.weight": np.full((4, 2), 3.0, np.float32),
         "layers.1.bias": np.ones(2, np.float32),
-        "embed": np.zeros((5, 3), np.float32), "step": np.asarray(12, np.int64),
+        "embed": np.zeros((5, 3), np.float32),
+        "step": np.asarray(12, np.int64),
         "scale": np.asarray(0.25, np.float32),
     }
     save_file(tensors, str(tmp_path / "foreign.safetensors"))
@@ -567,8 +610,13 @@ def test_our_file_is_readable_by_safetensors(tmp_path):
     model = MLP([3, 4, 2])
     tc.save(tmp_path / "model.safetensors", model)
     tensors = load_file(str(tmp_path / "model.safetensors"))
-    assert sorted(tensors) == ["embed", "layers.0.bias", "layers.0.weight", "layers.1.bias",
-                               "layers.1.weight"]
+    assert sorted(tensors) == [
+        "embed",
+        "layers.0.bias",
+        "layers.0.weight",
+        "layers.1.bias",
+        "layers.1.weight",
+    ]
     assert np.array_equal(tensors["layers.0.weight"], model.layers[0].weight)
     with safe_open(str(tmp_path / "model.safetensors"), framework="np") as file:
         document = json.loads(file.metadata()["treeclass"])
@@ -580,8 +628,11 @@ def test_our_file_is_readable_by_safetensors(tmp_path):
 def test_bfloat16_and_float8_files_are_readable_by_safetensors(tmp_path):
     from safetensors import safe_open
 
-    tree = {"b": jnp.ones(3, jnp.bfloat16), "f": jnp.ones(2, jnp.float8_e5m2),
-            "c": np.ones(2, np.complex128)}
+    tree = {
+        "b": jnp.ones(3, jnp.bfloat16),
+        "f": jnp.ones(2, jnp.float8_e5m2),
+        "c": np.ones(2, np.complex128),
+    }
     tc.save(tmp_path / "t.safetensors", tree)
     with safe_open(str(tmp_path / "t.safetensors"), framework="np") as file:
         dtypes = {name: file.get_slice(name).get_dtype() for name in file.keys()}
@@ -637,7 +688,10 @@ print("ok")
 def test_load_uses_no_pickle(tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", _NO_PICKLE_ON_LOAD, str(tmp_path / "t.safetensors")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
@@ -649,7 +703,11 @@ def test_importing_treeclass_imports_neither_orbax_nor_safetensors():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('orbax', 'safetensors')))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -719,12 +777,23 @@ def test_save_holds_about_one_leaf_on_the_host_at_a_time(tmp_path):
 # properties: the round-trip laws
 # ------------------------------------------------------------------------------------------
 
-_PROPERTY_DTYPES = ["bool", "int8", "uint16", "int32", "float16", "bfloat16", "float32",
-                    "complex64", "float8_e4m3fn", "int4"]
+_PROPERTY_DTYPES = [
+    "bool",
+    "int8",
+    "uint16",
+    "int32",
+    "float16",
+    "bfloat16",
+    "float32",
+    "complex64",
+    "float8_e4m3fn",
+    "int4",
+]
 
 arrays = st.builds(
     lambda name, shape, seed, as_jax: (
-        jnp.asarray(random_array(_dtype(name), shape, seed)) if as_jax
+        jnp.asarray(random_array(_dtype(name), shape, seed))
+        if as_jax
         else random_array(_dtype(name), shape, seed)
     ),
     st.sampled_from(_PROPERTY_DTYPES),
@@ -733,15 +802,17 @@ arrays = st.builds(
     st.booleans(),
 )
 plain = st.one_of(
-    st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.booleans(), st.text(max_size=5),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.text(max_size=5),
     st.complex_numbers(allow_nan=False),
 )
 leaves = st.one_of(arrays, plain, arrays.map(tc.freeze), plain.map(tc.freeze))
 trees = st.recursive(
     leaves,
     lambda children: st.one_of(
-        st.dictionaries(st.text("abc", min_size=1, max_size=3), children, min_size=1,
-                        max_size=3),
+        st.dictionaries(st.text("abc", min_size=1, max_size=3), children, min_size=1, max_size=3),
         st.lists(children, min_size=1, max_size=3),
         st.builds(Pair, children, children),
     ),
@@ -809,7 +880,11 @@ def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(tmp_path)
     for script in (_CLOUDPICKLE_WRITE, _CLOUDPICKLE_READ):
         result = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(script), target],
-            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=env,
         )
         assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
@@ -817,6 +892,7 @@ def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(tmp_path)
 # ------------------------------------------------------------------------------------------
 # 8 devices and orbax (in a subprocess)
 # ------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def multidevice_results() -> dict:

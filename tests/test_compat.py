@@ -85,7 +85,13 @@ def test_bcmap_where_on_a_leafwise_tree():
     tree = Test()
     out = tc.bcmap(jnp.where)(tree > 1, tree, 0)
     assert [x.tolist() for x in jax.tree_util.tree_leaves(out)] == [
-        0, 2, 3, 4, 5, 6, [0, 2, 3],
+        0,
+        2,
+        3,
+        4,
+        5,
+        6,
+        [0, 2, 3],
     ]
 
 
@@ -219,11 +225,11 @@ def test_is_parallel_runs_on_worker_threads_and_keeps_leaf_order():
 def test_is_parallel_true_gives_what_the_serial_path_gives():
     tree = Files()
     for parallel in (True, {"max_workers": 2}):
-        assert tree.at[...].apply(str.upper, is_parallel=parallel) == tree.at[...].apply(
-            str.upper)
+        assert tree.at[...].apply(str.upper, is_parallel=parallel) == tree.at[...].apply(str.upper)
         assert tree.at["second"].get(is_parallel=parallel) == tree.at["second"].get()
         assert tree.at["first", "third"].set("x.bin", is_parallel=parallel) == Files(
-            "x.bin", "b.bin", "x.bin")
+            "x.bin", "b.bin", "x.bin"
+        )
 
 
 def test_is_parallel_reraises_a_leaf_error_with_its_key_path():
@@ -602,8 +608,15 @@ def test_field_repr_shows_every_setting():
     def positive(x):
         return x
 
-    text = repr(tc.field(default=1, kind="KW_ONLY", on_setattr=[float, positive],
-                         metadata={"unit": "m"}, alias="one"))
+    text = repr(
+        tc.field(
+            default=1,
+            kind="KW_ONLY",
+            on_setattr=[float, positive],
+            metadata={"unit": "m"},
+            alias="one",
+        )
+    )
     assert text == (
         "Field(name=None, type=None, default=1, factory=None, init=True, repr=True, "
         "kind='KW_ONLY', alias='one', on_setattr=(float, positive), on_getattr=(), "

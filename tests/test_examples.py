@@ -106,7 +106,11 @@ def test_sharding_recipe_runs_on_several_devices() -> None:
         "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
     }
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -181,7 +185,11 @@ def test_docs_site_builds_without_warnings(tmp_path: pathlib.Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -190,9 +198,13 @@ def test_docs_site_builds_without_warnings(tmp_path: pathlib.Path) -> None:
 
 def test_no_project_file_points_to_a_design_doc_outside_the_repo() -> None:
     # the project's own design document is docs/architecture.md
-    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"),
-             *(ROOT / "treeclass").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
-             *(ROOT / "benchmarks").rglob("*.md")]
+    files = [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "treeclass").rglob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.md"),
+    ]
     offenders = [str(f.relative_to(ROOT)) for f in files if "DESIGN.md" in f.read_text()]
     assert not offenders
     assert (ROOT / "docs" / "architecture.md").exists()

@@ -565,8 +565,10 @@ def test_kind_class_var_is_a_class_attribute_not_an_instance_field():
     assert Tree.scale == 2.0
     assert vars(Tree()) == {"a": 1}
     assert _params(Tree.__init__) == "(self, a=1)"
-    assert [(f.name, f.kind) for f in tc.fields(Tree)] == [("a", "POS_OR_KW"),
-                                                           ("scale", "CLASS_VAR")]
+    assert [(f.name, f.kind) for f in tc.fields(Tree)] == [
+        ("a", "POS_OR_KW"),
+        ("scale", "CLASS_VAR"),
+    ]
 
 
 def test_kind_class_var_without_default_leaves_no_class_attribute():
@@ -814,12 +816,25 @@ def test_doc_is_kept_on_the_field():
 
 def test_field_returns_field_with_given_arguments():
     item = tc.field(
-        default=1, init=False, repr=False, kind="KW_ONLY", alias="x", on_setattr=int,
-        on_getattr=[abs], static=True, metadata={"k": 1}, doc="d",
+        default=1,
+        init=False,
+        repr=False,
+        kind="KW_ONLY",
+        alias="x",
+        on_setattr=int,
+        on_getattr=[abs],
+        static=True,
+        metadata={"k": 1},
+        doc="d",
     )
     assert isinstance(item, tc.Field)
     assert (item.default, item.factory, item.init, item.repr, item.kind, item.alias) == (
-        1, None, False, False, "KW_ONLY", "x"
+        1,
+        None,
+        False,
+        False,
+        "KW_ONLY",
+        "x",
     )
     assert item.on_setattr == (int,) and item.on_getattr == (abs,)
     assert item.static is True and dict(item.metadata) == {"k": 1} and item.doc == "d"
@@ -829,7 +844,11 @@ def test_field_defaults():
     item = tc.field()
     assert item.default is MISSING and item.factory is None and not item.has_default
     assert (item.init, item.repr, item.kind, item.alias, item.static) == (
-        True, True, "POS_OR_KW", None, False
+        True,
+        True,
+        "POS_OR_KW",
+        None,
+        False,
     )
     assert item.on_setattr == () and item.on_getattr == () and item.doc == ""
 
@@ -907,8 +926,11 @@ def test_fields_of_class_without_fields_is_empty():
     ("kwargs", "error", "message"),
     [
         ({"kind": "WRONG"}, ValueError, r"`kind` must be one of \('POS_ONLY'.*got 'WRONG'"),
-        ({"on_setattr": 1}, TypeError, "`on_setattr` must be a callable or a sequence of "
-                                       "callables, got 1 of type int"),
+        (
+            {"on_setattr": 1},
+            TypeError,
+            "`on_setattr` must be a callable or a sequence of callables, got 1 of type int",
+        ),
         ({"on_setattr": [int, "x"]}, TypeError, "`on_setattr` must be a callable.*got 'x'"),
         ({"on_getattr": [1]}, TypeError, "`on_getattr` must be a callable.*got 1"),
         ({"alias": 1}, TypeError, "`alias` must be a str, got 1 of type int"),
@@ -942,8 +964,11 @@ def test_unhashable_static_value_raises_naming_field():
     class Tree(tc.TreeClass):
         sizes: Any = tc.field(static=True)
 
-    with pytest.raises(TypeError, match=r"Static field `Tree\.sizes` must be hashable, but got "
-                                        r"a value of type list"):
+    with pytest.raises(
+        TypeError,
+        match=r"Static field `Tree\.sizes` must be hashable, but got "
+        r"a value of type list",
+    ):
         Tree([1, 2])
     assert Tree((1, 2)).sizes == (1, 2)
 
@@ -1036,8 +1061,10 @@ def test_generated_init_stores_arguments_by_name(specs, with_defaults):
     values = {name: i for i, (name, _) in enumerate(specs)}
     order = {"POS_ONLY": 0, "POS_OR_KW": 1}
     positional = sorted((s for s in specs if s[1] in order), key=lambda s: order[s[1]])
-    tree = Tree(*(values[name] for name, _ in positional),
-                **{name: values[name] for name, kind in specs if kind == "KW_ONLY"})
+    tree = Tree(
+        *(values[name] for name, _ in positional),
+        **{name: values[name] for name, kind in specs if kind == "KW_ONLY"},
+    )
     assert vars(tree) == values  # definition order, whatever the parameter order
     if with_defaults:
         assert vars(Tree()) == {name: -i for i, (name, _) in enumerate(specs)}
@@ -1061,8 +1088,11 @@ def test_generated_init_has_source_a_traceback_shows():
     assert "__tc_state['scale']" in source
     with pytest.raises(ValueError) as info:
         Scaled(-1.0)
-    frames = [f for f in traceback.extract_tb(info.value.__traceback__)
-              if f.filename.startswith("<treeclass __init__ of")]
+    frames = [
+        f
+        for f in traceback.extract_tb(info.value.__traceback__)
+        if f.filename.startswith("<treeclass __init__ of")
+    ]
     assert frames and f"{Scaled.__qualname__}" in frames[0].filename
     assert frames[0].line  # the line's text comes from linecache
 

@@ -112,10 +112,13 @@ def test_binary_operators_work_under_jit():
 def test_reflected_and_bitwise_operators_work_under_jit(op):
     tree = IntTree(a=3, b=jnp.array([1, 2], dtype=jnp.int32))
     out = jax.jit(lambda t: (op(t, 2), op(5, t)))(tree)
-    expected = (jax.tree_util.tree_map(lambda x: op(x, 2), tree),
-                jax.tree_util.tree_map(lambda x: op(5, x), tree))
-    for x, y in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected),
-                    strict=True):
+    expected = (
+        jax.tree_util.tree_map(lambda x: op(x, 2), tree),
+        jax.tree_util.tree_map(lambda x: op(5, x), tree),
+    )
+    for x, y in zip(
+        jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected), strict=True
+    ):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
 
 
@@ -131,10 +134,14 @@ def test_operators_work_under_vmap():
     out = jax.vmap(lambda t: t * 2 + 1)(batched)
     assert out.a.tolist() == [1.0, 3.0, 5.0] and out.c.shape == (3, 2)
 
+
 def test_comparisons_under_jit_return_a_bool_tree():
     out = jax.jit(lambda t: t >= 3)(Tree())
     assert [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(out)] == [
-        False, False, True, [True, True, True],
+        False,
+        False,
+        True,
+        [True, True, True],
     ]
 
 
@@ -180,9 +187,7 @@ def test_comparisons_with_same_class_return_bool_leaves():
 # -- unary operators ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "op", [operator.neg, operator.pos, abs], ids=lambda op: op.__name__
-)
+@pytest.mark.parametrize("op", [operator.neg, operator.pos, abs], ids=lambda op: op.__name__)
 def test_unary_operator_maps_over_leaves(op):
     tree = Tree(a=-1, b=(2.0, -3.0))
     assert_same(op(tree), jax.tree_util.tree_map(op, tree))
@@ -218,7 +223,10 @@ def test_math_floor_ceil_trunc_are_elementwise_on_arrays(mathfn, arrayfn):
 def test_unary_operators_work_under_jit():
     out = jax.jit(lambda t: (-t, abs(t), math.floor(t), round(t)))(Tree(b=(-2.5, 3.4)))
     assert [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(out[2])] == [
-        1, -3.0, 3.0, [4.0, 5.0, 6.0],
+        1,
+        -3.0,
+        3.0,
+        [4.0, 5.0, 6.0],
     ]
 
 
@@ -424,8 +432,9 @@ def test_bcmap_maps_tree_keyword_arguments():
 
 
 def test_bcmap_first_keyword_argument_fixes_the_structure_without_positional_ones():
-    out = tc.bcmap(lambda a, b, c: a + b + c)(a={"x": 1.0, "y": 2.0}, b={"x": 10.0, "y": 20.0},
-                                              c=0.5)
+    out = tc.bcmap(lambda a, b, c: a + b + c)(
+        a={"x": 1.0, "y": 2.0}, b={"x": 10.0, "y": 20.0}, c=0.5
+    )
     assert out == {"x": 11.5, "y": 22.5}
 
 
@@ -483,8 +492,9 @@ def test_bcmap_without_tree_arguments_just_calls_func():
 
 def test_bcmap_is_leaf_stops_descending():
     tree = {"pair": (1, 2), "x": 3}
-    out = tc.bcmap(lambda v: len(v) if isinstance(v, tuple) else v,
-                   is_leaf=lambda v: isinstance(v, tuple))(tree)
+    out = tc.bcmap(
+        lambda v: len(v) if isinstance(v, tuple) else v, is_leaf=lambda v: isinstance(v, tuple)
+    )(tree)
     assert out == {"pair": 2, "x": 3}
 
 
@@ -498,7 +508,10 @@ def test_bcmap_under_jit():
     tree = Tree()
     out = jax.jit(tc.bcmap(jnp.where))(tree > 2, tree, -1.0)
     assert [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(out)] == [
-        -1.0, -1.0, 3.0, [4.0, 5.0, 6.0],
+        -1.0,
+        -1.0,
+        3.0,
+        [4.0, 5.0, 6.0],
     ]
 
 
@@ -535,8 +548,10 @@ def test_bcmap_error_names_a_keyword_tree_passed_whole():
 
 
 def test_bcmap_error_with_broadcast_to_names_it():
-    message = (r"(?s)its structure differs from that of broadcast_to.*"
-               r"broadcast_to: PyTreeDef\(\(\*,\)\)")
+    message = (
+        r"(?s)its structure differs from that of broadcast_to.*"
+        r"broadcast_to: PyTreeDef\(\(\*,\)\)"
+    )
     with pytest.raises(TypeError, match=message):
         tc.bcmap(operator.add, broadcast_to=(0,))((1, 2), 1)
 

@@ -421,8 +421,11 @@ def test_tree_mask_mask_of_another_type_names_the_key_path():
     block = Block(jax.random.key(0))
     mask = jax.tree_util.tree_map(lambda _: True, block)
     mask = {"encoder": mask.encoder}
-    with pytest.raises(ValueError, match=r"at `Block`: the tree has a `Block` with children "
-                                         r"\('encoder'.*the mask has a `dict`"):
+    with pytest.raises(
+        ValueError,
+        match=r"at `Block`: the tree has a `Block` with children "
+        r"\('encoder'.*the mask has a `dict`",
+    ):
         tc.tree_mask(block, mask)
 
 
@@ -625,7 +628,6 @@ def test_freeze_unfreeze_round_trip_keeps_the_value(tree):
     assert tc.is_tree_equal(back, tree)
     if not jax.tree_util.tree_leaves(tree) and jax.tree_util.tree_structure(tree).num_nodes == 1:
         assert back is tree
-
 
 
 @pytest.mark.parametrize(

@@ -176,8 +176,10 @@ def test_check_mask_rejects_a_mask_made_after_freezing_for_unfrozen_params():
     model = MLP()
     frozen = model.at["layers"][0]["bias"].apply(tc.freeze)
     m = optim.mask(frozen.at[Linear]["weight"])
-    expected = (r"at `MLP.layers\[0\].bias`: the parameters have a leaf.*"
-                r"the mask has a frozen value")
+    expected = (
+        r"at `MLP.layers\[0\].bias`: the parameters have a leaf.*"
+        r"the mask has a frozen value"
+    )
     with pytest.raises(ValueError, match=expected):
         optim.check_mask(m, model)
 
@@ -500,8 +502,9 @@ def test_mask_selects_exactly_the_named_keys(names, data):
 @given(_names, st.data())
 def test_labels_of_disjoint_selections_label_each_leaf_once(names, data):
     params = {name: jnp.zeros(2) for name in names}
-    groups = data.draw(st.lists(st.sampled_from(["x", "y", "z"]), min_size=len(names),
-                                max_size=len(names)))
+    groups = data.draw(
+        st.lists(st.sampled_from(["x", "y", "z"]), min_size=len(names), max_size=len(names))
+    )
     selections = {
         g: tc.at(params)[tuple(n for n, h in zip(names, groups) if h == g)] for g in set(groups)
     }
@@ -511,9 +514,13 @@ def test_labels_of_disjoint_selections_label_each_leaf_once(names, data):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.recursive(st.booleans(), lambda c: st.dictionaries(st.sampled_from("abc"), c,
-                                                              min_size=1, max_size=3),
-                    max_leaves=8))
+@given(
+    st.recursive(
+        st.booleans(),
+        lambda c: st.dictionaries(st.sampled_from("abc"), c, min_size=1, max_size=3),
+        max_leaves=8,
+    )
+)
 def test_every_prefix_of_a_fitting_mask_fits(mask_tree):
     params = jax.tree.map(lambda _: jnp.ones(1), mask_tree)
 

@@ -72,8 +72,10 @@ class Pair:
 
 jax.tree_util.register_pytree_with_keys(
     Pair,
-    lambda p: (((jax.tree_util.GetAttrKey("left"), p.left),
-                (jax.tree_util.GetAttrKey("right"), p.right)), None),
+    lambda p: (
+        ((jax.tree_util.GetAttrKey("left"), p.left), (jax.tree_util.GetAttrKey("right"), p.right)),
+        None,
+    ),
     lambda _, children: Pair(*children),
 )
 
@@ -208,8 +210,11 @@ def test_array_repr_shows_dtype_shape_and_statistics(value, expected):
 
 
 def test_arrays_without_statistics_print_their_type_in_repr_and_values_in_str():
-    tree = [np.array(["a", "b"]), np.array([None, 1], dtype=object),
-            jax.random.split(jax.random.key(0))]
+    tree = [
+        np.array(["a", "b"]),
+        np.array([None, 1], dtype=object),
+        jax.random.split(jax.random.key(0)),
+    ]
     assert tc.tree_repr(tree) == "[<U1[2], object[2], key<fry>[2]]"
     assert tc.tree_str(tree) == "[['a' 'b'], [None 1], key<fry>[2]]"
 
@@ -271,8 +276,15 @@ def test_depth_cuts_nodes_to_ellipsis_forms():
 @pytest.mark.parametrize("depth", ["2", None, True, [1]])
 @pytest.mark.parametrize(
     "printer",
-    [tc.tree_repr, tc.tree_str, tc.tree_diagram, tc.tree_summary, tc.tree_graph, tc.tree_mermaid,
-     tree_html],
+    [
+        tc.tree_repr,
+        tc.tree_str,
+        tc.tree_diagram,
+        tc.tree_summary,
+        tc.tree_graph,
+        tc.tree_mermaid,
+        tree_html,
+    ],
 )
 def test_depth_that_is_not_a_number_raises_type_error(printer, depth):
     with pytest.raises(TypeError, match=r"`depth` must be a number .*got "):
@@ -513,7 +525,10 @@ print(tc.tree_repr(w))
 def test_summary_shows_sharding_across_eight_devices():
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
-        [sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", _SHARDED_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**__import__("os").environ, **env},
     )
     assert result.returncode == 0, result.stderr
@@ -612,8 +627,7 @@ def _tree_edges(tree):
 def test_graph_parses_back_to_the_diagram():
     tree = Model()
     header = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
-    labels, edges = _parse(tc.tree_graph(tree), _DOT_NODE, _DOT_EDGE, header, ["}"],
-                           _dot_unescape)
+    labels, edges = _parse(tc.tree_graph(tree), _DOT_NODE, _DOT_EDGE, header, ["}"], _dot_unescape)
     assert labels == _diagram_labels(tree)
     assert sorted(edges) == sorted(_tree_edges(tree))
 
@@ -627,8 +641,9 @@ def test_graph_escapes_quotes_and_backslashes():
 
 def test_mermaid_parses_back_to_the_diagram():
     tree = Model()
-    labels, edges = _parse(tc.tree_mermaid(tree), _MERMAID_NODE, _MERMAID_EDGE,
-                           ["flowchart LR"], [], _mermaid_unescape)
+    labels, edges = _parse(
+        tc.tree_mermaid(tree), _MERMAID_NODE, _MERMAID_EDGE, ["flowchart LR"], [], _mermaid_unescape
+    )
     assert labels == _diagram_labels(tree)
     assert sorted(edges) == sorted(_tree_edges(tree))
 
@@ -641,7 +656,9 @@ def test_mermaid_escapes_quotes_angles_and_hashes():
 def test_graph_and_mermaid_respect_depth():
     assert tc.tree_graph({"a": [1]}, depth=0).splitlines()[2] == '    0 [label="{...}"];'
     assert tc.tree_mermaid({"a": [1]}, depth=1).splitlines()[1:] == [
-        '    n0["dict"]', "    n1[\"['a']=[...]\"]", "    n0 --> n1",
+        '    n0["dict"]',
+        "    n1[\"['a']=[...]\"]",
+        "    n0 --> n1",
     ]
 
 
@@ -653,7 +670,11 @@ def test_html_is_well_formed_with_collapsible_nodes():
     root = ET.fromstring(page)
     details = root.findall(".//details")
     assert [d.find("summary").text for d in details] == [
-        "Model", ".layers:list", "[0]:Linear", "[1]:Linear", ".meta:dict"
+        "Model",
+        ".layers:list",
+        "[0]:Linear",
+        "[1]:Linear",
+        ".meta:dict",
     ]
     assert [d.get("open") for d in details] == ["open", None, None, None, None]
     leaves = [div.text for div in root.iter("div") if div.text and not list(div)]
@@ -693,8 +714,9 @@ def test_treescope_renders_fields_without_hidden_ones():
 
 def test_import_treeclass_does_not_import_treescope():
     code = "import sys, treeclass; print('treescope' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -754,8 +776,11 @@ def test_unregistering_restores_the_default():
 def test_register_printer_rejects_bad_arguments():
     with pytest.raises(TypeError, match=r"expects a class as its first argument, got 3"):
         register_printer(3, repr=str)
-    with pytest.raises(TypeError, match=r"register_printer\(\.\.\., count=\.\.\.\)` expects a "
-                                        r"callable or None, got 5"):
+    with pytest.raises(
+        TypeError,
+        match=r"register_printer\(\.\.\., count=\.\.\.\)` expects a "
+        r"callable or None, got 5",
+    ):
         register_printer(Vocab, count=5)
 
 
@@ -806,7 +831,8 @@ def test_repr_with_trace_transposed_has_a_header_row():
         │ Value │ Name path │ Type path  │
         ├───────┼───────────┼────────────┤
         │ 's'   │ [0].y     │ Point->str │
-        └───────┴───────────┴────────────┘""")
+        └───────┴───────────┴────────────┘"""
+    )
 
 
 def test_repr_with_trace_of_a_bare_leaf_has_empty_paths():
@@ -815,8 +841,9 @@ def test_repr_with_trace_of_a_bare_leaf_has_empty_paths():
 
 
 def test_repr_with_trace_keeps_frozen_values_and_respects_is_leaf():
-    traced = tc.tree_repr_with_trace({"f": tc.freeze(1), "p": Point(1, 2)},
-                                     is_leaf=lambda x: isinstance(x, Point))
+    traced = tc.tree_repr_with_trace(
+        {"f": tc.freeze(1), "p": Point(1, 2)}, is_leaf=lambda x: isinstance(x, Point)
+    )
     assert tc.is_frozen(traced["f"])
     assert "│ Value     │ Point(x=1, y=2)" in traced["p"]
 
@@ -824,8 +851,11 @@ def test_repr_with_trace_keeps_frozen_values_and_respects_is_leaf():
 # -- laws ----------------------------------------------------------------------------------
 
 _atoms = st.one_of(
-    st.none(), st.booleans(), st.integers(-10**6, 10**6),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=5),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
 )
 _trees = st.recursive(
     _atoms,
@@ -895,8 +925,7 @@ def test_summary_has_a_row_per_leaf_and_diagram_a_line_per_entry(tree):
 
 @pytest.mark.parametrize(
     "obj",
-    [getattr(_pprint, n) for n in _pprint.__all__]
-    + [tree_html, treescope_repr, register_printer],
+    [getattr(_pprint, n) for n in _pprint.__all__] + [tree_html, treescope_repr, register_printer],
     ids=lambda obj: obj.__name__,
 )
 def test_docstring_examples_run(obj):
@@ -1089,8 +1118,9 @@ def test_def_nodestyle_styles_graph_nodes_and_keeps_nodes_open(forget_token):
         return {"shape": "circle", "fillcolor": 'light"blue', "style": "filled"}
 
     dot = tc.tree_graph({"a": [1]})
-    assert '1 [label="[\'a\']:list", shape="circle", fillcolor="light\\"blue", style="filled"];' \
-        in dot
+    assert (
+        '1 [label="[\'a\']:list", shape="circle", fillcolor="light\\"blue", style="filled"];' in dot
+    )
     assert '0 [label="dict"];' in dot and tc.tree_repr({"a": [1]}) == "{'a': [1]}"
 
 
@@ -1100,8 +1130,12 @@ def test_def_aliases_reject_non_types():
 
 
 def test_def_aliases_have_docstrings_with_examples():
-    for alias in (tc.tree_summary.def_type, tc.tree_summary.def_count,
-                  tc.tree_summary.def_size, tc.tree_graph.def_nodestyle):
+    for alias in (
+        tc.tree_summary.def_type,
+        tc.tree_summary.def_count,
+        tc.tree_summary.def_size,
+        tc.tree_graph.def_nodestyle,
+    ):
         blocks = re.findall(r"```python\n(.*?)```", alias.__doc__, re.DOTALL)
         assert blocks and "register_printer" in alias.__doc__
         exec(blocks[0], {})

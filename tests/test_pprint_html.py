@@ -79,8 +79,7 @@ def test_html_opens_a_big_model_folded_below_a_depth():
 
 def test_html_folds_a_long_run_into_a_closed_node_that_holds_it():
     page = ET.fromstring(tree_html(Stack(1000), open_levels=10))
-    runs = [d for d in page.iter("details")
-            if "more" in "".join(d.find("summary").itertext())]
+    runs = [d for d in page.iter("details") if "more" in "".join(d.find("summary").itertext())]
     assert len(runs) == 1 and runs[0].get("open") is None
     label = "".join(runs[0].find("summary").itertext())
     assert label == "[3]…[996]: 994 more Shown(weight=f32[8,8], bias=f32[8], name=str)"
@@ -137,7 +136,8 @@ def test_treescope_shows_no_stray_boxes_for_treeclasses_and_frozen_values():
 @needs_treescope
 def test_plain_treeclass_in_treescope_has_no_rich_html_box():
     assert "Rich HTML representation" not in treescope.render_to_text(
-        Linear(jnp.ones(2), jnp.ones(2)))
+        Linear(jnp.ones(2), jnp.ones(2))
+    )
 
 
 @needs_treescope
@@ -195,8 +195,9 @@ def test_printing_never_imports_treescope():
         "repr(x['a']); tc.tree_repr(x); tree_html(x); tc.tree_summary(x)\n"
         "print('treescope' in sys.modules)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -230,20 +231,35 @@ class Chromium:
         # the protocol wants the pipe on fds 3 (commands in) and 4 (replies out); a small
         # Python trampoline puts it there (no `preexec_fn`: JAX's threads make it unsafe)
         command = [
-            sys.executable, "-c", _TRAMPOLINE, str(child_in), str(child_out), binary,
-            "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--remote-debugging-pipe", f"--user-data-dir={self.profile}", "about:blank",
+            sys.executable,
+            "-c",
+            _TRAMPOLINE,
+            str(child_in),
+            str(child_out),
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={self.profile}",
+            "about:blank",
         ]
-        self.process = subprocess.Popen(command, pass_fds=(child_in, child_out),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            command,
+            pass_fds=(child_in, child_out),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(child_in)
         os.close(child_out)
         self._buffer = b""
         self._last_id = 0
         self.events: list[dict] = []
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.send("Target.attachToTarget",
-                                 {"targetId": target, "flatten": True})["sessionId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.send(f"{domain}.enable", session=True)
 
@@ -292,8 +308,9 @@ class Chromium:
         self.wait_for("Page.loadEventFired")
 
     def evaluate(self, expression: str) -> object:
-        reply = self.send("Runtime.evaluate",
-                          {"expression": expression, "returnByValue": True}, session=True)
+        reply = self.send(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True
+        )
         if "exceptionDetails" in reply:
             raise RuntimeError(reply["exceptionDetails"])
         return reply["result"].get("value")
@@ -304,9 +321,11 @@ class Chromium:
             ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
         )
         for kind in ("mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1],
-                                                   "button": "left", "clickCount": 1},
-                      session=True)
+            self.send(
+                "Input.dispatchMouseEvent",
+                {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1},
+                session=True,
+            )
 
     def problems(self) -> list[str]:
         """Console errors, uncaught exceptions and requests that left the machine."""
@@ -326,17 +345,21 @@ class Chromium:
         return found
 
     def screenshot(self, selector: str, path: pathlib.Path, width: int = 900) -> None:
-        self.send("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": 800, "deviceScaleFactor": 1, "mobile": False},
-                  session=True)
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": 800, "deviceScaleFactor": 1, "mobile": False},
+            session=True,
+        )
         box = self.evaluate(
             f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
             ".getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; })()"
         )
         clip = {"x": 0, "y": 0, "width": width, "height": box[1] + box[3] + 16, "scale": 1}
-        shot = self.send("Page.captureScreenshot",
-                         {"format": "png", "clip": clip, "captureBeyondViewport": True},
-                         session=True)
+        shot = self.send(
+            "Page.captureScreenshot",
+            {"format": "png", "clip": clip, "captureBeyondViewport": True},
+            session=True,
+        )
         path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
@@ -362,8 +385,10 @@ def _chromium_binary() -> str | None:
 def browser():
     binary = _chromium_binary()
     if binary is None:
-        pytest.skip("no Chromium found (install Debian's `chromium` package to run the "
-                    "browser tests of the notebook display)")
+        pytest.skip(
+            "no Chromium found (install Debian's `chromium` package to run the "
+            "browser tests of the notebook display)"
+        )
     chromium = Chromium(binary)
     yield chromium
     chromium.close()
@@ -372,8 +397,10 @@ def browser():
 def _page(body: str, directory: pathlib.Path, dark: bool = False) -> pathlib.Path:
     colours = "background: #111; color: #eee" if dark else "background: #fff; color: #111"
     path = directory / ("dark.html" if dark else "light.html")
-    path.write_text(f'<!doctype html><html><head><meta charset="utf-8"></head>'
-                    f'<body style="{colours}; font-size: 14px">{body}</body></html>')
+    path.write_text(
+        f'<!doctype html><html><head><meta charset="utf-8"></head>'
+        f'<body style="{colours}; font-size: 14px">{body}</body></html>'
+    )
     return path
 
 
@@ -384,9 +411,13 @@ def test_html_in_chromium_loads_cleanly_and_a_click_opens_a_node(browser, tmp_pa
     assert browser.problems() == []
     assert browser.evaluate("document.querySelectorAll('img, script').length") == 0
     # mark the first closed node, click its summary as a user would, and measure it
-    assert browser.evaluate(
-        "(() => { const node = document.querySelector('details:not([open])');"
-        " node.id = 'target'; return node.open; })()") is False
+    assert (
+        browser.evaluate(
+            "(() => { const node = document.querySelector('details:not([open])');"
+            " node.id = 'target'; return node.open; })()"
+        )
+        is False
+    )
     height = "document.getElementById('target').getBoundingClientRect().height"
     folded = browser.evaluate(height)
     browser.click("#target > summary")
@@ -402,7 +433,8 @@ def test_html_in_chromium_takes_the_text_colour_of_the_theme(browser, tmp_path, 
     browser.open(_page(tree_html(Stack(2)), tmp_path, dark=dark))
     colours = browser.evaluate(
         "[...document.querySelectorAll('.treeclass-tree div, .treeclass-tree summary')]"
-        ".map(e => getComputedStyle(e).color)")
+        ".map(e => getComputedStyle(e).color)"
+    )
     assert set(colours) == {"rgb(238, 238, 238)" if dark else "rgb(17, 17, 17)"}
 
 
@@ -428,9 +460,11 @@ _TREESCOPE_TEXT = """new Promise((resolve, reject) => {
 def test_treescope_html_in_chromium_loads_without_errors(browser, tmp_path):
     browser.events.clear()
     browser.open(_page(treescope.render_to_html(Stack(12)), tmp_path))
-    reply = browser.send("Runtime.evaluate", {"expression": _TREESCOPE_TEXT,
-                                              "awaitPromise": True, "returnByValue": True},
-                         session=True)
+    reply = browser.send(
+        "Runtime.evaluate",
+        {"expression": _TREESCOPE_TEXT, "awaitPromise": True, "returnByValue": True},
+        session=True,
+    )
     text = reply["result"]["value"]
     assert "Stack(" in text and "… 6 more Shown(weight=f32[8,8], bias=f32[8], name=str) …" in text
     assert "Rich HTML representation" not in text
@@ -469,8 +503,13 @@ def _write_screenshots(directory: pathlib.Path) -> None:
     if binary is None or treescope is None or shutil.which("dot") is None:
         raise SystemExit("needs Chromium, treescope and graphviz's dot")
     model = _notebooks_model()
-    graph = subprocess.run(["dot", "-Tsvg", "-Grankdir=LR"], input=tc.tree_graph(model, depth=2),
-                           capture_output=True, text=True, check=True).stdout
+    graph = subprocess.run(
+        ["dot", "-Tsvg", "-Grankdir=LR"],
+        input=tc.tree_graph(model, depth=2),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     (directory / "notebook-graph.svg").write_text(graph)
     chromium = Chromium(binary)
     try:
@@ -478,10 +517,14 @@ def _write_screenshots(directory: pathlib.Path) -> None:
             chromium.open(_page(tree_html(model), pathlib.Path(scratch)))
             chromium.screenshot(".treeclass-tree", directory / "notebook-html.png", width=640)
             chromium.open(_page(treescope.render_to_html(model), pathlib.Path(scratch)))
-            chromium.send("Runtime.evaluate", {"expression": _TREESCOPE_TEXT,
-                                               "awaitPromise": True}, session=True)
-            chromium.screenshot("treescope-container", directory / "notebook-treescope.png",
-                                width=960)
+            chromium.send(
+                "Runtime.evaluate",
+                {"expression": _TREESCOPE_TEXT, "awaitPromise": True},
+                session=True,
+            )
+            chromium.screenshot(
+                "treescope-container", directory / "notebook-treescope.png", width=960
+            )
     finally:
         chromium.close()
 

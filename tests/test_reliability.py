@@ -31,8 +31,11 @@ from hypothesis import strategies as st
 import treeclass as tc
 from treeclass import _node
 
-SETTINGS = dict(max_examples=30, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = dict(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 Pair = collections.namedtuple("Pair", "first second")
 Point = collections.namedtuple("Point", "a b")
@@ -165,7 +168,8 @@ _numpy_scalars = st.one_of(
     st.booleans().map(np.bool_),
     st.builds(lambda r, i: np.complex64(complex(r, i)), st.floats(width=32), st.floats(width=32)),
     st.tuples(st.integers(-1000, 1000), st.sampled_from(["D", "s"])).map(
-        lambda a: np.datetime64(*a)),
+        lambda a: np.datetime64(*a)
+    ),
 )
 _atoms = st.one_of(
     st.integers(),
@@ -224,7 +228,8 @@ def test_jit_reuses_a_trace_exactly_when_static_values_are_exactly_equal(data, a
         assert len(log) == (1 if exact(a) == exact(b) else 2), (a, b)
         assert exact(log[-1][0].tag) == exact(b)
         same_def = jax.tree_util.tree_structure(cls(1.0, a)) == jax.tree_util.tree_structure(
-            cls(1.0, b))
+            cls(1.0, b)
+        )
         assert same_def == (exact(a) == exact(b))
 
 
@@ -281,11 +286,14 @@ def test_frozen_signed_zeros_do_not_share_a_trace(positive, negative, zero_of):
     assert float(g({"x": jnp.float32(1.0), "z": tc.freeze(negative)})) == -math.inf
 
 
-@pytest.mark.parametrize("values", [
-    (1, True, 1.0, np.int32(1), np.int64(1), np.float32(1.0), np.bool_(True), complex(1, 0)),
-    ((1,), (True,), (1.0,), Pair(1, 1), Point(1, 1)),
-    (np.datetime64(1, "D"), np.datetime64(86400, "s")),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        (1, True, 1.0, np.int32(1), np.int64(1), np.float32(1.0), np.bool_(True), complex(1, 0)),
+        ((1,), (True,), (1.0,), Pair(1, 1), Point(1, 1)),
+        (np.datetime64(1, "D"), np.datetime64(86400, "s")),
+    ],
+)
 def test_values_equal_in_python_but_of_other_types_never_share_a_trace(values):
     assert len({exact(v) for v in values}) == len(values)
     f, log = traced(lambda t: jnp.asarray(t.x))
@@ -303,13 +311,16 @@ def test_jit_output_dtype_follows_the_static_type_not_an_equal_one():
     assert f(Tagged(0.0, 1.0)).dtype == jnp.asarray(1.0).dtype
 
 
-@pytest.mark.parametrize("make_nan", [
-    lambda: float("nan"),
-    lambda: np.float64("nan"),
-    lambda: np.float32("nan"),
-    lambda: (float("nan"), 1),
-    lambda: complex(float("nan"), 0.0),
-])
+@pytest.mark.parametrize(
+    "make_nan",
+    [
+        lambda: float("nan"),
+        lambda: np.float64("nan"),
+        lambda: np.float32("nan"),
+        lambda: (float("nan"), 1),
+        lambda: complex(float("nan"), 0.0),
+    ],
+)
 def test_a_fresh_nan_static_does_not_retrace_every_call(make_nan):
     for cls in (Tagged, HandTagged):
         f, log = traced(lambda t: t.x)
@@ -383,10 +394,13 @@ def test_a_frozen_numpy_array_cannot_be_written_through_unfreeze():
     assert tc.unfreeze(frozen).tolist() == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("make_view", [
-    lambda base: np.broadcast_to(base, (2, 3)),
-    lambda base: _read_only(base[:]),
-])
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        lambda base: np.broadcast_to(base, (2, 3)),
+        lambda base: _read_only(base[:]),
+    ],
+)
 def test_freeze_snapshots_a_read_only_view_of_a_writable_buffer(make_view):
     # read-only is not immutable: the view sees every write into its writable base
     base = np.zeros(3)
@@ -421,12 +435,17 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 
 def test_a_writable_numpy_array_as_a_field_default_is_refused():
     with pytest.raises(TypeError, match="factory"):
+
         class Model(tc.TreeClass):
             w: Any = np.ones(3)
+
     with pytest.raises(TypeError, match="factory"):
+
         class Model2(tc.TreeClass):
             w: Any = tc.field(default=np.ones(3))
+
     with pytest.raises(TypeError, match="factory"):
+
         @tc.autoinit
         class Plain:
             w: Any = np.ones(3)
@@ -436,9 +455,12 @@ def test_a_numpy_array_default_is_refused_even_when_read_only():
     # its owner can make a read-only array writable again: every instance would share it
     table = _read_only(np.ones(3))
     with pytest.raises(TypeError, match=r"(?s)NumPy array.*factory"):
+
         class Model(tc.TreeClass):
             w: Any = table
+
     with pytest.raises(TypeError, match="NumPy array"):
+
         class Nested(tc.TreeClass):
             w: Any = (1.0, np.ones(2))
 
@@ -447,6 +469,7 @@ def test_a_read_only_view_of_a_writable_buffer_is_not_a_shared_default():
     base = np.zeros(3)
     view = np.broadcast_to(base, (3,))
     try:
+
         class Model(tc.TreeClass):
             w: Any = view
     except TypeError:
@@ -540,16 +563,20 @@ class _NeverKey(tc.BaseKey):
         return "NeverKey()"
 
 
-@pytest.mark.parametrize("selector, selector_text, suggestion", [
-    (tc.glob("layers.*.wieght"), "layers.*.wieght", "layers.*.weight"),
-    (tc.glob("layers[0].wieght"), "layers[0].wieght", "weight"),
-    (tc.glob("**.bais"), "**.bais", "bias"),
-    (tc.glob("layer"), "layer", "layers"),
-    (re.compile("lyers"), "lyers", "layers"),
-])
+@pytest.mark.parametrize(
+    "selector, selector_text, suggestion",
+    [
+        (tc.glob("layers.*.wieght"), "layers.*.wieght", "layers.*.weight"),
+        (tc.glob("layers[0].wieght"), "layers[0].wieght", "weight"),
+        (tc.glob("**.bais"), "**.bais", "bias"),
+        (tc.glob("layer"), "layer", "layers"),
+        (re.compile("lyers"), "lyers", "layers"),
+    ],
+)
 @pytest.mark.parametrize("op", ["get", "set", "apply", "reduce", "scan"])
 def test_a_glob_or_regex_that_matches_nothing_raises_naming_it_and_the_closest_key(
-        selector, selector_text, suggestion, op):
+    selector, selector_text, suggestion, op
+):
     tree = _layers_tree()
     indexer = tc.at(tree)[selector]
     run = {
@@ -566,8 +593,9 @@ def test_a_glob_or_regex_that_matches_nothing_raises_naming_it_and_the_closest_k
 
 def test_a_regex_after_a_path_that_matches_nothing_raises():
     tree = _layers_tree()
-    error = raises_unchanged(LookupError, lambda: tc.at(tree)["layers"][0][re.compile("w.*t2")]
-                             .get(), tree)
+    error = raises_unchanged(
+        LookupError, lambda: tc.at(tree)["layers"][0][re.compile("w.*t2")].get(), tree
+    )
     assert "w.*t2" in str(error) and "weight" in str(error)
 
 
@@ -575,19 +603,19 @@ def test_a_base_key_that_matches_nothing_raises_naming_it_and_the_keys_there():
     tree = _layers_tree()
     error = raises_unchanged(LookupError, lambda: tc.at(tree)[_NeverKey()].set(0.0), tree)
     assert "NeverKey()" in str(error) and "layers" in str(error)
-    error = raises_unchanged(LookupError, lambda: tc.at(tree)["layers"][0][_NeverKey()].get(),
-                             tree)
+    error = raises_unchanged(LookupError, lambda: tc.at(tree)["layers"][0][_NeverKey()].get(), tree)
     assert "weight" in str(error)
 
 
 def test_a_typo_in_one_member_of_a_union_is_not_hidden_by_the_other_member():
     tree = _layers_tree()
     error = raises_unchanged(
-        LookupError, lambda: tc.at(tree)["layers"][0]["weight", tc.glob("bais")].set(0.0), tree)
+        LookupError, lambda: tc.at(tree)["layers"][0]["weight", tc.glob("bais")].set(0.0), tree
+    )
     assert "bais" in str(error) and "bias" in str(error)
-    raises_unchanged(LookupError,
-                     lambda: tc.at(tree)["layers"][0]["weight", re.compile("bais")].set(0.0),
-                     tree)
+    raises_unchanged(
+        LookupError, lambda: tc.at(tree)["layers"][0]["weight", re.compile("bais")].set(0.0), tree
+    )
 
 
 def test_a_glob_typo_on_a_treeclass_names_the_closest_key():
@@ -598,10 +626,10 @@ def test_a_glob_typo_on_a_treeclass_names_the_closest_key():
 
 def test_a_literal_glob_typo_hints_like_the_name_chain():
     tree = _layers_tree()
-    by_name = raises_unchanged(LookupError, lambda: tc.at(tree)["layers"][0]["wieght"].get(),
-                               tree)
-    by_glob = raises_unchanged(LookupError,
-                               lambda: tc.at(tree)[tc.glob("layers[0].wieght")].get(), tree)
+    by_name = raises_unchanged(LookupError, lambda: tc.at(tree)["layers"][0]["wieght"].get(), tree)
+    by_glob = raises_unchanged(
+        LookupError, lambda: tc.at(tree)[tc.glob("layers[0].wieght")].get(), tree
+    )
     for error in (by_name, by_glob):
         assert "did you mean" in str(error) and "weight" in str(error)
 
@@ -633,8 +661,11 @@ def test_bool_masks_and_where_selecting_nothing_are_empty_at_selections(op):
 def test_optim_mask_of_an_empty_selection_raises_unless_not_strict():
     tree = _layers_tree()
     nothing = jax.tree_util.tree_map(lambda _: False, tree)
-    for selection in (tc.at(tree)[nothing], tc.at(tree)[tc.where(lambda p, n: False)],
-                      tc.at(tree)[int]):
+    for selection in (
+        tc.at(tree)[nothing],
+        tc.at(tree)[tc.where(lambda p, n: False)],
+        tc.at(tree)[int],
+    ):
         raises_unchanged(ValueError, lambda selection=selection: tc.optim.mask(selection), tree)
         lenient = tc.optim.mask(selection, strict=False)
         assert jax.tree_util.tree_leaves(lenient) == [False] * 4
@@ -655,8 +686,7 @@ def test_optim_labels_with_a_label_that_selects_nothing_raises_unless_not_strict
     assert "decay" in str(error)
     labels = tc.optim.labels(tree, empty, strict=False)
     assert "decay" not in jax.tree_util.tree_leaves(labels.tree)
-    raises_unchanged(LookupError, lambda: tc.optim.labels(tree, {"d": tc.glob("**.wieght")}),
-                     tree)
+    raises_unchanged(LookupError, lambda: tc.optim.labels(tree, {"d": tc.glob("**.wieght")}), tree)
     frozen = {"w": tc.freeze(jnp.ones(2)), "b": jnp.zeros(2)}
     raises_unchanged(ValueError, lambda: tc.optim.labels(frozen, {"d": "w"}), frozen)
 
@@ -675,8 +705,9 @@ def test_optim_strict_must_be_a_bool(strict):
     tree = {"w": jnp.ones(2), "b": jnp.zeros(2)}
     error = raises_unchanged(TypeError, lambda: tc.optim.mask(tree, "w", strict=strict), tree)
     assert "strict" in str(error)
-    error = raises_unchanged(TypeError, lambda: tc.optim.labels(tree, {"d": "w"}, strict=strict),
-                             tree)
+    error = raises_unchanged(
+        TypeError, lambda: tc.optim.labels(tree, {"d": "w"}, strict=strict), tree
+    )
     assert "strict" in str(error)
 
 
@@ -733,8 +764,27 @@ def test_a_mask_after_any_path_equals_the_reference_at_that_node(tree, data):
 _dict_keys = st.one_of(
     st.text(max_size=6),
     st.text(alphabet=".[]'\"*?\\ \u00e9\u4e2d\U0001f600\n\x00", max_size=6),
-    st.sampled_from(["", "a.b", "w[0]", "['x']", "*", "?", "\\", "'", '"', "a'b\"c", "**",
-                     "0", "[0]", ".", "..", "]", "["]),
+    st.sampled_from(
+        [
+            "",
+            "a.b",
+            "w[0]",
+            "['x']",
+            "*",
+            "?",
+            "\\",
+            "'",
+            '"',
+            "a'b\"c",
+            "**",
+            "0",
+            "[0]",
+            ".",
+            "..",
+            "]",
+            "[",
+        ]
+    ),
 )
 _glob_trees = st.recursive(
     st.integers(0, 9),
@@ -764,8 +814,12 @@ def test_keystr_of_a_path_used_as_a_glob_selects_exactly_that_path(tree):
         # every prefix of the path selects exactly the subtree there
         for cut in range(1, len(path)):
             prefix = jax.tree_util.keystr(path[:cut])
-            under = [p for p, _ in jax.tree_util.tree_flatten_with_path(
-                tc.at(tree)[tc.glob(prefix)].get())[0]]
+            under = [
+                p
+                for p, _ in jax.tree_util.tree_flatten_with_path(
+                    tc.at(tree)[tc.glob(prefix)].get()
+                )[0]
+            ]
             assert under == [p for p, _ in pairs if p[:cut] == path[:cut]], prefix
 
 
@@ -774,8 +828,11 @@ def _shapes():
 
 
 @settings(**{**SETTINGS, "max_examples": 25})
-@given(leaf_shape=_shapes(), mask_shape=_shapes(),
-       op=st.sampled_from(["get", "get_fill", "set", "apply", "reduce", "scan"]))
+@given(
+    leaf_shape=_shapes(),
+    mask_shape=_shapes(),
+    op=st.sampled_from(["get", "get_fill", "set", "apply", "reduce", "scan"]),
+)
 def test_an_element_mask_never_changes_the_shape_of_its_leaf(leaf_shape, mask_shape, op):
     tree = {"p": {"w": jnp.arange(math.prod(leaf_shape), dtype=jnp.float32).reshape(leaf_shape)}}
     mask = {"p": {"w": jnp.ones(mask_shape, bool)}}
@@ -820,8 +877,9 @@ def test_an_element_mask_over_a_subtree_names_the_leaf_that_does_not_fit():
 def test_an_apply_result_that_would_grow_the_leaf_under_an_element_mask_is_an_error():
     tree = {"a": jnp.ones(3)}
     mask = {"a": jnp.array([True, False, True])}
-    error = raises_unchanged(ValueError,
-                             lambda: tc.at(tree)[mask].apply(lambda x: jnp.ones((2, 3))), tree)
+    error = raises_unchanged(
+        ValueError, lambda: tc.at(tree)[mask].apply(lambda x: jnp.ones((2, 3))), tree
+    )
     assert "tree['a']" in str(error)
 
 
@@ -842,8 +900,11 @@ def _arrays_and_masks(draw):
             mask[name] = draw(st.booleans())
         else:
             mask_shape = shape if kind == "array" else (1,) * (len(shape) - 1) + shape[-1:]
-            flags = draw(st.lists(st.booleans(), min_size=math.prod(mask_shape),
-                                  max_size=math.prod(mask_shape)))
+            flags = draw(
+                st.lists(
+                    st.booleans(), min_size=math.prod(mask_shape), max_size=math.prod(mask_shape)
+                )
+            )
             mask[name] = jnp.asarray(flags).reshape(mask_shape)
     return tree, mask
 
@@ -854,6 +915,7 @@ def test_at_mask_set_apply_get_equal_a_tree_map_where_reference(pair, value):
     tree, mask = pair
     before = snapshot(tree)
     value = np.float32(value)
+
     # a bool selects the whole leaf (a set puts the value there, as given); a boolean
     # array selects elements (`jnp.where`, the leaf keeps its shape)
     def where(m, new, x):
@@ -999,9 +1061,13 @@ def assert_children_match_flatten(obj: Any) -> None:
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
 @settings(max_examples=30, deadline=None, derandomize=True)
-@given(factory=st.sampled_from(sorted(FACTORIES)), name=st.sampled_from(NAMES),
-       value=st.one_of(st.floats(allow_nan=False), st.text(max_size=3),
-                       st.just(np.zeros(2)), st.just(jnp.ones(3))))
+@given(
+    factory=st.sampled_from(sorted(FACTORIES)),
+    name=st.sampled_from(NAMES),
+    value=st.one_of(
+        st.floats(allow_nan=False), st.text(max_size=3), st.just(np.zeros(2)), st.just(jnp.ones(3))
+    ),
+)
 def test_every_escape_hatch_write_raises_or_is_seen_by_flatten(route, factory, name, value):
     obj = FACTORIES[factory]()
     before = snapshot(obj)
@@ -1027,15 +1093,23 @@ def test_object_setattr_of_a_name_the_class_never_had_leaves_the_tree_as_it_was(
     assert_children_match_flatten(obj)
     out = jax.jit(lambda t: t)(obj)  # leaves come back as arrays: compare by value
     assert jax.tree_util.tree_structure(out) == before[0]
-    for got, want in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(obj),
-                         strict=True):  # values only: jit makes f64 NumPy leaves f32
+    for got, want in zip(
+        jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(obj), strict=True
+    ):  # values only: jit makes f64 NumPy leaves f32
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     assert _read(out, name) != 7.0  # the extra attribute is not part of the tree
 
 
-@pytest.mark.parametrize(("factory", "name"), [
-    ("declared", "a"), ("declared", "s"), ("declared", "g"), ("written", "a"), ("written", "b"),
-])
+@pytest.mark.parametrize(
+    ("factory", "name"),
+    [
+        ("declared", "a"),
+        ("declared", "s"),
+        ("declared", "g"),
+        ("written", "a"),
+        ("written", "b"),
+    ],
+)
 def test_object_setattr_of_a_known_name_is_refused(factory, name):
     obj = FACTORIES[factory]()
     assert not _unknown_to_the_class(obj, name)
@@ -1087,6 +1161,7 @@ def test_setattr_inherited_from_a_mixin_is_refused_or_its_writes_are_seen_by_fla
             object.__setattr__(self, name, value)
 
     try:
+
         class Model(Logging, tc.TreeClass):
             a: Any
     except TypeError as error:
@@ -1238,22 +1313,24 @@ def _user_fn_entry_points():
         "apply_path": lambda net: net.at["layers"][1].apply(_fails_at_negative),
         "apply_parallel": lambda net: net.at[...].apply(_fails_at_negative, is_parallel=True),
         "scan": lambda net: net.at[...].scan(lambda x, s: (_fails_at_negative(x), s), 0),
-        "reduce": lambda net: net.at[...].reduce(lambda a, x: _fails_at_negative(x),
-                                                  initializer=0),
+        "reduce": lambda net: net.at[...].reduce(lambda a, x: _fails_at_negative(x), initializer=0),
         "mask_apply": lambda net: net.at[net_mask_all(net)].apply(_fails_at_negative),
-        "element_mask_apply": lambda net: net.at[net_mask_arrays(net)].apply(
-            _fails_at_negative),
+        "element_mask_apply": lambda net: net.at[net_mask_arrays(net)].apply(_fails_at_negative),
         "prefix_mask_apply": lambda net: net.at[Net(True)].apply(_fails_at_negative),
-        "set_where": lambda net: net.at[tc.where(
-            lambda p, n: isinstance(n, jax.Array) and _fails_at_negative(n) is None)].set(0.0),
-        "get_where": lambda net: net.at["layers"][tc.where(
-            lambda p, n: isinstance(n, jax.Array) and _fails_at_negative(n) is None)].get(),
+        "set_where": lambda net: net.at[
+            tc.where(lambda p, n: isinstance(n, jax.Array) and _fails_at_negative(n) is None)
+        ].set(0.0),
+        "get_where": lambda net: net.at["layers"][
+            tc.where(lambda p, n: isinstance(n, jax.Array) and _fails_at_negative(n) is None)
+        ].get(),
         "tree_mask": lambda net: tc.tree_mask(net, lambda x: _fails_at_negative(x) is None),
         "tree_unmask": lambda net: tc.tree_unmask(
-            tc.tree_mask(net, lambda x: True), lambda x: _fails_at_negative(x) is None),
+            tc.tree_mask(net, lambda x: True), lambda x: _fails_at_negative(x) is None
+        ),
         "bcmap": lambda net: tc.bcmap(_fails_at_negative)(net),
         "tree_map_with_trace": lambda net: tc.tree_map_with_trace(
-            lambda trace, x: _fails_at_negative(x), net),
+            lambda trace, x: _fails_at_negative(x), net
+        ),
     }
 
 
@@ -1283,16 +1360,22 @@ def test_non_callables_as_fn_or_is_leaf_are_type_errors(op, bad):
     tree = _layers_tree()
     indexer = tc.at(tree)[...]
     if op in ("apply", "reduce", "scan") and bad is not None:
-        run = {"apply": lambda: indexer.apply(bad), "reduce": lambda: indexer.reduce(bad),
-               "scan": lambda: indexer.scan(bad, 0)}[op]
+        run = {
+            "apply": lambda: indexer.apply(bad),
+            "reduce": lambda: indexer.reduce(bad),
+            "scan": lambda: indexer.scan(bad, 0),
+        }[op]
         error = raises_unchanged(TypeError, run, tree)
         assert "fn" in str(error) and type(bad).__name__ in str(error)
     if bad is None:
         return
-    run = {"get": lambda: indexer.get(is_leaf=bad), "set": lambda: indexer.set(0, is_leaf=bad),
-           "apply": lambda: indexer.apply(abs, is_leaf=bad),
-           "reduce": lambda: indexer.reduce(max, is_leaf=bad),
-           "scan": lambda: indexer.scan(lambda x, s: (x, s), 0, is_leaf=bad)}[op]
+    run = {
+        "get": lambda: indexer.get(is_leaf=bad),
+        "set": lambda: indexer.set(0, is_leaf=bad),
+        "apply": lambda: indexer.apply(abs, is_leaf=bad),
+        "reduce": lambda: indexer.reduce(max, is_leaf=bad),
+        "scan": lambda: indexer.scan(lambda x, s: (x, s), 0, is_leaf=bad),
+    }[op]
     error = raises_unchanged(TypeError, run, tree)
     assert "is_leaf" in str(error)
 
@@ -1327,8 +1410,7 @@ def _big_mask_with_one_bad_leaf(bad: Any) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("bad", [1, "yes", 1.0, np.int32(1), jnp.array(1)])
-@pytest.mark.parametrize("entry", ["get", "set", "apply", "tree_mask", "optim_mask",
-                                   "check_mask"])
+@pytest.mark.parametrize("entry", ["get", "set", "apply", "tree_mask", "optim_mask", "check_mask"])
 def test_a_mask_with_a_non_bool_leaf_names_that_leaf_and_not_the_whole_mask(bad, entry):
     tree, mask = _big_mask_with_one_bad_leaf(bad)
     run = {
@@ -1345,8 +1427,10 @@ def test_a_mask_with_a_non_bool_leaf_names_that_leaf_and_not_the_whole_mask(bad,
     assert "k299" not in text and len(text) < 800
 
 
-@pytest.mark.parametrize("kwargs", [{"init": 1}, {"static": "yes"}, {"repr": None},
-                                    {"static": np.bool_(True)}, {"init": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"init": 1}, {"static": "yes"}, {"repr": None}, {"static": np.bool_(True)}, {"init": 0}],
+)
 def test_non_bool_field_flags_are_type_errors(kwargs):
     with pytest.raises(TypeError, match=next(iter(kwargs))):
         tc.field(**kwargs)
@@ -1381,11 +1465,15 @@ def test_a_field_name_that_cannot_be_a_parameter_is_refused_without_a_syntax_err
     assert getattr(obj, name) == 1
 
 
-@pytest.mark.parametrize("name", ["__tc_missing", "__tc_node", "__tc_default_b", "__dict__",
-                                  "__class__", "__init__"])
+@pytest.mark.parametrize(
+    "name", ["__tc_missing", "__tc_node", "__tc_default_b", "__dict__", "__class__", "__init__"]
+)
 def test_a_field_named_like_generated_code_internals_is_refused_or_works(name):
-    namespace = {"__annotations__": {name: int, "b": list}, "__module__": __name__,
-                 "b": tc.field(factory=lambda: [1, 2])}
+    namespace = {
+        "__annotations__": {name: int, "b": list},
+        "__module__": __name__,
+        "b": tc.field(factory=lambda: [1, 2]),
+    }
     try:
         cls = type("Odd", (tc.TreeClass,), namespace)
     except (TypeError, ValueError) as error:
@@ -1398,6 +1486,7 @@ def test_a_field_named_like_generated_code_internals_is_refused_or_works(name):
 @pytest.mark.parametrize("alias", ["__tc_missing", "__tc_node", "__tc_dict_type"])
 def test_an_alias_named_like_generated_code_internals_is_refused_or_works(alias):
     try:
+
         class Odd(tc.TreeClass):
             a: int = tc.field(alias=alias)
             b: list = tc.field(factory=lambda: [1, 2])
@@ -1459,16 +1548,18 @@ def test_every_mask_entry_point_describes_the_mismatch_the_same_way():
     tree = {"a": [1.0, 2.0], "b": 3.0}
     mask = {"a": [True], "b": True}
     texts = []
-    for run in (lambda: tc.at(tree)[mask].get(), lambda: tc.tree_mask(tree, mask),
-                lambda: tc.optim.check_mask(mask, tree)):
+    for run in (
+        lambda: tc.at(tree)[mask].get(),
+        lambda: tc.tree_mask(tree, mask),
+        lambda: tc.optim.check_mask(mask, tree),
+    ):
         texts.append(str(raises_unchanged(ValueError, run, tree, mask)))
     for text in texts:
         assert "`list` with children (0, 1)" in text and "`list` with children (0)" in text
         assert "missing in the mask: [1]" in text, text
 
 
-@pytest.mark.parametrize("entry", ["at", "tree_mask", "bcmap", "tree_map_with_trace",
-                                   "leafwise"])
+@pytest.mark.parametrize("entry", ["at", "tree_mask", "bcmap", "tree_map_with_trace", "leafwise"])
 def test_user_function_notes_use_the_root_class_name_as_the_path_prefix(entry):
     class Pairs(tc.TreeClass, leafwise=True):
         a: Any
@@ -1494,10 +1585,12 @@ def test_user_function_notes_use_the_root_class_name_as_the_path_prefix(entry):
 
 def test_builtin_roots_are_named_tree_everywhere():
     tree = {"a": {"b": 1.0}}
-    for run in (lambda: tc.at(tree)["a"]["c"].get(),
-                lambda: tc.at(tree)[{"a": {"b": 3}}].get(),
-                lambda: tc.tree_mask(tree, {"a": [True]}),
-                lambda: tc.optim.check_mask({"a": [True]}, tree)):
+    for run in (
+        lambda: tc.at(tree)["a"]["c"].get(),
+        lambda: tc.at(tree)[{"a": {"b": 3}}].get(),
+        lambda: tc.tree_mask(tree, {"a": [True]}),
+        lambda: tc.optim.check_mask({"a": [True]}, tree),
+    ):
         error = raises_unchanged((LookupError, ValueError, TypeError), run, tree)
         assert "tree['a']" in str(error), str(error)
 

@@ -75,8 +75,11 @@ def test_glob_needs_a_string():
 
 def test_glob_that_matches_nothing_is_an_error_naming_the_closest_key():
     tree = {"a": {"b": 1}}
-    with pytest.raises(LookupError, match=r"(?s)glob\('a\.c'\) selects nothing.*after a, no key "
-                                          r"matches 'c' \(keys there: 'b'\)"):
+    with pytest.raises(
+        LookupError,
+        match=r"(?s)glob\('a\.c'\) selects nothing.*after a, no key "
+        r"matches 'c' \(keys there: 'b'\)",
+    ):
         tc.at(tree)[tc.glob("a.c")].get()
 
 
@@ -102,8 +105,10 @@ def test_glob_double_star_matches_zero_levels():
 @given(
     st.recursive(
         st.integers(0, 9),
-        lambda c: st.dictionaries(st.sampled_from(["a", "b", "c.d", "e"]), c, min_size=1,
-                                  max_size=3) | st.lists(c, min_size=1, max_size=3),
+        lambda c: (
+            st.dictionaries(st.sampled_from(["a", "b", "c.d", "e"]), c, min_size=1, max_size=3)
+            | st.lists(c, min_size=1, max_size=3)
+        ),
         max_leaves=6,
     ),
     st.data(),

@@ -110,12 +110,15 @@ def test_trace_through_nodes_registered_without_keys():
 def test_trace_through_ordered_dict_and_nested_treeclass():
     tree = OrderedDict(block=Block())
     assert traces(tree) == [
-        ((DictKey("block"), GetAttrKey("dense"), GetAttrKey("weight")),
-         (Block, Linear, type(jnp.ones(1)))),
-        ((DictKey("block"), GetAttrKey("dense"), GetAttrKey("bias")),
-         (Block, Linear, type(jnp.ones(1)))),
-        ((DictKey("block"), GetAttrKey("drop"), GetAttrKey("rate")),
-         (Block, Dropout, float)),
+        (
+            (DictKey("block"), GetAttrKey("dense"), GetAttrKey("weight")),
+            (Block, Linear, type(jnp.ones(1))),
+        ),
+        (
+            (DictKey("block"), GetAttrKey("dense"), GetAttrKey("bias")),
+            (Block, Linear, type(jnp.ones(1))),
+        ),
+        ((DictKey("block"), GetAttrKey("drop"), GetAttrKey("rate")), (Block, Dropout, float)),
     ]
 
 
@@ -197,7 +200,7 @@ def test_nodes_with_unhashable_aux_data_are_traced():
 
 
 def test_keys_are_jax_key_entries_usable_by_keystr_and_membership():
-    (keys, _), = traces({"layers": [Linear(jnp.ones(1), jnp.ones(1))]})[:1]
+    ((keys, _),) = traces({"layers": [Linear(jnp.ones(1), jnp.ones(1))]})[:1]
     assert jax.tree_util.keystr(keys) == "['layers'][0].weight"
     assert GetAttrKey("weight") in keys and DictKey("layers") in keys
     assert keys[-1].name == "weight" and str(keys[-1]) == ".weight"
@@ -235,8 +238,9 @@ def test_is_trace_leaf_on_the_root_trace_makes_the_tree_one_leaf():
 
 def test_is_trace_leaf_gets_each_node_trace_in_order():
     seen = []
-    tc.tree_leaves_with_trace({"a": [1, None], "b": Point(2, 3)},
-                              is_trace_leaf=lambda t: seen.append(t) or False)
+    tc.tree_leaves_with_trace(
+        {"a": [1, None], "b": Point(2, 3)}, is_trace_leaf=lambda t: seen.append(t) or False
+    )
     assert seen == [
         ((), ()),
         ((DictKey("a"),), (list,)),
@@ -284,8 +288,9 @@ def test_is_trace_leaf_on_an_old_jax_names_the_version(monkeypatch):
 
 # -- laws: agreement with jax.tree_util and with a node-by-node walk ----------------------------
 
-leaf_values = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=2),
-                        st.none())
+leaf_values = st.one_of(
+    st.integers(-3, 3), st.floats(allow_nan=False), st.text(max_size=2), st.none()
+)
 trees = st.recursive(
     leaf_values,
     lambda inner: st.one_of(
@@ -392,7 +397,8 @@ def test_map_with_trace_rest_may_have_the_tree_as_prefix():
 
 def test_map_with_trace_is_leaf():
     out = tc.tree_map_with_trace(
-        lambda t, x: t[1][-1].__name__, {"p": Point(1, 2), "q": 3},
+        lambda t, x: t[1][-1].__name__,
+        {"p": Point(1, 2), "q": 3},
         is_leaf=lambda x: isinstance(x, Point),
     )
     assert out == {"p": "Point", "q": "int"}
@@ -401,7 +407,9 @@ def test_map_with_trace_is_leaf():
 def test_map_with_trace_is_trace_leaf_passes_whole_nodes_and_rest_subtrees():
     tree = {"a": [1, 2], "b": 3}
     out = tc.tree_map_with_trace(
-        lambda t, x, y: (x, y), tree, {"a": "A", "b": "B"},
+        lambda t, x, y: (x, y),
+        tree,
+        {"a": "A", "b": "B"},
         is_trace_leaf=lambda t: len(t[0]) == 1,
     )
     assert out == {"a": ([1, 2], "A"), "b": (3, "B")}
@@ -432,9 +440,7 @@ def test_map_with_trace_error_at_a_root_leaf_names_it():
 
 def test_map_with_trace_error_with_rest_trees_names_the_leaf():
     with pytest.raises(ZeroDivisionError, match=r"at the leaf `Linear\.weight`"):
-        tc.tree_map_with_trace(
-            lambda t, x, y: x / y, Linear(1.0, 2.0), Linear(0.0, 1.0)
-        )
+        tc.tree_map_with_trace(lambda t, x, y: x / y, Linear(1.0, 2.0), Linear(0.0, 1.0))
 
 
 def test_map_with_trace_rest_of_another_structure_raises():

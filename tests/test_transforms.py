@@ -409,6 +409,7 @@ def test_eval_shape_keeps_frozen_values_and_gives_shapes():
 # many devices (8 CPU devices, in a subprocess)
 # ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def multidevice_results() -> dict:
     return run_check_script("multidevice_check.py")

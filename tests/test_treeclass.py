@@ -242,8 +242,7 @@ def test_equal_static_values_share_one_layout_and_unused_layouts_are_dropped():
     again = Tree(2.0, tag=3)
     # interned: JAX hashes layouts by identity, so equal ones must be the same object
     assert again._tc_layout is trees[3]._tc_layout
-    assert hash(jax.tree_util.tree_structure(again)) == hash(
-        jax.tree_util.tree_structure(trees[3]))
+    assert hash(jax.tree_util.tree_structure(again)) == hash(jax.tree_util.tree_structure(trees[3]))
     del trees[:3]
     gc.collect()
     assert sorted(key[1][0][1] for key in _node.live_layouts(Tree).keys()) == [3]
@@ -310,8 +309,11 @@ def test_static_field_in_jit_output_is_kept():
 
 def test_setattr_raises_showing_the_at_fix():
     tree = Point(1.0)
-    with pytest.raises(AttributeError, match=r"Cannot set attribute 'x' of an immutable `Point`"
-                                             r" instance") as info:
+    with pytest.raises(
+        AttributeError,
+        match=r"Cannot set attribute 'x' of an immutable `Point`"
+        r" instance",
+    ) as info:
         tree.x = 2.0
     message = str(info.value)
     assert "before: tree.x = value" in message
@@ -329,8 +331,11 @@ def test_setattr_of_new_attribute_raises():
 
 def test_delattr_raises_showing_the_at_fix():
     tree = Point(1.0)
-    with pytest.raises(AttributeError, match=r"Cannot delete attribute 'x' of an immutable "
-                                             r"`Point`") as info:
+    with pytest.raises(
+        AttributeError,
+        match=r"Cannot delete attribute 'x' of an immutable "
+        r"`Point`",
+    ) as info:
         del tree.x
     assert "before: del tree.x" in str(info.value)
     assert ".at['x']" in str(info.value)
@@ -350,8 +355,11 @@ def test_setattr_on_field_with_on_getattr_raises():
 
 def test_calling_generated_init_again_raises():
     tree = Point(1.0)
-    with pytest.raises(AttributeError, match=r"Cannot call `__init__` again on an immutable "
-                                             r"`Point` instance.*\n.*\n.*tree = Point\(\.\.\.\)"):
+    with pytest.raises(
+        AttributeError,
+        match=r"Cannot call `__init__` again on an immutable "
+        r"`Point` instance.*\n.*\n.*tree = Point\(\.\.\.\)",
+    ):
         tree.__init__(5.0)
     assert tree.x == 1.0
 
@@ -371,8 +379,11 @@ def test_generated_init_works_on_a_bare_new_instance():
 
 def test_setstate_on_sealed_instance_raises():
     tree = Point(1.0)
-    with pytest.raises(AttributeError, match=r"Cannot call `__setstate__` on an immutable "
-                                             r"`Point` instance"):
+    with pytest.raises(
+        AttributeError,
+        match=r"Cannot call `__setstate__` on an immutable "
+        r"`Point` instance",
+    ):
         tree.__setstate__({"x": 2.0, "y": 0.0})
     assert tree.x == 1.0
 
@@ -624,8 +635,11 @@ def test_hash_consistent_with_eq():
 
 def test_hash_of_unhashable_leaf_names_key_path():
     model = MLP([2, 1])
-    with pytest.raises(TypeError, match=r"leaf at MLP\.layers\[0\]\.weight is an unhashable "
-                                        r"ArrayImpl.*tc\.freeze"):
+    with pytest.raises(
+        TypeError,
+        match=r"leaf at MLP\.layers\[0\]\.weight is an unhashable "
+        r"ArrayImpl.*tc\.freeze",
+    ):
         hash(model)
     with pytest.raises(TypeError, match=r"leaf at Point\.x is an unhashable ndarray"):
         hash(Point(np.ones(2)))
@@ -701,7 +715,10 @@ def test_user_defined_dunders_win():
 
     tree = Tree()
     assert (repr(tree), str(tree), tree == 0, hash(tree)) == (
-        "custom repr", "custom str", "custom eq", 42
+        "custom repr",
+        "custom str",
+        "custom eq",
+        42,
     )
 
 
@@ -867,6 +884,7 @@ def test_replace_is_what_copy_replace_calls():
 
 def test_a_field_named_replace_is_refused_in_a_treeclass_only():
     with pytest.raises(ValueError, match="cannot be named 'replace'.*hide the `.replace`"):
+
         class Tree(tc.TreeClass):
             replace: int = 1
 
@@ -945,9 +963,7 @@ def _make_class(specs):
 def _generated_trees(draw):
     names = draw(st.lists(_names, unique=True, max_size=6))
     specs = [(name, draw(st.booleans())) for name in names]
-    values = {
-        name: draw(_static_values if static else _leaf_values) for name, static in specs
-    }
+    values = {name: draw(_static_values if static else _leaf_values) for name, static in specs}
     return _make_class(specs)(**values), specs
 
 

@@ -33,13 +33,14 @@ Errors = dict[pathlib.Path, dict[int, list[str]]]  # file -> line -> messages
 
 
 def _run(command: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, env=_ENV, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(command, cwd=cwd, env=_ENV, capture_output=True, text=True, timeout=600)
 
 
 def _pyright(targets: list[str], cwd: pathlib.Path) -> Errors:
-    done = _run([sys.executable, "-m", "pyright", "--outputjson",
-                 "--pythonpath", sys.executable, *targets], cwd)
+    done = _run(
+        [sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable, *targets],
+        cwd,
+    )
     try:
         report = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -54,8 +55,20 @@ def _pyright(targets: list[str], cwd: pathlib.Path) -> Errors:
 
 def _mypy(targets: list[str], cwd: pathlib.Path, *options: str) -> Errors:
     # one cache for every run here (and for `mypy` run by hand): jax is analysed once
-    done = _run([sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".mypy_cache"),
-                 "--no-error-summary", "--no-pretty", *options, *targets], cwd)
+    done = _run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--cache-dir",
+            str(ROOT / ".mypy_cache"),
+            "--no-error-summary",
+            "--no-pretty",
+            *options,
+            *targets,
+        ],
+        cwd,
+    )
     if done.returncode not in (0, 1):
         pytest.fail(f"mypy did not run:\n{done.stdout}\n{done.stderr}")
     errors: Errors = defaultdict(lambda: defaultdict(list))
@@ -79,9 +92,13 @@ def mypy_errors() -> Errors:
 
 def _package_errors(errors: Errors) -> list[str]:
     package = ROOT / "treeclass"
-    return [f"{path.relative_to(ROOT)}:{line}: {message}"
-            for path, lines in sorted(errors.items()) if package in path.parents
-            for line, messages in sorted(lines.items()) for message in messages]
+    return [
+        f"{path.relative_to(ROOT)}:{line}: {message}"
+        for path, lines in sorted(errors.items())
+        if package in path.parents
+        for line, messages in sorted(lines.items())
+        for message in messages
+    ]
 
 
 def test_package_has_no_pyright_error(pyright_errors):
@@ -96,18 +113,26 @@ def test_package_has_no_mypy_error(mypy_errors):
 
 def _expected_lines(path: pathlib.Path, checker: str) -> set[int]:
     lines = path.read_text().splitlines()
-    return {number for number, text in enumerate(lines, start=1)
-            if (found := _MARKER.search(text)) and found[1] in ("both", checker)}
+    return {
+        number
+        for number, text in enumerate(lines, start=1)
+        if (found := _MARKER.search(text)) and found[1] in ("both", checker)
+    }
 
 
 def _differences(path: pathlib.Path, errors: Errors, checker: str) -> list[str]:
     reported = errors.get(path.resolve(), {})
     expected = _expected_lines(path, checker)
     name = path.relative_to(ROOT)
-    missed = [f"{name}:{line}: no error, but the line is marked" for line in
-              sorted(expected - set(reported))]
-    extra = [f"{name}:{line}: unexpected error: {message}"
-             for line in sorted(set(reported) - expected) for message in reported[line]]
+    missed = [
+        f"{name}:{line}: no error, but the line is marked"
+        for line in sorted(expected - set(reported))
+    ]
+    extra = [
+        f"{name}:{line}: unexpected error: {message}"
+        for line in sorted(set(reported) - expected)
+        for message in reported[line]
+    ]
     return missed + extra
 
 
@@ -128,7 +153,7 @@ def test_user_code_runs(path):
     runpy.run_path(str(path), run_name="typed_user_code")
 
 
-_OUTSIDE = '''\
+_OUTSIDE = """\
 import treeclass as tc
 
 
@@ -139,7 +164,7 @@ class Point(tc.TreeClass):
 
 Point(1.0, y=2.0)
 Point("a")
-'''
+"""
 
 
 def _installed() -> bool:
@@ -161,10 +186,18 @@ def test_an_installed_treeclass_is_found_from_outside_the_checkout(checker, tmp_
         errors = _pyright(["user.py"], tmp_path)
     else:
         errors = _mypy(["user.py"], tmp_path)
-    reported = {line: messages for path, lines in errors.items() for line, messages in
-                lines.items() if path == (tmp_path / "user.py").resolve()}
+    reported = {
+        line: messages
+        for path, lines in errors.items()
+        for line, messages in lines.items()
+        if path == (tmp_path / "user.py").resolve()
+    }
     # only the wrong argument type: the import resolves and the __init__ is the fields'
     assert list(reported) == [10], reported
-    done = subprocess.run([sys.executable, "-c", "import treeclass; treeclass.TreeClass"],
-                          cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import treeclass; treeclass.TreeClass"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr

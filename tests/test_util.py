@@ -247,8 +247,16 @@ def test_equality_is_symmetric(left, right):
 hashable_leaves = st.one_of(
     st.integers(-3, 3),
     st.sampled_from([0.0, -0.0, 1.0, 2.5, True, False]),
-    st.sampled_from([np.int32(1), np.int64(2), np.float32(1.0), np.float32(0.1),
-                     np.float64(2.5), np.bool_(True)]),
+    st.sampled_from(
+        [
+            np.int32(1),
+            np.int64(2),
+            np.float32(1.0),
+            np.float32(0.1),
+            np.float64(2.5),
+            np.bool_(True),
+        ]
+    ),
     st.text(max_size=1),
 )
 

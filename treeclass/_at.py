@@ -185,8 +185,11 @@ def _broadcasts_to(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
 def _check_element_mask(mask: Any, leaf: Any, where: Callable[[], str]) -> None:
     mask_shape, leaf_shape = _shape(mask), _shape(leaf)
     if not _broadcasts_to(mask_shape, leaf_shape):
-        raise ValueError(ELEMENT_MASK_SHAPE_MSG.format(
-            where=where(), mask_shape=mask_shape, leaf_shape=leaf_shape))
+        raise ValueError(
+            ELEMENT_MASK_SHAPE_MSG.format(
+                where=where(), mask_shape=mask_shape, leaf_shape=leaf_shape
+            )
+        )
 
 
 def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
@@ -194,12 +197,18 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     old_shape = _shape(old)
     mask_shape = _shape(mask)
     if not _broadcasts_to(mask_shape, old_shape):
-        raise ValueError(ELEMENT_MASK_SHAPE_MSG.format(
-            where=where(), mask_shape=mask_shape, leaf_shape=old_shape))
+        raise ValueError(
+            ELEMENT_MASK_SHAPE_MSG.format(
+                where=where(), mask_shape=mask_shape, leaf_shape=old_shape
+            )
+        )
     new_shape = _shape(new)
     if not _broadcasts_to(new_shape, old_shape):
-        raise ValueError(ELEMENT_VALUE_SHAPE_MSG.format(
-            where=where(), leaf_shape=old_shape, value_shape=new_shape))
+        raise ValueError(
+            ELEMENT_VALUE_SHAPE_MSG.format(
+                where=where(), leaf_shape=old_shape, value_shape=new_shape
+            )
+        )
     return jnp.where(mask, new, old)
 
 
@@ -223,8 +232,9 @@ class _Pending:
 
     __slots__ = ("future", "path", "finish")
 
-    def __init__(self, future: Any, path: tuple[Any, ...],
-                 finish: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self, future: Any, path: tuple[Any, ...], finish: Callable[[Any], Any] | None
+    ) -> None:
         self.future = future
         self.path = path
         self.finish = finish  # applied to the result once it is there (an element mask)
@@ -246,11 +256,32 @@ def _executor_args(is_parallel: Any) -> dict[str, Any] | None:
 class _Walker:
     """One operation's traversal: which nodes the selectors reach, and what the op does there."""
 
-    __slots__ = ("root", "matchers", "n", "op", "is_leaf", "fills", "count", "blocked",
-                 "hits", "names", "glob_starts", "selection", "pool", "pending")
+    __slots__ = (
+        "root",
+        "matchers",
+        "n",
+        "op",
+        "is_leaf",
+        "fills",
+        "count",
+        "blocked",
+        "hits",
+        "names",
+        "glob_starts",
+        "selection",
+        "pool",
+        "pending",
+    )
 
-    def __init__(self, root: Any, matchers: tuple[Matcher, ...], op: _Op, is_leaf: Any,
-                 selection: Callable[[], str], pool: Any = None):
+    def __init__(
+        self,
+        root: Any,
+        matchers: tuple[Matcher, ...],
+        op: _Op,
+        is_leaf: Any,
+        selection: Callable[[], str],
+        pool: Any = None,
+    ):
         self.root = root
         self.matchers = matchers
         self.n = len(matchers)
@@ -395,8 +426,11 @@ class _Walker:
             try:
                 code, result = step(payload, k, entry, child, child_path)
             except Exception as error:
-                _note(error, f"raised while matching {matcher!r} at {self.where(child_path)} "
-                             f"(in {self.selection()})")
+                _note(
+                    error,
+                    f"raised while matching {matcher!r} at {self.where(child_path)} "
+                    f"(in {self.selection()})",
+                )
                 raise
             if code == MATCH:
                 new = self.walk(child, child_path, i + 1, _and_masks(emask, result))
@@ -420,8 +454,13 @@ class _Walker:
             return fill
         return jax.tree_util.tree_map(lambda _: fill, node, is_leaf=self.is_leaf)
 
-    def call(self, fn: Callable[..., Any], path: tuple[Any, ...], *args: Any,
-             finish: Callable[[Any], Any] | None = None) -> Any:
+    def call(
+        self,
+        fn: Callable[..., Any],
+        path: tuple[Any, ...],
+        *args: Any,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """`fn(*args)` for the leaf at `path` (then `finish` of it); errors name the path.
 
         With a thread pool (`is_parallel`), `fn` is submitted and a `_Pending` stands in
@@ -441,8 +480,10 @@ class _Walker:
 
     def note_failure(self, error: BaseException, fn: Any, path: tuple[Any, ...]) -> None:
         """Name the leaf at `path` (and the selection) on an error the user's `fn` raised."""
-        _note(error, FN_NOTE.format(fn=_fn_name(fn), where=self.where(path),
-                                    selection=self.selection()))
+        _note(
+            error,
+            FN_NOTE.format(fn=_fn_name(fn), where=self.where(path), selection=self.selection()),
+        )
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
         """The user's `fn` over the leaves of a selected subtree, counting them.
@@ -471,14 +512,17 @@ class _Walker:
 
     def resolve(self, tree: Any) -> Any:
         """Replace the pending results of `is_parallel` by their values, in order."""
+
         def value(x: Any) -> Any:
             if type(x) is not _Pending:
                 return x
             try:
                 result = x.future.result()
             except Exception as error:
-                _note(error, f"raised at {self.where(x.path)} (in {self.selection()}, "
-                             "run with is_parallel)")
+                _note(
+                    error,
+                    f"raised at {self.where(x.path)} (in {self.selection()}, run with is_parallel)",
+                )
                 raise
             return result if x.finish is None else x.finish(result)
 
@@ -560,8 +604,9 @@ class _Set(_Op):
         if value is None or is_leaf_node(value, is_leaf):
             self.mode = self.BROADCAST
         else:
-            same = (jax.tree_util.tree_structure(value, is_leaf=is_leaf)
-                    == jax.tree_util.tree_structure(root, is_leaf=is_leaf))
+            same = jax.tree_util.tree_structure(
+                value, is_leaf=is_leaf
+            ) == jax.tree_util.tree_structure(root, is_leaf=is_leaf)
             self.mode = self.ROOT if same else self.SPOT
 
     def spot(self, walker, node, path, emask):
@@ -613,14 +658,18 @@ class _Set(_Op):
             return self._put(walker, value, node, path, emask)
         try:
             subtrees = jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(
-                node)
+                node
+            )
         except (ValueError, TypeError):
             return _MISSING
         values, treedef = jax.tree_util.tree_flatten(value, is_leaf=walker.is_leaf)
-        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
-            value, is_leaf=walker.is_leaf)[0]]
-        out = [self._put(walker, v, sub, path + p, emask)
-               for v, sub, p in zip(values, subtrees, paths, strict=True)]
+        paths = [
+            p for p, _ in jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)[0]
+        ]
+        out = [
+            self._put(walker, v, sub, path + p, emask)
+            for v, sub, p in zip(values, subtrees, paths, strict=True)
+        ]
         return treedef.unflatten(out)
 
 
@@ -690,17 +739,20 @@ class _Scan(_Op):
     def _one(self, walker: _Walker, x: Any, emask: Any, where: tuple) -> Any:
         result = walker.call(self.fn, where, x, self.state)
         if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError(SCAN_RESULT_MSG.format(
-                where=walker.where(where), value=_short_repr(result),
-                type=type(result).__name__))
+            raise TypeError(
+                SCAN_RESULT_MSG.format(
+                    where=walker.where(where), value=_short_repr(result), type=type(result).__name__
+                )
+            )
         new, self.state = result
         if emask is None:
             return new
         return _masked(emask, new, x, lambda: walker.where(where))
 
     def spot(self, walker, node, path, emask):
-        return _map_with_paths(walker, lambda x, where: self._one(walker, x, emask, where),
-                               node, path)
+        return _map_with_paths(
+            walker, lambda x, where: self._one(walker, x, emask, where), node, path
+        )
 
 
 class _Replace(_Op):
@@ -744,8 +796,12 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
     if mask_def != treedef:
         return _NO_FAST_PATH
     for flag in flags:
-        if not (flag is True or flag is False or type(flag) is np.bool_ or (
-                isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_)):
+        if not (
+            flag is True
+            or flag is False
+            or type(flag) is np.bool_
+            or (isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_)
+        ):
             return _NO_FAST_PATH
     out = []
     selected = 0
@@ -761,13 +817,13 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
         try:
             new = fn(leaf)
         except Exception as error:
-            _note(error, FN_NOTE.format(fn=_fn_name(fn), where=where(index),
-                                        selection=selection()))
+            _note(error, FN_NOTE.format(fn=_fn_name(fn), where=where(index), selection=selection()))
             raise
         if flag is True or type(flag) is np.bool_:
             out.append(new)
         elif flag.shape == getattr(leaf, "shape", None) and (
-                type(new) in _SCALARS or getattr(new, "shape", None) == flag.shape):
+            type(new) in _SCALARS or getattr(new, "shape", None) == flag.shape
+        ):
             out.append(jnp.where(flag, new, leaf))  # the common case, shapes already fit
         else:
             out.append(_masked(flag, new, leaf, functools.partial(where, index)))
@@ -856,7 +912,8 @@ class AtIndexer(Generic[T]):
         for i, selector in enumerate(self.where):
             upto = self.where[: i + 1]
             matchers.append(
-                compile_selector(selector, functools.partial(_selection_str, tree, upto)))
+                compile_selector(selector, functools.partial(_selection_str, tree, upto))
+            )
         self._matchers = tuple(matchers)
 
     def __getitem__(self, selector: Any) -> AtIndexer[T]:
@@ -884,19 +941,25 @@ class AtIndexer(Generic[T]):
     def _run(self, op: _Op, is_leaf: Any, is_parallel: Any = False) -> Any:
         pool_args = _executor_args(is_parallel)
         if pool_args is None:
-            if (is_leaf is None and len(self._matchers) == 1
-                    and type(self._matchers[0]) is MaskMatcher):
-                out = _whole_mask_fast_path(self.tree, self._matchers[0].mask, op,
-                                            self._selection)
+            if (
+                is_leaf is None
+                and len(self._matchers) == 1
+                and type(self._matchers[0]) is MaskMatcher
+            ):
+                out = _whole_mask_fast_path(self.tree, self._matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
             return _Walker(self.tree, self._matchers, op, is_leaf, self._selection).run()
         with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-            return _Walker(self.tree, self._matchers, op, is_leaf, self._selection,
-                           pool).run()
+            return _Walker(self.tree, self._matchers, op, is_leaf, self._selection, pool).run()
 
-    def get(self, fill_value: Any = None, *, is_leaf: Callable[[Any], bool] | None = None,
-            is_parallel: bool | dict[str, Any] = False) -> T:
+    def get(
+        self,
+        fill_value: Any = None,
+        *,
+        is_leaf: Callable[[Any], bool] | None = None,
+        is_parallel: bool | dict[str, Any] = False,
+    ) -> T:
         """The tree with unselected leaves replaced by `fill_value`.
 
         **Arguments**
@@ -920,8 +983,13 @@ class AtIndexer(Generic[T]):
         _check_is_leaf(is_leaf, "get")
         return self._run(_Get(fill_value), is_leaf, is_parallel)
 
-    def set(self, value: Any, *, is_leaf: Callable[[Any], bool] | None = None,
-            is_parallel: bool | dict[str, Any] = False) -> T:
+    def set(
+        self,
+        value: Any,
+        *,
+        is_leaf: Callable[[Any], bool] | None = None,
+        is_parallel: bool | dict[str, Any] = False,
+    ) -> T:
         """The tree with the selection replaced by `value`.
 
         **Arguments**
@@ -950,9 +1018,13 @@ class AtIndexer(Generic[T]):
         _check_is_leaf(is_leaf, "set")
         return self._run(_Set(value, self.tree, is_leaf), is_leaf, is_parallel)
 
-    def apply(self, fn: Callable[[Any], Any], *,
-              is_leaf: Callable[[Any], bool] | None = None,
-              is_parallel: bool | dict[str, Any] = False) -> T:
+    def apply(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        is_leaf: Callable[[Any], bool] | None = None,
+        is_parallel: bool | dict[str, Any] = False,
+    ) -> T:
         """The tree with `fn` applied to every selected leaf.
 
         **Arguments**
@@ -985,13 +1057,24 @@ class AtIndexer(Generic[T]):
         return self._run(_Apply(fn), is_leaf, is_parallel)
 
     @overload
-    def reduce(self, fn: Callable[[_A | _R, Any], _R], *, initializer: _A,
-               is_leaf: Callable[[Any], bool] | None = None) -> _A | _R: ...
+    def reduce(
+        self,
+        fn: Callable[[_A | _R, Any], _R],
+        *,
+        initializer: _A,
+        is_leaf: Callable[[Any], bool] | None = None,
+    ) -> _A | _R: ...
     @overload
-    def reduce(self, fn: Callable[[Any, Any], _R], *,
-               is_leaf: Callable[[Any], bool] | None = None) -> _R: ...
-    def reduce(self, fn: Callable[[Any, Any], Any], *, initializer: Any = _MISSING,
-               is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    def reduce(
+        self, fn: Callable[[Any, Any], _R], *, is_leaf: Callable[[Any], bool] | None = None
+    ) -> _R: ...
+    def reduce(
+        self,
+        fn: Callable[[Any, Any], Any],
+        *,
+        initializer: Any = _MISSING,
+        is_leaf: Callable[[Any], bool] | None = None,
+    ) -> Any:
         """Fold `fn(accumulator, leaf)` over the selected leaves, in flatten order.
 
         **Arguments**
@@ -1027,14 +1110,24 @@ class AtIndexer(Generic[T]):
             try:
                 accumulator = fn(accumulator, leaves[index])
             except Exception as error:
-                _note(error, FN_NOTE.format(fn=_fn_name(fn),
-                                            where=path_str(self.tree, paths[index]),
-                                            selection=self._selection()))
+                _note(
+                    error,
+                    FN_NOTE.format(
+                        fn=_fn_name(fn),
+                        where=path_str(self.tree, paths[index]),
+                        selection=self._selection(),
+                    ),
+                )
                 raise
         return accumulator
 
-    def scan(self, fn: Callable[[Any, _S], tuple[Any, _S]], state: _S, *,
-             is_leaf: Callable[[Any], bool] | None = None) -> tuple[T, _S]:
+    def scan(
+        self,
+        fn: Callable[[Any, _S], tuple[Any, _S]],
+        state: _S,
+        *,
+        is_leaf: Callable[[Any], bool] | None = None,
+    ) -> tuple[T, _S]:
         """Apply `fn` to the selected leaves in flatten order, threading a state.
 
         **Arguments**
@@ -1087,12 +1180,16 @@ class AtIndexer(Generic[T]):
         """
         where = self.where
         if not where or type(where[-1]) is not str:
-            raise TypeError(CALL_NEEDS_NAME_MSG.format(
-                selection="".join(f"[{_short_repr(s)}]" for s in where)))
+            raise TypeError(
+                CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
+            )
         for selector in where[:-1]:
             if type(selector) not in (str, int):
-                raise TypeError(CALL_NEEDS_NAME_MSG.format(
-                    selection="".join(f"[{_short_repr(s)}]" for s in where)))
+                raise TypeError(
+                    CALL_NEEDS_NAME_MSG.format(
+                        selection="".join(f"[{_short_repr(s)}]" for s in where)
+                    )
+                )
         name = where[-1]
         root = self.tree
         if _node.is_treeclass(root):
@@ -1156,14 +1253,18 @@ def _method(root: Any, parent: Any, path: tuple[Any, ...], name: str) -> Callabl
     try:
         method = getattr(parent, name)
     except AttributeError:
-        names = [n for n in dir(parent) if not n.startswith("_") and callable(
-            getattr(type(parent), n, None))]
+        names = [
+            n
+            for n in dir(parent)
+            if not n.startswith("_") and callable(getattr(type(parent), n, None))
+        ]
         close = difflib.get_close_matches(name, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
         raise AttributeError(NO_METHOD_MSG.format(where=where, name=name, hint=hint)) from None
     if not callable(method):
-        raise TypeError(NOT_CALLABLE_MSG.format(
-            where=f"{where}.{name}", type=type(method).__name__, name=name))
+        raise TypeError(
+            NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
+        )
     return method
 
 

@@ -97,7 +97,10 @@ _NUMBERS = (bool, int, float, complex)
 
 
 def _walk(
-    node: Any, visit: Callable[[tuple, str, Any], Any], rebuild: bool, path: tuple = (),
+    node: Any,
+    visit: Callable[[tuple, str, Any], Any],
+    rebuild: bool,
+    path: tuple = (),
     frozen: bool = False,
 ) -> Any:
     """Call `visit(path, kind, value)` on every leaf, frozen leaf and static field.
@@ -483,8 +486,9 @@ class _FileSource:
             self.values = {name: _decode(record["value"]) for name, record in records.items()}
         except (KeyError, TypeError, ValueError) as error:
             self._corrupt(f"a value in its treeclass metadata is malformed ({error!r})")
-        self.objects = {name: str(record.get("type")) for name, record in
-                        document.get("objects", {}).items()}
+        self.objects = {
+            name: str(record.get("type")) for name, record in document.get("objects", {}).items()
+        }
 
     def _corrupt(self, reason: str) -> NoReturn:
         raise ValueError(_NOT_A_CHECKPOINT.format(path=self.path, reason=reason))
@@ -743,10 +747,13 @@ def _restore(like: Any, source: Any, strict: bool) -> Any:
         count = len(report.messages)
         raise ValueError(
             _DOES_NOT_FIT.format(
-                source=source.title, root=_path_str(like, ()), count=count,
+                source=source.title,
+                root=_path_str(like, ()),
+                count=count,
                 s="" if count == 1 else "s",
                 lines="\n".join("  " + line for line in report.messages),
-                call=source.call, fixed=source.call[:-1] + ", strict=False)",
+                call=source.call,
+                fixed=source.call[:-1] + ", strict=False)",
             )
         )
     steps = iter(zip(entries, decisions))
@@ -819,7 +826,6 @@ def _abstract_number_fits(template: Any, stored: _Stored) -> bool:
         return bool(np.issubdtype(dtype, np.integer))
     wanted = np.floating if kind is float else np.complexfloating
     return bool(jnp.issubdtype(dtype, wanted))
-
 
 
 def _to_number(template: Any, value: Any) -> Any:
@@ -955,9 +961,12 @@ def _header(tree: Any, entries: list[_Entry]) -> tuple[bytes, list[_PlannedTenso
             objects[entry.name] = {"kind": entry.kind, "type": type(entry.value).__name__}
     root = type(tree)
     document = {
-        "format": "treeclass", "version": _FORMAT_VERSION,
+        "format": "treeclass",
+        "version": _FORMAT_VERSION,
         "root": root.__name__ if root.__module__ != "builtins" else "tree",
-        "tensors": {t.name: t.record for t in tensors}, "values": values, "objects": objects,
+        "tensors": {t.name: t.record for t in tensors},
+        "values": values,
+        "objects": objects,
     }
     header: dict[str, Any] = {
         "__metadata__": {_METADATA_KEY: json.dumps(document, separators=(",", ":"))}
@@ -965,7 +974,9 @@ def _header(tree: Any, entries: list[_Entry]) -> tuple[bytes, list[_PlannedTenso
     offset = 0
     for t in tensors:
         header[t.name] = {
-            "dtype": t.code, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]
+            "dtype": t.code,
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
         }
         offset += t.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")

@@ -69,10 +69,13 @@ def _store_lines(this: str, store: InitStore, through_setattr: bool) -> list[str
     if not store.noted:
         return [line]
     # a try block costs nothing in CPython 3.11+ until it raises
-    return ["try:", f"    {line}",
-            "except Exception as __tc_error:",
-            f"    __tc_note(__tc_error, {this}, {store.name!r})",
-            "    raise"]
+    return [
+        "try:",
+        f"    {line}",
+        "except Exception as __tc_error:",
+        f"    __tc_note(__tc_error, {this}, {store.name!r})",
+        "    raise",
+    ]
 
 
 def render_init(
@@ -110,8 +113,10 @@ def render_init(
         return "\n".join([head, *_indent(body or ["pass"])]) + "\n"
     children = "".join(f"__tc_f_{name}, " for name in fixed_leaves)
     if sealing == "fixed":
-        seal = [f"__tc_set_layout({this}, __tc_layout)",
-                f"__tc_set_flat({this}, (({children}), __tc_layout))"]
+        seal = [
+            f"__tc_set_layout({this}, __tc_layout)",
+            f"__tc_set_flat({this}, (({children}), __tc_layout))",
+        ]
     elif sealing == "shape":
         seal = _shape_lookup(this, static_names, children)
     else:

@@ -123,8 +123,19 @@ class Field:
     """
 
     __slots__ = (
-        "name", "type", "default", "factory", "init", "repr", "kind", "alias",
-        "on_setattr", "on_getattr", "static", "metadata", "doc",
+        "name",
+        "type",
+        "default",
+        "factory",
+        "init",
+        "repr",
+        "kind",
+        "alias",
+        "on_setattr",
+        "on_getattr",
+        "static",
+        "metadata",
+        "doc",
     )
     # what type checkers (and readers) see of the slots; `__init__` sets every one. `name`
     # is `None` only on a Field not yet in a class (as in `dataclasses.Field`, typed `str`)
@@ -161,8 +172,7 @@ class Field:
     ) -> None:
         for flag, value in (("init", init), ("repr", repr), ("static", static)):
             if not isinstance(value, bool):
-                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=value,
-                                                     type=type_name(value)))
+                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=value, type=type_name(value)))
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
         if default is not MISSING and factory is not None:
@@ -174,7 +184,8 @@ class Field:
         if alias is not None and (not alias.isidentifier() or keyword.iskeyword(alias)):
             raise ValueError(
                 f"`alias` must be a valid identifier and not a Python keyword, got {alias!r}: "
-                "it is the name of an `__init__` parameter.")
+                "it is the name of an `__init__` parameter."
+            )
         if not isinstance(doc, str):
             raise TypeError(f"`doc` must be a str, got {type_name(doc)}.")
         if metadata is not None and not isinstance(metadata, Mapping):
@@ -216,8 +227,9 @@ class Field:
     def __repr__(self) -> str:
         # every setting, defaults included (PyTreeClass's style): a printed Field says all
         # that it does without a look at `field()`'s signature
-        shown = ", ".join(f"{slot}={_setting_repr(getattr(self, slot))}"
-                          for slot in Field.__slots__)
+        shown = ", ".join(
+            f"{slot}={_setting_repr(getattr(self, slot))}" for slot in Field.__slots__
+        )
         return f"Field({shown})"
 
     # -- the descriptor: a Field outside TreeClass ----------------------------------------
@@ -266,7 +278,8 @@ class Field:
             del _instance_dict(instance)[name]
         except KeyError:
             raise AttributeError(
-                f"`{type(instance).__name__}` instance has no attribute {name!r}") from None
+                f"`{type(instance).__name__}` instance has no attribute {name!r}"
+            ) from None
 
     def _bound_name(self, instance: Any, action: str) -> str:
         if self.name is None:
@@ -329,21 +342,44 @@ _Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
 
 @overload
 def field(
-    *, default: _T, init: bool = ..., repr: bool = ..., kind: FieldKind = ...,
-    alias: str | None = ..., on_setattr: _Callbacks = ..., on_getattr: _Callbacks = ...,
-    static: bool = ..., metadata: Mapping[str, Any] | None = ..., doc: str = ...,
+    *,
+    default: _T,
+    init: bool = ...,
+    repr: bool = ...,
+    kind: FieldKind = ...,
+    alias: str | None = ...,
+    on_setattr: _Callbacks = ...,
+    on_getattr: _Callbacks = ...,
+    static: bool = ...,
+    metadata: Mapping[str, Any] | None = ...,
+    doc: str = ...,
 ) -> _T: ...
 @overload
 def field(
-    *, factory: Callable[[], _T], init: bool = ..., repr: bool = ..., kind: FieldKind = ...,
-    alias: str | None = ..., on_setattr: _Callbacks = ..., on_getattr: _Callbacks = ...,
-    static: bool = ..., metadata: Mapping[str, Any] | None = ..., doc: str = ...,
+    *,
+    factory: Callable[[], _T],
+    init: bool = ...,
+    repr: bool = ...,
+    kind: FieldKind = ...,
+    alias: str | None = ...,
+    on_setattr: _Callbacks = ...,
+    on_getattr: _Callbacks = ...,
+    static: bool = ...,
+    metadata: Mapping[str, Any] | None = ...,
+    doc: str = ...,
 ) -> _T: ...
 @overload
 def field(
-    *, init: bool = ..., repr: bool = ..., kind: FieldKind = ..., alias: str | None = ...,
-    on_setattr: _Callbacks = ..., on_getattr: _Callbacks = ..., static: bool = ...,
-    metadata: Mapping[str, Any] | None = ..., doc: str = ...,
+    *,
+    init: bool = ...,
+    repr: bool = ...,
+    kind: FieldKind = ...,
+    alias: str | None = ...,
+    on_setattr: _Callbacks = ...,
+    on_getattr: _Callbacks = ...,
+    static: bool = ...,
+    metadata: Mapping[str, Any] | None = ...,
+    doc: str = ...,
 ) -> Any: ...
 def field(
     *,
@@ -397,8 +433,16 @@ def field(
     ```
     """
     return Field(
-        default=default, factory=factory, init=init, repr=repr, kind=kind, alias=alias,
-        on_setattr=on_setattr, on_getattr=on_getattr, static=static, metadata=metadata,
+        default=default,
+        factory=factory,
+        init=init,
+        repr=repr,
+        kind=kind,
+        alias=alias,
+        on_setattr=on_setattr,
+        on_getattr=on_getattr,
+        static=static,
+        metadata=metadata,
         doc=doc,
     )
 
@@ -460,17 +504,24 @@ def _check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") -
     why = _RESERVED_NAMES.get(name)
     if name in ("at", "replace") and (not treeclass or what != "field"):
         why = None
-    if why is None and (not isinstance(name, str) or not name.isidentifier()
-                        or keyword.iskeyword(name)):
+    if why is None and (
+        not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
+    ):
         why = "it is not a valid Python identifier (it must be an `__init__` parameter)"
     elif why is None and name.startswith("__") and name.endswith("__"):
         why = "dunder names are Python's own"
     elif why is None and (name.startswith("__tc_") or (treeclass and name.startswith("_tc_"))):
         why = "names starting with `_tc_` or `__tc_` are treeclass's own"
     if why is not None:
-        raise ValueError(_RESERVED_NAME_MSG.format(
-            cls=cls.__name__, a_what="a field" if what == "field" else "an alias", name=name,
-            why=why, fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS))
+        raise ValueError(
+            _RESERVED_NAME_MSG.format(
+                cls=cls.__name__,
+                a_what="a field" if what == "field" else "an alias",
+                name=name,
+                why=why,
+                fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
+            )
+        )
 
 
 # Where `autoinit` keeps the fields of a plain (non-TreeClass) class; a TreeClass keeps
@@ -500,20 +551,34 @@ def _check_default(cls: type, item: Field) -> None:
     if isinstance(default, _MUTABLE_CONTAINERS):
         raise TypeError(
             _MUTABLE_DEFAULT_MSG.format(
-                type=type(default).__name__, cls=cls.__name__, name=item.name, value=default,
+                type=type(default).__name__,
+                cls=cls.__name__,
+                name=item.name,
+                value=default,
             )
         )
     if _holds_numpy_array(default):
-        raise TypeError(_EXCLUDED_DEFAULT_MSG.format(
-            cls=cls.__name__, name=item.name, type=type(default).__name__,
-            reason=": a NumPy array is a buffer that every instance would share (and that "
-                   "can change in place, even a read-only view of a writable one)"))
+        raise TypeError(
+            _EXCLUDED_DEFAULT_MSG.format(
+                cls=cls.__name__,
+                name=item.name,
+                type=type(default).__name__,
+                reason=": a NumPy array is a buffer that every instance would share (and that "
+                "can change in place, even a read-only view of a writable one)",
+            )
+        )
     for kind, reason in _EXCLUDED_DEFAULT_TYPES.items():
         if isinstance(default, kind):
-            raise TypeError(_EXCLUDED_DEFAULT_MSG.format(
-                cls=cls.__name__, name=item.name, type=kind.__name__,
-                reason=f" ({reason})" if reason else " (excluded with "
-                "`tc.autoinit.register_excluded_type`)"))
+            raise TypeError(
+                _EXCLUDED_DEFAULT_MSG.format(
+                    cls=cls.__name__,
+                    name=item.name,
+                    type=kind.__name__,
+                    reason=f" ({reason})"
+                    if reason
+                    else " (excluded with `tc.autoinit.register_excluded_type`)",
+                )
+            )
 
 
 def _holds_numpy_array(value: Any) -> bool:
@@ -626,8 +691,9 @@ def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
             _check_name(cls, item.alias, treeclass=True, what="alias")
         if arg in owners:
             raise TypeError(
-                _DUPLICATE_PARAM_MSG.format(cls=cls.__name__, first=owners[arg],
-                                            second=item.name, arg=arg)
+                _DUPLICATE_PARAM_MSG.format(
+                    cls=cls.__name__, first=owners[arg], second=item.name, arg=arg
+                )
             )
         owners[arg] = item.name
     return params
@@ -705,8 +771,11 @@ def _init_sealing(
     info = _node.own_info(cls)
     assert info is not None, "a TreeClass gets its record before its __init__ is built"
     namespace.update(
-        __tc_cls=cls, __tc_seal=_node.seal, __tc_seal_after_error=_node.seal_after_error,
-        __tc_refuse=_refuse_reinit, __tc_set_layout=_node.set_layout,
+        __tc_cls=cls,
+        __tc_seal=_node.seal,
+        __tc_seal_after_error=_node.seal_after_error,
+        __tc_refuse=_refuse_reinit,
+        __tc_set_layout=_node.set_layout,
         __tc_set_flat=_node.set_flat,
     )
     if has_post_init:
@@ -732,7 +801,9 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
     params = _init_params(cls, instance_fields)
     namespace: dict[str, Any] = {
-        "__tc_missing": MISSING, "__tc_dict_type": dict, "__tc_note": add_field_note,
+        "__tc_missing": MISSING,
+        "__tc_dict_type": dict,
+        "__tc_note": add_field_note,
         # the module, not `_node.attributes` itself: a method-wrapper of the `__dict__` slot
         # cannot be pickled, and cloudpickle ships a local class's __init__ with its globals
         "__tc_node": _node,
@@ -748,16 +819,23 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     else:
         leaves = fixed_names
     source = render_init(
-        this="self", signature=signature, stores=stores, post_init=has_post_init,
-        sealing=sealing, through_setattr=through_setattr, fixed_leaves=leaves,
+        this="self",
+        signature=signature,
+        stores=stores,
+        post_init=has_post_init,
+        sealing=sealing,
+        through_setattr=through_setattr,
+        fixed_leaves=leaves,
         static_names=fixed_names if sealing == "shape" else (),
     )
     label = f"__init__ of {cls.__module__}.{cls.__qualname__}"
     init = compile_function(source, "__init__", namespace, label)
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
-    init.__annotations__ = {**{(p.alias or p.name): p.type for p in params if p.type is not None},
-                            "return": None}
+    init.__annotations__ = {
+        **{(p.alias or p.name): p.type for p in params if p.type is not None},
+        "return": None,
+    }
     init.__tc_generated__ = True
     return init
 
@@ -775,8 +853,9 @@ def add_field_note(error: BaseException, obj: Any, name: str) -> None:
     where = f"while setting field `{type(obj).__name__}.{name}` (its on_setattr)"
     args = error.args
     try:
-        renders_args = not args or (len(args) == 1 and isinstance(args[0], str)
-                                    and str(error) == args[0])
+        renders_args = not args or (
+            len(args) == 1 and isinstance(args[0], str) and str(error) == args[0]
+        )
     except Exception:  # a broken __str__: leave the message alone
         renders_args = False
     if renders_args:
@@ -820,8 +899,11 @@ def autoinit(cls: type) -> type:
     info = _node.own_info(cls)
     is_treeclass = info is not None
     own = cls.__dict__.get("__init__")
-    if own is not None and (not is_treeclass or getattr(own, "__tc_generated__", False)
-                            or getattr(own, "__tc_body__", False)):
+    if own is not None and (
+        not is_treeclass
+        or getattr(own, "__tc_generated__", False)
+        or getattr(own, "__tc_body__", False)
+    ):
         return cls  # generated already, or written in the class body: either way it stays
     items = info.fields if info is not None else _plain_class_fields(cls)
     if not is_treeclass:
@@ -857,10 +939,15 @@ def _plain_class_fields(cls: type) -> dict[str, Field]:
     kept: dict[str, Field] = {}
     for name, item in items.items():
         # the nearest class that declares `name` is the one whose declaration counts
-        owner = next(base for base in cls.__mro__
-                     if name in _own_annotations(base) or name in (_cached_fields(base) or ()))
-        if (owner is cls or _cached_fields(owner) is not None
-                or isinstance(owner.__dict__.get(name), Field)):
+        owner = next(
+            base
+            for base in cls.__mro__
+            if name in _own_annotations(base) or name in (_cached_fields(base) or ())
+        )
+        if (
+            owner is cls
+            or _cached_fields(owner) is not None
+            or isinstance(owner.__dict__.get(name), Field)
+        ):
             kept[name] = item
     return kept
-

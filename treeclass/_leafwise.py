@@ -304,12 +304,16 @@ class BroadcastMap(Protocol):
 
 @overload
 def bcmap(
-    func: Callable[..., Any], broadcast_to: None = None, *,
+    func: Callable[..., Any],
+    broadcast_to: None = None,
+    *,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> BroadcastMap: ...
 @overload
 def bcmap(
-    func: Callable[..., Any], broadcast_to: _Tree, *,
+    func: Callable[..., Any],
+    broadcast_to: _Tree,
+    *,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Callable[..., _Tree]: ...
 def bcmap(
@@ -405,8 +409,9 @@ def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _R
     return _Reference(value, name, key, leaves, treedef)
 
 
-def _sort_arguments(ref: _Reference, own: bool, args: tuple, kwargs: dict,
-                    is_leaf: Any) -> _Arguments:
+def _sort_arguments(
+    ref: _Reference, own: bool, args: tuple, kwargs: dict, is_leaf: Any
+) -> _Arguments:
     """Map the arguments with the reference's structure; pass every other one whole.
 
     `own` says that the reference is one of the arguments (not `broadcast_to`).
@@ -443,9 +448,14 @@ def _sort_arguments(ref: _Reference, own: bool, args: tuple, kwargs: dict,
     return _Arguments(positional, keywords, whole)
 
 
-def _map_calls(func: Callable[..., Any], ref: _Reference, sorted_args: _Arguments,
-               args: tuple, kwargs: dict, on_error: Callable[[BaseException, int], None],
-               ) -> list[Any]:
+def _map_calls(
+    func: Callable[..., Any],
+    ref: _Reference,
+    sorted_args: _Arguments,
+    args: tuple,
+    kwargs: dict,
+    on_error: Callable[[BaseException, int], None],
+) -> list[Any]:
     """Call `func` once per leaf of the reference, in flatten order.
 
     Calls run in C (`map`/`starmap`) when no keyword is mapped. When a call raises,
@@ -495,8 +505,14 @@ def _broadcast_call(
         path = leaf_path_str(ref.value, index, is_leaf)
         add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=_func_name(func), path=path))
         for name, treedef in sorted_args.whole:
-            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(
-                arg=name, ref=ref.name, ref_def=ref.treedef, arg_def=treedef,
-            ))
+            add_leaf_note(
+                error,
+                _BCMAP_WHOLE_NOTE.format(
+                    arg=name,
+                    ref=ref.name,
+                    ref_def=ref.treedef,
+                    arg_def=treedef,
+                ),
+            )
 
     return ref.treedef.unflatten(_map_calls(func, ref, sorted_args, args, kwargs, note))

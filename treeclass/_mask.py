@@ -225,7 +225,8 @@ def _refuse(expr: str) -> Callable[..., Any]:
 
     def method(self: _Frozen, *args: Any, **kwargs: Any) -> Any:
         raise FrozenOperationError(
-            _OPERATION_ON_FROZEN.format(expr=expr, fixed=fixed, value=_short(self)))
+            _OPERATION_ON_FROZEN.format(expr=expr, fixed=fixed, value=_short(self))
+        )
 
     return method
 
@@ -417,8 +418,7 @@ _MASK_LEAF_NOT_BOOL = (
     "frozen whole or not at all."
 )
 _MASK_AND_COND_MSG = (
-    "`{name}` takes the mask (or predicate) as `mask=` (PyTreeClass) or `cond=` (sepes), not "
-    "both."
+    "`{name}` takes the mask (or predicate) as `mask=` (PyTreeClass) or `cond=` (sepes), not both."
 )
 
 
@@ -452,16 +452,19 @@ def _mask_leaves(
             path, reason = (), "the structures differ"
         else:
             path, reason = found.path, found.explain("mask")
-        raise ValueError(_MASK_DOES_NOT_FIT.format(
-            path=_structure.path_str(tree, path), reason=reason))
+        raise ValueError(
+            _MASK_DOES_NOT_FIT.format(path=_structure.path_str(tree, path), reason=reason)
+        )
     for i, flag in enumerate(flags):
         if type(flag) is _Frozen:
             flags[i] = False
         elif not _is_bool_scalar(flag):
-            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
-                mask, is_leaf=is_frozen)[0]]
-            raise ValueError(_MASK_LEAF_NOT_BOOL.format(
-                value=_short(flag), path=_structure.path_str(tree, paths[i])))
+            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask, is_leaf=is_frozen)[0]]
+            raise ValueError(
+                _MASK_LEAF_NOT_BOOL.format(
+                    value=_short(flag), path=_structure.path_str(tree, paths[i])
+                )
+            )
     return leaves, flags, treedef
 
 
@@ -495,8 +498,7 @@ def _map_predicate(fn: Callable[[Any], Any], tree: Any, is_leaf: Any, what: str)
         for leaf in leaves:
             out.append(fn(leaf))
     except Exception as error:
-        add_leaf_note(error, f"raised by the {what} at "
-                             f"{leaf_path_str(tree, len(out), is_leaf)}")
+        add_leaf_note(error, f"raised by the {what} at {leaf_path_str(tree, len(out), is_leaf)}")
         raise
     return treedef.unflatten(out)
 
@@ -543,6 +545,7 @@ def tree_mask(
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
     check_callable(is_leaf, "tree_mask", "is_leaf", optional=True)
     if _is_predicate(cond):
+
         def mask_leaf(x: Any) -> Any:
             return freeze(x) if cond(x) else x
 
@@ -594,6 +597,7 @@ def tree_unmask(
     """
     cond = _one_condition("tree_unmask", mask, cond, _everything)
     if _is_predicate(cond):
+
         def unmask_leaf(x: Any) -> Any:
             if type(x) is _Frozen and cond(x._value):
                 return x._value

@@ -49,10 +49,24 @@ from . import _codegen
 from ._keys import PLAIN_TYPES, ByIdentity, value_key
 
 __all__ = [
-    "TreeNode", "ClassInfo", "Layout", "attributes", "is_treeclass",
-    "seal", "seal_after_error", "unseal", "unsealed_copy", "reseal", "child_names",
-    "child_keys", "children", "static_names", "static_values", "replace_children",
-    "rebuild", "register",
+    "TreeNode",
+    "ClassInfo",
+    "Layout",
+    "attributes",
+    "is_treeclass",
+    "seal",
+    "seal_after_error",
+    "unseal",
+    "unsealed_copy",
+    "reseal",
+    "child_names",
+    "child_keys",
+    "children",
+    "static_names",
+    "static_values",
+    "replace_children",
+    "rebuild",
+    "register",
 ]
 
 _IMMUTABLE_MSG = (
@@ -102,8 +116,7 @@ class TreeNode:
                 return flat_of(self)
             if name == "_tc_layout":  # a fresh instance: its slot is not set until sealing
                 return None
-            raise AttributeError(
-                f"`{type(self).__name__}` instance has no attribute {name!r}")
+            raise AttributeError(f"`{type(self).__name__}` instance has no attribute {name!r}")
 
 
 _DICT_SLOT = TreeNode.__dict__["__dict__"]
@@ -154,8 +167,19 @@ def _single(name: str) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
 class Shape:
     """What every layout with one attribute order shares: names, keys, getter, unflatten."""
 
-    __slots__ = ("info", "names", "leaf_names", "static_names", "keys", "get", "build",
-                 "layout", "table", "swept", "__weakref__")
+    __slots__ = (
+        "info",
+        "names",
+        "leaf_names",
+        "static_names",
+        "keys",
+        "get",
+        "build",
+        "layout",
+        "table",
+        "swept",
+        "__weakref__",
+    )
 
     def __init__(self, info: ClassInfo, names: tuple[str, ...]) -> None:
         statics = info.static_names
@@ -183,8 +207,14 @@ class Shape:
         source = _codegen.render_build(self.names, self.leaf_names, inline_fixed=inline)
         # `fixed`: the shape's one layout (None while it is being made, or with statics)
         fixed = getattr(self, "layout", None)
-        namespace = {"cls": cls, "shape": self, "fixed": fixed, "new": _new,
-                     "set_layout": _set_layout, "set_flat": _set_flat}
+        namespace = {
+            "cls": cls,
+            "shape": self,
+            "fixed": fixed,
+            "new": _new,
+            "set_layout": _set_layout,
+            "set_flat": _set_flat,
+        }
         what = "unflatten" if not inline else "registered unflatten"
         label = f"{what} of {cls.__module__}.{cls.__qualname__}({', '.join(self.names)})"
         return _codegen.compile_function(source, "build", namespace, label)
@@ -286,8 +316,9 @@ def _shape_from_pickle(cls: type[TreeNode], names: tuple[str, ...]) -> Shape:
     return cls._tc_info.shape(names)
 
 
-def _layout_from_pickle(cls: type[TreeNode], names: tuple[str, ...],
-                        values: tuple[Any, ...]) -> Layout:
+def _layout_from_pickle(
+    cls: type[TreeNode], names: tuple[str, ...], values: tuple[Any, ...]
+) -> Layout:
     shape = cls._tc_info.shape(names)
     return shape.layout if shape.layout is not None else shape.with_values(tuple(values))
 
@@ -323,11 +354,25 @@ class ClassInfo:
     and starts the tables empty (so cloudpickle can ship a class defined in a function).
     """
 
-    __slots__ = ("cls", "fields", "static_names", "setters", "shapes", "lock",
-                 "fixed_shape", "_keys", "_setter_kinds")
+    __slots__ = (
+        "cls",
+        "fields",
+        "static_names",
+        "setters",
+        "shapes",
+        "lock",
+        "fixed_shape",
+        "_keys",
+        "_setter_kinds",
+    )
 
-    def __init__(self, cls: type, fields: dict[str, Any], static_names: tuple[str, ...],
-                 setters: dict[str, tuple[Callable[[Any], Any], ...]]) -> None:
+    def __init__(
+        self,
+        cls: type,
+        fields: dict[str, Any],
+        static_names: tuple[str, ...],
+        setters: dict[str, tuple[Callable[[Any], Any], ...]],
+    ) -> None:
         self.cls = cls
         self.fields = fields
         self.static_names = static_names
@@ -367,8 +412,11 @@ class ClassInfo:
             try:
                 keys.append(self._static_key(value, name))
             except TypeError:
-                raise TypeError(_UNHASHABLE_STATIC_MSG.format(
-                    cls=self.cls.__name__, name=name, type=type(value).__name__)) from None
+                raise TypeError(
+                    _UNHASHABLE_STATIC_MSG.format(
+                        cls=self.cls.__name__, name=name, type=type(value).__name__
+                    )
+                ) from None
         return tuple(keys)
 
     def _static_key(self, value: Any, name: str) -> Any:
@@ -409,8 +457,10 @@ class ClassInfo:
             pass
         found = _class_lookup(self.cls, name)
         kind = None
-        if found is not _NOTHING and not isinstance(found, _Attribute) and (
-            hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
+        if (
+            found is not _NOTHING
+            and not isinstance(found, _Attribute)
+            and (hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"))
         ):
             kind = found  # a property, say: setting goes through it, as in plain Python
         self._setter_kinds[name] = kind
@@ -425,8 +475,10 @@ def _user_stacklevel() -> int:
     package = _PACKAGE_DIR
     frame: types.FrameType | None = sys._getframe(2)
     level = 2
-    while frame is not None and (frame.f_code.co_filename.startswith(package)
-                                 or frame.f_code.co_filename.startswith("<treeclass ")):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(package)
+        or frame.f_code.co_filename.startswith("<treeclass ")
+    ):
         frame = frame.f_back
         level += 1
     return level
@@ -479,28 +531,38 @@ class _Attribute:
     def _missing(self, obj: Any, owner: Any) -> Any:
         fallback = self.fallback
         if fallback is _NOTHING:
-            raise AttributeError(
-                f"`{type(obj).__name__}` instance has no attribute {self.name!r}")
+            raise AttributeError(f"`{type(obj).__name__}` instance has no attribute {self.name!r}")
         get = getattr(type(fallback), "__get__", None)
         return fallback if get is None else get(fallback, obj, owner)
 
     def __set__(self, obj: Any, value: Any) -> None:
         if getattr(obj, "_tc_layout", None) is not None:
-            raise AttributeError(_IMMUTABLE_MSG.format(
-                action="set", name=self.name, cls=type(obj).__name__,
-                before=f"object.__setattr__(tree, {self.name!r}, value)"))
+            raise AttributeError(
+                _IMMUTABLE_MSG.format(
+                    action="set",
+                    name=self.name,
+                    cls=type(obj).__name__,
+                    before=f"object.__setattr__(tree, {self.name!r}, value)",
+                )
+            )
         attributes(obj)[self.name] = value
 
     def __delete__(self, obj: Any) -> None:
         if getattr(obj, "_tc_layout", None) is not None:
-            raise AttributeError(_IMMUTABLE_MSG.format(
-                action="delete", name=self.name, cls=type(obj).__name__,
-                before=f"object.__delattr__(tree, {self.name!r})"))
+            raise AttributeError(
+                _IMMUTABLE_MSG.format(
+                    action="delete",
+                    name=self.name,
+                    cls=type(obj).__name__,
+                    before=f"object.__delattr__(tree, {self.name!r})",
+                )
+            )
         try:
             del attributes(obj)[self.name]
         except KeyError:
             raise AttributeError(
-                f"`{type(obj).__name__}` instance has no attribute {self.name!r}") from None
+                f"`{type(obj).__name__}` instance has no attribute {self.name!r}"
+            ) from None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.name, self.fallback))
@@ -514,8 +576,9 @@ class _GetterAttribute(_Attribute):
 
     __slots__ = ("callbacks",)
 
-    def __init__(self, name: str, fallback: Any = _NOTHING,
-                 callbacks: tuple[Callable[[Any], Any], ...] = ()) -> None:
+    def __init__(
+        self, name: str, fallback: Any = _NOTHING, callbacks: tuple[Callable[[Any], Any], ...] = ()
+    ) -> None:
         super().__init__(name, fallback)
         self.callbacks = callbacks
 
@@ -539,8 +602,7 @@ GUARDS = (_Attribute,)
 
 def guard_field(cls: type, name: str, default: Any, on_getattr: tuple[Any, ...]) -> None:
     """Put the guard of a declared field on `cls`; `default` (or `NOTHING`) is its class value."""
-    guard = (_GetterAttribute(name, default, on_getattr) if on_getattr
-             else _Attribute(name, default))
+    guard = _GetterAttribute(name, default, on_getattr) if on_getattr else _Attribute(name, default)
     type.__setattr__(cls, name, guard)
 
 
@@ -555,8 +617,9 @@ def _guard_names(cls: type, names: Sequence[str]) -> None:
         found = _class_lookup(cls, name)
         if isinstance(found, _Attribute):
             continue
-        if found is not _NOTHING and (hasattr(type(found), "__set__")
-                                      or hasattr(type(found), "__delete__")):
+        if found is not _NOTHING and (
+            hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
+        ):
             continue
         type.__setattr__(cls, name, _Attribute(name, found))
 
@@ -628,8 +691,9 @@ def is_sealed(node: Any) -> bool:
 def refuse_write(node: Any, name: str, action: str) -> None:
     """Raise the immutability error for `tree.name = value` / `del tree.name`."""
     before = f"tree.{name} = value" if action == "set" else f"del tree.{name}"
-    raise AttributeError(_IMMUTABLE_MSG.format(
-        action=action, name=name, cls=type(node).__name__, before=before))
+    raise AttributeError(
+        _IMMUTABLE_MSG.format(action=action, name=name, cls=type(node).__name__, before=before)
+    )
 
 
 def _snapshot(x: Any) -> Any:
@@ -751,9 +815,14 @@ def rebuild(node: Any, new_children: Sequence[Any]) -> Any:
     if layout is not None:
         if len(new_children) != len(layout.keys):
             names = ", ".join(layout.shape.leaf_names)
-            raise ValueError(_CHILD_COUNT_MSG.format(
-                cls=type(node).__name__, got=len(new_children), want=len(layout.keys),
-                names=names))
+            raise ValueError(
+                _CHILD_COUNT_MSG.format(
+                    cls=type(node).__name__,
+                    got=len(new_children),
+                    want=len(layout.keys),
+                    names=names,
+                )
+            )
         return layout.build(layout, tuple(new_children))
     return replace_children(node, dict(zip(child_names(node), new_children, strict=True)))
 
@@ -793,8 +862,12 @@ def fields_of(cls: type[TreeNode]) -> dict[str, Any]:
     return cls._tc_info.fields
 
 
-def attach_info(cls: type, fields: dict[str, Any], static_names: tuple[str, ...],
-                setters: dict[str, tuple[Callable[[Any], Any], ...]]) -> ClassInfo:
+def attach_info(
+    cls: type,
+    fields: dict[str, Any],
+    static_names: tuple[str, ...],
+    setters: dict[str, tuple[Callable[[Any], Any], ...]],
+) -> ClassInfo:
     """Create the record of a new TreeClass subclass and keep it on the class."""
     info = ClassInfo(cls, fields, static_names, setters)
     type.__setattr__(cls, "_tc_info", info)

@@ -135,8 +135,12 @@ def _dtype_name(dtype: Any) -> str:
 def _dtype_kind(dtype: Any) -> str:
     if jnp.issubdtype(dtype, jax.dtypes.extended):
         return "extended"  # e.g. PRNG keys: no numbers to summarize, no numpy view
-    for kind, family in (("bool", jnp.bool_), ("complex", jnp.complexfloating),
-                         ("float", jnp.floating), ("int", jnp.integer)):
+    for kind, family in (
+        ("bool", jnp.bool_),
+        ("complex", jnp.complexfloating),
+        ("float", jnp.floating),
+        ("int", jnp.integer),
+    ):
         if jnp.issubdtype(dtype, family):
             return kind
     return "other"
@@ -368,8 +372,11 @@ def _node_parts(
         items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
         return _Parts(name, f"{name}({{", "})", f"{name}({{...}})", items)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        items = [(f"{f.name}=", f".{f.name}", getattr(x, f.name))
-                 for f in dataclasses.fields(x) if (hidden or f.repr) and hasattr(x, f.name)]
+        items = [
+            (f"{f.name}=", f".{f.name}", getattr(x, f.name))
+            for f in dataclasses.fields(x)
+            if (hidden or f.repr) and hasattr(x, f.name)
+        ]
         return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
     if _is_partial(x):  # the function lives in the aux data, so show it from the object
         items = [("", ".func", x.func)]
@@ -397,8 +404,11 @@ def _is_partial(x: Any) -> TypeGuard[_PartialLike]:
     if isinstance(x, functools.partial):
         return True
     try:
-        return (callable(getattr(x, "func", None)) and isinstance(x.args, tuple)
-                and isinstance(x.keywords, dict))
+        return (
+            callable(getattr(x, "func", None))
+            and isinstance(x.args, tuple)
+            and isinstance(x.keywords, dict)
+        )
     except Exception:
         return False
 
@@ -523,8 +533,9 @@ def _flat(doc: Any) -> str:
     return f"{doc.open}{body}{',' if doc.comma else ''}{doc.close}"
 
 
-def _render(doc: Any, out: list[str], indent: int, col: int, width: float, tab: int,
-            trail: int) -> None:
+def _render(
+    doc: Any, out: list[str], indent: int, col: int, width: float, tab: int, trail: int
+) -> None:
     if type(doc) is not _Group:
         # continuation lines of a multi-line value line up under its first character
         out.append(doc.replace("\n", "\n" + " " * col) if "\n" in doc else doc)
@@ -560,15 +571,15 @@ def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
     if depth <= 0:
         return parts.cut
     items = [
-        ("", item.text) if type(item) is _Run else (item[0], _doc(item[2], depth - 1, as_str,
-                                                                   repeats))
+        ("", item.text)
+        if type(item) is _Run
+        else (item[0], _doc(item[2], depth - 1, as_str, repeats))
         for item in _fold_runs(parts.items, repeats)
     ]
     return _Group(parts.open, parts.close, items, parts.single_comma)
 
 
-def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool,
-            repeats: Any) -> str:
+def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool, repeats: Any) -> str:
     _check_depth(depth)
     _check_width(width)
     _check_int(tabwidth, "tabwidth", 0)
@@ -704,8 +715,9 @@ def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> _Entry:
         label = f"{item.keys}: {len(item.items)} more {item.signature}"
         inner: tuple[_Entry, ...] = ()
         if options.open_runs:
-            inner = tuple(_entries(child, child_key, depth - 1, options)
-                          for _, child_key, child in item.items)
+            inner = tuple(
+                _entries(child, child_key, depth - 1, options) for _, child_key, child in item.items
+            )
         children.append(_Entry(label, inner, item.items[0][2], True))
     return _Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
 
@@ -842,8 +854,10 @@ def tree_graph(
     """
     entries, edges = _numbered(_picture_entries(tree, depth, is_leaf, repeats))
     lines = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
-    lines += [f'    {n} [label="{_dot_escape(entry.label)}"{_dot_attributes(entry)}];'
-              for n, entry in enumerate(entries)]
+    lines += [
+        f'    {n} [label="{_dot_escape(entry.label)}"{_dot_attributes(entry)}];'
+        for n, entry in enumerate(entries)
+    ]
     lines += [f"    {a} -> {b};" for a, b in edges]
     lines.append("}")
     return "\n".join(lines)
@@ -916,8 +930,10 @@ def _leaf_count_size(x: Any) -> tuple[int, int]:
         if rule.count is not None and rule.size is not None:
             return rule.count(x), rule.size(x)
         count, size = _default_count_size(x)  # a rule may set one of the two
-        return (rule.count(x) if rule.count is not None else count,
-                rule.size(x) if rule.size is not None else size)
+        return (
+            rule.count(x) if rule.count is not None else count,
+            rule.size(x) if rule.size is not None else size,
+        )
     return _default_count_size(x)
 
 
@@ -983,8 +999,10 @@ def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[
 
     lines = [rule("┌", "┬", "┐")]
     for n, row in enumerate(rows):
-        cells = [cell.rjust(w) if r else cell.ljust(w)
-                 for cell, w, r in zip(row, widths, right, strict=True)]
+        cells = [
+            cell.rjust(w) if r else cell.ljust(w)
+            for cell, w, r in zip(row, widths, right, strict=True)
+        ]
         lines.append("│ " + " │ ".join(cells) + " │")
         if n in rules_after:
             lines.append(rule("├", "┼", "┤"))
@@ -1061,8 +1079,12 @@ def tree_summary(
                     is_node = not stop(first) and _one_level(first) is not None
                     kind = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
-                    add_row(_path_text(keys) + item.keys, f"{len(children)} × {kind}",
-                            *_totals(leaves), "")
+                    add_row(
+                        _path_text(keys) + item.keys,
+                        f"{len(children)} × {kind}",
+                        *_totals(leaves),
+                        "",
+                    )
                 else:
                     key, child = flat[position]
                     position += 1
@@ -1164,8 +1186,9 @@ def tree_repr_with_trace(
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
         if transpose:
-            return _TraceTable(_box_table([list(column) for column in zip(*rows)],
-                                          (False, False, False), {0}))
+            return _TraceTable(
+                _box_table([list(column) for column in zip(*rows)], (False, False, False), {0})
+            )
         return _TraceTable(_box_table(rows, (False, False), {0, 1}))
 
     return treedef.unflatten([table(trace, leaf) for trace, leaf in traced])

@@ -67,8 +67,10 @@ def _html_lines(entry: _Entry, level: int, open_levels: float, out: list[str]) -
         return
     # a folded run opens only on a click: it is folded because it is long
     state = ' open="open"' if level < open_levels and not entry.run else ""
-    out.append(f'<details{state}><summary style="{_SUMMARY_STYLE}">{label}</summary>'
-               f'<div style="{_CHILDREN_STYLE}">')
+    out.append(
+        f'<details{state}><summary style="{_SUMMARY_STYLE}">{label}</summary>'
+        f'<div style="{_CHILDREN_STYLE}">'
+    )
     for child in entry.children:
         _html_lines(child, level + 1, open_levels, out)
     out.append("</div></details>")
@@ -195,10 +197,14 @@ def _render_folded(
         label, key, child = item
         child_path = None if path is None else path + key
         rendering = _render_child(child, child_path, subtree_renderer, repeats)
-        children.append(parts.build_full_line_with_annotations(
-            parts.siblings_with_annotations(label, rendering), _separator(last)))
+        children.append(
+            parts.build_full_line_with_annotations(
+                parts.siblings_with_annotations(label, rendering), _separator(last)
+            )
+        )
     return parts.build_foldable_tree_node_from_children(
-        prefix=opening, children=children, suffix=closing, path=path)
+        prefix=opening, children=children, suffix=closing, path=path
+    )
 
 
 def treescope_repr(
@@ -243,24 +249,33 @@ def treescope_repr(
 
     cls = type(tree)
     fields = _node.fields_of(cls)
-    shown = [(name, value) for name, value in _node.attributes(tree).items()
-             if name not in fields or fields[name].repr]
+    shown = [
+        (name, value)
+        for name, value in _node.attributes(tree).items()
+        if name not in fields or fields[name].repr
+    ]
     static_note = parts.comment_color(parts.text("  # static"))
     children = []
     for i, (name, value) in enumerate(shown):
         child_path = None if path is None else f"{path}.{name}"
         rendering = _render_child(value, child_path, subtree_renderer, repeats)
-        line = [parts.siblings_with_annotations(f"{name}=", rendering),
-                _separator(i == len(shown) - 1)]
+        line = [
+            parts.siblings_with_annotations(f"{name}=", rendering),
+            _separator(i == len(shown) - 1),
+        ]
         if name in fields and fields[name].static:
             line.append(parts.fold_condition(expanded=static_note))
         children.append(parts.build_full_line_with_annotations(*line))
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
-    opening = parts.siblings(parts.roundtrip_condition(roundtrip=parts.text("<")),
-                             parts.maybe_qualified_type_name(cls), "(")
+    opening = parts.siblings(
+        parts.roundtrip_condition(roundtrip=parts.text("<")),
+        parts.maybe_qualified_type_name(cls),
+        "(",
+    )
     closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))
     return parts.build_foldable_tree_node_from_children(
-        prefix=opening, children=children, suffix=closing, path=path)
+        prefix=opening, children=children, suffix=closing, path=path
+    )
 
 
 def frozen_treescope_repr(frozen: Any, path: str | None, subtree_renderer: Any) -> Any:
@@ -291,7 +306,9 @@ def frozen_treescope_repr(frozen: Any, path: str | None, subtree_renderer: Any) 
     # the inner value has no path of its own: `tc.unfreeze` is not an attribute
     inner = _render_child(_mask.unfreeze(frozen), None, subtree_renderer, DEFAULT_REPEATS)
     marker = parts.roundtrip_condition(
-        roundtrip=parts.text("freeze("), not_roundtrip=parts.comment_color(parts.text("#")))
+        roundtrip=parts.text("freeze("), not_roundtrip=parts.comment_color(parts.text("#"))
+    )
     closing = parts.roundtrip_condition(roundtrip=parts.text(")"))
     return parts.build_one_line_tree_node(
-        parts.siblings_with_annotations(marker, inner, closing), path=path)
+        parts.siblings_with_annotations(marker, inner, closing), path=path
+    )

@@ -51,9 +51,7 @@ class PrintRule(NamedTuple):
     @property
     def has_summary(self) -> bool:
         """Whether the rule changes a summary row: values with one get a row of their own."""
-        return self.has_text or any(
-            f is not None for f in (self.type_name, self.count, self.size)
-        )
+        return self.has_text or any(f is not None for f in (self.type_name, self.count, self.size))
 
 
 _NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value!r}."
@@ -118,8 +116,9 @@ def register_printer(
     global _rules, _resolved
     if not isinstance(cls, type):
         raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
-    rule = PrintRule(repr=repr, str=str, type_name=type_name, count=count, size=size,
-                     nodestyle=nodestyle)
+    rule = PrintRule(
+        repr=repr, str=str, type_name=type_name, count=count, size=size, nodestyle=nodestyle
+    )
     for name, value in zip(PrintRule._fields, rule, strict=True):
         if value is not None and not callable(value):
             raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))
@@ -198,8 +197,13 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
     example, check = _ALIAS_EXAMPLES[field]
     define.__name__ = define.__qualname__ = name.rpartition(".")[2]
     define.__doc__ = _ALIAS_DOC.format(
-        what=what, printers=printers, field=field, name=f"tc.{name}", returns=returns,
-        example=example, check=check,
+        what=what,
+        printers=printers,
+        field=field,
+        name=f"tc.{name}",
+        returns=returns,
+        example=example,
+        check=check,
     )
     return define
 

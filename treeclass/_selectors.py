@@ -138,8 +138,9 @@ class BaseKey(abc.ABC):
 
         def register(converter: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if not callable(converter):
-                raise TypeError(f"`def_alias({kind.__name__})` needs a callable converter, "
-                                f"got {converter!r}.")
+                raise TypeError(
+                    f"`def_alias({kind.__name__})` needs a callable converter, got {converter!r}."
+                )
             _ALIASES[kind] = converter
             _compiler_for.cache_clear()
             return converter
@@ -285,7 +286,8 @@ def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
         else:
             if after_bracket:
                 raise ValueError(
-                    f"Expected '.' or '[' after ']' in glob {pattern!r}. {_GLOB_SYNTAX}")
+                    f"Expected '.' or '[' after ']' in glob {pattern!r}. {_GLOB_SYNTAX}"
+                )
             current += char
             i += 1
     if current:
@@ -407,16 +409,31 @@ class Matcher:
     def initial(self, node: Any, path: tuple[Any, ...], walker: Any) -> Any:
         return None
 
-    def enter(self, state: Any, node: Any, kind: Kind, opened: Opened | None,
-              path: tuple[Any, ...], walker: Any) -> tuple[Enter, Any]:
+    def enter(
+        self,
+        state: Any,
+        node: Any,
+        kind: Kind,
+        opened: Opened | None,
+        path: tuple[Any, ...],
+        walker: Any,
+    ) -> tuple[Enter, Any]:
         return _NOTHING if opened is None else (CHILDREN, state)
 
-    def step(self, state: Any, k: int, entry: Any, child: Any,
-             child_path: tuple[Any, ...]) -> tuple[Step, Any]:
+    def step(
+        self, state: Any, k: int, entry: Any, child: Any, child_path: tuple[Any, ...]
+    ) -> tuple[Step, Any]:
         raise NotImplementedError
 
-    def finish(self, state: Any, node: Any, kind: Kind, opened: Opened | None,
-               path: tuple[Any, ...], walker: Any) -> None:
+    def finish(
+        self,
+        state: Any,
+        node: Any,
+        kind: Kind,
+        opened: Opened | None,
+        path: tuple[Any, ...],
+        walker: Any,
+    ) -> None:
         pass
 
     def members(self) -> Iterator[Matcher]:
@@ -464,8 +481,9 @@ def _leaf_summary(x: Any) -> str:
 def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) -> Exception:
     """The error for a name or index selector that matched no child of `node`."""
     if opened is None:
-        return LookupError(LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where,
-                                                          leaf=_leaf_summary(node)))
+        return LookupError(
+            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=_leaf_summary(node))
+        )
     entries = opened[0]
     statics = _node.static_names(type(node)) if kind == TREECLASS else ()
     if not entries and is_frozen(node):
@@ -475,12 +493,18 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
     names = [entry_name(e) for e in entries]
     if isinstance(key, int) and kind in (LIST, TUPLE, NAMEDTUPLE):
         n = len(entries)
-        return IndexError(INDEX_OUT_OF_RANGE_MSG.format(
-            key=key, where=where, type=type(node).__name__, length=n, low=-n, high=n - 1))
+        return IndexError(
+            INDEX_OUT_OF_RANGE_MSG.format(
+                key=key, where=where, type=type(node).__name__, length=n, low=-n, high=n - 1
+            )
+        )
     if isinstance(key, int) and names and all(isinstance(x, str) for x in names):
         shown = ", ".join(repr(x) for x in names)
-        return IndexError(INDEX_ON_NAMED_MSG.format(
-            key=key, where=where, type=type(node).__name__, names=shown, first=names[0]))
+        return IndexError(
+            INDEX_ON_NAMED_MSG.format(
+                key=key, where=where, type=type(node).__name__, names=shown, first=names[0]
+            )
+        )
     hint = ""
     if isinstance(key, str):
         close = difflib.get_close_matches(key, [x for x in names if isinstance(x, str)], n=1)
@@ -493,13 +517,16 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
     if statics:
         hint += f" Static fields (not selectable): {', '.join(repr(x) for x in statics)}."
     elif kind == GENERIC and isinstance(key, str) and hasattr(node, key):
-        hint += (f" `{type(node).__name__}` has an attribute {key!r}, but it is not a child "
-                 "of the tree (a static field, a property or a method).")
+        hint += (
+            f" `{type(node).__name__}` has an attribute {key!r}, but it is not a child "
+            "of the tree (a static field, a property or a method)."
+        )
     return LookupError(NOT_FOUND_MSG.format(key=key, where=where, hint=hint))
 
 
-def _record_statics(node: Any, kind: Kind, path: tuple[Any, ...], walker: Any,
-                    matches: Callable[[Any], bool]) -> None:
+def _record_statics(
+    node: Any, kind: Kind, path: tuple[Any, ...], walker: Any, matches: Callable[[Any], bool]
+) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
     if kind != TREECLASS or not _node.static_names(type(node)):
         return
@@ -551,9 +578,11 @@ class NameMatcher(_SingleKeyMatcher):
 
     def step(self, state, k, entry, child, child_path):
         cls = type(entry)
-        if (cls is GetAttrKey and entry.name == self.key) or (
-            cls is DictKey and entry.key == self.key
-        ) or (cls not in (GetAttrKey, DictKey) and entry_name(entry) == self.key):
+        if (
+            (cls is GetAttrKey and entry.name == self.key)
+            or (cls is DictKey and entry.key == self.key)
+            or (cls not in (GetAttrKey, DictKey) and entry_name(entry) == self.key)
+        ):
             state.found = True
             return _MATCHED
         return _PRUNED
@@ -634,14 +663,23 @@ class _NamingMatcher(Matcher):
         seen = walker.names_seen(self)
         if not seen:
             detail = "the selectors before it reached no node with children"
-            return LookupError(NAMED_NOTHING_MSG.format(
-                selector=repr(self), selection=selection, detail=detail, hint="", extra=""))
+            return LookupError(
+                NAMED_NOTHING_MSG.format(
+                    selector=repr(self), selection=selection, detail=detail, hint="", extra=""
+                )
+            )
         shown = ", ".join(repr(n) for n in seen[:12]) + (", ..." if len(seen) > 12 else "")
         close = self.closest(seen)
         hint = f"; did you mean {close!r}?" if close is not None else ""
-        return LookupError(NAMED_NOTHING_MSG.format(
-            selector=repr(self), selection=selection,
-            detail=f"no key matches it (keys there: {shown})", hint=hint, extra=""))
+        return LookupError(
+            NAMED_NOTHING_MSG.format(
+                selector=repr(self),
+                selection=selection,
+                detail=f"no key matches it (keys there: {shown})",
+                hint=hint,
+                extra="",
+            )
+        )
 
     def closest(self, names: list[Any]) -> Any:
         return None
@@ -810,8 +848,11 @@ class GlobMatcher(Matcher):
         segments = self.glob.segments
         if best_position < 0:
             detail = "the selectors before it reached no node with children"
-            return LookupError(NAMED_NOTHING_MSG.format(
-                selector=repr(self), selection=selection, detail=detail, hint="", extra=""))
+            return LookupError(
+                NAMED_NOTHING_MSG.format(
+                    selector=repr(self), selection=selection, detail=detail, hint="", extra=""
+                )
+            )
         failing = segments[best_position]
         matched = ".".join(segments[:best_position]) or "(the start)"
         shown = sorted(map(str, names))
@@ -823,8 +864,11 @@ class GlobMatcher(Matcher):
             fixed = [str(s) for s in segments]
             fixed[best_position] = close[0]
             hint = f"; did you mean {'.'.join(fixed)!r}?"
-        return LookupError(NAMED_NOTHING_MSG.format(
-            selector=repr(self), selection=selection, detail=detail, hint=hint, extra=""))
+        return LookupError(
+            NAMED_NOTHING_MSG.format(
+                selector=repr(self), selection=selection, detail=detail, hint=hint, extra=""
+            )
+        )
 
     def _misses(self, node: Any, state: frozenset[int]) -> Iterator[tuple[int, Any]]:
         """`(position, name)` wherever a name fails the segment at that position (for errors)."""
@@ -872,8 +916,9 @@ def mask_leaf_value(x: Any) -> Any:
 
 
 def _is_other_selector(x: Any) -> bool:
-    if x is Ellipsis or (isinstance(x, (str, bytes, int, float, complex, type))
-                         and not isinstance(x, bool)):
+    if x is Ellipsis or (
+        isinstance(x, (str, bytes, int, float, complex, type)) and not isinstance(x, bool)
+    ):
         return True
     if isinstance(x, (re.Pattern, BaseKey, _Where, _Glob)):
         return True
@@ -943,12 +988,20 @@ class MaskMatcher(Matcher):
         mask_kind = node_kind(state)
         mask_opened = open_node(state, mask_kind)
         if mask_opened is None:
-            raise ValueError(MASK_LEAF_MSG.format(
-                where=walker.where(path), value=_mask_leaf_text(state),
-                type=type(state).__name__))
+            raise ValueError(
+                MASK_LEAF_MSG.format(
+                    where=walker.where(path),
+                    value=_mask_leaf_text(state),
+                    type=type(state).__name__,
+                )
+            )
         if opened is None or type(state) is not type(node) or mask_opened[0] != opened[0]:
-            found = first_mismatch(node, state, is_leaf=walker.is_leaf,
-                                   other_covers=lambda m: mask_leaf_value(m) is not None)
+            found = first_mismatch(
+                node,
+                state,
+                is_leaf=walker.is_leaf,
+                other_covers=lambda m: mask_leaf_value(m) is not None,
+            )
             if found is None:  # not expected: the checks above found a difference here
                 found = Mismatch((), describe(node, opened), describe(state, mask_opened))
             raise walker.mask_error(path + found.path, found.explain("mask"))
@@ -1065,8 +1118,7 @@ SUPPORTED_SELECTORS = (
     "level)"
 )
 UNSUPPORTED_MSG = (
-    "Unsupported selector {selector} of type `{type}` in `{where}`. Supported: "
-    "{supported}.{hint}"
+    "Unsupported selector {selector} of type `{type}` in `{where}`. Supported: {supported}.{hint}"
 )
 
 Compiler = Callable[[Any, Callable[[], str]], Matcher]
@@ -1077,10 +1129,15 @@ def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
         return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
     for member in selector:
         if type(member) is tuple and not is_mask_like(member):
-            raise NotImplementedError(UNSUPPORTED_MSG.format(
-                selector=_mask_leaf_text(selector), type="tuple", where=where(),
-                supported=SUPPORTED_SELECTORS,
-                hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')]."))
+            raise NotImplementedError(
+                UNSUPPORTED_MSG.format(
+                    selector=_mask_leaf_text(selector),
+                    type="tuple",
+                    where=where(),
+                    supported=SUPPORTED_SELECTORS,
+                    hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')].",
+                )
+            )
     return UnionMatcher(tuple(compile_selector(s, where) for s in selector))
 
 
@@ -1158,7 +1215,12 @@ def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
         hint = f" An array selector must be boolean (a mask), got dtype {selector.dtype}."
     elif isinstance(selector, (float, complex)):
         hint = " Indices must be ints."
-    raise NotImplementedError(UNSUPPORTED_MSG.format(
-        selector=_mask_leaf_text(selector), type=type(selector).__name__, where=where(),
-        supported=SUPPORTED_SELECTORS, hint=hint))
-
+    raise NotImplementedError(
+        UNSUPPORTED_MSG.format(
+            selector=_mask_leaf_text(selector),
+            type=type(selector).__name__,
+            where=where(),
+            supported=SUPPORTED_SELECTORS,
+            hint=hint,
+        )
+    )

@@ -23,8 +23,19 @@ from . import _mask, _node
 from ._util import path_str, root_name
 
 __all__ = [
-    "Kind", "Opened", "Mismatch", "node_kind", "open_node", "rebuild", "entry_name",
-    "child_by_entry", "path_str", "root_name", "describe", "first_mismatch", "is_leaf_node",
+    "Kind",
+    "Opened",
+    "Mismatch",
+    "node_kind",
+    "open_node",
+    "rebuild",
+    "entry_name",
+    "child_by_entry",
+    "path_str",
+    "root_name",
+    "describe",
+    "first_mismatch",
+    "is_leaf_node",
 ]
 
 
@@ -263,20 +274,30 @@ def first_mismatch(
         return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
     if tree_opened.entries != other_opened.entries:
         only_tree, only_other = keys_difference(tree_opened, other_opened)
-        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened),
-                        tuple(only_tree), tuple(only_other))
-    for entry, t, o in zip(tree_opened.entries, tree_opened.children, other_opened.children,
-                           strict=True):
-        found = first_mismatch(t, o, is_leaf=is_leaf, other_covers=other_covers,
-                               path=path + (entry,))
+        return Mismatch(
+            path,
+            describe(tree, tree_opened),
+            describe(other, other_opened),
+            tuple(only_tree),
+            tuple(only_other),
+        )
+    for entry, t, o in zip(
+        tree_opened.entries, tree_opened.children, other_opened.children, strict=True
+    ):
+        found = first_mismatch(
+            t, o, is_leaf=is_leaf, other_covers=other_covers, path=path + (entry,)
+        )
         if found is not None:
             return found
     if jax.tree_util.tree_structure(tree, is_leaf=lambda x: x is not tree) != (
         jax.tree_util.tree_structure(other, is_leaf=lambda x: x is not other)
     ):
         what = f"a `{type(tree).__name__}`"
-        return Mismatch(path, f"{what} with other static data (static fields, frozen values)",
-                        f"{what} with the same children but different static data")
+        return Mismatch(
+            path,
+            f"{what} with other static data (static fields, frozen values)",
+            f"{what} with the same children but different static data",
+        )
     return None
 
 

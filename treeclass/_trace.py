@@ -98,7 +98,7 @@ def _flatten_with_path_stopping(
     def stop(keys: tuple[Any, ...], node: Any) -> bool:
         depth = len(keys)
         if depth:
-            del path_types[depth - 1:]
+            del path_types[depth - 1 :]
             path_types.append(type(node))
         if is_leaf is not None and is_leaf(node):
             return True
@@ -253,8 +253,9 @@ def tree_map_with_trace(
     return treedef.unflatten(out)
 
 
-def _note_failed_leaf(error: BaseException, func: Any, traced_leaf: tuple[Trace, Any],
-                      root: Any) -> None:
+def _note_failed_leaf(
+    error: BaseException, func: Any, traced_leaf: tuple[Trace, Any], root: Any
+) -> None:
     (keys, _), leaf = traced_leaf
     name = getattr(func, "__name__", type(func).__name__)
     add_leaf_note(

@@ -175,7 +175,8 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
         items = collect_fields(cls, marked_bases_only=True)
         instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
         _node.attach_info(
-            cls, items,
+            cls,
+            items,
             static_names=tuple(f.name for f in instance_fields if f.static),
             setters={f.name: f.on_setattr for f in instance_fields if f.on_setattr},
         )
@@ -345,10 +346,14 @@ def _replace(node: Any, changes: dict[str, Any]) -> Any:
     for name in changes:
         if name not in attributes:
             close = difflib.get_close_matches(name, list(attributes), n=1)
-            raise TypeError(_REPLACE_UNKNOWN_MSG.format(
-                cls=type(node).__name__, name=name,
-                hint=f" Did you mean {close[0]!r}?" if close else "",
-                names=", ".join(attributes) or "none"))
+            raise TypeError(
+                _REPLACE_UNKNOWN_MSG.format(
+                    cls=type(node).__name__,
+                    name=name,
+                    hint=f" Did you mean {close[0]!r}?" if close else "",
+                    names=", ".join(attributes) or "none",
+                )
+            )
         callbacks = setters.get(name)
         if callbacks:
             value = changes[name]

@@ -190,17 +190,24 @@ def leaf_path_str(tree: Any, index: int, is_leaf: Callable[[Any], bool] | None =
 _NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value} of type {type}."
 
 
-def check_callable(value: Any, where: str, arg: str, what: str = "",
-                   optional: bool = False) -> None:
+def check_callable(
+    value: Any, where: str, arg: str, what: str = "", optional: bool = False
+) -> None:
     """Raise a `TypeError` naming the function and argument when `value` is not callable."""
     if optional and value is None:
         return
     if not callable(value):
         text = repr(value)
         text = text if len(text) <= 40 else text[:37] + "..."
-        raise TypeError(_NOT_CALLABLE_MSG.format(
-            where=where, arg=arg, what=what + (" (or None)" if optional else ""),
-            value=text, type=type(value).__name__))
+        raise TypeError(
+            _NOT_CALLABLE_MSG.format(
+                where=where,
+                arg=arg,
+                what=what + (" (or None)" if optional else ""),
+                value=text,
+                type=type(value).__name__,
+            )
+        )
 
 
 def add_leaf_note(error: BaseException, note: str) -> None:
@@ -294,7 +301,7 @@ class Partial(Generic[_R]):
             filled = list(self.args)
             for position, value in zip(holes, args, strict=False):
                 filled[position] = value
-            args = (*filled, *args[len(holes):])
+            args = (*filled, *args[len(holes) :])
         else:
             args = (*self.args, *args)
         keywords = {**self._keywords, **kwargs} if kwargs else self._keywords

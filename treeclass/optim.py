@@ -96,9 +96,13 @@ def _check_prefix(
         # a leaf of `tree` stands for the whole subtree of `params` at its place
         found = first_mismatch(params, tree, other_covers=is_leaf_node)
         if found is not None:
-            raise ValueError(_NOT_A_PREFIX_MSG.format(
-                what=what, path=path_str(params, found.path),
-                reason=found.explain(what, tree="parameters")))
+            raise ValueError(
+                _NOT_A_PREFIX_MSG.format(
+                    what=what,
+                    path=path_str(params, found.path),
+                    reason=found.explain(what, tree="parameters"),
+                )
+            )
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         check_leaf(leaf, path_str(params, path))
 
@@ -279,8 +283,10 @@ _EMPTY_SELECTION_MSG = (
 
 def _check_strict(strict: Any, where: str) -> None:
     if not isinstance(strict, bool):
-        raise TypeError(f"`tc.optim.{where}` takes `strict` as a bool, got {strict!r} of type "
-                        f"{type(strict).__name__}.")
+        raise TypeError(
+            f"`tc.optim.{where}` takes `strict` as a bool, got {strict!r} of type "
+            f"{type(strict).__name__}."
+        )
 
 
 def _empty_selection_error(what: str, reached_frozen: bool) -> ValueError:
@@ -352,9 +358,12 @@ def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     )
     if strict and not any(x is True for x in jax.tree_util.tree_leaves(result)):
         reached_frozen = any(
-            is_frozen(old) and new is _SELECTED for old, new in zip(
+            is_frozen(old) and new is _SELECTED
+            for old, new in zip(
                 jax.tree_util.tree_leaves(indexer.tree, is_leaf=is_frozen),
-                jax.tree_util.tree_leaves(marked, is_leaf=is_frozen)))
+                jax.tree_util.tree_leaves(marked, is_leaf=is_frozen),
+            )
+        )
         raise _empty_selection_error(f"The selection {indexer!r}", reached_frozen)
     return result
 
@@ -507,8 +516,7 @@ def labels(
     if overlaps:
         raise ValueError(_OVERLAP_MSG.format(count=len(overlaps), claims="\n".join(overlaps)))
     if default is None:
-        unclaimed = [f"    `{path_str(tree, path)}`" for (path, _), c in zip(flat, claims)
-                     if not c]
+        unclaimed = [f"    `{path_str(tree, path)}`" for (path, _), c in zip(flat, claims) if not c]
         if unclaimed:
             raise ValueError(
                 _UNCLAIMED_MSG.format(count=len(unclaimed), paths="\n".join(unclaimed))

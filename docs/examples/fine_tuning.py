@@ -144,9 +144,13 @@ def main() -> dict:
 
 if __name__ == "__main__":
     figures = main()
-    print(f"pretraining on A: {figures['pretrain_losses'][0]:.4f} -> "
-          f"{figures['pretrain_losses'][-1]:.4f}")
+    print(
+        f"pretraining on A: {figures['pretrain_losses'][0]:.4f} -> "
+        f"{figures['pretrain_losses'][-1]:.4f}"
+    )
     print(f"head only on B:   {figures['head_losses'][0]:.4f} -> {figures['head_losses'][-1]:.4f}")
-    print(f"fine-tuning on B: {figures['fine_tune_losses'][0]:.4f} -> "
-          f"{figures['fine_tune_losses'][-1]:.4f}")
+    print(
+        f"fine-tuning on B: {figures['fine_tune_losses'][0]:.4f} -> "
+        f"{figures['fine_tune_losses'][-1]:.4f}"
+    )
     print(f"encoder unchanged while frozen: {figures['encoder_unchanged_in_phase_1']}")

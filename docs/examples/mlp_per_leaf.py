@@ -170,5 +170,7 @@ if __name__ == "__main__":
     print(f"loss {figures['losses'][0]:.4f} -> {figures['losses'][-1]:.4f}")
     print(f"frozen first layer unchanged: {figures['frozen_layer_unchanged']}")
     print(f"resumed from a checkpoint identically: {figures['resumed_losses_identical']}")
-    print(f"first step: weights {figures['first_weight_step']:.2e}, "
-          f"biases {figures['first_bias_step']:.2e}")
+    print(
+        f"first step: weights {figures['first_weight_step']:.2e}, "
+        f"biases {figures['first_bias_step']:.2e}"
+    )

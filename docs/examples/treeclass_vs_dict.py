@@ -105,8 +105,9 @@ def main() -> dict:
     model_mask = tc.optim.mask(model.at[Linear]["weight"])
     model_losses, model = fit(model, lambda m, x: m(x), model_mask, x, y)
 
-    final_dict = [leaf for layer in dict_params["layers"] for leaf in (layer["weight"],
-                                                                       layer["bias"])]
+    final_dict = [
+        leaf for layer in dict_params["layers"] for leaf in (layer["weight"], layer["bias"])
+    ]
     return {
         "dict_losses": dict_losses,
         "treeclass_losses": model_losses,
@@ -120,5 +121,7 @@ def main() -> dict:
 if __name__ == "__main__":
     figures = main()
     same = figures["dict_losses"] == figures["treeclass_losses"]
-    print(f"loss {figures['dict_losses'][0]:.4f} -> {figures['dict_losses'][-1]:.4f}; "
-          f"identical at every step: {same}")
+    print(
+        f"loss {figures['dict_losses'][0]:.4f} -> {figures['dict_losses'][-1]:.4f}; "
+        f"identical at every step: {same}"
+    )

@@ -53,8 +53,12 @@ class MLP(tc.TreeClass):
     @classmethod
     def create(cls, sizes: list[int], key: jax.Array) -> MLP:
         keys = jax.random.split(key, len(sizes) - 1)
-        return cls(tuple(Linear(jax.random.normal(k, (i, o)), jnp.zeros(o))
-                         for k, i, o in zip(keys, sizes[:-1], sizes[1:])))
+        return cls(
+            tuple(
+                Linear(jax.random.normal(k, (i, o)), jnp.zeros(o))
+                for k, i, o in zip(keys, sizes[:-1], sizes[1:])
+            )
+        )
 
 
 class Counter(tc.TreeClass):
