@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treeclass as tc
-import treeclass._mask as mask_module
 from treeclass._at import AtIndexer
 
 # -- helpers -----------------------------------------------------------------------------
@@ -64,21 +63,6 @@ def leaves_equal(a, b) -> bool:
 
 def positive(tree):
     return jax.tree_util.tree_map(lambda x: x > 0, tree)
-
-
-class Frozen:
-    """A stand-in frozen value: a pytree node without children, as `tc.freeze` makes."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-jax.tree_util.register_pytree_node(Frozen, lambda f: ((), f.value), lambda v, _: Frozen(v))
-
-
-@pytest.fixture
-def frozen_aware(monkeypatch):
-    monkeypatch.setattr(mask_module, "is_frozen", lambda x: isinstance(x, Frozen))
 
 
 # -- name and index chains ---------------------------------------------------------------
@@ -593,40 +577,40 @@ def test_failed_operation_leaves_input_unchanged():
 # -- frozen values -----------------------------------------------------------------------
 
 
-def test_selection_of_only_frozen_values_says_so(frozen_aware):
-    tree = {"a": Frozen(1.0), "b": Frozen(2.0)}
+def test_selection_of_only_frozen_values_says_so():
+    tree = {"a": tc.freeze(1.0), "b": tc.freeze(2.0)}
     with pytest.raises(LookupError, match=r"(?s)reaches no leaves.*tree\['a'\] \(frozen\)"):
         tc.at(tree)["a"].set(0.0)
     with pytest.raises(LookupError, match=r"tree\['b'\] \(frozen\)"):
         tc.at(tree)[...].apply(lambda x: x)
 
 
-def test_frozen_values_are_selectable_as_leaves_with_is_leaf(frozen_aware):
-    tree = {"a": Frozen(1.0), "b": 2.0}
-    new = tc.at(tree)["a"].apply(lambda f: f.value * 10, is_leaf=mask_module.is_frozen)
+def test_frozen_values_are_selectable_as_leaves_with_is_leaf():
+    tree = {"a": tc.freeze(1.0), "b": 2.0}
+    new = tc.at(tree)["a"].apply(lambda f: tc.unfreeze(f) * 10, is_leaf=tc.is_frozen)
     assert new == {"a": 10.0, "b": 2.0}
 
 
-def test_frozen_values_are_skipped_when_other_leaves_are_selected(frozen_aware):
-    tree = {"a": Frozen(1.0), "b": 2.0}
+def test_frozen_values_are_skipped_when_other_leaves_are_selected():
+    tree = {"a": tc.freeze(1.0), "b": 2.0}
     new = tc.at(tree)[...].set(0.0)
-    assert new["b"] == 0.0 and isinstance(new["a"], Frozen)
+    assert new["b"] == 0.0 and tc.is_frozen(new["a"])
 
 
-def test_name_below_frozen_value_explains(frozen_aware):
+def test_name_below_frozen_value_explains():
     with pytest.raises(LookupError, match=r"'x' not found at tree\['a'\]: it is a frozen value"):
-        tc.at({"a": Frozen(1.0)})["a"]["x"].set(0)
+        tc.at({"a": tc.freeze(1.0)})["a"]["x"].set(0)
 
 
-def test_glob_through_frozen_value_says_so(frozen_aware):
+def test_glob_through_frozen_value_says_so():
     with pytest.raises(LookupError, match=r"(?s)reaches no leaves.*tree\['a'\] \(frozen\)"):
-        tc.at({"a": Frozen({"w": 1.0}), "b": 2.0})[tc.glob("a.w")].set(0.0)
+        tc.at({"a": tc.freeze({"w": 1.0}), "b": 2.0})[tc.glob("a.w")].set(0.0)
 
 
-def test_empty_selection_near_frozen_values_is_not_an_error(frozen_aware):
-    tree = {"a": Frozen(1.0), "b": 2.0}
+def test_empty_selection_near_frozen_values_is_not_an_error():
+    tree = {"a": tc.freeze(1.0), "b": 2.0}
     assert tc.at(tree)[Linear].get()["b"] is None
-    assert tc.at(tree)[{"a": Frozen(None), "b": False}].set(0.0)["b"] == 2.0
+    assert tc.at(tree)[{"a": tc.freeze(None), "b": False}].set(0.0)["b"] == 2.0
 
 
 def test_real_freeze_if_available():

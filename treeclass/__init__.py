@@ -8,8 +8,9 @@ from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
 from ._checkpoint import from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
+from ._frozen import freeze, is_frozen, unfreeze
 from ._leafwise import bcmap, leafwise
-from ._mask import freeze, is_frozen, is_nondiff, tree_mask, tree_unmask, unfreeze
+from ._mask import is_nondiff, tree_mask, tree_unmask
 from ._pprint import (
     tree_diagram,
     tree_graph,

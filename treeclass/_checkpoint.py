@@ -47,7 +47,7 @@ import numpy as np
 from jax.core import Tracer
 
 from . import _node
-from ._mask import freeze, is_frozen, unfreeze
+from ._frozen import freeze, is_frozen, unfreeze
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 

@@ -26,8 +26,8 @@ from typing_extensions import dataclass_transform
 
 from . import _node
 from ._codegen import InitStore, compile_function, render_init
-from ._keys import PLAIN_TYPES
 from ._util import add_leaf_note, equal_or_false
+from ._values import PLAIN_TYPES
 
 __all__ = ["Field", "field", "fields", "autoinit"]
 

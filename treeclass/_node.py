@@ -46,7 +46,8 @@ import jax
 import numpy as np
 
 from . import _codegen
-from ._keys import PLAIN_TYPES, ByIdentity, value_key
+from ._values import PLAIN_TYPES, ByIdentity
+from ._values import hashable_key as value_key
 
 __all__ = [
     "TreeNode",

@@ -10,7 +10,7 @@ Every printer works on any pytree and shares four pieces:
   attribute order (`repr=False` fields only in the debugging views: diagram, graph,
   mermaid), dicts, lists, tuples, namedtuples, dataclasses and any other registered pytree;
 - how long runs of siblings of one type and structure (the layers of a big model) are
-  folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`_fold_runs`);
+  folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`fold_runs`);
   the values of folded children are never computed, which is what keeps printing a
   1,000-layer model fast;
 - for the pictures, a small tree of labelled entries (`_entries`) that the diagram, the
@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from . import _mask, _node, _trace
+from . import _node, _trace
 from ._pprint_registry import printer_alias, rule_for
-from ._structure import node_kind, open_node
+from ._structure import node_kind, open_node, wrapper_of
+from ._values import offer_display
 
 __all__ = [
     "tree_repr",
@@ -51,6 +52,8 @@ __all__ = [
     "tree_mermaid",
     "tree_repr_with_trace",
 ]
+# also used by the notebook printers of `_pprint_html` (not public API): DEFAULT_REPEATS,
+# Entry, Run, fold_runs, function_text, is_function, picture_entries
 
 _DEPTH_TYPE_MSG = (
     "`depth` must be a number (an int, or `float('inf')` for no limit), got {value!r}."
@@ -240,14 +243,14 @@ def _array_str(x: Any) -> str:
         return _type_text(x.dtype, tuple(x.shape))
 
 
-def _is_function(x: Any) -> bool:
+def is_function(x: Any) -> bool:
     if isinstance(x, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         return True
     # jitted and custom-derivative functions are objects that wrap a function
     return callable(x) and not isinstance(x, type) and hasattr(x, "__wrapped__")
 
 
-def _function_text(fn: Any) -> str:
+def function_text(fn: Any) -> str:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     if name == "<lambda>":
         name = "lambda"
@@ -287,8 +290,8 @@ def _leaf_text(x: Any, as_str: bool = False) -> str:
         return repr(x)
     if x is Ellipsis:  # a placeholder in `tc.Partial` arguments
         return "..."
-    if _is_function(x):
-        return _function_text(x)
+    if is_function(x):
+        return function_text(x)
     return _safe_repr(x, as_str)
 
 
@@ -362,7 +365,7 @@ def _node_parts(
     if kind is dict:
         items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
         return _Parts("dict", "{", "}", "{...}", items)
-    if _mask.is_frozen(x):
+    if wrapper_of(x) is not None:
         return None
     name = kind.__name__
     if isinstance(x, tuple) and hasattr(kind, "_fields"):  # namedtuple
@@ -428,8 +431,9 @@ def _signature(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> s
     Leaves show their type (`f32[8,8]`, `str`, `function`), so two layers that differ only
     in their numbers or names have the same signature.
     """
-    if _mask.is_frozen(x):
-        return "#" + _signature(_mask.unfreeze(x), is_leaf, hidden)
+    wrapper = wrapper_of(x)
+    if wrapper is not None:
+        return wrapper.mark + _signature(wrapper.unwrap(x), is_leaf, hidden)
     parts = _node_parts(x, is_leaf, hidden)
     if parts is None:
         return _leaf_type(x)
@@ -445,7 +449,7 @@ def _run_key(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> Any
     return type(x), _signature(x, is_leaf, hidden)
 
 
-class _Run(NamedTuple):
+class Run(NamedTuple):
     """The middle of a long run of siblings of one type and structure, shown as one entry."""
 
     items: list[tuple[str, str, Any]]  # the folded (repr label, diagram key, child) items
@@ -460,13 +464,13 @@ class _Run(NamedTuple):
         return f"… {len(self.items)} more {self.signature} …"
 
 
-def _fold_runs(
+def fold_runs(
     items: list[tuple[str, str, Any]],
     repeats: int | None,
     is_leaf: Callable[[Any], bool] | None = None,
     hidden: bool = False,
 ) -> list[Any]:
-    """`items` with the middle of every run longer than `2 * repeats + 1` made a `_Run`.
+    """`items` with the middle of every run longer than `2 * repeats + 1` made a `Run`.
 
     A run is consecutive siblings of one type and structure; its first and last `repeats`
     children stay. Folding one child would not save a line, hence the `+ 1`.
@@ -489,7 +493,7 @@ def _fold_runs(
             if len(signature) > _RUN_SIGNATURE_MAX:
                 parts = _node_parts(folded[0][2], is_leaf, hidden)
                 signature = parts.cut if parts is not None else signature
-            out.append(_Run(folded, signature))
+            out.append(Run(folded, signature))
             out.extend(items[stop - repeats : stop])
         else:
             out.extend(items[start:stop])
@@ -558,11 +562,12 @@ def _render(
 
 
 def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
-    if _mask.is_frozen(x):
-        inner = _doc(_mask.unfreeze(x), depth, as_str, repeats)
+    wrapper = wrapper_of(x)
+    if wrapper is not None:
+        inner = _doc(wrapper.unwrap(x), depth, as_str, repeats)
         if type(inner) is _Group:
-            return _Group("#" + inner.open, inner.close, inner.items, inner.comma)
-        return "#" + inner
+            return _Group(wrapper.mark + inner.open, inner.close, inner.items, inner.comma)
+        return wrapper.mark + inner
     parts = _node_parts(x)
     if parts is None:
         return _leaf_text(x, as_str)
@@ -572,9 +577,9 @@ def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
         return parts.cut
     items = [
         ("", item.text)
-        if type(item) is _Run
+        if type(item) is Run
         else (item[0], _doc(item[2], depth - 1, as_str, repeats))
-        for item in _fold_runs(parts.items, repeats)
+        for item in fold_runs(parts.items, repeats)
     ]
     return _Group(parts.open, parts.close, items, parts.single_comma)
 
@@ -678,9 +683,9 @@ def tree_str(
 # -- pictures: labelled entries -----------------------------------------------------------
 
 
-class _Entry(NamedTuple):
+class Entry(NamedTuple):
     label: str  # ".b:tuple" for an opened node, ".a=1.0" for a leaf
-    children: tuple[_Entry, ...]
+    children: tuple[Entry, ...]
     value: Any = None  # the node or leaf shown (a folded run's first child)
     run: bool = False  # a folded run: `children` are its entries when they were asked for
 
@@ -696,7 +701,7 @@ class _EntryOptions(NamedTuple):
     open_runs: bool  # give folded runs their entries as children (the HTML view)
 
 
-def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> _Entry:
+def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> Entry:
     parts = _node_parts(x, options.is_leaf, options.hidden)
     if parts is None or not parts.items or depth <= 0:
         if parts is None:
@@ -706,23 +711,23 @@ def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> _Entry:
             text = parts.open + parts.close
         else:
             text = parts.cut
-        return _Entry(f"{key}={text}" if key else text, (), x)
+        return Entry(f"{key}={text}" if key else text, (), x)
     children = []
-    for item in _fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
-        if type(item) is not _Run:
+    for item in fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
+        if type(item) is not Run:
             children.append(_entries(item[2], item[1], depth - 1, options))
             continue
         label = f"{item.keys}: {len(item.items)} more {item.signature}"
-        inner: tuple[_Entry, ...] = ()
+        inner: tuple[Entry, ...] = ()
         if options.open_runs:
             inner = tuple(
                 _entries(child, child_key, depth - 1, options) for _, child_key, child in item.items
             )
-        children.append(_Entry(label, inner, item.items[0][2], True))
-    return _Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
+        children.append(Entry(label, inner, item.items[0][2], True))
+    return Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
 
 
-def _picture_entries(
+def picture_entries(
     tree: Any,
     depth: Any,
     is_leaf: Any,
@@ -730,7 +735,7 @@ def _picture_entries(
     *,
     hidden: bool = True,
     open_runs: bool = False,
-) -> _Entry:
+) -> Entry:
     _check_depth(depth)
     _check_is_leaf(is_leaf)
     _check_repeats(repeats)
@@ -778,7 +783,7 @@ def tree_diagram(
     ```
     """
     _check_int(tabwidth, "tabwidth", 1)
-    root = _picture_entries(tree, depth, is_leaf, repeats)
+    root = picture_entries(tree, depth, is_leaf, repeats)
     bar = "─" * (tabwidth - 2) + " " if tabwidth >= 2 else ""
     marks = ("├" + bar, "└" + bar, "│" + " " * (tabwidth - 1), " " * tabwidth)
     lines = [root.label]
@@ -786,7 +791,7 @@ def tree_diagram(
     return "\n".join(lines)
 
 
-def _diagram_lines(entry: _Entry, prefix: str, lines: list[str], marks: tuple[str, ...]) -> None:
+def _diagram_lines(entry: Entry, prefix: str, lines: list[str], marks: tuple[str, ...]) -> None:
     branch, corner, pipe, blank = marks
     last = len(entry.children) - 1
     for i, child in enumerate(entry.children):
@@ -797,11 +802,11 @@ def _diagram_lines(entry: _Entry, prefix: str, lines: list[str], marks: tuple[st
             _diagram_lines(child, below, lines, marks)
 
 
-def _numbered(root: _Entry) -> tuple[list[_Entry], list[tuple[int, int]]]:
+def _numbered(root: Entry) -> tuple[list[Entry], list[tuple[int, int]]]:
     """Entries by node number (the root is 0, parents before children) and the edges."""
-    labels: list[_Entry] = []
+    labels: list[Entry] = []
     edges: list[tuple[int, int]] = []
-    stack: list[tuple[_Entry, int]] = [(root, -1)]
+    stack: list[tuple[Entry, int]] = [(root, -1)]
     while stack:
         entry, parent = stack.pop()
         number = len(labels)
@@ -816,7 +821,7 @@ def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\l")
 
 
-def _dot_attributes(entry: _Entry) -> str:
+def _dot_attributes(entry: Entry) -> str:
     rule = None if entry.run else rule_for(entry.value)
     if rule is None or rule.nodestyle is None:
         return ""
@@ -852,7 +857,7 @@ def tree_graph(
     assert '0 [label="dict"];' in dot and "0 -> 1;" in dot
     ```
     """
-    entries, edges = _numbered(_picture_entries(tree, depth, is_leaf, repeats))
+    entries, edges = _numbered(picture_entries(tree, depth, is_leaf, repeats))
     lines = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
     lines += [
         f'    {n} [label="{_dot_escape(entry.label)}"{_dot_attributes(entry)}];'
@@ -897,7 +902,7 @@ def tree_mermaid(
                                   "    n0 --> n1"]
     ```
     """
-    entries, edges = _numbered(_picture_entries(tree, depth, is_leaf, repeats))
+    entries, edges = _numbered(picture_entries(tree, depth, is_leaf, repeats))
     lines = ["flowchart LR"]
     lines += [f'    n{n}["{_mermaid_escape(entry.label)}"]' for n, entry in enumerate(entries)]
     lines += [f"    n{a} --> n{b}" for a, b in edges]
@@ -915,11 +920,12 @@ def _leaf_type(x: Any) -> str:
     rule = rule_for(x)
     if rule is not None and rule.type_name is not None:
         return rule.type_name(x)
-    if _mask.is_frozen(x):
-        return "#" + _leaf_type(_mask.unfreeze(x))
+    wrapper = wrapper_of(x)
+    if wrapper is not None:
+        return wrapper.mark + _leaf_type(wrapper.unwrap(x))
     if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
         return _type_text(x.dtype, tuple(x.shape))
-    if _is_function(x):  # not `custom_jvp`, `PjitFunction`, `builtin_function_or_method`
+    if is_function(x):  # not `custom_jvp`, `PjitFunction`, `builtin_function_or_method`
         return "function"
     return type(x).__name__
 
@@ -938,8 +944,9 @@ def _leaf_count_size(x: Any) -> tuple[int, int]:
 
 
 def _default_count_size(x: Any) -> tuple[int, int]:
-    if _mask.is_frozen(x):
-        return _leaf_count_size(_mask.unfreeze(x))
+    wrapper = wrapper_of(x)
+    if wrapper is not None:
+        return _leaf_count_size(wrapper.unwrap(x))
     if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
         count = math.prod(x.shape)
         try:
@@ -962,7 +969,7 @@ def _totals(leaves: list[Any]) -> tuple[int, int]:
 
 
 def _summary_leaf(x: Any) -> bool:
-    if _mask.is_frozen(x):
+    if wrapper_of(x) is not None:
         return True
     rule = rule_for(x)
     return rule is not None and rule.has_summary
@@ -1071,8 +1078,8 @@ def tree_summary(
             items = [("", _key_labels(key)[1], child) for key, child in flat]
             position = 0  # in `flat`, whose keys the rows need
             # hidden=True: runs are judged on every field, as JAX flattens them
-            for item in _fold_runs(items, repeats, stop, hidden=True):
-                if type(item) is _Run:
+            for item in fold_runs(items, repeats, stop, hidden=True):
+                if type(item) is Run:
                     position += len(item.items)
                     children = [child for _, _, child in item.items]
                     first = children[0]
@@ -1199,3 +1206,8 @@ tree_summary.def_type = printer_alias("type_name", "tree_summary.def_type")  # t
 tree_summary.def_count = printer_alias("count", "tree_summary.def_count")  # type: ignore
 tree_summary.def_size = printer_alias("size", "tree_summary.def_size")  # type: ignore
 tree_graph.def_nodestyle = printer_alias("nodestyle", "tree_graph.def_nodestyle")  # type: ignore
+
+
+# a frozen value (a floor below) shows itself with these printers
+offer_display("repr", tree_repr)
+offer_display("str", tree_str)

@@ -18,19 +18,21 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import _mask, _node
+from . import _node
 from ._pprint import (
     DEFAULT_REPEATS,
-    _Entry,
-    _fold_runs,
-    _function_text,
-    _is_function,
-    _picture_entries,
-    _Run,
+    Entry,
+    Run,
+    fold_runs,
+    function_text,
+    is_function,
+    picture_entries,
 )
 from ._pprint_registry import rule_for
+from ._structure import wrapper_of
+from ._values import offer_display
 
-__all__ = ["tree_html", "treescope_repr", "frozen_treescope_repr", "html_display"]
+__all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display"]
 
 # Levels open at first: as many as keep the first view within this many lines (the root
 # always opens), so a small model shows whole and a big one starts folded below a depth.
@@ -45,7 +47,7 @@ _CHILDREN_STYLE = (
 _RUN_STYLE = "opacity: 0.7"
 
 
-def _open_levels(root: _Entry) -> int:
+def _open_levels(root: Entry) -> int:
     """How many levels to open so that at most `_OPEN_LINES` lines show (at least 1)."""
     shown, level, frontier = 1, 0, [root]
     while frontier:
@@ -58,7 +60,7 @@ def _open_levels(root: _Entry) -> int:
     return max(level, 1)
 
 
-def _html_lines(entry: _Entry, level: int, open_levels: float, out: list[str]) -> None:
+def _html_lines(entry: Entry, level: int, open_levels: float, out: list[str]) -> None:
     label = html.escape(entry.label)
     if entry.run:
         label = f'<span style="{_RUN_STYLE}">{label}</span>'
@@ -110,7 +112,7 @@ def tree_html(
     assert '[&#x27;b&#x27;]:list</summary>' in page
     ```
     """
-    root = _picture_entries(tree, depth, is_leaf, repeats, hidden=False, open_runs=True)
+    root = picture_entries(tree, depth, is_leaf, repeats, hidden=False, open_runs=True)
     levels = _open_levels(root) if open_levels is None else open_levels
     out = [f'<div class="treeclass-tree" style="{_ROOT_STYLE}">']
     _html_lines(root, 0, levels, out)
@@ -148,8 +150,8 @@ def _own_text(value: Any) -> str | None:
         return rule.repr(value)
     # plain functions get treescope's own reflection; wrapped ones (`jax.nn.relu` is a
     # `custom_jvp`, a jitted function a `PjitFunction`) their signature, as in `repr`
-    if _is_function(value) and not isinstance(value, types.FunctionType):
-        return _function_text(value)
+    if is_function(value) and not isinstance(value, types.FunctionType):
+        return function_text(value)
     return None
 
 
@@ -173,7 +175,7 @@ def _render_child(value: Any, path: str | None, subtree_renderer: Any, repeats: 
             items = [(f"{key!r}: ", f"[{key!r}]", child) for key, child in value.items()]
         else:
             items = [("", f"[{i}]", child) for i, child in enumerate(value)]
-        folded = _fold_runs(items, repeats)
+        folded = fold_runs(items, repeats)
         if len(folded) != len(items):
             return _render_folded(value, folded, path, subtree_renderer, repeats)
     return subtree_renderer(value, path=path)
@@ -190,7 +192,7 @@ def _render_folded(
     children = []
     for i, item in enumerate(items):
         last = i == len(items) - 1
-        if type(item) is _Run:
+        if type(item) is Run:
             line = parts.abbreviation_color(parts.text(item.text))
             children.append(parts.siblings(line, _separator(last)))
             continue
@@ -278,15 +280,16 @@ def treescope_repr(
     )
 
 
-def frozen_treescope_repr(frozen: Any, path: str | None, subtree_renderer: Any) -> Any:
-    """Render a frozen value for treescope: `#` and the value as treescope draws it.
+def wrapper_treescope_repr(wrapped: Any, path: str | None, subtree_renderer: Any) -> Any:
+    """Render a wrapper node (a frozen value) for treescope: its mark and the value inside.
 
     A frozen array keeps treescope's foldable array summary, a frozen subtree folds like
-    the subtree; in round-trip mode the value shows as `freeze(...)`.
+    the subtree; in round-trip mode the value shows as `freeze(...)`. What to write comes
+    from the wrapper's entry in the node view (`_structure.wrapper_of`).
 
     **Arguments**
 
-    - `frozen`: a value made by `tc.freeze`.
+    - `wrapped`: a wrapper node, e.g. a value made by `tc.freeze`.
     - `path`, `subtree_renderer`: as passed by treescope to `__treescope_repr__`.
 
     **Returns**
@@ -303,12 +306,20 @@ def frozen_treescope_repr(frozen: Any, path: str | None, subtree_renderer: Any) 
     """
     from treescope import rendering_parts as parts
 
-    # the inner value has no path of its own: `tc.unfreeze` is not an attribute
-    inner = _render_child(_mask.unfreeze(frozen), None, subtree_renderer, DEFAULT_REPEATS)
+    wrapper = wrapper_of(wrapped)
+    if wrapper is None:
+        raise TypeError(f"not a wrapper node: {type(wrapped).__name__}")
+    # the inner value has no path of its own: unwrapping is not an attribute
+    inner = _render_child(wrapper.unwrap(wrapped), None, subtree_renderer, DEFAULT_REPEATS)
     marker = parts.roundtrip_condition(
-        roundtrip=parts.text("freeze("), not_roundtrip=parts.comment_color(parts.text("#"))
+        roundtrip=parts.text(wrapper.maker + "("),
+        not_roundtrip=parts.comment_color(parts.text(wrapper.mark)),
     )
     closing = parts.roundtrip_condition(roundtrip=parts.text(")"))
     return parts.build_one_line_tree_node(
         parts.siblings_with_annotations(marker, inner, closing), path=path
     )
+
+
+# a frozen value (a floor below) shows itself in treescope with this printer
+offer_display("treescope", wrapper_treescope_repr)

@@ -39,7 +39,8 @@ import numpy as np
 from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
-from . import _mask, _node
+from . import _node
+from ._frozen import is_frozen
 from ._structure import (
     GENERIC,
     LIST,
@@ -57,10 +58,6 @@ from ._structure import (
 )
 
 __all__ = ["BaseKey", "where", "glob"]
-
-
-def is_frozen(x: Any) -> bool:
-    return _mask.is_frozen(x)
 
 
 # -- public selector types -------------------------------------------------------------------

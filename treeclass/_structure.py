@@ -17,10 +17,11 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from . import _mask, _node
-from ._util import path_str, root_name
+from . import _node
+from ._frozen import Frozen, unfreeze
+from ._values import entry_name, path_str, root_name, short_repr
 
 __all__ = [
     "Kind",
@@ -36,6 +37,9 @@ __all__ = [
     "describe",
     "first_mismatch",
     "is_leaf_node",
+    "Wrapper",
+    "wrapper_of",
+    "keys_difference",
 ]
 
 
@@ -166,23 +170,6 @@ def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> boo
     return kind == LEAF or (kind == GENERIC and open_node(node, kind) is None)
 
 
-def entry_name(entry: Any) -> Any:
-    """The name a key entry stands for: attribute name, dict key, or sequence index."""
-    cls = type(entry)
-    if cls is GetAttrKey:
-        return entry.name
-    if cls is DictKey:
-        return entry.key
-    if cls is SequenceKey:
-        return entry.idx
-    if cls is FlattenedIndexKey:
-        return entry.key
-    for attribute in ("name", "key", "idx"):
-        if hasattr(entry, attribute):
-            return getattr(entry, attribute)
-    return entry
-
-
 def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
     """`(found, child)`: the child of `node` under key `entry` (jax structure only)."""
     opened = open_node(node, node_kind(node))
@@ -194,30 +181,47 @@ def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
     return False, None
 
 
-# -- key paths in messages -------------------------------------------------------------------
+# -- wrappers: nodes without children that stand for one value ----------------------------------
+
+
+class Wrapper(NamedTuple):
+    """A node kind that wraps one value in a node without children (a frozen value).
+
+    The printers show a wrapped value as `mark` + the value's own text, the summaries
+    count the value inside, and messages call it `what`. A new wrapper kind is one entry
+    of `_WRAPPERS`; nothing else in the package branches on it.
+    """
+
+    mark: str  # printed before the wrapped value's text: `#` for a frozen value
+    unwrap: Callable[[Any], Any]
+    what: str  # `a frozen value`, in messages
+    role: str  # its role in summaries
+    maker: str  # the function that makes one, for round-trip renderings: `freeze`
+
+
+_WRAPPERS: dict[type, Wrapper] = {
+    Frozen: Wrapper("#", unfreeze, "a frozen value", "frozen", "freeze"),
+}
+
+
+def wrapper_of(node: Any) -> Wrapper | None:
+    """The wrapper entry of `node`'s kind, or `None` when `node` is no wrapper."""
+    return _WRAPPERS.get(type(node))
 
 
 # -- where two structures part ---------------------------------------------------------------
 
 
-def _short(x: Any, limit: int = 40) -> str:
-    try:
-        text = repr(x)
-    except Exception:  # a broken repr must not hide the real error
-        text = f"<{type(x).__name__}>"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def describe(node: Any, opened: Opened | None) -> str:
     """A short description of a node for messages: what is there, and its children."""
-    if _mask.is_frozen(node):
-        return f"a frozen value ({_short(node)})"
+    wrapper = _WRAPPERS.get(type(node))
+    if wrapper is not None:
+        return f"{wrapper.what} ({short_repr(node)})"
     if opened is None:
         shape, dtype = getattr(node, "shape", None), getattr(node, "dtype", None)
         if shape is not None and dtype is not None:
             return f"a leaf, an array {dtype}{list(shape)}"
-        return f"a leaf {_short(node)} of type {type(node).__name__}"
+        return f"a leaf {short_repr(node)} of type {type(node).__name__}"
     if not opened.entries:
         return f"a `{type(node).__name__}` node without children"
     names = ", ".join(repr(entry_name(e)) for e in opened.entries)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import sys
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -12,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer as _Tracer
+
+from ._values import exact_key, path_str, root_name
 
 __all__ = ["is_tree_equal", "Partial"]
 
@@ -168,17 +169,6 @@ def is_tree_equal(*trees: Any) -> Any:
 # -- the note maps attach to an error raised at one leaf --------------------------------
 
 
-def root_name(root: Any) -> str:
-    """How messages name the root of a tree: its class, or `tree` for builtins."""
-    cls = type(root)
-    return "tree" if cls.__module__ == "builtins" else cls.__name__
-
-
-def path_str(root: Any, path: Any) -> str:
-    """A key path as text, prefixed by the root's name: `MLP.layers[0].weight`."""
-    return root_name(root) + jax.tree_util.keystr(tuple(path))
-
-
 def leaf_path_str(tree: Any, index: int, is_leaf: Callable[[Any], bool] | None = None) -> str:
     """`MLP.b[0]`-style name of the `index`-th leaf of `tree` (in `tree_flatten` order)."""
     paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
@@ -273,13 +263,14 @@ class Partial(Generic[_R]):
     ```
     """
 
-    __slots__ = ("func", "args", "_keywords", "_holes", "_hash", "__weakref__")
+    __slots__ = ("func", "args", "_keywords", "_holes", "_hash", "_key", "__weakref__")
 
     func: Callable[..., _R]
     args: tuple[Any, ...]
     _keywords: dict[str, Any]
     _holes: tuple[int, ...]  # the positions of `...` in `args`
     _hash: int | None  # computed on first use
+    _key: Any  # the exact key of (func, args, keywords), computed on first use
 
     def __init__(self, func: Callable[..., _R], /, *args: Any, **kwargs: Any) -> None:
         if not callable(func):
@@ -312,22 +303,26 @@ class Partial(Generic[_R]):
             return True
         if type(other) is not Partial:
             return NotImplemented
-        if self._holes != other._holes or hash(self) != hash(other):
+        if hash(self) != hash(other):
             return False
-        return _statics_equal(
-            (self.func, self.args, self._keywords), (other.func, other.args, other._keywords)
-        )
+        return bool(self._exact_key() == other._exact_key())
 
     def __hash__(self) -> int:
         cached = self._hash
         if cached is None:
-            try:
-                cached = hash(_static_hash_key((self.func, self.args, self._keywords)))
-            except TypeError:  # node data that cannot be hashed, inside an argument
-                cached = hash((len(self.args), tuple(sorted(self._keywords))))
-            cached = hash((cached, self._holes))
+            cached = hash(self._exact_key())
             _set_slot(self, "_hash", cached)
         return cached
+
+    def _exact_key(self) -> Any:
+        # the value facts' exact key, as for static fields and frozen values (arrays by
+        # their bytes, floats by their bits: a fresh `Partial(f, nan)` is the same static);
+        # computed on first use, not at construction, which tracing code does often
+        key = self._key
+        if key is None:
+            key = exact_key((self.func, self.args, self._keywords))
+            _set_slot(self, "_key", key)
+        return key
 
     def __repr__(self) -> str:
         name = getattr(self.func, "__name__", None) or repr(self.func)
@@ -369,50 +364,6 @@ def equal_or_false(a: Any, b: Any) -> bool:
         return False
 
 
-# -- static values: strict equality and a hash that never fails --------------------------
-
-
-def _static_hash_key(value: Any) -> Any:
-    """A hashable stand-in for `value`, equal for values that `_statics_equal` calls equal."""
-    leaves, treedef = jax.tree_util.tree_flatten(value)
-    keys: list[Any] = []
-    for leaf in leaves:
-        if _kind(leaf) >= _NUMPY and not isinstance(leaf, np.generic):
-            keys.append((type(leaf), leaf.shape, str(leaf.dtype)))
-            continue
-        try:
-            hash(leaf)
-        except TypeError:
-            keys.append(type(leaf))
-        else:
-            keys.append(leaf)
-    return treedef, tuple(keys)
-
-
-def _static_equal(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if type(a) is not type(b):  # 1, 1.0 and True trace differently
-        return False
-    if isinstance(a, _Tracer) or isinstance(b, _Tracer):
-        return False  # distinct tracers: their values are not known
-    if _kind(a) >= _NUMPY:
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
-    if type(a) is float and a == 0.0:
-        return b == 0.0 and math.copysign(1.0, a) == math.copysign(1.0, b)  # 0.0 vs -0.0
-    return equal_or_false(a, b)
-
-
-def _statics_equal(a: Any, b: Any) -> bool:
-    a_leaves, a_def = jax.tree_util.tree_flatten(a)
-    b_leaves, b_def = jax.tree_util.tree_flatten(b)
-    if a_def != b_def:
-        return False
-    return all(_static_equal(x, y) for x, y in zip(a_leaves, b_leaves, strict=True))
-
-
 def _set_partial(
     partial: Partial, func: Any, args: tuple[Any, ...], keywords: dict[str, Any]
 ) -> None:
@@ -421,6 +372,7 @@ def _set_partial(
     _set_slot(partial, "_keywords", dict(keywords))
     _set_slot(partial, "_holes", tuple(i for i, a in enumerate(args) if a is Ellipsis))
     _set_slot(partial, "_hash", None)
+    _set_slot(partial, "_key", None)
 
 
 def _rebuild_partial(func: Any, args: tuple[Any, ...], keywords: dict[str, Any]) -> Partial:

@@ -28,7 +28,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._at import AtIndexer, at
-from ._mask import is_frozen
+from ._frozen import is_frozen
 from ._structure import (
     LEAF,
     describe,

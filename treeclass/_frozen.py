@@ -1,0 +1,269 @@
+"""Frozen values: a value wrapped in a pytree node without children.
+
+A frozen value is a pytree node *without children* whose wrapped value lives in the
+node's auxiliary data. `jax.jit`, `jax.grad`, `jax.vmap`, `jax.lax.scan` and optax only
+see leaves, so they never see a frozen value; `jax.jit` treats it as static because the
+tree definition (which holds it) is part of the compilation cache key.
+
+That puts the frozen value on the hot path of every jitted call: the cache lookup compares
+the call's tree definition with the cached one, and hashes it where it needs to. So the
+value's exact key (`_values.exact_key`) and its hash are computed once, when the value is
+frozen, and equality checks identity first.
+
+The wrapper describes itself to the rest of the package through the node view
+(`_structure`'s table of node kinds: a *wrapper* kind marked `#`), and shows itself
+through the display protocol of `_values`: the printers never branch on frozen values.
+This module imports only the value facts below it.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+
+from ._values import display, exact_key, short_repr
+
+__all__ = ["Frozen", "FrozenOperationError", "freeze", "unfreeze", "is_frozen", "snapshot"]
+
+_T = TypeVar("_T")
+
+
+_OPERATION_ON_FROZEN = (
+    "cannot compute `{expr}` with the frozen value x = {value}: a frozen value is hidden from "
+    "JAX and supports no operations or calls. Unfreeze it first:\n"
+    "    before: {expr}\n"
+    "    after:  {fixed}\n"
+    "or unfreeze a whole tree with `tc.tree_unmask(tree)` inside the transformed function."
+)
+
+
+_ATTRIBUTE_OF_FROZEN = (
+    "a frozen value has no attribute {name!r}; the value inside it may. Unfreeze it first:\n"
+    "    before: x.{name}\n"
+    "    after:  tc.unfreeze(x).{name}"
+)
+
+
+class Frozen:
+    """A value wrapped in a pytree node without children (see `freeze`)."""
+
+    __slots__ = ("_value", "_key", "_hash")
+
+    def __init__(self, value: Any) -> None:
+        key = exact_key(value)
+        object.__setattr__(self, "_value", value)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Frozen:
+            return NotImplemented
+        if self._hash != other._hash:
+            return False
+        try:
+            return bool(self._key == other._key)
+        except Exception:  # a value whose `==` has no truth value (elementwise, say)
+            return False
+
+    # One text for a frozen value everywhere: `repr(tc.freeze(x)) == tc.tree_repr(
+    # tc.freeze(x))`, `#` + x's tree repr. The printers live floors above and offer
+    # themselves through the display protocol of `_values`.
+    def __repr__(self) -> str:
+        return display("repr", self)
+
+    def __str__(self) -> str:
+        return display("str", self)
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        # called by treescope only, once it is imported; we never import it ourselves
+        return display("treescope", self, path, subtree_renderer)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for missing attributes; protocol probes (`__array_priority__`, ...)
+        # get the plain error they expect
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(_ATTRIBUTE_OF_FROZEN.format(name=name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a frozen value is immutable; use `tc.unfreeze` to get the value")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("a frozen value is immutable; use `tc.unfreeze` to get the value")
+
+    def __copy__(self) -> Frozen:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Frozen:
+        return Frozen(copy.deepcopy(self._value, memo))
+
+    def __reduce__(self) -> tuple:
+        # the hash is recomputed on load: str hashes differ between processes
+        return (freeze, (self._value,))
+
+
+class FrozenOperationError(NotImplementedError, TypeError):
+    """An operation on a frozen value (which supports none): unfreeze it first.
+
+    A `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python raises
+    for an operation a type does not support.
+    """
+
+
+def _refuse(expr: str) -> Callable[..., Any]:
+    fixed = re.sub(r"\bx\b", "tc.unfreeze(x)", expr)
+
+    def method(self: Frozen, *args: Any, **kwargs: Any) -> Any:
+        raise FrozenOperationError(
+            _OPERATION_ON_FROZEN.format(expr=expr, fixed=fixed, value=short_repr(self))
+        )
+
+    return method
+
+
+_REFUSED_OPERATIONS = {
+    "__add__": "x + y", "__radd__": "y + x", "__sub__": "x - y", "__rsub__": "y - x",
+    "__mul__": "x * y", "__rmul__": "y * x", "__matmul__": "x @ y", "__rmatmul__": "y @ x",
+    "__truediv__": "x / y", "__rtruediv__": "y / x",
+    "__floordiv__": "x // y", "__rfloordiv__": "y // x",
+    "__mod__": "x % y", "__rmod__": "y % x", "__pow__": "x ** y", "__rpow__": "y ** x",
+    "__divmod__": "divmod(x, y)", "__rdivmod__": "divmod(y, x)",
+    "__and__": "x & y", "__rand__": "y & x", "__or__": "x | y", "__ror__": "y | x",
+    "__xor__": "x ^ y", "__rxor__": "y ^ x", "__lshift__": "x << y", "__rlshift__": "y << x",
+    "__rshift__": "x >> y", "__rrshift__": "y >> x",
+    "__lt__": "x < y", "__le__": "x <= y", "__gt__": "x > y", "__ge__": "x >= y",
+    "__neg__": "-x", "__pos__": "+x", "__abs__": "abs(x)", "__invert__": "~x",
+    "__getitem__": "x[i]", "__iter__": "iter(x)", "__call__": "x(...)",
+    "__array__": "np.asarray(x)", "__jax_array__": "jnp.asarray(x)",
+}  # fmt: skip
+
+for _name, _expr in _REFUSED_OPERATIONS.items():
+    setattr(Frozen, _name, _refuse(_expr))
+del _name, _expr
+
+
+def _flatten_frozen(frozen: Frozen) -> tuple[tuple, Frozen]:
+    return (), frozen
+
+
+def _unflatten_frozen(frozen: Frozen, children: Any) -> Frozen:
+    return frozen
+
+
+jax.tree_util.register_pytree_with_keys(
+    Frozen, _flatten_frozen, _unflatten_frozen, flatten_func=_flatten_frozen
+)
+
+
+def freeze(x: _T) -> _T:
+    """Wrap `x` in a node without children, so JAX transformations do not see it.
+
+    The frozen value is static under `jax.jit` (a changed value retraces, an equal one does
+    not), carried unchanged through `jax.grad`, `jax.vmap`, `jax.lax.scan` and optax, and
+    refuses arithmetic and calls (`FrozenOperationError`, a `NotImplementedError` and a
+    `TypeError`) until unfrozen. Freezing is idempotent.
+
+    Freezing takes a snapshot: a writable NumPy array is copied (read-only) and containers
+    are rebuilt, so changing the original later changes neither the frozen value nor the
+    traces `jax.jit` made with it.
+
+    Two frozen values are equal when their values are of the same type and equal exactly:
+    `-0.0` and `0.0` differ (so do `1`, `1.0` and `True`), a NaN equals a NaN with the
+    same bits; arrays when their type, shape, dtype and bytes are (the bytes are read, and
+    hashed, once, here); subtrees when their structure and leaves are. Values with no
+    usable hash fall back to identity. The hash is computed once, so the `jax.jit` cache
+    lookup costs the same for a frozen array as for a frozen `int`.
+
+    **Arguments**
+
+    - `x`: any value: an array, a scalar, a string, a function, a whole subtree.
+
+    **Returns**
+
+    The frozen value; its `repr` is the value's marked with `#`.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    tree = {"w": jnp.ones(2), "n": tc.freeze(2)}
+    assert jax.tree_util.tree_leaves(tree) == [tree["w"]]   # the frozen 2 is hidden
+    assert tc.unfreeze(tree["n"]) == 2
+    ```
+    """
+    if type(x) is Frozen:
+        return x
+    # typed as `x`'s own type: a frozen value stands in for its value in a tree, so a
+    # field keeps the annotation of what it holds (unfreeze before use; no checker knows)
+    return Frozen(snapshot(x))  # type: ignore[return-value]
+
+
+def _copy_array(x: Any) -> Any:
+    # Any NumPy array may change under us: a writable one, a read-only view of a writable
+    # buffer, a read-only array its owner can make writable again. So each is copied (a
+    # private, read-only copy, of the same class). Object arrays are keyed by identity
+    # (their bytes are pointers): kept as they are.
+    if isinstance(x, np.ndarray) and x.dtype != object:
+        x = x.copy()
+        x.flags.writeable = False
+    return x
+
+
+def snapshot(x: Any) -> Any:
+    """`x` as it is now: NumPy arrays copied (read-only), containers rebuilt.
+
+    A frozen value is hashed once, when frozen, and `jax.jit` bakes it into traces; if the
+    caller could still change it in place, a later call would silently reuse a trace made
+    for the old value.
+    """
+    if isinstance(x, np.ndarray):
+        return _copy_array(x)
+    if isinstance(x, (jax.Array, str, bytes, int, float, complex, np.generic)) or x is None:
+        return x
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(x, is_leaf=is_frozen)
+    except Exception:  # not a pytree we can take apart: keep it as it is
+        return x
+    if treedef.num_nodes == 1:  # a leaf (a function, an object): nothing to rebuild
+        return x
+    try:
+        return treedef.unflatten([_copy_array(leaf) for leaf in leaves])
+    except Exception:  # a node that cannot be rebuilt: keep it as it is
+        return x
+
+
+def unfreeze(x: _T) -> _T:
+    """The value inside a frozen `x`; any other `x` is returned unchanged.
+
+    ```python
+    import treeclass as tc
+
+    assert tc.unfreeze(tc.freeze("relu")) == "relu"
+    assert tc.unfreeze(1.0) == 1.0
+    ```
+    """
+    if isinstance(x, Frozen):  # (`type(x) is` would not narrow a type variable for mypy)
+        return x._value
+    return x
+
+
+def is_frozen(x: Any) -> bool:
+    """Whether `x` was made by `freeze`.
+
+    ```python
+    import treeclass as tc
+
+    assert tc.is_frozen(tc.freeze(1)) and not tc.is_frozen(1)
+    ```
+    """
+    return type(x) is Frozen

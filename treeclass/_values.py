@@ -1,0 +1,321 @@
+"""Value facts: what every other module asks of a single value, answered once.
+
+- **Exact keys** (`exact_key`): a hashable key that is equal for two values exactly when
+  they are interchangeable as constants of a traced computation. Static fields, frozen
+  values, `tc.Partial` and the checkpoint checks all compare values through it, so equal
+  values are equal everywhere. Python's own `==` is too coarse for that: `1 == 1.0 ==
+  True`, `0.0 == -0.0`, `np.float64(0.0) == 0.0`, and `nan != nan`. So a key is the
+  value's exact type plus its value, floats by their bits, NumPy scalars by dtype and
+  bytes, arrays by type, shape, dtype, weak type and bytes, containers by the keys of
+  their items:
+
+  * values of different types never share a key (`1`, `1.0`, `True`, `np.int32(1)`);
+  * `0.0` and `-0.0` differ, in Python floats, complex numbers, NumPy scalars, arrays and
+    inside containers;
+  * a NaN equals a NaN with the same bits, so a fresh `float("nan")` does not force a
+    new trace on every call.
+
+- **The display protocol** (`display`, `offer_display`): a value defined on a low floor
+  (a frozen value) shows itself with the printers of a higher floor, which offer
+  themselves here when they load; nothing imports upward.
+- **Host bytes** of an array (`host_bytes`), **PRNG keys** (`is_prng_key`), **bool mask
+  leaves** (`is_bool_mask_leaf`), a **short repr** for messages (`short_repr`), and a
+  **key path as text** (`root_name`, `path_str`, `entry_name`).
+
+This is the ground floor: it imports nothing of treeclass.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import numbers
+import struct
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+__all__ = [
+    "PLAIN_TYPES",
+    "ByIdentity",
+    "ArrayKey",
+    "exact_key",
+    "hashable_key",
+    "is_array",
+    "host_bytes",
+    "is_prng_key",
+    "is_bool_mask_leaf",
+    "is_inexact_array",
+    "short_repr",
+    "root_name",
+    "path_str",
+    "entry_name",
+    "display",
+    "offer_display",
+]
+
+# types whose values are their own exact keys, next to their type (`(type(v), v)`)
+PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
+_PLAIN = PLAIN_TYPES
+_pack_double = struct.Struct("<d").pack
+
+
+class ByIdentity:
+    """The key of a value with no equality we can trust (a tracer, say): its identity."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ByIdentity and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+# -- arrays ---------------------------------------------------------------------------------
+
+
+def is_array(x: Any) -> bool:
+    """Whether `x` is a JAX array (a tracer too) or a NumPy array (not a NumPy scalar)."""
+    return isinstance(x, (jax.Array, np.ndarray))
+
+
+def is_prng_key(x: Any) -> bool:
+    """Whether `x` is a typed PRNG key array (`jax.random.key`), concrete or abstract."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+@functools.cache
+def _is_inexact_dtype(dtype: Any) -> bool:
+    # jax.dtypes knows bfloat16 & co. and the extended (key) dtypes; numpy does not
+    return bool(jnp.issubdtype(dtype, np.inexact))
+
+
+def is_inexact_array(x: Any) -> bool:
+    """Whether `x` is a floating or complex array or NumPy scalar (also an abstract one)."""
+    if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+        return _is_inexact_dtype(x.dtype)
+    return False
+
+
+def host_bytes(array: Any) -> np.ndarray:
+    """The array's bytes on the host, as a flat uint8 view (no copy where none is needed).
+
+    A PRNG key array gives its key data. Raises `TypeError` for an object array (its bytes
+    would be pointers), and whatever JAX raises for an array this process cannot read in
+    full (one sharded over other processes' devices).
+    """
+    if is_prng_key(array):
+        array = jax.random.key_data(array)
+    host = np.asarray(array)
+    if host.dtype == object:
+        raise TypeError("object arrays have no value bytes")
+    return np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+
+
+class ArrayKey:
+    """Key of an array: type, shape, dtype, weak type and a digest of the bytes.
+
+    The bytes are read (copied to the host once) when the key is made. Equality falls back
+    to comparing the bytes themselves only when the digests agree, which for distinct
+    objects happens only when the arrays really are equal.
+    """
+
+    __slots__ = ("array", "meta", "digest", "hash")
+
+    def __init__(self, array: Any, meta: tuple[Any, ...], host: np.ndarray) -> None:
+        self.array = array
+        self.meta = meta
+        self.digest = hashlib.blake2b(host.data, digest_size=16).digest()
+        self.hash = hash((meta, self.digest))
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not ArrayKey:
+            return False
+        if self.hash != other.hash or self.meta != other.meta or self.digest != other.digest:
+            return False
+        # bitwise, so that a NaN equals the same NaN and 0.0 differs from -0.0: exactly
+        # when a computation that bakes the array in as a constant would be the same
+        return bool(np.array_equal(host_bytes(self.array), host_bytes(other.array)))
+
+
+def _array_key(array: Any) -> Any:
+    if isinstance(array, Tracer):
+        return ByIdentity(array)
+    try:
+        host = host_bytes(array)
+    except Exception:  # an object array, or one sharded over devices we cannot read
+        return ByIdentity(array)
+    meta = (type(array), array.shape, str(array.dtype), bool(getattr(array, "weak_type", False)))
+    return ArrayKey(array, meta, host)
+
+
+# -- exact keys -----------------------------------------------------------------------------
+
+
+def _float_key(kind: type, value: float) -> tuple[Any, ...]:
+    if value == value and value != 0.0:  # the common case: the value says it all
+        return (kind, value)
+    return (kind, _pack_double(value))  # zeros and NaNs: their bits carry the sign
+
+
+def hashable_key(value: Any) -> Any:
+    """The exact key of a value that must be hashable (a static field's value).
+
+    As `exact_key`, but containers are looked into only when they are tuples or
+    frozensets, and anything else unhashable raises `TypeError` (after looking inside
+    tuples and frozensets, so the error names the unhashable item's type): arrays too,
+    which the caller keys as it must (a static field's array by identity, see `_node`).
+    """
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is float:
+        return _float_key(kind, value)
+    if isinstance(value, tuple):  # tuples, namedtuples: the class is part of the key
+        return (kind, tuple(map(hashable_key, value)))
+    if kind is frozenset:
+        return (kind, frozenset(map(hashable_key, value)))
+    if isinstance(value, np.generic):
+        # the dtype string tells datetime units apart; the bytes tell -0.0 from 0.0
+        return (kind, value.dtype.str, value.tobytes())
+    if isinstance(value, complex):
+        return (kind, _float_key(float, value.real), _float_key(float, value.imag))
+    if isinstance(value, float):  # a float subclass
+        return (kind, _float_key(float, float(value)))
+    hash(value)  # raises TypeError for an unhashable value
+    if isinstance(value, numbers.Number) and not isinstance(value, numbers.Integral):
+        # Decimal('-0') == Decimal('0'); the repr keeps the sign
+        return (kind, value, repr(value))
+    return (kind, value)
+
+
+def _leaf_key(leaf: Any) -> Any:
+    try:
+        return hashable_key(leaf)
+    except TypeError:
+        return ByIdentity(leaf)
+
+
+def exact_key(value: Any) -> Any:
+    """A hashable key, equal for two values exactly when they are interchangeable.
+
+    Never raises. Arrays are keyed by type, shape, dtype, weak type and bytes (read once,
+    here); tracers, and arrays this process cannot read, by identity. A pytree container
+    (a dict, a list, a `TreeClass`, ...) is keyed by its structure and the keys of its
+    leaves, so equal but distinct subtrees are equal even where the container's own `==`
+    is elementwise. Anything else without a usable hash is keyed by identity.
+    """
+    kind = type(value)
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is float:
+        return _float_key(kind, value)
+    if isinstance(value, (jax.Array, np.ndarray)):
+        return _array_key(value)
+    if isinstance(value, (np.generic, complex, float)):
+        return _leaf_key(value)
+    try:
+        leaves, treedef = jax.tree_util.tree_flatten(value)
+    except Exception:  # a broken flatten: not a tree we can look into
+        return _leaf_key(value)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return _leaf_key(value)
+    key = (treedef, tuple(map(exact_key, leaves)))
+    try:
+        hash(key)
+    except TypeError:  # unhashable node data
+        return ByIdentity(value)
+    return key
+
+
+# -- leaves of masks --------------------------------------------------------------------------
+
+
+def is_bool_mask_leaf(x: Any) -> bool:
+    """Whether `x` can be a leaf of a bool mask tree: a bool, or a concrete bool scalar array."""
+    if isinstance(x, (bool, np.bool_)):
+        return True
+    return (
+        isinstance(x, (jax.Array, np.ndarray))
+        and not isinstance(x, Tracer)
+        and x.shape == ()
+        and x.dtype == np.bool_
+    )
+
+
+# -- text for messages ----------------------------------------------------------------------
+
+
+def short_repr(x: Any, limit: int = 40) -> str:
+    """`repr(x)` on one line, cut to `limit` characters; never raises."""
+    try:
+        text = repr(x)
+    except Exception:  # a broken repr must not hide the real error
+        text = f"<{type(x).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def root_name(root: Any) -> str:
+    """How messages name the root of a tree: its class, or `tree` for builtins."""
+    cls = type(root)
+    return "tree" if cls.__module__ == "builtins" else cls.__name__
+
+
+def path_str(root: Any, path: Any) -> str:
+    """A key path as text, prefixed by the root's name: `MLP.layers[0].weight`."""
+    return root_name(root) + jax.tree_util.keystr(tuple(path))
+
+
+def entry_name(entry: Any) -> Any:
+    """The name a key entry stands for: attribute name, dict key, or sequence index."""
+    cls = type(entry)
+    if cls is GetAttrKey:
+        return entry.name
+    if cls is DictKey:
+        return entry.key
+    if cls is SequenceKey:
+        return entry.idx
+    if cls is FlattenedIndexKey:
+        return entry.key
+    for attribute in ("name", "key", "idx"):
+        if hasattr(entry, attribute):
+            return getattr(entry, attribute)
+    return entry
+
+
+# -- the display protocol ---------------------------------------------------------------------
+# Printers live floors above the values they print, and some of those values (a frozen
+# value's `__repr__`) must print with them. The printers offer themselves here, by format
+# name, when their module loads; a value asks `display(format, value)`. Each format is
+# offered once, by one module, at import (under the import lock), and never changed after:
+# not state that correctness depends on, beyond "the printers have loaded".
+
+_DISPLAYS: dict[str, Any] = {}
+
+
+def offer_display(fmt: str, printer: Any) -> None:
+    """Make `printer(value, *args)` the way values are shown in format `fmt`."""
+    _DISPLAYS[fmt] = printer
+
+
+def display(fmt: str, value: Any, *args: Any) -> Any:
+    """Show `value` in format `fmt` (`"repr"`, `"str"`, `"treescope"`) with the printers."""
+    printer = _DISPLAYS.get(fmt)
+    if printer is None:  # the printers have not loaded (only while treeclass imports)
+        return object.__repr__(value)
+    return printer(value, *args)
