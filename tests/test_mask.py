@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import treeclass as tc
 
+pytestmark = pytest.mark.usefixtures("strict_jax")
+
 
 class Linear(tc.TreeClass):
     weight: jax.Array

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 import jax
@@ -284,7 +285,7 @@ def test_docstring_examples_run(module):
     import importlib
     import textwrap
 
-    source = open(importlib.import_module(module).__file__).read()
+    source = pathlib.Path(importlib.import_module(module).__file__).read_text()
     blocks = re.findall(r"```python\n(.*?)```", source, re.S)
     assert blocks
     for block in blocks:

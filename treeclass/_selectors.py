@@ -31,7 +31,7 @@ import fnmatch
 import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -396,6 +396,47 @@ _NOTHING = (NOTHING, None)
 _SELF = (SELF, None)
 
 
+class Walker(Protocol):
+    """What a matcher may ask of the walker that drives it (`_at`'s walker implements it)."""
+
+    is_leaf: Callable[[Any], bool] | None
+    hits: set[Matcher]  # the naming matchers that selected something
+
+    def where(self, path: tuple[Any, ...]) -> str:
+        """`path` as text, prefixed by the root's name."""
+        ...
+
+    def missing(
+        self, key: Any, node: Any, kind: Kind, opened: Opened | None, path: tuple[Any, ...]
+    ) -> Exception:
+        """The error for a required `key` that `node` at `path` does not have."""
+        ...
+
+    def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception:
+        """The error for a mask that does not fit the tree at `path`."""
+        ...
+
+    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
+        """Note that the selection could not go on at `path` (a static field, a frozen value)."""
+        ...
+
+    def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None:
+        """Remember the key names `matcher` looked at, for its no-match error."""
+        ...
+
+    def names_seen(self, matcher: Matcher) -> list[Any]:
+        """The key names `matcher` looked at."""
+        ...
+
+    def note_start(self, matcher: Matcher, node: Any, path: tuple[Any, ...]) -> None:
+        """Remember where `matcher` (a glob) started, for its no-match error."""
+        ...
+
+    def starts(self, matcher: Matcher) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Where `matcher` started."""
+        ...
+
+
 class Matcher:
     """One compiled selector; see the module docstring for the protocol."""
 
@@ -403,7 +444,7 @@ class Matcher:
     single_key = False  # a plain name or index: the walker may look the child up directly
     names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
 
-    def initial(self, node: Any, path: tuple[Any, ...], walker: Any) -> Any:
+    def initial(self, node: Any, path: tuple[Any, ...], walker: Walker) -> Any:
         return None
 
     def enter(
@@ -413,7 +454,7 @@ class Matcher:
         kind: Kind,
         opened: Opened | None,
         path: tuple[Any, ...],
-        walker: Any,
+        walker: Walker,
     ) -> tuple[Enter, Any]:
         return _NOTHING if opened is None else (CHILDREN, state)
 
@@ -429,14 +470,14 @@ class Matcher:
         kind: Kind,
         opened: Opened | None,
         path: tuple[Any, ...],
-        walker: Any,
+        walker: Walker,
     ) -> None:
         pass
 
     def members(self) -> Iterator[Matcher]:
         yield self
 
-    def no_match_error(self, walker: Any, selection: str) -> Exception:
+    def no_match_error(self, walker: Walker, selection: str) -> Exception:
         return LookupError(f"{self!r} selects nothing in {selection}.")
 
 
@@ -522,7 +563,7 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
 
 
 def _record_statics(
-    node: Any, kind: Kind, path: tuple[Any, ...], walker: Any, matches: Callable[[Any], bool]
+    node: Any, kind: Kind, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
 ) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
     if kind != TREECLASS or not _node.static_names(type(node)):
@@ -656,7 +697,7 @@ class _NamingMatcher(Matcher):
             return _MATCHED
         return _PRUNED
 
-    def no_match_error(self, walker: Any, selection: str) -> Exception:
+    def no_match_error(self, walker: Walker, selection: str) -> Exception:
         seen = walker.names_seen(self)
         if not seen:
             detail = "the selectors before it reached no node with children"
@@ -833,7 +874,7 @@ class GlobMatcher(Matcher):
             return _MATCHED
         return (DESCEND, nxt) if nxt else _PRUNED  # `enter` pairs it with the hits again
 
-    def no_match_error(self, walker: Any, selection: str) -> Exception:
+    def no_match_error(self, walker: Walker, selection: str) -> Exception:
         names: set[Any] = set()
         best_position = -1
         for node, _ in walker.starts(self):

@@ -1,0 +1,55 @@
+"""Shared test settings and models.
+
+`strict_jax` runs a test with implicit rank promotion (`x + y` with shapes (3,) and
+(2, 1)) as an error, and strict dtype promotion: modules whose code does not rely on
+either (a bias added to a batch does) use it for every test with
+`pytestmark = pytest.mark.usefixtures("strict_jax")`. Warnings are errors everywhere (see
+pyproject.toml's `filterwarnings`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import treeclass as tc
+
+
+@pytest.fixture
+def strict_jax():
+    with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
+        yield
+
+
+class Linear(tc.TreeClass):
+    """A dense layer with a static name: the model most tests need."""
+
+    weight: jax.Array
+    bias: jax.Array
+    name: str = tc.field(default="linear", static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x @ self.weight + self.bias
+
+
+class MLP(tc.TreeClass):
+    """A stack of `Linear` layers built by a hand-written `__init__`."""
+
+    def __init__(self, sizes: tuple[int, ...], key: jax.Array | None = None) -> None:
+        key = jax.random.key(0) if key is None else key
+        keys = jax.random.split(key, len(sizes) - 1)
+        self.layers = tuple(
+            Linear(jax.random.normal(k, (i, o)), jnp.zeros(o))
+            for k, i, o in zip(keys, sizes[:-1], sizes[1:])
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers[:-1]:
+            x = jax.nn.relu(layer(x))
+        return self.layers[-1](x)
+
+
+@pytest.fixture
+def mlp() -> MLP:
+    return MLP((3, 4, 2))

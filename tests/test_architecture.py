@@ -1,0 +1,190 @@
+"""The package's floors hold: imports point down, never in a cycle, never at private names.
+
+Every import of every module is read with `ast`, function-level imports included, so a
+"temporary" import inside a function counts as much as one at the top. The floors are
+those of docs/architecture.md; a new module must be given one here (and there).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "treeclass"
+
+# module (relative to the package, a subpackage's modules as `pkg.module`) -> floor
+FLOORS = {
+    "_values": 0,
+    "_codegen": 0,
+    "_frozen": 1,
+    "_node": 1,
+    "_util": 2,
+    "_structure": 2,
+    "_mask": 3,
+    "_trace": 3,
+    "_leafwise": 3,
+    "_fields": 3,
+    "_selectors": 4,
+    "_pprint_registry": 4,
+    "_pprint": 5,
+    "_pprint_html": 6,
+    "_at": 7,
+    "_treeclass": 8,
+    "optim": 8,
+    "_checkpoint": 8,
+    "__init__": 9,
+}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _floor(module: str) -> int:
+    # a subpackage's modules share the subpackage's floor
+    return FLOORS[module.split(".")[0]]
+
+
+def _resolve(module: str, node: ast.ImportFrom, path: pathlib.Path) -> str | None:
+    """The package module an import names (`None` for other packages)."""
+    if node.level == 0:
+        if node.module is None or not node.module.startswith("treeclass"):
+            return None
+        name = node.module[len("treeclass") :].lstrip(".")
+        return name or "__init__"
+    here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    if path.name == "__init__.py" and module == "__init__":
+        here = []
+    base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+    target = ".".join([*base, node.module] if node.module else base)
+    return target or "__init__"
+
+
+class Import:
+    def __init__(self, source: str, target: str, names: list[str], line: int) -> None:
+        self.source, self.target, self.names, self.line = source, target, names, line
+
+    def __repr__(self) -> str:
+        return f"{self.source}:{self.line} imports {self.names} from {self.target}"
+
+
+def _imports() -> list[Import]:
+    modules = _modules()
+    found = []
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve(module, node, path)
+                if target is None:
+                    continue
+                names = [a.name for a in node.names]
+                # `from . import _node` imports the module `_node`, not a name of `__init__`
+                submodules = [n for n in names if _join(target, n) in modules]
+                if submodules:
+                    for name in submodules:
+                        found.append(Import(module, _join(target, name), [], node.lineno))
+                    names = [n for n in names if n not in submodules]
+                    if not names:
+                        continue
+                found.append(Import(module, target, names, node.lineno))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("treeclass"):
+                        target = alias.name[len("treeclass") :].lstrip(".") or "__init__"
+                        found.append(Import(module, target, [], node.lineno))
+    return found
+
+
+def _join(package: str, name: str) -> str:
+    return name if package == "__init__" else f"{package}.{name}"
+
+
+def test_every_module_has_a_floor():
+    unplaced = [m for m in _modules() if m.split(".")[0] not in FLOORS]
+    assert not unplaced, f"give these modules a floor here and in docs/architecture.md: {unplaced}"
+
+
+def test_no_import_from_a_higher_floor():
+    upward = [
+        i
+        for i in _imports()
+        if i.source.split(".")[0] != i.target.split(".")[0] and _floor(i.target) > _floor(i.source)
+    ]
+    assert not upward, "\n".join(map(repr, upward))
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {}
+    for i in _imports():
+        if i.source != i.target:
+            graph.setdefault(i.source, set()).add(i.target)
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append(stack[stack.index(target) :] + [target])
+            elif target not in state:
+                visit(target, [*stack, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, cycles
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [
+        i
+        for i in _imports()
+        if i.source.split(".")[0] != i.target.split(".")[0]
+        and any(n.startswith("_") and not n.startswith("__") for n in i.names)
+    ]
+    assert not private, "\n".join(map(repr, private))
+
+
+def test_no_module_reads_private_attributes_of_another_package_module():
+    # `from . import _node` then `_node._thing`: a private name read through the module
+    offenders = []
+    modules = _modules()
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level >= 1
+            for alias in node.names
+            if alias.name.startswith("_") and alias.name != module.split(".")[-1]
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in imported
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                offenders.append(f"{module}:{node.lineno} reads {node.value.id}.{node.attr}")
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in FLOORS if m != "__init__"))
+def test_dunder_all_names_exist(module):
+    import importlib
+
+    mod = importlib.import_module(f"treeclass.{module}")
+    missing = [n for n in getattr(mod, "__all__", []) if not hasattr(mod, n)]
+    assert not missing, missing
