@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import abc
+import collections
+import collections.abc
+import enum
+import numbers
 import pathlib
 import re
 
@@ -290,3 +295,195 @@ def test_docstring_examples_run(module):
     assert blocks
     for block in blocks:
         exec(textwrap.dedent(block), {})
+
+
+# -- def_alias cannot redefine built-in selectors -----------------------------------------
+
+
+class _Point(tc.TreeClass):
+    x: float = 1.0
+    y: float = 2.0
+
+
+class _AnyKey(tc.BaseKey):
+    def __eq__(self, entry):
+        return True
+
+
+class _Metaclass(type):
+    pass
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        dict,
+        list,
+        tuple,
+        str,
+        int,
+        bool,
+        type(...),
+        re.Pattern,
+        type,
+        tc.BaseKey,
+        object,
+        type(None),
+        jax.Array,
+        np.ndarray,
+        np.bool_,
+        np.integer,
+        type(tc.glob("a")),
+        type(tc.where(lambda p, x: True)),
+    ],
+)
+def test_def_alias_refuses_built_in_selector_types(kind):
+    with pytest.raises(TypeError, match=r"would change what built-in selectors mean"):
+        tc.BaseKey.def_alias(kind, lambda value: "a")
+    # and nothing changed: the built-in meanings still hold
+    tree = {"a": 1, "b": 2}
+    assert tc.at(tree)[{"a": True, "b": False}].get() == {"a": 1, "b": None}
+    assert tc.at(tree)["b"].set(0) == {"a": 1, "b": 0}
+    assert tc.at([1, 2])[1].set(0) == [1, 0]
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        collections.OrderedDict,  # a dict: a mask
+        collections.namedtuple("Pair", "a b"),  # a tuple: a union or a mask
+        enum.IntEnum,  # an int: an index
+        _Metaclass,  # a type: its instances are classes
+        abc.ABCMeta,
+        _Point,  # a TreeClass: a mask
+        _AnyKey,  # a BaseKey: matches through `__eq__` already
+        np.int64,
+    ],
+)
+def test_def_alias_refuses_subclasses_of_built_in_selector_types(kind):
+    with pytest.raises(TypeError, match=r"is a subclass of"):
+        tc.BaseKey.def_alias(kind, lambda value: "a")
+
+
+@pytest.mark.parametrize(
+    "kind", [object, numbers.Number, collections.abc.Callable, collections.abc.Hashable, np.generic]
+)
+def test_def_alias_refuses_types_that_built_in_selectors_are_instances_of(kind):
+    with pytest.raises(TypeError, match=r"are instances of"):
+        tc.BaseKey.def_alias(kind, lambda value: "a")
+
+
+def test_def_alias_refusal_says_what_the_type_means():
+    with pytest.raises(
+        TypeError, match=r"`dict` values are boolean masks.*alias a type of your own"
+    ):
+        tc.BaseKey.def_alias(dict)(lambda value: "a")
+
+
+def _alias_of(converter):
+    class Token:
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return f"Token({self.name!r})"
+
+    tc.BaseKey.def_alias(Token, converter)
+    return Token
+
+
+@pytest.mark.parametrize(
+    ("converter", "why"),
+    [
+        (lambda token: token, "it is a value of an aliased type"),
+        (lambda token: (token,), r"its member Token\('a'\) is a value of an aliased type"),
+        (lambda token: None, "not a built-in selector"),
+        (lambda token: 1.5, "not a built-in selector"),
+        (lambda token: ["a"], "not a built-in selector"),
+        (lambda token: {"a": 1}, r"a mask with a non-bool leaf at tree\['a'\]: 1"),
+        (lambda token: ("a", ("b",)), "a union is one flat tuple"),
+    ],
+)
+def test_def_alias_converter_must_return_a_built_in_selector(converter, why):
+    Token = _alias_of(converter)
+    with pytest.raises(TypeError, match=r"def_alias\(.*Token\)` returned .*" + why):
+        tc.at({"a": 1, "b": 2})[Token("a")].get()
+
+
+def test_def_alias_converter_result_names_the_type_that_came_back():
+    Token = _alias_of(lambda token: 1.5)
+    with pytest.raises(TypeError, match=r"returned 1\.5 \(of type `float`\) for Token\('a'\)"):
+        tc.at({"a": 1})[Token("a")].set(0)
+
+
+def test_def_alias_converter_error_is_noted_with_the_alias():
+    Token = _alias_of(lambda token: 1 / 0)
+    with pytest.raises(ZeroDivisionError) as info:
+        tc.at({"a": 1})[Token("a")].get()
+    assert any("def_alias" in note for note in getattr(info.value, "__notes__", ["def_alias"]))
+
+
+def test_def_alias_converter_may_return_names_keys_masks_and_unions():
+    class Named(tc.BaseKey):
+        def __init__(self, name):
+            self.name = name
+
+        def __eq__(self, entry):
+            return getattr(entry, "key", None) == self.name
+
+    tree = {"a": 1, "b": 2, "c": 3}
+    assert tc.at(tree)[_alias_of(lambda t: t.name)("a")].set(0) == {"a": 0, "b": 2, "c": 3}
+    assert tc.at(tree)[_alias_of(lambda t: Named(t.name))("b")].set(0)["b"] == 0
+    union = _alias_of(lambda t: ("a", Named("c")))("x")
+    assert tc.at(tree)[union].set(0) == {"a": 0, "b": 2, "c": 0}
+    mask = _alias_of(lambda t: {"a": False, "b": True, "c": False})("x")
+    assert tc.at(tree)[mask].set(0) == {"a": 1, "b": 0, "c": 3}
+
+
+def test_def_alias_of_a_pytree_node_type_is_refused_when_used():
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    tc.BaseKey.def_alias(Box, lambda box: "a")
+    jax.tree_util.register_pytree_node(Box, lambda b: ((b.value,), None), lambda _, c: Box(*c))
+    with pytest.raises(TypeError, match=r"is a pytree node .* a boolean mask"):
+        tc.at({"a": 1})[Box(True)].get()
+
+
+def test_def_alias_of_an_abstract_base_class_covers_its_virtual_subclasses():
+    class Marker(abc.ABC):  # noqa: B024 (an ABC used only for registration)
+        pass
+
+    class Plain:
+        pass
+
+    Marker.register(Plain)
+    tc.BaseKey.def_alias(Marker, lambda value: "b")
+    assert tc.at({"a": 1, "b": 2})[Plain()].set(0) == {"a": 1, "b": 0}
+
+
+# -- a pytree selector whose leaves are not bools -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mask", "where", "leaf"),
+    [
+        (_Point(1, 1), r"_Point\.x", "1"),
+        (_Point(True, 0), r"_Point\.y", "0"),
+        (_Point("x", "y"), r"_Point\.x", "'x'"),
+        (_Point(1.0, True), r"_Point\.x", r"1\.0"),
+        ([1, 0], r"tree\[0\]", "1"),
+        ({"x": {"deep": "no"}, "y": 0}, r"tree\['x'\]\['deep'\]", "'no'"),
+    ],
+)
+def test_mask_with_non_bool_leaves_says_mask_and_names_the_leaf(mask, where, leaf):
+    with pytest.raises(ValueError, match=r"(?s)mask.*non-bool leaf") as info:
+        tc.at(_Point())[mask].get()
+    assert re.search(rf"{where}\W.*{leaf}", str(info.value)), str(info.value)
+    assert "of type `_Point` in" not in str(info.value)
+
+
+def test_pytree_selector_without_bools_is_still_not_implemented_as_pytreeclass_says():
+    with pytest.raises(NotImplementedError, match=r"non-bool leaf at _Point\.x: 1\b"):
+        tc.at(_Point())[_Point(1, 1)]

@@ -40,7 +40,7 @@ from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from . import _node
-from ._frozen import is_frozen
+from ._frozen import is_frozen, unfreeze
 from ._structure import (
     GENERIC,
     LIST,
@@ -55,9 +55,10 @@ from ._structure import (
     first_mismatch,
     node_kind,
     open_node,
+    path_str,
 )
 
-__all__ = ["BaseKey", "where", "glob"]
+__all__ = ["BaseKey", "where", "glob", "NonBoolMaskError"]
 
 
 # -- public selector types -------------------------------------------------------------------
@@ -73,8 +74,9 @@ class BaseKey(abc.ABC):
     current level only, and a key that matches no child anywhere is an error
     (`LookupError`), as for a name.
 
-    `BaseKey.def_alias(T)(converter)` makes values of type `T` selectors: `converter(value)`
-    returns the selector (usually a `BaseKey`) that a `T` stands for.
+    `BaseKey.def_alias(T)(converter)` makes values of a type of yours selectors:
+    `converter(value)` returns the built-in selector (usually a `BaseKey`) that a `T`
+    stands for.
 
     ```python
     import jax
@@ -103,9 +105,18 @@ class BaseKey(abc.ABC):
 
         **Arguments**
 
-        - `kind`: the type (its subclasses too) to accept as a selector.
-        - `converter`: a function of the value returning a selector (a `BaseKey`, a name,
-          a mask, ...). Without it, `def_alias(kind)` is a decorator for the converter.
+        - `kind`: the type (its subclasses too) to accept as a selector. Types that are
+          selectors already cannot be redefined (`TypeError`): names (`str`), indices
+          (`int`, `bool`, NumPy integers), `...`, tuples, `re.Pattern`, classes (`type` and
+          metaclasses), `BaseKey` (its subclasses are selectors through `__eq__`), and the
+          values of boolean masks (bools, arrays, dicts, lists, `None`, `TreeClass`
+          instances and any other pytree node); nor their subclasses, nor a type they
+          are instances of (`object`, `numbers.Number`, `collections.abc.Callable`, ...).
+        - `converter`: a function of the value returning a built-in selector (a `BaseKey`,
+          a name, an index, a mask, a tuple of these, ...): not a value of an aliased
+          type, since aliases do not chain. What it returns is checked when the selector
+          is used (`TypeError`). Without it, `def_alias(kind)` is a decorator for the
+          converter.
 
         **Returns**
 
@@ -132,6 +143,7 @@ class BaseKey(abc.ABC):
         """
         if not isinstance(kind, type):
             raise TypeError(f"`def_alias` expects a type, got {kind!r}.")
+        _refuse_builtin_alias(kind)
 
         def register(converter: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if not callable(converter):
@@ -928,8 +940,9 @@ class GlobMatcher(Matcher):
 # -- masks -------------------------------------------------------------------------------------
 
 MASK_LEAF_MSG = (
-    "The mask leaf at {where} is {value} (of type {type}); a mask holds Python bools or "
-    "boolean arrays, e.g. built with `jax.tree_util.tree_map(lambda x: x > 0, tree)`."
+    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf; a mask holds "
+    "Python bools or boolean arrays, e.g. built with "
+    "`jax.tree_util.tree_map(lambda x: x > 0, tree)`."
 )
 MASK_MISMATCH_MSG = (
     "The mask's structure does not match the tree at {where}: {reason}. A mask must have "
@@ -1162,11 +1175,13 @@ UNSUPPORTED_MSG = (
 Compiler = Callable[[Any, Callable[[], str]], Matcher]
 
 
-def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
+def _compile_tuple(
+    selector: tuple, where: Callable[[], str], member: Compiler | None = None
+) -> Matcher:
     if selector and all(is_mask_like(s) for s in selector):
         return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
-    for member in selector:
-        if type(member) is tuple and not is_mask_like(member):
+    for item in selector:
+        if type(item) is tuple and not is_mask_like(item):
             raise NotImplementedError(
                 UNSUPPORTED_MSG.format(
                     selector=_mask_leaf_text(selector),
@@ -1176,7 +1191,8 @@ def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
                     hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')].",
                 )
             )
-    return UnionMatcher(tuple(compile_selector(s, where) for s in selector))
+    compile_member = compile_selector if member is None else member
+    return UnionMatcher(tuple(compile_member(s, where) for s in selector))
 
 
 def _compile_glob(selector: _Glob, where: Callable[[], str]) -> Matcher:
@@ -1194,9 +1210,9 @@ def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
     return TypeMatcher(selector)
 
 
-# The built-in selector types; `BaseKey.def_alias` registrations (`_ALIASES`) take
-# precedence, so users can redefine what a type means. Looked up along the selector type's
-# MRO, so subclasses (np.int64 of np.integer, a str subclass) follow their base.
+# The built-in selector types. Looked up along the selector type's MRO, so subclasses
+# (np.int64 of np.integer, a str subclass) follow their base. They always win over
+# `BaseKey.def_alias` registrations (`_ALIASES`), which cannot redefine them.
 _BUILTIN: dict[type, Compiler] = {
     str: lambda s, where: NameMatcher(str(s)),
     bool: lambda s, where: MaskMatcher(bool(s)),
@@ -1211,29 +1227,271 @@ _BUILTIN: dict[type, Compiler] = {
     _Glob: _compile_glob,
     type: _compile_type,
 }
-# User aliases: type -> converter to another selector. Written by `def_alias` (a dict
+_DISPLAY_NAMES = {
+    BaseKey: "tc.BaseKey",
+    _Where: "tc.where(...)",
+    _Glob: "tc.glob(...)",
+    _node.TreeNode: "tc.TreeClass",
+    type(Ellipsis): "type(...)",
+    jax.Array: "jax.Array",
+    Tracer: "jax.core.Tracer",
+}
+# What each built-in selector type means, for `def_alias`'s refusal: the table's types,
+# and those whose values the mask fallback of `compile_selector` takes (the containers and
+# arrays a boolean mask is made of). Any other registered pytree node is a mask too; its
+# type cannot be told without a value, so an alias of one is refused when it is used.
+_MEANINGS: dict[type, str] = {
+    str: "key names",
+    bool: "boolean masks (select all or nothing)",
+    np.bool_: "boolean masks (select all or nothing)",
+    int: "sequence indices",
+    np.integer: "sequence indices",
+    type(Ellipsis): "`...` (every child)",
+    tuple: "unions of selectors, or masks of tuple trees",
+    re.Pattern: "name patterns",
+    BaseKey: "key matchers through their own `__eq__`",
+    _Where: "`tc.where` predicates",
+    _Glob: "`tc.glob` patterns",
+    type: "classes (every instance at any depth)",
+    dict: "boolean masks",
+    list: "boolean masks",
+    type(None): "empty subtrees of boolean masks",
+    jax.Array: "boolean element masks",
+    Tracer: "boolean element masks (traced)",
+    np.ndarray: "boolean element masks",
+    _node.TreeNode: "boolean masks (a TreeClass of bools)",
+}
+
+ALIAS_BUILTIN_MSG = (
+    "`tc.BaseKey.def_alias({kind})` would change what built-in selectors mean: {reason}. "
+    "Built-in selectors keep their meaning; alias a type of your own, one that is not a "
+    "pytree node, e.g.\n"
+    "    class FieldName:\n"
+    "        def __init__(self, name): self.name = name\n"
+    "    tc.BaseKey.def_alias(FieldName)(lambda value: MyKey(value.name))"
+)
+ALIAS_NODE_MSG = (
+    "`tc.BaseKey.def_alias({kind})` cannot make {selector} a selector: it is a pytree node "
+    "(a `{type}` with children), and a pytree used as a selector is a boolean mask. Alias a "
+    "type that is not a pytree node."
+)
+ALIAS_RESULT_MSG = (
+    "The converter registered with `tc.BaseKey.def_alias({kind})` returned {result} (of type "
+    "`{type}`) for {selector}, which is not a built-in selector{why}. A converter must return "
+    "{supported}; aliases do not chain."
+)
+
+
+def _type_text(cls: type) -> str:
+    if cls in _DISPLAY_NAMES:
+        return _DISPLAY_NAMES[cls]
+    module = getattr(cls, "__module__", "")
+    name = getattr(cls, "__qualname__", cls.__name__)
+    if module == "builtins" or not module:
+        return name
+    if module.startswith("treeclass."):
+        return f"tc.{name}"
+    return f"{module}.{name}"
+
+
+def _is_subclass(cls: type, base: type) -> bool:
+    try:
+        return issubclass(cls, base)
+    except TypeError as error:  # e.g. a `typing.Protocol` that is not runtime checkable
+        raise TypeError(f"`tc.BaseKey.def_alias` cannot use {base!r}: {error}") from None
+
+
+def _refuse_builtin_alias(kind: type) -> None:
+    """Raise when values of `kind` (or of its subclasses) are selectors already."""
+    reason = ""
+    if kind in _MEANINGS:
+        reason = f"`{_type_text(kind)}` values are {_MEANINGS[kind]}"
+    for builtin, meaning in _MEANINGS.items():
+        if reason:
+            break
+        if _is_subclass(kind, builtin):
+            reason = (
+                f"`{_type_text(kind)}` is a subclass of `{_type_text(builtin)}`, whose values "
+                f"are {meaning}"
+            )
+            if builtin is BaseKey:
+                reason += " (an instance of a BaseKey subclass is a selector already)"
+    for builtin, meaning in _MEANINGS.items():
+        if reason:
+            break
+        if _is_subclass(builtin, kind):
+            reason = (
+                f"values of `{_type_text(builtin)}` ({meaning}) are instances of "
+                f"`{_type_text(kind)}`"
+            )
+    if reason:
+        raise TypeError(ALIAS_BUILTIN_MSG.format(kind=_type_text(kind), reason=reason))
+
+
+# User aliases: type -> converter to a built-in selector. Written by `def_alias` (a dict
 # store under the GIL; `_compiler_for`'s cache is cleared after it), read on indexing.
 _ALIASES: dict[type, Callable[[Any], Any]] = {}
 
 
-def _alias_for(cls: type) -> Callable[[Any], Any] | None:
+def _alias_for(cls: type) -> tuple[type, Callable[[Any], Any]] | None:
+    """The aliased type `cls` falls under and its converter: along the MRO first, then the
+    abstract base classes (`issubclass`), so a registered virtual subclass is not ignored."""
+    if not _ALIASES:
+        return None
     for base in cls.__mro__:
-        alias = _ALIASES.get(base)
-        if alias is not None:
-            return alias
+        converter = _ALIASES.get(base)
+        if converter is not None:
+            return base, converter
+    for kind, converter in list(_ALIASES.items()):
+        try:
+            if issubclass(cls, kind):
+                return kind, converter
+        except TypeError:
+            continue
     return None
 
 
-@functools.lru_cache(maxsize=512)
-def _compiler_for(cls: type) -> Compiler | None:
-    alias = _alias_for(cls)
-    if alias is not None:
-        return lambda s, where: compile_selector(alias(s), where)
+def _builtin_compiler(cls: type) -> Compiler | None:
     for base in cls.__mro__:
         compiler = _BUILTIN.get(base)
         if compiler is not None:
             return compiler
     return None
+
+
+@functools.lru_cache(maxsize=512)
+def _compiler_for(cls: type) -> Compiler | None:
+    compiler = _builtin_compiler(cls)
+    if compiler is not None:
+        return compiler
+    found = _alias_for(cls)
+    if found is not None:
+        return functools.partial(_compile_alias, *found)
+    return None
+
+
+def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
+    """What a converter returned, compiled without aliases (they do not chain)."""
+    compiler = _builtin_compiler(type(selector))
+    if compiler is _compile_tuple:
+        return _compile_tuple(selector, where, member=_compile_builtin)
+    if compiler is not None:
+        return compiler(selector, where)
+    if _alias_for(type(selector)) is not None:
+        raise _AliasResultError(selector, "is a value of an aliased type")
+    if is_mask_like(selector):
+        return MaskMatcher(selector)
+    leaf = _non_bool_leaf(selector)
+    if leaf is not None:
+        path, value = leaf
+        raise _AliasResultError(
+            selector,
+            f"is a mask with a non-bool leaf at {path_str(selector, path)}: "
+            f"{_mask_leaf_text(value)}",
+        )
+    raise _AliasResultError(selector, "")
+
+
+class _AliasResultError(Exception):
+    """A converter's result is not a built-in selector (turned into a `TypeError`)."""
+
+    def __init__(self, value: Any, why: str) -> None:
+        super().__init__(why)
+        self.value = value
+        self.why = why
+
+
+def _compile_alias(
+    kind: type, converter: Callable[[Any], Any], selector: Any, where: Callable[[], str]
+) -> Matcher:
+    if open_node(selector, node_kind(selector)) is not None:
+        raise TypeError(
+            ALIAS_NODE_MSG.format(
+                kind=_type_text(kind),
+                selector=_mask_leaf_text(selector),
+                type=type(selector).__name__,
+            )
+        )
+    try:
+        result = converter(selector)
+    except Exception as error:
+        _add_note(error, f"raised by the converter of `tc.BaseKey.def_alias({_type_text(kind)})`")
+        raise
+    try:
+        return _compile_builtin(result, where)
+    except _AliasResultError as error:
+        if not error.why:
+            why = ""
+        elif error.value is result:
+            why = f" (it {error.why})"
+        else:
+            why = f" (its member {_mask_leaf_text(error.value)} {error.why})"
+    except NotImplementedError:  # a nested tuple
+        why = " (a union is one flat tuple)"
+    raise TypeError(
+        ALIAS_RESULT_MSG.format(
+            kind=_type_text(kind),
+            result=_mask_leaf_text(result),
+            type=_type_text(type(result)),
+            selector=_mask_leaf_text(selector),
+            why=why,
+            supported=SUPPORTED_BUILTIN,
+        )
+    )
+
+
+SUPPORTED_BUILTIN = (
+    "a str name, an int index, `...`, `re.compile(pattern)`, a class, `tc.where(fn)`, "
+    "`tc.glob(pattern)`, a `tc.BaseKey` instance, a boolean mask, or a flat tuple of these"
+)
+
+
+def _add_note(error: BaseException, text: str) -> None:
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(text)
+
+
+NON_BOOL_MASK_MSG = (
+    "Unsupported selector {selector} in `{where}`: a pytree selector (here a `{type}`) is a "
+    "boolean mask, and this one has a non-bool leaf at {path}: {value} (of type "
+    "`{leaf_type}`). A mask holds Python "
+    "bools or boolean arrays, e.g. built with `jax.tree_util.tree_map(lambda x: x > 0, tree)`."
+    "{hint}"
+)
+
+
+class NonBoolMaskError(NotImplementedError, ValueError):
+    """A pytree selector that is not a mask: unsupported (as PyTreeClass says) and a value
+    error (as a mask with a non-bool leaf found during the walk is)."""
+
+
+def _non_bool_leaf(selector: Any) -> tuple[tuple[Any, ...], Any] | None:
+    """The first leaf (with its path) of a pytree container selector that is not a bool."""
+    if type(selector) is tuple or open_node(selector, node_kind(selector)) is None:
+        return None
+    for path, leaf in jax.tree_util.tree_flatten_with_path(selector)[0]:
+        if mask_leaf_value(leaf) is None:
+            return path, leaf
+    return None
+
+
+def _non_bool_mask_error(selector: Any, where: Callable[[], str], hint: str) -> Exception | None:
+    """The error for a pytree container selector with a leaf that is not a bool, if any."""
+    found = _non_bool_leaf(selector)
+    if found is None:
+        return None
+    path, leaf = found
+    return NonBoolMaskError(
+        NON_BOOL_MASK_MSG.format(
+            selector=_mask_leaf_text(selector),
+            where=where(),
+            type=type(selector).__name__,
+            path=path_str(selector, path),
+            value=_mask_leaf_text(leaf),
+            leaf_type=type(leaf).__name__,
+            hint=hint,
+        )
+    )
 
 
 def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
@@ -1253,6 +1511,9 @@ def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
         hint = f" An array selector must be boolean (a mask), got dtype {selector.dtype}."
     elif isinstance(selector, (float, complex)):
         hint = " Indices must be ints."
+    error = _non_bool_mask_error(selector, where, hint)
+    if error is not None:
+        raise error
     raise NotImplementedError(
         UNSUPPORTED_MSG.format(
             selector=_mask_leaf_text(selector),
