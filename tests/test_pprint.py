@@ -1139,3 +1139,132 @@ def test_def_aliases_have_docstrings_with_examples():
         blocks = re.findall(r"```python\n(.*?)```", alias.__doc__, re.DOTALL)
         assert blocks and "register_printer" in alias.__doc__
         exec(blocks[0], {})
+
+
+# -- printer rules that return the wrong thing ----------------------------------------------
+
+
+class Ticket:
+    """A type of its own for the rule-checking tests (each test forgets its rule)."""
+
+
+@pytest.fixture
+def forget_ticket():
+    yield
+    register_printer(Ticket)
+
+
+_PRINTER_OF_FIELD = {
+    "repr": tc.tree_repr,
+    "str": tc.tree_str,
+    "type_name": tc.tree_summary,
+    "count": tc.tree_summary,
+    "size": tc.tree_summary,
+    "nodestyle": tc.tree_graph,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "result", "error"),
+    [
+        ("repr", 5, TypeError),
+        ("repr", None, TypeError),
+        ("str", b"bytes", TypeError),
+        ("type_name", 7, TypeError),
+        ("count", "seven", TypeError),
+        ("count", 2.0, TypeError),
+        ("count", True, TypeError),
+        ("count", -1, ValueError),
+        ("size", 1.5, TypeError),
+        ("size", -8, ValueError),
+        ("nodestyle", ["shape"], TypeError),
+        ("nodestyle", "shape=box", TypeError),
+        ("nodestyle", {"shape": None}, TypeError),
+        ("nodestyle", {"shape": ["box"]}, TypeError),
+        ("nodestyle", {1: "box"}, TypeError),
+    ],
+)
+def test_rule_with_a_wrong_result_names_the_rule_and_the_type(forget_ticket, field, result, error):
+    register_printer(Ticket, **{field: lambda value: result})
+    with pytest.raises(error, match=rf"`{field}` printer rule for `Ticket`") as info:
+        _PRINTER_OF_FIELD[field]({"a": Ticket()})
+    assert f"(of type `{type(result).__name__}`)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("alias", "spelling", "printer"),
+    [
+        (tc.tree_summary.def_type, "tree_summary.def_type", tc.tree_summary),
+        (tc.tree_summary.def_count, "tree_summary.def_count", tc.tree_summary),
+        (tc.tree_summary.def_size, "tree_summary.def_size", tc.tree_summary),
+        (tc.tree_graph.def_nodestyle, "tree_graph.def_nodestyle", tc.tree_graph),
+    ],
+)
+def test_def_alias_rule_with_a_wrong_result_names_its_spelling(
+    forget_ticket, alias, spelling, printer
+):
+    alias(Ticket, lambda value: object())
+    with pytest.raises(TypeError, match=r"\(of type `object`\) for a `Ticket`") as info:
+        printer([Ticket()])
+    assert f"`tc.{spelling}(Ticket)`" in str(info.value)
+
+
+def test_rule_that_raises_gets_a_note_naming_it(forget_ticket):
+    register_printer(Ticket, repr=lambda value: 1 / 0)
+    with pytest.raises(ZeroDivisionError) as info:
+        tc.tree_repr([Ticket()])
+    if sys.version_info >= (3, 11):
+        assert any("`repr` printer rule for `Ticket`" in n for n in info.value.__notes__)
+
+
+def test_rule_results_of_numpy_integers_and_str_subclasses_are_accepted(forget_ticket):
+    class Name(str):
+        pass
+
+    register_printer(
+        Ticket, type_name=lambda v: Name("ticket"), count=lambda v: np.int64(3), size=lambda v: 8
+    )
+    assert "│ [0]  │ ticket │     3 │   8B │" in tc.tree_summary([Ticket()])
+
+
+@pytest.mark.parametrize(
+    "name", ["shape];x", "shape x", 'shape"', "1shape", "", "node", "Edge", "fill-color", "a=b"]
+)
+def test_nodestyle_attribute_names_must_be_graphviz_names(forget_ticket, name):
+    tc.tree_graph.def_nodestyle(Ticket, lambda value: {name: "box"})
+    with pytest.raises(ValueError, match=r"is not a graphviz attribute name"):
+        tc.tree_graph({"a": Ticket()})
+
+
+def _dot_statements(dot: str) -> list[str]:
+    """The node statements of a graph, split outside quoted strings."""
+    statements, current, quoted, escaped = [], "", False, False
+    for char in dot:
+        current += char
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            quoted = not quoted
+        elif char in ";\n{}" and not quoted:
+            if current.strip(" ;\n{}"):
+                statements.append(current.strip(" ;\n{}"))
+            current = ""
+    assert not quoted
+    return statements
+
+
+@given(st.text(max_size=20))
+@settings(max_examples=60, deadline=None)
+def test_nodestyle_values_cannot_inject_dot(value):
+    tc.tree_graph.def_nodestyle(Ticket, lambda _: {"shape": value, "penwidth": 2, "filled": True})
+    try:
+        dot = tc.tree_graph({"a": Ticket()})
+    finally:
+        register_printer(Ticket)
+    statements = _dot_statements(dot)
+    # the graph keeps exactly its header, its two nodes and its one edge
+    assert len(statements) == 5, statements
+    styled = statements[3]
+    assert styled.startswith("1 [label=") and styled.endswith('penwidth="2", filled="true"]')

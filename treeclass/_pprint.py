@@ -825,8 +825,13 @@ def _dot_attributes(entry: Entry) -> str:
     rule = None if entry.run else rule_for(entry.value)
     if rule is None or rule.nodestyle is None:
         return ""
+    # the rule checked its result: names are graphviz attribute names, so only values
+    # need quoting (bools as DOT writes them)
     style = rule.nodestyle(entry.value)
-    return "".join(f', {name}="{_dot_escape(str(value))}"' for name, value in style.items())
+    return "".join(
+        f', {name}="{_dot_escape(str(value).lower() if type(value) is bool else str(value))}"'
+        for name, value in style.items()
+    )
 
 
 def tree_graph(

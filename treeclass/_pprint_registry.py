@@ -14,8 +14,10 @@ setting one field of the same rule through `register_printer`.
 from __future__ import annotations
 
 import builtins
+import operator
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 __all__ = ["register_printer", "PrintRule", "printer_alias"]
@@ -56,13 +58,123 @@ class PrintRule(NamedTuple):
 
 _NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value!r}."
 _NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value!r}."
+_RULE_RESULT_MSG = (
+    "The `{field}` printer rule for `{cls}` ({spelling}) returned {result} (of type "
+    "`{type}`) for {value}{problem}; it must return {expected}."
+)
+_RULE_NOTE = "raised by the `{field}` printer rule for `{cls}` ({spelling})"
+_ALIAS_SPELLINGS = {
+    "type_name": "tree_summary.def_type",
+    "count": "tree_summary.def_count",
+    "size": "tree_summary.def_size",
+    "nodestyle": "tree_graph.def_nodestyle",
+}
+_EXPECTED = {
+    "repr": "a `str`",
+    "str": "a `str`",
+    "type_name": "a `str`",
+    "count": "a non-negative `int`",
+    "size": "a non-negative `int` (bytes)",
+    "nodestyle": (
+        "a dict of graphviz attributes: names like 'shape' or 'fillcolor' (letters, digits "
+        "and '_', not starting with a digit, not a DOT keyword), values `str`, `int`, "
+        "`float` or `bool`"
+    ),
+}
+_DOT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
 
 # The rules are process-wide by nature (a user teaches the printers a type once). Writers
 # take the lock and publish fresh dicts, so readers never see a half-updated table and
 # need no lock: swapping a module attribute is atomic.
 _lock = threading.RLock()  # reentrant: `printer_alias` updates a rule under it
-_rules: dict[type, PrintRule] = {}
+_rules: dict[type, PrintRule] = {}  # as registered (what `printer_alias` updates)
+_checked: dict[type, PrintRule] = {}  # the same functions, checking what they return
 _resolved: dict[type, PrintRule | None] = {}  # per concrete type, including misses
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = builtins.repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _spelling(cls: type, field: str) -> str:
+    text = f"`tc.register_printer({cls.__name__}, {field}=...)`"
+    alias = _ALIAS_SPELLINGS.get(field)
+    return text if alias is None else f"{text} or `tc.{alias}({cls.__name__})`"
+
+
+def _result_error(
+    error: type[Exception], cls: type, field: str, value: Any, result: Any, problem: str = ""
+) -> Any:
+    return error(
+        _RULE_RESULT_MSG.format(
+            field=field,
+            cls=cls.__name__,
+            spelling=_spelling(cls, field),
+            result=_short(result),
+            type=type(result).__name__,
+            value=f"a `{type(value).__name__}`",
+            expected=_EXPECTED[field],
+            problem=problem,
+        )
+    )
+
+
+def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
+    """`result` of the `field` rule if it is what the printers need, else a clear error."""
+    if field in ("repr", "str", "type_name"):
+        if isinstance(result, builtins.str):
+            return builtins.str(result)
+        raise _result_error(TypeError, cls, field, value, result)
+    if field in ("count", "size"):
+        if isinstance(result, bool):
+            raise _result_error(TypeError, cls, field, value, result)
+        try:
+            number = operator.index(result)  # ints and NumPy integers, not floats
+        except TypeError:
+            raise _result_error(TypeError, cls, field, value, result) from None
+        if number < 0:
+            raise _result_error(ValueError, cls, field, value, result)
+        return number
+    # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
+    if not isinstance(result, Mapping):
+        raise _result_error(TypeError, cls, field, value, result)
+    style: dict[builtins.str, Any] = {}
+    for name, item in result.items():
+        if not isinstance(name, builtins.str):
+            problem = f": the attribute name {_short(name)} is a `{type(name).__name__}`"
+            raise _result_error(TypeError, cls, field, value, result, problem)
+        if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
+            problem = f": the attribute name {name!r} is not a graphviz attribute name"
+            raise _result_error(ValueError, cls, field, value, result, problem)
+        if not isinstance(item, (builtins.str, int, float)):  # bool is an int
+            problem = f": the value of {name!r} is a `{type(item).__name__}`"
+            raise _result_error(TypeError, cls, field, value, result, problem)
+        style[name] = item
+    return style
+
+
+def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn` as the printers call it: its result checked, its errors naming the rule."""
+
+    def rule(value: Any) -> Any:
+        try:
+            result = fn(value)
+        except Exception as error:
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(
+                    _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
+                )
+            raise
+        return _checked_result(cls, field, value, result)
+
+    rule.__wrapped__ = fn  # type: ignore[attr-defined]
+    return rule
 
 
 def register_printer(
@@ -90,7 +202,14 @@ def register_printer(
     - `size`: `value -> int`, bytes for the summary's Size column (defaults to
       `sys.getsizeof`).
     - `nodestyle`: `value -> dict`, graphviz attributes of the value's node in
-      `tree_graph` (say `{"shape": "circle", "fillcolor": "lightblue", "style": "filled"}`).
+      `tree_graph` (say `{"shape": "circle", "fillcolor": "lightblue", "style": "filled"}`):
+      names are graphviz attribute names (letters, digits, `_`), values `str`, `int`,
+      `float` or `bool` (written quoted and escaped).
+
+    What a function returns is checked each time a printer calls it: a wrong type raises
+    `TypeError` (a negative count or size, or an attribute name graphviz cannot read,
+    `ValueError`) naming the rule, its class and the type that came back; an error raised
+    inside one gets a note naming the rule.
 
     A value whose rule has a `repr` or `str` is printed as a leaf, even if it is a pytree
     node; one whose rule has a `type_name`, `count` or `size` gets one summary row. A
@@ -113,7 +232,7 @@ def register_printer(
     tc.register_printer(Tokenizer)  # forget the rule again
     ```
     """
-    global _rules, _resolved
+    global _rules, _checked, _resolved
     if not isinstance(cls, type):
         raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
     rule = PrintRule(
@@ -122,13 +241,17 @@ def register_printer(
     for name, value in zip(PrintRule._fields, rule, strict=True):
         if value is not None and not callable(value):
             raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))
+    checked = PrintRule(
+        *(None if fn is None else _checking(cls, name, fn) for name, fn in rule._asdict().items())
+    )
     with _lock:
-        rules = dict(_rules)
+        rules, checked_rules = dict(_rules), dict(_checked)
         if any(value is not None for value in rule):
-            rules[cls] = rule
+            rules[cls], checked_rules[cls] = rule, checked
         else:
             rules.pop(cls, None)
-        _rules = rules
+            checked_rules.pop(cls, None)
+        _rules, _checked = rules, checked_rules
         _resolved = {}
 
 
@@ -209,8 +332,14 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
 
 
 def rule_for(value: Any) -> PrintRule | None:
-    """The rule registered for `type(value)` or its nearest base class, if any."""
-    if not _rules:  # the common case: nothing registered, no lookup at all
+    """The rule registered for `type(value)` or its nearest base class, if any.
+
+    Its functions are the registered ones wrapped to check what they return (a `str`, a
+    non-negative `int`, a dict of graphviz attributes): a wrong result raises an error
+    naming the rule and the type that came back, and an error raised inside one gets a
+    note naming the rule.
+    """
+    if not _checked:  # the common case: nothing registered, no lookup at all
         return None
     kind = type(value)
     resolved = _resolved
@@ -218,7 +347,7 @@ def rule_for(value: Any) -> PrintRule | None:
         return resolved[kind]
     except KeyError:
         pass
-    rules = _rules
+    rules = _checked
     found = next((rules[base] for base in kind.__mro__ if base in rules), None)
     resolved[kind] = found
     return found
