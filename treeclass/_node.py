@@ -313,6 +313,22 @@ class Layout:
         return (_layout_from_pickle, (self.cls, self.names, self.values))
 
 
+def _info_from_pickle(
+    cls: type,
+    fields: dict[str, Any],
+    static_names: tuple[str, ...],
+    setters: dict[str, tuple[Callable[[Any], Any], ...]],
+    token: bytes,
+) -> ClassInfo:
+    # `cls` is the live class when cloudpickle found it in this process: keep its record
+    # (cloudpickle then sets it back on the class). A fresh skeleton class has a record of
+    # its own, made by `__init_subclass__` with another token: take the description.
+    live = cls.__dict__.get("_tc_info") if isinstance(cls, type) else None
+    if type(live) is ClassInfo and live.token == token:
+        return live
+    return ClassInfo(cls, fields, static_names, setters, token)
+
+
 def _shape_from_pickle(cls: type[TreeNode], names: tuple[str, ...]) -> Shape:
     return cls._tc_info.shape(names)
 
@@ -353,6 +369,12 @@ class ClassInfo:
     shapes and layouts are made under `lock`, so equal static values built on many
     threads always share one layout object. Pickling the record keeps the description
     and starts the tables empty (so cloudpickle can ship a class defined in a function).
+
+    A record also carries a random `token`, pickled with it: cloudpickle ships a class of
+    `__main__` (or of a function) by value and, unpickling it in a process where that
+    class is alive, writes the shipped attributes over the live class. The token tells
+    the live record from a description of it, so the live one is kept (its layouts are
+    what cached jit entries and live instances refer to).
     """
 
     __slots__ = (
@@ -365,6 +387,7 @@ class ClassInfo:
         "fixed_shape",
         "_keys",
         "_setter_kinds",
+        "token",
     )
 
     def __init__(
@@ -373,11 +396,13 @@ class ClassInfo:
         fields: dict[str, Any],
         static_names: tuple[str, ...],
         setters: dict[str, tuple[Callable[[Any], Any], ...]],
+        token: bytes | None = None,
     ) -> None:
         self.cls = cls
         self.fields = fields
         self.static_names = static_names
         self.setters = setters
+        self.token = os.urandom(16) if token is None else token
         self.shapes: dict[tuple[str, ...], Shape] = {}
         self.lock = threading.Lock()
         self.fixed_shape: Shape | None = None
@@ -385,7 +410,10 @@ class ClassInfo:
         self._setter_kinds: dict[str, Any] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ClassInfo, (self.cls, self.fields, self.static_names, self.setters))
+        return (
+            _info_from_pickle,
+            (self.cls, self.fields, self.static_names, self.setters, self.token),
+        )
 
     def key_of(self, name: str) -> Any:
         """The `GetAttrKey` of an attribute, built once per class and name."""
