@@ -487,3 +487,109 @@ def test_mask_with_non_bool_leaves_says_mask_and_names_the_leaf(mask, where, lea
 def test_pytree_selector_without_bools_is_still_not_implemented_as_pytreeclass_says():
     with pytest.raises(NotImplementedError, match=r"non-bool leaf at _Point\.x: 1\b"):
         tc.at(_Point())[_Point(1, 1)]
+
+
+# -- errors that name the real cause ----------------------------------------------------------
+
+
+def _positive(tree):
+    return jax.tree_util.tree_map(lambda x: x > 0, tree)
+
+
+def test_traced_element_mask_in_reduce_names_reduce_and_a_fix_for_it():
+    tree = {"a": jnp.array([-1.0, 2.0, 3.0]), "b": jnp.array([4.0])}
+
+    @jax.jit
+    def total(tree):
+        return tc.at(tree)[_positive(tree)].reduce(lambda acc, x: acc + x.sum(), initializer=0.0)
+
+    with pytest.raises(TypeError) as info:
+        total(tree)
+    message = str(info.value)
+    assert "`.reduce`" in message and "tree['a']" in message
+    assert ".get(fill_value=0)" not in message.replace("[mask].get(fill_value=0)", "")
+    assert ".reduce(fn, initializer=init)" in message.split("after:")[1]
+
+    @jax.jit
+    def fixed(tree):  # the fix the message gives
+        filled = tc.at(tree)[_positive(tree)].get(fill_value=0)
+        return tc.at(filled)[...].reduce(lambda acc, x: acc + x.sum(), initializer=0.0)
+
+    assert float(fixed(tree)) == 9.0
+
+
+def test_traced_element_mask_in_get_still_suggests_a_fill_value():
+    with pytest.raises(TypeError, match=r"get\(fill_value=0\)"):
+        jax.jit(lambda t: tc.at(t)[_positive(t)].get())({"a": jnp.array([1.0, -1.0])})
+
+
+@pytest.mark.parametrize(
+    "frozen", [tc.freeze("relu"), tc.freeze(jnp.ones(2)), tc.freeze(None), tc.freeze({"w": 1})]
+)
+@pytest.mark.parametrize("pattern", ["*.weight", "**.weight", "*.*.weight", "[*].weight"])
+def test_glob_matching_nothing_beside_an_unrelated_frozen_value_says_no_key_matches(
+    frozen, pattern
+):
+    tree = {"a": {"w": 1.0}, "f": frozen}
+    with pytest.raises(LookupError, match=r"no key (matches|to match) 'weight'") as info:
+        tc.at(tree)[tc.glob(pattern)].set(0.0)
+    assert "(frozen)" not in str(info.value) and "is_leaf" not in str(info.value)
+
+
+def test_glob_matching_nothing_beside_frozen_treeclass_fields_says_no_key_matches():
+    tree = [_Point(1.0, tc.freeze("relu")), _Point(2.0, tc.freeze("gelu"))]
+    with pytest.raises(
+        LookupError, match=r"after \*, no key matches 'bias' \(keys there: 'x', 'y'"
+    ):
+        tc.at(tree)[tc.glob("*.bias")].apply(lambda x: x)
+
+
+def test_glob_that_goes_on_inside_a_frozen_value_says_unfreeze_first():
+    tree = {"a": {"w": 1.0}, "f": tc.freeze({"weight": 1.0})}
+    with pytest.raises(LookupError, match=r"(?s)goes on inside tree\['f'\] \(frozen\).*unfreeze"):
+        tc.at(tree)[tc.glob("*.weight")].set(0.0)
+    # `is_leaf=tc.is_frozen` cannot reach inside either, and the error says so
+    with pytest.raises(LookupError, match=r"tree\['f'\] has no key to match 'weight'.*frozen"):
+        tc.at(tree)[tc.glob("f.weight")].set(0.0, is_leaf=tc.is_frozen)
+    assert tc.unfreeze(tc.at(tree)[tc.glob("f")].get(is_leaf=tc.is_frozen)["f"]) == {"weight": 1.0}
+
+
+def test_name_that_matches_nothing_beside_a_selected_frozen_value_is_said_first():
+    tree = {"f": tc.freeze(1.0), "a": 1.0}
+    for typo in (tc.glob("wieght"), re.compile("wieght")):
+        with pytest.raises(LookupError, match=r"selects nothing.*no key matches"):
+            tc.at(tree)["f", typo].set(0.0)
+    with pytest.raises(LookupError, match=r"reaches no leaves.*tree\['f'\] \(frozen\)"):
+        tc.at(tree)["f"].set(0.0)  # the frozen value itself is the cause here
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda t: tc.at(t)["a"].get(is_parallel=True),
+        lambda t: tc.at(t)[...].get(is_parallel={"max_workers": 2}),
+        lambda t: tc.at(t)["a"].set(1.0, is_parallel=True),
+        lambda t: tc.at(t)[_positive(t)].set(1.0, is_parallel=True),
+        lambda t: tc.at(t)["a"].apply(jnp.sin, is_parallel=True),
+    ],
+)
+def test_is_parallel_on_traced_leaves_raises_for_get_set_and_apply_alike(operation):
+    tree = {"a": jnp.ones(2), "b": jnp.zeros(2)}
+    with pytest.raises(ValueError, match=r"`is_parallel` cannot be used on traced values.*'a'"):
+        jax.jit(operation)(tree)
+    operation(tree)  # outside jit it runs
+
+
+def test_is_parallel_set_of_a_traced_value_raises():
+    tree = {"a": jnp.ones(2)}
+    with pytest.raises(ValueError, match=r"value set at tree\['a'\] is \(or holds\) a tracer"):
+        jax.jit(lambda v: tc.at(tree)["a"].set(v, is_parallel=True))(1.0)
+
+
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=6))
+@settings(max_examples=30, deadline=None)
+def test_is_parallel_get_and_set_give_what_they_give_without_it(values):
+    tree = {str(i): v for i, v in enumerate(values)}
+    mask = jax.tree_util.tree_map(lambda v: v > 0, tree)
+    assert tc.at(tree)[mask].get(is_parallel=True) == tc.at(tree)[mask].get()
+    assert tc.at(tree)[mask].set(9, is_parallel=True) == tc.at(tree)[mask].set(9)

@@ -81,12 +81,28 @@ ONLY_BLOCKED_MSG = (
     "    {selection}.apply(fn, is_leaf=tc.is_frozen)\n"
     "or unfreeze them first (`tc.unfreeze`)."
 )
+FROZEN_IN_THE_WAY_MSG = (
+    "The selection {selection} reaches no leaves: the pattern goes on inside {what}. A frozen "
+    "value (`tc.freeze`) is a node without children, so nothing inside it can be selected, "
+    "not even with `is_leaf=tc.is_frozen` (that selects the frozen value whole). Unfreeze it "
+    "first (`tc.unfreeze`, or `tc.tree_unmask` for a whole tree), or select the frozen value "
+    "itself with a pattern that ends at it."
+)
 TRACED_MASK_GET_MSG = (
     "Cannot take `leaf[mask]` at {where}: the element mask is traced (inside `jax.jit`, "
     "`vmap` or `grad`), and the result's shape would depend on its values. Keep the leaf's "
     "shape by filling unselected elements instead:\n"
     "    before: tree.at[mask].get()\n"
     "    after:  tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)"
+)
+TRACED_MASK_REDUCE_MSG = (
+    "`.reduce` cannot fold the elements an element mask selects at {where}: the mask is "
+    "traced (inside `jax.jit`, `vmap` or `grad`), and `leaf[mask]` would have a shape that "
+    "depends on its values. Fill the unselected elements with a value that leaves your fold "
+    "unchanged (0 for a sum, 1 for a product, -inf for a max), then fold whole leaves:\n"
+    "    before: tree.at[mask].reduce(fn, initializer=init)\n"
+    "    after:  filled = tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)\n"
+    "            tc.at(filled)[...].reduce(fn, initializer=init)"
 )
 ELEMENT_MASK_SHAPE_MSG = (
     "The element mask at {where} has shape {mask_shape}, but the leaf there has shape "
@@ -127,6 +143,11 @@ PARALLEL_TRACED_MSG = (
     "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
     "leaf at {where} is a tracer, and tracing on other threads would leak it. Run the "
     "parallel operation outside the transformation, or drop `is_parallel`."
+)
+PARALLEL_TRACED_VALUE_MSG = (
+    "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
+    "value set at {where} is (or holds) a tracer. Run the parallel operation outside the "
+    "transformation, or drop `is_parallel`."
 )
 FN_NOTE = "raised by `{fn}` at {where} (in {selection})"
 
@@ -212,13 +233,23 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     return jnp.where(mask, new, old)
 
 
-def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str]) -> Any:
-    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill."""
+def _take(
+    x: Any,
+    mask: Any,
+    fill_value: Any,
+    where: Callable[[], str],
+    traced: Callable[[], str] | None = None,
+) -> Any:
+    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill.
+
+    `traced()` is the error text when the mask is traced (by default `get`'s).
+    """
     _check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
     if isinstance(mask, Tracer):
-        raise TypeError(TRACED_MASK_GET_MSG.format(where=where()))
+        text = TRACED_MASK_GET_MSG.format(where=where()) if traced is None else traced()
+        raise TypeError(text)
     if not isinstance(x, (jax.Array, np.ndarray)):
         x = jnp.asarray(x)
     return x[jnp.broadcast_to(mask, x.shape)]
@@ -289,7 +320,9 @@ class _Walker:
         self.is_leaf = is_leaf
         self.fills = op.fills
         self.count = 0  # selected leaves: an empty selection of only frozen/static is an error
-        self.blocked: list[tuple[tuple[Any, ...], str]] = []
+        # what held no leaves: `(path, why, by_matcher)`, by a matcher (a static field or a
+        # frozen value in a pattern's way) or at a selected spot (only frozen values there)
+        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []
         # the naming matchers that selected something; they add themselves (a C-level
         # `set.add` per match, through the state `enter` gave them)
         self.hits: set[Matcher] = set()
@@ -310,7 +343,7 @@ class _Walker:
         return ValueError(MASK_MISMATCH_MSG.format(where=self.where(path), reason=reason))
 
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
-        self.blocked.append((path, why))
+        self.blocked.append((path, why, True))
 
     def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None:
         seen = self.names.setdefault(id(matcher), [])
@@ -331,27 +364,51 @@ class _Walker:
     # the traversal
     def run(self) -> Any:
         out = self.walk(self.root, (), 0, None)
-        if self.count == 0 and self.blocked:
-            what = ", ".join(f"{self.where(p)} ({why})" for p, why in self.blocked[:8])
-            if len(self.blocked) > 8:
-                what += f" and {len(self.blocked) - 8} more"
-            raise LookupError(ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what))
-        for matcher in self.matchers:
-            if matcher.single_key:  # a missing name or index raised already, in the walk
-                continue
-            for member in matcher.members():
-                if member.names_something and member not in self.hits:
-                    raise member.no_match_error(self, self.selection())
+        unmatched = [
+            member
+            for matcher in self.matchers
+            if not matcher.single_key  # a missing name or index raised already, in the walk
+            for member in matcher.members()
+            if member.names_something and member not in self.hits
+        ]
+        # Selected spots holding only frozen values do not explain a glob, regex or
+        # BaseKey that matched no key at all: the typo is said first.
+        by_matcher = any(b[2] for b in self.blocked)
+        if self.count == 0 and self.blocked and (by_matcher or not unmatched):
+            raise LookupError(self.blocked_message())
+        if unmatched:
+            raise unmatched[0].no_match_error(self, self.selection())
         if self.pending:
             out = self.resolve(out)
         return out
 
+    def blocked_message(self) -> str:
+        what = ", ".join(f"{self.where(p)} ({why})" for p, why, _ in self.blocked[:8])
+        if len(self.blocked) > 8:
+            what += f" and {len(self.blocked) - 8} more"
+        if all(why == "frozen" and by_matcher for _, why, by_matcher in self.blocked):
+            return FROZEN_IN_THE_WAY_MSG.format(selection=self.selection(), what=what)
+        return ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what)
+
+    def refuse_traced(self, node: Any, path: tuple[Any, ...]) -> None:
+        """Under `is_parallel`, a selected spot with a traced leaf (or a traced value to set
+        there) raises, for every operation alike (as `call` does for `apply`'s leaves)."""
+        for p, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]:
+            if isinstance(leaf, Tracer):
+                raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path + p)))
+        if type(self.op) is _Set and any(
+            isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(self.op.value)
+        ):
+            raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(path)))
+
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
         if i == self.n:
+            if self.pool is not None:
+                self.refuse_traced(node, path)
             before = self.count
             out = self.op.spot(self, node, path, emask)
             if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_frozen):
-                self.record_blocked(path, "frozen")
+                self.blocked.append((path, "frozen", False))
             return out
         matcher = self.matchers[i]
         if matcher.single_key and not self.fills:
@@ -722,7 +779,11 @@ class _Collect(_Op):
         for p, x in pairs:
             where = path + p
             if emask is not None:
-                x = _take(x, emask, None, lambda where=where: walker.where(where))
+
+                def traced(where: tuple = where) -> str:
+                    return TRACED_MASK_REDUCE_MSG.format(where=walker.where(where))
+
+                x = _take(x, emask, None, lambda where=where: walker.where(where), traced)
             self.leaves.append(x)
             self.paths.append(where)
         walker.count += len(pairs)
@@ -968,7 +1029,9 @@ class AtIndexer(Generic[T]):
           element mask, `None` gives `leaf[mask]`; any other value gives
           `jnp.where(mask, leaf, fill_value)` (which also works with traced masks).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: as for `apply`.
+        - `is_parallel`: accepted as for `apply`; `get` runs no function, so the result is
+          the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
+          traced selected leaf raises `ValueError`.
 
         **Returns**
 
@@ -1001,7 +1064,9 @@ class AtIndexer(Generic[T]):
           tuple; a frozen subtree set at a node replaces the node). Under an element mask
           the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: as for `apply`.
+        - `is_parallel`: accepted as for `apply`; `set` runs no function, so the result is
+          the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
+          traced selected leaf, or a traced value, raises `ValueError`.
 
         **Returns**
 

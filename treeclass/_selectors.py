@@ -520,6 +520,13 @@ NAMED_NOTHING_MSG = (
 )
 
 
+def _childless_text(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    if shape is not None and getattr(x, "dtype", None) is not None:
+        return f"a leaf, {_leaf_summary(x)}"
+    return f"a `{type(x).__name__}` with no children"
+
+
 def _leaf_summary(x: Any) -> str:
     shape = getattr(x, "shape", None)
     dtype = getattr(x, "dtype", None)
@@ -872,11 +879,28 @@ class GlobMatcher(Matcher):
         if opened is None:
             return _NOTHING
         if not opened[0] and kind == GENERIC and is_frozen(node):
-            walker.record_blocked(path, "frozen")  # the pattern leads through a frozen value
+            # the pattern goes on below a frozen value: that stops it only if it would
+            # match something inside the value (else the frozen value is beside the point)
+            if self.matches_below(state, unfreeze(node)):
+                walker.record_blocked(path, "frozen")
         if kind == TREECLASS and _node.static_names(type(node)):
             accept = self.accept
             _record_statics(node, kind, path, walker, lambda e: accept in self.advance(state, e))
         return CHILDREN, (walker.hits, state)  # where a match records itself, and the NFA state
+
+    def matches_below(self, state: frozenset[int], node: Any) -> bool:
+        """Whether the pattern, at `state`, matches some node below `node` (frozen values
+        looked into): a dry run, for errors."""
+        if is_frozen(node):
+            node = unfreeze(node)
+        opened = open_node(node, node_kind(node))
+        if opened is None:
+            return False
+        for entry, child in zip(opened.entries, opened.children, strict=True):
+            nxt = self.advance(state, entry)
+            if self.accept in nxt or (nxt and self.matches_below(nxt, child)):
+                return True
+        return False
 
     def step(self, state, k, entry, child, child_path):
         hits, positions = state
@@ -888,13 +912,18 @@ class GlobMatcher(Matcher):
 
     def no_match_error(self, walker: Walker, selection: str) -> Exception:
         names: set[Any] = set()
+        # (path, (node, state)) where the pattern matched so far, then found no children
+        dead_ends: list[tuple[tuple[Any, ...], Any]] = []
         best_position = -1
-        for node, _ in walker.starts(self):
-            for position, name in self._misses(node, self.start):
+        for node, path in walker.starts(self):
+            for position, name, where in self._misses(node, self.start, path):
                 if position > best_position:
-                    best_position, names = position, set()
+                    best_position, names, dead_ends = position, set(), []
                 if position == best_position:
-                    names.add(name)
+                    if where is None:
+                        names.add(name)
+                    else:
+                        dead_ends.append((where, name))
         segments = self.glob.segments
         if best_position < 0:
             detail = "the selectors before it reached no node with children"
@@ -906,8 +935,23 @@ class GlobMatcher(Matcher):
         failing = segments[best_position]
         matched = ".".join(segments[:best_position]) or "(the start)"
         shown = sorted(map(str, names))
-        listed = ", ".join(repr(n) for n in shown[:12]) + (", ..." if len(shown) > 12 else "")
-        detail = f"after {matched!s}, no key matches {str(failing)!r} (keys there: {listed})"
+        parts = []
+        if shown:
+            listed = ", ".join(repr(n) for n in shown[:12]) + (", ..." if len(shown) > 12 else "")
+            parts.append(f"no key matches {str(failing)!r} (keys there: {listed})")
+        if dead_ends and not shown:  # the pattern matched all the way to childless nodes
+            where, (node, state) = dead_ends[0]
+            if not is_frozen(node):
+                what = _childless_text(node)
+            elif self.matches_below(state, node):
+                what = "a frozen value (`tc.freeze`), which has no children: unfreeze it first"
+            else:
+                what = "a frozen value (`tc.freeze`), which has no children"
+            more = f" (and {len(dead_ends) - 1} more like it)" if len(dead_ends) > 1 else ""
+            parts.append(
+                f"{walker.where(where)}{more} has no key to match {str(failing)!r}: it is {what}"
+            )
+        detail = f"after {matched}, " + "; ".join(parts)
         hint = ""
         close = difflib.get_close_matches(str(failing), shown, n=1)
         if close:
@@ -920,18 +964,25 @@ class GlobMatcher(Matcher):
             )
         )
 
-    def _misses(self, node: Any, state: frozenset[int]) -> Iterator[tuple[int, Any]]:
-        """`(position, name)` wherever a name fails the segment at that position (for errors)."""
+    def _misses(
+        self, node: Any, state: frozenset[int], path: tuple[Any, ...]
+    ) -> Iterator[tuple[int, Any, tuple[Any, ...] | None]]:
+        """Where the pattern stops, for errors: `(position, name, None)` wherever a name
+        fails the segment at that position, `(position, (node, state), path)` wherever the
+        segment at that position finds a node with no children to match."""
         opened = open_node(node, node_kind(node))
-        if opened is None:
+        if opened is None or not opened.entries:
+            for p in state:
+                if p < self.accept and self.glob.segments[p].match is not None:
+                    yield p, (node, state), path
             return
         for entry, child in zip(opened.entries, opened.children, strict=True):
             nxt = self.advance(state, entry)
             for p in state:
                 if p < self.accept and self.glob.segments[p].match is not None and p + 1 not in nxt:
-                    yield p, entry_name(entry)
+                    yield p, entry_name(entry), None
             if nxt and self.accept not in nxt:
-                yield from self._misses(child, nxt)
+                yield from self._misses(child, nxt, path + (entry,))
 
     def __repr__(self) -> str:
         return repr(self.glob)
