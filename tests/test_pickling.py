@@ -3,7 +3,9 @@
 cloudpickle ships a class defined in `__main__` (a script, a notebook cell) or in a
 function by value. Unpickled in a process where that class is alive, it must come back as
 the live class with its live record, so equality, copies and the jit cache are unchanged.
-Each check runs a script as `__main__` in a fresh interpreter.
+In a fresh process the class is rebuilt from its description, and instances made there
+have the same static fields and tree definitions as the shipped ones. Each check runs a
+script as `__main__` in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -98,6 +100,46 @@ print("ok")
 """
 
 
+_IN_A_FRESH_PROCESS = """
+class Scaled(tc.TreeClass):
+    weight: jax.Array
+    heads: int = tc.field(default=2, static=True)
+
+    def __post_init__(self):
+        pass
+
+models = (Linear(jnp.ones((2, 2)), act="gelu"), Scaled(jnp.ones(2), heads=4), Local(jnp.ones(3)))
+reader = '''
+import copy, sys, cloudpickle, jax, jax.numpy as jnp
+models = cloudpickle.loads(sys.stdin.buffer.read())
+traces = []
+
+@jax.jit
+def step(tree):
+    traces.append(1)
+    return tree
+
+Linear, Scaled, Local = map(type, models)
+made = (Linear(jnp.zeros((2, 2)), act="gelu"), Scaled(jnp.zeros(2), heads=4), Local(jnp.zeros(3)))
+for model, new in zip(models, made):
+    traces.clear()
+    # a static field made here is static, as in the process that defined the class
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(model)
+    assert len(jax.tree_util.tree_leaves(new)) == 1
+    out = step(new)
+    step(out), step(model), step(copy.deepcopy(model))
+    assert len(traces) == 1 and out == new and copy.deepcopy(model) == model
+assert made[1].heads == 4 and made[0].act == "gelu"
+print("ok")
+'''
+result = subprocess.run(
+    [sys.executable, "-c", reader], input=cloudpickle.dumps(models), capture_output=True
+)
+assert result.returncode == 0, result.stderr.decode()[-2000:]
+print(result.stdout.decode().strip())
+"""
+
+
 def _run_as_main(tmp_path, body: str) -> None:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(_PRELUDE) + textwrap.dedent(body))
@@ -118,3 +160,7 @@ def test_cloudpickle_round_trip_in_the_same_process_keeps_the_live_class(tmp_pat
 
 def test_cloudpickle_round_trip_through_another_process_keeps_the_live_class(tmp_path):
     _run_as_main(tmp_path, _THERE_AND_BACK)
+
+
+def test_cloudpickled_class_with_static_fields_builds_instances_in_a_fresh_process(tmp_path):
+    _run_as_main(tmp_path, _IN_A_FRESH_PROCESS)

@@ -324,9 +324,11 @@ def _info_from_pickle(
     # (cloudpickle then sets it back on the class). A fresh skeleton class has a record of
     # its own, made by `__init_subclass__` with another token: take the description.
     live = cls.__dict__.get("_tc_info") if isinstance(cls, type) else None
-    if type(live) is ClassInfo and live.token == token:
-        return live
-    return ClassInfo(cls, fields, static_names, setters, token)
+    if type(live) is not ClassInfo:
+        return ClassInfo(cls, fields, static_names, setters, token)
+    if live.token != token:
+        live.adopt(fields, static_names, setters, token)
+    return live
 
 
 def _shape_from_pickle(cls: type[TreeNode], names: tuple[str, ...]) -> Shape:
@@ -414,6 +416,30 @@ class ClassInfo:
             _info_from_pickle,
             (self.cls, self.fields, self.static_names, self.setters, self.token),
         )
+
+    def adopt(
+        self,
+        fields: dict[str, Any],
+        static_names: tuple[str, ...],
+        setters: dict[str, tuple[Callable[[Any], Any], ...]],
+        token: bytes,
+    ) -> None:
+        """Take a pickled description into the record of a freshly unpickled class.
+
+        cloudpickle rebuilds a class shipped by value from a bare skeleton, whose record
+        `__init_subclass__` made without fields, then unpickles the class's state (its
+        `__init__` with the shapes it uses, looked up on this record, in no fixed order)
+        and sets it on the class. The record is updated in place, so every shape already
+        handed out sees the real static names.
+        """
+        with self.lock:
+            self.fields, self.static_names, self.setters = fields, static_names, setters
+            self.token = token
+            self._setter_kinds = {}
+            for names, shape in list(self.shapes.items()):
+                if shape.static_names != tuple(n for n in names if n in static_names):
+                    shape.layout = None  # rebuilt by `__init__` for the new static names
+                    Shape.__init__(shape, self, names)
 
     def key_of(self, name: str) -> Any:
         """The `GetAttrKey` of an attribute, built once per class and name."""
