@@ -1479,6 +1479,13 @@ def _compile_alias(
             why = f" (its member {_mask_leaf_text(error.value)} {error.why})"
     except NotImplementedError:  # a nested tuple
         why = " (a union is one flat tuple)"
+    except Exception as error:  # e.g. a BaseKey class instead of an instance
+        _add_note(
+            error,
+            f"in the selector {_mask_leaf_text(result)} that the converter of "
+            f"`tc.BaseKey.def_alias({_type_text(kind)})` returned",
+        )
+        raise
     raise TypeError(
         ALIAS_RESULT_MSG.format(
             kind=_type_text(kind),
