@@ -6,6 +6,7 @@ measure a change) is docs/architecture.md.
 
 from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
+from ._calls import value_and_tree
 from ._checkpoint import from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
 from ._frozen import freeze, is_frozen, unfreeze
@@ -47,6 +48,7 @@ __all__ = [
     "tree_map_with_trace",
     "tree_leaves_with_trace",
     "tree_flatten_with_trace",
+    "value_and_tree",
     # masking
     "freeze",
     "unfreeze",

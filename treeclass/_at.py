@@ -19,7 +19,6 @@ error, not a silent no-op.
 from __future__ import annotations
 
 import concurrent.futures
-import difflib
 import functools
 import sys
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from jax.core import Tracer
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
+from ._calls import call_method
 from ._selectors import (
     DESCEND,
     MASK_MISMATCH_MSG,
@@ -106,11 +106,6 @@ CALL_NEEDS_NAME_MSG = (
     "Only a method name can be called: `tree.at['method'](*args, **kwargs)` (optionally "
     "after names and indices, `tree.at['child']['method']()`), got `.at{selection}(...)`."
 )
-NOT_CALLABLE_MSG = (
-    "{where} is not callable (it is a `{type}`), so `.at[{name!r}](...)` cannot call it. Use "
-    "`.at[{name!r}].get()`, `.set(value)` or `.apply(fn)` to read or change it."
-)
-NO_METHOD_MSG = "{where} has no method {name!r}{hint}"
 ITERATION_MSG = (
     "An `AtIndexer` cannot be iterated: index it (`tree.at['name']`) and call an operation "
     "(`.get()`, `.set(v)`, `.apply(fn)`, `.reduce(fn)`, `.scan(fn, state)`)."
@@ -755,19 +750,6 @@ class _Scan(_Op):
         )
 
 
-class _Replace(_Op):
-    """Put one given node at the (single) selected spot: used by method calls."""
-
-    __slots__ = ("node",)
-
-    def __init__(self, node: Any) -> None:
-        self.node = node
-
-    def spot(self, walker, node, path, emask):
-        walker.count += 1
-        return self.node
-
-
 # -- the indexer -------------------------------------------------------------------------
 
 
@@ -1190,82 +1172,7 @@ class AtIndexer(Generic[T]):
                         selection="".join(f"[{_short_repr(s)}]" for s in where)
                     )
                 )
-        name = where[-1]
-        root = self.tree
-        if _node.is_treeclass(root):
-            tree = _node.unsealed_copy(root)
-            try:
-                parent, path = _navigate(tree, where[:-1])
-                value = _method(tree, parent, path, name)(*args, **kwargs)
-            except BaseException:
-                try:
-                    _node.reseal(tree)
-                except Exception:  # the method's own error is the one to report
-                    pass
-                raise
-            _node.reseal(tree)
-            return value, tree
-        parent, path = _navigate(root, where[:-1])
-        if not _node.is_treeclass(parent):
-            return _method(root, parent, path, name)(*args, **kwargs), root
-        local = _node.unsealed_copy(parent)
-        try:
-            value = _method(root, local, path, name)(*args, **kwargs)
-        except BaseException:
-            try:
-                _node.reseal(local)
-            except Exception:
-                pass
-            raise
-        _node.reseal(local)
-        if not path:
-            return value, local
-        selection = lambda: _selection_str(root, where[:-1])
-        walker = _Walker(root, self._matchers[:-1], _Replace(local), None, selection)
-        return value, walker.run()
-
-
-def _navigate(tree: Any, keys: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-    """The node reached by a chain of names and indices, and its key path."""
-    node = tree
-    path: tuple[Any, ...] = ()
-    for key in keys:
-        kind = node_kind(node)
-        opened = open_node(node, kind)
-        matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
-        probe = _Walker(tree, (), _Op(), None, lambda: "")
-        code, state = matcher.enter(None, node, kind, opened, path, probe)
-        assert opened is not None  # a leaf has no children: `enter` raised for it
-        found: tuple[Any, Any] | None = None
-        for k, (entry, child) in enumerate(zip(opened[0], opened[1], strict=True)):
-            if matcher.step(state, k, entry, child, path + (entry,))[0] == MATCH:
-                found = (entry, child)
-                break
-        matcher.finish(state, node, kind, opened, path, probe)
-        assert found is not None  # no child matched: `finish` raised
-        path = path + (found[0],)
-        node = found[1]
-    return node, path
-
-
-def _method(root: Any, parent: Any, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
-    where = path_str(root, path)
-    try:
-        method = getattr(parent, name)
-    except AttributeError:
-        names = [
-            n
-            for n in dir(parent)
-            if not n.startswith("_") and callable(getattr(type(parent), n, None))
-        ]
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
-        raise AttributeError(NO_METHOD_MSG.format(where=where, name=name, hint=hint)) from None
-    if not callable(method):
-        raise TypeError(
-            NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
-        )
-    return method
+        return call_method(self.tree, where[:-1], where[-1], args, kwargs)
 
 
 def at(tree: T) -> AtIndexer[T]:
