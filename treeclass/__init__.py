@@ -11,7 +11,7 @@ from ._checkpoint import from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
 from ._frozen import freeze, is_frozen, unfreeze
 from ._leafwise import bcmap, leafwise
-from ._mask import is_nondiff, tree_mask, tree_unmask
+from ._mask import is_masked, is_nondiff, tree_mask, tree_unmask
 from ._pprint import (
     tree_diagram,
     tree_graph,
@@ -53,6 +53,7 @@ __all__ = [
     "freeze",
     "unfreeze",
     "is_frozen",
+    "is_masked",
     "is_nondiff",
     "tree_mask",
     "tree_unmask",
