@@ -6,6 +6,7 @@ measure a change) is docs/architecture.md.
 
 from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
+from ._backend import backend_context
 from ._calls import value_and_tree
 from ._checkpoint import from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
@@ -72,6 +73,8 @@ __all__ = [
     "from_state_dict",
     "save",
     "load",
+    # sepes compatibility
+    "backend_context",
     # optax integration (a submodule)
     "optim",
 ]
