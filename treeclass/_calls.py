@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 from . import _node
 from ._selectors import MATCH, IndexMatcher, NameMatcher, missing_key_error
-from ._structure import LEAF, Kind, node_kind, open_node, path_str, rebuild
+from ._structure import LEAF, Kind, node_kind, open_node, rebuild
 from ._util import check_callable
+from ._values import path_str
 
 __all__ = ["call_on_copy", "call_method", "value_and_tree"]
 
