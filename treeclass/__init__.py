@@ -6,11 +6,13 @@ measure a change) is docs/architecture.md.
 
 from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
+from ._backend import backend_context
+from ._calls import value_and_tree
 from ._checkpoint import from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
 from ._frozen import freeze, is_frozen, unfreeze
 from ._leafwise import bcmap, leafwise
-from ._mask import is_nondiff, tree_mask, tree_unmask
+from ._mask import is_masked, is_nondiff, tree_mask, tree_unmask
 from ._pprint import (
     tree_diagram,
     tree_graph,
@@ -47,10 +49,12 @@ __all__ = [
     "tree_map_with_trace",
     "tree_leaves_with_trace",
     "tree_flatten_with_trace",
+    "value_and_tree",
     # masking
     "freeze",
     "unfreeze",
     "is_frozen",
+    "is_masked",
     "is_nondiff",
     "tree_mask",
     "tree_unmask",
@@ -69,6 +73,8 @@ __all__ = [
     "from_state_dict",
     "save",
     "load",
+    # sepes compatibility
+    "backend_context",
     # optax integration (a submodule)
     "optim",
 ]

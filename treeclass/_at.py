@@ -19,10 +19,9 @@ error, not a silent no-op.
 from __future__ import annotations
 
 import concurrent.futures
-import difflib
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 import jax
@@ -32,6 +31,7 @@ from jax.core import Tracer
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
+from ._calls import call_method
 from ._selectors import (
     DESCEND,
     MASK_MISMATCH_MSG,
@@ -43,6 +43,7 @@ from ._selectors import (
     Matcher,
     NameMatcher,
     compile_selector,
+    def_rule,
     is_frozen,
     missing_key_error,
 )
@@ -114,6 +115,15 @@ ELEMENT_VALUE_SHAPE_MSG = (
     "{value_shape}: under an element mask the leaf keeps its shape, so the value must "
     "broadcast to it."
 )
+WHERE_TYPE_MSG = (
+    "`where` is the sequence of selectors, one per level: `tc.at(tree, where=['a', 0])` is "
+    "`tc.at(tree)['a'][0]`; got {value}. For one selector, pass a one-item list: "
+    "`where=[selector]`."
+)
+PLUCK_COUNT_MSG = (
+    "`AtIndexer.pluck` expects `count` to be None (every selected subtree) or an int >= 0, "
+    "got {value!r}."
+)
 EMPTY_REDUCE_MSG = (
     "`reduce` over an empty selection {selection} needs an initializer: "
     "`.reduce(fn, initializer=...)`."
@@ -122,11 +132,6 @@ CALL_NEEDS_NAME_MSG = (
     "Only a method name can be called: `tree.at['method'](*args, **kwargs)` (optionally "
     "after names and indices, `tree.at['child']['method']()`), got `.at{selection}(...)`."
 )
-NOT_CALLABLE_MSG = (
-    "{where} is not callable (it is a `{type}`), so `.at[{name!r}](...)` cannot call it. Use "
-    "`.at[{name!r}].get()`, `.set(value)` or `.apply(fn)` to read or change it."
-)
-NO_METHOD_MSG = "{where} has no method {name!r}{hint}"
 ITERATION_MSG = (
     "An `AtIndexer` cannot be iterated: index it (`tree.at['name']`) and call an operation "
     "(`.get()`, `.set(v)`, `.apply(fn)`, `.reduce(fn)`, `.scan(fn, state)`)."
@@ -790,6 +795,34 @@ class _Collect(_Op):
         return node
 
 
+class _Pluck(_Op):
+    """Keep the selected subtrees themselves, in flatten order, up to `limit` of them."""
+
+    __slots__ = ("found", "limit")
+
+    def __init__(self, limit: float) -> None:
+        self.found: list[Any] = []
+        self.limit = limit
+
+    def spot(self, walker, node, path, emask):
+        if emask is not None:  # the selected elements, as `get` takes them
+            fill = None
+
+            def take(x: Any, where: tuple = path) -> Any:
+                return _take(x, emask, fill, lambda: walker.where(where))
+
+            picked = _map_with_paths(walker, take, node, path)
+        else:
+            picked = node
+            if is_leaf_node(node, walker.is_leaf):
+                walker.count += 1
+            else:
+                walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
+        if len(self.found) < self.limit:
+            self.found.append(picked)
+        return node
+
+
 class _Scan(_Op):
     __slots__ = ("fn", "state")
 
@@ -814,19 +847,6 @@ class _Scan(_Op):
         return _map_with_paths(
             walker, lambda x, where: self._one(walker, x, emask, where), node, path
         )
-
-
-class _Replace(_Op):
-    """Put one given node at the (single) selected spot: used by method calls."""
-
-    __slots__ = ("node",)
-
-    def __init__(self, node: Any) -> None:
-        self.node = node
-
-    def spot(self, walker, node, path, emask):
-        walker.count += 1
-        return self.node
 
 
 # -- the indexer -------------------------------------------------------------------------
@@ -920,7 +940,8 @@ class AtIndexer(Generic[T]):
     - `tc.where(fn)`: every node below for which `fn(path, node)` is true;
     - `tc.glob("layers.*.weight")`: nodes whose key path below matches the pattern;
     - a `tc.BaseKey` instance: children whose key entry it says it equals; a value of a
-      type registered with `tc.BaseKey.def_alias`.
+      type registered with `tc.BaseKey.def_alias`, or with `AtIndexer.def_rule` (also
+      `tc.at.def_rule`, sepes's spelling); a JAX key entry (`jax.tree_util.DictKey("a")`).
 
     A name or index that is missing, and a glob, regex or `BaseKey` that selects nothing,
     raise `LookupError` (naming the closest existing keys); a mask or predicate that
@@ -943,6 +964,7 @@ class AtIndexer(Generic[T]):
       leaves in flatten order;
     - `.scan(fn, state)`: `new_leaf, state = fn(leaf, state)` over the selected leaves;
       returns `(new_tree, final_state)`;
+    - `.pluck(count=None)`: the selected subtrees themselves, as a list;
     - `tree.at["method"](*args, **kwargs)` (a `TreeClass`): runs the method on a copy in
       which every node may be mutated; returns `(return_value, new_tree)`. Nested:
       `tree.at["child"]["method"]()`.
@@ -966,7 +988,11 @@ class AtIndexer(Generic[T]):
     where: tuple[Any, ...]
     _matchers: tuple[Matcher, ...]
 
-    def __init__(self, tree: T, where: tuple[Any, ...] = ()) -> None:
+    def __init__(self, tree: T, where: Sequence[Any] | None = ()) -> None:
+        if where is None:
+            where = ()
+        elif not isinstance(where, (tuple, list)):
+            raise TypeError(WHERE_TYPE_MSG.format(value=_short_repr(where)))
         self.tree = tree
         self.where = tuple(where)
         matchers = []
@@ -1221,6 +1247,53 @@ class AtIndexer(Generic[T]):
         tree = self._run(scan, is_leaf)
         return tree, scan.state
 
+    def pluck(
+        self,
+        count: int | None = None,
+        *,
+        is_leaf: Callable[[Any], bool] | None = None,
+        is_parallel: bool | dict[str, Any] = False,
+    ) -> list[Any]:
+        """The selected subtrees themselves, as a list in flatten order.
+
+        Where `get` returns the whole tree with unselected leaves replaced, `pluck` returns
+        only what is selected: each selected node once (a selected subtree whole, not its
+        leaves one by one; under an element mask, `leaf[mask]`).
+
+        **Arguments**
+
+        - `count`: at most this many subtrees, the first ones (`None`: all).
+        - `is_leaf`: treat nodes for which it returns `True` as leaves.
+        - `is_parallel`: accepted as for `get` (there is no function to run in parallel).
+
+        **Returns**
+
+        A list of the selected subtrees.
+
+        ```python
+        import treeclass as tc
+
+        tree = {"a": 1, "b": [2, 3]}
+        assert tc.at(tree)["b"].pluck() == [[2, 3]]
+        assert tc.at(tree)[...].pluck() == [1, [2, 3]]
+        assert tc.at(tree)[{"a": True, "b": [False, True]}].pluck() == [1, 3]
+        assert tc.at(tree)[...].pluck(1) == [1]
+        ```
+        """
+        if count is None:
+            limit: float = float("inf")
+        elif isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+            limit = count
+        else:
+            raise TypeError(PLUCK_COUNT_MSG.format(value=count))
+        _check_is_leaf(is_leaf, "pluck")
+        _executor_args(is_parallel)  # checked like everywhere else; no pool is needed
+        pluck = _Pluck(limit)
+        self._run(pluck, is_leaf)
+        return pluck.found
+
+    def_rule = staticmethod(def_rule)
+
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, T]:
         """Call a method on a mutable copy: `tree.at["method"](*a, **k)` -> `(value, new_tree)`.
 
@@ -1255,99 +1328,33 @@ class AtIndexer(Generic[T]):
                         selection="".join(f"[{_short_repr(s)}]" for s in where)
                     )
                 )
-        name = where[-1]
-        root = self.tree
-        if _node.is_treeclass(root):
-            tree = _node.unsealed_copy(root)
-            try:
-                parent, path = _navigate(tree, where[:-1])
-                value = _method(tree, parent, path, name)(*args, **kwargs)
-            except BaseException:
-                try:
-                    _node.reseal(tree)
-                except Exception:  # the method's own error is the one to report
-                    pass
-                raise
-            _node.reseal(tree)
-            return value, tree
-        parent, path = _navigate(root, where[:-1])
-        if not _node.is_treeclass(parent):
-            return _method(root, parent, path, name)(*args, **kwargs), root
-        local = _node.unsealed_copy(parent)
-        try:
-            value = _method(root, local, path, name)(*args, **kwargs)
-        except BaseException:
-            try:
-                _node.reseal(local)
-            except Exception:
-                pass
-            raise
-        _node.reseal(local)
-        if not path:
-            return value, local
-        selection = lambda: _selection_str(root, where[:-1])
-        walker = _Walker(root, self._matchers[:-1], _Replace(local), None, selection)
-        return value, walker.run()
+        return call_method(self.tree, where[:-1], where[-1], args, kwargs)
 
 
-def _navigate(tree: Any, keys: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-    """The node reached by a chain of names and indices, and its key path."""
-    node = tree
-    path: tuple[Any, ...] = ()
-    for key in keys:
-        kind = node_kind(node)
-        opened = open_node(node, kind)
-        matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
-        probe = _Walker(tree, (), _Op(), None, lambda: "")
-        code, state = matcher.enter(None, node, kind, opened, path, probe)
-        assert opened is not None  # a leaf has no children: `enter` raised for it
-        found: tuple[Any, Any] | None = None
-        for k, (entry, child) in enumerate(zip(opened[0], opened[1], strict=True)):
-            if matcher.step(state, k, entry, child, path + (entry,))[0] == MATCH:
-                found = (entry, child)
-                break
-        matcher.finish(state, node, kind, opened, path, probe)
-        assert found is not None  # no child matched: `finish` raised
-        path = path + (found[0],)
-        node = found[1]
-    return node, path
-
-
-def _method(root: Any, parent: Any, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
-    where = path_str(root, path)
-    try:
-        method = getattr(parent, name)
-    except AttributeError:
-        names = [
-            n
-            for n in dir(parent)
-            if not n.startswith("_") and callable(getattr(type(parent), n, None))
-        ]
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
-        raise AttributeError(NO_METHOD_MSG.format(where=where, name=name, hint=hint)) from None
-    if not callable(method):
-        raise TypeError(
-            NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
-        )
-    return method
-
-
-def at(tree: T) -> AtIndexer[T]:
+def at(tree: T, where: Sequence[Any] | None = ()) -> AtIndexer[T]:
     """The `.at[...]` indexer of any pytree: `tc.at(tree)[...]`; see `AtIndexer`.
 
     **Arguments**
 
     - `tree`: any pytree (a `TreeClass` also has the `tree.at` property).
+    - `where`: selectors to start with, one per level (sepes's form):
+      `tc.at(tree, where=["a", 0])` is `tc.at(tree)["a"][0]`.
 
     **Returns**
 
-    An `AtIndexer` selecting the whole tree, ready to be indexed.
+    An `AtIndexer` selecting the whole tree (or `where`), ready to be indexed.
+
+    `tc.at.def_rule(kind, compare)` (also `tc.AtIndexer.def_rule`) makes values of type
+    `kind` selectors: see `AtIndexer.def_rule`.
 
     ```python
     import treeclass as tc
 
     assert tc.at({"a": [1, 2]})["a"][-1].set(5) == {"a": [1, 5]}
+    assert tc.at({"a": [1, 2]}, where=["a", 0]).get() == {"a": [1, None]}
     ```
     """
-    return AtIndexer(tree)
+    return AtIndexer(tree, where)
+
+
+at.def_rule = def_rule  # type: ignore[attr-defined]  # sepes's spelling: `tc.at.def_rule(...)`

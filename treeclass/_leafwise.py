@@ -281,6 +281,15 @@ _BCMAP_WHOLE_NOTE = (
     "To map it leaf by leaf, give it the structure of {ref}."
 )
 
+_BCMAP_POSITION_MSG = (
+    "bcmap(func, broadcast_to={position}) maps over positional argument {position}, but the "
+    "call passed {count} positional argument{s}."
+)
+_BCMAP_KEYWORD_MSG = (
+    "bcmap(func, broadcast_to={key!r}) maps over keyword argument `{key}`, but the call "
+    "passed no such keyword (keywords passed: {keywords})."
+)
+
 # values that are leaves whatever `is_leaf` says, so need no flattening to tell
 _LEAF_TYPES = (int, float, complex, bool, str, bytes, np.ndarray, np.generic, jax.Array)
 
@@ -312,6 +321,13 @@ def bcmap(
 @overload
 def bcmap(
     func: Callable[..., Any],
+    broadcast_to: int | str,
+    *,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Callable[..., Any]: ...
+@overload
+def bcmap(
+    func: Callable[..., Any],
     broadcast_to: _Tree,
     *,
     is_leaf: Callable[[Any], bool] | None = None,
@@ -336,9 +352,11 @@ def bcmap(
     **Arguments**
 
     - `func`: the function to map.
-    - `broadcast_to`: a tree that fixes the structure instead of the first argument; an
-      argument of its structure is mapped, any other is broadcast (so `func` may be called
-      with the same arguments for every leaf).
+    - `broadcast_to`: what fixes the structure instead of the first argument: an int,
+      the position of a positional argument, or a str, the name of a keyword argument
+      (sepes's meaning); or a tree, whose structure is mapped over (so `func` may be
+      called with the same arguments for every leaf). Either way an argument of that
+      structure is mapped and any other is broadcast.
     - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves. It
       applies to every argument when comparing structures.
 
@@ -358,6 +376,8 @@ def bcmap(
     assert out["a"].tolist() == [0.0, 3.0] and out["b"] == 5.0
     assert tc.bcmap(jnp.sum)({"x": jnp.ones((2, 3))}, axis=(0, 1))["x"] == 6.0
     assert tc.bcmap(lambda x, y: x + y)([1, 2], [10, 20]) == [11, 22]
+    assert tc.bcmap(lambda x, y: x + y, broadcast_to=1)(1, [2, 3]) == [3, 4]
+    assert tc.bcmap(lambda x, y: x + y, broadcast_to="y")(x=1, y=[2, 3]) == [3, 4]
     ```
     """
     if not callable(func):
@@ -376,9 +396,14 @@ class _Reference(NamedTuple):
 
     value: Any
     name: str  # how messages name it: "positional argument 0", "keyword argument `x`"
+    position: int | None  # its position, when it is a positional argument
     key: str | None  # its keyword, when it is a keyword argument
     leaves: list[Any]
     treedef: Any
+
+
+def _is_position(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 class _Arguments(NamedTuple):
@@ -391,31 +416,44 @@ class _Arguments(NamedTuple):
 
 def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _Reference | None:
     """The argument fixing the structure, or `None` when there is none to map over."""
-    key = None
-    if broadcast_to is not None:
+    key = position = None
+    if isinstance(broadcast_to, str):
+        if broadcast_to not in kwargs:
+            shown = ", ".join(f"`{k}`" for k in kwargs) or "none"
+            raise TypeError(_BCMAP_KEYWORD_MSG.format(key=broadcast_to, keywords=shown))
+        key = broadcast_to
+    elif _is_position(broadcast_to):
+        count = len(args)
+        if not -count <= broadcast_to < count:
+            raise TypeError(
+                _BCMAP_POSITION_MSG.format(
+                    position=int(broadcast_to), count=count, s="" if count == 1 else "s"
+                )
+            )
+        position = int(broadcast_to) % count
+    elif broadcast_to is not None:
         value, name = broadcast_to, "broadcast_to"
     elif args:
-        value, name = args[0], "positional argument 0"
+        position = 0
     elif kwargs:
         key = next(iter(kwargs))
-        value, name = kwargs[key], f"keyword argument `{key}`"
     else:
         return None
-    if broadcast_to is None and isinstance(value, _LEAF_TYPES):
-        return None  # the first argument is a leaf: one plain call
+    own = broadcast_to is None or position is not None or key is not None
+    if position is not None:
+        value, name = args[position], f"positional argument {position}"
+    elif key is not None:
+        value, name = kwargs[key], f"keyword argument `{key}`"
+    if own and isinstance(value, _LEAF_TYPES):
+        return None  # the argument fixing the structure is a leaf: one plain call
     leaves, treedef = _flatten(value, is_leaf)
-    if broadcast_to is None and treedef.num_nodes == 1 and treedef.num_leaves == 1:
+    if own and treedef.num_nodes == 1 and treedef.num_leaves == 1:
         return None  # a leaf of a custom type, or one `is_leaf` picked
-    return _Reference(value, name, key, leaves, treedef)
+    return _Reference(value, name, position, key, leaves, treedef)
 
 
-def _sort_arguments(
-    ref: _Reference, own: bool, args: tuple, kwargs: dict, is_leaf: Any
-) -> _Arguments:
-    """Map the arguments with the reference's structure; pass every other one whole.
-
-    `own` says that the reference is one of the arguments (not `broadcast_to`).
-    """
+def _sort_arguments(ref: _Reference, args: tuple, kwargs: dict, is_leaf: Any) -> _Arguments:
+    """Map the arguments with the reference's structure; pass every other one whole."""
     whole: list[tuple[str, Any]] = []
 
     def leaves_if_mapped(arg: Any, name: str) -> list | None:
@@ -431,7 +469,7 @@ def _sort_arguments(
     positional = []
     leaves: list[Any] | None
     for position, arg in enumerate(args):
-        if position == 0 and own and ref.key is None:
+        if position == ref.position:
             leaves = ref.leaves
         else:
             leaves = leaves_if_mapped(arg, f"positional argument {position}")
@@ -499,7 +537,7 @@ def _broadcast_call(
     ref = _reference(broadcast_to, args, kwargs, is_leaf)
     if ref is None:
         return func(*args, **kwargs)
-    sorted_args = _sort_arguments(ref, broadcast_to is None, args, kwargs, is_leaf)
+    sorted_args = _sort_arguments(ref, args, kwargs, is_leaf)
 
     def note(error: BaseException, index: int) -> None:
         path = leaf_path_str(ref.value, index, is_leaf)

@@ -7,6 +7,7 @@ mask tree, and `is_nondiff`, the default predicate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from ._frozen import Frozen, freeze, is_frozen, unfreeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
 
-__all__ = ["is_nondiff", "tree_mask", "tree_unmask"]
+__all__ = ["is_masked", "is_nondiff", "tree_mask", "tree_unmask"]
 
 PyTree = Any
 _T = TypeVar("_T")
@@ -66,9 +67,21 @@ _MASK_LEAF_NOT_BOOL = (
     "the mask has {value} at `{path}`, expected True or False (a bool scalar): a leaf is "
     "frozen whole or not at all."
 )
+_MASK_NOT_A_MASK = (
+    "the mask (or `cond`) must be a predicate, a function of a leaf returning a bool, or a "
+    "mask tree: the tree's structure with True or False at every leaf; got {value}."
+)
 _MASK_AND_COND_MSG = (
     "`{name}` takes the mask (or predicate) as `mask=` (PyTreeClass) or `cond=` (sepes), not both."
 )
+
+
+class MaskLeafError(TypeError, ValueError):
+    """A mask (or `cond`) holding something else than bools, or not a mask at all.
+
+    A `TypeError`, as sepes raises for a `cond` that is not callable, and a `ValueError`,
+    as PyTreeClass raises for such a `mask`.
+    """
 
 
 def _is_predicate(cond: Any) -> bool:
@@ -86,6 +99,17 @@ def _mask_leaves(
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
     flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=is_frozen)
+    # the mask's leaves first: a non-bool is the wrong kind of argument, whatever its shape
+    for i, flag in enumerate(flags):
+        if type(flag) is Frozen:
+            flags[i] = False
+        elif not is_bool_mask_leaf(flag):
+            if mask_def.num_nodes == 1:  # not a tree at all: `cond=1.0`
+                raise MaskLeafError(_MASK_NOT_A_MASK.format(value=short_repr(flag)))
+            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask, is_leaf=is_frozen)[0]]
+            raise MaskLeafError(
+                _MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=path_str(tree, paths[i]))
+            )
     if mask_def != treedef and frozen_may_be_leaves:
         # a mask made from the tree with its frozen values as leaves fits too
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
@@ -97,14 +121,6 @@ def _mask_leaves(
         else:
             path, reason = found.path, found.explain("mask")
         raise ValueError(_MASK_DOES_NOT_FIT.format(path=path_str(tree, path), reason=reason))
-    for i, flag in enumerate(flags):
-        if type(flag) is Frozen:
-            flags[i] = False
-        elif not is_bool_mask_leaf(flag):
-            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask, is_leaf=is_frozen)[0]]
-            raise ValueError(
-                _MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=path_str(tree, paths[i]))
-            )
     return leaves, flags, treedef
 
 
@@ -156,8 +172,16 @@ def tree_mask(
 
     **Raises**
 
-    `ValueError` naming the key path where a mask tree does not fit `tree`; an error
-    raised by the predicate gets a note naming the leaf.
+    `ValueError` naming the key path where a mask tree does not fit `tree`; a
+    `MaskLeafError` (both a `TypeError` and a `ValueError`) when the mask is neither a
+    predicate nor holds bools (`cond=1.0`); an error raised by the predicate gets a note
+    naming the leaf.
+
+    **Custom wrappers**
+
+    `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks the chosen values of type `T`
+    (and its subclasses) as `fn(value)` instead of `freeze(value)`; pair it with
+    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns.
 
     ```python
     import jax, jax.numpy as jnp
@@ -170,17 +194,38 @@ def tree_mask(
     assert tc.is_tree_equal(tc.tree_unmask(masked), model)
     assert tc.tree_mask(model, mask={"w": False, "act": True, "n": False})["n"] == 2
     ```
+
+    A custom wrapper:
+
+    ```python
+    import treeclass as tc
+
+    class Tag:
+        def __init__(self, name):
+            self.name = name
+
+    class HiddenTag:
+        def __init__(self, tag):
+            self.tag = tag
+
+    tc.tree_mask.def_type(Tag)(HiddenTag)
+    tc.tree_unmask.def_type(HiddenTag)(lambda hidden: hidden.tag)
+    tag = Tag("a")
+    masked = tc.tree_mask([tag, 1.0], cond=lambda x: isinstance(x, Tag))
+    assert type(masked[0]) is HiddenTag and tc.is_masked(masked[0])
+    assert tc.tree_unmask(masked) == [tag, 1.0]
+    ```
     """
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
     check_callable(is_leaf, "tree_mask", "is_leaf", optional=True)
     if _is_predicate(cond):
 
         def mask_leaf(x: Any) -> Any:
-            return freeze(x) if cond(x) else x
+            return _mask_value(x) if cond(x) else x
 
         return _map_predicate(mask_leaf, tree, is_leaf, "mask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
-    return treedef.unflatten([freeze(x) if f else x for x, f in zip(leaves, flags)])
+    return treedef.unflatten([_mask_value(x) if f else x for x, f in zip(leaves, flags)])
 
 
 def _everything(_: Any) -> bool:
@@ -205,7 +250,9 @@ def tree_unmask(
     - `tree`: any pytree.
     - `mask` or `cond`, one of the two: a predicate called with the *unfrozen* value of
       every frozen leaf, or a mask tree with a bool at every leaf of `tree`, counting
-      frozen values as leaves (so the mask given to `tree_mask` fits).
+      frozen values as leaves (so the mask given to `tree_mask` fits). Wrappers of
+      types registered with `tc.tree_unmask.def_type(W)(unwrap)` count as frozen values
+      (see `is_masked`) and are unwrapped with `unwrap`.
 
     **Returns**
 
@@ -228,13 +275,82 @@ def tree_unmask(
     if _is_predicate(cond):
 
         def unmask_leaf(x: Any) -> Any:
-            if type(x) is Frozen and cond(x._value):
-                return x._value
+            if type(x) is Frozen:
+                value = unfreeze(x)
+                return value if cond(value) else x
+            if _UNMASK_RULES and is_masked(x):
+                value = _unmask_value(x)
+                return value if cond(value) else x
             return x
 
-        return _map_predicate(unmask_leaf, tree, is_frozen, "unmask predicate")
-    leaves, flags, treedef = _mask_leaves(tree, cond, is_frozen, frozen_may_be_leaves=False)
-    return treedef.unflatten([unfreeze(x) if f else x for x, f in zip(leaves, flags)])
+        return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
+    leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
+    return treedef.unflatten([_unmask_value(x) if f else x for x, f in zip(leaves, flags)])
+
+
+# Types `tree_mask` / `tree_unmask` wrap and unwrap their own way (`def_type`): type ->
+# function, looked up along the value's MRO. Written on registration (a dict store, atomic
+# under the GIL), read for each masked leaf; empty, they cost one truth test per leaf.
+_MASK_RULES: dict[type, Callable[[Any], Any]] = {}
+_UNMASK_RULES: dict[type, Callable[[Any], Any]] = {}
+
+
+def _rule_for(rules: dict[type, Callable[[Any], Any]], x: Any) -> Callable[[Any], Any] | None:
+    for base in type(x).__mro__:
+        rule = rules.get(base)
+        if rule is not None:
+            return rule
+    return None
+
+
+def _mask_value(x: Any) -> Any:
+    rule = _rule_for(_MASK_RULES, x) if _MASK_RULES else None
+    return freeze(x) if rule is None else rule(x)
+
+
+def _unmask_value(x: Any) -> Any:
+    if type(x) is Frozen:
+        return unfreeze(x)
+    rule = _rule_for(_UNMASK_RULES, x) if _UNMASK_RULES else None
+    return x if rule is None else rule(x)
+
+
+def _def_type(
+    rules: dict[type, Callable[[Any], Any]], name: str, kind: type, fn: Any = None
+) -> Any:
+    if not isinstance(kind, type):
+        raise TypeError(f"`{name}.def_type` expects a type, got {kind!r}.")
+
+    def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        check_callable(fn, f"{name}.def_type({kind.__name__})", "fn")
+        rules[kind] = fn
+        return fn
+
+    return register if fn is None else register(fn)
+
+
+def is_masked(x: Any) -> bool:
+    """Whether `tree_unmask` would unwrap `x`: a frozen value, or a `def_type` wrapper.
+
+    sepes's name. `is_frozen` answers for `freeze`'s own wrapper only; `is_masked` also
+    knows the types registered with `tree_unmask.def_type`. Use it as `is_leaf=` to reach
+    masked values: `tree.at[...].apply(tc.unfreeze, is_leaf=tc.is_masked)`.
+
+    ```python
+    import treeclass as tc
+
+    assert tc.is_masked(tc.freeze(1)) and not tc.is_masked(1)
+    assert tc.is_masked(tc.tree_mask({"n": 1})["n"])
+    ```
+    """
+    if type(x) is Frozen:
+        return True
+    return bool(_UNMASK_RULES) and _rule_for(_UNMASK_RULES, x) is not None
+
+
+# sepes's extension points, kept on the functions as there: `tc.tree_mask.def_type(T)(fn)`
+tree_mask.def_type = functools.partial(_def_type, _MASK_RULES, "tree_mask")  # type: ignore[attr-defined]
+tree_unmask.def_type = functools.partial(_def_type, _UNMASK_RULES, "tree_unmask")  # type: ignore[attr-defined]
 
 
 def _frozen_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:

@@ -58,7 +58,7 @@ from ._structure import (
     path_str,
 )
 
-__all__ = ["BaseKey", "where", "glob", "NonBoolMaskError"]
+__all__ = ["BaseKey", "where", "glob", "def_rule", "NonBoolMaskError"]
 
 
 # -- public selector types -------------------------------------------------------------------
@@ -777,6 +777,102 @@ class BaseKeyMatcher(_NamingMatcher):
         return repr(self.key)
 
 
+class RuleMatcher(_NamingMatcher):
+    """A value of a type registered with `def_rule`: children its `compare` accepts."""
+
+    __slots__ = ("value", "compare")
+
+    def __init__(self, value: Any, compare: Callable[[Any, Any, Any], Any]) -> None:
+        self.value = value
+        self.compare = compare
+
+    def enter(self, state, node, kind, opened, path, walker):
+        if opened is None:
+            return _NOTHING
+        # static fields are not offered to `compare`: it is the user's and may expect leaves
+        walker.note_names(self, opened.entries)
+        return CHILDREN, walker.hits  # where a match records itself
+
+    def step(self, state, k, entry, child, child_path):
+        if self.compare(self.value, entry, child):
+            state.add(self)
+            return _MATCHED
+        return _PRUNED
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class _Rule:
+    """What `def_rule` turns a registered value into: the value and its compare function."""
+
+    __slots__ = ("value", "compare")
+
+    def __init__(self, value: Any, compare: Callable[[Any, Any, Any], Any]) -> None:
+        self.value = value
+        self.compare = compare
+
+
+def _same_entry(key: Any, entry: Any, child: Any) -> bool:
+    return type(entry) is type(key) and entry == key
+
+
+DEF_RULE_FLAG_MSG = "`def_rule` expects `broadcastable` to be True or False, got {value!r}."
+
+
+def def_rule(
+    kind: type, compare: Callable[[Any, Any, Any], Any], *, broadcastable: bool = False
+) -> None:
+    """Make values of type `kind` selectors matched by `compare(value, entry, child)`.
+
+    sepes's `at.def_rule`. At each level the selector is used at, `compare` is called with
+    the selector value, each child's key entry (`jax.tree_util.GetAttrKey`, `DictKey`,
+    `SequenceKey`, ...) and the child itself; the children for which it returns a true
+    value are selected. As with a name, a rule that selects nothing anywhere is an error
+    (`LookupError`). Registering a type again replaces its rule; the rule takes precedence
+    over what the type meant before (a `NamedTuple` matcher is a selector, not a mask).
+
+    **Arguments**
+
+    - `kind`: the selector type (its subclasses too).
+    - `compare`: `compare(value, entry, child) -> bool`.
+    - `broadcastable`: accepted for sepes code and has no effect: in treeclass a selected
+      subtree always stands for its leaves (`.set(v)` puts `v` at every leaf below), for a
+      rule as for a name.
+
+    **Returns**
+
+    None.
+
+    ```python
+    from typing import NamedTuple
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Named(NamedTuple):
+        name: str
+        ndim: int
+
+    def compare(matcher, entry, child):
+        return (
+            isinstance(entry, jax.tree_util.DictKey)
+            and entry.key == matcher.name
+            and getattr(child, "ndim", None) == matcher.ndim
+        )
+
+    tc.at.def_rule(Named, compare)
+    tree = {"weight": jnp.ones((2, 2)), "bias": jnp.ones(2)}
+    out = tc.at(tree)[Named("weight", 2)].apply(jnp.zeros_like)
+    assert out["weight"].sum() == 0.0 and out["bias"].sum() == 2.0
+    ```
+    """
+    if type(broadcastable) is not bool:
+        raise TypeError(DEF_RULE_FLAG_MSG.format(value=broadcastable))
+    if not callable(compare):
+        raise TypeError(f"`def_rule` expects a callable `compare`, got {compare!r}.")
+    BaseKey.def_alias(kind, lambda value: _Rule(value, compare))
+
+
 class TypeMatcher(Matcher):
     """A class: every node below that is an instance of it, not looking into a match."""
 
@@ -1215,8 +1311,9 @@ SUPPORTED_SELECTORS = (
     "a str name (attribute or dict key), an int index (negative counts from the end), "
     "`...` (every child), `re.compile(pattern)` (names matching at this level), a class "
     "(every instance at any depth), `tc.where(fn)`, `tc.glob(pattern)`, a `tc.BaseKey` "
-    "instance, a boolean mask (a bool, a boolean array or a pytree of them), a type "
-    "registered with `tc.BaseKey.def_alias`, or a flat tuple of these (their union at one "
+    "instance, a key entry (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`), a boolean "
+    "mask (a bool, a boolean array or a pytree of them), a type registered with "
+    "`tc.BaseKey.def_alias` or `tc.at.def_rule`, or a flat tuple of these (their union at one "
     "level)"
 )
 UNSUPPORTED_MSG = (
@@ -1275,6 +1372,10 @@ _BUILTIN: dict[type, Compiler] = {
     re.Pattern: lambda s, where: PatternMatcher(s),
     BaseKey: lambda s, where: BaseKeyMatcher(s),
     _Where: lambda s, where: WhereMatcher(s.fn),
+    _Rule: lambda s, where: RuleMatcher(s.value, s.compare),
+    GetAttrKey: lambda s, where: RuleMatcher(s, _same_entry),
+    DictKey: lambda s, where: RuleMatcher(s, _same_entry),
+    SequenceKey: lambda s, where: RuleMatcher(s, _same_entry),
     _Glob: _compile_glob,
     type: _compile_type,
 }

@@ -1,0 +1,54 @@
+"""`backend_context`: sepes's backend switch, for the one backend treeclass has (JAX)."""
+
+from __future__ import annotations
+
+import contextlib
+
+__all__ = ["backend_context"]
+
+JAX_ONLY_MSG = (
+    "treeclass is JAX-only: its trees are JAX pytrees and it has no {name!r} backend, so "
+    "`backend_context` accepts only 'jax' (where it changes nothing). Code written for "
+    "sepes's other backends runs here once it uses JAX's pytrees:\n"
+    "    before: with sp.backend_context({name!r}): ...\n"
+    "    after:  with tc.backend_context('jax'): ...   # or no context at all"
+)
+
+
+def backend_context(backend_name: str) -> contextlib.AbstractContextManager[None]:
+    """A context manager for sepes code that picks a tree backend: only `"jax"` exists.
+
+    sepes can build its trees on JAX or on optree; treeclass trees are always JAX pytrees,
+    so `backend_context("jax")` is accepted and changes nothing, and any other name is
+    refused when the context is made (before its body runs).
+
+    **Arguments**
+
+    - `backend_name`: `"jax"`.
+
+    **Returns**
+
+    A context manager that does nothing.
+
+    **Raises**
+
+    `ValueError` for any other name, saying that treeclass is JAX-only.
+
+    ```python
+    import treeclass as tc
+
+    with tc.backend_context("jax"):
+        class Pair(tc.TreeClass):
+            a: int
+            b: int
+
+    assert Pair(1, 2).a == 1
+    try:
+        tc.backend_context("optree")
+    except ValueError as error:
+        assert "JAX-only" in str(error)
+    ```
+    """
+    if backend_name != "jax":
+        raise ValueError(JAX_ONLY_MSG.format(name=backend_name))
+    return contextlib.nullcontext()

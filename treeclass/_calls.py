@@ -1,0 +1,240 @@
+"""Running code that mutates trees on copies: `tree.at["method"](...)` and `value_and_tree`.
+
+TreeClass instances are immutable once built, and a plain container may be shared by many
+trees, so a function that changes a tree in place (a method that sets, deletes or adds an
+attribute, appends to a list, writes into a NumPy buffer) runs on a private copy made by
+`call_on_copy`, the one place that makes such copies: every TreeClass node of the copy may
+be mutated, its NumPy leaves are copies, and when the function returns (or raises) the
+copy's nodes are sealed again. The caller gets the function's value and the changed copy;
+the input is never touched.
+
+A method call copies only the node whose method runs (with what is below it) and rebuilds
+the nodes on the path above it, as `.set` does: siblings are shared, never visited.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from . import _node
+from ._selectors import MATCH, IndexMatcher, NameMatcher, missing_key_error
+from ._structure import LEAF, Kind, node_kind, open_node, rebuild
+from ._util import check_callable
+from ._values import path_str
+
+__all__ = ["call_on_copy", "call_method", "value_and_tree"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+NOT_CALLABLE_MSG = (
+    "{where} is not callable (it is a `{type}`), so `.at[{name!r}](...)` cannot call it. Use "
+    "`.at[{name!r}].get()`, `.set(value)` or `.apply(fn)` to read or change it."
+)
+NO_METHOD_MSG = "{where} has no method {name!r}{hint}"
+ARGNUMS_TYPE_MSG = (
+    "`value_and_tree` expects `argnums` to be an int or a sequence of ints (the positions of "
+    "the arguments whose changed copies it returns), got {value!r}."
+)
+ARGNUMS_RANGE_MSG = (
+    "`value_and_tree({func}, argnums={argnums!r})` returns the changed copy of positional "
+    "argument {argnum}, but the call passed {count} positional argument{s}."
+)
+
+
+def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
+    """`(fn(copy), copy)` for a copy of `tree` whose TreeClass nodes may be mutated.
+
+    The copy's nodes are sealed again when `fn` returns, and also when it raises (the copy
+    may have escaped, e.g. stored by the method): `fn`'s error is the one reported.
+    """
+    copy = _node.unsealed_copy(tree)
+    try:
+        value = fn(copy)
+    except BaseException:
+        try:
+            _node.reseal(copy)
+        except Exception:  # the function's own error is the one to report
+            pass
+        raise
+    _node.reseal(copy)
+    return value, copy
+
+
+# -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
+
+
+class _Probe:
+    """What a name or index matcher asks of the walker: the error for a missing key."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    def missing(self, key: Any, node: Any, kind: Kind, opened: Any, path: tuple) -> Exception:
+        return missing_key_error(key, node, kind, opened, path_str(self.root, path))
+
+
+def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Any, int]]:
+    """`(node, kind, opened, k)` for each node on the path: `k` is its child on the path.
+
+    The node the last key reaches is the last `opened` children list's item `k`.
+    """
+    probe = _Probe(root)
+    steps: list[tuple[Any, Kind, Any, int]] = []
+    node = root
+    path: tuple[Any, ...] = ()
+    for key in keys:
+        kind = node_kind(node)
+        opened = None if kind == LEAF else open_node(node, kind)
+        matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
+        _, state = matcher.enter(None, node, kind, opened, path, probe)  # raises on a leaf
+        assert opened is not None
+        found = -1
+        for k, (entry, child) in enumerate(zip(opened.entries, opened.children, strict=True)):
+            if matcher.step(state, k, entry, child, path + (entry,))[0] == MATCH:
+                found = k
+                break
+        matcher.finish(state, node, kind, opened, path, probe)  # raises when nothing matched
+        steps.append((node, kind, opened, found))
+        path = path + (opened.entries[found],)
+        node = opened.children[found]
+    return steps
+
+
+def _method_of(root: Any, node: Any, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
+    where = path_str(root, path)
+    try:
+        method = getattr(node, name)
+    except AttributeError:
+        names = [
+            n for n in dir(node) if not n.startswith("_") and callable(getattr(type(node), n, None))
+        ]
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        raise AttributeError(NO_METHOD_MSG.format(where=where, name=name, hint=hint)) from None
+    if not callable(method):
+        raise TypeError(
+            NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
+        )
+    return method
+
+
+def call_method(
+    root: _T, keys: Sequence[Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, _T]:
+    """`(value, new_root)`: method `name` of the node `keys` (names and indices) reach, run
+    on a copy of that node, which then replaces it in a rebuilt `root`."""
+    steps = _descend(root, keys)
+    if steps:
+        _, _, opened, k = steps[-1]
+        target = opened.children[k]
+        path = tuple(s[2].entries[s[3]] for s in steps)
+    else:
+        target, path = root, ()
+
+    def run(node: Any) -> Any:
+        return _method_of(root, node, path, name)(*args, **kwargs)
+
+    value, new = call_on_copy(target, run)
+    for node, kind, opened, k in reversed(steps):
+        children = list(opened.children)
+        children[k] = new
+        new = rebuild(node, kind, opened.aux, children)
+    return value, new
+
+
+# -- value_and_tree ----------------------------------------------------------------------------
+
+
+def _argnums_tuple(argnums: Any) -> tuple[int, ...]:
+    if isinstance(argnums, int) and not isinstance(argnums, bool):
+        return (argnums,)
+    if isinstance(argnums, Sequence) and not isinstance(argnums, str):
+        found = tuple(argnums)
+        if all(isinstance(a, int) and not isinstance(a, bool) for a in found):
+            return found
+    raise TypeError(ARGNUMS_TYPE_MSG.format(value=argnums))
+
+
+def value_and_tree(
+    func: Callable[..., Any], argnums: int | Sequence[int] = 0
+) -> Callable[..., tuple[Any, Any]]:
+    """Run `func` on copies of its arguments that it may mutate: `(value, changed copies)`.
+
+    For code that changes its tree arguments in place, such as methods that set attributes
+    on a `TreeClass` (immutable otherwise), append to lists or write into NumPy arrays:
+    every argument (positional and keyword) is copied first, TreeClass nodes of the copies
+    may be mutated, and they are immutable again once `func` returns or raises. The inputs
+    are never changed. `tree.at["method"](*args)` is the same for one method of one tree.
+
+    **Arguments**
+
+    - `func`: the function to run.
+    - `argnums`: the position of the argument whose changed copy is returned, or a
+      sequence of positions (the copies are then returned as a tuple, in that order);
+      negative positions count from the end.
+
+    **Returns**
+
+    A function taking `func`'s arguments and returning `(func's value, copy)`.
+
+    **Raises**
+
+    `TypeError` when `func` is not callable, when `argnums` is not an int or a sequence
+    of ints, or, at the call, when it names a position the call did not pass.
+
+    ```python
+    import treeclass as tc
+
+    class Counter(tc.TreeClass):
+        count: int = 0
+
+        def increment(self, by):
+            self.count += by
+            return self.count
+
+    counter = Counter()
+    value, new = tc.value_and_tree(lambda c: c.increment(2))(counter)
+    assert value == 2 and new.count == 2 and counter.count == 0
+
+    def push(items, item):
+        items.append(item)
+
+    _, (items, item) = tc.value_and_tree(push, argnums=(0, 1))([1, 2], 3)
+    assert items == [1, 2, 3]
+    ```
+    """
+    check_callable(func, "value_and_tree", "func")
+    single = isinstance(argnums, int) and not isinstance(argnums, bool)
+    positions = _argnums_tuple(argnums)
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        count = len(args)
+        for argnum in positions:
+            if not -count <= argnum < count:
+                raise TypeError(
+                    ARGNUMS_RANGE_MSG.format(
+                        func=getattr(func, "__name__", "func"),
+                        argnums=argnums,
+                        argnum=argnum,
+                        count=count,
+                        s="" if count == 1 else "s",
+                    )
+                )
+
+        def call(copied: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+            # the copy's dict is in flatten (sorted) order; the call keeps the caller's
+            return func(*copied[0], **{key: copied[1][key] for key in kwargs})
+
+        value, (args_copy, _) = call_on_copy((args, kwargs), call)
+        if single:
+            return value, args_copy[positions[0]]
+        return value, tuple(args_copy[a] for a in positions)
+
+    return run
