@@ -18,6 +18,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "treeclass"
 FLOORS = {
     "_values": 0,
     "_codegen": 0,
+    "_backend": 0,
     "_frozen": 1,
     "_node": 1,
     "_util": 2,
@@ -30,6 +31,7 @@ FLOORS = {
     "_pprint_registry": 4,
     "_pprint": 5,
     "_pprint_html": 6,
+    "_calls": 6,
     "_at": 7,
     "_treeclass": 8,
     "optim": 8,

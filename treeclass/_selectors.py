@@ -870,7 +870,21 @@ def def_rule(
         raise TypeError(DEF_RULE_FLAG_MSG.format(value=broadcastable))
     if not callable(compare):
         raise TypeError(f"`def_rule` expects a callable `compare`, got {compare!r}.")
+    if not isinstance(kind, type):
+        raise TypeError(f"`def_rule` expects a type, got {kind!r}.")
+    if issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields"):
+        # sepes's matcher types are NamedTuples: the user's own class, so its values
+        # become rules (an exact-class entry, ahead of the tuple-union meaning); tuples
+        # and other built-in selector types keep their meaning
+        _RULES[kind] = functools.partial(_compile_rule, compare)
+        _compiler_for.cache_clear()
+        return
     BaseKey.def_alias(kind, lambda value: _Rule(value, compare))
+
+
+# `at.def_rule` matcher types that are NamedTuples, by exact class (see `def_rule`); a
+# dict store under the GIL, read on indexing like `_ALIASES`
+_RULES: dict[type, Any] = {}
 
 
 class TypeMatcher(Matcher):
@@ -1513,6 +1527,9 @@ def _builtin_compiler(cls: type) -> Compiler | None:
 
 @functools.lru_cache(maxsize=512)
 def _compiler_for(cls: type) -> Compiler | None:
+    rule = _RULES.get(cls)
+    if rule is not None:
+        return rule
     compiler = _builtin_compiler(cls)
     if compiler is not None:
         return compiler
@@ -1551,6 +1568,11 @@ class _AliasResultError(Exception):
         super().__init__(why)
         self.value = value
         self.why = why
+
+
+def _compile_rule(compare: Any, selector: Any, where: Callable[[], str]) -> Matcher:
+    # a NamedTuple matcher value of `at.def_rule`: compiled as its rule, not opened as a node
+    return _compile_builtin(_Rule(selector, compare), where)
 
 
 def _compile_alias(
