@@ -392,6 +392,8 @@ def inspection_from_one_process() -> None:
 
 
 def check_printers() -> None:
+    import treescope  # draws TreeClass nodes through `__treescope_repr__`
+
     model, opt_state, _ = state["trained"]
     undo = _force_device_stats()
     try:
@@ -404,15 +406,17 @@ def check_printers() -> None:
             "mermaid": tc.tree_mermaid(model),
             "html": model._repr_html_(),
             "opt_state": tc.tree_repr(opt_state),
+            "treescope": treescope.render_to_text(model),
         }
     finally:
         undo()
-    print("\n".join(texts[k] for k in ("repr", "str", "summary")), file=sys.stderr)
+    print("\n".join(texts[k] for k in ("repr", "summary", "treescope")), file=sys.stderr)
     spread = "f32[8,16](sharded P(None, 'model') across 2 processes)"
     for name in ("repr", "str", "diagram", "graph", "mermaid", "opt_state"):
         assert spread in texts[name], (name, texts[name])
     assert "sharded P(None, &#x27;model&#x27;) across 2 processes" in texts["html"]
     assert "P(None, 'model')" in texts["summary"], texts["summary"]
+    assert "hidden=Linear(" in texts["treescope"], texts["treescope"]
     # replicated arrays are whole on every process: their statistics are shown
     assert "bias=f32[4](μ=" in texts["repr"], texts["repr"]
     assert "embed=#f32[32,8](μ=" in texts["repr"], texts["repr"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ import pytest
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 ROOT = WORKER.parent.parent
+PAGE = ROOT / "docs" / "recipes" / "multihost.md"
 RUN_LIMIT_S = 150  # a run takes about 10 s; this bounds a hang, it is not a speed test
 KILL_WAIT_S = 10
 _TAIL = 6000
@@ -198,3 +200,13 @@ def test_restored_state_trains_on_like_one_device(restored):
 def test_orbax_restores_on_another_process_count_and_mesh(resharded):
     assert_check(resharded, "restore_into_sharded_template")
     assert_check(resharded, "next_step_matches_one_device")
+
+
+def test_page_shows_the_code_the_workers_run():
+    # the page's multi-process blocks (fenced `py`, which the documentation test does not
+    # run) must each be an excerpt of the worker: what the page shows is what runs here
+    blocks = re.findall(r"^```(?:py|python skip)\n(.*?)^```", PAGE.read_text(), re.M | re.S)
+    assert blocks, "docs/recipes/multihost.md shows no multi-process code"
+    source = WORKER.read_text()
+    stale = [block.splitlines()[0] for block in blocks if block not in source]
+    assert not stale, f"blocks of {PAGE.name} not found in {WORKER.name}: {stale}"
