@@ -105,6 +105,16 @@ TRACED_MASK_REDUCE_MSG = (
     "    after:  filled = tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)\n"
     "            tc.at(filled)[...].reduce(fn, initializer=init)"
 )
+UNREADABLE_MASK_GET_MSG = (
+    "Cannot take `leaf[mask]` at {where}: the element mask is a jax.Array sharded over "
+    "devices of other processes (sharding {spec}), so this process cannot read which "
+    "elements it selects, and the result's shape depends on that. Keep the leaf's shape and "
+    "sharding by filling unselected elements instead (on every process):\n"
+    "    before: tree.at[mask].get()\n"
+    "    after:  tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)\n"
+    "or make the mask readable on every process first, e.g. with "
+    "`jax.experimental.multihost_utils.process_allgather`."
+)
 ELEMENT_MASK_SHAPE_MSG = (
     "The element mask at {where} has shape {mask_shape}, but the leaf there has shape "
     "{leaf_shape}: an element mask selects elements of its leaf, so it must have the leaf's "
@@ -255,6 +265,10 @@ def _take(
     if isinstance(mask, Tracer):
         text = TRACED_MASK_GET_MSG.format(where=where()) if traced is None else traced()
         raise TypeError(text)
+    if isinstance(mask, jax.Array) and not (mask.is_fully_addressable or mask.is_fully_replicated):
+        # many hosts: the selected positions must be read, and other processes hold them
+        spec = getattr(mask.sharding, "spec", mask.sharding)
+        raise ValueError(UNREADABLE_MASK_GET_MSG.format(where=where(), spec=spec))
     if not isinstance(x, (jax.Array, np.ndarray)):
         x = jnp.asarray(x)
     return x[jnp.broadcast_to(mask, x.shape)]

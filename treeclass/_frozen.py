@@ -203,9 +203,30 @@ def freeze(x: _T) -> _T:
     """
     if type(x) is Frozen:
         return x
+    _refuse_spread_arrays(x)
     # typed as `x`'s own type: a frozen value stands in for its value in a tree, so a
     # field keeps the annotation of what it holds (unfreeze before use; no checker knows)
     return Frozen(snapshot(x))  # type: ignore[return-value]
+
+
+FROZEN_SPREAD_MSG = (
+    "cannot freeze a jax.Array sharded over devices of other processes (sharding {spec}). "
+    "A frozen value is part of the tree's structure: `jax.jit` closes over it, and JAX "
+    "refuses to close over an array this process cannot read. Freeze a copy every process "
+    "holds whole: replicated over the mesh, or a NumPy array on the host:\n"
+    "    before: tc.freeze(table)\n"
+    "    after:  tc.freeze(jax.device_put(table, NamedSharding(mesh, P())))"
+)
+
+
+def _refuse_spread_arrays(x: Any) -> None:
+    # many hosts (`jax.distributed`): such an array would fail later, in `jit`, unnamed
+    leaves = (x,) if isinstance(x, jax.Array) else jax.tree_util.tree_leaves(x)
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            if not (leaf.is_fully_addressable or leaf.is_fully_replicated):
+                spec = getattr(leaf.sharding, "spec", leaf.sharding)
+                raise ValueError(FROZEN_SPREAD_MSG.format(spec=spec))
 
 
 def _copy_array(x: Any) -> Any:

@@ -164,6 +164,43 @@ def _on_host(x: Any) -> bool:
     return all(device.platform == "cpu" for device in x.sharding.device_set)
 
 
+def _readable(x: Any) -> bool:
+    """Whether this process holds all of `x`, so printing it needs no other process.
+
+    An array sharded over devices of other processes (on many hosts under
+    `jax.distributed`) is not: reading it, or running any computation on it, waits for
+    the other processes, and a print is often called on one process only.
+    """
+    if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
+        return True
+    try:
+        return x.is_fully_addressable or x.is_fully_replicated
+    except Exception:  # a deleted (donated) buffer still has a sharding, but be safe
+        return True
+
+
+def _spread_text(x: Any) -> str:
+    """`sharded P('data', None) across 2 processes`: an array this process cannot read."""
+    devices = x.sharding.device_set
+    processes = sorted({device.process_index for device in devices})
+    if len(processes) == 1:  # on devices of one other process
+        return f"on process {processes[0]}"
+    spec = getattr(x.sharding, "spec", None)
+    layout = repr(spec) if spec is not None else f"over {len(devices)} devices"
+    return f"sharded {layout} across {len(processes)} processes"
+
+
+def _local_copy(x: Any) -> Any:
+    """The process's own copy of an array replicated over devices of other processes.
+
+    A computation on `x` itself would run on every device of its sharding, so it would
+    wait for the other processes; its copy on one local device holds the same values.
+    """
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x.addressable_data(0)
+    return x
+
+
 @functools.partial(jax.jit, static_argnames="kind")
 def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
     wide = x.astype(jnp.complex64 if kind == "complex" else jnp.float32)
@@ -174,6 +211,7 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
 
 def _stats(x: Any, kind: str) -> tuple[Any, ...]:
     """`(mean, std, min, max)` (`(mean, std)` for complex), as host scalars."""
+    x = _local_copy(x)
     if x.size >= _DEVICE_STATS_MIN_SIZE and not _on_host(x):
         return jax.device_get(_device_stats(x, kind))
     host = _to_host(x)
@@ -213,11 +251,13 @@ def _array_repr(x: Any) -> str:
         return head
     kind = _dtype_kind(x.dtype)
     size = math.prod(shape)
+    if not _readable(x):  # shape, dtype and sharding only: no value of it is here
+        return f"{head}({_spread_text(x)})"
     if kind in ("other", "extended") or size == 0:
         return head
     try:
         if not shape:
-            return f"{head}({str(_to_host(x)[()])})"
+            return f"{head}({str(_to_host(_local_copy(x))[()])})"
         if kind == "bool":
             return head
         stats = _stats(x, kind)
@@ -237,8 +277,10 @@ def _array_repr(x: Any) -> str:
 def _array_str(x: Any) -> str:
     if isinstance(x, _Tracer) or _dtype_kind(x.dtype) == "extended":
         return _type_text(x.dtype, tuple(x.shape))
+    if not _readable(x):
+        return f"{_type_text(x.dtype, tuple(x.shape))}({_spread_text(x)})"
     try:
-        return str(_to_host(x))
+        return str(_to_host(_local_copy(x)))
     except Exception:
         return _type_text(x.dtype, tuple(x.shape))
 
@@ -981,6 +1023,9 @@ def _summary_leaf(x: Any) -> bool:
 
 
 def _sharding_text(x: Any) -> str:
+    wrapper = wrapper_of(x)
+    if wrapper is not None:  # a frozen array replicated over the mesh says so
+        return _sharding_text(wrapper.unwrap(x))
     if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
         return ""
     try:

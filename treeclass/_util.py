@@ -52,17 +52,51 @@ def _truth(result: Any) -> Any:
         return False
 
 
+UNREADABLE_LEAF_MSG = (
+    "Cannot compare the leaf at {where}: it is a jax.Array sharded over devices of other "
+    "processes ({sharding}), so this process cannot read all of it, and `==` / "
+    "`tc.is_tree_equal` must answer with a plain bool on each process alone. Compare under "
+    "`jax.jit`, on every process, which gives a bool every process can read:\n"
+    "    before: tc.is_tree_equal(a, b)   # or a == b\n"
+    "    after:  bool(jax.jit(tc.is_tree_equal)(a, b))"
+)
+
+
+class _UnreadableLeaf(Exception):
+    """A leaf this process cannot read; `is_tree_equal` names its path."""
+
+    def __init__(self, array: Any) -> None:
+        super().__init__()
+        self.array = array
+
+
+def _local(x: Any) -> Any:
+    """`x`, or this process's own copy of it when it is replicated over other processes.
+
+    An array spread over devices of other processes (many hosts, `jax.distributed`) cannot
+    be read here (JAX's "Fetching value ... not possible", without the leaf's path), and a
+    computation on a replicated one would wait for the other processes.
+    """
+    if _kind(x) == _JAX and not x.is_fully_addressable:
+        if not x.is_fully_replicated:
+            raise _UnreadableLeaf(x)
+        return x.addressable_data(0)
+    return x
+
+
 def _arrays_equal(a: Any, b: Any) -> Any:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if isinstance(a, _Tracer) or isinstance(b, _Tracer):
         return jnp.array_equal(a, b)
-    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    return bool(np.array_equal(np.asarray(_local(a)), np.asarray(_local(b))))
 
 
 def _array_equals_number(array: Any, number: Any, kind: int) -> Any:
     if array.shape != ():
         return False
+    if not isinstance(array, _Tracer):
+        array = _local(array)
     try:
         if kind == _JAX:
             # rounds `number` to the array's dtype, as `jax.jit` does to a Python number leaf
@@ -151,8 +185,16 @@ def is_tree_equal(*trees: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(other)
         if treedef != first_def:
             return False
-        for a, b in zip(first_leaves, leaves, strict=True):
-            equal = _leaves_equal(a, b)
+        for index, (a, b) in enumerate(zip(first_leaves, leaves, strict=True)):
+            try:
+                equal = _leaves_equal(a, b)
+            except _UnreadableLeaf as error:
+                sharding = error.array.sharding
+                message = UNREADABLE_LEAF_MSG.format(
+                    where=leaf_path_str(first, index),
+                    sharding=f"sharding {getattr(sharding, 'spec', sharding)}",
+                )
+                raise ValueError(message) from None
             if equal is True:
                 continue
             if isinstance(equal, _Tracer):

@@ -1,0 +1,549 @@
+"""One JAX process of a many-process run on this machine; started by tests/test_multihost.py.
+
+Usage: `python multihost_worker.py SCENARIO FOLDER PROCESS_ID PROCESS_COUNT PORT DEVICES`.
+
+Each process simulates `DEVICES` CPU devices; with more than one process they join under
+`jax.distributed` (the coordinator on 127.0.0.1:PORT, CPU collectives over gloo), as one
+process per host would. A scenario is a list of checks run in order on every process;
+each check reports "ok" or its traceback, and a check whose inputs a failed check should
+have made reports that instead. Progress goes to stderr (`start: name` / `done: name`),
+so that a run stopped by the test's time limit shows where it hung; the last stdout line
+is the JSON object `{check name: "ok" or the traceback}`.
+
+Scenarios:
+
+- `train_and_save`: builds the model directly in its shardings, checks frozen values and
+  inspection, runs one sharded train step against the same step on one device, saves
+  model, optimizer state, PRNG key and step with orbax, and writes `expected.npz` (the
+  one-device values, written by process 0) for the restore runs.
+- `restore`: in fresh processes, restores that checkpoint into an abstract sharded
+  template (on whatever processes and mesh this run has) and runs the next step.
+
+The code follows docs/recipes/multihost.md, whose multi-process blocks are marked
+`skip` there because they run here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+STARTED = time.perf_counter()
+SCENARIO, FOLDER = sys.argv[1], sys.argv[2]
+PROCESS_ID, PROCESS_COUNT, PORT, DEVICES = map(int, sys.argv[3:7])
+
+# the device count is fixed when jax starts, so before any import of it
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import jax  # noqa: E402
+
+# collectives between CPU processes (the default implementation has none)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+if PROCESS_COUNT > 1:
+    address = f"127.0.0.1:{PORT}"
+    jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=PROCESS_COUNT,
+        process_id=PROCESS_ID,
+        coordinator_bind_address=address,  # never all interfaces
+        initialization_timeout=30,
+        heartbeat_timeout_seconds=20,
+        shutdown_timeout_seconds=10,
+    )
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import treeclass as tc  # noqa: E402
+import treeclass.optim  # noqa: E402, F401
+
+VOCAB, WIDTH, HIDDEN, CLASSES = 32, 8, 16, 4
+BATCH, LENGTH = 8, 4
+CHECKPOINT = pathlib.Path(FOLDER) / "checkpoint"
+EXPECTED = pathlib.Path(FOLDER) / "expected.npz"
+
+# -- the model ------------------------------------------------------------------------------
+
+
+def sinusoids(length: int, width: int) -> np.ndarray:
+    """Positional encodings, computed with NumPy: a frozen array that stays on the host."""
+    angles = np.arange(length)[:, None] / 10_000 ** (np.arange(width)[None, :] / width)
+    return np.where(np.arange(width) % 2 == 0, np.sin(angles), np.cos(angles)).astype("f4")
+
+
+class Linear(tc.TreeClass):
+    weight: jax.Array
+    bias: jax.Array
+    name: str = tc.field(default="linear", static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x @ self.weight + self.bias
+
+
+class Classifier(tc.TreeClass):
+    def __init__(self, key: jax.Array, embed: Any) -> None:
+        k1, k2 = jax.random.split(key)
+        self.embed = tc.freeze(embed)  # a pretrained table: frozen, replicated over the mesh
+        self.positions = tc.freeze(sinusoids(LENGTH, WIDTH))  # frozen NumPy: on the host
+        self.hidden = Linear(
+            jax.random.normal(k1, (WIDTH, HIDDEN)) / WIDTH**0.5, jnp.zeros(HIDDEN), name="hidden"
+        )
+        self.head = Linear(
+            jax.random.normal(k2, (HIDDEN, CLASSES)) / HIDDEN**0.5, jnp.zeros(CLASSES), name="head"
+        )
+        self.act = tc.freeze(jax.nn.tanh)
+
+    def __call__(self, tokens: jax.Array, key: jax.Array) -> jax.Array:
+        x = jnp.asarray(tc.unfreeze(self.embed))[tokens] + tc.unfreeze(self.positions)
+        h = tc.unfreeze(self.act)(self.hidden(x.mean(axis=1)))
+        keep = jax.random.bernoulli(key, 0.9, h.shape)  # dropout: the key matters
+        return self.head(jnp.where(keep, h / 0.9, 0.0))
+
+
+def table() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(VOCAB, WIDTH)).astype("f4")
+
+
+def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(100 + step)
+    return rng.integers(0, VOCAB, (BATCH, LENGTH)), rng.integers(0, CLASSES, BATCH)
+
+
+def make_optimizer(model: Classifier) -> optax.GradientTransformation:
+    # the mask holds the model's frozen values (they are structure): build it from the
+    # model it will be used with
+    return optax.adamw(1e-2, weight_decay=0.1, mask=tc.optim.mask(model.at[Linear]["weight"]))
+
+
+def train_step(opt, model, opt_state, key, tokens, labels):
+    key, dropout = jax.random.split(key)
+
+    def loss_fn(model):
+        logits = model(tokens, dropout)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(model)
+    updates, opt_state = opt.update(grads, opt_state, model)
+    return optax.apply_updates(model, updates), opt_state, key, loss
+
+
+# -- shardings ----------------------------------------------------------------------------------
+
+
+def make_mesh() -> jax.sharding.Mesh:
+    """`data` over the processes, `model` within each (one process: `model` over all)."""
+    shape = (PROCESS_COUNT, jax.local_device_count())
+    return jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+
+def model_shardings(model: Any, mesh: jax.sharding.Mesh) -> Any:
+    """Per-leaf shardings from `.at` selections: hidden split by columns, head by rows."""
+    shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), model)
+    shardings = shardings.at["hidden"]["weight"].set(NamedSharding(mesh, P(None, "model")))
+    shardings = shardings.at["hidden"]["bias"].set(NamedSharding(mesh, P("model")))
+    return shardings.at["head"]["weight"].set(NamedSharding(mesh, P("model", None)))
+
+
+def opt_shardings(opt_state: Any, shardings: Any, mesh: jax.sharding.Mesh) -> Any:
+    """The optimizer state's parts shaped like the model take the model's shardings."""
+    replicated = NamedSharding(mesh, P())
+    return jax.tree.map(
+        lambda x: shardings if isinstance(x, Classifier) else replicated,
+        opt_state,
+        is_leaf=lambda x: isinstance(x, Classifier),
+    )
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    )
+
+
+def global_batch(step: int, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
+    """The step's batch split along `data`: each process makes only its own rows."""
+    rows = NamedSharding(mesh, P("data"))
+    return tuple(
+        jax.make_array_from_callback(x.shape, rows, lambda index, x=x: x[index])
+        for x in batch(step)
+    )
+
+
+def init_sharded(mesh: jax.sharding.Mesh) -> Classifier:
+    """The model made directly in its shardings: nothing is built whole on one device."""
+    embed = jax.device_put(table(), NamedSharding(mesh, P()))  # every process: same table
+
+    def build() -> Classifier:
+        return Classifier(jax.random.key(0), embed)
+
+    abstract = jax.eval_shape(build)
+    return jax.jit(build, out_shardings=model_shardings(abstract, mesh))()
+
+
+def start_training(model: Classifier, mesh: jax.sharding.Mesh) -> tuple[Any, Any, jax.Array]:
+    """The optimizer, its state placed like the model, and a replicated PRNG key."""
+    opt = make_optimizer(model)
+    abstract = jax.eval_shape(opt.init, model)
+    placed = opt_shardings(abstract, model_shardings(model, mesh), mesh)
+    # without `out_shardings` the state would land on one device of each process:
+    # `opt.init` makes zeros, which depend on no input's placement
+    opt_state = jax.jit(opt.init, out_shardings=placed)(model)
+    key = jax.jit(lambda: jax.random.key(1), out_shardings=NamedSharding(mesh, P()))()
+    return opt, opt_state, key
+
+
+def save_checkpoint(path: pathlib.Path, model: Any, opt_state: Any, key: Any, step: int) -> None:
+    """One orbax checkpoint of the model, the optimizer state and the loop's state."""
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    checkpointer.save(
+        path,
+        ocp.args.Composite(
+            model=ocp.args.StandardSave(tc.state_dict(model)),  # frozen arrays included
+            opt_state=ocp.args.StandardSave(opt_state),  # its leaves: no frozen copies
+            loop=ocp.args.StandardSave({"key": key, "step": step}),
+        ),
+    )
+
+
+def restore_checkpoint(path: pathlib.Path, mesh: jax.sharding.Mesh) -> tuple[Any, ...]:
+    """`(model, opt, opt_state, key, step)` from `path`, each array read in its sharding."""
+    replicated = NamedSharding(mesh, P())
+    # a template without data; the frozen table's sharding says where it goes
+    embed = jax.ShapeDtypeStruct((VOCAB, WIDTH), jnp.float32, sharding=replicated)
+    abstract = jax.eval_shape(lambda: Classifier(jax.random.key(0), embed))
+    template = with_shardings(abstract, model_shardings(abstract, mesh))
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+    restored = checkpointer.restore(
+        path,
+        ocp.args.Composite(
+            model=ocp.args.StandardRestore(tc.state_dict(template)),
+            loop=ocp.args.StandardRestore({"key": key, "step": 0}),
+        ),
+    )
+    model = tc.from_state_dict(template, restored["model"])
+    # frozen values are part of a tree's structure: the optimizer (its mask) and its
+    # state's template are built from the restored model, whose frozen values are real
+    opt = make_optimizer(model)
+    abstract_opt = jax.eval_shape(opt.init, model)
+    placed = opt_shardings(abstract_opt, model_shardings(model, mesh), mesh)
+    opt_state = checkpointer.restore(
+        path,
+        ocp.args.Composite(
+            opt_state=ocp.args.StandardRestore(with_shardings(abstract_opt, placed))
+        ),
+    )["opt_state"]
+    loop = restored["loop"]
+    return model, opt, opt_state, loop["key"], int(loop["step"])
+
+
+# -- comparing global arrays with one-device values, process by process ---------------------------
+
+
+def assert_matches(array: Any, expected: np.ndarray, where: str) -> None:
+    """Each shard this process holds equals the same slice of `expected`."""
+    if not isinstance(array, jax.Array):
+        np.testing.assert_allclose(array, expected, rtol=2e-5, atol=2e-6, err_msg=where)
+        return
+    assert array.shape == expected.shape, (where, array.shape, expected.shape)
+    for shard in array.addressable_shards:
+        got = np.asarray(shard.data)
+        np.testing.assert_allclose(got, expected[shard.index], rtol=2e-5, atol=2e-6, err_msg=where)
+
+
+def named_arrays(tree: Any) -> dict[str, Any]:
+    """`{key path: array}` of every array of `tree`, frozen ones included."""
+    state = tc.state_dict(tree)
+    paths, _ = jax.tree_util.tree_flatten_with_path(state)
+    return {jax.tree_util.keystr(path): value for path, value in paths}
+
+
+def assert_tree_matches(tree: Any, expected: dict[str, np.ndarray], prefix: str) -> None:
+    arrays = named_arrays(tree)
+    assert arrays, prefix
+    for name, value in arrays.items():
+        assert_matches(value, expected[prefix + name], prefix + name)
+
+
+def assert_placed(tree: Any, shardings: Any) -> None:
+    """Every leaf of `tree` is placed as the same leaf of `shardings` says."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for (path, leaf), target in zip(leaves, jax.tree.leaves(shardings), strict=True):
+        where = jax.tree_util.keystr(path)
+        assert leaf.sharding.is_equivalent_to(target, leaf.ndim), (where, leaf.sharding, target)
+
+
+# -- the checks -----------------------------------------------------------------------------------
+
+state: dict[str, Any] = {}
+
+
+def one_device_run() -> None:
+    """The reference: the same two steps on one local device of this process, no mesh."""
+    model = Classifier(jax.random.key(0), table())
+    opt = make_optimizer(model)
+    step = jax.jit(functools.partial(train_step, opt))
+    opt_state, key = opt.init(model), jax.random.key(1)
+    state["reference_init"] = model
+    for i in (1, 2):
+        model, opt_state, key, loss = step(model, opt_state, key, *map(jnp.asarray, batch(i)))
+        state[f"reference_{i}"] = (model, opt_state, key, loss)
+
+
+def init_in_shardings() -> None:
+    mesh = make_mesh()
+    model = init_sharded(mesh)
+    state["mesh"], state["model"] = mesh, model
+    assert_placed(model, model_shardings(model, mesh))
+    assert not model.hidden.weight.is_fully_addressable  # spread over both processes
+    reference = state["reference_init"]
+    for (path, leaf), expected in zip(
+        jax.tree_util.tree_flatten_with_path(model)[0], jax.tree.leaves(reference), strict=True
+    ):
+        assert_matches(leaf, np.asarray(expected), jax.tree_util.keystr(path))
+    # frozen and static parts: placed as the recipe says, and not traced values
+    embed = tc.unfreeze(model.embed)
+    assert isinstance(embed, jax.Array) and not isinstance(embed, jax.core.Tracer)
+    assert embed.is_fully_replicated and embed.sharding.mesh == mesh
+    assert type(tc.unfreeze(model.positions)) is np.ndarray
+    assert (model.hidden.name, model.head.name) == ("hidden", "head")
+    assert tc.unfreeze(model.act) is jax.nn.tanh
+
+
+def train_step_matches_one_device() -> None:
+    mesh, model = state["mesh"], state["model"]
+    opt, opt_state, key = start_training(model, mesh)
+    shardings = model_shardings(model, mesh)
+    assert_placed(opt_state, opt_shardings(opt_state, shardings, mesh))
+    step = jax.jit(functools.partial(train_step, opt))
+    model, opt_state, key, loss = step(model, opt_state, key, *global_batch(1, mesh))
+    state["trained"] = (model, opt_state, key)
+    ref_model, ref_opt, ref_key, ref_loss = state["reference_1"]
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    for name, got, want in (("model", model, ref_model), ("opt_state", opt_state, ref_opt)):
+        expected = {k: np.asarray(v) for k, v in named_arrays(want).items()}
+        assert_tree_matches(got, expected, "")
+        del name
+    assert np.array_equal(jax.random.key_data(key), jax.random.key_data(ref_key))
+    # the step keeps every leaf where it was
+    assert_placed(model, shardings)
+
+
+def frozen_values_work_in_jit() -> None:
+    # replicated over the mesh (embed) and NumPy (positions): both close over into `jit`
+    model = state["trained"][0]
+    tokens, _ = global_batch(1, state["mesh"])
+    logits = jax.jit(lambda m, t: m(t, jax.random.key(5)))(model, tokens)
+    assert logits.shape == (BATCH, CLASSES)
+
+
+def freezing_a_spread_array_is_refused() -> None:
+    weight = state["trained"][0].hidden.weight
+    try:
+        tc.freeze(weight)
+    except ValueError as error:
+        text = str(error)
+        assert "other processes" in text and "NamedSharding(mesh, P())" in text, text
+    else:
+        raise AssertionError("tc.freeze of a spread array was not refused")
+    # the fix from the message works
+    replicated = jax.device_put(weight, NamedSharding(state["mesh"], P()))
+    assert tc.is_frozen(tc.freeze(replicated))
+
+
+def _force_device_stats() -> Callable[[], None]:
+    """Make the printers take their accelerator path (a jitted reduction) on CPU arrays.
+
+    That path is the one that would wait for the other processes; on CPU it is normally
+    skipped, so these private knobs force it. Returns the undo.
+    """
+    from treeclass import _pprint
+
+    saved = _pprint._on_host, _pprint._DEVICE_STATS_MIN_SIZE
+    _pprint._on_host, _pprint._DEVICE_STATS_MIN_SIZE = (lambda x: False), 0
+
+    def undo() -> None:
+        _pprint._on_host, _pprint._DEVICE_STATS_MIN_SIZE = saved
+
+    return undo
+
+
+def inspection_from_one_process() -> None:
+    try:
+        if jax.process_index() == 0:  # the usual `if jax.process_index() == 0: print(model)`
+            check_printers()
+    finally:
+        # every process gets here once process 0 has printed (a hang shows as a timeout)
+        multihost_utils.sync_global_devices("printed")
+
+
+def check_printers() -> None:
+    import treescope  # draws TreeClass nodes through `__treescope_repr__`
+
+    model, opt_state, _ = state["trained"]
+    undo = _force_device_stats()
+    try:
+        texts = {
+            "repr": repr(model),
+            "str": str(model),
+            "summary": tc.tree_summary(model),
+            "diagram": tc.tree_diagram(model),
+            "graph": tc.tree_graph(model),
+            "mermaid": tc.tree_mermaid(model),
+            "html": model._repr_html_(),
+            "opt_state": tc.tree_repr(opt_state),
+            "treescope": treescope.render_to_text(model),
+        }
+    finally:
+        undo()
+    print("\n".join(texts[k] for k in ("repr", "summary", "treescope")), file=sys.stderr)
+    spread = "f32[8,16](sharded P(None, 'model') across 2 processes)"
+    for name in ("repr", "str", "diagram", "graph", "mermaid", "opt_state"):
+        assert spread in texts[name], (name, texts[name])
+    assert "sharded P(None, &#x27;model&#x27;) across 2 processes" in texts["html"]
+    assert "P(None, 'model')" in texts["summary"], texts["summary"]
+    assert "hidden=Linear(" in texts["treescope"], texts["treescope"]
+    # replicated arrays are whole on every process: their statistics are shown
+    assert "bias=f32[4](μ=" in texts["repr"], texts["repr"]
+    assert "embed=#f32[32,8](μ=" in texts["repr"], texts["repr"]
+
+
+def equality_names_the_leaf() -> None:
+    model = state["trained"][0]
+    other = jax.tree.map(lambda x: x + 0, model)  # equal values, new arrays
+    for compare in (lambda: tc.is_tree_equal(model, other), lambda: model == other):
+        try:
+            compare()
+        except ValueError as error:
+            text = str(error)
+            assert "Classifier.hidden.weight" in text, text
+            assert "bool(jax.jit(tc.is_tree_equal)(a, b))" in text, text
+        else:
+            raise AssertionError("comparing spread arrays did not raise")
+    # the fix from the message, run on every process
+    assert bool(jax.jit(tc.is_tree_equal)(model, other))
+    changed = model.at["head"]["bias"].apply(lambda b: b + 1)
+    assert not bool(jax.jit(tc.is_tree_equal)(model, changed))
+    # a replicated leaf is whole here: compared without the other processes
+    assert tc.is_tree_equal({"b": model.head.bias}, {"b": other.head.bias})
+    assert tc.is_tree_equal(model, model)  # the same tree: no value is read
+
+
+def get_without_fill_names_the_leaf() -> None:
+    model = state["trained"][0]
+    positive = jax.tree.map(lambda x: x > 0, model)  # element masks, spread like the leaves
+    try:
+        model.at[positive].get()
+    except ValueError as error:
+        text = str(error)
+        assert "Classifier.hidden.weight" in text and "fill_value=0" in text, text
+    else:
+        raise AssertionError("get of a spread element mask did not raise")
+    kept = model.at[positive].get(fill_value=0)  # the fix: shape and sharding kept
+    assert_placed(kept, jax.tree.map(lambda x: x.sharding, model))
+
+
+def orbax_save() -> None:
+    model, opt_state, key = state["trained"]
+    save_checkpoint(CHECKPOINT, model, opt_state, key, step=1)
+    multihost_utils.sync_global_devices("saved")
+    leftovers = [p.name for p in CHECKPOINT.parent.iterdir() if "orbax-checkpoint-tmp" in p.name]
+    assert not leftovers, leftovers
+    try:
+        if jax.process_index() == 0:
+            write_expected()
+    finally:
+        multihost_utils.sync_global_devices("expected written")
+
+
+def write_expected() -> None:
+    """The one-device values after steps 1 and 2, for the restore runs to compare with."""
+    expected = {}
+    ref_model, ref_opt, ref_key, _ = state["reference_1"]
+    for prefix, tree in (("model", ref_model), ("opt_state", ref_opt)):
+        expected.update({prefix + k: np.asarray(v) for k, v in named_arrays(tree).items()})
+    expected["key"] = np.asarray(jax.random.key_data(ref_key))
+    model_2, _, _, loss_2 = state["reference_2"]
+    expected.update({"next" + k: np.asarray(v) for k, v in named_arrays(model_2).items()})
+    expected["next_loss"] = np.asarray(loss_2)
+    np.savez(EXPECTED, **expected)
+
+
+def restore_into_sharded_template() -> None:
+    mesh = make_mesh()
+    model, opt, opt_state, key, step = restore_checkpoint(CHECKPOINT, mesh)
+    state.update(mesh=mesh, opt=opt, restored=(model, opt_state, key))
+    shardings = model_shardings(model, mesh)
+    expected = dict(np.load(EXPECTED))
+    assert_tree_matches(model, expected, "model")
+    assert_tree_matches(opt_state, expected, "opt_state")
+    assert_placed(model, shardings)
+    embed = tc.unfreeze(model.embed)
+    assert embed.is_fully_replicated and embed.sharding == NamedSharding(mesh, P())
+    assert type(tc.unfreeze(model.positions)) is np.ndarray
+    assert (model.hidden.name, model.head.name) == ("hidden", "head")
+    assert tc.unfreeze(model.act) is jax.nn.tanh
+    assert_placed(opt_state, opt_shardings(opt_state, shardings, mesh))
+    assert jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.sharding.is_fully_replicated
+    assert np.array_equal(jax.random.key_data(key), expected["key"])
+    assert step == 1
+
+
+def next_step_matches_one_device() -> None:
+    model, opt_state, key = state["restored"]
+    step = jax.jit(functools.partial(train_step, state["opt"]))
+    model, _, _, loss = step(model, opt_state, key, *global_batch(2, state["mesh"]))
+    expected = dict(np.load(EXPECTED))
+    np.testing.assert_allclose(float(loss), float(expected["next_loss"]), rtol=1e-5)
+    assert_tree_matches(model, expected, "next")
+
+
+SCENARIOS: dict[str, list[Callable[[], None]]] = {
+    "train_and_save": [
+        one_device_run,
+        init_in_shardings,
+        train_step_matches_one_device,
+        frozen_values_work_in_jit,
+        freezing_a_spread_array_is_refused,
+        inspection_from_one_process,
+        equality_names_the_leaf,
+        get_without_fill_names_the_leaf,
+        orbax_save,
+    ],
+    "restore": [restore_into_sharded_template, next_step_matches_one_device],
+}
+
+
+def main() -> None:
+    results: dict[str, str] = {}
+    for check in SCENARIOS[SCENARIO]:
+        name = check.__name__
+        print(
+            f"start: {name} at {time.perf_counter() - STARTED:.1f} s", file=sys.stderr, flush=True
+        )
+        try:
+            check()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc(limit=6)
+        print(f"done: {name}: {results[name]}", file=sys.stderr, flush=True)
+    print(f"all done at {time.perf_counter() - STARTED:.1f} s", file=sys.stderr, flush=True)
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Several JAX processes on this machine under `jax.distributed`, as one process per host.
+
+Each run starts its processes (`tests/multihost_worker.py`) on a free port of 127.0.0.1,
+waits for them within a hard time limit, and kills by PID every process still running
+when it ends, whether it passed, failed or timed out; a failure shows every process's
+exit status and the end of its stderr. The runs, in order:
+
+1. `train_and_save`, 2 processes x 2 CPU devices: the model built in its shardings, a
+   sharded train step against one device, frozen values, inspection from one process,
+   equality and `.at[mask].get()` errors, an orbax save;
+2. `restore`, 2 fresh processes x 2 devices: the checkpoint restored into an abstract
+   sharded template, then the next step;
+3. `restore`, 1 process x 4 devices: the same checkpoint on another process count and
+   another mesh.
+
+Each worker reports its checks by name; each test below asserts one of them on every
+process of a run. A new multi-process behaviour is a new check function in the worker
+(added to a scenario) and a test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import pytest
+
+WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
+ROOT = WORKER.parent.parent
+PAGE = ROOT / "docs" / "recipes" / "multihost.md"
+RUN_LIMIT_S = 150  # a run takes about 10 s; this bounds a hang, it is not a speed test
+KILL_WAIT_S = 10
+_TAIL = 6000
+
+
+class Run(NamedTuple):
+    """What each process of a run reported: `{check name: "ok" or its traceback}`."""
+
+    processes: int
+    results: tuple[dict[str, str], ...]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _tail(path: pathlib.Path) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    lines = [line for line in text.splitlines() if not line.startswith("[Gloo]")]
+    return "\n".join(lines)[-_TAIL:]
+
+
+def _report(why: str, procs: list[subprocess.Popen], logs: list[pathlib.Path]) -> str:
+    parts = [why]
+    for i, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+        parts.append(f"--- process {i} (pid {proc.pid}, exit {proc.returncode}) stderr ---")
+        parts.append(_tail(log.with_suffix(".err")))
+    return "\n".join(parts)
+
+
+def run_workers(scenario: str, processes: int, devices: int, folder: pathlib.Path) -> Run:
+    """Run `scenario` on `processes` processes of `devices` CPU devices each."""
+    port = str(_free_port())
+    env = {
+        **os.environ,
+        # the checkout under test first (an installed treeclass may be another one)
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), str(WORKER.parent), os.environ.get("PYTHONPATH", "")]
+        ),
+        "JAX_PLATFORMS": "cpu",
+    }
+    procs: list[subprocess.Popen] = []
+    logs = [folder / f"{scenario}-{processes}x{devices}-{i}.out" for i in range(processes)]
+    try:
+        for i, log in enumerate(logs):
+            with open(log, "wb") as out, open(log.with_suffix(".err"), "wb") as err:
+                args = [scenario, str(folder), str(i), str(processes), port, str(devices)]
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), *args],
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        cwd=ROOT,
+                    )
+                )
+        deadline = time.monotonic() + RUN_LIMIT_S
+        running = list(procs)
+        while running:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(_report(f"{scenario}: over the {RUN_LIMIT_S} s limit", procs, logs))
+            try:  # a bounded wait on one process, then a look at all of them
+                running[0].wait(timeout=min(left, 0.5))
+            except subprocess.TimeoutExpired:
+                pass
+            for proc in [p for p in running if p.poll() is not None]:
+                running.remove(proc)
+                if proc.returncode != 0:  # the others would wait for it: stop them all
+                    pytest.fail(_report(f"{scenario}: a process failed", procs, logs))
+        results = []
+        for log in logs:
+            lines = log.read_text().strip().splitlines()
+            if not lines:
+                pytest.fail(_report(f"{scenario}: a process reported nothing", procs, logs))
+            results.append(json.loads(lines[-1]))
+        return Run(processes, tuple(results))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()  # SIGKILL to this one PID
+        for proc in procs:
+            try:
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a kill that did not land
+                pass
+
+
+def assert_check(run: Run, name: str) -> None:
+    """`name` passed on every process of `run`."""
+    for i, results in enumerate(run.results):
+        outcome = results.get(name, f"not run; the checks were {sorted(results)}")
+        assert outcome == "ok", f"process {i} of {run.processes}: {outcome}"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("multihost")
+
+
+@pytest.fixture(scope="module")
+def trained(folder: pathlib.Path) -> Run:
+    return run_workers("train_and_save", processes=2, devices=2, folder=folder)
+
+
+@pytest.fixture(scope="module")
+def restored(trained: Run, folder: pathlib.Path) -> Run:
+    return run_workers("restore", processes=2, devices=2, folder=folder)
+
+
+@pytest.fixture(scope="module")
+def resharded(trained: Run, folder: pathlib.Path) -> Run:
+    return run_workers("restore", processes=1, devices=4, folder=folder)
+
+
+def test_reference_runs_on_one_device(trained):
+    assert_check(trained, "one_device_run")
+
+
+def test_model_is_initialised_directly_in_its_shardings(trained):
+    assert_check(trained, "init_in_shardings")
+
+
+def test_sharded_train_step_matches_one_device(trained):
+    assert_check(trained, "train_step_matches_one_device")
+
+
+def test_frozen_replicated_and_numpy_arrays_work_in_jit(trained):
+    assert_check(trained, "frozen_values_work_in_jit")
+
+
+def test_freezing_an_array_spread_over_processes_is_refused(trained):
+    assert_check(trained, "freezing_a_spread_array_is_refused")
+
+
+def test_printers_called_on_one_process_do_not_wait_for_the_others(trained):
+    assert_check(trained, "inspection_from_one_process")
+
+
+def test_equality_of_spread_leaves_names_the_leaf(trained):
+    assert_check(trained, "equality_names_the_leaf")
+
+
+def test_get_with_spread_element_mask_names_the_leaf(trained):
+    assert_check(trained, "get_without_fill_names_the_leaf")
+
+
+def test_orbax_saves_model_optimizer_state_and_key(trained):
+    assert_check(trained, "orbax_save")
+
+
+def test_orbax_restores_into_sharded_template_in_fresh_processes(restored):
+    assert_check(restored, "restore_into_sharded_template")
+
+
+def test_restored_state_trains_on_like_one_device(restored):
+    assert_check(restored, "next_step_matches_one_device")
+
+
+def test_orbax_restores_on_another_process_count_and_mesh(resharded):
+    assert_check(resharded, "restore_into_sharded_template")
+    assert_check(resharded, "next_step_matches_one_device")
+
+
+def test_page_shows_the_code_the_workers_run():
+    # the page's multi-process blocks (fenced `py`, which the documentation test does not
+    # run) must each be an excerpt of the worker: what the page shows is what runs here
+    blocks = re.findall(r"^```(?:py|python skip)\n(.*?)^```", PAGE.read_text(), re.M | re.S)
+    assert blocks, "docs/recipes/multihost.md shows no multi-process code"
+    source = WORKER.read_text()
+    stale = [block.splitlines()[0] for block in blocks if block not in source]
+    assert not stale, f"blocks of {PAGE.name} not found in {WORKER.name}: {stale}"
