@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _frozen, _node
-from ._structure import LEAF, TREECLASS, node_kind, open_node, rebuild
+from ._structure import LEAF, TREECLASS, node_kind, open_node
 
 __all__ = [
     "TRAINABLE",
@@ -42,6 +42,10 @@ __all__ = [
     "is_trainable_value",
     "static_values",
     "field_role",
+    "state_children",
+    "leaf_role",
+    "leaf_roles",
+    "declares_state",
 ]
 
 TRAINABLE = "trainable"
@@ -79,9 +83,16 @@ def is_trainable_value(x: Any) -> bool:
     (`jax.ShapeDtypeStruct`, as `jax.eval_shape` gives), so that a template gets the
     roles of the model it stands for. Python numbers are not arrays.
     """
-    if isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)):
+    if _is_array_type(type(x)):
         return _is_inexact(x.dtype)
     return False
+
+
+@functools.lru_cache(maxsize=512)
+def _is_array_type(cls: type) -> bool:
+    # `isinstance(x, jax.Array)` is an ABC check of about 1 us; a type's answer never
+    # changes, so it is looked up once per type (speed only, bounded)
+    return issubclass(cls, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
 
 
 def field_role(cls: type, name: str) -> str | None:
@@ -101,9 +112,62 @@ def field_role(cls: type, name: str) -> str | None:
     return role
 
 
-def _state_children(node: Any) -> frozenset[str]:
-    cls = type(node)
-    return frozenset(name for name in _node.child_names(node) if field_role(cls, name) == STATE)
+@functools.lru_cache(maxsize=4096)
+def _state_fields(cls: type) -> frozenset[str]:
+    # a class's fields are fixed when it is created: looked up once per class (speed only)
+    return frozenset(name for name in _node.fields_of(cls) if field_role(cls, name) == STATE)
+
+
+def state_children(node: Any) -> frozenset[str]:
+    """The names of the children of a TreeClass `node` that its class declares state."""
+    return _state_fields(type(node)) if _node.is_treeclass(node) else frozenset()
+
+
+def declares_state(tree: Any) -> bool:
+    """Whether a TreeClass node of `tree` has a field declared state."""
+    return any(state_children(node) for node in _node.treeclass_nodes(tree))
+
+
+def leaf_role(x: Any, in_state: bool) -> str:
+    """The role of one leaf (or frozen value); `in_state`: it is held by a state field."""
+    if _frozen.is_frozen(x):
+        return FROZEN
+    if in_state:
+        return STATE
+    return TRAINABLE if is_trainable_value(x) else OTHER
+
+
+def leaf_roles(
+    tree: Any, in_state: bool = False, is_leaf: Callable[[Any], bool] | None = None
+) -> list[str]:
+    """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, in that order.
+
+    Frozen values count as leaves; a node for which `is_leaf` holds gets the role its
+    leaves share, or `"mixed"`.
+    """
+    out: list[str] = []
+    _collect(tree, in_state, is_leaf, out)
+    return out
+
+
+def _collect(
+    node: Any, in_state: bool, is_leaf: Callable[[Any], bool] | None, out: list[str]
+) -> None:
+    if _frozen.is_frozen(node):
+        out.append(FROZEN)
+        return
+    if is_leaf is not None and is_leaf(node):
+        found = set(leaf_roles(node, in_state))
+        out.append(found.pop() if len(found) == 1 else MIXED)
+        return
+    kind = node_kind(node)
+    opened = None if kind == LEAF else open_node(node, kind)
+    if opened is None:
+        out.append(leaf_role(node, in_state))
+        return
+    state = state_children(node) if kind == TREECLASS else frozenset()
+    for entry, child in zip(opened.entries, opened.children, strict=True):
+        _collect(child, in_state or (bool(state) and entry.name in state), is_leaf, out)
 
 
 def role_tree(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
@@ -112,28 +176,14 @@ def role_tree(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
     Nodes for which `is_leaf` holds are replaced too, by the role their leaves share, or
     `"mixed"`.
     """
-    return _roles_of(tree, False, is_leaf)
+    flat, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
+    return treedef.unflatten(leaf_roles(tree, False, is_leaf))
 
 
-def _roles_of(node: Any, in_state: bool, is_leaf: Callable[[Any], bool] | None) -> Any:
-    if _frozen.is_frozen(node):
-        return FROZEN
-    if is_leaf is not None and is_leaf(node):
-        found = set(jax.tree_util.tree_leaves(_roles_of(node, in_state, None)))
-        return found.pop() if len(found) == 1 else MIXED
-    kind = node_kind(node)
-    opened = None if kind == LEAF else open_node(node, kind)
-    if opened is None:
-        if in_state:
-            return STATE
-        return TRAINABLE if is_trainable_value(node) else OTHER
-    entries, children, aux = opened
-    state_names = _state_children(node) if kind == TREECLASS else frozenset()
-    out = [
-        _roles_of(child, in_state or (bool(state_names) and entry.name in state_names), is_leaf)
-        for entry, child in zip(entries, children, strict=True)
-    ]
-    return rebuild(node, kind, aux, out)
+def _frozen_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
+    if is_leaf is None:
+        return _frozen.is_frozen
+    return lambda x: _frozen.is_frozen(x) or bool(is_leaf(x))
 
 
 def roles(tree: Any) -> Any:
