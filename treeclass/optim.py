@@ -693,9 +693,13 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
         paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
         for (path, leaf), kind in zip(paths, kinds, strict=True):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
-                raise ValueError(
-                    _NOT_INEXACT_MSG.format(path=path_str(tree, path), found=_describe(leaf))
+                shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+                found = (
+                    f"an array {dtype}{list(shape)}"
+                    if dtype is not None and shape is not None
+                    else f"a `{type(leaf).__name__}`"
                 )
+                raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
         return _Plan(tree, kinds)
     tree = selection
     names = jax.tree_util.tree_leaves(role_tree(tree))
