@@ -166,7 +166,7 @@ def _selections(model):
         "bool mask": (bool_mask,),
         "where reading the value": (is_matrix,),
         "where, values that training changes": (positive,),
-        "union": ("scale", is_matrix),
+        "union": (("scale", is_matrix),),  # one level: the union of a name and a predicate
     }
 
 
