@@ -40,7 +40,7 @@ from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from . import _node
-from ._frozen import is_frozen
+from ._frozen import is_frozen, unfreeze
 from ._structure import (
     GENERIC,
     LIST,
@@ -782,7 +782,7 @@ class TypeMatcher(Matcher):
     def step(self, state, k, entry, child, child_path):
         if isinstance(child, self.cls):
             return _MATCHED
-        if is_frozen(child) and isinstance(_mask.unfreeze(child), self.cls):
+        if is_frozen(child) and isinstance(unfreeze(child), self.cls):
             return _MATCHED
         return (DESCEND, None)
 
@@ -802,7 +802,7 @@ class WhereMatcher(Matcher):
         self.fn = fn
 
     def step(self, state, k, entry, child, child_path):
-        result = self.fn(child_path, _mask.unfreeze(child))
+        result = self.fn(child_path, unfreeze(child))
         if result is True:
             return _MATCHED
         if result is False or result is None:
