@@ -27,6 +27,7 @@ FLOORS = {
     "_trace": 3,
     "_leafwise": 3,
     "_fields": 3,
+    "_roles": 3,
     "_selectors": 4,
     "_pprint_registry": 4,
     "_pprint": 5,

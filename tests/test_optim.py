@@ -664,3 +664,109 @@ def test_docstring_example_runs(code):
     import textwrap
 
     exec(compile(textwrap.dedent(code), "<docstring>", "exec"), {})
+
+
+# --------------------------------------------------------------------------------------
+# trainable
+
+
+class Norm(tc.TreeClass):
+    mean: jax.Array = tc.field(metadata={"role": "state"})
+
+    def __init__(self):
+        self.scale = jnp.ones(2)
+        self.mean = jnp.zeros(2)
+        self.eps = 1e-5
+        self.steps = jnp.zeros((), jnp.int32)
+        self.act = tc.freeze(jnp.ones(3))
+
+
+def test_trainable_updates_exactly_the_trainable_leaves():
+    model = Norm()
+    opt = optim.trainable(optax.sgd(1.0), model)
+    grads = jax.grad(lambda m: (m.scale + m.mean).sum() + m.eps, allow_int=True)(model)
+    updates, _ = opt.update(grads, opt.init(model), model)
+    new = optax.apply_updates(model, updates)
+    assert not same_bits(new.scale, model.scale)
+    assert same_bits([new.mean, new.steps], [model.mean, model.steps]) and new.eps == 1e-5
+    assert new.steps.dtype == jnp.int32 and tc.is_frozen(new.act)
+
+
+def test_trainable_inner_transform_sees_only_the_selected_leaves():
+    model = MLP()
+    seen = []
+
+    def spy(updates, state, params=None):
+        seen.append(jax.tree.leaves(updates))
+        return updates, state
+
+    opt = optim.trainable(optax.GradientTransformation(lambda p: (), spy), model.at[Linear]["bias"])
+    assert opt.init(model) == ()
+    opt.update(ones_like(model), (), model)
+    assert [x.shape for x in seen[0]] == [(3,), (1,)]
+
+
+def test_trainable_takes_a_tree_and_selectors_like_mask():
+    model = MLP()
+    a = optim.trainable(optax.adam(1e-3), model, Linear, "weight").init(model)
+    b = optim.trainable(optax.adam(1e-3), model.at[Linear]["weight"]).init(model)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    assert len(jax.tree.leaves(a[0].mu)) == 2
+
+
+def test_trainable_composes_with_a_decay_mask_function():
+    model = MLP()
+    decay = optax.adamw(0.1, weight_decay=1.0, mask=lambda p: optim.mask(p.at[Linear]["weight"]))
+    opt = optim.trainable(decay, model)
+    zero = jax.tree.map(jnp.zeros_like, model)
+    updates, _ = opt.update(zero, opt.init(model), model)
+    assert float(jnp.abs(updates.layers[0].weight).max()) > 0  # decayed
+    assert float(jnp.abs(updates.layers[0].bias).max()) == 0  # not decayed
+
+
+def test_trainable_without_a_trainable_leaf_is_an_error():
+    with pytest.raises(ValueError, match=r"has no trainable leaf.*roles: 1 frozen, 2 other"):
+        optim.trainable(optax.sgd(1.0), {"n": 1.0, "i": jnp.arange(2), "f": tc.freeze(1.0)})
+    opt = optim.trainable(optax.identity(), {"n": 1.0}, strict=False)
+    assert opt.init({"n": 1.0}) == optax.EmptyState()
+
+
+def test_trainable_refuses_a_selected_leaf_that_has_no_gradient():
+    with pytest.raises(ValueError, match=r"`tree\['i'\]`, an array int32\[2\], which cannot be"):
+        optim.trainable(optax.sgd(1.0), {"i": jnp.arange(2), "w": jnp.ones(1)}, "i")
+
+
+def test_trainable_refuses_a_first_argument_that_is_not_a_transformation():
+    with pytest.raises(TypeError, match="takes an optax transformation first"):
+        optim.trainable(MLP(), optax.adam(1e-3))
+
+
+def test_trainable_names_where_a_tree_does_not_fit_its_model():
+    opt = optim.trainable(optax.adam(1e-3), MLP())
+    with pytest.raises(ValueError, match=r"does not fit the model .* at `MLP\.layers`"):
+        opt.init(MLP((2, 3, 3, 1)))
+
+
+def test_trainable_needs_the_parameters_for_an_integer_leaf_gradient():
+    model = {"w": jnp.ones(2), "n": jnp.zeros((), jnp.int32)}
+    opt = optim.trainable(optax.sgd(1.0), model)
+    grads = jax.grad(lambda m: m["w"].sum(), allow_int=True)(model)
+    with pytest.raises(ValueError, match=r"update at `tree\['n'\]` has dtype float0"):
+        opt.update(grads, opt.init(model), None)
+    updates, _ = opt.update(grads, opt.init(model), model)
+    assert updates["n"].dtype == jnp.int32
+
+
+def test_trainable_selection_is_fixed_when_built_not_when_jitted():
+    # under jit a Python number is a traced array; the selection was made before
+    model = {"w": jnp.ones(2), "eps": 1e-5}
+    opt = optim.trainable(optax.sgd(1.0), model)
+
+    @jax.jit
+    def step(model, state):
+        grads = jax.tree.map(jnp.ones_like, model)
+        updates, state = opt.update(grads, state, model)
+        return optax.apply_updates(model, updates), state
+
+    new, _ = step(model, opt.init(model))
+    assert new["eps"] == 1e-5 and float(new["w"][0]) == 0.0

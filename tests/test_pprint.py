@@ -432,43 +432,53 @@ def test_diagram_indents_multiline_leaves():
 
 def test_summary_has_one_row_per_leaf_and_totals():
     assert tc.tree_summary(Model()) == textwrap.dedent("""\
-        ┌───────────────────┬──────────┬───────┬──────┐
-        │ Name              │ Type     │ Count │ Size │
-        ├───────────────────┼──────────┼───────┼──────┤
-        │ .layers[0].weight │ f32[2,3] │     6 │  24B │
-        │ .layers[0].bias   │ f32[3]   │     3 │  12B │
-        │ .layers[0].cache  │ int      │     1 │  28B │
-        │ .layers[1].weight │ f32[3,1] │     3 │  12B │
-        │ .layers[1].bias   │ f32[1]   │     1 │   4B │
-        │ .layers[1].cache  │ int      │     1 │  28B │
-        │ .act              │ function │     0 │  56B │
-        │ .scale            │ #float   │     1 │  24B │
-        │ .meta['lr']       │ float    │     1 │  24B │
-        │ .meta['steps']    │ int      │     1 │  28B │
-        ├───────────────────┼──────────┼───────┼──────┤
-        │ Σ                 │ Model    │    18 │ 240B │
-        └───────────────────┴──────────┴───────┴──────┘""")
+        ┌───────────────────┬──────────┬───────┬──────┬───────────┐
+        │ Name              │ Type     │ Count │ Size │ Role      │
+        ├───────────────────┼──────────┼───────┼──────┼───────────┤
+        │ .layers[0].weight │ f32[2,3] │     6 │  24B │ trainable │
+        │ .layers[0].bias   │ f32[3]   │     3 │  12B │ trainable │
+        │ .layers[0].cache  │ int      │     1 │  28B │ other     │
+        │ .layers[1].weight │ f32[3,1] │     3 │  12B │ trainable │
+        │ .layers[1].bias   │ f32[1]   │     1 │   4B │ trainable │
+        │ .layers[1].cache  │ int      │     1 │  28B │ other     │
+        │ .act              │ function │     0 │  56B │ other     │
+        │ .scale            │ #float   │     1 │  24B │ frozen    │
+        │ .meta['lr']       │ float    │     1 │  24B │ other     │
+        │ .meta['steps']    │ int      │     1 │  28B │ other     │
+        ├───────────────────┼──────────┼───────┼──────┼───────────┤
+        │ Σ                 │          │    13 │  52B │ trainable │
+        │ Σ                 │          │     1 │  24B │ frozen    │
+        │ Σ                 │          │     4 │ 164B │ other     │
+        │ Σ                 │          │     0 │ 110B │ static    │
+        │ Σ                 │ Model    │    18 │ 240B │           │
+        └───────────────────┴──────────┴───────┴──────┴───────────┘""")
 
 
 def test_summary_depth_sums_nodes_at_the_cut():
     assert tc.tree_summary(Model(), depth=1) == textwrap.dedent("""\
-        ┌─────────┬──────────┬───────┬──────┐
-        │ Name    │ Type     │ Count │ Size │
-        ├─────────┼──────────┼───────┼──────┤
-        │ .layers │ list     │    15 │ 108B │
-        │ .act    │ function │     0 │  56B │
-        │ .scale  │ #float   │     1 │  24B │
-        │ .meta   │ dict     │     2 │  52B │
-        ├─────────┼──────────┼───────┼──────┤
-        │ Σ       │ Model    │    18 │ 240B │
-        └─────────┴──────────┴───────┴──────┘""")
+        ┌─────────┬──────────┬───────┬──────┬───────────┐
+        │ Name    │ Type     │ Count │ Size │ Role      │
+        ├─────────┼──────────┼───────┼──────┼───────────┤
+        │ .layers │ list     │    15 │ 108B │ mixed     │
+        │ .act    │ function │     0 │  56B │ other     │
+        │ .scale  │ #float   │     1 │  24B │ frozen    │
+        │ .meta   │ dict     │     2 │  52B │ other     │
+        ├─────────┼──────────┼───────┼──────┼───────────┤
+        │ Σ       │          │    13 │  52B │ trainable │
+        │ Σ       │          │     1 │  24B │ frozen    │
+        │ Σ       │          │     4 │ 164B │ other     │
+        │ Σ       │          │     0 │ 110B │ static    │
+        │ Σ       │ Model    │    18 │ 240B │           │
+        └─────────┴──────────┴───────┴──────┴───────────┘""")
 
 
 def test_summary_is_leaf_gives_one_row_per_matched_node():
     table = tc.tree_summary(Model(), is_leaf=lambda x: isinstance(x, Linear))
     rows = [line.split("│")[1:3] for line in table.splitlines()[3:5]]
     assert rows == [[" .layers[0]     ", " Linear   "], [" .layers[1]     ", " Linear   "]]
-    assert "│ Σ              │ Model    │    18 │ 240B │" in table
+    assert "│ Σ              │ Model    │    18 │ 240B │           │" in table
+    # the role totals count every leaf of a node `is_leaf` stops at
+    assert "│ Σ              │          │    13 │  52B │ trainable │" in table
 
 
 def test_summary_of_arrays_of_several_dtypes_and_frozen_arrays():
@@ -480,17 +490,20 @@ def test_summary_of_arrays_of_several_dtypes_and_frozen_arrays():
         "k": jax.random.key(1),
     }
     assert tc.tree_summary(tree) == textwrap.dedent("""\
-        ┌───────┬────────────────┬─────────┬─────────┐
-        │ Name  │ Type           │   Count │    Size │
-        ├───────┼────────────────┼─────────┼─────────┤
-        │ ['b'] │ bool[3]        │       3 │      3B │
-        │ ['c'] │ c64[2]         │       2 │     16B │
-        │ ['e'] │ f32[0,4]       │       0 │      0B │
-        │ ['f'] │ #f32[256,1024] │ 262,144 │ 1.00MiB │
-        │ ['k'] │ key<fry>[]     │       1 │      8B │
-        ├───────┼────────────────┼─────────┼─────────┤
-        │ Σ     │ dict           │ 262,150 │ 1.00MiB │
-        └───────┴────────────────┴─────────┴─────────┘""")
+        ┌───────┬────────────────┬─────────┬─────────┬───────────┐
+        │ Name  │ Type           │   Count │    Size │ Role      │
+        ├───────┼────────────────┼─────────┼─────────┼───────────┤
+        │ ['b'] │ bool[3]        │       3 │      3B │ other     │
+        │ ['c'] │ c64[2]         │       2 │     16B │ trainable │
+        │ ['e'] │ f32[0,4]       │       0 │      0B │ trainable │
+        │ ['f'] │ #f32[256,1024] │ 262,144 │ 1.00MiB │ frozen    │
+        │ ['k'] │ key<fry>[]     │       1 │      8B │ other     │
+        ├───────┼────────────────┼─────────┼─────────┼───────────┤
+        │ Σ     │                │       2 │     16B │ trainable │
+        │ Σ     │                │ 262,144 │ 1.00MiB │ frozen    │
+        │ Σ     │                │       4 │     11B │ other     │
+        │ Σ     │ dict           │ 262,150 │ 1.00MiB │           │
+        └───────┴────────────────┴─────────┴─────────┴───────────┘""")
 
 
 @pytest.mark.parametrize(
@@ -915,7 +928,10 @@ def _entry_count(tree):
 def test_summary_has_a_row_per_leaf_and_diagram_a_line_per_entry(tree):
     leaves = jax.tree_util.tree_leaves(tree)
     rows = tc.tree_summary(tree).splitlines()
-    assert len(rows) == (len(leaves) + 6 if leaves else 5)
+    # below the total, one `Σ` row per role when not every leaf is trainable
+    roles = set(jax.tree_util.tree_leaves(tc.roles(tree)))
+    footer = len(roles) if roles - {"trainable"} else 0
+    assert len(rows) == (len(leaves) + 6 + footer if leaves else 5)
     assert rows[-2].startswith("│ Σ ")
     assert len(tc.tree_diagram(tree).splitlines()) == _entry_count(tree)
 

@@ -23,6 +23,7 @@ from ._pprint import (
     tree_summary,
 )
 from ._pprint_registry import PrintRule, register_printer
+from ._roles import roles
 from ._selectors import BaseKey, glob, where
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass
@@ -58,6 +59,8 @@ __all__ = [
     "is_nondiff",
     "tree_mask",
     "tree_unmask",
+    # roles
+    "roles",
     # printing
     "tree_repr",
     "tree_str",

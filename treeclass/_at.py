@@ -134,6 +134,16 @@ PLUCK_COUNT_MSG = (
     "`AtIndexer.pluck` expects `count` to be None (every selected subtree) or an int >= 0, "
     "got {value!r}."
 )
+WHOLE_ELEMENT_MASK_MSG = (
+    "`.apply(fn, whole=True)` calls `fn` on each selected node, but at {where} the "
+    "selection is an element mask (it picks elements of a leaf, not a node). Select whole "
+    "nodes (a name, a class, `tc.where` returning a bool), or drop `whole=True`."
+)
+STATIC_UNSET_MSG = (
+    "{where} is a static field that this instance never set: there is no value to "
+    "{name!r} to change. Set it in `__init__` (or give the field a default)."
+)
+WHOLE_TYPE_MSG = "`AtIndexer.apply` takes `whole` as a bool, got {value!r}."
 EMPTY_REDUCE_MSG = (
     "`reduce` over an empty selection {selection} needs an initializer: "
     "`.reduce(fn, initializer=...)`."
@@ -447,6 +457,12 @@ class _Walker:
                         return node
                     # same names, so the same layout: a cheap copy with one child replaced
                     return _node.replace_children(node, {key: new})
+                if (
+                    i + 1 == self.n
+                    and self.op.edits_static
+                    and key in _node.static_names(type(node))
+                ):
+                    return self.static_spot(node, path + (GetAttrKey(key),), key)
         elif kind == DICT:
             if key in node:
                 child = node[key]
@@ -521,6 +537,28 @@ class _Walker:
                 changed = True
         matcher.finish(payload, node, kind, opened, path, self)
         return rebuild(node, kind, aux, children) if changed else node
+
+    def static_spot(self, node: Any, path: tuple[Any, ...], name: str) -> Any:
+        """A static field named last in the selection, set or applied to: a new structure.
+
+        The copy gets the field's new value through its `on_setattr` callbacks (a
+        configuration value is validated, as in `__init__` and `replace`) and the layout
+        of its new static values; the children are shared.
+        """
+        old = _node.static_values(node).get(name, _MISSING)
+        if old is _MISSING:  # declared static, but this instance never set it
+            raise LookupError(STATIC_UNSET_MSG.format(where=self.where(path), name=name))
+        self.count += 1
+        new = self.op.static_value(self, old, path)
+        if new is old:
+            return node
+        copy = _node.replace_children(node, {})
+        _node.unseal(copy)
+        try:
+            setattr(copy, name, new)
+        finally:
+            _node.seal(copy)
+        return copy
 
     def unselected(self, node: Any) -> Any:
         if not self.fills:
@@ -622,8 +660,13 @@ class _Op:
     __slots__ = ()
     fills = False  # whether unselected leaves are replaced (only `get`)
     fill_value: Any = None
+    edits_static = False  # whether a static field named last is set (`set`, `apply`)
 
     def spot(self, walker: _Walker, node: Any, path: tuple, emask: Any) -> Any:
+        raise NotImplementedError
+
+    def static_value(self, walker: _Walker, old: Any, path: tuple) -> Any:
+        """The new value of a static field (only for ops with `edits_static`)."""
         raise NotImplementedError
 
 
@@ -674,6 +717,10 @@ class _Set(_Op):
     __slots__ = ("value", "mode")
 
     BROADCAST, ROOT, SPOT = range(3)
+    edits_static = True
+
+    def static_value(self, walker, old, path):
+        return self.value  # a configuration value is put whole, whatever its structure
 
     def __init__(self, value: Any, root: Any, is_leaf: Any) -> None:
         self.value = value
@@ -750,13 +797,23 @@ class _Set(_Op):
 
 
 class _Apply(_Op):
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "whole")
+    edits_static = True
 
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
+    def __init__(self, fn: Callable[[Any], Any], whole: bool = False) -> None:
         self.fn = fn
+        self.whole = whole
+
+    def static_value(self, walker, old, path):
+        return walker.call(self.fn, path, old)
 
     def spot(self, walker, node, path, emask):
         fn = self.fn
+        if self.whole:
+            if emask is not None:
+                raise ValueError(WHOLE_ELEMENT_MASK_MSG.format(where=walker.where(path)))
+            walker.count += 1
+            return walker.call(fn, path, node)
         if emask is None:
             if walker.pool is None and is_leaf_node(node, walker.is_leaf):
                 # the common spot (a name chain ending at a leaf), without a frame to spare
@@ -1127,16 +1184,22 @@ class AtIndexer(Generic[T]):
         self,
         fn: Callable[[Any], Any],
         *,
+        whole: bool = False,
         is_leaf: Callable[[Any], bool] | None = None,
         is_parallel: bool | dict[str, Any] = False,
     ) -> T:
-        """The tree with `fn` applied to every selected leaf.
+        """The tree with `fn` applied to every selected leaf (or, `whole=True`, node).
 
         **Arguments**
 
         - `fn`: a function of one leaf. Under an element mask the result is
           `jnp.where(mask, fn(leaf), leaf)`. An error raised by `fn` gets a note naming
           the leaf's key path.
+        - `whole`: call `fn` once on each selected node, whole, and put what it returns
+          in its place: model surgery, `model.at[Attention]["out"].apply(to_lora,
+          whole=True)` (every attention's output projection, a `Linear`, becomes what
+          `to_lora` makes of it). A selected frozen value is passed as it is. Without
+          it, `fn` is mapped over the leaves below each selected node.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: `True`, or a dict of `concurrent.futures.ThreadPoolExecutor`
           arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf;
@@ -1155,11 +1218,15 @@ class AtIndexer(Generic[T]):
 
         assert tc.at({"a": 1, "b": 2})["b"].apply(lambda x: x * 10) == {"a": 1, "b": 20}
         assert tc.at([1, 2, 3])[...].apply(str, is_parallel=True) == ["1", "2", "3"]
+        tree = {"a": (1, 2), "b": 3}
+        assert tc.at(tree)["a"].apply(list, whole=True) == {"a": [1, 2], "b": 3}
         ```
         """
-        _check_callable(fn, "apply", "fn", " of one leaf")
+        _check_callable(fn, "apply", "fn", " of one leaf" if not whole else " of one node")
         _check_is_leaf(is_leaf, "apply")
-        return self._run(_Apply(fn), is_leaf, is_parallel)
+        if not isinstance(whole, bool):
+            raise TypeError(WHOLE_TYPE_MSG.format(value=whole))
+        return self._run(_Apply(fn, whole), is_leaf, is_parallel)
 
     @overload
     def reduce(

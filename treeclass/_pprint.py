@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from . import _node, _trace
+from . import _node, _roles, _trace
 from ._pprint_registry import printer_alias, rule_for
 from ._structure import node_kind, open_node, wrapper_of
 from ._values import offer_display
@@ -1067,6 +1067,40 @@ def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[
     return "\n".join(lines)
 
 
+_ROLE_ORDER = (
+    _roles.TRAINABLE,
+    _roles.STATE,
+    _roles.FROZEN,
+    _roles.OTHER,
+    _roles.MIXED,
+)
+
+
+def _row_role(parts: list[tuple[str, int, int]]) -> str:
+    found = {role for role, _, _ in parts}
+    return found.pop() if len(found) == 1 else _roles.MIXED
+
+
+def _role_footer(totals: dict[str, list[int]], statics: list[Any]) -> list[list[str]]:
+    """The `Σ` rows of each role present, then of the static values, above the total."""
+    rows = []
+    for role in _ROLE_ORDER:
+        if role in totals:
+            count, size = totals[role]
+            rows.append(["Σ", "", f"{count:,}", _size_text(size), role, ""])
+    if statics:
+        count, size = _totals(statics)
+        rows.append(["Σ", "", f"{count:,}", _size_text(size), _roles.STATIC, ""])
+    return rows
+
+
+def _stopped_role(x: Any) -> str:
+    """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
+    if wrapper_of(x) is not None or _one_level(x) is None:
+        return _roles.leaf_role(x, False)
+    return _row_role([(name, 0, 0) for name in _roles.leaf_roles(x)])
+
+
 def tree_summary(
     tree: Any,
     *,
@@ -1074,7 +1108,7 @@ def tree_summary(
     is_leaf: Callable[[Any], bool] | None = None,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A table of a tree's leaves: key path, type, element count and size, with totals.
+    """A table of a tree's leaves: key path, type, role, element count and size, with totals.
 
     One row per leaf in `jax.tree_util` order (frozen values count as leaves, marked `#`;
     fields hidden from `repr` still count), or per node where `depth` stops; a final `Σ`
@@ -1083,6 +1117,15 @@ def tree_summary(
     it other types with `register_printer`, or with PyTreeClass's spelling
     `tc.tree_summary.def_type(T)`, `.def_count(T)` and `.def_size(T)`. When a leaf is
     sharded across devices, a Sharding column shows its partition spec.
+
+    **Roles.** When not every leaf is trainable, a Role column gives each row's role, as
+    `tc.roles` and `tc.optim.trainable` see it: `trainable` (inexact arrays, neither frozen
+    nor state), `state` (fields declared with `tc.field(metadata={"role": "state"})`),
+    `frozen` (`tc.freeze`), `other` (leaves no optimizer helper trains: Python numbers,
+    integer and boolean arrays, strings), or `mixed` for a row summing several. `Σ` rows
+    above the total then sum each role apart, and one the static fields (role `static`:
+    `tc.field(static=True)` values, part of the tree definition, not in the total), so
+    the number of parameters a fine-tune trains is the `Σ … trainable` row.
 
     The middle of a long run of siblings of one type and structure (the layers of a big
     model) is one row with the run's totals: `.layers[3]…[996] │ 994 × Linear │ …`.
@@ -1105,6 +1148,10 @@ def tree_summary(
 
     table = tc.tree_summary({"w": jnp.ones((2, 3))})
     assert "│ ['w'] │ f32[2,3] │     6 │  24B │" in table
+    table = tc.tree_summary({"w": jnp.ones((2, 3)), "b": tc.freeze(jnp.ones(3))})
+    assert "│ ['w'] │ f32[2,3] │     6 │  24B │ trainable │" in table
+    assert "│ Σ     │          │     6 │  24B │ trainable │" in table
+    assert "│ Σ     │          │     3 │  12B │ frozen    │" in table
     ```
     """
     _check_depth(depth)
@@ -1112,60 +1159,98 @@ def tree_summary(
     _check_repeats(repeats)
     rows: list[list[str]] = []
     total_count = total_size = 0
+    role_totals: dict[str, list[int]] = {}
 
     def stop(x: Any) -> bool:
         return _summary_leaf(x) or (is_leaf is not None and bool(is_leaf(x)))
 
-    def add_row(path: str, kind: str, count: int, size: int, sharding: str) -> None:
+    def add_row(path: str, kind: str, parts: list[tuple[str, int, int]], sharding: str) -> None:
         nonlocal total_count, total_size
+        count = size = 0
+        for role, c, s in parts:
+            count += c
+            size += s
+            totals = role_totals.setdefault(role, [0, 0])
+            totals[0] += c
+            totals[1] += s
         total_count += count
         total_size += size
-        rows.append([path, kind, f"{count:,}", _size_text(size), sharding])
+        rows.append([path, kind, f"{count:,}", _size_text(size), _row_role(parts), sharding])
 
-    def visit(x: Any, keys: tuple[Any, ...], remaining: float) -> None:
+    def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
+        return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
+
+    def visit(x: Any, in_state: bool, keys: tuple[Any, ...], remaining: float) -> None:
+        # `in_state`: `x` is held (at any depth) by a field its class declares state
         flat = None if stop(x) else _one_level(x)
         if flat is not None and remaining > 0:
+            state = _roles.state_children(x)
+            states = [in_state or (bool(state) and key.name in state) for key, _ in flat]
             items = [("", _key_labels(key)[1], child) for key, child in flat]
             position = 0  # in `flat`, whose keys the rows need
             # hidden=True: runs are judged on every field, as JAX flattens them
             for item in fold_runs(items, repeats, stop, hidden=True):
                 if type(item) is Run:
+                    span = range(position, position + len(item.items))
                     position += len(item.items)
                     children = [child for _, _, child in item.items]
                     first = children[0]
                     is_node = not stop(first) and _one_level(first) is not None
                     kind = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
+                    if any(states[k] for k in span) or _roles.declares_state(first):
+                        names = [
+                            name
+                            for k in span
+                            for name in _roles.leaf_roles(flat[k][1], states[k], stop)
+                        ]
+                    else:  # the run's siblings share their classes: no state below any
+                        names = [_stopped_role(x) for x in leaves]
                     add_row(
                         _path_text(keys) + item.keys,
                         f"{len(children)} × {kind}",
-                        *_totals(leaves),
+                        sized(leaves, names),
                         "",
                     )
                 else:
                     key, child = flat[position]
+                    visit(child, states[position], (*keys, key), remaining - 1)
                     position += 1
-                    visit(child, (*keys, key), remaining - 1)
             return
         if flat is not None:  # a node where depth stops: one row with its leaves' totals
             leaves = jax.tree_util.tree_leaves(x, is_leaf=stop)
             if not leaves:
                 return
-            count, size = _totals(leaves)
-            kind, sharding = type(x).__name__, ""
-        else:
-            count, size = _leaf_count_size(x)
-            kind, sharding = _leaf_type(x), _sharding_text(x)
-        add_row(_path_text(keys), kind, count, size, sharding)
+            names = _roles.leaf_roles(x, in_state, stop)
+            add_row(_path_text(keys), type(x).__name__, sized(leaves, names), "")
+            return
+        if _summary_leaf(x):  # a frozen value, or a type a rule sums itself
+            names = _roles.leaf_roles(x, in_state, _summary_leaf)
+            parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
+        elif _one_level(x) is None:  # a leaf
+            parts = [(_roles.leaf_role(x, in_state), *_leaf_count_size(x))]
+        else:  # a node `is_leaf` stops at: its count is its leaves' unless a rule says it
+            rule = rule_for(x)
+            names = _roles.leaf_roles(x, in_state, _summary_leaf)
+            if rule is not None and (rule.count is not None or rule.size is not None):
+                parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
+            else:
+                parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
+        add_row(_path_text(keys), _leaf_type(x), parts, _sharding_text(x))
 
-    visit(tree, (), depth)
-    sharded = any(row[4] for row in rows)
-    table = [["Name", "Type", "Count", "Size", "Sharding"], *rows]
-    table.append(["Σ", type(tree).__name__, f"{total_count:,}", _size_text(total_size), ""])
-    if not sharded:
-        table = [row[:4] for row in table]
-    right = (False, False, True, True, False)[: len(table[0])]
-    return _box_table(table, right, {0, len(table) - 2})
+    visit(tree, False, (), depth)
+    show_roles = any(role != _roles.TRAINABLE for role in role_totals)
+    sharded = any(row[5] for row in rows)
+    table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
+    footer = []
+    if show_roles:
+        footer = _role_footer(role_totals, [v for _, _, v in _roles.static_values(tree)])
+    table += footer
+    table.append(["Σ", type(tree).__name__, f"{total_count:,}", _size_text(total_size), "", ""])
+    keep = (True, True, True, True, show_roles, sharded)
+    table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
+    right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)
+    return _box_table(table, right, {0, len(table) - 2 - len(footer)})
 
 
 # -- tree_repr_with_trace -----------------------------------------------------------------

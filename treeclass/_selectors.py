@@ -177,6 +177,13 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     then selects elements of that leaf, as a mask would. A predicate that selects nothing
     is a valid (empty) selection; an error raised by `fn` names the node's key path.
 
+    A frozen value is shown to `fn` as the value inside it (`tc.unfreeze(node)`), so a
+    predicate that reads values selects the same nodes before and after freezing: the
+    selection that froze them thaws them,
+    `tree.at[sel].apply(tc.unfreeze, is_leaf=tc.is_frozen)`. (To tell frozen values
+    apart, select them by position or by name.) A class selector matches a frozen value
+    by the class of the value inside, the same way.
+
     **Arguments**
 
     - `fn`: a callable `(path, node) -> bool`.
@@ -497,9 +504,11 @@ class Matcher:
 NOT_FOUND_MSG = "{key!r} not found at {where}{hint}"
 STATIC_FIELD_MSG = (
     "{key!r} at {where} is a static field (`tc.field(static=True)`): it is part of the tree "
-    "definition, not a leaf, so `.at` cannot select it. Change it on a copy inside a method,\n"
-    "    value, tree = tree.at['method_that_sets_{key}'](...)\n"
-    "or make it a leaf: `{key}: ... = tc.field()`."
+    "definition, not a leaf. Named last in a selection, it can be set, which gives a tree "
+    "of a new structure (every other operation, and selectors below it, refuse it):\n"
+    "    tree = tree.at[...][{key!r}].set(value)        # or .apply(fn)\n"
+    "    tree = tree.replace({key}=value)                # on the node itself\n"
+    "Read it as an attribute: `node.{key}`."
 )
 LEAF_HAS_NO_CHILDREN_MSG = "{key!r} not found at {where}: it is a leaf, {leaf}, with no children."
 FROZEN_HAS_NO_CHILDREN_MSG = (
@@ -888,7 +897,11 @@ _RULES: dict[type, Any] = {}
 
 
 class TypeMatcher(Matcher):
-    """A class: every node below that is an instance of it, not looking into a match."""
+    """A class: every node below that is an instance of it, not looking into a match.
+
+    A frozen value is matched by the class of the value inside it, so the selection that
+    froze a node selects it again to thaw it (`.apply(tc.unfreeze, is_leaf=tc.is_frozen)`).
+    """
 
     __slots__ = ("cls",)
 
@@ -896,14 +909,21 @@ class TypeMatcher(Matcher):
         self.cls = cls
 
     def step(self, state, k, entry, child, child_path):
-        return _MATCHED if isinstance(child, self.cls) else (DESCEND, None)
+        if isinstance(child, self.cls):
+            return _MATCHED
+        if is_frozen(child) and isinstance(unfreeze(child), self.cls):
+            return _MATCHED
+        return (DESCEND, None)
 
     def __repr__(self) -> str:
         return self.cls.__name__
 
 
 class WhereMatcher(Matcher):
-    """`where(fn)`: every node below for which `fn(path, node)` holds."""
+    """`where(fn)`: every node below for which `fn(path, node)` holds.
+
+    A frozen value is shown to `fn` unfrozen (see `where`).
+    """
 
     __slots__ = ("fn",)
 
@@ -911,7 +931,7 @@ class WhereMatcher(Matcher):
         self.fn = fn
 
     def step(self, state, k, entry, child, child_path):
-        result = self.fn(child_path, child)
+        result = self.fn(child_path, unfreeze(child))
         if result is True:
             return _MATCHED
         if result is False or result is None:

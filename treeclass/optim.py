@@ -1,5 +1,10 @@
 """optax integration: per-leaf optimizers from `.at` selections.
 
+`trainable(transform, model)` is the one call a training loop needs: an optax
+transformation that updates exactly the trainable leaves (`tc.roles`: inexact arrays that
+are neither frozen nor state), or exactly a selection, and leaves every other leaf
+bit-identical, with no optimizer state for it.
+
 Three ways to give leaves different treatment, from lightest to most explicit:
 
 - `mask(selection)`: a boolean tree, `True` exactly at the selected leaves, for
@@ -11,11 +16,14 @@ Three ways to give leaves different treatment, from lightest to most explicit:
   without children, so `opt.init` and `opt.update` never see them. This needs nothing
   from this module.
 
+`trainable` composes with all three: the transformation it wraps sees only the leaves it
+updates.
+
 `check_mask` and `check_labels` say where a mask or label tree and the parameters part
 ways, naming the key path, before optax fails with a structure mismatch.
 
-optax is an optional dependency: nothing here imports it, except `partition`, which does
-so when called.
+optax is an optional dependency: nothing here imports it, except `partition` and
+`trainable`, which do so when called.
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
 from ._at import AtIndexer, at
 from ._frozen import is_frozen
+from ._roles import TRAINABLE, role_tree
 from ._structure import (
     LEAF,
     describe,
@@ -39,7 +49,7 @@ from ._structure import (
     path_str,
 )
 
-__all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition"]
+__all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition", "trainable"]
 
 _T = TypeVar("_T")
 
@@ -570,3 +580,261 @@ def partition(
     check_labels(label_tree, tree, transforms)
     combine = getattr(optax, "partition", None) or optax.multi_transform
     return combine(transforms, label_tree)
+
+
+# --------------------------------------------------------------------------------------
+# trainable: one transformation that updates exactly a selection
+
+_KEEP, _UPDATE, _FROZEN = range(3)
+
+_NOT_A_TRANSFORM_MSG = (
+    "`tc.optim.trainable` takes an optax transformation first, then the model: "
+    "`tc.optim.trainable(optax.adam(1e-3), model)`; got {type} first."
+)
+_NOTHING_TRAINABLE_MSG = (
+    "{what} has no trainable leaf (an inexact, unfrozen array outside state fields): "
+    "an optimizer built on it would change nothing. Its leaves' roles: {roles}. Select the "
+    "leaves to train, `tc.optim.trainable(opt, model.at[...])`, or pass `strict=False` if "
+    "nothing to train is what you mean."
+)
+_NOT_INEXACT_MSG = (
+    "The selection picks the leaf at `{path}`, {found}, which cannot be trained: only "
+    "inexact (floating or complex) values have gradients. Narrow the selection, or make the "
+    "leaf a float array."
+)
+_TREE_MISFIT_MSG = (
+    "The {what} handed to `{method}` does not fit the model this optimizer was built from "
+    "at `{path}`: {reason}. Build it from the same model (frozen values may differ: they "
+    "are not looked at), e.g.\n"
+    "    opt = tc.optim.trainable(optax.adam(1e-3), model); state = opt.init(model)"
+)
+_FLOAT0_MSG = (
+    "The update at `{path}` has dtype float0 (the gradient of an integer or boolean leaf, "
+    "from `jax.grad(..., allow_int=True)`), and no parameters were given to derive an "
+    "unchanged update from. Pass the parameters: `opt.update(grads, state, model)`."
+)
+
+
+def _frozen_free(tree: Any) -> Any:
+    """The structure of `tree` with every frozen value replaced by one placeholder.
+
+    Two trees with equal frozen-free structures differ at most in their frozen values:
+    an abstract template of a model fits it, even when its frozen values were built apart.
+    """
+    return jax.tree_util.tree_structure(
+        jax.tree_util.tree_map(lambda x: None if is_frozen(x) else 0, tree, is_leaf=is_frozen)
+    )
+
+
+class _Plan:
+    """Which leaf of the model (frozen values counted as leaves) is updated, kept or frozen."""
+
+    __slots__ = ("kinds", "treedef", "skeleton", "root")
+
+    def __init__(self, tree: Any, kinds: list[int]) -> None:
+        self.kinds = kinds
+        self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_frozen)
+        self.skeleton = _frozen_free(tree)
+        self.root = tree
+
+    def split(self, tree: Any, what: str, method: str) -> tuple[list[Any], Any]:
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_frozen)
+        if treedef != self.treedef and (
+            len(leaves) != len(self.kinds) or _frozen_free(tree) != self.skeleton
+        ):
+            found = first_mismatch(self.root, tree, is_leaf=is_frozen)
+            path, reason = (
+                ((), "the structures differ")
+                if found is None
+                else (
+                    found.path,
+                    found.explain(what, tree="model"),
+                )
+            )
+            raise ValueError(
+                _TREE_MISFIT_MSG.format(
+                    what=what, method=method, path=path_str(self.root, path), reason=reason
+                )
+            )
+        return leaves, treedef
+
+    def selected(self, treedef: Any, leaves: list[Any], masked: Any) -> Any:
+        """`leaves` as a tree in which only the updated ones are left (others `masked`)."""
+        return treedef.unflatten(
+            [x if kind == _UPDATE else masked for x, kind in zip(leaves, self.kinds)]
+        )
+
+
+def _unchanged(update: Any, param: Any, where: Callable[[], str]) -> Any:
+    """An update that `optax.apply_updates` adds to `param` without changing a bit.
+
+    `x + (-0.0)` is `x` for every float `x`, -0.0, infinities and NaNs included (adding
+    +0.0 would turn -0.0 into 0.0); integers and booleans add a zero.
+    """
+    reference = update if param is None else param
+    dtype = jnp.result_type(reference)
+    if dtype == jax.dtypes.float0:
+        raise ValueError(_FLOAT0_MSG.format(path=where()))
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.full_like(reference, complex(-0.0, -0.0))
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.full_like(reference, -0.0)
+    return jnp.zeros_like(reference)
+
+
+def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
+    if isinstance(selection, AtIndexer) or where:
+        indexer = _indexer(selection, where)
+        tree = indexer.tree
+        flags = jax.tree_util.tree_leaves(mask(indexer, strict=strict), is_leaf=is_frozen)
+        kinds = [
+            _FROZEN if is_frozen(flag) else (_UPDATE if flag is True else _KEEP) for flag in flags
+        ]
+        paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
+        for (path, leaf), kind in zip(paths, kinds, strict=True):
+            if kind == _UPDATE and not _is_inexact_leaf(leaf):
+                shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+                found = (
+                    f"an array {dtype}{list(shape)}"
+                    if dtype is not None and shape is not None
+                    else f"a `{type(leaf).__name__}`"
+                )
+                raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
+        return _Plan(tree, kinds)
+    tree = selection
+    names = jax.tree_util.tree_leaves(role_tree(tree))
+    kinds = [
+        _FROZEN if is_frozen(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
+        for leaf, name in zip(jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), names)
+    ]
+    if strict and _UPDATE not in kinds:
+        counts: dict[str, int] = {}
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+        shown = ", ".join(f"{n} {name}" for name, n in counts.items()) or "none"
+        raise ValueError(
+            _NOTHING_TRAINABLE_MSG.format(what=f"The {type(tree).__name__}", roles=shown)
+        )
+    return _Plan(tree, kinds)
+
+
+def _is_inexact_leaf(x: Any) -> bool:
+    if isinstance(x, (float, complex)):
+        return True
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) -> Any:
+    """An optax transformation that updates exactly a selection and nothing else (needs optax).
+
+    `transform` (any optax `GradientTransformation`: `optax.adamw(1e-3)`, a chain, a
+    `multi_transform`) sees the selected leaves only; every other leaf gets an update that
+    `optax.apply_updates` adds without changing a bit: no step, no momentum, no weight
+    decay, and no optimizer state. So:
+
+    - Python numbers of a hand-written `__init__` (`self.eps = 1e-5`), integer and
+      boolean leaves, and state fields (`tc.field(metadata={"role": "state"})`: running
+      statistics, counters) are never trained, although `jax.grad` gives them gradients
+      (every leaf is a leaf);
+    - frozen values are not in the state at all (neither are their copies: the state is
+      built on a tree in which they are `optax.MaskedNode()`), so saving the optimizer
+      state stores no frozen array;
+    - the selection is computed once, here, from `selection`. `init` and `update` accept
+      any tree of the same structure: the model itself, an abstract template of it
+      (`jax.eval_shape`, an orbax or `tc.load` restore target), even one whose frozen
+      values differ.
+
+    Unlike `optax.masked`, which passes the other leaves' raw gradients through (the loop
+    would then apply them), and `optax.set_to_zero`, which writes `0.0` (so `-0.0`
+    becomes `0.0`), the other leaves come out of `optax.apply_updates` bit-identical.
+
+    **Arguments**
+
+    - `transform`: the optax transformation for the selected leaves. A mask or labels it
+      takes (`optax.adamw(mask=...)`, `optax.multi_transform`) are taken on the tree it
+      sees: pass them as functions of the parameters, e.g.
+      `mask=lambda p: tc.optim.mask(p.at[Linear]["weight"])`.
+    - `selection`: a model (or any pytree): its trainable leaves (`tc.roles`: inexact
+      JAX or NumPy arrays, not frozen, not state) are updated. Or an `.at` selection
+      (`model.at[Linear]["weight"]`), or a tree followed by selectors as for `mask`:
+      exactly the selected leaves are updated, whatever their role (an explicit choice:
+      a selected Python float trains; a selected integer is an error).
+    - `strict`: whether nothing to update is an error (the default).
+
+    **Returns**
+
+    An optax `GradientTransformationExtraArgs`. Pass the parameters to `update`
+    (`opt.update(grads, state, model)`): the unchanged updates take their dtype from
+    them, which integer leaves (gradients of dtype `float0` under
+    `jax.grad(allow_int=True)`) need.
+
+    **Raises**
+
+    `ImportError` without optax; `ValueError` for an empty selection (with `strict`), a
+    selected leaf that is not inexact, or, from `init` and `update`, a tree that does not
+    fit the model (naming the key path); what `.at` raises for a selector that does not
+    fit.
+
+    ```python
+    import jax, jax.numpy as jnp, optax
+    import treeclass as tc
+
+    class Scale(tc.TreeClass):
+        def __init__(self):
+            self.w = jnp.ones(2)
+            self.eps = 1e-5            # a Python number: a leaf, not a parameter
+
+        def __call__(self, x):
+            return x * self.w + self.eps
+
+    model = Scale()
+    opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.1), model)
+    state = opt.init(model)
+    grads = jax.grad(lambda m: m(jnp.ones(2)).sum())(model)
+    updates, state = opt.update(grads, state, model)
+    model = optax.apply_updates(model, updates)
+    assert model.eps == 1e-5 and (model.w != 1.0).all()
+    ```
+    """
+    optax = _import_optax("trainable")
+    if not (
+        callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))
+    ):
+        raise TypeError(_NOT_A_TRANSFORM_MSG.format(type=type(transform).__name__))
+    _check_strict(strict, "trainable")
+    plan = _plan_of(selection, where, strict)
+    inner = optax.with_extra_args_support(transform)
+    masked = optax.MaskedNode()
+
+    def init(params: Any) -> Any:
+        leaves, treedef = plan.split(params, "parameters", "init")
+        return inner.init(plan.selected(treedef, leaves, masked))
+
+    def update(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> Any:
+        leaves, treedef = plan.split(updates, "updates", "update")
+        sub_params = None
+        param_leaves: list[Any] = [None] * len(leaves)
+        if params is not None:
+            param_leaves, param_def = plan.split(params, "parameters", "update")
+            sub_params = plan.selected(param_def, param_leaves, masked)
+        new, state = inner.update(
+            plan.selected(treedef, leaves, masked), state, sub_params, **extra_args
+        )
+        updated = iter(jax.tree_util.tree_leaves(new))
+        out = []
+        for index, (leaf, param, kind) in enumerate(zip(leaves, param_leaves, plan.kinds)):
+            if kind == _UPDATE:
+                out.append(next(updated))
+            elif kind == _FROZEN:
+                out.append(leaf)
+            else:
+                out.append(_unchanged(leaf, param, lambda i=index: _leaf_path(updates, i)))
+        return treedef.unflatten(out), state
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _leaf_path(tree: Any, index: int) -> str:
+    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0][index][0]
+    return path_str(tree, path)

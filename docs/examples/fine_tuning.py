@@ -5,8 +5,9 @@ A `Classifier` holds an `Encoder` (an MLP) and a linear `head`. The encoder is
 
 1. the encoder is frozen with one selection, `model.at[Encoder].apply(tc.freeze)` (every
    `Encoder`, at any depth): its arrays become pytree nodes without children, so
-   `jax.grad` returns no gradient for them and `opt.init` keeps no state for them; only
-   the head trains, with `optax.adam(1e-2)`;
+   `jax.grad` returns no gradient for them and the optimizer, wrapped by
+   `tc.optim.trainable`, keeps no state for them (not even copies of them in the
+   structure of its moments); only the head trains, with `optax.adam(1e-2)`;
 2. then the same selection unfreezes it, `model.at[Encoder].apply(tc.unfreeze,
    is_leaf=tc.is_frozen)`, and the whole model trains with a ten times smaller learning
    rate, on a fresh optimizer state. (Not `tc.tree_unmask(model)`: that would also
@@ -87,6 +88,7 @@ def loss_fn(model: Classifier, x: jax.Array, y: jax.Array) -> jax.Array:
 
 
 def train(model, opt, x, y, steps):
+    opt = tc.optim.trainable(opt, model)  # the parameters only; no state for frozen values
     state = opt.init(model)
 
     @jax.jit

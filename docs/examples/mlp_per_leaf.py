@@ -5,7 +5,9 @@ choices are made per leaf, each with one selection:
 
 - weights train with `optax.adamw` (decoupled weight decay); biases train with
   `optax.adam` at a tenth of the learning rate, so only weights are decayed. The labels
-  come from `tc.optim.labels(model, {"weight": model.at[Linear]["weight"], ...})`;
+  come from `tc.optim.labels(params, {"weight": params.at[Linear]["weight"], ...})`, and
+  the whole optimizer is wrapped by `tc.optim.trainable(..., model)`, which trains the
+  parameters only and keeps no optimizer state for frozen values;
 - the first layer is frozen with `tc.freeze`: its arrays become pytree nodes without
   children, so `jax.grad`, `opt.init` and `opt.update` never see them; the label tree,
   built from the frozen model, has no label there either.
@@ -108,17 +110,25 @@ def main() -> dict:
     model = make_model(1)
     first_layer = thaw(model).layers[0]
 
+    def label(params: MLP) -> MLP:
+        # every trainable leaf must be claimed (`default=None`)
+        selections = {"weight": params.at[Linear]["weight"], "bias": params.at[Linear]["bias"]}
+        return tc.optim.labels(params, selections, default=None).tree
+
     labels = tc.optim.labels(
-        model,
-        {"weight": model.at[Linear]["weight"], "bias": model.at[Linear]["bias"]},
-        default=None,  # every trainable leaf must be claimed
+        model, {"weight": model.at[Linear]["weight"], "bias": model.at[Linear]["bias"]}
     )
-    opt = optax.multi_transform(
-        {
-            "weight": optax.adamw(WEIGHT_LR, weight_decay=WEIGHT_DECAY),
-            "bias": optax.adam(BIAS_LR),
-        },
-        labels,
+    # `trainable` trains the parameters only and keeps no optimizer state for the frozen
+    # layer; the transform inside sees the trainable leaves, so its labels are a function
+    opt = tc.optim.trainable(
+        optax.multi_transform(
+            {
+                "weight": optax.adamw(WEIGHT_LR, weight_decay=WEIGHT_DECAY),
+                "bias": optax.adam(BIAS_LR),
+            },
+            label,
+        ),
+        model,
     )
     state = opt.init(model)
 

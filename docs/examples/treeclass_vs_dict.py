@@ -75,7 +75,8 @@ def make_data(rng: np.random.Generator, n: int = 256) -> tuple[jax.Array, jax.Ar
 
 
 def fit(params, forward, decay_mask, x, y) -> tuple[list[float], object]:
-    opt = optax.adamw(LR, weight_decay=WEIGHT_DECAY, mask=decay_mask)
+    # `trainable` selects every leaf of both (all float arrays), and adds no arithmetic
+    opt = tc.optim.trainable(optax.adamw(LR, weight_decay=WEIGHT_DECAY, mask=decay_mask), params)
     state = opt.init(params)
 
     def loss_fn(params):

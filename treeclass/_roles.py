@@ -1,0 +1,256 @@
+"""Roles: what each value of a tree is for, with one answer for every tool.
+
+A model's values play different parts, and `tc.optim.trainable`, `tc.tree_summary` and
+`tc.roles` ask this module which part each one plays:
+
+- `trainable`: an inexact (floating or complex) JAX or NumPy array, or an abstract one
+  (`jax.ShapeDtypeStruct`), that is neither frozen nor held by a state field;
+- `state`: a leaf held (at any depth) by a field whose metadata says
+  `{"role": "state"}`: running statistics, counters, caches the forward pass updates;
+- `frozen`: a value wrapped by `tc.freeze`, hidden from JAX transformations;
+- `other`: any other leaf (a Python number, an integer or boolean array, a string):
+  JAX sees it, the optimizer helpers never train it unless it is selected;
+- `static`: a `tc.field(static=True)` value, part of the tree definition (not a leaf).
+
+Frozen wins over state, state over the kind of the value. Roles are judged on the values
+as they are: under `jax.jit` a Python number is a traced array, so judge them (build an
+optimizer) outside, on the model as it was constructed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _frozen, _node
+from ._structure import LEAF, TREECLASS, node_kind, open_node
+
+__all__ = [
+    "TRAINABLE",
+    "STATE",
+    "FROZEN",
+    "STATIC",
+    "OTHER",
+    "ROLE_KEY",
+    "roles",
+    "role_tree",
+    "is_trainable_value",
+    "static_values",
+    "field_role",
+    "state_children",
+    "leaf_role",
+    "leaf_roles",
+    "declares_state",
+]
+
+TRAINABLE = "trainable"
+STATE = "state"
+FROZEN = "frozen"
+STATIC = "static"
+OTHER = "other"
+MIXED = "mixed"  # a node where printing stops and whose leaves play several roles
+
+# the metadata key of `tc.field` that marks a field's role
+ROLE_KEY = "role"
+_FIELD_ROLES = (STATE,)
+
+_UNKNOWN_ROLE_MSG = (
+    "The field `{cls}.{name}` has metadata role {role!r}; the roles a field can declare "
+    "are {known}. Write\n"
+    "    {name}: jax.Array = tc.field(metadata={{'role': 'state'}})\n"
+    "for a value the forward pass updates (running statistics, counters, caches)."
+)
+
+
+@functools.cache
+def _is_inexact(dtype: Any) -> bool:
+    # jax.dtypes knows bfloat16 & co. and the extended (key) dtypes; numpy does not
+    try:
+        return bool(jnp.issubdtype(dtype, np.inexact))
+    except TypeError:
+        return False
+
+
+def is_trainable_value(x: Any) -> bool:
+    """Whether a leaf's value makes it trainable: an inexact, unfrozen array.
+
+    Arrays of JAX (tracers included) and NumPy, and abstract ones
+    (`jax.ShapeDtypeStruct`, as `jax.eval_shape` gives), so that a template gets the
+    roles of the model it stands for. Python numbers are not arrays.
+    """
+    if _is_array_type(type(x)):
+        return _is_inexact(x.dtype)
+    return False
+
+
+@functools.lru_cache(maxsize=512)
+def _is_array_type(cls: type) -> bool:
+    # `isinstance(x, jax.Array)` is an ABC check of about 1 us; a type's answer never
+    # changes, so it is looked up once per type (speed only, bounded)
+    return issubclass(cls, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+
+
+def field_role(cls: type, name: str) -> str | None:
+    """The role a TreeClass field declares in its metadata (`"state"`), or `None`."""
+    field = _node.fields_of(cls).get(name)
+    if field is None:
+        return None
+    role = field.metadata.get(ROLE_KEY)
+    if role is None:
+        return None
+    if role not in _FIELD_ROLES:
+        raise ValueError(
+            _UNKNOWN_ROLE_MSG.format(
+                cls=cls.__name__, name=name, role=role, known=", ".join(map(repr, _FIELD_ROLES))
+            )
+        )
+    return role
+
+
+@functools.lru_cache(maxsize=4096)
+def _state_fields(cls: type) -> frozenset[str]:
+    # a class's fields are fixed when it is created: looked up once per class (speed only)
+    return frozenset(name for name in _node.fields_of(cls) if field_role(cls, name) == STATE)
+
+
+def state_children(node: Any) -> frozenset[str]:
+    """The names of the children of a TreeClass `node` that its class declares state."""
+    return _state_fields(type(node)) if _node.is_treeclass(node) else frozenset()
+
+
+def declares_state(tree: Any) -> bool:
+    """Whether a TreeClass node of `tree` has a field declared state."""
+    return any(state_children(node) for node in _node.treeclass_nodes(tree))
+
+
+def leaf_role(x: Any, in_state: bool) -> str:
+    """The role of one leaf (or frozen value); `in_state`: it is held by a state field."""
+    if _frozen.is_frozen(x):
+        return FROZEN
+    if in_state:
+        return STATE
+    return TRAINABLE if is_trainable_value(x) else OTHER
+
+
+def leaf_roles(
+    tree: Any, in_state: bool = False, is_leaf: Callable[[Any], bool] | None = None
+) -> list[str]:
+    """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, in that order.
+
+    Frozen values count as leaves; a node for which `is_leaf` holds gets the role its
+    leaves share, or `"mixed"`.
+    """
+    out: list[str] = []
+    _collect(tree, in_state, is_leaf, out)
+    return out
+
+
+def _collect(
+    node: Any, in_state: bool, is_leaf: Callable[[Any], bool] | None, out: list[str]
+) -> None:
+    if _frozen.is_frozen(node):
+        out.append(FROZEN)
+        return
+    if is_leaf is not None and is_leaf(node):
+        found = set(leaf_roles(node, in_state))
+        out.append(found.pop() if len(found) == 1 else MIXED)
+        return
+    kind = node_kind(node)
+    opened = None if kind == LEAF else open_node(node, kind)
+    if opened is None:
+        out.append(leaf_role(node, in_state))
+        return
+    state = state_children(node) if kind == TREECLASS else frozenset()
+    for entry, child in zip(opened.entries, opened.children, strict=True):
+        _collect(child, in_state or (bool(state) and entry.name in state), is_leaf, out)
+
+
+def role_tree(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+    """`tree` with every leaf and every frozen value replaced by its role's name.
+
+    Nodes for which `is_leaf` holds are replaced too, by the role their leaves share, or
+    `"mixed"`.
+    """
+    flat, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
+    return treedef.unflatten(leaf_roles(tree, False, is_leaf))
+
+
+def _frozen_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
+    if is_leaf is None:
+        return _frozen.is_frozen
+    return lambda x: _frozen.is_frozen(x) or bool(is_leaf(x))
+
+
+def roles(tree: Any) -> Any:
+    """The role of every value of `tree`: a tree of role names, one in place of each leaf.
+
+    Every tool answers "what is trained, what is state, what is configuration" the same
+    way, from these roles: `tc.optim.trainable` updates the trainable leaves (unless given
+    a selection) and leaves every other leaf exactly as it is; `tc.tree_summary` counts
+    each role separately.
+
+    - `"trainable"`: an inexact (floating or complex) JAX or NumPy array (or an abstract
+      `jax.ShapeDtypeStruct`) that is neither frozen nor state;
+    - `"state"`: a leaf held, at any depth, by a field declared with
+      `tc.field(metadata={"role": "state"})`: running statistics, step counters, caches,
+      values the forward pass updates and no optimizer touches;
+    - `"frozen"`: a value wrapped by `tc.freeze` (it stands in the result where the
+      frozen value stood: frozen values are not leaves);
+    - `"other"`: every other leaf: Python numbers (`self.eps = 1e-5` in a hand-written
+      `__init__`), integer and boolean arrays, strings. `jax.grad` still sees them
+      (every leaf is a leaf), the optimizer helpers do not train them.
+
+    Static fields (`tc.field(static=True)`) are not leaves: they do not appear here, and
+    `tc.tree_summary` counts them as `static`.
+
+    Roles are judged on the values as they are. Inside `jax.jit`, and after a jitted step
+    returns them, Python numbers are arrays; judge a model (build its optimizer) as it
+    was constructed, or make configuration static or frozen, which no transformation
+    changes.
+
+    **Arguments**
+
+    - `tree`: any pytree.
+
+    **Returns**
+
+    A tree of the structure of `tree` with a role name (`str`) in place of each leaf and
+    of each frozen value.
+
+    **Raises**
+
+    `ValueError` for a field whose metadata declares an unknown role.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Norm(tc.TreeClass):
+        scale: jax.Array
+        mean: jax.Array = tc.field(metadata={"role": "state"})
+
+        def __init__(self, n):
+            self.scale = jnp.ones(n)
+            self.mean = jnp.zeros(n)
+            self.eps = 1e-5                       # a Python number: a leaf, not trained
+            self.name = tc.freeze("norm")
+
+    assert jax.tree.leaves(tc.roles(Norm(3))) == ["trainable", "state", "other", "frozen"]
+    ```
+    """
+    return role_tree(tree)
+
+
+def static_values(tree: Any) -> Iterator[tuple[Any, str, Any]]:
+    """`(node, name, value)` for every static field of every TreeClass node of `tree`.
+
+    Frozen values are not looked into: what a frozen TreeClass holds is frozen.
+    """
+    for node in _node.treeclass_nodes(tree):
+        for name, value in _node.static_values(node).items():
+            yield node, name, value
