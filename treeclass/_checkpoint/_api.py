@@ -6,10 +6,10 @@ import functools
 import os
 from typing import Any, Literal, TypeVar, overload
 
-from ._document import METADATA_KEY, SourceCatalog, host_bytes, plan
+from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan
 from ._files import open_for_reading, write_atomically
-from ._safetensors import OutTensor, SafetensorsFile, can_store, write_tensors
-from ._tree import LoadReport, StateCatalog, entries, restore, state_dict_of
+from ._safetensors import OutTensor, SafetensorsFile, can_store, header_bytes, write_tensors
+from ._tree import LoadReport, StateCatalog, entries, host_bytes, restore, state_dict_of
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 
@@ -153,13 +153,37 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
     ```
     """
     path = os.fspath(path)
-    found = entries(tree, "tc.save", "tc.save(path, value)")
-    document, planned = plan(tree, found, can_store)
-    tensors = [
-        OutTensor(t.name, t.dtype, t.shape, t.nbytes, functools.partial(host_bytes, t.value))
-        for t in planned
-    ]
-    write_atomically(path, lambda file: write_tensors(file, {METADATA_KEY: document}, tensors))
+    try:
+        found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
+        document, planned = plan(tree, found, can_store)
+        tensors = [
+            OutTensor(t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path))
+            for t in planned
+        ]
+        header = header_bytes({METADATA_KEY: document}, tensors)
+    except ValueError as error:  # before anything is written
+        raise ValueError(f"tc.save cannot write {path}: {error}") from None
+    try:
+        write_atomically(path, lambda file: write_tensors(file, header, tensors))
+    except OSError as error:
+        if error.errno is None:
+            raise
+        reason = str(error.strerror)
+        if not reason.startswith("cannot write"):
+            reason = f"cannot write {path}: {reason}"
+        raise type(error)(error.errno, f"tc.save {reason}", path) from error
+
+
+def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:
+    try:
+        return host_bytes(tensor.value)
+    except Exception as error:  # a deleted (donated) array, a failed device transfer
+        message = f"tc.save cannot write {path}: reading {tensor.where} failed: {error}"
+        try:
+            renamed = type(error)(message)
+        except Exception:  # an exception type that takes other arguments
+            renamed = RuntimeError(message)
+        raise renamed from error
 
 
 @overload

@@ -20,31 +20,34 @@ format-neutral checks read (`SourceCatalog`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, NoReturn
 
 import jax
+import ml_dtypes  # a dependency of jax: the int4 and float4 dtypes
 import numpy as np
 
 from .._structure import path_str, root_name
+from ._json import loads as strict_json
 from ._source import CheckpointSource, corrupt
 from ._tree import (
     NUMBER,
     OBJECT,
     PLAIN,
-    STATIC,
     TENSOR,
     Entry,
     Stored,
     describe,
     is_abstract,
     is_key_dtype,
+    is_weak,
     numpy_dtype,
 )
 
-__all__ = ["FORMAT_VERSION", "METADATA_KEY", "PlannedTensor", "plan", "host_bytes", "SourceCatalog"]
+__all__ = ["FORMAT_VERSION", "METADATA_KEY", "PlannedTensor", "plan", "SourceCatalog"]
 
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
@@ -89,19 +92,19 @@ def _decode(data: Any) -> Any:
 # --------------------------------------------------------------------------------------
 
 _ABSTRACT_LEAF = (
-    "tc.save got an abstract value at {where} ({value}): there is no data to save. Save "
-    "the model itself, not its `jax.eval_shape` template."
+    "an abstract value at {where} ({value}): there is no data to save. Save the model "
+    "itself, not its `jax.eval_shape` template."
 )
 _NOT_ADDRESSABLE = (
-    "tc.save cannot save {where}: the array is sharded over devices of other processes, "
+    "the array at {where} is sharded over devices of other processes, "
     "so this process cannot read all of it. For multi-host checkpoints use orbax:\n"
     "    ocp.StandardCheckpointer().save(directory, tc.state_dict(model))\n"
     "and restore with `tc.from_state_dict(like, restored)`."
 )
-_UNSAVABLE_DTYPE = "tc.save cannot save {where}: its dtype {dtype} has no fixed-size bytes."
+_UNSAVABLE_DTYPE = "the array at {where} has the dtype {dtype}, which has no fixed-size bytes"
 _RESERVED_NAME = (
-    "tc.save cannot name a tensor `__metadata__` (at {where}): the safetensors format "
-    "reserves that name. Rename the key."
+    "a tensor cannot be named `__metadata__` (at {where}): the safetensors format reserves "
+    "that name. Rename the key."
 )
 
 
@@ -127,6 +130,8 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
         raise ValueError(_RESERVED_NAME.format(where=where))
     shape = tuple(value.shape)
     record: dict[str, Any] = {"kind": entry.kind}
+    if is_weak(value):
+        record["weak"] = True
     if is_key_dtype(value.dtype):
         stored = jax.eval_shape(jax.random.key_data, value).shape
         record.update(dtype=str(value.dtype), shape=list(shape))
@@ -157,7 +162,7 @@ def plan(
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
     for entry in found:
-        if entry.category == TENSOR and entry.kind != STATIC:
+        if entry.category == TENSOR:  # static arrays too: loading compares them
             tensors.append(_plan_tensor(tree, entry, storable))
         elif entry.category in (NUMBER, PLAIN):
             values[entry.name] = {"kind": entry.kind, "value": _encode(entry.value)}
@@ -174,16 +179,6 @@ def plan(
     return json.dumps(document, separators=(",", ":")), tensors
 
 
-def host_bytes(value: Any) -> np.ndarray:
-    """One leaf's bytes on the host, little-endian, as a flat uint8 array."""
-    if isinstance(value, jax.Array) and is_key_dtype(value.dtype):
-        value = jax.random.key_data(value)
-    host = np.ascontiguousarray(np.asarray(value))  # a device array is copied here, alone
-    if host.dtype.byteorder == ">":
-        host = host.astype(host.dtype.newbyteorder("<"))
-    return host.reshape(-1).view(np.uint8)
-
-
 # --------------------------------------------------------------------------------------
 # Loading: a source and its document as a catalog
 # --------------------------------------------------------------------------------------
@@ -194,6 +189,52 @@ class _Tensor(NamedTuple):
     shape: tuple  # the restored shape (raw bytes have an extra axis)
     key_impl: str | None
     raw: bool  # stored as raw bytes (or key data): reinterpret what the source reads
+    weak: bool | None  # weakly typed (None: a file without our metadata does not say)
+
+
+def _key_dtype(impl: str, shape: tuple) -> str | None:
+    """The dtype name of PRNG keys of `impl` made from uint32 key data of `shape`, or None
+    if jax has no such implementation or its keys have another shape."""
+    data = jax.ShapeDtypeStruct(shape, np.uint32)
+    try:
+        keys = jax.eval_shape(functools.partial(jax.random.wrap_key_data, impl=impl), data)
+    except (ValueError, TypeError):
+        return None
+    return str(keys.dtype)
+
+
+def _sub_byte_bits(dtype: np.dtype) -> int:
+    """How many bits of its byte an element of `dtype` uses (8 for most dtypes)."""
+    if dtype == np.bool_:
+        return 1
+    if dtype.itemsize != 1:
+        return 8
+    for info in (ml_dtypes.iinfo, ml_dtypes.finfo):
+        try:
+            return int(info(dtype).bits)
+        except (ValueError, TypeError):
+            continue
+    return 8
+
+
+def _check_canonical(data: np.ndarray, name: str) -> None:
+    """Refuse elements whose byte holds bits their dtype does not use.
+
+    A bool stored as 2 reads as True in one operation and as 2 in another (`x == True` is
+    False, `x.sum()` counts 2); an int4 with its high bits set is another number on every
+    path that reads the byte. Such bytes are never written by a correct writer.
+    """
+    bits = _sub_byte_bits(data.dtype)
+    if bits >= 8 or data.size == 0:
+        return
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    bad = np.flatnonzero(raw >> bits)
+    if len(bad):
+        allowed = "0 or 1" if bits == 1 else f"below {1 << bits}"
+        raise ValueError(
+            f"tensor {name!r} ({data.dtype.name}) holds the byte {int(raw[bad[0]])} at element "
+            f"{int(bad[0])} ({len(bad)} bad in all); its bytes must be {allowed}"
+        )
 
 
 class SourceCatalog:
@@ -211,7 +252,13 @@ class SourceCatalog:
         document = document or {}
         self.root = document.get("root")
         raw = document.get("tensors", {})
-        self.tensors = {name: self._tensor(name, raw.get(name)) for name in source.keys()}
+        recorded = self.records_values
+        self.tensors = {name: self._tensor(name, raw.get(name), recorded) for name in source.keys()}
+        for name in raw:
+            if name not in self.tensors:
+                self._corrupt(
+                    f"its treeclass metadata describes a tensor {name!r} it does not hold"
+                )
         try:
             records = document.get("values", {})
             self.values = {name: _decode(record["value"]) for name, record in records.items()}
@@ -220,6 +267,14 @@ class SourceCatalog:
         self.objects = {
             name: str(record.get("type")) for name, record in document.get("objects", {}).items()
         }
+        parts = (self.tensors, self.values, self.objects)
+        if sum(map(len, parts)) != len(set().union(*parts)):
+            twice = next(
+                n
+                for n in self.values.keys() | self.objects.keys()
+                if n in self.tensors or (n in self.values and n in self.objects)
+            )
+            self._corrupt(f"the name {twice!r} is given to two values")
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason)
@@ -229,8 +284,8 @@ class SourceCatalog:
         if text is None:
             return None  # written by another tool: tensors only
         try:
-            document = json.loads(text)
-        except (TypeError, json.JSONDecodeError) as error:
+            document = strict_json(text)
+        except ValueError as error:  # JSONDecodeError included
             self._corrupt(f"its treeclass metadata is not valid JSON ({error})")
         if not isinstance(document, dict) or document.get("format") != "treeclass":
             self._corrupt("its treeclass metadata is not a treeclass document")
@@ -248,25 +303,42 @@ class SourceCatalog:
                 self._corrupt(f"the {part!r} of its treeclass metadata are malformed")
         return document
 
-    def _tensor(self, name: str, raw: dict | None) -> _Tensor:
+    def _tensor(self, name: str, raw: dict | None, recorded: bool) -> _Tensor:
         info = self.source.info(name)
+        weak = raw.get("weak", False) if raw is not None else (False if recorded else None)
+        if weak not in (True, False, None):
+            self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
         if raw is None or "dtype" not in raw:
-            return _Tensor(info.dtype, info.shape, None, False)
+            return _Tensor(info.dtype, info.shape, None, False, weak)
         # stored as raw bytes (or key data): the true dtype and shape are in the metadata
         try:
             true_dtype, true_shape, impl = str(raw["dtype"]), tuple(raw["shape"]), raw.get("impl")
+            ok = all(type(n) is int and n >= 0 for n in true_shape)
             if impl is not None:  # PRNG keys: their uint32 key data, one more axis
-                ok = info.dtype == "uint32" and info.shape[:-1] == true_shape
+                ok = ok and info.dtype == "uint32" and info.shape[:-1] == true_shape
                 ok = ok and isinstance(impl, str)
             else:  # raw bytes: uint8, an axis of itemsize more
                 base = numpy_dtype(true_dtype)
                 itemsize = base.itemsize if base is not None else -1
-                ok = info.dtype == "uint8" and info.shape == (*true_shape, itemsize)
+                ok = ok and info.dtype == "uint8" and info.shape == (*true_shape, itemsize)
         except (KeyError, TypeError, ValueError):
             ok = False
         if not ok:
             self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
-        return _Tensor(true_dtype, true_shape, impl, True)
+        if impl is not None:
+            made = _key_dtype(impl, info.shape)
+            if made is None:
+                self._corrupt(
+                    f"tensor {name!r} holds PRNG keys of the implementation {impl!r} with key "
+                    f"data of shape {list(info.shape)}, which this jax cannot make (an unknown "
+                    "implementation, or keys of another size)"
+                )
+            if made != true_dtype:
+                self._corrupt(
+                    f"tensor {name!r} holds PRNG keys recorded as {true_dtype}, but keys of the "
+                    f"implementation {impl!r} are {made}"
+                )
+        return _Tensor(true_dtype, true_shape, impl, True, weak)
 
     def names(self) -> Iterator[str]:
         yield from self.tensors
@@ -276,7 +348,7 @@ class SourceCatalog:
     def stored(self, name: str) -> Stored | None:
         tensor = self.tensors.get(name)
         if tensor is not None:
-            return Stored(TENSOR, tensor.dtype, tensor.shape)
+            return Stored(TENSOR, tensor.dtype, tensor.shape, weak=tensor.weak)
         if name in self.values:
             return Stored(PLAIN, value=self.values[name])
         if name in self.objects:
@@ -288,11 +360,15 @@ class SourceCatalog:
         if tensor is None:
             return self.values[name]
         data = self.source.read(name)
-        if not tensor.raw:
-            return data
         if tensor.key_impl:
             # (jax takes a NumPy array here; its annotation says `Array`)
             return jax.random.wrap_key_data(data, impl=tensor.key_impl)  # type: ignore[arg-type]
-        dtype = numpy_dtype(tensor.dtype)
-        assert dtype is not None  # the records' dtypes were checked when the file was opened
-        return data.view(dtype.newbyteorder("<")).reshape(tensor.shape)
+        if tensor.raw:
+            dtype = numpy_dtype(tensor.dtype)
+            assert dtype is not None  # the records' dtypes were checked when the file was opened
+            data = data.view(dtype.newbyteorder("<")).reshape(tensor.shape)
+        try:
+            _check_canonical(data, name)
+        except ValueError as error:
+            self._corrupt(str(error))
+        return data

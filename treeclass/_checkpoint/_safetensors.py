@@ -21,6 +21,8 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
+from ._json import MAX_HEADER_BYTES
+from ._json import loads as strict_json
 from ._source import TensorInfo, corrupt
 from ._tree import numpy_dtype
 
@@ -77,9 +79,13 @@ class SafetensorsFile:
         (length,) = struct.unpack("<Q", head)
         if length > size - 8:
             self._corrupt(f"its header claims {length} bytes, but the file has {size}")
+        if length > MAX_HEADER_BYTES:
+            self._corrupt(
+                f"its header claims {length} bytes, more than the limit of {MAX_HEADER_BYTES}"
+            )
         try:
-            header = json.loads(file.read(length).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            header = strict_json(file.read(length))
+        except ValueError as error:  # UnicodeDecodeError and JSONDecodeError included
             self._corrupt(f"its header is not valid JSON ({error})")
         if not isinstance(header, dict):
             self._corrupt("its header is not a JSON object")
@@ -87,6 +93,12 @@ class SafetensorsFile:
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict):
             self._corrupt("its __metadata__ is not a JSON object")
+        for key, value in metadata.items():
+            if not isinstance(value, str):
+                self._corrupt(
+                    f"its __metadata__ maps {key!r} to a {type(value).__name__}: the format "
+                    "allows only strings"
+                )
         self._metadata = metadata
         self.tensors = {name: self._tensor(name, info) for name, info in header.items()}
         self._check_layout(size - self.data_start)
@@ -198,12 +210,18 @@ def header_bytes(metadata: dict[str, str], tensors: Sequence[OutTensor]) -> byte
         offset += t.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the format allows
+    if len(text) > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"its header would be {len(text)} bytes, more than safetensors readers accept "
+            f"({MAX_HEADER_BYTES}): save fewer tensors or values per file"
+        )
     return struct.pack("<Q", len(text)) + text
 
 
-def write_tensors(file: BinaryIO, metadata: dict[str, str], tensors: Sequence[OutTensor]) -> None:
-    """Write a whole safetensors file, one tensor's bytes on the host at a time."""
-    file.write(header_bytes(metadata, tensors))
+def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -> None:
+    """Write a whole safetensors file (`header` from `header_bytes`), one tensor's bytes on
+    the host at a time."""
+    file.write(header)
     for tensor in tensors:
         data = tensor.data()
         if data.nbytes != tensor.nbytes:  # the tree changed under us

@@ -14,7 +14,7 @@ another (`_document.SourceCatalog`, over any `CheckpointSource`).
 
 from __future__ import annotations
 
-import difflib
+import bisect
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, Protocol
@@ -23,11 +23,13 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
+from jax._src.lax.lax import _convert_element_type  # see `_weakly_typed`
 from jax.core import Tracer
 
 from .. import _node
 from .._frozen import freeze, is_frozen, unfreeze
 from .._structure import entry_name, path_str, root_name
+from ._json import check_text
 
 __all__ = [
     "LEAF",
@@ -51,6 +53,9 @@ __all__ = [
     "dtype_name",
     "numpy_dtype",
     "describe",
+    "host_bytes",
+    "is_weak",
+    "PLAIN_DEPTH",
     "describe_array",
     "restore",
     "state_dict_of",
@@ -114,11 +119,32 @@ def category(value: Any) -> str:
     return OBJECT
 
 
-def is_plain(value: Any) -> bool:
+# how deeply tuples and lists of plain values may nest to be recorded: a file's metadata
+# is read with a bounded nesting depth, and what we write must be readable
+PLAIN_DEPTH = 16
+
+
+class TooDeep(ValueError):
+    """A tuple or list of plain values nested deeper than `PLAIN_DEPTH`."""
+
+
+def is_plain(value: Any, depth: int = 0) -> bool:
     kind = type(value)
     if kind in (str, bool, int, float, complex) or value is None:
         return True
-    return kind in (tuple, list) and all(is_plain(x) for x in value)
+    if kind not in (tuple, list):
+        return False
+    if depth >= PLAIN_DEPTH:
+        raise TooDeep(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
+    return all(is_plain(x, depth + 1) for x in value)
+
+
+def _check_plain_text(value: Any) -> None:
+    if type(value) is str:
+        check_text(value, "the string")
+    elif type(value) in (tuple, list):
+        for item in value:
+            _check_plain_text(item)
 
 
 def is_abstract(value: Any) -> bool:
@@ -155,9 +181,16 @@ _SAME_NAME = (
 )
 
 
-def entries(tree: Any, action: str, call: str) -> list[Entry]:
+_UNNAMEABLE = (
+    "{where} cannot be recorded in a checkpoint: {reason}. Checkpoint names and values must "
+    "be readable by every safetensors reader; change the key or the value."
+)
+
+
+def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[Entry]:
     """Every leaf, frozen leaf and static field of `tree`, named; `call` shows `action`'s
-    call with the tree as `value`, for the message that a single leaf gets."""
+    call with the tree as `value`, for the message that a single leaf gets. With
+    `to_file`, refuse names and strings a file cannot hold (lone surrogates)."""
     found: list[Entry] = []
 
     def visit(path: tuple, kind: str, value: Any) -> None:
@@ -167,7 +200,14 @@ def entries(tree: Any, action: str, call: str) -> list[Entry]:
                 _NO_KEYS.format(action=action, type=type(value).__name__, call=call, fixed=fixed)
             )
         name = ".".join(_key_name(key) for key in path)
-        found.append(Entry(path, kind, value, name, category(value)))
+        try:
+            found.append(Entry(path, kind, value, name, category(value)))
+            if to_file:
+                check_text(name, "the checkpoint name")
+                if found[-1].category == PLAIN:
+                    _check_plain_text(value)
+        except ValueError as error:
+            raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
 
     _walk(tree, visit, rebuild=False)
     seen: dict[str, Entry] = {}
@@ -206,6 +246,21 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype) if is_key_dtype(dtype) else np.dtype(dtype).name
 
 
+def host_bytes(value: Any) -> np.ndarray:
+    """An array's bytes on the host, little-endian, as a flat uint8 array."""
+    if isinstance(value, jax.Array) and is_key_dtype(value.dtype):
+        value = jax.random.key_data(value)
+    host = np.ascontiguousarray(np.asarray(value))  # a device array is copied here, alone
+    if host.dtype.byteorder == ">":
+        host = host.astype(host.dtype.newbyteorder("<"))
+    return host.reshape(-1).view(np.uint8)
+
+
+def is_weak(value: Any) -> bool:
+    """Whether an array (or abstract array) is weakly typed, as `jnp.asarray(0.5)` is."""
+    return bool(getattr(value, "weak_type", False))
+
+
 def describe_array(dtype_name: str, shape: tuple) -> str:
     return f"{dtype_name}[{','.join(map(str, shape))}]"
 
@@ -232,6 +287,7 @@ class Stored(NamedTuple):
     dtype: str = ""  # tensors: the dtype's name ("float32", "key<fry>")
     shape: tuple = ()
     value: Any = None  # plain values: the value; objects: the type's name
+    weak: bool | None = None  # tensors: weakly typed (None: the catalog does not say)
 
     def describe(self) -> str:
         if self.category == TENSOR:
@@ -372,42 +428,61 @@ class _Checker:
         if stored is not None:
             self.used.add(entry.name)
         where = path_str(self.like, entry.path)
-        if entry.category == OBJECT:
-            # functions and other objects come from the template; an array in their place
-            # means the structure changed
-            if stored is not None and stored.category == TENSOR:
-                return self._mismatch(where, entry.value, stored, "type")
-            return _KEEP
-        if entry.kind == STATIC:
-            if not is_plain(entry.value):
-                return _KEEP  # not recorded (a function, a class): nothing to check
-            if stored is None:
-                return self._missing(where, entry) if self.source.records_values else _KEEP
-            if stored.category == PLAIN and _same_value(entry.value, stored.value):
-                return _KEEP
-            return self._mismatch(where, entry.value, stored, "static")
         if stored is None:
-            if entry.category == PLAIN and not self.source.records_values:
-                return _KEEP  # strings are not in state dicts or other tools' files
+            # strings, objects and static values are not in state dicts or other tools'
+            # files; arrays and numbers are in every checkpoint
+            recorded = entry.category in (TENSOR, NUMBER) and entry.kind != STATIC
+            if not (recorded or self.source.records_values):
+                return _KEEP
             return self._missing(where, entry)
+        if entry.category == OBJECT:
+            # functions and other objects come from the template; the checkpoint recorded
+            # the type of what it had there, and anything else means the model changed
+            if stored.category == OBJECT and stored.value == type(entry.value).__name__:
+                return _KEEP
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
+        if entry.kind == STATIC:
+            return self._static(where, entry, stored)
         if entry.category == TENSOR:
             if stored.category != TENSOR:
                 if _abstract_number_fits(entry.value, stored):
                     return _TAKE
-                return self._mismatch(where, entry.value, stored, "type")
-            dtype, shape = dtype_name(entry.value.dtype), tuple(entry.value.shape)
-            if stored.shape != shape:
-                return self._mismatch(where, entry.value, stored, "shape")
-            if stored.dtype != dtype:
-                return self._mismatch(where, entry.value, stored, "dtype")
-            return _TAKE
+                return self._mismatch(where, entry, stored, "type")
+            return self._tensor_fits(where, entry, stored) or _TAKE
         if entry.category == NUMBER:
             if not _number_fits(entry.value, stored):
-                return self._mismatch(where, entry.value, stored, "type")
+                return self._mismatch(where, entry, stored, "type")
             return _TAKE
         if stored.category == PLAIN and type(stored.value) is type(entry.value):
             return _TAKE
-        return self._mismatch(where, entry.value, stored, "type")
+        return self._mismatch(where, entry, stored, "type")
+
+    def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
+        """None if the stored tensor has the template's shape and dtype, else a mismatch."""
+        dtype, shape = dtype_name(entry.value.dtype), tuple(entry.value.shape)
+        if stored.shape != shape:
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "shape"))
+        if stored.dtype != dtype:
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "dtype"))
+        return None
+
+    def _static(self, where: str, entry: Entry, stored: Stored) -> str:
+        """A static field is never restored: it is checked to equal what was saved."""
+        if entry.category == TENSOR:
+            if stored.category != TENSOR:
+                return self._mismatch(where, entry, stored, "static")
+            mismatch = self._tensor_fits(where, entry, stored)
+            if mismatch is not None:
+                return mismatch
+            if is_abstract(entry.value):
+                return _KEEP  # nothing to compare the saved values with
+            saved = self.source.fetch(entry.name)
+            if np.array_equal(host_bytes(saved), host_bytes(entry.value)):
+                return _KEEP
+            return self._mismatch(where, entry, stored, "static", saved)
+        if stored.category == PLAIN and _same_value(entry.value, stored.value):
+            return _KEEP
+        return self._mismatch(where, entry, stored, "static")
 
     def _missing(self, where: str, entry: Entry) -> str:
         self.missing.append(where)
@@ -415,11 +490,17 @@ class _Checker:
         self.messages.append((where, entry.name))
         return _KEEP
 
-    def _mismatch(self, where: str, value: Any, stored: Stored, what: str) -> str:
+    def _mismatch(
+        self, where: str, entry: Entry, stored: Stored, what: str, saved: Any = None
+    ) -> str:
         self.mismatched.append(where)
+        mine, theirs = describe(entry.value), stored.describe()
+        if saved is not None:  # a static array: show the values that differ
+            mine, theirs = f"{mine} {_values(entry.value)}", f"{theirs} {_values(saved)}"
+        elif is_weak(entry.value) != bool(stored.weak) and stored.weak is not None:
+            mine, theirs = _weakly(mine, is_weak(entry.value)), _weakly(theirs, stored.weak)
         self.messages.append(
-            f"{what:<11} {where}: {describe(value)} in the template, {stored.describe()} "
-            f"in {self.source.label}"
+            f"{what:<11} {where}: {mine} in the template, {theirs} in {self.source.label}"
         )
         return _KEEP
 
@@ -427,12 +508,13 @@ class _Checker:
         """The report, once every entry is decided: unexpected names and missing hints."""
         unused = [name for name in self.source.names() if name not in self.used]
         label = self.source.label
+        closest = _Closest(unused)
         messages = []
         for message in self.messages:
             if isinstance(message, tuple):  # a missing entry: hint at a renamed one
                 where, name = message
-                close = difflib.get_close_matches(name, unused, n=1)
-                hint = f" (closest: {close[0]!r})" if close else ""
+                close = closest(name)
+                hint = f" (closest: {close!r})" if close is not None else ""
                 message = f"missing     {where}: no {name!r} in {label}{hint}"
             messages.append(message)
         for name in unused:
@@ -445,6 +527,72 @@ class _Checker:
         return LoadReport(
             tuple(self.missing), tuple(self.mismatched), tuple(unused), tuple(messages)
         )
+
+
+def _mismatch_kind(entry: Entry, what: str) -> str:
+    return "static" if entry.kind == STATIC else what
+
+
+def _values(array: Any) -> str:
+    text = np.array2string(np.asarray(array), threshold=8, separator=",")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _weakly(description: str, weak: bool) -> str:
+    return description + (" (weakly typed)" if weak else " (strongly typed)")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix, by bisection over slice comparisons."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+class _Closest:
+    """The closest of many names to a missing one, in time near-linear in their number.
+
+    Comparing every missing name with every unused one (as `difflib.get_close_matches`
+    would) costs their product: minutes for thousands of renamed keys. A rename keeps a
+    long common prefix or suffix (`layers.3.w` -> `layers.3.weight`, `encoder.x` ->
+    `model.encoder.x`), and the names sharing the longest prefix with a name sit next to
+    it in sorted order, those sharing the longest suffix next to it in the order of the
+    reversed names. So each missing name is scored against its few neighbours in both
+    orders only (two in each): by the share of characters in a common prefix and suffix, difflib's
+    measure of similarity restricted to those two blocks, with difflib's cutoff of 0.6.
+    """
+
+    _CUTOFF = 0.6
+
+    def __init__(self, names: list[str]) -> None:
+        self.forward = sorted(names)
+        self.backward = sorted(name[::-1] for name in names)
+
+    @staticmethod
+    def _near(ordered: list[str], key: str) -> list[str]:
+        # the longest common prefix with `key` is had by one of its two neighbours
+        at = bisect.bisect_left(ordered, key)
+        return ordered[max(at - 1, 0) : at + 1]
+
+    def __call__(self, name: str) -> str | None:
+        candidates = set(self._near(self.forward, name))
+        reversed_name = name[::-1]
+        candidates.update(n[::-1] for n in self._near(self.backward, reversed_name))
+        best, best_score = None, self._CUTOFF
+        for candidate in sorted(candidates):
+            shared = _common_prefix(name, candidate) + _common_prefix(
+                reversed_name, candidate[::-1]
+            )
+            shared = min(shared, len(name), len(candidate))
+            score = 2 * shared / (len(name) + len(candidate))
+            if score > best_score or (score == best_score and best is None):
+                best, best_score = candidate, score
+        return best
 
 
 def restore(like: Any, source: Catalog, strict: bool, action: str) -> Any:
@@ -472,19 +620,30 @@ def restore(like: Any, source: Catalog, strict: bool, action: str) -> Any:
         entry, decision = next(steps)
         if decision == _KEEP:
             return value
-        if entry.category == TENSOR:
+        try:
             fetched = source.fetch(entry.name)
-            return fetched if type(fetched) in NUMBERS else _place(value, fetched)
+        except ValueError as error:  # bytes the checks could not see before reading them
+            raise ValueError(f"{error} (restoring {path_str(like, path)})") from None
+        if entry.category == TENSOR:
+            if type(fetched) in NUMBERS:
+                return fetched
+            stored = source.stored(entry.name)
+            weak = stored.weak if stored is not None and stored.weak is not None else None
+            return _place(value, fetched, is_weak(value) if weak is None else weak)
         if entry.category == NUMBER:
-            return _to_number(value, source.fetch(entry.name))
-        return source.fetch(entry.name)
+            return _to_number(value, fetched)
+        return fetched
 
     tree = _walk(like, visit, rebuild=True)
     return tree if strict else (tree, report)
 
 
-def _place(template: Any, value: Any) -> Any:
-    """`value` (checked to have the template's shape and dtype) as the template's type."""
+def _place(template: Any, value: Any, weak: bool) -> Any:
+    """`value` (checked to have the template's shape and dtype) as the template's type.
+
+    A `jax.Array` is weakly typed if `weak` (`jnp.asarray(0.5)` is: it adopts the dtype of
+    what it meets, and `jax.jit` keys its cache on that).
+    """
     if isinstance(template, np.generic):
         return np.asarray(value)[()]
     if isinstance(template, np.ndarray):
@@ -495,9 +654,29 @@ def _place(template: Any, value: Any) -> Any:
     elif isinstance(template, jax.Array) and not isinstance(template, Tracer):
         if template.committed or len(template.sharding.device_set) > 1:
             sharding = template.sharding
+    if weak and not is_key_dtype(value.dtype):
+        return _weakly_typed(value, sharding)
     if sharding is not None:
-        return jax.device_put(value, sharding)
-    return value if isinstance(value, jax.Array) else jax.device_put(value)
+        value = jax.device_put(value, sharding)
+    elif not isinstance(value, jax.Array):
+        value = jax.device_put(value)
+    if is_weak(value):  # a weakly typed array of a state dict, in a strong template
+        value = _convert_element_type(value, value.dtype, weak_type=False)
+    return value
+
+
+def _weakly_typed(value: Any, sharding: Any) -> Any:
+    """`value` as a weakly typed `jax.Array` (placed with `sharding`, if given).
+
+    JAX has no public way to make an array of given data weakly typed (only Python
+    scalars and `jnp.full` without a dtype make them), so this uses the conversion its
+    own operations use: `lax._convert_element_type(x, dtype, weak_type=True)`.
+    """
+    if is_weak(value) and (sharding is None or value.sharding == sharding):
+        return value
+    if sharding is not None:
+        value = jax.device_put(value, sharding)
+    return _convert_element_type(value, np.dtype(value.dtype), weak_type=True)
 
 
 def _number_fits(template: Any, stored: Stored) -> bool:
