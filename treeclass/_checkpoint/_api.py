@@ -4,17 +4,68 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, overload
 
+import jax
+
+from .._at import AtIndexer
+from .._mask import is_frozen
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan
 from ._files import open_for_reading, write_atomically
+from ._rules import RuledCatalog, compile_rules
 from ._safetensors import OutTensor, SafetensorsFile, can_store, header_bytes, write_tensors
-from ._tree import LoadReport, StateCatalog, entries, host_bytes, restore, state_dict_of
+from ._tree import (
+    STATIC,
+    Catalog,
+    LoadReport,
+    StateCatalog,
+    entries,
+    host_bytes,
+    restore,
+    state_dict_of,
+)
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 
 PyTree = Any
 _T = TypeVar("_T")
+Missing = Literal["error", "keep", "warn"]
+Unexpected = Literal["error", "ignore"]
+
+
+def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
+    return catalog if rules is None else RuledCatalog(catalog, compile_rules(rules))
+
+
+def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
+    """Which entries a partial load restores: those under the selection `where`."""
+    if where is None:
+        return None
+    if isinstance(where, AtIndexer):
+        if where.tree is not like:
+            raise ValueError(
+                "where= takes a selection of the template itself: "
+                "`tc.load(path, model, where=model.at['encoder'])`"
+            )
+        chain = where.where
+    else:  # a selector: a bool mask tree, a glob, a class, ...
+        chain = (where,)
+    flags = jax.tree_util.tree_map(lambda _: False, like, is_leaf=is_frozen)
+    marked = AtIndexer(flags, chain).set(True, is_leaf=is_frozen)
+    chosen = {
+        path
+        for path, flag in jax.tree_util.tree_flatten_with_path(marked, is_leaf=is_frozen)[0]
+        if flag is True
+    }
+    within = {path[:k] for path in chosen for k in range(len(path) + 1)}
+
+    def selected(path: tuple, kind: str) -> bool:
+        if kind == STATIC:  # a static field belongs to its node: selected with its leaves
+            return path[:-1] in within or any(path[:k] in chosen for k in range(len(path)))
+        return any(path[:k] in chosen for k in range(len(path) + 1))
+
+    return selected
 
 
 def state_dict(tree: PyTree) -> dict:
@@ -55,12 +106,64 @@ def state_dict(tree: PyTree) -> dict:
 
 
 @overload
-def from_state_dict(like: _T, state: dict, *, strict: Literal[True] = True) -> _T: ...
+def from_state_dict(
+    like: _T,
+    state: dict,
+    *,
+    strict: Literal[True] = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> _T: ...
 @overload
-def from_state_dict(like: _T, state: dict, *, strict: Literal[False]) -> tuple[_T, LoadReport]: ...
+def from_state_dict(
+    like: _T,
+    state: dict,
+    *,
+    strict: Literal[False],
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> tuple[_T, LoadReport]: ...
 @overload
-def from_state_dict(like: _T, state: dict, *, strict: bool) -> _T | tuple[_T, LoadReport]: ...
-def from_state_dict(like: PyTree, state: dict, *, strict: bool = True) -> Any:
+def from_state_dict(
+    like: PyTree,
+    state: dict,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[True],
+) -> LoadReport: ...
+@overload
+def from_state_dict(
+    like: PyTree,
+    state: dict,
+    *,
+    strict: bool,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any: ...
+def from_state_dict(
+    like: PyTree,
+    state: dict,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any:
     """The inverse of `state_dict`: `like` with its data taken from `state`.
 
     The template `like` gives the structure, what is frozen (restored values are frozen
@@ -77,6 +180,8 @@ def from_state_dict(like: PyTree, state: dict, *, strict: bool = True) -> Any:
     - `state`: a nested dict as made by `state_dict` (or restored by orbax).
     - `strict`: if True, any missing key, unexpected key, or shape, dtype or type
       mismatch raises. If False, restore what fits.
+    - `rules`, `where`, `missing`, `unexpected`, `dry_run`: as for `load` (key rules
+      apply to the state dict's dot-joined names, `layers.0.weight`).
 
     **Returns**
 
@@ -106,7 +211,17 @@ def from_state_dict(like: PyTree, state: dict, *, strict: bool = True) -> Any:
             f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
             f"{type(state).__name__}"
         )
-    return restore(like, StateCatalog(state), strict, "tc.from_state_dict")
+    catalog = _with_rules(StateCatalog(state), rules)
+    return restore(
+        like,
+        catalog,
+        strict,
+        "tc.from_state_dict",
+        selected=_selected(like, where),
+        missing=missing,
+        unexpected=unexpected,
+        dry_run=dry_run,
+    )
 
 
 def save(path: str | os.PathLike, tree: PyTree) -> None:
@@ -187,12 +302,64 @@ def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:
 
 
 @overload
-def load(path: str | os.PathLike, like: _T, *, strict: Literal[True] = True) -> _T: ...
+def load(
+    path: str | os.PathLike,
+    like: _T,
+    *,
+    strict: Literal[True] = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> _T: ...
 @overload
-def load(path: str | os.PathLike, like: _T, *, strict: Literal[False]) -> tuple[_T, LoadReport]: ...
+def load(
+    path: str | os.PathLike,
+    like: _T,
+    *,
+    strict: Literal[False],
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> tuple[_T, LoadReport]: ...
 @overload
-def load(path: str | os.PathLike, like: _T, *, strict: bool) -> _T | tuple[_T, LoadReport]: ...
-def load(path: str | os.PathLike, like: PyTree, *, strict: bool = True) -> Any:
+def load(
+    path: str | os.PathLike,
+    like: PyTree,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[True],
+) -> LoadReport: ...
+@overload
+def load(
+    path: str | os.PathLike,
+    like: PyTree,
+    *,
+    strict: bool,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any: ...
+def load(
+    path: str | os.PathLike,
+    like: PyTree,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any:
     """Load the checkpoint at `path` into the template `like`.
 
     The template gives the structure, what is frozen (restored values are frozen again),
@@ -215,14 +382,34 @@ def load(path: str | os.PathLike, like: PyTree, *, strict: bool = True) -> Any:
     - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
       type mismatch, or differing static value raises one `ValueError` naming every key
       path. If False, restore what fits and report the rest.
+    - `rules`: key rules mapping the file's names to the template's key paths, with named
+      captures and optional transforms: a dict `{source: target}` or a list of
+      `(source, target)` / `(source, target, transform)` tuples, e.g.
+      `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`. `{name}` captures
+      one dot-separated segment, `{name*}` several; a list of sources passes their
+      tensors to the transform (to concatenate), a list of targets takes as many
+      results (to split). Names no rule matches keep their own. Transforms get NumPy
+      arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or
+      array methods.
+    - `where`: load only a selection of the template, `like.at["encoder"]` or any
+      selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
+      neither checked nor reported.
+    - `missing`: `"error"`, `"keep"` (the template's value) or `"warn"` (keep, and warn)
+      for template paths the file lacks; by default an error when `strict`.
+    - `unexpected`: `"error"` or `"ignore"` for names in the file the template has no
+      place for; by default an error when `strict`.
+    - `dry_run`: if True, return the `LoadReport` of what would be restored from where
+      (its `sources`), checked from names, dtypes and shapes alone: no tensor is read.
 
     **Returns**
 
     The restored tree. With `strict=False`, a pair `(tree, report)`; `report` is a
     `NamedTuple` with `missing` and `mismatched` (the template's key paths, like
     `MLP.layers[0].weight`, left at the template's values; `kept` is both), `unexpected`
-    (names in the file, like `layers.2.weight`, that were ignored) and `messages` (one
-    line per problem). A path left at the value of an abstract template stays a
+    (names in the file, like `layers.2.weight`, that were ignored), `messages` (one
+    line per problem), `restored` (the paths that came from the file) and `sources`
+    (for each restored path, the file's names it was read from). With `dry_run=True`,
+    the report alone. A path left at the value of an abstract template stays a
     `jax.ShapeDtypeStruct`.
 
     **Raises**
@@ -250,8 +437,41 @@ def load(path: str | os.PathLike, like: PyTree, *, strict: bool = True) -> Any:
     assert tc.is_tree_equal(restored, model)
     assert report.mismatched == ("Linear.weight", "Linear.bias")
     ```
+
+    Weights named and laid out by another library load through key rules:
+
+    ```python
+    import os, tempfile
+    import jax, jax.numpy as jnp, numpy as np
+    import treeclass as tc
+    from safetensors.numpy import save_file
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array  # [in, out]
+        bias: jax.Array
+
+    torch_style = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
+    rules = [("fc.weight", "weight", lambda w: w.T), ("fc.bias", "bias")]
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "torch.safetensors")
+        save_file(torch_style, path)
+        like = Linear(jnp.zeros((3, 2)), jnp.zeros(2))
+        report = tc.load(path, like, rules=rules, dry_run=True)
+        model = tc.load(path, like, rules=rules)
+    assert report.sources["Linear.weight"] == ("fc.weight",)
+    assert model.weight.shape == (3, 2)
+    ```
     """
     path = os.fspath(path)
     with open_for_reading(path) as file:
-        source = SafetensorsFile(file, path)
-        return restore(like, SourceCatalog(source), strict, "tc.load")
+        catalog = _with_rules(SourceCatalog(SafetensorsFile(file, path)), rules)
+        return restore(
+            like,
+            catalog,
+            strict,
+            "tc.load",
+            selected=_selected(like, where),
+            missing=missing,
+            unexpected=unexpected,
+            dry_run=dry_run,
+        )

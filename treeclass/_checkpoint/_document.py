@@ -244,6 +244,7 @@ class SourceCatalog:
     call = "tc.load(path, like)"
 
     def __init__(self, source: CheckpointSource) -> None:
+        self.problems: list[str] = []
         self.source = source
         self.location = source.location
         self.title = f"The checkpoint {source.location}"

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -58,6 +60,8 @@ __all__ = [
     "PLAIN_DEPTH",
     "describe_array",
     "restore",
+    "MISSING_POLICIES",
+    "UNEXPECTED_POLICIES",
     "state_dict_of",
 ]
 
@@ -304,6 +308,7 @@ class Catalog(Protocol):
     title: str  # "The checkpoint model.safetensors", at the head of an error
     call: str  # the call that loads it, with the template as `like`
     records_values: bool  # whether strings and static values are recorded
+    problems: list[str]  # problems found before any entry is checked (report lines)
 
     def names(self) -> Iterable[str]: ...
 
@@ -321,6 +326,7 @@ class StateCatalog:
     call = "tc.from_state_dict(like, state)"
 
     def __init__(self, state: dict) -> None:
+        self.problems: list[str] = []
         self.values: dict[str, Any] = {}
         self._flatten(state, ())
 
@@ -385,14 +391,20 @@ class LoadReport(NamedTuple):
     - `unexpected`: names in the checkpoint (`layers.2.weight`) with no place in the
       template: ignored.
     - `messages`: one line per problem, as `strict=True` would report it.
+    - `restored`: key paths whose value came from the checkpoint.
+    - `sources`: for each restored path, the checkpoint names it was read from (one,
+      or several when a key rule concatenated them).
 
-    `kept` is `missing + mismatched`: every path left at the template's value.
+    `kept` is `missing + mismatched`: every path left at the template's value. Key paths
+    outside a partial load's selection appear nowhere.
     """
 
     missing: tuple[str, ...]
     mismatched: tuple[str, ...]
     unexpected: tuple[str, ...]
     messages: tuple[str, ...]
+    restored: tuple[str, ...] = ()
+    sources: Mapping[str, tuple[str, ...]] = MappingProxyType({})
 
     @property
     def kept(self) -> tuple[str, ...]:
@@ -408,16 +420,18 @@ _DOES_NOT_FIT = (
     "    after:  model, report = {fixed}"
 )
 
-# what to do with a template entry: take the value from the catalog, or keep the template's
-_TAKE, _KEEP = "take", "keep"
+# what to do with a template entry: take the value from the catalog, keep the template's, or
+# skip it (outside a partial load's selection: kept, and not reported)
+_TAKE, _KEEP, _SKIP = "take", "keep", "skip"
 
 
 class _Checker:
     """Compares every template entry with the catalog, collecting all problems at once."""
 
-    def __init__(self, like: Any, source: Catalog) -> None:
+    def __init__(self, like: Any, source: Catalog, dry_run: bool = False) -> None:
         self.like = like
         self.source = source
+        self.dry_run = dry_run  # no tensor bytes are read: static arrays are not compared
         self.used: set[str] = set()
         self.missing: list[str] = []
         self.mismatched: list[str] = []
@@ -474,8 +488,8 @@ class _Checker:
             mismatch = self._tensor_fits(where, entry, stored)
             if mismatch is not None:
                 return mismatch
-            if is_abstract(entry.value):
-                return _KEEP  # nothing to compare the saved values with
+            if is_abstract(entry.value) or self.dry_run:
+                return _KEEP  # nothing to compare the saved values with, or not now
             saved = self.source.fetch(entry.name)
             if np.array_equal(host_bytes(saved), host_bytes(entry.value)):
                 return _KEEP
@@ -483,6 +497,13 @@ class _Checker:
         if stored.category == PLAIN and _same_value(entry.value, stored.value):
             return _KEEP
         return self._mismatch(where, entry, stored, "static")
+
+    def skip(self, entry: Entry) -> str:
+        """An entry outside a partial load: kept, and its name in the checkpoint is not
+        unexpected (it belongs to the template)."""
+        if self.source.stored(entry.name) is not None:
+            self.used.add(entry.name)
+        return _SKIP
 
     def _missing(self, where: str, entry: Entry) -> str:
         self.missing.append(where)
@@ -504,7 +525,9 @@ class _Checker:
         )
         return _KEEP
 
-    def finish(self) -> LoadReport:
+    def finish(
+        self, found: list[Entry], decisions: list[str], problems: Sequence[str]
+    ) -> LoadReport:
         """The report, once every entry is decided: unexpected names and missing hints."""
         unused = [name for name in self.source.names() if name not in self.used]
         label = self.source.label
@@ -524,8 +547,21 @@ class _Checker:
                 f"unexpected  {name!r} ({stored.describe()}) in {label}: "
                 "the template has no such path"
             )
+        messages.extend(problems)
+        restored = [
+            (e, path_str(self.like, e.path)) for e, d in zip(found, decisions) if d == _TAKE
+        ]
+        origins = getattr(self.source, "sources", None)  # a catalog of key rules says
+        sources = {
+            where: origins(e.name) if origins is not None else (e.name,) for e, where in restored
+        }
         return LoadReport(
-            tuple(self.missing), tuple(self.mismatched), tuple(unused), tuple(messages)
+            tuple(self.missing),
+            tuple(self.mismatched),
+            tuple(unused),
+            tuple(messages),
+            tuple(where for _, where in restored),
+            MappingProxyType(sources),
         )
 
 
@@ -595,21 +631,69 @@ class _Closest:
         return best
 
 
-def restore(like: Any, source: Catalog, strict: bool, action: str) -> Any:
-    """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`."""
+MISSING_POLICIES = ("error", "keep", "warn")
+UNEXPECTED_POLICIES = ("error", "ignore")
+
+
+def restore(
+    like: Any,
+    source: Catalog,
+    strict: bool,
+    action: str,
+    *,
+    selected: Callable[[tuple, str], bool] | None = None,
+    missing: str | None = None,
+    unexpected: str | None = None,
+    dry_run: bool = False,
+) -> Any:
+    """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`.
+
+    `selected(path, kind)` limits the load to some entries (the rest keep the template's
+    values and are not reported); `missing` ("error", "keep", "warn") and `unexpected`
+    ("error", "ignore") say which of those problems a strict load raises for (by default
+    all of them when `strict`, none otherwise). A `dry_run` returns the report alone,
+    read from names, dtypes and shapes: no tensor bytes.
+    """
+    missing = missing or ("error" if strict else "keep")
+    unexpected = unexpected or ("error" if strict else "ignore")
+    if missing not in MISSING_POLICIES or unexpected not in UNEXPECTED_POLICIES:
+        raise ValueError(
+            f"{action}: missing= takes one of {MISSING_POLICIES} and unexpected= one of "
+            f"{UNEXPECTED_POLICIES}; got missing={missing!r}, unexpected={unexpected!r}"
+        )
     found = entries(like, action, source.call.replace("like", "value"))
-    checker = _Checker(like, source)
-    decisions = [checker.decide(entry) for entry in found]
-    report = checker.finish()
-    if strict and report.messages:
-        count = len(report.messages)
+    checker = _Checker(like, source, dry_run)
+    decisions = [
+        checker.decide(entry)
+        if selected is None or selected(entry.path, entry.kind)
+        else checker.skip(entry)
+        for entry in found
+    ]
+    report = checker.finish(found, decisions, source.problems)
+    if dry_run:
+        return report
+    problems = [
+        line
+        for line in report.messages
+        if not (line.startswith("missing ") and missing != "error")
+        and not (line.startswith("unexpected ") and unexpected != "error")
+    ]
+    if missing == "warn" and report.missing:
+        lines = [line for line in report.messages if line.startswith("missing ")]
+        warnings.warn(
+            f"{source.title}: {len(lines)} template path(s) kept their initial values:\n"
+            + "\n".join("  " + line for line in lines),
+            stacklevel=3,
+        )
+    if strict and problems:
+        count = len(problems)
         raise ValueError(
             _DOES_NOT_FIT.format(
                 source=source.title,
                 root=root_name(like),
                 count=count,
                 s="" if count == 1 else "s",
-                lines="\n".join("  " + line for line in report.messages),
+                lines="\n".join("  " + line for line in problems),
                 call=source.call,
                 fixed=source.call[:-1] + ", strict=False)",
             )
@@ -618,7 +702,7 @@ def restore(like: Any, source: Catalog, strict: bool, action: str) -> Any:
 
     def visit(path: tuple, kind: str, value: Any) -> Any:
         entry, decision = next(steps)
-        if decision == _KEEP:
+        if decision != _TAKE:
             return value
         try:
             fetched = source.fetch(entry.name)
