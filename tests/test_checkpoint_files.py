@@ -26,7 +26,8 @@ import treeclass as tc
 
 
 def read_header(path: Any) -> tuple[dict, bytes]:
-    raw = open(path, "rb").read()
+    with open(path, "rb") as file:
+        raw = file.read()
     (length,) = struct.unpack("<Q", raw[:8])
     return json.loads(raw[8 : 8 + length]), raw[8 + length :]
 

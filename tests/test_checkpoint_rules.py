@@ -149,9 +149,11 @@ def test_a_dry_run_maps_every_path(gpt2_file):
 def test_a_dry_run_reads_no_tensor_bytes(tmp_path):
     path = str(tmp_path / "m.safetensors")
     save_file({"flags": np.array([True, False])}, path)
-    raw = bytearray(open(path, "rb").read())
+    with open(path, "rb") as file:
+        raw = bytearray(file.read())
     raw[-2] = 7  # a bool byte no reader may accept: only reading the data finds it
-    open(path, "wb").write(bytes(raw))
+    with open(path, "wb") as file:
+        file.write(bytes(raw))
     like = {"mask": jnp.zeros(2, bool)}
     report = tc.load(path, like, rules={"flags": "mask"}, dry_run=True)
     assert report.messages == () and report.restored == ("tree['mask']",)

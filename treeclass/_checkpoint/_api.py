@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 
 from .._at import AtIndexer
-from .._mask import is_frozen
+from .._frozen import is_frozen
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan
 from ._files import open_for_reading, write_atomically
 from ._rules import RuledCatalog, compile_rules
