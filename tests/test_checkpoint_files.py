@@ -1,0 +1,463 @@
+"""Checkpoint files as untrusted input, and saving that keeps what the user had.
+
+Reading a file never hangs, recurses without bound or raises anything but `ValueError`
+(bad bytes) or `OSError` (I/O); every error names the file. Everything `tc.save` writes is
+valid safetensors that the reference reader accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import struct
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import treeclass as tc
+
+
+def read_header(path: Any) -> tuple[dict, bytes]:
+    with open(path, "rb") as file:
+        raw = file.read()
+    (length,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
+
+
+def write_raw_header(path: Any, text: bytes, data: bytes = b"") -> None:
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def write_header(path: Any, header: dict, data: bytes) -> None:
+    write_raw_header(path, json.dumps(header).encode(), data)
+
+
+def _document(header: dict) -> dict:
+    return json.loads(header["__metadata__"]["treeclass"])
+
+
+# ------------------------------------------------------------------------------------------
+# bytes a dtype does not use
+# ------------------------------------------------------------------------------------------
+
+
+def test_bool_bytes_other_than_0_and_1_are_refused_naming_the_tensor_and_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"mask": np.array([True, False, True])})
+    header, data = read_header(path)
+    write_header(path, header, b"\x01\x00\x07")
+    with pytest.raises(ValueError, match=r"(?s)m\.safetensors.*'mask'.*byte 7.*tree\['mask'\]"):
+        tc.load(path, {"mask": np.zeros(3, bool)})
+
+
+def test_bool_bytes_of_a_foreign_file_are_checked_too(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path / "foreign.safetensors")
+    save_file({"m": np.array([True, False])}, path)
+    header, data = read_header(path)
+    write_header(path, header, b"\x02" + data[1:])
+    with pytest.raises(ValueError, match="0 or 1"):
+        tc.load(path, {"m": jnp.zeros(2, bool)})
+
+
+@pytest.mark.parametrize("name", ["int4", "uint4", "int2", "float4_e2m1fn"])
+def test_sub_byte_dtypes_with_high_bits_set_are_refused(tmp_path, name):
+    dtype = np.dtype(getattr(ml_dtypes, name))
+    path = tmp_path / "m.safetensors"
+    tree = {"x": np.zeros(3, dtype)}
+    tc.save(path, tree)
+    header, data = read_header(path)
+    write_header(path, header, data[:1] + b"\xf0" + data[2:])
+    with pytest.raises(ValueError, match=rf"'x' \({name}\) holds the byte 240 at element 1"):
+        tc.load(path, tree)
+
+
+def test_valid_bools_and_int4s_load(tmp_path):
+    tree = {"b": np.array([True, False]), "i": np.array([-8, 7, -1], ml_dtypes.int4)}
+    tc.save(tmp_path / "m.safetensors", tree)
+    restored = tc.load(tmp_path / "m.safetensors", tree)
+    assert restored["b"].tolist() == [True, False] and restored["i"].tolist() == [-8, 7, -1]
+
+
+# ------------------------------------------------------------------------------------------
+# what we write is valid safetensors
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"\ud800": jnp.ones(1)},
+        {"a": {"b\udcff": jnp.ones(1)}},
+        {"s\ud800": "text"},
+        {"w": jnp.ones(1), "s": tc.freeze("lone \udc80 surrogate")},
+        {"w": jnp.ones(1), "s": tc.freeze(("ok", "bad \ud801"))},
+    ],
+)
+def test_names_and_strings_that_are_not_valid_utf8_are_refused_on_save(tmp_path, tree):
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(ValueError, match=r"m\.safetensors.*tree\[.*not valid UTF-8"):
+        tc.save(path, tree)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unicode_names_and_strings_are_read_back_by_the_reference_reader(tmp_path):
+    from safetensors import safe_open
+
+    path = str(tmp_path / "m.safetensors")
+    tree = {"é": jnp.ones(1), "日本": {"𝔁": jnp.zeros(2)}, "s": tc.freeze("ünï")}
+    tc.save(path, tree)
+    with safe_open(path, framework="np") as file:
+        assert sorted(file.keys()) == sorted(["日本.𝔁", "é"])
+    restored = tc.load(path, tree)
+    assert tc.unfreeze(restored["s"]) == "ünï"
+
+
+# ------------------------------------------------------------------------------------------
+# strict JSON: duplicates, non-string metadata, constants, surrogate escapes
+# ------------------------------------------------------------------------------------------
+
+_ENTRY = '"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("{" + _ENTRY + "," + _ENTRY + "}", "'a' appears twice"),
+        ('{"__metadata__":{"x":"1"},"__metadata__":{"x":"1"},' + _ENTRY + "}", "twice"),
+        ('{"__metadata__":{"x":"1","x":"2"},' + _ENTRY + "}", "'x' appears twice"),
+        ('{"__metadata__":{"x":1},' + _ENTRY + "}", "maps 'x' to a int"),
+        ('{"__metadata__":{"x":["y"]},' + _ENTRY + "}", "maps 'x' to a list"),
+        ('{"a":{"dtype":"F32","shape":[NaN],"data_offsets":[0,4]}}', "NaN is not JSON"),
+        ('{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', "not valid UTF-8"),
+    ],
+)
+def test_headers_the_reference_reader_refuses_are_refused(tmp_path, text, reason):
+    path = tmp_path / "m.safetensors"
+    write_raw_header(path, text.encode(), b"\x00" * 4)
+    with pytest.raises(ValueError, match=reason) as info:
+        tc.load(path, {"a": jnp.ones(1)}, strict=False)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("part", ["values", "tensors", "objects"])
+def test_duplicate_keys_inside_our_metadata_are_refused(tmp_path, part):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"a": jnp.ones(1), "s": "x", "f": tc.freeze(abs)})
+    header, data = read_header(path)
+    text = header["__metadata__"]["treeclass"]
+    inner = json.dumps(_document(header)[part], separators=(",", ":"))[1:-1]
+    header["__metadata__"]["treeclass"] = text.replace(inner, inner + "," + inner, 1)
+    write_header(path, header, data)
+    with pytest.raises(ValueError, match="appears twice"):
+        tc.load(path, {"a": jnp.ones(1), "s": "x", "f": tc.freeze(abs)}, strict=False)
+
+
+def test_a_name_given_to_a_tensor_and_a_value_is_refused(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"a": jnp.ones(1), "s": "x"})
+    header, data = read_header(path)
+    document = _document(header)
+    document["values"]["a"] = {"kind": "leaf", "value": 1}
+    header["__metadata__"]["treeclass"] = json.dumps(document)
+    write_header(path, header, data)
+    with pytest.raises(ValueError, match="'a' is given to two values"):
+        tc.load(path, {"a": jnp.ones(1), "s": "x"})
+
+
+# ------------------------------------------------------------------------------------------
+# only regular files; bounded headers and nesting
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_is_refused_without_blocking(tmp_path):
+    path = tmp_path / "pipe.safetensors"
+    os.mkfifo(path)
+    with pytest.raises(ValueError, match=r"only regular files.*pipe\.safetensors is a named pipe"):
+        tc.load(path, {"a": jnp.ones(1)})
+
+
+def test_a_folder_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="is a folder"):
+        tc.load(tmp_path, {"a": jnp.ones(1)})
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_a_device_is_refused():
+    with pytest.raises(ValueError, match="/dev/zero is a character device"):
+        tc.load("/dev/zero", {"a": jnp.ones(1)})
+
+
+def test_a_link_to_a_checkpoint_loads(tmp_path):
+    tc.save(tmp_path / "m.safetensors", {"a": jnp.ones(1)})
+    os.symlink(tmp_path / "m.safetensors", tmp_path / "latest.safetensors")
+    assert tc.load(tmp_path / "latest.safetensors", {"a": jnp.zeros(1)})["a"].tolist() == [1.0]
+
+
+def test_a_missing_file_is_an_os_error_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing.safetensors"):
+        tc.load(tmp_path / "nothing.safetensors", {"a": jnp.ones(1)})
+
+
+def test_a_deeply_nested_header_is_a_value_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_raw_header(path, b"[" * 100_000)
+    with pytest.raises(ValueError, match="limit of 64 levels"):
+        tc.load(path, {"a": jnp.ones(1)})
+    write_raw_header(path, b'{"a":' * 70 + b"1" + b"}" * 70)
+    with pytest.raises(ValueError, match="nests 70 levels deep"):
+        tc.load(path, {"a": jnp.ones(1)})
+
+
+def test_deeply_nested_treeclass_metadata_is_a_value_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"a": jnp.ones(1), "s": "x"})
+    header, data = read_header(path)
+    document = _document(header)
+    value: Any = "x"
+    for _ in range(400):
+        value = {"tuple": [value]}
+    document["values"]["s"]["value"] = value
+    header["__metadata__"]["treeclass"] = json.dumps(document)
+    write_header(path, header, data)
+    with pytest.raises(ValueError, match="treeclass metadata is not valid JSON.*limit of 64"):
+        tc.load(path, {"a": jnp.ones(1), "s": "x"})
+
+
+def test_a_header_over_100_megabytes_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "m.safetensors"
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", 150_000_000))
+        file.truncate(200_000_000)  # sparse: no disk is used
+    with pytest.raises(ValueError, match="more than the limit of 100000000"):
+        tc.load(path, {"a": jnp.ones(1)})
+
+
+# ------------------------------------------------------------------------------------------
+# every error names the file and the key path
+# ------------------------------------------------------------------------------------------
+
+
+def test_an_unknown_prng_implementation_names_the_file_and_tensor(tmp_path):
+    path = tmp_path / "keys.safetensors"
+    tc.save(path, {"key": jax.random.key(0)})
+    header, data = read_header(path)
+    document = _document(header)
+    document["tensors"]["key"]["impl"] = "no_such_prng"
+    header["__metadata__"]["treeclass"] = json.dumps(document)
+    write_header(path, header, data)
+    with pytest.raises(ValueError, match=r"keys\.safetensors.*'key'.*'no_such_prng'"):
+        tc.load(path, {"key": jax.random.key(1)})
+
+
+def test_prng_key_data_of_the_wrong_size_names_the_file(tmp_path):
+    path = tmp_path / "keys.safetensors"
+    tc.save(path, {"key": jax.random.key(0)})
+    header, data = read_header(path)
+    document = _document(header)
+    document["tensors"]["key"]["impl"] = "rbg"  # rbg keys have 4 words, not 2
+    header["__metadata__"]["treeclass"] = json.dumps(document)
+    write_header(path, header, data)
+    with pytest.raises(ValueError, match=r"keys\.safetensors.*'rbg'.*cannot make"):
+        tc.load(path, {"key": jax.random.key(1)})
+
+
+def test_a_save_into_a_missing_folder_names_the_target(tmp_path):
+    path = tmp_path / "no" / "model.safetensors"
+    with pytest.raises(FileNotFoundError) as info:
+        tc.save(path, {"a": jnp.ones(1)})
+    message = str(info.value)
+    assert str(path) in message and "does not exist" in message and ".tmp" not in message
+
+
+def test_a_save_that_meets_a_deleted_array_names_the_leaf_and_file(tmp_path):
+    broken = jnp.zeros(4)
+    broken.delete()
+    with pytest.raises(RuntimeError, match=r"m\.safetensors: reading tree\['b'\]\[0\].*deleted"):
+        tc.save(tmp_path / "m.safetensors", {"a": jnp.ones(1), "b": [broken]})
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_errors_about_the_tree_name_the_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(ValueError, match=r"m\.safetensors: an abstract value at tree\['w'\]"):
+        tc.save(path, jax.eval_shape(lambda: {"w": jnp.ones(2)}))
+
+
+# ------------------------------------------------------------------------------------------
+# saving keeps the file's mode; every valid name is savable
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o444, 0o755])
+def test_resaving_keeps_the_permission_bits(tmp_path, mode):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"a": jnp.ones(1)})
+    os.chmod(path, mode)
+    tc.save(path, {"a": jnp.zeros(1)})
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+    assert tc.load(path, {"a": jnp.ones(1)})["a"].tolist() == [0.0]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o027])
+def test_a_new_file_follows_the_umask(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        tc.save(tmp_path / "m.safetensors", {"a": jnp.ones(1)})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(tmp_path / "m.safetensors").st_mode) == 0o666 & ~umask
+
+
+@pytest.mark.parametrize("length", [200, 240, 250, 255])
+def test_every_name_the_filesystem_accepts_is_savable(tmp_path, length):
+    name = "m" * (length - len(".safetensors")) + ".safetensors"
+    try:
+        with open(tmp_path / name, "wb"):
+            pass
+    except OSError:
+        pytest.skip("this filesystem's names are shorter")
+    os.unlink(tmp_path / name)
+    tc.save(tmp_path / name, {"a": jnp.ones(1)})
+    tc.save(tmp_path / name, {"a": jnp.full(1, 2.0)})  # and replaced
+    assert os.listdir(tmp_path) == [name]
+    assert tc.load(tmp_path / name, {"a": jnp.ones(1)})["a"].tolist() == [2.0]
+
+
+def test_a_multibyte_name_of_255_bytes_is_savable(tmp_path):
+    name = "é" * 121 + ".safetensors"  # 242 + 12 = 254 bytes
+    assert len(name.encode()) == 254
+    tc.save(tmp_path / name, {"a": jnp.ones(1)})
+    assert os.listdir(tmp_path) == [name]
+
+
+# ------------------------------------------------------------------------------------------
+# closest-name hints stay cheap
+# ------------------------------------------------------------------------------------------
+
+
+def test_ten_thousand_renamed_keys_each_get_their_closest_name():
+    count = 10_000
+    like = {"layers": [{"weight": np.zeros(1, np.float32)} for _ in range(count)]}
+    state = {"blocks": [{"weight": np.zeros(1, np.float32)} for _ in range(count)]}
+    _, report = tc.from_state_dict(like, state, strict=False)
+    assert len(report.missing) == len(report.unexpected) == count
+    hints = [line for line in report.messages if line.startswith("missing")]
+    assert hints[0].endswith("(closest: 'blocks.0.weight')")
+    assert hints[-1].endswith(f"(closest: 'blocks.{count - 1}.weight')")
+    assert all("closest: 'blocks." in line for line in hints)
+
+
+@pytest.mark.parametrize(
+    "missing, unused, closest",
+    [
+        ("layers.1.weight", ["layers.1.wieght", "extra"], "layers.1.wieght"),
+        ("heads", ["head", "old"], "head"),
+        ("encoder.w", ["model.encoder.w", "decoder.b"], "model.encoder.w"),
+        ("blocks.3.attn.q", ["blocks.3.attention.q", "blocks.4.mlp"], "blocks.3.attention.q"),
+        ("weight", ["zzz", "qqq"], None),
+    ],
+)
+def test_the_closest_name_hint_finds_renames(missing, unused, closest):
+    like = {missing: np.zeros(1)}
+    _, report = tc.from_state_dict(like, {n: np.zeros(1) for n in unused}, strict=False)
+    line = report.messages[0]
+    if closest is None:
+        assert "closest" not in line
+    else:
+        assert line.endswith(f"(closest: {closest!r})")
+
+
+# ------------------------------------------------------------------------------------------
+# fuzzing: random bytes and mutated files
+# ------------------------------------------------------------------------------------------
+
+_TEMPLATE = {
+    "a": jnp.arange(6.0).reshape(2, 3),
+    "b": np.array([True, False]),
+    "k": jax.random.key(1),
+    "c": np.ones(2, np.complex128),
+    "s": "text",
+    "n": 3,
+    "f": tc.freeze(abs),
+}
+
+
+def _load_or_refuse(path: Any) -> None:
+    for strict in (True, False):
+        try:
+            tc.load(path, _TEMPLATE, strict=strict)
+        except (ValueError, OSError):
+            pass
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(max_size=300))
+def test_random_bytes_load_or_raise_value_errors(tmp_path, data):
+    path = tmp_path / "random.safetensors"
+    path.write_bytes(data)
+    _load_or_refuse(path)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(max_size=200), st.integers(0, 2**64 - 1))
+def test_random_headers_load_or_raise_value_errors(tmp_path, data, length):
+    path = tmp_path / "random.safetensors"
+    path.write_bytes(struct.pack("<Q", length) + data)
+    _load_or_refuse(path)
+
+
+def _mutate(raw: bytes, rng: random.Random) -> bytes:
+    data = bytearray(raw)
+    (length,) = struct.unpack("<Q", raw[:8])
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(6)
+        at = rng.randrange(len(data)) if data else 0
+        header_at = 8 + rng.randrange(max(length, 1))
+        if kind == 0 and data:  # flip a bit anywhere
+            data[at] ^= 1 << rng.randrange(8)
+        elif kind == 1 and header_at < len(data):  # a JSON-ish byte in the header
+            data[header_at] = rng.choice(b'{}[]",:0123456789-.eE \\"utn')
+        elif kind == 2:  # truncate
+            data = data[:at]
+        elif kind == 3:  # insert bytes
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif kind == 4 and len(data) >= 8:  # another header length
+            data[:8] = struct.pack("<Q", max(0, length + rng.randint(-16, 16)))
+        elif kind == 5 and header_at < len(data):  # delete a header byte
+            del data[header_at]
+    return bytes(data)
+
+
+def test_mutated_valid_files_load_or_raise_value_errors(tmp_path):
+    valid = tmp_path / "valid.safetensors"
+    tc.save(valid, _TEMPLATE)
+    raw = valid.read_bytes()
+    rng = random.Random(20261202)
+    path = tmp_path / "mutated.safetensors"
+    loaded = 0
+    for _ in range(800):  # a bounded number of mutations: a few seconds
+        path.write_bytes(_mutate(raw, rng))
+        try:
+            tc.load(path, _TEMPLATE, strict=False)
+            loaded += 1
+        except (ValueError, OSError):
+            pass
+    assert loaded < 800  # the mutations did reach the checks

@@ -1,0 +1,330 @@
+"""Loading weights from elsewhere: key rules, dry runs and partial loads.
+
+The fixtures are written by the real writer (`safetensors.numpy.save_file`) with
+GPT-2-style names and PyTorch's `[out, in]` weight layout; a small GPT-2-like TreeClass
+loads them through a rule table and must give the logits of a NumPy reference forward.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import treeclass as tc
+
+WIDTH, VOCAB, LAYERS, CONTEXT = 8, 11, 2, 5
+
+
+def gpt2_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """GPT-2's names; `c_attn` fused q, k, v along its output axis; `c_proj`/`c_fc` as
+    PyTorch `nn.Linear` stores them, `[out, in]`."""
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32) * 0.3  # noqa: E731
+    tensors = {"wte.weight": normal(VOCAB, WIDTH), "wpe.weight": normal(CONTEXT, WIDTH)}
+    for i in range(LAYERS):
+        tensors[f"h.{i}.attn.c_attn.weight"] = normal(3 * WIDTH, WIDTH)
+        tensors[f"h.{i}.attn.c_attn.bias"] = normal(3 * WIDTH)
+        tensors[f"h.{i}.attn.c_proj.weight"] = normal(WIDTH, WIDTH)
+        tensors[f"h.{i}.mlp.c_fc.weight"] = normal(4 * WIDTH, WIDTH)
+        tensors[f"h.{i}.mlp.c_proj.weight"] = normal(WIDTH, 4 * WIDTH)
+    return tensors
+
+
+def reference_logits(t: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
+    """The forward pass in NumPy, on the file's own names and layouts."""
+    x = t["wte.weight"][tokens] + t["wpe.weight"][: len(tokens)]
+    mask = np.tril(np.ones((len(tokens), len(tokens)), bool))
+    for i in range(LAYERS):
+        qkv = x @ t[f"h.{i}.attn.c_attn.weight"].T + t[f"h.{i}.attn.c_attn.bias"]
+        q, k, v = np.split(qkv, 3, axis=-1)
+        scores = np.where(mask, q @ k.T / np.sqrt(WIDTH), -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        x = x + (weights @ v) @ t[f"h.{i}.attn.c_proj.weight"].T
+        x = x + np.maximum(x @ t[f"h.{i}.mlp.c_fc.weight"].T, 0) @ t[f"h.{i}.mlp.c_proj.weight"].T
+    return x @ t["wte.weight"].T
+
+
+class Attention(tc.TreeClass):
+    q: jax.Array  # [in, out]
+    k: jax.Array
+    v: jax.Array
+    bias: jax.Array  # q, k and v biases, fused
+    out: jax.Array
+
+
+class Block(tc.TreeClass):
+    attn: Attention
+    up: jax.Array
+    down: jax.Array
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        a = self.attn
+        bq, bk, bv = jnp.split(a.bias, 3)
+        q, k, v = x @ a.q + bq, x @ a.k + bk, x @ a.v + bv
+        mask = jnp.tril(jnp.ones((len(x), len(x)), bool))
+        scores = jnp.where(mask, q @ k.T / jnp.sqrt(WIDTH), -jnp.inf)
+        x = x + jax.nn.softmax(scores) @ v @ a.out
+        return x + jax.nn.relu(x @ self.up) @ self.down
+
+
+class GPT(tc.TreeClass):
+    embed: jax.Array
+    position: jax.Array
+    blocks: tuple
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = self.embed[tokens] + self.position[: len(tokens)]
+        for block in self.blocks:
+            x = block(x)
+        return x @ self.embed.T
+
+
+def template() -> GPT:
+    z = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
+    blocks = tuple(
+        Block(
+            Attention(
+                z(WIDTH, WIDTH), z(WIDTH, WIDTH), z(WIDTH, WIDTH), z(3 * WIDTH), z(WIDTH, WIDTH)
+            ),
+            z(WIDTH, 4 * WIDTH),
+            z(4 * WIDTH, WIDTH),
+        )
+        for _ in range(LAYERS)
+    )
+    return GPT(z(VOCAB, WIDTH), z(CONTEXT, WIDTH), blocks)
+
+
+RULES = [
+    ("wte.weight", "embed"),
+    ("wpe.weight", "position"),
+    # one fused [3*out, in] tensor -> three [in, out] weights
+    (
+        "h.{i}.attn.c_attn.weight",
+        ["blocks[{i}].attn.q", "blocks[{i}].attn.k", "blocks[{i}].attn.v"],
+        lambda w: [part.T for part in jnp.split(w, 3)],
+    ),
+    ("h.{i}.attn.c_attn.bias", "blocks[{i}].attn.bias"),
+    ("h.{i}.attn.c_proj.weight", "blocks[{i}].attn.out", lambda w: w.T),
+    ("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T),
+    ("h.{i}.mlp.c_proj.weight", "blocks[{i}].down", lambda w: w.T),
+]
+
+
+@pytest.fixture
+def gpt2_file(tmp_path):
+    tensors = gpt2_tensors()
+    path = str(tmp_path / "model.safetensors")
+    save_file(tensors, path)
+    return path, tensors
+
+
+def test_a_gpt2_style_file_loads_through_rules_and_gives_the_reference_logits(gpt2_file):
+    path, tensors = gpt2_file
+    model = tc.load(path, template(), rules=RULES)
+    tokens = np.array([1, 4, 2, 9, 0])
+    np.testing.assert_allclose(model(tokens), reference_logits(tensors, tokens), rtol=1e-5)
+
+
+def test_an_abstract_template_loads_through_rules(gpt2_file):
+    path, tensors = gpt2_file
+    model = tc.load(path, jax.eval_shape(template), rules=RULES)
+    np.testing.assert_array_equal(model.blocks[1].up, tensors["h.1.mlp.c_fc.weight"].T)
+
+
+def test_a_dry_run_maps_every_path(gpt2_file):
+    path, _ = gpt2_file
+    report = tc.load(path, template(), rules=RULES, dry_run=True)
+    assert report.messages == () and len(report.restored) == 2 + 7 * LAYERS
+    assert report.sources["GPT.blocks[1].attn.k"] == ("h.1.attn.c_attn.weight",)
+    assert report.sources["GPT.embed"] == ("wte.weight",)
+
+
+def test_a_dry_run_reads_no_tensor_bytes(tmp_path):
+    path = str(tmp_path / "m.safetensors")
+    save_file({"flags": np.array([True, False])}, path)
+    with open(path, "rb") as file:
+        raw = bytearray(file.read())
+    raw[-2] = 7  # a bool byte no reader may accept: only reading the data finds it
+    with open(path, "wb") as file:
+        file.write(bytes(raw))
+    like = {"mask": jnp.zeros(2, bool)}
+    report = tc.load(path, like, rules={"flags": "mask"}, dry_run=True)
+    assert report.messages == () and report.restored == ("tree['mask']",)
+    with pytest.raises(ValueError, match="0 or 1"):
+        tc.load(path, like, rules={"flags": "mask"})
+
+
+def test_a_dry_run_reports_what_would_not_fit(gpt2_file):
+    path, _ = gpt2_file
+    report = tc.load(path, template(), rules=RULES[:-1], dry_run=True)
+    assert report.missing == tuple(f"GPT.blocks[{i}].down" for i in range(LAYERS))
+    assert report.unexpected == tuple(f"h.{i}.mlp.c_proj.weight" for i in range(LAYERS))
+
+
+def test_unmatched_keys_on_both_sides_are_an_error_naming_them(gpt2_file):
+    path, _ = gpt2_file
+    with pytest.raises(ValueError) as info:
+        tc.load(path, template(), rules=RULES[1:])
+    message = str(info.value)
+    assert "missing     GPT.embed: no 'embed' in the file" in message
+    assert "unexpected  'wte.weight'" in message
+
+
+def test_a_transform_giving_the_wrong_shape_is_a_mismatch(gpt2_file):
+    path, _ = gpt2_file
+    rules = [*RULES[:-1], ("h.{i}.mlp.c_proj.weight", "blocks[{i}].down")]  # no transpose
+    _, report = tc.load(path, template(), rules=rules, strict=False)
+    assert report.mismatched == tuple(f"GPT.blocks[{i}].down" for i in range(LAYERS))
+    assert (
+        "float32[32,8] in the template, an array float32[8,32] in the file" in (report.messages[0])
+    )
+
+
+def test_several_sources_concatenate_into_one_target(tmp_path):
+    path = str(tmp_path / "parts.safetensors")
+    save_file(
+        {f"l.{n}.{p}": np.full(2, k, np.float32) for n in range(2) for k, p in enumerate("qkv")},
+        path,
+    )
+    like = {"layers": [{"qkv": jnp.zeros(6)} for _ in range(2)]}
+    rule = (["l.{n}.q", "l.{n}.k", "l.{n}.v"], "layers[{n}]['qkv']", lambda *p: jnp.concatenate(p))
+    restored = tc.load(path, like, rules=[rule])
+    assert restored["layers"][1]["qkv"].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_a_concatenation_lacking_a_part_is_reported(tmp_path):
+    path = str(tmp_path / "parts.safetensors")
+    save_file({"l.0.q": np.ones(2, np.float32), "l.0.k": np.ones(2, np.float32)}, path)
+    rule = (["l.{n}.q", "l.{n}.k", "l.{n}.v"], "qkv.{n}", lambda *p: jnp.concatenate(p))
+    with pytest.raises(ValueError, match=r"incomplete .*not \['l\.0\.v'\]"):
+        tc.load(path, {"qkv": [jnp.zeros(6)]}, rules=[rule])
+
+
+def test_a_capture_of_many_segments_moves_a_prefix(tmp_path):
+    path = str(tmp_path / "encoder.safetensors")
+    tc.save(path, {"layers": [{"w": jnp.ones(2)}], "norm": jnp.ones(1)})
+    like = {"encoder": {"layers": [{"w": jnp.zeros(2)}], "norm": jnp.zeros(1)}}
+    restored = tc.load(path, like, rules={"{rest*}": "encoder.{rest}"})
+    assert restored["encoder"]["layers"][0]["w"].tolist() == [1.0, 1.0]
+
+
+def test_rules_apply_to_state_dicts_too():
+    state = {"model": {"w": np.ones((2, 3), np.float32)}}
+    like = {"weight": jnp.zeros((3, 2))}
+    restored = tc.from_state_dict(like, state, rules=[("model.w", "weight", lambda w: w.T)])
+    assert restored["weight"].shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    "rules, error",
+    [
+        ([("a",)], TypeError),
+        ([("a", 1)], TypeError),
+        ([("a", "b", "not callable")], TypeError),
+        ([(["a", "b"], "c")], ValueError),  # two sources need a transform
+        ([("a.{i}", "b.{j}")], ValueError),  # j is captured by no source
+    ],
+)
+def test_bad_rules_are_refused(rules, error):
+    with pytest.raises(error):
+        tc.from_state_dict({"b": jnp.zeros(1)}, {"a": np.zeros(1)}, rules=rules)
+
+
+def test_two_names_mapped_to_one_target_are_refused():
+    state = {"a": np.zeros(1), "b": np.zeros(1)}
+    with pytest.raises(ValueError, match="map both"):
+        tc.from_state_dict({"c": jnp.zeros(1)}, state, rules=[("a", "c"), ("b", "c")])
+
+
+# ------------------------------------------------------------------------------------------
+# partial loads
+# ------------------------------------------------------------------------------------------
+
+
+class Model(tc.TreeClass):
+    encoder: dict
+    head: jax.Array
+
+
+def _model(value: float) -> Model:
+    return Model({"w": jnp.full(2, value), "b": jnp.full(1, value)}, jnp.full(3, value))
+
+
+def test_a_partial_load_restores_the_selection_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "pretrained.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(2), "b": jnp.ones(1)}, "other": jnp.ones(5)})
+    like = _model(0.0)
+    restored, report = tc.load(
+        path, like, where=like.at["encoder"], unexpected="ignore", strict=False
+    )
+    assert restored.encoder["w"].tolist() == [1.0, 1.0] and restored.head is like.head
+    assert report.restored == ("Model.encoder['b']", "Model.encoder['w']")
+    assert report.missing == () and report.unexpected == ("other",)
+
+
+def test_a_strict_partial_load_still_checks_the_selection(tmp_path):
+    path = tmp_path / "pretrained.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(3)}, "head": jnp.ones(3)})
+    like = _model(0.0)
+    with pytest.raises(ValueError, match=r"(?s)1 problem.*shape +Model\.encoder\['w'\]") as info:
+        tc.load(path, like, where=like.at["encoder"]["w"])
+    assert "head" not in str(info.value)
+
+
+def test_a_selection_by_mask_or_selector(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _model(1.0))
+    like = _model(0.0)
+    mask = like.at[...].set(False).at["head"].set(True)
+    restored = tc.load(path, like, where=mask)
+    assert restored.head.tolist() == [1.0] * 3 and restored.encoder["w"].tolist() == [0.0] * 2
+    restored = tc.load(path, like, where=tc.glob("encoder.*"))
+    assert restored.encoder["w"].tolist() == [1.0] * 2 and restored.head.tolist() == [0.0] * 3
+
+
+def test_missing_keys_can_be_kept_or_warned_about(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(2), "b": jnp.ones(1)}})
+    like = _model(0.0)
+    restored = tc.load(path, like, missing="keep")
+    assert restored.head is like.head and restored.encoder["w"].tolist() == [1.0, 1.0]
+    with pytest.warns(UserWarning, match=r"Model\.head"):
+        tc.load(path, like, missing="warn")
+    with pytest.raises(ValueError, match=r"missing +Model\.head"):
+        tc.load(path, like, missing="error")
+
+
+def test_extra_keys_can_be_ignored(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(2), "b": jnp.ones(1)}, "head": jnp.ones(3), "x": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored = tc.load(path, _model(0.0), unexpected="ignore")
+    assert restored.head.tolist() == [1.0] * 3
+    with pytest.raises(ValueError, match="unexpected  'x'"):
+        tc.load(path, _model(0.0))
+
+
+def test_bad_policies_are_refused():
+    with pytest.raises(ValueError, match="missing= takes one of"):
+        tc.from_state_dict({"a": jnp.ones(1)}, {"a": np.ones(1)}, missing="ignore")  # type: ignore[call-overload]
+
+
+def test_a_selection_of_another_tree_is_refused(tmp_path):
+    other = _model(2.0)
+    with pytest.raises(ValueError, match="selection of the template itself"):
+        tc.from_state_dict(_model(0.0), tc.state_dict(other), where=other.at["head"])
+
+
+def test_the_report_says_which_leaves_came_from_the_checkpoint():
+    like: Any = {"a": jnp.zeros(1), "b": jnp.zeros(1)}
+    _, report = tc.from_state_dict(like, {"a": np.ones(1, np.float32)}, strict=False)
+    assert report.restored == ("tree['a']",) and report.missing == ("tree['b']",)
+    assert dict(report.sources) == {"tree['a']": ("a",)}

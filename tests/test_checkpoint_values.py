@@ -1,0 +1,331 @@
+"""Checkpoints restore exactly what was saved: weak types, static and frozen values.
+
+Through `tc.save` / `tc.load` and `tc.state_dict` / `tc.from_state_dict`: a value that is
+not restored bit for bit (dtype *and* weak type) is a difference the checks report, never
+a silent change.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treeclass as tc
+
+
+def round_trip(tree: Any, like: Any = None, **kwargs: Any) -> Any:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "tree.safetensors")
+        tc.save(path, tree)
+        return tc.load(path, tree if like is None else like, **kwargs)
+
+
+def _leaves(tree: Any) -> list:
+    return jax.tree_util.tree_leaves(tree, is_leaf=tc.is_frozen)
+
+
+def _weak_types(tree: Any) -> list:
+    return [getattr(x, "weak_type", None) for x in jax.tree_util.tree_leaves(tree)]
+
+
+# ------------------------------------------------------------------------------------------
+# weak types
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_weakly_typed_scalar_stays_weak_through_save_and_load():
+    model = {"scale": jnp.asarray(0.5)}
+    restored = round_trip(model)
+    assert restored["scale"].weak_type
+    assert (jnp.ones(2, jnp.bfloat16) * restored["scale"]).dtype == jnp.bfloat16
+
+
+def test_weakly_typed_arrays_of_any_shape_round_trip_and_strong_ones_stay_strong():
+    model = {"full": jnp.full((2, 3), 0.5), "int": jnp.asarray(3), "strong": jnp.ones(3)}
+    restored = round_trip(model)
+    assert _weak_types(restored) == _weak_types(model) == [True, True, False]
+
+
+def test_the_file_says_which_arrays_were_weak_whatever_the_template_says():
+    saved = {"a": jnp.asarray(0.5), "b": jnp.ones((), jnp.float32)}
+    like = {"a": jnp.ones((), jnp.float32), "b": jnp.asarray(0.0)}
+    restored = round_trip(saved, like=like)
+    assert _weak_types(restored) == [True, False]
+
+
+def test_a_restored_tree_hits_the_jit_cache_entry_of_the_saved_one():
+    model = {"scale": jnp.asarray(0.5), "w": jnp.ones((2, 2)), "n": jnp.asarray(2)}
+    step = jax.jit(lambda m, x: (x @ m["w"]) * m["scale"] + m["n"])
+    x = jnp.ones((1, 2), jnp.bfloat16)
+    expected = step(model, x)
+    for restored in (round_trip(model), round_trip(model, like=jax.eval_shape(lambda: model))):
+        assert step(restored, x).dtype == expected.dtype
+        assert step._cache_size() == 1
+
+
+def test_from_state_dict_takes_the_weak_type_of_the_template():
+    like = {"scale": jnp.asarray(0.0), "w": jnp.zeros(2)}
+    state = {"scale": np.float32(0.5), "w": np.ones(2, np.float32)}  # orbax gives numpy
+    restored = tc.from_state_dict(like, state)
+    assert _weak_types(restored) == [True, False]
+    strong = tc.from_state_dict({"s": jnp.ones((), jnp.float32)}, {"s": jnp.asarray(0.5)})
+    assert not strong["s"].weak_type
+
+
+def test_from_state_dict_of_an_abstract_template_keeps_weak_types():
+    model = {"scale": jnp.asarray(0.5), "w": jnp.ones(2)}
+    restored = tc.from_state_dict(jax.eval_shape(lambda: model), tc.state_dict(model))
+    assert _weak_types(restored) == [True, False]
+
+
+def test_a_weakly_typed_frozen_array_round_trips():
+    model = {"table": tc.freeze(jnp.full(3, 2.0))}
+    restored = round_trip(model, like={"table": tc.freeze(jnp.zeros(3))})
+    assert tc.unfreeze(restored["table"]).weak_type
+
+
+def test_weak_arrays_keep_the_sharding_of_the_template():
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    like = {"s": jax.ShapeDtypeStruct((), jnp.float32, weak_type=True, sharding=sharding)}
+    restored = round_trip({"s": jnp.asarray(1.5)}, like=like)
+    assert restored["s"].weak_type and restored["s"].sharding == sharding
+
+
+# ------------------------------------------------------------------------------------------
+# non-array values: checked both ways
+# ------------------------------------------------------------------------------------------
+
+
+class Act(tc.TreeClass):
+    w: jax.Array
+    act: Any = tc.field(default="gelu", static=True)
+
+
+def test_a_static_string_in_the_file_against_a_static_function_is_an_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, Act(jnp.ones(2)))
+    with pytest.raises(ValueError, match=r"static +Act\.act: a \w+ \(not data\).*str 'gelu'"):
+        tc.load(path, Act(jnp.ones(2), act=jax.nn.relu))
+
+
+def test_a_static_function_in_the_file_against_a_static_string_is_an_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, Act(jnp.ones(2), act=jax.nn.relu))
+    with pytest.raises(ValueError, match=r"static +Act\.act: str 'gelu' in the template"):
+        tc.load(path, Act(jnp.ones(2)))
+
+
+def test_a_frozen_string_in_the_file_against_a_frozen_function_is_an_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"act": tc.freeze("relu")})
+    with pytest.raises(ValueError, match=r"tree\['act'\]: a \w+ \(not data\).*str 'relu'"):
+        tc.load(path, {"act": tc.freeze(jax.nn.gelu)})
+    restored, report = tc.load(path, {"act": tc.freeze(jax.nn.gelu)}, strict=False)
+    assert report.mismatched == ("tree['act']",)
+    assert tc.unfreeze(restored["act"]) is jax.nn.gelu
+
+
+def test_a_frozen_function_in_the_file_against_a_frozen_string_is_an_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"act": tc.freeze(jax.nn.gelu)})
+    with pytest.raises(ValueError, match=r"tree\['act'\]: str 'relu' in the template"):
+        tc.load(path, {"act": tc.freeze("relu")})
+
+
+def test_objects_of_another_type_in_the_file_are_reported(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"fn": tc.freeze(jax.nn.relu)})  # a custom_jvp
+    _, report = tc.load(path, {"fn": tc.freeze(abs)}, strict=False)
+    assert report.mismatched == ("tree['fn']",)
+    assert "custom_jvp (not saved) in the file" in report.messages[0]
+
+
+def test_objects_of_the_same_type_come_from_the_template(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"fn": tc.freeze(abs)})
+    restored = tc.load(path, {"fn": tc.freeze(len)})
+    assert tc.unfreeze(restored["fn"]) is len
+
+
+def test_an_object_the_file_does_not_have_is_missing(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"w": jnp.ones(1)})
+    _, report = tc.load(path, {"w": jnp.ones(1), "fn": tc.freeze(abs)}, strict=False)
+    assert report.missing == ("tree['fn']",)
+
+
+def test_an_object_in_the_file_the_template_lacks_is_unexpected(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"w": jnp.ones(1), "fn": tc.freeze(abs)})
+    _, report = tc.load(path, {"w": jnp.ones(1)}, strict=False)
+    assert report.unexpected == ("fn",)
+
+
+# ------------------------------------------------------------------------------------------
+# static arrays: compared, never kept silently
+# ------------------------------------------------------------------------------------------
+
+
+class WithMask(tc.TreeClass):
+    w: jax.Array
+    mask: Any = tc.field(default=None, static=True)
+
+
+def _with_mask(values: list, kind: Any = jnp.asarray) -> WithMask:
+    with pytest.warns(UserWarning, match="holds an array"):
+        return WithMask(jnp.ones(2), mask=kind(values))
+
+
+@pytest.mark.parametrize("kind", [jnp.asarray, np.asarray])
+def test_a_static_array_that_differs_from_the_file_is_an_error(tmp_path, kind):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _with_mask([1, 0], kind))
+    with pytest.raises(ValueError, match=r"static +WithMask\.mask: .*\[0,1\] in the template.*"):
+        tc.load(path, _with_mask([0, 1], kind))
+    _, report = tc.load(path, _with_mask([0, 1], kind), strict=False)
+    assert report.mismatched == ("WithMask.mask",)
+
+
+def test_a_static_array_equal_to_the_file_loads(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _with_mask([1, 0]))
+    like = _with_mask([1, 0])
+    restored = tc.load(path, like)
+    assert restored.mask is like.mask
+
+
+def test_a_static_array_of_another_shape_or_dtype_is_an_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _with_mask([1, 0]))
+    for values in ([1, 0, 0], np.asarray([1.0, 0.0], np.float32)):
+        with pytest.raises(ValueError, match=r"static +WithMask\.mask"):
+            tc.load(path, _with_mask(values))
+
+
+def test_a_static_numpy_scalar_is_compared(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, Act(jnp.ones(2), act=np.float32(1.5)))
+    tc.load(path, Act(jnp.ones(2), act=np.float32(1.5)))
+    with pytest.raises(ValueError, match=r"static +Act\.act"):
+        tc.load(path, Act(jnp.ones(2), act=np.float32(2.5)))
+
+
+def test_a_static_array_is_not_in_the_state_dict():
+    model = _with_mask([1, 0])
+    assert sorted(tc.state_dict(model)) == ["w"]
+
+
+# ------------------------------------------------------------------------------------------
+# plain values nested too deeply to record are refused on save
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_static_value_nested_too_deeply_is_refused_naming_its_path(tmp_path):
+    deep: Any = "x"
+    for _ in range(40):
+        deep = (deep,)
+    with pytest.raises(ValueError, match=r"Act\.act cannot be recorded.*levels deep"):
+        tc.save(tmp_path / "m.safetensors", Act(jnp.ones(1), act=deep))
+    assert os.listdir(tmp_path) == []
+
+
+def test_static_values_nested_a_few_levels_are_recorded_and_checked(tmp_path):
+    value: Any = ("x", 1.5)
+    for _ in range(6):  # 13 levels
+        value = (value, (value,))
+    tc.save(tmp_path / "m.safetensors", Act(jnp.ones(1), act=value))
+    tc.load(tmp_path / "m.safetensors", Act(jnp.ones(1), act=value))
+    with pytest.raises(ValueError, match=r"static +Act\.act"):
+        tc.load(tmp_path / "m.safetensors", Act(jnp.ones(1), act=(value, 1)))
+
+
+# ------------------------------------------------------------------------------------------
+# the laws, on random trees with weak types, static and frozen values
+# ------------------------------------------------------------------------------------------
+
+
+class Config(tc.TreeClass):
+    value: Any
+    tag: Any = tc.field(default="t", static=True)
+
+
+_scalars = st.one_of(
+    st.floats(allow_nan=False, width=32).map(jnp.asarray),  # weakly typed
+    st.integers(-100, 100).map(jnp.asarray),  # weakly typed
+    st.floats(allow_nan=False, width=32).map(lambda x: jnp.full((2,), x)),  # weakly typed
+    st.floats(allow_nan=False, width=32).map(lambda x: jnp.asarray(x, jnp.float32)),
+    st.integers(0, 5).map(lambda n: jnp.arange(n, dtype=jnp.int32)),
+    st.floats(allow_nan=True, width=32).map(np.float32),
+)
+_plain = st.one_of(
+    st.text(max_size=4),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.none(),
+    st.tuples(st.integers(0, 3), st.text(max_size=2)),
+)
+_statics = st.one_of(st.text(max_size=4), st.integers(0, 9), st.tuples(st.integers(0, 3)))
+_leaves_strategy = st.one_of(
+    _scalars,
+    _scalars.map(tc.freeze),
+    _plain.map(tc.freeze),
+    st.builds(Config, _scalars, _statics),
+    st.builds(Config, _plain.map(tc.freeze), _statics),
+)
+_trees = st.dictionaries(st.text("abc", min_size=1, max_size=2), _leaves_strategy, min_size=1)
+
+
+def _same(a: Any, b: Any, array_types: bool = True) -> None:
+    """Same structure and values; arrays of the same dtype, weak type and bytes (and of the
+    same type, unless `array_types` is False: an abstract template makes jax arrays)."""
+    leaves_a, def_a = jax.tree_util.tree_flatten(a, is_leaf=tc.is_frozen)
+    leaves_b, def_b = jax.tree_util.tree_flatten(b, is_leaf=tc.is_frozen)
+    assert def_a == def_b
+    for x, y in zip(leaves_a, leaves_b):
+        if tc.is_frozen(x):
+            _same(tc.unfreeze(x), tc.unfreeze(y), array_types)
+        elif isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            assert type(x) is type(y) or not array_types
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert getattr(x, "weak_type", False) == getattr(y, "weak_type", False)
+            assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+        else:
+            assert type(x) is type(y) and (x == y or x != x)
+
+
+@settings(max_examples=30, deadline=None)
+@given(_trees)
+def test_load_of_save_restores_weak_types_statics_and_frozen_values(tree):
+    _same(round_trip(tree), tree)
+    _same(round_trip(tree, like=jax.eval_shape(lambda: tree)), tree, array_types=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(_trees)
+def test_a_restored_tree_is_the_same_jax_jit_argument(tree):
+    calls = []
+
+    @jax.jit
+    def count(t):
+        calls.append(1)
+        return jax.tree_util.tree_map(lambda x: x * 2, t)
+
+    count(tree)
+    count(round_trip(tree))
+    count(tc.from_state_dict(tree, tc.state_dict(tree)))
+    assert len(calls) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(_trees)
+def test_from_state_dict_of_state_dict_restores_weak_types(tree):
+    _same(tc.from_state_dict(tree, tc.state_dict(tree)), tree)

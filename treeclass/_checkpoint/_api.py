@@ -1,0 +1,477 @@
+"""The public checkpoint functions: `save`, `load`, `state_dict`, `from_state_dict`."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, overload
+
+import jax
+
+from .._at import AtIndexer
+from .._frozen import is_frozen
+from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan
+from ._files import open_for_reading, write_atomically
+from ._rules import RuledCatalog, compile_rules
+from ._safetensors import OutTensor, SafetensorsFile, can_store, header_bytes, write_tensors
+from ._tree import (
+    STATIC,
+    Catalog,
+    LoadReport,
+    StateCatalog,
+    entries,
+    host_bytes,
+    restore,
+    state_dict_of,
+)
+
+__all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
+
+PyTree = Any
+_T = TypeVar("_T")
+Missing = Literal["error", "keep", "warn"]
+Unexpected = Literal["error", "ignore"]
+
+
+def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
+    return catalog if rules is None else RuledCatalog(catalog, compile_rules(rules))
+
+
+def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
+    """Which entries a partial load restores: those under the selection `where`."""
+    if where is None:
+        return None
+    if isinstance(where, AtIndexer):
+        if where.tree is not like:
+            raise ValueError(
+                "where= takes a selection of the template itself: "
+                "`tc.load(path, model, where=model.at['encoder'])`"
+            )
+        chain = where.where
+    else:  # a selector: a bool mask tree, a glob, a class, ...
+        chain = (where,)
+    flags = jax.tree_util.tree_map(lambda _: False, like, is_leaf=is_frozen)
+    marked = AtIndexer(flags, chain).set(True, is_leaf=is_frozen)
+    chosen = {
+        path
+        for path, flag in jax.tree_util.tree_flatten_with_path(marked, is_leaf=is_frozen)[0]
+        if flag is True
+    }
+    within = {path[:k] for path in chosen for k in range(len(path) + 1)}
+
+    def selected(path: tuple, kind: str) -> bool:
+        if kind == STATIC:  # a static field belongs to its node: selected with its leaves
+            return path[:-1] in within or any(path[:k] in chosen for k in range(len(path)))
+        return any(path[:k] in chosen for k in range(len(path) + 1))
+
+    return selected
+
+
+def state_dict(tree: PyTree) -> dict:
+    """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
+
+    Keys are field names, dict keys and sequence indices (as ints). Values are every array
+    leaf, every frozen array (unfrozen, as an array; also inside frozen subtrees), numpy
+    scalars and Python numbers that are leaves or frozen. Strings, functions, other
+    objects and static fields are not data: `from_state_dict` takes them from its
+    template. Arrays are not copied. On an abstract tree (from `jax.eval_shape`) the
+    values are `jax.ShapeDtypeStruct`s: a restore target for orbax.
+
+    **Arguments**
+
+    - `tree`: any pytree, possibly holding `TreeClass` instances and frozen values.
+
+    **Returns**
+
+    A nested `dict`; nodes without data (a layer of strings only) do not appear.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    class Linear(tc.TreeClass):
+        weight: jnp.ndarray
+        table: object
+        act: object = tc.freeze("tanh")
+        name: str = tc.field(default="linear", static=True)
+
+    model = {"layers": [Linear(jnp.ones((2, 2)), tc.freeze(jnp.arange(3)))], "step": 7}
+    state = tc.state_dict(model)
+    assert list(state["layers"][0]) == ["weight", "table"]
+    assert state["step"] == 7 and state["layers"][0]["table"].shape == (3,)
+    ```
+    """
+    return state_dict_of(tree)
+
+
+@overload
+def from_state_dict(
+    like: _T,
+    state: dict,
+    *,
+    strict: Literal[True] = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> _T: ...
+@overload
+def from_state_dict(
+    like: _T,
+    state: dict,
+    *,
+    strict: Literal[False],
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> tuple[_T, LoadReport]: ...
+@overload
+def from_state_dict(
+    like: PyTree,
+    state: dict,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[True],
+) -> LoadReport: ...
+@overload
+def from_state_dict(
+    like: PyTree,
+    state: dict,
+    *,
+    strict: bool,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any: ...
+def from_state_dict(
+    like: PyTree,
+    state: dict,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any:
+    """The inverse of `state_dict`: `like` with its data taken from `state`.
+
+    The template `like` gives the structure, what is frozen (restored values are frozen
+    again), static fields and every value that is not data (strings, functions).
+    Arrays take the template's type: a numpy array for a numpy leaf, a `jax.Array` placed
+    with the template's sharding for a `jax.Array` or a `jax.ShapeDtypeStruct` with a
+    `sharding` (arrays in `state` already placed that way are used as they are). Keys
+    that are ints in `like` may be strings in `state` (orbax restores them so).
+
+    **Arguments**
+
+    - `like`: a tree of the right structure: a model, or an abstract one from
+      `jax.eval_shape`.
+    - `state`: a nested dict as made by `state_dict` (or restored by orbax).
+    - `strict`: if True, any missing key, unexpected key, or shape, dtype or type
+      mismatch raises. If False, restore what fits.
+    - `rules`, `where`, `missing`, `unexpected`, `dry_run`: as for `load` (key rules
+      apply to the state dict's dot-joined names, `layers.0.weight`).
+
+    **Returns**
+
+    The restored tree; with `strict=False`, a pair `(tree, report)` where `report` is a
+    `LoadReport` (see `load`).
+
+    **Raises**
+
+    `ValueError` naming every key path that does not fit (with `strict=True`).
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    model = {"w": jnp.ones(2), "table": tc.freeze(jnp.arange(3)), "act": tc.freeze("tanh")}
+    state = tc.state_dict(model)
+    state["w"] = state["w"] * 2
+    restored = tc.from_state_dict(model, state)
+    assert restored["w"].tolist() == [2.0, 2.0] and tc.is_frozen(restored["table"])
+
+    restored, report = tc.from_state_dict(model, {"w": jnp.zeros(2)}, strict=False)
+    assert report.missing == ("tree['table']",)
+    ```
+    """
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
+            f"{type(state).__name__}"
+        )
+    catalog = _with_rules(StateCatalog(state), rules)
+    return restore(
+        like,
+        catalog,
+        strict,
+        "tc.from_state_dict",
+        selected=_selected(like, where),
+        missing=missing,
+        unexpected=unexpected,
+        dry_run=dry_run,
+    )
+
+
+def save(path: str | os.PathLike, tree: PyTree) -> None:
+    """Save `tree` to one safetensors file at `path`, without pickle.
+
+    Every array (frozen ones too) and numpy scalar is a tensor named by its key path
+    joined with dots (`layers.0.weight`); any dtype round-trips bit-exactly. Python
+    numbers, strings, `None` and tuples or lists of them (leaves, frozen values and
+    static fields) go into the header's metadata as JSON, so `load` can restore them and
+    check the template's static values. Functions and other objects are not saved: `load`
+    takes them from its template.
+
+    The file is written to a temporary file in the same folder and then renamed over
+    `path`: if saving fails or the process dies, `path` still holds the previous
+    checkpoint. Arrays are copied to the host one at a time, so the extra host memory
+    stays near the size of the largest leaf.
+
+    **Arguments**
+
+    - `path`: the file to write (by convention `*.safetensors`); its folder must exist.
+    - `tree`: any pytree of arrays, numbers and TreeClass instances. Sharded arrays are
+      gathered to this host; use orbax for arrays spread over several hosts.
+
+    **Returns**
+
+    None.
+
+    **Raises**
+
+    `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), an array this process
+    cannot read whole, or two key paths with the same name; the file is untouched.
+
+    ```python
+    import os, tempfile
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    model = {"w": jnp.ones((2, 3), jnp.bfloat16), "step": 10, "act": tc.freeze("relu")}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.safetensors")
+        tc.save(path, model)
+        restored = tc.load(path, model)
+    assert tc.is_tree_equal(restored, model)
+    ```
+    """
+    path = os.fspath(path)
+    try:
+        found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
+        document, planned = plan(tree, found, can_store)
+        tensors = [
+            OutTensor(t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path))
+            for t in planned
+        ]
+        header = header_bytes({METADATA_KEY: document}, tensors)
+    except ValueError as error:  # before anything is written
+        raise ValueError(f"tc.save cannot write {path}: {error}") from None
+    try:
+        write_atomically(path, lambda file: write_tensors(file, header, tensors))
+    except OSError as error:
+        if error.errno is None:
+            raise
+        reason = str(error.strerror)
+        if not reason.startswith("cannot write"):
+            reason = f"cannot write {path}: {reason}"
+        raise type(error)(error.errno, f"tc.save {reason}", path) from error
+
+
+def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:
+    try:
+        return host_bytes(tensor.value)
+    except Exception as error:  # a deleted (donated) array, a failed device transfer
+        message = f"tc.save cannot write {path}: reading {tensor.where} failed: {error}"
+        try:
+            renamed = type(error)(message)
+        except Exception:  # an exception type that takes other arguments
+            renamed = RuntimeError(message)
+        raise renamed from error
+
+
+@overload
+def load(
+    path: str | os.PathLike,
+    like: _T,
+    *,
+    strict: Literal[True] = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> _T: ...
+@overload
+def load(
+    path: str | os.PathLike,
+    like: _T,
+    *,
+    strict: Literal[False],
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[False] = False,
+) -> tuple[_T, LoadReport]: ...
+@overload
+def load(
+    path: str | os.PathLike,
+    like: PyTree,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: Literal[True],
+) -> LoadReport: ...
+@overload
+def load(
+    path: str | os.PathLike,
+    like: PyTree,
+    *,
+    strict: bool,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any: ...
+def load(
+    path: str | os.PathLike,
+    like: PyTree,
+    *,
+    strict: bool = True,
+    rules: Any = None,
+    where: Any = None,
+    missing: Missing | None = None,
+    unexpected: Unexpected | None = None,
+    dry_run: bool = False,
+) -> Any:
+    """Load the checkpoint at `path` into the template `like`.
+
+    The template gives the structure, what is frozen (restored values are frozen again),
+    and every value the file does not hold (functions, objects); the file gives the data,
+    strings and frozen values, and is checked against the template's static values.
+    Arrays take the template's type: numpy for a numpy leaf, else a `jax.Array` placed
+    like the template's leaf: with the `sharding` of a `jax.ShapeDtypeStruct`, the
+    sharding of a committed or sharded `jax.Array`, or on the default device. With an
+    abstract template (`jax.eval_shape(lambda: Model(...))`) nothing is allocated twice:
+    each tensor is read into one host buffer and placed from there.
+
+    A file written by another tool (plain safetensors, no treeclass metadata) loads too
+    when its tensor names are the template's key paths joined with dots; values other
+    than numbers then come from the template.
+
+    **Arguments**
+
+    - `path`: a file written by `save`, or any safetensors file.
+    - `like`: a tree of the right structure: a model, or an abstract one.
+    - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
+      type mismatch, or differing static value raises one `ValueError` naming every key
+      path. If False, restore what fits and report the rest.
+    - `rules`: key rules mapping the file's names to the template's key paths, with named
+      captures and optional transforms: a dict `{source: target}` or a list of
+      `(source, target)` / `(source, target, transform)` tuples, e.g.
+      `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`. `{name}` captures
+      one dot-separated segment, `{name*}` several; a list of sources passes their
+      tensors to the transform (to concatenate), a list of targets takes as many
+      results (to split). Names no rule matches keep their own. Transforms get NumPy
+      arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or
+      array methods.
+    - `where`: load only a selection of the template, `like.at["encoder"]` or any
+      selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
+      neither checked nor reported.
+    - `missing`: `"error"`, `"keep"` (the template's value) or `"warn"` (keep, and warn)
+      for template paths the file lacks; by default an error when `strict`.
+    - `unexpected`: `"error"` or `"ignore"` for names in the file the template has no
+      place for; by default an error when `strict`.
+    - `dry_run`: if True, return the `LoadReport` of what would be restored from where
+      (its `sources`), checked from names, dtypes and shapes alone: no tensor is read.
+
+    **Returns**
+
+    The restored tree. With `strict=False`, a pair `(tree, report)`; `report` is a
+    `NamedTuple` with `missing` and `mismatched` (the template's key paths, like
+    `MLP.layers[0].weight`, left at the template's values; `kept` is both), `unexpected`
+    (names in the file, like `layers.2.weight`, that were ignored), `messages` (one
+    line per problem), `restored` (the paths that came from the file) and `sources`
+    (for each restored path, the file's names it was read from). With `dry_run=True`,
+    the report alone. A path left at the value of an abstract template stays a
+    `jax.ShapeDtypeStruct`.
+
+    **Raises**
+
+    `ValueError` for a corrupted or truncated file, whatever `strict` is; nothing is
+    returned in part.
+
+    ```python
+    import os, tempfile
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array
+        bias: jax.Array
+
+    model = Linear(jnp.ones((3, 2)), jnp.zeros(2))
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "linear.safetensors")
+        tc.save(path, model)
+        abstract = jax.eval_shape(lambda: Linear(jnp.zeros((3, 2)), jnp.zeros(2)))
+        restored = tc.load(path, abstract)
+        bigger = jax.eval_shape(lambda: Linear(jnp.zeros((3, 4)), jnp.zeros(4)))
+        partial, report = tc.load(path, bigger, strict=False)
+    assert tc.is_tree_equal(restored, model)
+    assert report.mismatched == ("Linear.weight", "Linear.bias")
+    ```
+
+    Weights named and laid out by another library load through key rules:
+
+    ```python
+    import os, tempfile
+    import jax, jax.numpy as jnp, numpy as np
+    import treeclass as tc
+    from safetensors.numpy import save_file
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array  # [in, out]
+        bias: jax.Array
+
+    torch_style = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
+    rules = [("fc.weight", "weight", lambda w: w.T), ("fc.bias", "bias")]
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "torch.safetensors")
+        save_file(torch_style, path)
+        like = Linear(jnp.zeros((3, 2)), jnp.zeros(2))
+        report = tc.load(path, like, rules=rules, dry_run=True)
+        model = tc.load(path, like, rules=rules)
+    assert report.sources["Linear.weight"] == ("fc.weight",)
+    assert model.weight.shape == (3, 2)
+    ```
+    """
+    path = os.fspath(path)
+    with open_for_reading(path) as file:
+        catalog = _with_rules(SourceCatalog(SafetensorsFile(file, path)), rules)
+        return restore(
+            like,
+            catalog,
+            strict,
+            "tc.load",
+            selected=_selected(like, where),
+            missing=missing,
+            unexpected=unexpected,
+            dry_run=dry_run,
+        )

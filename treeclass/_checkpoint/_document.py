@@ -1,0 +1,375 @@
+"""treeclass's own metadata in a checkpoint: what tensors really are, and plain values.
+
+Any format with string metadata can carry it (safetensors does, under the key
+`"treeclass"`). Its value is a JSON document:
+
+    {"format": "treeclass", "version": 1, "root": "MLP",
+     "tensors": {name: {"kind": ...}},                  # plus "dtype"/"shape" for raw bytes
+     "values":  {name: {"kind": ..., "value": ...}},    # plain data, JSON-encoded
+     "objects": {name: {"kind": ..., "type": ...}}}     # not saved: from the template
+
+`kind` is `"leaf"`, `"frozen"` or `"static"`. dtypes a format cannot name (complex128,
+float8_e3m4, int4, PRNG keys, ...) are stored as raw little-endian bytes (`uint8` with a
+trailing itemsize axis; keys as their `uint32` key data) with the real dtype in the
+document, so the file stays readable by other tools.
+
+Saving *plans* a tree (`plan`: the document and each tensor's stored dtype, shape and
+bytes); loading wraps a `CheckpointSource` and its document into a catalog the
+format-neutral checks read (`SourceCatalog`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, NoReturn
+
+import jax
+import ml_dtypes  # a dependency of jax: the int4 and float4 dtypes
+import numpy as np
+
+from .._structure import path_str, root_name
+from ._json import loads as strict_json
+from ._source import CheckpointSource, corrupt
+from ._tree import (
+    NUMBER,
+    OBJECT,
+    PLAIN,
+    TENSOR,
+    Entry,
+    Stored,
+    describe,
+    is_abstract,
+    is_key_dtype,
+    is_weak,
+    numpy_dtype,
+)
+
+__all__ = ["FORMAT_VERSION", "METADATA_KEY", "PlannedTensor", "plan", "SourceCatalog"]
+
+FORMAT_VERSION = 1
+METADATA_KEY = "treeclass"
+
+# --------------------------------------------------------------------------------------
+# Plain values: JSON, with tags for what JSON cannot tell apart
+# --------------------------------------------------------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return value
+    if kind is float:
+        # JSON has no NaN or infinity; repr gives "nan", "inf", "-inf" and float() reads them
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if kind is complex:
+        return {"complex": [_encode(value.real), _encode(value.imag)]}
+    if kind is tuple:
+        return {"tuple": [_encode(x) for x in value]}
+    return [_encode(x) for x in value]  # a list; `is_plain` allows nothing else
+
+
+def _decode(data: Any) -> Any:
+    if isinstance(data, list):
+        return [_decode(x) for x in data]
+    if isinstance(data, dict):
+        ((tag, inner),) = data.items()
+        if tag == "float":
+            return float(inner)
+        if tag == "complex":
+            real, imag = inner
+            return complex(_decode(real), _decode(imag))
+        if tag == "tuple":
+            return tuple(_decode(x) for x in inner)
+        raise ValueError(f"unknown tag {tag!r}")
+    return data
+
+
+# --------------------------------------------------------------------------------------
+# Saving: the plan of a tree
+# --------------------------------------------------------------------------------------
+
+_ABSTRACT_LEAF = (
+    "an abstract value at {where} ({value}): there is no data to save. Save the model "
+    "itself, not its `jax.eval_shape` template."
+)
+_NOT_ADDRESSABLE = (
+    "the array at {where} is sharded over devices of other processes, "
+    "so this process cannot read all of it. For multi-host checkpoints use orbax:\n"
+    "    ocp.StandardCheckpointer().save(directory, tc.state_dict(model))\n"
+    "and restore with `tc.from_state_dict(like, restored)`."
+)
+_UNSAVABLE_DTYPE = "the array at {where} has the dtype {dtype}, which has no fixed-size bytes"
+_RESERVED_NAME = (
+    "a tensor cannot be named `__metadata__` (at {where}): the safetensors format reserves "
+    "that name. Rename the key."
+)
+
+
+class PlannedTensor(NamedTuple):
+    """One tensor to write: its name, the value, and how it is stored."""
+
+    name: str
+    value: Any
+    dtype: np.dtype  # as stored
+    shape: tuple  # as stored
+    nbytes: int
+    record: dict  # the tensor's part of the treeclass metadata
+    where: str  # its key path, for messages
+
+
+def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) -> PlannedTensor:
+    value, where = entry.value, path_str(tree, entry.path)
+    if is_abstract(value):
+        raise ValueError(_ABSTRACT_LEAF.format(where=where, value=describe(value)))
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        raise ValueError(_NOT_ADDRESSABLE.format(where=where))
+    if entry.name == "__metadata__":
+        raise ValueError(_RESERVED_NAME.format(where=where))
+    shape = tuple(value.shape)
+    record: dict[str, Any] = {"kind": entry.kind}
+    if is_weak(value):
+        record["weak"] = True
+    if is_key_dtype(value.dtype):
+        stored = jax.eval_shape(jax.random.key_data, value).shape
+        record.update(dtype=str(value.dtype), shape=list(shape))
+        record["impl"] = str(jax.random.key_impl(value))
+        u32 = np.dtype("uint32")
+        return PlannedTensor(entry.name, value, u32, stored, 4 * math.prod(stored), record, where)
+    dtype = np.dtype(value.dtype)
+    if storable(dtype):
+        nbytes = dtype.itemsize * math.prod(shape)
+        return PlannedTensor(entry.name, value, dtype, shape, nbytes, record, where)
+    if dtype.hasobject or dtype.kind in "OSUMm" or numpy_dtype(dtype.name) != dtype:
+        raise ValueError(_UNSAVABLE_DTYPE.format(where=where, dtype=dtype))
+    # no name in the format: raw bytes, one more axis for the bytes of an element
+    stored = (*shape, dtype.itemsize)
+    record.update(dtype=dtype.name, shape=list(shape))
+    u8 = np.dtype("uint8")
+    return PlannedTensor(entry.name, value, u8, stored, math.prod(stored), record, where)
+
+
+def plan(
+    tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
+) -> tuple[str, list[PlannedTensor]]:
+    """The treeclass document of `tree` and its tensors in writing order.
+
+    `storable` says which dtypes the format names; the others are stored as raw bytes.
+    """
+    tensors: list[PlannedTensor] = []
+    values: dict[str, dict] = {}
+    objects: dict[str, dict] = {}
+    for entry in found:
+        if entry.category == TENSOR:  # static arrays too: loading compares them
+            tensors.append(_plan_tensor(tree, entry, storable))
+        elif entry.category in (NUMBER, PLAIN):
+            values[entry.name] = {"kind": entry.kind, "value": _encode(entry.value)}
+        else:
+            objects[entry.name] = {"kind": entry.kind, "type": type(entry.value).__name__}
+    document = {
+        "format": "treeclass",
+        "version": FORMAT_VERSION,
+        "root": root_name(tree),
+        "tensors": {t.name: t.record for t in tensors},
+        "values": values,
+        "objects": objects,
+    }
+    return json.dumps(document, separators=(",", ":")), tensors
+
+
+# --------------------------------------------------------------------------------------
+# Loading: a source and its document as a catalog
+# --------------------------------------------------------------------------------------
+
+
+class _Tensor(NamedTuple):
+    dtype: str  # the restored dtype's name
+    shape: tuple  # the restored shape (raw bytes have an extra axis)
+    key_impl: str | None
+    raw: bool  # stored as raw bytes (or key data): reinterpret what the source reads
+    weak: bool | None  # weakly typed (None: a file without our metadata does not say)
+
+
+def _key_dtype(impl: str, shape: tuple) -> str | None:
+    """The dtype name of PRNG keys of `impl` made from uint32 key data of `shape`, or None
+    if jax has no such implementation or its keys have another shape."""
+    data = jax.ShapeDtypeStruct(shape, np.uint32)
+    try:
+        keys = jax.eval_shape(functools.partial(jax.random.wrap_key_data, impl=impl), data)
+    except (ValueError, TypeError):
+        return None
+    return str(keys.dtype)
+
+
+def _sub_byte_bits(dtype: np.dtype) -> int:
+    """How many bits of its byte an element of `dtype` uses (8 for most dtypes)."""
+    if dtype == np.bool_:
+        return 1
+    if dtype.itemsize != 1:
+        return 8
+    for info in (ml_dtypes.iinfo, ml_dtypes.finfo):
+        try:
+            return int(info(dtype).bits)
+        except (ValueError, TypeError):
+            continue
+    return 8
+
+
+def _check_canonical(data: np.ndarray, name: str) -> None:
+    """Refuse elements whose byte holds bits their dtype does not use.
+
+    A bool stored as 2 reads as True in one operation and as 2 in another (`x == True` is
+    False, `x.sum()` counts 2); an int4 with its high bits set is another number on every
+    path that reads the byte. Such bytes are never written by a correct writer.
+    """
+    bits = _sub_byte_bits(data.dtype)
+    if bits >= 8 or data.size == 0:
+        return
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    bad = np.flatnonzero(raw >> bits)
+    if len(bad):
+        allowed = "0 or 1" if bits == 1 else f"below {1 << bits}"
+        raise ValueError(
+            f"tensor {name!r} ({data.dtype.name}) holds the byte {int(raw[bad[0]])} at element "
+            f"{int(bad[0])} ({len(bad)} bad in all); its bytes must be {allowed}"
+        )
+
+
+class SourceCatalog:
+    """A `CheckpointSource` by name, with treeclass's document (if any) applied."""
+
+    label = "the file"
+    call = "tc.load(path, like)"
+
+    def __init__(self, source: CheckpointSource) -> None:
+        self.problems: list[str] = []
+        self.source = source
+        self.location = source.location
+        self.title = f"The checkpoint {source.location}"
+        document = self._document(source.metadata())
+        self.records_values = document is not None
+        document = document or {}
+        self.root = document.get("root")
+        raw = document.get("tensors", {})
+        recorded = self.records_values
+        self.tensors = {name: self._tensor(name, raw.get(name), recorded) for name in source.keys()}
+        for name in raw:
+            if name not in self.tensors:
+                self._corrupt(
+                    f"its treeclass metadata describes a tensor {name!r} it does not hold"
+                )
+        try:
+            records = document.get("values", {})
+            self.values = {name: _decode(record["value"]) for name, record in records.items()}
+        except (KeyError, TypeError, ValueError) as error:
+            self._corrupt(f"a value in its treeclass metadata is malformed ({error!r})")
+        self.objects = {
+            name: str(record.get("type")) for name, record in document.get("objects", {}).items()
+        }
+        parts = (self.tensors, self.values, self.objects)
+        if sum(map(len, parts)) != len(set().union(*parts)):
+            twice = next(
+                n
+                for n in self.values.keys() | self.objects.keys()
+                if n in self.tensors or (n in self.values and n in self.objects)
+            )
+            self._corrupt(f"the name {twice!r} is given to two values")
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason)
+
+    def _document(self, metadata: Any) -> dict | None:
+        text = metadata.get(METADATA_KEY)
+        if text is None:
+            return None  # written by another tool: tensors only
+        try:
+            document = strict_json(text)
+        except ValueError as error:  # JSONDecodeError included
+            self._corrupt(f"its treeclass metadata is not valid JSON ({error})")
+        if not isinstance(document, dict) or document.get("format") != "treeclass":
+            self._corrupt("its treeclass metadata is not a treeclass document")
+        if document.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{self.location} was written by a treeclass with checkpoint format version "
+                f"{document.get('version')}; this treeclass reads version {FORMAT_VERSION}. "
+                "Upgrade treeclass."
+            )
+        for part in ("tensors", "values", "objects"):
+            records = document.get(part, {})
+            if not isinstance(records, dict) or not all(
+                isinstance(r, dict) for r in records.values()
+            ):
+                self._corrupt(f"the {part!r} of its treeclass metadata are malformed")
+        return document
+
+    def _tensor(self, name: str, raw: dict | None, recorded: bool) -> _Tensor:
+        info = self.source.info(name)
+        weak = raw.get("weak", False) if raw is not None else (False if recorded else None)
+        if weak not in (True, False, None):
+            self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
+        if raw is None or "dtype" not in raw:
+            return _Tensor(info.dtype, info.shape, None, False, weak)
+        # stored as raw bytes (or key data): the true dtype and shape are in the metadata
+        try:
+            true_dtype, true_shape, impl = str(raw["dtype"]), tuple(raw["shape"]), raw.get("impl")
+            ok = all(type(n) is int and n >= 0 for n in true_shape)
+            if impl is not None:  # PRNG keys: their uint32 key data, one more axis
+                ok = ok and info.dtype == "uint32" and info.shape[:-1] == true_shape
+                ok = ok and isinstance(impl, str)
+            else:  # raw bytes: uint8, an axis of itemsize more
+                base = numpy_dtype(true_dtype)
+                itemsize = base.itemsize if base is not None else -1
+                ok = ok and info.dtype == "uint8" and info.shape == (*true_shape, itemsize)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
+        if impl is not None:
+            made = _key_dtype(impl, info.shape)
+            if made is None:
+                self._corrupt(
+                    f"tensor {name!r} holds PRNG keys of the implementation {impl!r} with key "
+                    f"data of shape {list(info.shape)}, which this jax cannot make (an unknown "
+                    "implementation, or keys of another size)"
+                )
+            if made != true_dtype:
+                self._corrupt(
+                    f"tensor {name!r} holds PRNG keys recorded as {true_dtype}, but keys of the "
+                    f"implementation {impl!r} are {made}"
+                )
+        return _Tensor(true_dtype, true_shape, impl, True, weak)
+
+    def names(self) -> Iterator[str]:
+        yield from self.tensors
+        yield from self.values
+        yield from self.objects
+
+    def stored(self, name: str) -> Stored | None:
+        tensor = self.tensors.get(name)
+        if tensor is not None:
+            return Stored(TENSOR, tensor.dtype, tensor.shape, weak=tensor.weak)
+        if name in self.values:
+            return Stored(PLAIN, value=self.values[name])
+        if name in self.objects:
+            return Stored(OBJECT, value=self.objects[name])
+        return None
+
+    def fetch(self, name: str) -> Any:
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            return self.values[name]
+        data = self.source.read(name)
+        if tensor.key_impl:
+            # (jax takes a NumPy array here; its annotation says `Array`)
+            return jax.random.wrap_key_data(data, impl=tensor.key_impl)  # type: ignore[arg-type]
+        if tensor.raw:
+            dtype = numpy_dtype(tensor.dtype)
+            assert dtype is not None  # the records' dtypes were checked when the file was opened
+            data = data.view(dtype.newbyteorder("<")).reshape(tensor.shape)
+        try:
+            _check_canonical(data, name)
+        except ValueError as error:
+            self._corrupt(str(error))
+        return data

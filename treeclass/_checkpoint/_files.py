@@ -1,0 +1,138 @@
+"""Files on disk: opening a checkpoint to read, and replacing one atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from typing import BinaryIO
+
+__all__ = ["open_for_reading", "write_atomically"]
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+_NOT_A_FILE = (
+    "tc.load reads only regular files (or links to them), and {path} is {what}. Give the "
+    "path of a checkpoint file."
+)
+
+
+def _what(mode: int) -> str:
+    for test, what in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def open_for_reading(path: str) -> BinaryIO:
+    """`path` opened for reading in binary mode; `ValueError` unless it is a regular file.
+
+    A named pipe would block the open (and every read) until another process writes to
+    it, a device can be endless: both are refused before anything is read.
+    """
+    mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
+    if not stat.S_ISREG(mode):
+        raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
+    # non-blocking, so that a file swapped for a pipe after the check cannot hang the open
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | _NONBLOCK)
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
+        if _NONBLOCK:
+            os.set_blocking(descriptor, True)
+        return open(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _name_max(folder: str) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
+        return 255
+
+
+def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
+    """A new, empty file in `folder`: `(descriptor, path)`.
+
+    Named after the target where the name fits, else shortly: the temporary name must not
+    be what makes a valid target name too long for the filesystem.
+    """
+    token = secrets.token_hex(6)
+    names = [f".{base}.{token}.tmp", f".tc-{token}.tmp"]
+    if len(os.fsencode(names[0])) > _name_max(folder):
+        names.pop(0)
+    # O_EXCL: never write into a file someone else made; mode 0o666 minus the umask, as
+    # for any new file (mkstemp would make it 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for name in names:
+        temp = os.path.join(folder, name)
+        try:
+            return os.open(temp, flags, 0o666), temp
+        except OSError as error:
+            if error.errno == errno.ENAMETOOLONG and name is not names[-1]:
+                continue  # the filesystem's limit is lower than it said
+            raise type(error)(
+                error.errno,
+                f"cannot write {path}: creating a temporary file in {folder} failed "
+                f"({error.strerror})",
+                path,
+            ) from error
+    raise AssertionError("unreachable: the last name raises")
+
+
+def _keep_mode(descriptor: int, temp: str, mode: int) -> None:
+    if hasattr(os, "fchmod"):
+        os.fchmod(descriptor, mode)
+    else:  # Windows
+        os.chmod(temp, mode)
+
+
+def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Call `write` on a new temporary file next to `path`, then rename it over `path`.
+
+    If `write` fails or the process dies, `path` still holds what it held before and the
+    temporary file is removed (on failure). A file replaced keeps its permission bits; a
+    new file gets 0o666 minus the umask, as files made by `open` do.
+    """
+    folder, base = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"cannot write {path}: its folder {folder} does not exist (create it first)",
+            path,
+        )
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:  # no file there yet (or none we may look at): a new file's mode
+        mode = None
+    descriptor, temp = _create_temp(folder, base, path)
+    try:
+        if mode is not None:
+            _keep_mode(descriptor, temp, mode)
+        with open(descriptor, "wb") as file:
+            try:
+                write(file)
+            except OSError as error:
+                if error.errno is None:
+                    raise
+                raise type(error)(
+                    error.errno, f"cannot write {path} ({error.strerror})", path
+                ) from error
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise

@@ -1,0 +1,827 @@
+"""A tree as checkpoint entries, checked against a catalog and restored: format-neutral.
+
+What is saved is decided by walking the tree with its frozen values as leaves, and into
+every frozen subtree: every array (frozen or not) and numpy scalar is *data* and becomes a
+tensor; Python numbers are data too; strings, `None` and tuples or lists of such plain
+values (leaves, frozen values, static fields) are recorded; functions and other objects
+are never saved: they come from the template given to `load` / `from_state_dict`, which
+also decides the structure and what is frozen.
+
+Loading compares every entry of the template with a *catalog*: what a checkpoint holds
+under each name, as the checks see it (`Stored`). A state dict is one catalog; a file is
+another (`_document.SourceCatalog`, over any `CheckpointSource`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
+import numpy as np
+from jax._src.lax.lax import _convert_element_type  # see `_weakly_typed`
+from jax.core import Tracer
+
+from .. import _node
+from .._frozen import freeze, is_frozen, unfreeze
+from .._structure import entry_name, path_str, root_name
+from ._json import check_text
+
+__all__ = [
+    "LEAF",
+    "FROZEN",
+    "STATIC",
+    "TENSOR",
+    "NUMBER",
+    "PLAIN",
+    "OBJECT",
+    "NUMBERS",
+    "Entry",
+    "Stored",
+    "Catalog",
+    "LoadReport",
+    "StateCatalog",
+    "entries",
+    "category",
+    "is_plain",
+    "is_abstract",
+    "is_key_dtype",
+    "dtype_name",
+    "numpy_dtype",
+    "describe",
+    "host_bytes",
+    "is_weak",
+    "PLAIN_DEPTH",
+    "describe_array",
+    "restore",
+    "MISSING_POLICIES",
+    "UNEXPECTED_POLICIES",
+    "state_dict_of",
+]
+
+LEAF, FROZEN, STATIC = "leaf", "frozen", "static"
+# what a value is to a checkpoint
+TENSOR, NUMBER, PLAIN, OBJECT = "tensor", "number", "plain", "object"
+NUMBERS = (bool, int, float, complex)
+
+
+# --------------------------------------------------------------------------------------
+# Walking a tree: leaves, frozen values (into frozen subtrees) and static fields
+# --------------------------------------------------------------------------------------
+
+
+def _walk(
+    node: Any,
+    visit: Callable[[tuple, str, Any], Any],
+    rebuild: bool,
+    path: tuple = (),
+    frozen: bool = False,
+) -> Any:
+    """Call `visit(path, kind, value)` on every leaf, frozen leaf and static field.
+
+    With `rebuild`, return the tree with each leaf replaced by what `visit` returned, and
+    each frozen subtree rebuilt and frozen again; static fields stay as they are.
+    """
+    if _node.is_treeclass(node):
+        for name, value in _node.static_values(node).items():
+            visit((*path, jax.tree_util.GetAttrKey(name)), STATIC, value)
+
+    def stop(x: Any) -> bool:
+        return x is not node and (is_frozen(x) or _node.is_treeclass(x))
+
+    items, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)
+    new = []
+    for sub, x in items:
+        where = path + sub
+        if is_frozen(x):
+            inner = _walk(unfreeze(x), visit, rebuild, where, frozen=True)
+            if rebuild:
+                # an unchanged frozen value keeps its node: freezing again would hash it again
+                new.append(x if inner is unfreeze(x) else freeze(inner))
+        elif _node.is_treeclass(x) and x is not node:
+            new.append(_walk(x, visit, rebuild, where, frozen))
+        else:
+            new.append(visit(where, FROZEN if frozen else LEAF, x))
+    if not rebuild:
+        return None
+    return treedef.unflatten(new)
+
+
+def category(value: Any) -> str:
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+        return TENSOR
+    if type(value) in NUMBERS:
+        return NUMBER
+    if is_plain(value):
+        return PLAIN
+    return OBJECT
+
+
+# how deeply tuples and lists of plain values may nest to be recorded: a file's metadata
+# is read with a bounded nesting depth, and what we write must be readable
+PLAIN_DEPTH = 16
+
+
+class TooDeep(ValueError):
+    """A tuple or list of plain values nested deeper than `PLAIN_DEPTH`."""
+
+
+def is_plain(value: Any, depth: int = 0) -> bool:
+    kind = type(value)
+    if kind in (str, bool, int, float, complex) or value is None:
+        return True
+    if kind not in (tuple, list):
+        return False
+    if depth >= PLAIN_DEPTH:
+        raise TooDeep(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
+    return all(is_plain(x, depth + 1) for x in value)
+
+
+def _check_plain_text(value: Any) -> None:
+    if type(value) is str:
+        check_text(value, "the string")
+    elif type(value) in (tuple, list):
+        for item in value:
+            _check_plain_text(item)
+
+
+def is_abstract(value: Any) -> bool:
+    return isinstance(value, (jax.ShapeDtypeStruct, Tracer))
+
+
+def _key_name(key: Any) -> str:
+    return str(entry_name(key))
+
+
+def _state_key(key: Any) -> Any:
+    name = entry_name(key)
+    return name if name is not key else str(key)
+
+
+class Entry(NamedTuple):
+    path: tuple
+    kind: str  # leaf, frozen or static
+    value: Any
+    name: str  # the checkpoint name: key path joined with dots
+    category: str  # tensor, number, plain or object
+
+
+_NO_KEYS = (
+    "{action} needs a tree with keys, but got a single {type}: the checkpoint names its "
+    "values by their key paths. Put it in a container:\n"
+    "    before: {call}\n"
+    "    after:  {fixed}"
+)
+_SAME_NAME = (
+    "Two key paths of the tree have the same checkpoint name {name!r}: {first} and "
+    "{second}. Names join the keys with dots, so a dict key containing a dot, or the keys "
+    "0 and '0' side by side, collide. Rename one of the keys."
+)
+
+
+_UNNAMEABLE = (
+    "{where} cannot be recorded in a checkpoint: {reason}. Checkpoint names and values must "
+    "be readable by every safetensors reader; change the key or the value."
+)
+
+
+def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[Entry]:
+    """Every leaf, frozen leaf and static field of `tree`, named; `call` shows `action`'s
+    call with the tree as `value`, for the message that a single leaf gets. With
+    `to_file`, refuse names and strings a file cannot hold (lone surrogates)."""
+    found: list[Entry] = []
+
+    def visit(path: tuple, kind: str, value: Any) -> None:
+        if not path:
+            fixed = call.replace("value", "{'value': value}")
+            raise ValueError(
+                _NO_KEYS.format(action=action, type=type(value).__name__, call=call, fixed=fixed)
+            )
+        name = ".".join(_key_name(key) for key in path)
+        try:
+            found.append(Entry(path, kind, value, name, category(value)))
+            if to_file:
+                check_text(name, "the checkpoint name")
+                if found[-1].category == PLAIN:
+                    _check_plain_text(value)
+        except ValueError as error:
+            raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
+
+    _walk(tree, visit, rebuild=False)
+    seen: dict[str, Entry] = {}
+    for entry in found:
+        other = seen.setdefault(entry.name, entry)
+        if other is not entry:
+            raise ValueError(
+                _SAME_NAME.format(
+                    name=entry.name,
+                    first=path_str(tree, other.path),
+                    second=path_str(tree, entry.path),
+                )
+            )
+    return found
+
+
+# --------------------------------------------------------------------------------------
+# dtypes, shapes and how values are described in messages
+# --------------------------------------------------------------------------------------
+
+
+def numpy_dtype(name: str) -> np.dtype | None:
+    """The NumPy dtype of a name (`"bfloat16"` included), or None."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        kind = getattr(ml_dtypes, name, None)
+        return np.dtype(kind) if kind is not None else None
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype) if is_key_dtype(dtype) else np.dtype(dtype).name
+
+
+def host_bytes(value: Any) -> np.ndarray:
+    """An array's bytes on the host, little-endian, as a flat uint8 array."""
+    if isinstance(value, jax.Array) and is_key_dtype(value.dtype):
+        value = jax.random.key_data(value)
+    host = np.ascontiguousarray(np.asarray(value))  # a device array is copied here, alone
+    if host.dtype.byteorder == ">":
+        host = host.astype(host.dtype.newbyteorder("<"))
+    return host.reshape(-1).view(np.uint8)
+
+
+def is_weak(value: Any) -> bool:
+    """Whether an array (or abstract array) is weakly typed, as `jnp.asarray(0.5)` is."""
+    return bool(getattr(value, "weak_type", False))
+
+
+def describe_array(dtype_name: str, shape: tuple) -> str:
+    return f"{dtype_name}[{','.join(map(str, shape))}]"
+
+
+def describe(value: Any) -> str:
+    if category(value) == TENSOR:
+        return "an array " + describe_array(dtype_name(value.dtype), tuple(value.shape))
+    if is_plain(value):
+        text = repr(value)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        return f"{type(value).__name__} {text}"
+    return f"a {type(value).__name__} (not data)"
+
+
+# --------------------------------------------------------------------------------------
+# Catalogs: what a checkpoint holds, by name
+# --------------------------------------------------------------------------------------
+
+
+class Stored(NamedTuple):
+    """What a catalog holds under one name, as the checks see it."""
+
+    category: str  # tensor or plain (a number or another plain value) or object
+    dtype: str = ""  # tensors: the dtype's name ("float32", "key<fry>")
+    shape: tuple = ()
+    value: Any = None  # plain values: the value; objects: the type's name
+    weak: bool | None = None  # tensors: weakly typed (None: the catalog does not say)
+
+    def describe(self) -> str:
+        if self.category == TENSOR:
+            return "an array " + describe_array(self.dtype, self.shape)
+        if self.category == OBJECT:
+            return f"a {self.value} (not saved)"
+        return describe(self.value)
+
+
+class Catalog(Protocol):
+    """What `restore` reads: names, what is stored under each, and the values."""
+
+    label: str  # "the file", in messages
+    title: str  # "The checkpoint model.safetensors", at the head of an error
+    call: str  # the call that loads it, with the template as `like`
+    records_values: bool  # whether strings and static values are recorded
+    problems: list[str]  # problems found before any entry is checked (report lines)
+
+    def names(self) -> Iterable[str]: ...
+
+    def stored(self, name: str) -> Stored | None: ...
+
+    def fetch(self, name: str) -> Any: ...
+
+
+class StateCatalog:
+    """A nested state dict (as `state_dict` makes it, or orbax restores it) by name."""
+
+    label = "the state dict"
+    title = "The state dict"
+    records_values = False  # a state dict has no strings or static values to check
+    call = "tc.from_state_dict(like, state)"
+
+    def __init__(self, state: dict) -> None:
+        self.problems: list[str] = []
+        self.values: dict[str, Any] = {}
+        self._flatten(state, ())
+
+    def _flatten(self, node: Any, prefix: tuple[str, ...]) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            where = (*prefix, str(key))
+            if isinstance(value, (dict, list, tuple)):
+                self._flatten(value, where)
+                continue
+            name = ".".join(where)
+            if name in self.values:
+                raise ValueError(
+                    f"the state dict has two values named {name!r} (an int key and a "
+                    "string key alike?); rename one"
+                )
+            self.values[name] = value
+
+    def names(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def stored(self, name: str) -> Stored | None:
+        if name not in self.values:
+            return None
+        value = self.values[name]
+        if category(value) == TENSOR:
+            return Stored(TENSOR, dtype_name(value.dtype), tuple(value.shape))
+        return Stored(PLAIN, value=value)
+
+    def fetch(self, name: str) -> Any:
+        return self.values[name]
+
+
+def state_dict_of(tree: Any) -> dict:
+    """The data of `tree` as a nested dict (see `tc.state_dict`)."""
+    out: dict = {}
+    for entry in entries(tree, "tc.state_dict", "tc.state_dict(value)"):
+        if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
+            continue
+        value = entry.value
+        if isinstance(value, Tracer):  # a frozen array of an abstract model
+            value = jax.ShapeDtypeStruct(value.shape, value.dtype)
+        node = out
+        for key in entry.path[:-1]:
+            node = node.setdefault(_state_key(key), {})
+        node[_state_key(entry.path[-1])] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Checking a template against a catalog, and restoring it
+# --------------------------------------------------------------------------------------
+
+
+class LoadReport(NamedTuple):
+    """What `load` / `from_state_dict` with `strict=False` could not restore.
+
+    - `missing`: key paths of the template (`MLP.layers[0].weight`) with no value in the
+      checkpoint: they keep the template's value.
+    - `mismatched`: key paths whose checkpoint value has another shape, dtype or type, or
+      whose static value differs: they keep the template's value.
+    - `unexpected`: names in the checkpoint (`layers.2.weight`) with no place in the
+      template: ignored.
+    - `messages`: one line per problem, as `strict=True` would report it.
+    - `restored`: key paths whose value came from the checkpoint.
+    - `sources`: for each restored path, the checkpoint names it was read from (one,
+      or several when a key rule concatenated them).
+
+    `kept` is `missing + mismatched`: every path left at the template's value. Key paths
+    outside a partial load's selection appear nowhere.
+    """
+
+    missing: tuple[str, ...]
+    mismatched: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    messages: tuple[str, ...]
+    restored: tuple[str, ...] = ()
+    sources: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        return self.missing + self.mismatched
+
+
+_DOES_NOT_FIT = (
+    "{source} does not fit the template `{root}`; {count} problem{s}:\n"
+    "{lines}\n"
+    "Fix the template (or the checkpoint), or restore what fits and keep the template's "
+    "values elsewhere:\n"
+    "    before: model = {call}\n"
+    "    after:  model, report = {fixed}"
+)
+
+# what to do with a template entry: take the value from the catalog, keep the template's, or
+# skip it (outside a partial load's selection: kept, and not reported)
+_TAKE, _KEEP, _SKIP = "take", "keep", "skip"
+
+
+class _Checker:
+    """Compares every template entry with the catalog, collecting all problems at once."""
+
+    def __init__(self, like: Any, source: Catalog, dry_run: bool = False) -> None:
+        self.like = like
+        self.source = source
+        self.dry_run = dry_run  # no tensor bytes are read: static arrays are not compared
+        self.used: set[str] = set()
+        self.missing: list[str] = []
+        self.mismatched: list[str] = []
+        self.messages: list[Any] = []  # lines, or (path, name) of a missing entry
+
+    def decide(self, entry: Entry) -> str:
+        stored = self.source.stored(entry.name)
+        if stored is not None:
+            self.used.add(entry.name)
+        where = path_str(self.like, entry.path)
+        if stored is None:
+            # strings, objects and static values are not in state dicts or other tools'
+            # files; arrays and numbers are in every checkpoint
+            recorded = entry.category in (TENSOR, NUMBER) and entry.kind != STATIC
+            if not (recorded or self.source.records_values):
+                return _KEEP
+            return self._missing(where, entry)
+        if entry.category == OBJECT:
+            # functions and other objects come from the template; the checkpoint recorded
+            # the type of what it had there, and anything else means the model changed
+            if stored.category == OBJECT and stored.value == type(entry.value).__name__:
+                return _KEEP
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
+        if entry.kind == STATIC:
+            return self._static(where, entry, stored)
+        if entry.category == TENSOR:
+            if stored.category != TENSOR:
+                if _abstract_number_fits(entry.value, stored):
+                    return _TAKE
+                return self._mismatch(where, entry, stored, "type")
+            return self._tensor_fits(where, entry, stored) or _TAKE
+        if entry.category == NUMBER:
+            if not _number_fits(entry.value, stored):
+                return self._mismatch(where, entry, stored, "type")
+            return _TAKE
+        if stored.category == PLAIN and type(stored.value) is type(entry.value):
+            return _TAKE
+        return self._mismatch(where, entry, stored, "type")
+
+    def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
+        """None if the stored tensor has the template's shape and dtype, else a mismatch."""
+        dtype, shape = dtype_name(entry.value.dtype), tuple(entry.value.shape)
+        if stored.shape != shape:
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "shape"))
+        if stored.dtype != dtype:
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "dtype"))
+        return None
+
+    def _static(self, where: str, entry: Entry, stored: Stored) -> str:
+        """A static field is never restored: it is checked to equal what was saved."""
+        if entry.category == TENSOR:
+            if stored.category != TENSOR:
+                return self._mismatch(where, entry, stored, "static")
+            mismatch = self._tensor_fits(where, entry, stored)
+            if mismatch is not None:
+                return mismatch
+            if is_abstract(entry.value) or self.dry_run:
+                return _KEEP  # nothing to compare the saved values with, or not now
+            saved = self.source.fetch(entry.name)
+            if np.array_equal(host_bytes(saved), host_bytes(entry.value)):
+                return _KEEP
+            return self._mismatch(where, entry, stored, "static", saved)
+        if stored.category == PLAIN and _same_value(entry.value, stored.value):
+            return _KEEP
+        return self._mismatch(where, entry, stored, "static")
+
+    def skip(self, entry: Entry) -> str:
+        """An entry outside a partial load: kept, and its name in the checkpoint is not
+        unexpected (it belongs to the template)."""
+        if self.source.stored(entry.name) is not None:
+            self.used.add(entry.name)
+        return _SKIP
+
+    def _missing(self, where: str, entry: Entry) -> str:
+        self.missing.append(where)
+        # the hint is added by `finish`, which knows which names no entry used
+        self.messages.append((where, entry.name))
+        return _KEEP
+
+    def _mismatch(
+        self, where: str, entry: Entry, stored: Stored, what: str, saved: Any = None
+    ) -> str:
+        self.mismatched.append(where)
+        mine, theirs = describe(entry.value), stored.describe()
+        if saved is not None:  # a static array: show the values that differ
+            mine, theirs = f"{mine} {_values(entry.value)}", f"{theirs} {_values(saved)}"
+        elif is_weak(entry.value) != bool(stored.weak) and stored.weak is not None:
+            mine, theirs = _weakly(mine, is_weak(entry.value)), _weakly(theirs, stored.weak)
+        self.messages.append(
+            f"{what:<11} {where}: {mine} in the template, {theirs} in {self.source.label}"
+        )
+        return _KEEP
+
+    def finish(
+        self, found: list[Entry], decisions: list[str], problems: Sequence[str]
+    ) -> LoadReport:
+        """The report, once every entry is decided: unexpected names and missing hints."""
+        unused = [name for name in self.source.names() if name not in self.used]
+        label = self.source.label
+        closest = _Closest(unused)
+        messages = []
+        for message in self.messages:
+            if isinstance(message, tuple):  # a missing entry: hint at a renamed one
+                where, name = message
+                close = closest(name)
+                hint = f" (closest: {close!r})" if close is not None else ""
+                message = f"missing     {where}: no {name!r} in {label}{hint}"
+            messages.append(message)
+        for name in unused:
+            stored = self.source.stored(name)
+            assert stored is not None  # a name the catalog listed
+            messages.append(
+                f"unexpected  {name!r} ({stored.describe()}) in {label}: "
+                "the template has no such path"
+            )
+        messages.extend(problems)
+        restored = [
+            (e, path_str(self.like, e.path)) for e, d in zip(found, decisions) if d == _TAKE
+        ]
+        origins = getattr(self.source, "sources", None)  # a catalog of key rules says
+        sources = {
+            where: origins(e.name) if origins is not None else (e.name,) for e, where in restored
+        }
+        return LoadReport(
+            tuple(self.missing),
+            tuple(self.mismatched),
+            tuple(unused),
+            tuple(messages),
+            tuple(where for _, where in restored),
+            MappingProxyType(sources),
+        )
+
+
+def _mismatch_kind(entry: Entry, what: str) -> str:
+    return "static" if entry.kind == STATIC else what
+
+
+def _values(array: Any) -> str:
+    text = np.array2string(np.asarray(array), threshold=8, separator=",")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _weakly(description: str, weak: bool) -> str:
+    return description + (" (weakly typed)" if weak else " (strongly typed)")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix, by bisection over slice comparisons."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+class _Closest:
+    """The closest of many names to a missing one, in time near-linear in their number.
+
+    Comparing every missing name with every unused one (as `difflib.get_close_matches`
+    would) costs their product: minutes for thousands of renamed keys. A rename keeps a
+    long common prefix or suffix (`layers.3.w` -> `layers.3.weight`, `encoder.x` ->
+    `model.encoder.x`), and the names sharing the longest prefix with a name sit next to
+    it in sorted order, those sharing the longest suffix next to it in the order of the
+    reversed names. So each missing name is scored against its few neighbours in both
+    orders only (two in each): by the share of characters in a common prefix and suffix, difflib's
+    measure of similarity restricted to those two blocks, with difflib's cutoff of 0.6.
+    """
+
+    _CUTOFF = 0.6
+
+    def __init__(self, names: list[str]) -> None:
+        self.forward = sorted(names)
+        self.backward = sorted(name[::-1] for name in names)
+
+    @staticmethod
+    def _near(ordered: list[str], key: str) -> list[str]:
+        # the longest common prefix with `key` is had by one of its two neighbours
+        at = bisect.bisect_left(ordered, key)
+        return ordered[max(at - 1, 0) : at + 1]
+
+    def __call__(self, name: str) -> str | None:
+        candidates = set(self._near(self.forward, name))
+        reversed_name = name[::-1]
+        candidates.update(n[::-1] for n in self._near(self.backward, reversed_name))
+        best, best_score = None, self._CUTOFF
+        for candidate in sorted(candidates):
+            shared = _common_prefix(name, candidate) + _common_prefix(
+                reversed_name, candidate[::-1]
+            )
+            shared = min(shared, len(name), len(candidate))
+            score = 2 * shared / (len(name) + len(candidate))
+            if score > best_score or (score == best_score and best is None):
+                best, best_score = candidate, score
+        return best
+
+
+MISSING_POLICIES = ("error", "keep", "warn")
+UNEXPECTED_POLICIES = ("error", "ignore")
+
+
+def restore(
+    like: Any,
+    source: Catalog,
+    strict: bool,
+    action: str,
+    *,
+    selected: Callable[[tuple, str], bool] | None = None,
+    missing: str | None = None,
+    unexpected: str | None = None,
+    dry_run: bool = False,
+) -> Any:
+    """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`.
+
+    `selected(path, kind)` limits the load to some entries (the rest keep the template's
+    values and are not reported); `missing` ("error", "keep", "warn") and `unexpected`
+    ("error", "ignore") say which of those problems a strict load raises for (by default
+    all of them when `strict`, none otherwise). A `dry_run` returns the report alone,
+    read from names, dtypes and shapes: no tensor bytes.
+    """
+    missing = missing or ("error" if strict else "keep")
+    unexpected = unexpected or ("error" if strict else "ignore")
+    if missing not in MISSING_POLICIES or unexpected not in UNEXPECTED_POLICIES:
+        raise ValueError(
+            f"{action}: missing= takes one of {MISSING_POLICIES} and unexpected= one of "
+            f"{UNEXPECTED_POLICIES}; got missing={missing!r}, unexpected={unexpected!r}"
+        )
+    found = entries(like, action, source.call.replace("like", "value"))
+    checker = _Checker(like, source, dry_run)
+    decisions = [
+        checker.decide(entry)
+        if selected is None or selected(entry.path, entry.kind)
+        else checker.skip(entry)
+        for entry in found
+    ]
+    report = checker.finish(found, decisions, source.problems)
+    if dry_run:
+        return report
+    problems = [
+        line
+        for line in report.messages
+        if not (line.startswith("missing ") and missing != "error")
+        and not (line.startswith("unexpected ") and unexpected != "error")
+    ]
+    if missing == "warn" and report.missing:
+        lines = [line for line in report.messages if line.startswith("missing ")]
+        warnings.warn(
+            f"{source.title}: {len(lines)} template path(s) kept their initial values:\n"
+            + "\n".join("  " + line for line in lines),
+            stacklevel=3,
+        )
+    if strict and problems:
+        count = len(problems)
+        raise ValueError(
+            _DOES_NOT_FIT.format(
+                source=source.title,
+                root=root_name(like),
+                count=count,
+                s="" if count == 1 else "s",
+                lines="\n".join("  " + line for line in problems),
+                call=source.call,
+                fixed=source.call[:-1] + ", strict=False)",
+            )
+        )
+    steps = iter(zip(found, decisions))
+
+    def visit(path: tuple, kind: str, value: Any) -> Any:
+        entry, decision = next(steps)
+        if decision != _TAKE:
+            return value
+        try:
+            fetched = source.fetch(entry.name)
+        except ValueError as error:  # bytes the checks could not see before reading them
+            raise ValueError(f"{error} (restoring {path_str(like, path)})") from None
+        if entry.category == TENSOR:
+            if type(fetched) in NUMBERS:
+                return fetched
+            stored = source.stored(entry.name)
+            weak = stored.weak if stored is not None and stored.weak is not None else None
+            return _place(value, fetched, is_weak(value) if weak is None else weak)
+        if entry.category == NUMBER:
+            return _to_number(value, fetched)
+        return fetched
+
+    tree = _walk(like, visit, rebuild=True)
+    return tree if strict else (tree, report)
+
+
+def _place(template: Any, value: Any, weak: bool) -> Any:
+    """`value` (checked to have the template's shape and dtype) as the template's type.
+
+    A `jax.Array` is weakly typed if `weak` (`jnp.asarray(0.5)` is: it adopts the dtype of
+    what it meets, and `jax.jit` keys its cache on that).
+    """
+    if isinstance(template, np.generic):
+        return np.asarray(value)[()]
+    if isinstance(template, np.ndarray):
+        return np.asarray(value)
+    sharding = None
+    if isinstance(template, jax.ShapeDtypeStruct):
+        sharding = template.sharding
+    elif isinstance(template, jax.Array) and not isinstance(template, Tracer):
+        if template.committed or len(template.sharding.device_set) > 1:
+            sharding = template.sharding
+    if weak and not is_key_dtype(value.dtype):
+        return _weakly_typed(value, sharding)
+    if sharding is not None:
+        value = jax.device_put(value, sharding)
+    elif not isinstance(value, jax.Array):
+        value = jax.device_put(value)
+    if is_weak(value):  # a weakly typed array of a state dict, in a strong template
+        value = _convert_element_type(value, value.dtype, weak_type=False)
+    return value
+
+
+def _weakly_typed(value: Any, sharding: Any) -> Any:
+    """`value` as a weakly typed `jax.Array` (placed with `sharding`, if given).
+
+    JAX has no public way to make an array of given data weakly typed (only Python
+    scalars and `jnp.full` without a dtype make them), so this uses the conversion its
+    own operations use: `lax._convert_element_type(x, dtype, weak_type=True)`.
+    """
+    if is_weak(value) and (sharding is None or value.sharding == sharding):
+        return value
+    if sharding is not None:
+        value = jax.device_put(value, sharding)
+    return _convert_element_type(value, np.dtype(value.dtype), weak_type=True)
+
+
+def _number_fits(template: Any, stored: Stored) -> bool:
+    """Whether the stored value converts exactly to the template's Python number type."""
+    kind = type(template)
+    if stored.category == TENSOR:
+        if stored.shape != () or stored.dtype.startswith("key<"):
+            return False
+        dtype = numpy_dtype(stored.dtype)
+        if dtype is None:
+            return False
+        if kind is bool:
+            return dtype == np.bool_
+        if kind is int:
+            return bool(np.issubdtype(dtype, np.integer))
+        wanted = np.floating if kind is float else np.inexact
+        return bool(jnp.issubdtype(dtype, wanted))
+    return stored.category == PLAIN and _to_number(template, stored.value) is not None
+
+
+def _abstract_number_fits(template: Any, stored: Stored) -> bool:
+    """A Python number saved where an abstract template has a scalar of its kind.
+
+    `jax.eval_shape` turns a Python number into a weakly typed 0-d `ShapeDtypeStruct`,
+    so an abstract template cannot say that the value was a number: the file can.
+    """
+    if not is_abstract(template) or template.shape != () or type(stored.value) not in NUMBERS:
+        return False
+    dtype = np.dtype(template.dtype) if not is_key_dtype(template.dtype) else None
+    if dtype is None:
+        return False
+    kind = type(stored.value)
+    if kind is bool:
+        return dtype == np.bool_
+    if kind is int:
+        return bool(np.issubdtype(dtype, np.integer))
+    wanted = np.floating if kind is float else np.complexfloating
+    return bool(jnp.issubdtype(dtype, wanted))
+
+
+def _to_number(template: Any, value: Any) -> Any:
+    """`value` (a number or a 0-d array) as the template's Python type, or None."""
+    kind = type(template)
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        value = np.asarray(value).item()
+    if type(value) is bool or kind is bool:
+        return value if type(value) is kind else None
+    allowed = {int: (int,), float: (int, float), complex: (int, float, complex)}[kind]
+    return kind(value) if type(value) in allowed else None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal and of the same types, recursively; a NaN equals a NaN, 0.0 differs from -0.0."""
+    if type(a) is not type(b):
+        return False
+    if type(a) in (tuple, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if type(a) is float:
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    if type(a) is complex:
+        return _same_value(a.real, b.real) and _same_value(a.imag, b.imag)
+    return a == b
