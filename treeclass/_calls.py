@@ -92,14 +92,14 @@ def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Any, int]]
         kind = node_kind(node)
         opened = None if kind == LEAF else open_node(node, kind)
         matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
-        _, state = matcher.enter(None, node, kind, opened, path, probe)  # raises on a leaf
+        _, state = matcher.enter(None, node, kind, opened, path, probe)  # raises on a leaf  # pyright: ignore[reportArgumentType]
         assert opened is not None
         found = -1
         for k, (entry, child) in enumerate(zip(opened.entries, opened.children, strict=True)):
             if matcher.step(state, k, entry, child, path + (entry,))[0] == MATCH:
                 found = k
                 break
-        matcher.finish(state, node, kind, opened, path, probe)  # raises when nothing matched
+        matcher.finish(state, node, kind, opened, path, probe)  # raises when nothing matched  # pyright: ignore[reportArgumentType]
         steps.append((node, kind, opened, found))
         path = path + (opened.entries[found],)
         node = opened.children[found]

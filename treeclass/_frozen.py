@@ -223,7 +223,7 @@ def _refuse_spread_arrays(x: Any) -> None:
     # many hosts (`jax.distributed`): such an array would fail later, in `jit`, unnamed
     leaves = (x,) if isinstance(x, jax.Array) else jax.tree_util.tree_leaves(x)
     for leaf in leaves:
-        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):  # pyright: ignore[reportAttributeAccessIssue]
             if not (leaf.is_fully_addressable or leaf.is_fully_replicated):
                 spec = getattr(leaf.sharding, "spec", leaf.sharding)
                 raise ValueError(FROZEN_SPREAD_MSG.format(spec=spec))

@@ -167,7 +167,7 @@ def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any]
             result = fn(value)
         except Exception as error:
             if hasattr(error, "add_note"):  # Python 3.11+
-                error.add_note(
+                error.add_note(  # pyright: ignore[reportAttributeAccessIssue]
                     _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
                 )
             raise

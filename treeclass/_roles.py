@@ -83,7 +83,7 @@ def is_trainable_value(x: Any) -> bool:
     (`jax.ShapeDtypeStruct`, as `jax.eval_shape` gives), so that a template gets the
     roles of the model it stands for. Python numbers are not arrays.
     """
-    if _is_array_type(type(x)):
+    if _is_array_type(type(x)):  # type: ignore[arg-type]
         return _is_inexact(x.dtype)
     return False
 
@@ -120,7 +120,7 @@ def _state_fields(cls: type) -> frozenset[str]:
 
 def state_children(node: Any) -> frozenset[str]:
     """The names of the children of a TreeClass `node` that its class declares state."""
-    return _state_fields(type(node)) if _node.is_treeclass(node) else frozenset()
+    return _state_fields(type(node)) if _node.is_treeclass(node) else frozenset()  # type: ignore[arg-type]
 
 
 def declares_state(tree: Any) -> bool:

@@ -1563,7 +1563,7 @@ def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
     """What a converter returned, compiled without aliases (they do not chain)."""
     compiler = _builtin_compiler(type(selector))
     if compiler is _compile_tuple:
-        return _compile_tuple(selector, where, member=_compile_builtin)
+        return _compile_tuple(selector, where, member=_compile_builtin)  # type: ignore[call-arg]
     if compiler is not None:
         return compiler(selector, where)
     if _alias_for(type(selector)) is not None:
@@ -1649,7 +1649,7 @@ SUPPORTED_BUILTIN = (
 
 def _add_note(error: BaseException, text: str) -> None:
     if hasattr(error, "add_note"):  # Python 3.11+
-        error.add_note(text)
+        error.add_note(text)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 NON_BOOL_MASK_MSG = (

@@ -829,7 +829,7 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
             elif kind == _FROZEN:
                 out.append(leaf)
             else:
-                out.append(_unchanged(leaf, param, lambda i=index: _leaf_path(updates, i)))
+                out.append(_unchanged(leaf, param, lambda i=index: _leaf_path(updates, i)))  # type: ignore[misc]
         return treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
