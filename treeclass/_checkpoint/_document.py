@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, NoReturn
 
@@ -63,6 +64,8 @@ def _encode(value: Any) -> Any:
         return value
     if kind is float:
         # JSON has no NaN or infinity; repr gives "nan", "inf", "-inf" and float() reads them
+        if math.isnan(value):  # by its bits: NaNs differ in sign and payload, and so do keys
+            return {"float": "nan:" + struct.pack("<d", value).hex()}
         return value if math.isfinite(value) else {"float": repr(value)}
     if kind is complex:
         return {"complex": [_encode(value.real), _encode(value.imag)]}
@@ -77,6 +80,9 @@ def _decode(data: Any) -> Any:
     if isinstance(data, dict):
         ((tag, inner),) = data.items()
         if tag == "float":
+            if isinstance(inner, str) and inner.startswith("nan:"):
+                (value,) = struct.unpack("<d", bytes.fromhex(inner[4:]))
+                return value
             return float(inner)
         if tag == "complex":
             real, imag = inner
