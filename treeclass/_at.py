@@ -106,9 +106,9 @@ TRACED_MASK_REDUCE_MSG = (
     "            tc.at(filled)[...].reduce(fn, initializer=init)"
 )
 UNREADABLE_MASK_GET_MSG = (
-    "Cannot take `leaf[mask]` at {where}: the element mask is a jax.Array sharded over "
-    "devices of other processes (sharding {spec}), so this process cannot read which "
-    "elements it selects, and the result's shape depends on that. Keep the leaf's shape and "
+    "Cannot take `leaf[mask]` at {where}: the element mask is a jax.Array placed on "
+    "devices of several processes (sharding {spec}), so this process alone cannot read "
+    "which elements it selects, and the result's shape depends on that. Keep the leaf's shape and "
     "sharding by filling unselected elements instead (on every process):\n"
     "    before: tree.at[mask].get()\n"
     "    after:  tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)\n"
@@ -276,7 +276,8 @@ def _take(
         text = TRACED_MASK_GET_MSG.format(where=where()) if traced is None else traced()
         raise TypeError(text)
     if isinstance(mask, jax.Array) and not (mask.is_fully_addressable or mask.is_fully_replicated):
-        # many hosts: the selected positions must be read, and other processes hold them
+        # many hosts: the selected positions must be read, and JAX reads such a mask on no
+        # process alone
         spec = getattr(mask.sharding, "spec", mask.sharding)
         raise ValueError(UNREADABLE_MASK_GET_MSG.format(where=where(), spec=spec))
     if not isinstance(x, (jax.Array, np.ndarray)):

@@ -210,9 +210,10 @@ def freeze(x: _T) -> _T:
 
 
 FROZEN_SPREAD_MSG = (
-    "cannot freeze a jax.Array sharded over devices of other processes (sharding {spec}). "
+    "cannot freeze a jax.Array placed on devices of several processes (sharding {spec}). "
     "A frozen value is part of the tree's structure: `jax.jit` closes over it, and JAX "
-    "refuses to close over an array this process cannot read. Freeze a copy every process "
+    "refuses to close over an array that spans other processes' devices unless it is "
+    "replicated everywhere. Freeze a copy every process "
     "holds whole: replicated over the mesh, or a NumPy array on the host:\n"
     "    before: tc.freeze(table)\n"
     "    after:  tc.freeze(jax.device_put(table, NamedSharding(mesh, P())))"

@@ -167,9 +167,10 @@ def _on_host(x: Any) -> bool:
 def _readable(x: Any) -> bool:
     """Whether this process holds all of `x`, so printing it needs no other process.
 
-    An array sharded over devices of other processes (on many hosts under
-    `jax.distributed`) is not: reading it, or running any computation on it, waits for
-    the other processes, and a print is often called on one process only.
+    An array placed on devices of several processes (on many hosts under
+    `jax.distributed`), and not replicated on all of them, is not: JAX refuses to read it,
+    and any computation on it waits for the other processes, while a print is often
+    called on one process only.
     """
     if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
         return True
@@ -180,7 +181,7 @@ def _readable(x: Any) -> bool:
 
 
 def _spread_text(x: Any) -> str:
-    """`sharded P('data', None) across 2 processes`: an array this process cannot read."""
+    """`sharded P('data', None) across 2 processes`: an array JAX reads on no process alone."""
     devices = x.sharding.device_set
     processes = sorted({device.process_index for device in devices})
     if len(processes) == 1:  # on devices of one other process

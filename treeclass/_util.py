@@ -53,17 +53,18 @@ def _truth(result: Any) -> Any:
 
 
 UNREADABLE_LEAF_MSG = (
-    "Cannot compare the leaf at {where}: it is a jax.Array sharded over devices of other "
-    "processes ({sharding}), so this process cannot read all of it, and `==` / "
-    "`tc.is_tree_equal` must answer with a plain bool on each process alone. Compare under "
-    "`jax.jit`, on every process, which gives a bool every process can read:\n"
+    "Cannot compare the leaf at {where}: it is a jax.Array placed on devices of several "
+    "processes ({sharding}), and JAX reads an array on one process alone only when that "
+    "process holds it whole on its own devices or it is replicated everywhere. `==` and "
+    "`tc.is_tree_equal` answer with a plain bool on each process, so compare under "
+    "`jax.jit` instead, on every process, which gives a bool every process can read:\n"
     "    before: tc.is_tree_equal(a, b)   # or a == b\n"
     "    after:  bool(jax.jit(tc.is_tree_equal)(a, b))"
 )
 
 
 class _UnreadableLeaf(Exception):
-    """A leaf this process cannot read; `is_tree_equal` names its path."""
+    """A leaf JAX does not read on this process alone; `is_tree_equal` names its path."""
 
     def __init__(self, array: Any) -> None:
         super().__init__()
@@ -73,7 +74,7 @@ class _UnreadableLeaf(Exception):
 def _local(x: Any) -> Any:
     """`x`, or this process's own copy of it when it is replicated over other processes.
 
-    An array spread over devices of other processes (many hosts, `jax.distributed`) cannot
+    An array placed on devices of several processes (many hosts, `jax.distributed`) cannot
     be read here (JAX's "Fetching value ... not possible", without the leaf's path), and a
     computation on a replicated one would wait for the other processes.
     """
