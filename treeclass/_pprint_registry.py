@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import operator
 import re
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -166,8 +167,8 @@ def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any]
         try:
             result = fn(value)
         except Exception as error:
-            if hasattr(error, "add_note"):  # Python 3.11+
-                error.add_note(  # pyright: ignore[reportAttributeAccessIssue]
+            if sys.version_info >= (3, 11):
+                error.add_note(
                     _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
                 )
             raise

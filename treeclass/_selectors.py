@@ -30,6 +30,7 @@ import enum
 import fnmatch
 import functools
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -1357,9 +1358,12 @@ UNSUPPORTED_MSG = (
 Compiler = Callable[[Any, Callable[[], str]], Matcher]
 
 
-def _compile_tuple(
-    selector: tuple, where: Callable[[], str], member: Compiler | None = None
-) -> Matcher:
+def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
+    return _compile_union(selector, where, compile_selector)
+
+
+def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) -> Matcher:
+    """A tuple selector: one mask for a tuple tree, or the union of its members."""
     if selector and all(is_mask_like(s) for s in selector):
         return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
     for item in selector:
@@ -1373,8 +1377,7 @@ def _compile_tuple(
                     hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')].",
                 )
             )
-    compile_member = compile_selector if member is None else member
-    return UnionMatcher(tuple(compile_member(s, where) for s in selector))
+    return UnionMatcher(tuple(member(s, where) for s in selector))
 
 
 def _compile_glob(selector: _Glob, where: Callable[[], str]) -> Matcher:
@@ -1563,7 +1566,7 @@ def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
     """What a converter returned, compiled without aliases (they do not chain)."""
     compiler = _builtin_compiler(type(selector))
     if compiler is _compile_tuple:
-        return _compile_tuple(selector, where, member=_compile_builtin)  # type: ignore[call-arg]
+        return _compile_union(selector, where, _compile_builtin)
     if compiler is not None:
         return compiler(selector, where)
     if _alias_for(type(selector)) is not None:
@@ -1648,8 +1651,8 @@ SUPPORTED_BUILTIN = (
 
 
 def _add_note(error: BaseException, text: str) -> None:
-    if hasattr(error, "add_note"):  # Python 3.11+
-        error.add_note(text)  # pyright: ignore[reportAttributeAccessIssue]
+    if sys.version_info >= (3, 11):
+        error.add_note(text)
 
 
 NON_BOOL_MASK_MSG = (
