@@ -25,6 +25,7 @@ from ._pprint import (
 from ._pprint_registry import PrintRule, register_printer
 from ._roles import roles
 from ._selectors import BaseKey, glob, where
+from ._stacked import Stacked, restack, scale_blocks, unstack_all
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass
 from ._util import Partial, is_tree_equal
@@ -43,6 +44,11 @@ __all__ = [
     "BaseKey",
     "where",
     "glob",
+    # stacked blocks
+    "Stacked",
+    "unstack_all",
+    "restack",
+    "scale_blocks",
     # tree maps
     "bcmap",
     "Partial",

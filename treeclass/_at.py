@@ -46,9 +46,14 @@ from ._selectors import (
     def_rule,
     is_frozen,
     missing_key_error,
+    open_for_at,
+    opens_itself,
+    rebuild_for_at,
+    slice_text,
 )
 from ._structure import (
     DICT,
+    GENERIC,
     LEAF,
     LIST,
     NAMEDTUPLE,
@@ -180,6 +185,8 @@ FN_NOTE = "raised by `{fn}` at {where} (in {selection})"
 def _short_repr(x: Any, limit: int = 40) -> str:
     if x is Ellipsis:
         return "..."
+    if type(x) is slice:
+        return slice_text(x)
     if isinstance(x, type):
         return x.__name__
     try:
@@ -503,7 +510,8 @@ class _Walker:
 
     def level(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any, state: Any) -> Any:
         kind = node_kind(node, self.is_leaf)
-        opened = None if kind == LEAF else open_node(node, kind)
+        own = kind == GENERIC and opens_itself(node, kind)  # e.g. a stack shows its blocks
+        opened = open_for_at(node, kind) if own else None if kind == LEAF else open_node(node, kind)
         code, payload = matcher.enter(state, node, kind, opened, path, self)
         if code == SELF:
             return self.walk(node, path, i + 1, _and_masks(emask, payload))
@@ -537,7 +545,11 @@ class _Walker:
                 children[k] = new  # `children` is a fresh list from open_node
                 changed = True
         matcher.finish(payload, node, kind, opened, path, self)
-        return rebuild(node, kind, aux, children) if changed else node
+        if not changed:
+            return node
+        if own:
+            return rebuild_for_at(node, aux, children, self.fills, lambda p: self.where(path + p))
+        return rebuild(node, kind, aux, children)
 
     def static_spot(self, node: Any, path: tuple[Any, ...], name: str) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.
@@ -642,6 +654,19 @@ class _Walker:
             return result if x.finish is None else x.finish(result)
 
         return jax.tree_util.tree_map(value, tree, is_leaf=lambda x: type(x) is _Pending)
+
+
+def _child_for_at(node: Any, entry: Any) -> tuple[bool, Any]:
+    """`(found, child)`: the child of `node` under `entry`, as `.at` opens the node."""
+    kind = node_kind(node)
+    if not opens_itself(node, kind):
+        return child_by_entry(node, entry)
+    opened = open_for_at(node, kind)
+    assert opened is not None  # a node that opens itself has children
+    for e, c in zip(opened.entries, opened.children, strict=True):
+        if e == entry:
+            return True, c
+    return False, None
 
 
 def _and_masks(outer: Any, inner: Any) -> Any:
@@ -771,7 +796,7 @@ class _Set(_Op):
         for entry in path:
             if is_leaf_node(value, walker.is_leaf):
                 return value  # a prefix of the whole tree: this leaf covers the subtree
-            found, value = child_by_entry(value, entry)
+            found, value = _child_for_at(value, entry)
             if not found:
                 return _MISSING
         return value
@@ -948,13 +973,14 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
     flags, mask_def = jax.tree_util.tree_flatten(mask)
     if mask_def != treedef:
         return _NO_FAST_PATH
-    for flag in flags:
-        if not (
-            flag is True
-            or flag is False
-            or type(flag) is np.bool_
-            or (isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_)
-        ):
+    for flag, leaf in zip(flags, leaves):
+        if flag is True or flag is False or type(flag) is np.bool_:
+            continue
+        if not (isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_):
+            return _NO_FAST_PATH
+        if flag.shape and flag.shape != _shape(leaf):
+            # a mask that broadcasts to its leaf, or fits it only as `.at` opens the tree
+            # (one flag per block of a stack): the walk knows which
             return _NO_FAST_PATH
     out = []
     selected = 0

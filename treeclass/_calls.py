@@ -20,8 +20,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _node
-from ._selectors import MATCH, IndexMatcher, NameMatcher, missing_key_error
-from ._structure import LEAF, Kind, node_kind, open_node, rebuild
+from ._selectors import (
+    MATCH,
+    IndexMatcher,
+    NameMatcher,
+    missing_key_error,
+    open_for_at,
+    opens_itself,
+    rebuild_for_at,
+)
+from ._structure import Kind, node_kind, rebuild
 from ._util import check_callable
 from ._values import path_str
 
@@ -90,7 +98,7 @@ def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Any, int]]
     path: tuple[Any, ...] = ()
     for key in keys:
         kind = node_kind(node)
-        opened = None if kind == LEAF else open_node(node, kind)
+        opened = open_for_at(node, kind)  # a stack opens into its blocks
         matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
         _, state = matcher.enter(None, node, kind, opened, path, probe)  # raises on a leaf  # pyright: ignore[reportArgumentType]
         assert opened is not None
@@ -141,10 +149,15 @@ def call_method(
         return _method_of(root, node, path, name)(*args, **kwargs)
 
     value, new = call_on_copy(target, run)
-    for node, kind, opened, k in reversed(steps):
+    for depth, (node, kind, opened, k) in reversed(list(enumerate(steps))):
         children = list(opened.children)
         children[k] = new
-        new = rebuild(node, kind, opened.aux, children)
+        if opens_itself(node, kind):
+            above = path[:depth]
+            where = lambda below, above=above: path_str(root, above + below)
+            new = rebuild_for_at(node, opened.aux, children, False, where)
+        else:
+            new = rebuild(node, kind, opened.aux, children)
     return value, new
 
 

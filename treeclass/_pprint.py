@@ -398,6 +398,10 @@ def _node_parts(
     rule = rule_for(x)
     if rule is not None and rule.has_text:
         return None
+    if rule is not None and rule.children is not None:  # the value says how it is shown
+        name = rule.type_name(x) if rule.type_name is not None else kind.__name__
+        items = [(*_key_labels(key), child) for key, child in rule.children(x)]
+        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
     if _is_treeclass(x):
         return _treeclass_parts(x, hidden)
     if kind is list:
@@ -460,7 +464,11 @@ def _is_partial(x: Any) -> TypeGuard[_PartialLike]:
 
 
 def _one_level(x: Any) -> list[tuple[Any, Any]] | None:
-    """`x`'s `(key, child)` pairs as JAX sees them, or None for a leaf."""
+    """`x`'s `(key, child)` pairs as JAX sees them (or as its print rule shows them), or
+    None for a leaf."""
+    rule = rule_for(x)
+    if rule is not None and rule.children is not None and not rule.has_text:
+        return list(rule.children(x))
     opened = open_node(x, node_kind(x))
     return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
 
@@ -1223,7 +1231,10 @@ def tree_summary(
             if not leaves:
                 return
             names = _roles.leaf_roles(x, in_state, stop)
-            add_row(_path_text(keys), type(x).__name__, sized(leaves, names), "")
+            rule, kind = rule_for(x), type(x).__name__
+            if rule is not None and rule.type_name is not None:  # a node its rule names
+                kind = rule.type_name(x)
+            add_row(_path_text(keys), kind, sized(leaves, names), "")
             return
         if _summary_leaf(x):  # a frozen value, or a type a rule sums itself
             names = _roles.leaf_roles(x, in_state, _summary_leaf)

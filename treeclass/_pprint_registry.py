@@ -3,8 +3,10 @@
 One rule per type tells every printer (`tree_repr`, `tree_str`, `tree_diagram`,
 `tree_summary`, `tree_graph`, `tree_mermaid` and the notebook display) how to show a value
 of that type: its text, the name in the summary's Type column, its element count, its
-size in bytes and its node style in `tree_graph`. Rules are found along the value's method
-resolution order, so a rule for a base class also covers its subclasses.
+size in bytes, its node style in `tree_graph`, or the children it is shown with (a node
+that prints differently from how JAX flattens it, such as a stack of blocks). Rules are
+found along the value's method resolution order, so a rule for a base class also covers
+its subclasses.
 
 PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
 `.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
@@ -18,7 +20,7 @@ import operator
 import re
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 __all__ = ["register_printer", "PrintRule", "printer_alias"]
@@ -28,7 +30,7 @@ class PrintRule(NamedTuple):
     """How the printers show values of one type; a field left as `None` keeps the default.
 
     `register_printer` builds one from its keyword arguments; the fields are the same
-    callables (`repr`, `str`, `type_name`, `count`, `size`, `nodestyle`).
+    callables (`repr`, `str`, `type_name`, `count`, `size`, `nodestyle`, `children`).
 
     ```python
     import treeclass as tc
@@ -45,6 +47,7 @@ class PrintRule(NamedTuple):
     count: Callable[[Any], int] | None = None  # type: ignore[assignment]
     size: Callable[[Any], int] | None = None
     nodestyle: Callable[[Any], dict[builtins.str, Any]] | None = None
+    children: Callable[[Any], Iterable[tuple[Any, Any]]] | None = None
 
     @property
     def has_text(self) -> bool:
@@ -53,7 +56,13 @@ class PrintRule(NamedTuple):
 
     @property
     def has_summary(self) -> bool:
-        """Whether the rule changes a summary row: values with one get a row of their own."""
+        """Whether the rule changes a summary row: values with one get a row of their own.
+
+        A rule with `children` but no text shows its value as a node: its children get the
+        rows, and `type_name` names the node.
+        """
+        if self.children is not None and not self.has_text:
+            return False
         return self.has_text or any(f is not None for f in (self.type_name, self.count, self.size))
 
 
@@ -81,6 +90,7 @@ _EXPECTED = {
         "and '_', not starting with a digit, not a DOT keyword), values `str`, `int`, "
         "`float` or `bool`"
     ),
+    "children": "an iterable of `(key, child)` pairs (keys: `jax.tree_util` key entries)",
 }
 _DOT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
@@ -142,6 +152,16 @@ def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
         if number < 0:
             raise _result_error(ValueError, cls, field, value, result)
         return number
+    if field == "children":
+        try:
+            pairs = list(result)
+        except TypeError:
+            raise _result_error(TypeError, cls, field, value, result) from None
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                problem = f": the item {_short(pair)} is not a `(key, child)` pair"
+                raise _result_error(TypeError, cls, field, value, result, problem)
+        return pairs
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
     if not isinstance(result, Mapping):
         raise _result_error(TypeError, cls, field, value, result)
@@ -187,6 +207,7 @@ def register_printer(
     count: Callable[[Any], int] | None = None,
     size: Callable[[Any], int] | None = None,
     nodestyle: Callable[[Any], dict[str, Any]] | None = None,
+    children: Callable[[Any], Iterable[tuple[Any, Any]]] | None = None,
 ) -> None:
     """Teach every tree printer how to show values of type `cls` (and its subclasses).
 
@@ -206,6 +227,10 @@ def register_printer(
       `tree_graph` (say `{"shape": "circle", "fillcolor": "lightblue", "style": "filled"}`):
       names are graphviz attribute names (letters, digits, `_`), values `str`, `int`,
       `float` or `bool` (written quoted and escaped).
+    - `children`: `value -> iterable of (key, child)`, the children the printers show the
+      value with, in place of the ones JAX flattens it into (keys are `jax.tree_util` key
+      entries, such as `GetAttrKey("weight")`); with it, `type_name` also names the node
+      in `tree_repr`, `tree_diagram` and the other pictures.
 
     What a function returns is checked each time a printer calls it: a wrong type raises
     `TypeError` (a negative count or size, or an attribute name graphviz cannot read,
@@ -213,8 +238,8 @@ def register_printer(
     inside one gets a note naming the rule.
 
     A value whose rule has a `repr` or `str` is printed as a leaf, even if it is a pytree
-    node; one whose rule has a `type_name`, `count` or `size` gets one summary row. A
-    `nodestyle` alone changes nothing but the graph.
+    node; one whose rule has a `type_name`, `count` or `size` (and no `children`) gets one
+    summary row. A `nodestyle` alone changes nothing but the graph.
 
     **Returns**
 
@@ -231,13 +256,26 @@ def register_printer(
                         count=lambda t: len(t.vocab))
     assert tc.tree_repr({"tok": Tokenizer("abc")}) == "{'tok': Tokenizer(|V|=3)}"
     tc.register_printer(Tokenizer)  # forget the rule again
+
+    import jax
+
+    tc.register_printer(Tokenizer, type_name=lambda t: f"Tokenizer[{len(t.vocab)}]",
+                        children=lambda t: [(jax.tree_util.GetAttrKey("vocab"), t.vocab)])
+    assert tc.tree_repr(Tokenizer("ab")) == "Tokenizer[2](vocab='ab')"
+    tc.register_printer(Tokenizer)
     ```
     """
     global _rules, _checked, _resolved
     if not isinstance(cls, type):
         raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
     rule = PrintRule(
-        repr=repr, str=str, type_name=type_name, count=count, size=size, nodestyle=nodestyle
+        repr=repr,
+        str=str,
+        type_name=type_name,
+        count=count,
+        size=size,
+        nodestyle=nodestyle,
+        children=children,
     )
     for name, value in zip(PrintRule._fields, rule, strict=True):
         if value is not None and not callable(value):

@@ -18,7 +18,10 @@ so that unions (`at["a", Linear]`) and chains combine freely:
 
 A selector that *names* something (a glob, a regex, a `BaseKey`) must select something:
 it records each match with the walker, and `no_match_error` explains an empty selection
-with the closest existing keys. Node access (kinds, opening, key names) is `_structure`'s.
+with the closest existing keys. Node access (kinds, opening, key names) is `_structure`'s,
+with one hook: a node whose class defines `__tc_at_open__` shows `.at` children of its
+own choosing instead of its JAX flatten (`open_for_at`, `rebuild_for_at`; a stack of
+blocks shows its blocks).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from . import _node
 from ._frozen import is_frozen, unfreeze
 from ._structure import (
     GENERIC,
+    LEAF,
     LIST,
     NAMEDTUPLE,
     TREECLASS,
@@ -60,6 +64,38 @@ from ._structure import (
 )
 
 __all__ = ["BaseKey", "where", "glob", "def_rule", "NonBoolMaskError"]
+
+
+# -- nodes that open themselves for `.at` ----------------------------------------------------
+#
+# A node class may give `.at` other children than its JAX flatten: a stack of N blocks
+# flattens to its stacked arrays but is indexed block by block. It defines
+#
+#     __tc_at_open__(self) -> (key entries, children, aux)
+#     __tc_at_rebuild__(self, aux, children, partial, where) -> the new node
+#
+# `rebuild` gets the children `open` gave, some replaced; `partial` is True for `get`,
+# whose unselected children hold fill values (the node may then return another
+# container); `where(path)` is the text of a key path below the node, for messages.
+
+
+def opens_itself(node: Any, kind: Kind) -> bool:
+    """Whether `.at` opens `node` through its class's `__tc_at_open__`."""
+    return kind == GENERIC and hasattr(type(node), "__tc_at_open__")
+
+
+def open_for_at(node: Any, kind: Kind) -> Opened | None:
+    """The children of `node` as `.at` sees them (`None` for a leaf)."""
+    if kind == GENERIC and hasattr(type(node), "__tc_at_open__"):
+        return Opened(*node.__tc_at_open__())
+    return None if kind == LEAF else open_node(node, kind)
+
+
+def rebuild_for_at(
+    node: Any, aux: Any, children: list[Any], partial: bool, where: Callable[[tuple], str]
+) -> Any:
+    """`node` rebuilt from children that `open_for_at` gave through its own hook."""
+    return node.__tc_at_rebuild__(aux, children, partial, where)
 
 
 # -- public selector types -------------------------------------------------------------------
@@ -524,6 +560,15 @@ INDEX_ON_NAMED_MSG = (
     "index {key} is not a child of {where}: a `{type}` has named children ({names}); "
     "select them by name, e.g. .at[{first!r}]."
 )
+INDEXED_CHILDREN_MSG = (
+    "{key!r} not found at {where}: a `{type}` has indexed children (0 to {high}); select "
+    "them by index (.at[7]), by slice (.at[0:6]) or all of them (.at[...]), then {key!r}: "
+    ".at[...][{key!r}]."
+)
+SLICE_ON_NAMED_MSG = (
+    "A slice selects positions of a sequence, but {where} is a `{type}` with named "
+    "children ({names}); select them by name, e.g. .at[{first!r}]."
+)
 NAMED_NOTHING_MSG = (
     "{selector} selects nothing in {selection}: {detail}{hint}\n"
     "An empty selection here is almost always a typo; check the key names{extra}."
@@ -558,7 +603,8 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
     if isinstance(key, str) and key in statics:
         return LookupError(STATIC_FIELD_MSG.format(key=key, where=where))
     names = [entry_name(e) for e in entries]
-    if isinstance(key, int) and kind in (LIST, TUPLE, NAMEDTUPLE):
+    indexed = bool(entries) and all(type(e) is SequenceKey for e in entries)
+    if isinstance(key, int) and (kind in (LIST, TUPLE, NAMEDTUPLE) or indexed):
         n = len(entries)
         return IndexError(
             INDEX_OUT_OF_RANGE_MSG.format(
@@ -573,6 +619,12 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
             )
         )
     hint = ""
+    if isinstance(key, str) and indexed and kind not in (LIST, TUPLE):
+        return LookupError(
+            INDEXED_CHILDREN_MSG.format(
+                key=key, where=where, type=type(node).__name__, high=len(entries) - 1
+            )
+        )
     if isinstance(key, str):
         close = difflib.get_close_matches(key, [x for x in names if isinstance(x, str)], n=1)
         if close:
@@ -681,6 +733,51 @@ class IndexMatcher(_SingleKeyMatcher):
             state.found = True
             return _MATCHED
         return _PRUNED
+
+
+def slice_text(selector: slice) -> str:
+    """`0:6`, `::2`: a slice as it is written inside brackets."""
+    parts = ["" if v is None else repr(v) for v in (selector.start, selector.stop)]
+    text = ":".join(parts)
+    return text if selector.step is None else f"{text}:{selector.step!r}"
+
+
+class SliceMatcher(Matcher):
+    """`start:stop:step`: the children of a sequence at those positions (as Python slices)."""
+
+    __slots__ = ("slice",)
+
+    def __init__(self, selector: slice) -> None:
+        for part in (selector.start, selector.stop, selector.step):
+            if part is not None and not isinstance(part, (int, np.integer)):
+                raise TypeError(f"Slice bounds must be ints or None, got [{slice_text(selector)}].")
+        if selector.step == 0:
+            raise ValueError("A slice step cannot be zero.")
+        self.slice = selector
+
+    def enter(self, state, node, kind, opened, path, walker):
+        if opened is None:
+            raise walker.missing(self.slice, node, kind, opened, path)
+        entries = opened[0]
+        if kind not in (LIST, TUPLE, NAMEDTUPLE) and not all(
+            type(e) is SequenceKey for e in entries
+        ):
+            names = [entry_name(e) for e in entries]
+            raise TypeError(
+                SLICE_ON_NAMED_MSG.format(
+                    where=walker.where(path),
+                    type=type(node).__name__,
+                    names=", ".join(repr(n) for n in names[:12]),
+                    first=names[0] if names else "name",
+                )
+            )
+        return CHILDREN, frozenset(range(len(entries))[self.slice])
+
+    def step(self, state, k, entry, child, child_path):
+        return _MATCHED if k in state else _PRUNED
+
+    def __repr__(self) -> str:
+        return slice_text(self.slice)
 
 
 # -- level matchers -------------------------------------------------------------------------------
@@ -1101,7 +1198,7 @@ class GlobMatcher(Matcher):
         """Where the pattern stops, for errors: `(position, name, None)` wherever a name
         fails the segment at that position, `(position, (node, state), path)` wherever the
         segment at that position finds a node with no children to match."""
-        opened = open_node(node, node_kind(node))
+        opened = open_for_at(node, node_kind(node))
         if opened is None or not opened.entries:
             for p in state:
                 if p < self.accept and self.glob.segments[p].match is not None:
@@ -1153,7 +1250,7 @@ def _is_other_selector(x: Any) -> bool:
         isinstance(x, (str, bytes, int, float, complex, type)) and not isinstance(x, bool)
     ):
         return True
-    if isinstance(x, (re.Pattern, BaseKey, _Where, _Glob)):
+    if isinstance(x, (re.Pattern, BaseKey, _Where, _Glob, slice)):
         return True
     return _alias_for(type(x)) is not None
 
@@ -1219,7 +1316,7 @@ class MaskMatcher(Matcher):
                 if len(state) == len(node) and all(k in state for k in opened.aux):
                     return CHILDREN, [state[k] for k in opened.aux]
         mask_kind = node_kind(state)
-        mask_opened = open_node(state, mask_kind)
+        mask_opened = open_for_at(state, mask_kind)
         if mask_opened is None:
             raise ValueError(
                 MASK_LEAF_MSG.format(
@@ -1344,7 +1441,8 @@ def _union_masks(current: Any, new: Any, already_selected: bool) -> Any:
 
 SUPPORTED_SELECTORS = (
     "a str name (attribute or dict key), an int index (negative counts from the end), "
-    "`...` (every child), `re.compile(pattern)` (names matching at this level), a class "
+    "`...` (every child), a slice of indices (`0:6`), `re.compile(pattern)` (names "
+    "matching at this level), a class "
     "(every instance at any depth), `tc.where(fn)`, `tc.glob(pattern)`, a `tc.BaseKey` "
     "instance, a key entry (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`), a boolean "
     "mask (a bool, a boolean array or a pytree of them), a type registered with "
@@ -1405,6 +1503,7 @@ _BUILTIN: dict[type, Compiler] = {
     int: lambda s, where: IndexMatcher(int(s)),
     np.integer: lambda s, where: IndexMatcher(int(s)),
     type(Ellipsis): lambda s, where: EllipsisMatcher(),
+    slice: lambda s, where: SliceMatcher(s),
     tuple: _compile_tuple,
     re.Pattern: lambda s, where: PatternMatcher(s),
     BaseKey: lambda s, where: BaseKeyMatcher(s),

@@ -1,0 +1,705 @@
+"""Stacked blocks (`tc.Stacked`): building, applying with scan, `.at` on blocks, printing,
+per-block optimizer settings and converting checkpoints between stacked and unstacked."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treeclass as tc
+
+optax = pytest.importorskip("optax")
+
+WIDTH = 4
+
+
+class Linear(tc.TreeClass):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __call__(self, x):
+        return x @ self.weight + self.bias
+
+
+class Norm(tc.TreeClass):
+    scale: jax.Array
+    eps: float = tc.field(default=1e-5, static=True)
+
+    def __call__(self, x):
+        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + self.eps) * self.scale
+
+
+class Block(tc.TreeClass):
+    def __init__(self, key, width=WIDTH):
+        k1, k2 = jax.random.split(key)
+        self.norm = Norm(jnp.ones(width))
+        self.up = Linear(jax.random.normal(k1, (width, width)) / width, jnp.zeros(width))
+        self.down = Linear(jax.random.normal(k2, (width, width)) / width, jnp.zeros(width))
+
+    def __call__(self, x):
+        return x + self.down(jax.nn.relu(self.up(self.norm(x))))
+
+    def scale_up(self, by):
+        self.up = Linear(self.up.weight * by, self.up.bias)
+        return by
+
+
+class StackedNet(tc.TreeClass):
+    def __init__(self, key, n=5):
+        keys = jax.random.split(key, n)
+        self.blocks = tc.Stacked.from_init(Block, keys)
+        self.head = Linear(jnp.ones((WIDTH, 1)), jnp.zeros(1))
+
+    def __call__(self, x):
+        return self.head(self.blocks(x))
+
+
+class Net(tc.TreeClass):
+    """The same model with a tuple of blocks, applied in a Python loop."""
+
+    def __init__(self, blocks, head):
+        self.blocks = tuple(blocks)
+        self.head = head
+
+    def __call__(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def stacked_net(n=5):
+    return StackedNet(jax.random.key(0), n)
+
+
+def unstacked(net):
+    return Net(net.blocks.unstack(), net.head)
+
+
+def x_batch():
+    return jax.random.normal(jax.random.key(1), (3, WIDTH))
+
+
+def close(a, b, tol=1e-6):
+    return all(
+        np.allclose(np.asarray(x), np.asarray(y), atol=tol, rtol=tol)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+# -- building -------------------------------------------------------------------------------
+
+
+def test_from_init_traces_the_constructor_once():
+    calls = []
+
+    def make(key):
+        calls.append(key)
+        return Block(key)
+
+    stack = tc.Stacked.from_init(make, jax.random.split(jax.random.key(0), 7))
+    assert len(calls) == 1 and len(stack) == 7
+    assert stack.tree.up.weight.shape == (7, WIDTH, WIDTH)
+
+
+def test_from_init_gives_each_block_its_own_key():
+    keys = jax.random.split(jax.random.key(0), 3)
+    stack = tc.Stacked.from_init(Block, keys)
+    for i in range(3):
+        assert np.array_equal(stack[i].up.weight, Block(keys[i]).up.weight)
+
+
+def test_from_init_keeps_values_that_do_not_depend_on_the_key_once():
+    make = lambda key: {"w": jax.random.normal(key, (2,)), "act": "relu", "table": np.eye(2)}
+    stack = tc.Stacked.from_init(make, jax.random.split(jax.random.key(0), 4))
+    assert stack.tree["act"] == "relu"
+    assert isinstance(stack.tree["table"], np.ndarray) and stack.tree["table"].shape == (4, 2, 2)
+
+
+def test_constructor_finds_the_number_of_blocks_from_the_leading_axis():
+    stack = tc.Stacked({"w": jnp.zeros((3, 2)), "b": jnp.zeros((3,))})
+    assert len(stack) == 3 and stack[0]["w"].shape == (2,)
+
+
+def test_constructor_rejects_an_array_without_the_block_axis():
+    with pytest.raises(ValueError, match=re.escape("blocks['w'] is an array float32[3, 2]")):
+        tc.Stacked({"w": jnp.zeros((3, 2)), "b": jnp.zeros((2,))})
+
+
+def test_constructor_needs_a_length_when_there_are_no_arrays():
+    with pytest.raises(ValueError, match="length="):
+        tc.Stacked({"name": "x"})
+    assert len(tc.Stacked({"name": "x"}, length=2)) == 2
+
+
+def test_a_block_must_be_a_node():
+    with pytest.raises(TypeError, match="jnp.stack"):
+        tc.Stacked.from_blocks([jnp.ones(2), jnp.ones(2)])
+
+
+def test_from_blocks_of_nothing_is_an_error():
+    with pytest.raises(ValueError, match="at least one block"):
+        tc.Stacked.from_blocks([])
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 5), shape=st.lists(st.integers(1, 3), max_size=2))
+def test_from_blocks_and_unstack_are_inverses(n, shape):
+    rng = np.random.default_rng(n)
+    blocks = [
+        {"w": np.asarray(rng.standard_normal(shape), np.float32), "k": jnp.int32(i), "name": "b"}
+        for i in range(n)
+    ]
+    stack = tc.Stacked.from_blocks(blocks)
+    back = stack.unstack()
+    assert len(back) == n
+    for got, want in zip(back, blocks):
+        assert got["name"] == "b"
+        assert np.array_equal(got["w"], want["w"]) and int(got["k"]) == int(want["k"])
+    assert tc.is_tree_equal(tc.Stacked.from_blocks(back), stack)
+
+
+def test_from_blocks_names_the_block_and_path_of_a_shape_that_differs():
+    blocks = [Block(jax.random.key(i)) for i in range(3)]
+    blocks[2] = blocks[2].at["up"]["bias"].set(jnp.zeros(7))
+    with pytest.raises(ValueError, match=re.escape("Block 2's array at blocks[2].up.bias")):
+        tc.Stacked.from_blocks(blocks)
+
+
+def test_from_blocks_names_a_differing_static_field():
+    with pytest.raises(ValueError, match=r"blocks\[1\]: block 0 has a `Norm` with other static"):
+        tc.Stacked.from_blocks([Norm(jnp.ones(2)), Norm(jnp.ones(2), eps=0.1)])
+
+
+def test_from_blocks_names_a_leaf_frozen_in_one_block_only():
+    blocks = [Norm(jnp.ones(2)), Norm(tc.freeze(jnp.ones(2)))]
+    with pytest.raises(ValueError, match=r"frozen in block 1 but not in block 0"):
+        tc.Stacked.from_blocks(blocks)
+
+
+def test_from_blocks_requires_equal_shared_values():
+    with pytest.raises(ValueError, match=r"blocks\[1\]\['act'\] is 'gelu'"):
+        tc.Stacked.from_blocks(
+            [{"w": jnp.ones(1), "act": "relu"}, {"w": jnp.ones(1), "act": "gelu"}]
+        )
+
+
+def test_numbers_that_differ_between_blocks_become_one_per_block():
+    stack = tc.Stacked.from_blocks([{"w": jnp.ones(1), "p": 0.1 * i} for i in range(3)])
+    assert stack.tree["p"].shape == (3,) and stack.tree["p"].dtype == np.float32
+    assert float(stack[2]["p"]) == pytest.approx(0.2)
+
+
+def test_frozen_arrays_are_stacked_and_stay_frozen():
+    stack = tc.Stacked.from_blocks([{"w": tc.freeze(jnp.full(2, float(i)))} for i in range(3)])
+    assert tc.is_frozen(stack.tree["w"]) and tc.unfreeze(stack.tree["w"]).shape == (3, 2)
+    assert tc.is_frozen(stack[1]["w"]) and tc.unfreeze(stack[1]["w"]).tolist() == [1.0, 1.0]
+    assert jax.tree.leaves(stack) == []  # hidden from JAX, as in each block
+
+
+# -- the blocks -----------------------------------------------------------------------------
+
+
+def test_len_iteration_and_indexing_give_ordinary_blocks():
+    net = stacked_net(4)
+    blocks = list(net.blocks)
+    assert len(net.blocks) == 4 and len(blocks) == 4
+    assert type(blocks[3]) is Block
+    assert np.array_equal(net.blocks[-1].up.weight, blocks[3].up.weight)
+    assert np.array_equal(net.blocks[1].up.weight, net.blocks.tree.up.weight[1])
+
+
+def test_index_out_of_range_is_an_index_error():
+    with pytest.raises(IndexError, match="valid: -4 to 3"):
+        stacked_net(4).blocks[4]
+
+
+def test_a_slice_of_a_stack_is_a_smaller_stack():
+    net = stacked_net(5)
+    part = net.blocks[1:4]
+    assert isinstance(part, tc.Stacked) and len(part) == 3
+    assert np.array_equal(part[0].up.weight, net.blocks[1].up.weight)
+    with pytest.raises(IndexError, match="selects no block"):
+        net.blocks[4:2]
+
+
+def test_jax_sees_stacked_arrays_under_the_blocks_key_paths():
+    net = stacked_net(3)
+    paths = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(net)}
+    assert paths[".blocks.up.weight"] == (3, WIDTH, WIDTH)
+    assert paths[".head.weight"] == (WIDTH, 1)
+
+
+def test_a_stack_is_immutable():
+    stack = stacked_net().blocks
+    with pytest.raises(AttributeError, match="immutable"):
+        stack._tree = None
+
+
+def test_pickle_and_copy_keep_the_stack():
+    stack = stacked_net(3).blocks
+    for other in (pickle.loads(pickle.dumps(stack)), copy.copy(stack), copy.deepcopy(stack)):
+        assert isinstance(other, tc.Stacked) and tc.is_tree_equal(other, stack)
+
+
+# -- applying -------------------------------------------------------------------------------
+
+
+def test_call_matches_the_unrolled_loop():
+    net = stacked_net()
+    assert close(net(x_batch()), unstacked(net)(x_batch()))
+
+
+def test_scan_threads_the_carry_and_stacks_outputs():
+    stack = tc.Stacked({"scale": jnp.array([1.0, 2.0, 3.0])})
+    carry, seen = stack.scan(lambda block, c: (c * block["scale"], c), jnp.float32(1.0))
+    assert float(carry) == 6.0 and seen.tolist() == [1.0, 1.0, 2.0]
+
+
+def test_scan_hands_each_block_its_slice_of_the_inputs():
+    stack = tc.Stacked({"scale": jnp.array([1.0, 2.0, 3.0])})
+    xs = jnp.array([10.0, 20.0, 30.0])
+    carry, ys = stack.scan(lambda block, c, x: (c + x, block["scale"] * x), 0.0, xs)
+    assert float(carry) == 60.0 and ys.tolist() == [10.0, 40.0, 90.0]
+
+
+def test_gradients_under_jit_match_the_unrolled_model():
+    net = stacked_net()
+    loss = lambda m: jnp.sum(m(x_batch()) ** 2)
+    stacked_grads = jax.jit(jax.grad(loss))(net)
+    unrolled_grads = jax.grad(loss)(unstacked(net))
+    assert close(tc.unstack_all(stacked_grads), unrolled_grads, tol=1e-5)
+
+
+@pytest.mark.parametrize("remat", [True, jax.checkpoint_policies.dots_saveable])
+def test_remat_gives_the_same_gradients(remat):
+    net = stacked_net()
+
+    def loss(m, remat):
+        out = m.blocks.scan(lambda b, x: (b(x), None), x_batch(), remat=remat)[0]
+        return jnp.sum(m.head(out) ** 2)
+
+    assert close(jax.grad(loss)(net, remat), jax.grad(loss)(net, False), tol=1e-6)
+
+
+def test_the_block_is_traced_once_however_many_blocks():
+    calls = []
+
+    def step(block, x):
+        calls.append(1)
+        return block(x), None
+
+    jax.jit(lambda s, x: s.scan(step, x)[0])(stacked_net(9).blocks, x_batch())
+    assert len(calls) == 1
+
+
+def test_scan_function_must_return_a_pair():
+    with pytest.raises(TypeError, match=r"pair `\(carry, output\)`"):
+        stacked_net().blocks.scan(lambda block, x: block(x), x_batch())
+
+
+def test_frozen_arrays_reach_each_block_frozen_inside_scan():
+    stack = tc.Stacked.from_blocks([{"w": tc.freeze(jnp.full(2, float(i)))} for i in range(3)])
+
+    def step(block, carry):
+        assert tc.is_frozen(block["w"])
+        return carry + tc.unfreeze(block["w"]), None
+
+    assert stack.scan(step, jnp.zeros(2))[0].tolist() == [3.0, 3.0]
+
+
+def test_jit_of_a_stacked_model_is_cached_across_calls():
+    traces = []
+
+    @jax.jit
+    def forward(m, x):
+        traces.append(1)
+        return m(x)
+
+    net = stacked_net()
+    forward(net, x_batch())
+    forward(net.at["blocks"][1]["up"]["bias"].set(1.0), x_batch())
+    assert len(traces) == 1
+
+
+# -- .at on blocks --------------------------------------------------------------------------
+
+
+def test_at_get_returns_the_blocks_slice():
+    net = stacked_net()
+    got = net.at["blocks"][3]["up"]["weight"].get()
+    assert np.array_equal(got.blocks[3].up.weight, net.blocks.tree.up.weight[3])
+    assert got.blocks[0].up.weight is None and got.head.weight is None
+
+
+def test_at_get_of_every_block_keeps_the_stack():
+    net = stacked_net()
+    got = net.at["blocks"][...]["up"]["weight"].get()
+    assert isinstance(got.blocks, tc.Stacked)
+    assert np.array_equal(got.blocks.tree.up.weight, net.blocks.tree.up.weight)
+
+
+def test_at_get_with_a_fill_value_keeps_the_stack():
+    net = stacked_net()
+    got = net.at["blocks"][2]["up"]["bias"].get(fill_value=0.0)
+    assert isinstance(got.blocks, tc.Stacked)
+
+
+def test_at_set_writes_only_that_blocks_slice():
+    net = stacked_net()
+    new = net.at["blocks"][2]["up"]["weight"].set(0.0)
+    weights = new.blocks.tree.up.weight
+    assert float(jnp.abs(weights[2]).sum()) == 0.0
+    assert np.array_equal(np.delete(weights, 2, 0), np.delete(net.blocks.tree.up.weight, 2, 0))
+    assert new.blocks.tree.down.weight is net.blocks.tree.down.weight  # untouched: not copied
+
+
+def test_at_apply_runs_on_the_block_slice():
+    net = stacked_net()
+    shapes = []
+    net.at["blocks"][1]["norm"]["scale"].apply(lambda s: shapes.append(s.shape) or s)
+    assert shapes == [(WIDTH,)]
+
+
+@pytest.mark.parametrize("selector", [slice(0, 2), (0, 1), slice(None, 2)])
+def test_at_slice_or_tuple_selects_several_blocks(selector):
+    net = stacked_net(4)
+    scales = net.at["blocks"][selector]["norm"]["scale"].set(5.0).blocks.tree.norm.scale
+    assert scales[:, 0].tolist() == [5.0, 5.0, 1.0, 1.0]
+
+
+def test_at_negative_index_counts_from_the_end():
+    scales = stacked_net(4).at["blocks"][-1]["norm"]["scale"].set(5.0).blocks.tree.norm.scale
+    assert scales[:, 0].tolist() == [1.0, 1.0, 1.0, 5.0]
+
+
+def test_at_ellipsis_below_the_stack_reaches_every_block():
+    net = stacked_net(3)
+    new = net.at["blocks"][...]["up"]["bias"].apply(lambda b: b + 1)
+    assert np.array_equal(new.blocks.tree.up.bias, net.blocks.tree.up.bias + 1)
+
+
+def test_at_glob_below_the_block_index():
+    net = stacked_net(3)
+    new = net.at[tc.glob("blocks.*.up.**")].set(0.0)
+    assert float(jnp.abs(new.blocks.tree.up.weight).sum()) == 0.0
+    assert np.array_equal(new.blocks.tree.down.weight, net.blocks.tree.down.weight)
+    one = net.at[tc.glob("blocks[1].down.bias")].set(1.0).blocks.tree.down.bias
+    assert one[:, 0].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_at_class_selector_reaches_inside_the_blocks():
+    net = stacked_net(3)
+    new = net.at[Linear]["weight"].apply(lambda w: w * 0)
+    assert float(jnp.abs(new.blocks.tree.up.weight).max()) == 0.0
+    assert float(jnp.abs(new.head.weight).max()) == 0.0
+    assert np.array_equal(new.blocks.tree.up.bias, net.blocks.tree.up.bias)
+
+
+def test_a_number_set_in_every_block_is_shared_as_in_the_unstacked_model():
+    net = stacked_net(3)
+    new = net.at["blocks"][...]["up"]["bias"].set(2.0)
+    assert new.blocks.tree.up.bias == 2.0
+    assert all(
+        block.up.bias == 2.0
+        for block in tc.at(unstacked(net))["blocks"][...]["up"]["bias"].set(2.0).blocks
+    )
+
+
+def test_at_where_sees_the_block_index_in_the_path():
+    net = stacked_net(3)
+    second = tc.where(lambda path, node: path[1:2] == (jax.tree_util.SequenceKey(1),))
+    new = net.at[second]["norm"]["scale"].set(7.0)
+    assert new.blocks.tree.norm.scale[:, 0].tolist() == [1.0, 7.0, 1.0]
+
+
+def test_at_mask_with_one_flag_per_block():
+    net = stacked_net(4)
+    mask = net.at[...].set(False).at["blocks"][1:3].set(True)
+    assert mask.blocks.tree.up.weight.tolist() == [False, True, True, False]
+    zeroed = net.at[mask].set(0.0)
+    sums = [float(jnp.abs(block.up.weight).sum()) for block in zeroed.blocks]
+    assert sums[1] == sums[2] == 0.0 and sums[0] > 0 and sums[3] > 0
+
+
+def test_at_mask_with_the_stacked_shapes_selects_elements():
+    net = stacked_net(3)
+    mask = jax.tree.map(lambda x: x > 0, net)
+    new = net.at[mask].set(0.0)
+    assert float(new.blocks.tree.up.weight.max()) <= 0.0
+
+
+def test_at_selecting_the_stack_itself_hands_over_the_stacked_arrays():
+    shapes = []
+    stacked_net(3).at["blocks"].apply(lambda x: shapes.append(x.shape) or x)
+    assert (3, WIDTH, WIDTH) in shapes
+
+
+def test_at_on_the_stack_itself():
+    stack = stacked_net(3).blocks
+    new = stack.at[1]["norm"]["scale"].set(0.0)
+    assert new.tree.norm.scale[:, 0].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_at_messages_name_the_block_index_in_the_path():
+    net = stacked_net(3)
+
+    def fail(x):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError) as info:
+        net.at["blocks"][2]["up"]["weight"].apply(fail)
+    assert "StackedNet.blocks[2].up.weight" in "\n".join(getattr(info.value, "__notes__", []))
+
+
+def test_at_write_of_another_shape_names_the_path_and_leaves_the_input():
+    net = stacked_net(3)
+    before = np.asarray(net.blocks.tree.norm.scale).copy()
+    with pytest.raises(TypeError, match=re.escape("StackedNet.blocks[1].norm.scale")):
+        net.at["blocks"][1]["norm"]["scale"].set(jnp.ones(3))
+    assert np.array_equal(net.blocks.tree.norm.scale, before)
+
+
+def test_at_write_of_a_bool_into_a_float_leaf_is_an_error():
+    with pytest.raises(TypeError, match="dtype float32"):
+        stacked_net(3).at["blocks"][1]["norm"]["scale"].set(True)
+
+
+def test_at_index_out_of_range_is_an_index_error():
+    with pytest.raises(IndexError, match="a Stacked of length 3"):
+        stacked_net(3).at["blocks"][3].get()
+
+
+def test_at_name_on_the_stack_says_to_index_blocks():
+    with pytest.raises(LookupError, match=re.escape(".at[...]['up']")):
+        stacked_net(3).at["blocks"]["up"].get()
+
+
+def test_at_freezing_one_block_only_is_an_error():
+    with pytest.raises(ValueError, match="frozen in block 1 but not in block 0"):
+        stacked_net(3).at["blocks"][1]["norm"]["scale"].apply(tc.freeze)
+
+
+def test_at_freezing_every_block_stacks_the_frozen_values():
+    net = stacked_net(3).at["blocks"][...]["norm"]["scale"].apply(tc.freeze)
+    assert tc.is_frozen(net.blocks.tree.norm.scale)
+    assert tc.is_frozen(net.blocks[0].norm.scale)
+
+
+def test_at_structure_change_in_one_block_is_an_error():
+    with pytest.raises(ValueError, match=re.escape("StackedNet.blocks[1]")):
+        stacked_net(3).at["blocks"][1]["norm"].set((1, 2))
+
+
+def test_at_method_call_on_one_block():
+    net = stacked_net(3)
+    value, new = net.at["blocks"][1]["scale_up"](0.0)
+    assert value == 0.0
+    assert float(jnp.abs(new.blocks[1].up.weight).sum()) == 0.0
+    assert np.array_equal(new.blocks[0].up.weight, net.blocks[0].up.weight)
+
+
+def test_at_set_on_a_traced_model_inside_jit():
+    @jax.jit
+    def zero_block(m):
+        return m.at["blocks"][1]["up"]["weight"].set(0.0)
+
+    weights = zero_block(stacked_net(3)).blocks.tree.up.weight
+    assert float(jnp.abs(weights[1]).sum()) == 0.0 and float(jnp.abs(weights[0]).sum()) > 0
+
+
+def test_slice_selector_also_works_on_lists():
+    assert tc.at([1, 2, 3, 4])[1:3].set(0) == [1, 0, 0, 4]
+    assert tc.at({"a": [1, 2, 3]})["a"][::2].apply(lambda x: -x) == {"a": [-1, 2, -3]}
+
+
+def test_slice_on_named_children_is_an_error():
+    with pytest.raises(TypeError, match="named children"):
+        tc.at({"a": 1, "b": 2})[0:1].get()
+
+
+# -- printing -------------------------------------------------------------------------------
+
+
+def test_repr_shows_the_count_and_per_block_shapes():
+    text = tc.tree_repr(stacked_net(5), width=200)
+    assert "blocks=Stacked[5×Block](" in text
+    assert "weight=5×f32[4,4](" in text
+    assert "f32[5,4,4]" not in text
+
+
+def test_diagram_shows_the_stack_as_one_node():
+    diagram = tc.tree_diagram(stacked_net(5), depth=2)
+    assert diagram.splitlines()[:3] == [
+        "StackedNet",
+        "├── .blocks:Stacked[5×Block]",
+        "│   ├── .norm=Norm(...)",
+    ]
+
+
+def test_summary_rows_give_per_block_type_and_totals():
+    table = tc.tree_summary(stacked_net(5))
+    row = next(line for line in table.splitlines() if ".blocks.up.weight" in line)
+    assert "5×f32[4,4]" in row and "80" in row and "320B" in row
+
+
+def test_summary_cut_by_depth_names_the_stack():
+    table = tc.tree_summary(stacked_net(5), depth=1)
+    row = next(line for line in table.splitlines() if ".blocks" in line)
+    assert "Stacked[5×Block]" in row
+
+
+def test_frozen_stacked_leaves_print_marked():
+    net = stacked_net(2).at["blocks"][...]["norm"]["scale"].apply(tc.freeze)
+    assert ".scale=#2×f32[4]" in tc.tree_diagram(net)
+
+
+def test_html_shows_the_stack():
+    page = stacked_net(3)._repr_html_()
+    assert ".blocks:Stacked[3×Block]" in page and "3×f32[4,4]" in page
+
+
+def test_treescope_renders_the_stack():
+    treescope = pytest.importorskip("treescope")
+    text = treescope.render_to_text(stacked_net(3))
+    assert "Stacked[3×Block](" in text and "3×f32[4,4]" in text
+
+
+# -- optimizer settings ---------------------------------------------------------------------
+
+
+def test_optim_mask_of_whole_leaves_on_a_stacked_model():
+    net = stacked_net(3)
+    mask = tc.optim.mask(net.at[Linear]["weight"])
+    assert mask.blocks.tree.up.weight is True and mask.blocks.tree.norm.scale is False
+    assert mask.head.weight is True
+    opt = optax.masked(optax.sgd(0.1), mask)
+    updates, _ = opt.update(jax.tree.map(jnp.ones_like, net), opt.init(net), net)
+    assert float(jnp.abs(updates.blocks.tree.up.weight).min()) == pytest.approx(0.1)
+
+
+def test_optim_labels_on_a_stacked_model():
+    net = stacked_net(3)
+    labels = tc.optim.labels(net, {"decay": net.at[Linear]["weight"]})
+    assert labels.tree.blocks.tree.down.weight == "decay"
+    assert labels.tree.blocks.tree.down.bias == "rest"
+    opt = optax.multi_transform({"decay": optax.adamw(1e-3), "rest": optax.adam(1e-3)}, labels)
+    opt.init(net)
+
+
+def test_optim_mask_of_some_blocks_points_to_per_block_factors():
+    with pytest.raises(TypeError, match=re.escape("tc.scale_blocks(factors)")):
+        tc.optim.mask(stacked_net(3).at["blocks"][0:2])
+
+
+def _train(model, opt, steps=4):
+    loss_fn = lambda m: jnp.mean((m(x_batch()) - 1.0) ** 2)
+
+    @jax.jit
+    def step(model, state):
+        loss, grads = jax.value_and_grad(loss_fn)(model)
+        updates, state = opt.update(grads, state, model)
+        return optax.apply_updates(model, updates), state, loss
+
+    state, losses = opt.init(model), []
+    for _ in range(steps):
+        model, state, loss = step(model, state)
+        losses.append(float(loss))
+    return model, losses
+
+
+def test_freezing_the_first_blocks_trains_as_the_unstacked_model_does():
+    net = stacked_net(5)
+    factors = net.at[...].set(1.0).at["blocks"][0:3].set(0.0)
+    trained, losses = _train(net, optax.chain(optax.adam(1e-2), tc.scale_blocks(factors)))
+
+    plain = unstacked(net)
+    frozen = {"frozen": plain.at["blocks"][0:3]}
+    opt = tc.optim.partition(
+        {"frozen": optax.set_to_zero(), "rest": optax.adam(1e-2)}, plain, frozen
+    )
+    plain_trained, plain_losses = _train(plain, opt)
+
+    assert np.allclose(losses, plain_losses, rtol=1e-5, atol=1e-6)
+    assert close(tc.unstack_all(trained), plain_trained, tol=1e-5)
+    assert np.array_equal(trained.blocks[0].up.weight, net.blocks[0].up.weight)
+
+
+def test_a_learning_rate_per_block_trains_as_the_unstacked_model_does():
+    net = stacked_net(4)
+    decay = 0.5 ** jnp.arange(3, -1, -1)  # layer-wise decay: the last block learns fastest
+    factors = net.at[...].set(1.0).at["blocks"].set(decay)
+    _, losses = _train(net, optax.chain(optax.adam(1e-2), tc.scale_blocks(factors)))
+
+    plain = unstacked(net)
+    selections = {f"block{i}": plain.at["blocks"][i] for i in range(4)}
+    transforms = {f"block{i}": optax.adam(1e-2 * float(decay[i])) for i in range(4)}
+    transforms["rest"] = optax.adam(1e-2)
+    opt = tc.optim.partition(transforms, plain, selections)
+    _, plain_losses = _train(plain, opt)
+    assert np.allclose(losses, plain_losses, rtol=1e-5, atol=1e-6)
+
+
+def test_scale_blocks_names_where_the_factors_do_not_fit():
+    net = stacked_net(3)
+    factors = {"blocks": 1.0}
+    opt = tc.scale_blocks(factors)
+    with pytest.raises(ValueError, match="do not fit the updates"):
+        opt.update(jax.tree.map(jnp.ones_like, net), opt.init(net))
+
+
+def test_scale_blocks_rejects_a_factor_of_the_wrong_shape():
+    params = {"w": jnp.ones((3, 2))}
+    opt = tc.scale_blocks({"w": jnp.ones(2)})
+    with pytest.raises(ValueError, match=re.escape("tree['w']")):
+        opt.update(params, opt.init(params))
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+
+def test_unstacked_checkpoint_loads_into_the_stacked_model(tmp_path):
+    net = stacked_net(3)
+    path = os.fspath(tmp_path / "plain.safetensors")
+    tc.save(path, unstacked(net))
+    template = stacked_net(3).at["blocks"][...]["up"]["weight"].apply(jnp.zeros_like)
+    loaded = tc.restack(tc.load(path, tc.unstack_all(template)), template)
+    assert isinstance(loaded.blocks, tc.Stacked)
+    assert tc.is_tree_equal(loaded, net)
+
+
+def test_stacked_checkpoint_loads_into_the_unstacked_model(tmp_path):
+    net = stacked_net(3)
+    path = os.fspath(tmp_path / "stacked.safetensors")
+    tc.save(path, net)
+    plain = unstacked(stacked_net(3).at[...].apply(jnp.zeros_like))
+    loaded = tc.restack(tc.load(path, tc.restack(plain, net)), plain)
+    assert type(loaded) is Net and type(loaded.blocks) is tuple
+    assert tc.is_tree_equal(loaded, unstacked(net))
+
+
+def test_unstack_all_names_tensors_per_block(tmp_path):
+    path = os.fspath(tmp_path / "plain.safetensors")
+    tc.save(path, tc.unstack_all(stacked_net(2)))
+    state = tc.state_dict(tc.unstack_all(stacked_net(2)))
+    assert state["blocks"][1]["up"]["weight"].shape == (WIDTH, WIDTH)
+
+
+def test_restack_round_trips_exactly():
+    net = stacked_net(3)
+    plain = tc.unstack_all(net)
+    assert tc.is_tree_equal(tc.restack(plain, net), net)
+    assert tc.is_tree_equal(tc.restack(tc.restack(plain, net), plain), plain)
+
+
+def test_restack_names_a_different_number_of_blocks():
+    with pytest.raises(ValueError, match=re.escape("StackedNet.blocks")):
+        tc.restack(tc.unstack_all(stacked_net(3)), stacked_net(4))

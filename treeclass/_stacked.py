@@ -1,0 +1,1217 @@
+"""Stacked blocks: N blocks of one structure kept as one tree whose arrays carry a block axis.
+
+A deep model repeats one block many times. Kept as N separate trees, `jax.jit` traces and
+compiles every block; kept as one tree whose arrays have a leading axis of length N and
+applied with `jax.lax.scan`, it traces and compiles one block. `Stacked` is that tree,
+seen three ways:
+
+- **by JAX** (jit, grad, optax, checkpoints): it flattens into its block tree's children,
+  so `blocks.attn.q.weight` is one `f32[N, ...]` leaf under the block's own key path;
+- **by `.at`**: it opens into its N blocks (`blocks[7].attn.q.weight` is block 7's slice)
+  and writes changed blocks back into their slices (`__tc_at_open__` /
+  `__tc_at_rebuild__`, the hook `_selectors` describes);
+- **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
+  shapes (`48×f32[256,256]`), through a print rule with `children`.
+
+Which values carry the block axis: every array leaf, frozen arrays too; every other value
+(Python numbers, strings, functions, frozen strings, `None`) is *shared* by all blocks
+and kept once. Static fields live in the tree definition, so they agree by construction.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+from jax.tree_util import SequenceKey
+
+from ._at import AtIndexer, at
+from ._frozen import freeze, is_frozen, unfreeze
+from ._pprint import tree_repr, tree_str
+from ._pprint_html import html_display
+from ._pprint_registry import register_printer
+from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
+from ._util import check_callable
+from ._values import exact_key
+
+__all__ = ["Stacked", "unstack_all", "restack", "scale_blocks"]
+
+_T = TypeVar("_T")
+
+# How one leaf of the block tree is kept (the tree flattened with frozen values as leaves).
+_ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
+_NUMBERS = (bool, int, float, complex)
+
+# -- messages ---------------------------------------------------------------------------------
+
+EMPTY_MSG = "A stack needs at least one block; `Stacked.from_blocks` got an empty sequence."
+NOT_A_NODE_MSG = (
+    "A block must be a tree with children (a TreeClass, a dict, a tuple, ...), got {what}. "
+    "A stack of plain arrays is an array: `jnp.stack(arrays)`."
+)
+STRUCTURE_MSG = (
+    "Block {k} does not have block 0's structure at {where}: {reason}. Every block of a "
+    "stack has one structure: the same fields and static values, and the same leaves "
+    "frozen."
+)
+SHAPE_MSG = (
+    "Block {k}'s array at {where} is {got}, block 0's is {want}: the arrays of a stack have "
+    "one shape and dtype in every block."
+)
+SHARED_MSG = (
+    "Block {k}'s value at {where} is {got}, block 0's is {want}: values that are not arrays "
+    "are shared by all blocks of a stack, so they must be equal. Make it an array to give "
+    "each block its own (`jnp.asarray(value)`), or a static field if it is configuration."
+)
+MIXED_MSG = (
+    "Block {k}'s value at {where} is {got}, block 0's is {want}: a leaf of a stack is an "
+    "array in every block (one slice each), or one value shared by all blocks."
+)
+LEADING_AXIS_MSG = (
+    "The array at {where} is {got}: every array of a stack carries the block axis first, "
+    "of length {n} here{source}."
+)
+NO_LENGTH_MSG = (
+    "`Stacked(tree)` finds the number of blocks from the arrays' leading axis, but the tree "
+    "has no arrays: pass it, `Stacked(tree, length=n)`."
+)
+INDEX_MSG = "Block index {index} out of range for a stack of {n} blocks (valid: {low} to {high})."
+INDEX_TYPE_MSG = "A stack is indexed by an int or a slice, got {what}."
+EMPTY_SLICE_MSG = "The slice [{text}] selects no block of a stack of {n}; a stack is never empty."
+WRITE_MSG = (
+    "Cannot put {got} into block {k} of the stacked leaf at {where}: each block of a stacked "
+    "leaf is one slice of an array {stacked}, so a block takes an array of shape "
+    "{block_shape} and dtype {dtype}, or a number of that kind.{hint}"
+)
+WRITE_HINT = (
+    " To give blocks different settings for one leaf (optimizer settings per block: "
+    "freeze blocks 0-5, a learning rate per block), build the values on a tree of "
+    "numbers, not on a selection of the model:\n"
+    "    factors = model.at[...].set(1.0).at['blocks'][0:6].set(0.0)\n"
+    "    opt = optax.chain(optax.adam(1e-3), tc.scale_blocks(factors))"
+)
+FROZEN_SOME_MSG = (
+    "The leaf at {where} is frozen in block {frozen} but not in block {plain}: a leaf of a "
+    "stack is frozen in every block or in none. Freeze it in all blocks: select every "
+    "block with `...` (`model.at['blocks'][...][...].apply(tc.freeze)`)."
+)
+SCAN_RESULT_MSG = (
+    "The function given to `Stacked.scan` must return a pair `(carry, output)` (use `None` "
+    "for no output), got {what} from block {where}."
+)
+RESTACK_MSG = (
+    "`tc.restack` cannot convert {where}: the tree has {got}, the template has {want}. It "
+    "converts between a `Stacked` and a tuple or list of as many blocks, and needs the "
+    "rest of the two trees to agree."
+)
+SCALE_MISMATCH_MSG = (
+    "The factors given to `tc.scale_blocks` do not fit the updates at {where}: {reason}. "
+    "Build the factors from the model: `model.at[...].set(1.0)`, then set per-block values."
+)
+SCALE_RANK_MSG = (
+    "The factor at {where} has shape {got}, but the update there has shape {want}: a factor "
+    "is a number or an array along the leading (block) axes of its leaf."
+)
+
+
+def _what(x: Any) -> str:
+    """A short description of a value for messages."""
+    if is_frozen(x):
+        return f"a frozen value ({_what(unfreeze(x))})"
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"an array {_dtype_name(dtype)}{list(shape)}"
+    text = repr(x)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{text} (a `{type(x).__name__}`)"
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+# -- leaves -----------------------------------------------------------------------------------
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+
+
+def _has_axis(x: Any, n: int) -> bool:
+    shape = x.shape
+    return len(shape) >= 1 and shape[0] == n
+
+
+def _leaf_kind(x: Any, n: int) -> int:
+    """Whether a leaf of the block tree carries the block axis (plain or frozen) or is shared.
+
+    Arrays without the leading axis (a `jax.tree.map(jnp.sum, stack)` makes them) are
+    shared: one value for every block.
+    """
+    if _is_array(x):
+        return _ARRAY if _has_axis(x, n) else _SHARED
+    if is_frozen(x):
+        inner = unfreeze(x)
+        if _is_array(inner) and _has_axis(inner, n):
+            return _FROZEN_ARRAY
+    return _SHARED
+
+
+def _index(x: Any, i: Any) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        shape = x.shape[1:] if isinstance(i, int) else (len(range(x.shape[0])[i]), *x.shape[1:])
+        return jax.ShapeDtypeStruct(shape, x.dtype)
+    return x[i, ...]  # with `...`: a 0-d NumPy array, not a NumPy scalar
+
+
+def _take(x: Any, kind: int, i: Any) -> Any:
+    """Block `i` (an int) or blocks `i` (a slice) of one leaf."""
+    if kind == _ARRAY:
+        return _index(x, i)
+    if kind == _FROZEN_ARRAY:
+        return freeze(_index(unfreeze(x), i))
+    return x
+
+
+def _split(x: Any, kind: int, n: int) -> list[Any]:
+    """One leaf's value in each of the `n` blocks."""
+    if kind == _SHARED:
+        return [x] * n
+    inner = x if kind == _ARRAY else unfreeze(x)
+    if isinstance(inner, jax.ShapeDtypeStruct):
+        parts: list[Any] = [jax.ShapeDtypeStruct(inner.shape[1:], inner.dtype)] * n
+    elif isinstance(inner, np.ndarray):
+        parts = [inner[i, ...] for i in range(n)]  # views; 0-d arrays, not NumPy scalars
+    else:
+        parts = list(inner)  # one operation for all blocks (a jax array unstacks at once)
+    return parts if kind == _ARRAY else [freeze(p) for p in parts]
+
+
+def _stack_arrays(values: Sequence[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((len(values), *first.shape), first.dtype)
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.stack(values)
+    return jnp.stack(values)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two shared values are interchangeable (typed: `1`, `1.0` and `True` differ)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(exact_key(a) == exact_key(b))
+    except Exception:  # an `==` without a truth value
+        return False
+
+
+def _is_number(x: Any) -> bool:
+    return type(x) in _NUMBERS or isinstance(x, np.generic)
+
+
+def _numbers_array(values: Sequence[Any]) -> np.ndarray:
+    """Numbers of one type, one per block, as an array with JAX's default dtypes."""
+    array = np.asarray(values)
+    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
+
+
+def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
+    """One leaf of the stack from that leaf's value in every block (`where(k)`: its path)."""
+    first = values[0]
+    if _is_array(first) or (is_frozen(first) and _is_array(unfreeze(first))):
+        frozen = is_frozen(first)
+        inner = [unfreeze(v) if frozen else v for v in values]
+        want = (tuple(inner[0].shape), inner[0].dtype)
+        for k, v in enumerate(values):
+            if is_frozen(v) != frozen:
+                frozen_block, plain_block = (0, k) if frozen else (k, 0)
+                raise ValueError(
+                    FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
+                )
+            if not _is_array(inner[k]):
+                raise TypeError(
+                    MIXED_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first))
+                )
+            if (tuple(inner[k].shape), inner[k].dtype) != want:
+                raise ValueError(
+                    SHAPE_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first))
+                )
+        stacked = _stack_arrays(inner)
+        return freeze(stacked) if frozen else stacked
+    for k, v in enumerate(values):
+        if _is_array(v) or (is_frozen(v) and _is_array(unfreeze(v))):
+            raise TypeError(MIXED_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first)))
+    if all(_same(v, first) for v in values):
+        return first
+    if _is_number(first):
+        # numbers of one type that differ between blocks: one per block, as an array
+        for k, v in enumerate(values):
+            if type(v) is not type(first):
+                raise TypeError(
+                    SHARED_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first))
+                )
+        return _numbers_array(values)
+    k = next(k for k, v in enumerate(values) if not _same(v, first))
+    raise ValueError(
+        SHARED_MSG.format(k=k, where=where(k), got=_what(values[k]), want=_what(first))
+    )
+
+
+def _block_value(
+    value: Any, shape: tuple[int, ...], dtype: Any, error: Callable[[Any], Any]
+) -> Any:
+    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`."""
+    try:
+        kind = np.dtype(dtype).kind
+    except TypeError:  # extended dtypes (PRNG keys): only arrays of the dtype fit
+        kind = "V"
+    if type(value) in _NUMBERS or isinstance(value, np.generic):
+        if isinstance(value, bool | np.bool_):
+            fits = kind == "b"
+        elif isinstance(value, int | np.integer):
+            fits = kind in "iufc"
+        elif isinstance(value, float | np.floating):
+            fits = kind in "fc"
+        else:
+            fits = kind == "c"
+        if not fits:
+            raise error(value)
+        return value
+    if isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
+        weak_scalar = getattr(value, "weak_type", False) and value.ndim == 0
+        if value.dtype != dtype and not weak_scalar:
+            raise error(value)
+        try:
+            fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape
+        except ValueError:
+            fits_shape = False
+        if not fits_shape:
+            raise error(value)
+        return value
+    raise error(value)
+
+
+def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[[int], str]) -> Any:
+    """A stacked leaf with some blocks' slices replaced (`writes`: `(block, value)` pairs)."""
+    frozen = kind == _FROZEN_ARRAY
+    target = unfreeze(leaf) if frozen else leaf
+    shape, dtype = tuple(target.shape[1:]), target.dtype
+    values = []
+    for k, value in writes:
+        if is_frozen(value) != frozen:
+            other = next(b for b in range(target.shape[0]) if b not in dict(writes))
+            frozen_block, plain_block = (other, k) if frozen else (k, other)
+            raise ValueError(
+                FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
+            )
+        value = unfreeze(value) if frozen else value
+
+        def error(got: Any, k: int = k) -> Exception:
+            text = WRITE_MSG.format(
+                got=_what(got),
+                k=k,
+                where=where(k),
+                stacked=_what(target).removeprefix("an array "),
+                block_shape=list(shape),
+                dtype=_dtype_name(dtype),
+                hint=WRITE_HINT if not _is_array(got) and not _is_number(got) else "",
+            )
+            return TypeError(text)
+
+        values.append(_block_value(value, shape, dtype, error))
+    if isinstance(target, jax.ShapeDtypeStruct):
+        return leaf  # an abstract stack: the shapes and dtypes were checked, nothing to hold
+    blocks = [k for k, _ in writes]
+    if isinstance(target, np.ndarray) and not any(isinstance(v, jax.Array) for v in values):
+        new: Any = target.copy()
+        for k, v in zip(blocks, values):
+            new[k] = v
+    else:
+        if len(blocks) == 1:
+            new = jnp.asarray(target).at[blocks[0]].set(values[0])
+        elif all(v is values[0] for v in values):
+            new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
+        else:
+            update = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in values])
+            new = jnp.asarray(target).at[np.asarray(blocks)].set(update)
+    return freeze(new) if frozen else new
+
+
+# -- the container ----------------------------------------------------------------------------
+
+
+def _one_level(tree: Any) -> tuple[list[Any], Any]:
+    """`tree`'s children and its one-level tree definition (what a `Stacked` flattens to)."""
+    children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+    return children, treedef
+
+
+class _Opened(NamedTuple):
+    """What `__tc_at_open__` hands `.at`, for `__tc_at_rebuild__`."""
+
+    blocks: list[Any]
+    block_leaves: list[list[Any]]
+    treedef: Any  # of one block, with frozen values as leaves
+    leaves: list[Any]  # of the stack, in the same order
+    kinds: list[int]
+
+
+class Stacked:
+    """N blocks of one structure as one tree: every array carries a leading block axis.
+
+    A model with 48 identical blocks traces and compiles one block when its blocks are a
+    `Stacked` applied with `scan` (or called), instead of 48. Build one from a block
+    constructor and keys with one vmapped trace (`Stacked.from_init`), from blocks you
+    have (`Stacked.from_blocks`), or from a tree whose arrays are already stacked
+    (`Stacked(tree)`).
+
+    - **JAX** sees the block tree's children with stacked arrays: `jit`, `grad`, optax
+      and checkpoints find `blocks.attn.q.weight` as one `f32[48, ...]` leaf.
+    - **Blocks**: `len(stack)`, `stack[7]` (block 7 as an ordinary tree), `stack[2:5]`
+      (a smaller stack), iteration, and `unstack()` (a tuple of blocks).
+    - **`.at`** addresses blocks: `model.at["blocks"][7]["attn"]["q"]["weight"]` is block
+      7's slice; `get` returns it, `set` and `apply` write only that slice. Slices, tuples
+      of indices and `...` select several blocks; every selector works below the block
+      index (names, globs such as `blocks.*.attn.**`, classes, masks, `tc.where`); key
+      paths read `blocks[7].attn.q.weight`. Selecting the stack itself
+      (`model.at["blocks"].apply(f)`) hands `f` the stacked arrays, one call per leaf.
+    - **Printers** show `Stacked[48×Block]` with per-block shapes (`48×f32[256,256]`).
+
+    Arrays (frozen ones too) carry the block axis; other values (numbers, strings,
+    functions) are shared by all blocks. When blocks are written back, a block may take
+    an array of its slice's shape and dtype, or a number; a number set in some blocks
+    only (`.at[...].set(1.0).at["blocks"][0:6].set(0.0)`) becomes one value per block,
+    an array along the block axis.
+
+    **Arguments**
+
+    - `tree`: a block tree whose arrays all have the same leading axis, the blocks.
+    - `length`: the number of blocks; only needed when `tree` holds no array.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Block(tc.TreeClass):
+        weight: jax.Array
+
+        def __call__(self, x):
+            return jnp.tanh(x @ self.weight)
+
+    blocks = tc.Stacked.from_init(lambda k: Block(jax.random.normal(k, (4, 4))),
+                                  jax.random.split(jax.random.key(0), 6))
+    assert len(blocks) == 6 and blocks.tree.weight.shape == (6, 4, 4)
+    assert blocks[2].weight.shape == (4, 4)
+    y = blocks(jnp.ones((1, 4)))             # the blocks in turn, in one `lax.scan`
+    blocks = blocks.at[2]["weight"].set(0.0)  # block 2 only
+    assert float(abs(blocks[2].weight).sum()) == 0.0
+    ```
+    """
+
+    __slots__ = ("_tree", "_length", "_flat", "__weakref__")
+
+    _tree: Any
+    _length: int
+    _flat: tuple[tuple[Any, ...], tuple[int, Any]]
+
+    def __init__(self, tree: Any, length: int | None = None) -> None:
+        leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
+        arrays = []
+        for path, leaf in leaves:
+            inner = unfreeze(leaf) if is_frozen(leaf) else leaf
+            if _is_array(inner):
+                arrays.append((path, inner))
+        source = ""
+        if length is None:
+            if not arrays:
+                raise ValueError(NO_LENGTH_MSG)
+            first_path, first = arrays[0]
+            length = int(first.shape[0]) if len(first.shape) else 0
+            source = f" (the first array, blocks{jax.tree_util.keystr(first_path)}, says so)"
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ValueError(f"A stack has at least one block; got length={length!r}.")
+        for path, inner in arrays:
+            if not _has_axis(inner, length):
+                where = "blocks" + jax.tree_util.keystr(path)
+                raise ValueError(
+                    LEADING_AXIS_MSG.format(where=where, got=_what(inner), n=length, source=source)
+                )
+        _init(self, tree, length)
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_blocks(cls, blocks: Sequence[Any]) -> Stacked:
+        """A stack of existing blocks of one structure (the inverse of `unstack`).
+
+        **Arguments**
+
+        - `blocks`: a non-empty sequence of trees with one structure: the same node
+          types, fields and static values, the same leaves frozen, arrays of one shape
+          and dtype per leaf, and equal values wherever a leaf is not an array (numbers
+          that differ become one value per block).
+
+        **Returns**
+
+        A `Stacked` of `len(blocks)` blocks.
+
+        **Raises**
+
+        `ValueError` / `TypeError` naming the first block and key path that differ from
+        block 0 (`blocks[3].attn.q.weight`).
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        blocks = [{"w": jnp.full((2,), float(i))} for i in range(3)]
+        stack = tc.Stacked.from_blocks(blocks)
+        assert stack.tree["w"].shape == (3, 2) and stack[1]["w"].tolist() == [1.0, 1.0]
+        ```
+        """
+        if isinstance(blocks, Stacked):
+            return blocks
+        blocks = list(blocks)
+        if not blocks:
+            raise ValueError(EMPTY_MSG)
+        _check_node(blocks[0])
+        flats = [jax.tree_util.tree_flatten(b, is_leaf=is_frozen) for b in blocks]
+        treedef = flats[0][1]
+        for k, (_, other) in enumerate(flats[1:], start=1):
+            if other != treedef:
+                raise _structure_error(blocks[0], blocks[k], k)
+        paths = _LeafPaths(blocks[0])
+        leaves = [
+            _combine([leaves[j] for leaves, _ in flats], lambda k, j=j: paths.text(k, j))
+            for j in range(treedef.num_leaves)
+        ]
+        return _make(treedef.unflatten(leaves), len(blocks))
+
+    @classmethod
+    def from_init(cls, make: Callable[[Any], Any], keys: Any) -> Stacked:
+        """N blocks built by one vmapped call of `make`: the constructor is traced once.
+
+        **Arguments**
+
+        - `make`: a function of one key (or one slice of `keys`) returning a block.
+        - `keys`: the per-block inputs, stacked: usually `jax.random.split(key, n)`; any
+          pytree of arrays with a leading axis of length n.
+
+        **Returns**
+
+        A `Stacked` of n blocks. Arrays the block makes from its key are stacked; values
+        that do not depend on it (numbers, strings, frozen strings, NumPy arrays) are
+        taken from the one trace.
+
+        ```python
+        import jax
+        import treeclass as tc
+
+        make = lambda key: {"w": jax.random.normal(key, (3,)), "act": "relu"}
+        stack = tc.Stacked.from_init(make, jax.random.split(jax.random.key(0), 4))
+        assert stack.tree["w"].shape == (4, 3) and stack[0]["act"] == "relu"
+        ```
+        """
+        check_callable(make, "Stacked.from_init", "make", " of one key")
+        key_leaves = jax.tree_util.tree_leaves(keys)
+        if not key_leaves or not all(_is_array(k) and len(k.shape) >= 1 for k in key_leaves):
+            raise TypeError(
+                "`Stacked.from_init` takes the per-block keys stacked, e.g. "
+                f"`jax.random.split(key, n)`; got {_what(keys)}."
+            )
+        n = int(key_leaves[0].shape[0])
+        traced: list[tuple[Any, list[int], list[Any]]] = []
+
+        def one(key: Any) -> list[Any]:
+            block = make(key)
+            _check_node(block)
+            leaves, treedef = jax.tree_util.tree_flatten(block, is_leaf=is_frozen)
+            kinds, kept, arrays = [], [], []
+            for leaf in leaves:
+                inner = unfreeze(leaf) if is_frozen(leaf) else leaf
+                if isinstance(inner, jax.Array):  # made from the key, or a constant
+                    kinds.append(_FROZEN_ARRAY if inner is not leaf else _ARRAY)
+                    arrays.append(inner)
+                    kept.append(None)
+                else:
+                    kinds.append(_SHARED)
+                    kept.append(leaf)
+            traced.append((treedef, kinds, kept))
+            return arrays
+
+        stacked = jax.vmap(one)(keys)
+        treedef, kinds, kept = traced[0]
+        out, arrays = [], iter(stacked)
+        for k, (kind, leaf) in enumerate(zip(kinds, kept)):
+            if kind == _SHARED:
+                if isinstance(leaf, np.ndarray):  # a NumPy constant: the same in every block
+                    leaf = np.stack([leaf] * n)
+                elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
+                    raise TypeError(
+                        "A block made by `Stacked.from_init` holds a value computed from its "
+                        f"key that is not an array (at blocks[0]{_leaf_keystr(treedef, k)}, "
+                        "a frozen subtree, say): only arrays can be stacked."
+                    )
+                out.append(leaf)
+            else:
+                array = next(arrays)
+                out.append(freeze(array) if kind == _FROZEN_ARRAY else array)
+        return _make(treedef.unflatten(out), n)
+
+    # -- the blocks -------------------------------------------------------------------------
+
+    @property
+    def tree(self) -> Any:
+        """The block tree whose arrays carry the leading block axis (what JAX sees)."""
+        return self._tree
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _leaves(self) -> tuple[list[Any], Any, list[int]]:
+        leaves, treedef = jax.tree_util.tree_flatten(self._tree, is_leaf=is_frozen)
+        return leaves, treedef, [_leaf_kind(x, self._length) for x in leaves]
+
+    def __getitem__(self, index: int | slice) -> Any:
+        n = self._length
+        leaves, treedef, kinds = self._leaves()
+        if isinstance(index, slice):
+            chosen = range(n)[index]
+            if not chosen:
+                text = ":".join("" if v is None else str(v) for v in (index.start, index.stop))
+                raise IndexError(EMPTY_SLICE_MSG.format(text=text, n=n))
+            taken = [_take(x, k, index) for x, k in zip(leaves, kinds)]
+            return _make(treedef.unflatten(taken), len(chosen))
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise TypeError(INDEX_TYPE_MSG.format(what=_what(index)))
+        i = int(index)
+        if not -n <= i < n:
+            raise IndexError(INDEX_MSG.format(index=i, n=n, low=-n, high=n - 1))
+        i %= n
+        return treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.unstack())
+
+    def unstack(self) -> tuple[Any, ...]:
+        """The blocks, as a tuple of ordinary trees (the inverse of `from_blocks`).
+
+        **Returns**
+
+        A tuple of `len(self)` blocks.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        stack = tc.Stacked({"w": jnp.zeros((3, 2))})
+        blocks = stack.unstack()
+        assert len(blocks) == 3 and blocks[0]["w"].shape == (2,)
+        ```
+        """
+        return tuple(self._open()[0])
+
+    def _open(self) -> tuple[list[Any], list[list[Any]], Any, list[Any], list[int]]:
+        n = self._length
+        leaves, treedef, kinds = self._leaves()
+        columns = [_split(x, k, n) for x, k in zip(leaves, kinds)]
+        block_leaves = [[column[i] for column in columns] for i in range(n)]
+        blocks = [treedef.unflatten(row) for row in block_leaves]
+        return blocks, block_leaves, treedef, leaves, kinds
+
+    # -- applying ---------------------------------------------------------------------------
+
+    def scan(
+        self,
+        fn: Callable[..., tuple[Any, Any]],
+        carry: Any,
+        xs: Any = None,
+        *,
+        remat: bool | Callable[..., Any] = False,
+        unroll: int | bool = 1,
+        reverse: bool = False,
+    ) -> tuple[Any, Any]:
+        """Run `fn` over the blocks in order with `jax.lax.scan`, threading a carry.
+
+        One block is traced and compiled, however many there are; it works under
+        `jax.jit`, `jax.grad` and `jax.vmap`.
+
+        **Arguments**
+
+        - `fn`: `fn(block, carry) -> (carry, output)`, or with `xs`,
+          `fn(block, carry, x) -> (carry, output)`; `output` may be `None`.
+        - `carry`: the initial carry (any pytree of arrays).
+        - `xs`: optional per-block inputs: a pytree of arrays with a leading axis of
+          length `len(self)`; block i gets their slice i.
+        - `remat`: rematerialise each block in the backward pass (`jax.checkpoint`):
+          `True`, or a policy such as `jax.checkpoint_policies.dots_saveable`.
+        - `unroll`, `reverse`: as for `jax.lax.scan`.
+
+        **Returns**
+
+        `(final_carry, outputs)`, the outputs stacked along a leading block axis.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        stack = tc.Stacked({"scale": jnp.array([1.0, 2.0, 3.0])})
+        total, seen = stack.scan(lambda b, c: (c * b["scale"], c), jnp.float32(1.0))
+        assert float(total) == 6.0 and seen.tolist() == [1.0, 1.0, 2.0]
+        ```
+        """
+        check_callable(fn, "Stacked.scan", "fn", " of (block, carry)")
+        leaves, treedef, kinds = self._leaves()
+        scanned = [x if k == _ARRAY else unfreeze(x) for x, k in zip(leaves, kinds) if k != _SHARED]
+        with_xs = xs is not None
+
+        def body(carry: Any, inputs: Any) -> Any:
+            sliced, x = inputs
+            parts = iter(sliced)
+            block_leaves = [
+                next(parts) if k == _ARRAY else freeze(next(parts)) if k == _FROZEN_ARRAY else leaf
+                for leaf, k in zip(leaves, kinds)
+            ]
+            block = treedef.unflatten(block_leaves)
+            out = fn(block, carry, x) if with_xs else fn(block, carry)
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError(SCAN_RESULT_MSG.format(what=_what(out), where="of the stack"))
+            return out
+
+        if remat is not False and remat is not None:
+            body = jax.checkpoint(body, policy=None if remat is True else remat)
+        return jax.lax.scan(
+            body, carry, (scanned, xs), length=self._length, unroll=unroll, reverse=reverse
+        )
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """`x` through every block in turn: `block(x, *args, **kwargs)`, in one scan.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        class Add(tc.TreeClass):
+            b: jnp.ndarray
+
+            def __call__(self, x):
+                return x + self.b
+
+        stack = tc.Stacked.from_blocks([Add(jnp.ones(2)) for _ in range(3)])
+        assert stack(jnp.zeros(2)).tolist() == [3.0, 3.0]
+        ```
+        """
+
+        def step(block: Any, carry: Any) -> tuple[Any, None]:
+            return block(carry, *args, **kwargs), None
+
+        return self.scan(step, x)[0]
+
+    # -- `.at`: the blocks as children --------------------------------------------------------
+
+    def __tc_at_open__(self) -> tuple[tuple[Any, ...], list[Any], _Opened]:
+        opened = _Opened(*self._open())
+        entries = tuple(SequenceKey(i) for i in range(self._length))
+        return entries, list(opened.blocks), opened
+
+    def __tc_at_rebuild__(
+        self, aux: _Opened, children: list[Any], partial: bool, where: Callable[[tuple], str]
+    ) -> Any:
+        n = self._length
+        changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
+        if not changed:
+            return self
+        paths = _LeafPaths(aux.blocks[0])
+
+        def text(k: int, j: int) -> str:
+            return where((SequenceKey(k), *paths.path(j)))
+
+        new_leaves: dict[int, list[Any]] = {}
+        for k in changed:
+            leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
+            if treedef != aux.treedef:
+                if len(changed) == n:  # every block changed alike: a new structure is fine
+                    try:
+                        return Stacked.from_blocks(children)
+                    except (ValueError, TypeError):
+                        if partial:
+                            return tuple(children)
+                        raise
+                if partial:  # a `get` with fill values: the blocks, unstacked
+                    return tuple(children)
+                raise _structure_error(aux.blocks[k], children[k], k, where)
+            new_leaves[k] = leaves
+        out = list(aux.leaves)
+        try:
+            for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
+                writes = [
+                    (k, new_leaves[k][j])
+                    for k in changed
+                    if new_leaves[k][j] is not aux.block_leaves[k][j]
+                ]
+                if not writes:
+                    continue
+                if kind != _SHARED and len(writes) < n:
+                    out[j] = _write(leaf, kind, writes, lambda k, j=j: text(k, j))
+                else:
+                    column = [row[j] for row in aux.block_leaves]
+                    for k, value in writes:
+                        column[k] = value
+                    out[j] = _combine(column, lambda k, j=j: text(k, j))
+        except (ValueError, TypeError):
+            if partial:
+                return tuple(children)
+            raise
+        return _make(aux.treedef.unflatten(out), n)
+
+    # -- Python protocol ----------------------------------------------------------------------
+
+    @property
+    def at(self) -> AtIndexer[Stacked]:
+        """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
+        return at(self)
+
+    def __repr__(self) -> str:
+        return tree_repr(self)
+
+    def __str__(self) -> str:
+        return tree_str(self)
+
+    _repr_html_ = html_display
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        # called by treescope only, once it is imported; we never import it ourselves
+        from treescope import rendering_parts as parts
+
+        items = _print_children(self)
+        children = []
+        for i, (key, child) in enumerate(items):
+            label = jax.tree_util.keystr((key,))
+            child_path = None if path is None else path + label
+            name = f"{key.name}=" if hasattr(key, "name") else f"{label}: "
+            rendering = subtree_renderer(child, path=child_path)
+            comma = "," if i < len(items) - 1 else ""
+            children.append(
+                parts.build_full_line_with_annotations(
+                    parts.siblings_with_annotations(name, rendering), comma
+                )
+            )
+        return parts.build_foldable_tree_node_from_children(
+            prefix=parts.text(_stack_name(self) + "("), children=children, suffix=")", path=path
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            "A `Stacked` is immutable; change blocks with `.at`: "
+            "`model.at['blocks'][7]['weight'].set(value)`."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("A `Stacked` is immutable.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_make, (self._tree, self._length))
+
+
+def _init(stack: Stacked, tree: Any, length: int) -> None:
+    _check_node(tree)
+    children, treedef = _one_level(tree)
+    store = object.__setattr__
+    store(stack, "_tree", tree)
+    store(stack, "_length", length)
+    store(stack, "_flat", (tuple(children), (length, treedef)))
+
+
+def _make(tree: Any, length: int) -> Stacked:
+    stack = object.__new__(Stacked)
+    _init(stack, tree, length)
+    return stack
+
+
+def _check_node(tree: Any) -> None:
+    if is_frozen(tree) or is_leaf_node(tree):
+        raise TypeError(NOT_A_NODE_MSG.format(what=_what(tree)))
+
+
+def _flatten_with_keys(stack: Stacked) -> tuple[list[tuple[Any, Any]], Any]:
+    tree = stack._tree
+    pairs = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+    return [(path[0], child) for path, child in pairs], stack._flat[1]
+
+
+def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
+    # no checks: JAX rebuilds trees with any leaves (tracers, None, sentinel objects)
+    stack = object.__new__(Stacked)
+    store = object.__setattr__
+    store(stack, "_tree", aux[1].unflatten(children))
+    store(stack, "_length", aux[0])
+    store(stack, "_flat", (tuple(children), aux))
+    return stack
+
+
+jax.tree_util.register_pytree_with_keys(
+    Stacked, _flatten_with_keys, _unflatten, operator.attrgetter("_flat")
+)
+
+
+class _LeafPaths:
+    """The key paths of one block's leaves (frozen values as leaves), worked out on demand."""
+
+    __slots__ = ("block", "paths")
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+        self.paths: list[tuple[Any, ...]] | None = None
+
+    def path(self, j: int) -> tuple[Any, ...]:
+        if self.paths is None:
+            pairs = jax.tree_util.tree_flatten_with_path(self.block, is_leaf=is_frozen)[0]
+            self.paths = [p for p, _ in pairs]
+        return self.paths[j]
+
+    def text(self, k: int, j: int) -> str:
+        return f"blocks[{k}]" + jax.tree_util.keystr(self.path(j))
+
+
+def _leaf_keystr(treedef: Any, j: int) -> str:
+    dummy = treedef.unflatten([0] * treedef.num_leaves)
+    paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
+    return jax.tree_util.keystr(paths[j][0]) if j < len(paths) else ""
+
+
+def _structure_error(first: Any, other: Any, k: int, where: Callable | None = None) -> Exception:
+    found = first_mismatch(first, other, is_leaf=is_frozen)
+    path = () if found is None else found.path
+    place = (
+        f"blocks[{k}]" + jax.tree_util.keystr(path)
+        if where is None
+        else where((SequenceKey(k), *path))
+    )
+    if found is None:
+        reason = "they differ"
+    else:
+        reason = f"block 0 has {found.tree_has}, block {k} has {found.other_has}"
+        if found.only_tree:
+            reason += f"; only block 0 has {', '.join(found.only_tree)}"
+        if found.only_other:
+            reason += f"; only block {k} has {', '.join(found.only_other)}"
+    return ValueError(STRUCTURE_MSG.format(k=k, where=place, reason=reason))
+
+
+# -- printing ---------------------------------------------------------------------------------
+
+
+class _BlockLeaf:
+    """A stacked array as the printers show it: `48×f32[256,256](μ=…, σ=…, ∈[…])`."""
+
+    __slots__ = ("value", "length", "frozen")
+
+    def __init__(self, value: Any, length: int, frozen: bool) -> None:
+        self.value = value
+        self.length = length
+        self.frozen = frozen
+
+    def block_type(self) -> str:
+        x = self.value
+        block = tree_repr(jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+        return f"{'#' if self.frozen else ''}{self.length}×{block}"
+
+    def __repr__(self) -> str:
+        x = self.value
+        full = tree_repr(x)
+        head = tree_repr(jax.ShapeDtypeStruct(x.shape, x.dtype))
+        stats = full[len(head) :] if full.startswith(head) else ""
+        return self.block_type() + stats
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        from treescope import rendering_parts as parts
+
+        return parts.build_one_line_tree_node(parts.text(repr(self)), path=path)
+
+
+def _print_view(x: Any, n: int) -> Any:
+    if _is_array(x) and _has_axis(x, n):
+        return _BlockLeaf(x, n, False)
+    if is_frozen(x):
+        inner = unfreeze(x)
+        if _is_array(inner) and _has_axis(inner, n):
+            return _BlockLeaf(inner, n, True)
+    return x
+
+
+def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
+    """The block tree's children with their arrays shown per block (`48×f32[256,256]`)."""
+    n = stack._length
+    pairs = _flatten_with_keys(stack)[0]
+    return [
+        (key, jax.tree_util.tree_map(lambda x: _print_view(x, n), child, is_leaf=is_frozen))
+        for key, child in pairs
+    ]
+
+
+def _stack_name(stack: Stacked) -> str:
+    return f"Stacked[{stack._length}×{type(stack._tree).__name__}]"
+
+
+def _leaf_count(leaf: _BlockLeaf) -> int:
+    return int(np.prod(leaf.value.shape, dtype=np.int64))
+
+
+def _leaf_size(leaf: _BlockLeaf) -> int:
+    try:
+        itemsize = np.dtype(leaf.value.dtype).itemsize
+    except TypeError:  # extended dtypes (PRNG keys)
+        itemsize = getattr(leaf.value.dtype, "itemsize", 0)
+    return _leaf_count(leaf) * itemsize
+
+
+register_printer(
+    _BlockLeaf,
+    repr=repr,
+    str=lambda leaf: tree_str(freeze(leaf.value) if leaf.frozen else leaf.value),
+    type_name=_BlockLeaf.block_type,
+    count=_leaf_count,
+    size=_leaf_size,
+)
+register_printer(Stacked, type_name=_stack_name, children=_print_children)
+
+
+# -- converting between stacked and unstacked trees --------------------------------------------
+
+
+def _is_stack(x: Any) -> bool:
+    return isinstance(x, Stacked)
+
+
+def unstack_all(tree: _T) -> _T:
+    """`tree` with every `Stacked` replaced by the tuple of its blocks (nested ones too).
+
+    The unstacked layout of a model: save it for tools that expect one tensor per block
+    (`tc.save(path, tc.unstack_all(model))`), or use it as the template to load such a
+    checkpoint, then `tc.restack` the result.
+
+    **Arguments**
+
+    - `tree`: any pytree.
+
+    **Returns**
+
+    The tree, with tuples of blocks in place of stacks.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    model = {"blocks": tc.Stacked({"w": jnp.zeros((3, 2))}), "head": jnp.ones(2)}
+    flat = tc.unstack_all(model)
+    assert len(flat["blocks"]) == 3 and flat["blocks"][0]["w"].shape == (2,)
+    ```
+    """
+
+    def replace(x: Any) -> Any:
+        if isinstance(x, Stacked):
+            return tuple(unstack_all(block) for block in x.unstack())
+        return x
+
+    return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
+
+
+def _has_stack(tree: Any) -> bool:
+    return any(isinstance(x, Stacked) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
+
+
+def _sequence_of_blocks(x: Any) -> bool:
+    return type(x) in (list, tuple)
+
+
+def restack(tree: Any, like: Any) -> Any:
+    """`tree` converted to the stacking of `like`: stacks where `like` has a `Stacked`,
+    tuples or lists of blocks where `like` has those.
+
+    With it a checkpoint of the unstacked model loads into the stacked one, and the
+    reverse: load it with a template of its own layout, then convert.
+
+        stacked = tc.restack(tc.load(path, tc.unstack_all(stacked)), stacked)
+        unstacked = tc.restack(tc.load(path, stacked_template), unstacked)
+
+    Round trips are exact: blocks are stacked and split, never recomputed.
+
+    **Arguments**
+
+    - `tree`: the tree to convert (a model, or a loaded checkpoint).
+    - `like`: a tree of the layout wanted; where both have the same kind of node, only
+      their children are compared.
+
+    **Returns**
+
+    `tree` in `like`'s layout.
+
+    **Raises**
+
+    `ValueError` naming the key path where the two trees differ otherwise (another
+    number of blocks, other keys).
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    stacked = {"blocks": tc.Stacked({"w": jnp.arange(6.0).reshape(3, 2)})}
+    unstacked = tc.unstack_all(stacked)
+    back = tc.restack(unstacked, stacked)
+    assert tc.is_tree_equal(back, stacked)
+    assert tc.is_tree_equal(tc.restack(back, unstacked), unstacked)
+    ```
+    """
+    return _restack(tree, like, (), tree)
+
+
+def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
+    def error(got: Any, want: Any) -> ValueError:
+        where = root_name(root) + jax.tree_util.keystr(path)
+        return ValueError(RESTACK_MSG.format(where=where, got=got, want=want))
+
+    if isinstance(like, Stacked):
+        if isinstance(tree, Stacked):
+            if len(tree) != len(like):
+                raise error(f"a stack of {len(tree)} blocks", f"a stack of {len(like)}")
+            return tree
+        if not _sequence_of_blocks(tree):
+            raise error(_what(tree), f"a stack of {len(like)} blocks")
+        if len(tree) != len(like):
+            raise error(f"{len(tree)} blocks", f"a stack of {len(like)}")
+        template = like[0]
+        blocks = [
+            _restack(block, template, (*path, SequenceKey(i)), root) for i, block in enumerate(tree)
+        ]
+        return Stacked.from_blocks(blocks)
+    if isinstance(tree, Stacked):
+        if not _sequence_of_blocks(like):
+            raise error(f"a stack of {len(tree)} blocks", _what(like))
+        if len(tree) != len(like):
+            raise error(f"a stack of {len(tree)} blocks", f"{len(like)} blocks")
+        blocks = [
+            _restack(block, template, (*path, SequenceKey(i)), root)
+            for i, (block, template) in enumerate(zip(tree.unstack(), like))
+        ]
+        return type(like)(blocks)
+    if not _has_stack(tree) and not _has_stack(like):
+        return tree
+    tree_kind, like_kind = node_kind(tree, is_frozen), node_kind(like, is_frozen)
+    tree_opened, like_opened = open_node(tree, tree_kind), open_node(like, like_kind)
+    if tree_opened is None or like_opened is None or tree_opened.entries != like_opened.entries:
+        raise error(_what(tree), _what(like))
+    children = [
+        _restack(child, template, (*path, e), root)
+        for e, child, template in zip(
+            tree_opened.entries, tree_opened.children, like_opened.children
+        )
+    ]
+    if all(new is old for new, old in zip(children, tree_opened.children)):
+        return tree
+    return rebuild(tree, tree_kind, tree_opened.aux, children)
+
+
+# -- optimizer settings per block ----------------------------------------------------------------
+
+
+def _scale_one(factor: Any, update: Any, where: Callable[[], str]) -> Any:
+    if update is None:
+        return update
+    if isinstance(factor, bool | np.bool_):
+        return update if factor else jnp.zeros_like(update)
+    if isinstance(factor, numbers.Number):
+        return update if factor == 1 else update * factor
+    factor = jnp.asarray(factor)
+    shape = jnp.shape(update)
+    if factor.ndim > len(shape) or tuple(factor.shape) != tuple(shape[: factor.ndim]):
+        raise ValueError(SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=shape))
+    factor = factor.reshape(factor.shape + (1,) * (len(shape) - factor.ndim))
+    if factor.dtype == jnp.bool_:
+        return jnp.where(factor, update, jnp.zeros_like(update))
+    return (update * factor).astype(jnp.result_type(update))
+
+
+def scale_blocks(factors: Any) -> Any:
+    """An optax transform multiplying each update by a factor: one per leaf, or per block.
+
+    `factors` has the parameters' structure (or a prefix of it). A leaf is a number (the
+    whole leaf's factor: `0` freezes it, `0.5` halves its learning rate) or an array along
+    the leading axes of its leaf: for a stacked leaf, one factor per block. Booleans work
+    as masks (`False` zeroes the update). Build the factors from the model with `.at`:
+
+        factors = model.at[...].set(1.0).at["blocks"][0:6].set(0.0)   # freeze blocks 0-5
+        decay = model.at[...].set(1.0).at["blocks"].set(0.9 ** jnp.arange(47, -1, -1))
+
+    Put it last in a chain: `optax.chain(optax.adamw(1e-3), tc.scale_blocks(factors))`
+    (the optimizer's state is kept for frozen blocks, but their updates are zero).
+
+    **Arguments**
+
+    - `factors`: the tree of factors.
+
+    **Returns**
+
+    An optax `GradientTransformation` (needs optax).
+
+    ```python
+    import jax.numpy as jnp
+    import optax
+    import treeclass as tc
+
+    params = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
+    factors = tc.at(tc.at(params)[...].set(1.0))["blocks"][0].set(0.0)
+    opt = optax.chain(optax.sgd(1.0), tc.scale_blocks(factors))
+    grads = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
+    updates, _ = opt.update(grads, opt.init(params))
+    assert updates["blocks"].tree["w"][:, 0].tolist() == [0.0, -1.0, -1.0]
+    ```
+    """
+    try:
+        import optax
+    except ImportError as error:
+        raise ImportError("`tc.scale_blocks` needs optax: pip install optax") from error
+
+    def init(params: Any) -> Any:
+        return optax.EmptyState()
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        try:
+            pairs = jax.tree_util.tree_structure(factors).flatten_up_to(updates)
+        except (ValueError, TypeError):
+            found = first_mismatch(updates, factors, other_covers=is_leaf_node)
+            where = (
+                "the updates"
+                if found is None
+                else root_name(updates) + jax.tree_util.keystr(found.path)
+            )
+            reason = (
+                "the structures differ"
+                if found is None
+                else found.explain("factors", tree="updates")
+            )
+            raise ValueError(SCALE_MISMATCH_MSG.format(where=where, reason=reason)) from None
+        paths = jax.tree_util.tree_flatten_with_path(factors)[0]
+        scaled = [
+            jax.tree_util.tree_map(
+                lambda u, f=factor, p=path: _scale_one(
+                    f, u, lambda: root_name(updates) + jax.tree_util.keystr(p)
+                ),
+                sub,
+            )
+            for (path, factor), sub in zip(paths, pairs)
+        ]
+        return jax.tree_util.tree_structure(factors).unflatten(scaled), state
+
+    return optax.GradientTransformation(init, update)
