@@ -1069,6 +1069,8 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     assert "dispatch_2_layers" in names
     ```
     """
+    from .stacked import stacked_cases  # its own file; it imports this one
+
     return [
         *_flatten_cases(sizes),
         *_dispatch_cases(sizes),
@@ -1076,6 +1078,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_edit_cases(sizes),
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
+        *stacked_cases(sizes),
     ]
 
 

@@ -323,6 +323,8 @@ def scaling_cases(
     - `mode`: picks the layer counts and the train step's largest size;
     - `layer_counts`: other layer counts (the train step still stops at its largest).
     """
+    from .stacked import stacked_scaling_cases  # its own file; it imports this one
+
     counts = tuple(sorted(layer_counts or SCALING_SIZES[mode]))
     train_counts = tuple(n for n in counts if n <= _TRAIN_STEP_LARGEST[mode]) or counts[:1]
     width = sizes.width
@@ -381,6 +383,7 @@ def scaling_cases(
             lambda n: _summary_at(n, sizes),
             counts,
         ),
+        *stacked_scaling_cases(sizes, mode),  # blocks, not layers: its own sizes
     ]
 
 

@@ -979,7 +979,9 @@ def test_scaling_sizes_per_mode_and_the_train_step_stops_early():
         "scaling_tree_mask",
         "scaling_repr",
         "scaling_tree_summary",
+        "scaling_stacked_compile",
     }
+    assert full["scaling_stacked_compile"] == (12, 48, 96)  # blocks, not layers
 
 
 def test_scaling_markdown_flags_treeclass_above_linear():

@@ -1023,7 +1023,8 @@ class AtIndexer(Generic[T]):
     **Selectors**
 
     - `"name"`: the attribute or dict key; `0`, `-1`: a sequence index (negative counts
-      from the end); `...`: every child at this level (alone, the whole tree);
+      from the end); `1:3`, `::2`: a slice of sequence positions (as Python slices);
+      `...`: every child at this level (alone, the whole tree);
       `re.compile(p)`: children whose name fully matches `p`;
     - a boolean mask: a pytree with the tree's structure (or a prefix of it) holding
       bools or boolean arrays, e.g. `jax.tree_util.tree_map(lambda x: x > 0, tree)`. A
@@ -1040,6 +1041,9 @@ class AtIndexer(Generic[T]):
     - a `tc.BaseKey` instance: children whose key entry it says it equals; a value of a
       type registered with `tc.BaseKey.def_alias`, or with `AtIndexer.def_rule` (also
       `tc.at.def_rule`, sepes's spelling); a JAX key entry (`jax.tree_util.DictKey("a")`).
+
+    A node that opens itself for `.at` (a `tc.Stacked` opens into its blocks, indexed
+    `[i]`) is indexed by these selectors like a sequence.
 
     A name or index that is missing, and a glob, regex or `BaseKey` that selects nothing,
     raise `LookupError` (naming the closest existing keys); a mask or predicate that

@@ -1,0 +1,522 @@
+"""Deep models: N identical blocks unrolled, or stacked and applied with `lax.scan`.
+
+A model of `blocks` blocks (an RMS norm, two matmuls of width `width`, a residual), trained
+with plain SGD on a mean squared error. Each implementation builds it from the same arrays
+and its first loss must agree with the others':
+
+- **treeclass, stacked**: `tc.Stacked` of the blocks, called (`self.blocks(x)`, one scan);
+- **treeclass, unrolled**: a tuple of the same `TreeClass` blocks, a Python loop;
+- **plain JAX** (the floor): a dict of stacked arrays and a hand-written `lax.scan`;
+- **equinox**: the blocks stacked by hand (`eqx.filter_vmap` init, `eqx.partition`,
+  `lax.scan` over the arrays, `eqx.combine` in the body), as its docs show;
+- **flax.nnx**: `nnx.vmap` init and `nnx.scan` over the blocks.
+
+Three questions, three cases: how long `jax.jit(step).lower(...).compile()` takes (a fresh
+function every call, so nothing is cached), how long a compiled step takes, and how long
+building the model takes (warm: the eager operations are compiled once before timing).
+The scaling case asks how the compile time grows with the number of blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cases import SMOKE_SIZES, Case, Entry, Sizes, Target
+from .peers import PeerMissing
+from .timing import Plan
+
+__all__ = ["StackSize", "stacked_cases", "stacked_scaling_cases"]
+
+_GROUP = "9. stacked blocks"
+_STACKED = "treeclass"
+_UNROLLED = "treeclass, unrolled"
+_FLOOR = "plain JAX (lax.scan)"
+_EQUINOX = "equinox (hand-written scan)"
+_NNX = "flax.nnx (nnx.scan)"
+_LR = 1e-3
+
+
+@dataclass(frozen=True)
+class StackSize:
+    """The model: `blocks` blocks of `width`, batches of `batch` rows."""
+
+    blocks: int = 48
+    width: int = 256
+    batch: int = 64
+
+
+FULL = StackSize()
+SMOKE = StackSize(blocks=4, width=8, batch=2)
+SCALING_BLOCKS = {"full": (12, 48, 96), "quick": (12, 48, 96), "smoke": (2, 4, 8)}
+
+
+def _mode(sizes: Sizes) -> str:
+    return "smoke" if sizes == SMOKE_SIZES else "full"
+
+
+# -- shared arrays --------------------------------------------------------------------------
+
+
+@functools.cache
+def _arrays(size: StackSize) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(size.blocks * 7 + size.width)
+    n, w = size.blocks, size.width
+    return {
+        "scale": (1.0 + 0.1 * rng.standard_normal((n, w))).astype(np.float32),
+        "w1": (rng.standard_normal((n, w, w)) / np.sqrt(w)).astype(np.float32),
+        "w2": (rng.standard_normal((n, w, w)) / np.sqrt(w) * 0.5).astype(np.float32),
+    }
+
+
+@functools.cache
+def _batch(size: StackSize) -> tuple[Any, Any]:
+    rng = np.random.default_rng(3)
+    shape = (size.batch, size.width)
+    return (
+        jnp.asarray(rng.standard_normal(shape).astype(np.float32)),
+        jnp.asarray(rng.standard_normal(shape).astype(np.float32)),
+    )
+
+
+def _block(scale: Any, w1: Any, w2: Any, x: Any) -> Any:
+    h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+    return x + jax.nn.gelu(h @ w1) @ w2
+
+
+def _sgd(params: Any, grads: Any) -> Any:
+    return jax.tree_util.tree_map(lambda p, g: p - _LR * g, params, grads)
+
+
+# -- treeclass ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _treeclass_classes() -> tuple[type, type, type]:
+    import treeclass as tc
+
+    class Block(tc.TreeClass):
+        scale: jax.Array
+        w1: jax.Array
+        w2: jax.Array
+
+        def __call__(self, x: Any) -> Any:
+            return _block(self.scale, self.w1, self.w2, x)
+
+    class StackedModel(tc.TreeClass):
+        blocks: tc.Stacked
+
+        def __call__(self, x: Any) -> Any:
+            return self.blocks(x)
+
+    class UnrolledModel(tc.TreeClass):
+        blocks: tuple
+
+        def __call__(self, x: Any) -> Any:
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    return Block, StackedModel, UnrolledModel
+
+
+def _treeclass_model(size: StackSize, stacked: bool) -> Any:
+    import treeclass as tc
+
+    Block, StackedModel, UnrolledModel = _treeclass_classes()
+    a = _arrays(size)
+    blocks = [
+        Block(jnp.asarray(a["scale"][i]), jnp.asarray(a["w1"][i]), jnp.asarray(a["w2"][i]))
+        for i in range(size.blocks)
+    ]
+    if stacked:
+        return StackedModel(tc.Stacked.from_blocks(blocks))
+    return UnrolledModel(tuple(blocks))
+
+
+def _step_fn() -> Callable[..., Any]:
+    """A fresh train step for models with `__call__` (a new function: nothing cached)."""
+
+    def step(model: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        return _sgd(model, grads), loss
+
+    return step
+
+
+# -- plain JAX --------------------------------------------------------------------------------
+
+
+def _floor_params(size: StackSize) -> dict[str, Any]:
+    return {k: jnp.asarray(v) for k, v in _arrays(size).items()}
+
+
+def _floor_step_fn() -> Callable[..., Any]:
+    def forward(params: Any, x: Any) -> Any:
+        def body(x: Any, p: Any) -> Any:
+            return _block(p["scale"], p["w1"], p["w2"], x), None
+
+        return jax.lax.scan(body, x, params)[0]
+
+    def step(params: Any, x: Any, y: Any) -> Any:
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean((forward(p, x) - y) ** 2))(params)
+        return _sgd(params, grads), loss
+
+    return step
+
+
+# -- equinox ------------------------------------------------------------------------------------
+
+
+def _import_equinox() -> Any:
+    try:
+        import equinox as eqx
+    except ImportError as error:
+        raise PeerMissing("equinox is not installed (pip install equinox)") from error
+    return eqx
+
+
+@functools.cache
+def _equinox_block() -> type:
+    eqx = _import_equinox()
+
+    class EqxBlock(eqx.Module):
+        scale: jax.Array
+        w1: jax.Array
+        w2: jax.Array
+
+        def __call__(self, x: Any) -> Any:
+            return _block(self.scale, self.w1, self.w2, x)
+
+    return EqxBlock
+
+
+def _equinox_model(size: StackSize) -> Any:
+    a = _arrays(size)
+    return _equinox_block()(*(jnp.asarray(a[k]) for k in ("scale", "w1", "w2")))
+
+
+def _equinox_step_fn() -> Callable[..., Any]:
+    eqx = _import_equinox()
+
+    def forward(blocks: Any, x: Any) -> Any:
+        dynamic, static = eqx.partition(blocks, eqx.is_array)
+
+        def body(x: Any, block: Any) -> Any:
+            return eqx.combine(block, static)(x), None
+
+        return jax.lax.scan(body, x, dynamic)[0]
+
+    def step(blocks: Any, x: Any, y: Any) -> Any:
+        loss, grads = eqx.filter_value_and_grad(lambda b: jnp.mean((forward(b, x) - y) ** 2))(
+            blocks
+        )
+        return eqx.apply_updates(blocks, jax.tree_util.tree_map(lambda g: -_LR * g, grads)), loss
+
+    return step
+
+
+# -- flax.nnx -----------------------------------------------------------------------------------
+
+
+def _import_nnx() -> Any:
+    try:
+        from flax import nnx
+    except ImportError as error:
+        raise PeerMissing("flax is not installed (pip install flax)") from error
+    return nnx
+
+
+@functools.cache
+def _nnx_block() -> type:
+    nnx = _import_nnx()
+
+    class NnxBlock(nnx.Module):
+        def __init__(self, scale: Any, w1: Any, w2: Any):
+            self.scale, self.w1, self.w2 = nnx.Param(scale), nnx.Param(w1), nnx.Param(w2)
+
+        def __call__(self, x: Any) -> Any:
+            return _block(self.scale[...], self.w1[...], self.w2[...], x)
+
+    return NnxBlock
+
+
+def _nnx_state(size: StackSize) -> tuple[Any, Any]:
+    nnx = _import_nnx()
+    a = _arrays(size)
+    blocks = _nnx_block()(*(jnp.asarray(a[k]) for k in ("scale", "w1", "w2")))
+    return nnx.split(blocks)
+
+
+def _nnx_step_fn(graphdef: Any) -> Callable[..., Any]:
+    nnx = _import_nnx()
+
+    def step(state: Any, x: Any, y: Any) -> Any:
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def forward(x: Any, block: Any) -> Any:
+            return block(x)
+
+        def loss_fn(state: Any) -> Any:
+            return jnp.mean((forward(x, nnx.merge(graphdef, state)) - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state)
+        return _sgd(state, grads), loss
+
+    return step
+
+
+# -- the implementations ------------------------------------------------------------------------
+
+
+def _implementations(size: StackSize) -> list[tuple[str, str, str, Callable[[], Any]]]:
+    """`(name, role, note, setup)`; `setup()` gives `(make_step, args)`."""
+
+    def treeclass(stacked: bool) -> Callable[[], Any]:
+        return lambda: (_step_fn, (_treeclass_model(size, stacked), *_batch(size)))
+
+    def floor() -> Any:
+        return _floor_step_fn, (_floor_params(size), *_batch(size))
+
+    def equinox() -> Any:
+        return _equinox_step_fn, (_equinox_model(size), *_batch(size))
+
+    def nnx() -> Any:
+        graphdef, state = _nnx_state(size)
+        return functools.partial(_nnx_step_fn, graphdef), (state, *_batch(size))
+
+    return [
+        (_STACKED, "treeclass", "`tc.Stacked`, called", treeclass(True)),
+        (_UNROLLED, "baseline", "a tuple of blocks, a Python loop", treeclass(False)),
+        (_FLOOR, "floor", "dict of stacked arrays", floor),
+        (_EQUINOX, "peer", "`eqx.partition` + `lax.scan`", equinox),
+        (_NNX, "peer", "`nnx.scan`, `jax.jit` of split state", nnx),
+    ]
+
+
+def _loss_canon(result: Any) -> dict[tuple, np.ndarray]:
+    return {("loss",): np.asarray(result)}
+
+
+def _compile_entries(size: StackSize) -> list[Entry]:
+    def build(setup: Callable[[], Any]) -> Callable[[], Callable[[], Any]]:
+        def op_factory() -> Callable[[], Any]:
+            make_step, args = setup()
+
+            def compile_once() -> Any:
+                return jax.jit(make_step()).lower(*args).compile()
+
+            return _Checked(compile_once, args)
+
+        return op_factory
+
+    return [
+        Entry(name, role, build(setup), note=note, canon=_CompiledLoss.canon)
+        for name, role, note, setup in _implementations(size)
+    ]
+
+
+class _Checked:
+    """A compile operation whose result is checked by running it once on its inputs."""
+
+    def __init__(self, compile_once: Callable[[], Any], args: tuple[Any, ...]):
+        self.compile_once = compile_once
+        self.args = args
+
+    def __call__(self) -> Any:
+        return _CompiledLoss(self.compile_once(), self.args)
+
+
+@dataclass
+class _CompiledLoss:
+    compiled: Any
+    args: tuple[Any, ...]
+
+    @staticmethod
+    def canon(result: Any) -> dict[tuple, np.ndarray]:
+        return _loss_canon(result.compiled(*result.args)[1])
+
+
+def _step_entries(size: StackSize) -> list[Entry]:
+    def build(setup: Callable[[], Any]) -> Callable[[], Callable[[], Any]]:
+        def op_factory() -> Callable[[], Any]:
+            make_step, args = setup()
+            step = jax.jit(make_step())
+            return lambda: step(*args)[1]
+
+        return op_factory
+
+    return [
+        Entry(name, role, build(setup), note=note, canon=_loss_canon)
+        for name, role, note, setup in _implementations(size)
+    ]
+
+
+def _init_entries(size: StackSize) -> list[Entry]:
+    """Building the blocks from keys; each result is checked as the stacked arrays."""
+    n, w = size.blocks, size.width
+
+    def make_arrays(key: Any) -> tuple[Any, Any, Any]:
+        k1, k2 = jax.random.split(key)
+        return (
+            jnp.ones((w,)),
+            jax.random.normal(k1, (w, w)) / np.sqrt(w),
+            jax.random.normal(k2, (w, w)) / np.sqrt(w),
+        )
+
+    keys = jax.random.split(jax.random.key(0), n)
+
+    def stacked() -> Callable[[], Any]:
+        import treeclass as tc
+
+        Block = _treeclass_classes()[0]
+        return lambda: tc.Stacked.from_init(lambda k: Block(*make_arrays(k)), keys)
+
+    def unrolled() -> Callable[[], Any]:
+        Block = _treeclass_classes()[0]
+        return lambda: tuple(Block(*make_arrays(k)) for k in keys)
+
+    def floor() -> Callable[[], Any]:
+        return lambda: jax.vmap(make_arrays)(keys)
+
+    def equinox() -> Callable[[], Any]:
+        eqx, EqxBlock = _import_equinox(), _equinox_block()
+        return lambda: eqx.filter_vmap(lambda k: EqxBlock(*make_arrays(k)))(keys)
+
+    def nnx() -> Callable[[], Any]:
+        flax_nnx, NnxBlock = _import_nnx(), _nnx_block()
+        return lambda: flax_nnx.vmap(lambda k: NnxBlock(*make_arrays(k)))(keys)
+
+    def canon(result: Any) -> dict[tuple, np.ndarray]:
+        if isinstance(result, tuple) and len(result) == n and hasattr(result[0], "w1"):
+            parts = [np.stack([np.asarray(getattr(b, k)) for b in result]) for k in ("w1", "w2")]
+        elif isinstance(result, tuple):  # plain JAX: (scale, w1, w2)
+            parts = [np.asarray(result[1]), np.asarray(result[2])]
+        elif hasattr(result, "tree"):  # a Stacked
+            parts = [np.asarray(result.tree.w1), np.asarray(result.tree.w2)]
+        else:
+            parts = [np.asarray(getattr(result, k)[...]) for k in ("w1", "w2")]
+        return {("w1",): parts[0], ("w2",): parts[1]}
+
+    return [
+        Entry(_STACKED, "treeclass", stacked, note="`Stacked.from_init` (one vmap)", canon=canon),
+        Entry(_UNROLLED, "baseline", unrolled, note="one constructor call per block", canon=canon),
+        Entry("plain JAX (jax.vmap)", "floor", floor, note="arrays only", canon=canon),
+        Entry("equinox (filter_vmap)", "peer", equinox, note="`eqx.filter_vmap`", canon=canon),
+        Entry("flax.nnx (nnx.vmap)", "peer", nnx, note="`nnx.vmap`", canon=canon),
+    ]
+
+
+def _one_call_plan(rounds: int) -> Callable[[Plan], Plan]:
+    def plan(base: Plan) -> Plan:
+        # one compile (seconds) per sample, on the wall clock: XLA compiles on threads
+        return dataclasses.replace(
+            base,
+            rounds=min(base.rounds, rounds),
+            calibrate=False,
+            warmup=0,
+            clock="wall",
+            remeasures=0,
+        )
+
+    return plan
+
+
+def _wall_plan(base: Plan) -> Plan:
+    # a step or an init runs XLA's threads: the wall clock, fewer rounds than the main cases
+    return dataclasses.replace(base, rounds=min(base.rounds, 9), clock="wall", remeasures=0)
+
+
+def _block_ready(result: Any) -> Any:
+    return jax.block_until_ready(result)
+
+
+def compile_case(size: StackSize, rounds: int = 5, target: bool = True) -> Case:
+    """Lower and compile the train step of a `size.blocks`-block model."""
+    return Case(
+        name=f"stacked_compile_{size.blocks}_blocks",
+        group=_GROUP,
+        title=f"`jax.jit(step).lower(...).compile()` of the SGD train step, {size.blocks} "
+        f"blocks of width {size.width}",
+        entries=lambda: _compile_entries(size),
+        sync=None,
+        target=Target(
+            f"compile >= 10x faster than unrolled ({size.blocks} blocks)",
+            "min_speedup",
+            10.0,
+            (_UNROLLED,),
+        )
+        if target
+        else None,
+        plan=_one_call_plan(rounds),
+        note="A fresh step function each call, so JAX traces, lowers and compiles it anew; "
+        "the check runs the compiled step once and compares the losses.",
+    )
+
+
+def step_case(size: StackSize) -> Case:
+    return Case(
+        name=f"stacked_step_{size.blocks}_blocks",
+        group=_GROUP,
+        title=f"one compiled SGD train step, {size.blocks} blocks of width {size.width}, "
+        f"batch {size.batch}",
+        entries=lambda: _step_entries(size),
+        sync=_block_ready,
+        target=Target("step <= 1.1x of unrolled", "max_ratio", 1.1, (_UNROLLED,)),
+        plan=_wall_plan,
+    )
+
+
+def init_case(size: StackSize) -> Case:
+    return Case(
+        name=f"stacked_init_{size.blocks}_blocks",
+        group=_GROUP,
+        title=f"build {size.blocks} blocks of width {size.width} from keys (eager, warm)",
+        entries=lambda: _init_entries(size),
+        sync=_block_ready,
+        plan=_wall_plan,
+        note="No target: one vmapped constructor against one call per block.",
+    )
+
+
+def stacked_cases(sizes: Sizes) -> list[Case]:
+    """The stacked-blocks cases: compile, step and init at 48 blocks (4 in smoke mode).
+
+    ```python
+    from benchmarks.cases import SMOKE_SIZES
+    from benchmarks.stacked import stacked_cases
+
+    assert [c.name for c in stacked_cases(SMOKE_SIZES)][0] == "stacked_compile_4_blocks"
+    ```
+    """
+    size = SMOKE if _mode(sizes) == "smoke" else FULL
+    return [compile_case(size), step_case(size), init_case(size)]
+
+
+def stacked_scaling_cases(sizes: Sizes, mode: str) -> list[Any]:
+    """Compile time of the train step at 12, 48 and 96 blocks, with its exponent."""
+    from .scaling import ScalingCase  # `scaling` lists this case: import it when asked
+
+    base = SMOKE if mode == "smoke" else FULL
+
+    def case_at(n: int) -> Case:
+        size = dataclasses.replace(base, blocks=n)
+        case = compile_case(size, rounds=3, target=False)
+        return dataclasses.replace(case, name=f"scaling_stacked_compile_{n}", group="8. scaling")
+
+    return [
+        ScalingCase(
+            "scaling_stacked_compile",
+            "compile the train step of N stacked (or unrolled) blocks",
+            case_at,
+            SCALING_BLOCKS[mode],
+            reuse=lambda n: f"stacked_compile_{n}_blocks",
+            note="blocks, not layers: the stacked model should compile in time flat in N",
+        )
+    ]
