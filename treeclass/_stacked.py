@@ -494,7 +494,7 @@ class Stacked:
                 raise _structure_error(blocks[0], blocks[k], k)
         paths = _LeafPaths(blocks[0])
         leaves = [
-            _combine([leaves[j] for leaves, _ in flats], lambda k, j=j: paths.text(k, j))
+            _combine([leaves[j] for leaves, _ in flats], paths.where_of(j))
             for j in range(treedef.num_leaves)
         ]
         return _make(treedef.unflatten(leaves), len(blocks))
@@ -538,7 +538,9 @@ class Stacked:
             block = make(key)
             _check_node(block)
             leaves, treedef = jax.tree_util.tree_flatten(block, is_leaf=is_frozen)
-            kinds, kept, arrays = [], [], []
+            kinds: list[int] = []
+            kept: list[Any] = []
+            arrays: list[Any] = []
             for leaf in leaves:
                 inner = unfreeze(leaf) if is_frozen(leaf) else leaf
                 if isinstance(inner, jax.Array):  # made from the key, or a constant
@@ -735,8 +737,11 @@ class Stacked:
             return self
         paths = _LeafPaths(aux.blocks[0])
 
-        def text(k: int, j: int) -> str:
-            return where((SequenceKey(k), *paths.path(j)))
+        def where_of(j: int) -> Callable[[int], str]:
+            def text(k: int) -> str:
+                return where((SequenceKey(k), *paths.path(j)))
+
+            return text
 
         new_leaves: dict[int, list[Any]] = {}
         for k in changed:
@@ -764,12 +769,12 @@ class Stacked:
                 if not writes:
                     continue
                 if kind != _SHARED and len(writes) < n:
-                    out[j] = _write(leaf, kind, writes, lambda k, j=j: text(k, j))
+                    out[j] = _write(leaf, kind, writes, where_of(j))
                 else:
                     column = [row[j] for row in aux.block_leaves]
                     for k, value in writes:
                         column[k] = value
-                    out[j] = _combine(column, lambda k, j=j: text(k, j))
+                    out[j] = _combine(column, where_of(j))
         except (ValueError, TypeError):
             if partial:
                 return tuple(children)
@@ -881,8 +886,13 @@ class _LeafPaths:
             self.paths = [p for p, _ in pairs]
         return self.paths[j]
 
-    def text(self, k: int, j: int) -> str:
-        return f"blocks[{k}]" + jax.tree_util.keystr(self.path(j))
+    def where_of(self, j: int) -> Callable[[int], str]:
+        """The text of leaf `j`'s key path in block `k`, as a function of `k`."""
+
+        def text(k: int) -> str:
+            return f"blocks[{k}]" + jax.tree_util.keystr(self.path(j))
+
+        return text
 
 
 def _leaf_keystr(treedef: Any, j: int) -> str:
