@@ -91,7 +91,9 @@ class ScalingCase:
     - `case_at(n)`: the `Case` at `n` layers (no target: scaling has no verdicts);
     - `sizes`: the layer counts, ascending;
     - `reuse(n)`: the name of a main case timing the same operation at `n` layers, whose
-      result is used when it ran in the same process.
+      result is used when it ran in the same process;
+    - `budget_s`: the seconds an implementation may be projected to take at the next
+      size before it is left out, when not the mode's (a case of seconds-long calls).
     """
 
     name: str
@@ -100,6 +102,7 @@ class ScalingCase:
     sizes: tuple[int, ...]
     reuse: Callable[[int], str] | None = None
     note: str = ""
+    budget_s: float | None = None
 
 
 @dataclass
@@ -448,7 +451,8 @@ def run_scaling(
                     + (f" ({entry.note})" if entry.note else "")
                 )
         if index + 1 < len(case.sizes):
-            _leave_out_slow(rows, left_out, n, case.sizes[index + 1], plan, budget_s)
+            budget = budget_s if case.budget_s is None else case.budget_s
+            _leave_out_slow(rows, left_out, n, case.sizes[index + 1], plan, budget)
     result.rows = list(rows.values())
     result.seconds = time.perf_counter() - start
     return result

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -518,5 +519,7 @@ def stacked_scaling_cases(sizes: Sizes, mode: str) -> list[Any]:
             SCALING_BLOCKS[mode],
             reuse=lambda n: f"stacked_compile_{n}_blocks",
             note="blocks, not layers: the stacked model should compile in time flat in N",
+            # a compile takes seconds: every size is timed (in smoke mode too, as always)
+            budget_s=math.inf if mode == "smoke" else 300.0,
         )
     ]
