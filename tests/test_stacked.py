@@ -562,6 +562,13 @@ def test_frozen_stacked_leaves_print_marked():
     assert ".scale=#2×f32[4]" in tc.tree_diagram(net)
 
 
+def test_summary_roles_are_the_stacked_arrays_roles():
+    net = stacked_net(2).at["blocks"][...]["norm"]["scale"].apply(tc.freeze)
+    lines = [line for line in tc.tree_summary(net).splitlines() if line.startswith("│")]
+    rows = {line.split("│")[1].strip(): line for line in lines}
+    assert "frozen" in rows[".blocks.norm.scale"] and "trainable" in rows[".blocks.up.weight"]
+
+
 def test_html_shows_the_stack():
     page = stacked_net(3)._repr_html_()
     assert ".blocks:Stacked[3×Block]" in page and "3×f32[4,4]" in page
@@ -593,6 +600,17 @@ def test_optim_labels_on_a_stacked_model():
     assert labels.tree.blocks.tree.down.bias == "rest"
     opt = optax.multi_transform({"decay": optax.adamw(1e-3), "rest": optax.adam(1e-3)}, labels)
     opt.init(net)
+
+
+def test_optim_trainable_on_a_stacked_model():
+    net = stacked_net(3)
+    grads = jax.tree.map(jnp.ones_like, net)
+    for selection in (net, net.at[Linear]["weight"]):
+        opt = tc.optim.trainable(optax.sgd(0.1), selection)
+        updates, _ = opt.update(grads, opt.init(net), net)
+        new = optax.apply_updates(net, updates)
+        assert np.allclose(new.blocks.tree.up.weight, net.blocks.tree.up.weight - 0.1)
+    assert np.array_equal(new.blocks.tree.norm.scale, net.blocks.tree.norm.scale)
 
 
 def test_optim_mask_of_some_blocks_points_to_per_block_factors():

@@ -924,22 +924,30 @@ def _structure_error(first: Any, other: Any, k: int, where: Callable | None = No
 
 
 class _BlockLeaf:
-    """A stacked array as the printers show it: `48×f32[256,256](μ=…, σ=…, ∈[…])`."""
+    """A stacked array as the printers show it: `48×f32[256,256](μ=…, σ=…, ∈[…])`.
 
-    __slots__ = ("value", "length", "frozen")
+    A pytree node whose one child is the stacked array (or the frozen value holding it),
+    so that what asks a summary row for its leaves (its role: trainable, state, frozen)
+    sees the array itself.
+    """
 
-    def __init__(self, value: Any, length: int, frozen: bool) -> None:
-        self.value = value
+    __slots__ = ("value", "length")
+
+    def __init__(self, value: Any, length: int) -> None:
+        self.value = value  # the stacked array, or a frozen value holding one
         self.length = length
-        self.frozen = frozen
+
+    @property
+    def array(self) -> Any:
+        return unfreeze(self.value) if is_frozen(self.value) else self.value
 
     def block_type(self) -> str:
-        x = self.value
+        x = self.array
         block = tree_repr(jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
-        return f"{'#' if self.frozen else ''}{self.length}×{block}"
+        return f"{'#' if is_frozen(self.value) else ''}{self.length}×{block}"
 
     def __repr__(self) -> str:
-        x = self.value
+        x = self.array
         full = tree_repr(x)
         head = tree_repr(jax.ShapeDtypeStruct(x.shape, x.dtype))
         stats = full[len(head) :] if full.startswith(head) else ""
@@ -951,13 +959,20 @@ class _BlockLeaf:
         return parts.build_one_line_tree_node(parts.text(repr(self)), path=path)
 
 
+jax.tree_util.register_pytree_node(
+    _BlockLeaf,
+    lambda leaf: ((leaf.value,), leaf.length),
+    lambda length, children: _BlockLeaf(children[0], length),
+)
+
+
 def _print_view(x: Any, n: int) -> Any:
     if _is_array(x) and _has_axis(x, n):
-        return _BlockLeaf(x, n, False)
+        return _BlockLeaf(x, n)
     if is_frozen(x):
         inner = unfreeze(x)
         if _is_array(inner) and _has_axis(inner, n):
-            return _BlockLeaf(inner, n, True)
+            return _BlockLeaf(x, n)
     return x
 
 
@@ -976,21 +991,21 @@ def _stack_name(stack: Stacked) -> str:
 
 
 def _leaf_count(leaf: _BlockLeaf) -> int:
-    return int(np.prod(leaf.value.shape, dtype=np.int64))
+    return int(np.prod(leaf.array.shape, dtype=np.int64))
 
 
 def _leaf_size(leaf: _BlockLeaf) -> int:
     try:
-        itemsize = np.dtype(leaf.value.dtype).itemsize
+        itemsize = np.dtype(leaf.array.dtype).itemsize
     except TypeError:  # extended dtypes (PRNG keys)
-        itemsize = getattr(leaf.value.dtype, "itemsize", 0)
+        itemsize = getattr(leaf.array.dtype, "itemsize", 0)
     return _leaf_count(leaf) * itemsize
 
 
 register_printer(
     _BlockLeaf,
     repr=repr,
-    str=lambda leaf: tree_str(freeze(leaf.value) if leaf.frozen else leaf.value),
+    str=lambda leaf: tree_str(leaf.value),
     type_name=_BlockLeaf.block_type,
     count=_leaf_count,
     size=_leaf_size,
