@@ -37,6 +37,7 @@ FLOORS = {
     "_treeclass": 8,
     "optim": 8,
     "_checkpoint": 8,
+    "_stacked": 8,
     "__init__": 9,
 }
 
