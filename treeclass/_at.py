@@ -70,6 +70,7 @@ from ._structure import (
     root_name,
 )
 from ._util import check_callable
+from ._values import readable_here, sharding_spec
 
 __all__ = ["AtIndexer", "at"]
 
@@ -282,11 +283,10 @@ def _take(
     if isinstance(mask, Tracer):
         text = TRACED_MASK_GET_MSG.format(where=where()) if traced is None else traced()
         raise TypeError(text)
-    if isinstance(mask, jax.Array) and not (mask.is_fully_addressable or mask.is_fully_replicated):
+    if not readable_here(mask):
         # many hosts: the selected positions must be read, and JAX reads such a mask on no
         # process alone
-        spec = getattr(mask.sharding, "spec", mask.sharding)
-        raise ValueError(UNREADABLE_MASK_GET_MSG.format(where=where(), spec=spec))
+        raise ValueError(UNREADABLE_MASK_GET_MSG.format(where=where(), spec=sharding_spec(mask)))
     if not isinstance(x, (jax.Array, np.ndarray)):
         x = jnp.asarray(x)
     return x[jnp.broadcast_to(mask, x.shape)]

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-from ._values import display, exact_key, short_repr
+from ._values import display, exact_key, readable_here, sharding_spec, short_repr
 
 __all__ = ["Frozen", "FrozenOperationError", "freeze", "unfreeze", "is_frozen", "snapshot"]
 
@@ -224,10 +224,8 @@ def _refuse_spread_arrays(x: Any) -> None:
     # many hosts (`jax.distributed`): such an array would fail later, in `jit`, unnamed
     leaves = (x,) if isinstance(x, jax.Array) else jax.tree_util.tree_leaves(x)
     for leaf in leaves:
-        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):  # pyright: ignore[reportAttributeAccessIssue]
-            if not (leaf.is_fully_addressable or leaf.is_fully_replicated):
-                spec = getattr(leaf.sharding, "spec", leaf.sharding)
-                raise ValueError(FROZEN_SPREAD_MSG.format(spec=spec))
+        if not readable_here(leaf):
+            raise ValueError(FROZEN_SPREAD_MSG.format(spec=sharding_spec(leaf)))
 
 
 def _copy_array(x: Any) -> Any:

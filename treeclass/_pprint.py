@@ -41,7 +41,7 @@ from jax.core import Tracer
 from . import _node, _roles, _trace
 from ._pprint_registry import printer_alias, rule_for
 from ._structure import node_kind, open_node, wrapper_of
-from ._values import offer_display
+from ._values import local_copy, offer_display, readable_here
 
 __all__ = [
     "tree_repr",
@@ -164,22 +164,6 @@ def _on_host(x: Any) -> bool:
     return all(device.platform == "cpu" for device in x.sharding.device_set)
 
 
-def _readable(x: Any) -> bool:
-    """Whether this process holds all of `x`, so printing it needs no other process.
-
-    An array placed on devices of several processes (on many hosts under
-    `jax.distributed`), and not replicated on all of them, is not: JAX refuses to read it,
-    and any computation on it waits for the other processes, while a print is often
-    called on one process only.
-    """
-    if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
-        return True
-    try:
-        return x.is_fully_addressable or x.is_fully_replicated
-    except Exception:  # a deleted (donated) buffer still has a sharding, but be safe
-        return True
-
-
 def _spread_text(x: Any) -> str:
     """`sharded P('data', None) across 2 processes`: an array JAX reads on no process alone."""
     devices = x.sharding.device_set
@@ -189,17 +173,6 @@ def _spread_text(x: Any) -> str:
     spec = getattr(x.sharding, "spec", None)
     layout = repr(spec) if spec is not None else f"over {len(devices)} devices"
     return f"sharded {layout} across {len(processes)} processes"
-
-
-def _local_copy(x: Any) -> Any:
-    """The process's own copy of an array replicated over devices of other processes.
-
-    A computation on `x` itself would run on every device of its sharding, so it would
-    wait for the other processes; its copy on one local device holds the same values.
-    """
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return x.addressable_data(0)
-    return x
 
 
 @functools.partial(jax.jit, static_argnames="kind")
@@ -212,7 +185,7 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
 
 def _stats(x: Any, kind: str) -> tuple[Any, ...]:
     """`(mean, std, min, max)` (`(mean, std)` for complex), as host scalars."""
-    x = _local_copy(x)
+    x = local_copy(x)
     if x.size >= _DEVICE_STATS_MIN_SIZE and not _on_host(x):
         return jax.device_get(_device_stats(x, kind))
     host = _to_host(x)
@@ -252,13 +225,13 @@ def _array_repr(x: Any) -> str:
         return head
     kind = _dtype_kind(x.dtype)
     size = math.prod(shape)
-    if not _readable(x):  # shape, dtype and sharding only: no value of it is here
+    if not readable_here(x):  # shape, dtype and sharding only: no value of it is here
         return f"{head}({_spread_text(x)})"
     if kind in ("other", "extended") or size == 0:
         return head
     try:
         if not shape:
-            return f"{head}({str(_to_host(_local_copy(x))[()])})"
+            return f"{head}({str(_to_host(local_copy(x))[()])})"
         if kind == "bool":
             return head
         stats = _stats(x, kind)
@@ -278,10 +251,10 @@ def _array_repr(x: Any) -> str:
 def _array_str(x: Any) -> str:
     if isinstance(x, _Tracer) or _dtype_kind(x.dtype) == "extended":
         return _type_text(x.dtype, tuple(x.shape))
-    if not _readable(x):
+    if not readable_here(x):
         return f"{_type_text(x.dtype, tuple(x.shape))}({_spread_text(x)})"
     try:
-        return str(_to_host(_local_copy(x)))
+        return str(_to_host(local_copy(x)))
     except Exception:
         return _type_text(x.dtype, tuple(x.shape))
 

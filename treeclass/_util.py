@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer as _Tracer
 
-from ._values import exact_key, path_str, root_name
+from ._values import exact_key, local_copy, path_str, readable_here, root_name
 
 __all__ = ["is_tree_equal", "Partial"]
 
@@ -78,11 +78,9 @@ def _local(x: Any) -> Any:
     be read here (JAX's "Fetching value ... not possible", without the leaf's path), and a
     computation on a replicated one would wait for the other processes.
     """
-    if _kind(x) == _JAX and not x.is_fully_addressable:
-        if not x.is_fully_replicated:
-            raise _UnreadableLeaf(x)
-        return x.addressable_data(0)
-    return x
+    if not readable_here(x):
+        raise _UnreadableLeaf(x)
+    return local_copy(x)
 
 
 def _arrays_equal(a: Any, b: Any) -> Any:

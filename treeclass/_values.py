@@ -46,6 +46,9 @@ __all__ = [
     "exact_key",
     "hashable_key",
     "is_array",
+    "readable_here",
+    "local_copy",
+    "sharding_spec",
     "host_bytes",
     "is_prng_key",
     "is_bool_mask_leaf",
@@ -85,6 +88,38 @@ class ByIdentity:
 def is_array(x: Any) -> bool:
     """Whether `x` is a JAX array (a tracer too) or a NumPy array (not a NumPy scalar)."""
     return isinstance(x, (jax.Array, np.ndarray))
+
+
+def readable_here(x: Any) -> bool:
+    """Whether this process holds every value of `x`, so reading it needs no other process.
+
+    False only for a concrete `jax.Array` placed on devices of several processes (many
+    hosts, `jax.distributed`) and not replicated on all of them: JAX refuses to read it,
+    and a computation on it waits for the other processes. Tracers, NumPy values and
+    everything else are readable.
+    """
+    if not isinstance(x, jax.Array) or isinstance(x, Tracer):
+        return True
+    try:
+        return x.is_fully_addressable or x.is_fully_replicated
+    except Exception:  # a deleted (donated) buffer still has a sharding, but be safe
+        return True
+
+
+def local_copy(x: Any) -> Any:
+    """`x`, or this process's own copy of it when it spans devices of other processes.
+
+    Meant for arrays that are `readable_here`: a replicated array's copy on one local
+    device holds the same values, and reading or computing on it needs no other process.
+    """
+    if isinstance(x, jax.Array) and not isinstance(x, Tracer) and not x.is_fully_addressable:
+        return x.addressable_data(0)
+    return x
+
+
+def sharding_spec(x: Any) -> Any:
+    """The partition spec of `x`'s sharding (or the sharding, where it has none)."""
+    return getattr(x.sharding, "spec", x.sharding)
 
 
 def is_prng_key(x: Any) -> bool:
