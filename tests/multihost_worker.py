@@ -369,15 +369,15 @@ def _force_device_stats() -> Callable[[], None]:
     """Make the printers take their accelerator path (a jitted reduction) on CPU arrays.
 
     That path is the one that would wait for the other processes; on CPU it is normally
-    skipped, so these private knobs force it. Returns the undo.
+    skipped, so the printers' seam `reduce_on_device` forces it. Returns the undo.
     """
     from treeclass import _pprint
 
-    saved = _pprint._on_host, _pprint._DEVICE_STATS_MIN_SIZE
-    _pprint._on_host, _pprint._DEVICE_STATS_MIN_SIZE = (lambda x: False), 0
+    saved = _pprint.reduce_on_device
+    _pprint.reduce_on_device = lambda x: True
 
     def undo() -> None:
-        _pprint._on_host, _pprint._DEVICE_STATS_MIN_SIZE = saved
+        _pprint.reduce_on_device = saved
 
     return undo
 

@@ -564,8 +564,8 @@ def test_summary_shows_sharding_across_eight_devices():
 
 def test_array_statistics_copy_to_host_once(monkeypatch):
     calls = []
-    to_host = _pprint._to_host
-    monkeypatch.setattr(_pprint, "_to_host", lambda x: calls.append(1) or to_host(x))
+    to_host = _pprint.to_host
+    monkeypatch.setattr(_pprint, "to_host", lambda x: calls.append(1) or to_host(x))
     x = jnp.arange(1000.0)
     assert tc.tree_repr(x) == "f32[1000](μ=499.50, σ=288.67, ∈[0.00,999.00])"
     assert len(calls) == 1
@@ -573,9 +573,8 @@ def test_array_statistics_copy_to_host_once(monkeypatch):
 
 def test_large_accelerator_arrays_are_reduced_on_device(monkeypatch):
     calls = []
-    monkeypatch.setattr(_pprint, "_to_host", lambda x: calls.append(1))
-    monkeypatch.setattr(_pprint, "_on_host", lambda x: False)
-    monkeypatch.setattr(_pprint, "_DEVICE_STATS_MIN_SIZE", 2)
+    monkeypatch.setattr(_pprint, "to_host", lambda x: calls.append(1))
+    monkeypatch.setattr(_pprint, "reduce_on_device", lambda x: x.size >= 2)
     tree = [jnp.arange(100.0), jnp.arange(10), jnp.array([1j, 3j])]
     assert tc.tree_repr(tree, width=200) == (
         "[f32[100](μ=49.50, σ=28.87, ∈[0.00,99.00]), i32[10](μ=4.50, σ=2.87, ∈[0,9]), "
@@ -1053,8 +1052,8 @@ def test_long_run_signatures_are_cut_to_the_type_name():
 
 def test_folded_children_are_never_summarised(monkeypatch):
     calls = []
-    real = _pprint._stats
-    monkeypatch.setattr(_pprint, "_stats", lambda x, kind: calls.append(1) or real(x, kind))
+    real = _pprint.to_host
+    monkeypatch.setattr(_pprint, "to_host", lambda x: calls.append(1) or real(x))
     tc.tree_repr(Deep(1000))
     assert len(calls) == 2 * 6  # three layers at each end, two arrays each
 

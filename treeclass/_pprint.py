@@ -153,15 +153,20 @@ def _type_text(dtype: Any, shape: tuple[int, ...]) -> str:
     return f"{_dtype_name(dtype)}[{','.join(map(str, shape))}]"
 
 
-def _to_host(x: Any) -> np.ndarray:
-    # The only place an array's data leaves its device for printing.
+# The two seams of array statistics, replaced by tests (no accelerator in CI) to count
+# host copies and to take the accelerator path on CPU arrays.
+
+
+def to_host(x: Any) -> np.ndarray:
+    """The only place an array's data leaves its device for printing."""
     return np.asarray(x)
 
 
-def _on_host(x: Any) -> bool:
-    if not isinstance(x, jax.Array):
-        return True
-    return all(device.platform == "cpu" for device in x.sharding.device_set)
+def reduce_on_device(x: Any) -> bool:
+    """Whether `x`'s statistics are reduced where it lives (a large accelerator array)."""
+    if not isinstance(x, jax.Array) or x.size < _DEVICE_STATS_MIN_SIZE:
+        return False
+    return not all(device.platform == "cpu" for device in x.sharding.device_set)
 
 
 def _spread_text(x: Any) -> str:
@@ -186,9 +191,9 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
 def _stats(x: Any, kind: str) -> tuple[Any, ...]:
     """`(mean, std, min, max)` (`(mean, std)` for complex), as host scalars."""
     x = local_copy(x)
-    if x.size >= _DEVICE_STATS_MIN_SIZE and not _on_host(x):
+    if reduce_on_device(x):
         return jax.device_get(_device_stats(x, kind))
-    host = _to_host(x)
+    host = to_host(x)
     # accumulate in double precision: the two printed decimals should not depend on dtype
     wide = np.complex128 if kind == "complex" else np.float64
     with np.errstate(all="ignore"):  # inf and nan values are printed, not warned about
@@ -231,7 +236,7 @@ def _array_repr(x: Any) -> str:
         return head
     try:
         if not shape:
-            return f"{head}({str(_to_host(local_copy(x))[()])})"
+            return f"{head}({str(to_host(local_copy(x))[()])})"
         if kind == "bool":
             return head
         stats = _stats(x, kind)
@@ -254,7 +259,7 @@ def _array_str(x: Any) -> str:
     if not readable_here(x):
         return f"{_type_text(x.dtype, tuple(x.shape))}({_spread_text(x)})"
     try:
-        return str(_to_host(local_copy(x)))
+        return str(to_host(local_copy(x)))
     except Exception:
         return _type_text(x.dtype, tuple(x.shape))
 
