@@ -48,6 +48,54 @@ def test_static_fields_frozen_values_and_partials_agree_on_equality(a, b):
         assert hash(tc.Partial(operator.add, a)) == hash(tc.Partial(operator.add, b))
 
 
+_arrays = st.sampled_from(
+    [
+        lambda: jnp.zeros(2),
+        lambda: jnp.array([-0.0, 0.0]),
+        lambda: jnp.array([jnp.nan, 1.0]),
+        lambda: jnp.zeros(2, jnp.int32),
+        lambda: jnp.zeros((2, 1)),
+        lambda: jnp.asarray(1.0),  # weakly typed
+        lambda: jnp.asarray(1.0, jnp.float32),
+        lambda: np.zeros(2),
+        lambda: np.zeros(2, np.float32),
+    ]
+)
+_containers = st.recursive(
+    _scalars | _arrays.map(lambda make: make()),
+    lambda kids: st.lists(kids, max_size=2)
+    | st.dictionaries(st.sampled_from(["a", "b"]), kids, max_size=2)
+    | st.tuples(kids, kids),
+    max_leaves=4,
+)
+
+
+@given(_containers, _containers)
+def test_frozen_values_and_partials_agree_on_arrays_and_containers(a, b):
+    # static fields cannot hold these (unhashable, or arrays: warned and keyed by identity)
+    same = _values.exact_key(a) == _values.exact_key(b)
+    assert (tc.freeze(a) == tc.freeze(b)) == same
+    assert (tc.Partial(operator.add, a) == tc.Partial(operator.add, b)) == same
+    assert (tc.Partial(operator.add, x=a) == tc.Partial(operator.add, x=b)) == same
+    if same:
+        assert hash(tc.freeze(a)) == hash(tc.freeze(b))
+        assert hash(tc.Partial(operator.add, a)) == hash(tc.Partial(operator.add, b))
+
+
+@given(_arrays, _arrays)
+def test_fresh_equal_arrays_are_one_static_value_and_distinct_ones_are_not(make_a, make_b):
+    a, b = make_a(), make_b()
+    same = _values.exact_key(a) == _values.exact_key(b)
+    expected = (
+        type(a) is type(b)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and getattr(a, "weak_type", False) == getattr(b, "weak_type", False)
+        and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    )
+    assert same == expected
+
+
 @given(_values_strategy)
 def test_a_value_equals_itself_rebuilt_also_nan(value):
     import copy
@@ -88,12 +136,37 @@ def test_tracers_and_unreadable_values_are_keyed_by_identity():
     f(jnp.ones(2))
 
 
-def test_hashable_key_refuses_unhashable_values_naming_nothing_silently():
+def test_hashable_key_refuses_unhashable_values_also_inside_tuples():
 
     with pytest.raises(TypeError):
         _values.hashable_key([1])
     with pytest.raises(TypeError):
         _values.hashable_key((1, {"a": 1}))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: tc.Partial(operator.add, float("nan")),
+        lambda: tc.Partial(operator.add, np.float32("nan")),
+        lambda: tc.Partial(operator.add, jnp.array([jnp.nan])),
+        lambda: tc.Partial(operator.add, y=(float("nan"), -0.0)),
+        lambda: tc.freeze(float("nan")),
+        lambda: Static(float("nan")),
+    ],
+    ids=["partial-float", "partial-np", "partial-array", "partial-kw", "frozen", "static"],
+)
+def test_fresh_nan_statics_compile_once(make):
+    traces = []
+
+    @jax.jit
+    def call(static, x):
+        traces.append(None)
+        return x
+
+    for _ in range(3):
+        call(make(), 1.0)
+    assert len(traces) == 1
 
 
 def test_partial_with_nan_compiles_once_across_fresh_instances():
@@ -107,6 +180,21 @@ def test_partial_with_nan_compiles_once_across_fresh_instances():
     for _ in range(3):
         call(tc.Partial(operator.add, float("nan")), 1.0)
     assert len(traces) == 1
+
+
+def test_signed_zeros_are_different_statics_everywhere():
+    traces = []
+
+    @jax.jit
+    def call(static, x):
+        traces.append(None)
+        return x
+
+    for make in (tc.freeze, lambda v: tc.Partial(operator.add, v), Static):
+        traces.clear()
+        call(make(0.0), 1.0)
+        call(make(-0.0), 1.0)
+        assert len(traces) == 2
 
 
 def test_host_bytes_of_prng_keys_are_their_key_data():
