@@ -192,3 +192,39 @@ def test_dunder_all_names_exist(module):
     mod = importlib.import_module(f"treeclass.{module}")
     missing = [n for n in getattr(mod, "__all__", []) if not hasattr(mod, n)]
     assert not missing, missing
+
+
+def _names_used_from(module: str) -> set[str]:
+    """Every name other package modules and the tests import from, or read off, `module`."""
+    short = module.split(".")[-1]
+    used = {n for i in _imports() if i.target == module and i.source != module for n in i.names}
+    files = [p for m, p in _modules().items() if m != module]
+    files += sorted(PACKAGE.parent.joinpath("tests").glob("*.py"))
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == short
+            ):
+                used.add(node.attr)
+    return {n for n in used if not n.startswith("__")}
+
+
+def test_the_node_contract_lists_exactly_what_other_modules_use():
+    import treeclass._node as node
+
+    used = _names_used_from("_node")
+    listed = set(node.__all__)
+    assert not used - listed, f"used but not in _node.__all__: {sorted(used - listed)}"
+    assert not listed - used, f"in _node.__all__ but used nowhere: {sorted(listed - used)}"
+
+
+@pytest.mark.parametrize("module", ["_values", "_structure"])
+def test_the_shared_vocabularies_list_every_name_others_use(module):
+    import importlib
+
+    mod = importlib.import_module(f"treeclass.{module}")
+    used = {n for n in _names_used_from(module) if not n.startswith("_")}
+    assert not used - set(mod.__all__), sorted(used - set(mod.__all__))

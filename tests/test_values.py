@@ -63,9 +63,11 @@ _arrays = st.sampled_from(
 )
 _containers = st.recursive(
     _scalars | _arrays.map(lambda make: make()),
-    lambda kids: st.lists(kids, max_size=2)
-    | st.dictionaries(st.sampled_from(["a", "b"]), kids, max_size=2)
-    | st.tuples(kids, kids),
+    lambda kids: (
+        st.lists(kids, max_size=2)
+        | st.dictionaries(st.sampled_from(["a", "b"]), kids, max_size=2)
+        | st.tuples(kids, kids)
+    ),
     max_leaves=4,
 )
 

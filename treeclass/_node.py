@@ -50,24 +50,40 @@ from ._values import PLAIN_TYPES, ByIdentity
 from ._values import hashable_key as value_key
 
 __all__ = [
+    # exactly the names other modules (and white-box tests) use; tests/test_architecture.py
+    # checks it
     "TreeNode",
-    "ClassInfo",
-    "Layout",
+    "GUARDS",
+    "NOTHING",
+    "attach_info",
     "attributes",
+    "child",
+    "child_names",
+    "children",
+    "fields_of",
+    "guard_field",
+    "info",
+    "is_sealed",
     "is_treeclass",
+    "live_layouts",
+    "opened",
+    "own_info",
+    "rebuild",
+    "refuse_write",
+    "register",
+    "replace_children",
+    "reseal",
     "seal",
     "seal_after_error",
-    "unseal",
-    "unsealed_copy",
-    "reseal",
-    "child_names",
-    "child_keys",
-    "children",
+    "seal_like",
+    "set_attributes",
+    "set_flat",
+    "set_layout",
     "static_names",
     "static_values",
-    "replace_children",
-    "rebuild",
-    "register",
+    "treeclass_nodes",
+    "unseal",
+    "unsealed_copy",
 ]
 
 _IMMUTABLE_MSG = (
@@ -802,15 +818,6 @@ def child_names(node: Any) -> tuple[str, ...]:
     return tuple(n for n in attributes(node) if n not in statics)
 
 
-def child_keys(node: Any) -> tuple[Any, ...]:
-    """The `GetAttrKey` entries of a TreeClass instance's children, in flatten order."""
-    layout = layout_of(node)
-    if layout is not None:
-        return layout.keys
-    key_of = type(node)._tc_info.key_of
-    return tuple(key_of(n) for n in child_names(node))
-
-
 def children(node: Any) -> tuple[Any, ...]:
     layout = layout_of(node)
     if layout is not None:
@@ -822,7 +829,7 @@ def children(node: Any) -> tuple[Any, ...]:
 def opened(node: Any) -> tuple[tuple[Any, ...], list[Any], tuple[str, ...]]:
     """`(key entries, children as a fresh list, child names)` of a TreeClass instance.
 
-    `child_keys`, `children` and `child_names` in one look at the layout: the `.at` walker
+    the key entries, `children` and `child_names` in one look at the layout: the `.at` walker
     opens every node it passes this way.
     """
     layout = layout_of(node)

@@ -25,6 +25,14 @@ from ._values import entry_name, path_str, root_name, short_repr
 
 __all__ = [
     "Kind",
+    "LEAF",
+    "TREECLASS",
+    "DICT",
+    "LIST",
+    "TUPLE",
+    "NAMEDTUPLE",
+    "NONE",
+    "GENERIC",
     "Opened",
     "Mismatch",
     "node_kind",
@@ -39,7 +47,6 @@ __all__ = [
     "is_leaf_node",
     "Wrapper",
     "wrapper_of",
-    "keys_difference",
 ]
 
 
@@ -277,7 +284,7 @@ def first_mismatch(
     if type(tree) is not type(other):
         return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
     if tree_opened.entries != other_opened.entries:
-        only_tree, only_other = keys_difference(tree_opened, other_opened)
+        only_tree, only_other = _keys_difference(tree_opened, other_opened)
         return Mismatch(
             path,
             describe(tree, tree_opened),
@@ -305,7 +312,7 @@ def first_mismatch(
     return None
 
 
-def keys_difference(tree_opened: Opened, other_opened: Opened) -> tuple[list[str], list[str]]:
+def _keys_difference(tree_opened: Opened, other_opened: Opened) -> tuple[list[str], list[str]]:
     """`(only in tree, only in other)`: the key entries, as `keystr` text."""
     t = [jax.tree_util.keystr((e,)) for e in tree_opened.entries]
     o = [jax.tree_util.keystr((e,)) for e in other_opened.entries]
