@@ -1,4 +1,4 @@
-"""PyTreeClass code runs unchanged: one section per compatibility item of issue 14.
+"""PyTreeClass code runs unchanged: one section per PyTreeClass behaviour we match.
 
 Every test here is written the way PyTreeClass users write code (`import treeclass as tc`
 in place of `import pytreeclass as tc`, `@tc.autoinit`, `tc.field(on_setattr=...)`,

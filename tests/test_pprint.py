@@ -363,7 +363,7 @@ def test_diagram_and_summary_inside_jit():
 # -- tree_diagram ------------------------------------------------------------------------
 
 
-def test_diagram_of_the_issue_example():
+def test_diagram_of_a_nested_tree_with_an_array():
     tree = Tree(100.0, (10.0, 3.0), jnp.array([4.0, 5.0, 100.0]))
     assert tc.tree_diagram(tree) == textwrap.dedent("""\
         Tree

@@ -1,6 +1,6 @@
-"""No silent wrong results (issue 13): adversarial tests, one section per rule.
+"""No silent wrong results: adversarial tests, one section per rule.
 
-Each section tests one rule of the issue through the public API, as a careful user who
+Each section tests one rule through the public API, as a careful user who
 tries odd inputs would: every edge case gives the right answer or a clear error, and every
 operation that fails leaves its inputs exactly as they were. Where a rule is a law
 (exact static round trips, `keystr(path)` as a glob, `.at[mask]` against a `jnp.where`
