@@ -9,6 +9,7 @@ import enum
 import numbers
 import pathlib
 import re
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -335,6 +336,12 @@ class _Metaclass(type):
         np.integer,
         type(tc.glob("a")),
         type(tc.where(lambda p, x: True)),
+        slice,
+        jax.tree_util.GetAttrKey,
+        jax.tree_util.DictKey,
+        jax.tree_util.SequenceKey,
+        jax.core.Tracer,
+        tc.TreeClass,
     ],
 )
 def test_def_alias_refuses_built_in_selector_types(kind):
@@ -371,6 +378,23 @@ def test_def_alias_refuses_subclasses_of_built_in_selector_types(kind):
 def test_def_alias_refuses_types_that_built_in_selectors_are_instances_of(kind):
     with pytest.raises(TypeError, match=r"are instances of"):
         tc.BaseKey.def_alias(kind, lambda value: "a")
+
+
+def test_refused_registrations_leave_slices_and_key_entries_their_meaning():
+    for kind in (slice, jax.tree_util.DictKey, jax.tree_util.SequenceKey):
+        with pytest.raises(TypeError, match=r"would change what built-in selectors mean"):
+            tc.BaseKey.def_alias(kind, lambda value: "b")
+        with pytest.raises(TypeError, match=r"would change what built-in selectors mean"):
+            tc.at.def_rule(kind, lambda value, entry, child: True)
+    assert tc.at([1, 2, 3])[1:].set(0) == [1, 0, 0]
+    tree = {"a": [1, 2], "b": 3}
+    key = jax.tree_util.DictKey("a")
+    assert tc.at(tree)[key][jax.tree_util.SequenceKey(1)].set(0) == {"a": [1, 0], "b": 3}
+
+
+def test_def_alias_of_tc_treeclass_says_its_values_are_masks():
+    with pytest.raises(TypeError, match=r"`tc\.TreeClass` values are boolean masks"):
+        tc.BaseKey.def_alias(tc.TreeClass, lambda value: "a")
 
 
 def test_def_alias_refusal_says_what_the_type_means():
@@ -461,6 +485,94 @@ def test_def_alias_of_an_abstract_base_class_covers_its_virtual_subclasses():
     Marker.register(Plain)
     tc.BaseKey.def_alias(Marker, lambda value: "b")
     assert tc.at({"a": 1, "b": 2})[Plain()].set(0) == {"a": 1, "b": 0}
+
+
+# -- at.def_rule and BaseKey.def_alias: one registry of selector types -------------------------
+
+
+def _first_key_rule(matcher, entry, child):
+    return getattr(entry, "key", getattr(entry, "name", None)) == matcher.name
+
+
+@pytest.mark.parametrize(
+    "kind", [dict, list, tuple, str, int, bool, type(...), slice, re.Pattern, type, tc.BaseKey]
+)
+def test_def_rule_refuses_built_in_selector_types_naming_def_rule(kind):
+    with pytest.raises(TypeError, match=r"`tc\.at\.def_rule\(.*would change what built-in"):
+        tc.at.def_rule(kind, _first_key_rule)
+    assert tc.at({"a": 1, "b": 2})["b"].set(0) == {"a": 1, "b": 0}
+
+
+def test_def_rule_refuses_a_plain_namedtuple_subclass_only_through_tuple_meanings():
+    class Keyed(tc.BaseKey):  # a BaseKey subclass is a selector already, NamedTuple or not
+        def __eq__(self, entry):
+            return False
+
+    with pytest.raises(TypeError, match=r"subclass of `tc\.BaseKey`"):
+        tc.at.def_rule(Keyed, _first_key_rule)
+
+
+def test_def_rule_covers_subclasses_of_a_namedtuple_matcher():
+    class Name(typing.NamedTuple):
+        name: str
+
+    class Tagged(Name):  # a subclass, as the docstring says: still the rule, not a union
+        pass
+
+    tc.at.def_rule(Name, _first_key_rule)
+    tree = {"a": 1, "b": 2}
+    assert tc.at(tree)[Tagged("b")].set(0) == {"a": 1, "b": 0}
+    with pytest.raises(LookupError, match=r"Tagged\(name=0\) selects nothing"):
+        tc.at([5, 6])[Tagged(0)].get()  # the rule (no key named 0), never index 0
+
+
+def test_def_rule_namedtuple_of_bools_is_a_matcher_not_a_mask():
+    class Pick(typing.NamedTuple):
+        first: bool
+        second: bool
+
+    tc.at.def_rule(Pick, lambda m, entry, child: (m.first, m.second)[entry.idx])
+    assert tc.at((1, 2))[Pick(False, True)].set(0) == (1, 0)
+    assert tc.at([1, 2])[Pick(True, False)].set(0) == [0, 2]  # a list: a mask would not fit
+
+
+def test_def_alias_converter_may_not_return_a_def_rule_value():
+    class Name(typing.NamedTuple):
+        name: str
+
+    class Label:
+        def __init__(self, name):
+            self.name = name
+
+    tc.at.def_rule(Name, _first_key_rule)
+    tc.at.def_rule(Label, _first_key_rule)
+    for rule_value in (Name("b"), Label("b")):
+        token = _alias_of(lambda token, value=rule_value: value)("x")
+        with pytest.raises(TypeError, match=r"registered with `tc\.at\.def_rule`.*do not chain"):
+            tc.at({"a": 1, "b": 2})[token].set(0)
+
+
+def test_registering_a_type_again_replaces_it_in_either_registry():
+    class Token:
+        def __init__(self, name):
+            self.name = name
+
+    tree = {"a": 1, "b": 2}
+    tc.BaseKey.def_alias(Token, lambda token: "a")
+    assert tc.at(tree)[Token("b")].set(0) == {"a": 0, "b": 2}
+    tc.at.def_rule(Token, _first_key_rule)
+    assert tc.at(tree)[Token("b")].set(0) == {"a": 1, "b": 0}
+    tc.BaseKey.def_alias(Token, lambda token: "a")
+    assert tc.at(tree)[Token("b")].set(0) == {"a": 0, "b": 2}
+
+
+def test_def_rule_value_in_a_union_with_names():
+    class Name(typing.NamedTuple):
+        name: str
+
+    tc.at.def_rule(Name, _first_key_rule)
+    tree = {"a": 1, "b": 2, "c": 3}
+    assert tc.at(tree)["a", Name("c")].set(0) == {"a": 0, "b": 2, "c": 0}
 
 
 # -- a pytree selector whose leaves are not bools -------------------------------------------

@@ -2,8 +2,9 @@
 
 A selector is compiled once (by `compile_selector`, when `.at[...]` is indexed) into a
 *matcher*: `compile_selector` looks the selector's type up in a table (`BaseKey.def_alias`
-adds to it). The walker in `_at.py` drives every matcher through the same small protocol,
-so that unions (`at["a", Linear]`) and chains combine freely:
+and `at.def_rule` add types of the user's to it). The walker in `_at.py` drives every
+matcher through the same small protocol, so that unions (`at["a", Linear]`) and chains
+combine freely:
 
 - `initial(node, path, walker)`: the matcher's state when its level starts at `node`;
 - `enter(state, node, kind, opened, path, walker)`: looking into `node` (whose children
@@ -144,8 +145,9 @@ class BaseKey(abc.ABC):
 
         - `kind`: the type (its subclasses too) to accept as a selector. Types that are
           selectors already cannot be redefined (`TypeError`): names (`str`), indices
-          (`int`, `bool`, NumPy integers), `...`, tuples, `re.Pattern`, classes (`type` and
-          metaclasses), `BaseKey` (its subclasses are selectors through `__eq__`), and the
+          (`int`, `bool`, NumPy integers), `...`, slices, tuples, `re.Pattern`, classes
+          (`type` and metaclasses), JAX key entries (`GetAttrKey`, `DictKey`,
+          `SequenceKey`), `BaseKey` (its subclasses are selectors through `__eq__`), and the
           values of boolean masks (bools, arrays, dicts, lists, `None`, `TreeClass`
           instances and any other pytree node); nor their subclasses, nor a type they
           are instances of (`object`, `numbers.Number`, `collections.abc.Callable`, ...).
@@ -180,15 +182,17 @@ class BaseKey(abc.ABC):
         """
         if not isinstance(kind, type):
             raise TypeError(f"`def_alias` expects a type, got {kind!r}.")
-        _refuse_builtin_alias(kind)
+        reason = _builtin_meaning(kind, namedtuple_ok=False)
+        if reason:
+            raise TypeError(ALIAS_BUILTIN_MSG.format(kind=_type_text(kind), reason=reason))
 
         def register(converter: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if not callable(converter):
                 raise TypeError(
                     f"`def_alias({kind.__name__})` needs a callable converter, got {converter!r}."
                 )
-            _ALIASES[kind] = converter
-            _compiler_for.cache_clear()
+            compile_ = functools.partial(_compile_alias, kind, converter)
+            _register(kind, _UserType("an aliased type", compile_))
             return converter
 
         return register if converter is None else register(converter)
@@ -910,16 +914,6 @@ class RuleMatcher(_NamingMatcher):
         return repr(self.value)
 
 
-class _Rule:
-    """What `def_rule` turns a registered value into: the value and its compare function."""
-
-    __slots__ = ("value", "compare")
-
-    def __init__(self, value: Any, compare: Callable[[Any, Any, Any], Any]) -> None:
-        self.value = value
-        self.compare = compare
-
-
 def _same_entry(key: Any, entry: Any, child: Any) -> bool:
     return type(entry) is type(key) and entry == key
 
@@ -936,12 +930,16 @@ def def_rule(
     the selector value, each child's key entry (`jax.tree_util.GetAttrKey`, `DictKey`,
     `SequenceKey`, ...) and the child itself; the children for which it returns a true
     value are selected. As with a name, a rule that selects nothing anywhere is an error
-    (`LookupError`). Registering a type again replaces its rule; the rule takes precedence
-    over what the type meant before (a `NamedTuple` matcher is a selector, not a mask).
+    (`LookupError`). Registering a type again (with `def_rule` or `BaseKey.def_alias`)
+    replaces what it meant.
 
     **Arguments**
 
-    - `kind`: the selector type (its subclasses too).
+    - `kind`: the selector type (its subclasses too). As for `BaseKey.def_alias`, types
+      that are selectors already cannot be redefined (`TypeError`), with one exception
+      for sepes code, whose matcher types are often `NamedTuple`s: a `NamedTuple` class
+      of yours may be registered, and its values are then this rule's matchers, not
+      unions of selectors or masks.
     - `compare`: `compare(value, entry, child) -> bool`.
     - `broadcastable`: accepted for sepes code and has no effect: in treeclass a selected
       subtree always stands for its leaves (`.set(v)` puts `v` at every leaf below), for a
@@ -979,19 +977,11 @@ def def_rule(
         raise TypeError(f"`def_rule` expects a callable `compare`, got {compare!r}.")
     if not isinstance(kind, type):
         raise TypeError(f"`def_rule` expects a type, got {kind!r}.")
-    if issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields"):
-        # sepes's matcher types are NamedTuples: the user's own class, so its values
-        # become rules (an exact-class entry, ahead of the tuple-union meaning); tuples
-        # and other built-in selector types keep their meaning
-        _RULES[kind] = functools.partial(_compile_rule, compare)
-        _compiler_for.cache_clear()
-        return
-    BaseKey.def_alias(kind, lambda value: _Rule(value, compare))
-
-
-# `at.def_rule` matcher types that are NamedTuples, by exact class (see `def_rule`); a
-# dict store under the GIL, read on indexing like `_ALIASES`
-_RULES: dict[type, Any] = {}
+    reason = _builtin_meaning(kind, namedtuple_ok=True)
+    if reason:
+        raise TypeError(RULE_BUILTIN_MSG.format(kind=_type_text(kind), reason=reason))
+    what = "a type registered with `tc.at.def_rule`"
+    _register(kind, _UserType(what, functools.partial(_compile_rule, compare)))
 
 
 class TypeMatcher(Matcher):
@@ -1252,7 +1242,7 @@ def _is_other_selector(x: Any) -> bool:
         return True
     if isinstance(x, (re.Pattern, BaseKey, _Where, _Glob, slice)):
         return True
-    return _alias_for(type(x)) is not None
+    return _user_type(type(x)) is not None
 
 
 def is_mask_like(x: Any) -> bool:
@@ -1494,8 +1484,9 @@ def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
 
 
 # The built-in selector types. Looked up along the selector type's MRO, so subclasses
-# (np.int64 of np.integer, a str subclass) follow their base. They always win over
-# `BaseKey.def_alias` registrations (`_ALIASES`), which cannot redefine them.
+# (np.int64 of np.integer, a str subclass) follow their base, together with the types
+# registered by `BaseKey.def_alias` and `at.def_rule` (`_USER_TYPES`), which cannot be
+# built-in types, nor their subclasses or bases (`_builtin_meaning`).
 _BUILTIN: dict[type, Compiler] = {
     str: lambda s, where: NameMatcher(str(s)),
     bool: lambda s, where: MaskMatcher(bool(s)),
@@ -1508,7 +1499,6 @@ _BUILTIN: dict[type, Compiler] = {
     re.Pattern: lambda s, where: PatternMatcher(s),
     BaseKey: lambda s, where: BaseKeyMatcher(s),
     _Where: lambda s, where: WhereMatcher(s.fn),
-    _Rule: lambda s, where: RuleMatcher(s.value, s.compare),
     GetAttrKey: lambda s, where: RuleMatcher(s, _same_entry),
     DictKey: lambda s, where: RuleMatcher(s, _same_entry),
     SequenceKey: lambda s, where: RuleMatcher(s, _same_entry),
@@ -1523,8 +1513,16 @@ _DISPLAY_NAMES = {
     type(Ellipsis): "type(...)",
     jax.Array: "jax.Array",
     Tracer: "jax.core.Tracer",
+    GetAttrKey: "jax.tree_util.GetAttrKey",
+    DictKey: "jax.tree_util.DictKey",
+    SequenceKey: "jax.tree_util.SequenceKey",
 }
-# What each built-in selector type means, for `def_alias`'s refusal: the table's types,
+# What each built-in selector type means, for the refusal of `def_alias` and `def_rule`:
+# every type of `_BUILTIN` (but none is left out: a registration the table would shadow
+# is accepted and ignored), and those whose values the mask fallback of `compile_selector`
+# takes (the containers and arrays a boolean mask is made of). Any other registered
+# pytree node is a mask too; its type cannot be told without a value, so an alias of one
+# is refused when it is used.
 # and those whose values the mask fallback of `compile_selector` takes (the containers and
 # arrays a boolean mask is made of). Any other registered pytree node is a mask too; its
 # type cannot be told without a value, so an alias of one is refused when it is used.
@@ -1535,12 +1533,16 @@ _MEANINGS: dict[type, str] = {
     int: "sequence indices",
     np.integer: "sequence indices",
     type(Ellipsis): "`...` (every child)",
+    slice: "slices of sequence positions",
     tuple: "unions of selectors, or masks of tuple trees",
     re.Pattern: "name patterns",
     BaseKey: "key matchers through their own `__eq__`",
     _Where: "`tc.where` predicates",
     _Glob: "`tc.glob` patterns",
     type: "classes (every instance at any depth)",
+    GetAttrKey: "key entries (the child under that key)",
+    DictKey: "key entries (the child under that key)",
+    SequenceKey: "key entries (the child under that key)",
     dict: "boolean masks",
     list: "boolean masks",
     type(None): "empty subtrees of boolean masks",
@@ -1557,6 +1559,14 @@ ALIAS_BUILTIN_MSG = (
     "    class FieldName:\n"
     "        def __init__(self, name): self.name = name\n"
     "    tc.BaseKey.def_alias(FieldName)(lambda value: MyKey(value.name))"
+)
+RULE_BUILTIN_MSG = (
+    "`tc.at.def_rule({kind}, compare)` would change what built-in selectors mean: {reason}. "
+    "Built-in selectors keep their meaning; register a matcher type of your own (a class, "
+    "or a NamedTuple), e.g.\n"
+    "    class NameIs(NamedTuple):\n"
+    "        name: str\n"
+    "    tc.at.def_rule(NameIs, lambda m, entry, child: getattr(entry, 'name', None) == m.name)"
 )
 ALIAS_NODE_MSG = (
     "`tc.BaseKey.def_alias({kind})` cannot make {selector} a selector: it is a pytree node "
@@ -1586,90 +1596,111 @@ def _is_subclass(cls: type, base: type) -> bool:
     try:
         return issubclass(cls, base)
     except TypeError as error:  # e.g. a `typing.Protocol` that is not runtime checkable
-        raise TypeError(f"`tc.BaseKey.def_alias` cannot use {base!r}: {error}") from None
+        raise TypeError(f"A selector type cannot be registered with {base!r}: {error}") from None
 
 
-def _refuse_builtin_alias(kind: type) -> None:
-    """Raise when values of `kind` (or of its subclasses) are selectors already."""
-    reason = ""
+def _is_namedtuple_class(kind: type) -> bool:
+    return issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields")
+
+
+def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
+    """Why values of `kind` (or of its subclasses) are selectors already; `""` if they are
+    not. With `namedtuple_ok`, a NamedTuple class may take over from `tuple` (`def_rule`)."""
     if kind in _MEANINGS:
-        reason = f"`{_type_text(kind)}` values are {_MEANINGS[kind]}"
+        return f"`{_type_text(kind)}` values are {_MEANINGS[kind]}"
+    exempt = tuple if namedtuple_ok and _is_namedtuple_class(kind) else None
     for builtin, meaning in _MEANINGS.items():
-        if reason:
-            break
-        if _is_subclass(kind, builtin):
+        if builtin is not exempt and _is_subclass(kind, builtin):
+            if _type_text(kind) == _type_text(builtin):  # `tc.TreeClass` shows as its base
+                return f"`{_type_text(kind)}` values are {meaning}"
             reason = (
                 f"`{_type_text(kind)}` is a subclass of `{_type_text(builtin)}`, whose values "
                 f"are {meaning}"
             )
             if builtin is BaseKey:
                 reason += " (an instance of a BaseKey subclass is a selector already)"
+            return reason
     for builtin, meaning in _MEANINGS.items():
-        if reason:
-            break
         if _is_subclass(builtin, kind):
-            reason = (
+            return (
                 f"values of `{_type_text(builtin)}` ({meaning}) are instances of "
                 f"`{_type_text(kind)}`"
             )
-    if reason:
-        raise TypeError(ALIAS_BUILTIN_MSG.format(kind=_type_text(kind), reason=reason))
+    return ""
 
 
-# User aliases: type -> converter to a built-in selector. Written by `def_alias` (a dict
-# store under the GIL; `_compiler_for`'s cache is cleared after it), read on indexing.
-_ALIASES: dict[type, Callable[[Any], Any]] = {}
+class _UserType:
+    """A selector type registered with `BaseKey.def_alias` or `at.def_rule`: a compiler of
+    its values, like those of `_BUILTIN`, and how messages name such a type (`what`)."""
+
+    __slots__ = ("what", "compile")
+
+    def __init__(self, what: str, compile_: Compiler) -> None:
+        self.what = what
+        self.compile = compile_
+
+    def __call__(self, selector: Any, where: Callable[[], str]) -> Matcher:
+        return self.compile(selector, where)
 
 
-def _alias_for(cls: type) -> tuple[type, Callable[[Any], Any]] | None:
-    """The aliased type `cls` falls under and its converter: along the MRO first, then the
-    abstract base classes (`issubclass`), so a registered virtual subclass is not ignored."""
-    if not _ALIASES:
+# The registered selector types, of both registries: type -> `_UserType`. Written by
+# `_register` (a dict store under the GIL; `_compiler_for`'s cache is cleared after it),
+# read on indexing. Registering a type again replaces it, whichever registry it was in.
+_USER_TYPES: dict[type, _UserType] = {}
+
+
+def _register(kind: type, user: _UserType) -> None:
+    _USER_TYPES[kind] = user
+    _compiler_for.cache_clear()
+
+
+def _user_type(cls: type) -> _UserType | None:
+    """The registered type `cls` falls under: along the MRO first, then the abstract base
+    classes (`issubclass`), so a registered virtual subclass is not ignored."""
+    if not _USER_TYPES:
         return None
     for base in cls.__mro__:
-        converter = _ALIASES.get(base)
-        if converter is not None:
-            return base, converter
-    for kind, converter in list(_ALIASES.items()):
+        found = _USER_TYPES.get(base)
+        if found is not None:
+            return found
+    for kind, found in list(_USER_TYPES.items()):
         try:
             if issubclass(cls, kind):
-                return kind, converter
+                return found
         except TypeError:
             continue
     return None
 
 
-def _builtin_compiler(cls: type) -> Compiler | None:
-    for base in cls.__mro__:
-        compiler = _BUILTIN.get(base)
-        if compiler is not None:
-            return compiler
-    return None
-
-
 @functools.lru_cache(maxsize=512)
 def _compiler_for(cls: type) -> Compiler | None:
-    rule = _RULES.get(cls)
-    if rule is not None:
-        return rule
-    compiler = _builtin_compiler(cls)
-    if compiler is not None:
-        return compiler
-    found = _alias_for(cls)
-    if found is not None:
-        return functools.partial(_compile_alias, *found)
-    return None
+    """The compiler of `cls`'s values: the first built-in or registered type along its MRO
+    (a NamedTuple rule comes before `tuple`), else a registered ABC it is a virtual
+    subclass of."""
+    for base in cls.__mro__:
+        compiler: Compiler | None = _BUILTIN.get(base) or _USER_TYPES.get(base)
+        if compiler is not None:
+            return compiler
+    return _user_type(cls)
+
+
+def _compiler_of(selector: Any) -> Compiler | None:
+    """The compiler of `selector`'s type, if it is a selector type."""
+    try:
+        return _compiler_for(type(selector))  # type: ignore[arg-type]  # mypy: a class is not Hashable
+    except TypeError:  # an unhashable selector type (never, for real classes)
+        return None
 
 
 def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
-    """What a converter returned, compiled without aliases (they do not chain)."""
-    compiler = _builtin_compiler(type(selector))
+    """What a converter returned, compiled without registered types (they do not chain)."""
+    compiler = _compiler_of(selector)
+    if type(compiler) is _UserType:
+        raise _AliasResultError(selector, f"is a value of {compiler.what}")
     if compiler is _compile_tuple:
         return _compile_union(selector, where, _compile_builtin)
     if compiler is not None:
         return compiler(selector, where)
-    if _alias_for(type(selector)) is not None:
-        raise _AliasResultError(selector, "is a value of an aliased type")
     if is_mask_like(selector):
         return MaskMatcher(selector)
     leaf = _non_bool_leaf(selector)
@@ -1693,8 +1724,8 @@ class _AliasResultError(Exception):
 
 
 def _compile_rule(compare: Any, selector: Any, where: Callable[[], str]) -> Matcher:
-    # a NamedTuple matcher value of `at.def_rule`: compiled as its rule, not opened as a node
-    return _compile_builtin(_Rule(selector, compare), where)
+    # the value itself is the matcher, whatever it is (a NamedTuple is not opened as a node)
+    return RuleMatcher(selector, compare)
 
 
 def _compile_alias(
@@ -1799,10 +1830,7 @@ def _non_bool_mask_error(selector: Any, where: Callable[[], str], hint: str) -> 
 
 def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
     """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
-    try:
-        compiler = _compiler_for(type(selector))  # type: ignore[arg-type]  # mypy: a class is not Hashable
-    except TypeError:  # an unhashable selector type (never, for real classes)
-        compiler = None
+    compiler = _compiler_of(selector)
     if compiler is not None:
         return compiler(selector, where)
     if is_mask_like(selector):
