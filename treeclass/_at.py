@@ -32,6 +32,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
 from ._calls import call_method
+from ._frozen import is_frozen
 from ._selectors import (
     DESCEND,
     MASK_MISMATCH_MSG,
@@ -44,7 +45,6 @@ from ._selectors import (
     NameMatcher,
     compile_selector,
     def_rule,
-    is_frozen,
     missing_key_error,
     open_for_at,
     opens_itself,

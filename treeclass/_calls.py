@@ -20,16 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _node
-from ._selectors import (
-    MATCH,
-    IndexMatcher,
-    NameMatcher,
-    missing_key_error,
-    open_for_at,
-    opens_itself,
-    rebuild_for_at,
-)
-from ._structure import Kind, node_kind, rebuild
+from ._selectors import find_child, opens_itself, rebuild_for_at
+from ._structure import Kind, Opened, rebuild
 from ._util import check_callable
 from ._values import path_str
 
@@ -75,42 +67,19 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-class _Probe:
-    """What a name or index matcher asks of the walker: the error for a missing key."""
-
-    __slots__ = ("root",)
-
-    def __init__(self, root: Any) -> None:
-        self.root = root
-
-    def missing(self, key: Any, node: Any, kind: Kind, opened: Any, path: tuple) -> Exception:
-        return missing_key_error(key, node, kind, opened, path_str(self.root, path))
-
-
-def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Any, int]]:
+def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Opened, int]]:
     """`(node, kind, opened, k)` for each node on the path: `k` is its child on the path.
 
     The node the last key reaches is the last `opened` children list's item `k`.
     """
-    probe = _Probe(root)
-    steps: list[tuple[Any, Kind, Any, int]] = []
+    steps: list[tuple[Any, Kind, Opened, int]] = []
     node = root
     path: tuple[Any, ...] = ()
     for key in keys:
-        kind = node_kind(node)
-        opened = open_for_at(node, kind)  # a stack opens into its blocks
-        matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
-        _, state = matcher.enter(None, node, kind, opened, path, probe)  # raises on a leaf  # pyright: ignore[reportArgumentType]
-        assert opened is not None
-        found = -1
-        for k, (entry, child) in enumerate(zip(opened.entries, opened.children, strict=True)):
-            if matcher.step(state, k, entry, child, path + (entry,))[0] == MATCH:
-                found = k
-                break
-        matcher.finish(state, node, kind, opened, path, probe)  # raises when nothing matched  # pyright: ignore[reportArgumentType]
-        steps.append((node, kind, opened, found))
-        path = path + (opened.entries[found],)
-        node = opened.children[found]
+        kind, opened, k = find_child(node, key, functools.partial(path_str, root, path))
+        steps.append((node, kind, opened, k))
+        path = path + (opened.entries[k],)
+        node = opened.children[k]
     return steps
 
 

@@ -64,7 +64,32 @@ from ._structure import (
     path_str,
 )
 
-__all__ = ["BaseKey", "where", "glob", "def_rule", "NonBoolMaskError"]
+__all__ = [
+    # the package's: `tc.BaseKey`, `tc.where`, `tc.glob`, `tc.at.def_rule`, and the error
+    # a pytree selector with a non-bool leaf raises
+    "BaseKey",
+    "where",
+    "glob",
+    "def_rule",
+    "NonBoolMaskError",
+    # what the walker (`_at`) and method calls (`_calls`) use
+    "Matcher",
+    "SELF",
+    "NOTHING",
+    "MATCH",
+    "DESCEND",
+    "NameMatcher",
+    "IndexMatcher",
+    "MaskMatcher",
+    "compile_selector",
+    "find_child",
+    "missing_key_error",
+    "open_for_at",
+    "opens_itself",
+    "rebuild_for_at",
+    "slice_text",
+    "MASK_MISMATCH_MSG",
+]
 
 
 # -- nodes that open themselves for `.at` ----------------------------------------------------
@@ -681,6 +706,15 @@ class _SingleKeyMatcher(Matcher):
     def __init__(self, key: Any) -> None:
         self.key = key
 
+    def start(self, kind: Kind, opened: Opened) -> _KeyState:
+        """The state for looking among the children `opened`."""
+        return _KeyState()
+
+    def enter(self, state, node, kind, opened, path, walker):
+        if opened is None:
+            raise walker.missing(self.key, node, kind, opened, path)
+        return CHILDREN, self.start(kind, opened)
+
     def finish(self, state, node, kind, opened, path, walker):
         if not state.found:
             raise walker.missing(self.key, node, kind, opened, path)
@@ -693,11 +727,6 @@ class NameMatcher(_SingleKeyMatcher):
     """`"name"`: the attribute or dict key `name` among the children."""
 
     __slots__ = ()
-
-    def enter(self, state, node, kind, opened, path, walker):
-        if opened is None:
-            raise walker.missing(self.key, node, kind, opened, path)
-        return CHILDREN, _KeyState()
 
     def step(self, state, k, entry, child, child_path):
         cls = type(entry)
@@ -716,12 +745,10 @@ class IndexMatcher(_SingleKeyMatcher):
 
     __slots__ = ()
 
-    def enter(self, state, node, kind, opened, path, walker):
-        if opened is None:
-            raise walker.missing(self.key, node, kind, opened, path)
+    def start(self, kind, opened):
         n = len(opened[0])
         position = self.key + n if self.key < 0 else self.key
-        return CHILDREN, _KeyState(position, kind in (LIST, TUPLE, NAMEDTUPLE))
+        return _KeyState(position, kind in (LIST, TUPLE, NAMEDTUPLE))
 
     def step(self, state, k, entry, child, child_path):
         cls = type(entry)
@@ -737,6 +764,24 @@ class IndexMatcher(_SingleKeyMatcher):
             state.found = True
             return _MATCHED
         return _PRUNED
+
+
+def find_child(node: Any, key: str | int, where: Callable[[], str]) -> tuple[Kind, Opened, int]:
+    """How `.at[key]` finds the child of `node` that a name or index `key` selects.
+
+    Returns the node's kind, its children as `.at` opens them (`open_for_at`) and the
+    child's position among them; raises the error `.at[key]` raises when there is no such
+    child, `where()` being the node's key path.
+    """
+    matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
+    kind = node_kind(node)
+    opened = open_for_at(node, kind)
+    if opened is not None:
+        state = matcher.start(kind, opened)
+        for k, (entry, child) in enumerate(zip(opened.entries, opened.children, strict=True)):
+            if matcher.step(state, k, entry, child, ())[0] == MATCH:
+                return kind, opened, k
+    raise missing_key_error(key, node, kind, opened, where())
 
 
 def slice_text(selector: slice) -> str:
