@@ -655,6 +655,24 @@ def test_nested_method_call():
     assert float(model.layers[1].weight[0, 0]) == 1.0
 
 
+def test_static_field_apply_with_is_parallel_gives_the_serial_result():
+    mlp = MLP(2)
+    for parallel in (True, {"max_workers": 2}):
+        out = mlp.at["layers"][0]["name"].apply(str.upper, is_parallel=parallel)
+        assert out.layers[0].name == "LINEAR" and mlp.layers[0].name == "linear"
+        out = mlp.at[Linear]["name"].set("dense", is_parallel=parallel)
+        assert [layer.name for layer in out.layers] == ["dense", "dense"]
+
+
+def test_static_field_apply_error_with_is_parallel_names_the_field():
+    def fails(name):
+        raise ValueError("no")
+
+    with pytest.raises(ValueError, match="no") as info:
+        MLP(1).at["layers"][0]["name"].apply(fails, is_parallel=True)
+    assert any("MLP.layers[0].name" in note for note in getattr(info.value, "__notes__", []))
+
+
 def test_method_call_may_change_static_field():
     _, new = MLP(1).at["layers"][0]["rename"]("renamed")
     assert new.layers[0].name == "renamed"

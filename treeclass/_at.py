@@ -831,7 +831,13 @@ class _Apply(_Op):
         self.whole = whole
 
     def static_value(self, walker, old, path):
-        return walker.call(self.fn, path, old)
+        # here and now, even under `is_parallel`: the value goes into the node's layout,
+        # where no pending result would be resolved
+        try:
+            return self.fn(old)
+        except Exception as error:
+            walker.note_failure(error, self.fn, path)
+            raise
 
     def spot(self, walker, node, path, emask):
         fn = self.fn
