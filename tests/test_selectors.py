@@ -692,6 +692,42 @@ def test_is_parallel_on_traced_leaves_raises_for_get_set_and_apply_alike(operati
     operation(tree)  # outside jit it runs
 
 
+def _under_jit(fn, tree):
+    return jax.jit(fn)(tree)
+
+
+def _under_vmap(fn, tree):
+    return jax.vmap(fn)(tree)
+
+
+def _under_grad(fn, tree):
+    return jax.grad(lambda t: jnp.sum(jax.tree_util.tree_leaves(fn(t))[0]))(tree)
+
+
+@pytest.mark.parametrize("transform", [_under_jit, _under_vmap, _under_grad])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda t, parallel: tc.at(t)["a"].get(is_parallel=parallel),
+        lambda t, parallel: tc.at(t)[_positive(t)].get(fill_value=0.0, is_parallel=parallel),
+        lambda t, parallel: tc.at(t)["a"].set(1.0, is_parallel=parallel),
+        lambda t, parallel: tc.at(t)["a"].apply(jnp.sin, is_parallel=parallel),
+        lambda t, parallel: tc.at(t)["a"].apply(lambda x: x, whole=True, is_parallel=parallel),
+        lambda t, parallel: tc.at(t)["a"].pluck(is_parallel=parallel),
+    ],
+    ids=["get", "get-mask", "set", "apply", "apply-whole", "pluck"],
+)
+def test_is_parallel_refuses_traced_leaves_under_every_transformation(transform, operation):
+    tree = {"a": jnp.ones(2), "b": jnp.zeros(2)}
+    with pytest.raises(ValueError, match=r"`is_parallel` cannot be used on traced values.*'a'"):
+        transform(lambda t: operation(t, True), tree)
+    transform(lambda t: operation(t, False), tree)  # without it, the transformation runs
+    # and outside a transformation it gives what it gives without it
+    parallel = jax.tree_util.tree_leaves(operation(tree, {"max_workers": 2}))
+    serial = jax.tree_util.tree_leaves(operation(tree, False))
+    assert [np.asarray(x).tolist() for x in parallel] == [np.asarray(x).tolist() for x in serial]
+
+
 def test_is_parallel_set_of_a_traced_value_raises():
     tree = {"a": jnp.ones(2)}
     with pytest.raises(ValueError, match=r"value set at tree\['a'\] is \(or holds\) a tracer"):

@@ -1382,7 +1382,8 @@ class AtIndexer(Generic[T]):
 
         - `count`: at most this many subtrees, the first ones (`None`: all).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `get` (there is no function to run in parallel).
+        - `is_parallel`: accepted as for `get` (there is no function to run in parallel;
+          as for `get`, a traced selected leaf raises `ValueError`).
 
         **Returns**
 
@@ -1405,9 +1406,8 @@ class AtIndexer(Generic[T]):
         else:
             raise TypeError(PLUCK_COUNT_MSG.format(value=count))
         _check_is_leaf(is_leaf, "pluck")
-        _executor_args(is_parallel)  # checked like everywhere else; no pool is needed
         pluck = _Pluck(limit)
-        self._run(pluck, is_leaf)
+        self._run(pluck, is_leaf, is_parallel)  # refuses traced leaves, as `get` does
         return pluck.found
 
     def_rule = staticmethod(def_rule)
