@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses as dc
 import functools as ft
+import re
 from typing import NamedTuple
 
 import jax
@@ -44,6 +45,70 @@ def test_at_where_can_be_indexed_further():
 
 def test_at_where_none_selects_the_whole_tree():
     assert sp.at([1, 2], where=None).apply(lambda x: x * 10) == [10, 20]
+
+
+class _Layer(sp.TreeClass):
+    def __init__(self, scale):
+        self.weight = jnp.full(2, scale)
+        self.bias = jnp.zeros(1)
+
+
+class _Net(sp.TreeClass):
+    def __init__(self):
+        self.layers = [_Layer(1.0), _Layer(-2.0), _Layer(3.0)]
+        self.steps = jnp.array(0)
+
+
+class _Odd(sp.BaseKey):
+    def __eq__(self, entry):
+        return isinstance(entry, jtu.SequenceKey) and entry.idx % 2 == 1
+
+
+class _Field(NamedTuple):
+    name: str
+
+
+sp.at.def_rule(_Field, lambda matcher, key, child: getattr(key, "name", None) == matcher.name)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        ["layers", 0, "weight"],
+        ["layers", -1, "bias"],
+        ["layers", slice(1, None), "weight"],
+        ["layers", ..., "bias"],
+        [re.compile("lay.*"), 1],
+        [_Layer, "weight"],
+        [sp.where(lambda path, node: isinstance(node, _Layer) and node.weight[0] > 0)],
+        [sp.glob("layers.*.weight")],
+        ["layers", _Odd()],
+        [_Field("steps")],
+        [jtu.GetAttrKey("layers"), jtu.SequenceKey(2)],
+        [("steps", "layers"), ...],
+        [jax.tree_util.tree_map(lambda x: x.sum() < 0, _Net())],
+        ["layers", 1, jax.tree_util.tree_map(lambda x: x > 0, _Layer(1.0))],
+    ],
+    ids=lambda where: type(where[0]).__name__,
+)
+def test_at_where_takes_every_selector_kind_as_the_chain_does(where):
+    net = _Net()
+    chained = sp.at(net)
+    for selector in where:
+        chained = chained[selector]
+    assert sp.is_tree_equal(sp.at(net, where=where).get(), chained.get())
+    assert sp.is_tree_equal(sp.at(net, where=where).set(7.0), chained.set(7.0))
+    assert not sp.is_tree_equal(chained.set(7.0), net)  # the selection is not empty
+    assert sp.is_tree_equal(
+        sp.at(net, where=tuple(where)).apply(jnp.negative), chained.apply(jnp.negative)
+    )
+
+
+def test_at_where_selector_errors_name_the_selection():
+    with pytest.raises(LookupError, match=r"'wieght' not found at _Net\.layers\[0\].*'weight'"):
+        sp.at(_Net(), where=["layers", 0, "wieght"]).get()
+    with pytest.raises(TypeError, match=r"where=\['a', 0\]"):
+        sp.at(_Net(), where=_Net())
 
 
 def test_at_where_must_be_a_sequence_of_levels():
@@ -150,6 +215,55 @@ def test_value_and_tree_leaves_inputs_intact_when_the_function_raises():
     assert counter.count.tolist() == [0.0, 0.0] and not hasattr(counter, "extra")
 
 
+def test_value_and_tree_with_an_int_argnums_returns_that_copy_alone():
+    def move(a, b):
+        b.append(a.pop())
+        return len(b)
+
+    assert sp.value_and_tree(move, argnums=1)([1, 2], [3]) == (2, [3, 2])
+    assert sp.value_and_tree(move, argnums=-2)([1, 2], [3]) == (2, [1])
+
+
+def test_value_and_tree_copies_nested_trees_of_every_kind():
+    tree = {"counters": [Counter(0), Counter(np.zeros(2))], "log": [[]]}
+
+    def step(tree, *, seen):
+        tree["counters"][0].increment(1)
+        tree["counters"][1].count[0] = 9.0
+        tree["log"][0].append("stepped")
+        seen["calls"].append(1)
+        return "done"
+
+    seen = {"calls": []}
+    value, new = sp.value_and_tree(step)(tree, seen=seen)
+    assert value == "done" and new["log"] == [["stepped"]]
+    assert new["counters"][0].count == 1 and new["counters"][1].count.tolist() == [9.0, 0.0]
+    assert tree["counters"][0].count == 0 and tree["counters"][1].count.tolist() == [0.0, 0.0]
+    assert tree["log"] == [[]] and seen == {"calls": []}
+
+
+def test_value_and_tree_failure_leaves_nested_and_keyword_trees_unchanged():
+    tree = {"counter": Counter(0), "items": [1]}
+    seen = {"calls": []}
+
+    def breaks(tree, *, seen):
+        tree["counter"].increment(5)
+        tree["items"].append(2)
+        seen["calls"].append(1)
+        raise RuntimeError("halfway")
+
+    for argnums in (0, (0,), ()):
+        with pytest.raises(RuntimeError, match="halfway"):
+            sp.value_and_tree(breaks, argnums=argnums)(tree, seen=seen)
+        assert tree["counter"].count == 0 and tree["items"] == [1] and seen == {"calls": []}
+
+
+def test_value_and_tree_argnums_must_be_ints():
+    for argnums in (True, (0, "1"), 1.0, None):
+        with pytest.raises(TypeError, match="argnums"):
+            sp.value_and_tree(lambda x: x, argnums=argnums)
+
+
 def test_method_form_and_function_form_agree():
     counter = Counter(1)
     assert sp.value_and_tree(lambda c: c.increment(3))(counter) == counter.at["increment"](3)
@@ -175,6 +289,19 @@ def test_backend_context_accepts_jax():
                 self.a = a
 
     assert jax.tree_util.tree_leaves(Tree(1)) == [1]
+
+
+@pytest.mark.parametrize("name", ["optree", "numpy", "torch", "default", "JAX", ""])
+def test_backend_context_refuses_every_other_name_naming_it(name):
+    with pytest.raises(ValueError, match=rf"JAX-only.*no {name!r} backend"):
+        sp.backend_context(name)
+
+
+def test_backend_context_jax_nests_and_changes_nothing():
+    tree = {"a": [1, 2]}
+    with sp.backend_context("jax"), sp.backend_context("jax"):
+        inside = jax.tree_util.tree_leaves(tree)
+    assert inside == jax.tree_util.tree_leaves(tree) == [1, 2]
 
 
 def test_backend_context_refuses_other_backends_before_the_body_runs():
@@ -238,6 +365,21 @@ def test_def_rule_compare_sees_each_entry_and_child():
     sp.at.def_rule(Probe, compare, broadcastable=True)
     assert sp.at([10, 20])[Probe("p")].set(0) == [10, 0]
     assert seen == [("p", jtu.SequenceKey(0), 10), ("p", jtu.SequenceKey(1), 20)]
+
+
+def test_def_rule_broadcastable_changes_nothing():
+    class Name(NamedTuple):
+        name: str
+
+    def compare(matcher, key, child):
+        return getattr(key, "key", None) == matcher.name
+
+    tree = {"a": [1, 2], "b": 3}
+    results = []
+    for broadcastable in (False, True):
+        sp.at.def_rule(Name, compare, broadcastable=broadcastable)
+        results.append((sp.at(tree)[Name("a")].set(0), sp.at(tree)[Name("a")].pluck()))
+    assert results[0] == results[1] == ({"a": [0, 0], "b": 3}, [[1, 2]])
 
 
 def test_def_rule_selecting_nothing_is_an_error():
@@ -356,6 +498,21 @@ def test_pluck_collects_instances_of_a_class():
     assert [leaf.v for leaf in sp.at(tree)[Leaf].pluck()] == [1, 2]
 
 
+def test_pluck_count_keeps_the_first_subtrees_in_flatten_order():
+    tree = [1, 2, [3, 4]]
+    assert sp.at(tree)[2, 0].pluck(1) == [1]  # flatten order, not the union's
+    assert sp.at(tree)[...].pluck(10) == [1, 2, [3, 4]]
+    assert sp.at(tree)[...].pluck(None) == sp.at(tree)[...].pluck()
+    assert sp.at(tree)[[False, False, [False, False]]].pluck(0) == []
+    assert sp.at(tree)[[False, False, [False, False]]].pluck() == []
+
+
+def test_pluck_count_refuses_bools_and_floats():
+    for count in (True, 1.0, "1"):
+        with pytest.raises(TypeError, match=r"pluck.*count"):
+            sp.at([1, 2])[...].pluck(count)
+
+
 def test_pluck_count_must_be_a_non_negative_int():
     assert sp.at([1, 2])[...].pluck(0) == []
     with pytest.raises(TypeError, match="count"):
@@ -390,6 +547,34 @@ def test_bcmap_broadcast_to_a_missing_argument_is_a_type_error():
         sp.bcmap(lambda x, y: x + y, broadcast_to=3)(1, [2])
     with pytest.raises(TypeError, match=r"keyword argument `y`.*keywords passed: `x`"):
         sp.bcmap(lambda x, y=0: x + y, broadcast_to="y")(x=[1])
+
+
+def test_bcmap_broadcast_to_a_position_passed_by_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match=r"positional argument 1, but the call passed 0"):
+        sp.bcmap(lambda x, y: x + y, broadcast_to=1)(x=1, y=[2])
+    with pytest.raises(TypeError, match=r"keyword argument `y`.*keywords passed: none"):
+        sp.bcmap(lambda x, y: x + y, broadcast_to="y")(1, [2])
+
+
+def test_bcmap_broadcast_to_position_and_keyword_agree():
+    def func(x, y, z=0):
+        return x * y + z
+
+    by_position = sp.bcmap(func, broadcast_to=1)(2, [1, 2], z=10)
+    by_keyword = sp.bcmap(func, broadcast_to="y")(x=2, y=[1, 2], z=10)
+    assert by_position == by_keyword == [12, 14]
+    assert sp.bcmap(func, broadcast_to=np.int64(1))(2, [1, 2]) == [2, 4]
+
+
+def test_bcmap_broadcast_to_a_leaf_argument_is_one_plain_call():
+    calls = []
+
+    def func(x, y):
+        calls.append((x, y))
+        return y
+
+    assert sp.bcmap(func, broadcast_to=1)([1, 2], 3) == 3
+    assert calls == [([1, 2], 3)]
 
 
 # -- tree_mask(cond=...) ---------------------------------------------------------------------------
