@@ -596,6 +596,49 @@ def test_mask_with_non_bool_leaves_says_mask_and_names_the_leaf(mask, where, lea
     assert "of type `_Point` in" not in str(info.value)
 
 
+class _Pair(tc.TreeClass):
+    def __init__(self):
+        self.point = _Point()
+        self.arrays = [jnp.ones(2), jnp.zeros(2)]
+
+
+@pytest.mark.parametrize(
+    ("select", "where"),
+    [
+        (lambda at: at[_Point(1, 1)], r"_Point\.x\W.*1"),
+        (lambda at: at["point"][_Point(1, 0)], r"_Point\.x\W.*1"),
+        (lambda at: tc.at(at.tree, where=["point", _Point(True, 0)]), r"point\.y\W.*0"),
+        (lambda at: at["arrays"][[jnp.array([1, 0]), True]], r"_Pair\.arrays\[0\]\W.*int32"),
+        (lambda at: at["arrays"][[jnp.array([1.0, 0.0]), True]], r"_Pair\.arrays\[0\].*float"),
+        (lambda at: at["arrays"][[True, np.array([0, 1])]], r"_Pair\.arrays\[1\]\W.*array"),
+    ],
+)
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda at: at.get(),
+        lambda at: at.set(0.0),
+        lambda at: at.apply(lambda x: x),
+        lambda at: at.reduce(lambda a, b: a, initializer=0),
+        lambda at: at.pluck(),
+        lambda at: at.scan(lambda x, s: (x, s), 0),
+    ],
+)
+def test_mask_with_a_non_bool_leaf_is_named_for_every_operation_and_entry_point(
+    select, where, operation
+):
+    tree = _Pair()
+    with pytest.raises(ValueError, match=r"(?s)mask.*non-bool leaf") as info:
+        operation(select(tree.at))
+    assert re.search(where, str(info.value)), str(info.value)
+    assert "Unsupported selector" not in str(info.value) or "is a boolean mask" in str(info.value)
+
+
+def test_mask_with_a_non_bool_leaf_in_a_union_is_named():
+    with pytest.raises(ValueError, match=r"(?s)mask.*non-bool leaf at tree\['a'\]: 1\b"):
+        tc.at({"a": 1, "b": 2})["b", {"a": 1, "b": 0}].get()
+
+
 def test_pytree_selector_without_bools_is_still_not_implemented_as_pytreeclass_says():
     with pytest.raises(NotImplementedError, match=r"non-bool leaf at _Point\.x: 1\b"):
         tc.at(_Point())[_Point(1, 1)]
@@ -628,6 +671,36 @@ def test_traced_element_mask_in_reduce_names_reduce_and_a_fix_for_it():
         return tc.at(filled)[...].reduce(lambda acc, x: acc + x.sum(), initializer=0.0)
 
     assert float(fixed(tree)) == 9.0
+
+
+def test_traced_element_mask_in_pluck_names_pluck_and_a_fix_for_it():
+    tree = {"a": jnp.array([-1.0, 2.0, 3.0]), "b": jnp.array([4.0])}
+    with pytest.raises(TypeError) as info:
+        jax.jit(lambda t: tc.at(t)[_positive(t)].pluck())(tree)
+    message = str(info.value)
+    assert "`.pluck`" in message and "tree['a']" in message
+    fix = message.split("after:")[1].strip()
+    assert fix == "jax.tree_util.tree_leaves(tree.at[mask].get(fill_value=0))"
+
+    @jax.jit
+    def fixed(tree):  # the fix the message gives
+        return jax.tree_util.tree_leaves(tc.at(tree)[_positive(tree)].get(fill_value=0))
+
+    assert [x.tolist() for x in fixed(tree)] == [[0.0, 2.0, 3.0], [4.0]]
+
+
+@pytest.mark.parametrize(
+    ("operation", "named"),
+    [
+        (lambda at: at.get(), "Cannot take `leaf[mask]`"),
+        (lambda at: at.pluck(), "`.pluck` cannot"),
+        (lambda at: at.reduce(lambda a, x: a + x.sum(), initializer=0.0), "`.reduce` cannot"),
+    ],
+)
+def test_traced_element_mask_from_a_predicate_names_the_operation(operation, named):
+    positive = tc.where(lambda path, x: x > 0)  # a traced boolean array: an element mask
+    with pytest.raises(TypeError, match=re.escape(named)):
+        jax.jit(lambda t: operation(tc.at(t)[positive]))({"a": jnp.array([-1.0, 2.0])})
 
 
 def test_traced_element_mask_in_get_still_suggests_a_fill_value():

@@ -111,6 +111,13 @@ TRACED_MASK_REDUCE_MSG = (
     "    after:  filled = tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)\n"
     "            tc.at(filled)[...].reduce(fn, initializer=init)"
 )
+TRACED_MASK_PLUCK_MSG = (
+    "`.pluck` cannot take `leaf[mask]` at {where}: the element mask is traced (inside "
+    "`jax.jit`, `vmap` or `grad`), and the result's shape would depend on its values. Take "
+    "whole leaves with the unselected elements filled instead:\n"
+    "    before: tree.at[mask].pluck()\n"
+    "    after:  jax.tree_util.tree_leaves(tree.at[mask].get(fill_value=0))"
+)
 UNREADABLE_MASK_GET_MSG = (
     "Cannot take `leaf[mask]` at {where}: the element mask is a jax.Array placed on "
     "devices of several processes (sharding {spec}), so this process alone cannot read "
@@ -271,18 +278,17 @@ def _take(
     mask: Any,
     fill_value: Any,
     where: Callable[[], str],
-    traced: Callable[[], str] | None = None,
+    traced_msg: str = TRACED_MASK_GET_MSG,
 ) -> Any:
     """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill.
 
-    `traced()` is the error text when the mask is traced (by default `get`'s).
+    `traced_msg` is the error when the mask is traced: the operation's own (`get`'s here).
     """
     _check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
     if isinstance(mask, Tracer):
-        text = TRACED_MASK_GET_MSG.format(where=where()) if traced is None else traced()
-        raise TypeError(text)
+        raise TypeError(traced_msg.format(where=where()))
     if not readable_here(mask):
         # many hosts: the selected positions must be read, and JAX reads such a mask on no
         # process alone
@@ -887,11 +893,8 @@ class _Collect(_Op):
         for p, x in pairs:
             where = path + p
             if emask is not None:
-
-                def traced(where: tuple = where) -> str:
-                    return TRACED_MASK_REDUCE_MSG.format(where=walker.where(where))
-
-                x = _take(x, emask, None, lambda where=where: walker.where(where), traced)
+                at = functools.partial(walker.where, where)
+                x = _take(x, emask, None, at, TRACED_MASK_REDUCE_MSG)
             self.leaves.append(x)
             self.paths.append(where)
         walker.count += len(pairs)
@@ -909,10 +912,10 @@ class _Pluck(_Op):
 
     def spot(self, walker, node, path, emask):
         if emask is not None:  # the selected elements, as `get` takes them
-            fill = None
 
-            def take(x: Any, where: tuple = path) -> Any:
-                return _take(x, emask, fill, lambda: walker.where(where))
+            def take(x: Any, where: tuple) -> Any:
+                at = functools.partial(walker.where, where)
+                return _take(x, emask, None, at, TRACED_MASK_PLUCK_MSG)
 
             picked = _map_with_paths(walker, take, node, path)
         else:
