@@ -748,6 +748,39 @@ def test_name_that_matches_nothing_beside_a_selected_frozen_value_is_said_first(
         tc.at(tree)["f"].set(0.0)  # the frozen value itself is the cause here
 
 
+class _NeverKey(tc.BaseKey):
+    def __eq__(self, entry):
+        return False
+
+
+class _KeyIs(typing.NamedTuple):
+    key: str
+
+
+tc.at.def_rule(_KeyIs, lambda matcher, entry, child: getattr(entry, "key", None) == matcher.key)
+
+
+@pytest.mark.parametrize(
+    "selector", [_NeverKey(), _KeyIs("wieght"), re.compile("wieght"), tc.glob("*.wieght")]
+)
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda at: at.set(0.0),
+        lambda at: at.get(),
+        lambda at: at.apply(lambda x: x, is_leaf=tc.is_frozen),
+        lambda at: at.pluck(),
+    ],
+)
+def test_naming_selector_that_matches_nothing_beside_frozen_values_says_no_key_matches(
+    selector, operation
+):
+    for tree in ({"a": {"w": 1.0}, "f": tc.freeze("relu")}, [_Point(1.0, tc.freeze("relu"))]):
+        with pytest.raises(LookupError, match=r"selects nothing.*no key matches") as info:
+            operation(tc.at(tree)[selector])
+        assert "(frozen)" not in str(info.value), str(info.value)
+
+
 @pytest.mark.parametrize(
     "operation",
     [
