@@ -439,7 +439,7 @@ def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _R
         key = next(iter(kwargs))
     else:
         return None
-    own = broadcast_to is None or position is not None or key is not None
+    own = position is not None or key is not None  # one of the arguments, not a given tree
     if position is not None:
         value, name = args[position], f"positional argument {position}"
     elif key is not None:
