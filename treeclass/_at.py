@@ -345,6 +345,7 @@ class _Walker:
         "selection",
         "pool",
         "pending",
+        "traced_value",
     )
 
     def __init__(
@@ -374,6 +375,13 @@ class _Walker:
         self.selection = selection
         self.pool = pool
         self.pending = False
+        # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
+        # at once, and refused at the first selected spot
+        self.traced_value = (
+            pool is not None
+            and type(op) is _Set
+            and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
+        )
 
     # helpers the matchers call back
     def where(self, path: tuple[Any, ...]) -> str:
@@ -439,9 +447,7 @@ class _Walker:
         for p, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]:
             if isinstance(leaf, Tracer):
                 raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path + p)))
-        if type(self.op) is _Set and any(
-            isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(self.op.value)
-        ):
+        if self.traced_value:
             raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(path)))
 
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
