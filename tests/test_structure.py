@@ -76,3 +76,25 @@ def test_first_mismatch_names_the_path_and_both_sides():
     found = _structure.first_mismatch({"a": [1, 2]}, {"a": [1]})
     assert found is not None and jax.tree_util.keystr(found.path) == "['a']"
     assert "missing in the mask: [1]" in found.explain("mask")
+
+
+@pytest.mark.parametrize("node", _NODES, ids=lambda n: type(n).__name__)
+def test_child_by_entry_agrees_with_opening_the_node(node):
+    from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+
+    opened = _structure.open_node(node, _structure.node_kind(node))
+    for entry, child in zip(opened.entries, opened.children):
+        assert _structure.child_by_entry(node, entry) == (True, child)
+    for missing in (GetAttrKey("zz"), DictKey("zz"), DictKey(["unhashable"]), SequenceKey(9)):
+        assert _structure.child_by_entry(node, missing) == (False, None)
+
+
+def test_child_by_entry_does_not_find_static_fields():
+    from jax.tree_util import GetAttrKey
+
+    class WithStatic(tc.TreeClass):
+        w: object
+        name: str = tc.field(default="n", static=True)
+
+    assert _structure.child_by_entry(WithStatic(1.0), GetAttrKey("name")) == (False, None)
+    assert _structure.child_by_entry(WithStatic(1.0), GetAttrKey("w")) == (True, 1.0)

@@ -178,8 +178,26 @@ def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> boo
 
 
 def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
-    """`(found, child)`: the child of `node` under key `entry` (jax structure only)."""
-    opened = open_node(node, node_kind(node))
+    """`(found, child)`: the child of `node` under key `entry` (jax structure only).
+
+    A direct lookup for the kinds whose entries name their children (attributes, dict
+    keys, sequence indices), so a walk that looks up one child per node costs the depth,
+    not the size of every node on the way; other nodes are opened and searched.
+    """
+    kind = node_kind(node)
+    cls = type(entry)
+    if kind == TREECLASS and cls is GetAttrKey:
+        found = _node.child(node, entry.name)
+        return (found is not _node.NOTHING), (None if found is _node.NOTHING else found)
+    if kind == DICT and cls is DictKey:
+        try:
+            return (True, node[entry.key]) if entry.key in node else (False, None)
+        except TypeError:  # an unhashable key cannot be in the dict
+            return False, None
+    if (kind == LIST or kind == TUPLE) and cls is SequenceKey:
+        index = entry.idx
+        return (True, node[index]) if 0 <= index < len(node) else (False, None)
+    opened = open_node(node, kind)
     if opened is None:
         return False, None
     for e, c in zip(opened.entries, opened.children, strict=True):
