@@ -11,6 +11,7 @@ import jax
 
 from .._at import AtIndexer
 from .._frozen import is_frozen
+from .._values import host_bytes
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan
 from ._files import open_for_reading, write_atomically
 from ._rules import RuledCatalog, compile_rules
@@ -21,7 +22,6 @@ from ._tree import (
     LoadReport,
     StateCatalog,
     entries,
-    host_bytes,
     restore,
     state_dict_of,
 )

@@ -31,7 +31,7 @@ import jax
 import ml_dtypes  # a dependency of jax: the int4 and float4 dtypes
 import numpy as np
 
-from .._structure import path_str, root_name
+from .._values import is_prng_key, path_str, root_name
 from ._json import loads as strict_json
 from ._source import CheckpointSource, corrupt
 from ._tree import (
@@ -43,7 +43,6 @@ from ._tree import (
     Stored,
     describe,
     is_abstract,
-    is_key_dtype,
     is_weak,
     numpy_dtype,
 )
@@ -138,7 +137,7 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
     record: dict[str, Any] = {"kind": entry.kind}
     if is_weak(value):
         record["weak"] = True
-    if is_key_dtype(value.dtype):
+    if is_prng_key(value):
         stored = jax.eval_shape(jax.random.key_data, value).shape
         record.update(dtype=str(value.dtype), shape=list(shape))
         record["impl"] = str(jax.random.key_impl(value))

@@ -193,7 +193,7 @@ class RuledCatalog:
             structs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in parts if p is not None]
             self._abstract[key] = self._outputs(mapped, jax.eval_shape, structs)
         out = self._abstract[key][mapped.position]
-        return Stored(TENSOR, dtype_name(out.dtype), tuple(out.shape))
+        return Stored(TENSOR, dtype_name(out), tuple(out.shape))
 
     def _outputs(self, mapped: _Mapped, run: Callable[..., Any], args: list[Any]) -> list[Any]:
         rule = mapped.rule

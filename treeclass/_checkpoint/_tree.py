@@ -30,7 +30,7 @@ from jax.core import Tracer
 
 from .. import _node
 from .._frozen import freeze, is_frozen, unfreeze
-from .._structure import entry_name, path_str, root_name
+from .._values import entry_name, host_bytes, is_prng_key, path_str, root_name, short_repr
 from ._json import check_text
 
 __all__ = [
@@ -51,11 +51,9 @@ __all__ = [
     "category",
     "is_plain",
     "is_abstract",
-    "is_key_dtype",
     "dtype_name",
     "numpy_dtype",
     "describe",
-    "host_bytes",
     "is_weak",
     "PLAIN_DEPTH",
     "describe_array",
@@ -242,22 +240,9 @@ def numpy_dtype(name: str) -> np.dtype | None:
         return np.dtype(kind) if kind is not None else None
 
 
-def is_key_dtype(dtype: Any) -> bool:
-    return jnp.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def dtype_name(dtype: Any) -> str:
-    return str(dtype) if is_key_dtype(dtype) else np.dtype(dtype).name
-
-
-def host_bytes(value: Any) -> np.ndarray:
-    """An array's bytes on the host, little-endian, as a flat uint8 array."""
-    if isinstance(value, jax.Array) and is_key_dtype(value.dtype):
-        value = jax.random.key_data(value)
-    host = np.ascontiguousarray(np.asarray(value))  # a device array is copied here, alone
-    if host.dtype.byteorder == ">":
-        host = host.astype(host.dtype.newbyteorder("<"))
-    return host.reshape(-1).view(np.uint8)
+def dtype_name(array: Any) -> str:
+    """The name of an array's dtype (`"float32"`, `"bfloat16"`, `"key<fry>"`)."""
+    return str(array.dtype) if is_prng_key(array) else np.dtype(array.dtype).name
 
 
 def is_weak(value: Any) -> bool:
@@ -271,11 +256,9 @@ def describe_array(dtype_name: str, shape: tuple) -> str:
 
 def describe(value: Any) -> str:
     if category(value) == TENSOR:
-        return "an array " + describe_array(dtype_name(value.dtype), tuple(value.shape))
+        return "an array " + describe_array(dtype_name(value), tuple(value.shape))
     if is_plain(value):
-        text = repr(value)
-        text = text if len(text) <= 40 else text[:37] + "..."
-        return f"{type(value).__name__} {text}"
+        return f"{type(value).__name__} {short_repr(value)}"
     return f"a {type(value).__name__} (not data)"
 
 
@@ -353,7 +336,7 @@ class StateCatalog:
             return None
         value = self.values[name]
         if category(value) == TENSOR:
-            return Stored(TENSOR, dtype_name(value.dtype), tuple(value.shape))
+            return Stored(TENSOR, dtype_name(value), tuple(value.shape))
         return Stored(PLAIN, value=value)
 
     def fetch(self, name: str) -> Any:
@@ -473,7 +456,7 @@ class _Checker:
 
     def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
         """None if the stored tensor has the template's shape and dtype, else a mismatch."""
-        dtype, shape = dtype_name(entry.value.dtype), tuple(entry.value.shape)
+        dtype, shape = dtype_name(entry.value), tuple(entry.value.shape)
         if stored.shape != shape:
             return self._mismatch(where, entry, stored, _mismatch_kind(entry, "shape"))
         if stored.dtype != dtype:
@@ -738,7 +721,7 @@ def _place(template: Any, value: Any, weak: bool) -> Any:
     elif isinstance(template, jax.Array) and not isinstance(template, Tracer):
         if template.committed or len(template.sharding.device_set) > 1:
             sharding = template.sharding
-    if weak and not is_key_dtype(value.dtype):
+    if weak and not is_prng_key(value):
         return _weakly_typed(value, sharding)
     if sharding is not None:
         value = jax.device_put(value, sharding)
@@ -789,7 +772,7 @@ def _abstract_number_fits(template: Any, stored: Stored) -> bool:
     """
     if not is_abstract(template) or template.shape != () or type(stored.value) not in NUMBERS:
         return False
-    dtype = np.dtype(template.dtype) if not is_key_dtype(template.dtype) else None
+    dtype = np.dtype(template.dtype) if not is_prng_key(template) else None
     if dtype is None:
         return False
     kind = type(stored.value)
