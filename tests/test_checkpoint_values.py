@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -223,6 +224,104 @@ def test_a_static_array_is_not_in_the_state_dict():
     assert sorted(tc.state_dict(model)) == ["w"]
 
 
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+def _static(value: Any) -> Act:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "holds an array": that is the point here
+        return Act(jnp.ones(1), act=value)
+
+
+@pytest.mark.parametrize(
+    "saved, like, where",
+    [
+        ((jnp.asarray([1, 0]),), (jnp.asarray([0, 1]),), r"Act\.act\[0\]"),
+        ((np.asarray([1, 0]), "x"), (np.asarray([1, 0]), "y"), r"Act\.act\[1\]"),
+        ((jax.nn.relu, "gelu"), (jax.nn.relu, "relu"), r"Act\.act\[1\]"),
+        (((jnp.ones(2), 1),), ((jnp.ones(2), 2),), r"Act\.act\[0\]\[1\]"),
+        (Pair(1, abs), Pair(2, abs), r"Act\.act\.first"),
+        (Pair(jnp.zeros(2), abs), Pair(jnp.ones(2), abs), r"Act\.act\.first"),
+        ((jnp.ones(2), abs), (jnp.ones(2), len, abs), r"Act\.act\[2\]"),
+        (
+            (jnp.ones(2), abs),
+            Pair(jnp.ones(2), abs),
+            r"Act\.act: a Pair \(not data\) in the template, a tuple",
+        ),
+    ],
+)
+def test_a_static_container_of_arrays_or_objects_is_compared_part_by_part(
+    tmp_path, saved, like, where
+):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _static(saved))
+    tc.load(path, _static(saved))  # equal parts: it loads
+    with pytest.raises(ValueError, match=where):
+        tc.load(path, _static(like))
+    restored, report = tc.load(path, _static(like), strict=False)
+    assert report.kept and all(p.startswith("Act.act") for p in report.kept)
+    assert restored.act is not None and report.restored == ("Act.w",)
+
+
+def test_a_static_container_of_arrays_round_trips_through_an_abstract_template(tmp_path):
+    path = tmp_path / "m.safetensors"
+    model = _static((jnp.asarray([1, 0]), "x"))
+    tc.save(path, model)
+    restored = tc.load(path, jax.eval_shape(lambda: model))
+    assert restored.act is model.act
+
+
+def test_static_values_are_compared_as_exact_keys_are(tmp_path):
+    # what `jax.jit` would tell apart: the NaN's sign, 0.0 and -0.0, 1 and True
+    path = tmp_path / "m.safetensors"
+    nan = float("nan")
+    for saved, other in [(nan, -nan), (0.0, -0.0), (1, True), ((1, nan), (1, -nan))]:
+        tc.save(path, _static(saved))
+        tc.load(path, _static(saved))
+        with pytest.raises(ValueError, match=r"static +Act\.act"):
+            tc.load(path, _static(other))
+
+
+def test_a_static_array_of_another_weak_type_is_an_error(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _static(jnp.asarray(0.5)))
+    tc.load(path, _static(jnp.asarray(0.5)))
+    with pytest.raises(ValueError, match=r"static +Act\.act: .*strongly typed.*weakly typed"):
+        tc.load(path, _static(jnp.asarray(0.5, jnp.float32)))
+
+
+def test_static_mismatches_are_reported_both_ways_when_not_strict(tmp_path):
+    path = tmp_path / "m.safetensors"
+    for saved, like in [("gelu", jax.nn.relu), (jax.nn.relu, "gelu"), ("gelu", "relu")]:
+        tc.save(path, Act(jnp.ones(2), act=saved))
+        restored, report = tc.load(path, Act(jnp.zeros(2), act=like), strict=False)
+        assert report.mismatched == ("Act.act",) and report.restored == ("Act.w",)
+        (line,) = report.messages
+        assert line.startswith("static      Act.act: ") and "in the template" in line
+        assert restored.act is like and restored.w.tolist() == [1.0, 1.0]
+
+
+def test_static_values_deep_in_the_tree_are_checked(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tree = {"layers": [Act(jnp.ones(1)), {"inner": (Act(jnp.ones(1), act="tanh"),)}]}
+    tc.save(path, tree)
+    like = {"layers": [Act(jnp.ones(1)), {"inner": (Act(jnp.ones(1), act="relu"),)}]}
+    with pytest.raises(ValueError, match=r"static +tree\['layers'\]\[1\]\['inner'\]\[0\]\.act"):
+        tc.load(path, like)
+
+
+def test_a_partial_load_checks_the_static_parts_of_its_selection_only(tmp_path):
+    path = tmp_path / "m.safetensors"
+    saved = {"a": _static((jnp.asarray([1, 0]),)), "b": _static((jnp.asarray([1, 0]),))}
+    tc.save(path, saved)
+    like = {"a": _static((jnp.asarray([1, 0]),)), "b": _static((jnp.asarray([0, 1]),))}
+    tc.load(path, like, where=tc.glob("a.*"))
+    with pytest.raises(ValueError, match=r"(?s)1 problem.*tree\['b'\]\.act\[0\]"):
+        tc.load(path, like, where=tc.glob("b.*"))
+
+
 # ------------------------------------------------------------------------------------------
 # plain values nested too deeply to record are refused on save
 # ------------------------------------------------------------------------------------------
@@ -273,13 +372,28 @@ _plain = st.one_of(
     st.none(),
     st.tuples(st.integers(0, 3), st.text(max_size=2)),
 )
-_statics = st.one_of(st.text(max_size=4), st.integers(0, 9), st.tuples(st.integers(0, 3)))
+_statics = st.one_of(
+    st.text(max_size=4),
+    st.integers(0, 9),
+    st.tuples(st.integers(0, 3)),
+    # containers checked part by part: a function, an array
+    st.tuples(st.sampled_from([abs, len]), _plain),
+    st.tuples(_scalars, st.sampled_from([abs, len])),
+)
+
+
+def _config(value: Any, tag: Any) -> Config:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a static tag holding an array warns
+        return Config(value, tag)
+
+
 _leaves_strategy = st.one_of(
     _scalars,
     _scalars.map(tc.freeze),
     _plain.map(tc.freeze),
-    st.builds(Config, _scalars, _statics),
-    st.builds(Config, _plain.map(tc.freeze), _statics),
+    st.builds(_config, _scalars, _statics),
+    st.builds(_config, _plain.map(tc.freeze), _statics),
 )
 _trees = st.dictionaries(st.text("abc", min_size=1, max_size=2), _leaves_strategy, min_size=1)
 

@@ -60,10 +60,12 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
     }
     within = {path[:k] for path in chosen for k in range(len(path) + 1)}
 
-    def selected(path: tuple, kind: str) -> bool:
-        if kind == STATIC:  # a static field belongs to its node: selected with its leaves
-            return path[:-1] in within or any(path[:k] in chosen for k in range(len(path)))
-        return any(path[:k] in chosen for k in range(len(path) + 1))
+    def selected(node: tuple, kind: str) -> bool:
+        # an entry is selected with its node (a static value with the TreeClass holding it,
+        # which is selected when any of its leaves is)
+        return (kind == STATIC and node in within) or any(
+            node[:k] in chosen for k in range(len(node) + 1)
+        )
 
     return selected
 

@@ -3,9 +3,10 @@
 What is saved is decided by walking the tree with its frozen values as leaves, and into
 every frozen subtree: every array (frozen or not) and numpy scalar is *data* and becomes a
 tensor; Python numbers are data too; strings, `None` and tuples or lists of such plain
-values (leaves, frozen values, static fields) are recorded; functions and other objects
-are never saved: they come from the template given to `load` / `from_state_dict`, which
-also decides the structure and what is frozen.
+values (leaves, frozen values, static fields) are recorded, and a static field holding
+another container is recorded part by part; functions and other objects are never saved
+(only their type's name): they come from the template given to `load` / `from_state_dict`,
+which also decides the structure and what is frozen.
 
 Loading compares every entry of the template with a *catalog*: what a checkpoint holds
 under each name, as the checks see it (`Stored`). A state dict is one catalog; a file is
@@ -15,7 +16,6 @@ another (`_document.SourceCatalog`, over any `CheckpointSource`).
 from __future__ import annotations
 
 import bisect
-import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -30,7 +30,16 @@ from jax.core import Tracer
 
 from .. import _node
 from .._frozen import freeze, is_frozen, unfreeze
-from .._values import entry_name, host_bytes, is_prng_key, path_str, root_name, short_repr
+from .._structure import node_kind, open_node
+from .._values import (
+    entry_name,
+    exact_key,
+    host_bytes,
+    is_prng_key,
+    path_str,
+    root_name,
+    short_repr,
+)
 from ._json import check_text
 
 __all__ = [
@@ -168,6 +177,9 @@ class Entry(NamedTuple):
     value: Any
     name: str  # the checkpoint name: key path joined with dots
     category: str  # tensor, number, plain or object
+    # the key path of the node the entry belongs to: its own for a leaf or frozen value; for
+    # a static value (or a part of one) that of the TreeClass holding the field
+    node: tuple
 
 
 _NO_KEYS = (
@@ -189,11 +201,44 @@ _UNNAMEABLE = (
 )
 
 
+def _static_parts(value: Any) -> list[tuple[Any, Any]]:
+    """The children of a static value that is a container, with their key entries.
+
+    A static field is one opaque node of the tree, but its value is checked against the
+    checkpoint like any value: a container (a tuple holding an array or a function, a
+    namedtuple) cannot be recorded as one plain value, so each of its parts is an entry of
+    its own, under the field's name (`act.0`), and the container's type is one too.
+    """
+    try:
+        opened = open_node(value, node_kind(value))
+    except Exception:  # a broken flatten: an object like any other
+        return []
+    return [] if opened is None else list(zip(opened.entries, opened.children))
+
+
 def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[Entry]:
-    """Every leaf, frozen leaf and static field of `tree`, named; `call` shows `action`'s
-    call with the tree as `value`, for the message that a single leaf gets. With
-    `to_file`, refuse names and strings a file cannot hold (lone surrogates)."""
+    """Every leaf, frozen leaf and static field of `tree` (and each part of a static
+    container, see `_static_parts`), named; `call` shows `action`'s call with the tree as
+    `value`, for the message that a single leaf gets. With `to_file`, refuse names and
+    strings a file cannot hold (lone surrogates)."""
     found: list[Entry] = []
+
+    def add(path: tuple, kind: str, value: Any, node: tuple, depth: int = 0) -> None:
+        name = ".".join(_key_name(key) for key in path)
+        try:
+            entry = Entry(path, kind, value, name, category(value), node)
+            if to_file:
+                check_text(name, "the checkpoint name")
+                if entry.category == PLAIN:
+                    _check_plain_text(value)
+            parts = _static_parts(value) if kind == STATIC and entry.category == OBJECT else ()
+            if parts and depth >= PLAIN_DEPTH:
+                raise TooDeep(f"it nests containers more than {PLAIN_DEPTH} levels deep")
+        except ValueError as error:
+            raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
+        found.append(entry)
+        for key, part in parts:
+            add((*path, key), STATIC, part, node, depth + 1)
 
     def visit(path: tuple, kind: str, value: Any) -> None:
         if not path:
@@ -201,15 +246,7 @@ def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[En
             raise ValueError(
                 _NO_KEYS.format(action=action, type=type(value).__name__, call=call, fixed=fixed)
             )
-        name = ".".join(_key_name(key) for key in path)
-        try:
-            found.append(Entry(path, kind, value, name, category(value)))
-            if to_file:
-                check_text(name, "the checkpoint name")
-                if found[-1].category == PLAIN:
-                    _check_plain_text(value)
-        except ValueError as error:
-            raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
+        add(path, kind, value, path[:-1] if kind == STATIC else path)
 
     _walk(tree, visit, rebuild=False)
     seen: dict[str, Entry] = {}
@@ -471,13 +508,16 @@ class _Checker:
             mismatch = self._tensor_fits(where, entry, stored)
             if mismatch is not None:
                 return mismatch
+            if stored.weak is not None and stored.weak != is_weak(entry.value):
+                return self._mismatch(where, entry, stored, "static")
             if is_abstract(entry.value) or self.dry_run:
                 return _KEEP  # nothing to compare the saved values with, or not now
             saved = self.source.fetch(entry.name)
             if np.array_equal(host_bytes(saved), host_bytes(entry.value)):
                 return _KEEP
             return self._mismatch(where, entry, stored, "static", saved)
-        if stored.category == PLAIN and _same_value(entry.value, stored.value):
+        # exactly when the two would be the same constant of a traced computation
+        if stored.category == PLAIN and exact_key(entry.value) == exact_key(stored.value):
             return _KEEP
         return self._mismatch(where, entry, stored, "static")
 
@@ -631,10 +671,10 @@ def restore(
 ) -> Any:
     """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`.
 
-    `selected(path, kind)` limits the load to some entries (the rest keep the template's
-    values and are not reported); `missing` ("error", "keep", "warn") and `unexpected`
-    ("error", "ignore") say which of those problems a strict load raises for (by default
-    all of them when `strict`, none otherwise). A `dry_run` returns the report alone,
+    `selected(node, kind)` (of an `Entry`) limits the load to some entries (the rest keep
+    the template's values and are not reported); `missing` ("error", "keep", "warn") and
+    `unexpected` ("error", "ignore") say which of those problems a strict load raises for
+    (by default all of them when `strict`, none otherwise). A `dry_run` returns the report alone,
     read from names, dtypes and shapes: no tensor bytes.
     """
     missing = missing or ("error" if strict else "keep")
@@ -648,7 +688,7 @@ def restore(
     checker = _Checker(like, source, dry_run)
     decisions = [
         checker.decide(entry)
-        if selected is None or selected(entry.path, entry.kind)
+        if selected is None or selected(entry.node, entry.kind)
         else checker.skip(entry)
         for entry in found
     ]
@@ -681,9 +721,12 @@ def restore(
                 fixed=source.call[:-1] + ", strict=False)",
             )
         )
-    steps = iter(zip(found, decisions))
+    # static values are checked above and never restored (nor visited part by part)
+    steps = iter([(e, d) for e, d in zip(found, decisions) if e.kind != STATIC])
 
     def visit(path: tuple, kind: str, value: Any) -> Any:
+        if kind == STATIC:
+            return value
         entry, decision = next(steps)
         if decision != _TAKE:
             return value
@@ -793,18 +836,3 @@ def _to_number(template: Any, value: Any) -> Any:
         return value if type(value) is kind else None
     allowed = {int: (int,), float: (int, float), complex: (int, float, complex)}[kind]
     return kind(value) if type(value) in allowed else None
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Equal and of the same types, recursively; a NaN equals a NaN, 0.0 differs from -0.0."""
-    if type(a) is not type(b):
-        return False
-    if type(a) in (tuple, list):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
-    if type(a) is float:
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
-    if type(a) is complex:
-        return _same_value(a.real, b.real) and _same_value(a.imag, b.imag)
-    return a == b
