@@ -216,6 +216,52 @@ def test_python_numbers_round_trip_with_their_types():
     assert str(restored["zero"]) == "-0.0"
 
 
+@pytest.mark.parametrize(
+    "like, value, expected",
+    [
+        (0.0, 2, 2.0),
+        (0j, 2.5, 2.5 + 0j),
+        (0, np.int32(3), 3),
+        (0.0, np.float32(1.5), 1.5),
+        (0j, np.float32(1.5), 1.5 + 0j),
+        (False, np.bool_(True), True),
+        (0.0, np.asarray(0.5, ml_dtypes.bfloat16), 0.5),
+    ],
+)
+def test_a_number_takes_a_value_its_type_holds_exactly(like, value, expected):
+    restored = tc.from_state_dict({"n": like}, {"n": value})
+    assert type(restored["n"]) is type(like) and restored["n"] == expected
+    assert round_trip({"n": value}, like={"n": like}) == {"n": expected}
+
+
+@pytest.mark.parametrize(
+    "like, value",
+    [
+        (0, 2.5),
+        (0, True),
+        (False, 1),
+        (0.0, 1j),
+        (0, np.float32(1)),
+        (0.0, np.complex64(1)),
+        (0, np.zeros(2, np.int32)),
+        (0, jax.random.key(0)),
+    ],
+)
+def test_a_number_refuses_a_value_its_type_cannot_hold(like, value):
+    _, report = tc.from_state_dict({"n": like}, {"n": value}, strict=False)
+    assert report.mismatched == ("tree['n']",)
+    _, report = round_trip({"n": value}, like={"n": like}, strict=False)
+    assert report.mismatched == ("tree['n']",)
+
+
+def test_an_abstract_scalar_takes_a_saved_number_of_its_kind_only():
+    abstract = jax.eval_shape(lambda: {"i": 1, "f": 0.5, "c": 1j, "b": True})
+    saved = {"i": 2, "f": 1.5, "c": 2j, "b": False}
+    assert round_trip(saved, like=abstract) == saved
+    _, report = round_trip({"i": 1.5, "f": 2j, "c": 2j, "b": 1}, like=abstract, strict=False)
+    assert sorted(report.mismatched) == ["tree['b']", "tree['f']", "tree['i']"]
+
+
 def test_frozen_arrays_come_from_the_file_not_the_template():
     model = MLP([3, 4, 2], seed=0)
     other = MLP([3, 4, 2], seed=1)  # a different frozen table, step, scale, bias

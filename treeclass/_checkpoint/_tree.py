@@ -789,21 +789,23 @@ def _weakly_typed(value: Any, sharding: Any) -> Any:
     return _convert_element_type(value, np.dtype(value.dtype), weak_type=True)
 
 
+def _is_kind_of(dtype: np.dtype, kind: type, widening: bool = False) -> bool:
+    """Whether `dtype` is of the kind of a Python number of type `kind`: bool, an integer,
+    a floating or a complex dtype; with `widening`, a complex `kind` takes floating dtypes
+    too (their values convert to complex exactly)."""
+    if kind is bool:
+        return dtype == np.bool_
+    if kind is int:
+        return bool(np.issubdtype(dtype, np.integer))
+    wanted = np.floating if kind is float else np.inexact if widening else np.complexfloating
+    return bool(jnp.issubdtype(dtype, wanted))
+
+
 def _number_fits(template: Any, stored: Stored) -> bool:
     """Whether the stored value converts exactly to the template's Python number type."""
-    kind = type(template)
-    if stored.category == TENSOR:
-        if stored.shape != () or stored.dtype.startswith("key<"):
-            return False
-        dtype = numpy_dtype(stored.dtype)
-        if dtype is None:
-            return False
-        if kind is bool:
-            return dtype == np.bool_
-        if kind is int:
-            return bool(np.issubdtype(dtype, np.integer))
-        wanted = np.floating if kind is float else np.inexact
-        return bool(jnp.issubdtype(dtype, wanted))
+    if stored.category == TENSOR:  # a scalar of a numeric dtype (a key's has no NumPy dtype)
+        dtype = numpy_dtype(stored.dtype) if stored.shape == () else None
+        return dtype is not None and _is_kind_of(dtype, type(template), widening=True)
     return stored.category == PLAIN and _to_number(template, stored.value) is not None
 
 
@@ -813,18 +815,10 @@ def _abstract_number_fits(template: Any, stored: Stored) -> bool:
     `jax.eval_shape` turns a Python number into a weakly typed 0-d `ShapeDtypeStruct`,
     so an abstract template cannot say that the value was a number: the file can.
     """
-    if not is_abstract(template) or template.shape != () or type(stored.value) not in NUMBERS:
-        return False
-    dtype = np.dtype(template.dtype) if not is_prng_key(template) else None
-    if dtype is None:
+    if not is_abstract(template) or template.shape != () or is_prng_key(template):
         return False
     kind = type(stored.value)
-    if kind is bool:
-        return dtype == np.bool_
-    if kind is int:
-        return bool(np.issubdtype(dtype, np.integer))
-    wanted = np.floating if kind is float else np.complexfloating
-    return bool(jnp.issubdtype(dtype, wanted))
+    return kind in NUMBERS and _is_kind_of(np.dtype(template.dtype), kind)
 
 
 def _to_number(template: Any, value: Any) -> Any:
