@@ -130,24 +130,44 @@ def test_unicode_names_and_strings_are_read_back_by_the_reference_reader(tmp_pat
 _ENTRY = '"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
 
 
-@pytest.mark.parametrize(
-    "text, reason",
-    [
+_REFUSED_HEADERS = [
+    pytest.param(text, reason)
+    for text, reason in [
         ("{" + _ENTRY + "," + _ENTRY + "}", "'a' appears twice"),
         ('{"__metadata__":{"x":"1"},"__metadata__":{"x":"1"},' + _ENTRY + "}", "twice"),
         ('{"__metadata__":{"x":"1","x":"2"},' + _ENTRY + "}", "'x' appears twice"),
         ('{"__metadata__":{"x":1},' + _ENTRY + "}", "maps 'x' to a int"),
         ('{"__metadata__":{"x":["y"]},' + _ENTRY + "}", "maps 'x' to a list"),
+        ('{"__metadata__":{"x":null},' + _ENTRY + "}", "maps 'x' to a NoneType"),
+        ('{"__metadata__":[],' + _ENTRY + "}", "__metadata__ is not a JSON object"),
+        ('{"__metadata__":0,' + _ENTRY + "}", "__metadata__ is not a JSON object"),
+        ('{"__metadata__":"",' + _ENTRY + "}", "__metadata__ is not a JSON object"),
+        ('{"__metadata__":false,' + _ENTRY + "}", "__metadata__ is not a JSON object"),
+        ('{"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}}', "'dtype' appears"),
         ('{"a":{"dtype":"F32","shape":[NaN],"data_offsets":[0,4]}}', "NaN is not JSON"),
         ('{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', "not valid UTF-8"),
-    ],
-)
+    ]
+]
+
+
+@pytest.mark.parametrize("text, reason", _REFUSED_HEADERS)
 def test_headers_the_reference_reader_refuses_are_refused(tmp_path, text, reason):
     path = tmp_path / "m.safetensors"
     write_raw_header(path, text.encode(), b"\x00" * 4)
     with pytest.raises(ValueError, match=reason) as info:
         tc.load(path, {"a": jnp.ones(1)}, strict=False)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("text", ['{"__metadata__":null,' + _ENTRY + "}", "{" + _ENTRY + "}"])
+def test_a_header_without_metadata_loads_as_the_reference_reader_reads_it(tmp_path, text):
+    from safetensors import safe_open
+
+    path = tmp_path / "m.safetensors"
+    write_raw_header(path, text.encode(), np.ones(1, np.float32).tobytes())
+    with safe_open(str(path), framework="np") as file:
+        assert list(file.keys()) == ["a"]
+    assert tc.load(path, {"a": jnp.zeros(1)})["a"].tolist() == [1.0]
 
 
 @pytest.mark.parametrize("part", ["values", "tensors", "objects"])

@@ -90,7 +90,9 @@ class SafetensorsFile:
         if not isinstance(header, dict):
             self._corrupt("its header is not a JSON object")
         self.data_start = 8 + length
-        metadata = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None)
+        if metadata is None:  # absent, or `null`: the reference reader takes both as none
+            metadata = {}
         if not isinstance(metadata, dict):
             self._corrupt("its __metadata__ is not a JSON object")
         for key, value in metadata.items():
