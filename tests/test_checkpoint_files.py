@@ -7,6 +7,7 @@ valid safetensors that the reference reader accepts.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -291,6 +292,40 @@ def test_prng_key_data_of_the_wrong_size_names_the_file(tmp_path):
     write_header(path, header, data)
     with pytest.raises(ValueError, match=r"keys\.safetensors.*'rbg'.*cannot make"):
         tc.load(path, {"key": jax.random.key(1)})
+
+
+class _FailingReads:
+    """A checkpoint file whose reads of tensor data fail, as a disk or network error would."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.file, name)
+
+    def __enter__(self) -> _FailingReads:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.file.close()
+
+    def readinto(self, buffer: Any) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_an_io_error_inside_a_tensor_names_the_file_and_the_key_path(tmp_path, monkeypatch):
+    from treeclass._checkpoint import _api
+
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"layers": [{"w": jnp.ones(3)}]})
+    opened = _api.open_for_reading
+    monkeypatch.setattr(_api, "open_for_reading", lambda p: _FailingReads(opened(p)))
+    with pytest.raises(OSError) as info:
+        tc.load(path, {"layers": [{"w": jnp.zeros(3)}]})
+    message = str(info.value)
+    assert info.value.errno == errno.EIO and info.value.filename == str(path)
+    assert "'layers.0.w'" in message and "tree['layers'][0]['w']" in message, message
+    assert "Input/output error" in message
 
 
 def test_a_save_into_a_missing_folder_names_the_target(tmp_path):

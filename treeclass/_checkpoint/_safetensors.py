@@ -165,11 +165,17 @@ class SafetensorsFile:
         buffer = np.empty(max(stop - start, 0), np.uint8)
         self.file.seek(self.data_start + start)
         view, done = buffer.data, 0
-        while done < len(buffer):
-            count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-            if not count:
-                self._corrupt(f"it ended inside the data of tensor {key!r}")
-            done += count
+        try:
+            while done < len(buffer):
+                count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+                if not count:
+                    self._corrupt(f"it ended inside the data of tensor {key!r}")
+                done += count
+        except OSError as error:  # a disk or network failure: the I/O error, naming the file
+            if error.errno is None:
+                raise
+            message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
+            raise type(error)(error.errno, message, self.location) from error
         return buffer
 
     def read(self, key: str) -> np.ndarray:

@@ -734,6 +734,11 @@ def restore(
             fetched = source.fetch(entry.name)
         except ValueError as error:  # bytes the checks could not see before reading them
             raise ValueError(f"{error} (restoring {path_str(like, path)})") from None
+        except OSError as error:  # reading failed: the same error, saying what it was for
+            if error.errno is None:
+                raise
+            where = f"{error.strerror} (restoring {path_str(like, path)})"
+            raise type(error)(error.errno, where, error.filename) from error
         if entry.category == TENSOR:
             if type(fetched) in NUMBERS:
                 return fetched
