@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
-from jax._src.lax.lax import _convert_element_type  # see `_weakly_typed`
 from jax.core import Tracer
 
 from .. import _node
@@ -769,28 +768,24 @@ def _place(template: Any, value: Any, weak: bool) -> Any:
     elif isinstance(template, jax.Array) and not isinstance(template, Tracer):
         if template.committed or len(template.sharding.device_set) > 1:
             sharding = template.sharding
-    if weak and not is_prng_key(value):
-        return _weakly_typed(value, sharding)
     if sharding is not None:
         value = jax.device_put(value, sharding)
     elif not isinstance(value, jax.Array):
         value = jax.device_put(value)
-    if is_weak(value):  # a weakly typed array of a state dict, in a strong template
-        value = _convert_element_type(value, value.dtype, weak_type=False)
-    return value
-
-
-def _weakly_typed(value: Any, sharding: Any) -> Any:
-    """`value` as a weakly typed `jax.Array` (placed with `sharding`, if given).
-
-    JAX has no public way to make an array of given data weakly typed (only Python
-    scalars and `jnp.full` without a dtype make them), so this uses the conversion its
-    own operations use: `lax._convert_element_type(x, dtype, weak_type=True)`.
-    """
-    if is_weak(value) and (sharding is None or value.sharding == sharding):
+    if is_prng_key(value) or is_weak(value) == weak:  # (keys are never weakly typed)
         return value
-    if sharding is not None:
-        value = jax.device_put(value, sharding)
+    return _with_weak_type(value, weak)
+
+
+def _with_weak_type(value: jax.Array, weak: bool) -> Any:
+    """`value` with the same data, dtype and placement, weakly typed or not."""
+    if not weak:  # a weakly typed array of a state dict, in a strong template
+        return jax.lax.convert_element_type(value, value.dtype)
+    # JAX has no public way to make an array of given data weakly typed (only Python
+    # scalars, and `jnp.full` without a dtype, make them), so this uses the conversion its
+    # own operations use. The one use of a private JAX name in treeclass's checkpoints.
+    from jax._src.lax.lax import _convert_element_type
+
     return _convert_element_type(value, np.dtype(value.dtype), weak_type=True)
 
 
