@@ -93,6 +93,45 @@ def test_a_weakly_typed_frozen_array_round_trips():
     assert tc.unfreeze(restored["table"]).weak_type
 
 
+def _weak_model() -> dict:
+    return {
+        "float": jnp.asarray(0.5),
+        "int": jnp.asarray(3),
+        "complex": jnp.asarray(1 + 2j),
+        "full": jnp.full((2, 2), 7),
+        "strong": jnp.ones((), jnp.bfloat16),
+        "frozen": tc.freeze(jnp.asarray(0.25)),
+        "nested": [Config(jnp.asarray(1.5)), (jnp.asarray(2),)],
+        "key": jax.random.key(0),
+    }
+
+
+@pytest.mark.parametrize("abstract", [False, True])
+@pytest.mark.parametrize("entry", ["load", "from_state_dict"])
+def test_weak_types_of_every_kind_round_trip_through_both_entry_points(entry, abstract):
+    model = _weak_model()
+    like = jax.eval_shape(_weak_model) if abstract else model
+    if entry == "load":
+        restored = round_trip(model, like=like)
+    else:
+        restored = tc.from_state_dict(like, tc.state_dict(model))
+    weak = [getattr(tc.unfreeze(x), "weak_type", None) for x in _leaves(restored)]
+    assert weak == [getattr(tc.unfreeze(x), "weak_type", None) for x in _leaves(model)]
+    assert weak.count(True) == 7 and weak.count(False) == 1  # the bfloat16 (keys have none)
+    step = jax.jit(lambda tree: jax.tree_util.tree_map(lambda x: x, tree))
+    step(model)
+    step(restored)
+    assert step._cache_size() == 1
+
+
+def test_a_non_strict_load_reports_nothing_for_weak_types_the_file_decides():
+    saved = {"a": jnp.asarray(0.5), "b": jnp.ones((), jnp.float32)}
+    like = {"a": jnp.ones((), jnp.float32), "b": jnp.asarray(0.0)}
+    restored, report = round_trip(saved, like=like, strict=False)
+    assert report.kept == () and report.messages == ()
+    assert _weak_types(restored) == [True, False]
+
+
 def test_weak_arrays_keep_the_sharding_of_the_template():
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     like = {"s": jax.ShapeDtypeStruct((), jnp.float32, weak_type=True, sharding=sharding)}
