@@ -265,6 +265,43 @@ def test_a_header_over_100_megabytes_is_refused_before_it_is_read(tmp_path):
         tc.load(path, {"a": jnp.ones(1)})
 
 
+def test_a_claimed_header_one_byte_over_the_limit_is_refused(tmp_path):
+    path = tmp_path / "m.safetensors"
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", 100_000_001))
+        file.truncate(8 + 100_000_001)  # sparse: no disk is used
+    with pytest.raises(ValueError, match=r"m\.safetensors.*100000001 bytes.*limit of 100000000"):
+        tc.load(path, {"a": jnp.ones(1)})
+
+
+def test_a_header_of_exactly_the_limit_is_written_and_read_and_one_byte_more_is_refused(
+    tmp_path,
+):
+    from safetensors import safe_open
+
+    path = tmp_path / "m.safetensors"
+
+    def tree(size: int) -> dict:
+        return {"w": jnp.ones(1), "s": tc.freeze("a" * size)}
+
+    tc.save(path, tree(0))
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    # each "a" adds one byte to the header; the writer pads it to a multiple of 8 bytes
+    size = 100_000_000 - len(raw[8 : 8 + length].rstrip(b" "))
+    tc.save(path, tree(size))
+    with open(path, "rb") as file:
+        assert struct.unpack("<Q", file.read(8)) == (100_000_000,)
+    with safe_open(str(path), framework="np") as reference:
+        assert list(reference.keys()) == ["w"]
+    assert len(tc.unfreeze(tc.load(path, tree(0))["s"])) == size
+    with pytest.raises(ValueError, match=r"m\.safetensors.*header would be 100000008 bytes"):
+        tc.save(path, tree(size + 1))
+    assert os.listdir(tmp_path) == ["m.safetensors"]  # the file at the limit, untouched
+    with open(path, "rb") as file:
+        assert struct.unpack("<Q", file.read(8)) == (100_000_000,)
+
+
 # ------------------------------------------------------------------------------------------
 # every error names the file and the key path
 # ------------------------------------------------------------------------------------------
