@@ -226,6 +226,34 @@ def test_a_link_to_a_checkpoint_loads(tmp_path):
     assert tc.load(tmp_path / "latest.safetensors", {"a": jnp.zeros(1)})["a"].tolist() == [1.0]
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_link_to_a_named_pipe_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "pipe")
+    os.symlink(tmp_path / "pipe", tmp_path / "link.safetensors")
+    with pytest.raises(ValueError, match=r"link\.safetensors is a named pipe"):
+        tc.load(tmp_path / "link.safetensors", {"a": jnp.ones(1)})
+
+
+def test_a_link_to_a_folder_is_refused(tmp_path):
+    os.mkdir(tmp_path / "folder")
+    os.symlink(tmp_path / "folder", tmp_path / "link.safetensors")
+    with pytest.raises(ValueError, match=r"link\.safetensors is a folder"):
+        tc.load(tmp_path / "link.safetensors", {"a": jnp.ones(1)})
+
+
+def test_a_chain_of_links_to_a_checkpoint_loads(tmp_path):
+    tc.save(tmp_path / "m.safetensors", {"a": jnp.ones(1)})
+    os.symlink(tmp_path / "m.safetensors", tmp_path / "one")
+    os.symlink("one", tmp_path / "two.safetensors")  # relative, too
+    assert tc.load(tmp_path / "two.safetensors", {"a": jnp.zeros(1)})["a"].tolist() == [1.0]
+
+
+def test_a_dangling_link_is_an_os_error_naming_it(tmp_path):
+    os.symlink(tmp_path / "gone.safetensors", tmp_path / "link.safetensors")
+    with pytest.raises(FileNotFoundError, match=r"link\.safetensors"):
+        tc.load(tmp_path / "link.safetensors", {"a": jnp.ones(1)})
+
+
 def test_a_missing_file_is_an_os_error_naming_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing.safetensors"):
         tc.load(tmp_path / "nothing.safetensors", {"a": jnp.ones(1)})
@@ -239,6 +267,14 @@ def test_a_deeply_nested_header_is_a_value_error(tmp_path):
     write_raw_header(path, b'{"a":' * 70 + b"1" + b"}" * 70)
     with pytest.raises(ValueError, match="nests 70 levels deep"):
         tc.load(path, {"a": jnp.ones(1)})
+
+
+def test_a_header_nested_exactly_to_the_limit_is_not_refused_for_its_depth(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_raw_header(path, b'{"a":' * 64 + b"1" + b"}" * 64)
+    with pytest.raises(ValueError, match="header entry of tensor 'a' is malformed") as info:
+        tc.load(path, {"a": jnp.ones(1)})
+    assert "levels" not in str(info.value)
 
 
 def test_deeply_nested_treeclass_metadata_is_a_value_error(tmp_path):

@@ -375,6 +375,30 @@ def test_a_static_value_nested_too_deeply_is_refused_naming_its_path(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_static_values_nest_up_to_sixteen_levels(tmp_path):
+    def nested(levels: int) -> Any:
+        value: Any = (1.5, "x")
+        for _ in range(levels - 1):
+            value = (value, None)
+        return value
+
+    path = tmp_path / "m.safetensors"
+    for value in (nested(16), Pair(nested(15), 1)):
+        tc.save(path, Act(jnp.ones(1), act=value))
+        tc.load(path, Act(jnp.ones(1), act=value))
+    with pytest.raises(ValueError, match=r"Act\.act cannot be recorded.*16 levels deep"):
+        tc.save(path, Act(jnp.ones(1), act=nested(17)))
+
+
+def test_a_static_container_nested_too_deeply_is_refused_naming_its_path(tmp_path):
+    deep: Any = abs  # not plain: containers of it are recorded part by part
+    for _ in range(20):
+        deep = Pair(deep, 1)
+    with pytest.raises(ValueError, match=r"Act\.act(\.first)+ cannot be recorded.*levels deep"):
+        tc.save(tmp_path / "m.safetensors", Act(jnp.ones(1), act=deep))
+    assert os.listdir(tmp_path) == []
+
+
 def test_static_values_nested_a_few_levels_are_recorded_and_checked(tmp_path):
     value: Any = ("x", 1.5)
     for _ in range(6):  # 13 levels
