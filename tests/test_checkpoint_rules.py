@@ -237,6 +237,21 @@ def test_bad_rules_are_refused(rules, error):
         tc.from_state_dict({"b": jnp.zeros(1)}, {"a": np.zeros(1)}, rules=rules)
 
 
+def test_errors_of_key_rules_name_the_file_and_the_target(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}, str(path))
+    like = {"c": jnp.zeros(2), "d": jnp.zeros(2)}
+    failing = [("a", "c", lambda w: w.no_such_method()), ("b", "d")]
+    for dry_run in (False, True):
+        with pytest.raises(ValueError, match=r"(?s)m\.safetensors.*'a' -> 'c'.*'c'.*AttributeErr"):
+            tc.load(path, like, rules=failing, dry_run=dry_run)
+    with pytest.raises(ValueError, match=r"m\.safetensors.*map both \['a'\] and \['b'\]"):
+        tc.load(path, like, rules=[("a", "c"), ("b", "c")])
+    splits = [("a", ["c", "d"], lambda w: [w])]
+    with pytest.raises(ValueError, match=r"m\.safetensors.*returned 1 arrays for 2 targets"):
+        tc.load(path, like, rules=splits)
+
+
 def test_two_names_mapped_to_one_target_are_refused():
     state = {"a": np.zeros(1), "b": np.zeros(1)}
     with pytest.raises(ValueError, match="map both"):

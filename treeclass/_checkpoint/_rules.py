@@ -165,8 +165,9 @@ class RuledCatalog:
         other = self.mapped.setdefault(name, mapped)
         if other is not mapped:
             raise ValueError(
-                f"Key rules map both {list(other.sources)} and {list(mapped.sources)} in "
-                f"{self.label} to {name!r}; make the rules tell them apart"
+                f"{self.title}: key rules map both {list(other.sources)} and "
+                f"{list(mapped.sources)} in {self.label} to {name!r}; make the rules tell "
+                "them apart"
             )
 
     def names(self) -> Iterator[str]:
@@ -185,25 +186,31 @@ class RuledCatalog:
         parts = [self.inner.stored(source) for source in mapped.sources]
         if not all(p is not None and p.category == TENSOR for p in parts):
             raise ValueError(
-                f"Key rule {mapped.rule.text()} transforms {list(mapped.sources)} in "
-                f"{self.label}, which are not all tensors"
+                f"{self.title}: key rule {mapped.rule.text()} transforms "
+                f"{list(mapped.sources)} in {self.label}, which are not all tensors"
             )
         key = (mapped.rule, mapped.sources)
         if key not in self._abstract:
             structs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in parts if p is not None]
-            self._abstract[key] = self._outputs(mapped, jax.eval_shape, structs)
+            self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
         out = self._abstract[key][mapped.position]
         return Stored(TENSOR, dtype_name(out), tuple(out.shape))
 
-    def _outputs(self, mapped: _Mapped, run: Callable[..., Any], args: list[Any]) -> list[Any]:
+    def _outputs(
+        self, name: str, mapped: _Mapped, run: Callable[..., Any], args: list[Any]
+    ) -> list[Any]:
+        """The results of `mapped`'s transform (one per target), wanted for `name`."""
         rule = mapped.rule
         assert rule is not None and rule.transform is not None
+        what = (
+            f"{self.title}: the transform of key rule {rule.text()} (for {name!r}, from "
+            f"{list(mapped.sources)} in {self.label})"
+        )
         try:
             result = run(rule.transform, *args)
         except Exception as error:
             raise ValueError(
-                f"The transform of key rule {rule.text()} failed on {list(mapped.sources)} "
-                f"in {self.label}: {type(error).__name__}: {error}. A transform gets NumPy "
+                f"{what} failed: {type(error).__name__}: {error}. A transform gets NumPy "
                 "arrays and, for the checks, jax.ShapeDtypeStructs: write it with jnp or "
                 "array methods (`w.T`, `jnp.split(qkv, 3)`)"
             ) from None
@@ -212,8 +219,7 @@ class RuledCatalog:
         results = list(result)
         if len(results) != len(rule.targets):
             raise ValueError(
-                f"The transform of key rule {rule.text()} returned {len(results)} arrays for "
-                f"{len(rule.targets)} targets"
+                f"{what} returned {len(results)} arrays for {len(rule.targets)} targets"
             )
         return results
 
@@ -226,5 +232,5 @@ class RuledCatalog:
             # one group's results at a time: a split's parts are restored one after another
             self._results.clear()
             arrays = [self.inner.fetch(source) for source in mapped.sources]
-            self._results[key] = self._outputs(mapped, lambda f, *a: f(*a), arrays)
+            self._results[key] = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
         return self._results[key][mapped.position]
