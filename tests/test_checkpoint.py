@@ -72,6 +72,10 @@ def _bytes(x: Any) -> bytes:
     return np.asarray(x).tobytes()
 
 
+def _leaves(tree: Any) -> list:
+    return [tc.unfreeze(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=tc.is_frozen)]
+
+
 def assert_same(a: Any, b: Any) -> None:
     """Same structure, frozen values and static fields; leaves of the same type, bit for bit."""
     leaves_a, def_a = jax.tree_util.tree_flatten(a, is_leaf=tc.is_frozen)
@@ -167,6 +171,21 @@ def test_every_dtype_round_trips_bit_exactly_as_numpy_and_jax_arrays(name):
     with jax.enable_x64(True):  # 64-bit dtypes exist in jax only with x64
         jax_tree = {key: jnp.asarray(value) for key, value in numpy_tree.items()}
         assert_same(round_trip(jax_tree), jax_tree)
+
+
+@pytest.mark.parametrize("name", ["float32", "int64", "float16", "complex128", "uint16"])
+def test_big_endian_numpy_arrays_are_saved_little_endian_and_restored(tmp_path, name):
+    from safetensors.numpy import load_file
+
+    big = np.dtype(name).newbyteorder(">")
+    tree = {"a": random_array(name, (2, 3)).astype(big), "f": tc.freeze(np.arange(2, dtype=big))}
+    path = tmp_path / "m.safetensors"
+    tc.save(path, tree)
+    restored = tc.load(path, tree)
+    for got, want in zip(_leaves(restored), _leaves(tree)):
+        assert got.dtype == big and got.tobytes() == want.tobytes()
+    if name != "complex128":  # a dtype safetensors names: other readers see the values
+        assert np.array_equal(load_file(str(path))["a"], tree["a"], equal_nan=True)
 
 
 def test_file_tensors_carry_safetensors_dtype_names(tmp_path):

@@ -11,8 +11,7 @@ import jax
 
 from .._at import AtIndexer
 from .._frozen import is_frozen
-from .._values import host_bytes
-from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan
+from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._files import open_for_reading, write_atomically
 from ._rules import RuledCatalog, compile_rules
 from ._safetensors import OutTensor, SafetensorsFile, can_store, header_bytes, write_tensors
@@ -293,7 +292,7 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
 
 def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:
     try:
-        return host_bytes(tensor.value)
+        return tensor_bytes(tensor)
     except Exception as error:  # a deleted (donated) array, a failed device transfer
         message = f"tc.save cannot write {path}: reading {tensor.where} failed: {error}"
         try:

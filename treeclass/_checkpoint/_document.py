@@ -31,7 +31,7 @@ import jax
 import ml_dtypes  # a dependency of jax: the int4 and float4 dtypes
 import numpy as np
 
-from .._values import is_prng_key, path_str, root_name
+from .._values import host_bytes, is_prng_key, path_str, root_name
 from ._json import loads as strict_json
 from ._source import CheckpointSource, corrupt
 from ._tree import (
@@ -47,7 +47,14 @@ from ._tree import (
     numpy_dtype,
 )
 
-__all__ = ["FORMAT_VERSION", "METADATA_KEY", "PlannedTensor", "plan", "SourceCatalog"]
+__all__ = [
+    "FORMAT_VERSION",
+    "METADATA_KEY",
+    "PlannedTensor",
+    "plan",
+    "tensor_bytes",
+    "SourceCatalog",
+]
 
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
@@ -144,6 +151,8 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
         u32 = np.dtype("uint32")
         return PlannedTensor(entry.name, value, u32, stored, 4 * math.prod(stored), record, where)
     dtype = np.dtype(value.dtype)
+    if dtype.byteorder == ">":  # written little-endian, as the format says (`tensor_bytes`)
+        dtype = dtype.newbyteorder("<")
     if storable(dtype):
         nbytes = dtype.itemsize * math.prod(shape)
         return PlannedTensor(entry.name, value, dtype, shape, nbytes, record, where)
@@ -154,6 +163,14 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
     record.update(dtype=dtype.name, shape=list(shape))
     u8 = np.dtype("uint8")
     return PlannedTensor(entry.name, value, u8, stored, math.prod(stored), record, where)
+
+
+def tensor_bytes(tensor: PlannedTensor) -> np.ndarray:
+    """The bytes to write for a planned tensor: flat `uint8`, little-endian."""
+    value = tensor.value
+    if isinstance(value, np.ndarray) and value.dtype.byteorder == ">":
+        value = value.astype(value.dtype.newbyteorder("<"))  # this array's copy alone
+    return host_bytes(value)
 
 
 def plan(

@@ -758,10 +758,9 @@ def _place(template: Any, value: Any, weak: bool) -> Any:
     A `jax.Array` is weakly typed if `weak` (`jnp.asarray(0.5)` is: it adopts the dtype of
     what it meets, and `jax.jit` keys its cache on that).
     """
-    if isinstance(template, np.generic):
-        return np.asarray(value)[()]
-    if isinstance(template, np.ndarray):
-        return np.asarray(value)
+    if isinstance(template, (np.ndarray, np.generic)):  # its dtype: its byte order, too
+        value = np.asarray(value, dtype=template.dtype)
+        return value[()] if isinstance(template, np.generic) else value
     sharding = None
     if isinstance(template, jax.ShapeDtypeStruct):
         sharding = template.sharding
