@@ -343,3 +343,65 @@ def test_the_report_says_which_leaves_came_from_the_checkpoint():
     _, report = tc.from_state_dict(like, {"a": np.ones(1, np.float32)}, strict=False)
     assert report.restored == ("tree['a']",) and report.missing == ("tree['b']",)
     assert dict(report.sources) == {"tree['a']": ("a",)}
+
+
+# ------------------------------------------------------------------------------------------
+# the same options through from_state_dict
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_dry_run_of_a_state_dict_runs_transforms_on_shapes_only():
+    seen = []
+
+    def transpose(w: Any) -> Any:
+        seen.append(type(w))
+        return w.T
+
+    state = {"model": {"w": np.ones((2, 3), np.float32), "extra": np.ones(1, np.float32)}}
+    like = {"weight": jnp.zeros((3, 2)), "bias": jnp.zeros(2)}
+    report = tc.from_state_dict(like, state, rules=[("model.w", "weight", transpose)], dry_run=True)
+    assert type(report).__name__ == "LoadReport"
+    assert report.restored == ("tree['weight']",) and report.missing == ("tree['bias']",)
+    assert report.unexpected == ("model.extra",)
+    assert dict(report.sources) == {"tree['weight']": ("model.w",)}
+    assert seen and np.ndarray not in seen  # shapes only: the array was never transposed
+
+
+def test_a_partial_load_from_a_state_dict_keeps_the_rest():
+    like = _model(0.0)
+    state = tc.state_dict(_model(1.0))
+    restored, report = tc.from_state_dict(like, state, where=like.at["head"], strict=False)
+    assert restored.head.tolist() == [1.0] * 3 and restored.encoder["w"] is like.encoder["w"]
+    assert report.restored == ("Model.head",) and report.unexpected == ()
+    assert report.messages == ()
+
+
+def test_a_strict_load_with_lenient_policies_restores_what_is_there():
+    like = _model(0.0)
+    state = {"head": np.ones(3, np.float32), "other": np.ones(1, np.float32)}
+    restored = tc.from_state_dict(like, state, missing="keep", unexpected="ignore")
+    assert restored.head.tolist() == [1.0] * 3 and restored.encoder["b"] is like.encoder["b"]
+    with pytest.warns(UserWarning, match=r"(?s)2 template path.*Model\.encoder\['b'\]"):
+        tc.from_state_dict(like, state, missing="warn", unexpected="ignore")
+    with pytest.raises(ValueError, match=r"(?s)1 problem.*unexpected  'other'"):
+        tc.from_state_dict(like, state, missing="keep")
+
+
+def test_a_dry_run_of_a_partial_load_reports_the_selection_only(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(3)}, "head": jnp.ones(3)})
+    like = _model(0.0)
+    report = tc.load(path, like, where=like.at["encoder"], dry_run=True)
+    assert report.missing == ("Model.encoder['b']",)
+    assert report.mismatched == ("Model.encoder['w']",) and report.restored == ()
+    assert report.unexpected == ()  # `head` belongs to the template, outside the selection
+
+
+def test_key_rules_and_a_selection_combine(tmp_path):
+    path = str(tmp_path / "m.safetensors")
+    save_file({"enc.w": np.ones(2, np.float32), "enc.b": np.ones(1, np.float32)}, path)
+    like = _model(0.0)
+    rules = {"enc.{name}": "encoder['{name}']"}
+    restored, report = tc.load(path, like, rules=rules, where=tc.glob("encoder.*"), strict=False)
+    assert restored.encoder["w"].tolist() == [1.0, 1.0] and restored.head is like.head
+    assert report.sources["Model.encoder['w']"] == ("enc.w",) and report.kept == ()
