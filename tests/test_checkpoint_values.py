@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -240,6 +241,29 @@ def test_a_static_array_equal_to_the_file_loads(tmp_path):
     like = _with_mask([1, 0])
     restored = tc.load(path, like)
     assert restored.mask is like.mask
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: jnp.asarray(v, jnp.bfloat16),
+        lambda v: np.asarray(v, ml_dtypes.float8_e4m3fn),
+        lambda v: np.asarray(v, ml_dtypes.int4),
+        lambda v: np.asarray(v, np.complex128),  # stored as raw bytes
+        lambda v: jnp.asarray(v, bool),
+        lambda v: jax.random.wrap_key_data(jnp.asarray([v, v], jnp.uint32).T),
+    ],
+    ids=["bfloat16", "float8", "int4", "complex128", "bool", "key"],
+)
+def test_static_arrays_of_every_dtype_are_compared_by_value(tmp_path, make):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _static(make([1, 0])))
+    tc.load(path, _static(make([1, 0])))
+    with pytest.raises(ValueError, match=r"static +Act\.act: .* in the template, .* in the file"):
+        tc.load(path, _static(make([0, 1])))
+    _, report = tc.load(path, _static(make([0, 1])), strict=False)
+    assert report.mismatched == ("Act.act",) and report.restored == ("Act.w",)
+    assert "\n" not in report.messages[0]  # one line per problem, a 2-d array's too
 
 
 def test_a_static_array_of_another_shape_or_dtype_is_an_error(tmp_path):

@@ -539,7 +539,8 @@ class _Checker:
         self.mismatched.append(where)
         mine, theirs = describe(entry.value), stored.describe()
         if saved is not None:  # a static array: show the values that differ
-            mine, theirs = f"{mine} {_values(entry.value)}", f"{theirs} {_values(saved)}"
+            mine = f"{mine} {_shown_values(entry.value)}"
+            theirs = f"{theirs} {_shown_values(saved)}"
         elif is_weak(entry.value) != bool(stored.weak) and stored.weak is not None:
             mine, theirs = _weakly(mine, is_weak(entry.value)), _weakly(theirs, stored.weak)
         self.messages.append(
@@ -591,8 +592,12 @@ def _mismatch_kind(entry: Entry, what: str) -> str:
     return "static" if entry.kind == STATIC else what
 
 
-def _values(array: Any) -> str:
-    text = np.array2string(np.asarray(array), threshold=8, separator=",")
+def _shown_values(array: Any) -> str:
+    """An array's values on one line, shortened, for a message (a PRNG key's by its key
+    data)."""
+    if is_prng_key(array):
+        array = jax.random.key_data(array)
+    text = " ".join(np.array2string(np.asarray(array), threshold=8, separator=",").split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 
