@@ -26,6 +26,11 @@ from hypothesis import strategies as st
 import treeclass as tc
 
 
+class Tagged(tc.TreeClass):
+    w: jax.Array
+    tag: Any = tc.field(default="", static=True)
+
+
 def read_header(path: Any) -> tuple[dict, bytes]:
     with open(path, "rb") as file:
         raw = file.read()
@@ -103,6 +108,9 @@ def test_valid_bools_and_int4s_load(tmp_path):
         {"s\ud800": "text"},
         {"w": jnp.ones(1), "s": tc.freeze("lone \udc80 surrogate")},
         {"w": jnp.ones(1), "s": tc.freeze(("ok", "bad \ud801"))},
+        {"m": Tagged(jnp.ones(1), tag="static \udfff")},
+        {"m": Tagged(jnp.ones(1), tag=(abs, "a part \ud800"))},
+        {"m": [Tagged(jnp.ones(1), tag=("deep", ("\ud800",)))]},
     ],
 )
 def test_names_and_strings_that_are_not_valid_utf8_are_refused_on_save(tmp_path, tree):
@@ -409,6 +417,15 @@ def test_a_save_into_a_missing_folder_names_the_target(tmp_path):
     assert str(path) in message and "does not exist" in message and ".tmp" not in message
 
 
+def test_a_save_onto_a_folder_names_it_and_leaves_no_temporary(tmp_path):
+    os.mkdir(tmp_path / "model.safetensors")
+    with pytest.raises(OSError, match=r"tc\.save cannot write .*model\.safetensors") as info:
+        tc.save(tmp_path / "model.safetensors", {"a": jnp.ones(1)})
+    assert ".tmp" not in str(info.value)
+    assert os.listdir(tmp_path) == ["model.safetensors"]
+    assert os.listdir(tmp_path / "model.safetensors") == []
+
+
 def test_a_save_that_meets_a_deleted_array_names_the_leaf_and_file(tmp_path):
     broken = jnp.zeros(4)
     broken.delete()
@@ -487,6 +504,22 @@ def test_ten_thousand_renamed_keys_each_get_their_closest_name():
     assert hints[0].endswith("(closest: 'blocks.0.weight')")
     assert hints[-1].endswith(f"(closest: 'blocks.{count - 1}.weight')")
     assert all("closest: 'blocks." in line for line in hints)
+
+
+def test_a_strict_load_of_ten_thousand_renamed_tensors_names_each_closest_name(tmp_path):
+    from safetensors.numpy import save_file
+
+    count = 10_000
+    path = str(tmp_path / "renamed.safetensors")
+    save_file({f"blocks.{i}.weight": np.zeros(1, np.float32) for i in range(count)}, path)
+    like = {"layers": [{"weight": np.zeros(1, np.float32)} for _ in range(count)]}
+    with pytest.raises(ValueError) as info:
+        tc.load(path, like)
+    lines = str(info.value).splitlines()
+    assert f"{2 * count} problems" in lines[0]
+    hint = "no 'layers.7.weight' in the file (closest: 'blocks.7.weight')"
+    assert f"  missing     tree['layers'][7]['weight']: {hint}" in lines
+    assert sum("(closest: 'blocks." in line for line in lines) == count
 
 
 @pytest.mark.parametrize(
