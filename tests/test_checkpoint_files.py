@@ -192,6 +192,40 @@ def test_duplicate_keys_inside_our_metadata_are_refused(tmp_path, part):
         tc.load(path, {"a": jnp.ones(1), "s": "x", "f": tc.freeze(abs)}, strict=False)
 
 
+def _rewrite_document(path: Any, change: Any) -> None:
+    header, data = read_header(path)
+    document = _document(header)
+    change(document)
+    header["__metadata__"]["treeclass"] = json.dumps(document)
+    write_header(path, header, data)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"float": "nan:abcd"},
+        {"float": "nan:"},
+        {"float": "nan:" + "00" * 9},
+        {"float": "nan:zz"},
+        {"float": "1.5"},
+        {"float": 5},
+        {"float": ["inf"]},
+        {"complex": [1.0]},
+        {"complex": ["1", 2.0]},
+        {"tuple": 3},
+        {"tuple": [1], "float": "inf"},
+        {"list": [1]},
+    ],
+)
+def test_malformed_values_in_our_metadata_are_value_errors_naming_the_file(tmp_path, value):
+    path = tmp_path / "m.safetensors"
+    tree = {"a": jnp.ones(1), "s": float("nan")}
+    tc.save(path, tree)
+    _rewrite_document(path, lambda document: document["values"]["s"].update(value=value))
+    with pytest.raises(ValueError, match=r"m\.safetensors.*value in its treeclass metadata"):
+        tc.load(path, tree, strict=False)
+
+
 def test_a_name_given_to_a_tensor_and_a_value_is_refused(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, {"a": jnp.ones(1), "s": "x"})
@@ -622,3 +656,50 @@ def test_mutated_valid_files_load_or_raise_value_errors(tmp_path):
         except (ValueError, OSError):
             pass
     assert loaded < 800  # the mutations did reach the checks
+
+
+_DOCUMENT_TEMPLATE = {
+    **_TEMPLATE,
+    "i4": np.array([1, -2], ml_dtypes.int4),
+    "values": (float("nan"), 1j, -float("inf"), None, (1, "y")),
+    "weak": jnp.asarray(0.5),
+    "tagged": Tagged(jnp.ones(1), tag=(abs, "g", 2.5)),
+}
+
+
+def _mutate_text(text: str, rng: random.Random) -> str:
+    chars = list(text)
+    for _ in range(rng.randint(1, 3)):
+        kind, at = rng.randrange(4), rng.randrange(len(chars))
+        if kind == 0:
+            chars[at] = rng.choice('{}[]",:0123456789-.eE \\utnfals')
+        elif kind == 1:
+            del chars[at]
+        elif kind == 2:
+            token = rng.choice(['"x"', "[]", "{}", "1", "null", '{"float":"inf"}', '{"tuple":[]}'])
+            chars[at:at] = token
+        else:  # one JSON value for another of the same shape
+            joined = "".join(chars)
+            old, new = rng.choice(
+                [("true", "false"), ('"leaf"', '"static"'), ("uint8", "uint32"), ("2,3", "3,2")]
+            )
+            chars = list(joined.replace(old, new, 1))
+    return "".join(chars)
+
+
+def test_mutated_treeclass_metadata_loads_or_raises_value_errors(tmp_path):
+    # the header stays valid JSON, so the mutations reach the checks of our own metadata
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _DOCUMENT_TEMPLATE)
+    header, data = read_header(path)
+    text = header["__metadata__"]["treeclass"]
+    rng = random.Random(20261203)
+    refused = 0
+    for _ in range(300):  # a bounded number of mutations: a few seconds
+        header["__metadata__"]["treeclass"] = _mutate_text(text, rng)
+        write_header(path, header, data)
+        try:
+            tc.load(path, _DOCUMENT_TEMPLATE, strict=False)
+        except (ValueError, OSError):
+            refused += 1
+    assert 0 < refused < 300

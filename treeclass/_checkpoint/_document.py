@@ -80,16 +80,25 @@ def _encode(value: Any) -> Any:
     return [_encode(x) for x in value]  # a list; `is_plain` allows nothing else
 
 
+def _decode_float(text: Any) -> float:
+    """A float JSON has no number for, as `_encode` writes it: `"inf"`, `"-inf"`, or a NaN
+    by its bits (`"nan:"` and 16 hex digits); anything else is malformed."""
+    if text in ("inf", "-inf"):
+        return float(text)
+    bits = bytes.fromhex(text[4:]) if isinstance(text, str) and text.startswith("nan:") else b""
+    value = struct.unpack("<d", bits)[0] if len(bits) == 8 else 0.0
+    if not math.isnan(value):
+        raise ValueError(f"malformed float {text!r}")
+    return value
+
+
 def _decode(data: Any) -> Any:
     if isinstance(data, list):
         return [_decode(x) for x in data]
     if isinstance(data, dict):
         ((tag, inner),) = data.items()
         if tag == "float":
-            if isinstance(inner, str) and inner.startswith("nan:"):
-                (value,) = struct.unpack("<d", bytes.fromhex(inner[4:]))
-                return value
-            return float(inner)
+            return _decode_float(inner)
         if tag == "complex":
             real, imag = inner
             return complex(_decode(real), _decode(imag))
