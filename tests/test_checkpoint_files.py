@@ -226,6 +226,16 @@ def test_malformed_values_in_our_metadata_are_value_errors_naming_the_file(tmp_p
         tc.load(path, tree, strict=False)
 
 
+@pytest.mark.parametrize("weak", [1, 0, "yes", None, [True]])
+def test_a_weak_flag_that_is_not_a_bool_is_refused(tmp_path, weak):
+    path = tmp_path / "m.safetensors"
+    tree = {"a": jnp.asarray(0.5)}
+    tc.save(path, tree)
+    _rewrite_document(path, lambda document: document["tensors"]["a"].update(weak=weak))
+    with pytest.raises(ValueError, match=r"m\.safetensors.*record of tensor 'a' is malformed"):
+        tc.load(path, tree)
+
+
 def test_a_name_given_to_a_tensor_and_a_value_is_refused(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, {"a": jnp.ones(1), "s": "x"})

@@ -338,7 +338,7 @@ class SourceCatalog:
     def _tensor(self, name: str, raw: dict | None, recorded: bool) -> _Tensor:
         info = self.source.info(name)
         weak = raw.get("weak", False) if raw is not None else (False if recorded else None)
-        if weak not in (True, False, None):
+        if raw is not None and type(weak) is not bool:  # (`in (True, False)` takes 1 and 0)
             self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
         if raw is None or "dtype" not in raw:
             return _Tensor(info.dtype, info.shape, None, False, weak)
