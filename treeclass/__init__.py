@@ -8,7 +8,7 @@ from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
 from ._backend import backend_context
 from ._calls import value_and_tree
-from ._checkpoint import from_state_dict, load, save, state_dict
+from ._checkpoint import LoadReport, from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
 from ._frozen import freeze, is_frozen, unfreeze
 from ._leafwise import bcmap, leafwise
@@ -82,6 +82,7 @@ __all__ = [
     "from_state_dict",
     "save",
     "load",
+    "LoadReport",
     # sepes compatibility
     "backend_context",
     # optax integration (a submodule)

@@ -416,6 +416,19 @@ class LoadReport(NamedTuple):
 
     `kept` is `missing + mismatched`: every path left at the template's value. Key paths
     outside a partial load's selection appear nowhere.
+
+    ```python
+    import os, tempfile
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    tc.save(path, {"w": jnp.ones(2)})
+    restored, report = tc.load(path, {"w": jnp.zeros(2), "b": jnp.zeros(1)}, strict=False)
+    assert isinstance(report, tc.LoadReport)
+    assert report.restored == ("tree['w']",) and report.missing == ("tree['b']",)
+    assert report.kept == ("tree['b']",) and restored["w"].tolist() == [1.0, 1.0]
+    ```
     """
 
     missing: tuple[str, ...]
