@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from .cases import Case, Entry, Target, canonical
-from .peers import PeerMissing
+from .peers import PeerMissing, import_peer
 from .timing import Plan, Prepared
 
 __all__ = ["CheckpointSize", "DEFAULT_MB", "checkpoint_cases", "default_folder", "size_for_mb"]
@@ -290,13 +290,7 @@ def _fixture(size: CheckpointSize, parent: str) -> _Savers:
 def _module_missing(name: str) -> None:
     if name not in _NEEDS:
         return
-    module, distribution = _NEEDS[name]
-    try:
-        __import__(module)
-    except ImportError as error:
-        raise PeerMissing(
-            f"{distribution} is not installed (pip install {distribution})"
-        ) from error
+    import_peer(*_NEEDS[name])
 
 
 def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:

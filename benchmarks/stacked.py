@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .cases import SMOKE_SIZES, Case, Entry, Sizes, Target
-from .peers import PeerMissing
+from .peers import import_peer
 from .timing import Plan
 
 __all__ = ["StackSize", "stacked_cases", "stacked_scaling_cases"]
@@ -176,17 +176,9 @@ def _floor_step_fn() -> Callable[..., Any]:
 # -- equinox ------------------------------------------------------------------------------------
 
 
-def _import_equinox() -> Any:
-    try:
-        import equinox as eqx
-    except ImportError as error:
-        raise PeerMissing("equinox is not installed (pip install equinox)") from error
-    return eqx
-
-
 @functools.cache
 def _equinox_block() -> type:
-    eqx = _import_equinox()
+    eqx = import_peer("equinox")
 
     class EqxBlock(eqx.Module):
         scale: jax.Array
@@ -205,7 +197,7 @@ def _equinox_model(size: StackSize) -> Any:
 
 
 def _equinox_step_fn() -> Callable[..., Any]:
-    eqx = _import_equinox()
+    eqx = import_peer("equinox")
 
     def forward(blocks: Any, x: Any) -> Any:
         dynamic, static = eqx.partition(blocks, eqx.is_array)
@@ -227,17 +219,9 @@ def _equinox_step_fn() -> Callable[..., Any]:
 # -- flax.nnx -----------------------------------------------------------------------------------
 
 
-def _import_nnx() -> Any:
-    try:
-        from flax import nnx
-    except ImportError as error:
-        raise PeerMissing("flax is not installed (pip install flax)") from error
-    return nnx
-
-
 @functools.cache
 def _nnx_block() -> type:
-    nnx = _import_nnx()
+    nnx = import_peer("flax.nnx")
 
     class NnxBlock(nnx.Module):
         def __init__(self, scale: Any, w1: Any, w2: Any):
@@ -250,14 +234,14 @@ def _nnx_block() -> type:
 
 
 def _nnx_state(size: StackSize) -> tuple[Any, Any]:
-    nnx = _import_nnx()
+    nnx = import_peer("flax.nnx")
     a = _arrays(size)
     blocks = _nnx_block()(*(jnp.asarray(a[k]) for k in ("scale", "w1", "w2")))
     return nnx.split(blocks)
 
 
 def _nnx_step_fn(graphdef: Any) -> Callable[..., Any]:
-    nnx = _import_nnx()
+    nnx = import_peer("flax.nnx")
 
     def step(state: Any, x: Any, y: Any) -> Any:
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
@@ -387,11 +371,11 @@ def _init_entries(size: StackSize) -> list[Entry]:
         return lambda: jax.vmap(make_arrays)(keys)
 
     def equinox() -> Callable[[], Any]:
-        eqx, EqxBlock = _import_equinox(), _equinox_block()
+        eqx, EqxBlock = import_peer("equinox"), _equinox_block()
         return lambda: eqx.filter_vmap(lambda k: EqxBlock(*make_arrays(k)))(keys)
 
     def nnx() -> Callable[[], Any]:
-        flax_nnx, NnxBlock = _import_nnx(), _nnx_block()
+        flax_nnx, NnxBlock = import_peer("flax.nnx"), _nnx_block()
         return lambda: flax_nnx.vmap(lambda k: NnxBlock(*make_arrays(k)))(keys)
 
     def canon(result: Any) -> dict[tuple, np.ndarray]:

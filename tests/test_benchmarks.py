@@ -38,7 +38,7 @@ from benchmarks.checkpoint import (  # noqa: E402
     size_for_mb,
 )
 from benchmarks.cli import main, select_cases  # noqa: E402
-from benchmarks.peers import PeerMissing, get_kit  # noqa: E402
+from benchmarks.peers import PeerMissing, get_kit, import_peer  # noqa: E402
 from benchmarks.plots import plot_ratios, plot_scaling  # noqa: E402
 from benchmarks.publish import MARK_END, MARK_START, replace_block  # noqa: E402
 from benchmarks.report import evaluate_target, format_markdown, growth_verdict, to_json  # noqa: E402
@@ -406,6 +406,16 @@ def test_missing_peer_is_a_skipped_row(monkeypatch):
         None,
     )
     assert result.timed("treeclass") is not None
+
+
+def test_a_missing_peer_module_names_what_to_install():
+    with pytest.raises(
+        PeerMissing, match=r"^no_such_peer is not installed \(pip install no_such_peer\)$"
+    ):
+        import_peer("no_such_peer.sub")
+    with pytest.raises(PeerMissing, match=r"\(pip install no-such-peer\)$"):
+        import_peer("no_such_peer", "no-such-peer")
+    assert import_peer("json.decoder").__name__ == "json.decoder"
 
 
 def test_implementation_that_raises_is_a_failed_row():
