@@ -59,7 +59,7 @@ import numpy as np
 
 from .cases import Case, Entry, Target, canonical
 from .peers import PeerMissing, import_peer
-from .timing import Plan, Prepared
+from .timing import Prepared, one_call_per_sample
 
 __all__ = ["CheckpointSize", "DEFAULT_MB", "checkpoint_cases", "default_folder", "size_for_mb"]
 
@@ -315,23 +315,6 @@ def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:
     ]
 
 
-def _one_call_per_sample(plan: Plan) -> Plan:
-    # a gigabyte takes a second or more: one call per sample (the first, checked call
-    # warms up), wall clock (writers use threads), five rounds (with three, the bootstrap
-    # interval of a median is just the spread of the three) and at most five more; smoke
-    # mode keeps its single round
-    rounds = plan.rounds if plan.rounds <= 1 else min(plan.rounds, 5)
-    return Plan(
-        rounds=rounds,
-        sample_s=0.0,
-        warmup=0,
-        calibrate=False,
-        clock="wall",
-        remeasures=min(plan.remeasures, 1),
-        remeasure_factor=1,
-    )
-
-
 def checkpoint_cases(
     size: CheckpointSize, memory: bool = True, folder: str | None = None
 ) -> list[Case]:
@@ -370,7 +353,7 @@ def checkpoint_cases(
             entries=lambda: _entries(size, "save", parent),
             sync=None,
             target=Target(target, "max_ratio_fastest", 1.2, peers),
-            plan=_one_call_per_sample,
+            plan=one_call_per_sample,
             extra=(lambda: measure_save_memory(size, parent)) if memory else None,
             note=note,
         ),
@@ -381,7 +364,7 @@ def checkpoint_cases(
             entries=lambda: _entries(size, "load", parent),
             sync=_block_tree,
             target=Target(target, "max_ratio_fastest", 1.2, peers),
-            plan=_one_call_per_sample,
+            plan=one_call_per_sample,
             note=note,
         ),
     ]

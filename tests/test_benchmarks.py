@@ -33,7 +33,6 @@ from benchmarks.cases import SMOKE_SIZES, Case, Entry, Target, all_cases, canoni
 from benchmarks.checkpoint import (  # noqa: E402
     CheckpointSize,
     _numpy_layers,
-    _one_call_per_sample,
     _Savers,
     size_for_mb,
 )
@@ -57,7 +56,14 @@ from benchmarks.scaling import (  # noqa: E402
     scaling_cases,
 )
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
-from benchmarks.timing import Plan, Prepared, Series, measure, median_ratio  # noqa: E402
+from benchmarks.timing import (  # noqa: E402
+    Plan,
+    Prepared,
+    Series,
+    measure,
+    median_ratio,
+    one_call_per_sample,
+)
 
 SMOKE_PLAN = Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False)
 
@@ -658,9 +664,9 @@ def test_train_step_is_judged_against_register_dataclass_in_the_same_run():
 
 
 def test_checkpoint_cases_take_five_rounds_and_remeasure_once():
-    plan = _one_call_per_sample(Plan(rounds=21, sample_s=0.02, warmup=3, remeasures=2))
+    plan = one_call_per_sample(Plan(rounds=21, sample_s=0.02, warmup=3, remeasures=2))
     assert (plan.rounds, plan.remeasures, plan.clock, plan.calibrate) == (5, 1, "wall", False)
-    assert _one_call_per_sample(Plan(rounds=1, sample_s=0.0, warmup=0)).rounds == 1
+    assert one_call_per_sample(Plan(rounds=1, sample_s=0.0, warmup=0)).rounds == 1
 
 
 def test_target_not_measured_when_treeclass_is_not_available():
