@@ -46,7 +46,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Sizes:
-    """Model sizes. The full suite uses `FULL_SIZES`; the tests' smoke mode `SMOKE_SIZES`."""
+    """Model sizes. The full suite uses `FULL_SIZES`; the tests' smoke mode `SMOKE_SIZES`.
+
+    `blocks`, `block_width` and `block_batch` size the stacked-blocks model (see
+    `benchmarks.stacked`); the others, the MLPs and the many-field objects.
+    """
 
     small_layers: int = 10
     large_layers: int = 100
@@ -54,11 +58,22 @@ class Sizes:
     large_fields: int = 1000
     width: int = 4
     batch: int = 8
+    blocks: int = 48
+    block_width: int = 256
+    block_batch: int = 64
 
 
 FULL_SIZES = Sizes()
 SMOKE_SIZES = Sizes(
-    small_layers=2, large_layers=4, small_fields=4, large_fields=8, width=2, batch=2
+    small_layers=2,
+    large_layers=4,
+    small_fields=4,
+    large_fields=8,
+    width=2,
+    batch=2,
+    blocks=4,
+    block_width=8,
+    block_batch=2,
 )
 
 

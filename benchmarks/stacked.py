@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cases import SMOKE_SIZES, Case, Entry, Sizes, Target
+from .cases import Case, Entry, Sizes, Target
 from .peers import import_peer
 from .timing import Plan
 
@@ -49,18 +49,17 @@ _LR = 1e-3
 class StackSize:
     """The model: `blocks` blocks of `width`, batches of `batch` rows."""
 
-    blocks: int = 48
-    width: int = 256
-    batch: int = 64
+    blocks: int
+    width: int
+    batch: int
+
+    @classmethod
+    def of(cls, sizes: Sizes, blocks: int | None = None) -> StackSize:
+        """The stacked model of the run's `sizes`, with `blocks` blocks when given."""
+        return cls(blocks or sizes.blocks, sizes.block_width, sizes.block_batch)
 
 
-FULL = StackSize()
-SMOKE = StackSize(blocks=4, width=8, batch=2)
 SCALING_BLOCKS = {"full": (12, 48, 96), "quick": (12, 48, 96), "smoke": (2, 4, 8)}
-
-
-def _mode(sizes: Sizes) -> str:
-    return "smoke" if sizes == SMOKE_SIZES else "full"
 
 
 # -- shared arrays --------------------------------------------------------------------------
@@ -471,7 +470,8 @@ def init_case(size: StackSize) -> Case:
 
 
 def stacked_cases(sizes: Sizes) -> list[Case]:
-    """The stacked-blocks cases: compile, step and init at 48 blocks (4 in smoke mode).
+    """The stacked-blocks cases: compile, step and init of a model of `sizes.blocks` blocks
+    of `sizes.block_width` (48 of 256 in a run, 4 of 8 in smoke mode).
 
     ```python
     from benchmarks.cases import SMOKE_SIZES
@@ -480,7 +480,7 @@ def stacked_cases(sizes: Sizes) -> list[Case]:
     assert [c.name for c in stacked_cases(SMOKE_SIZES)][0] == "stacked_compile_4_blocks"
     ```
     """
-    size = SMOKE if _mode(sizes) == "smoke" else FULL
+    size = StackSize.of(sizes)
     return [compile_case(size), step_case(size), init_case(size)]
 
 
@@ -488,11 +488,8 @@ def stacked_scaling_cases(sizes: Sizes, mode: str) -> list[Any]:
     """Compile time of the train step at 12, 48 and 96 blocks, with its exponent."""
     from .scaling import ScalingCase  # `scaling` lists this case: import it when asked
 
-    base = SMOKE if mode == "smoke" else FULL
-
     def case_at(n: int) -> Case:
-        size = dataclasses.replace(base, blocks=n)
-        case = compile_case(size, rounds=3, target=False)
+        case = compile_case(StackSize.of(sizes, n), rounds=3, target=False)
         return dataclasses.replace(case, name=f"scaling_stacked_compile_{n}", group="8. scaling")
 
     return [

@@ -8,6 +8,7 @@ the labelling of failures are checked on synthetic timings.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,7 +30,15 @@ if str(ROOT) not in sys.path:  # `pytest` run without `python -m`: find the benc
 from benchmarks import cases as cases_module  # noqa: E402
 from benchmarks import cli as cli_module  # noqa: E402
 from benchmarks import runner as runner_module  # noqa: E402
-from benchmarks.cases import SMOKE_SIZES, Case, Entry, Target, all_cases, canonical  # noqa: E402
+from benchmarks.cases import (  # noqa: E402
+    FULL_SIZES,
+    SMOKE_SIZES,
+    Case,
+    Entry,
+    Target,
+    all_cases,
+    canonical,
+)
 from benchmarks.checkpoint import (  # noqa: E402
     CheckpointSize,
     _numpy_layers,
@@ -55,6 +64,7 @@ from benchmarks.scaling import (  # noqa: E402
     run_scaling,
     scaling_cases,
 )
+from benchmarks.stacked import stacked_cases  # noqa: E402
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
 from benchmarks.timing import (  # noqa: E402
     Plan,
@@ -661,6 +671,17 @@ def test_train_step_is_judged_against_register_dataclass_in_the_same_run():
         )
         # the paired value is treeclass's time over register_dataclass's, per round
         assert target.per_round([1.02, 1.0], [[1.0, 1.0]]) == [1.02, 1.0]
+
+
+def test_stacked_cases_take_their_model_from_the_runs_sizes():
+    sizes = dataclasses.replace(SMOKE_SIZES, blocks=3, block_width=5, block_batch=1)
+    assert [case.name for case in stacked_cases(sizes)] == [
+        "stacked_compile_3_blocks",
+        "stacked_step_3_blocks",
+        "stacked_init_3_blocks",
+    ]
+    assert "3 blocks of width 5, batch 1" in stacked_cases(sizes)[1].title
+    assert [case.name for case in stacked_cases(FULL_SIZES)][0] == "stacked_compile_48_blocks"
 
 
 def test_checkpoint_cases_take_five_rounds_and_remeasure_once():
