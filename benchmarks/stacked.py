@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,7 @@ from .cases import Case, Entry, Sizes, Target
 from .peers import import_peer
 from .timing import Plan
 
-__all__ = ["StackSize", "stacked_cases", "stacked_scaling_cases"]
+__all__ = ["StackSize", "compile_case", "init_case", "stacked_cases", "step_case"]
 
 _GROUP = "9. stacked blocks"
 _STACKED = "treeclass"
@@ -57,9 +56,6 @@ class StackSize:
     def of(cls, sizes: Sizes, blocks: int | None = None) -> StackSize:
         """The stacked model of the run's `sizes`, with `blocks` blocks when given."""
         return cls(blocks or sizes.blocks, sizes.block_width, sizes.block_batch)
-
-
-SCALING_BLOCKS = {"full": (12, 48, 96), "quick": (12, 48, 96), "smoke": (2, 4, 8)}
 
 
 # -- shared arrays --------------------------------------------------------------------------
@@ -421,7 +417,7 @@ def _block_ready(result: Any) -> Any:
     return jax.block_until_ready(result)
 
 
-def compile_case(size: StackSize, rounds: int = 5, target: bool = True) -> Case:
+def compile_case(size: StackSize) -> Case:
     """Lower and compile the train step of a `size.blocks`-block model."""
     return Case(
         name=f"stacked_compile_{size.blocks}_blocks",
@@ -435,10 +431,8 @@ def compile_case(size: StackSize, rounds: int = 5, target: bool = True) -> Case:
             "min_speedup",
             10.0,
             (_UNROLLED,),
-        )
-        if target
-        else None,
-        plan=_one_call_plan(rounds),
+        ),
+        plan=_one_call_plan(5),
         note="A fresh step function each call, so JAX traces, lowers and compiles it anew; "
         "the check runs the compiled step once and compares the losses.",
     )
@@ -482,25 +476,3 @@ def stacked_cases(sizes: Sizes) -> list[Case]:
     """
     size = StackSize.of(sizes)
     return [compile_case(size), step_case(size), init_case(size)]
-
-
-def stacked_scaling_cases(sizes: Sizes, mode: str) -> list[Any]:
-    """Compile time of the train step at 12, 48 and 96 blocks, with its exponent."""
-    from .scaling import ScalingCase  # `scaling` lists this case: import it when asked
-
-    def case_at(n: int) -> Case:
-        case = compile_case(StackSize.of(sizes, n), rounds=3, target=False)
-        return dataclasses.replace(case, name=f"scaling_stacked_compile_{n}", group="8. scaling")
-
-    return [
-        ScalingCase(
-            "scaling_stacked_compile",
-            "compile the train step of N stacked (or unrolled) blocks",
-            case_at,
-            SCALING_BLOCKS[mode],
-            reuse=lambda n: f"stacked_compile_{n}_blocks",
-            note="blocks, not layers: the stacked model should compile in time flat in N",
-            # a compile takes seconds: every size is timed (in smoke mode too, as always)
-            budget_s=math.inf if mode == "smoke" else 300.0,
-        )
-    ]

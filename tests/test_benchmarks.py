@@ -149,6 +149,31 @@ def test_smoke_run_reports_every_scaling_case_with_its_exponents(smoke):
     assert "### Exponents at a glance" in smoke["markdown"]
 
 
+def test_smoke_run_reuses_each_main_case_at_the_sizes_both_time(smoke):
+    reused = {case["name"]: case["reused_sizes"] for case in smoke["json"]["scaling"]}
+    assert reused == {
+        "scaling_flatten": [4],
+        "scaling_dispatch": [],
+        "scaling_train_step": [2, 4],
+        "scaling_set_deep": [4],
+        "scaling_apply_selector": [4],
+        "scaling_tree_mask": [],
+        "scaling_repr": [],
+        "scaling_tree_summary": [],
+        "scaling_stacked_compile": [4],
+    }
+
+
+def test_smoke_run_counts_the_stacked_compile_in_blocks(smoke):
+    units = {case["name"]: case["unit"] for case in smoke["json"]["scaling"]}
+    assert units.pop("scaling_stacked_compile") == "blocks"
+    assert set(units.values()) == {"layers"}
+    assert (
+        "n counts blocks; the stacked model should compile in a time flat in N"
+        in (smoke["markdown"])
+    )
+
+
 def test_markdown_file_is_what_stdout_shows(smoke):
     assert smoke["markdown_file"] == smoke["markdown"]
 
@@ -979,6 +1004,32 @@ def test_run_scaling_fits_each_implementation_and_leaves_out_the_slow(monkeypatc
     assert rows["treeclass"].k == pytest.approx(1.0)
     assert rows["slow"].k == pytest.approx(2.0) and sorted(rows["slow"].times) == [10, 100]
     assert rows["slow"].notes == ["not timed from n=1,000: projected 10 s per call (k=2.00 so far)"]
+
+
+def test_a_scaling_cases_own_budget_keeps_a_slow_row_the_runs_budget_would_leave_out(
+    monkeypatch,
+):
+    times = {
+        10: {"treeclass": 1e-5, "dict/list": 1e-5, "slow": 1e-3},
+        100: {"treeclass": 1e-4, "dict/list": 1e-4, "slow": 1e-1},
+        1000: {"treeclass": 1e-3, "dict/list": 1e-3, "slow": 10.0},
+    }
+    calls = []
+
+    def fake(fns, sync, plan, rng, numbers=None):
+        n = (10, 100, 1000)[len(calls) % 3]
+        calls.append(sorted(fns))
+        return {name: Series(1, [times[n][name]]) for name in fns}
+
+    monkeypatch.setattr(runner_module, "measure", fake)
+    roomy = dataclasses.replace(_scaling_case(times), budget_s=100.0)
+    result = run_scaling(roomy, SMOKE_PLAN, random.Random(0), budget_s=5.0)
+    assert calls[2] == ["dict/list", "slow", "treeclass"]  # ~30 s projected: within 100 s
+    assert sorted(result.row("slow").times) == [10, 100, 1000] and result.row("slow").notes == []
+    # a case's budget raises the run's, never lowers it
+    tight = dataclasses.replace(_scaling_case(times), budget_s=1e-9)
+    result = run_scaling(tight, SMOKE_PLAN, random.Random(0), budget_s=math.inf)
+    assert sorted(result.row("slow").times) == [10, 100, 1000]
 
 
 def test_run_scaling_reuses_a_main_case_measured_in_the_same_run(monkeypatch):
