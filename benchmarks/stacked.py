@@ -31,7 +31,7 @@ import numpy as np
 
 from .cases import Case, Entry, Sizes, Target
 from .peers import import_peer
-from .timing import Plan
+from .timing import Plan, one_call_per_sample
 
 __all__ = ["StackSize", "compile_case", "init_case", "stacked_cases", "step_case"]
 
@@ -288,39 +288,26 @@ def _compile_entries(size: StackSize) -> list[Entry]:
     def build(setup: Callable[[], Any]) -> Callable[[], Callable[[], Any]]:
         def op_factory() -> Callable[[], Any]:
             make_step, args = setup()
-
-            def compile_once() -> Any:
-                return jax.jit(make_step()).lower(*args).compile()
-
-            return _Checked(compile_once, args)
+            # a fresh step function every call: nothing traced or compiled is reused
+            return lambda: _Compiled(jax.jit(make_step()).lower(*args).compile(), args)
 
         return op_factory
 
     return [
-        Entry(name, role, build(setup), note=note, canon=_CompiledLoss.canon)
+        Entry(name, role, build(setup), note=note, canon=_Compiled.loss_canon)
         for name, role, note, setup in _implementations(size)
     ]
 
 
-class _Checked:
-    """A compile operation whose result is checked by running it once on its inputs."""
-
-    def __init__(self, compile_once: Callable[[], Any], args: tuple[Any, ...]):
-        self.compile_once = compile_once
-        self.args = args
-
-    def __call__(self) -> Any:
-        return _CompiledLoss(self.compile_once(), self.args)
-
-
 @dataclass
-class _CompiledLoss:
-    compiled: Any
+class _Compiled:
+    """A compiled step and its inputs: the check runs it once and compares the losses."""
+
+    step: Any
     args: tuple[Any, ...]
 
-    @staticmethod
-    def canon(result: Any) -> dict[tuple, np.ndarray]:
-        return _loss_canon(result.compiled(*result.args)[1])
+    def loss_canon(self) -> dict[tuple, np.ndarray]:
+        return _loss_canon(self.step(*self.args)[1])
 
 
 def _step_entries(size: StackSize) -> list[Entry]:
@@ -373,48 +360,54 @@ def _init_entries(size: StackSize) -> list[Entry]:
         flax_nnx, NnxBlock = import_peer("flax.nnx"), _nnx_block()
         return lambda: flax_nnx.vmap(lambda k: NnxBlock(*make_arrays(k)))(keys)
 
-    def canon(result: Any) -> dict[tuple, np.ndarray]:
-        if isinstance(result, tuple) and len(result) == n and hasattr(result[0], "w1"):
-            parts = [np.stack([np.asarray(getattr(b, k)) for b in result]) for k in ("w1", "w2")]
-        elif isinstance(result, tuple):  # plain JAX: (scale, w1, w2)
-            parts = [np.asarray(result[1]), np.asarray(result[2])]
-        elif hasattr(result, "tree"):  # a Stacked
-            parts = [np.asarray(result.tree.w1), np.asarray(result.tree.w2)]
-        else:
-            parts = [np.asarray(getattr(result, k)[...]) for k in ("w1", "w2")]
-        return {("w1",): parts[0], ("w2",): parts[1]}
+    def weights(w1: Any, w2: Any) -> dict[tuple, np.ndarray]:
+        return {("w1",): np.asarray(w1), ("w2",): np.asarray(w2)}
+
+    def unrolled_canon(blocks: tuple[Any, ...]) -> dict[tuple, np.ndarray]:
+        return weights(np.stack([b.w1 for b in blocks]), np.stack([b.w2 for b in blocks]))
 
     return [
-        Entry(_STACKED, "treeclass", stacked, note="`Stacked.from_init` (one vmap)", canon=canon),
-        Entry(_UNROLLED, "baseline", unrolled, note="one constructor call per block", canon=canon),
-        Entry("plain JAX (jax.vmap)", "floor", floor, note="arrays only", canon=canon),
-        Entry("equinox (filter_vmap)", "peer", equinox, note="`eqx.filter_vmap`", canon=canon),
-        Entry("flax.nnx (nnx.vmap)", "peer", nnx, note="`nnx.vmap`", canon=canon),
+        Entry(
+            _STACKED,
+            "treeclass",
+            stacked,
+            note="`Stacked.from_init` (one vmap)",
+            canon=lambda stack: weights(stack.tree.w1, stack.tree.w2),
+        ),
+        Entry(
+            _UNROLLED,
+            "baseline",
+            unrolled,
+            note="one constructor call per block",
+            canon=unrolled_canon,
+        ),
+        Entry(
+            "plain JAX (jax.vmap)",
+            "floor",
+            floor,
+            note="arrays only",
+            canon=lambda arrays: weights(arrays[1], arrays[2]),
+        ),
+        Entry(
+            "equinox (filter_vmap)",
+            "peer",
+            equinox,
+            note="`eqx.filter_vmap`",
+            canon=lambda blocks: weights(blocks.w1, blocks.w2),
+        ),
+        Entry(
+            "flax.nnx (nnx.vmap)",
+            "peer",
+            nnx,
+            note="`nnx.vmap`",
+            canon=lambda blocks: weights(blocks.w1[...], blocks.w2[...]),
+        ),
     ]
-
-
-def _one_call_plan(rounds: int) -> Callable[[Plan], Plan]:
-    def plan(base: Plan) -> Plan:
-        # one compile (seconds) per sample, on the wall clock: XLA compiles on threads
-        return dataclasses.replace(
-            base,
-            rounds=min(base.rounds, rounds),
-            calibrate=False,
-            warmup=0,
-            clock="wall",
-            remeasures=0,
-        )
-
-    return plan
 
 
 def _wall_plan(base: Plan) -> Plan:
     # a step or an init runs XLA's threads: the wall clock, fewer rounds than the main cases
-    return dataclasses.replace(base, rounds=min(base.rounds, 9), clock="wall", remeasures=0)
-
-
-def _block_ready(result: Any) -> Any:
-    return jax.block_until_ready(result)
+    return dataclasses.replace(base, rounds=min(base.rounds, 9), clock="wall")
 
 
 def compile_case(size: StackSize) -> Case:
@@ -432,32 +425,34 @@ def compile_case(size: StackSize) -> Case:
             10.0,
             (_UNROLLED,),
         ),
-        plan=_one_call_plan(5),
+        plan=one_call_per_sample,  # a compile takes a second or more
         note="A fresh step function each call, so JAX traces, lowers and compiles it anew; "
         "the check runs the compiled step once and compares the losses.",
     )
 
 
 def step_case(size: StackSize) -> Case:
+    """One compiled train step of a `size.blocks`-block model."""
     return Case(
         name=f"stacked_step_{size.blocks}_blocks",
         group=_GROUP,
         title=f"one compiled SGD train step, {size.blocks} blocks of width {size.width}, "
         f"batch {size.batch}",
         entries=lambda: _step_entries(size),
-        sync=_block_ready,
+        sync=jax.block_until_ready,
         target=Target("step <= 1.1x of unrolled", "max_ratio", 1.1, (_UNROLLED,)),
         plan=_wall_plan,
     )
 
 
 def init_case(size: StackSize) -> Case:
+    """Building the `size.blocks` blocks from keys, eagerly (the first call compiles)."""
     return Case(
         name=f"stacked_init_{size.blocks}_blocks",
         group=_GROUP,
         title=f"build {size.blocks} blocks of width {size.width} from keys (eager, warm)",
         entries=lambda: _init_entries(size),
-        sync=_block_ready,
+        sync=jax.block_until_ready,
         plan=_wall_plan,
         note="No target: one vmapped constructor against one call per block.",
     )

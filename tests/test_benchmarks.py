@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:  # `pytest` run without `python -m`: find the benc
 from benchmarks import cases as cases_module  # noqa: E402
 from benchmarks import cli as cli_module  # noqa: E402
 from benchmarks import runner as runner_module  # noqa: E402
+from benchmarks import stacked as stacked_module  # noqa: E402
 from benchmarks.cases import (  # noqa: E402
     FULL_SIZES,
     SMOKE_SIZES,
@@ -64,7 +65,7 @@ from benchmarks.scaling import (  # noqa: E402
     run_scaling,
     scaling_cases,
 )
-from benchmarks.stacked import stacked_cases  # noqa: E402
+from benchmarks.stacked import StackSize, stacked_cases  # noqa: E402
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
 from benchmarks.timing import (  # noqa: E402
     Plan,
@@ -172,6 +173,31 @@ def test_smoke_run_counts_the_stacked_compile_in_blocks(smoke):
         "n counts blocks; the stacked model should compile in a time flat in N"
         in (smoke["markdown"])
     )
+
+
+def test_smoke_run_times_every_implementation_of_the_stacked_cases(smoke):
+    implementations = [
+        "treeclass",
+        "treeclass, unrolled",
+        "plain JAX (lax.scan)",
+        "equinox (hand-written scan)",
+        "flax.nnx (nnx.scan)",
+    ]
+    stacked = {c["name"]: c for c in smoke["json"]["cases"] if c["name"].startswith("stacked_")}
+    assert list(stacked) == [
+        "stacked_compile_4_blocks",
+        "stacked_step_4_blocks",
+        "stacked_init_4_blocks",
+    ]
+    for case in stacked.values():
+        assert case["status"] == "ran", case["skip_reason"]
+        assert all(row["status"] == "ok" for row in case["rows"]), case["rows"]
+    for name in ("stacked_compile_4_blocks", "stacked_step_4_blocks"):
+        assert [row["name"] for row in stacked[name]["rows"]] == implementations
+    scaling = next(c for c in smoke["json"]["scaling"] if c["name"] == "scaling_stacked_compile")
+    assert [row["name"] for row in scaling["rows"]] == implementations
+    for row in scaling["rows"]:
+        assert list(row["times_s"]) == ["2", "4"] and row["notes"] == [], row
 
 
 def test_markdown_file_is_what_stdout_shows(smoke):
@@ -707,6 +733,61 @@ def test_stacked_cases_take_their_model_from_the_runs_sizes():
     ]
     assert "3 blocks of width 5, batch 1" in stacked_cases(sizes)[1].title
     assert [case.name for case in stacked_cases(FULL_SIZES)][0] == "stacked_compile_48_blocks"
+
+
+def test_stacked_cases_carry_the_issues_targets_and_the_suites_rounds():
+    compile_, step, init = stacked_cases(FULL_SIZES)
+    assert (compile_.target.kind, compile_.target.limit, compile_.target.baselines) == (
+        "min_speedup",
+        10.0,
+        ("treeclass, unrolled",),
+    )
+    assert (step.target.kind, step.target.limit, step.target.baselines) == (
+        "max_ratio",
+        1.1,
+        ("treeclass, unrolled",),
+    )
+    assert init.target is None
+    full = cli_module.PLANS["full"]
+    # a compile is one call per sample, five rounds, re-measured once when within noise
+    assert compile_.plan(full) == one_call_per_sample(full)
+    # a step is calibrated as the main cases are, on the wall clock, and re-measured too
+    assert (step.plan(full).rounds, step.plan(full).clock) == (9, "wall")
+    assert step.plan(full).remeasures == full.remeasures and step.plan(full).calibrate
+
+
+def test_scaling_stacked_compile_is_untargeted_counts_blocks_and_raises_the_budget():
+    for mode in ("full", "quick"):
+        case = next(
+            c for c in scaling_cases(FULL_SIZES, mode) if c.name == "scaling_stacked_compile"
+        )
+        assert case.sizes == (12, 48, 96) and case.unit == "blocks" and case.budget_s >= 300
+        at_96 = case.case_at(96)
+        assert (at_96.name, at_96.target) == ("scaling_stacked_compile_96", None)
+        assert "96 blocks of width 256" in at_96.title
+        assert at_96.plan(cli_module.PLANS[mode]).rounds == 3
+        assert case.reuse(48) == "stacked_compile_48_blocks"
+
+
+def test_stacked_compile_traces_and_compiles_the_step_anew_on_every_call(monkeypatch):
+    traced = []
+    block = stacked_module._block
+
+    def counting_block(*args):
+        traced.append(1)
+        return block(*args)
+
+    monkeypatch.setattr(stacked_module, "_block", counting_block)
+    size = dataclasses.replace(SMOKE_SIZES, blocks=2, block_width=2, block_batch=1)
+    entries = {entry.name: entry for entry in stacked_module._compile_entries(StackSize.of(size))}
+    compile_step = entries["treeclass"].build()
+    first = compile_step()
+    after_first = len(traced)
+    second = compile_step()
+    assert after_first > 0 and len(traced) == 2 * after_first
+    assert first.step is not second.step
+    canon = entries["treeclass"].canon
+    assert cases_module.compare(canon(first), canon(second)) is None
 
 
 def test_checkpoint_cases_take_five_rounds_and_remeasure_once():
