@@ -48,6 +48,7 @@ from .cases import (
     _per_kit,
     apply_selector_case,
     flatten_layers_case,
+    hand_written,
     set_deep_case,
     train_step_case,
 )
@@ -269,15 +270,7 @@ def _tree_mask_at(n: int, sizes: Sizes) -> Case:
             return lambda: tree_map(lambda x: freeze(x) if is_nondiff(x) else x, model)
 
         built = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
-        built.insert(
-            1,
-            Entry(
-                "treeclass (tree_map + freeze)",
-                "baseline",
-                by_hand,
-                note="hand-written, same model",
-            ),
-        )
+        built.insert(1, hand_written("treeclass (tree_map + freeze)", by_hand))
         return built
 
     return Case(
