@@ -1153,43 +1153,40 @@ def test_scaling_sizes_per_mode_and_the_train_step_stops_early():
     assert full["scaling_stacked_compile"] == (12, 48, 96)  # blocks, not layers
 
 
-def test_scaling_markdown_flags_treeclass_above_linear():
-    data = {
-        "header": _header(),
-        "cases": [],
-        "scaling": [
-            {
-                "name": "scaling_x",
-                "title": "x",
-                "note": "",
-                "status": "ran",
-                "skip_reason": "",
-                "sizes": [10, 100],
-                "reused_sizes": [],
-                "seconds": 0.0,
-                "floor_k": 1.0,
-                "floor_k_last": 1.0,
-                "rows": [
-                    {
-                        "name": "treeclass",
-                        "role": "treeclass",
-                        "times_s": {"10": 1e-6, "100": 1e-4},
-                        "k": 2.0,
-                        "k_last": 2.0,
-                        "notes": [],
-                    },
-                    {
-                        "name": "dict/list",
-                        "role": "floor",
-                        "times_s": {"10": 1e-6, "100": 1e-5},
-                        "k": 1.0,
-                        "k_last": 1.0,
-                        "notes": [],
-                    },
-                ],
-            }
-        ],
+def _scaling_report(name, treeclass, floor, **case):
+    """A report of one scaling case at 10 and 100 layers, with treeclass's and the floor's
+    rows, each given as `(time at 10, time at 100, k)`; `case` adds or replaces keys."""
+
+    def row(name, role, times):
+        at_10, at_100, k = times
+        return {
+            "name": name,
+            "role": role,
+            "times_s": {"10": at_10, "100": at_100},
+            "k": k,
+            "k_last": k,
+            "notes": [],
+        }
+
+    scaling = {
+        "name": name,
+        "title": name,
+        "note": "",
+        "status": "ran",
+        "skip_reason": "",
+        "sizes": [10, 100],
+        "reused_sizes": [],
+        "seconds": 0.0,
+        "floor_k": floor[2],
+        "floor_k_last": floor[2],
+        "rows": [row("treeclass", "treeclass", treeclass), row("dict/list", "floor", floor)],
+        **case,
     }
+    return {"header": _header(), "cases": [], "scaling": [scaling]}
+
+
+def test_scaling_markdown_flags_treeclass_above_linear():
+    data = _scaling_report("scaling_x", (1e-6, 1e-4, 2.0), (1e-6, 1e-5, 1.0))
     markdown = format_markdown(data)
     assert "| **treeclass** | 1 µs | 100 µs | **2.00** (above 1.1) | **2.00** (above 1.1) |  |" in (
         markdown
@@ -1198,6 +1195,15 @@ def test_scaling_markdown_flags_treeclass_above_linear():
         "| `scaling_x` | **2.00** (above 1.1) | **2.00** (above 1.1) | 1.00 | 1.00 | "
         "— | **above linear** | treeclass (2.00) |" in markdown
     )
+
+
+def test_scaling_markdown_names_a_unit_other_than_layers():
+    blocks = _scaling_report(
+        "scaling_z", (1e-6, 1e-6, 0.0), (1e-6, 1e-6, 0.0), unit="blocks", note="flat"
+    )
+    assert "\nn counts blocks; flat.\n" in format_markdown(blocks)
+    layers = _scaling_report("scaling_z", (1e-6, 1e-6, 0.0), (1e-6, 1e-6, 0.0), note="flat")
+    assert "\nflat.\n" in format_markdown(layers) and "n counts" not in format_markdown(layers)
 
 
 def test_relative_exponent_is_the_slope_of_the_ratio_to_the_floor():
@@ -1225,44 +1231,9 @@ def test_growth_verdict_tells_the_libraries_growth_from_jaxs():
 
 
 def test_scaling_markdown_says_when_treeclass_grows_as_the_floor():
-    rows = [
-        {
-            "name": "treeclass",
-            "role": "treeclass",
-            "times_s": {"10": 1.1e-6, "100": 2.2e-5},
-            "k": 1.30,
-            "k_last": 1.30,
-            "notes": [],
-        },
-        {
-            "name": "dict/list",
-            "role": "floor",
-            "times_s": {"10": 1e-6, "100": 2e-5},
-            "k": 1.30,
-            "k_last": 1.30,
-            "notes": [],
-        },
-    ]
-    data = {
-        "header": _header(),
-        "cases": [],
-        "scaling": [
-            {
-                "name": "scaling_y",
-                "title": "y",
-                "note": "",
-                "status": "ran",
-                "skip_reason": "",
-                "sizes": [10, 100],
-                "reused_sizes": [],
-                "seconds": 0.0,
-                "floor_k": 1.30,
-                "floor_k_last": 1.30,
-                "treeclass_k_over_floor": 0.0,
-                "rows": rows,
-            }
-        ],
-    }
+    data = _scaling_report(
+        "scaling_y", (1.1e-6, 2.2e-5, 1.30), (1e-6, 2e-5, 1.30), treeclass_k_over_floor=0.0
+    )
     assert (
         "| 1.30 | 1.30 | +0.00 | as the floor (JAX's own growth) | treeclass (1.30), "
         "dict/list (1.30) |" in format_markdown(data)
