@@ -348,7 +348,7 @@ def checkpoint_cases(
     return [
         Case(
             name="checkpoint_save",
-            group="7. checkpoints",
+            group="8. checkpoints",
             title=f"save a {size.label} model ({what}) to one file",
             entries=lambda: _entries(size, "save", parent),
             sync=None,
@@ -359,7 +359,7 @@ def checkpoint_cases(
         ),
         Case(
             name="checkpoint_load",
-            group="7. checkpoints",
+            group="8. checkpoints",
             title=f"load the {size.label} model back into a model of JAX arrays",
             entries=lambda: _entries(size, "load", parent),
             sync=_block_tree,

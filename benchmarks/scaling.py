@@ -23,7 +23,7 @@ Two operations are sized down on purpose:
   those cases ran in the same process.
 
 One case is not counted in layers: the compile of the stacked-blocks model's train step
-(section 9) at 12, 48 and 96 blocks, where the stack should compile in a time flat in N.
+(section 7) at 12, 48 and 96 blocks, where the stack should compile in a time flat in N.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ SCALING_SIZES: dict[str, tuple[int, ...]] = {
     "smoke": (2, 4, 8),
 }
 _TRAIN_STEP_LARGEST = {"full": 1_000, "quick": 100, "smoke": 4}
-# the stacked model's compile is counted in blocks (section 9's case at 48; smoke: 4)
+# the stacked model's compile is counted in blocks (section 7's case at 48; smoke: 4)
 STACKED_BLOCKS: dict[str, tuple[int, ...]] = {
     "full": (12, 48, 96),
     "quick": (12, 48, 96),
@@ -241,7 +241,7 @@ def _dispatch_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_dispatch_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`jax.jit` dispatch with a {n}-layer MLP argument",
         entries=entries,
         sync=_block_array,
@@ -275,7 +275,7 @@ def _tree_mask_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_tree_mask_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`tree_mask` (freeze what `jax.grad` cannot differentiate) of a {n}-layer "
         "MLP with a string leaf per layer",
         entries=entries,
@@ -295,7 +295,7 @@ def _repr_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_repr_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`repr` of a {n}-layer MLP",
         entries=entries,
         sync=None,
@@ -313,7 +313,7 @@ def _summary_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_tree_summary_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`tree_summary` of a {n}-layer MLP",
         entries=entries,
         sync=None,

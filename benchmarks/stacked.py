@@ -35,7 +35,7 @@ from .timing import Plan, one_call_per_sample
 
 __all__ = ["StackSize", "compile_case", "init_case", "stacked_cases", "step_case"]
 
-_GROUP = "9. stacked blocks"
+_GROUP = "7. stacked blocks"
 _STACKED = "treeclass"
 _UNROLLED = "treeclass, unrolled"
 _FLOOR = "plain JAX (lax.scan)"

@@ -200,6 +200,15 @@ def test_smoke_run_times_every_implementation_of_the_stacked_cases(smoke):
         assert list(row["times_s"]) == ["2", "4"] and row["notes"] == [], row
 
 
+def test_report_sections_come_in_the_order_of_their_numbers(smoke):
+    numbers = [
+        int(line[3:].split(".")[0])
+        for line in smoke["markdown"].splitlines()
+        if line.startswith("## ") and line[3].isdigit()
+    ]
+    assert numbers == sorted(set(numbers)) and len(numbers) >= 8, numbers
+
+
 def test_markdown_file_is_what_stdout_shows(smoke):
     assert smoke["markdown_file"] == smoke["markdown"]
 
