@@ -2,9 +2,9 @@
 
 It times what a TreeClass costs on the paths users care about (a real training loop,
 flattening, `jax.jit` dispatch, a training step, `.at` edits, frozen leaves,
-construction, `replace`, leafwise operators, checkpoints) against plain dict/list
-parameters (the floor) and the peers that are installed: a
-`jax.tree_util.register_dataclass` dataclass, `flax.struct.PyTreeNode`, `flax.nnx`,
+construction, `replace`, leafwise operators, checkpoints, a deep model of stacked
+blocks) against plain dict/list parameters (the floor) and the peers that are installed:
+a `jax.tree_util.register_dataclass` dataclass, `flax.struct.PyTreeNode`, `flax.nnx`,
 `equinox.Module`, pytreeclass and sepes (and, for checkpoints, safetensors, NumPy and
 orbax). It also measures how each cost grows with the number of layers. Peers are
 imported lazily and skipped with a note when missing.
@@ -20,7 +20,10 @@ Layout, one concept per module:
   targets of docs/architecture.md);
 - `workload`: the training loop with real compute (steps per second);
 - `checkpoint`: saving and loading a 1 GiB model, and each save's peak memory;
-- `scaling`: each operation at 10 to 10,000 layers and its fitted exponent;
+- `stacked`: a model of N identical blocks, stacked and scanned or unrolled (compile,
+  step, initialisation);
+- `scaling`: each operation at 10 to 10,000 layers (the stacked compile at 12 to 96
+  blocks) and its fitted exponent;
 - `runner`: checks, then times, every case; re-measures verdicts within noise;
 - `report`: the header, JSON, and the Markdown rendered from that JSON;
 - `plots`: the ratio plot and the log-log scaling plot;

@@ -41,12 +41,17 @@ __all__ = [
     "all_cases",
     "canonical",
     "compare",
+    "hand_written",
 ]
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Model sizes. The full suite uses `FULL_SIZES`; the tests' smoke mode `SMOKE_SIZES`."""
+    """Model sizes. The full suite uses `FULL_SIZES`; the tests' smoke mode `SMOKE_SIZES`.
+
+    `blocks`, `block_width` and `block_batch` size the stacked-blocks model (see
+    `benchmarks.stacked`); the others, the MLPs and the many-field objects.
+    """
 
     small_layers: int = 10
     large_layers: int = 100
@@ -54,11 +59,22 @@ class Sizes:
     large_fields: int = 1000
     width: int = 4
     batch: int = 8
+    blocks: int = 48
+    block_width: int = 256
+    block_batch: int = 64
 
 
 FULL_SIZES = Sizes()
 SMOKE_SIZES = Sizes(
-    small_layers=2, large_layers=4, small_fields=4, large_fields=8, width=2, batch=2
+    small_layers=2,
+    large_layers=4,
+    small_fields=4,
+    large_fields=8,
+    width=2,
+    batch=2,
+    blocks=4,
+    block_width=8,
+    block_batch=2,
 )
 
 
@@ -355,6 +371,12 @@ def _per_kit(
         return lambda: make(get_kit(name))
 
     return [Entry(_LABELS[k], _role(k), build(k), canon=canon) for k in kits]
+
+
+def hand_written(name: str, build: Callable[[], Callable[[], Any]]) -> Entry:
+    """The `baseline` row `name`: the same treeclass model, the operation written by hand
+    with `jax.tree_util` (what the convenience itself costs is the ratio to it)."""
+    return Entry(name, "baseline", build, note="hand-written, same model")
 
 
 def _per_kit_jitted(
@@ -667,13 +689,7 @@ def apply_selector_case(n: int, width: int) -> Case:
 
         built = _per_kit(make, ("treeclass", "dict", "equinox", "pytreeclass", "sepes"))
         built.insert(
-            1,
-            Entry(
-                "treeclass (tree_map_with_path)",
-                "baseline",
-                lambda: hand(get_kit("treeclass")),
-                note="hand-written, same model",
-            ),
+            1, hand_written("treeclass (tree_map_with_path)", lambda: hand(get_kit("treeclass")))
         )
         for entry in built:
             entry.note = entry.note or _NOTES["apply"].get(_kit_of(entry.name), "")
@@ -712,11 +728,8 @@ def _edit_cases(sizes: Sizes) -> list[Case]:
         )
         entries.insert(
             1,
-            Entry(
-                "treeclass (tree_map + where)",
-                "baseline",
-                lambda: prepare(get_kit("treeclass"), mask_where),
-                note="hand-written, same model",
+            hand_written(
+                "treeclass (tree_map + where)", lambda: prepare(get_kit("treeclass"), mask_where)
             ),
         )
         entries[0].note = "`.at[mask].set(0.0)`"
@@ -879,13 +892,7 @@ def _construct_cases(sizes: Sizes) -> list[Case]:
 
         entries = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
         entries.insert(
-            1,
-            Entry(
-                "treeclass (tree_map)",
-                "baseline",
-                lambda: by_tree_map(get_kit("treeclass")),
-                note="hand-written, same model",
-            ),
+            1, hand_written("treeclass (tree_map)", lambda: by_tree_map(get_kit("treeclass")))
         )
         entries.insert(
             2, Entry(FLOOR, "floor", lambda: by_tree_map(get_kit("dict")), note="`tree_map`")

@@ -58,8 +58,8 @@ from typing import Any
 import numpy as np
 
 from .cases import Case, Entry, Target, canonical
-from .peers import PeerMissing
-from .timing import Plan, Prepared
+from .peers import PeerMissing, import_peer
+from .timing import Prepared, one_call_per_sample
 
 __all__ = ["CheckpointSize", "DEFAULT_MB", "checkpoint_cases", "default_folder", "size_for_mb"]
 
@@ -290,13 +290,7 @@ def _fixture(size: CheckpointSize, parent: str) -> _Savers:
 def _module_missing(name: str) -> None:
     if name not in _NEEDS:
         return
-    module, distribution = _NEEDS[name]
-    try:
-        __import__(module)
-    except ImportError as error:
-        raise PeerMissing(
-            f"{distribution} is not installed (pip install {distribution})"
-        ) from error
+    import_peer(*_NEEDS[name])
 
 
 def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:
@@ -319,23 +313,6 @@ def _entries(size: CheckpointSize, kind: str, parent: str) -> list[Entry]:
         )
         for name in _IMPLEMENTATIONS
     ]
-
-
-def _one_call_per_sample(plan: Plan) -> Plan:
-    # a gigabyte takes a second or more: one call per sample (the first, checked call
-    # warms up), wall clock (writers use threads), five rounds (with three, the bootstrap
-    # interval of a median is just the spread of the three) and at most five more; smoke
-    # mode keeps its single round
-    rounds = plan.rounds if plan.rounds <= 1 else min(plan.rounds, 5)
-    return Plan(
-        rounds=rounds,
-        sample_s=0.0,
-        warmup=0,
-        calibrate=False,
-        clock="wall",
-        remeasures=min(plan.remeasures, 1),
-        remeasure_factor=1,
-    )
 
 
 def checkpoint_cases(
@@ -371,23 +348,23 @@ def checkpoint_cases(
     return [
         Case(
             name="checkpoint_save",
-            group="7. checkpoints",
+            group="8. checkpoints",
             title=f"save a {size.label} model ({what}) to one file",
             entries=lambda: _entries(size, "save", parent),
             sync=None,
             target=Target(target, "max_ratio_fastest", 1.2, peers),
-            plan=_one_call_per_sample,
+            plan=one_call_per_sample,
             extra=(lambda: measure_save_memory(size, parent)) if memory else None,
             note=note,
         ),
         Case(
             name="checkpoint_load",
-            group="7. checkpoints",
+            group="8. checkpoints",
             title=f"load the {size.label} model back into a model of JAX arrays",
             entries=lambda: _entries(size, "load", parent),
             sync=_block_tree,
             target=Target(target, "max_ratio_fastest", 1.2, peers),
-            plan=_one_call_per_sample,
+            plan=one_call_per_sample,
             note=note,
         ),
     ]

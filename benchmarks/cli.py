@@ -16,9 +16,11 @@ What runs, per mode (`--list` names every case):
 
 - full (the default): the real workload, every main case and the scaling section (10 to
   10,000 layers); about 15 minutes on a 2-core CPU, most of it scaling (compiling a
-  1,000-layer train step eight times, printing 10,000 layers).
-- `--quick`: the same with fewer, shorter rounds and scaling up to 1,000 layers; about a
-  minute and a quarter on a 2-core CPU; its verdicts are labelled indicative.
+  1,000-layer train step eight times, printing 10,000 layers), and a minute and a half
+  more compiling the stacked-blocks model.
+- `--quick`: the same with fewer, shorter rounds and scaling up to 1,000 layers; about
+  two and a half minutes on a 2-core CPU, half of it compiling the stacked-blocks model;
+  its verdicts are labelled indicative.
 - `--smoke`: one single-call round on the smallest models (the tests' mode).
 - `--checkpoint-mb 1024` adds the checkpoint cases (1 GiB saved and loaded by five tools,
   and each save's peak memory in a fresh interpreter): several minutes, so only on request.
@@ -80,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer, shorter rounds and scaling up to 1,000 layers (about a "
-        "minute and a quarter on a 2-core CPU; verdicts indicative)",
+        help="fewer, shorter rounds and scaling up to 1,000 layers (about two and a "
+        "half minutes on a 2-core CPU; verdicts indicative)",
     )
     parser.add_argument(
         "--only",

@@ -14,20 +14,35 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Kit", "PeerMissing", "KIT_NAMES", "get_kit", "mask_where"]
+__all__ = ["Kit", "PeerMissing", "KIT_NAMES", "get_kit", "import_peer", "mask_where"]
 
 KIT_NAMES = ("treeclass", "dict", "dataclass", "flax", "equinox", "pytreeclass", "sepes")
 
 
 class PeerMissing(ImportError):
     """A peer library is not installed; its rows are skipped."""
+
+
+def import_peer(module: str, distribution: str | None = None) -> ModuleType:
+    """Import a peer's `module`, or raise `PeerMissing` naming what to install.
+
+    `distribution` is the name `pip` knows it by, when not the module's first part
+    (`import_peer("orbax.checkpoint", "orbax-checkpoint")`).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        name = distribution or module.split(".")[0]
+        raise PeerMissing(f"{name} is not installed (pip install {name})") from error
 
 
 @dataclass
@@ -170,10 +185,7 @@ def _dataclass_kit() -> Kit:
 
 
 def _flax_kit() -> Kit:
-    try:
-        import flax.struct as struct
-    except ImportError as error:
-        raise PeerMissing("flax is not installed (pip install flax)") from error
+    struct = import_peer("flax.struct")
 
     class Linear(struct.PyTreeNode):
         weight: Any
@@ -230,10 +242,7 @@ def _flax_kit() -> Kit:
 
 
 def _equinox_kit() -> Kit:
-    try:
-        import equinox as eqx
-    except ImportError as error:
-        raise PeerMissing("equinox is not installed (pip install equinox)") from error
+    eqx = import_peer("equinox")
 
     class Linear(eqx.Module):
         weight: Any
@@ -291,10 +300,7 @@ def _equinox_kit() -> Kit:
 
 
 def _pytreeclass_kit() -> Kit:
-    try:
-        import pytreeclass as pytc
-    except ImportError as error:
-        raise PeerMissing("pytreeclass is not installed (pip install pytreeclass)") from error
+    pytc = import_peer("pytreeclass")
 
     @pytc.autoinit
     class Linear(pytc.TreeClass):
@@ -364,10 +370,7 @@ def _pytreeclass_kit() -> Kit:
 
 
 def _sepes_kit() -> Kit:
-    try:
-        import sepes as sp
-    except ImportError as error:
-        raise PeerMissing("sepes is not installed (pip install sepes)") from error
+    sp = import_peer("sepes")
 
     @sp.autoinit
     class Linear(sp.TreeClass):

@@ -195,7 +195,7 @@ def _draw_scaling_panel(axis: Any, case: dict[str, Any]) -> None:
     axis.set_xscale("log")
     axis.set_yscale("log")
     axis.set_title(case["name"], fontsize=9)
-    axis.set_xlabel("layers", fontsize=8)
+    axis.set_xlabel(case.get("unit", "layers"), fontsize=8)
     axis.set_ylabel("seconds per call", fontsize=8)
     axis.tick_params(labelsize=7)
     axis.legend(fontsize=6, loc="upper left")

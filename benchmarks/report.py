@@ -289,6 +289,7 @@ def _scaling_json(result: ScalingResult) -> dict[str, Any]:
         "status": result.status,
         "skip_reason": result.note,
         "sizes": list(result.case.sizes),
+        "unit": result.case.unit,
         "reused_sizes": result.reused,
         "seconds": result.seconds,
         "floor_k": floor.k if floor is not None else None,
@@ -575,7 +576,9 @@ def _scaling_markdown(scaling: list[dict[str, Any]]) -> list[str]:
                 "; ".join(row["notes"]),
             ]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-        notes = [case["note"]] if case["note"] else []
+        unit = case.get("unit", "layers")
+        notes = [] if unit == "layers" else [f"n counts {unit}"]
+        notes += [case["note"]] if case["note"] else []
         if case["reused_sizes"]:
             notes.append(
                 "n = "

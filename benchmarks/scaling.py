@@ -21,6 +21,9 @@ Two operations are sized down on purpose:
   `--quick`): compiling it takes about 20 s per implementation at 1,000 layers and
   minutes at 10,000. Its 10- and 100-layer points are section 3's own results when
   those cases ran in the same process.
+
+One case is not counted in layers: the compile of the stacked-blocks model's train step
+(section 7) at 12, 48 and 96 blocks, where the stack should compile in a time flat in N.
 """
 
 from __future__ import annotations
@@ -45,11 +48,13 @@ from .cases import (
     _per_kit,
     apply_selector_case,
     flatten_layers_case,
+    hand_written,
     set_deep_case,
     train_step_case,
 )
 from .peers import get_kit
 from .runner import CaseResult, run_case
+from .stacked import StackSize, compile_case
 from .stats import fit_exponent
 from .timing import Plan
 
@@ -58,6 +63,7 @@ __all__ = [
     "above_linear",
     "relative_exponent",
     "SCALING_SIZES",
+    "STACKED_BLOCKS",
     "ScalingCase",
     "ScalingResult",
     "ScalingRow",
@@ -74,6 +80,12 @@ SCALING_SIZES: dict[str, tuple[int, ...]] = {
     "smoke": (2, 4, 8),
 }
 _TRAIN_STEP_LARGEST = {"full": 1_000, "quick": 100, "smoke": 4}
+# the stacked model's compile is counted in blocks (section 7's case at 48; smoke: 4)
+STACKED_BLOCKS: dict[str, tuple[int, ...]] = {
+    "full": (12, 48, 96),
+    "quick": (12, 48, 96),
+    "smoke": (2, 4),
+}
 # seconds one implementation may take at one size before it is left out of larger ones
 BUDGET_S: dict[str, float] = {"full": 20.0, "quick": 1.5, "smoke": math.inf}
 LINEAR_LIMIT = 1.1
@@ -88,12 +100,13 @@ def above_linear(k: float | None) -> bool:
 class ScalingCase:
     """One operation timed at several sizes.
 
-    - `case_at(n)`: the `Case` at `n` layers (no target: scaling has no verdicts);
-    - `sizes`: the layer counts, ascending;
-    - `reuse(n)`: the name of a main case timing the same operation at `n` layers, whose
+    - `case_at(n)`: the `Case` at size `n` (no target: scaling has no verdicts);
+    - `sizes`: the sizes, ascending, counted in `unit` (`"layers"`, or `"blocks"`);
+    - `reuse(n)`: the name of a main case timing the same operation at size `n`, whose
       result is used when it ran in the same process;
-    - `budget_s`: the seconds an implementation may be projected to take at the next
-      size before it is left out, when not the mode's (a case of seconds-long calls).
+    - `budget_s`: the least number of seconds an implementation may be projected to
+      take at the next size before it is left out (the run's own budget when that is
+      larger): a case of seconds-long calls raises it.
     """
 
     name: str
@@ -102,7 +115,8 @@ class ScalingCase:
     sizes: tuple[int, ...]
     reuse: Callable[[int], str] | None = None
     note: str = ""
-    budget_s: float | None = None
+    budget_s: float = 0.0
+    unit: str = "layers"
 
 
 @dataclass
@@ -196,6 +210,22 @@ def _untargeted(case: Case, name: str) -> Case:
     return dataclasses.replace(case, name=name, target=None, plan=plan)
 
 
+def _from_main(
+    name: str, title: str, main_at: Callable[[int], Case], sizes: tuple[int, ...], **options: Any
+) -> ScalingCase:
+    """`scaling_{name}`: the main case `main_at(n)` at each size, without its target and
+    with the scaling rounds; a size whose main case ran in this run reuses that result
+    (found by the main case's own name, so renaming it cannot silently stop the reuse)."""
+    return ScalingCase(
+        f"scaling_{name}",
+        title,
+        lambda n: _untargeted(main_at(n), f"scaling_{name}_{n}"),
+        sizes,
+        reuse=lambda n: main_at(n).name,
+        **options,
+    )
+
+
 # -- the operations -------------------------------------------------------------------------
 
 
@@ -211,7 +241,7 @@ def _dispatch_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_dispatch_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`jax.jit` dispatch with a {n}-layer MLP argument",
         entries=entries,
         sync=_block_array,
@@ -240,20 +270,12 @@ def _tree_mask_at(n: int, sizes: Sizes) -> Case:
             return lambda: tree_map(lambda x: freeze(x) if is_nondiff(x) else x, model)
 
         built = _per_kit(make, ("treeclass", "pytreeclass", "sepes"))
-        built.insert(
-            1,
-            Entry(
-                "treeclass (tree_map + freeze)",
-                "baseline",
-                by_hand,
-                note="hand-written, same model",
-            ),
-        )
+        built.insert(1, hand_written("treeclass (tree_map + freeze)", by_hand))
         return built
 
     return Case(
         name=f"scaling_tree_mask_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`tree_mask` (freeze what `jax.grad` cannot differentiate) of a {n}-layer "
         "MLP with a string leaf per layer",
         entries=entries,
@@ -273,7 +295,7 @@ def _repr_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_repr_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`repr` of a {n}-layer MLP",
         entries=entries,
         sync=None,
@@ -291,7 +313,7 @@ def _summary_at(n: int, sizes: Sizes) -> Case:
 
     return Case(
         name=f"scaling_tree_summary_{n}",
-        group="8. scaling",
+        group="9. scaling",
         title=f"`tree_summary` of a {n}-layer MLP",
         entries=entries,
         sync=None,
@@ -323,25 +345,21 @@ def scaling_cases(
     **Arguments**
 
     - `sizes`: the main cases' sizes (width and batch come from there);
-    - `mode`: picks the layer counts and the train step's largest size;
-    - `layer_counts`: other layer counts (the train step still stops at its largest).
+    - `mode`: picks the layer counts, the train step's largest size and the block counts
+      of the stacked model's compile;
+    - `layer_counts`: other layer counts (the train step still stops at its largest; the
+      stacked compile keeps its block counts).
     """
-    from .stacked import stacked_scaling_cases  # its own file; it imports this one
-
     counts = tuple(sorted(layer_counts or SCALING_SIZES[mode]))
     train_counts = tuple(n for n in counts if n <= _TRAIN_STEP_LARGEST[mode]) or counts[:1]
     width = sizes.width
 
-    def scaled(name: str, make: Callable[[int], Case]) -> Callable[[int], Case]:
-        return lambda n: _untargeted(make(n), f"scaling_{name}_{n}")
-
     return [
-        ScalingCase(
-            "scaling_flatten",
+        _from_main(
+            "flatten",
             "flatten + unflatten round trip",
-            scaled("flatten", lambda n: flatten_layers_case(n, width)),
+            lambda n: flatten_layers_case(n, width),
             counts,
-            reuse=lambda n: f"flatten_{n}_layers",
         ),
         ScalingCase(
             "scaling_dispatch",
@@ -350,28 +368,25 @@ def scaling_cases(
             counts,
             note="`jax.jit(lambda model, x: x * 2, keep_unused=True)`; equinox through `jax.jit`",
         ),
-        ScalingCase(
-            "scaling_train_step",
+        _from_main(
+            "train_step",
             "jitted SGD train step",
-            scaled("train_step", lambda n: train_step_case(n, sizes)),
+            lambda n: train_step_case(n, sizes),
             train_counts,
-            reuse=lambda n: f"train_step_{n}_layers",
             note=f"up to {train_counts[-1]:,} layers: compiling the step takes minutes "
             "per implementation beyond",
         ),
-        ScalingCase(
-            "scaling_set_deep",
+        _from_main(
+            "set_deep",
             "set one leaf deep (layer n/2's weight)",
-            scaled("set_deep", lambda n: set_deep_case(n, width)),
+            lambda n: set_deep_case(n, width),
             counts,
-            reuse=lambda n: f"set_deep_leaf_{n}_layers",
         ),
-        ScalingCase(
-            "scaling_apply_selector",
+        _from_main(
+            "apply_selector",
             '`.at[Linear]["weight"].apply` and equivalents',
-            scaled("apply_selector", lambda n: apply_selector_case(n, width)),
+            lambda n: apply_selector_case(n, width),
             counts,
-            reuse=lambda n: f"apply_selector_{n}_layers",
         ),
         ScalingCase(
             "scaling_tree_mask",
@@ -386,7 +401,17 @@ def scaling_cases(
             lambda n: _summary_at(n, sizes),
             counts,
         ),
-        *stacked_scaling_cases(sizes, mode),  # blocks, not layers: its own sizes
+        _from_main(
+            "stacked_compile",
+            "compile the train step of N stacked (or unrolled) blocks",
+            lambda n: compile_case(StackSize.of(sizes, n)),
+            STACKED_BLOCKS[mode],
+            note="the stacked model should compile in a time flat in N",
+            # one compile takes a second or more: the mode's budget would leave the
+            # unrolled model out of the largest size, the one the case is about
+            budget_s=300.0,
+            unit="blocks",
+        ),
     ]
 
 
@@ -451,7 +476,7 @@ def run_scaling(
                     + (f" ({entry.note})" if entry.note else "")
                 )
         if index + 1 < len(case.sizes):
-            budget = budget_s if case.budget_s is None else case.budget_s
+            budget = max(budget_s, case.budget_s)
             _leave_out_slow(rows, left_out, n, case.sizes[index + 1], plan, budget)
     result.rows = list(rows.values())
     result.seconds = time.perf_counter() - start

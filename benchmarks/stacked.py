@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,13 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cases import SMOKE_SIZES, Case, Entry, Sizes, Target
-from .peers import PeerMissing
-from .timing import Plan
+from .cases import Case, Entry, Sizes, Target
+from .peers import import_peer
+from .timing import Plan, one_call_per_sample
 
-__all__ = ["StackSize", "stacked_cases", "stacked_scaling_cases"]
+__all__ = ["StackSize", "compile_case", "init_case", "stacked_cases", "step_case"]
 
-_GROUP = "9. stacked blocks"
+_GROUP = "7. stacked blocks"
 _STACKED = "treeclass"
 _UNROLLED = "treeclass, unrolled"
 _FLOOR = "plain JAX (lax.scan)"
@@ -49,18 +48,14 @@ _LR = 1e-3
 class StackSize:
     """The model: `blocks` blocks of `width`, batches of `batch` rows."""
 
-    blocks: int = 48
-    width: int = 256
-    batch: int = 64
+    blocks: int
+    width: int
+    batch: int
 
-
-FULL = StackSize()
-SMOKE = StackSize(blocks=4, width=8, batch=2)
-SCALING_BLOCKS = {"full": (12, 48, 96), "quick": (12, 48, 96), "smoke": (2, 4, 8)}
-
-
-def _mode(sizes: Sizes) -> str:
-    return "smoke" if sizes == SMOKE_SIZES else "full"
+    @classmethod
+    def of(cls, sizes: Sizes, blocks: int | None = None) -> StackSize:
+        """The stacked model of the run's `sizes`, with `blocks` blocks when given."""
+        return cls(blocks or sizes.blocks, sizes.block_width, sizes.block_batch)
 
 
 # -- shared arrays --------------------------------------------------------------------------
@@ -176,17 +171,9 @@ def _floor_step_fn() -> Callable[..., Any]:
 # -- equinox ------------------------------------------------------------------------------------
 
 
-def _import_equinox() -> Any:
-    try:
-        import equinox as eqx
-    except ImportError as error:
-        raise PeerMissing("equinox is not installed (pip install equinox)") from error
-    return eqx
-
-
 @functools.cache
 def _equinox_block() -> type:
-    eqx = _import_equinox()
+    eqx = import_peer("equinox")
 
     class EqxBlock(eqx.Module):
         scale: jax.Array
@@ -205,7 +192,7 @@ def _equinox_model(size: StackSize) -> Any:
 
 
 def _equinox_step_fn() -> Callable[..., Any]:
-    eqx = _import_equinox()
+    eqx = import_peer("equinox")
 
     def forward(blocks: Any, x: Any) -> Any:
         dynamic, static = eqx.partition(blocks, eqx.is_array)
@@ -227,17 +214,9 @@ def _equinox_step_fn() -> Callable[..., Any]:
 # -- flax.nnx -----------------------------------------------------------------------------------
 
 
-def _import_nnx() -> Any:
-    try:
-        from flax import nnx
-    except ImportError as error:
-        raise PeerMissing("flax is not installed (pip install flax)") from error
-    return nnx
-
-
 @functools.cache
 def _nnx_block() -> type:
-    nnx = _import_nnx()
+    nnx = import_peer("flax.nnx")
 
     class NnxBlock(nnx.Module):
         def __init__(self, scale: Any, w1: Any, w2: Any):
@@ -250,14 +229,14 @@ def _nnx_block() -> type:
 
 
 def _nnx_state(size: StackSize) -> tuple[Any, Any]:
-    nnx = _import_nnx()
+    nnx = import_peer("flax.nnx")
     a = _arrays(size)
     blocks = _nnx_block()(*(jnp.asarray(a[k]) for k in ("scale", "w1", "w2")))
     return nnx.split(blocks)
 
 
 def _nnx_step_fn(graphdef: Any) -> Callable[..., Any]:
-    nnx = _import_nnx()
+    nnx = import_peer("flax.nnx")
 
     def step(state: Any, x: Any, y: Any) -> Any:
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
@@ -309,39 +288,26 @@ def _compile_entries(size: StackSize) -> list[Entry]:
     def build(setup: Callable[[], Any]) -> Callable[[], Callable[[], Any]]:
         def op_factory() -> Callable[[], Any]:
             make_step, args = setup()
-
-            def compile_once() -> Any:
-                return jax.jit(make_step()).lower(*args).compile()
-
-            return _Checked(compile_once, args)
+            # a fresh step function every call: nothing traced or compiled is reused
+            return lambda: _Compiled(jax.jit(make_step()).lower(*args).compile(), args)
 
         return op_factory
 
     return [
-        Entry(name, role, build(setup), note=note, canon=_CompiledLoss.canon)
+        Entry(name, role, build(setup), note=note, canon=_Compiled.loss_canon)
         for name, role, note, setup in _implementations(size)
     ]
 
 
-class _Checked:
-    """A compile operation whose result is checked by running it once on its inputs."""
-
-    def __init__(self, compile_once: Callable[[], Any], args: tuple[Any, ...]):
-        self.compile_once = compile_once
-        self.args = args
-
-    def __call__(self) -> Any:
-        return _CompiledLoss(self.compile_once(), self.args)
-
-
 @dataclass
-class _CompiledLoss:
-    compiled: Any
+class _Compiled:
+    """A compiled step and its inputs: the check runs it once and compares the losses."""
+
+    step: Any
     args: tuple[Any, ...]
 
-    @staticmethod
-    def canon(result: Any) -> dict[tuple, np.ndarray]:
-        return _loss_canon(result.compiled(*result.args)[1])
+    def loss_canon(self) -> dict[tuple, np.ndarray]:
+        return _loss_canon(self.step(*self.args)[1])
 
 
 def _step_entries(size: StackSize) -> list[Entry]:
@@ -387,58 +353,64 @@ def _init_entries(size: StackSize) -> list[Entry]:
         return lambda: jax.vmap(make_arrays)(keys)
 
     def equinox() -> Callable[[], Any]:
-        eqx, EqxBlock = _import_equinox(), _equinox_block()
+        eqx, EqxBlock = import_peer("equinox"), _equinox_block()
         return lambda: eqx.filter_vmap(lambda k: EqxBlock(*make_arrays(k)))(keys)
 
     def nnx() -> Callable[[], Any]:
-        flax_nnx, NnxBlock = _import_nnx(), _nnx_block()
+        flax_nnx, NnxBlock = import_peer("flax.nnx"), _nnx_block()
         return lambda: flax_nnx.vmap(lambda k: NnxBlock(*make_arrays(k)))(keys)
 
-    def canon(result: Any) -> dict[tuple, np.ndarray]:
-        if isinstance(result, tuple) and len(result) == n and hasattr(result[0], "w1"):
-            parts = [np.stack([np.asarray(getattr(b, k)) for b in result]) for k in ("w1", "w2")]
-        elif isinstance(result, tuple):  # plain JAX: (scale, w1, w2)
-            parts = [np.asarray(result[1]), np.asarray(result[2])]
-        elif hasattr(result, "tree"):  # a Stacked
-            parts = [np.asarray(result.tree.w1), np.asarray(result.tree.w2)]
-        else:
-            parts = [np.asarray(getattr(result, k)[...]) for k in ("w1", "w2")]
-        return {("w1",): parts[0], ("w2",): parts[1]}
+    def weights(w1: Any, w2: Any) -> dict[tuple, np.ndarray]:
+        return {("w1",): np.asarray(w1), ("w2",): np.asarray(w2)}
+
+    def unrolled_canon(blocks: tuple[Any, ...]) -> dict[tuple, np.ndarray]:
+        return weights(np.stack([b.w1 for b in blocks]), np.stack([b.w2 for b in blocks]))
 
     return [
-        Entry(_STACKED, "treeclass", stacked, note="`Stacked.from_init` (one vmap)", canon=canon),
-        Entry(_UNROLLED, "baseline", unrolled, note="one constructor call per block", canon=canon),
-        Entry("plain JAX (jax.vmap)", "floor", floor, note="arrays only", canon=canon),
-        Entry("equinox (filter_vmap)", "peer", equinox, note="`eqx.filter_vmap`", canon=canon),
-        Entry("flax.nnx (nnx.vmap)", "peer", nnx, note="`nnx.vmap`", canon=canon),
+        Entry(
+            _STACKED,
+            "treeclass",
+            stacked,
+            note="`Stacked.from_init` (one vmap)",
+            canon=lambda stack: weights(stack.tree.w1, stack.tree.w2),
+        ),
+        Entry(
+            _UNROLLED,
+            "baseline",
+            unrolled,
+            note="one constructor call per block",
+            canon=unrolled_canon,
+        ),
+        Entry(
+            "plain JAX (jax.vmap)",
+            "floor",
+            floor,
+            note="arrays only",
+            canon=lambda arrays: weights(arrays[1], arrays[2]),
+        ),
+        Entry(
+            "equinox (filter_vmap)",
+            "peer",
+            equinox,
+            note="`eqx.filter_vmap`",
+            canon=lambda blocks: weights(blocks.w1, blocks.w2),
+        ),
+        Entry(
+            "flax.nnx (nnx.vmap)",
+            "peer",
+            nnx,
+            note="`nnx.vmap`",
+            canon=lambda blocks: weights(blocks.w1[...], blocks.w2[...]),
+        ),
     ]
-
-
-def _one_call_plan(rounds: int) -> Callable[[Plan], Plan]:
-    def plan(base: Plan) -> Plan:
-        # one compile (seconds) per sample, on the wall clock: XLA compiles on threads
-        return dataclasses.replace(
-            base,
-            rounds=min(base.rounds, rounds),
-            calibrate=False,
-            warmup=0,
-            clock="wall",
-            remeasures=0,
-        )
-
-    return plan
 
 
 def _wall_plan(base: Plan) -> Plan:
     # a step or an init runs XLA's threads: the wall clock, fewer rounds than the main cases
-    return dataclasses.replace(base, rounds=min(base.rounds, 9), clock="wall", remeasures=0)
+    return dataclasses.replace(base, rounds=min(base.rounds, 9), clock="wall")
 
 
-def _block_ready(result: Any) -> Any:
-    return jax.block_until_ready(result)
-
-
-def compile_case(size: StackSize, rounds: int = 5, target: bool = True) -> Case:
+def compile_case(size: StackSize) -> Case:
     """Lower and compile the train step of a `size.blocks`-block model."""
     return Case(
         name=f"stacked_compile_{size.blocks}_blocks",
@@ -452,42 +424,43 @@ def compile_case(size: StackSize, rounds: int = 5, target: bool = True) -> Case:
             "min_speedup",
             10.0,
             (_UNROLLED,),
-        )
-        if target
-        else None,
-        plan=_one_call_plan(rounds),
+        ),
+        plan=one_call_per_sample,  # a compile takes a second or more
         note="A fresh step function each call, so JAX traces, lowers and compiles it anew; "
         "the check runs the compiled step once and compares the losses.",
     )
 
 
 def step_case(size: StackSize) -> Case:
+    """One compiled train step of a `size.blocks`-block model."""
     return Case(
         name=f"stacked_step_{size.blocks}_blocks",
         group=_GROUP,
         title=f"one compiled SGD train step, {size.blocks} blocks of width {size.width}, "
         f"batch {size.batch}",
         entries=lambda: _step_entries(size),
-        sync=_block_ready,
+        sync=jax.block_until_ready,
         target=Target("step <= 1.1x of unrolled", "max_ratio", 1.1, (_UNROLLED,)),
         plan=_wall_plan,
     )
 
 
 def init_case(size: StackSize) -> Case:
+    """Building the `size.blocks` blocks from keys, eagerly (the first call compiles)."""
     return Case(
         name=f"stacked_init_{size.blocks}_blocks",
         group=_GROUP,
         title=f"build {size.blocks} blocks of width {size.width} from keys (eager, warm)",
         entries=lambda: _init_entries(size),
-        sync=_block_ready,
+        sync=jax.block_until_ready,
         plan=_wall_plan,
         note="No target: one vmapped constructor against one call per block.",
     )
 
 
 def stacked_cases(sizes: Sizes) -> list[Case]:
-    """The stacked-blocks cases: compile, step and init at 48 blocks (4 in smoke mode).
+    """The stacked-blocks cases: compile, step and init of a model of `sizes.blocks` blocks
+    of `sizes.block_width` (48 of 256 in a run, 4 of 8 in smoke mode).
 
     ```python
     from benchmarks.cases import SMOKE_SIZES
@@ -496,30 +469,5 @@ def stacked_cases(sizes: Sizes) -> list[Case]:
     assert [c.name for c in stacked_cases(SMOKE_SIZES)][0] == "stacked_compile_4_blocks"
     ```
     """
-    size = SMOKE if _mode(sizes) == "smoke" else FULL
+    size = StackSize.of(sizes)
     return [compile_case(size), step_case(size), init_case(size)]
-
-
-def stacked_scaling_cases(sizes: Sizes, mode: str) -> list[Any]:
-    """Compile time of the train step at 12, 48 and 96 blocks, with its exponent."""
-    from .scaling import ScalingCase  # `scaling` lists this case: import it when asked
-
-    base = SMOKE if mode == "smoke" else FULL
-
-    def case_at(n: int) -> Case:
-        size = dataclasses.replace(base, blocks=n)
-        case = compile_case(size, rounds=3, target=False)
-        return dataclasses.replace(case, name=f"scaling_stacked_compile_{n}", group="8. scaling")
-
-    return [
-        ScalingCase(
-            "scaling_stacked_compile",
-            "compile the train step of N stacked (or unrolled) blocks",
-            case_at,
-            SCALING_BLOCKS[mode],
-            reuse=lambda n: f"stacked_compile_{n}_blocks",
-            note="blocks, not layers: the stacked model should compile in time flat in N",
-            # a compile takes seconds: every size is timed (in smoke mode too, as always)
-            budget_s=math.inf if mode == "smoke" else 300.0,
-        )
-    ]

@@ -21,7 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CLOCKS", "Plan", "Prepared", "Series", "measure", "median_ratio"]
+__all__ = [
+    "CLOCKS",
+    "Plan",
+    "Prepared",
+    "Series",
+    "measure",
+    "median_ratio",
+    "one_call_per_sample",
+]
 
 # A sample's calibration stops once a batch lasts this fraction of the sample duration.
 _CALIBRATION_FRACTION = 0.2
@@ -53,6 +61,24 @@ class Plan:
     clock: str = "wall"
     remeasures: int = 0
     remeasure_factor: int = 2
+
+
+def one_call_per_sample(plan: Plan) -> Plan:
+    """`plan` for an operation of a second or more (a gigabyte saved, a model compiled).
+
+    One call per sample (the first, checked call warms it up), on the wall clock (such
+    work runs threads), at most five rounds (with three, the bootstrap interval of a
+    median is just the spread of the three) and at most one re-measure of five more.
+    """
+    return Plan(
+        rounds=min(plan.rounds, 5),
+        sample_s=0.0,
+        warmup=0,
+        calibrate=False,
+        clock="wall",
+        remeasures=min(plan.remeasures, 1),
+        remeasure_factor=1,
+    )
 
 
 @dataclass

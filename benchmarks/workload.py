@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .cases import FLOOR, Case, Entry, Target
-from .peers import PeerMissing, get_kit
+from .peers import get_kit, import_peer
 from .timing import Plan
 
 __all__ = ["WorkloadSize", "workload_case"]
@@ -136,10 +136,7 @@ def _equinox(size: WorkloadSize) -> Callable[[], Any]:
 
 
 def _nnx(size: WorkloadSize) -> Callable[[], Any]:
-    try:
-        from flax import nnx
-    except ImportError as error:
-        raise PeerMissing("flax is not installed (pip install flax)") from error
+    nnx = import_peer("flax.nnx")
     import optax
 
     class Linear(nnx.Module):
@@ -197,9 +194,12 @@ def workload_case(size: WorkloadSize) -> Case:
     def plan(base: Plan) -> Plan:
         # one loop per sample on the wall clock (XLA's CPU matmuls use every core, which a
         # process's CPU time would count several times over)
-        rounds = base.rounds if base.rounds <= 1 else min(base.rounds, 9)
         return dataclasses.replace(
-            base, rounds=rounds, calibrate=False, clock="wall", warmup=min(base.warmup, 1)
+            base,
+            rounds=min(base.rounds, 9),
+            calibrate=False,
+            clock="wall",
+            warmup=min(base.warmup, 1),
         )
 
     return Case(

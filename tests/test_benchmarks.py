@@ -8,6 +8,7 @@ the labelling of failures are checked on synthetic timings.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,16 +30,24 @@ if str(ROOT) not in sys.path:  # `pytest` run without `python -m`: find the benc
 from benchmarks import cases as cases_module  # noqa: E402
 from benchmarks import cli as cli_module  # noqa: E402
 from benchmarks import runner as runner_module  # noqa: E402
-from benchmarks.cases import SMOKE_SIZES, Case, Entry, Target, all_cases, canonical  # noqa: E402
+from benchmarks import stacked as stacked_module  # noqa: E402
+from benchmarks.cases import (  # noqa: E402
+    FULL_SIZES,
+    SMOKE_SIZES,
+    Case,
+    Entry,
+    Target,
+    all_cases,
+    canonical,
+)
 from benchmarks.checkpoint import (  # noqa: E402
     CheckpointSize,
     _numpy_layers,
-    _one_call_per_sample,
     _Savers,
     size_for_mb,
 )
 from benchmarks.cli import main, select_cases  # noqa: E402
-from benchmarks.peers import PeerMissing, get_kit  # noqa: E402
+from benchmarks.peers import PeerMissing, get_kit, import_peer  # noqa: E402
 from benchmarks.plots import plot_ratios, plot_scaling  # noqa: E402
 from benchmarks.publish import MARK_END, MARK_START, replace_block  # noqa: E402
 from benchmarks.report import evaluate_target, format_markdown, growth_verdict, to_json  # noqa: E402
@@ -56,8 +65,16 @@ from benchmarks.scaling import (  # noqa: E402
     run_scaling,
     scaling_cases,
 )
+from benchmarks.stacked import StackSize, stacked_cases  # noqa: E402
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
-from benchmarks.timing import Plan, Prepared, Series, measure, median_ratio  # noqa: E402
+from benchmarks.timing import (  # noqa: E402
+    Plan,
+    Prepared,
+    Series,
+    measure,
+    median_ratio,
+    one_call_per_sample,
+)
 
 SMOKE_PLAN = Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False)
 
@@ -131,6 +148,65 @@ def test_smoke_run_reports_every_scaling_case_with_its_exponents(smoke):
         assert len(treeclass["times_s"]) >= 2 and treeclass["k"] is not None, case["name"]
         assert f"### `{case['name']}`" in smoke["markdown"]
     assert "### Exponents at a glance" in smoke["markdown"]
+
+
+def test_smoke_run_reuses_each_main_case_at_the_sizes_both_time(smoke):
+    reused = {case["name"]: case["reused_sizes"] for case in smoke["json"]["scaling"]}
+    assert reused == {
+        "scaling_flatten": [4],
+        "scaling_dispatch": [],
+        "scaling_train_step": [2, 4],
+        "scaling_set_deep": [4],
+        "scaling_apply_selector": [4],
+        "scaling_tree_mask": [],
+        "scaling_repr": [],
+        "scaling_tree_summary": [],
+        "scaling_stacked_compile": [4],
+    }
+
+
+def test_smoke_run_counts_the_stacked_compile_in_blocks(smoke):
+    units = {case["name"]: case["unit"] for case in smoke["json"]["scaling"]}
+    assert units.pop("scaling_stacked_compile") == "blocks"
+    assert set(units.values()) == {"layers"}
+    assert (
+        "n counts blocks; the stacked model should compile in a time flat in N"
+        in (smoke["markdown"])
+    )
+
+
+def test_smoke_run_times_every_implementation_of_the_stacked_cases(smoke):
+    implementations = [
+        "treeclass",
+        "treeclass, unrolled",
+        "plain JAX (lax.scan)",
+        "equinox (hand-written scan)",
+        "flax.nnx (nnx.scan)",
+    ]
+    stacked = {c["name"]: c for c in smoke["json"]["cases"] if c["name"].startswith("stacked_")}
+    assert list(stacked) == [
+        "stacked_compile_4_blocks",
+        "stacked_step_4_blocks",
+        "stacked_init_4_blocks",
+    ]
+    for case in stacked.values():
+        assert case["status"] == "ran", case["skip_reason"]
+        assert all(row["status"] == "ok" for row in case["rows"]), case["rows"]
+    for name in ("stacked_compile_4_blocks", "stacked_step_4_blocks"):
+        assert [row["name"] for row in stacked[name]["rows"]] == implementations
+    scaling = next(c for c in smoke["json"]["scaling"] if c["name"] == "scaling_stacked_compile")
+    assert [row["name"] for row in scaling["rows"]] == implementations
+    for row in scaling["rows"]:
+        assert list(row["times_s"]) == ["2", "4"] and row["notes"] == [], row
+
+
+def test_report_sections_come_in_the_order_of_their_numbers(smoke):
+    numbers = [
+        int(line[3:].split(".")[0])
+        for line in smoke["markdown"].splitlines()
+        if line.startswith("## ") and line[3].isdigit()
+    ]
+    assert numbers == sorted(set(numbers)) and len(numbers) >= 8, numbers
 
 
 def test_markdown_file_is_what_stdout_shows(smoke):
@@ -408,6 +484,16 @@ def test_missing_peer_is_a_skipped_row(monkeypatch):
     assert result.timed("treeclass") is not None
 
 
+def test_a_missing_peer_module_names_what_to_install():
+    with pytest.raises(
+        PeerMissing, match=r"^no_such_peer is not installed \(pip install no_such_peer\)$"
+    ):
+        import_peer("no_such_peer.sub")
+    with pytest.raises(PeerMissing, match=r"\(pip install no-such-peer\)$"):
+        import_peer("no_such_peer", "no-such-peer")
+    assert import_peer("json.decoder").__name__ == "json.decoder"
+
+
 def test_implementation_that_raises_is_a_failed_row():
     def broken():
         raise RuntimeError("no such API")
@@ -647,10 +733,76 @@ def test_train_step_is_judged_against_register_dataclass_in_the_same_run():
         assert target.per_round([1.02, 1.0], [[1.0, 1.0]]) == [1.02, 1.0]
 
 
+def test_stacked_cases_take_their_model_from_the_runs_sizes():
+    sizes = dataclasses.replace(SMOKE_SIZES, blocks=3, block_width=5, block_batch=1)
+    assert [case.name for case in stacked_cases(sizes)] == [
+        "stacked_compile_3_blocks",
+        "stacked_step_3_blocks",
+        "stacked_init_3_blocks",
+    ]
+    assert "3 blocks of width 5, batch 1" in stacked_cases(sizes)[1].title
+    assert [case.name for case in stacked_cases(FULL_SIZES)][0] == "stacked_compile_48_blocks"
+
+
+def test_stacked_cases_carry_the_issues_targets_and_the_suites_rounds():
+    compile_, step, init = stacked_cases(FULL_SIZES)
+    assert (compile_.target.kind, compile_.target.limit, compile_.target.baselines) == (
+        "min_speedup",
+        10.0,
+        ("treeclass, unrolled",),
+    )
+    assert (step.target.kind, step.target.limit, step.target.baselines) == (
+        "max_ratio",
+        1.1,
+        ("treeclass, unrolled",),
+    )
+    assert init.target is None
+    full = cli_module.PLANS["full"]
+    # a compile is one call per sample, five rounds, re-measured once when within noise
+    assert compile_.plan(full) == one_call_per_sample(full)
+    # a step is calibrated as the main cases are, on the wall clock, and re-measured too
+    assert (step.plan(full).rounds, step.plan(full).clock) == (9, "wall")
+    assert step.plan(full).remeasures == full.remeasures and step.plan(full).calibrate
+
+
+def test_scaling_stacked_compile_is_untargeted_counts_blocks_and_raises_the_budget():
+    for mode in ("full", "quick"):
+        case = next(
+            c for c in scaling_cases(FULL_SIZES, mode) if c.name == "scaling_stacked_compile"
+        )
+        assert case.sizes == (12, 48, 96) and case.unit == "blocks" and case.budget_s >= 300
+        at_96 = case.case_at(96)
+        assert (at_96.name, at_96.target) == ("scaling_stacked_compile_96", None)
+        assert "96 blocks of width 256" in at_96.title
+        assert at_96.plan(cli_module.PLANS[mode]).rounds == 3
+        assert case.reuse(48) == "stacked_compile_48_blocks"
+
+
+def test_stacked_compile_traces_and_compiles_the_step_anew_on_every_call(monkeypatch):
+    traced = []
+    block = stacked_module._block
+
+    def counting_block(*args):
+        traced.append(1)
+        return block(*args)
+
+    monkeypatch.setattr(stacked_module, "_block", counting_block)
+    size = dataclasses.replace(SMOKE_SIZES, blocks=2, block_width=2, block_batch=1)
+    entries = {entry.name: entry for entry in stacked_module._compile_entries(StackSize.of(size))}
+    compile_step = entries["treeclass"].build()
+    first = compile_step()
+    after_first = len(traced)
+    second = compile_step()
+    assert after_first > 0 and len(traced) == 2 * after_first
+    assert first.step is not second.step
+    canon = entries["treeclass"].canon
+    assert cases_module.compare(canon(first), canon(second)) is None
+
+
 def test_checkpoint_cases_take_five_rounds_and_remeasure_once():
-    plan = _one_call_per_sample(Plan(rounds=21, sample_s=0.02, warmup=3, remeasures=2))
+    plan = one_call_per_sample(Plan(rounds=21, sample_s=0.02, warmup=3, remeasures=2))
     assert (plan.rounds, plan.remeasures, plan.clock, plan.calibrate) == (5, 1, "wall", False)
-    assert _one_call_per_sample(Plan(rounds=1, sample_s=0.0, warmup=0)).rounds == 1
+    assert one_call_per_sample(Plan(rounds=1, sample_s=0.0, warmup=0)).rounds == 1
 
 
 def test_target_not_measured_when_treeclass_is_not_available():
@@ -944,6 +1096,32 @@ def test_run_scaling_fits_each_implementation_and_leaves_out_the_slow(monkeypatc
     assert rows["slow"].notes == ["not timed from n=1,000: projected 10 s per call (k=2.00 so far)"]
 
 
+def test_a_scaling_cases_own_budget_keeps_a_slow_row_the_runs_budget_would_leave_out(
+    monkeypatch,
+):
+    times = {
+        10: {"treeclass": 1e-5, "dict/list": 1e-5, "slow": 1e-3},
+        100: {"treeclass": 1e-4, "dict/list": 1e-4, "slow": 1e-1},
+        1000: {"treeclass": 1e-3, "dict/list": 1e-3, "slow": 10.0},
+    }
+    calls = []
+
+    def fake(fns, sync, plan, rng, numbers=None):
+        n = (10, 100, 1000)[len(calls) % 3]
+        calls.append(sorted(fns))
+        return {name: Series(1, [times[n][name]]) for name in fns}
+
+    monkeypatch.setattr(runner_module, "measure", fake)
+    roomy = dataclasses.replace(_scaling_case(times), budget_s=100.0)
+    result = run_scaling(roomy, SMOKE_PLAN, random.Random(0), budget_s=5.0)
+    assert calls[2] == ["dict/list", "slow", "treeclass"]  # ~30 s projected: within 100 s
+    assert sorted(result.row("slow").times) == [10, 100, 1000] and result.row("slow").notes == []
+    # a case's budget raises the run's, never lowers it
+    tight = dataclasses.replace(_scaling_case(times), budget_s=1e-9)
+    result = run_scaling(tight, SMOKE_PLAN, random.Random(0), budget_s=math.inf)
+    assert sorted(result.row("slow").times) == [10, 100, 1000]
+
+
 def test_run_scaling_reuses_a_main_case_measured_in_the_same_run(monkeypatch):
     calls = _scripted_measure(
         monkeypatch, [{"treeclass": [2e-4], "dict/list": [2e-4], "slow": [2e-4]}]
@@ -984,43 +1162,40 @@ def test_scaling_sizes_per_mode_and_the_train_step_stops_early():
     assert full["scaling_stacked_compile"] == (12, 48, 96)  # blocks, not layers
 
 
-def test_scaling_markdown_flags_treeclass_above_linear():
-    data = {
-        "header": _header(),
-        "cases": [],
-        "scaling": [
-            {
-                "name": "scaling_x",
-                "title": "x",
-                "note": "",
-                "status": "ran",
-                "skip_reason": "",
-                "sizes": [10, 100],
-                "reused_sizes": [],
-                "seconds": 0.0,
-                "floor_k": 1.0,
-                "floor_k_last": 1.0,
-                "rows": [
-                    {
-                        "name": "treeclass",
-                        "role": "treeclass",
-                        "times_s": {"10": 1e-6, "100": 1e-4},
-                        "k": 2.0,
-                        "k_last": 2.0,
-                        "notes": [],
-                    },
-                    {
-                        "name": "dict/list",
-                        "role": "floor",
-                        "times_s": {"10": 1e-6, "100": 1e-5},
-                        "k": 1.0,
-                        "k_last": 1.0,
-                        "notes": [],
-                    },
-                ],
-            }
-        ],
+def _scaling_report(name, treeclass, floor, **case):
+    """A report of one scaling case at 10 and 100 layers, with treeclass's and the floor's
+    rows, each given as `(time at 10, time at 100, k)`; `case` adds or replaces keys."""
+
+    def row(name, role, times):
+        at_10, at_100, k = times
+        return {
+            "name": name,
+            "role": role,
+            "times_s": {"10": at_10, "100": at_100},
+            "k": k,
+            "k_last": k,
+            "notes": [],
+        }
+
+    scaling = {
+        "name": name,
+        "title": name,
+        "note": "",
+        "status": "ran",
+        "skip_reason": "",
+        "sizes": [10, 100],
+        "reused_sizes": [],
+        "seconds": 0.0,
+        "floor_k": floor[2],
+        "floor_k_last": floor[2],
+        "rows": [row("treeclass", "treeclass", treeclass), row("dict/list", "floor", floor)],
+        **case,
     }
+    return {"header": _header(), "cases": [], "scaling": [scaling]}
+
+
+def test_scaling_markdown_flags_treeclass_above_linear():
+    data = _scaling_report("scaling_x", (1e-6, 1e-4, 2.0), (1e-6, 1e-5, 1.0))
     markdown = format_markdown(data)
     assert "| **treeclass** | 1 µs | 100 µs | **2.00** (above 1.1) | **2.00** (above 1.1) |  |" in (
         markdown
@@ -1029,6 +1204,15 @@ def test_scaling_markdown_flags_treeclass_above_linear():
         "| `scaling_x` | **2.00** (above 1.1) | **2.00** (above 1.1) | 1.00 | 1.00 | "
         "— | **above linear** | treeclass (2.00) |" in markdown
     )
+
+
+def test_scaling_markdown_names_a_unit_other_than_layers():
+    blocks = _scaling_report(
+        "scaling_z", (1e-6, 1e-6, 0.0), (1e-6, 1e-6, 0.0), unit="blocks", note="flat"
+    )
+    assert "\nn counts blocks; flat.\n" in format_markdown(blocks)
+    layers = _scaling_report("scaling_z", (1e-6, 1e-6, 0.0), (1e-6, 1e-6, 0.0), note="flat")
+    assert "\nflat.\n" in format_markdown(layers) and "n counts" not in format_markdown(layers)
 
 
 def test_relative_exponent_is_the_slope_of_the_ratio_to_the_floor():
@@ -1056,44 +1240,9 @@ def test_growth_verdict_tells_the_libraries_growth_from_jaxs():
 
 
 def test_scaling_markdown_says_when_treeclass_grows_as_the_floor():
-    rows = [
-        {
-            "name": "treeclass",
-            "role": "treeclass",
-            "times_s": {"10": 1.1e-6, "100": 2.2e-5},
-            "k": 1.30,
-            "k_last": 1.30,
-            "notes": [],
-        },
-        {
-            "name": "dict/list",
-            "role": "floor",
-            "times_s": {"10": 1e-6, "100": 2e-5},
-            "k": 1.30,
-            "k_last": 1.30,
-            "notes": [],
-        },
-    ]
-    data = {
-        "header": _header(),
-        "cases": [],
-        "scaling": [
-            {
-                "name": "scaling_y",
-                "title": "y",
-                "note": "",
-                "status": "ran",
-                "skip_reason": "",
-                "sizes": [10, 100],
-                "reused_sizes": [],
-                "seconds": 0.0,
-                "floor_k": 1.30,
-                "floor_k_last": 1.30,
-                "treeclass_k_over_floor": 0.0,
-                "rows": rows,
-            }
-        ],
-    }
+    data = _scaling_report(
+        "scaling_y", (1.1e-6, 2.2e-5, 1.30), (1e-6, 2e-5, 1.30), treeclass_k_over_floor=0.0
+    )
     assert (
         "| 1.30 | 1.30 | +0.00 | as the floor (JAX's own growth) | treeclass (1.30), "
         "dict/list (1.30) |" in format_markdown(data)
