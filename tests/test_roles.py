@@ -120,6 +120,23 @@ def test_roles_of_every_kind_of_leaf():
     }
 
 
+def test_numpy_scalars_prng_keys_and_frozen_subtrees_are_not_trainable():
+    tree = {
+        "np_scalar": np.float32(1e-5),  # like a Python number: configuration
+        "key": jax.random.key(0),
+        "abstract_key": jax.eval_shape(lambda: jax.random.key(0)),
+        "frozen_layer": tc.freeze(linear(jax.random.key(0), 2, 2)),
+        "abstract": jax.ShapeDtypeStruct((2,), jnp.bfloat16),
+    }
+    assert tc.roles(tree) == {
+        "np_scalar": "other",
+        "key": "other",
+        "abstract_key": "other",
+        "frozen_layer": "frozen",  # one frozen value, not its leaves
+        "abstract": "trainable",
+    }
+
+
 def test_unknown_field_role_is_an_error_naming_the_field():
     class Odd(tc.TreeClass):
         x: jax.Array = tc.field(metadata={"role": "buffer"})
