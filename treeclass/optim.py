@@ -28,6 +28,7 @@ optax is an optional dependency: nothing here imports it, except `partition` and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -38,7 +39,7 @@ from jax.core import Tracer
 
 from ._at import AtIndexer, at
 from ._frozen import is_frozen
-from ._roles import TRAINABLE, role_tree
+from ._roles import FROZEN, TRAINABLE, leaf_roles
 from ._structure import (
     LEAF,
     describe,
@@ -48,6 +49,7 @@ from ._structure import (
     open_node,
     path_str,
 )
+from ._values import is_inexact_array
 
 __all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition", "trainable"]
 
@@ -702,11 +704,8 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
                 raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
         return _Plan(tree, kinds)
     tree = selection
-    names = jax.tree_util.tree_leaves(role_tree(tree))
-    kinds = [
-        _FROZEN if is_frozen(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
-        for leaf, name in zip(jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), names)
-    ]
+    names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
+    kinds = [{TRAINABLE: _UPDATE, FROZEN: _FROZEN}.get(name, _KEEP) for name in names]
     if strict and _UPDATE not in kinds:
         counts: dict[str, int] = {}
         for name in names:
@@ -719,10 +718,8 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
 
 
 def _is_inexact_leaf(x: Any) -> bool:
-    if isinstance(x, (float, complex)):
-        return True
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
+    # a selection is an explicit choice: a selected Python float trains too
+    return isinstance(x, (float, complex)) or is_inexact_array(x)
 
 
 def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) -> Any:
@@ -829,7 +826,7 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
             elif kind == _FROZEN:
                 out.append(leaf)
             else:
-                out.append(_unchanged(leaf, param, lambda i=index: _leaf_path(updates, i)))  # type: ignore[misc]
+                out.append(_unchanged(leaf, param, functools.partial(_leaf_path, updates, index)))
         return treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
