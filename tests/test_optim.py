@@ -973,6 +973,20 @@ def test_trainable_state_holds_nothing_for_a_frozen_subtree_and_passes_it_throug
     assert tc.is_tree_equal(new.frozen, model.frozen)
 
 
+def test_trainable_names_a_prng_key_leaf_that_optax_cannot_add_to():
+    model = {"w": jnp.ones(2), "key": jax.random.key(0)}
+    assert tc.roles(model)["key"] == "other"
+    opt = optim.trainable(optax.sgd(0.1), model)
+    grads = jax.grad(lambda m: m["w"].sum(), allow_int=True)(model)
+    with pytest.raises(TypeError, match=r"(?s)`tree\['key'\]` is a PRNG key.*tc\.freeze"):
+        opt.update(grads, opt.init(model), model)
+    # a frozen key is no leaf: the optimizer never sees it
+    frozen = {"w": jnp.ones(2), "key": tc.freeze(jax.random.key(0))}
+    opt = optim.trainable(optax.sgd(0.1), frozen)
+    new, _ = _step(opt, frozen, grads=jax.grad(lambda m: m["w"].sum())(frozen))
+    assert tc.is_tree_equal(new["key"], frozen["key"]) and float(new["w"][0]) == pytest.approx(0.9)
+
+
 def test_trainable_refuses_a_selected_prng_key():
     with pytest.raises(ValueError, match=r"`tree\['key'\]`.*cannot be trained"):
         optim.trainable(optax.sgd(1.0), {"key": jax.random.key(0), "w": jnp.ones(1)}, "key")

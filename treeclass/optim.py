@@ -49,7 +49,7 @@ from ._structure import (
     open_node,
     path_str,
 )
-from ._values import is_inexact_array
+from ._values import is_inexact_array, is_prng_key
 
 __all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition", "trainable"]
 
@@ -615,6 +615,14 @@ _FLOAT0_MSG = (
     "from `jax.grad(..., allow_int=True)`), and no parameters were given to derive an "
     "unchanged update from. Pass the parameters: `opt.update(grads, state, model)`."
 )
+_PRNG_KEY_MSG = (
+    "The leaf at `{path}` is a PRNG key array, which no optimizer changes; but "
+    "`optax.apply_updates` adds an update to every leaf, and nothing can be added to a key. "
+    "Keep keys out of the leaves the optimizer sees: freeze the key (frozen values are not "
+    "leaves), or pass it to the step as an argument:\n"
+    "    before: self.key = jax.random.key(0)\n"
+    "    after:  self.key = tc.freeze(jax.random.key(0))"
+)
 
 
 def _frozen_free(tree: Any) -> Any:
@@ -674,6 +682,8 @@ def _unchanged(update: Any, param: Any, where: Callable[[], str]) -> Any:
     +0.0 would turn -0.0 into 0.0); integers and booleans add a zero.
     """
     reference = update if param is None else param
+    if is_prng_key(reference):
+        raise TypeError(_PRNG_KEY_MSG.format(path=where()))
     dtype = jnp.result_type(reference)
     if dtype == jax.dtypes.float0:
         raise ValueError(_FLOAT0_MSG.format(path=where()))
@@ -770,8 +780,9 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
 
     `ImportError` without optax; `ValueError` for an empty selection (with `strict`), a
     selected leaf that is not inexact, or, from `init` and `update`, a tree that does not
-    fit the model (naming the key path); what `.at` raises for a selector that does not
-    fit.
+    fit the model (naming the key path); `TypeError` from `update` for a PRNG key leaf
+    (`optax.apply_updates` cannot add to a key: freeze it); what `.at` raises for a
+    selector that does not fit.
 
     ```python
     import jax, jax.numpy as jnp, optax
