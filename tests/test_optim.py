@@ -1005,3 +1005,32 @@ def test_trainable_built_from_an_abstract_template_trains_as_built_from_the_mode
     assert jax.tree.structure(jax.eval_shape(opt.init, abstract)) == jax.tree.structure(
         opt.init(model)
     )
+
+
+# --------------------------------------------------------------------------------------
+# scale_blocks: a factor per leaf, or per block
+
+
+def test_scale_blocks_rejects_a_factor_of_the_wrong_shape():
+    params = {"w": jnp.ones((3, 2))}
+    opt = optim.scale_blocks({"w": jnp.ones(2)})
+    with pytest.raises(ValueError, match=re.escape("tree['w']")):
+        opt.update(params, opt.init(params))
+
+
+def test_scale_blocks_scales_each_leaf_by_its_factor_and_a_subtree_by_one_factor():
+    model = MLP()
+    factors = MLP().at["layers"][0].set(0.5).at["layers"][1]["bias"].set(False)
+    factors = factors.at["layers"][1]["weight"].set(jnp.array([0.0, 1.0, 2.0]))
+    opt = optax.chain(optax.sgd(1.0), optim.scale_blocks(factors))
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert updates.layers[0].weight.tolist() == [[-0.5] * 3] * 2
+    assert updates.layers[1].weight[:, 0].tolist() == [-0.0, -1.0, -2.0]
+    assert updates.layers[1].bias.tolist() == [0.0]
+    params = {"enc": {"w": jnp.ones(2), "b": jnp.ones(1)}, "head": jnp.ones(3)}
+    prefix = optax.chain(optax.sgd(1.0), optim.scale_blocks({"enc": 0.0, "head": 2.0}))
+    updates, _ = prefix.update(params, prefix.init(params), params)
+    assert jax.tree.map(lambda x: x.tolist(), updates) == {
+        "enc": {"w": [0.0, 0.0], "b": [0.0]},
+        "head": [-2.0] * 3,
+    }

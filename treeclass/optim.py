@@ -17,18 +17,21 @@ Three ways to give leaves different treatment, from lightest to most explicit:
   from this module.
 
 `trainable` composes with all three: the transformation it wraps sees only the leaves it
-updates.
+updates. `scale_blocks(factors)` scales updates by a factor per leaf, or per block along
+the block axis of a stacked leaf (`tc.Stacked`): freeze the first blocks, a learning rate
+per block.
 
 `check_mask` and `check_labels` say where a mask or label tree and the parameters part
 ways, naming the key path, before optax fails with a structure mismatch.
 
-optax is an optional dependency: nothing here imports it, except `partition` and
-`trainable`, which do so when called.
+optax is an optional dependency: nothing here imports it, except `partition`, `trainable`
+and `scale_blocks`, which do so when called.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -48,10 +51,20 @@ from ._structure import (
     node_kind,
     open_node,
     path_str,
+    root_name,
 )
 from ._values import is_inexact_array, is_prng_key
 
-__all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition", "trainable"]
+__all__ = [
+    "mask",
+    "labels",
+    "Labels",
+    "check_mask",
+    "check_labels",
+    "partition",
+    "trainable",
+    "scale_blocks",
+]
 
 _T = TypeVar("_T")
 
@@ -100,21 +113,26 @@ def _describe(node: Any) -> str:
     return describe(node, None if kind == LEAF else open_node(node, kind))
 
 
+def _misfit(tree: Any, params: Any, what: str, params_are: str) -> tuple[str, str] | None:
+    """Where `tree` stops being a prefix of `params`: `(key path, reason)`, or `None`.
+
+    A leaf of `tree` stands for the whole subtree of `params` at its place.
+    """
+    found = first_mismatch(params, tree, other_covers=is_leaf_node)
+    if found is None:
+        return None
+    return path_str(params, found.path), found.explain(what, tree=params_are)
+
+
 def _check_prefix(
     tree: Any, params: Any, what: str, check_leaf: Callable[[Any, str], None]
 ) -> None:
     """Raise where `tree` (a mask or label tree) stops being a prefix of `params`."""
     if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(params):
-        # a leaf of `tree` stands for the whole subtree of `params` at its place
-        found = first_mismatch(params, tree, other_covers=is_leaf_node)
-        if found is not None:
-            raise ValueError(
-                _NOT_A_PREFIX_MSG.format(
-                    what=what,
-                    path=path_str(params, found.path),
-                    reason=found.explain(what, tree="parameters"),
-                )
-            )
+        misfit = _misfit(tree, params, what, "parameters")
+        if misfit is not None:
+            where, reason = misfit
+            raise ValueError(_NOT_A_PREFIX_MSG.format(what=what, path=where, reason=reason))
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         check_leaf(leaf, path_str(params, path))
 
@@ -846,3 +864,100 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
 def _leaf_path(tree: Any, index: int) -> str:
     path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0][index][0]
     return path_str(tree, path)
+
+
+# --------------------------------------------------------------------------------------
+# scale_blocks: a factor per leaf, or per block of a stacked leaf
+
+_SCALE_MISMATCH_MSG = (
+    "The factors given to `tc.optim.scale_blocks` do not fit the updates at `{where}`: "
+    "{reason}. Build the factors from the model: `model.at[...].set(1.0)`, then set "
+    "per-block values."
+)
+_SCALE_RANK_MSG = (
+    "The factor at `{where}` has shape {got}, but the update there has shape {want}: a "
+    "factor is a number or an array along the leading (block) axes of its leaf."
+)
+
+
+def _scale_one(factor: Any, where: Callable[[], str], update: Any) -> Any:
+    if isinstance(factor, bool | np.bool_):
+        return update if factor else jnp.zeros_like(update)
+    if isinstance(factor, numbers.Number):
+        return update if factor == 1 else update * factor
+    factor = jnp.asarray(factor)
+    shape = jnp.shape(update)
+    if factor.ndim > len(shape) or tuple(factor.shape) != tuple(shape[: factor.ndim]):
+        raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=shape))
+    factor = factor.reshape(factor.shape + (1,) * (len(shape) - factor.ndim))
+    if factor.dtype == jnp.bool_:
+        return jnp.where(factor, update, jnp.zeros_like(update))
+    return (update * factor).astype(jnp.result_type(update))
+
+
+def scale_blocks(factors: Any) -> Any:
+    """An optax transform multiplying each update by a factor: one per leaf, or per block.
+
+    `factors` has the parameters' structure (or a prefix of it). A leaf is a number (the
+    whole leaf's factor: `0` freezes it, `0.5` halves its learning rate) or an array along
+    the leading axes of its leaf: for a stacked leaf (`tc.Stacked`), one factor per block.
+    Booleans work as masks (`False` zeroes the update). Build the factors from the model
+    with `.at`:
+
+        factors = model.at[...].set(1.0).at["blocks"][0:6].set(0.0)   # freeze blocks 0-5
+        decay = model.at[...].set(1.0).at["blocks"].set(0.9 ** jnp.arange(47, -1, -1))
+
+    Put it last in a chain: `optax.chain(optax.adamw(1e-3), tc.optim.scale_blocks(factors))`
+    (the optimizer's state is kept for frozen blocks, but their updates are zero).
+
+    **Arguments**
+
+    - `factors`: the tree of factors.
+
+    **Returns**
+
+    An optax `GradientTransformation` (needs optax).
+
+    **Raises**
+
+    `ImportError` without optax; from `update`, `ValueError` naming the key path where the
+    factors do not fit the updates, or where a factor's shape is not that of the leading
+    axes of its update.
+
+    ```python
+    import jax.numpy as jnp
+    import optax
+    import treeclass as tc
+
+    params = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
+    factors = tc.at(tc.at(params)[...].set(1.0))["blocks"][0].set(0.0)
+    opt = optax.chain(optax.sgd(1.0), tc.optim.scale_blocks(factors))
+    grads = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
+    updates, _ = opt.update(grads, opt.init(params))
+    assert updates["blocks"].tree["w"][:, 0].tolist() == [0.0, -1.0, -1.0]
+    ```
+    """
+    optax = _import_optax("scale_blocks")
+    # the factors are fixed: flattened once, not at every step
+    paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(factors)
+
+    def init(params: Any) -> Any:
+        return optax.EmptyState()
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        try:
+            subtrees = factors_def.flatten_up_to(updates)
+        except (ValueError, TypeError):
+            misfit = _misfit(factors, updates, "factors", "updates")
+            where, reason = misfit or (root_name(updates), "the structures differ")
+            raise ValueError(_SCALE_MISMATCH_MSG.format(where=where, reason=reason)) from None
+        scaled = [
+            jax.tree_util.tree_map(
+                functools.partial(_scale_one, factor, functools.partial(path_str, updates, path)),
+                subtree,
+            )
+            for (path, factor), subtree in zip(paths_and_factors, subtrees)
+        ]
+        return factors_def.unflatten(scaled), state
+
+    return optax.GradientTransformation(init, update)
