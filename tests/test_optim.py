@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,14 +21,6 @@ from treeclass import optim
 optax = pytest.importorskip("optax")
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples"
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-
-    def __call__(self, x):
-        return x @ self.weight + self.bias
 
 
 class MLP(tc.TreeClass):

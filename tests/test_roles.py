@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,14 +32,6 @@ def same_bits(a, b):
         and np.asarray(x).tobytes() == np.asarray(y).tobytes()
         for x, y in zip(leaves_a, leaves_b)
     )
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-
-    def __call__(self, x):
-        return x @ self.weight + self.bias
 
 
 def linear(key, n_in, n_out):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,14 +21,6 @@ import treeclass as tc
 optax = pytest.importorskip("optax")
 
 WIDTH = 4
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-
-    def __call__(self, x):
-        return x @ self.weight + self.bias
 
 
 class Norm(tc.TreeClass):
