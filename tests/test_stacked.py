@@ -407,6 +407,48 @@ def test_a_number_set_in_every_block_is_shared_as_in_the_unstacked_model():
     )
 
 
+def _below_block_selectors():
+    """One selector chain per selector kind, used below a block index (block 1, say)."""
+    block = Block(jax.random.key(0))
+    return {
+        "name": ("up", "weight"),
+        "union of names": (("up", "down"), "bias"),
+        "ellipsis": (...,),
+        "class": (Linear, "weight"),
+        "class alone": (Norm,),
+        "glob": (tc.glob("up.*"),),
+        "glob with **": (tc.glob("**.bias"),),
+        "regex": (re.compile("up|down"), "weight"),
+        "where": (tc.where(lambda path, x: isinstance(x, jax.Array) and x.ndim == 2),),
+        "bool mask": (jax.tree.map(lambda x: x.ndim == 1, block),),
+        "element mask": (
+            jax.tree.map(lambda x: jnp.arange(x.size).reshape(x.shape) % 2 == 0, block),
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_below_block_selectors()))
+@pytest.mark.parametrize("blocks", [1, -1, slice(1, 3), (0, 2), ...], ids=str)
+def test_at_below_the_block_index_selects_as_in_the_unstacked_model(kind, blocks):
+    net = stacked_net(4)
+    where = _below_block_selectors()[kind]
+    stacked, plain = net.at["blocks"][blocks], tc.at(unstacked(net))["blocks"][blocks]
+    for selector in where:
+        stacked, plain = stacked[selector], plain[selector]
+    new, expected = stacked.apply(lambda x: -x - 1.0), plain.apply(lambda x: -x - 1.0)
+    assert isinstance(new.blocks, tc.Stacked) and not tc.is_tree_equal(new, net)
+    assert tc.is_tree_equal(new.blocks.unstack(), expected.blocks)
+    assert tc.is_tree_equal(new.head, expected.head)
+    # a leaf of a stack is an array in every block: the fill value fills its other slices
+    got, want = stacked.get(fill_value=0.0), plain.get(fill_value=0.0)
+    equal = jax.tree.map(
+        lambda a, b: np.array_equal(np.broadcast_to(a, np.shape(b)), b),
+        want.blocks,
+        tc.unstack_all(got.blocks),
+    )
+    assert all(jax.tree.leaves(equal))
+
+
 def test_at_where_sees_the_block_index_in_the_path():
     net = stacked_net(3)
     second = tc.where(lambda path, node: path[1:2] == (jax.tree_util.SequenceKey(1),))
@@ -459,6 +501,45 @@ def test_at_write_of_another_shape_names_the_path_and_leaves_the_input():
     with pytest.raises(TypeError, match=re.escape("StackedNet.blocks[1].norm.scale")):
         net.at["blocks"][1]["norm"]["scale"].set(jnp.ones(3))
     assert np.array_equal(net.blocks.tree.norm.scale, before)
+
+
+def test_at_errors_below_a_class_selector_name_the_block_and_path():
+    net = stacked_net(3)
+
+    def fail(x):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError) as info:
+        net.at["blocks"][2][Linear]["weight"].apply(fail)
+    assert "StackedNet.blocks[2].up.weight" in "\n".join(getattr(info.value, "__notes__", []))
+    with pytest.raises(TypeError, match=re.escape("block 1 of the stacked leaf at StackedNet.")):
+        net.at["blocks"][1][Linear]["weight"].set(jnp.ones(3))
+
+
+def test_at_error_in_a_stack_inside_a_dict_names_the_dict_path():
+    tree = {"blocks": tc.Stacked({"w": jnp.zeros((3, 2))})}
+    with pytest.raises(TypeError, match=re.escape("tree['blocks'][1]['w']")):
+        tc.at(tree)["blocks"][1]["w"].set(jnp.ones(5))
+
+
+def test_from_blocks_names_the_block_and_path_of_a_dtype_that_differs():
+    blocks = [Block(jax.random.key(i)) for i in range(3)]
+    blocks[1] = blocks[1].at["down"]["weight"].apply(lambda w: w.astype(jnp.float16))
+    with pytest.raises(ValueError, match=re.escape("Block 1's array at blocks[1].down.weight")):
+        tc.Stacked.from_blocks(blocks)
+
+
+def test_from_blocks_names_a_leaf_that_is_an_array_in_one_block_only():
+    with pytest.raises(TypeError, match=re.escape("Block 1's value at blocks[1]['w'] is 1.0")):
+        tc.Stacked.from_blocks([{"w": jnp.ones(1)}, {"w": 1.0}])
+
+
+def test_from_blocks_names_a_missing_field_and_the_block():
+    blocks = [{"w": jnp.ones(1), "b": jnp.ones(1)}, {"w": jnp.ones(1)}]
+    with pytest.raises(
+        ValueError, match=r"Block 1 does not have block 0's structure at blocks\[1\]"
+    ):
+        tc.Stacked.from_blocks(blocks)
 
 
 def test_at_write_of_a_bool_into_a_float_leaf_is_an_error():
