@@ -37,7 +37,7 @@ from ._pprint_html import html_display
 from ._pprint_registry import register_printer
 from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
 from ._util import check_callable
-from ._values import exact_key
+from ._values import exact_key, is_array, short_repr
 
 __all__ = ["Stacked", "unstack_all", "restack"]
 
@@ -118,9 +118,7 @@ def _what(x: Any) -> str:
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if shape is not None and dtype is not None:
         return f"an array {_dtype_name(dtype)}{list(shape)}"
-    text = repr(x)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    return f"{text} (a `{type(x).__name__}`)"
+    return f"{short_repr(x)} (a `{type(x).__name__}`)"
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -134,7 +132,8 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+    """Whether a leaf carries the block axis: a JAX or NumPy array, or an abstract one."""
+    return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def _has_axis(x: Any, n: int) -> bool:
