@@ -1027,3 +1027,13 @@ def test_scale_blocks_scales_each_leaf_by_its_factor_and_a_subtree_by_one_factor
         "enc": {"w": [0.0, 0.0], "b": [0.0]},
         "head": [-2.0] * 3,
     }
+
+
+def test_scale_blocks_inside_trainable_on_a_model_with_frozen_values_and_numbers():
+    model = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "eps": 1e-5, "f": tc.freeze(1.0)}
+    factors = tc.at(tc.at(model)[...].set(1.0))["blocks"][0].set(0.0)  # keeps `f` frozen
+    opt = optim.trainable(optax.chain(optax.sgd(1.0), optim.scale_blocks(factors)), model)
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    assert updates["blocks"].tree["w"][:, 0].tolist() == [0.0, -1.0, -1.0]
+    new = optax.apply_updates(model, updates)
+    assert new["eps"] == 1e-5 and tc.is_tree_equal(new["f"], model["f"])

@@ -938,8 +938,12 @@ def scale_blocks(factors: Any) -> Any:
     ```
     """
     optax = _import_optax("scale_blocks")
-    # the factors are fixed: flattened once, not at every step
-    paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(factors)
+    # the factors are fixed: flattened once, not at every step. A frozen value in them
+    # (factors built from a model with `.at` keep its frozen values) stands where the
+    # updates hold no leaf: a frozen value, or `optax.MaskedNode` inside `trainable`
+    paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
+        factors, is_leaf=is_frozen
+    )
 
     def init(params: Any) -> Any:
         return optax.EmptyState()
