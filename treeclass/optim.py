@@ -768,7 +768,8 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
     - the selection is computed once, here, from `selection`. `init` and `update` accept
       any tree of the same structure: the model itself, an abstract template of it
       (`jax.eval_shape`, an orbax or `tc.load` restore target), even one whose frozen
-      values differ.
+      values differ. Build it from the model itself, not from such a template: there,
+      Python numbers are abstract arrays, and would be trained.
 
     Unlike `optax.masked`, which passes the other leaves' raw gradients through (the loop
     would then apply them), and `optax.set_to_zero`, which writes `0.0` (so `-0.0`
