@@ -37,7 +37,6 @@ __all__ = [
     "OTHER",
     "ROLE_KEY",
     "roles",
-    "role_tree",
     "is_trainable_value",
     "static_values",
     "field_role",
@@ -156,24 +155,8 @@ def _collect(
         _collect(child, in_state or (bool(state) and entry.name in state), is_leaf, out)
 
 
-def role_tree(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
-    """`tree` with every leaf and every frozen value replaced by its role's name.
-
-    Nodes for which `is_leaf` holds are replaced too, by the role their leaves share, or
-    `"mixed"`.
-    """
-    treedef = jax.tree_util.tree_structure(tree, is_leaf=_wrapper_or(is_leaf))
-    return treedef.unflatten(leaf_roles(tree, False, is_leaf))
-
-
 def _is_wrapper(x: Any) -> bool:
     return wrapper_of(x) is not None
-
-
-def _wrapper_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
-    if is_leaf is None:
-        return _is_wrapper
-    return lambda x: _is_wrapper(x) or bool(is_leaf(x))
 
 
 def roles(tree: Any) -> Any:
@@ -234,7 +217,8 @@ def roles(tree: Any) -> Any:
     assert jax.tree.leaves(tc.roles(Norm(3))) == ["trainable", "state", "other", "frozen"]
     ```
     """
-    return role_tree(tree)
+    treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_wrapper)
+    return treedef.unflatten(leaf_roles(tree))
 
 
 def static_values(tree: Any) -> Iterator[tuple[Any, str, Any]]:
