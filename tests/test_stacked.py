@@ -692,6 +692,20 @@ def test_optim_mask_of_some_blocks_points_to_per_block_factors():
         tc.optim.mask(stacked_net(3).at["blocks"][0:2])
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda net: tc.optim.trainable(optax.sgd(0.1), net.at["blocks"][0:2]),
+        lambda net: tc.optim.labels(net, {"first": net.at["blocks"][0]}),
+    ],
+    ids=["trainable", "labels"],
+)
+def test_optim_selections_of_some_blocks_point_to_per_block_factors(build):
+    with pytest.raises(TypeError, match=re.escape("tc.optim.scale_blocks(factors)")) as info:
+        build(stacked_net(3))
+    assert "object at" not in str(info.value)  # the message names the selection's mark
+
+
 def _train(model, opt, steps=4):
     loss_fn = lambda m: jnp.mean((m(x_batch()) - 1.0) ** 2)
 

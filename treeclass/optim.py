@@ -238,6 +238,10 @@ class _Selected:
 
     __slots__ = ()
 
+    def __repr__(self) -> str:
+        # shown when a node refuses it: a stack, for a selection of some of its blocks
+        return "tc.optim's selection mark"
+
 
 _SELECTED = _Selected()
 
