@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,14 +32,6 @@ def same_bits(a, b):
         and np.asarray(x).tobytes() == np.asarray(y).tobytes()
         for x, y in zip(leaves_a, leaves_b)
     )
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-
-    def __call__(self, x):
-        return x @ self.weight + self.bias
 
 
 def linear(key, n_in, n_out):
@@ -120,6 +113,23 @@ def test_roles_of_every_kind_of_leaf():
     }
 
 
+def test_numpy_scalars_prng_keys_and_frozen_subtrees_are_not_trainable():
+    tree = {
+        "np_scalar": np.float32(1e-5),  # like a Python number: configuration
+        "key": jax.random.key(0),
+        "abstract_key": jax.eval_shape(lambda: jax.random.key(0)),
+        "frozen_layer": tc.freeze(linear(jax.random.key(0), 2, 2)),
+        "abstract": jax.ShapeDtypeStruct((2,), jnp.bfloat16),
+    }
+    assert tc.roles(tree) == {
+        "np_scalar": "other",
+        "key": "other",
+        "abstract_key": "other",
+        "frozen_layer": "frozen",  # one frozen value, not its leaves
+        "abstract": "trainable",
+    }
+
+
 def test_unknown_field_role_is_an_error_naming_the_field():
     class Odd(tc.TreeClass):
         x: jax.Array = tc.field(metadata={"role": "buffer"})
@@ -167,6 +177,10 @@ def _selections(model):
         "where reading the value": (is_matrix,),
         "where, values that training changes": (positive,),
         "union": (("scale", is_matrix),),  # one level: the union of a name and a predicate
+        "union of a class and a name": ((Linear, "scale"),),
+        "glob with **": (tc.glob("**.bias"),),
+        "class then where": (Linear, tc.where(lambda path, x: jnp.ndim(x) == 2)),
+        "ellipsis": (...,),
     }
 
 
@@ -178,7 +192,16 @@ def _selections(model):
     whole=st.booleans(),
 )
 def test_thawing_with_the_selection_that_froze_gives_the_tree_back(seed, sizes, kind, whole):
-    model = Block(jax.random.key(seed), sizes)
+    _freeze_then_thaw(Block(jax.random.key(seed), sizes), kind, whole)
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["leaves", "whole"])
+@pytest.mark.parametrize("kind", list(_selections(Block(jax.random.key(0), [1, 1]))))
+def test_thawing_gives_the_tree_back_for_each_selector_kind(kind, whole):
+    _freeze_then_thaw(Block(jax.random.key(0), [2, 3, 1]), kind, whole)
+
+
+def _freeze_then_thaw(model, kind, whole):
     where = _selections(model)[kind]
     if kind == "bool mask" and whole:
         whole = False  # a mask selects leaves: freezing them whole is freezing them
@@ -443,6 +466,19 @@ def test_one_call_switches_every_dropout_and_batch_norm_to_inference():
     assert jax.tree.structure(back) == jax.tree.structure(model)
 
 
+def test_modes_switch_at_every_depth_and_by_path():
+    model = {"a": (Dropout(), [BatchNorm.create(2), {"d": Dropout(0.1)}]), "b": Dropout()}
+    evaluating = tc.at(model)[Dropout, BatchNorm]["training"].set(False)
+    switched = jax.tree.leaves(evaluating, is_leaf=lambda x: isinstance(x, (Dropout, BatchNorm)))
+    assert [layer.training for layer in switched] == [False, False, False, False]
+    assert evaluating["a"][1][1]["d"].rate == 0.1  # the other static field kept
+    assert jax.tree.structure(evaluating) != jax.tree.structure(model)
+    one = tc.at(model)["a"][1][0]["training"].set(False)  # a path of names and indices
+    assert not one["a"][1][0].training and one["a"][0].training and one["b"].training
+    back = tc.at(evaluating)[Dropout, BatchNorm]["training"].set(True)
+    assert jax.tree.structure(back) == jax.tree.structure(model)
+
+
 def test_static_field_set_by_name_runs_its_on_setattr():
     class Drop(tc.TreeClass):
         rate: float = tc.field(default=0.5, static=True, on_setattr=[float])
@@ -532,3 +568,64 @@ def _with_roles(tree):
 def _role_row(table, role):
     (row,) = [r for r in table.splitlines() if r.startswith("│ Σ") and f" {role} " in r]
     return row
+
+
+def test_summary_totals_each_role_and_the_static_configuration_apart():
+    net = Net(jax.random.key(0)).at["out"]["bias"].apply(tc.freeze)
+    table = tc.tree_summary({"net": net, "eps": 1e-5})
+    assert "│ ['net'].out.bias   │ #f32[1]  │     1 │   4B │ frozen    │" in table
+    assert "│ ['eps']            │ float    │     1 │  24B │ other     │" in table
+    rows = {role: _role_row(table, role) for role in ("trainable", "state", "frozen", "other")}
+    assert "│     9 │  36B │" in rows["trainable"]  # norm scale and bias, out weight
+    assert "│     7 │  28B │" in rows["state"]  # mean, var and count
+    assert "│     1 │   4B │" in rows["frozen"] and "│     1 │  24B │" in rows["other"]
+    # the static fields: momentum and training of BatchNorm, rate and training of Dropout
+    # (the layer's name, a string, counts no element), outside the total
+    assert "│     4 │" in _role_row(table, "static")
+    (total,) = [r for r in table.splitlines() if r.startswith("│ Σ") and " dict " in r]
+    assert "│    18 │  92B │" in total
+
+
+# -- apply on whole nodes, by every selector that can pick a node ---------------------------
+
+
+def _to_lora(lin):
+    return LoRA(lin, 2, jax.random.key(1))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param((Attention, "out"), id="class then name"),
+        pytest.param(("blocks", ..., "out"), id="names"),
+        pytest.param((tc.glob("blocks.*.out"),), id="glob"),
+        pytest.param(
+            (tc.where(lambda path, n: isinstance(n, Linear) and path[-1].name == "out"),),
+            id="where",
+        ),
+    ],
+)
+def test_apply_on_whole_nodes_by_every_selector_kind(where):
+    model = Transformer(jax.random.key(0))
+    indexer = model.at
+    for selector in where:
+        indexer = indexer[selector]
+    lora = indexer.apply(_to_lora, whole=True)
+    for old, new in zip(model.blocks, lora.blocks):
+        assert isinstance(new.out, LoRA) and tc.is_tree_equal(tc.unfreeze(new.out.base), old.out)
+        assert new.query is old.query and new.key is old.key and new.value is old.value
+    assert tc.roles(lora).blocks[0].out.base == "frozen"
+
+
+# -- freezing by an element mask --------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`.at[element mask].apply(tc.freeze)` fails inside jnp.where with a frozen-value "
+    "error naming no path, instead of saying that part of an array cannot be frozen",
+)
+def test_freezing_part_of_an_array_by_an_element_mask_is_an_error_naming_the_leaf():
+    tree = {"w": jnp.arange(4.0)}
+    with pytest.raises((TypeError, ValueError), match=r"(?s)tree\['w'\].*element"):
+        tc.at(tree)[{"w": jnp.array([True, False, True, False])}].apply(tc.freeze)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,14 +21,6 @@ import treeclass as tc
 optax = pytest.importorskip("optax")
 
 WIDTH = 4
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-
-    def __call__(self, x):
-        return x @ self.weight + self.bias
 
 
 class Norm(tc.TreeClass):
@@ -414,6 +407,48 @@ def test_a_number_set_in_every_block_is_shared_as_in_the_unstacked_model():
     )
 
 
+def _below_block_selectors():
+    """One selector chain per selector kind, used below a block index (block 1, say)."""
+    block = Block(jax.random.key(0))
+    return {
+        "name": ("up", "weight"),
+        "union of names": (("up", "down"), "bias"),
+        "ellipsis": (...,),
+        "class": (Linear, "weight"),
+        "class alone": (Norm,),
+        "glob": (tc.glob("up.*"),),
+        "glob with **": (tc.glob("**.bias"),),
+        "regex": (re.compile("up|down"), "weight"),
+        "where": (tc.where(lambda path, x: isinstance(x, jax.Array) and x.ndim == 2),),
+        "bool mask": (jax.tree.map(lambda x: x.ndim == 1, block),),
+        "element mask": (
+            jax.tree.map(lambda x: jnp.arange(x.size).reshape(x.shape) % 2 == 0, block),
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_below_block_selectors()))
+@pytest.mark.parametrize("blocks", [1, -1, slice(1, 3), (0, 2), ...], ids=str)
+def test_at_below_the_block_index_selects_as_in_the_unstacked_model(kind, blocks):
+    net = stacked_net(4)
+    where = _below_block_selectors()[kind]
+    stacked, plain = net.at["blocks"][blocks], tc.at(unstacked(net))["blocks"][blocks]
+    for selector in where:
+        stacked, plain = stacked[selector], plain[selector]
+    new, expected = stacked.apply(lambda x: -x - 1.0), plain.apply(lambda x: -x - 1.0)
+    assert isinstance(new.blocks, tc.Stacked) and not tc.is_tree_equal(new, net)
+    assert tc.is_tree_equal(new.blocks.unstack(), expected.blocks)
+    assert tc.is_tree_equal(new.head, expected.head)
+    # a leaf of a stack is an array in every block: the fill value fills its other slices
+    got, want = stacked.get(fill_value=0.0), plain.get(fill_value=0.0)
+    equal = jax.tree.map(
+        lambda a, b: np.array_equal(np.broadcast_to(a, np.shape(b)), b),
+        want.blocks,
+        tc.unstack_all(got.blocks),
+    )
+    assert all(jax.tree.leaves(equal))
+
+
 def test_at_where_sees_the_block_index_in_the_path():
     net = stacked_net(3)
     second = tc.where(lambda path, node: path[1:2] == (jax.tree_util.SequenceKey(1),))
@@ -466,6 +501,45 @@ def test_at_write_of_another_shape_names_the_path_and_leaves_the_input():
     with pytest.raises(TypeError, match=re.escape("StackedNet.blocks[1].norm.scale")):
         net.at["blocks"][1]["norm"]["scale"].set(jnp.ones(3))
     assert np.array_equal(net.blocks.tree.norm.scale, before)
+
+
+def test_at_errors_below_a_class_selector_name_the_block_and_path():
+    net = stacked_net(3)
+
+    def fail(x):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError) as info:
+        net.at["blocks"][2][Linear]["weight"].apply(fail)
+    assert "StackedNet.blocks[2].up.weight" in "\n".join(getattr(info.value, "__notes__", []))
+    with pytest.raises(TypeError, match=re.escape("block 1 of the stacked leaf at StackedNet.")):
+        net.at["blocks"][1][Linear]["weight"].set(jnp.ones(3))
+
+
+def test_at_error_in_a_stack_inside_a_dict_names_the_dict_path():
+    tree = {"blocks": tc.Stacked({"w": jnp.zeros((3, 2))})}
+    with pytest.raises(TypeError, match=re.escape("tree['blocks'][1]['w']")):
+        tc.at(tree)["blocks"][1]["w"].set(jnp.ones(5))
+
+
+def test_from_blocks_names_the_block_and_path_of_a_dtype_that_differs():
+    blocks = [Block(jax.random.key(i)) for i in range(3)]
+    blocks[1] = blocks[1].at["down"]["weight"].apply(lambda w: w.astype(jnp.float16))
+    with pytest.raises(ValueError, match=re.escape("Block 1's array at blocks[1].down.weight")):
+        tc.Stacked.from_blocks(blocks)
+
+
+def test_from_blocks_names_a_leaf_that_is_an_array_in_one_block_only():
+    with pytest.raises(TypeError, match=re.escape("Block 1's value at blocks[1]['w'] is 1.0")):
+        tc.Stacked.from_blocks([{"w": jnp.ones(1)}, {"w": 1.0}])
+
+
+def test_from_blocks_names_a_missing_field_and_the_block():
+    blocks = [{"w": jnp.ones(1), "b": jnp.ones(1)}, {"w": jnp.ones(1)}]
+    with pytest.raises(
+        ValueError, match=r"Block 1 does not have block 0's structure at blocks\[1\]"
+    ):
+        tc.Stacked.from_blocks(blocks)
 
 
 def test_at_write_of_a_bool_into_a_float_leaf_is_an_error():
@@ -614,8 +688,22 @@ def test_optim_trainable_on_a_stacked_model():
 
 
 def test_optim_mask_of_some_blocks_points_to_per_block_factors():
-    with pytest.raises(TypeError, match=re.escape("tc.scale_blocks(factors)")):
+    with pytest.raises(TypeError, match=re.escape("tc.optim.scale_blocks(factors)")):
         tc.optim.mask(stacked_net(3).at["blocks"][0:2])
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda net: tc.optim.trainable(optax.sgd(0.1), net.at["blocks"][0:2]),
+        lambda net: tc.optim.labels(net, {"first": net.at["blocks"][0]}),
+    ],
+    ids=["trainable", "labels"],
+)
+def test_optim_selections_of_some_blocks_point_to_per_block_factors(build):
+    with pytest.raises(TypeError, match=re.escape("tc.optim.scale_blocks(factors)")) as info:
+        build(stacked_net(3))
+    assert "object at" not in str(info.value)  # the message names the selection's mark
 
 
 def _train(model, opt, steps=4):
@@ -637,7 +725,7 @@ def _train(model, opt, steps=4):
 def test_freezing_the_first_blocks_trains_as_the_unstacked_model_does():
     net = stacked_net(5)
     factors = net.at[...].set(1.0).at["blocks"][0:3].set(0.0)
-    trained, losses = _train(net, optax.chain(optax.adam(1e-2), tc.scale_blocks(factors)))
+    trained, losses = _train(net, optax.chain(optax.adam(1e-2), tc.optim.scale_blocks(factors)))
 
     plain = unstacked(net)
     frozen = {"frozen": plain.at["blocks"][0:3]}
@@ -655,7 +743,7 @@ def test_a_learning_rate_per_block_trains_as_the_unstacked_model_does():
     net = stacked_net(4)
     decay = 0.5 ** jnp.arange(3, -1, -1)  # layer-wise decay: the last block learns fastest
     factors = net.at[...].set(1.0).at["blocks"].set(decay)
-    _, losses = _train(net, optax.chain(optax.adam(1e-2), tc.scale_blocks(factors)))
+    _, losses = _train(net, optax.chain(optax.adam(1e-2), tc.optim.scale_blocks(factors)))
 
     plain = unstacked(net)
     selections = {f"block{i}": plain.at["blocks"][i] for i in range(4)}
@@ -669,16 +757,9 @@ def test_a_learning_rate_per_block_trains_as_the_unstacked_model_does():
 def test_scale_blocks_names_where_the_factors_do_not_fit():
     net = stacked_net(3)
     factors = {"blocks": 1.0}
-    opt = tc.scale_blocks(factors)
+    opt = tc.optim.scale_blocks(factors)
     with pytest.raises(ValueError, match="do not fit the updates"):
         opt.update(jax.tree.map(jnp.ones_like, net), opt.init(net))
-
-
-def test_scale_blocks_rejects_a_factor_of_the_wrong_shape():
-    params = {"w": jnp.ones((3, 2))}
-    opt = tc.scale_blocks({"w": jnp.ones(2)})
-    with pytest.raises(ValueError, match=re.escape("tree['w']")):
-        opt.update(params, opt.init(params))
 
 
 # -- checkpoints ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from ._pprint import (
 from ._pprint_registry import PrintRule, register_printer
 from ._roles import roles
 from ._selectors import BaseKey, glob, where
-from ._stacked import Stacked, restack, scale_blocks, unstack_all
+from ._stacked import Stacked, restack, unstack_all
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass
 from ._util import Partial, is_tree_equal
@@ -48,7 +48,6 @@ __all__ = [
     "Stacked",
     "unstack_all",
     "restack",
-    "scale_blocks",
     # tree maps
     "bcmap",
     "Partial",

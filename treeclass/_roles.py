@@ -8,8 +8,8 @@ A model's values play different parts, and `tc.optim.trainable`, `tc.tree_summar
 - `state`: a leaf held (at any depth) by a field whose metadata says
   `{"role": "state"}`: running statistics, counters, caches the forward pass updates;
 - `frozen`: a value wrapped by `tc.freeze`, hidden from JAX transformations;
-- `other`: any other leaf (a Python number, an integer or boolean array, a string):
-  JAX sees it, the optimizer helpers never train it unless it is selected;
+- `other`: any other leaf (a Python number or NumPy scalar, an integer or boolean array,
+  a string): JAX sees it, the optimizer helpers never train it unless it is selected;
 - `static`: a `tc.field(static=True)` value, part of the tree definition (not a leaf).
 
 Frozen wins over state, state over the kind of the value. Roles are judged on the values
@@ -24,11 +24,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from . import _frozen, _node
-from ._structure import LEAF, TREECLASS, node_kind, open_node
+from . import _node
+from ._structure import LEAF, TREECLASS, node_kind, open_node, wrapper_of
+from ._values import is_array, is_inexact_array
 
 __all__ = [
     "TRAINABLE",
@@ -38,7 +37,6 @@ __all__ = [
     "OTHER",
     "ROLE_KEY",
     "roles",
-    "role_tree",
     "is_trainable_value",
     "static_values",
     "field_role",
@@ -67,32 +65,14 @@ _UNKNOWN_ROLE_MSG = (
 )
 
 
-@functools.cache
-def _is_inexact(dtype: Any) -> bool:
-    # jax.dtypes knows bfloat16 & co. and the extended (key) dtypes; numpy does not
-    try:
-        return bool(jnp.issubdtype(dtype, np.inexact))
-    except TypeError:
-        return False
-
-
 def is_trainable_value(x: Any) -> bool:
     """Whether a leaf's value makes it trainable: an inexact, unfrozen array.
 
     Arrays of JAX (tracers included) and NumPy, and abstract ones
     (`jax.ShapeDtypeStruct`, as `jax.eval_shape` gives), so that a template gets the
-    roles of the model it stands for. Python numbers are not arrays.
+    roles of the model it stands for. Python numbers and NumPy scalars are not arrays.
     """
-    if _is_array_type(type(x)):  # type: ignore[arg-type]
-        return _is_inexact(x.dtype)
-    return False
-
-
-@functools.lru_cache(maxsize=512)
-def _is_array_type(cls: type) -> bool:
-    # `isinstance(x, jax.Array)` is an ABC check of about 1 us; a type's answer never
-    # changes, so it is looked up once per type (speed only, bounded)
-    return issubclass(cls, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+    return (is_array(x) or isinstance(x, jax.ShapeDtypeStruct)) and is_inexact_array(x)
 
 
 def field_role(cls: type, name: str) -> str | None:
@@ -120,7 +100,10 @@ def _state_fields(cls: type) -> frozenset[str]:
 
 def state_children(node: Any) -> frozenset[str]:
     """The names of the children of a TreeClass `node` that its class declares state."""
-    return _state_fields(type(node)) if _node.is_treeclass(node) else frozenset()  # type: ignore[arg-type]
+    if not _node.is_treeclass(node):
+        return frozenset()
+    cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
+    return _state_fields(cls)
 
 
 def declares_state(tree: Any) -> bool:
@@ -130,8 +113,9 @@ def declares_state(tree: Any) -> bool:
 
 def leaf_role(x: Any, in_state: bool) -> str:
     """The role of one leaf (or frozen value); `in_state`: it is held by a state field."""
-    if _frozen.is_frozen(x):
-        return FROZEN
+    wrapper = wrapper_of(x)
+    if wrapper is not None:  # a frozen value: its wrapper kind says its role
+        return wrapper.role
     if in_state:
         return STATE
     return TRAINABLE if is_trainable_value(x) else OTHER
@@ -153,8 +137,9 @@ def leaf_roles(
 def _collect(
     node: Any, in_state: bool, is_leaf: Callable[[Any], bool] | None, out: list[str]
 ) -> None:
-    if _frozen.is_frozen(node):
-        out.append(FROZEN)
+    wrapper = wrapper_of(node)
+    if wrapper is not None:
+        out.append(wrapper.role)
         return
     if is_leaf is not None and is_leaf(node):
         found = set(leaf_roles(node, in_state))
@@ -170,20 +155,8 @@ def _collect(
         _collect(child, in_state or (bool(state) and entry.name in state), is_leaf, out)
 
 
-def role_tree(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
-    """`tree` with every leaf and every frozen value replaced by its role's name.
-
-    Nodes for which `is_leaf` holds are replaced too, by the role their leaves share, or
-    `"mixed"`.
-    """
-    flat, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
-    return treedef.unflatten(leaf_roles(tree, False, is_leaf))
-
-
-def _frozen_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
-    if is_leaf is None:
-        return _frozen.is_frozen
-    return lambda x: _frozen.is_frozen(x) or bool(is_leaf(x))
+def _is_wrapper(x: Any) -> bool:
+    return wrapper_of(x) is not None
 
 
 def roles(tree: Any) -> Any:
@@ -202,8 +175,9 @@ def roles(tree: Any) -> Any:
     - `"frozen"`: a value wrapped by `tc.freeze` (it stands in the result where the
       frozen value stood: frozen values are not leaves);
     - `"other"`: every other leaf: Python numbers (`self.eps = 1e-5` in a hand-written
-      `__init__`), integer and boolean arrays, strings. `jax.grad` still sees them
-      (every leaf is a leaf), the optimizer helpers do not train them.
+      `__init__`) and NumPy scalars, integer and boolean arrays, PRNG keys, strings.
+      `jax.grad` still sees them (every leaf is a leaf), the optimizer helpers do not
+      train them.
 
     Static fields (`tc.field(static=True)`) are not leaves: they do not appear here, and
     `tc.tree_summary` counts them as `static`.
@@ -243,7 +217,8 @@ def roles(tree: Any) -> Any:
     assert jax.tree.leaves(tc.roles(Norm(3))) == ["trainable", "state", "other", "frozen"]
     ```
     """
-    return role_tree(tree)
+    treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_wrapper)
+    return treedef.unflatten(leaf_roles(tree))
 
 
 def static_values(tree: Any) -> Iterator[tuple[Any, str, Any]]:

@@ -20,7 +20,6 @@ and kept once. Static fields live in the tree definition, so they agree by const
 
 from __future__ import annotations
 
-import numbers
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -38,9 +37,9 @@ from ._pprint_html import html_display
 from ._pprint_registry import register_printer
 from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
 from ._util import check_callable
-from ._values import exact_key
+from ._values import exact_key, is_array, short_repr
 
-__all__ = ["Stacked", "unstack_all", "restack", "scale_blocks"]
+__all__ = ["Stacked", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
@@ -94,7 +93,7 @@ WRITE_HINT = (
     "freeze blocks 0-5, a learning rate per block), build the values on a tree of "
     "numbers, not on a selection of the model:\n"
     "    factors = model.at[...].set(1.0).at['blocks'][0:6].set(0.0)\n"
-    "    opt = optax.chain(optax.adam(1e-3), tc.scale_blocks(factors))"
+    "    opt = optax.chain(optax.adam(1e-3), tc.optim.scale_blocks(factors))"
 )
 FROZEN_SOME_MSG = (
     "The leaf at {where} is frozen in block {frozen} but not in block {plain}: a leaf of a "
@@ -110,14 +109,6 @@ RESTACK_MSG = (
     "converts between a `Stacked` and a tuple or list of as many blocks, and needs the "
     "rest of the two trees to agree."
 )
-SCALE_MISMATCH_MSG = (
-    "The factors given to `tc.scale_blocks` do not fit the updates at {where}: {reason}. "
-    "Build the factors from the model: `model.at[...].set(1.0)`, then set per-block values."
-)
-SCALE_RANK_MSG = (
-    "The factor at {where} has shape {got}, but the update there has shape {want}: a factor "
-    "is a number or an array along the leading (block) axes of its leaf."
-)
 
 
 def _what(x: Any) -> str:
@@ -127,9 +118,7 @@ def _what(x: Any) -> str:
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if shape is not None and dtype is not None:
         return f"an array {_dtype_name(dtype)}{list(shape)}"
-    text = repr(x)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    return f"{text} (a `{type(x).__name__}`)"
+    return f"{short_repr(x)} (a `{type(x).__name__}`)"
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -143,7 +132,8 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
+    """Whether a leaf carries the block axis: a JAX or NumPy array, or an abstract one."""
+    return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def _has_axis(x: Any, n: int) -> bool:
@@ -1146,97 +1136,3 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
     if all(new is old for new, old in zip(children, tree_opened.children)):
         return tree
     return rebuild(tree, tree_kind, tree_opened.aux, children)
-
-
-# -- optimizer settings per block ----------------------------------------------------------------
-
-
-def _scale_one(factor: Any, update: Any, where: Callable[[], str]) -> Any:
-    if update is None:
-        return update
-    if isinstance(factor, bool | np.bool_):
-        return update if factor else jnp.zeros_like(update)
-    if isinstance(factor, numbers.Number):
-        return update if factor == 1 else update * factor
-    factor = jnp.asarray(factor)
-    shape = jnp.shape(update)
-    if factor.ndim > len(shape) or tuple(factor.shape) != tuple(shape[: factor.ndim]):
-        raise ValueError(SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=shape))
-    factor = factor.reshape(factor.shape + (1,) * (len(shape) - factor.ndim))
-    if factor.dtype == jnp.bool_:
-        return jnp.where(factor, update, jnp.zeros_like(update))
-    return (update * factor).astype(jnp.result_type(update))
-
-
-def scale_blocks(factors: Any) -> Any:
-    """An optax transform multiplying each update by a factor: one per leaf, or per block.
-
-    `factors` has the parameters' structure (or a prefix of it). A leaf is a number (the
-    whole leaf's factor: `0` freezes it, `0.5` halves its learning rate) or an array along
-    the leading axes of its leaf: for a stacked leaf, one factor per block. Booleans work
-    as masks (`False` zeroes the update). Build the factors from the model with `.at`:
-
-        factors = model.at[...].set(1.0).at["blocks"][0:6].set(0.0)   # freeze blocks 0-5
-        decay = model.at[...].set(1.0).at["blocks"].set(0.9 ** jnp.arange(47, -1, -1))
-
-    Put it last in a chain: `optax.chain(optax.adamw(1e-3), tc.scale_blocks(factors))`
-    (the optimizer's state is kept for frozen blocks, but their updates are zero).
-
-    **Arguments**
-
-    - `factors`: the tree of factors.
-
-    **Returns**
-
-    An optax `GradientTransformation` (needs optax).
-
-    ```python
-    import jax.numpy as jnp
-    import optax
-    import treeclass as tc
-
-    params = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
-    factors = tc.at(tc.at(params)[...].set(1.0))["blocks"][0].set(0.0)
-    opt = optax.chain(optax.sgd(1.0), tc.scale_blocks(factors))
-    grads = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
-    updates, _ = opt.update(grads, opt.init(params))
-    assert updates["blocks"].tree["w"][:, 0].tolist() == [0.0, -1.0, -1.0]
-    ```
-    """
-    try:
-        import optax
-    except ImportError as error:
-        raise ImportError("`tc.scale_blocks` needs optax: pip install optax") from error
-
-    def init(params: Any) -> Any:
-        return optax.EmptyState()
-
-    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
-        try:
-            pairs = jax.tree_util.tree_structure(factors).flatten_up_to(updates)
-        except (ValueError, TypeError):
-            found = first_mismatch(updates, factors, other_covers=is_leaf_node)
-            where = (
-                "the updates"
-                if found is None
-                else root_name(updates) + jax.tree_util.keystr(found.path)
-            )
-            reason = (
-                "the structures differ"
-                if found is None
-                else found.explain("factors", tree="updates")
-            )
-            raise ValueError(SCALE_MISMATCH_MSG.format(where=where, reason=reason)) from None
-        paths = jax.tree_util.tree_flatten_with_path(factors)[0]
-        scaled = [
-            jax.tree_util.tree_map(
-                lambda u, f=factor, p=path: _scale_one(
-                    f, u, lambda: root_name(updates) + jax.tree_util.keystr(p)
-                ),
-                sub,
-            )
-            for (path, factor), sub in zip(paths, pairs)
-        ]
-        return jax.tree_util.tree_structure(factors).unflatten(scaled), state
-
-    return optax.GradientTransformation(init, update)

@@ -17,17 +17,21 @@ Three ways to give leaves different treatment, from lightest to most explicit:
   from this module.
 
 `trainable` composes with all three: the transformation it wraps sees only the leaves it
-updates.
+updates. `scale_blocks(factors)` scales updates by a factor per leaf, or per block along
+the block axis of a stacked leaf (`tc.Stacked`): freeze the first blocks, a learning rate
+per block.
 
 `check_mask` and `check_labels` say where a mask or label tree and the parameters part
 ways, naming the key path, before optax fails with a structure mismatch.
 
-optax is an optional dependency: nothing here imports it, except `partition` and
-`trainable`, which do so when called.
+optax is an optional dependency: nothing here imports it, except `partition`, `trainable`
+and `scale_blocks`, which do so when called.
 """
 
 from __future__ import annotations
 
+import functools
+import numbers
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -38,7 +42,7 @@ from jax.core import Tracer
 
 from ._at import AtIndexer, at
 from ._frozen import is_frozen
-from ._roles import TRAINABLE, role_tree
+from ._roles import FROZEN, TRAINABLE, leaf_roles
 from ._structure import (
     LEAF,
     describe,
@@ -47,9 +51,20 @@ from ._structure import (
     node_kind,
     open_node,
     path_str,
+    root_name,
 )
+from ._values import is_inexact_array, is_prng_key
 
-__all__ = ["mask", "labels", "Labels", "check_mask", "check_labels", "partition", "trainable"]
+__all__ = [
+    "mask",
+    "labels",
+    "Labels",
+    "check_mask",
+    "check_labels",
+    "partition",
+    "trainable",
+    "scale_blocks",
+]
 
 _T = TypeVar("_T")
 
@@ -98,21 +113,26 @@ def _describe(node: Any) -> str:
     return describe(node, None if kind == LEAF else open_node(node, kind))
 
 
+def _misfit(tree: Any, params: Any, what: str, params_are: str) -> tuple[str, str] | None:
+    """Where `tree` stops being a prefix of `params`: `(key path, reason)`, or `None`.
+
+    A leaf of `tree` stands for the whole subtree of `params` at its place.
+    """
+    found = first_mismatch(params, tree, other_covers=is_leaf_node)
+    if found is None:
+        return None
+    return path_str(params, found.path), found.explain(what, tree=params_are)
+
+
 def _check_prefix(
     tree: Any, params: Any, what: str, check_leaf: Callable[[Any, str], None]
 ) -> None:
     """Raise where `tree` (a mask or label tree) stops being a prefix of `params`."""
     if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(params):
-        # a leaf of `tree` stands for the whole subtree of `params` at its place
-        found = first_mismatch(params, tree, other_covers=is_leaf_node)
-        if found is not None:
-            raise ValueError(
-                _NOT_A_PREFIX_MSG.format(
-                    what=what,
-                    path=path_str(params, found.path),
-                    reason=found.explain(what, tree="parameters"),
-                )
-            )
+        misfit = _misfit(tree, params, what, "parameters")
+        if misfit is not None:
+            where, reason = misfit
+            raise ValueError(_NOT_A_PREFIX_MSG.format(what=what, path=where, reason=reason))
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         check_leaf(leaf, path_str(params, path))
 
@@ -217,6 +237,10 @@ class _Selected:
     """Stands in for a selected leaf while a mask is built."""
 
     __slots__ = ()
+
+    def __repr__(self) -> str:
+        # shown when a node refuses it: a stack, for a selection of some of its blocks
+        return "tc.optim's selection mark"
 
 
 _SELECTED = _Selected()
@@ -613,6 +637,14 @@ _FLOAT0_MSG = (
     "from `jax.grad(..., allow_int=True)`), and no parameters were given to derive an "
     "unchanged update from. Pass the parameters: `opt.update(grads, state, model)`."
 )
+_PRNG_KEY_MSG = (
+    "The leaf at `{path}` is a PRNG key array, which no optimizer changes; but "
+    "`optax.apply_updates` adds an update to every leaf, and nothing can be added to a key. "
+    "Keep keys out of the leaves the optimizer sees: freeze the key (frozen values are not "
+    "leaves), or pass it to the step as an argument:\n"
+    "    before: self.key = jax.random.key(0)\n"
+    "    after:  self.key = tc.freeze(jax.random.key(0))"
+)
 
 
 def _frozen_free(tree: Any) -> Any:
@@ -672,6 +704,8 @@ def _unchanged(update: Any, param: Any, where: Callable[[], str]) -> Any:
     +0.0 would turn -0.0 into 0.0); integers and booleans add a zero.
     """
     reference = update if param is None else param
+    if is_prng_key(reference):
+        raise TypeError(_PRNG_KEY_MSG.format(path=where()))
     dtype = jnp.result_type(reference)
     if dtype == jax.dtypes.float0:
         raise ValueError(_FLOAT0_MSG.format(path=where()))
@@ -702,11 +736,8 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
                 raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
         return _Plan(tree, kinds)
     tree = selection
-    names = jax.tree_util.tree_leaves(role_tree(tree))
-    kinds = [
-        _FROZEN if is_frozen(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
-        for leaf, name in zip(jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), names)
-    ]
+    names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
+    kinds = [{TRAINABLE: _UPDATE, FROZEN: _FROZEN}.get(name, _KEEP) for name in names]
     if strict and _UPDATE not in kinds:
         counts: dict[str, int] = {}
         for name in names:
@@ -719,10 +750,8 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
 
 
 def _is_inexact_leaf(x: Any) -> bool:
-    if isinstance(x, (float, complex)):
-        return True
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and bool(jnp.issubdtype(dtype, jnp.inexact))
+    # a selection is an explicit choice: a selected Python float trains too
+    return isinstance(x, (float, complex)) or is_inexact_array(x)
 
 
 def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) -> Any:
@@ -743,7 +772,8 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
     - the selection is computed once, here, from `selection`. `init` and `update` accept
       any tree of the same structure: the model itself, an abstract template of it
       (`jax.eval_shape`, an orbax or `tc.load` restore target), even one whose frozen
-      values differ.
+      values differ. Build it from the model itself, not from such a template: there,
+      Python numbers are abstract arrays, and would be trained.
 
     Unlike `optax.masked`, which passes the other leaves' raw gradients through (the loop
     would then apply them), and `optax.set_to_zero`, which writes `0.0` (so `-0.0`
@@ -773,8 +803,9 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
 
     `ImportError` without optax; `ValueError` for an empty selection (with `strict`), a
     selected leaf that is not inexact, or, from `init` and `update`, a tree that does not
-    fit the model (naming the key path); what `.at` raises for a selector that does not
-    fit.
+    fit the model (naming the key path); `TypeError` from `update` for a PRNG key leaf
+    (`optax.apply_updates` cannot add to a key: freeze it); what `.at` raises for a
+    selector that does not fit.
 
     ```python
     import jax, jax.numpy as jnp, optax
@@ -829,7 +860,7 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
             elif kind == _FROZEN:
                 out.append(leaf)
             else:
-                out.append(_unchanged(leaf, param, lambda i=index: _leaf_path(updates, i)))  # type: ignore[misc]
+                out.append(_unchanged(leaf, param, functools.partial(_leaf_path, updates, index)))
         return treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
@@ -838,3 +869,104 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
 def _leaf_path(tree: Any, index: int) -> str:
     path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0][index][0]
     return path_str(tree, path)
+
+
+# --------------------------------------------------------------------------------------
+# scale_blocks: a factor per leaf, or per block of a stacked leaf
+
+_SCALE_MISMATCH_MSG = (
+    "The factors given to `tc.optim.scale_blocks` do not fit the updates at `{where}`: "
+    "{reason}. Build the factors from the model: `model.at[...].set(1.0)`, then set "
+    "per-block values."
+)
+_SCALE_RANK_MSG = (
+    "The factor at `{where}` has shape {got}, but the update there has shape {want}: a "
+    "factor is a number or an array along the leading (block) axes of its leaf."
+)
+
+
+def _scale_one(factor: Any, where: Callable[[], str], update: Any) -> Any:
+    if isinstance(factor, bool | np.bool_):
+        return update if factor else jnp.zeros_like(update)
+    if isinstance(factor, numbers.Number):
+        return update if factor == 1 else update * factor
+    factor = jnp.asarray(factor)
+    shape = jnp.shape(update)
+    if factor.ndim > len(shape) or tuple(factor.shape) != tuple(shape[: factor.ndim]):
+        raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=shape))
+    factor = factor.reshape(factor.shape + (1,) * (len(shape) - factor.ndim))
+    if factor.dtype == jnp.bool_:
+        return jnp.where(factor, update, jnp.zeros_like(update))
+    return (update * factor).astype(jnp.result_type(update))
+
+
+def scale_blocks(factors: Any) -> Any:
+    """An optax transform multiplying each update by a factor: one per leaf, or per block.
+
+    `factors` has the parameters' structure (or a prefix of it). A leaf is a number (the
+    whole leaf's factor: `0` freezes it, `0.5` halves its learning rate) or an array along
+    the leading axes of its leaf: for a stacked leaf (`tc.Stacked`), one factor per block.
+    Booleans work as masks (`False` zeroes the update). Build the factors from the model
+    with `.at`:
+
+        factors = model.at[...].set(1.0).at["blocks"][0:6].set(0.0)   # freeze blocks 0-5
+        decay = model.at[...].set(1.0).at["blocks"].set(0.9 ** jnp.arange(47, -1, -1))
+
+    Put it last in a chain: `optax.chain(optax.adamw(1e-3), tc.optim.scale_blocks(factors))`
+    (the optimizer's state is kept for frozen blocks, but their updates are zero).
+
+    **Arguments**
+
+    - `factors`: the tree of factors.
+
+    **Returns**
+
+    An optax `GradientTransformation` (needs optax).
+
+    **Raises**
+
+    `ImportError` without optax; from `update`, `ValueError` naming the key path where the
+    factors do not fit the updates, or where a factor's shape is not that of the leading
+    axes of its update.
+
+    ```python
+    import jax.numpy as jnp
+    import optax
+    import treeclass as tc
+
+    params = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
+    factors = tc.at(tc.at(params)[...].set(1.0))["blocks"][0].set(0.0)
+    opt = optax.chain(optax.sgd(1.0), tc.optim.scale_blocks(factors))
+    grads = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "b": jnp.ones(2)}
+    updates, _ = opt.update(grads, opt.init(params))
+    assert updates["blocks"].tree["w"][:, 0].tolist() == [0.0, -1.0, -1.0]
+    ```
+    """
+    optax = _import_optax("scale_blocks")
+    # the factors are fixed: flattened once, not at every step. A frozen value in them
+    # (factors built from a model with `.at` keep its frozen values) stands where the
+    # updates hold no leaf: a frozen value, or `optax.MaskedNode` inside `trainable`
+    paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
+        factors, is_leaf=is_frozen
+    )
+
+    def init(params: Any) -> Any:
+        return optax.EmptyState()
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        try:
+            subtrees = factors_def.flatten_up_to(updates)
+        except (ValueError, TypeError):
+            misfit = _misfit(factors, updates, "factors", "updates")
+            where, reason = misfit or (root_name(updates), "the structures differ")
+            raise ValueError(_SCALE_MISMATCH_MSG.format(where=where, reason=reason)) from None
+        scaled = [
+            jax.tree_util.tree_map(
+                functools.partial(_scale_one, factor, functools.partial(path_str, updates, path)),
+                subtree,
+            )
+            for (path, factor), subtree in zip(paths_and_factors, subtrees)
+        ]
+        return factors_def.unflatten(scaled), state
+
+    return optax.GradientTransformation(init, update)
