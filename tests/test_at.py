@@ -842,3 +842,48 @@ def test_whole_tree_mask_with_element_masks_and_frozen_leaves_matches_general_wa
     assert tc.is_tree_equal(fast, walked)
     np.testing.assert_array_equal(fast["w"], [-2.0, -1.0, 0.0, 9.0])
     assert fast["s"] is tree["s"] and fast["b"] is tree["b"]
+
+
+# -- a class or predicate that reaches a frozen value, with more selectors after it -----------
+
+
+class _Lin(tc.TreeClass):
+    weight: object
+    bias: object
+
+
+def _with_frozen_twin():
+    return {"a": _Lin(jnp.ones(2), jnp.zeros(2)), "b": tc.freeze(_Lin(jnp.ones(2), jnp.zeros(2)))}
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [_Lin, tc.where(lambda path, node: isinstance(node, _Lin))],
+    ids=["class", "where"],
+)
+def test_a_frozen_match_is_passed_by_when_more_selectors_follow(selector):
+    tree = _with_frozen_twin()
+    got = tc.at(tree)[selector]["weight"].get()
+    assert got["a"].weight.tolist() == [1.0, 1.0] and got["b"] is tree["b"]  # no leaves to fill
+    new = tc.at(tree)[selector]["weight"].set(5.0)
+    assert new["a"].weight == 5.0
+    assert new["b"] is tree["b"] and tc.unfreeze(new["b"]).weight.tolist() == [1.0, 1.0]
+    applied = tc.at(tree)[selector]["weight"].apply(lambda w: w * 3)
+    assert applied["a"].weight.tolist() == [3.0, 3.0] and applied["b"] is tree["b"]
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [_Lin, tc.where(lambda path, node: isinstance(node, _Lin))],
+    ids=["class", "where"],
+)
+def test_a_frozen_match_alone_is_still_selected_to_thaw(selector):
+    tree = _with_frozen_twin()
+    thawed = tc.at(tree)[selector].apply(tc.unfreeze, is_leaf=tc.is_frozen)
+    assert not tc.is_frozen(thawed["b"]) and isinstance(thawed["b"], _Lin)
+
+
+def test_only_frozen_matches_with_more_selectors_say_so():
+    tree = {"b": tc.freeze(_Lin(jnp.ones(2), jnp.zeros(2)))}
+    with pytest.raises(LookupError, match=r"tree\['b'\] \(frozen\)"):
+        tc.at(tree)[_Lin]["weight"].set(0.0)

@@ -871,11 +871,6 @@ def test_trainable_updates_exactly_a_selection_of_every_selector_kind(kind):
     assert same_bits(again, new)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a class selector now matches a frozen instance, and the name after it then "
-    "raises instead of passing the frozen value by (fine before the roles change)",
-)
 def test_trainable_class_selection_passes_by_a_frozen_instance_of_the_class():
     # LoRA: the frozen base layer is a Linear too
     model = MLP().at["layers"][0].apply(tc.freeze, whole=True)

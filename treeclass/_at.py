@@ -546,7 +546,12 @@ class _Walker:
                 )
                 raise
             if code == MATCH:
-                new = self.walk(child, child_path, i + 1, _and_masks(emask, result))
+                if i + 1 < self.n and matcher.sees_into_frozen and is_frozen(child):
+                    # more selectors follow, and nothing below a frozen value is selectable
+                    self.record_blocked(child_path, "frozen")
+                    new = self.unselected(child)
+                else:
+                    new = self.walk(child, child_path, i + 1, _and_masks(emask, result))
             elif code == DESCEND:
                 new = self.level(child, child_path, i, emask, matcher, result)
             elif fills:

@@ -527,6 +527,10 @@ class Matcher:
 
     __slots__ = ()
     single_key = False  # a plain name or index: the walker may look the child up directly
+    # matches a frozen value by the value inside it (a class, `tc.where`): with more
+    # selectors after it, the walker passes such a match by, since nothing below a frozen
+    # value can be selected (the value that froze is reached again to thaw it, alone)
+    sees_into_frozen = False
     names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
 
     def initial(self, node: Any, path: tuple[Any, ...], walker: Walker) -> Any:
@@ -1037,6 +1041,7 @@ class TypeMatcher(Matcher):
     """
 
     __slots__ = ("cls",)
+    sees_into_frozen = True
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
@@ -1059,6 +1064,7 @@ class WhereMatcher(Matcher):
     """
 
     __slots__ = ("fn",)
+    sees_into_frozen = True
 
     def __init__(self, fn: Callable[[tuple[Any, ...], Any], Any]) -> None:
         self.fn = fn
