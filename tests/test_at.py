@@ -887,3 +887,20 @@ def test_only_frozen_matches_with_more_selectors_say_so():
     tree = {"b": tc.freeze(_Lin(jnp.ones(2), jnp.zeros(2)))}
     with pytest.raises(LookupError, match=r"tree\['b'\] \(frozen\)"):
         tc.at(tree)[_Lin]["weight"].set(0.0)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [tc.freeze, lambda x: {"a": x}, lambda x: "text"],
+    ids=["freeze", "subtree", "string"],
+)
+@pytest.mark.parametrize("op", ["apply", "set"])
+def test_an_element_mask_refuses_a_value_that_is_no_array_naming_the_leaf(fn, op):
+    tree = {"w": jnp.arange(4.0)}
+    selection = tc.at(tree)[{"w": jnp.array([True, False, True, False])}]
+    with pytest.raises(TypeError, match=r"(?s)tree\['w'\].*element mask.*whole leaf"):
+        if op == "apply":
+            selection.apply(fn)
+        else:
+            selection.set(fn(tree["w"]))
+    assert tree["w"].tolist() == [0.0, 1.0, 2.0, 3.0]

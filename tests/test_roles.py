@@ -620,11 +620,6 @@ def test_apply_on_whole_nodes_by_every_selector_kind(where):
 # -- freezing by an element mask --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`.at[element mask].apply(tc.freeze)` fails inside jnp.where with a frozen-value "
-    "error naming no path, instead of saying that part of an array cannot be frozen",
-)
 def test_freezing_part_of_an_array_by_an_element_mask_is_an_error_naming_the_leaf():
     tree = {"w": jnp.arange(4.0)}
     with pytest.raises((TypeError, ValueError), match=r"(?s)tree\['w'\].*element"):

@@ -70,7 +70,7 @@ from ._structure import (
     root_name,
 )
 from ._util import check_callable
-from ._values import readable_here, sharding_spec
+from ._values import readable_here, sharding_spec, short_repr
 
 __all__ = ["AtIndexer", "at"]
 
@@ -127,6 +127,17 @@ UNREADABLE_MASK_GET_MSG = (
     "    after:  tree.at[mask].get(fill_value=0)   # jnp.where(mask, leaf, 0)\n"
     "or make the mask readable on every process first, e.g. with "
     "`jax.experimental.multihost_utils.process_allgather`."
+)
+ELEMENT_VALUE_TYPE_MSG = (
+    "Cannot write {value} into elements of the leaf at {where}: an element mask selects "
+    "elements of an array, so the new value must be an array or a number that fits them. "
+    "{fix}"
+)
+_WHOLE_LEAF_FIX = (
+    "A part of an array cannot be frozen or replaced by a subtree; select the whole leaf "
+    "instead (a name, or a bool for the leaf rather than an array of bools):\n"
+    "    before: tree.at[element_mask].apply(tc.freeze)\n"
+    "    after:  tree.at['name'].apply(tc.freeze)"
 )
 ELEMENT_MASK_SHAPE_MSG = (
     "The element mask at {where} has shape {mask_shape}, but the leaf there has shape "
@@ -253,8 +264,17 @@ def _check_element_mask(mask: Any, leaf: Any, where: Callable[[], str]) -> None:
         )
 
 
+def _is_element_value(x: Any) -> bool:
+    # what `jnp.where` can take elements from: arrays, scalars (also NumPy's), tracers
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+
+
 def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
+    if not _is_element_value(new):
+        raise TypeError(
+            ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new), fix=_WHOLE_LEAF_FIX)
+        )
     old_shape = _shape(old)
     mask_shape = _shape(mask)
     if not _broadcasts_to(mask_shape, old_shape):
