@@ -19,6 +19,7 @@ FLOORS = {
     "_values": 0,
     "_codegen": 0,
     "_backend": 0,
+    "_glob": 0,
     "_frozen": 1,
     "_node": 1,
     "_util": 2,

@@ -11,6 +11,7 @@ from ._calls import value_and_tree
 from ._checkpoint import LoadReport, from_state_dict, load, save, state_dict
 from ._fields import Field, autoinit, field, fields
 from ._frozen import freeze, is_frozen, unfreeze
+from ._glob import glob
 from ._leafwise import bcmap, leafwise
 from ._mask import is_masked, is_nondiff, tree_mask, tree_unmask
 from ._pprint import (
@@ -24,7 +25,7 @@ from ._pprint import (
 )
 from ._pprint_registry import PrintRule, register_printer
 from ._roles import roles
-from ._selectors import BaseKey, glob, where
+from ._selectors import BaseKey, where
 from ._stacked import Stacked, restack, unstack_all
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass

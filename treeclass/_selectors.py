@@ -22,16 +22,15 @@ it records each match with the walker, and `no_match_error` explains an empty se
 with the closest existing keys. Node access (kinds, opening, key names) is `_structure`'s,
 with one hook: a node whose class defines `__tc_at_open__` shows `.at` children of its
 own choosing instead of its JAX flatten (`open_for_at`, `rebuild_for_at`; a stack of
-blocks shows its blocks).
+blocks shows its blocks). The glob language (`tc.glob`: parsing, the automaton) is
+`_glob.py`'s; `GlobMatcher` here runs it over a tree.
 """
 
 from __future__ import annotations
 
 import abc
-import ast
 import difflib
 import enum
-import fnmatch
 import functools
 import re
 import sys
@@ -46,6 +45,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from . import _node
 from ._frozen import is_frozen, unfreeze
+from ._glob import Glob
 from ._structure import (
     GENERIC,
     LEAF,
@@ -65,11 +65,10 @@ from ._structure import (
 )
 
 __all__ = [
-    # the package's: `tc.BaseKey`, `tc.where`, `tc.glob`, `tc.at.def_rule`, and the error
-    # a pytree selector with a non-bool leaf raises
+    # the package's: `tc.BaseKey`, `tc.where`, `tc.at.def_rule`, and the error a pytree
+    # selector with a non-bool leaf raises
     "BaseKey",
     "where",
-    "glob",
     "def_rule",
     "NonBoolMaskError",
     # what the walker (`_at`) and method calls (`_calls`) use
@@ -270,188 +269,6 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     if not callable(fn):
         raise TypeError(f"`where` expects a callable `(path, node) -> bool`, got {fn!r}.")
     return _Where(fn)
-
-
-# -- globs -------------------------------------------------------------------------------------
-
-_GLOB_SYNTAX = (
-    "Glob syntax: segments separated by '.', each matched against a key's name with "
-    "fnmatch wildcards ('*', '?'); '[0]' or '0' for a sequence index, \"['key']\" for a "
-    "dict key (quoted: literal, no wildcards), '**' for any number of levels. Examples: "
-    "'layers.*.weight', '**.bias', 'layers[0].weight'."
-)
-_WILDCARDS = re.compile(r"[*?\[]")
-
-
-class _Segment(str):
-    """One segment of a glob: its text, and how it matches a key's name.
-
-    A dotted segment (`layers.*`) matches `str(name)` with fnmatch wildcards. A bracket
-    segment is what `jax.tree_util.keystr` writes for one key: quoted (`['a.b']`) it is a
-    literal string; unquoted (`[0]`, `[(1, 2)]`) it matches the name whose `repr` it is,
-    or, holding wildcards (`[*]`), `str(name)` with fnmatch.
-    """
-
-    match: Callable[[Any], object] | None  # truthy for a name that matches; None for '**'
-
-    @classmethod
-    def dotted(cls, text: str) -> _Segment:
-        segment = cls(text)
-        if text == "**":
-            segment.match = None
-        else:
-            regex = re.compile(fnmatch.translate(text)).match
-            segment.match = lambda name: regex(name if isinstance(name, str) else str(name))
-        return segment
-
-    @classmethod
-    def bracket(cls, content: str) -> _Segment:
-        if len(content) >= 2 and content[0] == content[-1] and content[0] in "'\"":
-            try:
-                literal = ast.literal_eval(content)
-            except (ValueError, SyntaxError):
-                literal = content[1:-1]
-            segment = cls(literal)
-            segment.match = lambda name: isinstance(name, str) and name == literal
-            return segment
-        segment = cls(content)
-        if _WILDCARDS.search(content):
-            regex = re.compile(fnmatch.translate(content)).match
-            segment.match = lambda name: regex(str(name)) is not None or repr(name) == content
-        else:
-            segment.match = lambda name: repr(name) == content
-        return segment
-
-
-class _Glob:
-    __slots__ = ("pattern", "segments", "matcher")
-
-    def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-        self.segments = _parse_glob(pattern)
-        self.matcher: GlobMatcher | None = None  # built on first use, then shared
-
-    def __repr__(self) -> str:
-        return f"glob({self.pattern!r})"
-
-
-def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
-    segments: list[_Segment] = []
-    current = ""
-    after_bracket = False
-    text = pattern[1:] if pattern.startswith(".") else pattern  # keystr paths start with '.'
-    i, n = 0, len(text)
-    while i < n:
-        char = text[i]
-        if char == ".":
-            if current:
-                segments.append(_Segment.dotted(current))
-            elif not after_bracket:
-                raise ValueError(f"Empty segment in glob {pattern!r}. {_GLOB_SYNTAX}")
-            current, after_bracket = "", False
-            i += 1
-            if i == n:
-                raise ValueError(f"Glob {pattern!r} ends with '.'. {_GLOB_SYNTAX}")
-        elif char == "[":
-            if current:
-                segments.append(_Segment.dotted(current))
-                current = ""
-            close = _bracket_end(text, i, pattern)
-            content = text[i + 1 : close].strip()
-            if not content:
-                raise ValueError(f"Empty brackets in glob {pattern!r}. {_GLOB_SYNTAX}")
-            segments.append(_Segment.bracket(content))
-            after_bracket = True
-            i = close + 1
-        elif char == "]":
-            raise ValueError(f"Unbalanced ']' in glob {pattern!r}. {_GLOB_SYNTAX}")
-        else:
-            if after_bracket:
-                raise ValueError(
-                    f"Expected '.' or '[' after ']' in glob {pattern!r}. {_GLOB_SYNTAX}"
-                )
-            current += char
-            i += 1
-    if current:
-        segments.append(_Segment.dotted(current))
-    if not segments:
-        raise ValueError(f"Empty glob pattern. {_GLOB_SYNTAX}")
-    return tuple(segments)
-
-
-def _bracket_end(text: str, start: int, pattern: str) -> int:
-    """The index of the `]` closing the `[` at `start`, skipping quoted strings."""
-    depth, quote, i = 0, None, start + 1
-    while i < len(text):
-        char = text[i]
-        if quote is not None:
-            if char == "\\":
-                i += 1
-            elif char == quote:
-                quote = None
-        elif char in "'\"":
-            quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in ")}":
-            depth -= 1
-        elif char == "]":
-            if depth <= 0:
-                return i
-        i += 1
-    if quote is not None:
-        raise ValueError(f"Unclosed quote in glob {pattern!r}. {_GLOB_SYNTAX}")
-    raise ValueError(f"Unclosed '[' in glob {pattern!r}. {_GLOB_SYNTAX}")
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled_glob(pattern: str) -> _Glob:
-    # `tc.glob("...")` written inline in a loop returns the same object, whose matcher
-    # keeps its memoized transitions (a pure function of the pattern)
-    return _Glob(pattern)
-
-
-def glob(pattern: str) -> Any:
-    """A key-path pattern: one string that reaches nodes any number of levels down.
-
-    **Syntax.** The pattern is a sequence of segments, each matching one level of the
-    key path below the current level:
-
-    - segments are separated by `.`; a leading `.` is allowed, so the output of
-      `jax.tree_util.keystr` for a path is a pattern matching exactly that path;
-    - a segment is matched against the key's name with `fnmatch` wildcards, case
-      sensitively: `*` (any characters), `?` (one character). The name of an attribute
-      (`GetAttrKey`) is its name, of a dict entry `str(key)`, of a sequence entry its
-      index in decimal (`0`, `1`, ...; negative indices are not supported);
-    - `[...]` is a segment of its own, written as `keystr` writes a key: `layers[0]` is
-      the index 0, `['a.b']` the dict key `'a.b'`. Inside quotes a key is literal (no
-      wildcards, may contain `.`, `[` and `*`); unquoted brackets may hold wildcards (`[*]`);
-    - `**` matches any number of levels, including none.
-
-    The whole pattern must match: `"layers.*"` selects each layer (whole subtrees),
-    `"layers.*.weight"` each layer's weight. A matching node is not looked into further.
-    A pattern that matches nothing is an error (`LookupError`) naming the closest keys.
-
-    **Arguments**
-
-    - `pattern`: the pattern string.
-
-    **Returns**
-
-    A selector for `.at[...]`.
-
-    ```python
-    import treeclass as tc
-
-    tree = {"layers": [{"weight": 1.0, "bias": 0.0}, {"weight": 2.0, "bias": 0.0}]}
-    new = tc.at(tree)[tc.glob("layers.*.weight")].apply(lambda w: w * 10)
-    assert [layer["weight"] for layer in new["layers"]] == [10.0, 20.0]
-    assert tc.at(tree)[tc.glob("**.bias")].reduce(lambda a, b: a + b) == 0.0
-    ```
-    """
-    if not isinstance(pattern, str):
-        raise TypeError(f"`glob` expects a pattern string, got {pattern!r}.")
-    return _compiled_glob(pattern)
 
 
 # -- the matcher protocol ------------------------------------------------------------------------
@@ -1087,58 +904,20 @@ class WhereMatcher(Matcher):
 class GlobMatcher(Matcher):
     """`glob(pattern)`: nodes whose key path below the current level matches `pattern`.
 
-    The pattern runs as a small NFA whose state is the set of pattern positions reached;
-    transitions are memoized per (state, name), since layers repeat the same names.
+    The pattern's automaton is the glob's own (`_glob.Glob`); the matcher's state is the
+    automaton's, one set of pattern positions per node it looks into.
     """
 
-    __slots__ = ("glob", "start", "accept", "transitions")
+    __slots__ = ("glob", "start", "accept")
     names_something = True
 
-    # memoization only (a pure function of the pattern): bounded, so a tree with
-    # unboundedly many distinct names cannot grow it without limit
-    _MAX_TRANSITIONS = 4096
-
-    def __init__(self, glob_: _Glob) -> None:
+    def __init__(self, glob_: Glob) -> None:
         self.glob = glob_
-        self.accept = len(glob_.segments)
-        self.start = self._closure(frozenset([0]))
-        self.transitions: dict[Any, frozenset[int]] = {}
-
-    def _closure(self, positions: frozenset[int]) -> frozenset[int]:
-        segments = self.glob.segments
-        out = set(positions)
-        todo = list(positions)
-        while todo:  # '**' may match no level at all: skip over it
-            p = todo.pop()
-            if p < len(segments) and segments[p].match is None and p + 1 not in out:
-                out.add(p + 1)
-                todo.append(p + 1)
-        return frozenset(out)
+        self.start = glob_.start
+        self.accept = glob_.accept
 
     def advance(self, state: frozenset[int], entry: Any) -> frozenset[int]:
-        name = entry_name(entry)
-        # 1, 1.0 and True are equal but different names; strings (most names) need no type
-        key: Any = (state, name) if type(name) is str else (state, type(name), name)
-        try:
-            return self.transitions[key]
-        except KeyError:
-            pass
-        except TypeError:  # an unhashable custom key name
-            key = None
-        segments = self.glob.segments
-        nxt: set[int] = set()
-        for p in state:
-            if p >= self.accept:
-                continue
-            match = segments[p].match
-            if match is None:
-                nxt.add(p)  # '**' consumes this level and may consume more
-            elif match(name):
-                nxt.add(p + 1)
-        result = self._closure(frozenset(nxt)) if nxt else frozenset()
-        if key is not None and len(self.transitions) < self._MAX_TRANSITIONS:
-            self.transitions[key] = result
-        return result
+        return self.glob.advance(state, entry_name(entry))
 
     def initial(self, node, path, walker):
         walker.note_start(self, node, path)
@@ -1173,7 +952,7 @@ class GlobMatcher(Matcher):
 
     def step(self, state, k, entry, child, child_path):
         hits, positions = state
-        nxt = self.advance(positions, entry)
+        nxt = self.glob.advance(positions, entry_name(entry))
         if self.accept in nxt:
             hits.add(self)
             return _MATCHED
@@ -1242,13 +1021,13 @@ class GlobMatcher(Matcher):
         opened = open_for_at(node, node_kind(node))
         if opened is None or not opened.entries:
             for p in state:
-                if p < self.accept and self.glob.segments[p].match is not None:
+                if self.glob.expects_name(p):
                     yield p, (node, state), path
             return
         for entry, child in zip(opened.entries, opened.children, strict=True):
             nxt = self.advance(state, entry)
             for p in state:
-                if p < self.accept and self.glob.segments[p].match is not None and p + 1 not in nxt:
+                if self.glob.expects_name(p) and p + 1 not in nxt:
                     yield p, entry_name(entry), None
             if nxt and self.accept not in nxt:
                 yield from self._misses(child, nxt, path + (entry,))
@@ -1291,7 +1070,7 @@ def _is_other_selector(x: Any) -> bool:
         isinstance(x, (str, bytes, int, float, complex, type)) and not isinstance(x, bool)
     ):
         return True
-    if isinstance(x, (re.Pattern, BaseKey, _Where, _Glob, slice)):
+    if isinstance(x, (re.Pattern, BaseKey, _Where, Glob, slice)):
         return True
     return _user_type(type(x)) is not None
 
@@ -1519,10 +1298,15 @@ def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) 
     return UnionMatcher(tuple(member(s, where) for s in selector))
 
 
-def _compile_glob(selector: _Glob, where: Callable[[], str]) -> Matcher:
-    if selector.matcher is None:
-        selector.matcher = GlobMatcher(selector)
-    return selector.matcher
+@functools.lru_cache(maxsize=256)
+def _glob_matcher(selector: Glob) -> Matcher:
+    # one matcher per glob (`tc.glob` returns one object per pattern): compiling the same
+    # pattern again costs a cache hit
+    return GlobMatcher(selector)
+
+
+def _compile_glob(selector: Glob, where: Callable[[], str]) -> Matcher:
+    return _glob_matcher(selector)
 
 
 def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
@@ -1553,13 +1337,13 @@ _BUILTIN: dict[type, Compiler] = {
     GetAttrKey: lambda s, where: RuleMatcher(s, _same_entry),
     DictKey: lambda s, where: RuleMatcher(s, _same_entry),
     SequenceKey: lambda s, where: RuleMatcher(s, _same_entry),
-    _Glob: _compile_glob,
+    Glob: _compile_glob,
     type: _compile_type,
 }
 _DISPLAY_NAMES = {
     BaseKey: "tc.BaseKey",
     _Where: "tc.where(...)",
-    _Glob: "tc.glob(...)",
+    Glob: "tc.glob(...)",
     _node.TreeNode: "tc.TreeClass",
     type(Ellipsis): "type(...)",
     jax.Array: "jax.Array",
@@ -1574,9 +1358,6 @@ _DISPLAY_NAMES = {
 # takes (the containers and arrays a boolean mask is made of). Any other registered
 # pytree node is a mask too; its type cannot be told without a value, so an alias of one
 # is refused when it is used.
-# and those whose values the mask fallback of `compile_selector` takes (the containers and
-# arrays a boolean mask is made of). Any other registered pytree node is a mask too; its
-# type cannot be told without a value, so an alias of one is refused when it is used.
 _MEANINGS: dict[type, str] = {
     str: "key names",
     bool: "boolean masks (select all or nothing)",
@@ -1589,7 +1370,7 @@ _MEANINGS: dict[type, str] = {
     re.Pattern: "name patterns",
     BaseKey: "key matchers through their own `__eq__`",
     _Where: "`tc.where` predicates",
-    _Glob: "`tc.glob` patterns",
+    Glob: "`tc.glob` patterns",
     type: "classes (every instance at any depth)",
     GetAttrKey: "key entries (the child under that key)",
     DictKey: "key entries (the child under that key)",
