@@ -29,6 +29,7 @@ FLOORS = {
     "_leafwise": 3,
     "_fields": 3,
     "_roles": 3,
+    "_autoinit": 4,
     "_selectors": 4,
     "_pprint_registry": 4,
     "_pprint": 5,

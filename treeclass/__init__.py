@@ -6,10 +6,11 @@ measure a change) is docs/architecture.md.
 
 from . import optim  # optax itself is imported lazily, on first use
 from ._at import AtIndexer, at
+from ._autoinit import autoinit
 from ._backend import backend_context
 from ._calls import value_and_tree
 from ._checkpoint import LoadReport, from_state_dict, load, save, state_dict
-from ._fields import Field, autoinit, field, fields
+from ._fields import Field, field, fields
 from ._frozen import freeze, is_frozen, unfreeze
 from ._glob import glob
 from ._leafwise import bcmap, leafwise

@@ -85,7 +85,6 @@ def render_init(
     stores: Sequence[InitStore],
     post_init: bool,
     sealing: str,
-    through_setattr: bool,
     fixed_leaves: Sequence[str] = (),
     static_names: Sequence[str] = (),
 ) -> str:
@@ -93,7 +92,8 @@ def render_init(
 
     `sealing` is one of:
 
-    - `"none"`: a plain `autoinit` class, never sealed;
+    - `"none"`: a plain `autoinit` class, never sealed: each value is assigned with
+      `setattr`, so field descriptors run their callbacks;
     - `"dynamic"`: compute the layout from the instance when `__init__` ends
       (`__post_init__` may add or remove attributes);
     - `"fixed"`: the attribute names are known here and none is static, so the class's one
@@ -103,13 +103,11 @@ def render_init(
     """
     body: list[str] = []
     for store in stores:
-        body += _store_lines(this, store, through_setattr)
+        body += _store_lines(this, store, through_setattr=sealing == "none")
     if post_init:
         body.append(f"{this}.__post_init__()")
     head = f"def __init__({', '.join([this, *signature])}):"
     if sealing == "none":
-        if not through_setattr:
-            body.insert(0, f"__tc_state = {this}._tc_dict")
         return "\n".join([head, *_indent(body or ["pass"])]) + "\n"
     children = "".join(f"__tc_f_{name}, " for name in fixed_leaves)
     if sealing == "fixed":

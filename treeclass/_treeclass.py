@@ -3,7 +3,7 @@
 This module is the user-facing class: subclass registration, field guards, immutability,
 the dunders and the `.at` property. How an instance is stored, sealed, flattened and
 rebuilt is the node contract in `_node.py` (see its docstring for the invariants);
-`__init__` generation is in `_fields.py` and `_codegen.py`.
+`__init__` generation is in `_autoinit.py` and `_codegen.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing_extensions import Self, dataclass_transform
 
 from . import _node
 from ._at import AtIndexer
-from ._fields import MISSING, Field, add_field_note, build_init, collect_fields, field
+from ._autoinit import build_init
+from ._fields import MISSING, Field, add_field_note, collect_fields, field
 from ._pprint import tree_repr, tree_str
 from ._pprint_html import html_display, treescope_repr
 from ._util import is_tree_equal
