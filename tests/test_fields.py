@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import keyword
-import traceback
 import types
 import typing
 import warnings
@@ -1068,43 +1067,3 @@ def test_generated_init_stores_arguments_by_name(specs, with_defaults):
     assert vars(tree) == values  # definition order, whatever the parameter order
     if with_defaults:
         assert vars(Tree()) == {name: -i for i, (name, _) in enumerate(specs)}
-
-
-# -- generated code is readable in tracebacks and debuggers ------------------------------------
-
-
-def test_generated_init_has_source_a_traceback_shows():
-    def positive(x):
-        if x <= 0:
-            raise ValueError("must be positive")
-        return x
-
-    class Scaled(tc.TreeClass):
-        scale: float = tc.field(on_setattr=[positive])
-        name: str = tc.field(default="s", static=True)
-
-    source = inspect.getsource(Scaled.__init__)
-    assert source.startswith("def __init__(self, scale, name=")
-    assert "__tc_state['scale']" in source
-    with pytest.raises(ValueError) as info:
-        Scaled(-1.0)
-    frames = [
-        f
-        for f in traceback.extract_tb(info.value.__traceback__)
-        if f.filename.startswith("<treeclass __init__ of")
-    ]
-    assert frames and f"{Scaled.__qualname__}" in frames[0].filename
-    assert frames[0].line  # the line's text comes from linecache
-
-
-def test_a_redefined_class_keeps_the_source_of_both_inits():
-    # a notebook cell run again with another field: same qualified name, other code
-    def make(field_name):
-        namespace = {"__annotations__": {field_name: int}}
-        return types.new_class("Tree", (tc.TreeClass,), exec_body=lambda ns: ns.update(namespace))
-
-    first, second = make("a"), make("b")
-    assert first.__init__.__code__.co_filename != second.__init__.__code__.co_filename
-    assert inspect.getsource(first.__init__).startswith("def __init__(self, a)")
-    assert inspect.getsource(second.__init__).startswith("def __init__(self, b)")
-    assert first(1).a == 1 and second(2).b == 2

@@ -1118,15 +1118,3 @@ def test_a_failed_init_leaves_a_sealed_instance_behind():
         Tree()
     with pytest.raises(AttributeError, match="immutable"):
         escaped[0].a = 2
-
-
-def test_generated_unflatten_has_source_in_linecache():
-    import linecache
-
-    leaves, treedef = jax.tree_util.tree_flatten(Point(1.0, 2.0))
-    layout = treedef.node_data()[1]
-    build = layout.build
-    filename = build.__code__.co_filename
-    assert filename.startswith("<treeclass unflatten of") and "Point(x, y)" in filename
-    assert "def build(layout, children):" in "".join(linecache.getlines(filename))
-    assert jax.tree_util.tree_unflatten(treedef, [3.0, 4.0]) == Point(3.0, 4.0)
