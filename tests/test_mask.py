@@ -11,18 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treeclass as tc
 
 pytestmark = pytest.mark.usefixtures("strict_jax")
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-    name: str = tc.field(default="linear", static=True)
 
 
 class Dropout(tc.TreeClass):

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -137,12 +138,6 @@ class HandTagged(tc.TreeClass):
     def __init__(self, x: Any, tag: Any) -> None:
         self.x = x
         self.tag = tag
-
-
-class Linear(tc.TreeClass):
-    weight: Any
-    bias: Any
-    name: str = tc.field(default="linear", static=True)
 
 
 class Net(tc.TreeClass):

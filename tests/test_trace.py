@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
@@ -15,12 +16,6 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 import treeclass as tc
 
 Point = namedtuple("Point", ["x", "y"])
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-    name: str = tc.field(default="linear", static=True)
 
 
 class Dropout(tc.TreeClass):

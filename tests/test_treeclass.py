@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import Linear
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,12 +29,6 @@ from treeclass._treeclass import TreeClass
 GetAttrKey = jax.tree_util.GetAttrKey
 
 # Module-level classes: pickle finds classes by their qualified name.
-
-
-class Linear(tc.TreeClass):
-    weight: jax.Array
-    bias: jax.Array
-    name: str = tc.field(default="linear", static=True)
 
 
 class MLP(tc.TreeClass):
