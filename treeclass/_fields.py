@@ -89,7 +89,7 @@ def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
         if not callable(item):
             raise TypeError(
                 f"`{argname}` must be a callable or a sequence of callables, "
-                f"got {item!r} of type {type(item).__name__}."
+                f"got {item!r} of type {type_name(item)}."
             )
     return items
 
@@ -198,20 +198,12 @@ class Field:
             raise TypeError(f"`doc` must be a str, got {type_name(doc)}.")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
-        setter = object.__setattr__
-        setter(self, "name", name)
-        setter(self, "type", type)
-        setter(self, "default", default)
-        setter(self, "factory", factory)
-        setter(self, "init", init)
-        setter(self, "repr", repr)
-        setter(self, "kind", kind)
-        setter(self, "alias", alias)
-        setter(self, "on_setattr", _as_callables(on_setattr, "on_setattr"))
-        setter(self, "on_getattr", _as_callables(on_getattr, "on_getattr"))
-        setter(self, "static", static)
-        setter(self, "metadata", types.MappingProxyType(dict(metadata or {})))
-        setter(self, "doc", doc)
+        on_set = _as_callables(on_setattr, "on_setattr")
+        on_get = _as_callables(on_getattr, "on_getattr")
+        mapping = types.MappingProxyType(dict(metadata or {}))
+        values = (name, type, default, factory, init, repr, kind, alias, on_set, on_get)
+        for slot, value in zip(Field.__slots__, (*values, static, mapping, doc), strict=True):
+            object.__setattr__(self, slot, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Field objects are immutable; use `field.replace({name}=...)`.")
@@ -263,7 +255,7 @@ class Field:
         except KeyError:
             if self.default is MISSING:
                 raise AttributeError(
-                    f"`{type(instance).__name__}` instance has no attribute {self.name!r}"
+                    f"`{type_name(instance)}` instance has no attribute {self.name!r}"
                 ) from None
             value = self.default  # never assigned: the default, as a class attribute reads
         for callback in self.on_getattr:
@@ -286,7 +278,7 @@ class Field:
             del _instance_dict(instance)[name]
         except KeyError:
             raise AttributeError(
-                f"`{type(instance).__name__}` instance has no attribute {name!r}"
+                f"`{type_name(instance)}` instance has no attribute {name!r}"
             ) from None
 
     def _bound_name(self, instance: Any, action: str) -> str:
@@ -324,6 +316,11 @@ def _instance_dict(instance: Any) -> dict[str, Any]:
     return instance.__dict__
 
 
+def type_name(value: Any) -> str:
+    # `type` is a parameter of `Field.__init__`, where the builtin is out of reach
+    return type(value).__name__
+
+
 def _setting_repr(value: Any) -> str:
     if isinstance(value, types.MappingProxyType):
         return repr(dict(value))
@@ -332,10 +329,6 @@ def _setting_repr(value: Any) -> str:
     if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
         return value.__name__  # `int`, `positive`, `<lambda>`: not `<function ... at 0x...>`
     return repr(value)
-
-
-def type_name(value: Any) -> str:
-    return type(value).__name__
 
 
 # The overloads are what type checkers read (`field` is a `dataclass_transform` field
@@ -552,6 +545,10 @@ _EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 
 # any mutable container (list, dict, set, bytearray, deque, UserDict, array.array, ...)
 _MUTABLE_CONTAINERS = (MutableSequence, MutableMapping, MutableSet, bytearray)
+_NUMPY_DEFAULT_REASON = (
+    ": a NumPy array is a buffer that every instance would share (and that can change in "
+    "place, even a read-only view of a writable one)"
+)
 
 
 def _check_default(cls: type, item: Field) -> None:
@@ -559,34 +556,25 @@ def _check_default(cls: type, item: Field) -> None:
     if isinstance(default, _MUTABLE_CONTAINERS):
         raise TypeError(
             _MUTABLE_DEFAULT_MSG.format(
-                type=type(default).__name__,
+                type=type_name(default),
                 cls=cls.__name__,
                 name=item.name,
                 value=default,
             )
         )
     if _holds_numpy_array(default):
-        raise TypeError(
-            _EXCLUDED_DEFAULT_MSG.format(
-                cls=cls.__name__,
-                name=item.name,
-                type=type(default).__name__,
-                reason=": a NumPy array is a buffer that every instance would share (and that "
-                "can change in place, even a read-only view of a writable one)",
-            )
+        kind, reason = type(default), _NUMPY_DEFAULT_REASON
+    else:
+        found = [(k, why) for k, why in _EXCLUDED_DEFAULT_TYPES.items() if isinstance(default, k)]
+        if not found:
+            return
+        kind, why = found[0]
+        reason = f" ({why or 'excluded with `tc.autoinit.register_excluded_type`'})"
+    raise TypeError(
+        _EXCLUDED_DEFAULT_MSG.format(
+            cls=cls.__name__, name=item.name, type=kind.__name__, reason=reason
         )
-    for kind, reason in _EXCLUDED_DEFAULT_TYPES.items():
-        if isinstance(default, kind):
-            raise TypeError(
-                _EXCLUDED_DEFAULT_MSG.format(
-                    cls=cls.__name__,
-                    name=item.name,
-                    type=kind.__name__,
-                    reason=f" ({reason})"
-                    if reason
-                    else " (excluded with `tc.autoinit.register_excluded_type`)",
-                )
-            )
+    )
 
 
 def _holds_numpy_array(value: Any) -> bool:
@@ -658,7 +646,7 @@ def add_field_note(error: BaseException, obj: Any, name: str) -> None:
     itself another way (`KeyError`, `OSError`, a custom `__str__`) is left as it is and
     gets a PEP 678 note instead.
     """
-    where = f"while setting field `{type(obj).__name__}.{name}` (its on_setattr)"
+    where = f"while setting field `{type_name(obj)}.{name}` (its on_setattr)"
     args = error.args
     try:
         renders_args = not args or (

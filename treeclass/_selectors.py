@@ -33,7 +33,6 @@ import difflib
 import enum
 import functools
 import re
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -63,6 +62,8 @@ from ._structure import (
     open_node,
     path_str,
 )
+from ._util import add_leaf_note
+from ._values import short_repr
 
 __all__ = [
     # the package's: `tc.BaseKey`, `tc.where`, `tc.at.def_rule`, and the error a pytree
@@ -421,8 +422,25 @@ SLICE_ON_NAMED_MSG = (
 )
 NAMED_NOTHING_MSG = (
     "{selector} selects nothing in {selection}: {detail}{hint}\n"
-    "An empty selection here is almost always a typo; check the key names{extra}."
+    "An empty selection here is almost always a typo; check the key names."
 )
+_REACHED_NO_CHILDREN = "the selectors before it reached no node with children"
+
+
+def _selects_nothing(
+    matcher: Matcher, selection: str, detail: str = _REACHED_NO_CHILDREN, hint: str = ""
+) -> LookupError:
+    """The error of a naming selector that selected nothing."""
+    return LookupError(
+        NAMED_NOTHING_MSG.format(
+            selector=repr(matcher), selection=selection, detail=detail, hint=hint
+        )
+    )
+
+
+def _listed(names: list[Any]) -> str:
+    """The first dozen of `names`, as messages list keys."""
+    return ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
 
 
 def _childless_text(x: Any) -> str:
@@ -696,24 +714,11 @@ class _NamingMatcher(Matcher):
     def no_match_error(self, walker: Walker, selection: str) -> Exception:
         seen = walker.names_seen(self)
         if not seen:
-            detail = "the selectors before it reached no node with children"
-            return LookupError(
-                NAMED_NOTHING_MSG.format(
-                    selector=repr(self), selection=selection, detail=detail, hint="", extra=""
-                )
-            )
-        shown = ", ".join(repr(n) for n in seen[:12]) + (", ..." if len(seen) > 12 else "")
+            return _selects_nothing(self, selection)
         close = self.closest(seen)
         hint = f"; did you mean {close!r}?" if close is not None else ""
-        return LookupError(
-            NAMED_NOTHING_MSG.format(
-                selector=repr(self),
-                selection=selection,
-                detail=f"no key matches it (keys there: {shown})",
-                hint=hint,
-                extra="",
-            )
-        )
+        detail = f"no key matches it (keys there: {_listed(seen)})"
+        return _selects_nothing(self, selection, detail, hint)
 
     def closest(self, names: list[Any]) -> Any:
         return None
@@ -974,19 +979,13 @@ class GlobMatcher(Matcher):
                         dead_ends.append((where, name))
         segments = self.glob.segments
         if best_position < 0:
-            detail = "the selectors before it reached no node with children"
-            return LookupError(
-                NAMED_NOTHING_MSG.format(
-                    selector=repr(self), selection=selection, detail=detail, hint="", extra=""
-                )
-            )
+            return _selects_nothing(self, selection)
         failing = segments[best_position]
         matched = ".".join(segments[:best_position]) or "(the start)"
         shown = sorted(map(str, names))
         parts = []
         if shown:
-            listed = ", ".join(repr(n) for n in shown[:12]) + (", ..." if len(shown) > 12 else "")
-            parts.append(f"no key matches {str(failing)!r} (keys there: {listed})")
+            parts.append(f"no key matches {str(failing)!r} (keys there: {_listed(shown)})")
         if dead_ends and not shown:  # the pattern matched all the way to childless nodes
             where, (node, state) = dead_ends[0]
             if not is_frozen(node):
@@ -1006,11 +1005,7 @@ class GlobMatcher(Matcher):
             fixed = [str(s) for s in segments]
             fixed[best_position] = close[0]
             hint = f"; did you mean {'.'.join(fixed)!r}?"
-        return LookupError(
-            NAMED_NOTHING_MSG.format(
-                selector=repr(self), selection=selection, detail=detail, hint=hint, extra=""
-            )
-        )
+        return _selects_nothing(self, selection, detail, hint)
 
     def _misses(
         self, node: Any, state: frozenset[int], path: tuple[Any, ...]
@@ -1095,12 +1090,6 @@ def is_mask_like(x: Any) -> bool:
     return not any(_is_other_selector(child) for child in opened[1])
 
 
-def _mask_leaf_text(value: Any) -> str:
-    text = repr(value)
-    text = " ".join(text.split())
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 class MaskMatcher(Matcher):
     """A boolean mask pytree, aligned with the node its level starts at.
 
@@ -1141,7 +1130,7 @@ class MaskMatcher(Matcher):
             raise ValueError(
                 MASK_LEAF_MSG.format(
                     where=walker.where(path),
-                    value=_mask_leaf_text(state),
+                    value=short_repr(state),
                     type=type(state).__name__,
                 )
             )
@@ -1288,7 +1277,7 @@ def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) 
         if type(item) is tuple and not is_mask_like(item):
             raise NotImplementedError(
                 UNSUPPORTED_MSG.format(
-                    selector=_mask_leaf_text(selector),
+                    selector=short_repr(selector),
                     type="tuple",
                     where=where(),
                     supported=SUPPORTED_SELECTORS,
@@ -1540,8 +1529,7 @@ def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
         path, value = leaf
         raise _AliasResultError(
             selector,
-            f"is a mask with a non-bool leaf at {path_str(selector, path)}: "
-            f"{_mask_leaf_text(value)}",
+            f"is a mask with a non-bool leaf at {path_str(selector, path)}: {short_repr(value)}",
         )
     raise _AliasResultError(selector, "")
 
@@ -1567,14 +1555,16 @@ def _compile_alias(
         raise TypeError(
             ALIAS_NODE_MSG.format(
                 kind=_type_text(kind),
-                selector=_mask_leaf_text(selector),
+                selector=short_repr(selector),
                 type=type(selector).__name__,
             )
         )
     try:
         result = converter(selector)
     except Exception as error:
-        _add_note(error, f"raised by the converter of `tc.BaseKey.def_alias({_type_text(kind)})`")
+        add_leaf_note(
+            error, f"raised by the converter of `tc.BaseKey.def_alias({_type_text(kind)})`"
+        )
         raise
     try:
         return _compile_builtin(result, where)
@@ -1584,22 +1574,22 @@ def _compile_alias(
         elif error.value is result:
             why = f" (it {error.why})"
         else:
-            why = f" (its member {_mask_leaf_text(error.value)} {error.why})"
+            why = f" (its member {short_repr(error.value)} {error.why})"
     except NotImplementedError:  # a nested tuple
         why = " (a union is one flat tuple)"
     except Exception as error:  # e.g. a BaseKey class instead of an instance
-        _add_note(
+        add_leaf_note(
             error,
-            f"in the selector {_mask_leaf_text(result)} that the converter of "
+            f"in the selector {short_repr(result)} that the converter of "
             f"`tc.BaseKey.def_alias({_type_text(kind)})` returned",
         )
         raise
     raise TypeError(
         ALIAS_RESULT_MSG.format(
             kind=_type_text(kind),
-            result=_mask_leaf_text(result),
+            result=short_repr(result),
             type=_type_text(type(result)),
-            selector=_mask_leaf_text(selector),
+            selector=short_repr(selector),
             why=why,
             supported=SUPPORTED_BUILTIN,
         )
@@ -1610,11 +1600,6 @@ SUPPORTED_BUILTIN = (
     "a str name, an int index, `...`, `re.compile(pattern)`, a class, `tc.where(fn)`, "
     "`tc.glob(pattern)`, a `tc.BaseKey` instance, a boolean mask, or a flat tuple of these"
 )
-
-
-def _add_note(error: BaseException, text: str) -> None:
-    if sys.version_info >= (3, 11):
-        error.add_note(text)
 
 
 NON_BOOL_MASK_MSG = (
@@ -1649,11 +1634,11 @@ def _non_bool_mask_error(selector: Any, where: Callable[[], str], hint: str) -> 
     path, leaf = found
     return NonBoolMaskError(
         NON_BOOL_MASK_MSG.format(
-            selector=_mask_leaf_text(selector),
+            selector=short_repr(selector),
             where=where(),
             type=type(selector).__name__,
             path=path_str(selector, path),
-            value=_mask_leaf_text(leaf),
+            value=short_repr(leaf),
             leaf_type=type(leaf).__name__,
             hint=hint,
         )
@@ -1679,7 +1664,7 @@ def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
         raise error
     raise NotImplementedError(
         UNSUPPORTED_MSG.format(
-            selector=_mask_leaf_text(selector),
+            selector=short_repr(selector),
             type=type(selector).__name__,
             where=where(),
             supported=SUPPORTED_SELECTORS,
