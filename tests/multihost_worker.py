@@ -40,6 +40,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import functools  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -75,6 +76,14 @@ VOCAB, WIDTH, HIDDEN, CLASSES = 32, 8, 16, 4
 BATCH, LENGTH = 8, 4
 CHECKPOINT = pathlib.Path(FOLDER) / "checkpoint"
 EXPECTED = pathlib.Path(FOLDER) / "expected.npz"
+TC_CHECKPOINT = pathlib.Path(FOLDER) / "model.safetensors"
+SPREAD_CHECKPOINT = pathlib.Path(FOLDER) / "spread.safetensors"
+BIG_CHECKPOINT = pathlib.Path(FOLDER) / "big.safetensors"
+# the big model's size: two float32 matrices of BIG_MB / 2 each (MULTIHOST_BIG_MB=256 for
+# the figures of docs/recipes/multihost.md)
+BIG_MB = int(os.environ.get("MULTIHOST_BIG_MB", "16"))
+BIG_COLS = 4096  # rows of 16 KiB: a quarter of one is a read of its own
+BIG_ROWS = BIG_MB * 2**20 // (2 * 4 * BIG_COLS)
 
 # -- the model ------------------------------------------------------------------------------
 
@@ -139,6 +148,38 @@ def train_step(opt, model, opt_state, key, tokens, labels):
     loss, grads = jax.value_and_grad(loss_fn)(model)
     updates, opt_state = opt.update(grads, opt_state, model)
     return optax.apply_updates(model, updates), opt_state, key, loss
+
+
+class Big(tc.TreeClass):
+    """A model of two large matrices, a frozen NumPy vector and a static name."""
+
+    up: jax.Array
+    down: jax.Array
+    norm: Any
+    name: str = tc.field(default="big", static=True)
+
+
+def pattern(rows: Any, cols: Any, offset: float) -> Any:
+    """Values that tell every element apart, from its row and column (jnp or NumPy)."""
+    return ((rows * BIG_COLS + cols) % 997).astype("f4") + np.float32(offset)  # exact
+
+
+def build_big() -> Big:
+    rows, cols = jnp.arange(BIG_ROWS)[:, None], jnp.arange(BIG_COLS)[None, :]
+    norm = tc.freeze(np.linspace(0, 1, BIG_COLS, dtype="f4"))
+    return Big(pattern(rows, cols, 0.0), pattern(rows, cols, 1000.0), norm, name="big")
+
+
+def assert_big(model: Big) -> None:
+    """Every shard this process holds has the values `build_big` gives it."""
+    for offset, array in ((0.0, model.up), (1000.0, model.down)):
+        assert array.shape == (BIG_ROWS, BIG_COLS), array.shape
+        for shard in array.addressable_shards:
+            r, c = shard.index
+            want = pattern(np.arange(BIG_ROWS)[r][:, None], np.arange(BIG_COLS)[c][None, :], offset)
+            np.testing.assert_array_equal(np.asarray(shard.data), want)
+    assert type(tc.unfreeze(model.norm)) is np.ndarray and model.name == "big"
+    np.testing.assert_array_equal(tc.unfreeze(model.norm), np.linspace(0, 1, BIG_COLS, dtype="f4"))
 
 
 # -- shardings ----------------------------------------------------------------------------------
@@ -249,6 +290,20 @@ def restore_checkpoint(path: pathlib.Path, mesh: jax.sharding.Mesh) -> tuple[Any
     )["opt_state"]
     loop = restored["loop"]
     return model, opt, opt_state, loop["key"], int(loop["step"])
+
+
+def save_with_tc(path: pathlib.Path, model: Any) -> None:
+    # every process calls it with the same path: process 0 writes the file, the others
+    # join the gathers of arrays split across processes, and all return once it is written
+    tc.save(path, model)
+
+
+def load_with_tc(path: pathlib.Path, mesh: jax.sharding.Mesh) -> Classifier:
+    """The model from a `tc.save` file, each process reading only its shards' bytes."""
+    embed = jax.ShapeDtypeStruct((VOCAB, WIDTH), jnp.float32, sharding=NamedSharding(mesh, P()))
+    abstract = jax.eval_shape(lambda: Classifier(jax.random.key(0), embed))
+    template = with_shardings(abstract, model_shardings(abstract, mesh))
+    return tc.load(path, template)
 
 
 # -- comparing global arrays with one-device values, process by process ---------------------------
@@ -512,6 +567,142 @@ def next_step_matches_one_device() -> None:
     assert_tree_matches(model, expected, "next")
 
 
+def tc_save_spread_arrays() -> None:
+    """Replicated, held-whole-per-process and split-across-processes arrays, one file."""
+    mesh, model = state["mesh"], state["trained"][0]
+    rows = NamedSharding(mesh, P("data", None))  # split across the processes
+    spread = jax.jit(lambda: jnp.arange(24.0).reshape(8, 3), out_shardings=rows)()
+    key = jax.jit(lambda: jax.random.key(7), out_shardings=NamedSharding(mesh, P()))()
+    split = NamedSharding(mesh, P("data"))
+    keys = jax.jit(lambda: jax.random.split(jax.random.key(8), 4), out_shardings=split)()
+    assert not spread.is_fully_addressable and not keys.is_fully_addressable
+    save_with_tc(TC_CHECKPOINT, model)
+    save_with_tc(SPREAD_CHECKPOINT, {"model": model, "spread": spread, "key": key, "keys": keys})
+    # what the file holds, read without treeclass: every tensor, whole
+    from safetensors.numpy import load_file
+
+    saved = load_file(SPREAD_CHECKPOINT)
+    expected = dict(np.load(EXPECTED))  # the one-device values after step 1
+    for name in named_arrays(model):  # `['hidden']['weight']`: `model.hidden.weight`
+        dotted = ".".join(re.findall(r"\['?([^'\]]+)'?\]", name))
+        np.testing.assert_allclose(saved["model." + dotted], expected["model" + name], rtol=2e-5)
+    np.testing.assert_array_equal(saved["spread"], np.arange(24.0).reshape(8, 3))
+    np.testing.assert_array_equal(saved["key"], np.asarray(jax.random.key_data(jax.random.key(7))))
+    four = jax.random.split(jax.random.key(8), 4)
+    np.testing.assert_array_equal(saved["keys"], np.asarray(jax.random.key_data(four)))
+    leftovers = [p.name for p in TC_CHECKPOINT.parent.iterdir() if p.name.endswith(".tmp")]
+    assert not leftovers, leftovers
+
+
+def tc_save_big_model() -> None:
+    mesh = state["mesh"]
+    rows = NamedSharding(mesh, P("data", None))
+    big = jax.jit(build_big, out_shardings=rows)()  # frozen and static parts pass through
+    assert not big.up.is_fully_addressable
+    started = time.perf_counter()
+    save_with_tc(BIG_CHECKPOINT, big)
+    seconds = time.perf_counter() - started
+    size = BIG_CHECKPOINT.stat().st_size
+    print(f"figures: tc.save of {size} bytes took {seconds:.2f} s", file=sys.stderr)
+
+
+def saves_to_one_path_do_not_race() -> None:
+    race = pathlib.Path(FOLDER) / "race.safetensors"
+    # the same structure, different values on each process: process 0's are written
+    mine = {"who": np.full(3, jax.process_index(), np.int32)}
+    for _ in range(3):
+        save_with_tc(race, mine)
+        assert tc.load(race, mine)["who"].tolist() == [0, 0, 0]
+    # another path, or another tree, on one process: an error on every process
+    for path, tree in (
+        (race.with_name(f"race-{jax.process_index()}.safetensors"), mine),
+        (race, mine if jax.process_index() == 0 else {**mine, "extra": np.ones(2)}),
+    ):
+        try:
+            save_with_tc(path, tree)
+        except ValueError as error:
+            text = str(error)
+            assert "every process must call tc.save with the same path" in text, text
+            assert "process 1" in text, text
+        else:
+            raise AssertionError("saves with different paths or trees were not refused")
+    assert not any(p.name.startswith("race-") for p in race.parent.iterdir())
+
+
+def save_on_some_processes_only_is_refused() -> None:
+    from treeclass._checkpoint import _processes
+
+    race = pathlib.Path(FOLDER) / "alone.safetensors"
+    saved = _processes.ARRIVAL_TIMEOUT_S
+    _processes.ARRIVAL_TIMEOUT_S = 1.0  # the seam: 300 s by default
+    try:
+        for alone in (0, 1):  # process 0 alone (the writer), then process 1 alone
+            try:
+                if jax.process_index() == alone:
+                    try:
+                        save_with_tc(race, {"x": np.arange(3)})
+                    except TimeoutError as error:
+                        text = str(error)
+                        assert "every process must call tc.save(path, tree)" in text, text
+                        assert f"process {1 - alone} did not call it" in text, text
+                    else:
+                        raise AssertionError("a save on one process did not time out")
+            finally:
+                multihost_utils.sync_global_devices(f"alone {alone}")
+        assert not race.exists()
+        # and the processes are still in step: the next save on all of them works
+        save_with_tc(race, {"x": np.arange(3)})
+        assert tc.load(race, {"x": np.arange(3)})["x"].tolist() == [0, 1, 2]
+    finally:
+        _processes.ARRIVAL_TIMEOUT_S = saved
+
+
+def bytes_read() -> tuple[int, int]:
+    """This process's `rchar` (bytes passed to read calls) and `read_bytes` (from disk)."""
+    fields = dict(
+        line.split(": ") for line in pathlib.Path("/proc/self/io").read_text().splitlines()
+    )
+    return int(fields["rchar"]), int(fields["read_bytes"])
+
+
+def tc_load_into_sharded_template() -> None:
+    mesh = make_mesh()
+    model = load_with_tc(TC_CHECKPOINT, mesh)
+    expected = dict(np.load(EXPECTED))
+    assert_tree_matches(model, expected, "model")
+    assert_placed(model, model_shardings(model, mesh))
+    embed = tc.unfreeze(model.embed)
+    assert embed.is_fully_replicated and embed.sharding == NamedSharding(mesh, P())
+    assert type(tc.unfreeze(model.positions)) is np.ndarray
+    assert (model.hidden.name, model.head.name) == ("hidden", "head")
+    assert tc.unfreeze(model.act) is jax.nn.tanh
+
+
+def tc_load_reads_only_own_shards() -> None:
+    mesh = make_mesh()
+    abstract = jax.eval_shape(build_big)
+    size = BIG_CHECKPOINT.stat().st_size
+    for spec in (P("data", None), P(None, "data"), P("data", "model")):
+        # saved split by rows; loaded by rows, by columns, and by blocks
+        sharding = NamedSharding(mesh, spec)
+        template = with_shardings(abstract, jax.tree.map(lambda _, s=sharding: s, abstract))
+        before, disk_before = bytes_read()
+        started = time.perf_counter()
+        big = tc.load(BIG_CHECKPOINT, template)
+        seconds = time.perf_counter() - started
+        read, disk = bytes_read()[0] - before, bytes_read()[1] - disk_before
+        print(
+            f"figures: tc.load {spec} on process {jax.process_index()} of {PROCESS_COUNT}: "
+            f"rchar {read} of {size} bytes ({read / size:.3f}), read_bytes {disk}, "
+            f"{seconds:.2f} s",
+            file=sys.stderr,
+        )
+        assert_big(big)
+        assert big.up.sharding == sharding
+        share = 1 / PROCESS_COUNT  # each process holds this much of each matrix
+        assert read < (share + 0.2) * size, (spec, read, size)
+
+
 SCENARIOS: dict[str, list[Callable[[], None]]] = {
     "train_and_save": [
         one_device_run,
@@ -523,8 +714,17 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         equality_names_the_leaf,
         get_without_fill_names_the_leaf,
         orbax_save,
+        tc_save_spread_arrays,
+        tc_save_big_model,
+        saves_to_one_path_do_not_race,
+        save_on_some_processes_only_is_refused,  # last: it waits on purpose
     ],
-    "restore": [restore_into_sharded_template, next_step_matches_one_device],
+    "restore": [
+        restore_into_sharded_template,
+        next_step_matches_one_device,
+        tc_load_into_sharded_template,
+        tc_load_reads_only_own_shards,
+    ],
 }
 
 

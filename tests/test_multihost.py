@@ -202,6 +202,38 @@ def test_orbax_restores_on_another_process_count_and_mesh(resharded):
     assert_check(resharded, "next_step_matches_one_device")
 
 
+def test_tc_save_writes_replicated_and_spread_arrays_from_every_process(trained):
+    assert_check(trained, "tc_save_spread_arrays")
+
+
+def test_tc_save_gathers_a_model_split_across_processes(trained):
+    assert_check(trained, "tc_save_big_model")
+
+
+def test_tc_save_by_every_process_to_one_path_writes_once_and_refuses_differences(trained):
+    assert_check(trained, "saves_to_one_path_do_not_race")
+
+
+def test_tc_save_on_one_process_alone_times_out_and_keeps_processes_in_step(trained):
+    assert_check(trained, "save_on_some_processes_only_is_refused")
+
+
+def test_tc_load_into_sharded_template_keeps_frozen_and_static_values(restored):
+    assert_check(restored, "tc_load_into_sharded_template")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+def test_tc_load_reads_about_each_process_share_of_the_file(restored):
+    # each of 2 processes reads about half of the file, in any sharding of the template
+    assert_check(restored, "tc_load_reads_only_own_shards")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+def test_tc_load_on_another_process_count_and_mesh(resharded):
+    assert_check(resharded, "tc_load_into_sharded_template")
+    assert_check(resharded, "tc_load_reads_only_own_shards")
+
+
 def test_page_shows_the_code_the_workers_run():
     # the page's multi-process blocks (fenced `py`, which the documentation test does not
     # run) must each be an excerpt of the worker: what the page shows is what runs here

@@ -13,6 +13,7 @@ from .._at import AtIndexer
 from .._frozen import is_frozen
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._files import open_for_reading, write_atomically
+from ._processes import save_from_processes
 from ._rules import RuledCatalog, compile_rules
 from ._safetensors import OutTensor, SafetensorsFile, can_store, header_bytes, write_tensors
 from ._tree import (
@@ -280,7 +281,11 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
     except ValueError as error:  # before anything is written
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
-        write_atomically(path, lambda file: write_tensors(file, header, tensors))
+        # in a run of several processes: process 0 writes, the others gather with it
+        write = functools.partial(
+            write_atomically, path, lambda f: write_tensors(f, header, tensors)
+        )
+        save_from_processes(path, planned, write)
     except OSError as error:
         if error.errno is None:
             raise

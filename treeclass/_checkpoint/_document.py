@@ -33,6 +33,7 @@ import numpy as np
 
 from .._values import host_bytes, is_prng_key, path_str, root_name
 from ._json import loads as strict_json
+from ._processes import host_view
 from ._source import CheckpointSource, corrupt
 from ._tree import (
     NUMBER,
@@ -116,12 +117,6 @@ _ABSTRACT_LEAF = (
     "an abstract value at {where} ({value}): there is no data to save. Save the model "
     "itself, not its `jax.eval_shape` template."
 )
-_NOT_ADDRESSABLE = (
-    "the array at {where} is sharded over devices of other processes, "
-    "so this process cannot read all of it. For multi-host checkpoints use orbax:\n"
-    "    ocp.StandardCheckpointer().save(directory, tc.state_dict(model))\n"
-    "and restore with `tc.from_state_dict(like, restored)`."
-)
 _UNSAVABLE_DTYPE = "the array at {where} has the dtype {dtype}, which has no fixed-size bytes"
 _RESERVED_NAME = (
     "a tensor cannot be named `__metadata__` (at {where}): the safetensors format reserves "
@@ -145,8 +140,9 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
     value, where = entry.value, path_str(tree, entry.path)
     if is_abstract(value):
         raise ValueError(_ABSTRACT_LEAF.format(where=where, value=describe(value)))
+    data = value  # what the writer reads: for an array spread over processes, a view of it
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        raise ValueError(_NOT_ADDRESSABLE.format(where=where))
+        data = host_view(value, where)
     if entry.name == "__metadata__":
         raise ValueError(_RESERVED_NAME.format(where=where))
     shape = tuple(value.shape)
@@ -158,20 +154,20 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
         record.update(dtype=str(value.dtype), shape=list(shape))
         record["impl"] = str(jax.random.key_impl(value))
         u32 = np.dtype("uint32")
-        return PlannedTensor(entry.name, value, u32, stored, 4 * math.prod(stored), record, where)
+        return PlannedTensor(entry.name, data, u32, stored, 4 * math.prod(stored), record, where)
     dtype = np.dtype(value.dtype)
     if dtype.byteorder == ">":  # written little-endian, as the format says (`tensor_bytes`)
         dtype = dtype.newbyteorder("<")
     if storable(dtype):
         nbytes = dtype.itemsize * math.prod(shape)
-        return PlannedTensor(entry.name, value, dtype, shape, nbytes, record, where)
+        return PlannedTensor(entry.name, data, dtype, shape, nbytes, record, where)
     if dtype.hasobject or dtype.kind in "OSUMm" or numpy_dtype(dtype.name) != dtype:
         raise ValueError(_UNSAVABLE_DTYPE.format(where=where, dtype=dtype))
     # no name in the format: raw bytes, one more axis for the bytes of an element
     stored = (*shape, dtype.itemsize)
     record.update(dtype=dtype.name, shape=list(shape))
     u8 = np.dtype("uint8")
-    return PlannedTensor(entry.name, value, u8, stored, math.prod(stored), record, where)
+    return PlannedTensor(entry.name, data, u8, stored, math.prod(stored), record, where)
 
 
 def tensor_bytes(tensor: PlannedTensor) -> np.ndarray:

@@ -16,6 +16,7 @@ another (`_document.SourceCatalog`, over any `CheckpointSource`).
 from __future__ import annotations
 
 import bisect
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -40,6 +41,7 @@ from .._values import (
     short_repr,
 )
 from ._json import check_text
+from ._processes import can_read_by_slices, place_by_slices
 
 __all__ = [
     "LEAF",
@@ -748,7 +750,7 @@ def restore(
         if decision != _TAKE:
             return value
         try:
-            fetched = source.fetch(entry.name)
+            fetched = _fetch(source, entry, value)
         except ValueError as error:  # bytes the checks could not see before reading them
             raise ValueError(f"{error} (restoring {path_str(like, path)})") from None
         except OSError as error:  # reading failed: the same error, saying what it was for
@@ -770,6 +772,43 @@ def restore(
     return tree if strict else (tree, report)
 
 
+def _sharding_of(template: Any) -> Any:
+    """The sharding a restored array takes from its template, or None (the default device)."""
+    if isinstance(template, jax.ShapeDtypeStruct):
+        return template.sharding
+    if isinstance(template, jax.Array) and not isinstance(template, Tracer):
+        if template.committed or len(template.sharding.device_set) > 1:
+            return template.sharding
+    return None
+
+
+def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
+    """The data of `entry` from `source`, for the template's leaf `template`.
+
+    A tensor of a file whose template is placed over several devices is read shard by
+    shard, straight into its sharding: each process reads only the bytes of the shards
+    its devices hold (on many hosts, about its share of the file), and no device's data
+    is copied on the host more than once. Everything else is read whole: tensors renamed
+    or transformed by key rules, those stored as raw bytes or key data, bool and sub-byte
+    types (whose unused bits are checked on the whole tensor).
+    """
+    sharding = _sharding_of(template) if entry.category == TENSOR else None
+    tensors = getattr(source, "source", None)  # a file's `CheckpointSource`, if any
+    if sharding is None or len(sharding.device_set) < 2 or not hasattr(tensors, "read_range"):
+        return source.fetch(entry.name)
+    stored, info = source.stored(entry.name), tensors.info(entry.name)
+    dtype = numpy_dtype(info.dtype)
+    if (
+        stored is None
+        or (stored.dtype, tuple(stored.shape)) != (info.dtype, tuple(info.shape))
+        or dtype is None
+        or not can_read_by_slices(dtype)
+    ):
+        return source.fetch(entry.name)
+    read_range = functools.partial(tensors.read_range, entry.name)
+    return place_by_slices(tuple(info.shape), dtype, sharding, read_range)
+
+
 def _place(template: Any, value: Any, weak: bool) -> Any:
     """`value` (checked to have the template's shape and dtype) as the template's type.
 
@@ -779,13 +818,9 @@ def _place(template: Any, value: Any, weak: bool) -> Any:
     if isinstance(template, (np.ndarray, np.generic)):  # its dtype: its byte order, too
         value = np.asarray(value, dtype=template.dtype)
         return value[()] if isinstance(template, np.generic) else value
-    sharding = None
-    if isinstance(template, jax.ShapeDtypeStruct):
-        sharding = template.sharding
-    elif isinstance(template, jax.Array) and not isinstance(template, Tracer):
-        if template.committed or len(template.sharding.device_set) > 1:
-            sharding = template.sharding
-    if sharding is not None:
+    sharding = _sharding_of(template)
+    placed = isinstance(value, jax.Array) and value.sharding == sharding  # (by `_fetch`)
+    if sharding is not None and not placed:
         value = jax.device_put(value, sharding)
     elif not isinstance(value, jax.Array):
         value = jax.device_put(value)
