@@ -627,6 +627,13 @@ def saves_to_one_path_do_not_race() -> None:
         else:
             raise AssertionError("saves with different paths or trees were not refused")
     assert not any(p.name.startswith("race-") for p in race.parent.iterdir())
+    # process 0 failing to write: the same failure on every process, not a wait
+    try:
+        save_with_tc(race.parent / "no such folder" / "x.safetensors", mine)
+    except OSError as error:
+        assert "no such folder" in str(error) and "does not exist" in str(error), error
+    else:
+        raise AssertionError("a save into a missing folder did not fail")
 
 
 def save_on_some_processes_only_is_refused() -> None:

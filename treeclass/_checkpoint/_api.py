@@ -245,7 +245,16 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
 
     - `path`: the file to write (by convention `*.safetensors`); its folder must exist.
     - `tree`: any pytree of arrays, numbers and TreeClass instances. Sharded arrays are
-      gathered to this host; use orbax for arrays spread over several hosts.
+      written whole.
+
+    In a run of several processes (`jax.distributed`), every process must call
+    `save` with the same path and a tree of the same structure: process 0 alone writes
+    the file (on its own disk), the others return once it is written. Arrays replicated
+    over the processes, or held whole by each, are read from process 0's own devices;
+    arrays split across processes are gathered to it one at a time while it writes, a
+    collective every process joins. Calls with different paths or trees raise a
+    `ValueError` on every process; a call that the other processes do not make within
+    300 s raises a `TimeoutError` naming them, instead of waiting forever.
 
     **Returns**
 
@@ -253,8 +262,9 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
 
     **Raises**
 
-    `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), an array this process
-    cannot read whole, or two key paths with the same name; the file is untouched.
+    `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
+    the same name, or (on several processes) calls that do not match; the file is
+    untouched. `TimeoutError` when some processes do not call it.
 
     ```python
     import os, tempfile
@@ -376,6 +386,14 @@ def load(
     sharding of a committed or sharded `jax.Array`, or on the default device. With an
     abstract template (`jax.eval_shape(lambda: Model(...))`) nothing is allocated twice:
     each tensor is read into one host buffer and placed from there.
+
+    A template sharded over several devices is filled shard by shard: each process reads
+    from the file only the bytes of the shards its devices hold (in a run of several
+    processes, about its share of the file; in one process, every byte once, not once
+    per device), straight into the template's sharding. Every process calls `load`
+    with the same template, and each must see the file (a folder they share). Tensors
+    renamed or transformed by key rules, stored as raw bytes or PRNG key data, and bool
+    or sub-byte tensors are read whole.
 
     A file written by another tool (plain safetensors, no treeclass metadata) loads too
     when its tensor names are the template's key paths joined with dots; values other
