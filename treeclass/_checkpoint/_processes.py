@@ -2,9 +2,9 @@
 
 **Saving.** Every process calls `tc.save` with the same path and a tree of the same
 structure; process 0 alone writes the file, so two processes never race on one path. An
-array each process holds whole (fully replicated, or only replicated across processes
-with each process holding every shard) is read from this process's own shards, without
-the others. An array split across processes is gathered while process 0 writes it
+array process 0 holds whole (fully replicated, or split only over each process's own
+devices) is read from process 0's own shards, without the others. Any other array is
+split across processes, and is gathered while process 0 writes it
 (`multihost_utils.process_allgather`, a collective): process 0 announces each such
 tensor in turn through the distributed runtime's key-value store, and the other
 processes join that gather, so the gathers happen in the order the writer reads the
@@ -142,12 +142,14 @@ def host_view(array: jax.Array, where: str) -> Any:
     gives the array's values (a PRNG key array's key data).
 
     Nothing is read yet. A fully replicated array is this process's copy; one whose every
-    part is on this process's devices is assembled from them; any other is gathered from
-    all processes while the file is written (`save_from_processes`).
+    part is on process 0's devices is assembled there from them; any other is gathered
+    from all processes while the file is written (`save_from_processes`). Every process
+    decides alike, from the sharding: they must agree on which arrays are gathered.
     """
     if array.is_fully_replicated:
         return array.addressable_data(0)
-    held = {_bounds(s.index, array.shape) for s in array.addressable_shards}
+    indices = array.sharding.devices_indices_map(array.shape)
+    held = {_bounds(i, array.shape) for d, i in indices.items() if d.process_index == 0}
     if sum(math.prod(b - a for a, b in bounds) for bounds in held) == array.size:
         return _LocalShards(array)  # (the shards of one array are equal or disjoint)
     return _Gathered(array, where)
