@@ -87,7 +87,7 @@ _GATHER_OUTSIDE_SAVE = (
 # --------------------------------------------------------------------------------------
 
 
-def _bounds(index: tuple, shape: tuple) -> tuple[tuple[int, int], ...]:
+def _bounds(index: Any, shape: tuple) -> tuple[tuple[int, int], ...]:
     """A shard's index (a tuple of slices, one per axis) as `(start, stop)` per axis."""
     # (a PRNG key array's shards may index its key data's trailing axis too)
     index = tuple(index)[: len(shape)] + (slice(None),) * (len(shape) - len(index))
@@ -105,7 +105,7 @@ class _LocalShards:
         self.array = array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        shards = {}
+        shards: dict[tuple, Any] = {}
         for shard in self.array.addressable_shards:
             shards.setdefault(_bounds(shard.index, self.array.shape), shard.data)
         out = None
@@ -320,13 +320,13 @@ def _take_part(path: str, tensors: Sequence[Any]) -> None:
         _raise_remote(*answer["error"])
     save = answer["save"]
     for step in itertools.count():
-        text = _get(client, f"{_PREFIX}/{save}/step/{step}", STEP_TIMEOUT_S)
-        if text is None:
+        posted = _get(client, f"{_PREFIX}/{save}/step/{step}", STEP_TIMEOUT_S)
+        if posted is None:
             raise TimeoutError(
                 f"tc.save cannot write {path}: process 0 did not go on writing within "
                 f"{STEP_TIMEOUT_S:.0f} s"
             )
-        message = json.loads(text)
+        message = json.loads(posted)
         if "gather" in message:
             tensors[message["gather"]].value.gather()  # the result is process 0's to write
         elif "error" in message:

@@ -793,7 +793,7 @@ def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
     types (whose unused bits are checked on the whole tensor).
     """
     sharding = _sharding_of(template) if entry.category == TENSOR else None
-    tensors = getattr(source, "source", None)  # a file's `CheckpointSource`, if any
+    tensors: Any = getattr(source, "source", None)  # a file's `CheckpointSource`, if any
     if sharding is None or len(sharding.device_set) < 2 or not hasattr(tensors, "read_range"):
         return source.fetch(entry.name)
     stored, info = source.stored(entry.name), tensors.info(entry.name)
