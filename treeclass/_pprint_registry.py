@@ -11,11 +11,15 @@ its subclasses.
 PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
 `.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
 setting one field of the same rule through `register_printer`.
+
+Every printer opens a node with `view_of`: a rule first (one with `children` is a row
+of the node view's table of node types, one with a text makes a leaf), then the table.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import operator
 import re
 import sys
@@ -23,7 +27,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["register_printer", "PrintRule", "printer_alias"]
+from ._structure import LEAF, NodeType, jax_children, named, node_kind, node_type
+
+__all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
 
 
 class PrintRule(NamedTuple):
@@ -390,3 +396,29 @@ def rule_for(value: Any) -> PrintRule | None:
     found = next((rules[base] for base in kind.__mro__ if base in rules), None)
     resolved[kind] = found
     return found
+
+
+@functools.lru_cache(maxsize=256)  # a rule is a tuple of functions: one row per rule
+def _rule_row(rule: PrintRule) -> NodeType:
+    row = NodeType(lambda value, hidden: named(rule.children(value)))  # type: ignore[misc]
+    return row if rule.type_name is None else row._replace(type_name=rule.type_name)
+
+
+def view_of(value: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeType | None:
+    """The row of the node view that shows `value`: its rule's, else the table's (`None`:
+    a leaf, as are the values `is_leaf` stops at and those whose rule gives a text)."""
+    kind = node_kind(value, is_leaf)
+    rule = None if kind is LEAF else rule_for(value)
+    if kind is LEAF or (rule is not None and rule.has_text):
+        return None
+    if rule is not None and rule.children is not None:
+        return _rule_row(rule)
+    return node_type(value, kind)
+
+
+def children_of(value: Any) -> list[tuple[Any, Any]] | None:
+    """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule shows them."""
+    rule = rule_for(value)
+    if rule is not None and rule.children is not None and not rule.has_text:
+        return rule.children(value)  # type: ignore[return-value]
+    return jax_children(value)
