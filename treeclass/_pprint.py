@@ -953,13 +953,7 @@ def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[
     return "\n".join(lines)
 
 
-_ROLE_ORDER = (
-    _roles.TRAINABLE,
-    _roles.STATE,
-    _roles.FROZEN,
-    _roles.OTHER,
-    _roles.MIXED,
-)
+_ROLE_ORDER = (_roles.TRAINABLE, _roles.STATE, _roles.FROZEN, _roles.OTHER, _roles.MIXED)
 
 
 def _row_role(parts: list[tuple[str, int, int]]) -> str:

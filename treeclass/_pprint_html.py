@@ -254,7 +254,8 @@ def treescope_repr(
 
     cls = type(tree)
     # a rule's children, else the fields (a rule's text is for the other printers)
-    items = (view_of(tree) or node_type(tree, TREECLASS)).items(tree, False) or []
+    view = view_of(tree) or node_type(tree, TREECLASS)
+    items = (None if view is None else view.items(tree, False)) or []
     static_labels = frozenset(f"{name}=" for name in _node.static_names(cls))
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
     opening = parts.siblings(

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ._structure import LEAF, NodeType, jax_children, named, node_kind, node_type
+from ._values import short_repr
 
 __all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
 
@@ -110,15 +111,6 @@ _checked: dict[type, PrintRule] = {}  # the same functions, checking what they r
 _resolved: dict[type, PrintRule | None] = {}  # per concrete type, including misses
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    try:
-        text = builtins.repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _spelling(cls: type, field: str) -> str:
     text = f"`tc.register_printer({cls.__name__}, {field}=...)`"
     alias = _ALIAS_SPELLINGS.get(field)
@@ -133,7 +125,7 @@ def _result_error(
             field=field,
             cls=cls.__name__,
             spelling=_spelling(cls, field),
-            result=_short(result),
+            result=short_repr(result, 60),
             type=type(result).__name__,
             value=f"a `{type(value).__name__}`",
             expected=_EXPECTED[field],
@@ -165,7 +157,7 @@ def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
             raise _result_error(TypeError, cls, field, value, result) from None
         for pair in pairs:
             if not (isinstance(pair, tuple) and len(pair) == 2):
-                problem = f": the item {_short(pair)} is not a `(key, child)` pair"
+                problem = f": the item {short_repr(pair, 60)} is not a `(key, child)` pair"
                 raise _result_error(TypeError, cls, field, value, result, problem)
         return pairs
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
@@ -174,7 +166,7 @@ def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
     style: dict[builtins.str, Any] = {}
     for name, item in result.items():
         if not isinstance(name, builtins.str):
-            problem = f": the attribute name {_short(name)} is a `{type(name).__name__}`"
+            problem = f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`"
             raise _result_error(TypeError, cls, field, value, result, problem)
         if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
             problem = f": the attribute name {name!r} is not a graphviz attribute name"
@@ -420,5 +412,5 @@ def children_of(value: Any) -> list[tuple[Any, Any]] | None:
     """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule shows them."""
     rule = rule_for(value)
     if rule is not None and rule.children is not None and not rule.has_text:
-        return rule.children(value)  # type: ignore[return-value]
+        return list(rule.children(value))
     return jax_children(value)
