@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -98,3 +99,167 @@ def test_child_by_entry_does_not_find_static_fields():
 
     assert _structure.child_by_entry(WithStatic(1.0), GetAttrKey("name")) == (False, None)
     assert _structure.child_by_entry(WithStatic(1.0), GetAttrKey("w")) == (True, 1.0)
+
+
+# -- the table of node types: what the printers show ------------------------------------------
+
+
+@dataclasses.dataclass
+class Plain:
+    a: object
+    hidden: object = dataclasses.field(default=0, repr=False)
+
+
+class Items(list):
+    pass
+
+
+def add(x, y):
+    return x + y
+
+
+class Shown(tc.TreeClass):
+    a: object
+    secret: object = tc.field(default=0, repr=False)
+    name: str = tc.field(default="n", static=True)
+
+
+def _row(node):
+    return _structure.node_type(node, _structure.node_kind(node))
+
+
+@pytest.mark.parametrize(
+    ("node", "items", "brackets", "type_name"),
+    [
+        (Shown(1.0), [("a=", ".a", 1.0), ("name=", ".name", "n")], "Shown(...)", "Shown"),
+        ({"b": 1, "a": 2}, [("'b': ", "['b']", 1), ("'a': ", "['a']", 2)], "{...}", "dict"),
+        ([1], [("", "[0]", 1)], "[...]", "list"),
+        ((1,), [("", "[0]", 1)], "(...)", "tuple"),
+        (Point(1, 2), [("x=", ".x", 1), ("y=", ".y", 2)], "Point(...)", "Point"),
+        (
+            collections.OrderedDict(z=1),
+            [("'z': ", "['z']", 1)],
+            "OrderedDict({...})",
+            "OrderedDict",
+        ),
+        (Plain(1), [("a=", ".a", 1)], "Plain(...)", "Plain"),
+        (
+            tc.Partial(add, 1, y=2),
+            [("", ".func", add), ("", ".args[0]", 1), ("y=", ".keywords['y']", 2)],
+            "Partial(...)",
+            "Partial",
+        ),
+        (Items([3]), [("", "[0]", 3)], "Items(...)", "Items"),
+    ],
+    ids=lambda v: type(v).__name__,
+)
+def test_each_kind_of_node_has_a_row_that_opens_names_and_brackets_it(
+    node, items, brackets, type_name
+):
+    row = _row(node)
+    assert row is not None
+    assert row.items(node, False) == items
+    opening, closing = row.brackets
+    assert (type_name + opening if row.named else opening) + "..." + closing == brackets
+    assert row.type_name(node) == type_name
+
+
+def test_hidden_opens_the_fields_declared_repr_false():
+    assert [label for label, _, _ in _row(Shown(1.0)).items(Shown(1.0), True)] == [
+        "a=",
+        "secret=",
+        "name=",
+    ]
+    assert _row(Plain(1)).items(Plain(1), True) == [("a=", ".a", 1), ("hidden=", ".hidden", 0)]
+
+
+def test_a_one_element_tuple_keeps_its_comma():
+    assert _row((1,)).single_comma and not _row([1]).single_comma
+    assert tc.tree_repr((1,)) == "(1,)"
+
+
+@pytest.mark.parametrize("leaf", [1, "s", None, jnp.ones(2), tc.freeze(1.0), object()])
+def test_leaves_and_wrappers_have_no_row(leaf):
+    row = _row(leaf)
+    assert row is None or row.items(leaf, False) is None
+
+
+def test_key_text_names_every_jax_key_entry():
+    from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+    assert _structure.key_text(GetAttrKey("w")) == ("w=", ".w")
+    assert _structure.key_text(DictKey("a")) == ("'a': ", "['a']")
+    assert _structure.key_text(SequenceKey(2)) == ("", "[2]")
+    assert _structure.key_text(FlattenedIndexKey(1)) == ("", "[1]")
+
+
+@pytest.mark.parametrize(
+    "node", [n for n in _NODES if n is not None], ids=lambda n: type(n).__name__
+)
+def test_describe_names_the_kind_and_its_children(node):
+    opened = _structure.open_node(node, _structure.node_kind(node))
+    text = _structure.describe(node, opened)
+    assert text.startswith(f"a `{type(node).__name__}` with children (")
+    assert all(repr(_structure.entry_name(e)) in text for e in opened.entries)
+
+
+_CONTAINERS = st.recursive(
+    st.integers() | st.none(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text("abc", min_size=1, max_size=2), inner, max_size=3)
+        | st.builds(Point, inner, inner)
+        | st.builds(Pair, inner, inner)
+        | st.builds(lambda d: collections.OrderedDict(d), st.dictionaries(st.text("xy"), inner))
+    ),
+    max_leaves=12,
+)
+
+
+def _rebuilt(tree):
+    """`tree` opened and rebuilt at every level, bottom-up, through the node view."""
+    kind = _structure.node_kind(tree)
+    opened = _structure.open_node(tree, kind)
+    if opened is None:
+        return tree
+    return _structure.rebuild(tree, kind, opened.aux, [_rebuilt(c) for c in opened.children])
+
+
+@given(_CONTAINERS)
+def test_open_then_rebuild_at_every_level_gives_the_tree_back(tree):
+    rebuilt = _rebuilt(tree)
+    assert tc.is_tree_equal(rebuilt, tree)
+    assert jax.tree_util.tree_structure(rebuilt) == jax.tree_util.tree_structure(tree)
+    assert tc.tree_repr(rebuilt) == tc.tree_repr(tree)
+
+
+# -- a new kind of node needs nothing of the printers ------------------------------------------
+
+
+class Bag:
+    """A container the package has never heard of, registered with JAX by its keys."""
+
+    def __init__(self, **parts):
+        self.parts = parts
+
+
+jax.tree_util.register_pytree_with_keys(
+    Bag,
+    lambda bag: ([(jax.tree_util.DictKey(k), v) for k, v in sorted(bag.parts.items())], None),
+    lambda aux, children: Bag(**dict(zip("ab", children))),
+)
+
+
+def test_a_newly_registered_container_opens_in_every_printer():
+    from treeclass._pprint_html import tree_html
+
+    tree = {"bag": Bag(a=jnp.ones(2), b=3)}
+    assert tc.tree_repr(tree) == ("{'bag': Bag('a': f32[2](μ=1.00, σ=0.00, ∈[1.00,1.00]), 'b': 3)}")
+    assert tc.tree_str(tree) == "{'bag': Bag('a': [1. 1.], 'b': 3)}"
+    assert tc.tree_diagram(tree) == (
+        "dict\n└── ['bag']:Bag\n    ├── ['a']=f32[2](μ=1.00, σ=0.00, ∈[1.00,1.00])\n    └── ['b']=3"
+    )
+    summary = tc.tree_summary(tree)
+    assert "│ ['bag']['a'] │ f32[2] │" in summary and "│ ['bag']['b'] │ int " in summary
+    assert "['bag']:Bag</summary>" in tree_html(tree).replace("&#x27;", "'")

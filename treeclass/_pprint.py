@@ -6,9 +6,9 @@ Every printer works on any pytree and shares four pieces:
 - how one value is shown (arrays as `f32[3](μ=…, σ=…, ∈[…])`, tracers as their type,
   frozen values with `#`, functions as their signature, and the rules added with
   `register_printer`, see `_pprint_registry`);
-- how a node is opened into labelled children (`_node_parts`): TreeClass fields in
-  attribute order (`repr=False` fields only in the debugging views: diagram, graph,
-  mermaid), dicts, lists, tuples, namedtuples, dataclasses and any other registered pytree;
+- how a node is opened into labelled children: the printer registry's `view_of`, its
+  rules first, then the node view's table of node types (`_structure.NodeType`);
+  `repr=False` fields show only in the debugging views (diagram, graph, mermaid);
 - how long runs of siblings of one type and structure (the layers of a big model) are
   folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`fold_runs`);
   the values of folded children are never computed, which is what keeps printing a
@@ -23,7 +23,6 @@ building the text another, whatever the depth.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import math
@@ -31,16 +30,16 @@ import numbers
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeGuard
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 
-from . import _node, _roles, _trace
-from ._pprint_registry import printer_alias, rule_for
-from ._structure import node_kind, open_node, wrapper_of
+from . import _roles, _trace
+from ._pprint_registry import children_of, printer_alias, rule_for, view_of
+from ._structure import key_text, wrapper_of
 from ._values import local_copy, offer_display, readable_here
 
 __all__ = [
@@ -333,34 +332,6 @@ class _Parts(NamedTuple):
 _ATOMS = frozenset({int, float, bool, str, complex, type(None), bytes})
 
 
-def _is_treeclass(x: Any) -> bool:
-    return _node.is_treeclass(x)
-
-
-def _treeclass_parts(x: Any, hidden: bool) -> _Parts:
-    cls = type(x)
-    fields = _node.fields_of(cls)
-    name = cls.__name__
-    items = []
-    for key, value in _node.attributes(x).items():
-        item = fields.get(key)
-        if hidden or item is None or item.repr:
-            items.append((f"{key}=", f".{key}", value))
-    return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-
-
-def _key_labels(key: Any) -> tuple[str, str]:
-    if isinstance(key, jax.tree_util.GetAttrKey):
-        return f"{key.name}=", f".{key.name}"
-    if isinstance(key, jax.tree_util.DictKey):
-        return f"{key.key!r}: ", f"[{key.key!r}]"
-    if isinstance(key, jax.tree_util.SequenceKey):
-        return "", f"[{key.idx}]"
-    if isinstance(key, jax.tree_util.FlattenedIndexKey):
-        return "", f"[{key.key}]"
-    return "", str(key)
-
-
 def _node_parts(
     x: Any, is_leaf: Callable[[Any], bool] | None = None, hidden: bool = False
 ) -> _Parts | None:
@@ -368,87 +339,15 @@ def _node_parts(
 
     `hidden` also opens fields declared with `repr=False` (for the debugging views).
     """
-    if is_leaf is not None and is_leaf(x):
+    view = view_of(x, is_leaf)
+    items = None if view is None else view.items(x, hidden)
+    if view is None or items is None:  # a leaf, or an object JAX does not open
         return None
-    kind = type(x)
-    if kind in _ATOMS or isinstance(x, _ARRAY_TYPES):
-        return None
-    rule = rule_for(x)
-    if rule is not None and rule.has_text:
-        return None
-    if rule is not None and rule.children is not None:  # the value says how it is shown
-        name = rule.type_name(x) if rule.type_name is not None else kind.__name__
-        items = [(*_key_labels(key), child) for key, child in rule.children(x)]
-        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-    if _is_treeclass(x):
-        return _treeclass_parts(x, hidden)
-    if kind is list:
-        return _Parts("list", "[", "]", "[...]", [("", f"[{i}]", v) for i, v in enumerate(x)])
-    if kind is tuple:
-        items = [("", f"[{i}]", v) for i, v in enumerate(x)]
-        return _Parts("tuple", "(", ")", "(...)", items, len(items) == 1)
-    if kind is dict:
-        items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
-        return _Parts("dict", "{", "}", "{...}", items)
-    if wrapper_of(x) is not None:
-        return None
-    name = kind.__name__
-    if isinstance(x, tuple) and hasattr(kind, "_fields"):  # namedtuple
-        items = [(f"{f}=", f".{f}", v) for f, v in zip(kind._fields, x, strict=True)]
-        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-    if isinstance(x, dict):  # OrderedDict, defaultdict, ...
-        items = [(f"{k!r}: ", f"[{k!r}]", v) for k, v in x.items()]
-        return _Parts(name, f"{name}({{", "})", f"{name}({{...}})", items)
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        items = [
-            (f"{f.name}=", f".{f.name}", getattr(x, f.name))
-            for f in dataclasses.fields(x)
-            if (hidden or f.repr) and hasattr(x, f.name)
-        ]
-        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-    if _is_partial(x):  # the function lives in the aux data, so show it from the object
-        items = [("", ".func", x.func)]
-        items += [("", f".args[{i}]", arg) for i, arg in enumerate(x.args)]
-        items += [(f"{k}=", f".keywords[{k!r}]", v) for k, v in x.keywords.items()]
-        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-    if isinstance(x, (list, tuple)):  # subclasses that are not namedtuples
-        items = [("", f"[{i}]", v) for i, v in enumerate(x)]
-        return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-    flat = _one_level(x)
-    if flat is None:
-        return None
-    items = [(*_key_labels(key), child) for key, child in flat]
-    return _Parts(name, f"{name}(", ")", f"{name}(...)", items)
-
-
-class _PartialLike(Protocol):
-    func: Callable[..., Any]
-    args: tuple[Any, ...]
-    keywords: dict[str, Any]
-
-
-def _is_partial(x: Any) -> TypeGuard[_PartialLike]:
-    """`functools.partial`, `jax.tree_util.Partial`, `tc.Partial` and look-alikes."""
-    if isinstance(x, functools.partial):
-        return True
-    try:
-        return (
-            callable(getattr(x, "func", None))
-            and isinstance(x.args, tuple)
-            and isinstance(x.keywords, dict)
-        )
-    except Exception:
-        return False
-
-
-def _one_level(x: Any) -> list[tuple[Any, Any]] | None:
-    """`x`'s `(key, child)` pairs as JAX sees them (or as its print rule shows them), or
-    None for a leaf."""
-    rule = rule_for(x)
-    if rule is not None and rule.children is not None and not rule.has_text:
-        return list(rule.children(x))
-    opened = open_node(x, node_kind(x))
-    return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
+    name = view.type_name(x)
+    opening, close = view.brackets
+    opening = name + opening if view.named else opening
+    comma = view.single_comma and len(items) == 1
+    return _Parts(name, opening, close, f"{opening}...{close}", items, comma)
 
 
 # -- runs of repeated siblings -------------------------------------------------------------
@@ -947,7 +846,7 @@ def tree_mermaid(
 
 
 def _path_text(keys: tuple[Any, ...]) -> str:
-    return "".join(_key_labels(key)[1] for key in keys)
+    return "".join(key_text(key)[1] for key in keys)
 
 
 def _leaf_type(x: Any) -> str:
@@ -1054,13 +953,7 @@ def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[
     return "\n".join(lines)
 
 
-_ROLE_ORDER = (
-    _roles.TRAINABLE,
-    _roles.STATE,
-    _roles.FROZEN,
-    _roles.OTHER,
-    _roles.MIXED,
-)
+_ROLE_ORDER = (_roles.TRAINABLE, _roles.STATE, _roles.FROZEN, _roles.OTHER, _roles.MIXED)
 
 
 def _row_role(parts: list[tuple[str, int, int]]) -> str:
@@ -1083,7 +976,7 @@ def _role_footer(totals: dict[str, list[int]], statics: list[Any]) -> list[list[
 
 def _stopped_role(x: Any) -> str:
     """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
-    if wrapper_of(x) is not None or _one_level(x) is None:
+    if wrapper_of(x) is not None or children_of(x) is None:
         return _roles.leaf_role(x, False)
     return _row_role([(name, 0, 0) for name in _roles.leaf_roles(x)])
 
@@ -1169,11 +1062,11 @@ def tree_summary(
 
     def visit(x: Any, in_state: bool, keys: tuple[Any, ...], remaining: float) -> None:
         # `in_state`: `x` is held (at any depth) by a field its class declares state
-        flat = None if stop(x) else _one_level(x)
+        flat = None if stop(x) else children_of(x)
         if flat is not None and remaining > 0:
             state = _roles.state_children(x)
             states = [in_state or (bool(state) and key.name in state) for key, _ in flat]
-            items = [("", _key_labels(key)[1], child) for key, child in flat]
+            items = [("", key_text(key)[1], child) for key, child in flat]
             position = 0  # in `flat`, whose keys the rows need
             # hidden=True: runs are judged on every field, as JAX flattens them
             for item in fold_runs(items, repeats, stop, hidden=True):
@@ -1182,7 +1075,7 @@ def tree_summary(
                     position += len(item.items)
                     children = [child for _, _, child in item.items]
                     first = children[0]
-                    is_node = not stop(first) and _one_level(first) is not None
+                    is_node = not stop(first) and children_of(first) is not None
                     kind = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
                     if any(states[k] for k in span) or _roles.declares_state(first):
@@ -1209,15 +1102,14 @@ def tree_summary(
             if not leaves:
                 return
             names = _roles.leaf_roles(x, in_state, stop)
-            rule, kind = rule_for(x), type(x).__name__
-            if rule is not None and rule.type_name is not None:  # a node its rule names
-                kind = rule.type_name(x)
+            view = view_of(x)  # a rule with children may name the node
+            kind = type(x).__name__ if view is None else view.type_name(x)
             add_row(_path_text(keys), kind, sized(leaves, names), "")
             return
         if _summary_leaf(x):  # a frozen value, or a type a rule sums itself
             names = _roles.leaf_roles(x, in_state, _summary_leaf)
             parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
-        elif _one_level(x) is None:  # a leaf
+        elif children_of(x) is None:  # a leaf
             parts = [(_roles.leaf_role(x, in_state), *_leaf_count_size(x))]
         else:  # a node `is_leaf` stops at: its count is its leaves' unless a rule says it
             rule = rule_for(x)

@@ -28,8 +28,8 @@ from ._pprint import (
     is_function,
     picture_entries,
 )
-from ._pprint_registry import rule_for
-from ._structure import wrapper_of
+from ._pprint_registry import rule_for, view_of
+from ._structure import TREECLASS, node_type, wrapper_of
 from ._values import offer_display
 
 __all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display"]
@@ -169,26 +169,28 @@ def _render_child(value: Any, path: str | None, subtree_renderer: Any, repeats: 
     text = _own_text(value)
     if text is not None:
         return parts.build_one_line_tree_node(parts.text(text), path=path)
-    kind = type(value)
-    if repeats is not None and kind in (list, tuple, dict) and len(value) > 2 * repeats + 1:
-        if kind is dict:
-            items = [(f"{key!r}: ", f"[{key!r}]", child) for key, child in value.items()]
-        else:
-            items = [("", f"[{i}]", child) for i, child in enumerate(value)]
+    # treescope draws bare-bracket containers (dicts, lists, tuples) itself, but never
+    # folds them: those with long runs are drawn here, the way treescope would
+    view = view_of(value)
+    if repeats is not None and view is not None and not view.named:
+        items = view.items(value, False) or []
         folded = fold_runs(items, repeats)
         if len(folded) != len(items):
-            return _render_folded(value, folded, path, subtree_renderer, repeats)
+            return _render_node(folded, path, subtree_renderer, repeats, view.brackets)
     return subtree_renderer(value, path=path)
 
 
-def _render_folded(
-    value: Any, items: list[Any], path: str | None, subtree_renderer: Any, repeats: Any
+def _render_node(
+    items: list[Any],
+    path: str | None,
+    subtree_renderer: Any,
+    repeats: Any,
+    brackets: Any,
+    static_labels: frozenset[str] = frozenset(),
 ) -> Any:
-    """A list, tuple or dict with folded runs, drawn as treescope draws the container."""
+    """A node's `(label, key, child)` items and folded runs, drawn as treescope draws a node."""
     from treescope import rendering_parts as parts
 
-    brackets: dict[type, tuple[str, str]] = {list: ("[", "]"), tuple: ("(", ")"), dict: ("{", "}")}
-    opening, closing = brackets[type(value)]
     children = []
     for i, item in enumerate(items):
         last = i == len(items) - 1
@@ -199,13 +201,14 @@ def _render_folded(
         label, key, child = item
         child_path = None if path is None else path + key
         rendering = _render_child(child, child_path, subtree_renderer, repeats)
-        children.append(
-            parts.build_full_line_with_annotations(
-                parts.siblings_with_annotations(label, rendering), _separator(last)
+        line = [parts.siblings_with_annotations(label, rendering), _separator(last)]
+        if label in static_labels:
+            line.append(
+                parts.fold_condition(expanded=parts.comment_color(parts.text("  # static")))
             )
-        )
+        children.append(parts.build_full_line_with_annotations(*line))
     return parts.build_foldable_tree_node_from_children(
-        prefix=opening, children=children, suffix=closing, path=path
+        prefix=brackets[0], children=children, suffix=brackets[1], path=path
     )
 
 
@@ -250,24 +253,10 @@ def treescope_repr(
     from treescope import rendering_parts as parts
 
     cls = type(tree)
-    fields = _node.fields_of(cls)
-    shown = [
-        (name, value)
-        for name, value in _node.attributes(tree).items()
-        if name not in fields or fields[name].repr
-    ]
-    static_note = parts.comment_color(parts.text("  # static"))
-    children = []
-    for i, (name, value) in enumerate(shown):
-        child_path = None if path is None else f"{path}.{name}"
-        rendering = _render_child(value, child_path, subtree_renderer, repeats)
-        line = [
-            parts.siblings_with_annotations(f"{name}=", rendering),
-            _separator(i == len(shown) - 1),
-        ]
-        if name in fields and fields[name].static:
-            line.append(parts.fold_condition(expanded=static_note))
-        children.append(parts.build_full_line_with_annotations(*line))
+    # a rule's children, else the fields (a rule's text is for the other printers)
+    view = view_of(tree) or node_type(tree, TREECLASS)
+    items = (None if view is None else view.items(tree, False)) or []
+    static_labels = frozenset(f"{name}=" for name in _node.static_names(cls))
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
     opening = parts.siblings(
         parts.roundtrip_condition(roundtrip=parts.text("<")),
@@ -275,9 +264,7 @@ def treescope_repr(
         "(",
     )
     closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))
-    return parts.build_foldable_tree_node_from_children(
-        prefix=opening, children=children, suffix=closing, path=path
-    )
+    return _render_node(items, path, subtree_renderer, repeats, (opening, closing), static_labels)
 
 
 def wrapper_treescope_repr(wrapped: Any, path: str | None, subtree_renderer: Any) -> Any:

@@ -11,11 +11,15 @@ its subclasses.
 PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
 `.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
 setting one field of the same rule through `register_printer`.
+
+Every printer opens a node with `view_of`: a rule first (one with `children` is a row
+of the node view's table of node types, one with a text makes a leaf), then the table.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import operator
 import re
 import sys
@@ -23,7 +27,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["register_printer", "PrintRule", "printer_alias"]
+from ._structure import LEAF, NodeType, jax_children, named, node_kind, node_type
+from ._values import short_repr
+
+__all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
 
 
 class PrintRule(NamedTuple):
@@ -104,15 +111,6 @@ _checked: dict[type, PrintRule] = {}  # the same functions, checking what they r
 _resolved: dict[type, PrintRule | None] = {}  # per concrete type, including misses
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    try:
-        text = builtins.repr(value)
-    except Exception:
-        text = f"<{type(value).__name__}>"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _spelling(cls: type, field: str) -> str:
     text = f"`tc.register_printer({cls.__name__}, {field}=...)`"
     alias = _ALIAS_SPELLINGS.get(field)
@@ -127,7 +125,7 @@ def _result_error(
             field=field,
             cls=cls.__name__,
             spelling=_spelling(cls, field),
-            result=_short(result),
+            result=short_repr(result, 60),
             type=type(result).__name__,
             value=f"a `{type(value).__name__}`",
             expected=_EXPECTED[field],
@@ -159,7 +157,7 @@ def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
             raise _result_error(TypeError, cls, field, value, result) from None
         for pair in pairs:
             if not (isinstance(pair, tuple) and len(pair) == 2):
-                problem = f": the item {_short(pair)} is not a `(key, child)` pair"
+                problem = f": the item {short_repr(pair, 60)} is not a `(key, child)` pair"
                 raise _result_error(TypeError, cls, field, value, result, problem)
         return pairs
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
@@ -168,7 +166,7 @@ def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
     style: dict[builtins.str, Any] = {}
     for name, item in result.items():
         if not isinstance(name, builtins.str):
-            problem = f": the attribute name {_short(name)} is a `{type(name).__name__}`"
+            problem = f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`"
             raise _result_error(TypeError, cls, field, value, result, problem)
         if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
             problem = f": the attribute name {name!r} is not a graphviz attribute name"
@@ -390,3 +388,29 @@ def rule_for(value: Any) -> PrintRule | None:
     found = next((rules[base] for base in kind.__mro__ if base in rules), None)
     resolved[kind] = found
     return found
+
+
+@functools.lru_cache(maxsize=256)  # a rule is a tuple of functions: one row per rule
+def _rule_row(rule: PrintRule) -> NodeType:
+    row = NodeType(lambda value, hidden: named(rule.children(value)))  # type: ignore[misc]
+    return row if rule.type_name is None else row._replace(type_name=rule.type_name)
+
+
+def view_of(value: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeType | None:
+    """The row of the node view that shows `value`: its rule's, else the table's (`None`:
+    a leaf, as are the values `is_leaf` stops at and those whose rule gives a text)."""
+    kind = node_kind(value, is_leaf)
+    rule = None if kind is LEAF else rule_for(value)
+    if kind is LEAF or (rule is not None and rule.has_text):
+        return None
+    if rule is not None and rule.children is not None:
+        return _rule_row(rule)
+    return node_type(value, kind)
+
+
+def children_of(value: Any) -> list[tuple[Any, Any]] | None:
+    """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule shows them."""
+    rule = rule_for(value)
+    if rule is not None and rule.children is not None and not rule.has_text:
+        return list(rule.children(value))
+    return jax_children(value)

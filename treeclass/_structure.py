@@ -6,13 +6,19 @@ so there is one answer to "what are this node's children and their key entries",
 explanation of where a mask, a value or a label tree stops fitting a tree, with one way
 of writing the key path in messages: the root's class name (`MLP.layers[0].weight`), or
 `tree` when the root is a dict, list or tuple.
+
+Walkers open and rebuild a node as JAX flattens it (`node_kind`, `open_node`, `rebuild`);
+the printers show it through the table of node types (`node_type`, one `NodeType` row
+per kind of node: its shown children, how their keys read, its brackets), which also
+opens what JAX keeps whole (a plain dataclass, a `functools.partial`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -47,6 +53,11 @@ __all__ = [
     "is_leaf_node",
     "Wrapper",
     "wrapper_of",
+    "NodeType",
+    "node_type",
+    "key_text",
+    "named",
+    "jax_children",
 ]
 
 
@@ -232,6 +243,133 @@ _WRAPPERS: dict[type, Wrapper] = {
 def wrapper_of(node: Any) -> Wrapper | None:
     """The wrapper entry of `node`'s kind, or `None` when `node` is no wrapper."""
     return _WRAPPERS.get(type(node))
+
+
+# -- the table of node types: how the printers show each kind of node ------------------------
+
+Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
+
+
+def key_text(entry: Any) -> tuple[str, str]:
+    """`(label, path)` of a JAX key entry as printed: `("w=", ".w")`, `("'a': ", "['a']")`."""
+    if isinstance(entry, GetAttrKey):
+        return f"{entry.name}=", f".{entry.name}"
+    if isinstance(entry, DictKey):
+        return f"{entry.key!r}: ", f"[{entry.key!r}]"
+    if isinstance(entry, SequenceKey):
+        return "", f"[{entry.idx}]"
+    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
+        return "", f"[{entry.key}]"
+    return "", str(entry)
+
+
+def named(pairs: Iterable[tuple[Any, Any]] | None) -> Items | None:
+    """`(key entry, child)` pairs as `(label, path, child)` items (`key_text`)."""
+    return None if pairs is None else [(*key_text(key), child) for key, child in pairs]
+
+
+def jax_children(node: Any) -> list[tuple[Any, Any]] | None:
+    """`node`'s `(key entry, child)` pairs one level down as JAX flattens it; `None`: a leaf."""
+    opened = open_node(node, node_kind(node))
+    return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
+
+
+class NodeType(NamedTuple):
+    """One row of the table of node types: how the printers show one kind of node.
+
+    `items(node, hidden)`: the children shown, each with the texts naming its key,
+    `("w=", ".w", w)` or `("", "[0]", x)` (`hidden`: also `repr=False` fields), or `None`
+    to show the node as a leaf. `type_name(node)` names it in diagrams and summaries; it
+    prints between `brackets`, after its type name when `named`.
+    """
+
+    items: Callable[[Any, bool], Items | None]
+    named: bool = True
+    brackets: tuple[str, str] = ("(", ")")
+    type_name: Callable[[Any], str] = lambda node: type(node).__name__
+    single_comma: bool = False  # a one-element tuple keeps its comma
+
+
+def _treeclass_items(node: Any, hidden: bool) -> Items:
+    # every attribute in order, static fields too: the one display opening of a TreeClass
+    fields = _node.fields_of(type(node))
+    return [
+        (f"{name}=", f".{name}", value)
+        for name, value in _node.attributes(node).items()
+        if hidden or name not in fields or fields[name].repr
+    ]
+
+
+def _dataclass_items(node: Any, hidden: bool) -> Items:
+    return [
+        (f"{f.name}=", f".{f.name}", getattr(node, f.name))
+        for f in dataclasses.fields(node)
+        if (hidden or f.repr) and hasattr(node, f.name)
+    ]
+
+
+def _is_partial(node: Any) -> bool:
+    """`functools.partial`, `jax.tree_util.Partial`, `tc.Partial` and look-alikes."""
+    if isinstance(node, functools.partial):
+        return True
+    try:
+        return (
+            callable(getattr(node, "func", None))
+            and isinstance(node.args, tuple)
+            and isinstance(node.keywords, dict)
+        )
+    except Exception:
+        return False
+
+
+def _partial_items(node: Any, hidden: bool) -> Items:
+    # from the object: a registered partial keeps its function in the aux data
+    items = [("", ".func", node.func)]
+    items += [("", f".args[{i}]", arg) for i, arg in enumerate(node.args)]
+    return items + [(f"{k}=", f".keywords[{k!r}]", v) for k, v in node.keywords.items()]
+
+
+def _dict_items(node: Any, hidden: bool) -> Items:
+    return [(f"{k!r}: ", f"[{k!r}]", v) for k, v in node.items()]  # in insertion order
+
+
+def _sequence_items(node: Any, hidden: bool) -> Items:
+    return [("", f"[{i}]", v) for i, v in enumerate(node)]
+
+
+# rows by the walker's kind; `LEAF` and `NONE` print as leaves
+_BY_KIND: dict[Kind, NodeType] = {
+    TREECLASS: NodeType(_treeclass_items),
+    DICT: NodeType(_dict_items, named=False, brackets=("{", "}")),
+    LIST: NodeType(_sequence_items, named=False, brackets=("[", "]")),
+    TUPLE: NodeType(_sequence_items, named=False, single_comma=True),
+    NAMEDTUPLE: NodeType(
+        lambda node, hidden: [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
+    ),
+}
+# the other nodes, by the first test they pass (a wrapper prints as its mark and value)
+_BY_TEST: tuple[tuple[Callable[[Any], bool], NodeType | None], ...] = (
+    (lambda node: type(node) in _WRAPPERS, None),
+    (lambda node: isinstance(node, dict), NodeType(_dict_items, brackets=("({", "})"))),
+    (
+        lambda node: dataclasses.is_dataclass(node) and not isinstance(node, type),
+        NodeType(_dataclass_items),
+    ),
+    (_is_partial, NodeType(_partial_items)),
+    (lambda node: isinstance(node, (list, tuple)), NodeType(_sequence_items)),
+)
+# any other registered node: its children as JAX flattens it
+_GENERIC = NodeType(lambda node, hidden: named(jax_children(node)))
+
+
+def node_type(node: Any, kind: Kind) -> NodeType | None:
+    """The row of the table that shows `node` (of walker kind `kind`); `None`: a leaf."""
+    if kind is not GENERIC:
+        return _BY_KIND.get(kind)
+    for test, row in _BY_TEST:
+        if test(node):
+            return row
+    return _GENERIC
 
 
 # -- where two structures part ---------------------------------------------------------------
