@@ -45,7 +45,7 @@ __all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
 
 class _Step(NamedTuple):
     rules: tuple[Rule, ...] | None  # a rule table's step
-    function: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None  # a function's step
+    function: Callable[..., Any] | None  # a function's step: a mapping to a new mapping
     label: str  # "rules", or the function's name
 
 
@@ -197,10 +197,9 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
     # (depth, class name) -> the file's key paths of its nodes
     levels: dict[tuple[int, str], list[str]] = {}
     for name, stamp in stamps.items():
-        cls = classes.get(name)
-        if cls is None:
+        if name not in classes:
             continue
-        saved, mine = stamp["version"], version_of(cls)
+        saved, mine = stamp["version"], version_of(classes[name])
         if saved > mine:
             raise ValueError(_NEWER.format(location=location, cls=name, saved=saved, mine=mine))
         if saved < mine:
@@ -354,8 +353,8 @@ class _FunctionStep:
             if isinstance(value, NotLoaded):
                 outputs[name] = _Output("renamed", value.name, self._inner(value.name), frozenset())
             else:
-                source = next((k for k, v in self.others.items() if v is value), None)
-                outputs[name] = _Output("value", source, Stored(PLAIN, value=value), frozenset())
+                given = next((k for k, v in self.others.items() if v is value), None)
+                outputs[name] = _Output("value", given, Stored(PLAIN, value=value), frozenset())
         return outputs
 
     def _inner(self, name: str) -> Stored:
