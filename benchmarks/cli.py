@@ -239,6 +239,7 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
     """The main cases (workload first, checkpoints last) and the scaling cases of `mode`."""
     from .cases import FULL_SIZES, SMOKE_SIZES, all_cases
     from .checkpoint import CheckpointSize, checkpoint_cases, size_for_mb
+    from .foreign import FULL_FOREIGN, QUICK_FOREIGN, SMOKE_FOREIGN, foreign_case
     from .scaling import scaling_cases
     from .workload import WorkloadSize, workload_case
 
@@ -264,6 +265,8 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
         # a gigabyte saved and loaded by five tools takes minutes: asked for, not default
         if args.checkpoint_mb:
             cases += checkpoint_cases(size_for_mb(args.checkpoint_mb), folder=args.checkpoint_dir)
+    foreign = {"smoke": SMOKE_FOREIGN, "quick": QUICK_FOREIGN}.get(mode, FULL_FOREIGN)
+    cases.append(foreign_case(foreign, folder=args.checkpoint_dir))
     return cases, scaling_cases(sizes, mode, _parse_counts(args.scaling_sizes))
 
 

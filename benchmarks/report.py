@@ -508,8 +508,9 @@ def _memory_markdown(extra: dict[str, Any]) -> list[str]:
     leaf = extra["largest_leaf"]
     lines = [
         "",
-        f"Peak extra host memory of one save (largest leaf {_mib(leaf)}; header "
-        f"{extra['header'] if extra['header'] is not None else '—'} bytes):",
+        f"Peak extra host memory of one {extra.get('action', 'save')} (largest leaf "
+        f"{_mib(leaf)}; header {extra['header'] if extra['header'] is not None else '—'} "
+        "bytes):",
         "",
         "| implementation | peak extra | x largest leaf | note |",
         "|---|---:|---:|---|",
@@ -519,12 +520,11 @@ def _memory_markdown(extra: dict[str, Any]) -> list[str]:
         name = f"**{row['name']}**" if row["name"] == "treeclass" else row["name"]
         lines.append(f"| {name} | {_mib(row['extra'])} | {multiple} | {_cell(row['note'])} |")
     target = extra["target"]
-    lines += [
-        "",
-        f"Target: {target['text']}: {target['summary']}. Measured as "
+    how = extra.get("how") or (
         f"{extra['method'] or 'no method available'}, in a fresh interpreter per "
-        "implementation, minus the resident memory just before the save.",
-    ]
+        "implementation, minus the resident memory just before the save"
+    )
+    lines += ["", f"Target: {target['text']}: {target['summary']}. Measured as {how}."]
     return lines
 
 

@@ -129,6 +129,7 @@ def _smoke_case_names():
         *(case.name for case in all_cases(SMOKE_SIZES)),
         "checkpoint_save",
         "checkpoint_load",
+        "checkpoint_foreign_rules",
     ]
 
 
@@ -1296,3 +1297,19 @@ def test_checkpoint_memory_child_reports_a_peak(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["extra"] >= 0 and report["method"]
     assert list(tmp_path.iterdir()) == []  # the child removes what it wrote
+
+
+def test_foreign_weights_case_loads_the_same_model_both_ways_and_removes_its_file(tmp_path):
+    from benchmarks.foreign import SMOKE_FOREIGN, _loads, measure_memory
+
+    loads = _loads(SMOKE_FOREIGN, str(tmp_path))
+    ours, theirs = (loads[name]() for name in ("treeclass", "safetensors load_file + tree_map"))
+    assert cases_module.compare(canonical(ours), canonical(theirs)) is None
+    assert ours.blocks[1].up.shape == (16, 32)  # [in, out]: transposed from [2w, w]
+    memory = measure_memory(SMOKE_FOREIGN, str(tmp_path))
+    assert [row["name"] for row in memory["rows"]] == [
+        "treeclass",
+        "safetensors load_file + tree_map",
+    ]
+    assert all(row["extra"] > 0 for row in memory["rows"]) and memory["action"] == "load"
+    assert list(tmp_path.iterdir()) == []

@@ -21,6 +21,7 @@ from typing_extensions import Self, dataclass_transform
 from . import _node
 from ._at import AtIndexer
 from ._autoinit import build_init
+from ._checkpoint._versions import declare as declare_version
 from ._fields import MISSING, Field, add_field_note, collect_fields, field
 from ._pprint import tree_repr, tree_str
 from ._pprint_html import html_display, treescope_repr
@@ -144,6 +145,10 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
 
     - `leafwise=True`: add leafwise arithmetic and comparison operators
       (see `treeclass.leafwise`).
+    - `version=N`, `migrations={from_version: step}`: the class's checkpoint version
+      (0 when not given; subclasses inherit it) and the steps `tc.load` runs to upgrade
+      older files, each a rule table as `rules=` takes or a function of a name ->
+      array mapping; see the checkpoints guide, "Versions and migrations".
 
     ```python
     import jax, jax.numpy as jnp
@@ -164,7 +169,14 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
     # a descriptor in place of the `__dict__` slot, which typeshed declares as a mapping
     __dict__ = _AttributesView()  # pyright: ignore[reportGeneralTypeIssues,reportAssignmentType]
 
-    def __init_subclass__(cls, *, leafwise: bool = False, **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls,
+        *,
+        leafwise: bool = False,
+        version: int | None = None,
+        migrations: dict[int, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init_subclass__(**kwargs)
         slots = cls.__dict__.get("__slots__", ())
         slots = (slots,) if isinstance(slots, str) else tuple(slots)
@@ -195,6 +207,7 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
             elif not getattr(inherited, "__tc_sealing__", False):
                 # an __init__ from a plain mixin: it must seal too
                 type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
+        declare_version(cls, version, migrations)  # a class attribute: never on the flatten path
         _node.register(cls)
         if leafwise:
             from ._leafwise import leafwise as make_leafwise

@@ -25,6 +25,7 @@ from ._tree import (
     restore,
     state_dict_of,
 )
+from ._versions import migrate
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 
@@ -488,7 +489,7 @@ def load(
     """
     path = os.fspath(path)
     with open_for_reading(path) as file:
-        catalog = _with_rules(SourceCatalog(SafetensorsFile(file, path)), rules)
+        catalog = _with_rules(migrate(SourceCatalog(SafetensorsFile(file, path)), like), rules)
         return restore(
             like,
             catalog,

@@ -6,7 +6,8 @@ Any format with string metadata can carry it (safetensors does, under the key
     {"format": "treeclass", "version": 1, "root": "MLP",
      "tensors": {name: {"kind": ...}},                  # plus "dtype"/"shape" for raw bytes
      "values":  {name: {"kind": ..., "value": ...}},    # plain data, JSON-encoded
-     "objects": {name: {"kind": ..., "type": ...}}}     # not saved: from the template
+     "objects": {name: {"kind": ..., "type": ...}},     # not saved: from the template
+     "versions": {class name: {"version": ..., "at": [key paths of its nodes]}}}
 
 `kind` is `"leaf"`, `"frozen"` or `"static"`. dtypes a format cannot name (complex128,
 float8_e3m4, int4, PRNG keys, ...) are stored as raw little-endian bytes (`uint8` with a
@@ -47,6 +48,7 @@ from ._tree import (
     is_weak,
     numpy_dtype,
 )
+from ._versions import class_versions
 
 __all__ = [
     "FORMAT_VERSION",
@@ -202,6 +204,7 @@ def plan(
         "tensors": {t.name: t.record for t in tensors},
         "values": values,
         "objects": objects,
+        "versions": class_versions(tree),
     }
     return json.dumps(document, separators=(",", ":")), tensors
 
@@ -279,6 +282,8 @@ class SourceCatalog:
         self.records_values = document is not None
         document = document or {}
         self.root = document.get("root")
+        # checkpoint versions by class name; None: written before versions were stamped
+        self.class_versions = self._class_versions(document.get("versions"))
         raw = document.get("tensors", {})
         recorded = self.records_values
         self.tensors = {name: self._tensor(name, raw.get(name), recorded) for name in source.keys()}
@@ -330,6 +335,23 @@ class SourceCatalog:
             ):
                 self._corrupt(f"the {part!r} of its treeclass metadata are malformed")
         return document
+
+    def _class_versions(self, stamps: Any) -> dict[str, int] | None:
+        if stamps is None:
+            return None
+
+        def valid(stamp: Any) -> bool:
+            return (
+                isinstance(stamp, dict)
+                and type(stamp.get("version")) is int
+                and stamp["version"] >= 0
+                and isinstance(stamp.get("at"), list)
+                and all(isinstance(at, str) for at in stamp["at"])
+            )
+
+        if not isinstance(stamps, dict) or not all(map(valid, stamps.values())):
+            self._corrupt(f"the class versions of its treeclass metadata are malformed: {stamps!r}")
+        return stamps
 
     def _tensor(self, name: str, raw: dict | None, recorded: bool) -> _Tensor:
         info = self.source.info(name)

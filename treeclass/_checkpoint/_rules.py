@@ -158,7 +158,9 @@ class RuledCatalog:
             captures = dict(zip(rule.captures, values))
             for position, target in enumerate(rule.targets):
                 self._add(_fill(target, captures), _Mapped(rule, sources, position))
-        self._abstract: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
+        # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
+        # are traced once, not 24 times
+        self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
 
     def _add(self, name: str, mapped: _Mapped) -> None:
@@ -189,9 +191,10 @@ class RuledCatalog:
                 f"{self.title}: key rule {mapped.rule.text()} transforms "
                 f"{list(mapped.sources)} in {self.label}, which are not all tensors"
             )
-        key = (mapped.rule, mapped.sources)
+        inputs = tuple((p.shape, p.dtype) for p in parts if p is not None)
+        key = (mapped.rule, inputs)
         if key not in self._abstract:
-            structs = [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in parts if p is not None]
+            structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
             self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
         out = self._abstract[key][mapped.position]
         return Stored(TENSOR, dtype_name(out), tuple(out.shape))

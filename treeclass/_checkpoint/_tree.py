@@ -415,6 +415,8 @@ class LoadReport(NamedTuple):
     - `restored`: key paths whose value came from the checkpoint.
     - `sources`: for each restored path, the checkpoint names it was read from (one,
       or several when a key rule concatenated them).
+    - `migrations`: the migration steps of versioned classes that ran, in order
+      (`"Encoder 1 -> 2 (rules) at encoder"`); see the class keyword `version=`.
 
     `kept` is `missing + mismatched`: every path left at the template's value. Key paths
     outside a partial load's selection appear nowhere.
@@ -439,6 +441,7 @@ class LoadReport(NamedTuple):
     messages: tuple[str, ...]
     restored: tuple[str, ...] = ()
     sources: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    migrations: tuple[str, ...] = ()
 
     @property
     def kept(self) -> tuple[str, ...]:
@@ -589,10 +592,7 @@ class _Checker:
         restored = [
             (e, path_str(self.like, e.path)) for e, d in zip(found, decisions) if d == _TAKE
         ]
-        origins = getattr(self.source, "sources", None)  # a catalog of key rules says
-        sources = {
-            where: origins(e.name) if origins is not None else (e.name,) for e, where in restored
-        }
+        sources = {where: _origins(self.source, e.name) for e, where in restored}
         return LoadReport(
             tuple(self.missing),
             tuple(self.mismatched),
@@ -600,7 +600,31 @@ class _Checker:
             tuple(messages),
             tuple(where for _, where in restored),
             MappingProxyType(sources),
+            _migrations(self.source),
         )
+
+
+def _origins(catalog: Any, name: str) -> tuple[str, ...]:
+    """The names in the checkpoint itself that `name` of `catalog` is made of.
+
+    A catalog wrapping another (key rules, a migration step) has `inner` and says which of
+    its names each of its own is made of (`sources`); the chain is followed to the file.
+    """
+    names: tuple[str, ...] = (name,)
+    while hasattr(catalog, "inner") and hasattr(catalog, "sources"):
+        names = tuple(dict.fromkeys(n for own in names for n in catalog.sources(own)))
+        catalog = catalog.inner
+    return names
+
+
+def _migrations(catalog: Any) -> tuple[str, ...]:
+    """The migration steps in a chain of catalogs (each one's `migration`), in order."""
+    ran = []
+    while catalog is not None:
+        if getattr(catalog, "migration", None) is not None:
+            ran.append(catalog.migration)
+        catalog = getattr(catalog, "inner", None)
+    return tuple(reversed(ran))
 
 
 def _mismatch_kind(entry: Entry, what: str) -> str:

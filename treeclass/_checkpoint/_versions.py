@@ -1,0 +1,497 @@
+"""Versioned models: a class's checkpoint version, its migrations, and applying them.
+
+A TreeClass declares its version and the steps that upgrade older checkpoints with class
+keywords (`declare`, called by `TreeClass.__init_subclass__`):
+
+    class Model(tc.TreeClass, version=2, migrations={0: {"w": "weight"}, 1: split_qkv}):
+
+`migrations` maps a version to the step that upgrades a checkpoint from it to the next:
+a rule table (the language of `tc.load(..., rules=)`) or a function from a mapping of
+names to arrays to a new mapping. The declaration lives on the class (`_tc_versions`,
+inherited by subclasses that declare none), never on instances: flattening does not see
+it.
+
+`tc.save` stamps, for every TreeClass class in the tree, its version and the key paths
+of its nodes into treeclass's metadata (`class_versions`); `tc.load` turns the file's
+catalog into a migrated one (`migrate`) before the user's rules see it. Steps run on the
+file's own layout, nested nodes first: each node's steps (from the file's version of its
+class up to the template's) see the names under its key path in the file, relative to
+it, with its nested nodes already upgraded; so a class's steps name its own fields and
+move nested ones as a whole (`{"enc.{rest*}": "encoder.{rest}"}`), and the user's rules
+then map the upgraded file onto the template. Names are mapped without reading a tensor;
+a function step is traced with `jax.ShapeDtypeStruct`s for the checks (and dry runs),
+and runs on NumPy arrays only when one of the tensors it computes is restored, reading
+only the tensors those depend on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.extend.core import Var
+
+from .. import _node
+from .._frozen import is_frozen, unfreeze
+from .._values import entry_name
+from ._rules import Rule, RuledCatalog, compile_rules
+from ._tree import PLAIN, TENSOR, Catalog, Stored, dtype_name, is_plain, numpy_dtype
+
+__all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
+
+
+class _Step(NamedTuple):
+    rules: tuple[Rule, ...] | None  # a rule table's step
+    function: Callable[..., Any] | None  # a function's step: a mapping to a new mapping
+    label: str  # "rules", or the function's name
+
+
+class _Versions(NamedTuple):
+    version: int
+    steps: Mapping[int, _Step]  # from-version -> the step to the next version
+
+
+_BAD_VERSION = (
+    "class {cls}: version= takes its checkpoint version, an int >= 0; got {value!r}:\n"
+    "    class {cls}(tc.TreeClass, version=2, migrations={{1: {{'w': 'weight'}}}}):"
+)
+_BAD_MIGRATIONS = (
+    "class {cls}: migrations= maps a version before {version} to the step upgrading a "
+    "checkpoint from it to the next ({{1: {{'w': 'weight'}}}} renames `w` from version 1 "
+    "to 2); {problem}"
+)
+
+
+def declare(cls: type, version: Any, migrations: Any) -> None:
+    """Check a class's `version=` and `migrations=` keywords and keep them on the class.
+
+    `version=None` with `migrations=None` declares nothing (the class inherits its
+    base's declaration, or has version 0).
+    """
+    name = cls.__name__
+    if version is None:
+        if migrations is not None:
+            raise TypeError(
+                f"class {name}: migrations= needs version= (the version they lead up to)"
+            )
+        return
+    if type(version) is not int or version < 0:
+        raise TypeError(_BAD_VERSION.format(cls=name, value=version))
+    if migrations is None:
+        migrations = {}
+    if not isinstance(migrations, Mapping):
+        problem = f"got a {type(migrations).__name__}"
+        raise TypeError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
+    steps = {}
+    for start, step in migrations.items():
+        if type(start) is not int or not 0 <= start < version:
+            problem = f"got the key {start!r}"
+            raise ValueError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
+        if callable(step):
+            label = getattr(step, "__name__", type(step).__name__)
+            steps[start] = _Step(None, step, label)
+            continue
+        try:
+            rules = compile_rules(step)
+        except (TypeError, ValueError) as error:
+            raise type(error)(
+                f"class {name}: the migration from version {start} to {start + 1} is a "
+                f"function or a rule table; {error}"
+            ) from None
+        steps[start] = _Step(rules, None, "rules")
+    record = _Versions(version, MappingProxyType(dict(sorted(steps.items()))))
+    type.__setattr__(cls, "_tc_versions", record)
+
+
+def _versions(cls: type) -> _Versions | None:
+    return getattr(cls, "_tc_versions", None)
+
+
+def version_of(cls: type) -> int:
+    """The checkpoint version a TreeClass class declares (0 when it declares none)."""
+    record = _versions(cls)
+    return 0 if record is None else record.version
+
+
+# --------------------------------------------------------------------------------------
+# The TreeClass nodes of a tree, with their checkpoint names
+# --------------------------------------------------------------------------------------
+
+
+def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
+    """`(depth, name, class)` of every TreeClass node, frozen subtrees included; `name` is
+    its key path joined with dots (`blocks.0`; `""` for the root), as checkpoints name it."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
+    while stack:
+        node, path = stack.pop()
+        if is_frozen(node):
+            node = unfreeze(node)
+        if _node.is_treeclass(node):
+            yield len(path), ".".join(path), type(node)
+
+        def stop(x: Any, node: Any = node) -> bool:
+            return x is not node and (is_frozen(x) or _node.is_treeclass(x))
+
+        found = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)[0]
+        for keys, child in reversed(found):
+            if child is not node and (is_frozen(child) or _node.is_treeclass(child)):
+                stack.append((child, (*path, *(str(entry_name(k)) for k in keys))))
+
+
+def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
+    """The checkpoint version of every TreeClass class in `tree` and where its nodes are,
+    by class name, for the file's metadata: `{"Encoder": {"version": 2, "at": ["encoder"]}}`
+    (`""` is the root). `ValueError` when two classes of one name declare different
+    versions."""
+    found: dict[str, type] = {}
+    at: dict[str, list[str]] = {}
+    for _, name, cls in _nodes(tree):
+        other = found.setdefault(cls.__name__, cls)
+        if other is not cls and version_of(other) != version_of(cls):
+            raise ValueError(
+                f"two classes named {cls.__name__} ({other.__module__}.{other.__qualname__}, "
+                f"version {version_of(other)}, and {cls.__module__}.{cls.__qualname__}, "
+                f"version {version_of(cls)}) are in the tree: a checkpoint records versions "
+                "by class name. Rename one of them."
+            )
+        at.setdefault(cls.__name__, []).append(name)
+    return {name: {"version": version_of(cls), "at": at[name]} for name, cls in found.items()}
+
+
+# --------------------------------------------------------------------------------------
+# Migrating a catalog
+# --------------------------------------------------------------------------------------
+
+_NEWER = (
+    "{location} holds a `{cls}` saved at checkpoint version {saved}, newer than this "
+    "`{cls}` (version {mine}): it was written by newer code. Load it with that code, or "
+    "bring this class up to version {saved} (with the migrations that lead there)."
+)
+
+
+def migrate(catalog: Catalog, like: Any) -> Catalog:
+    """`catalog` with the migrations of `like`'s classes applied (see the module docstring).
+
+    Each node the file records (its class's name, version and key path in the file) is
+    upgraded by the template's class of that name, nested nodes first, each under its
+    own key path in the file. A catalog that is not a treeclass file (a state dict,
+    another tool's file) is unversioned and returned as it is; a treeclass file without
+    stamps (written before treeclass had versions) holds version 0 of every class, at
+    the template's key paths. A class the template lacks is not migrated. `ValueError`
+    when the file holds a newer version of a class than the template's.
+    """
+    if not getattr(catalog, "records_values", False):
+        return catalog
+    stamps = getattr(catalog, "class_versions", None)
+    location = getattr(catalog, "location", catalog.title)
+    classes: dict[str, type] = {}
+    placed: dict[str, list[str]] = {}
+    for _, name, cls in _nodes(like):
+        classes.setdefault(cls.__name__, cls)
+        placed.setdefault(cls.__name__, []).append(name)
+    if stamps is None:
+        stamps = {name: {"version": 0, "at": at} for name, at in placed.items()}
+    # (depth, class name) -> the file's key paths of its nodes
+    levels: dict[tuple[int, str], list[str]] = {}
+    for name, stamp in stamps.items():
+        if name not in classes:
+            continue
+        saved, mine = stamp["version"], version_of(classes[name])
+        if saved > mine:
+            raise ValueError(_NEWER.format(location=location, cls=name, saved=saved, mine=mine))
+        if saved < mine:
+            for prefix in stamp["at"]:
+                depth = 0 if not prefix else prefix.count(".") + 1
+                levels.setdefault((depth, name), []).append(prefix)
+    # the deepest nodes first: a class's steps then see its nested nodes' current names
+    for depth, name in sorted(levels, key=lambda level: -level[0]):
+        record = _versions(classes[name])
+        assert record is not None
+        for start in range(stamps[name]["version"], record.version):
+            step = record.steps.get(start)
+            if step is not None:  # a version without a step changed no names
+                catalog = _Layer(catalog, levels[depth, name], step, name, start)
+    return catalog
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+class _Subtree:
+    """The names of a catalog under one node's prefix, without it: a class's own view."""
+
+    def __init__(self, inner: Catalog, prefix: str, names: list[str]) -> None:
+        self.inner, self.prefix, self.relative = inner, prefix, names
+        self.label, self.title, self.call = inner.label, inner.title, inner.call
+        self.records_values = inner.records_values
+        self.problems: list[str] = []
+
+    def names(self) -> Iterator[str]:
+        return iter(self.relative)
+
+    def stored(self, name: str) -> Stored | None:
+        return self.inner.stored(_join(self.prefix, name))
+
+    def fetch(self, name: str) -> Any:
+        return self.inner.fetch(_join(self.prefix, name))
+
+
+class NotLoaded:
+    """What a function migration step sees for a value it cannot compute with: an object
+    the checkpoint recorded only by type (a function), or a tensor of a dtype NumPy lacks
+    (PRNG keys). Return it under a new name to rename it, or leave it out to drop it."""
+
+    __slots__ = ("name", "what")
+
+    def __init__(self, name: str, what: str) -> None:
+        self.name, self.what = name, what
+
+    def __repr__(self) -> str:
+        return f"<{self.what} {self.name!r}, not loaded>"
+
+
+class _Output(NamedTuple):
+    kind: str  # "renamed" (from `source`), "computed" (a tensor), "value" (a plain value)
+    source: str | None
+    stored: Stored
+    depends: frozenset[str]  # computed: the input tensors it is computed from
+
+
+class _FunctionStep:
+    """A function migration step applied to one node's names (see the module docstring)."""
+
+    def __init__(self, view: _Subtree, step: _Step, context: str) -> None:
+        self.view, self.context = view, context
+        self.function = step.function
+        self.label, self.title, self.call = view.label, view.title, view.call
+        self.records_values = view.records_values
+        self.problems: list[str] = []
+        self.structs: dict[str, jax.ShapeDtypeStruct] = {}
+        self.others: dict[str, Any] = {}  # plain values, and what is passed unloaded
+        for name in view.names():
+            stored = view.stored(name)
+            assert stored is not None
+            dtype = numpy_dtype(stored.dtype) if stored.category == TENSOR else None
+            if dtype is not None:
+                self.structs[name] = jax.ShapeDtypeStruct(stored.shape, dtype)
+            elif stored.category == PLAIN:
+                self.others[name] = stored.value
+            else:
+                what = "a tensor" if stored.category == TENSOR else f"a {stored.value}"
+                self.others[name] = NotLoaded(name, what)
+        self.outputs = self._trace()
+        self._cache: dict[str, Any] = {}
+
+    def _fail(self, reason: str) -> ValueError:
+        return ValueError(f"{self.title}: {self.context} {reason}")
+
+    def _call(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """The function's results on `tensors` (and the other values), checked: array
+        results apart from the rest."""
+        try:
+            result = self.function(MappingProxyType({**tensors, **self.others}))  # type: ignore[misc]
+        except Exception as error:
+            raise self._fail(
+                f"failed: {type(error).__name__}: {error}. A step gets the node's names "
+                "mapped to arrays (jax.ShapeDtypeStructs while the template is checked: "
+                "compute with jnp or array methods) and returns a new mapping"
+            ) from None
+        if not isinstance(result, Mapping) or not all(isinstance(k, str) for k in result):
+            raise self._fail(
+                f"returned a {type(result).__name__}; a step returns a mapping of names to "
+                "arrays or values"
+            )
+        return dict(result)
+
+    def _trace(self) -> dict[str, _Output]:
+        plain: dict[str, Any] = {}
+        names: list[str] = []
+
+        def traced(tensors: dict[str, Any]) -> dict[str, Any]:
+            arrays = {}
+            for key, value in self._call(tensors).items():
+                if isinstance(value, NotLoaded):
+                    plain[key] = value
+                elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
+                    arrays[key] = value
+                elif is_plain(value):
+                    plain[key] = value
+                else:
+                    raise self._fail(
+                        f"returned a {type(value).__name__} for {key!r}: a step returns "
+                        "arrays, plain values (numbers, strings), or what it was given"
+                    )
+            names.extend(sorted(arrays))
+            return arrays
+
+        closed, shapes = jax.make_jaxpr(traced, return_shape=True)(self.structs)
+        jaxpr = closed.jaxpr
+        depends: dict[Any, frozenset[str]] = {
+            var: frozenset({name}) for var, name in zip(jaxpr.invars, sorted(self.structs))
+        }
+        for equation in jaxpr.eqns:
+            used = frozenset().union(
+                *(depends.get(v, frozenset()) for v in equation.invars if isinstance(v, Var))
+            )
+            for var in equation.outvars:
+                depends[var] = used
+        inputs = {var: name for var, name in zip(jaxpr.invars, sorted(self.structs))}
+        outputs: dict[str, _Output] = {}
+        for name, var, shape in zip(names, jaxpr.outvars, jax.tree_util.tree_leaves(shapes)):
+            if isinstance(var, Var) and var in inputs:
+                source = inputs[var]
+                outputs[name] = _Output("renamed", source, self._inner(source), frozenset())
+            else:
+                stored = Stored(TENSOR, dtype_name(shape), tuple(shape.shape))
+                found = depends.get(var, frozenset()) if isinstance(var, Var) else frozenset()
+                outputs[name] = _Output("computed", None, stored, found)
+        for name, value in plain.items():
+            if isinstance(value, NotLoaded):
+                outputs[name] = _Output("renamed", value.name, self._inner(value.name), frozenset())
+            else:
+                given = next((k for k, v in self.others.items() if v is value), None)
+                outputs[name] = _Output("value", given, Stored(PLAIN, value=value), frozenset())
+        return outputs
+
+    def _inner(self, name: str) -> Stored:
+        stored = self.view.stored(name)
+        assert stored is not None
+        return stored
+
+    def names(self) -> Iterator[str]:
+        return iter(self.outputs)
+
+    def sources(self, name: str) -> tuple[str, ...]:
+        output = self.outputs[name]
+        if output.kind == "computed":
+            return tuple(sorted(output.depends))
+        return () if output.source is None else (output.source,)
+
+    def stored(self, name: str) -> Stored | None:
+        output = self.outputs.get(name)
+        return None if output is None else output.stored
+
+    def fetch(self, name: str) -> Any:
+        output = self.outputs[name]
+        if output.kind == "renamed":
+            assert output.source is not None
+            return self.view.fetch(output.source)
+        if output.kind == "value":
+            return output.stored.value
+        if name not in self._cache:
+            # every computed result at once (a function is one call), each dropped once
+            # restored; only the tensors they are computed from are read
+            needed = frozenset().union(
+                *(o.depends for o in self.outputs.values() if o.kind == "computed")
+            )
+            tensors = {
+                n: self.view.fetch(n) if n in needed else struct
+                for n, struct in self.structs.items()
+            }
+            result = self._call(tensors)
+            for key, output in self.outputs.items():
+                if output.kind != "computed":
+                    continue
+                value = result.get(key)
+                shape = getattr(value, "shape", None)
+                if (
+                    shape is None
+                    or tuple(shape) != output.stored.shape
+                    or (dtype_name(value) != output.stored.dtype)
+                ):
+                    raise self._fail(
+                        f"gave {key!r} as {value!r:.60} when run, not the "
+                        f"{output.stored.describe()[3:]} it gave while checked"
+                    )
+                self._cache[key] = value
+        return self._cache.pop(name)
+
+
+class _Layer:
+    """One migration step of one class, applied to each of its nodes at one depth."""
+
+    def __init__(
+        self, inner: Catalog, prefixes: list[str], step: _Step, cls: str, start: int
+    ) -> None:
+        self.inner = inner
+        self.label, self.title, self.call = inner.label, inner.title, inner.call
+        self.records_values = inner.records_values
+        shown = ", ".join(p or "the root" for p in prefixes[:3])
+        more = f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else ""
+        # the report's line, and the context of an error
+        self.migration = f"{cls} {start} -> {start + 1} ({step.label}) at {shown}{more}"
+        self.context = (
+            f"the migration of `{cls}` from version {start} to {start + 1} ({step.label}) at"
+        )
+        wanted = set(prefixes)
+        groups: dict[str, list[str]] = {p: [] for p in prefixes}
+        outside: list[str] = []
+        for name in inner.names():
+            owner = "" if "" in wanted else None
+            if owner is None:
+                parts = name.split(".")
+                owner = next(
+                    (p for k in range(1, len(parts)) if (p := ".".join(parts[:k])) in wanted),
+                    None,
+                )
+            (outside if owner is None else groups[owner]).append(name)
+        self.mapped: dict[str, tuple[Any, str]] = {name: (None, name) for name in outside}
+        self.problems = list(inner.problems)
+        for prefix, names in groups.items():
+            cut = len(prefix) + 1 if prefix else 0
+            view = _Subtree(inner, prefix, [n[cut:] for n in names])
+            context = f"{self.context} {prefix or 'the root'}"
+            if step.rules is None:
+                part: Any = _FunctionStep(view, step, context)
+            else:
+                try:
+                    part = RuledCatalog(view, step.rules)
+                except ValueError as error:
+                    raise ValueError(f"{error} (in {context})") from None
+            self.problems.extend(f"{line} (in {context})" for line in part.problems)
+            for name in part.names():
+                full = _join(prefix, name)
+                other = self.mapped.setdefault(full, (part, name))
+                if other != (part, name):
+                    raise ValueError(
+                        f"{self.title}: {context} makes the name {full!r}, which the "
+                        f"{self.label} holds already; make the step tell them apart"
+                    )
+
+    def names(self) -> Iterator[str]:
+        return iter(self.mapped)
+
+    def sources(self, name: str) -> tuple[str, ...]:
+        part, inner_name = self.mapped[name]
+        if part is None:
+            return (name,)
+        prefix = part.view.prefix if isinstance(part, _FunctionStep) else part.inner.prefix
+        return tuple(_join(prefix, n) for n in part.sources(inner_name))
+
+    def stored(self, name: str) -> Stored | None:
+        found = self.mapped.get(name)
+        if found is None:
+            return None
+        part, inner_name = found
+        if part is None:
+            return self.inner.stored(name)
+        return self._within(part, lambda: part.stored(inner_name))
+
+    def fetch(self, name: str) -> Any:
+        part, inner_name = self.mapped[name]
+        if part is None:
+            return self.inner.fetch(name)
+        return self._within(part, lambda: part.fetch(inner_name))
+
+    def _within(self, part: Any, run: Callable[[], Any]) -> Any:
+        if isinstance(part, _FunctionStep):
+            return run()  # its errors say where they come from
+        try:
+            return run()
+        except ValueError as error:
+            prefix = part.inner.prefix
+            raise ValueError(f"{error} (in {self.context} {prefix or 'the root'})") from None
