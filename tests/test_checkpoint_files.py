@@ -445,12 +445,29 @@ def test_an_io_error_inside_a_tensor_names_the_file_and_the_key_path(tmp_path, m
     tc.save(path, {"layers": [{"w": jnp.ones(3)}]})
     opened = _api.open_for_reading
     monkeypatch.setattr(_api, "open_for_reading", lambda p: _FailingReads(opened(p)))
+    monkeypatch.delattr(os, "preadv", raising=False)  # read through the file object
     with pytest.raises(OSError) as info:
         tc.load(path, {"layers": [{"w": jnp.zeros(3)}]})
     message = str(info.value)
     assert info.value.errno == errno.EIO and info.value.filename == str(path)
     assert "'layers.0.w'" in message and "tree['layers'][0]['w']" in message, message
     assert "Input/output error" in message
+
+
+@pytest.mark.skipif(not hasattr(os, "preadv"), reason="positioned reads are POSIX-only")
+def test_an_io_error_of_a_positioned_read_names_the_file_and_the_key_path(tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"layers": [{"w": jnp.ones(3)}]})
+
+    def failing(descriptor: int, buffers: Any, offset: int) -> int:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", failing)
+    with pytest.raises(OSError) as info:
+        tc.load(path, {"layers": [{"w": jnp.zeros(3)}]})
+    message = str(info.value)
+    assert info.value.errno == errno.EIO and info.value.filename == str(path)
+    assert "'layers.0.w'" in message and "tree['layers'][0]['w']" in message, message
 
 
 def test_a_save_into_a_missing_folder_names_the_target(tmp_path):

@@ -72,6 +72,14 @@ class SafetensorsFile:
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.file = file
         self.location = location
+        # positioned reads straight into the caller's buffer where the OS has them, with
+        # no read-ahead copy, so many small slices (one row per shard) cost what they read
+        self._descriptor: int | None = None
+        if hasattr(os, "preadv"):
+            try:
+                self._descriptor = file.fileno()
+            except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError
+                pass
         size = os.fstat(file.fileno()).st_size
         head = file.read(8)
         if len(head) < 8:
@@ -163,11 +171,15 @@ class SafetensorsFile:
         tensor = self.tensors[key]
         start, stop = tensor.start + start, tensor.start + min(stop, tensor.stop - tensor.start)
         buffer = np.empty(max(stop - start, 0), np.uint8)
-        self.file.seek(self.data_start + start)
-        view, done = buffer.data, 0
+        view, done, offset = buffer.data, 0, self.data_start + start
+        if self._descriptor is None:
+            self.file.seek(offset)
         try:
             while done < len(buffer):
-                count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+                if self._descriptor is None:
+                    count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+                else:
+                    count = os.preadv(self._descriptor, [view[done:]], offset + done)
                 if not count:
                     self._corrupt(f"it ended inside the data of tensor {key!r}")
                 done += count
