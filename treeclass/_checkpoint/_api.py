@@ -12,10 +12,12 @@ import jax
 from .._at import AtIndexer
 from .._frozen import is_frozen
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
-from ._files import open_for_reading, write_atomically
+from ._files import write_atomically
+from ._formats import open_source
 from ._processes import save_from_processes
 from ._rules import RuledCatalog, compile_rules
-from ._safetensors import OutTensor, SafetensorsFile, can_store, header_bytes, write_tensors
+from ._safetensors import OutTensor, can_store, header_bytes, write_tensors
+from ._sharded import ShardedSave
 from ._tree import (
     STATIC,
     Catalog,
@@ -33,6 +35,7 @@ PyTree = Any
 _T = TypeVar("_T")
 Missing = Literal["error", "keep", "warn"]
 Unexpected = Literal["error", "ignore"]
+Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
 def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
@@ -227,7 +230,7 @@ def from_state_dict(
     )
 
 
-def save(path: str | os.PathLike, tree: PyTree) -> None:
+def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | None = None) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
 
     Every array (frozen ones too) and numpy scalar is a tensor named by its key path
@@ -282,6 +285,7 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
     """
     path = os.fspath(path)
     try:
+        shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
         found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
         document, planned = plan(tree, found, can_store)
         tensors = [
@@ -293,9 +297,12 @@ def save(path: str | os.PathLike, tree: PyTree) -> None:
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
         # in a run of several processes: process 0 writes, the others gather with it
-        write = functools.partial(
-            write_atomically, path, lambda f: write_tensors(f, header, tensors)
-        )
+        if shards is None:
+            write = functools.partial(
+                write_atomically, path, lambda f: write_tensors(f, header, tensors)
+            )
+        else:
+            write = functools.partial(shards.write, {METADATA_KEY: document}, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
         if error.errno is None:
@@ -329,6 +336,7 @@ def load(
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
+    format: Format | None = None,
 ) -> _T: ...
 @overload
 def load(
@@ -341,6 +349,7 @@ def load(
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
+    format: Format | None = None,
 ) -> tuple[_T, LoadReport]: ...
 @overload
 def load(
@@ -353,6 +362,7 @@ def load(
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[True],
+    format: Format | None = None,
 ) -> LoadReport: ...
 @overload
 def load(
@@ -365,6 +375,7 @@ def load(
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
+    format: Format | None = None,
 ) -> Any: ...
 def load(
     path: str | os.PathLike,
@@ -376,6 +387,7 @@ def load(
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
+    format: Format | None = None,
 ) -> Any:
     """Load the checkpoint at `path` into the template `like`.
 
@@ -487,9 +499,9 @@ def load(
     assert model.weight.shape == (3, 2)
     ```
     """
-    path = os.fspath(path)
-    with open_for_reading(path) as file:
-        catalog = _with_rules(migrate(SourceCatalog(SafetensorsFile(file, path)), like), rules)
+    source = open_source(os.fspath(path), like, format)
+    try:
+        catalog = _with_rules(migrate(SourceCatalog(source), like), rules)
         return restore(
             like,
             catalog,
@@ -500,3 +512,5 @@ def load(
             unexpected=unexpected,
             dry_run=dry_run,
         )
+    finally:
+        source.close()

@@ -1,0 +1,135 @@
+"""equinox's `tree_serialise_leaves` files, read against a template (a `CheckpointSource`).
+
+equinox writes a model's array and number leaves one after another, each as a `.npy`
+record (`jnp.save`), with no names: a file is only its leaves in order. So the template
+names them: the file's n-th record is the template's n-th array or number (leaf or
+frozen value, what `tc.state_dict` holds), under its checkpoint name (`layers.0.weight`).
+Key rules are then not needed; a file holding more or fewer records than the template
+has leaves is an error naming the first path that has no partner, and one whose record
+differs in shape or dtype is a mismatch at that path, as for any format.
+
+We parse the records ourselves (`_npz.read_npy_header`); equinox is not imported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, NamedTuple, NoReturn
+
+import numpy as np
+
+from ._npz import NpyHeader, npy_array, object_array_error, read_npy_header, refuses
+from ._source import TensorInfo, corrupt
+from ._tree import describe_array
+
+__all__ = ["Slot", "EquinoxFile"]
+
+_FORMAT = "equinox"
+
+
+class Slot(NamedTuple):
+    """One template leaf a record fills: its checkpoint name, key path, shape and dtype."""
+
+    name: str
+    where: str
+    shape: tuple[int, ...]
+    dtype: str | None  # None for a Python number (any dtype of its kind may hold it)
+
+
+_COUNT = (
+    "{location} holds {records} array(s), but the template has {slots} array and number "
+    "leaves. An equinox file stores leaves by position alone, so the template must hold "
+    "the saved model's leaves in the same order. {detail}"
+)
+
+
+class _Record(NamedTuple):
+    header: NpyHeader
+    start: int  # where its data starts in the file
+
+
+class EquinoxFile:
+    """A `tree_serialise_leaves` file as a `CheckpointSource`, named by `slots`."""
+
+    def __init__(self, file: IO[bytes], location: str, slots: Sequence[Slot]) -> None:
+        self.file = file
+        self.location = location
+        size = os.fstat(file.fileno()).st_size
+        records: list[_Record] = []
+        at = 0
+        while at < size:
+            where = slots[len(records)].where if len(records) < len(slots) else "beyond"
+            file.seek(at)
+            try:
+                header = read_npy_header(file)
+            except ValueError as error:
+                self._corrupt(f"record {len(records)} (for {where}): {error}")
+            if refuses(header):
+                raise object_array_error(location, where, header.dtype)
+            start = at + header.size
+            if start + header.nbytes > size:
+                self._corrupt(
+                    f"record {len(records)} (for {where}) is {header.dtype.name}"
+                    f"{list(header.shape)}, {header.nbytes} bytes, but only {size - start} "
+                    "follow its header: the file is truncated"
+                )
+            records.append(_Record(header, start))
+            at = start + header.nbytes
+        if len(records) != len(slots):
+            raise ValueError(self._count_message(records, slots))
+        self.records = {slot.name: record for slot, record in zip(slots, records)}
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason, _FORMAT)
+
+    def _count_message(self, records: list[_Record], slots: Sequence[Slot]) -> str:
+        for slot, record in zip(slots, records):
+            stored = record.header
+            if stored.shape != slot.shape or slot.dtype not in (None, stored.dtype.name):
+                template = describe_array(slot.dtype or "number", slot.shape)
+                detail = (
+                    f"The first that differs is {slot.where}: {template} in the template, "
+                    f"{describe_array(stored.dtype.name, stored.shape)} in the file."
+                )
+                break
+        else:
+            if len(records) < len(slots):
+                detail = f"The file has nothing for {slots[len(records)].where} and after."
+            else:
+                detail = f"The template ends at {slots[-1].where}." if slots else ""
+        return _COUNT.format(
+            location=self.location, records=len(records), slots=len(slots), detail=detail
+        )
+
+    # -- the CheckpointSource protocol ------------------------------------------------
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.records)
+
+    def info(self, key: str) -> TensorInfo:
+        return self.records[key].header.info()
+
+    def metadata(self) -> Mapping[str, str]:
+        return {}
+
+    def _data(self, key: str) -> np.ndarray:
+        record = self.records[key]
+        buffer = np.empty(record.header.nbytes, np.uint8)
+        self.file.seek(record.start)
+        view, done = memoryview(buffer), 0
+        while done < len(buffer):
+            count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+            if not count:
+                self._corrupt(f"it ended inside the data of {key!r}")
+            done += count
+        return buffer
+
+    def read(self, key: str) -> np.ndarray:
+        return npy_array(self._data(key), self.records[key].header)
+
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
+        return self.read(key).reshape(-1).view(np.uint8)[start:stop]
+
+    def close(self) -> None:
+        self.file.close()

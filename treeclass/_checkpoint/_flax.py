@@ -1,0 +1,309 @@
+"""flax's `serialization.to_bytes` files: one msgpack document (a `CheckpointSource`).
+
+flax writes a state dict (nested string-keyed maps; lists became maps keyed `"0"`, `"1"`)
+with msgpack, arrays as extension objects: code 1 an ndarray, 3 a NumPy scalar (both a
+msgpack `(shape, dtype name, bytes)` triple), 2 a Python complex (`(real, imag)`). Arrays
+over 1 GiB are split into a map `{"__msgpack_chunked_array__": True, "shape": ...,
+"chunks": {"0": ..., ...}}` of flat pieces. A tensor is named by its keys joined with
+dots (`params.Dense_0.kernel`), so key rules map flax's names to the model's paths.
+Python numbers in the document are 0-d tensors (`int64`, `float64`, `bool`,
+`complex128`); strings and `None` are not data and are left out.
+
+Opening a file walks the document with the `msgpack` package (an optional dependency),
+one value at a time, and only looks at each array's header: the array's bytes are read
+when the tensor is, so a dry run reads none. flax itself is not imported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Any, NamedTuple, NoReturn
+
+import numpy as np
+
+from ._json import MAX_DEPTH, MAX_HEADER_BYTES
+from ._source import TensorInfo, corrupt
+from ._tree import numpy_dtype
+
+__all__ = ["FlaxFile"]
+
+_FORMAT = "flax msgpack"
+
+_NEEDS_MSGPACK = (
+    "Reading flax checkpoints needs the msgpack package, which is not installed:\n"
+    "    pip install 'treeclass[msgpack]'   (or: pip install msgpack)"
+)
+
+_CHUNKED = "__msgpack_chunked_array__"
+_NDARRAY, _COMPLEX, _SCALAR = 1, 2, 3  # flax's extension codes
+# an array's (shape, dtype) header is a few hundred bytes at most
+_ARRAY_HEADER_WINDOW = 4096
+
+# msgpack type bytes: the ranges of maps and arrays; extension headers as
+# (header length, where the length field is, its struct format or the fixed length)
+_MAPS = {*range(0x80, 0x90), 0xDE, 0xDF}
+_ARRAYS = {*range(0x90, 0xA0), 0xDC, 0xDD}
+_EXTENSIONS: dict[int, tuple[int, str | int]] = {
+    0xD4: (2, 1), 0xD5: (2, 2), 0xD6: (2, 4), 0xD7: (2, 8), 0xD8: (2, 16),
+    0xC7: (3, ">B"), 0xC8: (4, ">H"), 0xC9: (6, ">I"),
+}  # fmt: skip
+# bytes (bin, or raw str from writers before msgpack's bin type): (header length, format)
+_BYTES: dict[int, tuple[int, str]] = {
+    0xC4: (2, ">B"), 0xC5: (3, ">H"), 0xC6: (5, ">I"),
+    0xD9: (2, ">B"), 0xDA: (3, ">H"), 0xDB: (5, ">I"),
+}  # fmt: skip
+
+
+def _msgpack() -> Any:
+    try:
+        import msgpack
+    except ImportError:
+        raise ImportError(_NEEDS_MSGPACK) from None
+    return msgpack
+
+
+class _Array(NamedTuple):
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    pieces: tuple[tuple[int, int], ...]  # (file offset, length) of its bytes, in order
+    value: np.ndarray | None = None  # a number of the document, held here
+
+
+class FlaxFile:
+    """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
+
+    def __init__(self, file: IO[bytes], location: str) -> None:
+        self.msgpack = _msgpack()
+        self.file = file
+        self.location = location
+        self.size = os.fstat(file.fileno()).st_size
+        self._restart(0)
+        head = self._peek(1)
+        if not head or head[0] not in _MAPS:
+            self._corrupt("it does not start with a msgpack map, as flax's state dicts do")
+        document = self._value((), 0)
+        if self._position() != self.size:
+            self._corrupt(f"{self.size - self._position()} bytes follow its msgpack document")
+        self.arrays: dict[str, _Array] = {}
+        self._name(document, ())
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason, _FORMAT)
+
+    # -- walking the document ---------------------------------------------------------
+
+    def _restart(self, position: int) -> None:
+        """Continue reading at `position` (after a skipped extension's bytes)."""
+        self.file.seek(position)
+        self.base = position
+        self.unpacker = self.msgpack.Unpacker(
+            self.file, raw=False, strict_map_key=False, max_buffer_size=MAX_HEADER_BYTES
+        )
+
+    def _position(self) -> int:
+        return self.base + self.unpacker.tell()
+
+    def _pread(self, position: int, count: int) -> bytes:
+        """`count` bytes at `position`, leaving the unpacker's place in the file alone."""
+        here = self.file.tell()
+        self.file.seek(position)
+        data = self.file.read(count)
+        self.file.seek(here)
+        return data
+
+    def _peek(self, count: int) -> bytes:
+        return self._pread(self._position(), count)
+
+    def _call(self, step: Callable[[], Any], path: tuple) -> Any:
+        try:
+            return step()
+        except self.msgpack.OutOfData:
+            self._corrupt(f"it ends inside {self._where(path)}: the file is truncated")
+        except (ValueError, self.msgpack.UnpackException) as error:
+            self._corrupt(f"{self._where(path)} is not valid msgpack ({error})")
+
+    @staticmethod
+    def _where(path: tuple) -> str:
+        return f"the value at {'.'.join(path)!r}" if path else "the document"
+
+    def _value(self, path: tuple, depth: int) -> Any:
+        """The value at the current place: dicts of values, `_Array`s for extensions."""
+        if depth > MAX_DEPTH:
+            self._corrupt(f"it nests deeper than the limit of {MAX_DEPTH} levels")
+        head = self._peek(6)
+        if not head:
+            self._corrupt(f"it ends before {self._where(path)}: the file is truncated")
+        kind = head[0]
+        if kind in _MAPS or kind in _ARRAYS:
+            is_map = kind in _MAPS
+            unpacker = self.unpacker
+            read_header = unpacker.read_map_header if is_map else unpacker.read_array_header
+            count = self._call(read_header, path)
+            node: dict[str, Any] = {}
+            for index in range(count):
+                key = self._call(self.unpacker.unpack, path) if is_map else index
+                if type(key) is int:
+                    key = str(key)
+                if type(key) is not str:
+                    self._corrupt(f"a key of {self._where(path)} is a {type(key).__name__}")
+                if key in node:
+                    self._corrupt(f"the key {key!r} appears twice in {self._where(path)}")
+                node[key] = self._value((*path, key), depth + 1)
+            return node
+        if kind in _EXTENSIONS:
+            return self._extension(path, head)
+        return self._call(self.unpacker.unpack, path)
+
+    def _extension(self, path: tuple, head: bytes) -> Any:
+        start = self._position()
+        header, length = _EXTENSIONS[head[0]]
+        if len(head) < header:
+            self._corrupt(f"it ends inside {self._where(path)}: the file is truncated")
+        if isinstance(length, str):
+            (length,) = struct.unpack(length, head[1 : header - 1])
+        code = struct.unpack("b", head[header - 1 : header])[0]
+        data = start + header
+        end = data + length
+        if end > self.size:
+            self._corrupt(f"it ends inside {self._where(path)}: the file is truncated")
+        if code == _COMPLEX:
+            value = self._call(self.unpacker.unpack, path)  # a few bytes: read it whole
+            return self._complex(path, value)
+        if code not in (_NDARRAY, _SCALAR):
+            self._corrupt(f"{self._where(path)} is a msgpack extension of unknown type {code}")
+        array = self._array(path, data, length)
+        self._restart(end)  # past the array's bytes, unread
+        return array
+
+    def _complex(self, path: tuple, value: Any) -> np.ndarray:
+        try:
+            real, imag = self.msgpack.unpackb(value.data)
+            return np.asarray(complex(real, imag))
+        except (ValueError, TypeError, self.msgpack.UnpackException):
+            self._corrupt(f"{self._where(path)} is a malformed complex number")
+
+    def _array(self, path: tuple, start: int, length: int) -> _Array:
+        """The header of an ndarray extension at `start`: a msgpack `(shape, dtype, bytes)`."""
+        window = self._pread(start, min(length, _ARRAY_HEADER_WINDOW))
+        reader = self.msgpack.Unpacker(raw=False)
+        reader.feed(window)
+        try:
+            if reader.read_array_header() != 3:
+                raise ValueError("not a (shape, dtype, bytes) triple")
+            shape, dtype_name = reader.unpack(), reader.unpack()
+            at = reader.tell()
+        except (ValueError, self.msgpack.UnpackException) as error:
+            self._corrupt(f"the array at {'.'.join(path)!r} has a malformed header ({error})")
+        if isinstance(dtype_name, bytes):
+            dtype_name = dtype_name.decode("ascii", "replace")
+        ok = isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+        dtype = numpy_dtype(dtype_name) if isinstance(dtype_name, str) else None
+        if not ok or len(shape) > MAX_DEPTH or dtype is None or dtype.hasobject:
+            self._corrupt(
+                f"the array at {'.'.join(path)!r} has a malformed header: shape {shape!r}, "
+                f"dtype {dtype_name!r}"
+            )
+        kind = window[at] if at < len(window) else None
+        if kind not in _BYTES:
+            self._corrupt(f"the array at {'.'.join(path)!r} has no bytes after its header")
+        header, form = _BYTES[kind]
+        (count,) = struct.unpack(form, window[at + 1 : at + header])
+        shape = tuple(shape)
+        if at + header + count != length or count != math.prod(shape) * dtype.itemsize:
+            self._corrupt(
+                f"the array at {'.'.join(path)!r} is {dtype.name}{list(shape)}, which needs "
+                f"{math.prod(shape) * dtype.itemsize} bytes, but it holds {count}"
+            )
+        return _Array(dtype, shape, ((start + at + header, count),))
+
+    # -- naming -----------------------------------------------------------------------
+
+    def _name(self, node: Any, path: tuple) -> None:
+        name = ".".join(path)
+        if isinstance(node, dict):
+            if _CHUNKED in node:
+                self._add(name, self._unchunk(node, name))
+                return
+            for key, child in node.items():
+                self._name(child, (*path, key))
+        elif isinstance(node, _Array):
+            self._add(name, node)
+        elif isinstance(node, np.ndarray):  # a complex number
+            self._add(name, _Array(node.dtype, (), (), node))
+        elif type(node) in (bool, int, float):
+            self._add(name, self._number(node, name))
+        # strings, bytes and None are not data
+
+    def _add(self, name: str, array: _Array) -> None:
+        if name in self.arrays:
+            self._corrupt(f"two values are named {name!r} (a key holds a dot)")
+        self.arrays[name] = array
+
+    def _number(self, value: Any, name: str) -> _Array:
+        if type(value) is int:
+            if -(2**63) <= value < 2**63:
+                array = np.asarray(value, np.int64)
+            else:  # msgpack holds no integer outside int64 and uint64
+                array = np.asarray(value, np.uint64)
+        else:
+            array = np.asarray(value)
+        return _Array(array.dtype, (), (), array)
+
+    def _unchunk(self, node: dict, name: str) -> _Array:
+        shape, chunks = node.get("shape"), node.get("chunks")
+        pieces: list[tuple[int, int]] = []
+        dtypes = set()
+        try:
+            shape = tuple(shape[str(i)] for i in range(len(shape)))  # type: ignore[index]
+            chunks = [chunks[str(i)] for i in range(len(chunks))]  # type: ignore[index]
+            for chunk in chunks:
+                if not isinstance(chunk, _Array) or len(chunk.shape) != 1:
+                    raise TypeError("a chunk is not a flat array")
+                pieces.extend(chunk.pieces)
+                dtypes.add(chunk.dtype)
+            ok = all(type(n) is int and n >= 0 for n in shape) and len(dtypes) == 1
+            dtype = dtypes.pop() if ok else None
+            ok = ok and sum(n for _, n in pieces) == math.prod(shape) * dtype.itemsize
+        except (TypeError, KeyError, AttributeError):
+            ok, dtype = False, None
+        if not ok or dtype is None:
+            self._corrupt(f"the chunked array {name!r} is malformed")
+        return _Array(dtype, shape, tuple(pieces))
+
+    # -- the CheckpointSource protocol ------------------------------------------------
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.arrays)
+
+    def info(self, key: str) -> TensorInfo:
+        array = self.arrays[key]
+        nbytes = math.prod(array.shape) * array.dtype.itemsize
+        return TensorInfo(array.dtype.name, array.shape, nbytes)
+
+    def metadata(self) -> Mapping[str, str]:
+        return {}
+
+    def read(self, key: str) -> np.ndarray:
+        array = self.arrays[key]
+        if array.value is not None:
+            return array.value.copy()
+        buffer = np.empty(sum(n for _, n in array.pieces), np.uint8)
+        view, done = memoryview(buffer), 0
+        for start, count in array.pieces:
+            self.file.seek(start)
+            end = done + count
+            while done < end:
+                read = self.file.readinto(view[done:end])  # type: ignore[attr-defined]
+                if not read:
+                    self._corrupt(f"it ended inside the data of {key!r}")
+                done += read
+        return buffer.view(array.dtype.newbyteorder("<")).reshape(array.shape)
+
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
+        return self.read(key).reshape(-1).view(np.uint8)[start:stop]
+
+    def close(self) -> None:
+        self.file.close()

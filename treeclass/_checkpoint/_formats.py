@@ -1,0 +1,138 @@
+"""Which reader opens a checkpoint: by `format=`, else by the file's contents or name.
+
+| format | recognised by |
+|---|---|
+| `"safetensors"` | an 8-byte header length, then `{` |
+| `"sharded"` | a name ending in `.index.json`, or a folder holding one such index |
+| `"npz"` | a zip archive (`PK`) |
+| `"flax"` | a msgpack map (flax's `serialization.to_bytes`) |
+| `"equinox"` | a `.npy` record (`\\x93NUMPY`: equinox's `tree_serialise_leaves`) |
+
+A name with one of the formats' extensions (`.safetensors`, `.npz`, `.msgpack`, `.eqx`)
+goes to that format's reader, which says what is wrong with the file, if anything; any
+other name (`checkpoint_100`, `model.bin`) is told by its first bytes, and one whose
+bytes fit no format is an error listing the formats.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import IO, Any
+
+from .._values import path_str
+from ._equinox import EquinoxFile, Slot
+from ._files import open_for_reading
+from ._flax import FlaxFile
+from ._npz import NpzFile
+from ._safetensors import SafetensorsFile
+from ._sharded import INDEX_SUFFIX, ShardedSafetensors
+from ._source import CheckpointSource
+from ._tree import NUMBER, STATIC, TENSOR, dtype_name, entries
+
+__all__ = ["FORMATS", "open_source"]
+
+FORMATS = ("safetensors", "sharded", "npz", "flax", "equinox")
+
+_EXTENSIONS = {".safetensors": "safetensors", ".npz": "npz", ".msgpack": "flax", ".eqx": "equinox"}
+
+_UNKNOWN_FORMAT = (
+    "tc.load cannot tell the format of {path}: its name has none of the formats' "
+    "extensions, and its first bytes ({head!r}) begin none of the formats it reads "
+    "({formats}). If it is one of them, it is corrupted; else name the format:\n"
+    "    tc.load(path, like, format='flax')"
+)
+_BAD_FORMAT = "tc.load's format= takes one of {formats} (or None: tell by the file); got {format!r}"
+_FOLDER = (
+    "{path} is a folder: tc.load reads a folder holding one sharded checkpoint (one "
+    "'*{suffix}' file) or one '.safetensors' file, and this one holds {found}. Give the "
+    "path of the file to load."
+)
+
+
+def _in_folder(path: str) -> str:
+    names = sorted(os.listdir(path))
+    for suffix in (".safetensors" + INDEX_SUFFIX, INDEX_SUFFIX, ".safetensors"):
+        found = [n for n in names if n.endswith(suffix)]
+        if len(found) == 1:
+            return os.path.join(path, found[0])
+        if found:
+            break
+    shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "") if found else "neither"
+    raise ValueError(_FOLDER.format(path=path, suffix=INDEX_SUFFIX, found=shown))
+
+
+def _is_msgpack_map(head: bytes) -> bool:
+    """A msgpack map whose first key is a string (flax's keys are), or an empty map."""
+    if not head or not (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+        return False
+    if head[0] == 0x80:
+        return len(head) == 1
+    key = head[{0xDE: 3, 0xDF: 5}.get(head[0], 1) :][:1]
+    return bool(key) and (0xA0 <= key[0] <= 0xBF or key[0] in (0xD9, 0xDA, 0xDB))
+
+
+def _sniff(path: str) -> str:
+    if path.endswith(INDEX_SUFFIX):
+        return "sharded"
+    by_name = _EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    if by_name is not None:  # the name says: its reader tells what is wrong, if anything
+        return by_name
+    with open_for_reading(path) as file:
+        head = file.read(16)
+        size = os.fstat(file.fileno()).st_size
+    if len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= size - 8:
+        return "safetensors"
+    if head[:2] == b"PK":
+        return "npz"
+    if head[:6] == b"\x93NUMPY":
+        return "equinox"
+    if _is_msgpack_map(head):
+        return "flax"
+    raise ValueError(_UNKNOWN_FORMAT.format(path=path, head=head[:8], formats=FORMATS))
+
+
+def _slots(like: Any) -> list[Slot]:
+    """The template's leaves an equinox file holds, in order: arrays and numbers."""
+    return [
+        Slot(
+            entry.name,
+            path_str(like, entry.path),
+            tuple(getattr(entry.value, "shape", ())),
+            dtype_name(entry.value) if entry.category == TENSOR else None,
+        )
+        for entry in entries(like, "tc.load", "tc.load(path, value)")
+        if entry.kind != STATIC and entry.category in (TENSOR, NUMBER)
+    ]
+
+
+def _with_file(path: str, make: Callable[[IO[bytes]], CheckpointSource]) -> CheckpointSource:
+    file = open_for_reading(path)
+    try:
+        return make(file)
+    except BaseException:
+        file.close()
+        raise
+
+
+def open_source(path: str, like: Any, format: str | None = None) -> CheckpointSource:
+    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader.
+
+    `like` is the template, which names the records of an equinox file.
+    """
+    if format is not None and format not in FORMATS:
+        raise ValueError(_BAD_FORMAT.format(formats=FORMATS, format=format))
+    if os.path.isdir(path):
+        path = _in_folder(path)
+    format = format or _sniff(path)
+    if format == "sharded":
+        return ShardedSafetensors(path)
+    if format == "safetensors":
+        return _with_file(path, lambda file: SafetensorsFile(file, path))
+    if format == "npz":
+        return _with_file(path, lambda file: NpzFile(file, path))
+    if format == "flax":
+        return _with_file(path, lambda file: FlaxFile(file, path))
+    slots = _slots(like)
+    return _with_file(path, lambda file: EquinoxFile(file, path, slots))

@@ -1,0 +1,197 @@
+"""NumPy's array files: the `.npy` record and the `.npz` archive (a `CheckpointSource`).
+
+A `.npy` record is a magic string, a version, a header (a Python literal giving the
+dtype, the memory order and the shape) and the raw bytes; an `.npz` file (`np.savez`,
+`np.savez_compressed`) is a zip archive of records named `<key>.npy`. Records are read
+through `numpy.lib.format`'s header parsers (which evaluate literals only), never with
+`allow_pickle`: an object array is refused, naming its key.
+
+Opening an archive reads each member's header alone (for a compressed member, only as
+much of its stream as the header needs); the data is read when the tensor is.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Iterator, Mapping
+from typing import IO, NamedTuple, NoReturn
+
+import ml_dtypes
+import numpy as np
+from numpy.lib import format as npy_format
+
+from ._source import TensorInfo, corrupt
+
+__all__ = ["NpyHeader", "read_npy_header", "npy_array", "object_array_error", "NpzFile"]
+
+_FORMAT = "npz"
+# numpy's own bound on a header it reads without `allow_pickle`-style trust
+_MAX_NPY_HEADER = 10_000
+
+_OBJECT_ARRAY = (
+    "{location}: the array {key} holds Python objects (dtype {dtype}), which tc.load does "
+    "not read: it would need pickle, and a file must not run code. Save it as a numeric "
+    "array, or leave it out of the file."
+)
+
+
+def object_array_error(location: str, key: str, dtype: np.dtype) -> ValueError:
+    """The error for a record of objects (or of a structured dtype) at `key`."""
+    return ValueError(_OBJECT_ARRAY.format(location=location, key=key, dtype=dtype))
+
+
+class NpyHeader(NamedTuple):
+    """A `.npy` record's header: the dtype as stored, its shape and memory order."""
+
+    dtype: np.dtype  # as stored: byte order included; `V2` already read as bfloat16
+    shape: tuple[int, ...]
+    fortran_order: bool
+    size: int  # the header's own length in bytes: the data starts there
+    nbytes: int  # the data's length
+
+    def info(self) -> TensorInfo:
+        return TensorInfo(self.dtype.name, self.shape, self.nbytes)
+
+
+def read_npy_header(file: IO[bytes]) -> NpyHeader:
+    """Read the header of the `.npy` record starting at `file`'s position.
+
+    `ValueError` with the reason for anything that is not a record of version 1 or 2 (the
+    ones `np.save` writes for arrays without named fields).
+    """
+    start = file.tell()
+    try:
+        version = npy_format.read_magic(file)
+        if version == (1, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_1_0(
+                file, max_header_size=_MAX_NPY_HEADER
+            )
+        elif version == (2, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_2_0(
+                file, max_header_size=_MAX_NPY_HEADER
+            )
+        else:
+            raise ValueError(f"it is a .npy record of version {version}, not 1.0 or 2.0")
+    except (ValueError, EOFError, SyntaxError) as error:
+        raise ValueError(f"its .npy header is malformed ({error})") from None
+    if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+        # NumPy has no bfloat16, so `jnp.save` writes it as 2-byte voids: read it as
+        # `jnp.load` does
+        dtype = np.dtype(ml_dtypes.bfloat16)
+    shape = tuple(shape)
+    return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, _nbytes(dtype, shape))
+
+
+def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def refuses(header: NpyHeader) -> bool:
+    """Whether a record holds what tc.load never reads: objects, or named fields."""
+    return header.dtype.hasobject or header.dtype.fields is not None
+
+
+def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
+    """A record's data (flat `uint8`) as its array: C order, little-endian."""
+    array = data.view(header.dtype)
+    if header.fortran_order:
+        array = np.ascontiguousarray(array.reshape(header.shape[::-1]).T)
+    else:
+        array = array.reshape(header.shape)
+    if header.dtype.byteorder == ">":
+        array = array.astype(header.dtype.newbyteorder("<"))
+    return array
+
+
+class _Member(NamedTuple):
+    info: zipfile.ZipInfo
+    header: NpyHeader
+
+
+class NpzFile:
+    """An opened `.npz` archive as a `CheckpointSource`; every member's header is checked
+    here."""
+
+    def __init__(self, file: IO[bytes], location: str) -> None:
+        self.file = file
+        self.location = location
+        try:
+            self.zip = zipfile.ZipFile(file)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as error:
+            self._corrupt(f"it is not a readable zip archive ({error})")
+        self.members: dict[str, _Member] = {}
+        for info in self.zip.infolist():
+            if not info.filename.endswith(".npy"):
+                self._corrupt(f"it holds {info.filename!r}, which is not a .npy record")
+            key = info.filename[: -len(".npy")]
+            if key in self.members:
+                self._corrupt(f"it holds the record {info.filename!r} twice")
+            header = self._header(key, info)
+            if refuses(header):
+                raise object_array_error(location, repr(key), header.dtype)
+            if info.file_size != header.size + header.nbytes:
+                self._corrupt(
+                    f"its header for {key!r} describes {header.nbytes} bytes of "
+                    f"{header.dtype.name}{list(header.shape)}, but the record holds "
+                    f"{info.file_size - header.size}"
+                )
+            self.members[key] = _Member(info, header)
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason, _FORMAT)
+
+    def _header(self, key: str, info: zipfile.ZipInfo) -> NpyHeader:
+        try:
+            with self.zip.open(info) as member:
+                return read_npy_header(member)
+        except ValueError as error:
+            self._corrupt(f"the record {key!r}: {error}")
+        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError) as error:
+            # a bad CRC or stream, a compression method or an encryption zipfile lacks
+            self._corrupt(f"the record {key!r} cannot be read ({error})")
+
+    # -- the CheckpointSource protocol ------------------------------------------------
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.members)
+
+    def info(self, key: str) -> TensorInfo:
+        return self.members[key].header.info()
+
+    def metadata(self) -> Mapping[str, str]:
+        return {}
+
+    def _data(self, key: str) -> np.ndarray:
+        member = self.members[key]
+        buffer = np.empty(member.header.nbytes, np.uint8)
+        view, done, extra = memoryview(buffer), 0, b""
+        try:
+            with self.zip.open(member.info) as stream:
+                stream.seek(member.header.size)
+                while done < len(buffer):
+                    count = stream.readinto(view[done:])
+                    if not count:
+                        break
+                    done += count
+                else:
+                    extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
+        except (zipfile.BadZipFile, EOFError, ValueError) as error:
+            self._corrupt(f"the data of {key!r} cannot be read ({error})")
+        if done < len(buffer):
+            self._corrupt(f"it ended inside the data of {key!r}")
+        if extra:
+            self._corrupt(f"the record {key!r} holds more bytes than its header says")
+        return buffer
+
+    def read(self, key: str) -> np.ndarray:
+        return npy_array(self._data(key), self.members[key].header)
+
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
+        return self.read(key).reshape(-1).view(np.uint8)[start:stop]
+
+    def close(self) -> None:
+        try:
+            self.zip.close()
+        finally:
+            self.file.close()

@@ -1,0 +1,259 @@
+"""Sharded safetensors: an index file and several safetensors files (a `CheckpointSource`,
+and its writer).
+
+The layout of large-model repositories: `model.safetensors.index.json` holds
+
+    {"metadata": {"total_size": 123456}, "weight_map": {name: "model-00001-of-00003.safetensors"}}
+
+and each shard is a plain safetensors file beside it. The reader opens every shard the
+index names (headers only) and checks that the index and the shards agree exactly: a
+name the index maps to a shard that lacks it, or a tensor no entry names, is an error.
+Shard names must be plain file names in the index's folder (an index from elsewhere must
+not make us open `../../anything`). The `total_size` is not checked: repositories
+disagree on what it counts.
+
+`tc.save(path, tree, max_shard_size=...)` writes the same layout, tensors in the tree's
+order, a shard closed when the next tensor would take it over the limit (a tensor larger
+than the limit gets a shard of its own), as huggingface's writers do. Each shard is
+replaced atomically, the index last; treeclass's document goes into the index's
+metadata, so a sharded save loads exactly as a single file does. A token shared by the
+index and its shards makes a mix of two saves (an interrupted save over an older one)
+an error rather than a silently mixed model. Shards of the previous save at `path` that
+the new index no longer names are removed once the new index is in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ._files import open_for_reading, write_atomically
+from ._json import MAX_HEADER_BYTES
+from ._json import loads as strict_json
+from ._safetensors import OutTensor, SafetensorsFile, header_bytes, write_tensors
+from ._source import TensorInfo, corrupt
+
+__all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave"]
+
+INDEX_SUFFIX = ".index.json"
+_FORMAT = "sharded safetensors index"
+# the metadata key of the token an index and its shards share (treeclass's saves only)
+_SAVE_KEY = "treeclass.save"
+
+_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?i?b)\s*$", re.IGNORECASE)
+_BAD_SIZE = (
+    "max_shard_size takes a positive number of bytes or a size such as '5GB' or '500MiB' "
+    "(GB = 10**9 bytes, GiB = 2**30, as huggingface counts); got {value!r}"
+)
+_NOT_AN_INDEX = (
+    "a sharded save writes an index and its shards, so its path names the index, ending in "
+    "'{suffix}':\n"
+    "    before: tc.save({path!r}, tree, max_shard_size=...)\n"
+    "    after:  tc.save({fixed!r}, tree, max_shard_size=...)"
+)
+
+
+def parse_size(value: Any) -> int:
+    """A size in bytes from an int or a string such as `"5GB"`; `ValueError` otherwise."""
+    if type(value) is int and value > 0:
+        return value
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()]) if match else 0
+    if size <= 0:
+        raise ValueError(_BAD_SIZE.format(value=value))
+    return size
+
+
+# --------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------
+
+
+def _plain_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and os.path.basename(name) == name
+        and "/" not in name
+        and "\\" not in name
+        and not os.path.isabs(name)
+    )
+
+
+class ShardedSafetensors:
+    """An index and its shards as one `CheckpointSource`."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.shards: dict[str, SafetensorsFile] = {}
+        try:
+            self._open(location)
+        except BaseException:
+            self.close()
+            raise
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason, _FORMAT)
+
+    def _open(self, location: str) -> None:
+        with open_for_reading(location) as file:
+            text = file.read(MAX_HEADER_BYTES + 1)
+        try:
+            index = strict_json(text)
+        except ValueError as error:  # UnicodeDecodeError and JSONDecodeError included
+            self._corrupt(f"it is not valid JSON ({error})")
+        if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+            self._corrupt('it is not a JSON object with a "weight_map" object')
+        metadata = index.get("metadata", {})
+        if not isinstance(metadata, dict):
+            self._corrupt('its "metadata" is not a JSON object')
+        self._metadata = {k: v for k, v in metadata.items() if isinstance(v, str)}
+        self.weight_map: dict[str, str] = index["weight_map"]
+        folder = os.path.dirname(location)
+        for name, shard in self.weight_map.items():
+            if not _plain_name(shard):
+                self._corrupt(
+                    f"it maps {name!r} to {shard!r}, which is not the name of a file beside it"
+                )
+            if shard not in self.shards:
+                self.shards[shard] = self._shard(os.path.join(folder, shard), shard)
+            if name not in self.shards[shard].tensors:
+                self._corrupt(f"it maps {name!r} to the shard {shard!r}, which does not hold it")
+        for shard, source in self.shards.items():
+            for name in source.tensors:
+                if self.weight_map.get(name) != shard:
+                    self._corrupt(f"the shard {shard!r} holds {name!r}, which it maps elsewhere")
+        token = self._metadata.get(_SAVE_KEY)
+        for shard, source in self.shards.items():
+            if token is not None and source.metadata().get(_SAVE_KEY) != token:
+                self._corrupt(
+                    f"the shard {shard!r} was written by another save than the index (an "
+                    "interrupted tc.save over an older checkpoint?)"
+                )
+
+    def _shard(self, path: str, shard: str) -> SafetensorsFile:
+        try:
+            file = open_for_reading(path)
+        except FileNotFoundError:
+            self._corrupt(f"its shard {shard!r} does not exist (an incomplete download?)")
+        try:
+            return SafetensorsFile(file, path)
+        except BaseException:
+            file.close()
+            raise
+
+    # -- the CheckpointSource protocol ------------------------------------------------
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.weight_map)
+
+    def info(self, key: str) -> TensorInfo:
+        return self.shards[self.weight_map[key]].info(key)
+
+    def metadata(self) -> Mapping[str, str]:
+        return self._metadata
+
+    def read(self, key: str) -> np.ndarray:
+        return self.shards[self.weight_map[key]].read(key)
+
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
+        return self.shards[self.weight_map[key]].read_range(key, start, stop)
+
+    def close(self) -> None:
+        shards, self.shards = list(self.shards.values()), {}
+        errors = []
+        for shard in shards:
+            try:
+                shard.close()
+            except OSError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+# --------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------
+
+
+def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
+    groups: list[list[OutTensor]] = []
+    current: list[OutTensor] = []
+    size = 0
+    for tensor in tensors:
+        if current and size + tensor.nbytes > limit:
+            groups.append(current)
+            current, size = [], 0
+        current.append(tensor)
+        size += tensor.nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _previous_shards(path: str) -> set[str]:
+    """The shard names of the index at `path` now (none if there is no readable one)."""
+    try:
+        with open_for_reading(path) as file:
+            index = strict_json(file.read(MAX_HEADER_BYTES + 1))
+        names = set(index["weight_map"].values())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return set()
+    return {name for name in names if _plain_name(name)}
+
+
+class ShardedSave:
+    """Where and how a sharded save writes: the index path and the shard limit, checked
+    before anything is planned."""
+
+    def __init__(self, path: str, max_shard_size: Any) -> None:
+        self.limit = parse_size(max_shard_size)
+        if not path.endswith(INDEX_SUFFIX):
+            stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
+            raise ValueError(
+                _NOT_AN_INDEX.format(
+                    suffix=INDEX_SUFFIX, path=path, fixed=stem + ".safetensors" + INDEX_SUFFIX
+                )
+            )
+        self.path = path
+        stem = os.path.basename(path)[: -len(INDEX_SUFFIX)]
+        self.base = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
+
+    def write(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> None:
+        """Write the shards of `tensors`, then the index holding `metadata`."""
+        groups = _groups(tensors, self.limit)
+        folder = os.path.dirname(self.path)
+        count = len(groups)
+        names = [f"{self.base}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+        previous = _previous_shards(self.path)
+        token = secrets.token_hex(8)
+        for name, group in zip(names, groups):
+            header = header_bytes({_SAVE_KEY: token}, group)
+            write_atomically(
+                os.path.join(folder, name),
+                lambda file, header=header, group=group: write_tensors(file, header, group),
+            )
+        index = {
+            "metadata": {
+                "total_size": sum(t.nbytes for t in tensors),
+                **metadata,
+                _SAVE_KEY: token,
+            },
+            "weight_map": {t.name: name for name, group in zip(names, groups) for t in group},
+        }
+        text = json.dumps(index, indent=2).encode("utf-8")
+        write_atomically(self.path, lambda file: file.write(text))
+        for name in previous - set(names):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
