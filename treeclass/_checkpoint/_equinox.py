@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, NamedTuple, NoReturn
+from typing import BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class _Record(NamedTuple):
 class EquinoxFile:
     """A `tree_serialise_leaves` file as a `CheckpointSource`, named by `slots`."""
 
-    def __init__(self, file: IO[bytes], location: str, slots: Sequence[Slot]) -> None:
+    def __init__(self, file: BinaryIO, location: str, slots: Sequence[Slot]) -> None:
         self.file = file
         self.location = location
         size = os.fstat(file.fileno()).st_size
@@ -117,7 +117,7 @@ class EquinoxFile:
         record = self.records[key]
         buffer = np.empty(record.header.nbytes, np.uint8)
         self.file.seek(record.start)
-        view, done = memoryview(buffer), 0
+        view, done = buffer.data, 0
         while done < len(buffer):
             count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
             if not count:

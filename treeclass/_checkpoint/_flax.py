@@ -20,7 +20,7 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from typing import IO, Any, NamedTuple, NoReturn
+from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class _Array(NamedTuple):
 class FlaxFile:
     """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
 
-    def __init__(self, file: IO[bytes], location: str) -> None:
+    def __init__(self, file: BinaryIO, location: str) -> None:
         self.msgpack = _msgpack()
         self.file = file
         self.location = location
@@ -254,24 +254,25 @@ class FlaxFile:
 
     def _unchunk(self, node: dict, name: str) -> _Array:
         shape, chunks = node.get("shape"), node.get("chunks")
-        pieces: list[tuple[int, int]] = []
-        dtypes = set()
+        if not isinstance(shape, dict) or not isinstance(chunks, dict):
+            self._corrupt(f"the chunked array {name!r} is malformed: no shape or chunks")
         try:
-            shape = tuple(shape[str(i)] for i in range(len(shape)))  # type: ignore[index]
-            chunks = [chunks[str(i)] for i in range(len(chunks))]  # type: ignore[index]
-            for chunk in chunks:
-                if not isinstance(chunk, _Array) or len(chunk.shape) != 1:
-                    raise TypeError("a chunk is not a flat array")
-                pieces.extend(chunk.pieces)
-                dtypes.add(chunk.dtype)
-            ok = all(type(n) is int and n >= 0 for n in shape) and len(dtypes) == 1
-            dtype = dtypes.pop() if ok else None
-            ok = ok and sum(n for _, n in pieces) == math.prod(shape) * dtype.itemsize
-        except (TypeError, KeyError, AttributeError):
-            ok, dtype = False, None
-        if not ok or dtype is None:
-            self._corrupt(f"the chunked array {name!r} is malformed")
-        return _Array(dtype, shape, tuple(pieces))
+            dims = tuple(shape[str(i)] for i in range(len(shape)))
+            pieces = [chunks[str(i)] for i in range(len(chunks))]
+        except KeyError:
+            self._corrupt(f"the chunked array {name!r} is malformed: its keys are not 0, 1, ...")
+        arrays = [p for p in pieces if isinstance(p, _Array) and len(p.shape) == 1]
+        dtypes = {array.dtype for array in arrays}
+        if len(arrays) != len(pieces) or len(dtypes) != 1:
+            self._corrupt(f"the chunked array {name!r} is malformed: a chunk is no flat array")
+        dtype = dtypes.pop()
+        spans = tuple(span for array in arrays for span in array.pieces)
+        if (
+            not all(type(n) is int and n >= 0 for n in dims)
+            or sum(n for _, n in spans) != math.prod(dims) * dtype.itemsize
+        ):
+            self._corrupt(f"the chunked array {name!r} is malformed: its chunks miss its shape")
+        return _Array(dtype, dims, spans)
 
     # -- the CheckpointSource protocol ------------------------------------------------
 
@@ -291,7 +292,7 @@ class FlaxFile:
         if array.value is not None:
             return array.value.copy()
         buffer = np.empty(sum(n for _, n in array.pieces), np.uint8)
-        view, done = memoryview(buffer), 0
+        view, done = buffer.data, 0
         for start, count in array.pieces:
             self.file.seek(start)
             end = done + count

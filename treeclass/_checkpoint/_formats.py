@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 from .._values import path_str
 from ._equinox import EquinoxFile, Slot
@@ -107,7 +107,7 @@ def _slots(like: Any) -> list[Slot]:
     ]
 
 
-def _with_file(path: str, make: Callable[[IO[bytes]], CheckpointSource]) -> CheckpointSource:
+def _with_file(path: str, make: Callable[[BinaryIO], CheckpointSource]) -> CheckpointSource:
     file = open_for_reading(path)
     try:
         return make(file)

@@ -6,16 +6,19 @@ dtype, the memory order and the shape) and the raw bytes; an `.npz` file (`np.sa
 through `numpy.lib.format`'s header parsers (which evaluate literals only), never with
 `allow_pickle`: an object array is refused, naming its key.
 
-Opening an archive reads each member's header alone (for a compressed member, only as
-much of its stream as the header needs); the data is read when the tensor is.
+Opening an archive reads each member's header alone (for a compressed member, the first
+block of its stream); the data is read when the tensor is.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping
-from typing import IO, NamedTuple, NoReturn
+from typing import IO, BinaryIO, NamedTuple, NoReturn
 
 import ml_dtypes
 import numpy as np
@@ -107,15 +110,25 @@ def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
 class _Member(NamedTuple):
     info: zipfile.ZipInfo
     header: NpyHeader
+    data: int | None  # where a stored (uncompressed) record's data starts in the file
+
+
+# a zip local file header: signature, then (at 26) the lengths of the name and the extra
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile:
     """An opened `.npz` archive as a `CheckpointSource`; every member's header is checked
-    here."""
+    here.
 
-    def __init__(self, file: IO[bytes], location: str) -> None:
+    A stored member (`np.savez`) is read straight from the file, its CRC checked by us; a
+    compressed one (`np.savez_compressed`) through `zipfile`'s stream.
+    """
+
+    def __init__(self, file: BinaryIO, location: str) -> None:
         self.file = file
         self.location = location
+        self.size = os.fstat(file.fileno()).st_size
         try:
             self.zip = zipfile.ZipFile(file)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as error:
@@ -127,7 +140,9 @@ class NpzFile:
             key = info.filename[: -len(".npy")]
             if key in self.members:
                 self._corrupt(f"it holds the record {info.filename!r} twice")
-            header = self._header(key, info)
+            stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1
+            start = self._stored_start(key, info) if stored else None
+            header = self._header(key, info, start)
             if refuses(header):
                 raise object_array_error(location, repr(key), header.dtype)
             if info.file_size != header.size + header.nbytes:
@@ -136,13 +151,29 @@ class NpzFile:
                     f"{header.dtype.name}{list(header.shape)}, but the record holds "
                     f"{info.file_size - header.size}"
                 )
-            self.members[key] = _Member(info, header)
+            data = None if start is None else start + header.size
+            self.members[key] = _Member(info, header, data)
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, _FORMAT)
 
-    def _header(self, key: str, info: zipfile.ZipInfo) -> NpyHeader:
+    def _stored_start(self, key: str, info: zipfile.ZipInfo) -> int:
+        """Where the bytes of a stored member start, from its local header."""
+        self.file.seek(info.header_offset)
+        local = self.file.read(_LOCAL_HEADER.size)
+        if len(local) < _LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
+            self._corrupt(f"the local header of the record {key!r} is missing")
+        _, name, extra = _LOCAL_HEADER.unpack(local)
+        start = info.header_offset + _LOCAL_HEADER.size + name + extra
+        if start + info.file_size > self.size:
+            self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
+        return start
+
+    def _header(self, key: str, info: zipfile.ZipInfo, start: int | None) -> NpyHeader:
         try:
+            if start is not None:
+                self.file.seek(start)
+                return read_npy_header(self.file)
             with self.zip.open(info) as member:
                 return read_npy_header(member)
         except ValueError as error:
@@ -162,15 +193,33 @@ class NpzFile:
     def metadata(self) -> Mapping[str, str]:
         return {}
 
+    def _stored_data(self, key: str, member: _Member) -> np.ndarray:
+        assert member.data is not None
+        buffer = np.empty(member.header.nbytes, np.uint8)
+        self.file.seek(member.data)
+        view, done = buffer.data, 0
+        while done < len(buffer):
+            count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+            if not count:
+                self._corrupt(f"it ended inside the data of {key!r}")
+            done += count
+        self.file.seek(member.data - member.header.size)
+        head = self.file.read(member.header.size)
+        if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
+            self._corrupt(f"the data of {key!r} does not match its CRC-32: it is damaged")
+        return buffer
+
     def _data(self, key: str) -> np.ndarray:
         member = self.members[key]
+        if member.data is not None:
+            return self._stored_data(key, member)
         buffer = np.empty(member.header.nbytes, np.uint8)
-        view, done, extra = memoryview(buffer), 0, b""
+        view, done, extra = buffer.data, 0, b""
         try:
             with self.zip.open(member.info) as stream:
                 stream.seek(member.header.size)
                 while done < len(buffer):
-                    count = stream.readinto(view[done:])
+                    count = stream.readinto(view[done:])  # type: ignore[attr-defined]
                     if not count:
                         break
                     done += count

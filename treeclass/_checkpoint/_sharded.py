@@ -25,12 +25,13 @@ the new index no longer names are removed once the new index is in place.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
@@ -213,6 +214,14 @@ def _previous_shards(path: str) -> set[str]:
     return {name for name in names if _plain_name(name)}
 
 
+def _shard(header: bytes, tensors: Sequence[OutTensor], file: BinaryIO) -> None:
+    write_tensors(file, header, tensors)
+
+
+def _write_bytes(data: bytes, file: BinaryIO) -> None:
+    file.write(data)
+
+
 class ShardedSave:
     """Where and how a sharded save writes: the index path and the shard limit, checked
     before anything is planned."""
@@ -240,10 +249,7 @@ class ShardedSave:
         token = secrets.token_hex(8)
         for name, group in zip(names, groups):
             header = header_bytes({_SAVE_KEY: token}, group)
-            write_atomically(
-                os.path.join(folder, name),
-                lambda file, header=header, group=group: write_tensors(file, header, group),
-            )
+            write_atomically(os.path.join(folder, name), functools.partial(_shard, header, group))
         index = {
             "metadata": {
                 "total_size": sum(t.nbytes for t in tensors),
@@ -253,7 +259,7 @@ class ShardedSave:
             "weight_map": {t.name: name for name, group in zip(names, groups) for t in group},
         }
         text = json.dumps(index, indent=2).encode("utf-8")
-        write_atomically(self.path, lambda file: file.write(text))
+        write_atomically(self.path, functools.partial(_write_bytes, text))
         for name in previous - set(names):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, name))

@@ -1,0 +1,645 @@
+"""Checkpoints written by other tools: sharded safetensors, npz, flax msgpack, equinox.
+
+Every fixture is written in the test by the real writer (`safetensors.numpy.save_file`
+split into shards the way large-model repositories lay them out, `np.savez`,
+`flax.serialization.to_bytes`, `eqx.tree_serialise_leaves`); models loaded from them
+must compute what the writing library computes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import struct
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import MLP
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import treeclass as tc
+
+
+def write(path, data: bytes) -> str:
+    with open(path, "wb") as file:
+        file.write(data)
+    return str(path)
+
+
+def read_json(path) -> dict:
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def mlp_template() -> MLP:
+    return MLP((3, 4, 2), key=jax.random.key(7))
+
+
+def assert_tree_equal(a, b) -> None:
+    assert tc.is_tree_equal(a, b), (a, b)
+
+
+# --------------------------------------------------------------------------------------
+# Sharded safetensors
+# --------------------------------------------------------------------------------------
+
+
+def torch_mlp_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """An MLP as PyTorch names and lays it out: `[out, in]` weights."""
+    rng = np.random.default_rng(seed)
+    return {
+        "model.layers.0.weight": rng.normal(size=(4, 3)).astype(np.float32),
+        "model.layers.0.bias": rng.normal(size=4).astype(np.float32),
+        "model.layers.1.weight": rng.normal(size=(2, 4)).astype(np.float32),
+        "model.layers.1.bias": rng.normal(size=2).astype(np.float32),
+    }
+
+
+TORCH_RULES = [
+    ("model.layers.{i}.weight", "layers[{i}].weight", lambda w: w.T),
+    ("model.layers.{i}.bias", "layers[{i}].bias"),
+]
+
+
+def write_repository(folder, tensors: dict[str, np.ndarray], shards: list[list[str]]) -> str:
+    """Shards and an index as huggingface's writers lay them out: shard files named
+    `model-0000k-of-0000n.safetensors`, an index with `metadata.total_size` and a
+    `weight_map` sorted by name."""
+    weight_map = {}
+    for k, names in enumerate(shards, 1):
+        shard = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: tensors[n] for n in names}, str(folder / shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in names})
+    index = {
+        "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    path = folder / "model.safetensors.index.json"
+    path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def repository(tmp_path):
+    tensors = torch_mlp_tensors()
+    names = list(tensors)
+    path = write_repository(tmp_path, tensors, [names[:1], names[1:3], names[3:]])
+    return path, tensors
+
+
+def test_a_sharded_repository_loads_through_rules(repository):
+    path, tensors = repository
+    model = tc.load(path, mlp_template(), rules=TORCH_RULES)
+    x = np.ones((5, 3), np.float32)
+    hidden = np.maximum(x @ tensors["model.layers.0.weight"].T + tensors["model.layers.0.bias"], 0)
+    expected = hidden @ tensors["model.layers.1.weight"].T + tensors["model.layers.1.bias"]
+    np.testing.assert_allclose(model(x), expected, rtol=1e-6)
+
+
+def test_a_folder_holding_one_index_loads_as_the_index(repository, tmp_path):
+    path, _ = repository
+    by_index = tc.load(path, mlp_template(), rules=TORCH_RULES)
+    assert_tree_equal(tc.load(tmp_path, mlp_template(), rules=TORCH_RULES), by_index)
+
+
+def test_a_folder_with_two_checkpoints_is_an_error_naming_them(tmp_path):
+    save_file({"a": np.ones(1, np.float32)}, str(tmp_path / "a.safetensors"))
+    save_file({"a": np.ones(1, np.float32)}, str(tmp_path / "b.safetensors"))
+    with pytest.raises(ValueError, match=r"is a folder.*a\.safetensors, b\.safetensors"):
+        tc.load(tmp_path, {"a": jnp.zeros(1)})
+
+
+def test_a_sharded_dry_run_reports_each_path_with_its_name(repository):
+    path, _ = repository
+    report = tc.load(path, mlp_template(), rules=TORCH_RULES, dry_run=True)
+    assert report.messages == ()
+    assert report.sources["MLP.layers[1].weight"] == ("model.layers.1.weight",)
+
+
+def test_an_index_naming_a_missing_shard_is_an_error_naming_both(repository, tmp_path):
+    path, _ = repository
+    os.unlink(tmp_path / "model-00002-of-00003.safetensors")
+    with pytest.raises(ValueError, match=r"index\.json.*model-00002-of-00003.*does not exist"):
+        tc.load(path, mlp_template(), rules=TORCH_RULES)
+
+
+def test_an_index_and_shards_that_disagree_are_an_error(repository, tmp_path):
+    path, _ = repository
+    index = read_json(path)
+    index["weight_map"]["model.layers.0.bias"] = "model-00001-of-00003.safetensors"
+    write(path, json.dumps(index).encode())
+    with pytest.raises(ValueError, match=r"maps 'model.layers.0.bias' to the shard .*not hold it"):
+        tc.load(path, mlp_template(), rules=TORCH_RULES)
+    del index["weight_map"]["model.layers.0.bias"]
+    write(path, json.dumps(index).encode())
+    with pytest.raises(ValueError, match=r"holds 'model.layers.0.bias', which it maps elsewhere"):
+        tc.load(path, mlp_template(), rules=TORCH_RULES)
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "sub/x.safetensors"])
+def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path, shard):
+    index = {"metadata": {}, "weight_map": {"w": shard}}
+    path = write(tmp_path / "m.safetensors.index.json", json.dumps(index).encode())
+    with pytest.raises(ValueError, match="not the name of a file beside it"):
+        tc.load(path, {"w": jnp.zeros(1)})
+
+
+def sharded_tree() -> dict:
+    return {
+        "embed": jnp.arange(300, dtype=jnp.float32).reshape(30, 10),
+        "layers": [
+            {"w": jnp.full((4, 4), i, jnp.bfloat16), "b": jnp.arange(4, dtype=jnp.int4)}
+            for i in range(3)
+        ],
+        "table": tc.freeze(jnp.ones(5, jnp.float16)),
+        "step": 12,
+        "name": tc.freeze("mlp"),
+    }
+
+
+def shard_sizes(index_path: str) -> dict[str, int]:
+    """Each shard's tensor bytes, read with the reference reader."""
+    folder = os.path.dirname(index_path)
+    index = read_json(index_path)
+    sizes = {}
+    for shard in set(index["weight_map"].values()):
+        with safe_open(os.path.join(folder, shard), "np") as file:
+            sizes[shard] = sum(file.get_tensor(k).nbytes for k in file.keys())
+    return sizes
+
+
+def test_a_sharded_save_round_trips_exactly_as_a_single_file(tmp_path):
+    tree = sharded_tree()
+    path = str(tmp_path / "model.safetensors.index.json")
+    tc.save(path, tree, max_shard_size=40)
+    assert len(shard_sizes(path)) > 3
+    restored = tc.load(path, tree)
+    assert_tree_equal(restored, tree)
+    assert restored["layers"][2]["w"].dtype == jnp.bfloat16 and tc.is_frozen(restored["table"])
+    abstract = jax.eval_shape(lambda: tree)
+    assert_tree_equal(tc.load(path, abstract), tree)
+
+
+def test_shards_hold_at_most_max_shard_size_and_a_bigger_tensor_gets_its_own(tmp_path):
+    tree = sharded_tree()  # embed has 1200 bytes, the rest at most 32 each
+    path = str(tmp_path / "model.safetensors.index.json")
+    tc.save(path, tree, max_shard_size=100)
+    index = read_json(path)
+    sizes = shard_sizes(path)
+    (embed_shard,) = [s for s, n in sizes.items() if n == 1200]
+    assert [k for k, s in index["weight_map"].items() if s == embed_shard] == ["embed"]
+    assert all(n <= 100 for s, n in sizes.items() if s != embed_shard)
+    assert sorted(sizes) == [f"model-{k:05d}-of-{len(sizes):05d}.safetensors" for k in
+                             range(1, len(sizes) + 1)]  # fmt: skip
+    assert index["metadata"]["total_size"] == sum(sizes.values())
+
+
+@pytest.mark.parametrize(("size", "limit"), [("1KB", 1000), ("1KiB", 1024), ("0.5kb", 500)])
+def test_max_shard_size_takes_huggingface_size_strings(tmp_path, size, limit):
+    tree = {f"t{i}": jnp.zeros(100, jnp.uint8) for i in range(25)}  # 100 bytes each
+    path = str(tmp_path / "m.safetensors.index.json")
+    tc.save(path, tree, max_shard_size=size)
+    assert sorted(shard_sizes(path).values()) == sorted(
+        [limit // 100 * 100] * (2500 // (limit // 100 * 100))
+        + ([2500 % (limit // 100 * 100)] if 2500 % (limit // 100 * 100) else [])
+    )
+
+
+@pytest.mark.parametrize("size", [0, -5, "5 apples", "GB", 1.5, True])
+def test_a_bad_max_shard_size_is_refused_before_anything_is_written(tmp_path, size):
+    with pytest.raises(ValueError, match="max_shard_size takes"):
+        tc.save(tmp_path / "m.safetensors.index.json", {"a": jnp.ones(2)}, max_shard_size=size)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_sharded_save_is_given_the_index_path(tmp_path):
+    with pytest.raises(ValueError, match=r"after:  tc\.save\('.*m\.safetensors\.index\.json'"):
+        tc.save(str(tmp_path / "m.safetensors"), {"a": jnp.ones(2)}, max_shard_size="1GB")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_shard_of_another_save_is_an_error_not_a_mixed_model(tmp_path):
+    path = str(tmp_path / "m.safetensors.index.json")
+    tree = {"a": jnp.zeros(50, jnp.uint8), "b": jnp.zeros(50, jnp.uint8)}
+    tc.save(path, tree, max_shard_size=50)
+    old_shard = (tmp_path / "m-00002-of-00002.safetensors").read_bytes()
+    tc.save(path, jax.tree_util.tree_map(lambda x: x + 1, tree), max_shard_size=50)
+    (tmp_path / "m-00002-of-00002.safetensors").write_bytes(old_shard)  # as if interrupted
+    with pytest.raises(ValueError, match=r"m-00002-of-00002.*another save than the index"):
+        tc.load(path, tree)
+
+
+def test_a_resave_removes_the_shards_the_new_index_no_longer_names(tmp_path):
+    path = str(tmp_path / "m.safetensors.index.json")
+    tree = {k: jnp.zeros(50, jnp.uint8) for k in "abc"}
+    (tmp_path / "notes.txt").write_text("mine")
+    tc.save(path, tree, max_shard_size=50)
+    assert len(os.listdir(tmp_path)) == 5
+    tc.save(path, tree, max_shard_size=200)
+    assert sorted(os.listdir(tmp_path)) == [
+        "m-00001-of-00001.safetensors",
+        "m.safetensors.index.json",
+        "notes.txt",
+    ]
+    assert_tree_equal(tc.load(path, tree), tree)
+
+
+tensors_strategy = st.lists(st.integers(0, 64), min_size=1, max_size=8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=tensors_strategy, limit=st.integers(1, 100))
+def test_sharding_law_every_limit_round_trips_and_is_respected(tmp_path_factory, sizes, limit):
+    folder = tmp_path_factory.mktemp("law")
+    tree = {f"t{i}": jnp.full(n, i, jnp.uint8) for i, n in enumerate(sizes)}
+    path = str(folder / "m.safetensors.index.json")
+    tc.save(path, tree, max_shard_size=limit)
+    assert_tree_equal(tc.load(path, tree), tree)
+    index = read_json(path)
+    for shard, size in shard_sizes(path).items():
+        held = [k for k, s in index["weight_map"].items() if s == shard]
+        assert size <= limit or len(held) == 1
+
+
+# --------------------------------------------------------------------------------------
+# NumPy .npz
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("writer", [np.savez, np.savez_compressed])
+def test_an_npz_file_loads_with_its_keys_as_written(tmp_path, writer):
+    tensors = torch_mlp_tensors(seed=3)
+    path = str(tmp_path / "weights.npz")
+    writer(path, **tensors)
+    model = tc.load(path, mlp_template(), rules=TORCH_RULES)
+    np.testing.assert_array_equal(model.layers[1].weight, tensors["model.layers.1.weight"].T)
+    np.testing.assert_array_equal(model.layers[0].bias, tensors["model.layers.0.bias"])
+
+
+def test_npz_arrays_of_any_byte_order_memory_order_and_bfloat16_load_as_written(tmp_path):
+    values = {
+        "big": np.arange(6, dtype=">i4").reshape(2, 3),
+        "fortran": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)),
+        "brain": np.arange(4).astype(ml_dtypes.bfloat16),
+    }
+    path = str(tmp_path / "a.npz")
+    np.savez(path, **values)
+    like = {
+        "big": np.zeros((2, 3), np.int32),
+        "fortran": jnp.zeros((2, 3)),
+        "brain": jnp.zeros(4, jnp.bfloat16),
+    }
+    restored = tc.load(path, like)
+    for key, value in values.items():
+        np.testing.assert_array_equal(restored[key], value)
+    assert restored["brain"].dtype == jnp.bfloat16 and restored["big"].dtype == np.int32
+
+
+def test_an_npz_object_array_is_an_error_naming_its_key(tmp_path):
+    path = str(tmp_path / "a.npz")
+    np.savez(path, w=np.ones(2), names=np.array(["a", None], dtype=object))
+    with pytest.raises(ValueError, match=r"a\.npz.*'names' holds Python objects.*pickle"):
+        tc.load(path, {"w": np.zeros(2)}, unexpected="ignore")
+
+
+def test_a_zip_that_is_not_an_npz_file_is_refused(tmp_path):
+    import zipfile
+
+    path = str(tmp_path / "a.npz")
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("readme.txt", "hello")
+    with pytest.raises(ValueError, match=r"a\.npz is not a checkpoint.*'readme.txt'"):
+        tc.load(path, {"w": np.zeros(2)})
+
+
+# --------------------------------------------------------------------------------------
+# flax msgpack
+# --------------------------------------------------------------------------------------
+
+
+def flax_mlp():
+    nn = pytest.importorskip("flax.linen")
+
+    class FlaxMLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            hidden = jax.nn.relu(nn.Dense(4)(x))  # Dense_0: named in order of creation
+            return nn.Dense(2)(hidden)
+
+    module = FlaxMLP()
+    return module, module.init(jax.random.key(3), jnp.ones((1, 3)))
+
+
+FLAX_RULES = {
+    "params.Dense_{i}.kernel": "layers[{i}].weight",
+    "params.Dense_{i}.bias": "layers[{i}].bias",
+}
+
+
+def test_a_flax_linen_checkpoint_loads_through_rules_and_computes_as_flax(tmp_path):
+    serialization = pytest.importorskip("flax.serialization")
+    module, params = flax_mlp()
+    path = write(tmp_path / "params.msgpack", serialization.to_bytes(params))
+    model = tc.load(path, mlp_template(), rules=FLAX_RULES)
+    x = jax.random.normal(jax.random.key(0), (5, 3))
+    np.testing.assert_allclose(model(x), module.apply(params, x), rtol=1e-6)
+
+
+def test_a_flax_checkpoint_names_tensors_by_dotted_keys(tmp_path):
+    serialization = pytest.importorskip("flax.serialization")
+    _, params = flax_mlp()
+    path = write(tmp_path / "params.msgpack", serialization.to_bytes(params))
+    _, report = tc.load(path, {}, strict=False)
+    assert sorted(report.unexpected) == [
+        "params.Dense_0.bias",
+        "params.Dense_0.kernel",
+        "params.Dense_1.bias",
+        "params.Dense_1.kernel",
+    ]
+
+
+def test_a_flax_state_with_numbers_lists_and_bfloat16_loads(tmp_path):
+    serialization = pytest.importorskip("flax.serialization")
+    state = {
+        "step": 41,
+        "rate": 0.5,
+        "done": True,
+        "shift": 1 + 2j,
+        "scale": np.float32(3.0),
+        "stack": [jnp.ones(2, jnp.bfloat16), jnp.arange(3)],
+        "note": "ignored",
+    }
+    path = write(tmp_path / "state.msgpack", serialization.to_bytes(state))
+    like = {
+        "step": 0,
+        "rate": 0.0,
+        "done": False,
+        "shift": 0j,
+        "scale": np.float32(0),
+        "stack": [jnp.zeros(2, jnp.bfloat16), jnp.zeros(3, jnp.int32)],
+    }
+    restored = tc.load(path, like)
+    assert (restored["step"], restored["rate"], restored["done"]) == (41, 0.5, True)
+    assert restored["shift"] == 1 + 2j and restored["scale"] == np.float32(3.0)
+    assert restored["stack"][0].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(restored["stack"][1], [0, 1, 2])
+
+
+def test_a_flax_array_written_in_chunks_loads_whole(tmp_path, monkeypatch):
+    serialization = pytest.importorskip("flax.serialization")
+    monkeypatch.setattr(serialization, "MAX_CHUNK_SIZE", 64)  # flax's own chunking, shrunk
+    table = np.arange(200, dtype=np.float32).reshape(20, 10)
+    data = serialization.to_bytes({"table": table})
+    assert b"__msgpack_chunked_array__" in data
+    path = write(tmp_path / "big.msgpack", data)
+    np.testing.assert_array_equal(
+        tc.load(path, {"table": np.zeros((20, 10), np.float32)})["table"], table
+    )
+
+
+def test_reading_flax_files_without_msgpack_says_what_to_install(tmp_path, monkeypatch):
+    serialization = pytest.importorskip("flax.serialization")
+    path = write(tmp_path / "p.msgpack", serialization.to_bytes({"w": np.ones(2)}))
+    monkeypatch.setitem(sys.modules, "msgpack", None)
+    with pytest.raises(ImportError, match=r"pip install 'treeclass\[msgpack\]'"):
+        tc.load(path, {"w": np.zeros(2)})
+
+
+# --------------------------------------------------------------------------------------
+# equinox
+# --------------------------------------------------------------------------------------
+
+
+class EqxLinear(tc.TreeClass):
+    weight: jax.Array  # [out, in], as equinox keeps it
+    bias: jax.Array
+
+    def __call__(self, x):
+        return self.weight @ x + self.bias
+
+
+class EqxMLP(tc.TreeClass):
+    def __init__(self, sizes=(3, 4, 4, 2)):
+        self.layers = tuple(
+            EqxLinear(jnp.zeros((o, i)), jnp.zeros(o)) for i, o in zip(sizes[:-1], sizes[1:])
+        )
+
+    def __call__(self, x):
+        for layer in self.layers[:-1]:
+            x = jax.nn.relu(layer(x))
+        return self.layers[-1](x)
+
+
+def equinox_mlp():
+    eqx = pytest.importorskip("equinox")
+    return eqx, eqx.nn.MLP(3, 2, 4, 2, key=jax.random.key(5))
+
+
+def test_an_equinox_file_loads_by_leaf_order_and_computes_as_equinox(tmp_path):
+    eqx, reference = equinox_mlp()
+    path = str(tmp_path / "mlp.eqx")
+    eqx.tree_serialise_leaves(path, reference)
+    model = tc.load(path, EqxMLP())
+    x = jnp.array([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(model(x), reference(x), rtol=1e-6)
+    report = tc.load(path, EqxMLP(), dry_run=True)
+    assert report.sources["EqxMLP.layers[2].bias"] == ("layers.2.bias",)
+
+
+def test_equinox_records_take_key_rules_too(tmp_path):
+    eqx, reference = equinox_mlp()
+    path = str(tmp_path / "mlp.eqx")
+    eqx.tree_serialise_leaves(path, reference)
+    # the template's own names, laid out [in, out]: a rule transposes equinox's weights
+    rules = [("layers.{i}.weight", "layers[{i}].weight", lambda w: w.T)]
+    model = tc.load(path, MLP((3, 4, 4, 2)), rules=rules)
+    x = jnp.array([[0.5, -1.0, 2.0]])
+    np.testing.assert_allclose(model(x)[0], reference(x[0]), rtol=1e-6)
+
+
+def test_an_equinox_file_with_numbers_and_bfloat16_loads(tmp_path):
+    eqx = pytest.importorskip("equinox")
+
+    class State(eqx.Module):
+        step: int
+        scale: float
+        w: jax.Array
+
+    class Like(tc.TreeClass):  # the same leaves in the same order
+        step: int
+        scale: float
+        w: jax.Array
+
+    path = str(tmp_path / "state.eqx")
+    eqx.tree_serialise_leaves(path, State(7, 0.25, jnp.arange(3, dtype=jnp.bfloat16)))
+    restored = tc.load(path, Like(0, 0.0, jnp.zeros(3, jnp.bfloat16)))
+    assert (restored.step, restored.scale) == (7, 0.25)
+    assert restored.w.dtype == jnp.bfloat16 and restored.w.tolist() == [0, 1, 2]
+
+
+def test_an_equinox_file_with_fewer_leaves_than_the_template_names_the_first_unfilled(tmp_path):
+    eqx, reference = equinox_mlp()
+    path = str(tmp_path / "mlp.eqx")
+    eqx.tree_serialise_leaves(path, reference)
+    with pytest.raises(ValueError, match=r"holds 6 array.*7 .*nothing for tree\[1\] and after"):
+        tc.load(path, (EqxMLP(), jnp.zeros(1)))
+
+
+def test_an_equinox_file_of_a_different_model_names_the_first_path_that_differs(tmp_path):
+    eqx, reference = equinox_mlp()
+    path = str(tmp_path / "mlp.eqx")
+    eqx.tree_serialise_leaves(path, reference)
+    with pytest.raises(ValueError, match=r"holds 6 array.*4 .*EqxMLP.layers\[1\].weight: "):
+        tc.load(path, EqxMLP((3, 4, 2)))
+
+
+def test_an_equinox_leaf_of_another_shape_is_a_mismatch_at_its_path(tmp_path):
+    eqx, reference = equinox_mlp()
+    path = str(tmp_path / "mlp.eqx")
+    eqx.tree_serialise_leaves(path, reference)
+    _, report = tc.load(path, EqxMLP((3, 4, 5, 2)), strict=False)
+    assert report.mismatched[:2] == ("EqxMLP.layers[1].weight", "EqxMLP.layers[1].bias")
+
+
+# --------------------------------------------------------------------------------------
+# Choosing the format
+# --------------------------------------------------------------------------------------
+
+
+def flax_bytes(tree) -> bytes:
+    return pytest.importorskip("flax.serialization").to_bytes(tree)
+
+
+def equinox_bytes(tree) -> bytes:
+    eqx = pytest.importorskip("equinox")
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, tree)
+    return buffer.getvalue()
+
+
+def npz_bytes(tree) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **tree)
+    return buffer.getvalue()
+
+
+def safetensors_bytes(tree) -> bytes:
+    from safetensors.numpy import save
+
+    return save(tree)
+
+
+WRITERS = {
+    "safetensors": safetensors_bytes,
+    "npz": npz_bytes,
+    "flax": flax_bytes,
+    "equinox": equinox_bytes,
+}
+
+
+@pytest.mark.parametrize("format", list(WRITERS))
+def test_a_file_without_an_extension_is_told_by_its_first_bytes(tmp_path, format):
+    tree = {"w": np.arange(3, dtype=np.float32)}
+    path = write(tmp_path / "checkpoint_100", WRITERS[format](tree))
+    restored = tc.load(path, {"w": np.zeros(3, np.float32)})
+    np.testing.assert_array_equal(restored["w"], tree["w"])
+    restored = tc.load(path, {"w": np.zeros(3, np.float32)}, format=format)
+    np.testing.assert_array_equal(restored["w"], tree["w"])
+
+
+def test_format_names_the_reader_whatever_the_file_is_called(tmp_path):
+    path = write(tmp_path / "weights.bin", npz_bytes({"w": np.ones(2)}))
+    assert tc.load(path, {"w": np.zeros(2)}, format="npz")["w"].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="not a checkpoint tc.load can read"):
+        tc.load(path, {"w": np.zeros(2)}, format="safetensors")
+
+
+def test_an_unknown_format_or_file_is_an_error_listing_the_formats(tmp_path):
+    path = write(tmp_path / "weights.pt", b"\x80\x02}q\x00.")  # a pickle
+    with pytest.raises(ValueError, match=r"weights\.pt.*'safetensors', 'sharded', 'npz'"):
+        tc.load(path, {"w": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"format= takes one of .*'equinox'.*got 'torch'"):
+        tc.load(path, {"w": np.zeros(2)}, format="torch")
+
+
+# --------------------------------------------------------------------------------------
+# Every reader: corrupted input is one ValueError naming the file; dry runs read no bytes
+# --------------------------------------------------------------------------------------
+
+FLAGS = [True, False] * 8  # a pattern no header holds
+
+
+def written(tmp_path, format: str, tree: dict) -> str:
+    """`tree` written by the real writer of `format` (a sharded index for "sharded")."""
+    if format == "sharded":
+        return write_repository(tmp_path, tree, [list(tree)])
+    names = {
+        "safetensors": "m.safetensors",
+        "npz": "m.npz",
+        "flax": "m.msgpack",
+        "equinox": "m.eqx",
+    }
+    return write(tmp_path / names[format], WRITERS[format](tree))
+
+
+def data_file(path: str) -> str:
+    """The file holding the tensor bytes (a sharded checkpoint's shard)."""
+    if path.endswith(".index.json"):
+        return os.path.join(os.path.dirname(path), "model-00001-of-00001.safetensors")
+    return path
+
+
+@pytest.mark.parametrize("format", [*WRITERS, "sharded"])
+def test_a_dry_run_reads_no_tensor_bytes(tmp_path, format):
+    path = written(tmp_path, format, {"flags": np.array(FLAGS)})
+    target = data_file(path)
+    raw = bytearray(pathlib.Path(target).read_bytes())
+    at = raw.find(bytes(FLAGS))
+    raw[at + 1] = 7  # a bool byte no reader may accept: only reading the data finds it
+    write(target, bytes(raw))
+    like = {"flags": np.zeros(len(FLAGS), bool)}
+    report = tc.load(path, like, dry_run=True)
+    assert report.messages == () and report.restored == ("tree['flags']",)
+    with pytest.raises(ValueError, match=os.path.basename(path)):
+        tc.load(path, like)
+
+
+@pytest.mark.parametrize("format", [*WRITERS, "sharded"])
+def test_a_truncated_file_is_a_value_error_naming_it(tmp_path, format):
+    tree = {"a": np.arange(6, dtype=np.float32), "b": np.ones((2, 2), np.int64)}
+    path = written(tmp_path, format, tree)
+    target = data_file(path)
+    whole = pathlib.Path(target).read_bytes()
+    like = {k: np.zeros_like(v) for k, v in tree.items()}
+    for cut in sorted({0, 1, 5, 8, 9, 20, len(whole) // 2, len(whole) - 9, len(whole) - 1}):
+        write(target, whole[:cut])
+        with pytest.raises(ValueError, match=os.path.basename(target)):
+            tc.load(path, like)
+
+
+@pytest.mark.parametrize("format", [*WRITERS, "sharded"])
+def test_garbage_is_a_value_error_naming_the_file(tmp_path, format):
+    path = written(tmp_path, format, {"a": np.arange(6, dtype=np.float32)})
+    target = data_file(path)
+    size = os.path.getsize(target)
+    head = {"safetensors": struct.pack("<Q", 40), "npz": b"PK\x03\x04", "flax": b"\x81\xa1a",
+            "equinox": b"\x93NUMPY\x01\x00", "sharded": struct.pack("<Q", 40)}[format]  # fmt: skip
+    write(target, head + bytes(range(256)) * (size // 256 + 1))
+    with pytest.raises(ValueError, match=os.path.basename(target)):
+        tc.load(path, {"a": np.zeros(6, np.float32)})
+
+
+def test_a_malformed_index_is_a_value_error_naming_it(tmp_path):
+    path = str(tmp_path / "m.safetensors.index.json")
+    for text in ("{", "[]", '{"weight_map": 3}', '{"weight_map": {}, "metadata": []}'):
+        write(path, text.encode())
+        with pytest.raises(ValueError, match=r"m\.safetensors\.index\.json is not a checkpoint"):
+            tc.load(path, {"a": np.zeros(1)})
