@@ -250,6 +250,14 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
     - `path`: the file to write (by convention `*.safetensors`); its folder must exist.
     - `tree`: any pytree of arrays, numbers and TreeClass instances. Sharded arrays are
       written whole.
+    - `max_shard_size`: if given, write the layout of large-model repositories instead:
+      `path` names the index (`model.safetensors.index.json`), and the tensors go, in
+      the tree's order, into shards beside it (`model-00001-of-00003.safetensors`) of at
+      most this many tensor bytes each (a tensor larger than that gets a shard of its
+      own): an int, or a string such as `"5GB"` or `"500MiB"`. Each shard is written
+      atomically, the index last; shards of an earlier save at `path` that the new index
+      no longer names are removed. `load` of the index restores exactly what `load` of
+      a single file does.
 
     In a run of several processes (`jax.distributed`), every process must call
     `save` with the same path and a tree of the same structure: process 0 alone writes
@@ -280,6 +288,27 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
         path = os.path.join(folder, "model.safetensors")
         tc.save(path, model)
         restored = tc.load(path, model)
+    assert tc.is_tree_equal(restored, model)
+    ```
+
+    A large model in shards of at most 2 kB, as model repositories lay them out:
+
+    ```python
+    import os, tempfile
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    model = {"embed": jnp.zeros((100, 8)), "head": jnp.ones((8, 2))}
+    with tempfile.TemporaryDirectory() as folder:
+        index = os.path.join(folder, "model.safetensors.index.json")
+        tc.save(index, model, max_shard_size="2kB")
+        files = sorted(os.listdir(folder))
+        restored = tc.load(index, model)
+    assert files == [
+        "model-00001-of-00002.safetensors",  # embed: 3200 bytes, a shard of its own
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
     assert tc.is_tree_equal(restored, model)
     ```
     """
@@ -408,13 +437,19 @@ def load(
     renamed or transformed by key rules, stored as raw bytes or PRNG key data, and bool
     or sub-byte tensors are read whole.
 
-    A file written by another tool (plain safetensors, no treeclass metadata) loads too
-    when its tensor names are the template's key paths joined with dots; values other
-    than numbers then come from the template.
+    A file written by another tool (no treeclass metadata) loads too when its tensor
+    names are the template's key paths joined with dots, or through `rules`; values
+    other than numbers then come from the template. Besides safetensors files, `load`
+    reads sharded safetensors (an `*.index.json` and the shards beside it, or the folder
+    holding them), NumPy `.npz` files (never with pickle), flax `serialization.to_bytes`
+    files (names are the nested keys joined with dots, `params.Dense_0.kernel`; needs
+    the `msgpack` package) and equinox `tree_serialise_leaves` files (the n-th record
+    fills the template's n-th array or number leaf, under its own name).
 
     **Arguments**
 
-    - `path`: a file written by `save`, or any safetensors file.
+    - `path`: a file written by `save`, any file of the formats above, or a folder
+      holding one sharded checkpoint (or one safetensors file).
     - `like`: a tree of the right structure: a model, or an abstract one.
     - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
       type mismatch, or differing static value raises one `ValueError` naming every key
@@ -437,6 +472,9 @@ def load(
       place for; by default an error when `strict`.
     - `dry_run`: if True, return the `LoadReport` of what would be restored from where
       (its `sources`), checked from names, dtypes and shapes alone: no tensor is read.
+    - `format`: `"safetensors"`, `"sharded"`, `"npz"`, `"flax"` or `"equinox"`; by
+      default told by the file's extension (`.safetensors`, `.index.json`, `.npz`,
+      `.msgpack`, `.eqx`), else by its first bytes.
 
     **Returns**
 
@@ -451,8 +489,9 @@ def load(
 
     **Raises**
 
-    `ValueError` for a corrupted or truncated file, whatever `strict` is; nothing is
-    returned in part.
+    `ValueError` for a corrupted or truncated file, whatever `strict` is, or one of no
+    format `load` reads; nothing is returned in part. `ImportError` for a flax file
+    without the `msgpack` package.
 
     ```python
     import os, tempfile

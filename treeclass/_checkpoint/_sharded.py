@@ -116,7 +116,8 @@ class ShardedSafetensors:
             self._corrupt(f"it is not valid JSON ({error})")
         if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
             self._corrupt('it is not a JSON object with a "weight_map" object')
-        metadata = index.get("metadata", {})
+        metadata = index.get("metadata")
+        metadata = {} if metadata is None else metadata  # `null`, as some writers put it
         if not isinstance(metadata, dict):
             self._corrupt('its "metadata" is not a JSON object')
         self._metadata = {k: v for k, v in metadata.items() if isinstance(v, str)}
