@@ -643,3 +643,128 @@ def test_a_malformed_index_is_a_value_error_naming_it(tmp_path):
         write(path, text.encode())
         with pytest.raises(ValueError, match=r"m\.safetensors\.index\.json is not a checkpoint"):
             tc.load(path, {"a": np.zeros(1)})
+
+
+# --------------------------------------------------------------------------------------
+# Ranges: what a template sharded over several devices reads
+# --------------------------------------------------------------------------------------
+
+
+def range_fixtures(tmp_path, values: dict[str, np.ndarray]) -> dict[str, str]:
+    """One file per reader and layout, each holding `values` (`f32` and `i32`)."""
+    eqx = pytest.importorskip("equinox")
+    serialization = pytest.importorskip("flax.serialization")
+    files = {}
+    files["npz"] = str(tmp_path / "a.npz")
+    np.savez(files["npz"], **values)
+    files["npz compressed"] = str(tmp_path / "c.npz")
+    np.savez_compressed(files["npz compressed"], **values)
+    files["npz fortran big-endian"] = str(tmp_path / "f.npz")
+    odd = {
+        "f32": np.asfortranarray(values["f32"]),
+        "i32": values["i32"].astype(">i4"),
+    }
+    np.savez(files["npz fortran big-endian"], **odd)
+    files["equinox"] = str(tmp_path / "m.eqx")
+    eqx.tree_serialise_leaves(files["equinox"], values)
+    files["flax"] = str(tmp_path / "m.msgpack")
+    write(files["flax"], serialization.to_bytes(values))
+    chunked = serialization.MAX_CHUNK_SIZE
+    serialization.MAX_CHUNK_SIZE = values["f32"].nbytes // 3 - 4  # flax's chunking, shrunk
+    try:
+        files["flax chunked"] = write(tmp_path / "k.msgpack", serialization.to_bytes(values))
+    finally:
+        serialization.MAX_CHUNK_SIZE = chunked
+    files["sharded"] = write_repository(tmp_path, values, [["f32"], ["i32"]])
+    return files
+
+
+RANGE_VALUES = {
+    "f32": np.arange(8 * 6 * 4, dtype=np.float32).reshape(8, 6, 4),
+    "i32": np.arange(24, dtype=np.int32).reshape(4, 6),
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_source_law_a_range_is_those_bytes_of_the_whole_tensor(tmp_path_factory, data):
+    from treeclass._checkpoint._formats import open_source  # the source protocol itself
+
+    files = range_fixtures(tmp_path_factory.mktemp("ranges"), RANGE_VALUES)
+    name = data.draw(st.sampled_from(sorted(files)))
+    key = data.draw(st.sampled_from(sorted(RANGE_VALUES)))
+    size = RANGE_VALUES[key].nbytes
+    start = data.draw(st.integers(0, size))
+    stop = data.draw(st.integers(start, size + 8))
+    source = open_source(files[name], RANGE_VALUES)
+    try:
+        whole = source.read(key)
+        np.testing.assert_array_equal(whole, RANGE_VALUES[key])
+        expected = RANGE_VALUES[key].astype(RANGE_VALUES[key].dtype.newbyteorder("<"))
+        expected = expected.reshape(-1).view(np.uint8)[start:stop]
+        np.testing.assert_array_equal(source.read_range(key, start, stop), expected)
+    finally:
+        source.close()
+
+
+_SHARDED_TEMPLATE_LOAD = """
+import json, os, pathlib, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import treeclass as tc
+
+def rchar():
+    text = pathlib.Path("/proc/self/io").read_text()
+    return int(dict(line.split(": ") for line in text.splitlines())["rchar"])
+
+files = json.loads(sys.argv[1])
+f32 = np.arange(64 * 48 * 32, dtype=np.float32).reshape(64, 48, 32)
+i32 = np.arange(32 * 48, dtype=np.int32).reshape(32, 48)
+mesh = jax.make_mesh((2, 4), ("a", "b"))
+on = lambda spec: NamedSharding(mesh, spec)
+results = {}
+for name, path in files.items():
+    try:
+        like = {
+            "f32": jax.ShapeDtypeStruct(f32.shape, jnp.float32, sharding=on(P("a", None, "b"))),
+            "i32": jax.ShapeDtypeStruct(i32.shape, jnp.int32, sharding=on(P("b"))),
+        }
+        before = rchar()
+        got = tc.load(path, like)
+        read = rchar() - before
+        np.testing.assert_array_equal(np.asarray(got["f32"]), f32)
+        np.testing.assert_array_equal(np.asarray(got["i32"]), i32)
+        assert got["f32"].sharding == like["f32"].sharding
+        # each tensor's bytes about once, not once per range of rows
+        assert read < 2 * (f32.nbytes + i32.nbytes) + 128 * 1024, read
+        results[name] = "ok"
+    except Exception as error:
+        results[name] = repr(error)
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts bytes read on Linux")
+def test_a_template_sharded_over_devices_loads_from_every_reader_reading_bytes_once(tmp_path):
+    import subprocess
+
+    values = {
+        "f32": np.arange(64 * 48 * 32, dtype=np.float32).reshape(64, 48, 32),
+        "i32": np.arange(32 * 48, dtype=np.int32).reshape(32, 48),
+    }
+    files = range_fixtures(tmp_path, values)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    root = str(pathlib.Path(__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHARDED_TEMPLATE_LOAD, json.dumps(files)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results == dict.fromkeys(files, "ok")

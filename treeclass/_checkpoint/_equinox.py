@@ -19,7 +19,16 @@ from typing import BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
-from ._npz import NpyHeader, npy_array, object_array_error, read_npy_header, refuses
+from ._npz import (
+    NpyHeader,
+    WholeTensorCache,
+    npy_array,
+    object_array_error,
+    ranges_read_directly,
+    read_exact,
+    read_npy_header,
+    refuses,
+)
 from ._source import TensorInfo, corrupt
 from ._tree import describe_array
 
@@ -79,6 +88,7 @@ class EquinoxFile:
         if len(records) != len(slots):
             raise ValueError(self._count_message(records, slots))
         self.records = {slot.name: record for slot, record in zip(slots, records)}
+        self._whole = WholeTensorCache(self.read)
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, _FORMAT)
@@ -113,23 +123,23 @@ class EquinoxFile:
     def metadata(self) -> Mapping[str, str]:
         return {}
 
-    def _data(self, key: str) -> np.ndarray:
+    def _bytes(self, key: str, start: int, stop: int) -> np.ndarray:
         record = self.records[key]
-        buffer = np.empty(record.header.nbytes, np.uint8)
-        self.file.seek(record.start)
-        view, done = buffer.data, 0
-        while done < len(buffer):
-            count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-            if not count:
-                self._corrupt(f"it ended inside the data of {key!r}")
-            done += count
-        return buffer
+        try:
+            return read_exact(self.file, record.start + start, stop - start)
+        except EOFError:
+            self._corrupt(f"it ended inside the data of {key!r}")
 
     def read(self, key: str) -> np.ndarray:
-        return npy_array(self._data(key), self.records[key].header)
+        header = self.records[key].header
+        return npy_array(self._bytes(key, 0, header.nbytes), header)
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        return self.read(key).reshape(-1).view(np.uint8)[start:stop]
+        header = self.records[key].header
+        stop = min(stop, header.nbytes)
+        if ranges_read_directly(header):
+            return self._bytes(key, start, stop)
+        return self._whole(key, start, stop)
 
     def close(self) -> None:
         self.file.close()

@@ -41,6 +41,7 @@ _CHUNKED = "__msgpack_chunked_array__"
 _NDARRAY, _COMPLEX, _SCALAR = 1, 2, 3  # flax's extension codes
 # an array's (shape, dtype) header is a few hundred bytes at most
 _ARRAY_HEADER_WINDOW = 4096
+_READ_SIZE = 1024
 
 # msgpack type bytes: the ranges of maps and arrays; extension headers as
 # (header length, where the length field is, its struct format or the fixed length)
@@ -99,8 +100,14 @@ class FlaxFile:
         """Continue reading at `position` (after a skipped extension's bytes)."""
         self.file.seek(position)
         self.base = position
+        # small reads: the unpacker starts afresh after each array, and what it read ahead
+        # of that array's header (1 MiB by default) would be read for nothing
         self.unpacker = self.msgpack.Unpacker(
-            self.file, raw=False, strict_map_key=False, max_buffer_size=MAX_HEADER_BYTES
+            self.file,
+            read_size=_READ_SIZE,
+            raw=False,
+            strict_map_key=False,
+            max_buffer_size=MAX_HEADER_BYTES,
         )
 
     def _position(self) -> int:
@@ -291,20 +298,28 @@ class FlaxFile:
         array = self.arrays[key]
         if array.value is not None:
             return array.value.copy()
-        buffer = np.empty(sum(n for _, n in array.pieces), np.uint8)
-        view, done = buffer.data, 0
-        for start, count in array.pieces:
-            self.file.seek(start)
-            end = done + count
-            while done < end:
-                read = self.file.readinto(view[done:end])  # type: ignore[attr-defined]
-                if not read:
-                    self._corrupt(f"it ended inside the data of {key!r}")
-                done += read
-        return buffer.view(array.dtype.newbyteorder("<")).reshape(array.shape)
+        data = self.read_range(key, 0, sum(n for _, n in array.pieces))
+        return data.view(array.dtype.newbyteorder("<")).reshape(array.shape)
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        return self.read(key).reshape(-1).view(np.uint8)[start:stop]
+        array = self.arrays[key]
+        if array.value is not None:
+            return array.value.reshape(-1).view(np.uint8)[start:stop].copy()
+        stop = min(stop, sum(n for _, n in array.pieces))
+        buffer = np.empty(max(stop - start, 0), np.uint8)
+        at = 0  # where the current piece starts in the tensor's bytes
+        for offset, count in array.pieces:  # the pieces of a chunked array, in order
+            low, high = max(start, at), min(stop, at + count)
+            if low < high:
+                self.file.seek(offset + low - at)
+                view, done = buffer.data[low - start : high - start], 0
+                while done < len(view):
+                    read = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+                    if not read:
+                        self._corrupt(f"it ended inside the data of {key!r}")
+                    done += read
+            at += count
+        return buffer
 
     def close(self) -> None:
         self.file.close()

@@ -17,7 +17,7 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, BinaryIO, NamedTuple, NoReturn
 
 import ml_dtypes
@@ -26,7 +26,17 @@ from numpy.lib import format as npy_format
 
 from ._source import TensorInfo, corrupt
 
-__all__ = ["NpyHeader", "read_npy_header", "npy_array", "object_array_error", "NpzFile"]
+__all__ = [
+    "NpyHeader",
+    "read_npy_header",
+    "npy_array",
+    "object_array_error",
+    "refuses",
+    "read_exact",
+    "ranges_read_directly",
+    "WholeTensorCache",
+    "NpzFile",
+]
 
 _FORMAT = "npz"
 # numpy's own bound on a header it reads without `allow_pickle`-style trust
@@ -107,6 +117,42 @@ def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     return array
 
 
+def read_exact(file: BinaryIO, offset: int, count: int) -> np.ndarray:
+    """`count` bytes of `file` at `offset`, flat `uint8`; `EOFError` if it ends first."""
+    buffer = np.empty(max(count, 0), np.uint8)
+    file.seek(offset)
+    view, done = buffer.data, 0
+    while done < len(buffer):
+        read = file.readinto(view[done:])  # type: ignore[attr-defined]
+        if not read:
+            raise EOFError(f"the file ended {len(buffer) - done} bytes early")
+        done += read
+    return buffer
+
+
+class WholeTensorCache:
+    """The bytes of the last tensor read whole for `read_range`, so that a tensor stored in
+    a layout ranges cannot be read from directly (compressed, Fortran order, big-endian)
+    is read once, not once per range, with one tensor held at a time."""
+
+    def __init__(self, read: Callable[[str], np.ndarray]) -> None:
+        self._read = read
+        self._key: str | None = None
+        self._bytes: np.ndarray | None = None
+
+    def __call__(self, key: str, start: int, stop: int) -> np.ndarray:
+        if self._key != key or self._bytes is None:
+            self._bytes = None  # free the previous tensor first
+            self._bytes = self._read(key).reshape(-1).view(np.uint8)
+            self._key = key
+        return self._bytes[start:stop]
+
+
+def ranges_read_directly(header: NpyHeader) -> bool:
+    """Whether a record's bytes are already C order and little-endian."""
+    return not header.fortran_order and header.dtype.byteorder != ">"
+
+
 class _Member(NamedTuple):
     info: zipfile.ZipInfo
     header: NpyHeader
@@ -153,6 +199,7 @@ class NpzFile:
                 )
             data = None if start is None else start + header.size
             self.members[key] = _Member(info, header, data)
+        self._whole = WholeTensorCache(self.read)
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, _FORMAT)
@@ -195,14 +242,10 @@ class NpzFile:
 
     def _stored_data(self, key: str, member: _Member) -> np.ndarray:
         assert member.data is not None
-        buffer = np.empty(member.header.nbytes, np.uint8)
-        self.file.seek(member.data)
-        view, done = buffer.data, 0
-        while done < len(buffer):
-            count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-            if not count:
-                self._corrupt(f"it ended inside the data of {key!r}")
-            done += count
+        try:
+            buffer = read_exact(self.file, member.data, member.header.nbytes)
+        except EOFError:
+            self._corrupt(f"it ended inside the data of {key!r}")
         self.file.seek(member.data - member.header.size)
         head = self.file.read(member.header.size)
         if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
@@ -237,7 +280,16 @@ class NpzFile:
         return npy_array(self._data(key), self.members[key].header)
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        return self.read(key).reshape(-1).view(np.uint8)[start:stop]
+        # a stored record's range straight from the file (its CRC covers the whole record
+        # and is checked when it is read whole, as safetensors files have no checksum)
+        member = self.members[key]
+        stop = min(stop, member.header.nbytes)
+        if member.data is None or not ranges_read_directly(member.header):
+            return self._whole(key, start, stop)
+        try:
+            return read_exact(self.file, member.data + start, stop - start)
+        except EOFError:
+            self._corrupt(f"it ended inside the data of {key!r}")
 
     def close(self) -> None:
         try:
