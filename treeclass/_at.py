@@ -32,7 +32,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
 from ._calls import call_method
-from ._frozen import is_frozen
+from ._frozen import Frozen, is_frozen
 from ._selectors import (
     DESCEND,
     MASK_MISMATCH_MSG,
@@ -435,20 +435,26 @@ class _Walker:
     # the traversal
     def run(self) -> Any:
         out = self.walk(self.root, (), 0, None)
-        unmatched = [
-            member
-            for matcher in self.matchers
-            if not matcher.single_key  # a missing name or index raised already, in the walk
-            for member in matcher.members()
-            if member.names_something and member not in self.hits
-        ]
+        unmatched = None  # the first naming selector that named nothing
+        for matcher in self.matchers:
+            if matcher.single_key:  # a missing name or index raised already, in the walk
+                continue
+            for member in matcher.members():
+                if member.names_something and member not in self.hits:
+                    unmatched = member
+                    break
+            if unmatched is not None:
+                break
         # Selected spots holding only frozen values do not explain a glob, regex or
         # BaseKey that matched no key at all: the typo is said first.
-        by_matcher = any(b[2] for b in self.blocked)
-        if self.count == 0 and self.blocked and (by_matcher or not unmatched):
+        if (
+            self.count == 0
+            and self.blocked
+            and (unmatched is None or any(b[2] for b in self.blocked))
+        ):
             raise LookupError(self.blocked_message())
-        if unmatched:
-            raise unmatched[0].no_match_error(self, self.selection())
+        if unmatched is not None:
+            raise unmatched.no_match_error(self, self.selection())
         if self.pending:
             out = self.resolve(out)
         return out
@@ -553,6 +559,8 @@ class _Walker:
         fills = self.fills
         changed = False
         step = matcher.step
+        # more selectors follow a matcher that sees into frozen values: a frozen match stops
+        stops = Frozen if matcher.sees_into_frozen and i + 1 < self.n else None
         for k, child in enumerate(children):
             entry = entries[k]
             child_path = path + (entry,)
@@ -566,8 +574,7 @@ class _Walker:
                 )
                 raise
             if code == MATCH:
-                if i + 1 < self.n and matcher.sees_into_frozen and is_frozen(child):
-                    # more selectors follow, and nothing below a frozen value is selectable
+                if type(child) is stops:  # nothing below a frozen value is selectable
                     self.record_blocked(child_path, "frozen")
                     new = self.unselected(child)
                 else:
