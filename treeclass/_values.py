@@ -31,6 +31,7 @@ import functools
 import hashlib
 import numbers
 import struct
+import types
 from typing import Any
 
 import jax
@@ -64,6 +65,10 @@ __all__ = [
 # types whose values are their own exact keys, next to their type (`(type(v), v)`)
 PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
 _PLAIN = PLAIN_TYPES
+# functions are leaves keyed by their own `==`/hash (where `hashable_key` ends for them):
+# said here by type, ahead of the array checks and the flatten that would find it out
+# slowly; bound methods hash their object, which may be unhashable, so they go the long way
+_FUNCTIONS = frozenset({types.FunctionType, np.ufunc, type(jnp.add)})
 _pack_double = struct.Struct("<d").pack
 
 
@@ -259,6 +264,8 @@ def exact_key(value: Any) -> Any:
         return (kind, value)
     if kind is float:
         return _float_key(kind, value)
+    if kind in _FUNCTIONS:
+        return (kind, value)
     if isinstance(value, (jax.Array, np.ndarray)):
         return _array_key(value)
     if isinstance(value, (np.generic, complex, float)):
