@@ -768,3 +768,16 @@ def test_a_template_sharded_over_devices_loads_from_every_reader_reading_bytes_o
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results == dict.fromkeys(files, "ok")
+
+
+def test_a_malformed_treeclass_document_is_named_with_the_format_that_holds_it(tmp_path):
+    tree = sharded_tree()
+    path = str(tmp_path / "model.safetensors.index.json")
+    tc.save(path, tree, max_shard_size=100)
+    index = read_json(path)
+    index["metadata"]["treeclass"] = "{not json"
+    with open(path, "w") as file:
+        json.dump(index, file)
+    with pytest.raises(ValueError, match="treeclass metadata is not valid JSON") as info:
+        tc.load(path, tree)
+    assert "sharded safetensors index" in str(info.value) and path in str(info.value)

@@ -310,7 +310,7 @@ class SourceCatalog:
             self._corrupt(f"the name {twice!r} is given to two values")
 
     def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason)
+        corrupt(self.location, reason, self.source.format)
 
     def _document(self, metadata: Any) -> dict | None:
         text = metadata.get(METADATA_KEY)

@@ -61,6 +61,8 @@ class _Record(NamedTuple):
 class EquinoxFile:
     """A `tree_serialise_leaves` file as a `CheckpointSource`, named by `slots`."""
 
+    format = _FORMAT
+
     def __init__(self, file: BinaryIO, location: str, slots: Sequence[Slot]) -> None:
         self.file = file
         self.location = location

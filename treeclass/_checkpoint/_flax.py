@@ -76,6 +76,8 @@ class _Array(NamedTuple):
 class FlaxFile:
     """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
 
+    format = _FORMAT
+
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.msgpack = _msgpack()
         self.file = file

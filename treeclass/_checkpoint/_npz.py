@@ -171,6 +171,8 @@ class NpzFile:
     compressed one (`np.savez_compressed`) through `zipfile`'s stream.
     """
 
+    format = _FORMAT
+
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.file = file
         self.location = location

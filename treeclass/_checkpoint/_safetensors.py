@@ -69,6 +69,8 @@ class _Tensor(NamedTuple):
 class SafetensorsFile:
     """An opened safetensors file as a `CheckpointSource`; the header is checked here."""
 
+    format = "safetensors"
+
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.file = file
         self.location = location

@@ -95,6 +95,8 @@ def _plain_name(name: Any) -> bool:
 class ShardedSafetensors:
     """An index and its shards as one `CheckpointSource`."""
 
+    format = _FORMAT
+
     def __init__(self, location: str) -> None:
         self.location = location
         self.shards: dict[str, SafetensorsFile] = {}

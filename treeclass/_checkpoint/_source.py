@@ -43,6 +43,11 @@ class CheckpointSource(Protocol):
         """The file (or folder) this source reads, as messages name it."""
         ...
 
+    @property
+    def format(self) -> str:
+        """The format's name, as messages say it (`"safetensors"`, `"npz"`)."""
+        ...
+
     def keys(self) -> Iterable[str]:
         """The tensor keys, in the source's order."""
         ...
