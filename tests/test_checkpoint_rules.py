@@ -327,6 +327,35 @@ def test_extra_keys_can_be_ignored(tmp_path):
         tc.load(path, _model(0.0))
 
 
+def test_an_explicit_error_policy_raises_in_a_non_strict_load_too(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(2), "b": jnp.ones(1)}, "x": jnp.ones(1)})
+    like = _model(0.0)
+    with pytest.raises(ValueError, match=r"missing +Model\.head") as info:
+        tc.load(path, like, strict=False, missing="error")
+    message = str(info.value)
+    assert "unexpected" not in message and 'missing="keep"' in message
+    with pytest.raises(ValueError, match="unexpected  'x'") as info:
+        tc.load(path, like, strict=False, unexpected="error", missing="keep")
+    assert "Model.head" not in str(info.value) and 'unexpected="ignore"' in str(info.value)
+    with pytest.raises(ValueError, match=r"missing +tree\['c'\]"):
+        tc.from_state_dict({"c": jnp.zeros(1)}, {}, strict=False, missing="error")
+    # the other problems are still reported, not raised
+    restored, report = tc.load(path, like, strict=False, missing="keep")
+    assert report.missing == ("Model.head",) and report.unexpected == ("x",)
+    assert restored.encoder["w"].tolist() == [1.0, 1.0]
+
+
+def test_a_non_strict_load_with_an_error_policy_leaves_its_template_as_it_was(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"encoder": {"w": jnp.ones(2), "b": jnp.ones(1)}})
+    like = _model(0.0)
+    before = jax.tree_util.tree_map(np.asarray, like)
+    with pytest.raises(ValueError):
+        tc.load(path, like, strict=False, missing="error")
+    assert tc.is_tree_equal(jax.tree_util.tree_map(np.asarray, like), before)
+
+
 def test_bad_policies_are_refused():
     with pytest.raises(ValueError, match="missing= takes one of"):
         tc.from_state_dict({"a": jnp.ones(1)}, {"a": np.ones(1)}, missing="ignore")  # type: ignore[call-overload]

@@ -467,9 +467,11 @@ def load(
       selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
       neither checked nor reported.
     - `missing`: `"error"`, `"keep"` (the template's value) or `"warn"` (keep, and warn)
-      for template paths the file lacks; by default an error when `strict`.
+      for template paths the file lacks; by default an error when `strict`, and an error
+      whenever it is given as `"error"`, `strict=False` too.
     - `unexpected`: `"error"` or `"ignore"` for names in the file the template has no
-      place for; by default an error when `strict`.
+      place for; by default an error when `strict`, and whenever it is given as
+      `"error"`.
     - `dry_run`: if True, return the `LoadReport` of what would be restored from where
       (its `sources`), checked from names, dtypes and shapes alone: no tensor is read.
     - `format`: `"safetensors"`, `"sharded"`, `"npz"`, `"flax"` or `"equinox"`; by

@@ -716,9 +716,9 @@ def restore(
 
     `selected(node, kind)` (of an `Entry`) limits the load to some entries (the rest keep
     the template's values and are not reported); `missing` ("error", "keep", "warn") and
-    `unexpected` ("error", "ignore") say which of those problems a strict load raises for
-    (by default all of them when `strict`, none otherwise). A `dry_run` returns the report alone,
-    read from names, dtypes and shapes: no tensor bytes.
+    `unexpected` ("error", "ignore") say which of those problems raise (by default all of
+    them when `strict`, none otherwise; an explicit "error" raises whatever `strict` is). A
+    `dry_run` returns the report alone, read from names, dtypes and shapes: no tensor bytes.
     """
     missing = missing or ("error" if strict else "keep")
     unexpected = unexpected or ("error" if strict else "ignore")
@@ -738,11 +738,14 @@ def restore(
     report = checker.finish(found, decisions, source.problems)
     if dry_run:
         return report
+    # strict raises for every problem its policies do not waive; a non-strict load only for
+    # the kinds a policy asks to raise for explicitly (`missing="error"`)
     problems = [
         line
         for line in report.messages
-        if not (line.startswith("missing ") and missing != "error")
-        and not (line.startswith("unexpected ") and unexpected != "error")
+        if (missing == "error" if line.startswith("missing ") else True)
+        and (unexpected == "error" if line.startswith("unexpected ") else True)
+        and (strict or line.startswith(("missing ", "unexpected ")))
     ]
     if missing == "warn" and report.missing:
         lines = [line for line in report.messages if line.startswith("missing ")]
@@ -751,8 +754,13 @@ def restore(
             + "\n".join("  " + line for line in lines),
             stacklevel=3,
         )
-    if strict and problems:
+    if problems:
         count = len(problems)
+        fixed = source.call[:-1] + ", strict=False)"
+        if not strict:  # raised by an explicit policy: the fix is the other policy
+            waive = ['missing="keep"'] if missing == "error" else []
+            waive += ['unexpected="ignore"'] if unexpected == "error" else []
+            fixed = source.call[:-1] + ", strict=False, " + ", ".join(waive) + ")"
         raise ValueError(
             _DOES_NOT_FIT.format(
                 source=source.title,
@@ -761,7 +769,7 @@ def restore(
                 s="" if count == 1 else "s",
                 lines="\n".join("  " + line for line in problems),
                 call=source.call,
-                fixed=source.call[:-1] + ", strict=False)",
+                fixed=fixed,
             )
         )
     # static values are checked above and never restored (nor visited part by part)
