@@ -300,6 +300,21 @@ def test_a_chain_of_links_to_a_checkpoint_loads(tmp_path):
     assert tc.load(tmp_path / "two.safetensors", {"a": jnp.zeros(1)})["a"].tolist() == [1.0]
 
 
+def test_a_save_onto_a_link_writes_through_it_and_keeps_the_link(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    tc.save(folder / "step100.safetensors", {"a": jnp.zeros(1)})
+    os.symlink(os.path.join("runs", "step100.safetensors"), tmp_path / "latest.safetensors")
+    tc.save(tmp_path / "latest.safetensors", {"a": jnp.ones(1)})
+    assert os.path.islink(tmp_path / "latest.safetensors")
+    assert sorted(os.listdir(folder)) == ["step100.safetensors"]  # no temporary left
+    assert tc.load(folder / "step100.safetensors", {"a": jnp.zeros(1)})["a"].tolist() == [1.0]
+    os.symlink(tmp_path / "new.safetensors", tmp_path / "next.safetensors")  # dangling
+    tc.save(tmp_path / "next.safetensors", {"a": jnp.full(1, 2.0)})
+    assert os.path.islink(tmp_path / "next.safetensors")
+    assert tc.load(tmp_path / "new.safetensors", {"a": jnp.zeros(1)})["a"].tolist() == [2.0]
+
+
 def test_a_dangling_link_is_an_os_error_naming_it(tmp_path):
     os.symlink(tmp_path / "gone.safetensors", tmp_path / "link.safetensors")
     with pytest.raises(FileNotFoundError, match=r"link\.safetensors"):

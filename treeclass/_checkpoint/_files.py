@@ -105,8 +105,12 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
 
     If `write` fails or the process dies, `path` still holds what it held before and the
     temporary file is removed (on failure). A file replaced keeps its permission bits; a
-    new file gets 0o666 minus the umask, as files made by `open` do.
+    new file gets 0o666 minus the umask, as files made by `open` do. A symbolic link is
+    written through, as `open` writes: the file it points to is replaced (next to it, so
+    the rename stays on one file system) and the link stays.
     """
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     folder, base = os.path.split(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(
