@@ -802,3 +802,42 @@ def test_restack_round_trips_exactly():
 def test_restack_names_a_different_number_of_blocks():
     with pytest.raises(ValueError, match=re.escape("StackedNet.blocks")):
         tc.restack(tc.unstack_all(stacked_net(3)), stacked_net(4))
+
+
+# -- one block by index: the walker's one-child path ------------------------------------------
+
+
+@pytest.mark.parametrize("index", [0, 2, -1, -5])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda at: at["up"]["weight"].set(7.0),
+        lambda at: at["up"]["weight"].apply(lambda w: w * 2),
+        lambda at: at["norm"]["scale"].set(jnp.full(WIDTH, 3.0)),
+        lambda at: at["up"]["bias"].set(jnp.ones(WIDTH, jnp.int32)),  # cast to the stack's
+        lambda at: at["norm"]["eps"].set(0.5),  # a static field shared by every block
+        lambda at: at["down"].apply(lambda layer: tc.freeze(layer), whole=True),
+    ],
+)
+def test_one_block_by_index_edits_as_the_general_walk_does(index, edit):
+    # `[index]` looks one block up (one slice per leaf); `[(index,)]` opens every block
+    net = stacked_net()
+    try:
+        want = edit(net.at["blocks"][(index,)])
+    except (ValueError, TypeError) as error:
+        with pytest.raises(type(error)) as info:
+            edit(net.at["blocks"][index])
+        assert str(info.value) == str(error)
+        return
+    got = edit(net.at["blocks"][index])
+    assert isinstance(got.blocks, tc.Stacked)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert close(got, want, tol=0)
+    assert [x.dtype for x in jax.tree.leaves(got)] == [x.dtype for x in jax.tree.leaves(want)]
+    assert close(net, stacked_net(), tol=0)  # the input is as it was
+
+
+def test_one_block_by_index_out_of_range_names_the_stack():
+    net = stacked_net()
+    with pytest.raises((IndexError, LookupError), match="blocks"):
+        net.at["blocks"][5]["up"]["weight"].set(0.0)

@@ -543,6 +543,16 @@ class _Walker:
                 if new is child:
                     return node
                 return node._replace(**{fields[index]: new})
+        elif kind == GENERIC and type(key) is int:
+            child_of = getattr(type(node), "__tc_at_child__", None)
+            if child_of is not None:  # a node that opens itself, one child at a time
+                found = child_of(node, key)
+                if found is not None:
+                    index, child = found
+                    new = self.walk(child, path + (SequenceKey(index),), i + 1, emask)
+                    if new is child:
+                        return node
+                    return node.__tc_at_replace__(index, child, new, lambda p: self.where(path + p))
         # anything else (a custom node, or a key that is missing: the general path raises)
         return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
 

@@ -160,6 +160,8 @@ def _index(x: Any, i: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
         shape = x.shape[1:] if isinstance(i, int) else (len(range(x.shape[0])[i]), *x.shape[1:])
         return jax.ShapeDtypeStruct(shape, x.dtype)
+    if isinstance(i, int) and isinstance(x, jax.Array):  # one slice, not a gather
+        return jax.lax.index_in_dim(x, i, keepdims=False)
     return x[i, ...]  # with `...`: a 0-d NumPy array, not a NumPy scalar
 
 
@@ -329,8 +331,11 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
         for k, v in zip(blocks, values):
             new[k] = v
     else:
-        if len(blocks) == 1:
-            new = jnp.asarray(target).at[blocks[0]].set(values[0])
+        if len(blocks) == 1:  # one primitive, where a scatter costs ten times as much
+            value = jnp.asarray(values[0], target.dtype)
+            if value.shape != shape:
+                value = jnp.broadcast_to(value, shape)
+            new = jax.lax.dynamic_update_index_in_dim(jnp.asarray(target), value, blocks[0], 0)
         elif all(v is values[0] for v in values):
             new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
         else:
@@ -346,6 +351,9 @@ def _one_level(tree: Any) -> tuple[list[Any], Any]:
     """`tree`'s children and its one-level tree definition (what a `Stacked` flattens to)."""
     children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
     return children, treedef
+
+
+_UNOPENED = object()  # a block `__tc_at_replace__` did not open (it stays as it is)
 
 
 class _Opened(NamedTuple):
@@ -718,6 +726,35 @@ class Stacked:
         entries = tuple(SequenceKey(i) for i in range(self._length))
         return entries, list(opened.blocks), opened
 
+    def __tc_at_child__(self, index: int) -> tuple[int, Any] | None:
+        """Block `index` alone (negative counts from the end), or None if there is none:
+        the walker's one-key fast path, which slices each leaf once instead of opening
+        every block."""
+        n = self._length
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            return None
+        leaves, treedef, kinds = self._leaves()
+        return i, treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
+
+    def __tc_at_replace__(
+        self, i: int, old: Any, new: Any, where: Callable[[tuple], str]
+    ) -> Stacked:
+        """The stack with block `i` (given by `__tc_at_child__` as `old`) replaced by `new`,
+        checked and written as `__tc_at_rebuild__` writes one changed block."""
+        leaves, treedef, kinds = self._leaves()
+        n = self._length
+        # the other blocks are not opened: only their shared leaves are ever read back
+        others = [x if k == _SHARED else None for x, k in zip(leaves, kinds)]
+        block_leaves = [others] * n
+        block_leaves[i] = jax.tree_util.tree_leaves(old, is_leaf=is_frozen)
+        blocks: list[Any] = [_UNOPENED] * n
+        blocks[i] = old
+        children = list(blocks)
+        children[i] = new
+        aux = _Opened(blocks, block_leaves, treedef, leaves, kinds)
+        return self.__tc_at_rebuild__(aux, children, False, where)
+
     def __tc_at_rebuild__(
         self, aux: _Opened, children: list[Any], partial: bool, where: Callable[[tuple], str]
     ) -> Any:
@@ -725,7 +762,7 @@ class Stacked:
         changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
         if not changed:
             return self
-        paths = _LeafPaths(aux.blocks[0])
+        paths = _LeafPaths(aux.blocks[changed[0]])
 
         def where_of(j: int) -> Callable[[int], str]:
             def text(k: int) -> str:
