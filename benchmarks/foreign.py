@@ -17,7 +17,8 @@ The target is treeclass within 1.2x of the baseline. After the timing, each load
 extra host memory is measured once with `tracemalloc` (which sees NumPy's buffers, not
 the JAX arrays of the result): the target is about one tensor in flight beyond the
 result, at most 2.5x the largest tensor (the tensor being read, plus the previous one,
-which JAX's `device_put` of a transposed NumPy view keeps until its next transfer). The
+which JAX's `device_put` of a transposed NumPy view keeps until its next transfer) plus
+1 MiB that does not grow with the file (header, report, rule bookkeeping). The
 file is written once to a temporary folder (in memory, `/dev/shm`, where it has room)
 and removed when the case has run.
 """
@@ -60,6 +61,9 @@ RULES = [
 # x the largest tensor: the one being read, and the one before it, whose host buffer
 # `jax.device_put` of a non-contiguous (transposed) array lets go only at the next transfer
 _MEMORY_LIMIT = 2.5
+# plus what does not grow with the tensors: the parsed header, the report, the key rules'
+# bookkeeping (about 0.5 MiB at the sizes here; it dominates only the small --quick file)
+_MEMORY_FIXED = 2**20
 
 
 @dataclass(frozen=True)
@@ -220,7 +224,7 @@ def measure_memory(size: ForeignSize, parent: str | None) -> dict[str, Any]:
     finally:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         _fixture.cache_clear()
-    limit = _MEMORY_LIMIT * size.largest
+    limit = _MEMORY_LIMIT * size.largest + _MEMORY_FIXED
     ours = rows[0]["extra"]
     met = ours <= limit
     return {
@@ -233,7 +237,7 @@ def measure_memory(size: ForeignSize, parent: str | None) -> dict[str, Any]:
         "rows": rows,
         "target": {
             "text": f"peak extra host memory of the rules load <= {_MEMORY_LIMIT}x the largest "
-            "tensor",
+            f"tensor + {_MEMORY_FIXED // 2**20} MiB",
             "limit_bytes": limit,
             "status": "met" if met else "missed",
             "summary": f"{'met' if met else 'missed'}: {ours / 2**20:.1f} MiB against "
