@@ -781,3 +781,60 @@ def test_a_malformed_treeclass_document_is_named_with_the_format_that_holds_it(t
     with pytest.raises(ValueError, match="treeclass metadata is not valid JSON") as info:
         tc.load(path, tree)
     assert "sharded safetensors index" in str(info.value) and path in str(info.value)
+
+
+# --------------------------------------------------------------------------------------
+# Damaged archives: every way numpy's or zipfile's parsers fail is one ValueError
+# --------------------------------------------------------------------------------------
+
+
+def _unclosed_shape(raw: bytearray, info) -> None:
+    at = raw.find(b"'shape': (6,)")
+    raw[at : at + 13] = b"'shape': (6, "  # numpy's header tokenizer meets an open bracket
+
+
+def _unknown_zip_version(raw: bytearray, info) -> None:
+    at = raw.find(b"PK\x01\x02")  # the central directory's first entry
+    raw[at + 6 : at + 8] = b"\xff\x00"  # "version needed to extract": 25.5
+
+
+def _directory_points_before_the_file(raw: bytearray, info) -> None:
+    at = raw.rfind(b"PK\x05\x06")  # the end record: the directory's offset at 16
+    offset = struct.unpack("<I", raw[at + 16 : at + 20])[0]
+    raw[at + 16 : at + 20] = struct.pack("<I", offset + 200)
+
+
+def _invalid_deflate_block(raw: bytearray, info) -> None:
+    name, extra = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+    raw[info.header_offset + 30 + name + extra] = 0xFF  # a block of the reserved type
+
+
+@pytest.mark.parametrize(
+    ("writer", "damage"),
+    [
+        (np.savez, _unclosed_shape),  # a compressed record's header is not text in the file
+        *((w, d) for w in (np.savez, np.savez_compressed)
+          for d in (_unknown_zip_version, _directory_points_before_the_file)),
+        (np.savez_compressed, _invalid_deflate_block),  # a stored record has no stream
+    ],
+)  # fmt: skip
+def test_a_damaged_npz_archive_is_a_value_error_naming_it(tmp_path, writer, damage):
+    import zipfile
+
+    buffer = io.BytesIO()
+    writer(buffer, w=np.arange(6, dtype=np.float32))
+    raw = bytearray(buffer.getvalue())
+    (info,) = zipfile.ZipFile(io.BytesIO(bytes(raw))).infolist()
+    damage(raw, info)
+    path = write(tmp_path / "damaged.npz", bytes(raw))
+    with pytest.raises(ValueError, match=r"damaged\.npz is not a checkpoint"):
+        tc.load(path, {"w": np.zeros(6, np.float32)})
+
+
+def test_an_equinox_record_with_an_unclosed_header_is_a_value_error_naming_it(tmp_path):
+    raw = bytearray(equinox_bytes({"w": np.arange(6, dtype=np.float32)}))
+    at = raw.find(b"'shape': (6,)")
+    raw[at : at + 13] = b"'shape': (6, "
+    path = write(tmp_path / "damaged.eqx", bytes(raw))
+    with pytest.raises(ValueError, match=r"damaged\.eqx is not a checkpoint.*record 0"):
+        tc.load(path, {"w": np.zeros(6, np.float32)})

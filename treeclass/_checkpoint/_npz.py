@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -86,7 +87,8 @@ def read_npy_header(file: IO[bytes]) -> NpyHeader:
             )
         else:
             raise ValueError(f"it is a .npy record of version {version}, not 1.0 or 2.0")
-    except (ValueError, EOFError, SyntaxError) as error:
+    except (ValueError, EOFError, SyntaxError, tokenize.TokenError) as error:
+        # numpy's parser lets a header's tokenizer error out as it is (an unclosed bracket)
         raise ValueError(f"its .npy header is malformed ({error})") from None
     if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
         # NumPy has no bfloat16, so `jnp.save` writes it as 2-byte voids: read it as
@@ -179,7 +181,13 @@ class NpzFile:
         self.size = os.fstat(file.fileno()).st_size
         try:
             self.zip = zipfile.ZipFile(file)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as error:
+        except (
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            NotImplementedError,  # a version field zipfile does not know
+            ValueError,
+            EOFError,
+        ) as error:
             self._corrupt(f"it is not a readable zip archive ({error})")
         self.members: dict[str, _Member] = {}
         for info in self.zip.infolist():
@@ -188,6 +196,8 @@ class NpzFile:
             key = info.filename[: -len(".npy")]
             if key in self.members:
                 self._corrupt(f"it holds the record {info.filename!r} twice")
+            if not 0 <= info.header_offset < self.size:
+                self._corrupt(f"its directory places the record {key!r} outside the file")
             stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1
             start = self._stored_start(key, info) if stored else None
             header = self._header(key, info, start)
@@ -227,7 +237,13 @@ class NpzFile:
                 return read_npy_header(member)
         except ValueError as error:
             self._corrupt(f"the record {key!r}: {error}")
-        except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError) as error:
+        except (
+            zipfile.BadZipFile,
+            zlib.error,
+            NotImplementedError,
+            RuntimeError,
+            EOFError,
+        ) as error:
             # a bad CRC or stream, a compression method or an encryption zipfile lacks
             self._corrupt(f"the record {key!r} cannot be read ({error})")
 
@@ -270,7 +286,7 @@ class NpzFile:
                     done += count
                 else:
                     extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
-        except (zipfile.BadZipFile, EOFError, ValueError) as error:
+        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as error:
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
         if done < len(buffer):
             self._corrupt(f"it ended inside the data of {key!r}")
