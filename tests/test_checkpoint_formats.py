@@ -838,3 +838,20 @@ def test_an_equinox_record_with_an_unclosed_header_is_a_value_error_naming_it(tm
     path = write(tmp_path / "damaged.eqx", bytes(raw))
     with pytest.raises(ValueError, match=r"damaged\.eqx is not a checkpoint.*record 0"):
         tc.load(path, {"w": np.zeros(6, np.float32)})
+
+
+def test_a_folder_passes_over_the_indexes_of_other_libraries_shards(repository, tmp_path):
+    path, _ = repository
+    for name in ("pytorch_model.bin.index.json", "flax_model.msgpack.index.json"):
+        index = {"metadata": {"total_size": 8}, "weight_map": {"w": "shard-00001-of-00001.bin"}}
+        (tmp_path / name).write_text(json.dumps(index))
+    by_index = tc.load(path, mlp_template(), rules=TORCH_RULES)
+    assert_tree_equal(tc.load(tmp_path, mlp_template(), rules=TORCH_RULES), by_index)
+
+
+def test_a_folder_with_one_safetensors_file_and_a_pytorch_index_loads_the_file(tmp_path):
+    save_file({"w": np.arange(2, dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    index = {"metadata": {"total_size": 8}, "weight_map": {"w": "pytorch_model.bin"}}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    restored = tc.load(tmp_path, {"w": jnp.zeros(2)})
+    np.testing.assert_array_equal(restored["w"], [0.0, 1.0])

@@ -3,7 +3,7 @@
 | format | recognised by |
 |---|---|
 | `"safetensors"` | an 8-byte header length, then `{` |
-| `"sharded"` | a name ending in `.index.json`, or a folder holding one such index |
+| `"sharded"` | a name ending in `.index.json`, or a folder holding one such index (¹) |
 | `"npz"` | a zip archive (`PK`) |
 | `"flax"` | a msgpack map (flax's `serialization.to_bytes`) |
 | `"equinox"` | a `.npy` record (`\\x93NUMPY`: equinox's `tree_serialise_leaves`) |
@@ -12,6 +12,10 @@ A name with one of the formats' extensions (`.safetensors`, `.npz`, `.msgpack`, 
 goes to that format's reader, which says what is wrong with the file, if anything; any
 other name (`checkpoint_100`, `model.bin`) is told by its first bytes, and one whose
 bytes fit no format is an error listing the formats.
+
+(¹) A folder's indexes of other libraries' shards (`pytorch_model.bin.index.json`,
+`flax_model.msgpack.index.json`, `tf_model.h5.index.json`), which model repositories keep
+beside their safetensors files, are passed over.
 """
 
 from __future__ import annotations
@@ -51,8 +55,15 @@ _FOLDER = (
 )
 
 
+# indexes of other libraries' shards, which model repositories keep beside safetensors ones
+# (`pytorch_model.bin.index.json`, `flax_model.msgpack.index.json`, `tf_model.h5.index.json`)
+_FOREIGN_INDEXES = tuple(
+    f"{ext}{INDEX_SUFFIX}" for ext in (".bin", ".pt", ".pth", ".msgpack", ".h5")
+)
+
+
 def _in_folder(path: str) -> str:
-    names = sorted(os.listdir(path))
+    names = sorted(n for n in os.listdir(path) if not n.endswith(_FOREIGN_INDEXES))
     for suffix in (".safetensors" + INDEX_SUFFIX, INDEX_SUFFIX, ".safetensors"):
         found = [n for n in names if n.endswith(suffix)]
         if len(found) == 1:
