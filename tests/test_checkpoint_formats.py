@@ -252,6 +252,22 @@ def test_a_resave_removes_the_shards_the_new_index_no_longer_names(tmp_path):
     assert_tree_equal(tc.load(path, tree), tree)
 
 
+def test_a_resave_removes_only_safetensors_shards_of_the_previous_index(tmp_path):
+    path = tmp_path / "m.safetensors.index.json"
+    (tmp_path / "notes.txt").write_text("mine")
+    weight_map = {"a": "m.safetensors.index.json", "b": "notes.txt", "c": "m.bin"}
+    path.write_text(json.dumps({"weight_map": weight_map}))  # an index from elsewhere
+    (tmp_path / "m.bin").write_bytes(b"weights")
+    tc.save(path, {"a": jnp.ones(2)}, max_shard_size=100)
+    assert sorted(os.listdir(tmp_path)) == [
+        "m-00001-of-00001.safetensors",
+        "m.bin",
+        "m.safetensors.index.json",
+        "notes.txt",
+    ]
+    assert_tree_equal(tc.load(path, {"a": jnp.ones(2)}), {"a": jnp.ones(2)})
+
+
 tensors_strategy = st.lists(st.integers(0, 64), min_size=1, max_size=8)
 
 

@@ -19,7 +19,8 @@ replaced atomically, the index last; treeclass's document goes into the index's
 metadata, so a sharded save loads exactly as a single file does. A token shared by the
 index and its shards makes a mix of two saves (an interrupted save over an older one)
 an error rather than a silently mixed model. Shards of the previous save at `path` that
-the new index no longer names are removed once the new index is in place.
+the new index no longer names are removed once the new index is in place (only
+`.safetensors` files: an index from elsewhere may name anything).
 """
 
 from __future__ import annotations
@@ -207,14 +208,15 @@ def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
 
 
 def _previous_shards(path: str) -> set[str]:
-    """The shard names of the index at `path` now (none if there is no readable one)."""
+    """The safetensors shards the index at `path` names now (none if it is unreadable)."""
     try:
         with open_for_reading(path) as file:
             index = strict_json(file.read(MAX_HEADER_BYTES + 1))
         names = set(index["weight_map"].values())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return set()
-    return {name for name in names if _plain_name(name)}
+    # only safetensors files: an index from elsewhere may name anything, itself included
+    return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
 
 
 def _shard(header: bytes, tensors: Sequence[OutTensor], file: BinaryIO) -> None:
