@@ -421,6 +421,30 @@ def test_a_flax_array_written_in_chunks_loads_whole(tmp_path, monkeypatch):
     )
 
 
+def test_a_flax_nnx_state_with_integer_layer_keys_loads_and_computes_as_nnx(tmp_path):
+    serialization = pytest.importorskip("flax.serialization")
+    nnx = pytest.importorskip("flax.nnx")
+
+    class NnxMLP(nnx.Module):
+        def __init__(self, rngs):
+            layers = [nnx.Linear(3, 4, rngs=rngs), nnx.Linear(4, 2, rngs=rngs)]
+            self.layers = nnx.List(layers) if hasattr(nnx, "List") else layers
+            self.steps = nnx.BatchStat(jnp.array(5))
+
+        def __call__(self, x):
+            return self.layers[1](jax.nn.relu(self.layers[0](x)))
+
+    module = NnxMLP(nnx.Rngs(2))
+    state = nnx.to_pure_dict(nnx.state(module))  # the layers keyed by the ints 0 and 1
+    assert 0 in state["layers"]
+    path = write(tmp_path / "nnx.msgpack", serialization.to_bytes(state))
+    rules = {"layers.{i}.kernel": "layers[{i}].weight", "layers.{i}.bias": "layers[{i}].bias"}
+    model, report = tc.load(path, mlp_template(), rules=rules, strict=False)
+    assert report.unexpected == ("steps",) and report.missing == ()
+    x = jax.random.normal(jax.random.key(1), (5, 3))
+    np.testing.assert_allclose(model(x), module(x), rtol=1e-6)
+
+
 def test_reading_flax_files_without_msgpack_says_what_to_install(tmp_path, monkeypatch):
     serialization = pytest.importorskip("flax.serialization")
     path = write(tmp_path / "p.msgpack", serialization.to_bytes({"w": np.ones(2)}))
