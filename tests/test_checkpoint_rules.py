@@ -434,3 +434,14 @@ def test_key_rules_and_a_selection_combine(tmp_path):
     restored, report = tc.load(path, like, rules=rules, where=tc.glob("encoder.*"), strict=False)
     assert restored.encoder["w"].tolist() == [1.0, 1.0] and restored.head is like.head
     assert report.sources["Model.encoder['w']"] == ("enc.w",) and report.kept == ()
+
+
+def test_a_transform_keeps_the_files_64_bit_dtype(tmp_path):
+    path = str(tmp_path / "f64.safetensors")
+    save_file({"a": np.array([1.5, 2.5]), "n": np.arange(2)}, path)
+    like = {"ab": np.zeros((1, 2)), "n": np.zeros((2, 1), np.int64)}
+    rules = [("a", "ab", lambda a: a.reshape(1, 2)), ("n", "n", lambda n: jnp.reshape(n, (2, 1)))]
+    assert tc.load(path, like, rules=rules, dry_run=True).mismatched == ()
+    restored = tc.load(path, like, rules=rules)
+    assert restored["ab"].dtype == np.float64 and restored["ab"].tolist() == [[1.5, 2.5]]
+    assert restored["n"].dtype == np.int64 and restored["n"].tolist() == [[0], [1]]

@@ -536,3 +536,46 @@ def test_malformed_version_stamps_are_a_corrupt_file(tmp_path):
     _rewrite(path, lambda document: document.update(versions={"Linear": -1}))
     with pytest.raises(ValueError, match="class versions of its treeclass metadata are malformed"):
         tc.load(path, Linear(jnp.zeros(2)))
+
+
+@pytest.mark.parametrize(
+    "step, b",
+    [
+        (lambda names: {"ab": names["a"].reshape(1, 2), "b": names["b"]}, [0, 1, 2]),
+        (lambda names: {"ab": jnp.reshape(names["a"], (1, 2)), "b": names["b"] + 1}, [1, 2, 3]),
+    ],
+)
+def test_a_function_step_keeps_the_files_64_bit_dtypes(tmp_path, step, b):
+    path = tmp_path / "m.safetensors"
+
+    class Pair(tc.TreeClass, version=1):
+        a: np.ndarray
+        b: np.ndarray
+
+    tc.save(path, Pair(np.array([1.5, 2.5]), np.arange(3)))
+
+    class Pair(tc.TreeClass, version=2, migrations={1: step}):
+        ab: np.ndarray
+        b: np.ndarray
+
+    template = Pair(np.zeros((1, 2)), np.zeros(3, np.int64))
+    assert tc.load(path, template, dry_run=True).mismatched == ()
+    restored = tc.load(path, template)
+    assert restored.ab.dtype == np.float64 and restored.ab.tolist() == [[1.5, 2.5]]
+    assert restored.b.dtype == np.int64 and restored.b.tolist() == b
+
+
+def test_a_function_step_on_32_bit_tensors_keeps_jaxs_default_dtypes(tmp_path):
+    path = tmp_path / "m.safetensors"
+
+    class Linear(tc.TreeClass, version=1):
+        w: jax.Array
+
+    tc.save(path, Linear(jnp.ones(2)))
+
+    class Linear(tc.TreeClass, version=2, migrations={1: lambda n: {**n, "b": jnp.zeros(2)}}):
+        w: jax.Array
+        b: jax.Array
+
+    restored = tc.load(path, Linear(jnp.zeros(2), jnp.ones(2)))
+    assert restored.b.dtype == jnp.float32 and restored.b.tolist() == [0.0, 0.0]

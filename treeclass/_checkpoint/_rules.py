@@ -18,15 +18,16 @@ dtypes come from `jax.eval_shape` of each transform).
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 
-from ._tree import TENSOR, Catalog, Stored, dtype_name
+from ._tree import TENSOR, Catalog, Stored, dtype_name, numpy_dtype
 
-__all__ = ["Rule", "compile_rules", "RuledCatalog"]
+__all__ = ["Rule", "compile_rules", "RuledCatalog", "in_file_dtypes"]
 
 _CAPTURE = re.compile(r"\{(\w+)(\*?)\}")
 _BRACKET = re.compile(r"\[(?:'([^']*)'|\"([^\"]*)\"|([^\]]*))\]")
@@ -112,6 +113,21 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
     return tuple(compiled)
 
 
+def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[Any]:
+    """Where a transform of tensors with these dtype names runs, checked and run alike.
+
+    With JAX's 64-bit types off, tracing makes a float64 (int64, complex128) tensor 32-bit:
+    the check would report a dtype the run on NumPy arrays does not give. So a transform of
+    a 64-bit tensor runs with them on; others keep JAX's defaults (`jnp.zeros` is float32).
+    """
+    if jax.config.jax_enable_x64:
+        return contextlib.nullcontext()
+    found = [d for d in map(numpy_dtype, names) if d is not None]
+    if any(jax.dtypes.canonicalize_dtype(d) != d for d in found):
+        return jax.enable_x64(True)
+    return contextlib.nullcontext()
+
+
 def _fill(pattern: str, values: Mapping[str, str]) -> str:
     return _CAPTURE.sub(lambda m: values[m.group(1)], pattern)
 
@@ -195,7 +211,8 @@ class RuledCatalog:
         key = (mapped.rule, inputs)
         if key not in self._abstract:
             structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
-            self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
+            with in_file_dtypes(dtype for _, dtype in inputs):
+                self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
         out = self._abstract[key][mapped.position]
         return Stored(TENSOR, dtype_name(out), tuple(out.shape))
 
@@ -235,5 +252,6 @@ class RuledCatalog:
             # one group's results at a time: a split's parts are restored one after another
             self._results.clear()
             arrays = [self.inner.fetch(source) for source in mapped.sources]
-            self._results[key] = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
+            with in_file_dtypes(dtype_name(a) for a in arrays):
+                self._results[key] = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
         return self._results[key][mapped.position]

@@ -37,7 +37,7 @@ from jax.extend.core import Var
 from .. import _node
 from .._frozen import is_frozen, unfreeze
 from .._values import entry_name
-from ._rules import Rule, RuledCatalog, compile_rules
+from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._tree import PLAIN, TENSOR, Catalog, Stored, dtype_name, is_plain, numpy_dtype
 
 __all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
@@ -286,6 +286,9 @@ class _FunctionStep:
         self.outputs = self._trace()
         self._cache: dict[str, Any] = {}
 
+    def _dtypes(self) -> Any:
+        return in_file_dtypes(struct.dtype.name for struct in self.structs.values())
+
     def _fail(self, reason: str) -> ValueError:
         return ValueError(f"{self.title}: {self.context} {reason}")
 
@@ -328,7 +331,8 @@ class _FunctionStep:
             names.extend(sorted(arrays))
             return arrays
 
-        closed, shapes = jax.make_jaxpr(traced, return_shape=True)(self.structs)
+        with self._dtypes():
+            closed, shapes = jax.make_jaxpr(traced, return_shape=True)(self.structs)
         jaxpr = closed.jaxpr
         depends: dict[Any, frozenset[str]] = {
             var: frozenset({name}) for var, name in zip(jaxpr.invars, sorted(self.structs))
@@ -392,7 +396,8 @@ class _FunctionStep:
                 n: self.view.fetch(n) if n in needed else struct
                 for n, struct in self.structs.items()
             }
-            result = self._call(tensors)
+            with self._dtypes():  # as when traced
+                result = self._call(tensors)
             for key, output in self.outputs.items():
                 if output.kind != "computed":
                     continue
