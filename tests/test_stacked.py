@@ -841,3 +841,13 @@ def test_one_block_by_index_out_of_range_names_the_stack():
     net = stacked_net()
     with pytest.raises((IndexError, LookupError), match="blocks"):
         net.at["blocks"][5]["up"]["weight"].set(0.0)
+
+
+def test_one_block_structure_error_names_the_changed_leaf_past_frozen_ones():
+    # a frozen leaf before the changed one is not where the block stops fitting
+    stack = tc.Stacked.from_blocks(
+        [{"f": tc.freeze(jnp.arange(3.0) + k), "w": jnp.full(2, float(k))} for k in range(3)]
+    )
+    for index in (1, (1,)):
+        with pytest.raises(ValueError, match=re.escape("Stacked[1]['w']")):
+            stack.at[index]["w"].set(None)
