@@ -531,3 +531,25 @@ def _write_screenshots(directory: pathlib.Path) -> None:
 
 if __name__ == "__main__":
     _write_screenshots(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "docs/assets"))
+
+
+@needs_treescope
+def test_treescope_shows_a_treeclass_through_its_children_rule():
+    # a `children` rule is how every printer opens the class, treescope too; a text rule
+    # is for the text printers, so treescope keeps the fields
+    class Hidden(tc.TreeClass):
+        weight: jax.Array
+        size: int = tc.field(static=True, default=3)
+
+    class Texted(Hidden):
+        pass
+
+    tc.register_printer(Hidden, children=lambda v: [(jax.tree_util.GetAttrKey("size"), v.size)])
+    tc.register_printer(Texted, repr=lambda v: "<texted>")
+    try:
+        assert treescope.render_to_text(Hidden(jnp.ones(2))) == "Hidden(size=3)"
+        assert "weight=" in treescope.render_to_text(Texted(jnp.ones(2)))
+    finally:
+        tc.register_printer(Texted)
+        tc.register_printer(Hidden)
+    assert "weight=" in treescope.render_to_text(Hidden(jnp.ones(2)))

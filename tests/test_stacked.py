@@ -841,3 +841,26 @@ def test_one_block_by_index_out_of_range_names_the_stack():
     net = stacked_net()
     with pytest.raises((IndexError, LookupError), match="blocks"):
         net.at["blocks"][5]["up"]["weight"].set(0.0)
+
+
+def test_one_block_structure_error_names_the_changed_leaf_past_frozen_ones():
+    # a frozen leaf before the changed one is not where the block stops fitting
+    stack = tc.Stacked.from_blocks(
+        [{"f": tc.freeze(jnp.arange(3.0) + k), "w": jnp.full(2, float(k))} for k in range(3)]
+    )
+    for index in (1, (1,)):
+        with pytest.raises(ValueError, match=re.escape("Stacked[1]['w']")):
+            stack.at[index]["w"].set(None)
+
+
+@pytest.mark.parametrize("index", [1, (1,)])
+def test_a_traced_python_float_does_not_truncate_into_an_int_block(index):
+    # under jit a Python number is a weak-typed scalar: it fits a block as the number would
+    stack = tc.Stacked.from_blocks([{"i": jnp.arange(2) + k, "f": jnp.ones(2)} for k in range(3)])
+    set_i = jax.jit(lambda s, v: s.at[index]["i"].set(v))
+    with pytest.raises(TypeError, match=re.escape("Stacked[1]['i']")):
+        set_i(stack, 2.7)
+    out = set_i(stack, 5)
+    assert out.unstack()[1]["i"].tolist() == [5, 5] and out.unstack()[1]["i"].dtype == jnp.int32
+    out = jax.jit(lambda s, v: s.at[index]["f"].set(v))(stack, 3)  # an int into floats fits
+    assert out.unstack()[1]["f"].tolist() == [3.0, 3.0]

@@ -263,3 +263,12 @@ def test_a_newly_registered_container_opens_in_every_printer():
     summary = tc.tree_summary(tree)
     assert "│ ['bag']['a'] │ f32[2] │" in summary and "│ ['bag']['b'] │ int " in summary
     assert "['bag']:Bag</summary>" in tree_html(tree).replace("&#x27;", "'")
+
+
+def test_first_mismatch_splits_both_trees_with_is_leaf():
+    # two frozen values are two leaves under `is_leaf=tc.is_frozen`: the misfit is the None
+    tree = {"f": tc.freeze(jnp.arange(3.0)), "w": jnp.ones(2)}
+    other = {"f": tc.freeze(jnp.arange(3.0)), "w": None}
+    found = _structure.first_mismatch(tree, other, is_leaf=tc.is_frozen)
+    assert found is not None and found.path == (jax.tree_util.DictKey("w"),)
+    assert _structure.first_mismatch(tree, dict(tree), is_leaf=tc.is_frozen) is None

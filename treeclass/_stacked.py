@@ -46,6 +46,7 @@ _T = TypeVar("_T")
 # How one leaf of the block tree is kept (the tree flattened with frozen values as leaves).
 _ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
 _NUMBERS = (bool, int, float, complex)
+_WEAK_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}  # weak kind: into
 
 # -- messages ---------------------------------------------------------------------------------
 
@@ -282,8 +283,10 @@ def _block_value(
             raise error(value)
         return value
     if isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
-        weak_scalar = getattr(value, "weak_type", False) and value.ndim == 0
-        if value.dtype != dtype and not weak_scalar:
+        # a weak-typed scalar (a Python number traced by `jit`) fits as that number would
+        weak_kind = np.dtype(value.dtype).kind if getattr(value, "weak_type", False) else None
+        weak_fits = value.ndim == 0 and weak_kind is not None and kind in _WEAK_FITS[weak_kind]
+        if value.dtype != dtype and not weak_fits:
             raise error(value)
         try:
             fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape

@@ -434,8 +434,10 @@ def first_mismatch(
     other_kind = node_kind(other)
     other_opened = None if other_kind == LEAF else open_node(other, other_kind)
     if tree_opened is None or other_opened is None:
-        if tree_opened is None and other_opened is None and other_covers is None:
-            return None  # leaf against leaf
+        # leaf against leaf: `is_leaf` splits `other` too (a frozen value against a frozen one)
+        if tree_opened is None and other_covers is None:
+            if other_opened is None or (is_leaf is not None and is_leaf(other)):
+                return None
         return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
     if type(tree) is not type(other):
         return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
