@@ -545,7 +545,8 @@ class _Walker:
                 return node._replace(**{fields[index]: new})
         elif kind == GENERIC and type(key) is int:
             child_of = getattr(type(node), "__tc_at_child__", None)
-            if child_of is not None:  # a node that opens itself, one child at a time
+            if child_of is not None and hasattr(type(node), "__tc_at_replace__"):
+                # a node that opens itself, one child at a time
                 found = child_of(node, key)
                 if found is not None:
                     index, child = found

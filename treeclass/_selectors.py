@@ -103,6 +103,13 @@ __all__ = [
 # `rebuild` gets the children `open` gave, some replaced; `partial` is True for `get`,
 # whose unselected children hold fill values (the node may then return another
 # container); `where(path)` is the text of a key path below the node, for messages.
+# Optionally, for one child by index (`.at[7]` in `set`/`apply`, no fills), a node also
+# defines both of
+#
+#     __tc_at_child__(self, index) -> (normalised index, child), or None if out of range
+#     __tc_at_replace__(self, index, old_child, new_child, where) -> the new node
+#
+# so the walker opens that child alone; without the pair it opens every child.
 
 
 def opens_itself(node: Any, kind: Kind) -> bool:
