@@ -120,8 +120,7 @@ def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[An
     the check would report a dtype the run on NumPy arrays does not give. So a transform of
     a 64-bit tensor runs with them on; others keep JAX's defaults (`jnp.zeros` is float32).
     """
-    if jax.config.jax_enable_x64:
-        return contextlib.nullcontext()
+    # with 64-bit types on, no dtype canonicalizes to another one: nothing to switch
     found = [d for d in map(numpy_dtype, names) if d is not None]
     if any(jax.dtypes.canonicalize_dtype(d) != d for d in found):
         return jax.enable_x64(True)
