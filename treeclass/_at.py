@@ -478,8 +478,6 @@ class _Walker:
 
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
         if i == self.n:
-            if self.pool is not None:
-                self.refuse_traced(node, path)
             before = self.count
             out = self.op.spot(self, node, path, emask)
             if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_frozen):
@@ -711,6 +709,18 @@ class _Walker:
         return jax.tree_util.tree_map(value, tree, is_leaf=lambda x: type(x) is _Pending)
 
 
+class _ParallelWalker(_Walker):
+    """A traversal under `is_parallel`: a selected spot with a traced leaf raises first (for
+    every operation alike); the plain walker does not pay for the check."""
+
+    __slots__ = ()
+
+    def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
+        if i == self.n:
+            self.refuse_traced(node, path)
+        return super().walk(node, path, i, emask)
+
+
 def _child_for_at(node: Any, entry: Any) -> tuple[bool, Any]:
     """`(found, child)`: the child of `node` under `entry`, as `.at` opens the node."""
     kind = node_kind(node)
@@ -878,12 +888,11 @@ class _Set(_Op):
 
 
 class _Apply(_Op):
-    __slots__ = ("fn", "whole")
+    __slots__ = ("fn",)
     edits_static = True
 
-    def __init__(self, fn: Callable[[Any], Any], whole: bool = False) -> None:
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
-        self.whole = whole
 
     def static_value(self, walker, old, path):
         # here and now, even under `is_parallel`: the value goes into the node's layout,
@@ -896,11 +905,6 @@ class _Apply(_Op):
 
     def spot(self, walker, node, path, emask):
         fn = self.fn
-        if self.whole:
-            if emask is not None:
-                raise ValueError(WHOLE_ELEMENT_MASK_MSG.format(where=walker.where(path)))
-            walker.count += 1
-            return walker.call(fn, path, node)
         if emask is None:
             if walker.pool is None and is_leaf_node(node, walker.is_leaf):
                 # the common spot (a name chain ending at a leaf), without a frame to spare
@@ -925,6 +929,18 @@ class _Apply(_Op):
 
             out.append(walker.call(fn, where, x, finish=finish))
         return out[0] if treedef is None else treedef.unflatten(out)
+
+
+class _ApplyWhole(_Apply):
+    """`apply(fn, whole=True)`: `fn` of each selected node, not of its leaves."""
+
+    __slots__ = ()
+
+    def spot(self, walker, node, path, emask):
+        if emask is not None:
+            raise ValueError(WHOLE_ELEMENT_MASK_MSG.format(where=walker.where(path)))
+        walker.count += 1
+        return walker.call(self.fn, path, node)
 
 
 class _Collect(_Op):
@@ -1198,7 +1214,8 @@ class AtIndexer(Generic[T]):
                     return out
             return _Walker(self.tree, self._matchers, op, is_leaf, self._selection).run()
         with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-            return _Walker(self.tree, self._matchers, op, is_leaf, self._selection, pool).run()
+            walker = _ParallelWalker(self.tree, self._matchers, op, is_leaf, self._selection, pool)
+            return walker.run()
 
     def get(
         self,
@@ -1315,7 +1332,7 @@ class AtIndexer(Generic[T]):
         _check_is_leaf(is_leaf, "apply")
         if not isinstance(whole, bool):
             raise TypeError(WHOLE_TYPE_MSG.format(value=whole))
-        return self._run(_Apply(fn, whole), is_leaf, is_parallel)
+        return self._run((_ApplyWhole if whole else _Apply)(fn), is_leaf, is_parallel)
 
     @overload
     def reduce(
