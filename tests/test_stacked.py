@@ -654,6 +654,17 @@ def test_treescope_renders_the_stack():
     assert "Stacked[3×Block](" in text and "3×f32[4,4]" in text
 
 
+def test_treescope_shows_a_stack_as_the_other_printers_do_and_marks_it_in_roundtrip_mode():
+    treescope = pytest.importorskip("treescope")
+    net = stacked_net(3)
+    with treescope.using_expansion_strategy(target_width=0):
+        text = treescope.render_to_text(net.blocks)
+    assert text.startswith("Stacked[3×Block](") and "norm=" in text and "down=" in text
+    # `Stacked[3×Block](...)` does not evaluate: round-trip mode marks it, as for a TreeClass
+    roundtrip = treescope.render_to_text(net.blocks, roundtrip_mode=True)
+    assert roundtrip.startswith("<Stacked[3×Block](") and roundtrip.rstrip().endswith(")>")
+
+
 # -- optimizer settings ---------------------------------------------------------------------
 
 

@@ -219,7 +219,8 @@ def treescope_repr(
     *,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> Any:
-    """Render a `TreeClass` for treescope as a foldable `Name(field=..., ...)` node.
+    """Render a `TreeClass` (or a node with a `children` print rule, such as a `Stacked`)
+    for treescope as a foldable `Name(field=..., ...)` node.
 
     Fields are children with their key paths (treescope's copy-path buttons give
     `.layers[0].weight`); arrays get treescope's own summaries and, when the user turns it
@@ -256,11 +257,19 @@ def treescope_repr(
     # a rule's children, else the fields (a rule's text is for the other printers)
     view = view_of(tree) or node_type(tree, TREECLASS)
     items = (None if view is None else view.items(tree, False)) or []
-    static_labels = frozenset(f"{name}=" for name in _node.static_names(cls))
+    statics = _node.static_names(cls) if isinstance(tree, _node.TreeNode) else ()
+    static_labels = frozenset(f"{name}=" for name in statics)
+    # a rule may name the node otherwise (`Stacked[48×Block]`); else its qualified class
+    named = None if view is None else view.type_name(tree)
+    type_name = (
+        parts.maybe_qualified_type_name(cls)
+        if named is None or named == cls.__name__
+        else parts.text(named)
+    )
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
     opening = parts.siblings(
         parts.roundtrip_condition(roundtrip=parts.text("<")),
-        parts.maybe_qualified_type_name(cls),
+        type_name,
         "(",
     )
     closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))

@@ -33,7 +33,7 @@ from jax.tree_util import SequenceKey
 from ._at import AtIndexer, at
 from ._frozen import freeze, is_frozen, unfreeze
 from ._pprint import tree_repr, tree_str
-from ._pprint_html import html_display
+from ._pprint_html import html_display, treescope_repr
 from ._pprint_registry import register_printer
 from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
 from ._util import check_callable
@@ -827,25 +827,8 @@ class Stacked:
     _repr_html_ = html_display
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
-        # called by treescope only, once it is imported; we never import it ourselves
-        from treescope import rendering_parts as parts
-
-        items = _print_children(self)
-        children = []
-        for i, (key, child) in enumerate(items):
-            label = jax.tree_util.keystr((key,))
-            child_path = None if path is None else path + label
-            name = f"{key.name}=" if hasattr(key, "name") else f"{label}: "
-            rendering = subtree_renderer(child, path=child_path)
-            comma = "," if i < len(items) - 1 else ""
-            children.append(
-                parts.build_full_line_with_annotations(
-                    parts.siblings_with_annotations(name, rendering), comma
-                )
-            )
-        return parts.build_foldable_tree_node_from_children(
-            prefix=parts.text(_stack_name(self) + "("), children=children, suffix=")", path=path
-        )
+        # called by treescope only, once it is imported; shown through the print rule
+        return treescope_repr(self, path, subtree_renderer)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(
