@@ -445,3 +445,32 @@ def test_a_transform_keeps_the_files_64_bit_dtype(tmp_path):
     restored = tc.load(path, like, rules=rules)
     assert restored["ab"].dtype == np.float64 and restored["ab"].tolist() == [[1.5, 2.5]]
     assert restored["n"].dtype == np.int64 and restored["n"].tolist() == [[0], [1]]
+
+
+def test_a_missing_path_a_rule_should_give_names_what_the_rule_reads_and_the_closest(tmp_path):
+    path = str(tmp_path / "t.safetensors")
+    tensors = {
+        "h.0.attn.c_attn.weight": np.ones((2, 3), np.float32),
+        "h.0.mlp.c_fc.weights": np.ones((2, 2), np.float32),  # the rule says "weight"
+    }
+    save_file(tensors, path)
+    like = {"blocks": [{"attn": {"qkv": jnp.zeros((3, 2))}, "mlp": {"up": jnp.zeros((2, 2))}}]}
+    rules = [
+        ("h.{i}.attn.c_attn.weight", "blocks[{i}].attn.qkv", lambda w: w.T),
+        ("h.{i}.mlp.c_fc.weight", "blocks[{i}].mlp.up"),
+    ]
+    with pytest.raises(ValueError) as info:
+        tc.load(path, like, rules=rules)
+    message = str(info.value)
+    assert (
+        "no 'blocks.0.mlp.up' in the file (a key rule reads it from 'h.0.mlp.c_fc.weight'; "
+        "closest: 'h.0.mlp.c_fc.weights')" in message
+    ), message
+    assert "unexpected  'h.0.mlp.c_fc.weights'" in message
+    # the same hint in a non-strict report, and without a near name only what the rule reads
+    _, report = tc.load(path, like, rules=rules, strict=False)
+    assert any("reads it from 'h.0.mlp.c_fc.weight'" in line for line in report.messages)
+    del tensors["h.0.mlp.c_fc.weights"]
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match=r"a key rule reads it from 'h\.0\.mlp\.c_fc\.weight'\)"):
+        tc.load(path, like, rules=rules)

@@ -144,6 +144,7 @@ class RuledCatalog:
         self.inner = inner
         self.label, self.title, self.call = inner.label, inner.title, inner.call
         self.records_values = inner.records_values
+        self.rules = rules
         self.mapped: dict[str, _Mapped] = {}
         groups: dict[tuple[int, tuple[str, ...]], dict[int, str]] = {}
         for name in inner.names():
@@ -189,6 +190,17 @@ class RuledCatalog:
 
     def names(self) -> Iterator[str]:
         return iter(self.mapped)
+
+    def expected(self, name: str) -> tuple[str, ...]:
+        """The names a rule would read to give `name`, when the checkpoint lacks `name`
+        (empty if no rule's target gives it): for the closest-name hint of a missing path."""
+        for rule in self.rules:
+            for target in rule.targets:
+                match = _regex(target)[0].fullmatch(name)
+                if match is not None:
+                    captures = match.groupdict()
+                    return tuple(_fill(source, captures) for source in rule.sources)
+        return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
         """The names in the underlying checkpoint that `name` is made of."""

@@ -566,6 +566,18 @@ class _Checker:
         )
         return _KEEP
 
+    def _hint(self, name: str, closest: _Closest) -> str:
+        # a key rule that should have given `name`: the file's name it reads, and the
+        # closest the file has to that (a typo in the rule, or another naming)
+        expected = getattr(self.source, "expected", None)
+        wanted = expected(name) if expected is not None else ()
+        if wanted:
+            close = [c for c in map(closest, wanted) if c is not None]
+            hint = f" (a key rule reads it from {', '.join(map(repr, wanted))}"
+            return hint + (f"; closest: {', '.join(map(repr, close))})" if close else ")")
+        close_name = closest(name)
+        return f" (closest: {close_name!r})" if close_name is not None else ""
+
     def finish(
         self, found: list[Entry], decisions: list[str], problems: Sequence[str]
     ) -> LoadReport:
@@ -577,9 +589,7 @@ class _Checker:
         for message in self.messages:
             if isinstance(message, tuple):  # a missing entry: hint at a renamed one
                 where, name = message
-                close = closest(name)
-                hint = f" (closest: {close!r})" if close is not None else ""
-                message = f"missing     {where}: no {name!r} in {label}{hint}"
+                message = f"missing     {where}: no {name!r} in {label}{self._hint(name, closest)}"
             messages.append(message)
         for name in unused:
             stored = self.source.stored(name)
