@@ -216,18 +216,145 @@ def test_hand_written_child_init_calls_generated_parent_init():
         child.c = 0
 
 
-def test_generated_child_of_hand_written_parent_uses_annotated_fields():
+class _Pool(tc.TreeClass):
+    """A base layer with a hand-written `__init__` (serket's pooling layers, say)."""
+
+    def __init__(self, kernel_size, *, keepdims=False):
+        self.kernel_size = kernel_size
+        self.keepdims = keepdims
+
+    def __call__(self, x):
+        return x.ndim - self.spatial_ndim
+
+
+class _Pool2D(_Pool):
+    spatial_ndim: int = 2
+
+
+def test_subclass_adding_annotated_attributes_keeps_the_parents_hand_written_init():
+    layer = _Pool2D(kernel_size=3, keepdims=True)
+    assert inspect.signature(_Pool2D.__init__) == inspect.signature(_Pool.__init__)
+    assert vars(layer) == {"kernel_size": 3, "keepdims": True}
+    assert layer.spatial_ndim == 2 and layer(jnp.ones((1, 4, 4))) == 1
+    assert jax.tree_util.tree_leaves(layer) == [3, True]  # a class-level default, no leaf
+    with pytest.raises(AttributeError, match="immutable"):
+        layer.keepdims = False
+
+
+def test_field_defaults_below_a_hand_written_init_are_class_level_and_overridable():
+    class Pool3D(_Pool2D):
+        spatial_ndim: int = 3
+
+    class Pool3DAgain(Pool3D):  # a chain of such subclasses keeps the same __init__
+        pass
+
+    assert Pool3D(2).spatial_ndim == 3 and Pool3DAgain(2).spatial_ndim == 3
+    assert _Pool2D(2).spatial_ndim == 2
+    assert [f.name for f in tc.fields(Pool3D)] == ["spatial_ndim"]
+    assert Pool3DAgain.__init__ is _Pool.__init__
+
+
+def test_hand_written_init_may_set_a_field_declared_below_it():
     class Parent(tc.TreeClass):
         a: int = 1
 
         def __init__(self):
             self.a = 10
+            self.b = 20
 
     class Child(Parent):
         b: int = 2
 
-    assert vars(Child()) == {"a": 1, "b": 2}
-    assert vars(Child(5, 6)) == {"a": 5, "b": 6}
+    assert vars(Child()) == {"a": 10, "b": 20}
+    assert Child().b == 20  # the instance's value, not the class default
+
+
+def test_autoinit_opts_a_subclass_of_a_hand_written_init_into_generation():
+    @tc.autoinit
+    class Window(_Pool2D):
+        stride: int = 1
+
+    window = Window(5, 2)
+    assert vars(window) == {"spatial_ndim": 5, "stride": 2}
+    assert list(inspect.signature(Window.__init__).parameters) == ["self", "spatial_ndim", "stride"]
+
+    class Below(Window):  # below a generated __init__ again: generated, with the new field
+        extra: str = tc.field(default="x", static=True)
+
+    assert vars(Below(1, 2, "y")) == {"spatial_ndim": 1, "stride": 2, "extra": "y"}
+
+
+def test_generated_parent_then_hand_written_then_annotated_child():
+    class Base(tc.TreeClass):
+        a: int
+        b: int = 2
+
+    class Middle(Base):
+        def __init__(self, a):
+            super().__init__(a, b=a * 10)
+
+    class Leaf(Middle):
+        c: int = 7
+
+    leaf = Leaf(3)
+    assert vars(leaf) == {"a": 3, "b": 30}
+    assert leaf.c == 7
+    with pytest.raises(TypeError):
+        Leaf(3, 4)
+
+
+def test_annotated_subclass_of_a_plain_mixin_with_init_keeps_that_init():
+    class Mixin:
+        def __init__(self, size):
+            self.size = size
+
+    class Tree(Mixin, tc.TreeClass):
+        scale: float = 1.0
+
+    tree = Tree(4)
+    assert vars(tree) == {"size": 4} and tree.scale == 1.0
+    with pytest.raises(AttributeError, match="immutable"):
+        tree.size = 5
+
+
+def test_post_init_below_a_hand_written_init_warns_that_it_will_not_run():
+    class Child(_Pool):
+        extra: int = 1
+
+        def __post_init__(self):
+            raise AssertionError("never called")
+
+    with pytest.warns(UserWarning, match=r"`Child.__post_init__` will not run.*`_Pool`") as seen:
+        assert Child(2).kernel_size == 2
+        child = Child(2)
+    assert seen[0].filename == __file__  # points at the construction
+    with pytest.raises(AttributeError, match="immutable"):
+        child.kernel_size = 3
+
+    @tc.autoinit
+    class Generated(_Pool):
+        extra: int = 1
+
+        def __post_init__(self):
+            self.doubled = self.extra * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Generated(4).doubled == 8
+
+
+def test_post_init_with_a_generated_init_runs_without_warning(recwarn):
+    class Parent(tc.TreeClass):
+        a: int = 1
+
+    class Child(Parent):
+        b: int = 2
+
+        def __post_init__(self):
+            self.c = self.a + self.b
+
+    assert Child().c == 3
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
 
 
 def test_mixin_annotations_are_not_fields():

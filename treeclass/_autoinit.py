@@ -231,10 +231,12 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
 def autoinit(cls: type) -> type:
     """Give `cls` an `__init__` generated from its annotated fields.
 
-    On a `TreeClass` subclass this is what subclassing does already when the class has
-    fields and no `__init__` of its own; `autoinit` makes it explicit and forces it even
-    when a parent defines `__init__`. An `__init__` written in the class body itself is
-    never replaced: then `autoinit` changes nothing. It is idempotent, and works on plain
+    On a `TreeClass` subclass this is what subclassing does already when the class has no
+    `__init__` of its own and inherits a generated one (or none). Below an `__init__`
+    written by hand, subclassing keeps that `__init__` (annotated attributes are then
+    class-level defaults); `autoinit` opts the class in to a generated one, from all its
+    fields. An `__init__` written in the class body itself is never replaced: then
+    `autoinit` changes nothing. It is idempotent, and works on plain
     classes too: there values are assigned with `setattr`, so the `on_setattr` callbacks
     of `field()`s run (a Field is a descriptor outside `TreeClass`, see `Field`), and a
     plain subclass inherits both the `__init__` and the callbacks.

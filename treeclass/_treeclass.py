@@ -12,6 +12,7 @@ import abc
 import difflib
 import functools
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,36 @@ def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., Non
     return __init__
 
 
+_UNRUN_POST_INIT_MSG = (
+    "`{cls}.__post_init__` will not run: `{cls}` has no `__init__` of its own and inherits "
+    "the one written by hand in `{owner}`, so no `__init__` is generated for it (only a "
+    "generated `__init__` calls `__post_init__`). Generate one from the fields, or call it "
+    "yourself:\n"
+    "    @tc.autoinit\n"
+    "    class {cls}({owner}): ...\n"
+    "or define `__init__` in `{cls}` that calls `super().__init__(...)` and then "
+    "`self.__post_init__()`."
+)
+
+
+def _warning_init(cls: type, inherited: Callable[..., None]) -> Callable[..., None]:
+    """`inherited`, warning when it builds an instance whose `__post_init__` it never runs.
+
+    Only for a class that defines `__post_init__` below an `__init__` written by hand; the
+    warning waits for the first call, as `autoinit` may still give the class its own.
+    """
+    owner = next(k for k in cls.__mro__[1:] if "__init__" in k.__dict__)
+    message = _UNRUN_POST_INIT_MSG.format(cls=cls.__name__, owner=owner.__name__)
+
+    @functools.wraps(inherited)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(type(self).__init__, "__wrapped__", None) is __init__:  # the outermost
+            warnings.warn(message, UserWarning, stacklevel=3)  # the caller's construction
+        inherited(self, *args, **kwargs)
+
+    return __init__
+
+
 def _guard_fields(cls: type, items: dict[str, Field]) -> None:
     """Put a guard on `cls` for each instance field it declares or gives a new default."""
     own = cls.__dict__.get("__annotations__", {})
@@ -138,8 +169,9 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
     Subclassing registers the class with `jax.tree_util` (keyed by `GetAttrKey`); the
     children are the instance attributes in assignment order, except fields declared
     with `field(static=True)`, which live in the tree definition. Annotated fields give a
-    generated `__init__` unless the class defines one. Instances are immutable after
-    `__init__`: edit them with `.at[...]`.
+    generated `__init__` unless the class defines one or inherits one written by hand
+    (its annotations are then class-level defaults; `autoinit` opts it in). Instances are
+    immutable after `__init__`: edit them with `.at[...]`.
 
     **Class keywords**
 
@@ -194,16 +226,21 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
             setters={f.name: f.on_setattr for f in instance_fields if f.on_setattr},
         )
         _guard_fields(cls, items)
-        own = set(cls.__dict__.get("__annotations__", {})) & set(items)
         if "__init__" in cls.__dict__:
             if not getattr(cls.__dict__["__init__"], "__tc_generated__", False):
                 init = _sealing_init(cls.__dict__["__init__"], body=True)
                 type.__setattr__(cls, "__init__", init)
         else:
+            # A class without an `__init__` of its own generates one only below generated
+            # ones (or none): an `__init__` written by hand up the chain, in a TreeClass
+            # or a plain mixin, stays in charge, and the class's annotated fields are its
+            # typed attributes with class-level defaults (`autoinit` opts in to generation).
             inherited = cls.__init__
-            inherited_is_generated = getattr(inherited, "__tc_generated__", False)
-            if own or inherited_is_generated or inherited is object.__init__:
+            if getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
                 type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
+            elif "__post_init__" in cls.__dict__:
+                init = _sealing_init(_warning_init(cls, inherited), body=False)
+                type.__setattr__(cls, "__init__", init)
             elif not getattr(inherited, "__tc_sealing__", False):
                 # an __init__ from a plain mixin: it must seal too
                 type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
