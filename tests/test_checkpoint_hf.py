@@ -151,7 +151,121 @@ def test_gpt2_with_a_transposed_square_projection_loads_silently_but_misses_the_
     assert np.abs(np.asarray(jax.vmap(model)(ids)) - logits).max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["gpt2"])
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_hf_fixtures_are_small(name):
     folder = FIXTURES / f"hf_{name}"
     assert sum(p.stat().st_size for p in folder.iterdir()) < 100_000
+
+
+# -- Llama: nn.Linear weights are [out, in]; q and k rotate in halves (rotate_half) --------------
+
+
+class RMSNorm(tc.TreeClass):
+    weight: jax.Array
+    eps: float = tc.field(static=True)
+
+    def __call__(self, x):
+        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + self.eps) * self.weight
+
+
+def _rotary(x, theta):
+    """HF Llama's rotary embedding of `x` `[heads, tokens, head_dim]`: halves, not pairs."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (jnp.arange(0, 2 * half, 2) / (2 * half))
+    angles = jnp.arange(x.shape[-2])[:, None] * inv_freq
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class LlamaBlock(tc.TreeClass):
+    input_norm: RMSNorm
+    q: jax.Array  # [in, out], as JAX multiplies
+    k: jax.Array
+    v: jax.Array
+    o: jax.Array
+    post_norm: RMSNorm
+    gate: jax.Array
+    up: jax.Array
+    down: jax.Array
+    n_head: int = tc.field(static=True)
+    n_kv_head: int = tc.field(static=True)
+    theta: float = tc.field(static=True)
+
+    def __call__(self, x):
+        h = self.input_norm(x)
+
+        def heads(y, n):
+            return y.reshape(y.shape[0], n, -1).swapaxes(0, 1)
+
+        q = _rotary(heads(h @ self.q, self.n_head), self.theta)
+        k = _rotary(heads(h @ self.k, self.n_kv_head), self.theta)
+        v = heads(h @ self.v, self.n_kv_head)
+        group = self.n_head // self.n_kv_head  # each key/value head serves `group` queries
+        k, v = jnp.repeat(k, group, axis=0), jnp.repeat(v, group, axis=0)
+        scores = q @ k.swapaxes(-1, -2) / jnp.sqrt(q.shape[-1])
+        n = scores.shape[-1]
+        scores = jnp.where(jnp.tril(jnp.ones((n, n), bool)), scores, -jnp.inf)
+        attended = (jax.nn.softmax(scores, axis=-1) @ v).swapaxes(0, 1).reshape(n, -1)
+        x = x + attended @ self.o
+        h = self.post_norm(x)
+        return x + (jax.nn.silu(h @ self.gate) * (h @ self.up)) @ self.down
+
+
+class Llama(tc.TreeClass):
+    embed: jax.Array
+    layers: list
+    norm: RMSNorm
+    head: jax.Array  # [in, out]
+
+    def __call__(self, ids):
+        x = self.embed[ids]
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x) @ self.head
+
+
+def llama_template(config):
+    d, eps = config["hidden_size"], config["rms_norm_eps"]
+    head_dim = config["head_dim"]
+    n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
+    inner = config["intermediate_size"]
+    layer = LlamaBlock(
+        RMSNorm(jnp.zeros(d), eps),
+        *(jnp.zeros((d, n_head * head_dim)), jnp.zeros((d, n_kv * head_dim))),
+        *(jnp.zeros((d, n_kv * head_dim)), jnp.zeros((n_head * head_dim, d))),
+        RMSNorm(jnp.zeros(d), eps),
+        *(jnp.zeros((d, inner)), jnp.zeros((d, inner)), jnp.zeros((inner, d))),
+        n_head=n_head,
+        n_kv_head=n_kv,
+        theta=config["rope_parameters"]["rope_theta"],
+    )
+    return Llama(
+        jnp.zeros((config["vocab_size"], d)),
+        [layer] * config["num_hidden_layers"],
+        RMSNorm(jnp.zeros(d), eps),
+        jnp.zeros((d, config["vocab_size"])),
+    )
+
+
+def _transpose(w):
+    return w.T
+
+
+LLAMA_RULES = [
+    ("model.embed_tokens.weight", "embed"),
+    ("model.norm.weight", "norm.weight"),
+    ("lm_head.weight", "head", _transpose),
+    ("model.layers.{i}.input_layernorm.weight", "layers[{i}].input_norm.weight"),
+    ("model.layers.{i}.post_attention_layernorm.weight", "layers[{i}].post_norm.weight"),
+    ("model.layers.{i}.self_attn.{n}_proj.weight", "layers[{i}].{n}", _transpose),
+    ("model.layers.{i}.mlp.{n}_proj.weight", "layers[{i}].{n}", _transpose),
+]
+
+
+def test_llama_written_by_transformers_loads_through_rules_and_matches_its_logits():
+    path, config, ids, logits = _reference("llama")
+    report = tc.load(path, llama_template(config), rules=LLAMA_RULES, dry_run=True)
+    assert report.messages == () and not report.unexpected and not report.missing
+    model = tc.load(path, llama_template(config), rules=LLAMA_RULES)
+    np.testing.assert_allclose(jax.jit(jax.vmap(model))(ids), logits, atol=1e-5, rtol=1e-5)
