@@ -237,6 +237,99 @@ def test_bad_rules_are_refused(rules, error):
         tc.from_state_dict({"b": jnp.zeros(1)}, {"a": np.zeros(1)}, rules=rules)
 
 
+@pytest.mark.parametrize(
+    "rules, error, says",
+    [
+        (5, TypeError, r"rules= takes a dict .* got a int 5"),
+        ("a", TypeError, r"rules= takes a dict .* got a str 'a'"),
+        ({("a", "b")}, TypeError, r"rules= takes a dict .* got a set"),
+        ([("a", 5)], TypeError, r"got \('a', 5\)"),
+        ([(5, "b")], TypeError, r"got \(5, 'b'\)"),
+        ([(["a", 5], "b", sum)], TypeError, r"got \(\['a', 5\], 'b'"),
+        ([(["x.w", "x.w"], "b", np.add)], ValueError, r"names 'x.w' twice among its sources"),
+        ([("qkv", ["q", "q"], np.split)], ValueError, r"names 'q' twice among its targets"),
+    ],
+)
+def test_a_malformed_rule_table_names_the_rule_and_the_file(tmp_path, rules, error, says):
+    path = tmp_path / "m.safetensors"
+    save_file({"x.w": np.ones(2, np.float32), "qkv": np.ones(2, np.float32)}, str(path))
+    with pytest.raises(error, match=says) as info:
+        tc.load(path, {"b": jnp.zeros(2)}, rules=rules)
+    assert "m.safetensors" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "result, says",
+    [
+        (lambda w: [w], "returned a list; a rule with one target returns one array"),
+        (lambda w: (w,), "returned a tuple; a rule with one target returns one array"),
+        (lambda w: None, "returned None; a rule with one target returns one array"),
+        (lambda w: {"b": w}, "returned a dict; a rule with one target returns one array"),
+        (lambda w: "w", "(returned a str; a rule|returned a value of type <class 'str'>)"),
+    ],
+)
+def test_a_transform_returning_no_array_names_the_rule_and_the_file(tmp_path, result, says):
+    path = tmp_path / "m.safetensors"
+    save_file({"x.w": np.ones(2, np.float32)}, str(path))
+    for dry_run in (True, False):
+        with pytest.raises(ValueError, match=rf"m\.safetensors.*'x.w' -> 'b'.*{says}"):
+            tc.load(path, {"b": jnp.zeros(2)}, rules=[("x.w", "b", result)], dry_run=dry_run)
+
+
+@pytest.mark.parametrize(
+    "result, says",
+    [
+        (lambda w: {"q": w, "k": w}, "returned a dict; a rule with 2 targets returns a list"),
+        (lambda w: None, "returned None; a rule with 2 targets"),
+        (lambda w: w, "returned one array; a rule with 2 targets"),
+        (lambda w: [w, None], "returned None for the target 'k'; each result is an array"),
+        (lambda w: [w, [w]], "returned a list for the target 'k'"),
+    ],
+)
+def test_a_split_returning_other_than_its_arrays_names_the_rule_and_the_file(
+    tmp_path, result, says
+):
+    path = tmp_path / "m.safetensors"
+    save_file({"qkv": np.ones(2, np.float32)}, str(path))
+    like = {"q": jnp.zeros(2), "k": jnp.zeros(2)}
+    transform = lambda w: result(np.asarray(w) if isinstance(w, np.ndarray) else w)  # noqa: E731
+    with pytest.raises(ValueError, match=rf"m\.safetensors.*'qkv' -> \['q', 'k'\].*{says}"):
+        tc.load(path, like, rules=[("qkv", ["q", "k"], transform)])
+
+
+def _answers_otherwise(change):
+    """A transform that answers one way while checked and another when run."""
+
+    def transform(w):
+        return change(w) if isinstance(w, np.ndarray) else w  # traced while checked
+
+    return transform
+
+
+@pytest.mark.parametrize(
+    "change, got",
+    [
+        (lambda w: w.reshape(1, 4), r"float32\[1,4\]"),
+        (lambda w: w.astype(np.int32), r"int32\[4\]"),
+        (lambda w: w[:2], r"float32\[2\]"),
+    ],
+)
+def test_what_a_transform_gives_when_run_is_checked_as_what_it_gave_when_checked(
+    tmp_path, change, got
+):
+    path = tmp_path / "m.safetensors"
+    save_file({"a": np.ones(4, np.float32)}, str(path))
+    like = {"b": np.zeros(4, np.float32)}
+    rules = [("a", "b", _answers_otherwise(change))]
+    assert tc.load(path, like, rules=rules, dry_run=True).restored == ("tree['b']",)
+    with pytest.raises(ValueError, match=rf"m\.safetensors.*gave {got} for 'b' when run, not"):
+        tc.load(path, like, rules=rules)
+    split = [("a", ["b", "c"], lambda w: [w, _answers_otherwise(change)(w)])]
+    like2 = {"b": np.zeros(4, np.float32), "c": np.zeros(4, np.float32)}
+    with pytest.raises(ValueError, match=rf"gave {got} for 'c' when run"):
+        tc.load(path, like2, rules=split)
+
+
 def test_errors_of_key_rules_name_the_file_and_the_target(tmp_path):
     path = tmp_path / "m.safetensors"
     save_file({"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}, str(path))
@@ -248,7 +341,7 @@ def test_errors_of_key_rules_name_the_file_and_the_target(tmp_path):
     with pytest.raises(ValueError, match=r"m\.safetensors.*map both \['a'\] and \['b'\]"):
         tc.load(path, like, rules=[("a", "c"), ("b", "c")])
     splits = [("a", ["c", "d"], lambda w: [w])]
-    with pytest.raises(ValueError, match=r"m\.safetensors.*returned 1 arrays for 2 targets"):
+    with pytest.raises(ValueError, match=r"m\.safetensors.*returned 1 values for 2 targets"):
         tc.load(path, like, rules=splits)
 
 

@@ -39,7 +39,13 @@ Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
 def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
-    return catalog if rules is None else RuledCatalog(catalog, compile_rules(rules))
+    if rules is None:
+        return catalog
+    try:
+        compiled = compile_rules(rules)
+    except (TypeError, ValueError) as error:  # the rule is named: name the file too
+        raise type(error)(f"{catalog.title}: {error}") from None
+    return RuledCatalog(catalog, compiled)
 
 
 def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:

@@ -16,7 +16,6 @@ another (`_document.SourceCatalog`, over any `CheckpointSource`).
 from __future__ import annotations
 
 import bisect
-import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
@@ -41,7 +40,7 @@ from .._values import (
     short_repr,
 )
 from ._json import check_text
-from ._processes import can_read_by_slices, place_by_slices
+from ._processes import place_by_slices
 
 __all__ = [
     "LEAF",
@@ -830,25 +829,22 @@ def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
     A tensor of a file whose template is placed over several devices is read shard by
     shard, straight into its sharding: each process reads only the bytes of the shards
     its devices hold (on many hosts, about its share of the file), and no device's data
-    is copied on the host more than once. Everything else is read whole: tensors renamed
-    or transformed by key rules, those stored as raw bytes or key data, bool and sub-byte
-    types (whose unused bits are checked on the whole tensor).
+    is copied on the host more than once. The catalog offers those ranges
+    (`range_reader`) only where they pass the same checks as the whole tensor; everything
+    else is read whole: tensors renamed or transformed by key rules, those stored as raw
+    bytes or key data, bool and sub-byte types (whose unused bits are checked on the
+    whole tensor).
     """
     sharding = _sharding_of(template) if entry.category == TENSOR else None
-    tensors: Any = getattr(source, "source", None)  # a file's `CheckpointSource`, if any
-    if sharding is None or len(sharding.device_set) < 2 or not hasattr(tensors, "read_range"):
+    ranges = getattr(source, "range_reader", None)
+    if sharding is None or len(sharding.device_set) < 2 or ranges is None:
         return source.fetch(entry.name)
-    stored, info = source.stored(entry.name), tensors.info(entry.name)
-    dtype = numpy_dtype(info.dtype)
-    if (
-        stored is None
-        or (stored.dtype, tuple(stored.shape)) != (info.dtype, tuple(info.shape))
-        or dtype is None
-        or not can_read_by_slices(dtype)
-    ):
+    read_range = ranges(entry.name)
+    stored = source.stored(entry.name)
+    dtype = None if stored is None else numpy_dtype(stored.dtype)
+    if read_range is None or stored is None or dtype is None:
         return source.fetch(entry.name)
-    read_range = functools.partial(tensors.read_range, entry.name)
-    return place_by_slices(tuple(info.shape), dtype, sharding, read_range)
+    return place_by_slices(tuple(stored.shape), dtype, sharding, read_range)
 
 
 def _place(template: Any, value: Any, weak: bool) -> Any:
