@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -55,6 +54,7 @@ __all__ = [
     "Stored",
     "Catalog",
     "LoadReport",
+    "FrozenMapping",
     "StateCatalog",
     "entries",
     "category",
@@ -401,6 +401,34 @@ def state_dict_of(tree: Any) -> dict:
 # --------------------------------------------------------------------------------------
 
 
+class FrozenMapping(Mapping[str, tuple[str, ...]]):
+    """A read-only mapping that is a value: hashable, and equal to any mapping with the
+    same items (a `LoadReport`'s `sources`; reports of two loads compare as values)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self._items = dict(items or {})
+
+    def __getitem__(self, key: str) -> tuple[str, ...]:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and self._items == dict(other.items())
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
 class LoadReport(NamedTuple):
     """What `load` / `from_state_dict` with `strict=False` could not restore.
 
@@ -439,7 +467,7 @@ class LoadReport(NamedTuple):
     unexpected: tuple[str, ...]
     messages: tuple[str, ...]
     restored: tuple[str, ...] = ()
-    sources: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    sources: Mapping[str, tuple[str, ...]] = FrozenMapping()
     migrations: tuple[str, ...] = ()
 
     @property
@@ -486,9 +514,14 @@ class _Checker:
                 return _KEEP
             return self._missing(where, entry)
         if entry.category == OBJECT:
-            # functions and other objects come from the template; the checkpoint recorded
-            # the type of what it had there, and anything else means the model changed
-            if stored.category == OBJECT and stored.value == type(entry.value).__name__:
+            # functions and other objects are never saved: they come from the template,
+            # whatever non-data value the file had there (a function where the template
+            # holds a jitted one, a partial, a builtin, a class). Data there (an array, a
+            # string) means the model changed, and so does another type of a static
+            # container, whose parts are checked one by one
+            if stored.category == OBJECT and (
+                stored.value == type(entry.value).__name__ or not _static_parts(entry.value)
+            ):
                 return _KEEP
             return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
         if entry.kind == STATIC:
@@ -608,7 +641,7 @@ class _Checker:
             tuple(unused),
             tuple(messages),
             tuple(where for _, where in restored),
-            MappingProxyType(sources),
+            FrozenMapping(sources),
             _migrations(self.source),
         )
 
