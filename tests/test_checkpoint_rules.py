@@ -18,6 +18,9 @@ from safetensors.numpy import save_file
 
 import treeclass as tc
 
+# a non-strict load that kept values the file holds under another name warns; expected
+LOSSY = pytest.mark.filterwarnings("ignore:.*under another name, dtype or layout:UserWarning")
+
 WIDTH, VOCAB, LAYERS, CONTEXT = 8, 11, 2, 5
 
 
@@ -177,6 +180,7 @@ def test_unmatched_keys_on_both_sides_are_an_error_naming_them(gpt2_file):
     assert "unexpected  'wte.weight'" in message
 
 
+@LOSSY
 def test_a_transform_giving_the_wrong_shape_is_a_mismatch(gpt2_file):
     path, _ = gpt2_file
     rules = [*RULES[:-1], ("h.{i}.mlp.c_proj.weight", "blocks[{i}].down")]  # no transpose
@@ -567,3 +571,99 @@ def test_a_missing_path_a_rule_should_give_names_what_the_rule_reads_and_the_clo
     save_file(tensors, path)
     with pytest.raises(ValueError, match=r"a key rule reads it from 'h\.0\.mlp\.c_fc\.weight'\)"):
         tc.load(path, like, rules=rules)
+
+
+# ------------------------------------------------------------------------------------------
+# what a failed load suggests: the fix that fits each problem, never a blanket waiver
+# ------------------------------------------------------------------------------------------
+
+
+def _refusal(path, like, **options) -> str:
+    with pytest.raises(ValueError) as info:
+        tc.load(path, like, **options)
+    message = str(info.value)
+    assert "strict=False" not in message
+    return message
+
+
+def test_a_renamed_per_layer_layout_suggests_one_key_rule_with_captures(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({f"layers.{i}.w": np.ones((2, 3), np.float32) for i in range(3)}, str(path))
+    like = {"blocks": [{"w": jnp.zeros((2, 3))} for _ in range(3)]}
+    message = _refusal(path, like)
+    assert "rules=[('layers.{i}.w', 'blocks.{i}.w')]" in message
+    assert 'missing="keep"' not in message and 'unexpected="ignore"' not in message
+    rules = [("layers.{i}.w", "blocks.{i}.w")]
+    assert tc.load(path, like, rules=rules)["blocks"][2]["w"].tolist() == [[1.0] * 3] * 2
+
+
+def test_a_renamed_transposed_weight_suggests_the_transpose(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"fc.weight": np.ones((3, 4), np.float32)}, str(path))
+    message = _refusal(path, {"weight": jnp.zeros((4, 3))})
+    assert "rules=[('fc.weight', 'weight', lambda w: w.T)]" in message
+
+
+def test_a_transposed_weight_under_its_own_name_suggests_the_transpose(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((3, 4), np.float32)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros((4, 3))})
+    assert "stored transposed ([3, 4] for [4, 3]): rules=[('w', 'w', lambda w: w.T)]" in message
+
+
+def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones(2, np.float32)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros(2, jnp.bfloat16)})
+    assert "rules=[('w', 'w', lambda w: w.astype(jnp.bfloat16))]" in message
+    rules = [("w", "w", lambda w: w.astype(jnp.bfloat16))]
+    assert tc.load(path, {"w": jnp.zeros(2, jnp.bfloat16)}, rules=rules)["w"].dtype == jnp.bfloat16
+
+
+def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_unstack_recipe(tmp_path):
+    class Block(tc.TreeClass):
+        w: jax.Array
+
+    class Net(tc.TreeClass):
+        blocks: tc.Stacked
+
+    per_layer = Net([Block(jnp.full((2,), float(i))) for i in range(3)])
+    path = tmp_path / "m.safetensors"
+    tc.save(path, per_layer)
+    stacked = Net(tc.Stacked.from_blocks([Block(jnp.zeros(2)) for _ in range(3)]))
+    message = _refusal(path, stacked)
+    assert "Net.blocks.w is a stack of 3 layers" in message and "'blocks.{i}.w'" in message
+    recipe = "model = tc.restack(tc.load(path, tc.unstack_all(model)), model)"
+    assert recipe in message
+    model = stacked
+    restored = tc.restack(tc.load(path, tc.unstack_all(model)), model)  # the recipe, run
+    assert restored.blocks.tree.w.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_a_rename_in_a_treeclass_file_suggests_a_migration_too(tmp_path):
+    class Linear(tc.TreeClass):
+        dense_weight: jax.Array
+
+    path = tmp_path / "m.safetensors"
+    tc.save(path, Linear(jnp.ones(2)))
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array
+
+    message = _refusal(path, Linear(jnp.zeros(2)))
+    assert "rules=[('dense_weight', 'weight')]" in message
+    assert "version=" in message and "migrations=" in message
+
+
+def test_a_non_strict_load_that_restored_less_than_it_could_warns_with_the_count(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"a": np.ones(2, np.float32), "bb": np.ones(3, np.float32)}, str(path))
+    like = {"a": jnp.zeros(3), "b": jnp.zeros(3), "c": jnp.zeros(1), "d": jnp.zeros(1)}
+    with pytest.warns(UserWarning, match=r"restored 0 of .*; 1 more .*: tree\['b'\]\. Fix") as info:
+        tc.load(path, like, strict=False)  # `a` has another shape: nothing restores it
+    assert "rules=[('bb', 'b')]" in str(info[0].message)
+    assert "another shape" not in str(info[0].message)
+    # nothing in the file that could have filled what was kept: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tc.load(path, {"bb": jnp.zeros(3), "x": jnp.zeros(1)}, strict=False, unexpected="ignore")
