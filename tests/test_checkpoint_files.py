@@ -25,6 +25,9 @@ from hypothesis import strategies as st
 
 import treeclass as tc
 
+# a non-strict load that kept values the file holds under another name warns; expected
+LOSSY = pytest.mark.filterwarnings("ignore:.*under another name, dtype or layout:UserWarning")
+
 
 class Tagged(tc.TreeClass):
     w: jax.Array
@@ -570,6 +573,7 @@ def test_a_multibyte_name_of_255_bytes_is_savable(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
+@LOSSY
 def test_ten_thousand_renamed_keys_each_get_their_closest_name():
     count = 10_000
     like = {"layers": [{"weight": np.zeros(1, np.float32)} for _ in range(count)]}
@@ -608,6 +612,7 @@ def test_a_strict_load_of_ten_thousand_renamed_tensors_names_each_closest_name(t
         ("weight", ["zzz", "qqq"], None),
     ],
 )
+@LOSSY
 def test_the_closest_name_hint_finds_renames(missing, unused, closest):
     like = {missing: np.zeros(1)}
     _, report = tc.from_state_dict(like, {n: np.zeros(1) for n in unused}, strict=False)
@@ -729,6 +734,7 @@ def _mutate_text(text: str, rng: random.Random) -> str:
     return "".join(chars)
 
 
+@LOSSY
 def test_mutated_treeclass_metadata_loads_or_raises_value_errors(tmp_path):
     # the header stays valid JSON, so the mutations reach the checks of our own metadata
     path = tmp_path / "m.safetensors"
@@ -745,3 +751,133 @@ def test_mutated_treeclass_metadata_loads_or_raises_value_errors(tmp_path):
         except (ValueError, OSError):
             refused += 1
     assert 0 < refused < 300
+
+
+# --------------------------------------------------------------------------------------
+# Claims in headers: no read asks for more than the file holds
+# --------------------------------------------------------------------------------------
+
+
+def _refusal_and_peak(path: Any, like: Any) -> tuple[ValueError, int]:
+    """The ValueError of `tc.load(path, like)` and the most memory Python and NumPy held
+    while it ran (what a read sized by a header's claim would allocate shows here)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            tc.load(path, like)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return info.value, peak
+
+
+_SLACK = 1 << 20  # what a load allocates whatever the file: parsers, messages, tracebacks
+
+
+def _npy_header_claim(version: int, claim: int, tail: bytes) -> bytes:
+    form = "<H" if version == 1 else "<I"
+    return b"\x93NUMPY" + bytes([version, 0]) + struct.pack(form, claim) + tail
+
+
+_CLAIM_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+_CLAIMS = st.one_of(
+    st.sampled_from([2**31, 2**32 - 1, 2**16 - 1, 10_001]),
+    st.integers(0, 2**32 - 1),
+)
+
+
+@_CLAIM_SETTINGS
+@given(version=st.sampled_from([1, 2]), claim=_CLAIMS, tail=st.binary(max_size=40))
+def test_law_an_equinox_header_length_claim_allocates_nothing_beyond_the_file(
+    tmp_path, version, claim, tail
+):
+    if version == 1:
+        claim %= 2**16
+    path = tmp_path / "leaves.eqx"
+    path.write_bytes(_npy_header_claim(version, claim, tail))
+    error, peak = _refusal_and_peak(path, {"w": np.zeros(2, np.float32)})
+    assert str(path) in str(error)
+    assert peak < path.stat().st_size + _SLACK, peak
+
+
+def _stored_npz(tmp_path: Any) -> tuple[Any, bytearray, Any]:
+    import zipfile
+
+    path = tmp_path / "arrays.npz"
+    np.savez(path, w=np.arange(4, dtype=np.float32))
+    with zipfile.ZipFile(path) as archive:
+        (info,) = archive.infolist()
+    return path, bytearray(path.read_bytes()), info
+
+
+@_CLAIM_SETTINGS
+@given(claim=_CLAIMS, part=st.sampled_from(["npy header", "central directory"]))
+def test_law_an_npz_size_claim_allocates_nothing_beyond_the_file(tmp_path, claim, part):
+    path, raw, info = _stored_npz(tmp_path)
+    if part == "npy header":  # the record's header length, as np.savez stores it (v1.0)
+        name, extra = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+        at = info.header_offset + 30 + name + extra + 8
+        raw[at : at + 2] = struct.pack("<H", claim % 2**16)
+    else:  # the end record's size of the central directory
+        end = raw.rfind(b"PK\x05\x06")
+        raw[end + 12 : end + 16] = struct.pack("<I", claim)
+    path.write_bytes(bytes(raw))
+    try:
+        error, peak = _refusal_and_peak(path, {"w": np.zeros(4, np.float32)})
+    except pytest.fail.Exception:  # the claim happened to be the true one: it loads
+        return
+    assert str(path) in str(error)
+    assert peak < path.stat().st_size + _SLACK, peak
+
+
+@_CLAIM_SETTINGS
+@given(
+    claim=_CLAIMS,
+    kind=st.sampled_from([b"\xdd", b"\xdf", b"\xc6", b"\xdb"]),  # array, map, bin, str
+    tail=st.binary(max_size=40),
+)
+def test_law_a_flax_length_claim_allocates_nothing_beyond_the_file(tmp_path, claim, kind, tail):
+    path = tmp_path / "state.msgpack"
+    # a map whose first key is a value claiming `claim` items or bytes
+    path.write_bytes(b"\x81" + kind + struct.pack(">I", claim) + tail)
+    error, peak = _refusal_and_peak(path, {"w": np.zeros(2, np.float32)})
+    assert str(path) in str(error)
+    assert peak < path.stat().st_size + _SLACK, peak
+
+
+def test_a_sharded_index_is_read_with_a_read_sized_by_the_file(tmp_path):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}}))
+    error, peak = _refusal_and_peak(index, {"w": np.zeros(2, np.float32)})
+    assert "does not exist" in str(error) and str(index) in str(error)
+    assert peak < index.stat().st_size + _SLACK, peak
+
+
+def test_an_11_byte_equinox_file_claiming_4_gib_is_refused_under_a_3_gib_limit(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "leaves.eqx"
+    path.write_bytes(_npy_header_claim(2, 2**32 - 1, b"{"))
+    assert path.stat().st_size == 13
+    script = (
+        "import resource, sys, numpy as np, treeclass as tc\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + 3 * 2**30, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    tc.load(sys.argv[1], {'w': np.zeros(2, np.float32)})\n"
+        "except ValueError as error:\n"
+        "    print('ValueError', error)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ValueError") and str(path) in proc.stdout

@@ -144,6 +144,42 @@ def test_an_index_and_shards_that_disagree_are_an_error(repository, tmp_path):
         tc.load(path, mlp_template(), rules=TORCH_RULES)
 
 
+def test_a_folder_with_a_sharded_index_and_a_single_file_is_refused_naming_both(
+    repository, tmp_path
+):
+    save_file({"a": np.ones(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError) as info:
+        tc.load(tmp_path, mlp_template(), rules=TORCH_RULES)
+    message = str(info.value)
+    assert "model.safetensors.index.json" in message and "single file model.safetensors" in message
+    # the shards the index names are not single files; a readable index loads as before
+    os.unlink(tmp_path / "model.safetensors")
+    tc.load(tmp_path, mlp_template(), rules=TORCH_RULES)
+
+
+def test_an_unreadable_index_beside_a_single_file_is_refused_naming_both(tmp_path):
+    write(tmp_path / "model.safetensors.index.json", b"{not json")
+    save_file({"a": np.ones(1, np.float32)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    with pytest.raises(ValueError, match="not valid JSON"):  # shards by their names: the index
+        tc.load(tmp_path, {"a": jnp.zeros(1)})
+    save_file({"a": np.ones(1, np.float32)}, str(tmp_path / "weights.safetensors"))
+    with pytest.raises(ValueError, match="holds both.*single file weights.safetensors"):
+        tc.load(tmp_path, {"a": jnp.zeros(1)})
+
+
+@pytest.mark.parametrize("shard", ["model\x00.safetensors", "\x00", "a\x00/../b.safetensors"])
+def test_an_index_naming_a_shard_with_a_nul_byte_is_refused_naming_the_index(tmp_path, shard):
+    index = {"metadata": {}, "weight_map": {"w": shard}}
+    path = write(tmp_path / "m.safetensors.index.json", json.dumps(index).encode())
+    with pytest.raises(ValueError, match=r"m\.safetensors\.index\.json.*not the name of a file"):
+        tc.load(path, {"w": jnp.zeros(1)})
+
+
+def test_a_path_with_a_nul_byte_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match=r"'model\\x00\.safetensors' cannot name a file"):
+        tc.load("model\x00.safetensors", {"w": jnp.zeros(1)})
+
+
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "sub/x.safetensors"])
 def test_an_index_naming_a_file_outside_its_folder_is_refused(tmp_path, shard):
     index = {"metadata": {}, "weight_map": {"w": shard}}
@@ -407,6 +443,39 @@ def test_a_flax_state_with_numbers_lists_and_bfloat16_loads(tmp_path):
     assert restored["shift"] == 1 + 2j and restored["scale"] == np.float32(3.0)
     assert restored["stack"][0].dtype == jnp.bfloat16
     np.testing.assert_array_equal(restored["stack"][1], [0, 1, 2])
+
+
+def flax_document(values: dict[str, np.ndarray], order: str) -> bytes:
+    """A flax msgpack document whose arrays name their dtypes with a byte order (`>f4`),
+    laid out as `serialization.to_bytes` lays out an ndarray."""
+    msgpack = pytest.importorskip("msgpack")
+
+    def ext(array: np.ndarray) -> object:
+        array = np.asarray(array).astype(array.dtype.newbyteorder(order))
+        triple = (list(array.shape), array.dtype.str, array.tobytes("C"))
+        return msgpack.ExtType(1, msgpack.packb(triple, use_bin_type=True))
+
+    return msgpack.packb({k: ext(v) for k, v in values.items()}, use_bin_type=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dtype=st.sampled_from(["f2", "f4", "f8", "i2", "i4", "i8", "u2", "u4", "u8", "c8", "c16"]),
+    order=st.sampled_from([">", "<", "="]),
+    shape=st.lists(st.integers(0, 3), max_size=3).map(tuple),
+)
+def test_flax_law_an_array_of_any_byte_order_loads_as_flax_reads_it(
+    tmp_path_factory, dtype, order, shape
+):
+    serialization = pytest.importorskip("flax.serialization")
+    values = (np.arange(int(np.prod(shape))) * 3 + 1).astype(dtype).reshape(shape)
+    data = flax_document({"w": values}, order)
+    path = write(tmp_path_factory.mktemp("order") / "m.msgpack", data)
+    expected = serialization.msgpack_restore(data)["w"]
+    restored = tc.load(path, {"w": np.zeros(shape, dtype)})["w"]
+    assert restored.dtype == np.dtype(dtype) and restored.dtype.byteorder in "=|"
+    np.testing.assert_array_equal(restored, expected)
+    np.testing.assert_array_equal(restored, values)
 
 
 def test_a_flax_array_written_in_chunks_loads_whole(tmp_path, monkeypatch):
@@ -716,6 +785,7 @@ def range_fixtures(tmp_path, values: dict[str, np.ndarray]) -> dict[str, str]:
     finally:
         serialization.MAX_CHUNK_SIZE = chunked
     files["sharded"] = write_repository(tmp_path, values, [["f32"], ["i32"]])
+    files["flax big-endian"] = write(tmp_path / "b.msgpack", flax_document(values, ">"))
     return files
 
 
@@ -808,6 +878,77 @@ def test_a_template_sharded_over_devices_loads_from_every_reader_reading_bytes_o
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results == dict.fromkeys(files, "ok")
+
+
+_BOTH_PATHS = """
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import treeclass as tc
+
+files = json.loads(sys.argv[1])
+mesh = jax.make_mesh((8,), ("a",))
+results = {}
+for name, path in files.items():
+    outcomes = []
+    for sharding in (None, NamedSharding(mesh, P("a"))):
+        like = {
+            "f32": jax.ShapeDtypeStruct((64, 48), jnp.float32, sharding=sharding),
+            "i32": jax.ShapeDtypeStruct((32, 48), jnp.int32, sharding=sharding),
+        }
+        try:
+            got = tc.load(path, like)
+            outcomes.append({k: np.asarray(v).tolist() for k, v in got.items()})
+        except ValueError as error:
+            outcomes.append("ValueError: " + str(error))
+    results[name] = outcomes
+print(json.dumps(results))
+"""
+
+
+def _flip_stored_data_bit(path: str) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("f32.npy")
+    raw = bytearray(pathlib.Path(path).read_bytes())
+    name, extra = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+    raw[info.header_offset + 30 + name + extra + 128 + 40] ^= 0x10  # past its npy header
+    pathlib.Path(path).write_bytes(bytes(raw))
+
+
+def test_a_template_sharded_over_devices_makes_the_checks_a_plain_one_makes(tmp_path):
+    import subprocess
+
+    values = {
+        "f32": np.arange(64 * 48, dtype=np.float32).reshape(64, 48) / 7,
+        "i32": np.arange(32 * 48, dtype=np.int32).reshape(32, 48) - 500,
+    }
+    files = {
+        "flax big-endian": write(tmp_path / "b.msgpack", flax_document(values, ">")),
+        "npz with a flipped data bit": str(tmp_path / "d.npz"),
+    }
+    np.savez(files["npz with a flipped data bit"], **values)
+    _flip_stored_data_bit(files["npz with a flipped data bit"])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    root = str(pathlib.Path(__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOTH_PATHS, json.dumps(files)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    plain, sharded = results["flax big-endian"]
+    assert plain == sharded == {k: v.tolist() for k, v in values.items()}
+    plain, sharded = results["npz with a flipped data bit"]
+    assert plain == sharded
+    assert "d.npz" in plain and "does not match its CRC-32" in plain
 
 
 def test_a_malformed_treeclass_document_is_named_with_the_format_that_holds_it(tmp_path):

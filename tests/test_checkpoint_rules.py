@@ -18,6 +18,9 @@ from safetensors.numpy import save_file
 
 import treeclass as tc
 
+# a non-strict load that kept values the file holds under another name warns; expected
+LOSSY = pytest.mark.filterwarnings("ignore:.*under another name, dtype or layout:UserWarning")
+
 WIDTH, VOCAB, LAYERS, CONTEXT = 8, 11, 2, 5
 
 
@@ -177,6 +180,7 @@ def test_unmatched_keys_on_both_sides_are_an_error_naming_them(gpt2_file):
     assert "unexpected  'wte.weight'" in message
 
 
+@LOSSY
 def test_a_transform_giving_the_wrong_shape_is_a_mismatch(gpt2_file):
     path, _ = gpt2_file
     rules = [*RULES[:-1], ("h.{i}.mlp.c_proj.weight", "blocks[{i}].down")]  # no transpose
@@ -237,6 +241,99 @@ def test_bad_rules_are_refused(rules, error):
         tc.from_state_dict({"b": jnp.zeros(1)}, {"a": np.zeros(1)}, rules=rules)
 
 
+@pytest.mark.parametrize(
+    "rules, error, says",
+    [
+        (5, TypeError, r"rules= takes a dict .* got a int 5"),
+        ("a", TypeError, r"rules= takes a dict .* got a str 'a'"),
+        ({("a", "b")}, TypeError, r"rules= takes a dict .* got a set"),
+        ([("a", 5)], TypeError, r"got \('a', 5\)"),
+        ([(5, "b")], TypeError, r"got \(5, 'b'\)"),
+        ([(["a", 5], "b", sum)], TypeError, r"got \(\['a', 5\], 'b'"),
+        ([(["x.w", "x.w"], "b", np.add)], ValueError, r"names 'x.w' twice among its sources"),
+        ([("qkv", ["q", "q"], np.split)], ValueError, r"names 'q' twice among its targets"),
+    ],
+)
+def test_a_malformed_rule_table_names_the_rule_and_the_file(tmp_path, rules, error, says):
+    path = tmp_path / "m.safetensors"
+    save_file({"x.w": np.ones(2, np.float32), "qkv": np.ones(2, np.float32)}, str(path))
+    with pytest.raises(error, match=says) as info:
+        tc.load(path, {"b": jnp.zeros(2)}, rules=rules)
+    assert "m.safetensors" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "result, says",
+    [
+        (lambda w: [w], "returned a list; a rule with one target returns one array"),
+        (lambda w: (w,), "returned a tuple; a rule with one target returns one array"),
+        (lambda w: None, "returned None; a rule with one target returns one array"),
+        (lambda w: {"b": w}, "returned a dict; a rule with one target returns one array"),
+        (lambda w: "w", "(returned a str; a rule|returned a value of type <class 'str'>)"),
+    ],
+)
+def test_a_transform_returning_no_array_names_the_rule_and_the_file(tmp_path, result, says):
+    path = tmp_path / "m.safetensors"
+    save_file({"x.w": np.ones(2, np.float32)}, str(path))
+    for dry_run in (True, False):
+        with pytest.raises(ValueError, match=rf"m\.safetensors.*'x.w' -> 'b'.*{says}"):
+            tc.load(path, {"b": jnp.zeros(2)}, rules=[("x.w", "b", result)], dry_run=dry_run)
+
+
+@pytest.mark.parametrize(
+    "result, says",
+    [
+        (lambda w: {"q": w, "k": w}, "returned a dict; a rule with 2 targets returns a list"),
+        (lambda w: None, "returned None; a rule with 2 targets"),
+        (lambda w: w, "returned one array; a rule with 2 targets"),
+        (lambda w: [w, None], "returned None for the target 'k'; each result is an array"),
+        (lambda w: [w, [w]], "returned a list for the target 'k'"),
+    ],
+)
+def test_a_split_returning_other_than_its_arrays_names_the_rule_and_the_file(
+    tmp_path, result, says
+):
+    path = tmp_path / "m.safetensors"
+    save_file({"qkv": np.ones(2, np.float32)}, str(path))
+    like = {"q": jnp.zeros(2), "k": jnp.zeros(2)}
+    transform = lambda w: result(np.asarray(w) if isinstance(w, np.ndarray) else w)  # noqa: E731
+    with pytest.raises(ValueError, match=rf"m\.safetensors.*'qkv' -> \['q', 'k'\].*{says}"):
+        tc.load(path, like, rules=[("qkv", ["q", "k"], transform)])
+
+
+def _answers_otherwise(change):
+    """A transform that answers one way while checked and another when run."""
+
+    def transform(w):
+        return change(w) if isinstance(w, np.ndarray) else w  # traced while checked
+
+    return transform
+
+
+@pytest.mark.parametrize(
+    "change, got",
+    [
+        (lambda w: w.reshape(1, 4), r"float32\[1,4\]"),
+        (lambda w: w.astype(np.int32), r"int32\[4\]"),
+        (lambda w: w[:2], r"float32\[2\]"),
+    ],
+)
+def test_what_a_transform_gives_when_run_is_checked_as_what_it_gave_when_checked(
+    tmp_path, change, got
+):
+    path = tmp_path / "m.safetensors"
+    save_file({"a": np.ones(4, np.float32)}, str(path))
+    like = {"b": np.zeros(4, np.float32)}
+    rules = [("a", "b", _answers_otherwise(change))]
+    assert tc.load(path, like, rules=rules, dry_run=True).restored == ("tree['b']",)
+    with pytest.raises(ValueError, match=rf"m\.safetensors.*gave {got} for 'b' when run, not"):
+        tc.load(path, like, rules=rules)
+    split = [("a", ["b", "c"], lambda w: [w, _answers_otherwise(change)(w)])]
+    like2 = {"b": np.zeros(4, np.float32), "c": np.zeros(4, np.float32)}
+    with pytest.raises(ValueError, match=rf"gave {got} for 'c' when run"):
+        tc.load(path, like2, rules=split)
+
+
 def test_errors_of_key_rules_name_the_file_and_the_target(tmp_path):
     path = tmp_path / "m.safetensors"
     save_file({"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)}, str(path))
@@ -248,7 +345,7 @@ def test_errors_of_key_rules_name_the_file_and_the_target(tmp_path):
     with pytest.raises(ValueError, match=r"m\.safetensors.*map both \['a'\] and \['b'\]"):
         tc.load(path, like, rules=[("a", "c"), ("b", "c")])
     splits = [("a", ["c", "d"], lambda w: [w])]
-    with pytest.raises(ValueError, match=r"m\.safetensors.*returned 1 arrays for 2 targets"):
+    with pytest.raises(ValueError, match=r"m\.safetensors.*returned 1 values for 2 targets"):
         tc.load(path, like, rules=splits)
 
 
@@ -474,3 +571,99 @@ def test_a_missing_path_a_rule_should_give_names_what_the_rule_reads_and_the_clo
     save_file(tensors, path)
     with pytest.raises(ValueError, match=r"a key rule reads it from 'h\.0\.mlp\.c_fc\.weight'\)"):
         tc.load(path, like, rules=rules)
+
+
+# ------------------------------------------------------------------------------------------
+# what a failed load suggests: the fix that fits each problem, never a blanket waiver
+# ------------------------------------------------------------------------------------------
+
+
+def _refusal(path, like, **options) -> str:
+    with pytest.raises(ValueError) as info:
+        tc.load(path, like, **options)
+    message = str(info.value)
+    assert "strict=False" not in message
+    return message
+
+
+def test_a_renamed_per_layer_layout_suggests_one_key_rule_with_captures(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({f"layers.{i}.w": np.ones((2, 3), np.float32) for i in range(3)}, str(path))
+    like = {"blocks": [{"w": jnp.zeros((2, 3))} for _ in range(3)]}
+    message = _refusal(path, like)
+    assert "rules=[('layers.{i}.w', 'blocks.{i}.w')]" in message
+    assert 'missing="keep"' not in message and 'unexpected="ignore"' not in message
+    rules = [("layers.{i}.w", "blocks.{i}.w")]
+    assert tc.load(path, like, rules=rules)["blocks"][2]["w"].tolist() == [[1.0] * 3] * 2
+
+
+def test_a_renamed_transposed_weight_suggests_the_transpose(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"fc.weight": np.ones((3, 4), np.float32)}, str(path))
+    message = _refusal(path, {"weight": jnp.zeros((4, 3))})
+    assert "rules=[('fc.weight', 'weight', lambda w: w.T)]" in message
+
+
+def test_a_transposed_weight_under_its_own_name_suggests_the_transpose(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((3, 4), np.float32)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros((4, 3))})
+    assert "stored transposed ([3, 4] for [4, 3]): rules=[('w', 'w', lambda w: w.T)]" in message
+
+
+def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones(2, np.float32)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros(2, jnp.bfloat16)})
+    assert "rules=[('w', 'w', lambda w: w.astype(jnp.bfloat16))]" in message
+    rules = [("w", "w", lambda w: w.astype(jnp.bfloat16))]
+    assert tc.load(path, {"w": jnp.zeros(2, jnp.bfloat16)}, rules=rules)["w"].dtype == jnp.bfloat16
+
+
+def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_unstack_recipe(tmp_path):
+    class Block(tc.TreeClass):
+        w: jax.Array
+
+    class Net(tc.TreeClass):
+        blocks: tc.Stacked
+
+    per_layer = Net([Block(jnp.full((2,), float(i))) for i in range(3)])
+    path = tmp_path / "m.safetensors"
+    tc.save(path, per_layer)
+    stacked = Net(tc.Stacked.from_blocks([Block(jnp.zeros(2)) for _ in range(3)]))
+    message = _refusal(path, stacked)
+    assert "Net.blocks.w is a stack of 3 layers" in message and "'blocks.{i}.w'" in message
+    recipe = "model = tc.restack(tc.load(path, tc.unstack_all(model)), model)"
+    assert recipe in message
+    model = stacked
+    restored = tc.restack(tc.load(path, tc.unstack_all(model)), model)  # the recipe, run
+    assert restored.blocks.tree.w.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_a_rename_in_a_treeclass_file_suggests_a_migration_too(tmp_path):
+    class Linear(tc.TreeClass):
+        dense_weight: jax.Array
+
+    path = tmp_path / "m.safetensors"
+    tc.save(path, Linear(jnp.ones(2)))
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array
+
+    message = _refusal(path, Linear(jnp.zeros(2)))
+    assert "rules=[('dense_weight', 'weight')]" in message
+    assert "version=" in message and "migrations=" in message
+
+
+def test_a_non_strict_load_that_restored_less_than_it_could_warns_with_the_count(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"a": np.ones(2, np.float32), "bb": np.ones(3, np.float32)}, str(path))
+    like = {"a": jnp.zeros(3), "b": jnp.zeros(3), "c": jnp.zeros(1), "d": jnp.zeros(1)}
+    with pytest.warns(UserWarning, match=r"restored 0 of .*; 1 more .*: tree\['b'\]\. Fix") as info:
+        tc.load(path, like, strict=False)  # `a` has another shape: nothing restores it
+    assert "rules=[('bb', 'b')]" in str(info[0].message)
+    assert "another shape" not in str(info[0].message)
+    # nothing in the file that could have filled what was kept: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tc.load(path, {"bb": jnp.zeros(3), "x": jnp.zeros(1)}, strict=False, unexpected="ignore")

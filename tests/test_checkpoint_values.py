@@ -181,12 +181,50 @@ def test_a_frozen_function_in_the_file_against_a_frozen_string_is_an_error(tmp_p
         tc.load(path, {"act": tc.freeze("relu")})
 
 
-def test_objects_of_another_type_in_the_file_are_reported(tmp_path):
+class _Holder:
+    def method(self):
+        return 1
+
+
+NON_DATA = {
+    "function": lambda x: x,
+    "jitted": jax.jit(lambda x: x),
+    "partial": __import__("functools").partial(max, 1),
+    "builtin": len,
+    "method": _Holder().method,
+    "class": int,
+    "custom_jvp": jax.nn.relu,
+    "object": _Holder(),
+}
+
+
+class WithStatic(tc.TreeClass):
+    w: jax.Array
+    fn: Any = tc.field(default=None, static=True)
+
+
+@pytest.mark.parametrize("saved", sorted(NON_DATA))
+@pytest.mark.parametrize("template", sorted(NON_DATA))
+def test_any_non_data_value_of_the_template_is_taken_whatever_the_file_had(
+    tmp_path, saved, template
+):
     path = tmp_path / "m.safetensors"
-    tc.save(path, {"fn": tc.freeze(jax.nn.relu)})  # a custom_jvp
-    _, report = tc.load(path, {"fn": tc.freeze(abs)}, strict=False)
+    tc.save(path, {"leaf": NON_DATA[saved], "frozen": tc.freeze(NON_DATA[saved])})
+    like = {"leaf": NON_DATA[template], "frozen": tc.freeze(NON_DATA[template])}
+    restored = tc.load(path, like)
+    assert restored["leaf"] is NON_DATA[template]
+    assert tc.unfreeze(restored["frozen"]) is NON_DATA[template]
+    static = tmp_path / "s.safetensors"
+    tc.save(static, WithStatic(jnp.ones(2), NON_DATA[saved]))
+    assert tc.load(static, WithStatic(jnp.zeros(2), NON_DATA[template])).fn is NON_DATA[template]
+
+
+def test_data_in_the_file_where_the_template_has_a_function_is_a_mismatch(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"fn": tc.freeze("relu"), "w": jnp.ones(2)})
+    _, report = tc.load(path, {"fn": tc.freeze(abs), "w": jnp.zeros(2)}, strict=False)
     assert report.mismatched == ("tree['fn']",)
-    assert "custom_jvp (not saved) in the file" in report.messages[0]
+    assert "str 'relu' in the file" in report.messages[0]
 
 
 def test_objects_of_the_same_type_come_from_the_template(tmp_path):
@@ -530,3 +568,18 @@ def test_a_restored_tree_is_the_same_jax_jit_argument(tree):
 @given(_trees)
 def test_from_state_dict_of_state_dict_restores_weak_types(tree):
     _same(tc.from_state_dict(tree, tc.state_dict(tree)), tree)
+
+
+def test_load_reports_are_values_hashable_and_comparable(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"w": jnp.ones(2), "b": jnp.ones(1)})
+    like = {"w": jnp.zeros(2), "b": jnp.zeros(3), "extra": jnp.zeros(1)}
+    first = tc.load(path, like, strict=False, missing="keep")[1]
+    second = tc.load(path, like, dry_run=True, strict=False, missing="keep")
+    assert first == second and hash(first) == hash(second)
+    assert len({first, second}) == 1
+    assert first.sources == {"tree['w']": ("w",)} and dict(first.sources) == {"tree['w']": ("w",)}
+    other = tc.load(path, {"w": jnp.zeros(2), "b": jnp.zeros(1)}, dry_run=True)
+    assert other != first and hash(other) != hash(first)
+    with pytest.raises(TypeError):
+        first.sources["x"] = ("y",)  # type: ignore[index]

@@ -453,6 +453,52 @@ def test_a_function_step_returning_something_else_is_an_error_naming_it(tmp_path
         tc.load(path, Block(jnp.zeros(2)))
 
 
+@pytest.mark.parametrize("key", [3, None, ("w",), b"w"])
+def test_a_function_step_returning_a_key_that_is_no_string_names_the_key(tmp_path, key):
+    path = tmp_path / "m.safetensors"
+
+    class Block(tc.TreeClass):
+        w: jax.Array
+
+    tc.save(path, Block(jnp.ones(2)))
+
+    class Block(tc.TreeClass, version=1, migrations={0: lambda arrays: {key: arrays["w"]}}):
+        w: jax.Array
+
+    with pytest.raises(ValueError) as info:
+        tc.load(path, Block(jnp.zeros(2)))
+    message = str(info.value)
+    assert f"returned the key {key!r} (a {type(key).__name__})" in message
+    assert "`Block` from version 0 to 1" in message and "m.safetensors" in message
+
+
+@pytest.mark.parametrize(
+    "version, steps, missing",
+    [(3, (0, 2), "1 to 2"), (3, (0,), "1 to 2, 2 to 3"), (5, (1, 2, 4), "3 to 4")],
+)
+def test_a_hole_in_the_migrations_is_refused_at_class_definition(version, steps, missing):
+    with pytest.raises(ValueError, match=f"none from version {missing}:") as info:
+
+        class Gappy(tc.TreeClass, version=version, migrations=dict.fromkeys(steps, {})):
+            w: jax.Array
+
+    assert "class Gappy" in str(info.value)
+
+
+def test_a_version_that_renamed_nothing_takes_an_empty_rule_table(tmp_path):
+    path = tmp_path / "m.safetensors"
+
+    class Linear(tc.TreeClass):
+        w: jax.Array
+
+    tc.save(path, Linear(jnp.ones(2)))
+
+    class Linear(tc.TreeClass, version=3, migrations={0: {"w": "k"}, 1: {}, 2: {"k": "weight"}}):
+        weight: jax.Array
+
+    assert tc.load(path, Linear(jnp.zeros(2))).weight.tolist() == [1.0, 1.0]
+
+
 def test_a_failing_rule_transform_names_the_step_and_the_class(tmp_path):
     path = tmp_path / "m.safetensors"
 

@@ -39,7 +39,13 @@ Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
 def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
-    return catalog if rules is None else RuledCatalog(catalog, compile_rules(rules))
+    if rules is None:
+        return catalog
+    try:
+        compiled = compile_rules(rules)
+    except (TypeError, ValueError) as error:  # the rule is named: name the file too
+        raise type(error)(f"{catalog.title}: {error}") from None
+    return RuledCatalog(catalog, compiled)
 
 
 def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
@@ -486,13 +492,24 @@ def load(
     (names in the file, like `layers.2.weight`, that were ignored), `messages` (one
     line per problem), `restored` (the paths that came from the file) and `sources`
     (for each restored path, the file's names it was read from). With `dry_run=True`,
-    the report alone. A path left at the value of an abstract template stays a
-    `jax.ShapeDtypeStruct`.
+    the report alone.
+
+    A failed strict load's error lists every problem and, computed from them, the fixes
+    that fit: a key rule for a renamed path (one rule with `{i}` for every layer, with
+    `lambda w: w.T` for a transposed weight; or a class migration for treeclass's own
+    files), `astype` in a rule for another dtype, the unstack recipe for per-layer tensors
+    in a stacked template, `missing="keep"` / `unexpected="ignore"` for paths only one
+    side has; never a blanket `strict=False`. A non-strict load that kept template values
+    where the file holds the data under another name, dtype or layout warns with their
+    count and the same fixes.
 
     **Raises**
 
     `ValueError` for a corrupted or truncated file, whatever `strict` is, or one of no
-    format `load` reads; nothing is returned in part. `ImportError` for a flax file
+    format `load` reads; nothing is returned in part. `ValueError` naming the paths of an
+    abstract template (`jax.ShapeDtypeStruct` leaves) that the file did not fill, whatever
+    `strict` and `missing` are: such a leaf has no value to keep (a dry run reports them;
+    a partial load keeps what lies outside its selection). `ImportError` for a flax file
     without the `msgpack` package.
 
     ```python
@@ -510,7 +527,7 @@ def load(
         tc.save(path, model)
         abstract = jax.eval_shape(lambda: Linear(jnp.zeros((3, 2)), jnp.zeros(2)))
         restored = tc.load(path, abstract)
-        bigger = jax.eval_shape(lambda: Linear(jnp.zeros((3, 4)), jnp.zeros(4)))
+        bigger = Linear(jnp.zeros((3, 4)), jnp.zeros(4))  # concrete: it keeps its values
         partial, report = tc.load(path, bigger, strict=False)
     assert tc.is_tree_equal(restored, model)
     assert report.mismatched == ("Linear.weight", "Linear.bias")

@@ -405,6 +405,19 @@ class SourceCatalog:
             return Stored(OBJECT, value=self.objects[name])
         return None
 
+    def range_reader(self, name: str) -> Callable[[int, int], np.ndarray] | None:
+        """Byte ranges of tensor `name` as `fetch` would give it, checked as `fetch`
+        checks it (the source's `read_range` makes `read`'s checks); None where `fetch`
+        does more than `read`: reinterprets raw bytes or key data, or checks the unused
+        bits of a bool or sub-byte tensor, which only the whole tensor shows."""
+        tensor = self.tensors.get(name)
+        if tensor is None or tensor.raw or tensor.key_impl:
+            return None
+        dtype = numpy_dtype(tensor.dtype)
+        if dtype is None or dtype.hasobject or _sub_byte_bits(dtype) < 8:
+            return None
+        return functools.partial(self.source.read_range, name)
+
     def fetch(self, name: str) -> Any:
         tensor = self.tensors.get(name)
         if tensor is None:

@@ -21,7 +21,6 @@ import numpy as np
 
 from ._npz import (
     NpyHeader,
-    WholeTensorCache,
     npy_array,
     object_array_error,
     ranges_read_directly,
@@ -29,7 +28,7 @@ from ._npz import (
     read_npy_header,
     refuses,
 )
-from ._source import TensorInfo, corrupt
+from ._source import TensorInfo, WholeTensorCache, corrupt
 from ._tree import describe_array
 
 __all__ = ["Slot", "EquinoxFile"]

@@ -8,9 +8,9 @@ import os
 import secrets
 import stat
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["open_for_reading", "write_atomically"]
+__all__ = ["SizedFile", "open_for_reading", "write_atomically"]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
@@ -34,13 +34,72 @@ def _what(mode: int) -> str:
     return "not a regular file"
 
 
+class SizedFile:
+    """A file opened for reading whose reads never ask for more than it holds.
+
+    A header's length field is a claim: `file.read(claimed)` makes Python allocate the
+    claimed size before reading (2**32 - 1 bytes for an 11-byte file), and so do the
+    parsers we hand the file to (numpy's `.npy` header reader, `zipfile`'s central
+    directory). Every read here is cut at the file's real size (as it was when opened),
+    so no reader of any format allocates what a header merely claims.
+    """
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self.size = os.fstat(file.fileno()).st_size
+        self.name = getattr(file, "name", None)
+
+    def _left(self) -> int:
+        return max(self.size - self._file.tell(), 0)
+
+    def read(self, count: int | None = -1) -> bytes:
+        left = self._left()
+        return self._file.read(left if count is None or count < 0 else min(count, left))
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        return self._file.readinto(view[: self._left()])  # type: ignore[attr-defined]
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> SizedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def open_for_reading(path: str) -> BinaryIO:
-    """`path` opened for reading in binary mode; `ValueError` unless it is a regular file.
+    """`path` opened for reading in binary mode (a `SizedFile`); `ValueError` unless it is
+    a regular file.
 
     A named pipe would block the open (and every read) until another process writes to
     it, a device can be endless: both are refused before anything is read.
     """
-    mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
+    try:
+        mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
+    except ValueError as error:  # a NUL byte in the name
+        raise ValueError(f"{path!r} cannot name a file: {error}") from None
     if not stat.S_ISREG(mode):
         raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
     # non-blocking, so that a file swapped for a pipe after the check cannot hang the open
@@ -51,9 +110,14 @@ def open_for_reading(path: str) -> BinaryIO:
             raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
         if _NONBLOCK:
             os.set_blocking(descriptor, True)
-        return open(descriptor, "rb")
+        file = open(descriptor, "rb")
     except BaseException:
         os.close(descriptor)
+        raise
+    try:
+        return SizedFile(file)  # type: ignore[return-value]
+    except BaseException:
+        file.close()
         raise
 
 

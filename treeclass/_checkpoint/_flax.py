@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 import numpy as np
 
 from ._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ._source import TensorInfo, corrupt
+from ._source import TensorInfo, WholeTensorCache, corrupt
 from ._tree import numpy_dtype
 
 __all__ = ["FlaxFile"]
@@ -92,6 +92,7 @@ class FlaxFile:
             self._corrupt(f"{self.size - self._position()} bytes follow its msgpack document")
         self.arrays: dict[str, _Array] = {}
         self._name(document, ())
+        self._whole = WholeTensorCache(self.read)
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, _FORMAT)
@@ -105,12 +106,24 @@ class FlaxFile:
         # small reads: the unpacker starts afresh after each array, and what it read ahead
         # of that array's header (1 MiB by default) would be read for nothing
         self.unpacker = self.msgpack.Unpacker(
-            self.file,
-            read_size=_READ_SIZE,
-            raw=False,
-            strict_map_key=False,
-            max_buffer_size=MAX_HEADER_BYTES,
-        )
+            self.file, read_size=_READ_SIZE, raw=False, strict_map_key=False,
+            **self._limits(min(self.size, MAX_HEADER_BYTES)),
+        )  # fmt: skip
+
+    @staticmethod
+    def _limits(size: int) -> dict[str, int]:
+        """msgpack's bounds for a document of `size` bytes: it makes a list of the length
+        an array's header claims before reading its items, so no claim may exceed what
+        the bytes can hold (an item, a map's key and value, takes at least one byte)."""
+        size = max(size, 1)
+        return {
+            "max_buffer_size": max(size, _READ_SIZE),
+            "max_array_len": size,
+            "max_map_len": max(size // 2, 1),
+            "max_str_len": size,
+            "max_bin_len": size,
+            "max_ext_len": size,
+        }
 
     def _position(self) -> int:
         return self.base + self.unpacker.tell()
@@ -189,7 +202,9 @@ class FlaxFile:
 
     def _complex(self, path: tuple, value: Any) -> np.ndarray:
         try:
-            real, imag = self.msgpack.unpackb(value.data)
+            limits = self._limits(len(value.data))
+            del limits["max_buffer_size"]  # (unpackb reads a buffer it is given whole)
+            real, imag = self.msgpack.unpackb(value.data, **limits)
             return np.asarray(complex(real, imag))
         except (ValueError, TypeError, self.msgpack.UnpackException):
             self._corrupt(f"{self._where(path)} is a malformed complex number")
@@ -197,7 +212,7 @@ class FlaxFile:
     def _array(self, path: tuple, start: int, length: int) -> _Array:
         """The header of an ndarray extension at `start`: a msgpack `(shape, dtype, bytes)`."""
         window = self._pread(start, min(length, _ARRAY_HEADER_WINDOW))
-        reader = self.msgpack.Unpacker(raw=False)
+        reader = self.msgpack.Unpacker(raw=False, **self._limits(len(window)))
         reader.feed(window)
         try:
             if reader.read_array_header() != 3:
@@ -300,13 +315,25 @@ class FlaxFile:
         array = self.arrays[key]
         if array.value is not None:
             return array.value.copy()
-        data = self.read_range(key, 0, sum(n for _, n in array.pieces))
-        return data.view(array.dtype.newbyteorder("<")).reshape(array.shape)
+        data = self._stored(key, 0, sum(n for _, n in array.pieces))
+        # in the byte order its dtype name gives (`>f4`), as flax's `np.frombuffer` reads
+        # it; little-endian, as every source returns tensors
+        values = data.view(array.dtype).reshape(array.shape)
+        if values.dtype.byteorder == ">":
+            values = values.astype(array.dtype.newbyteorder("<"))
+        return values
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         array = self.arrays[key]
         if array.value is not None:
             return array.value.reshape(-1).view(np.uint8)[start:stop].copy()
+        if array.dtype.byteorder == ">":  # its stored bytes are not `read`'s
+            return self._whole(key, start, stop)
+        return self._stored(key, start, stop)
+
+    def _stored(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Bytes `start:stop` of the array's data as the file stores them."""
+        array = self.arrays[key]
         stop = min(stop, sum(n for _, n in array.pieces))
         buffer = np.empty(max(stop - start, 0), np.uint8)
         at = 0  # where the current piece starts in the tensor's bytes

@@ -21,6 +21,7 @@ beside their safetensors files, are passed over.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -29,6 +30,8 @@ from .._values import path_str
 from ._equinox import EquinoxFile, Slot
 from ._files import open_for_reading
 from ._flax import FlaxFile
+from ._json import MAX_HEADER_BYTES
+from ._json import loads as strict_json
 from ._npz import NpzFile
 from ._safetensors import SafetensorsFile
 from ._sharded import INDEX_SUFFIX, ShardedSafetensors
@@ -62,14 +65,48 @@ _FOREIGN_INDEXES = tuple(
 )
 
 
+_SHARD_NAME = re.compile(r"-\d+-of-\d+\.safetensors$")
+_BOTH = (
+    "{path} holds both the sharded checkpoint {index} and the single file {single}: "
+    "tc.load cannot tell which one is meant (transformers would take {single}). Give the "
+    "path of the one to load: tc.load({first!r}, like)"
+)
+
+
+def _shard_names(index: str) -> set[str] | None:
+    """The shards an index names, or None if it cannot be read (its reader says why)."""
+    try:
+        with open_for_reading(index) as file:
+            names = strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values()
+        return {name for name in names if isinstance(name, str)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 def _in_folder(path: str) -> str:
     names = sorted(n for n in os.listdir(path) if not n.endswith(_FOREIGN_INDEXES))
-    for suffix in (".safetensors" + INDEX_SUFFIX, INDEX_SUFFIX, ".safetensors"):
+    found: list[str] = []
+    for suffix in (".safetensors" + INDEX_SUFFIX, INDEX_SUFFIX):
         found = [n for n in names if n.endswith(suffix)]
-        if len(found) == 1:
-            return os.path.join(path, found[0])
         if found:
             break
+    if len(found) == 1:  # one sharded checkpoint: no single file may sit beside it
+        index = found[0]
+        shards = _shard_names(os.path.join(path, index))
+        singles = [
+            n
+            for n in names
+            if n.endswith(".safetensors")
+            and (n not in shards if shards is not None else not _SHARD_NAME.search(n))
+        ]
+        if singles:
+            single = os.path.join(path, singles[0])
+            raise ValueError(_BOTH.format(path=path, index=index, single=singles[0], first=single))
+        return os.path.join(path, index)
+    if not found:
+        found = [n for n in names if n.endswith(".safetensors")]
+        if len(found) == 1:
+            return os.path.join(path, found[0])
     shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "") if found else "neither"
     raise ValueError(_FOLDER.format(path=path, suffix=INDEX_SUFFIX, found=shown))
 

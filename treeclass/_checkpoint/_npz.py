@@ -18,14 +18,14 @@ import struct
 import tokenize
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, BinaryIO, NamedTuple, NoReturn
 
 import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ._source import TensorInfo, corrupt
+from ._source import TensorInfo, WholeTensorCache, corrupt
 
 __all__ = [
     "NpyHeader",
@@ -35,13 +35,17 @@ __all__ = [
     "refuses",
     "read_exact",
     "ranges_read_directly",
-    "WholeTensorCache",
     "NpzFile",
 ]
 
 _FORMAT = "npz"
 # numpy's own bound on a header it reads without `allow_pickle`-style trust
 _MAX_NPY_HEADER = 10_000
+# the most deflate expands its input (a run of one byte: 258 bytes per 2 bits, ~1032x)
+_DEFLATE_RATIO = 1032
+# a compressed record of another method is read in pieces of this size, not into a
+# buffer of the size its header claims
+_PIECE = 1 << 24
 
 _OBJECT_ARRAY = (
     "{location}: the array {key} holds Python objects (dtype {dtype}), which tc.load does "
@@ -132,24 +136,6 @@ def read_exact(file: BinaryIO, offset: int, count: int) -> np.ndarray:
     return buffer
 
 
-class WholeTensorCache:
-    """The bytes of the last tensor read whole for `read_range`, so that a tensor stored in
-    a layout ranges cannot be read from directly (compressed, Fortran order, big-endian)
-    is read once, not once per range, with one tensor held at a time."""
-
-    def __init__(self, read: Callable[[str], np.ndarray]) -> None:
-        self._read = read
-        self._key: str | None = None
-        self._bytes: np.ndarray | None = None
-
-    def __call__(self, key: str, start: int, stop: int) -> np.ndarray:
-        if self._key != key or self._bytes is None:
-            self._bytes = None  # free the previous tensor first
-            self._bytes = self._read(key).reshape(-1).view(np.uint8)
-            self._key = key
-        return self._bytes[start:stop]
-
-
 def ranges_read_directly(header: NpyHeader) -> bool:
     """Whether a record's bytes are already C order and little-endian."""
     return not header.fortran_order and header.dtype.byteorder != ">"
@@ -199,6 +185,8 @@ class NpzFile:
             if not 0 <= info.header_offset < self.size:
                 self._corrupt(f"its directory places the record {key!r} outside the file")
             stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1
+            if not stored:
+                self._check_claims(key, info)
             start = self._stored_start(key, info) if stored else None
             header = self._header(key, info, start)
             if refuses(header):
@@ -227,6 +215,20 @@ class NpzFile:
         if start + info.file_size > self.size:
             self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
         return start
+
+    def _check_claims(self, key: str, info: zipfile.ZipInfo) -> None:
+        """Refuse a compressed record whose sizes its stored bytes cannot hold: its data
+        must lie in the file, and deflate expands a byte to at most `_DEFLATE_RATIO`."""
+        if info.header_offset + info.compress_size > self.size:
+            self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
+        if (
+            info.compress_type == zipfile.ZIP_DEFLATED
+            and info.file_size > _DEFLATE_RATIO * info.compress_size + 64
+        ):
+            self._corrupt(
+                f"the record {key!r} claims {info.file_size} bytes, more than its "
+                f"{info.compress_size} compressed bytes can hold"
+            )
 
     def _header(self, key: str, info: zipfile.ZipInfo, start: int | None) -> NpyHeader:
         try:
@@ -274,6 +276,8 @@ class NpzFile:
         member = self.members[key]
         if member.data is not None:
             return self._stored_data(key, member)
+        if member.info.compress_type != zipfile.ZIP_DEFLATED:
+            return self._pieces(key, member)
         buffer = np.empty(member.header.nbytes, np.uint8)
         view, done, extra = buffer.data, 0, b""
         try:
@@ -294,20 +298,34 @@ class NpzFile:
             self._corrupt(f"the record {key!r} holds more bytes than its header says")
         return buffer
 
+    def _pieces(self, key: str, member: _Member) -> np.ndarray:
+        """A compressed record of a method with no bound on its expansion (bzip2, lzma),
+        read piece by piece: memory grows with what it really holds."""
+        pieces, done = [], 0
+        try:
+            with self.zip.open(member.info) as stream:
+                stream.seek(member.header.size)
+                while done <= member.header.nbytes:
+                    piece = stream.read(min(_PIECE, member.header.nbytes + 1 - done))
+                    if not piece:
+                        break
+                    pieces.append(piece)
+                    done += len(piece)
+        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as error:
+            self._corrupt(f"the data of {key!r} cannot be read ({error})")
+        if done < member.header.nbytes:
+            self._corrupt(f"it ended inside the data of {key!r}")
+        if done > member.header.nbytes:
+            self._corrupt(f"the record {key!r} holds more bytes than its header says")
+        return np.frombuffer(b"".join(pieces), np.uint8).copy()
+
     def read(self, key: str) -> np.ndarray:
         return npy_array(self._data(key), self.members[key].header)
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        # a stored record's range straight from the file (its CRC covers the whole record
-        # and is checked when it is read whole, as safetensors files have no checksum)
-        member = self.members[key]
-        stop = min(stop, member.header.nbytes)
-        if member.data is None or not ranges_read_directly(member.header):
-            return self._whole(key, start, stop)
-        try:
-            return read_exact(self.file, member.data + start, stop - start)
-        except EOFError:
-            self._corrupt(f"it ended inside the data of {key!r}")
+        # every record's CRC-32 covers all of it: a range is cut from the record read
+        # whole and checked (`read`), never read straight from the file unchecked
+        return self._whole(key, start, min(stop, self.members[key].header.nbytes))
 
     def close(self) -> None:
         try:

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import ml_dtypes  # a dependency of jax: the sub-byte dtypes' bit widths
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -47,7 +46,6 @@ __all__ = [
     "STEP_TIMEOUT_S",
     "host_view",
     "save_from_processes",
-    "can_read_by_slices",
     "read_block",
     "place_by_slices",
 ]
@@ -338,22 +336,6 @@ def _take_part(path: str, tensors: Sequence[Any]) -> None:
 # --------------------------------------------------------------------------------------
 # Loading: each process reads the bytes of its own shards
 # --------------------------------------------------------------------------------------
-
-
-def can_read_by_slices(dtype: np.dtype) -> bool:
-    """Whether a tensor of `dtype` can be read shard by shard: every element a whole
-    number of bytes with every bit used (bool and sub-byte types are read whole, where
-    their unused bits are checked)."""
-    if dtype == np.bool_ or dtype.hasobject:
-        return False
-    if dtype.itemsize != 1:
-        return True
-    for info in (ml_dtypes.iinfo, ml_dtypes.finfo):
-        try:
-            return int(info(dtype).bits) == 8
-        except (ValueError, TypeError):
-            continue
-    return False
 
 
 def read_block(

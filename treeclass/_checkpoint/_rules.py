@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
-from ._tree import TENSOR, Catalog, Stored, dtype_name, numpy_dtype
+from ._tree import TENSOR, Catalog, Stored, describe_array, dtype_name, numpy_dtype
 
 __all__ = ["Rule", "compile_rules", "RuledCatalog", "in_file_dtypes"]
 
@@ -75,20 +76,48 @@ _BAD_RULE = (
 )
 
 
+_BAD_TABLE = (
+    "rules= takes a dict {{source: target}} or a list of (source, target) / (source, "
+    "target, transform) tuples, in the order they are tried; got {what}"
+)
+
+
+def _patterns(side: Any) -> tuple[Any, ...] | None:
+    """A rule's sources or targets: one pattern, or a list or tuple of them; None if not."""
+    if isinstance(side, str):
+        return (side,)
+    if isinstance(side, (list, tuple)):
+        return tuple(side)
+    return None
+
+
 def compile_rules(rules: Any) -> tuple[Rule, ...]:
     """Check a rule table and compile its patterns; `ValueError`/`TypeError` naming a bad rule."""
     if isinstance(rules, Mapping):
         rules = list(rules.items())
+    elif not isinstance(rules, (list, tuple)):  # a set has no order; a string is no table
+        raise TypeError(_BAD_TABLE.format(what=f"a {type(rules).__name__} {rules!r:.60}"))
     compiled = []
     for rule in rules:
         if not isinstance(rule, tuple) or len(rule) not in (2, 3):
             raise TypeError(_BAD_RULE.format(rule=rule))
-        source, target = rule[0], rule[1]
         transform = rule[2] if len(rule) == 3 else None
-        sources = (source,) if isinstance(source, str) else tuple(source)
-        targets = (target,) if isinstance(target, str) else tuple(target)
-        if not sources or not targets or not all(isinstance(p, str) for p in sources + targets):
+        sources, targets = _patterns(rule[0]), _patterns(rule[1])
+        if (
+            not sources
+            or not targets
+            or not all(isinstance(p, str) and p for p in sources + targets)
+        ):
             raise TypeError(_BAD_RULE.format(rule=rule))
+        for side, names in (("sources", sources), ("targets", targets)):
+            twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
+            if twice is not None:
+                raise ValueError(
+                    f"Key rule {rule!r} names {twice!r} twice among its {side}: each "
+                    f"{side[:-1]} is one tensor{' read' if side == 'sources' else ''}, "
+                    "in the order the transform "
+                    + ("takes them" if side == "sources" else "returns them")
+                )
         if transform is not None and not callable(transform):
             raise TypeError(f"The transform of key rule {rule!r} is not callable")
         if transform is None and (len(sources) > 1 or len(targets) > 1):
@@ -212,6 +241,13 @@ class RuledCatalog:
             return None
         if mapped.rule is None or mapped.rule.transform is None:
             return self.inner.stored(mapped.sources[0])
+        out = self._checked(name, mapped)[mapped.position]
+        return Stored(TENSOR, dtype_name(out), tuple(out.shape))
+
+    def _checked(self, name: str, mapped: _Mapped) -> list[Any]:
+        """The transform's results as the checks see them: traced on the sources' shapes
+        and dtypes (`jax.ShapeDtypeStruct`s), one per target."""
+        assert mapped.rule is not None
         parts = [self.inner.stored(source) for source in mapped.sources]
         if not all(p is not None and p.category == TENSOR for p in parts):
             raise ValueError(
@@ -224,19 +260,22 @@ class RuledCatalog:
             structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
             with in_file_dtypes(dtype for _, dtype in inputs):
                 self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
-        out = self._abstract[key][mapped.position]
-        return Stored(TENSOR, dtype_name(out), tuple(out.shape))
+        return self._abstract[key]
+
+    def _what(self, name: str, mapped: _Mapped) -> str:
+        assert mapped.rule is not None
+        return (
+            f"{self.title}: the transform of key rule {mapped.rule.text()} (for {name!r}, "
+            f"from {list(mapped.sources)} in {self.label})"
+        )
 
     def _outputs(
         self, name: str, mapped: _Mapped, run: Callable[..., Any], args: list[Any]
     ) -> list[Any]:
-        """The results of `mapped`'s transform (one per target), wanted for `name`."""
+        """The results of `mapped`'s transform (one array per target), wanted for `name`."""
         rule = mapped.rule
         assert rule is not None and rule.transform is not None
-        what = (
-            f"{self.title}: the transform of key rule {rule.text()} (for {name!r}, from "
-            f"{list(mapped.sources)} in {self.label})"
-        )
+        what = self._what(name, mapped)
         try:
             result = run(rule.transform, *args)
         except Exception as error:
@@ -246,12 +285,28 @@ class RuledCatalog:
                 "array methods (`w.T`, `jnp.split(qkv, 3)`)"
             ) from None
         if len(rule.targets) == 1:
+            if not _is_array(result):
+                raise ValueError(
+                    f"{what} returned {_kind(result)}; a rule with one target returns one array"
+                )
             return [result]
+        if not isinstance(result, (list, tuple)):
+            raise ValueError(
+                f"{what} returned {_kind(result)}; a rule with {len(rule.targets)} targets "
+                f"returns a list or tuple of {len(rule.targets)} arrays, one per target in "
+                "order"
+            )
         results = list(result)
         if len(results) != len(rule.targets):
             raise ValueError(
-                f"{what} returned {len(results)} arrays for {len(rule.targets)} targets"
+                f"{what} returned {len(results)} values for {len(rule.targets)} targets"
             )
+        for target, value in zip(rule.targets, results):
+            if not _is_array(value):
+                raise ValueError(
+                    f"{what} returned {_kind(value)} for the target {target!r}; each result "
+                    "is an array"
+                )
         return results
 
     def fetch(self, name: str) -> Any:
@@ -262,7 +317,31 @@ class RuledCatalog:
         if key not in self._results:
             # one group's results at a time: a split's parts are restored one after another
             self._results.clear()
+            checked = self._checked(name, mapped)
             arrays = [self.inner.fetch(source) for source in mapped.sources]
             with in_file_dtypes(dtype_name(a) for a in arrays):
-                self._results[key] = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
+                results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
+            # what is restored is what was checked: a transform that answers otherwise
+            # when run (on other inputs, a random or stateful one) is an error
+            for target, result, expected in zip(mapped.rule.targets, results, checked):
+                got = (dtype_name(result), tuple(result.shape))
+                if got != (dtype_name(expected), tuple(expected.shape)):
+                    raise ValueError(
+                        f"{self._what(name, mapped)} gave {describe_array(*got)} for "
+                        f"{target!r} when run, not the "
+                        f"{describe_array(dtype_name(expected), tuple(expected.shape))} it "
+                        "gave while checked: a transform must compute the same from tensors "
+                        "of the same shapes and dtypes"
+                    )
+            self._results[key] = results
         return self._results[key][mapped.position]
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+
+
+def _kind(value: Any) -> str:
+    if _is_array(value):
+        return "one array"
+    return "None" if value is None else f"a {type(value).__name__}"

@@ -89,6 +89,7 @@ def _plain_name(name: Any) -> bool:
         and os.path.basename(name) == name
         and "/" not in name
         and "\\" not in name
+        and "\0" not in name
         and not os.path.isabs(name)
     )
 
@@ -129,7 +130,8 @@ class ShardedSafetensors:
         for name, shard in self.weight_map.items():
             if not _plain_name(shard):
                 self._corrupt(
-                    f"it maps {name!r} to {shard!r}, which is not the name of a file beside it"
+                    f"it maps {name!r} to {shard!r}, which is not the name of a file beside it "
+                    "(a plain file name: no folder, no NUL byte)"
                 )
             if shard not in self.shards:
                 self.shards[shard] = self._shard(os.path.join(folder, shard), shard)

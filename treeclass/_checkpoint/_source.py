@@ -8,12 +8,18 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, NoReturn, Protocol
 
 import numpy as np
 
-__all__ = ["TensorInfo", "CheckpointSource", "corrupt", "NOT_A_CHECKPOINT"]
+__all__ = [
+    "TensorInfo",
+    "CheckpointSource",
+    "WholeTensorCache",
+    "corrupt",
+    "NOT_A_CHECKPOINT",
+]
 
 
 class TensorInfo(NamedTuple):
@@ -65,12 +71,40 @@ class CheckpointSource(Protocol):
         ...
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of tensor `key`'s data as a flat `uint8` array."""
+        """Bytes `start:stop` of what `read(key)` returns, as a flat `uint8` array.
+
+        Checked exactly as `read` checks them: a range is read straight from the file
+        only where `read` would check nothing more than that those bytes are there (no
+        checksum over the whole tensor, no other byte order or memory order); anywhere
+        else it is cut from `read`'s result (`WholeTensorCache`), so a sharded template
+        and a plain one get the same values or the same error.
+        """
         ...
 
     def close(self) -> None:
         """Release the file."""
         ...
+
+
+class WholeTensorCache:
+    """Ranges cut from the last tensor read whole, with every check `read` makes.
+
+    For a tensor whose ranges cannot be read straight from the file (a checksum covers
+    the whole of it, it is compressed, big-endian or in Fortran order), the tensor is read
+    once through `read`, not once per range, with one tensor held at a time.
+    """
+
+    def __init__(self, read: Callable[[str], np.ndarray]) -> None:
+        self._read = read
+        self._key: str | None = None
+        self._bytes: np.ndarray | None = None
+
+    def __call__(self, key: str, start: int, stop: int) -> np.ndarray:
+        if self._key != key or self._bytes is None:
+            self._bytes = None  # free the previous tensor first
+            self._bytes = np.ascontiguousarray(self._read(key)).reshape(-1).view(np.uint8)
+            self._key = key
+        return self._bytes[start:stop]
 
 
 NOT_A_CHECKPOINT = (

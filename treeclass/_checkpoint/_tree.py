@@ -16,10 +16,9 @@ another (`_document.SourceCatalog`, over any `CheckpointSource`).
 from __future__ import annotations
 
 import bisect
-import functools
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -41,7 +40,7 @@ from .._values import (
     short_repr,
 )
 from ._json import check_text
-from ._processes import can_read_by_slices, place_by_slices
+from ._processes import place_by_slices
 
 __all__ = [
     "LEAF",
@@ -56,6 +55,7 @@ __all__ = [
     "Stored",
     "Catalog",
     "LoadReport",
+    "FrozenMapping",
     "StateCatalog",
     "entries",
     "category",
@@ -402,6 +402,34 @@ def state_dict_of(tree: Any) -> dict:
 # --------------------------------------------------------------------------------------
 
 
+class FrozenMapping(Mapping[str, tuple[str, ...]]):
+    """A read-only mapping that is a value: hashable, and equal to any mapping with the
+    same items (a `LoadReport`'s `sources`; reports of two loads compare as values)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, tuple[str, ...]] | None = None) -> None:
+        self._items = dict(items or {})
+
+    def __getitem__(self, key: str) -> tuple[str, ...]:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and self._items == dict(other.items())
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
 class LoadReport(NamedTuple):
     """What `load` / `from_state_dict` with `strict=False` could not restore.
 
@@ -440,7 +468,7 @@ class LoadReport(NamedTuple):
     unexpected: tuple[str, ...]
     messages: tuple[str, ...]
     restored: tuple[str, ...] = ()
-    sources: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    sources: Mapping[str, tuple[str, ...]] = FrozenMapping()
     migrations: tuple[str, ...] = ()
 
     @property
@@ -448,14 +476,7 @@ class LoadReport(NamedTuple):
         return self.missing + self.mismatched
 
 
-_DOES_NOT_FIT = (
-    "{source} does not fit the template `{root}`; {count} problem{s}:\n"
-    "{lines}\n"
-    "Fix the template (or the checkpoint), or restore what fits and keep the template's "
-    "values elsewhere:\n"
-    "    before: model = {call}\n"
-    "    after:  model, report = {fixed}"
-)
+_DOES_NOT_FIT = "{source} does not fit the template `{root}`; {count} problem{s}:\n{lines}\n{fixes}"
 
 # what to do with a template entry: take the value from the catalog, keep the template's, or
 # skip it (outside a partial load's selection: kept, and not reported)
@@ -473,6 +494,9 @@ class _Checker:
         self.missing: list[str] = []
         self.mismatched: list[str] = []
         self.messages: list[Any] = []  # lines, or (path, name) of a missing entry
+        # (kind, path, entry, stored) of each problem, for the fixes an error suggests
+        self.problem_entries: list[tuple[str, str, Entry, Stored | None]] = []
+        self.unused: list[str] = []
 
     def decide(self, entry: Entry) -> str:
         stored = self.source.stored(entry.name)
@@ -487,9 +511,14 @@ class _Checker:
                 return _KEEP
             return self._missing(where, entry)
         if entry.category == OBJECT:
-            # functions and other objects come from the template; the checkpoint recorded
-            # the type of what it had there, and anything else means the model changed
-            if stored.category == OBJECT and stored.value == type(entry.value).__name__:
+            # functions and other objects are never saved: they come from the template,
+            # whatever non-data value the file had there (a function where the template
+            # holds a jitted one, a partial, a builtin, a class). Data there (an array, a
+            # string) means the model changed, and so does another type of a static
+            # container, whose parts are checked one by one
+            if stored.category == OBJECT and (
+                stored.value == type(entry.value).__name__ or not _static_parts(entry.value)
+            ):
                 return _KEEP
             return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
         if entry.kind == STATIC:
@@ -547,6 +576,7 @@ class _Checker:
 
     def _missing(self, where: str, entry: Entry) -> str:
         self.missing.append(where)
+        self.problem_entries.append(("missing", where, entry, None))
         # the hint is added by `finish`, which knows which names no entry used
         self.messages.append((where, entry.name))
         return _KEEP
@@ -555,6 +585,7 @@ class _Checker:
         self, where: str, entry: Entry, stored: Stored, what: str, saved: Any = None
     ) -> str:
         self.mismatched.append(where)
+        self.problem_entries.append((what, where, entry, stored))
         mine, theirs = describe(entry.value), stored.describe()
         if saved is not None:  # a static array: show the values that differ
             mine = f"{mine} {_shown_values(entry.value)}"
@@ -583,8 +614,10 @@ class _Checker:
     ) -> LoadReport:
         """The report, once every entry is decided: unexpected names and missing hints."""
         unused = [name for name in self.source.names() if name not in self.used]
+        self.unused = unused
         label = self.source.label
         closest = _Closest(unused)
+        self.closest = closest
         messages = []
         for message in self.messages:
             if isinstance(message, tuple):  # a missing entry: hint at a renamed one
@@ -609,7 +642,7 @@ class _Checker:
             tuple(unused),
             tuple(messages),
             tuple(where for _, where in restored),
-            MappingProxyType(sources),
+            FrozenMapping(sources),
             _migrations(self.source),
         )
 
@@ -707,6 +740,248 @@ class _Closest:
         return best
 
 
+_UNFILLED = (
+    "{source} leaves {paths} of the abstract template without a value: a "
+    "jax.ShapeDtypeStruct has no value to keep, so each path of an abstract template "
+    "must come from the checkpoint. Give those paths values (a template built with "
+    "concrete arrays keeps its own), or make the checkpoint fill them (rules=)."
+)
+_LESS = (
+    "{source}: restored {restored} of the template's paths; {count} more that it holds "
+    "under another name, dtype or layout were not restored and keep the template's "
+    "values: {paths}. Fixes that fit:"
+)
+
+
+def _listed(paths: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def _warn_if_less(
+    like: Any, source: Catalog, checker: _Checker, report: LoadReport, missing: str, unexpected: str
+) -> None:
+    """Warn when a non-strict load kept template values where the checkpoint holds the
+    data under another name, dtype or layout (what a fix would restore), with the count
+    and the fixes; a path the checkpoint has nothing for, or another shape of, is only
+    reported."""
+    fixes = _Fixes(like, source, checker, False, missing, unexpected)
+    lines = [
+        line
+        for line in fixes.lines()
+        if not line.startswith("- to ") and "has another shape" not in line
+    ]
+    if fixes.fixable:
+        message = _LESS.format(
+            source=source.title,
+            restored=len(report.restored),
+            count=len(fixes.fixable),
+            paths=_listed(fixes.fixable),
+        )
+        warnings.warn(message + "\n" + "\n".join(lines), stacklevel=4)
+
+
+_DIGITS = re.compile(r"(?:^|(?<=\.))\d+(?=\.|$)")
+
+
+def _pattern(name: str) -> tuple[str, tuple[str, ...]]:
+    """A name with its number segments as captures (`h.3.w` -> `h.{i}.w`), and them."""
+    found = _DIGITS.findall(name)
+    letters = iter("ijklmn")
+    return _DIGITS.sub(lambda m: "{" + next(letters, "p") + "}", name), tuple(found)
+
+
+def _rule_between(source: str, target: str) -> tuple[str, str]:
+    """A key rule mapping `source` (a file name) to `target` (a template name), with the
+    number segments they share as captures (one rule for every layer)."""
+    numbers = [n for n in _DIGITS.findall(source) if n in _DIGITS.findall(target)]
+    if numbers and _DIGITS.findall(source) == _DIGITS.findall(target):
+        return _pattern(source)[0], _pattern(target)[0]
+    return source, target
+
+
+class _Fixes:
+    """The fixes a failed load suggests, computed from its problems: a key rule for a
+    renamed path (a migration when the file is treeclass's own), `astype` for another
+    dtype, a transpose for a transposed weight, the unstack recipe for per-layer tensors
+    in a stacked template, a policy for names only one side has."""
+
+    def __init__(
+        self,
+        like: Any,
+        source: Catalog,
+        checker: _Checker,
+        strict: bool,
+        missing: str,
+        unexpected: str,
+    ) -> None:
+        self.like, self.source, self.checker = like, source, checker
+        self.strict, self.missing, self.unexpected = strict, missing, unexpected
+        self.call = source.call.replace("like", "model")
+
+    def text(self) -> str:
+        lines = self.lines()
+        if not lines:
+            lines = ["- fix the template (or the checkpoint) where they differ, as listed"]
+        return "Fixes that fit these problems:\n" + "\n".join(lines)
+
+    def lines(self) -> list[str]:
+        checker = self.checker
+        out: list[str] = []
+        self.fixable: list[str] = []  # paths a suggested fix would restore
+        renames: dict[tuple[str, ...], None] = {}
+        partnered: set[str] = set()
+        stacked = self._per_layer()
+        by_pattern = self._by_pattern()
+        for kind, where, entry, stored in checker.problem_entries:
+            if kind == "missing":
+                if entry.name in stacked:
+                    self.fixable.append(where)
+                    continue
+                close = checker.closest(entry.name) or by_pattern.get(entry.name)
+                if close is not None and close not in partnered:
+                    if entry.kind != STATIC:  # (a static value is compared, not restored)
+                        self.fixable.append(where)
+                    partnered.add(close)
+                    rule = _rule_between(close, entry.name)
+                    theirs = self.source.stored(close)
+                    shape = tuple(getattr(entry.value, "shape", ()))
+                    if (
+                        theirs is not None
+                        and len(shape) == 2
+                        and shape[0] != shape[1]
+                        and tuple(theirs.shape) == shape[::-1]
+                    ):  # a PyTorch-style [out, in] weight for an [in, out] one
+                        rule = (*rule, "lambda w: w.T")
+                    renames[rule] = None
+            elif kind == "dtype" and stored is not None:
+                self.fixable.append(where)
+                out.append(
+                    f"- {where} is {stored.dtype} in {self.source.label} and "
+                    f"{dtype_name(entry.value)} in the template: convert it while loading "
+                    f"with a key rule, rules=[({entry.name!r}, {entry.name!r}, lambda w: "
+                    f"w.astype(jnp.{dtype_name(entry.value)}))], or build the template "
+                    f"with {stored.dtype}"
+                )
+            elif kind == "shape" and stored is not None:
+                shape = tuple(entry.value.shape)
+                if len(shape) == 2 and tuple(stored.shape) == shape[::-1] and shape[0] != shape[1]:
+                    self.fixable.append(where)
+                    out.append(
+                        f"- {where} is stored transposed ({list(stored.shape)} for "
+                        f"{list(shape)}): rules=[({entry.name!r}, {entry.name!r}, "
+                        "lambda w: w.T)]"
+                    )
+                else:
+                    out.append(
+                        f"- {where} has another shape in {self.source.label} "
+                        f"({list(stored.shape)} for {list(shape)}): build the template "
+                        "with the configuration the checkpoint was saved with"
+                    )
+        out.extend(self._renames(list(renames)))
+        out.extend(stacked.values())
+        lonely_missing = [
+            e
+            for k, _, e, _ in checker.problem_entries
+            if k == "missing"
+            and e.name not in stacked
+            and checker.closest(e.name) is None
+            and e.name not in by_pattern
+        ]
+        if lonely_missing and self.missing == "error":
+            if any(isinstance(e.value, jax.ShapeDtypeStruct) for e in lonely_missing):
+                out.append(
+                    "- paths the checkpoint lacks need values: build the template with "
+                    'concrete arrays and load with missing="keep" to keep them'
+                )
+            else:
+                out.append(
+                    "- to keep the template's values where the checkpoint has none: "
+                    f'{self.call[:-1]}, missing="keep")'
+                )
+        lonely_unused = [n for n in checker.unused if n not in partnered]
+        if lonely_unused and self.unexpected == "error" and not stacked:
+            out.append(
+                "- to leave out what the template has no place for: "
+                f'{self.call[:-1]}, unexpected="ignore")'
+            )
+        return out
+
+    def _by_pattern(self) -> dict[str, str]:
+        """Missing names paired with unused ones of the same layout of numbers: the
+        layers of `layers.{i}.w` for those of `blocks.{i}.w` (same numbers, same last
+        segment) when no name is close enough by its letters."""
+
+        def patterns(names: Iterable[str]) -> dict[tuple[str, str], dict[tuple, str]]:
+            out: dict[tuple[str, str], dict[tuple, str]] = {}
+            for name in names:
+                pattern, numbers = _pattern(name)
+                if numbers:
+                    out.setdefault((pattern, name.rsplit(".", 1)[-1]), {})[numbers] = name
+            return out
+
+        missing = [e.name for k, _, e, _ in self.checker.problem_entries if k == "missing"]
+        theirs = patterns(self.checker.unused)
+        paired: dict[str, str] = {}
+        for (_, last), mine in patterns(missing).items():
+            for (_, other_last), names in theirs.items():
+                if other_last == last and set(names) == set(mine):
+                    paired.update({mine[n]: names[n] for n in mine})
+                    break
+        return paired
+
+    def _renames(self, rules: list[tuple[str, ...]]) -> list[str]:
+        if not rules:
+            return []
+        shown = ", ".join(
+            "(" + ", ".join([repr(r[0]), repr(r[1]), *r[2:]]) + ")" for r in rules[:6]
+        )
+        more = ", ..." if len(rules) > 6 else ""
+        line = f"- renamed paths: map the checkpoint's names with key rules, rules=[{shown}{more}]"
+        if getattr(self.source, "class_versions", None) is not None and self.source.records_values:
+            line += (
+                "; if your class renamed them since the save, declare it once instead: "
+                "bump the class's version= and give migrations={old version: {old name: "
+                "new name}} (names relative to the class)"
+            )
+        return [line]
+
+    def _per_layer(self) -> dict[str, str]:
+        """Stacked template paths whose layers the checkpoint holds one by one (`h.0.w`,
+        `h.1.w` for a `[L, ...]` leaf): the unstack recipe, by template name."""
+        groups: dict[str, dict[int, str]] = {}
+        for name in self.checker.unused:
+            for match in _DIGITS.finditer(name):
+                pattern = name[: match.start()] + "{i}" + name[match.end() :]
+                groups.setdefault(pattern, {})[int(match.group())] = name
+        # by (last segment, number of layers): each template path meets only its own
+        indexed: dict[tuple[str, int], list[tuple[str, dict[int, str]]]] = {}
+        for pattern, members in groups.items():
+            if sorted(members) == list(range(len(members))):
+                key = (pattern.rsplit(".", 1)[-1], len(members))
+                indexed.setdefault(key, []).append((pattern, members))
+        found: dict[str, str] = {}
+        for kind, where, entry, _ in self.checker.problem_entries:
+            if kind != "missing" or entry.category != TENSOR or not entry.value.shape:
+                continue
+            layers, rest = entry.value.shape[0], tuple(entry.value.shape[1:])
+            last = entry.name.rsplit(".", 1)[-1]
+            for pattern, members in indexed.get((last, layers), [])[:8]:
+                parts = [self.source.stored(n) for n in members.values()]
+                if not all(p is not None and tuple(p.shape) == rest for p in parts):
+                    continue
+                per_layer = self.call.replace("model", "tc.unstack_all(model)", 1)
+                found[entry.name] = (
+                    f"- {where} is a stack of {layers} layers, and the checkpoint holds "
+                    f"them one by one ({pattern!r} for i in 0..{layers - 1}): load into "
+                    f"the per-layer layout and stack again, model = tc.restack({per_layer}, "
+                    "model) (with rules= if the per-layer names differ from the template's "
+                    "unstacked key paths)"
+                )
+                break
+        return found
+
+
 MISSING_POLICIES = ("error", "keep", "warn")
 UNEXPECTED_POLICIES = ("error", "ignore")
 
@@ -757,6 +1032,13 @@ def restore(
         and (unexpected == "error" if line.startswith("unexpected ") else True)
         and (strict or line.startswith(("missing ", "unexpected ")))
     ]
+    unfilled = [
+        path_str(like, e.path)
+        for e, d in zip(found, decisions)
+        if d == _KEEP and e.kind != STATIC and isinstance(e.value, jax.ShapeDtypeStruct)
+    ]
+    if unfilled and not problems:  # (else the error below names them)
+        raise ValueError(_UNFILLED.format(source=source.title, paths=_listed(unfilled)))
     if missing == "warn" and report.missing:
         lines = [line for line in report.messages if line.startswith("missing ")]
         warnings.warn(
@@ -766,11 +1048,6 @@ def restore(
         )
     if problems:
         count = len(problems)
-        fixed = source.call[:-1] + ", strict=False)"
-        if not strict:  # raised by an explicit policy: the fix is the other policy
-            waive = ['missing="keep"'] if missing == "error" else []
-            waive += ['unexpected="ignore"'] if unexpected == "error" else []
-            fixed = source.call[:-1] + ", strict=False, " + ", ".join(waive) + ")"
         raise ValueError(
             _DOES_NOT_FIT.format(
                 source=source.title,
@@ -778,10 +1055,11 @@ def restore(
                 count=count,
                 s="" if count == 1 else "s",
                 lines="\n".join("  " + line for line in problems),
-                call=source.call,
-                fixed=fixed,
+                fixes=_Fixes(like, source, checker, strict, missing, unexpected).text(),
             )
         )
+    if not strict:
+        _warn_if_less(like, source, checker, report, missing, unexpected)
     # static values are checked above and never restored (nor visited part by part)
     steps = iter([(e, d) for e, d in zip(found, decisions) if e.kind != STATIC])
 
@@ -830,25 +1108,22 @@ def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
     A tensor of a file whose template is placed over several devices is read shard by
     shard, straight into its sharding: each process reads only the bytes of the shards
     its devices hold (on many hosts, about its share of the file), and no device's data
-    is copied on the host more than once. Everything else is read whole: tensors renamed
-    or transformed by key rules, those stored as raw bytes or key data, bool and sub-byte
-    types (whose unused bits are checked on the whole tensor).
+    is copied on the host more than once. The catalog offers those ranges
+    (`range_reader`) only where they pass the same checks as the whole tensor; everything
+    else is read whole: tensors renamed or transformed by key rules, those stored as raw
+    bytes or key data, bool and sub-byte types (whose unused bits are checked on the
+    whole tensor).
     """
     sharding = _sharding_of(template) if entry.category == TENSOR else None
-    tensors: Any = getattr(source, "source", None)  # a file's `CheckpointSource`, if any
-    if sharding is None or len(sharding.device_set) < 2 or not hasattr(tensors, "read_range"):
+    ranges = getattr(source, "range_reader", None)
+    if sharding is None or len(sharding.device_set) < 2 or ranges is None:
         return source.fetch(entry.name)
-    stored, info = source.stored(entry.name), tensors.info(entry.name)
-    dtype = numpy_dtype(info.dtype)
-    if (
-        stored is None
-        or (stored.dtype, tuple(stored.shape)) != (info.dtype, tuple(info.shape))
-        or dtype is None
-        or not can_read_by_slices(dtype)
-    ):
+    read_range = ranges(entry.name)
+    stored = source.stored(entry.name)
+    dtype = None if stored is None else numpy_dtype(stored.dtype)
+    if read_range is None or stored is None or dtype is None:
         return source.fetch(entry.name)
-    read_range = functools.partial(tensors.read_range, entry.name)
-    return place_by_slices(tuple(info.shape), dtype, sharding, read_range)
+    return place_by_slices(tuple(stored.shape), dtype, sharding, read_range)
 
 
 def _place(template: Any, value: Any, weak: bool) -> Any:

@@ -102,6 +102,17 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
                 f"function or a rule table; {error}"
             ) from None
         steps[start] = _Step(rules, None, "rules")
+    if steps:  # from the first step on, every version has its step: a hole is a step forgotten
+        gaps = [v for v in range(min(steps), version) if v not in steps]
+        if gaps:
+            shown = ", ".join(f"{v} to {v + 1}" for v in gaps)
+            problem = (
+                f"it has steps from versions {sorted(steps)} but none from version {shown}: "
+                "a checkpoint of that version would skip it. Give every step from the "
+                "first on; a version that renamed nothing takes an empty rule table "
+                f"({{{gaps[0]}: {{}}}})"
+            )
+            raise ValueError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
     record = _Versions(version, MappingProxyType(dict(sorted(steps.items()))))
     type.__setattr__(cls, "_tc_versions", record)
 
@@ -212,7 +223,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
         assert record is not None
         for start in range(stamps[name]["version"], record.version):
             step = record.steps.get(start)
-            if step is not None:  # a version without a step changed no names
+            if step is not None:  # a version before the first step changed no names
                 catalog = _Layer(catalog, levels[depth, name], step, name, start)
     return catalog
 
@@ -303,10 +314,17 @@ class _FunctionStep:
                 "mapped to arrays (jax.ShapeDtypeStructs while the template is checked: "
                 "compute with jnp or array methods) and returns a new mapping"
             ) from None
-        if not isinstance(result, Mapping) or not all(isinstance(k, str) for k in result):
+        if not isinstance(result, Mapping):
             raise self._fail(
                 f"returned a {type(result).__name__}; a step returns a mapping of names to "
                 "arrays or values"
+            )
+        for bad in result:
+            if isinstance(bad, str):
+                continue
+            raise self._fail(
+                f"returned the key {bad!r} (a {type(bad).__name__}) in its mapping; names "
+                f"are strings, dot-joined as checkpoints name them ({str(bad)!r}, 'layers.0.w')"
             )
         return dict(result)
 
