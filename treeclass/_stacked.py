@@ -975,6 +975,14 @@ class Stacked:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
 
+    # -- `unstack_all` / `restack`: the blocks, and a stack like this one of other blocks -----
+
+    def __tc_unstack__(self) -> tuple[Any, ...]:
+        return self.unstack()
+
+    def __tc_restack__(self, blocks: Sequence[Any]) -> Stacked:
+        return Stacked.from_blocks(blocks)
+
 
 def _init(stack: Stacked, tree: Any, length: int) -> None:
     _check_node(tree)
@@ -1163,7 +1171,10 @@ register_printer(Stacked, type_name=_stack_name, children=_print_children)
 
 
 def _is_stack(x: Any) -> bool:
-    return isinstance(x, Stacked)
+    """A node kept stacked: a `Stacked`, or a node of another kind built on one (a periodic
+    stack), through the hooks `__tc_unstack__()` (its blocks, in order) and
+    `__tc_restack__(blocks)` (a node like it holding `blocks`)."""
+    return hasattr(type(x), "__tc_unstack__") and hasattr(type(x), "__tc_restack__")
 
 
 def unstack_all(tree: _T) -> _T:
@@ -1192,15 +1203,20 @@ def unstack_all(tree: _T) -> _T:
     """
 
     def replace(x: Any) -> Any:
-        if isinstance(x, Stacked):
-            return tuple(unstack_all(block) for block in x.unstack())
+        if _is_stack(x):
+            return tuple(unstack_all(block) for block in x.__tc_unstack__())
         return x
 
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
 
 
 def _has_stack(tree: Any) -> bool:
-    return any(isinstance(x, Stacked) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
+    return any(_is_stack(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
+
+
+def _stack_what(x: Any) -> str:
+    kind = "a stack" if isinstance(x, Stacked) else f"a `{type(x).__name__}`"
+    return f"{kind} of {len(x)} blocks"
 
 
 def _sequence_of_blocks(x: Any) -> bool:
@@ -1253,28 +1269,30 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         where = root_name(root) + jax.tree_util.keystr(path)
         return ValueError(RESTACK_MSG.format(where=where, got=got, want=want))
 
-    if isinstance(like, Stacked):
-        if isinstance(tree, Stacked):
-            if len(tree) != len(like):
-                raise error(f"a stack of {len(tree)} blocks", f"a stack of {len(like)}")
+    if _is_stack(like):
+        if _is_stack(tree):
+            if type(tree) is not type(like) or len(tree) != len(like):
+                raise error(_stack_what(tree), _stack_what(like))
             return tree
         if not _sequence_of_blocks(tree):
-            raise error(_what(tree), f"a stack of {len(like)} blocks")
+            raise error(_what(tree), _stack_what(like))
         if len(tree) != len(like):
-            raise error(f"{len(tree)} blocks", f"a stack of {len(like)}")
-        template = like[0]
-        blocks = [
-            _restack(block, template, (*path, SequenceKey(i)), root) for i, block in enumerate(tree)
-        ]
-        return Stacked.from_blocks(blocks)
-    if isinstance(tree, Stacked):
-        if not _sequence_of_blocks(like):
-            raise error(f"a stack of {len(tree)} blocks", _what(like))
-        if len(tree) != len(like):
-            raise error(f"a stack of {len(tree)} blocks", f"{len(like)} blocks")
+            raise error(f"{len(tree)} blocks", _stack_what(like))
+        # a stack's blocks share one structure: its block 0 is every block's template
+        templates = [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
         blocks = [
             _restack(block, template, (*path, SequenceKey(i)), root)
-            for i, (block, template) in enumerate(zip(tree.unstack(), like))
+            for i, (block, template) in enumerate(zip(tree, templates))
+        ]
+        return like.__tc_restack__(blocks)
+    if _is_stack(tree):
+        if not _sequence_of_blocks(like):
+            raise error(_stack_what(tree), _what(like))
+        if len(tree) != len(like):
+            raise error(_stack_what(tree), f"{len(like)} blocks")
+        blocks = [
+            _restack(block, template, (*path, SequenceKey(i)), root)
+            for i, (block, template) in enumerate(zip(tree.__tc_unstack__(), like))
         ]
         return type(like)(blocks)
     if not _has_stack(tree) and not _has_stack(like):
