@@ -527,6 +527,14 @@ class Stacked:
     only (`.at[...].set(1.0).at["blocks"][0:6].set(0.0)`) becomes one value per block,
     an array along the block axis.
 
+    A number written into some blocks of a stacked array fits when its kind fits the
+    dtype's, as JAX counts kinds (bfloat16, float8 and int4 are a float and an int): an
+    int into an int, float or complex leaf, a float into a float or complex leaf, a bool
+    into a bool leaf; and when the dtype keeps it (up to rounding). `np.int64(300)` or
+    `300` into an int8 leaf, `1e6` into a float16 one, `nan` into float4 are errors
+    naming the leaf, never a wrap; a number traced by `jit` cannot be checked and
+    converts as `astype` does. The written leaf keeps its dtype and weak type.
+
     **Arguments**
 
     - `tree`: a block tree whose arrays all have the same leading axis, the blocks.
