@@ -165,11 +165,11 @@ class Periodic:
         try:
             stack = Stacked.from_blocks(patterns)
         except (ValueError, TypeError) as error:
-            error.add_note(
-                f"In a periodic stack of period {period}, `blocks[r][j]` is layer "
+            where = (
+                f" In a periodic stack of period {period}, `blocks[r][j]` is layer "
                 f"r × {period} + j (position j of repeat r)."
             )
-            raise
+            raise type(error)(f"{error}{where}") from None
         return cls(stack)
 
     @classmethod

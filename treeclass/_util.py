@@ -86,7 +86,7 @@ def _local(x: Any) -> Any:
 def _arrays_equal(a: Any, b: Any) -> Any:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
         # typed PRNG keys have no NumPy form: keys of one implementation (one dtype) are
         # equal when their key data are
         a, b = jax.random.key_data(a), jax.random.key_data(b)
