@@ -1076,7 +1076,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     assert "dispatch_2_layers" in names
     ```
     """
-    from .stacked import stacked_cases  # its own file; it imports this one
+    from .stacked import periodic_cases, stacked_cases  # its own file; it imports this one
 
     return [
         *_flatten_cases(sizes),
@@ -1086,6 +1086,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
         *stacked_cases(sizes),
+        *periodic_cases(sizes),
     ]
 
 

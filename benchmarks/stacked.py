@@ -14,7 +14,8 @@ and its first loss must agree with the others':
 Three questions, three cases: how long `jax.jit(step).lower(...).compile()` takes (a fresh
 function every call, so nothing is cached), how long a compiled step takes, and how long
 building the model takes (warm: the eager operations are compiled once before timing).
-The scaling case asks how the compile time grows with the number of blocks.
+The scaling case asks how the compile time grows with the number of blocks; the periodic
+cases ask the same of a pattern of two block kinds (`tc.Periodic`) at few and many repeats.
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ from .cases import Case, Entry, Sizes, Target
 from .peers import import_peer
 from .timing import Plan, one_call_per_sample
 
-__all__ = ["StackSize", "compile_case", "init_case", "stacked_cases", "step_case"]
+__all__ = [
+    "StackSize",
+    "compile_case",
+    "init_case",
+    "periodic_cases",
+    "periodic_compile_case",
+    "stacked_cases",
+    "step_case",
+]
 
 _GROUP = "7. stacked blocks"
 _STACKED = "treeclass"
@@ -458,6 +467,110 @@ def init_case(size: StackSize) -> Case:
     )
 
 
+# -- periodic stacks: a pattern of block kinds, repeated ------------------------------------------
+
+_PERIODIC = "treeclass (tc.Periodic)"
+_PERIOD = 3  # two plain blocks, then a gated one (another kind, as a global attention block)
+
+
+@functools.cache
+def _periodic_classes() -> tuple[type, type, type]:
+    import treeclass as tc
+
+    Block = _treeclass_classes()[0]
+
+    class Gated(tc.TreeClass):
+        scale: jax.Array
+        w1: jax.Array
+        w2: jax.Array
+        gate: jax.Array
+
+        def __call__(self, x: Any) -> Any:
+            return x + jax.nn.sigmoid(self.gate) * (_block(self.scale, self.w1, self.w2, x) - x)
+
+    class PeriodicModel(tc.TreeClass):
+        layers: tc.Periodic
+
+        def __call__(self, x: Any) -> Any:
+            return self.layers(x)
+
+    return Block, Gated, PeriodicModel
+
+
+def _periodic_layers(size: StackSize) -> list[Any]:
+    """`size.blocks` layers (whole repeats of the pattern) from the shared arrays."""
+    Block, Gated, _ = _periodic_classes()
+    a = _arrays(size)
+    layers = []
+    for i in range(size.blocks):
+        parts = (jnp.asarray(a["scale"][i]), jnp.asarray(a["w1"][i]), jnp.asarray(a["w2"][i]))
+        if i % _PERIOD == _PERIOD - 1:
+            layers.append(Gated(*parts, jnp.zeros(size.width)))
+        else:
+            layers.append(Block(*parts))
+    return layers
+
+
+def _periodic_model(size: StackSize, periodic: bool) -> Any:
+    import treeclass as tc
+
+    _, _, PeriodicModel = _periodic_classes()
+    UnrolledModel = _treeclass_classes()[2]
+    layers = _periodic_layers(size)
+    if periodic:
+        return PeriodicModel(tc.Periodic.from_layers(layers, _PERIOD))
+    return UnrolledModel(tuple(layers))
+
+
+def _periodic_compile_entries(size: StackSize) -> list[Entry]:
+    def build(periodic: bool) -> Callable[[], Callable[[], Any]]:
+        def op_factory() -> Callable[[], Any]:
+            args = (_periodic_model(size, periodic), *_batch(size))
+            return lambda: _Compiled(jax.jit(_step_fn()).lower(*args).compile(), args)
+
+        return op_factory
+
+    return [
+        Entry(
+            _PERIODIC,
+            "treeclass",
+            build(True),
+            note="one scan step per repeat",
+            canon=_Compiled.loss_canon,
+        ),
+        Entry(
+            _UNROLLED,
+            "baseline",
+            build(False),
+            note="a tuple of the layers, a Python loop",
+            canon=_Compiled.loss_canon,
+        ),
+    ]
+
+
+def periodic_compile_case(size: StackSize) -> Case:
+    """Lower and compile the train step of `size.blocks` layers of a repeating pattern."""
+    repeats = size.blocks // _PERIOD
+    return Case(
+        name=f"periodic_compile_{repeats}_repeats",
+        group=_GROUP,
+        title=f"`jax.jit(step).lower(...).compile()` of the SGD train step, a pattern of "
+        f"{_PERIOD} blocks (2 plain, 1 gated) repeated {repeats} times, width {size.width}",
+        entries=lambda: _periodic_compile_entries(size),
+        sync=None,
+        plan=one_call_per_sample,
+        note="The periodic model compiles one pattern whatever the number of repeats; the "
+        "unrolled one compiles every layer: compare the cases of few and many repeats.",
+    )
+
+
+def _periodic_sizes(sizes: Sizes) -> list[StackSize]:
+    """Few and many repeats: 2 and 8 in a run (48 blocks), 1 and 2 in smoke mode."""
+    base = StackSize.of(sizes)
+    few, many = max(1, base.blocks // 24), max(2, base.blocks // 6)
+    return [dataclasses.replace(base, blocks=r * _PERIOD) for r in (few, many)]
+
+
 def stacked_cases(sizes: Sizes) -> list[Case]:
     """The stacked-blocks cases: compile, step and init of a model of `sizes.blocks` blocks
     of `sizes.block_width` (48 of 256 in a run, 4 of 8 in smoke mode).
@@ -471,3 +584,17 @@ def stacked_cases(sizes: Sizes) -> list[Case]:
     """
     size = StackSize.of(sizes)
     return [compile_case(size), step_case(size), init_case(size)]
+
+
+def periodic_cases(sizes: Sizes) -> list[Case]:
+    """The periodic-stack cases: compile at few and many repeats of a 3-block pattern.
+
+    ```python
+    from benchmarks.cases import SMOKE_SIZES
+    from benchmarks.stacked import periodic_cases
+
+    assert [c.name for c in periodic_cases(SMOKE_SIZES)] == [
+        "periodic_compile_1_repeats", "periodic_compile_2_repeats"]
+    ```
+    """
+    return [periodic_compile_case(size) for size in _periodic_sizes(sizes)]

@@ -619,3 +619,17 @@ def test_docstring_examples_run(example):
 def test_bcmap_rejects_a_non_callable():
     with pytest.raises(TypeError, match="needs a callable `func`, got a int"):
         tc.bcmap(3)
+
+
+@pytest.mark.parametrize("flag, position", [(True, 1), (False, 0)])
+def test_bcmap_broadcast_to_a_bool_is_that_position_as_in_sepes(flag, position):
+    sepes = pytest.importorskip("sepes")
+    add = lambda x, y: x + y  # noqa: E731
+    args = [1, [2, 3]] if position == 1 else [[2, 3], 1]
+    assert tc.bcmap(add, broadcast_to=flag)(*args) == [3, 4]
+    assert sepes.bcmap(add, broadcast_to=flag)(*args) == [3, 4]
+
+
+def test_bcmap_broadcast_to_true_without_a_second_argument_names_the_position():
+    with pytest.raises(TypeError, match=r"broadcast_to=True\) maps over positional argument 1"):
+        tc.bcmap(lambda x: x, broadcast_to=True)([1])

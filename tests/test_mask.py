@@ -634,3 +634,59 @@ def test_docstring_example_runs(name):
     doc = getattr(tc, name).__doc__
     code = doc.split("```python\n")[1].split("```")[0]
     exec(compile(textwrap.dedent(code), f"<{name} docstring>", "exec"), {})
+
+
+# -- mask rules (`tree_mask.def_type`) must mask ----------------------------------------------
+
+
+def _rule_types(result):
+    class Token:
+        def __init__(self, name):
+            self.name = name
+
+    def leave_as_is(token):
+        return result(token)
+
+    tc.tree_mask.def_type(Token)(leave_as_is)
+    return Token
+
+
+@pytest.mark.parametrize(
+    "result",
+    [lambda t: t, lambda t: (t, 1), lambda t: t.name, lambda t: jnp.ones(2), lambda t: None],
+    ids=["itself", "a-tuple", "a-string", "an-array", "none"],
+)
+@pytest.mark.parametrize("how", ["predicate", "mask-tree"])
+def test_a_mask_rule_returning_an_unmasked_value_names_the_rule_and_leaf(result, how):
+    token_type = _rule_types(result)
+    tree = {"a": 1.0, "b": [2.0, token_type("t")]}
+    cond = (
+        (lambda x: isinstance(x, token_type))
+        if how == "predicate"
+        else {"a": False, "b": [False, True]}
+    )
+    with pytest.raises(TypeError, match=r"(?s)mask rule for `Token`.*leave_as_is.*\['b'\]\[1\]"):
+        tc.tree_mask(tree, cond=cond)
+    assert type(tree["b"][1]) is token_type  # the input is as it was
+
+
+def test_a_mask_rule_returning_a_frozen_value_or_a_registered_wrapper_masks():
+    class Token:
+        pass
+
+    class Hidden:
+        def __init__(self, token):
+            self.token = token
+
+    tc.tree_mask.def_type(Token)(Hidden)
+    tc.tree_unmask.def_type(Hidden)(lambda hidden: hidden.token)
+    token = Token()
+    masked = tc.tree_mask([token, 1.0], cond=lambda x: isinstance(x, Token))
+    assert type(masked[0]) is Hidden and tc.tree_unmask(masked)[0] is token
+
+    class Other:
+        pass
+
+    tc.tree_mask.def_type(Other)(tc.freeze)
+    other = Other()
+    assert tc.is_frozen(tc.tree_mask([other], mask=[True])[0])

@@ -875,3 +875,271 @@ def test_a_traced_python_float_does_not_truncate_into_an_int_block(index):
     assert out.unstack()[1]["i"].tolist() == [5, 5] and out.unstack()[1]["i"].dtype == jnp.int32
     out = jax.jit(lambda s, v: s.at[index]["f"].set(v))(stack, 3)  # an int into floats fits
     assert out.unstack()[1]["f"].tolist() == [3.0, 3.0]
+
+
+# -- the dtypes of real models: every float and int dtype, weak types, PRNG keys ---------------
+
+_DTYPE_NAMES = (
+    "bool_ int2 int4 int8 int16 int32 int64 uint2 uint4 uint8 uint16 uint32 uint64 "
+    "float4_e2m1fn float8_e3m4 float8_e4m3 float8_e4m3b11fnuz float8_e4m3fn float8_e4m3fnuz "
+    "float8_e5m2 float8_e5m2fnuz float8_e8m0fnu bfloat16 float16 float32 float64 complex64 "
+    "complex128"
+).split()
+DTYPES = [np.dtype(getattr(jnp, name)) for name in _DTYPE_NAMES if hasattr(jnp, name)]
+# with 64-bit types off JAX holds the 64-bit dtypes as NumPy arrays only
+JAX_DTYPES = [d for d in DTYPES if jax.dtypes.canonicalize_dtype(d) == d]
+
+
+def _kind(dtype):
+    for kind, category in [
+        ("b", jnp.bool_),
+        ("i", jnp.signedinteger),
+        ("u", jnp.unsignedinteger),
+        ("f", jnp.floating),
+        ("c", jnp.complexfloating),
+    ]:
+        if jnp.issubdtype(dtype, category):
+            return kind
+    raise AssertionError(dtype)
+
+
+def _stack_of(dtype, backend):
+    base = np.arange(6).reshape(3, 2) % 2
+    array = base.astype(dtype)
+    return tc.Stacked({"w": array if backend == "numpy" else jnp.asarray(array)})
+
+
+def _kept(value, dtype):
+    """Whether `dtype` keeps the number `value` (up to rounding), worked out the long way."""
+    kind = _kind(dtype)
+    if kind in "iu":
+        info = jnp.iinfo(dtype)
+        return int(info.min) <= int(value) <= int(info.max)
+    if kind == "b":
+        return True
+    real = np.finfo(np.float32).dtype if kind == "c" else None
+    parts = [value.real, value.imag] if isinstance(value, complex) else [value]
+    target = jnp.finfo(dtype).dtype if real is not None else dtype
+    for part in parts:
+        part = float(part)
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = float(np.asarray(part).astype(target).astype(np.float64))
+        if np.isnan(part) != np.isnan(cast):
+            return False
+        if not np.isnan(part) and np.isinf(part) and cast != part:
+            return False
+        if np.isfinite(part):
+            info = jnp.finfo(dtype)
+            top = float(info.max)
+            step = 2.0 ** (float(np.floor(np.log2(top))) - info.nmant)  # the two largest
+            if not np.isfinite(cast) or abs(part) >= top + step / 2:
+                return False
+    return True
+
+
+_FITS_KIND = {bool: "b", int: "iufc", float: "fc", complex: "c"}
+
+numbers = st.one_of(
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.integers(-300, 300),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(-1e6, 1e6),
+    st.complex_numbers(max_magnitude=1e40, allow_nan=False),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    backend=st.sampled_from(["numpy", "jax"]),
+    value=numbers,
+    index=st.sampled_from([1, -1, slice(0, 2), (0, 2)]),
+)
+def test_a_number_into_a_block_of_every_dtype_is_kept_or_refused_naming_the_leaf(
+    dtype, backend, value, index
+):
+    if backend == "jax" and dtype not in JAX_DTYPES:
+        backend = "numpy"
+    stack = _stack_of(dtype, backend)
+    before = np.array(stack.tree["w"])
+    fits = _kind(dtype) in _FITS_KIND[type(value)]
+    if fits and _kind(dtype) in "fc" and not isinstance(value, bool):
+        fits = fits and (_kept(value, dtype) or "refused")
+    elif fits:
+        fits = _kept(value, dtype) or "refused"
+    if fits is True:
+        out = stack.at[index]["w"].set(value)
+        got = np.asarray(out.tree["w"])
+        assert got.dtype == dtype and type(out.tree["w"]) is type(stack.tree["w"])
+        chosen = range(3)[index] if isinstance(index, slice) else np.atleast_1d(index)
+        chosen = {k % 3 for k in chosen}
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = np.full((2,), value).astype(dtype) if _kind(dtype) != "c" else None
+        for k in range(3):
+            if k not in chosen:
+                assert got[k].tobytes() == before[k].tobytes()
+            elif want is not None:
+                assert np.array_equal(got[k], want, equal_nan=_kind(dtype) == "f")
+            else:
+                assert np.array_equal(got[k], np.full((2,), complex(value), dtype), equal_nan=True)
+    else:
+        error = TypeError if fits is False else ValueError
+        with pytest.raises(error, match=re.escape("Stacked[") + r"\d\]\['w'\]"):
+            stack.at[index]["w"].set(value)
+    assert np.asarray(stack.tree["w"]).tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_number_of_the_dtypes_kind_sets_and_applies_on_one_block(dtype):
+    backend = "jax" if dtype in JAX_DTYPES else "numpy"
+    stack = _stack_of(dtype, backend)
+    value = {"b": True, "i": 1, "u": 1, "f": 2.0, "c": 1 + 2j}[_kind(dtype)]
+    set_one = stack.at[1]["w"].set(value)
+    applied = stack.at[1]["w"].apply(lambda _: value)
+    for out in (set_one, applied):
+        assert out.tree["w"].dtype == dtype
+        assert np.array_equal(np.asarray(out[1]["w"]), np.full((2,), value, dtype))
+        assert np.asarray(out[0]["w"]).tobytes() == np.asarray(stack[0]["w"]).tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int4"])
+def test_the_dtypes_of_pretrained_models_take_a_python_number_in_a_block(dtype):
+    dtype = np.dtype(getattr(jnp, dtype))
+    stack = tc.Stacked({"w": jnp.zeros((3, 2), dtype)})
+    value = 2.5 if _kind(dtype) == "f" else 2
+    out = stack.at[1]["w"].set(value)
+    assert out.tree["w"].dtype == dtype
+    assert np.asarray(out[1]["w"]).astype(np.float32).tolist() == [value, value]
+    assert np.asarray(out[0]["w"]).astype(np.float32).tolist() == [0.0, 0.0]
+
+
+def _weak_stack():
+    return tc.Stacked({"w": jax.lax.broadcast(jnp.asarray(1.0), (3, 2))})
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda s: s.at[1]["w"].set(2.0),
+        lambda s: s.at[(1,)]["w"].set(2.0),
+        lambda s: s.at[0:2]["w"].set(2.0),
+        lambda s: s.at[1]["w"].apply(lambda w: w * 3),
+        lambda s: s.at[1]["w"].set(jnp.full((2,), 2.0)),
+        lambda s: jax.jit(lambda s: s.at[1]["w"].set(2.0))(s),
+        lambda s: jax.jit(lambda s, v: s.at[-1]["w"].set(v))(s, 5.0),
+    ],
+    ids=["set", "set-tuple", "set-slice", "apply", "set-array", "jit-set", "jit-traced"],
+)
+def test_block_edits_keep_a_weak_leaf_weak(edit):
+    stack = _weak_stack()
+    assert stack.tree["w"].weak_type
+    out = edit(stack)
+    assert out.tree["w"].weak_type and out.tree["w"].dtype == jnp.float32
+    assert out.tree["w"][2].tolist() != [1.0, 1.0] or out.tree["w"][1].tolist() != [1.0, 1.0]
+
+
+def test_block_edits_keep_a_strong_leaf_strong():
+    stack = tc.Stacked({"w": jnp.ones((3, 2))})
+    out = jax.jit(lambda s, v: s.at[1]["w"].set(v))(stack, 2.0)
+    assert not out.tree["w"].weak_type and out[1]["w"].tolist() == [2.0, 2.0]
+
+
+class Keyed(tc.TreeClass):
+    key: jax.Array
+    w: jax.Array
+
+
+class KeyedNet(tc.TreeClass):
+    blocks: tc.Stacked
+
+
+def _keyed(seed=0):
+    return KeyedNet(
+        tc.Stacked.from_blocks([Keyed(jax.random.key(seed + i), jnp.ones(2)) for i in range(3)])
+    )
+
+
+def test_equality_of_stacked_models_holding_prng_keys():
+    assert _keyed() == _keyed()
+    assert _keyed() != _keyed(1)
+    assert tc.is_tree_equal(_keyed(), _keyed())
+    assert bool(jax.jit(lambda a, b: a == b)(_keyed(), _keyed()))
+    other_impl = jax.random.key(0, impl="rbg")
+    assert not tc.is_tree_equal(jax.random.key(0), other_impl)
+
+
+def test_a_block_of_prng_keys_takes_a_key_and_refuses_a_number():
+    model = _keyed()
+    out = model.at["blocks"][1]["key"].set(jax.random.key(7))
+    assert jax.random.key_data(out.blocks[1].key).tolist() == (
+        jax.random.key_data(jax.random.key(7)).tolist()
+    )
+    assert out.at["blocks"][0]["key"].get() is not None
+    with pytest.raises(TypeError, match=re.escape("blocks[1].key")):
+        model.at["blocks"][1]["key"].set(7)
+
+
+# -- numbers out of a dtype's range: an error naming the leaf, never a wrap --------------------
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [
+        ("int8", np.int64(300)),
+        ("int8", 300),
+        ("int8", np.uint8(200)),
+        ("int8", np.int16(-200)),
+        ("int8", 2**70),
+        ("uint8", -1),
+        ("uint8", np.int8(-1)),
+        ("int4", 8),
+        ("float16", 1e6),
+        ("float16", np.float64(1e300)),
+        ("float16", 2**70),
+        ("float4_e2m1fn", float("inf")),
+        ("float4_e2m1fn", float("nan")),
+        ("float8_e4m3fn", 1000.0),
+        ("float8_e8m0fnu", 0.0),
+        ("complex64", 1e300j),
+    ],
+    ids=str,
+)
+def test_a_number_out_of_the_dtypes_range_is_an_error_naming_the_leaf(dtype, value):
+    if not hasattr(jnp, dtype):
+        pytest.skip(f"this JAX has no {dtype}")
+    model = {"blocks": tc.Stacked({"w": jnp.zeros((3, 2), getattr(jnp, dtype))})}
+    before = np.asarray(model["blocks"].tree["w"]).copy()
+    with pytest.raises(ValueError, match=re.escape("tree['blocks'][1]['w']")) as info:
+        tc.at(model)["blocks"][1]["w"].set(value)
+    assert np.dtype(getattr(jnp, dtype)).name in str(info.value)
+    assert np.asarray(model["blocks"].tree["w"]).tobytes() == before.tobytes()
+
+
+def test_a_numpy_scalar_of_another_kind_is_refused_naming_its_type():
+    stack = tc.Stacked({"w": jnp.zeros((3, 2), jnp.int8)})
+    with pytest.raises(TypeError, match=r"np\.float32\(2\.5\) \(a `numpy\.float32`\)"):
+        stack.at[1]["w"].set(np.float32(2.5))
+    with pytest.raises(TypeError, match="numpy.complex64"):
+        tc.Stacked({"w": jnp.zeros((3,))}).at[1]["w"].set(np.complex64(1j))
+    with pytest.raises(TypeError, match="numpy.bool"):
+        tc.Stacked({"w": jnp.zeros((3,), jnp.int32)}).at[1]["w"].set(np.bool_(True))
+
+
+def test_a_concrete_weak_scalar_out_of_range_is_an_error():
+    stack = tc.Stacked({"w": jnp.zeros((3, 2), jnp.int8)})
+    with pytest.raises(ValueError, match=r"int8 holds the integers -128 to 127"):
+        stack.at[1]["w"].set(jnp.asarray(300))
+    assert stack.at[1]["w"].set(jnp.asarray(100))[1]["w"].tolist() == [100, 100]
+
+
+def test_a_number_in_range_of_a_wider_numpy_type_fits():
+    stack = tc.Stacked({"w": jnp.zeros((3, 2), jnp.int8)})
+    assert stack.at[1]["w"].set(np.int64(-128))[1]["w"].tolist() == [-128, -128]
+    assert stack.at[1]["w"].set(np.uint64(127))[1]["w"].tolist() == [127, 127]
+
+
+def test_from_init_with_no_keys_is_an_error():
+    keys = jax.random.split(jax.random.key(0), 0)
+    with pytest.raises(ValueError, match="at least one block"):
+        tc.Stacked.from_init(lambda k: {"w": jax.random.normal(k, (2,))}, keys)

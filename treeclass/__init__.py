@@ -15,6 +15,7 @@ from ._frozen import freeze, is_frozen, unfreeze
 from ._glob import glob
 from ._leafwise import bcmap, leafwise
 from ._mask import is_masked, is_nondiff, tree_mask, tree_unmask
+from ._periodic import Periodic
 from ._pprint import (
     tree_diagram,
     tree_graph,
@@ -48,6 +49,7 @@ __all__ = [
     "glob",
     # stacked blocks
     "Stacked",
+    "Periodic",
     "unstack_all",
     "restack",
     # tree maps

@@ -282,7 +282,7 @@ _BCMAP_WHOLE_NOTE = (
 )
 
 _BCMAP_POSITION_MSG = (
-    "bcmap(func, broadcast_to={position}) maps over positional argument {position}, but the "
+    "bcmap(func, broadcast_to={given!r}) maps over positional argument {position}, but the "
     "call passed {count} positional argument{s}."
 )
 _BCMAP_KEYWORD_MSG = (
@@ -353,9 +353,10 @@ def bcmap(
 
     - `func`: the function to map.
     - `broadcast_to`: what fixes the structure instead of the first argument: an int,
-      the position of a positional argument, or a str, the name of a keyword argument
-      (sepes's meaning); or a tree, whose structure is mapped over (so `func` may be
-      called with the same arguments for every leaf). Either way an argument of that
+      the position of a positional argument (`True` and `False` are 1 and 0, as in
+      sepes), or a str, the name of a keyword argument (sepes's meaning); or a tree,
+      whose structure is mapped over (so `func` may be called with the same arguments
+      for every leaf). Either way an argument of that
       structure is mapped and any other is broadcast.
     - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves. It
       applies to every argument when comparing structures.
@@ -403,7 +404,9 @@ class _Reference(NamedTuple):
 
 
 def _is_position(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+    # a Python bool is an int here as in sepes, which indexes the arguments with it
+    # (`broadcast_to=True` is position 1); a NumPy bool is no index there, nor here
+    return isinstance(x, (int, np.integer))
 
 
 class _Arguments(NamedTuple):
@@ -427,7 +430,10 @@ def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _R
         if not -count <= broadcast_to < count:
             raise TypeError(
                 _BCMAP_POSITION_MSG.format(
-                    position=int(broadcast_to), count=count, s="" if count == 1 else "s"
+                    given=broadcast_to,
+                    position=int(broadcast_to),
+                    count=count,
+                    s="" if count == 1 else "s",
                 )
             )
         position = int(broadcast_to) % count

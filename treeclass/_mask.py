@@ -76,6 +76,15 @@ _MASK_AND_COND_MSG = (
 )
 
 
+_RULE_UNMASKED_MSG = (
+    "The mask rule for `{kind}` (`{rule}`, registered with `tc.tree_mask.def_type`) returned "
+    "{result} (a `{result_type}`) for the leaf at {where}, which is not masked: `jax.grad`, "
+    "optax and `tc.tree_unmask` would see it as an ordinary value. A mask rule returns a "
+    "frozen value (`tc.freeze(value)`) or an instance of a wrapper type registered with "
+    "`tc.tree_unmask.def_type(Wrapper)(unwrap)`."
+)
+
+
 class MaskLeafError(TypeError, ValueError):
     """A mask (or `cond`) holding something else than bools, or not a mask at all.
 
@@ -142,6 +151,8 @@ def _map_predicate(fn: Callable[[Any], Any], tree: Any, is_leaf: Any, what: str)
     try:
         for leaf in leaves:
             out.append(fn(leaf))
+    except _UnmaskedResult as found:
+        raise found.error(leaf_path_str(tree, len(out), is_leaf)) from None
     except Exception as error:
         add_leaf_note(error, f"raised by the {what} at {leaf_path_str(tree, len(out), is_leaf)}")
         raise
@@ -181,7 +192,10 @@ def tree_mask(
 
     `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks the chosen values of type `T`
     (and its subclasses) as `fn(value)` instead of `freeze(value)`; pair it with
-    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns.
+    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns. A
+    rule whose result is not masked (neither frozen nor of a registered wrapper type) is
+    a `TypeError` naming the rule and the leaf's path: the value would reach `jax.grad`
+    and optax unmasked.
 
     ```python
     import jax, jax.numpy as jnp
@@ -225,7 +239,16 @@ def tree_mask(
 
         return _map_predicate(mask_leaf, tree, is_leaf, "mask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
-    return treedef.unflatten([_mask_value(x) if f else x for x, f in zip(leaves, flags)])
+    out: list[Any] = []
+    try:
+        for x, flag in zip(leaves, flags):
+            out.append(_mask_value(x) if flag else x)
+    except _UnmaskedResult as found:
+        split = is_leaf
+        if jax.tree_util.tree_structure(tree, is_leaf=is_leaf) != treedef:
+            split = _frozen_or(is_leaf)  # the mask fitted with frozen values as leaves
+        raise found.error(leaf_path_str(tree, len(out), split)) from None
+    return treedef.unflatten(out)
 
 
 def _everything(_: Any) -> bool:
@@ -303,9 +326,34 @@ def _rule_for(rules: dict[type, Callable[[Any], Any]], x: Any) -> Callable[[Any]
     return None
 
 
+class _UnmaskedResult(Exception):
+    """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
+
+    def __init__(self, rule: Callable[[Any], Any], value: Any, result: Any) -> None:
+        super().__init__()
+        self.rule, self.value, self.result = rule, value, result
+
+    def error(self, where: str) -> TypeError:
+        kind = next(k for k in type(self.value).__mro__ if _MASK_RULES.get(k) is self.rule)
+        return TypeError(
+            _RULE_UNMASKED_MSG.format(
+                kind=kind.__name__,
+                rule=getattr(self.rule, "__qualname__", None) or repr(self.rule),
+                where=where,
+                result=short_repr(self.result),
+                result_type=type(self.result).__name__,
+            )
+        )
+
+
 def _mask_value(x: Any) -> Any:
     rule = _rule_for(_MASK_RULES, x) if _MASK_RULES else None
-    return freeze(x) if rule is None else rule(x)
+    if rule is None:
+        return freeze(x)
+    result = rule(x)
+    if not is_masked(result):  # it would reach `jax.grad` and optax as if never masked
+        raise _UnmaskedResult(rule, x, result)
+    return result
 
 
 def _unmask_value(x: Any) -> Any:

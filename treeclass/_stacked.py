@@ -20,6 +20,8 @@ and kept once. Static fields live in the tree definition, so they agree by const
 
 from __future__ import annotations
 
+import functools
+import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -46,11 +48,14 @@ _T = TypeVar("_T")
 # How one leaf of the block tree is kept (the tree flattened with frozen values as leaves).
 _ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
 _NUMBERS = (bool, int, float, complex)
-_WEAK_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}  # weak kind: into
 
 # -- messages ---------------------------------------------------------------------------------
 
 EMPTY_MSG = "A stack needs at least one block; `Stacked.from_blocks` got an empty sequence."
+FROM_INIT_EMPTY_MSG = (
+    "A stack needs at least one block; `Stacked.from_init` got keys for none ({what}). "
+    "Pass one key per block: `jax.random.split(key, n)` with n >= 1."
+)
 NOT_A_NODE_MSG = (
     "A block must be a tree with children (a TreeClass, a dict, a tuple, ...), got {what}. "
     "A stack of plain arrays is an array: `jnp.stack(arrays)`."
@@ -96,6 +101,11 @@ WRITE_HINT = (
     "    factors = model.at[...].set(1.0).at['blocks'][0:6].set(0.0)\n"
     "    opt = optax.chain(optax.adam(1e-3), tc.optim.scale_blocks(factors))"
 )
+RANGE_MSG = (
+    "Cannot put {got} into block {k} of the stacked leaf at {where}: {reason}, so the "
+    "number would not be kept. Give a number that {dtype} holds, or convert it on purpose "
+    "first: `jnp.asarray(value).astype(jnp.{dtype})`."
+)
 FROZEN_SOME_MSG = (
     "The leaf at {where} is frozen in block {frozen} but not in block {plain}: a leaf of a "
     "stack is frozen in every block or in none. Freeze it in all blocks: select every "
@@ -116,6 +126,8 @@ def _what(x: Any) -> str:
     """A short description of a value for messages."""
     if is_frozen(x):
         return f"a frozen value ({_what(unfreeze(x))})"
+    if isinstance(x, np.generic):
+        return f"{x!r} (a `numpy.{type(x).__name__}`)"
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if shape is not None and dtype is not None:
         return f"an array {_dtype_name(dtype)}{list(shape)}"
@@ -262,31 +274,133 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
     )
 
 
-def _block_value(
-    value: Any, shape: tuple[int, ...], dtype: Any, error: Callable[[Any], Any]
-) -> Any:
-    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`."""
+# JAX's dtype categories, in the order asked: NumPy's `dtype.kind` says 'V' for the
+# ml_dtypes types (bfloat16, float8, int4), which are floats and ints all the same
+_CATEGORIES = (
+    ("b", jnp.bool_),
+    ("i", jnp.signedinteger),
+    ("u", jnp.unsignedinteger),
+    ("f", jnp.floating),
+    ("c", jnp.complexfloating),
+)
+_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}  # a number's kind: into
+
+
+@functools.lru_cache(maxsize=256)  # dtypes are few and hashable; asked on every block write
+def _dtype_kind(dtype: Any) -> str:
+    """'b', 'i', 'u', 'f' or 'c' by JAX's categories; 'V' for the rest (PRNG keys)."""
     try:
-        kind = np.dtype(dtype).kind
-    except TypeError:  # extended dtypes (PRNG keys): only arrays of the dtype fit
-        kind = "V"
-    if type(value) in _NUMBERS or isinstance(value, np.generic):
-        if isinstance(value, bool | np.bool_):
-            fits = kind == "b"
-        elif isinstance(value, int | np.integer):
-            fits = kind in "iufc"
-        elif isinstance(value, float | np.floating):
-            fits = kind in "fc"
-        else:
-            fits = kind == "c"
-        if not fits:
+        if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+            return "V"
+        return next(kind for kind, category in _CATEGORIES if jnp.issubdtype(dtype, category))
+    except (StopIteration, TypeError):
+        return "V"
+
+
+def _number_kind(x: Any) -> str:
+    """The kind of a Python or NumPy (or ml_dtypes) number."""
+    if isinstance(x, bool):
+        return "b"
+    if isinstance(x, int):
+        return "i"
+    if isinstance(x, float):
+        return "f"
+    if isinstance(x, complex):
+        return "c"
+    return _dtype_kind(x.dtype)  # a NumPy scalar
+
+
+@functools.lru_cache(maxsize=256)
+def _range_of(dtype: Any) -> tuple[str, Any, Any, Any]:
+    """A dtype's kind and range: `(kind, min, max, None)` for ints, `(kind, half a step at
+    the largest value, the largest value, the real dtype)` for floats and complex."""
+    kind = _dtype_kind(dtype)
+    if kind in "iu":
+        info = jnp.iinfo(dtype)
+        return kind, int(info.min), int(info.max), None
+    if kind in "fc":
+        finfo = jnp.finfo(dtype)
+        largest = float(finfo.max)
+        half_step = math.ldexp(float(finfo.eps), math.frexp(largest)[1] - 2)
+        return kind, half_step, largest, finfo.dtype
+    return kind, None, None, None
+
+
+@functools.lru_cache(maxsize=256)
+def _signed_float(real: Any) -> bool:
+    """Whether a float dtype holds 0 and negative numbers (float8_e8m0fnu holds neither),
+    so that a finite number within its largest value needs no cast to check."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.asarray([0.0, -1.0]).astype(real)).all())
+
+
+def _out_of_range(value: Any, dtype: Any) -> str | None:
+    """Why the number `value` (of a kind that fits) is not kept by `dtype`, or None if it is.
+
+    An int outside an integer dtype's range would wrap (NumPy scalars) or overflow (Python
+    ints). A float dtype keeps a number up to rounding: not one beyond its largest value
+    (which becomes inf, nan, or the largest value in the formats without inf), and not an
+    inf or a nan in a format without them (float4 turns nan into -0).
+    """
+    kind, low, high, real = _range_of(dtype)
+    name = _dtype_name(dtype)
+    if kind in "iu":
+        if not low <= int(value) <= high:
+            return f"{name} holds the integers {low} to {high}"
+        return None
+    if kind not in "fc":
+        return None
+    largest, half_step = high, low
+    parts = [value.real, value.imag] if _number_kind(value) == "c" else [value]
+    for part in parts:
+        try:
+            exact = float(part)
+        except OverflowError:  # an int too large for any float
+            return f"{name} holds numbers up to ±{largest:.6g}"
+        if abs(exact) < largest and _signed_float(real):
+            continue  # the common case: kept up to rounding
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = np.asarray(exact).astype(real)  # the real dtype of a complex one
+        if math.isnan(exact):
+            if not np.isnan(cast):
+                return f"{name} has no nan (it would become {cast})"
+        elif math.isinf(exact):
+            if not (np.isinf(cast) and (cast > 0) == (exact > 0)):
+                return f"{name} has no inf (it would become {cast})"
+        elif abs(exact) >= largest + half_step or not np.isfinite(cast):
+            if abs(exact) > largest:
+                return f"{name} holds numbers up to ±{largest:.6g} (it would become {cast})"
+            return f"{name} has no value near it (it would become {cast})"
+    return None
+
+
+def _block_value(
+    value: Any,
+    shape: tuple[int, ...],
+    dtype: Any,
+    error: Callable[[Any], Any],
+    range_error: Callable[[Any, str], Any],
+) -> Any:
+    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`.
+
+    A number fits when its kind fits the dtype's (an int into an int, float or complex
+    block; a float into a float or complex block; a bool into a bool block only) and its
+    value is in the dtype's range; an array fits when it has the dtype and a shape that
+    broadcasts to `shape`, or is a weak-typed scalar (a Python number `jit` traced) whose
+    kind fits.
+    """
+    kind = _dtype_kind(dtype)
+    if _is_number(value):
+        if kind not in _FITS.get(_number_kind(value), ""):
             raise error(value)
+        reason = _out_of_range(value, dtype)
+        if reason is not None:
+            raise range_error(value, reason)
         return value
     if isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
-        # a weak-typed scalar (a Python number traced by `jit`) fits as that number would
-        weak_kind = np.dtype(value.dtype).kind if getattr(value, "weak_type", False) else None
-        weak_fits = value.ndim == 0 and weak_kind is not None and kind in _WEAK_FITS[weak_kind]
-        if value.dtype != dtype and not weak_fits:
+        weak_kind = _dtype_kind(value.dtype) if getattr(value, "weak_type", False) else None
+        weak = value.ndim == 0 and weak_kind is not None and kind in _FITS.get(weak_kind, "")
+        if value.dtype != dtype and not weak:
             raise error(value)
         try:
             fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape
@@ -294,6 +408,13 @@ def _block_value(
             fits_shape = False
         if not fits_shape:
             raise error(value)
+        if weak and value.dtype != dtype and isinstance(value, jax.Array):
+            # a concrete weak scalar is checked as the number it holds; a traced one
+            # (inside `jit`) cannot be, and converts as `astype` would
+            if not isinstance(value, Tracer):
+                reason = _out_of_range(value.item(), dtype)
+                if reason is not None:
+                    raise range_error(value, reason)
         return value
     raise error(value)
 
@@ -325,7 +446,13 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             )
             return TypeError(text)
 
-        values.append(_block_value(value, shape, dtype, error))
+        def range_error(got: Any, reason: str, k: int = k) -> Exception:
+            text = RANGE_MSG.format(
+                got=_what(got), k=k, where=where(k), reason=reason, dtype=_dtype_name(dtype)
+            )
+            return ValueError(text)
+
+        values.append(_block_value(value, shape, dtype, error, range_error))
     if isinstance(target, jax.ShapeDtypeStruct):
         return leaf  # an abstract stack: the shapes and dtypes were checked, nothing to hold
     blocks = [k for k, _ in writes]
@@ -334,11 +461,15 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
         for k, v in zip(blocks, values):
             new[k] = v
     else:
-        if len(blocks) == 1:  # one primitive, where a scatter costs ten times as much
+        if len(blocks) == 1 and not getattr(target, "weak_type", False):
+            # one primitive, where a scatter costs ten times as much (but a scatter keeps
+            # a weak type, and `dynamic_update_slice` does not)
             value = jnp.asarray(values[0], target.dtype)
             if value.shape != shape:
                 value = jnp.broadcast_to(value, shape)
             new = jax.lax.dynamic_update_index_in_dim(jnp.asarray(target), value, blocks[0], 0)
+        elif len(blocks) == 1:
+            new = jnp.asarray(target).at[blocks[0]].set(values[0])
         elif all(v is values[0] for v in values):
             new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
         else:
@@ -395,6 +526,14 @@ class Stacked:
     an array of its slice's shape and dtype, or a number; a number set in some blocks
     only (`.at[...].set(1.0).at["blocks"][0:6].set(0.0)`) becomes one value per block,
     an array along the block axis.
+
+    A number written into some blocks of a stacked array fits when its kind fits the
+    dtype's, as JAX counts kinds (bfloat16, float8 and int4 are a float and an int): an
+    int into an int, float or complex leaf, a float into a float or complex leaf, a bool
+    into a bool leaf; and when the dtype keeps it (up to rounding). `np.int64(300)` or
+    `300` into an int8 leaf, `1e6` into a float16 one, `nan` into float4 are errors
+    naming the leaf, never a wrap; a number traced by `jit` cannot be checked and
+    converts as `astype` does. The written leaf keeps its dtype and weak type.
 
     **Arguments**
 
@@ -533,6 +672,8 @@ class Stacked:
                 f"`jax.random.split(key, n)`; got {_what(keys)}."
             )
         n = int(key_leaves[0].shape[0])
+        if n == 0:
+            raise ValueError(FROM_INIT_EMPTY_MSG.format(what=_what(key_leaves[0])))
         traced: list[tuple[Any, list[int], list[Any]]] = []
 
         def one(key: Any) -> list[Any]:
@@ -842,6 +983,14 @@ class Stacked:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
 
+    # -- `unstack_all` / `restack`: the blocks, and a stack like this one of other blocks -----
+
+    def __tc_unstack__(self) -> tuple[Any, ...]:
+        return self.unstack()
+
+    def __tc_restack__(self, blocks: Sequence[Any]) -> Stacked:
+        return Stacked.from_blocks(blocks)
+
 
 def _init(stack: Stacked, tree: Any, length: int) -> None:
     _check_node(tree)
@@ -1030,7 +1179,10 @@ register_printer(Stacked, type_name=_stack_name, children=_print_children)
 
 
 def _is_stack(x: Any) -> bool:
-    return isinstance(x, Stacked)
+    """A node kept stacked: a `Stacked`, or a node of another kind built on one (a periodic
+    stack), through the hooks `__tc_unstack__()` (its blocks, in order) and
+    `__tc_restack__(blocks)` (a node like it holding `blocks`)."""
+    return hasattr(type(x), "__tc_unstack__") and hasattr(type(x), "__tc_restack__")
 
 
 def unstack_all(tree: _T) -> _T:
@@ -1059,15 +1211,20 @@ def unstack_all(tree: _T) -> _T:
     """
 
     def replace(x: Any) -> Any:
-        if isinstance(x, Stacked):
-            return tuple(unstack_all(block) for block in x.unstack())
+        if _is_stack(x):
+            return tuple(unstack_all(block) for block in x.__tc_unstack__())
         return x
 
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
 
 
 def _has_stack(tree: Any) -> bool:
-    return any(isinstance(x, Stacked) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
+    return any(_is_stack(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
+
+
+def _stack_what(x: Any) -> str:
+    kind = "a stack" if isinstance(x, Stacked) else f"a `{type(x).__name__}`"
+    return f"{kind} of {len(x)} blocks"
 
 
 def _sequence_of_blocks(x: Any) -> bool:
@@ -1120,28 +1277,30 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         where = root_name(root) + jax.tree_util.keystr(path)
         return ValueError(RESTACK_MSG.format(where=where, got=got, want=want))
 
-    if isinstance(like, Stacked):
-        if isinstance(tree, Stacked):
-            if len(tree) != len(like):
-                raise error(f"a stack of {len(tree)} blocks", f"a stack of {len(like)}")
+    if _is_stack(like):
+        if _is_stack(tree):
+            if type(tree) is not type(like) or len(tree) != len(like):
+                raise error(_stack_what(tree), _stack_what(like))
             return tree
         if not _sequence_of_blocks(tree):
-            raise error(_what(tree), f"a stack of {len(like)} blocks")
+            raise error(_what(tree), _stack_what(like))
         if len(tree) != len(like):
-            raise error(f"{len(tree)} blocks", f"a stack of {len(like)}")
-        template = like[0]
-        blocks = [
-            _restack(block, template, (*path, SequenceKey(i)), root) for i, block in enumerate(tree)
-        ]
-        return Stacked.from_blocks(blocks)
-    if isinstance(tree, Stacked):
-        if not _sequence_of_blocks(like):
-            raise error(f"a stack of {len(tree)} blocks", _what(like))
-        if len(tree) != len(like):
-            raise error(f"a stack of {len(tree)} blocks", f"{len(like)} blocks")
+            raise error(f"{len(tree)} blocks", _stack_what(like))
+        # a stack's blocks share one structure: its block 0 is every block's template
+        templates = [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
         blocks = [
             _restack(block, template, (*path, SequenceKey(i)), root)
-            for i, (block, template) in enumerate(zip(tree.unstack(), like))
+            for i, (block, template) in enumerate(zip(tree, templates))
+        ]
+        return like.__tc_restack__(blocks)
+    if _is_stack(tree):
+        if not _sequence_of_blocks(like):
+            raise error(_stack_what(tree), _what(like))
+        if len(tree) != len(like):
+            raise error(_stack_what(tree), f"{len(like)} blocks")
+        blocks = [
+            _restack(block, template, (*path, SequenceKey(i)), root)
+            for i, (block, template) in enumerate(zip(tree.__tc_unstack__(), like))
         ]
         return type(like)(blocks)
     if not _has_stack(tree) and not _has_stack(like):

@@ -1,0 +1,468 @@
+"""Periodic stacks: a repeating pattern of different block kinds, scanned one pattern a step.
+
+Real architectures repeat a *pattern* of blocks (Gemma 3: five local attention blocks,
+then one global, six times). `Periodic` keeps such a model as a `Stacked` whose block is
+the pattern (a tuple of P blocks of possibly different kinds) and whose R blocks are the
+repeats; it adds nothing to `Stacked` but the numbering of layers:
+
+- **by JAX** it is that stack under the key `pattern`: `layers.pattern[5].attn.q.weight`
+  is pattern position 5's array, with a leading axis of R repeats;
+- **by `.at`** it is the R×P layers of the unrolled model in order: layer `i` is position
+  `i % P` of repeat `i // P`, so `.at[11]` is the twelfth layer, and the slice
+  `.at[5::6]` every global layer of the Gemma pattern;
+- **by `lax.scan`** it is R steps, each applying the pattern's blocks in order, so the
+  compiled program holds one pattern whatever R is.
+
+`unstack_all` turns it into the tuple of its layers (per-layer checkpoint names, as an
+unrolled model has) and `restack` back, through the hooks `Stacked` defines too.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.tree_util import GetAttrKey, SequenceKey
+
+from ._at import AtIndexer, at
+from ._pprint import tree_repr, tree_str
+from ._pprint_html import html_display, treescope_repr
+from ._pprint_registry import register_printer
+from ._stacked import Stacked
+from ._util import check_callable
+
+__all__ = ["Periodic"]
+
+_PATTERN = GetAttrKey("pattern")
+
+EMPTY_PATTERN_MSG = "A periodic stack needs a pattern of at least one block; got none."
+LAYER_COUNT_MSG = (
+    "{n} layers do not repeat a pattern of {p}: a periodic stack holds whole repeats, so "
+    "its number of layers is a multiple of the pattern's length."
+)
+INDEX_MSG = (
+    "Layer {index} out of range for a periodic stack of {n} layers (valid: {low} to {high})."
+)
+NOT_PATTERN_MSG = (
+    "`Periodic` wraps a `Stacked` whose blocks are patterns (tuples of blocks), got {what}; "
+    "build one with `Periodic.from_layers` or `Periodic.from_init`."
+)
+OUTPUTS_MSG = (
+    "The outputs of `Periodic.scan` are stacked per layer, so every position of the pattern "
+    "must return outputs of one structure and shape: position 0 gave {first}, position {j} "
+    "gave {other}. Return `None`, or outputs of one shape."
+)
+
+
+class Periodic:
+    """R repeats of a pattern of P blocks (of possibly different kinds), as one tree.
+
+    A model whose layers follow a pattern, `[local]*5 + [global]` repeated, compiles one
+    pattern when its layers are a `Periodic` applied with `scan` (or called): one
+    `lax.scan` of R steps, each applying the P blocks in order. It is a `tc.Stacked` of
+    R patterns (`.stack`), numbered as the unrolled model's layers:
+
+    - **Layers**: `len(p)` is R×P; `p[i]` is layer `i`, position `i % P` of repeat
+      `i // P`; `p.layers()` is the tuple of all of them; `p.period` is P and
+      `p.repeats` R.
+    - **`.at`** addresses layers by that index: `model.at["layers"][11]["attn"]` is the
+      twelfth layer; a slice with a step picks one position of every repeat
+      (`.at["layers"][5::6]`: every global layer of a `[local]*5 + [global]` pattern);
+      every selector works below the index, and key paths read `layers[11].attn.q`.
+    - **JAX** (jit, grad, optax, `tc.save`) sees the stack under the key `pattern`:
+      `layers.pattern[5].attn.q.weight` is position 5's weights with a leading axis of
+      R repeats. `tc.unstack_all(model)` gives the layers as a tuple instead (names
+      `layers.11.attn.q.weight`, as an unrolled model's), and `tc.restack` turns such a
+      tree (a loaded per-layer checkpoint) back into the periodic model.
+    - **Printers** show `Periodic[6×(5×Local, Global)]` and the pattern's blocks with
+      per-repeat shapes (`6×f32[64,64]`).
+
+    **Arguments**
+
+    - `stack`: a `tc.Stacked` whose block tree is a tuple, the pattern; usually built
+      with `Periodic.from_layers` or `Periodic.from_init`.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Local(tc.TreeClass):
+        w: jax.Array
+
+        def __call__(self, x):
+            return jnp.tanh(x @ self.w)
+
+    class Global(tc.TreeClass):
+        w: jax.Array
+        b: jax.Array
+
+        def __call__(self, x):
+            return x + x @ self.w + self.b
+
+    def pattern(key):
+        k = jax.random.split(key, 3)
+        return (Local(jax.random.normal(k[0], (4, 4))), Local(jax.random.normal(k[1], (4, 4))),
+                Global(jax.random.normal(k[2], (4, 4)), jnp.zeros(4)))
+
+    layers = tc.Periodic.from_init(pattern, jax.random.split(jax.random.key(0), 4))
+    assert len(layers) == 12 and layers.period == 3 and layers.repeats == 4
+    assert type(layers[5]) is Global and layers[5].w.shape == (4, 4)
+    y = layers(jnp.ones((1, 4)))                      # 4 scan steps of 3 blocks
+    layers = layers.at[5]["b"].set(1.0)               # layer 5 only
+    assert layers[5].b.tolist() == [1.0] * 4 and layers[8].b.tolist() == [0.0] * 4
+    ```
+    """
+
+    __slots__ = ("_stack", "_period", "_flat", "__weakref__")
+
+    _stack: Stacked
+    _period: int
+    _flat: tuple[tuple[Any, ...], int]
+
+    def __init__(self, stack: Stacked) -> None:
+        if not isinstance(stack, Stacked) or type(stack.tree) is not tuple or not stack.tree:
+            raise TypeError(NOT_PATTERN_MSG.format(what=_what(stack)))
+        _init(self, stack)
+
+    # -- building ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_layers(cls, layers: Sequence[Any], period: int) -> Periodic:
+        """A periodic stack of the layers of an unrolled model (the inverse of `layers()`).
+
+        **Arguments**
+
+        - `layers`: the R×P layers in order; layer `i` must have the structure, shapes
+          and dtypes of layer `i % period` (its position in the pattern).
+        - `period`: P, the length of the pattern.
+
+        **Raises**
+
+        `ValueError` when the number of layers is not a multiple of `period`, or naming
+        the first layer (and its position and repeat) that does not fit its position.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        layers = [{"w": jnp.full((2,), float(i))} if i % 2 == 0 else {"v": jnp.ones(3)}
+                  for i in range(6)]
+        periodic = tc.Periodic.from_layers(layers, period=2)
+        assert periodic.repeats == 3 and periodic[4]["w"].tolist() == [4.0, 4.0]
+        ```
+        """
+        layers = list(layers)
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"A pattern has at least one block; got period={period!r}.")
+        if not layers:
+            raise ValueError(EMPTY_PATTERN_MSG)
+        if len(layers) % period:
+            raise ValueError(LAYER_COUNT_MSG.format(n=len(layers), p=period))
+        patterns = [tuple(layers[r : r + period]) for r in range(0, len(layers), period)]
+        try:
+            stack = Stacked.from_blocks(patterns)
+        except (ValueError, TypeError) as error:
+            where = (
+                f" In a periodic stack of period {period}, `blocks[r][j]` is layer "
+                f"r × {period} + j (position j of repeat r)."
+            )
+            raise type(error)(f"{error}{where}") from None
+        return cls(stack)
+
+    @classmethod
+    def from_init(cls, make: Callable[[Any], Sequence[Any]], keys: Any) -> Periodic:
+        """R repeats of the pattern that `make(key)` builds, traced once (vmapped).
+
+        **Arguments**
+
+        - `make`: a function of one key returning the pattern, a tuple (or list) of
+          blocks: `lambda k: (*[Local(k) for k in split(k, 5)], Global(...))`.
+        - `keys`: one key per repeat, stacked: `jax.random.split(key, repeats)`.
+
+        **Returns**
+
+        A `Periodic` of `len(keys)` repeats.
+        """
+        check_callable(make, "Periodic.from_init", "make", " of one key")
+
+        def pattern(key: Any) -> tuple[Any, ...]:
+            blocks = make(key)
+            if not isinstance(blocks, list | tuple) or not blocks:
+                raise TypeError(
+                    "`Periodic.from_init` needs `make` to return the pattern, a non-empty "
+                    f"tuple or list of blocks; got {_what(blocks)}."
+                )
+            return tuple(blocks)
+
+        return cls(Stacked.from_init(pattern, keys))
+
+    # -- the layers -------------------------------------------------------------------------
+
+    @property
+    def stack(self) -> Stacked:
+        """The `Stacked` of R patterns (tuples of P blocks) that JAX sees."""
+        return self._stack
+
+    @property
+    def period(self) -> int:
+        """P, the number of blocks in the pattern."""
+        return self._period
+
+    @property
+    def repeats(self) -> int:
+        """R, the number of times the pattern repeats."""
+        return len(self._stack)
+
+    def __len__(self) -> int:
+        return self._period * len(self._stack)
+
+    def __getitem__(self, index: int) -> Any:
+        """Layer `index` (negative counts from the end) as an ordinary block."""
+        if isinstance(index, bool) or not isinstance(index, int | jnp.integer):
+            raise TypeError(f"A periodic stack is indexed by an int, got {_what(index)}.")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(INDEX_MSG.format(index=index, n=n, low=-n, high=n - 1))
+        r, j = divmod(int(index) % n, self._period)
+        return self._stack[r][j]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.layers())
+
+    def layers(self) -> tuple[Any, ...]:
+        """Every layer in order, as a tuple of ordinary blocks (the unrolled model's)."""
+        return tuple(block for pattern in self._stack.unstack() for block in pattern)
+
+    # -- applying ---------------------------------------------------------------------------
+
+    def scan(
+        self,
+        fn: Callable[..., tuple[Any, Any]],
+        carry: Any,
+        xs: Any = None,
+        *,
+        remat: bool | Callable[..., Any] = False,
+        unroll: int | bool = 1,
+    ) -> tuple[Any, Any]:
+        """Run `fn` over the layers in order: one `lax.scan` step per repeat of the pattern.
+
+        **Arguments**
+
+        - `fn`: `fn(layer, carry) -> (carry, output)`, or with `xs`,
+          `fn(layer, carry, x) -> (carry, output)`; `output` may be `None`.
+        - `carry`: the initial carry.
+        - `xs`: optional per-layer inputs with a leading axis of `len(self)`.
+        - `remat`, `unroll`: as for `Stacked.scan` (per repeat of the pattern).
+
+        **Returns**
+
+        `(final_carry, outputs)`, the outputs stacked along a leading axis of layers.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        layers = tc.Periodic.from_layers(
+            [{"s": jnp.float32(i)} if i % 2 else {"t": jnp.float32(i)} for i in range(4)], 2)
+        add = lambda layer, c: (c + sum(layer.values()), c)
+        total, seen = layers.scan(add, jnp.float32(0.0))
+        assert float(total) == 6.0 and seen.tolist() == [0.0, 0.0, 1.0, 3.0]
+        ```
+        """
+        check_callable(fn, "Periodic.scan", "fn", " of (layer, carry)")
+        p, r = self._period, len(self._stack)
+        with_xs = xs is not None
+        if with_xs:  # [R×P, ...] -> [R, P, ...]: repeat r gets its P slices
+            xs = jax.tree_util.tree_map(lambda x: jnp.reshape(x, (r, p, *x.shape[1:])), xs)
+
+        def step(pattern: tuple[Any, ...], carry: Any, *x: Any) -> tuple[Any, Any]:
+            outputs = []
+            for j, block in enumerate(pattern):
+                args = (jax.tree_util.tree_map(operator.itemgetter(j), x[0]),) if x else ()
+                out = fn(block, carry, *args)
+                if not (isinstance(out, tuple) and len(out) == 2):
+                    raise TypeError(
+                        "The function given to `Periodic.scan` must return a pair "
+                        f"`(carry, output)`, got {_what(out)} from pattern position {j}."
+                    )
+                carry, output = out
+                outputs.append(output)
+            return carry, _stack_outputs(outputs)
+
+        carry, outputs = self._stack.scan(step, carry, xs, remat=remat, unroll=unroll)
+        # [R, P, ...] -> [R×P, ...]: in layer order
+        outputs = jax.tree_util.tree_map(lambda y: jnp.reshape(y, (r * p, *y.shape[2:])), outputs)
+        return carry, outputs
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """`x` through every layer in turn, `layer(x, *args, **kwargs)`: R scan steps."""
+
+        def step(layer: Any, carry: Any) -> tuple[Any, None]:
+            return layer(carry, *args, **kwargs), None
+
+        return self.scan(step, x)[0]
+
+    # -- `.at`: the layers as children ------------------------------------------------------
+
+    def __tc_at_open__(self) -> tuple[tuple[Any, ...], list[Any], Any]:
+        entries, patterns, aux = self._stack.__tc_at_open__()
+        layers = [block for pattern in patterns for block in pattern]
+        return tuple(SequenceKey(i) for i in range(len(layers))), layers, (patterns, aux)
+
+    def __tc_at_rebuild__(
+        self, aux: Any, children: list[Any], partial: bool, where: Callable[[tuple], str]
+    ) -> Any:
+        patterns, stack_aux = aux
+        p = self._period
+        regrouped = []
+        for r, old in enumerate(patterns):
+            new = children[r * p : (r + 1) * p]
+            same = all(a is b for a, b in zip(new, old))
+            regrouped.append(old if same else tuple(new))
+        out = self._stack.__tc_at_rebuild__(stack_aux, regrouped, partial, self._inner(where))
+        if isinstance(out, Stacked):
+            return self if out is self._stack else _make(out)
+        return tuple(children)  # a `get` whose fill values changed the structure
+
+    def __tc_at_child__(self, index: int) -> tuple[int, Any] | None:
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            return None
+        r, j = divmod(i, self._period)
+        found = self._stack.__tc_at_child__(r)
+        assert found is not None
+        return i, found[1][j]
+
+    def __tc_at_replace__(
+        self, i: int, old: Any, new: Any, where: Callable[[tuple], str]
+    ) -> Periodic:
+        r, j = divmod(i, self._period)
+        found = self._stack.__tc_at_child__(r)
+        assert found is not None
+        pattern = found[1]
+        changed = (*pattern[:j], new, *pattern[j + 1 :])
+        return _make(self._stack.__tc_at_replace__(r, pattern, changed, self._inner(where)))
+
+    def _inner(self, where: Callable[[tuple], str]) -> Callable[[tuple], str]:
+        """Messages of the stack (paths `[r][j]...`) told in layers (`[r×P+j]...`)."""
+        p = self._period
+
+        def text(path: tuple) -> str:
+            if len(path) >= 2 and isinstance(path[0], SequenceKey):
+                layer = path[0].idx * p + path[1].idx
+                return where((SequenceKey(layer), *path[2:]))
+            return where(path)
+
+        return text
+
+    # -- unstack_all / restack ----------------------------------------------------------------
+
+    def __tc_unstack__(self) -> tuple[Any, ...]:
+        return self.layers()
+
+    def __tc_restack__(self, layers: Sequence[Any]) -> Periodic:
+        return Periodic.from_layers(layers, self._period)
+
+    # -- Python protocol ----------------------------------------------------------------------
+
+    @property
+    def at(self) -> AtIndexer[Periodic]:
+        """The `.at` indexer of the periodic stack: `layers.at[11]["w"].set(0.0)`."""
+        return at(self)
+
+    def __repr__(self) -> str:
+        return tree_repr(self)
+
+    def __str__(self) -> str:
+        return tree_str(self)
+
+    _repr_html_ = html_display
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        return treescope_repr(self, path, subtree_renderer)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            "A `Periodic` is immutable; change layers with `.at`: "
+            "`model.at['layers'][11]['w'].set(value)`."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("A `Periodic` is immutable.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_make, (self._stack,))
+
+
+def _what(x: Any) -> str:
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"an array {dtype}{list(shape)}"
+    text = repr(x)
+    return f"{text if len(text) <= 60 else text[:57] + '...'} (a `{type(x).__name__}`)"
+
+
+def _stack_outputs(outputs: list[Any]) -> Any:
+    """One output per pattern position, stacked on a new axis 0 (they must agree)."""
+    first = jax.tree_util.tree_structure(outputs[0])
+    shapes = [
+        jax.tree_util.tree_map(lambda y: (jnp.shape(y), jnp.result_type(y)), out) for out in outputs
+    ]
+    for j, (out, shape) in enumerate(zip(outputs, shapes)):
+        if jax.tree_util.tree_structure(out) != first or shape != shapes[0]:
+            raise ValueError(OUTPUTS_MSG.format(first=shapes[0], j=j, other=shape))
+    return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *outputs)
+
+
+def _init(periodic: Periodic, stack: Stacked) -> None:
+    store = object.__setattr__
+    store(periodic, "_stack", stack)
+    store(periodic, "_period", len(stack.tree))
+    store(periodic, "_flat", ((stack,), len(stack.tree)))
+
+
+def _make(stack: Stacked) -> Periodic:
+    periodic = object.__new__(Periodic)
+    _init(periodic, stack)
+    return periodic
+
+
+def _unflatten(period: int, children: Any) -> Periodic:
+    # no checks: JAX rebuilds trees with any leaves (tracers, None, sentinel objects)
+    periodic = object.__new__(Periodic)
+    store = object.__setattr__
+    store(periodic, "_stack", children[0])
+    store(periodic, "_period", period)
+    store(periodic, "_flat", (tuple(children), period))
+    return periodic
+
+
+jax.tree_util.register_pytree_with_keys(
+    Periodic,
+    lambda p: (((_PATTERN, p._stack),), p._period),
+    _unflatten,
+    operator.attrgetter("_flat"),
+)
+
+
+def _kinds(periodic: Periodic) -> str:
+    """`5×Local, Global`: the pattern's block types, runs folded."""
+    names = [type(block).__name__ for block in periodic.stack.tree]
+    runs: list[list[Any]] = []
+    for name in names:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
+
+
+register_printer(
+    Periodic,
+    type_name=lambda p: f"Periodic[{p.repeats}×({_kinds(p)})]",
+    children=lambda p: [(_PATTERN, p.stack)],
+)
