@@ -69,6 +69,16 @@ SHARED_MSG = (
     "are shared by all blocks of a stack, so they must be equal. Make it an array to give "
     "each block its own (`jnp.asarray(value)`), or a static field if it is configuration."
 )
+FROZEN_SUBTREE_MSG = (
+    "Block {k}'s value at {where} is {got}, block 0's is {want}: a frozen subtree is one "
+    "value shared by all blocks of a stack, so it must be equal in every block; its "
+    "arrays cannot carry the block axis. For pretrained weights in each block (a LoRA "
+    "adapter's base layer), keep them ordinary leaves in a field declared frozen: they "
+    "are stacked like any leaf and never trained:\n"
+    "    before: self.base = tc.freeze(base)\n"
+    '    after:  base: Linear = tc.field(role="frozen")  # in the class body\n'
+    "            self.base = base                               # in __init__"
+)
 MIXED_MSG = (
     "Block {k}'s value at {where} is {got}, block 0's is {want}: a leaf of a stack is an "
     "array in every block (one slice each), or one value shared by all blocks."
@@ -257,9 +267,10 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
                 )
         return _numbers_array(values)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
-    raise ValueError(
-        SHARED_MSG.format(k=k, where=where(k), got=_what(values[k]), want=_what(first))
-    )
+    message = SHARED_MSG
+    if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
+        message = FROZEN_SUBTREE_MSG
+    raise ValueError(message.format(k=k, where=where(k), got=_what(values[k]), want=_what(first)))
 
 
 def _block_value(
@@ -422,6 +433,11 @@ class Stacked:
     """
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
+
+    def __treeclass_roles_of__(self) -> Any:
+        # the stack's children are its block tree's: the roles that tree's class declares
+        # (`tc.field(role=...)`) hold for them (read by `tc.roles` and the summary)
+        return self._tree
 
     _tree: Any
     _length: int
