@@ -210,7 +210,20 @@ class FrozenArrayWarning(UserWarning):
     A frozen value is part of the compiled program: every `jax.jit` of a function taking
     it hashes it, inlines it as a constant, compiles anew for new values, and keeps it
     alive in its cache. For pretrained weights, declare the field
-    `tc.field(role="frozen")` instead: a traced leaf that is never trained.
+    `tc.field(role="frozen")` instead: a traced leaf that is never trained. The warning
+    is for more than 1 MiB of arrays in one frozen value.
+
+    ```python
+    import warnings
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tc.freeze(jnp.zeros((1024, 1024)))   # 4 MiB: a constant of every program
+        tc.freeze(jnp.zeros(16))             # small: no warning
+    assert [w.category for w in caught] == [tc.FrozenArrayWarning]
+    ```
     """
 
 
