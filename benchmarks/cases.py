@@ -1086,6 +1086,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
         *stacked_cases(sizes),
+        *__import__("benchmarks.finetune", fromlist=["finetune_cases"]).finetune_cases(sizes),
     ]
 
 

@@ -827,3 +827,14 @@ def test_frozen_subtree_in_a_stack_names_the_frozen_field_as_the_fix():
     blocks = [FrozenBase(adapter(4, seed).base) for seed in range(2)]
     with pytest.raises(ValueError, match=r"(?s)frozen subtree.*tc\.field\(role=\"frozen\"\)"):
         tc.Stacked.from_blocks(blocks)
+
+
+def test_a_stack_keeps_no_copy_of_its_frozen_base_for_the_backward_pass():
+    stack = tc.Stacked.from_blocks([adapter(4, seed) for seed in range(3)])
+    x = jnp.ones((5, 4))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda s: jnp.mean(s(x) ** 2)))(stack).jaxpr
+    scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    shapes = [v.aval.shape for e in scans for v in e.outvars]
+    # the forward scan would save the (3, 4, 4) base weights as residuals, had the block's
+    # read stopped their gradient anew inside the body
+    assert scans and stack.tree.base.weight.shape not in shapes

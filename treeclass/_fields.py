@@ -8,6 +8,8 @@ mutable value). What the generated `__init__` does with the fields is `_autoinit
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import keyword
 import types
 from collections.abc import (
@@ -44,6 +46,7 @@ __all__ = [
     "ROLE_KEY",
     "FIELD_ROLES",
     "stop_gradient_if_traced",
+    "gradients_stopped",
 ]
 
 # the metadata key of `tc.field` that holds a declared role, and the roles a field declares
@@ -81,7 +84,28 @@ def stop_gradient_if_traced(value: Any) -> Any:
     return treedef.unflatten([_stop(leaf) if isinstance(leaf, Tracer) else leaf for leaf in leaves])
 
 
+# The ids of traced values whose gradient is already stopped upstream (a stack stops its
+# frozen leaves before its scan): their reads are left as they are, so the traced program
+# refers to the very value (a scan forwards it as a residual instead of saving a copy).
+# Speed only: a read that stops a gradient twice gives the same result.
+_STOPPED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "treeclass_gradients_stopped", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def gradients_stopped(values: Any) -> Any:
+    """Within the block, reads of a frozen field holding one of `values` add nothing."""
+    token = _STOPPED.set(_STOPPED.get() | {id(v) for v in values})
+    try:
+        yield
+    finally:
+        _STOPPED.reset(token)
+
+
 def _stop(x: Any) -> Any:
+    if id(x) in _STOPPED.get():
+        return x
     dtype = getattr(x, "dtype", None)
     if dtype is not None and np.issubdtype(dtype, np.inexact):
         return jax.lax.stop_gradient(x)

@@ -31,10 +31,12 @@ from jax.core import Tracer
 from jax.tree_util import SequenceKey
 
 from ._at import AtIndexer, at
+from ._fields import gradients_stopped, stop_gradient_if_traced
 from ._frozen import freeze, is_frozen, unfreeze
 from ._pprint import tree_repr, tree_str
 from ._pprint_html import html_display, treescope_repr
 from ._pprint_registry import register_printer
+from ._roles import FROZEN, leaf_roles
 from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
 from ._util import check_callable
 from ._values import exact_key, is_array, short_repr
@@ -120,6 +122,11 @@ RESTACK_MSG = (
     "converts between a `Stacked` and a tuple or list of as many blocks, and needs the "
     "rest of the two trees to agree."
 )
+
+
+def _scanned_kinds(kinds: list[int]) -> list[int]:
+    """The kinds of the leaves a scan slices (the shared ones are not scanned)."""
+    return [k for k in kinds if k != _SHARED]
 
 
 def _what(x: Any) -> str:
@@ -694,6 +701,13 @@ class Stacked:
         check_callable(fn, "Stacked.scan", "fn", " of (block, carry)")
         leaves, treedef, kinds = self._leaves()
         scanned = [x if k == _ARRAY else unfreeze(x) for x, k in zip(leaves, kinds) if k != _SHARED]
+        # a leaf of a field declared `role="frozen"` stops its gradient before the scan, not
+        # only at its read inside the body: else the scan's transpose builds a stacked zero
+        # cotangent for it, a temporary as large as the frozen weights
+        roles = [r for r, k in zip(leaf_roles(self._tree), kinds) if k != _SHARED]
+        stopped = [role == FROZEN and k == _ARRAY for role, k in zip(roles, _scanned_kinds(kinds))]
+        if any(stopped):
+            scanned = [stop_gradient_if_traced(x) if s else x for x, s in zip(scanned, stopped)]
         with_xs = xs is not None
 
         def body(carry: Any, inputs: Any) -> Any:
@@ -704,7 +718,10 @@ class Stacked:
                 for leaf, k in zip(leaves, kinds)
             ]
             block = treedef.unflatten(block_leaves)
-            out = fn(block, carry, x) if with_xs else fn(block, carry)
+            # the block's frozen slices were stopped before the scan: reads keep them as
+            # they are (a saved residual is then the slice itself, not a copy)
+            with gradients_stopped([v for v, s in zip(sliced, stopped) if s]):
+                out = fn(block, carry, x) if with_xs else fn(block, carry)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise TypeError(SCAN_RESULT_MSG.format(what=_what(out), where="of the stack"))
             return out
