@@ -1065,7 +1065,7 @@ def tree_summary(
         flat = None if stop(x) else children_of(x)
         if flat is not None and remaining > 0:
             declared = _roles.declared_children(x)
-            states = [(declared and declared.get(key.name)) or in_state for key, _ in flat]
+            states = [(declared.get(key.name) if declared else None) or in_state for key, _ in flat]
             items = [("", key_text(key)[1], child) for key, child in flat]
             position = 0  # in `flat`, whose keys the rows need
             # hidden=True: runs are judged on every field, as JAX flattens them

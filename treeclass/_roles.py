@@ -176,7 +176,7 @@ def _collect(
     declared = declared_children(node)
     for entry, child in zip(opened.entries, opened.children, strict=True):
         # the innermost declaration counts (a state field inside a frozen subtree is state)
-        _collect(child, (declared and declared.get(entry.name)) or in_state, is_leaf, out)
+        _collect(child, (declared.get(entry.name) if declared else None) or in_state, is_leaf, out)
 
 
 def _is_wrapper(x: Any) -> bool:

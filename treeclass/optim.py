@@ -498,10 +498,15 @@ class Labels(Generic[_T]):
 # gives the mapped tree itself: so a label function may return one (`lambda p:
 # tc.optim.labels(p, ...)`); optax reads its leaves as the labels, and the per-label masks
 # it maps from it are plain boolean trees.
+def _labels_children(children: Any) -> Any:
+    (tree,) = children
+    return tree
+
+
 jax.tree_util.register_pytree_with_keys(
     Labels,
     lambda labels: (((jax.tree_util.GetAttrKey("tree"), labels.fitted()),), None),
-    lambda _, children: children[0],
+    lambda _, children: _labels_children(children),
     flatten_func=lambda labels: ((labels.fitted(),), None),
 )
 
@@ -970,7 +975,7 @@ def _is_unchanged_update(update: Any) -> bool:
     data = np.asarray(update)
     if np.issubdtype(dtype, np.inexact):
         # -0.0 is the one value `x + u == x` holds for, bit for bit, for every float x
-        parts = (data.real, data.imag) if np.issubdtype(dtype, np.complexfloating) else (data,)
+        parts = (np.real(data), np.imag(data)) if np.iscomplexobj(data) else (data,)
         return all(bool(np.all((part == 0) & np.signbit(part))) for part in parts)
     return not data.any()
 
