@@ -1076,6 +1076,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     assert "dispatch_2_layers" in names
     ```
     """
+    from .finetune import finetune_cases  # its own file; it imports this one
     from .stacked import periodic_cases, stacked_cases  # its own file; it imports this one
 
     return [
@@ -1087,6 +1088,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_construct_cases(sizes),
         *stacked_cases(sizes),
         *periodic_cases(sizes),
+        *finetune_cases(sizes),
     ]
 
 

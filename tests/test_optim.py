@@ -96,11 +96,11 @@ def test_mask_of_ellipsis_selects_every_leaf():
     assert all(jax.tree.leaves(optim.mask(MLP(), ...)))
 
 
-def test_mask_keeps_frozen_leaves_as_leafless_nodes_and_fits_the_params():
+def test_mask_holds_false_for_frozen_values_and_fits_the_params():
     model = MLP().at["layers"][0].apply(tc.freeze)
     m = optim.mask(model.at[Linear]["weight"])
-    assert [leaf for _, leaf in flags(m)] == [True, False]
-    assert tc.is_frozen(m.layers[0].weight)
+    assert [leaf for _, leaf in flags(m)] == [False, False, True, False]
+    assert m.layers[0].weight is False
     assert optim.check_mask(m, model) is m
 
 
@@ -166,16 +166,11 @@ def test_check_mask_rejects_bool_arrays_that_are_not_scalars():
         optim.check_mask({"w": jnp.ones(2, bool)}, {"w": jnp.ones(2)})
 
 
-def test_check_mask_rejects_a_mask_made_after_freezing_for_unfrozen_params():
+def test_a_mask_made_after_freezing_fits_the_unfrozen_params_leaving_them_unselected():
     model = MLP()
     frozen = model.at["layers"][0]["bias"].apply(tc.freeze)
     m = optim.mask(frozen.at[Linear]["weight"])
-    expected = (
-        r"at `MLP.layers\[0\].bias`: the parameters have a leaf.*"
-        r"the mask has a frozen value"
-    )
-    with pytest.raises(ValueError, match=expected):
-        optim.check_mask(m, model)
+    assert optim.check_mask(m, model) is m and m.layers[0].bias is False
 
 
 def test_mask_made_before_freezing_still_fits_as_a_prefix():
@@ -591,8 +586,8 @@ def test_mask_of_a_selection_reaching_only_frozen_values_is_an_error_unless_not_
     with pytest.raises(ValueError, match=r"selects no leaf \(frozen values are not leaves"):
         optim.mask(model.at[Linear]["weight"])
     m = optim.mask(model.at[Linear]["weight"], strict=False)
-    assert jax.tree.leaves(m) == [False, False]
-    assert tc.is_frozen(m.layers[1].weight)
+    assert jax.tree.leaves(m) == [False, False, False, False]
+    assert m.layers[1].weight is False
 
 
 def test_empty_mask_or_predicate_selection_is_an_error_for_optimizers():
@@ -1032,3 +1027,194 @@ def test_scale_blocks_inside_trainable_on_a_model_with_frozen_values_and_numbers
     assert updates["blocks"].tree["w"][:, 0].tolist() == [0.0, -1.0, -1.0]
     new = optax.apply_updates(model, updates)
     assert new["eps"] == 1e-5 and tc.is_tree_equal(new["f"], model["f"])
+
+
+# --------------------------------------------------------------------------------------
+# the helpers compose: masks and labels (objects and functions), frozen values, stacks
+
+
+def _frozen_mlp():
+    return MLP((2, 3, 3, 1)).at["layers"][0].apply(tc.freeze)
+
+
+def _weights(tree):
+    return optim.mask(tc.at(tree)[Linear]["weight"])
+
+
+def _label_fn(tree):
+    return optim.labels(tree, {"w": tc.at(tree)[Linear]["weight"]}, default="b")
+
+
+_TRANSFORMS = {"w": optax.sgd(1.0), "b": optax.sgd(0.5)}
+
+COMPOSED = {
+    "partition": lambda m: optim.partition(
+        _TRANSFORMS, m, {"w": m.at[Linear]["weight"]}, default="b"
+    ),
+    "labels object": lambda m: optax.multi_transform(_TRANSFORMS, _label_fn(m)),
+    "labels function": lambda m: optax.multi_transform(_TRANSFORMS, _label_fn),
+    "mask object": lambda m: optax.masked(optax.sgd(1.0), _weights(m)),
+    "mask function": lambda m: optax.masked(optax.sgd(1.0), _weights),
+    "decay mask object": lambda m: optax.adamw(1.0, weight_decay=0.5, mask=_weights(m)),
+    "decay mask function": lambda m: optax.adamw(1.0, weight_decay=0.5, mask=_weights),
+}
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["in trainable", "plain optax"])
+@pytest.mark.parametrize("name", list(COMPOSED))
+def test_masks_and_labels_compose_with_frozen_values_in_and_out_of_trainable(name, wrapped):
+    model = _frozen_mlp()
+    opt = COMPOSED[name](model)
+    if wrapped:
+        opt = optim.trainable(opt, model)
+    state = opt.init(model)
+    updates, state = opt.update(ones_like(model), state, model)
+    new = optax.apply_updates(model, updates)
+    assert tc.is_tree_equal(new.layers[0], model.layers[0])  # frozen: untouched
+    assert not same_bits(new.layers[1].weight, model.layers[1].weight)
+    if wrapped:  # no state for frozen values
+        frozen_in_state = [
+            x for x in jax.tree.leaves(state, is_leaf=tc.is_frozen) if tc.is_frozen(x)
+        ]
+        assert not frozen_in_state
+
+
+def test_labels_returned_by_a_function_are_read_as_a_label_tree():
+    model = MLP()
+    labels = _label_fn(model)
+    assert sorted(set(jax.tree.leaves(labels))) == ["b", "w"]
+    assert jax.tree.map(lambda x: x == "w", labels) == jax.tree.map(lambda x: x == "w", labels.tree)
+
+
+def test_labels_with_an_unknown_label_from_a_function_still_name_the_labels():
+    model = MLP()
+    opt = optax.multi_transform({"w": optax.sgd(1.0)}, _label_fn)
+    with pytest.raises(ValueError, match="no corresponding transformation"):
+        opt.init(model)
+
+
+def test_trainable_with_scale_blocks_on_a_stacked_model_with_a_frozen_block_leaf():
+    blocks = tc.Stacked.from_blocks(
+        [{"w": jnp.ones((2, 2)), "table": tc.freeze(jnp.ones(3))} for _ in range(3)]
+    )
+    model = {"blocks": blocks, "head": jnp.ones(2)}
+    factors = tc.at(tc.at(model)[...].set(1.0))["blocks"][0].set(0.0)
+    opt = optim.trainable(optax.chain(optax.sgd(1.0), optim.scale_blocks(factors)), model)
+    updates, _ = opt.update(ones_like(model), opt.init(model), model)
+    new = optim.apply_updates(model, updates)
+    assert new["blocks"].tree["w"][:, 0, 0].tolist() == [1.0, 0.0, 0.0]
+    assert new["head"].tolist() == [0.0, 0.0]
+    assert tc.is_frozen(new["blocks"].tree["table"])
+
+
+# --------------------------------------------------------------------------------------
+# an optimizer built before the model changed its frozen values
+
+
+def test_optimizer_built_before_freezing_refuses_init_naming_the_leaf():
+    model = MLP()
+    opt = optim.trainable(optax.adam(1e-3), model)
+    frozen = model.at["layers"][0]["weight"].apply(tc.freeze)
+    with pytest.raises(ValueError, match=r"(?s)`MLP\.layers\[0\]\.weight`.*frozen.*after freezing"):
+        opt.init(frozen)
+
+
+def test_optimizer_built_before_freezing_refuses_update_naming_the_leaf():
+    model = MLP()
+    opt = optim.trainable(optax.adam(1e-3), model)
+    state = opt.init(model)
+    frozen = model.at["layers"][0]["weight"].apply(tc.freeze)
+    with pytest.raises(ValueError, match=r"`MLP\.layers\[0\]\.weight`"):
+        opt.update(ones_like(frozen), state, frozen)
+
+
+def test_optimizer_built_on_a_frozen_model_refuses_the_thawed_model():
+    frozen = MLP().at["layers"][0]["weight"].apply(tc.freeze)
+    opt = optim.trainable(optax.adam(1e-3), frozen)
+    thawed = frozen.at["layers"][0]["weight"].apply(tc.unfreeze, is_leaf=tc.is_frozen)
+    with pytest.raises(ValueError, match=r"(?s)`MLP\.layers\[0\]\.weight`.*not frozen"):
+        opt.init(thawed)
+
+
+# --------------------------------------------------------------------------------------
+# every leaf not trained comes back exactly as it was
+
+_SNAN = np.array([0x7F800001], np.uint32).view(np.float32)[0]
+
+LEAF_KINDS = {
+    "numpy float64 scalar": lambda: np.float64(0.1),
+    "numpy int64 scalar": lambda: np.int64(2**40),
+    "python float": lambda: 1e-5,
+    "python int": lambda: 7,
+    "weak f32 array": lambda: jnp.asarray(1e-5),
+    "signalling nan": lambda: jnp.asarray(_SNAN),
+    "negative zero": lambda: jnp.asarray(-0.0),
+    "int8 array": lambda: jnp.arange(3, dtype=jnp.int8),
+    "bool array": lambda: jnp.array([True, False]),
+    "numpy f32 array": lambda: np.full(2, np.inf, np.float32),
+    "bfloat16 array": lambda: jnp.ones(2, jnp.bfloat16),
+}
+
+
+def _aval(x):
+    return (type(x), np.shape(x), np.asarray(x).dtype, bool(getattr(x, "weak_type", False)))
+
+
+class Holder(tc.TreeClass):
+    kept: object = tc.field(role="state")
+
+    def __init__(self, kept):
+        self.w = jnp.ones(2)
+        self.kept = kept
+
+
+def _grads(model):
+    return jax.tree.map(
+        lambda x: (
+            np.zeros(np.shape(x), jax.dtypes.float0)
+            if not jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+            else jnp.ones_like(x)
+        ),
+        model,
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(sorted(LEAF_KINDS)), min_size=1, max_size=4))
+def test_apply_updates_returns_every_leaf_not_trained_exactly_as_it_was(kinds):
+    model = Holder(tuple(LEAF_KINDS[kind]() for kind in kinds))
+    opt = optim.trainable(optax.adamw(0.1, weight_decay=0.5), model)
+    updates, _ = opt.update(_grads(model), opt.init(model), model)
+    new = optim.apply_updates(model, updates)
+    for before, after in zip(model.kept, new.kept, strict=True):
+        assert after is before
+    assert not same_bits(new.w, model.w)
+
+
+@pytest.mark.parametrize("kind", ["weak f32 array", "signalling nan", "negative zero"])
+def test_jitted_step_keeps_every_leaf_not_trained_with_its_aval_and_bits(kind):
+    model = Holder((LEAF_KINDS[kind](),))
+    opt = optim.trainable(optax.adamw(0.1, weight_decay=0.5), model)
+    traces = []
+
+    @jax.jit
+    def step(model, state):
+        traces.append(1)
+        updates, state = opt.update(_grads(model), state, model)
+        return optim.apply_updates(model, updates), state
+
+    state = opt.init(model)
+    new, state = step(model, state)
+    new, state = step(new, state)
+    before, after = model.kept[0], new.kept[0]
+    assert _aval(after)[1:] == _aval(before)[1:]
+    assert np.asarray(after).tobytes() == np.asarray(before).tobytes()
+    assert len(traces) == 1  # the second step reuses the first compilation
+
+
+def test_optax_apply_updates_keeps_the_bits_of_strong_arrays_not_trained():
+    model = Holder((jnp.asarray([-0.0, np.inf, np.nan], jnp.float32), jnp.arange(3)))
+    opt = optim.trainable(optax.sgd(1.0), model)
+    updates, _ = opt.update(_grads(model), opt.init(model), model)
+    new = optax.apply_updates(model, updates)
+    assert same_bits(new.kept, model.kept)

@@ -624,3 +624,217 @@ def test_freezing_part_of_an_array_by_an_element_mask_is_an_error_naming_the_lea
     tree = {"w": jnp.arange(4.0)}
     with pytest.raises((TypeError, ValueError), match=r"(?s)tree\['w'\].*element"):
         tc.at(tree)[{"w": jnp.array([True, False, True, False])}].apply(tc.freeze)
+
+
+# -- declaring roles: `tc.field(role=...)`, however `__init__` is written -----------------------
+
+
+class HandBatchNorm(tc.TreeClass):
+    """A batch norm as a PyTreeClass user writes it: a hand-written `__init__`."""
+
+    running_mean: jax.Array = tc.field(role="state")
+    running_var: jax.Array = tc.field(role="state")
+
+    def __init__(self, n, momentum=0.9):
+        self.weight = jnp.ones(n)
+        self.bias = jnp.zeros(n)
+        self.running_mean = jnp.zeros(n)
+        self.running_var = jnp.ones(n)
+        self.momentum = tc.freeze(momentum)
+
+    def __call__(self, x):
+        m = tc.unfreeze(self.momentum)
+        mean, var = x.mean(0), x.var(0)
+        new = self.replace(
+            running_mean=m * self.running_mean + (1 - m) * mean,
+            running_var=m * self.running_var + (1 - m) * var,
+        )
+        return (x - mean) / jnp.sqrt(var + 1e-5) * self.weight + self.bias, new
+
+
+def test_role_keyword_is_the_metadata_role():
+    class Generated(tc.TreeClass):
+        w: jax.Array
+        mean: jax.Array = tc.field(role="state")
+        old: jax.Array = tc.field(metadata={"role": "state"})
+
+    model = Generated(jnp.ones(2), jnp.zeros(2), jnp.zeros(2))
+    assert jax.tree.leaves(tc.roles(model)) == ["trainable", "state", "state"]
+    assert tc.fields(Generated)[1].metadata == {"role": "state"}
+
+
+def test_roles_declared_in_the_class_body_hold_for_a_hand_written_init():
+    assert tc.roles(HandBatchNorm(3)) == tc.roles(HandBatchNorm(3))
+    roles = jax.tree.leaves(tc.roles(HandBatchNorm(3)))
+    assert roles == ["trainable", "trainable", "state", "state", "frozen"]
+
+
+def test_hand_written_batch_norm_statistics_come_only_from_the_forward_pass():
+    net = HandBatchNorm(3)
+    # a large decay and learning rate: any optimizer touch on the statistics would show
+    opt = tc.optim.trainable(optax.adamw(0.5, weight_decay=0.9), net)
+    rng = np.random.default_rng(0)
+    batches = [jnp.asarray(rng.normal(2.0, 3.0, (16, 3)), jnp.float32) for _ in range(12)]
+
+    @jax.jit
+    def step(net, state, x):
+        def loss(net):
+            y, new = net(x)
+            return jnp.mean((y - 1.0) ** 2), new
+
+        grads, new = jax.grad(loss, has_aux=True)(net)
+        updates, state = opt.update(grads, state, new)
+        return tc.optim.apply_updates(new, updates), state
+
+    state = opt.init(net)
+    mean, var = np.zeros(3), np.ones(3)
+    for x in batches:
+        net, state = step(net, state, x)
+        mean = 0.9 * mean + 0.1 * np.asarray(x).mean(0)
+        var = 0.9 * var + 0.1 * np.asarray(x).var(0)
+    assert np.allclose(net.running_mean, mean, rtol=1e-5)
+    assert np.allclose(net.running_var, var, rtol=1e-5)
+    assert not np.allclose(net.weight, 1.0)  # the parameters did train
+    # the optimizer holds no state for the statistics
+    assert len(jax.tree.leaves(state[0].mu)) == 2
+
+
+def test_unknown_role_keyword_is_an_error_listing_the_roles():
+    with pytest.raises(ValueError, match=r"(?s)`role` must be one of 'state', 'frozen'.*'param'"):
+        tc.field(role="param")
+
+
+def test_role_given_twice_differently_is_an_error():
+    with pytest.raises(TypeError, match=r"role='state' and metadata role 'frozen'"):
+        tc.field(role="state", metadata={"role": "frozen"})
+    assert tc.field(role="state", metadata={"role": "state", "doc": 1}).metadata["doc"] == 1
+
+
+# -- a field declared frozen: a traced leaf nothing trains ------------------------------------
+
+
+class Adapter(tc.TreeClass):
+    base: Linear = tc.field(role="frozen")
+    a: jax.Array
+    b: jax.Array
+
+    def __call__(self, x):
+        return jnp.tanh(self.base(x) + (x @ self.a) @ self.b)
+
+
+def adapter(n, seed=0, r=2):
+    rng = np.random.default_rng(seed)
+    base = Linear(jnp.asarray(rng.normal(size=(n, n)), jnp.float32), jnp.zeros(n))
+    return Adapter(base, jnp.asarray(rng.normal(size=(n, r)), jnp.float32), jnp.zeros((r, n)))
+
+
+def _loss(model, x):
+    return jnp.mean(model(x) ** 2)
+
+
+def test_frozen_field_leaves_are_leaves_with_role_frozen():
+    model = adapter(4)
+    assert len(jax.tree.leaves(model)) == 4
+    assert jax.tree.leaves(tc.roles(model)) == ["frozen", "frozen", "trainable", "trainable"]
+    assert "frozen" in tc.tree_summary(model)
+
+
+def test_frozen_field_gets_zero_gradient_without_computing_one():
+    model = adapter(4)
+    grads = jax.grad(_loss)(model, jnp.ones((3, 4)))
+    assert not np.asarray(grads.base.weight).any() and not np.asarray(grads.base.bias).any()
+    assert np.asarray(grads.b).any()
+    jaxpr = jax.make_jaxpr(jax.grad(_loss))(model, jnp.ones((3, 4)))
+    # forward: x @ W, x @ a, (x a) @ b; backward: d(x a), d(a), d(b), and nothing for W
+    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 3 + 3
+    assert all(e.outvars[0].aval.shape != (4, 4) for e in dots)  # no gradient of W
+
+
+def test_frozen_field_reads_outside_a_trace_return_the_stored_value():
+    model = adapter(4)
+    assert model.base is tc.at(model)["base"].get().base
+
+
+def test_frozen_field_has_no_optimizer_state_and_stays_bit_identical():
+    model = adapter(4)
+    opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.5), model)
+    state = opt.init(model)
+    assert len(jax.tree.leaves(state[0].mu)) == 2
+    step = jax.jit(
+        lambda m, s, x: (
+            lambda g: (lambda u, s: (tc.optim.apply_updates(m, u), s))(*opt.update(g, s, m))
+        )(jax.grad(_loss)(m, x))
+    )
+    new, state = step(model, state, jnp.ones((3, 4)))
+    assert same_bits(new.base, model.base) and not same_bits(new.a, model.a)
+
+
+def test_frozen_field_new_values_of_the_same_shapes_do_not_recompile():
+    traces = []
+
+    @jax.jit
+    def forward(model, x):
+        traces.append(1)
+        return _loss(model, x)
+
+    x = jnp.ones((3, 8))
+    for seed in range(3):
+        forward(adapter(8, seed), x)
+    assert len(traces) == 1
+    lowered = forward.lower(adapter(8), x).as_text()
+    constants = [line for line in lowered.splitlines() if "constant" in line and "8x8" in line]
+    assert not constants  # the base is an argument, not a constant of the program
+
+
+def test_frozen_field_arrays_are_freed_with_the_model():
+    import gc
+    import weakref
+
+    @jax.jit
+    def forward(model, x):
+        return _loss(model, x)
+
+    model = adapter(16, seed=3)
+    forward(model, jnp.ones((2, 16))).block_until_ready()
+    ref = weakref.ref(model.base.weight)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_lora_adapter_with_a_frozen_field_stacks_and_trains_inside_a_stack():
+    rng = np.random.default_rng(1)
+    blocks = [adapter(4, seed) for seed in range(3)]
+    stack = tc.Stacked.from_blocks(blocks)
+    assert jax.tree.leaves(tc.roles(stack))[:2] == ["frozen", "frozen"]
+    opt = tc.optim.trainable(optax.adam(0.1), stack)
+    state = opt.init(stack)
+    assert len(jax.tree.leaves(state[0].mu)) == 2
+    x = jnp.asarray(rng.normal(size=(5, 4)), jnp.float32)
+    grads = jax.jit(jax.grad(lambda s: jnp.mean(s(x) ** 2)))(stack)
+    assert not np.asarray(grads.tree.base.weight).any()
+    updates, state = opt.update(grads, state, stack)
+    new = tc.optim.apply_updates(stack, updates)
+    assert same_bits(new.tree.base, stack.tree.base) and not same_bits(new.tree.b, stack.tree.b)
+
+
+def test_frozen_subtree_in_a_stack_names_the_frozen_field_as_the_fix():
+    class FrozenBase(tc.TreeClass):
+        def __init__(self, base):
+            self.base = tc.freeze(base)
+
+    blocks = [FrozenBase(adapter(4, seed).base) for seed in range(2)]
+    with pytest.raises(ValueError, match=r"(?s)frozen subtree.*tc\.field\(role=\"frozen\"\)"):
+        tc.Stacked.from_blocks(blocks)
+
+
+def test_a_stack_keeps_no_copy_of_its_frozen_base_for_the_backward_pass():
+    stack = tc.Stacked.from_blocks([adapter(4, seed) for seed in range(3)])
+    x = jnp.ones((5, 4))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda s: jnp.mean(s(x) ** 2)))(stack).jaxpr
+    scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    shapes = [v.aval.shape for e in scans for v in e.outvars]
+    # the forward scan would save the (3, 4, 4) base weights as residuals, had the block's
+    # read stopped their gradient anew inside the body
+    assert scans and stack.tree.base.weight.shape not in shapes

@@ -11,7 +11,7 @@ from ._backend import backend_context
 from ._calls import value_and_tree
 from ._checkpoint import LoadReport, from_state_dict, load, save, state_dict
 from ._fields import Field, field, fields
-from ._frozen import freeze, is_frozen, unfreeze
+from ._frozen import FrozenArrayWarning, freeze, is_frozen, unfreeze
 from ._glob import glob
 from ._leafwise import bcmap, leafwise
 from ._mask import is_masked, is_nondiff, tree_mask, tree_unmask
@@ -62,6 +62,7 @@ __all__ = [
     "value_and_tree",
     # masking
     "freeze",
+    "FrozenArrayWarning",
     "unfreeze",
     "is_frozen",
     "is_masked",

@@ -1075,7 +1075,8 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
         if flag is True or type(flag) is np.bool_:
             out.append(new)
         elif flag.shape == getattr(leaf, "shape", None) and (
-            type(new) in _SCALARS or getattr(new, "shape", None) == flag.shape
+            type(new) in _SCALARS
+            or (_is_element_value(new) and getattr(new, "shape", None) == flag.shape)
         ):
             out.append(jnp.where(flag, new, leaf))  # the common case, shapes already fit
         else:

@@ -8,6 +8,8 @@ mutable value). What the generated `__init__` does with the fields is `_autoinit
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import keyword
 import types
 from collections.abc import (
@@ -20,7 +22,9 @@ from collections.abc import (
 )
 from typing import Any, ClassVar, Literal, TypeVar, get_origin, overload
 
+import jax
 import numpy as np
+from jax.core import Tracer
 
 from . import _node
 from ._util import add_leaf_note, equal_or_false
@@ -38,7 +42,75 @@ __all__ = [
     "check_name",
     "collect_fields",
     "declare_plain_fields",
+    # roles a field declares (read by `_roles`)
+    "ROLE_KEY",
+    "FIELD_ROLES",
+    "stop_gradient_if_traced",
+    "gradients_stopped",
 ]
+
+# the metadata key of `tc.field` that holds a declared role, and the roles a field declares
+ROLE_KEY = "role"
+FIELD_ROLES = ("state", "frozen")
+_KNOWN_ROLES = ", ".join(f"'{role}'" for role in FIELD_ROLES)
+
+_UNKNOWN_FIELD_ROLE_MSG = (
+    "`role` must be one of {known}, got {role!r}:\n"
+    "    state:  a value the forward pass updates (running statistics, counters, caches)\n"
+    "    frozen: a pretrained value that is never trained (a traced leaf whose reads stop "
+    "gradients)"
+)
+_ROLE_TWICE_MSG = (
+    "`field` got role={role!r} and metadata role {other!r}; give the role once: "
+    "`tc.field(role={role!r})`."
+)
+
+
+def stop_gradient_if_traced(value: Any) -> Any:
+    """`value` with `jax.lax.stop_gradient` on its traced inexact leaves.
+
+    The read of a field declared `role="frozen"`: under `jax.grad` the value is a constant
+    (its gradient is a symbolic zero: no weight-gradient computation), while it stays a
+    traced argument of `jax.jit`. Outside a trace the value is returned as it is (no
+    operation is dispatched on a read).
+    """
+    if isinstance(value, Tracer):
+        return _stop(value)
+    if isinstance(value, (jax.Array, np.ndarray, int, float, str)) or value is None:
+        return value
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    if not any(isinstance(leaf, Tracer) for leaf in leaves):
+        return value
+    return treedef.unflatten([_stop(leaf) if isinstance(leaf, Tracer) else leaf for leaf in leaves])
+
+
+# The ids of traced values whose gradient is already stopped upstream (a stack stops its
+# frozen leaves before its scan): their reads are left as they are, so the traced program
+# refers to the very value (a scan forwards it as a residual instead of saving a copy).
+# Speed only: a read that stops a gradient twice gives the same result.
+_STOPPED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
+    "treeclass_gradients_stopped", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def gradients_stopped(values: Any) -> Any:
+    """Within the block, reads of a frozen field holding one of `values` add nothing."""
+    token = _STOPPED.set(_STOPPED.get() | {id(v) for v in values})
+    try:
+        yield
+    finally:
+        _STOPPED.reset(token)
+
+
+def _stop(x: Any) -> Any:
+    if id(x) in _STOPPED.get():
+        return x
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and np.issubdtype(dtype, np.inexact):
+        return jax.lax.stop_gradient(x)
+    return x
+
 
 # in the order Python requires in a signature
 KINDS = ("POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR")
@@ -201,6 +273,10 @@ class Field:
         on_set = _as_callables(on_setattr, "on_setattr")
         on_get = _as_callables(on_getattr, "on_getattr")
         mapping = types.MappingProxyType(dict(metadata or {}))
+        if mapping.get(ROLE_KEY) == "frozen" and stop_gradient_if_traced not in on_get:
+            # a frozen field's reads stop gradients: declared once, honoured by every
+            # `__init__`, generated or hand-written (the class's guard runs `on_getattr`)
+            on_get = (stop_gradient_if_traced, *on_get)
         values = (name, type, default, factory, init, repr, kind, alias, on_set, on_get)
         for slot, value in zip(Field.__slots__, (*values, static, mapping, doc), strict=True):
             object.__setattr__(self, slot, value)
@@ -339,6 +415,7 @@ def _setting_repr(value: Any) -> str:
 _T = TypeVar("_T")
 FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
 _Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
+FieldRole = Literal["state", "frozen"]
 
 
 @overload
@@ -354,6 +431,7 @@ def field(
     static: bool = ...,
     metadata: Mapping[str, Any] | None = ...,
     doc: str = ...,
+    role: FieldRole | None = ...,
 ) -> _T: ...
 @overload
 def field(
@@ -368,6 +446,7 @@ def field(
     static: bool = ...,
     metadata: Mapping[str, Any] | None = ...,
     doc: str = ...,
+    role: FieldRole | None = ...,
 ) -> _T: ...
 @overload
 def field(
@@ -381,6 +460,7 @@ def field(
     static: bool = ...,
     metadata: Mapping[str, Any] | None = ...,
     doc: str = ...,
+    role: FieldRole | None = ...,
 ) -> Any: ...
 def field(
     *,
@@ -395,6 +475,7 @@ def field(
     static: bool = False,
     metadata: Mapping[str, Any] | None = None,
     doc: str = "",
+    role: FieldRole | None = None,
 ) -> Any:
     """Describe a field of a `TreeClass` (or an `autoinit` class).
 
@@ -418,6 +499,18 @@ def field(
       `jax.jit` cache key.
     - `metadata`: a mapping of extra information, kept read-only.
     - `doc`: a documentation string for the field.
+    - `role`: the role of every leaf the field holds (`tc.roles`), whichever `__init__`
+      (generated or hand-written) assigns it; stored as `metadata["role"]`:
+        - `"state"`: values the forward pass updates (batch-norm statistics, counters,
+          caches): leaves that `tc.optim.trainable` never updates, never decays and keeps
+          no optimizer state for;
+        - `"frozen"`: a pretrained value that is never trained. Its leaves stay ordinary
+          leaves (`jax.jit` traces them: no hashing, no constants, no recompilation for
+          new values; checkpoints save them as tensors), reads of the field under a JAX
+          trace apply `jax.lax.stop_gradient` (so `jax.grad` gives zeros without computing
+          them), and `tc.optim.trainable` never updates them and keeps no state for them.
+          `tc.freeze`, by contrast, makes a value part of the compiled program: use it for
+          functions, flags and small arrays.
 
     **Returns**
 
@@ -432,7 +525,32 @@ def field(
 
     assert Tree(a=2.7).a == 2
     ```
+
+    A role is declared in the class body, also when `__init__` is hand-written:
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    class Norm(tc.TreeClass):
+        mean: jax.Array = tc.field(role="state")
+
+        def __init__(self, n):
+            self.scale = jnp.ones(n)  # undeclared: its role follows from its value
+            self.mean = jnp.zeros(n)
+
+    assert jax.tree.leaves(tc.roles(Norm(2))) == ["trainable", "state"]
+    ```
     """
+    if role is not None:
+        if role not in FIELD_ROLES:
+            raise ValueError(_UNKNOWN_FIELD_ROLE_MSG.format(known=_KNOWN_ROLES, role=role))
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
+        other = (metadata or {}).get(ROLE_KEY, role)
+        if other != role:
+            raise TypeError(_ROLE_TWICE_MSG.format(role=role, other=other))
+        metadata = {**(metadata or {}), ROLE_KEY: role}
     return Field(
         default=default,
         factory=factory,

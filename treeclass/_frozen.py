@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -28,7 +29,16 @@ import numpy as np
 
 from ._values import display, exact_key, readable_here, sharding_spec, short_repr
 
-__all__ = ["Frozen", "FrozenOperationError", "freeze", "unfreeze", "is_frozen", "snapshot"]
+__all__ = [
+    "Frozen",
+    "FrozenOperationError",
+    "FrozenArrayWarning",
+    "LARGE_FROZEN_BYTES",
+    "freeze",
+    "unfreeze",
+    "is_frozen",
+    "snapshot",
+]
 
 _T = TypeVar("_T")
 
@@ -50,7 +60,11 @@ _ATTRIBUTE_OF_FROZEN = (
 
 
 class Frozen:
-    """A value wrapped in a pytree node without children (see `freeze`)."""
+    """A value wrapped in a pytree node without children (see `freeze`).
+
+    It answers `.shape`, `.dtype`, `.ndim` and `.size` of the value inside (when that
+    value has them); everything else needs `tc.unfreeze`.
+    """
 
     __slots__ = ("_value", "_key", "_hash")
 
@@ -87,6 +101,31 @@ class Frozen:
     def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
         # called by treescope only, once it is imported; we never import it ourselves
         return display("treescope", self, path, subtree_renderer)
+
+    # An array's description, read without unfreezing (a frozen weight in a LoRA
+    # adapter, a frozen table: code sizing its own arrays from it needs no `tc.unfreeze`).
+    # Only these four: any computation still needs the value itself.
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._described("shape")
+
+    @property
+    def dtype(self) -> Any:
+        return self._described("dtype")
+
+    @property
+    def ndim(self) -> int:
+        return self._described("ndim")
+
+    @property
+    def size(self) -> int:
+        return self._described("size")
+
+    def _described(self, name: str) -> Any:
+        try:
+            return getattr(self._value, name)
+        except AttributeError:
+            raise AttributeError(_ATTRIBUTE_OF_FROZEN.format(name=name)) from None
 
     def __getattr__(self, name: str) -> Any:
         # only reached for missing attributes; protocol probes (`__array_priority__`, ...)
@@ -165,6 +204,58 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
+class FrozenArrayWarning(UserWarning):
+    """`tc.freeze` of arrays large enough that their cost grows with their bytes.
+
+    A frozen value is part of the compiled program: every `jax.jit` of a function taking
+    it hashes it, inlines it as a constant, compiles anew for new values, and keeps it
+    alive in its cache. For pretrained weights, declare the field
+    `tc.field(role="frozen")` instead: a traced leaf that is never trained. The warning
+    is for more than 1 MiB of arrays in one frozen value.
+
+    ```python
+    import warnings
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tc.freeze(jnp.zeros((1024, 1024)))   # 4 MiB: a constant of every program
+        tc.freeze(jnp.zeros(16))             # small: no warning
+    assert [w.category for w in caught] == [tc.FrozenArrayWarning]
+    ```
+    """
+
+
+# 1 MiB: far above the flags, functions and small tables code freezes on purpose, far
+# below a pretrained layer
+LARGE_FROZEN_BYTES = 1 << 20
+
+_LARGE_FROZEN_MSG = (
+    "tc.freeze of {size} of arrays: a frozen value is a constant of every jitted program "
+    "that takes it (hashed, inlined, compiled anew for new values, kept alive by the jit "
+    "cache). For pretrained weights, keep them ordinary leaves in a field declared "
+    "frozen, which jax.jit traces, jax.grad gives zeros and tc.optim.trainable never "
+    "trains:\n"
+    "    before: self.base = tc.freeze(base)\n"
+    '    after:  base: Linear = tc.field(role="frozen")  # in the class body\n'
+    "            self.base = base                               # in __init__"
+)
+
+
+def _array_bytes(x: Any) -> int:
+    leaves = (x,) if isinstance(x, (jax.Array, np.ndarray)) else jax.tree_util.tree_leaves(x)
+    total = 0
+    for leaf in leaves:
+        if isinstance(leaf, (jax.Array, np.ndarray)) and leaf.dtype != object:
+            total += int(leaf.size) * leaf.dtype.itemsize
+    return total
+
+
+def _size_text(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB" if n < 1 << 30 else f"{n / (1 << 30):,.2f} GiB"
+
+
 def freeze(x: _T) -> _T:
     """Wrap `x` in a node without children, so JAX transformations do not see it.
 
@@ -183,6 +274,12 @@ def freeze(x: _T) -> _T:
     hashed, once, here); subtrees when their structure and leaves are. Values with no
     usable hash fall back to identity. The hash is computed once, so the `jax.jit` cache
     lookup costs the same for a frozen array as for a frozen `int`.
+
+    Freeze configuration: functions, strings, flags, small arrays. A frozen array is a
+    constant of every program `jax.jit` compiles with it (its bytes are hashed and inlined,
+    new values compile anew, the jit cache keeps it alive), so freezing more than 1 MiB
+    of arrays warns (`tc.FrozenArrayWarning`): for pretrained weights, declare their field
+    `tc.field(role="frozen")` (ordinary leaves that nothing trains).
 
     **Arguments**
 
@@ -204,6 +301,11 @@ def freeze(x: _T) -> _T:
     if type(x) is Frozen:
         return x
     _refuse_spread_arrays(x)
+    size = _array_bytes(x)
+    if size > LARGE_FROZEN_BYTES:
+        warnings.warn(
+            _LARGE_FROZEN_MSG.format(size=_size_text(size)), FrozenArrayWarning, stacklevel=2
+        )
     # typed as `x`'s own type: a frozen value stands in for its value in a tree, so a
     # field keeps the annotation of what it holds (unfreeze before use; no checker knows)
     return Frozen(snapshot(x))  # type: ignore[return-value]

@@ -1060,12 +1060,12 @@ def tree_summary(
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
 
-    def visit(x: Any, in_state: bool, keys: tuple[Any, ...], remaining: float) -> None:
-        # `in_state`: `x` is held (at any depth) by a field its class declares state
+    def visit(x: Any, in_state: bool | str, keys: tuple[Any, ...], remaining: float) -> None:
+        # `in_state`: the role a field of a node above declares for `x` (or False)
         flat = None if stop(x) else children_of(x)
         if flat is not None and remaining > 0:
-            state = _roles.state_children(x)
-            states = [in_state or (bool(state) and key.name in state) for key, _ in flat]
+            declared = _roles.declared_children(x)
+            states = [(declared.get(key.name) if declared else None) or in_state for key, _ in flat]
             items = [("", key_text(key)[1], child) for key, child in flat]
             position = 0  # in `flat`, whose keys the rows need
             # hidden=True: runs are judged on every field, as JAX flattens them

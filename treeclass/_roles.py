@@ -5,16 +5,19 @@ A model's values play different parts, and `tc.optim.trainable`, `tc.tree_summar
 
 - `trainable`: an inexact (floating or complex) JAX or NumPy array, or an abstract one
   (`jax.ShapeDtypeStruct`), that is neither frozen nor held by a state field;
-- `state`: a leaf held (at any depth) by a field whose metadata says
-  `{"role": "state"}`: running statistics, counters, caches the forward pass updates;
-- `frozen`: a value wrapped by `tc.freeze`, hidden from JAX transformations;
+- `state`: a leaf held (at any depth) by a field declared `tc.field(role="state")`:
+  running statistics, counters, caches the forward pass updates;
+- `frozen`: a value wrapped by `tc.freeze`, hidden from JAX transformations, or a leaf
+  held by a field declared `tc.field(role="frozen")` (a traced leaf never trained);
 - `other`: any other leaf (a Python number or NumPy scalar, an integer or boolean array,
   a string): JAX sees it, the optimizer helpers never train it unless it is selected;
 - `static`: a `tc.field(static=True)` value, part of the tree definition (not a leaf).
 
-Frozen wins over state, state over the kind of the value. Roles are judged on the values
-as they are: under `jax.jit` a Python number is a traced array, so judge them (build an
-optimizer) outside, on the model as it was constructed.
+A role is declared by a field of the class (`_fields.ROLE_KEY` in its metadata), so it
+holds however `__init__` is written. `tc.freeze` wins over a declared role, the
+innermost declaration over outer ones, a declaration over the kind of the value. Roles
+are judged on the values as they are: under `jax.jit` a Python number is a traced
+array, so judge them (build an optimizer) outside, on the model as it was constructed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 import jax
 
 from . import _node
-from ._structure import LEAF, TREECLASS, node_kind, open_node, wrapper_of
+from ._fields import FIELD_ROLES, ROLE_KEY
+from ._structure import LEAF, node_kind, open_node, wrapper_of
 from ._values import is_array, is_inexact_array
 
 __all__ = [
@@ -41,6 +45,8 @@ __all__ = [
     "static_values",
     "field_role",
     "state_children",
+    "declared_children",
+    "ROLES_OF",
     "leaf_role",
     "leaf_roles",
     "declares_state",
@@ -53,15 +59,13 @@ STATIC = "static"
 OTHER = "other"
 MIXED = "mixed"  # a node where printing stops and whose leaves play several roles
 
-# the metadata key of `tc.field` that marks a field's role
-ROLE_KEY = "role"
-_FIELD_ROLES = (STATE,)
-
 _UNKNOWN_ROLE_MSG = (
     "The field `{cls}.{name}` has metadata role {role!r}; the roles a field can declare "
     "are {known}. Write\n"
-    "    {name}: jax.Array = tc.field(metadata={{'role': 'state'}})\n"
-    "for a value the forward pass updates (running statistics, counters, caches)."
+    "    {name}: jax.Array = tc.field(role='state')\n"
+    "for a value the forward pass updates (running statistics, counters, caches), or\n"
+    "    {name}: jax.Array = tc.field(role='frozen')\n"
+    "for a pretrained value that is never trained."
 )
 
 
@@ -76,53 +80,72 @@ def is_trainable_value(x: Any) -> bool:
 
 
 def field_role(cls: type, name: str) -> str | None:
-    """The role a TreeClass field declares in its metadata (`"state"`), or `None`."""
+    """The role a TreeClass field declares (`"state"`, `"frozen"`), or `None`."""
     field = _node.fields_of(cls).get(name)
     if field is None:
         return None
     role = field.metadata.get(ROLE_KEY)
     if role is None:
         return None
-    if role not in _FIELD_ROLES:
+    if role not in FIELD_ROLES:
         raise ValueError(
             _UNKNOWN_ROLE_MSG.format(
-                cls=cls.__name__, name=name, role=role, known=", ".join(map(repr, _FIELD_ROLES))
+                cls=cls.__name__, name=name, role=role, known=", ".join(map(repr, FIELD_ROLES))
             )
         )
     return role
 
 
+_NO_ROLES: dict[str, str] = {}
+
+
 @functools.lru_cache(maxsize=4096)
-def _state_fields(cls: type) -> frozenset[str]:
+def _declared_fields(cls: type) -> dict[str, str]:
     # a class's fields are fixed when it is created: looked up once per class (speed only)
-    return frozenset(name for name in _node.fields_of(cls) if field_role(cls, name) == STATE)
+    found = {name: field_role(cls, name) for name in _node.fields_of(cls)}
+    return {name: role for name, role in found.items() if role is not None} or _NO_ROLES
+
+
+# A node that is not a TreeClass but whose children are a TreeClass's (a stack of blocks)
+# names that TreeClass with this method, so the roles its class declares hold.
+ROLES_OF = "__treeclass_roles_of__"
+
+
+def declared_children(node: Any) -> dict[str, str]:
+    """Child name -> declared role, for the children of a TreeClass `node` (read-only)."""
+    if not _node.is_treeclass(node):
+        roles_of = getattr(type(node), ROLES_OF, None)
+        return _NO_ROLES if roles_of is None else declared_children(roles_of(node))
+    cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
+    return _declared_fields(cls)
 
 
 def state_children(node: Any) -> frozenset[str]:
     """The names of the children of a TreeClass `node` that its class declares state."""
-    if not _node.is_treeclass(node):
-        return frozenset()
-    cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
-    return _state_fields(cls)
+    return frozenset(name for name, role in declared_children(node).items() if role == STATE)
 
 
 def declares_state(tree: Any) -> bool:
-    """Whether a TreeClass node of `tree` has a field declared state."""
-    return any(state_children(node) for node in _node.treeclass_nodes(tree))
+    """Whether a TreeClass node of `tree` has a field that declares a role."""
+    return any(declared_children(node) for node in _node.treeclass_nodes(tree))
 
 
-def leaf_role(x: Any, in_state: bool) -> str:
-    """The role of one leaf (or frozen value); `in_state`: it is held by a state field."""
+def leaf_role(x: Any, in_state: bool | str) -> str:
+    """The role of one leaf (or frozen value).
+
+    `in_state`: the role declared by the field that holds it (`True` for state, as
+    before roles other than state could be declared), or a false value.
+    """
     wrapper = wrapper_of(x)
     if wrapper is not None:  # a frozen value: its wrapper kind says its role
         return wrapper.role
     if in_state:
-        return STATE
+        return STATE if in_state is True else in_state
     return TRAINABLE if is_trainable_value(x) else OTHER
 
 
 def leaf_roles(
-    tree: Any, in_state: bool = False, is_leaf: Callable[[Any], bool] | None = None
+    tree: Any, in_state: bool | str = False, is_leaf: Callable[[Any], bool] | None = None
 ) -> list[str]:
     """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, in that order.
 
@@ -135,7 +158,7 @@ def leaf_roles(
 
 
 def _collect(
-    node: Any, in_state: bool, is_leaf: Callable[[Any], bool] | None, out: list[str]
+    node: Any, in_state: bool | str, is_leaf: Callable[[Any], bool] | None, out: list[str]
 ) -> None:
     wrapper = wrapper_of(node)
     if wrapper is not None:
@@ -150,9 +173,10 @@ def _collect(
     if opened is None:
         out.append(leaf_role(node, in_state))
         return
-    state = state_children(node) if kind == TREECLASS else frozenset()
+    declared = declared_children(node)
     for entry, child in zip(opened.entries, opened.children, strict=True):
-        _collect(child, in_state or (bool(state) and entry.name in state), is_leaf, out)
+        # the innermost declaration counts (a state field inside a frozen subtree is state)
+        _collect(child, (declared.get(entry.name) if declared else None) or in_state, is_leaf, out)
 
 
 def _is_wrapper(x: Any) -> bool:
@@ -170,10 +194,12 @@ def roles(tree: Any) -> Any:
     - `"trainable"`: an inexact (floating or complex) JAX or NumPy array (or an abstract
       `jax.ShapeDtypeStruct`) that is neither frozen nor state;
     - `"state"`: a leaf held, at any depth, by a field declared with
-      `tc.field(metadata={"role": "state"})`: running statistics, step counters, caches,
-      values the forward pass updates and no optimizer touches;
+      `tc.field(role="state")` (or `metadata={"role": "state"}`): running statistics,
+      step counters, caches, values the forward pass updates and no optimizer touches;
     - `"frozen"`: a value wrapped by `tc.freeze` (it stands in the result where the
-      frozen value stood: frozen values are not leaves);
+      frozen value stood: frozen values are not leaves), or a leaf held by a field
+      declared `tc.field(role="frozen")` (a leaf `jax.jit` traces, whose reads stop
+      gradients, and which no optimizer helper trains);
     - `"other"`: every other leaf: Python numbers (`self.eps = 1e-5` in a hand-written
       `__init__`) and NumPy scalars, integer and boolean arrays, PRNG keys, strings.
       `jax.grad` still sees them (every leaf is a leaf), the optimizer helpers do not
@@ -206,7 +232,7 @@ def roles(tree: Any) -> Any:
 
     class Norm(tc.TreeClass):
         scale: jax.Array
-        mean: jax.Array = tc.field(metadata={"role": "state"})
+        mean: jax.Array = tc.field(role="state")
 
         def __init__(self, n):
             self.scale = jnp.ones(n)

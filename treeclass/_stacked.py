@@ -33,10 +33,12 @@ from jax.core import Tracer
 from jax.tree_util import SequenceKey
 
 from ._at import AtIndexer, at
+from ._fields import gradients_stopped, stop_gradient_if_traced
 from ._frozen import freeze, is_frozen, unfreeze
 from ._pprint import tree_repr, tree_str
 from ._pprint_html import html_display, treescope_repr
 from ._pprint_registry import register_printer
+from ._roles import FROZEN, leaf_roles
 from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
 from ._util import check_callable
 from ._values import exact_key, is_array, short_repr
@@ -73,6 +75,16 @@ SHARED_MSG = (
     "Block {k}'s value at {where} is {got}, block 0's is {want}: values that are not arrays "
     "are shared by all blocks of a stack, so they must be equal. Make it an array to give "
     "each block its own (`jnp.asarray(value)`), or a static field if it is configuration."
+)
+FROZEN_SUBTREE_MSG = (
+    "Block {k}'s value at {where} is {got}, block 0's is {want}: a frozen subtree is one "
+    "value shared by all blocks of a stack, so it must be equal in every block; its "
+    "arrays cannot carry the block axis. For pretrained weights in each block (a LoRA "
+    "adapter's base layer), keep them ordinary leaves in a field declared frozen: they "
+    "are stacked like any leaf and never trained:\n"
+    "    before: self.base = tc.freeze(base)\n"
+    '    after:  base: Linear = tc.field(role="frozen")  # in the class body\n'
+    "            self.base = base                               # in __init__"
 )
 MIXED_MSG = (
     "Block {k}'s value at {where} is {got}, block 0's is {want}: a leaf of a stack is an "
@@ -120,6 +132,11 @@ RESTACK_MSG = (
     "converts between a `Stacked` and a tuple or list of as many blocks, and needs the "
     "rest of the two trees to agree."
 )
+
+
+def _scanned_kinds(kinds: list[int]) -> list[int]:
+    """The kinds of the leaves a scan slices (the shared ones are not scanned)."""
+    return [k for k in kinds if k != _SHARED]
 
 
 def _what(x: Any) -> str:
@@ -269,9 +286,10 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
                 )
         return _numbers_array(values)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
-    raise ValueError(
-        SHARED_MSG.format(k=k, where=where(k), got=_what(values[k]), want=_what(first))
-    )
+    message = SHARED_MSG
+    if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
+        message = FROZEN_SUBTREE_MSG
+    raise ValueError(message.format(k=k, where=where(k), got=_what(values[k]), want=_what(first)))
 
 
 # JAX's dtype categories, in the order asked: NumPy's `dtype.kind` says 'V' for the
@@ -562,6 +580,11 @@ class Stacked:
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
 
+    def __treeclass_roles_of__(self) -> Any:
+        # the stack's children are its block tree's: the roles that tree's class declares
+        # (`tc.field(role=...)`) hold for them (read by `tc.roles` and the summary)
+        return self._tree
+
     _tree: Any
     _length: int
     _flat: tuple[tuple[Any, ...], tuple[int, Any]]
@@ -819,6 +842,13 @@ class Stacked:
         check_callable(fn, "Stacked.scan", "fn", " of (block, carry)")
         leaves, treedef, kinds = self._leaves()
         scanned = [x if k == _ARRAY else unfreeze(x) for x, k in zip(leaves, kinds) if k != _SHARED]
+        # a leaf of a field declared `role="frozen"` stops its gradient before the scan, not
+        # only at its read inside the body: else the scan's transpose builds a stacked zero
+        # cotangent for it, a temporary as large as the frozen weights
+        roles = [r for r, k in zip(leaf_roles(self._tree), kinds) if k != _SHARED]
+        stopped = [role == FROZEN and k == _ARRAY for role, k in zip(roles, _scanned_kinds(kinds))]
+        if any(stopped):
+            scanned = [stop_gradient_if_traced(x) if s else x for x, s in zip(scanned, stopped)]
         with_xs = xs is not None
 
         def body(carry: Any, inputs: Any) -> Any:
@@ -829,7 +859,10 @@ class Stacked:
                 for leaf, k in zip(leaves, kinds)
             ]
             block = treedef.unflatten(block_leaves)
-            out = fn(block, carry, x) if with_xs else fn(block, carry)
+            # the block's frozen slices were stopped before the scan: reads keep them as
+            # they are (a saved residual is then the slice itself, not a copy)
+            with gradients_stopped([v for v, s in zip(sliced, stopped) if s]):
+                out = fn(block, carry, x) if with_xs else fn(block, carry)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise TypeError(SCAN_RESULT_MSG.format(what=_what(out), where="of the stack"))
             return out

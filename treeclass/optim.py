@@ -42,7 +42,7 @@ from jax.core import Tracer
 
 from ._at import AtIndexer, at
 from ._frozen import is_frozen
-from ._roles import FROZEN, TRAINABLE, leaf_roles
+from ._roles import TRAINABLE, leaf_roles
 from ._structure import (
     LEAF,
     describe,
@@ -64,6 +64,7 @@ __all__ = [
     "partition",
     "trainable",
     "scale_blocks",
+    "apply_updates",
 ]
 
 _T = TypeVar("_T")
@@ -337,8 +338,10 @@ def mask(selection: _T, where: Any, /, *more: Any, strict: bool = True) -> _T: .
 def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     """A boolean tree, `True` exactly at the leaves a selection picks.
 
-    The result has the structure of the selected tree (same node types, frozen values
-    kept as they are), so optax accepts it wherever it takes a mask: `optax.masked`,
+    The result has the structure of the selected tree (same node types), with `False`
+    in place of each frozen value (a mask leaf stands for the subtree at its place), so
+    optax accepts it wherever it takes a mask, with or without `tc.optim.trainable`
+    around the transform that takes it: `optax.masked`,
     `optax.adamw(mask=...)` (and every optimizer with a `mask`/`weight_decay_mask`),
     `optax.freeze`, `optax.selective_transform(freeze_mask=...)`. Its leaves are plain
     `bool`s, so it is safe when the model class defines `__call__`: `optax.masked` tells a
@@ -346,7 +349,7 @@ def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     which are never callable here. (For `optax.multi_transform`, which calls any callable
     it gets, use `labels`.)
 
-    Frozen values (`tc.freeze`) are not leaves, so a mask never selects them. A selection
+    Frozen values (`tc.freeze`) are not leaves, so a mask never selects them (`False`). A selection
     that selects no leaf at all (a mask or predicate selecting nothing, or only frozen
     values) is an error unless `strict=False`: an optimizer setting built from it would
     silently change nothing.
@@ -384,8 +387,11 @@ def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     # frozen values count as leaves here, so that a selection reaching only frozen values
     # is not an error; they are put back unchanged below
     marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
+    # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at its
+    # place, so the mask fits the model (where a frozen value is a node without children)
+    # and the tree `tc.optim.trainable` hands its transform (where it is `MaskedNode()`)
     result = jax.tree_util.tree_map(
-        lambda old, new: old if is_frozen(old) else new is _SELECTED,
+        lambda old, new: False if is_frozen(old) else new is _SELECTED,
         indexer.tree,
         marked,
         is_leaf=is_frozen,
@@ -428,7 +434,11 @@ class Labels(Generic[_T]):
     optax calls any callable it is given as labels, and a label tree whose root is a
     model class with `__call__` is callable; so labels reach optax wrapped in this
     function, which returns the tree (after checking that it fits the parameters, so a
-    mismatch names its key path). The tree itself is `.tree`.
+    mismatch names its key path). The tree itself is `.tree`. A label function may
+    return a `Labels` too (`lambda p: tc.optim.labels(p, ...)`): it is a pytree whose
+    leaves are its labels, and mapping over it gives the mapped tree (`jax.tree.map(f,
+    labels)` is `jax.tree.map(f, labels.tree)`). Frozen values hold the first label
+    there (`fitted()`): a leaf that stands for a node without children.
 
     ```python
     import jax.numpy as jnp
@@ -448,11 +458,28 @@ class Labels(Generic[_T]):
         self.tree = tree
 
     def __call__(self, params: Any) -> _T:
+        tree = self.fitted()
         # `optax.tree_utils.tree_map_params` initialises with a stand-in object instead
         # of the parameters; it only needs the tree back
         if type(params).__name__ != _PLACEHOLDER_TYPE:
-            check_labels(self.tree, params)
-        return self.tree
+            check_labels(tree, params)
+        return tree
+
+    def fitted(self) -> _T:
+        """The label tree as optax takes it: a label in place of each frozen value.
+
+        A frozen value stands where the parameters hold a node without children (the
+        frozen value itself, or `optax.MaskedNode()` inside `tc.optim.trainable`): a label
+        leaf fits both, and no array is there for its transform to see.
+        """
+        tree = self.tree
+        leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_frozen)
+        if not any(is_frozen(x) for x in leaves):
+            return tree
+        label = next((x for x in leaves if not is_frozen(x)), None)
+        return jax.tree_util.tree_map(
+            lambda x: label if is_frozen(x) else x, tree, is_leaf=is_frozen
+        )
 
     def __repr__(self) -> str:
         return f"Labels({self.tree!r})"
@@ -467,12 +494,36 @@ class Labels(Generic[_T]):
     __hash__ = None  # type: ignore[assignment]
 
 
+# A `Labels` is a pytree node whose one child is its (fitted) tree, and mapping over it
+# gives the mapped tree itself: so a label function may return one (`lambda p:
+# tc.optim.labels(p, ...)`); optax reads its leaves as the labels, and the per-label masks
+# it maps from it are plain boolean trees.
+def _labels_children(children: Any) -> Any:
+    (tree,) = children
+    return tree
+
+
+jax.tree_util.register_pytree_with_keys(
+    Labels,
+    lambda labels: (((jax.tree_util.GetAttrKey("tree"), labels.fitted()),), None),
+    lambda _, children: _labels_children(children),
+    flatten_func=lambda labels: ((labels.fitted(),), None),
+)
+
+
+def _mask_structure(tree: Any) -> Any:
+    """The structure of a mask of `tree`: `False` in place of each frozen value."""
+    return jax.tree_util.tree_structure(
+        jax.tree_util.tree_map(lambda x: False if is_frozen(x) else 0, tree, is_leaf=is_frozen)
+    )
+
+
 def _selection_mask(tree: Any, label: Hashable, selection: Any) -> Any:
     if isinstance(selection, AtIndexer):
         selected = mask(selection, strict=False)
     else:
         selected = mask(tree, selection, strict=False)
-    if jax.tree_util.tree_structure(selected) != jax.tree_util.tree_structure(tree):
+    if jax.tree_util.tree_structure(selected) != _mask_structure(tree):
         try:
             check_mask(selected, tree)
             detail = ""
@@ -533,7 +584,8 @@ def labels(
     if not isinstance(selections, Mapping):
         raise TypeError(_SELECTIONS_TYPE_MSG.format(type=type(selections).__name__))
     _check_strict(strict, "labels")
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    # frozen values count as places here (their mask leaf is `False`); they are kept
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
         selected = jax.tree_util.tree_leaves(_selection_mask(tree, label, selection))
@@ -550,12 +602,19 @@ def labels(
     if overlaps:
         raise ValueError(_OVERLAP_MSG.format(count=len(overlaps), claims="\n".join(overlaps)))
     if default is None:
-        unclaimed = [f"    `{path_str(tree, path)}`" for (path, _), c in zip(flat, claims) if not c]
+        unclaimed = [
+            f"    `{path_str(tree, path)}`"
+            for (path, leaf), c in zip(flat, claims)
+            if not c and not is_frozen(leaf)
+        ]
         if unclaimed:
             raise ValueError(
                 _UNCLAIMED_MSG.format(count=len(unclaimed), paths="\n".join(unclaimed))
             )
-    leaves = [claimed[0] if claimed else default for claimed in claims]
+    leaves = [
+        leaf if is_frozen(leaf) else (claimed[0] if claimed else default)
+        for (_, leaf), claimed in zip(flat, claims)
+    ]
     return Labels(jax.tree_util.tree_unflatten(treedef, leaves))
 
 
@@ -647,6 +706,16 @@ _PRNG_KEY_MSG = (
 )
 
 
+_REFROZEN_MSG = (
+    "The {what} handed to `{method}` hold{s} at `{path}` a value that is {now}, but it was "
+    "{then} in the model this optimizer was built from: the optimizer keeps the roles it "
+    "was built with, so it would build or update a state that does not fit the model. "
+    "Build the optimizer from the model as you train it, after freezing (or unfreezing):\n"
+    "    before: opt = tc.optim.trainable(tx, model); model = model.at[...].apply(tc.freeze)\n"
+    "    after:  model = model.at[...].apply(tc.freeze); opt = tc.optim.trainable(tx, model)"
+)
+
+
 def _frozen_free(tree: Any) -> Any:
     """The structure of `tree` with every frozen value replaced by one placeholder.
 
@@ -671,9 +740,11 @@ class _Plan:
 
     def split(self, tree: Any, what: str, method: str) -> tuple[list[Any], Any]:
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_frozen)
-        if treedef != self.treedef and (
-            len(leaves) != len(self.kinds) or _frozen_free(tree) != self.skeleton
-        ):
+        if treedef == self.treedef:  # the same places, frozen values counted as leaves
+            for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
+                if is_frozen(leaf) != (kind == _FROZEN):
+                    self._refuse_refrozen(tree, index, what, method, kind)
+        elif len(leaves) != len(self.kinds) or _frozen_free(tree) != self.skeleton:
             found = first_mismatch(self.root, tree, is_leaf=is_frozen)
             path, reason = (
                 ((), "the structures differ")
@@ -689,6 +760,23 @@ class _Plan:
                 )
             )
         return leaves, treedef
+
+    def _refuse_refrozen(self, tree: Any, index: int, what: str, method: str, kind: int) -> None:
+        path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0][index][0]
+        if kind == _FROZEN:
+            then, now = "a frozen value", "not frozen"
+        else:
+            then, now = "a leaf (" + ("updated" if kind == _UPDATE else "kept") + ")", "frozen"
+        raise ValueError(
+            _REFROZEN_MSG.format(
+                what=what,
+                s="" if what.endswith("s") else "s",
+                method=method,
+                path=path_str(tree, path),
+                then=then,
+                now=now,
+            )
+        )
 
     def selected(self, treedef: Any, leaves: list[Any], masked: Any) -> Any:
         """`leaves` as a tree in which only the updated ones are left (others `masked`)."""
@@ -720,9 +808,13 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
     if isinstance(selection, AtIndexer) or where:
         indexer = _indexer(selection, where)
         tree = indexer.tree
-        flags = jax.tree_util.tree_leaves(mask(indexer, strict=strict), is_leaf=is_frozen)
+        # a mask holds `False` where the tree holds a frozen value: one flag per place
+        flags = jax.tree_util.tree_leaves(mask(indexer, strict=strict))
         kinds = [
-            _FROZEN if is_frozen(flag) else (_UPDATE if flag is True else _KEEP) for flag in flags
+            _FROZEN if is_frozen(leaf) else (_UPDATE if flag is True else _KEEP)
+            for leaf, flag in zip(
+                jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), flags, strict=True
+            )
         ]
         paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
         for (path, leaf), kind in zip(paths, kinds, strict=True):
@@ -737,7 +829,14 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
         return _Plan(tree, kinds)
     tree = selection
     names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
-    kinds = [{TRAINABLE: _UPDATE, FROZEN: _FROZEN}.get(name, _KEEP) for name in names]
+    # a frozen value is `_FROZEN` (not a leaf); every other role but trainable is kept,
+    # a leaf of a field declared `role="frozen"` too (it is a leaf, with an update)
+    kinds = [
+        _FROZEN if is_frozen(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
+        for leaf, name in zip(
+            jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), names, strict=True
+        )
+    ]
     if strict and _UPDATE not in kinds:
         counts: dict[str, int] = {}
         for name in names:
@@ -864,6 +963,72 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
         return treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _is_unchanged_update(update: Any) -> bool:
+    """Whether a concrete `update` adds nothing to any value: all `-0.0`, or all zero."""
+    if isinstance(update, Tracer) or not isinstance(update, (jax.Array, np.ndarray, np.generic)):
+        return False
+    dtype = np.dtype(update.dtype) if update.dtype != jax.dtypes.float0 else None
+    if dtype is None:  # the gradient of an integer leaf: nothing to add
+        return True
+    data = np.asarray(update)
+    if np.issubdtype(dtype, np.inexact):
+        # -0.0 is the one value `x + u == x` holds for, bit for bit, for every float x
+        parts = (np.real(data), np.imag(data)) if np.iscomplexobj(data) else (data,)
+        return all(bool(np.all((part == 0) & np.signbit(part))) for part in parts)
+    return not data.any()
+
+
+def _apply_one(param: Any, update: Any) -> Any:
+    if param is None:
+        return None
+    if not _is_inexact_leaf(param) or is_prng_key(param) or _is_unchanged_update(update):
+        # integers, booleans, keys: no optimizer trains them; an update of -0.0: the
+        # param as it is (its type, dtype, weak type and bits; a NaN's payload too)
+        return param
+    new = jnp.asarray(param + update)
+    dtype = jnp.result_type(param)
+    return new if new.dtype == dtype else new.astype(dtype)
+
+
+def apply_updates(params: _T, updates: Any) -> _T:
+    """`optax.apply_updates` that leaves every value no optimizer changed exactly as it is.
+
+    `optax.apply_updates` adds every update and casts the sum to the parameter's dtype,
+    which makes a weakly typed value strongly typed (the next jitted step compiles anew),
+    turns a NumPy 64-bit scalar into a 32-bit JAX array (with 64-bit types off, an int64
+    2**40 becomes 0), and, in eager mode, quiets a signalling NaN. Here:
+
+    - an integer, boolean or PRNG key leaf is returned as it is (no optimizer trains it);
+    - a leaf whose update is, concretely, all `-0.0` (what `tc.optim.trainable` gives
+      every leaf it does not train) is returned as it is: the same object;
+    - any other leaf is `param + update`, of the parameter's dtype and weak type (under
+      `jax.jit` an update of `-0.0` is compiled away, so the sum is the parameter).
+
+    **Arguments**
+
+    - `params`: the parameters (a model or any pytree).
+    - `updates`: the updates, as `opt.update` returns them.
+
+    **Returns**
+
+    The updated parameters, with the structure of `params`.
+
+    ```python
+    import jax.numpy as jnp, numpy as np, optax
+    import treeclass as tc
+
+    params = {"w": jnp.ones(2), "count": np.int64(2**40), "eps": jnp.asarray(1e-5)}
+    opt = tc.optim.trainable(optax.sgd(0.1), params)
+    grads = {"w": jnp.ones(2), "count": np.zeros(()), "eps": jnp.zeros(())}
+    updates, _ = opt.update(grads, opt.init(params), params)
+    new = tc.optim.apply_updates(params, updates)
+    assert new["count"] is params["count"] and new["eps"] is params["eps"]
+    assert np.allclose(new["w"], 0.9)
+    ```
+    """
+    return jax.tree_util.tree_map(_apply_one, params, updates, is_leaf=lambda x: x is None)
 
 
 def _leaf_path(tree: Any, index: int) -> str:
