@@ -807,7 +807,7 @@ def test_repr_with_trace_replaces_each_leaf_with_its_table():
         ┌───────────┬──────────────┐
         │ Value     │ 3.0          │
         ├───────────┼──────────────┤
-        │ Name path │ .b[1]        │
+        │ Name path │ .b->[1]      │
         ├───────────┼──────────────┤
         │ Type path │ tuple->float │
         └───────────┴──────────────┘""")
@@ -836,13 +836,30 @@ def test_repr_with_trace_prints_tables_in_place():
     assert repr(tc.tree_repr_with_trace(Tree(a=1, b=(), c=jnp.ones(1)))) == text
 
 
+def test_repr_with_trace_writes_the_name_path_as_pytreeclass_v04_did():
+    # v0.4 joined the key entries with `->`, as it joins the types: `.b->.c->[0]`
+    class Outer(tc.TreeClass):
+        def __init__(self):
+            self.b = Inner()
+
+    class Inner(tc.TreeClass):
+        def __init__(self):
+            self.c = [1.0]
+            self.d = {"e": 2}
+
+    traced = tc.tree_repr_with_trace(Outer())
+    assert "│ Name path │ .b->.c->[0]" in traced.b.c[0]
+    assert "│ Type path │ Inner->list->float" in traced.b.c[0]
+    assert "│ Name path │ .b->.d->['e']" in traced.b.d["e"]
+
+
 def test_repr_with_trace_transposed_has_a_header_row():
     assert tc.tree_repr_with_trace([Point(1.0, "s")], transpose=True)[0].y == textwrap.dedent(
         """\
         ┌───────┬───────────┬────────────┐
         │ Value │ Name path │ Type path  │
         ├───────┼───────────┼────────────┤
-        │ 's'   │ [0].y     │ Point->str │
+        │ 's'   │ [0]->.y   │ Point->str │
         └───────┴───────────┴────────────┘"""
     )
 

@@ -1163,8 +1163,10 @@ def tree_repr_with_trace(
     Useful to see where each leaf sits and which node types lie above it: the type path
     is what `tc.tree_map_with_trace` passes to its function (the types of the nodes below
     the root on the way to the leaf, ending with the leaf's own type), as in PyTreeClass
-    v0.4. The tables are strings that print without quotes, so `tc.tree_str` of the result
-    (what `print` uses for a `TreeClass`) shows them in place.
+    v0.4. Both paths are written as v0.4 wrote them, one entry per step joined by `->`:
+    the name path `.b->.c->[0]` (each key entry as JAX's `keystr` writes it alone), the
+    type path `Tree->list->int`. The tables are strings that print without quotes, so
+    `tc.tree_str` of the result (what `print` uses for a `TreeClass`) shows them in place.
 
     **Arguments**
 
@@ -1185,7 +1187,7 @@ def tree_repr_with_trace(
         "┌───────────┬─────────────┐\\n"
         "│ Value     │ 1.0         │\\n"
         "├───────────┼─────────────┤\\n"
-        "│ Name path │ ['a'][0]    │\\n"
+        "│ Name path │ ['a']->[0]  │\\n"
         "├───────────┼─────────────┤\\n"
         "│ Type path │ list->float │\\n"
         "└───────────┴─────────────┘"
@@ -1206,7 +1208,7 @@ def tree_repr_with_trace(
         keys, kinds = trace
         rows = [
             ["Value", _one_line(leaf)],
-            ["Name path", _path_text(tuple(keys))],
+            ["Name path", "->".join(map(str, keys))],  # PyTreeClass v0.4's `.b->.c->[0]`
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
         if transpose:
