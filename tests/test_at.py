@@ -100,7 +100,7 @@ def test_negative_index_counts_from_the_end():
 def test_chaining_after_an_operation():
     layer = Linear(jnp.zeros(2), jnp.zeros(2))
     new = layer.at["weight"].set(1.0).at["bias"].set(2.0)
-    assert (new.weight, new.bias) == (1.0, 2.0)
+    assert (new.weight.tolist(), new.bias.tolist()) == ([1.0, 1.0], [2.0, 2.0])
 
 
 def test_at_function_and_indexer_class_on_dict():
@@ -163,7 +163,7 @@ def test_union_at_one_level():
 def test_ellipsis_selects_every_child_and_alone_the_whole_tree():
     model = MLP(2)
     new = model.at["layers"][...]["bias"].set(1.0)
-    assert all(layer.bias == 1.0 for layer in new.layers)
+    assert all(layer.bias.tolist() == [1.0, 1.0] for layer in new.layers)
     assert tc.at(3.0)[...].set(1.0) == 1.0
     assert leaves_equal(model.at[...].get(), model)
 
@@ -394,14 +394,14 @@ def test_where_predicate_receives_full_path_and_node():
         return path[-1] == jax.tree_util.GetAttrKey("bias")
 
     new = model.at[tc.where(fn)].set(5.0)
-    assert [layer.bias for layer in new.layers] == [5.0, 5.0]
+    assert [layer.bias.tolist() for layer in new.layers] == [[5.0, 5.0]] * 2
     assert ".layers[0].bias" in seen
 
 
 def test_glob_reaches_deep_leaves():
     model = MLP(3)
     new = model.at[tc.glob("layers.*.bias")].set(1.0)
-    assert [layer.bias for layer in new.layers] == [1.0] * 3
+    assert [layer.bias.tolist() for layer in new.layers] == [[1.0, 1.0]] * 3
     assert new.layers[0].weight is model.layers[0].weight
 
 
@@ -428,7 +428,7 @@ def test_basekey_subclass_matches_entries():
 
     model = MLP(2)
     new = model.at["layers"][...][Suffix("ight")].set(0.0)
-    assert [layer.weight for layer in new.layers] == [0.0, 0.0]
+    assert [layer.weight.tolist() for layer in new.layers] == [[[0.0] * 2] * 2] * 2
 
 
 def test_mixed_union_of_name_and_class():
@@ -812,10 +812,15 @@ def test_property_treeclass_input_unchanged_and_set_get_roundtrip(n, data, value
     mask = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(model), bits)
     index = data.draw(st.integers(-n, n - 1))
     new = model.at["layers"][index]["bias"].set(value)
-    assert new.layers[index].bias == value
+    assert (new.layers[index].bias == value).all()  # a number fills the array leaf
     got = model.at[mask].set(value).at[mask].get(fill_value=_FILL)
-    for leaf, bit in zip(jax.tree_util.tree_leaves(got), bits, strict=True):
-        assert (leaf == value) if bit else (leaf is _FILL)
+    for leaf, bit, old in zip(jax.tree_util.tree_leaves(got), bits, before, strict=True):
+        if bit and isinstance(old, jax.Array):  # a number fills an array leaf
+            assert leaf.shape == old.shape and leaf.dtype == old.dtype and (leaf == value).all()
+        elif bit:  # and replaces any other leaf (`scale`, a Python float)
+            assert leaf == value and type(leaf) is type(value)
+        else:
+            assert leaf is _FILL
     model.at[mask].apply(lambda x: x + 1)
     model.at[Linear][...].scan(lambda x, s: (x, s), 0)
     after = jax.tree_util.tree_leaves(model)
@@ -866,7 +871,7 @@ def test_a_frozen_match_is_passed_by_when_more_selectors_follow(selector):
     got = tc.at(tree)[selector]["weight"].get()
     assert got["a"].weight.tolist() == [1.0, 1.0] and got["b"] is tree["b"]  # no leaves to fill
     new = tc.at(tree)[selector]["weight"].set(5.0)
-    assert new["a"].weight == 5.0
+    assert new["a"].weight.tolist() == [5.0, 5.0]
     assert new["b"] is tree["b"] and tc.unfreeze(new["b"]).weight.tolist() == [1.0, 1.0]
     applied = tc.at(tree)[selector]["weight"].apply(lambda w: w * 3)
     assert applied["a"].weight.tolist() == [3.0, 3.0] and applied["b"] is tree["b"]
@@ -904,3 +909,157 @@ def test_an_element_mask_refuses_a_value_that_is_no_array_naming_the_leaf(fn, op
         else:
             selection.set(fn(tree["w"]))
     assert tree["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# -- numbers at array leaves: an array stays an array ------------------------------------------
+
+
+class _Net(tc.TreeClass):
+    def __init__(self):
+        self.dense = Linear(jnp.ones((2, 3)), jnp.ones(3))
+        self.counts = np.arange(4, dtype=np.int8)
+        self.step = jnp.zeros((), jnp.int32)
+        self.eps = 1e-5
+
+
+def _shapes_and_dtypes(tree):
+    return [
+        (type(x).__name__, x.shape, x.dtype) if hasattr(x, "dtype") else type(x)
+        for x in jax.tree_util.tree_leaves(tree)
+    ]
+
+
+def _bias_selectors():
+    net = _Net()
+    return {
+        "name": ("dense", "bias"),
+        "regex": ("dense", re.compile("b.*")),
+        "glob": (tc.glob("**.bias"),),
+        "class": (Linear, "bias"),
+        "where": (tc.where(lambda path, x: path[-1] == jax.tree_util.GetAttrKey("bias")),),
+        "bool mask": (net.at[...].set(False).at["dense"]["bias"].set(True),),
+        "element mask": (net.at[...].set(False).at["dense"]["bias"].set(jnp.ones(3, bool)),),
+    }
+
+
+@pytest.mark.parametrize("selector", list(_bias_selectors()), ids=str)
+def test_a_number_set_at_an_array_leaf_keeps_its_shape_and_dtype(selector):
+    net = _Net()
+    new = tc.at(net, where=list(_bias_selectors()[selector])).set(0)
+    assert type(new.dense.bias) is type(net.dense.bias)
+    assert new.dense.bias.dtype == jnp.float32 and new.dense.bias.tolist() == [0.0] * 3
+    assert new.dense.weight is net.dense.weight
+    assert tc.roles(new).dense.bias == "trainable"
+
+
+def test_a_number_set_everywhere_fills_jax_and_numpy_arrays_and_replaces_other_leaves():
+    net = _Net()
+    new = net.at[...].set(3)
+    assert _shapes_and_dtypes(new) == [*_shapes_and_dtypes(net)[:-1], int]
+    assert type(new.counts) is np.ndarray and new.counts.tolist() == [3] * 4
+    assert new.step.dtype == jnp.int32 and int(new.step) == 3
+    assert new.eps == 3 and type(new.eps) is int  # not an array: the number itself
+    assert net.dense.bias.tolist() == [1.0] * 3  # the input is unchanged
+
+
+def test_a_numpy_scalar_is_a_number_and_fits_the_leaf_dtype():
+    new = _Net().at["dense"]["bias"].set(np.float64(0.25))
+    assert new.dense.bias.dtype == jnp.float32 and new.dense.bias.tolist() == [0.25] * 3
+    assert _Net().at["counts"].set(np.int64(-2)).counts.dtype == np.int8
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap", "eval_shape"])
+def test_a_number_set_under_a_transformation_keeps_shapes_and_dtypes(transform):
+    net = _Net()
+
+    def zero(n):
+        return n.at[tc.glob("dense.*")].set(0.0).at["step"].set(7)
+
+    if transform == "jit":
+        out = jax.jit(zero)(net)
+        assert out.dense.weight.tolist() == [[0.0] * 3] * 2 and int(out.step) == 7
+    elif transform == "vmap":
+        batched = jax.vmap(lambda w: zero(net.at["dense"]["weight"].set(w)).dense.weight)
+        assert batched(jnp.ones((4, 2, 3))).shape == (4, 2, 3)
+        return
+    else:
+        out = jax.eval_shape(zero, net)
+    assert out.dense.weight.shape == (2, 3) and out.dense.weight.dtype == jnp.float32
+    assert out.step.shape == () and out.step.dtype == jnp.int32
+
+
+def test_bools_are_flags_so_set_false_still_builds_a_mask():
+    mask = _Net().at[...].set(False).at[Linear]["weight"].set(True)
+    assert jax.tree_util.tree_leaves(mask) == [True, False, False, False, False]
+
+
+def test_apply_whole_puts_the_number_in_place_of_the_array():
+    new = _Net().at["dense"]["bias"].apply(lambda _: 0.0, whole=True)
+    assert new.dense.bias == 0.0 and type(new.dense.bias) is float
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_apply_and_scan_returning_a_number_fill_the_array(parallel):
+    net = _Net()
+    applied = net.at[Linear][...].apply(lambda _: 2, is_parallel=parallel)
+    assert applied.dense.weight.shape == (2, 3) and applied.dense.weight.dtype == jnp.float32
+    assert applied.dense.bias.tolist() == [2.0] * 3
+    scanned, n = net.at[Linear][...].scan(lambda x, s: (s, s + 1), 0)
+    assert n == 2 and scanned.dense.weight.tolist() == [[0.0] * 3] * 2
+    assert scanned.dense.bias.tolist() == [1.0] * 3
+
+
+def test_whole_tree_mask_fast_path_fills_arrays_too():
+    tree = {"w": jnp.ones(3), "n": np.arange(3, dtype=np.int64), "s": 1.5}
+    mask = {"w": True, "n": np.array([True, False, True]), "s": True}
+    new = tc.at(tree)[mask].set(0)
+    assert new["w"].tolist() == [0.0] * 3 and new["w"].dtype == jnp.float32
+    assert type(new["n"]) is np.ndarray and new["n"].dtype == np.int64
+    assert new["n"].tolist() == [0, 1, 0] and new["s"] == 0
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "error", "reason"),
+    [
+        (("counts",), 2.7, TypeError, "2.7 is not an integer"),
+        (("counts",), 300, OverflowError, "300 is out of int8's range"),
+        (("dense", "bias"), 1j, TypeError, "imaginary part does not fit float32"),
+        (("step",), float("nan"), TypeError, "nan is not an integer"),
+    ],
+)
+def test_a_number_that_does_not_fit_the_leaf_dtype_names_the_leaf(where, value, error, reason):
+    net = _Net()
+    before = jax.tree_util.tree_leaves(net)
+    for op in (
+        lambda at: at.set(value),
+        lambda at: at.apply(lambda _: value),
+        lambda at: at.set(value, is_leaf=lambda x: False),  # the walk, not the fast path
+    ):
+        with pytest.raises(error, match=re.escape(reason)) as info:
+            op(tc.at(net, where=list(where)))
+        assert f"_Net.{'.'.join(where)}" in str(info.value)
+        assert "whole=True" in str(info.value)
+    assert all(a is b for a, b in zip(before, jax.tree_util.tree_leaves(net), strict=True))
+
+
+def test_a_number_under_an_element_mask_must_fit_and_keeps_the_dtype():
+    tree = {"n": jnp.arange(4, dtype=jnp.int8)}
+    mask = {"n": tree["n"] > 1}
+    assert tc.at(tree)[mask].set(0.0)["n"].dtype == jnp.int8
+    with pytest.raises(TypeError, match=r"tree\['n'\].*2.5 is not an integer"):
+        tc.at(tree)[mask].set(2.5)
+    with pytest.raises(TypeError, match=r"2.5 is not an integer"):
+        tc.at(tree)[mask].apply(lambda _: 2.5, is_leaf=lambda x: False)
+
+
+def test_a_number_cannot_be_put_into_a_key_array():
+    with pytest.raises(TypeError, match=r"tree\['k'\].*holds no numbers"):
+        tc.at({"k": jax.random.key(0)})["k"].set(0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(sorted(_bias_selectors())), st.floats(-1e3, 1e3, allow_nan=False))
+def test_property_setting_a_float_never_changes_an_inexact_leaf_shape_or_dtype(name, value):
+    net = _Net()
+    new = tc.at(net, where=list(_bias_selectors()[name])).set(value)
+    assert _shapes_and_dtypes(new) == _shapes_and_dtypes(net)

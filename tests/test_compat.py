@@ -179,9 +179,9 @@ def test_leaves_with_trace_is_trace_leaf_stops_at_a_depth():
 def test_repr_with_trace_shows_value_name_path_and_type_path():
     text = str(tc.tree_repr_with_trace({"a": [2]}))
     assert "Value" in text and "Name path" in text and "Type path" in text
-    assert "['a'][0]" in text and "list->int" in text
+    assert "['a']->[0]" in text and "list->int" in text  # v0.4's paths
     header = str(tc.tree_repr_with_trace({"a": [2]}, transpose=True)).splitlines()[1]
-    assert header.split("│")[1:4] == [" Value ", " Name path ", " Type path "]
+    assert [cell.strip() for cell in header.split("│")[1:4]] == ["Value", "Name path", "Type path"]
 
 
 def test_map_with_trace_is_trace_leaf_hands_whole_dropouts_to_the_function():

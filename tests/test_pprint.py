@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidevice import run_check_script
 
 import treeclass as tc
 from treeclass import _pprint, _pprint_registry
@@ -583,6 +584,60 @@ def test_large_accelerator_arrays_are_reduced_on_device(monkeypatch):
     assert calls == []
 
 
+# -- big arrays: bounded statistics, no full read for str ------------------------------------
+
+
+def test_statistics_above_the_exact_size_are_of_a_sample_and_say_so(monkeypatch):
+    monkeypatch.setattr(_pprint, "STATS_EXACT_MAX", 100)
+    x = np.random.default_rng(0).normal(size=(300, 200)).astype(np.float32)
+    text = tc.tree_repr(x)
+    assert re.fullmatch(r"f32\[300,200\]\(sampled μ=-?0\.0\d, σ=(0\.9\d|1\.0\d), ∈\[.*\]\)", text)
+    assert tc.tree_repr(x) == text  # the same elements every time
+    assert tc.tree_repr(jnp.asarray(x)) == text
+    assert tc.tree_repr(jnp.arange(100.0)).startswith("f32[100](μ=")  # small: exact, no mark
+
+
+def test_a_sample_is_spread_over_the_whole_array(monkeypatch):
+    monkeypatch.setattr(_pprint, "STATS_EXACT_MAX", 100)
+    monkeypatch.setattr(_pprint, "STATS_SAMPLE_SIZE", 64)
+    ramp = np.arange(100_000, dtype=np.int32)
+    low, high = (int(n) for n in re.search(r"∈\[(\d+),(\d+)\]", tc.tree_repr(ramp)).groups())
+    assert low < 2_000 and high > 98_000  # from both ends, not a prefix
+
+
+def test_sampled_statistics_of_a_transposed_numpy_array_need_no_copy(monkeypatch):
+    monkeypatch.setattr(_pprint, "STATS_EXACT_MAX", 100)
+    x = np.ones((400, 300), np.float32).T  # not C-contiguous
+    assert tc.tree_repr(x) == "f32[300,400](sampled μ=1.00, σ=0.00, ∈[1.00,1.00])"
+
+
+@pytest.mark.parametrize("shape", [(2000,), (50, 40), (3, 400, 5), (1001, 1)])
+def test_str_of_a_large_jax_array_is_numpys_text_read_from_its_corners(shape):
+    x = jnp.arange(math.prod(shape), dtype=jnp.float32).reshape(shape)
+    assert tc.tree_str(x) == str(np.asarray(x))
+    corners = _pprint._corners(x)
+    assert all(n <= 7 for n in corners.shape)
+
+
+@pytest.fixture(scope="module")
+def multidevice_results() -> dict:
+    return run_check_script("pprint_multidevice_check.py")
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        "small_sharded_arrays_print_exact_statistics_shard_by_shard",
+        "replicated_shards_are_read_once",
+        "large_sharded_arrays_show_sampled_statistics_without_a_gather",
+        "str_of_a_large_sharded_array_reads_only_its_corners",
+        "summary_and_diagram_of_a_sharded_model_do_not_gather",
+    ],
+)
+def test_sharded_arrays_print_without_being_gathered(multidevice_results, check):
+    assert multidevice_results[check] == "ok", multidevice_results[check]
+
+
 # -- tree_graph and tree_mermaid ---------------------------------------------------------------
 
 _DOT_NODE = re.compile(r'^    (\d+) \[label="((?:[^"\\]|\\.)*)"\];$')
@@ -807,7 +862,7 @@ def test_repr_with_trace_replaces_each_leaf_with_its_table():
         ┌───────────┬──────────────┐
         │ Value     │ 3.0          │
         ├───────────┼──────────────┤
-        │ Name path │ .b[1]        │
+        │ Name path │ .b->[1]      │
         ├───────────┼──────────────┤
         │ Type path │ tuple->float │
         └───────────┴──────────────┘""")
@@ -836,13 +891,30 @@ def test_repr_with_trace_prints_tables_in_place():
     assert repr(tc.tree_repr_with_trace(Tree(a=1, b=(), c=jnp.ones(1)))) == text
 
 
+def test_repr_with_trace_writes_the_name_path_as_pytreeclass_v04_did():
+    # v0.4 joined the key entries with `->`, as it joins the types: `.b->.c->[0]`
+    class Outer(tc.TreeClass):
+        def __init__(self):
+            self.b = Inner()
+
+    class Inner(tc.TreeClass):
+        def __init__(self):
+            self.c = [1.0]
+            self.d = {"e": 2}
+
+    traced = tc.tree_repr_with_trace(Outer())
+    assert "│ Name path │ .b->.c->[0]" in traced.b.c[0]
+    assert "│ Type path │ Inner->list->float" in traced.b.c[0]
+    assert "│ Name path │ .b->.d->['e']" in traced.b.d["e"]
+
+
 def test_repr_with_trace_transposed_has_a_header_row():
     assert tc.tree_repr_with_trace([Point(1.0, "s")], transpose=True)[0].y == textwrap.dedent(
         """\
         ┌───────┬───────────┬────────────┐
         │ Value │ Name path │ Type path  │
         ├───────┼───────────┼────────────┤
-        │ 's'   │ [0].y     │ Point->str │
+        │ 's'   │ [0]->.y   │ Point->str │
         └───────┴───────────┴────────────┘"""
     )
 

@@ -911,10 +911,12 @@ def test_at_mask_set_apply_get_equal_a_tree_map_where_reference(pair, value):
     before = snapshot(tree)
     value = np.float32(value)
 
-    # a bool selects the whole leaf (a set puts the value there, as given); a boolean
-    # array selects elements (`jnp.where`, the leaf keeps its shape)
+    # a bool selects the whole leaf (a number set there fills the array, which keeps its
+    # shape and dtype); a boolean array selects elements (`jnp.where`, the same shape)
     def where(m, new, x):
-        return new if m is True else x if m is False else jnp.where(m, new, x)
+        if m is True:
+            return jnp.full_like(x, new) if isinstance(new, np.float32) else new
+        return x if m is False else jnp.where(m, new, x)
 
     got = tc.at(tree)[mask].set(value)
     for k in tree:

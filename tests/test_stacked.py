@@ -397,12 +397,13 @@ def test_at_class_selector_reaches_inside_the_blocks():
     assert np.array_equal(new.blocks.tree.up.bias, net.blocks.tree.up.bias)
 
 
-def test_a_number_set_in_every_block_is_shared_as_in_the_unstacked_model():
+def test_a_number_set_in_every_block_fills_its_arrays_as_in_the_unstacked_model():
     net = stacked_net(3)
     new = net.at["blocks"][...]["up"]["bias"].set(2.0)
-    assert new.blocks.tree.up.bias == 2.0
+    bias = net.blocks.tree.up.bias
+    assert new.blocks.tree.up.bias.shape == bias.shape and (new.blocks.tree.up.bias == 2.0).all()
     assert all(
-        block.up.bias == 2.0
+        (block.up.bias == 2.0).all() and block.up.bias.shape == bias.shape[1:]
         for block in tc.at(unstacked(net))["blocks"][...]["up"]["bias"].set(2.0).blocks
     )
 

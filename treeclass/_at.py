@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, overload
@@ -199,6 +200,17 @@ PARALLEL_TRACED_VALUE_MSG = (
     "transformation, or drop `is_parallel`."
 )
 FN_NOTE = "raised by `{fn}` at {where} (in {selection})"
+NUMBER_MISFIT_MSG = (
+    "Cannot put {value} into the array leaf at {where} ({leaf}): {reason}. A number set at "
+    "an array leaf (or returned for one by `apply` or `scan`) becomes an array of the "
+    "leaf's shape and dtype, as `x.at[...].set(v)` does in jax.numpy, so the leaf stays an "
+    "array with its role (a trainable parameter stays trainable). Give a value of the "
+    "leaf's kind:\n"
+    "    before: tree.at[...].set({value})\n"
+    "    after:  tree.at[...].set({fix})\n"
+    "or, to put the number itself in place of the array (model surgery: the leaf stops "
+    "being an array), `tree.at[...].apply(lambda _: {value}, whole=True)`."
+)
 
 
 def _short_repr(x: Any, limit: int = 40) -> str:
@@ -290,7 +302,10 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
                 where=where(), leaf_shape=old_shape, value_shape=new_shape
             )
         )
-    return jnp.where(mask, new, old)
+    if type(new) in _NUMBER_TYPES and isinstance(old, _NUMBER_TARGETS):
+        # checked against the leaf's dtype, and weak: `where` keeps that dtype
+        new = _number_fit(new, old, where)
+    return _where(mask, new, old)
 
 
 def _take(
@@ -316,6 +331,134 @@ def _take(
     if not isinstance(x, (jax.Array, np.ndarray)):
         x = jnp.asarray(x)
     return x[jnp.broadcast_to(mask, x.shape)]
+
+
+# -- numbers put at array leaves ---------------------------------------------------------------
+# A number set at an array leaf (or returned for one by `apply` or `scan`) becomes an array of
+# the leaf's shape and dtype, as `x.at[...].set(v)` does in jax.numpy: a parameter stays a
+# parameter. `True` and `False` are not numbers here: they are flags, put as they are, so
+# `tree.at[...].set(False)` still builds a mask tree.
+
+
+def _number_types() -> frozenset[type]:
+    kinds = {int, float, complex}
+    kinds.update(t for t in set(np.sctypeDict.values()) if issubclass(t, np.number))
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "int4", "uint4"):
+        kind = getattr(jnp, name, None)
+        if isinstance(kind, type) and issubclass(kind, np.generic):
+            kinds.add(kind)
+    return frozenset(kinds)
+
+
+# one C-level set lookup on the `apply` hot path; `bool` and `np.bool_` are not in it
+_NUMBER_TYPES = _number_types()
+# the leaves a number is fitted into: arrays (tracers too) and NumPy scalars
+_NUMBER_TARGETS = (jax.Array, np.ndarray, np.number, np.bool_)
+
+
+@functools.cache
+def _dtype_limits(dtype: Any) -> tuple[str | None, Any, Any]:
+    """`(kind, low, high)`: kind "bool", "int", "float" or "complex" (`None`: no numbers)."""
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
+        return None, None, None  # PRNG keys
+    if jnp.issubdtype(dtype, np.bool_):
+        return "bool", 0, 1
+    if jnp.issubdtype(dtype, np.integer):
+        info = jnp.iinfo(dtype)
+        return "int", int(info.min), int(info.max)
+    if jnp.issubdtype(dtype, np.inexact):
+        high = float(jnp.finfo(dtype).max)
+        return ("complex" if jnp.issubdtype(dtype, np.complexfloating) else "float"), -high, high
+    return None, None, None
+
+
+def _misfit(value: Any, dtype: Any) -> str | None:
+    """Why the number `value` changes when converted to a dtype of `kind`, or None.
+
+    Rounding to the dtype's precision is no change (0.1 fits float32, as in jax.numpy);
+    losing a fraction, an imaginary part or the range is: 0.0 fits an int leaf, 2.7 does not.
+    """
+    kind, low, high = _dtype_limits(dtype)
+    if kind is None:
+        return f"an array of dtype {dtype} holds no numbers"
+    real, imag = (value.real, value.imag) if type(value) is complex else (value, 0)
+    if kind != "complex" and imag != 0:
+        return f"a complex number with an imaginary part does not fit {dtype}"
+    if kind in ("int", "bool"):
+        if not (math.isfinite(real) and real == int(real)):
+            return f"{real!r} is not an integer"
+        if not low <= int(real) <= high:
+            return f"{int(real)} is out of {dtype}'s range [{low}, {high}]"
+        return None
+    if any(math.isfinite(part) and abs(part) > high for part in (real, imag)):
+        return f"{value!r} is out of {dtype}'s range (its largest value is {high:.4g})"
+    return None
+
+
+def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
+    """`value` (a number) as a Python number of `leaf`'s kind, or an error naming `where`.
+
+    The result is weakly typed where JAX and NumPy promote (`where(mask, 0, int8_leaf)` stays
+    int8), so it never widens the leaf's dtype: `0.0` for an int leaf is given as `0`.
+    """
+    if isinstance(value, np.generic):
+        value = value.item()
+    dtype = leaf.dtype
+    kind, low, high = _dtype_limits(dtype)
+    if kind == "float" and type(value) is not complex and low <= value <= high:
+        return value  # the common case, `.at[x > 0].set(0.0)`, in one comparison
+    reason = _misfit(value, dtype)
+    if reason is None:
+        if kind == "int":
+            return int(value.real if type(value) is complex else value)
+        if kind == "bool":
+            return bool(value)
+        if kind == "float" and type(value) is complex:
+            return value.real
+        return value
+    if kind is None:
+        error: type[Exception] = TypeError
+        fix = "<an array of that dtype>"
+    elif "out of" in reason:
+        error, fix = OverflowError, "<a number in that range>"
+    else:
+        error = TypeError
+        real = value.real if type(value) is complex else value
+        fix = repr(round(real)) if kind in ("int", "bool") and math.isfinite(real) else "<a number>"
+    raise error(
+        NUMBER_MISFIT_MSG.format(
+            value=repr(value),
+            where=where(),
+            leaf=f"{dtype}{list(leaf.shape)}",
+            reason=reason,
+            fix=fix,
+        )
+    )
+
+
+def _fill(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
+    """An array of `leaf`'s shape and dtype (and type: JAX or NumPy) filled with `value`."""
+    value = _number_fit(value, leaf, where)
+    if isinstance(leaf, np.ndarray):
+        return np.full_like(leaf, value)
+    if isinstance(leaf, np.generic):
+        return leaf.dtype.type(value)
+    return jnp.full_like(leaf, value)  # keeps the sharding, and a weak type
+
+
+def _keep_array(new: Any, leaf: Any, where: Callable[[], str]) -> Any:
+    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array."""
+    if type(new) in _NUMBER_TYPES and isinstance(leaf, _NUMBER_TARGETS):
+        return _fill(new, leaf, where)
+    return new
+
+
+def _where(mask: Any, new: Any, old: Any) -> Any:
+    """`where(mask, new, old)`: NumPy's for a NumPy leaf and mask (its type and dtype stay)."""
+    if type(old) is np.ndarray and isinstance(mask, (np.ndarray, np.bool_, bool)):
+        if isinstance(new, (np.ndarray, np.generic, bool, int, float, complex)):
+            return np.where(mask, new, old)
+    return jnp.where(mask, new, old)
 
 
 # -- running per-leaf functions on a thread pool -----------------------------------------------
@@ -673,22 +816,37 @@ class _Walker:
         """
         if is_leaf_node(node, self.is_leaf):
             self.count += 1
-            return self.call(fn, path, node)
+            return self.call(fn, path, node, finish=self.keeper(node, path))
         if self.pool is not None:
             pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)
             self.count += len(pairs)
-            return treedef.unflatten([self.call(fn, path + p, x) for p, x in pairs])
+            return treedef.unflatten(
+                [self.call(fn, path + p, x, finish=self.keeper(x, path + p)) for p, x in pairs]
+            )
         leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=self.is_leaf)
         self.count += len(leaves)
         out: list[Any] = []
+
+        def failed_path() -> tuple[Any, ...]:
+            return (
+                path
+                + jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0][len(out)][0]
+            )
+
         try:
             for leaf in leaves:
-                out.append(fn(leaf))
+                new = fn(leaf)
+                if type(new) in _NUMBER_TYPES:
+                    new = _keep_array(new, leaf, lambda: self.where(failed_path()))
+                out.append(new)
         except Exception as error:
-            failed = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]
-            self.note_failure(error, fn, path + failed[len(out)][0])
+            self.note_failure(error, fn, failed_path())
             raise
         return treedef.unflatten(out)
+
+    def keeper(self, leaf: Any, path: tuple[Any, ...]) -> Callable[[Any], Any]:
+        """What makes `fn`'s result for `leaf` its new value: a number fills an array leaf."""
+        return lambda new: _keep_array(new, leaf, lambda: self.where(path))
 
     def resolve(self, tree: Any) -> Any:
         """Replace the pending results of `is_parallel` by their values, in order."""
@@ -847,7 +1005,11 @@ class _Set(_Op):
         if emask is None:  # no function to run: the value at every leaf
             if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
+                if type(value) in _NUMBER_TYPES and isinstance(node, _NUMBER_TARGETS):
+                    return _fill(value, node, lambda: walker.where(path))
                 return value
+            if type(value) in _NUMBER_TYPES:  # arrays below are filled, other leaves replaced
+                return walker.map_leaves(lambda _: value, node, path)
             treedef = jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf)
             walker.count += treedef.num_leaves
             return treedef.unflatten([value] * treedef.num_leaves)
@@ -910,10 +1072,13 @@ class _Apply(_Op):
                 # the common spot (a name chain ending at a leaf), without a frame to spare
                 walker.count += 1
                 try:
-                    return fn(node)
+                    new = fn(node)
                 except Exception as error:
                     walker.note_failure(error, fn, path)
                     raise
+                if type(new) in _NUMBER_TYPES:
+                    return _keep_array(new, node, lambda: walker.where(path))
+                return new
             return walker.map_leaves(fn, node, path)
         if is_leaf_node(node, walker.is_leaf):
             pairs, treedef = [((), node)], None
@@ -1011,7 +1176,7 @@ class _Scan(_Op):
             )
         new, self.state = result
         if emask is None:
-            return new
+            return _keep_array(new, x, lambda: walker.where(where))
         return _masked(emask, new, x, lambda: walker.where(where))
 
     def spot(self, walker, node, path, emask):
@@ -1073,12 +1238,24 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
             _note(error, FN_NOTE.format(fn=_fn_name(fn), where=where(index), selection=selection()))
             raise
         if flag is True or type(flag) is np.bool_:
+            if type(new) in _NUMBER_TYPES:
+                new = _keep_array(new, leaf, functools.partial(where, index))
             out.append(new)
-        elif flag.shape == getattr(leaf, "shape", None) and (
+        elif (
             type(new) in _SCALARS
-            or (_is_element_value(new) and getattr(new, "shape", None) == flag.shape)
+            and type(leaf) is not np.ndarray
+            and flag.shape == getattr(leaf, "shape", None)
         ):
-            out.append(jnp.where(flag, new, leaf))  # the common case, shapes already fit
+            # the common case (`.at[x > 0].set(0.0)`): a weak number keeps the leaf's dtype
+            if type(new) is not bool and isinstance(leaf, jax.Array):
+                new = _number_fit(new, leaf, functools.partial(where, index))
+            out.append(jnp.where(flag, new, leaf))
+        elif (
+            flag.shape == getattr(leaf, "shape", None)
+            and _is_element_value(new)
+            and getattr(new, "shape", None) == flag.shape
+        ):
+            out.append(jnp.where(flag, new, leaf))  # shapes already fit
         else:
             out.append(_masked(flag, new, leaf, functools.partial(where, index)))
         selected += 1
@@ -1267,6 +1444,14 @@ class AtIndexer(Generic[T]):
           whole at each selected spot (PyTreeClass's rule: `(7, 8)` set at a leaf is that
           tuple; a frozen subtree set at a node replaces the node). Under an element mask
           the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
+          A number (Python `int`, `float`, `complex`, or a NumPy scalar) at an array
+          leaf becomes an array of the leaf's shape and dtype, as `x.at[...].set(0.0)`
+          does in jax.numpy (a NumPy leaf stays NumPy); a number that would change on
+          the way in (`2.7` into an integer array, `300` into `int8`) raises
+          `TypeError` / `OverflowError` naming the leaf. Other leaves get the number
+          itself; `True` and `False` are flags, put as they are (`.set(False)` builds
+          a mask tree). To put a number in place of an array, use
+          `.apply(lambda _: 0.0, whole=True)`.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: accepted as for `apply`; `set` runs no function, so the result is
           the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
@@ -1277,11 +1462,14 @@ class AtIndexer(Generic[T]):
         The new tree.
 
         ```python
+        import numpy as np
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["a"].set(10) == {"a": 10, "b": 2}
         assert tc.at([[1, 2], [3]])[0].set([8, 9]) == [[8, 9], [3]]
         assert tc.at({"a": 1, "b": 2})["a"].set((7, 8)) == {"a": (7, 8), "b": 2}
+        zeroed = tc.at({"w": np.ones(2, np.int8)})["w"].set(0)   # an array stays an array
+        assert zeroed["w"].dtype == np.int8 and zeroed["w"].tolist() == [0, 0]
         ```
         """
         _check_is_leaf(is_leaf, "set")
@@ -1300,13 +1488,15 @@ class AtIndexer(Generic[T]):
         **Arguments**
 
         - `fn`: a function of one leaf. Under an element mask the result is
-          `jnp.where(mask, fn(leaf), leaf)`. An error raised by `fn` gets a note naming
-          the leaf's key path.
+          `jnp.where(mask, fn(leaf), leaf)`. A number it returns for an array leaf
+          fills an array of the leaf's shape and dtype, as for `set`. An error raised by
+          `fn` gets a note naming the leaf's key path.
         - `whole`: call `fn` once on each selected node, whole, and put what it returns
-          in its place: model surgery, `model.at[Attention]["out"].apply(to_lora,
-          whole=True)` (every attention's output projection, a `Linear`, becomes what
-          `to_lora` makes of it). A selected frozen value is passed as it is. Without
-          it, `fn` is mapped over the leaves below each selected node.
+          in its place, as it is (a number replaces an array): model surgery,
+          `model.at[Attention]["out"].apply(to_lora, whole=True)` (every attention's
+          output projection, a `Linear`, becomes what `to_lora` makes of it). A
+          selected frozen value is passed as it is. Without it, `fn` is mapped over the
+          leaves below each selected node.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: `True`, or a dict of `concurrent.futures.ThreadPoolExecutor`
           arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf;
@@ -1412,7 +1602,8 @@ class AtIndexer(Generic[T]):
         **Arguments**
 
         - `fn`: `(leaf, state) -> (new_leaf, new_state)`; an error it raises gets a note
-          naming the leaf's key path.
+          naming the leaf's key path. A number returned as `new_leaf` for an array leaf
+          fills an array of the leaf's shape and dtype, as for `set`.
         - `state`: the initial state.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
 

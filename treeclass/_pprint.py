@@ -81,6 +81,11 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 _DEVICE_STATS_MIN_SIZE = 1 << 20
 # Up to this size, statistics take a shortcut with less Python overhead than `np.std`.
 _SMALL_ARRAY_SIZE = 1 << 16
+# Host arrays above this many elements show statistics of a fixed sample of their
+# elements, marked `sampled`: a few milliseconds whatever the size (every element of a
+# 1 GiB array took seconds), so a model of billions of parameters prints at once.
+STATS_EXACT_MAX = 1 << 20
+STATS_SAMPLE_SIZE = 1 << 16
 
 
 # -- arguments -------------------------------------------------------------------------
@@ -187,26 +192,116 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
     return jnp.mean(wide), jnp.std(wide), jnp.min(x), jnp.max(x)
 
 
-def _stats(x: Any, kind: str) -> tuple[Any, ...]:
-    """`(mean, std, min, max)` (`(mean, std)` for complex), as host scalars."""
+def _index_key(index: tuple[slice, ...]) -> tuple[tuple[Any, Any, Any], ...]:
+    return tuple((part.start, part.stop, part.step) for part in index)
+
+
+def _pieces(x: Any) -> list[tuple[tuple[slice, ...] | None, Any]]:
+    """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards.
+
+    An array over several devices gives one piece per distinct shard, under its index in
+    `x` (replicas once), so displaying it never gathers it onto one device.
+    """
     x = local_copy(x)
-    if reduce_on_device(x):
-        return jax.device_get(_device_stats(x, kind))
-    host = to_host(x)
+    if not isinstance(x, jax.Array) or len(x.sharding.device_set) <= 1:
+        return [(None, x)]
+    pieces: list[tuple[tuple[slice, ...] | None, Any]] = []
+    seen: set[Any] = set()
+    for shard in x.addressable_shards:
+        key = _index_key(shard.index)
+        if key not in seen:
+            seen.add(key)
+            pieces.append((shard.index, shard.data))
+    return pieces
+
+
+def _host_pieces(x: Any) -> list[tuple[tuple[slice, ...] | None, np.ndarray]]:
+    """`_pieces(x)` on the host (a CPU array is read in place)."""
+    return [(index, to_host(data)) for index, data in _pieces(x)]
+
+
+def _on_cpu(x: Any) -> bool:
+    return not isinstance(x, jax.Array) or all(
+        device.platform == "cpu" for device in x.sharding.device_set
+    )
+
+
+def _corners(x: Any) -> np.ndarray:
+    """The elements of `x` NumPy shows when it summarizes `x`, as a small host array.
+
+    Along each axis longer than `2 * edgeitems` it keeps the first and last `edgeitems`
+    positions with one position between them, which NumPy (printing with `threshold=0`)
+    elides as `...`: the text is the whole array's, read from a few elements. Each shard
+    gives the corners it holds; an accelerator shard is indexed where it lives.
+    """
+    edge = np.get_printoptions()["edgeitems"]
+    axes = [np.r_[0:edge, edge, n - edge : n] if n > 2 * edge else np.arange(n) for n in x.shape]
+    out = np.empty(tuple(len(a) for a in axes), dtype=x.dtype)
+    for index, data in _pieces(x):
+        spans = index or tuple(slice(0, n) for n in x.shape)
+        positions, local = [], []
+        for axis, span in zip(axes, spans, strict=True):
+            start = span.start or 0
+            stop = x.shape[len(positions)] if span.stop is None else span.stop
+            inside = np.nonzero((axis >= start) & (axis < stop))[0]
+            positions.append(inside)
+            local.append(axis[inside] - start)
+        if any(len(p) == 0 for p in positions):
+            continue
+        if _on_cpu(data):
+            values = to_host(data)[np.ix_(*local)]
+        else:
+            values = to_host(data[np.ix_(*local)])
+        out[np.ix_(*positions)] = values
+    return out
+
+
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def _sample(host: np.ndarray, count: int) -> np.ndarray:
+    """`count` elements of `host` spread over it, the same ones every time (no copy of it).
+
+    Position `k` is at the fraction `k * φ mod 1` of the buffer: evenly spread, and, the
+    step being irrational, never in step with a row length (a fixed stride can pick one
+    column of a matrix). NumPy's random generators cost most of a second to start.
+    """
+    picks = ((np.arange(count) * _GOLDEN) % 1.0 * host.size).astype(np.int64)
+    picks.sort()  # in memory order: fewer cache misses on a big buffer
+    return host.reshape(-1)[picks] if host.flags.c_contiguous else host.flat[picks]
+
+
+def _stats(x: Any, kind: str) -> tuple[tuple[Any, ...], bool]:
+    """`((mean, std, min, max), sampled)` (`(mean, std)` for complex), as host scalars.
+
+    Above `STATS_EXACT_MAX` elements a host array is summarized by `STATS_SAMPLE_SIZE`
+    elements picked at random (`sampled` is then True); a large accelerator array is
+    reduced exactly where it lives.
+    """
+    if reduce_on_device(local_copy(x)):
+        return jax.device_get(_device_stats(local_copy(x), kind)), False
+    size = math.prod(x.shape)
+    sampled = size > STATS_EXACT_MAX
+    parts = []
+    for _, host in _host_pieces(x):
+        if sampled:
+            host = _sample(host, max(1, STATS_SAMPLE_SIZE * host.size // size))
+        parts.append(host.reshape(-1) if host.flags.c_contiguous else host.ravel())
+    flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
     # accumulate in double precision: the two printed decimals should not depend on dtype
     wide = np.complex128 if kind == "complex" else np.float64
     with np.errstate(all="ignore"):  # inf and nan values are printed, not warned about
-        if host.size <= _SMALL_ARRAY_SIZE:
+        if flat.size <= _SMALL_ARRAY_SIZE:
             # numpy's `std` costs ~20 us of Python per call: a model has many small arrays
-            flat = host.reshape(-1).astype(wide)
-            mean = flat.sum() / flat.size
-            deviation = flat - mean
-            std = math.sqrt(np.vdot(deviation, deviation).real / flat.size)
+            values = flat.astype(wide)
+            mean = values.sum() / values.size
+            deviation = values - mean
+            std = math.sqrt(np.vdot(deviation, deviation).real / values.size)
         else:
-            mean, std = host.mean(dtype=wide), np.real(host.std(dtype=wide))
+            mean, std = flat.mean(dtype=wide), np.real(flat.std(dtype=wide))
         if kind == "complex":
-            return mean, std
-        return mean, std, host.min(), host.max()
+            return (mean, std), sampled
+        return (mean, std, flat.min(), flat.max()), sampled
 
 
 def _number_text(value: Any) -> str:
@@ -235,21 +330,22 @@ def _array_repr(x: Any) -> str:
         return head
     try:
         if not shape:
-            return f"{head}({str(to_host(local_copy(x))[()])})"
+            return f"{head}({str(_host_pieces(x)[0][1][()])})"
         if kind == "bool":
             return head
-        stats = _stats(x, kind)
+        stats, sampled = _stats(x, kind)
     except Exception:  # a deleted (donated) buffer, an exotic dtype: the type still helps
         return head
+    mark = "sampled " if sampled else ""
     if kind == "complex":
         mean, std = stats
-        return f"{head}(μ={_complex_text(mean)}, σ={_number_text(std)})"
+        return f"{head}({mark}μ={_complex_text(mean)}, σ={_number_text(std)})"
     mean, std, low, high = stats
     if kind == "int":
         bounds = f"{int(low)},{int(high)}"
     else:
         bounds = f"{_number_text(low)},{_number_text(high)}"
-    return f"{head}(μ={_number_text(mean)}, σ={_number_text(std)}, ∈[{bounds}])"
+    return f"{head}({mark}μ={_number_text(mean)}, σ={_number_text(std)}, ∈[{bounds}])"
 
 
 def _array_str(x: Any) -> str:
@@ -258,6 +354,9 @@ def _array_str(x: Any) -> str:
     if not readable_here(x):
         return f"{_type_text(x.dtype, tuple(x.shape))}({_spread_text(x)})"
     try:
+        if isinstance(x, jax.Array) and x.size > np.get_printoptions()["threshold"]:
+            with np.printoptions(threshold=0):  # numpy summarizes: a few elements suffice
+                return str(_corners(x))
         return str(to_host(local_copy(x)))
     except Exception:
         return _type_text(x.dtype, tuple(x.shape))
@@ -536,7 +635,11 @@ def tree_repr(
     One line when it fits in `width`, else one child per line, indented by `tabwidth`.
     Arrays show dtype, shape and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`),
     tracers inside `jit`/`grad`/`vmap` their dtype and shape, frozen values a `#`,
-    functions their signature. Fields declared with `repr=False` are hidden.
+    functions their signature. Fields declared with `repr=False` are hidden. Statistics
+    of a host array of more than `STATS_EXACT_MAX` (2**20) elements are of
+    `STATS_SAMPLE_SIZE` (2**16) elements spread over it, marked
+    `f32[16384,16384](sampled μ=…, σ=…, ∈[…])`, so a 1 GiB array prints in milliseconds;
+    an array sharded over devices is read shard by shard, never gathered.
 
     Big models stay readable: in a long run of siblings of the same type and structure
     (the layers of a deep model), only the first and last `repeats` are shown and the
@@ -587,7 +690,10 @@ def tree_str(
 ) -> str:
     """Like `tree_repr`, but leaves print with `str`; `TreeClass.__str__` uses it.
 
-    Arrays show their values (numpy's printing) and strings have no quotes.
+    Arrays show their values (numpy's printing) and strings have no quotes. A JAX array
+    numpy would summarize (more than `np.get_printoptions()["threshold"]` elements) is
+    read only where the summary shows it, shard by shard, so a huge or sharded array is
+    never copied whole.
 
     **Arguments**
 
@@ -1163,8 +1269,10 @@ def tree_repr_with_trace(
     Useful to see where each leaf sits and which node types lie above it: the type path
     is what `tc.tree_map_with_trace` passes to its function (the types of the nodes below
     the root on the way to the leaf, ending with the leaf's own type), as in PyTreeClass
-    v0.4. The tables are strings that print without quotes, so `tc.tree_str` of the result
-    (what `print` uses for a `TreeClass`) shows them in place.
+    v0.4. Both paths are written as v0.4 wrote them, one entry per step joined by `->`:
+    the name path `.b->.c->[0]` (each key entry as JAX's `keystr` writes it alone), the
+    type path `Tree->list->int`. The tables are strings that print without quotes, so
+    `tc.tree_str` of the result (what `print` uses for a `TreeClass`) shows them in place.
 
     **Arguments**
 
@@ -1185,7 +1293,7 @@ def tree_repr_with_trace(
         "┌───────────┬─────────────┐\\n"
         "│ Value     │ 1.0         │\\n"
         "├───────────┼─────────────┤\\n"
-        "│ Name path │ ['a'][0]    │\\n"
+        "│ Name path │ ['a']->[0]  │\\n"
         "├───────────┼─────────────┤\\n"
         "│ Type path │ list->float │\\n"
         "└───────────┴─────────────┘"
@@ -1206,7 +1314,7 @@ def tree_repr_with_trace(
         keys, kinds = trace
         rows = [
             ["Value", _one_line(leaf)],
-            ["Name path", _path_text(tuple(keys))],
+            ["Name path", "->".join(map(str, keys))],  # PyTreeClass v0.4's `.b->.c->[0]`
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
         if transpose:
