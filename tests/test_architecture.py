@@ -40,6 +40,7 @@ FLOORS = {
     "optim": 8,
     "_checkpoint": 8,
     "_stacked": 8,
+    "_sharding": 8,
     "__init__": 9,
 }
 
