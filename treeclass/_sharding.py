@@ -212,7 +212,7 @@ class ShardingRules:
       over a general one, so narrow the selections until each leaf has one spec (rules
       that agree may overlap);
     - a rule that selects nothing, or cannot select (a typo in a glob), and a spec whose
-      number of entries is not the leaf's rank (`P()` fits every rank: replicated);
+      number of entries is not the leaf's rank (`P()` fits every rank: nothing split);
     - an axis name that is neither logical nor a mesh axis; a logical name mapped to a
       name that is not a mesh axis; a mesh axis used for two axes of one leaf;
     - an axis split over mesh axes whose sizes' product does not divide it.
@@ -224,7 +224,8 @@ class ShardingRules:
     (`blocks.*.attn.q.weight`) and its spec is written for one block; the leaf carries
     the block axis first, which gets `block_axis` (default None: every device holds all
     the blocks of its part). A spec with one more entry than a block's rank gives the
-    block axis its own entry first. A rule that selects only some blocks is an error.
+    block axis its own entry first; `P()` leaves a block unsplit, and its block axis still
+    gets `block_axis`. A rule that selects only some blocks is an error.
 
     **Arguments**
 
@@ -628,13 +629,12 @@ class ShardingRules:
         entries = mapped[rule.index]
         if entries is None:  # an unknown name: reported once, for the rule
             return None
-        if not rule.entries:  # P(): replicated whatever the rank
-            return [()] * rank
-        if len(rule.entries) == rank:  # every axis written, the block axes too
+        if rule.entries and len(rule.entries) == rank:  # every axis written, block axes too
             return list(entries)
-        if block is None:  # an unknown `block_axis`: reported once
+        if depth and block is None:  # an unknown `block_axis`: reported once
             return None
-        return [block] * depth + list(entries)  # written for one block
+        per_block = list(entries) if rule.entries else [()] * (rank - depth)  # P(): unsplit
+        return [block] * depth + per_block if depth else per_block
 
     def _check_fit(
         self,
@@ -690,10 +690,11 @@ class ShardingRules:
 def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:
     """A rule's entries as a full-rank logical spec of a leaf (None: the rank misfits).
 
-    `P()` stands for replicated; a spec of a block's rank gets placeholders in front.
+    `P()` leaves every axis of a block unsplit; a spec of a block's rank gets placeholders
+    for the block axes in front.
     """
     if not entries:
-        return (None,) * rank
+        entries = (None,) * (rank - depth)
     if len(entries) == rank:
         return entries
     if depth and len(entries) == rank - depth:
