@@ -17,10 +17,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import functools  # noqa: E402
 import pathlib  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import types  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -29,7 +27,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from multidevice import report  # noqa: E402
+from multidevice import page_definitions, report  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout under test (an installed one may be another)
@@ -40,20 +38,7 @@ PAGE = ROOT / "docs" / "recipes" / "sharding.md"
 SECTION = "## A transformer and its rule table"
 
 
-def page_definitions(page: pathlib.Path = PAGE) -> dict[str, Any]:
-    """The namespace of the page's model section: `Transformer`, `RULES`, `loss_fn`, ..."""
-    text = page.read_text()
-    start = text.index(SECTION)
-    end = text.index("\n## ", start + len(SECTION))
-    blocks = re.findall(r"^```python\n(.*?)^```", text[start:end], re.M | re.S)
-    module = types.ModuleType("sharding_page")  # its classes must be importable by name
-    sys.modules[module.__name__] = module
-    for code in blocks:
-        exec(compile(code, str(page), "exec"), module.__dict__)
-    return module.__dict__
-
-
-PAGE_NS = page_definitions()
+PAGE_NS = page_definitions(PAGE, SECTION)
 Transformer, RULES, loss_fn = PAGE_NS["Transformer"], PAGE_NS["RULES"], PAGE_NS["loss_fn"]
 KEY = jax.random.key(0)
 FSDP = RULES.with_axes(embed="data")
