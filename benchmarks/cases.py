@@ -1076,6 +1076,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     assert "dispatch_2_layers" in names
     ```
     """
+    from .sharding import sharding_cases  # its own file; it imports this one
     from .stacked import stacked_cases  # its own file; it imports this one
 
     return [
@@ -1085,6 +1086,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_edit_cases(sizes),
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
+        *sharding_cases(sizes),
         *stacked_cases(sizes),
     ]
 

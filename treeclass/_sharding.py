@@ -9,8 +9,9 @@ at once, each naming its key path: leaves no rule matches, leaves two rules give
 different specs, specs whose rank or divisibility does not fit the leaf and the mesh,
 unknown axis names, a mesh axis used twice in one spec.
 
-Which leaves a rule selects is what `tc.optim.mask` says of its selection: the one
-answer of the `.at` selectors, never a second matcher. Stacked blocks (`tc.Stacked`) are
+Which leaves a rule selects is what `.at` selects (its selectors compiled and walked
+once per rule, as `tc.optim.mask` does): the one answer of the `.at` selectors, never a
+second matcher. Stacked blocks (`tc.Stacked`) are
 selected per block (`blocks.*.attn.q.weight`) and their leaves carry the block axes
 first: a rule's spec is written for one block, and the block axes get `block_axis`.
 
@@ -22,6 +23,7 @@ shardings (traced once, run under `jax.jit` with `out_shardings`); `init_like` a
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -31,9 +33,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ._at import at
+from ._frozen import is_frozen
 from ._stacked import Stacked
 from ._structure import path_str
-from .optim import mask
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]
 
@@ -501,9 +504,11 @@ class ShardingRules:
     def _claims(self, tree: Any, count: int, problems: dict[str, None]) -> list[list[_Rule]]:
         """For every leaf, the rules that select it, in table order."""
         claims: list[list[_Rule]] = [[] for _ in range(count)]
+        # where the frozen values are among the leaves, when they are counted as leaves
+        frozen = [is_frozen(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_frozen)]
         for rule in self.rules:
             try:
-                flags = jax.tree_util.tree_leaves(mask(tree, *rule.selectors, strict=False))
+                flags = _selected(tree, rule.selectors, frozen)
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
                 stacked = _STACKED_AT.search(message)
@@ -519,7 +524,7 @@ class ShardingRules:
                 raise AssertionError("a selection mask lost the tree's structure")
             used = False
             for index, flag in enumerate(flags):
-                if flag is True:
+                if flag:
                     claims[index].append(rule)
                     used = True
             if not used:
@@ -648,43 +653,74 @@ class ShardingRules:
         problems: dict[str, None],
     ) -> None:
         shape = _shape(leaf)
+        used = [axis for axes in spec for axis in axes]
+        twice = [axis for i, axis in enumerate(used) if axis in used[:i]]
+        indivisible = []
+        for dim, (size, axes) in enumerate(zip(shape, spec, strict=True)):
+            parts = math.prod(sizes[a] for a in axes)
+            if size % parts:
+                indivisible.append((dim, size, axes, parts))
+        if not twice and not indivisible:  # the usual case: nothing to write
+            return
         rule = claimed[0].text
         where = path_str(tree, path)
         what = _what(leaf, depth)
         mesh_spec = P(*_entries_of(spec))
-        seen: set[str] = set()
-        for axes in spec:
-            for axis in axes:
-                if axis in seen:
-                    problems[
-                        _TWICE.format(
-                            path=where,
-                            what=what,
-                            rule=rule,
-                            logical=_spec_text(claimed[0].entries),
-                            spec=mesh_spec,
-                            axis=axis,
-                        )
-                    ] = None
-                seen.add(axis)
-        for dim, (size, axes) in enumerate(zip(shape, spec, strict=True)):
-            parts = int(np.prod([sizes[a] for a in axes])) if axes else 1
-            if parts > 1 and size % parts:
-                over = " x ".join(repr(a) for a in axes)
-                if len(axes) > 1:
-                    over += " (" + " x ".join(str(sizes[a]) for a in axes) + ")"
-                problems[
-                    _INDIVISIBLE.format(
-                        path=where,
-                        what=what,
-                        rule=rule,
-                        dim=dim,
-                        size=size,
-                        over=f"mesh axis {over}" if len(axes) == 1 else f"mesh axes {over}",
-                        parts=parts,
-                        spec=mesh_spec,
-                    )
-                ] = None
+        for axis in dict.fromkeys(twice):
+            problems[
+                _TWICE.format(
+                    path=where,
+                    what=what,
+                    rule=rule,
+                    logical=_spec_text(claimed[0].entries),
+                    spec=mesh_spec,
+                    axis=axis,
+                )
+            ] = None
+        for dim, size, axes, parts in indivisible:
+            over = " x ".join(repr(a) for a in axes)
+            if len(axes) > 1:
+                over += " (" + " x ".join(str(sizes[a]) for a in axes) + ")"
+            problems[
+                _INDIVISIBLE.format(
+                    path=where,
+                    what=what,
+                    rule=rule,
+                    dim=dim,
+                    size=size,
+                    over=f"mesh axis {over}" if len(axes) == 1 else f"mesh axes {over}",
+                    parts=parts,
+                    spec=mesh_spec,
+                )
+            ] = None
+
+
+class _Selected:
+    """Stands in for a leaf a rule selects, while its selection is read."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        # shown when a node refuses it: a stack, for a selection of some of its blocks
+        return "a sharding rule's selection mark"
+
+
+_SELECTED = _Selected()
+
+
+def _selected(tree: Any, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
+    """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it.
+
+    The selection is `.at`'s own: the selected leaves are marked with `apply` (frozen
+    values taken as leaves, so that selecting one is not an error: they are dropped
+    here, not being leaves) and the marks read back in flatten order.
+    """
+    indexer = at(tree)
+    for selector in selectors:
+        indexer = indexer[selector]
+    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
+    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_frozen)
+    return [x is _SELECTED for x, ice in zip(leaves, frozen, strict=True) if not ice]
 
 
 def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:
