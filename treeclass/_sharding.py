@@ -306,7 +306,17 @@ class ShardingRules:
                 )
 
     def table(self) -> list[tuple[Any, ...]]:
-        """The rules as given: a list of `(selector, ..., spec)` tuples."""
+        """The rules as given: a list of `(selector, ..., spec)` tuples, to build on.
+
+        ```python
+        from jax.sharding import PartitionSpec as P
+        import treeclass as tc
+
+        rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))])
+        more = tc.ShardingRules([*rules.table(), (tc.glob("b"), P())])
+        assert len(more.table()) == 2 and more.table()[0][1] == P("embed", None)
+        ```
+        """
         return [(*rule.selectors, P(*rule.entries)) for rule in self.rules]
 
     def __repr__(self) -> str:
