@@ -154,6 +154,13 @@ def test_unmatched_leaves_are_replicated_when_the_table_says_so():
     assert rules.specs(abstract(), MESH).blocks.tree.norm.scale == P()
 
 
+def test_replicated_unmatched_stacked_leaves_keep_the_block_axis_split():
+    rules = tc.ShardingRules(
+        RULES.table()[:-1], axes=RULES.axes, block_axis="layers", unmatched="replicate"
+    ).with_axes(layers="data", embed=None)
+    assert rules.specs(abstract(), MESH).blocks.tree.norm.scale == P("data", None)
+
+
 def test_two_rules_with_different_specs_name_the_leaf_and_both_rules():
     rules = tc.ShardingRules(
         [*RULES.table(), (tc.glob("**.up.weight"), ("mlp", "embed"))],

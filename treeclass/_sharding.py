@@ -234,7 +234,8 @@ class ShardingRules:
 
     - `rules`: the table, a sequence of tuples `(selector, ..., spec)`.
     - `axes`: logical axis name -> mesh axis, tuple of mesh axes, or None.
-    - `unmatched`: `"error"` (the default) or `"replicate"` for leaves no rule matches.
+    - `unmatched`: `"error"` (the default) or `"replicate"` for leaves no rule matches
+      (as if a rule gave them `P()`: a stacked leaf's block axes still get `block_axis`).
     - `block_axis`: the (logical or mesh) axis name of the block axis of stacked leaves.
 
     ```python
@@ -611,6 +612,9 @@ class ShardingRules:
             if rank and self.unmatched == "error":
                 where = path_str(tree, path)
                 problems[_UNMATCHED_LEAF.format(path=where, what=_what(leaf, depth))] = None
+                return None
+            if depth and block:  # replicated as `P()` is: the block axes still split
+                return [block] * depth + [()] * (rank - depth)
             return None
         written = {}
         for rule in claimed:
