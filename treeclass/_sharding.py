@@ -280,8 +280,6 @@ class ShardingRules:
         unmatched: str = "error",
         block_axis: str | None = None,
     ) -> None:
-        if isinstance(rules, ShardingRules):
-            rules = rules.table()
         self.rules = tuple(_Rule(index, row) for index, row in enumerate(rules))
         self.axes = _check_axes(axes or {})
         if unmatched not in _UNMATCHED:
@@ -485,7 +483,7 @@ class ShardingRules:
         problems: dict[str, None] = {}  # ordered, without repeats
         depths = _block_depths(tree)
         if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
-            depths = [0] * len(flat)
+            raise AssertionError("the stacks of the tree hold another number of leaves")
         claims = self._claims(tree, len(flat), problems)
         mapped = {rule.index: self._mapped_entries(rule, sizes, problems) for rule in self.rules}
         block = self._block_entry(sizes, problems) if any(depths) else ()
