@@ -1077,6 +1077,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     ```
     """
     from .finetune import finetune_cases  # its own file; it imports this one
+    from .sharding import sharding_cases  # its own file; it imports this one
     from .stacked import periodic_cases, stacked_cases  # its own file; it imports this one
 
     return [
@@ -1086,6 +1087,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_edit_cases(sizes),
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
+        *sharding_cases(sizes),
         *stacked_cases(sizes),
         *periodic_cases(sizes),
         *finetune_cases(sizes),

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import traceback
+import types
 from collections.abc import Callable
 
 DEVICE_COUNT = 8
@@ -44,3 +46,23 @@ def report(checks: dict[str, Callable[[], None]], limit: int = 8) -> None:
         except Exception:
             results[name] = traceback.format_exc(limit=limit)
     print(json.dumps(results))
+
+
+def page_definitions(page: pathlib.Path, section: str) -> dict:
+    """The namespace of the python blocks of one section (`## ...`) of a docs page.
+
+    Checks that run a page's model on many devices or processes take its definitions
+    from the page itself, so that what the page shows is what they check. The blocks run
+    in a fresh module registered in `sys.modules`, so that its classes pickle by name.
+    """
+    text = page.read_text()
+    start = text.index(section)
+    end = text.find("\n## ", start + len(section))
+    blocks = re.findall(
+        r"^```python\n(.*?)^```", text[start : end if end > 0 else None], re.M | re.S
+    )
+    module = types.ModuleType("docs_" + re.sub(r"\W", "_", page.stem))
+    sys.modules[module.__name__] = module
+    for code in blocks:
+        exec(compile(code, str(page), "exec"), module.__dict__)
+    return module.__dict__

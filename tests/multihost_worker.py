@@ -18,6 +18,9 @@ Scenarios:
   one-device values, written by process 0) for the restore runs.
 - `restore`: in fresh processes, restores that checkpoint into an abstract sharded
   template (on whatever processes and mesh this run has) and runs the next step.
+- `sharding_rules`: the transformer of docs/recipes/sharding.md built in place from its
+  rule table (FSDP over all devices; FSDP and tensor parallel on the 2-d mesh), one
+  train step against one device, `tc.save` and `tc.load` into the rules' template.
 
 The code follows docs/recipes/multihost.md, whose multi-process blocks are marked
 `skip` there because they run here.
@@ -710,6 +713,126 @@ def tc_load_reads_only_own_shards() -> None:
         assert read < (share + 0.2) * size, (spec, read, size)
 
 
+# -- sharding rules: the transformer of docs/recipes/sharding.md on many processes ----------------
+
+RULES_CHECKPOINT = pathlib.Path(FOLDER) / "rules.safetensors"
+
+
+ROOT_DIR = pathlib.Path(__file__).resolve().parents[1]
+
+
+def sharding_page() -> dict[str, Any]:
+    from multidevice import page_definitions
+
+    page = ROOT_DIR / "docs" / "recipes" / "sharding.md"
+    return page_definitions(page, "## A transformer and its rule table")
+
+
+def rules_setup() -> None:
+    """The page's model, rule table and deployments; the one-device reference step."""
+    page = sharding_page()
+    transformer, rules = page["Transformer"], page["RULES"]
+    tensor = rules.with_axes(heads="model", mlp="model", vocab="model")
+    state.update(
+        page=page,
+        fsdp=rules.with_axes(embed="data"),
+        both=tensor.with_axes(embed="data"),
+        # FSDP over every device of every process; `data` across, `model` within
+        mesh_all=jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,)),
+        mesh=make_mesh(),
+    )
+    with jax.default_device(jax.local_devices()[0]):
+        model = transformer(jax.random.key(0))
+        opt = tc.optim.trainable(optax.adamw(1e-2), model)
+        step = jax.jit(functools.partial(rules_train_step, opt))
+        stepped, _, loss = step(model, opt.init(model), jnp.asarray(rules_tokens()))
+    state["rules_reference"] = (model, stepped, loss)
+
+
+def rules_tokens() -> np.ndarray:
+    return np.random.default_rng(7).integers(0, 64, (8, 9))
+
+
+def rules_train_step(opt: Any, model: Any, opt_state: Any, tokens: Any) -> tuple[Any, ...]:
+    loss, grads = jax.value_and_grad(state["page"]["loss_fn"])(model, tokens)
+    updates, opt_state = opt.update(grads, opt_state, model)
+    return optax.apply_updates(model, updates), opt_state, loss
+
+
+def assert_like(tree: Any, reference: Any) -> None:
+    """Each shard of each leaf this process holds equals the same slice of `reference`."""
+    pairs = zip(
+        jax.tree_util.tree_flatten_with_path(tree)[0], jax.tree.leaves(reference), strict=True
+    )
+    for (path, leaf), want in pairs:
+        assert_matches(leaf, np.asarray(want), jax.tree_util.keystr(path))
+
+
+def rules_init_in_place() -> None:
+    transformer = state["page"]["Transformer"]
+    abstract = jax.eval_shape(transformer, jax.random.key(0))
+    reference = state["rules_reference"][0]
+    for rules, mesh in ((state["fsdp"], state["mesh_all"]), (state["both"], state["mesh"])):
+        model = rules.init(mesh, transformer, jax.random.key(0))
+        assert_placed(model, rules.shardings(abstract, mesh))
+        assert_like(model, reference)
+        weight = model.blocks.tree.up.weight
+        assert not weight.is_fully_addressable  # spread over both processes
+        local = sum(s.data.size for s in weight.addressable_shards)
+        assert local == weight.size // PROCESS_COUNT, (local, weight.size)
+    state["rules_model"] = model  # the last: FSDP and tensor parallel on the 2-d mesh
+
+
+def rules_train_step_keeps_shardings() -> None:
+    rules, mesh, model = state["both"], state["mesh"], state["rules_model"]
+    opt = tc.optim.trainable(optax.adamw(1e-2), model)
+    opt_state = tc.init_like(opt.init, model)  # the state placed like the model
+    shardings = rules.shardings(
+        jax.eval_shape(state["page"]["Transformer"], jax.random.key(0)), mesh
+    )
+    state_shardings = tc.shardings_like(opt_state, shardings)
+    assert_placed(opt_state, state_shardings)
+    step = jax.jit(
+        functools.partial(rules_train_step, opt), out_shardings=(shardings, state_shardings, None)
+    )
+    rows = NamedSharding(mesh, P("data"))
+    batch = rules_tokens()
+    tokens = jax.make_array_from_callback(batch.shape, rows, lambda index: batch[index])
+    model, opt_state, loss = step(model, opt_state, tokens)
+    assert_placed(model, shardings)
+    assert_placed(opt_state, state_shardings)
+    _, ref_model, ref_loss = state["rules_reference"]
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+    assert_like(model, ref_model)
+    state["rules_trained"] = model
+
+
+def rules_tc_load_into_template() -> None:
+    model = state["rules_trained"]
+    save_with_tc(RULES_CHECKPOINT, model)  # every process: process 0 writes
+    abstract = jax.eval_shape(state["page"]["Transformer"], jax.random.key(0))
+    fsdp, mesh_all = state["fsdp"], state["mesh_all"]  # another layout than the saved one
+    restored = tc.load(RULES_CHECKPOINT, fsdp.template(abstract, mesh_all))
+    assert_placed(restored, fsdp.shardings(abstract, mesh_all))
+    assert_like(restored, state["rules_reference"][1])
+
+
+def rules_misfit_refused_on_every_process() -> None:
+    transformer = state["page"]["Transformer"]
+    live = len(jax.live_arrays())
+    try:  # 2 blocks split over every device of both processes
+        state["page"]["RULES"].with_axes(layers="data").init(
+            state["mesh_all"], transformer, jax.random.key(0)
+        )
+    except ValueError as error:
+        text = str(error)
+        assert "`Transformer.blocks.up.weight` f32[2,32,64] (stacked: 2 blocks" in text, text
+    else:
+        raise AssertionError("a block axis of 2 split over 4 devices was not refused")
+    assert len(jax.live_arrays()) == live
+    multihost_utils.sync_global_devices("misfit refused")  # and the processes are in step
+
+
 SCENARIOS: dict[str, list[Callable[[], None]]] = {
     "train_and_save": [
         one_device_run,
@@ -725,6 +848,13 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         tc_save_big_model,
         saves_to_one_path_do_not_race,
         save_on_some_processes_only_is_refused,  # last: it waits on purpose
+    ],
+    "sharding_rules": [
+        rules_setup,
+        rules_init_in_place,
+        rules_train_step_keeps_shardings,
+        rules_tc_load_into_template,
+        rules_misfit_refused_on_every_process,
     ],
     "restore": [
         restore_into_sharded_template,

@@ -41,6 +41,7 @@ FLOORS = {
     "_checkpoint": 8,
     "_stacked": 8,
     "_periodic": 8,
+    "_sharding": 8,
     "__init__": 9,
 }
 

@@ -11,7 +11,9 @@ exit status and the end of its stderr. The runs, in order:
 2. `restore`, 2 fresh processes x 2 devices: the checkpoint restored into an abstract
    sharded template, then the next step;
 3. `restore`, 1 process x 4 devices: the same checkpoint on another process count and
-   another mesh.
+   another mesh;
+4. `sharding_rules`, 2 processes x 2 devices: the transformer of the sharding recipe
+   built in place from its rule table, trained, saved and loaded into the rules' template.
 
 Each worker reports its checks by name; each test below asserts one of them on every
 process of a run. A new multi-process behaviour is a new check function in the worker
@@ -67,8 +69,10 @@ def _report(why: str, procs: list[subprocess.Popen], logs: list[pathlib.Path]) -
     return "\n".join(parts)
 
 
-def run_workers(scenario: str, processes: int, devices: int, folder: pathlib.Path) -> Run:
-    """Run `scenario` on `processes` processes of `devices` CPU devices each."""
+def run_workers(
+    scenario: str, processes: int, devices: int, folder: pathlib.Path, limit_s: float = RUN_LIMIT_S
+) -> Run:
+    """Run `scenario` on `processes` processes of `devices` CPU devices each, within `limit_s`."""
     port = str(_free_port())
     env = {
         **os.environ,
@@ -94,12 +98,12 @@ def run_workers(scenario: str, processes: int, devices: int, folder: pathlib.Pat
                         cwd=ROOT,
                     )
                 )
-        deadline = time.monotonic() + RUN_LIMIT_S
+        deadline = time.monotonic() + limit_s
         running = list(procs)
         while running:
             left = deadline - time.monotonic()
             if left <= 0:
-                pytest.fail(_report(f"{scenario}: over the {RUN_LIMIT_S} s limit", procs, logs))
+                pytest.fail(_report(f"{scenario}: over the {limit_s} s limit", procs, logs))
             try:  # a bounded wait on one process, then a look at all of them
                 running[0].wait(timeout=min(left, 0.5))
             except subprocess.TimeoutExpired:
@@ -151,6 +155,29 @@ def restored(trained: Run, folder: pathlib.Path) -> Run:
 @pytest.fixture(scope="module")
 def resharded(trained: Run, folder: pathlib.Path) -> Run:
     return run_workers("restore", processes=1, devices=4, folder=folder)
+
+
+@pytest.fixture(scope="module")
+def by_rules(folder: pathlib.Path) -> Run:
+    # it compiles a transformer's train step twice (one device, sharded): a longer bound
+    return run_workers("sharding_rules", processes=2, devices=2, folder=folder, limit_s=300)
+
+
+def test_rules_build_the_docs_transformer_in_place_on_two_processes(by_rules):
+    assert_check(by_rules, "rules_setup")
+    assert_check(by_rules, "rules_init_in_place")
+
+
+def test_rules_train_step_keeps_model_and_state_shardings_and_matches_one_device(by_rules):
+    assert_check(by_rules, "rules_train_step_keeps_shardings")
+
+
+def test_tc_load_into_a_rules_template_on_two_processes(by_rules):
+    assert_check(by_rules, "rules_tc_load_into_template")
+
+
+def test_a_rules_misfit_is_refused_on_every_process_before_allocation(by_rules):
+    assert_check(by_rules, "rules_misfit_refused_on_every_process")
 
 
 def test_reference_runs_on_one_device(trained):

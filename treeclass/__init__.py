@@ -28,6 +28,7 @@ from ._pprint import (
 from ._pprint_registry import PrintRule, register_printer
 from ._roles import roles
 from ._selectors import BaseKey, where
+from ._sharding import ShardingRules, init_like, shardings_like
 from ._stacked import Stacked, restack, unstack_all
 from ._trace import tree_flatten_with_trace, tree_leaves_with_trace, tree_map_with_trace
 from ._treeclass import TreeClass
@@ -81,6 +82,10 @@ __all__ = [
     "tree_repr_with_trace",
     "register_printer",
     "PrintRule",
+    # sharding
+    "ShardingRules",
+    "init_like",
+    "shardings_like",
     # checkpoints
     "state_dict",
     "from_state_dict",

@@ -1018,8 +1018,12 @@ def _sharding_text(x: Any) -> str:
     wrapper = wrapper_of(x)
     if wrapper is not None:  # a frozen array replicated over the mesh says so
         return _sharding_text(wrapper.unwrap(x))
+    if isinstance(x, jax.ShapeDtypeStruct):  # a template: where its array will go, any mesh
+        spec = getattr(x.sharding, "spec", None)
+        return "" if spec is None else repr(spec)
     if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
-        return ""
+        flat = children_of(x)  # a node shown as one value (a stacked leaf): its array's
+        return _sharding_text(flat[0][1]) if flat is not None and len(flat) == 1 else ""
     try:
         sharding = x.sharding
         if len(sharding.device_set) <= 1:

@@ -1,0 +1,917 @@
+"""Sharding by rules: a table of (selection, partition spec), checked, then used to place.
+
+A model states its layout once, as an ordered table of rules: each rule is an `.at`
+selection (a glob, a class, `tc.where`, a chain of them) and a partition spec written in
+*logical* axis names (`("embed", "mlp")`). A deployment maps the logical names to the
+axes of its mesh (`mlp -> "model"`). Applied to an abstract model (`jax.eval_shape`), the
+table is checked leaf by leaf before anything is allocated, and every problem is reported
+at once, each naming its key path: leaves no rule matches, leaves two rules give
+different specs, specs whose rank or divisibility does not fit the leaf and the mesh,
+unknown axis names, a mesh axis used twice in one spec.
+
+Which leaves a rule selects is what `.at` selects (its selectors compiled and walked
+once per rule, as `tc.optim.mask` does): the one answer of the `.at` selectors, never a
+second matcher. Stacked blocks (`tc.Stacked`) are
+selected per block (`blocks.*.attn.q.weight`) and their leaves carry the block axes
+first: a rule's spec is written for one block, and the block axes get `block_axis`.
+
+Then the table places things: `ShardingRules.init` builds a model directly in its
+shardings (traced once, run under `jax.jit` with `out_shardings`); `init_like` and
+`shardings_like` place what follows the model (optimizer state) by key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ._at import at
+from ._frozen import is_frozen
+from ._stacked import Stacked
+from ._structure import path_str
+
+__all__ = ["ShardingRules", "init_like", "shardings_like"]
+
+_T = TypeVar("_T")
+_UNMATCHED = ("error", "replicate")
+_SHOWN_PROBLEMS = 50
+
+# -- messages ---------------------------------------------------------------------------------
+
+_RULE_TYPE_MSG = (
+    "Rule {index} of the sharding rules is {found}; a rule is a tuple of one or more "
+    "selectors followed by a partition spec, e.g.\n"
+    "    (tc.glob('blocks.*.mlp.up.weight'), ('embed', 'mlp'))\n"
+    "    (Linear, 'bias', P())"
+)
+_SPEC_TYPE_MSG = (
+    "Rule {index} ends with {found}; the last item of a rule is its partition spec: a "
+    "`PartitionSpec` or a tuple with one entry per axis of the leaf (an axis name, a tuple "
+    "of axis names, or None), e.g. `('embed', 'mlp')`, `P(None, 'mlp')`, `P()`."
+)
+_SPEC_ENTRY_MSG = (
+    "Rule {index}'s spec {spec} has the entry {found} at position {position}; an entry is "
+    "an axis name (a str), a tuple of axis names, or None (the axis is not split)."
+)
+_AXES_TYPE_MSG = (
+    "`axes` maps logical axis names to mesh axes: a mapping of str to a mesh axis name, a "
+    "tuple of them, or None (not split); got {found} for {name!r}."
+)
+_UNUSED_NAME_MSG = (
+    "`axes` maps {name!r}, but no rule uses that name, so the mapping would change nothing "
+    "(the rules use {used}).{hint}"
+)
+_UNMATCHED_MSG = "`unmatched` is 'error' or 'replicate', got {found!r}."
+_PROBLEMS_MSG = (
+    "The sharding rules do not fit {root} on the mesh {mesh}: {count} problem(s), all "
+    "found before anything was allocated:\n{problems}"
+)
+_NO_MESH_MSG = (
+    "`tc.shardings_like` takes the mesh of the replicated leaves from the `NamedSharding`s "
+    "of `like`, but `like` has none. Pass the mesh: `tc.shardings_like(tree, like, mesh=mesh)`."
+)
+
+# problems, one line each (each names a key path, or the rule it is about)
+_UNMATCHED_LEAF = (
+    "`{path}` {what}: no rule matches it (add a rule, or pass `unmatched='replicate'` to "
+    "replicate such leaves over the mesh)"
+)
+_CONFLICT = "`{path}` {what}: rules give it different specs: {claims}"
+_RANK = "`{path}` {what}: {rule} gives a spec of {got} entries, {want}"
+_UNKNOWN_AXIS = (
+    "{rule} uses the axis name {name!r}, which is neither a logical name of `axes` "
+    "({logical}) nor an axis of the mesh ({mesh_axes})"
+)
+_UNKNOWN_MESH_AXIS = (
+    "`axes` maps {name!r} to {target!r}, which is not an axis of the mesh ({mesh_axes}); "
+    "{rule} uses it"
+)
+_UNKNOWN_BLOCK_AXIS = (
+    "`block_axis` is {name!r}, which is neither a logical name of `axes` ({logical}) nor an "
+    "axis of the mesh ({mesh_axes}); the stacked leaves need it"
+)
+_TWICE = (
+    "`{path}` {what}: {rule} maps {logical} to {spec}, which splits two axes over the mesh "
+    "axis {axis!r}; a mesh axis can split one axis of a leaf"
+)
+_INDIVISIBLE = (
+    "`{path}` {what}: {rule} splits axis {dim} (size {size}) in {parts} over {over} (spec "
+    "{spec}), and {size} is not divisible by {parts}"
+)
+_SELECTION_FAILS = "{rule} cannot select in {root}: {error}"
+_SOME_BLOCKS = (
+    "{rule} selects some blocks of a stack only, at `{error}`: a stacked leaf is one array "
+    "with one layout for all its blocks. Select every block (`blocks.*....`); the block "
+    "axis gets `block_axis`"
+)
+_STACKED_AT = re.compile(r"stacked leaf at (\S+?):")
+_UNUSED = (
+    "{rule} matches no leaf of {root} (a typo in a selector leaves its leaves to other "
+    "rules); remove it, or fix its selector"
+)
+
+
+# -- the rule table ---------------------------------------------------------------------------
+
+
+def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
+    """A rule's spec as a tuple of entries, each None, a name, or a tuple of names."""
+    if isinstance(spec, P):
+        entries = tuple(spec)
+    elif isinstance(spec, (tuple, list)):
+        entries = tuple(spec)
+    else:
+        raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=_describe(spec)))
+    out = []
+    for position, entry in enumerate(entries):
+        if entry is None or isinstance(entry, str):
+            out.append(entry)
+        elif isinstance(entry, (tuple, list)) and all(isinstance(e, str) for e in entry):
+            out.append(tuple(entry) if len(entry) != 1 else entry[0])
+        else:
+            raise TypeError(
+                _SPEC_ENTRY_MSG.format(
+                    index=index, spec=spec, found=_describe(entry), position=position
+                )
+            )
+    return tuple(out)
+
+
+def _describe(x: Any) -> str:
+    text = repr(x)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} (a `{type(x).__name__}`)"
+
+
+def _spec_text(entries: Sequence[Any]) -> str:
+    return repr(P(*entries))
+
+
+class _Rule:
+    """One row of the table: its selectors (a chain, as `.at[a][b]`) and its spec."""
+
+    __slots__ = ("index", "selectors", "entries", "text")
+
+    def __init__(self, index: int, row: Any) -> None:
+        if not isinstance(row, tuple) or len(row) < 2:
+            raise TypeError(_RULE_TYPE_MSG.format(index=index, found=_describe(row)))
+        self.index = index
+        self.selectors = row[:-1]
+        self.entries = _spec_entries(row[-1], index)
+        chain = ", ".join(_selector_text(s) for s in self.selectors)
+        self.text = f"rule {index} ({chain} -> {_spec_text(self.entries)})"
+
+
+def _selector_text(selector: Any) -> str:
+    if isinstance(selector, type):
+        return selector.__name__
+    return repr(selector)
+
+
+def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name, target in axes.items():
+        if not isinstance(name, str):
+            raise TypeError(_AXES_TYPE_MSG.format(found=_describe(name), name=name))
+        if target is None:
+            out[name] = ()
+        elif isinstance(target, str):
+            out[name] = (target,)
+        elif isinstance(target, (tuple, list)) and all(isinstance(t, str) for t in target):
+            out[name] = tuple(target)
+        else:
+            raise TypeError(_AXES_TYPE_MSG.format(found=_describe(target), name=name))
+    return out
+
+
+class ShardingRules:
+    """An ordered table of (selection, partition spec) rules with logical axis names.
+
+    Each rule is a tuple: one or more `.at` selectors (applied one level after another,
+    as `.at[a][b]`; a tuple of selectors is their union, as in `.at[(a, b)]`), then a
+    partition spec with one entry per axis of the selected leaves: an axis name, a tuple
+    of names, or None. Names are *logical* (`"embed"`, `"mlp"`, `"heads"`) when `axes`
+    maps them to mesh axes, or mesh axes themselves; the model states the rules once, and
+    each deployment maps the names (`rules.with_axes(mlp="model", embed="fsdp")`).
+
+    **Checked before allocation.** `specs`, `shardings`, `template` and `init` check the
+    rules against an abstract model (from `jax.eval_shape`, or a real one) and a mesh
+    (a `Mesh`, or an `AbstractMesh`: no device is needed to check), and raise one
+    `ValueError` listing every problem, each naming its key path:
+
+    - a leaf no rule matches (an error, unless `unmatched="replicate"`); scalar leaves
+      have one layout and need no rule;
+    - a leaf two rules match with *different* specs: the error names the leaf and both
+      rules. There is no "first match wins": a more specific rule does not silently win
+      over a general one, so narrow the selections until each leaf has one spec (rules
+      that agree may overlap);
+    - a rule that selects nothing, or cannot select (a typo in a glob), and a spec whose
+      number of entries is not the leaf's rank (`P()` fits every rank: nothing split);
+    - an axis name that is neither logical nor a mesh axis; a logical name mapped to a
+      name that is not a mesh axis; a mesh axis used for two axes of one leaf;
+    - an axis split over mesh axes whose sizes' product does not divide it.
+
+    Conflicts are judged on the specs as written (logical), so a table that is
+    consistent is so under every mapping.
+
+    **Stacked blocks.** A rule selects the blocks of a `tc.Stacked` one by one
+    (`blocks.*.attn.q.weight`) and its spec is written for one block; the leaf carries
+    the block axis first, which gets `block_axis` (default None: every device holds all
+    the blocks of its part). A spec with one more entry than a block's rank gives the
+    block axis its own entry first; `P()` leaves a block unsplit, and its block axis still
+    gets `block_axis`. A rule that selects only some blocks is an error.
+
+    **Arguments**
+
+    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`.
+    - `axes`: logical axis name -> mesh axis, tuple of mesh axes, or None.
+    - `unmatched`: `"error"` (the default) or `"replicate"` for leaves no rule matches
+      (as if a rule gave them `P()`: a stacked leaf's block axes still get `block_axis`).
+    - `block_axis`: the (logical or mesh) axis name of the block axis of stacked leaves.
+
+    ```python
+    import jax, jax.numpy as jnp
+    from jax.sharding import AbstractMesh, PartitionSpec as P
+    import treeclass as tc
+
+    class Linear(tc.TreeClass):
+        weight: jax.Array
+        bias: jax.Array
+
+    model = {
+        "up": Linear(jnp.ones((4, 8)), jnp.ones(8)),
+        "down": Linear(jnp.ones((8, 4)), jnp.ones(4)),
+    }
+    rules = tc.ShardingRules(
+        [
+            (tc.glob("up.weight"), ("embed", "mlp")),
+            (tc.glob("down.weight"), ("mlp", "embed")),
+            (Linear, "bias", P()),
+        ],
+        axes={"embed": None, "mlp": "model"},
+    )
+    mesh = AbstractMesh((2, 4), ("data", "model"))
+    specs = rules.specs(jax.eval_shape(lambda: model), mesh)
+    assert specs["up"].weight == P(None, "model") and specs["down"].bias == P()
+    ```
+    """
+
+    __slots__ = ("rules", "axes", "unmatched", "block_axis")
+
+    rules: tuple[_Rule, ...]
+    axes: dict[str, tuple[str, ...]]
+    unmatched: str
+    block_axis: str | None
+
+    def __init__(
+        self,
+        rules: Iterable[tuple[Any, ...]],
+        *,
+        axes: Mapping[str, Any] | None = None,
+        unmatched: str = "error",
+        block_axis: str | None = None,
+    ) -> None:
+        self.rules = tuple(_Rule(index, row) for index, row in enumerate(rules))
+        self.axes = _check_axes(axes or {})
+        if unmatched not in _UNMATCHED:
+            raise ValueError(_UNMATCHED_MSG.format(found=unmatched))
+        self.unmatched = unmatched
+        if block_axis is not None and not isinstance(block_axis, str):
+            raise TypeError(f"`block_axis` is an axis name or None, got {_describe(block_axis)}.")
+        self.block_axis = block_axis
+        self._check_mapped(self.axes)
+
+    def _check_mapped(self, axes: Mapping[str, Any]) -> None:
+        """A mapped name no rule uses is a typo, or a rule missing: refuse it."""
+        used = {self.block_axis} if self.block_axis is not None else set()
+        for rule in self.rules:
+            for entry in rule.entries:
+                used.update((entry,) if isinstance(entry, str) else entry or ())
+        for name in axes:
+            if name not in used:
+                close = difflib.get_close_matches(name, sorted(used), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    _UNUSED_NAME_MSG.format(name=name, used=sorted(used) or "none", hint=hint)
+                )
+
+    def table(self) -> list[tuple[Any, ...]]:
+        """The rules as given: a list of `(selector, ..., spec)` tuples, to build on.
+
+        ```python
+        from jax.sharding import PartitionSpec as P
+        import treeclass as tc
+
+        rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))])
+        more = tc.ShardingRules([*rules.table(), (tc.glob("b"), P())])
+        assert len(more.table()) == 2 and more.table()[0][1] == P("embed", None)
+        ```
+        """
+        return [(*rule.selectors, P(*rule.entries)) for rule in self.rules]
+
+    def __repr__(self) -> str:
+        rows = "".join(f"\n  {rule.text}," for rule in self.rules)
+        axes = {name: (t[0] if len(t) == 1 else (t or None)) for name, t in self.axes.items()}
+        return (
+            f"ShardingRules([{rows}\n], axes={axes!r}, unmatched={self.unmatched!r}, "
+            f"block_axis={self.block_axis!r})"
+        )
+
+    def with_axes(self, axes: Mapping[str, Any] | None = None, /, **more: Any) -> ShardingRules:
+        """The same rules with logical names mapped (added to, or replacing, `axes`).
+
+        ```python
+        import treeclass as tc
+
+        rules = tc.ShardingRules([(tc.glob("w"), ("embed", "mlp"))], axes={"embed": None})
+        tensor_parallel = rules.with_axes(mlp="model")
+        assert tensor_parallel.axes == {"embed": (), "mlp": ("model",)}
+        ```
+        """
+        added = _check_axes({**(axes or {}), **more})
+        self._check_mapped(added)
+        merged = {**self.axes, **added}
+        out = object.__new__(ShardingRules)
+        out.rules, out.axes = self.rules, merged
+        out.unmatched, out.block_axis = self.unmatched, self.block_axis
+        return out
+
+    # -- applying the table -------------------------------------------------------------------
+
+    def specs(self, tree: _T, mesh: Any) -> _T:
+        """The mesh partition spec of every leaf of `tree`, after checking the rules.
+
+        **Arguments**
+
+        - `tree`: the model, abstract (`jax.eval_shape(build)`) or real; only the shapes
+          of its leaves are read.
+        - `mesh`: a `jax.sharding.Mesh` or `AbstractMesh`.
+
+        **Returns**
+
+        A tree of `PartitionSpec` (of mesh axes) with the structure of `tree` (frozen
+        values kept as they are: they are not leaves).
+
+        **Raises**
+
+        `ValueError` listing every problem (see the class), each naming its key path.
+
+        ```python
+        import jax.numpy as jnp
+        from jax.sharding import AbstractMesh, PartitionSpec as P
+        import treeclass as tc
+
+        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
+        mesh = AbstractMesh((3,), ("data",))
+        try:
+            rules.specs({"w": jnp.ones((4, 2)), "b": jnp.ones(2)}, mesh)
+        except ValueError as error:
+            assert "`tree['b']` f32[2]: no rule matches it" in str(error)
+            assert "axis 0 (size 4)" in str(error) and "not divisible by 3" in str(error)
+        ```
+        """
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        return treedef.unflatten(self._resolve(tree, flat, mesh))
+
+    def shardings(self, tree: _T, mesh: Any) -> _T:
+        """The `NamedSharding` of every leaf of `tree` on `mesh`, after checking the rules.
+
+        The tree to hand to `jax.jit(..., out_shardings=...)` or `jax.device_put`. Raises
+        as `specs` does.
+
+        ```python
+        import jax, jax.numpy as jnp
+        import treeclass as tc
+
+        mesh = jax.make_mesh((1,), ("data",))
+        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
+        params = {"w": jnp.ones((4, 2))}
+        model = jax.device_put(params, rules.shardings(params, mesh))
+        assert model["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
+        ```
+        """
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        return treedef.unflatten([NamedSharding(mesh, s) for s in self._resolve(tree, flat, mesh)])
+
+    def template(self, tree: _T, mesh: Any) -> _T:
+        """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target.
+
+        `tc.load(path, template)` (and orbax) read into it, each process reading only the
+        bytes of the shards its devices hold; `tc.tree_summary(template)` shows every
+        leaf's spec before anything is allocated. Raises as `specs` does.
+
+        ```python
+        import jax, jax.numpy as jnp
+        import treeclass as tc
+
+        mesh = jax.make_mesh((1,), ("data",))
+        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
+        template = rules.template(jax.eval_shape(lambda: {"w": jnp.ones((4, 2))}), mesh)
+        assert template["w"].shape == (4, 2) and template["w"].sharding.spec[0] == "data"
+        ```
+        """
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        specs = self._resolve(tree, flat, mesh)
+        return treedef.unflatten(
+            [
+                jax.ShapeDtypeStruct(_shape(x), _dtype(x), sharding=NamedSharding(mesh, s))
+                for (_, x), s in zip(flat, specs, strict=True)
+            ]
+        )
+
+    def init(self, mesh: Any, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        """`fn(*args, **kwargs)` built directly in the shardings the rules give it.
+
+        `fn` is traced once (its Python runs once, under `jax.jit` tracing); the rules are
+        checked on the traced shapes before anything is allocated, then the traced
+        computation runs under `jax.jit` with those `out_shardings`: each device makes only
+        its own shards, and no device ever holds the whole model. Works the same on one
+        process and on many (every process calls it with the same arguments).
+
+        `args` and `kwargs` are closed over (sizes, a PRNG key): they may be Python
+        values. A frozen value `fn` makes must not depend on a traced value (make frozen
+        data with NumPy, or close over an array).
+
+        **Arguments**
+
+        - `mesh`: the `jax.sharding.Mesh` to build on.
+        - `fn`: the constructor (a class, or any function returning a pytree).
+        - `*args`, `**kwargs`: its arguments.
+
+        **Returns**
+
+        What `fn` returns, every leaf placed as the rules say.
+
+        **Raises**
+
+        `ValueError` as `specs` does, before anything is allocated.
+
+        ```python
+        import jax, jax.numpy as jnp
+        import treeclass as tc
+
+        class Linear(tc.TreeClass):
+            def __init__(self, n, key):
+                self.weight = jax.random.normal(key, (n, n))
+                self.bias = jnp.zeros(n)
+
+        mesh = jax.make_mesh((1,), ("data",))
+        rules = tc.ShardingRules([(tc.glob("weight"), ("embed", None))], axes={"embed": "data"},
+                                 unmatched="replicate")
+        layer = rules.init(mesh, Linear, 4, jax.random.key(0))
+        assert layer.weight.sharding.spec == jax.sharding.PartitionSpec("data", None)
+        ```
+        """
+        return _run_traced_once(
+            lambda: fn(*args, **kwargs), (), lambda abstract: self.shardings(abstract, mesh)
+        )
+
+    # -- the check ----------------------------------------------------------------------------
+
+    def _resolve(self, tree: Any, flat: list[tuple[Any, Any]], mesh: Any) -> list[P]:
+        """Every leaf's mesh spec, or a `ValueError` listing every problem."""
+        sizes = dict(mesh.shape)
+        problems: dict[str, None] = {}  # ordered, without repeats
+        depths = _block_depths(tree)
+        if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
+            raise AssertionError("the stacks of the tree hold another number of leaves")
+        claims = self._claims(tree, len(flat), problems)
+        mapped = {rule.index: self._mapped_entries(rule, sizes, problems) for rule in self.rules}
+        block = self._block_entry(sizes, problems) if any(depths) else ()
+        specs: list[P] = []
+        for (path, leaf), claimed, depth in zip(flat, claims, depths, strict=True):
+            spec = self._leaf_spec(tree, path, leaf, claimed, depth, mapped, block, problems)
+            if spec is not None and any(spec):
+                self._check_fit(tree, path, leaf, depth, spec, claimed, sizes, problems)
+                specs.append(P(*_entries_of(spec)))
+            else:  # replicated (written so, or unmatched), or a problem
+                specs.append(P())
+        if problems:
+            shown = list(problems)[:_SHOWN_PROBLEMS]
+            lines = [f"  - {p}" for p in shown]
+            if len(problems) > len(shown):
+                lines.append(f"  ... and {len(problems) - len(shown)} more")
+            raise ValueError(
+                _PROBLEMS_MSG.format(
+                    root=_root_text(tree),
+                    mesh=_mesh_text(sizes),
+                    count=len(problems),
+                    problems="\n".join(lines),
+                )
+            )
+        return specs
+
+    def _claims(self, tree: Any, count: int, problems: dict[str, None]) -> list[list[_Rule]]:
+        """For every leaf, the rules that select it, in table order."""
+        claims: list[list[_Rule]] = [[] for _ in range(count)]
+        # where the frozen values are among the leaves, when they are counted as leaves
+        frozen = [is_frozen(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_frozen)]
+        for rule in self.rules:
+            try:
+                flags = _selected(tree, rule.selectors, frozen)
+            except (LookupError, TypeError, ValueError, IndexError) as error:
+                message = str(error).split("\n")[0]
+                stacked = _STACKED_AT.search(message)
+                if stacked is not None:
+                    problem = _SOME_BLOCKS.format(rule=rule.text, error=stacked.group(1))
+                else:
+                    problem = _SELECTION_FAILS.format(
+                        rule=rule.text, root=_root_text(tree), error=message
+                    )
+                problems[problem] = None
+                continue
+            if len(flags) != count:  # pragma: no cover - mask keeps the tree's structure
+                raise AssertionError("a selection mask lost the tree's structure")
+            used = False
+            for index, flag in enumerate(flags):
+                if flag:
+                    claims[index].append(rule)
+                    used = True
+            if not used:
+                problems[_UNUSED.format(rule=rule.text, root=_root_text(tree))] = None
+        return claims
+
+    def _name(
+        self, name: str, sizes: dict[str, int], problems: dict[str, None], where: str
+    ) -> tuple[str, ...] | None:
+        """The mesh axes a spec name stands for, or None (a problem recorded)."""
+        logical = ", ".join(map(repr, self.axes)) or "none"
+        mesh_axes = ", ".join(map(repr, sizes))
+        if name in self.axes:
+            targets = self.axes[name]
+            bad = [t for t in targets if t not in sizes]
+            for target in bad:
+                problems[
+                    _UNKNOWN_MESH_AXIS.format(
+                        name=name, target=target, mesh_axes=mesh_axes, rule=where
+                    )
+                ] = None
+            return None if bad else targets
+        if name in sizes:
+            return (name,)
+        if where == "block_axis":
+            problems[
+                _UNKNOWN_BLOCK_AXIS.format(name=name, logical=logical, mesh_axes=mesh_axes)
+            ] = None
+        else:
+            problems[
+                _UNKNOWN_AXIS.format(rule=where, name=name, logical=logical, mesh_axes=mesh_axes)
+            ] = None
+        return None
+
+    def _mapped_entries(
+        self, rule: _Rule, sizes: dict[str, int], problems: dict[str, None]
+    ) -> tuple[tuple[str, ...], ...] | None:
+        """A rule's entries as tuples of mesh axes, or None when a name is unknown."""
+        out = []
+        ok = True
+        for entry in rule.entries:
+            names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+            axes: list[str] = []
+            for name in names:
+                targets = self._name(name, sizes, problems, rule.text)
+                if targets is None:
+                    ok = False
+                else:
+                    axes.extend(targets)
+            out.append(tuple(axes))
+        return tuple(out) if ok else None
+
+    def _block_entry(
+        self, sizes: dict[str, int], problems: dict[str, None]
+    ) -> tuple[str, ...] | None:
+        if self.block_axis is None:
+            return ()
+        return self._name(self.block_axis, sizes, problems, "block_axis")
+
+    def _leaf_spec(
+        self,
+        tree: Any,
+        path: tuple[Any, ...],
+        leaf: Any,
+        claimed: list[_Rule],
+        depth: int,
+        mapped: dict[int, Any],
+        block: tuple[str, ...] | None,
+        problems: dict[str, None],
+    ) -> list[tuple[str, ...]] | None:
+        """The leaf's spec as a list of mesh-axis tuples, or None (replicated / a problem)."""
+        rank = len(_shape(leaf))
+        if not claimed:
+            if rank and self.unmatched == "error":
+                where = path_str(tree, path)
+                problems[_UNMATCHED_LEAF.format(path=where, what=_what(leaf, depth))] = None
+                return None
+            if depth and block:  # replicated as `P()` is: the block axes still split
+                return [block] * depth + [()] * (rank - depth)
+            return None
+        written = {}
+        for rule in claimed:
+            key = _fitted(rule.entries, rank, depth)
+            written.setdefault(key, rule)
+        if len(written) > 1:
+            claims = " and ".join(rule.text for rule in written.values())
+            problems[
+                _CONFLICT.format(path=path_str(tree, path), what=_what(leaf, depth), claims=claims)
+            ] = None
+            return None
+        ((key, rule),) = written.items()
+        if key is None:
+            if depth:
+                want = (
+                    f"one per axis of a block ({rank - depth}; the block axes get "
+                    f"`block_axis`), or {rank} with the block axes first"
+                )
+            else:
+                want = f"one per axis of the leaf ({rank})"
+            problems[
+                _RANK.format(
+                    path=path_str(tree, path),
+                    what=_what(leaf, depth),
+                    rule=rule.text,
+                    got=len(rule.entries),
+                    want=f"but it needs {want}, or none (`P()`: replicated)",
+                )
+            ] = None
+            return None
+        entries = mapped[rule.index]
+        if entries is None:  # an unknown name: reported once, for the rule
+            return None
+        if rule.entries and len(rule.entries) == rank:  # every axis written, block axes too
+            return list(entries)
+        if depth and block is None:  # an unknown `block_axis`: reported once
+            return None
+        per_block = list(entries) if rule.entries else [()] * (rank - depth)  # P(): unsplit
+        return [block] * depth + per_block if depth else per_block
+
+    def _check_fit(
+        self,
+        tree: Any,
+        path: tuple[Any, ...],
+        leaf: Any,
+        depth: int,
+        spec: list[tuple[str, ...]],
+        claimed: list[_Rule],
+        sizes: dict[str, int],
+        problems: dict[str, None],
+    ) -> None:
+        shape = _shape(leaf)
+        used = [axis for axes in spec for axis in axes]
+        twice = [axis for i, axis in enumerate(used) if axis in used[:i]]
+        indivisible = []
+        for dim, (size, axes) in enumerate(zip(shape, spec, strict=True)):
+            parts = math.prod(sizes[a] for a in axes)
+            if size % parts:
+                indivisible.append((dim, size, axes, parts))
+        if not twice and not indivisible:  # the usual case: nothing to write
+            return
+        rule = claimed[0].text
+        where = path_str(tree, path)
+        what = _what(leaf, depth)
+        mesh_spec = P(*_entries_of(spec))
+        for axis in dict.fromkeys(twice):
+            problems[
+                _TWICE.format(
+                    path=where,
+                    what=what,
+                    rule=rule,
+                    logical=_spec_text(claimed[0].entries),
+                    spec=mesh_spec,
+                    axis=axis,
+                )
+            ] = None
+        for dim, size, axes, parts in indivisible:
+            over = " x ".join(repr(a) for a in axes)
+            if len(axes) > 1:
+                over += " (" + " x ".join(str(sizes[a]) for a in axes) + ")"
+            problems[
+                _INDIVISIBLE.format(
+                    path=where,
+                    what=what,
+                    rule=rule,
+                    dim=dim,
+                    size=size,
+                    over=f"mesh axis {over}" if len(axes) == 1 else f"mesh axes {over}",
+                    parts=parts,
+                    spec=mesh_spec,
+                )
+            ] = None
+
+
+class _Selected:
+    """Stands in for a leaf a rule selects, while its selection is read."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        # shown when a node refuses it: a stack, for a selection of some of its blocks
+        return "a sharding rule's selection mark"
+
+
+_SELECTED = _Selected()
+
+
+def _selected(tree: Any, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
+    """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it.
+
+    The selection is `.at`'s own: the selected leaves are marked with `apply` (frozen
+    values taken as leaves, so that selecting one is not an error: they are dropped
+    here, not being leaves) and the marks read back in flatten order.
+    """
+    indexer = at(tree)
+    for selector in selectors:
+        indexer = indexer[selector]
+    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
+    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_frozen)
+    return [x is _SELECTED for x, ice in zip(leaves, frozen, strict=True) if not ice]
+
+
+def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:
+    """A rule's entries as a full-rank logical spec of a leaf (None: the rank misfits).
+
+    `P()` leaves every axis of a block unsplit; a spec of a block's rank gets placeholders
+    for the block axes in front.
+    """
+    if not entries:
+        entries = (None,) * (rank - depth)
+    if len(entries) == rank:
+        return entries
+    if depth and len(entries) == rank - depth:
+        return ("<block axis>",) * depth + entries
+    return None
+
+
+def _entries_of(spec: list[tuple[str, ...]]) -> list[Any]:
+    return [None if not axes else axes[0] if len(axes) == 1 else axes for axes in spec]
+
+
+def _block_depths(tree: Any, depth: int = 0) -> list[int]:
+    """For every leaf of `tree`, how many stacks (`tc.Stacked`) hold it."""
+    out: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
+        if isinstance(x, Stacked):
+            out.extend(_block_depths(x.tree, depth + 1))
+        else:
+            out.append(depth)
+    return out
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(x))
+
+
+def _dtype(x: Any) -> Any:
+    dtype = getattr(x, "dtype", None)
+    return dtype if dtype is not None else jax.numpy.result_type(x)
+
+
+_DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
+
+
+def _what(leaf: Any, depth: int) -> str:
+    """`f32[3,4,8]`, and for a stacked leaf `(stacked: 3 blocks of [4,8])`."""
+    shape = _shape(leaf)
+    name = str(_dtype(leaf))
+    for long, short in _DTYPE_PREFIXES:
+        if name.startswith(long):
+            name = short + name[len(long) :]
+            break
+    text = f"{name}[{','.join(map(str, shape))}]"
+    if depth:
+        blocks = "x".join(map(str, shape[:depth]))
+        return f"{text} (stacked: {blocks} blocks of [{','.join(map(str, shape[depth:]))}])"
+    return text
+
+
+def _root_text(tree: Any) -> str:
+    return path_str(tree, ())
+
+
+def _mesh_text(sizes: dict[str, int]) -> str:
+    return "(" + ", ".join(f"{name}={size}" for name, size in sizes.items()) + ")"
+
+
+# -- what follows the model -------------------------------------------------------------------
+
+
+def _sharding_of(x: Any) -> Any:
+    if isinstance(x, jax.sharding.Sharding):
+        return x
+    return getattr(x, "sharding", None)
+
+
+def shardings_like(tree: _T, like: Any, *, mesh: Any = None) -> _T:
+    """Shardings for `tree` (an optimizer state) from those of the model it follows.
+
+    Each leaf of `tree` takes the sharding of the model leaf whose key path is the
+    longest suffix of its own and whose shape is its own: optax keeps copies of the
+    parameters under their key paths (`[0].mu.blocks.attn.q.weight` follows
+    `blocks.attn.q.weight`), and so do `tc.optim.trainable`'s state and any state built
+    with `jax.tree.map` over the parameters. Every other leaf (step counts, factored
+    statistics of another shape) is replicated over the mesh.
+
+    **Arguments**
+
+    - `tree`: the tree to place, abstract (`jax.eval_shape(opt.init, model)`) or real.
+    - `like`: the model's shardings (a tree of `Sharding`s), or the model itself (its
+      arrays' `.sharding`), or a template of `ShapeDtypeStruct`s with shardings.
+    - `mesh`: the mesh of the replicated leaves; by default that of `like`'s first
+      `NamedSharding`.
+
+    **Returns**
+
+    A tree of `Sharding`s with the structure of `tree`.
+
+    ```python
+    import jax, jax.numpy as jnp, optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import treeclass as tc
+
+    mesh = jax.make_mesh((1,), ("data",))
+    params = {"w": jax.device_put(jnp.ones((4, 2)), NamedSharding(mesh, P("data", None)))}
+    state = jax.eval_shape(optax.adam(1e-3).init, params)
+    placed = tc.shardings_like(state, params)
+    assert placed[0].mu["w"].spec == P("data", None) and placed[0].count.spec == P()
+    ```
+    """
+    by_path: dict[tuple[Any, ...], tuple[tuple[int, ...] | None, Any]] = {}
+    longest = 0
+    for path, x in jax.tree_util.tree_flatten_with_path(
+        like, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    )[0]:
+        sharding = _sharding_of(x)
+        if sharding is None:
+            continue
+        if mesh is None and isinstance(sharding, NamedSharding):
+            mesh = sharding.mesh
+        shape = None if isinstance(x, jax.sharding.Sharding) else _shape(x)
+        by_path[tuple(path)] = (shape, sharding)
+        longest = max(longest, len(path))
+    if mesh is None:
+        raise ValueError(_NO_MESH_MSG)
+    replicated = NamedSharding(mesh, P())
+
+    def place(path: tuple[Any, ...], x: Any) -> Any:
+        path = tuple(path)
+        for start in range(max(0, len(path) - longest), len(path)):
+            found = by_path.get(path[start:])
+            if found is not None:
+                shape, sharding = found
+                if shape is None or shape == _shape(x):
+                    return sharding
+                return replicated
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(place, tree)
+
+
+def _run_traced_once(
+    fn: Callable[..., Any], args: tuple[Any, ...], place: Callable[[Any], Any]
+) -> Any:
+    """`fn(*args)` traced once, placed by `place(abstract result)`, run under `jax.jit`."""
+    from jax.extend.core import jaxpr_as_fun
+
+    traced = jax.jit(fn).trace(*args)
+    shardings = place(traced.out_info)  # checks come first: nothing is allocated yet
+    run = jaxpr_as_fun(traced.jaxpr)
+    out_tree = traced.out_tree
+
+    def replay(*leaves: Any) -> Any:
+        return out_tree.unflatten(run(*leaves))
+
+    return jax.jit(replay, out_shardings=shardings)(*jax.tree_util.tree_leaves(args))
+
+
+def init_like(fn: Callable[..., _T], tree: Any, /, *args: Any, **kwargs: Any) -> _T:
+    """`fn(tree, *args, **kwargs)` under `jax.jit`, its result placed like `tree`.
+
+    For what follows a sharded model: `tc.init_like(opt.init, model)` makes the optimizer
+    state with each leaf in the sharding `tc.shardings_like` gives it (copies of the
+    parameters like the parameters, the rest replicated). Without `out_shardings`, `jit`
+    would put state that depends on no input's placement (zeros) on one device. `fn` is
+    traced once; `args` and `kwargs` are closed over.
+
+    ```python
+    import jax, jax.numpy as jnp, optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import treeclass as tc
+
+    mesh = jax.make_mesh((1,), ("data",))
+    params = {"w": jax.device_put(jnp.ones((4, 2)), NamedSharding(mesh, P("data", None)))}
+    state = tc.init_like(optax.adam(1e-3).init, params)
+    assert state[0].mu["w"].sharding.spec == P("data", None)
+    ```
+    """
+    return _run_traced_once(
+        lambda t: fn(t, *args, **kwargs), (tree,), lambda out: shardings_like(out, tree)
+    )
