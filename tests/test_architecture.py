@@ -40,6 +40,7 @@ FLOORS = {
     "optim": 8,
     "_checkpoint": 8,
     "_stacked": 8,
+    "nn": 9,
     "__init__": 9,
 }
 
