@@ -55,7 +55,7 @@ class LoRA(Layer):
     adapter = tc.nn.LoRA(base, rank=2, key=jax.random.key(1))
     x = jnp.ones((3, 8))
     assert jnp.allclose(adapter(x), base(x))  # lora_B starts at zero
-    adapter = adapter.at["lora_B"]["weight"].set(0.1)
+    adapter = adapter.at["lora_B"]["weight"].apply(lambda w: w + 0.1)
     assert jnp.allclose(adapter.merge()(x), adapter(x), atol=1e-6)
     ```
     """

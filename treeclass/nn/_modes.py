@@ -22,8 +22,8 @@ _FLAG_MSG = "`set_training(model, training)` takes a bool, got {value!r}."
 
 
 def has_mode(node: Any) -> bool:
-    """Whether `node` is a TreeClass with a static field named `training`."""
-    if not is_treeclass(node):
+    """Whether `node` is a TreeClass with a static field named `training` that it set."""
+    if not is_treeclass(node) or "training" not in vars(node):
         return False
     return any(f.name == "training" and f.static for f in fields(node))
 
