@@ -1076,6 +1076,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     assert "dispatch_2_layers" in names
     ```
     """
+    from .nn import nn_cases  # its own file; it imports this one
     from .stacked import stacked_cases  # its own file; it imports this one
 
     return [
@@ -1086,6 +1087,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
         *stacked_cases(sizes),
+        *nn_cases(sizes),
     ]
 
 
