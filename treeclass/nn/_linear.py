@@ -111,8 +111,10 @@ class Embed(Layer):
 
     `weight`: `[num_embeddings, features]`; `dtype` (static).
 
-    `embed(ids)` gives the vectors of `ids` (any integer shape); `embed.attend(x)` is
-    `x @ weight.T`, the logits of an output layer tied to the embedding.
+    `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
+    gives NaNs, so a bad id shows instead of silently reading another row, and negative
+    ids count from the end); `embed.attend(x)` is `x @ weight.T`, the logits of an output
+    layer tied to the embedding.
 
     ```python
     import jax, jax.numpy as jnp
