@@ -101,4 +101,5 @@ def __getattr__(name: str) -> object:
         return importlib.import_module(".nn", __name__)
     raise AttributeError(f"module 'treeclass' has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
