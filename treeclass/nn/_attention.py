@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, check_key, dtype_name
+from ._base import Layer, assign, check_key, dtype_name
 from ._linear import Linear
 
 __all__ = ["MultiHeadAttention", "rotary_embedding"]
@@ -149,16 +149,19 @@ class MultiHeadAttention(Layer):
         kv_features = features if kv_features is None else kv_features
         qkey, kkey, vkey, okey = jax.random.split(key, 4)
         options = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
-        self.q_proj = Linear(features, num_heads * head_dim, key=qkey, **options)
-        self.k_proj = Linear(kv_features, num_kv_heads * head_dim, key=kkey, **options)
-        self.v_proj = Linear(kv_features, num_kv_heads * head_dim, key=vkey, **options)
-        self.o_proj = Linear(num_heads * head_dim, features, key=okey, **options)
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.causal = causal
-        self.rope_theta = None if rope_theta is None else float(rope_theta)
-        self.dtype = dtype
+        assign(
+            self,
+            q_proj=Linear(features, num_heads * head_dim, key=qkey, **options),
+            k_proj=Linear(kv_features, num_kv_heads * head_dim, key=kkey, **options),
+            v_proj=Linear(kv_features, num_kv_heads * head_dim, key=vkey, **options),
+            o_proj=Linear(num_heads * head_dim, features, key=okey, **options),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            causal=causal,
+            rope_theta=None if rope_theta is None else float(rope_theta),
+            dtype=dtype,
+        )
 
     def __call__(
         self,

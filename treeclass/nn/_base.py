@@ -28,6 +28,7 @@ __all__ = [
     "check_key",
     "uniform_fan_in",
     "cast",
+    "assign",
 ]
 
 _DTYPE_MSG = (
@@ -70,7 +71,18 @@ def uniform_fan_in(key: Any, shape: tuple[int, ...], fan_in: int, dtype: Any) ->
     return jax.random.uniform(key, shape, dtype, minval=-limit, maxval=limit)
 
 
-def cast(dtype: str | None, *arrays: Any) -> Any:
+def assign(layer: TreeClass, **values: Any) -> None:
+    """Set attributes of a layer under construction (or of a mutable copy), in order.
+
+    Through `setattr`, so each field's `on_setattr` runs; type checkers see a TreeClass
+    as a frozen dataclass and would refuse `self.weight = ...` in a hand-written
+    `__init__`.
+    """
+    for name, value in values.items():
+        setattr(layer, name, value)
+
+
+def cast(dtype: Any, *arrays: Any) -> Any:
     """`arrays` in the compute `dtype` (unchanged, and so promoted by the operations that
     use them, when it is `None`); `None` entries stay `None`."""
     if dtype is None:

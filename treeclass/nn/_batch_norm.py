@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, cast, dtype_name
+from ._base import Layer, assign, cast, dtype_name
 from ._normalization import statistics_dtype
 
 __all__ = ["BatchNorm"]
@@ -110,15 +110,18 @@ class BatchNorm(Layer):
         param_dtype: Any = jnp.float32,
     ) -> None:
         param_dtype = dtype_name(param_dtype, "param_dtype")
-        self.weight = jnp.ones((features,), param_dtype) if use_weight else None
-        self.bias = jnp.zeros((features,), param_dtype) if use_bias else None
-        self.running_mean = jnp.zeros((features,), param_dtype)
-        self.running_var = jnp.ones((features,), param_dtype)
-        self.momentum = momentum
-        self.eps = eps
-        self.axis_name = axis_name
-        self.training = training
-        self.dtype = dtype
+        assign(
+            self,
+            weight=jnp.ones((features,), param_dtype) if use_weight else None,
+            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            running_mean=jnp.zeros((features,), param_dtype),
+            running_var=jnp.ones((features,), param_dtype),
+            momentum=momentum,
+            eps=eps,
+            axis_name=axis_name,
+            training=training,
+            dtype=dtype,
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised per feature; in training mode, the statistics assigned too."""
@@ -140,10 +143,13 @@ class BatchNorm(Layer):
                 )
             )
             try:
-                self.running_mean = running[0].astype(self.running_mean.dtype)
-            except AttributeError:
+                assign(
+                    self,
+                    running_mean=running[0].astype(self.running_mean.dtype),
+                    running_var=running[1].astype(self.running_var.dtype),
+                )
+            except AttributeError:  # sealed: the first assignment fails, nothing changed
                 raise AttributeError(_IMMUTABLE_MSG) from None
-            self.running_var = running[1].astype(self.running_var.dtype)
         else:
             mean, var = self.running_mean, self.running_var
         y = (stats - mean) * jax.lax.rsqrt(var + self.eps)

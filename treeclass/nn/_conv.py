@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, cast, check_key, dtype_name, uniform_fan_in
+from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
 
 __all__ = ["Conv"]
 
@@ -110,9 +110,10 @@ class Conv(Layer):
 
     weight: jax.Array
     bias: jax.Array | None
-    stride: tuple[int, ...] = field(default=1, static=True)
+    # per-axis tuples; the scalar defaults let the printers hide an all-ones value
+    stride: Any = field(default=1, static=True)
     padding: Any = field(default=0, static=True)
-    dilation: tuple[int, ...] = field(default=1, static=True)
+    dilation: Any = field(default=1, static=True)
     groups: int = field(default=1, static=True)
     dtype: str | None = field(
         default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")]
@@ -148,13 +149,16 @@ class Conv(Layer):
         fan_in = in_channels // groups * math.prod(kernel)
         wkey, bkey = jax.random.split(key)
         shape = (out_channels, in_channels // groups, *kernel)
-        self.weight = uniform_fan_in(wkey, shape, fan_in, param_dtype)
-        self.bias = uniform_fan_in(bkey, (out_channels,), fan_in, param_dtype) if use_bias else None
-        self.stride = _per_axis(stride, n, "stride")
-        self.padding = _padding(padding, n)
-        self.dilation = _per_axis(dilation, n, "dilation")
-        self.groups = groups
-        self.dtype = dtype
+        assign(
+            self,
+            weight=uniform_fan_in(wkey, shape, fan_in, param_dtype),
+            bias=uniform_fan_in(bkey, (out_channels,), fan_in, param_dtype) if use_bias else None,
+            stride=_per_axis(stride, n, "stride"),
+            padding=_padding(padding, n),
+            dilation=_per_axis(dilation, n, "dilation"),
+            groups=groups,
+            dtype=dtype,
+        )
 
     @property
     def kernel_size(self) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, cast, check_key, dtype_name, uniform_fan_in
+from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
 
 __all__ = ["Linear", "Embed"]
 
@@ -72,11 +72,14 @@ class Linear(Layer):
         key = check_key(key, "Linear")
         param_dtype = dtype_name(param_dtype, "param_dtype")
         wkey, bkey = jax.random.split(key)
-        self.weight = uniform_fan_in(wkey, (out_features, in_features), in_features, param_dtype)
-        self.bias = (
-            uniform_fan_in(bkey, (out_features,), in_features, param_dtype) if use_bias else None
+        assign(
+            self,
+            weight=uniform_fan_in(wkey, (out_features, in_features), in_features, param_dtype),
+            bias=uniform_fan_in(bkey, (out_features,), in_features, param_dtype)
+            if use_bias
+            else None,
+            dtype=dtype,
         )
-        self.dtype = dtype
 
     @property
     def in_features(self) -> int:
@@ -140,8 +143,11 @@ class Embed(Layer):
     ) -> None:
         key = check_key(key, "Embed")
         param_dtype = dtype_name(param_dtype, "param_dtype")
-        self.weight = jax.random.normal(key, (num_embeddings, features), param_dtype)
-        self.dtype = dtype
+        assign(
+            self,
+            weight=jax.random.normal(key, (num_embeddings, features), param_dtype),
+            dtype=dtype,
+        )
 
     @property
     def num_embeddings(self) -> int:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, check_key
+from ._base import Layer, assign, check_key
 from ._linear import Linear
 
 __all__ = ["LoRA"]
@@ -72,18 +72,24 @@ class LoRA(Layer):
             raise ValueError(_RANK_MSG.format(value=rank))
         key = check_key(key, "LoRA")
         param_dtype = base.weight.dtype
-        self.base_layer = base
-        self.lora_A = Linear(
-            base.in_features,
-            rank,
-            use_bias=False,
-            dtype=base.dtype,
-            param_dtype=param_dtype,
-            key=key,
+        assign(
+            self,
+            base_layer=base,
+            lora_A=Linear(
+                base.in_features,
+                rank,
+                use_bias=False,
+                dtype=base.dtype,
+                param_dtype=param_dtype,
+                key=key,
+            ),
         )
         zero = Linear(rank, base.out_features, use_bias=False, dtype=base.dtype, key=key)
-        self.lora_B = zero.replace(weight=jnp.zeros((base.out_features, rank), param_dtype))
-        self.alpha = rank if alpha is None else alpha
+        assign(
+            self,
+            lora_B=zero.replace(weight=jnp.zeros((base.out_features, rank), param_dtype)),
+            alpha=rank if alpha is None else alpha,
+        )
 
     @property
     def rank(self) -> int:

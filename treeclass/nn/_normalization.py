@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, cast, dtype_name
+from ._base import Layer, assign, cast, dtype_name
 
 __all__ = ["LayerNorm", "RMSNorm", "statistics_dtype"]
 
@@ -79,10 +79,13 @@ class LayerNorm(Layer):
         param_dtype: Any = jnp.float32,
     ) -> None:
         param_dtype = dtype_name(param_dtype, "param_dtype")
-        self.weight = jnp.ones((features,), param_dtype) if use_weight else None
-        self.bias = jnp.zeros((features,), param_dtype) if use_bias else None
-        self.eps = eps
-        self.dtype = dtype
+        assign(
+            self,
+            weight=jnp.ones((features,), param_dtype) if use_weight else None,
+            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            eps=eps,
+            dtype=dtype,
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised over its last axis, scaled and shifted."""
@@ -137,10 +140,13 @@ class RMSNorm(Layer):
         param_dtype: Any = jnp.float32,
     ) -> None:
         param_dtype = dtype_name(param_dtype, "param_dtype")
-        self.weight = jnp.ones((features,), param_dtype) if use_weight else None
-        self.bias = jnp.zeros((features,), param_dtype) if use_bias else None
-        self.eps = eps
-        self.dtype = dtype
+        assign(
+            self,
+            weight=jnp.ones((features,), param_dtype) if use_weight else None,
+            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            eps=eps,
+            dtype=dtype,
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` divided by its root mean square over the last axis, scaled."""

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from .._fields import field
 from .._frozen import freeze, is_frozen, unfreeze
 from .._node import is_treeclass
-from ._base import Layer, check_key
+from ._base import Layer, assign, check_key
 from ._linear import Linear
 
 __all__ = ["Sequential", "MLP"]
@@ -36,7 +36,10 @@ def _takes_key(cls: type) -> bool:
 
 
 def _accepts_key(layer: Any) -> bool:
-    return is_treeclass(layer) and _takes_key(type(layer))
+    if not is_treeclass(layer):
+        return False
+    cls: type = type(layer)  # `type[Any]` is not `Hashable` to mypy; a class is
+    return _takes_key(cls)
 
 
 class Sequential(Layer):
@@ -76,7 +79,7 @@ class Sequential(Layer):
                 raise TypeError(_NOT_CALLABLE_MSG.format(index=index, type=type(layer).__name__))
             plain = not is_treeclass(layer) and not is_frozen(layer)
             kept.append(freeze(layer) if plain else layer)
-        self.layers = tuple(kept)
+        assign(self, layers=tuple(kept))
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -158,19 +161,22 @@ class MLP(Layer):
         key = check_key(key, "MLP")
         keys = jax.random.split(key, depth + 1)
         sizes = [in_features, *([hidden_features] * depth), out_features]
-        self.layers = tuple(
-            Linear(
-                sizes[i],
-                sizes[i + 1],
-                use_bias=use_bias if i < depth else use_final_bias,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                key=keys[i],
-            )
-            for i in range(depth + 1)
+        assign(
+            self,
+            layers=tuple(
+                Linear(
+                    sizes[i],
+                    sizes[i + 1],
+                    use_bias=use_bias if i < depth else use_final_bias,
+                    dtype=dtype,
+                    param_dtype=param_dtype,
+                    key=keys[i],
+                )
+                for i in range(depth + 1)
+            ),
+            activation=activation,
+            final_activation=_identity if final_activation is None else final_activation,
         )
-        self.activation = activation
-        self.final_activation = _identity if final_activation is None else final_activation
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The layers in turn, the activation between them."""
