@@ -1080,6 +1080,7 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     from .stacked import stacked_cases  # its own file; it imports this one
 
     return [
+        *nn_cases(sizes),  # beside the workload case, in its group
         *_flatten_cases(sizes),
         *_dispatch_cases(sizes),
         *_train_cases(sizes),
@@ -1087,7 +1088,6 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
         *stacked_cases(sizes),
-        *nn_cases(sizes),
     ]
 
 
