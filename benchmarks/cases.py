@@ -1077,10 +1077,12 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     ```
     """
     from .finetune import finetune_cases  # its own file; it imports this one
+    from .nn import nn_cases  # its own file; it imports this one
     from .sharding import sharding_cases  # its own file; it imports this one
     from .stacked import periodic_cases, stacked_cases  # its own file; it imports this one
 
     return [
+        *nn_cases(sizes),  # beside the workload case, in its group
         *_flatten_cases(sizes),
         *_dispatch_cases(sizes),
         *_train_cases(sizes),

@@ -42,6 +42,7 @@ FLOORS = {
     "_stacked": 8,
     "_periodic": 8,
     "_sharding": 8,
+    "nn": 9,
     "__init__": 9,
 }
 

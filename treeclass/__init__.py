@@ -96,6 +96,18 @@ __all__ = [
     "backend_context",
     # optax integration (a submodule)
     "optim",
+    # layers (a submodule, imported on first use)
+    "nn",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `tc.nn` defines a dozen classes (tens of milliseconds): only for programs using it
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module 'treeclass' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"

@@ -1,0 +1,155 @@
+"""What every layer shares: the `Layer` base class, compute and parameter dtypes, and the
+initialisers.
+
+Initialisers follow one policy, equinox's (which is PyTorch's): a weight of fan-in `n` and
+its bias are drawn from `uniform(-1/sqrt(n), 1/sqrt(n))`, embeddings from a standard
+normal, norms start at weight one and bias zero. With the same key a layer here draws the
+very numbers `equinox.nn` draws (the tests check it), so a model ported from equinox or
+PyTorch starts where it did there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._fields import fields
+from .._node import child_names, children
+from .._pprint_registry import register_printer
+from .._treeclass import TreeClass
+
+__all__ = [
+    "Layer",
+    "dtype_name",
+    "check_key",
+    "uniform_fan_in",
+    "cast",
+    "assign",
+]
+
+_DTYPE_MSG = (
+    "`{where}` must be a floating dtype (such as jnp.float32 or jnp.bfloat16) or None, "
+    "got {value!r}."
+)
+_KEY_MSG = (
+    "`{layer}(...)` needs `key=`, a PRNG key to draw its initial weights from, got {value!r}. "
+    "Write\n    {layer}(..., key=jax.random.key(0))"
+)
+
+
+def dtype_name(value: Any, where: str) -> str | None:
+    """The name of a floating dtype (`"bfloat16"`), or `None`; static fields hold names,
+    which print short and hash fast."""
+    if value is None:
+        return None
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(_DTYPE_MSG.format(where=where, value=value)) from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(_DTYPE_MSG.format(where=where, value=value))
+    return dtype.name
+
+
+def check_key(key: Any, layer: str) -> Any:
+    """`key` if it is a PRNG key (typed or raw), else a `TypeError` naming the layer."""
+    if isinstance(key, jax.Array) and (
+        jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        or (key.dtype == jnp.uint32 and key.shape[-1:] in ((2,), (4,)))
+    ):
+        return key
+    raise TypeError(_KEY_MSG.format(layer=layer, value=key))
+
+
+def uniform_fan_in(key: Any, shape: tuple[int, ...], fan_in: int, dtype: Any) -> jax.Array:
+    """`uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))` of `shape` and `dtype` (the policy above)."""
+    limit = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, dtype, minval=-limit, maxval=limit)
+
+
+def assign(layer: TreeClass, **values: Any) -> None:
+    """Set attributes of a layer under construction (or of a mutable copy), in order.
+
+    Through `setattr`, so each field's `on_setattr` runs; type checkers see a TreeClass
+    as a frozen dataclass and would refuse `self.weight = ...` in a hand-written
+    `__init__`.
+    """
+    for name, value in values.items():
+        setattr(layer, name, value)
+
+
+def cast(dtype: Any, *arrays: Any) -> Any:
+    """`arrays` in the compute `dtype` (unchanged, and so promoted by the operations that
+    use them, when it is `None`); `None` entries stay `None`."""
+    if dtype is None:
+        return arrays
+    return tuple(None if a is None else jnp.asarray(a, dtype) for a in arrays)
+
+
+class Layer(TreeClass):
+    """The base class of the layers of `treeclass.nn`: a `TreeClass` that prints compactly.
+
+    The printers show a layer's arrays and sublayers, and only the configuration (static
+    fields) that differs from its default: `Linear(weight=f32[4,3](...), bias=f32[4](...))`,
+    `Conv(weight=..., bias=..., stride=(2, 2))`. Subclass it for layers of your own to
+    print the same way; it adds nothing else.
+
+    ```python
+    import jax
+    import treeclass as tc
+
+    layer = tc.nn.Linear(3, 4, key=jax.random.key(0))
+    assert isinstance(layer, tc.nn.Layer)
+    assert "dtype" not in repr(layer)  # at its default: not shown
+    assert "dtype='bfloat16'" in repr(layer.replace(dtype="bfloat16"))
+    ```
+    """
+
+
+def _changed_config(layer: Layer) -> Iterator[tuple[str, Any]]:
+    """The static fields of `layer` whose value is not their default, in field order."""
+    for field in fields(layer):
+        if not field.static or not field.repr:
+            continue
+        value = getattr(layer, field.name, None)
+        if field.has_default and _same(value, field.default):
+            continue
+        yield field.name, value
+
+
+def _children(layer: Layer) -> list[tuple[Any, Any]]:
+    # what JAX sees, in its order; the configuration goes in the name (`_type_name`), so
+    # the summary's rows stay the leaves, each with its role
+    names, values = child_names(layer), children(layer)
+    return [(jax.tree_util.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)]
+
+
+def _type_name(layer: Layer) -> str:
+    config = ", ".join(f"{name}={_config_text(value)}" for name, value in _changed_config(layer))
+    name = type(layer).__name__
+    return f"{name}[{config}]" if config else name
+
+
+def _config_text(value: Any) -> str:
+    # a function (an activation) by its name: its repr holds an address, different each run
+    if callable(value) and hasattr(value, "__name__"):
+        return str(value.__name__)
+    return repr(value)
+
+
+def _same(value: Any, default: Any) -> bool:
+    # a per-axis tuple equals a scalar default when every entry does: `stride=(1, 1)` is
+    # the default `1`, `padding=((0, 0), (0, 0))` the default `0`
+    if isinstance(value, tuple) and not isinstance(default, tuple):
+        return all(_same(v, default) for v in value)
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except Exception:  # a value whose `==` is not a plain bool: shown
+        return False
+
+
+register_printer(Layer, children=_children, type_name=_type_name)

@@ -1,0 +1,192 @@
+"""`Conv`: convolution over 1, 2 or 3 spatial axes, channels last.
+
+The input is `(..., *spatial, in_channels)`: channels last, as flax and XLA's fast paths
+take it, and as `Linear` and the norms take features. The weight is stored as PyTorch and
+equinox store it, `[out_channels, in_channels // groups, *kernel_size]`, so published
+convolution weights load by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._fields import field
+from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
+
+__all__ = ["Conv"]
+
+_KERNEL_MSG = (
+    "`Conv(kernel_size=...)` takes one size per spatial axis, 1 to 3 of them: (5,) for 1D, "
+    "(3, 3) for 2D, (3, 3, 3) for 3D; got {value!r}."
+)
+_PER_AXIS_MSG = (
+    "`Conv({name}=...)` takes an int or one int per spatial axis ({n} of them), got {value!r}."
+)
+_PADDING_MSG = (
+    "`Conv(padding=...)` takes 'SAME', 'VALID', an int, one int per spatial axis, or one "
+    "(low, high) pair per spatial axis ({n} of them); got {value!r}."
+)
+_GROUPS_MSG = (
+    "`Conv(groups={groups})` must divide both in_channels ({cin}) and out_channels ({cout})."
+)
+_INPUT_MSG = (
+    "`Conv` over {n} spatial axes takes `(..., *spatial, in_channels)` with in_channels "
+    "{cin}; got an input of shape {shape}."
+)
+_SPECS = {1: ("NWC", "OIW", "NWC"), 2: ("NHWC", "OIHW", "NHWC"), 3: ("NDHWC", "OIDHW", "NDHWC")}
+
+
+def _per_axis(value: Any, n: int, name: str) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n
+    if (
+        isinstance(value, Sequence)
+        and len(value) == n
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return tuple(value)
+    raise ValueError(_PER_AXIS_MSG.format(name=name, n=n, value=value))
+
+
+def _padding(value: Any, n: int) -> str | tuple[tuple[int, int], ...]:
+    if isinstance(value, str):
+        if value.upper() in ("SAME", "VALID"):
+            return value.upper()
+        raise ValueError(_PADDING_MSG.format(n=n, value=value))
+    if (
+        isinstance(value, Sequence)
+        and len(value) == n
+        and all(isinstance(v, Sequence) and len(v) == 2 for v in value)
+    ):
+        return tuple((int(lo), int(hi)) for lo, hi in value)
+    try:
+        return tuple((p, p) for p in _per_axis(value, n, "padding"))
+    except ValueError:
+        raise ValueError(_PADDING_MSG.format(n=n, value=value)) from None
+
+
+class Conv(Layer):
+    """A convolution over the 1 to 3 spatial axes before the channel axis.
+
+    **Arguments**
+
+    - `in_channels`, `out_channels`: the channels of the input and of the output.
+    - `kernel_size`: a tuple, one size per spatial axis (its length says how many).
+    - `stride`, `dilation`: an int or one per spatial axis (`dilation` spaces the kernel).
+    - `padding`: `0` (default), an int or one int per axis (both sides), one
+      `(low, high)` pair per axis, `"SAME"` (output size `ceil(size / stride)`) or
+      `"VALID"`.
+    - `groups`: split the channels into groups convolved apart (`groups=in_channels` is
+      a depthwise convolution); it must divide both channel counts.
+    - `use_bias`: add a bias per output channel.
+    - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
+    - `key`: a PRNG key; weight and bias are drawn from `uniform(-1/sqrt(fan_in), ...)`
+      with `fan_in = in_channels // groups * prod(kernel_size)`, as `equinox.nn.Conv`
+      and PyTorch draw them.
+
+    **Fields**
+
+    `weight`: `[out_channels, in_channels // groups, *kernel_size]` (PyTorch's layout);
+    `bias`: `[out_channels]` or `None`; `stride`, `padding`, `dilation`, `groups`,
+    `dtype` (static).
+
+    The input is `(*batch, *spatial, in_channels)` with any number of batch axes (none
+    too); the output is `(*batch, *spatial_out, out_channels)`.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    conv = tc.nn.Conv(3, 8, (3, 3), stride=2, padding=1, key=jax.random.key(0))
+    assert conv.weight.shape == (8, 3, 3, 3)
+    assert conv(jnp.ones((2, 32, 32, 3))).shape == (2, 16, 16, 8)
+    ```
+    """
+
+    weight: jax.Array
+    bias: jax.Array | None
+    # per-axis tuples; the scalar defaults let the printers hide an all-ones value
+    stride: Any = field(default=1, static=True)
+    padding: Any = field(default=0, static=True)
+    dilation: Any = field(default=1, static=True)
+    groups: int = field(default=1, static=True)
+    dtype: str | None = field(
+        default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")]
+    )
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Sequence[int],
+        *,
+        stride: int | Sequence[int] = 1,
+        padding: Any = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        key: Any,
+    ) -> None:
+        key = check_key(key, "Conv")
+        if (
+            isinstance(kernel_size, int)
+            or not isinstance(kernel_size, Sequence)
+            or not 1 <= len(kernel_size) <= 3
+        ):
+            raise ValueError(_KERNEL_MSG.format(value=kernel_size))
+        n = len(kernel_size)
+        kernel = _per_axis(kernel_size, n, "kernel_size")
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(_GROUPS_MSG.format(groups=groups, cin=in_channels, cout=out_channels))
+        param_dtype = dtype_name(param_dtype, "param_dtype")
+        fan_in = in_channels // groups * math.prod(kernel)
+        wkey, bkey = jax.random.split(key)
+        shape = (out_channels, in_channels // groups, *kernel)
+        assign(
+            self,
+            weight=uniform_fan_in(wkey, shape, fan_in, param_dtype),
+            bias=uniform_fan_in(bkey, (out_channels,), fan_in, param_dtype) if use_bias else None,
+            stride=_per_axis(stride, n, "stride"),
+            padding=_padding(padding, n),
+            dilation=_per_axis(dilation, n, "dilation"),
+            groups=groups,
+            dtype=dtype,
+        )
+
+    @property
+    def kernel_size(self) -> tuple[int, ...]:
+        """The kernel's size along each spatial axis."""
+        return tuple(int(s) for s in self.weight.shape[2:])
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The convolution of `x`, of shape `(*batch, *spatial, in_channels)`."""
+        x = jnp.asarray(x)
+        n = self.weight.ndim - 2
+        cin = self.weight.shape[1] * self.groups
+        if x.ndim < n + 1 or x.shape[-1] != cin:
+            raise ValueError(_INPUT_MSG.format(n=n, cin=cin, shape=x.shape))
+        batch = x.shape[: x.ndim - n - 1]
+        x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
+        if self.dtype is None:  # the operands of a convolution must agree
+            common = jnp.result_type(x, weight)
+            x, weight = x.astype(common), weight.astype(common)
+        flat = x.reshape((-1, *x.shape[x.ndim - n - 1 :]))
+        y = jax.lax.conv_general_dilated(
+            flat,
+            weight,
+            window_strides=self.stride,
+            padding=self.padding,
+            rhs_dilation=self.dilation,
+            dimension_numbers=_SPECS[n],
+            feature_group_count=self.groups,
+        )
+        if bias is not None:
+            y = y + bias
+        return y.reshape((*batch, *y.shape[1:]))

@@ -1,0 +1,173 @@
+"""`Linear` and `Embed`: the affine map on the last axis, and the lookup table of tokens.
+
+Weights are stored as PyTorch, Hugging Face checkpoints and equinox store them:
+`Linear.weight` is `[out_features, in_features]` and `Embed.weight` is
+`[num_embeddings, features]`, so a published checkpoint loads under a key rule that only
+renames (no transposes), and an output projection tied to the embedding is `Embed.attend`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._fields import field
+from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
+
+__all__ = ["Linear", "Embed"]
+
+_INDEX_MSG = "`Embed` looks up integer token ids, got an array of dtype {dtype}."
+
+
+def _dtype_field() -> Any:
+    return field(default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")])
+
+
+class Linear(Layer):
+    """`y = x @ weight.T + bias` on the last axis of `x`; any leading axes are batch axes.
+
+    **Arguments**
+
+    - `in_features`, `out_features`: the sizes of the last axis of `x` and of `y`.
+    - `use_bias`: add a bias (`bias` is `None` without one).
+    - `dtype`: the compute dtype (`jnp.bfloat16` computes in bf16 from float32
+      parameters); `None` computes in the type `x` and the parameters promote to.
+    - `param_dtype`: the dtype the parameters are created in (default float32).
+    - `key`: a PRNG key; weight and bias are drawn from
+      `uniform(-1/sqrt(in_features), 1/sqrt(in_features))`, as `equinox.nn.Linear` and
+      PyTorch draw them.
+
+    **Fields**
+
+    `weight`: `[out_features, in_features]` (PyTorch's and Hugging Face's layout);
+    `bias`: `[out_features]` or `None`; `dtype` (static).
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    layer = tc.nn.Linear(3, 4, key=jax.random.key(0))
+    assert layer.weight.shape == (4, 3) and layer(jnp.ones((2, 5, 3))).shape == (2, 5, 4)
+    bf16 = layer.replace(dtype=jnp.bfloat16)
+    assert bf16(jnp.ones(3)).dtype == jnp.bfloat16 and bf16.weight.dtype == jnp.float32
+    ```
+    """
+
+    weight: jax.Array
+    bias: jax.Array | None
+    dtype: str | None = _dtype_field()
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        key: Any,
+    ) -> None:
+        key = check_key(key, "Linear")
+        param_dtype = dtype_name(param_dtype, "param_dtype")
+        wkey, bkey = jax.random.split(key)
+        assign(
+            self,
+            weight=uniform_fan_in(wkey, (out_features, in_features), in_features, param_dtype),
+            bias=uniform_fan_in(bkey, (out_features,), in_features, param_dtype)
+            if use_bias
+            else None,
+            dtype=dtype,
+        )
+
+    @property
+    def in_features(self) -> int:
+        """The size of the last axis of the input."""
+        return int(self.weight.shape[-1])
+
+    @property
+    def out_features(self) -> int:
+        """The size of the last axis of the output."""
+        return int(self.weight.shape[-2])
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x @ weight.T + bias`, for `x` of shape `(..., in_features)`."""
+        x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
+        # contract x's last axis with weight's last: no transposed copy of the weight
+        y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
+        return y if bias is None else y + bias
+
+
+class Embed(Layer):
+    """A table of `num_embeddings` vectors of size `features`, looked up by integer ids.
+
+    **Arguments**
+
+    - `num_embeddings`, `features`: the rows and columns of the table.
+    - `dtype`: the compute dtype of the vectors returned (`None`: the table's).
+    - `param_dtype`: the dtype the table is created in (default float32).
+    - `key`: a PRNG key; the table is drawn from a standard normal, as
+      `equinox.nn.Embedding` and PyTorch draw it.
+
+    **Fields**
+
+    `weight`: `[num_embeddings, features]`; `dtype` (static).
+
+    `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
+    gives NaNs, so a bad id shows instead of silently reading another row, and negative
+    ids count from the end); `embed.attend(x)` is `x @ weight.T`, the logits of an output
+    layer tied to the embedding.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    embed = tc.nn.Embed(10, 4, key=jax.random.key(0))
+    vectors = embed(jnp.array([[1, 2, 3]]))
+    assert vectors.shape == (1, 3, 4) and embed.attend(vectors).shape == (1, 3, 10)
+    ```
+    """
+
+    weight: jax.Array
+    dtype: str | None = _dtype_field()
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        features: int,
+        *,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        key: Any,
+    ) -> None:
+        key = check_key(key, "Embed")
+        param_dtype = dtype_name(param_dtype, "param_dtype")
+        assign(
+            self,
+            weight=jax.random.normal(key, (num_embeddings, features), param_dtype),
+            dtype=dtype,
+        )
+
+    @property
+    def num_embeddings(self) -> int:
+        """The number of rows of the table."""
+        return int(self.weight.shape[0])
+
+    @property
+    def features(self) -> int:
+        """The size of each vector."""
+        return int(self.weight.shape[1])
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """The rows of the table at `ids`: shape `ids.shape + (features,)`."""
+        ids = jnp.asarray(ids)
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise TypeError(_INDEX_MSG.format(dtype=ids.dtype))
+        (weight,) = cast(self.dtype, self.weight)
+        return jnp.take(weight, ids, axis=0)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """`x @ weight.T`: scores of `x` (shape `(..., features)`) against every row."""
+        x, weight = cast(self.dtype, x, self.weight)
+        return jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))

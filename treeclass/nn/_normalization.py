@@ -1,0 +1,162 @@
+"""`LayerNorm` and `RMSNorm`: normalisation over the last axis, without state.
+
+The statistics are computed in float32 (or wider) whatever the compute dtype, as flax
+does, so a bf16 model normalises as accurately as a float32 one; the result is returned
+in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._fields import field
+from ._base import Layer, assign, cast, dtype_name
+
+__all__ = ["LayerNorm", "RMSNorm", "statistics_dtype"]
+
+
+def statistics_dtype(x: jax.Array) -> Any:
+    """The dtype statistics of `x` are computed in: float32, or wider when `x` is."""
+    return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def _dtype_field() -> Any:
+    return field(default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")])
+
+
+def _affine(y: jax.Array, weight: Any, bias: Any) -> jax.Array:
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+class LayerNorm(Layer):
+    """`(x - mean) / sqrt(var + eps) * weight + bias`, over the last axis of `x`.
+
+    **Arguments**
+
+    - `features`: the size of the last axis.
+    - `eps`: added to the variance (default `1e-5`, as equinox and PyTorch).
+    - `use_weight`, `use_bias`: learn a scale (ones) and an offset (zeros); a field is
+      `None` without one.
+    - `dtype`: the compute dtype of the result (`None`: what `x` and the parameters
+      promote to); the statistics are float32 or wider.
+    - `param_dtype`: the dtype the parameters are created in.
+
+    **Fields**
+
+    `weight`, `bias`: `[features]` or `None` (PyTorch's and Hugging Face's names);
+    `eps`, `dtype` (static).
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    norm = tc.nn.LayerNorm(4)
+    y = norm(jnp.arange(8.0).reshape(2, 4))
+    assert jnp.allclose(y.mean(-1), 0.0, atol=1e-6)
+    ```
+    """
+
+    weight: jax.Array | None
+    bias: jax.Array | None
+    eps: float = field(default=1e-5, static=True, on_setattr=[float])
+    dtype: str | None = _dtype_field()
+
+    def __init__(
+        self,
+        features: int,
+        *,
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+    ) -> None:
+        param_dtype = dtype_name(param_dtype, "param_dtype")
+        assign(
+            self,
+            weight=jnp.ones((features,), param_dtype) if use_weight else None,
+            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            eps=eps,
+            dtype=dtype,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x` normalised over its last axis, scaled and shifted."""
+        x = jnp.asarray(x)
+        stats = x.astype(statistics_dtype(x))
+        mean = stats.mean(-1, keepdims=True)
+        var = jnp.square(stats - mean).mean(-1, keepdims=True)
+        y = (stats - mean) * jax.lax.rsqrt(var + self.eps)
+        out_dtype = self.dtype or jnp.result_type(x, *_present(self.weight, self.bias))
+        y, weight, bias = cast(out_dtype, y, self.weight, self.bias)
+        return _affine(y, weight, bias)
+
+
+class RMSNorm(Layer):
+    """`x / sqrt(mean(x**2) + eps) * weight`, over the last axis of `x` (Llama's norm).
+
+    **Arguments**
+
+    - `features`: the size of the last axis.
+    - `eps`: added to the mean square (default `1e-5`, as equinox).
+    - `use_weight`: learn a scale (ones); `weight` is `None` without one.
+    - `use_bias`: learn an offset too (zeros; off by default: Llama and flax have none).
+    - `dtype`, `param_dtype`: as for `LayerNorm`.
+
+    **Fields**
+
+    `weight`, `bias`: `[features]` or `None`; `eps`, `dtype` (static).
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    norm = tc.nn.RMSNorm(4)
+    y = norm(jnp.full((2, 4), 3.0))
+    assert jnp.allclose(y, 1.0, atol=1e-5)
+    ```
+    """
+
+    weight: jax.Array | None
+    bias: jax.Array | None
+    eps: float = field(default=1e-5, static=True, on_setattr=[float])
+    dtype: str | None = _dtype_field()
+
+    def __init__(
+        self,
+        features: int,
+        *,
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = False,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+    ) -> None:
+        param_dtype = dtype_name(param_dtype, "param_dtype")
+        assign(
+            self,
+            weight=jnp.ones((features,), param_dtype) if use_weight else None,
+            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            eps=eps,
+            dtype=dtype,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x` divided by its root mean square over the last axis, scaled."""
+        x = jnp.asarray(x)
+        stats = x.astype(statistics_dtype(x))
+        y = stats * jax.lax.rsqrt(jnp.square(stats).mean(-1, keepdims=True) + self.eps)
+        out_dtype = self.dtype or jnp.result_type(x, *_present(self.weight, self.bias))
+        y, weight, bias = cast(out_dtype, y, self.weight, self.bias)
+        return _affine(y, weight, bias)
+
+
+def _present(*arrays: Any) -> list[Any]:
+    return [a for a in arrays if a is not None]

@@ -1,0 +1,186 @@
+"""`Sequential` and `MLP`: layers applied in turn.
+
+Plain functions (activations such as `jax.nn.relu`) may sit between layers: `Sequential`
+keeps them frozen, so JAX sees no leaf for them and `jax.jit` takes the model as it is.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._fields import field
+from .._frozen import freeze, is_frozen, unfreeze
+from .._node import is_treeclass
+from ._base import Layer, assign, check_key
+from ._linear import Linear
+
+__all__ = ["Sequential", "MLP"]
+
+_NOT_CALLABLE_MSG = "`Sequential` layer {index} is not callable: got a {type}."
+
+
+@functools.lru_cache(maxsize=1024)
+def _takes_key(cls: type) -> bool:
+    # a class's signature is fixed: asked once per class (speed only)
+    try:
+        parameters = inspect.signature(cls.__call__).parameters
+    except (TypeError, ValueError):
+        return False
+    return "key" in parameters
+
+
+def _accepts_key(layer: Any) -> bool:
+    if not is_treeclass(layer):
+        return False
+    cls: type = type(layer)  # `type[Any]` is not `Hashable` to mypy; a class is
+    return _takes_key(cls)
+
+
+class Sequential(Layer):
+    """Layers called in turn: `Sequential(a, b, c)(x)` is `c(b(a(x)))`.
+
+    A layer is any callable: a TreeClass layer, or a plain function (an activation),
+    which is kept frozen (`tc.freeze`), out of JAX's sight. `key=` is split among the
+    layers whose `__call__` takes a `key` (`Dropout`, or your own), one key each; the
+    others are called without one.
+
+    `seq[i]` is layer `i` (a slice gives a `Sequential`), `len(seq)` and iteration work as
+    for a tuple; `.at["layers"][i]` edits one layer.
+
+    **Fields**
+
+    `layers`: a tuple of the layers (functions frozen).
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    k1, k2 = jax.random.split(jax.random.key(0))
+    model = tc.nn.Sequential(
+        tc.nn.Linear(3, 8, key=k1), jax.nn.relu, tc.nn.Dropout(0.1), tc.nn.Linear(8, 1, key=k2)
+    )
+    y = model(jnp.ones((4, 3)), key=jax.random.key(1))
+    assert y.shape == (4, 1) and len(model) == 4 and model[1] is jax.nn.relu
+    ```
+    """
+
+    layers: tuple[Any, ...]
+
+    def __init__(self, *layers: Any) -> None:
+        kept = []
+        for index, layer in enumerate(layers):
+            if not callable(layer) and not is_frozen(layer):
+                raise TypeError(_NOT_CALLABLE_MSG.format(index=index, type=type(layer).__name__))
+            plain = not is_treeclass(layer) and not is_frozen(layer)
+            kept.append(freeze(layer) if plain else layer)
+        assign(self, layers=tuple(kept))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (unfreeze(layer) for layer in self.layers)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return type(self)(*self.layers[index])
+        return unfreeze(self.layers[index])
+
+    def __call__(self, x: Any, *, key: Any = None) -> Any:
+        """Each layer applied to the previous one's output."""
+        layers = [unfreeze(layer) for layer in self.layers]
+        keyed = [i for i, layer in enumerate(layers) if _accepts_key(layer)]
+        keys = (
+            dict(zip(keyed, jax.random.split(key, len(keyed)))) if key is not None and keyed else {}
+        )
+        for i, layer in enumerate(layers):
+            x = layer(x, key=keys[i]) if i in keys else layer(x)
+        return x
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class MLP(Layer):
+    """A multilayer perceptron: `depth` hidden layers of `hidden_features`, an activation
+    after each, then a `Linear` to `out_features` (and `final_activation`).
+
+    Built as `equinox.nn.MLP` builds it (`depth + 1` `Linear`s, one key each, drawn from
+    `key` split `depth + 1` ways), so the same key gives the same weights.
+
+    **Arguments**
+
+    - `in_features`, `out_features`, `hidden_features`: the sizes.
+    - `depth`: the number of hidden layers (`0`: one `Linear`).
+    - `activation`: after every hidden layer (default `jax.nn.relu`).
+    - `final_activation`: after the last layer (default: none).
+    - `use_bias`, `use_final_bias`: biases of the hidden layers and of the last one.
+    - `dtype`, `param_dtype`: as for `Linear`.
+    - `key`: a PRNG key.
+
+    **Fields**
+
+    `layers`: a tuple of `Linear`; `activation`, `final_activation` (static).
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    mlp = tc.nn.MLP(2, 1, hidden_features=16, depth=2, activation=jax.nn.gelu,
+                    key=jax.random.key(0))
+    assert len(mlp.layers) == 3 and mlp(jnp.ones((5, 2))).shape == (5, 1)
+    ```
+    """
+
+    layers: tuple[Linear, ...]
+    activation: Callable[[Any], Any] = field(default=jax.nn.relu, static=True)
+    final_activation: Callable[[Any], Any] = field(default=_identity, static=True)
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        hidden_features: int,
+        depth: int,
+        *,
+        activation: Callable[[Any], Any] = jax.nn.relu,
+        final_activation: Callable[[Any], Any] | None = None,
+        use_bias: bool = True,
+        use_final_bias: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        key: Any,
+    ) -> None:
+        key = check_key(key, "MLP")
+        keys = jax.random.split(key, depth + 1)
+        sizes = [in_features, *([hidden_features] * depth), out_features]
+        assign(
+            self,
+            layers=tuple(
+                Linear(
+                    sizes[i],
+                    sizes[i + 1],
+                    use_bias=use_bias if i < depth else use_final_bias,
+                    dtype=dtype,
+                    param_dtype=param_dtype,
+                    key=keys[i],
+                )
+                for i in range(depth + 1)
+            ),
+            activation=activation,
+            final_activation=_identity if final_activation is None else final_activation,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The layers in turn, the activation between them."""
+        *hidden, last = self.layers
+        for layer in hidden:
+            x = self.activation(layer(x))
+        return self.final_activation(last(x))
