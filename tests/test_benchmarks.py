@@ -1502,3 +1502,15 @@ def test_publish_renders_every_run_and_copies_every_runs_plots(smoke, tmp_path):
         "scaling-tpu.png",
     ]
     assert publish(runs, str(tmp_path), str(plots), check=True) == []
+
+
+def test_a_call_the_clock_sees_take_no_time_counts_one_tick(monkeypatch):
+    # a coarse process clock (seen on a TPU machine's virtualised host) reads 0 for one
+    # fast call: the smoke run divided by that time and crashed
+    from benchmarks import timing
+
+    monkeypatch.setitem(timing.CLOCKS, "cpu", lambda: 5.0)
+    plan = Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False, clock="cpu")
+    series = measure({"a": lambda: 1, "b": lambda: 2}, None, plan, random.Random(0))
+    assert series["a"].times[0] > 0 and series["b"].times[0] > 0
+    assert median_ratio(series["a"], series["b"]) == 1.0
