@@ -33,8 +33,10 @@ record of the process's peak resident memory is reset (`/proc/self/clear_refs`, 
 the model is saved, and the peak minus the resident memory before the save is the
 extra. This sees every allocation (Python, NumPy, Rust, C++ threads), which `tracemalloc`
 would not. Where the reset is not possible the child samples its resident memory every
-millisecond from a thread instead (with psutil), which can miss a short peak. Run
-`python -m benchmarks.checkpoint --help` for the child's command line.
+millisecond from a thread instead (with psutil), which can miss a short peak. The child
+runs on JAX's CPU backend (`JAX_PLATFORMS=cpu`) whatever the suite runs on: a TPU is held
+by one process, the suite's. Run `python -m benchmarks.checkpoint --help` for the
+child's command line.
 """
 
 from __future__ import annotations
@@ -287,6 +289,13 @@ def _fixture(size: CheckpointSize, parent: str) -> _Savers:
     return _Savers(size, folder, _jax_layers(size))
 
 
+def cpu_child_env() -> dict[str, str]:
+    """The environment of a child interpreter, pinned to JAX's CPU backend: on an
+    accelerator that one process holds (a TPU), a child that asked for the device would
+    fail; the host memory of a save is what the child measures."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+
 def _module_missing(name: str) -> None:
     if name not in _NEEDS:
         return
@@ -411,7 +420,12 @@ def measure_save_memory(size: CheckpointSize, parent: str) -> dict[str, Any]:
             folder,
         ]
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=_MEMORY_TIMEOUT_S, cwd=_ROOT
+            command,
+            capture_output=True,
+            text=True,
+            timeout=_MEMORY_TIMEOUT_S,
+            cwd=_ROOT,
+            env=cpu_child_env(),
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:

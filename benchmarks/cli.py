@@ -14,13 +14,13 @@ training loop and the checkpoints always use the wall clock (they use several th
 
 What runs, per mode (`--list` names every case):
 
-- full (the default): the real workload, every main case and the scaling section (10 to
-  10,000 layers); about 15 minutes on a 2-core CPU, most of it scaling (compiling a
-  1,000-layer train step eight times, printing 10,000 layers), and a minute and a half
-  more compiling the stacked-blocks model.
+- full (the default): the real workloads (an MLP training loop and a GPT training loop),
+  every main case and the scaling section (10 to 10,000 layers); about 8 minutes on an
+  idle 2-core CPU, nearly half of it scaling (compiling a 1,000-layer train step eight
+  times, printing 10,000 layers) and compiling the stacked-blocks and GPT models.
 - `--quick`: the same with fewer, shorter rounds and scaling up to 1,000 layers; about
-  two and a half minutes on a 2-core CPU, half of it compiling the stacked-blocks model;
-  its verdicts are labelled indicative.
+  3 minutes on an idle 2-core CPU, half of it compiling the stacked-blocks and GPT
+  models; its verdicts are labelled indicative.
 - `--smoke`: one single-call round on the smallest models (the tests' mode).
 - `--checkpoint-mb 1024` adds the checkpoint cases (1 GiB saved and loaded by five tools,
   and each save's peak memory in a fresh interpreter): several minutes, so only on request.
@@ -32,8 +32,12 @@ section, docs/performance.md and the plots) from one full run, on an idle machin
 python -m benchmarks --checkpoint-mb 1024 --json benchmarks/results-cpu.json \\
     --markdown benchmarks/RESULTS.md --plot benchmarks/ratios-cpu.png \\
     --scaling-plot benchmarks/scaling-cpu.png
-python -m benchmarks.publish benchmarks/results-cpu.json
+python -m benchmarks.publish benchmarks/results-cpu.json benchmarks/results-tpu.json
 ```
+
+The TPU figures (benchmarks/results-tpu.json) come from the commands at the end of the
+report (`report.GPU_SECTION`); `--only NAMES --merge-into FILE` measures single cases into
+an earlier run's file.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from .timing import Plan
 
 DEFAULT_CHECKPOINT_MB = 1024
 
-__all__ = ["main", "build_parser", "select_cases", "PLANS"]
+__all__ = ["main", "build_parser", "merge_results", "select_cases", "PLANS"]
 
 # mode -> timing plan
 PLANS: dict[str, Plan] = {
@@ -89,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         metavar="NAMES",
         help="comma-separated case names (exact), or substrings or glob patterns of names",
+    )
+    parser.add_argument(
+        "--skip",
+        metavar="NAMES",
+        help="leave out the cases --only would pick with these names (applied after --only)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write all results as JSON")
     parser.add_argument(
@@ -135,6 +144,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="batch rows of the training loop (default 256)",
+    )
+    parser.add_argument(
+        "--transformer-batch",
+        type=int,
+        metavar="N",
+        help="sequences per step of the GPT training loop (default 4 on an accelerator, "
+        "4 on the CPU)",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="X",
+        help="a nominal peak (TFLOP/s) to take model FLOP utilisation against where the "
+        "device's is not known (known: TPU v5e, 197 bf16); without it MFU reads n/a there",
+    )
+    parser.add_argument(
+        "--merge-into",
+        metavar="PATH",
+        help="merge this run's cases into the earlier --json file PATH (a case or scaling "
+        "case of the same name is replaced, a new one added) and write it back; the report "
+        "and plots then show the merged results",
     )
     parser.add_argument(
         "--async-dispatch",
@@ -244,6 +274,10 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
     from .workload import WorkloadSize, workload_case
 
     sizes = SMOKE_SIZES if mode == "smoke" else FULL_SIZES
+    if mode == "quick":
+        sizes = dataclasses.replace(sizes, gpt="quick")
+    if args.transformer_batch:
+        sizes = dataclasses.replace(sizes, gpt_batch=args.transformer_batch)
     if mode == "smoke":
         workload = WorkloadSize(width=16, depth=2, batch=8, steps=2)
     else:
@@ -296,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         chosen = select_cases([*cases, *scaling], args.only)
+        if args.skip:
+            left_out = {case.name for case in select_cases(chosen, args.skip)}
+            chosen = [case for case in chosen if case.name not in left_out]
     except ValueError as error:
         print(error, file=sys.stderr)
         return 2
@@ -313,27 +350,98 @@ def main(argv: list[str] | None = None) -> int:
     scaled = run_scaling_cases(
         scaling, plan, args.seed, BUDGET_S[mode], earlier, progress=sys.stderr
     )
-    header = collect_header(dispatch, plan, mode, command)
+    header = collect_header(dispatch, plan, mode, command, peak_tflops=args.peak_tflops)
     data = to_json(header, results, scaled)
-    markdown = format_markdown(data)
+    shown = data
+    if args.merge_into:
+        try:
+            shown = merge_results(_read_json(args.merge_into), data)
+        except (OSError, ValueError) as error:
+            print(f"--merge-into {args.merge_into}: {error}", file=sys.stderr)
+            return 2
+    markdown = format_markdown(shown)
     sys.stdout.write(markdown)
     sys.stdout.flush()
-    _write_outputs(args, data, markdown)
+    _write_outputs(args, data, shown, markdown)
     return _exit_status(data)
 
 
-def _write_outputs(args: argparse.Namespace, data: dict[str, Any], markdown: str) -> None:
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as file:
+        data = json.load(file)
+    if not isinstance(data, dict) or "header" not in data or "cases" not in data:
+        raise ValueError("not a `python -m benchmarks --json` file (no header and cases)")
+    return data
+
+
+def merge_results(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`base` (an earlier run's JSON) with `new`'s cases and scaling cases merged in.
+
+    A case of `new` replaces the case of `base` with its name, in place; a case `base`
+    lacks goes after the last case of its group (at the end for a new group). Each case
+    keeps the mode it ran in (`"mode"`), so its verdict stays labelled as its own run's;
+    the header keeps `base`'s machine and adds `merged`, one entry (date, command, mode,
+    load average, cases) per merged run. Neither input is changed.
+
+    ```python
+    from benchmarks.cli import merge_results
+
+    base = {"header": {"mode": "quick"}, "cases": [{"name": "a", "group": "1"}]}
+    new = {"header": {"mode": "full", "date": "d", "command": "c"},
+           "cases": [{"name": "b", "group": "1"}]}
+    merged = merge_results(base, new)
+    assert [c["name"] for c in merged["cases"]] == ["a", "b"]
+    assert merged["cases"][1]["mode"] == "full" and base["cases"][0].get("mode") is None
+    ```
+    """
+    base_mode, new_mode = base["header"].get("mode"), new["header"].get("mode")
+    cases = [{"mode": base_mode, **case} for case in base["cases"]]
+    for case in new["cases"]:
+        case = {**case, "mode": case.get("mode", new_mode)}
+        names = [old["name"] for old in cases]
+        if case["name"] in names:
+            cases[names.index(case["name"])] = case
+            continue
+        groups = [i for i, old in enumerate(cases) if old.get("group") == case.get("group")]
+        cases.insert(groups[-1] + 1 if groups else len(cases), case)
+    scaling = list(base.get("scaling", []))
+    for case in new.get("scaling", []):
+        names = [old["name"] for old in scaling]
+        if case["name"] in names:
+            scaling[names.index(case["name"])] = case
+        else:
+            scaling.append(case)
+    header = dict(base["header"])
+    header["merged"] = [
+        *base["header"].get("merged", []),
+        {
+            "date": new["header"].get("date"),
+            "command": new["header"].get("command"),
+            "mode": new_mode,
+            "load_average": new["header"].get("load_average"),
+            "cases": [case["name"] for case in [*new["cases"], *new.get("scaling", [])]],
+        },
+    ]
+    return {**base, "header": header, "cases": cases, "scaling": scaling}
+
+
+def _write_outputs(
+    args: argparse.Namespace, data: dict[str, Any], shown: dict[str, Any], markdown: str
+) -> None:
     from .plots import plot_ratios, plot_scaling
 
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(data, out, indent=1)
+    if args.merge_into:
+        with open(args.merge_into, "w", encoding="utf-8") as out:
+            json.dump(shown, out, indent=1)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as out:
             out.write(markdown)
     for path, plot in ((args.plot, plot_ratios), (args.scaling_plot, plot_scaling)):
         if path:
-            reason = plot(data, path)
+            reason = plot(shown, path)
             if reason is not None:
                 print(reason, file=sys.stderr)
 

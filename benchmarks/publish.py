@@ -1,12 +1,14 @@
 """Publish one run: rewrite the generated benchmark blocks of README.md and docs/performance.md.
 
-`python -m benchmarks.publish results.json` is the second of the two regeneration commands
-(the first, the full run that writes the JSON, is in `benchmarks/cli.py` and
-benchmarks/README.md). It replaces what lies between the two marker comments
-`<!-- benchmarks:summary:start ... -->` and `<!-- benchmarks:summary:end -->` in each page
-with `report.format_summary` of the JSON file (the run's facts, its targets with their
-intervals and verdicts, the scaling exponents and the plots), and copies the plots next
-to docs/performance.md (docs/assets/), where the documentation site finds them. Text
+`python -m benchmarks.publish results-cpu.json [results-tpu.json ...]` is the second of
+the two regeneration commands (the first, the run that writes the JSON, is in
+`benchmarks/cli.py` and benchmarks/README.md). It replaces what lies between the two
+marker comments `<!-- benchmarks:summary:start ... -->` and
+`<!-- benchmarks:summary:end -->` in each page with `report.format_summary` of the JSON
+files, one column per file (each run's machine line, its targets with their intervals
+and verdicts side by side, the training-loop rates, the scaling exponents and the
+plots), and copies each run's plots (`ratios-<backend>.png`, `scaling-<backend>.png`)
+next to docs/performance.md (docs/assets/), where the documentation site finds them. Text
 outside the markers is left alone; a page without both markers is an error, so nothing
 is half-published. `--check` only reports whether the pages are up to date.
 """
@@ -20,7 +22,7 @@ import shutil
 import sys
 from typing import Any
 
-from .report import format_summary
+from .report import format_summary, plot_names
 
 __all__ = ["MARK_END", "MARK_START", "PAGES", "publish", "replace_block"]
 
@@ -32,7 +34,6 @@ _START_LINE = (
 )
 # page -> the folder its images are referenced from, relative to the page
 PAGES = {"README.md": "benchmarks", "docs/performance.md": "assets"}
-_PLOTS = ("ratios-cpu.png", "scaling-cpu.png")
 
 
 def replace_block(text: str, block: str, page: str = "the page") -> str:
@@ -51,15 +52,20 @@ def replace_block(text: str, block: str, page: str = "the page") -> str:
     return f"{text[:start]}{_START_LINE}\n\n{block.rstrip()}\n\n{text[end:]}"
 
 
-def publish(data: dict[str, Any], root: str, plots_from: str, check: bool = False) -> list[str]:
-    """Rewrite (or, with `check`, compare) every page's block; returns the pages changed."""
+def publish(
+    data: dict[str, Any] | list[dict[str, Any]], root: str, plots_from: str, check: bool = False
+) -> list[str]:
+    """Rewrite (or, with `check`, compare) every page's block from one run or several
+    (side by side); returns the pages changed."""
+    runs = data if isinstance(data, list) else [data]
+    plots = [name for run in runs for name in plot_names(run["header"])]
+    present = {name for name in plots if os.path.exists(os.path.join(plots_from, name))}
     changed = []
     for page, folder in PAGES.items():
         path = os.path.join(root, page)
         with open(path, encoding="utf-8") as file:
             text = file.read()
-        scaling = os.path.exists(os.path.join(plots_from, _PLOTS[1]))
-        new = replace_block(text, format_summary(data, folder, scaling_plot=scaling), page)
+        new = replace_block(text, format_summary(runs, folder, scaling_plot=present), page)
         if new != text:
             changed.append(page)
             if not check:
@@ -67,7 +73,7 @@ def publish(data: dict[str, Any], root: str, plots_from: str, check: bool = Fals
                     file.write(new)
     if not check:
         assets = os.path.join(root, "docs", "assets")
-        for name in _PLOTS:
+        for name in plots:
             source = os.path.join(plots_from, name)
             if os.path.exists(source):
                 os.makedirs(assets, exist_ok=True)
@@ -81,20 +87,28 @@ def main(argv: list[str] | None = None) -> int:
         description="Rewrite the generated benchmark blocks of README.md and "
         "docs/performance.md from a `python -m benchmarks --json` file.",
     )
-    parser.add_argument("json_file", help="the run's --json output")
+    parser.add_argument(
+        "json_files",
+        nargs="+",
+        metavar="JSON",
+        help="the runs' --json outputs, one column each (e.g. results-cpu.json results-tpu.json)",
+    )
     parser.add_argument("--root", default=".", help="the repository root (default: .)")
     parser.add_argument(
         "--plots",
         default="benchmarks",
         metavar="FOLDER",
-        help="where the run wrote ratios-cpu.png and scaling-cpu.png (default: benchmarks)",
+        help="where the runs wrote ratios-<backend>.png and scaling-<backend>.png "
+        "(default: benchmarks)",
     )
     parser.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 when a page is not up to date"
     )
     args = parser.parse_args(argv)
-    with open(args.json_file, encoding="utf-8") as file:
-        data = json.load(file)
+    data = []
+    for name in args.json_files:
+        with open(name, encoding="utf-8") as file:
+            data.append(json.load(file))
     try:
         changed = publish(data, args.root, os.path.join(args.root, args.plots), args.check)
     except ValueError as error:

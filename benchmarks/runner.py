@@ -207,7 +207,7 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
         for row in results:
             if row.status != "ok" or row.name == reference:
                 continue
-            difference = compare(canons[row.name], canons[reference])
+            difference = compare(canons[row.name], canons[reference], case.rtol)
             if difference is not None:
                 row.status, row.note = "wrong", f"differs from {reference}: {difference}"
                 del ops[row.name]

@@ -435,6 +435,7 @@ def compile_case(size: StackSize) -> Case:
             (_UNROLLED,),
         ),
         plan=one_call_per_sample,  # a compile takes a second or more
+        scope="accelerator",
         note="A fresh step function each call, so JAX traces, lowers and compiles it anew; "
         "the check runs the compiled step once and compares the losses.",
     )
@@ -451,6 +452,7 @@ def step_case(size: StackSize) -> Case:
         sync=jax.block_until_ready,
         target=Target("step <= 1.1x of unrolled", "max_ratio", 1.1, (_UNROLLED,)),
         plan=_wall_plan,
+        scope="accelerator",
     )
 
 
@@ -463,6 +465,7 @@ def init_case(size: StackSize) -> Case:
         entries=lambda: _init_entries(size),
         sync=jax.block_until_ready,
         plan=_wall_plan,
+        scope="eager",
         note="No target: one vmapped constructor against one call per block.",
     )
 

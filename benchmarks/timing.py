@@ -112,6 +112,20 @@ class Prepared:
         return self.fn()
 
 
+# the smallest time a clock tells apart from none (time.get_clock_info), and a floor
+_TICKS = {
+    name: max(time.get_clock_info(function.__name__).resolution, 1e-9)
+    for name, function in CLOCKS.items()
+}
+
+
+def _at_least_a_tick(elapsed: float, clock_name: str) -> float:
+    """A batch the clock saw take no time took at most one tick: count one, so no ratio
+    divides by zero (a coarse process clock, as on some virtual machines, reads 0 for a
+    single fast call)."""
+    return max(elapsed, _TICKS[clock_name])
+
+
 def _time_batch(
     fn: Callable[[], Any], sync: Callable[[Any], Any] | None, number: int, clock_name: str
 ) -> float:
@@ -125,11 +139,11 @@ def _time_batch(
             start = clock()
             for _ in range(number):
                 fn()
-            return clock() - start
+            return _at_least_a_tick(clock() - start, clock_name)
         start = clock()
         for _ in range(number):
             sync(fn())
-        return clock() - start
+        return _at_least_a_tick(clock() - start, clock_name)
     finally:
         if gc_was_enabled:
             gc.enable()

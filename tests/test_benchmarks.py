@@ -77,6 +77,9 @@ from benchmarks.timing import (  # noqa: E402
 )
 
 SMOKE_PLAN = Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False)
+# children run on the CPU: on a TPU machine this process holds the chip, which one
+# process at a time may open
+CPU_CHILD = {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
 @pytest.fixture(scope="module")
@@ -366,6 +369,7 @@ def test_python_m_benchmarks_runs_as_a_module():
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--smoke", "--only", "flatten_4_fields"],
         cwd=ROOT,
+        env=CPU_CHILD,
         capture_output=True,
         text=True,
         timeout=120,
@@ -383,7 +387,12 @@ def test_importing_the_suite_imports_no_peer():
         "'matplotlib') if m in sys.modules))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=CPU_CHILD,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.stdout.strip() == "[]", done.stderr
 
@@ -1289,6 +1298,7 @@ def test_checkpoint_memory_child_reports_a_peak(tmp_path):
             str(tmp_path),
         ],
         cwd=ROOT,
+        env=CPU_CHILD,
         capture_output=True,
         text=True,
         timeout=120,
@@ -1313,3 +1323,194 @@ def test_foreign_weights_case_loads_the_same_model_both_ways_and_removes_its_fil
     ]
     assert all(row["extra"] > 0 for row in memory["rows"]) and memory["action"] == "load"
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the transformer workload, several backends side by side, merging runs ------------------------
+
+
+def test_transformer_case_reports_steps_tokens_and_mfu_columns(smoke):
+    case = next(c for c in smoke["json"]["cases"] if c["name"] == "transformer_training_loop")
+    assert case["status"] == "ran" and case["rate"][0] == "steps/s"
+    assert case["work"]["tokens"] > 0 and case["work"]["flops"] > 0
+    timed = {row["name"] for row in case["rows"] if row["status"] == "ok"}
+    assert {"treeclass", "treeclass, unrolled", "plain JAX (lax.scan)"} <= timed
+    assert "| implementation | median | steps/s | tokens/s | MFU |" in smoke["markdown"]
+    # the CPU's peak is not known: MFU reads n/a and the header says how to state one
+    assert "- peak for MFU: not known for cpu" in smoke["markdown"]
+
+
+def test_gpt_sizes_are_gpt2_small_on_an_accelerator_and_scale_down_elsewhere():
+    from benchmarks.transformer import gpt_size
+
+    tpu = gpt_size("full", "tpu")
+    assert (tpu.blocks, tpu.width, tpu.heads, tpu.seq, tpu.vocab) == (12, 768, 12, 1024, 50304)
+    assert gpt_size("quick", "tpu").steps < tpu.steps
+    cpu = gpt_size("full", "cpu")
+    assert cpu.flops_per_step < tpu.flops_per_step / 100
+    assert gpt_size("quick", "cpu").steps < cpu.steps
+    assert gpt_size("full", "tpu", batch=16).batch == 16
+
+
+def test_gpt_model_flops_follow_the_6n_plus_attention_count():
+    from benchmarks.transformer import GPTSize
+
+    size = GPTSize(blocks=2, width=8, heads=2, seq=4, batch=3, vocab=10, steps=1)
+    n = 2 * 12 * 8 * 8 + 10 * 8
+    assert size.matmul_params == n
+    assert size.flops_per_step == (6 * n + 12 * 2 * 4 * 8) * 3 * 4
+
+
+def test_mfu_is_taken_against_the_known_or_the_stated_peak():
+    from benchmarks.transformer import peak_flops
+
+    assert peak_flops("TPU v5 lite")[0] == 197e12
+    assert peak_flops("cpu") is None
+    flops, source = peak_flops("cpu", nominal_tflops=2.0)
+    assert flops == 2e12 and "nominal" in source
+
+
+def _as_tpu_run(data):
+    tpu = json.loads(json.dumps(data))
+    tpu["header"].update(
+        backend="tpu",
+        device_kind="TPU v5 lite",
+        peak_flops={"flops": 197e12, "source": "the chip's documentation"},
+    )
+    return tpu
+
+
+def test_summary_shows_several_runs_side_by_side_with_their_machine_lines(smoke):
+    from benchmarks.report import format_summary
+
+    cpu, tpu = smoke["json"], _as_tpu_run(smoke["json"])
+    block = format_summary([cpu, tpu], "assets")
+    assert "- **CPU**: " in block and "- **TPU v5 lite**: " in block
+    head = "| case | target | CPU: treeclass | CPU: verdict | TPU v5 lite: treeclass | "
+    assert head in block
+    assert "CPU: `transformer_training_loop` (steps/s" in block
+    tpu_line = next(line for line in block.splitlines() if line.startswith("TPU v5 lite: `transf"))
+    assert "% MFU" in tpu_line and "tokens/s" in tpu_line
+    assert "(assets/ratios-cpu.png)" in block and "(assets/ratios-tpu.png)" in block
+
+
+def test_stacked_targets_are_judged_on_the_accelerator_and_host_cases_say_so(smoke):
+    from benchmarks.report import format_summary, scope_remark
+
+    cases = {case["name"]: case for case in smoke["json"]["cases"]}
+    stacked, flatten = cases["stacked_step_4_blocks"], cases["flatten_4_fields"]
+    assert "judged on the accelerator" in scope_remark(stacked, "cpu")
+    assert scope_remark(stacked, "tpu") == ""
+    assert "measures the host" in scope_remark(flatten, "tpu")
+    assert scope_remark(flatten, "cpu") == ""
+    block = format_summary([smoke["json"], _as_tpu_run(smoke["json"])], "assets")
+    row = next(line for line in block.splitlines() if line.startswith("| `stacked_step_4"))
+    cpu_verdict = row.split(" | ")[3]
+    assert "accelerator's target" in cpu_verdict and "missed" not in cpu_verdict
+
+
+def test_merge_replaces_cases_in_place_adds_new_ones_to_their_group_and_changes_no_input():
+    from benchmarks.cli import merge_results
+
+    base = {
+        "header": {"mode": "full", "date": "d0", "command": "c0"},
+        "cases": [
+            {"name": "a", "group": "1", "v": 0},
+            {"name": "b", "group": "1", "v": 0},
+            {"name": "c", "group": "2", "v": 0},
+        ],
+        "scaling": [{"name": "s", "v": 0}],
+    }
+    new = {
+        "header": {"mode": "quick", "date": "d1", "command": "c1"},
+        "cases": [
+            {"name": "b", "group": "1", "v": 1},
+            {"name": "n", "group": "1", "v": 1},
+            {"name": "z", "group": "9", "v": 1},
+        ],
+        "scaling": [{"name": "s", "v": 1}, {"name": "t", "v": 1}],
+    }
+    before = json.dumps([base, new], sort_keys=True)
+    merged = merge_results(base, new)
+    assert json.dumps([base, new], sort_keys=True) == before
+    assert [(c["name"], c["v"], c["mode"]) for c in merged["cases"]] == [
+        ("a", 0, "full"),
+        ("b", 1, "quick"),
+        ("n", 1, "quick"),
+        ("c", 0, "full"),
+        ("z", 1, "quick"),
+    ]
+    assert [(c["name"], c["v"]) for c in merged["scaling"]] == [("s", 1), ("t", 1)]
+    assert merged["header"]["command"] == "c0"
+    assert merged["header"]["merged"] == [
+        {
+            "date": "d1",
+            "command": "c1",
+            "mode": "quick",
+            "load_average": None,
+            "cases": ["b", "n", "z", "s", "t"],
+        }
+    ]
+
+
+def test_only_new_cases_run_and_merge_into_an_earlier_json_file(tmp_path, capsys):
+    path = tmp_path / "results.json"
+    assert main(["--smoke", "--async-dispatch", "--only", "flatten_4_f", "--json", str(path)]) == 0
+    first = json.loads(path.read_text())
+    assert [c["name"] for c in first["cases"]] == ["flatten_4_fields", "keyed_flatten_4_fields"]
+    arguments = ["--smoke", "--async-dispatch", "--only", "replace_3_fields,flatten_4_f"]
+    status = main([*arguments, "--skip", "keyed", "--merge-into", str(path)])
+    assert status == 0
+    merged = json.loads(path.read_text())
+    assert [c["name"] for c in merged["cases"]] == [
+        "flatten_4_fields",
+        "keyed_flatten_4_fields",
+        "replace_3_fields",
+    ]
+    assert merged["header"]["merged"][0]["cases"] == ["flatten_4_fields", "replace_3_fields"]
+    assert "- merged in (" in capsys.readouterr().out
+
+
+def test_merging_into_a_file_that_is_not_a_run_is_refused(tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text('{"not": "a run"}')
+    arguments = ["--smoke", "--async-dispatch", "--only", "replace_3_fields"]
+    assert main([*arguments, "--merge-into", str(path)]) == 2
+    assert "not a `python -m benchmarks --json` file" in capsys.readouterr().err
+    assert path.read_text() == '{"not": "a run"}'
+
+
+def test_publish_renders_every_run_and_copies_every_runs_plots(smoke, tmp_path):
+    from benchmarks.publish import publish
+
+    (tmp_path / "docs").mkdir()
+    page = f"intro\n{MARK_START} -->\nold\n{MARK_END}\nafter\n"
+    for name in ("README.md", "docs/performance.md"):
+        (tmp_path / name).write_text(page)
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    for name in ("ratios-cpu.png", "ratios-tpu.png", "scaling-tpu.png"):
+        (plots / name).write_bytes(b"png")
+    runs = [smoke["json"], _as_tpu_run(smoke["json"])]
+    assert publish(runs, str(tmp_path), str(plots)) == ["README.md", "docs/performance.md"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "(benchmarks/ratios-tpu.png)" in readme and "(benchmarks/scaling-tpu.png)" in readme
+    assert "(benchmarks/scaling-cpu.png)" not in readme  # no such plot: not shown
+    assert readme.startswith("intro\n") and readme.endswith(f"{MARK_END}\nafter\n")
+    assert sorted(p.name for p in (tmp_path / "docs" / "assets").iterdir()) == [
+        "ratios-cpu.png",
+        "ratios-tpu.png",
+        "scaling-tpu.png",
+    ]
+    assert publish(runs, str(tmp_path), str(plots), check=True) == []
+
+
+def test_a_call_the_clock_sees_take_no_time_counts_one_tick(monkeypatch):
+    # a coarse process clock (seen on a TPU machine's virtualised host) reads 0 for one
+    # fast call: the smoke run divided by that time and crashed
+    from benchmarks import timing
+
+    monkeypatch.setitem(timing.CLOCKS, "cpu", lambda: 5.0)
+    plan = Plan(rounds=1, sample_s=0.0, warmup=0, calibrate=False, clock="cpu")
+    series = measure({"a": lambda: 1, "b": lambda: 2}, None, plan, random.Random(0))
+    assert series["a"].times[0] > 0 and series["b"].times[0] > 0
+    assert median_ratio(series["a"], series["b"]) == 1.0

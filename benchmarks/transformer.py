@@ -1,0 +1,447 @@
+"""A GPT-style decoder trained with adam: where compute dominates, what does the tree cost?
+
+A decoder of `blocks` pre-norm blocks (causal multi-head self-attention, a 4x MLP with
+GELU, residuals), learned token and position embeddings, the unembedding tied to the
+token embedding, next-token cross entropy. Parameters and adam's moments are float32;
+the forward and backward passes compute in bfloat16 (every parameter is cast on use,
+softmax and the loss in float32), as mixed-precision training does. Each implementation
+builds the same model from the same arrays, sees the same batches, and its first loss
+must agree with the others':
+
+- **treeclass** (`tc.Stacked`): the blocks stacked and called, one `lax.scan`;
+- **treeclass, unrolled**: a tuple of the same `TreeClass` blocks, a Python loop;
+- **plain JAX** (the floor): a dict of stacked arrays and a hand-written `lax.scan`;
+- **equinox**: one block module holding stacked arrays, `eqx.partition` and `lax.scan`
+  with `eqx.combine` in the body, `eqx.filter_jit` and `eqx.filter_value_and_grad`;
+- **flax.nnx**: the same stacked block under `nnx.scan`, the split state trained by
+  `jax.jit` (as the stacked-blocks case does).
+
+Every step is `optax.adam` on all parameters, jitted with the old state donated (so one
+copy of the parameters and moments lives per implementation). A sample is a loop of
+`steps` steps that waits only for the last loss, as a training loop does.
+
+The rate columns are steps, tokens (`batch * seq` a step) and model FLOP utilisation: the
+model's FLOPs per step over the time, against the device's peak. Model FLOPs follow the
+usual count for a decoder (PaLM, Chowdhery et al. 2022, appendix B): `6 * N` per token
+for the `N` parameters of the matrix products (the blocks' and the tied unembedding,
+not the embedding lookups), plus `12 * blocks * seq * width` per token for attention
+(forward and backward, the causal half not discounted). Recomputation is not counted.
+The peak is known for TPU v5e (197 TFLOP/s bf16 per chip); elsewhere MFU reads n/a
+unless `--peak-tflops` states a nominal figure.
+
+Sizes: on an accelerator, GPT-2 small (12 blocks of width 768, 12 heads, sequence 1024,
+vocabulary 50,304) at batch 4 (five implementations hold their parameters and adam
+moments on one 16 GB chip at once; `--transformer-batch` changes it); on the CPU a small
+decoder that keeps the case to seconds; `--quick` times fewer steps; `--smoke` a toy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .cases import Case, Entry, Target
+from .peers import import_peer
+from .timing import Plan
+
+__all__ = [
+    "PEAK_FLOPS",
+    "GPTSize",
+    "gpt_size",
+    "peak_flops",
+    "transformer_case",
+]
+
+_GROUP = "0. real workload"
+_STACKED = "treeclass"
+_UNROLLED = "treeclass, unrolled"
+_FLOOR = "plain JAX (lax.scan)"
+_EQUINOX = "equinox (filter_jit, scan)"
+_NNX = "flax.nnx (nnx.scan)"
+_COMPUTE = jnp.bfloat16
+_BATCHES = 2
+
+# device kind (as `jax.devices()[0].device_kind` names it) -> (bf16 FLOP/s, source)
+PEAK_FLOPS: dict[str, tuple[float, str]] = {
+    "TPU v5 lite": (197e12, "Cloud TPU v5e documentation, peak bf16 compute per chip"),
+    "TPU v5e": (197e12, "Cloud TPU v5e documentation, peak bf16 compute per chip"),
+}
+
+
+@dataclass(frozen=True)
+class GPTSize:
+    """The decoder (`blocks` of `width`, `heads` heads), its data and steps per sample."""
+
+    blocks: int
+    width: int
+    heads: int
+    seq: int
+    batch: int
+    vocab: int
+    steps: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one step's batch."""
+        return self.batch * self.seq
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters of the matrix products: 12 width^2 a block and the unembedding."""
+        return self.blocks * 12 * self.width**2 + self.vocab * self.width
+
+    @property
+    def flops_per_step(self) -> float:
+        """Model FLOPs of one training step (see the module docstring)."""
+        per_token = 6 * self.matmul_params + 12 * self.blocks * self.seq * self.width
+        return float(per_token * self.tokens)
+
+
+# preset -> (accelerator size, CPU size)
+_PRESETS: dict[str, tuple[GPTSize, GPTSize]] = {
+    "full": (GPTSize(12, 768, 12, 1024, 4, 50304, 10), GPTSize(2, 128, 4, 128, 4, 1024, 2)),
+    "quick": (GPTSize(12, 768, 12, 1024, 4, 50304, 3), GPTSize(2, 128, 4, 128, 4, 1024, 1)),
+    "smoke": (GPTSize(2, 16, 2, 8, 2, 64, 1), GPTSize(2, 16, 2, 8, 2, 64, 1)),
+}
+
+
+def gpt_size(preset: str, backend: str, batch: int | None = None) -> GPTSize:
+    """The decoder of `preset` (`"full"`, `"quick"` or `"smoke"`) for `backend`, with
+    `batch` rows a step when given.
+
+    ```python
+    from benchmarks.transformer import gpt_size
+
+    assert gpt_size("full", "tpu").width == 768
+    assert gpt_size("full", "cpu").blocks < 12
+    ```
+    """
+    accelerator, cpu = _PRESETS[preset]
+    size = cpu if backend == "cpu" else accelerator
+    return dataclasses.replace(size, batch=batch) if batch else size
+
+
+def peak_flops(device_kind: str, nominal_tflops: float | None = None) -> tuple[float, str] | None:
+    """The peak FLOP/s MFU is taken against, with where the figure comes from, or `None`.
+
+    A stated `nominal_tflops` wins (it says so); else the table `PEAK_FLOPS`.
+    """
+    if nominal_tflops:
+        return nominal_tflops * 1e12, "stated with --peak-tflops (nominal)"
+    return PEAK_FLOPS.get(device_kind)
+
+
+# -- the shared arrays and the maths every implementation uses --------------------------------
+
+
+_BLOCK_KEYS = ("ln1", "qkv", "proj", "ln2", "up", "down")
+
+
+@functools.cache
+def _arrays(size: GPTSize) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(size.blocks * 31 + size.width)
+    n, d, std = size.blocks, size.width, 0.02
+    out_std = std / np.sqrt(2 * n)
+
+    def normal(shape: tuple[int, ...], scale: float) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
+
+    return {
+        "wte": normal((size.vocab, d), std),
+        "wpe": normal((size.seq, d), std / 2),
+        "ln_f": np.ones((d,), np.float32),
+        "ln1": np.ones((n, d), np.float32),
+        "qkv": normal((n, d, 3 * d), std),
+        "proj": normal((n, d, d), out_std),
+        "ln2": np.ones((n, d), np.float32),
+        "up": normal((n, d, 4 * d), std),
+        "down": normal((n, 4 * d, d), out_std),
+    }
+
+
+@functools.cache
+def _batches(size: GPTSize) -> tuple[Any, ...]:
+    rng = np.random.default_rng(1024)
+    return tuple(
+        jnp.asarray(rng.integers(0, size.vocab, (size.batch, size.seq + 1), dtype=np.int32))
+        for _ in range(_BATCHES)
+    )
+
+
+def _fresh(array: np.ndarray) -> Any:
+    """A device copy of its own (the steps donate their inputs)."""
+    return jnp.array(array, copy=True)
+
+
+def _norm(x: Any, scale: Any) -> Any:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-5)
+    return (x32 * scale).astype(_COMPUTE)
+
+
+def _block(p: dict[str, Any], x: Any, heads: int) -> Any:
+    """One pre-norm block on `x` of shape `[batch, seq, width]` (bf16)."""
+    b, t, d = x.shape
+    c = {k: v.astype(_COMPUTE) for k, v in p.items()}
+    q, k, v = jnp.split(_norm(x, p["ln1"]) @ c["qkv"], 3, axis=-1)
+    q, k, v = (z.reshape(b, t, heads, d // heads) for z in (q, k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(d // heads)
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1).astype(_COMPUTE)
+    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)
+    x = x + attended @ c["proj"]
+    return x + jax.nn.gelu(_norm(x, p["ln2"]) @ c["up"]) @ c["down"]
+
+
+def _embed(wte: Any, wpe: Any, tokens: Any) -> Any:
+    return (wte[tokens] + wpe[: tokens.shape[1]]).astype(_COMPUTE)
+
+
+def _head_loss(wte: Any, ln_f: Any, x: Any, targets: Any) -> Any:
+    logits = (_norm(x, ln_f) @ wte.astype(_COMPUTE).T).astype(jnp.float32)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def _scan_blocks(stacked: dict[str, Any], x: Any, heads: int) -> Any:
+    def body(x: Any, p: Any) -> Any:
+        return _block(p, x, heads), None
+
+    return jax.lax.scan(body, x, stacked)[0]
+
+
+# -- treeclass ----------------------------------------------------------------------------------
+
+
+@functools.cache
+def _treeclass_classes() -> tuple[type, type, type]:
+    import treeclass as tc
+
+    class Block(tc.TreeClass):
+        ln1: jax.Array
+        qkv: jax.Array
+        proj: jax.Array
+        ln2: jax.Array
+        up: jax.Array
+        down: jax.Array
+        heads: int = tc.field(static=True)
+
+        def __call__(self, x: Any) -> Any:
+            return _block({k: getattr(self, k) for k in _BLOCK_KEYS}, x, self.heads)
+
+    class GPT(tc.TreeClass):
+        wte: jax.Array
+        wpe: jax.Array
+        blocks: Any  # a tc.Stacked, or a tuple of blocks
+        ln_f: jax.Array
+
+        def loss(self, tokens: Any) -> Any:
+            x = _embed(self.wte, self.wpe, tokens[:, :-1])
+            if isinstance(self.blocks, tc.Stacked):
+                x = self.blocks(x)
+            else:
+                for block in self.blocks:
+                    x = block(x)
+            return _head_loss(self.wte, self.ln_f, x, tokens[:, 1:])
+
+    return Block, GPT, tc.Stacked
+
+
+def _treeclass_model(size: GPTSize, stacked: bool) -> Any:
+    Block, GPT, Stacked = _treeclass_classes()
+    a = _arrays(size)
+    blocks = [
+        Block(*(_fresh(a[k][i]) for k in _BLOCK_KEYS), heads=size.heads) for i in range(size.blocks)
+    ]
+    chosen = Stacked.from_blocks(blocks) if stacked else tuple(blocks)
+    return GPT(_fresh(a["wte"]), _fresh(a["wpe"]), chosen, _fresh(a["ln_f"]))
+
+
+# -- the training loops -------------------------------------------------------------------------
+
+
+def _loop(step: Callable[..., Any], state: list[Any], size: GPTSize) -> Callable[[], Any]:
+    """A zero-argument function running `size.steps` steps; the state lives in `state`."""
+    batches = _batches(size)
+    turn = [0]
+
+    def run() -> Any:
+        loss = None
+        for _ in range(size.steps):
+            tokens = batches[turn[0] % len(batches)]
+            turn[0] += 1
+            *new_state, loss = step(*state, tokens)
+            state[:] = new_state
+        return loss
+
+    return run
+
+
+def _optax_loop(
+    params: Any, loss_fn: Callable[[Any, Any], Any], size: GPTSize
+) -> Callable[[], Any]:
+    """`jax.jit` of `value_and_grad(loss_fn)` and adam, params and moments donated."""
+    import optax
+
+    optim = optax.adam(3e-4)
+
+    def step(params: Any, opt_state: Any, tokens: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = optim.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return _loop(jax.jit(step, donate_argnums=(0, 1)), [params, optim.init(params)], size)
+
+
+def _treeclass(size: GPTSize, stacked: bool) -> Callable[[], Any]:
+    return _optax_loop(_treeclass_model(size, stacked), lambda m, t: m.loss(t), size)
+
+
+def _floor(size: GPTSize) -> Callable[[], Any]:
+    a = _arrays(size)
+    params = {k: _fresh(v) for k, v in a.items()}
+
+    def loss(p: Any, tokens: Any) -> Any:
+        x = _embed(p["wte"], p["wpe"], tokens[:, :-1])
+        x = _scan_blocks({k: p[k] for k in _BLOCK_KEYS}, x, size.heads)
+        return _head_loss(p["wte"], p["ln_f"], x, tokens[:, 1:])
+
+    return _optax_loop(params, loss, size)
+
+
+def _equinox(size: GPTSize) -> Callable[[], Any]:
+    eqx = import_peer("equinox")
+    import optax
+
+    class EqxBlock(eqx.Module):
+        ln1: jax.Array
+        qkv: jax.Array
+        proj: jax.Array
+        ln2: jax.Array
+        up: jax.Array
+        down: jax.Array
+        heads: int = eqx.field(static=True)
+
+        def __call__(self, x: Any) -> Any:
+            return _block({k: getattr(self, k) for k in _BLOCK_KEYS}, x, self.heads)
+
+    class EqxGPT(eqx.Module):
+        wte: jax.Array
+        wpe: jax.Array
+        blocks: EqxBlock  # arrays stacked along a leading block axis
+        ln_f: jax.Array
+
+        def loss(self, tokens: Any) -> Any:
+            x = _embed(self.wte, self.wpe, tokens[:, :-1])
+            dynamic, static = eqx.partition(self.blocks, eqx.is_array)
+
+            def body(x: Any, block: Any) -> Any:
+                return eqx.combine(block, static)(x), None
+
+            x = jax.lax.scan(body, x, dynamic)[0]
+            return _head_loss(self.wte, self.ln_f, x, tokens[:, 1:])
+
+    a = _arrays(size)
+    blocks = EqxBlock(*(_fresh(a[k]) for k in _BLOCK_KEYS), heads=size.heads)
+    model = EqxGPT(_fresh(a["wte"]), _fresh(a["wpe"]), blocks, _fresh(a["ln_f"]))
+    optim = optax.adam(3e-4)
+
+    @eqx.filter_jit(donate="all")
+    def step(model: Any, opt_state: Any, tokens: Any) -> Any:
+        loss, grads = eqx.filter_value_and_grad(lambda m: m.loss(tokens))(model)
+        updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    return _loop(step, [model, optim.init(eqx.filter(model, eqx.is_array))], size)
+
+
+def _nnx(size: GPTSize) -> Callable[[], Any]:
+    nnx = import_peer("flax.nnx")
+
+    class NnxBlock(nnx.Module):
+        def __init__(self, arrays: dict[str, Any], heads: int):
+            for key in _BLOCK_KEYS:
+                setattr(self, key, nnx.Param(arrays[key]))
+            self.heads = heads
+
+        def __call__(self, x: Any) -> Any:
+            return _block({k: getattr(self, k)[...] for k in _BLOCK_KEYS}, x, self.heads)
+
+    class NnxGPT(nnx.Module):
+        def __init__(self, arrays: dict[str, Any], heads: int):
+            self.wte, self.wpe = nnx.Param(arrays["wte"]), nnx.Param(arrays["wpe"])
+            self.ln_f = nnx.Param(arrays["ln_f"])
+            self.blocks = NnxBlock({k: arrays[k] for k in _BLOCK_KEYS}, heads)
+
+        def loss(self, tokens: Any) -> Any:
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            def forward(x: Any, block: Any) -> Any:
+                return block(x)
+
+            x = _embed(self.wte[...], self.wpe[...], tokens[:, :-1])
+            x = forward(x, self.blocks)
+            return _head_loss(self.wte[...], self.ln_f[...], x, tokens[:, 1:])
+
+    a = _arrays(size)
+    graphdef, state = nnx.split(NnxGPT({k: _fresh(v) for k, v in a.items()}, size.heads))
+    return _optax_loop(state, lambda s, t: nnx.merge(graphdef, s).loss(t), size)
+
+
+# -- the case -----------------------------------------------------------------------------------
+
+
+def transformer_case(size: GPTSize) -> Case:
+    """The GPT training-loop case at `size` (see the module docstring)."""
+
+    def entries() -> list[Entry]:
+        return [
+            Entry(_STACKED, "treeclass", lambda: _treeclass(size, True), note="`tc.Stacked`"),
+            Entry(
+                _UNROLLED,
+                "baseline",
+                lambda: _treeclass(size, False),
+                note="a tuple of blocks, a Python loop",
+            ),
+            Entry(_FLOOR, "floor", lambda: _floor(size), note="dict of stacked arrays"),
+            Entry(_EQUINOX, "peer", lambda: _equinox(size), note="`eqx.partition` + `lax.scan`"),
+            Entry(_NNX, "peer", lambda: _nnx(size), note="`nnx.scan`, `jax.jit` of split state"),
+        ]
+
+    def plan(base: Plan) -> Plan:
+        # one loop per sample on the wall clock: the device (or XLA's CPU threads) works
+        return dataclasses.replace(
+            base,
+            rounds=min(base.rounds, 7),
+            calibrate=False,
+            clock="wall",
+            warmup=min(base.warmup, 1),
+            remeasures=min(base.remeasures, 1),
+        )
+
+    return Case(
+        name="transformer_training_loop",
+        group=_GROUP,
+        title=f"GPT training loop: {size.steps} adam step(s) of {size.blocks} blocks of width "
+        f"{size.width} ({size.heads} heads), sequence {size.seq}, batch {size.batch}, "
+        f"vocabulary {size.vocab:,}, bf16 compute",
+        entries=entries,
+        sync=lambda loss: loss.block_until_ready(),
+        modules=("optax",),
+        target=Target("<= 1.02x vs plain JAX (steps/s within 2%)", "max_ratio", 1.02, (_FLOOR,)),
+        rtol=2e-3,  # bf16: a scan and an unrolled loop fuse, so round, differently
+        plan=plan,
+        rate=("steps/s", size.steps),
+        work={"tokens": float(size.tokens * size.steps), "flops": size.flops_per_step * size.steps},
+        note="Each sample is a loop of steps that waits for the last loss only. *tokens/s* "
+        "counts batch x sequence per step; *MFU* is the model FLOPs per second (6 N per "
+        "token for the N matrix-product parameters, plus 12 x blocks x sequence x width for "
+        "attention) over the device's peak, given in the run's header.",
+    )
