@@ -86,8 +86,8 @@ class BatchNorm(Layer):
 
     weight: jax.Array | None
     bias: jax.Array | None
-    running_mean: jax.Array = field(metadata={"role": "state"})
-    running_var: jax.Array = field(metadata={"role": "state"})
+    running_mean: jax.Array = field(role="state")
+    running_var: jax.Array = field(role="state")
     momentum: float = field(default=0.99, static=True, on_setattr=[_momentum])
     eps: float = field(default=1e-5, static=True, on_setattr=[float])
     axis_name: Hashable = field(default=None, static=True)

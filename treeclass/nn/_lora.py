@@ -29,8 +29,9 @@ class LoRA(Layer):
 
     `lora_A` starts as a `Linear` does (uniform in `±1/sqrt(in_features)`, as PEFT's
     default) and `lora_B` at zero, so a fresh adapter computes exactly what `base` does.
-    The base is read through `jax.lax.stop_gradient`, so `jax.grad` computes no gradient
-    for it (hand the optimizer the adapters, as the layers guide shows).
+    `base_layer` is a field declared `role="frozen"`: its weights stay ordinary leaves
+    (traced by `jax.jit`, saved in checkpoints), `jax.grad` computes no gradient for them
+    and `tc.optim.trainable` leaves them as they are.
 
     **Arguments**
 
@@ -60,7 +61,7 @@ class LoRA(Layer):
     ```
     """
 
-    base_layer: Linear
+    base_layer: Linear = field(role="frozen")
     lora_A: Linear  # noqa: N815 (PEFT's checkpoint names)
     lora_B: Linear  # noqa: N815
     alpha: float = field(default=1.0, static=True, on_setattr=[float])
@@ -103,9 +104,8 @@ class LoRA(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The base layer's output plus the scaled low-rank update."""
-        base = jax.tree_util.tree_map(jax.lax.stop_gradient, self.base_layer)
-        update = self.lora_B(self.lora_A(x))
-        return base(x) + update * jnp.asarray(self.scaling, update.dtype)
+        update = self.lora_B(self.lora_A(x))  # the frozen base is read gradient-stopped
+        return self.base_layer(x) + update * jnp.asarray(self.scaling, update.dtype)
 
     def merge(self) -> Linear:
         """The `Linear` that computes what this adapter computes (in its parameters'
