@@ -62,10 +62,27 @@ def test_python_number_equals_a_0d_jax_array_of_its_value():
     assert not tc.is_tree_equal(2**40, jnp.array(0))  # out of int32 range: no overflow
 
 
-def test_python_number_never_equals_an_array_that_is_not_0d():
-    assert not tc.is_tree_equal(2, jnp.array([2, 2]))
-    assert not tc.is_tree_equal(1.0, jnp.ones(1))
-    assert not tc.is_tree_equal(np.ones(1), 1.0)
+def test_python_number_equals_an_array_filled_with_it():
+    # a number stands for the array `.at[...].set(number)` gives an array leaf
+    assert tc.is_tree_equal(2, jnp.array([2, 2])) and tc.is_tree_equal(jnp.ones((2, 3)), 1.0)
+    assert tc.is_tree_equal(np.ones(1), 1.0) and tc.is_tree_equal(0.5, np.full(3, 0.5))
+    assert tc.is_tree_equal(0.1, jnp.full(3, 0.1))  # rounded to float32, as jit does
+    assert not tc.is_tree_equal(0.1, np.full(3, 0.1, np.float32))  # NumPy: exactly
+    assert not tc.is_tree_equal(2, jnp.array([2, 3]))
+    assert not tc.is_tree_equal(2**40, jnp.zeros(2, jnp.int32))  # out of range: no overflow
+    assert not tc.is_tree_equal(0, jnp.zeros(0)) and not tc.is_tree_equal(0, np.zeros((2, 0)))
+
+
+def test_a_number_set_at_an_array_leaf_equals_the_tree_built_with_the_number():
+    class Pair(tc.TreeClass):
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    tree = Pair(jnp.array(1), jnp.array([1, 2, 3]))
+    assert tc.is_tree_equal(Pair(0, 0), tree.at[...].set(0))
+    assert tc.is_tree_equal(Pair(0, 0), jax.jit(lambda t: t.at[...].apply(lambda _: 0))(tree))
+    assert jax.jit(tc.is_tree_equal)(Pair(0, 0), tree.at[...].set(0))
+    assert not jax.jit(tc.is_tree_equal)(Pair(0, 1), tree.at[...].set(0))
 
 
 def test_numpy_values_compare_exactly_with_python_numbers():

@@ -96,17 +96,21 @@ def _arrays_equal(a: Any, b: Any) -> Any:
 
 
 def _array_equals_number(array: Any, number: Any, kind: int) -> Any:
-    if array.shape != ():
+    # a number stands for an array filled with it (what `.at[...].set(number)` gives an
+    # array leaf), so it equals an array of one or more elements that all equal it
+    if array.size == 0:
         return False
     if not isinstance(array, _Tracer):
         array = _local(array)
     try:
         if kind == _JAX:
             # rounds `number` to the array's dtype, as `jax.jit` does to a Python number leaf
-            return _truth(array == number)
+            return _truth(jnp.all(array == number) if array.shape else array == number)
         # NumPy values are compared exactly: `np.float32(0.1)` is not `0.1`, which keeps
         # equality consistent with NumPy scalars' hash (that of the exact Python value)
-        return _truth(array.item() == number)
+        if not array.shape:
+            return _truth(array.item() == number)
+        return all(value == number for value in array.ravel().tolist())
     except (OverflowError, TypeError, ValueError):  # e.g. 2**40 against an int32 array
         return False
 
@@ -144,10 +148,11 @@ def is_tree_equal(*trees: Any) -> Any:
     round trip through `jax.jit` (which turns a leaf `0` into `Array(0)`):
 
     - two arrays (NumPy or JAX) are equal when they have the same shape, dtype and values;
-    - a Python number (`bool`, `int`, `float`, `complex`) and an array are equal when the
-      array has shape `()` and the same value. A JAX array compares after rounding the
-      number to its dtype, as `jax.jit` converts a Python number; a NumPy value compares
-      exactly;
+    - a Python number (`bool`, `int`, `float`, `complex`) and an array are equal when
+      every element of the array (one at least) equals the number: a number stands for
+      the array filled with it, which is what `.at[...].set(number)` gives an array leaf.
+      A JAX array compares after rounding the number to its dtype, as `jax.jit` converts
+      a Python number; a NumPy value compares exactly;
     - other leaves are equal when `==` says so: `1 == 1.0 == True`, `"a" == "a"`. An `==`
       that raises or has no truth value counts as different.
 
@@ -172,6 +177,7 @@ def is_tree_equal(*trees: Any) -> Any:
 
     assert tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
     assert not tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(3)})
+    assert tc.is_tree_equal({"a": 1}, {"a": jnp.ones(2)})  # a number fills an array
     assert tc.is_tree_equal((0, 1.5), jax.jit(lambda t: t)((0, 1.5)))   # Array(0) is 0
     assert not tc.is_tree_equal(jnp.ones(2), jnp.ones(2, jnp.int32))    # dtypes differ
     assert jax.jit(tc.is_tree_equal)(jnp.ones(2), jnp.ones(2))
