@@ -17,6 +17,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "treeclass"
 # module (relative to the package, a subpackage's modules as `pkg.module`) -> floor
 FLOORS = {
     "_values": 0,
+    "_numbers": 0,
     "_codegen": 0,
     "_backend": 0,
     "_glob": 0,

@@ -34,6 +34,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 from . import _node
 from ._calls import call_method
 from ._frozen import Frozen, is_frozen
+from ._numbers import NumberRangeError, dtype_kind, dtype_name, number_misfit, plain_float_limit
 from ._selectors import (
     DESCEND,
     MASK_MISMATCH_MSG,
@@ -356,80 +357,43 @@ _NUMBER_TYPES = _number_types()
 _NUMBER_TARGETS = (jax.Array, np.ndarray, np.number, np.bool_)
 
 
-@functools.cache
-def _dtype_limits(dtype: Any) -> tuple[str | None, Any, Any]:
-    """`(kind, low, high)`: kind "bool", "int", "float" or "complex" (`None`: no numbers)."""
-    if jnp.issubdtype(dtype, jax.dtypes.extended):
-        return None, None, None  # PRNG keys
-    if jnp.issubdtype(dtype, np.bool_):
-        return "bool", 0, 1
-    if jnp.issubdtype(dtype, np.integer):
-        info = jnp.iinfo(dtype)
-        return "int", int(info.min), int(info.max)
-    if jnp.issubdtype(dtype, np.inexact):
-        high = float(jnp.finfo(dtype).max)
-        return ("complex" if jnp.issubdtype(dtype, np.complexfloating) else "float"), -high, high
-    return None, None, None
-
-
-def _misfit(value: Any, dtype: Any) -> str | None:
-    """Why the number `value` changes when converted to a dtype of `kind`, or None.
-
-    Rounding to the dtype's precision is no change (0.1 fits float32, as in jax.numpy);
-    losing a fraction, an imaginary part or the range is: 0.0 fits an int leaf, 2.7 does not.
-    """
-    kind, low, high = _dtype_limits(dtype)
-    if kind is None:
-        return f"an array of dtype {dtype} holds no numbers"
-    real, imag = (value.real, value.imag) if type(value) is complex else (value, 0)
-    if kind != "complex" and imag != 0:
-        return f"a complex number with an imaginary part does not fit {dtype}"
-    if kind in ("int", "bool"):
-        if not (math.isfinite(real) and real == int(real)):
-            return f"{real!r} is not an integer"
-        if not low <= int(real) <= high:
-            return f"{int(real)} is out of {dtype}'s range [{low}, {high}]"
-        return None
-    if any(math.isfinite(part) and abs(part) > high for part in (real, imag)):
-        return f"{value!r} is out of {dtype}'s range (its largest value is {high:.4g})"
-    return None
-
-
 def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
     """`value` (a number) as a Python number of `leaf`'s kind, or an error naming `where`.
 
     The result is weakly typed where JAX and NumPy promote (`where(mask, 0, int8_leaf)` stays
     int8), so it never widens the leaf's dtype: `0.0` for an int leaf is given as `0`.
     """
-    if isinstance(value, np.generic):
-        value = value.item()
     dtype = leaf.dtype
-    kind, low, high = _dtype_limits(dtype)
-    if kind == "float" and type(value) is not complex and low <= value <= high:
-        return value  # the common case, `.at[x > 0].set(0.0)`, in one comparison
-    reason = _misfit(value, dtype)
-    if reason is None:
-        if kind == "int":
+    if type(value) is float:
+        limit = plain_float_limit(dtype)
+        if limit is not None and -limit < value < limit:
+            return value  # the common case, `.at[x > 0].set(0.0)`, in one comparison
+    misfit = number_misfit(value, dtype)
+    if misfit is None:
+        if isinstance(value, np.generic):
+            value = value.item()
+        kind = dtype_kind(dtype)
+        if kind in "iu":
             return int(value.real if type(value) is complex else value)
-        if kind == "bool":
+        if kind == "b":
             return bool(value)
-        if kind == "float" and type(value) is complex:
+        if kind == "f" and type(value) is complex:
             return value.real
         return value
-    if kind is None:
-        error: type[Exception] = TypeError
+    error, reason = misfit
+    if dtype_kind(dtype) == "V":
         fix = "<an array of that dtype>"
-    elif "out of" in reason:
-        error, fix = OverflowError, "<a number in that range>"
+    elif error is NumberRangeError:
+        fix = "<a number in that range>"
     else:
-        error = TypeError
-        real = value.real if type(value) is complex else value
-        fix = repr(round(real)) if kind in ("int", "bool") and math.isfinite(real) else "<a number>"
+        real = value.real if isinstance(value, complex) else value
+        integral = dtype_kind(dtype) in "biu" and isinstance(real, int | float)
+        fix = repr(round(real)) if integral and math.isfinite(real) else "<a number>"
     raise error(
         NUMBER_MISFIT_MSG.format(
             value=repr(value),
             where=where(),
-            leaf=f"{dtype}{list(leaf.shape)}",
+            leaf=f"{dtype_name(dtype)}{list(leaf.shape)}",
             reason=reason,
             fix=fix,
         )

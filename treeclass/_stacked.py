@@ -20,8 +20,6 @@ and kept once. Static fields live in the tree definition, so they agree by const
 
 from __future__ import annotations
 
-import functools
-import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -35,6 +33,7 @@ from jax.tree_util import SequenceKey
 from ._at import AtIndexer, at
 from ._fields import gradients_stopped, stop_gradient_if_traced
 from ._frozen import freeze, is_frozen, unfreeze
+from ._numbers import KIND_FITS, NumberRangeError, dtype_kind, dtype_name, number_misfit
 from ._pprint import tree_repr, tree_str
 from ._pprint_html import html_display, treescope_repr
 from ._pprint_registry import register_printer
@@ -147,15 +146,8 @@ def _what(x: Any) -> str:
         return f"{x!r} (a `numpy.{type(x).__name__}`)"
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if shape is not None and dtype is not None:
-        return f"an array {_dtype_name(dtype)}{list(shape)}"
+        return f"an array {dtype_name(dtype)}{list(shape)}"
     return f"{short_repr(x)} (a `{type(x).__name__}`)"
-
-
-def _dtype_name(dtype: Any) -> str:
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        return str(dtype)
 
 
 # -- leaves -----------------------------------------------------------------------------------
@@ -292,106 +284,6 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
     raise ValueError(message.format(k=k, where=where(k), got=_what(values[k]), want=_what(first)))
 
 
-# JAX's dtype categories, in the order asked: NumPy's `dtype.kind` says 'V' for the
-# ml_dtypes types (bfloat16, float8, int4), which are floats and ints all the same
-_CATEGORIES = (
-    ("b", jnp.bool_),
-    ("i", jnp.signedinteger),
-    ("u", jnp.unsignedinteger),
-    ("f", jnp.floating),
-    ("c", jnp.complexfloating),
-)
-_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}  # a number's kind: into
-
-
-@functools.lru_cache(maxsize=256)  # dtypes are few and hashable; asked on every block write
-def _dtype_kind(dtype: Any) -> str:
-    """'b', 'i', 'u', 'f' or 'c' by JAX's categories; 'V' for the rest (PRNG keys)."""
-    try:
-        if jnp.issubdtype(dtype, jax.dtypes.prng_key):
-            return "V"
-        return next(kind for kind, category in _CATEGORIES if jnp.issubdtype(dtype, category))
-    except (StopIteration, TypeError):
-        return "V"
-
-
-def _number_kind(x: Any) -> str:
-    """The kind of a Python or NumPy (or ml_dtypes) number."""
-    if isinstance(x, bool):
-        return "b"
-    if isinstance(x, int):
-        return "i"
-    if isinstance(x, float):
-        return "f"
-    if isinstance(x, complex):
-        return "c"
-    return _dtype_kind(x.dtype)  # a NumPy scalar
-
-
-@functools.lru_cache(maxsize=256)
-def _range_of(dtype: Any) -> tuple[str, Any, Any, Any]:
-    """A dtype's kind and range: `(kind, min, max, None)` for ints, `(kind, half a step at
-    the largest value, the largest value, the real dtype)` for floats and complex."""
-    kind = _dtype_kind(dtype)
-    if kind in "iu":
-        info = jnp.iinfo(dtype)
-        return kind, int(info.min), int(info.max), None
-    if kind in "fc":
-        finfo = jnp.finfo(dtype)
-        largest = float(finfo.max)
-        half_step = math.ldexp(float(finfo.eps), math.frexp(largest)[1] - 2)
-        return kind, half_step, largest, finfo.dtype
-    return kind, None, None, None
-
-
-@functools.lru_cache(maxsize=256)
-def _signed_float(real: Any) -> bool:
-    """Whether a float dtype holds 0 and negative numbers (float8_e8m0fnu holds neither),
-    so that a finite number within its largest value needs no cast to check."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.asarray([0.0, -1.0]).astype(real)).all())
-
-
-def _out_of_range(value: Any, dtype: Any) -> str | None:
-    """Why the number `value` (of a kind that fits) is not kept by `dtype`, or None if it is.
-
-    An int outside an integer dtype's range would wrap (NumPy scalars) or overflow (Python
-    ints). A float dtype keeps a number up to rounding: not one beyond its largest value
-    (which becomes inf, nan, or the largest value in the formats without inf), and not an
-    inf or a nan in a format without them (float4 turns nan into -0).
-    """
-    kind, low, high, real = _range_of(dtype)
-    name = _dtype_name(dtype)
-    if kind in "iu":
-        if not low <= int(value) <= high:
-            return f"{name} holds the integers {low} to {high}"
-        return None
-    if kind not in "fc":
-        return None
-    largest, half_step = high, low
-    parts = [value.real, value.imag] if _number_kind(value) == "c" else [value]
-    for part in parts:
-        try:
-            exact = float(part)
-        except OverflowError:  # an int too large for any float
-            return f"{name} holds numbers up to ±{largest:.6g}"
-        if abs(exact) < largest and _signed_float(real):
-            continue  # the common case: kept up to rounding
-        with np.errstate(over="ignore", invalid="ignore"):
-            cast = np.asarray(exact).astype(real)  # the real dtype of a complex one
-        if math.isnan(exact):
-            if not np.isnan(cast):
-                return f"{name} has no nan (it would become {cast})"
-        elif math.isinf(exact):
-            if not (np.isinf(cast) and (cast > 0) == (exact > 0)):
-                return f"{name} has no inf (it would become {cast})"
-        elif abs(exact) >= largest + half_step or not np.isfinite(cast):
-            if abs(exact) > largest:
-                return f"{name} holds numbers up to ±{largest:.6g} (it would become {cast})"
-            return f"{name} has no value near it (it would become {cast})"
-    return None
-
-
 def _block_value(
     value: Any,
     shape: tuple[int, ...],
@@ -407,17 +299,16 @@ def _block_value(
     broadcasts to `shape`, or is a weak-typed scalar (a Python number `jit` traced) whose
     kind fits.
     """
-    kind = _dtype_kind(dtype)
+    kind = dtype_kind(dtype)
     if _is_number(value):
-        if kind not in _FITS.get(_number_kind(value), ""):
-            raise error(value)
-        reason = _out_of_range(value, dtype)
-        if reason is not None:
-            raise range_error(value, reason)
+        misfit = number_misfit(value, dtype)
+        if misfit is not None:
+            cls, reason = misfit
+            raise error(value) if cls is TypeError else range_error(value, reason)
         return value
     if isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
-        weak_kind = _dtype_kind(value.dtype) if getattr(value, "weak_type", False) else None
-        weak = value.ndim == 0 and weak_kind is not None and kind in _FITS.get(weak_kind, "")
+        weak_kind = dtype_kind(value.dtype) if getattr(value, "weak_type", False) else None
+        weak = value.ndim == 0 and weak_kind is not None and kind in KIND_FITS.get(weak_kind, "")
         if value.dtype != dtype and not weak:
             raise error(value)
         try:
@@ -430,9 +321,10 @@ def _block_value(
             # a concrete weak scalar is checked as the number it holds; a traced one
             # (inside `jit`) cannot be, and converts as `astype` would
             if not isinstance(value, Tracer):
-                reason = _out_of_range(value.item(), dtype)
-                if reason is not None:
-                    raise range_error(value, reason)
+                misfit = number_misfit(value.item(), dtype)
+                if misfit is not None:
+                    cls, reason = misfit
+                    raise error(value) if cls is TypeError else range_error(value, reason)
         return value
     raise error(value)
 
@@ -459,16 +351,16 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
                 where=where(k),
                 stacked=_what(target).removeprefix("an array "),
                 block_shape=list(shape),
-                dtype=_dtype_name(dtype),
+                dtype=dtype_name(dtype),
                 hint=WRITE_HINT if not _is_array(got) and not _is_number(got) else "",
             )
             return TypeError(text)
 
         def range_error(got: Any, reason: str, k: int = k) -> Exception:
             text = RANGE_MSG.format(
-                got=_what(got), k=k, where=where(k), reason=reason, dtype=_dtype_name(dtype)
+                got=_what(got), k=k, where=where(k), reason=reason, dtype=dtype_name(dtype)
             )
-            return ValueError(text)
+            return NumberRangeError(text)
 
         values.append(_block_value(value, shape, dtype, error, range_error))
     if isinstance(target, jax.ShapeDtypeStruct):

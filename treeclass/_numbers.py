@@ -1,0 +1,173 @@
+"""Numbers into arrays: whether a number keeps its value in an array of a given dtype.
+
+One rule for every place a number is put into an array: `.at[...].set(number)` and a
+number returned by `apply` / `scan` for an array leaf, masked sets, and a number written
+into one block of a `tc.Stacked` leaf. A number is *kept* when the array holds it up to
+the dtype's rounding (`0.1` in float32, as jax.numpy converts it); otherwise the write is
+refused, never wrapped, clipped or turned into inf/nan:
+
+- a Python `int`, `float` or `complex` is judged by its value: `0.0` fits an int array,
+  `2.7` does not; `1` fits a bool array, `2` does not; a complex number fits a real dtype
+  only without an imaginary part;
+- a NumPy scalar keeps its type's kind as well: `np.float32(2.0)` is refused by an int
+  array, `np.int64(3)` fits an int8 one (in range);
+- a Python `bool` fits a bool array only (elsewhere `True` / `False` are flags);
+- a dtype holding no numbers (PRNG keys) takes none.
+
+A number of the wrong kind is a `TypeError`; one outside the dtype's range (or an inf /
+NaN in a format without them, a zero in float8_e8m0fnu) a `NumberRangeError`, which is
+both an `OverflowError` (as NumPy's `np.int8(300)`) and a `ValueError`.
+
+The dtype categories are JAX's: NumPy's `dtype.kind` reads 'V' for the ml_dtypes types
+(bfloat16, float8, int4) that pretrained models are stored in.
+
+This is a ground floor: it imports nothing of treeclass.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class NumberRangeError(OverflowError, ValueError):
+    """A number outside the range of the dtype of the array it is put into."""
+
+
+_CATEGORIES = (
+    ("b", jnp.bool_),
+    ("i", jnp.signedinteger),
+    ("u", jnp.unsignedinteger),
+    ("f", jnp.floating),
+    ("c", jnp.complexfloating),
+)
+# a number's kind -> the kinds of dtype that take it by kind (NumPy scalars, traced weak
+# scalars: numbers whose value is not judged alone)
+KIND_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
+
+
+def dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+@functools.lru_cache(maxsize=256)  # dtypes are few and hashable; asked on every write
+def dtype_kind(dtype: Any) -> str:
+    """'b', 'i', 'u', 'f' or 'c' by JAX's categories; 'V' for the rest (PRNG keys)."""
+    try:
+        if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+            return "V"
+        return next(kind for kind, category in _CATEGORIES if jnp.issubdtype(dtype, category))
+    except (StopIteration, TypeError):
+        return "V"
+
+
+def number_kind(x: Any) -> str:
+    """The kind of a Python or NumPy (or ml_dtypes) number."""
+    if isinstance(x, bool):
+        return "b"
+    if isinstance(x, int):
+        return "i"
+    if isinstance(x, float):
+        return "f"
+    if isinstance(x, complex):
+        return "c"
+    return dtype_kind(x.dtype)  # a NumPy scalar
+
+
+@functools.lru_cache(maxsize=256)
+def _range_of(dtype: Any) -> tuple[str, Any, Any, Any]:
+    """A dtype's kind and range: `(kind, min, max, None)` for ints and bools, `(kind, half
+    a step at the largest value, the largest value, the real dtype)` for floats and
+    complex."""
+    kind = dtype_kind(dtype)
+    if kind == "b":
+        return kind, 0, 1, None
+    if kind in "iu":
+        info = jnp.iinfo(dtype)
+        return kind, int(info.min), int(info.max), None
+    if kind in "fc":
+        finfo = jnp.finfo(dtype)
+        largest = float(finfo.max)
+        half_step = math.ldexp(float(finfo.eps), math.frexp(largest)[1] - 2)
+        return kind, half_step, largest, finfo.dtype
+    return kind, None, None, None
+
+
+@functools.lru_cache(maxsize=256)
+def _signed_float(real: Any) -> bool:
+    """Whether a float dtype holds 0 and negative numbers (float8_e8m0fnu holds neither),
+    so that a finite number within its largest value needs no cast to check."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.asarray([0.0, -1.0]).astype(real)).all())
+
+
+def plain_float_limit(dtype: Any) -> float | None:
+    """The largest value of a float dtype that keeps every finite number below it up to
+    rounding (the fast path of a write), or None for other dtypes."""
+    kind, _, largest, real = _range_of(dtype)
+    return largest if kind == "f" and _signed_float(real) else None
+
+
+def _float_misfit(part: Any, name: str, largest: float, half_step: float, real: Any) -> str | None:
+    try:
+        exact = float(part)
+    except OverflowError:  # an int too large for any float
+        return f"{name} holds numbers up to ±{largest:.6g}"
+    if abs(exact) < largest and _signed_float(real):
+        return None  # the common case: kept up to rounding
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = np.asarray(exact).astype(real)  # the real dtype of a complex one
+    if math.isnan(exact):
+        return None if np.isnan(cast) else f"{name} has no nan (it would become {cast})"
+    if math.isinf(exact):
+        if np.isinf(cast) and (cast > 0) == (exact > 0):
+            return None
+        return f"{name} has no inf (it would become {cast})"
+    if abs(exact) >= largest + half_step or not np.isfinite(cast):
+        if abs(exact) > largest:
+            return f"{name} holds numbers up to ±{largest:.6g} (it would become {cast})"
+        return f"{name} has no value near it (it would become {cast})"
+    return None
+
+
+def number_misfit(value: Any, dtype: Any) -> tuple[type[Exception], str] | None:
+    """Why the number `value` would change on its way into an array of `dtype`, with the
+    error to raise (`TypeError`: another kind; `NumberRangeError`: out of range), or None
+    when the array keeps it up to rounding."""
+    kind, low, high, real = _range_of(dtype)
+    name = dtype_name(dtype)
+    if kind == "V":
+        return TypeError, f"an array of dtype {name} holds no numbers"
+    if isinstance(value, bool | np.bool_):
+        if kind != "b":
+            return TypeError, f"a bool is a flag, not a number of {name}'s kind"
+        return None
+    if isinstance(value, np.generic):
+        if kind not in KIND_FITS.get(number_kind(value), ""):
+            return TypeError, f"a `numpy.{type(value).__name__}` is not of {name}'s kind"
+        value = value.item()
+    parts = [value.real, value.imag] if isinstance(value, complex) else [value]
+    if kind != "c" and len(parts) == 2:
+        if parts[1] != 0:
+            return TypeError, f"a complex number with an imaginary part does not fit {name}"
+        parts = parts[:1]
+    if kind in "biu":
+        part = parts[0]
+        if isinstance(part, float) and not (math.isfinite(part) and part == int(part)):
+            return TypeError, f"{part!r} is not an integer"
+        if not low <= int(part) <= high:
+            return NumberRangeError, f"{name} holds the integers {low} to {high}"
+        return None
+    for part in parts:
+        reason = _float_misfit(part, name, high, low, real)
+        if reason is not None:
+            return NumberRangeError, reason
+    return None
