@@ -1019,6 +1019,28 @@ def test_scale_blocks_scales_each_leaf_by_its_factor_and_a_subtree_by_one_factor
     }
 
 
+def test_scale_blocks_factors_built_with_set_add_no_model_sized_constant_to_the_step():
+    # `.set(1.0)` fills each array leaf: the factors are arrays of the model's shapes,
+    # which scale_blocks reduces to one number per leaf or one per block
+    params = {"blocks": tc.Stacked({"w": jnp.ones((4, 128, 128))}), "b": jnp.ones(128)}
+    factors = tc.at(tc.at(params)[...].set(1.0))["blocks"][0:2].set(0.0)
+    assert factors["blocks"].tree["w"].shape == (4, 128, 128)
+    opt = optax.chain(optax.sgd(1.0), optim.scale_blocks(factors))
+    step = jax.jit(opt.update)
+    state = opt.init(params)
+    small = jax.jit(
+        optax.chain(optax.sgd(1.0), optim.scale_blocks({"blocks": 1.0, "b": 1.0})).update
+    )
+    assert len(step.lower(params, state).as_text()) < 2 * len(small.lower(params, state).as_text())
+    updates, _ = step(params, state)
+    assert updates["blocks"].tree["w"][:, 0, 0].tolist() == [0.0, 0.0, -1.0, -1.0]
+    assert updates["b"].tolist() == [-1.0] * 128
+    uneven = {"w": jnp.ones((2, 3)).at[1, 2].set(0.5)}  # not constant in a row: kept whole
+    opt = optim.scale_blocks(uneven)
+    updates, _ = opt.update({"w": jnp.ones((2, 3))}, opt.init(uneven))
+    assert updates["w"].tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.5]]
+
+
 def test_scale_blocks_inside_trainable_on_a_model_with_frozen_values_and_numbers():
     model = {"blocks": tc.Stacked({"w": jnp.ones((3, 2))}), "eps": 1e-5, "f": tc.freeze(1.0)}
     factors = tc.at(tc.at(model)[...].set(1.0))["blocks"][0].set(0.0)  # keeps `f` frozen

@@ -53,7 +53,7 @@ from ._structure import (
     path_str,
     root_name,
 )
-from ._values import is_inexact_array, is_prng_key
+from ._values import is_inexact_array, is_prng_key, local_copy, readable_here
 
 __all__ = [
     "mask",
@@ -862,9 +862,10 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
     decay, and no optimizer state. So:
 
     - Python numbers of a hand-written `__init__` (`self.eps = 1e-5`), integer and
-      boolean leaves, and state fields (`tc.field(metadata={"role": "state"})`: running
-      statistics, counters) are never trained, although `jax.grad` gives them gradients
-      (every leaf is a leaf);
+      boolean leaves, state fields (`tc.field(role="state")`: running statistics,
+      counters) and frozen fields (`tc.field(role="frozen")`: a pretrained base) are
+      never trained and hold no optimizer state, although `jax.grad` gives the first
+      ones gradients (every leaf is a leaf);
     - frozen values are not in the state at all (neither are their copies: the state is
       built on a tree in which they are `optax.MaskedNode()`), so saving the optimizer
       state stores no frozen array;
@@ -1050,19 +1051,47 @@ _SCALE_RANK_MSG = (
 )
 
 
-def _scale_one(factor: Any, where: Callable[[], str], update: Any) -> Any:
+def _scale_one(
+    factor: Any, shape: tuple[int, ...] | None, where: Callable[[], str], update: Any
+) -> Any:
+    """`update` times `factor`; `shape` is the factor's shape as given, before
+    `_compact_factor` dropped its constant trailing axes (None for a number)."""
+    if shape is not None:
+        want = jnp.shape(update)
+        if len(shape) > len(want) or tuple(shape) != tuple(want[: len(shape)]):
+            raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=shape, want=want))
     if isinstance(factor, bool | np.bool_):
         return update if factor else jnp.zeros_like(update)
     if isinstance(factor, numbers.Number):
         return update if factor == 1 else update * factor
     factor = jnp.asarray(factor)
-    shape = jnp.shape(update)
-    if factor.ndim > len(shape) or tuple(factor.shape) != tuple(shape[: factor.ndim]):
-        raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=shape))
-    factor = factor.reshape(factor.shape + (1,) * (len(shape) - factor.ndim))
+    full = jnp.shape(update)
+    if factor.ndim > len(full) or tuple(factor.shape) != tuple(full[: factor.ndim]):
+        raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=full))
+    factor = factor.reshape(factor.shape + (1,) * (len(full) - factor.ndim))
     if factor.dtype == jnp.bool_:
         return jnp.where(factor, update, jnp.zeros_like(update))
     return (update * factor).astype(jnp.result_type(update))
+
+
+def _compact_factor(factor: Any) -> Any:
+    """`factor` with the trailing axes along which it is constant dropped.
+
+    Factors built from the model (`model.at[...].set(1.0)`) are arrays of each leaf's
+    shape, constant within each leaf or each block; kept whole, they would double the
+    model's memory and enter a jitted step as constants the size of the model. A factor
+    constant over its whole leaf becomes a Python number (`1.0` skips the multiply).
+    """
+    if not isinstance(factor, np.ndarray | jax.Array) or isinstance(factor, Tracer):
+        return factor
+    if not readable_here(factor) or factor.size == 0:
+        return factor
+    values = np.asarray(local_copy(factor))
+    for kept in range(values.ndim):
+        lead = values.reshape(values.shape[:kept] + (-1,))
+        if bool((lead == lead[..., :1]).all()):
+            return lead[..., 0].item() if kept == 0 else lead[..., 0]
+    return factor
 
 
 def scale_blocks(factors: Any) -> Any:
@@ -1114,6 +1143,11 @@ def scale_blocks(factors: Any) -> Any:
     paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
         factors, is_leaf=is_frozen
     )
+    shapes = [
+        tuple(factor.shape) if isinstance(factor, np.ndarray | jax.Array) else None
+        for _, factor in paths_and_factors
+    ]
+    paths_and_factors = [(path, _compact_factor(factor)) for path, factor in paths_and_factors]
 
     def init(params: Any) -> Any:
         return optax.EmptyState()
@@ -1127,10 +1161,12 @@ def scale_blocks(factors: Any) -> Any:
             raise ValueError(_SCALE_MISMATCH_MSG.format(where=where, reason=reason)) from None
         scaled = [
             jax.tree_util.tree_map(
-                functools.partial(_scale_one, factor, functools.partial(path_str, updates, path)),
+                functools.partial(
+                    _scale_one, factor, shape, functools.partial(path_str, updates, path)
+                ),
                 subtree,
             )
-            for (path, factor), subtree in zip(paths_and_factors, subtrees)
+            for (path, factor), shape, subtree in zip(paths_and_factors, shapes, subtrees)
         ]
         return factors_def.unflatten(scaled), state
 
