@@ -239,7 +239,8 @@ def _corners(x: Any) -> np.ndarray:
     out = np.empty(tuple(len(a) for a in axes), dtype=x.dtype)
     for index, data in _pieces(x):
         spans = index or tuple(slice(0, n) for n in x.shape)
-        positions, local = [], []
+        positions: list[np.ndarray] = []
+        local: list[Any] = []
         for axis, span in zip(axes, spans, strict=True):
             start = span.start or 0
             stop = x.shape[len(positions)] if span.stop is None else span.stop
@@ -1110,12 +1111,13 @@ def tree_summary(
 
     **Roles.** When not every leaf is trainable, a Role column gives each row's role, as
     `tc.roles` and `tc.optim.trainable` see it: `trainable` (inexact arrays, neither frozen
-    nor state), `state` (fields declared with `tc.field(metadata={"role": "state"})`),
-    `frozen` (`tc.freeze`), `other` (leaves no optimizer helper trains: Python numbers,
-    integer and boolean arrays, strings), or `mixed` for a row summing several. `Σ` rows
-    above the total then sum each role apart, and one the static fields (role `static`:
-    `tc.field(static=True)` values, part of the tree definition, not in the total), so
-    the number of parameters a fine-tune trains is the `Σ … trainable` row.
+    nor state), `state` (fields declared with `tc.field(role="state")`), `frozen`
+    (`tc.freeze`, and fields declared `tc.field(role="frozen")`), `other` (leaves no
+    optimizer helper trains: Python numbers, integer and boolean arrays, strings), or
+    `mixed` for a row summing several. `Σ` rows above the total then sum each role apart,
+    and one the static fields (role `static`: `tc.field(static=True)` values, part of the
+    tree definition, not in the total), so the number of parameters a fine-tune trains is
+    the `Σ … trainable` row.
 
     The middle of a long run of siblings of one type and structure (the layers of a big
     model) is one row with the run's totals: `.layers[3]…[996] │ 994 × Linear │ …`.

@@ -130,7 +130,7 @@ def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
         entries = tuple(spec)
     else:
         raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=_describe(spec)))
-    out = []
+    out: list[Any] = []
     for position, entry in enumerate(entries):
         if entry is None or isinstance(entry, str):
             out.append(entry)
@@ -178,7 +178,7 @@ def _selector_text(selector: Any) -> str:
 
 
 def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
-    out = {}
+    out: dict[str, tuple[str, ...]] = {}
     for name, target in axes.items():
         if not isinstance(name, str):
             raise TypeError(_AXES_TYPE_MSG.format(found=_describe(name), name=name))
@@ -603,8 +603,8 @@ class ShardingRules:
         mapped: dict[int, Any],
         block: tuple[str, ...] | None,
         problems: dict[str, None],
-    ) -> list[tuple[str, ...]] | None:
-        """The leaf's spec as a list of mesh-axis tuples, or None (replicated / a problem)."""
+    ) -> list[Any] | None:
+        """The leaf's spec as a list of mesh-axis entries, or None (replicated / a problem)."""
         rank = len(_shape(leaf))
         if not claimed:
             if rank and self.unmatched == "error":
@@ -614,7 +614,7 @@ class ShardingRules:
             if depth and block:  # replicated as `P()` is: the block axes still split
                 return [block] * depth + [()] * (rank - depth)
             return None
-        written = {}
+        written: dict[Any, Any] = {}
         for rule in claimed:
             key = _fitted(rule.entries, rank, depth)
             written.setdefault(key, rule)

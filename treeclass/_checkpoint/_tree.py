@@ -843,7 +843,7 @@ class _Fixes:
                     if entry.kind != STATIC:  # (a static value is compared, not restored)
                         self.fixable.append(where)
                     partnered.add(close)
-                    rule = _rule_between(close, entry.name)
+                    rule: tuple[str, ...] = _rule_between(close, entry.name)
                     theirs = self.source.stored(close)
                     shape = tuple(getattr(entry.value, "shape", ()))
                     if (
