@@ -594,7 +594,8 @@ def test_eq_is_structural():
     assert Point(jnp.ones(2)) != Point(jnp.ones(2, dtype=jnp.int32))  # dtype
     assert Point(jnp.ones(2)) != Point(jnp.array([1.0, 0.0]))  # values
     assert Point(jnp.ones(())) == Point(1.0)  # leaves compare by value (as PyTreeClass)
-    assert Point(1, 0.0) != Point(1, jnp.zeros(3))
+    assert Point(1, 0.0) == Point(1, jnp.zeros(3))  # a number stands for a filled array
+    assert Point(1, 0.0) != Point(1, jnp.array([0.0, 1.0]))
 
 
 def test_eq_false_for_other_class_or_structure():
