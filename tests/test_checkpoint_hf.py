@@ -2,14 +2,17 @@
 
 The fixtures in tests/fixtures/hf_*/ were written by `transformers` itself (see
 tests/fixtures/make_hf_fixtures.py, run by hand); these tests need neither torch nor
-transformers. The models are plain TreeClasses written here; the rule tables are the ones
-the checkpoints guide shows.
+transformers. The models are TreeClasses written here (GPT-2 and Llama from plain arrays,
+BERT from `tc.nn` layers); the rule tables are the ones the checkpoints guide shows, which
+the last test checks.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +22,7 @@ import pytest
 import treeclass as tc
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+GUIDE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "guides" / "checkpoints.md"
 
 
 class Linear(tc.TreeClass):
@@ -151,7 +155,7 @@ def test_gpt2_with_a_transposed_square_projection_loads_silently_but_misses_the_
     assert np.abs(np.asarray(jax.vmap(model)(ids)) - logits).max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert"])
 def test_hf_fixtures_are_small(name):
     folder = FIXTURES / f"hf_{name}"
     assert sum(p.stat().st_size for p in folder.iterdir()) < 100_000
@@ -248,18 +252,18 @@ def llama_template(config):
     )
 
 
-def _transpose(w):
+def transpose(w):
     return w.T
 
 
 LLAMA_RULES = [
     ("model.embed_tokens.weight", "embed"),
     ("model.norm.weight", "norm.weight"),
-    ("lm_head.weight", "head", _transpose),
+    ("lm_head.weight", "head", transpose),
     ("model.layers.{i}.input_layernorm.weight", "layers[{i}].input_norm.weight"),
     ("model.layers.{i}.post_attention_layernorm.weight", "layers[{i}].post_norm.weight"),
-    ("model.layers.{i}.self_attn.{n}_proj.weight", "layers[{i}].{n}", _transpose),
-    ("model.layers.{i}.mlp.{n}_proj.weight", "layers[{i}].{n}", _transpose),
+    ("model.layers.{i}.self_attn.{n}_proj.weight", "layers[{i}].{n}", transpose),
+    ("model.layers.{i}.mlp.{n}_proj.weight", "layers[{i}].{n}", transpose),
 ]
 
 
@@ -269,3 +273,138 @@ def test_llama_written_by_transformers_loads_through_rules_and_matches_its_logit
     assert report.messages == () and not report.unexpected and not report.missing
     model = tc.load(path, llama_template(config), rules=LLAMA_RULES)
     np.testing.assert_allclose(jax.jit(jax.vmap(model))(ids), logits, atol=1e-5, rtol=1e-5)
+
+
+# -- BERT: built from tc.nn layers, which keep PyTorch's [out, in] layout: the rules only rename --
+
+
+class BertLayer(tc.TreeClass):  # post-LN: each residual sum is normalised
+    attention: tc.nn.MultiHeadAttention
+    attention_norm: tc.nn.LayerNorm
+    up: tc.nn.Linear
+    down: tc.nn.Linear
+    output_norm: tc.nn.LayerNorm
+
+    def __call__(self, x, mask):
+        x = self.attention_norm(x + self.attention(x, mask=mask))
+        return self.output_norm(x + self.down(jax.nn.gelu(self.up(x), approximate=False)))
+
+
+class Bert(tc.TreeClass):
+    word: tc.nn.Embed
+    position: tc.nn.Embed
+    token_type: tc.nn.Embed
+    embed_norm: tc.nn.LayerNorm
+    layers: list
+    pooler: tc.nn.Linear
+
+    def __call__(self, ids, valid, token_types):
+        """The last hidden state and the pooled output, for `[batch, seq]` inputs."""
+        positions = jnp.arange(ids.shape[-1])
+        x = self.word(ids) + self.position(positions) + self.token_type(token_types)
+        x = self.embed_norm(x)
+        mask = valid.astype(bool)[:, None, None, :]  # every query attends to real tokens
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x, jnp.tanh(self.pooler(x[:, 0]))
+
+
+def bert_template(config):
+    d, eps, n_head = config["hidden_size"], config["layer_norm_eps"], config["num_attention_heads"]
+    inner = config["intermediate_size"]
+    keys = iter(jax.random.split(jax.random.key(0), 8))  # any values: the file replaces them
+    layer = BertLayer(
+        tc.nn.MultiHeadAttention(d, n_head, use_bias=True, key=next(keys)),
+        tc.nn.LayerNorm(d, eps=eps),
+        tc.nn.Linear(d, inner, key=next(keys)),
+        tc.nn.Linear(inner, d, key=next(keys)),
+        tc.nn.LayerNorm(d, eps=eps),
+    )
+    return Bert(
+        tc.nn.Embed(config["vocab_size"], d, key=next(keys)),
+        tc.nn.Embed(config["max_position_embeddings"], d, key=next(keys)),
+        tc.nn.Embed(config["type_vocab_size"], d, key=next(keys)),
+        tc.nn.LayerNorm(d, eps=eps),
+        [layer] * config["num_hidden_layers"],
+        tc.nn.Linear(d, d, key=next(keys)),
+    )
+
+
+BERT_RULES = [
+    ("embeddings.{kind}_embeddings.weight", "{kind}.weight"),  # word, position, token_type
+    ("embeddings.LayerNorm.{p}", "embed_norm.{p}"),
+    ("encoder.layer.{i}.attention.self.query.{p}", "layers[{i}].attention.q_proj.{p}"),
+    ("encoder.layer.{i}.attention.self.key.{p}", "layers[{i}].attention.k_proj.{p}"),
+    ("encoder.layer.{i}.attention.self.value.{p}", "layers[{i}].attention.v_proj.{p}"),
+    ("encoder.layer.{i}.attention.output.dense.{p}", "layers[{i}].attention.o_proj.{p}"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "layers[{i}].attention_norm.{p}"),
+    ("encoder.layer.{i}.intermediate.dense.{p}", "layers[{i}].up.{p}"),
+    ("encoder.layer.{i}.output.dense.{p}", "layers[{i}].down.{p}"),
+    ("encoder.layer.{i}.output.LayerNorm.{p}", "layers[{i}].output_norm.{p}"),
+    ("pooler.dense.{p}", "pooler.{p}"),
+]
+
+
+def _bert_reference():
+    folder = FIXTURES / "hf_bert"
+    config = json.loads((folder / "config.json").read_text())
+    reference = dict(np.load(folder / "reference.npz"))
+    inputs = [reference[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
+    outputs = reference["last_hidden_state"], reference["pooler_output"]
+    return folder / "model.safetensors", config, inputs, outputs
+
+
+def test_bert_written_by_transformers_loads_through_renames_and_matches_its_outputs():
+    path, config, inputs, (hidden, pooled) = _bert_reference()
+    assert inputs[1].min() == 0 and inputs[2].max() == 1  # padding and two segments
+    report = tc.load(path, bert_template(config), rules=BERT_RULES, dry_run=True)
+    assert report.messages == () and not report.unexpected and not report.missing
+    model = tc.load(path, bert_template(config), rules=BERT_RULES)
+    ours_hidden, ours_pooled = jax.jit(Bert.__call__)(model, *inputs)
+    # padded positions too: their queries still attend to the real tokens, as in BERT
+    np.testing.assert_allclose(ours_hidden, hidden, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(ours_pooled, pooled, atol=1e-5, rtol=1e-5)
+
+
+def test_bert_padding_mask_matters_for_the_reference():
+    path, config, (ids, valid, types), (hidden, _) = _bert_reference()
+    model = tc.load(path, bert_template(config), rules=BERT_RULES)
+    unmasked, _ = model(ids, np.ones_like(valid), types)
+    assert np.abs(np.asarray(unmasked[1]) - hidden[1]).max() > 1e-2
+
+
+def test_bert_with_a_transposed_square_projection_loads_silently_but_misses_the_outputs():
+    path, config, inputs, (hidden, _) = _bert_reference()
+    wrong = [  # a transform that a tc.nn layer does not need, on a square [16, 16] weight
+        (*rule, transpose) if "attention.output.dense" in rule[0] else rule for rule in BERT_RULES
+    ]
+    model = tc.load(path, bert_template(config), rules=wrong)  # no shape error
+    assert np.abs(np.asarray(model(*inputs)[0]) - hidden).max() > 1e-2
+
+
+# -- the checkpoints guide shows these tables as they are here ---------------------------------
+
+
+def _definitions(names):
+    """The source text of this module's top-level definitions of `names`."""
+    source = pathlib.Path(__file__).read_text()
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        elif isinstance(node, ast.FunctionDef):
+            name = node.name
+        else:
+            continue
+        if name in names:
+            found[name] = ast.get_source_segment(source, node)
+    return found
+
+
+@pytest.mark.parametrize("name", ["GPT2_RULES", "transpose", "LLAMA_RULES", "BERT_RULES"])
+def test_the_checkpoints_guide_shows_the_tables_these_tests_run(name):
+    blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(), re.MULTILINE | re.DOTALL)
+    definition = _definitions({name})[name]
+    assert any(definition in block for block in blocks), (
+        f"docs/guides/checkpoints.md should show `{name}` exactly as {__name__} defines it"
+    )
