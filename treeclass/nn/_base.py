@@ -27,6 +27,7 @@ __all__ = [
     "dtype_name",
     "check_key",
     "uniform_fan_in",
+    "scale_and_shift",
     "cast",
     "assign",
 ]
@@ -63,6 +64,16 @@ def check_key(key: Any, layer: str) -> Any:
     ):
         return key
     raise TypeError(_KEY_MSG.format(layer=layer, value=key))
+
+
+def scale_and_shift(
+    features: int, use_weight: bool, use_bias: bool, param_dtype: Any
+) -> dict[str, jax.Array | None]:
+    """A normalisation's `weight` (ones) and `bias` (zeros) of `features`, or None where off."""
+    return {
+        "weight": jnp.ones((features,), param_dtype) if use_weight else None,
+        "bias": jnp.zeros((features,), param_dtype) if use_bias else None,
+    }
 
 
 def uniform_fan_in(key: Any, shape: tuple[int, ...], fan_in: int, dtype: Any) -> jax.Array:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, assign, cast, dtype_name
+from ._base import Layer, assign, cast, dtype_name, scale_and_shift
 from ._normalization import statistics_dtype
 
 __all__ = ["BatchNorm"]
@@ -112,8 +112,7 @@ class BatchNorm(Layer):
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
             self,
-            weight=jnp.ones((features,), param_dtype) if use_weight else None,
-            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            **scale_and_shift(features, use_weight, use_bias, param_dtype),
             running_mean=jnp.zeros((features,), param_dtype),
             running_var=jnp.ones((features,), param_dtype),
             momentum=momentum,

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from .._fields import field
-from ._base import Layer, assign, cast, dtype_name
+from ._base import Layer, assign, cast, dtype_name, scale_and_shift
 
 __all__ = ["LayerNorm", "RMSNorm", "statistics_dtype"]
 
@@ -81,8 +81,7 @@ class LayerNorm(Layer):
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
             self,
-            weight=jnp.ones((features,), param_dtype) if use_weight else None,
-            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            **scale_and_shift(features, use_weight, use_bias, param_dtype),
             eps=eps,
             dtype=dtype,
         )
@@ -142,8 +141,7 @@ class RMSNorm(Layer):
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
             self,
-            weight=jnp.ones((features,), param_dtype) if use_weight else None,
-            bias=jnp.zeros((features,), param_dtype) if use_bias else None,
+            **scale_and_shift(features, use_weight, use_bias, param_dtype),
             eps=eps,
             dtype=dtype,
         )
