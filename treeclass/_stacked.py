@@ -293,11 +293,10 @@ def _block_value(
 ) -> Any:
     """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`.
 
-    A number fits when its kind fits the dtype's (an int into an int, float or complex
-    block; a float into a float or complex block; a bool into a bool block only) and its
-    value is in the dtype's range; an array fits when it has the dtype and a shape that
+    A number fits when the dtype keeps it (`_numbers.number_misfit`: the rule of every
+    number put into an array); an array fits when it has the dtype and a shape that
     broadcasts to `shape`, or is a weak-typed scalar (a Python number `jit` traced) whose
-    kind fits.
+    kind fits (a traced value cannot be judged by its value).
     """
     kind = dtype_kind(dtype)
     if _is_number(value):
