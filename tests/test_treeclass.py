@@ -810,6 +810,17 @@ def test_replace_changes_the_named_fields_and_leaves_the_original():
     assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(opt)
 
 
+def test_replace_puts_a_number_as_given_where_set_fills_the_array():
+    # replace is construction (surgery); .at[...].set is an edit that keeps the leaf's role
+    class Layer(tc.TreeClass):
+        bias: jax.Array
+
+    layer = Layer(jnp.ones(3))
+    assert type(layer.replace(bias=0.0).bias) is float
+    filled = layer.at["bias"].set(0.0).bias
+    assert isinstance(filled, jax.Array) and filled.tolist() == [0.0, 0.0, 0.0]
+
+
 def test_replace_runs_the_fields_on_setattr_converters():
     new = _Optimizer().replace(lr=1)
     assert new.lr == 1.0 and type(new.lr) is float

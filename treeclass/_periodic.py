@@ -28,8 +28,7 @@ import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
 from ._at import AtIndexer, at
-from ._pprint import tree_repr, tree_str
-from ._pprint_html import html_display, treescope_repr
+from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._stacked import Stacked
 from ._util import check_callable
@@ -57,7 +56,7 @@ OUTPUTS_MSG = (
 )
 
 
-class Periodic:
+class Periodic(Printed):
     """R repeats of a pattern of P blocks (of possibly different kinds), as one tree.
 
     A model whose layers follow a pattern, `[local]*5 + [global]` repeated, compiles one
@@ -373,17 +372,6 @@ class Periodic:
     def at(self) -> AtIndexer[Periodic]:
         """The `.at` indexer of the periodic stack: `layers.at[11]["w"].set(0.0)`."""
         return at(self)
-
-    def __repr__(self) -> str:
-        return tree_repr(self)
-
-    def __str__(self) -> str:
-        return tree_str(self)
-
-    _repr_html_ = html_display
-
-    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
-        return treescope_repr(self, path, subtree_renderer)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(

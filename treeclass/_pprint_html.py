@@ -27,12 +27,14 @@ from ._pprint import (
     function_text,
     is_function,
     picture_entries,
+    tree_repr,
+    tree_str,
 )
 from ._pprint_registry import rule_for, view_of
 from ._structure import TREECLASS, node_type, wrapper_of
 from ._values import offer_display
 
-__all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display"]
+__all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display", "Printed"]
 
 # Levels open at first: as many as keep the first view within this many lines (the root
 # always opens), so a small model shows whole and a big one starts folded below a depth.
@@ -319,3 +321,24 @@ def wrapper_treescope_repr(wrapped: Any, path: str | None, subtree_renderer: Any
 
 # a frozen value (a floor below) shows itself in treescope with this printer
 offer_display("treescope", wrapper_treescope_repr)
+
+
+class Printed:
+    """`repr`, `str`, notebook HTML and treescope through the shared printers (the node's
+    print rule): the one display protocol of `TreeClass`, `Stacked` and `Periodic`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return tree_repr(self)
+
+    def __str__(self) -> str:
+        return tree_str(self)
+
+    # a descriptor, not a method: IPython gets a bound method on instances, while treescope,
+    # which adds a "rich HTML" box for any class with a callable `_repr_html_`, sees none
+    _repr_html_ = html_display
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        # called by treescope only, once it is imported
+        return treescope_repr(self, path, subtree_renderer)

@@ -35,7 +35,7 @@ from ._fields import gradients_stopped, stop_gradient_if_traced
 from ._frozen import freeze, is_frozen, unfreeze
 from ._numbers import KIND_FITS, NumberRangeError, dtype_kind, dtype_name, number_misfit
 from ._pprint import tree_repr, tree_str
-from ._pprint_html import html_display, treescope_repr
+from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._roles import FROZEN, leaf_roles
 from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
@@ -409,7 +409,7 @@ class _Opened(NamedTuple):
     kinds: list[int]
 
 
-class Stacked:
+class Stacked(Printed):
     """N blocks of one structure as one tree: every array carries a leading block axis.
 
     A model with 48 identical blocks traces and compiles one block when its blocks are a
@@ -882,18 +882,6 @@ class Stacked:
     def at(self) -> AtIndexer[Stacked]:
         """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
         return at(self)
-
-    def __repr__(self) -> str:
-        return tree_repr(self)
-
-    def __str__(self) -> str:
-        return tree_str(self)
-
-    _repr_html_ = html_display
-
-    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
-        # called by treescope only, once it is imported; shown through the print rule
-        return treescope_repr(self, path, subtree_renderer)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(

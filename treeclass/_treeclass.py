@@ -24,8 +24,7 @@ from ._at import AtIndexer
 from ._autoinit import build_init
 from ._checkpoint._versions import declare as declare_version
 from ._fields import MISSING, Field, add_field_note, collect_fields, field
-from ._pprint import tree_repr, tree_str
-from ._pprint_html import html_display, treescope_repr
+from ._pprint_html import Printed
 from ._util import is_tree_equal
 
 __all__ = ["TreeClass"]
@@ -163,7 +162,7 @@ def _guard_fields(cls: type, items: dict[str, Field]) -> None:
 # The metaclass is plain ABCMeta (so `abc.abstractmethod` works), with no `__call__` of
 # ours: construction is the C-level `type.__call__`, and `__init__` seals the instance
 # itself (the generated one inline, a hand-written one through `_sealing_init`).
-class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
+class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
     """Base class for classes whose instances are JAX pytrees.
 
     Subclassing registers the class with `jax.tree_util` (keyed by `GetAttrKey`); the
@@ -302,7 +301,9 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
         leaf by leaf). A static field may change too; the copy gets the layout of its new
         static values. Neither `__init__` nor `__post_init__` runs, so it works the same for
         a class with a hand-written `__init__`: the names are the instance's attributes.
-        `copy.replace(tree, **changes)` (Python 3.13+) calls it.
+        `copy.replace(tree, **changes)` (Python 3.13+) calls it. Values go in as given, as
+        in a construction: `replace(bias=0.0)` makes `bias` the float `0.0` (model surgery);
+        `.at["bias"].set(0.0)` keeps an array of the leaf's shape and dtype.
 
         The name `replace` is reserved: a field of that name is refused when the class is
         created. An attribute named `replace` set by a hand-written `__init__` hides this
@@ -341,19 +342,6 @@ class TreeClass(_node.TreeNode, metaclass=abc.ABCMeta):
         return _replace(self, changes)
 
     # -- dunders -----------------------------------------------------------------------
-
-    def __repr__(self) -> str:
-        return tree_repr(self)
-
-    def __str__(self) -> str:
-        return tree_str(self)
-
-    # a descriptor, not a method: IPython gets a bound method on instances, while treescope,
-    # which adds a "rich HTML" box for any class with a callable `_repr_html_`, sees none
-    _repr_html_ = html_display
-
-    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
-        return treescope_repr(self, path, subtree_renderer)
 
     def __eq__(self, other: object) -> Any:
         return is_tree_equal(self, other)
