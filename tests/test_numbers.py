@@ -97,3 +97,26 @@ def test_number_misfit_names_the_reason():
     assert number_misfit(1, np.dtype(np.uint32)) is None
     error, reason = number_misfit(3, jax.random.key(0).dtype)
     assert error is TypeError and "holds no numbers" in reason
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t, v: tc.at(t)["w"].set(v),
+        lambda t, v: tc.at(t)["w"].apply(lambda _: v),
+        lambda t, v: tc.at(t)["w"].set(v, is_parallel=True),
+        lambda t, v: tc.at(t)[{"w": t["w"] > 0}].set(v),  # an element mask
+        lambda t, v: tc.at(t)[{"w": True}].set(v),  # a whole-leaf mask
+        lambda t, v: tc.at(t)[jax.Array].set(v),  # a type selector
+    ],
+    ids=["set", "apply", "parallel", "element-mask", "leaf-mask", "type"],
+)
+def test_every_entry_point_applies_the_rule(edit):
+    tree = {"w": jnp.arange(3, dtype=jnp.int8)}
+    with pytest.raises(NumberRangeError, match=re.escape("tree['w']")):
+        edit(tree, 300)
+    with pytest.raises(TypeError, match=re.escape("tree['w']")):
+        edit(tree, 2.5)
+    out = edit(tree, 7.0)["w"]
+    assert out.dtype == jnp.int8 and set(np.asarray(out).tolist()) <= {0, 7}
+    assert tree["w"].tolist() == [0, 1, 2]
