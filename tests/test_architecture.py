@@ -21,6 +21,7 @@ FLOORS = {
     "_codegen": 0,
     "_backend": 0,
     "_glob": 0,
+    "_class_keywords": 0,
     "_frozen": 1,
     "_node": 1,
     "_util": 2,
@@ -189,6 +190,17 @@ def test_no_module_reads_private_attributes_of_another_package_module():
             ):
                 offenders.append(f"{module}:{node.lineno} reads {node.value.id}.{node.attr}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_no_import_reaches_past_a_subpackages_front_door():
+    # a subpackage (`_checkpoint`, `nn`) is entered through its `__init__`: what it keeps in
+    # its own modules is its business, so no module outside it names one of them
+    past = [
+        i
+        for i in _imports()
+        if "." in i.target and i.source.split(".")[0] != i.target.split(".")[0]
+    ]
+    assert not past, "\n".join(map(repr, past))
 
 
 @pytest.mark.parametrize("module", sorted(m for m in FLOORS if m != "__init__"))

@@ -22,7 +22,7 @@ from typing_extensions import Self, dataclass_transform
 from . import _node
 from ._at import AtIndexer
 from ._autoinit import build_init
-from ._checkpoint._versions import declare as declare_version
+from ._class_keywords import check_class_keywords
 from ._fields import MISSING, Field, add_field_note, collect_fields, field
 from ._pprint_html import Printed
 from ._util import is_tree_equal
@@ -243,7 +243,8 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             elif not getattr(inherited, "__tc_sealing__", False):
                 # an __init__ from a plain mixin: it must seal too
                 type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
-        declare_version(cls, version, migrations)  # a class attribute: never on the flatten path
+        # class data that the checkpoint package checks and keeps: never on the flatten path
+        check_class_keywords(cls, {"version": version, "migrations": migrations})
         _node.register(cls)
         if leafwise:
             from ._leafwise import leafwise as make_leafwise

@@ -1,7 +1,8 @@
 """Versioned models: a class's checkpoint version, its migrations, and applying them.
 
 A TreeClass declares its version and the steps that upgrade older checkpoints with class
-keywords (`declare`, called by `TreeClass.__init_subclass__`):
+keywords, which the core class keeps without reading them: this module offers `declare`
+as their check (`offer_class_check`), and `TreeClass.__init_subclass__` runs it:
 
     class Model(tc.TreeClass, version=2, migrations={0: {"w": "weight"}, 1: split_qkv}):
 
@@ -35,6 +36,7 @@ import numpy as np
 from jax.extend.core import Var
 
 from .. import _node
+from .._class_keywords import offer_class_check
 from .._frozen import is_frozen, unfreeze
 from .._values import entry_name
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
@@ -115,6 +117,9 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
             raise ValueError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
     record = _Versions(version, MappingProxyType(dict(sorted(steps.items()))))
     type.__setattr__(cls, "_tc_versions", record)
+
+
+offer_class_check(("version", "migrations"), declare)
 
 
 def _versions(cls: type) -> _Versions | None:
