@@ -38,7 +38,7 @@ __all__ = [
     "Target",
     "FULL_SIZES",
     "SMOKE_SIZES",
-    "all_cases",
+    "core_cases",
     "canonical",
     "compare",
     "hand_written",
@@ -1085,44 +1085,23 @@ def _replace_case() -> Case:
     )
 
 
-def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
-    """Every case, in report order, for the given model sizes.
-
-    **Arguments**
-
-    - `sizes`: `FULL_SIZES` (the suite), or `SMOKE_SIZES` (the tests).
-
-    **Returns**
-
-    A list of `Case`; building it imports no peer.
+def core_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
+    """The cases defined in this module, in report order (`benchmarks.suite` places them).
 
     ```python
-    from benchmarks.cases import SMOKE_SIZES, all_cases
+    from benchmarks.cases import SMOKE_SIZES, core_cases
 
-    names = [case.name for case in all_cases(SMOKE_SIZES)]
+    names = [case.name for case in core_cases(SMOKE_SIZES)]
     assert "dispatch_2_layers" in names
     ```
     """
-    from .finetune import finetune_cases  # its own file; it imports this one
-    from .nn import nn_cases  # its own file; it imports this one
-    from .sharding import sharding_cases  # its own file; it imports this one
-    from .stacked import periodic_cases, stacked_cases  # its own file; it imports this one
-    from .transformer import gpt_size, transformer_case
-
-    backend = "cpu" if sizes.gpt == "smoke" else jax.default_backend()
     return [
-        transformer_case(gpt_size(sizes.gpt, backend, sizes.gpt_batch)),
-        *nn_cases(sizes),  # beside the workload case, in its group
         *_flatten_cases(sizes),
         *_dispatch_cases(sizes),
         *_train_cases(sizes),
         *_edit_cases(sizes),
         *_frozen_cases(sizes),
         *_construct_cases(sizes),
-        *sharding_cases(sizes),
-        *stacked_cases(sizes),
-        *periodic_cases(sizes),
-        *finetune_cases(sizes),
     ]
 
 

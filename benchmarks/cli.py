@@ -267,10 +267,11 @@ def _parse_counts(text: str | None) -> tuple[int, ...] | None:
 
 def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[Any]]:
     """The main cases (workload first, checkpoints last) and the scaling cases of `mode`."""
-    from .cases import FULL_SIZES, SMOKE_SIZES, all_cases
+    from .cases import FULL_SIZES, SMOKE_SIZES
     from .checkpoint import CheckpointSize, checkpoint_cases, size_for_mb
     from .foreign import FULL_FOREIGN, QUICK_FOREIGN, SMOKE_FOREIGN, foreign_case
     from .scaling import scaling_cases
+    from .suite import all_cases
     from .workload import WorkloadSize, workload_case
 
     sizes = SMOKE_SIZES if mode == "smoke" else FULL_SIZES

@@ -153,8 +153,9 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
 
     ```python
     import random
-    from benchmarks.cases import SMOKE_SIZES, all_cases
+    from benchmarks.cases import SMOKE_SIZES
     from benchmarks.runner import run_case
+    from benchmarks.suite import all_cases
     from benchmarks.timing import Plan
 
     case = next(c for c in all_cases(SMOKE_SIZES) if c.name == "flatten_4_fields")

@@ -8,6 +8,7 @@ the labelling of failures are checked on synthetic timings.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -37,7 +38,6 @@ from benchmarks.cases import (  # noqa: E402
     Case,
     Entry,
     Target,
-    all_cases,
     canonical,
 )
 from benchmarks.checkpoint import (  # noqa: E402
@@ -67,6 +67,7 @@ from benchmarks.scaling import (  # noqa: E402
 )
 from benchmarks.stacked import StackSize, stacked_cases  # noqa: E402
 from benchmarks.stats import bootstrap_interval, fit_exponent, judge  # noqa: E402
+from benchmarks.suite import all_cases  # noqa: E402
 from benchmarks.timing import (  # noqa: E402
     Plan,
     Prepared,
@@ -1514,3 +1515,29 @@ def test_a_call_the_clock_sees_take_no_time_counts_one_tick(monkeypatch):
     series = measure({"a": lambda: 1, "b": lambda: 2}, None, plan, random.Random(0))
     assert series["a"].times[0] > 0 and series["b"].times[0] > 0
     assert median_ratio(series["a"], series["b"]) == 1.0
+
+
+def test_no_two_benchmark_modules_import_each_other():
+    # the case modules take the `Case` vocabulary from `cases`; only `suite` gathers them
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                graph.setdefault(path.stem, set()).add(node.module.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+                graph.setdefault(path.stem, set()).add(node.module.split(".")[1])
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            here = todo.pop()
+            for there in graph.get(here, ()):
+                if there == goal:
+                    return True
+                if there not in seen:
+                    seen.add(there)
+                    todo.append(there)
+        return False
+
+    cycles = sorted(m for m in graph if reaches(m, m))
+    assert not cycles, f"benchmark modules in an import cycle: {cycles}"
