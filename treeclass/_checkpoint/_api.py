@@ -337,7 +337,7 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
                 write_atomically, path, lambda f: write_tensors(f, header, tensors)
             )
         else:
-            write = functools.partial(shards.write, {METADATA_KEY: document}, tensors)
+            write = shards.writer({METADATA_KEY: document}, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
         if error.errno is None:
