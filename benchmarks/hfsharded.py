@@ -28,7 +28,9 @@ aligned host buffer: that is the result, not extra). The target is about one ten
 most `_MEMORY_LIMIT` times the largest tensor plus 1 MiB that does not grow with the
 model. JAX copies a host buffer to the device asynchronously and frees it once copied,
 so a load that reads the next tensor before the last copy is done holds both: how many
-are in flight depends on the machine's load, for either implementation.
+are in flight depends on the machine's load, for either implementation. The treeclass
+row's note also gives the tensor bytes its reader read, and in how many reads (its byte
+counters): each byte of the checkpoint once.
 
 **The stacked model.** The model's blocks are a list (`STACKED = False`). Loading the
 same per-layer keys straight into a `tc.Stacked` of blocks, with the same rules, is the
@@ -283,12 +285,16 @@ def _block(tree: Any) -> Any:
 
 
 def measure_memory(size: HFSize, parent: str | None) -> dict[str, Any]:
-    """Each load's peak extra host memory under `tracemalloc`, then the files are removed."""
+    """Each load's peak extra host memory under `tracemalloc` (and the bytes treeclass
+    read, from its counters), then the files are removed."""
+    from treeclass._checkpoint._files import IO
+
     index, _ = _fixture(size, parent)
     rows = []
     try:
         for name, load in _loads(size, parent).items():
             gc.collect()
+            IO.reset()
             tracemalloc.start()
             try:
                 result = _block(load())
@@ -299,6 +305,8 @@ def measure_memory(size: HFSize, parent: str | None) -> dict[str, Any]:
             # on the CPU backend a device array may be an aligned NumPy buffer itself: the
             # result's memory, not extra
             note = f"{held / 2**20:.1f} MiB of NumPy buffers kept by the result"
+            if name == _TREECLASS:  # what treeclass's reader moved, by its own counters
+                note += f"; read {IO.read_bytes} of {size.nbytes} tensor bytes in {IO.reads} reads"
             rows.append({"name": name, "extra": peak - held, "note": note})
     finally:
         shutil.rmtree(os.path.dirname(index), ignore_errors=True)

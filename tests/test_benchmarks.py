@@ -1340,6 +1340,8 @@ def test_hf_sharded_case_loads_the_same_model_both_ways_from_shards_and_removes_
     memory = measure_memory(SMOKE_HF, str(tmp_path))
     assert [row["name"] for row in memory["rows"]] == names and memory["action"] == "load"
     assert all(row["extra"] > 0 for row in memory["rows"])
+    reads = f"read {SMOKE_HF.nbytes} of {SMOKE_HF.nbytes} tensor bytes"  # each byte once
+    assert reads in memory["rows"][0]["note"], memory["rows"][0]["note"]
     assert list(tmp_path.iterdir()) == []
 
 
