@@ -16,6 +16,8 @@ Scenarios:
   inspection, runs one sharded train step against the same step on one device, saves
   model, optimizer state, PRNG key and step with orbax, and writes `expected.npz` (the
   one-device values, written by process 0) for the restore runs.
+- `sharded_save`: a sharded `tc.save` of a model mixing every kind of sharding, written
+  by every process (bytes per process counted), read back by `safetensors` and `tc.load`.
 - `restore`: in fresh processes, restores that checkpoint into an abstract sharded
   template (on whatever processes and mesh this run has) and runs the next step.
 - `sharding_rules`: the transformer of docs/recipes/sharding.md built in place from its
@@ -611,13 +613,14 @@ def tc_save_big_model() -> None:
     print(f"figures: tc.save of {size} bytes took {seconds:.2f} s", file=sys.stderr)
 
 
-SHARDED_INDEX = pathlib.Path(FOLDER) / "shared" / "model.safetensors.index.json"
+SHARDED_INDEX = pathlib.Path(FOLDER) / f"shared-{PROCESS_COUNT}" / "model.safetensors.index.json"
 
 
 def mixed_model(mesh: jax.sharding.Mesh) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A few big tensors in every kind of sharding and many small replicated ones (and
     values only process 0's copy of counts), with what each must hold."""
-    rows, cols = BIG_ROWS // 4, BIG_COLS // 4
+    # every axis divisible by 2 processes x 2 devices and by 3 processes x 2 devices
+    rows, cols = 12 * max(1, BIG_ROWS // 48), 12 * max(1, BIG_COLS // 48)
     grid = np.arange(rows)[:, None], np.arange(cols)[None, :]
     expected: dict[str, np.ndarray] = {
         "rows": pattern(*grid, 1.0),  # split by rows over the processes
@@ -635,9 +638,11 @@ def mixed_model(mesh: jax.sharding.Mesh) -> tuple[dict[str, Any], dict[str, np.n
     for name, value in expected.items():
         sharding = NamedSharding(mesh, specs.get(name, P()))
         tree[name] = jax.make_array_from_callback(value.shape, sharding, lambda i, v=value: v[i])
-    split = NamedSharding(mesh, P("data"))
-    tree["keys"] = jax.jit(lambda: jax.random.split(jax.random.key(3), 4), out_shardings=split)()
-    expected["keys"] = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(3), 4)))
+    split, count = NamedSharding(mesh, P("data")), 2 * PROCESS_COUNT
+    tree["keys"] = jax.jit(
+        lambda: jax.random.split(jax.random.key(3), count), out_shardings=split
+    )()
+    expected["keys"] = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(3), count)))
     tree["host"] = np.arange(10.0, dtype="f4")  # NumPy: process 0's value is saved
     expected["host"] = np.arange(10.0, dtype="f4")
     return tree, expected
@@ -648,7 +653,7 @@ def tc_sharded_save_is_written_by_every_process() -> None:
 
     from treeclass._checkpoint._files import IO
 
-    mesh = state["mesh"]
+    mesh = make_mesh()
     tree, expected = mixed_model(mesh)
     if jax.process_index() == 0:
         SHARDED_INDEX.parent.mkdir(exist_ok=True)
@@ -685,7 +690,8 @@ def tc_sharded_save_is_written_by_every_process() -> None:
         np.testing.assert_array_equal(got.view("u1"), want.view("u1"), err_msg=name)
     # and loads back into the same shardings
     # (a key array spread over processes is not yet restorable in place: this process's)
-    restored = tc.load(SHARDED_INDEX, {**tree, "keys": jax.random.split(jax.random.key(0), 4)})
+    mine = jax.random.split(jax.random.key(0), len(expected["keys"]))
+    restored = tc.load(SHARDED_INDEX, {**tree, "keys": mine})
     for name, want in expected.items():
         value = restored[name]
         if name == "keys":
@@ -959,6 +965,7 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         rules_tc_load_into_template,
         rules_misfit_refused_on_every_process,
     ],
+    "sharded_save": [tc_sharded_save_is_written_by_every_process],
     "restore": [
         restore_into_sharded_template,
         next_step_matches_one_device,

@@ -14,6 +14,7 @@ exit status and the end of its stderr. The runs, in order:
    another mesh;
 4. `sharding_rules`, 2 processes x 2 devices: the transformer of the sharding recipe
    built in place from its rule table, trained, saved and loaded into the rules' template.
+5. `sharded_save`, 3 processes x 2 devices: a sharded `tc.save` written by every process.
 
 Each worker reports its checks by name; each test below asserts one of them on every
 process of a run. A new multi-process behaviour is a new check function in the worker
@@ -241,6 +242,12 @@ def test_a_sharded_tc_save_is_written_by_every_process_in_balanced_shares(traine
     # bytes written per process within 1.1x of total/P, nothing gathered or staged whole,
     # and a folder the `safetensors` package reads
     assert_check(trained, "tc_sharded_save_is_written_by_every_process")
+
+
+def test_a_sharded_tc_save_on_three_processes_is_balanced_too(folder):
+    # an odd count: replicated tensors split three ways, blocks held by one process each
+    run = run_workers("sharded_save", processes=3, devices=2, folder=folder)
+    assert_check(run, "tc_sharded_save_is_written_by_every_process")
 
 
 def test_tc_save_by_every_process_to_one_path_writes_once_and_refuses_differences(trained):
