@@ -42,6 +42,7 @@ PROCESS_ID, PROCESS_COUNT, PORT, DEVICES = map(int, sys.argv[3:7])
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
+import errno  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
@@ -613,6 +614,7 @@ def tc_save_big_model() -> None:
     print(f"figures: tc.save of {size} bytes took {seconds:.2f} s", file=sys.stderr)
 
 
+SHARD_SIZE = f"{max(1, BIG_MB // 16)}MB"  # several shards of the mixed model
 SHARDED_INDEX = pathlib.Path(FOLDER) / f"shared-{PROCESS_COUNT}" / "model.safetensors.index.json"
 
 
@@ -660,7 +662,7 @@ def tc_sharded_save_is_written_by_every_process() -> None:
     multihost_utils.sync_global_devices("folder made")
     tracemalloc.start()
     IO.reset()
-    tc.save(SHARDED_INDEX, tree, max_shard_size=f"{max(1, BIG_MB // 16)}MB")
+    tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE)
     written, peak = IO.written_bytes, tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     every = multihost_utils.process_allgather(np.array([written], np.int64)).reshape(-1)
@@ -703,6 +705,39 @@ def tc_sharded_save_is_written_by_every_process() -> None:
         for shard in value.addressable_shards:
             got = np.asarray(shard.data).view("u1")
             np.testing.assert_array_equal(got, want[shard.index].view("u1"), err_msg=name)
+
+
+def a_failed_share_fails_the_sharded_save_everywhere() -> None:
+    """A process that cannot write its share: the save fails on every process, naming
+    it, and leaves the previous checkpoint exactly as it was; the next save works."""
+    from treeclass._checkpoint import _processes
+
+    tree, _ = mixed_model(make_mesh())
+    folder = SHARDED_INDEX.parent
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    multihost_utils.sync_global_devices("read before")
+    saved = _processes.write_at
+
+    def broken(*args: Any) -> None:
+        raise OSError(errno.EIO, "simulated disk failure")
+
+    if jax.process_index() == 1:
+        _processes.write_at = broken
+    try:
+        tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE)  # a new token in every file
+    except OSError as error:
+        text = str(error)
+    else:
+        raise AssertionError("a save whose process 1 failed did not fail")
+    finally:
+        _processes.write_at = saved
+    assert "simulated disk failure" in text, text
+    if jax.process_index() != 1:
+        assert "failed on process 1" in text, text
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    multihost_utils.sync_global_devices("checked after")
+    tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE)  # the processes are still in step
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
 def saves_to_one_path_do_not_race() -> None:
@@ -965,7 +1000,10 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         rules_tc_load_into_template,
         rules_misfit_refused_on_every_process,
     ],
-    "sharded_save": [tc_sharded_save_is_written_by_every_process],
+    "sharded_save": [
+        tc_sharded_save_is_written_by_every_process,
+        a_failed_share_fails_the_sharded_save_everywhere,
+    ],
     "restore": [
         restore_into_sharded_template,
         next_step_matches_one_device,

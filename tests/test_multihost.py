@@ -248,6 +248,8 @@ def test_a_sharded_tc_save_on_three_processes_is_balanced_too(folder):
     # an odd count: replicated tensors split three ways, blocks held by one process each
     run = run_workers("sharded_save", processes=3, devices=2, folder=folder)
     assert_check(run, "tc_sharded_save_is_written_by_every_process")
+    # one process failing its share: an error on all three, the old files untouched
+    assert_check(run, "a_failed_share_fails_the_sharded_save_everywhere")
 
 
 def test_tc_save_by_every_process_to_one_path_writes_once_and_refuses_differences(trained):
