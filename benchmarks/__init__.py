@@ -21,6 +21,8 @@ Layout, one concept per module:
 - `workload`: the training loop with real compute (steps per second);
 - `checkpoint`: saving and loading a 1 GiB model, and each save's peak memory;
 - `foreign`: loading a PyTorch-style safetensors file through key rules, and its memory;
+- `hfsharded`: loading a sharded checkpoint in Hugging Face's layout (per-layer keys,
+  several shards written by `safetensors`) through key rules, and its memory;
 - `stacked`: a model of N identical blocks, stacked and scanned or unrolled (compile,
   step, initialisation);
 - `scaling`: each operation at 10 to 10,000 layers (the stacked compile at 12 to 96

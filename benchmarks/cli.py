@@ -270,6 +270,7 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
     from .cases import FULL_SIZES, SMOKE_SIZES
     from .checkpoint import CheckpointSize, checkpoint_cases, size_for_mb
     from .foreign import FULL_FOREIGN, QUICK_FOREIGN, SMOKE_FOREIGN, foreign_case
+    from .hfsharded import FULL_HF, QUICK_HF, SMOKE_HF, hf_sharded_case
     from .scaling import scaling_cases
     from .suite import all_cases
     from .workload import WorkloadSize, workload_case
@@ -302,6 +303,8 @@ def _build_cases(args: argparse.Namespace, mode: str) -> tuple[list[Any], list[A
             cases += checkpoint_cases(size_for_mb(args.checkpoint_mb), folder=args.checkpoint_dir)
     foreign = {"smoke": SMOKE_FOREIGN, "quick": QUICK_FOREIGN}.get(mode, FULL_FOREIGN)
     cases.append(foreign_case(foreign, folder=args.checkpoint_dir))
+    hf = {"smoke": SMOKE_HF, "quick": QUICK_HF}.get(mode, FULL_HF)
+    cases.append(hf_sharded_case(hf, folder=args.checkpoint_dir))
     return cases, scaling_cases(sizes, mode, _parse_counts(args.scaling_sizes))
 
 

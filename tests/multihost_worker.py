@@ -16,6 +16,8 @@ Scenarios:
   inspection, runs one sharded train step against the same step on one device, saves
   model, optimizer state, PRNG key and step with orbax, and writes `expected.npz` (the
   one-device values, written by process 0) for the restore runs.
+- `sharded_save`: a sharded `tc.save` of a model mixing every kind of sharding, written
+  by every process (bytes per process counted), read back by `safetensors` and `tc.load`.
 - `restore`: in fresh processes, restores that checkpoint into an abstract sharded
   template (on whatever processes and mesh this run has) and runs the next step.
 - `sharding_rules`: the transformer of docs/recipes/sharding.md built in place from its
@@ -40,11 +42,13 @@ PROCESS_ID, PROCESS_COUNT, PORT, DEVICES = map(int, sys.argv[3:7])
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
+import errno  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import traceback  # noqa: E402
+import tracemalloc  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -65,6 +69,7 @@ if PROCESS_COUNT > 1:
     )
 
 import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
@@ -609,6 +614,132 @@ def tc_save_big_model() -> None:
     print(f"figures: tc.save of {size} bytes took {seconds:.2f} s", file=sys.stderr)
 
 
+SHARD_SIZE = f"{max(1, BIG_MB // 16)}MB"  # several shards of the mixed model
+SHARDED_INDEX = pathlib.Path(FOLDER) / f"shared-{PROCESS_COUNT}" / "model.safetensors.index.json"
+
+
+def mixed_model(mesh: jax.sharding.Mesh) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A few big tensors in every kind of sharding and many small replicated ones (and
+    values only process 0's copy of counts), with what each must hold."""
+    # every axis divisible by 2 processes x 2 devices and by 3 processes x 2 devices
+    rows, cols = 12 * max(1, BIG_ROWS // 48), 12 * max(1, BIG_COLS // 48)
+    grid = np.arange(rows)[:, None], np.arange(cols)[None, :]
+    expected: dict[str, np.ndarray] = {
+        "rows": pattern(*grid, 1.0),  # split by rows over the processes
+        "cols": pattern(*grid, 2.0),  # split by columns over the processes (strided bytes)
+        "inner": pattern(*grid, 3.0),  # split within each process, replicated over them
+        "replicated": np.tile(pattern(*grid, 4.0), (3, 1)),  # the biggest: held by all
+        "half": pattern(*grid, 5.0).astype(ml_dtypes.bfloat16),
+    }
+    expected.update({f"small.{i}": np.full(7 + i, i, "f4") for i in range(40)})
+    specs = {
+        "rows": P("data", None), "cols": P(None, "data"), "inner": P(None, "model"),
+        "replicated": P(), "half": P("data", "model"),
+    }  # fmt: skip
+    tree: dict[str, Any] = {}
+    for name, value in expected.items():
+        sharding = NamedSharding(mesh, specs.get(name, P()))
+        tree[name] = jax.make_array_from_callback(value.shape, sharding, lambda i, v=value: v[i])
+    split, count = NamedSharding(mesh, P("data")), 2 * PROCESS_COUNT
+    tree["keys"] = jax.jit(
+        lambda: jax.random.split(jax.random.key(3), count), out_shardings=split
+    )()
+    expected["keys"] = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(3), count)))
+    tree["host"] = np.arange(10.0, dtype="f4")  # NumPy: process 0's value is saved
+    expected["host"] = np.arange(10.0, dtype="f4")
+    return tree, expected
+
+
+def tc_sharded_save_is_written_by_every_process() -> None:
+    from safetensors.numpy import load_file
+
+    from treeclass._checkpoint._files import IO
+
+    mesh = make_mesh()
+    tree, expected = mixed_model(mesh)
+    if jax.process_index() == 0:
+        SHARDED_INDEX.parent.mkdir(exist_ok=True)
+    multihost_utils.sync_global_devices("folder made")
+    tracemalloc.start()
+    IO.reset()
+    tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE)
+    written, peak = IO.written_bytes, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    every = multihost_utils.process_allgather(np.array([written], np.int64)).reshape(-1)
+    files = sorted(p for p in SHARDED_INDEX.parent.iterdir())
+    assert not [p.name for p in files if p.name.endswith(".tmp")], files
+    total = sum(p.stat().st_size for p in files)
+    tensor_bytes = sum(v.nbytes for v in expected.values())
+    print(
+        f"figures: sharded tc.save of {tensor_bytes} tensor bytes in {len(files) - 1} shards: "
+        f"bytes written per process {every.tolist()} (total/P {total / PROCESS_COUNT:.0f}), "
+        f"host memory peak {peak} bytes on process {jax.process_index()}",
+        file=sys.stderr,
+    )
+    assert len(files) > 3, files
+    assert every.sum() == total, (every, total)  # every byte written once, by someone
+    assert every.max() <= 1.1 * total / PROCESS_COUNT, (every, total)
+    assert peak < tensor_bytes / 2, (peak, tensor_bytes)  # no process stages the model
+    # an ordinary sharded safetensors folder: the reference reader reads every shard
+    index = json.loads(SHARDED_INDEX.read_text())
+    read: dict[str, np.ndarray] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        read.update(load_file(SHARDED_INDEX.parent / shard))
+    assert sorted(read) == sorted(index["weight_map"]) == sorted(expected)
+    for name, want in expected.items():
+        got = read[name]
+        assert got.dtype == want.dtype and got.shape == want.shape, (name, got.dtype)
+        np.testing.assert_array_equal(got.view("u1"), want.view("u1"), err_msg=name)
+    # and loads back into the same shardings
+    # (a key array spread over processes is not yet restorable in place: this process's)
+    mine = jax.random.split(jax.random.key(0), len(expected["keys"]))
+    restored = tc.load(SHARDED_INDEX, {**tree, "keys": mine})
+    for name, want in expected.items():
+        value = restored[name]
+        if name == "keys":
+            value = jax.random.key_data(value)
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(value, want, err_msg=name)
+            continue
+        assert name == "keys" or value.sharding == tree[name].sharding, name
+        for shard in value.addressable_shards:
+            got = np.asarray(shard.data).view("u1")
+            np.testing.assert_array_equal(got, want[shard.index].view("u1"), err_msg=name)
+
+
+def a_failed_share_fails_the_sharded_save_everywhere() -> None:
+    """A process that cannot write its share: the save fails on every process, naming
+    it, and leaves the previous checkpoint exactly as it was; the next save works."""
+    from treeclass._checkpoint import _processes
+
+    tree, _ = mixed_model(make_mesh())
+    folder = SHARDED_INDEX.parent
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    multihost_utils.sync_global_devices("read before")
+    saved = _processes.write_at
+
+    def broken(*args: Any) -> None:
+        raise OSError(errno.EIO, "simulated disk failure")
+
+    if jax.process_index() == 1:
+        _processes.write_at = broken
+    try:
+        tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE)  # a new token in every file
+    except OSError as error:
+        text = str(error)
+    else:
+        raise AssertionError("a save whose process 1 failed did not fail")
+    finally:
+        _processes.write_at = saved
+    assert "simulated disk failure" in text, text
+    if jax.process_index() != 1:
+        assert "failed on process 1" in text, text
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    multihost_utils.sync_global_devices("checked after")
+    tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE)  # the processes are still in step
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
 def saves_to_one_path_do_not_race() -> None:
     race = pathlib.Path(FOLDER) / "race.safetensors"
     # the same structure, different values on each process: process 0's are written
@@ -689,6 +820,9 @@ def tc_load_into_sharded_template() -> None:
 
 
 def tc_load_reads_only_own_shards() -> None:
+    from treeclass._checkpoint._files import IO
+    from treeclass._checkpoint._processes import OVER_READ
+
     mesh = make_mesh()
     abstract = jax.eval_shape(build_big)
     size = BIG_CHECKPOINT.stat().st_size
@@ -697,6 +831,7 @@ def tc_load_reads_only_own_shards() -> None:
         sharding = NamedSharding(mesh, spec)
         template = with_shardings(abstract, jax.tree.map(lambda _, s=sharding: s, abstract))
         before, disk_before = bytes_read()
+        IO.reset()
         started = time.perf_counter()
         big = tc.load(BIG_CHECKPOINT, template)
         seconds = time.perf_counter() - started
@@ -704,13 +839,21 @@ def tc_load_reads_only_own_shards() -> None:
         print(
             f"figures: tc.load {spec} on process {jax.process_index()} of {PROCESS_COUNT}: "
             f"rchar {read} of {size} bytes ({read / size:.3f}), read_bytes {disk}, "
-            f"{seconds:.2f} s",
+            f"{IO.reads} reads of {IO.read_bytes} tensor bytes, {seconds:.2f} s",
             file=sys.stderr,
         )
         assert_big(big)
         assert big.up.sharding == sharding
         share = 1 / PROCESS_COUNT  # each process holds this much of each matrix
-        assert read < (share + 0.2) * size, (spec, read, size)
+        needed = share * 2 * BIG_ROWS * BIG_COLS * 4 + BIG_COLS * 4  # and all of `norm`
+        # a band of columns: its rows read together, with the bytes between them
+        assert IO.read_bytes <= OVER_READ * needed, (spec, IO.read_bytes, needed)
+        assert IO.reads <= 8, (spec, IO.reads)  # not one read per row
+        if spec == P(None, "data"):
+            assert read < min(OVER_READ * share + 0.2, 1.2) * size, (spec, read, size)
+        else:
+            assert read < (share + 0.2) * size, (spec, read, size)
+            assert IO.read_bytes <= needed, (spec, IO.read_bytes, needed)
 
 
 # -- sharding rules: the transformer of docs/recipes/sharding.md on many processes ----------------
@@ -846,6 +989,7 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         orbax_save,
         tc_save_spread_arrays,
         tc_save_big_model,
+        tc_sharded_save_is_written_by_every_process,
         saves_to_one_path_do_not_race,
         save_on_some_processes_only_is_refused,  # last: it waits on purpose
     ],
@@ -855,6 +999,10 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         rules_train_step_keeps_shardings,
         rules_tc_load_into_template,
         rules_misfit_refused_on_every_process,
+    ],
+    "sharded_save": [
+        tc_sharded_save_is_written_by_every_process,
+        a_failed_share_fails_the_sharded_save_everywhere,
     ],
     "restore": [
         restore_into_sharded_template,

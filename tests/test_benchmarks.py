@@ -134,6 +134,7 @@ def _smoke_case_names():
         "checkpoint_save",
         "checkpoint_load",
         "checkpoint_foreign_rules",
+        "checkpoint_hf_sharded_rules",
     ]
 
 
@@ -1323,6 +1324,25 @@ def test_foreign_weights_case_loads_the_same_model_both_ways_and_removes_its_fil
         "safetensors load_file + tree_map",
     ]
     assert all(row["extra"] > 0 for row in memory["rows"]) and memory["action"] == "load"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_hf_sharded_case_loads_the_same_model_both_ways_from_shards_and_removes_them(tmp_path):
+    from benchmarks.hfsharded import SMOKE_HF, _fixture, _loads, measure_memory
+
+    loads = _loads(SMOKE_HF, str(tmp_path))
+    names = ["treeclass", "safetensors safe_open + assignment by hand"]
+    ours, theirs = (loads[name]() for name in names)
+    assert cases_module.compare(canonical(ours), canonical(theirs)) is None
+    assert len(ours.blocks) == 2 and ours.blocks[1].up.w.shape == (16, 64)  # [in, out]
+    index, _ = _fixture(SMOKE_HF, str(tmp_path))
+    shards = [name for name in os.listdir(os.path.dirname(index)) if name.startswith("model-")]
+    assert len(shards) > 2 and all(name.endswith(".safetensors") for name in shards)
+    memory = measure_memory(SMOKE_HF, str(tmp_path))
+    assert [row["name"] for row in memory["rows"]] == names and memory["action"] == "load"
+    assert all(row["extra"] > 0 for row in memory["rows"])
+    reads = f"read {SMOKE_HF.nbytes} of {SMOKE_HF.nbytes} tensor bytes"  # each byte once
+    assert reads in memory["rows"][0]["note"], memory["rows"][0]["note"]
     assert list(tmp_path.iterdir()) == []
 
 

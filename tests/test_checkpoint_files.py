@@ -881,3 +881,140 @@ def test_an_11_byte_equinox_file_claiming_4_gib_is_refused_under_a_3_gib_limit(t
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("ValueError") and str(path) in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# the bytes each process reads and writes: coalesced reads, balanced shares, the counters
+# ------------------------------------------------------------------------------------------
+
+
+class _Ranges:
+    """A tensor's bytes behind `read_range`, counting each read."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data, self.reads = data.reshape(-1).view(np.uint8), []
+
+    def __call__(self, start: int, stop: int) -> np.ndarray:
+        assert 0 <= start <= stop <= len(self.data), (start, stop)
+        self.reads.append((start, stop))
+        return self.data[start:stop].copy()
+
+
+def _read(values: np.ndarray, bounds: tuple) -> tuple[np.ndarray, _Ranges]:
+    from treeclass._checkpoint._processes import read_block
+
+    ranges = _Ranges(values)
+    block = read_block(bounds, values.shape, values.itemsize, ranges)
+    return block.view(values.dtype).reshape(block.shape[:-1]), ranges
+
+
+def test_a_band_of_half_the_columns_is_one_read_not_one_per_row():
+    values = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    block, ranges = _read(values, ((0, 64), (16, 32)))
+    np.testing.assert_array_equal(block, values[:, 16:])
+    assert ranges.reads == [(16 * 4, 64 * 32 * 4)]  # gaps included: under twice the block
+
+
+def test_a_narrow_band_of_columns_is_not_read_through_its_wide_gaps():
+    values = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    block, ranges = _read(values, ((0, 64), (8, 12)))  # 16 bytes a row, 112 between
+    np.testing.assert_array_equal(block, values[:, 8:12])
+    assert len(ranges.reads) == 64 and sum(b - a for a, b in ranges.reads) == block.nbytes
+
+
+def test_gaps_over_the_gap_limit_are_never_read_through(monkeypatch):
+    from treeclass._checkpoint import _processes
+
+    monkeypatch.setattr(_processes, "GAP_LIMIT", 63)
+    values = np.arange(8 * 32, dtype=np.float32).reshape(8, 32)
+    block, ranges = _read(values, ((0, 8), (0, 16)))  # 64-byte runs, 64-byte gaps
+    np.testing.assert_array_equal(block, values[:, :16])
+    assert len(ranges.reads) == 8
+
+
+def test_one_coalesced_read_is_at_most_group_bytes_long(monkeypatch):
+    from treeclass._checkpoint import _processes
+
+    monkeypatch.setattr(_processes, "GROUP_BYTES", 1000)
+    values = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    block, ranges = _read(values, ((0, 64), (0, 24)))
+    np.testing.assert_array_equal(block, values[:, :24])
+    assert all(b - a <= 1000 for a, b in ranges.reads) and 1 < len(ranges.reads) < 64
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    data=st.data(),
+    dtype=st.sampled_from(["uint8", "float16", "float32", "float64"]),
+)
+def test_law_a_block_reads_its_values_with_at_most_twice_its_bytes(shape, data, dtype):
+    from treeclass._checkpoint._processes import OVER_READ
+
+    values = np.arange(np.prod(shape)).astype(dtype).reshape(shape)
+    bounds = []
+    for n in shape:
+        start = data.draw(st.integers(0, n - 1))
+        bounds.append((start, data.draw(st.integers(start + 1, n))))
+    block, ranges = _read(values, tuple(bounds))
+    np.testing.assert_array_equal(block, values[tuple(slice(a, b) for a, b in bounds)])
+    total = sum(b - a for a, b in ranges.reads)
+    assert total <= OVER_READ * block.nbytes
+    assert ranges.reads == sorted(ranges.reads)  # in file order, none overlapping
+    assert all(b <= c for (_, b), (c, _) in zip(ranges.reads, ranges.reads[1:]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(1, 5),
+    pieces=st.lists(
+        st.tuples(st.integers(0, 10_000), st.sets(st.integers(0, 4), min_size=1)), max_size=30
+    ),
+)
+def test_law_balance_writes_every_byte_once_by_a_holder_and_evens_the_shares(count, pieces):
+    from treeclass._checkpoint._processes import balance
+
+    pieces = [(n, sorted(p % count for p in holders)) for n, holders in pieces]
+    pieces = [(n, sorted(set(holders))) for n, holders in pieces]
+    parts = balance(pieces, count)
+    assert parts == balance(pieces, count)  # every process computes the same split
+    load = [0] * count
+    for (nbytes, holders), ranges in zip(pieces, parts, strict=True):
+        covered = 0
+        for process, start, stop in ranges:
+            assert process in holders and start == covered and stop > start
+            covered = stop
+            load[process] += stop - start
+        assert covered == nbytes
+    # with every shared piece held by all, nobody writes more than its fair share or
+    # than what only it holds
+    if all(len(h) in (1, count) for _, h in pieces):
+        fixed = [sum(n for n, h in pieces if h == [p]) for p in range(count)]
+        fair = -(-sum(n for n, _ in pieces) // count)
+        assert max(load) <= max(max(fixed), fair)
+
+
+def test_a_sharded_save_counts_the_bytes_it_writes_and_a_load_those_it_reads(tmp_path):
+    from treeclass._checkpoint._files import IO
+
+    tree = {"big": jnp.arange(5000.0), "small": [jnp.ones(3)] * 4, "host": np.ones((7, 2))}
+    path = tmp_path / "model.safetensors.index.json"
+    IO.reset()
+    tc.save(path, tree, max_shard_size="8kB")
+    files = list(tmp_path.iterdir())
+    assert IO.written_bytes == sum(p.stat().st_size for p in files) and len(files) == 3
+    IO.reset()
+    tc.load(path, tree)
+    assert IO.read_bytes == 4 * (5000 + 12) + 8 * 14  # each tensor's bytes, once
+    assert IO.snapshot()["reads"] == 6
+
+
+def test_a_failed_sharded_save_leaves_the_previous_one_and_no_temporary(tmp_path):
+    path = tmp_path / "model.safetensors.index.json"
+    tc.save(path, {"a": jnp.ones(300), "b": [jnp.zeros(4)]}, max_shard_size="1kB")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    broken = jnp.zeros(4)
+    broken.delete()
+    with pytest.raises(RuntimeError, match=r"reading tree\['b'\]\[0\].*deleted"):
+        tc.save(path, {"a": jnp.ones(300) * 2, "b": [broken]}, max_shard_size="1kB")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

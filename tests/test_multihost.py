@@ -14,6 +14,7 @@ exit status and the end of its stderr. The runs, in order:
    another mesh;
 4. `sharding_rules`, 2 processes x 2 devices: the transformer of the sharding recipe
    built in place from its rule table, trained, saved and loaded into the rules' template.
+5. `sharded_save`, 3 processes x 2 devices: a sharded `tc.save` written by every process.
 
 Each worker reports its checks by name; each test below asserts one of them on every
 process of a run. A new multi-process behaviour is a new check function in the worker
@@ -237,6 +238,20 @@ def test_tc_save_gathers_a_model_split_across_processes(trained):
     assert_check(trained, "tc_save_big_model")
 
 
+def test_a_sharded_tc_save_is_written_by_every_process_in_balanced_shares(trained):
+    # bytes written per process within 1.1x of total/P, nothing gathered or staged whole,
+    # and a folder the `safetensors` package reads
+    assert_check(trained, "tc_sharded_save_is_written_by_every_process")
+
+
+def test_a_sharded_tc_save_on_three_processes_is_balanced_too(folder):
+    # an odd count: replicated tensors split three ways, blocks held by one process each
+    run = run_workers("sharded_save", processes=3, devices=2, folder=folder)
+    assert_check(run, "tc_sharded_save_is_written_by_every_process")
+    # one process failing its share: an error on all three, the old files untouched
+    assert_check(run, "a_failed_share_fails_the_sharded_save_everywhere")
+
+
 def test_tc_save_by_every_process_to_one_path_writes_once_and_refuses_differences(trained):
     assert_check(trained, "saves_to_one_path_do_not_race")
 
@@ -251,7 +266,8 @@ def test_tc_load_into_sharded_template_keeps_frozen_and_static_values(restored):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
 def test_tc_load_reads_about_each_process_share_of_the_file(restored):
-    # each of 2 processes reads about half of the file, in any sharding of the template
+    # each of 2 processes reads about half of the file by rows or blocks; by columns its
+    # rows are coalesced into a few reads of at most twice what it needs
     assert_check(restored, "tc_load_reads_only_own_shards")
 
 

@@ -270,7 +270,9 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
     the file (on its own disk), the others return once it is written. Arrays replicated
     over the processes, or held whole by each, are read from process 0's own devices;
     arrays split across processes are gathered to it one at a time while it writes, a
-    collective every process joins. Calls with different paths or trees raise a
+    collective every process joins. A sharded save (`max_shard_size`) is written by every
+    process instead, each about its share of the bytes, straight from the blocks its
+    devices hold, into a folder they all see. Calls with different paths or trees raise a
     `ValueError` on every process; a call that the other processes do not make within
     300 s raises a `TimeoutError` naming them, instead of waiting forever.
 
@@ -337,7 +339,7 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
                 write_atomically, path, lambda f: write_tensors(f, header, tensors)
             )
         else:
-            write = functools.partial(shards.write, {METADATA_KEY: document}, tensors)
+            write = shards.writer({METADATA_KEY: document}, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
         if error.errno is None:

@@ -1,4 +1,5 @@
-"""Files on disk: opening a checkpoint to read, and replacing one atomically."""
+"""Files on disk: opening a checkpoint to read, replacing one atomically, and the byte
+counters of this process's checkpoint reads and writes (`IO`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,47 @@ import stat
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-__all__ = ["SizedFile", "open_for_reading", "write_atomically"]
+__all__ = [
+    "IO",
+    "SizedFile",
+    "open_for_reading",
+    "write_atomically",
+    "create_sized",
+    "discard",
+    "write_at",
+]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class IOCounters:
+    """What this process's checkpoint readers and writers moved, since the last `reset`:
+    tensor bytes read from files and the number of reads (`read_bytes`, `reads`: every
+    positioned read of a safetensors tensor, coalesced ranges counted once), and bytes
+    written to checkpoint files (`written_bytes`, `writes`: headers, tensor data and
+    indexes). A debugging and testing aid: on many processes each one counts its own."""
+
+    __slots__ = ("read_bytes", "reads", "written_bytes", "writes")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.read_bytes = self.reads = self.written_bytes = self.writes = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def wrote(self, count: int) -> None:
+        self.written_bytes += count
+        self.writes += 1
+
+    def read(self, count: int) -> None:
+        self.read_bytes += count
+        self.reads += 1
+
+
+IO = IOCounters()
 
 
 _NOT_A_FILE = (
@@ -192,7 +231,7 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
             _keep_mode(descriptor, temp, mode)
         with open(descriptor, "wb") as file:
             try:
-                write(file)
+                write(_Counted(file))
             except OSError as error:
                 if error.errno is None:
                     raise
@@ -204,3 +243,72 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+class _Counted:
+    """A file opened for writing whose writes are counted in `IO`."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def write(self, data: Any) -> int:
+        count = self._file.write(data)
+        IO.wrote(memoryview(data).nbytes)
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+def create_sized(path: str, size: int, head: bytes) -> str:
+    """A new temporary file next to `path` (the file a link at `path` points to), `size`
+    bytes long and starting with `head`; its name. Writers fill it (`write_at`, from any
+    process that sees the folder), then `os.replace` puts it at `path`, or `discard`
+    removes it. It keeps the permission bits of the file it will replace."""
+    if os.path.islink(path):
+        path = os.path.realpath(path)
+    folder, base = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"cannot write {path}: its folder {folder} does not exist (create it first)",
+            path,
+        )
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    descriptor, temp = _create_temp(folder, base, path)
+    try:
+        if mode is not None:
+            _keep_mode(descriptor, temp, mode)
+        os.ftruncate(descriptor, size)
+        _write_all(descriptor, memoryview(head), 0)
+    except BaseException:
+        os.close(descriptor)
+        discard(temp)
+        raise
+    os.close(descriptor)
+    return temp
+
+
+def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        if hasattr(os, "pwrite"):
+            done += os.pwrite(descriptor, data[done:], offset + done)
+        else:  # Windows: one writer per descriptor, so seeking first is safe
+            os.lseek(descriptor, offset + done, os.SEEK_SET)
+            done += os.write(descriptor, data[done:])
+    IO.wrote(len(data))
+
+
+def write_at(descriptor: int, data: Any, offset: int) -> None:
+    """Write all of `data` (a bytes-like object) at `offset` of an open file, counted."""
+    _write_all(descriptor, memoryview(data).cast("B"), offset)
+
+
+def discard(temp: str) -> None:
+    """Remove a temporary file, if it is still there."""
+    with contextlib.suppress(OSError):
+        os.unlink(temp)

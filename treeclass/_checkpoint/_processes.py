@@ -1,14 +1,26 @@
 """Checkpoint files in a run of several JAX processes: who writes, who waits, what each reads.
 
-**Saving.** Every process calls `tc.save` with the same path and a tree of the same
-structure; process 0 alone writes the file, so two processes never race on one path. An
-array process 0 holds whole (fully replicated, or split only over each process's own
-devices) is read from process 0's own shards, without the others. Any other array is
-split across processes, and is gathered while process 0 writes it
+**Saving one file.** Every process calls `tc.save` with the same path and a tree of the
+same structure; process 0 alone writes the file, so two processes never race on one
+path. An array process 0 holds whole (fully replicated, or split only over each
+process's own devices) is read from process 0's own shards, without the others. Any
+other array is split across processes, and is gathered while process 0 writes it
 (`multihost_utils.process_allgather`, a collective): process 0 announces each such
 tensor in turn through the distributed runtime's key-value store, and the other
 processes join that gather, so the gathers happen in the order the writer reads the
 tensors, whatever that order is. The others return once process 0 has written the file.
+
+**Saving shards (`SharedWrite`).** A sharded save is written by every process, each
+its share of the bytes, straight from the shards its devices hold: nothing is gathered
+and no process stages more than one block (one device's shard of one tensor) at a time.
+Process 0 makes the files (temporary, each of its final size, its header written), the
+processes fill them (positioned writes into one folder they all see: a shared file
+system, as on one machine), and process 0 renames them into place once every process
+has written its share. Who writes what is decided alike on every process from the
+shardings (`balance`): a block only one process holds is written by it; a block several
+hold (a replicated tensor) is split between them by bytes, the least loaded first, so
+each process writes about the total over the process count. Values that are not arrays
+spread over processes (NumPy arrays, numbers) are process 0's, as for one file.
 
 Every wait is bounded: a call on one process alone (`if jax.process_index() == 0:
 tc.save(...)`), or calls with different paths or trees, raise a clear error on each
@@ -18,8 +30,11 @@ claims it (an atomic increment, so a process that gives up and the writer never 
 think they own it) and answers with the go-ahead, or with why not.
 
 **Loading.** `place_by_slices` builds a sharded array from a callback that reads, for
-each shard this process holds, only that shard's bytes (`read_block`): one read for a
-slice of the leading axis, one per row for a slice of a later axis.
+each shard this process holds, only that shard's bytes (`read_block`). A block is a set
+of equally long byte runs of the stored tensor (one run for a band of leading rows, one
+per row for a band of columns); runs are read together, gaps included, where that reads
+at most `OVER_READ` times the bytes needed, no gap is over `GAP_LIMIT` bytes and no read
+over `GROUP_BYTES` (so a column half of a matrix is one read, not one per row).
 
 This module sits below `_tree` and `_document`: it imports neither.
 """
@@ -30,20 +45,28 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
 from .._values import is_prng_key
+from ._files import write_at
 
 __all__ = [
     "ARRIVAL_TIMEOUT_S",
     "STEP_TIMEOUT_S",
+    "GAP_LIMIT",
+    "OVER_READ",
+    "GROUP_BYTES",
+    "SharedWrite",
+    "balance",
+    "coalesce",
     "host_view",
     "save_from_processes",
     "read_block",
@@ -57,9 +80,13 @@ ARRIVAL_TIMEOUT_S = 300.0
 # How long a process waits for process 0's next step while it writes (one tensor).
 STEP_TIMEOUT_S = 3600.0
 _PREFIX = "treeclass/save"
-# a slice read as rows of a later axis takes at most this many reads; past it, whole
-# rows of that axis are read and trimmed in memory
-_MAX_READS = 1 << 14
+# Coalesced reads: runs of a block with a gap of at most GAP_LIMIT bytes between them
+# are read together, when that reads at most OVER_READ times the bytes they hold; one
+# read is at most GROUP_BYTES long (unless one run alone is longer), which bounds the
+# host memory a read takes beside the block it fills.
+GAP_LIMIT = 1 << 20
+OVER_READ = 2
+GROUP_BYTES = 64 << 20
 
 _NOT_EVERYWHERE = (
     "tc.save cannot write {path}: in a run of {count} processes every process must call "
@@ -74,6 +101,12 @@ _DIFFERENT_CALLS = (
     "shapes and shardings); {difference}"
 )
 _FAILED_ELSEWHERE = "tc.save on process 0 (the one that writes {path}) failed: {error}"
+_NOT_SHARED = (
+    "process {process} does not see the file {temp} that "
+    "process 0 made. A sharded save on several processes is written by every process "
+    "into one folder, which must be on a file system they all share"
+)
+_FAILED_ON = "tc.save of {path} failed on process {process}: {error}"
 _GATHER_OUTSIDE_SAVE = (
     "the array at {where} is split across processes: only tc.save, called on every "
     "process, can gather it"
@@ -96,11 +129,23 @@ def _key_data(array: Any) -> Any:
     return jax.random.key_data(array) if is_prng_key(array) else array
 
 
-class _LocalShards:
-    """An array this process holds every part of, across its own devices: assembled here."""
+class _HostView:
+    """What a save reads of an array that is not fully addressable here."""
 
-    def __init__(self, array: jax.Array) -> None:
-        self.array = array
+    def __init__(self, array: jax.Array, where: str) -> None:
+        self.array, self.where = array, where
+
+
+class _Replicated(_HostView):
+    """An array every device holds whole: this process's copy."""
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = np.asarray(_key_data(self.array.addressable_data(0)))
+        return out if dtype is None else out.astype(dtype)
+
+
+class _LocalShards(_HostView):
+    """An array this process holds every part of, across its own devices: assembled here."""
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         shards: dict[tuple, Any] = {}
@@ -116,11 +161,11 @@ class _LocalShards:
         return out if dtype is None else out.astype(dtype)
 
 
-class _Gathered:
+class _Gathered(_HostView):
     """An array split across processes: gathered when the writer reads it, in a save."""
 
     def __init__(self, array: jax.Array, where: str) -> None:
-        self.array, self.where = array, where
+        super().__init__(array, where)
         self.announce: Callable[[], None] | None = None  # set by the save it is part of
 
     def gather(self) -> np.ndarray:
@@ -145,11 +190,11 @@ def host_view(array: jax.Array, where: str) -> Any:
     decides alike, from the sharding: they must agree on which arrays are gathered.
     """
     if array.is_fully_replicated:
-        return array.addressable_data(0)
+        return _Replicated(array, where)
     indices = array.sharding.devices_indices_map(array.shape)
     held = {_bounds(i, array.shape) for d, i in indices.items() if d.process_index == 0}
     if sum(math.prod(b - a for a, b in bounds) for bounds in held) == array.size:
-        return _LocalShards(array)  # (the shards of one array are equal or disjoint)
+        return _LocalShards(array, where)  # (the shards of one array are equal or disjoint)
     return _Gathered(array, where)
 
 
@@ -213,24 +258,64 @@ def _raise_remote(kind: str, message: str) -> None:
     raise RuntimeError(message)
 
 
-def save_from_processes(path: str, tensors: Sequence[Any], write: Callable[[], None]) -> None:
-    """Run `write` (which writes the file at `path` and reads every tensor's value) on
-    process 0, with every other process taking part in the gathers of `tensors`.
+class SharedWrite:
+    """A save every process writes a share of: files made by process 0 (`begin`), filled
+    by all, put in place by process 0 (`finish`) or removed (`abort`).
+
+    `tensors` are the save's tensors in writing order (`.name`, `.nbytes`, `.data()`:
+    the whole tensor's bytes, read on process 0 for values no other process holds).
+    """
+
+    tensors: Sequence[Any]
+
+    def begin(self) -> Any:
+        """On process 0: make the files; what the others need to find them (JSON)."""
+        raise NotImplementedError
+
+    def places(self, state: Any) -> list[tuple[str, int]]:
+        """Where each tensor's bytes go: a file's path and the offset in it."""
+        raise NotImplementedError
+
+    def finish(self, state: Any) -> None:
+        """On process 0, once every process has written its share: the files in place."""
+        raise NotImplementedError
+
+    def abort(self, state: Any) -> None:
+        """On process 0, when some process failed: the files of `begin` removed."""
+        raise NotImplementedError
+
+
+def save_from_processes(path: str, tensors: Sequence[Any], write: Any) -> None:
+    """Write `path` with every process taking part.
 
     `tensors` are the save's planned tensors (`.name`, `.dtype`, `.shape`, `.value`), the
-    same on every process. In a run of one process this is `write()`.
+    same on every process. `write` is either a `SharedWrite` (its `tensors` in the same
+    order), which every process writes a share of, or a function that writes the whole
+    file and reads every tensor's value: it runs on process 0 while the other processes
+    join the gathers of the arrays split across processes. In a run of one process a
+    function is called, and a `SharedWrite` written by this process alone.
     """
+    shared = isinstance(write, SharedWrite)
     if jax.process_count() == 1:
-        write()
+        if shared:
+            _write_shared_alone(write, tensors)
+        else:
+            write()
         return
     with _lock:
-        if jax.process_index() == 0:
-            _write_as_process_0(path, tensors, write)
+        first = jax.process_index() == 0
+        save = _meet_as_process_0(path, tensors) if first else _meet(path, tensors)
+        if shared:
+            (_share_as_process_0 if first else _share)(path, save, tensors, write)
+        elif first:
+            _write_as_process_0(path, save, tensors, write)
         else:
-            _take_part(path, tensors)
+            _take_part(path, save, tensors)
 
 
-def _write_as_process_0(path: str, tensors: Sequence[Any], write: Callable[[], None]) -> None:
+def _meet_as_process_0(path: str, tensors: Sequence[Any]) -> int:
+    """Process 0's side of the meeting: every other process arrived with the same call
+    (else an error on every process); the number of this save."""
     client, count = _client(), jax.process_count()
     save = _counters["saves"]
     _counters["saves"] += 1
@@ -267,33 +352,12 @@ def _write_as_process_0(path: str, tensors: Sequence[Any], write: Callable[[], N
         _raise_remote(*error)
     if save > 0:  # every process has finished the previous save: its steps can go
         client.key_value_delete(f"{_PREFIX}/{save - 1}")
-    steps = itertools.count()
-    order = {id(t.value): i for i, t in enumerate(tensors)}
-
-    def announcer(value: Any) -> Callable[[], None]:
-        def announce() -> None:
-            step = f"{_PREFIX}/{save}/step/{next(steps)}"
-            client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
-
-        return announce
-
-    gathered = [t.value for t in tensors if isinstance(t.value, _Gathered)]
-    for value in gathered:
-        value.announce = announcer(value)
-    outcome: dict[str, Any] = {"done": True}
-    try:
-        write()
-    except BaseException as failure:
-        kind = "OSError" if isinstance(failure, OSError) else type(failure).__name__
-        outcome = {"error": [kind, _FAILED_ELSEWHERE.format(path=path, error=failure)]}
-        raise
-    finally:
-        for value in gathered:
-            value.announce = None
-        client.key_value_set(f"{_PREFIX}/{save}/step/{next(steps)}", json.dumps(outcome))
+    return save
 
 
-def _take_part(path: str, tensors: Sequence[Any]) -> None:
+def _meet(path: str, tensors: Sequence[Any]) -> int:
+    """Another process's side of the meeting: the number of this save, once process 0
+    has seen every process arrive with the same call (else its error)."""
     client, process = _client(), jax.process_index()
     k = _counters["arrivals"]
     _counters["arrivals"] += 1
@@ -316,26 +380,336 @@ def _take_part(path: str, tensors: Sequence[Any]) -> None:
         client.key_value_delete(f"{_PREFIX}/{key}/{process}/{k}")
     if "error" in answer:
         _raise_remote(*answer["error"])
-    save = answer["save"]
+    return answer["save"]
+
+
+def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, Any]:
+    kind = "OSError" if isinstance(failure, OSError) else type(failure).__name__
+    text = (
+        _FAILED_ELSEWHERE.format(path=path, error=failure)
+        if process == 0
+        else _FAILED_ON.format(path=path, process=process, error=failure)
+    )
+    return {"error": [kind, text]}
+
+
+def _wait_step(client: Any, path: str, key: str) -> dict[str, Any]:
+    posted = _get(client, key, STEP_TIMEOUT_S)
+    if posted is None:
+        raise TimeoutError(
+            f"tc.save cannot write {path}: process 0 did not go on writing within "
+            f"{STEP_TIMEOUT_S:.0f} s"
+        )
+    message = json.loads(posted)
+    if "error" in message:
+        _raise_remote(*message["error"])
+    return message
+
+
+def _write_as_process_0(
+    path: str, save: int, tensors: Sequence[Any], write: Callable[[], None]
+) -> None:
+    client = _client()
+    steps = itertools.count()
+    order = {id(t.value): i for i, t in enumerate(tensors)}
+
+    def announcer(value: Any) -> Callable[[], None]:
+        def announce() -> None:
+            step = f"{_PREFIX}/{save}/step/{next(steps)}"
+            client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
+
+        return announce
+
+    gathered = [t.value for t in tensors if isinstance(t.value, _Gathered)]
+    for value in gathered:
+        value.announce = announcer(value)
+    outcome: dict[str, Any] = {"done": True}
+    try:
+        write()
+    except BaseException as failure:
+        outcome = _outcome(path, failure)
+        raise
+    finally:
+        for value in gathered:
+            value.announce = None
+        client.key_value_set(f"{_PREFIX}/{save}/step/{next(steps)}", json.dumps(outcome))
+
+
+def _take_part(path: str, save: int, tensors: Sequence[Any]) -> None:
+    client = _client()
     for step in itertools.count():
-        posted = _get(client, f"{_PREFIX}/{save}/step/{step}", STEP_TIMEOUT_S)
-        if posted is None:
-            raise TimeoutError(
-                f"tc.save cannot write {path}: process 0 did not go on writing within "
-                f"{STEP_TIMEOUT_S:.0f} s"
-            )
-        message = json.loads(posted)
+        message = _wait_step(client, path, f"{_PREFIX}/{save}/step/{step}")
         if "gather" in message:
             tensors[message["gather"]].value.gather()  # the result is process 0's to write
-        elif "error" in message:
-            _raise_remote(*message["error"])
         else:
             return
+
+
+# -- a save every process writes a share of ----------------------------------------------
+
+
+class _Piece(NamedTuple):
+    """A block of one tensor as stored, and the processes that hold it."""
+
+    tensor: int
+    bounds: tuple[tuple[int, int], ...]  # on the stored shape
+    holders: tuple[int, ...]
+    nbytes: int
+
+
+def _pieces(index: int, planned: Any, out: Any) -> list[_Piece]:
+    """The distinct blocks of a planned tensor, with who holds each: an array spread over
+    processes by its sharding's blocks, any other value whole on process 0."""
+    stored = tuple(planned.shape)
+    whole = tuple((0, n) for n in stored)
+    if not isinstance(planned.value, _HostView) or out.nbytes == 0:
+        return [_Piece(index, whole, (0,), out.nbytes)] if out.nbytes else []
+    array = planned.value.array
+    shape = tuple(array.shape)
+    trailing = whole[len(shape) :]  # a key's data, or a raw-bytes axis: always whole
+    holders: dict[tuple, set[int]] = {}
+    for device, where in array.sharding.devices_indices_map(shape).items():
+        holders.setdefault(_bounds(where, shape) + trailing, set()).add(device.process_index)
+    itemsize = out.nbytes // math.prod(stored)
+    pieces = [
+        _Piece(index, bounds, tuple(sorted(who)), itemsize * math.prod(b - a for a, b in bounds))
+        for bounds, who in sorted(holders.items())
+    ]
+    if sum(p.nbytes for p in pieces) != out.nbytes:  # blocks that overlap: not a tiling
+        raise ValueError(
+            f"the array at {planned.where} has a sharding whose blocks overlap; a sharded "
+            "save on several processes writes each block once"
+        )
+    return pieces
+
+
+def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[list[tuple]]:
+    """Who writes which bytes of each piece, given `(nbytes, holders)` per piece: for each,
+    a list of `(process, start, stop)` byte ranges of the piece, in order.
+
+    A piece one process holds is its own; the others, those with the fewest holders and
+    then the largest first, are split by bytes between their holders so as to even out
+    the totals (filling the least loaded up to a common level). The result depends only
+    on the arguments: every process computes the same split.
+    """
+    load = [0] * count
+    parts: list[list[tuple]] = [[] for _ in pieces]
+    for i, (nbytes, holders) in enumerate(pieces):
+        if len(holders) == 1 and nbytes:
+            parts[i] = [(holders[0], 0, nbytes)]
+            load[holders[0]] += nbytes
+    flexible = [i for i, (n, holders) in enumerate(pieces) if len(holders) > 1 and n]
+    flexible.sort(key=lambda i: (len(pieces[i][1]), -pieces[i][0], i))
+    for i in flexible:
+        nbytes, holders = pieces[i]
+        order = sorted(holders, key=lambda p: (load[p], p))
+        # the fewest holders raised to one level that takes all of the piece
+        for k in range(1, len(order) + 1):
+            total = nbytes + sum(load[p] for p in order[:k])
+            if k == len(order) or total <= k * load[order[k]]:
+                break
+        level, extra = divmod(total, k)
+        start = 0
+        for j, process in enumerate(order[:k]):
+            share = level + (1 if j < extra else 0) - load[process]
+            if share > 0:
+                parts[i].append((process, start, start + share))
+                load[process] += share
+                start += share
+    return parts
+
+
+def _runs(
+    bounds: tuple[tuple[int, int], ...], shape: tuple[int, ...], itemsize: int
+) -> tuple[np.ndarray, int]:
+    """The byte runs of the block `bounds` of a C-ordered tensor of `shape`: `(offsets,
+    chunk)`, the block's bytes in its own C order being `chunk` bytes at each offset
+    (ascending). One run for a band of leading rows; one per row for a band of columns."""
+    extent = [b - a for a, b in bounds]
+    if 0 in extent:
+        return np.zeros(0, np.int64), 0
+    cut = [axis for axis in range(len(shape)) if bounds[axis] != (0, shape[axis])]
+    strides = [itemsize * math.prod(shape[axis + 1 :]) for axis in range(len(shape))]
+    if not cut:
+        return np.zeros(1, np.int64), itemsize * math.prod(shape)
+    last = cut[-1]
+    offsets = np.zeros(1, np.int64)
+    for axis in range(last):
+        if extent[axis] > 1:
+            rows = np.arange(bounds[axis][0], bounds[axis][1], dtype=np.int64) * strides[axis]
+            offsets = np.add.outer(offsets, rows).reshape(-1)
+        else:
+            offsets = offsets + bounds[axis][0] * strides[axis]
+    return offsets + bounds[last][0] * strides[last], extent[last] * strides[last]
+
+
+def _block_bytes(
+    planned: Any, out: Any, piece: _Piece, shards: dict, low: int, high: int
+) -> tuple[np.ndarray, int]:
+    """This process's bytes `low:high` of `piece` (in the block's C order), or a span
+    around them: `(bytes, where they start)`. Of a block on a device, only the rows of
+    its leading axis that hold them are copied to the host."""
+    if not isinstance(planned.value, _HostView):
+        data = out.data()
+        if data.nbytes != out.nbytes:  # the tree changed under us
+            raise ValueError(f"{out.name!r} changed size while being saved")
+        return data, 0
+    array = planned.value.array
+    block = shards[piece.bounds[: array.ndim]]
+    start = 0
+    if block.ndim and block.shape[0] > 1 and (low, high) != (0, piece.nbytes):
+        row = piece.nbytes // block.shape[0]
+        first, last = low // row, -(-high // row)
+        block, start = block[first:last], first * row
+    data = np.ascontiguousarray(np.asarray(_key_data(block))).reshape(-1).view(np.uint8)
+    return data, start
+
+
+def _write_mine(tensors: Sequence[Any], write: SharedWrite, state: Any) -> int:
+    """Write this process's share of every tensor; the bytes it wrote."""
+    me, count = jax.process_index(), jax.process_count()
+    outs = list(write.tensors)
+    pieces = [
+        piece
+        for i, (planned, out) in enumerate(zip(tensors, outs, strict=True))
+        for piece in _pieces(i, planned, out)
+    ]
+    parts = balance([(p.nbytes, p.holders) for p in pieces], count)
+    places = write.places(state)
+    descriptors: dict[str, int] = {}
+    written = 0
+    try:
+        for piece, ranges in zip(pieces, parts, strict=True):
+            mine = [(a, b) for process, a, b in ranges if process == me]
+            if not mine:
+                continue
+            planned, out = tensors[piece.tensor], outs[piece.tensor]
+            shards = {}
+            if isinstance(planned.value, _HostView):
+                array = planned.value.array
+                for shard in array.addressable_shards:
+                    shards.setdefault(_bounds(shard.index, array.shape), shard.data)
+            low, high = min(a for a, _ in mine), max(b for _, b in mine)
+            data, start = _block_bytes(planned, out, piece, shards, low, high)
+            file, base = places[piece.tensor]
+            if file not in descriptors:
+                try:
+                    descriptors[file] = os.open(file, os.O_WRONLY | getattr(os, "O_BINARY", 0))
+                except FileNotFoundError:
+                    raise OSError(_NOT_SHARED.format(process=me, temp=file)) from None
+            itemsize = out.nbytes // math.prod(planned.shape)
+            offsets, chunk = _runs(piece.bounds, tuple(planned.shape), itemsize)
+            for a, b in mine:
+                for run in range(a // chunk, -(-b // chunk)):
+                    low, high = max(a, run * chunk), min(b, (run + 1) * chunk)
+                    at = base + int(offsets[run]) + low - run * chunk
+                    write_at(descriptors[file], data[low - start : high - start], at)
+                    written += high - low
+            del data  # one block on the host at a time
+    finally:
+        for descriptor in descriptors.values():
+            os.close(descriptor)
+    return written
+
+
+def _write_shared_alone(write: SharedWrite, tensors: Sequence[Any]) -> None:
+    state = write.begin()
+    try:
+        _write_mine(tensors, write, state)
+    except BaseException:
+        write.abort(state)
+        raise
+    write.finish(state)
+
+
+def _share_as_process_0(path: str, save: int, tensors: Sequence[Any], write: SharedWrite) -> None:
+    client, step = _client(), f"{_PREFIX}/{save}/step"
+    try:
+        state = write.begin()
+    except BaseException as failure:
+        client.key_value_set(f"{step}/0", json.dumps(_outcome(path, failure)))
+        raise
+    client.key_value_set(f"{step}/0", json.dumps({"begin": state}))
+    failure: BaseException | None = None
+    try:
+        _write_mine(tensors, write, state)
+    except BaseException as error:
+        failure = error
+    remote: dict[str, Any] | None = None
+    for process in range(1, jax.process_count()):
+        posted = _get(client, f"{_PREFIX}/{save}/done/{process}", STEP_TIMEOUT_S)
+        if posted is None:
+            text = f"tc.save cannot write {path}: process {process} did not finish its share"
+            remote = remote or {"error": ["TimeoutError", text]}
+        elif "error" in json.loads(posted):
+            remote = remote or json.loads(posted)
+    outcome: dict[str, Any] = {"done": True}
+    try:
+        if failure is not None or remote is not None:
+            write.abort(state)
+            if failure is not None:
+                raise failure
+            assert remote is not None
+            _raise_remote(*remote["error"])
+        write.finish(state)
+    except BaseException as error:
+        outcome = remote if remote is not None and failure is None else _outcome(path, error)
+        raise
+    finally:
+        client.key_value_set(f"{step}/1", json.dumps(outcome))
+
+
+def _share(path: str, save: int, tensors: Sequence[Any], write: SharedWrite) -> None:
+    client, process = _client(), jax.process_index()
+    state = _wait_step(client, path, f"{_PREFIX}/{save}/step/0")["begin"]
+    failure: BaseException | None = None
+    try:
+        written = _write_mine(tensors, write, state)
+        done: dict[str, Any] = {"written": written}
+    except BaseException as error:
+        failure, done = error, _outcome(path, error, process)
+    client.key_value_set(f"{_PREFIX}/{save}/done/{process}", json.dumps(done))
+    try:
+        _wait_step(client, path, f"{_PREFIX}/{save}/step/1")
+    finally:
+        if failure is not None:  # ours, once process 0 has removed the files
+            raise failure
 
 
 # --------------------------------------------------------------------------------------
 # Loading: each process reads the bytes of its own shards
 # --------------------------------------------------------------------------------------
+
+
+def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:
+    """The reads of runs of `chunk` bytes at ascending `offsets`: `(first run, count,
+    pitch)` each, a read of `count` runs `pitch` bytes apart (gaps included).
+
+    Runs equally spaced go into one read while the gap is at most `chunk` bytes (so the
+    read holds at most `OVER_READ` = 2 times the bytes it needs, however many runs it
+    takes) and at most `GAP_LIMIT`, up to `GROUP_BYTES` a read; other runs are one read each.
+    """
+    n = len(offsets)
+    if n == 0:
+        return []
+    pitches = np.diff(offsets)
+    joins = (pitches <= OVER_READ * chunk) & (pitches - chunk <= GAP_LIMIT)
+    # where the pitch or joining changes: the end (exclusive) of each stretch of pitches
+    changes = np.flatnonzero((pitches[1:] != pitches[:-1]) | (joins[1:] != joins[:-1])) + 1
+    ends = np.append(changes, len(pitches))
+    reads: list[tuple[int, int, int]] = []
+    run = 0
+    while run < n:
+        if run < n - 1 and joins[run]:
+            pitch = int(pitches[run])
+            end = int(ends[np.searchsorted(ends, run, side="right")])  # last run joined: end
+            count = min(end - run + 1, max(1, (GROUP_BYTES - chunk) // pitch + 1))
+            reads.append((run, count, pitch))
+            run += count
+        else:
+            reads.append((run, 1, chunk))
+            run += 1
+    return reads
 
 
 def read_block(
@@ -348,31 +722,21 @@ def read_block(
     `shape`, as a `uint8` array of the block's shape plus an axis of `itemsize` bytes.
 
     `read_range(start, stop)` reads a byte range of the tensor. A block of whole rows of
-    the leading axis is one read; a block cut along later axes is one read per row of the
-    axes before the last one cut (bounded by `_MAX_READS`: past that, the last cut axes are
-    read whole and the block trimmed in memory).
+    the leading axis is one read; a block cut along later axes is a run of bytes per row,
+    read together where they are near (`coalesce`).
     """
-    full = tuple((0, n) for n in shape)
-    cut = [axis for axis in range(len(shape)) if bounds[axis] != full[axis]]
-    last = cut[-1] if cut else -1
-    while last > 0 and math.prod(b - a for a, b in bounds[:last]) > _MAX_READS:
-        last -= 1  # fewer, longer reads: this axis read whole, trimmed below
-    read = bounds[: last + 1] + full[last + 1 :]
-    extent = tuple(b - a for a, b in read)
-    strides = [itemsize * math.prod(shape[axis + 1 :]) for axis in range(len(shape))]
-    size = itemsize * math.prod(extent)
-    if last < 0:
-        out = read_range(0, size)
-    else:
-        chunk = extent[last] * strides[last]
-        out = np.empty(size, np.uint8)
-        starts = itertools.product(*(range(a, b) for a, b in read[:last]))
-        for n, rows in enumerate(starts):
-            offset = sum(i * s for i, s in zip(rows, strides)) + read[last][0] * strides[last]
-            out[n * chunk : (n + 1) * chunk] = read_range(offset, offset + chunk)
-    block = out.reshape(*extent, itemsize)
-    trim = tuple(slice(a - r, b - r) for (a, b), (r, _) in zip(bounds, read, strict=True))
-    return block[trim]
+    extent = tuple(b - a for a, b in bounds)
+    offsets, chunk = _runs(bounds, shape, itemsize)
+    if len(offsets) == 1:
+        start = int(offsets[0])
+        return read_range(start, start + chunk).reshape(*extent, itemsize)
+    out = np.empty(len(offsets) * chunk, np.uint8)
+    for first, count, pitch in coalesce(offsets, chunk):
+        start = int(offsets[first])
+        data = np.ascontiguousarray(read_range(start, start + (count - 1) * pitch + chunk))
+        rows = np.lib.stride_tricks.as_strided(data, (count, chunk), (pitch, 1), writeable=False)
+        out[first * chunk : (first + count) * chunk].reshape(count, chunk)[...] = rows
+    return out.reshape(*extent, itemsize)
 
 
 def place_by_slices(

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
+from ._files import IO
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._source import TensorInfo, corrupt
@@ -190,6 +191,7 @@ class SafetensorsFile:
                 raise
             message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
             raise type(error)(error.errno, message, self.location) from error
+        IO.read(len(buffer))
         return buffer
 
     def read(self, key: str) -> np.ndarray:

@@ -36,10 +36,11 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from ._files import open_for_reading, write_atomically
+from ._files import create_sized, discard, open_for_reading, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._safetensors import OutTensor, SafetensorsFile, header_bytes, write_tensors
+from ._processes import SharedWrite
+from ._safetensors import OutTensor, SafetensorsFile, header_bytes
 from ._source import TensorInfo, corrupt
 
 __all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave"]
@@ -221,10 +222,6 @@ def _previous_shards(path: str) -> set[str]:
     return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
 
 
-def _shard(header: bytes, tensors: Sequence[OutTensor], file: BinaryIO) -> None:
-    write_tensors(file, header, tensors)
-
-
 def _write_bytes(data: bytes, file: BinaryIO) -> None:
     file.write(data)
 
@@ -246,27 +243,72 @@ class ShardedSave:
         stem = os.path.basename(path)[: -len(INDEX_SUFFIX)]
         self.base = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
 
-    def write(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> None:
-        """Write the shards of `tensors`, then the index holding `metadata`."""
-        groups = _groups(tensors, self.limit)
-        folder = os.path.dirname(self.path)
-        count = len(groups)
-        names = [f"{self.base}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
-        previous = _previous_shards(self.path)
-        token = secrets.token_hex(8)
-        for name, group in zip(names, groups):
-            header = header_bytes({_SAVE_KEY: token}, group)
-            write_atomically(os.path.join(folder, name), functools.partial(_shard, header, group))
+    def writer(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> SharedWrite:
+        """The save of `tensors` and an index holding `metadata`, as a `SharedWrite`:
+        every process of a run writes its share of the shards (`save_from_processes`)."""
+        return _ShardedWrite(self, metadata, tensors)
+
+
+class _ShardedWrite(SharedWrite):
+    """The shards as temporary files made by process 0 (headers written, data to fill),
+    renamed into place, the index last."""
+
+    def __init__(
+        self, save: ShardedSave, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
+    ) -> None:
+        self.save, self.metadata, self.tensors = save, metadata, list(tensors)
+        self.groups = _groups(self.tensors, save.limit)
+        count = len(self.groups)
+        self.names = [
+            f"{save.base}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)
+        ]
+        self.folder = os.path.dirname(save.path)
+        self.token = ""
+
+    def begin(self) -> Any:
+        self.previous = _previous_shards(self.save.path)
+        self.token = secrets.token_hex(8)
+        files: list[list[Any]] = []
+        try:
+            for name, group in zip(self.names, self.groups, strict=True):
+                header = header_bytes({_SAVE_KEY: self.token}, group)
+                size = len(header) + sum(t.nbytes for t in group)
+                files.append(
+                    [create_sized(os.path.join(self.folder, name), size, header), len(header)]
+                )
+        except BaseException:
+            self.abort({"files": files})
+            raise
+        return {"files": files}
+
+    def places(self, state: Any) -> list[tuple[str, int]]:
+        out = []
+        for (temp, start), group in zip(state["files"], self.groups, strict=True):
+            for tensor in group:
+                out.append((temp, start))
+                start += tensor.nbytes
+        return out
+
+    def finish(self, state: Any) -> None:
+        for (temp, _), name in zip(state["files"], self.names, strict=True):
+            target = os.path.join(self.folder, name)
+            os.replace(temp, os.path.realpath(target) if os.path.islink(target) else target)
         index = {
             "metadata": {
-                "total_size": sum(t.nbytes for t in tensors),
-                **metadata,
-                _SAVE_KEY: token,
+                "total_size": sum(t.nbytes for t in self.tensors),
+                **self.metadata,
+                _SAVE_KEY: self.token,
             },
-            "weight_map": {t.name: name for name, group in zip(names, groups) for t in group},
+            "weight_map": {
+                t.name: name for name, group in zip(self.names, self.groups) for t in group
+            },
         }
         text = json.dumps(index, indent=2).encode("utf-8")
-        write_atomically(self.path, functools.partial(_write_bytes, text))
-        for name in previous - set(names):
+        write_atomically(self.save.path, functools.partial(_write_bytes, text))
+        for name in self.previous - set(self.names):
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(folder, name))
+                os.unlink(os.path.join(self.folder, name))
+
+    def abort(self, state: Any) -> None:
+        for temp, _ in state["files"]:
+            discard(temp)
