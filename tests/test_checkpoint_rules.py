@@ -620,7 +620,7 @@ def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
     assert tc.load(path, {"w": jnp.zeros(2, jnp.bfloat16)}, rules=rules)["w"].dtype == jnp.bfloat16
 
 
-def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_unstack_recipe(tmp_path):
+def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_stack_rule(tmp_path):
     class Block(tc.TreeClass):
         w: jax.Array
 
@@ -632,11 +632,9 @@ def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_unstack_recipe
     tc.save(path, per_layer)
     stacked = Net(tc.Stacked.from_blocks([Block(jnp.zeros(2)) for _ in range(3)]))
     message = _refusal(path, stacked)
-    assert "Net.blocks.w is a stack of 3 layers" in message and "'blocks.{i}.w'" in message
-    recipe = "model = tc.restack(tc.load(path, tc.unstack_all(model)), model)"
-    assert recipe in message
-    model = stacked
-    restored = tc.restack(tc.load(path, tc.unstack_all(model)), model)  # the recipe, run
+    assert "Net.blocks.w is a stack of 3 layers" in message
+    assert "rules=[('blocks.{i}.w', 'blocks[{i}].w')]" in message
+    restored = tc.load(path, stacked, rules=[("blocks.{i}.w", "blocks[{i}].w")])  # the fix, run
     assert restored.blocks.tree.w.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
 
 
@@ -667,3 +665,120 @@ def test_a_non_strict_load_that_restored_less_than_it_could_warns_with_the_count
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tc.load(path, {"bb": jnp.zeros(3), "x": jnp.zeros(1)}, strict=False, unexpected="ignore")
+
+
+# -- per-layer names onto the blocks of a stack, in one load -----------------------------------
+
+
+def stacked_template() -> GPT:
+    unrolled = template()
+    return GPT(unrolled.embed, unrolled.position, tc.Stacked.from_blocks(unrolled.blocks))
+
+
+def test_per_layer_names_load_into_a_stacked_model_with_the_same_rules(gpt2_file):
+    path, tensors = gpt2_file
+    unrolled = tc.load(path, template(), rules=RULES)
+    stacked = tc.load(path, stacked_template(), rules=RULES)
+    assert stacked.blocks.tree.attn.q.shape == (LAYERS, WIDTH, WIDTH)
+    assert tc.is_tree_equal(tuple(tc.unstack_all(stacked).blocks), unrolled.blocks)
+    abstract = tc.load(path, jax.eval_shape(stacked_template), rules=RULES)
+    assert tc.is_tree_equal(abstract, stacked)
+
+
+def test_a_stacked_load_reports_every_layer_as_a_source(gpt2_file):
+    path, _ = gpt2_file
+    report = tc.load(path, stacked_template(), rules=RULES, dry_run=True)
+    assert report.messages == () and report.unexpected == ()
+    assert report.sources["GPT.blocks.attn.k"] == tuple(
+        f"h.{i}.attn.c_attn.weight" for i in range(LAYERS)
+    )
+
+
+def test_a_stacked_load_reads_each_tensor_once(gpt2_file, monkeypatch):
+    from treeclass._checkpoint import _safetensors
+
+    path, tensors = gpt2_file
+    reads: list[str] = []
+    original = _safetensors.SafetensorsFile.read
+
+    def counted(self, key):
+        reads.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(_safetensors.SafetensorsFile, "read", counted)
+    tc.load(path, stacked_template(), rules=RULES)
+    assert sorted(reads) == sorted(tensors)  # the fused c_attn too, split once per layer
+
+
+def test_a_periodic_stack_takes_per_layer_names_in_layer_order(tmp_path):
+    class Local(tc.TreeClass):
+        w: jax.Array
+
+    class Global(tc.TreeClass):
+        w: jax.Array
+        g: jax.Array
+
+    class Net(tc.TreeClass):
+        layers: tc.Periodic
+
+    pattern = [Local(jnp.zeros(2)), Local(jnp.zeros(2)), Global(jnp.zeros(2), jnp.zeros(3))]
+    like = Net(tc.Periodic.from_layers(pattern * 2, 3))
+    tensors = {f"model.layers.{i}.w": np.full(2, i, np.float32) for i in range(6)}
+    tensors.update({f"model.layers.{i}.g": np.full(3, -i, np.float32) for i in (2, 5)})
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    model = tc.load(tmp_path / "m.safetensors", like, rules=[("model.{name*}", "{name*}")])
+    assert [layer.w[0].item() for layer in model.layers] == [0, 1, 2, 3, 4, 5]
+    assert [model.layers[i].g[0].item() for i in (2, 5)] == [-2, -5]
+
+
+def _stack_refusal(tensors, tmp_path, like=None, **options) -> str:
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    return _refusal(path, like if like is not None else stacked_template(), rules=RULES, **options)
+
+
+def test_a_stack_lacking_a_layer_names_the_layer_and_the_tensor_to_read(tmp_path):
+    tensors = {k: v for k, v in gpt2_tensors().items() if k != "h.1.mlp.c_fc.weight"}
+    message = _stack_refusal(tensors, tmp_path, missing="keep")  # a policy does not waive it
+    assert "incomplete  'blocks.up' (a stack of 2 at 'blocks')" in message
+    assert "gives 1 of its 2 layers" in message and "it lacks layer 1" in message
+    assert "no 'h.1.mlp.c_fc.weight' in the file" in message
+    assert "missing  " not in message  # the line above says it all
+
+
+def test_a_layer_beyond_the_stack_is_unexpected_by_its_per_layer_name(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["h.2.mlp.c_fc.weight"] = tensors["h.0.mlp.c_fc.weight"]
+    message = _stack_refusal(tensors, tmp_path)
+    assert "unexpected  'blocks.2.up' (an array float32[8,32])" in message
+    path = str(tmp_path / "m.safetensors")
+    model = tc.load(path, stacked_template(), rules=RULES, unexpected="ignore")
+    assert model.blocks.tree.up.shape == (LAYERS, WIDTH, 4 * WIDTH)
+
+
+def test_layers_of_another_shape_are_an_error_naming_both(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["h.1.mlp.c_proj.weight"] = np.zeros((WIDTH, 3 * WIDTH), np.float32)
+    message = _stack_refusal(tensors, tmp_path)
+    assert "layers      'blocks.down'" in message
+    assert "layer 'blocks.1.down' is float32[24,8] (from ['h.1.mlp.c_proj.weight'])" in message
+    assert "layer 'blocks.0.down' float32[32,8]" in message
+
+
+def test_a_stacked_leaf_given_whole_and_by_layer_is_an_error(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["blocks.up"] = np.zeros((LAYERS, WIDTH, 4 * WIDTH), np.float32)
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match=r"to the stacked 'blocks.up' and per-layer names"):
+        tc.load(path, stacked_template(), rules=RULES)
+
+
+def test_two_names_for_one_layer_are_an_error(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["layer.0.up"] = tensors["h.0.mlp.c_fc.weight"]
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    rules = [*RULES, ("layer.{i}.up", "blocks[{i}].up", lambda w: w.T)]
+    with pytest.raises(ValueError, match=r"map both .* to 'blocks.0.up'"):
+        tc.load(path, stacked_template(), rules=rules)

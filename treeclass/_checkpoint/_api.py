@@ -25,6 +25,7 @@ from ._tree import (
     StateCatalog,
     entries,
     restore,
+    stacks_of,
     state_dict_of,
 )
 from ._versions import migrate
@@ -38,14 +39,15 @@ Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
-def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
+def _with_rules(catalog: Catalog, rules: Any, like: Any) -> Catalog:
     if rules is None:
         return catalog
     try:
         compiled = compile_rules(rules)
     except (TypeError, ValueError) as error:  # the rule is named: name the file too
         raise type(error)(f"{catalog.title}: {error}") from None
-    return RuledCatalog(catalog, compiled)
+    # names the rules give for single layers of the template's stacks fill their slots
+    return RuledCatalog(catalog, compiled, stacks_of(like))
 
 
 def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
@@ -223,7 +225,7 @@ def from_state_dict(
             f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
             f"{type(state).__name__}"
         )
-    catalog = _with_rules(StateCatalog(state), rules)
+    catalog = _with_rules(StateCatalog(state), rules, like)
     return restore(
         like,
         catalog,
@@ -468,7 +470,12 @@ def load(
       tensors to the transform (to concatenate), a list of targets takes as many
       results (to split). Names no rule matches keep their own. Transforms get NumPy
       arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or
-      array methods.
+      array methods. A name given for one layer of a `tc.Stacked` or `tc.Periodic`
+      of the template (a target `blocks[{i}].attn.q`, as the unrolled model names
+      it) fills block `i` of the stacked leaf in this load: the same table loads the
+      unrolled and the stacked model, each tensor read once, into one buffer of the
+      stack's shape; a stack lacking layers, or layers of another shape, is an error
+      naming them.
     - `where`: load only a selection of the template, `like.at["encoder"]` or any
       selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
       neither checked nor reported.
@@ -497,11 +504,11 @@ def load(
     A failed strict load's error lists every problem and, computed from them, the fixes
     that fit: a key rule for a renamed path (one rule with `{i}` for every layer, with
     `lambda w: w.T` for a transposed weight; or a class migration for treeclass's own
-    files), `astype` in a rule for another dtype, the unstack recipe for per-layer tensors
-    in a stacked template, `missing="keep"` / `unexpected="ignore"` for paths only one
-    side has; never a blanket `strict=False`. A non-strict load that kept template values
-    where the file holds the data under another name, dtype or layout warns with their
-    count and the same fixes.
+    files), `astype` in a rule for another dtype, a key rule onto a stack's blocks for
+    per-layer tensors in a stacked template, `missing="keep"` / `unexpected="ignore"`
+    for paths only one side has; never a blanket `strict=False`. A non-strict load that
+    kept template values where the file holds the data under another name, dtype or
+    layout warns with their count and the same fixes.
 
     **Raises**
 
@@ -559,7 +566,7 @@ def load(
     """
     source = open_source(os.fspath(path), like, format)
     try:
-        catalog = _with_rules(migrate(SourceCatalog(source), like), rules)
+        catalog = _with_rules(migrate(SourceCatalog(source), like), rules, like)
         return restore(
             like,
             catalog,

@@ -26,7 +26,15 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._tree import TENSOR, Catalog, Stored, describe_array, dtype_name, numpy_dtype
+from ._tree import (
+    TENSOR,
+    Catalog,
+    StackAt,
+    Stored,
+    describe_array,
+    dtype_name,
+    numpy_dtype,
+)
 
 __all__ = ["Rule", "compile_rules", "RuledCatalog", "in_file_dtypes"]
 
@@ -164,16 +172,33 @@ class _Mapped(NamedTuple):
     rule: Rule | None  # None: a name no rule matched, under its own name
     sources: tuple[str, ...]  # the catalog's names read for it, in the rule's order
     position: int  # which of the rule's results
+    names: tuple[str, ...] = ()  # the names of all the rule's results (its targets, filled)
+
+
+class _Layers(NamedTuple):
+    """A stacked leaf of the template assembled from per-layer names."""
+
+    stack: StackAt
+    slots: dict[int, str]  # slot -> the per-layer name that fills it
 
 
 class RuledCatalog:
-    """A catalog whose names are mapped by key rules (see the module's docstring)."""
+    """A catalog whose names are mapped by key rules (see the module's docstring).
 
-    def __init__(self, inner: Catalog, rules: Sequence[Rule]) -> None:
+    With the template's stacks (`stacks_of(like)`), a name the rules give for one layer of
+    a stack (`blocks.3.attn.q`, as the unrolled model names it) fills slot 3 of the stacked
+    leaf (`blocks.attn.q`): the catalog offers the stacked leaf, assembled from its layers
+    when fetched (each layer read once, into one buffer of the stack's shape).
+    """
+
+    def __init__(
+        self, inner: Catalog, rules: Sequence[Rule], stacks: Sequence[StackAt] = ()
+    ) -> None:
         self.inner = inner
         self.label, self.title, self.call = inner.label, inner.title, inner.call
         self.records_values = inner.records_values
         self.rules = rules
+        self.stacks = tuple(stacks)
         self.mapped: dict[str, _Mapped] = {}
         groups: dict[tuple[int, tuple[str, ...]], dict[int, str]] = {}
         for name in inner.names():
@@ -188,7 +213,7 @@ class RuledCatalog:
                     groups.setdefault((number, values), {})[which] = name
                     break
             else:
-                self._add(name, _Mapped(None, (name,), 0))
+                self._add(name, _Mapped(None, (name,), 0, (name,)))
         self.problems: list[str] = []
         for (number, values), found in groups.items():
             rule = rules[number]
@@ -201,12 +226,42 @@ class RuledCatalog:
                 continue
             sources = tuple(found[k] for k in range(len(rule.sources)))
             captures = dict(zip(rule.captures, values))
-            for position, target in enumerate(rule.targets):
-                self._add(_fill(target, captures), _Mapped(rule, sources, position))
+            names = tuple(_fill(target, captures) for target in rule.targets)
+            for position, name in enumerate(names):
+                self._add(name, _Mapped(rule, sources, position, names))
+        # per-layer names of the template's stacks: set aside, their stacked leaves offered
+        self.layers: dict[str, _Mapped] = {}
+        self.stacked: dict[str, _Layers] = {}
+        self._slot_of: dict[str, tuple[str, int]] = {}
+        for name in list(self.mapped):
+            for stack in self.stacks:
+                hit = stack.stacked(name)
+                if hit is None:
+                    continue
+                whole, slot = hit
+                self.layers[name] = self.mapped.pop(name)
+                self.stacked.setdefault(whole, _Layers(stack, {}))[1][slot] = name
+                self._slot_of[name] = (whole, slot)
+                break
+        for whole, layers in self.stacked.items():
+            if whole in self.mapped:
+                raise ValueError(
+                    f"{self.title}: key rules map both {list(self.mapped[whole].sources)} "
+                    f"in {self.label} to the stacked {whole!r} and per-layer names to its "
+                    f"layers ({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep "
+                    "one of them"
+                )
         # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
         # are traced once, not 24 times
         self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
+        self._stored_stacks: dict[str, Stored | None] = {}
+        for whole in self.stacked:
+            self._stored_stacks[whole] = self._stack_stored(whole)
+        # names whose absence a problem line explains (a stack lacking layers)
+        self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
+        # stacked leaves filled while another was assembled (the k and v a split gave with q)
+        self._assembled: dict[str, Any] = {}
 
     def _add(self, name: str, mapped: _Mapped) -> None:
         other = self.mapped.setdefault(name, mapped)
@@ -218,31 +273,103 @@ class RuledCatalog:
             )
 
     def names(self) -> Iterator[str]:
-        return iter(self.mapped)
+        yield from self.mapped
+        yield from (name for name, stored in self._stored_stacks.items() if stored is not None)
 
     def expected(self, name: str) -> tuple[str, ...]:
         """The names a rule would read to give `name`, when the checkpoint lacks `name`
-        (empty if no rule's target gives it): for the closest-name hint of a missing path."""
-        for rule in self.rules:
-            for target in rule.targets:
-                match = _regex(target)[0].fullmatch(name)
-                if match is not None:
-                    captures = match.groupdict()
-                    return tuple(_fill(source, captures) for source in rule.sources)
+        (empty if no rule's target gives it): for the closest-name hint of a missing path.
+        For a stacked leaf, what its first layer would be read from."""
+        wanted = [name]
+        for stack in self.stacks:
+            layers = stack.per_layer(name)
+            if layers:
+                wanted.append(layers[0])
+                break
+        for want in wanted:
+            for rule in self.rules:
+                for target in rule.targets:
+                    match = _regex(target)[0].fullmatch(want)
+                    if match is not None:
+                        captures = match.groupdict()
+                        return tuple(_fill(source, captures) for source in rule.sources)
         return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
         """The names in the underlying checkpoint that `name` is made of."""
+        if name in self.stacked:
+            slots = self.stacked[name].slots
+            found = (s for slot in sorted(slots) for s in self.layers[slots[slot]].sources)
+            return tuple(dict.fromkeys(found))
         return self.mapped[name].sources
 
     def stored(self, name: str) -> Stored | None:
+        if name in self._stored_stacks:
+            return self._stored_stacks[name]
         mapped = self.mapped.get(name)
         if mapped is None:
             return None
+        return self._stored_one(name, mapped)
+
+    def _stored_one(self, name: str, mapped: _Mapped) -> Stored | None:
         if mapped.rule is None or mapped.rule.transform is None:
             return self.inner.stored(mapped.sources[0])
         out = self._checked(name, mapped)[mapped.position]
         return Stored(TENSOR, dtype_name(out), tuple(out.shape))
+
+    def _stack_stored(self, whole: str) -> Stored | None:
+        """A stacked leaf as its layers give it; None (and a problem) if layers are lacking
+        or differ in shape or dtype."""
+        layers = self.stacked[whole]
+        stack, slots = layers.stack, layers.slots
+        count = stack.layers // stack.period
+        first = slots[min(slots)]
+        mapped = self.layers[first]
+        via = f"key rule {mapped.rule.text()}" if mapped.rule is not None else "their own names"
+        where = f"{whole!r} (a stack of {count} at {stack.prefix or 'the root'!r})"
+        if len(slots) < count:
+            known = _layer_number(first, stack)
+            position = known % stack.period
+            lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
+            source = self._layer_source(first, known, lacking[0])
+            self.problems.append(
+                f"incomplete  {where}: {self.label} gives {len(slots)} of its {count} layers "
+                f"(through {via}); it lacks layer{'s' if len(lacking) > 1 else ''} "
+                f"{_listed_numbers(lacking)}"
+                + (f": no {source!r} in {self.label}" if source else "")
+            )
+            return None
+        parts = {slot: self._stored_one(slots[slot], self.layers[slots[slot]]) for slot in slots}
+        base = parts[min(slots)]
+        for slot in sorted(slots):
+            part = parts[slot]
+            if part is None or part.category != TENSOR:
+                origin = list(self.layers[slots[slot]].sources)
+                self.problems.append(
+                    f"layers      {where}: {slots[slot]!r} from {origin} is "
+                    f"{'nothing' if part is None else part.describe()}, not an array"
+                )
+                return None
+            if base is not None and (part.shape, part.dtype) != (base.shape, base.dtype):
+                self.problems.append(
+                    f"layers      {where}: layer {slots[slot]!r} is "
+                    f"{describe_array(part.dtype, part.shape)} (from "
+                    f"{list(self.layers[slots[slot]].sources)}), layer {first!r} "
+                    f"{describe_array(base.dtype, base.shape)}: the layers of a stack have "
+                    "one shape and dtype"
+                )
+                return None
+        assert base is not None
+        return Stored(TENSOR, base.dtype, (count, *base.shape))
+
+    def _layer_source(self, known: str, layer: int, wanted: int) -> str | None:
+        """The file's name layer `wanted` would be read from, by analogy with the per-layer
+        name `known` of `layer`: its first source with the layer number changed."""
+        source = self.layers[known].sources[0]
+        parts = source.split(".")
+        if parts.count(str(layer)) != 1:
+            return None
+        return ".".join(str(wanted) if part == str(layer) else part for part in parts)
 
     def _checked(self, name: str, mapped: _Mapped) -> list[Any]:
         """The transform's results as the checks see them: traced on the sources' shapes
@@ -284,57 +411,121 @@ class RuledCatalog:
                 "arrays and, for the checks, jax.ShapeDtypeStructs: write it with jnp or "
                 "array methods (`w.T`, `jnp.split(qkv, 3)`)"
             ) from None
-        if len(rule.targets) == 1:
-            if not _is_array(result):
+        return _results_of(what, rule, result)
+
+    def _run(self, name: str, mapped: _Mapped) -> list[Any]:
+        """Every result of `mapped`'s transform, read and run (checked as `_checked` saw it)."""
+        assert mapped.rule is not None
+        checked = self._checked(name, mapped)
+        arrays = [self.inner.fetch(source) for source in mapped.sources]
+        with in_file_dtypes(dtype_name(a) for a in arrays):
+            results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
+        # what is restored is what was checked: a transform that answers otherwise when
+        # run (on other inputs, a random or stateful one) is an error
+        for target, result, expected in zip(mapped.rule.targets, results, checked):
+            got = (dtype_name(result), tuple(result.shape))
+            if got != (dtype_name(expected), tuple(expected.shape)):
                 raise ValueError(
-                    f"{what} returned {_kind(result)}; a rule with one target returns one array"
-                )
-            return [result]
-        if not isinstance(result, (list, tuple)):
-            raise ValueError(
-                f"{what} returned {_kind(result)}; a rule with {len(rule.targets)} targets "
-                f"returns a list or tuple of {len(rule.targets)} arrays, one per target in "
-                "order"
-            )
-        results = list(result)
-        if len(results) != len(rule.targets):
-            raise ValueError(
-                f"{what} returned {len(results)} values for {len(rule.targets)} targets"
-            )
-        for target, value in zip(rule.targets, results):
-            if not _is_array(value):
-                raise ValueError(
-                    f"{what} returned {_kind(value)} for the target {target!r}; each result "
-                    "is an array"
+                    f"{self._what(name, mapped)} gave {describe_array(*got)} for "
+                    f"{target!r} when run, not the "
+                    f"{describe_array(dtype_name(expected), tuple(expected.shape))} it "
+                    "gave while checked: a transform must compute the same from tensors "
+                    "of the same shapes and dtypes"
                 )
         return results
 
-    def fetch(self, name: str) -> Any:
-        mapped = self.mapped[name]
+    def _fetch_one(self, name: str, mapped: _Mapped) -> Any:
         if mapped.rule is None or mapped.rule.transform is None:
             return self.inner.fetch(mapped.sources[0])
         key = (mapped.rule, mapped.sources)
         if key not in self._results:
             # one group's results at a time: a split's parts are restored one after another
             self._results.clear()
-            checked = self._checked(name, mapped)
-            arrays = [self.inner.fetch(source) for source in mapped.sources]
-            with in_file_dtypes(dtype_name(a) for a in arrays):
-                results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
-            # what is restored is what was checked: a transform that answers otherwise
-            # when run (on other inputs, a random or stateful one) is an error
-            for target, result, expected in zip(mapped.rule.targets, results, checked):
-                got = (dtype_name(result), tuple(result.shape))
-                if got != (dtype_name(expected), tuple(expected.shape)):
-                    raise ValueError(
-                        f"{self._what(name, mapped)} gave {describe_array(*got)} for "
-                        f"{target!r} when run, not the "
-                        f"{describe_array(dtype_name(expected), tuple(expected.shape))} it "
-                        "gave while checked: a transform must compute the same from tensors "
-                        "of the same shapes and dtypes"
-                    )
-            self._results[key] = results
+            self._results[key] = self._run(name, mapped)
         return self._results[key][mapped.position]
+
+    def fetch(self, name: str) -> Any:
+        if name in self.stacked:
+            return self._fetch_stacked(name)
+        return self._fetch_one(name, self.mapped[name])
+
+    def _fetch_stacked(self, whole: str) -> Any:
+        """A stacked leaf, each layer read once into one buffer of the stack's shape; the
+        other stacked leaves a split rule gives with it are filled on the way."""
+        if whole in self._assembled:
+            return self._assembled.pop(whole)
+        buffers: dict[str, Any] = {}
+        filled: dict[str, set[int]] = {}
+
+        def put(target: str, slot: int, value: Any) -> None:
+            if target not in buffers:
+                stored = self._stored_stacks[target]
+                assert stored is not None
+                dtype = numpy_dtype(stored.dtype)
+                buffers[target] = (
+                    np.empty(stored.shape, dtype) if dtype is not None else [None] * stored.shape[0]
+                )
+                filled[target] = set()
+            buffers[target][slot] = value  # (into the buffer: a copy of this layer alone)
+            filled[target].add(slot)
+
+        slots = self.stacked[whole].slots
+        for slot in sorted(slots):
+            mapped = self.layers[slots[slot]]
+            split = mapped.rule is not None and mapped.rule.transform is not None
+            if split and len(mapped.names) > 1:
+                results = self._run(slots[slot], mapped)
+                for sibling, value in zip(mapped.names, results):
+                    where = self._slot_of.get(sibling)
+                    if where is None or self._stored_stacks.get(where[0]) is None:
+                        continue  # a result outside the stacks: fetched on its own
+                    if where[0] == whole or where[0] not in self._assembled:
+                        put(where[0], where[1], value)
+            else:
+                put(whole, slot, self._fetch_one(slots[slot], mapped))
+        for target, buffer in buffers.items():
+            if isinstance(buffer, list) and len(filled[target]) == len(buffer):
+                buffer = jax.numpy.stack(buffer)  # (key data: no NumPy dtype to hold it)
+            if target != whole and len(filled[target]) == len(self.stacked[target].slots):
+                self._assembled[target] = buffer
+            buffers[target] = buffer
+        return buffers[whole]
+
+
+def _layer_number(name: str, stack: StackAt) -> int:
+    """The layer number of a per-layer name of `stack` (`blocks.3.w` -> 3)."""
+    rest = name[len(stack.prefix) + 1 :] if stack.prefix else name
+    return int(rest.split(".", 1)[0])
+
+
+def _listed_numbers(numbers: Sequence[int], limit: int = 6) -> str:
+    shown = ", ".join(map(str, numbers[:limit]))
+    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
+
+
+def _results_of(what: str, rule: Rule, result: Any) -> list[Any]:
+    """A transform's result as one array per target, or a `ValueError` starting `what`."""
+    if len(rule.targets) == 1:
+        if not _is_array(result):
+            raise ValueError(
+                f"{what} returned {_kind(result)}; a rule with one target returns one array"
+            )
+        return [result]
+    if not isinstance(result, (list, tuple)):
+        raise ValueError(
+            f"{what} returned {_kind(result)}; a rule with {len(rule.targets)} targets "
+            f"returns a list or tuple of {len(rule.targets)} arrays, one per target in "
+            "order"
+        )
+    results = list(result)
+    if len(results) != len(rule.targets):
+        raise ValueError(f"{what} returned {len(results)} values for {len(rule.targets)} targets")
+    for target, value in zip(rule.targets, results):
+        if not _is_array(value):
+            raise ValueError(
+                f"{what} returned {_kind(value)} for the target {target!r}; each result is an array"
+            )
+    return results
 
 
 def _is_array(value: Any) -> bool:
