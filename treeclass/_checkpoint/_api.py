@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
 import jax
+import numpy as np
 
 from .._at import AtIndexer
 from .._frozen import is_frozen
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
+from ._export import ForeignTensor, export
 from ._files import write_atomically
 from ._formats import open_source
 from ._processes import save_from_processes
@@ -82,8 +85,20 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
     return selected
 
 
-def state_dict(tree: PyTree) -> dict:
+def _compiled(rules: Any, action: str) -> Any:
+    try:
+        return compile_rules(rules)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{action}: {error}") from None
+
+
+def state_dict(tree: PyTree, *, rules: Any = None) -> dict:
     """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
+
+    With `rules`, the data in another library's layout instead: a flat dict of NumPy
+    arrays by that library's names (`{"transformer.h.0.attn.c_attn.weight": ...}`, a
+    PyTorch `state_dict`'s shape), computed by running the key rules that load it
+    backwards, as `save` with `rules=` writes them.
 
     Keys are field names, dict keys and sequence indices (as ints). Values are every array
     leaf, every frozen array (unfrozen, as an array; also inside frozen subtrees), numpy
@@ -95,10 +110,18 @@ def state_dict(tree: PyTree) -> dict:
     **Arguments**
 
     - `tree`: any pytree, possibly holding `TreeClass` instances and frozen values.
+    - `rules`: the key rules `from_state_dict` / `load` read the other layout with (see
+      `save`).
 
     **Returns**
 
-    A nested `dict`; nodes without data (a layer of strings only) do not appear.
+    A nested `dict`; nodes without data (a layer of strings only) do not appear. With
+    `rules`, a flat `dict` of NumPy arrays, in natural order of the names.
+
+    **Raises**
+
+    With `rules`, `ValueError` naming the rule that cannot be run backwards, or the
+    key paths of tied weights that differ.
 
     ```python
     import jax.numpy as jnp
@@ -115,8 +138,29 @@ def state_dict(tree: PyTree) -> dict:
     assert list(state["layers"][0]) == ["weight", "table"]
     assert state["step"] == 7 and state["layers"][0]["table"].shape == (3,)
     ```
+
+    The same data named and laid out as a PyTorch `nn.Linear` keeps it, by the rules
+    that load it:
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    class Linear(tc.TreeClass):
+        weight: jnp.ndarray  # [in, out]
+        bias: jnp.ndarray
+
+    rules = [("fc.weight", "weight", lambda w: w.T), ("fc.bias", "bias")]
+    model = Linear(jnp.ones((3, 2)), jnp.zeros(2))
+    torch_style = tc.state_dict(model, rules=rules)
+    assert torch_style["fc.weight"].shape == (2, 3)  # [out, in]
+    assert tc.is_tree_equal(tc.from_state_dict(model, torch_style, rules=rules), model)
+    ```
     """
-    return state_dict_of(tree)
+    if rules is None:
+        return state_dict_of(tree)
+    tensors = export(tree, _compiled(rules, "tc.state_dict"), "tc.state_dict")
+    return {t.name: t.compute() for t in tensors}
 
 
 @overload
@@ -238,7 +282,14 @@ def from_state_dict(
     )
 
 
-def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | None = None) -> None:
+def save(
+    path: str | os.PathLike,
+    tree: PyTree,
+    *,
+    max_shard_size: int | str | None = None,
+    rules: Any = None,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
 
     Every array (frozen ones too) and numpy scalar is a tensor named by its key path
@@ -266,6 +317,21 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
       atomically, the index last; shards of an earlier save at `path` that the new index
       no longer names are removed. `load` of the index restores exactly what `load` of
       a single file does.
+    - `rules`: write another library's layout instead: the key rules that load it (as
+      `load` takes them), run backwards. Each rule's targets are found among the
+      tree's key paths (a `tc.Stacked` or `tc.Periodic` leaf no rule takes whole, by
+      its layers' names: `blocks[{i}].attn.q` writes one tensor per layer), and its
+      sources are computed from them: renamed; by the rule's inverse, given as a
+      fourth element `(source, target, transform, inverse)`; or, for a transform that
+      only moves elements (a transpose, reshape, split or concatenation), by the
+      inverse found by running it on labels. A source a rule gives twice (tied
+      weights, `lambda w: (w, w.T)`), or two rules give, is written once, and must be
+      equal in both. Names no rule matches keep their own; strings, static fields and
+      functions are not written (the file is another library's: no treeclass
+      metadata). Tensors are written in natural order of their names.
+    - `metadata`: strings to write in the file's header (`__metadata__`; with
+      `max_shard_size`, the index's `metadata`), such as `{"format": "pt"}`, which
+      PyTorch-side tools look for.
 
     In a run of several processes (`jax.distributed`), every process must call
     `save` with the same path and a tree of the same structure: process 0 alone writes
@@ -283,8 +349,10 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
     **Raises**
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
-    the same name, or (on several processes) calls that do not match; the file is
-    untouched. `TimeoutError` when some processes do not call it.
+    the same name, or (on several processes) calls that do not match; with `rules`, a
+    rule that cannot be run backwards (named), tied weights that differ, or a run of
+    several processes (export from one process); the file is untouched.
+    `TimeoutError` when some processes do not call it.
 
     ```python
     import os, tempfile
@@ -322,14 +390,21 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
     """
     path = os.fspath(path)
     try:
+        extra = _metadata(metadata)
         shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
-        found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
-        document, planned = plan(tree, found, can_store)
-        tensors = [
-            OutTensor(t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path))
-            for t in planned
-        ]
-        header = header_bytes({METADATA_KEY: document}, tensors)
+        if rules is not None:
+            tensors, planned, header_metadata = _export_plan(path, tree, rules), [], extra
+        else:
+            found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
+            document, planned = plan(tree, found, can_store)
+            tensors = [
+                OutTensor(
+                    t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path)
+                )
+                for t in planned
+            ]
+            header_metadata = {**extra, METADATA_KEY: document}
+        header = header_bytes(header_metadata, tensors)
     except ValueError as error:  # before anything is written
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
@@ -339,7 +414,7 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
                 write_atomically, path, lambda f: write_tensors(f, header, tensors)
             )
         else:
-            write = functools.partial(shards.write, {METADATA_KEY: document}, tensors)
+            write = functools.partial(shards.write, header_metadata, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
         if error.errno is None:
@@ -348,6 +423,51 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
         if not reason.startswith("cannot write"):
             reason = f"cannot write {path}: {reason}"
         raise type(error)(error.errno, f"tc.save {reason}", path) from error
+
+
+def _metadata(metadata: Any) -> dict[str, str]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(f"metadata= takes a dict of strings to strings, got {metadata!r:.80}")
+    if METADATA_KEY in metadata:
+        raise ValueError(f"metadata= cannot hold {METADATA_KEY!r}: treeclass writes it")
+    return dict(metadata)
+
+
+def _export_plan(path: str, tree: Any, rules: Any) -> list[OutTensor]:
+    """The tensors of an export to another library's layout, checked before writing."""
+    if jax.process_count() > 1:
+        raise ValueError(
+            "tc.save with rules= writes from one process; gather the model to one process "
+            "(or save treeclass's own layout, which every process writes together)"
+        )
+    out = []
+    for tensor in export(tree, _compiled(rules, "tc.save"), "tc.save"):
+        if not can_store(tensor.dtype):
+            raise ValueError(
+                f"{tensor.name!r} would be {tensor.dtype}, which safetensors has no name for"
+            )
+        nbytes = tensor.dtype.itemsize * math.prod(tensor.shape)
+        out.append(
+            OutTensor(
+                tensor.name,
+                tensor.dtype,
+                tensor.shape,
+                nbytes,
+                functools.partial(_foreign_bytes, tensor, path),
+            )
+        )
+    return out
+
+
+def _foreign_bytes(tensor: ForeignTensor, path: str) -> Any:
+    value = np.ascontiguousarray(tensor.compute())
+    if value.dtype.byteorder == ">":
+        value = value.astype(value.dtype.newbyteorder("<"))
+    return value.reshape(-1).view(np.uint8)
 
 
 def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:

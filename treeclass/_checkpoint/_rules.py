@@ -36,9 +36,16 @@ from ._tree import (
     numpy_dtype,
 )
 
-__all__ = ["Rule", "compile_rules", "RuledCatalog", "in_file_dtypes"]
+__all__ = [
+    "Rule",
+    "compile_rules",
+    "RuledCatalog",
+    "in_file_dtypes",
+    "results_of",
+    "fill",
+]
 
-_CAPTURE = re.compile(r"\{(\w+)(\*?)\}")
+_CAPTURE = re.compile(r"\{(\w+)(\*?)(?::([\w|-]+))?\}")
 _BRACKET = re.compile(r"\[(?:'([^']*)'|\"([^\"]*)\"|([^\]]*))\]")
 
 
@@ -48,19 +55,38 @@ def _normalize(pattern: str) -> str:
     return dotted[1:] if dotted.startswith(".") else dotted
 
 
-def _regex(pattern: str) -> tuple[re.Pattern[str], tuple[str, ...]]:
+def _regex(
+    pattern: str, choices: Mapping[str, tuple[str, ...]] | None = None
+) -> tuple[re.Pattern[str], tuple[str, ...]]:
+    """A pattern as a regex, and its captures in order. A capture `{n:q|k|v}` matches one
+    of those values only (as does `{n}` where `choices` says so: a target's capture takes
+    the values its source allows)."""
     parts, names, at = [], [], 0
     for match in _CAPTURE.finditer(pattern):
         parts.append(re.escape(pattern[at : match.start()]))
-        name, many = match.groups()
+        name, many, allowed = match.groups()
         if name in names:
             parts.append(f"(?P={name})")
         else:
-            parts.append(f"(?P<{name}>.+?)" if many else f"(?P<{name}>[^.]+)")
+            values = allowed.split("|") if allowed else (choices or {}).get(name)
+            if values:
+                parts.append(f"(?P<{name}>{'|'.join(map(re.escape, values))})")
+            else:
+                parts.append(f"(?P<{name}>.+?)" if many else f"(?P<{name}>[^.]+)")
             names.append(name)
         at = match.end()
     parts.append(re.escape(pattern[at:]))
     return re.compile("".join(parts)), tuple(names)
+
+
+def pattern_choices(patterns: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The captures of `patterns` limited to some values (`{n:q|k|v}`), with them."""
+    return {
+        m.group(1): tuple(m.group(3).split("|"))
+        for p in patterns
+        for m in _CAPTURE.finditer(p)
+        if m.group(3)
+    }
 
 
 class Rule(NamedTuple):
@@ -71,6 +97,9 @@ class Rule(NamedTuple):
     transform: Callable[..., Any] | None
     regexes: tuple[re.Pattern[str], ...]
     captures: tuple[str, ...]
+    inverse: Callable[..., Any] | None = None  # for export: targets -> sources
+    # the targets as regexes (captures limited to the values their sources allow)
+    target_regexes: tuple[re.Pattern[str], ...] = ()
 
     def text(self) -> str:
         show = lambda names: names[0] if len(names) == 1 else list(names)  # noqa: E731
@@ -78,15 +107,17 @@ class Rule(NamedTuple):
 
 
 _BAD_RULE = (
-    "A key rule is a (source, target) or (source, target, transform) tuple, or a dict "
-    "{{source: target}}; got {rule!r}. Sources are the checkpoint's names with captures "
-    "(`'layers.{{i}}.weight'`), targets the model's key paths (`'blocks[{{i}}].w'`)."
+    "A key rule is a (source, target), (source, target, transform) or (source, target, "
+    "transform, inverse) tuple, or a dict {{source: target}}; got {rule!r}. Sources are "
+    "the checkpoint's names with captures (`'layers.{{i}}.weight'`), targets the model's "
+    "key paths (`'blocks[{{i}}].w'`)."
 )
 
 
 _BAD_TABLE = (
     "rules= takes a dict {{source: target}} or a list of (source, target) / (source, "
-    "target, transform) tuples, in the order they are tried; got {what}"
+    "target, transform) / (source, target, transform, inverse) tuples, in the order they "
+    "are tried; got {what}"
 )
 
 
@@ -107,9 +138,16 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
         raise TypeError(_BAD_TABLE.format(what=f"a {type(rules).__name__} {rules!r:.60}"))
     compiled = []
     for rule in rules:
-        if not isinstance(rule, tuple) or len(rule) not in (2, 3):
+        if not isinstance(rule, tuple) or len(rule) not in (2, 3, 4):
             raise TypeError(_BAD_RULE.format(rule=rule))
-        transform = rule[2] if len(rule) == 3 else None
+        transform = rule[2] if len(rule) >= 3 else None
+        inverse = rule[3] if len(rule) == 4 else None
+        if len(rule) == 4 and (transform is None or not callable(inverse)):
+            raise TypeError(
+                f"Key rule {rule!r}: a fourth element is the transform's inverse (the "
+                "model's arrays -> the checkpoint's, for export), so the rule has a "
+                "transform and the inverse is callable"
+            )
         sources, targets = _patterns(rule[0]), _patterns(rule[1])
         if (
             not sources
@@ -146,7 +184,9 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
                     f"Key rule {rule!r}: the target {target!r} uses {sorted(used - captured)}, "
                     "which no source captures"
                 )
-        compiled.append(Rule(sources, targets, transform, regexes, names[0]))
+        choices = pattern_choices(sources)
+        backward = tuple(_regex(target, choices)[0] for target in targets)
+        compiled.append(Rule(sources, targets, transform, regexes, names[0], inverse, backward))
     return tuple(compiled)
 
 
@@ -164,7 +204,7 @@ def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[An
     return contextlib.nullcontext()
 
 
-def _fill(pattern: str, values: Mapping[str, str]) -> str:
+def fill(pattern: str, values: Mapping[str, str]) -> str:
     return _CAPTURE.sub(lambda m: values[m.group(1)], pattern)
 
 
@@ -218,7 +258,7 @@ class RuledCatalog:
         for (number, values), found in groups.items():
             rule = rules[number]
             if len(found) < len(rule.sources):  # a concatenation lacks a part
-                lacking = [_fill(s, dict(zip(rule.captures, values))) for s in rule.sources]
+                lacking = [fill(s, dict(zip(rule.captures, values))) for s in rule.sources]
                 self.problems.append(
                     f"incomplete  key rule {rule.text()} found {sorted(found.values())} in "
                     f"{self.label} but not {[n for n in lacking if n not in found.values()]}"
@@ -226,7 +266,7 @@ class RuledCatalog:
                 continue
             sources = tuple(found[k] for k in range(len(rule.sources)))
             captures = dict(zip(rule.captures, values))
-            names = tuple(_fill(target, captures) for target in rule.targets)
+            names = tuple(fill(target, captures) for target in rule.targets)
             for position, name in enumerate(names):
                 self._add(name, _Mapped(rule, sources, position, names))
         # per-layer names of the template's stacks: set aside, their stacked leaves offered
@@ -288,11 +328,11 @@ class RuledCatalog:
                 break
         for want in wanted:
             for rule in self.rules:
-                for target in rule.targets:
-                    match = _regex(target)[0].fullmatch(want)
+                for target in rule.target_regexes:
+                    match = target.fullmatch(want)
                     if match is not None:
                         captures = match.groupdict()
-                        return tuple(_fill(source, captures) for source in rule.sources)
+                        return tuple(fill(source, captures) for source in rule.sources)
         return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
@@ -411,7 +451,7 @@ class RuledCatalog:
                 "arrays and, for the checks, jax.ShapeDtypeStructs: write it with jnp or "
                 "array methods (`w.T`, `jnp.split(qkv, 3)`)"
             ) from None
-        return _results_of(what, rule, result)
+        return results_of(what, rule, result)
 
     def _run(self, name: str, mapped: _Mapped) -> list[Any]:
         """Every result of `mapped`'s transform, read and run (checked as `_checked` saw it)."""
@@ -503,27 +543,32 @@ def _listed_numbers(numbers: Sequence[int], limit: int = 6) -> str:
     return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
-def _results_of(what: str, rule: Rule, result: Any) -> list[Any]:
-    """A transform's result as one array per target, or a `ValueError` starting `what`."""
-    if len(rule.targets) == 1:
+def results_of(
+    what: str, rule: Rule, result: Any, count: int | None = None, side: str = "targets"
+) -> list[Any]:
+    """A transform's result as one array per target (or per source, for an inverse:
+    `count` of them), or a `ValueError` starting `what`."""
+    count = len(rule.targets) if count is None else count
+    if count == 1:
         if not _is_array(result):
             raise ValueError(
-                f"{what} returned {_kind(result)}; a rule with one target returns one array"
+                f"{what} returned {_kind(result)}; a rule with one {side[:-1]} returns one array"
             )
         return [result]
     if not isinstance(result, (list, tuple)):
         raise ValueError(
-            f"{what} returned {_kind(result)}; a rule with {len(rule.targets)} targets "
-            f"returns a list or tuple of {len(rule.targets)} arrays, one per target in "
-            "order"
+            f"{what} returned {_kind(result)}; a rule with {count} {side} returns a list "
+            f"or tuple of {count} arrays, one per {side[:-1]} in order"
         )
     results = list(result)
-    if len(results) != len(rule.targets):
-        raise ValueError(f"{what} returned {len(results)} values for {len(rule.targets)} targets")
-    for target, value in zip(rule.targets, results):
+    if len(results) != count:
+        raise ValueError(f"{what} returned {len(results)} values for {count} {side}")
+    names = rule.targets if side == "targets" else rule.sources
+    for name, value in zip(names, results):
         if not _is_array(value):
             raise ValueError(
-                f"{what} returned {_kind(value)} for the target {target!r}; each result is an array"
+                f"{what} returned {_kind(value)} for the {side[:-1]} {name!r}; each result "
+                "is an array"
             )
     return results
 

@@ -289,6 +289,7 @@ class StackAt(NamedTuple):
     prefix: str  # the stack's own name ("" for a stack at the root)
     layers: int  # N, or R * P
     period: int  # 1 for a `Stacked`, P for a `Periodic`
+    periodic: bool = False  # its leaves are under `pattern.<position>`
 
     def stacked(self, name: str) -> tuple[str, int] | None:
         """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
@@ -302,7 +303,7 @@ class StackAt(NamedTuple):
         layer = int(head)
         if layer >= self.layers:
             return None
-        if self.period == 1:
+        if not self.periodic:
             return _joined(self.prefix, rest), layer
         slot, position = divmod(layer, self.period)
         return _joined(self.prefix, f"pattern.{position}.{rest}"), slot
@@ -313,7 +314,7 @@ class StackAt(NamedTuple):
         if self.prefix and not name.startswith(self.prefix + "."):
             return None
         rest = name[len(self.prefix) + 1 :] if self.prefix else name
-        if self.period == 1:
+        if not self.periodic:
             return [_joined(self.prefix, f"{i}.{rest}") for i in range(self.layers)]
         key, _, rest = rest.partition(".")
         position, _, rest = rest.partition(".")
@@ -325,7 +326,7 @@ class StackAt(NamedTuple):
     def pattern(self, name: str) -> str | None:
         """`name`'s key path within one layer, with the layer as `{i}` (`blocks[{i}].w`),
         for a stacked leaf `name` of a `Stacked`; None otherwise."""
-        if self.period != 1 or (self.prefix and not name.startswith(self.prefix + ".")):
+        if self.periodic or (self.prefix and not name.startswith(self.prefix + ".")):
             return None
         rest = name[len(self.prefix) + 1 :] if self.prefix else name
         return f"{self.prefix}[{{i}}].{rest}"
@@ -342,8 +343,8 @@ def stacks_of(tree: Any) -> list[StackAt]:
     for path, node in leaves:
         if is_stack(node):
             prefix = ".".join(_key_name(key) for key in path)
-            period = node.period if isinstance(node, Periodic) else 1
-            found.append(StackAt(prefix, len(node), period))
+            periodic = isinstance(node, Periodic)
+            found.append(StackAt(prefix, len(node), node.period if periodic else 1, periodic))
     return sorted(found, key=lambda s: -len(s.prefix))
 
 
