@@ -460,6 +460,60 @@ def test_export_through_the_same_rules_gives_the_transformers_file_back(
         assert written[key].tobytes() == array.tobytes(), key
 
 
+# -- an export that transformers loads (checked by the generator, which records its outputs) ----
+
+EXPORTS = {  # the stacked layouts: their layers leave as per-layer names
+    "gpt2": (GPT2_RULES, _stacked_gpt2),
+    "llama": (LLAMA_RULES, _periodic_llama),
+    "bert": (BERT_RULES, _stacked_bert),
+}
+
+
+def changed_model(name):
+    """The fixture's model, loaded into a stacked layout and changed in JAX: its layers in
+    reverse order and its token embedding halved (exact operations, so the export is the
+    same bytes everywhere). tests/fixtures/export_hf_fixtures.py exports it."""
+    rules, make = EXPORTS[name]
+    folder = FIXTURES / f"hf_{name}"
+    config = json.loads((folder / "config.json").read_text())
+    model = tc.load(folder / "model.safetensors", make(config), rules=rules)
+    stack = {"gpt2": "blocks", "llama": "layers", "bert": "layers"}[name]
+    model = model.at[stack].set(jax.tree_util.tree_map(lambda x: x[::-1], getattr(model, stack)))
+    embedding = {"gpt2": "wte", "llama": "embed", "bert": "word"}[name]
+    if name == "bert":
+        return model.at[embedding].set(model.word.at["weight"].apply(lambda w: w * 0.5))
+    return model.at[embedding].apply(lambda w: w * 0.5)
+
+
+def changed_outputs(name):
+    """What the changed model computes for the fixture's inputs (BERT: two arrays)."""
+    ours, _ = _outputs(name, changed_model(name))
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(ours)]
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_the_recorded_export_is_what_export_writes_now(name, tmp_path):
+    rules, _ = EXPORTS[name]
+    tc.save(tmp_path / "model.safetensors", changed_model(name), rules=rules)
+    written = load_file(tmp_path / "model.safetensors")
+    recorded = load_file(FIXTURES / f"hf_{name}" / "export" / "model.safetensors")
+    assert sorted(written) == sorted(recorded)
+    assert all(written[k].tobytes() == recorded[k].tobytes() for k in recorded)
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_transformers_loaded_the_export_and_computed_what_the_changed_model_computes(name):
+    recorded = np.load(FIXTURES / f"hf_{name}" / "export" / "transformers.npz")
+    assert recorded["missing"].size == 0 and recorded["unexpected"].size == 0
+    reference = (
+        _bert_reference()[3] if name == "bert" else (_reference(name)[3],)
+    )  # what transformers computed from the fixture itself
+    for k, ours in enumerate(changed_outputs(name)):
+        theirs = recorded[f"output_{k}"]
+        np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+        assert np.abs(reference[k] - theirs).max() > 1e-2  # the change shows in the export
+
+
 # -- the checkpoints guide shows these tables as they are here ---------------------------------
 
 
