@@ -121,6 +121,55 @@ class _Gather(NamedTuple):
     first: np.ndarray  # ... at these positions
 
 
+class _Chain(NamedTuple):
+    """A transform of one array that is a chain of transposes and reshapes, inverted step
+    by step (no labels: the fast path for large transposed weights)."""
+
+    shapes: tuple[tuple[int, ...], ...]  # of the one source
+    steps: tuple[
+        tuple[str, tuple[int, ...]], ...
+    ]  # ("transpose", inverse order) / ("reshape", shape)
+
+    def apply(self, target: np.ndarray) -> np.ndarray:
+        for kind, arg in self.steps:
+            target = target.transpose(arg) if kind == "transpose" else target.reshape(arg)
+        return target
+
+
+_RESHAPES = ("reshape", "squeeze", "expand_dims")
+
+
+def _chain(rule: Rule, shape: tuple) -> _Chain | None:
+    """The inverse of a one-to-one transform made of transposes and reshapes alone, read
+    from its jaxpr; None for any other transform."""
+    assert rule.transform is not None
+    if len(rule.sources) != 1 or len(rule.targets) != 1:
+        return None
+    try:  # traced on integers: a dtype change (`astype`) shows as an operation
+        closed = jax.make_jaxpr(rule.transform)(jax.ShapeDtypeStruct(shape, np.int32))
+    except Exception:
+        return None
+    jaxpr = closed.jaxpr
+    if jaxpr.constvars or len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1:
+        return None
+    at, steps = jaxpr.invars[0], []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if len(eqn.invars) != 1 or eqn.invars[0] is not at or name not in ("transpose", *_RESHAPES):
+            return None
+        before = tuple(eqn.invars[0].aval.shape)
+        if name == "transpose":
+            steps.append(
+                ("transpose", tuple(int(k) for k in np.argsort(eqn.params["permutation"])))
+            )
+        else:
+            steps.append(("reshape", before))
+        at = eqn.outvars[0]
+    if jaxpr.outvars[0] is not at:
+        return None
+    return _Chain((tuple(shape),), tuple(reversed(steps)))
+
+
 def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
     """Source shapes the target shapes suggest for a rule with `count` sources."""
     out: list[tuple[tuple, ...]] = []
@@ -177,7 +226,7 @@ class Exporter:
 
     def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
         self.action = action
-        self._gathers: dict[tuple, _Gather] = {}
+        self._gathers: dict[tuple, _Gather | _Chain] = {}
         targets = _targets(tree, rules, action)
         groups: dict[tuple, _Group] = {}
         own: list[_Target] = []
@@ -268,17 +317,19 @@ class Exporter:
         dtype = np.dtype(targets[0].dtype)
         return [(dtype, shape) for shape in gather.shapes]
 
-    def _gather(self, rule: Rule, structs: list[Any]) -> _Gather:
+    def _gather(self, rule: Rule, structs: list[Any]) -> _Gather | _Chain:
         key = (rule, tuple((s.shape, str(s.dtype)) for s in structs))
         if key in self._gathers:
             return self._gathers[key]
         dtypes = {np.dtype(s.dtype) for s in structs}
-        fits: dict[tuple, _Gather] = {}
+        fits: dict[tuple, _Gather | _Chain] = {}
         if len(dtypes) == 1:
             dtype = dtypes.pop()
             for shapes in _suggested(len(rule.sources), [tuple(s.shape) for s in structs]):
                 if self._gives(rule, shapes, dtype, structs):
-                    gather = _probe(rule, shapes, [tuple(s.shape) for s in structs])
+                    gather = _chain(rule, shapes[0]) if len(shapes) == 1 else None
+                    if gather is None:
+                        gather = _probe(rule, shapes, [tuple(s.shape) for s in structs])
                     if gather is not None:
                         fits.setdefault(tuple(shapes), gather)
         if len(fits) != 1:
@@ -372,6 +423,8 @@ class Exporter:
             return results
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
         gather = self._gather(rule, structs)
+        if isinstance(gather, _Chain):
+            return [gather.apply(arrays[0])]
         joined = np.concatenate([a.reshape(-1) for a in arrays])
         if gather.again.size:
             given, before = joined[gather.again], joined[gather.first]
