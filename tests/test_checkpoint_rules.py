@@ -993,3 +993,16 @@ def test_export_undoes_any_chain_of_element_moves(shape, moves):
     model = tc.from_state_dict({"w": jnp.zeros(transform(w).shape)}, {"fc": {"w": w}}, rules=[rule])
     back = tc.state_dict(model, rules=[rule])["fc.w"]
     assert back.shape == shape and back.tobytes() == w.tobytes()
+
+
+def test_a_stack_of_numpy_arrays_is_assembled_on_the_host_in_its_dtype(tmp_path):
+    class Block(tc.TreeClass):
+        w: Any
+
+    tensors = {f"h.{i}.w": np.full(3, i + 0.1, np.float64) for i in range(4)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    like = {"blocks": tc.Stacked.from_blocks([Block(np.zeros(3))] * 4)}
+    model = tc.load(tmp_path / "m.safetensors", like, rules=[("h.{i}.w", "blocks[{i}].w")])
+    leaf = model["blocks"].tree.w
+    assert isinstance(leaf, np.ndarray) and leaf.dtype == np.float64
+    assert leaf[:, 0].tolist() == [0.1, 1.1, 2.1, 3.1]  # exact: never through float32

@@ -19,6 +19,7 @@ dtypes come from `jax.eval_shape` of each transform).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -486,12 +487,25 @@ class RuledCatalog:
 
     def fetch(self, name: str) -> Any:
         if name in self.stacked:
-            return self._fetch_stacked(name)
+            return self._fetch_stacked(name, on_device=False)
         return self._fetch_one(name, self.mapped[name])
 
-    def _fetch_stacked(self, whole: str) -> Any:
-        """A stacked leaf, each layer read once into one buffer of the stack's shape; the
-        other stacked leaves a split rule gives with it are filled on the way."""
+    def fetch_placed(self, name: str, template: Any) -> Any:
+        """A stacked leaf for a `jax.Array` template on one device, assembled there: each
+        layer written into its slot of one device buffer, which the update donates, so
+        the host holds one layer at a time and the device one stack. None for any other
+        name or template (`fetch` reads it)."""
+        if name not in self.stacked or isinstance(template, (np.ndarray, np.generic)):
+            return None
+        sharding = getattr(template, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1:
+            return None  # (placed by the restore, from the whole stack)
+        return self._fetch_stacked(name, on_device=True)
+
+    def _fetch_stacked(self, whole: str, on_device: bool) -> Any:
+        """A stacked leaf, each layer read once into one buffer of the stack's shape (on
+        the default device, or on the host); the other stacked leaves a split rule gives
+        with it are filled on the way."""
         if whole in self._assembled:
             return self._assembled.pop(whole)
         buffers: dict[str, Any] = {}
@@ -502,11 +516,18 @@ class RuledCatalog:
                 stored = self._stored_stacks[target]
                 assert stored is not None
                 dtype = numpy_dtype(stored.dtype)
-                buffers[target] = (
-                    np.empty(stored.shape, dtype) if dtype is not None else [None] * stored.shape[0]
-                )
+                if dtype is None:  # key data: no NumPy dtype to hold it
+                    buffers[target] = [None] * stored.shape[0]
+                elif on_device and jax.dtypes.canonicalize_dtype(dtype) == dtype:
+                    buffers[target] = jax.numpy.zeros(stored.shape, dtype)
+                else:
+                    buffers[target] = np.empty(stored.shape, dtype)
                 filled[target] = set()
-            buffers[target][slot] = value  # (into the buffer: a copy of this layer alone)
+            buffer = buffers[target]
+            if isinstance(buffer, jax.Array):
+                buffers[target] = _write_slot(buffer, value, slot)
+            else:
+                buffer[slot] = value  # (into the buffer: a copy of this layer alone)
             filled[target].add(slot)
 
         slots = self.stacked[whole].slots
@@ -525,11 +546,17 @@ class RuledCatalog:
                 put(whole, slot, self._fetch_one(slots[slot], mapped))
         for target, buffer in buffers.items():
             if isinstance(buffer, list) and len(filled[target]) == len(buffer):
-                buffer = jax.numpy.stack(buffer)  # (key data: no NumPy dtype to hold it)
+                buffer = jax.numpy.stack(buffer)
             if target != whole and len(filled[target]) == len(self.stacked[target].slots):
                 self._assembled[target] = buffer
             buffers[target] = buffer
         return buffers[whole]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
+    """`buffer` with `value` in slot `slot` of its first axis, written in place (donated)."""
+    return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
 
 
 def _layer_number(name: str, stack: StackAt) -> int:

@@ -1214,6 +1214,11 @@ def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
     bytes or key data, bool and sub-byte types (whose unused bits are checked on the
     whole tensor).
     """
+    placed = getattr(source, "fetch_placed", None)  # (a stacked leaf assembled in place)
+    if placed is not None and entry.category == TENSOR:
+        value = placed(entry.name, template)
+        if value is not None:
+            return value
     sharding = _sharding_of(template) if entry.category == TENSOR else None
     ranges = getattr(source, "range_reader", None)
     if sharding is None or len(sharding.device_set) < 2 or ranges is None:
