@@ -392,8 +392,9 @@ def save(
     try:
         extra = _metadata(metadata)
         shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
+        planned: list[PlannedTensor] = []
         if rules is not None:
-            tensors, planned, header_metadata = _export_plan(path, tree, rules), [], extra
+            tensors, header_metadata = _export_plan(path, tree, rules), extra
         else:
             found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
             document, planned = plan(tree, found, can_store)

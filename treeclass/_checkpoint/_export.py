@@ -23,8 +23,10 @@ give the same bytes.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -80,7 +82,7 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
             )
         if entry.category == NUMBER:
             array = np.asarray(value)
-            out.append(_Target(entry.name, where, lambda a=array: a, (), array.dtype))
+            out.append(_Target(entry.name, where, functools.partial(_same, array), (), array.dtype))
             continue
         layers = None
         if not any(r.fullmatch(entry.name) for r in whole):
@@ -89,7 +91,13 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
             )
         if layers is None:
             out.append(
-                _Target(entry.name, where, lambda v=value: v, tuple(value.shape), value.dtype)
+                _Target(
+                    entry.name,
+                    where,
+                    functools.partial(_same, value),
+                    tuple(value.shape),
+                    value.dtype,
+                )
             )
             continue
         for slot, name in enumerate(layers):
@@ -97,7 +105,7 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
                 _Target(
                     name,
                     f"{where}[{slot}]",
-                    lambda v=value, k=slot: v[k],
+                    functools.partial(operator.getitem, value, slot),
                     tuple(value.shape[1:]),
                     value.dtype,
                 )
@@ -116,7 +124,7 @@ class _Gather(NamedTuple):
     targets' elements (flattened and joined in order)."""
 
     shapes: tuple[tuple[int, ...], ...]  # of the sources
-    index: tuple[np.ndarray, ...]  # per source, positions among the targets' elements
+    positions: tuple[np.ndarray, ...]  # per source, positions among the targets' elements
     again: np.ndarray  # positions holding an element given before ...
     first: np.ndarray  # ... at these positions
 
@@ -327,11 +335,10 @@ class Exporter:
             dtype = dtypes.pop()
             for shapes in _suggested(len(rule.sources), [tuple(s.shape) for s in structs]):
                 if self._gives(rule, shapes, dtype, structs):
-                    gather = _chain(rule, shapes[0]) if len(shapes) == 1 else None
-                    if gather is None:
-                        gather = _probe(rule, shapes, [tuple(s.shape) for s in structs])
-                    if gather is not None:
-                        fits.setdefault(tuple(shapes), gather)
+                    chain = _chain(rule, shapes[0]) if len(shapes) == 1 else None
+                    found = chain or _probe(rule, shapes, [tuple(s.shape) for s in structs])
+                    if found is not None:
+                        fits.setdefault(tuple(shapes), found)
         if len(fits) != 1:
             shown = " or ".join(
                 "(" + ", ".join(f"[{','.join(map(str, s))}]" for s in shapes) + ")"
@@ -372,7 +379,7 @@ class Exporter:
     def tensors(self) -> list[ForeignTensor]:
         """The export's tensors, in natural order of their names (layer 2 before 10)."""
         return [
-            ForeignTensor(name, *self.layout[name], lambda n=name: self.compute(n))
+            ForeignTensor(name, *self.layout[name], functools.partial(self.compute, name))
             for name in sorted(self.plan, key=_natural)
         ]
 
@@ -435,13 +442,16 @@ class Exporter:
                     f"{wheres}, which hold different values where they should be copies "
                     "of each other (tied weights are written once)"
                 )
-        return [joined[index].reshape(shape) for index, shape in zip(gather.index, gather.shapes)]
+        return [
+            joined[index].reshape(shape) for index, shape in zip(gather.positions, gather.shapes)
+        ]
 
 
 def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Gather | None:
     """Where the transform puts each source element, learned by running it on labels;
     None if it does more than move elements."""
-    assert rule.transform is not None
+    transform = rule.transform
+    assert transform is not None
     sizes = [math.prod(s) for s in shapes]
     total = sum(sizes)
     label = np.dtype(np.int32 if 2 * total < 2**31 else np.int64)
@@ -454,7 +464,7 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
             at += size
         try:
             with in_file_dtypes([label.name]):
-                results = results_of("", rule, rule.transform(*parts))
+                results = results_of("", rule, transform(*parts))
         except Exception:
             return None
         outs = [np.asarray(r) for r in results]
@@ -492,6 +502,10 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
         index.append(first[at : at + size])
         at += size
     return _Gather(tuple(tuple(s) for s in shapes), tuple(index), again, before)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _natural(name: str) -> list[tuple[int, Any]]:

@@ -141,15 +141,16 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
     for rule in rules:
         if not isinstance(rule, tuple) or len(rule) not in (2, 3, 4):
             raise TypeError(_BAD_RULE.format(rule=rule))
-        transform = rule[2] if len(rule) >= 3 else None
-        inverse = rule[3] if len(rule) == 4 else None
-        if len(rule) == 4 and (transform is None or not callable(inverse)):
+        parts: list[Any] = list(rule)
+        transform = parts[2] if len(parts) >= 3 else None
+        inverse = parts[3] if len(parts) == 4 else None
+        if len(parts) == 4 and (transform is None or not callable(inverse)):
             raise TypeError(
                 f"Key rule {rule!r}: a fourth element is the transform's inverse (the "
                 "model's arrays -> the checkpoint's, for export), so the rule has a "
                 "transform and the inverse is callable"
             )
-        sources, targets = _patterns(rule[0]), _patterns(rule[1])
+        sources, targets = _patterns(parts[0]), _patterns(parts[1])
         if (
             not sources
             or not targets
@@ -276,28 +277,29 @@ class RuledCatalog:
         self._slot_of: dict[str, tuple[str, int]] = {}
         for name in list(self.mapped):
             for stack in self.stacks:
-                hit = stack.stacked(name)
-                if hit is None:
+                in_stack = stack.stacked(name)
+                if in_stack is None:
                     continue
-                whole, slot = hit
+                stacked_name, layer_slot = in_stack
                 self.layers[name] = self.mapped.pop(name)
-                self.stacked.setdefault(whole, _Layers(stack, {}))[1][slot] = name
-                self._slot_of[name] = (whole, slot)
+                self.stacked.setdefault(stacked_name, _Layers(stack, {})).slots[layer_slot] = name
+                self._slot_of[name] = in_stack
                 break
-        for whole, layers in self.stacked.items():
-            if whole in self.mapped:
+        for stacked_name, layers in self.stacked.items():
+            if stacked_name in self.mapped:
                 raise ValueError(
-                    f"{self.title}: key rules map both {list(self.mapped[whole].sources)} "
-                    f"in {self.label} to the stacked {whole!r} and per-layer names to its "
-                    f"layers ({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep "
-                    "one of them"
+                    f"{self.title}: key rules map both "
+                    f"{list(self.mapped[stacked_name].sources)} in {self.label} to the "
+                    f"stacked {stacked_name!r} and per-layer names to its layers "
+                    f"({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep one "
+                    "of them"
                 )
         # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
         # are traced once, not 24 times
         self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
         self._stored_stacks: dict[str, Stored | None] = {}
-        for whole in self.stacked:
-            self._stored_stacks[whole] = self._stack_stored(whole)
+        for stacked_name in self.stacked:
+            self._stored_stacks[stacked_name] = self._stack_stored(stacked_name)
         # names whose absence a problem line explains (a stack lacking layers)
         self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
