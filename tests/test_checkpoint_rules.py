@@ -747,6 +747,14 @@ def test_a_stack_lacking_a_layer_names_the_layer_and_the_tensor_to_read(tmp_path
     assert "gives 1 of its 2 layers" in message and "it lacks layer 1" in message
     assert "no 'h.1.mlp.c_fc.weight' in the file" in message
     assert "missing  " not in message  # the line above says it all
+    assert "lacks layers of the stack at 'blocks' (1): it is incomplete" in message
+
+
+def test_a_checkpoint_of_fewer_layers_suggests_the_template_of_its_depth(tmp_path):
+    tensors = {k: v for k, v in gpt2_tensors().items() if not k.startswith("h.1.")}
+    message = _stack_refusal(tensors, tmp_path)
+    assert "holds the first 1 layers of every leaf of the stack at 'blocks', which has 2" in message
+    assert "build the template with 1 blocks" in message
 
 
 def test_a_layer_beyond_the_stack_is_unexpected_by_its_per_layer_name(tmp_path):

@@ -298,8 +298,10 @@ class RuledCatalog:
         # are traced once, not 24 times
         self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
         self._stored_stacks: dict[str, Stored | None] = {}
+        self._lacking: dict[str, tuple[StackAt, int, tuple[int, ...]]] = {}
         for stacked_name in self.stacked:
             self._stored_stacks[stacked_name] = self._stack_stored(stacked_name)
+        self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
         # names whose absence a problem line explains (a stack lacking layers)
         self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
@@ -381,6 +383,7 @@ class RuledCatalog:
                 f"{_listed_numbers(lacking)}"
                 + (f": no {source!r} in {self.label}" if source else "")
             )
+            self._lacking[whole] = (stack, len(slots), tuple(lacking))
             return None
         parts = {slot: self._stored_one(slots[slot], self.layers[slots[slot]]) for slot in slots}
         base = parts[min(slots)]
@@ -404,6 +407,32 @@ class RuledCatalog:
                 return None
         assert base is not None
         return Stored(TENSOR, base.dtype, (count, *base.shape))
+
+    def _stack_fixes(self) -> list[str]:
+        """For stacks lacking layers: a template of the file's depth when every leaf of
+        the stack has the same first layers only, else where layers lack."""
+        fixes = []
+        for stack in dict.fromkeys(lacked[0] for lacked in self._lacking.values()):
+            mine = [n for n, layers in self.stacked.items() if layers.stack == stack]
+            given = {self._lacking[n][1:] if n in self._lacking else None for n in mine}
+            found = next(iter(given)) if len(given) == 1 else None
+            # every leaf has layers 0..depth-1 and lacks the rest: a shallower model's file
+            depth = found[0] if found and found[1] == tuple(range(found[0], stack.layers)) else None
+            where = stack.prefix or "the root"
+            if depth is not None and not stack.periodic:
+                fixes.append(
+                    f"- {self.label} holds the first {depth} layers of every leaf of the "
+                    f"stack at {where!r}, which has {stack.layers}: build the template with "
+                    f"{depth} blocks (the configuration the checkpoint was saved with)"
+                )
+                continue
+            lacking = sorted({k for n in mine if n in self._lacking for k in self._lacking[n][2]})
+            fixes.append(
+                f"- {self.label} lacks layers of the stack at {where!r} "
+                f"({_listed_numbers(lacking)}): it is incomplete, or a key rule's source "
+                "misses their names (compare with the names the file holds)"
+            )
+        return fixes
 
     def _layer_source(self, known: str, layer: int, wanted: int) -> str | None:
         """The file's name layer `wanted` would be read from, by analogy with the per-layer

@@ -966,6 +966,7 @@ class _Fixes:
                     )
         out.extend(self._renames(list(renames)))
         out.extend(stacked.values())
+        out.extend(getattr(self.source, "fixes", ()))  # (a key rule catalog's own)
         lonely_missing = [
             e
             for k, _, e, _ in checker.problem_entries
