@@ -1014,3 +1014,17 @@ def test_a_stack_of_numpy_arrays_is_assembled_on_the_host_in_its_dtype(tmp_path)
     leaf = model["blocks"].tree.w
     assert isinstance(leaf, np.ndarray) and leaf.dtype == np.float64
     assert leaf[:, 0].tolist() == [0.1, 1.1, 2.1, 3.1]  # exact: never through float32
+
+
+def test_a_prng_key_exports_through_a_rule_with_both_directions(tmp_path):
+    model = {"w": jnp.ones(2), "key": jax.random.key(3)}
+    with pytest.raises(ValueError, match=r"tree\['key'\] is a PRNG key array"):
+        tc.state_dict(model, rules=[])
+    with pytest.raises(ValueError, match="give the rule both directions"):
+        tc.state_dict(model, rules=[("rng", "key")])
+    rule = ("rng", "key", jax.random.wrap_key_data, jax.random.key_data)
+    path = tmp_path / "m.safetensors"
+    tc.save(path, model, rules=[rule])
+    assert load_file(str(path))["rng"].dtype == np.uint32
+    restored = tc.load(path, model, rules=[rule])
+    assert tc.is_tree_equal(restored, model)

@@ -35,7 +35,7 @@ import numpy as np
 
 from .._values import is_prng_key, path_str
 from ._rules import Rule, fill, in_file_dtypes, results_of
-from ._tree import NUMBER, STATIC, TENSOR, entries, is_abstract, stacks_of
+from ._tree import NUMBER, STATIC, TENSOR, dtype_name, entries, is_abstract, stacks_of
 
 __all__ = ["ForeignTensor", "export"]
 
@@ -74,7 +74,7 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
                 f"{where} is {value!r}, an abstract value: an export writes data; load or "
                 "build the model first"
             )
-        if is_prng_key(value):
+        if is_prng_key(value) and not any(r.fullmatch(entry.name) for r in whole):
             raise ValueError(
                 f"{where} is a PRNG key array, which other libraries' layouts have no dtype "
                 "for: export its key data with a rule carrying both directions, (name, "
@@ -309,13 +309,21 @@ class Exporter:
         """The dtype and shape of each source of `group`'s rule."""
         rule = group.rule
         targets = [group.targets[k] for k in range(len(rule.targets))]
+        keys = [t.where for t in targets if jax.dtypes.issubdtype(t.dtype, jax.dtypes.prng_key)]
+        if keys and rule.inverse is None:
+            raise ValueError(
+                f"{self.action}: key rule {rule.text()} gives the PRNG key array "
+                f"{keys[0]}, which other libraries' layouts have no dtype for: give the "
+                "rule both directions, (source, target, jax.random.wrap_key_data, "
+                "jax.random.key_data)"
+            )
         if rule.transform is None:
             return [(np.dtype(targets[0].dtype), targets[0].shape)]
         structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in targets]
         if rule.inverse is not None:
             what = f"{self.action}: the inverse of key rule {rule.text()}"
             try:
-                with in_file_dtypes(np.dtype(t.dtype).name for t in targets):
+                with in_file_dtypes(dtype_name(t) for t in structs):
                     result = jax.eval_shape(rule.inverse, *structs)
             except Exception as error:
                 raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
@@ -406,13 +414,13 @@ class Exporter:
 
     def _run(self, group: _Group) -> list[np.ndarray]:
         rule = group.rule
-        arrays = [np.asarray(group.targets[k].get()) for k in range(len(rule.targets))]
+        arrays = [_host(group.targets[k].get()) for k in range(len(rule.targets))]
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
             what = f"{self.action}: the inverse of key rule {rule.text()}"
             try:
-                with in_file_dtypes(a.dtype.name for a in arrays):
+                with in_file_dtypes(dtype_name(a) for a in arrays):
                     result = rule.inverse(*arrays)
             except Exception as error:
                 raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
@@ -506,6 +514,12 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
 
 def _same(value: Any) -> Any:
     return value
+
+
+def _host(value: Any) -> Any:
+    """A target's value on the host (a PRNG key array stays as it is: its inverse, such
+    as `jax.random.key_data`, makes its data)."""
+    return value if is_prng_key(value) else np.asarray(value)
 
 
 def _natural(name: str) -> list[tuple[int, Any]]:
