@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._values import is_prng_key, path_str
@@ -309,7 +310,7 @@ class Exporter:
         """The dtype and shape of each source of `group`'s rule."""
         rule = group.rule
         targets = [group.targets[k] for k in range(len(rule.targets))]
-        keys = [t.where for t in targets if jax.dtypes.issubdtype(t.dtype, jax.dtypes.prng_key)]
+        keys = [t.where for t in targets if jnp.issubdtype(t.dtype, jax.dtypes.prng_key)]
         if keys and rule.inverse is None:
             raise ValueError(
                 f"{self.action}: key rule {rule.text()} gives the PRNG key array "
