@@ -275,10 +275,15 @@ class RuledCatalog:
         self.layers: dict[str, _Mapped] = {}
         self.stacked: dict[str, _Layers] = {}
         self._slot_of: dict[str, tuple[str, int]] = {}
+        self._beyond: dict[StackAt, set[int]] = {}  # layers a stack does not have
         for name in list(self.mapped):
             for stack in self.stacks:
                 in_stack = stack.stacked(name)
                 if in_stack is None:
+                    beyond = stack.layer_beyond(name)
+                    if beyond is not None:
+                        self._beyond.setdefault(stack, set()).add(beyond)
+                        break
                     continue
                 stacked_name, layer_slot = in_stack
                 self.layers[name] = self.mapped.pop(name)
@@ -410,8 +415,17 @@ class RuledCatalog:
 
     def _stack_fixes(self) -> list[str]:
         """For stacks lacking layers: a template of the file's depth when every leaf of
-        the stack has the same first layers only, else where layers lack."""
+        the stack has the same first layers only, else where layers lack; for layers
+        beyond a stack, a deeper template."""
         fixes = []
+        for stack, layers in self._beyond.items():
+            fixes.append(
+                f"- {self.label} holds layer{'s' if len(layers) > 1 else ''} "
+                f"{_listed_numbers(sorted(layers))} beyond the {stack.layers} of the stack "
+                f"at {stack.prefix or 'the root'!r}: build the template with "
+                f"{max(layers) + 1} layers (the configuration the checkpoint was saved "
+                'with), or leave them out with unexpected="ignore"'
+            )
         for stack in dict.fromkeys(lacked[0] for lacked in self._lacking.values()):
             mine = [n for n, layers in self.stacked.items() if layers.stack == stack]
             given = {self._lacking[n][1:] if n in self._lacking else None for n in mine}

@@ -308,6 +308,17 @@ class StackAt(NamedTuple):
         slot, position = divmod(layer, self.period)
         return _joined(self.prefix, f"pattern.{position}.{rest}"), slot
 
+    def layer_beyond(self, name: str) -> int | None:
+        """The layer number of a per-layer name of this stack's layout whose layer the
+        stack does not have (`blocks.5.w` for a stack of 4), else None."""
+        start = len(self.prefix) + 1 if self.prefix else 0
+        if self.prefix and not name.startswith(self.prefix + "."):
+            return None
+        head, dot, rest = name[start:].partition(".")
+        if dot and rest and head.isdigit() and str(int(head)) == head:
+            return int(head) if int(head) >= self.layers else None
+        return None
+
     def per_layer(self, name: str) -> list[str] | None:
         """The per-layer names of the stacked leaf `name` (one per slot), or None if
         `name` is not one of this stack's leaves."""
