@@ -392,9 +392,12 @@ def save(
     try:
         extra = _metadata(metadata)
         shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
-        planned: list[PlannedTensor] = []
         if rules is not None:
             tensors, header_metadata = _export_plan(path, tree, rules), extra
+            # what the writers learn of each tensor besides its bytes (no value to gather)
+            planned = [
+                PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
+            ]
         else:
             found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
             document, planned = plan(tree, found, can_store)
