@@ -761,7 +761,8 @@ def test_a_layer_beyond_the_stack_is_unexpected_by_its_per_layer_name(tmp_path):
     tensors = gpt2_tensors()
     tensors["h.2.mlp.c_fc.weight"] = tensors["h.0.mlp.c_fc.weight"]
     message = _stack_refusal(tensors, tmp_path)
-    assert "unexpected  'blocks.2.up' (an array float32[8,32])" in message
+    assert "unexpected  'blocks.2.up' (an array float32[8,32]) in the file (read from " in message
+    assert "'h.2.mlp.c_fc.weight'): the template has no such path" in message
     assert (
         "holds layer 2 beyond the 2 of the stack at 'blocks': build the template with 3" in message
     )

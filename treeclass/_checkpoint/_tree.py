@@ -724,8 +724,10 @@ class _Checker:
         for name in unused:
             stored = self.source.stored(name)
             assert stored is not None  # a name the catalog listed
+            origins = _origins(self.source, name)
+            read = f" (read from {', '.join(map(repr, origins))})" if origins != (name,) else ""
             messages.append(
-                f"unexpected  {name!r} ({stored.describe()}) in {label}: "
+                f"unexpected  {name!r} ({stored.describe()}) in {label}{read}: "
                 "the template has no such path"
             )
         messages.extend(problems)
