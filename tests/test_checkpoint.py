@@ -1081,3 +1081,16 @@ def test_load_into_sharded_templates_reads_each_byte_once_and_places_every_shard
     assert len(sharded_loads) == 15
     failed = {key: outcome for key, outcome in sharded_loads.items() if outcome != "ok"}
     assert not failed, "\n".join(f"{key}:\n{outcome}" for key, outcome in failed.items())
+
+
+def test_save_writes_the_metadata_it_is_given_beside_its_own(tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "m.safetensors"
+    model = {"w": jnp.ones(2), "act": tc.freeze("relu")}
+    tc.save(path, model, metadata={"format": "pt", "note": "v2"})
+    with safe_open(str(path), "np") as f:
+        assert f.metadata()["format"] == "pt" and f.metadata()["note"] == "v2"
+    assert tc.is_tree_equal(tc.load(path, model), model)
+    with pytest.raises(ValueError, match="treeclass writes it"):
+        tc.save(path, model, metadata={"treeclass": "x"})

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import treeclass as tc
 
@@ -262,8 +263,8 @@ LLAMA_RULES = [
     ("lm_head.weight", "head", transpose),
     ("model.layers.{i}.input_layernorm.weight", "layers[{i}].input_norm.weight"),
     ("model.layers.{i}.post_attention_layernorm.weight", "layers[{i}].post_norm.weight"),
-    ("model.layers.{i}.self_attn.{n}_proj.weight", "layers[{i}].{n}", transpose),
-    ("model.layers.{i}.mlp.{n}_proj.weight", "layers[{i}].{n}", transpose),
+    ("model.layers.{i}.self_attn.{n:q|k|v|o}_proj.weight", "layers[{i}].{n}", transpose),
+    ("model.layers.{i}.mlp.{n:gate|up|down}_proj.weight", "layers[{i}].{n}", transpose),
 ]
 
 
@@ -331,7 +332,7 @@ def bert_template(config):
 
 
 BERT_RULES = [
-    ("embeddings.{kind}_embeddings.weight", "{kind}.weight"),  # word, position, token_type
+    ("embeddings.{kind:word|position|token_type}_embeddings.weight", "{kind}.weight"),
     ("embeddings.LayerNorm.{p}", "embed_norm.{p}"),
     ("encoder.layer.{i}.attention.self.query.{p}", "layers[{i}].attention.q_proj.{p}"),
     ("encoder.layer.{i}.attention.self.key.{p}", "layers[{i}].attention.k_proj.{p}"),
@@ -380,6 +381,137 @@ def test_bert_with_a_transposed_square_projection_loads_silently_but_misses_the_
     ]
     model = tc.load(path, bert_template(config), rules=wrong)  # no shape error
     assert np.abs(np.asarray(model(*inputs)[0]) - hidden).max() > 1e-2
+
+
+# -- the same tables load stacked models and export, both byte for byte ------------------------
+
+
+def _stacked_gpt2(config):
+    t = gpt2_template(config)
+    return GPT2(t.wte, t.wpe, tc.Stacked.from_blocks(t.blocks), t.ln_f)
+
+
+def _stacked_llama(config):
+    t = llama_template(config)
+    return Llama(t.embed, tc.Stacked.from_blocks(t.layers), t.norm, t.head)
+
+
+def _periodic_llama(config):  # a pattern of one layer, repeated twice
+    t = llama_template(config)
+    return Llama(t.embed, tc.Periodic.from_layers(t.layers, 1), t.norm, t.head)
+
+
+def _pattern_llama(config):  # a pattern of two layers, once
+    t = llama_template(config)
+    return Llama(t.embed, tc.Periodic.from_layers(t.layers, 2), t.norm, t.head)
+
+
+def _stacked_bert(config):
+    t = bert_template(config)
+    return Bert(
+        t.word, t.position, t.token_type, t.embed_norm, tc.Stacked.from_blocks(t.layers), t.pooler
+    )
+
+
+CASES = {
+    "gpt2": (GPT2_RULES, [gpt2_template, _stacked_gpt2]),
+    "llama": (LLAMA_RULES, [llama_template, _stacked_llama, _periodic_llama, _pattern_llama]),
+    "bert": (BERT_RULES, [bert_template, _stacked_bert]),
+}
+
+
+def _cases():
+    for name, (rules, makers) in CASES.items():
+        for make in makers:
+            yield pytest.param(name, rules, make, id=f"{name}-{make.__name__}")
+
+
+def _outputs(name, model):
+    if name == "bert":
+        _, _, inputs, expected = _bert_reference()
+        return jax.jit(Bert.__call__)(model, *inputs), expected
+    _, _, ids, logits = _reference(name)
+    return jax.jit(jax.vmap(model))(ids), logits
+
+
+@pytest.mark.parametrize("name, rules, make", list(_cases()))
+def test_the_same_rules_load_every_layout_of_the_model_and_match_the_reference(name, rules, make):
+    folder = FIXTURES / f"hf_{name}"
+    config = json.loads((folder / "config.json").read_text())
+    model = tc.load(folder / "model.safetensors", make(config), rules=rules)
+    ours, expected = _outputs(name, model)
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, rules, make", list(_cases()))
+def test_export_through_the_same_rules_gives_the_transformers_file_back(
+    name, rules, make, tmp_path
+):
+    folder = FIXTURES / f"hf_{name}"
+    config = json.loads((folder / "config.json").read_text())
+    original = load_file(folder / "model.safetensors")
+    model = tc.load(folder / "model.safetensors", make(config), rules=rules)
+    tc.save(tmp_path / "model.safetensors", model, rules=rules, metadata={"format": "pt"})
+    written = load_file(tmp_path / "model.safetensors")
+    assert sorted(written) == sorted(original)  # GPT-2's tied lm_head stays out, as HF writes it
+    for key, array in original.items():
+        assert (written[key].dtype, written[key].shape) == (array.dtype, array.shape), key
+        assert written[key].tobytes() == array.tobytes(), key
+
+
+# -- an export that transformers loads (checked by the generator, which records its outputs) ----
+
+EXPORTS = {  # the stacked layouts: their layers leave as per-layer names
+    "gpt2": (GPT2_RULES, _stacked_gpt2),
+    "llama": (LLAMA_RULES, _periodic_llama),
+    "bert": (BERT_RULES, _stacked_bert),
+}
+
+
+def changed_model(name):
+    """The fixture's model, loaded into a stacked layout and changed in JAX: its layers in
+    reverse order and its token embedding halved (exact operations, so the export is the
+    same bytes everywhere). tests/fixtures/export_hf_fixtures.py exports it."""
+    rules, make = EXPORTS[name]
+    folder = FIXTURES / f"hf_{name}"
+    config = json.loads((folder / "config.json").read_text())
+    model = tc.load(folder / "model.safetensors", make(config), rules=rules)
+    stack = {"gpt2": "blocks", "llama": "layers", "bert": "layers"}[name]
+    model = model.at[stack].set(jax.tree_util.tree_map(lambda x: x[::-1], getattr(model, stack)))
+    embedding = {"gpt2": "wte", "llama": "embed", "bert": "word"}[name]
+    if name == "bert":
+        return model.at[embedding].set(model.word.at["weight"].apply(lambda w: w * 0.5))
+    return model.at[embedding].apply(lambda w: w * 0.5)
+
+
+def changed_outputs(name):
+    """What the changed model computes for the fixture's inputs (BERT: two arrays)."""
+    ours, _ = _outputs(name, changed_model(name))
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(ours)]
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_the_recorded_export_is_what_export_writes_now(name, tmp_path):
+    rules, _ = EXPORTS[name]
+    tc.save(tmp_path / "model.safetensors", changed_model(name), rules=rules)
+    written = load_file(tmp_path / "model.safetensors")
+    recorded = load_file(FIXTURES / f"hf_{name}" / "export" / "model.safetensors")
+    assert sorted(written) == sorted(recorded)
+    assert all(written[k].tobytes() == recorded[k].tobytes() for k in recorded)
+
+
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_transformers_loaded_the_export_and_computed_what_the_changed_model_computes(name):
+    recorded = np.load(FIXTURES / f"hf_{name}" / "export" / "transformers.npz")
+    assert recorded["missing"].size == 0 and recorded["unexpected"].size == 0
+    reference = (
+        _bert_reference()[3] if name == "bert" else (_reference(name)[3],)
+    )  # what transformers computed from the fixture itself
+    for k, ours in enumerate(changed_outputs(name)):
+        theirs = recorded[f"output_{k}"]
+        np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+        assert np.abs(reference[k] - theirs).max() > 1e-2  # the change shows in the export
 
 
 # -- the checkpoints guide shows these tables as they are here ---------------------------------

@@ -7,6 +7,7 @@ loads them through a rule table and must give the logits of a NumPy reference fo
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any
 
@@ -14,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import load_file, save_file
 
 import treeclass as tc
 
@@ -620,7 +623,7 @@ def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
     assert tc.load(path, {"w": jnp.zeros(2, jnp.bfloat16)}, rules=rules)["w"].dtype == jnp.bfloat16
 
 
-def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_unstack_recipe(tmp_path):
+def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_stack_rule(tmp_path):
     class Block(tc.TreeClass):
         w: jax.Array
 
@@ -632,11 +635,9 @@ def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_unstack_recipe
     tc.save(path, per_layer)
     stacked = Net(tc.Stacked.from_blocks([Block(jnp.zeros(2)) for _ in range(3)]))
     message = _refusal(path, stacked)
-    assert "Net.blocks.w is a stack of 3 layers" in message and "'blocks.{i}.w'" in message
-    recipe = "model = tc.restack(tc.load(path, tc.unstack_all(model)), model)"
-    assert recipe in message
-    model = stacked
-    restored = tc.restack(tc.load(path, tc.unstack_all(model)), model)  # the recipe, run
+    assert "Net.blocks.w is a stack of 3 layers" in message
+    assert "rules=[('blocks.{i}.w', 'blocks[{i}].w')]" in message
+    restored = tc.load(path, stacked, rules=[("blocks.{i}.w", "blocks[{i}].w")])  # the fix, run
     assert restored.blocks.tree.w.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
 
 
@@ -667,3 +668,367 @@ def test_a_non_strict_load_that_restored_less_than_it_could_warns_with_the_count
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tc.load(path, {"bb": jnp.zeros(3), "x": jnp.zeros(1)}, strict=False, unexpected="ignore")
+
+
+# -- per-layer names onto the blocks of a stack, in one load -----------------------------------
+
+
+def stacked_template() -> GPT:
+    unrolled = template()
+    return GPT(unrolled.embed, unrolled.position, tc.Stacked.from_blocks(unrolled.blocks))
+
+
+def test_per_layer_names_load_into_a_stacked_model_with_the_same_rules(gpt2_file):
+    path, tensors = gpt2_file
+    unrolled = tc.load(path, template(), rules=RULES)
+    stacked = tc.load(path, stacked_template(), rules=RULES)
+    assert stacked.blocks.tree.attn.q.shape == (LAYERS, WIDTH, WIDTH)
+    assert tc.is_tree_equal(tuple(tc.unstack_all(stacked).blocks), unrolled.blocks)
+    abstract = tc.load(path, jax.eval_shape(stacked_template), rules=RULES)
+    assert tc.is_tree_equal(abstract, stacked)
+
+
+def test_a_stacked_load_reports_every_layer_as_a_source(gpt2_file):
+    path, _ = gpt2_file
+    report = tc.load(path, stacked_template(), rules=RULES, dry_run=True)
+    assert report.messages == () and report.unexpected == ()
+    assert report.sources["GPT.blocks.attn.k"] == tuple(
+        f"h.{i}.attn.c_attn.weight" for i in range(LAYERS)
+    )
+
+
+def test_a_stacked_load_reads_each_tensor_once(gpt2_file, monkeypatch):
+    from treeclass._checkpoint import _safetensors
+
+    path, tensors = gpt2_file
+    reads: list[str] = []
+    original = _safetensors.SafetensorsFile.read
+
+    def counted(self, key):
+        reads.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(_safetensors.SafetensorsFile, "read", counted)
+    tc.load(path, stacked_template(), rules=RULES)
+    assert sorted(reads) == sorted(tensors)  # the fused c_attn too, split once per layer
+
+
+def test_a_periodic_stack_takes_per_layer_names_in_layer_order(tmp_path):
+    class Local(tc.TreeClass):
+        w: jax.Array
+
+    class Global(tc.TreeClass):
+        w: jax.Array
+        g: jax.Array
+
+    class Net(tc.TreeClass):
+        layers: tc.Periodic
+
+    pattern = [Local(jnp.zeros(2)), Local(jnp.zeros(2)), Global(jnp.zeros(2), jnp.zeros(3))]
+    like = Net(tc.Periodic.from_layers(pattern * 2, 3))
+    tensors = {f"model.layers.{i}.w": np.full(2, i, np.float32) for i in range(6)}
+    tensors.update({f"model.layers.{i}.g": np.full(3, -i, np.float32) for i in (2, 5)})
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    model = tc.load(tmp_path / "m.safetensors", like, rules=[("model.{name*}", "{name*}")])
+    assert [layer.w[0].item() for layer in model.layers] == [0, 1, 2, 3, 4, 5]
+    assert [model.layers[i].g[0].item() for i in (2, 5)] == [-2, -5]
+
+
+def _stack_refusal(tensors, tmp_path, like=None, **options) -> str:
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    return _refusal(path, like if like is not None else stacked_template(), rules=RULES, **options)
+
+
+def test_a_stack_lacking_a_layer_names_the_layer_and_the_tensor_to_read(tmp_path):
+    tensors = {k: v for k, v in gpt2_tensors().items() if k != "h.1.mlp.c_fc.weight"}
+    message = _stack_refusal(tensors, tmp_path, missing="keep")  # a policy does not waive it
+    assert "incomplete  'blocks.up' (a stack of 2 at 'blocks')" in message
+    assert "gives 1 of its 2 layers" in message and "it lacks layer 1" in message
+    assert "no 'h.1.mlp.c_fc.weight' in the file" in message
+    assert "missing  " not in message  # the line above says it all
+    assert "lacks layers of the stack at 'blocks' (1): it is incomplete" in message
+
+
+def test_a_checkpoint_of_fewer_layers_suggests_the_template_of_its_depth(tmp_path):
+    tensors = {k: v for k, v in gpt2_tensors().items() if not k.startswith("h.1.")}
+    message = _stack_refusal(tensors, tmp_path)
+    assert "holds the first 1 layers of every leaf of the stack at 'blocks', which has 2" in message
+    assert "build the template with 1 blocks" in message
+
+
+def test_a_layer_beyond_the_stack_is_unexpected_by_its_per_layer_name(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["h.2.mlp.c_fc.weight"] = tensors["h.0.mlp.c_fc.weight"]
+    message = _stack_refusal(tensors, tmp_path)
+    assert "unexpected  'blocks.2.up' (an array float32[8,32]) in the file (read from " in message
+    assert "'h.2.mlp.c_fc.weight'): the template has no such path" in message
+    assert (
+        "holds layer 2 beyond the 2 of the stack at 'blocks': build the template with 3" in message
+    )
+    path = str(tmp_path / "m.safetensors")
+    model = tc.load(path, stacked_template(), rules=RULES, unexpected="ignore")
+    assert model.blocks.tree.up.shape == (LAYERS, WIDTH, 4 * WIDTH)
+
+
+def test_layers_of_another_shape_are_an_error_naming_both(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["h.1.mlp.c_proj.weight"] = np.zeros((WIDTH, 3 * WIDTH), np.float32)
+    message = _stack_refusal(tensors, tmp_path)
+    assert "layers      'blocks.down'" in message
+    assert "layer 'blocks.1.down' is float32[24,8] (from ['h.1.mlp.c_proj.weight'])" in message
+    assert "layer 'blocks.0.down' float32[32,8]" in message
+
+
+def test_a_stacked_leaf_given_whole_and_by_layer_is_an_error(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["blocks.up"] = np.zeros((LAYERS, WIDTH, 4 * WIDTH), np.float32)
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match=r"to the stacked 'blocks.up' and per-layer names"):
+        tc.load(path, stacked_template(), rules=RULES)
+
+
+def test_two_names_for_one_layer_are_an_error(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["layer.0.up"] = tensors["h.0.mlp.c_fc.weight"]
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    rules = [*RULES, ("layer.{i}.up", "blocks[{i}].up", lambda w: w.T)]
+    with pytest.raises(ValueError, match=r"map both .* to 'blocks.0.up'"):
+        tc.load(path, stacked_template(), rules=rules)
+
+
+# -- export: the same rules, run backwards -----------------------------------------------------
+
+
+def test_export_writes_the_file_the_rules_load_byte_for_byte(gpt2_file, tmp_path):
+    path, tensors = gpt2_file
+    for like in (template(), stacked_template()):
+        model = tc.load(path, like, rules=RULES)
+        out = tmp_path / "out.safetensors"
+        tc.save(out, model, rules=RULES)
+        written = load_file(str(out))
+        assert list(written) == sorted(tensors, key=_natural)  # layer 2 before layer 10
+        for name, array in tensors.items():
+            assert written[name].dtype == array.dtype and written[name].shape == array.shape
+            assert written[name].tobytes() == array.tobytes(), name
+        assert tc.is_tree_equal(tc.load(out, like, rules=RULES), model)
+
+
+def _natural(name):
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in name.split(".")]
+
+
+def test_state_dict_with_rules_is_the_foreign_layout_and_from_state_dict_reads_it(gpt2_file):
+    path, tensors = gpt2_file
+    model = tc.load(path, stacked_template(), rules=RULES)
+    foreign = tc.state_dict(model, rules=RULES)
+    assert set(foreign) == set(tensors)
+    assert all(isinstance(v, np.ndarray) for v in foreign.values())
+    assert all(foreign[k].tobytes() == tensors[k].tobytes() for k in tensors)
+    assert tc.is_tree_equal(tc.from_state_dict(stacked_template(), foreign, rules=RULES), model)
+
+
+def test_export_inverts_element_moves_it_recognises():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(4, 6)).astype(np.float32)
+    cases = [
+        ("w", "a", lambda w: w.T),
+        ("w", "a", lambda w: w.reshape(w.shape[0] // 2, 2, w.shape[1])),  # rows in pairs
+        ("w", ["a", "b"], lambda w: jnp.split(w, 2, axis=-1)),
+        ("w", ["a", "b"], lambda w: [p.T for p in jnp.split(w, 2)]),
+        ("w", "a", lambda w: w[::-1]),
+        ("w", "a", lambda w: jnp.swapaxes(w, 0, 1)[:, ::-1]),
+    ]
+    for rule in cases:
+        model = tc.from_state_dict(_like_for(rule, w), {"w": w}, rules=[rule])
+        back = tc.state_dict(model, rules=[rule])
+        assert list(back) == ["w"] and back["w"].tobytes() == w.tobytes(), rule
+
+
+def _like_for(rule, w):
+    results = rule[2](w)
+    targets = [rule[1]] if isinstance(rule[1], str) else rule[1]
+    results = [results] if len(targets) == 1 else results
+    return {t: jnp.zeros(np.shape(r)) for t, r in zip(targets, results)}
+
+
+def test_export_concatenates_what_a_rule_split_and_splits_what_it_joined():
+    q, k = np.ones((2, 3), np.float32), np.full((2, 3), 2.0, np.float32)
+    join = (["h.q", "h.k"], "qk", lambda q, k: jnp.concatenate([q, k]))
+    model = tc.from_state_dict({"qk": jnp.zeros((4, 3))}, {"h": {"q": q, "k": k}}, rules=[join])
+    back = tc.state_dict(model, rules=[join])
+    assert back["h.q"].tolist() == q.tolist() and back["h.k"].tolist() == k.tolist()
+
+
+def test_a_transform_that_is_not_a_move_asks_for_its_inverse():
+    w = np.ones((2, 3), np.float32)
+    for transform in (lambda w: w * 2, lambda w: w.astype(jnp.bfloat16), jnp.abs, jnp.sort):
+        rule = ("fc.w", "w", transform)
+        model = tc.from_state_dict(
+            {"w": transform(jnp.zeros((2, 3)))}, {"fc": {"w": w}}, rules=[rule]
+        )
+        with pytest.raises(ValueError, match=r"key rule 'fc.w' -> 'w' cannot be inverted") as info:
+            tc.state_dict(model, rules=[rule])
+        assert "fourth element, (source, target, transform, inverse)" in str(info.value)
+
+
+def test_a_rule_carries_its_inverse_as_a_fourth_element(tmp_path):
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    rule = ("fc.w", "w", lambda w: w.astype(jnp.bfloat16), lambda w: w.astype(jnp.float32))
+    path = tmp_path / "m.safetensors"
+    save_file({"fc.w": w}, str(path))
+    model = tc.load(path, {"w": jnp.zeros((2, 3), jnp.bfloat16)}, rules=[rule])
+    tc.save(tmp_path / "out.safetensors", model, rules=[rule])
+    assert load_file(str(tmp_path / "out.safetensors"))["fc.w"].tobytes() == w.tobytes()
+    wrong = (*rule[:3], lambda w: w)  # an inverse giving bfloat16: the file would differ
+    tc.save(tmp_path / "bf.safetensors", model, rules=[wrong])
+    assert load_file(str(tmp_path / "bf.safetensors"))["fc.w"].dtype.name == "bfloat16"
+    with pytest.raises(TypeError, match="fourth element is the transform's inverse"):
+        tc.state_dict(model, rules=[("fc.w", "w", None, lambda w: w)])
+
+
+def test_a_reshape_from_several_possible_shapes_asks_for_its_inverse():
+    rule = ("w", "a", lambda w: w.reshape(4, 4))
+    model = {"a": jnp.zeros((4, 4))}
+    with pytest.raises(ValueError, match=r"several source shapes \(\(\[4,4\]\) or \(\[16\]\)"):
+        tc.state_dict(model, rules=[rule])
+    explicit = (*rule, lambda a: a.reshape(16))
+    assert tc.state_dict(model, rules=[explicit])["w"].shape == (16,)
+
+
+def test_tied_weights_are_written_once_and_must_be_equal(tmp_path):
+    embed = np.arange(6, dtype=np.float32).reshape(3, 2)
+    tied = ("emb", ["embed", "head"], lambda w: (w, w.T))
+    model = tc.from_state_dict(
+        {"embed": jnp.zeros((3, 2)), "head": jnp.zeros((2, 3))}, {"emb": embed}, rules=[tied]
+    )
+    assert list(tc.state_dict(model, rules=[tied])) == ["emb"]
+    untied = {**model, "head": model["head"] + 1}
+    with pytest.raises(ValueError, match=r"tied weights are written once"):
+        tc.state_dict(untied, rules=[tied])
+    # two rules writing one name: once, when they agree
+    twice = [("emb", "embed"), ("emb", "head", lambda w: w.T)]
+    assert list(tc.state_dict(model, rules=twice)) == ["emb"]
+    with pytest.raises(ValueError, match=r"both write 'emb', with different values"):
+        tc.state_dict(untied, rules=twice)
+
+
+def test_a_name_two_rules_could_have_given_is_an_error_naming_both():
+    rules = [("a.{n}.w", "{n}.w"), ("b.norm.w", "norm.w")]
+    with pytest.raises(
+        ValueError,
+        match=r"tree\['norm'\]\['w'\] \(named 'norm.w'\) is a target of key rules "
+        r"'a.\{n\}.w' -> '\{n\}.w' and 'b.norm.w'",
+    ):
+        tc.state_dict({"norm": {"w": jnp.ones(2)}, "x": {"w": jnp.ones(2)}}, rules=rules)
+    limited = [("a.{n:x|y}.w", "{n}.w"), ("b.norm.w", "norm.w")]
+    out = tc.state_dict({"norm": {"w": jnp.ones(2)}, "x": {"w": jnp.ones(2)}}, rules=limited)
+    assert list(out) == ["a.x.w", "b.norm.w"]
+
+
+def test_a_split_rule_needs_all_its_targets_to_export():
+    rule = ("qkv", ["q", "k"], lambda w: jnp.split(w, 2))
+    with pytest.raises(
+        ValueError,
+        match=r"writes \['qkv'\] from all its targets; "
+        r"the model has \[\"tree\['q'\]\"\] but not \['k'\]",
+    ):
+        tc.state_dict({"q": jnp.ones(2)}, rules=[rule])
+
+
+def test_a_failed_export_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"w": jnp.ones(2)})
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="cannot be inverted"):
+        tc.save(path, {"w": jnp.ones(2)}, rules=[("fc", "w", lambda w: w * 2)])
+    assert path.read_bytes() == before
+
+
+def test_an_export_writes_the_metadata_it_is_given_and_no_treeclass_document(tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "m.safetensors"
+    tc.save(
+        path, {"w": jnp.ones(2), "act": "relu"}, rules=[("fc.w", "w")], metadata={"format": "pt"}
+    )
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == {"format": "pt"} and list(f.keys()) == ["fc.w"]
+    with pytest.raises(ValueError, match="metadata= takes a dict of strings"):
+        tc.save(path, {"w": jnp.ones(2)}, metadata={"format": 1})
+
+
+def test_a_sharded_export_is_a_sharded_foreign_checkpoint(gpt2_file, tmp_path):
+    path, tensors = gpt2_file
+    model = tc.load(path, stacked_template(), rules=RULES)
+    index = tmp_path / "model.safetensors.index.json"
+    tc.save(index, model, rules=RULES, max_shard_size="1kB")
+    names = json.loads(index.read_text())["weight_map"]
+    assert set(names) == set(tensors) and len(set(names.values())) > 1
+    assert tc.is_tree_equal(tc.load(index, stacked_template(), rules=RULES), model)
+
+
+def test_a_rule_taking_a_stacked_leaf_whole_exports_it_whole():
+    class Block(tc.TreeClass):
+        w: jax.Array
+
+    model = {"blocks": tc.Stacked.from_blocks([Block(jnp.full(2, float(i))) for i in range(3)])}
+    assert list(tc.state_dict(model, rules=[("stack.w", "blocks.w")])) == ["stack.w"]
+    per_layer = tc.state_dict(model, rules=[("h.{i}.w", "blocks[{i}].w")])
+    assert list(per_layer) == ["h.0.w", "h.1.w", "h.2.w"]
+    assert per_layer["h.2.w"].tolist() == [2.0, 2.0]
+    assert list(tc.state_dict(model, rules=[])) == ["blocks.0.w", "blocks.1.w", "blocks.2.w"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    moves=st.lists(st.sampled_from(["T", "flip", "roll", "double"]), min_size=1, max_size=3),
+)
+def test_export_undoes_any_chain_of_element_moves(shape, moves):
+    def transform(w):
+        for move in moves:
+            if move == "T":
+                w = w.T
+            elif move == "flip":
+                w = w[::-1]
+            elif move == "roll":
+                w = jnp.moveaxis(w, 0, -1)
+            else:
+                w = jnp.concatenate([w, w])[: w.shape[0]]  # a copy of a part, moved back
+        return w
+
+    w = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) - 3.5
+    rule = ("fc.w", "w", transform)
+    model = tc.from_state_dict({"w": jnp.zeros(transform(w).shape)}, {"fc": {"w": w}}, rules=[rule])
+    back = tc.state_dict(model, rules=[rule])["fc.w"]
+    assert back.shape == shape and back.tobytes() == w.tobytes()
+
+
+def test_a_stack_of_numpy_arrays_is_assembled_on_the_host_in_its_dtype(tmp_path):
+    class Block(tc.TreeClass):
+        w: Any
+
+    tensors = {f"h.{i}.w": np.full(3, i + 0.1, np.float64) for i in range(4)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    like = {"blocks": tc.Stacked.from_blocks([Block(np.zeros(3))] * 4)}
+    model = tc.load(tmp_path / "m.safetensors", like, rules=[("h.{i}.w", "blocks[{i}].w")])
+    leaf = model["blocks"].tree.w
+    assert isinstance(leaf, np.ndarray) and leaf.dtype == np.float64
+    assert leaf[:, 0].tolist() == [0.1, 1.1, 2.1, 3.1]  # exact: never through float32
+
+
+def test_a_prng_key_exports_through_a_rule_with_both_directions(tmp_path):
+    model = {"w": jnp.ones(2), "key": jax.random.key(3)}
+    with pytest.raises(ValueError, match=r"tree\['key'\] is a PRNG key array"):
+        tc.state_dict(model, rules=[])
+    with pytest.raises(ValueError, match="give the rule both directions"):
+        tc.state_dict(model, rules=[("rng", "key")])
+    rule = ("rng", "key", jax.random.wrap_key_data, jax.random.key_data)
+    path = tmp_path / "m.safetensors"
+    tc.save(path, model, rules=[rule])
+    assert load_file(str(path))["rng"].dtype == np.uint32
+    restored = tc.load(path, model, rules=[rule])
+    assert tc.is_tree_equal(restored, model)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
 import jax
+import numpy as np
 
 from .._at import AtIndexer
 from .._frozen import is_frozen
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
+from ._export import ForeignTensor, export
 from ._files import write_atomically
 from ._formats import open_source
 from ._processes import save_from_processes
@@ -25,6 +28,7 @@ from ._tree import (
     StateCatalog,
     entries,
     restore,
+    stacks_of,
     state_dict_of,
 )
 from ._versions import migrate
@@ -38,14 +42,15 @@ Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
-def _with_rules(catalog: Catalog, rules: Any) -> Catalog:
+def _with_rules(catalog: Catalog, rules: Any, like: Any) -> Catalog:
     if rules is None:
         return catalog
     try:
         compiled = compile_rules(rules)
     except (TypeError, ValueError) as error:  # the rule is named: name the file too
         raise type(error)(f"{catalog.title}: {error}") from None
-    return RuledCatalog(catalog, compiled)
+    # names the rules give for single layers of the template's stacks fill their slots
+    return RuledCatalog(catalog, compiled, stacks_of(like))
 
 
 def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
@@ -80,8 +85,20 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
     return selected
 
 
-def state_dict(tree: PyTree) -> dict:
+def _compiled(rules: Any, action: str) -> Any:
+    try:
+        return compile_rules(rules)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{action}: {error}") from None
+
+
+def state_dict(tree: PyTree, *, rules: Any = None) -> dict:
     """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
+
+    With `rules`, the data in another library's layout instead: a flat dict of NumPy
+    arrays by that library's names (`{"transformer.h.0.attn.c_attn.weight": ...}`, a
+    PyTorch `state_dict`'s shape), computed by running the key rules that load it
+    backwards, as `save` with `rules=` writes them.
 
     Keys are field names, dict keys and sequence indices (as ints). Values are every array
     leaf, every frozen array (unfrozen, as an array; also inside frozen subtrees), numpy
@@ -93,10 +110,18 @@ def state_dict(tree: PyTree) -> dict:
     **Arguments**
 
     - `tree`: any pytree, possibly holding `TreeClass` instances and frozen values.
+    - `rules`: the key rules `from_state_dict` / `load` read the other layout with (see
+      `save`).
 
     **Returns**
 
-    A nested `dict`; nodes without data (a layer of strings only) do not appear.
+    A nested `dict`; nodes without data (a layer of strings only) do not appear. With
+    `rules`, a flat `dict` of NumPy arrays, in natural order of the names.
+
+    **Raises**
+
+    With `rules`, `ValueError` naming the rule that cannot be run backwards, or the
+    key paths of tied weights that differ.
 
     ```python
     import jax.numpy as jnp
@@ -113,8 +138,29 @@ def state_dict(tree: PyTree) -> dict:
     assert list(state["layers"][0]) == ["weight", "table"]
     assert state["step"] == 7 and state["layers"][0]["table"].shape == (3,)
     ```
+
+    The same data named and laid out as a PyTorch `nn.Linear` keeps it, by the rules
+    that load it:
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    class Linear(tc.TreeClass):
+        weight: jnp.ndarray  # [in, out]
+        bias: jnp.ndarray
+
+    rules = [("fc.weight", "weight", lambda w: w.T), ("fc.bias", "bias")]
+    model = Linear(jnp.ones((3, 2)), jnp.zeros(2))
+    torch_style = tc.state_dict(model, rules=rules)
+    assert torch_style["fc.weight"].shape == (2, 3)  # [out, in]
+    assert tc.is_tree_equal(tc.from_state_dict(model, torch_style, rules=rules), model)
+    ```
     """
-    return state_dict_of(tree)
+    if rules is None:
+        return state_dict_of(tree)
+    tensors = export(tree, _compiled(rules, "tc.state_dict"), "tc.state_dict")
+    return {t.name: t.compute() for t in tensors}
 
 
 @overload
@@ -223,7 +269,7 @@ def from_state_dict(
             f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
             f"{type(state).__name__}"
         )
-    catalog = _with_rules(StateCatalog(state), rules)
+    catalog = _with_rules(StateCatalog(state), rules, like)
     return restore(
         like,
         catalog,
@@ -236,7 +282,14 @@ def from_state_dict(
     )
 
 
-def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | None = None) -> None:
+def save(
+    path: str | os.PathLike,
+    tree: PyTree,
+    *,
+    max_shard_size: int | str | None = None,
+    rules: Any = None,
+    metadata: Mapping[str, str] | None = None,
+) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
 
     Every array (frozen ones too) and numpy scalar is a tensor named by its key path
@@ -264,6 +317,21 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
       atomically, the index last; shards of an earlier save at `path` that the new index
       no longer names are removed. `load` of the index restores exactly what `load` of
       a single file does.
+    - `rules`: write another library's layout instead: the key rules that load it (as
+      `load` takes them), run backwards. Each rule's targets are found among the
+      tree's key paths (a `tc.Stacked` or `tc.Periodic` leaf no rule takes whole, by
+      its layers' names: `blocks[{i}].attn.q` writes one tensor per layer), and its
+      sources are computed from them: renamed; by the rule's inverse, given as a
+      fourth element `(source, target, transform, inverse)`; or, for a transform that
+      only moves elements (a transpose, reshape, split or concatenation), by the
+      inverse found by running it on labels. A source a rule gives twice (tied
+      weights, `lambda w: (w, w.T)`), or two rules give, is written once, and must be
+      equal in both. Names no rule matches keep their own; strings, static fields and
+      functions are not written (the file is another library's: no treeclass
+      metadata). Tensors are written in natural order of their names.
+    - `metadata`: strings to write in the file's header (`__metadata__`; with
+      `max_shard_size`, the index's `metadata`), such as `{"format": "pt"}`, which
+      PyTorch-side tools look for.
 
     In a run of several processes (`jax.distributed`), every process must call
     `save` with the same path and a tree of the same structure: process 0 alone writes
@@ -283,8 +351,10 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
     **Raises**
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
-    the same name, or (on several processes) calls that do not match; the file is
-    untouched. `TimeoutError` when some processes do not call it.
+    the same name, or (on several processes) calls that do not match; with `rules`, a
+    rule that cannot be run backwards (named), tied weights that differ, or a run of
+    several processes (export from one process); the file is untouched.
+    `TimeoutError` when some processes do not call it.
 
     ```python
     import os, tempfile
@@ -322,14 +392,25 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
     """
     path = os.fspath(path)
     try:
+        extra = _metadata(metadata)
         shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
-        found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
-        document, planned = plan(tree, found, can_store)
-        tensors = [
-            OutTensor(t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path))
-            for t in planned
-        ]
-        header = header_bytes({METADATA_KEY: document}, tensors)
+        if rules is not None:
+            tensors, header_metadata = _export_plan(path, tree, rules), extra
+            # what the writers learn of each tensor besides its bytes (no value to gather)
+            planned = [
+                PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
+            ]
+        else:
+            found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
+            document, planned = plan(tree, found, can_store)
+            tensors = [
+                OutTensor(
+                    t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path)
+                )
+                for t in planned
+            ]
+            header_metadata = {**extra, METADATA_KEY: document}
+        header = header_bytes(header_metadata, tensors)
     except ValueError as error:  # before anything is written
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
@@ -339,7 +420,7 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
                 write_atomically, path, lambda f: write_tensors(f, header, tensors)
             )
         else:
-            write = shards.writer({METADATA_KEY: document}, tensors)
+            write = shards.writer(header_metadata, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
         if error.errno is None:
@@ -348,6 +429,51 @@ def save(path: str | os.PathLike, tree: PyTree, *, max_shard_size: int | str | N
         if not reason.startswith("cannot write"):
             reason = f"cannot write {path}: {reason}"
         raise type(error)(error.errno, f"tc.save {reason}", path) from error
+
+
+def _metadata(metadata: Any) -> dict[str, str]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise ValueError(f"metadata= takes a dict of strings to strings, got {metadata!r:.80}")
+    if METADATA_KEY in metadata:
+        raise ValueError(f"metadata= cannot hold {METADATA_KEY!r}: treeclass writes it")
+    return dict(metadata)
+
+
+def _export_plan(path: str, tree: Any, rules: Any) -> list[OutTensor]:
+    """The tensors of an export to another library's layout, checked before writing."""
+    if jax.process_count() > 1:
+        raise ValueError(
+            "tc.save with rules= writes from one process; gather the model to one process "
+            "(or save treeclass's own layout, which every process writes together)"
+        )
+    out = []
+    for tensor in export(tree, _compiled(rules, "tc.save"), "tc.save"):
+        if not can_store(tensor.dtype):
+            raise ValueError(
+                f"{tensor.name!r} would be {tensor.dtype}, which safetensors has no name for"
+            )
+        nbytes = tensor.dtype.itemsize * math.prod(tensor.shape)
+        out.append(
+            OutTensor(
+                tensor.name,
+                tensor.dtype,
+                tensor.shape,
+                nbytes,
+                functools.partial(_foreign_bytes, tensor, path),
+            )
+        )
+    return out
+
+
+def _foreign_bytes(tensor: ForeignTensor, path: str) -> Any:
+    value = np.ascontiguousarray(tensor.compute())
+    if value.dtype.byteorder == ">":
+        value = value.astype(value.dtype.newbyteorder("<"))
+    return value.reshape(-1).view(np.uint8)
 
 
 def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:
@@ -470,7 +596,12 @@ def load(
       tensors to the transform (to concatenate), a list of targets takes as many
       results (to split). Names no rule matches keep their own. Transforms get NumPy
       arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or
-      array methods.
+      array methods. A name given for one layer of a `tc.Stacked` or `tc.Periodic`
+      of the template (a target `blocks[{i}].attn.q`, as the unrolled model names
+      it) fills block `i` of the stacked leaf in this load: the same table loads the
+      unrolled and the stacked model, each tensor read once, into one buffer of the
+      stack's shape; a stack lacking layers, or layers of another shape, is an error
+      naming them.
     - `where`: load only a selection of the template, `like.at["encoder"]` or any
       selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
       neither checked nor reported.
@@ -499,11 +630,11 @@ def load(
     A failed strict load's error lists every problem and, computed from them, the fixes
     that fit: a key rule for a renamed path (one rule with `{i}` for every layer, with
     `lambda w: w.T` for a transposed weight; or a class migration for treeclass's own
-    files), `astype` in a rule for another dtype, the unstack recipe for per-layer tensors
-    in a stacked template, `missing="keep"` / `unexpected="ignore"` for paths only one
-    side has; never a blanket `strict=False`. A non-strict load that kept template values
-    where the file holds the data under another name, dtype or layout warns with their
-    count and the same fixes.
+    files), `astype` in a rule for another dtype, a key rule onto a stack's blocks for
+    per-layer tensors in a stacked template, `missing="keep"` / `unexpected="ignore"`
+    for paths only one side has; never a blanket `strict=False`. A non-strict load that
+    kept template values where the file holds the data under another name, dtype or
+    layout warns with their count and the same fixes.
 
     **Raises**
 
@@ -561,7 +692,7 @@ def load(
     """
     source = open_source(os.fspath(path), like, format)
     try:
-        catalog = _with_rules(migrate(SourceCatalog(source), like), rules)
+        catalog = _with_rules(migrate(SourceCatalog(source), like), rules, like)
         return restore(
             like,
             catalog,

@@ -19,6 +19,7 @@ dtypes come from `jax.eval_shape` of each transform).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -26,11 +27,26 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._tree import TENSOR, Catalog, Stored, describe_array, dtype_name, numpy_dtype
+from ._tree import (
+    TENSOR,
+    Catalog,
+    StackAt,
+    Stored,
+    describe_array,
+    dtype_name,
+    numpy_dtype,
+)
 
-__all__ = ["Rule", "compile_rules", "RuledCatalog", "in_file_dtypes"]
+__all__ = [
+    "Rule",
+    "compile_rules",
+    "RuledCatalog",
+    "in_file_dtypes",
+    "results_of",
+    "fill",
+]
 
-_CAPTURE = re.compile(r"\{(\w+)(\*?)\}")
+_CAPTURE = re.compile(r"\{(\w+)(\*?)(?::([\w|-]+))?\}")
 _BRACKET = re.compile(r"\[(?:'([^']*)'|\"([^\"]*)\"|([^\]]*))\]")
 
 
@@ -40,19 +56,38 @@ def _normalize(pattern: str) -> str:
     return dotted[1:] if dotted.startswith(".") else dotted
 
 
-def _regex(pattern: str) -> tuple[re.Pattern[str], tuple[str, ...]]:
+def _regex(
+    pattern: str, choices: Mapping[str, tuple[str, ...]] | None = None
+) -> tuple[re.Pattern[str], tuple[str, ...]]:
+    """A pattern as a regex, and its captures in order. A capture `{n:q|k|v}` matches one
+    of those values only (as does `{n}` where `choices` says so: a target's capture takes
+    the values its source allows)."""
     parts, names, at = [], [], 0
     for match in _CAPTURE.finditer(pattern):
         parts.append(re.escape(pattern[at : match.start()]))
-        name, many = match.groups()
+        name, many, allowed = match.groups()
         if name in names:
             parts.append(f"(?P={name})")
         else:
-            parts.append(f"(?P<{name}>.+?)" if many else f"(?P<{name}>[^.]+)")
+            values = allowed.split("|") if allowed else (choices or {}).get(name)
+            if values:
+                parts.append(f"(?P<{name}>{'|'.join(map(re.escape, values))})")
+            else:
+                parts.append(f"(?P<{name}>.+?)" if many else f"(?P<{name}>[^.]+)")
             names.append(name)
         at = match.end()
     parts.append(re.escape(pattern[at:]))
     return re.compile("".join(parts)), tuple(names)
+
+
+def pattern_choices(patterns: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The captures of `patterns` limited to some values (`{n:q|k|v}`), with them."""
+    return {
+        m.group(1): tuple(m.group(3).split("|"))
+        for p in patterns
+        for m in _CAPTURE.finditer(p)
+        if m.group(3)
+    }
 
 
 class Rule(NamedTuple):
@@ -63,6 +98,9 @@ class Rule(NamedTuple):
     transform: Callable[..., Any] | None
     regexes: tuple[re.Pattern[str], ...]
     captures: tuple[str, ...]
+    inverse: Callable[..., Any] | None = None  # for export: targets -> sources
+    # the targets as regexes (captures limited to the values their sources allow)
+    target_regexes: tuple[re.Pattern[str], ...] = ()
 
     def text(self) -> str:
         show = lambda names: names[0] if len(names) == 1 else list(names)  # noqa: E731
@@ -70,15 +108,17 @@ class Rule(NamedTuple):
 
 
 _BAD_RULE = (
-    "A key rule is a (source, target) or (source, target, transform) tuple, or a dict "
-    "{{source: target}}; got {rule!r}. Sources are the checkpoint's names with captures "
-    "(`'layers.{{i}}.weight'`), targets the model's key paths (`'blocks[{{i}}].w'`)."
+    "A key rule is a (source, target), (source, target, transform) or (source, target, "
+    "transform, inverse) tuple, or a dict {{source: target}}; got {rule!r}. Sources are "
+    "the checkpoint's names with captures (`'layers.{{i}}.weight'`), targets the model's "
+    "key paths (`'blocks[{{i}}].w'`)."
 )
 
 
 _BAD_TABLE = (
     "rules= takes a dict {{source: target}} or a list of (source, target) / (source, "
-    "target, transform) tuples, in the order they are tried; got {what}"
+    "target, transform) / (source, target, transform, inverse) tuples, in the order they "
+    "are tried; got {what}"
 )
 
 
@@ -99,10 +139,18 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
         raise TypeError(_BAD_TABLE.format(what=f"a {type(rules).__name__} {rules!r:.60}"))
     compiled = []
     for rule in rules:
-        if not isinstance(rule, tuple) or len(rule) not in (2, 3):
+        if not isinstance(rule, tuple) or len(rule) not in (2, 3, 4):
             raise TypeError(_BAD_RULE.format(rule=rule))
-        transform = rule[2] if len(rule) == 3 else None
-        sources, targets = _patterns(rule[0]), _patterns(rule[1])
+        parts: list[Any] = list(rule)
+        transform = parts[2] if len(parts) >= 3 else None
+        inverse = parts[3] if len(parts) == 4 else None
+        if len(parts) == 4 and (transform is None or not callable(inverse)):
+            raise TypeError(
+                f"Key rule {rule!r}: a fourth element is the transform's inverse (the "
+                "model's arrays -> the checkpoint's, for export), so the rule has a "
+                "transform and the inverse is callable"
+            )
+        sources, targets = _patterns(parts[0]), _patterns(parts[1])
         if (
             not sources
             or not targets
@@ -138,7 +186,9 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
                     f"Key rule {rule!r}: the target {target!r} uses {sorted(used - captured)}, "
                     "which no source captures"
                 )
-        compiled.append(Rule(sources, targets, transform, regexes, names[0]))
+        choices = pattern_choices(sources)
+        backward = tuple(_regex(target, choices)[0] for target in targets)
+        compiled.append(Rule(sources, targets, transform, regexes, names[0], inverse, backward))
     return tuple(compiled)
 
 
@@ -156,7 +206,7 @@ def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[An
     return contextlib.nullcontext()
 
 
-def _fill(pattern: str, values: Mapping[str, str]) -> str:
+def fill(pattern: str, values: Mapping[str, str]) -> str:
     return _CAPTURE.sub(lambda m: values[m.group(1)], pattern)
 
 
@@ -164,16 +214,33 @@ class _Mapped(NamedTuple):
     rule: Rule | None  # None: a name no rule matched, under its own name
     sources: tuple[str, ...]  # the catalog's names read for it, in the rule's order
     position: int  # which of the rule's results
+    names: tuple[str, ...] = ()  # the names of all the rule's results (its targets, filled)
+
+
+class _Layers(NamedTuple):
+    """A stacked leaf of the template assembled from per-layer names."""
+
+    stack: StackAt
+    slots: dict[int, str]  # slot -> the per-layer name that fills it
 
 
 class RuledCatalog:
-    """A catalog whose names are mapped by key rules (see the module's docstring)."""
+    """A catalog whose names are mapped by key rules (see the module's docstring).
 
-    def __init__(self, inner: Catalog, rules: Sequence[Rule]) -> None:
+    With the template's stacks (`stacks_of(like)`), a name the rules give for one layer of
+    a stack (`blocks.3.attn.q`, as the unrolled model names it) fills slot 3 of the stacked
+    leaf (`blocks.attn.q`): the catalog offers the stacked leaf, assembled from its layers
+    when fetched (each layer read once, into one buffer of the stack's shape).
+    """
+
+    def __init__(
+        self, inner: Catalog, rules: Sequence[Rule], stacks: Sequence[StackAt] = ()
+    ) -> None:
         self.inner = inner
         self.label, self.title, self.call = inner.label, inner.title, inner.call
         self.records_values = inner.records_values
         self.rules = rules
+        self.stacks = tuple(stacks)
         self.mapped: dict[str, _Mapped] = {}
         groups: dict[tuple[int, tuple[str, ...]], dict[int, str]] = {}
         for name in inner.names():
@@ -188,12 +255,12 @@ class RuledCatalog:
                     groups.setdefault((number, values), {})[which] = name
                     break
             else:
-                self._add(name, _Mapped(None, (name,), 0))
+                self._add(name, _Mapped(None, (name,), 0, (name,)))
         self.problems: list[str] = []
         for (number, values), found in groups.items():
             rule = rules[number]
             if len(found) < len(rule.sources):  # a concatenation lacks a part
-                lacking = [_fill(s, dict(zip(rule.captures, values))) for s in rule.sources]
+                lacking = [fill(s, dict(zip(rule.captures, values))) for s in rule.sources]
                 self.problems.append(
                     f"incomplete  key rule {rule.text()} found {sorted(found.values())} in "
                     f"{self.label} but not {[n for n in lacking if n not in found.values()]}"
@@ -201,12 +268,50 @@ class RuledCatalog:
                 continue
             sources = tuple(found[k] for k in range(len(rule.sources)))
             captures = dict(zip(rule.captures, values))
-            for position, target in enumerate(rule.targets):
-                self._add(_fill(target, captures), _Mapped(rule, sources, position))
+            names = tuple(fill(target, captures) for target in rule.targets)
+            for position, name in enumerate(names):
+                self._add(name, _Mapped(rule, sources, position, names))
+        # per-layer names of the template's stacks: set aside, their stacked leaves offered
+        self.layers: dict[str, _Mapped] = {}
+        self.stacked: dict[str, _Layers] = {}
+        self._slot_of: dict[str, tuple[str, int]] = {}
+        self._beyond: dict[StackAt, set[int]] = {}  # layers a stack does not have
+        for name in list(self.mapped):
+            for stack in self.stacks:
+                in_stack = stack.stacked(name)
+                if in_stack is None:
+                    beyond = stack.layer_beyond(name)
+                    if beyond is not None:
+                        self._beyond.setdefault(stack, set()).add(beyond)
+                        break
+                    continue
+                stacked_name, layer_slot = in_stack
+                self.layers[name] = self.mapped.pop(name)
+                self.stacked.setdefault(stacked_name, _Layers(stack, {})).slots[layer_slot] = name
+                self._slot_of[name] = in_stack
+                break
+        for stacked_name, layers in self.stacked.items():
+            if stacked_name in self.mapped:
+                raise ValueError(
+                    f"{self.title}: key rules map both "
+                    f"{list(self.mapped[stacked_name].sources)} in {self.label} to the "
+                    f"stacked {stacked_name!r} and per-layer names to its layers "
+                    f"({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep one "
+                    "of them"
+                )
         # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
         # are traced once, not 24 times
         self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
+        self._stored_stacks: dict[str, Stored | None] = {}
+        self._lacking: dict[str, tuple[StackAt, int, tuple[int, ...]]] = {}
+        for stacked_name in self.stacked:
+            self._stored_stacks[stacked_name] = self._stack_stored(stacked_name)
+        self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
+        # names whose absence a problem line explains (a stack lacking layers)
+        self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
+        # stacked leaves filled while another was assembled (the k and v a split gave with q)
+        self._assembled: dict[str, Any] = {}
 
     def _add(self, name: str, mapped: _Mapped) -> None:
         other = self.mapped.setdefault(name, mapped)
@@ -218,31 +323,139 @@ class RuledCatalog:
             )
 
     def names(self) -> Iterator[str]:
-        return iter(self.mapped)
+        yield from self.mapped
+        yield from (name for name, stored in self._stored_stacks.items() if stored is not None)
 
     def expected(self, name: str) -> tuple[str, ...]:
         """The names a rule would read to give `name`, when the checkpoint lacks `name`
-        (empty if no rule's target gives it): for the closest-name hint of a missing path."""
-        for rule in self.rules:
-            for target in rule.targets:
-                match = _regex(target)[0].fullmatch(name)
-                if match is not None:
-                    captures = match.groupdict()
-                    return tuple(_fill(source, captures) for source in rule.sources)
+        (empty if no rule's target gives it): for the closest-name hint of a missing path.
+        For a stacked leaf, what its first layer would be read from."""
+        wanted = [name]
+        for stack in self.stacks:
+            layers = stack.per_layer(name)
+            if layers:
+                wanted.append(layers[0])
+                break
+        for want in wanted:
+            for rule in self.rules:
+                for target in rule.target_regexes:
+                    match = target.fullmatch(want)
+                    if match is not None:
+                        captures = match.groupdict()
+                        return tuple(fill(source, captures) for source in rule.sources)
         return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
         """The names in the underlying checkpoint that `name` is made of."""
+        if name in self.stacked:
+            slots = self.stacked[name].slots
+            found = (s for slot in sorted(slots) for s in self.layers[slots[slot]].sources)
+            return tuple(dict.fromkeys(found))
         return self.mapped[name].sources
 
     def stored(self, name: str) -> Stored | None:
+        if name in self._stored_stacks:
+            return self._stored_stacks[name]
         mapped = self.mapped.get(name)
         if mapped is None:
             return None
+        return self._stored_one(name, mapped)
+
+    def _stored_one(self, name: str, mapped: _Mapped) -> Stored | None:
         if mapped.rule is None or mapped.rule.transform is None:
             return self.inner.stored(mapped.sources[0])
         out = self._checked(name, mapped)[mapped.position]
         return Stored(TENSOR, dtype_name(out), tuple(out.shape))
+
+    def _stack_stored(self, whole: str) -> Stored | None:
+        """A stacked leaf as its layers give it; None (and a problem) if layers are lacking
+        or differ in shape or dtype."""
+        layers = self.stacked[whole]
+        stack, slots = layers.stack, layers.slots
+        count = stack.layers // stack.period
+        first = slots[min(slots)]
+        mapped = self.layers[first]
+        via = f"key rule {mapped.rule.text()}" if mapped.rule is not None else "their own names"
+        where = f"{whole!r} (a stack of {count} at {stack.prefix or 'the root'!r})"
+        if len(slots) < count:
+            known = _layer_number(first, stack)
+            position = known % stack.period
+            lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
+            source = self._layer_source(first, known, lacking[0])
+            self.problems.append(
+                f"incomplete  {where}: {self.label} gives {len(slots)} of its {count} layers "
+                f"(through {via}); it lacks layer{'s' if len(lacking) > 1 else ''} "
+                f"{_listed_numbers(lacking)}"
+                + (f": no {source!r} in {self.label}" if source else "")
+            )
+            self._lacking[whole] = (stack, len(slots), tuple(lacking))
+            return None
+        parts = {slot: self._stored_one(slots[slot], self.layers[slots[slot]]) for slot in slots}
+        base = parts[min(slots)]
+        for slot in sorted(slots):
+            part = parts[slot]
+            if part is None or part.category != TENSOR:
+                origin = list(self.layers[slots[slot]].sources)
+                self.problems.append(
+                    f"layers      {where}: {slots[slot]!r} from {origin} is "
+                    f"{'nothing' if part is None else part.describe()}, not an array"
+                )
+                return None
+            if base is not None and (part.shape, part.dtype) != (base.shape, base.dtype):
+                self.problems.append(
+                    f"layers      {where}: layer {slots[slot]!r} is "
+                    f"{describe_array(part.dtype, part.shape)} (from "
+                    f"{list(self.layers[slots[slot]].sources)}), layer {first!r} "
+                    f"{describe_array(base.dtype, base.shape)}: the layers of a stack have "
+                    "one shape and dtype"
+                )
+                return None
+        assert base is not None
+        return Stored(TENSOR, base.dtype, (count, *base.shape))
+
+    def _stack_fixes(self) -> list[str]:
+        """For stacks lacking layers: a template of the file's depth when every leaf of
+        the stack has the same first layers only, else where layers lack; for layers
+        beyond a stack, a deeper template."""
+        fixes = []
+        for stack, layers in self._beyond.items():
+            fixes.append(
+                f"- {self.label} holds layer{'s' if len(layers) > 1 else ''} "
+                f"{_listed_numbers(sorted(layers))} beyond the {stack.layers} of the stack "
+                f"at {stack.prefix or 'the root'!r}: build the template with "
+                f"{max(layers) + 1} layers (the configuration the checkpoint was saved "
+                'with), or leave them out with unexpected="ignore"'
+            )
+        for stack in dict.fromkeys(lacked[0] for lacked in self._lacking.values()):
+            mine = [n for n, layers in self.stacked.items() if layers.stack == stack]
+            given = {self._lacking[n][1:] if n in self._lacking else None for n in mine}
+            found = next(iter(given)) if len(given) == 1 else None
+            # every leaf has layers 0..depth-1 and lacks the rest: a shallower model's file
+            depth = found[0] if found and found[1] == tuple(range(found[0], stack.layers)) else None
+            where = stack.prefix or "the root"
+            if depth is not None and not stack.periodic:
+                fixes.append(
+                    f"- {self.label} holds the first {depth} layers of every leaf of the "
+                    f"stack at {where!r}, which has {stack.layers}: build the template with "
+                    f"{depth} blocks (the configuration the checkpoint was saved with)"
+                )
+                continue
+            lacking = sorted({k for n in mine if n in self._lacking for k in self._lacking[n][2]})
+            fixes.append(
+                f"- {self.label} lacks layers of the stack at {where!r} "
+                f"({_listed_numbers(lacking)}): it is incomplete, or a key rule's source "
+                "misses their names (compare with the names the file holds)"
+            )
+        return fixes
+
+    def _layer_source(self, known: str, layer: int, wanted: int) -> str | None:
+        """The file's name layer `wanted` would be read from, by analogy with the per-layer
+        name `known` of `layer`: its first source with the layer number changed."""
+        source = self.layers[known].sources[0]
+        parts = source.split(".")
+        if parts.count(str(layer)) != 1:
+            return None
+        return ".".join(str(wanted) if part == str(layer) else part for part in parts)
 
     def _checked(self, name: str, mapped: _Mapped) -> list[Any]:
         """The transform's results as the checks see them: traced on the sources' shapes
@@ -284,57 +497,152 @@ class RuledCatalog:
                 "arrays and, for the checks, jax.ShapeDtypeStructs: write it with jnp or "
                 "array methods (`w.T`, `jnp.split(qkv, 3)`)"
             ) from None
-        if len(rule.targets) == 1:
-            if not _is_array(result):
+        return results_of(what, rule, result)
+
+    def _run(self, name: str, mapped: _Mapped) -> list[Any]:
+        """Every result of `mapped`'s transform, read and run (checked as `_checked` saw it)."""
+        assert mapped.rule is not None
+        checked = self._checked(name, mapped)
+        arrays = [self.inner.fetch(source) for source in mapped.sources]
+        with in_file_dtypes(dtype_name(a) for a in arrays):
+            results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
+        # what is restored is what was checked: a transform that answers otherwise when
+        # run (on other inputs, a random or stateful one) is an error
+        for target, result, expected in zip(mapped.rule.targets, results, checked):
+            got = (dtype_name(result), tuple(result.shape))
+            if got != (dtype_name(expected), tuple(expected.shape)):
                 raise ValueError(
-                    f"{what} returned {_kind(result)}; a rule with one target returns one array"
-                )
-            return [result]
-        if not isinstance(result, (list, tuple)):
-            raise ValueError(
-                f"{what} returned {_kind(result)}; a rule with {len(rule.targets)} targets "
-                f"returns a list or tuple of {len(rule.targets)} arrays, one per target in "
-                "order"
-            )
-        results = list(result)
-        if len(results) != len(rule.targets):
-            raise ValueError(
-                f"{what} returned {len(results)} values for {len(rule.targets)} targets"
-            )
-        for target, value in zip(rule.targets, results):
-            if not _is_array(value):
-                raise ValueError(
-                    f"{what} returned {_kind(value)} for the target {target!r}; each result "
-                    "is an array"
+                    f"{self._what(name, mapped)} gave {describe_array(*got)} for "
+                    f"{target!r} when run, not the "
+                    f"{describe_array(dtype_name(expected), tuple(expected.shape))} it "
+                    "gave while checked: a transform must compute the same from tensors "
+                    "of the same shapes and dtypes"
                 )
         return results
 
-    def fetch(self, name: str) -> Any:
-        mapped = self.mapped[name]
+    def _fetch_one(self, name: str, mapped: _Mapped) -> Any:
         if mapped.rule is None or mapped.rule.transform is None:
             return self.inner.fetch(mapped.sources[0])
         key = (mapped.rule, mapped.sources)
         if key not in self._results:
             # one group's results at a time: a split's parts are restored one after another
             self._results.clear()
-            checked = self._checked(name, mapped)
-            arrays = [self.inner.fetch(source) for source in mapped.sources]
-            with in_file_dtypes(dtype_name(a) for a in arrays):
-                results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
-            # what is restored is what was checked: a transform that answers otherwise
-            # when run (on other inputs, a random or stateful one) is an error
-            for target, result, expected in zip(mapped.rule.targets, results, checked):
-                got = (dtype_name(result), tuple(result.shape))
-                if got != (dtype_name(expected), tuple(expected.shape)):
-                    raise ValueError(
-                        f"{self._what(name, mapped)} gave {describe_array(*got)} for "
-                        f"{target!r} when run, not the "
-                        f"{describe_array(dtype_name(expected), tuple(expected.shape))} it "
-                        "gave while checked: a transform must compute the same from tensors "
-                        "of the same shapes and dtypes"
-                    )
-            self._results[key] = results
+            self._results[key] = self._run(name, mapped)
         return self._results[key][mapped.position]
+
+    def fetch(self, name: str) -> Any:
+        if name in self.stacked:
+            return self._fetch_stacked(name, on_device=False)
+        return self._fetch_one(name, self.mapped[name])
+
+    def fetch_placed(self, name: str, template: Any) -> Any:
+        """A stacked leaf for a `jax.Array` template on one device, assembled there: each
+        layer written into its slot of one device buffer, which the update donates, so
+        the host holds one layer at a time and the device one stack. None for any other
+        name or template (`fetch` reads it)."""
+        if name not in self.stacked or isinstance(template, (np.ndarray, np.generic)):
+            return None
+        sharding = getattr(template, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1:
+            return None  # (placed by the restore, from the whole stack)
+        return self._fetch_stacked(name, on_device=True)
+
+    def _fetch_stacked(self, whole: str, on_device: bool) -> Any:
+        """A stacked leaf, each layer read once into one buffer of the stack's shape (on
+        the default device, or on the host); the other stacked leaves a split rule gives
+        with it are filled on the way."""
+        if whole in self._assembled:
+            return self._assembled.pop(whole)
+        buffers: dict[str, Any] = {}
+        filled: dict[str, set[int]] = {}
+
+        def put(target: str, slot: int, value: Any) -> None:
+            if target not in buffers:
+                stored = self._stored_stacks[target]
+                assert stored is not None
+                dtype = numpy_dtype(stored.dtype)
+                if dtype is None:  # key data: no NumPy dtype to hold it
+                    buffers[target] = [None] * stored.shape[0]
+                elif on_device and jax.dtypes.canonicalize_dtype(dtype) == dtype:
+                    buffers[target] = jax.numpy.zeros(stored.shape, dtype)
+                else:
+                    buffers[target] = np.empty(stored.shape, dtype)
+                filled[target] = set()
+            buffer = buffers[target]
+            if isinstance(buffer, jax.Array):
+                buffers[target] = _write_slot(buffer, value, slot)
+            else:
+                buffer[slot] = value  # (into the buffer: a copy of this layer alone)
+            filled[target].add(slot)
+
+        slots = self.stacked[whole].slots
+        for slot in sorted(slots):
+            mapped = self.layers[slots[slot]]
+            split = mapped.rule is not None and mapped.rule.transform is not None
+            if split and len(mapped.names) > 1:
+                results = self._run(slots[slot], mapped)
+                for sibling, value in zip(mapped.names, results):
+                    where = self._slot_of.get(sibling)
+                    if where is None or self._stored_stacks.get(where[0]) is None:
+                        continue  # a result outside the stacks: fetched on its own
+                    if where[0] == whole or where[0] not in self._assembled:
+                        put(where[0], where[1], value)
+            else:
+                put(whole, slot, self._fetch_one(slots[slot], mapped))
+        for target, buffer in buffers.items():
+            if isinstance(buffer, list) and len(filled[target]) == len(buffer):
+                buffer = jax.numpy.stack(buffer)
+            if target != whole and len(filled[target]) == len(self.stacked[target].slots):
+                self._assembled[target] = buffer
+            buffers[target] = buffer
+        return buffers[whole]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
+    """`buffer` with `value` in slot `slot` of its first axis, written in place (donated)."""
+    return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
+
+
+def _layer_number(name: str, stack: StackAt) -> int:
+    """The layer number of a per-layer name of `stack` (`blocks.3.w` -> 3)."""
+    rest = name[len(stack.prefix) + 1 :] if stack.prefix else name
+    return int(rest.split(".", 1)[0])
+
+
+def _listed_numbers(numbers: Sequence[int], limit: int = 6) -> str:
+    shown = ", ".join(map(str, numbers[:limit]))
+    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
+
+
+def results_of(
+    what: str, rule: Rule, result: Any, count: int | None = None, side: str = "targets"
+) -> list[Any]:
+    """A transform's result as one array per target (or per source, for an inverse:
+    `count` of them), or a `ValueError` starting `what`."""
+    count = len(rule.targets) if count is None else count
+    if count == 1:
+        if not _is_array(result):
+            raise ValueError(
+                f"{what} returned {_kind(result)}; a rule with one {side[:-1]} returns one array"
+            )
+        return [result]
+    if not isinstance(result, (list, tuple)):
+        raise ValueError(
+            f"{what} returned {_kind(result)}; a rule with {count} {side} returns a list "
+            f"or tuple of {count} arrays, one per {side[:-1]} in order"
+        )
+    results = list(result)
+    if len(results) != count:
+        raise ValueError(f"{what} returned {len(results)} values for {count} {side}")
+    names = rule.targets if side == "targets" else rule.sources
+    for name, value in zip(names, results):
+        if not _is_array(value):
+            raise ValueError(
+                f"{what} returned {_kind(value)} for the {side[:-1]} {name!r}; each result "
+                "is an array"
+            )
+    return results
 
 
 def _is_array(value: Any) -> bool:

@@ -29,6 +29,8 @@ from jax.core import Tracer
 
 from .. import _node
 from .._frozen import freeze, is_frozen, unfreeze
+from .._periodic import Periodic
+from .._stacked import Stacked
 from .._structure import node_kind, open_node
 from .._values import (
     entry_name,
@@ -71,6 +73,8 @@ __all__ = [
     "MISSING_POLICIES",
     "UNEXPECTED_POLICIES",
     "state_dict_of",
+    "StackAt",
+    "stacks_of",
 ]
 
 LEAF, FROZEN, STATIC = "leaf", "frozen", "static"
@@ -262,6 +266,97 @@ def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[En
                 )
             )
     return found
+
+
+# --------------------------------------------------------------------------------------
+# Stacks: a stacked leaf's name and the names of its layers
+# --------------------------------------------------------------------------------------
+
+
+def _joined(prefix: str, rest: str) -> str:
+    return f"{prefix}.{rest}" if prefix else rest
+
+
+class StackAt(NamedTuple):
+    """A `Stacked` or `Periodic` of a tree, as its checkpoint names see it.
+
+    A stack's leaves are named by its block's key paths (`blocks.attn.q`, of shape
+    `[N, ...]`; `layers.pattern.5.attn.q` of shape `[R, ...]` for position 5 of a periodic
+    pattern of P); the unrolled model names layer `i` `blocks.{i}.attn.q`. Layer `i` is
+    slot `i` of the stacked leaf, or slot `i // P` of pattern position `i % P`.
+    """
+
+    prefix: str  # the stack's own name ("" for a stack at the root)
+    layers: int  # N, or R * P
+    period: int  # 1 for a `Stacked`, P for a `Periodic`
+    periodic: bool = False  # its leaves are under `pattern.<position>`
+
+    def stacked(self, name: str) -> tuple[str, int] | None:
+        """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
+        None if `name` is not `<prefix>.<layer>.<rest>` with a layer of this stack."""
+        start = len(self.prefix) + 1 if self.prefix else 0
+        if self.prefix and not name.startswith(self.prefix + "."):
+            return None
+        head, dot, rest = name[start:].partition(".")
+        if not (dot and rest and head.isdigit() and str(int(head)) == head):
+            return None
+        layer = int(head)
+        if layer >= self.layers:
+            return None
+        if not self.periodic:
+            return _joined(self.prefix, rest), layer
+        slot, position = divmod(layer, self.period)
+        return _joined(self.prefix, f"pattern.{position}.{rest}"), slot
+
+    def layer_beyond(self, name: str) -> int | None:
+        """The layer number of a per-layer name of this stack's layout whose layer the
+        stack does not have (`blocks.5.w` for a stack of 4), else None."""
+        start = len(self.prefix) + 1 if self.prefix else 0
+        if self.prefix and not name.startswith(self.prefix + "."):
+            return None
+        head, dot, rest = name[start:].partition(".")
+        if dot and rest and head.isdigit() and str(int(head)) == head:
+            return int(head) if int(head) >= self.layers else None
+        return None
+
+    def per_layer(self, name: str) -> list[str] | None:
+        """The per-layer names of the stacked leaf `name` (one per slot), or None if
+        `name` is not one of this stack's leaves."""
+        if self.prefix and not name.startswith(self.prefix + "."):
+            return None
+        rest = name[len(self.prefix) + 1 :] if self.prefix else name
+        if not self.periodic:
+            return [_joined(self.prefix, f"{i}.{rest}") for i in range(self.layers)]
+        key, _, rest = rest.partition(".")
+        position, _, rest = rest.partition(".")
+        if key != "pattern" or not position.isdigit() or not rest:
+            return None
+        j, repeats = int(position), self.layers // self.period
+        return [_joined(self.prefix, f"{r * self.period + j}.{rest}") for r in range(repeats)]
+
+    def pattern(self, name: str) -> str | None:
+        """`name`'s key path within one layer, with the layer as `{i}` (`blocks[{i}].w`),
+        for a stacked leaf `name` of a `Stacked`; None otherwise."""
+        if self.periodic or (self.prefix and not name.startswith(self.prefix + ".")):
+            return None
+        rest = name[len(self.prefix) + 1 :] if self.prefix else name
+        return f"{self.prefix}[{{i}}].{rest}"
+
+
+def stacks_of(tree: Any) -> list[StackAt]:
+    """The outermost stacks of `tree` (a stack inside a stack's block is not one of them),
+    the longest names first (so a name is matched with the innermost prefix it has)."""
+    is_stack = lambda x: isinstance(x, (Stacked, Periodic))  # noqa: E731
+    found = []
+    leaves = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: is_stack(x) or is_frozen(x)
+    )[0]
+    for path, node in leaves:
+        if is_stack(node):
+            prefix = ".".join(_key_name(key) for key in path)
+            periodic = isinstance(node, Periodic)
+            found.append(StackAt(prefix, len(node), node.period if periodic else 1, periodic))
+    return sorted(found, key=lambda s: -len(s.prefix))
 
 
 # --------------------------------------------------------------------------------------
@@ -576,6 +671,8 @@ class _Checker:
 
     def _missing(self, where: str, entry: Entry) -> str:
         self.missing.append(where)
+        if entry.name in getattr(self.source, "explained", ()):
+            return _KEEP  # the catalog's own problem line says why (a stack lacks layers)
         self.problem_entries.append(("missing", where, entry, None))
         # the hint is added by `finish`, which knows which names no entry used
         self.messages.append((where, entry.name))
@@ -627,8 +724,10 @@ class _Checker:
         for name in unused:
             stored = self.source.stored(name)
             assert stored is not None  # a name the catalog listed
+            origins = _origins(self.source, name)
+            read = f" (read from {', '.join(map(repr, origins))})" if origins != (name,) else ""
             messages.append(
-                f"unexpected  {name!r} ({stored.describe()}) in {label}: "
+                f"unexpected  {name!r} ({stored.describe()}) in {label}{read}: "
                 "the template has no such path"
             )
         messages.extend(problems)
@@ -803,8 +902,8 @@ def _rule_between(source: str, target: str) -> tuple[str, str]:
 class _Fixes:
     """The fixes a failed load suggests, computed from its problems: a key rule for a
     renamed path (a migration when the file is treeclass's own), `astype` for another
-    dtype, a transpose for a transposed weight, the unstack recipe for per-layer tensors
-    in a stacked template, a policy for names only one side has."""
+    dtype, a transpose for a transposed weight, a key rule onto a stack's blocks for
+    per-layer tensors in a stacked template, a policy for names only one side has."""
 
     def __init__(
         self,
@@ -880,6 +979,7 @@ class _Fixes:
                     )
         out.extend(self._renames(list(renames)))
         out.extend(stacked.values())
+        out.extend(getattr(self.source, "fixes", ()))  # (a key rule catalog's own)
         lonely_missing = [
             e
             for k, _, e, _ in checker.problem_entries
@@ -948,7 +1048,8 @@ class _Fixes:
 
     def _per_layer(self) -> dict[str, str]:
         """Stacked template paths whose layers the checkpoint holds one by one (`h.0.w`,
-        `h.1.w` for a `[L, ...]` leaf): the unstack recipe, by template name."""
+        `h.1.w` for a `[L, ...]` leaf): the key rule mapping them onto the stack's blocks
+        (the unstack recipe for a periodic stack), by template name."""
         groups: dict[str, dict[int, str]] = {}
         for name in self.checker.unused:
             for match in _DIGITS.finditer(name):
@@ -961,6 +1062,7 @@ class _Fixes:
                 key = (pattern.rsplit(".", 1)[-1], len(members))
                 indexed.setdefault(key, []).append((pattern, members))
         found: dict[str, str] = {}
+        stacks = stacks_of(self.like)
         for kind, where, entry, _ in self.checker.problem_entries:
             if kind != "missing" or entry.category != TENSOR or not entry.value.shape:
                 continue
@@ -970,13 +1072,25 @@ class _Fixes:
                 parts = [self.source.stored(n) for n in members.values()]
                 if not all(p is not None and tuple(p.shape) == rest for p in parts):
                     continue
+                target = next(
+                    (t for t in map(lambda s: s.pattern(entry.name), stacks) if t is not None),
+                    None,
+                )
+                head = (
+                    f"- {where} is a stack of {layers} layers, and the checkpoint holds "
+                    f"them one by one ({pattern!r} for i in 0..{layers - 1}): "
+                )
+                if target is not None:  # a key rule fills the stack's slots in this load
+                    found[entry.name] = (
+                        head + "map each onto its block of the stack with a key rule, "
+                        f"rules=[({pattern!r}, {target!r})]"
+                    )
+                    break
                 per_layer = self.call.replace("model", "tc.unstack_all(model)", 1)
                 found[entry.name] = (
-                    f"- {where} is a stack of {layers} layers, and the checkpoint holds "
-                    f"them one by one ({pattern!r} for i in 0..{layers - 1}): load into "
-                    f"the per-layer layout and stack again, model = tc.restack({per_layer}, "
-                    "model) (with rules= if the per-layer names differ from the template's "
-                    "unstacked key paths)"
+                    head + "load into the per-layer layout and stack again, model = "
+                    f"tc.restack({per_layer}, model) (with rules= if the per-layer names "
+                    "differ from the template's unstacked key paths)"
                 )
                 break
         return found
@@ -1114,6 +1228,11 @@ def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
     bytes or key data, bool and sub-byte types (whose unused bits are checked on the
     whole tensor).
     """
+    placed = getattr(source, "fetch_placed", None)  # (a stacked leaf assembled in place)
+    if placed is not None and entry.category == TENSOR:
+        value = placed(entry.name, template)
+        if value is not None:
+            return value
     sharding = _sharding_of(template) if entry.category == TENSOR else None
     ranges = getattr(source, "range_reader", None)
     if sharding is None or len(sharding.device_set) < 2 or ranges is None:

@@ -1,0 +1,544 @@
+"""Export: a tree's data under another library's names, through the key rules that load it.
+
+A rule table maps a checkpoint's names to a model's key paths (`_rules`); export runs it
+backwards. Each rule's targets are matched against the model's names (a stacked leaf
+also by its layers' names, `blocks.3.attn.q`, when no rule takes it whole), the captures
+fill the rule's sources, and the sources are computed from the targets:
+
+- a rule without a transform renames;
+- a rule with an explicit inverse (its fourth element) runs it;
+- any other transform is inverted when it only moves elements (a transpose, a reshape,
+  a split or a concatenation, any mix of them): it is run once on integer labels of the
+  source elements, which says where each element of the targets came from, and run once
+  more on other labels to check that it does not depend on the values. Export gathers
+  each source element from there; a source element given twice (tied weights, `lambda w:
+  (w, w.T)`) is written once, and both copies must hold the same bytes. The source
+  shapes are those, among the shapes the targets suggest (the same, reversed, the
+  targets joined along an axis, ...), for which the transform gives the targets' shapes;
+  when none or several do, the error names the rule and asks for its inverse.
+
+Names no rule matches keep their own. Two rules giving one name write it once, if both
+give the same bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._values import is_prng_key, path_str
+from ._rules import Rule, fill, in_file_dtypes, results_of
+from ._tree import NUMBER, STATIC, TENSOR, dtype_name, entries, is_abstract, stacks_of
+
+__all__ = ["ForeignTensor", "export"]
+
+
+class ForeignTensor(NamedTuple):
+    """One tensor of an export: its name, dtype and shape, and how to compute it."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple
+    compute: Callable[[], np.ndarray]
+
+
+class _Target(NamedTuple):
+    """A model array an export reads: its name, key path (for messages) and value."""
+
+    name: str
+    where: str
+    get: Callable[[], Any]
+    shape: tuple
+    dtype: Any
+
+
+def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
+    """The tree's data by name; a stacked leaf no rule takes whole, by its layers."""
+    found = entries(tree, action, f"{action}(path, value, rules=rules)")
+    stacks = stacks_of(tree)
+    whole = [regex for rule in rules for regex in rule.target_regexes]
+    out = []
+    for entry in found:
+        if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
+            continue  # strings, functions, static fields: no foreign layout holds them
+        where, value = path_str(tree, entry.path), entry.value
+        if is_abstract(value):
+            raise ValueError(
+                f"{where} is {value!r}, an abstract value: an export writes data; load or "
+                "build the model first"
+            )
+        if is_prng_key(value) and not any(r.fullmatch(entry.name) for r in whole):
+            raise ValueError(
+                f"{where} is a PRNG key array, which other libraries' layouts have no dtype "
+                "for: export its key data with a rule carrying both directions, (name, "
+                f"{entry.name!r}, jax.random.wrap_key_data, jax.random.key_data)"
+            )
+        if entry.category == NUMBER:
+            array = np.asarray(value)
+            out.append(_Target(entry.name, where, functools.partial(_same, array), (), array.dtype))
+            continue
+        layers = None
+        if not any(r.fullmatch(entry.name) for r in whole):
+            layers = next(
+                (s.per_layer(entry.name) for s in stacks if s.per_layer(entry.name)), None
+            )
+        if layers is None:
+            out.append(
+                _Target(
+                    entry.name,
+                    where,
+                    functools.partial(_same, value),
+                    tuple(value.shape),
+                    value.dtype,
+                )
+            )
+            continue
+        for slot, name in enumerate(layers):
+            out.append(
+                _Target(
+                    name,
+                    f"{where}[{slot}]",
+                    functools.partial(operator.getitem, value, slot),
+                    tuple(value.shape[1:]),
+                    value.dtype,
+                )
+            )
+    return out
+
+
+class _Group(NamedTuple):
+    rule: Rule
+    captures: dict[str, str]
+    targets: dict[int, _Target]  # by the rule's target position
+
+
+class _Gather(NamedTuple):
+    """An element-moving transform inverted: where each source element lies among the
+    targets' elements (flattened and joined in order)."""
+
+    shapes: tuple[tuple[int, ...], ...]  # of the sources
+    positions: tuple[np.ndarray, ...]  # per source, positions among the targets' elements
+    again: np.ndarray  # positions holding an element given before ...
+    first: np.ndarray  # ... at these positions
+
+
+class _Chain(NamedTuple):
+    """A transform of one array that is a chain of transposes and reshapes, inverted step
+    by step (no labels: the fast path for large transposed weights)."""
+
+    shapes: tuple[tuple[int, ...], ...]  # of the one source
+    steps: tuple[
+        tuple[str, tuple[int, ...]], ...
+    ]  # ("transpose", inverse order) / ("reshape", shape)
+
+    def apply(self, target: np.ndarray) -> np.ndarray:
+        for kind, arg in self.steps:
+            target = target.transpose(arg) if kind == "transpose" else target.reshape(arg)
+        return target
+
+
+_RESHAPES = ("reshape", "squeeze", "expand_dims")
+
+
+def _chain(rule: Rule, shape: tuple) -> _Chain | None:
+    """The inverse of a one-to-one transform made of transposes and reshapes alone, read
+    from its jaxpr; None for any other transform."""
+    assert rule.transform is not None
+    if len(rule.sources) != 1 or len(rule.targets) != 1:
+        return None
+    try:  # traced on integers: a dtype change (`astype`) shows as an operation
+        closed = jax.make_jaxpr(rule.transform)(jax.ShapeDtypeStruct(shape, np.int32))
+    except Exception:
+        return None
+    jaxpr = closed.jaxpr
+    if jaxpr.constvars or len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1:
+        return None
+    at, steps = jaxpr.invars[0], []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if len(eqn.invars) != 1 or eqn.invars[0] is not at or name not in ("transpose", *_RESHAPES):
+            return None
+        before = tuple(eqn.invars[0].aval.shape)
+        if name == "transpose":
+            steps.append(
+                ("transpose", tuple(int(k) for k in np.argsort(eqn.params["permutation"])))
+            )
+        else:
+            steps.append(("reshape", before))
+        at = eqn.outvars[0]
+    if jaxpr.outvars[0] is not at:
+        return None
+    return _Chain((tuple(shape),), tuple(reversed(steps)))
+
+
+def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
+    """Source shapes the target shapes suggest for a rule with `count` sources."""
+    out: list[tuple[tuple, ...]] = []
+
+    def add(*candidate: tuple) -> None:
+        if candidate not in out:
+            out.append(candidate)
+
+    if count == len(shapes):  # one to one: as they are, or reversed (transposed)
+        add(*shapes)
+        add(*(s[::-1] for s in shapes))
+        add(*(s[:-2] + s[-2:][::-1] for s in shapes))
+    if count == 1 and len(shapes) == 1:  # axes moved: any order of them (few axes)
+        t = shapes[0]
+        orders = (
+            itertools.permutations(t) if len(t) <= 4 else (t[k:] + t[:k] for k in range(len(t)))
+        )
+        for order in orders:
+            add(tuple(order))
+    if count == 1 and len(shapes) == 1:  # a reshape that split axes: them merged
+        t = shapes[0]
+        for a in range(len(t)):
+            for b in range(a + 2, len(t) + 1):
+                merged = t[:a] + (math.prod(t[a:b]),) + t[b:]
+                add(merged)
+                add(merged[::-1])
+    if count == 1 and len(shapes) > 1:  # a split: the targets joined along an axis
+        rank = len(shapes[0])
+        if all(len(s) == rank for s in shapes):
+            for a in range(rank):
+                if all(s[:a] + s[a + 1 :] == shapes[0][:a] + shapes[0][a + 1 :] for s in shapes):
+                    joined = shapes[0][:a] + (sum(s[a] for s in shapes),) + shapes[0][a + 1 :]
+                    add(joined)
+                    add(joined[::-1])
+            if all(s == shapes[0] for s in shapes):  # or stacked along a new axis
+                add((len(shapes), *shapes[0]))
+        for s in shapes:  # or copied into each (tied weights, `lambda w: (w, w.T)`)
+            add(s)
+            add(s[::-1])
+    if count > 1 and len(shapes) == 1:  # a concatenation: the target cut in equal parts
+        t = shapes[0]
+        for a in range(len(t)):
+            if t[a] % count == 0:
+                part = t[:a] + (t[a] // count,) + t[a + 1 :]
+                add(*[part] * count)
+                add(*[part[::-1]] * count)
+        if t and t[0] == count:
+            add(*[t[1:]] * count)
+    return out
+
+
+class Exporter:
+    """A rule table run backwards over one tree (see the module's docstring)."""
+
+    def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
+        self.action = action
+        self._gathers: dict[tuple, _Gather | _Chain] = {}
+        targets = _targets(tree, rules, action)
+        groups: dict[tuple, _Group] = {}
+        own: list[_Target] = []
+        for target in targets:
+            hits = [
+                (number, k, match)
+                for number, rule in enumerate(rules)
+                for k, regex in enumerate(rule.target_regexes)
+                if (match := regex.fullmatch(target.name)) is not None
+            ]
+            if not hits:
+                own.append(target)
+                continue
+            if len({number for number, _, _ in hits}) > 1:
+                shown = " and ".join(rules[number].text() for number, _, _ in hits[:2])
+                raise ValueError(
+                    f"{action}: {target.where} (named {target.name!r}) is a target of key "
+                    f"rules {shown}, so export cannot tell which source to write it to. "
+                    "Tell the rules apart, by the values a capture takes where they differ "
+                    "(`'layers.{i}.self_attn.{n:q|k|v|o}_proj.weight'`)"
+                )
+            number, position, match = hits[0]
+            rule = rules[number]
+            captured = match.groupdict()
+            lacking = [c for c in rule.captures if c not in captured]
+            if lacking:
+                raise ValueError(
+                    f"{action}: key rule {rule.text()} cannot be run backwards: its "
+                    f"target {rule.targets[position]!r} does not capture {lacking}, "
+                    "which its sources use"
+                )
+            values = {c: captured[c] for c in rule.captures}
+            key = (number, tuple(values[c] for c in rule.captures))
+            group = groups.setdefault(key, _Group(rule, values, {}))
+            group.targets[position] = target
+        # what each name of the export is computed from: (group or own target, position)
+        self.plan: dict[str, list[tuple[Any, int]]] = {}
+        self.layout: dict[str, tuple[np.dtype, tuple]] = {}
+        for group in groups.values():
+            rule = group.rule
+            if len(group.targets) < len(rule.targets):
+                have = [group.targets[k].where for k in sorted(group.targets)]
+                lack = [
+                    fill(t, {**group.captures})
+                    for k, t in enumerate(rule.targets)
+                    if k not in group.targets
+                ]
+                raise ValueError(
+                    f"{action}: key rule {rule.text()} writes "
+                    f"{[fill(s, group.captures) for s in rule.sources]} from all its "
+                    f"targets; the model has {have} but not {lack}"
+                )
+            layouts = self._layouts(group)
+            for position, (source, layout) in enumerate(zip(rule.sources, layouts)):
+                self._add(fill(source, group.captures), group, position, layout)
+        for target in own:
+            self._add(target.name, target, 0, (np.dtype(target.dtype), target.shape))
+        self._cached: tuple[Any, list[np.ndarray]] | None = None
+
+    def _add(self, name: str, origin: Any, position: int, layout: tuple) -> None:
+        known = self.layout.setdefault(name, layout)
+        if known != layout:
+            first = self.plan[name][0]
+            raise ValueError(
+                f"{self.action}: {_origin_text(first[0])} and {_origin_text(origin)} both "
+                f"write {name!r}, as {_layout_text(known)} and {_layout_text(layout)}; a "
+                "name is one tensor"
+            )
+        self.plan.setdefault(name, []).append((origin, position))
+
+    def _layouts(self, group: _Group) -> list[tuple[np.dtype, tuple]]:
+        """The dtype and shape of each source of `group`'s rule."""
+        rule = group.rule
+        targets = [group.targets[k] for k in range(len(rule.targets))]
+        keys = [t.where for t in targets if jnp.issubdtype(t.dtype, jax.dtypes.prng_key)]
+        if keys and rule.inverse is None:
+            raise ValueError(
+                f"{self.action}: key rule {rule.text()} gives the PRNG key array "
+                f"{keys[0]}, which other libraries' layouts have no dtype for: give the "
+                "rule both directions, (source, target, jax.random.wrap_key_data, "
+                "jax.random.key_data)"
+            )
+        if rule.transform is None:
+            return [(np.dtype(targets[0].dtype), targets[0].shape)]
+        structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in targets]
+        if rule.inverse is not None:
+            what = f"{self.action}: the inverse of key rule {rule.text()}"
+            try:
+                with in_file_dtypes(dtype_name(t) for t in structs):
+                    result = jax.eval_shape(rule.inverse, *structs)
+            except Exception as error:
+                raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
+            results = results_of(what, rule, result, len(rule.sources), "sources")
+            return [(np.dtype(r.dtype), tuple(r.shape)) for r in results]
+        gather = self._gather(rule, structs)
+        dtype = np.dtype(targets[0].dtype)
+        return [(dtype, shape) for shape in gather.shapes]
+
+    def _gather(self, rule: Rule, structs: list[Any]) -> _Gather | _Chain:
+        key = (rule, tuple((s.shape, str(s.dtype)) for s in structs))
+        if key in self._gathers:
+            return self._gathers[key]
+        dtypes = {np.dtype(s.dtype) for s in structs}
+        fits: dict[tuple, _Gather | _Chain] = {}
+        if len(dtypes) == 1:
+            dtype = dtypes.pop()
+            for shapes in _suggested(len(rule.sources), [tuple(s.shape) for s in structs]):
+                if self._gives(rule, shapes, dtype, structs):
+                    chain = _chain(rule, shapes[0]) if len(shapes) == 1 else None
+                    found = chain or _probe(rule, shapes, [tuple(s.shape) for s in structs])
+                    if found is not None:
+                        fits.setdefault(tuple(shapes), found)
+        if len(fits) != 1:
+            shown = " or ".join(
+                "(" + ", ".join(f"[{','.join(map(str, s))}]" for s in shapes) + ")"
+                for shapes in fits
+            )
+            reason = (
+                f"it moves elements for several source shapes ({shown}), and the model "
+                "cannot say which the checkpoint had"
+                if fits
+                else "it does more than move elements (arithmetic, a dtype change), or "
+                "reads sources of shapes the targets do not suggest"
+            )
+            raise ValueError(
+                f"{self.action}: the transform of key rule {rule.text()} cannot be "
+                f"inverted: {reason}. Give the rule its inverse as a fourth element, "
+                "(source, target, transform, inverse), taking the targets' arrays and "
+                "returning the sources' (one array, or a tuple in the sources' order)"
+            )
+        self._gathers[key] = gather = next(iter(fits.values()))
+        return gather
+
+    @staticmethod
+    def _gives(rule: Rule, shapes: Sequence[tuple], dtype: np.dtype, structs: list[Any]) -> bool:
+        """Whether the transform turns sources of `shapes` into the targets' shapes."""
+        assert rule.transform is not None
+        try:
+            with in_file_dtypes([dtype.name]):
+                result = jax.eval_shape(
+                    rule.transform, *(jax.ShapeDtypeStruct(s, dtype) for s in shapes)
+                )
+            results = results_of("", rule, result)
+        except Exception:
+            return False
+        return [(tuple(r.shape), np.dtype(r.dtype)) for r in results] == [
+            (tuple(s.shape), np.dtype(s.dtype)) for s in structs
+        ]
+
+    def tensors(self) -> list[ForeignTensor]:
+        """The export's tensors, in natural order of their names (layer 2 before 10)."""
+        return [
+            ForeignTensor(name, *self.layout[name], functools.partial(self.compute, name))
+            for name in sorted(self.plan, key=_natural)
+        ]
+
+    def compute(self, name: str) -> np.ndarray:
+        """The tensor `name` (every rule that writes it agreeing byte for byte)."""
+        values = [self._value(origin, position) for origin, position in self.plan[name]]
+        first = values[0]
+        for (origin, _), other in zip(self.plan[name][1:], values[1:]):
+            if first.tobytes() != other.tobytes():
+                raise ValueError(
+                    f"{self.action}: {_origin_text(self.plan[name][0][0])} and "
+                    f"{_origin_text(origin)} both write {name!r}, with different values; "
+                    "tied weights are written once, so they must be equal"
+                )
+        return first
+
+    def _value(self, origin: Any, position: int) -> np.ndarray:
+        if isinstance(origin, _Target):
+            return np.asarray(origin.get())
+        if self._cached is None or self._cached[0] is not origin:
+            self._cached = None  # one group's sources on the host at a time
+            self._cached = (origin, self._run(origin))
+        return self._cached[1][position]
+
+    def _run(self, group: _Group) -> list[np.ndarray]:
+        rule = group.rule
+        arrays = [_host(group.targets[k].get()) for k in range(len(rule.targets))]
+        if rule.transform is None:
+            return arrays
+        if rule.inverse is not None:
+            what = f"{self.action}: the inverse of key rule {rule.text()}"
+            try:
+                with in_file_dtypes(dtype_name(a) for a in arrays):
+                    result = rule.inverse(*arrays)
+            except Exception as error:
+                raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
+            results = [
+                np.asarray(r) for r in results_of(what, rule, result, len(rule.sources), "sources")
+            ]
+            names = [fill(s, group.captures) for s in rule.sources]
+            for name, value in zip(names, results):
+                if (value.dtype, value.shape) != self.layout[name]:
+                    raise ValueError(
+                        f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} "
+                        f"when run, not the {_layout_text(self.layout[name])} it gave while "
+                        "checked"
+                    )
+            return results
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+        gather = self._gather(rule, structs)
+        if isinstance(gather, _Chain):
+            return [gather.apply(arrays[0])]
+        joined = np.concatenate([a.reshape(-1) for a in arrays])
+        if gather.again.size:
+            given, before = joined[gather.again], joined[gather.first]
+            if given.tobytes() != before.tobytes():
+                wheres = [group.targets[k].where for k in range(len(rule.targets))]
+                raise ValueError(
+                    f"{self.action}: key rule {rule.text()} reads one tensor for "
+                    f"{wheres}, which hold different values where they should be copies "
+                    "of each other (tied weights are written once)"
+                )
+        return [
+            joined[index].reshape(shape) for index, shape in zip(gather.positions, gather.shapes)
+        ]
+
+
+def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Gather | None:
+    """Where the transform puts each source element, learned by running it on labels;
+    None if it does more than move elements."""
+    transform = rule.transform
+    assert transform is not None
+    sizes = [math.prod(s) for s in shapes]
+    total = sum(sizes)
+    label = np.dtype(np.int32 if 2 * total < 2**31 else np.int64)
+    offset = total // 2  # labels of both signs: `abs` or `maximum(w, 0)` are not moves
+
+    def run(labels: np.ndarray) -> np.ndarray | None:
+        parts, at = [], 0
+        for shape, size in zip(shapes, sizes):
+            parts.append(labels[at : at + size].reshape(shape))
+            at += size
+        try:
+            with in_file_dtypes([label.name]):
+                results = results_of("", rule, transform(*parts))
+        except Exception:
+            return None
+        outs = [np.asarray(r) for r in results]
+        if [o.shape for o in outs] != [tuple(t) for t in targets]:
+            return None
+        if not all(np.issubdtype(o.dtype, np.integer) for o in outs):
+            return None
+        return np.concatenate([o.reshape(-1) for o in outs]).astype(np.int64) + offset
+
+    where = run(np.arange(total, dtype=label) - offset)
+    if where is None or (where.size and (where.min() < 0 or where.max() >= total)):
+        return None
+    counts = np.bincount(where, minlength=total)
+    if (counts == 0).any():  # some source element is in no target
+        return None
+    shuffled = np.random.default_rng(0).permutation(total)
+    again_where = run(shuffled.astype(label) - offset)
+    if again_where is None or not np.array_equal(again_where, shuffled[where]):
+        return None  # it depends on the values (a sort, a comparison), not only positions
+    if (counts == 1).all():
+        first = np.empty(total, np.int64)
+        first[where] = np.arange(where.size)
+        again = np.zeros(0, np.int64)
+        before = again
+    else:
+        order = np.argsort(where, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        first = order[starts]
+        mask = np.ones(where.size, bool)
+        mask[first] = False
+        again = np.nonzero(mask)[0]
+        before = first[where[again]]
+    index, at = [], 0
+    for size in sizes:
+        index.append(first[at : at + size])
+        at += size
+    return _Gather(tuple(tuple(s) for s in shapes), tuple(index), again, before)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _host(value: Any) -> Any:
+    """A target's value on the host (a PRNG key array stays as it is: its inverse, such
+    as `jax.random.key_data`, makes its data)."""
+    return value if is_prng_key(value) else np.asarray(value)
+
+
+def _natural(name: str) -> list[tuple[int, Any]]:
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in name.split(".")]
+
+
+def _origin_text(origin: Any) -> str:
+    if isinstance(origin, _Target):
+        return f"{origin.where} (under its own name)"
+    return f"key rule {origin.rule.text()}"
+
+
+def _layout_text(layout: tuple) -> str:
+    dtype, shape = layout
+    return f"{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
+
+
+def export(tree: Any, rules: Sequence[Rule], action: str) -> list[ForeignTensor]:
+    """The tensors of `tree` in the layout `rules` load from, checked before any is
+    computed (see the module's docstring)."""
+    return Exporter(tree, rules, action).tensors()
