@@ -120,3 +120,16 @@ def test_every_entry_point_applies_the_rule(edit):
     out = edit(tree, 7.0)["w"]
     assert out.dtype == jnp.int8 and set(np.asarray(out).tolist()) <= {0, 7}
     assert tree["w"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("backend", [np, jnp], ids=["numpy", "jax"])
+def test_a_tiny_number_into_float8_e8m0fnu_becomes_its_smallest_value_not_nan(backend):
+    # the number rule keeps it (e8m0 rounds it up to 2**-127); a fill through float32
+    # would have made it nan
+    import ml_dtypes
+
+    dtype = np.dtype(ml_dtypes.float8_e8m0fnu)
+    tree = {"w": backend.ones((3,), dtype)}
+    out = tc.at(tree)["w"].set(3.11e-260)
+    smallest = np.asarray(2.0**-127).astype(dtype)
+    assert np.asarray(out["w"]).tobytes() == np.full((3,), smallest).tobytes()

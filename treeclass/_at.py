@@ -404,7 +404,11 @@ def _fill(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
     """An array of `leaf`'s shape and dtype (and type: JAX or NumPy) filled with `value`."""
     value = _number_fit(value, leaf, where)
     if isinstance(leaf, np.ndarray):
-        return np.full_like(leaf, value)
+        # assigned, not `np.full_like`: that rounds through float32 for ml_dtypes, which
+        # turns a tiny number into nan in float8_e8m0fnu instead of its smallest value
+        out = np.empty_like(leaf)
+        out[...] = value
+        return out
     if isinstance(leaf, np.generic):
         return leaf.dtype.type(value)
     return jnp.full_like(leaf, value)  # keeps the sharding, and a weak type
