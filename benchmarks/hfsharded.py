@@ -32,10 +32,11 @@ are in flight depends on the machine's load, for either implementation. The tree
 row's note also gives the tensor bytes its reader read, and in how many reads (its byte
 counters): each byte of the checkpoint once.
 
-**The stacked model.** The model's blocks are a list (`STACKED = False`). Loading the
-same per-layer keys straight into a `tc.Stacked` of blocks, with the same rules, is the
-one-line switch `STACKED = True` below: the template then holds `tc.Stacked` blocks
-(`_build`), and the baseline stacks its hand-assembled blocks (`tc.Stacked.from_blocks`).
+**The stacked model.** The model's blocks are one `tc.Stacked` (`STACKED = True`): the
+rules put each per-layer key `h.{i}.…` into block i of the stacked leaves in the same
+load, each tensor read once; the baseline stacks its hand-assembled blocks
+(`tc.Stacked.from_blocks`), as one must without a rule engine. `STACKED = False` loads
+the unrolled model (a list of blocks) with the same rules.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ from .timing import one_call_per_sample
 
 __all__ = ["HFSize", "hf_sharded_case", "FULL_HF", "QUICK_HF", "SMOKE_HF", "RULES", "STACKED"]
 
-# The template's blocks: a list (False), or one `tc.Stacked` (True) once a rule can map
-# per-layer keys onto a stack's blocks. This line is the whole switch.
-STACKED = False
+# The template's blocks: one `tc.Stacked` (True: rules map the per-layer keys onto its
+# blocks in one load), or a list (False: the unrolled model, the same rules).
+STACKED = True
 
 _TREECLASS = "treeclass"  # (the runner finds the treeclass row by this name)
 _BASELINE = "safetensors safe_open + assignment by hand"
