@@ -35,6 +35,7 @@ from ._tree import (
     describe_array,
     dtype_name,
     numpy_dtype,
+    release_host_copy,
 )
 
 __all__ = [
@@ -571,6 +572,7 @@ class RuledCatalog:
             buffer = buffers[target]
             if isinstance(buffer, jax.Array):
                 buffers[target] = _write_slot(buffer, value, slot)
+                release_host_copy(buffers[target], getattr(value, "nbytes", 0))
             else:
                 buffer[slot] = value  # (into the buffer: a copy of this layer alone)
             filled[target].add(slot)
