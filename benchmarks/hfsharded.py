@@ -26,9 +26,10 @@ extra host memory is measured once with `tracemalloc`: the peak of NumPy's buffe
 those the result still holds at the end (on the CPU backend a device array may alias an
 aligned host buffer: that is the result, not extra). The target is about one tensor, at
 most `_MEMORY_LIMIT` times the largest tensor plus 1 MiB that does not grow with the
-model. JAX copies a host buffer to the device asynchronously and frees it once copied,
-so a load that reads the next tensor before the last copy is done holds both: how many
-are in flight depends on the machine's load, for either implementation. The treeclass
+model. JAX copies a host buffer to the device asynchronously and the transfer leaves a
+cycle that keeps it until the garbage collector's next pass, so a load that reads the
+next tensor before then holds both: treeclass waits for each large tensor's copy and
+frees it first (the baseline, as written by hand, does not). The treeclass
 row's note also gives the tensor bytes its reader read, and in how many reads (its byte
 counters): each byte of the checkpoint once.
 
