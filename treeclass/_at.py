@@ -29,11 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+from jax.tree_util import GetAttrKey
 
-from . import _node
 from ._calls import call_method
-from ._frozen import Frozen, is_frozen
 from ._numbers import NumberRangeError, dtype_kind, dtype_name, number_misfit, plain_float_limit
 from ._selectors import (
     DESCEND,
@@ -48,28 +46,19 @@ from ._selectors import (
     compile_selector,
     def_rule,
     missing_key_error,
-    open_for_at,
-    opens_itself,
-    rebuild_for_at,
     slice_text,
 )
 from ._structure import (
-    DICT,
-    GENERIC,
     LEAF,
-    LIST,
-    NAMEDTUPLE,
-    TREECLASS,
-    TUPLE,
     Kind,
-    child_by_entry,
+    NodeKind,
     entry_name,
     is_leaf_node,
+    is_wrapper,
     node_kind,
-    open_node,
     path_str,
-    rebuild,
     root_name,
+    row_of,
 )
 from ._util import check_callable
 from ._values import readable_here, sharding_spec, short_repr
@@ -587,7 +576,7 @@ class _Walker:
         if i == self.n:
             before = self.count
             out = self.op.spot(self, node, path, emask)
-            if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_frozen):
+            if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_wrapper):
                 self.blocked.append((path, "frozen", False))
             return out
         matcher = self.matchers[i]
@@ -596,76 +585,27 @@ class _Walker:
         return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
 
     def walk_key(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any) -> Any:
-        # The fast path: look one child up by name or index, rebuild only this node.
+        # The fast path: the row of the node's kind finds one child by name or index, and
+        # replaces it, so only the nodes on the path are rebuilt.
         key = matcher.key
-        kind = node_kind(node, self.is_leaf)
-        if kind == TREECLASS:
-            if type(key) is str:
-                child = _node.child(node, key)
-                if child is not _node.NOTHING:
-                    new = self.walk(child, path + (GetAttrKey(key),), i + 1, emask)
-                    if new is child:
-                        return node
-                    # same names, so the same layout: a cheap copy with one child replaced
-                    return _node.replace_children(node, {key: new})
-                if (
-                    i + 1 == self.n
-                    and self.op.edits_static
-                    and key in _node.static_names(type(node))
-                ):
-                    return self.static_spot(node, path + (GetAttrKey(key),), key)
-        elif kind == DICT:
-            if key in node:
-                child = node[key]
-                new = self.walk(child, path + (DictKey(key),), i + 1, emask)
-                if new is child:
-                    return node
-                out = dict(node)
-                out[key] = new
-                return out
-        elif kind == LIST or kind == TUPLE:
-            if type(key) is int:
-                n = len(node)
-                index = key + n if key < 0 else key
-                if 0 <= index < n:
-                    child = node[index]
-                    new = self.walk(child, path + (SequenceKey(index),), i + 1, emask)
-                    if new is child:
-                        return node
-                    items = list(node)
-                    items[index] = new
-                    return items if kind == LIST else tuple(items)
-        elif kind == NAMEDTUPLE:
-            fields = type(node)._fields
-            index = -1
-            if type(key) is str and key in fields:
-                index = fields.index(key)
-            elif type(key) is int and -len(fields) <= key < len(fields):
-                index = key % len(fields)
-            if index >= 0:
-                child = node[index]
-                new = self.walk(child, path + (GetAttrKey(fields[index]),), i + 1, emask)
-                if new is child:
-                    return node
-                return node._replace(**{fields[index]: new})
-        elif kind == GENERIC and type(key) is int:
-            child_of = getattr(type(node), "__tc_at_child__", None)
-            if child_of is not None and hasattr(type(node), "__tc_at_replace__"):
-                # a node that opens itself, one child at a time
-                found = child_of(node, key)
-                if found is not None:
-                    index, child = found
-                    new = self.walk(child, path + (SequenceKey(index),), i + 1, emask)
-                    if new is child:
-                        return node
-                    return node.__tc_at_replace__(index, child, new, lambda p: self.where(path + p))
-        # anything else (a custom node, or a key that is missing: the general path raises)
+        row = row_of(node, self.is_leaf)
+        found = row.child(node, key)
+        if found is not None:
+            entry, child = found
+            child_path = path + (entry,)
+            new = self.walk(child, child_path, i + 1, emask)
+            if new is child:
+                return node
+            return row.replace(node, entry, child, new, lambda p: self.where(path + p))
+        if i + 1 == self.n and self.op.edits_static and key in row.static_names(node):
+            return self.static_spot(node, row, path + (GetAttrKey(key),), key)
+        # a key that is missing: the general path raises the error naming it
         return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
 
     def level(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any, state: Any) -> Any:
-        kind = node_kind(node, self.is_leaf)
-        own = kind == GENERIC and opens_itself(node, kind)  # e.g. a stack shows its blocks
-        opened = open_for_at(node, kind) if own else None if kind == LEAF else open_node(node, kind)
+        row = row_of(node, self.is_leaf)
+        kind = row.kind
+        opened = row.open(node)
         code, payload = matcher.enter(state, node, kind, opened, path, self)
         if code == SELF:
             return self.walk(node, path, i + 1, _and_masks(emask, payload))
@@ -676,7 +616,7 @@ class _Walker:
         changed = False
         step = matcher.step
         # more selectors follow a matcher that sees into frozen values: a frozen match stops
-        stops = Frozen if matcher.sees_into_frozen and i + 1 < self.n else None
+        stops = matcher.sees_into_frozen and i + 1 < self.n
         for k, child in enumerate(children):
             entry = entries[k]
             child_path = path + (entry,)
@@ -690,7 +630,7 @@ class _Walker:
                 )
                 raise
             if code == MATCH:
-                if type(child) is stops:  # nothing below a frozen value is selectable
+                if stops and is_wrapper(child):  # nothing below a frozen value is selectable
                     self.record_blocked(child_path, "frozen")
                     new = self.unselected(child)
                 else:
@@ -707,31 +647,21 @@ class _Walker:
         matcher.finish(payload, node, kind, opened, path, self)
         if not changed:
             return node
-        if own:
-            return rebuild_for_at(node, aux, children, self.fills, lambda p: self.where(path + p))
-        return rebuild(node, kind, aux, children)
+        return row.rebuild(node, aux, children, fills, lambda p: self.where(path + p))
 
-    def static_spot(self, node: Any, path: tuple[Any, ...], name: str) -> Any:
+    def static_spot(self, node: Any, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.
 
         The copy gets the field's new value through its `on_setattr` callbacks (a
         configuration value is validated, as in `__init__` and `replace`) and the layout
         of its new static values; the children are shared.
         """
-        old = _node.static_values(node).get(name, _MISSING)
+        old = row.static_values(node).get(name, _MISSING)
         if old is _MISSING:  # declared static, but this instance never set it
             raise LookupError(STATIC_UNSET_MSG.format(where=self.where(path), name=name))
         self.count += 1
         new = self.op.static_value(self, old, path)
-        if new is old:
-            return node
-        copy = _node.replace_children(node, {})
-        _node.unseal(copy)
-        try:
-            setattr(copy, name, new)
-        finally:
-            _node.seal(copy)
-        return copy
+        return node if new is old else row.with_static(node, name, new)
 
     def unselected(self, node: Any) -> Any:
         if not self.fills:
@@ -841,19 +771,6 @@ class _ParallelWalker(_Walker):
         if i == self.n:
             self.refuse_traced(node, path)
         return super().walk(node, path, i, emask)
-
-
-def _child_for_at(node: Any, entry: Any) -> tuple[bool, Any]:
-    """`(found, child)`: the child of `node` under `entry`, as `.at` opens the node."""
-    kind = node_kind(node)
-    if not opens_itself(node, kind):
-        return child_by_entry(node, entry)
-    opened = open_for_at(node, kind)
-    assert opened is not None  # a node that opens itself has children
-    for e, c in zip(opened.entries, opened.children, strict=True):
-        if e == entry:
-            return True, c
-    return False, None
 
 
 def _and_masks(outer: Any, inner: Any) -> Any:
@@ -987,9 +904,10 @@ class _Set(_Op):
         for entry in path:
             if is_leaf_node(value, walker.is_leaf):
                 return value  # a prefix of the whole tree: this leaf covers the subtree
-            found, value = _child_for_at(value, entry)
-            if not found:
+            found = row_of(value).child(value, entry_name(entry))
+            if found is None or found[0] != entry:
                 return _MISSING
+            value = found[1]
         return value
 
     def _pairwise(self, walker, node, value, emask, path):

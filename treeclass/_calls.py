@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _node
-from ._selectors import find_child, opens_itself, rebuild_for_at
-from ._structure import Kind, Opened, rebuild
+from ._selectors import find_child
+from ._structure import row_of
 from ._util import check_callable
 from ._values import path_str
 
@@ -67,19 +67,17 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Opened, int]]:
-    """`(node, kind, opened, k)` for each node on the path: `k` is its child on the path.
-
-    The node the last key reaches is the last `opened` children list's item `k`.
-    """
-    steps: list[tuple[Any, Kind, Opened, int]] = []
+def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
+    """`(node, key entry, child)` for each node on the path the names and indices `keys`
+    take: the last child is the node whose method runs."""
+    steps: list[tuple[Any, Any, Any]] = []
     node = root
     path: tuple[Any, ...] = ()
     for key in keys:
-        kind, opened, k = find_child(node, key, functools.partial(path_str, root, path))
-        steps.append((node, kind, opened, k))
-        path = path + (opened.entries[k],)
-        node = opened.children[k]
+        entry, child = find_child(node, key, functools.partial(path_str, root, path))
+        steps.append((node, entry, child))
+        path = path + (entry,)
+        node = child
     return steps
 
 
@@ -107,26 +105,17 @@ def call_method(
     """`(value, new_root)`: method `name` of the node `keys` (names and indices) reach, run
     on a copy of that node, which then replaces it in a rebuilt `root`."""
     steps = _descend(root, keys)
-    if steps:
-        _, _, opened, k = steps[-1]
-        target = opened.children[k]
-        path = tuple(s[2].entries[s[3]] for s in steps)
-    else:
-        target, path = root, ()
+    path = tuple(entry for _, entry, _ in steps)
+    target = steps[-1][2] if steps else root
 
     def run(node: Any) -> Any:
         return _method_of(root, node, path, name)(*args, **kwargs)
 
     value, new = call_on_copy(target, run)
-    for depth, (node, kind, opened, k) in reversed(list(enumerate(steps))):
-        children = list(opened.children)
-        children[k] = new
-        if opens_itself(node, kind):
-            above = path[:depth]
-            where = lambda below, above=above: path_str(root, above + below)
-            new = rebuild_for_at(node, opened.aux, children, False, where)
-        else:
-            new = rebuild(node, kind, opened.aux, children)
+    for depth, (node, entry, old) in reversed(list(enumerate(steps))):
+        above = path[:depth]
+        where = lambda below, above=above: path_str(root, above + below)
+        new = row_of(node).replace(node, entry, old, new, where)
     return value, new
 
 

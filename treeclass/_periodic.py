@@ -31,6 +31,7 @@ from ._at import AtIndexer, at
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._stacked import Stacked
+from ._structure import NodeKind, Opened, register_kind, registered_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -306,12 +307,13 @@ class Periodic(Printed):
 
     # -- `.at`: the layers as children ------------------------------------------------------
 
-    def __tc_at_open__(self) -> tuple[tuple[Any, ...], list[Any], Any]:
-        entries, patterns, aux = self._stack.__tc_at_open__()
-        layers = [block for pattern in patterns for block in pattern]
-        return tuple(SequenceKey(i) for i in range(len(layers))), layers, (patterns, aux)
+    def _at_open(self) -> Opened:
+        opened = _STACK.open(self._stack)
+        layers = [block for pattern in opened.children for block in pattern]
+        entries = tuple(SequenceKey(i) for i in range(len(layers)))
+        return Opened(entries, layers, (opened.children, opened.aux))
 
-    def __tc_at_rebuild__(
+    def _at_rebuild(
         self, aux: Any, children: list[Any], partial: bool, where: Callable[[tuple], str]
     ) -> Any:
         patterns, stack_aux = aux
@@ -321,30 +323,28 @@ class Periodic(Printed):
             new = children[r * p : (r + 1) * p]
             same = all(a is b for a, b in zip(new, old))
             regrouped.append(old if same else tuple(new))
-        out = self._stack.__tc_at_rebuild__(stack_aux, regrouped, partial, self._inner(where))
+        out = _STACK.rebuild(self._stack, stack_aux, regrouped, partial, self._inner(where))
         if isinstance(out, Stacked):
             return self if out is self._stack else _make(out)
         return tuple(children)  # a `get` whose fill values changed the structure
 
-    def __tc_at_child__(self, index: int) -> tuple[int, Any] | None:
+    def _at_child(self, index: int) -> tuple[int, Any] | None:
         n = len(self)
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             return None
         r, j = divmod(i, self._period)
-        found = self._stack.__tc_at_child__(r)
+        found = _STACK.child(self._stack, r)
         assert found is not None
         return i, found[1][j]
 
-    def __tc_at_replace__(
-        self, i: int, old: Any, new: Any, where: Callable[[tuple], str]
-    ) -> Periodic:
+    def _at_replace(self, i: int, old: Any, new: Any, where: Callable[[tuple], str]) -> Periodic:
         r, j = divmod(i, self._period)
-        found = self._stack.__tc_at_child__(r)
+        found = _STACK.child(self._stack, r)
         assert found is not None
-        pattern = found[1]
+        entry, pattern = found
         changed = (*pattern[:j], new, *pattern[j + 1 :])
-        return _make(self._stack.__tc_at_replace__(r, pattern, changed, self._inner(where)))
+        return _make(_STACK.replace(self._stack, entry, pattern, changed, self._inner(where)))
 
     def _inner(self, where: Callable[[tuple], str]) -> Callable[[tuple], str]:
         """Messages of the stack (paths `[r][j]...`) told in layers (`[r×P+j]...`)."""
@@ -448,6 +448,27 @@ def _kinds(periodic: Periodic) -> str:
             runs.append([name, 1])
     return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
+
+class _PeriodicKind(NodeKind):
+    """The row of a periodic stack: `.at` opens it into the unrolled model's layers,
+    numbered `[r×P+j]`, through the row of the stack it holds."""
+
+    def open(self, node: Any) -> Opened:
+        return node._at_open()
+
+    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+        found = node._at_child(key) if type(key) is int else None
+        return None if found is None else (SequenceKey(found[0]), found[1])
+
+    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
+        return node._at_replace(entry.idx, old, new, where)
+
+    def rebuild(self, node, aux, children, partial=False, where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+        return node._at_rebuild(aux, children, partial, where)
+
+
+register_kind(Periodic, _PeriodicKind())
+_STACK: Any = registered_kind(Stacked)  # the row of the stack a periodic stack holds
 
 register_printer(
     Periodic,

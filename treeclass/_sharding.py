@@ -34,9 +34,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._at import at
-from ._frozen import is_frozen
-from ._stacked import Stacked
-from ._structure import path_str
+from ._stacked import block_depths
+from ._structure import is_wrapper, path_str
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]
 
@@ -481,7 +480,7 @@ class ShardingRules:
         """Every leaf's mesh spec, or a `ValueError` listing every problem."""
         sizes = dict(mesh.shape)
         problems: dict[str, None] = {}  # ordered, without repeats
-        depths = _block_depths(tree)
+        depths = block_depths(tree)
         if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
             raise AssertionError("the stacks of the tree hold another number of leaves")
         claims = self._claims(tree, len(flat), problems)
@@ -514,7 +513,7 @@ class ShardingRules:
         """For every leaf, the rules that select it, in table order."""
         claims: list[list[_Rule]] = [[] for _ in range(count)]
         # where the frozen values are among the leaves, when they are counted as leaves
-        frozen = [is_frozen(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_frozen)]
+        frozen = [is_wrapper(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)]
         for rule in self.rules:
             try:
                 flags = _selected(tree, rule.selectors, frozen)
@@ -730,8 +729,8 @@ def _selected(tree: Any, selectors: tuple[Any, ...], frozen: list[bool]) -> list
     indexer = at(tree)
     for selector in selectors:
         indexer = indexer[selector]
-    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
-    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_frozen)
+    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_wrapper)
+    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_wrapper)
     return [x is _SELECTED for x, ice in zip(leaves, frozen, strict=True) if not ice]
 
 
@@ -752,17 +751,6 @@ def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] 
 
 def _entries_of(spec: list[tuple[str, ...]]) -> list[Any]:
     return [None if not axes else axes[0] if len(axes) == 1 else axes for axes in spec]
-
-
-def _block_depths(tree: Any, depth: int = 0) -> list[int]:
-    """For every leaf of `tree`, how many stacks (`tc.Stacked`) hold it."""
-    out: list[int] = []
-    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
-        if isinstance(x, Stacked):
-            out.extend(_block_depths(x.tree, depth + 1))
-        else:
-            out.append(depth)
-    return out
 
 
 def _shape(x: Any) -> tuple[int, ...]:

@@ -8,8 +8,8 @@ seen three ways:
 - **by JAX** (jit, grad, optax, checkpoints): it flattens into its block tree's children,
   so `blocks.attn.q.weight` is one `f32[N, ...]` leaf under the block's own key path;
 - **by `.at`**: it opens into its N blocks (`blocks[7].attn.q.weight` is block 7's slice)
-  and writes changed blocks back into their slices (`__tc_at_open__` /
-  `__tc_at_rebuild__`, the hook `_selectors` describes);
+  and writes changed blocks back into their slices (its row of the table of node
+  kinds, `_StackedKind`, registered here);
 - **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
   shapes (`48×f32[256,256]`), through a print rule with `children`.
 
@@ -38,11 +38,21 @@ from ._pprint import tree_repr, tree_str
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._roles import FROZEN, leaf_roles
-from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
+from ._structure import (
+    NodeKind,
+    Opened,
+    first_mismatch,
+    is_leaf_node,
+    node_kind,
+    open_node,
+    rebuild,
+    register_kind,
+    root_name,
+)
 from ._util import check_callable
 from ._values import exact_key, is_array, short_repr
 
-__all__ = ["Stacked", "unstack_all", "restack"]
+__all__ = ["Stacked", "block_depths", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
@@ -396,11 +406,11 @@ def _one_level(tree: Any) -> tuple[list[Any], Any]:
     return children, treedef
 
 
-_UNOPENED = object()  # a block `__tc_at_replace__` did not open (it stays as it is)
+_UNOPENED = object()  # a block `_at_replace` did not open (it stays as it is)
 
 
 class _Opened(NamedTuple):
-    """What `__tc_at_open__` hands `.at`, for `__tc_at_rebuild__`."""
+    """What `_at_open` hands `.at`, for `_at_rebuild`."""
 
     blocks: list[Any]
     block_leaves: list[list[Any]]
@@ -470,11 +480,6 @@ class Stacked(Printed):
     """
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
-
-    def __treeclass_roles_of__(self) -> Any:
-        # the stack's children are its block tree's: the roles that tree's class declares
-        # (`tc.field(role=...)`) hold for them (read by `tc.roles` and the summary)
-        return self._tree
 
     _tree: Any
     _length: int
@@ -789,12 +794,12 @@ class Stacked(Printed):
 
     # -- `.at`: the blocks as children --------------------------------------------------------
 
-    def __tc_at_open__(self) -> tuple[tuple[Any, ...], list[Any], _Opened]:
+    def _at_open(self) -> Opened:
         opened = _Opened(*self._open())
         entries = tuple(SequenceKey(i) for i in range(self._length))
-        return entries, list(opened.blocks), opened
+        return Opened(entries, list(opened.blocks), opened)
 
-    def __tc_at_child__(self, index: int) -> tuple[int, Any] | None:
+    def _at_child(self, index: int) -> tuple[int, Any] | None:
         """Block `index` alone (negative counts from the end), or None if there is none:
         the walker's one-key fast path, which slices each leaf once instead of opening
         every block."""
@@ -805,11 +810,9 @@ class Stacked(Printed):
         leaves, treedef, kinds = self._leaves()
         return i, treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
 
-    def __tc_at_replace__(
-        self, i: int, old: Any, new: Any, where: Callable[[tuple], str]
-    ) -> Stacked:
-        """The stack with block `i` (given by `__tc_at_child__` as `old`) replaced by `new`,
-        checked and written as `__tc_at_rebuild__` writes one changed block."""
+    def _at_replace(self, i: int, old: Any, new: Any, where: Callable[[tuple], str]) -> Stacked:
+        """The stack with block `i` (given by `_at_child` as `old`) replaced by `new`,
+        checked and written as `_at_rebuild` writes one changed block."""
         leaves, treedef, kinds = self._leaves()
         n = self._length
         # the other blocks are not opened: only their shared leaves are ever read back
@@ -821,9 +824,9 @@ class Stacked(Printed):
         children = list(blocks)
         children[i] = new
         aux = _Opened(blocks, block_leaves, treedef, leaves, kinds)
-        return self.__tc_at_rebuild__(aux, children, False, where)
+        return self._at_rebuild(aux, children, False, where)
 
-    def __tc_at_rebuild__(
+    def _at_rebuild(
         self, aux: _Opened, children: list[Any], partial: bool, where: Callable[[tuple], str]
     ) -> Any:
         n = self._length
@@ -904,6 +907,29 @@ class Stacked(Printed):
         return Stacked.from_blocks(blocks)
 
 
+class _StackedKind(NodeKind):
+    """The row of a stack in the table of node kinds: `.at` opens it into its N blocks,
+    keyed `[i]`; one index slices block `i` alone; rebuilding writes only the changed
+    blocks' slices. Its children (for JAX) are its block tree's, so the roles the block's
+    class declares hold for them."""
+
+    def open(self, node: Any) -> Opened:
+        return node._at_open()
+
+    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+        found = node._at_child(key) if type(key) is int else None
+        return None if found is None else (SequenceKey(found[0]), found[1])
+
+    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
+        return node._at_replace(entry.idx, old, new, where)
+
+    def rebuild(self, node, aux, children, partial=False, where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+        return node._at_rebuild(aux, children, partial, where)
+
+    def roles_of(self, node: Any) -> Any:
+        return node._tree
+
+
 def _init(stack: Stacked, tree: Any, length: int) -> None:
     _check_node(tree)
     children, treedef = _one_level(tree)
@@ -943,6 +969,7 @@ def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
 jax.tree_util.register_pytree_with_keys(
     Stacked, _flatten_with_keys, _unflatten, operator.attrgetter("_flat")
 )
+register_kind(Stacked, _StackedKind())
 
 
 class _LeafPaths:
@@ -1085,6 +1112,17 @@ register_printer(
     size=_leaf_size,
 )
 register_printer(Stacked, type_name=_stack_name, children=_print_children)
+
+
+def block_depths(tree: Any, depth: int = 0) -> list[int]:
+    """For every leaf of `tree`, how many stacks hold it (its leading block axes)."""
+    out: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
+        if isinstance(x, Stacked):
+            out.extend(block_depths(x.tree, depth + 1))
+        else:
+            out.append(depth)
+    return out
 
 
 # -- converting between stacked and unstacked trees --------------------------------------------
