@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -328,14 +329,15 @@ class RowsKind(_structure.NodeKind):
             return None
         return SequenceKey(key % n), node.data[key % n]
 
-    def replace(self, node, entry, old, new, where):
+    def replace(self, node, entry, old, new, path=(), where=jax.tree_util.keystr):
         if jnp.shape(new) != jnp.shape(old):
-            raise ValueError(f"{where((entry,))}: a row of shape {jnp.shape(old)} is needed")
+            raise ValueError(f"{where(path + (entry,))}: a row of shape {jnp.shape(old)} is needed")
         return Rows(node.data.at[entry.idx].set(new), node.name)
 
-    def rebuild(self, node, aux, children, partial=False, where=jax.tree_util.keystr):
-        shapes = {getattr(c, "shape", None) for c in children}
-        if partial and (None in shapes or len(shapes) > 1):
+    def rebuild(self, node, aux, children, partial=False, path=(), where=jax.tree_util.keystr):
+        if partial and (
+            any(c is None for c in children) or len({np.shape(c) for c in children}) > 1
+        ):
             return tuple(children)  # a `get` with fill values that are not rows
         return Rows(jnp.stack([jnp.asarray(c) for c in children]), node.name)
 

@@ -32,6 +32,7 @@ from jax.core import Tracer
 from jax.tree_util import GetAttrKey
 
 from ._calls import call_method
+from ._node import TreeNode
 from ._numbers import NumberRangeError, dtype_kind, dtype_name, number_misfit, plain_float_limit
 from ._selectors import (
     DESCEND,
@@ -50,6 +51,7 @@ from ._selectors import (
 )
 from ._structure import (
     LEAF,
+    TREECLASS_KIND,
     Kind,
     NodeKind,
     entry_name,
@@ -57,6 +59,7 @@ from ._structure import (
     is_wrapper,
     node_kind,
     path_str,
+    registered_kind,
     root_name,
     row_of,
 )
@@ -588,7 +591,13 @@ class _Walker:
         # The fast path: the row of the node's kind finds one child by name or index, and
         # replaces it, so only the nodes on the path are rebuilt.
         key = matcher.key
-        row = row_of(node, self.is_leaf)
+        is_leaf = self.is_leaf
+        if is_leaf is None:  # `row_of` inlined: the node's exact type, else a TreeClass
+            row = registered_kind(type(node))
+            if row is None:
+                row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+        else:
+            row = row_of(node, is_leaf)
         found = row.child(node, key)
         if found is not None:
             entry, child = found
@@ -596,7 +605,7 @@ class _Walker:
             new = self.walk(child, child_path, i + 1, emask)
             if new is child:
                 return node
-            return row.replace(node, entry, child, new, lambda p: self.where(path + p))
+            return row.replace(node, entry, child, new, path, self.where)
         if i + 1 == self.n and self.op.edits_static and key in row.static_names(node):
             return self.static_spot(node, row, path + (GetAttrKey(key),), key)
         # a key that is missing: the general path raises the error naming it
@@ -647,7 +656,7 @@ class _Walker:
         matcher.finish(payload, node, kind, opened, path, self)
         if not changed:
             return node
-        return row.rebuild(node, aux, children, fills, lambda p: self.where(path + p))
+        return row.rebuild(node, aux, children, fills, path, self.where)
 
     def static_spot(self, node: Any, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.

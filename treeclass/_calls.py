@@ -112,10 +112,9 @@ def call_method(
         return _method_of(root, node, path, name)(*args, **kwargs)
 
     value, new = call_on_copy(target, run)
+    where = functools.partial(path_str, root)
     for depth, (node, entry, old) in reversed(list(enumerate(steps))):
-        above = path[:depth]
-        where = lambda below, above=above: path_str(root, above + below)
-        new = row_of(node).replace(node, entry, old, new, where)
+        new = row_of(node).replace(node, entry, old, new, path[:depth], where)
     return value, new
 
 

@@ -71,6 +71,7 @@ __all__ = [
     "rebuild",
     "refuse_write",
     "register",
+    "replace_child",
     "replace_children",
     "reseal",
     "seal",
@@ -863,6 +864,19 @@ def replace_children(node: Any, changes: dict[str, Any]) -> Any:
     tree = _new(type(node))
     state = dict(attributes(node))
     state.update(changes)
+    set_attributes(tree, state)
+    layout = getattr(node, "_tc_layout", None)
+    _set_layout(tree, layout)
+    if type(layout) is Layout:
+        _set_flat(tree, (layout.shape.get(state), layout))
+    return tree
+
+
+def replace_child(node: Any, name: str, value: Any) -> Any:
+    """A copy of `node` with its child `name` replaced by `value` (`.at`'s one-key path)."""
+    tree = _new(type(node))
+    state = dict(attributes(node))
+    state[name] = value
     set_attributes(tree, state)
     layout = getattr(node, "_tc_layout", None)
     _set_layout(tree, layout)

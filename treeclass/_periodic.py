@@ -323,7 +323,7 @@ class Periodic(Printed):
             new = children[r * p : (r + 1) * p]
             same = all(a is b for a, b in zip(new, old))
             regrouped.append(old if same else tuple(new))
-        out = _STACK.rebuild(self._stack, stack_aux, regrouped, partial, self._inner(where))
+        out = _STACK.rebuild(self._stack, stack_aux, regrouped, partial, (), self._inner(where))
         if isinstance(out, Stacked):
             return self if out is self._stack else _make(out)
         return tuple(children)  # a `get` whose fill values changed the structure
@@ -344,7 +344,7 @@ class Periodic(Printed):
         assert found is not None
         entry, pattern = found
         changed = (*pattern[:j], new, *pattern[j + 1 :])
-        return _make(_STACK.replace(self._stack, entry, pattern, changed, self._inner(where)))
+        return _make(_STACK.replace(self._stack, entry, pattern, changed, (), self._inner(where)))
 
     def _inner(self, where: Callable[[tuple], str]) -> Callable[[tuple], str]:
         """Messages of the stack (paths `[r][j]...`) told in layers (`[r×P+j]...`)."""
@@ -460,11 +460,11 @@ class _PeriodicKind(NodeKind):
         found = node._at_child(key) if type(key) is int else None
         return None if found is None else (SequenceKey(found[0]), found[1])
 
-    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
-        return node._at_replace(entry.idx, old, new, where)
+    def replace(self, node, entry, old, new, path=(), where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+        return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
 
-    def rebuild(self, node, aux, children, partial=False, where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
-        return node._at_rebuild(aux, children, partial, where)
+    def rebuild(self, node, aux, children, partial=False, path=(), where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+        return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
 
 
 register_kind(Periodic, _PeriodicKind())

@@ -920,11 +920,11 @@ class _StackedKind(NodeKind):
         found = node._at_child(key) if type(key) is int else None
         return None if found is None else (SequenceKey(found[0]), found[1])
 
-    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
-        return node._at_replace(entry.idx, old, new, where)
+    def replace(self, node, entry, old, new, path=(), where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+        return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
 
-    def rebuild(self, node, aux, children, partial=False, where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
-        return node._at_rebuild(aux, children, partial, where)
+    def rebuild(self, node, aux, children, partial=False, path=(), where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+        return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
 
     def roles_of(self, node: Any) -> Any:
         return node._tree

@@ -234,12 +234,13 @@ class NodeKind:
     - `child(node, key)`: `(key entry, child)` for the child a name or index selects
       (`.at["w"]`, `.at[0]`), or `None` when this row does not find one directly (the
       walker then opens the node, and raises the missing-key error);
-    - `replace(node, entry, old, new, where)`: `node` with the child `old` under `entry`
-      (as `child` gave it) replaced by `new`;
-    - `rebuild(node, aux, children, partial, where)`: `node` with the children `open`
-      gave, some replaced (`partial`: unselected children hold `get`'s fill values, so
-      another container may be returned; `where(path)` is the text of a key path below
-      the node, for messages);
+    - `replace(node, entry, old, new, path, where)`: `node` with the child `old` under
+      `entry` (as `child` gave it) replaced by `new`;
+    - `rebuild(node, aux, children, partial, path, where)`: `node` with the children
+      `open` gave, some replaced (`partial`: unselected children hold `get`'s fill
+      values, so another container may be returned). For messages, `path` is the node's
+      key path and `where(path + below)` the text of a key path below it (the root's
+      class name first);
     - `static_names(node)` / `static_values(node)` / `with_static(node, name, value)`:
       its static parts (part of the tree definition, not children);
     - `items(node, hidden)`, `type_name(node)`, `named`, `brackets`, `single_comma`: how
@@ -278,13 +279,19 @@ class NodeKind:
         return None
 
     def replace(
-        self, node: Any, entry: Any, old: Any, new: Any, where: Callable[[tuple], str]
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
     ) -> Any:
         opened = self.open(node)
         assert opened is not None  # `child` found `old` among its children
         children = opened.children
         children[opened.entries.index(entry)] = new
-        return self.rebuild(node, opened.aux, children, False, where)
+        return self.rebuild(node, opened.aux, children, False, path, where)
 
     def rebuild(
         self,
@@ -292,6 +299,7 @@ class NodeKind:
         aux: Any,
         children: list[Any],
         partial: bool = False,
+        path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = _no_where,
     ) -> Any:
         return rebuild(node, self.kind, aux, children)
@@ -358,6 +366,11 @@ class _NoneKind(_LeafKind):
         return _opened(((), [], None))
 
 
+_NOTHING = _node.NOTHING
+_tc_child = _node.child
+_replace_child = _node.replace_child
+
+
 class _TreeClassKind(NodeKind):
     kind = TREECLASS
 
@@ -366,16 +379,16 @@ class _TreeClassKind(NodeKind):
 
     def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
         if type(key) is str:
-            found = _node.child(node, key)
-            if found is not _node.NOTHING:
+            found = _tc_child(node, key)
+            if found is not _NOTHING:
                 return GetAttrKey(key), found
         return None
 
-    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
+    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
         # same names, so the same layout: a cheap copy with one child replaced
-        return _node.replace_children(node, {entry.name: new})
+        return _replace_child(node, entry.name, new)
 
-    def rebuild(self, node, aux, children, partial=False, where=_no_where):  # type: ignore[no-untyped-def]
+    def rebuild(self, node, aux, children, partial=False, path=(), where=_no_where):  # type: ignore[no-untyped-def]
         return _node.rebuild(node, children)
 
     def static_names(self, node: Any) -> tuple[str, ...]:
@@ -423,7 +436,7 @@ class _DictKind(NodeKind):
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
+    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
         out = dict(node)
         out[entry.key] = new
         return out
@@ -450,7 +463,7 @@ class _SequenceKind(NodeKind):
         index = key + n if key < 0 else key
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
-    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
+    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
@@ -475,7 +488,7 @@ class _NamedTupleKind(NodeKind):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(self, node, entry, old, new, where):  # type: ignore[no-untyped-def]
+    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
         return node._replace(**{entry.name: new})
 
     def items(self, node: Any, hidden: bool) -> Items:
@@ -515,9 +528,9 @@ def register_kind(cls: type, row: NodeKind) -> None:
     _KINDS[cls] = row
 
 
-def registered_kind(cls: type) -> NodeKind | None:
-    """The row registered for nodes of exactly type `cls` (`register_kind`), if any."""
-    return _KINDS.get(cls)
+# `registered_kind(cls)`: the row registered for nodes of exactly type `cls`, or `None`
+# (the table's own `get`: a C-level call, for the walker's fast path)
+registered_kind: Callable[[type], NodeKind | None] = _KINDS.get
 
 
 def row_of(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind:
@@ -527,6 +540,8 @@ def row_of(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind:
     row = _KINDS.get(type(node))
     if row is not None:
         return row
+    if isinstance(node, _node.TreeNode):  # before the other tests: the most common node
+        return TREECLASS_KIND
     return _BY_CODE[node_kind(node)]
 
 
