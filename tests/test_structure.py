@@ -462,3 +462,12 @@ def test_a_new_kind_has_roles_and_masks():
     assert jax.tree_util.tree_leaves(tc.roles(model)) == ["trainable", "frozen", "trainable"]
     mask = jax.tree_util.tree_map(lambda _: True, model)
     assert tc.tree_unmask(tc.tree_mask(model, mask)).rows.data.shape == (3, 2)
+    # a selection is a value: its mask has the model's structure, one flag per row here
+    mask = model.at["rows"][0].mask()
+    assert mask.rows.data.tolist() == [True, False, False] and mask.bias is False
+    assert model.at["rows"][0].paths() == [(GetAttrKey("rows"), GetAttrKey("data"))]
+    assert tc.at(model)[mask].get().rows[0].tolist() == [0.0, 1.0]
+    # an optax mask says yes or no per leaf: one row of a leaf is refused, all rows are not
+    with pytest.raises(ValueError, match=r"part of the leaf at Holder\.rows\.data"):
+        tc.optim.mask(model.at["rows"][0])
+    assert tc.optim.mask(model.at["rows"][...]).rows.data is True

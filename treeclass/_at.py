@@ -782,6 +782,11 @@ class _ParallelWalker(_Walker):
         return super().walk(node, path, i, emask)
 
 
+def _any_true(flag: Any) -> bool:
+    """Whether a flag of `mask()` selects its leaf, in whole or in part."""
+    return flag is True or (flag is not False and bool(np.any(np.asarray(flag))))
+
+
 def _and_masks(outer: Any, inner: Any) -> Any:
     if outer is None:
         return inner
@@ -829,6 +834,29 @@ class _Get(_Op):
             return _take(x, emask, fill, lambda: walker.where(where))
 
         return _map_with_paths(walker, take, node, path)
+
+
+class _Mask(_Op):
+    """The selection as a value: `True` at every selected leaf, `False` elsewhere.
+
+    Under an element mask a selected leaf gets the mask, broadcast to the leaf's shape.
+    Nodes are rebuilt by their rows, so a node that shows `.at` other children than its
+    JAX flatten (a stack of blocks) gathers its children's flags as it gathers values
+    (one flag per block: a bool array along the block axis).
+    """
+
+    __slots__ = ()
+    fills = True
+    fill_value = False
+
+    def spot(self, walker, node, path, emask):
+        def flag(x: Any, where: tuple) -> Any:
+            if emask is None:
+                return True
+            _check_element_mask(emask, x, lambda: walker.where(where))
+            return jnp.broadcast_to(emask, _shape(x))
+
+        return _map_with_paths(walker, flag, node, path)
 
 
 def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: Any, path: tuple) -> Any:
@@ -1285,6 +1313,70 @@ class AtIndexer(Generic[T]):
         with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
             walker = _ParallelWalker(self.tree, self._matchers, op, is_leaf, self._selection, pool)
             return walker.run()
+
+    def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+        """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
+
+        The mask has the tree's structure (nodes without children, such as frozen values,
+        stay as they are; with `is_leaf`, the nodes it stops at are leaves and get a
+        flag), so it lines up with the tree in `jax.tree.map`, selects the same leaves
+        again as `tree.at[mask]`, and is what `tc.optim.mask` builds optimizer masks
+        from. An element mask in the selection gives a selected leaf a bool array of its
+        shape; a selection of some blocks of a stack (`tc.Stacked`) gives its leaves one
+        flag per block, an array along the block axis.
+
+        **Arguments**
+
+        - `is_leaf`: treat nodes for which it returns `True` as leaves
+          (`is_leaf=tc.is_frozen` gives frozen values a flag of their own).
+
+        **Returns**
+
+        A tree of the input's structure with `bool` (or bool array) leaves.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        tree = {"a": jnp.ones(2), "b": {"c": 2.0, "d": tc.freeze(1)}}
+        mask = tc.at(tree)["b"]["c"].mask()
+        assert mask == {"a": False, "b": {"c": True, "d": tc.freeze(1)}}
+        assert tc.at(tree)[mask].get() == tc.at(tree)["b"]["c"].get()
+        ```
+        """
+        _check_is_leaf(is_leaf, "mask")
+        return self._run(_Mask(), is_leaf)
+
+    def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
+        """The key paths of the leaves the selection reaches, in flatten order.
+
+        Each is a tuple of JAX key entries, as `jax.tree_util.tree_flatten_with_path`
+        gives it (`jax.tree_util.keystr(path)` reads `['b']['c']`). A leaf selected in
+        part (by an element mask, or in some blocks of a stack) is listed too; `mask()`
+        says which part.
+
+        **Arguments**
+
+        - `is_leaf`: treat nodes for which it returns `True` as leaves.
+
+        **Returns**
+
+        A list of key paths, in the order of the tree's leaves.
+
+        ```python
+        import jax
+        import treeclass as tc
+
+        tree = {"a": 1.0, "b": {"c": 2.0, "d": 3.0}}
+        paths = tc.at(tree)["b"][...].paths()
+        assert [jax.tree_util.keystr(p) for p in paths] == ["['b']['c']", "['b']['d']"]
+        ```
+        """
+        _check_is_leaf(is_leaf, "paths")
+        flags = self._run(_Mask(), is_leaf)
+        pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=is_leaf)[0]
+        marks = jax.tree_util.tree_leaves(flags, is_leaf=is_leaf)
+        return [path for (path, _), flag in zip(pairs, marks, strict=True) if _any_true(flag)]
 
     def get(
         self,

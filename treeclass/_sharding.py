@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -107,11 +106,10 @@ _INDIVISIBLE = (
 )
 _SELECTION_FAILS = "{rule} cannot select in {root}: {error}"
 _SOME_BLOCKS = (
-    "{rule} selects some blocks of a stack only, at `{error}`: a stacked leaf is one array "
+    "{rule} selects some blocks of a stack only, at {where}: a stacked leaf is one array "
     "with one layout for all its blocks. Select every block (`blocks.*....`); the block "
     "axis gets `block_axis`"
 )
-_STACKED_AT = re.compile(r"stacked leaf at (\S+?):")
 _UNUSED = (
     "{rule} matches no leaf of {root} (a typo in a selector leaves its leaves to other "
     "rules); remove it, or fix its selector"
@@ -517,15 +515,14 @@ class ShardingRules:
         for rule in self.rules:
             try:
                 flags = _selected(tree, rule.selectors, frozen)
+            except _SomeBlocks as some:
+                problems[_SOME_BLOCKS.format(rule=rule.text, where=some.where)] = None
+                continue
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
-                stacked = _STACKED_AT.search(message)
-                if stacked is not None:
-                    problem = _SOME_BLOCKS.format(rule=rule.text, error=stacked.group(1))
-                else:
-                    problem = _SELECTION_FAILS.format(
-                        rule=rule.text, root=_root_text(tree), error=message
-                    )
+                problem = _SELECTION_FAILS.format(
+                    rule=rule.text, root=_root_text(tree), error=message
+                )
                 problems[problem] = None
                 continue
             if len(flags) != count:  # pragma: no cover - mask keeps the tree's structure
@@ -706,32 +703,37 @@ class ShardingRules:
             ] = None
 
 
-class _Selected:
-    """Stands in for a leaf a rule selects, while its selection is read."""
+class _SomeBlocks(Exception):
+    """A rule's selection picks some blocks of a stacked leaf only."""
 
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        # shown when a node refuses it: a stack, for a selection of some of its blocks
-        return "a sharding rule's selection mark"
-
-
-_SELECTED = _Selected()
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
 
 
 def _selected(tree: Any, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
     """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it.
 
-    The selection is `.at`'s own: the selected leaves are marked with `apply` (frozen
-    values taken as leaves, so that selecting one is not an error: they are dropped
-    here, not being leaves) and the marks read back in flatten order.
+    The selection is `.at`'s own, read as a value (`mask()`: frozen values taken as
+    leaves, so that selecting one is not an error; they are dropped here, not being
+    leaves). A leaf selected in some blocks only raises `_SomeBlocks`.
     """
     indexer = at(tree)
     for selector in selectors:
         indexer = indexer[selector]
-    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_wrapper)
-    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_wrapper)
-    return [x is _SELECTED for x, ice in zip(leaves, frozen, strict=True) if not ice]
+    flags = jax.tree_util.tree_leaves(indexer.mask(is_leaf=is_wrapper), is_leaf=is_wrapper)
+    out = []
+    for index, (flag, ice) in enumerate(zip(flags, frozen, strict=True)):
+        if ice:
+            continue
+        if flag is not True and flag is not False:  # one flag per block of a stack
+            if bool(np.all(flag)) != bool(np.any(flag)):
+                path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
+                blocks = np.flatnonzero(np.asarray(flag).reshape(-1)).tolist()
+                raise _SomeBlocks(f"`{path_str(tree, path)}` (blocks {blocks})")
+            flag = bool(np.all(flag))
+        out.append(flag)
+    return out
 
 
 def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:

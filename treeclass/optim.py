@@ -234,18 +234,14 @@ def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None
 # masks from selections
 
 
-class _Selected:
-    """Stands in for a selected leaf while a mask is built."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        # shown when a node refuses it: a stack, for a selection of some of its blocks
-        return "tc.optim's selection mark"
-
-
-_SELECTED = _Selected()
-
+_PARTIAL_LEAF_MSG = (
+    "The selection picks part of the leaf at {where} (some blocks of a stacked leaf, or "
+    "some elements by an element mask), but an optax mask or label says yes or no per "
+    "whole leaf. Select all of it or none of it. For settings per block (freeze blocks "
+    "0-5, a learning rate per block), build factors on a tree of numbers instead:\n"
+    "    factors = model.at[...].set(1.0).at['blocks'][0:6].set(0.0)\n"
+    "    opt = optax.chain(optax.adam(1e-3), tc.optim.scale_blocks(factors))"
+)
 _PARTIAL_SELECTION_MSG = (
     "The boolean array at `{where}` in the selection picks some elements of its leaf, but "
     "an optax mask says yes or no per whole leaf. Select whole leaves, e.g. with a mask "
@@ -272,6 +268,15 @@ def _whole_leaf_flag(path: tuple[Any, ...], x: Any) -> Any:
     if not x.any():
         return False
     raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
+
+
+def _whole_flag(tree: Any, path: tuple[Any, ...], flag: Any) -> bool:
+    """A flag of a selection's `mask()` as one flag for its whole leaf (or an error)."""
+    if flag is True or flag is False:
+        return flag
+    if isinstance(flag, Tracer) or not bool(np.all(flag)) and bool(np.any(flag)):
+        raise ValueError(_PARTIAL_LEAF_MSG.format(where=path_str(tree, path)))
+    return bool(np.all(flag))
 
 
 def _whole_leaf_selector(selector: Any) -> Any:
@@ -384,25 +389,22 @@ def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     """
     _check_strict(strict, "mask")
     indexer = _indexer(selection, where)
-    # frozen values count as leaves here, so that a selection reaching only frozen values
-    # is not an error; they are put back unchanged below
-    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_wrapper)
-    # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at its
-    # place, so the mask fits the model (where a frozen value is a node without children)
-    # and the tree `tc.optim.trainable` hands its transform (where it is `MaskedNode()`)
-    result = jax.tree_util.tree_map(
-        lambda old, new: False if is_wrapper(old) else new is _SELECTED,
-        indexer.tree,
-        marked,
-        is_leaf=is_wrapper,
+    # the selection's own mask, with frozen values as leaves (so that a selection reaching
+    # only frozen values is told apart from one reaching nothing); a frozen value's place
+    # then holds `False`: a mask leaf stands for the whole subtree at its place, so the
+    # mask fits the model (where a frozen value is a node without children) and the tree
+    # `tc.optim.trainable` hands its transform (where it is `MaskedNode()`)
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(indexer.tree, is_leaf=is_wrapper)
+    flags = treedef.flatten_up_to(indexer.mask(is_leaf=is_wrapper))
+    result = treedef.unflatten(
+        [
+            False if is_wrapper(leaf) else _whole_flag(indexer.tree, path, flag)
+            for (path, leaf), flag in zip(pairs, flags, strict=True)
+        ]
     )
     if strict and not any(x is True for x in jax.tree_util.tree_leaves(result)):
         reached_frozen = any(
-            is_wrapper(old) and new is _SELECTED
-            for old, new in zip(
-                jax.tree_util.tree_leaves(indexer.tree, is_leaf=is_wrapper),
-                jax.tree_util.tree_leaves(marked, is_leaf=is_wrapper),
-            )
+            is_wrapper(leaf) and flag is True for (_, leaf), flag in zip(pairs, flags, strict=True)
         )
         raise _empty_selection_error(f"The selection {indexer!r}", reached_frozen)
     return result
