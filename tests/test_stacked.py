@@ -123,7 +123,7 @@ def test_constructor_finds_the_number_of_blocks_from_the_leading_axis():
 
 
 def test_constructor_rejects_an_array_without_the_block_axis():
-    with pytest.raises(ValueError, match=re.escape("blocks['w'] is an array float32[3, 2]")):
+    with pytest.raises(ValueError, match=re.escape("blocks['w'] is an array f32[3,2]")):
         tc.Stacked({"w": jnp.zeros((3, 2)), "b": jnp.zeros((2,))})
 
 

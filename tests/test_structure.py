@@ -64,14 +64,17 @@ def test_frozen_values_are_wrappers_of_the_node_view():
     assert wrapper is not None and wrapper.mark == "#" and wrapper.maker == "freeze"
     assert wrapper.unwrap(frozen) is tc.unfreeze(frozen)
     assert _structure.wrapper_of(jnp.ones(2)) is None
-    assert _structure.describe(frozen, None).startswith("a frozen value (#f32[2]")
+    assert _structure.describe(frozen) == "a frozen value (an array f32[2])"
 
 
 def test_describe_names_children_and_leaves():
     assert _structure.describe({"a": 1}, _structure.open_node({"a": 1}, _structure.DICT)) == (
         "a `dict` with children ('a')"
     )
-    assert _structure.describe(jnp.ones((2, 3)), None) == "a leaf, an array float32[2, 3]"
+    assert _structure.describe(jnp.ones((2, 3))) == "an array f32[2,3]"
+    assert _structure.describe(1.5) == "1.5 (a `float`)"
+    assert _structure.describe(np.float32(2)) == "np.float32(2.0) (a `numpy.float32`)"
+    assert _structure.describe(tc.freeze(None)) == "a frozen value (None)"
 
 
 def test_first_mismatch_names_the_path_and_both_sides():

@@ -14,7 +14,6 @@ the nodes on the path above it, as `.set` does: siblings are shared, never visit
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -23,7 +22,7 @@ from . import _node
 from ._selectors import find_child
 from ._structure import row_of
 from ._util import check_callable
-from ._values import path_str
+from ._values import closest, path_str
 
 __all__ = ["call_on_copy", "call_method", "value_and_tree"]
 
@@ -89,8 +88,8 @@ def _method_of(root: Any, node: Any, path: tuple[Any, ...], name: str) -> Callab
         names = [
             n for n in dir(node) if not n.startswith("_") and callable(getattr(type(node), n, None))
         ]
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
+        close = closest(name, names)
+        hint = f"; did you mean {close!r}?" if close is not None else "."
         raise AttributeError(NO_METHOD_MSG.format(where=where, name=name, hint=hint)) from None
     if not callable(method):
         raise TypeError(

@@ -31,7 +31,7 @@ from ._at import AtIndexer, at
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._stacked import Stacked
-from ._structure import NodeKind, Opened, register_kind, registered_kind
+from ._structure import NodeKind, Opened, describe, register_kind, registered_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -124,7 +124,7 @@ class Periodic(Printed):
 
     def __init__(self, stack: Stacked) -> None:
         if not isinstance(stack, Stacked) or type(stack.tree) is not tuple or not stack.tree:
-            raise TypeError(NOT_PATTERN_MSG.format(what=_what(stack)))
+            raise TypeError(NOT_PATTERN_MSG.format(what=describe(stack)))
         _init(self, stack)
 
     # -- building ---------------------------------------------------------------------------
@@ -193,7 +193,7 @@ class Periodic(Printed):
             if not isinstance(blocks, list | tuple) or not blocks:
                 raise TypeError(
                     "`Periodic.from_init` needs `make` to return the pattern, a non-empty "
-                    f"tuple or list of blocks; got {_what(blocks)}."
+                    f"tuple or list of blocks; got {describe(blocks)}."
                 )
             return tuple(blocks)
 
@@ -222,7 +222,7 @@ class Periodic(Printed):
     def __getitem__(self, index: int) -> Any:
         """Layer `index` (negative counts from the end) as an ordinary block."""
         if isinstance(index, bool) or not isinstance(index, int | jnp.integer):
-            raise TypeError(f"A periodic stack is indexed by an int, got {_what(index)}.")
+            raise TypeError(f"A periodic stack is indexed by an int, got {describe(index)}.")
         n = len(self)
         if not -n <= index < n:
             raise IndexError(INDEX_MSG.format(index=index, n=n, low=-n, high=n - 1))
@@ -286,7 +286,7 @@ class Periodic(Printed):
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError(
                         "The function given to `Periodic.scan` must return a pair "
-                        f"`(carry, output)`, got {_what(out)} from pattern position {j}."
+                        f"`(carry, output)`, got {describe(out)} from pattern position {j}."
                     )
                 carry, output = out
                 outputs.append(output)
@@ -386,14 +386,6 @@ class Periodic(Printed):
         return (_make, (self._stack,))
 
 
-def _what(x: Any) -> str:
-    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"an array {dtype}{list(shape)}"
-    text = repr(x)
-    return f"{text if len(text) <= 60 else text[:57] + '...'} (a `{type(x).__name__}`)"
-
-
 def _stack_outputs(outputs: list[Any]) -> Any:
     """One output per pattern position, stacked on a new axis 0 (they must agree)."""
     first = jax.tree_util.tree_structure(outputs[0])
@@ -460,10 +452,26 @@ class _PeriodicKind(NodeKind):
         found = node._at_child(key) if type(key) is int else None
         return None if found is None else (SequenceKey(found[0]), found[1])
 
-    def replace(self, node, entry, old, new, path=(), where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
         return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
 
-    def rebuild(self, node, aux, children, partial=False, path=(), where=jax.tree_util.keystr):  # type: ignore[no-untyped-def]
+    def rebuild(
+        self,
+        node: Any,
+        aux: Any,
+        children: list[Any],
+        partial: bool = False,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
         return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
 
 

@@ -28,7 +28,6 @@ blocks, say, opens into its blocks there. The glob language (`tc.glob`: parsing,
 from __future__ import annotations
 
 import abc
-import difflib
 import enum
 import functools
 import re
@@ -64,7 +63,7 @@ from ._structure import (
     wrapper_of,
 )
 from ._util import add_leaf_note
-from ._values import short_repr
+from ._values import closest, short_repr
 
 __all__ = [
     # the package's: `tc.BaseKey`, `tc.where`, `tc.at.def_rule`, and the error a pytree
@@ -410,26 +409,11 @@ def _listed(names: list[Any]) -> str:
     return ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
 
 
-def _childless_text(x: Any) -> str:
-    shape = getattr(x, "shape", None)
-    if shape is not None and getattr(x, "dtype", None) is not None:
-        return f"a leaf, {_leaf_summary(x)}"
-    return f"a `{type(x).__name__}` with no children"
-
-
-def _leaf_summary(x: Any) -> str:
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"an array {dtype}{list(shape)}"
-    return f"a `{type(x).__name__}`"
-
-
 def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) -> Exception:
     """The error for a name or index selector that matched no child of `node`."""
     if opened is None:
         return LookupError(
-            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=_leaf_summary(node))
+            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=describe(node))
         )
     entries = opened[0]
     statics = row_of(node).static_names(node)
@@ -464,9 +448,9 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
             )
         )
     if isinstance(key, str):
-        close = difflib.get_close_matches(key, [x for x in names if isinstance(x, str)], n=1)
-        if close:
-            hint += f"; did you mean {close[0]!r}?"
+        close = closest(key, [x for x in names if isinstance(x, str)])
+        if close is not None:
+            hint += f"; did you mean {close!r}?"
     if names:
         hint += f"{'' if hint else '.'} Children there: {', '.join(repr(x) for x in names)}."
     else:
@@ -686,8 +670,8 @@ class PatternMatcher(_NamingMatcher):
         return self.pattern.fullmatch(str(entry_name(entry))) is not None
 
     def closest(self, names: list[Any]) -> Any:
-        close = difflib.get_close_matches(self.pattern.pattern, [str(n) for n in names], n=1)
-        return close[0] if close else None
+        close = closest(self.pattern.pattern, [str(n) for n in names])
+        return close
 
     def __repr__(self) -> str:
         return f"re.compile({self.pattern.pattern!r})"
@@ -939,7 +923,7 @@ class GlobMatcher(Matcher):
             where, (node, state) = dead_ends[0]
             wrapper = wrapper_of(node)
             if wrapper is None:
-                what = _childless_text(node)
+                what = describe(node)
             elif self.matches_below(state, node):
                 what = f"{wrapper.what}, which has no children: take the value out first"
             else:
@@ -950,10 +934,10 @@ class GlobMatcher(Matcher):
             )
         detail = f"after {matched}, " + "; ".join(parts)
         hint = ""
-        close = difflib.get_close_matches(str(failing), shown, n=1)
-        if close:
+        close = closest(str(failing), shown)
+        if close is not None:
             fixed = [str(s) for s in segments]
-            fixed[best_position] = close[0]
+            fixed[best_position] = close
             hint = f"; did you mean {'.'.join(fixed)!r}?"
         return _selects_nothing(self, selection, detail, hint)
 

@@ -22,7 +22,6 @@ shardings (traced once, run under `jax.jit` with `out_shardings`); `init_like` a
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -34,7 +33,8 @@ from jax.sharding import PartitionSpec as P
 
 from ._at import at
 from ._stacked import block_depths
-from ._structure import is_wrapper, path_str
+from ._structure import describe, is_wrapper, path_str
+from ._values import array_type, closest
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]
 
@@ -126,7 +126,7 @@ def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
     elif isinstance(spec, (tuple, list)):
         entries = tuple(spec)
     else:
-        raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=_describe(spec)))
+        raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=describe(spec)))
     out: list[Any] = []
     for position, entry in enumerate(entries):
         if entry is None or isinstance(entry, str):
@@ -136,17 +136,10 @@ def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
         else:
             raise TypeError(
                 _SPEC_ENTRY_MSG.format(
-                    index=index, spec=spec, found=_describe(entry), position=position
+                    index=index, spec=spec, found=describe(entry), position=position
                 )
             )
     return tuple(out)
-
-
-def _describe(x: Any) -> str:
-    text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} (a `{type(x).__name__}`)"
 
 
 def _spec_text(entries: Sequence[Any]) -> str:
@@ -160,7 +153,7 @@ class _Rule:
 
     def __init__(self, index: int, row: Any) -> None:
         if not isinstance(row, tuple) or len(row) < 2:
-            raise TypeError(_RULE_TYPE_MSG.format(index=index, found=_describe(row)))
+            raise TypeError(_RULE_TYPE_MSG.format(index=index, found=describe(row)))
         self.index = index
         self.selectors = row[:-1]
         self.entries = _spec_entries(row[-1], index)
@@ -178,7 +171,7 @@ def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for name, target in axes.items():
         if not isinstance(name, str):
-            raise TypeError(_AXES_TYPE_MSG.format(found=_describe(name), name=name))
+            raise TypeError(_AXES_TYPE_MSG.format(found=describe(name), name=name))
         if target is None:
             out[name] = ()
         elif isinstance(target, str):
@@ -186,7 +179,7 @@ def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         elif isinstance(target, (tuple, list)) and all(isinstance(t, str) for t in target):
             out[name] = tuple(target)
         else:
-            raise TypeError(_AXES_TYPE_MSG.format(found=_describe(target), name=name))
+            raise TypeError(_AXES_TYPE_MSG.format(found=describe(target), name=name))
     return out
 
 
@@ -283,7 +276,7 @@ class ShardingRules:
             raise ValueError(_UNMATCHED_MSG.format(found=unmatched))
         self.unmatched = unmatched
         if block_axis is not None and not isinstance(block_axis, str):
-            raise TypeError(f"`block_axis` is an axis name or None, got {_describe(block_axis)}.")
+            raise TypeError(f"`block_axis` is an axis name or None, got {describe(block_axis)}.")
         self.block_axis = block_axis
         self._check_mapped(self.axes)
 
@@ -295,8 +288,8 @@ class ShardingRules:
                 used.update((entry,) if isinstance(entry, str) else entry or ())
         for name in axes:
             if name not in used:
-                close = difflib.get_close_matches(name, sorted(used), n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
+                close = closest(name, sorted(used))
+                hint = f" Did you mean {close!r}?" if close is not None else ""
                 raise ValueError(
                     _UNUSED_NAME_MSG.format(name=name, used=sorted(used) or "none", hint=hint)
                 )
@@ -765,18 +758,10 @@ def _dtype(x: Any) -> Any:
     return dtype if dtype is not None else jax.numpy.result_type(x)
 
 
-_DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
-
-
 def _what(leaf: Any, depth: int) -> str:
     """`f32[3,4,8]`, and for a stacked leaf `(stacked: 3 blocks of [4,8])`."""
     shape = _shape(leaf)
-    name = str(_dtype(leaf))
-    for long, short in _DTYPE_PREFIXES:
-        if name.startswith(long):
-            name = short + name[len(long) :]
-            break
-    text = f"{name}[{','.join(map(str, shape))}]"
+    text = array_type(_dtype(leaf), shape)
     if depth:
         blocks = "x".join(map(str, shape[:depth]))
         return f"{text} (stacked: {blocks} blocks of [{','.join(map(str, shape[depth:]))}])"

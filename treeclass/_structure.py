@@ -30,7 +30,7 @@ import numpy as np
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
-from ._values import entry_name, path_str, root_name, short_repr
+from ._values import array_type, entry_name, path_str, root_name, short_repr
 
 __all__ = [
     "Kind",
@@ -384,11 +384,27 @@ class _TreeClassKind(NodeKind):
                 return GetAttrKey(key), found
         return None
 
-    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
         # same names, so the same layout: a cheap copy with one child replaced
         return _replace_child(node, entry.name, new)
 
-    def rebuild(self, node, aux, children, partial=False, path=(), where=_no_where):  # type: ignore[no-untyped-def]
+    def rebuild(
+        self,
+        node: Any,
+        aux: Any,
+        children: list[Any],
+        partial: bool = False,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
         return _node.rebuild(node, children)
 
     def static_names(self, node: Any) -> tuple[str, ...]:
@@ -436,7 +452,15 @@ class _DictKind(NodeKind):
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
         out = dict(node)
         out[entry.key] = new
         return out
@@ -463,7 +487,15 @@ class _SequenceKind(NodeKind):
         index = key + n if key < 0 else key
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
-    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
@@ -488,7 +520,15 @@ class _NamedTupleKind(NodeKind):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(self, node, entry, old, new, path=(), where=_no_where):  # type: ignore[no-untyped-def]
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
         return node._replace(**{entry.name: new})
 
     def items(self, node: Any, hidden: bool) -> Items:
@@ -674,20 +714,41 @@ def node_type(node: Any, kind: Kind | None = None) -> NodeKind | None:
 # -- where two structures part ---------------------------------------------------------------
 
 
-def describe(node: Any, opened: Opened | None) -> str:
-    """A short description of a node for messages: what is there, and its children."""
-    wrapper = wrapper_of(node)
+_UNOPENED: Any = object()
+
+
+def describe(x: Any, opened: Opened | None = _UNOPENED) -> str:
+    r"""What `x` is, in a few words, for messages: the one description of a value.
+
+    `an array f32[2,3]`, `1.0 (a \`float\`)`, `a frozen value (an array f32[2])`, `a
+    \`dict\` with children ('a', 'b')`, `a \`Foo\` node without children`. A node is
+    described by its children as JAX flattens it (`opened`, when the caller has it).
+    """
+    wrapper = wrapper_of(x)
     if wrapper is not None:
-        return f"{wrapper.what} ({short_repr(node)})"
+        return f"{wrapper.what} ({describe(wrapper.unwrap(x))})"
+    if x is None:
+        return "None"
+    if opened is _UNOPENED:
+        kind = node_kind(x)
+        opened = None if kind == LEAF else open_node(x, kind)
     if opened is None:
-        shape, dtype = getattr(node, "shape", None), getattr(node, "dtype", None)
+        if isinstance(x, np.generic):  # a number, though it has a shape and a dtype
+            return f"{short_repr(x)} (a `numpy.{type(x).__name__}`)"
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is not None and dtype is not None:
-            return f"a leaf, an array {dtype}{list(shape)}"
-        return f"a leaf {short_repr(node)} of type {type(node).__name__}"
+            return f"an array {array_type(dtype, tuple(shape))}"
+        return f"{short_repr(x)} (a `{type(x).__name__}`)"
     if not opened.entries:
-        return f"a `{type(node).__name__}` node without children"
+        return f"a `{type(x).__name__}` node without children"
     names = ", ".join(repr(entry_name(e)) for e in opened.entries)
-    return f"a `{type(node).__name__}` with children ({names})"
+    return f"a `{type(x).__name__}` with children ({names})"
+
+
+def _side(x: Any, opened: Opened | None) -> str:
+    """One side of a mismatch: a leaf says so (`a leaf, an array f32[2]`)."""
+    text = describe(x, opened)
+    return f"a leaf, {text}" if opened is None and wrapper_of(x) is None else text
 
 
 class Mismatch(NamedTuple):
@@ -737,15 +798,15 @@ def first_mismatch(
         if tree_opened is None and other_covers is None:
             if other_opened is None or (is_leaf is not None and is_leaf(other)):
                 return None
-        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if type(tree) is not type(other):
-        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if tree_opened.entries != other_opened.entries:
         only_tree, only_other = _keys_difference(tree_opened, other_opened)
         return Mismatch(
             path,
-            describe(tree, tree_opened),
-            describe(other, other_opened),
+            _side(tree, tree_opened),
+            _side(other, other_opened),
             tuple(only_tree),
             tuple(only_other),
         )

@@ -43,13 +43,10 @@ from jax.core import Tracer
 from ._at import AtIndexer, at
 from ._roles import TRAINABLE, leaf_roles
 from ._structure import (
-    LEAF,
     describe,
     first_mismatch,
     is_leaf_node,
     is_wrapper,
-    node_kind,
-    open_node,
     path_str,
     root_name,
 )
@@ -109,11 +106,6 @@ _UNKNOWN_LABEL_MSG = (
 )
 
 
-def _describe(node: Any) -> str:
-    kind = node_kind(node)
-    return describe(node, None if kind == LEAF else open_node(node, kind))
-
-
 def _misfit(tree: Any, params: Any, what: str, params_are: str) -> tuple[str, str] | None:
     """Where `tree` stops being a prefix of `params`: `(key path, reason)`, or `None`.
 
@@ -143,7 +135,7 @@ def _check_mask_leaf(leaf: Any, where: str) -> None:
         return
     if getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ():
         return
-    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=_describe(leaf)))
+    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
 
 
 def check_mask(mask: Any, params: Any) -> Any:
@@ -221,7 +213,7 @@ def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None
             hash(leaf)
         except TypeError:
             raise TypeError(
-                _UNHASHABLE_LABEL_MSG.format(path=where, found=_describe(leaf))
+                _UNHASHABLE_LABEL_MSG.format(path=where, found=describe(leaf))
             ) from None
         if known is not None and leaf not in known:
             raise ValueError(_UNKNOWN_LABEL_MSG.format(label=leaf, path=where, known=known))
