@@ -930,7 +930,7 @@ class _StackedKind(NodeKind):
         self,
         node: Any,
         aux: Any,
-        children: list[Any],
+        children: Any,
         partial: bool = False,
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = jax.tree_util.keystr,

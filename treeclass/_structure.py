@@ -142,25 +142,8 @@ _opened: Callable[[tuple[Any, Any, Any]], Opened] = functools.partial(tuple.__ne
 
 
 def open_node(node: Any, kind: Kind) -> Opened | None:
-    """The children of one node with their key entries, or `None` for a leaf."""
-    if kind == TREECLASS:
-        return _opened(_node.opened(node))
-    if kind == DICT:
-        try:
-            keys = sorted(node)  # the order jax flattens a dict in
-        except TypeError:
-            return _open_generic(node)
-        return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
-    if kind == LIST or kind == TUPLE:
-        return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
-    if kind == NAMEDTUPLE:
-        # not jax's one-level flatten, which gives every namedtuple child the first key
-        return _opened((tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None))
-    if kind == NONE:
-        return _opened(((), [], None))
-    if kind == LEAF:
-        return None
-    return _open_generic(node)
+    """The children of one node as JAX flattens it, with their key entries (`None`: a leaf)."""
+    return _BY_CODE[kind].open(node)
 
 
 def _open_generic(node: Any) -> Opened | None:
@@ -173,24 +156,7 @@ def _open_generic(node: Any) -> Opened | None:
 
 def rebuild(node: Any, kind: Kind, aux: Any, children: Sequence[Any]) -> Any:
     """`node` with its children replaced by `children` (same count and order as opened)."""
-    if kind == TREECLASS:
-        return _node.rebuild(node, children)
-    if kind == DICT:
-        if isinstance(aux, list):
-            new = dict(node)  # keeps the caller's insertion order
-            for key, child in zip(aux, children, strict=True):
-                new[key] = child
-            return new
-        return aux.unflatten(children)
-    if kind == LIST:
-        return list(children)
-    if kind == TUPLE:
-        return tuple(children)
-    if kind == NAMEDTUPLE:
-        return node._make(children)
-    if kind == NONE:
-        return node
-    return aux.unflatten(children)
+    return _BY_CODE[kind].rebuild(node, aux, children)
 
 
 def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> bool:
@@ -297,12 +263,12 @@ class NodeKind:
         self,
         node: Any,
         aux: Any,
-        children: list[Any],
+        children: Sequence[Any],
         partial: bool = False,
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = _no_where,
     ) -> Any:
-        return rebuild(node, self.kind, aux, children)
+        return aux.unflatten(children)
 
     def static_names(self, node: Any) -> tuple[str, ...]:
         return ()
@@ -365,6 +331,9 @@ class _NoneKind(_LeafKind):
     def open(self, node: Any) -> Opened | None:
         return _opened(((), [], None))
 
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return node
+
 
 _NOTHING = _node.NOTHING
 _tc_child = _node.child
@@ -384,27 +353,11 @@ class _TreeClassKind(NodeKind):
                 return GetAttrKey(key), found
         return None
 
-    def replace(
-        self,
-        node: Any,
-        entry: Any,
-        old: Any,
-        new: Any,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
-    ) -> Any:
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
         # same names, so the same layout: a cheap copy with one child replaced
         return _replace_child(node, entry.name, new)
 
-    def rebuild(
-        self,
-        node: Any,
-        aux: Any,
-        children: list[Any],
-        partial: bool = False,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
-    ) -> Any:
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
         return _node.rebuild(node, children)
 
     def static_names(self, node: Any) -> tuple[str, ...]:
@@ -443,7 +396,19 @@ class _DictKind(NodeKind):
     brackets = ("{", "}")
 
     def open(self, node: Any) -> Opened | None:
-        return open_node(node, DICT)
+        try:
+            keys = sorted(node)  # the order jax flattens a dict in
+        except TypeError:
+            return _open_generic(node)
+        return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        if not isinstance(aux, list):  # keys that do not sort: opened by JAX
+            return aux.unflatten(children)
+        new = dict(node)  # keeps the caller's insertion order
+        for key, child in zip(aux, children, strict=True):
+            new[key] = child
+        return new
 
     def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
         try:
@@ -452,15 +417,7 @@ class _DictKind(NodeKind):
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(
-        self,
-        node: Any,
-        entry: Any,
-        old: Any,
-        new: Any,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
-    ) -> Any:
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
         out = dict(node)
         out[entry.key] = new
         return out
@@ -480,6 +437,9 @@ class _SequenceKind(NodeKind):
     def open(self, node: Any) -> Opened | None:
         return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
 
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return list(children) if self.kind == LIST else tuple(children)
+
     def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
         if type(key) is not int:
             return None
@@ -487,15 +447,7 @@ class _SequenceKind(NodeKind):
         index = key + n if key < 0 else key
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
-    def replace(
-        self,
-        node: Any,
-        entry: Any,
-        old: Any,
-        new: Any,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
-    ) -> Any:
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
@@ -508,7 +460,11 @@ class _NamedTupleKind(NodeKind):
     kind = NAMEDTUPLE
 
     def open(self, node: Any) -> Opened | None:
-        return open_node(node, NAMEDTUPLE)
+        # not jax's one-level flatten, which gives every namedtuple child the first key
+        return _opened((tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None))
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return node._make(children)
 
     def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
         fields = type(node)._fields
@@ -520,15 +476,7 @@ class _NamedTupleKind(NodeKind):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(
-        self,
-        node: Any,
-        entry: Any,
-        old: Any,
-        new: Any,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
-    ) -> Any:
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
         return node._replace(**{entry.name: new})
 
     def items(self, node: Any, hidden: bool) -> Items:
