@@ -17,10 +17,10 @@ How an instance is kept (the invariants):
   `_Attribute` guard on the class for every attribute name an instance has had;
 - a `Layout` is everything about an instance but its leaves: its class, attribute names in
   order, static values and key entries. Layouts are interned per class (typed, exact keys
-  for static values, see `_keys`), so equal layouts are the same object and JAX's per-call
-  hashing and comparison of them is a C-level identity check. A `Shape` is what all
-  layouts with one attribute order share, including the generated unflatten code, so a new
-  static value costs a small object, never new code;
+  for static values: `_values.hashable_key`), so equal layouts are the same object and
+  JAX's per-call hashing and comparison of them is a C-level identity check. A `Shape` is
+  what all layouts with one attribute order share, including the generated unflatten code,
+  so a new static value costs a small object, never new code;
 - a generated `__init__` whose static values are all of plain types (ints, strings,
   bools, None) seals with the layout *pending*: the `Shape` stands in `_tc_layout`, and
   the interned layout is looked up on the first flatten (or `layout_of`), then kept. So

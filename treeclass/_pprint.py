@@ -7,7 +7,7 @@ Every printer works on any pytree and shares four pieces:
   frozen values with `#`, functions as their signature, and the rules added with
   `register_printer`, see `_pprint_registry`);
 - how a node is opened into labelled children: the printer registry's `view_of`, its
-  rules first, then the node view's table of node types (`_structure.NodeType`);
+  rules first, then the row of the node's kind (`_structure.node_type`, a `NodeKind`);
   `repr=False` fields show only in the debugging views (diagram, graph, mermaid);
 - how long runs of siblings of one type and structure (the layers of a big model) are
   folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`fold_runs`);

@@ -13,7 +13,7 @@ PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
 setting one field of the same rule through `register_printer`.
 
 Every printer opens a node with `view_of`: a rule first (one with `children` is a row
-of the node view's table of node types, one with a text makes a leaf), then the table.
+of the node view's table of node kinds, one with a text makes a leaf), then the table.
 """
 
 from __future__ import annotations

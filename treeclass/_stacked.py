@@ -911,7 +911,7 @@ class _StackedKind(NodeKind):
     def open(self, node: Any) -> Opened:
         return node._at_open()
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         found = node._at_child(key) if type(key) is int else None
         return None if found is None else (SequenceKey(found[0]), found[1])
 

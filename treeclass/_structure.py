@@ -232,13 +232,13 @@ class NodeKind:
     def open(self, node: Any) -> Opened | None:
         return _open_generic(node)
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         opened = self.open(node)
         if opened is None:
             return None
         entries = opened.entries
         positional = self.kind in (LIST, TUPLE, NAMEDTUPLE)
-        position = key + len(entries) if type(key) is int and key < 0 else key
+        position = -1 if type(key) is not int else key + len(entries) if key < 0 else key
         for k, entry in enumerate(entries):
             if selects(entry, key, k, position, positional):
                 return entry, opened.children[k]
@@ -289,7 +289,7 @@ class NodeKind:
         return None
 
 
-def selects(entry: Any, key: Any, k: int, position: Any, positional: bool) -> bool:
+def selects(entry: Any, key: str | int, k: int, position: int, positional: bool) -> bool:
     """Whether the `k`-th child, under `entry`, is the one a name or index `key` selects.
 
     A name (`str`) selects an attribute or dict key; an index (`int`, `position` being it
@@ -318,7 +318,7 @@ class _LeafKind(NodeKind):
     def open(self, node: Any) -> Opened | None:
         return None
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         return None
 
     def items(self, node: Any, hidden: bool) -> Items | None:
@@ -346,7 +346,7 @@ class _TreeClassKind(NodeKind):
     def open(self, node: Any) -> Opened | None:
         return _opened(_node.opened(node))
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         if type(key) is str:
             found = _tc_child(node, key)
             if found is not _NOTHING:
@@ -410,7 +410,7 @@ class _DictKind(NodeKind):
             new[key] = child
         return new
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         try:
             found = key in node
         except TypeError:  # an unhashable key cannot be in the dict
@@ -440,7 +440,7 @@ class _SequenceKind(NodeKind):
     def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
         return list(children) if self.kind == LIST else tuple(children)
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         if type(key) is not int:
             return None
         n = len(node)
@@ -466,7 +466,7 @@ class _NamedTupleKind(NodeKind):
     def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
         return node._make(children)
 
-    def child(self, node: Any, key: Any) -> tuple[Any, Any] | None:
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
         fields = type(node)._fields
         if type(key) is str and key in fields:
             index = fields.index(key)

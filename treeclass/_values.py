@@ -33,7 +33,8 @@ import hashlib
 import numbers
 import struct
 import types
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -315,6 +316,8 @@ def short_repr(x: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_N = TypeVar("_N")
+
 # `float32` -> `f32`, `bfloat16` -> `bf16`: dtypes as the printers show them
 _DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
 
@@ -329,7 +332,7 @@ def array_type(dtype: Any, shape: tuple[int, ...]) -> str:
     return f"{name}[{','.join(map(str, shape))}]"
 
 
-def closest(name: Any, names: Any) -> Any:
+def closest(name: object, names: Iterable[_N]) -> _N | None:
     """The one of `names` closest to `name` (a likely typo's intent), or `None`.
 
     `name` and `names` are compared as text; the closest is returned as given.
