@@ -465,6 +465,7 @@ class _Walker:
         "pool",
         "pending",
         "traced_value",
+        "where_text",
     )
 
     def __init__(
@@ -494,6 +495,8 @@ class _Walker:
         self.selection = selection
         self.pool = pool
         self.pending = False
+        # `where` for the rows, bound once per walk; `run` unbinds it (a reference cycle)
+        self.where_text = self.where
         # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
         # at once, and refused at the first selected spot
         self.traced_value = (
@@ -533,7 +536,10 @@ class _Walker:
 
     # the traversal
     def run(self) -> Any:
-        out = self.walk(self.root, (), 0, None)
+        try:
+            out = self.walk(self.root, (), 0, None)
+        finally:
+            del self.where_text  # no cycle left: the walker is freed once it is done
         unmatched = None  # the first naming selector that named nothing
         for matcher in self.matchers:
             if matcher.single_key:  # a missing name or index raised already, in the walk
@@ -605,7 +611,7 @@ class _Walker:
             new = self.walk(child, child_path, i + 1, emask)
             if new is child:
                 return node
-            return row.replace(node, entry, child, new, path, self.where)
+            return row.replace(node, entry, child, new, path, self.where_text)
         if i + 1 == self.n and self.op.edits_static and key in row.static_names(node):
             return self.static_spot(node, row, path + (GetAttrKey(key),), key)
         # a key that is missing: the general path raises the error naming it
@@ -656,7 +662,7 @@ class _Walker:
         matcher.finish(payload, node, kind, opened, path, self)
         if not changed:
             return node
-        return row.rebuild(node, aux, children, fills, path, self.where)
+        return row.rebuild(node, aux, children, fills, path, self.where_text)
 
     def static_spot(self, node: Any, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.
