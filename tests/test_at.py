@@ -1063,3 +1063,82 @@ def test_property_setting_a_float_never_changes_an_inexact_leaf_shape_or_dtype(n
     net = _Net()
     new = tc.at(net, where=list(_bias_selectors()[name])).set(value)
     assert _shapes_and_dtypes(new) == _shapes_and_dtypes(net)
+
+
+# -- a selection as a value: `.mask()` and `.paths()` ---------------------------------------
+
+
+def test_mask_has_the_trees_structure_and_flags_the_selected_leaves():
+    tree = {"a": jnp.ones(2), "b": [1.0, {"c": 2.0}], "f": tc.freeze("x")}
+    mask = tc.at(tree)["b"][1]["c"].mask()
+    assert mask == {"a": False, "b": [False, {"c": True}], "f": tc.freeze("x")}
+    assert jax.tree_util.tree_structure(mask) == jax.tree_util.tree_structure(tree)
+
+
+def test_mask_gives_frozen_values_a_flag_of_their_own_with_is_leaf():
+    tree = {"w": jnp.ones(2), "f": tc.freeze("x")}
+    assert tc.at(tree)["f"].mask(is_leaf=tc.is_frozen) == {"w": False, "f": True}
+    assert tc.at(tree)["f"].paths(is_leaf=tc.is_frozen) == [(jax.tree_util.DictKey("f"),)]
+
+
+def test_mask_of_an_element_mask_is_that_mask_at_its_leaf():
+    tree = {"w": jnp.array([1.0, -2.0, 3.0]), "b": 0.0}
+    mask = tc.at(tree)[tc.where(lambda path, x: x > 0 if path[-1].key == "w" else False)].mask()
+    assert mask["w"].tolist() == [True, False, True] and mask["b"] is False
+    assert tc.at(tree)[mask].get()["w"].tolist() == [1.0, 3.0]
+
+
+def test_mask_of_some_blocks_of_a_stack_is_one_flag_per_block():
+    model = {"blocks": tc.Stacked({"w": jnp.ones((4, 2))}), "head": jnp.zeros(2)}
+    selection = tc.at(model)["blocks"][1:3]["w"]
+    mask = selection.mask()
+    assert mask["blocks"].tree["w"].tolist() == [False, True, True, False]
+    assert mask["head"] is False
+    assert selection.paths() == [(jax.tree_util.DictKey("blocks"), jax.tree_util.DictKey("w"))]
+    again = tc.at(model)[mask].set(5.0)
+    assert again["blocks"].tree["w"][:, 0].tolist() == [1.0, 5.0, 5.0, 1.0]
+
+
+def test_paths_are_the_selected_leaves_in_flatten_order():
+    tree = {"b": {"y": 1.0, "x": 2.0}, "a": [3.0, 4.0]}
+    paths = tc.at(tree)[tc.glob("**")].paths()
+    assert paths == [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    assert [jax.tree_util.keystr(p) for p in tc.at(tree)["b"]["x"].paths()] == ["['b']['x']"]
+
+
+def test_mask_of_a_selector_naming_nothing_is_an_error_naming_the_closest_key():
+    with pytest.raises(LookupError, match="weigth"):
+        tc.at({"weight": 1.0})[tc.glob("weigth")].mask()
+
+
+def test_mask_leaves_the_tree_as_it_was():
+    tree = {"a": [1.0, 2.0]}
+    tc.at(tree)["a"][0].mask()
+    assert tree == {"a": [1.0, 2.0]}
+
+
+@settings(max_examples=30, deadline=None)
+@given(tree_and_mask())
+def test_property_a_selections_mask_selects_what_the_selection_does(pair):
+    tree, selector = pair
+    selection = tc.at(tree)[selector]
+    mask = selection.mask()
+    assert jax.tree_util.tree_leaves(mask) == jax.tree_util.tree_leaves(selector)
+    assert tc.is_tree_equal(tc.at(tree)[mask].get(), selection.get())
+    flags = jax.tree_util.tree_leaves(mask)
+    pairs = jax.tree_util.tree_flatten_with_path(tree)[0]
+    assert selection.paths() == [p for (p, _), flag in zip(pairs, flags) if flag]
+
+
+@settings(max_examples=30, deadline=None)
+@given(trees, st.sampled_from(["a", "b", 0, 1]))
+def test_property_the_mask_of_a_name_flags_exactly_the_leaves_get_keeps(tree, key):
+    try:
+        selection = tc.at(tree)[key]
+        kept = selection.get(fill_value=_FILL)
+    except (LookupError, IndexError):
+        with pytest.raises((LookupError, IndexError)):
+            tc.at(tree)[key].mask()
+        return
+    flags = jax.tree_util.tree_leaves(selection.mask())
+    assert flags == [x is not _FILL for x in jax.tree_util.tree_leaves(kept)]

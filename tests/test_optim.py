@@ -155,13 +155,13 @@ def test_check_mask_rejects_a_subtree_where_the_params_have_a_leaf():
 
 def test_check_mask_rejects_non_bool_leaves_naming_the_key_path():
     model = MLP()
-    expected = r"mask leaf at `MLP.layers\[0\].bias` is a leaf, an array float32"
+    expected = r"mask leaf at `MLP.layers\[0\].bias` is an array f32"
     with pytest.raises(TypeError, match=expected):
         optim.check_mask(model.at[Linear]["weight"].set(True), model)
 
 
 def test_check_mask_rejects_bool_arrays_that_are_not_scalars():
-    expected = r"mask leaf at `tree\['w'\]` is a leaf, an array bool\[2\]"
+    expected = r"mask leaf at `tree\['w'\]` is an array bool\[2\]"
     with pytest.raises(TypeError, match=expected):
         optim.check_mask({"w": jnp.ones(2, bool)}, {"w": jnp.ones(2)})
 
@@ -195,7 +195,7 @@ def test_check_labels_names_a_label_without_transform():
 
 
 def test_check_labels_rejects_unhashable_labels():
-    expected = r"label at `tree\['w'\]` is a leaf, an array float64\[2\], which is not hashable"
+    expected = r"label at `tree\['w'\]` is an array f64\[2\], which is not hashable"
     with pytest.raises(TypeError, match=expected):
         optim.check_labels({"w": np.ones(2)}, {"w": jnp.ones(2)})
 

@@ -290,7 +290,7 @@ def test_a_stacked_rank_misfit_says_both_ranks_that_fit():
 def test_a_rule_selecting_some_blocks_only_is_an_error():
     rules = tc.ShardingRules([(tc.glob("blocks.0.w"), P())])
     text = problems(rules, {"blocks": tc.Stacked({"w": jnp.ones((2, 4))})})
-    assert "selects some blocks of a stack only, at `tree['blocks'][0]['w']`" in text
+    assert "selects some blocks of a stack only, at `tree['blocks']['w']` (blocks [0])" in text
 
 
 def test_an_indivisible_block_axis_names_the_stacked_leaf():

@@ -123,7 +123,7 @@ def test_constructor_finds_the_number_of_blocks_from_the_leading_axis():
 
 
 def test_constructor_rejects_an_array_without_the_block_axis():
-    with pytest.raises(ValueError, match=re.escape("blocks['w'] is an array float32[3, 2]")):
+    with pytest.raises(ValueError, match=re.escape("blocks['w'] is an array f32[3,2]")):
         tc.Stacked({"w": jnp.zeros((3, 2)), "b": jnp.zeros((2,))})
 
 
@@ -700,7 +700,7 @@ def test_optim_trainable_on_a_stacked_model():
 
 
 def test_optim_mask_of_some_blocks_points_to_per_block_factors():
-    with pytest.raises(TypeError, match=re.escape("tc.optim.scale_blocks(factors)")):
+    with pytest.raises(ValueError, match=re.escape("tc.optim.scale_blocks(factors)")):
         tc.optim.mask(stacked_net(3).at["blocks"][0:2])
 
 
@@ -713,9 +713,9 @@ def test_optim_mask_of_some_blocks_points_to_per_block_factors():
     ids=["trainable", "labels"],
 )
 def test_optim_selections_of_some_blocks_point_to_per_block_factors(build):
-    with pytest.raises(TypeError, match=re.escape("tc.optim.scale_blocks(factors)")) as info:
+    with pytest.raises(ValueError, match=re.escape("tc.optim.scale_blocks(factors)")) as info:
         build(stacked_net(3))
-    assert "object at" not in str(info.value)  # the message names the selection's mark
+    assert "part of the leaf at " in str(info.value)  # the message names the leaf
 
 
 def _train(model, opt, steps=4):

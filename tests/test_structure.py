@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -63,14 +64,17 @@ def test_frozen_values_are_wrappers_of_the_node_view():
     assert wrapper is not None and wrapper.mark == "#" and wrapper.maker == "freeze"
     assert wrapper.unwrap(frozen) is tc.unfreeze(frozen)
     assert _structure.wrapper_of(jnp.ones(2)) is None
-    assert _structure.describe(frozen, None).startswith("a frozen value (#f32[2]")
+    assert _structure.describe(frozen) == "a frozen value (an array f32[2])"
 
 
 def test_describe_names_children_and_leaves():
     assert _structure.describe({"a": 1}, _structure.open_node({"a": 1}, _structure.DICT)) == (
         "a `dict` with children ('a')"
     )
-    assert _structure.describe(jnp.ones((2, 3)), None) == "a leaf, an array float32[2, 3]"
+    assert _structure.describe(jnp.ones((2, 3))) == "an array f32[2,3]"
+    assert _structure.describe(1.5) == "1.5 (a `float`)"
+    assert _structure.describe(np.float32(2)) == "np.float32(2.0) (a `numpy.float32`)"
+    assert _structure.describe(tc.freeze(None)) == "a frozen value (None)"
 
 
 def test_first_mismatch_names_the_path_and_both_sides():
@@ -80,25 +84,31 @@ def test_first_mismatch_names_the_path_and_both_sides():
 
 
 @pytest.mark.parametrize("node", _NODES, ids=lambda n: type(n).__name__)
-def test_child_by_entry_agrees_with_opening_the_node(node):
-    from jax.tree_util import DictKey, GetAttrKey, SequenceKey
-
-    opened = _structure.open_node(node, _structure.node_kind(node))
+def test_row_child_agrees_with_opening_the_node(node):
+    row = _structure.row_of(node)
+    opened = row.open(node)
     for entry, child in zip(opened.entries, opened.children):
-        assert _structure.child_by_entry(node, entry) == (True, child)
-    for missing in (GetAttrKey("zz"), DictKey("zz"), DictKey(["unhashable"]), SequenceKey(9)):
-        assert _structure.child_by_entry(node, missing) == (False, None)
+        assert row.child(node, _structure.entry_name(entry)) == (entry, child)
+    for missing in ("zz", 9, -9):
+        assert row.child(node, missing) is None
 
 
-def test_child_by_entry_does_not_find_static_fields():
-    from jax.tree_util import GetAttrKey
+def test_row_child_counts_negative_indices_from_the_end():
+    assert _structure.row_of([1, 2, 3]).child([1, 2, 3], -1)[1] == 3
+    point = Point(1, 2)
+    assert _structure.row_of(point).child(point, -1)[1] == 2
 
+
+def test_row_child_does_not_find_static_fields():
     class WithStatic(tc.TreeClass):
         w: object
         name: str = tc.field(default="n", static=True)
 
-    assert _structure.child_by_entry(WithStatic(1.0), GetAttrKey("name")) == (False, None)
-    assert _structure.child_by_entry(WithStatic(1.0), GetAttrKey("w")) == (True, 1.0)
+    row = _structure.row_of(WithStatic(1.0))
+    assert row.child(WithStatic(1.0), "name") is None
+    assert row.child(WithStatic(1.0), "w")[1] == 1.0
+    assert row.static_names(WithStatic(1.0)) == ("name",)
+    assert row.static_values(WithStatic(1.0)) == {"name": "n"}
 
 
 # -- the table of node types: what the printers show ------------------------------------------
@@ -272,3 +282,195 @@ def test_first_mismatch_splits_both_trees_with_is_leaf():
     found = _structure.first_mismatch(tree, other, is_leaf=tc.is_frozen)
     assert found is not None and found.path == (jax.tree_util.DictKey("w"),)
     assert _structure.first_mismatch(tree, dict(tree), is_leaf=tc.is_frozen) is None
+
+
+# -- a new kind of node is one row: two kinds the package has never heard of ------------------
+#
+# `Rows` keeps one array for JAX but shows `.at` one child per row (as a stack of blocks
+# does), with a static name; `Veiled` wraps one value in a node without children (as a
+# frozen value does). Each is a class, its JAX registration and one row of the table of
+# node kinds (`register_kind`), here, in a test file: the walker, the selectors, method
+# calls, every printer and `tc.roles` handle both with no change to the package.
+
+from jax.tree_util import GetAttrKey, SequenceKey  # noqa: E402
+
+from treeclass._pprint_html import Printed, tree_html, wrapper_treescope_repr  # noqa: E402
+
+
+class Rows(Printed):
+    """The rows of one 2-d array, with a static name; JAX sees one leaf, `.data`."""
+
+    def __init__(self, data, name="rows"):
+        self.data = data
+        self.name = name
+
+    def grow(self, by):  # a mutating method, for `.at["method"](...)`
+        self.data = self.data + by
+        return by
+
+
+jax.tree_util.register_pytree_with_keys(
+    Rows,
+    lambda rows: ([(GetAttrKey("data"), rows.data)], rows.name),
+    lambda name, children: Rows(children[0], name),
+    lambda rows: ([rows.data], rows.name),
+)
+
+
+class RowsKind(_structure.NodeKind):
+    brackets = ("<", ">")
+
+    def open(self, node):
+        n = len(node.data)
+        return _structure.Opened(
+            tuple(SequenceKey(i) for i in range(n)), [node.data[i] for i in range(n)], None
+        )
+
+    def child(self, node, key):
+        n = len(node.data)
+        if type(key) is not int or not -n <= key < n:
+            return None
+        return SequenceKey(key % n), node.data[key % n]
+
+    def replace(self, node, entry, old, new, path=(), where=jax.tree_util.keystr):
+        if jnp.shape(new) != jnp.shape(old):
+            raise ValueError(f"{where(path + (entry,))}: a row of shape {jnp.shape(old)} is needed")
+        return Rows(node.data.at[entry.idx].set(new), node.name)
+
+    def rebuild(self, node, aux, children, partial=False, path=(), where=jax.tree_util.keystr):
+        if partial and (
+            any(c is None for c in children) or len({np.shape(c) for c in children}) > 1
+        ):
+            return tuple(children)  # a `get` with fill values that are not rows
+        return Rows(jnp.stack([jnp.asarray(c) for c in children]), node.name)
+
+    def static_names(self, node):
+        return ("name",)
+
+    def static_values(self, node):
+        return {"name": node.name}
+
+    def with_static(self, node, name, value):
+        return Rows(node.data, value)
+
+    def items(self, node, hidden):
+        return [("", f"[{i}]", row) for i, row in enumerate(node.data)]
+
+    def type_name(self, node):
+        return f"Rows[{node.name}]"
+
+
+_structure.register_kind(Rows, RowsKind())
+
+
+class Veiled:
+    """A value hidden from JAX in a node without children (like a frozen value)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return tc.tree_repr(self)
+
+    def __treescope_repr__(self, path, subtree_renderer):
+        return wrapper_treescope_repr(self, path, subtree_renderer)
+
+
+jax.tree_util.register_pytree_node(Veiled, lambda v: ((), v), lambda v, _: v)
+
+
+class VeiledKind(_structure.NodeKind):
+    wrapper = _structure.Wrapper("~", lambda v: v.value, "a veiled value", "frozen", "Veiled")
+
+
+_structure.register_kind(Veiled, VeiledKind())
+
+
+class Holder(tc.TreeClass):
+    rows: Rows
+    secret: Veiled
+    bias: jax.Array
+
+
+def _holder():
+    return Holder(Rows(jnp.arange(6.0).reshape(3, 2), "q"), Veiled(jnp.ones(2)), jnp.zeros(2))
+
+
+def test_a_new_kind_prints_through_its_row_in_every_printer():
+    import treescope
+
+    model = _holder()
+    text = repr(model)
+    assert "rows=Rows[q]<" in text and "secret=~f32[2]" in text
+    assert "Rows[q]<[0. 1.], [2. 3.], [4. 5.]>" in str(model)
+    assert "[0]=" in tc.tree_diagram(model) and "secret=~f32[2]" in tc.tree_diagram(model)
+    summary = tc.tree_summary(model)
+    assert ".rows.data" in summary and ".secret" in summary and "frozen" in summary
+    assert "Rows[q]" in tc.tree_graph(model) and "Rows[q]" in tc.tree_mermaid(model)
+    assert "Rows[q]" in tree_html(model)
+    rendered = treescope.render_to_text({"v": Veiled(2)})
+    assert rendered == "{'v': ~2}"
+
+
+def test_a_new_kind_is_walked_by_every_at_operation():
+    model = _holder()
+    rows = model.rows.data
+    # one child by index (the fast path), and through the general walk
+    got = model.at["rows"][1].get()  # fill values that are no rows: the rows, as a tuple
+    assert got.rows[0] is None and got.rows[1].tolist() == [2.0, 3.0]
+    filled = model.at["rows"][1].get(fill_value=jnp.zeros(2))
+    assert filled.rows.data.tolist() == [[0, 0], [2, 3], [0, 0]]
+    assert model.at["rows"][-1].set(9.0).rows.data[2].tolist() == [9.0, 9.0]
+    assert model.at["rows"][0:2].apply(lambda r: -r).rows.data.tolist() == [
+        [-0.0, -1.0],
+        [-2.0, -3.0],
+        [4.0, 5.0],
+    ]
+    assert model.at["rows"][...].reduce(lambda a, b: a + b.sum(), initializer=0.0) == 15.0
+    _, total = model.at["rows"][...].scan(lambda r, s: (r, s + r.sum()), state=0.0)
+    assert total == 15.0
+    assert len(model.at["rows"][...].pluck()) == 3
+    # an element mask, a class selector, a predicate, a glob
+    masked = model.at["rows"][1][jnp.array([True, False])].set(7.0)
+    assert masked.rows.data[1].tolist() == [7.0, 3.0]
+    assert model.at[tc.glob("rows.[2]")].get().rows[2].tolist() == [4.0, 5.0]
+    picked = model.at[tc.where(lambda path, x: path[-1] == SequenceKey(0))].apply(lambda r: r + 1)
+    assert picked.rows.data[0].tolist() == [1.0, 2.0]
+    # a frozen-like value: selected whole with `is_leaf`, looked into by a class selector
+    assert (
+        model.at[Veiled].apply(lambda v: Veiled(2), is_leaf=_structure.is_wrapper).secret.value == 2
+    )
+    zeroed = model.at[jax.Array].apply(jnp.zeros_like)  # the rows, one by one, and the bias
+    assert float(zeroed.rows.data.sum()) == 0.0 and float(zeroed.secret.value.sum()) == 2.0
+    # a static part set by name, last in the selection
+    assert model.at["rows"]["name"].set("k").rows.name == "k"
+    # a replacement the kind refuses names the key path
+    with pytest.raises(ValueError, match=r"Holder\.rows\[1\]: a row of shape \(2,\)"):
+        model.at["rows"][1].set(jnp.ones(3))
+    # a missing index names the kind's children
+    with pytest.raises(IndexError, match="Rows of length 3"):
+        model.at["rows"][5].get()
+    assert model.rows.data is rows  # nothing changed in place
+
+
+def test_a_new_kind_runs_methods_on_a_copy():
+    model = _holder()
+    value, new = model.at["rows"]["grow"](1.0)
+    assert value == 1.0 and new.rows.data[0].tolist() == [1.0, 2.0]
+    assert model.rows.data[0].tolist() == [0.0, 1.0]
+
+
+def test_a_new_kind_has_roles_and_masks():
+    model = _holder()
+    assert jax.tree_util.tree_leaves(tc.roles(model)) == ["trainable", "frozen", "trainable"]
+    mask = jax.tree_util.tree_map(lambda _: True, model)
+    assert tc.tree_unmask(tc.tree_mask(model, mask)).rows.data.shape == (3, 2)
+    # a selection is a value: its mask has the model's structure, one flag per row here
+    mask = model.at["rows"][0].mask()
+    assert mask.rows.data.tolist() == [True, False, False] and mask.bias is False
+    assert model.at["rows"][0].paths() == [(GetAttrKey("rows"), GetAttrKey("data"))]
+    assert tc.at(model)[mask].get().rows[0].tolist() == [0.0, 1.0]
+    # an optax mask says yes or no per leaf: one row of a leaf is refused, all rows are not
+    with pytest.raises(ValueError, match=r"part of the leaf at Holder\.rows\.data"):
+        tc.optim.mask(model.at["rows"][0])
+    assert tc.optim.mask(model.at["rows"][...]).rows.data is True

@@ -29,11 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+from jax.tree_util import GetAttrKey
 
-from . import _node
 from ._calls import call_method
-from ._frozen import Frozen, is_frozen
+from ._node import TreeNode
 from ._numbers import NumberRangeError, dtype_kind, dtype_name, number_misfit, plain_float_limit
 from ._selectors import (
     DESCEND,
@@ -48,28 +47,21 @@ from ._selectors import (
     compile_selector,
     def_rule,
     missing_key_error,
-    open_for_at,
-    opens_itself,
-    rebuild_for_at,
     slice_text,
 )
 from ._structure import (
-    DICT,
-    GENERIC,
     LEAF,
-    LIST,
-    NAMEDTUPLE,
-    TREECLASS,
-    TUPLE,
+    TREECLASS_KIND,
     Kind,
-    child_by_entry,
+    NodeKind,
     entry_name,
     is_leaf_node,
+    is_wrapper,
     node_kind,
-    open_node,
     path_str,
-    rebuild,
+    registered_kind,
     root_name,
+    row_of,
 )
 from ._util import check_callable
 from ._values import readable_here, sharding_spec, short_repr
@@ -477,6 +469,7 @@ class _Walker:
         "pool",
         "pending",
         "traced_value",
+        "where_text",
     )
 
     def __init__(
@@ -506,6 +499,8 @@ class _Walker:
         self.selection = selection
         self.pool = pool
         self.pending = False
+        # `where` for the rows, bound once per walk; `run` unbinds it (a reference cycle)
+        self.where_text = self.where
         # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
         # at once, and refused at the first selected spot
         self.traced_value = (
@@ -545,7 +540,10 @@ class _Walker:
 
     # the traversal
     def run(self) -> Any:
-        out = self.walk(self.root, (), 0, None)
+        try:
+            out = self.walk(self.root, (), 0, None)
+        finally:
+            del self.where_text  # no cycle left: the walker is freed once it is done
         unmatched = None  # the first naming selector that named nothing
         for matcher in self.matchers:
             if matcher.single_key:  # a missing name or index raised already, in the walk
@@ -591,7 +589,7 @@ class _Walker:
         if i == self.n:
             before = self.count
             out = self.op.spot(self, node, path, emask)
-            if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_frozen):
+            if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_wrapper):
                 self.blocked.append((path, "frozen", False))
             return out
         matcher = self.matchers[i]
@@ -600,76 +598,33 @@ class _Walker:
         return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
 
     def walk_key(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any) -> Any:
-        # The fast path: look one child up by name or index, rebuild only this node.
+        # The fast path: the row of the node's kind finds one child by name or index, and
+        # replaces it, so only the nodes on the path are rebuilt.
         key = matcher.key
-        kind = node_kind(node, self.is_leaf)
-        if kind == TREECLASS:
-            if type(key) is str:
-                child = _node.child(node, key)
-                if child is not _node.NOTHING:
-                    new = self.walk(child, path + (GetAttrKey(key),), i + 1, emask)
-                    if new is child:
-                        return node
-                    # same names, so the same layout: a cheap copy with one child replaced
-                    return _node.replace_children(node, {key: new})
-                if (
-                    i + 1 == self.n
-                    and self.op.edits_static
-                    and key in _node.static_names(type(node))
-                ):
-                    return self.static_spot(node, path + (GetAttrKey(key),), key)
-        elif kind == DICT:
-            if key in node:
-                child = node[key]
-                new = self.walk(child, path + (DictKey(key),), i + 1, emask)
-                if new is child:
-                    return node
-                out = dict(node)
-                out[key] = new
-                return out
-        elif kind == LIST or kind == TUPLE:
-            if type(key) is int:
-                n = len(node)
-                index = key + n if key < 0 else key
-                if 0 <= index < n:
-                    child = node[index]
-                    new = self.walk(child, path + (SequenceKey(index),), i + 1, emask)
-                    if new is child:
-                        return node
-                    items = list(node)
-                    items[index] = new
-                    return items if kind == LIST else tuple(items)
-        elif kind == NAMEDTUPLE:
-            fields = type(node)._fields
-            index = -1
-            if type(key) is str and key in fields:
-                index = fields.index(key)
-            elif type(key) is int and -len(fields) <= key < len(fields):
-                index = key % len(fields)
-            if index >= 0:
-                child = node[index]
-                new = self.walk(child, path + (GetAttrKey(fields[index]),), i + 1, emask)
-                if new is child:
-                    return node
-                return node._replace(**{fields[index]: new})
-        elif kind == GENERIC and type(key) is int:
-            child_of = getattr(type(node), "__tc_at_child__", None)
-            if child_of is not None and hasattr(type(node), "__tc_at_replace__"):
-                # a node that opens itself, one child at a time
-                found = child_of(node, key)
-                if found is not None:
-                    index, child = found
-                    new = self.walk(child, path + (SequenceKey(index),), i + 1, emask)
-                    if new is child:
-                        return node
-                    return node.__tc_at_replace__(index, child, new, lambda p: self.where(path + p))
-        # anything else (a custom node, or a key that is missing: the general path raises)
+        is_leaf = self.is_leaf
+        if is_leaf is None:  # `row_of` inlined: the node's exact type, else a TreeClass
+            row = registered_kind(type(node))
+            if row is None:
+                row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+        else:
+            row = row_of(node, is_leaf)
+        found = row.child(node, key)
+        if found is not None:
+            entry, child = found
+            child_path = path + (entry,)
+            new = self.walk(child, child_path, i + 1, emask)
+            if new is child:
+                return node
+            return row.replace(node, entry, child, new, path, self.where_text)
+        if i + 1 == self.n and self.op.edits_static and key in row.static_names(node):
+            return self.static_spot(node, row, path + (GetAttrKey(key),), key)
+        # a key that is missing: the general path raises the error naming it
         return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
 
     def level(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any, state: Any) -> Any:
-        kind = node_kind(node, self.is_leaf)
-        own = kind == GENERIC and opens_itself(node, kind)  # e.g. a stack shows its blocks
-        opened = open_for_at(node, kind) if own else None if kind == LEAF else open_node(node, kind)
+        row = row_of(node, self.is_leaf)
+        kind = row.kind
+        opened = row.open(node)
         code, payload = matcher.enter(state, node, kind, opened, path, self)
         if code == SELF:
             return self.walk(node, path, i + 1, _and_masks(emask, payload))
@@ -680,7 +635,7 @@ class _Walker:
         changed = False
         step = matcher.step
         # more selectors follow a matcher that sees into frozen values: a frozen match stops
-        stops = Frozen if matcher.sees_into_frozen and i + 1 < self.n else None
+        stops = matcher.sees_into_frozen and i + 1 < self.n
         for k, child in enumerate(children):
             entry = entries[k]
             child_path = path + (entry,)
@@ -694,7 +649,7 @@ class _Walker:
                 )
                 raise
             if code == MATCH:
-                if type(child) is stops:  # nothing below a frozen value is selectable
+                if stops and is_wrapper(child):  # nothing below a frozen value is selectable
                     self.record_blocked(child_path, "frozen")
                     new = self.unselected(child)
                 else:
@@ -711,31 +666,21 @@ class _Walker:
         matcher.finish(payload, node, kind, opened, path, self)
         if not changed:
             return node
-        if own:
-            return rebuild_for_at(node, aux, children, self.fills, lambda p: self.where(path + p))
-        return rebuild(node, kind, aux, children)
+        return row.rebuild(node, aux, children, fills, path, self.where_text)
 
-    def static_spot(self, node: Any, path: tuple[Any, ...], name: str) -> Any:
+    def static_spot(self, node: Any, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.
 
         The copy gets the field's new value through its `on_setattr` callbacks (a
         configuration value is validated, as in `__init__` and `replace`) and the layout
         of its new static values; the children are shared.
         """
-        old = _node.static_values(node).get(name, _MISSING)
+        old = row.static_values(node).get(name, _MISSING)
         if old is _MISSING:  # declared static, but this instance never set it
             raise LookupError(STATIC_UNSET_MSG.format(where=self.where(path), name=name))
         self.count += 1
         new = self.op.static_value(self, old, path)
-        if new is old:
-            return node
-        copy = _node.replace_children(node, {})
-        _node.unseal(copy)
-        try:
-            setattr(copy, name, new)
-        finally:
-            _node.seal(copy)
-        return copy
+        return node if new is old else row.with_static(node, name, new)
 
     def unselected(self, node: Any) -> Any:
         if not self.fills:
@@ -847,17 +792,9 @@ class _ParallelWalker(_Walker):
         return super().walk(node, path, i, emask)
 
 
-def _child_for_at(node: Any, entry: Any) -> tuple[bool, Any]:
-    """`(found, child)`: the child of `node` under `entry`, as `.at` opens the node."""
-    kind = node_kind(node)
-    if not opens_itself(node, kind):
-        return child_by_entry(node, entry)
-    opened = open_for_at(node, kind)
-    assert opened is not None  # a node that opens itself has children
-    for e, c in zip(opened.entries, opened.children, strict=True):
-        if e == entry:
-            return True, c
-    return False, None
+def _any_true(flag: Any) -> bool:
+    """Whether a flag of `mask()` selects its leaf, in whole or in part."""
+    return flag is True or (flag is not False and bool(np.any(np.asarray(flag))))
 
 
 def _and_masks(outer: Any, inner: Any) -> Any:
@@ -907,6 +844,29 @@ class _Get(_Op):
             return _take(x, emask, fill, lambda: walker.where(where))
 
         return _map_with_paths(walker, take, node, path)
+
+
+class _Mask(_Op):
+    """The selection as a value: `True` at every selected leaf, `False` elsewhere.
+
+    Under an element mask a selected leaf gets the mask, broadcast to the leaf's shape.
+    Nodes are rebuilt by their rows, so a node that shows `.at` other children than its
+    JAX flatten (a stack of blocks) gathers its children's flags as it gathers values
+    (one flag per block: a bool array along the block axis).
+    """
+
+    __slots__ = ()
+    fills = True
+    fill_value = False
+
+    def spot(self, walker, node, path, emask):
+        def flag(x: Any, where: tuple) -> Any:
+            if emask is None:
+                return True
+            _check_element_mask(emask, x, lambda: walker.where(where))
+            return jnp.broadcast_to(emask, _shape(x))
+
+        return _map_with_paths(walker, flag, node, path)
 
 
 def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: Any, path: tuple) -> Any:
@@ -991,9 +951,10 @@ class _Set(_Op):
         for entry in path:
             if is_leaf_node(value, walker.is_leaf):
                 return value  # a prefix of the whole tree: this leaf covers the subtree
-            found, value = _child_for_at(value, entry)
-            if not found:
+            found = row_of(value).child(value, entry_name(entry))
+            if found is None or found[0] != entry:
                 return _MISSING
+            value = found[1]
         return value
 
     def _pairwise(self, walker, node, value, emask, path):
@@ -1362,6 +1323,70 @@ class AtIndexer(Generic[T]):
         with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
             walker = _ParallelWalker(self.tree, self._matchers, op, is_leaf, self._selection, pool)
             return walker.run()
+
+    def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
+        """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
+
+        The mask has the tree's structure (nodes without children, such as frozen values,
+        stay as they are; with `is_leaf`, the nodes it stops at are leaves and get a
+        flag), so it lines up with the tree in `jax.tree.map`, selects the same leaves
+        again as `tree.at[mask]`, and is what `tc.optim.mask` builds optimizer masks
+        from. An element mask in the selection gives a selected leaf a bool array of its
+        shape; a selection of some blocks of a stack (`tc.Stacked`) gives its leaves one
+        flag per block, an array along the block axis.
+
+        **Arguments**
+
+        - `is_leaf`: treat nodes for which it returns `True` as leaves
+          (`is_leaf=tc.is_frozen` gives frozen values a flag of their own).
+
+        **Returns**
+
+        A tree of the input's structure with `bool` (or bool array) leaves.
+
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        tree = {"a": jnp.ones(2), "b": {"c": 2.0, "d": tc.freeze(1)}}
+        mask = tc.at(tree)["b"]["c"].mask()
+        assert mask == {"a": False, "b": {"c": True, "d": tc.freeze(1)}}
+        assert tc.at(tree)[mask].get() == tc.at(tree)["b"]["c"].get()
+        ```
+        """
+        _check_is_leaf(is_leaf, "mask")
+        return self._run(_Mask(), is_leaf)
+
+    def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
+        """The key paths of the leaves the selection reaches, in flatten order.
+
+        Each is a tuple of JAX key entries, as `jax.tree_util.tree_flatten_with_path`
+        gives it (`jax.tree_util.keystr(path)` reads `['b']['c']`). A leaf selected in
+        part (by an element mask, or in some blocks of a stack) is listed too; `mask()`
+        says which part.
+
+        **Arguments**
+
+        - `is_leaf`: treat nodes for which it returns `True` as leaves.
+
+        **Returns**
+
+        A list of key paths, in the order of the tree's leaves.
+
+        ```python
+        import jax
+        import treeclass as tc
+
+        tree = {"a": 1.0, "b": {"c": 2.0, "d": 3.0}}
+        paths = tc.at(tree)["b"][...].paths()
+        assert [jax.tree_util.keystr(p) for p in paths] == ["['b']['c']", "['b']['d']"]
+        ```
+        """
+        _check_is_leaf(is_leaf, "paths")
+        flags = self._run(_Mask(), is_leaf)
+        pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=is_leaf)[0]
+        marks = jax.tree_util.tree_leaves(flags, is_leaf=is_leaf)
+        return [path for (path, _), flag in zip(pairs, marks, strict=True) if _any_true(flag)]
 
     def get(
         self,

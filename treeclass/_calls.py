@@ -14,16 +14,15 @@ the nodes on the path above it, as `.set` does: siblings are shared, never visit
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _node
-from ._selectors import find_child, opens_itself, rebuild_for_at
-from ._structure import Kind, Opened, rebuild
+from ._selectors import find_child
+from ._structure import row_of
 from ._util import check_callable
-from ._values import path_str
+from ._values import closest, path_str
 
 __all__ = ["call_on_copy", "call_method", "value_and_tree"]
 
@@ -67,19 +66,17 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Kind, Opened, int]]:
-    """`(node, kind, opened, k)` for each node on the path: `k` is its child on the path.
-
-    The node the last key reaches is the last `opened` children list's item `k`.
-    """
-    steps: list[tuple[Any, Kind, Opened, int]] = []
+def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
+    """`(node, key entry, child)` for each node on the path the names and indices `keys`
+    take: the last child is the node whose method runs."""
+    steps: list[tuple[Any, Any, Any]] = []
     node = root
     path: tuple[Any, ...] = ()
     for key in keys:
-        kind, opened, k = find_child(node, key, functools.partial(path_str, root, path))
-        steps.append((node, kind, opened, k))
-        path = path + (opened.entries[k],)
-        node = opened.children[k]
+        entry, child = find_child(node, key, functools.partial(path_str, root, path))
+        steps.append((node, entry, child))
+        path = path + (entry,)
+        node = child
     return steps
 
 
@@ -91,8 +88,8 @@ def _method_of(root: Any, node: Any, path: tuple[Any, ...], name: str) -> Callab
         names = [
             n for n in dir(node) if not n.startswith("_") and callable(getattr(type(node), n, None))
         ]
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "."
+        close = closest(name, names)
+        hint = f"; did you mean {close!r}?" if close is not None else "."
         raise AttributeError(NO_METHOD_MSG.format(where=where, name=name, hint=hint)) from None
     if not callable(method):
         raise TypeError(
@@ -107,26 +104,16 @@ def call_method(
     """`(value, new_root)`: method `name` of the node `keys` (names and indices) reach, run
     on a copy of that node, which then replaces it in a rebuilt `root`."""
     steps = _descend(root, keys)
-    if steps:
-        _, _, opened, k = steps[-1]
-        target = opened.children[k]
-        path = tuple(s[2].entries[s[3]] for s in steps)
-    else:
-        target, path = root, ()
+    path = tuple(entry for _, entry, _ in steps)
+    target = steps[-1][2] if steps else root
 
     def run(node: Any) -> Any:
         return _method_of(root, node, path, name)(*args, **kwargs)
 
     value, new = call_on_copy(target, run)
-    for depth, (node, kind, opened, k) in reversed(list(enumerate(steps))):
-        children = list(opened.children)
-        children[k] = new
-        if opens_itself(node, kind):
-            above = path[:depth]
-            where = lambda below, above=above: path_str(root, above + below)
-            new = rebuild_for_at(node, opened.aux, children, False, where)
-        else:
-            new = rebuild(node, kind, opened.aux, children)
+    where = functools.partial(path_str, root)
+    for depth, (node, entry, old) in reversed(list(enumerate(steps))):
+        new = row_of(node).replace(node, entry, old, new, path[:depth], where)
     return value, new
 
 

@@ -10,10 +10,10 @@ the call's tree definition with the cached one, and hashes it where it needs to.
 value's exact key (`_values.exact_key`) and its hash are computed once, when the value is
 frozen, and equality checks identity first.
 
-The wrapper describes itself to the rest of the package through the node view
-(`_structure`'s table of node kinds: a *wrapper* kind marked `#`), and shows itself
-through the display protocol of `_values`: the printers never branch on frozen values.
-This module imports only the value facts below it.
+The wrapper describes itself to the rest of the package through its row of the table of
+node kinds (`_structure.NodeKind`: a *wrapper* kind marked `#`, registered here), and
+shows itself through the display protocol of `_values`: no other module branches on
+frozen values.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from ._structure import NodeKind, Wrapper, register_kind
 from ._values import display, exact_key, readable_here, sharding_spec, short_repr
 
 __all__ = [
@@ -202,6 +203,15 @@ def _unflatten_frozen(frozen: Frozen, children: Any) -> Frozen:
 jax.tree_util.register_pytree_with_keys(
     Frozen, _flatten_frozen, _unflatten_frozen, flatten_func=_flatten_frozen
 )
+
+
+class _FrozenKind(NodeKind):
+    """The row of a frozen value: a node without children standing for its value."""
+
+    wrapper = Wrapper("#", lambda x: unfreeze(x), "a frozen value", "frozen", "freeze")
+
+
+register_kind(Frozen, _FrozenKind())
 
 
 class FrozenArrayWarning(UserWarning):

@@ -1,8 +1,8 @@
 """Masking whole trees: `tree_mask` / `tree_unmask` freeze and thaw the leaves a mask picks.
 
-The frozen wrapper itself (`freeze`, `unfreeze`, `is_frozen`) lives on the ground floor,
-in `_frozen`; this module decides *which* leaves to freeze, from a predicate or a bool
-mask tree, and `is_nondiff`, the default predicate.
+The frozen wrapper itself (`freeze`, `unfreeze`, `is_frozen`) lives in `_frozen`;
+this module decides *which* leaves to freeze, from a predicate or a bool mask tree, and
+`is_nondiff`, the default predicate.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from . import _node, _structure
-from ._frozen import Frozen, freeze, is_frozen, unfreeze
+from ._frozen import freeze, is_frozen, unfreeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
 
@@ -107,15 +107,16 @@ def _mask_leaves(
     the class froze keeps them) stands for `False`: it is left as it is.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
-    flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=is_frozen)
+    flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=_structure.is_wrapper)
     # the mask's leaves first: a non-bool is the wrong kind of argument, whatever its shape
     for i, flag in enumerate(flags):
-        if type(flag) is Frozen:
+        if _structure.is_wrapper(flag):
             flags[i] = False
         elif not is_bool_mask_leaf(flag):
             if mask_def.num_nodes == 1:  # not a tree at all: `cond=1.0`
                 raise MaskLeafError(_MASK_NOT_A_MASK.format(value=short_repr(flag)))
-            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask, is_leaf=is_frozen)[0]]
+            pairs = jax.tree_util.tree_flatten_with_path(mask, is_leaf=_structure.is_wrapper)[0]
+            paths = [p for p, _ in pairs]
             raise MaskLeafError(
                 _MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=path_str(tree, paths[i]))
             )
@@ -298,7 +299,7 @@ def tree_unmask(
     if _is_predicate(cond):
 
         def unmask_leaf(x: Any) -> Any:
-            if type(x) is Frozen:
+            if is_frozen(x):
                 value = unfreeze(x)
                 return value if cond(value) else x
             if _UNMASK_RULES and is_masked(x):
@@ -357,7 +358,7 @@ def _mask_value(x: Any) -> Any:
 
 
 def _unmask_value(x: Any) -> Any:
-    if type(x) is Frozen:
+    if is_frozen(x):
         return unfreeze(x)
     rule = _rule_for(_UNMASK_RULES, x) if _UNMASK_RULES else None
     return x if rule is None else rule(x)
@@ -391,7 +392,7 @@ def is_masked(x: Any) -> bool:
     assert tc.is_masked(tc.tree_mask({"n": 1})["n"])
     ```
     """
-    if type(x) is Frozen:
+    if is_frozen(x):
         return True
     return bool(_UNMASK_RULES) and _rule_for(_UNMASK_RULES, x) is not None
 
@@ -403,5 +404,5 @@ tree_unmask.def_type = functools.partial(_def_type, _UNMASK_RULES, "tree_unmask"
 
 def _frozen_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:
     if is_leaf is None:
-        return is_frozen
-    return lambda x: type(x) is Frozen or is_leaf(x)
+        return _structure.is_wrapper
+    return lambda x: _structure.is_wrapper(x) or is_leaf(x)

@@ -17,10 +17,10 @@ How an instance is kept (the invariants):
   `_Attribute` guard on the class for every attribute name an instance has had;
 - a `Layout` is everything about an instance but its leaves: its class, attribute names in
   order, static values and key entries. Layouts are interned per class (typed, exact keys
-  for static values, see `_keys`), so equal layouts are the same object and JAX's per-call
-  hashing and comparison of them is a C-level identity check. A `Shape` is what all
-  layouts with one attribute order share, including the generated unflatten code, so a new
-  static value costs a small object, never new code;
+  for static values: `_values.hashable_key`), so equal layouts are the same object and
+  JAX's per-call hashing and comparison of them is a C-level identity check. A `Shape` is
+  what all layouts with one attribute order share, including the generated unflatten code,
+  so a new static value costs a small object, never new code;
 - a generated `__init__` whose static values are all of plain types (ints, strings,
   bools, None) seals with the layout *pending*: the `Shape` stands in `_tc_layout`, and
   the interned layout is looked up on the first flatten (or `layout_of`), then kept. So
@@ -71,6 +71,7 @@ __all__ = [
     "rebuild",
     "refuse_write",
     "register",
+    "replace_child",
     "replace_children",
     "reseal",
     "seal",
@@ -863,6 +864,19 @@ def replace_children(node: Any, changes: dict[str, Any]) -> Any:
     tree = _new(type(node))
     state = dict(attributes(node))
     state.update(changes)
+    set_attributes(tree, state)
+    layout = getattr(node, "_tc_layout", None)
+    _set_layout(tree, layout)
+    if type(layout) is Layout:
+        _set_flat(tree, (layout.shape.get(state), layout))
+    return tree
+
+
+def replace_child(node: Any, name: str, value: Any) -> Any:
+    """A copy of `node` with its child `name` replaced by `value` (`.at`'s one-key path)."""
+    tree = _new(type(node))
+    state = dict(attributes(node))
+    state[name] = value
     set_attributes(tree, state)
     layout = getattr(node, "_tc_layout", None)
     _set_layout(tree, layout)

@@ -31,6 +31,7 @@ from ._at import AtIndexer, at
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._stacked import Stacked
+from ._structure import NodeKind, Opened, describe, register_kind, registered_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -123,7 +124,7 @@ class Periodic(Printed):
 
     def __init__(self, stack: Stacked) -> None:
         if not isinstance(stack, Stacked) or type(stack.tree) is not tuple or not stack.tree:
-            raise TypeError(NOT_PATTERN_MSG.format(what=_what(stack)))
+            raise TypeError(NOT_PATTERN_MSG.format(what=describe(stack)))
         _init(self, stack)
 
     # -- building ---------------------------------------------------------------------------
@@ -192,7 +193,7 @@ class Periodic(Printed):
             if not isinstance(blocks, list | tuple) or not blocks:
                 raise TypeError(
                     "`Periodic.from_init` needs `make` to return the pattern, a non-empty "
-                    f"tuple or list of blocks; got {_what(blocks)}."
+                    f"tuple or list of blocks; got {describe(blocks)}."
                 )
             return tuple(blocks)
 
@@ -221,7 +222,7 @@ class Periodic(Printed):
     def __getitem__(self, index: int) -> Any:
         """Layer `index` (negative counts from the end) as an ordinary block."""
         if isinstance(index, bool) or not isinstance(index, int | jnp.integer):
-            raise TypeError(f"A periodic stack is indexed by an int, got {_what(index)}.")
+            raise TypeError(f"A periodic stack is indexed by an int, got {describe(index)}.")
         n = len(self)
         if not -n <= index < n:
             raise IndexError(INDEX_MSG.format(index=index, n=n, low=-n, high=n - 1))
@@ -285,7 +286,7 @@ class Periodic(Printed):
                 if not (isinstance(out, tuple) and len(out) == 2):
                     raise TypeError(
                         "The function given to `Periodic.scan` must return a pair "
-                        f"`(carry, output)`, got {_what(out)} from pattern position {j}."
+                        f"`(carry, output)`, got {describe(out)} from pattern position {j}."
                     )
                 carry, output = out
                 outputs.append(output)
@@ -306,12 +307,13 @@ class Periodic(Printed):
 
     # -- `.at`: the layers as children ------------------------------------------------------
 
-    def __tc_at_open__(self) -> tuple[tuple[Any, ...], list[Any], Any]:
-        entries, patterns, aux = self._stack.__tc_at_open__()
-        layers = [block for pattern in patterns for block in pattern]
-        return tuple(SequenceKey(i) for i in range(len(layers))), layers, (patterns, aux)
+    def _at_open(self) -> Opened:
+        opened = _STACK.open(self._stack)
+        layers = [block for pattern in opened.children for block in pattern]
+        entries = tuple(SequenceKey(i) for i in range(len(layers)))
+        return Opened(entries, layers, (opened.children, opened.aux))
 
-    def __tc_at_rebuild__(
+    def _at_rebuild(
         self, aux: Any, children: list[Any], partial: bool, where: Callable[[tuple], str]
     ) -> Any:
         patterns, stack_aux = aux
@@ -321,30 +323,28 @@ class Periodic(Printed):
             new = children[r * p : (r + 1) * p]
             same = all(a is b for a, b in zip(new, old))
             regrouped.append(old if same else tuple(new))
-        out = self._stack.__tc_at_rebuild__(stack_aux, regrouped, partial, self._inner(where))
+        out = _STACK.rebuild(self._stack, stack_aux, regrouped, partial, (), self._inner(where))
         if isinstance(out, Stacked):
             return self if out is self._stack else _make(out)
         return tuple(children)  # a `get` whose fill values changed the structure
 
-    def __tc_at_child__(self, index: int) -> tuple[int, Any] | None:
+    def _at_child(self, index: int) -> tuple[int, Any] | None:
         n = len(self)
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             return None
         r, j = divmod(i, self._period)
-        found = self._stack.__tc_at_child__(r)
+        found = _STACK.child(self._stack, r)
         assert found is not None
         return i, found[1][j]
 
-    def __tc_at_replace__(
-        self, i: int, old: Any, new: Any, where: Callable[[tuple], str]
-    ) -> Periodic:
+    def _at_replace(self, i: int, old: Any, new: Any, where: Callable[[tuple], str]) -> Periodic:
         r, j = divmod(i, self._period)
-        found = self._stack.__tc_at_child__(r)
+        found = _STACK.child(self._stack, r)
         assert found is not None
-        pattern = found[1]
+        entry, pattern = found
         changed = (*pattern[:j], new, *pattern[j + 1 :])
-        return _make(self._stack.__tc_at_replace__(r, pattern, changed, self._inner(where)))
+        return _make(_STACK.replace(self._stack, entry, pattern, changed, (), self._inner(where)))
 
     def _inner(self, where: Callable[[tuple], str]) -> Callable[[tuple], str]:
         """Messages of the stack (paths `[r][j]...`) told in layers (`[r×P+j]...`)."""
@@ -384,14 +384,6 @@ class Periodic(Printed):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._stack,))
-
-
-def _what(x: Any) -> str:
-    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"an array {dtype}{list(shape)}"
-    text = repr(x)
-    return f"{text if len(text) <= 60 else text[:57] + '...'} (a `{type(x).__name__}`)"
 
 
 def _stack_outputs(outputs: list[Any]) -> Any:
@@ -448,6 +440,43 @@ def _kinds(periodic: Periodic) -> str:
             runs.append([name, 1])
     return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
+
+class _PeriodicKind(NodeKind):
+    """The row of a periodic stack: `.at` opens it into the unrolled model's layers,
+    numbered `[r×P+j]`, through the row of the stack it holds."""
+
+    def open(self, node: Any) -> Opened:
+        return node._at_open()
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        found = node._at_child(key) if type(key) is int else None
+        return None if found is None else (SequenceKey(found[0]), found[1])
+
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
+        return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
+
+    def rebuild(
+        self,
+        node: Any,
+        aux: Any,
+        children: Any,
+        partial: bool = False,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
+        return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
+
+
+register_kind(Periodic, _PeriodicKind())
+_STACK: Any = registered_kind(Stacked)  # the row of the stack a periodic stack holds
 
 register_printer(
     Periodic,

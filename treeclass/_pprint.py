@@ -7,7 +7,7 @@ Every printer works on any pytree and shares four pieces:
   frozen values with `#`, functions as their signature, and the rules added with
   `register_printer`, see `_pprint_registry`);
 - how a node is opened into labelled children: the printer registry's `view_of`, its
-  rules first, then the node view's table of node types (`_structure.NodeType`);
+  rules first, then the row of the node's kind (`_structure.node_type`, a `NodeKind`);
   `repr=False` fields show only in the debugging views (diagram, graph, mermaid);
 - how long runs of siblings of one type and structure (the layers of a big model) are
   folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`fold_runs`);
@@ -40,7 +40,7 @@ from jax.core import Tracer
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
 from ._structure import key_text, wrapper_of
-from ._values import local_copy, offer_display, readable_here
+from ._values import array_type, local_copy, offer_display, readable_here
 
 __all__ = [
     "tree_repr",
@@ -50,6 +50,7 @@ __all__ = [
     "tree_graph",
     "tree_mermaid",
     "tree_repr_with_trace",
+    "array_repr",
 ]
 # also used by the notebook printers of `_pprint_html` (not public API): DEFAULT_REPEATS,
 # Entry, Run, fold_runs, function_text, is_function, picture_entries
@@ -126,17 +127,6 @@ def _check_repeats(repeats: Any) -> None:
 
 # -- one value ---------------------------------------------------------------------------
 
-_DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
-
-
-@functools.cache
-def _dtype_name(dtype: Any) -> str:
-    name = str(dtype)
-    for long, short in _DTYPE_PREFIXES:
-        if name.startswith(long):
-            return short + name[len(long) :]
-    return name
-
 
 @functools.cache
 def _dtype_kind(dtype: Any) -> str:
@@ -151,10 +141,6 @@ def _dtype_kind(dtype: Any) -> str:
         if jnp.issubdtype(dtype, family):
             return kind
     return "other"
-
-
-def _type_text(dtype: Any, shape: tuple[int, ...]) -> str:
-    return f"{_dtype_name(dtype)}[{','.join(map(str, shape))}]"
 
 
 # The two seams of array statistics, replaced by tests (no accelerator in CI) to count
@@ -318,9 +304,21 @@ def _complex_text(value: Any) -> str:
     return f"{_number_text(value.real)}{'-' if math.copysign(1, value.imag) < 0 else '+'}{imag}j"
 
 
-def _array_repr(x: Any) -> str:
+def array_repr(x: Any, head: str | None = None) -> str:
+    """`tree_repr`'s text of an array: its type (`f32[3]`, or `head` in its place, as a
+    stack writes `48×f32[3]`) and its statistics (`(μ=…, σ=…, ∈[…])`) where it has them.
+
+    ```python
+    import jax.numpy as jnp
+    from treeclass._pprint import array_repr
+
+    assert array_repr(jnp.ones(3)) == "f32[3](μ=1.00, σ=0.00, ∈[1.00,1.00])"
+    assert array_repr(jnp.ones(3), head="3×f32[]").startswith("3×f32[](μ=1.00")
+    ```
+    """
     shape = tuple(x.shape)
-    head = _type_text(x.dtype, shape)
+    if head is None:
+        head = array_type(x.dtype, shape)
     if isinstance(x, _Tracer):
         return head
     kind = _dtype_kind(x.dtype)
@@ -351,16 +349,16 @@ def _array_repr(x: Any) -> str:
 
 def _array_str(x: Any) -> str:
     if isinstance(x, _Tracer) or _dtype_kind(x.dtype) == "extended":
-        return _type_text(x.dtype, tuple(x.shape))
+        return array_type(x.dtype, tuple(x.shape))
     if not readable_here(x):
-        return f"{_type_text(x.dtype, tuple(x.shape))}({_spread_text(x)})"
+        return f"{array_type(x.dtype, tuple(x.shape))}({_spread_text(x)})"
     try:
         if isinstance(x, jax.Array) and x.size > np.get_printoptions()["threshold"]:
             with np.printoptions(threshold=0):  # numpy summarizes: a few elements suffice
                 return str(_corners(x))
         return str(to_host(local_copy(x)))
     except Exception:
-        return _type_text(x.dtype, tuple(x.shape))
+        return array_type(x.dtype, tuple(x.shape))
 
 
 def is_function(x: Any) -> bool:
@@ -401,9 +399,9 @@ def _leaf_text(x: Any, as_str: bool = False) -> str:
     if isinstance(x, _ARRAY_TYPES):
         if isinstance(x, np.generic) and as_str:
             return str(x)
-        return _array_str(x) if as_str else _array_repr(x)
+        return _array_str(x) if as_str else array_repr(x)
     if isinstance(x, jax.ShapeDtypeStruct):
-        return _type_text(x.dtype, tuple(x.shape))
+        return array_type(x.dtype, tuple(x.shape))
     if isinstance(x, str):  # `str` of a tree shows its strings as `str` does: unquoted
         return str(x) if as_str else repr(x)
     if x is None or type(x) in (bool, int, float, complex):
@@ -964,7 +962,7 @@ def _leaf_type(x: Any) -> str:
     if wrapper is not None:
         return wrapper.mark + _leaf_type(wrapper.unwrap(x))
     if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
-        return _type_text(x.dtype, tuple(x.shape))
+        return array_type(x.dtype, tuple(x.shape))
     if is_function(x):  # not `custom_jvp`, `PjitFunction`, `builtin_function_or_method`
         return "function"
     return type(x).__name__

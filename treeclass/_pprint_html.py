@@ -18,7 +18,6 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from . import _node
 from ._pprint import (
     DEFAULT_REPEATS,
     Entry,
@@ -31,7 +30,7 @@ from ._pprint import (
     tree_str,
 )
 from ._pprint_registry import rule_for, view_of
-from ._structure import TREECLASS, node_type, wrapper_of
+from ._structure import node_type, row_of, wrapper_of
 from ._values import offer_display
 
 __all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display", "Printed"]
@@ -257,9 +256,9 @@ def treescope_repr(
 
     cls = type(tree)
     # a rule's children, else the fields (a rule's text is for the other printers)
-    view = view_of(tree) or node_type(tree, TREECLASS)
+    view = view_of(tree) or node_type(tree)
     items = (None if view is None else view.items(tree, False)) or []
-    statics = _node.static_names(cls) if isinstance(tree, _node.TreeNode) else ()
+    statics = row_of(tree).static_names(tree)
     static_labels = frozenset(f"{name}=" for name in statics)
     # a rule may name the node otherwise (`Stacked[48×Block]`); else its qualified class
     named = None if view is None else view.type_name(tree)

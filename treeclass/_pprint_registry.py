@@ -13,7 +13,7 @@ PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
 setting one field of the same rule through `register_printer`.
 
 Every printer opens a node with `view_of`: a rule first (one with `children` is a row
-of the node view's table of node types, one with a text makes a leaf), then the table.
+of the node view's table of node kinds, one with a text makes a leaf), then the table.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ._structure import LEAF, NodeType, jax_children, named, node_kind, node_type
+from ._structure import LEAF, NodeKind, jax_children, named, node_kind, node_type
 from ._values import short_repr
 
 __all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
@@ -390,13 +390,26 @@ def rule_for(value: Any) -> PrintRule | None:
     return found
 
 
+class _RuleKind(NodeKind):
+    """A node shown through its printer rule's `children` (and `type_name`)."""
+
+    def __init__(self, rule: PrintRule) -> None:
+        self.rule = rule
+
+    def items(self, node: Any, hidden: bool) -> Any:
+        return named(self.rule.children(node))  # type: ignore[misc]
+
+    def type_name(self, node: Any) -> str:
+        name = self.rule.type_name
+        return type(node).__name__ if name is None else name(node)
+
+
 @functools.lru_cache(maxsize=256)  # a rule is a tuple of functions: one row per rule
-def _rule_row(rule: PrintRule) -> NodeType:
-    row = NodeType(lambda value, hidden: named(rule.children(value)))  # type: ignore[misc]
-    return row if rule.type_name is None else row._replace(type_name=rule.type_name)
+def _rule_row(rule: PrintRule) -> NodeKind:
+    return _RuleKind(rule)
 
 
-def view_of(value: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeType | None:
+def view_of(value: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind | None:
     """The row of the node view that shows `value`: its rule's, else the table's (`None`:
     a leaf, as are the values `is_leaf` stops at and those whose rule gives a text)."""
     kind = node_kind(value, is_leaf)

@@ -30,7 +30,7 @@ import jax
 
 from . import _node
 from ._fields import FIELD_ROLES, ROLE_KEY
-from ._structure import LEAF, node_kind, open_node, wrapper_of
+from ._structure import LEAF, is_wrapper, node_kind, open_node, row_of, wrapper_of
 from ._values import is_array, is_inexact_array
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "field_role",
     "state_children",
     "declared_children",
-    "ROLES_OF",
     "leaf_role",
     "leaf_roles",
     "declares_state",
@@ -106,16 +105,12 @@ def _declared_fields(cls: type) -> dict[str, str]:
     return {name: role for name, role in found.items() if role is not None} or _NO_ROLES
 
 
-# A node that is not a TreeClass but whose children are a TreeClass's (a stack of blocks)
-# names that TreeClass with this method, so the roles its class declares hold.
-ROLES_OF = "__treeclass_roles_of__"
-
-
 def declared_children(node: Any) -> dict[str, str]:
-    """Child name -> declared role, for the children of a TreeClass `node` (read-only)."""
+    """Child name -> declared role, for the children of `node` (read-only): the fields of
+    the TreeClass its row names (`NodeKind.roles_of`: itself, or a stack's block)."""
     if not _node.is_treeclass(node):
-        roles_of = getattr(type(node), ROLES_OF, None)
-        return _NO_ROLES if roles_of is None else declared_children(roles_of(node))
+        holder = row_of(node).roles_of(node)
+        return _NO_ROLES if holder is None or holder is node else declared_children(holder)
     cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
     return _declared_fields(cls)
 
@@ -179,10 +174,6 @@ def _collect(
         _collect(child, (declared.get(entry.name) if declared else None) or in_state, is_leaf, out)
 
 
-def _is_wrapper(x: Any) -> bool:
-    return wrapper_of(x) is not None
-
-
 def roles(tree: Any) -> Any:
     """The role of every value of `tree`: a tree of role names, one in place of each leaf.
 
@@ -243,7 +234,7 @@ def roles(tree: Any) -> Any:
     assert jax.tree.leaves(tc.roles(Norm(3))) == ["trainable", "state", "other", "frozen"]
     ```
     """
-    treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_wrapper)
+    treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)
     return treedef.unflatten(leaf_roles(tree))
 
 

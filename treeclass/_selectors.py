@@ -19,17 +19,15 @@ combine freely:
 
 A selector that *names* something (a glob, a regex, a `BaseKey`) must select something:
 it records each match with the walker, and `no_match_error` explains an empty selection
-with the closest existing keys. Node access (kinds, opening, key names) is `_structure`'s,
-with one hook: a node whose class defines `__tc_at_open__` shows `.at` children of its
-own choosing instead of its JAX flatten (`open_for_at`, `rebuild_for_at`; a stack of
-blocks shows its blocks). The glob language (`tc.glob`: parsing, the automaton) is
+with the closest existing keys. Node access (opening, one child by key, static parts,
+wrappers) is the row of the node's kind in `_structure`'s table (`row_of`): a stack of
+blocks, say, opens into its blocks there. The glob language (`tc.glob`: parsing, the automaton) is
 `_glob.py`'s; `GlobMatcher` here runs it over a tree.
 """
 
 from __future__ import annotations
 
 import abc
-import difflib
 import enum
 import functools
 import re
@@ -40,14 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
-from ._frozen import is_frozen, unfreeze
 from ._glob import Glob
 from ._structure import (
     GENERIC,
-    LEAF,
     LIST,
     NAMEDTUPLE,
     TREECLASS,
@@ -61,9 +57,13 @@ from ._structure import (
     node_kind,
     open_node,
     path_str,
+    row_of,
+    selects,
+    unwrap,
+    wrapper_of,
 )
 from ._util import add_leaf_note
-from ._values import short_repr
+from ._values import closest, short_repr
 
 __all__ = [
     # the package's: `tc.BaseKey`, `tc.where`, `tc.at.def_rule`, and the error a pytree
@@ -84,51 +84,9 @@ __all__ = [
     "compile_selector",
     "find_child",
     "missing_key_error",
-    "open_for_at",
-    "opens_itself",
-    "rebuild_for_at",
     "slice_text",
     "MASK_MISMATCH_MSG",
 ]
-
-
-# -- nodes that open themselves for `.at` ----------------------------------------------------
-#
-# A node class may give `.at` other children than its JAX flatten: a stack of N blocks
-# flattens to its stacked arrays but is indexed block by block. It defines
-#
-#     __tc_at_open__(self) -> (key entries, children, aux)
-#     __tc_at_rebuild__(self, aux, children, partial, where) -> the new node
-#
-# `rebuild` gets the children `open` gave, some replaced; `partial` is True for `get`,
-# whose unselected children hold fill values (the node may then return another
-# container); `where(path)` is the text of a key path below the node, for messages.
-# Optionally, for one child by index (`.at[7]` in `set`/`apply`, no fills), a node also
-# defines both of
-#
-#     __tc_at_child__(self, index) -> (normalised index, child), or None if out of range
-#     __tc_at_replace__(self, index, old_child, new_child, where) -> the new node
-#
-# so the walker opens that child alone; without the pair it opens every child.
-
-
-def opens_itself(node: Any, kind: Kind) -> bool:
-    """Whether `.at` opens `node` through its class's `__tc_at_open__`."""
-    return kind == GENERIC and hasattr(type(node), "__tc_at_open__")
-
-
-def open_for_at(node: Any, kind: Kind) -> Opened | None:
-    """The children of `node` as `.at` sees them (`None` for a leaf)."""
-    if kind == GENERIC and hasattr(type(node), "__tc_at_open__"):
-        return Opened(*node.__tc_at_open__())
-    return None if kind == LEAF else open_node(node, kind)
-
-
-def rebuild_for_at(
-    node: Any, aux: Any, children: list[Any], partial: bool, where: Callable[[tuple], str]
-) -> Any:
-    """`node` rebuilt from children that `open_for_at` gave through its own hook."""
-    return node.__tc_at_rebuild__(aux, children, partial, where)
 
 
 # -- public selector types -------------------------------------------------------------------
@@ -406,9 +364,10 @@ STATIC_FIELD_MSG = (
     "Read it as an attribute: `node.{key}`."
 )
 LEAF_HAS_NO_CHILDREN_MSG = "{key!r} not found at {where}: it is a leaf, {leaf}, with no children."
-FROZEN_HAS_NO_CHILDREN_MSG = (
-    "{key!r} not found at {where}: it is a frozen value (`tc.freeze`), which has no children. "
-    "Select the frozen value itself with `is_leaf=tc.is_frozen`, or unfreeze it first."
+WRAPPER_HAS_NO_CHILDREN_MSG = (
+    "{key!r} not found at {where}: it is {what}, a node without children. Select it "
+    "whole with `is_leaf` (`is_leaf=tc.is_frozen` for a frozen value), or take the value "
+    "out first (`tc.unfreeze`)."
 )
 INDEX_OUT_OF_RANGE_MSG = (
     "index {key} out of range at {where}: a {type} of length {length} "
@@ -450,31 +409,19 @@ def _listed(names: list[Any]) -> str:
     return ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
 
 
-def _childless_text(x: Any) -> str:
-    shape = getattr(x, "shape", None)
-    if shape is not None and getattr(x, "dtype", None) is not None:
-        return f"a leaf, {_leaf_summary(x)}"
-    return f"a `{type(x).__name__}` with no children"
-
-
-def _leaf_summary(x: Any) -> str:
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"an array {dtype}{list(shape)}"
-    return f"a `{type(x).__name__}`"
-
-
 def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) -> Exception:
     """The error for a name or index selector that matched no child of `node`."""
     if opened is None:
         return LookupError(
-            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=_leaf_summary(node))
+            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=describe(node))
         )
     entries = opened[0]
-    statics = _node.static_names(type(node)) if kind == TREECLASS else ()
-    if not entries and is_frozen(node):
-        return LookupError(FROZEN_HAS_NO_CHILDREN_MSG.format(key=key, where=where))
+    statics = row_of(node).static_names(node)
+    wrapper = wrapper_of(node)
+    if not entries and wrapper is not None:
+        return LookupError(
+            WRAPPER_HAS_NO_CHILDREN_MSG.format(key=key, where=where, what=wrapper.what)
+        )
     if isinstance(key, str) and key in statics:
         return LookupError(STATIC_FIELD_MSG.format(key=key, where=where))
     names = [entry_name(e) for e in entries]
@@ -501,9 +448,9 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
             )
         )
     if isinstance(key, str):
-        close = difflib.get_close_matches(key, [x for x in names if isinstance(x, str)], n=1)
-        if close:
-            hint += f"; did you mean {close[0]!r}?"
+        close = closest(key, [x for x in names if isinstance(x, str)])
+        if close is not None:
+            hint += f"; did you mean {close!r}?"
     if names:
         hint += f"{'' if hint else '.'} Children there: {', '.join(repr(x) for x in names)}."
     else:
@@ -522,9 +469,10 @@ def _record_statics(
     node: Any, kind: Kind, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
 ) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
-    if kind != TREECLASS or not _node.static_names(type(node)):
+    row = row_of(node)
+    if not row.static_names(node):
         return
-    for name in _node.static_values(node):
+    for name in row.static_values(node):
         if matches(GetAttrKey(name)):
             walker.record_blocked(path + (GetAttrKey(name),), "a static field")
 
@@ -575,12 +523,7 @@ class NameMatcher(_SingleKeyMatcher):
     __slots__ = ()
 
     def step(self, state, k, entry, child, child_path):
-        cls = type(entry)
-        if (
-            (cls is GetAttrKey and entry.name == self.key)
-            or (cls is DictKey and entry.key == self.key)
-            or (cls not in (GetAttrKey, DictKey) and entry_name(entry) == self.key)
-        ):
+        if selects(entry, self.key, k, -1, False):
             state.found = True
             return _MATCHED
         return _PRUNED
@@ -597,37 +540,21 @@ class IndexMatcher(_SingleKeyMatcher):
         return _KeyState(position, kind in (LIST, TUPLE, NAMEDTUPLE))
 
     def step(self, state, k, entry, child, child_path):
-        cls = type(entry)
-        if state.positional or cls is SequenceKey or cls is FlattenedIndexKey:
-            hit = k == state.position
-        elif cls is DictKey:
-            hit = type(entry.key) is not bool and entry.key == self.key
-        elif cls is GetAttrKey:
-            hit = False
-        else:
-            hit = entry_name(entry) == self.key
-        if hit:
+        if selects(entry, self.key, k, state.position, state.positional):
             state.found = True
             return _MATCHED
         return _PRUNED
 
 
-def find_child(node: Any, key: str | int, where: Callable[[], str]) -> tuple[Kind, Opened, int]:
-    """How `.at[key]` finds the child of `node` that a name or index `key` selects.
-
-    Returns the node's kind, its children as `.at` opens them (`open_for_at`) and the
-    child's position among them; raises the error `.at[key]` raises when there is no such
-    child, `where()` being the node's key path.
-    """
-    matcher = NameMatcher(key) if type(key) is str else IndexMatcher(key)
-    kind = node_kind(node)
-    opened = open_for_at(node, kind)
-    if opened is not None:
-        state = matcher.start(kind, opened)
-        for k, (entry, child) in enumerate(zip(opened.entries, opened.children, strict=True)):
-            if matcher.step(state, k, entry, child, ())[0] == MATCH:
-                return kind, opened, k
-    raise missing_key_error(key, node, kind, opened, where())
+def find_child(node: Any, key: str | int, where: Callable[[], str]) -> tuple[Any, Any]:
+    """`(key entry, child)`: the child of `node` that a name or index `key` selects, as
+    `.at[key]` finds it (the row of the node's kind answers); raises the error `.at[key]`
+    raises when there is none, `where()` being the node's key path."""
+    row = row_of(node)
+    found = row.child(node, key)
+    if found is None:
+        raise missing_key_error(key, node, row.kind, row.open(node), where())
+    return found
 
 
 def slice_text(selector: slice) -> str:
@@ -743,8 +670,8 @@ class PatternMatcher(_NamingMatcher):
         return self.pattern.fullmatch(str(entry_name(entry))) is not None
 
     def closest(self, names: list[Any]) -> Any:
-        close = difflib.get_close_matches(self.pattern.pattern, [str(n) for n in names], n=1)
-        return close[0] if close else None
+        close = closest(self.pattern.pattern, [str(n) for n in names])
+        return close
 
     def __repr__(self) -> str:
         return f"re.compile({self.pattern.pattern!r})"
@@ -878,7 +805,7 @@ class TypeMatcher(Matcher):
     def step(self, state, k, entry, child, child_path):
         if isinstance(child, self.cls):
             return _MATCHED
-        if is_frozen(child) and isinstance(unfreeze(child), self.cls):
+        if wrapper_of(child) is not None and isinstance(unwrap(child), self.cls):
             return _MATCHED
         return (DESCEND, None)
 
@@ -899,7 +826,7 @@ class WhereMatcher(Matcher):
         self.fn = fn
 
     def step(self, state, k, entry, child, child_path):
-        result = self.fn(child_path, unfreeze(child))
+        result = self.fn(child_path, unwrap(child))
         if result is True:
             return _MATCHED
         if result is False or result is None:
@@ -938,12 +865,12 @@ class GlobMatcher(Matcher):
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
             return _NOTHING
-        if not opened[0] and kind == GENERIC and is_frozen(node):
+        if not opened[0] and wrapper_of(node) is not None:
             # the pattern goes on below a frozen value: that stops it only if it would
             # match something inside the value (else the frozen value is beside the point)
-            if self.matches_below(state, unfreeze(node)):
+            if self.matches_below(state, unwrap(node)):
                 walker.record_blocked(path, "frozen")
-        if kind == TREECLASS and _node.static_names(type(node)):
+        if row_of(node).static_names(node):
             accept = self.accept
             _record_statics(node, kind, path, walker, lambda e: accept in self.advance(state, e))
         return CHILDREN, (walker.hits, state)  # where a match records itself, and the NFA state
@@ -951,8 +878,7 @@ class GlobMatcher(Matcher):
     def matches_below(self, state: frozenset[int], node: Any) -> bool:
         """Whether the pattern, at `state`, matches some node below `node` (frozen values
         looked into): a dry run, for errors."""
-        if is_frozen(node):
-            node = unfreeze(node)
+        node = unwrap(node)
         opened = open_node(node, node_kind(node))
         if opened is None:
             return False
@@ -995,22 +921,23 @@ class GlobMatcher(Matcher):
             parts.append(f"no key matches {str(failing)!r} (keys there: {_listed(shown)})")
         if dead_ends and not shown:  # the pattern matched all the way to childless nodes
             where, (node, state) = dead_ends[0]
-            if not is_frozen(node):
-                what = _childless_text(node)
+            wrapper = wrapper_of(node)
+            if wrapper is None:
+                what = describe(node)
             elif self.matches_below(state, node):
-                what = "a frozen value (`tc.freeze`), which has no children: unfreeze it first"
+                what = f"{wrapper.what}, which has no children: take the value out first"
             else:
-                what = "a frozen value (`tc.freeze`), which has no children"
+                what = f"{wrapper.what}, which has no children"
             more = f" (and {len(dead_ends) - 1} more like it)" if len(dead_ends) > 1 else ""
             parts.append(
                 f"{walker.where(where)}{more} has no key to match {str(failing)!r}: it is {what}"
             )
         detail = f"after {matched}, " + "; ".join(parts)
         hint = ""
-        close = difflib.get_close_matches(str(failing), shown, n=1)
-        if close:
+        close = closest(str(failing), shown)
+        if close is not None:
             fixed = [str(s) for s in segments]
-            fixed[best_position] = close[0]
+            fixed[best_position] = close
             hint = f"; did you mean {'.'.join(fixed)!r}?"
         return _selects_nothing(self, selection, detail, hint)
 
@@ -1020,7 +947,7 @@ class GlobMatcher(Matcher):
         """Where the pattern stops, for errors: `(position, name, None)` wherever a name
         fails the segment at that position, `(position, (node, state), path)` wherever the
         segment at that position finds a node with no children to match."""
-        opened = open_for_at(node, node_kind(node))
+        opened = row_of(node).open(node)
         if opened is None or not opened.entries:
             for p in state:
                 if self.glob.expects_name(p):
@@ -1131,8 +1058,7 @@ class MaskMatcher(Matcher):
             elif kind == Kind.DICT and isinstance(opened.aux, list):
                 if len(state) == len(node) and all(k in state for k in opened.aux):
                     return CHILDREN, [state[k] for k in opened.aux]
-        mask_kind = node_kind(state)
-        mask_opened = open_for_at(state, mask_kind)
+        mask_opened = row_of(state).open(state)
         if mask_opened is None:
             raise ValueError(
                 MASK_LEAF_MSG.format(

@@ -22,9 +22,7 @@ shardings (traced once, run under `jax.jit` with `out_shardings`); `init_like` a
 
 from __future__ import annotations
 
-import difflib
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -34,9 +32,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._at import at
-from ._frozen import is_frozen
-from ._stacked import Stacked
-from ._structure import path_str
+from ._stacked import block_depths
+from ._structure import describe, is_wrapper, path_str
+from ._values import array_type, closest
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]
 
@@ -108,11 +106,10 @@ _INDIVISIBLE = (
 )
 _SELECTION_FAILS = "{rule} cannot select in {root}: {error}"
 _SOME_BLOCKS = (
-    "{rule} selects some blocks of a stack only, at `{error}`: a stacked leaf is one array "
+    "{rule} selects some blocks of a stack only, at {where}: a stacked leaf is one array "
     "with one layout for all its blocks. Select every block (`blocks.*....`); the block "
     "axis gets `block_axis`"
 )
-_STACKED_AT = re.compile(r"stacked leaf at (\S+?):")
 _UNUSED = (
     "{rule} matches no leaf of {root} (a typo in a selector leaves its leaves to other "
     "rules); remove it, or fix its selector"
@@ -129,7 +126,7 @@ def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
     elif isinstance(spec, (tuple, list)):
         entries = tuple(spec)
     else:
-        raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=_describe(spec)))
+        raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=describe(spec)))
     out: list[Any] = []
     for position, entry in enumerate(entries):
         if entry is None or isinstance(entry, str):
@@ -139,17 +136,10 @@ def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
         else:
             raise TypeError(
                 _SPEC_ENTRY_MSG.format(
-                    index=index, spec=spec, found=_describe(entry), position=position
+                    index=index, spec=spec, found=describe(entry), position=position
                 )
             )
     return tuple(out)
-
-
-def _describe(x: Any) -> str:
-    text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} (a `{type(x).__name__}`)"
 
 
 def _spec_text(entries: Sequence[Any]) -> str:
@@ -163,7 +153,7 @@ class _Rule:
 
     def __init__(self, index: int, row: Any) -> None:
         if not isinstance(row, tuple) or len(row) < 2:
-            raise TypeError(_RULE_TYPE_MSG.format(index=index, found=_describe(row)))
+            raise TypeError(_RULE_TYPE_MSG.format(index=index, found=describe(row)))
         self.index = index
         self.selectors = row[:-1]
         self.entries = _spec_entries(row[-1], index)
@@ -181,7 +171,7 @@ def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for name, target in axes.items():
         if not isinstance(name, str):
-            raise TypeError(_AXES_TYPE_MSG.format(found=_describe(name), name=name))
+            raise TypeError(_AXES_TYPE_MSG.format(found=describe(name), name=name))
         if target is None:
             out[name] = ()
         elif isinstance(target, str):
@@ -189,7 +179,7 @@ def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
         elif isinstance(target, (tuple, list)) and all(isinstance(t, str) for t in target):
             out[name] = tuple(target)
         else:
-            raise TypeError(_AXES_TYPE_MSG.format(found=_describe(target), name=name))
+            raise TypeError(_AXES_TYPE_MSG.format(found=describe(target), name=name))
     return out
 
 
@@ -286,7 +276,7 @@ class ShardingRules:
             raise ValueError(_UNMATCHED_MSG.format(found=unmatched))
         self.unmatched = unmatched
         if block_axis is not None and not isinstance(block_axis, str):
-            raise TypeError(f"`block_axis` is an axis name or None, got {_describe(block_axis)}.")
+            raise TypeError(f"`block_axis` is an axis name or None, got {describe(block_axis)}.")
         self.block_axis = block_axis
         self._check_mapped(self.axes)
 
@@ -298,8 +288,8 @@ class ShardingRules:
                 used.update((entry,) if isinstance(entry, str) else entry or ())
         for name in axes:
             if name not in used:
-                close = difflib.get_close_matches(name, sorted(used), n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
+                close = closest(name, sorted(used))
+                hint = f" Did you mean {close!r}?" if close is not None else ""
                 raise ValueError(
                     _UNUSED_NAME_MSG.format(name=name, used=sorted(used) or "none", hint=hint)
                 )
@@ -481,7 +471,7 @@ class ShardingRules:
         """Every leaf's mesh spec, or a `ValueError` listing every problem."""
         sizes = dict(mesh.shape)
         problems: dict[str, None] = {}  # ordered, without repeats
-        depths = _block_depths(tree)
+        depths = block_depths(tree)
         if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
             raise AssertionError("the stacks of the tree hold another number of leaves")
         claims = self._claims(tree, len(flat), problems)
@@ -514,19 +504,18 @@ class ShardingRules:
         """For every leaf, the rules that select it, in table order."""
         claims: list[list[_Rule]] = [[] for _ in range(count)]
         # where the frozen values are among the leaves, when they are counted as leaves
-        frozen = [is_frozen(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_frozen)]
+        frozen = [is_wrapper(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)]
         for rule in self.rules:
             try:
                 flags = _selected(tree, rule.selectors, frozen)
+            except _SomeBlocks as some:
+                problems[_SOME_BLOCKS.format(rule=rule.text, where=some.where)] = None
+                continue
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
-                stacked = _STACKED_AT.search(message)
-                if stacked is not None:
-                    problem = _SOME_BLOCKS.format(rule=rule.text, error=stacked.group(1))
-                else:
-                    problem = _SELECTION_FAILS.format(
-                        rule=rule.text, root=_root_text(tree), error=message
-                    )
+                problem = _SELECTION_FAILS.format(
+                    rule=rule.text, root=_root_text(tree), error=message
+                )
                 problems[problem] = None
                 continue
             if len(flags) != count:  # pragma: no cover - mask keeps the tree's structure
@@ -707,32 +696,37 @@ class ShardingRules:
             ] = None
 
 
-class _Selected:
-    """Stands in for a leaf a rule selects, while its selection is read."""
+class _SomeBlocks(Exception):
+    """A rule's selection picks some blocks of a stacked leaf only."""
 
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        # shown when a node refuses it: a stack, for a selection of some of its blocks
-        return "a sharding rule's selection mark"
-
-
-_SELECTED = _Selected()
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
 
 
 def _selected(tree: Any, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
     """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it.
 
-    The selection is `.at`'s own: the selected leaves are marked with `apply` (frozen
-    values taken as leaves, so that selecting one is not an error: they are dropped
-    here, not being leaves) and the marks read back in flatten order.
+    The selection is `.at`'s own, read as a value (`mask()`: frozen values taken as
+    leaves, so that selecting one is not an error; they are dropped here, not being
+    leaves). A leaf selected in some blocks only raises `_SomeBlocks`.
     """
     indexer = at(tree)
     for selector in selectors:
         indexer = indexer[selector]
-    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
-    leaves = jax.tree_util.tree_leaves(marked, is_leaf=is_frozen)
-    return [x is _SELECTED for x, ice in zip(leaves, frozen, strict=True) if not ice]
+    flags = jax.tree_util.tree_leaves(indexer.mask(is_leaf=is_wrapper), is_leaf=is_wrapper)
+    out = []
+    for index, (flag, ice) in enumerate(zip(flags, frozen, strict=True)):
+        if ice:
+            continue
+        if flag is not True and flag is not False:  # one flag per block of a stack
+            if bool(np.all(flag)) != bool(np.any(flag)):
+                path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
+                blocks = np.flatnonzero(np.asarray(flag).reshape(-1)).tolist()
+                raise _SomeBlocks(f"`{path_str(tree, path)}` (blocks {blocks})")
+            flag = bool(np.all(flag))
+        out.append(flag)
+    return out
 
 
 def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:
@@ -754,17 +748,6 @@ def _entries_of(spec: list[tuple[str, ...]]) -> list[Any]:
     return [None if not axes else axes[0] if len(axes) == 1 else axes for axes in spec]
 
 
-def _block_depths(tree: Any, depth: int = 0) -> list[int]:
-    """For every leaf of `tree`, how many stacks (`tc.Stacked`) hold it."""
-    out: list[int] = []
-    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
-        if isinstance(x, Stacked):
-            out.extend(_block_depths(x.tree, depth + 1))
-        else:
-            out.append(depth)
-    return out
-
-
 def _shape(x: Any) -> tuple[int, ...]:
     shape = getattr(x, "shape", None)
     return tuple(shape) if shape is not None else tuple(np.shape(x))
@@ -775,18 +758,10 @@ def _dtype(x: Any) -> Any:
     return dtype if dtype is not None else jax.numpy.result_type(x)
 
 
-_DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
-
-
 def _what(leaf: Any, depth: int) -> str:
     """`f32[3,4,8]`, and for a stacked leaf `(stacked: 3 blocks of [4,8])`."""
     shape = _shape(leaf)
-    name = str(_dtype(leaf))
-    for long, short in _DTYPE_PREFIXES:
-        if name.startswith(long):
-            name = short + name[len(long) :]
-            break
-    text = f"{name}[{','.join(map(str, shape))}]"
+    text = array_type(_dtype(leaf), shape)
     if depth:
         blocks = "x".join(map(str, shape[:depth]))
         return f"{text} (stacked: {blocks} blocks of [{','.join(map(str, shape[depth:]))}])"

@@ -8,8 +8,8 @@ seen three ways:
 - **by JAX** (jit, grad, optax, checkpoints): it flattens into its block tree's children,
   so `blocks.attn.q.weight` is one `f32[N, ...]` leaf under the block's own key path;
 - **by `.at`**: it opens into its N blocks (`blocks[7].attn.q.weight` is block 7's slice)
-  and writes changed blocks back into their slices (`__tc_at_open__` /
-  `__tc_at_rebuild__`, the hook `_selectors` describes);
+  and writes changed blocks back into their slices (its row of the table of node
+  kinds, `_StackedKind`, registered here);
 - **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
   shapes (`48×f32[256,256]`), through a print rule with `children`.
 
@@ -34,15 +34,26 @@ from ._at import AtIndexer, at
 from ._fields import gradients_stopped, stop_gradient_if_traced
 from ._frozen import freeze, is_frozen, unfreeze
 from ._numbers import KIND_FITS, NumberRangeError, dtype_kind, dtype_name, number_misfit
-from ._pprint import tree_repr, tree_str
+from ._pprint import array_repr, tree_str
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._roles import FROZEN, leaf_roles
-from ._structure import first_mismatch, is_leaf_node, node_kind, open_node, rebuild, root_name
+from ._structure import (
+    NodeKind,
+    Opened,
+    describe,
+    first_mismatch,
+    is_leaf_node,
+    node_kind,
+    open_node,
+    rebuild,
+    register_kind,
+    root_name,
+)
 from ._util import check_callable
-from ._values import exact_key, is_array, short_repr
+from ._values import array_type, exact_key, is_array
 
-__all__ = ["Stacked", "unstack_all", "restack"]
+__all__ = ["Stacked", "block_depths", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
@@ -136,18 +147,6 @@ RESTACK_MSG = (
 def _scanned_kinds(kinds: list[int]) -> list[int]:
     """The kinds of the leaves a scan slices (the shared ones are not scanned)."""
     return [k for k in kinds if k != _SHARED]
-
-
-def _what(x: Any) -> str:
-    """A short description of a value for messages."""
-    if is_frozen(x):
-        return f"a frozen value ({_what(unfreeze(x))})"
-    if isinstance(x, np.generic):
-        return f"{x!r} (a `numpy.{type(x).__name__}`)"
-    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-    if shape is not None and dtype is not None:
-        return f"an array {dtype_name(dtype)}{list(shape)}"
-    return f"{short_repr(x)} (a `{type(x).__name__}`)"
 
 
 # -- leaves -----------------------------------------------------------------------------------
@@ -256,17 +255,19 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
                 )
             if not _is_array(inner[k]):
                 raise TypeError(
-                    MIXED_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first))
+                    MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
                 )
             if (tuple(inner[k].shape), inner[k].dtype) != want:
                 raise ValueError(
-                    SHAPE_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first))
+                    SHAPE_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
                 )
         stacked = _stack_arrays(inner)
         return freeze(stacked) if frozen else stacked
     for k, v in enumerate(values):
         if _is_array(v) or (is_frozen(v) and _is_array(unfreeze(v))):
-            raise TypeError(MIXED_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first)))
+            raise TypeError(
+                MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
+            )
     if all(_same(v, first) for v in values):
         return first
     if _is_number(first):
@@ -274,14 +275,16 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         for k, v in enumerate(values):
             if type(v) is not type(first):
                 raise TypeError(
-                    SHARED_MSG.format(k=k, where=where(k), got=_what(v), want=_what(first))
+                    SHARED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
                 )
         return _numbers_array(values)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
     message = SHARED_MSG
     if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
         message = FROZEN_SUBTREE_MSG
-    raise ValueError(message.format(k=k, where=where(k), got=_what(values[k]), want=_what(first)))
+    raise ValueError(
+        message.format(k=k, where=where(k), got=describe(values[k]), want=describe(first))
+    )
 
 
 def _block_value(
@@ -345,10 +348,10 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
 
         def error(got: Any, k: int = k) -> Exception:
             text = WRITE_MSG.format(
-                got=_what(got),
+                got=describe(got),
                 k=k,
                 where=where(k),
-                stacked=_what(target).removeprefix("an array "),
+                stacked=describe(target).removeprefix("an array "),
                 block_shape=list(shape),
                 dtype=dtype_name(dtype),
                 hint=WRITE_HINT if not _is_array(got) and not _is_number(got) else "",
@@ -357,7 +360,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
 
         def range_error(got: Any, reason: str, k: int = k) -> Exception:
             text = RANGE_MSG.format(
-                got=_what(got), k=k, where=where(k), reason=reason, dtype=dtype_name(dtype)
+                got=describe(got), k=k, where=where(k), reason=reason, dtype=dtype_name(dtype)
             )
             return NumberRangeError(text)
 
@@ -396,11 +399,11 @@ def _one_level(tree: Any) -> tuple[list[Any], Any]:
     return children, treedef
 
 
-_UNOPENED = object()  # a block `__tc_at_replace__` did not open (it stays as it is)
+_UNOPENED = object()  # a block `_at_replace` did not open (it stays as it is)
 
 
 class _Opened(NamedTuple):
-    """What `__tc_at_open__` hands `.at`, for `__tc_at_rebuild__`."""
+    """What `_at_open` hands `.at`, for `_at_rebuild`."""
 
     blocks: list[Any]
     block_leaves: list[list[Any]]
@@ -471,11 +474,6 @@ class Stacked(Printed):
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
 
-    def __treeclass_roles_of__(self) -> Any:
-        # the stack's children are its block tree's: the roles that tree's class declares
-        # (`tc.field(role=...)`) hold for them (read by `tc.roles` and the summary)
-        return self._tree
-
     _tree: Any
     _length: int
     _flat: tuple[tuple[Any, ...], tuple[int, Any]]
@@ -500,7 +498,9 @@ class Stacked(Printed):
             if not _has_axis(inner, length):
                 where = "blocks" + jax.tree_util.keystr(path)
                 raise ValueError(
-                    LEADING_AXIS_MSG.format(where=where, got=_what(inner), n=length, source=source)
+                    LEADING_AXIS_MSG.format(
+                        where=where, got=describe(inner), n=length, source=source
+                    )
                 )
         _init(self, tree, length)
 
@@ -583,11 +583,11 @@ class Stacked(Printed):
         if not key_leaves or not all(_is_array(k) and len(k.shape) >= 1 for k in key_leaves):
             raise TypeError(
                 "`Stacked.from_init` takes the per-block keys stacked, e.g. "
-                f"`jax.random.split(key, n)`; got {_what(keys)}."
+                f"`jax.random.split(key, n)`; got {describe(keys)}."
             )
         n = int(key_leaves[0].shape[0])
         if n == 0:
-            raise ValueError(FROM_INIT_EMPTY_MSG.format(what=_what(key_leaves[0])))
+            raise ValueError(FROM_INIT_EMPTY_MSG.format(what=describe(key_leaves[0])))
         traced: list[tuple[Any, list[int], list[Any]]] = []
 
         def one(key: Any) -> list[Any]:
@@ -653,7 +653,7 @@ class Stacked(Printed):
             taken = [_take(x, k, index) for x, k in zip(leaves, kinds)]
             return _make(treedef.unflatten(taken), len(chosen))
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
-            raise TypeError(INDEX_TYPE_MSG.format(what=_what(index)))
+            raise TypeError(INDEX_TYPE_MSG.format(what=describe(index)))
         i = int(index)
         if not -n <= i < n:
             raise IndexError(INDEX_MSG.format(index=i, n=n, low=-n, high=n - 1))
@@ -755,7 +755,7 @@ class Stacked(Printed):
             with gradients_stopped([v for v, s in zip(sliced, stopped) if s]):
                 out = fn(block, carry, x) if with_xs else fn(block, carry)
             if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError(SCAN_RESULT_MSG.format(what=_what(out), where="of the stack"))
+                raise TypeError(SCAN_RESULT_MSG.format(what=describe(out), where="of the stack"))
             return out
 
         if remat is not False and remat is not None:
@@ -789,12 +789,12 @@ class Stacked(Printed):
 
     # -- `.at`: the blocks as children --------------------------------------------------------
 
-    def __tc_at_open__(self) -> tuple[tuple[Any, ...], list[Any], _Opened]:
+    def _at_open(self) -> Opened:
         opened = _Opened(*self._open())
         entries = tuple(SequenceKey(i) for i in range(self._length))
-        return entries, list(opened.blocks), opened
+        return Opened(entries, list(opened.blocks), opened)
 
-    def __tc_at_child__(self, index: int) -> tuple[int, Any] | None:
+    def _at_child(self, index: int) -> tuple[int, Any] | None:
         """Block `index` alone (negative counts from the end), or None if there is none:
         the walker's one-key fast path, which slices each leaf once instead of opening
         every block."""
@@ -805,11 +805,9 @@ class Stacked(Printed):
         leaves, treedef, kinds = self._leaves()
         return i, treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
 
-    def __tc_at_replace__(
-        self, i: int, old: Any, new: Any, where: Callable[[tuple], str]
-    ) -> Stacked:
-        """The stack with block `i` (given by `__tc_at_child__` as `old`) replaced by `new`,
-        checked and written as `__tc_at_rebuild__` writes one changed block."""
+    def _at_replace(self, i: int, old: Any, new: Any, where: Callable[[tuple], str]) -> Stacked:
+        """The stack with block `i` (given by `_at_child` as `old`) replaced by `new`,
+        checked and written as `_at_rebuild` writes one changed block."""
         leaves, treedef, kinds = self._leaves()
         n = self._length
         # the other blocks are not opened: only their shared leaves are ever read back
@@ -821,9 +819,9 @@ class Stacked(Printed):
         children = list(blocks)
         children[i] = new
         aux = _Opened(blocks, block_leaves, treedef, leaves, kinds)
-        return self.__tc_at_rebuild__(aux, children, False, where)
+        return self._at_rebuild(aux, children, False, where)
 
-    def __tc_at_rebuild__(
+    def _at_rebuild(
         self, aux: _Opened, children: list[Any], partial: bool, where: Callable[[tuple], str]
     ) -> Any:
         n = self._length
@@ -904,6 +902,45 @@ class Stacked(Printed):
         return Stacked.from_blocks(blocks)
 
 
+class _StackedKind(NodeKind):
+    """The row of a stack in the table of node kinds: `.at` opens it into its N blocks,
+    keyed `[i]`; one index slices block `i` alone; rebuilding writes only the changed
+    blocks' slices. Its children (for JAX) are its block tree's, so the roles the block's
+    class declares hold for them."""
+
+    def open(self, node: Any) -> Opened:
+        return node._at_open()
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        found = node._at_child(key) if type(key) is int else None
+        return None if found is None else (SequenceKey(found[0]), found[1])
+
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
+        return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
+
+    def rebuild(
+        self,
+        node: Any,
+        aux: Any,
+        children: Any,
+        partial: bool = False,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
+        return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
+
+    def roles_of(self, node: Any) -> Any:
+        return node._tree
+
+
 def _init(stack: Stacked, tree: Any, length: int) -> None:
     _check_node(tree)
     children, treedef = _one_level(tree)
@@ -921,7 +958,7 @@ def _make(tree: Any, length: int) -> Stacked:
 
 def _check_node(tree: Any) -> None:
     if is_frozen(tree) or is_leaf_node(tree):
-        raise TypeError(NOT_A_NODE_MSG.format(what=_what(tree)))
+        raise TypeError(NOT_A_NODE_MSG.format(what=describe(tree)))
 
 
 def _flatten_with_keys(stack: Stacked) -> tuple[list[tuple[Any, Any]], Any]:
@@ -943,6 +980,7 @@ def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
 jax.tree_util.register_pytree_with_keys(
     Stacked, _flatten_with_keys, _unflatten, operator.attrgetter("_flat")
 )
+register_kind(Stacked, _StackedKind())
 
 
 class _LeafPaths:
@@ -1017,15 +1055,12 @@ class _BlockLeaf:
 
     def block_type(self) -> str:
         x = self.array
-        block = tree_repr(jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+        block = array_type(x.dtype, tuple(x.shape[1:]))
         return f"{'#' if is_frozen(self.value) else ''}{self.length}×{block}"
 
     def __repr__(self) -> str:
-        x = self.array
-        full = tree_repr(x)
-        head = tree_repr(jax.ShapeDtypeStruct(x.shape, x.dtype))
-        stats = full[len(head) :] if full.startswith(head) else ""
-        return self.block_type() + stats
+        # the array's own text (its statistics over every block), headed by the block type
+        return array_repr(self.array, head=self.block_type())
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
         from treescope import rendering_parts as parts
@@ -1087,6 +1122,17 @@ register_printer(
 register_printer(Stacked, type_name=_stack_name, children=_print_children)
 
 
+def block_depths(tree: Any, depth: int = 0) -> list[int]:
+    """For every leaf of `tree`, how many stacks hold it (its leading block axes)."""
+    out: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
+        if isinstance(x, Stacked):
+            out.extend(block_depths(x.tree, depth + 1))
+        else:
+            out.append(depth)
+    return out
+
+
 # -- converting between stacked and unstacked trees --------------------------------------------
 
 
@@ -1134,7 +1180,7 @@ def _has_stack(tree: Any) -> bool:
     return any(_is_stack(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
 
 
-def _stack_what(x: Any) -> str:
+def _stackdescribe(x: Any) -> str:
     kind = "a stack" if isinstance(x, Stacked) else f"a `{type(x).__name__}`"
     return f"{kind} of {len(x)} blocks"
 
@@ -1192,12 +1238,12 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
     if _is_stack(like):
         if _is_stack(tree):
             if type(tree) is not type(like) or len(tree) != len(like):
-                raise error(_stack_what(tree), _stack_what(like))
+                raise error(_stackdescribe(tree), _stackdescribe(like))
             return tree
         if not _sequence_of_blocks(tree):
-            raise error(_what(tree), _stack_what(like))
+            raise error(describe(tree), _stackdescribe(like))
         if len(tree) != len(like):
-            raise error(f"{len(tree)} blocks", _stack_what(like))
+            raise error(f"{len(tree)} blocks", _stackdescribe(like))
         # a stack's blocks share one structure: its block 0 is every block's template
         templates = [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
         blocks = [
@@ -1207,9 +1253,9 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         return like.__tc_restack__(blocks)
     if _is_stack(tree):
         if not _sequence_of_blocks(like):
-            raise error(_stack_what(tree), _what(like))
+            raise error(_stackdescribe(tree), describe(like))
         if len(tree) != len(like):
-            raise error(_stack_what(tree), f"{len(like)} blocks")
+            raise error(_stackdescribe(tree), f"{len(like)} blocks")
         blocks = [
             _restack(block, template, (*path, SequenceKey(i)), root)
             for i, (block, template) in enumerate(zip(tree.__tc_unstack__(), like))
@@ -1220,7 +1266,7 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
     tree_kind, like_kind = node_kind(tree, is_frozen), node_kind(like, is_frozen)
     tree_opened, like_opened = open_node(tree, tree_kind), open_node(like, like_kind)
     if tree_opened is None or like_opened is None or tree_opened.entries != like_opened.entries:
-        raise error(_what(tree), _what(like))
+        raise error(describe(tree), describe(like))
     children = [
         _restack(child, template, (*path, e), root)
         for e, child, template in zip(

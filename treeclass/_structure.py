@@ -7,10 +7,14 @@ explanation of where a mask, a value or a label tree stops fitting a tree, with 
 of writing the key path in messages: the root's class name (`MLP.layers[0].weight`), or
 `tree` when the root is a dict, list or tuple.
 
-Walkers open and rebuild a node as JAX flattens it (`node_kind`, `open_node`, `rebuild`);
-the printers show it through the table of node types (`node_type`, one `NodeType` row
-per kind of node: its shown children, how their keys read, its brackets), which also
-opens what JAX keeps whole (a plain dataclass, a `functools.partial`).
+Every kind of node is one row of the table of node kinds (`NodeKind`): the row opens
+the node, finds one child by name or index, replaces one child, rebuilds it, says its
+static parts, how the printers show it, which roles its children have, and, for a kind
+that wraps one value (a frozen value), how it is marked. Walkers ask `row_of(node)`, the
+printers `node_type(node)`; a new kind is one row, registered by its own module with
+`register_kind`. `node_kind`, `open_node` and `rebuild` are the JAX flatten of a node
+(what structure checks compare), which a row's own opening may differ from (a stack of
+blocks opens into its blocks).
 """
 
 from __future__ import annotations
@@ -26,8 +30,7 @@ import numpy as np
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from . import _node
-from ._frozen import Frozen, unfreeze
-from ._values import entry_name, path_str, root_name, short_repr
+from ._values import array_type, entry_name, path_str, root_name, short_repr
 
 __all__ = [
     "Kind",
@@ -45,15 +48,23 @@ __all__ = [
     "open_node",
     "rebuild",
     "entry_name",
-    "child_by_entry",
     "path_str",
     "root_name",
     "describe",
     "first_mismatch",
     "is_leaf_node",
+    "NodeKind",
+    "register_kind",
+    "registered_kind",
+    "row_of",
+    "selects",
+    "LEAF_KIND",
+    "TREECLASS_KIND",
+    "GENERIC_KIND",
     "Wrapper",
     "wrapper_of",
-    "NodeType",
+    "is_wrapper",
+    "unwrap",
     "node_type",
     "key_text",
     "named",
@@ -131,25 +142,8 @@ _opened: Callable[[tuple[Any, Any, Any]], Opened] = functools.partial(tuple.__ne
 
 
 def open_node(node: Any, kind: Kind) -> Opened | None:
-    """The children of one node with their key entries, or `None` for a leaf."""
-    if kind == TREECLASS:
-        return _opened(_node.opened(node))
-    if kind == DICT:
-        try:
-            keys = sorted(node)  # the order jax flattens a dict in
-        except TypeError:
-            return _open_generic(node)
-        return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
-    if kind == LIST or kind == TUPLE:
-        return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
-    if kind == NAMEDTUPLE:
-        # not jax's one-level flatten, which gives every namedtuple child the first key
-        return _opened((tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None))
-    if kind == NONE:
-        return _opened(((), [], None))
-    if kind == LEAF:
-        return None
-    return _open_generic(node)
+    """The children of one node as JAX flattens it, with their key entries (`None`: a leaf)."""
+    return _BY_CODE[kind].open(node)
 
 
 def _open_generic(node: Any) -> Opened | None:
@@ -162,24 +156,7 @@ def _open_generic(node: Any) -> Opened | None:
 
 def rebuild(node: Any, kind: Kind, aux: Any, children: Sequence[Any]) -> Any:
     """`node` with its children replaced by `children` (same count and order as opened)."""
-    if kind == TREECLASS:
-        return _node.rebuild(node, children)
-    if kind == DICT:
-        if isinstance(aux, list):
-            new = dict(node)  # keeps the caller's insertion order
-            for key, child in zip(aux, children, strict=True):
-                new[key] = child
-            return new
-        return aux.unflatten(children)
-    if kind == LIST:
-        return list(children)
-    if kind == TUPLE:
-        return tuple(children)
-    if kind == NAMEDTUPLE:
-        return node._make(children)
-    if kind == NONE:
-        return node
-    return aux.unflatten(children)
+    return _BY_CODE[kind].rebuild(node, aux, children)
 
 
 def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> bool:
@@ -188,66 +165,393 @@ def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> boo
     return kind == LEAF or (kind == GENERIC and open_node(node, kind) is None)
 
 
-def child_by_entry(node: Any, entry: Any) -> tuple[bool, Any]:
-    """`(found, child)`: the child of `node` under key `entry` (jax structure only).
-
-    A direct lookup for the kinds whose entries name their children (attributes, dict
-    keys, sequence indices), so a walk that looks up one child per node costs the depth,
-    not the size of every node on the way; other nodes are opened and searched.
-    """
-    kind = node_kind(node)
-    cls = type(entry)
-    if kind == TREECLASS and cls is GetAttrKey:
-        found = _node.child(node, entry.name)
-        return (found is not _node.NOTHING), (None if found is _node.NOTHING else found)
-    if kind == DICT and cls is DictKey:
-        try:
-            return (True, node[entry.key]) if entry.key in node else (False, None)
-        except TypeError:  # an unhashable key cannot be in the dict
-            return False, None
-    if (kind == LIST or kind == TUPLE) and cls is SequenceKey:
-        index = entry.idx
-        return (True, node[index]) if 0 <= index < len(node) else (False, None)
-    opened = open_node(node, kind)
-    if opened is None:
-        return False, None
-    for e, c in zip(opened.entries, opened.children, strict=True):
-        if e == entry:
-            return True, c
-    return False, None
-
-
-# -- wrappers: nodes without children that stand for one value ----------------------------------
+# -- the table of node kinds: one row per kind of node -------------------------------------------
 
 
 class Wrapper(NamedTuple):
-    """A node kind that wraps one value in a node without children (a frozen value).
+    """What a row says of a kind that wraps one value in a node without children.
 
     The printers show a wrapped value as `mark` + the value's own text, the summaries
-    count the value inside, and messages call it `what`. A new wrapper kind is one entry
-    of `_WRAPPERS`; nothing else in the package branches on it.
+    count the value inside, roles give it `role`, and messages call it `what`.
     """
 
     mark: str  # printed before the wrapped value's text: `#` for a frozen value
     unwrap: Callable[[Any], Any]
     what: str  # `a frozen value`, in messages
-    role: str  # its role in summaries
+    role: str  # its role in summaries and `tc.roles`
     maker: str  # the function that makes one, for round-trip renderings: `freeze`
 
 
-_WRAPPERS: dict[type, Wrapper] = {
-    Frozen: Wrapper("#", unfreeze, "a frozen value", "frozen", "freeze"),
+Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
+
+
+def _no_where(path: tuple[Any, ...]) -> str:
+    return jax.tree_util.keystr(path)
+
+
+class NodeKind:
+    """One row of the table of node kinds: everything treeclass asks of one kind of node.
+
+    The `.at` walker, the selectors, method calls, the printers and `tc.roles` ask the
+    row of a node (`row_of`, `node_type`) and never test its type. A row answers:
+
+    - `open(node)`: its children as walkers see them (`Opened`: key entries, a fresh
+      list of children, and what `rebuild` needs), or `None` for a leaf;
+    - `child(node, key)`: `(key entry, child)` for the child a name or index selects
+      (`.at["w"]`, `.at[0]`), or `None` when this row does not find one directly (the
+      walker then opens the node, and raises the missing-key error);
+    - `replace(node, entry, old, new, path, where)`: `node` with the child `old` under
+      `entry` (as `child` gave it) replaced by `new`;
+    - `rebuild(node, aux, children, partial, path, where)`: `node` with the children
+      `open` gave, some replaced (`partial`: unselected children hold `get`'s fill
+      values, so another container may be returned). For messages, `path` is the node's
+      key path and `where(path + below)` the text of a key path below it (the root's
+      class name first);
+    - `static_names(node)` / `static_values(node)` / `with_static(node, name, value)`:
+      its static parts (part of the tree definition, not children);
+    - `items(node, hidden)`, `type_name(node)`, `named`, `brackets`, `single_comma`: how
+      the printers show it: the children with the texts naming their keys
+      (`("w=", ".w", w)`; `hidden`: also `repr=False` fields), its type name, and its
+      brackets (`Name(`...`)` when `named`);
+    - `roles_of(node)`: the TreeClass whose declared field roles hold for its children
+      (itself for a TreeClass, the block for a stack), or `None`;
+    - `wrapper`: for a kind wrapping one value in a node without children (a frozen
+      value), how it is marked, unwrapped and described (`Wrapper`).
+
+    The base row is a registered pytree's: opened one level through JAX. A new kind
+    subclasses it where it differs and registers one instance, in its own module:
+    `register_kind(MyType, MyKind())`.
+    """
+
+    kind: Kind = GENERIC  # how the matchers classify the node
+    wrapper: Wrapper | None = None
+    named: bool = True
+    brackets: tuple[str, str] = ("(", ")")
+    single_comma: bool = False  # a one-element tuple keeps its comma
+
+    def open(self, node: Any) -> Opened | None:
+        return _open_generic(node)
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        opened = self.open(node)
+        if opened is None:
+            return None
+        entries = opened.entries
+        positional = self.kind in (LIST, TUPLE, NAMEDTUPLE)
+        position = -1 if type(key) is not int else key + len(entries) if key < 0 else key
+        for k, entry in enumerate(entries):
+            if selects(entry, key, k, position, positional):
+                return entry, opened.children[k]
+        return None
+
+    def replace(
+        self,
+        node: Any,
+        entry: Any,
+        old: Any,
+        new: Any,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
+        opened = self.open(node)
+        assert opened is not None  # `child` found `old` among its children
+        children = opened.children
+        children[opened.entries.index(entry)] = new
+        return self.rebuild(node, opened.aux, children, False, path, where)
+
+    def rebuild(
+        self,
+        node: Any,
+        aux: Any,
+        children: Sequence[Any],
+        partial: bool = False,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = _no_where,
+    ) -> Any:
+        return aux.unflatten(children)
+
+    def static_names(self, node: Any) -> tuple[str, ...]:
+        return ()
+
+    def static_values(self, node: Any) -> dict[str, Any]:
+        return {}
+
+    def with_static(self, node: Any, name: str, value: Any) -> Any:
+        raise LookupError(f"a `{type(node).__name__}` has no static part {name!r}")
+
+    def items(self, node: Any, hidden: bool) -> Items | None:
+        return named(jax_children(node))
+
+    def type_name(self, node: Any) -> str:
+        return type(node).__name__
+
+    def roles_of(self, node: Any) -> Any:
+        return None
+
+
+def selects(entry: Any, key: str | int, k: int, position: int, positional: bool) -> bool:
+    """Whether the `k`-th child, under `entry`, is the one a name or index `key` selects.
+
+    A name (`str`) selects an attribute or dict key; an index (`int`, `position` being it
+    counted from the end when negative) a position among `positional` children or those
+    keyed by position, or an int dict key (never a bool one).
+    """
+    cls = type(entry)
+    if type(key) is str:
+        if cls is GetAttrKey:
+            return entry.name == key
+        if cls is DictKey:
+            return entry.key == key
+        return entry_name(entry) == key
+    if positional or cls is SequenceKey or cls is jax.tree_util.FlattenedIndexKey:
+        return k == position
+    if cls is DictKey:
+        return type(entry.key) is not bool and entry.key == key
+    if cls is GetAttrKey:
+        return False
+    return entry_name(entry) == key
+
+
+class _LeafKind(NodeKind):
+    kind = LEAF
+
+    def open(self, node: Any) -> Opened | None:
+        return None
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        return None
+
+    def items(self, node: Any, hidden: bool) -> Items | None:
+        return None
+
+
+class _NoneKind(_LeafKind):
+    kind = NONE
+
+    def open(self, node: Any) -> Opened | None:
+        return _opened(((), [], None))
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return node
+
+
+_NOTHING = _node.NOTHING
+_tc_child = _node.child
+_replace_child = _node.replace_child
+
+
+class _TreeClassKind(NodeKind):
+    kind = TREECLASS
+
+    def open(self, node: Any) -> Opened | None:
+        return _opened(_node.opened(node))
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        if type(key) is str:
+            found = _tc_child(node, key)
+            if found is not _NOTHING:
+                return GetAttrKey(key), found
+        return None
+
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+        # same names, so the same layout: a cheap copy with one child replaced
+        return _replace_child(node, entry.name, new)
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return _node.rebuild(node, children)
+
+    def static_names(self, node: Any) -> tuple[str, ...]:
+        return _node.static_names(type(node))
+
+    def static_values(self, node: Any) -> dict[str, Any]:
+        return _node.static_values(node)
+
+    def with_static(self, node: Any, name: str, value: Any) -> Any:
+        # through `setattr` on an unsealed copy: the field's `on_setattr` callbacks run,
+        # and the copy is sealed with the layout of its new static values
+        copy = _node.replace_children(node, {})
+        _node.unseal(copy)
+        try:
+            setattr(copy, name, value)
+        finally:
+            _node.seal(copy)
+        return copy
+
+    def items(self, node: Any, hidden: bool) -> Items:
+        # every attribute in order, static fields too: the one display opening of a TreeClass
+        fields = _node.fields_of(type(node))
+        return [
+            (f"{name}=", f".{name}", value)
+            for name, value in _node.attributes(node).items()
+            if hidden or name not in fields or fields[name].repr
+        ]
+
+    def roles_of(self, node: Any) -> Any:
+        return node
+
+
+class _DictKind(NodeKind):
+    kind = DICT
+    named = False
+    brackets = ("{", "}")
+
+    def open(self, node: Any) -> Opened | None:
+        try:
+            keys = sorted(node)  # the order jax flattens a dict in
+        except TypeError:
+            return _open_generic(node)
+        return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        if not isinstance(aux, list):  # keys that do not sort: opened by JAX
+            return aux.unflatten(children)
+        new = dict(node)  # keeps the caller's insertion order
+        for key, child in zip(aux, children, strict=True):
+            new[key] = child
+        return new
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        try:
+            found = key in node
+        except TypeError:  # an unhashable key cannot be in the dict
+            return None
+        return (DictKey(key), node[key]) if found else None
+
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+        out = dict(node)
+        out[entry.key] = new
+        return out
+
+    def items(self, node: Any, hidden: bool) -> Items:
+        return _dict_items(node, hidden)
+
+
+class _SequenceKind(NodeKind):
+    named = False
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.single_comma = kind == TUPLE
+        self.brackets = ("[", "]") if kind == LIST else ("(", ")")
+
+    def open(self, node: Any) -> Opened | None:
+        return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return list(children) if self.kind == LIST else tuple(children)
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        if type(key) is not int:
+            return None
+        n = len(node)
+        index = key + n if key < 0 else key
+        return (SequenceKey(index), node[index]) if 0 <= index < n else None
+
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+        items = list(node)
+        items[entry.idx] = new
+        return items if self.kind == LIST else tuple(items)
+
+    def items(self, node: Any, hidden: bool) -> Items:
+        return _sequence_items(node, hidden)
+
+
+class _NamedTupleKind(NodeKind):
+    kind = NAMEDTUPLE
+
+    def open(self, node: Any) -> Opened | None:
+        # not jax's one-level flatten, which gives every namedtuple child the first key
+        return _opened((tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None))
+
+    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+        return node._make(children)
+
+    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+        fields = type(node)._fields
+        if type(key) is str and key in fields:
+            index = fields.index(key)
+        elif type(key) is int and -len(fields) <= key < len(fields):
+            index = key % len(fields)
+        else:
+            return None
+        return GetAttrKey(fields[index]), node[index]
+
+    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+        return node._replace(**{entry.name: new})
+
+    def items(self, node: Any, hidden: bool) -> Items:
+        return [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
+
+
+LEAF_KIND = _LeafKind()
+TREECLASS_KIND = _TreeClassKind()
+GENERIC_KIND = NodeKind()
+_NAMEDTUPLE_KIND = _NamedTupleKind()
+_BY_CODE: dict[Kind, NodeKind] = {
+    LEAF: LEAF_KIND,
+    TREECLASS: TREECLASS_KIND,
+    DICT: _DictKind(),
+    LIST: _SequenceKind(LIST),
+    TUPLE: _SequenceKind(TUPLE),
+    NAMEDTUPLE: _NAMEDTUPLE_KIND,
+    NONE: _NoneKind(),
+    GENERIC: GENERIC_KIND,
+}
+# Rows by exact type: the builtin containers, and the kinds registered by their modules.
+# Written at import time by the module that defines a kind (under the import lock), read
+# lock-free: one dict lookup per node on the walker's path.
+_KINDS: dict[type, NodeKind] = {
+    cls: _BY_CODE[code] for cls, code in _BUILTIN_KINDS.items() if code != LEAF
 }
 
 
+def register_kind(cls: type, row: NodeKind) -> None:
+    """Make `row` the row of the table of node kinds for nodes of exactly type `cls`.
+
+    Called once, by the module that defines the kind (`_frozen`, `_stacked`, a test's
+    own kind); `cls` must be registered with JAX as a pytree node as well.
+    """
+    if not isinstance(row, NodeKind):
+        raise TypeError(f"a row of the table of node kinds is a `NodeKind`, got {row!r}")
+    _KINDS[cls] = row
+
+
+# `registered_kind(cls)`: the row registered for nodes of exactly type `cls`, or `None`
+# (the table's own `get`: a C-level call, for the walker's fast path)
+registered_kind: Callable[[type], NodeKind | None] = _KINDS.get
+
+
+def row_of(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind:
+    """The row of `node` for walkers (`LEAF_KIND` for what `is_leaf` stops at)."""
+    if is_leaf is not None and is_leaf(node):
+        return LEAF_KIND
+    row = _KINDS.get(type(node))
+    if row is not None:
+        return row
+    if isinstance(node, _node.TreeNode):  # before the other tests: the most common node
+        return TREECLASS_KIND
+    return _BY_CODE[node_kind(node)]
+
+
 def wrapper_of(node: Any) -> Wrapper | None:
-    """The wrapper entry of `node`'s kind, or `None` when `node` is no wrapper."""
-    return _WRAPPERS.get(type(node))
+    """The wrapper of `node`'s kind (a frozen value's, say), or `None` for any other node."""
+    row = _KINDS.get(type(node))
+    return None if row is None else row.wrapper
 
 
-# -- the table of node types: how the printers show each kind of node ------------------------
+def unwrap(node: Any) -> Any:
+    """The value inside `node` when it is of a wrapper kind, else `node` itself."""
+    row = _KINDS.get(type(node))
+    return node if row is None or row.wrapper is None else row.wrapper.unwrap(node)
 
-Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
+
+def is_wrapper(node: Any) -> bool:
+    """Whether `node` is of a wrapper kind: an `is_leaf` that keeps frozen values whole."""
+    row = _KINDS.get(type(node))
+    return row is not None and row.wrapper is not None
+
+
+# -- how the printers show each kind of node ---------------------------------------------------
 
 
 def key_text(entry: Any) -> tuple[str, str]:
@@ -274,38 +578,28 @@ def jax_children(node: Any) -> list[tuple[Any, Any]] | None:
     return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
 
 
-class NodeType(NamedTuple):
-    """One row of the table of node types: how the printers show one kind of node.
-
-    `items(node, hidden)`: the children shown, each with the texts naming its key,
-    `("w=", ".w", w)` or `("", "[0]", x)` (`hidden`: also `repr=False` fields), or `None`
-    to show the node as a leaf. `type_name(node)` names it in diagrams and summaries; it
-    prints between `brackets`, after its type name when `named`.
-    """
-
-    items: Callable[[Any, bool], Items | None]
-    named: bool = True
-    brackets: tuple[str, str] = ("(", ")")
-    type_name: Callable[[Any], str] = lambda node: type(node).__name__
-    single_comma: bool = False  # a one-element tuple keeps its comma
+def _dict_items(node: Any, hidden: bool) -> Items:
+    return [(f"{k!r}: ", f"[{k!r}]", v) for k, v in node.items()]  # in insertion order
 
 
-def _treeclass_items(node: Any, hidden: bool) -> Items:
-    # every attribute in order, static fields too: the one display opening of a TreeClass
-    fields = _node.fields_of(type(node))
-    return [
-        (f"{name}=", f".{name}", value)
-        for name, value in _node.attributes(node).items()
-        if hidden or name not in fields or fields[name].repr
-    ]
+def _sequence_items(node: Any, hidden: bool) -> Items:
+    return [("", f"[{i}]", v) for i, v in enumerate(node)]
 
 
-def _dataclass_items(node: Any, hidden: bool) -> Items:
-    return [
-        (f"{f.name}=", f".{f.name}", getattr(node, f.name))
-        for f in dataclasses.fields(node)
-        if (hidden or f.repr) and hasattr(node, f.name)
-    ]
+class _DictSubclassKind(NodeKind):
+    brackets = ("({", "})")
+
+    def items(self, node: Any, hidden: bool) -> Items:
+        return _dict_items(node, hidden)
+
+
+class _DataclassKind(NodeKind):
+    def items(self, node: Any, hidden: bool) -> Items:
+        return [
+            (f"{f.name}=", f".{f.name}", getattr(node, f.name))
+            for f in dataclasses.fields(node)
+            if (hidden or f.repr) and hasattr(node, f.name)
+        ]
 
 
 def _is_partial(node: Any) -> bool:
@@ -322,73 +616,87 @@ def _is_partial(node: Any) -> bool:
         return False
 
 
-def _partial_items(node: Any, hidden: bool) -> Items:
-    # from the object: a registered partial keeps its function in the aux data
-    items = [("", ".func", node.func)]
-    items += [("", f".args[{i}]", arg) for i, arg in enumerate(node.args)]
-    return items + [(f"{k}=", f".keywords[{k!r}]", v) for k, v in node.keywords.items()]
+class _PartialKind(NodeKind):
+    def items(self, node: Any, hidden: bool) -> Items:
+        # from the object: a registered partial keeps its function in the aux data
+        items = [("", ".func", node.func)]
+        items += [("", f".args[{i}]", arg) for i, arg in enumerate(node.args)]
+        return items + [(f"{k}=", f".keywords[{k!r}]", v) for k, v in node.keywords.items()]
 
 
-def _dict_items(node: Any, hidden: bool) -> Items:
-    return [(f"{k!r}: ", f"[{k!r}]", v) for k, v in node.items()]  # in insertion order
+class _SequenceSubclassKind(NodeKind):
+    def items(self, node: Any, hidden: bool) -> Items:
+        return _sequence_items(node, hidden)
 
 
-def _sequence_items(node: Any, hidden: bool) -> Items:
-    return [("", f"[{i}]", v) for i, v in enumerate(node)]
-
-
-# rows by the walker's kind; `LEAF` and `NONE` print as leaves
-_BY_KIND: dict[Kind, NodeType] = {
-    TREECLASS: NodeType(_treeclass_items),
-    DICT: NodeType(_dict_items, named=False, brackets=("{", "}")),
-    LIST: NodeType(_sequence_items, named=False, brackets=("[", "]")),
-    TUPLE: NodeType(_sequence_items, named=False, single_comma=True),
-    NAMEDTUPLE: NodeType(
-        lambda node, hidden: [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
-    ),
-}
-# the other nodes, by the first test they pass (a wrapper prints as its mark and value)
-_BY_TEST: tuple[tuple[Callable[[Any], bool], NodeType | None], ...] = (
-    (lambda node: type(node) in _WRAPPERS, None),
-    (lambda node: isinstance(node, dict), NodeType(_dict_items, brackets=("({", "})"))),
+# Nodes of no registered kind that print otherwise than JAX flattens them (or that JAX
+# keeps whole: a plain dataclass, a `functools.partial`), by the first test they pass.
+# Walkers open them as any registered pytree; only the printers ask for these rows.
+_BY_TEST: tuple[tuple[Callable[[Any], bool], NodeKind], ...] = (
+    (lambda node: isinstance(node, dict), _DictSubclassKind()),
     (
         lambda node: dataclasses.is_dataclass(node) and not isinstance(node, type),
-        NodeType(_dataclass_items),
+        _DataclassKind(),
     ),
-    (_is_partial, NodeType(_partial_items)),
-    (lambda node: isinstance(node, (list, tuple)), NodeType(_sequence_items)),
+    (_is_partial, _PartialKind()),
+    (lambda node: isinstance(node, (list, tuple)), _SequenceSubclassKind()),
 )
-# any other registered node: its children as JAX flattens it
-_GENERIC = NodeType(lambda node, hidden: named(jax_children(node)))
 
 
-def node_type(node: Any, kind: Kind) -> NodeType | None:
-    """The row of the table that shows `node` (of walker kind `kind`); `None`: a leaf."""
+def node_type(node: Any, kind: Kind | None = None) -> NodeKind | None:
+    """The row that shows `node` (of walker kind `kind`); `None`: it prints as a leaf
+    (a leaf, `None`, or a value of a wrapper kind, shown as its mark and value)."""
+    row = _KINDS.get(type(node))
+    if row is not None:
+        return None if row.wrapper is not None or row.kind in (LEAF, NONE) else row
+    if kind is None:
+        kind = node_kind(node)
     if kind is not GENERIC:
-        return _BY_KIND.get(kind)
-    for test, row in _BY_TEST:
+        return None if kind in (LEAF, NONE) else _BY_CODE[kind]
+    for test, found in _BY_TEST:
         if test(node):
-            return row
-    return _GENERIC
+            return found
+    return GENERIC_KIND
 
 
 # -- where two structures part ---------------------------------------------------------------
 
 
-def describe(node: Any, opened: Opened | None) -> str:
-    """A short description of a node for messages: what is there, and its children."""
-    wrapper = _WRAPPERS.get(type(node))
+_UNOPENED: Any = object()
+
+
+def describe(x: Any, opened: Opened | None = _UNOPENED) -> str:
+    r"""What `x` is, in a few words, for messages: the one description of a value.
+
+    `an array f32[2,3]`, `1.0 (a \`float\`)`, `a frozen value (an array f32[2])`, `a
+    \`dict\` with children ('a', 'b')`, `a \`Foo\` node without children`. A node is
+    described by its children as JAX flattens it (`opened`, when the caller has it).
+    """
+    wrapper = wrapper_of(x)
     if wrapper is not None:
-        return f"{wrapper.what} ({short_repr(node)})"
+        return f"{wrapper.what} ({describe(wrapper.unwrap(x))})"
+    if x is None:
+        return "None"
+    if opened is _UNOPENED:
+        kind = node_kind(x)
+        opened = None if kind == LEAF else open_node(x, kind)
     if opened is None:
-        shape, dtype = getattr(node, "shape", None), getattr(node, "dtype", None)
+        if isinstance(x, np.generic):  # a number, though it has a shape and a dtype
+            return f"{short_repr(x)} (a `numpy.{type(x).__name__}`)"
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is not None and dtype is not None:
-            return f"a leaf, an array {dtype}{list(shape)}"
-        return f"a leaf {short_repr(node)} of type {type(node).__name__}"
+            return f"an array {array_type(dtype, tuple(shape))}"
+        return f"{short_repr(x)} (a `{type(x).__name__}`)"
     if not opened.entries:
-        return f"a `{type(node).__name__}` node without children"
+        return f"a `{type(x).__name__}` node without children"
     names = ", ".join(repr(entry_name(e)) for e in opened.entries)
-    return f"a `{type(node).__name__}` with children ({names})"
+    return f"a `{type(x).__name__}` with children ({names})"
+
+
+def _side(x: Any, opened: Opened | None) -> str:
+    """One side of a mismatch: a leaf says so (`a leaf, an array f32[2]`)."""
+    text = describe(x, opened)
+    return f"a leaf, {text}" if opened is None and wrapper_of(x) is None else text
 
 
 class Mismatch(NamedTuple):
@@ -438,15 +746,15 @@ def first_mismatch(
         if tree_opened is None and other_covers is None:
             if other_opened is None or (is_leaf is not None and is_leaf(other)):
                 return None
-        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if type(tree) is not type(other):
-        return Mismatch(path, describe(tree, tree_opened), describe(other, other_opened))
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if tree_opened.entries != other_opened.entries:
         only_tree, only_other = _keys_difference(tree_opened, other_opened)
         return Mismatch(
             path,
-            describe(tree, tree_opened),
-            describe(other, other_opened),
+            _side(tree, tree_opened),
+            _side(other, other_opened),
             tuple(only_tree),
             tuple(only_other),
         )

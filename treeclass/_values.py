@@ -27,12 +27,14 @@ This is the ground floor: it imports nothing of treeclass.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import numbers
 import struct
 import types
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +57,8 @@ __all__ = [
     "is_bool_mask_leaf",
     "is_inexact_array",
     "short_repr",
+    "array_type",
+    "closest",
     "root_name",
     "path_str",
     "entry_name",
@@ -310,6 +314,32 @@ def short_repr(x: Any, limit: int = 40) -> str:
         text = f"<{type(x).__name__}>"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_N = TypeVar("_N")
+
+# `float32` -> `f32`, `bfloat16` -> `bf16`: dtypes as the printers show them
+_DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
+
+
+def array_type(dtype: Any, shape: tuple[int, ...]) -> str:
+    """An array's type as every printer and message writes it: `f32[3,4]`, `bool[]`."""
+    name = str(dtype)
+    for long, short in _DTYPE_PREFIXES:
+        if name.startswith(long):
+            name = short + name[len(long) :]
+            break
+    return f"{name}[{','.join(map(str, shape))}]"
+
+
+def closest(name: object, names: Iterable[_N]) -> _N | None:
+    """The one of `names` closest to `name` (a likely typo's intent), or `None`.
+
+    `name` and `names` are compared as text; the closest is returned as given.
+    """
+    texts = {str(n): n for n in names}
+    found = difflib.get_close_matches(str(name), list(texts), n=1)
+    return texts[found[0]] if found else None
 
 
 def root_name(root: Any) -> str:

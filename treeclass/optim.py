@@ -41,15 +41,12 @@ import numpy as np
 from jax.core import Tracer
 
 from ._at import AtIndexer, at
-from ._frozen import is_frozen
 from ._roles import TRAINABLE, leaf_roles
 from ._structure import (
-    LEAF,
     describe,
     first_mismatch,
     is_leaf_node,
-    node_kind,
-    open_node,
+    is_wrapper,
     path_str,
     root_name,
 )
@@ -109,11 +106,6 @@ _UNKNOWN_LABEL_MSG = (
 )
 
 
-def _describe(node: Any) -> str:
-    kind = node_kind(node)
-    return describe(node, None if kind == LEAF else open_node(node, kind))
-
-
 def _misfit(tree: Any, params: Any, what: str, params_are: str) -> tuple[str, str] | None:
     """Where `tree` stops being a prefix of `params`: `(key path, reason)`, or `None`.
 
@@ -143,7 +135,7 @@ def _check_mask_leaf(leaf: Any, where: str) -> None:
         return
     if getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ():
         return
-    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=_describe(leaf)))
+    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
 
 
 def check_mask(mask: Any, params: Any) -> Any:
@@ -221,7 +213,7 @@ def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None
             hash(leaf)
         except TypeError:
             raise TypeError(
-                _UNHASHABLE_LABEL_MSG.format(path=where, found=_describe(leaf))
+                _UNHASHABLE_LABEL_MSG.format(path=where, found=describe(leaf))
             ) from None
         if known is not None and leaf not in known:
             raise ValueError(_UNKNOWN_LABEL_MSG.format(label=leaf, path=where, known=known))
@@ -234,18 +226,14 @@ def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None
 # masks from selections
 
 
-class _Selected:
-    """Stands in for a selected leaf while a mask is built."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        # shown when a node refuses it: a stack, for a selection of some of its blocks
-        return "tc.optim's selection mark"
-
-
-_SELECTED = _Selected()
-
+_PARTIAL_LEAF_MSG = (
+    "The selection picks part of the leaf at {where} (some blocks of a stacked leaf, or "
+    "some elements by an element mask), but an optax mask or label says yes or no per "
+    "whole leaf. Select all of it or none of it. For settings per block (freeze blocks "
+    "0-5, a learning rate per block), build factors on a tree of numbers instead:\n"
+    "    factors = model.at[...].set(1.0).at['blocks'][0:6].set(0.0)\n"
+    "    opt = optax.chain(optax.adam(1e-3), tc.optim.scale_blocks(factors))"
+)
 _PARTIAL_SELECTION_MSG = (
     "The boolean array at `{where}` in the selection picks some elements of its leaf, but "
     "an optax mask says yes or no per whole leaf. Select whole leaves, e.g. with a mask "
@@ -274,21 +262,30 @@ def _whole_leaf_flag(path: tuple[Any, ...], x: Any) -> Any:
     raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
 
 
+def _whole_flag(tree: Any, path: tuple[Any, ...], flag: Any) -> bool:
+    """A flag of a selection's `mask()` as one flag for its whole leaf (or an error)."""
+    if flag is True or flag is False:
+        return flag
+    if isinstance(flag, Tracer) or not bool(np.all(flag)) and bool(np.any(flag)):
+        raise ValueError(_PARTIAL_LEAF_MSG.format(where=path_str(tree, path)))
+    return bool(np.all(flag))
+
+
 def _whole_leaf_selector(selector: Any) -> Any:
     """`selector`, with the leaves of a mask selector made whole-leaf Python bools.
 
     An array leaf in a mask selects elements (`jnp.where` semantics); for an optax mask it
     must select all of its leaf or none of it.
     """
-    leaves = jax.tree_util.tree_leaves(selector, is_leaf=is_frozen)
-    if not any(is_frozen(x) or _is_bool_array(x) for x in leaves):
+    leaves = jax.tree_util.tree_leaves(selector, is_leaf=is_wrapper)
+    if not any(is_wrapper(x) or _is_bool_array(x) for x in leaves):
         return selector
     # a frozen value in a mask (as `mask` returns them) is never selected; as `False` it
     # fits the tree when frozen values are taken as leaves, as `mask` takes them
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: False if is_frozen(x) else _whole_leaf_flag(path, x),
+        lambda path, x: False if is_wrapper(x) else _whole_leaf_flag(path, x),
         selector,
-        is_leaf=is_frozen,
+        is_leaf=is_wrapper,
     )
 
 
@@ -384,25 +381,22 @@ def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
     """
     _check_strict(strict, "mask")
     indexer = _indexer(selection, where)
-    # frozen values count as leaves here, so that a selection reaching only frozen values
-    # is not an error; they are put back unchanged below
-    marked = indexer.apply(lambda _: _SELECTED, is_leaf=is_frozen)
-    # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at its
-    # place, so the mask fits the model (where a frozen value is a node without children)
-    # and the tree `tc.optim.trainable` hands its transform (where it is `MaskedNode()`)
-    result = jax.tree_util.tree_map(
-        lambda old, new: False if is_frozen(old) else new is _SELECTED,
-        indexer.tree,
-        marked,
-        is_leaf=is_frozen,
+    # the selection's own mask, with frozen values as leaves (so that a selection reaching
+    # only frozen values is told apart from one reaching nothing); a frozen value's place
+    # then holds `False`: a mask leaf stands for the whole subtree at its place, so the
+    # mask fits the model (where a frozen value is a node without children) and the tree
+    # `tc.optim.trainable` hands its transform (where it is `MaskedNode()`)
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(indexer.tree, is_leaf=is_wrapper)
+    flags = treedef.flatten_up_to(indexer.mask(is_leaf=is_wrapper))
+    result = treedef.unflatten(
+        [
+            False if is_wrapper(leaf) else _whole_flag(indexer.tree, path, flag)
+            for (path, leaf), flag in zip(pairs, flags, strict=True)
+        ]
     )
     if strict and not any(x is True for x in jax.tree_util.tree_leaves(result)):
         reached_frozen = any(
-            is_frozen(old) and new is _SELECTED
-            for old, new in zip(
-                jax.tree_util.tree_leaves(indexer.tree, is_leaf=is_frozen),
-                jax.tree_util.tree_leaves(marked, is_leaf=is_frozen),
-            )
+            is_wrapper(leaf) and flag is True for (_, leaf), flag in zip(pairs, flags, strict=True)
         )
         raise _empty_selection_error(f"The selection {indexer!r}", reached_frozen)
     return result
@@ -473,12 +467,12 @@ class Labels(Generic[_T]):
         leaf fits both, and no array is there for its transform to see.
         """
         tree = self.tree
-        leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_frozen)
-        if not any(is_frozen(x) for x in leaves):
+        leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)
+        if not any(is_wrapper(x) for x in leaves):
             return tree
-        label = next((x for x in leaves if not is_frozen(x)), None)
+        label = next((x for x in leaves if not is_wrapper(x)), None)
         return jax.tree_util.tree_map(
-            lambda x: label if is_frozen(x) else x, tree, is_leaf=is_frozen
+            lambda x: label if is_wrapper(x) else x, tree, is_leaf=is_wrapper
         )
 
     def __repr__(self) -> str:
@@ -514,7 +508,7 @@ jax.tree_util.register_pytree_with_keys(
 def _mask_structure(tree: Any) -> Any:
     """The structure of a mask of `tree`: `False` in place of each frozen value."""
     return jax.tree_util.tree_structure(
-        jax.tree_util.tree_map(lambda x: False if is_frozen(x) else 0, tree, is_leaf=is_frozen)
+        jax.tree_util.tree_map(lambda x: False if is_wrapper(x) else 0, tree, is_leaf=is_wrapper)
     )
 
 
@@ -585,7 +579,7 @@ def labels(
         raise TypeError(_SELECTIONS_TYPE_MSG.format(type=type(selections).__name__))
     _check_strict(strict, "labels")
     # frozen values count as places here (their mask leaf is `False`); they are kept
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
         selected = jax.tree_util.tree_leaves(_selection_mask(tree, label, selection))
@@ -605,14 +599,14 @@ def labels(
         unclaimed = [
             f"    `{path_str(tree, path)}`"
             for (path, leaf), c in zip(flat, claims)
-            if not c and not is_frozen(leaf)
+            if not c and not is_wrapper(leaf)
         ]
         if unclaimed:
             raise ValueError(
                 _UNCLAIMED_MSG.format(count=len(unclaimed), paths="\n".join(unclaimed))
             )
     leaves = [
-        leaf if is_frozen(leaf) else (claimed[0] if claimed else default)
+        leaf if is_wrapper(leaf) else (claimed[0] if claimed else default)
         for (_, leaf), claimed in zip(flat, claims)
     ]
     return Labels(jax.tree_util.tree_unflatten(treedef, leaves))
@@ -723,7 +717,7 @@ def _frozen_free(tree: Any) -> Any:
     an abstract template of a model fits it, even when its frozen values were built apart.
     """
     return jax.tree_util.tree_structure(
-        jax.tree_util.tree_map(lambda x: None if is_frozen(x) else 0, tree, is_leaf=is_frozen)
+        jax.tree_util.tree_map(lambda x: None if is_wrapper(x) else 0, tree, is_leaf=is_wrapper)
     )
 
 
@@ -734,18 +728,18 @@ class _Plan:
 
     def __init__(self, tree: Any, kinds: list[int]) -> None:
         self.kinds = kinds
-        self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_frozen)
+        self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)
         self.skeleton = _frozen_free(tree)
         self.root = tree
 
     def split(self, tree: Any, what: str, method: str) -> tuple[list[Any], Any]:
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_frozen)
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
         if treedef == self.treedef:  # the same places, frozen values counted as leaves
             for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
-                if is_frozen(leaf) != (kind == _FROZEN):
+                if is_wrapper(leaf) != (kind == _FROZEN):
                     self._refuse_refrozen(tree, index, what, method, kind)
         elif len(leaves) != len(self.kinds) or _frozen_free(tree) != self.skeleton:
-            found = first_mismatch(self.root, tree, is_leaf=is_frozen)
+            found = first_mismatch(self.root, tree, is_leaf=is_wrapper)
             path, reason = (
                 ((), "the structures differ")
                 if found is None
@@ -762,7 +756,7 @@ class _Plan:
         return leaves, treedef
 
     def _refuse_refrozen(self, tree: Any, index: int, what: str, method: str, kind: int) -> None:
-        path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0][index][0]
+        path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
         if kind == _FROZEN:
             then, now = "a frozen value", "not frozen"
         else:
@@ -811,12 +805,12 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
         # a mask holds `False` where the tree holds a frozen value: one flag per place
         flags = jax.tree_util.tree_leaves(mask(indexer, strict=strict))
         kinds = [
-            _FROZEN if is_frozen(leaf) else (_UPDATE if flag is True else _KEEP)
+            _FROZEN if is_wrapper(leaf) else (_UPDATE if flag is True else _KEEP)
             for leaf, flag in zip(
-                jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), flags, strict=True
+                jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper), flags, strict=True
             )
         ]
-        paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
+        paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0]
         for (path, leaf), kind in zip(paths, kinds, strict=True):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
                 shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
@@ -832,9 +826,9 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
     # a frozen value is `_FROZEN` (not a leaf); every other role but trainable is kept,
     # a leaf of a field declared `role="frozen"` too (it is a leaf, with an update)
     kinds = [
-        _FROZEN if is_frozen(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
+        _FROZEN if is_wrapper(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
         for leaf, name in zip(
-            jax.tree_util.tree_leaves(tree, is_leaf=is_frozen), names, strict=True
+            jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper), names, strict=True
         )
     ]
     if strict and _UPDATE not in kinds:
@@ -1033,7 +1027,7 @@ def apply_updates(params: _T, updates: Any) -> _T:
 
 
 def _leaf_path(tree: Any, index: int) -> str:
-    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0][index][0]
+    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
     return path_str(tree, path)
 
 
@@ -1141,7 +1135,7 @@ def scale_blocks(factors: Any) -> Any:
     # (factors built from a model with `.at` keep its frozen values) stands where the
     # updates hold no leaf: a frozen value, or `optax.MaskedNode` inside `trainable`
     paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
-        factors, is_leaf=is_frozen
+        factors, is_leaf=is_wrapper
     )
     shapes = [
         tuple(factor.shape) if isinstance(factor, np.ndarray | jax.Array) else None
