@@ -415,6 +415,7 @@ def save(
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
         # in a run of several processes: process 0 writes, the others gather with it
+        write: Any  # a function writing the file, or a SharedWrite every process takes part in
         if shards is None:
             write = functools.partial(
                 write_atomically, path, lambda f: write_tensors(f, header, tensors)

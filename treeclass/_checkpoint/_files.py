@@ -9,7 +9,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 __all__ = [
     "IO",
@@ -231,7 +231,7 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
             _keep_mode(descriptor, temp, mode)
         with open(descriptor, "wb") as file:
             try:
-                write(_Counted(file))
+                write(cast(BinaryIO, _Counted(file)))  # (counts the bytes written)
             except OSError as error:
                 if error.errno is None:
                     raise

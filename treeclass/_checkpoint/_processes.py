@@ -584,7 +584,7 @@ def _write_mine(tensors: Sequence[Any], write: SharedWrite, state: Any) -> int:
             if not mine:
                 continue
             planned, out = tensors[piece.tensor], outs[piece.tensor]
-            shards = {}
+            shards: dict[Any, Any] = {}
             if isinstance(planned.value, _HostView):
                 array = planned.value.array
                 for shard in array.addressable_shards:
@@ -626,8 +626,8 @@ def _share_as_process_0(path: str, save: int, tensors: Sequence[Any], write: Sha
     client, step = _client(), f"{_PREFIX}/{save}/step"
     try:
         state = write.begin()
-    except BaseException as failure:
-        client.key_value_set(f"{step}/0", json.dumps(_outcome(path, failure)))
+    except BaseException as begun:
+        client.key_value_set(f"{step}/0", json.dumps(_outcome(path, begun)))
         raise
     client.key_value_set(f"{step}/0", json.dumps({"begin": state}))
     failure: BaseException | None = None
