@@ -30,8 +30,8 @@ from jax.tree_util import GetAttrKey, SequenceKey
 from ._at import AtIndexer, at
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
-from ._stacked import Stacked
-from ._structure import NodeKind, Opened, describe, register_kind, registered_kind
+from ._stacked import Stacked, StackedKind
+from ._structure import Opened, describe, register_kind, registered_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -441,38 +441,13 @@ def _kinds(periodic: Periodic) -> str:
     return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
 
-class _PeriodicKind(NodeKind):
+class _PeriodicKind(StackedKind):
     """The row of a periodic stack: `.at` opens it into the unrolled model's layers,
-    numbered `[r×P+j]`, through the row of the stack it holds."""
+    numbered `[r×P+j]`, through its own `_at_*` methods as a stack's row does; the roles
+    of its children are those of each layer's own class, none of the pattern's."""
 
-    def open(self, node: Any) -> Opened:
-        return node._at_open()
-
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
-        found = node._at_child(key) if type(key) is int else None
-        return None if found is None else (SequenceKey(found[0]), found[1])
-
-    def replace(
-        self,
-        node: Any,
-        entry: Any,
-        old: Any,
-        new: Any,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = jax.tree_util.keystr,
-    ) -> Any:
-        return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
-
-    def rebuild(
-        self,
-        node: Any,
-        aux: Any,
-        children: Any,
-        partial: bool = False,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = jax.tree_util.keystr,
-    ) -> Any:
-        return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
+    def roles_of(self, node: Any) -> Any:
+        return None
 
 
 register_kind(Periodic, _PeriodicKind())

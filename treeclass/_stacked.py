@@ -9,7 +9,7 @@ seen three ways:
   so `blocks.attn.q.weight` is one `f32[N, ...]` leaf under the block's own key path;
 - **by `.at`**: it opens into its N blocks (`blocks[7].attn.q.weight` is block 7's slice)
   and writes changed blocks back into their slices (its row of the table of node
-  kinds, `_StackedKind`, registered here);
+  kinds, `StackedKind`, registered here);
 - **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
   shapes (`48×f32[256,256]`), through a print rule with `children`.
 
@@ -53,7 +53,7 @@ from ._structure import (
 from ._util import check_callable
 from ._values import array_type, exact_key, is_array
 
-__all__ = ["Stacked", "block_depths", "unstack_all", "restack"]
+__all__ = ["Stacked", "StackedKind", "block_depths", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
@@ -902,11 +902,12 @@ class Stacked(Printed):
         return Stacked.from_blocks(blocks)
 
 
-class _StackedKind(NodeKind):
+class StackedKind(NodeKind):
     """The row of a stack in the table of node kinds: `.at` opens it into its N blocks,
     keyed `[i]`; one index slices block `i` alone; rebuilding writes only the changed
     blocks' slices. Its children (for JAX) are its block tree's, so the roles the block's
-    class declares hold for them."""
+    class declares hold for them. The row asks the node's own `_at_*` methods, so a kind
+    that answers them the same way (`Periodic`) subclasses it."""
 
     def open(self, node: Any) -> Opened:
         return node._at_open()
@@ -980,7 +981,7 @@ def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
 jax.tree_util.register_pytree_with_keys(
     Stacked, _flatten_with_keys, _unflatten, operator.attrgetter("_flat")
 )
-register_kind(Stacked, _StackedKind())
+register_kind(Stacked, StackedKind())
 
 
 class _LeafPaths:
