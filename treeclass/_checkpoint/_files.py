@@ -203,15 +203,10 @@ def _keep_mode(descriptor: int, temp: str, mode: int) -> None:
         os.chmod(temp, mode)
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
-    """Call `write` on a new temporary file next to `path`, then rename it over `path`.
-
-    If `write` fails or the process dies, `path` still holds what it held before and the
-    temporary file is removed (on failure). A file replaced keeps its permission bits; a
-    new file gets 0o666 minus the umask, as files made by `open` do. A symbolic link is
-    written through, as `open` writes: the file it points to is replaced (next to it, so
-    the rename stays on one file system) and the link stays.
-    """
+def _temp_beside(path: str) -> tuple[str, int, str]:
+    """`(path, descriptor, temp)`: a new temporary file next to `path` (the file a link at
+    `path` points to, which becomes `path`), open for writing, with the permission bits of
+    the file it will replace (a new file's: 0o666 minus the umask)."""
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, base = os.path.split(os.path.abspath(path))
@@ -226,9 +221,27 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
     except OSError:  # no file there yet (or none we may look at): a new file's mode
         mode = None
     descriptor, temp = _create_temp(folder, base, path)
-    try:
-        if mode is not None:
+    if mode is not None:
+        try:
             _keep_mode(descriptor, temp, mode)
+        except BaseException:
+            os.close(descriptor)
+            discard(temp)
+            raise
+    return path, descriptor, temp
+
+
+def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Call `write` on a new temporary file next to `path`, then rename it over `path`.
+
+    If `write` fails or the process dies, `path` still holds what it held before and the
+    temporary file is removed (on failure). A file replaced keeps its permission bits; a
+    new file gets 0o666 minus the umask, as files made by `open` do. A symbolic link is
+    written through, as `open` writes: the file it points to is replaced (next to it, so
+    the rename stays on one file system) and the link stays.
+    """
+    path, descriptor, temp = _temp_beside(path)
+    try:
         with open(descriptor, "wb") as file:
             try:
                 write(cast(BinaryIO, _Counted(file)))  # (counts the bytes written)
@@ -265,23 +278,8 @@ def create_sized(path: str, size: int, head: bytes) -> str:
     bytes long and starting with `head`; its name. Writers fill it (`write_at`, from any
     process that sees the folder), then `os.replace` puts it at `path`, or `discard`
     removes it. It keeps the permission bits of the file it will replace."""
-    if os.path.islink(path):
-        path = os.path.realpath(path)
-    folder, base = os.path.split(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(
-            errno.ENOENT,
-            f"cannot write {path}: its folder {folder} does not exist (create it first)",
-            path,
-        )
+    _, descriptor, temp = _temp_beside(path)
     try:
-        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = None
-    descriptor, temp = _create_temp(folder, base, path)
-    try:
-        if mode is not None:
-            _keep_mode(descriptor, temp, mode)
         os.ftruncate(descriptor, size)
         _write_all(descriptor, memoryview(head), 0)
     except BaseException:
