@@ -41,7 +41,14 @@ import numpy as np
 from .cases import Case, Entry, Target
 from .timing import one_call_per_sample
 
-__all__ = ["ForeignSize", "foreign_case", "FULL_FOREIGN", "QUICK_FOREIGN", "SMOKE_FOREIGN"]
+__all__ = [
+    "ForeignSize",
+    "foreign_case",
+    "load_memory_report",
+    "FULL_FOREIGN",
+    "QUICK_FOREIGN",
+    "SMOKE_FOREIGN",
+]
 
 _TREECLASS = "treeclass"  # (the runner finds the treeclass row by this name)
 _BASELINE = "safetensors load_file + tree_map"
@@ -224,24 +231,35 @@ def measure_memory(size: ForeignSize, parent: str | None) -> dict[str, Any]:
     finally:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
         _fixture.cache_clear()
-    limit = _MEMORY_LIMIT * size.largest + _MEMORY_FIXED
+    how = (
+        "the peak of `tracemalloc` (NumPy's buffers; the JAX arrays of the result are not "
+        "counted) over one load in this process"
+    )
+    return load_memory_report(rows, size.largest, _MEMORY_LIMIT, _MEMORY_FIXED, how)
+
+
+def load_memory_report(
+    rows: list[dict[str, Any]], largest: int, factor: float, fixed: int, how: str
+) -> dict[str, Any]:
+    """A load case's memory block: its rows (treeclass's first), judged against a peak of
+    `factor` times the `largest` tensor plus `fixed` bytes, measured as `how` says."""
+    limit = factor * largest + fixed
     ours = rows[0]["extra"]
-    met = ours <= limit
+    verdict = "met" if ours <= limit else "missed"
     return {
         "action": "load",
-        "how": "the peak of `tracemalloc` (NumPy's buffers; the JAX arrays of the result are "
-        "not counted) over one load in this process",
+        "how": how,
         "method": "tracemalloc",
-        "largest_leaf": size.largest,
+        "largest_leaf": largest,
         "header": None,
         "rows": rows,
         "target": {
-            "text": f"peak extra host memory of the rules load <= {_MEMORY_LIMIT}x the largest "
-            f"tensor + {_MEMORY_FIXED // 2**20} MiB",
+            "text": f"peak extra host memory of the rules load <= {factor}x the largest "
+            f"tensor + {fixed // 2**20} MiB",
             "limit_bytes": limit,
-            "status": "met" if met else "missed",
-            "summary": f"{'met' if met else 'missed'}: {ours / 2**20:.1f} MiB against "
-            f"{limit / 2**20:.1f} MiB (one measurement)",
+            "status": verdict,
+            "summary": f"{verdict}: {ours / 2**20:.1f} MiB against {limit / 2**20:.1f} MiB "
+            "(one measurement)",
         },
     }
 

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from .cases import Case, Entry, Target
+from .foreign import load_memory_report
 from .timing import one_call_per_sample
 
 __all__ = ["HFSize", "hf_sharded_case", "FULL_HF", "QUICK_HF", "SMOKE_HF", "RULES", "STACKED"]
@@ -313,28 +314,12 @@ def measure_memory(size: HFSize, parent: str | None) -> dict[str, Any]:
     finally:
         shutil.rmtree(os.path.dirname(index), ignore_errors=True)
         _fixture.cache_clear()
-    limit = _MEMORY_LIMIT * size.largest + _MEMORY_FIXED
-    ours = rows[0]["extra"]
-    met = ours <= limit
-    return {
-        "action": "load",
-        "how": "the peak of `tracemalloc` (NumPy's buffers) over one load in this process, "
-        "less the buffers the result still holds at its end (on the CPU backend a device "
-        "array may alias its host buffer); JAX copies host buffers to the device "
-        "asynchronously, so a load that reads ahead of the copies holds several at once",
-        "method": "tracemalloc",
-        "largest_leaf": size.largest,
-        "header": None,
-        "rows": rows,
-        "target": {
-            "text": f"peak extra host memory of the rules load <= {_MEMORY_LIMIT}x the largest "
-            f"tensor + {_MEMORY_FIXED // 2**20} MiB",
-            "limit_bytes": limit,
-            "status": "met" if met else "missed",
-            "summary": f"{'met' if met else 'missed'}: {ours / 2**20:.1f} MiB against "
-            f"{limit / 2**20:.1f} MiB (one measurement)",
-        },
-    }
+    how = (
+        "the peak of `tracemalloc` (NumPy's buffers) over one load in this process, less the "
+        "buffers the result still holds at its end (on the CPU backend a device array may "
+        "alias its host buffer)"
+    )
+    return load_memory_report(rows, size.largest, _MEMORY_LIMIT, _MEMORY_FIXED, how)
 
 
 def hf_sharded_case(size: HFSize, folder: str | None = None) -> Case:
