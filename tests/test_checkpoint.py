@@ -858,14 +858,18 @@ def test_save_holds_about_one_leaf_on_the_host_at_a_time(tmp_path):
     assert peak < 1.5 * largest, (peak, largest)
 
 
-@pytest.mark.parametrize("stacked", [False, True], ids=["leaves", "stacked"])
-def test_load_holds_about_one_tensor_on_the_host_at_a_time(tmp_path, stacked):
-    # each tensor read is put on the device and its host buffer freed before the next is
-    # read (JAX's transfer leaves a cycle that would keep it until the collector's pass);
-    # into a stack, through per-layer rules, each layer is written into its slot
-    layers = 6
-    shape = (512, 512)
-    largest = 512 * 512 * 4
+@pytest.mark.parametrize(
+    "stacked, layers, side",
+    [(False, 6, 512), (True, 6, 512), (False, 64, 128), (True, 64, 128)],
+    ids=["leaves", "stacked", "small-leaves", "small-stacked"],
+)
+def test_load_holds_about_one_tensor_on_the_host_at_a_time(tmp_path, stacked, layers, side):
+    # each tensor read is put on the device and its host buffer freed soon after (JAX's
+    # transfer leaves a cycle that would keep it until the collector's pass): at most
+    # 1 MiB of them waits for the pass, so small tensors do not pile up either; into a
+    # stack, through per-layer rules, each layer is written into its slot
+    shape = (side, side)
+    largest = side * side * 4
     names = {f"h.{i}.w": np.full(shape, i, np.float32) for i in range(layers)}
     path = tmp_path / "layers.safetensors"
     tc.save(path, names)
@@ -884,7 +888,8 @@ def test_load_holds_about_one_tensor_on_the_host_at_a_time(tmp_path, stacked):
     finally:
         tracemalloc.stop()
     # (on the CPU a device array may alias its host buffer: the result's, not extra)
-    assert peak - held < 1.5 * largest, (peak - held, held, largest)
+    bound = 1.5 * largest if largest >= 2**20 else 2**20 + 2 * largest
+    assert peak - held < bound, (peak - held, held, largest)
     got = (
         loaded["blocks"].tree["w"]
         if stacked

@@ -1247,22 +1247,31 @@ def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
     return place_by_slices(tuple(stored.shape), dtype, sharding, read_range)
 
 
-# a tensor at least this large frees its host buffer as soon as it is on the device
+# the host bytes a load may leave to the garbage collector before collecting them
 _RELEASE_BYTES = 2**20
 
 
+class _Released:
+    """The host bytes put on the device since the last collection (`release_host_copy`)."""
+
+    pending = 0
+
+
 def release_host_copy(placed: Any, nbytes: int) -> None:
-    """Free the host buffer (`nbytes`) of a tensor just put on the device, whose result is
+    """Free the host buffers (`nbytes` more) of tensors put on the device, the last one as
     `placed`, so a load holds about one tensor on the host at a time.
 
     JAX's transfer from a NumPy array leaves a young reference cycle that keeps the array
     alive until the garbage collector's next pass (measured: with a load's few
     allocations per tensor, the previous tensor was alive at nearly every read, doubling
-    the host peak). Once the transfer is done, one pass over the youngest generation
-    frees it, at a cost that does not grow with the tensor; it is taken for tensors of
-    1 MiB and more (waiting for their transfer before the next read).
+    the host peak, and small tensors piled up between passes). Once 1 MiB has been put
+    since the last pass, the load waits for the last transfer and makes one pass over the
+    youngest generation, which frees them: a cost of one pass (microseconds) per
+    MiB loaded, whatever the tensors' sizes.
     """
-    if nbytes >= _RELEASE_BYTES:
+    _Released.pending += nbytes
+    if _Released.pending >= _RELEASE_BYTES:
+        _Released.pending = 0
         jax.block_until_ready(placed)
         gc.collect(0)
 
