@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treeclass as tc
+from treeclass import _structure
 from treeclass._at import AtIndexer
 
 # -- helpers -----------------------------------------------------------------------------
@@ -592,6 +593,90 @@ def test_frozen_values_are_selectable_as_leaves_with_is_leaf():
     tree = {"a": tc.freeze(1.0), "b": 2.0}
     new = tc.at(tree)["a"].apply(lambda f: tc.unfreeze(f) * 10, is_leaf=tc.is_frozen)
     assert new == {"a": 10.0, "b": 2.0}
+
+
+def _frozen_net() -> dict:
+    return {
+        "w": tc.freeze(jnp.ones((2, 3))),
+        "n": tc.freeze(np.arange(3, dtype=np.int8)),
+        "b": jnp.ones(3),
+        "lr": tc.freeze(0.5),
+    }
+
+
+_FROZEN_NUMBER_PUTS = {
+    "set by name": lambda t: tc.at(t)["w"].set(0.0, is_leaf=tc.is_frozen),
+    "set everything": lambda t: tc.at(t)[...].set(0.0, is_leaf=tc.is_frozen),
+    "set by mask": lambda t: tc.at(t)[{"w": True, "n": False, "b": False, "lr": False}].set(
+        0.0, is_leaf=tc.is_frozen
+    ),
+    "set by predicate": lambda t: tc.at(t)[tc.where(lambda p, x: np.ndim(x) == 2)].set(
+        0.0, is_leaf=tc.is_frozen
+    ),
+    "apply": lambda t: tc.at(t)["w"].apply(lambda _: 0.0, is_leaf=tc.is_frozen),
+    "parallel apply": lambda t: tc.at(t)["w"].apply(
+        lambda _: 0.0, is_leaf=tc.is_frozen, is_parallel=True
+    ),
+    "scan": lambda t: tc.at(t)["w"].scan(lambda _, s: (0.0, s), 0, is_leaf=tc.is_frozen)[0],
+}
+
+
+@pytest.mark.parametrize("put", list(_FROZEN_NUMBER_PUTS), ids=str)
+def test_a_number_put_at_a_frozen_array_fills_it_and_it_stays_frozen(put):
+    tree = _frozen_net()
+    new = _FROZEN_NUMBER_PUTS[put](tree)
+    assert tc.is_frozen(new["w"]), "a number must not unfreeze a frozen parameter"
+    filled = tc.unfreeze(new["w"])
+    assert type(filled) is type(tc.unfreeze(tree["w"])) and filled.dtype == jnp.float32
+    assert filled.tolist() == [[0.0] * 3] * 2
+    assert tc.unfreeze(tree["w"]).tolist() == [[1.0] * 3] * 2  # the input is unchanged
+    assert tc.roles(new)["w"] == "frozen"
+
+
+def test_a_number_put_at_frozen_numpy_arrays_keeps_their_type_and_dtype():
+    new = tc.at(_frozen_net())[...].set(2, is_leaf=tc.is_frozen)
+    counts = tc.unfreeze(new["n"])
+    assert type(counts) is np.ndarray and counts.dtype == np.int8 and counts.tolist() == [2] * 3
+    assert new["b"].tolist() == [2.0] * 3
+    # a frozen number is not an array: the number replaces it, as at any non-array leaf
+    assert new["lr"] == 2 and type(new["lr"]) is int
+
+
+def test_a_number_that_does_not_fit_a_frozen_array_names_its_path():
+    tree = _frozen_net()
+    with pytest.raises(OverflowError, match=r"tree\['n'\]"):
+        tc.at(tree)["n"].set(1000, is_leaf=tc.is_frozen)
+    assert tc.unfreeze(tree["n"]).tolist() == [0, 1, 2]
+
+
+class _Sealed:
+    """A test-only wrapper kind whose row cannot wrap a new value."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(_Sealed, lambda s: ((), s), lambda s, _: s)
+
+
+class _SealedKind(_structure.NodeKind):
+    wrapper = _structure.Wrapper("!", lambda s: s.value, "a sealed value", "frozen", "_Sealed")
+
+
+_structure.register_kind(_Sealed, _SealedKind())
+
+
+def test_a_number_at_an_array_in_a_wrapper_that_cannot_wrap_again_is_an_error():
+    tree = {"s": _Sealed(jnp.ones(2))}
+    with pytest.raises(TypeError, match=r"(?s)tree\['s'\].*inside a sealed value"):
+        tc.at(tree)["s"].set(0.0, is_leaf=_structure.is_wrapper)
+    assert tree["s"].value.tolist() == [1.0, 1.0]
+
+
+def test_an_array_put_at_a_frozen_value_replaces_it_whole():
+    # a whole value is the leaf itself: this is how a selection unfreezes
+    new = tc.at(_frozen_net())["w"].set(jnp.zeros(2), is_leaf=tc.is_frozen)
+    assert not tc.is_frozen(new["w"]) and new["w"].shape == (2,)
 
 
 def test_frozen_values_are_skipped_when_other_leaves_are_selected():

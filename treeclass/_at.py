@@ -62,6 +62,7 @@ from ._structure import (
     registered_kind,
     root_name,
     row_of,
+    wrapper_of,
 )
 from ._util import check_callable
 from ._values import readable_here, sharding_spec, short_repr
@@ -81,6 +82,13 @@ ONLY_BLOCKED_MSG = (
     "select them as leaves:\n"
     "    {selection}.apply(fn, is_leaf=tc.is_frozen)\n"
     "or unfreeze them first (`tc.unfreeze`)."
+)
+WRAPPED_FILL_MSG = (
+    "Cannot put a number at {where}: the leaf is an array inside {what}, which a number fills "
+    "keeping its shape and dtype, but its kind of node gives no way to wrap the filled array "
+    "again (its row's `Wrapper.wrap` is None). Put a whole value instead:\n"
+    "    before: tree.at[where].set(0.0, is_leaf=...)\n"
+    "    after:  tree.at[where].apply(lambda w: <w's kind around a filled array>, is_leaf=...)"
 )
 FROZEN_IN_THE_WAY_MSG = (
     "The selection {selection} reaches no leaves: the pattern goes on inside {what}. A frozen "
@@ -407,9 +415,23 @@ def _fill(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
 
 
 def _keep_array(new: Any, leaf: Any, where: Callable[[], str]) -> Any:
-    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array."""
-    if type(new) in _NUMBER_TYPES and isinstance(leaf, _NUMBER_TARGETS):
+    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array.
+
+    An array in a wrapper (a frozen one, selected whole with `is_leaf=tc.is_frozen`) is
+    filled inside its wrapper: a number carries no shape, dtype or wrapper, so it cannot
+    mean "replace this frozen parameter by an unfrozen Python float".
+    """
+    if type(new) not in _NUMBER_TYPES:
+        return new
+    if isinstance(leaf, _NUMBER_TARGETS):
         return _fill(new, leaf, where)
+    wrapper = wrapper_of(leaf)
+    if wrapper is not None:
+        inner = wrapper.unwrap(leaf)
+        if isinstance(inner, _NUMBER_TARGETS):
+            if wrapper.wrap is None:
+                raise TypeError(WRAPPED_FILL_MSG.format(where=where(), what=wrapper.what))
+            return wrapper.wrap(_fill(new, inner, where))
     return new
 
 
@@ -933,8 +955,8 @@ class _Set(_Op):
         if emask is None:  # no function to run: the value at every leaf
             if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
-                if type(value) in _NUMBER_TYPES and isinstance(node, _NUMBER_TARGETS):
-                    return _fill(value, node, lambda: walker.where(path))
+                if type(value) in _NUMBER_TYPES:
+                    return _keep_array(value, node, lambda: walker.where(path))
                 return value
             if type(value) in _NUMBER_TYPES:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
@@ -1439,7 +1461,8 @@ class AtIndexer(Generic[T]):
           the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
           A number (Python `int`, `float`, `complex`, or a NumPy scalar) at an array
           leaf becomes an array of the leaf's shape and dtype, as `x.at[...].set(0.0)`
-          does in jax.numpy (a NumPy leaf stays NumPy); a number that would change on
+          does in jax.numpy (a NumPy leaf stays NumPy, and a frozen array selected with
+          `is_leaf=tc.is_frozen` is filled and stays frozen); a number that would change on
           the way in (`2.7` into an integer array, `300` into `int8`) raises
           `TypeError` / `OverflowError` naming the leaf. Other leaves get the number
           itself; `True` and `False` are flags, put as they are (`.set(False)` builds

@@ -208,7 +208,15 @@ jax.tree_util.register_pytree_with_keys(
 class _FrozenKind(NodeKind):
     """The row of a frozen value: a node without children standing for its value."""
 
-    wrapper = Wrapper("#", lambda x: unfreeze(x), "a frozen value", "frozen", "freeze")
+    # rewrapped without `freeze`'s size warning: the value was frozen already
+    wrapper = Wrapper(
+        "#",
+        lambda x: unfreeze(x),
+        "a frozen value",
+        "frozen",
+        "freeze",
+        lambda x: Frozen(snapshot(x)),
+    )
 
 
 register_kind(Frozen, _FrozenKind())

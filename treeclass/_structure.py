@@ -180,6 +180,9 @@ class Wrapper(NamedTuple):
     what: str  # `a frozen value`, in messages
     role: str  # its role in summaries and `tc.roles`
     maker: str  # the function that makes one, for round-trip renderings: `freeze`
+    # the same kind of wrapper around a new value: a number `set` at a wrapped array fills
+    # the array and keeps the wrapper; `None` where the kind cannot be rebuilt around a value
+    wrap: Callable[[Any], Any] | None = None
 
 
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
