@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.tree_util import GetAttrKey
+from jax.typing import ArrayLike
 
 from ._calls import call_method
 from ._node import TreeNode
@@ -214,7 +215,7 @@ NUMBER_MISFIT_MSG = (
 )
 
 
-def _short_repr(x: Any, limit: int = 40) -> str:
+def _short_repr(x: object, limit: int = 40) -> str:
     if x is Ellipsis:
         return "..."
     if type(x) is slice:
@@ -230,11 +231,11 @@ def _short_repr(x: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _selection_str(root: Any, where: tuple[Any, ...]) -> str:
+def _selection_str(root: object, where: tuple[Any, ...]) -> str:
     return root_name(root) + ".at" + "".join(f"[{_short_repr(s)}]" for s in where)
 
 
-def _fn_name(fn: Any) -> str:
+def _fn_name(fn: object) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
@@ -243,11 +244,11 @@ def _note(error: BaseException, text: str) -> None:
         error.add_note(text)
 
 
-def _check_callable(value: Any, method: str, arg: str, what: str = "") -> None:
+def _check_callable(value: object, method: str, arg: str, what: str = "") -> None:
     check_callable(value, f"AtIndexer.{method}", arg, what)
 
 
-def _check_is_leaf(is_leaf: Any, method: str) -> None:
+def _check_is_leaf(is_leaf: object, method: str) -> None:
     check_callable(is_leaf, f"AtIndexer.{method}", "is_leaf", optional=True)
 
 
@@ -267,7 +268,7 @@ def _broadcasts_to(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
     return all(s == 1 or s == b for s, b in zip(reversed(small), reversed(big)))
 
 
-def _check_element_mask(mask: Any, leaf: Any, where: Callable[[], str]) -> None:
+def _check_element_mask(mask: object, leaf: object, where: Callable[[], str]) -> None:
     mask_shape, leaf_shape = _shape(mask), _shape(leaf)
     if not _broadcasts_to(mask_shape, leaf_shape):
         raise ValueError(
@@ -277,12 +278,12 @@ def _check_element_mask(mask: Any, leaf: Any, where: Callable[[], str]) -> None:
         )
 
 
-def _is_element_value(x: Any) -> bool:
+def _is_element_value(x: object) -> bool:
     # what `jnp.where` can take elements from: arrays, scalars (also NumPy's), tracers
     return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
 
 
-def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
+def _masked(mask: object, new: object, old: object, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
     if not _is_element_value(new):
         raise TypeError(
@@ -414,7 +415,7 @@ def _fill(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
     return jnp.full_like(leaf, value)  # keeps the sharding, and a weak type
 
 
-def _keep_array(new: Any, leaf: Any, where: Callable[[], str]) -> Any:
+def _keep_array(new: object, leaf: object, where: Callable[[], str]) -> Any:
     """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array.
 
     An array in a wrapper (a frozen one, selected whole with `is_leaf=tc.is_frozen`) is
@@ -452,14 +453,17 @@ class _Pending:
     __slots__ = ("future", "path", "finish")
 
     def __init__(
-        self, future: Any, path: tuple[Any, ...], finish: Callable[[Any], Any] | None
+        self,
+        future: concurrent.futures.Future[Any],
+        path: tuple[Any, ...],
+        finish: Callable[[Any], Any] | None,
     ) -> None:
         self.future = future
         self.path = path
         self.finish = finish  # applied to the result once it is there (an element mask)
 
 
-def _executor_args(is_parallel: Any) -> dict[str, Any] | None:
+def _executor_args(is_parallel: object) -> dict[str, Any] | None:
     if is_parallel is False or is_parallel is None:
         return None
     if is_parallel is True:
@@ -535,7 +539,9 @@ class _Walker:
     def where(self, path: tuple[Any, ...]) -> str:
         return path_str(self.root, path)
 
-    def missing(self, key: Any, node: Any, kind: Kind, opened: Any, path: tuple) -> Exception:
+    def missing(
+        self, key: object, node: object, kind: Kind, opened: object, path: tuple
+    ) -> Exception:
         return missing_key_error(key, node, kind, opened, self.where(path))
 
     def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception:
@@ -552,7 +558,7 @@ class _Walker:
     def names_seen(self, matcher: Matcher) -> list[Any]:
         return self.names.get(id(matcher), [])
 
-    def note_start(self, matcher: Matcher, node: Any, path: tuple[Any, ...]) -> None:
+    def note_start(self, matcher: Matcher, node: object, path: tuple[Any, ...]) -> None:
         starts = self.glob_starts.setdefault(id(matcher), [])
         if len(starts) < 16:
             starts.append((node, path))
@@ -690,7 +696,7 @@ class _Walker:
             return node
         return row.rebuild(node, aux, children, fills, path, self.where_text)
 
-    def static_spot(self, node: Any, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
+    def static_spot(self, node: object, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.
 
         The copy gets the field's new value through its `on_setattr` callbacks (a
@@ -736,7 +742,7 @@ class _Walker:
             raise
         return result if finish is None else finish(result)
 
-    def note_failure(self, error: BaseException, fn: Any, path: tuple[Any, ...]) -> None:
+    def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
         """Name the leaf at `path` (and the selection) on an error the user's `fn` raised."""
         _note(
             error,
@@ -779,7 +785,7 @@ class _Walker:
             raise
         return treedef.unflatten(out)
 
-    def keeper(self, leaf: Any, path: tuple[Any, ...]) -> Callable[[Any], Any]:
+    def keeper(self, leaf: object, path: tuple[Any, ...]) -> Callable[[Any], Any]:
         """What makes `fn`'s result for `leaf` its new value: a number fills an array leaf."""
         return lambda new: _keep_array(new, leaf, lambda: self.where(path))
 
@@ -808,13 +814,13 @@ class _ParallelWalker(_Walker):
 
     __slots__ = ()
 
-    def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
+    def walk(self, node: object, path: tuple[Any, ...], i: int, emask: object) -> Any:
         if i == self.n:
             self.refuse_traced(node, path)
         return super().walk(node, path, i, emask)
 
 
-def _any_true(flag: Any) -> bool:
+def _any_true(flag: object) -> bool:
     """Whether a flag of `mask()` selects its leaf, in whole or in part."""
     return flag is True or (flag is not False and bool(np.any(np.asarray(flag))))
 
@@ -838,10 +844,10 @@ class _Op:
     fill_value: Any = None
     edits_static = False  # whether a static field named last is set (`set`, `apply`)
 
-    def spot(self, walker: _Walker, node: Any, path: tuple, emask: Any) -> Any:
+    def spot(self, walker: _Walker, node: object, path: tuple, emask: ArrayLike | None) -> Any:
         raise NotImplementedError
 
-    def static_value(self, walker: _Walker, old: Any, path: tuple) -> Any:
+    def static_value(self, walker: _Walker, old: object, path: tuple) -> Any:
         """The new value of a static field (only for ops with `edits_static`)."""
         raise NotImplementedError
 
@@ -862,7 +868,7 @@ class _Get(_Op):
             return node
         fill = self.fill_value
 
-        def take(x: Any, where: tuple = path) -> Any:
+        def take(x: object, where: tuple = path) -> Any:
             return _take(x, emask, fill, lambda: walker.where(where))
 
         return _map_with_paths(walker, take, node, path)
@@ -964,7 +970,7 @@ class _Set(_Op):
             walker.count += treedef.num_leaves
             return treedef.unflatten([value] * treedef.num_leaves)
 
-        def put(x: Any, where: tuple) -> Any:
+        def put(x: object, where: tuple) -> Any:
             return _masked(emask, value, x, lambda: walker.where(where))
 
         return _map_with_paths(walker, put, node, path)
@@ -1040,7 +1046,7 @@ class _Apply(_Op):
         for p, x in pairs:
             where = path + p
 
-            def finish(new: Any, x: Any = x, where: tuple = where) -> Any:
+            def finish(new: object, x: object = x, where: tuple = where) -> Any:
                 return _masked(emask, new, x, lambda: walker.where(where))
 
             out.append(walker.call(fn, where, x, finish=finish))
@@ -1094,7 +1100,7 @@ class _Pluck(_Op):
     def spot(self, walker, node, path, emask):
         if emask is not None:  # the selected elements, as `get` takes them
 
-            def take(x: Any, where: tuple) -> Any:
+            def take(x: object, where: tuple) -> Any:
                 at = functools.partial(walker.where, where)
                 return _take(x, emask, None, at, TRACED_MASK_PLUCK_MSG)
 
@@ -1117,7 +1123,7 @@ class _Scan(_Op):
         self.fn = fn
         self.state = state
 
-    def _one(self, walker: _Walker, x: Any, emask: Any, where: tuple) -> Any:
+    def _one(self, walker: _Walker, x: object, emask: object, where: tuple) -> Any:
         result = walker.call(self.fn, where, x, self.state)
         if not (isinstance(result, tuple) and len(result) == 2):
             raise TypeError(
@@ -1308,7 +1314,7 @@ class AtIndexer(Generic[T]):
             )
         self._matchers = tuple(matchers)
 
-    def __getitem__(self, selector: Any) -> AtIndexer[T]:
+    def __getitem__(self, selector: object) -> AtIndexer[T]:
         new = object.__new__(AtIndexer)
         new.tree = self.tree
         new.where = self.where + (selector,)
@@ -1330,7 +1336,7 @@ class AtIndexer(Generic[T]):
     def _selection(self) -> str:
         return _selection_str(self.tree, self.where)
 
-    def _run(self, op: _Op, is_leaf: Any, is_parallel: Any = False) -> Any:
+    def _run(self, op: _Op, is_leaf: object, is_parallel: object = False) -> Any:
         pool_args = _executor_args(is_parallel)
         if pool_args is None:
             if (
@@ -1412,7 +1418,7 @@ class AtIndexer(Generic[T]):
 
     def get(
         self,
-        fill_value: Any = None,
+        fill_value: object = None,
         *,
         is_leaf: Callable[[Any], bool] | None = None,
         is_parallel: bool | dict[str, Any] = False,
@@ -1444,7 +1450,7 @@ class AtIndexer(Generic[T]):
 
     def set(
         self,
-        value: Any,
+        value: object,
         *,
         is_leaf: Callable[[Any], bool] | None = None,
         is_parallel: bool | dict[str, Any] = False,
@@ -1557,7 +1563,7 @@ class AtIndexer(Generic[T]):
         self,
         fn: Callable[[Any, Any], Any],
         *,
-        initializer: Any = _MISSING,
+        initializer: object = _MISSING,
         is_leaf: Callable[[Any], bool] | None = None,
     ) -> Any:
         """Fold `fn(accumulator, leaf)` over the selected leaves, in flatten order.
@@ -1689,7 +1695,7 @@ class AtIndexer(Generic[T]):
 
     def_rule = staticmethod(def_rule)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, T]:
+    def __call__(self, *args: object, **kwargs: object) -> tuple[Any, T]:
         """Call a method on a mutable copy: `tree.at["method"](*a, **k)` -> `(value, new_tree)`.
 
         The copy's nodes may be mutated by the method (set, delete or add attributes;

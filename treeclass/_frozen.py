@@ -69,7 +69,7 @@ class Frozen:
 
     __slots__ = ("_value", "_key", "_hash")
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: object) -> None:
         key = exact_key(value)
         object.__setattr__(self, "_value", value)
         object.__setattr__(self, "_key", key)
@@ -99,7 +99,7 @@ class Frozen:
     def __str__(self) -> str:
         return display("str", self)
 
-    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+    def __treescope_repr__(self, path: str | None, subtree_renderer: object) -> Any:
         # called by treescope only, once it is imported; we never import it ourselves
         return display("treescope", self, path, subtree_renderer)
 
@@ -135,7 +135,7 @@ class Frozen:
             raise AttributeError(name)
         raise AttributeError(_ATTRIBUTE_OF_FROZEN.format(name=name))
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("a frozen value is immutable; use `tc.unfreeze` to get the value")
 
     def __delattr__(self, name: str) -> None:
@@ -163,7 +163,7 @@ class FrozenOperationError(NotImplementedError, TypeError):
 def _refuse(expr: str) -> Callable[..., Any]:
     fixed = re.sub(r"\bx\b", "tc.unfreeze(x)", expr)
 
-    def method(self: Frozen, *args: Any, **kwargs: Any) -> Any:
+    def method(self: Frozen, *args: object, **kwargs: object) -> Any:
         raise FrozenOperationError(
             _OPERATION_ON_FROZEN.format(expr=expr, fixed=fixed, value=short_repr(self))
         )
@@ -196,7 +196,7 @@ def _flatten_frozen(frozen: Frozen) -> tuple[tuple, Frozen]:
     return (), frozen
 
 
-def _unflatten_frozen(frozen: Frozen, children: Any) -> Frozen:
+def _unflatten_frozen(frozen: Frozen, children: object) -> Frozen:
     return frozen
 
 
@@ -261,7 +261,7 @@ _LARGE_FROZEN_MSG = (
 )
 
 
-def _array_bytes(x: Any) -> int:
+def _array_bytes(x: object) -> int:
     leaves = (x,) if isinstance(x, (jax.Array, np.ndarray)) else jax.tree_util.tree_leaves(x)
     total = 0
     for leaf in leaves:
@@ -340,7 +340,7 @@ FROZEN_SPREAD_MSG = (
 )
 
 
-def _refuse_spread_arrays(x: Any) -> None:
+def _refuse_spread_arrays(x: object) -> None:
     # many hosts (`jax.distributed`): such an array would fail later, in `jit`, unnamed
     leaves = (x,) if isinstance(x, jax.Array) else jax.tree_util.tree_leaves(x)
     for leaf in leaves:
@@ -359,7 +359,7 @@ def _copy_array(x: Any) -> Any:
     return x
 
 
-def snapshot(x: Any) -> Any:
+def snapshot(x: object) -> Any:
     """`x` as it is now: NumPy arrays copied (read-only), containers rebuilt.
 
     A frozen value is hashed once, when frozen, and `jax.jit` bakes it into traces; if the
@@ -397,7 +397,7 @@ def unfreeze(x: _T) -> _T:
     return x
 
 
-def is_frozen(x: Any) -> bool:
+def is_frozen(x: object) -> bool:
     """Whether `x` was made by `freeze`.
 
     ```python

@@ -338,7 +338,9 @@ class Periodic(Printed):
         assert found is not None
         return i, found[1][j]
 
-    def _at_replace(self, i: int, old: Any, new: Any, where: Callable[[tuple], str]) -> Periodic:
+    def _at_replace(
+        self, i: int, old: object, new: object, where: Callable[[tuple], str]
+    ) -> Periodic:
         r, j = divmod(i, self._period)
         found = _STACK.child(self._stack, r)
         assert found is not None
@@ -373,7 +375,7 @@ class Periodic(Printed):
         """The `.at` indexer of the periodic stack: `layers.at[11]["w"].set(0.0)`."""
         return at(self)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(
             "A `Periodic` is immutable; change layers with `.at`: "
             "`model.at['layers'][11]['w'].set(value)`."
@@ -446,7 +448,7 @@ class _PeriodicKind(StackedKind):
     numbered `[r×P+j]`, through its own `_at_*` methods as a stack's row does; the roles
     of its children are those of each layer's own class, none of the pattern's."""
 
-    def roles_of(self, node: Any) -> Any:
+    def roles_of(self, node: object) -> Any:
         return None
 
 

@@ -152,7 +152,7 @@ def _scanned_kinds(kinds: list[int]) -> list[int]:
 # -- leaves -----------------------------------------------------------------------------------
 
 
-def _is_array(x: Any) -> bool:
+def _is_array(x: object) -> bool:
     """Whether a leaf carries the block axis: a JAX or NumPy array, or an abstract one."""
     return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
@@ -162,7 +162,7 @@ def _has_axis(x: Any, n: int) -> bool:
     return len(shape) >= 1 and shape[0] == n
 
 
-def _leaf_kind(x: Any, n: int) -> int:
+def _leaf_kind(x: object, n: int) -> int:
     """Whether a leaf of the block tree carries the block axis (plain or frozen) or is shared.
 
     Arrays without the leading axis (a `jax.tree.map(jnp.sum, stack)` makes them) are
@@ -186,7 +186,7 @@ def _index(x: Any, i: Any) -> Any:
     return x[i, ...]  # with `...`: a 0-d NumPy array, not a NumPy scalar
 
 
-def _take(x: Any, kind: int, i: Any) -> Any:
+def _take(x: object, kind: int, i: object) -> Any:
     """Block `i` (an int) or blocks `i` (a slice) of one leaf."""
     if kind == _ARRAY:
         return _index(x, i)
@@ -218,7 +218,7 @@ def _stack_arrays(values: Sequence[Any]) -> Any:
     return jnp.stack(values)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     """Whether two shared values are interchangeable (typed: `1`, `1.0` and `True` differ)."""
     if a is b:
         return True
@@ -230,7 +230,7 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> bool:
     return type(x) in _NUMBERS or isinstance(x, np.generic)
 
 
@@ -288,9 +288,9 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
 
 
 def _block_value(
-    value: Any,
+    value: object,
     shape: tuple[int, ...],
-    dtype: Any,
+    dtype: object,
     error: Callable[[Any], Any],
     range_error: Callable[[Any, str], Any],
 ) -> Any:
@@ -346,7 +346,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             )
         value = unfreeze(value) if frozen else value
 
-        def error(got: Any, k: int = k) -> Exception:
+        def error(got: object, k: int = k) -> Exception:
             text = WRITE_MSG.format(
                 got=describe(got),
                 k=k,
@@ -358,7 +358,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             )
             return TypeError(text)
 
-        def range_error(got: Any, reason: str, k: int = k) -> Exception:
+        def range_error(got: object, reason: str, k: int = k) -> Exception:
             text = RANGE_MSG.format(
                 got=describe(got), k=k, where=where(k), reason=reason, dtype=dtype_name(dtype)
             )
@@ -393,7 +393,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
 # -- the container ----------------------------------------------------------------------------
 
 
-def _one_level(tree: Any) -> tuple[list[Any], Any]:
+def _one_level(tree: object) -> tuple[list[Any], Any]:
     """`tree`'s children and its one-level tree definition (what a `Stacked` flattens to)."""
     children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
     return children, treedef
@@ -805,7 +805,9 @@ class Stacked(Printed):
         leaves, treedef, kinds = self._leaves()
         return i, treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
 
-    def _at_replace(self, i: int, old: Any, new: Any, where: Callable[[tuple], str]) -> Stacked:
+    def _at_replace(
+        self, i: int, old: object, new: object, where: Callable[[tuple], str]
+    ) -> Stacked:
         """The stack with block `i` (given by `_at_child` as `old`) replaced by `new`,
         checked and written as `_at_rebuild` writes one changed block."""
         leaves, treedef, kinds = self._leaves()
@@ -881,7 +883,7 @@ class Stacked(Printed):
         """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
         return at(self)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(
             "A `Stacked` is immutable; change blocks with `.at`: "
             "`model.at['blocks'][7]['weight'].set(value)`."
@@ -902,26 +904,26 @@ class Stacked(Printed):
         return Stacked.from_blocks(blocks)
 
 
-class StackedKind(NodeKind):
+class StackedKind(NodeKind["Stacked"]):
     """The row of a stack in the table of node kinds: `.at` opens it into its N blocks,
     keyed `[i]`; one index slices block `i` alone; rebuilding writes only the changed
     blocks' slices. Its children (for JAX) are its block tree's, so the roles the block's
     class declares hold for them. The row asks the node's own `_at_*` methods, so a kind
     that answers them the same way (`Periodic`) subclasses it."""
 
-    def open(self, node: Any) -> Opened:
+    def open(self, node: Stacked) -> Opened:
         return node._at_open()
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: Stacked, key: str | int) -> tuple[Any, Any] | None:
         found = node._at_child(key) if type(key) is int else None
         return None if found is None else (SequenceKey(found[0]), found[1])
 
     def replace(
         self,
-        node: Any,
+        node: Stacked,
         entry: Any,
-        old: Any,
-        new: Any,
+        old: object,
+        new: object,
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = jax.tree_util.keystr,
     ) -> Any:
@@ -929,7 +931,7 @@ class StackedKind(NodeKind):
 
     def rebuild(
         self,
-        node: Any,
+        node: Stacked,
         aux: Any,
         children: Any,
         partial: bool = False,
@@ -938,11 +940,11 @@ class StackedKind(NodeKind):
     ) -> Any:
         return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
 
-    def roles_of(self, node: Any) -> Any:
+    def roles_of(self, node: Stacked) -> Any:
         return node._tree
 
 
-def _init(stack: Stacked, tree: Any, length: int) -> None:
+def _init(stack: Stacked, tree: object, length: int) -> None:
     _check_node(tree)
     children, treedef = _one_level(tree)
     store = object.__setattr__
@@ -951,13 +953,13 @@ def _init(stack: Stacked, tree: Any, length: int) -> None:
     store(stack, "_flat", (tuple(children), (length, treedef)))
 
 
-def _make(tree: Any, length: int) -> Stacked:
+def _make(tree: object, length: int) -> Stacked:
     stack = object.__new__(Stacked)
     _init(stack, tree, length)
     return stack
 
 
-def _check_node(tree: Any) -> None:
+def _check_node(tree: object) -> None:
     if is_frozen(tree) or is_leaf_node(tree):
         raise TypeError(NOT_A_NODE_MSG.format(what=describe(tree)))
 
@@ -989,7 +991,7 @@ class _LeafPaths:
 
     __slots__ = ("block", "paths")
 
-    def __init__(self, block: Any) -> None:
+    def __init__(self, block: object) -> None:
         self.block = block
         self.paths: list[tuple[Any, ...]] | None = None
 
@@ -1014,7 +1016,9 @@ def _leaf_keystr(treedef: Any, j: int) -> str:
     return jax.tree_util.keystr(paths[j][0]) if j < len(paths) else ""
 
 
-def _structure_error(first: Any, other: Any, k: int, where: Callable | None = None) -> Exception:
+def _structure_error(
+    first: object, other: object, k: int, where: Callable | None = None
+) -> Exception:
     found = first_mismatch(first, other, is_leaf=is_frozen)
     path = () if found is None else found.path
     place = (
@@ -1046,7 +1050,7 @@ class _BlockLeaf:
 
     __slots__ = ("value", "length")
 
-    def __init__(self, value: Any, length: int) -> None:
+    def __init__(self, value: object, length: int) -> None:
         self.value = value  # the stacked array, or a frozen value holding one
         self.length = length
 
@@ -1063,7 +1067,7 @@ class _BlockLeaf:
         # the array's own text (its statistics over every block), headed by the block type
         return array_repr(self.array, head=self.block_type())
 
-    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+    def __treescope_repr__(self, path: str | None, subtree_renderer: object) -> Any:
         from treescope import rendering_parts as parts
 
         return parts.build_one_line_tree_node(parts.text(repr(self)), path=path)
@@ -1076,7 +1080,7 @@ jax.tree_util.register_pytree_node(
 )
 
 
-def _print_view(x: Any, n: int) -> Any:
+def _print_view(x: object, n: int) -> Any:
     if _is_array(x) and _has_axis(x, n):
         return _BlockLeaf(x, n)
     if is_frozen(x):
@@ -1123,7 +1127,7 @@ register_printer(
 register_printer(Stacked, type_name=_stack_name, children=_print_children)
 
 
-def block_depths(tree: Any, depth: int = 0) -> list[int]:
+def block_depths(tree: object, depth: int = 0) -> list[int]:
     """For every leaf of `tree`, how many stacks hold it (its leading block axes)."""
     out: list[int] = []
     for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
@@ -1137,7 +1141,7 @@ def block_depths(tree: Any, depth: int = 0) -> list[int]:
 # -- converting between stacked and unstacked trees --------------------------------------------
 
 
-def _is_stack(x: Any) -> bool:
+def _is_stack(x: object) -> bool:
     """A node kept stacked: a `Stacked`, or a node of another kind built on one (a periodic
     stack), through the hooks `__tc_unstack__()` (its blocks, in order) and
     `__tc_restack__(blocks)` (a node like it holding `blocks`)."""
@@ -1177,7 +1181,7 @@ def unstack_all(tree: _T) -> _T:
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
 
 
-def _has_stack(tree: Any) -> bool:
+def _has_stack(tree: object) -> bool:
     return any(_is_stack(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
 
 
@@ -1186,11 +1190,11 @@ def _stackdescribe(x: Any) -> str:
     return f"{kind} of {len(x)} blocks"
 
 
-def _sequence_of_blocks(x: Any) -> bool:
+def _sequence_of_blocks(x: object) -> bool:
     return type(x) in (list, tuple)
 
 
-def restack(tree: Any, like: Any) -> Any:
+def restack(tree: object, like: object) -> Any:
     """`tree` converted to the stacking of `like`: stacks where `like` has a `Stacked`,
     tuples or lists of blocks where `like` has those.
 
@@ -1232,7 +1236,7 @@ def restack(tree: Any, like: Any) -> Any:
 
 
 def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
-    def error(got: Any, want: Any) -> ValueError:
+    def error(got: object, want: object) -> ValueError:
         where = root_name(root) + jax.tree_util.keystr(path)
         return ValueError(RESTACK_MSG.format(where=where, got=got, want=want))
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import jax
 import numpy as np
@@ -107,7 +107,7 @@ _BUILTIN_KINDS: dict[type, Kind] = {
 _ARRAY_TYPES: set[type] = set()
 
 
-def node_kind(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> Kind:
+def node_kind(node: object, is_leaf: Callable[[Any], bool] | None = None) -> Kind:
     """A cheap classification of `node`; `GENERIC` may still turn out to be a leaf."""
     if is_leaf is not None and is_leaf(node):
         return LEAF
@@ -141,12 +141,12 @@ class Opened(NamedTuple):
 _opened: Callable[[tuple[Any, Any, Any]], Opened] = functools.partial(tuple.__new__, Opened)
 
 
-def open_node(node: Any, kind: Kind) -> Opened | None:
+def open_node(node: object, kind: Kind) -> Opened | None:
     """The children of one node as JAX flattens it, with their key entries (`None`: a leaf)."""
     return _BY_CODE[kind].open(node)
 
 
-def _open_generic(node: Any) -> Opened | None:
+def _open_generic(node: object) -> Opened | None:
     # one level only: every child is forced to be a leaf of this flatten
     pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if treedef.num_nodes == 1 and treedef.num_leaves == 1:
@@ -154,12 +154,12 @@ def _open_generic(node: Any) -> Opened | None:
     return _opened((tuple(p[0] for p, _ in pairs), [c for _, c in pairs], treedef))
 
 
-def rebuild(node: Any, kind: Kind, aux: Any, children: Sequence[Any]) -> Any:
+def rebuild(node: object, kind: Kind, aux: object, children: Sequence[Any]) -> Any:
     """`node` with its children replaced by `children` (same count and order as opened)."""
     return _BY_CODE[kind].rebuild(node, aux, children)
 
 
-def is_leaf_node(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> bool:
+def is_leaf_node(node: object, is_leaf: Callable[[Any], bool] | None = None) -> bool:
     """Whether `node` is a leaf of a flatten with `is_leaf` (a childless node is not)."""
     kind = node_kind(node, is_leaf)
     return kind == LEAF or (kind == GENERIC and open_node(node, kind) is None)
@@ -192,7 +192,10 @@ def _no_where(path: tuple[Any, ...]) -> str:
     return jax.tree_util.keystr(path)
 
 
-class NodeKind:
+N = TypeVar("N")  # the type of node a row answers for
+
+
+class NodeKind(Generic[N]):
     """One row of the table of node kinds: everything treeclass asks of one kind of node.
 
     The `.at` walker, the selectors, method calls, the printers and `tc.roles` ask the
@@ -232,10 +235,10 @@ class NodeKind:
     brackets: tuple[str, str] = ("(", ")")
     single_comma: bool = False  # a one-element tuple keeps its comma
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: N) -> Opened | None:
         return _open_generic(node)
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: N, key: str | int) -> tuple[Any, Any] | None:
         opened = self.open(node)
         if opened is None:
             return None
@@ -249,10 +252,10 @@ class NodeKind:
 
     def replace(
         self,
-        node: Any,
+        node: N,
         entry: Any,
-        old: Any,
-        new: Any,
+        old: object,
+        new: object,
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = _no_where,
     ) -> Any:
@@ -264,7 +267,7 @@ class NodeKind:
 
     def rebuild(
         self,
-        node: Any,
+        node: N,
         aux: Any,
         children: Sequence[Any],
         partial: bool = False,
@@ -273,22 +276,22 @@ class NodeKind:
     ) -> Any:
         return aux.unflatten(children)
 
-    def static_names(self, node: Any) -> tuple[str, ...]:
+    def static_names(self, node: N) -> tuple[str, ...]:
         return ()
 
-    def static_values(self, node: Any) -> dict[str, Any]:
+    def static_values(self, node: N) -> dict[str, Any]:
         return {}
 
-    def with_static(self, node: Any, name: str, value: Any) -> Any:
+    def with_static(self, node: N, name: str, value: object) -> N:
         raise LookupError(f"a `{type(node).__name__}` has no static part {name!r}")
 
-    def items(self, node: Any, hidden: bool) -> Items | None:
+    def items(self, node: N, hidden: bool) -> Items | None:
         return named(jax_children(node))
 
-    def type_name(self, node: Any) -> str:
+    def type_name(self, node: N) -> str:
         return type(node).__name__
 
-    def roles_of(self, node: Any) -> Any:
+    def roles_of(self, node: N) -> Any:
         return None
 
 
@@ -315,26 +318,28 @@ def selects(entry: Any, key: str | int, k: int, position: int, positional: bool)
     return entry_name(entry) == key
 
 
-class _LeafKind(NodeKind):
+class _LeafKind(NodeKind[object]):
     kind = LEAF
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: object) -> Opened | None:
         return None
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: object, key: str | int) -> tuple[Any, Any] | None:
         return None
 
-    def items(self, node: Any, hidden: bool) -> Items | None:
+    def items(self, node: object, hidden: bool) -> Items | None:
         return None
 
 
 class _NoneKind(_LeafKind):
     kind = NONE
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: object) -> Opened | None:
         return _opened(((), [], None))
 
-    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+    def rebuild(
+        self, node: object, aux: object, children: object, *rest: object, **more: object
+    ) -> Any:
         return node
 
 
@@ -343,33 +348,43 @@ _tc_child = _node.child
 _replace_child = _node.replace_child
 
 
-class _TreeClassKind(NodeKind):
+class _TreeClassKind(NodeKind[_node.TreeNode]):
     kind = TREECLASS
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: _node.TreeNode) -> Opened | None:
         return _opened(_node.opened(node))
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _node.TreeNode, key: str | int) -> tuple[Any, Any] | None:
         if type(key) is str:
             found = _tc_child(node, key)
             if found is not _NOTHING:
                 return GetAttrKey(key), found
         return None
 
-    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+    def replace(
+        self,
+        node: _node.TreeNode,
+        entry: Any,
+        old: object,
+        new: object,
+        *rest: object,
+        **more: object,
+    ) -> Any:
         # same names, so the same layout: a cheap copy with one child replaced
         return _replace_child(node, entry.name, new)
 
-    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+    def rebuild(
+        self, node: _node.TreeNode, aux: Any, children: Sequence[Any], *rest: object, **more: object
+    ) -> Any:
         return _node.rebuild(node, children)
 
-    def static_names(self, node: Any) -> tuple[str, ...]:
+    def static_names(self, node: _node.TreeNode) -> tuple[str, ...]:
         return _node.static_names(type(node))
 
-    def static_values(self, node: Any) -> dict[str, Any]:
+    def static_values(self, node: _node.TreeNode) -> dict[str, Any]:
         return _node.static_values(node)
 
-    def with_static(self, node: Any, name: str, value: Any) -> Any:
+    def with_static(self, node: _node.TreeNode, name: str, value: object) -> _node.TreeNode:
         # through `setattr` on an unsealed copy: the field's `on_setattr` callbacks run,
         # and the copy is sealed with the layout of its new static values
         copy = _node.replace_children(node, {})
@@ -380,7 +395,7 @@ class _TreeClassKind(NodeKind):
             _node.seal(copy)
         return copy
 
-    def items(self, node: Any, hidden: bool) -> Items:
+    def items(self, node: _node.TreeNode, hidden: bool) -> Items:
         # every attribute in order, static fields too: the one display opening of a TreeClass
         fields = _node.fields_of(type(node))
         return [
@@ -389,23 +404,25 @@ class _TreeClassKind(NodeKind):
             if hidden or name not in fields or fields[name].repr
         ]
 
-    def roles_of(self, node: Any) -> Any:
+    def roles_of(self, node: _node.TreeNode) -> Any:
         return node
 
 
-class _DictKind(NodeKind):
+class _DictKind(NodeKind[dict]):
     kind = DICT
     named = False
     brackets = ("{", "}")
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: dict) -> Opened | None:
         try:
             keys = sorted(node)  # the order jax flattens a dict in
         except TypeError:
             return _open_generic(node)
         return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
 
-    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+    def rebuild(
+        self, node: dict, aux: Any, children: Sequence[Any], *rest: object, **more: object
+    ) -> Any:
         if not isinstance(aux, list):  # keys that do not sort: opened by JAX
             return aux.unflatten(children)
         new = dict(node)  # keeps the caller's insertion order
@@ -413,23 +430,25 @@ class _DictKind(NodeKind):
             new[key] = child
         return new
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: dict, key: str | int) -> tuple[Any, Any] | None:
         try:
             found = key in node
         except TypeError:  # an unhashable key cannot be in the dict
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+    def replace(
+        self, node: dict, entry: Any, old: object, new: object, *rest: object, **more: object
+    ) -> Any:
         out = dict(node)
         out[entry.key] = new
         return out
 
-    def items(self, node: Any, hidden: bool) -> Items:
+    def items(self, node: dict, hidden: bool) -> Items:
         return _dict_items(node, hidden)
 
 
-class _SequenceKind(NodeKind):
+class _SequenceKind(NodeKind["list[Any] | tuple[Any, ...]"]):
     named = False
 
     def __init__(self, kind: Kind) -> None:
@@ -437,40 +456,73 @@ class _SequenceKind(NodeKind):
         self.single_comma = kind == TUPLE
         self.brackets = ("[", "]") if kind == LIST else ("(", ")")
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: list[Any] | tuple[Any, ...]) -> Opened | None:
         return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
 
-    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+    def rebuild(
+        self,
+        node: list[Any] | tuple[Any, ...],
+        aux: Any,
+        children: Sequence[Any],
+        *rest: object,
+        **more: object,
+    ) -> Any:
         return list(children) if self.kind == LIST else tuple(children)
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: list[Any] | tuple[Any, ...], key: str | int) -> tuple[Any, Any] | None:
         if type(key) is not int:
             return None
         n = len(node)
         index = key + n if key < 0 else key
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
-    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+    def replace(
+        self,
+        node: list[Any] | tuple[Any, ...],
+        entry: Any,
+        old: object,
+        new: object,
+        *rest: object,
+        **more: object,
+    ) -> Any:
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
 
-    def items(self, node: Any, hidden: bool) -> Items:
+    def items(self, node: list[Any] | tuple[Any, ...], hidden: bool) -> Items:
         return _sequence_items(node, hidden)
 
 
-class _NamedTupleKind(NodeKind):
+class _NamedTupleLike(Protocol):
+    """What the named-tuple row uses of a `collections.namedtuple` / `typing.NamedTuple`."""
+
+    _fields: tuple[str, ...]
+
+    def _make(self, iterable: Iterable[object]) -> _NamedTupleLike: ...
+    def _replace(self, **changes: object) -> _NamedTupleLike: ...
+    def __iter__(self) -> Iterator[object]: ...
+    def __getitem__(self, index: int) -> object: ...
+
+
+class _NamedTupleKind(NodeKind[_NamedTupleLike]):
     kind = NAMEDTUPLE
 
-    def open(self, node: Any) -> Opened | None:
+    def open(self, node: _NamedTupleLike) -> Opened | None:
         # not jax's one-level flatten, which gives every namedtuple child the first key
-        return _opened((tuple(GetAttrKey(f) for f in type(node)._fields), list(node), None))
+        return _opened((tuple(GetAttrKey(f) for f in node._fields), list(node), None))
 
-    def rebuild(self, node: Any, aux: Any, children: Any, *rest: Any, **more: Any) -> Any:
+    def rebuild(
+        self,
+        node: _NamedTupleLike,
+        aux: Any,
+        children: Sequence[Any],
+        *rest: object,
+        **more: object,
+    ) -> Any:
         return node._make(children)
 
-    def child(self, node: Any, key: str | int) -> tuple[Any, Any] | None:
-        fields = type(node)._fields
+    def child(self, node: _NamedTupleLike, key: str | int) -> tuple[Any, Any] | None:
+        fields = node._fields
         if type(key) is str and key in fields:
             index = fields.index(key)
         elif type(key) is int and -len(fields) <= key < len(fields):
@@ -479,16 +531,24 @@ class _NamedTupleKind(NodeKind):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(self, node: Any, entry: Any, old: Any, new: Any, *rest: Any, **more: Any) -> Any:
+    def replace(
+        self,
+        node: _NamedTupleLike,
+        entry: Any,
+        old: object,
+        new: object,
+        *rest: object,
+        **more: object,
+    ) -> Any:
         return node._replace(**{entry.name: new})
 
-    def items(self, node: Any, hidden: bool) -> Items:
+    def items(self, node: _NamedTupleLike, hidden: bool) -> Items:
         return [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
 
 
 LEAF_KIND = _LeafKind()
 TREECLASS_KIND = _TreeClassKind()
-GENERIC_KIND = NodeKind()
+GENERIC_KIND: NodeKind[object] = NodeKind()
 _NAMEDTUPLE_KIND = _NamedTupleKind()
 _BY_CODE: dict[Kind, NodeKind] = {
     LEAF: LEAF_KIND,
@@ -524,7 +584,7 @@ def register_kind(cls: type, row: NodeKind) -> None:
 registered_kind: Callable[[type], NodeKind | None] = _KINDS.get
 
 
-def row_of(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind:
+def row_of(node: object, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind:
     """The row of `node` for walkers (`LEAF_KIND` for what `is_leaf` stops at)."""
     if is_leaf is not None and is_leaf(node):
         return LEAF_KIND
@@ -536,19 +596,19 @@ def row_of(node: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind:
     return _BY_CODE[node_kind(node)]
 
 
-def wrapper_of(node: Any) -> Wrapper | None:
+def wrapper_of(node: object) -> Wrapper | None:
     """The wrapper of `node`'s kind (a frozen value's, say), or `None` for any other node."""
     row = _KINDS.get(type(node))
     return None if row is None else row.wrapper
 
 
-def unwrap(node: Any) -> Any:
+def unwrap(node: object) -> Any:
     """The value inside `node` when it is of a wrapper kind, else `node` itself."""
     row = _KINDS.get(type(node))
     return node if row is None or row.wrapper is None else row.wrapper.unwrap(node)
 
 
-def is_wrapper(node: Any) -> bool:
+def is_wrapper(node: object) -> bool:
     """Whether `node` is of a wrapper kind: an `is_leaf` that keeps frozen values whole."""
     row = _KINDS.get(type(node))
     return row is not None and row.wrapper is not None
@@ -575,28 +635,28 @@ def named(pairs: Iterable[tuple[Any, Any]] | None) -> Items | None:
     return None if pairs is None else [(*key_text(key), child) for key, child in pairs]
 
 
-def jax_children(node: Any) -> list[tuple[Any, Any]] | None:
+def jax_children(node: object) -> list[tuple[Any, Any]] | None:
     """`node`'s `(key entry, child)` pairs one level down as JAX flattens it; `None`: a leaf."""
     opened = open_node(node, node_kind(node))
     return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
 
 
-def _dict_items(node: Any, hidden: bool) -> Items:
+def _dict_items(node: dict, hidden: bool) -> Items:
     return [(f"{k!r}: ", f"[{k!r}]", v) for k, v in node.items()]  # in insertion order
 
 
-def _sequence_items(node: Any, hidden: bool) -> Items:
+def _sequence_items(node: list[Any] | tuple[Any, ...], hidden: bool) -> Items:
     return [("", f"[{i}]", v) for i, v in enumerate(node)]
 
 
-class _DictSubclassKind(NodeKind):
+class _DictSubclassKind(NodeKind[dict]):
     brackets = ("({", "})")
 
-    def items(self, node: Any, hidden: bool) -> Items:
+    def items(self, node: dict, hidden: bool) -> Items:
         return _dict_items(node, hidden)
 
 
-class _DataclassKind(NodeKind):
+class _DataclassKind(NodeKind[Any]):
     def items(self, node: Any, hidden: bool) -> Items:
         return [
             (f"{f.name}=", f".{f.name}", getattr(node, f.name))
@@ -619,16 +679,16 @@ def _is_partial(node: Any) -> bool:
         return False
 
 
-class _PartialKind(NodeKind):
-    def items(self, node: Any, hidden: bool) -> Items:
+class _PartialKind(NodeKind[functools.partial]):
+    def items(self, node: functools.partial, hidden: bool) -> Items:
         # from the object: a registered partial keeps its function in the aux data
         items = [("", ".func", node.func)]
         items += [("", f".args[{i}]", arg) for i, arg in enumerate(node.args)]
         return items + [(f"{k}=", f".keywords[{k!r}]", v) for k, v in node.keywords.items()]
 
 
-class _SequenceSubclassKind(NodeKind):
-    def items(self, node: Any, hidden: bool) -> Items:
+class _SequenceSubclassKind(NodeKind["list[Any] | tuple[Any, ...]"]):
+    def items(self, node: list[Any] | tuple[Any, ...], hidden: bool) -> Items:
         return _sequence_items(node, hidden)
 
 
@@ -646,7 +706,7 @@ _BY_TEST: tuple[tuple[Callable[[Any], bool], NodeKind], ...] = (
 )
 
 
-def node_type(node: Any, kind: Kind | None = None) -> NodeKind | None:
+def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
     """The row that shows `node` (of walker kind `kind`); `None`: it prints as a leaf
     (a leaf, `None`, or a value of a wrapper kind, shown as its mark and value)."""
     row = _KINDS.get(type(node))
@@ -668,7 +728,7 @@ def node_type(node: Any, kind: Kind | None = None) -> NodeKind | None:
 _UNOPENED: Any = object()
 
 
-def describe(x: Any, opened: Opened | None = _UNOPENED) -> str:
+def describe(x: object, opened: Opened | None = _UNOPENED) -> str:
     r"""What `x` is, in a few words, for messages: the one description of a value.
 
     `an array f32[2,3]`, `1.0 (a \`float\`)`, `a frozen value (an array f32[2])`, `a
@@ -696,7 +756,7 @@ def describe(x: Any, opened: Opened | None = _UNOPENED) -> str:
     return f"a `{type(x).__name__}` with children ({names})"
 
 
-def _side(x: Any, opened: Opened | None) -> str:
+def _side(x: object, opened: Opened | None) -> str:
     """One side of a mismatch: a leaf says so (`a leaf, an array f32[2]`)."""
     text = describe(x, opened)
     return f"a leaf, {text}" if opened is None and wrapper_of(x) is None else text
@@ -723,8 +783,8 @@ class Mismatch(NamedTuple):
 
 
 def first_mismatch(
-    tree: Any,
-    other: Any,
+    tree: object,
+    other: object,
     *,
     is_leaf: Callable[[Any], bool] | None = None,
     other_covers: Callable[[Any], bool] | None = None,
