@@ -500,12 +500,12 @@ class _Walker:
 
     def __init__(
         self,
-        root: Any,
+        root: object,
         matchers: tuple[Matcher, ...],
         op: _Op,
-        is_leaf: Any,
+        is_leaf: Callable[[Any], bool] | None,
         selection: Callable[[], str],
-        pool: Any = None,
+        pool: concurrent.futures.Executor | None = None,
     ):
         self.root = root
         self.matchers = matchers
@@ -1336,7 +1336,9 @@ class AtIndexer(Generic[T]):
     def _selection(self) -> str:
         return _selection_str(self.tree, self.where)
 
-    def _run(self, op: _Op, is_leaf: object, is_parallel: object = False) -> Any:
+    def _run(
+        self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
+    ) -> Any:
         pool_args = _executor_args(is_parallel)
         if pool_args is None:
             if (
