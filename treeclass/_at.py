@@ -856,7 +856,7 @@ class _Get(_Op):
     __slots__ = ("fill_value",)
     fills = True
 
-    def __init__(self, fill_value: Any) -> None:
+    def __init__(self, fill_value: object) -> None:
         self.fill_value = fill_value
 
     def spot(self, walker, node, path, emask):
@@ -888,7 +888,7 @@ class _Mask(_Op):
     fill_value = False
 
     def spot(self, walker, node, path, emask):
-        def flag(x: Any, where: tuple) -> Any:
+        def flag(x: object, where: tuple) -> Any:
             if emask is None:
                 return True
             _check_element_mask(emask, x, lambda: walker.where(where))
@@ -897,7 +897,7 @@ class _Mask(_Op):
         return _map_with_paths(walker, flag, node, path)
 
 
-def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: Any, path: tuple) -> Any:
+def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: object, path: tuple) -> Any:
     """treeclass's own `fn(leaf, key_path)` over the leaves of a selected subtree.
 
     For the element-mask operations, whose checks name the leaf's path themselves: no
