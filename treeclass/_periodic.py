@@ -30,8 +30,8 @@ from jax.tree_util import GetAttrKey, SequenceKey
 from ._at import AtIndexer, at
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
-from ._stacked import Stacked, StackedKind
-from ._structure import Opened, describe, register_kind, registered_kind
+from ._stacked import Stacked
+from ._structure import NodeKind, Opened, describe, register_kind, registered_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -305,61 +305,6 @@ class Periodic(Printed):
 
         return self.scan(step, x)[0]
 
-    # -- `.at`: the layers as children ------------------------------------------------------
-
-    def _at_open(self) -> Opened:
-        opened = _STACK.open(self._stack)
-        layers = [block for pattern in opened.children for block in pattern]
-        entries = tuple(SequenceKey(i) for i in range(len(layers)))
-        return Opened(entries, layers, (opened.children, opened.aux))
-
-    def _at_rebuild(
-        self, aux: Any, children: list[Any], partial: bool, where: Callable[[tuple], str]
-    ) -> Any:
-        patterns, stack_aux = aux
-        p = self._period
-        regrouped = []
-        for r, old in enumerate(patterns):
-            new = children[r * p : (r + 1) * p]
-            same = all(a is b for a, b in zip(new, old))
-            regrouped.append(old if same else tuple(new))
-        out = _STACK.rebuild(self._stack, stack_aux, regrouped, partial, (), self._inner(where))
-        if isinstance(out, Stacked):
-            return self if out is self._stack else _make(out)
-        return tuple(children)  # a `get` whose fill values changed the structure
-
-    def _at_child(self, index: int) -> tuple[int, Any] | None:
-        n = len(self)
-        i = index + n if index < 0 else index
-        if not 0 <= i < n:
-            return None
-        r, j = divmod(i, self._period)
-        found = _STACK.child(self._stack, r)
-        assert found is not None
-        return i, found[1][j]
-
-    def _at_replace(
-        self, i: int, old: object, new: object, where: Callable[[tuple], str]
-    ) -> Periodic:
-        r, j = divmod(i, self._period)
-        found = _STACK.child(self._stack, r)
-        assert found is not None
-        entry, pattern = found
-        changed = (*pattern[:j], new, *pattern[j + 1 :])
-        return _make(_STACK.replace(self._stack, entry, pattern, changed, (), self._inner(where)))
-
-    def _inner(self, where: Callable[[tuple], str]) -> Callable[[tuple], str]:
-        """Messages of the stack (paths `[r][j]...`) told in layers (`[r×P+j]...`)."""
-        p = self._period
-
-        def text(path: tuple) -> str:
-            if len(path) >= 2 and isinstance(path[0], SequenceKey):
-                layer = path[0].idx * p + path[1].idx
-                return where((SequenceKey(layer), *path[2:]))
-            return where(path)
-
-        return text
-
     # -- unstack_all / restack ----------------------------------------------------------------
 
     def __tc_unstack__(self) -> tuple[Any, ...]:
@@ -443,13 +388,85 @@ def _kinds(periodic: Periodic) -> str:
     return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
 
-class _PeriodicKind(StackedKind):
+class _PeriodicKind(NodeKind["Periodic"]):
     """The row of a periodic stack: `.at` opens it into the unrolled model's layers,
-    numbered `[r×P+j]`, through its own `_at_*` methods as a stack's row does; the roles
-    of its children are those of each layer's own class, none of the pattern's."""
+    numbered `[r×P+j]`, by asking the row of the stack it holds for its patterns; the
+    roles of its children are those of each layer's own class, none of the pattern's."""
 
-    def roles_of(self, node: object) -> Any:
+    def open(self, node: Periodic) -> Opened:
+        opened = _STACK.open(node._stack)
+        layers = [block for pattern in opened.children for block in pattern]
+        entries = tuple(SequenceKey(i) for i in range(len(layers)))
+        return Opened(entries, layers, (opened.children, opened.aux))
+
+    def child(self, node: Periodic, key: str | int) -> tuple[Any, Any] | None:
+        if type(key) is not int:
+            return None
+        n = len(node)
+        i = key + n if key < 0 else key
+        if not 0 <= i < n:
+            return None
+        r, j = divmod(i, node._period)
+        found = _STACK.child(node._stack, r)
+        assert found is not None
+        return SequenceKey(i), found[1][j]
+
+    def replace(
+        self,
+        node: Periodic,
+        entry: Any,
+        old: object,
+        new: object,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Periodic:
+        r, j = divmod(entry.idx, node._period)
+        found = _STACK.child(node._stack, r)
+        assert found is not None
+        inner, pattern = found
+        changed = (*pattern[:j], new, *pattern[j + 1 :])
+        where = _in_layers(node._period, path, where)
+        return _make(_STACK.replace(node._stack, inner, pattern, changed, (), where))
+
+    def rebuild(
+        self,
+        node: Periodic,
+        aux: Any,
+        children: Sequence[Any],
+        partial: bool = False,
+        path: tuple[Any, ...] = (),
+        where: Callable[[tuple], str] = jax.tree_util.keystr,
+    ) -> Any:
+        patterns, stack_aux = aux
+        p = node._period
+        regrouped = []
+        for r, old in enumerate(patterns):
+            new = children[r * p : (r + 1) * p]
+            same = all(a is b for a, b in zip(new, old))
+            regrouped.append(old if same else tuple(new))
+        inner = _in_layers(p, path, where)
+        out = _STACK.rebuild(node._stack, stack_aux, regrouped, partial, (), inner)
+        if isinstance(out, Stacked):
+            return node if out is node._stack else _make(out)
+        return tuple(children)  # a `get` whose fill values changed the structure
+
+    def roles_of(self, node: Periodic) -> Any:
         return None
+
+
+def _in_layers(
+    p: int, path: tuple[Any, ...], where: Callable[[tuple], str]
+) -> Callable[[tuple], str]:
+    """Messages of the held stack (paths `[r][j]...`) told in layers (`[r×P+j]...`) below
+    `path`."""
+
+    def text(below: tuple) -> str:
+        if len(below) >= 2 and isinstance(below[0], SequenceKey):
+            layer = below[0].idx * p + below[1].idx
+            return where((*path, SequenceKey(layer), *below[2:]))
+        return where((*path, *below))
+
+    return text
 
 
 register_kind(Periodic, _PeriodicKind())

@@ -399,11 +399,11 @@ def _one_level(tree: object) -> tuple[list[Any], Any]:
     return children, treedef
 
 
-_UNOPENED = object()  # a block `_at_replace` did not open (it stays as it is)
+_UNOPENED = object()  # a block the row's `replace` did not open (it stays as it is)
 
 
 class _Opened(NamedTuple):
-    """What `_at_open` hands `.at`, for `_at_rebuild`."""
+    """What the row's `open` hands `.at`, for its `rebuild`."""
 
     blocks: list[Any]
     block_leaves: list[list[Any]]
@@ -787,95 +787,6 @@ class Stacked(Printed):
 
         return self.scan(step, x)[0]
 
-    # -- `.at`: the blocks as children --------------------------------------------------------
-
-    def _at_open(self) -> Opened:
-        opened = _Opened(*self._open())
-        entries = tuple(SequenceKey(i) for i in range(self._length))
-        return Opened(entries, list(opened.blocks), opened)
-
-    def _at_child(self, index: int) -> tuple[int, Any] | None:
-        """Block `index` alone (negative counts from the end), or None if there is none:
-        the walker's one-key fast path, which slices each leaf once instead of opening
-        every block."""
-        n = self._length
-        i = index + n if index < 0 else index
-        if not 0 <= i < n:
-            return None
-        leaves, treedef, kinds = self._leaves()
-        return i, treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
-
-    def _at_replace(
-        self, i: int, old: object, new: object, where: Callable[[tuple], str]
-    ) -> Stacked:
-        """The stack with block `i` (given by `_at_child` as `old`) replaced by `new`,
-        checked and written as `_at_rebuild` writes one changed block."""
-        leaves, treedef, kinds = self._leaves()
-        n = self._length
-        # the other blocks are not opened: only their shared leaves are ever read back
-        others = [x if k == _SHARED else None for x, k in zip(leaves, kinds)]
-        block_leaves = [others] * n
-        block_leaves[i] = jax.tree_util.tree_leaves(old, is_leaf=is_frozen)
-        blocks: list[Any] = [_UNOPENED] * n
-        blocks[i] = old
-        children = list(blocks)
-        children[i] = new
-        aux = _Opened(blocks, block_leaves, treedef, leaves, kinds)
-        return self._at_rebuild(aux, children, False, where)
-
-    def _at_rebuild(
-        self, aux: _Opened, children: list[Any], partial: bool, where: Callable[[tuple], str]
-    ) -> Any:
-        n = self._length
-        changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
-        if not changed:
-            return self
-        paths = _LeafPaths(aux.blocks[changed[0]])
-
-        def where_of(j: int) -> Callable[[int], str]:
-            def text(k: int) -> str:
-                return where((SequenceKey(k), *paths.path(j)))
-
-            return text
-
-        new_leaves: dict[int, list[Any]] = {}
-        for k in changed:
-            leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
-            if treedef != aux.treedef:
-                if len(changed) == n:  # every block changed alike: a new structure is fine
-                    try:
-                        return Stacked.from_blocks(children)
-                    except (ValueError, TypeError):
-                        if partial:
-                            return tuple(children)
-                        raise
-                if partial:  # a `get` with fill values: the blocks, unstacked
-                    return tuple(children)
-                raise _structure_error(aux.blocks[k], children[k], k, where)
-            new_leaves[k] = leaves
-        out = list(aux.leaves)
-        try:
-            for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
-                writes = [
-                    (k, new_leaves[k][j])
-                    for k in changed
-                    if new_leaves[k][j] is not aux.block_leaves[k][j]
-                ]
-                if not writes:
-                    continue
-                if kind != _SHARED and len(writes) < n:
-                    out[j] = _write(leaf, kind, writes, where_of(j))
-                else:
-                    column = [row[j] for row in aux.block_leaves]
-                    for k, value in writes:
-                        column[k] = value
-                    out[j] = _combine(column, where_of(j))
-        except (ValueError, TypeError):
-            if partial:
-                return tuple(children)
-            raise
-        return _make(aux.treedef.unflatten(out), n)
-
     # -- Python protocol ----------------------------------------------------------------------
 
     @property
@@ -908,15 +819,26 @@ class StackedKind(NodeKind["Stacked"]):
     """The row of a stack in the table of node kinds: `.at` opens it into its N blocks,
     keyed `[i]`; one index slices block `i` alone; rebuilding writes only the changed
     blocks' slices. Its children (for JAX) are its block tree's, so the roles the block's
-    class declares hold for them. The row asks the node's own `_at_*` methods, so a kind
-    that answers them the same way (`Periodic`) subclasses it."""
+    class declares hold for them."""
 
     def open(self, node: Stacked) -> Opened:
-        return node._at_open()
+        opened = _Opened(*node._open())
+        entries = tuple(SequenceKey(i) for i in range(node._length))
+        return Opened(entries, list(opened.blocks), opened)
 
     def child(self, node: Stacked, key: str | int) -> tuple[Any, Any] | None:
-        found = node._at_child(key) if type(key) is int else None
-        return None if found is None else (SequenceKey(found[0]), found[1])
+        """Block `key` alone (negative counts from the end), or None if there is none: the
+        walker's one-key fast path, which slices each leaf once instead of opening every
+        block."""
+        if type(key) is not int:
+            return None
+        n = node._length
+        i = key + n if key < 0 else key
+        if not 0 <= i < n:
+            return None
+        leaves, treedef, kinds = node._leaves()
+        block = treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
+        return SequenceKey(i), block
 
     def replace(
         self,
@@ -927,18 +849,82 @@ class StackedKind(NodeKind["Stacked"]):
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = jax.tree_util.keystr,
     ) -> Any:
-        return node._at_replace(entry.idx, old, new, lambda below: where(path + below))
+        """The stack with block `entry.idx` (given by `child` as `old`) replaced by `new`,
+        checked and written as `rebuild` writes one changed block."""
+        i = entry.idx
+        leaves, treedef, kinds = node._leaves()
+        n = node._length
+        # the other blocks are not opened: only their shared leaves are ever read back
+        others = [x if k == _SHARED else None for x, k in zip(leaves, kinds)]
+        block_leaves = [others] * n
+        block_leaves[i] = jax.tree_util.tree_leaves(old, is_leaf=is_frozen)
+        blocks: list[Any] = [_UNOPENED] * n
+        blocks[i] = old
+        children = list(blocks)
+        children[i] = new
+        aux = _Opened(blocks, block_leaves, treedef, leaves, kinds)
+        return self.rebuild(node, aux, children, False, path, where)
 
     def rebuild(
         self,
         node: Stacked,
         aux: Any,
-        children: Any,
+        children: Sequence[Any],
         partial: bool = False,
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = jax.tree_util.keystr,
     ) -> Any:
-        return node._at_rebuild(aux, children, partial, lambda below: where(path + below))
+        n = node._length
+        changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
+        if not changed:
+            return node
+        paths = _LeafPaths(aux.blocks[changed[0]])
+
+        def where_of(j: int) -> Callable[[int], str]:
+            def text(k: int) -> str:
+                return where((*path, SequenceKey(k), *paths.path(j)))
+
+            return text
+
+        new_leaves: dict[int, list[Any]] = {}
+        for k in changed:
+            leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
+            if treedef != aux.treedef:
+                if len(changed) == n:  # every block changed alike: a new structure is fine
+                    try:
+                        return Stacked.from_blocks(children)
+                    except (ValueError, TypeError):
+                        if partial:
+                            return tuple(children)
+                        raise
+                if partial:  # a `get` with fill values: the blocks, unstacked
+                    return tuple(children)
+                raise _structure_error(
+                    aux.blocks[k], children[k], k, lambda below: where(path + below)
+                )
+            new_leaves[k] = leaves
+        out = list(aux.leaves)
+        try:
+            for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
+                writes = [
+                    (k, new_leaves[k][j])
+                    for k in changed
+                    if new_leaves[k][j] is not aux.block_leaves[k][j]
+                ]
+                if not writes:
+                    continue
+                if kind != _SHARED and len(writes) < n:
+                    out[j] = _write(leaf, kind, writes, where_of(j))
+                else:
+                    column = [row[j] for row in aux.block_leaves]
+                    for k, value in writes:
+                        column[k] = value
+                    out[j] = _combine(column, where_of(j))
+        except (ValueError, TypeError):
+            if partial:
+                return tuple(children)
+            raise
+        return _make(aux.treedef.unflatten(out), n)
 
     def roles_of(self, node: Stacked) -> Any:
         return node._tree
