@@ -1227,3 +1227,40 @@ def test_property_the_mask_of_a_name_flags_exactly_the_leaves_get_keeps(tree, ke
         return
     flags = jax.tree_util.tree_leaves(selection.mask())
     assert flags == [x is not _FILL for x in jax.tree_util.tree_leaves(kept)]
+
+
+_array_leaves = st.builds(
+    lambda shape, dtype, frozen: (tc.freeze if frozen else (lambda x: x))(
+        np.ones(shape, dtype) if dtype == "int8" else jnp.ones(shape, dtype)
+    ),
+    st.sampled_from([(), (2,), (2, 3)]),
+    st.sampled_from(["float32", "bfloat16", "int8"]),
+    st.booleans(),
+)
+_array_trees = st.recursive(
+    _array_leaves,
+    lambda children: st.dictionaries(st.sampled_from("abc"), children, min_size=1, max_size=3),
+    max_leaves=6,
+)
+
+
+def _layout(tree):
+    """Each leaf (frozen values counted as leaves) as (frozen?, type, shape, dtype)."""
+    return [
+        (tc.is_frozen(x), type(tc.unfreeze(x)), np.shape(tc.unfreeze(x)), tc.unfreeze(x).dtype)
+        for x in jax.tree_util.tree_leaves(tree, is_leaf=tc.is_frozen)
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(_array_trees, st.integers(-100, 100))
+def test_property_a_number_set_never_changes_what_kind_of_leaf_is_there(tree, number):
+    # frozen or not, NumPy or JAX, any dtype holding the number: structure, frozenness,
+    # type, shape and dtype of every leaf stay, and every value becomes the number
+    new = tc.at(tree)[...].set(number, is_leaf=tc.is_frozen)
+    assert jax.tree_util.tree_structure(new, is_leaf=tc.is_frozen) == (
+        jax.tree_util.tree_structure(tree, is_leaf=tc.is_frozen)
+    )
+    assert _layout(new) == _layout(tree)
+    for x in jax.tree_util.tree_leaves(new, is_leaf=tc.is_frozen):
+        assert np.all(np.asarray(tc.unfreeze(x), np.float32) == number)
