@@ -158,6 +158,8 @@ assert_type(weight_mask, MLP)
 labels = tc.optim.labels(model, {"decay": model.at[Linear]["weight"]})
 assert_type(labels, tc.optim.Labels[MLP])
 assert_type(labels.tree, MLP)
+assert_type(tc.optim.check_mask(weight_mask, model), MLP)  # checked and handed back as given
+assert_type(tc.optim.check_labels(labels, model), tc.optim.Labels[MLP])
 opt = optax.adamw(1e-3, mask=weight_mask)  # (optax types `init`'s params as arrays and
 # containers, so pyright refuses a model there: the docs' "Types and editors" says more)
 
