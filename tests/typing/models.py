@@ -20,6 +20,7 @@ from typing_extensions import assert_type
 
 import treeclass as tc
 import treeclass.optim
+from treeclass import nn
 
 # -- classes: the generated __init__ ----------------------------------------------------
 
@@ -163,6 +164,12 @@ assert_type(tc.optim.check_labels(labels, model), tc.optim.Labels[MLP])
 opt = optax.adamw(1e-3, mask=weight_mask)  # (optax types `init`'s params as arrays and
 # containers, so pyright refuses a model there: the docs' "Types and editors" says more)
 
+# -- layers: a key is a PRNG key array, a dtype what `jnp.dtype` takes ---------------------
+
+dense = nn.Linear(3, 4, key=jax.random.key(0), param_dtype="float32")
+assert_type(dense, nn.Linear)
+assert_type(nn.Dropout(0.1)(jnp.ones(4), key=jax.random.key(1)), jax.Array)
+
 # -- printing and checkpoints ----------------------------------------------------------------
 
 assert_type(tc.tree_repr(layer), str)
@@ -190,3 +197,4 @@ def _errors() -> None:  # never called: each line is a mistake a checker catches
     print(tags)
     Point("a")  # E: both
     Scaled(jnp.ones(2)) * 2  # E: both
+    nn.Linear(3, 4, key=0)  # E: both
