@@ -291,7 +291,7 @@ class Field:
         kwargs["metadata"] = dict(kwargs["metadata"])
         return (_field_from_kwargs, (kwargs,))
 
-    def replace(self, **changes: Any) -> Field:
+    def replace(self, **changes: object) -> Field:
         """Return a copy of this field with `changes` applied."""
         kwargs = {slot: getattr(self, slot) for slot in Field.__slots__}
         kwargs.update(changes)

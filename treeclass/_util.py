@@ -141,7 +141,7 @@ def _leaves_equal(a: object, b: object) -> Any:
     return False  # an array and a non-numeric value
 
 
-def is_tree_equal(*trees: Any) -> Any:
+def is_tree_equal(*trees: object) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
     Leaves are compared by value, as PyTreeClass does, so a tree equals itself after a
