@@ -316,7 +316,9 @@ class ShardingRules:
             f"block_axis={self.block_axis!r})"
         )
 
-    def with_axes(self, axes: Mapping[str, Any] | None = None, /, **more: Any) -> ShardingRules:
+    def with_axes(
+        self, axes: Mapping[str, object] | None = None, /, **more: object
+    ) -> ShardingRules:
         """The same rules with logical names mapped (added to, or replacing, `axes`).
 
         ```python
