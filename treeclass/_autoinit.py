@@ -68,7 +68,7 @@ _REINIT_MSG = (
 )
 
 
-def _refuse_reinit(obj: Any) -> None:
+def _refuse_reinit(obj: object) -> None:
     raise AttributeError(_REINIT_MSG.format(cls=type(obj).__name__))
 
 

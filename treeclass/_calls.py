@@ -66,7 +66,7 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
+def _descend(root: object, keys: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
     """`(node, key entry, child)` for each node on the path the names and indices `keys`
     take: the last child is the node whose method runs."""
     steps: list[tuple[Any, Any, Any]] = []
@@ -80,7 +80,7 @@ def _descend(root: Any, keys: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
     return steps
 
 
-def _method_of(root: Any, node: Any, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
+def _method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
     where = path_str(root, path)
     try:
         method = getattr(node, name)
@@ -107,7 +107,7 @@ def call_method(
     path = tuple(entry for _, entry, _ in steps)
     target = steps[-1][2] if steps else root
 
-    def run(node: Any) -> Any:
+    def run(node: object) -> Any:
         return _method_of(root, node, path, name)(*args, **kwargs)
 
     value, new = call_on_copy(target, run)
@@ -120,7 +120,7 @@ def call_method(
 # -- value_and_tree ----------------------------------------------------------------------------
 
 
-def _argnums_tuple(argnums: Any) -> tuple[int, ...]:
+def _argnums_tuple(argnums: object) -> tuple[int, ...]:
     if isinstance(argnums, int) and not isinstance(argnums, bool):
         return (argnums,)
     if isinstance(argnums, Sequence) and not isinstance(argnums, str):

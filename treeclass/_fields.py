@@ -14,6 +14,7 @@ import keyword
 import types
 from collections.abc import (
     Callable,
+    Iterable,
     Mapping,
     MutableMapping,
     MutableSequence,
@@ -66,7 +67,7 @@ _ROLE_TWICE_MSG = (
 )
 
 
-def stop_gradient_if_traced(value: Any) -> Any:
+def stop_gradient_if_traced(value: object) -> Any:
     """`value` with `jax.lax.stop_gradient` on its traced inexact leaves.
 
     The read of a field declared `role="frozen"`: under `jax.grad` the value is a constant
@@ -94,7 +95,7 @@ _STOPPED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def gradients_stopped(values: Any) -> Any:
+def gradients_stopped(values: Iterable[object]) -> Any:
     """Within the block, reads of a frozen field holding one of `values` add nothing."""
     token = _STOPPED.set(_STOPPED.get() | {id(v) for v in values})
     try:
@@ -103,7 +104,7 @@ def gradients_stopped(values: Any) -> Any:
         _STOPPED.reset(token)
 
 
-def _stop(x: Any) -> Any:
+def _stop(x: object) -> Any:
     if id(x) in _STOPPED.get():
         return x
     dtype = getattr(x, "dtype", None)
@@ -237,8 +238,8 @@ class Field:
         self,
         *,
         name: str | None = None,
-        type: Any = None,
-        default: Any = MISSING,
+        type: object = None,
+        default: object = MISSING,
         factory: Callable[[], Any] | None = None,
         init: bool = True,
         repr: bool = True,
@@ -278,10 +279,10 @@ class Field:
             # `__init__`, generated or hand-written (the class's guard runs `on_getattr`)
             on_get = (stop_gradient_if_traced, *on_get)
         values = (name, type, default, factory, init, repr, kind, alias, on_set, on_get)
-        for slot, value in zip(Field.__slots__, (*values, static, mapping, doc), strict=True):
-            object.__setattr__(self, slot, value)
+        for slot, given in zip(Field.__slots__, (*values, static, mapping, doc), strict=True):
+            object.__setattr__(self, slot, given)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"Field objects are immutable; use `field.replace({name}=...)`.")
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -290,7 +291,7 @@ class Field:
         kwargs["metadata"] = dict(kwargs["metadata"])
         return (_field_from_kwargs, (kwargs,))
 
-    def replace(self, **changes: Any) -> Field:
+    def replace(self, **changes: object) -> Field:
         """Return a copy of this field with `changes` applied."""
         kwargs = {slot: getattr(self, slot) for slot in Field.__slots__}
         kwargs.update(changes)
@@ -323,7 +324,7 @@ class Field:
         elif self.name != name:  # one Field object under two names: each gets its own
             setattr(owner, name, self.replace(name=name, type=annotation))
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
             return self  # `Cls.x` is the Field, as `Cls.prop` is the property
         try:
@@ -338,7 +339,7 @@ class Field:
             value = callback(value)
         return value
 
-    def __set__(self, instance: Any, value: Any) -> None:
+    def __set__(self, instance: object, value: object) -> None:
         name = self._bound_name(instance, "set")
         try:
             for callback in self.on_setattr:
@@ -348,7 +349,7 @@ class Field:
             raise
         _instance_dict(instance)[name] = value
 
-    def __delete__(self, instance: Any) -> None:
+    def __delete__(self, instance: object) -> None:
         name = self._bound_name(instance, "delete")
         try:
             del _instance_dict(instance)[name]
@@ -357,7 +358,7 @@ class Field:
                 f"`{type_name(instance)}` instance has no attribute {name!r}"
             ) from None
 
-    def _bound_name(self, instance: Any, action: str) -> str:
+    def _bound_name(self, instance: object, action: str) -> str:
         if self.name is None:
             raise TypeError(_UNNAMED_FIELD_MSG)
         if _node.is_sealed(instance):  # a TreeClass instance using a plain mixin's Field
@@ -384,7 +385,7 @@ _UNNAMED_FIELD_MSG = (
 )
 
 
-def _instance_dict(instance: Any) -> dict[str, Any]:
+def _instance_dict(instance: object) -> dict[str, Any]:
     # a TreeClass instance's `__dict__` attribute is a read-only view; its real dict is
     # `_node.attributes` (reached here only through a plain mixin's Field)
     if isinstance(instance, _node.TreeNode):
@@ -392,12 +393,12 @@ def _instance_dict(instance: Any) -> dict[str, Any]:
     return instance.__dict__
 
 
-def type_name(value: Any) -> str:
+def type_name(value: object) -> str:
     # `type` is a parameter of `Field.__init__`, where the builtin is out of reach
     return type(value).__name__
 
 
-def _setting_repr(value: Any) -> str:
+def _setting_repr(value: object) -> str:
     if isinstance(value, types.MappingProxyType):
         return repr(dict(value))
     if isinstance(value, tuple) and all(callable(item) for item in value):
@@ -464,7 +465,7 @@ def field(
 ) -> Any: ...
 def field(
     *,
-    default: Any = MISSING,
+    default: object = MISSING,
     factory: Callable[[], Any] | None = None,
     init: bool = True,
     repr: bool = True,
@@ -566,7 +567,7 @@ def field(
     )
 
 
-def _is_classvar(annotation: Any) -> bool:
+def _is_classvar(annotation: object) -> bool:
     if annotation is ClassVar or get_origin(annotation) is ClassVar:
         return True
     if isinstance(annotation, str):
@@ -695,7 +696,7 @@ def _check_default(cls: type, item: Field) -> None:
     )
 
 
-def _holds_numpy_array(value: Any) -> bool:
+def _holds_numpy_array(value: object) -> bool:
     if isinstance(value, np.ndarray):
         return True
     if isinstance(value, (tuple, frozenset)):
@@ -731,7 +732,7 @@ def register_excluded_type(kind: type, reason: str | None = None) -> None:
     _EXCLUDED_DEFAULT_TYPES[kind] = reason
 
 
-def fields(item: Any) -> tuple[Field, ...]:
+def fields(item: object) -> tuple[Field, ...]:
     """The fields of a class or instance, in definition order, inherited fields first.
 
     `CLASS_VAR` fields are included (their `kind` says so). Works on `TreeClass`
@@ -754,7 +755,7 @@ def fields(item: Any) -> tuple[Field, ...]:
     return tuple(cached.values())
 
 
-def add_field_note(error: BaseException, obj: Any, name: str) -> None:
+def add_field_note(error: BaseException, obj: object, name: str) -> None:
     """Make the error of a failing `on_setattr` callback name the field it was setting.
 
     The message itself gains the field (`ValueError: while setting field `Tree.rate` (its

@@ -108,7 +108,7 @@ class Glob:
                 todo.append(p + 1)
         return frozenset(out)
 
-    def advance(self, state: frozenset[int], name: Any) -> frozenset[int]:
+    def advance(self, state: frozenset[int], name: object) -> frozenset[int]:
         """The state after one more key `name` (empty: the pattern cannot match below)."""
         # 1, 1.0 and True are equal but different names; strings (most names) need no type
         key: Any = (state, name) if type(name) is str else (state, type(name), name)

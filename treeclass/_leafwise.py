@@ -13,7 +13,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable
 from itertools import repeat, starmap
-from typing import Any, NamedTuple, Protocol, TypeVar, overload
+from typing import Any, NamedTuple, Protocol, TypeGuard, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,7 @@ _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
 # elementwise NumPy/JAX function, Python numbers keep `math` semantics (an int back).
 
 
-def _floor(x: Any) -> Any:
+def _floor(x: jax.Array | np.ndarray | float) -> Any:
     if isinstance(x, jax.Array):
         return jnp.floor(x)
     if isinstance(x, np.ndarray):
@@ -56,7 +56,7 @@ def _floor(x: Any) -> Any:
     return math.floor(x)
 
 
-def _ceil(x: Any) -> Any:
+def _ceil(x: jax.Array | np.ndarray | float) -> Any:
     if isinstance(x, jax.Array):
         return jnp.ceil(x)
     if isinstance(x, np.ndarray):
@@ -64,7 +64,7 @@ def _ceil(x: Any) -> Any:
     return math.ceil(x)
 
 
-def _trunc(x: Any) -> Any:
+def _trunc(x: jax.Array | np.ndarray | float) -> Any:
     if isinstance(x, jax.Array):
         return jnp.trunc(x)
     if isinstance(x, np.ndarray):
@@ -77,17 +77,17 @@ def _trunc(x: Any) -> Any:
 # advanced just past it, so its remaining length says which leaf it was.
 
 
-def _failed_index(leaves: list, remaining: Any) -> int:
+def _failed_index(leaves: list, remaining: object) -> int:
     return len(leaves) - operator.length_hint(remaining) - 1
 
 
-def _note_leaf(error: BaseException, tree: Any, index: int, symbol: str, leaves: list) -> None:
+def _note_leaf(error: BaseException, tree: object, index: int, symbol: str, leaves: list) -> None:
     leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
     path = leaf_path_str(tree, index)
     add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
 
 
-def _unary_leaves(fn: Callable[[Any], Any], tree: Any, symbol: str) -> tuple[list, Any]:
+def _unary_leaves(fn: Callable[[Any], Any], tree: object, symbol: str) -> tuple[list, Any]:
     leaves, treedef = _flatten(tree)
     remaining = iter(leaves)
     try:
@@ -99,8 +99,8 @@ def _unary_leaves(fn: Callable[[Any], Any], tree: Any, symbol: str) -> tuple[lis
 
 def _binary_leaves(
     op: Callable[[Any, Any], Any],
-    tree: Any,
-    other: Any,
+    tree: object,
+    other: object,
     symbol: str,
     cls: type,
     reflected: bool,
@@ -166,7 +166,7 @@ _UNARY = (
 
 
 def _binary_method(op: Callable[[Any, Any], Any], symbol: str, cls: type, reflected: bool):
-    def method(self: Any, other: Any) -> Any:
+    def method(self: Any, other: object) -> Any:
         out, treedef = _binary_leaves(op, self, other, symbol, cls, reflected)
         return treedef.unflatten(out)
 
@@ -191,12 +191,12 @@ def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
     for name, fn, symbol in _UNARY:
         methods[f"__{name}__"] = _unary_method(fn, symbol)
 
-    def __pow__(self: Any, other: Any, modulo: Any = None) -> Any:
+    def __pow__(self: Any, other: object, modulo: object = None) -> Any:
         op = operator.pow if modulo is None else (lambda x, y: pow(x, y, modulo))
         out, treedef = _binary_leaves(op, self, other, "**", cls, reflected=False)
         return treedef.unflatten(out)
 
-    def __rpow__(self: Any, other: Any) -> Any:
+    def __rpow__(self: Any, other: object) -> Any:
         out, treedef = _binary_leaves(operator.pow, self, other, "**", cls, reflected=True)
         return treedef.unflatten(out)
 
@@ -294,7 +294,7 @@ _BCMAP_KEYWORD_MSG = (
 _LEAF_TYPES = (int, float, complex, bool, str, bytes, np.ndarray, np.generic, jax.Array)
 
 
-def _func_name(func: Any) -> str:
+def _func_name(func: object) -> str:
     return getattr(func, "__name__", None) or type(func).__name__
 
 
@@ -334,7 +334,7 @@ def bcmap(
 ) -> Callable[..., _Tree]: ...
 def bcmap(
     func: Callable[..., Any],
-    broadcast_to: Any = None,
+    broadcast_to: object = None,
     *,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
@@ -403,7 +403,7 @@ class _Reference(NamedTuple):
     treedef: Any
 
 
-def _is_position(x: Any) -> bool:
+def _is_position(x: object) -> TypeGuard[int | np.integer]:
     # a Python bool is an int here as in sepes, which indexes the arguments with it
     # (`broadcast_to=True` is position 1); a NumPy bool is no index there, nor here
     return isinstance(x, (int, np.integer))
@@ -417,7 +417,9 @@ class _Arguments(NamedTuple):
     whole: list[tuple[str, Any]]  # (name, treedef) of trees of another structure
 
 
-def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _Reference | None:
+def _reference(
+    broadcast_to: object, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
+) -> _Reference | None:
     """The argument fixing the structure, or `None` when there is none to map over."""
     key = position = None
     if isinstance(broadcast_to, str):
@@ -458,11 +460,13 @@ def _reference(broadcast_to: Any, args: tuple, kwargs: dict, is_leaf: Any) -> _R
     return _Reference(value, name, position, key, leaves, treedef)
 
 
-def _sort_arguments(ref: _Reference, args: tuple, kwargs: dict, is_leaf: Any) -> _Arguments:
+def _sort_arguments(
+    ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
+) -> _Arguments:
     """Map the arguments with the reference's structure; pass every other one whole."""
     whole: list[tuple[str, Any]] = []
 
-    def leaves_if_mapped(arg: Any, name: str) -> list | None:
+    def leaves_if_mapped(arg: object, name: str) -> list | None:
         if arg is None or isinstance(arg, _LEAF_TYPES):
             return None
         leaves, treedef = _flatten(arg, is_leaf)
@@ -535,7 +539,7 @@ def _map_calls(
 
 def _broadcast_call(
     func: Callable[..., Any],
-    broadcast_to: Any,
+    broadcast_to: object,
     is_leaf: Callable[[Any], bool] | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],

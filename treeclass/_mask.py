@@ -30,7 +30,7 @@ _T = TypeVar("_T")
 # --------------------------------------------------------------------------------------
 
 
-def is_nondiff(x: Any) -> bool:
+def is_nondiff(x: object) -> bool:
     """Whether `jax.grad` cannot differentiate `x`.
 
     False only for inexact (floating or complex) Python scalars and arrays; True for ints,
@@ -93,13 +93,13 @@ class MaskLeafError(TypeError, ValueError):
     """
 
 
-def _is_predicate(cond: Any) -> bool:
+def _is_predicate(cond: object) -> bool:
     # A TreeClass layer may define __call__, yet as `cond` it is a mask tree
     return callable(cond) and not _node.is_treeclass(cond)
 
 
 def _mask_leaves(
-    tree: Any, mask: Any, is_leaf: Callable[[Any], bool] | None, frozen_may_be_leaves: bool
+    tree: object, mask: object, is_leaf: Callable[[Any], bool] | None, frozen_may_be_leaves: bool
 ) -> tuple[list, list, Any]:
     """Leaves of `tree` (split with `is_leaf`) and the mask's bools, or a ValueError.
 
@@ -137,7 +137,7 @@ def _mask_leaves(
 _UNSET: Any = object()
 
 
-def _one_condition(name: str, mask: Any, cond: Any, default: Any) -> Any:
+def _one_condition(name: str, mask: object, cond: object, default: object) -> Any:
     if mask is not _UNSET and cond is not _UNSET:
         raise TypeError(_MASK_AND_COND_MSG.format(name=name))
     if mask is not _UNSET:
@@ -145,7 +145,9 @@ def _one_condition(name: str, mask: Any, cond: Any, default: Any) -> Any:
     return default if cond is _UNSET else cond
 
 
-def _map_predicate(fn: Callable[[Any], Any], tree: Any, is_leaf: Any, what: str) -> Any:
+def _map_predicate(
+    fn: Callable[[Any], Any], tree: object, is_leaf: Callable[[Any], bool] | None, what: str
+) -> Any:
     """`tree_map(fn, tree)`; an error raised by the user's predicate names the leaf's path."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
     out = []
@@ -235,7 +237,7 @@ def tree_mask(
     check_callable(is_leaf, "tree_mask", "is_leaf", optional=True)
     if _is_predicate(cond):
 
-        def mask_leaf(x: Any) -> Any:
+        def mask_leaf(x: object) -> Any:
             return _mask_value(x) if cond(x) else x
 
         return _map_predicate(mask_leaf, tree, is_leaf, "mask predicate")
@@ -252,7 +254,7 @@ def tree_mask(
     return treedef.unflatten(out)
 
 
-def _everything(_: Any) -> bool:
+def _everything(_: object) -> bool:
     return True
 
 
@@ -298,7 +300,7 @@ def tree_unmask(
     cond = _one_condition("tree_unmask", mask, cond, _everything)
     if _is_predicate(cond):
 
-        def unmask_leaf(x: Any) -> Any:
+        def unmask_leaf(x: object) -> Any:
             if is_frozen(x):
                 value = unfreeze(x)
                 return value if cond(value) else x
@@ -319,7 +321,7 @@ _MASK_RULES: dict[type, Callable[[Any], Any]] = {}
 _UNMASK_RULES: dict[type, Callable[[Any], Any]] = {}
 
 
-def _rule_for(rules: dict[type, Callable[[Any], Any]], x: Any) -> Callable[[Any], Any] | None:
+def _rule_for(rules: dict[type, Callable[[Any], Any]], x: object) -> Callable[[Any], Any] | None:
     for base in type(x).__mro__:
         rule = rules.get(base)
         if rule is not None:
@@ -330,7 +332,7 @@ def _rule_for(rules: dict[type, Callable[[Any], Any]], x: Any) -> Callable[[Any]
 class _UnmaskedResult(Exception):
     """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
 
-    def __init__(self, rule: Callable[[Any], Any], value: Any, result: Any) -> None:
+    def __init__(self, rule: Callable[[Any], Any], value: object, result: object) -> None:
         super().__init__()
         self.rule, self.value, self.result = rule, value, result
 
@@ -347,7 +349,7 @@ class _UnmaskedResult(Exception):
         )
 
 
-def _mask_value(x: Any) -> Any:
+def _mask_value(x: object) -> Any:
     rule = _rule_for(_MASK_RULES, x) if _MASK_RULES else None
     if rule is None:
         return freeze(x)
@@ -357,7 +359,7 @@ def _mask_value(x: Any) -> Any:
     return result
 
 
-def _unmask_value(x: Any) -> Any:
+def _unmask_value(x: object) -> Any:
     if is_frozen(x):
         return unfreeze(x)
     rule = _rule_for(_UNMASK_RULES, x) if _UNMASK_RULES else None
@@ -365,7 +367,10 @@ def _unmask_value(x: Any) -> Any:
 
 
 def _def_type(
-    rules: dict[type, Callable[[Any], Any]], name: str, kind: type, fn: Any = None
+    rules: dict[type, Callable[[Any], Any]],
+    name: str,
+    kind: type,
+    fn: Callable[[Any], Any] | None = None,
 ) -> Any:
     if not isinstance(kind, type):
         raise TypeError(f"`{name}.def_type` expects a type, got {kind!r}.")
@@ -378,7 +383,7 @@ def _def_type(
     return register if fn is None else register(fn)
 
 
-def is_masked(x: Any) -> bool:
+def is_masked(x: object) -> bool:
     """Whether `tree_unmask` would unwrap `x`: a frozen value, or a `def_type` wrapper.
 
     sepes's name. `is_frozen` answers for `freeze`'s own wrapper only; `is_masked` also

@@ -150,12 +150,12 @@ set_flat = _set_flat = _flat_slot.__set__
 _new = object.__new__
 
 
-def is_treeclass(x: Any) -> bool:
+def is_treeclass(x: object) -> bool:
     """Whether `x` is a TreeClass instance (a C-level isinstance: `TreeNode` is a plain class)."""
     return isinstance(x, TreeNode)
 
 
-def layout_of(node: Any) -> Layout | None:
+def layout_of(node: object) -> Layout | None:
     """The layout of a sealed instance; `None` while it is unsealed."""
     layout = getattr(node, "_tc_layout", None)
     if type(layout) is Layout:
@@ -165,7 +165,7 @@ def layout_of(node: Any) -> Layout | None:
     return None
 
 
-def _materialize(node: Any, shape: Shape) -> tuple[tuple[Any, ...], Layout]:
+def _materialize(node: object, shape: Shape) -> tuple[tuple[Any, ...], Layout]:
     """Find the layout of a sealed instance whose layout was left pending, and keep it."""
     d = attributes(node)
     layout = shape.with_values(tuple(d[n] for n in shape.static_names))
@@ -288,7 +288,7 @@ class Layout:
 
     __slots__ = ("shape", "values", "key", "keys", "build", "__weakref__")
 
-    def __init__(self, shape: Shape, values: tuple[Any, ...], key: Any) -> None:
+    def __init__(self, shape: Shape, values: tuple[Any, ...], key: object) -> None:
         self.shape = shape
         self.values = values  # the static values, in the order of `shape.static_names`
         self.key = key
@@ -371,7 +371,7 @@ class _Broken:
 _BROKEN = _Broken()
 
 
-def _forget_layout(table: dict[Any, Any], key: Any, ref: Any) -> None:
+def _forget_layout(table: dict[Any, Any], key: object, ref: object) -> None:
     # a weakref callback: drop the table entry if it still holds this (dead) layout
     if table.get(key) is ref:
         table.pop(key, None)
@@ -491,7 +491,7 @@ class ClassInfo:
                 ) from None
         return tuple(keys)
 
-    def _static_key(self, value: Any, name: str) -> Any:
+    def _static_key(self, value: object, name: str) -> Any:
         if isinstance(value, (np.ndarray, jax.Array)):
             message = _ARRAY_STATIC_MSG.format(cls=self.cls.__name__, name=name)
             warnings.warn(message, stacklevel=_user_stacklevel())
@@ -581,11 +581,11 @@ class _Attribute:
 
     __slots__ = ("name", "fallback")
 
-    def __init__(self, name: str, fallback: Any = _NOTHING) -> None:
+    def __init__(self, name: str, fallback: object = _NOTHING) -> None:
         self.name = name
         self.fallback = fallback
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
             return self._class_value(owner)
         try:
@@ -593,21 +593,21 @@ class _Attribute:
         except KeyError:
             return self._missing(obj, owner)
 
-    def _class_value(self, owner: Any) -> Any:
+    def _class_value(self, owner: object) -> Any:
         fallback = self.fallback
         if fallback is _NOTHING:
             raise AttributeError(self.name)
         get = getattr(type(fallback), "__get__", None)
         return fallback if get is None else get(fallback, None, owner)
 
-    def _missing(self, obj: Any, owner: Any) -> Any:
+    def _missing(self, obj: object, owner: object) -> Any:
         fallback = self.fallback
         if fallback is _NOTHING:
             raise AttributeError(f"`{type(obj).__name__}` instance has no attribute {self.name!r}")
         get = getattr(type(fallback), "__get__", None)
         return fallback if get is None else get(fallback, obj, owner)
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    def __set__(self, obj: object, value: object) -> None:
         if getattr(obj, "_tc_layout", None) is not None:
             raise AttributeError(
                 _IMMUTABLE_MSG.format(
@@ -619,7 +619,7 @@ class _Attribute:
             )
         attributes(obj)[self.name] = value
 
-    def __delete__(self, obj: Any) -> None:
+    def __delete__(self, obj: object) -> None:
         if getattr(obj, "_tc_layout", None) is not None:
             raise AttributeError(
                 _IMMUTABLE_MSG.format(
@@ -649,12 +649,15 @@ class _GetterAttribute(_Attribute):
     __slots__ = ("callbacks",)
 
     def __init__(
-        self, name: str, fallback: Any = _NOTHING, callbacks: tuple[Callable[[Any], Any], ...] = ()
+        self,
+        name: str,
+        fallback: object = _NOTHING,
+        callbacks: tuple[Callable[[Any], Any], ...] = (),
     ) -> None:
         super().__init__(name, fallback)
         self.callbacks = callbacks
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
             return self._class_value(owner)
         try:
@@ -672,7 +675,7 @@ class _GetterAttribute(_Attribute):
 GUARDS = (_Attribute,)
 
 
-def guard_field(cls: type, name: str, default: Any, on_getattr: tuple[Any, ...]) -> None:
+def guard_field(cls: type, name: str, default: object, on_getattr: tuple[Any, ...]) -> None:
     """Put the guard of a declared field on `cls`; `default` (or `NOTHING`) is its class value."""
     guard = _GetterAttribute(name, default, on_getattr) if on_getattr else _Attribute(name, default)
     type.__setattr__(cls, name, guard)
@@ -706,7 +709,7 @@ def flat_of(node: Any) -> tuple[tuple[Any, ...], Layout]:
     return layout.shape.get(d), layout
 
 
-def seal(node: Any) -> None:
+def seal(node: object) -> None:
     """Make `node` immutable: compute its layout and cache `(children, layout)`.
 
     The attributes are moved to a fresh dict: a reference to the old one that escaped
@@ -719,7 +722,7 @@ def seal(node: Any) -> None:
     _set_flat(node, flat)
 
 
-def seal_like(node: Any, like: Any) -> None:
+def seal_like(node: object, like: object) -> None:
     """Seal `node`, whose attribute names are those of the sealed `like` (statics may differ).
 
     The shape is `like`'s, so only the static values are looked up; plain ones (as in a
@@ -740,7 +743,7 @@ def seal_like(node: Any, like: Any) -> None:
     _set_flat(node, (shape.get(d), layout))
 
 
-def seal_after_error(node: Any) -> None:
+def seal_after_error(node: object) -> None:
     """Seal an instance whose `__init__` raised; if even that fails, mark it broken."""
     try:
         seal(node)
@@ -748,7 +751,7 @@ def seal_after_error(node: Any) -> None:
         _set_layout(node, _BROKEN)
 
 
-def unseal(node: Any) -> None:
+def unseal(node: object) -> None:
     _set_layout(node, None)
     try:
         _flat_slot.__delete__(node)
@@ -756,11 +759,11 @@ def unseal(node: Any) -> None:
         pass
 
 
-def is_sealed(node: Any) -> bool:
+def is_sealed(node: object) -> bool:
     return getattr(node, "_tc_layout", None) is not None
 
 
-def refuse_write(node: Any, name: str, action: str) -> None:
+def refuse_write(node: object, name: str, action: str) -> None:
     """Raise the immutability error for `tree.name = value` / `del tree.name`."""
     before = f"tree.{name} = value" if action == "set" else f"del tree.{name}"
     raise AttributeError(
@@ -768,13 +771,13 @@ def refuse_write(node: Any, name: str, action: str) -> None:
     )
 
 
-def _snapshot(x: Any) -> Any:
+def _snapshot(x: object) -> Any:
     # a NumPy array is mutable in place: a method of the copy must not write into the
     # caller's buffer (`self.buf[0] = -1`)
     return x.copy() if type(x) is np.ndarray else x
 
 
-def unsealed_copy(tree: Any) -> Any:
+def unsealed_copy(tree: object) -> Any:
     """A copy of `tree` in which every TreeClass node may be mutated (and arrays are copies)."""
     copy = jax.tree_util.tree_map(_snapshot, tree)
     for node in treeclass_nodes(copy):
@@ -782,14 +785,14 @@ def unsealed_copy(tree: Any) -> Any:
     return copy
 
 
-def reseal(tree: Any) -> None:
+def reseal(tree: object) -> None:
     """Make every TreeClass node of an unsealed copy immutable again."""
     for node in treeclass_nodes(tree):
         if getattr(node, "_tc_layout", None) is None:
             seal(node)
 
 
-def treeclass_nodes(tree: Any) -> Iterator[Any]:
+def treeclass_nodes(tree: object) -> Iterator[Any]:
     """Every TreeClass node of `tree` (itself included), parents before children."""
     stack = [tree]
     while stack:
@@ -856,7 +859,7 @@ def child(node: Any, name: str) -> Any:
     return _NOTHING
 
 
-def replace_children(node: Any, changes: dict[str, Any]) -> Any:
+def replace_children(node: object, changes: dict[str, Any]) -> Any:
     """A copy of `node` with some children replaced (names must be existing children).
 
     The layout is unchanged, so the copy is sealed (or unsealed) exactly like `node`.
@@ -872,7 +875,7 @@ def replace_children(node: Any, changes: dict[str, Any]) -> Any:
     return tree
 
 
-def replace_child(node: Any, name: str, value: Any) -> Any:
+def replace_child(node: object, name: str, value: object) -> Any:
     """A copy of `node` with its child `name` replaced by `value` (`.at`'s one-key path)."""
     tree = _new(type(node))
     state = dict(attributes(node))
@@ -885,7 +888,7 @@ def replace_child(node: Any, name: str, value: Any) -> Any:
     return tree
 
 
-def rebuild(node: Any, new_children: Sequence[Any]) -> Any:
+def rebuild(node: object, new_children: Sequence[Any]) -> Any:
     """`node` with all its children replaced, in `child_names(node)` order."""
     layout = layout_of(node)
     if layout is not None:
@@ -917,7 +920,7 @@ def _flatten_with_keys(tree: Any) -> tuple[list[tuple[Any, Any]], Layout]:
     return list(zip(layout.keys, children)), layout  # noqa: B905
 
 
-def _unflatten(layout: Layout, children: Any) -> Any:
+def _unflatten(layout: Layout, children: object) -> Any:
     return layout.build(layout, children)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 
 class NumberRangeError(OverflowError, ValueError):
@@ -51,7 +52,7 @@ _CATEGORIES = (
 KIND_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: DTypeLike) -> str:
     try:
         return np.dtype(dtype).name
     except TypeError:
@@ -59,7 +60,7 @@ def dtype_name(dtype: Any) -> str:
 
 
 @functools.lru_cache(maxsize=256)  # dtypes are few and hashable; asked on every write
-def dtype_kind(dtype: Any) -> str:
+def dtype_kind(dtype: DTypeLike) -> str:
     """'b', 'i', 'u', 'f' or 'c' by JAX's categories; 'V' for the rest (PRNG keys)."""
     try:
         if jnp.issubdtype(dtype, jax.dtypes.prng_key):
@@ -69,7 +70,7 @@ def dtype_kind(dtype: Any) -> str:
         return "V"
 
 
-def number_kind(x: Any) -> str:
+def number_kind(x: complex | np.generic) -> str:
     """The kind of a Python or NumPy (or ml_dtypes) number."""
     if isinstance(x, bool):
         return "b"
@@ -83,7 +84,7 @@ def number_kind(x: Any) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _range_of(dtype: Any) -> tuple[str, Any, Any, Any]:
+def _range_of(dtype: np.dtype) -> tuple[str, Any, Any, Any]:
     """A dtype's kind and range: `(kind, min, max, None)` for ints and bools, `(kind, half
     a step at the largest value, the largest value, the real dtype)` for floats and
     complex."""
@@ -102,21 +103,23 @@ def _range_of(dtype: Any) -> tuple[str, Any, Any, Any]:
 
 
 @functools.lru_cache(maxsize=256)
-def _signed_float(real: Any) -> bool:
+def _signed_float(real: np.dtype) -> bool:
     """Whether a float dtype holds 0 and negative numbers (float8_e8m0fnu holds neither),
     so that a finite number within its largest value needs no cast to check."""
     with np.errstate(over="ignore", invalid="ignore"):
         return bool(np.isfinite(np.asarray([0.0, -1.0]).astype(real)).all())
 
 
-def plain_float_limit(dtype: Any) -> float | None:
+def plain_float_limit(dtype: np.dtype) -> float | None:
     """The largest value of a float dtype that keeps every finite number below it up to
     rounding (the fast path of a write), or None for other dtypes."""
     kind, _, largest, real = _range_of(dtype)
     return largest if kind == "f" and _signed_float(real) else None
 
 
-def _float_misfit(part: Any, name: str, largest: float, half_step: float, real: Any) -> str | None:
+def _float_misfit(
+    part: float, name: str, largest: float, half_step: float, real: np.dtype
+) -> str | None:
     try:
         exact = float(part)
     except OverflowError:  # an int too large for any float
@@ -138,7 +141,7 @@ def _float_misfit(part: Any, name: str, largest: float, half_step: float, real: 
     return None
 
 
-def number_misfit(value: Any, dtype: Any) -> tuple[type[Exception], str] | None:
+def number_misfit(value: Any, dtype: np.dtype) -> tuple[type[Exception], str] | None:
     """Why the number `value` would change on its way into an array of `dtype`, with the
     error to raise (`TypeError`: another kind; `NumberRangeError`: out of range), or None
     when the array keeps it up to rounding."""

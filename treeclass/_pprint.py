@@ -29,13 +29,22 @@ import math
 import numbers
 import sys
 import types
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import (
+    Any,
+    NamedTuple,
+    SupportsComplex,
+    SupportsFloat,
+    TypeAlias,
+    TypeGuard,
+    final,
+)
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from jax.typing import DTypeLike
 
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
@@ -92,31 +101,31 @@ STATS_SAMPLE_SIZE = 1 << 16
 # -- arguments -------------------------------------------------------------------------
 
 
-def _check_depth(depth: Any) -> None:
+def _check_depth(depth: object) -> None:
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
         raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))
     if not depth >= 0:  # type: ignore[operator]  # (also rejects nan; numbers.Real has no <)
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
 
 
-def _check_width(width: Any) -> None:
+def _check_width(width: object) -> None:
     if not isinstance(width, numbers.Real) or isinstance(width, bool):
         raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
 
 
-def _check_int(value: Any, name: str, low: int) -> None:
+def _check_int(value: object, name: str, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(_INT_TYPE_MSG.format(name=name, value=value))
     if value < low:
         raise ValueError(_INT_VALUE_MSG.format(name=name, low=low, value=value))
 
 
-def _check_is_leaf(is_leaf: Any) -> None:
+def _check_is_leaf(is_leaf: object) -> None:
     if is_leaf is not None and not callable(is_leaf):
         raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
 
 
-def _check_repeats(repeats: Any) -> None:
+def _check_repeats(repeats: object) -> None:
     if repeats is None:
         return
     if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
@@ -129,7 +138,7 @@ def _check_repeats(repeats: Any) -> None:
 
 
 @functools.cache
-def _dtype_kind(dtype: Any) -> str:
+def _dtype_kind(dtype: DTypeLike) -> str:
     if jnp.issubdtype(dtype, jax.dtypes.extended):
         return "extended"  # e.g. PRNG keys: no numbers to summarize, no numpy view
     for kind, family in (
@@ -147,12 +156,12 @@ def _dtype_kind(dtype: Any) -> str:
 # host copies and to take the accelerator path on CPU arrays.
 
 
-def to_host(x: Any) -> np.ndarray:
+def to_host(x: object) -> np.ndarray:
     """The only place an array's data leaves its device for printing."""
     return np.asarray(x)
 
 
-def reduce_on_device(x: Any) -> bool:
+def reduce_on_device(x: object) -> bool:
     """Whether `x`'s statistics are reduced where it lives (a large accelerator array)."""
     if not isinstance(x, jax.Array) or x.size < _DEVICE_STATS_MIN_SIZE:
         return False
@@ -182,7 +191,7 @@ def _index_key(index: tuple[slice, ...]) -> tuple[tuple[Any, Any, Any], ...]:
     return tuple((part.start, part.stop, part.step) for part in index)
 
 
-def _pieces(x: Any) -> list[tuple[tuple[slice, ...] | None, Any]]:
+def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
     """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards.
 
     An array over several devices gives one piece per distinct shard, under its index in
@@ -201,12 +210,12 @@ def _pieces(x: Any) -> list[tuple[tuple[slice, ...] | None, Any]]:
     return pieces
 
 
-def _host_pieces(x: Any) -> list[tuple[tuple[slice, ...] | None, np.ndarray]]:
+def _host_pieces(x: object) -> list[tuple[tuple[slice, ...] | None, np.ndarray]]:
     """`_pieces(x)` on the host (a CPU array is read in place)."""
     return [(index, to_host(data)) for index, data in _pieces(x)]
 
 
-def _on_cpu(x: Any) -> bool:
+def _on_cpu(x: object) -> bool:
     return not isinstance(x, jax.Array) or all(
         device.platform == "cpu" for device in x.sharding.device_set
     )
@@ -291,17 +300,17 @@ def _stats(x: Any, kind: str) -> tuple[tuple[Any, ...], bool]:
         return (mean, std, flat.min(), flat.max()), sampled
 
 
-def _number_text(value: Any) -> str:
+def _number_text(value: SupportsFloat) -> str:
     value = float(value)
     if math.isfinite(value) and abs(value) >= 1e5:
         return f"{value:.2e}"
     return f"{value:.2f}"
 
 
-def _complex_text(value: Any) -> str:
-    value = complex(value)
-    imag = _number_text(abs(value.imag))
-    return f"{_number_text(value.real)}{'-' if math.copysign(1, value.imag) < 0 else '+'}{imag}j"
+def _complex_text(value: SupportsComplex) -> str:
+    number = complex(value)
+    imag = _number_text(abs(number.imag))
+    return f"{_number_text(number.real)}{'-' if math.copysign(1, number.imag) < 0 else '+'}{imag}j"
 
 
 def array_repr(x: Any, head: str | None = None) -> str:
@@ -361,14 +370,14 @@ def _array_str(x: Any) -> str:
         return array_type(x.dtype, tuple(x.shape))
 
 
-def is_function(x: Any) -> bool:
+def is_function(x: object) -> TypeGuard[Callable[..., object]]:
     if isinstance(x, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         return True
     # jitted and custom-derivative functions are objects that wrap a function
     return callable(x) and not isinstance(x, type) and hasattr(x, "__wrapped__")
 
 
-def function_text(fn: Any) -> str:
+def function_text(fn: Callable[..., object]) -> str:
     name = getattr(fn, "__name__", None) or type(fn).__name__
     if name == "<lambda>":
         name = "lambda"
@@ -382,14 +391,14 @@ def function_text(fn: Any) -> str:
     return f"{name}{bare}"
 
 
-def _safe_repr(x: Any, as_str: bool) -> str:
+def _safe_repr(x: object, as_str: bool) -> str:
     try:
         return str(x) if as_str else repr(x)
     except Exception as error:  # printing must never be the thing that fails
         return f"<{type(x).__name__} object (repr failed: {type(error).__name__})>"
 
 
-def _leaf_text(x: Any, as_str: bool = False) -> str:
+def _leaf_text(x: object, as_str: bool = False) -> str:
     """The text of a value shown as a leaf (not opened into children)."""
     rule = rule_for(x)
     if rule is not None:
@@ -431,7 +440,7 @@ _ATOMS = frozenset({int, float, bool, str, complex, type(None), bytes})
 
 
 def _node_parts(
-    x: Any, is_leaf: Callable[[Any], bool] | None = None, hidden: bool = False
+    x: object, is_leaf: Callable[[Any], bool] | None = None, hidden: bool = False
 ) -> _Parts | None:
     """`x` opened into labelled children, or None when it is shown as a leaf.
 
@@ -451,7 +460,7 @@ def _node_parts(
 # -- runs of repeated siblings -------------------------------------------------------------
 
 
-def _signature(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> str:
+def _signature(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> str:
     """`x`'s type and structure without its values: `Linear(weight=f32[8,8], bias=f32[8])`.
 
     Leaves show their type (`f32[8,8]`, `str`, `function`), so two layers that differ only
@@ -467,7 +476,7 @@ def _signature(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> s
     return f"{parts.open}{body}{',' if parts.single_comma else ''}{parts.close}"
 
 
-def _run_key(x: Any, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> Any:
+def _run_key(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> Any:
     # Plain Python values never fold: their values are the information (a list of layer
     # sizes), and they cost nothing to print.
     if type(x) in _ATOMS:
@@ -534,6 +543,7 @@ def _atom_size(text: str) -> float:
     return math.inf if "\n" in text else len(text)
 
 
+@final  # `type(doc) is not _Group` then tells the checkers that `doc` is a `str`
 class _Group:
     """A node's text before layout: one line if it fits, else one child per line."""
 
@@ -541,11 +551,11 @@ class _Group:
 
     open: str
     close: str
-    items: list[tuple[str, Any]]
+    items: list[tuple[str, _Doc]]
     comma: bool
     size: float  # the width of the one-line form (infinite if a value spans lines)
 
-    def __init__(self, open: str, close: str, items: list[tuple[str, Any]], comma: bool):
+    def __init__(self, open: str, close: str, items: list[tuple[str, _Doc]], comma: bool):
         self.open = open
         self.close = close
         self.items = items
@@ -556,7 +566,10 @@ class _Group:
         self.size = size
 
 
-def _flat(doc: Any) -> str:
+_Doc: TypeAlias = "str | _Group"  # a leaf's text, or a node's before layout
+
+
+def _flat(doc: _Doc) -> str:
     if type(doc) is not _Group:
         return doc
     body = ", ".join(label + _flat(child) for label, child in doc.items)
@@ -564,7 +577,7 @@ def _flat(doc: Any) -> str:
 
 
 def _render(
-    doc: Any, out: list[str], indent: int, col: int, width: float, tab: int, trail: int
+    doc: _Doc, out: list[str], indent: int, col: int, width: float, tab: int, trail: int
 ) -> None:
     if type(doc) is not _Group:
         # continuation lines of a multi-line value line up under its first character
@@ -587,7 +600,7 @@ def _render(
     out.append("\n" + " " * indent + doc.close)
 
 
-def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
+def _doc(x: object, depth: float, as_str: bool, repeats: int | None) -> _Doc:
     wrapper = wrapper_of(x)
     if wrapper is not None:
         inner = _doc(wrapper.unwrap(x), depth, as_str, repeats)
@@ -610,7 +623,9 @@ def _doc(x: Any, depth: float, as_str: bool, repeats: int | None) -> Any:
     return _Group(parts.open, parts.close, items, parts.single_comma)
 
 
-def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool, repeats: Any) -> str:
+def _layout(
+    tree: object, width: float, tabwidth: int, depth: float, as_str: bool, repeats: int | None
+) -> str:
     _check_depth(depth)
     _check_width(width)
     _check_int(tabwidth, "tabwidth", 0)
@@ -622,7 +637,7 @@ def _layout(tree: Any, width: Any, tabwidth: Any, depth: Any, as_str: bool, repe
 
 
 def tree_repr(
-    tree: Any,
+    tree: object,
     *,
     width: int = 80,
     tabwidth: int = 2,
@@ -680,7 +695,7 @@ def tree_repr(
 
 
 def tree_str(
-    tree: Any,
+    tree: object,
     *,
     width: int = 80,
     tabwidth: int = 2,
@@ -723,7 +738,7 @@ class Entry(NamedTuple):
     run: bool = False  # a folded run: `children` are its entries when they were asked for
 
 
-def _one_line(x: Any) -> str:
+def _one_line(x: object) -> str:
     return _layout(x, math.inf, 0, math.inf, False, None)
 
 
@@ -734,7 +749,7 @@ class _EntryOptions(NamedTuple):
     open_runs: bool  # give folded runs their entries as children (the HTML view)
 
 
-def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> Entry:
+def _entries(x: object, key: str, depth: float, options: _EntryOptions) -> Entry:
     parts = _node_parts(x, options.is_leaf, options.hidden)
     if parts is None or not parts.items or depth <= 0:
         if parts is None:
@@ -761,10 +776,10 @@ def _entries(x: Any, key: str, depth: float, options: _EntryOptions) -> Entry:
 
 
 def picture_entries(
-    tree: Any,
-    depth: Any,
-    is_leaf: Any,
-    repeats: Any,
+    tree: object,
+    depth: float,
+    is_leaf: Callable[[Any], bool] | None,
+    repeats: int | None,
     *,
     hidden: bool = True,
     open_runs: bool = False,
@@ -776,7 +791,7 @@ def picture_entries(
 
 
 def tree_diagram(
-    tree: Any,
+    tree: object,
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
@@ -868,7 +883,7 @@ def _dot_attributes(entry: Entry) -> str:
 
 
 def tree_graph(
-    tree: Any,
+    tree: object,
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
@@ -914,7 +929,7 @@ def _mermaid_escape(text: str) -> str:
 
 
 def tree_mermaid(
-    tree: Any,
+    tree: object,
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
@@ -954,7 +969,7 @@ def _path_text(keys: tuple[Any, ...]) -> str:
     return "".join(key_text(key)[1] for key in keys)
 
 
-def _leaf_type(x: Any) -> str:
+def _leaf_type(x: object) -> str:
     rule = rule_for(x)
     if rule is not None and rule.type_name is not None:
         return rule.type_name(x)
@@ -968,7 +983,7 @@ def _leaf_type(x: Any) -> str:
     return type(x).__name__
 
 
-def _leaf_count_size(x: Any) -> tuple[int, int]:
+def _leaf_count_size(x: object) -> tuple[int, int]:
     rule = rule_for(x)
     if rule is not None and (rule.count is not None or rule.size is not None):
         if rule.count is not None and rule.size is not None:
@@ -981,7 +996,7 @@ def _leaf_count_size(x: Any) -> tuple[int, int]:
     return _default_count_size(x)
 
 
-def _default_count_size(x: Any) -> tuple[int, int]:
+def _default_count_size(x: object) -> tuple[int, int]:
     wrapper = wrapper_of(x)
     if wrapper is not None:
         return _leaf_count_size(wrapper.unwrap(x))
@@ -1006,14 +1021,14 @@ def _totals(leaves: list[Any]) -> tuple[int, int]:
     return sum(c for c, _ in pairs), sum(s for _, s in pairs)
 
 
-def _summary_leaf(x: Any) -> bool:
+def _summary_leaf(x: object) -> bool:
     if wrapper_of(x) is not None:
         return True
     rule = rule_for(x)
     return rule is not None and rule.has_summary
 
 
-def _sharding_text(x: Any) -> str:
+def _sharding_text(x: object) -> str:
     wrapper = wrapper_of(x)
     if wrapper is not None:  # a frozen array replicated over the mesh says so
         return _sharding_text(wrapper.unwrap(x))
@@ -1083,7 +1098,7 @@ def _role_footer(totals: dict[str, list[int]], statics: list[Any]) -> list[list[
     return rows
 
 
-def _stopped_role(x: Any) -> str:
+def _stopped_role(x: object) -> str:
     """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
     if wrapper_of(x) is not None or children_of(x) is None:
         return _roles.leaf_role(x, False)
@@ -1091,7 +1106,7 @@ def _stopped_role(x: Any) -> str:
 
 
 def tree_summary(
-    tree: Any,
+    tree: object,
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
@@ -1151,7 +1166,7 @@ def tree_summary(
     total_count = total_size = 0
     role_totals: dict[str, list[int]] = {}
 
-    def stop(x: Any) -> bool:
+    def stop(x: object) -> bool:
         return _summary_leaf(x) or (is_leaf is not None and bool(is_leaf(x)))
 
     def add_row(path: str, kind: str, parts: list[tuple[str, int, int]], sharding: str) -> None:
@@ -1170,7 +1185,7 @@ def tree_summary(
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
 
-    def visit(x: Any, in_state: bool | str, keys: tuple[Any, ...], remaining: float) -> None:
+    def visit(x: object, in_state: bool | str, keys: tuple[Any, ...], remaining: float) -> None:
         # `in_state`: the role a field of a node above declares for `x` (or False)
         flat = None if stop(x) else children_of(x)
         if flat is not None and remaining > 0:
@@ -1257,14 +1272,14 @@ class _TraceTable(str):
         return str(self)
 
 
-def _type_name(kind: Any) -> str:
+def _type_name(kind: object) -> str:
     if isinstance(kind, type) and issubclass(kind, jax.Array):
         return "Array"  # not `ArrayImpl`, JAX's private concrete class
     return getattr(kind, "__name__", str(kind))
 
 
 def tree_repr_with_trace(
-    tree: Any,
+    tree: object,
     is_leaf: Callable[[Any], bool] | None = None,
     transpose: bool = False,
 ) -> Any:
@@ -1314,7 +1329,7 @@ def tree_repr_with_trace(
     _check_is_leaf(is_leaf)
     traced, treedef = _trace.tree_flatten_with_trace(tree, is_leaf=is_leaf)
 
-    def table(trace: Any, leaf: Any) -> _TraceTable:
+    def table(trace: tuple[Sequence[object], Sequence[object]], leaf: object) -> _TraceTable:
         keys, kinds = trace
         rows = [
             ["Value", _one_line(leaf)],

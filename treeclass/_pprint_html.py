@@ -16,7 +16,7 @@ import html
 import math
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._pprint import (
     DEFAULT_REPEATS,
@@ -32,6 +32,9 @@ from ._pprint import (
 from ._pprint_registry import rule_for, view_of
 from ._structure import node_type, row_of, wrapper_of
 from ._values import offer_display
+
+if TYPE_CHECKING:  # an optional dependency: imported where a rendering is made
+    from treescope.rendering_parts import RenderableTreePart
 
 __all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display", "Printed"]
 
@@ -80,7 +83,7 @@ def _html_lines(entry: Entry, level: int, open_levels: float, out: list[str]) ->
 
 
 def tree_html(
-    tree: Any,
+    tree: object,
     *,
     depth: float = math.inf,
     is_leaf: Callable[[Any], bool] | None = None,
@@ -129,7 +132,7 @@ class _HtmlDisplay:
     IPython looks the method up on the instance, where this gives a bound method.
     """
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
             return self
         return types.MethodType(tree_html, instance)
@@ -144,7 +147,7 @@ html_display = _HtmlDisplay()
 # -- treescope ------------------------------------------------------------------------------
 
 
-def _own_text(value: Any) -> str | None:
+def _own_text(value: object) -> str | None:
     """Our text for values treescope would show as a bare `<object at 0x…>`."""
     rule = rule_for(value)
     if rule is not None and rule.repr is not None:
@@ -164,7 +167,9 @@ def _separator(last: bool) -> Any:
     return parts.siblings(",", parts.fold_condition(collapsed=parts.text(" ")))
 
 
-def _render_child(value: Any, path: str | None, subtree_renderer: Any, repeats: Any) -> Any:
+def _render_child(
+    value: object, path: str | None, subtree_renderer: Callable[..., Any], repeats: int | None
+) -> Any:
     from treescope import rendering_parts as parts
 
     text = _own_text(value)
@@ -184,9 +189,9 @@ def _render_child(value: Any, path: str | None, subtree_renderer: Any, repeats: 
 def _render_node(
     items: list[Any],
     path: str | None,
-    subtree_renderer: Any,
-    repeats: Any,
-    brackets: Any,
+    subtree_renderer: Callable[..., Any],
+    repeats: int | None,
+    brackets: tuple[str | RenderableTreePart, str | RenderableTreePart],
     static_labels: frozenset[str] = frozenset(),
 ) -> Any:
     """A node's `(label, key, child)` items and folded runs, drawn as treescope draws a node."""
@@ -214,9 +219,9 @@ def _render_node(
 
 
 def treescope_repr(
-    tree: Any,
+    tree: object,
     path: str | None,
-    subtree_renderer: Any,
+    subtree_renderer: Callable[..., Any],
     *,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> Any:
@@ -277,7 +282,9 @@ def treescope_repr(
     return _render_node(items, path, subtree_renderer, repeats, (opening, closing), static_labels)
 
 
-def wrapper_treescope_repr(wrapped: Any, path: str | None, subtree_renderer: Any) -> Any:
+def wrapper_treescope_repr(
+    wrapped: object, path: str | None, subtree_renderer: Callable[..., Any]
+) -> Any:
     """Render a wrapper node (a frozen value) for treescope: its mark and the value inside.
 
     A frozen array keeps treescope's foldable array summary, a frozen subtree folds like
@@ -338,6 +345,6 @@ class Printed:
     # which adds a "rich HTML" box for any class with a callable `_repr_html_`, sees none
     _repr_html_ = html_display
 
-    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Callable[..., Any]) -> Any:
         # called by treescope only, once it is imported
         return treescope_repr(self, path, subtree_renderer)

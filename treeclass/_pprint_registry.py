@@ -118,7 +118,7 @@ def _spelling(cls: type, field: str) -> str:
 
 
 def _result_error(
-    error: type[Exception], cls: type, field: str, value: Any, result: Any, problem: str = ""
+    error: type[Exception], cls: type, field: str, value: object, result: object, problem: str = ""
 ) -> Any:
     return error(
         _RULE_RESULT_MSG.format(
@@ -134,7 +134,7 @@ def _result_error(
     )
 
 
-def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
+def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
     """`result` of the `field` rule if it is what the printers need, else a clear error."""
     if field in ("repr", "str", "type_name"):
         if isinstance(result, builtins.str):
@@ -181,7 +181,7 @@ def _checked_result(cls: type, field: str, value: Any, result: Any) -> Any:
 def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """`fn` as the printers call it: its result checked, its errors naming the rule."""
 
-    def rule(value: Any) -> Any:
+    def rule(value: object) -> Any:
         try:
             result = fn(value)
         except Exception as error:
@@ -342,7 +342,7 @@ _DECORATE = object()  # `def_type(T)` without a function: return a decorator
 def printer_alias(field: str, name: str) -> Callable[..., Any]:
     """A PyTreeClass-style `def_*` function that sets one field of a type's rule."""
 
-    def define(cls: type, func: Any = _DECORATE, /) -> Any:
+    def define(cls: type, func: object = _DECORATE, /) -> Any:
         if not isinstance(cls, type):
             raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=cls))
         if func is _DECORATE:
@@ -368,7 +368,7 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
     return define
 
 
-def rule_for(value: Any) -> PrintRule | None:
+def rule_for(value: object) -> PrintRule | None:
     """The rule registered for `type(value)` or its nearest base class, if any.
 
     Its functions are the registered ones wrapped to check what they return (a `str`, a
@@ -396,10 +396,10 @@ class _RuleKind(NodeKind):
     def __init__(self, rule: PrintRule) -> None:
         self.rule = rule
 
-    def items(self, node: Any, hidden: bool) -> Any:
+    def items(self, node: object, hidden: bool) -> Any:
         return named(self.rule.children(node))  # type: ignore[misc]
 
-    def type_name(self, node: Any) -> str:
+    def type_name(self, node: object) -> str:
         name = self.rule.type_name
         return type(node).__name__ if name is None else name(node)
 
@@ -409,7 +409,7 @@ def _rule_row(rule: PrintRule) -> NodeKind:
     return _RuleKind(rule)
 
 
-def view_of(value: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind | None:
+def view_of(value: object, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind | None:
     """The row of the node view that shows `value`: its rule's, else the table's (`None`:
     a leaf, as are the values `is_leaf` stops at and those whose rule gives a text)."""
     kind = node_kind(value, is_leaf)
@@ -421,7 +421,7 @@ def view_of(value: Any, is_leaf: Callable[[Any], bool] | None = None) -> NodeKin
     return node_type(value, kind)
 
 
-def children_of(value: Any) -> list[tuple[Any, Any]] | None:
+def children_of(value: object) -> list[tuple[Any, Any]] | None:
     """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule shows them."""
     rule = rule_for(value)
     if rule is not None and rule.children is not None and not rule.has_text:

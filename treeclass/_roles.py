@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
@@ -32,6 +32,8 @@ from . import _node
 from ._fields import FIELD_ROLES, ROLE_KEY
 from ._structure import LEAF, is_wrapper, node_kind, open_node, row_of, wrapper_of
 from ._values import is_array, is_inexact_array
+
+_T = TypeVar("_T")
 
 __all__ = [
     "TRAINABLE",
@@ -68,7 +70,7 @@ _UNKNOWN_ROLE_MSG = (
 )
 
 
-def is_trainable_value(x: Any) -> bool:
+def is_trainable_value(x: object) -> bool:
     """Whether a leaf's value makes it trainable: an inexact, unfrozen array.
 
     Arrays of JAX (tracers included) and NumPy, and abstract ones
@@ -105,7 +107,7 @@ def _declared_fields(cls: type) -> dict[str, str]:
     return {name: role for name, role in found.items() if role is not None} or _NO_ROLES
 
 
-def declared_children(node: Any) -> dict[str, str]:
+def declared_children(node: object) -> dict[str, str]:
     """Child name -> declared role, for the children of `node` (read-only): the fields of
     the TreeClass its row names (`NodeKind.roles_of`: itself, or a stack's block)."""
     if not _node.is_treeclass(node):
@@ -115,17 +117,17 @@ def declared_children(node: Any) -> dict[str, str]:
     return _declared_fields(cls)
 
 
-def state_children(node: Any) -> frozenset[str]:
+def state_children(node: object) -> frozenset[str]:
     """The names of the children of a TreeClass `node` that its class declares state."""
     return frozenset(name for name, role in declared_children(node).items() if role == STATE)
 
 
-def declares_state(tree: Any) -> bool:
+def declares_state(tree: object) -> bool:
     """Whether a TreeClass node of `tree` has a field that declares a role."""
     return any(declared_children(node) for node in _node.treeclass_nodes(tree))
 
 
-def leaf_role(x: Any, in_state: bool | str) -> str:
+def leaf_role(x: object, in_state: bool | str) -> str:
     """The role of one leaf (or frozen value).
 
     `in_state`: the role declared by the field that holds it (`True` for state, as
@@ -140,7 +142,7 @@ def leaf_role(x: Any, in_state: bool | str) -> str:
 
 
 def leaf_roles(
-    tree: Any, in_state: bool | str = False, is_leaf: Callable[[Any], bool] | None = None
+    tree: object, in_state: bool | str = False, is_leaf: Callable[[Any], bool] | None = None
 ) -> list[str]:
     """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, in that order.
 
@@ -153,7 +155,7 @@ def leaf_roles(
 
 
 def _collect(
-    node: Any, in_state: bool | str, is_leaf: Callable[[Any], bool] | None, out: list[str]
+    node: object, in_state: bool | str, is_leaf: Callable[[Any], bool] | None, out: list[str]
 ) -> None:
     wrapper = wrapper_of(node)
     if wrapper is not None:
@@ -174,7 +176,8 @@ def _collect(
         _collect(child, (declared.get(entry.name) if declared else None) or in_state, is_leaf, out)
 
 
-def roles(tree: Any) -> Any:
+# Typed as the tree (as `tc.optim.mask` is): the same node types, with role names as leaves.
+def roles(tree: _T) -> _T:
     """The role of every value of `tree`: a tree of role names, one in place of each leaf.
 
     Every tool answers "what is trained, what is state, what is configuration" the same
@@ -238,7 +241,7 @@ def roles(tree: Any) -> Any:
     return treedef.unflatten(leaf_roles(tree))
 
 
-def static_values(tree: Any) -> Iterator[tuple[Any, str, Any]]:
+def static_values(tree: object) -> Iterator[tuple[Any, str, Any]]:
     """`(node, name, value)` for every static field of every TreeClass node of `tree`.
 
     Frozen values are not looked into: what a frozen TreeClass holds is frozen.

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+from jax.typing import ArrayLike
 
 from . import _node
 from ._glob import Glob
@@ -123,7 +124,7 @@ class BaseKey(abc.ABC):
     """
 
     @abc.abstractmethod
-    def __eq__(self, entry: Any) -> bool: ...
+    def __eq__(self, entry: object) -> bool: ...
 
     __hash__ = object.__hash__
 
@@ -275,7 +276,7 @@ class Walker(Protocol):
         ...
 
     def missing(
-        self, key: Any, node: Any, kind: Kind, opened: Opened | None, path: tuple[Any, ...]
+        self, key: object, node: object, kind: Kind, opened: Opened | None, path: tuple[Any, ...]
     ) -> Exception:
         """The error for a required `key` that `node` at `path` does not have."""
         ...
@@ -296,7 +297,7 @@ class Walker(Protocol):
         """The key names `matcher` looked at."""
         ...
 
-    def note_start(self, matcher: Matcher, node: Any, path: tuple[Any, ...]) -> None:
+    def note_start(self, matcher: Matcher, node: object, path: tuple[Any, ...]) -> None:
         """Remember where `matcher` (a glob) started, for its no-match error."""
         ...
 
@@ -316,13 +317,13 @@ class Matcher:
     sees_into_frozen = False
     names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
 
-    def initial(self, node: Any, path: tuple[Any, ...], walker: Walker) -> Any:
+    def initial(self, node: object, path: tuple[Any, ...], walker: Walker) -> Any:
         return None
 
     def enter(
         self,
         state: Any,
-        node: Any,
+        node: object,
         kind: Kind,
         opened: Opened | None,
         path: tuple[Any, ...],
@@ -331,14 +332,14 @@ class Matcher:
         return _NOTHING if opened is None else (CHILDREN, state)
 
     def step(
-        self, state: Any, k: int, entry: Any, child: Any, child_path: tuple[Any, ...]
+        self, state: Any, k: int, entry: object, child: object, child_path: tuple[Any, ...]
     ) -> tuple[Step, Any]:
         raise NotImplementedError
 
     def finish(
         self,
         state: Any,
-        node: Any,
+        node: object,
         kind: Kind,
         opened: Opened | None,
         path: tuple[Any, ...],
@@ -409,7 +410,9 @@ def _listed(names: list[Any]) -> str:
     return ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
 
 
-def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) -> Exception:
+def missing_key_error(
+    key: object, node: object, kind: Kind, opened: Opened | None, where: str
+) -> Exception:
     """The error for a name or index selector that matched no child of `node`."""
     if opened is None:
         return LookupError(
@@ -466,7 +469,7 @@ def missing_key_error(key: Any, node: Any, kind: Kind, opened: Any, where: str) 
 
 
 def _record_statics(
-    node: Any, kind: Kind, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
+    node: object, kind: Kind, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
 ) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
     row = row_of(node)
@@ -546,7 +549,7 @@ class IndexMatcher(_SingleKeyMatcher):
         return _PRUNED
 
 
-def find_child(node: Any, key: str | int, where: Callable[[], str]) -> tuple[Any, Any]:
+def find_child(node: object, key: str | int, where: Callable[[], str]) -> tuple[Any, Any]:
     """`(key entry, child)`: the child of `node` that a name or index `key` selects, as
     `.at[key]` finds it (the row of the node's kind answers); raises the error `.at[key]`
     raises when there is none, `where()` being the node's key path."""
@@ -629,7 +632,7 @@ class _NamingMatcher(Matcher):
     __slots__ = ()
     names_something = True
 
-    def matches(self, entry: Any) -> bool:
+    def matches(self, entry: object) -> bool:
         raise NotImplementedError
 
     def enter(self, state, node, kind, opened, path, walker):
@@ -666,7 +669,7 @@ class PatternMatcher(_NamingMatcher):
     def __init__(self, pattern: re.Pattern) -> None:
         self.pattern = pattern
 
-    def matches(self, entry: Any) -> bool:
+    def matches(self, entry: object) -> bool:
         return self.pattern.fullmatch(str(entry_name(entry))) is not None
 
     def closest(self, names: list[Any]) -> Any:
@@ -685,7 +688,7 @@ class BaseKeyMatcher(_NamingMatcher):
     def __init__(self, key: BaseKey) -> None:
         self.key = key
 
-    def matches(self, entry: Any) -> bool:
+    def matches(self, entry: object) -> bool:
         result = self.key.__eq__(entry)
         return result is not NotImplemented and bool(result)
 
@@ -698,7 +701,7 @@ class RuleMatcher(_NamingMatcher):
 
     __slots__ = ("value", "compare")
 
-    def __init__(self, value: Any, compare: Callable[[Any, Any, Any], Any]) -> None:
+    def __init__(self, value: object, compare: Callable[[Any, Any, Any], Any]) -> None:
         self.value = value
         self.compare = compare
 
@@ -719,7 +722,7 @@ class RuleMatcher(_NamingMatcher):
         return repr(self.value)
 
 
-def _same_entry(key: Any, entry: Any, child: Any) -> bool:
+def _same_entry(key: object, entry: object, child: object) -> bool:
     return type(entry) is type(key) and entry == key
 
 
@@ -855,7 +858,7 @@ class GlobMatcher(Matcher):
         self.start = glob_.start
         self.accept = glob_.accept
 
-    def advance(self, state: frozenset[int], entry: Any) -> frozenset[int]:
+    def advance(self, state: frozenset[int], entry: object) -> frozenset[int]:
         return self.glob.advance(state, entry_name(entry))
 
     def initial(self, node, path, walker):
@@ -875,7 +878,7 @@ class GlobMatcher(Matcher):
             _record_statics(node, kind, path, walker, lambda e: accept in self.advance(state, e))
         return CHILDREN, (walker.hits, state)  # where a match records itself, and the NFA state
 
-    def matches_below(self, state: frozenset[int], node: Any) -> bool:
+    def matches_below(self, state: frozenset[int], node: object) -> bool:
         """Whether the pattern, at `state`, matches some node below `node` (frozen values
         looked into): a dry run, for errors."""
         node = unwrap(node)
@@ -942,7 +945,7 @@ class GlobMatcher(Matcher):
         return _selects_nothing(self, selection, detail, hint)
 
     def _misses(
-        self, node: Any, state: frozenset[int], path: tuple[Any, ...]
+        self, node: object, state: frozenset[int], path: tuple[Any, ...]
     ) -> Iterator[tuple[int, Any, tuple[Any, ...] | None]]:
         """Where the pattern stops, for errors: `(position, name, None)` wherever a name
         fails the segment at that position, `(position, (node, state), path)` wherever the
@@ -979,11 +982,11 @@ MASK_MISMATCH_MSG = (
 )
 
 
-def _is_bool_array(x: Any) -> bool:
+def _is_bool_array(x: object) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and x.dtype == np.bool_
 
 
-def mask_leaf_value(x: Any) -> Any:
+def mask_leaf_value(x: object) -> Any:
     """`True`/`False` for a static mask leaf, the array for an element mask, else `None`."""
     if x is True or x is False:
         return x
@@ -994,7 +997,7 @@ def mask_leaf_value(x: Any) -> Any:
     return None
 
 
-def _is_other_selector(x: Any) -> bool:
+def _is_other_selector(x: object) -> bool:
     if x is Ellipsis or (
         isinstance(x, (str, bytes, int, float, complex, type)) and not isinstance(x, bool)
     ):
@@ -1004,7 +1007,7 @@ def _is_other_selector(x: Any) -> bool:
     return _user_type(type(x)) is not None
 
 
-def is_mask_like(x: Any) -> bool:
+def is_mask_like(x: object) -> bool:
     """Whether `x` is taken for a boolean mask selector: a bool, a boolean array, or a
     container none of whose children is another kind of selector.
 
@@ -1033,13 +1036,14 @@ class MaskMatcher(Matcher):
 
     __slots__ = ("mask",)
 
-    def __init__(self, mask: Any) -> None:
+    def __init__(self, mask: object) -> None:
         self.mask = mask
 
     def initial(self, node, path, walker):
         return self.mask
 
-    def enter(self, state, node, kind, opened, path, walker):
+    # `node` is a node of the mask's own type: its length and keys are read
+    def enter(self, state, node: Any, kind, opened, path, walker):
         value = mask_leaf_value(state)
         if value is True:
             return _SELF
@@ -1170,7 +1174,7 @@ class _Skip:
 _SKIP = _Skip()
 
 
-def _union_masks(current: Any, new: Any, already_selected: bool) -> Any:
+def _union_masks(current: ArrayLike | None, new: ArrayLike | None, already_selected: bool) -> Any:
     # `None` means "all elements": it absorbs any element mask
     if not already_selected:
         return new
@@ -1393,7 +1397,7 @@ class _UserType:
         self.what = what
         self.compile = compile_
 
-    def __call__(self, selector: Any, where: Callable[[], str]) -> Matcher:
+    def __call__(self, selector: object, where: Callable[[], str]) -> Matcher:
         return self.compile(selector, where)
 
 
@@ -1438,7 +1442,7 @@ def _compiler_for(cls: type) -> Compiler | None:
     return _user_type(cls)
 
 
-def _compiler_of(selector: Any) -> Compiler | None:
+def _compiler_of(selector: object) -> Compiler | None:
     """The compiler of `selector`'s type, if it is a selector type."""
     try:
         return _compiler_for(type(selector))  # type: ignore[arg-type]  # mypy: a class is not Hashable
@@ -1470,19 +1474,21 @@ def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
 class _AliasResultError(Exception):
     """A converter's result is not a built-in selector (turned into a `TypeError`)."""
 
-    def __init__(self, value: Any, why: str) -> None:
+    def __init__(self, value: object, why: str) -> None:
         super().__init__(why)
         self.value = value
         self.why = why
 
 
-def _compile_rule(compare: Any, selector: Any, where: Callable[[], str]) -> Matcher:
+def _compile_rule(
+    compare: Callable[[Any, Any, Any], Any], selector: object, where: Callable[[], str]
+) -> Matcher:
     # the value itself is the matcher, whatever it is (a NamedTuple is not opened as a node)
     return RuleMatcher(selector, compare)
 
 
 def _compile_alias(
-    kind: type, converter: Callable[[Any], Any], selector: Any, where: Callable[[], str]
+    kind: type, converter: Callable[[Any], Any], selector: object, where: Callable[[], str]
 ) -> Matcher:
     if open_node(selector, node_kind(selector)) is not None:
         raise TypeError(
@@ -1549,7 +1555,7 @@ class NonBoolMaskError(NotImplementedError, ValueError):
     error (as a mask with a non-bool leaf found during the walk is)."""
 
 
-def _non_bool_leaf(selector: Any) -> tuple[tuple[Any, ...], Any] | None:
+def _non_bool_leaf(selector: object) -> tuple[tuple[Any, ...], Any] | None:
     """The first leaf (with its path) of a pytree container selector that is not a bool."""
     if type(selector) is tuple or open_node(selector, node_kind(selector)) is None:
         return None
@@ -1559,7 +1565,7 @@ def _non_bool_leaf(selector: Any) -> tuple[tuple[Any, ...], Any] | None:
     return None
 
 
-def _non_bool_mask_error(selector: Any, where: Callable[[], str], hint: str) -> Exception | None:
+def _non_bool_mask_error(selector: object, where: Callable[[], str], hint: str) -> Exception | None:
     """The error for a pytree container selector with a leaf that is not a bool, if any."""
     found = _non_bool_leaf(selector)
     if found is None:
@@ -1578,7 +1584,7 @@ def _non_bool_mask_error(selector: Any, where: Callable[[], str], hint: str) -> 
     )
 
 
-def compile_selector(selector: Any, where: Callable[[], str]) -> Matcher:
+def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
     """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
     compiler = _compiler_of(selector)
     if compiler is not None:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._at import at
@@ -119,7 +119,7 @@ _UNUSED = (
 # -- the rule table ---------------------------------------------------------------------------
 
 
-def _spec_entries(spec: Any, index: int) -> tuple[Any, ...]:
+def _spec_entries(spec: object, index: int) -> tuple[Any, ...]:
     """A rule's spec as a tuple of entries, each None, a name, or a tuple of names."""
     if isinstance(spec, P):
         entries = tuple(spec)
@@ -151,7 +151,7 @@ class _Rule:
 
     __slots__ = ("index", "selectors", "entries", "text")
 
-    def __init__(self, index: int, row: Any) -> None:
+    def __init__(self, index: int, row: object) -> None:
         if not isinstance(row, tuple) or len(row) < 2:
             raise TypeError(_RULE_TYPE_MSG.format(index=index, found=describe(row)))
         self.index = index
@@ -161,7 +161,7 @@ class _Rule:
         self.text = f"rule {index} ({chain} -> {_spec_text(self.entries)})"
 
 
-def _selector_text(selector: Any) -> str:
+def _selector_text(selector: object) -> str:
     if isinstance(selector, type):
         return selector.__name__
     return repr(selector)
@@ -316,7 +316,9 @@ class ShardingRules:
             f"block_axis={self.block_axis!r})"
         )
 
-    def with_axes(self, axes: Mapping[str, Any] | None = None, /, **more: Any) -> ShardingRules:
+    def with_axes(
+        self, axes: Mapping[str, object] | None = None, /, **more: object
+    ) -> ShardingRules:
         """The same rules with logical names mapped (added to, or replacing, `axes`).
 
         ```python
@@ -337,7 +339,7 @@ class ShardingRules:
 
     # -- applying the table -------------------------------------------------------------------
 
-    def specs(self, tree: _T, mesh: Any) -> _T:
+    def specs(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """The mesh partition spec of every leaf of `tree`, after checking the rules.
 
         **Arguments**
@@ -372,7 +374,7 @@ class ShardingRules:
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         return treedef.unflatten(self._resolve(tree, flat, mesh))
 
-    def shardings(self, tree: _T, mesh: Any) -> _T:
+    def shardings(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """The `NamedSharding` of every leaf of `tree` on `mesh`, after checking the rules.
 
         The tree to hand to `jax.jit(..., out_shardings=...)` or `jax.device_put`. Raises
@@ -392,7 +394,7 @@ class ShardingRules:
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         return treedef.unflatten([NamedSharding(mesh, s) for s in self._resolve(tree, flat, mesh)])
 
-    def template(self, tree: _T, mesh: Any) -> _T:
+    def template(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target.
 
         `tc.load(path, template)` (and orbax) read into it, each process reading only the
@@ -418,7 +420,9 @@ class ShardingRules:
             ]
         )
 
-    def init(self, mesh: Any, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    def init(
+        self, mesh: Mesh | AbstractMesh, fn: Callable[..., _T], /, *args: Any, **kwargs: Any
+    ) -> _T:
         """`fn(*args, **kwargs)` built directly in the shardings the rules give it.
 
         `fn` is traced once (its Python runs once, under `jax.jit` tracing); the rules are
@@ -467,7 +471,9 @@ class ShardingRules:
 
     # -- the check ----------------------------------------------------------------------------
 
-    def _resolve(self, tree: Any, flat: list[tuple[Any, Any]], mesh: Any) -> list[P]:
+    def _resolve(
+        self, tree: object, flat: list[tuple[Any, Any]], mesh: Mesh | AbstractMesh
+    ) -> list[P]:
         """Every leaf's mesh spec, or a `ValueError` listing every problem."""
         sizes = dict(mesh.shape)
         problems: dict[str, None] = {}  # ordered, without repeats
@@ -500,7 +506,7 @@ class ShardingRules:
             )
         return specs
 
-    def _claims(self, tree: Any, count: int, problems: dict[str, None]) -> list[list[_Rule]]:
+    def _claims(self, tree: object, count: int, problems: dict[str, None]) -> list[list[_Rule]]:
         """For every leaf, the rules that select it, in table order."""
         claims: list[list[_Rule]] = [[] for _ in range(count)]
         # where the frozen values are among the leaves, when they are counted as leaves
@@ -584,9 +590,9 @@ class ShardingRules:
 
     def _leaf_spec(
         self,
-        tree: Any,
+        tree: object,
         path: tuple[Any, ...],
-        leaf: Any,
+        leaf: object,
         claimed: list[_Rule],
         depth: int,
         mapped: dict[int, Any],
@@ -644,9 +650,9 @@ class ShardingRules:
 
     def _check_fit(
         self,
-        tree: Any,
+        tree: object,
         path: tuple[Any, ...],
-        leaf: Any,
+        leaf: object,
         depth: int,
         spec: list[tuple[str, ...]],
         claimed: list[_Rule],
@@ -704,7 +710,7 @@ class _SomeBlocks(Exception):
         self.where = where
 
 
-def _selected(tree: Any, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
+def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
     """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it.
 
     The selection is `.at`'s own, read as a value (`mask()`: frozen values taken as
@@ -753,12 +759,12 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(np.shape(x))
 
 
-def _dtype(x: Any) -> Any:
+def _dtype(x: object) -> Any:
     dtype = getattr(x, "dtype", None)
     return dtype if dtype is not None else jax.numpy.result_type(x)
 
 
-def _what(leaf: Any, depth: int) -> str:
+def _what(leaf: object, depth: int) -> str:
     """`f32[3,4,8]`, and for a stacked leaf `(stacked: 3 blocks of [4,8])`."""
     shape = _shape(leaf)
     text = array_type(_dtype(leaf), shape)
@@ -768,7 +774,7 @@ def _what(leaf: Any, depth: int) -> str:
     return text
 
 
-def _root_text(tree: Any) -> str:
+def _root_text(tree: object) -> str:
     return path_str(tree, ())
 
 
@@ -779,13 +785,13 @@ def _mesh_text(sizes: dict[str, int]) -> str:
 # -- what follows the model -------------------------------------------------------------------
 
 
-def _sharding_of(x: Any) -> Any:
+def _sharding_of(x: object) -> Any:
     if isinstance(x, jax.sharding.Sharding):
         return x
     return getattr(x, "sharding", None)
 
 
-def shardings_like(tree: _T, like: Any, *, mesh: Any = None) -> _T:
+def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None = None) -> _T:
     """Shardings for `tree` (an optimizer state) from those of the model it follows.
 
     Each leaf of `tree` takes the sharding of the model leaf whose key path is the
@@ -836,7 +842,7 @@ def shardings_like(tree: _T, like: Any, *, mesh: Any = None) -> _T:
         raise ValueError(_NO_MESH_MSG)
     replicated = NamedSharding(mesh, P())
 
-    def place(path: tuple[Any, ...], x: Any) -> Any:
+    def place(path: tuple[Any, ...], x: object) -> Any:
         path = tuple(path)
         for start in range(max(0, len(path) - longest), len(path)):
             found = by_path.get(path[start:])
@@ -867,7 +873,7 @@ def _run_traced_once(
     return jax.jit(replay, out_shardings=shardings)(*jax.tree_util.tree_leaves(args))
 
 
-def init_like(fn: Callable[..., _T], tree: Any, /, *args: Any, **kwargs: Any) -> _T:
+def init_like(fn: Callable[..., _T], tree: object, /, *args: Any, **kwargs: Any) -> _T:
     """`fn(tree, *args, **kwargs)` under `jax.jit`, its result placed like `tree`.
 
     For what follows a sharded model: `tc.init_like(opt.init, model)` makes the optimizer

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.tree_util import PyTreeDef
 
 from ._util import add_leaf_note, check_callable, path_str
 
@@ -39,14 +40,14 @@ _IS_TRACE_LEAF_JAX_MSG = (
 )
 
 
-def _walk_node_types(treedef: Any) -> tuple[tuple[type, ...], ...]:
+def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
     """For every leaf of `treedef`, the types of the nodes between the root and the leaf."""
     if treedef.num_nodes == 1:  # the tree is a leaf, or a node without children
         return ((),) * treedef.num_leaves
     out: list[tuple[type, ...]] = []
     append = out.append
 
-    def visit(node: Any, below_root: tuple[type, ...]) -> None:
+    def visit(node: PyTreeDef, below_root: tuple[type, ...]) -> None:
         count = node.num_leaves
         if node.num_nodes == count + 1:  # every child is a leaf: skip building them
             out.extend([below_root] * count)
@@ -68,14 +69,14 @@ def _walk_node_types(treedef: Any) -> tuple[tuple[type, ...], ...]:
 _cached_node_types = functools.lru_cache(maxsize=256)(_walk_node_types)
 
 
-def _node_types(treedef: Any) -> tuple[tuple[type, ...], ...]:
+def _node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
     try:
         return _cached_node_types(treedef)
     except Exception:  # aux data that cannot be hashed or compared (arrays, say)
         return _walk_node_types(treedef)
 
 
-def _traced_leaves(leaves_with_path: list, treedef: Any) -> list[tuple[Trace, Any]]:
+def _traced_leaves(leaves_with_path: list, treedef: PyTreeDef) -> list[tuple[Trace, Any]]:
     if treedef.num_nodes == 1:  # a leaf at the root (or no leaf at all)
         return [(_ROOT_TRACE, leaf) for _, leaf in leaves_with_path]
     # strict=True would cost a keyword parse per call; the lengths agree by construction
@@ -86,7 +87,7 @@ def _traced_leaves(leaves_with_path: list, treedef: Any) -> list[tuple[Trace, An
 
 
 def _flatten_with_path_stopping(
-    tree: Any,
+    tree: object,
     is_leaf: Callable[[Any], bool] | None,
     is_trace_leaf: Callable[[Trace], bool],
 ) -> tuple[list, Any]:
@@ -95,7 +96,7 @@ def _flatten_with_path_stopping(
     # stack holds the types of the nodes on the current path, the root's child first
     path_types: list[type] = []
 
-    def stop(keys: tuple[Any, ...], node: Any) -> bool:
+    def stop(keys: tuple[Any, ...], node: object) -> bool:
         depth = len(keys)
         if depth:
             del path_types[depth - 1 :]
@@ -113,11 +114,11 @@ def _flatten_with_path_stopping(
 
 
 def tree_flatten_with_trace(
-    tree: Any,
+    tree: object,
     *,
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
-) -> tuple[list[tuple[Trace, Any]], Any]:
+) -> tuple[list[tuple[Trace, Any]], PyTreeDef]:
     """Flatten `tree` into `(trace, leaf)` pairs and its tree definition.
 
     A trace is `(keys, types)`, as in PyTreeClass v0.4:
@@ -170,7 +171,7 @@ def tree_flatten_with_trace(
 
 
 def tree_leaves_with_trace(
-    tree: Any,
+    tree: object,
     *,
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
@@ -200,8 +201,8 @@ def tree_leaves_with_trace(
 
 def tree_map_with_trace(
     func: Callable[..., Any],
-    tree: Any,
-    *rest: Any,
+    tree: object,
+    *rest: object,
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
 ) -> Any:
@@ -254,7 +255,7 @@ def tree_map_with_trace(
 
 
 def _note_failed_leaf(
-    error: BaseException, func: Any, traced_leaf: tuple[Trace, Any], root: Any
+    error: BaseException, func: object, traced_leaf: tuple[Trace, Any], root: object
 ) -> None:
     (keys, _), leaf = traced_leaf
     name = getattr(func, "__name__", type(func).__name__)

@@ -61,7 +61,7 @@ class _AttributesView:
 
     __slots__ = ()
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
             return self
         state = _node.attributes(obj)
@@ -69,14 +69,14 @@ class _AttributesView:
             return types.MappingProxyType(state)
         return state
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    def __set__(self, obj: object, value: object) -> None:
         if _node.is_sealed(obj):
             _node.refuse_write(obj, "__dict__", "set")
         if not isinstance(value, dict):
             raise TypeError(_DICT_VALUE_MSG.format(type=type(value).__name__))
         _node.set_attributes(obj, value)
 
-    def __delete__(self, obj: Any) -> None:
+    def __delete__(self, obj: object) -> None:
         _node.refuse_write(obj, "__dict__", "delete")
 
 
@@ -253,7 +253,7 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
 
     # -- immutability ------------------------------------------------------------------
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if _node.is_sealed(self):
             _node.refuse_write(self, name, "set")
         info = _node.info(self)
@@ -294,7 +294,7 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
 
     # -- replace -----------------------------------------------------------------------
 
-    def replace(self, /, **changes: Any) -> Self:
+    def replace(self, /, **changes: object) -> Self:
         """A copy of this instance with the named attributes changed, validated.
 
         Each new value goes through its field's `on_setattr` callbacks, as an assignment in
@@ -339,7 +339,7 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         """
         return _replace(self, changes)
 
-    def __replace__(self, /, **changes: Any) -> Self:
+    def __replace__(self, /, **changes: object) -> Self:
         return _replace(self, changes)
 
     # -- dunders -----------------------------------------------------------------------
@@ -376,7 +376,7 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         _node.seal(self)
 
 
-def _replace(node: Any, changes: dict[str, Any]) -> Any:
+def _replace(node: object, changes: dict[str, Any]) -> Any:
     """`node.replace(**changes)`: `changes` is the call's own dict, updated in place."""
     attributes = _node.attributes(node)
     info = _node.info(node)

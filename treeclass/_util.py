@@ -38,11 +38,11 @@ def _kind_of_type(cls: type) -> int:
     return _OTHER
 
 
-def _kind(x: Any) -> int:
+def _kind(x: object) -> int:
     return _kind_of_type(type(x))  # type: ignore[arg-type]  # mypy: a class is not Hashable
 
 
-def _truth(result: Any) -> Any:
+def _truth(result: object) -> Any:
     """`result` of an `==` as a bool, a traced bool, or False when it has no truth value."""
     if isinstance(result, _Tracer):
         return jnp.all(result)
@@ -66,12 +66,12 @@ UNREADABLE_LEAF_MSG = (
 class _UnreadableLeaf(Exception):
     """A leaf JAX does not read on this process alone; `is_tree_equal` names its path."""
 
-    def __init__(self, array: Any) -> None:
+    def __init__(self, array: Any) -> None:  # an array not `readable_here`: a jax.Array
         super().__init__()
         self.array = array
 
 
-def _local(x: Any) -> Any:
+def _local(x: object) -> Any:
     """`x`, or this process's own copy of it when it is replicated over other processes.
 
     An array placed on devices of several processes (many hosts, `jax.distributed`) cannot
@@ -95,7 +95,7 @@ def _arrays_equal(a: Any, b: Any) -> Any:
     return bool(np.array_equal(np.asarray(_local(a)), np.asarray(_local(b))))
 
 
-def _array_equals_number(array: Any, number: Any, kind: int) -> Any:
+def _array_equals_number(array: Any, number: object, kind: int) -> Any:
     # a number stands for an array filled with it (what `.at[...].set(number)` gives an
     # array leaf), so it equals an array of one or more elements that all equal it
     if array.size == 0:
@@ -115,7 +115,7 @@ def _array_equals_number(array: Any, number: Any, kind: int) -> Any:
         return False
 
 
-def _leaves_equal(a: Any, b: Any) -> Any:
+def _leaves_equal(a: object, b: object) -> Any:
     """`True`/`False`, or a traced boolean scalar when a tracer is involved."""
     if a is b:
         # containers compare members by identity first too ([nan] == [nan] when shared);
@@ -141,7 +141,7 @@ def _leaves_equal(a: Any, b: Any) -> Any:
     return False  # an array and a non-numeric value
 
 
-def is_tree_equal(*trees: Any) -> Any:
+def is_tree_equal(*trees: object) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
     Leaves are compared by value, as PyTreeClass does, so a tree equals itself after a
@@ -220,7 +220,7 @@ def is_tree_equal(*trees: Any) -> Any:
 # -- the note maps attach to an error raised at one leaf --------------------------------
 
 
-def leaf_path_str(tree: Any, index: int, is_leaf: Callable[[Any], bool] | None = None) -> str:
+def leaf_path_str(tree: object, index: int, is_leaf: Callable[[Any], bool] | None = None) -> str:
     """`MLP.b[0]`-style name of the `index`-th leaf of `tree` (in `tree_flatten` order)."""
     paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
     if not 0 <= index < len(paths):
@@ -232,7 +232,7 @@ _NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value} of 
 
 
 def check_callable(
-    value: Any, where: str, arg: str, what: str = "", optional: bool = False
+    value: object, where: str, arg: str, what: str = "", optional: bool = False
 ) -> None:
     """Raise a `TypeError` naming the function and argument when `value` is not callable."""
     if optional and value is None:
@@ -382,7 +382,7 @@ class Partial(Generic[_R]):
         parts += [f"{k}={v!r}" for k, v in self._keywords.items()]
         return f"Partial({', '.join(parts)})"
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(_PARTIAL_IMMUTABLE_MSG.format(name=name))
 
     def __delattr__(self, name: str) -> None:
@@ -405,7 +405,7 @@ class Partial(Generic[_R]):
 _set_slot = object.__setattr__
 
 
-def equal_or_false(a: Any, b: Any) -> bool:
+def equal_or_false(a: object, b: object) -> bool:
     """`a == b` as a bool; False when `==` has no truth value (arrays, leafwise trees)."""
     if a is b:
         return True
@@ -416,7 +416,7 @@ def equal_or_false(a: Any, b: Any) -> bool:
 
 
 def _set_partial(
-    partial: Partial, func: Any, args: tuple[Any, ...], keywords: dict[str, Any]
+    partial: Partial, func: object, args: tuple[Any, ...], keywords: dict[str, Any]
 ) -> None:
     _set_slot(partial, "func", func)
     _set_slot(partial, "args", tuple(args))
@@ -426,7 +426,7 @@ def _set_partial(
     _set_slot(partial, "_key", None)
 
 
-def _rebuild_partial(func: Any, args: tuple[Any, ...], keywords: dict[str, Any]) -> Partial:
+def _rebuild_partial(func: object, args: tuple[Any, ...], keywords: dict[str, Any]) -> Partial:
     partial = object.__new__(Partial)
     _set_partial(partial, func, args, keywords)
     return partial
@@ -436,7 +436,7 @@ def _flatten_partial(partial: Partial) -> tuple[tuple[()], Partial]:
     return (), partial
 
 
-def _unflatten_partial(partial: Partial, children: Any) -> Partial:
+def _unflatten_partial(partial: Partial, children: object) -> Partial:
     return partial
 
 

@@ -33,7 +33,7 @@ import hashlib
 import numbers
 import struct
 import types
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
 import jax
@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+from jax.typing import ArrayLike, DTypeLike
 
 __all__ = [
     "PLAIN_TYPES",
@@ -81,7 +82,7 @@ class ByIdentity:
 
     __slots__ = ("value",)
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: object) -> None:
         self.value = value
 
     def __eq__(self, other: object) -> bool:
@@ -94,12 +95,12 @@ class ByIdentity:
 # -- arrays ---------------------------------------------------------------------------------
 
 
-def is_array(x: Any) -> bool:
+def is_array(x: object) -> bool:
     """Whether `x` is a JAX array (a tracer too) or a NumPy array (not a NumPy scalar)."""
     return isinstance(x, (jax.Array, np.ndarray))
 
 
-def readable_here(x: Any) -> bool:
+def readable_here(x: object) -> bool:
     """Whether this process holds every value of `x`, so reading it needs no other process.
 
     False only for a concrete `jax.Array` placed on devices of several processes (many
@@ -115,7 +116,7 @@ def readable_here(x: Any) -> bool:
         return True
 
 
-def local_copy(x: Any) -> Any:
+def local_copy(x: object) -> Any:
     """`x`, or this process's own copy of it when it spans devices of other processes.
 
     Meant for arrays that are `readable_here`: a replicated array's copy on one local
@@ -126,31 +127,31 @@ def local_copy(x: Any) -> Any:
     return x
 
 
-def sharding_spec(x: Any) -> Any:
+def sharding_spec(x: jax.Array) -> Any:
     """The partition spec of `x`'s sharding (or the sharding, where it has none)."""
     return getattr(x.sharding, "spec", x.sharding)
 
 
-def is_prng_key(x: Any) -> bool:
+def is_prng_key(x: object) -> bool:
     """Whether `x` is a typed PRNG key array (`jax.random.key`), concrete or abstract."""
     dtype = getattr(x, "dtype", None)
     return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 @functools.cache
-def _is_inexact_dtype(dtype: Any) -> bool:
+def _is_inexact_dtype(dtype: DTypeLike) -> bool:
     # jax.dtypes knows bfloat16 & co. and the extended (key) dtypes; numpy does not
     return bool(jnp.issubdtype(dtype, np.inexact))
 
 
-def is_inexact_array(x: Any) -> bool:
+def is_inexact_array(x: object) -> bool:
     """Whether `x` is a floating or complex array or NumPy scalar (also an abstract one)."""
     if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
         return _is_inexact_dtype(x.dtype)
     return False
 
 
-def host_bytes(array: Any) -> np.ndarray:
+def host_bytes(array: ArrayLike) -> np.ndarray:
     """The array's bytes on the host, as a flat uint8 view (no copy where none is needed).
 
     A PRNG key array gives its key data. Raises `TypeError` for an object array (its bytes
@@ -175,7 +176,9 @@ class ArrayKey:
 
     __slots__ = ("array", "meta", "digest", "hash")
 
-    def __init__(self, array: Any, meta: tuple[Any, ...], host: np.ndarray) -> None:
+    def __init__(
+        self, array: jax.Array | np.ndarray, meta: tuple[Any, ...], host: np.ndarray
+    ) -> None:
         self.array = array
         self.meta = meta
         self.digest = hashlib.blake2b(host.data, digest_size=16).digest()
@@ -196,7 +199,7 @@ class ArrayKey:
         return bool(np.array_equal(host_bytes(self.array), host_bytes(other.array)))
 
 
-def _array_key(array: Any) -> Any:
+def _array_key(array: jax.Array | np.ndarray) -> Any:
     if isinstance(array, Tracer):
         return ByIdentity(array)
     try:
@@ -247,7 +250,7 @@ def hashable_key(value: Any) -> Any:
     return (kind, value)
 
 
-def _leaf_key(leaf: Any) -> Any:
+def _leaf_key(leaf: object) -> Any:
     try:
         return hashable_key(leaf)
     except TypeError:
@@ -291,7 +294,7 @@ def exact_key(value: Any) -> Any:
 # -- leaves of masks --------------------------------------------------------------------------
 
 
-def is_bool_mask_leaf(x: Any) -> bool:
+def is_bool_mask_leaf(x: object) -> bool:
     """Whether `x` can be a leaf of a bool mask tree: a bool, or a concrete bool scalar array."""
     if isinstance(x, (bool, np.bool_)):
         return True
@@ -306,7 +309,7 @@ def is_bool_mask_leaf(x: Any) -> bool:
 # -- text for messages ----------------------------------------------------------------------
 
 
-def short_repr(x: Any, limit: int = 40) -> str:
+def short_repr(x: object, limit: int = 40) -> str:
     """`repr(x)` on one line, cut to `limit` characters; never raises."""
     try:
         text = repr(x)
@@ -322,7 +325,7 @@ _N = TypeVar("_N")
 _DTYPE_PREFIXES = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
 
 
-def array_type(dtype: Any, shape: tuple[int, ...]) -> str:
+def array_type(dtype: object, shape: tuple[int, ...]) -> str:
     """An array's type as every printer and message writes it: `f32[3,4]`, `bool[]`."""
     name = str(dtype)
     for long, short in _DTYPE_PREFIXES:
@@ -342,13 +345,13 @@ def closest(name: object, names: Iterable[_N]) -> _N | None:
     return texts[found[0]] if found else None
 
 
-def root_name(root: Any) -> str:
+def root_name(root: object) -> str:
     """How messages name the root of a tree: its class, or `tree` for builtins."""
     cls = type(root)
     return "tree" if cls.__module__ == "builtins" else cls.__name__
 
 
-def path_str(root: Any, path: Any) -> str:
+def path_str(root: object, path: Iterable[Hashable]) -> str:
     """A key path as text, prefixed by the root's name: `MLP.layers[0].weight`."""
     return root_name(root) + jax.tree_util.keystr(tuple(path))
 
@@ -380,12 +383,12 @@ def entry_name(entry: Any) -> Any:
 _DISPLAYS: dict[str, Any] = {}
 
 
-def offer_display(fmt: str, printer: Any) -> None:
+def offer_display(fmt: str, printer: object) -> None:
     """Make `printer(value, *args)` the way values are shown in format `fmt`."""
     _DISPLAYS[fmt] = printer
 
 
-def display(fmt: str, value: Any, *args: Any) -> Any:
+def display(fmt: str, value: object, *args: Any) -> Any:
     """Show `value` in format `fmt` (`"repr"`, `"str"`, `"treescope"`) with the printers."""
     printer = _DISPLAYS.get(fmt)
     if printer is None:  # the printers have not loaded (only while treeclass imports)

@@ -33,12 +33,14 @@ from __future__ import annotations
 import functools
 import numbers
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeGuard, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from jax.tree_util import KeyPath, PyTreeDef
+from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
 from ._roles import TRAINABLE, leaf_roles
@@ -106,7 +108,7 @@ _UNKNOWN_LABEL_MSG = (
 )
 
 
-def _misfit(tree: Any, params: Any, what: str, params_are: str) -> tuple[str, str] | None:
+def _misfit(tree: object, params: object, what: str, params_are: str) -> tuple[str, str] | None:
     """Where `tree` stops being a prefix of `params`: `(key path, reason)`, or `None`.
 
     A leaf of `tree` stands for the whole subtree of `params` at its place.
@@ -118,7 +120,7 @@ def _misfit(tree: Any, params: Any, what: str, params_are: str) -> tuple[str, st
 
 
 def _check_prefix(
-    tree: Any, params: Any, what: str, check_leaf: Callable[[Any, str], None]
+    tree: object, params: object, what: str, check_leaf: Callable[[object, str], None]
 ) -> None:
     """Raise where `tree` (a mask or label tree) stops being a prefix of `params`."""
     if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(params):
@@ -130,7 +132,7 @@ def _check_prefix(
         check_leaf(leaf, path_str(params, path))
 
 
-def _check_mask_leaf(leaf: Any, where: str) -> None:
+def _check_mask_leaf(leaf: object, where: str) -> None:
     if isinstance(leaf, (bool, np.bool_)):
         return
     if getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ():
@@ -138,7 +140,7 @@ def _check_mask_leaf(leaf: Any, where: str) -> None:
     raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
 
 
-def check_mask(mask: Any, params: Any) -> Any:
+def check_mask(mask: _T, params: object) -> _T:
     """Check that `mask` fits `params` the way optax needs, and return it unchanged.
 
     optax accepts a mask with the structure of the parameters or of a prefix of them (a
@@ -176,7 +178,7 @@ def check_mask(mask: Any, params: Any) -> Any:
     return mask
 
 
-def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None = None) -> Any:
+def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | None = None) -> _T:
     """Check that a label tree fits `params` (and `transforms`), and return it unchanged.
 
     **Arguments**
@@ -208,7 +210,7 @@ def check_labels(labels: Any, params: Any, transforms: Iterable[Hashable] | None
     tree = labels.tree if isinstance(labels, Labels) else labels
     known = None if transforms is None else list(transforms)
 
-    def check_leaf(leaf: Any, where: str) -> None:
+    def check_leaf(leaf: object, where: str) -> None:
         try:
             hash(leaf)
         except TypeError:
@@ -249,7 +251,7 @@ _NOT_AN_INDEXER_MSG = (
 )
 
 
-def _whole_leaf_flag(path: tuple[Any, ...], x: Any) -> Any:
+def _whole_leaf_flag(path: KeyPath, x: object) -> object:
     if not _is_bool_array(x):
         return x
     where = "mask" + jax.tree_util.keystr(path)
@@ -262,7 +264,7 @@ def _whole_leaf_flag(path: tuple[Any, ...], x: Any) -> Any:
     raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
 
 
-def _whole_flag(tree: Any, path: tuple[Any, ...], flag: Any) -> bool:
+def _whole_flag(tree: object, path: KeyPath, flag: ArrayLike) -> bool:
     """A flag of a selection's `mask()` as one flag for its whole leaf (or an error)."""
     if flag is True or flag is False:
         return flag
@@ -271,7 +273,7 @@ def _whole_flag(tree: Any, path: tuple[Any, ...], flag: Any) -> bool:
     return bool(np.all(flag))
 
 
-def _whole_leaf_selector(selector: Any) -> Any:
+def _whole_leaf_selector(selector: object) -> object:
     """`selector`, with the leaves of a mask selector made whole-leaf Python bools.
 
     An array leaf in a mask selects elements (`jnp.where` semantics); for an optax mask it
@@ -289,11 +291,11 @@ def _whole_leaf_selector(selector: Any) -> Any:
     )
 
 
-def _is_bool_array(x: Any) -> bool:
+def _is_bool_array(x: object) -> TypeGuard[jax.Array | np.ndarray]:
     return isinstance(x, (jax.Array, np.ndarray)) and x.dtype == np.bool_
 
 
-def _indexer(selection: Any, where: tuple[Any, ...]) -> AtIndexer:
+def _indexer(selection: object, where: tuple[object, ...]) -> AtIndexer:
     if isinstance(selection, AtIndexer):
         tree, chain = selection.tree, (*selection.where, *where)
     elif where:
@@ -313,7 +315,7 @@ _EMPTY_SELECTION_MSG = (
 )
 
 
-def _check_strict(strict: Any, where: str) -> None:
+def _check_strict(strict: object, where: str) -> None:
     if not isinstance(strict, bool):
         raise TypeError(
             f"`tc.optim.{where}` takes `strict` as a bool, got {strict!r} of type "
@@ -329,10 +331,10 @@ def _empty_selection_error(what: str, reached_frozen: bool) -> ValueError:
 # Typed as the selected tree: a mask has its structure (the class of every node), with
 # `bool` leaves.
 @overload
-def mask(selection: AtIndexer[_T], *where: Any, strict: bool = True) -> _T: ...
+def mask(selection: AtIndexer[_T], *where: object, strict: bool = True) -> _T: ...
 @overload
-def mask(selection: _T, where: Any, /, *more: Any, strict: bool = True) -> _T: ...
-def mask(selection: Any, *where: Any, strict: bool = True) -> Any:
+def mask(selection: _T, where: object, /, *more: object, strict: bool = True) -> _T: ...
+def mask(selection: object, *where: object, strict: bool = True) -> object:
     """A boolean tree, `True` exactly at the leaves a selection picks.
 
     The result has the structure of the selected tree (same node types), with `False`
@@ -451,7 +453,7 @@ class Labels(Generic[_T]):
     def __init__(self, tree: _T) -> None:
         self.tree = tree
 
-    def __call__(self, params: Any) -> _T:
+    def __call__(self, params: object) -> _T:
         tree = self.fitted()
         # `optax.tree_utils.tree_map_params` initialises with a stand-in object instead
         # of the parameters; it only needs the tree back
@@ -492,7 +494,7 @@ class Labels(Generic[_T]):
 # gives the mapped tree itself: so a label function may return one (`lambda p:
 # tc.optim.labels(p, ...)`); optax reads its leaves as the labels, and the per-label masks
 # it maps from it are plain boolean trees.
-def _labels_children(children: Any) -> Any:
+def _labels_children(children: Iterable[object]) -> Any:  # the tree, not a `Labels`
     (tree,) = children
     return tree
 
@@ -505,14 +507,14 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def _mask_structure(tree: Any) -> Any:
+def _mask_structure(tree: object) -> PyTreeDef:
     """The structure of a mask of `tree`: `False` in place of each frozen value."""
     return jax.tree_util.tree_structure(
         jax.tree_util.tree_map(lambda x: False if is_wrapper(x) else 0, tree, is_leaf=is_wrapper)
     )
 
 
-def _selection_mask(tree: Any, label: Hashable, selection: Any) -> Any:
+def _selection_mask(tree: object, label: Hashable, selection: object) -> object:
     if isinstance(selection, AtIndexer):
         selected = mask(selection, strict=False)
     else:
@@ -535,7 +537,7 @@ _SELECTIONS_TYPE_MSG = (
 
 def labels(
     tree: _T,
-    selections: Mapping[Hashable, Any],
+    selections: Mapping[Hashable, object],
     *,
     default: Hashable | None = "rest",
     strict: bool = True,
@@ -613,9 +615,9 @@ def labels(
 
 
 def partition(
-    transforms: Mapping[Hashable, Any],
-    tree: Any,
-    selections: Mapping[Hashable, Any],
+    transforms: Mapping[Hashable, object],
+    tree: object,
+    selections: Mapping[Hashable, object],
     *,
     default: Hashable | None = "rest",
     strict: bool = True,
@@ -710,7 +712,7 @@ _REFROZEN_MSG = (
 )
 
 
-def _frozen_free(tree: Any) -> Any:
+def _frozen_free(tree: object) -> PyTreeDef:
     """The structure of `tree` with every frozen value replaced by one placeholder.
 
     Two trees with equal frozen-free structures differ at most in their frozen values:
@@ -726,13 +728,13 @@ class _Plan:
 
     __slots__ = ("kinds", "treedef", "skeleton", "root")
 
-    def __init__(self, tree: Any, kinds: list[int]) -> None:
+    def __init__(self, tree: object, kinds: list[int]) -> None:
         self.kinds = kinds
         self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)
         self.skeleton = _frozen_free(tree)
         self.root = tree
 
-    def split(self, tree: Any, what: str, method: str) -> tuple[list[Any], Any]:
+    def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
         if treedef == self.treedef:  # the same places, frozen values counted as leaves
             for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
@@ -755,7 +757,7 @@ class _Plan:
             )
         return leaves, treedef
 
-    def _refuse_refrozen(self, tree: Any, index: int, what: str, method: str, kind: int) -> None:
+    def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
         path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
         if kind == _FROZEN:
             then, now = "a frozen value", "not frozen"
@@ -772,14 +774,14 @@ class _Plan:
             )
         )
 
-    def selected(self, treedef: Any, leaves: list[Any], masked: Any) -> Any:
+    def selected(self, treedef: PyTreeDef, leaves: list[object], masked: object) -> object:
         """`leaves` as a tree in which only the updated ones are left (others `masked`)."""
         return treedef.unflatten(
             [x if kind == _UPDATE else masked for x, kind in zip(leaves, self.kinds)]
         )
 
 
-def _unchanged(update: Any, param: Any, where: Callable[[], str]) -> Any:
+def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], str]) -> jax.Array:
     """An update that `optax.apply_updates` adds to `param` without changing a bit.
 
     `x + (-0.0)` is `x` for every float `x`, -0.0, infinities and NaNs included (adding
@@ -798,7 +800,7 @@ def _unchanged(update: Any, param: Any, where: Callable[[], str]) -> Any:
     return jnp.zeros_like(reference)
 
 
-def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
+def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
     if isinstance(selection, AtIndexer) or where:
         indexer = _indexer(selection, where)
         tree = indexer.tree
@@ -842,12 +844,12 @@ def _plan_of(selection: Any, where: tuple[Any, ...], strict: bool) -> _Plan:
     return _Plan(tree, kinds)
 
 
-def _is_inexact_leaf(x: Any) -> bool:
+def _is_inexact_leaf(x: object) -> bool:
     # a selection is an explicit choice: a selected Python float trains too
     return isinstance(x, (float, complex)) or is_inexact_array(x)
 
 
-def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) -> Any:
+def trainable(transform: object, selection: object, *where: object, strict: bool = True) -> Any:
     """An optax transformation that updates exactly a selection and nothing else (needs optax).
 
     `transform` (any optax `GradientTransformation`: `optax.adamw(1e-3)`, a chain, a
@@ -932,11 +934,11 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
     inner = optax.with_extra_args_support(transform)
     masked = optax.MaskedNode()
 
-    def init(params: Any) -> Any:
+    def init(params: object) -> Any:
         leaves, treedef = plan.split(params, "parameters", "init")
         return inner.init(plan.selected(treedef, leaves, masked))
 
-    def update(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> Any:
+    def update(updates: object, state: object, params: object = None, **extra_args: Any) -> Any:
         leaves, treedef = plan.split(updates, "updates", "update")
         sub_params = None
         param_leaves: list[Any] = [None] * len(leaves)
@@ -960,7 +962,7 @@ def trainable(transform: Any, selection: Any, *where: Any, strict: bool = True) 
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def _is_unchanged_update(update: Any) -> bool:
+def _is_unchanged_update(update: object) -> bool:
     """Whether a concrete `update` adds nothing to any value: all `-0.0`, or all zero."""
     if isinstance(update, Tracer) or not isinstance(update, (jax.Array, np.ndarray, np.generic)):
         return False
@@ -975,7 +977,7 @@ def _is_unchanged_update(update: Any) -> bool:
     return not data.any()
 
 
-def _apply_one(param: Any, update: Any) -> Any:
+def _apply_one(param: Any, update: object) -> Any:
     if param is None:
         return None
     if not _is_inexact_leaf(param) or is_prng_key(param) or _is_unchanged_update(update):
@@ -987,7 +989,7 @@ def _apply_one(param: Any, update: Any) -> Any:
     return new if new.dtype == dtype else new.astype(dtype)
 
 
-def apply_updates(params: _T, updates: Any) -> _T:
+def apply_updates(params: _T, updates: object) -> _T:
     """`optax.apply_updates` that leaves every value no optimizer changed exactly as it is.
 
     `optax.apply_updates` adds every update and casts the sum to the parameter's dtype,
@@ -1026,7 +1028,7 @@ def apply_updates(params: _T, updates: Any) -> _T:
     return jax.tree_util.tree_map(_apply_one, params, updates, is_leaf=lambda x: x is None)
 
 
-def _leaf_path(tree: Any, index: int) -> str:
+def _leaf_path(tree: object, index: int) -> str:
     path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
     return path_str(tree, path)
 
@@ -1046,7 +1048,7 @@ _SCALE_RANK_MSG = (
 
 
 def _scale_one(
-    factor: Any, shape: tuple[int, ...] | None, where: Callable[[], str], update: Any
+    factor: object, shape: tuple[int, ...] | None, where: Callable[[], str], update: Any
 ) -> Any:
     """`update` times `factor`; `shape` is the factor's shape as given, before
     `_compact_factor` dropped its constant trailing axes (None for a number)."""
@@ -1068,7 +1070,7 @@ def _scale_one(
     return (update * factor).astype(jnp.result_type(update))
 
 
-def _compact_factor(factor: Any) -> Any:
+def _compact_factor(factor: object) -> object:
     """`factor` with the trailing axes along which it is constant dropped.
 
     Factors built from the model (`model.at[...].set(1.0)`) are arrays of each leaf's
@@ -1088,7 +1090,7 @@ def _compact_factor(factor: Any) -> Any:
     return factor
 
 
-def scale_blocks(factors: Any) -> Any:
+def scale_blocks(factors: object) -> Any:
     """An optax transform multiplying each update by a factor: one per leaf, or per block.
 
     `factors` has the parameters' structure (or a prefix of it). A leaf is a number (the
@@ -1143,10 +1145,10 @@ def scale_blocks(factors: Any) -> Any:
     ]
     paths_and_factors = [(path, _compact_factor(factor)) for path, factor in paths_and_factors]
 
-    def init(params: Any) -> Any:
+    def init(params: object) -> Any:
         return optax.EmptyState()
 
-    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    def update(updates: object, state: object, params: object = None) -> tuple[object, object]:
         try:
             subtrees = factors_def.flatten_up_to(updates)
         except (ValueError, TypeError):

@@ -20,6 +20,7 @@ from typing_extensions import assert_type
 
 import treeclass as tc
 import treeclass.optim
+from treeclass import nn
 
 # -- classes: the generated __init__ ----------------------------------------------------
 
@@ -143,6 +144,7 @@ assert_type(tc.freeze(layer), Linear)
 assert_type(tc.unfreeze(tc.freeze(layer)), Linear)
 assert_type(tc.tree_mask(block), Block)
 assert_type(tc.tree_unmask(tc.tree_mask(block)), Block)
+assert_type(tc.roles(block), Block)  # the same nodes, role names as leaves (as optim.mask)
 assert_type(tc.is_frozen(block.activation), bool)
 assert_type(tc.bcmap(jnp.add)(params, 1.0), dict[str, jax.Array])
 assert_type(tc.is_tree_equal(layer, layer), Any)
@@ -158,8 +160,16 @@ assert_type(weight_mask, MLP)
 labels = tc.optim.labels(model, {"decay": model.at[Linear]["weight"]})
 assert_type(labels, tc.optim.Labels[MLP])
 assert_type(labels.tree, MLP)
+assert_type(tc.optim.check_mask(weight_mask, model), MLP)  # checked and handed back as given
+assert_type(tc.optim.check_labels(labels, model), tc.optim.Labels[MLP])
 opt = optax.adamw(1e-3, mask=weight_mask)  # (optax types `init`'s params as arrays and
 # containers, so pyright refuses a model there: the docs' "Types and editors" says more)
+
+# -- layers: a key is a PRNG key array, a dtype what `jnp.dtype` takes ---------------------
+
+dense = nn.Linear(3, 4, key=jax.random.key(0), param_dtype="float32")
+assert_type(dense, nn.Linear)
+assert_type(nn.Dropout(0.1)(jnp.ones(4), key=jax.random.key(1)), jax.Array)
 
 # -- printing and checkpoints ----------------------------------------------------------------
 
@@ -188,3 +198,4 @@ def _errors() -> None:  # never called: each line is a mistake a checker catches
     print(tags)
     Point("a")  # E: both
     Scaled(jnp.ones(2)) * 2  # E: both
+    nn.Linear(3, 4, key=0)  # E: both

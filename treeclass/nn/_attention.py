@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, check_key, dtype_name
@@ -132,9 +133,9 @@ class MultiHeadAttention(Layer):
         use_bias: bool = False,
         causal: bool = False,
         rope_theta: float | None = None,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        key: Any,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
     ) -> None:
         key = check_key(key, "MultiHeadAttention")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -148,7 +149,7 @@ class MultiHeadAttention(Layer):
             raise ValueError(_ROTARY_MSG.format(head_dim=head_dim))
         kv_features = features if kv_features is None else kv_features
         qkey, kkey, vkey, okey = jax.random.split(key, 4)
-        options = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
+        options: dict[str, Any] = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
         assign(
             self,
             q_proj=Linear(features, num_heads * head_dim, key=qkey, **options),

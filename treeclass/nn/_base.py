@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike, DTypeLike
 
 from .._fields import fields
 from .._node import child_names, children
@@ -42,7 +43,11 @@ _KEY_MSG = (
 )
 
 
-def dtype_name(value: Any, where: str) -> str | None:
+@overload
+def dtype_name(value: None, where: str) -> None: ...
+@overload
+def dtype_name(value: DTypeLike, where: str) -> str: ...
+def dtype_name(value: DTypeLike | None, where: str) -> str | None:
     """The name of a floating dtype (`"bfloat16"`), or `None`; static fields hold names,
     which print short and hash fast."""
     if value is None:
@@ -56,7 +61,7 @@ def dtype_name(value: Any, where: str) -> str | None:
     return dtype.name
 
 
-def check_key(key: Any, layer: str) -> Any:
+def check_key(key: object, layer: str) -> jax.Array:
     """`key` if it is a PRNG key (typed or raw), else a `TypeError` naming the layer."""
     if isinstance(key, jax.Array) and (
         jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
@@ -67,7 +72,7 @@ def check_key(key: Any, layer: str) -> Any:
 
 
 def scale_and_shift(
-    features: int, use_weight: bool, use_bias: bool, param_dtype: Any
+    features: int, use_weight: bool, use_bias: bool, param_dtype: DTypeLike
 ) -> dict[str, jax.Array | None]:
     """A normalisation's `weight` (ones) and `bias` (zeros) of `features`, or None where off."""
     return {
@@ -76,13 +81,15 @@ def scale_and_shift(
     }
 
 
-def uniform_fan_in(key: Any, shape: tuple[int, ...], fan_in: int, dtype: Any) -> jax.Array:
+def uniform_fan_in(
+    key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype: DTypeLike
+) -> jax.Array:
     """`uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))` of `shape` and `dtype` (the policy above)."""
     limit = 1.0 / math.sqrt(fan_in)
     return jax.random.uniform(key, shape, dtype, minval=-limit, maxval=limit)
 
 
-def assign(layer: TreeClass, **values: Any) -> None:
+def assign(layer: TreeClass, **values: object) -> None:
     """Set attributes of a layer under construction (or of a mutable copy), in order.
 
     Through `setattr`, so each field's `on_setattr` runs; type checkers see a TreeClass
@@ -93,7 +100,7 @@ def assign(layer: TreeClass, **values: Any) -> None:
         setattr(layer, name, value)
 
 
-def cast(dtype: Any, *arrays: Any) -> Any:
+def cast(dtype: DTypeLike | None, *arrays: ArrayLike | None) -> Any:
     """`arrays` in the compute `dtype` (unchanged, and so promoted by the operations that
     use them, when it is `None`); `None` entries stay `None`."""
     if dtype is None:
@@ -145,14 +152,14 @@ def _type_name(layer: Layer) -> str:
     return f"{name}[{config}]" if config else name
 
 
-def _config_text(value: Any) -> str:
+def _config_text(value: object) -> str:
     # a function (an activation) by its name: its repr holds an address, different each run
     if callable(value) and hasattr(value, "__name__"):
         return str(value.__name__)
     return repr(value)
 
 
-def _same(value: Any, default: Any) -> bool:
+def _same(value: object, default: object) -> bool:
     # a per-axis tuple equals a scalar default when every entry does: `stride=(1, 1)` is
     # the default `1`, `padding=((0, 0), (0, 0))` the default `0`
     if isinstance(value, tuple) and not isinstance(default, tuple):

@@ -11,10 +11,10 @@ model with its new statistics, wherever the layer sits in it.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, dtype_name, scale_and_shift
@@ -33,7 +33,7 @@ _IMMUTABLE_MSG = (
 _MOMENTUM_MSG = "`BatchNorm.momentum` must be in [0, 1], got {value!r}."
 
 
-def _momentum(value: Any) -> float:
+def _momentum(value: float) -> float:
     value = float(value)
     if not 0.0 <= value <= 1.0:
         raise ValueError(_MOMENTUM_MSG.format(value=value))
@@ -106,8 +106,8 @@ class BatchNorm(Layer):
         use_bias: bool = True,
         axis_name: Hashable = None,
         training: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
     ) -> None:
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
@@ -41,7 +42,7 @@ _INPUT_MSG = (
 _SPECS = {1: ("NWC", "OIW", "NWC"), 2: ("NHWC", "OIHW", "NHWC"), 3: ("NDHWC", "OIDHW", "NDHWC")}
 
 
-def _per_axis(value: Any, n: int, name: str) -> tuple[int, ...]:
+def _per_axis(value: object, n: int, name: str) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,) * n
     if (
@@ -53,7 +54,7 @@ def _per_axis(value: Any, n: int, name: str) -> tuple[int, ...]:
     raise ValueError(_PER_AXIS_MSG.format(name=name, n=n, value=value))
 
 
-def _padding(value: Any, n: int) -> str | tuple[tuple[int, int], ...]:
+def _padding(value: object, n: int) -> str | tuple[tuple[int, int], ...]:
     if isinstance(value, str):
         if value.upper() in ("SAME", "VALID"):
             return value.upper()
@@ -126,13 +127,13 @@ class Conv(Layer):
         kernel_size: Sequence[int],
         *,
         stride: int | Sequence[int] = 1,
-        padding: Any = 0,
+        padding: object = 0,
         dilation: int | Sequence[int] = 1,
         groups: int = 1,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        key: Any,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
     ) -> None:
         key = check_key(key, "Conv")
         if (

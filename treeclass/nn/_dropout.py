@@ -7,8 +7,6 @@ so `jax.jit` compiles each mode once and inference has no random draw in its pro
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
@@ -26,7 +24,7 @@ _NO_KEY_MSG = (
 )
 
 
-def _rate(value: Any) -> float:
+def _rate(value: float) -> float:
     value = float(value)
     if not 0.0 <= value < 1.0:
         raise ValueError(_RATE_MSG.format(value=value))
@@ -69,7 +67,7 @@ class Dropout(Layer):
     rate: float = field(default=0.5, static=True, on_setattr=[_rate])
     training: bool = field(default=True, static=True, on_setattr=[bool])
 
-    def __call__(self, x: jax.Array, *, key: Any = None) -> jax.Array:
+    def __call__(self, x: jax.Array, *, key: jax.Array | None = None) -> jax.Array:
         """`x` with elements dropped (training mode) or unchanged (inference mode)."""
         x = jnp.asarray(x)
         if not self.training or self.rate == 0.0:

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
@@ -65,9 +66,9 @@ class Linear(Layer):
         out_features: int,
         *,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        key: Any,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
     ) -> None:
         key = check_key(key, "Linear")
         param_dtype = dtype_name(param_dtype, "param_dtype")
@@ -137,9 +138,9 @@ class Embed(Layer):
         num_embeddings: int,
         features: int,
         *,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        key: Any,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
     ) -> None:
         key = check_key(key, "Embed")
         param_dtype = dtype_name(param_dtype, "param_dtype")

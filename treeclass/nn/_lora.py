@@ -8,8 +8,6 @@ so adapters trained here load there and back by renaming only.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
@@ -66,7 +64,9 @@ class LoRA(Layer):
     lora_B: Linear  # noqa: N815
     alpha: float = field(default=1.0, static=True, on_setattr=[float])
 
-    def __init__(self, base: Linear, rank: int, *, alpha: float | None = None, key: Any) -> None:
+    def __init__(
+        self, base: Linear, rank: int, *, alpha: float | None = None, key: jax.Array
+    ) -> None:
         if not isinstance(base, Linear):
             raise TypeError(_BASE_MSG.format(type=type(base).__name__))
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:

@@ -8,6 +8,7 @@ interned: equal static values give the identical tree definition).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from .._at import at
@@ -21,18 +22,18 @@ _T = TypeVar("_T")
 _FLAG_MSG = "`set_training(model, training)` takes a bool, got {value!r}."
 
 
-def has_mode(node: Any) -> bool:
+def has_mode(node: object) -> bool:
     """Whether `node` is a TreeClass with a static field named `training` that it set."""
     if not is_treeclass(node) or "training" not in vars(node):
         return False
     return any(f.name == "training" and f.static for f in fields(node))
 
 
-def _below(path: Any, node: Any) -> bool:
+def _below(path: Sequence[object], node: object) -> bool:
     return len(path) == 1
 
 
-def _switch(node: Any, training: bool) -> Any:
+def _switch(node: object, training: bool) -> Any:
     # the node's children first (a block of yours with a mode may hold dropouts), then it
     inner = at(node)[where(_below)].apply(lambda child: set_training(child, training), whole=True)
     return at(inner)["training"].set(training)

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, dtype_name, scale_and_shift
@@ -27,7 +28,7 @@ def _dtype_field() -> Any:
     return field(default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")])
 
 
-def _affine(y: jax.Array, weight: Any, bias: Any) -> jax.Array:
+def _affine(y: jax.Array, weight: jax.Array | None, bias: jax.Array | None) -> jax.Array:
     if weight is not None:
         y = y * weight
     if bias is not None:
@@ -75,8 +76,8 @@ class LayerNorm(Layer):
         eps: float = 1e-5,
         use_weight: bool = True,
         use_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
     ) -> None:
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
@@ -135,8 +136,8 @@ class RMSNorm(Layer):
         eps: float = 1e-5,
         use_weight: bool = True,
         use_bias: bool = False,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
     ) -> None:
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
@@ -156,5 +157,5 @@ class RMSNorm(Layer):
         return _affine(y, weight, bias)
 
 
-def _present(*arrays: Any) -> list[Any]:
+def _present(*arrays: jax.Array | None) -> list[jax.Array]:
     return [a for a in arrays if a is not None]

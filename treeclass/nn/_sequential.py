@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from .._fields import field
 from .._frozen import freeze, is_frozen, unfreeze
@@ -35,7 +36,7 @@ def _takes_key(cls: type) -> bool:
     return "key" in parameters
 
 
-def _accepts_key(layer: Any) -> bool:
+def _accepts_key(layer: object) -> bool:
     if not is_treeclass(layer):
         return False
     cls: type = type(layer)  # `type[Any]` is not `Hashable` to mypy; a class is
@@ -72,7 +73,7 @@ class Sequential(Layer):
 
     layers: tuple[Any, ...]
 
-    def __init__(self, *layers: Any) -> None:
+    def __init__(self, *layers: object) -> None:
         kept = []
         for index, layer in enumerate(layers):
             if not callable(layer) and not is_frozen(layer):
@@ -92,7 +93,7 @@ class Sequential(Layer):
             return type(self)(*self.layers[index])
         return unfreeze(self.layers[index])
 
-    def __call__(self, x: Any, *, key: Any = None) -> Any:
+    def __call__(self, x: object, *, key: jax.Array | None = None) -> Any:
         """Each layer applied to the previous one's output."""
         layers = [unfreeze(layer) for layer in self.layers]
         keyed = [i for i, layer in enumerate(layers) if _accepts_key(layer)]
@@ -104,7 +105,7 @@ class Sequential(Layer):
         return x
 
 
-def _identity(x: Any) -> Any:
+def _identity(x: object) -> Any:
     return x
 
 
@@ -154,9 +155,9 @@ class MLP(Layer):
         final_activation: Callable[[Any], Any] | None = None,
         use_bias: bool = True,
         use_final_bias: bool = True,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        key: Any,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
     ) -> None:
         key = check_key(key, "MLP")
         keys = jax.random.split(key, depth + 1)
