@@ -55,6 +55,7 @@ from ._structure import (
     TREECLASS_KIND,
     Kind,
     NodeKind,
+    Opened,
     entry_name,
     is_leaf_node,
     is_wrapper,
@@ -540,7 +541,7 @@ class _Walker:
         return path_str(self.root, path)
 
     def missing(
-        self, key: object, node: object, kind: Kind, opened: object, path: tuple
+        self, key: object, node: object, kind: Kind, opened: Opened | None, path: tuple
     ) -> Exception:
         return missing_key_error(key, node, kind, opened, self.where(path))
 

@@ -290,7 +290,7 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
 def _block_value(
     value: object,
     shape: tuple[int, ...],
-    dtype: object,
+    dtype: np.dtype,
     error: Callable[[Any], Any],
     range_error: Callable[[Any, str], Any],
 ) -> Any:
