@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import gc
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -27,12 +28,13 @@ import jax.numpy as jnp
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
 from jax.core import Tracer
+from jax.tree_util import GetAttrKey
 
-from .. import _node
-from .._frozen import freeze, is_frozen, unfreeze
 from .._periodic import Periodic
 from .._stacked import Stacked
-from .._structure import node_kind, open_node
+from .._structure import LEAF as LEAF_KIND_CODE
+from .._structure import Wrapper, is_wrapper, node_kind, open_node, row_of
+from .._structure import rebuild as rebuild_node
 from .._values import (
     entry_name,
     exact_key,
@@ -97,34 +99,48 @@ def _walk(
     path: tuple = (),
     frozen: bool = False,
 ) -> Any:
-    """Call `visit(path, kind, value)` on every leaf, frozen leaf and static field.
+    """Call `visit(path, kind, value)` on every leaf, wrapped leaf and static part.
 
-    With `rebuild`, return the tree with each leaf replaced by what `visit` returned, and
-    each frozen subtree rebuilt and frozen again; static fields stay as they are.
+    Each node is asked through its row of the table of node kinds: a wrapper kind (a
+    frozen value) is walked into, its leaves `FROZEN`; a row's static parts (a TreeClass's
+    static fields) are visited as `STATIC`; the children are the node's JAX flatten, so a
+    stack's leaves are its stacked arrays. With `rebuild`, return the tree with each leaf
+    replaced by what `visit` returned, each wrapped subtree rebuilt and wrapped again;
+    static parts stay as they are.
     """
-    if _node.is_treeclass(node):
-        for name, value in _node.static_values(node).items():
-            visit((*path, jax.tree_util.GetAttrKey(name)), STATIC, value)
+    row = row_of(node)
+    wrapper = row.wrapper
+    if wrapper is not None:
+        value = wrapper.unwrap(node)
+        inner = _walk(value, visit, rebuild, path, frozen=True)
+        # an unchanged wrapped value keeps its node: wrapping again would hash it again
+        if not rebuild or inner is value:
+            return node if rebuild else None
+        return _rewrapped(node, wrapper, inner)
+    for name, value in row.static_values(node).items():
+        visit((*path, GetAttrKey(name)), STATIC, value)
+    kind = node_kind(node)
+    opened = None if kind == LEAF_KIND_CODE else open_node(node, kind)
+    if opened is None:
+        return visit(path, FROZEN if frozen else LEAF, node)
+    children = [
+        _walk(child, visit, rebuild, (*path, entry), frozen)
+        for entry, child in zip(opened.entries, opened.children)
+    ]
+    return rebuild_node(node, kind, opened.aux, children) if rebuild else None
 
-    def stop(x: Any) -> bool:
-        return x is not node and (is_frozen(x) or _node.is_treeclass(x))
 
-    items, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)
-    new = []
-    for sub, x in items:
-        where = path + sub
-        if is_frozen(x):
-            inner = _walk(unfreeze(x), visit, rebuild, where, frozen=True)
-            if rebuild:
-                # an unchanged frozen value keeps its node: freezing again would hash it again
-                new.append(x if inner is unfreeze(x) else freeze(inner))
-        elif _node.is_treeclass(x) and x is not node:
-            new.append(_walk(x, visit, rebuild, where, frozen))
-        else:
-            new.append(visit(where, FROZEN if frozen else LEAF, x))
-    if not rebuild:
-        return None
-    return treedef.unflatten(new)
+def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
+    """A node of `node`'s wrapper kind around `value`: made by the function the kind's row
+    names as its maker (`freeze`), found in the module defining the kind (a row says how
+    to unwrap a value, not how to wrap one)."""
+    make = getattr(sys.modules.get(type(node).__module__), wrapper.maker, None)
+    if not callable(make):
+        raise TypeError(
+            f"cannot restore {wrapper.what}: its maker {wrapper.maker!r} is not a function "
+            f"of the module {type(node).__module__!r}, which defines `{type(node).__name__}`"
+        )
+    return make(value)
 
 
 def category(value: Any) -> str:
@@ -351,7 +367,7 @@ def stacks_of(tree: Any) -> list[StackAt]:
     is_stack = lambda x: isinstance(x, (Stacked, Periodic))  # noqa: E731
     found = []
     leaves = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: is_stack(x) or is_frozen(x)
+        tree, is_leaf=lambda x: is_stack(x) or is_wrapper(x)
     )[0]
     for path, node in leaves:
         if is_stack(node):
