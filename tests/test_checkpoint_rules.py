@@ -404,6 +404,22 @@ def test_a_selection_by_mask_or_selector(tmp_path):
     assert restored.encoder["w"].tolist() == [1.0] * 2 and restored.head.tolist() == [0.0] * 3
 
 
+def test_a_selection_by_predicate_sees_the_template_values(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _model(1.0))
+    like = _model(0.0)
+    restored = tc.load(path, like, where=tc.where(lambda _, x: getattr(x, "shape", ()) == (3,)))
+    assert restored.head.tolist() == [1.0] * 3 and restored.encoder["w"].tolist() == [0.0] * 2
+
+
+def test_a_selection_of_part_of_a_leaf_is_refused_naming_it(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _model(1.0))
+    like = _model(0.0)
+    with pytest.raises(ValueError, match=r"part of the leaf at Model\.head .*whole leaves"):
+        tc.load(path, like, where=like.at["head"][jnp.array([True, False, True])])
+
+
 def test_missing_keys_can_be_kept_or_warned_about(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, {"encoder": {"w": jnp.ones(2), "b": jnp.ones(1)}})

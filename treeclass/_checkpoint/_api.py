@@ -12,7 +12,8 @@ import jax
 import numpy as np
 
 from .._at import AtIndexer
-from .._frozen import is_frozen
+from .._structure import is_wrapper
+from .._values import path_str
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._export import ForeignTensor, export
 from ._files import write_atomically
@@ -53,6 +54,14 @@ def _with_rules(catalog: Catalog, rules: Any, like: Any) -> Catalog:
     return RuledCatalog(catalog, compiled, stacks_of(like))
 
 
+_PART_OF_A_LEAF = (
+    "where= selects part of the leaf at {where} (some elements, or some blocks of a "
+    "stack), but a load restores whole leaves. Select the whole leaf:\n"
+    "    before: tc.load(path, model, where=model.at['w'][mask])\n"
+    "    after:  tc.load(path, model, where=model.at['w'])"
+)
+
+
 def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
     """Which entries a partial load restores: those under the selection `where`."""
     if where is None:
@@ -66,13 +75,14 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
         chain = where.where
     else:  # a selector: a bool mask tree, a glob, a class, ...
         chain = (where,)
-    flags = jax.tree_util.tree_map(lambda _: False, like, is_leaf=is_frozen)
-    marked = AtIndexer(flags, chain).set(True, is_leaf=is_frozen)
-    chosen = {
-        path
-        for path, flag in jax.tree_util.tree_flatten_with_path(marked, is_leaf=is_frozen)[0]
-        if flag is True
-    }
+    # the selection's own answer, on the template itself (a predicate sees its values)
+    flags = AtIndexer(like, chain).mask(is_leaf=is_wrapper)
+    chosen = set()
+    for path, flag in jax.tree_util.tree_flatten_with_path(flags, is_leaf=is_wrapper)[0]:
+        if flag is True or (flag is not False and np.all(flag)):
+            chosen.add(path)
+        elif flag is not False and np.any(flag):
+            raise ValueError(_PART_OF_A_LEAF.format(where=path_str(like, path)))
     within = {path[:k] for path in chosen for k in range(len(path) + 1)}
 
     def selected(node: tuple, kind: str) -> bool:
