@@ -14,25 +14,21 @@ import numpy as np
 from .._at import AtIndexer
 from .._structure import is_wrapper
 from .._values import path_str
+from ._catalog import Catalog
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._export import ForeignTensor, export
 from ._files import write_atomically
 from ._formats import open_source
 from ._processes import save_from_processes
+from ._report import LoadReport
+from ._restore import restore
 from ._rules import RuledCatalog, compile_rules
 from ._safetensors import OutTensor, can_store, header_bytes, write_tensors
 from ._sharded import ShardedSave
-from ._tree import (
-    STATIC,
-    Catalog,
-    LoadReport,
-    StateCatalog,
-    entries,
-    restore,
-    stacks_of,
-    state_dict_of,
-)
+from ._stacks import stacks_of
+from ._state import StateCatalog, state_dict_of
 from ._versions import migrate
+from ._walk import STATIC, entries
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 

@@ -19,6 +19,7 @@ from typing import BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
+from ._catalog import describe_array
 from ._npz import (
     NpyHeader,
     npy_array,
@@ -29,7 +30,6 @@ from ._npz import (
     refuses,
 )
 from ._source import TensorInfo, WholeTensorCache, corrupt
-from ._tree import describe_array
 
 __all__ = ["Slot", "EquinoxFile"]
 

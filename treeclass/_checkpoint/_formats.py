@@ -35,8 +35,8 @@ from ._json import loads as strict_json
 from ._npz import NpzFile
 from ._safetensors import SafetensorsFile
 from ._sharded import INDEX_SUFFIX, ShardedSafetensors
-from ._source import CheckpointSource
-from ._tree import NUMBER, STATIC, TENSOR, dtype_name, entries
+from ._source import CheckpointSource, dtype_name
+from ._walk import NUMBER, STATIC, TENSOR, entries
 
 __all__ = ["FORMATS", "open_source"]
 

@@ -27,16 +27,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._tree import (
-    TENSOR,
-    Catalog,
-    StackAt,
-    Stored,
-    describe_array,
-    dtype_name,
-    numpy_dtype,
-    release_host_copy,
-)
+from ._catalog import Catalog, Stored, describe_array
+from ._restore import release_host_copy
+from ._source import dtype_name, numpy_dtype
+from ._stacks import StackAt
+from ._walk import TENSOR
 
 __all__ = [
     "Rule",

@@ -24,8 +24,7 @@ import numpy as np
 from ._files import IO
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._source import TensorInfo, corrupt
-from ._tree import numpy_dtype
+from ._source import TensorInfo, corrupt, numpy_dtype
 
 __all__ = ["SafetensorsFile", "OutTensor", "can_store", "header_bytes", "write_tensors"]
 

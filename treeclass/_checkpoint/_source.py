@@ -9,9 +9,12 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
+import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
+
+from .._values import is_prng_key
 
 __all__ = [
     "TensorInfo",
@@ -19,6 +22,9 @@ __all__ = [
     "WholeTensorCache",
     "corrupt",
     "NOT_A_CHECKPOINT",
+    "numpy_dtype",
+    "dtype_name",
+    "is_weak",
 ]
 
 
@@ -116,3 +122,25 @@ NOT_A_CHECKPOINT = (
 def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn:
     """Raise the one error for a source that cannot be read: a `ValueError` naming it."""
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
+
+
+# -- dtypes, as sources name them --------------------------------------------------------
+
+
+def numpy_dtype(name: str) -> np.dtype | None:
+    """The NumPy dtype of a name (`"bfloat16"` included), or None."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        kind = getattr(ml_dtypes, name, None)
+        return np.dtype(kind) if kind is not None else None
+
+
+def dtype_name(array: Any) -> str:
+    """The name of an array's dtype (`"float32"`, `"bfloat16"`, `"key<fry>"`)."""
+    return str(array.dtype) if is_prng_key(array) else np.dtype(array.dtype).name
+
+
+def is_weak(value: object) -> bool:
+    """Whether an array (or abstract array) is weakly typed, as `jnp.asarray(0.5)` is."""
+    return bool(getattr(value, "weak_type", False))

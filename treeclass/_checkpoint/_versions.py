@@ -39,8 +39,10 @@ from .. import _node
 from .._class_keywords import offer_class_check
 from .._structure import is_wrapper, unwrap
 from .._values import entry_name
+from ._catalog import Catalog, Stored
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
-from ._tree import PLAIN, TENSOR, Catalog, Stored, dtype_name, is_plain, numpy_dtype
+from ._source import dtype_name, numpy_dtype
+from ._walk import PLAIN, TENSOR, is_plain
 
 __all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
 
