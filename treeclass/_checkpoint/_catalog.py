@@ -10,23 +10,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
-from .._values import short_repr
-from ._source import dtype_name
-from ._walk import OBJECT, TENSOR, category, is_plain
+from .._structure import describe as structure_describe
+from .._values import array_type, short_repr
+from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, category, is_plain
 
-__all__ = ["Stored", "Catalog", "describe", "describe_array"]
-
-
-def describe_array(dtype_name: str, shape: tuple) -> str:
-    return f"{dtype_name}[{','.join(map(str, shape))}]"
+__all__ = ["Stored", "Catalog", "describe"]
 
 
-def describe(value: Any) -> str:
-    if category(value) == TENSOR:
-        return "an array " + describe_array(dtype_name(value), tuple(value.shape))
-    if is_plain(value):
-        return f"{type(value).__name__} {short_repr(value)}"
-    return f"a {type(value).__name__} (not data)"
+def describe(value: object) -> str:
+    r"""A template's or a checkpoint's value in messages: the node view's one description
+    (`an array f32[2,3]`, `'tanh' (a \`str\`)`), a tuple or list of plain values whole."""
+    if is_plain(value) and type(value) in (tuple, list):
+        return f"a `{type(value).__name__}` {short_repr(value)}"
+    if category(value) in (TENSOR, NUMBER, PLAIN):
+        return structure_describe(value)
+    return f"a `{type(value).__name__}` (not data)"
 
 
 class Stored(NamedTuple):
@@ -40,9 +38,9 @@ class Stored(NamedTuple):
 
     def describe(self) -> str:
         if self.category == TENSOR:
-            return "an array " + describe_array(self.dtype, self.shape)
+            return "an array " + array_type(self.dtype, self.shape)
         if self.category == OBJECT:
-            return f"a {self.value} (not saved)"
+            return f"a `{self.value}` (not saved)"
         return describe(self.value)
 
 
