@@ -17,7 +17,7 @@ from .._values import path_str
 from ._catalog import Catalog
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._export import ForeignTensor, export
-from ._files import write_atomically
+from ._files import reworded, write_atomically
 from ._formats import open_source
 from ._processes import save_from_processes
 from ._report import LoadReport
@@ -430,12 +430,10 @@ def save(
             write = shards.writer(header_metadata, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
-        if error.errno is None:
-            raise
         reason = str(error.strerror)
         if not reason.startswith("cannot write"):
             reason = f"cannot write {path}: {reason}"
-        raise type(error)(error.errno, f"tc.save {reason}", path) from error
+        raise reworded(error, f"tc.save {reason}", path) from error
 
 
 def _metadata(metadata: Any) -> dict[str, str]:

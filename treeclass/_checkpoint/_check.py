@@ -8,6 +8,7 @@ when exact. `Checker.finish` makes the `LoadReport`, with a hint for each missin
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -235,15 +236,7 @@ def _weakly(description: str, weak: bool) -> str:
 
 
 def _common_prefix(a: str, b: str) -> int:
-    """The length of the longest common prefix, by bisection over slice comparisons."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return len(os.path.commonprefix([a, b]))
 
 
 class _Closest:

@@ -20,6 +20,7 @@ from jax.core import Tracer
 from .._values import is_prng_key, path_str, root_name
 from ._catalog import Catalog
 from ._check import KEEP, TAKE, Checker, to_number
+from ._files import reworded
 from ._fixes import Fixes, listed, warn_if_less
 from ._processes import place_by_slices
 from ._source import is_weak, numpy_dtype
@@ -127,10 +128,8 @@ def restore(
         except ValueError as error:  # bytes the checks could not see before reading them
             raise ValueError(f"{error} (restoring {path_str(like, path)})") from None
         except OSError as error:  # reading failed: the same error, saying what it was for
-            if error.errno is None:
-                raise
             where = f"{error.strerror} (restoring {path_str(like, path)})"
-            raise type(error)(error.errno, where, error.filename) from error
+            raise reworded(error, where, error.filename) from error
         if entry.category == TENSOR:
             if type(fetched) in NUMBERS:
                 return fetched

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
-from ._files import IO
+from ._files import IO, reworded
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._source import TensorInfo, corrupt, numpy_dtype
@@ -186,10 +186,8 @@ class SafetensorsFile:
                     self._corrupt(f"it ended inside the data of tensor {key!r}")
                 done += count
         except OSError as error:  # a disk or network failure: the I/O error, naming the file
-            if error.errno is None:
-                raise
             message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
-            raise type(error)(error.errno, message, self.location) from error
+            raise reworded(error, message, self.location) from error
         IO.read(len(buffer))
         return buffer
 

@@ -37,18 +37,25 @@ class StackAt(NamedTuple):
     period: int  # 1 for a `Stacked`, P for a `Periodic`
     periodic: bool = False  # its leaves are under `pattern.<position>`
 
+    def _below(self, name: str) -> str | None:
+        """`name` less the stack's prefix, or None if `name` is not under the stack."""
+        if self.prefix and not name.startswith(self.prefix + "."):
+            return None
+        return name[len(self.prefix) + 1 :] if self.prefix else name
+
+    def _layer(self, name: str) -> tuple[int, str] | None:
+        """`(layer, rest)` of a per-layer name `<prefix>.<layer>.<rest>`, or None."""
+        head, dot, rest = (self._below(name) or "").partition(".")
+        ok = dot and rest and head.isdigit() and str(int(head)) == head
+        return (int(head), rest) if ok else None
+
     def stacked(self, name: str) -> tuple[str, int] | None:
         """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
         None if `name` is not `<prefix>.<layer>.<rest>` with a layer of this stack."""
-        start = len(self.prefix) + 1 if self.prefix else 0
-        if self.prefix and not name.startswith(self.prefix + "."):
+        found = self._layer(name)
+        if found is None or found[0] >= self.layers:
             return None
-        head, dot, rest = name[start:].partition(".")
-        if not (dot and rest and head.isdigit() and str(int(head)) == head):
-            return None
-        layer = int(head)
-        if layer >= self.layers:
-            return None
+        layer, rest = found
         if not self.periodic:
             return _joined(self.prefix, rest), layer
         slot, position = divmod(layer, self.period)
@@ -57,20 +64,15 @@ class StackAt(NamedTuple):
     def layer_beyond(self, name: str) -> int | None:
         """The layer number of a per-layer name of this stack's layout whose layer the
         stack does not have (`blocks.5.w` for a stack of 4), else None."""
-        start = len(self.prefix) + 1 if self.prefix else 0
-        if self.prefix and not name.startswith(self.prefix + "."):
-            return None
-        head, dot, rest = name[start:].partition(".")
-        if dot and rest and head.isdigit() and str(int(head)) == head:
-            return int(head) if int(head) >= self.layers else None
-        return None
+        found = self._layer(name)
+        return found[0] if found is not None and found[0] >= self.layers else None
 
     def per_layer(self, name: str) -> list[str] | None:
         """The per-layer names of the stacked leaf `name` (one per slot), or None if
         `name` is not one of this stack's leaves."""
-        if self.prefix and not name.startswith(self.prefix + "."):
+        rest = self._below(name)
+        if rest is None:
             return None
-        rest = name[len(self.prefix) + 1 :] if self.prefix else name
         if not self.periodic:
             return [_joined(self.prefix, f"{i}.{rest}") for i in range(self.layers)]
         key, _, rest = rest.partition(".")
@@ -83,10 +85,8 @@ class StackAt(NamedTuple):
     def pattern(self, name: str) -> str | None:
         """`name`'s key path within one layer, with the layer as `{i}` (`blocks[{i}].w`),
         for a stacked leaf `name` of a `Stacked`; None otherwise."""
-        if self.periodic or (self.prefix and not name.startswith(self.prefix + ".")):
-            return None
-        rest = name[len(self.prefix) + 1 :] if self.prefix else name
-        return f"{self.prefix}[{{i}}].{rest}"
+        rest = None if self.periodic else self._below(name)
+        return None if rest is None else f"{self.prefix}[{{i}}].{rest}"
 
 
 def stacks_of(tree: Any) -> list[StackAt]:
