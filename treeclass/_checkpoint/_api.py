@@ -39,7 +39,7 @@ Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
-def _with_rules(catalog: Catalog, rules: Any, like: Any) -> Catalog:
+def _with_rules(catalog: Catalog, rules: object, like: object) -> Catalog:
     if rules is None:
         return catalog
     try:
@@ -58,7 +58,7 @@ _PART_OF_A_LEAF = (
 )
 
 
-def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
+def _selected(like: object, where: object) -> Callable[[tuple, str], bool] | None:
     """Which entries a partial load restores: those under the selection `where`."""
     if where is None:
         return None
@@ -91,14 +91,14 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
     return selected
 
 
-def _compiled(rules: Any, action: str) -> Any:
+def _compiled(rules: object, action: str) -> Any:
     try:
         return compile_rules(rules)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{action}: {error}") from None
 
 
-def state_dict(tree: PyTree, *, rules: Any = None) -> dict:
+def state_dict(tree: PyTree, *, rules: object = None) -> dict:
     """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
 
     With `rules`, the data in another library's layout instead: a flat dict of NumPy
@@ -175,8 +175,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[True] = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -187,8 +187,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[False],
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -199,8 +199,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[True],
@@ -211,8 +211,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
@@ -222,8 +222,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
@@ -293,7 +293,7 @@ def save(
     tree: PyTree,
     *,
     max_shard_size: int | str | None = None,
-    rules: Any = None,
+    rules: object = None,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
@@ -436,7 +436,7 @@ def save(
         raise reworded(error, f"tc.save {reason}", path) from error
 
 
-def _metadata(metadata: Any) -> dict[str, str]:
+def _metadata(metadata: object) -> dict[str, str]:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping) or not all(
@@ -448,7 +448,7 @@ def _metadata(metadata: Any) -> dict[str, str]:
     return dict(metadata)
 
 
-def _export_plan(path: str, tree: Any, rules: Any) -> list[OutTensor]:
+def _export_plan(path: str, tree: object, rules: object) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
     if jax.process_count() > 1:
         raise ValueError(
@@ -499,8 +499,8 @@ def load(
     like: _T,
     *,
     strict: Literal[True] = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -512,8 +512,8 @@ def load(
     like: _T,
     *,
     strict: Literal[False],
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -525,8 +525,8 @@ def load(
     like: PyTree,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[True],
@@ -538,8 +538,8 @@ def load(
     like: PyTree,
     *,
     strict: bool,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
@@ -550,8 +550,8 @@ def load(
     like: PyTree,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,

@@ -32,7 +32,7 @@ TAKE, KEEP, SKIP = "take", "keep", "skip"
 class Checker:
     """Compares every template entry with the catalog, collecting all problems at once."""
 
-    def __init__(self, like: Any, source: Catalog, dry_run: bool = False) -> None:
+    def __init__(self, like: object, source: Catalog, dry_run: bool = False) -> None:
         self.like = like
         self.source = source
         self.dry_run = dry_run  # no tensor bytes are read: static arrays are not compared
@@ -312,7 +312,7 @@ def _abstract_number_fits(template: Any, stored: Stored) -> bool:
     return kind in NUMBERS and _is_kind_of(np.dtype(template.dtype), kind)
 
 
-def to_number(template: Any, value: Any) -> Any:
+def to_number(template: bool | int | float | complex, value: Any) -> Any:
     """`value` (a number or a 0-d array) as the template's Python type, or None."""
     kind = type(template)
     if isinstance(value, (jax.Array, np.ndarray, np.generic)):

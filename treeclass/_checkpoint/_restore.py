@@ -144,7 +144,7 @@ def restore(
     return tree if strict else (tree, report)
 
 
-def _sharding_of(template: Any) -> Any:
+def _sharding_of(template: object) -> Any:
     """The sharding a restored array takes from its template, or None (the default device)."""
     if isinstance(template, jax.ShapeDtypeStruct):
         return template.sharding
@@ -193,7 +193,7 @@ class _Released:
     pending = 0
 
 
-def release_host_copy(placed: Any, nbytes: int) -> None:
+def release_host_copy(placed: object, nbytes: int) -> None:
     """Free the host buffers (`nbytes` more) of tensors put on the device, the last one as
     `placed`, so a load holds about one tensor on the host at a time.
 

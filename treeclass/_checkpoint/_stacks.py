@@ -7,7 +7,7 @@ no row of the table of node kinds answers, so this module knows the two stack ty
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 
@@ -89,7 +89,7 @@ class StackAt(NamedTuple):
         return None if rest is None else f"{self.prefix}[{{i}}].{rest}"
 
 
-def stacks_of(tree: Any) -> list[StackAt]:
+def stacks_of(tree: object) -> list[StackAt]:
     """The outermost stacks of `tree` (a stack inside a stack's block is not one of them),
     the longest names first (so a name is matched with the innermost prefix it has)."""
     is_stack = lambda x: isinstance(x, (Stacked, Periodic))  # noqa: E731

@@ -58,7 +58,7 @@ class StateCatalog:
         return self.values[name]
 
 
-def state_dict_of(tree: Any) -> dict:
+def state_dict_of(tree: object) -> dict:
     """The data of `tree` as a nested dict (see `tc.state_dict`)."""
     out: dict = {}
     for entry in entries(tree, "tc.state_dict", "tc.state_dict(value)"):

@@ -111,7 +111,7 @@ def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
     return make(value)
 
 
-def category(value: Any) -> str:
+def category(value: object) -> str:
     if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
         return TENSOR
     if type(value) in NUMBERS:
@@ -149,15 +149,15 @@ def _check_plain_text(value: Any) -> None:
             _check_plain_text(item)
 
 
-def is_abstract(value: Any) -> bool:
+def is_abstract(value: object) -> bool:
     return isinstance(value, (jax.ShapeDtypeStruct, Tracer))
 
 
-def key_name(key: Any) -> str:
+def key_name(key: object) -> str:
     return str(entry_name(key))
 
 
-def state_key(key: Any) -> Any:
+def state_key(key: object) -> Any:
     name = entry_name(key)
     return name if name is not key else str(key)
 
@@ -192,7 +192,7 @@ _UNNAMEABLE = (
 )
 
 
-def static_parts(value: Any) -> list[tuple[Any, Any]]:
+def static_parts(value: object) -> list[tuple[Any, Any]]:
     """The children of a static value that is a container, with their key entries.
 
     A static field is one opaque node of the tree, but its value is checked against the
@@ -207,14 +207,14 @@ def static_parts(value: Any) -> list[tuple[Any, Any]]:
     return [] if opened is None else list(zip(opened.entries, opened.children))
 
 
-def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[Entry]:
+def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
     """Every leaf, frozen leaf and static field of `tree` (and each part of a static
     container, see `static_parts`), named; `call` shows `action`'s call with the tree as
     `value`, for the message that a single leaf gets. With `to_file`, refuse names and
     strings a file cannot hold (lone surrogates)."""
     found: list[Entry] = []
 
-    def add(path: tuple, kind: str, value: Any, node: tuple, depth: int = 0) -> None:
+    def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
         name = ".".join(key_name(key) for key in path)
         try:
             entry = Entry(path, kind, value, name, category(value), node)
@@ -231,7 +231,7 @@ def entries(tree: Any, action: str, call: str, to_file: bool = False) -> list[En
         for key, part in parts:
             add((*path, key), STATIC, part, node, depth + 1)
 
-    def visit(path: tuple, kind: str, value: Any) -> None:
+    def visit(path: tuple, kind: str, value: object) -> None:
         if not path:
             fixed = call.replace("value", "{'value': value}")
             raise ValueError(
