@@ -17,14 +17,13 @@ from .._values import path_str
 from ._catalog import Catalog
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._export import ForeignTensor, export
-from ._files import reworded, write_atomically
-from ._formats import open_source
+from ._files import reworded
+from ._formats import open_source, writer_for
 from ._processes import save_from_processes
 from ._report import LoadReport
 from ._restore import restore
 from ._rules import RuledCatalog, compile_rules
-from ._safetensors import OutTensor, can_store, header_bytes, write_tensors
-from ._sharded import ShardedSave
+from ._source import CheckpointWriter, OutTensor
 from ._stacks import stacks_of
 from ._state import StateCatalog, state_dict_of
 from ._versions import migrate
@@ -399,16 +398,16 @@ def save(
     path = os.fspath(path)
     try:
         extra = _metadata(metadata)
-        shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
+        writer = writer_for(path, max_shard_size)
         if rules is not None:
-            tensors, header_metadata = _export_plan(path, tree, rules), extra
+            tensors, header_metadata = _export_plan(path, tree, rules, writer), extra
             # what the writers learn of each tensor besides its bytes (no value to gather)
             planned = [
                 PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
             ]
         else:
             found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
-            document, planned = plan(tree, found, can_store)
+            document, planned = plan(tree, found, writer.can_store)
             tensors = [
                 OutTensor(
                     t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path)
@@ -416,18 +415,11 @@ def save(
                 for t in planned
             ]
             header_metadata = {**extra, METADATA_KEY: document}
-        header = header_bytes(header_metadata, tensors)
+        write = writer.prepare(header_metadata, tensors)
     except ValueError as error:  # before anything is written
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
         # in a run of several processes: process 0 writes, the others gather with it
-        write: Any  # a function writing the file, or a SharedWrite every process takes part in
-        if shards is None:
-            write = functools.partial(
-                write_atomically, path, lambda f: write_tensors(f, header, tensors)
-            )
-        else:
-            write = shards.writer(header_metadata, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
         reason = str(error.strerror)
@@ -448,7 +440,9 @@ def _metadata(metadata: object) -> dict[str, str]:
     return dict(metadata)
 
 
-def _export_plan(path: str, tree: object, rules: object) -> list[OutTensor]:
+def _export_plan(
+    path: str, tree: object, rules: object, writer: CheckpointWriter
+) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
     if jax.process_count() > 1:
         raise ValueError(
@@ -457,7 +451,7 @@ def _export_plan(path: str, tree: object, rules: object) -> list[OutTensor]:
         )
     out = []
     for tensor in export(tree, _compiled(rules, "tc.save"), "tc.save"):
-        if not can_store(tensor.dtype):
+        if not writer.can_store(tensor.dtype):
             raise ValueError(
                 f"{tensor.name!r} would be {tensor.dtype}, which safetensors has no name for"
             )

@@ -33,12 +33,12 @@ from ._flax import FlaxFile
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._npz import NpzFile
-from ._safetensors import SafetensorsFile
-from ._sharded import INDEX_SUFFIX, ShardedSafetensors
-from ._source import CheckpointSource, dtype_name
+from ._safetensors import SafetensorsFile, SafetensorsSave
+from ._sharded import INDEX_SUFFIX, ShardedSafetensors, ShardedSave
+from ._source import CheckpointSource, CheckpointWriter, dtype_name
 from ._walk import NUMBER, STATIC, TENSOR, entries
 
-__all__ = ["Format", "TABLE", "FORMATS", "open_source"]
+__all__ = ["Format", "TABLE", "FORMATS", "open_source", "writer_for"]
 
 _UNKNOWN_FORMAT = (
     "tc.load cannot tell the format of {path}: its name has none of the formats' "
@@ -154,6 +154,7 @@ class Format(NamedTuple):
     suffixes: tuple[str, ...]
     sniff: Callable[[bytes, int], bool]
     open: Callable[[str, object], CheckpointSource]
+    save: Callable[[str, object], CheckpointWriter] | None = None  # (path, max_shard_size)
 
 
 def _reader(
@@ -172,8 +173,14 @@ def _equinox(path: str, like: object) -> CheckpointSource:
 
 # in the order a file's first bytes are tried: a msgpack map's test is the loosest
 TABLE = (
-    Format("safetensors", (".safetensors",), _is_safetensors, _reader(SafetensorsFile)),
-    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _sharded),
+    Format(
+        "safetensors",
+        (".safetensors",),
+        _is_safetensors,
+        _reader(SafetensorsFile),
+        lambda path, _: SafetensorsSave(path),
+    ),
+    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _sharded, ShardedSave),
     Format("npz", (".npz",), lambda head, size: head[:2] == b"PK", _reader(NpzFile)),
     Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _equinox),
     Format("flax", (".msgpack",), lambda head, size: _is_msgpack_map(head), _reader(FlaxFile)),
@@ -205,3 +212,11 @@ def open_source(path: str, like: object, format: str | None = None) -> Checkpoin
     if os.path.isdir(path):
         path = _in_folder(path)
     return (_BY_NAME[format] if format is not None else _sniff(path)).open(path, like)
+
+
+def writer_for(path: str, max_shard_size: object = None) -> CheckpointWriter:
+    """The writer `tc.save` writes `path` with: sharded safetensors with a shard limit,
+    else one safetensors file."""
+    save = _BY_NAME["safetensors" if max_shard_size is None else "sharded"].save
+    assert save is not None  # (both formats have a writer)
+    return save(path, max_shard_size)

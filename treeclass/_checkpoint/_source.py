@@ -8,7 +8,7 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, NoReturn, Protocol
 
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
@@ -22,6 +22,8 @@ __all__ = [
     "WholeTensorCache",
     "corrupt",
     "NOT_A_CHECKPOINT",
+    "OutTensor",
+    "CheckpointWriter",
     "numpy_dtype",
     "dtype_name",
     "is_weak",
@@ -122,6 +124,28 @@ NOT_A_CHECKPOINT = (
 def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn:
     """Raise the one error for a source that cannot be read: a `ValueError` naming it."""
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
+
+
+class OutTensor(NamedTuple):
+    """A tensor to write: its name, stored dtype and shape, size, and how to get its bytes."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple
+    nbytes: int
+    data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
+
+
+class CheckpointWriter(Protocol):
+    """How `tc.save` writes a format, as `CheckpointSource` is how it is read: the dtypes
+    it has names for (a tensor of another is stored as raw bytes), and `prepare`, which
+    checks a plan's tensors and the file's string metadata before anything is written and
+    returns the write: a function one process runs, or a `SharedWrite` every process of a
+    run takes part in (`save_from_processes`)."""
+
+    def can_store(self, dtype: np.dtype) -> bool: ...
+
+    def prepare(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> object: ...
 
 
 # -- dtypes, as sources name them --------------------------------------------------------
