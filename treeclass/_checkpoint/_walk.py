@@ -55,11 +55,6 @@ TENSOR, NUMBER, PLAIN, OBJECT = "tensor", "number", "plain", "object"
 NUMBERS = (bool, int, float, complex)
 
 
-# --------------------------------------------------------------------------------------
-# Walking a tree: leaves, frozen values (into frozen subtrees) and static fields
-# --------------------------------------------------------------------------------------
-
-
 def walk(
     node: Any,
     visit: Callable[[tuple, str, Any], Any],
