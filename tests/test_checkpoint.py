@@ -323,7 +323,7 @@ def test_static_fields_are_recorded_and_checked(tmp_path):
             is_leaf=lambda x: isinstance(x, Linear),
         )
     )
-    with pytest.raises(ValueError, match=r"static +MLP\.layers\[1\]\.name: str 'head'"):
+    with pytest.raises(ValueError, match=r"static +MLP\.layers\[1\]\.name: 'head' \(a `str`\)"):
         tc.load(path, renamed)
 
 
@@ -504,16 +504,17 @@ def test_strict_load_reports_every_problem_at_once(tmp_path):
     message = str(info.value)
     expected = [
         "7 problems",
-        "static      tree['blocks'][0].name: str 'renamed' in the template, str 'block' in "
+        "static      tree['blocks'][0].name: 'renamed' (a `str`) in the template, 'block' "
+        "(a `str`) in the file",
+        "shape       tree['blocks'][0].weight: an array f32[2,3] in the template, an "
+        "array f32[2,2] in the file",
+        "dtype       tree['blocks'][1].weight: an array i32[2] in the template, an array "
+        "f32[2] in the file",
+        "type        tree['blocks'][1].count: 'two' (a `str`) in the template, 2 (a `int`) in "
         "the file",
-        "shape       tree['blocks'][0].weight: an array float32[2,3] in the template, an "
-        "array float32[2,2] in the file",
-        "dtype       tree['blocks'][1].weight: an array int32[2] in the template, an array "
-        "float32[2] in the file",
-        "type        tree['blocks'][1].count: str 'two' in the template, int 2 in the file",
         "missing     tree['heads']: no 'heads' in the file (closest: 'head')",
-        "unexpected  'head' (an array float32[3]) in the file",
-        "unexpected  'old' (an array float32[1]) in the file",
+        "unexpected  'head' (an array f32[3]) in the file",
+        "unexpected  'old' (an array f32[1]) in the file",
         "Fixes that fit these problems:",
         "- tree['blocks'][1].weight is float32 in the file and int32 in the template: "
         "convert it while loading with a key rule, rules=[('blocks.1.weight', "

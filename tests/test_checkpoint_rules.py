@@ -189,9 +189,7 @@ def test_a_transform_giving_the_wrong_shape_is_a_mismatch(gpt2_file):
     rules = [*RULES[:-1], ("h.{i}.mlp.c_proj.weight", "blocks[{i}].down")]  # no transpose
     _, report = tc.load(path, template(), rules=rules, strict=False)
     assert report.mismatched == tuple(f"GPT.blocks[{i}].down" for i in range(LAYERS))
-    assert (
-        "float32[32,8] in the template, an array float32[8,32] in the file" in (report.messages[0])
-    )
+    assert "f32[32,8] in the template, an array f32[8,32] in the file" in (report.messages[0])
 
 
 def test_several_sources_concatenate_into_one_target(tmp_path):
@@ -316,9 +314,9 @@ def _answers_otherwise(change):
 @pytest.mark.parametrize(
     "change, got",
     [
-        (lambda w: w.reshape(1, 4), r"float32\[1,4\]"),
-        (lambda w: w.astype(np.int32), r"int32\[4\]"),
-        (lambda w: w[:2], r"float32\[2\]"),
+        (lambda w: w.reshape(1, 4), r"f32\[1,4\]"),
+        (lambda w: w.astype(np.int32), r"i32\[4\]"),
+        (lambda w: w[:2], r"f32\[2\]"),
     ],
 )
 def test_what_a_transform_gives_when_run_is_checked_as_what_it_gave_when_checked(
@@ -402,6 +400,22 @@ def test_a_selection_by_mask_or_selector(tmp_path):
     assert restored.head.tolist() == [1.0] * 3 and restored.encoder["w"].tolist() == [0.0] * 2
     restored = tc.load(path, like, where=tc.glob("encoder.*"))
     assert restored.encoder["w"].tolist() == [1.0] * 2 and restored.head.tolist() == [0.0] * 3
+
+
+def test_a_selection_by_predicate_sees_the_template_values(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _model(1.0))
+    like = _model(0.0)
+    restored = tc.load(path, like, where=tc.where(lambda _, x: getattr(x, "shape", ()) == (3,)))
+    assert restored.head.tolist() == [1.0] * 3 and restored.encoder["w"].tolist() == [0.0] * 2
+
+
+def test_a_selection_of_part_of_a_leaf_is_refused_naming_it(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, _model(1.0))
+    like = _model(0.0)
+    with pytest.raises(ValueError, match=r"part of the leaf at Model\.head .*whole leaves"):
+        tc.load(path, like, where=like.at["head"][jnp.array([True, False, True])])
 
 
 def test_missing_keys_can_be_kept_or_warned_about(tmp_path):
@@ -761,7 +775,7 @@ def test_a_layer_beyond_the_stack_is_unexpected_by_its_per_layer_name(tmp_path):
     tensors = gpt2_tensors()
     tensors["h.2.mlp.c_fc.weight"] = tensors["h.0.mlp.c_fc.weight"]
     message = _stack_refusal(tensors, tmp_path)
-    assert "unexpected  'blocks.2.up' (an array float32[8,32]) in the file (read from " in message
+    assert "unexpected  'blocks.2.up' (an array f32[8,32]) in the file (read from " in message
     assert "'h.2.mlp.c_fc.weight'): the template has no such path" in message
     assert (
         "holds layer 2 beyond the 2 of the stack at 'blocks': build the template with 3" in message
@@ -776,8 +790,8 @@ def test_layers_of_another_shape_are_an_error_naming_both(tmp_path):
     tensors["h.1.mlp.c_proj.weight"] = np.zeros((WIDTH, 3 * WIDTH), np.float32)
     message = _stack_refusal(tensors, tmp_path)
     assert "layers      'blocks.down'" in message
-    assert "layer 'blocks.1.down' is float32[24,8] (from ['h.1.mlp.c_proj.weight'])" in message
-    assert "layer 'blocks.0.down' float32[32,8]" in message
+    assert "layer 'blocks.1.down' is f32[24,8] (from ['h.1.mlp.c_proj.weight'])" in message
+    assert "layer 'blocks.0.down' f32[32,8]" in message
 
 
 def test_a_stacked_leaf_given_whole_and_by_layer_is_an_error(tmp_path):

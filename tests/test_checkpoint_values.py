@@ -153,21 +153,25 @@ class Act(tc.TreeClass):
 def test_a_static_string_in_the_file_against_a_static_function_is_an_error(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, Act(jnp.ones(2)))
-    with pytest.raises(ValueError, match=r"static +Act\.act: a \w+ \(not data\).*str 'gelu'"):
+    with pytest.raises(
+        ValueError, match=r"static +Act\.act: a `\w+` \(not data\).*'gelu' \(a `str`\)"
+    ):
         tc.load(path, Act(jnp.ones(2), act=jax.nn.relu))
 
 
 def test_a_static_function_in_the_file_against_a_static_string_is_an_error(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, Act(jnp.ones(2), act=jax.nn.relu))
-    with pytest.raises(ValueError, match=r"static +Act\.act: str 'gelu' in the template"):
+    with pytest.raises(ValueError, match=r"static +Act\.act: 'gelu' \(a `str`\) in the template"):
         tc.load(path, Act(jnp.ones(2)))
 
 
 def test_a_frozen_string_in_the_file_against_a_frozen_function_is_an_error(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, {"act": tc.freeze("relu")})
-    with pytest.raises(ValueError, match=r"tree\['act'\]: a \w+ \(not data\).*str 'relu'"):
+    with pytest.raises(
+        ValueError, match=r"tree\['act'\]: a `\w+` \(not data\).*'relu' \(a `str`\)"
+    ):
         tc.load(path, {"act": tc.freeze(jax.nn.gelu)})
     restored, report = tc.load(path, {"act": tc.freeze(jax.nn.gelu)}, strict=False)
     assert report.mismatched == ("tree['act']",)
@@ -177,7 +181,7 @@ def test_a_frozen_string_in_the_file_against_a_frozen_function_is_an_error(tmp_p
 def test_a_frozen_function_in_the_file_against_a_frozen_string_is_an_error(tmp_path):
     path = tmp_path / "m.safetensors"
     tc.save(path, {"act": tc.freeze(jax.nn.gelu)})
-    with pytest.raises(ValueError, match=r"tree\['act'\]: str 'relu' in the template"):
+    with pytest.raises(ValueError, match=r"tree\['act'\]: 'relu' \(a `str`\) in the template"):
         tc.load(path, {"act": tc.freeze("relu")})
 
 
@@ -224,7 +228,7 @@ def test_data_in_the_file_where_the_template_has_a_function_is_a_mismatch(tmp_pa
     tc.save(path, {"fn": tc.freeze("relu"), "w": jnp.ones(2)})
     _, report = tc.load(path, {"fn": tc.freeze(abs), "w": jnp.zeros(2)}, strict=False)
     assert report.mismatched == ("tree['fn']",)
-    assert "str 'relu' in the file" in report.messages[0]
+    assert "'relu' (a `str`) in the file" in report.messages[0]
 
 
 def test_objects_of_the_same_type_come_from_the_template(tmp_path):
@@ -349,7 +353,7 @@ def _static(value: Any) -> Act:
         (
             (jnp.ones(2), abs),
             Pair(jnp.ones(2), abs),
-            r"Act\.act: a Pair \(not data\) in the template, a tuple",
+            r"Act\.act: a `Pair` \(not data\) in the template, a `tuple`",
         ),
     ],
 )

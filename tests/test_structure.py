@@ -474,3 +474,31 @@ def test_a_new_kind_has_roles_and_masks():
     with pytest.raises(ValueError, match=r"part of the leaf at Holder\.rows\.data"):
         tc.optim.mask(model.at["rows"][0])
     assert tc.optim.mask(model.at["rows"][...]).rows.data is True
+
+
+def test_a_new_kind_round_trips_through_checkpoints(tmp_path):
+    # the row's static part and the wrapped value are saved, and restored or checked
+    model = _holder()
+    path = str(tmp_path / "holder.safetensors")
+    tc.save(path, model)
+    like = Holder(Rows(jnp.zeros((3, 2)), "q"), Veiled(jnp.zeros(2)), jnp.ones(2))
+    loaded = tc.load(path, like)
+    assert loaded.rows.name == "q" and loaded.rows.data.tolist() == model.rows.data.tolist()
+    assert type(loaded.secret) is Veiled and loaded.secret.value.tolist() == [1.0, 1.0]
+    assert loaded.bias.tolist() == [0.0, 0.0]
+    state = tc.state_dict(model)
+    assert sorted(state) == ["bias", "rows", "secret"] and sorted(state["rows"]) == ["data"]
+    restored = tc.from_state_dict(like, state)
+    assert restored.secret.value.tolist() == [1.0, 1.0] and restored.rows.name == "q"
+
+
+def test_a_new_kind_that_differs_from_the_file_names_the_key_path(tmp_path):
+    path = str(tmp_path / "holder.safetensors")
+    tc.save(path, Holder(Rows(jnp.ones((3, 2)), "q"), Veiled("tanh"), jnp.zeros(2)))
+    renamed = Holder(Rows(jnp.ones((3, 2)), "k"), Veiled("tanh"), jnp.zeros(2))
+    with pytest.raises(ValueError, match=r"static +Holder\.rows\.name: 'k' \(a `str`\)"):
+        tc.load(path, renamed)
+    veiled = tc.load(path, Holder(Rows(jnp.ones((3, 2)), "q"), Veiled("relu"), jnp.zeros(2)))
+    assert veiled.secret.value == "tanh"  # a wrapped string is data, as a frozen one is
+    with pytest.raises(ValueError, match=r"Holder\.secret: an array f32\[2\] in the template"):
+        tc.load(path, Holder(Rows(jnp.ones((3, 2)), "q"), Veiled(jnp.ones(2)), jnp.zeros(2)))

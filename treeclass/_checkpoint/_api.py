@@ -12,26 +12,22 @@ import jax
 import numpy as np
 
 from .._at import AtIndexer
-from .._frozen import is_frozen
+from .._structure import is_wrapper
+from .._values import path_str
+from ._catalog import Catalog
 from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from ._export import ForeignTensor, export
-from ._files import write_atomically
-from ._formats import open_source
+from ._files import reworded
+from ._formats import open_source, writer_for
 from ._processes import save_from_processes
+from ._report import LoadReport
+from ._restore import restore
 from ._rules import RuledCatalog, compile_rules
-from ._safetensors import OutTensor, can_store, header_bytes, write_tensors
-from ._sharded import ShardedSave
-from ._tree import (
-    STATIC,
-    Catalog,
-    LoadReport,
-    StateCatalog,
-    entries,
-    restore,
-    stacks_of,
-    state_dict_of,
-)
+from ._source import CheckpointWriter, OutTensor
+from ._stacks import stacks_of
+from ._state import StateCatalog, state_dict_of
 from ._versions import migrate
+from ._walk import STATIC, entries
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 
@@ -42,7 +38,7 @@ Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
 
 
-def _with_rules(catalog: Catalog, rules: Any, like: Any) -> Catalog:
+def _with_rules(catalog: Catalog, rules: object, like: object) -> Catalog:
     if rules is None:
         return catalog
     try:
@@ -53,7 +49,15 @@ def _with_rules(catalog: Catalog, rules: Any, like: Any) -> Catalog:
     return RuledCatalog(catalog, compiled, stacks_of(like))
 
 
-def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
+_PART_OF_A_LEAF = (
+    "where= selects part of the leaf at {where} (some elements, or some blocks of a "
+    "stack), but a load restores whole leaves. Select the whole leaf:\n"
+    "    before: tc.load(path, model, where=model.at['w'][mask])\n"
+    "    after:  tc.load(path, model, where=model.at['w'])"
+)
+
+
+def _selected(like: object, where: object) -> Callable[[tuple, str], bool] | None:
     """Which entries a partial load restores: those under the selection `where`."""
     if where is None:
         return None
@@ -66,13 +70,14 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
         chain = where.where
     else:  # a selector: a bool mask tree, a glob, a class, ...
         chain = (where,)
-    flags = jax.tree_util.tree_map(lambda _: False, like, is_leaf=is_frozen)
-    marked = AtIndexer(flags, chain).set(True, is_leaf=is_frozen)
-    chosen = {
-        path
-        for path, flag in jax.tree_util.tree_flatten_with_path(marked, is_leaf=is_frozen)[0]
-        if flag is True
-    }
+    # the selection's own answer, on the template itself (a predicate sees its values)
+    flags = AtIndexer(like, chain).mask(is_leaf=is_wrapper)
+    chosen = set()
+    for path, flag in jax.tree_util.tree_flatten_with_path(flags, is_leaf=is_wrapper)[0]:
+        if flag is True or (flag is not False and np.all(flag)):
+            chosen.add(path)
+        elif flag is not False and np.any(flag):
+            raise ValueError(_PART_OF_A_LEAF.format(where=path_str(like, path)))
     within = {path[:k] for path in chosen for k in range(len(path) + 1)}
 
     def selected(node: tuple, kind: str) -> bool:
@@ -85,14 +90,14 @@ def _selected(like: Any, where: Any) -> Callable[[tuple, str], bool] | None:
     return selected
 
 
-def _compiled(rules: Any, action: str) -> Any:
+def _compiled(rules: object, action: str) -> Any:
     try:
         return compile_rules(rules)
     except (TypeError, ValueError) as error:
         raise type(error)(f"{action}: {error}") from None
 
 
-def state_dict(tree: PyTree, *, rules: Any = None) -> dict:
+def state_dict(tree: PyTree, *, rules: object = None) -> dict:
     """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
 
     With `rules`, the data in another library's layout instead: a flat dict of NumPy
@@ -169,8 +174,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[True] = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -181,8 +186,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[False],
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -193,8 +198,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[True],
@@ -205,8 +210,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
@@ -216,8 +221,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
@@ -287,7 +292,7 @@ def save(
     tree: PyTree,
     *,
     max_shard_size: int | str | None = None,
-    rules: Any = None,
+    rules: object = None,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
@@ -393,16 +398,16 @@ def save(
     path = os.fspath(path)
     try:
         extra = _metadata(metadata)
-        shards = None if max_shard_size is None else ShardedSave(path, max_shard_size)
+        writer = writer_for(path, max_shard_size)
         if rules is not None:
-            tensors, header_metadata = _export_plan(path, tree, rules), extra
+            tensors, header_metadata = _export_plan(path, tree, rules, writer), extra
             # what the writers learn of each tensor besides its bytes (no value to gather)
             planned = [
                 PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
             ]
         else:
             found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
-            document, planned = plan(tree, found, can_store)
+            document, planned = plan(tree, found, writer.can_store)
             tensors = [
                 OutTensor(
                     t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path)
@@ -410,29 +415,20 @@ def save(
                 for t in planned
             ]
             header_metadata = {**extra, METADATA_KEY: document}
-        header = header_bytes(header_metadata, tensors)
+        write = writer.prepare(header_metadata, tensors)
     except ValueError as error:  # before anything is written
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
         # in a run of several processes: process 0 writes, the others gather with it
-        write: Any  # a function writing the file, or a SharedWrite every process takes part in
-        if shards is None:
-            write = functools.partial(
-                write_atomically, path, lambda f: write_tensors(f, header, tensors)
-            )
-        else:
-            write = shards.writer(header_metadata, tensors)
         save_from_processes(path, planned, write)
     except OSError as error:
-        if error.errno is None:
-            raise
         reason = str(error.strerror)
         if not reason.startswith("cannot write"):
             reason = f"cannot write {path}: {reason}"
-        raise type(error)(error.errno, f"tc.save {reason}", path) from error
+        raise reworded(error, f"tc.save {reason}", path) from error
 
 
-def _metadata(metadata: Any) -> dict[str, str]:
+def _metadata(metadata: object) -> dict[str, str]:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping) or not all(
@@ -444,7 +440,9 @@ def _metadata(metadata: Any) -> dict[str, str]:
     return dict(metadata)
 
 
-def _export_plan(path: str, tree: Any, rules: Any) -> list[OutTensor]:
+def _export_plan(
+    path: str, tree: object, rules: object, writer: CheckpointWriter
+) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
     if jax.process_count() > 1:
         raise ValueError(
@@ -453,7 +451,7 @@ def _export_plan(path: str, tree: Any, rules: Any) -> list[OutTensor]:
         )
     out = []
     for tensor in export(tree, _compiled(rules, "tc.save"), "tc.save"):
-        if not can_store(tensor.dtype):
+        if not writer.can_store(tensor.dtype):
             raise ValueError(
                 f"{tensor.name!r} would be {tensor.dtype}, which safetensors has no name for"
             )
@@ -495,8 +493,8 @@ def load(
     like: _T,
     *,
     strict: Literal[True] = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -508,8 +506,8 @@ def load(
     like: _T,
     *,
     strict: Literal[False],
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
@@ -521,8 +519,8 @@ def load(
     like: PyTree,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: Literal[True],
@@ -534,8 +532,8 @@ def load(
     like: PyTree,
     *,
     strict: bool,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,
@@ -546,8 +544,8 @@ def load(
     like: PyTree,
     *,
     strict: bool = True,
-    rules: Any = None,
-    where: Any = None,
+    rules: object = None,
+    where: object = None,
     missing: Missing | None = None,
     unexpected: Unexpected | None = None,
     dry_run: bool = False,

@@ -33,22 +33,12 @@ import ml_dtypes  # a dependency of jax: the int4 and float4 dtypes
 import numpy as np
 
 from .._values import host_bytes, is_prng_key, path_str, root_name
+from ._catalog import Stored, describe
 from ._json import loads as strict_json
 from ._processes import host_view
-from ._source import CheckpointSource, corrupt
-from ._tree import (
-    NUMBER,
-    OBJECT,
-    PLAIN,
-    TENSOR,
-    Entry,
-    Stored,
-    describe,
-    is_abstract,
-    is_weak,
-    numpy_dtype,
-)
+from ._source import CheckpointSource, corrupt, is_weak, numpy_dtype
 from ._versions import class_versions
+from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
 
 __all__ = [
     "FORMAT_VERSION",

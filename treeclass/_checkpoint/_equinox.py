@@ -19,6 +19,7 @@ from typing import BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
+from .._values import array_type
 from ._npz import (
     NpyHeader,
     npy_array,
@@ -29,7 +30,6 @@ from ._npz import (
     refuses,
 )
 from ._source import TensorInfo, WholeTensorCache, corrupt
-from ._tree import describe_array
 
 __all__ = ["Slot", "EquinoxFile"]
 
@@ -98,10 +98,10 @@ class EquinoxFile:
         for slot, record in zip(slots, records):
             stored = record.header
             if stored.shape != slot.shape or slot.dtype not in (None, stored.dtype.name):
-                template = describe_array(slot.dtype or "number", slot.shape)
+                template = array_type(slot.dtype or "number", slot.shape)
                 detail = (
                     f"The first that differs is {slot.where}: {template} in the template, "
-                    f"{describe_array(stored.dtype.name, stored.shape)} in the file."
+                    f"{array_type(stored.dtype.name, stored.shape)} in the file."
                 )
                 break
         else:

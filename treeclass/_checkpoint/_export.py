@@ -36,7 +36,9 @@ import numpy as np
 
 from .._values import is_prng_key, path_str
 from ._rules import Rule, fill, in_file_dtypes, results_of
-from ._tree import NUMBER, STATIC, TENSOR, dtype_name, entries, is_abstract, stacks_of
+from ._source import dtype_name
+from ._stacks import stacks_of
+from ._walk import NUMBER, STATIC, TENSOR, entries, is_abstract
 
 __all__ = ["ForeignTensor", "export"]
 

@@ -19,6 +19,7 @@ __all__ = [
     "create_sized",
     "discard",
     "write_at",
+    "reworded",
 ]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -246,15 +247,10 @@ def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
             try:
                 write(cast(BinaryIO, _Counted(file)))  # (counts the bytes written)
             except OSError as error:
-                if error.errno is None:
-                    raise
-                raise type(error)(
-                    error.errno, f"cannot write {path} ({error.strerror})", path
-                ) from error
+                raise reworded(error, f"cannot write {path} ({error.strerror})", path) from error
         os.replace(temp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        discard(temp)
         raise
 
 
@@ -304,6 +300,14 @@ def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
 def write_at(descriptor: int, data: Any, offset: int) -> None:
     """Write all of `data` (a bytes-like object) at `offset` of an open file, counted."""
     _write_all(descriptor, memoryview(data).cast("B"), offset)
+
+
+def reworded(error: OSError, text: str, filename: object) -> OSError:
+    """`error`, a failed system call's (else re-raised as it is), as its own type saying
+    `text` about `filename`: raise the result `from error`."""
+    if error.errno is None:
+        raise error
+    return type(error)(error.errno, text, filename)
 
 
 def discard(temp: str) -> None:

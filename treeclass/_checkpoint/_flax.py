@@ -25,8 +25,7 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 import numpy as np
 
 from ._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ._source import TensorInfo, WholeTensorCache, corrupt
-from ._tree import numpy_dtype
+from ._source import TensorInfo, WholeTensorCache, corrupt, numpy_dtype
 
 __all__ = ["FlaxFile"]
 

@@ -24,7 +24,7 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from .._values import path_str
 from ._equinox import EquinoxFile, Slot
@@ -33,16 +33,12 @@ from ._flax import FlaxFile
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._npz import NpzFile
-from ._safetensors import SafetensorsFile
-from ._sharded import INDEX_SUFFIX, ShardedSafetensors
-from ._source import CheckpointSource
-from ._tree import NUMBER, STATIC, TENSOR, dtype_name, entries
+from ._safetensors import SafetensorsFile, SafetensorsSave
+from ._sharded import INDEX_SUFFIX, ShardedSafetensors, ShardedSave
+from ._source import CheckpointSource, CheckpointWriter, dtype_name
+from ._walk import NUMBER, STATIC, TENSOR, entries
 
-__all__ = ["FORMATS", "open_source"]
-
-FORMATS = ("safetensors", "sharded", "npz", "flax", "equinox")
-
-_EXTENSIONS = {".safetensors": "safetensors", ".npz": "npz", ".msgpack": "flax", ".eqx": "equinox"}
+__all__ = ["Format", "TABLE", "FORMATS", "open_source", "writer_for"]
 
 _UNKNOWN_FORMAT = (
     "tc.load cannot tell the format of {path}: its name has none of the formats' "
@@ -121,26 +117,6 @@ def _is_msgpack_map(head: bytes) -> bool:
     return bool(key) and (0xA0 <= key[0] <= 0xBF or key[0] in (0xD9, 0xDA, 0xDB))
 
 
-def _sniff(path: str) -> str:
-    if path.endswith(INDEX_SUFFIX):
-        return "sharded"
-    by_name = _EXTENSIONS.get(os.path.splitext(path)[1].lower())
-    if by_name is not None:  # the name says: its reader tells what is wrong, if anything
-        return by_name
-    with open_for_reading(path) as file:
-        head = file.read(16)
-        size = os.fstat(file.fileno()).st_size
-    if len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= size - 8:
-        return "safetensors"
-    if head[:2] == b"PK":
-        return "npz"
-    if head[:6] == b"\x93NUMPY":
-        return "equinox"
-    if _is_msgpack_map(head):
-        return "flax"
-    raise ValueError(_UNKNOWN_FORMAT.format(path=path, head=head[:8], formats=FORMATS))
-
-
 def _slots(like: Any) -> list[Slot]:
     """The template's leaves an equinox file holds, in order: arrays and numbers."""
     return [
@@ -164,23 +140,83 @@ def _with_file(path: str, make: Callable[[BinaryIO], CheckpointSource]) -> Check
         raise
 
 
-def open_source(path: str, like: Any, format: str | None = None) -> CheckpointSource:
+def _is_safetensors(head: bytes, size: int) -> bool:
+    """An 8-byte header length no longer than the file, then `{`."""
+    return len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= size - 8
+
+
+class Format(NamedTuple):
+    """One format `tc.load` reads: its name for `format=`, the name endings that mean it,
+    a test of a file's first 16 bytes (and size), and its reader (given the path and the
+    template, which names the records of an equinox file)."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    sniff: Callable[[bytes, int], bool]
+    open: Callable[[str, object], CheckpointSource]
+    save: Callable[[str, object], CheckpointWriter] | None = None  # (path, max_shard_size)
+
+
+def _reader(
+    make: Callable[[BinaryIO, str], CheckpointSource],
+) -> Callable[[str, object], CheckpointSource]:
+    return lambda path, like: _with_file(path, lambda file: make(file, path))
+
+
+def _sharded(path: str, like: object) -> CheckpointSource:
+    return ShardedSafetensors(path)
+
+
+def _equinox(path: str, like: object) -> CheckpointSource:
+    return _with_file(path, lambda file: EquinoxFile(file, path, _slots(like)))
+
+
+# in the order a file's first bytes are tried: a msgpack map's test is the loosest
+TABLE = (
+    Format(
+        "safetensors",
+        (".safetensors",),
+        _is_safetensors,
+        _reader(SafetensorsFile),
+        lambda path, _: SafetensorsSave(path),
+    ),
+    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _sharded, ShardedSave),
+    Format("npz", (".npz",), lambda head, size: head[:2] == b"PK", _reader(NpzFile)),
+    Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _equinox),
+    Format("flax", (".msgpack",), lambda head, size: _is_msgpack_map(head), _reader(FlaxFile)),
+)
+FORMATS = ("safetensors", "sharded", "npz", "flax", "equinox")  # as messages list them
+_BY_NAME = {row.name: row for row in TABLE}
+
+
+def _sniff(path: str) -> Format:
+    for row in TABLE:  # the name says: its reader tells what is wrong, if anything
+        if path.lower().endswith(row.suffixes):
+            return row
+    with open_for_reading(path) as file:
+        head = file.read(16)
+        size = os.fstat(file.fileno()).st_size
+    for row in TABLE:
+        if row.sniff(head, size):
+            return row
+    raise ValueError(_UNKNOWN_FORMAT.format(path=path, head=head[:8], formats=FORMATS))
+
+
+def open_source(path: str, like: object, format: str | None = None) -> CheckpointSource:
     """The checkpoint at `path` (a file, or a folder holding one) opened by its reader.
 
     `like` is the template, which names the records of an equinox file.
     """
-    if format is not None and format not in FORMATS:
+    if format is not None and format not in _BY_NAME:
         raise ValueError(_BAD_FORMAT.format(formats=FORMATS, format=format))
     if os.path.isdir(path):
         path = _in_folder(path)
-    format = format or _sniff(path)
-    if format == "sharded":
-        return ShardedSafetensors(path)
-    if format == "safetensors":
-        return _with_file(path, lambda file: SafetensorsFile(file, path))
-    if format == "npz":
-        return _with_file(path, lambda file: NpzFile(file, path))
-    if format == "flax":
-        return _with_file(path, lambda file: FlaxFile(file, path))
-    slots = _slots(like)
-    return _with_file(path, lambda file: EquinoxFile(file, path, slots))
+    return (_BY_NAME[format] if format is not None else _sniff(path)).open(path, like)
+
+
+def writer_for(path: str, max_shard_size: object = None) -> CheckpointWriter:
+    """The writer `tc.save` writes `path` with: sharded safetensors with a shard limit,
+    else one safetensors file."""
+    save = _BY_NAME["safetensors" if max_shard_size is None else "sharded"].save
+    assert save is not None  # (both formats have a writer)
+    return save(path, max_shard_size)

@@ -36,7 +36,7 @@ per row for a band of columns); runs are read together, gaps included, where tha
 at most `OVER_READ` times the bytes needed, no gap is over `GAP_LIMIT` bytes and no read
 over `GROUP_BYTES` (so a column half of a matrix is one read, not one per row).
 
-This module sits below `_tree` and `_document`: it imports neither.
+This module sits below the checks and `_document`: it imports neither.
 """
 
 from __future__ import annotations

@@ -27,16 +27,12 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ._tree import (
-    TENSOR,
-    Catalog,
-    StackAt,
-    Stored,
-    describe_array,
-    dtype_name,
-    numpy_dtype,
-    release_host_copy,
-)
+from .._values import array_type
+from ._catalog import Catalog, Stored
+from ._restore import release_host_copy
+from ._source import dtype_name, numpy_dtype
+from ._stacks import StackAt
+from ._walk import TENSOR
 
 __all__ = [
     "Rule",
@@ -405,9 +401,9 @@ class RuledCatalog:
             if base is not None and (part.shape, part.dtype) != (base.shape, base.dtype):
                 self.problems.append(
                     f"layers      {where}: layer {slots[slot]!r} is "
-                    f"{describe_array(part.dtype, part.shape)} (from "
+                    f"{array_type(part.dtype, part.shape)} (from "
                     f"{list(self.layers[slots[slot]].sources)}), layer {first!r} "
-                    f"{describe_array(base.dtype, base.shape)}: the layers of a stack have "
+                    f"{array_type(base.dtype, base.shape)}: the layers of a stack have "
                     "one shape and dtype"
                 )
                 return None
@@ -513,9 +509,9 @@ class RuledCatalog:
             got = (dtype_name(result), tuple(result.shape))
             if got != (dtype_name(expected), tuple(expected.shape)):
                 raise ValueError(
-                    f"{self._what(name, mapped)} gave {describe_array(*got)} for "
+                    f"{self._what(name, mapped)} gave {array_type(*got)} for "
                     f"{target!r} when run, not the "
-                    f"{describe_array(dtype_name(expected), tuple(expected.shape))} it "
+                    f"{array_type(dtype_name(expected), tuple(expected.shape))} it "
                     "gave while checked: a transform must compute the same from tensors "
                     "of the same shapes and dtypes"
                 )

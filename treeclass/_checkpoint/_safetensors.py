@@ -12,6 +12,7 @@ is small.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,13 +22,12 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
-from ._files import IO
+from ._files import IO, reworded, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._source import TensorInfo, corrupt
-from ._tree import numpy_dtype
+from ._source import OutTensor, TensorInfo, corrupt, numpy_dtype
 
-__all__ = ["SafetensorsFile", "OutTensor", "can_store", "header_bytes", "write_tensors"]
+__all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
 
 # numpy dtype name -> safetensors dtype name, for the dtypes the format names
 _SAFETENSORS_NAMES = {
@@ -187,10 +187,8 @@ class SafetensorsFile:
                     self._corrupt(f"it ended inside the data of tensor {key!r}")
                 done += count
         except OSError as error:  # a disk or network failure: the I/O error, naming the file
-            if error.errno is None:
-                raise
             message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
-            raise type(error)(error.errno, message, self.location) from error
+            raise reworded(error, message, self.location) from error
         IO.read(len(buffer))
         return buffer
 
@@ -211,14 +209,21 @@ class SafetensorsFile:
 # --------------------------------------------------------------------------------------
 
 
-class OutTensor(NamedTuple):
-    """A tensor to write: its name, stored dtype and shape, size, and how to get its bytes."""
+class SafetensorsSave:
+    """The safetensors writer (a `CheckpointWriter`): one file, replaced atomically."""
 
-    name: str
-    dtype: np.dtype
-    shape: tuple
-    nbytes: int
-    data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
+    can_store = staticmethod(can_store)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def prepare(
+        self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
+    ) -> Callable[[], None]:
+        header = header_bytes(dict(metadata), tensors)
+        return functools.partial(
+            write_atomically, self.path, lambda file: write_tensors(file, header, tensors)
+        )
 
 
 def header_bytes(metadata: dict[str, str], tensors: Sequence[OutTensor]) -> bytes:

@@ -40,8 +40,8 @@ from ._files import create_sized, discard, open_for_reading, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._processes import SharedWrite
-from ._safetensors import OutTensor, SafetensorsFile, header_bytes
-from ._source import TensorInfo, corrupt
+from ._safetensors import SafetensorsFile, can_store, header_bytes
+from ._source import OutTensor, TensorInfo, corrupt
 
 __all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave"]
 
@@ -243,9 +243,12 @@ class ShardedSave:
         stem = os.path.basename(path)[: -len(INDEX_SUFFIX)]
         self.base = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
 
-    def writer(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> SharedWrite:
+    can_store = staticmethod(can_store)  # a `CheckpointWriter`: its shards are safetensors
+
+    def prepare(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> SharedWrite:
         """The save of `tensors` and an index holding `metadata`, as a `SharedWrite`:
         every process of a run writes its share of the shards (`save_from_processes`)."""
+        header_bytes(dict(metadata), tensors)  # what one file could not hold, no shard can
         return _ShardedWrite(self, metadata, tensors)
 
 

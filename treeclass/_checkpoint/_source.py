@@ -8,10 +8,13 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple, NoReturn, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, NoReturn, Protocol
 
+import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
+
+from .._values import is_prng_key
 
 __all__ = [
     "TensorInfo",
@@ -19,6 +22,11 @@ __all__ = [
     "WholeTensorCache",
     "corrupt",
     "NOT_A_CHECKPOINT",
+    "OutTensor",
+    "CheckpointWriter",
+    "numpy_dtype",
+    "dtype_name",
+    "is_weak",
 ]
 
 
@@ -116,3 +124,47 @@ NOT_A_CHECKPOINT = (
 def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn:
     """Raise the one error for a source that cannot be read: a `ValueError` naming it."""
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
+
+
+class OutTensor(NamedTuple):
+    """A tensor to write: its name, stored dtype and shape, size, and how to get its bytes."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple
+    nbytes: int
+    data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
+
+
+class CheckpointWriter(Protocol):
+    """How `tc.save` writes a format, as `CheckpointSource` is how it is read: the dtypes
+    it has names for (a tensor of another is stored as raw bytes), and `prepare`, which
+    checks a plan's tensors and the file's string metadata before anything is written and
+    returns the write: a function one process runs, or a `SharedWrite` every process of a
+    run takes part in (`save_from_processes`)."""
+
+    def can_store(self, dtype: np.dtype) -> bool: ...
+
+    def prepare(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> object: ...
+
+
+# -- dtypes, as sources name them --------------------------------------------------------
+
+
+def numpy_dtype(name: str) -> np.dtype | None:
+    """The NumPy dtype of a name (`"bfloat16"` included), or None."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        kind = getattr(ml_dtypes, name, None)
+        return np.dtype(kind) if kind is not None else None
+
+
+def dtype_name(array: Any) -> str:
+    """The name of an array's dtype (`"float32"`, `"bfloat16"`, `"key<fry>"`)."""
+    return str(array.dtype) if is_prng_key(array) else np.dtype(array.dtype).name
+
+
+def is_weak(value: object) -> bool:
+    """Whether an array (or abstract array) is weakly typed, as `jnp.asarray(0.5)` is."""
+    return bool(getattr(value, "weak_type", False))

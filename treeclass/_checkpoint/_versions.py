@@ -37,10 +37,12 @@ from jax.extend.core import Var
 
 from .. import _node
 from .._class_keywords import offer_class_check
-from .._frozen import is_frozen, unfreeze
+from .._structure import is_wrapper, unwrap
 from .._values import entry_name
+from ._catalog import Catalog, Stored
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
-from ._tree import PLAIN, TENSOR, Catalog, Stored, dtype_name, is_plain, numpy_dtype
+from ._source import dtype_name, numpy_dtype
+from ._walk import PLAIN, TENSOR, is_plain
 
 __all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
 
@@ -143,17 +145,16 @@ def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
     stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
     while stack:
         node, path = stack.pop()
-        if is_frozen(node):
-            node = unfreeze(node)
+        node = unwrap(node)
         if _node.is_treeclass(node):
             yield len(path), ".".join(path), type(node)
 
         def stop(x: Any, node: Any = node) -> bool:
-            return x is not node and (is_frozen(x) or _node.is_treeclass(x))
+            return x is not node and (is_wrapper(x) or _node.is_treeclass(x))
 
         found = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)[0]
         for keys, child in reversed(found):
-            if child is not node and (is_frozen(child) or _node.is_treeclass(child)):
+            if child is not node and (is_wrapper(child) or _node.is_treeclass(child)):
                 stack.append((child, (*path, *(str(entry_name(k)) for k in keys))))
 
 

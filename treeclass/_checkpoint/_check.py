@@ -1,0 +1,323 @@
+"""Checking a template against a catalog: every entry decided, every problem collected.
+
+Each entry of the template is taken from the catalog, kept, or skipped (outside a
+partial load); values are compared as `_values.exact_key` does, numbers converted only
+when exact. `Checker.finish` makes the `LoadReport`, with a hint for each missing name.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._values import exact_key, host_bytes, is_prng_key, path_str
+from ._catalog import Catalog, Stored, describe
+from ._report import FrozenMapping, LoadReport
+from ._source import dtype_name, is_weak, numpy_dtype
+from ._walk import NUMBER, NUMBERS, OBJECT, PLAIN, STATIC, TENSOR, Entry, is_abstract, static_parts
+
+__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "to_number"]
+
+# what to do with a template entry: take the value from the catalog, keep the template's, or
+# skip it (outside a partial load's selection: kept, and not reported)
+TAKE, KEEP, SKIP = "take", "keep", "skip"
+
+
+class Checker:
+    """Compares every template entry with the catalog, collecting all problems at once."""
+
+    def __init__(self, like: object, source: Catalog, dry_run: bool = False) -> None:
+        self.like = like
+        self.source = source
+        self.dry_run = dry_run  # no tensor bytes are read: static arrays are not compared
+        self.used: set[str] = set()
+        self.missing: list[str] = []
+        self.mismatched: list[str] = []
+        self.messages: list[Any] = []  # lines, or (path, name) of a missing entry
+        # (kind, path, entry, stored) of each problem, for the fixes an error suggests
+        self.problem_entries: list[tuple[str, str, Entry, Stored | None]] = []
+        self.unused: list[str] = []
+
+    def decide(self, entry: Entry) -> str:
+        stored = self.source.stored(entry.name)
+        if stored is not None:
+            self.used.add(entry.name)
+        where = path_str(self.like, entry.path)
+        if stored is None:
+            # strings, objects and static values are not in state dicts or other tools'
+            # files; arrays and numbers are in every checkpoint
+            recorded = entry.category in (TENSOR, NUMBER) and entry.kind != STATIC
+            if not (recorded or self.source.records_values):
+                return KEEP
+            return self._missing(where, entry)
+        if entry.category == OBJECT:
+            # functions and other objects are never saved: they come from the template,
+            # whatever non-data value the file had there (a function where the template
+            # holds a jitted one, a partial, a builtin, a class). Data there (an array, a
+            # string) means the model changed, and so does another type of a static
+            # container, whose parts are checked one by one
+            if stored.category == OBJECT and (
+                stored.value == type(entry.value).__name__ or not static_parts(entry.value)
+            ):
+                return KEEP
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
+        if entry.kind == STATIC:
+            return self._static(where, entry, stored)
+        if entry.category == TENSOR:
+            if stored.category != TENSOR:
+                if _abstract_number_fits(entry.value, stored):
+                    return TAKE
+                return self._mismatch(where, entry, stored, "type")
+            return self._tensor_fits(where, entry, stored) or TAKE
+        if entry.category == NUMBER:
+            if not _number_fits(entry.value, stored):
+                return self._mismatch(where, entry, stored, "type")
+            return TAKE
+        if stored.category == PLAIN and type(stored.value) is type(entry.value):
+            return TAKE
+        return self._mismatch(where, entry, stored, "type")
+
+    def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
+        """None if the stored tensor has the template's shape and dtype, else a mismatch."""
+        dtype, shape = dtype_name(entry.value), tuple(entry.value.shape)
+        if stored.shape != shape:
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "shape"))
+        if stored.dtype != dtype:
+            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "dtype"))
+        return None
+
+    def _static(self, where: str, entry: Entry, stored: Stored) -> str:
+        """A static field is never restored: it is checked to equal what was saved."""
+        if entry.category == TENSOR:
+            if stored.category != TENSOR:
+                return self._mismatch(where, entry, stored, "static")
+            mismatch = self._tensor_fits(where, entry, stored)
+            if mismatch is not None:
+                return mismatch
+            if stored.weak is not None and stored.weak != is_weak(entry.value):
+                return self._mismatch(where, entry, stored, "static")
+            if is_abstract(entry.value) or self.dry_run:
+                return KEEP  # nothing to compare the saved values with, or not now
+            saved = self.source.fetch(entry.name)
+            if np.array_equal(host_bytes(saved), host_bytes(entry.value)):
+                return KEEP
+            return self._mismatch(where, entry, stored, "static", saved)
+        # exactly when the two would be the same constant of a traced computation
+        if stored.category == PLAIN and exact_key(entry.value) == exact_key(stored.value):
+            return KEEP
+        return self._mismatch(where, entry, stored, "static")
+
+    def skip(self, entry: Entry) -> str:
+        """An entry outside a partial load: kept, and its name in the checkpoint is not
+        unexpected (it belongs to the template)."""
+        if self.source.stored(entry.name) is not None:
+            self.used.add(entry.name)
+        return SKIP
+
+    def _missing(self, where: str, entry: Entry) -> str:
+        self.missing.append(where)
+        if entry.name in getattr(self.source, "explained", ()):
+            return KEEP  # the catalog's own problem line says why (a stack lacks layers)
+        self.problem_entries.append(("missing", where, entry, None))
+        # the hint is added by `finish`, which knows which names no entry used
+        self.messages.append((where, entry.name))
+        return KEEP
+
+    def _mismatch(
+        self, where: str, entry: Entry, stored: Stored, what: str, saved: Any = None
+    ) -> str:
+        self.mismatched.append(where)
+        self.problem_entries.append((what, where, entry, stored))
+        mine, theirs = describe(entry.value), stored.describe()
+        if saved is not None:  # a static array: show the values that differ
+            mine = f"{mine} {_shown_values(entry.value)}"
+            theirs = f"{theirs} {_shown_values(saved)}"
+        elif is_weak(entry.value) != bool(stored.weak) and stored.weak is not None:
+            mine, theirs = _weakly(mine, is_weak(entry.value)), _weakly(theirs, stored.weak)
+        self.messages.append(
+            f"{what:<11} {where}: {mine} in the template, {theirs} in {self.source.label}"
+        )
+        return KEEP
+
+    def _hint(self, name: str, closest: _Closest) -> str:
+        # a key rule that should have given `name`: the file's name it reads, and the
+        # closest the file has to that (a typo in the rule, or another naming)
+        expected = getattr(self.source, "expected", None)
+        wanted = expected(name) if expected is not None else ()
+        if wanted:
+            close = [c for c in map(closest, wanted) if c is not None]
+            hint = f" (a key rule reads it from {', '.join(map(repr, wanted))}"
+            return hint + (f"; closest: {', '.join(map(repr, close))})" if close else ")")
+        close_name = closest(name)
+        return f" (closest: {close_name!r})" if close_name is not None else ""
+
+    def finish(
+        self, found: list[Entry], decisions: list[str], problems: Sequence[str]
+    ) -> LoadReport:
+        """The report, once every entry is decided: unexpected names and missing hints."""
+        unused = [name for name in self.source.names() if name not in self.used]
+        self.unused = unused
+        label = self.source.label
+        closest = _Closest(unused)
+        self.closest = closest
+        messages = []
+        for message in self.messages:
+            if isinstance(message, tuple):  # a missing entry: hint at a renamed one
+                where, name = message
+                message = f"missing     {where}: no {name!r} in {label}{self._hint(name, closest)}"
+            messages.append(message)
+        for name in unused:
+            stored = self.source.stored(name)
+            assert stored is not None  # a name the catalog listed
+            origins = _origins(self.source, name)
+            read = f" (read from {', '.join(map(repr, origins))})" if origins != (name,) else ""
+            messages.append(
+                f"unexpected  {name!r} ({stored.describe()}) in {label}{read}: "
+                "the template has no such path"
+            )
+        messages.extend(problems)
+        restored = [(e, path_str(self.like, e.path)) for e, d in zip(found, decisions) if d == TAKE]
+        sources = {where: _origins(self.source, e.name) for e, where in restored}
+        return LoadReport(
+            tuple(self.missing),
+            tuple(self.mismatched),
+            tuple(unused),
+            tuple(messages),
+            tuple(where for _, where in restored),
+            FrozenMapping(sources),
+            _migrations(self.source),
+        )
+
+
+def _origins(catalog: Any, name: str) -> tuple[str, ...]:
+    """The names in the checkpoint itself that `name` of `catalog` is made of.
+
+    A catalog wrapping another (key rules, a migration step) has `inner` and says which of
+    its names each of its own is made of (`sources`); the chain is followed to the file.
+    """
+    names: tuple[str, ...] = (name,)
+    while hasattr(catalog, "inner") and hasattr(catalog, "sources"):
+        names = tuple(dict.fromkeys(n for own in names for n in catalog.sources(own)))
+        catalog = catalog.inner
+    return names
+
+
+def _migrations(catalog: Any) -> tuple[str, ...]:
+    """The migration steps in a chain of catalogs (each one's `migration`), in order."""
+    ran = []
+    while catalog is not None:
+        if getattr(catalog, "migration", None) is not None:
+            ran.append(catalog.migration)
+        catalog = getattr(catalog, "inner", None)
+    return tuple(reversed(ran))
+
+
+def _mismatch_kind(entry: Entry, what: str) -> str:
+    return "static" if entry.kind == STATIC else what
+
+
+def _shown_values(array: Any) -> str:
+    """An array's values on one line, shortened, for a message (a PRNG key's by its key
+    data)."""
+    if is_prng_key(array):
+        array = jax.random.key_data(array)
+    text = " ".join(np.array2string(np.asarray(array), threshold=8, separator=",").split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _weakly(description: str, weak: bool) -> str:
+    return description + (" (weakly typed)" if weak else " (strongly typed)")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+class _Closest:
+    """The closest of many names to a missing one, in time near-linear in their number.
+
+    Comparing every missing name with every unused one (as `difflib.get_close_matches`
+    would) costs their product: minutes for thousands of renamed keys. A rename keeps a
+    long common prefix or suffix (`layers.3.w` -> `layers.3.weight`, `encoder.x` ->
+    `model.encoder.x`), and the names sharing the longest prefix with a name sit next to
+    it in sorted order, those sharing the longest suffix next to it in the order of the
+    reversed names. So each missing name is scored against its few neighbours in both
+    orders only (two in each): by the share of characters in a common prefix and suffix, difflib's
+    measure of similarity restricted to those two blocks, with difflib's cutoff of 0.6.
+    """
+
+    _CUTOFF = 0.6
+
+    def __init__(self, names: list[str]) -> None:
+        self.forward = sorted(names)
+        self.backward = sorted(name[::-1] for name in names)
+
+    @staticmethod
+    def _near(ordered: list[str], key: str) -> list[str]:
+        # the longest common prefix with `key` is had by one of its two neighbours
+        at = bisect.bisect_left(ordered, key)
+        return ordered[max(at - 1, 0) : at + 1]
+
+    def __call__(self, name: str) -> str | None:
+        candidates = set(self._near(self.forward, name))
+        reversed_name = name[::-1]
+        candidates.update(n[::-1] for n in self._near(self.backward, reversed_name))
+        best, best_score = None, self._CUTOFF
+        for candidate in sorted(candidates):
+            shared = _common_prefix(name, candidate) + _common_prefix(
+                reversed_name, candidate[::-1]
+            )
+            shared = min(shared, len(name), len(candidate))
+            score = 2 * shared / (len(name) + len(candidate))
+            if score > best_score or (score == best_score and best is None):
+                best, best_score = candidate, score
+        return best
+
+
+def _is_kind_of(dtype: np.dtype, kind: type, widening: bool = False) -> bool:
+    """Whether `dtype` is of the kind of a Python number of type `kind`: bool, an integer,
+    a floating or a complex dtype; with `widening`, a complex `kind` takes floating dtypes
+    too (their values convert to complex exactly)."""
+    if kind is bool:
+        return dtype == np.bool_
+    if kind is int:
+        return bool(np.issubdtype(dtype, np.integer))
+    wanted = np.floating if kind is float else np.inexact if widening else np.complexfloating
+    return bool(jnp.issubdtype(dtype, wanted))
+
+
+def _number_fits(template: Any, stored: Stored) -> bool:
+    """Whether the stored value converts exactly to the template's Python number type."""
+    if stored.category == TENSOR:  # a scalar of a numeric dtype (a key's has no NumPy dtype)
+        dtype = numpy_dtype(stored.dtype) if stored.shape == () else None
+        return dtype is not None and _is_kind_of(dtype, type(template), widening=True)
+    return stored.category == PLAIN and to_number(template, stored.value) is not None
+
+
+def _abstract_number_fits(template: Any, stored: Stored) -> bool:
+    """A Python number saved where an abstract template has a scalar of its kind.
+
+    `jax.eval_shape` turns a Python number into a weakly typed 0-d `ShapeDtypeStruct`,
+    so an abstract template cannot say that the value was a number: the file can.
+    """
+    if not is_abstract(template) or template.shape != () or is_prng_key(template):
+        return False
+    kind = type(stored.value)
+    return kind in NUMBERS and _is_kind_of(np.dtype(template.dtype), kind)
+
+
+def to_number(template: bool | int | float | complex, value: Any) -> Any:
+    """`value` (a number or a 0-d array) as the template's Python type, or None."""
+    kind = type(template)
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        value = np.asarray(value).item()
+    if type(value) is bool or kind is bool:
+        return value if type(value) is kind else None
+    allowed = {int: (int,), float: (int, float), complex: (int, float, complex)}[kind]
+    return kind(value) if type(value) in allowed else None

@@ -1,0 +1,247 @@
+"""Restoring a template from a catalog: check, report or raise, then read and place.
+
+`restore` runs the checks (`_check`), raises with the fixes (`_fixes`) or returns the
+report, and only then reads tensors, each put where its template leaf lives (its
+sharding, read shard by shard when the catalog offers byte ranges), weakly typed as
+saved, with the host copy freed as it goes.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.core import Tracer
+
+from .._values import is_prng_key, path_str, root_name
+from ._catalog import Catalog
+from ._check import KEEP, TAKE, Checker, to_number
+from ._files import reworded
+from ._fixes import Fixes, listed, warn_if_less
+from ._processes import place_by_slices
+from ._source import is_weak, numpy_dtype
+from ._walk import NUMBER, NUMBERS, STATIC, TENSOR, Entry, entries, walk
+
+__all__ = ["MISSING_POLICIES", "UNEXPECTED_POLICIES", "restore", "release_host_copy"]
+
+_UNFILLED = (
+    "{source} leaves {paths} of the abstract template without a value: a "
+    "jax.ShapeDtypeStruct has no value to keep, so each path of an abstract template "
+    "must come from the checkpoint. Give those paths values (a template built with "
+    "concrete arrays keeps its own), or make the checkpoint fill them (rules=)."
+)
+_DOES_NOT_FIT = "{source} does not fit the template `{root}`; {count} problem{s}:\n{lines}\n{fixes}"
+
+MISSING_POLICIES = ("error", "keep", "warn")
+UNEXPECTED_POLICIES = ("error", "ignore")
+
+
+def restore(
+    like: Any,
+    source: Catalog,
+    strict: bool,
+    action: str,
+    *,
+    selected: Callable[[tuple, str], bool] | None = None,
+    missing: str | None = None,
+    unexpected: str | None = None,
+    dry_run: bool = False,
+) -> Any:
+    """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`.
+
+    `selected(node, kind)` (of an `Entry`) limits the load to some entries (the rest keep
+    the template's values and are not reported); `missing` ("error", "keep", "warn") and
+    `unexpected` ("error", "ignore") say which of those problems raise (by default all of
+    them when `strict`, none otherwise; an explicit "error" raises whatever `strict` is). A
+    `dry_run` returns the report alone, read from names, dtypes and shapes: no tensor bytes.
+    """
+    missing = missing or ("error" if strict else "keep")
+    unexpected = unexpected or ("error" if strict else "ignore")
+    if missing not in MISSING_POLICIES or unexpected not in UNEXPECTED_POLICIES:
+        raise ValueError(
+            f"{action}: missing= takes one of {MISSING_POLICIES} and unexpected= one of "
+            f"{UNEXPECTED_POLICIES}; got missing={missing!r}, unexpected={unexpected!r}"
+        )
+    found = entries(like, action, source.call.replace("like", "value"))
+    checker = Checker(like, source, dry_run)
+    decisions = [
+        checker.decide(entry)
+        if selected is None or selected(entry.node, entry.kind)
+        else checker.skip(entry)
+        for entry in found
+    ]
+    report = checker.finish(found, decisions, source.problems)
+    if dry_run:
+        return report
+    # strict raises for every problem its policies do not waive; a non-strict load only for
+    # the kinds a policy asks to raise for explicitly (`missing="error"`)
+    problems = [
+        line
+        for line in report.messages
+        if (missing == "error" if line.startswith("missing ") else True)
+        and (unexpected == "error" if line.startswith("unexpected ") else True)
+        and (strict or line.startswith(("missing ", "unexpected ")))
+    ]
+    unfilled = [
+        path_str(like, e.path)
+        for e, d in zip(found, decisions)
+        if d == KEEP and e.kind != STATIC and isinstance(e.value, jax.ShapeDtypeStruct)
+    ]
+    if unfilled and not problems:  # (else the error below names them)
+        raise ValueError(_UNFILLED.format(source=source.title, paths=listed(unfilled)))
+    if missing == "warn" and report.missing:
+        lines = [line for line in report.messages if line.startswith("missing ")]
+        warnings.warn(
+            f"{source.title}: {len(lines)} template path(s) kept their initial values:\n"
+            + "\n".join("  " + line for line in lines),
+            stacklevel=3,
+        )
+    if problems:
+        count = len(problems)
+        raise ValueError(
+            _DOES_NOT_FIT.format(
+                source=source.title,
+                root=root_name(like),
+                count=count,
+                s="" if count == 1 else "s",
+                lines="\n".join("  " + line for line in problems),
+                fixes=Fixes(like, source, checker, strict, missing, unexpected).text(),
+            )
+        )
+    if not strict:
+        warn_if_less(like, source, checker, report, missing, unexpected)
+    # static values are checked above and never restored (nor visited part by part)
+    steps = iter([(e, d) for e, d in zip(found, decisions) if e.kind != STATIC])
+
+    def visit(path: tuple, kind: str, value: Any) -> Any:
+        if kind == STATIC:
+            return value
+        entry, decision = next(steps)
+        if decision != TAKE:
+            return value
+        try:
+            fetched = _fetch(source, entry, value)
+        except ValueError as error:  # bytes the checks could not see before reading them
+            raise ValueError(f"{error} (restoring {path_str(like, path)})") from None
+        except OSError as error:  # reading failed: the same error, saying what it was for
+            where = f"{error.strerror} (restoring {path_str(like, path)})"
+            raise reworded(error, where, error.filename) from error
+        if entry.category == TENSOR:
+            if type(fetched) in NUMBERS:
+                return fetched
+            stored = source.stored(entry.name)
+            weak = stored.weak if stored is not None and stored.weak is not None else None
+            return _place(value, fetched, is_weak(value) if weak is None else weak)
+        if entry.category == NUMBER:
+            return to_number(value, fetched)
+        return fetched
+
+    tree = walk(like, visit, rebuild=True)
+    return tree if strict else (tree, report)
+
+
+def _sharding_of(template: object) -> Any:
+    """The sharding a restored array takes from its template, or None (the default device)."""
+    if isinstance(template, jax.ShapeDtypeStruct):
+        return template.sharding
+    if isinstance(template, jax.Array) and not isinstance(template, Tracer):
+        if template.committed or len(template.sharding.device_set) > 1:
+            return template.sharding
+    return None
+
+
+def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
+    """The data of `entry` from `source`, for the template's leaf `template`.
+
+    A tensor of a file whose template is placed over several devices is read shard by
+    shard, straight into its sharding: each process reads only the bytes of the shards
+    its devices hold (on many hosts, about its share of the file), and no device's data
+    is copied on the host more than once. The catalog offers those ranges
+    (`range_reader`) only where they pass the same checks as the whole tensor; everything
+    else is read whole: tensors renamed or transformed by key rules, those stored as raw
+    bytes or key data, bool and sub-byte types (whose unused bits are checked on the
+    whole tensor).
+    """
+    placed = getattr(source, "fetch_placed", None)  # (a stacked leaf assembled in place)
+    if placed is not None and entry.category == TENSOR:
+        value = placed(entry.name, template)
+        if value is not None:
+            return value
+    sharding = _sharding_of(template) if entry.category == TENSOR else None
+    ranges = getattr(source, "range_reader", None)
+    if sharding is None or len(sharding.device_set) < 2 or ranges is None:
+        return source.fetch(entry.name)
+    read_range = ranges(entry.name)
+    stored = source.stored(entry.name)
+    dtype = None if stored is None else numpy_dtype(stored.dtype)
+    if read_range is None or stored is None or dtype is None:
+        return source.fetch(entry.name)
+    return place_by_slices(tuple(stored.shape), dtype, sharding, read_range)
+
+
+# the host bytes a load may leave to the garbage collector before collecting them
+_RELEASE_BYTES = 2**20
+
+
+class _Released:
+    """The host bytes put on the device since the last collection (`release_host_copy`)."""
+
+    pending = 0
+
+
+def release_host_copy(placed: object, nbytes: int) -> None:
+    """Free the host buffers (`nbytes` more) of tensors put on the device, the last one as
+    `placed`, so a load holds about one tensor on the host at a time.
+
+    JAX's transfer from a NumPy array leaves a young reference cycle that keeps the array
+    alive until the garbage collector's next pass (measured: with a load's few
+    allocations per tensor, the previous tensor was alive at nearly every read, doubling
+    the host peak, and small tensors piled up between passes). Once 1 MiB has been put
+    since the last pass, the load waits for the last transfer and makes one pass over the
+    youngest generation, which frees them: a cost of one pass (microseconds) per
+    MiB loaded, whatever the tensors' sizes.
+    """
+    _Released.pending += nbytes
+    if _Released.pending >= _RELEASE_BYTES:
+        _Released.pending = 0
+        jax.block_until_ready(placed)
+        gc.collect(0)
+
+
+def _place(template: Any, value: Any, weak: bool) -> Any:
+    """`value` (checked to have the template's shape and dtype) as the template's type.
+
+    A `jax.Array` is weakly typed if `weak` (`jnp.asarray(0.5)` is: it adopts the dtype of
+    what it meets, and `jax.jit` keys its cache on that).
+    """
+    if isinstance(template, (np.ndarray, np.generic)):  # its dtype: its byte order, too
+        value = np.asarray(value, dtype=template.dtype)
+        return value[()] if isinstance(template, np.generic) else value
+    sharding = _sharding_of(template)
+    placed = isinstance(value, jax.Array) and value.sharding == sharding  # (by `_fetch`)
+    host = value
+    if sharding is not None and not placed:
+        value = jax.device_put(value, sharding)
+    elif not isinstance(value, jax.Array):
+        value = jax.device_put(value)
+    if value is not host and not isinstance(host, jax.Array):
+        release_host_copy(value, getattr(host, "nbytes", 0))
+    if is_prng_key(value) or is_weak(value) == weak:  # (keys are never weakly typed)
+        return value
+    return _with_weak_type(value, weak)
+
+
+def _with_weak_type(value: jax.Array, weak: bool) -> Any:
+    """`value` with the same data, dtype and placement, weakly typed or not."""
+    if not weak:  # a weakly typed array of a state dict, in a strong template
+        return jax.lax.convert_element_type(value, value.dtype)
+    # JAX has no public way to make an array of given data weakly typed (only Python
+    # scalars, and `jnp.full` without a dtype, make them), so this uses the conversion its
+    # own operations use. The one use of a private JAX name in treeclass's checkpoints.
+    from jax._src.lax.lax import _convert_element_type
+
+    return _convert_element_type(value, np.dtype(value.dtype), weak_type=True)

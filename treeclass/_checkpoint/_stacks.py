@@ -1,0 +1,105 @@
+"""The stacks of a template as checkpoint names see them: a stacked leaf and its layers.
+
+The per-layer naming is a checkpoint concept (the unrolled model names layer `i`
+`blocks.{i}.attn.q`), and what it needs (a stack's length, a periodic stack's period)
+no row of the table of node kinds answers, so this module knows the two stack types.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+
+from .._periodic import Periodic
+from .._stacked import Stacked
+from .._structure import is_wrapper
+from ._walk import key_name
+
+__all__ = ["StackAt", "stacks_of"]
+
+
+def _joined(prefix: str, rest: str) -> str:
+    return f"{prefix}.{rest}" if prefix else rest
+
+
+class StackAt(NamedTuple):
+    """A `Stacked` or `Periodic` of a tree, as its checkpoint names see it.
+
+    A stack's leaves are named by its block's key paths (`blocks.attn.q`, of shape
+    `[N, ...]`; `layers.pattern.5.attn.q` of shape `[R, ...]` for position 5 of a periodic
+    pattern of P); the unrolled model names layer `i` `blocks.{i}.attn.q`. Layer `i` is
+    slot `i` of the stacked leaf, or slot `i // P` of pattern position `i % P`.
+    """
+
+    prefix: str  # the stack's own name ("" for a stack at the root)
+    layers: int  # N, or R * P
+    period: int  # 1 for a `Stacked`, P for a `Periodic`
+    periodic: bool = False  # its leaves are under `pattern.<position>`
+
+    def _below(self, name: str) -> str | None:
+        """`name` less the stack's prefix, or None if `name` is not under the stack."""
+        if self.prefix and not name.startswith(self.prefix + "."):
+            return None
+        return name[len(self.prefix) + 1 :] if self.prefix else name
+
+    def _layer(self, name: str) -> tuple[int, str] | None:
+        """`(layer, rest)` of a per-layer name `<prefix>.<layer>.<rest>`, or None."""
+        head, dot, rest = (self._below(name) or "").partition(".")
+        ok = dot and rest and head.isdigit() and str(int(head)) == head
+        return (int(head), rest) if ok else None
+
+    def stacked(self, name: str) -> tuple[str, int] | None:
+        """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
+        None if `name` is not `<prefix>.<layer>.<rest>` with a layer of this stack."""
+        found = self._layer(name)
+        if found is None or found[0] >= self.layers:
+            return None
+        layer, rest = found
+        if not self.periodic:
+            return _joined(self.prefix, rest), layer
+        slot, position = divmod(layer, self.period)
+        return _joined(self.prefix, f"pattern.{position}.{rest}"), slot
+
+    def layer_beyond(self, name: str) -> int | None:
+        """The layer number of a per-layer name of this stack's layout whose layer the
+        stack does not have (`blocks.5.w` for a stack of 4), else None."""
+        found = self._layer(name)
+        return found[0] if found is not None and found[0] >= self.layers else None
+
+    def per_layer(self, name: str) -> list[str] | None:
+        """The per-layer names of the stacked leaf `name` (one per slot), or None if
+        `name` is not one of this stack's leaves."""
+        rest = self._below(name)
+        if rest is None:
+            return None
+        if not self.periodic:
+            return [_joined(self.prefix, f"{i}.{rest}") for i in range(self.layers)]
+        key, _, rest = rest.partition(".")
+        position, _, rest = rest.partition(".")
+        if key != "pattern" or not position.isdigit() or not rest:
+            return None
+        j, repeats = int(position), self.layers // self.period
+        return [_joined(self.prefix, f"{r * self.period + j}.{rest}") for r in range(repeats)]
+
+    def pattern(self, name: str) -> str | None:
+        """`name`'s key path within one layer, with the layer as `{i}` (`blocks[{i}].w`),
+        for a stacked leaf `name` of a `Stacked`; None otherwise."""
+        rest = None if self.periodic else self._below(name)
+        return None if rest is None else f"{self.prefix}[{{i}}].{rest}"
+
+
+def stacks_of(tree: object) -> list[StackAt]:
+    """The outermost stacks of `tree` (a stack inside a stack's block is not one of them),
+    the longest names first (so a name is matched with the innermost prefix it has)."""
+    is_stack = lambda x: isinstance(x, (Stacked, Periodic))  # noqa: E731
+    found = []
+    leaves = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: is_stack(x) or is_wrapper(x)
+    )[0]
+    for path, node in leaves:
+        if is_stack(node):
+            prefix = ".".join(key_name(key) for key in path)
+            periodic = isinstance(node, Periodic)
+            found.append(StackAt(prefix, len(node), node.period if periodic else 1, periodic))
+    return sorted(found, key=lambda s: -len(s.prefix))

@@ -1,0 +1,249 @@
+"""A tree as checkpoint entries: its leaves, wrapped values and static parts, named.
+
+What is saved is decided by walking the tree through its rows of the table of node kinds
+(`_structure.row_of`), into every wrapped value (a frozen value): every array (wrapped
+or not) and numpy scalar is *data* and becomes a tensor; Python numbers are data too;
+strings, `None` and tuples or lists of such plain values (leaves, wrapped values, static
+parts) are recorded, and a static part holding another container is recorded part by
+part; functions and other objects are never saved (only their type's name): they come
+from the template given to `load` / `from_state_dict`, which also decides the structure
+and what is wrapped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.core import Tracer
+from jax.tree_util import GetAttrKey
+
+from .._structure import LEAF as LEAF_KIND_CODE
+from .._structure import Wrapper, node_kind, open_node, row_of
+from .._structure import rebuild as rebuild_node
+from .._values import entry_name, path_str
+from ._json import check_text
+
+__all__ = [
+    "LEAF",
+    "FROZEN",
+    "STATIC",
+    "TENSOR",
+    "NUMBER",
+    "PLAIN",
+    "OBJECT",
+    "NUMBERS",
+    "PLAIN_DEPTH",
+    "TooDeep",
+    "Entry",
+    "walk",
+    "category",
+    "is_plain",
+    "is_abstract",
+    "key_name",
+    "state_key",
+    "static_parts",
+    "entries",
+]
+
+LEAF, FROZEN, STATIC = "leaf", "frozen", "static"
+# what a value is to a checkpoint
+TENSOR, NUMBER, PLAIN, OBJECT = "tensor", "number", "plain", "object"
+NUMBERS = (bool, int, float, complex)
+
+
+def walk(
+    node: Any,
+    visit: Callable[[tuple, str, Any], Any],
+    rebuild: bool,
+    path: tuple = (),
+    frozen: bool = False,
+) -> Any:
+    """Call `visit(path, kind, value)` on every leaf, wrapped leaf and static part.
+
+    Each node is asked through its row of the table of node kinds: a wrapper kind (a
+    frozen value) is walked into, its leaves `FROZEN`; a row's static parts (a TreeClass's
+    static fields) are visited as `STATIC`; the children are the node's JAX flatten, so a
+    stack's leaves are its stacked arrays. With `rebuild`, return the tree with each leaf
+    replaced by what `visit` returned, each wrapped subtree rebuilt and wrapped again;
+    static parts stay as they are.
+    """
+    row = row_of(node)
+    wrapper = row.wrapper
+    if wrapper is not None:
+        value = wrapper.unwrap(node)
+        inner = walk(value, visit, rebuild, path, frozen=True)
+        # an unchanged wrapped value keeps its node: wrapping again would hash it again
+        if not rebuild or inner is value:
+            return node if rebuild else None
+        return _rewrapped(node, wrapper, inner)
+    for name, value in row.static_values(node).items():
+        visit((*path, GetAttrKey(name)), STATIC, value)
+    kind = node_kind(node)
+    opened = None if kind == LEAF_KIND_CODE else open_node(node, kind)
+    if opened is None:
+        return visit(path, FROZEN if frozen else LEAF, node)
+    children = [
+        walk(child, visit, rebuild, (*path, entry), frozen)
+        for entry, child in zip(opened.entries, opened.children)
+    ]
+    return rebuild_node(node, kind, opened.aux, children) if rebuild else None
+
+
+def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
+    """A node of `node`'s wrapper kind around `value`: made by the function the kind's row
+    names as its maker (`freeze`), found in the module defining the kind (a row says how
+    to unwrap a value, not how to wrap one)."""
+    make = getattr(sys.modules.get(type(node).__module__), wrapper.maker, None)
+    if not callable(make):
+        raise TypeError(
+            f"cannot restore {wrapper.what}: its maker {wrapper.maker!r} is not a function "
+            f"of the module {type(node).__module__!r}, which defines `{type(node).__name__}`"
+        )
+    return make(value)
+
+
+def category(value: object) -> str:
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+        return TENSOR
+    if type(value) in NUMBERS:
+        return NUMBER
+    if is_plain(value):
+        return PLAIN
+    return OBJECT
+
+
+# how deeply tuples and lists of plain values may nest to be recorded: a file's metadata
+# is read with a bounded nesting depth, and what we write must be readable
+PLAIN_DEPTH = 16
+
+
+class TooDeep(ValueError):
+    """A tuple or list of plain values nested deeper than `PLAIN_DEPTH`."""
+
+
+def is_plain(value: Any, depth: int = 0) -> bool:
+    kind = type(value)
+    if kind in (str, bool, int, float, complex) or value is None:
+        return True
+    if kind not in (tuple, list):
+        return False
+    if depth >= PLAIN_DEPTH:
+        raise TooDeep(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
+    return all(is_plain(x, depth + 1) for x in value)
+
+
+def _check_plain_text(value: Any) -> None:
+    if type(value) is str:
+        check_text(value, "the string")
+    elif type(value) in (tuple, list):
+        for item in value:
+            _check_plain_text(item)
+
+
+def is_abstract(value: object) -> bool:
+    return isinstance(value, (jax.ShapeDtypeStruct, Tracer))
+
+
+def key_name(key: object) -> str:
+    return str(entry_name(key))
+
+
+def state_key(key: object) -> Any:
+    name = entry_name(key)
+    return name if name is not key else str(key)
+
+
+class Entry(NamedTuple):
+    path: tuple
+    kind: str  # leaf, frozen or static
+    value: Any
+    name: str  # the checkpoint name: key path joined with dots
+    category: str  # tensor, number, plain or object
+    # the key path of the node the entry belongs to: its own for a leaf or frozen value; for
+    # a static value (or a part of one) that of the TreeClass holding the field
+    node: tuple
+
+
+_NO_KEYS = (
+    "{action} needs a tree with keys, but got a single {type}: the checkpoint names its "
+    "values by their key paths. Put it in a container:\n"
+    "    before: {call}\n"
+    "    after:  {fixed}"
+)
+_SAME_NAME = (
+    "Two key paths of the tree have the same checkpoint name {name!r}: {first} and "
+    "{second}. Names join the keys with dots, so a dict key containing a dot, or the keys "
+    "0 and '0' side by side, collide. Rename one of the keys."
+)
+
+
+_UNNAMEABLE = (
+    "{where} cannot be recorded in a checkpoint: {reason}. Checkpoint names and values must "
+    "be readable by every safetensors reader; change the key or the value."
+)
+
+
+def static_parts(value: object) -> list[tuple[Any, Any]]:
+    """The children of a static value that is a container, with their key entries.
+
+    A static field is one opaque node of the tree, but its value is checked against the
+    checkpoint like any value: a container (a tuple holding an array or a function, a
+    namedtuple) cannot be recorded as one plain value, so each of its parts is an entry of
+    its own, under the field's name (`act.0`), and the container's type is one too.
+    """
+    try:
+        opened = open_node(value, node_kind(value))
+    except Exception:  # a broken flatten: an object like any other
+        return []
+    return [] if opened is None else list(zip(opened.entries, opened.children))
+
+
+def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
+    """Every leaf, frozen leaf and static field of `tree` (and each part of a static
+    container, see `static_parts`), named; `call` shows `action`'s call with the tree as
+    `value`, for the message that a single leaf gets. With `to_file`, refuse names and
+    strings a file cannot hold (lone surrogates)."""
+    found: list[Entry] = []
+
+    def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
+        name = ".".join(key_name(key) for key in path)
+        try:
+            entry = Entry(path, kind, value, name, category(value), node)
+            if to_file:
+                check_text(name, "the checkpoint name")
+                if entry.category == PLAIN:
+                    _check_plain_text(value)
+            parts = static_parts(value) if kind == STATIC and entry.category == OBJECT else ()
+            if parts and depth >= PLAIN_DEPTH:
+                raise TooDeep(f"it nests containers more than {PLAIN_DEPTH} levels deep")
+        except ValueError as error:
+            raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
+        found.append(entry)
+        for key, part in parts:
+            add((*path, key), STATIC, part, node, depth + 1)
+
+    def visit(path: tuple, kind: str, value: object) -> None:
+        if not path:
+            fixed = call.replace("value", "{'value': value}")
+            raise ValueError(
+                _NO_KEYS.format(action=action, type=type(value).__name__, call=call, fixed=fixed)
+            )
+        add(path, kind, value, path[:-1] if kind == STATIC else path)
+
+    walk(tree, visit, rebuild=False)
+    seen: dict[str, Entry] = {}
+    for entry in found:
+        other = seen.setdefault(entry.name, entry)
+        if other is not entry:
+            raise ValueError(
+                _SAME_NAME.format(
+                    name=entry.name,
+                    first=path_str(tree, other.path),
+                    second=path_str(tree, entry.path),
+                )
+            )
+    return found
