@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treeclass as tc
-from treeclass import _structure
 from treeclass._at import AtIndexer
 
 # -- helpers -----------------------------------------------------------------------------
@@ -647,30 +646,6 @@ def test_a_number_that_does_not_fit_a_frozen_array_names_its_path():
     with pytest.raises(OverflowError, match=r"tree\['n'\]"):
         tc.at(tree)["n"].set(1000, is_leaf=tc.is_frozen)
     assert tc.unfreeze(tree["n"]).tolist() == [0, 1, 2]
-
-
-class _Sealed:
-    """A test-only wrapper kind whose row cannot wrap a new value."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-jax.tree_util.register_pytree_node(_Sealed, lambda s: ((), s), lambda s, _: s)
-
-
-class _SealedKind(_structure.NodeKind):
-    wrapper = _structure.Wrapper("!", lambda s: s.value, "a sealed value", "frozen", "_Sealed")
-
-
-_structure.register_kind(_Sealed, _SealedKind())
-
-
-def test_a_number_at_an_array_in_a_wrapper_that_cannot_wrap_again_is_an_error():
-    tree = {"s": _Sealed(jnp.ones(2))}
-    with pytest.raises(TypeError, match=r"(?s)tree\['s'\].*inside a sealed value"):
-        tc.at(tree)["s"].set(0.0, is_leaf=_structure.is_wrapper)
-    assert tree["s"].value.tolist() == [1.0, 1.0]
 
 
 def test_an_array_put_at_a_frozen_value_replaces_it_whole():

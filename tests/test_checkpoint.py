@@ -510,7 +510,7 @@ def test_strict_load_reports_every_problem_at_once(tmp_path):
         "array f32[2,2] in the file",
         "dtype       tree['blocks'][1].weight: an array i32[2] in the template, an array "
         "f32[2] in the file",
-        "type        tree['blocks'][1].count: 'two' (a `str`) in the template, 2 (a `int`) in "
+        "type        tree['blocks'][1].count: 'two' (a `str`) in the template, 2 (an `int`) in "
         "the file",
         "missing     tree['heads']: no 'heads' in the file (closest: 'head')",
         "unexpected  'head' (an array f32[3]) in the file",

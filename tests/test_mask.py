@@ -410,7 +410,7 @@ def test_tree_mask_mask_with_a_shorter_list_names_the_key_path():
 
 
 def test_tree_mask_mask_with_a_node_where_the_tree_has_a_leaf():
-    expected = r"at `tree\['a'\]`: the tree has a leaf, 1 \(a `int`\).* a `list`"
+    expected = r"at `tree\['a'\]`: the tree has a leaf, 1 \(an `int`\).* a `list`"
     with pytest.raises(ValueError, match=expected):
         tc.tree_mask({"a": 1}, {"a": [True]})
 

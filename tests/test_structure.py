@@ -209,7 +209,9 @@ def test_key_text_names_every_jax_key_entry():
 def test_describe_names_the_kind_and_its_children(node):
     opened = _structure.open_node(node, _structure.node_kind(node))
     text = _structure.describe(node, opened)
-    assert text.startswith(f"a `{type(node).__name__}` with children (")
+    name = type(node).__name__
+    article = "an" if name[0].lower() in "aeio" else "a"  # an `OrderedDict`, a `dict`
+    assert text.startswith(f"{article} `{name}` with children (")
     assert all(repr(_structure.entry_name(e)) in text for e in opened.entries)
 
 
@@ -380,7 +382,9 @@ jax.tree_util.register_pytree_node(Veiled, lambda v: ((), v), lambda v, _: v)
 
 
 class VeiledKind(_structure.NodeKind):
-    wrapper = _structure.Wrapper("~", lambda v: v.value, "a veiled value", "frozen", "Veiled")
+    wrapper = _structure.Wrapper(
+        "~", lambda v: v.value, "a veiled value", "frozen", "Veiled", lambda x: Veiled(x)
+    )
 
 
 _structure.register_kind(Veiled, VeiledKind())
@@ -502,3 +506,31 @@ def test_a_new_kind_that_differs_from_the_file_names_the_key_path(tmp_path):
     assert veiled.secret.value == "tanh"  # a wrapped string is data, as a frozen one is
     with pytest.raises(ValueError, match=r"Holder\.secret: an array f32\[2\] in the template"):
         tc.load(path, Holder(Rows(jnp.ones((3, 2)), "q"), Veiled(jnp.ones(2)), jnp.zeros(2)))
+
+
+class Sealed:
+    """A wrapper kind whose row cannot wrap a new value (`Wrapper.wrap` is None)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(Sealed, lambda v: ((), v), lambda v, _: v)
+
+
+class SealedKind(_structure.NodeKind):
+    wrapper = _structure.Wrapper("!", lambda v: v.value, "a sealed value", "frozen", "Sealed")
+
+
+_structure.register_kind(Sealed, SealedKind())
+
+
+def test_a_wrapper_kind_that_cannot_wrap_again_refuses_a_load_and_a_fill(tmp_path):
+    path = str(tmp_path / "sealed.safetensors")
+    tc.save(path, {"s": Sealed(jnp.ones(2))})
+    like = {"s": Sealed(jnp.zeros(2))}
+    with pytest.raises(TypeError, match=r"cannot restore a sealed value \(a `Sealed`\)"):
+        tc.load(path, like)
+    with pytest.raises(TypeError, match=r"tree\['s'\].*inside a sealed value"):
+        tc.at(like)["s"].set(1.0, is_leaf=_structure.is_wrapper)
+    assert like["s"].value.tolist() == [0.0, 0.0]

@@ -749,11 +749,17 @@ def describe(x: object, opened: Opened | None = _UNOPENED) -> str:
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is not None and dtype is not None:
             return f"an array {array_type(dtype, tuple(shape))}"
-        return f"{short_repr(x)} (a `{type(x).__name__}`)"
+        return f"{short_repr(x)} ({_a(type(x).__name__)})"
     if not opened.entries:
-        return f"a `{type(x).__name__}` node without children"
+        return f"{_a(type(x).__name__)} node without children"
     names = ", ".join(repr(entry_name(e)) for e in opened.entries)
-    return f"a `{type(x).__name__}` with children ({names})"
+    return f"{_a(type(x).__name__)} with children ({names})"
+
+
+def _a(name: str) -> str:
+    """A type name with the article it is read with: a `Foo`, an `int`."""
+    # 'u' reads as 'you' in the type names met here (`uint8`, `UUID`): a consonant
+    return f"{'an' if name[:1].lower() in 'aeio' else 'a'} `{name}`"
 
 
 def _side(x: object, opened: Opened | None) -> str:

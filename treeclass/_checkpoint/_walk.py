@@ -12,7 +12,6 @@ and what is wrapped.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -94,16 +93,13 @@ def walk(
 
 
 def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
-    """A node of `node`'s wrapper kind around `value`: made by the function the kind's row
-    names as its maker (`freeze`), found in the module defining the kind (a row says how
-    to unwrap a value, not how to wrap one)."""
-    make = getattr(sys.modules.get(type(node).__module__), wrapper.maker, None)
-    if not callable(make):
+    """A node of `node`'s wrapper kind around `value`, made as its row says (`wrap`)."""
+    if wrapper.wrap is None:
         raise TypeError(
-            f"cannot restore {wrapper.what}: its maker {wrapper.maker!r} is not a function "
-            f"of the module {type(node).__module__!r}, which defines `{type(node).__name__}`"
+            f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
+            "of node kinds gives no way to wrap a value again (`Wrapper.wrap` is None)"
         )
-    return make(value)
+    return wrapper.wrap(value)
 
 
 def category(value: object) -> str:
