@@ -322,6 +322,9 @@ jax.tree_util.register_pytree_with_keys(
 class RowsKind(_structure.NodeKind):
     brackets = ("<", ">")
 
+    def layers(self, node):  # one layer per row, for per-layer checkpoint names
+        return _structure.Layers(len(node.data))
+
     def open(self, node):
         n = len(node.data)
         return _structure.Opened(
@@ -494,6 +497,19 @@ def test_a_new_kind_round_trips_through_checkpoints(tmp_path):
     assert sorted(state) == ["bias", "rows", "secret"] and sorted(state["rows"]) == ["data"]
     restored = tc.from_state_dict(like, state)
     assert restored.secret.value.tolist() == [1.0, 1.0] and restored.rows.name == "q"
+
+
+def test_a_new_kind_of_stack_loads_per_layer_names_through_rules(tmp_path):
+    # a file of the unrolled layout (one tensor per row) fills the kind's one array
+    path = str(tmp_path / "rows.safetensors")
+    tc.save(path, {f"r{i}": jnp.full(2, float(i)) for i in range(3)})
+    like = Holder(Rows(jnp.zeros((3, 2)), "q"), Veiled(jnp.zeros(2)), jnp.zeros(2))
+    loaded, _ = tc.load(path, like, rules=[("r{i}", "rows[{i}].data")], strict=False)
+    assert loaded.rows.data.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    # a layer the kind does not have names the layer and the fix
+    tc.save(path, {f"r{i}": jnp.full(2, float(i)) for i in range(4)})
+    with pytest.raises(ValueError, match=r"layer 3 beyond the 3 of the stack at 'rows'"):
+        tc.load(path, like, rules=[("r{i}", "rows[{i}].data")], missing="keep")
 
 
 def test_a_new_kind_that_differs_from_the_file_names_the_key_path(tmp_path):

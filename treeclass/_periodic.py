@@ -31,7 +31,7 @@ from ._at import AtIndexer, at
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._stacked import Stacked
-from ._structure import NodeKind, Opened, describe, register_kind, registered_kind
+from ._structure import Layers, NodeKind, Opened, describe, register_kind, registered_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -452,6 +452,9 @@ class _PeriodicKind(NodeKind["Periodic"]):
 
     def roles_of(self, node: Periodic) -> Any:
         return None
+
+    def layers(self, node: Periodic) -> Layers:
+        return Layers(len(node), node._period, _PATTERN.name)
 
 
 def _in_layers(

@@ -39,6 +39,7 @@ from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._roles import FROZEN, leaf_roles
 from ._structure import (
+    Layers,
     NodeKind,
     Opened,
     describe,
@@ -928,6 +929,9 @@ class StackedKind(NodeKind["Stacked"]):
 
     def roles_of(self, node: Stacked) -> Any:
         return node._tree
+
+    def layers(self, node: Stacked) -> Layers:
+        return Layers(node._length)
 
 
 def _init(stack: Stacked, tree: object, length: int) -> None:

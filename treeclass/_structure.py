@@ -62,6 +62,7 @@ __all__ = [
     "TREECLASS_KIND",
     "GENERIC_KIND",
     "Wrapper",
+    "Layers",
     "wrapper_of",
     "is_wrapper",
     "unwrap",
@@ -185,6 +186,19 @@ class Wrapper(NamedTuple):
     wrap: Callable[[Any], Any] | None = None
 
 
+class Layers(NamedTuple):
+    """What a row says of a kind that stacks layers along its leaves' leading axis.
+
+    Checkpoints name such a node's leaves as the unrolled model names its layers: layer
+    `i` is slot `i` of each leaf, or, for R repeats of a pattern of P layers, slot
+    `i // P` of the leaves under `<pattern>.<i % P>`.
+    """
+
+    length: int  # the layers, numbered as the unrolled model's
+    period: int = 1  # P, for repeats of a pattern of P layers
+    pattern: str | None = None  # the key the pattern's positions are under (`pattern`)
+
+
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
 
 
@@ -221,8 +235,10 @@ class NodeKind(Generic[N]):
       brackets (`Name(`...`)` when `named`);
     - `roles_of(node)`: the TreeClass whose declared field roles hold for its children
       (itself for a TreeClass, the block for a stack), or `None`;
+    - `layers(node)`: for a stack of layers along its leaves' leading axis, their count
+      and period (`Layers`), which checkpoints name per layer; `None` for other kinds;
     - `wrapper`: for a kind wrapping one value in a node without children (a frozen
-      value), how it is marked, unwrapped and described (`Wrapper`).
+      value), how it is marked, unwrapped, described and wrapped again (`Wrapper`).
 
     The base row is a registered pytree's: opened one level through JAX. A new kind
     subclasses it where it differs and registers one instance, in its own module:
@@ -292,6 +308,9 @@ class NodeKind(Generic[N]):
         return type(node).__name__
 
     def roles_of(self, node: N) -> Any:
+        return None
+
+    def layers(self, node: N) -> Layers | None:
         return None
 
 

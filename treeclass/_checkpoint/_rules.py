@@ -430,7 +430,7 @@ class RuledCatalog:
             # every leaf has layers 0..depth-1 and lacks the rest: a shallower model's file
             depth = found[0] if found and found[1] == tuple(range(found[0], stack.layers)) else None
             where = stack.prefix or "the root"
-            if depth is not None and not stack.periodic:
+            if depth is not None and stack.under is None:
                 fixes.append(
                     f"- {self.label} holds the first {depth} layers of every leaf of the "
                     f"stack at {where!r}, which has {stack.layers}: build the template with "

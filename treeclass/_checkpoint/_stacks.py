@@ -1,8 +1,8 @@
 """The stacks of a template as checkpoint names see them: a stacked leaf and its layers.
 
 The per-layer naming is a checkpoint concept (the unrolled model names layer `i`
-`blocks.{i}.attn.q`), and what it needs (a stack's length, a periodic stack's period)
-no row of the table of node kinds answers, so this module knows the two stack types.
+`blocks.{i}.attn.q`); what it needs of a stack (its layers, a pattern's period and key)
+its row of the table of node kinds answers (`NodeKind.layers`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from typing import NamedTuple
 
 import jax
 
-from .._periodic import Periodic
-from .._stacked import Stacked
-from .._structure import is_wrapper
+from .._structure import Layers, is_wrapper, row_of
 from ._walk import key_name
 
 __all__ = ["StackAt", "stacks_of"]
@@ -24,7 +22,7 @@ def _joined(prefix: str, rest: str) -> str:
 
 
 class StackAt(NamedTuple):
-    """A `Stacked` or `Periodic` of a tree, as its checkpoint names see it.
+    """A stack of layers in a tree (`Stacked`, `Periodic`), as its checkpoint names see it.
 
     A stack's leaves are named by its block's key paths (`blocks.attn.q`, of shape
     `[N, ...]`; `layers.pattern.5.attn.q` of shape `[R, ...]` for position 5 of a periodic
@@ -35,7 +33,7 @@ class StackAt(NamedTuple):
     prefix: str  # the stack's own name ("" for a stack at the root)
     layers: int  # N, or R * P
     period: int  # 1 for a `Stacked`, P for a `Periodic`
-    periodic: bool = False  # its leaves are under `pattern.<position>`
+    under: str | None = None  # a pattern's leaves are under `<under>.<position>`
 
     def _below(self, name: str) -> str | None:
         """`name` less the stack's prefix, or None if `name` is not under the stack."""
@@ -56,10 +54,10 @@ class StackAt(NamedTuple):
         if found is None or found[0] >= self.layers:
             return None
         layer, rest = found
-        if not self.periodic:
+        if self.under is None:
             return _joined(self.prefix, rest), layer
         slot, position = divmod(layer, self.period)
-        return _joined(self.prefix, f"pattern.{position}.{rest}"), slot
+        return _joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
 
     def layer_beyond(self, name: str) -> int | None:
         """The layer number of a per-layer name of this stack's layout whose layer the
@@ -73,11 +71,11 @@ class StackAt(NamedTuple):
         rest = self._below(name)
         if rest is None:
             return None
-        if not self.periodic:
+        if self.under is None:
             return [_joined(self.prefix, f"{i}.{rest}") for i in range(self.layers)]
         key, _, rest = rest.partition(".")
         position, _, rest = rest.partition(".")
-        if key != "pattern" or not position.isdigit() or not rest:
+        if key != self.under or not position.isdigit() or not rest:
             return None
         j, repeats = int(position), self.layers // self.period
         return [_joined(self.prefix, f"{r * self.period + j}.{rest}") for r in range(repeats)]
@@ -85,21 +83,24 @@ class StackAt(NamedTuple):
     def pattern(self, name: str) -> str | None:
         """`name`'s key path within one layer, with the layer as `{i}` (`blocks[{i}].w`),
         for a stacked leaf `name` of a `Stacked`; None otherwise."""
-        rest = None if self.periodic else self._below(name)
+        rest = None if self.under is not None else self._below(name)
         return None if rest is None else f"{self.prefix}[{{i}}].{rest}"
 
 
 def stacks_of(tree: object) -> list[StackAt]:
     """The outermost stacks of `tree` (a stack inside a stack's block is not one of them),
     the longest names first (so a name is matched with the innermost prefix it has)."""
-    is_stack = lambda x: isinstance(x, (Stacked, Periodic))  # noqa: E731
+
+    def layers(x: object) -> Layers | None:
+        return row_of(x).layers(x)
+
     found = []
     leaves = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: is_stack(x) or is_wrapper(x)
+        tree, is_leaf=lambda x: is_wrapper(x) or layers(x) is not None
     )[0]
     for path, node in leaves:
-        if is_stack(node):
+        stack = layers(node)
+        if stack is not None:
             prefix = ".".join(key_name(key) for key in path)
-            periodic = isinstance(node, Periodic)
-            found.append(StackAt(prefix, len(node), node.period if periodic else 1, periodic))
+            found.append(StackAt(prefix, stack.length, stack.period, stack.pattern))
     return sorted(found, key=lambda s: -len(s.prefix))
