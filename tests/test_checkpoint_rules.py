@@ -748,6 +748,36 @@ def test_a_periodic_stack_takes_per_layer_names_in_layer_order(tmp_path):
     assert [model.layers[i].g[0].item() for i in (2, 5)] == [-2, -5]
 
 
+def test_a_periodic_stack_refusal_suggests_the_per_layer_rules_that_load_it(tmp_path):
+    class Local(tc.TreeClass):
+        w: jax.Array
+
+    class Global(tc.TreeClass):
+        w: jax.Array
+        g: jax.Array
+
+    class Net(tc.TreeClass):
+        layers: tc.Periodic
+
+    pattern = [Local(jnp.zeros(2)), Local(jnp.zeros(2)), Global(jnp.zeros(2), jnp.zeros(3))]
+    like = Net(tc.Periodic.from_layers(pattern * 2, 3))
+    tensors = {f"h.{i}.w": np.full(2, i, np.float32) for i in range(6)}
+    tensors.update({f"h.{i}.g": np.full(3, -i, np.float32) for i in (2, 5)})
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    message = _refusal(path, like)
+    assert (
+        "Net.layers.pattern[1].w is a stack of 2 layers, and the checkpoint holds them one by "
+        "one ('h.{i}.w' for i in 1, 4): map each onto its block of the stack with a key rule, "
+        "rules=[('h.{i}.w', 'layers[{i}].w')]" in message
+    )
+    assert "rules=[('h.{i}.g', 'layers[{i}].g')]" in message
+    assert "unstack_all" not in message  # the rules load it in one go
+    model = tc.load(path, like, rules=[("h.{i}.w", "layers[{i}].w"), ("h.{i}.g", "layers[{i}].g")])
+    assert [layer.w[0].item() for layer in model.layers] == [0, 1, 2, 3, 4, 5]
+    assert [model.layers[i].g[0].item() for i in (2, 5)] == [-2, -5]
+
+
 def _stack_refusal(tensors, tmp_path, like=None, **options) -> str:
     path = str(tmp_path / "m.safetensors")
     save_file(tensors, path)

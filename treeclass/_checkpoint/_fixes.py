@@ -226,39 +226,52 @@ class Fixes:
 
     def _per_layer(self) -> dict[str, str]:
         """Stacked template paths whose layers the checkpoint holds one by one (`h.0.w`,
-        `h.1.w` for a `[L, ...]` leaf): the key rule mapping them onto the stack's blocks
-        (the unstack recipe for a periodic stack), by template name."""
+        `h.1.w` for a `[L, ...]` leaf): the key rule mapping them onto the stack's slots,
+        or, for a leaf of no stack, the unstack recipe, by template name."""
         groups: dict[str, dict[int, str]] = {}
         for name in self.checker.unused:
             for match in _DIGITS.finditer(name):
                 pattern = name[: match.start()] + "{i}" + name[match.end() :]
                 groups.setdefault(pattern, {})[int(match.group())] = name
-        # by (last segment, number of layers): each template path meets only its own
-        indexed: dict[tuple[str, int], list[tuple[str, dict[int, str]]]] = {}
+        # by last segment: each template path meets only its own
+        by_last: dict[str, list[tuple[str, dict[int, str]]]] = {}
         for pattern, members in groups.items():
-            if sorted(members) == list(range(len(members))):
-                key = (pattern.rsplit(".", 1)[-1], len(members))
-                indexed.setdefault(key, []).append((pattern, members))
+            by_last.setdefault(pattern.rsplit(".", 1)[-1], []).append((pattern, members))
         found: dict[str, str] = {}
         stacks = stacks_of(self.like)
         for kind, where, entry, _ in self.checker.problem_entries:
             if kind != "missing" or entry.category != TENSOR or not entry.value.shape:
                 continue
-            layers, rest = entry.value.shape[0], tuple(entry.value.shape[1:])
-            last = entry.name.rsplit(".", 1)[-1]
-            for pattern, members in indexed.get((last, layers), [])[:8]:
-                parts = [self.source.stored(n) for n in members.values()]
+            rest = tuple(entry.value.shape[1:])
+            stack = next((s for s in stacks if s.slots(entry.name) is not None), None)
+            # the layers the leaf holds: a stack's (every P-th for a periodic pattern), or
+            # 0..L-1 for a `[L, ...]` leaf of no stack
+            slots = stack.slots(entry.name) if stack is not None else None
+            layers = slots[0] if slots is not None else list(range(entry.value.shape[0]))
+            candidates = by_last.get(entry.name.rsplit(".", 1)[-1], [])
+            for pattern, members in candidates[:8]:
+                if stack is None and sorted(members) != layers:
+                    continue  # a plain leaf: its layers are exactly the file's
+                if not all(i in members for i in layers):
+                    continue
+                parts = [self.source.stored(members[i]) for i in layers]
                 if not all(p is not None and tuple(p.shape) == rest for p in parts):
                     continue
-                target = next(
-                    (t for t in map(lambda s: s.pattern(entry.name), stacks) if t is not None),
-                    None,
+                shown = (
+                    f"i in 0..{layers[-1]}"
+                    if layers == list(range(len(layers)))
+                    else (
+                        "i in "
+                        + ", ".join(map(str, layers[:4]))
+                        + (", ..." if len(layers) > 4 else "")
+                    )
                 )
                 head = (
-                    f"- {where} is a stack of {layers} layers, and the checkpoint holds "
-                    f"them one by one ({pattern!r} for i in 0..{layers - 1}): "
+                    f"- {where} is a stack of {len(layers)} layers, and the checkpoint holds "
+                    f"them one by one ({pattern!r} for {shown}): "
                 )
-                if target is not None:  # a key rule fills the stack's slots in this load
+                if stack is not None:  # a key rule fills the stack's slots in this load
+                    target = stack.pattern(entry.name)
                     found[entry.name] = (
                         head + "map each onto its block of the stack with a key rule, "
                         f"rules=[({pattern!r}, {target!r})]"

@@ -65,26 +65,37 @@ class StackAt(NamedTuple):
         found = self._layer(name)
         return found[0] if found is not None and found[0] >= self.layers else None
 
-    def per_layer(self, name: str) -> list[str] | None:
-        """The per-layer names of the stacked leaf `name` (one per slot), or None if
-        `name` is not one of this stack's leaves."""
+    def slots(self, name: str) -> tuple[list[int], str] | None:
+        """The layers the stacked leaf `name` holds, one per slot, as the unrolled model
+        numbers them, and the leaf's path within one layer; None if `name` is not one of
+        this stack's leaves."""
         rest = self._below(name)
         if rest is None:
             return None
         if self.under is None:
-            return [_joined(self.prefix, f"{i}.{rest}") for i in range(self.layers)]
+            return list(range(self.layers)), rest
         key, _, rest = rest.partition(".")
         position, _, rest = rest.partition(".")
         if key != self.under or not position.isdigit() or not rest:
             return None
         j, repeats = int(position), self.layers // self.period
-        return [_joined(self.prefix, f"{r * self.period + j}.{rest}") for r in range(repeats)]
+        return [r * self.period + j for r in range(repeats)], rest
+
+    def per_layer(self, name: str) -> list[str] | None:
+        """The per-layer names of the stacked leaf `name` (one per slot), or None if
+        `name` is not one of this stack's leaves."""
+        found = self.slots(name)
+        if found is None:
+            return None
+        layers, rest = found
+        return [_joined(self.prefix, f"{i}.{rest}") for i in layers]
 
     def pattern(self, name: str) -> str | None:
-        """`name`'s key path within one layer, with the layer as `{i}` (`blocks[{i}].w`),
-        for a stacked leaf `name` of a `Stacked`; None otherwise."""
-        rest = None if self.under is not None else self._below(name)
-        return None if rest is None else f"{self.prefix}[{{i}}].{rest}"
+        """The key path of the stacked leaf `name` in one layer, the layer as `{i}`
+        (`blocks[{i}].w`, `layers[{i}].attn.q` for `layers.pattern.1.attn.q`): a key rule's
+        target that fills its slots; None if `name` is not one of this stack's leaves."""
+        found = self.slots(name)
+        return None if found is None else f"{self.prefix}[{{i}}].{found[1]}"
 
 
 def stacks_of(tree: object) -> list[StackAt]:
