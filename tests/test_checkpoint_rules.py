@@ -727,19 +727,27 @@ def test_a_stacked_load_reads_each_tensor_once(gpt2_file, monkeypatch):
     assert sorted(reads) == sorted(tensors)  # the fused c_attn too, split once per layer
 
 
+class _Local(tc.TreeClass):
+    w: jax.Array
+
+
+class _Global(tc.TreeClass):
+    w: jax.Array
+    g: jax.Array
+
+
+class _PeriodicNet(tc.TreeClass):
+    layers: tc.Periodic
+
+
+def _periodic_net():
+    """Two repeats of a pattern local, local, global: layers 2 and 5 have a `g` too."""
+    pattern = [_Local(jnp.zeros(2)), _Local(jnp.zeros(2)), _Global(jnp.zeros(2), jnp.zeros(3))]
+    return _PeriodicNet(tc.Periodic.from_layers(pattern * 2, 3))
+
+
 def test_a_periodic_stack_takes_per_layer_names_in_layer_order(tmp_path):
-    class Local(tc.TreeClass):
-        w: jax.Array
-
-    class Global(tc.TreeClass):
-        w: jax.Array
-        g: jax.Array
-
-    class Net(tc.TreeClass):
-        layers: tc.Periodic
-
-    pattern = [Local(jnp.zeros(2)), Local(jnp.zeros(2)), Global(jnp.zeros(2), jnp.zeros(3))]
-    like = Net(tc.Periodic.from_layers(pattern * 2, 3))
+    like = _periodic_net()
     tensors = {f"model.layers.{i}.w": np.full(2, i, np.float32) for i in range(6)}
     tensors.update({f"model.layers.{i}.g": np.full(3, -i, np.float32) for i in (2, 5)})
     save_file(tensors, str(tmp_path / "m.safetensors"))
@@ -749,26 +757,16 @@ def test_a_periodic_stack_takes_per_layer_names_in_layer_order(tmp_path):
 
 
 def test_a_periodic_stack_refusal_suggests_the_per_layer_rules_that_load_it(tmp_path):
-    class Local(tc.TreeClass):
-        w: jax.Array
-
-    class Global(tc.TreeClass):
-        w: jax.Array
-        g: jax.Array
-
-    class Net(tc.TreeClass):
-        layers: tc.Periodic
-
-    pattern = [Local(jnp.zeros(2)), Local(jnp.zeros(2)), Global(jnp.zeros(2), jnp.zeros(3))]
-    like = Net(tc.Periodic.from_layers(pattern * 2, 3))
+    like = _periodic_net()
     tensors = {f"h.{i}.w": np.full(2, i, np.float32) for i in range(6)}
     tensors.update({f"h.{i}.g": np.full(3, -i, np.float32) for i in (2, 5)})
     path = str(tmp_path / "m.safetensors")
     save_file(tensors, path)
     message = _refusal(path, like)
     assert (
-        "Net.layers.pattern[1].w is a stack of 2 layers, and the checkpoint holds them one by "
-        "one ('h.{i}.w' for i in 1, 4): map each onto its block of the stack with a key rule, "
+        "_PeriodicNet.layers.pattern[1].w is a stack of 2 layers, and the checkpoint holds "
+        "them one by one ('h.{i}.w' for i in 1, 4): map each onto its block of the stack with "
+        "a key rule, "
         "rules=[('h.{i}.w', 'layers[{i}].w')]" in message
     )
     assert "rules=[('h.{i}.g', 'layers[{i}].g')]" in message
