@@ -208,15 +208,16 @@ jax.tree_util.register_pytree_with_keys(
 class _FrozenKind(NodeKind):
     """The row of a frozen value: a node without children standing for its value."""
 
-    # rewrapped without `freeze`'s size warning: the value was frozen already
     wrapper = Wrapper(
-        "#",
-        lambda x: unfreeze(x),
-        "a frozen value",
-        "frozen",
-        "freeze",
-        lambda x: Frozen(snapshot(x)),
+        "#", lambda x: unfreeze(x), "a frozen value", "frozen", "freeze", lambda x: _refreeze(x)
     )
+
+
+def _refreeze(x: object) -> Frozen:
+    """`freeze` for a value that was frozen already (filled by `set`, restored by `load`):
+    its checks, not its size warning, which the first freeze gave."""
+    _refuse_spread_arrays(x)
+    return Frozen(snapshot(x))
 
 
 register_kind(Frozen, _FrozenKind())
