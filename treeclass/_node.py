@@ -864,22 +864,21 @@ def replace_children(node: object, changes: dict[str, Any]) -> Any:
 
     The layout is unchanged, so the copy is sealed (or unsealed) exactly like `node`.
     """
-    tree = _new(type(node))
     state = dict(attributes(node))
     state.update(changes)
-    set_attributes(tree, state)
-    layout = getattr(node, "_tc_layout", None)
-    _set_layout(tree, layout)
-    if type(layout) is Layout:
-        _set_flat(tree, (layout.shape.get(state), layout))
-    return tree
+    return _copy_with(node, state)
 
 
 def replace_child(node: object, name: str, value: object) -> Any:
     """A copy of `node` with its child `name` replaced by `value` (`.at`'s one-key path)."""
-    tree = _new(type(node))
     state = dict(attributes(node))
     state[name] = value
+    return _copy_with(node, state)
+
+
+def _copy_with(node: object, state: dict[str, Any]) -> Any:
+    """A node of `node`'s type and layout holding `state` (the same names as `node`'s)."""
+    tree = _new(type(node))
     set_attributes(tree, state)
     layout = getattr(node, "_tc_layout", None)
     _set_layout(tree, layout)
