@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import math
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
@@ -66,7 +65,7 @@ from ._structure import (
     row_of,
     wrapper_of,
 )
-from ._util import check_callable
+from ._util import add_leaf_note, check_callable
 from ._values import readable_here, sharding_spec, short_repr
 
 __all__ = ["AtIndexer", "at"]
@@ -236,13 +235,10 @@ def _selection_str(root: object, where: tuple[Any, ...]) -> str:
     return root_name(root) + ".at" + "".join(f"[{_short_repr(s)}]" for s in where)
 
 
-def _fn_name(fn: object) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def _note(error: BaseException, text: str) -> None:
-    if sys.version_info >= (3, 11):
-        error.add_note(text)
+def _note_fn(error: BaseException, fn: object, where: str, selection: str) -> None:
+    """Name the leaf (and the selection) on an error the user's `fn` raised."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    add_leaf_note(error, FN_NOTE.format(fn=name, where=where, selection=selection))
 
 
 def _check_callable(value: object, method: str, arg: str, what: str = "") -> None:
@@ -290,15 +286,8 @@ def _masked(mask: object, new: object, old: object, where: Callable[[], str]) ->
         raise TypeError(
             ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new), fix=_WHOLE_LEAF_FIX)
         )
-    old_shape = _shape(old)
-    mask_shape = _shape(mask)
-    if not _broadcasts_to(mask_shape, old_shape):
-        raise ValueError(
-            ELEMENT_MASK_SHAPE_MSG.format(
-                where=where(), mask_shape=mask_shape, leaf_shape=old_shape
-            )
-        )
-    new_shape = _shape(new)
+    _check_element_mask(mask, old, where)
+    old_shape, new_shape = _shape(old), _shape(new)
     if not _broadcasts_to(new_shape, old_shape):
         raise ValueError(
             ELEMENT_VALUE_SHAPE_MSG.format(
@@ -357,6 +346,7 @@ def _number_types() -> frozenset[type]:
 _NUMBER_TYPES = _number_types()
 # the leaves a number is fitted into: arrays (tracers too) and NumPy scalars
 _NUMBER_TARGETS = (jax.Array, np.ndarray, np.number, np.bool_)
+_SCALARS = frozenset({int, float, bool, complex})  # plain Python scalars: never arrays
 
 
 def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
@@ -402,9 +392,9 @@ def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
     )
 
 
-def _fill(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
+def _fill(value: Any, leaf: Any, where: Callable[[Any], str], at: object) -> Any:
     """An array of `leaf`'s shape and dtype (and type: JAX or NumPy) filled with `value`."""
-    value = _number_fit(value, leaf, where)
+    value = _number_fit(value, leaf, lambda: where(at))
     if isinstance(leaf, np.ndarray):
         # assigned, not `np.full_like`: that rounds through float32 for ml_dtypes, which
         # turns a tiny number into nan in float8_e8m0fnu instead of its smallest value
@@ -416,24 +406,26 @@ def _fill(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
     return jnp.full_like(leaf, value)  # keeps the sharding, and a weak type
 
 
-def _keep_array(new: object, leaf: object, where: Callable[[], str]) -> Any:
+def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: object) -> Any:
     """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array.
 
     An array in a wrapper (a frozen one, selected whole with `is_leaf=tc.is_frozen`) is
     filled inside its wrapper: a number carries no shape, dtype or wrapper, so it cannot
-    mean "replace this frozen parameter by an unfrozen Python float".
+    mean "replace this frozen parameter by an unfrozen Python float". `where(at)` names
+    the leaf, worked out only for an error: a number put at a plain scalar leaf builds
+    nothing and looks up no wrapper.
     """
-    if type(new) not in _NUMBER_TYPES:
+    if type(new) not in _NUMBER_TYPES or type(leaf) in _SCALARS:
         return new
     if isinstance(leaf, _NUMBER_TARGETS):
-        return _fill(new, leaf, where)
+        return _fill(new, leaf, where, at)
     wrapper = wrapper_of(leaf)
     if wrapper is not None:
         inner = wrapper.unwrap(leaf)
         if isinstance(inner, _NUMBER_TARGETS):
             if wrapper.wrap is None:
-                raise TypeError(WRAPPED_FILL_MSG.format(where=where(), what=wrapper.what))
-            return wrapper.wrap(_fill(new, inner, where))
+                raise TypeError(WRAPPED_FILL_MSG.format(where=where(at), what=wrapper.what))
+            return wrapper.wrap(_fill(new, inner, where, at))
     return new
 
 
@@ -605,15 +597,6 @@ class _Walker:
             return FROZEN_IN_THE_WAY_MSG.format(selection=self.selection(), what=what)
         return ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what)
 
-    def refuse_traced(self, node: Any, path: tuple[Any, ...]) -> None:
-        """Under `is_parallel`, a selected spot with a traced leaf (or a traced value to set
-        there) raises, for every operation alike (as `call` does for `apply`'s leaves)."""
-        for p, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]:
-            if isinstance(leaf, Tracer):
-                raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path + p)))
-        if self.traced_value:
-            raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(path)))
-
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
         if i == self.n:
             before = self.count
@@ -671,7 +654,7 @@ class _Walker:
             try:
                 code, result = step(payload, k, entry, child, child_path)
             except Exception as error:
-                _note(
+                add_leaf_note(
                     error,
                     f"raised while matching {matcher!r} at {self.where(child_path)} "
                     f"(in {self.selection()})",
@@ -711,6 +694,13 @@ class _Walker:
         new = self.op.static_value(self, old, path)
         return node if new is old else row.with_static(node, name, new)
 
+    def count_leaves(self, node: Any) -> None:
+        """Count the leaves of a selected subtree (a selected leaf without flattening it)."""
+        if is_leaf_node(node, self.is_leaf):
+            self.count += 1
+        else:
+            self.count += len(jax.tree_util.tree_leaves(node, is_leaf=self.is_leaf))
+
     def unselected(self, node: Any) -> Any:
         if not self.fills:
             return node
@@ -744,11 +734,7 @@ class _Walker:
         return result if finish is None else finish(result)
 
     def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
-        """Name the leaf at `path` (and the selection) on an error the user's `fn` raised."""
-        _note(
-            error,
-            FN_NOTE.format(fn=_fn_name(fn), where=self.where(path), selection=self.selection()),
-        )
+        _note_fn(error, fn, self.where(path), self.selection())
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
         """The user's `fn` over the leaves of a selected subtree, counting them.
@@ -779,7 +765,7 @@ class _Walker:
             for leaf in leaves:
                 new = fn(leaf)
                 if type(new) in _NUMBER_TYPES:
-                    new = _keep_array(new, leaf, lambda: self.where(failed_path()))
+                    new = _keep_array(new, leaf, lambda _: self.where(failed_path()), None)
                 out.append(new)
         except Exception as error:
             self.note_failure(error, fn, failed_path())
@@ -788,7 +774,7 @@ class _Walker:
 
     def keeper(self, leaf: object, path: tuple[Any, ...]) -> Callable[[Any], Any]:
         """What makes `fn`'s result for `leaf` its new value: a number fills an array leaf."""
-        return lambda new: _keep_array(new, leaf, lambda: self.where(path))
+        return lambda new: _keep_array(new, leaf, self.where, path)
 
     def resolve(self, tree: Any) -> Any:
         """Replace the pending results of `is_parallel` by their values, in order."""
@@ -799,7 +785,7 @@ class _Walker:
             try:
                 result = x.future.result()
             except Exception as error:
-                _note(
+                add_leaf_note(
                     error,
                     f"raised at {self.where(x.path)} (in {self.selection()}, run with is_parallel)",
                 )
@@ -810,14 +796,19 @@ class _Walker:
 
 
 class _ParallelWalker(_Walker):
-    """A traversal under `is_parallel`: a selected spot with a traced leaf raises first (for
-    every operation alike); the plain walker does not pay for the check."""
+    """A traversal under `is_parallel`: a selected spot with a traced leaf (or a traced value
+    to set there) raises first, for every operation alike; the plain walker does not pay for
+    the check."""
 
     __slots__ = ()
 
     def walk(self, node: object, path: tuple[Any, ...], i: int, emask: object) -> Any:
-        if i == self.n:
-            self.refuse_traced(node, path)
+        if i == self.n:  # as `call` refuses `apply`'s traced leaves
+            for p, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]:
+                if isinstance(leaf, Tracer):
+                    raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path + p)))
+            if self.traced_value:
+                raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(path)))
         return super().walk(node, path, i, emask)
 
 
@@ -862,14 +853,11 @@ class _Get(_Op):
 
     def spot(self, walker, node, path, emask):
         if emask is None:
-            if is_leaf_node(node, walker.is_leaf):
-                walker.count += 1
-            else:
-                walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
+            walker.count_leaves(node)
             return node
         fill = self.fill_value
 
-        def take(x: object, where: tuple = path) -> Any:
+        def take(x: object, where: tuple) -> Any:
             return _take(x, emask, fill, lambda: walker.where(where))
 
         return _map_with_paths(walker, take, node, path)
@@ -899,10 +887,10 @@ class _Mask(_Op):
 
 
 def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: object, path: tuple) -> Any:
-    """treeclass's own `fn(leaf, key_path)` over the leaves of a selected subtree.
+    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them.
 
-    For the element-mask operations, whose checks name the leaf's path themselves: no
-    note, no thread pool (there is no user function to run).
+    Key paths for the operations whose checks name the leaf's path themselves, or that run
+    the user's function through `walker.call` (which names it).
     """
     if is_leaf_node(node, walker.is_leaf):
         walker.count += 1
@@ -963,7 +951,7 @@ class _Set(_Op):
             if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
                 if type(value) in _NUMBER_TYPES:
-                    return _keep_array(value, node, lambda: walker.where(path))
+                    return _keep_array(value, node, walker.where, path)
                 return value
             if type(value) in _NUMBER_TYPES:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
@@ -1035,23 +1023,17 @@ class _Apply(_Op):
                     walker.note_failure(error, fn, path)
                     raise
                 if type(new) in _NUMBER_TYPES:
-                    return _keep_array(new, node, lambda: walker.where(path))
+                    return _keep_array(new, node, walker.where, path)
                 return new
             return walker.map_leaves(fn, node, path)
-        if is_leaf_node(node, walker.is_leaf):
-            pairs, treedef = [((), node)], None
-        else:
-            pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
-        walker.count += len(pairs)
-        out = []
-        for p, x in pairs:
-            where = path + p
 
-            def finish(new: object, x: object = x, where: tuple = where) -> Any:
+        def one(x: object, where: tuple) -> Any:
+            def finish(new: object) -> Any:
                 return _masked(emask, new, x, lambda: walker.where(where))
 
-            out.append(walker.call(fn, where, x, finish=finish))
-        return out[0] if treedef is None else treedef.unflatten(out)
+            return walker.call(fn, where, x, finish=finish)
+
+        return _map_with_paths(walker, one, node, path)
 
 
 class _ApplyWhole(_Apply):
@@ -1074,18 +1056,14 @@ class _Collect(_Op):
         self.paths: list[tuple[Any, ...]] = []
 
     def spot(self, walker, node, path, emask):
-        if is_leaf_node(node, walker.is_leaf):
-            pairs = [((), node)]
-        else:
-            pairs = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)[0]
-        for p, x in pairs:
-            where = path + p
+        def collect(x: object, where: tuple) -> None:
             if emask is not None:
                 at = functools.partial(walker.where, where)
                 x = _take(x, emask, None, at, TRACED_MASK_REDUCE_MSG)
             self.leaves.append(x)
             self.paths.append(where)
-        walker.count += len(pairs)
+
+        _map_with_paths(walker, collect, node, path)
         return node
 
 
@@ -1108,10 +1086,7 @@ class _Pluck(_Op):
             picked = _map_with_paths(walker, take, node, path)
         else:
             picked = node
-            if is_leaf_node(node, walker.is_leaf):
-                walker.count += 1
-            else:
-                walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
+            walker.count_leaves(node)
         if len(self.found) < self.limit:
             self.found.append(picked)
         return node
@@ -1134,7 +1109,7 @@ class _Scan(_Op):
             )
         new, self.state = result
         if emask is None:
-            return _keep_array(new, x, lambda: walker.where(where))
+            return _keep_array(new, x, walker.where, where)
         return _masked(emask, new, x, lambda: walker.where(where))
 
     def spot(self, walker, node, path, emask):
@@ -1147,7 +1122,6 @@ class _Scan(_Op):
 
 
 _NO_FAST_PATH = object()
-_SCALARS = frozenset({int, float, bool, complex})
 
 
 def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
@@ -1193,11 +1167,11 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
         try:
             new = fn(leaf)
         except Exception as error:
-            _note(error, FN_NOTE.format(fn=_fn_name(fn), where=where(index), selection=selection()))
+            _note_fn(error, fn, where(index), selection())
             raise
         if flag is True or type(flag) is np.bool_:
             if type(new) in _NUMBER_TYPES:
-                new = _keep_array(new, leaf, functools.partial(where, index))
+                new = _keep_array(new, leaf, where, index)
             out.append(new)
         elif (
             type(new) in _SCALARS
@@ -1307,13 +1281,10 @@ class AtIndexer(Generic[T]):
             raise TypeError(WHERE_TYPE_MSG.format(value=_short_repr(where)))
         self.tree = tree
         self.where = tuple(where)
-        matchers = []
-        for i, selector in enumerate(self.where):
-            upto = self.where[: i + 1]
-            matchers.append(
-                compile_selector(selector, functools.partial(_selection_str, tree, upto))
-            )
-        self._matchers = tuple(matchers)
+        self._matchers = tuple(
+            compile_selector(s, functools.partial(_selection_str, tree, self.where[: i + 1]))
+            for i, s in enumerate(self.where)
+        )
 
     def __getitem__(self, selector: object) -> AtIndexer[T]:
         new = object.__new__(AtIndexer)
@@ -1604,14 +1575,7 @@ class AtIndexer(Generic[T]):
             try:
                 accumulator = fn(accumulator, leaves[index])
             except Exception as error:
-                _note(
-                    error,
-                    FN_NOTE.format(
-                        fn=_fn_name(fn),
-                        where=path_str(self.tree, paths[index]),
-                        selection=self._selection(),
-                    ),
-                )
+                _note_fn(error, fn, path_str(self.tree, paths[index]), self._selection())
                 raise
         return accumulator
 
@@ -1721,17 +1685,10 @@ class AtIndexer(Generic[T]):
         ```
         """
         where = self.where
-        if not where or type(where[-1]) is not str:
+        if not where or type(where[-1]) is not str or any(type(s) not in (str, int) for s in where):
             raise TypeError(
                 CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
             )
-        for selector in where[:-1]:
-            if type(selector) not in (str, int):
-                raise TypeError(
-                    CALL_NEEDS_NAME_MSG.format(
-                        selection="".join(f"[{_short_repr(s)}]" for s in where)
-                    )
-                )
         return call_method(self.tree, where[:-1], where[-1], args, kwargs)
 
 
