@@ -984,13 +984,10 @@ class _Set(_Op):
             )
         except (ValueError, TypeError):
             return _MISSING
-        values, treedef = jax.tree_util.tree_flatten(value, is_leaf=walker.is_leaf)
-        paths = [
-            p for p, _ in jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)[0]
-        ]
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
         out = [
             self._put(walker, v, sub, path + p, emask)
-            for v, sub, p in zip(values, subtrees, paths, strict=True)
+            for (p, v), sub in zip(pairs, subtrees, strict=True)
         ]
         return treedef.unflatten(out)
 

@@ -271,39 +271,23 @@ class Walker(Protocol):
     is_leaf: Callable[[Any], bool] | None
     hits: set[Matcher]  # the naming matchers that selected something
 
-    def where(self, path: tuple[Any, ...]) -> str:
-        """`path` as text, prefixed by the root's name."""
-        ...
+    def where(self, path: tuple[Any, ...]) -> str: ...  # `path` as text, after the root's name
 
+    # the errors for a required `key` that `node` at `path` lacks, and for a mask that does
+    # not fit the tree at `path`
     def missing(
         self, key: object, node: object, kind: Kind, opened: Opened | None, path: tuple[Any, ...]
-    ) -> Exception:
-        """The error for a required `key` that `node` at `path` does not have."""
-        ...
+    ) -> Exception: ...
+    def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception: ...
 
-    def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception:
-        """The error for a mask that does not fit the tree at `path`."""
-        ...
+    # where the selection could not go on (a static field, a frozen value)
+    def record_blocked(self, path: tuple[Any, ...], why: str) -> None: ...
 
-    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
-        """Note that the selection could not go on at `path` (a static field, a frozen value)."""
-        ...
-
-    def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None:
-        """Remember the key names `matcher` looked at, for its no-match error."""
-        ...
-
-    def names_seen(self, matcher: Matcher) -> list[Any]:
-        """The key names `matcher` looked at."""
-        ...
-
-    def note_start(self, matcher: Matcher, node: object, path: tuple[Any, ...]) -> None:
-        """Remember where `matcher` (a glob) started, for its no-match error."""
-        ...
-
-    def starts(self, matcher: Matcher) -> list[tuple[Any, tuple[Any, ...]]]:
-        """Where `matcher` started."""
-        ...
+    # for a naming matcher's no-match error: the key names it looked at, where a glob started
+    def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None: ...
+    def names_seen(self, matcher: Matcher) -> list[Any]: ...
+    def note_start(self, matcher: Matcher, node: object, path: tuple[Any, ...]) -> None: ...
+    def starts(self, matcher: Matcher) -> list[tuple[Any, tuple[Any, ...]]]: ...
 
 
 class Matcher:
@@ -469,7 +453,7 @@ def missing_key_error(
 
 
 def _record_statics(
-    node: object, kind: Kind, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
+    node: object, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
 ) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
     row = row_of(node)
@@ -512,6 +496,12 @@ class _SingleKeyMatcher(Matcher):
             raise walker.missing(self.key, node, kind, opened, path)
         return CHILDREN, self.start(kind, opened)
 
+    def step(self, state, k, entry, child, child_path):
+        if selects(entry, self.key, k, state.position, state.positional):
+            state.found = True
+            return _MATCHED
+        return _PRUNED
+
     def finish(self, state, node, kind, opened, path, walker):
         if not state.found:
             raise walker.missing(self.key, node, kind, opened, path)
@@ -525,12 +515,6 @@ class NameMatcher(_SingleKeyMatcher):
 
     __slots__ = ()
 
-    def step(self, state, k, entry, child, child_path):
-        if selects(entry, self.key, k, -1, False):
-            state.found = True
-            return _MATCHED
-        return _PRUNED
-
 
 class IndexMatcher(_SingleKeyMatcher):
     """`0`, `-1`: a sequence position (negative counts from the end), or an int dict key."""
@@ -541,12 +525,6 @@ class IndexMatcher(_SingleKeyMatcher):
         n = len(opened[0])
         position = self.key + n if self.key < 0 else self.key
         return _KeyState(position, kind in (LIST, TUPLE, NAMEDTUPLE))
-
-    def step(self, state, k, entry, child, child_path):
-        if selects(entry, self.key, k, state.position, state.positional):
-            state.found = True
-            return _MATCHED
-        return _PRUNED
 
 
 def find_child(node: object, key: str | int, where: Callable[[], str]) -> tuple[Any, Any]:
@@ -616,7 +594,7 @@ class EllipsisMatcher(Matcher):
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
             return _SELF
-        _record_statics(node, kind, path, walker, lambda entry: True)
+        _record_statics(node, path, walker, lambda entry: True)
         return CHILDREN, None
 
     def step(self, state, k, entry, child, child_path):
@@ -631,19 +609,21 @@ class _NamingMatcher(Matcher):
 
     __slots__ = ()
     names_something = True
+    offers_statics = True  # static fields it matches are named when it selects nothing
 
-    def matches(self, entry: object) -> bool:
+    def matches(self, entry: object, child: object = None) -> bool:
         raise NotImplementedError
 
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
             return _NOTHING
         walker.note_names(self, opened.entries)
-        _record_statics(node, kind, path, walker, self.matches)
+        if self.offers_statics:
+            _record_statics(node, path, walker, self.matches)
         return CHILDREN, walker.hits  # where a match records itself
 
     def step(self, state, k, entry, child, child_path):
-        if self.matches(entry):
+        if self.matches(entry, child):
             state.add(self)
             return _MATCHED
         return _PRUNED
@@ -669,12 +649,11 @@ class PatternMatcher(_NamingMatcher):
     def __init__(self, pattern: re.Pattern) -> None:
         self.pattern = pattern
 
-    def matches(self, entry: object) -> bool:
+    def matches(self, entry: object, child: object = None) -> bool:
         return self.pattern.fullmatch(str(entry_name(entry))) is not None
 
     def closest(self, names: list[Any]) -> Any:
-        close = closest(self.pattern.pattern, [str(n) for n in names])
-        return close
+        return closest(self.pattern.pattern, [str(n) for n in names])
 
     def __repr__(self) -> str:
         return f"re.compile({self.pattern.pattern!r})"
@@ -688,7 +667,7 @@ class BaseKeyMatcher(_NamingMatcher):
     def __init__(self, key: BaseKey) -> None:
         self.key = key
 
-    def matches(self, entry: object) -> bool:
+    def matches(self, entry: object, child: object = None) -> bool:
         result = self.key.__eq__(entry)
         return result is not NotImplemented and bool(result)
 
@@ -700,23 +679,14 @@ class RuleMatcher(_NamingMatcher):
     """A value of a type registered with `def_rule`: children its `compare` accepts."""
 
     __slots__ = ("value", "compare")
+    offers_statics = False  # `compare` is the user's, and may expect children, not fields
 
     def __init__(self, value: object, compare: Callable[[Any, Any, Any], Any]) -> None:
         self.value = value
         self.compare = compare
 
-    def enter(self, state, node, kind, opened, path, walker):
-        if opened is None:
-            return _NOTHING
-        # static fields are not offered to `compare`: it is the user's and may expect leaves
-        walker.note_names(self, opened.entries)
-        return CHILDREN, walker.hits  # where a match records itself
-
-    def step(self, state, k, entry, child, child_path):
-        if self.compare(self.value, entry, child):
-            state.add(self)
-            return _MATCHED
-        return _PRUNED
+    def matches(self, entry: object, child: object = None) -> bool:
+        return self.compare(self.value, entry, child)
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -875,7 +845,7 @@ class GlobMatcher(Matcher):
                 walker.record_blocked(path, "frozen")
         if row_of(node).static_names(node):
             accept = self.accept
-            _record_statics(node, kind, path, walker, lambda e: accept in self.advance(state, e))
+            _record_statics(node, path, walker, lambda e: accept in self.advance(state, e))
         return CHILDREN, (walker.hits, state)  # where a match records itself, and the NFA state
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
@@ -1231,10 +1201,6 @@ def _glob_matcher(selector: Glob) -> Matcher:
     return GlobMatcher(selector)
 
 
-def _compile_glob(selector: Glob, where: Callable[[], str]) -> Matcher:
-    return _glob_matcher(selector)
-
-
 def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
     if issubclass(selector, BaseKey):
         raise TypeError(
@@ -1244,28 +1210,36 @@ def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
     return TypeMatcher(selector)
 
 
-# The built-in selector types. Looked up along the selector type's MRO, so subclasses
-# (np.int64 of np.integer, a str subclass) follow their base, together with the types
-# registered by `BaseKey.def_alias` and `at.def_rule` (`_USER_TYPES`), which cannot be
-# built-in types, nor their subclasses or bases (`_builtin_meaning`).
-_BUILTIN: dict[type, Compiler] = {
-    str: lambda s, where: NameMatcher(str(s)),
-    bool: lambda s, where: MaskMatcher(bool(s)),
-    np.bool_: lambda s, where: MaskMatcher(bool(s)),
-    int: lambda s, where: IndexMatcher(int(s)),
-    np.integer: lambda s, where: IndexMatcher(int(s)),
-    type(Ellipsis): lambda s, where: EllipsisMatcher(),
-    slice: lambda s, where: SliceMatcher(s),
-    tuple: _compile_tuple,
-    re.Pattern: lambda s, where: PatternMatcher(s),
-    BaseKey: lambda s, where: BaseKeyMatcher(s),
-    _Where: lambda s, where: WhereMatcher(s.fn),
-    GetAttrKey: lambda s, where: RuleMatcher(s, _same_entry),
-    DictKey: lambda s, where: RuleMatcher(s, _same_entry),
-    SequenceKey: lambda s, where: RuleMatcher(s, _same_entry),
-    Glob: _compile_glob,
-    type: _compile_type,
+def _compile_entry(selector: Any, where: Callable[[], str]) -> Matcher:
+    return RuleMatcher(selector, _same_entry)
+
+
+_BOOL_MASKS = "boolean masks (select all or nothing)"
+_ENTRIES = "key entries (the child under that key)"
+# The built-in selector types: what compiles their values, and what they mean (for the
+# refusal of `def_alias` and `def_rule`). Looked up along the selector type's MRO, so
+# subclasses (np.int64 of np.integer, a str subclass) follow their base, together with the
+# types registered by `BaseKey.def_alias` and `at.def_rule` (`_USER_TYPES`), which cannot
+# be built-in types, nor their subclasses or bases (`_builtin_meaning`).
+_BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
+    str: (lambda s, where: NameMatcher(str(s)), "key names"),
+    bool: (lambda s, where: MaskMatcher(bool(s)), _BOOL_MASKS),
+    np.bool_: (lambda s, where: MaskMatcher(bool(s)), _BOOL_MASKS),
+    int: (lambda s, where: IndexMatcher(int(s)), "sequence indices"),
+    np.integer: (lambda s, where: IndexMatcher(int(s)), "sequence indices"),
+    type(Ellipsis): (lambda s, where: EllipsisMatcher(), "`...` (every child)"),
+    slice: (lambda s, where: SliceMatcher(s), "slices of sequence positions"),
+    tuple: (_compile_tuple, "unions of selectors, or masks of tuple trees"),
+    re.Pattern: (lambda s, where: PatternMatcher(s), "name patterns"),
+    BaseKey: (lambda s, where: BaseKeyMatcher(s), "key matchers through their own `__eq__`"),
+    _Where: (lambda s, where: WhereMatcher(s.fn), "`tc.where` predicates"),
+    Glob: (lambda s, where: _glob_matcher(s), "`tc.glob` patterns"),
+    type: (_compile_type, "classes (every instance at any depth)"),
+    GetAttrKey: (_compile_entry, _ENTRIES),
+    DictKey: (_compile_entry, _ENTRIES),
+    SequenceKey: (_compile_entry, _ENTRIES),
 }
+_BUILTIN: dict[type, Compiler] = {kind: compile_ for kind, (compile_, _) in _BUILTIN_TYPES.items()}
 _DISPLAY_NAMES = {
     BaseKey: "tc.BaseKey",
     _Where: "tc.where(...)",
@@ -1278,29 +1252,13 @@ _DISPLAY_NAMES = {
     DictKey: "jax.tree_util.DictKey",
     SequenceKey: "jax.tree_util.SequenceKey",
 }
-# What each built-in selector type means, for the refusal of `def_alias` and `def_rule`:
-# every type of `_BUILTIN` (but none is left out: a registration the table would shadow
-# is accepted and ignored), and those whose values the mask fallback of `compile_selector`
-# takes (the containers and arrays a boolean mask is made of). Any other registered
-# pytree node is a mask too; its type cannot be told without a value, so an alias of one
-# is refused when it is used.
+# What each built-in selector type means: every type of `_BUILTIN_TYPES` (but none is left
+# out: a registration the table would shadow is accepted and ignored), and those whose
+# values the mask fallback of `compile_selector` takes (the containers and arrays a boolean
+# mask is made of). Any other registered pytree node is a mask too; its type cannot be told
+# without a value, so an alias of one is refused when it is used.
 _MEANINGS: dict[type, str] = {
-    str: "key names",
-    bool: "boolean masks (select all or nothing)",
-    np.bool_: "boolean masks (select all or nothing)",
-    int: "sequence indices",
-    np.integer: "sequence indices",
-    type(Ellipsis): "`...` (every child)",
-    slice: "slices of sequence positions",
-    tuple: "unions of selectors, or masks of tuple trees",
-    re.Pattern: "name patterns",
-    BaseKey: "key matchers through their own `__eq__`",
-    _Where: "`tc.where` predicates",
-    Glob: "`tc.glob` patterns",
-    type: "classes (every instance at any depth)",
-    GetAttrKey: "key entries (the child under that key)",
-    DictKey: "key entries (the child under that key)",
-    SequenceKey: "key entries (the child under that key)",
+    **{kind: meaning for kind, (_, meaning) in _BUILTIN_TYPES.items()},
     dict: "boolean masks",
     list: "boolean masks",
     type(None): "empty subtrees of boolean masks",
