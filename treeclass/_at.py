@@ -36,7 +36,6 @@ from ._node import TreeNode
 from ._numbers import NumberRangeError, dtype_kind, dtype_name, number_misfit, plain_float_limit
 from ._selectors import (
     DESCEND,
-    MASK_MISMATCH_MSG,
     MATCH,
     NOTHING,
     SELF,
@@ -46,15 +45,12 @@ from ._selectors import (
     NameMatcher,
     compile_selector,
     def_rule,
-    missing_key_error,
     slice_text,
 )
 from ._structure import (
     LEAF,
     TREECLASS_KIND,
-    Kind,
     NodeKind,
-    Opened,
     entry_name,
     is_leaf_node,
     is_wrapper,
@@ -482,8 +478,7 @@ class _Walker:
         "count",
         "blocked",
         "hits",
-        "names",
-        "glob_starts",
+        "kept",
         "selection",
         "pool",
         "pending",
@@ -513,8 +508,7 @@ class _Walker:
         # the naming matchers that selected something; they add themselves (a C-level
         # `set.add` per match, through the state `enter` gave them)
         self.hits: set[Matcher] = set()
-        self.names: dict[int, list[Any]] = {}  # names a naming matcher looked at, for errors
-        self.glob_starts: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
+        self.kept: dict[int, list[Any]] = {}  # what each matcher keeps for its errors
         self.selection = selection
         self.pool = pool
         self.pending = False
@@ -532,32 +526,11 @@ class _Walker:
     def where(self, path: tuple[Any, ...]) -> str:
         return path_str(self.root, path)
 
-    def missing(
-        self, key: object, node: object, kind: Kind, opened: Opened | None, path: tuple
-    ) -> Exception:
-        return missing_key_error(key, node, kind, opened, self.where(path))
-
-    def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception:
-        return ValueError(MASK_MISMATCH_MSG.format(where=self.where(path), reason=reason))
-
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
         self.blocked.append((path, why, True))
 
-    def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None:
-        seen = self.names.setdefault(id(matcher), [])
-        if len(seen) < 64:
-            seen.extend(n for n in map(entry_name, entries) if n not in seen)
-
-    def names_seen(self, matcher: Matcher) -> list[Any]:
-        return self.names.get(id(matcher), [])
-
-    def note_start(self, matcher: Matcher, node: object, path: tuple[Any, ...]) -> None:
-        starts = self.glob_starts.setdefault(id(matcher), [])
-        if len(starts) < 16:
-            starts.append((node, path))
-
-    def starts(self, matcher: Matcher) -> list[tuple[Any, tuple[Any, ...]]]:
-        return self.glob_starts.get(id(matcher), [])
+    def notes(self, matcher: Matcher) -> list[Any]:
+        return self.kept.setdefault(id(matcher), [])
 
     # the traversal
     def run(self) -> Any:
@@ -847,6 +820,7 @@ class _Op:
 class _Get(_Op):
     __slots__ = ("fill_value",)
     fills = True
+    traced_msg = TRACED_MASK_GET_MSG
 
     def __init__(self, fill_value: object) -> None:
         self.fill_value = fill_value
@@ -855,10 +829,10 @@ class _Get(_Op):
         if emask is None:
             walker.count_leaves(node)
             return node
-        fill = self.fill_value
+        fill, traced_msg = self.fill_value, self.traced_msg
 
         def take(x: object, where: tuple) -> Any:
-            return _take(x, emask, fill, lambda: walker.where(where))
+            return _take(x, emask, fill, lambda: walker.where(where), traced_msg)
 
         return _map_with_paths(walker, take, node, path)
 
@@ -1064,26 +1038,21 @@ class _Collect(_Op):
         return node
 
 
-class _Pluck(_Op):
-    """Keep the selected subtrees themselves, in flatten order, up to `limit` of them."""
+class _Pluck(_Get):
+    """Keep the selected subtrees themselves (as `get` takes them, with no fill), in flatten
+    order, up to `limit` of them."""
 
     __slots__ = ("found", "limit")
+    fills = False
+    traced_msg = TRACED_MASK_PLUCK_MSG
 
     def __init__(self, limit: float) -> None:
+        super().__init__(None)
         self.found: list[Any] = []
         self.limit = limit
 
     def spot(self, walker, node, path, emask):
-        if emask is not None:  # the selected elements, as `get` takes them
-
-            def take(x: object, where: tuple) -> Any:
-                at = functools.partial(walker.where, where)
-                return _take(x, emask, None, at, TRACED_MASK_PLUCK_MSG)
-
-            picked = _map_with_paths(walker, take, node, path)
-        else:
-            picked = node
-            walker.count_leaves(node)
+        picked = super().spot(walker, node, path, emask)
         if len(self.found) < self.limit:
             self.found.append(picked)
         return node

@@ -86,7 +86,6 @@ __all__ = [
     "find_child",
     "missing_key_error",
     "slice_text",
-    "MASK_MISMATCH_MSG",
 ]
 
 
@@ -273,21 +272,12 @@ class Walker(Protocol):
 
     def where(self, path: tuple[Any, ...]) -> str: ...  # `path` as text, after the root's name
 
-    # the errors for a required `key` that `node` at `path` lacks, and for a mask that does
-    # not fit the tree at `path`
-    def missing(
-        self, key: object, node: object, kind: Kind, opened: Opened | None, path: tuple[Any, ...]
-    ) -> Exception: ...
-    def mask_error(self, path: tuple[Any, ...], reason: str) -> Exception: ...
-
     # where the selection could not go on (a static field, a frozen value)
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None: ...
 
-    # for a naming matcher's no-match error: the key names it looked at, where a glob started
-    def note_names(self, matcher: Matcher, entries: tuple[Any, ...]) -> None: ...
-    def names_seen(self, matcher: Matcher) -> list[Any]: ...
-    def note_start(self, matcher: Matcher, node: object, path: tuple[Any, ...]) -> None: ...
-    def starts(self, matcher: Matcher) -> list[tuple[Any, tuple[Any, ...]]]: ...
+    # what `matcher` keeps for its no-match error (the key names it looked at, where a glob
+    # started), for this walk
+    def notes(self, matcher: Matcher) -> list[Any]: ...
 
 
 class Matcher:
@@ -493,7 +483,7 @@ class _SingleKeyMatcher(Matcher):
 
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
-            raise walker.missing(self.key, node, kind, opened, path)
+            raise missing_key_error(self.key, node, kind, opened, walker.where(path))
         return CHILDREN, self.start(kind, opened)
 
     def step(self, state, k, entry, child, child_path):
@@ -504,7 +494,7 @@ class _SingleKeyMatcher(Matcher):
 
     def finish(self, state, node, kind, opened, path, walker):
         if not state.found:
-            raise walker.missing(self.key, node, kind, opened, path)
+            raise missing_key_error(self.key, node, kind, opened, walker.where(path))
 
     def __repr__(self) -> str:
         return repr(self.key)
@@ -560,7 +550,7 @@ class SliceMatcher(Matcher):
 
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
-            raise walker.missing(self.slice, node, kind, opened, path)
+            raise missing_key_error(self.slice, node, kind, opened, walker.where(path))
         entries = opened[0]
         if kind not in (LIST, TUPLE, NAMEDTUPLE) and not all(
             type(e) is SequenceKey for e in entries
@@ -617,7 +607,9 @@ class _NamingMatcher(Matcher):
     def enter(self, state, node, kind, opened, path, walker):
         if opened is None:
             return _NOTHING
-        walker.note_names(self, opened.entries)
+        seen = walker.notes(self)
+        if len(seen) < 64:
+            seen.extend(n for n in map(entry_name, opened.entries) if n not in seen)
         if self.offers_statics:
             _record_statics(node, path, walker, self.matches)
         return CHILDREN, walker.hits  # where a match records itself
@@ -629,7 +621,7 @@ class _NamingMatcher(Matcher):
         return _PRUNED
 
     def no_match_error(self, walker: Walker, selection: str) -> Exception:
-        seen = walker.names_seen(self)
+        seen = walker.notes(self)
         if not seen:
             return _selects_nothing(self, selection)
         close = self.closest(seen)
@@ -832,7 +824,9 @@ class GlobMatcher(Matcher):
         return self.glob.advance(state, entry_name(entry))
 
     def initial(self, node, path, walker):
-        walker.note_start(self, node, path)
+        starts = walker.notes(self)
+        if len(starts) < 16:
+            starts.append((node, path))
         return self.start
 
     def enter(self, state, node, kind, opened, path, walker):
@@ -874,7 +868,7 @@ class GlobMatcher(Matcher):
         # (path, (node, state)) where the pattern matched so far, then found no children
         dead_ends: list[tuple[tuple[Any, ...], Any]] = []
         best_position = -1
-        for node, path in walker.starts(self):
+        for node, path in walker.notes(self):
             for position, name, where in self._misses(node, self.start, path):
                 if position > best_position:
                     best_position, names, dead_ends = position, set(), []
@@ -1050,7 +1044,8 @@ class MaskMatcher(Matcher):
             )
             if found is None:  # not expected: the checks above found a difference here
                 found = Mismatch((), describe(node, opened), describe(state, mask_opened))
-            raise walker.mask_error(path + found.path, found.explain("mask"))
+            where = walker.where(path + found.path)
+            raise ValueError(MASK_MISMATCH_MSG.format(where=where, reason=found.explain("mask")))
         return CHILDREN, mask_opened[1]
 
     def step(self, state, k, entry, child, child_path):
