@@ -713,17 +713,18 @@ class _Walker:
         """The user's `fn` over the leaves of a selected subtree, counting them.
 
         The subtree is flattened without keys: a failing leaf's key path is only worked
-        out on the error path (or for the thread pool, which names each pending leaf).
+        out on the error path (or for the thread pool, which names each pending leaf). A
+        selected leaf comes here only under the thread pool.
         """
-        if is_leaf_node(node, self.is_leaf):
-            self.count += 1
-            return self.call(fn, path, node, finish=self.keeper(node, path))
         if self.pool is not None:
-            pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)
-            self.count += len(pairs)
-            return treedef.unflatten(
-                [self.call(fn, path + p, x, finish=self.keeper(x, path + p)) for p, x in pairs]
-            )
+
+            def submit(x: object, where: tuple) -> Any:
+                def keep(new: object) -> Any:  # a number returned for an array leaf fills it
+                    return _keep_array(new, x, self.where, where)
+
+                return self.call(fn, where, x, finish=keep)
+
+            return _map_with_paths(self, submit, node, path)
         leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=self.is_leaf)
         self.count += len(leaves)
         out: list[Any] = []
@@ -744,10 +745,6 @@ class _Walker:
             self.note_failure(error, fn, failed_path())
             raise
         return treedef.unflatten(out)
-
-    def keeper(self, leaf: object, path: tuple[Any, ...]) -> Callable[[Any], Any]:
-        """What makes `fn`'s result for `leaf` its new value: a number fills an array leaf."""
-        return lambda new: _keep_array(new, leaf, self.where, path)
 
     def resolve(self, tree: Any) -> Any:
         """Replace the pending results of `is_parallel` by their values, in order."""

@@ -768,9 +768,7 @@ class TypeMatcher(Matcher):
         self.cls = cls
 
     def step(self, state, k, entry, child, child_path):
-        if isinstance(child, self.cls):
-            return _MATCHED
-        if wrapper_of(child) is not None and isinstance(unwrap(child), self.cls):
+        if isinstance(child, self.cls) or isinstance(unwrap(child), self.cls):
             return _MATCHED
         return (DESCEND, None)
 
@@ -1050,16 +1048,12 @@ class MaskMatcher(Matcher):
 
     def step(self, state, k, entry, child, child_path):
         m = state[k]
-        if m is True or m is False:
-            return _MATCHED if m else _PRUNED
-        value = mask_leaf_value(m)
+        value = m if m is True or m is False else mask_leaf_value(m)
         if value is True:
             return _MATCHED
         if value is False:
             return _PRUNED
-        if value is not None:
-            return (MATCH, value)
-        return (DESCEND, m)
+        return (DESCEND, m) if value is None else (MATCH, value)
 
     def __repr__(self) -> str:
         return f"mask({type(self.mask).__name__})"
