@@ -223,7 +223,7 @@ def _short_repr(x: object, limit: int = 40) -> str:
     except Exception:
         text = f"<{type(x).__name__}>"
     if "\n" in text:  # a multi-line repr (a mask tree): name its type only
-        return f"<{type(x).__name__} mask>" if x is not None else "None"
+        return f"<{type(x).__name__} mask>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -235,14 +235,6 @@ def _note_fn(error: BaseException, fn: object, where: str, selection: str) -> No
     """Name the leaf (and the selection) on an error the user's `fn` raised."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     add_leaf_note(error, FN_NOTE.format(fn=name, where=where, selection=selection))
-
-
-def _check_callable(value: object, method: str, arg: str, what: str = "") -> None:
-    check_callable(value, f"AtIndexer.{method}", arg, what)
-
-
-def _check_is_leaf(is_leaf: object, method: str) -> None:
-    check_callable(is_leaf, f"AtIndexer.{method}", "is_leaf", optional=True)
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -1319,7 +1311,7 @@ class AtIndexer(Generic[T]):
         assert tc.at(tree)[mask].get() == tc.at(tree)["b"]["c"].get()
         ```
         """
-        _check_is_leaf(is_leaf, "mask")
+        check_callable(is_leaf, "AtIndexer.mask", "is_leaf", optional=True)
         return self._run(_Mask(), is_leaf)
 
     def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
@@ -1347,7 +1339,7 @@ class AtIndexer(Generic[T]):
         assert [jax.tree_util.keystr(p) for p in paths] == ["['b']['c']", "['b']['d']"]
         ```
         """
-        _check_is_leaf(is_leaf, "paths")
+        check_callable(is_leaf, "AtIndexer.paths", "is_leaf", optional=True)
         flags = self._run(_Mask(), is_leaf)
         pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=is_leaf)[0]
         marks = jax.tree_util.tree_leaves(flags, is_leaf=is_leaf)
@@ -1382,7 +1374,7 @@ class AtIndexer(Generic[T]):
         assert tc.at({"a": 1, "b": 2})["a"].get() == {"a": 1, "b": None}
         ```
         """
-        _check_is_leaf(is_leaf, "get")
+        check_callable(is_leaf, "AtIndexer.get", "is_leaf", optional=True)
         return self._run(_Get(fill_value), is_leaf, is_parallel)
 
     def set(
@@ -1431,7 +1423,7 @@ class AtIndexer(Generic[T]):
         assert zeroed["w"].dtype == np.int8 and zeroed["w"].tolist() == [0, 0]
         ```
         """
-        _check_is_leaf(is_leaf, "set")
+        check_callable(is_leaf, "AtIndexer.set", "is_leaf", optional=True)
         return self._run(_Set(value, self.tree, is_leaf), is_leaf, is_parallel)
 
     def apply(
@@ -1478,8 +1470,8 @@ class AtIndexer(Generic[T]):
         assert tc.at(tree)["a"].apply(list, whole=True) == {"a": [1, 2], "b": 3}
         ```
         """
-        _check_callable(fn, "apply", "fn", " of one leaf" if not whole else " of one node")
-        _check_is_leaf(is_leaf, "apply")
+        check_callable(fn, "AtIndexer.apply", "fn", " of one leaf" if not whole else " of one node")
+        check_callable(is_leaf, "AtIndexer.apply", "is_leaf", optional=True)
         if not isinstance(whole, bool):
             raise TypeError(WHOLE_TYPE_MSG.format(value=whole))
         return self._run((_ApplyWhole if whole else _Apply)(fn), is_leaf, is_parallel)
@@ -1523,8 +1515,8 @@ class AtIndexer(Generic[T]):
         assert tc.at(tree)["a", "c"].reduce(lambda acc, x: acc + x) == 4
         ```
         """
-        _check_callable(fn, "reduce", "fn", " of (accumulator, leaf)")
-        _check_is_leaf(is_leaf, "reduce")
+        check_callable(fn, "AtIndexer.reduce", "fn", " of (accumulator, leaf)")
+        check_callable(is_leaf, "AtIndexer.reduce", "is_leaf", optional=True)
         collect = _Collect()
         self._run(collect, is_leaf)
         leaves, paths = collect.leaves, collect.paths
@@ -1572,8 +1564,8 @@ class AtIndexer(Generic[T]):
         assert tc.at(tree)[...].scan(count, 0) == ({"a": 10, "b": 20}, 2)
         ```
         """
-        _check_callable(fn, "scan", "fn", " of (leaf, state)")
-        _check_is_leaf(is_leaf, "scan")
+        check_callable(fn, "AtIndexer.scan", "fn", " of (leaf, state)")
+        check_callable(is_leaf, "AtIndexer.scan", "is_leaf", optional=True)
         scan = _Scan(fn, state)
         tree = self._run(scan, is_leaf)
         return tree, scan.state
@@ -1618,7 +1610,7 @@ class AtIndexer(Generic[T]):
             limit = count
         else:
             raise TypeError(PLUCK_COUNT_MSG.format(value=count))
-        _check_is_leaf(is_leaf, "pluck")
+        check_callable(is_leaf, "AtIndexer.pluck", "is_leaf", optional=True)
         pluck = _Pluck(limit)
         self._run(pluck, is_leaf, is_parallel)  # refuses traced leaves, as `get` does
         return pluck.found

@@ -66,20 +66,6 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-def _descend(root: object, keys: Sequence[Any]) -> list[tuple[Any, Any, Any]]:
-    """`(node, key entry, child)` for each node on the path the names and indices `keys`
-    take: the last child is the node whose method runs."""
-    steps: list[tuple[Any, Any, Any]] = []
-    node = root
-    path: tuple[Any, ...] = ()
-    for key in keys:
-        entry, child = find_child(node, key, functools.partial(path_str, root, path))
-        steps.append((node, entry, child))
-        path = path + (entry,)
-        node = child
-    return steps
-
-
 def _method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
     where = path_str(root, path)
     try:
@@ -103,9 +89,13 @@ def call_method(
 ) -> tuple[Any, _T]:
     """`(value, new_root)`: method `name` of the node `keys` (names and indices) reach, run
     on a copy of that node, which then replaces it in a rebuilt `root`."""
-    steps = _descend(root, keys)
-    path = tuple(entry for _, entry, _ in steps)
-    target = steps[-1][2] if steps else root
+    steps: list[tuple[Any, Any, Any]] = []  # (node, key entry, child) down the path
+    target: Any = root
+    path: tuple[Any, ...] = ()
+    for key in keys:
+        entry, child = find_child(target, key, functools.partial(path_str, root, path))
+        steps.append((target, entry, child))
+        target, path = child, path + (entry,)
 
     def run(node: object) -> Any:
         return _method_of(root, node, path, name)(*args, **kwargs)
