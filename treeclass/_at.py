@@ -285,19 +285,16 @@ def _masked(mask: object, new: object, old: object, where: Callable[[], str]) ->
     if type(new) in _NUMBER_TYPES and isinstance(old, _NUMBER_TARGETS):
         # checked against the leaf's dtype, and weak: `where` keeps that dtype
         new = _number_fit(new, old, where)
-    return _where(mask, new, old)
+    if type(old) is np.ndarray and isinstance(mask, (np.ndarray, np.bool_, bool)):
+        if not isinstance(new, jax.Array):  # NumPy's for a NumPy leaf: its type and dtype stay
+            return np.where(mask, new, old)
+    return jnp.where(mask, new, old)
 
 
-def _take(
-    x: Any,
-    mask: Any,
-    fill_value: Any,
-    where: Callable[[], str],
-    traced_msg: str = TRACED_MASK_GET_MSG,
-) -> Any:
+def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_msg: str) -> Any:
     """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill.
 
-    `traced_msg` is the error when the mask is traced: the operation's own (`get`'s here).
+    `traced_msg` is the error when the mask is traced: the operation's own.
     """
     _check_element_mask(mask, x, where)
     if fill_value is not None:
@@ -415,14 +412,6 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
                 raise TypeError(WRAPPED_FILL_MSG.format(where=where(at), what=wrapper.what))
             return wrapper.wrap(_fill(new, inner, where, at))
     return new
-
-
-def _where(mask: Any, new: Any, old: Any) -> Any:
-    """`where(mask, new, old)`: NumPy's for a NumPy leaf and mask (its type and dtype stay)."""
-    if type(old) is np.ndarray and isinstance(mask, (np.ndarray, np.bool_, bool)):
-        if isinstance(new, (np.ndarray, np.generic, bool, int, float, complex)):
-            return np.where(mask, new, old)
-    return jnp.where(mask, new, old)
 
 
 # -- running per-leaf functions on a thread pool -----------------------------------------------
@@ -884,10 +873,8 @@ class _Set(_Op):
         if value is None or is_leaf_node(value, is_leaf):
             self.mode = self.BROADCAST
         else:
-            same = jax.tree_util.tree_structure(
-                value, is_leaf=is_leaf
-            ) == jax.tree_util.tree_structure(root, is_leaf=is_leaf)
-            self.mode = self.ROOT if same else self.SPOT
+            structure = functools.partial(jax.tree_util.tree_structure, is_leaf=is_leaf)
+            self.mode = self.ROOT if structure(value) == structure(root) else self.SPOT
 
     def spot(self, walker, node, path, emask):
         value = self.value
@@ -941,13 +928,11 @@ class _Set(_Op):
         """`value` (a prefix of `node`) put leaf by leaf, or `_MISSING` if it does not fit."""
         if value is None or is_leaf_node(value, walker.is_leaf):
             return self._put(walker, value, node, path, emask)
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
         try:
-            subtrees = jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(
-                node
-            )
+            subtrees = treedef.flatten_up_to(node)
         except (ValueError, TypeError):
             return _MISSING
-        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
         out = [
             self._put(walker, v, sub, path + p, emask)
             for (p, v), sub in zip(pairs, subtrees, strict=True)
