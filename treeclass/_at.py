@@ -130,9 +130,6 @@ UNREADABLE_MASK_GET_MSG = (
 ELEMENT_VALUE_TYPE_MSG = (
     "Cannot write {value} into elements of the leaf at {where}: an element mask selects "
     "elements of an array, so the new value must be an array or a number that fits them. "
-    "{fix}"
-)
-_WHOLE_LEAF_FIX = (
     "A part of an array cannot be frozen or replaced by a subtree; select the whole leaf "
     "instead (a name, or a bool for the leaf rather than an array of bools):\n"
     "    before: tree.at[element_mask].apply(tc.freeze)\n"
@@ -271,9 +268,7 @@ def _is_element_value(x: object) -> bool:
 def _masked(mask: object, new: object, old: object, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
     if not _is_element_value(new):
-        raise TypeError(
-            ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new), fix=_WHOLE_LEAF_FIX)
-        )
+        raise TypeError(ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new)))
     _check_element_mask(mask, old, where)
     old_shape, new_shape = _shape(old), _shape(new)
     if not _broadcasts_to(new_shape, old_shape):

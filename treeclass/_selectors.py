@@ -750,8 +750,12 @@ def def_rule(
     reason = _builtin_meaning(kind, namedtuple_ok=True)
     if reason:
         raise TypeError(RULE_BUILTIN_MSG.format(kind=_type_text(kind), reason=reason))
-    what = "a type registered with `tc.at.def_rule`"
-    _register(kind, _UserType(what, functools.partial(_compile_rule, compare)))
+
+    # the value itself is the matcher, whatever it is (a NamedTuple is not opened as a node)
+    def compile_(selector: object, where: Callable[[], str]) -> Matcher:
+        return RuleMatcher(selector, compare)
+
+    _register(kind, _UserType("a type registered with `tc.at.def_rule`", compile_))
 
 
 class TypeMatcher(Matcher):
@@ -1123,14 +1127,7 @@ class UnionMatcher(Matcher):
         return "(" + ", ".join(repr(m) for m in self.members_) + ")"
 
 
-class _Skip:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<skip>"
-
-
-_SKIP = _Skip()
+_SKIP: Any = object()  # a union member that has nothing more to say at this node
 
 
 def _union_masks(current: ArrayLike | None, new: ArrayLike | None, already_selected: bool) -> Any:
@@ -1427,13 +1424,6 @@ class _AliasResultError(Exception):
         self.why = why
 
 
-def _compile_rule(
-    compare: Callable[[Any, Any, Any], Any], selector: object, where: Callable[[], str]
-) -> Matcher:
-    # the value itself is the matcher, whatever it is (a NamedTuple is not opened as a node)
-    return RuleMatcher(selector, compare)
-
-
 def _compile_alias(
     kind: type, converter: Callable[[Any], Any], selector: object, where: Callable[[], str]
 ) -> Matcher:
@@ -1512,25 +1502,6 @@ def _non_bool_leaf(selector: object) -> tuple[tuple[Any, ...], Any] | None:
     return None
 
 
-def _non_bool_mask_error(selector: object, where: Callable[[], str], hint: str) -> Exception | None:
-    """The error for a pytree container selector with a leaf that is not a bool, if any."""
-    found = _non_bool_leaf(selector)
-    if found is None:
-        return None
-    path, leaf = found
-    return NonBoolMaskError(
-        NON_BOOL_MASK_MSG.format(
-            selector=short_repr(selector),
-            where=where(),
-            type=type(selector).__name__,
-            path=path_str(selector, path),
-            value=short_repr(leaf),
-            leaf_type=type(leaf).__name__,
-            hint=hint,
-        )
-    )
-
-
 def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
     """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
     compiler = _compiler_of(selector)
@@ -1545,9 +1516,20 @@ def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
         hint = f" An array selector must be boolean (a mask), got dtype {selector.dtype}."
     elif isinstance(selector, (float, complex)):
         hint = " Indices must be ints."
-    error = _non_bool_mask_error(selector, where, hint)
-    if error is not None:
-        raise error
+    found = _non_bool_leaf(selector)
+    if found is not None:
+        path, leaf = found
+        raise NonBoolMaskError(
+            NON_BOOL_MASK_MSG.format(
+                selector=short_repr(selector),
+                where=where(),
+                type=type(selector).__name__,
+                path=path_str(selector, path),
+                value=short_repr(leaf),
+                leaf_type=type(leaf).__name__,
+                hint=hint,
+            )
+        )
     raise NotImplementedError(
         UNSUPPORTED_MSG.format(
             selector=short_repr(selector),
