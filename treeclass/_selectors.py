@@ -882,13 +882,12 @@ class GlobMatcher(Matcher):
         segments = self.glob.segments
         if best_position < 0:
             return _selects_nothing(self, selection)
-        failing = segments[best_position]
+        failing = str(segments[best_position])
         matched = ".".join(segments[:best_position]) or "(the start)"
         shown = sorted(map(str, names))
-        parts = []
         if shown:
-            parts.append(f"no key matches {str(failing)!r} (keys there: {_listed(shown)})")
-        if dead_ends and not shown:  # the pattern matched all the way to childless nodes
+            found = f"no key matches {failing!r} (keys there: {_listed(shown)})"
+        else:  # no name failed there: the pattern matched all the way to childless nodes
             where, (node, state) = dead_ends[0]
             wrapper = wrapper_of(node)
             if wrapper is None:
@@ -898,12 +897,10 @@ class GlobMatcher(Matcher):
             else:
                 what = f"{wrapper.what}, which has no children"
             more = f" (and {len(dead_ends) - 1} more like it)" if len(dead_ends) > 1 else ""
-            parts.append(
-                f"{walker.where(where)}{more} has no key to match {str(failing)!r}: it is {what}"
-            )
-        detail = f"after {matched}, " + "; ".join(parts)
+            found = f"{walker.where(where)}{more} has no key to match {failing!r}: it is {what}"
+        detail = f"after {matched}, {found}"
         hint = ""
-        close = closest(str(failing), shown)
+        close = closest(failing, shown)
         if close is not None:
             fixed = [str(s) for s in segments]
             fixed[best_position] = close
