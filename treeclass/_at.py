@@ -1034,23 +1034,20 @@ class _Scan(_Op):
         self.fn = fn
         self.state = state
 
-    def _one(self, walker: _Walker, x: object, emask: object, where: tuple) -> Any:
-        result = walker.call(self.fn, where, x, self.state)
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError(
-                SCAN_RESULT_MSG.format(
-                    where=walker.where(where), value=_short_repr(result), type=type(result).__name__
-                )
-            )
-        new, self.state = result
-        if emask is None:
-            return _keep_array(new, x, walker.where, where)
-        return _masked(emask, new, x, lambda: walker.where(where))
-
     def spot(self, walker, node, path, emask):
-        return _map_with_paths(
-            walker, lambda x, where: self._one(walker, x, emask, where), node, path
-        )
+        def one(x: object, where: tuple) -> Any:
+            result = walker.call(self.fn, where, x, self.state)
+            if not (isinstance(result, tuple) and len(result) == 2):
+                value, kind = _short_repr(result), type(result).__name__
+                raise TypeError(
+                    SCAN_RESULT_MSG.format(where=walker.where(where), value=value, type=kind)
+                )
+            new, self.state = result
+            if emask is None:
+                return _keep_array(new, x, walker.where, where)
+            return _masked(emask, new, x, lambda: walker.where(where))
+
+        return _map_with_paths(walker, one, node, path)
 
 
 # -- the indexer -------------------------------------------------------------------------
