@@ -798,9 +798,8 @@ class WhereMatcher(Matcher):
             return _MATCHED
         if result is False or result is None:
             return (DESCEND, None)
-        if isinstance(result, (jax.Array, np.ndarray)) and result.dtype == np.bool_:
-            if isinstance(result, Tracer) or result.ndim:
-                return (MATCH, result)  # an element mask for this node's leaves
+        if _is_bool_array(result) and (isinstance(result, Tracer) or result.ndim):
+            return (MATCH, result)  # an element mask for this node's leaves
         return _MATCHED if bool(result) else (DESCEND, None)
 
     def __repr__(self) -> str:
@@ -955,9 +954,7 @@ def mask_leaf_value(x: object) -> Any:
         return x
     if isinstance(x, np.bool_):
         return bool(x)
-    if _is_bool_array(x):
-        return x
-    return None
+    return x if _is_bool_array(x) else None
 
 
 def _is_other_selector(x: object) -> bool:
