@@ -643,13 +643,6 @@ class _Walker:
         new = self.op.static_value(self, old, path)
         return node if new is old else row.with_static(node, name, new)
 
-    def count_leaves(self, node: Any) -> None:
-        """Count the leaves of a selected subtree (a selected leaf without flattening it)."""
-        if is_leaf_node(node, self.is_leaf):
-            self.count += 1
-        else:
-            self.count += len(jax.tree_util.tree_leaves(node, is_leaf=self.is_leaf))
-
     def unselected(self, node: Any) -> Any:
         if not self.fills:
             return node
@@ -800,7 +793,10 @@ class _Get(_Op):
 
     def spot(self, walker, node, path, emask):
         if emask is None:
-            walker.count_leaves(node)
+            if is_leaf_node(node, walker.is_leaf):
+                walker.count += 1
+            else:
+                walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
             return node
         fill, traced_msg = self.fill_value, self.traced_msg
 
