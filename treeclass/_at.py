@@ -19,6 +19,7 @@ error, not a silent no-op.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -412,20 +413,13 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
 # -- running per-leaf functions on a thread pool -----------------------------------------------
 
 
+@dataclasses.dataclass(slots=True)
 class _Pending:
     """A leaf whose new value is being computed on a thread pool (`is_parallel`)."""
 
-    __slots__ = ("future", "path", "finish")
-
-    def __init__(
-        self,
-        future: concurrent.futures.Future[Any],
-        path: tuple[Any, ...],
-        finish: Callable[[Any], Any] | None,
-    ) -> None:
-        self.future = future
-        self.path = path
-        self.finish = finish  # applied to the result once it is there (an element mask)
+    future: concurrent.futures.Future[Any]
+    path: tuple[Any, ...]
+    finish: Callable[[Any], Any] | None  # applied to the result once it is there
 
 
 def _executor_args(is_parallel: object) -> dict[str, Any] | None:
