@@ -402,27 +402,26 @@ def missing_key_error(
     if isinstance(key, str) and key in statics:
         return LookupError(STATIC_FIELD_MSG.format(key=key, where=where))
     names = [entry_name(e) for e in entries]
+    type_name = type(node).__name__
     indexed = bool(entries) and all(type(e) is SequenceKey for e in entries)
     if isinstance(key, int) and (kind in (LIST, TUPLE, NAMEDTUPLE) or indexed):
         n = len(entries)
         return IndexError(
             INDEX_OUT_OF_RANGE_MSG.format(
-                key=key, where=where, type=type(node).__name__, length=n, low=-n, high=n - 1
+                key=key, where=where, type=type_name, length=n, low=-n, high=n - 1
             )
         )
     if isinstance(key, int) and names and all(isinstance(x, str) for x in names):
         shown = ", ".join(repr(x) for x in names)
         return IndexError(
             INDEX_ON_NAMED_MSG.format(
-                key=key, where=where, type=type(node).__name__, names=shown, first=names[0]
+                key=key, where=where, type=type_name, names=shown, first=names[0]
             )
         )
     hint = ""
     if isinstance(key, str) and indexed and kind not in (LIST, TUPLE):
         return LookupError(
-            INDEXED_CHILDREN_MSG.format(
-                key=key, where=where, type=type(node).__name__, high=len(entries) - 1
-            )
+            INDEXED_CHILDREN_MSG.format(key=key, where=where, type=type_name, high=len(entries) - 1)
         )
     if isinstance(key, str):
         close = closest(key, [x for x in names if isinstance(x, str)])
@@ -431,12 +430,12 @@ def missing_key_error(
     if names:
         hint += f"{'' if hint else '.'} Children there: {', '.join(repr(x) for x in names)}."
     else:
-        hint += f": a `{type(node).__name__}` with no children."
+        hint += f": a `{type_name}` with no children."
     if statics:
         hint += f" Static fields (not selectable): {', '.join(repr(x) for x in statics)}."
     elif kind == GENERIC and isinstance(key, str) and hasattr(node, key):
         hint += (
-            f" `{type(node).__name__}` has an attribute {key!r}, but it is not a child "
+            f" `{type_name}` has an attribute {key!r}, but it is not a child "
             "of the tree (a static field, a property or a method)."
         )
     return LookupError(NOT_FOUND_MSG.format(key=key, where=where, hint=hint))
