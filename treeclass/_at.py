@@ -266,7 +266,7 @@ def _is_element_value(x: object) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
 
 
-def _masked(mask: object, new: object, old: object, where: Callable[[], str]) -> Any:
+def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
     if not _is_element_value(new):
         raise TypeError(ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new)))
