@@ -36,7 +36,7 @@ from .._values import host_bytes, is_prng_key, path_str, root_name
 from ._catalog import Stored, describe
 from ._json import loads as strict_json
 from ._processes import host_view
-from ._source import CheckpointSource, corrupt, is_weak, numpy_dtype
+from ._source import CheckpointSource, PlannedTensor, corrupt, is_weak, numpy_dtype
 from ._versions import class_versions
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
 
@@ -114,18 +114,6 @@ _RESERVED_NAME = (
     "a tensor cannot be named `__metadata__` (at {where}): the safetensors format reserves "
     "that name. Rename the key."
 )
-
-
-class PlannedTensor(NamedTuple):
-    """One tensor to write: its name, the value, and how it is stored."""
-
-    name: str
-    value: Any
-    dtype: np.dtype  # as stored
-    shape: tuple  # as stored
-    nbytes: int
-    record: dict  # the tensor's part of the treeclass metadata
-    where: str  # its key path, for messages
 
 
 def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) -> PlannedTensor:

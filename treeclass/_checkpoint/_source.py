@@ -23,6 +23,8 @@ __all__ = [
     "corrupt",
     "NOT_A_CHECKPOINT",
     "OutTensor",
+    "PlannedTensor",
+    "SharedWrite",
     "CheckpointWriter",
     "numpy_dtype",
     "dtype_name",
@@ -136,6 +138,45 @@ class OutTensor(NamedTuple):
     data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
 
 
+class PlannedTensor(NamedTuple):
+    """One tensor of a save as planned: its name, the value, and how it is stored."""
+
+    name: str
+    value: Any  # what the writer reads: an array, a number, or a view of an array
+    dtype: np.dtype  # as stored
+    shape: tuple  # as stored
+    nbytes: int
+    record: dict  # the tensor's part of the treeclass metadata
+    where: str  # its key path, for messages
+
+
+class SharedWrite:
+    """A save every process writes a share of: files made by process 0 (`begin`), filled
+    by all, put in place by process 0 (`finish`) or removed (`abort`).
+
+    `tensors` are the save's tensors in writing order (`.name`, `.nbytes`, `.data()`:
+    the whole tensor's bytes, read on process 0 for values no other process holds).
+    """
+
+    tensors: Sequence[OutTensor]
+
+    def begin(self) -> dict[str, Any]:
+        """On process 0: make the files; what the others need to find them (JSON)."""
+        raise NotImplementedError
+
+    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
+        """Where each tensor's bytes go: a file's path and the offset in it."""
+        raise NotImplementedError
+
+    def finish(self, state: dict[str, Any]) -> None:
+        """On process 0, once every process has written its share: the files in place."""
+        raise NotImplementedError
+
+    def abort(self, state: dict[str, Any]) -> None:
+        """On process 0, when some process failed: the files of `begin` removed."""
+        raise NotImplementedError
+
+
 class CheckpointWriter(Protocol):
     """How `tc.save` writes a format, as `CheckpointSource` is how it is read: the dtypes
     it has names for (a tensor of another is stored as raw bytes), and `prepare`, which
@@ -145,7 +186,9 @@ class CheckpointWriter(Protocol):
 
     def can_store(self, dtype: np.dtype) -> bool: ...
 
-    def prepare(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> object: ...
+    def prepare(
+        self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
+    ) -> Callable[[], None] | SharedWrite: ...
 
 
 # -- dtypes, as sources name them --------------------------------------------------------
