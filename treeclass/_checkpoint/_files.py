@@ -20,6 +20,7 @@ __all__ = [
     "discard",
     "write_at",
     "reworded",
+    "read_into",
 ]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -127,6 +128,17 @@ class SizedFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_into(file: BinaryIO, view: memoryview) -> int:
+    """Fill `view` from `file`'s position on; the bytes read (fewer: the file ended)."""
+    done = 0
+    while done < len(view):
+        count = file.readinto(view[done:])  # type: ignore[attr-defined]
+        if not count:
+            break
+        done += count
+    return done
 
 
 def open_for_reading(path: str) -> BinaryIO:

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import numpy as np
 
+from ._files import read_into
 from ._json import MAX_DEPTH, MAX_HEADER_BYTES
 from ._source import TensorInfo, WholeTensorCache, corrupt, numpy_dtype
 
@@ -266,11 +267,8 @@ class FlaxFile:
         self.arrays[name] = array
 
     def _number(self, value: Any, name: str) -> _Array:
-        if type(value) is int:
-            if -(2**63) <= value < 2**63:
-                array = np.asarray(value, np.int64)
-            else:  # msgpack holds no integer outside int64 and uint64
-                array = np.asarray(value, np.uint64)
+        if type(value) is int:  # msgpack holds no integer outside int64 and uint64
+            array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
         else:
             array = np.asarray(value)
         return _Array(array.dtype, (), (), array)
@@ -340,12 +338,8 @@ class FlaxFile:
             low, high = max(start, at), min(stop, at + count)
             if low < high:
                 self.file.seek(offset + low - at)
-                view, done = buffer.data[low - start : high - start], 0
-                while done < len(view):
-                    read = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-                    if not read:
-                        self._corrupt(f"it ended inside the data of {key!r}")
-                    done += read
+                if read_into(self.file, buffer.data[low - start : high - start]) < high - low:
+                    self._corrupt(f"it ended inside the data of {key!r}")
             at += count
         return buffer
 
