@@ -30,8 +30,8 @@ _LESS = (
 )
 
 
-def listed(paths: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(paths[:limit])
+def listed(paths: Sequence[object], limit: int = 5) -> str:
+    shown = ", ".join(map(str, paths[:limit]))
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
@@ -78,10 +78,8 @@ def _rule_between(source: str, target: str) -> tuple[str, str]:
 
 
 class Fixes:
-    """The fixes a failed load suggests, computed from its problems: a key rule for a
-    renamed path (a migration when the file is treeclass's own), `astype` for another
-    dtype, a transpose for a transposed weight, a key rule onto a stack's blocks for
-    per-layer tensors in a stacked template, a policy for names only one side has."""
+    """The fixes a failed load suggests, computed from its problems (see the module's
+    docstring)."""
 
     def __init__(
         self,

@@ -14,11 +14,12 @@ import jax
 from .._structure import Layers, is_wrapper, row_of
 from ._walk import key_name
 
-__all__ = ["StackAt", "stacks_of"]
+__all__ = ["StackAt", "stacks_of", "joined"]
 
 
-def _joined(prefix: str, rest: str) -> str:
-    return f"{prefix}.{rest}" if prefix else rest
+def joined(prefix: str, name: str) -> str:
+    """A name under `prefix` (either may be `""`: the root)."""
+    return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
 class StackAt(NamedTuple):
@@ -55,9 +56,9 @@ class StackAt(NamedTuple):
             return None
         layer, rest = found
         if self.under is None:
-            return _joined(self.prefix, rest), layer
+            return joined(self.prefix, rest), layer
         slot, position = divmod(layer, self.period)
-        return _joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
+        return joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
 
     def layer_beyond(self, name: str) -> int | None:
         """The layer number of a per-layer name of this stack's layout whose layer the
@@ -88,7 +89,7 @@ class StackAt(NamedTuple):
         if found is None:
             return None
         layers, rest = found
-        return [_joined(self.prefix, f"{i}.{rest}") for i in layers]
+        return [joined(self.prefix, f"{i}.{rest}") for i in layers]
 
     def pattern(self, name: str) -> str | None:
         """The key path of the stacked leaf `name` in one layer, the layer as `{i}`
