@@ -128,6 +128,3 @@ class EquinoxFile(NpyRecords):
         if ranges_read_directly(header):
             return self._bytes(key, start, stop)
         return self._whole(key, start, stop)
-
-    def close(self) -> None:
-        self.file.close()

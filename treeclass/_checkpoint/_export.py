@@ -177,16 +177,14 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
         add(*shapes)
         add(*(s[::-1] for s in shapes))
         add(*(s[:-2] + s[-2:][::-1] for s in shapes))
-    if count == 1 and len(shapes) == 1:  # axes moved: any order of them (few axes)
+    if count == 1 and len(shapes) == 1:
         t = shapes[0]
         orders = (
             itertools.permutations(t) if len(t) <= 4 else (t[k:] + t[:k] for k in range(len(t)))
         )
-        for order in orders:
+        for order in orders:  # axes moved: any order of them (few axes)
             add(tuple(order))
-    if count == 1 and len(shapes) == 1:  # a reshape that split axes: them merged
-        t = shapes[0]
-        for a in range(len(t)):
+        for a in range(len(t)):  # a reshape that split axes: them merged
             for b in range(a + 2, len(t) + 1):
                 merged = t[:a] + (math.prod(t[a:b]),) + t[b:]
                 add(merged)

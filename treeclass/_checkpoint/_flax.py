@@ -19,18 +19,16 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, BinaryIO, NamedTuple, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from ._files import read_into
 from ._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ._source import TensorInfo, WholeTensorCache, corrupt, numpy_dtype
+from ._source import FileSource, TensorInfo, WholeTensorCache, numpy_dtype
 
 __all__ = ["FlaxFile"]
-
-_FORMAT = "flax msgpack"
 
 _NEEDS_MSGPACK = (
     "Reading flax checkpoints needs the msgpack package, which is not installed:\n"
@@ -73,10 +71,10 @@ class _Array(NamedTuple):
     value: np.ndarray | None = None  # a number of the document, held here
 
 
-class FlaxFile:
+class FlaxFile(FileSource):
     """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
 
-    format = _FORMAT
+    format = "flax msgpack"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.msgpack = _msgpack()
@@ -93,9 +91,6 @@ class FlaxFile:
         self.arrays: dict[str, _Array] = {}
         self._name(document, ())
         self._whole = WholeTensorCache(self.read)
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, _FORMAT)
 
     # -- walking the document ---------------------------------------------------------
 
@@ -305,9 +300,6 @@ class FlaxFile:
         nbytes = math.prod(array.shape) * array.dtype.itemsize
         return TensorInfo(array.dtype.name, array.shape, nbytes)
 
-    def metadata(self) -> Mapping[str, str]:
-        return {}
-
     def read(self, key: str) -> np.ndarray:
         array = self.arrays[key]
         if array.value is not None:
@@ -342,6 +334,3 @@ class FlaxFile:
                     self._corrupt(f"it ended inside the data of {key!r}")
             at += count
         return buffer
-
-    def close(self) -> None:
-        self.file.close()

@@ -19,14 +19,14 @@ import tokenize
 import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import IO, Any, BinaryIO, NamedTuple, NoReturn
+from typing import IO, Any, BinaryIO, NamedTuple
 
 import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
 from ._files import read_into
-from ._source import TensorInfo, WholeTensorCache, corrupt
+from ._source import FileSource, TensorInfo, WholeTensorCache
 
 __all__ = [
     "NpyHeader",
@@ -139,25 +139,17 @@ def ranges_read_directly(header: NpyHeader) -> bool:
     return not header.fortran_order and header.dtype.byteorder != ">"
 
 
-class NpyRecords:
+class NpyRecords(FileSource):
     """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key, each
     with its `header`), which answer alike whatever holds the records."""
 
-    format: str
-    location: str
     records: Mapping[str, Any]
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, self.format)
 
     def keys(self) -> Iterator[str]:
         return iter(self.records)
 
     def info(self, key: str) -> TensorInfo:
         return self.records[key].header.info()
-
-    def metadata(self) -> Mapping[str, str]:
-        return {}
 
 
 class _Member(NamedTuple):

@@ -18,14 +18,14 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO, NamedTuple, NoReturn
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from ._files import IO, reworded, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._source import OutTensor, TensorInfo, corrupt, numpy_dtype
+from ._source import FileSource, OutTensor, TensorInfo, numpy_dtype
 
 __all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
 
@@ -67,7 +67,7 @@ class _Tensor(NamedTuple):
     stop: int
 
 
-class SafetensorsFile:
+class SafetensorsFile(FileSource):
     """An opened safetensors file as a `CheckpointSource`; the header is checked here."""
 
     format = "safetensors"
@@ -115,9 +115,6 @@ class SafetensorsFile:
         self._metadata = metadata
         self.tensors = {name: self._tensor(name, info) for name, info in header.items()}
         self._check_layout(size - self.data_start)
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason)
 
     def _tensor(self, name: str, info: Any) -> _Tensor:
         try:
@@ -199,9 +196,6 @@ class SafetensorsFile:
         if dtype is None:
             self._corrupt(f"tensor {key!r} has the dtype {tensor.code}, which NumPy cannot hold")
         return buffer.view(dtype.newbyteorder("<")).reshape(tensor.shape)
-
-    def close(self) -> None:
-        self.file.close()
 
 
 # --------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -40,12 +40,11 @@ from ._files import create_sized, discard, open_for_reading, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._safetensors import SafetensorsFile, can_store, header_bytes
-from ._source import OutTensor, SharedWrite, TensorInfo, corrupt
+from ._source import FileSource, OutTensor, SharedWrite, TensorInfo
 
 __all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
 
 INDEX_SUFFIX = ".index.json"
-_FORMAT = "sharded safetensors index"
 # the metadata key of the token an index and its shards share (treeclass's saves only)
 _SAVE_KEY = "treeclass.save"
 
@@ -94,10 +93,10 @@ def _plain_name(name: Any) -> bool:
     )
 
 
-class ShardedSafetensors:
+class ShardedSafetensors(FileSource):
     """An index and its shards as one `CheckpointSource`."""
 
-    format = _FORMAT
+    format = "sharded safetensors index"
 
     def __init__(self, location: str) -> None:
         self.location = location
@@ -107,9 +106,6 @@ class ShardedSafetensors:
         except BaseException:
             self.close()
             raise
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, _FORMAT)
 
     def _open(self, location: str) -> None:
         with open_for_reading(location) as file:

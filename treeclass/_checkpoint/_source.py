@@ -9,7 +9,7 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
 
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
@@ -21,6 +21,7 @@ __all__ = [
     "CheckpointSource",
     "WholeTensorCache",
     "corrupt",
+    "FileSource",
     "NOT_A_CHECKPOINT",
     "OutTensor",
     "PlannedTensor",
@@ -126,6 +127,24 @@ NOT_A_CHECKPOINT = (
 def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn:
     """Raise the one error for a source that cannot be read: a `ValueError` naming it."""
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
+
+
+class FileSource:
+    """What the readers of an opened file share: the one error naming it (`_corrupt`), no
+    metadata unless the format has some, and closing the file."""
+
+    format: str
+    location: str
+    file: BinaryIO
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason, self.format)
+
+    def metadata(self) -> Mapping[str, str]:
+        return {}
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class OutTensor(NamedTuple):
