@@ -209,13 +209,6 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
     raise AssertionError("unreachable: the last name raises")
 
 
-def _keep_mode(descriptor: int, temp: str, mode: int) -> None:
-    if hasattr(os, "fchmod"):
-        os.fchmod(descriptor, mode)
-    else:  # Windows
-        os.chmod(temp, mode)
-
-
 def _temp_beside(path: str) -> tuple[str, int, str]:
     """`(path, descriptor, temp)`: a new temporary file next to `path` (the file a link at
     `path` points to, which becomes `path`), open for writing, with the permission bits of
@@ -236,7 +229,10 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
     descriptor, temp = _create_temp(folder, base, path)
     if mode is not None:
         try:
-            _keep_mode(descriptor, temp, mode)
+            if hasattr(os, "fchmod"):
+                os.fchmod(descriptor, mode)
+            else:  # Windows
+                os.chmod(temp, mode)
         except BaseException:
             os.close(descriptor)
             discard(temp)

@@ -100,11 +100,8 @@ def read_npy_header(file: IO[bytes]) -> NpyHeader:
         # `jnp.load` does
         dtype = np.dtype(ml_dtypes.bfloat16)
     shape = tuple(shape)
-    return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, _nbytes(dtype, shape))
-
-
-def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
-    return math.prod(shape) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
+    return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, nbytes)
 
 
 def refuses(header: NpyHeader) -> bool:

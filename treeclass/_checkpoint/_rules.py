@@ -376,7 +376,9 @@ class RuledCatalog:
         via = f"key rule {mapped.rule.text()}" if mapped.rule is not None else "their own names"
         where = f"{whole!r} (a stack of {count} at {stack.prefix or 'the root'!r})"
         if len(slots) < count:
-            known = _layer_number(first, stack)
+            layer = stack.layer_of(first)
+            assert layer is not None  # (`first` is one of the stack's layers)
+            known = layer[0]
             position = known % stack.period
             lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
             source = self._layer_source(first, known, lacking[0])
@@ -600,12 +602,6 @@ class RuledCatalog:
 def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
     """`buffer` with `value` in slot `slot` of its first axis, written in place (donated)."""
     return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
-
-
-def _layer_number(name: str, stack: StackAt) -> int:
-    """The layer number of a per-layer name of `stack` (`blocks.3.w` -> 3)."""
-    rest = name[len(stack.prefix) + 1 :] if stack.prefix else name
-    return int(rest.split(".", 1)[0])
 
 
 def results_of(

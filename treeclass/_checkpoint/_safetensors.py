@@ -77,12 +77,7 @@ class SafetensorsFile(FileSource):
         self.location = location
         # positioned reads straight into the caller's buffer where the OS has them, with
         # no read-ahead copy, so many small slices (one row per shard) cost what they read
-        self._descriptor: int | None = None
-        if hasattr(os, "preadv"):
-            try:
-                self._descriptor = file.fileno()
-            except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError
-                pass
+        self._descriptor = file.fileno() if hasattr(os, "preadv") else None
         size = os.fstat(file.fileno()).st_size
         head = file.read(8)
         if len(head) < 8:

@@ -42,7 +42,7 @@ class StackAt(NamedTuple):
             return None
         return name[len(self.prefix) + 1 :] if self.prefix else name
 
-    def _layer(self, name: str) -> tuple[int, str] | None:
+    def layer_of(self, name: str) -> tuple[int, str] | None:
         """`(layer, rest)` of a per-layer name `<prefix>.<layer>.<rest>`, or None."""
         head, dot, rest = (self._below(name) or "").partition(".")
         ok = dot and rest and head.isdigit() and str(int(head)) == head
@@ -51,7 +51,7 @@ class StackAt(NamedTuple):
     def stacked(self, name: str) -> tuple[str, int] | None:
         """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
         None if `name` is not `<prefix>.<layer>.<rest>` with a layer of this stack."""
-        found = self._layer(name)
+        found = self.layer_of(name)
         if found is None or found[0] >= self.layers:
             return None
         layer, rest = found
@@ -63,7 +63,7 @@ class StackAt(NamedTuple):
     def layer_beyond(self, name: str) -> int | None:
         """The layer number of a per-layer name of this stack's layout whose layer the
         stack does not have (`blocks.5.w` for a stack of 4), else None."""
-        found = self._layer(name)
+        found = self.layer_of(name)
         return found[0] if found is not None and found[0] >= self.layers else None
 
     def slots(self, name: str) -> tuple[list[int], str] | None:
