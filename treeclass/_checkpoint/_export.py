@@ -71,7 +71,8 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
     for entry in found:
         if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
             continue  # strings, functions, static fields: no foreign layout holds them
-        where, value = path_str(tree, entry.path), entry.value
+        where = path_str(tree, entry.path)
+        value: Any = entry.value  # (a number's becomes an array below)
         if is_abstract(value):
             raise ValueError(
                 f"{where} is {value!r}, an abstract value: an export writes data; load or "

@@ -42,7 +42,7 @@ def warn_if_less(
     data under another name, dtype or layout (what a fix would restore), with the count
     and the fixes; a path the checkpoint has nothing for, or another shape of, is only
     reported."""
-    fixes = Fixes(like, source, checker, False, missing, unexpected)
+    fixes = Fixes(like, source, checker, missing, unexpected)
     lines = [
         line
         for line in fixes.lines()
@@ -82,16 +82,10 @@ class Fixes:
     docstring)."""
 
     def __init__(
-        self,
-        like: Any,
-        source: Catalog,
-        checker: Checker,
-        strict: bool,
-        missing: str,
-        unexpected: str,
+        self, like: Any, source: Catalog, checker: Checker, missing: str, unexpected: str
     ) -> None:
         self.like, self.source, self.checker = like, source, checker
-        self.strict, self.missing, self.unexpected = strict, missing, unexpected
+        self.missing, self.unexpected = missing, unexpected
         self.call = source.call.replace("like", "model")
 
     def text(self) -> str:

@@ -253,20 +253,13 @@ class FlaxFile(FileSource):
         elif isinstance(node, np.ndarray):  # a complex number
             self._add(name, _Array(node.dtype, (), (), node))
         elif type(node) in (bool, int, float):
-            self._add(name, self._number(node, name))
+            self._add(name, _number(node))
         # strings, bytes and None are not data
 
     def _add(self, name: str, array: _Array) -> None:
         if name in self.arrays:
             self._corrupt(f"two values are named {name!r} (a key holds a dot)")
         self.arrays[name] = array
-
-    def _number(self, value: Any, name: str) -> _Array:
-        if type(value) is int:  # msgpack holds no integer outside int64 and uint64
-            array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
-        else:
-            array = np.asarray(value)
-        return _Array(array.dtype, (), (), array)
 
     def _unchunk(self, node: dict, name: str) -> _Array:
         shape, chunks = node.get("shape"), node.get("chunks")
@@ -334,3 +327,12 @@ class FlaxFile(FileSource):
                     self._corrupt(f"it ended inside the data of {key!r}")
             at += count
         return buffer
+
+
+def _number(value: bool | int | float) -> _Array:
+    """A number of the document as a 0-d array."""
+    if type(value) is int:  # msgpack holds no integer outside int64 and uint64
+        array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
+    else:
+        array = np.asarray(value)
+    return _Array(array.dtype, (), (), array)

@@ -129,8 +129,9 @@ class _KeyValueStore(Protocol):
     def key_value_delete(self, key: str) -> None: ...
 
 
-def _bounds(index: Sequence[slice], shape: tuple[int, ...]) -> Bounds:
+def _bounds(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Bounds:
     """A shard's index (a tuple of slices, one per axis) as `(start, stop)` per axis."""
+    assert index is not None  # (jax's maps type an index as optional; a shard has one)
     # (a PRNG key array's shards may index its key data's trailing axis too)
     index = tuple(index)[: len(shape)] + (slice(None),) * (len(shape) - len(index))
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
