@@ -234,15 +234,10 @@ class ShardedSave:
     def __init__(self, path: str, max_shard_size: Any) -> None:
         self.limit = parse_size(max_shard_size)
         if not path.endswith(INDEX_SUFFIX):
-            stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
-            raise ValueError(
-                _NOT_AN_INDEX.format(
-                    suffix=INDEX_SUFFIX, path=path, fixed=stem + ".safetensors" + INDEX_SUFFIX
-                )
-            )
+            fixed = path.removesuffix(".safetensors") + ".safetensors" + INDEX_SUFFIX
+            raise ValueError(_NOT_AN_INDEX.format(suffix=INDEX_SUFFIX, path=path, fixed=fixed))
         self.path = path
-        stem = os.path.basename(path)[: -len(INDEX_SUFFIX)]
-        self.base = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
+        self.base = os.path.basename(path).removesuffix(INDEX_SUFFIX).removesuffix(".safetensors")
 
     can_store = staticmethod(can_store)  # a `CheckpointWriter`: its shards are safetensors
 
