@@ -263,8 +263,7 @@ class SourceCatalog:
         # checkpoint versions by class name; None: written before versions were stamped
         self.class_versions = self._class_versions(document.get("versions"))
         raw = document.get("tensors", {})
-        recorded = self.records_values
-        self.tensors = {name: self._tensor(name, raw.get(name), recorded) for name in source.keys()}
+        self.tensors = {name: self._tensor(name, raw.get(name)) for name in source.keys()}
         for name in raw:
             if name not in self.tensors:
                 self._corrupt(
@@ -331,9 +330,11 @@ class SourceCatalog:
             self._corrupt(f"the class versions of its treeclass metadata are malformed: {stamps!r}")
         return stamps
 
-    def _tensor(self, name: str, raw: dict | None, recorded: bool) -> _Tensor:
+    def _tensor(self, name: str, raw: dict | None) -> _Tensor:
         info = self.source.info(name)
-        weak = raw.get("weak", False) if raw is not None else (False if recorded else None)
+        weak = (
+            raw.get("weak", False) if raw is not None else (False if self.records_values else None)
+        )
         if raw is not None and type(weak) is not bool:  # (`in (True, False)` takes 1 and 0)
             self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
         if raw is None or "dtype" not in raw:

@@ -13,7 +13,6 @@ We parse the records ourselves (`_npz.read_npy_header`); equinox is not imported
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import BinaryIO, NamedTuple
 
@@ -62,9 +61,8 @@ class EquinoxFile(NpyRecords):
     format = "equinox"
 
     def __init__(self, file: BinaryIO, location: str, slots: Sequence[Slot]) -> None:
-        self.file = file
-        self.location = location
-        size = os.fstat(file.fileno()).st_size
+        super().__init__(file, location)
+        size = self.size
         records: list[_Record] = []
         at = 0
         while at < size:

@@ -122,9 +122,8 @@ class _Chain(NamedTuple):
     by step (no labels: the fast path for large transposed weights)."""
 
     shapes: tuple[tuple[int, ...], ...]  # of the one source
-    steps: tuple[
-        tuple[str, tuple[int, ...]], ...
-    ]  # ("transpose", inverse order) / ("reshape", shape)
+    # ("transpose", inverse order) / ("reshape", shape)
+    steps: tuple[tuple[str, tuple[int, ...]], ...]
 
     def apply(self, target: np.ndarray) -> np.ndarray:
         for kind, arg in self.steps:
@@ -264,7 +263,7 @@ class Exporter:
             if len(group.targets) < len(rule.targets):
                 have = [group.targets[k].where for k in sorted(group.targets)]
                 lack = [
-                    fill(t, {**group.captures})
+                    fill(t, group.captures)
                     for k, t in enumerate(rule.targets)
                     if k not in group.targets
                 ]

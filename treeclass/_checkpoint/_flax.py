@@ -17,7 +17,6 @@ when the tensor is, so a dry run reads none. flax itself is not imported.
 from __future__ import annotations
 
 import math
-import os
 import struct
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, NamedTuple
@@ -78,9 +77,7 @@ class FlaxFile(FileSource):
 
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.msgpack = _msgpack()
-        self.file = file
-        self.location = location
-        self.size = os.fstat(file.fileno()).st_size
+        super().__init__(file, location)
         self._restart(0)
         head = self._peek(1)
         if not head or head[0] not in _MAPS:

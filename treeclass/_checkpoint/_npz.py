@@ -13,7 +13,6 @@ block of its stream); the data is read when the tensor is.
 from __future__ import annotations
 
 import math
-import os
 import struct
 import tokenize
 import zipfile
@@ -170,9 +169,7 @@ class NpzFile(NpyRecords):
     format = "npz"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
-        self.file = file
-        self.location = location
-        self.size = os.fstat(file.fileno()).st_size
+        super().__init__(file, location)
         try:
             self.zip = zipfile.ZipFile(file)
         except (

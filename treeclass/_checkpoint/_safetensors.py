@@ -73,18 +73,16 @@ class SafetensorsFile(FileSource):
     format = "safetensors"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
-        self.file = file
-        self.location = location
+        super().__init__(file, location)
         # positioned reads straight into the caller's buffer where the OS has them, with
         # no read-ahead copy, so many small slices (one row per shard) cost what they read
         self._descriptor = file.fileno() if hasattr(os, "preadv") else None
-        size = os.fstat(file.fileno()).st_size
         head = file.read(8)
         if len(head) < 8:
-            self._corrupt(f"it has {size} bytes, fewer than a safetensors header needs")
+            self._corrupt(f"it has {self.size} bytes, fewer than a safetensors header needs")
         (length,) = struct.unpack("<Q", head)
-        if length > size - 8:
-            self._corrupt(f"its header claims {length} bytes, but the file has {size}")
+        if length > self.size - 8:
+            self._corrupt(f"its header claims {length} bytes, but the file has {self.size}")
         if length > MAX_HEADER_BYTES:
             self._corrupt(
                 f"its header claims {length} bytes, more than the limit of {MAX_HEADER_BYTES}"
@@ -109,7 +107,7 @@ class SafetensorsFile(FileSource):
                 )
         self._metadata = metadata
         self.tensors = {name: self._tensor(name, info) for name, info in header.items()}
-        self._check_layout(size - self.data_start)
+        self._check_layout(self.size - self.data_start)
 
     def _tensor(self, name: str, info: Any) -> _Tensor:
         try:

@@ -8,6 +8,7 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
 
@@ -134,8 +135,10 @@ class FileSource:
     metadata unless the format has some, and closing the file."""
 
     format: str
-    location: str
-    file: BinaryIO
+
+    def __init__(self, file: BinaryIO, location: str) -> None:
+        self.file, self.location = file, location
+        self.size = os.fstat(file.fileno()).st_size  # (as the file was when opened)
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, self.format)
