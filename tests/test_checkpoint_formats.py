@@ -679,6 +679,16 @@ def test_an_unknown_format_or_file_is_an_error_listing_the_formats(tmp_path):
         tc.load(path, {"w": np.zeros(2)}, format="torch")
 
 
+@pytest.mark.parametrize("format", ["npz", "flax", "equinox"])
+def test_save_refuses_a_format_only_load_reads(tmp_path, format):
+    # tc.save writes safetensors (sharded ones with max_shard_size) and takes no format=:
+    # naming a format only tc.load reads is an error before anything is written
+    path = tmp_path / "m.out"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'format'"):
+        tc.save(path, {"w": np.ones(2)}, format=format)
+    assert not path.exists()
+
+
 # --------------------------------------------------------------------------------------
 # Every reader: corrupted input is one ValueError naming the file; dry runs read no bytes
 # --------------------------------------------------------------------------------------

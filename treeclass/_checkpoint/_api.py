@@ -22,7 +22,7 @@ from ._formats import open_source, writer_for
 from ._processes import save_from_processes
 from ._report import LoadReport
 from ._restore import restore
-from ._rules import RuledCatalog, compile_rules
+from ._rules import Rule, RuledCatalog, compile_rules
 from ._source import CheckpointWriter, OutTensor
 from ._stacks import stacks_of
 from ._state import StateCatalog, state_dict_of
@@ -36,17 +36,6 @@ _T = TypeVar("_T")
 Missing = Literal["error", "keep", "warn"]
 Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
-
-
-def _with_rules(catalog: Catalog, rules: object, like: object) -> Catalog:
-    if rules is None:
-        return catalog
-    try:
-        compiled = compile_rules(rules)
-    except (TypeError, ValueError) as error:  # the rule is named: name the file too
-        raise type(error)(f"{catalog.title}: {error}") from None
-    # names the rules give for single layers of the template's stacks fill their slots
-    return RuledCatalog(catalog, compiled, stacks_of(like))
 
 
 _PART_OF_A_LEAF = (
@@ -90,11 +79,21 @@ def _selected(like: object, where: object) -> Callable[[tuple, str], bool] | Non
     return selected
 
 
-def _compiled(rules: object, action: str) -> Any:
+def _compiled(rules: object, action: str) -> tuple[Rule, ...]:
     try:
         return compile_rules(rules)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError) as error:  # the rule is named: say who ran it too
         raise type(error)(f"{action}: {error}") from None
+
+
+def _restore(
+    like: object, catalog: Catalog, action: str, rules: object, where: object, **options: Any
+) -> Any:
+    """`restore` for an entry point: `catalog` through its key rules, `where` selected."""
+    if rules is not None:
+        # names the rules give for single layers of the template's stacks fill their slots
+        catalog = RuledCatalog(catalog, _compiled(rules, catalog.title), stacks_of(like))
+    return restore(like, catalog, action=action, selected=_selected(like, where), **options)
 
 
 def state_dict(tree: PyTree, *, rules: object = None) -> dict:
@@ -274,13 +273,13 @@ def from_state_dict(
             f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
             f"{type(state).__name__}"
         )
-    catalog = _with_rules(StateCatalog(state), rules, like)
-    return restore(
+    return _restore(
         like,
-        catalog,
-        strict,
+        StateCatalog(state),
         "tc.from_state_dict",
-        selected=_selected(like, where),
+        rules,
+        where,
+        strict=strict,
         missing=missing,
         unexpected=unexpected,
         dry_run=dry_run,
@@ -400,7 +399,7 @@ def save(
         extra = _metadata(metadata)
         writer = writer_for(path, max_shard_size)
         if rules is not None:
-            tensors, header_metadata = _export_plan(path, tree, rules, writer), extra
+            tensors, header_metadata = _export_plan(tree, rules, writer), extra
             # what the writers learn of each tensor besides its bytes (no value to gather)
             planned = [
                 PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
@@ -440,9 +439,7 @@ def _metadata(metadata: object) -> dict[str, str]:
     return dict(metadata)
 
 
-def _export_plan(
-    path: str, tree: object, rules: object, writer: CheckpointWriter
-) -> list[OutTensor]:
+def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
     if jax.process_count() > 1:
         raise ValueError(
@@ -456,26 +453,19 @@ def _export_plan(
                 f"{tensor.name!r} would be {tensor.dtype}, which safetensors has no name for"
             )
         nbytes = tensor.dtype.itemsize * math.prod(tensor.shape)
-        out.append(
-            OutTensor(
-                tensor.name,
-                tensor.dtype,
-                tensor.shape,
-                nbytes,
-                functools.partial(_foreign_bytes, tensor, path),
-            )
-        )
+        data = functools.partial(_foreign_bytes, tensor)
+        out.append(OutTensor(tensor.name, tensor.dtype, tensor.shape, nbytes, data))
     return out
 
 
-def _foreign_bytes(tensor: ForeignTensor, path: str) -> Any:
+def _foreign_bytes(tensor: ForeignTensor) -> np.ndarray:
     value = np.ascontiguousarray(tensor.compute())
     if value.dtype.byteorder == ">":
         value = value.astype(value.dtype.newbyteorder("<"))
     return value.reshape(-1).view(np.uint8)
 
 
-def _leaf_bytes(tensor: PlannedTensor, path: str) -> Any:
+def _leaf_bytes(tensor: PlannedTensor, path: str) -> np.ndarray:
     try:
         return tensor_bytes(tensor)
     except Exception as error:  # a deleted (donated) array, a failed device transfer
@@ -691,13 +681,13 @@ def load(
     """
     source = open_source(os.fspath(path), like, format)
     try:
-        catalog = _with_rules(migrate(SourceCatalog(source), like), rules, like)
-        return restore(
+        return _restore(
             like,
-            catalog,
-            strict,
+            migrate(SourceCatalog(source), like),
             "tc.load",
-            selected=_selected(like, where),
+            rules,
+            where,
+            strict=strict,
             missing=missing,
             unexpected=unexpected,
             dry_run=dry_run,

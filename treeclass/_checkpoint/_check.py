@@ -161,11 +161,9 @@ class Checker:
         self, found: list[Entry], decisions: list[str], problems: Sequence[str]
     ) -> LoadReport:
         """The report, once every entry is decided: unexpected names and missing hints."""
-        unused = [name for name in self.source.names() if name not in self.used]
-        self.unused = unused
+        self.unused = unused = [name for name in self.source.names() if name not in self.used]
+        self.closest = closest = _Closest(unused)
         label = self.source.label
-        closest = _Closest(unused)
-        self.closest = closest
         messages = []
         for message in self.messages:
             if isinstance(message, tuple):  # a missing entry: hint at a renamed one

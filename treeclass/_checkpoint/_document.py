@@ -36,7 +36,7 @@ from .._values import host_bytes, is_prng_key, path_str, root_name
 from ._catalog import Stored, describe
 from ._json import loads as strict_json
 from ._processes import host_view
-from ._source import CheckpointSource, corrupt, is_weak, numpy_dtype
+from ._source import CheckpointSource, PlannedTensor, corrupt, is_weak, numpy_dtype
 from ._versions import class_versions
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
 
@@ -114,18 +114,6 @@ _RESERVED_NAME = (
     "a tensor cannot be named `__metadata__` (at {where}): the safetensors format reserves "
     "that name. Rename the key."
 )
-
-
-class PlannedTensor(NamedTuple):
-    """One tensor to write: its name, the value, and how it is stored."""
-
-    name: str
-    value: Any
-    dtype: np.dtype  # as stored
-    shape: tuple  # as stored
-    nbytes: int
-    record: dict  # the tensor's part of the treeclass metadata
-    where: str  # its key path, for messages
 
 
 def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) -> PlannedTensor:
@@ -275,8 +263,7 @@ class SourceCatalog:
         # checkpoint versions by class name; None: written before versions were stamped
         self.class_versions = self._class_versions(document.get("versions"))
         raw = document.get("tensors", {})
-        recorded = self.records_values
-        self.tensors = {name: self._tensor(name, raw.get(name), recorded) for name in source.keys()}
+        self.tensors = {name: self._tensor(name, raw.get(name)) for name in source.keys()}
         for name in raw:
             if name not in self.tensors:
                 self._corrupt(
@@ -343,9 +330,11 @@ class SourceCatalog:
             self._corrupt(f"the class versions of its treeclass metadata are malformed: {stamps!r}")
         return stamps
 
-    def _tensor(self, name: str, raw: dict | None, recorded: bool) -> _Tensor:
+    def _tensor(self, name: str, raw: dict | None) -> _Tensor:
         info = self.source.info(name)
-        weak = raw.get("weak", False) if raw is not None else (False if recorded else None)
+        weak = (
+            raw.get("weak", False) if raw is not None else (False if self.records_values else None)
+        )
         if raw is not None and type(weak) is not bool:  # (`in (True, False)` takes 1 and 0)
             self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
         if raw is None or "dtype" not in raw:

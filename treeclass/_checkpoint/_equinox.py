@@ -13,15 +13,15 @@ We parse the records ourselves (`_npz.read_npy_header`); equinox is not imported
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import BinaryIO, NamedTuple, NoReturn
+from collections.abc import Sequence
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
 from .._values import array_type
 from ._npz import (
     NpyHeader,
+    NpyRecords,
     npy_array,
     object_array_error,
     ranges_read_directly,
@@ -29,11 +29,9 @@ from ._npz import (
     read_npy_header,
     refuses,
 )
-from ._source import TensorInfo, WholeTensorCache, corrupt
+from ._source import WholeTensorCache
 
 __all__ = ["Slot", "EquinoxFile"]
-
-_FORMAT = "equinox"
 
 
 class Slot(NamedTuple):
@@ -57,15 +55,14 @@ class _Record(NamedTuple):
     start: int  # where its data starts in the file
 
 
-class EquinoxFile:
+class EquinoxFile(NpyRecords):
     """A `tree_serialise_leaves` file as a `CheckpointSource`, named by `slots`."""
 
-    format = _FORMAT
+    format = "equinox"
 
     def __init__(self, file: BinaryIO, location: str, slots: Sequence[Slot]) -> None:
-        self.file = file
-        self.location = location
-        size = os.fstat(file.fileno()).st_size
+        super().__init__(file, location)
+        size = self.size
         records: list[_Record] = []
         at = 0
         while at < size:
@@ -91,9 +88,6 @@ class EquinoxFile:
         self.records = {slot.name: record for slot, record in zip(slots, records)}
         self._whole = WholeTensorCache(self.read)
 
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, _FORMAT)
-
     def _count_message(self, records: list[_Record], slots: Sequence[Slot]) -> str:
         for slot, record in zip(slots, records):
             stored = record.header
@@ -115,15 +109,6 @@ class EquinoxFile:
 
     # -- the CheckpointSource protocol ------------------------------------------------
 
-    def keys(self) -> Iterator[str]:
-        return iter(self.records)
-
-    def info(self, key: str) -> TensorInfo:
-        return self.records[key].header.info()
-
-    def metadata(self) -> Mapping[str, str]:
-        return {}
-
     def _bytes(self, key: str, start: int, stop: int) -> np.ndarray:
         record = self.records[key]
         try:
@@ -141,6 +126,3 @@ class EquinoxFile:
         if ranges_read_directly(header):
             return self._bytes(key, start, stop)
         return self._whole(key, start, stop)
-
-    def close(self) -> None:
-        self.file.close()

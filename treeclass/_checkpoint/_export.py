@@ -71,7 +71,8 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
     for entry in found:
         if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
             continue  # strings, functions, static fields: no foreign layout holds them
-        where, value = path_str(tree, entry.path), entry.value
+        where = path_str(tree, entry.path)
+        value: Any = entry.value  # (a number's becomes an array below)
         if is_abstract(value):
             raise ValueError(
                 f"{where} is {value!r}, an abstract value: an export writes data; load or "
@@ -84,35 +85,19 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
                 f"{entry.name!r}, jax.random.wrap_key_data, jax.random.key_data)"
             )
         if entry.category == NUMBER:
-            array = np.asarray(value)
-            out.append(_Target(entry.name, where, functools.partial(_same, array), (), array.dtype))
-            continue
+            value = np.asarray(value)
         layers = None
-        if not any(r.fullmatch(entry.name) for r in whole):
+        if entry.category == TENSOR and not any(r.fullmatch(entry.name) for r in whole):
             layers = next(
                 (s.per_layer(entry.name) for s in stacks if s.per_layer(entry.name)), None
             )
         if layers is None:
-            out.append(
-                _Target(
-                    entry.name,
-                    where,
-                    functools.partial(_same, value),
-                    tuple(value.shape),
-                    value.dtype,
-                )
-            )
+            get = functools.partial(_same, value)
+            out.append(_Target(entry.name, where, get, tuple(value.shape), value.dtype))
             continue
-        for slot, name in enumerate(layers):
-            out.append(
-                _Target(
-                    name,
-                    f"{where}[{slot}]",
-                    functools.partial(operator.getitem, value, slot),
-                    tuple(value.shape[1:]),
-                    value.dtype,
-                )
-            )
+        for slot, name in enumerate(layers):  # a stacked leaf: one target per layer
+            get = functools.partial(operator.getitem, value, slot)
+            out.append(_Target(name, f"{where}[{slot}]", get, tuple(value.shape[1:]), value.dtype))
     return out
 
 
@@ -137,9 +122,8 @@ class _Chain(NamedTuple):
     by step (no labels: the fast path for large transposed weights)."""
 
     shapes: tuple[tuple[int, ...], ...]  # of the one source
-    steps: tuple[
-        tuple[str, tuple[int, ...]], ...
-    ]  # ("transpose", inverse order) / ("reshape", shape)
+    # ("transpose", inverse order) / ("reshape", shape)
+    steps: tuple[tuple[str, tuple[int, ...]], ...]
 
     def apply(self, target: np.ndarray) -> np.ndarray:
         for kind, arg in self.steps:
@@ -193,16 +177,14 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
         add(*shapes)
         add(*(s[::-1] for s in shapes))
         add(*(s[:-2] + s[-2:][::-1] for s in shapes))
-    if count == 1 and len(shapes) == 1:  # axes moved: any order of them (few axes)
+    if count == 1 and len(shapes) == 1:
         t = shapes[0]
         orders = (
             itertools.permutations(t) if len(t) <= 4 else (t[k:] + t[:k] for k in range(len(t)))
         )
-        for order in orders:
+        for order in orders:  # axes moved: any order of them (few axes)
             add(tuple(order))
-    if count == 1 and len(shapes) == 1:  # a reshape that split axes: them merged
-        t = shapes[0]
-        for a in range(len(t)):
+        for a in range(len(t)):  # a reshape that split axes: them merged
             for b in range(a + 2, len(t) + 1):
                 merged = t[:a] + (math.prod(t[a:b]),) + t[b:]
                 add(merged)
@@ -281,7 +263,7 @@ class Exporter:
             if len(group.targets) < len(rule.targets):
                 have = [group.targets[k].where for k in sorted(group.targets)]
                 lack = [
-                    fill(t, {**group.captures})
+                    fill(t, group.captures)
                     for k, t in enumerate(rule.targets)
                     if k not in group.targets
                 ]
@@ -324,17 +306,24 @@ class Exporter:
             return [(np.dtype(targets[0].dtype), targets[0].shape)]
         structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in targets]
         if rule.inverse is not None:
-            what = f"{self.action}: the inverse of key rule {rule.text()}"
-            try:
-                with in_file_dtypes(dtype_name(t) for t in structs):
-                    result = jax.eval_shape(rule.inverse, *structs)
-            except Exception as error:
-                raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
-            results = results_of(what, rule, result, len(rule.sources), "sources")
+            _, results = self._inverse(rule, jax.eval_shape, structs)
             return [(np.dtype(r.dtype), tuple(r.shape)) for r in results]
         gather = self._gather(rule, structs)
         dtype = np.dtype(targets[0].dtype)
         return [(dtype, shape) for shape in gather.shapes]
+
+    def _inverse(
+        self, rule: Rule, run: Callable[..., Any], args: Sequence[Any]
+    ) -> tuple[str, list[Any]]:
+        """The results of `rule`'s inverse (`run` on `args`: traced or called), one per
+        source, and how messages name it."""
+        what = f"{self.action}: the inverse of key rule {rule.text()}"
+        try:
+            with in_file_dtypes(dtype_name(a) for a in args):
+                result = run(rule.inverse, *args)
+        except Exception as error:
+            raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
+        return what, results_of(what, rule, result, len(rule.sources), "sources")
 
     def _gather(self, rule: Rule, structs: list[Any]) -> _Gather | _Chain:
         key = (rule, tuple((s.shape, str(s.dtype)) for s in structs))
@@ -421,15 +410,8 @@ class Exporter:
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
-            what = f"{self.action}: the inverse of key rule {rule.text()}"
-            try:
-                with in_file_dtypes(dtype_name(a) for a in arrays):
-                    result = rule.inverse(*arrays)
-            except Exception as error:
-                raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
-            results = [
-                np.asarray(r) for r in results_of(what, rule, result, len(rule.sources), "sources")
-            ]
+            what, found = self._inverse(rule, lambda f, *a: f(*a), arrays)
+            results = [np.asarray(r) for r in found]
             names = [fill(s, group.captures) for s in rule.sources]
             for name, value in zip(names, results):
                 if (value.dtype, value.shape) != self.layout[name]:

@@ -20,6 +20,7 @@ __all__ = [
     "discard",
     "write_at",
     "reworded",
+    "read_into",
 ]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -129,6 +130,17 @@ class SizedFile:
         self.close()
 
 
+def read_into(file: BinaryIO, view: memoryview) -> int:
+    """Fill `view` from `file`'s position on; the bytes read (fewer: the file ended)."""
+    done = 0
+    while done < len(view):
+        count = file.readinto(view[done:])  # type: ignore[attr-defined]
+        if not count:
+            break
+        done += count
+    return done
+
+
 def open_for_reading(path: str) -> BinaryIO:
     """`path` opened for reading in binary mode (a `SizedFile`); `ValueError` unless it is
     a regular file.
@@ -197,13 +209,6 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
     raise AssertionError("unreachable: the last name raises")
 
 
-def _keep_mode(descriptor: int, temp: str, mode: int) -> None:
-    if hasattr(os, "fchmod"):
-        os.fchmod(descriptor, mode)
-    else:  # Windows
-        os.chmod(temp, mode)
-
-
 def _temp_beside(path: str) -> tuple[str, int, str]:
     """`(path, descriptor, temp)`: a new temporary file next to `path` (the file a link at
     `path` points to, which becomes `path`), open for writing, with the permission bits of
@@ -224,7 +229,10 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
     descriptor, temp = _create_temp(folder, base, path)
     if mode is not None:
         try:
-            _keep_mode(descriptor, temp, mode)
+            if hasattr(os, "fchmod"):
+                os.fchmod(descriptor, mode)
+            else:  # Windows
+                os.chmod(temp, mode)
         except BaseException:
             os.close(descriptor)
             discard(temp)

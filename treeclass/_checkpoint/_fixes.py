@@ -30,8 +30,8 @@ _LESS = (
 )
 
 
-def listed(paths: Sequence[str], limit: int = 5) -> str:
-    shown = ", ".join(paths[:limit])
+def listed(paths: Sequence[object], limit: int = 5) -> str:
+    shown = ", ".join(map(str, paths[:limit]))
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
@@ -42,7 +42,7 @@ def warn_if_less(
     data under another name, dtype or layout (what a fix would restore), with the count
     and the fixes; a path the checkpoint has nothing for, or another shape of, is only
     reported."""
-    fixes = Fixes(like, source, checker, False, missing, unexpected)
+    fixes = Fixes(like, source, checker, missing, unexpected)
     lines = [
         line
         for line in fixes.lines()
@@ -78,22 +78,14 @@ def _rule_between(source: str, target: str) -> tuple[str, str]:
 
 
 class Fixes:
-    """The fixes a failed load suggests, computed from its problems: a key rule for a
-    renamed path (a migration when the file is treeclass's own), `astype` for another
-    dtype, a transpose for a transposed weight, a key rule onto a stack's blocks for
-    per-layer tensors in a stacked template, a policy for names only one side has."""
+    """The fixes a failed load suggests, computed from its problems (see the module's
+    docstring)."""
 
     def __init__(
-        self,
-        like: Any,
-        source: Catalog,
-        checker: Checker,
-        strict: bool,
-        missing: str,
-        unexpected: str,
+        self, like: Any, source: Catalog, checker: Checker, missing: str, unexpected: str
     ) -> None:
         self.like, self.source, self.checker = like, source, checker
-        self.strict, self.missing, self.unexpected = strict, missing, unexpected
+        self.missing, self.unexpected = missing, unexpected
         self.call = source.call.replace("like", "model")
 
     def text(self) -> str:

@@ -17,19 +17,17 @@ when the tensor is, so a dry run reads none. flax itself is not imported.
 from __future__ import annotations
 
 import math
-import os
 import struct
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, BinaryIO, NamedTuple, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
+from ._files import read_into
 from ._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ._source import TensorInfo, WholeTensorCache, corrupt, numpy_dtype
+from ._source import FileSource, TensorInfo, WholeTensorCache, numpy_dtype
 
 __all__ = ["FlaxFile"]
-
-_FORMAT = "flax msgpack"
 
 _NEEDS_MSGPACK = (
     "Reading flax checkpoints needs the msgpack package, which is not installed:\n"
@@ -72,16 +70,14 @@ class _Array(NamedTuple):
     value: np.ndarray | None = None  # a number of the document, held here
 
 
-class FlaxFile:
+class FlaxFile(FileSource):
     """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
 
-    format = _FORMAT
+    format = "flax msgpack"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.msgpack = _msgpack()
-        self.file = file
-        self.location = location
-        self.size = os.fstat(file.fileno()).st_size
+        super().__init__(file, location)
         self._restart(0)
         head = self._peek(1)
         if not head or head[0] not in _MAPS:
@@ -92,9 +88,6 @@ class FlaxFile:
         self.arrays: dict[str, _Array] = {}
         self._name(document, ())
         self._whole = WholeTensorCache(self.read)
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, _FORMAT)
 
     # -- walking the document ---------------------------------------------------------
 
@@ -257,23 +250,13 @@ class FlaxFile:
         elif isinstance(node, np.ndarray):  # a complex number
             self._add(name, _Array(node.dtype, (), (), node))
         elif type(node) in (bool, int, float):
-            self._add(name, self._number(node, name))
+            self._add(name, _number(node))
         # strings, bytes and None are not data
 
     def _add(self, name: str, array: _Array) -> None:
         if name in self.arrays:
             self._corrupt(f"two values are named {name!r} (a key holds a dot)")
         self.arrays[name] = array
-
-    def _number(self, value: Any, name: str) -> _Array:
-        if type(value) is int:
-            if -(2**63) <= value < 2**63:
-                array = np.asarray(value, np.int64)
-            else:  # msgpack holds no integer outside int64 and uint64
-                array = np.asarray(value, np.uint64)
-        else:
-            array = np.asarray(value)
-        return _Array(array.dtype, (), (), array)
 
     def _unchunk(self, node: dict, name: str) -> _Array:
         shape, chunks = node.get("shape"), node.get("chunks")
@@ -307,9 +290,6 @@ class FlaxFile:
         nbytes = math.prod(array.shape) * array.dtype.itemsize
         return TensorInfo(array.dtype.name, array.shape, nbytes)
 
-    def metadata(self) -> Mapping[str, str]:
-        return {}
-
     def read(self, key: str) -> np.ndarray:
         array = self.arrays[key]
         if array.value is not None:
@@ -340,14 +320,16 @@ class FlaxFile:
             low, high = max(start, at), min(stop, at + count)
             if low < high:
                 self.file.seek(offset + low - at)
-                view, done = buffer.data[low - start : high - start], 0
-                while done < len(view):
-                    read = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-                    if not read:
-                        self._corrupt(f"it ended inside the data of {key!r}")
-                    done += read
+                if read_into(self.file, buffer.data[low - start : high - start]) < high - low:
+                    self._corrupt(f"it ended inside the data of {key!r}")
             at += count
         return buffer
 
-    def close(self) -> None:
-        self.file.close()
+
+def _number(value: bool | int | float) -> _Array:
+    """A number of the document as a 0-d array."""
+    if type(value) is int:  # msgpack holds no integer outside int64 and uint64
+        array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
+    else:
+        array = np.asarray(value)
+    return _Array(array.dtype, (), (), array)

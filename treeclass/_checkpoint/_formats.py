@@ -30,11 +30,9 @@ from .._values import path_str
 from ._equinox import EquinoxFile, Slot
 from ._files import open_for_reading
 from ._flax import FlaxFile
-from ._json import MAX_HEADER_BYTES
-from ._json import loads as strict_json
 from ._npz import NpzFile
 from ._safetensors import SafetensorsFile, SafetensorsSave
-from ._sharded import INDEX_SUFFIX, ShardedSafetensors, ShardedSave
+from ._sharded import INDEX_SUFFIX, ShardedSafetensors, ShardedSave, shard_names
 from ._source import CheckpointSource, CheckpointWriter, dtype_name
 from ._walk import NUMBER, STATIC, TENSOR, entries
 
@@ -69,16 +67,6 @@ _BOTH = (
 )
 
 
-def _shard_names(index: str) -> set[str] | None:
-    """The shards an index names, or None if it cannot be read (its reader says why)."""
-    try:
-        with open_for_reading(index) as file:
-            names = strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values()
-        return {name for name in names if isinstance(name, str)}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
-
-
 def _in_folder(path: str) -> str:
     names = sorted(n for n in os.listdir(path) if not n.endswith(_FOREIGN_INDEXES))
     found: list[str] = []
@@ -88,7 +76,7 @@ def _in_folder(path: str) -> str:
             break
     if len(found) == 1:  # one sharded checkpoint: no single file may sit beside it
         index = found[0]
-        shards = _shard_names(os.path.join(path, index))
+        shards = shard_names(os.path.join(path, index))
         singles = [
             n
             for n in names

@@ -21,10 +21,6 @@ MAX_HEADER_BYTES = 100_000_000
 MAX_DEPTH = 64
 
 
-def _containers(items: Any, depth: int) -> list[tuple[Any, int]]:
-    return [(x, depth) for x in items if type(x) is dict or type(x) is list]
-
-
 def _check_strings(strings: list[str]) -> None:
     try:
         "".join(strings).encode("utf-8")  # one check for many: joining adds no pair
@@ -41,7 +37,7 @@ def nesting_depth(value: Any, check_strings: bool = False) -> int:
         item, depth = stack.pop()
         peak = max(peak, depth)
         children = item.values() if type(item) is dict else item
-        stack.extend(_containers(children, depth + 1))
+        stack.extend((x, depth + 1) for x in children if type(x) is dict or type(x) is list)
         if check_strings:
             _check_strings([x for x in children if type(x) is str])
             if type(item) is dict:

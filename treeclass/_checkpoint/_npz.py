@@ -13,19 +13,19 @@ block of its stream); the data is read when the tensor is.
 from __future__ import annotations
 
 import math
-import os
 import struct
 import tokenize
 import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import IO, BinaryIO, NamedTuple, NoReturn
+from typing import IO, Any, BinaryIO, NamedTuple
 
 import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ._source import TensorInfo, WholeTensorCache, corrupt
+from ._files import read_into
+from ._source import FileSource, TensorInfo, WholeTensorCache
 
 __all__ = [
     "NpyHeader",
@@ -35,10 +35,10 @@ __all__ = [
     "refuses",
     "read_exact",
     "ranges_read_directly",
+    "NpyRecords",
     "NpzFile",
 ]
 
-_FORMAT = "npz"
 # numpy's own bound on a header it reads without `allow_pickle`-style trust
 _MAX_NPY_HEADER = 10_000
 # the most deflate expands its input (a run of one byte: 258 bytes per 2 bits, ~1032x)
@@ -99,11 +99,8 @@ def read_npy_header(file: IO[bytes]) -> NpyHeader:
         # `jnp.load` does
         dtype = np.dtype(ml_dtypes.bfloat16)
     shape = tuple(shape)
-    return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, _nbytes(dtype, shape))
-
-
-def _nbytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
-    return math.prod(shape) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
+    return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, nbytes)
 
 
 def refuses(header: NpyHeader) -> bool:
@@ -127,18 +124,28 @@ def read_exact(file: BinaryIO, offset: int, count: int) -> np.ndarray:
     """`count` bytes of `file` at `offset`, flat `uint8`; `EOFError` if it ends first."""
     buffer = np.empty(max(count, 0), np.uint8)
     file.seek(offset)
-    view, done = buffer.data, 0
-    while done < len(buffer):
-        read = file.readinto(view[done:])  # type: ignore[attr-defined]
-        if not read:
-            raise EOFError(f"the file ended {len(buffer) - done} bytes early")
-        done += read
+    done = read_into(file, buffer.data)
+    if done < len(buffer):
+        raise EOFError(f"the file ended {len(buffer) - done} bytes early")
     return buffer
 
 
 def ranges_read_directly(header: NpyHeader) -> bool:
     """Whether a record's bytes are already C order and little-endian."""
     return not header.fortran_order and header.dtype.byteorder != ">"
+
+
+class NpyRecords(FileSource):
+    """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key, each
+    with its `header`), which answer alike whatever holds the records."""
+
+    records: Mapping[str, Any]
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.records)
+
+    def info(self, key: str) -> TensorInfo:
+        return self.records[key].header.info()
 
 
 class _Member(NamedTuple):
@@ -151,7 +158,7 @@ class _Member(NamedTuple):
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
-class NpzFile:
+class NpzFile(NpyRecords):
     """An opened `.npz` archive as a `CheckpointSource`; every member's header is checked
     here.
 
@@ -159,12 +166,10 @@ class NpzFile:
     compressed one (`np.savez_compressed`) through `zipfile`'s stream.
     """
 
-    format = _FORMAT
+    format = "npz"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
-        self.file = file
-        self.location = location
-        self.size = os.fstat(file.fileno()).st_size
+        super().__init__(file, location)
         try:
             self.zip = zipfile.ZipFile(file)
         except (
@@ -175,12 +180,12 @@ class NpzFile:
             EOFError,
         ) as error:
             self._corrupt(f"it is not a readable zip archive ({error})")
-        self.members: dict[str, _Member] = {}
+        self.records: dict[str, _Member] = {}
         for info in self.zip.infolist():
             if not info.filename.endswith(".npy"):
                 self._corrupt(f"it holds {info.filename!r}, which is not a .npy record")
             key = info.filename[: -len(".npy")]
-            if key in self.members:
+            if key in self.records:
                 self._corrupt(f"it holds the record {info.filename!r} twice")
             if not 0 <= info.header_offset < self.size:
                 self._corrupt(f"its directory places the record {key!r} outside the file")
@@ -198,11 +203,8 @@ class NpzFile:
                     f"{info.file_size - header.size}"
                 )
             data = None if start is None else start + header.size
-            self.members[key] = _Member(info, header, data)
+            self.records[key] = _Member(info, header, data)
         self._whole = WholeTensorCache(self.read)
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, _FORMAT)
 
     def _stored_start(self, key: str, info: zipfile.ZipInfo) -> int:
         """Where the bytes of a stored member start, from its local header."""
@@ -251,15 +253,6 @@ class NpzFile:
 
     # -- the CheckpointSource protocol ------------------------------------------------
 
-    def keys(self) -> Iterator[str]:
-        return iter(self.members)
-
-    def info(self, key: str) -> TensorInfo:
-        return self.members[key].header.info()
-
-    def metadata(self) -> Mapping[str, str]:
-        return {}
-
     def _stored_data(self, key: str, member: _Member) -> np.ndarray:
         assert member.data is not None
         try:
@@ -273,22 +266,18 @@ class NpzFile:
         return buffer
 
     def _data(self, key: str) -> np.ndarray:
-        member = self.members[key]
+        member = self.records[key]
         if member.data is not None:
             return self._stored_data(key, member)
         if member.info.compress_type != zipfile.ZIP_DEFLATED:
             return self._pieces(key, member)
         buffer = np.empty(member.header.nbytes, np.uint8)
-        view, done, extra = buffer.data, 0, b""
+        extra = b""
         try:
             with self.zip.open(member.info) as stream:
                 stream.seek(member.header.size)
-                while done < len(buffer):
-                    count = stream.readinto(view[done:])  # type: ignore[attr-defined]
-                    if not count:
-                        break
-                    done += count
-                else:
+                done = read_into(stream, buffer.data)  # type: ignore[arg-type]
+                if done == len(buffer):
                     extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
         except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as error:
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
@@ -320,12 +309,12 @@ class NpzFile:
         return np.frombuffer(b"".join(pieces), np.uint8).copy()
 
     def read(self, key: str) -> np.ndarray:
-        return npy_array(self._data(key), self.members[key].header)
+        return npy_array(self._data(key), self.records[key].header)
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         # every record's CRC-32 covers all of it: a range is cut from the record read
         # whole and checked (`read`), never read straight from the file unchecked
-        return self._whole(key, start, min(stop, self.members[key].header.nbytes))
+        return self._whole(key, start, min(stop, self.records[key].header.nbytes))
 
     def close(self) -> None:
         try:

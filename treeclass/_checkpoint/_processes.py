@@ -49,7 +49,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -57,6 +57,7 @@ from jax.experimental import multihost_utils
 
 from .._values import is_prng_key
 from ._files import write_at
+from ._source import OutTensor, PlannedTensor, SharedWrite
 
 __all__ = [
     "ARRIVAL_TIMEOUT_S",
@@ -64,7 +65,6 @@ __all__ = [
     "GAP_LIMIT",
     "OVER_READ",
     "GROUP_BYTES",
-    "SharedWrite",
     "balance",
     "coalesce",
     "host_view",
@@ -117,48 +117,71 @@ _GATHER_OUTSIDE_SAVE = (
 # Saving: what this process can read of an array, and the meeting of the processes
 # --------------------------------------------------------------------------------------
 
+Bounds = tuple[tuple[int, int], ...]  # a block of an array: `(start, stop)` per axis
 
-def _bounds(index: Any, shape: tuple) -> tuple[tuple[int, int], ...]:
+
+class _KeyValueStore(Protocol):
+    """The distributed runtime's client, as far as the meetings use it."""
+
+    def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str: ...
+    def key_value_set(self, key: str, value: str) -> None: ...
+    def key_value_increment(self, key: str, increment: int) -> int: ...
+    def key_value_delete(self, key: str) -> None: ...
+
+
+def _bounds(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Bounds:
     """A shard's index (a tuple of slices, one per axis) as `(start, stop)` per axis."""
+    assert index is not None  # (jax's maps type an index as optional; a shard has one)
     # (a PRNG key array's shards may index its key data's trailing axis too)
     index = tuple(index)[: len(shape)] + (slice(None),) * (len(shape) - len(index))
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
 
 
-def _key_data(array: Any) -> Any:
+def _key_data(array: jax.Array) -> jax.Array:
     return jax.random.key_data(array) if is_prng_key(array) else array
 
 
+def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
+    """This process's distinct shards of `array`, by their bounds."""
+    shards: dict[Bounds, jax.Array] = {}
+    for shard in array.addressable_shards:
+        shards.setdefault(_bounds(shard.index, array.shape), shard.data)
+    return shards
+
+
 class _HostView:
-    """What a save reads of an array that is not fully addressable here."""
+    """What a save reads of an array that is not fully addressable here (`_values`)."""
 
     def __init__(self, array: jax.Array, where: str) -> None:
         self.array, self.where = array, where
+
+    def _values(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        out = self._values()
+        return out if dtype is None else out.astype(dtype)
 
 
 class _Replicated(_HostView):
     """An array every device holds whole: this process's copy."""
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        out = np.asarray(_key_data(self.array.addressable_data(0)))
-        return out if dtype is None else out.astype(dtype)
+    def _values(self) -> np.ndarray:
+        return np.asarray(_key_data(self.array.addressable_data(0)))
 
 
 class _LocalShards(_HostView):
     """An array this process holds every part of, across its own devices: assembled here."""
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        shards: dict[tuple, Any] = {}
-        for shard in self.array.addressable_shards:
-            shards.setdefault(_bounds(shard.index, self.array.shape), shard.data)
+    def _values(self) -> np.ndarray:
         out = None
-        for bounds, data in shards.items():
+        for bounds, data in _local_shards(self.array).items():
             block = np.asarray(_key_data(data))  # a single-device array: nothing collective
             if out is None:
                 out = np.empty(self.array.shape + block.shape[self.array.ndim :], block.dtype)
             out[tuple(slice(a, b) for a, b in bounds)] = block
         assert out is not None  # an array has at least one shard
-        return out if dtype is None else out.astype(dtype)
+        return out
 
 
 class _Gathered(_HostView):
@@ -172,15 +195,14 @@ class _Gathered(_HostView):
         # a collective: every process runs this, for the same tensors in the same order
         return np.asarray(multihost_utils.process_allgather(_key_data(self.array), tiled=True))
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    def _values(self) -> np.ndarray:
         if self.announce is None:
             raise ValueError(_GATHER_OUTSIDE_SAVE.format(where=self.where))
         self.announce()
-        out = self.gather()
-        return out if dtype is None else out.astype(dtype)
+        return self.gather()
 
 
-def host_view(array: jax.Array, where: str) -> Any:
+def host_view(array: jax.Array, where: str) -> _HostView:
     """What a save reads for `array`, one not fully addressable here: `np.asarray` of it
     gives the array's values (a PRNG key array's key data).
 
@@ -206,7 +228,7 @@ _lock = threading.Lock()
 _counters: dict[str, Any] = {"saves": 0, "arrivals": 0, "seen": {}}
 
 
-def _client() -> Any:
+def _client() -> _KeyValueStore:
     # The distributed runtime's client: its key-value store gives waits a timeout, which
     # collectives (`multihost_utils.sync_global_devices`) do not. JAX has no public name
     # for it; orbax uses the same one.
@@ -218,7 +240,7 @@ def _client() -> Any:
     return client
 
 
-def _get(client: Any, key: str, timeout_s: float) -> str | None:
+def _get(client: _KeyValueStore, key: str, timeout_s: float) -> str | None:
     """The value of `key` once it is set, or None if it is not within `timeout_s`."""
     try:
         return client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
@@ -228,7 +250,7 @@ def _get(client: Any, key: str, timeout_s: float) -> str | None:
         raise
 
 
-def _describe(path: str, tensors: Sequence[Any]) -> str:
+def _describe(path: str, tensors: Sequence[PlannedTensor]) -> str:
     """What the processes must agree on: the path, and each tensor's name, stored dtype
     and shape, and whether it is gathered (by a digest: the header may be large)."""
     parts = [(t.name, str(t.dtype), list(t.shape), type(t.value).__name__) for t in tensors]
@@ -248,44 +270,16 @@ def _difference(mine: str, theirs: str, process: int) -> str | None:
     )
 
 
+_REMOTE_ERRORS = {"ValueError": ValueError, "TimeoutError": TimeoutError, "OSError": OSError}
+
+
 def _raise_remote(kind: str, message: str) -> None:
-    if kind == "ValueError":
-        raise ValueError(message)
-    if kind == "TimeoutError":
-        raise TimeoutError(message)
-    if kind == "OSError":
-        raise OSError(message)
-    raise RuntimeError(message)
+    raise _REMOTE_ERRORS.get(kind, RuntimeError)(message)
 
 
-class SharedWrite:
-    """A save every process writes a share of: files made by process 0 (`begin`), filled
-    by all, put in place by process 0 (`finish`) or removed (`abort`).
-
-    `tensors` are the save's tensors in writing order (`.name`, `.nbytes`, `.data()`:
-    the whole tensor's bytes, read on process 0 for values no other process holds).
-    """
-
-    tensors: Sequence[Any]
-
-    def begin(self) -> Any:
-        """On process 0: make the files; what the others need to find them (JSON)."""
-        raise NotImplementedError
-
-    def places(self, state: Any) -> list[tuple[str, int]]:
-        """Where each tensor's bytes go: a file's path and the offset in it."""
-        raise NotImplementedError
-
-    def finish(self, state: Any) -> None:
-        """On process 0, once every process has written its share: the files in place."""
-        raise NotImplementedError
-
-    def abort(self, state: Any) -> None:
-        """On process 0, when some process failed: the files of `begin` removed."""
-        raise NotImplementedError
-
-
-def save_from_processes(path: str, tensors: Sequence[Any], write: Any) -> None:
+def save_from_processes(
+    path: str, tensors: Sequence[PlannedTensor], write: Callable[[], None] | SharedWrite
+) -> None:
     """Write `path` with every process taking part.
 
     `tensors` are the save's planned tensors (`.name`, `.dtype`, `.shape`, `.value`), the
@@ -295,9 +289,8 @@ def save_from_processes(path: str, tensors: Sequence[Any], write: Any) -> None:
     join the gathers of the arrays split across processes. In a run of one process a
     function is called, and a `SharedWrite` written by this process alone.
     """
-    shared = isinstance(write, SharedWrite)
     if jax.process_count() == 1:
-        if shared:
+        if isinstance(write, SharedWrite):
             _write_shared_alone(write, tensors)
         else:
             write()
@@ -305,7 +298,7 @@ def save_from_processes(path: str, tensors: Sequence[Any], write: Any) -> None:
     with _lock:
         first = jax.process_index() == 0
         save = _meet_as_process_0(path, tensors) if first else _meet(path, tensors)
-        if shared:
+        if isinstance(write, SharedWrite):
             (_share_as_process_0 if first else _share)(path, save, tensors, write)
         elif first:
             _write_as_process_0(path, save, tensors, write)
@@ -313,7 +306,7 @@ def save_from_processes(path: str, tensors: Sequence[Any], write: Any) -> None:
             _take_part(path, save, tensors)
 
 
-def _meet_as_process_0(path: str, tensors: Sequence[Any]) -> int:
+def _meet_as_process_0(path: str, tensors: Sequence[PlannedTensor]) -> int:
     """Process 0's side of the meeting: every other process arrived with the same call
     (else an error on every process); the number of this save."""
     client, count = _client(), jax.process_count()
@@ -355,7 +348,7 @@ def _meet_as_process_0(path: str, tensors: Sequence[Any]) -> int:
     return save
 
 
-def _meet(path: str, tensors: Sequence[Any]) -> int:
+def _meet(path: str, tensors: Sequence[PlannedTensor]) -> int:
     """Another process's side of the meeting: the number of this save, once process 0
     has seen every process arrive with the same call (else its error)."""
     client, process = _client(), jax.process_index()
@@ -393,7 +386,7 @@ def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, A
     return {"error": [kind, text]}
 
 
-def _wait_step(client: Any, path: str, key: str) -> dict[str, Any]:
+def _wait_step(client: _KeyValueStore, path: str, key: str) -> dict[str, Any]:
     posted = _get(client, key, STEP_TIMEOUT_S)
     if posted is None:
         raise TimeoutError(
@@ -407,13 +400,13 @@ def _wait_step(client: Any, path: str, key: str) -> dict[str, Any]:
 
 
 def _write_as_process_0(
-    path: str, save: int, tensors: Sequence[Any], write: Callable[[], None]
+    path: str, save: int, tensors: Sequence[PlannedTensor], write: Callable[[], None]
 ) -> None:
     client = _client()
     steps = itertools.count()
     order = {id(t.value): i for i, t in enumerate(tensors)}
 
-    def announcer(value: Any) -> Callable[[], None]:
+    def announcer(value: _Gathered) -> Callable[[], None]:
         def announce() -> None:
             step = f"{_PREFIX}/{save}/step/{next(steps)}"
             client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
@@ -435,12 +428,14 @@ def _write_as_process_0(
         client.key_value_set(f"{_PREFIX}/{save}/step/{next(steps)}", json.dumps(outcome))
 
 
-def _take_part(path: str, save: int, tensors: Sequence[Any]) -> None:
+def _take_part(path: str, save: int, tensors: Sequence[PlannedTensor]) -> None:
     client = _client()
     for step in itertools.count():
         message = _wait_step(client, path, f"{_PREFIX}/{save}/step/{step}")
         if "gather" in message:
-            tensors[message["gather"]].value.gather()  # the result is process 0's to write
+            gathered = tensors[message["gather"]].value
+            assert isinstance(gathered, _Gathered)  # (every process planned alike)
+            gathered.gather()  # the result is process 0's to write
         else:
             return
 
@@ -452,12 +447,12 @@ class _Piece(NamedTuple):
     """A block of one tensor as stored, and the processes that hold it."""
 
     tensor: int
-    bounds: tuple[tuple[int, int], ...]  # on the stored shape
+    bounds: Bounds  # on the stored shape
     holders: tuple[int, ...]
     nbytes: int
 
 
-def _pieces(index: int, planned: Any, out: Any) -> list[_Piece]:
+def _pieces(index: int, planned: PlannedTensor, out: OutTensor) -> list[_Piece]:
     """The distinct blocks of a planned tensor, with who holds each: an array spread over
     processes by its sharding's blocks, any other value whole on process 0."""
     stored = tuple(planned.shape)
@@ -467,7 +462,7 @@ def _pieces(index: int, planned: Any, out: Any) -> list[_Piece]:
     array = planned.value.array
     shape = tuple(array.shape)
     trailing = whole[len(shape) :]  # a key's data, or a raw-bytes axis: always whole
-    holders: dict[tuple, set[int]] = {}
+    holders: dict[Bounds, set[int]] = {}
     for device, where in array.sharding.devices_indices_map(shape).items():
         holders.setdefault(_bounds(where, shape) + trailing, set()).add(device.process_index)
     itemsize = out.nbytes // math.prod(stored)
@@ -519,9 +514,7 @@ def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[lis
     return parts
 
 
-def _runs(
-    bounds: tuple[tuple[int, int], ...], shape: tuple[int, ...], itemsize: int
-) -> tuple[np.ndarray, int]:
+def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.ndarray, int]:
     """The byte runs of the block `bounds` of a C-ordered tensor of `shape`: `(offsets,
     chunk)`, the block's bytes in its own C order being `chunk` bytes at each offset
     (ascending). One run for a band of leading rows; one per row for a band of columns."""
@@ -544,7 +537,7 @@ def _runs(
 
 
 def _block_bytes(
-    planned: Any, out: Any, piece: _Piece, shards: dict, low: int, high: int
+    planned: PlannedTensor, out: OutTensor, piece: _Piece, low: int, high: int
 ) -> tuple[np.ndarray, int]:
     """This process's bytes `low:high` of `piece` (in the block's C order), or a span
     around them: `(bytes, where they start)`. Of a block on a device, only the rows of
@@ -555,7 +548,7 @@ def _block_bytes(
             raise ValueError(f"{out.name!r} changed size while being saved")
         return data, 0
     array = planned.value.array
-    block = shards[piece.bounds[: array.ndim]]
+    block = _local_shards(array)[piece.bounds[: array.ndim]]
     start = 0
     if block.ndim and block.shape[0] > 1 and (low, high) != (0, piece.nbytes):
         row = piece.nbytes // block.shape[0]
@@ -565,7 +558,7 @@ def _block_bytes(
     return data, start
 
 
-def _write_mine(tensors: Sequence[Any], write: SharedWrite, state: Any) -> int:
+def _write_mine(tensors: Sequence[PlannedTensor], write: SharedWrite, state: dict[str, Any]) -> int:
     """Write this process's share of every tensor; the bytes it wrote."""
     me, count = jax.process_index(), jax.process_count()
     outs = list(write.tensors)
@@ -584,13 +577,8 @@ def _write_mine(tensors: Sequence[Any], write: SharedWrite, state: Any) -> int:
             if not mine:
                 continue
             planned, out = tensors[piece.tensor], outs[piece.tensor]
-            shards: dict[Any, Any] = {}
-            if isinstance(planned.value, _HostView):
-                array = planned.value.array
-                for shard in array.addressable_shards:
-                    shards.setdefault(_bounds(shard.index, array.shape), shard.data)
             low, high = min(a for a, _ in mine), max(b for _, b in mine)
-            data, start = _block_bytes(planned, out, piece, shards, low, high)
+            data, start = _block_bytes(planned, out, piece, low, high)
             file, base = places[piece.tensor]
             if file not in descriptors:
                 try:
@@ -612,7 +600,7 @@ def _write_mine(tensors: Sequence[Any], write: SharedWrite, state: Any) -> int:
     return written
 
 
-def _write_shared_alone(write: SharedWrite, tensors: Sequence[Any]) -> None:
+def _write_shared_alone(write: SharedWrite, tensors: Sequence[PlannedTensor]) -> None:
     state = write.begin()
     try:
         _write_mine(tensors, write, state)
@@ -622,7 +610,9 @@ def _write_shared_alone(write: SharedWrite, tensors: Sequence[Any]) -> None:
     write.finish(state)
 
 
-def _share_as_process_0(path: str, save: int, tensors: Sequence[Any], write: SharedWrite) -> None:
+def _share_as_process_0(
+    path: str, save: int, tensors: Sequence[PlannedTensor], write: SharedWrite
+) -> None:
     client, step = _client(), f"{_PREFIX}/{save}/step"
     try:
         state = write.begin()
@@ -659,7 +649,7 @@ def _share_as_process_0(path: str, save: int, tensors: Sequence[Any], write: Sha
         client.key_value_set(f"{step}/1", json.dumps(outcome))
 
 
-def _share(path: str, save: int, tensors: Sequence[Any], write: SharedWrite) -> None:
+def _share(path: str, save: int, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
     client, process = _client(), jax.process_index()
     state = _wait_step(client, path, f"{_PREFIX}/{save}/step/0")["begin"]
     failure: BaseException | None = None
@@ -713,7 +703,7 @@ def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:
 
 
 def read_block(
-    bounds: tuple[tuple[int, int], ...],
+    bounds: Bounds,
     shape: tuple[int, ...],
     itemsize: int,
     read_range: Callable[[int, int], np.ndarray],
@@ -772,7 +762,7 @@ def place_by_slices(
 
 
 def _read_values(
-    bounds: tuple[tuple[int, int], ...],
+    bounds: Bounds,
     shape: tuple[int, ...],
     dtype: np.dtype,
     read_range: Callable[[int, int], np.ndarray],

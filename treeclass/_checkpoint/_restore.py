@@ -109,7 +109,7 @@ def restore(
                 count=count,
                 s="" if count == 1 else "s",
                 lines="\n".join("  " + line for line in problems),
-                fixes=Fixes(like, source, checker, strict, missing, unexpected).text(),
+                fixes=Fixes(like, source, checker, missing, unexpected).text(),
             )
         )
     if not strict:

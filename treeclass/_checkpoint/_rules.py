@@ -29,6 +29,7 @@ import numpy as np
 
 from .._values import array_type
 from ._catalog import Catalog, Stored
+from ._fixes import listed
 from ._restore import release_host_copy
 from ._source import dtype_name, numpy_dtype
 from ._stacks import StackAt
@@ -375,15 +376,16 @@ class RuledCatalog:
         via = f"key rule {mapped.rule.text()}" if mapped.rule is not None else "their own names"
         where = f"{whole!r} (a stack of {count} at {stack.prefix or 'the root'!r})"
         if len(slots) < count:
-            known = _layer_number(first, stack)
+            layer = stack.layer_of(first)
+            assert layer is not None  # (`first` is one of the stack's layers)
+            known = layer[0]
             position = known % stack.period
             lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
             source = self._layer_source(first, known, lacking[0])
             self.problems.append(
                 f"incomplete  {where}: {self.label} gives {len(slots)} of its {count} layers "
                 f"(through {via}); it lacks layer{'s' if len(lacking) > 1 else ''} "
-                f"{_listed_numbers(lacking)}"
-                + (f": no {source!r} in {self.label}" if source else "")
+                f"{listed(lacking, 6)}" + (f": no {source!r} in {self.label}" if source else "")
             )
             self._lacking[whole] = (stack, len(slots), tuple(lacking))
             return None
@@ -418,7 +420,7 @@ class RuledCatalog:
         for stack, layers in self._beyond.items():
             fixes.append(
                 f"- {self.label} holds layer{'s' if len(layers) > 1 else ''} "
-                f"{_listed_numbers(sorted(layers))} beyond the {stack.layers} of the stack "
+                f"{listed(sorted(layers), 6)} beyond the {stack.layers} of the stack "
                 f"at {stack.prefix or 'the root'!r}: build the template with "
                 f"{max(layers) + 1} layers (the configuration the checkpoint was saved "
                 'with), or leave them out with unexpected="ignore"'
@@ -440,7 +442,7 @@ class RuledCatalog:
             lacking = sorted({k for n in mine if n in self._lacking for k in self._lacking[n][2]})
             fixes.append(
                 f"- {self.label} lacks layers of the stack at {where!r} "
-                f"({_listed_numbers(lacking)}): it is incomplete, or a key rule's source "
+                f"({listed(lacking, 6)}): it is incomplete, or a key rule's source "
                 "misses their names (compare with the names the file holds)"
             )
         return fixes
@@ -600,17 +602,6 @@ class RuledCatalog:
 def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
     """`buffer` with `value` in slot `slot` of its first axis, written in place (donated)."""
     return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
-
-
-def _layer_number(name: str, stack: StackAt) -> int:
-    """The layer number of a per-layer name of `stack` (`blocks.3.w` -> 3)."""
-    rest = name[len(stack.prefix) + 1 :] if stack.prefix else name
-    return int(rest.split(".", 1)[0])
-
-
-def _listed_numbers(numbers: Sequence[int], limit: int = 6) -> str:
-    shown = ", ".join(map(str, numbers[:limit]))
-    return shown + (f" and {len(numbers) - limit} more" if len(numbers) > limit else "")
 
 
 def results_of(

@@ -18,14 +18,14 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO, NamedTuple, NoReturn
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from ._files import IO, reworded, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._source import OutTensor, TensorInfo, corrupt, numpy_dtype
+from ._source import FileSource, OutTensor, TensorInfo, numpy_dtype
 
 __all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
 
@@ -67,29 +67,22 @@ class _Tensor(NamedTuple):
     stop: int
 
 
-class SafetensorsFile:
+class SafetensorsFile(FileSource):
     """An opened safetensors file as a `CheckpointSource`; the header is checked here."""
 
     format = "safetensors"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
-        self.file = file
-        self.location = location
+        super().__init__(file, location)
         # positioned reads straight into the caller's buffer where the OS has them, with
         # no read-ahead copy, so many small slices (one row per shard) cost what they read
-        self._descriptor: int | None = None
-        if hasattr(os, "preadv"):
-            try:
-                self._descriptor = file.fileno()
-            except (AttributeError, OSError):  # io.UnsupportedOperation is an OSError
-                pass
-        size = os.fstat(file.fileno()).st_size
+        self._descriptor = file.fileno() if hasattr(os, "preadv") else None
         head = file.read(8)
         if len(head) < 8:
-            self._corrupt(f"it has {size} bytes, fewer than a safetensors header needs")
+            self._corrupt(f"it has {self.size} bytes, fewer than a safetensors header needs")
         (length,) = struct.unpack("<Q", head)
-        if length > size - 8:
-            self._corrupt(f"its header claims {length} bytes, but the file has {size}")
+        if length > self.size - 8:
+            self._corrupt(f"its header claims {length} bytes, but the file has {self.size}")
         if length > MAX_HEADER_BYTES:
             self._corrupt(
                 f"its header claims {length} bytes, more than the limit of {MAX_HEADER_BYTES}"
@@ -114,10 +107,7 @@ class SafetensorsFile:
                 )
         self._metadata = metadata
         self.tensors = {name: self._tensor(name, info) for name, info in header.items()}
-        self._check_layout(size - self.data_start)
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason)
+        self._check_layout(self.size - self.data_start)
 
     def _tensor(self, name: str, info: Any) -> _Tensor:
         try:
@@ -199,9 +189,6 @@ class SafetensorsFile:
         if dtype is None:
             self._corrupt(f"tensor {key!r} has the dtype {tensor.code}, which NumPy cannot hold")
         return buffer.view(dtype.newbyteorder("<")).reshape(tensor.shape)
-
-    def close(self) -> None:
-        self.file.close()
 
 
 # --------------------------------------------------------------------------------------

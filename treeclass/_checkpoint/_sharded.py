@@ -32,21 +32,19 @@ import os
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ._files import create_sized, discard, open_for_reading, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._processes import SharedWrite
 from ._safetensors import SafetensorsFile, can_store, header_bytes
-from ._source import OutTensor, TensorInfo, corrupt
+from ._source import FileSource, OutTensor, SharedWrite, TensorInfo
 
-__all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave"]
+__all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
 
 INDEX_SUFFIX = ".index.json"
-_FORMAT = "sharded safetensors index"
 # the metadata key of the token an index and its shards share (treeclass's saves only)
 _SAVE_KEY = "treeclass.save"
 
@@ -95,10 +93,10 @@ def _plain_name(name: Any) -> bool:
     )
 
 
-class ShardedSafetensors:
+class ShardedSafetensors(FileSource):
     """An index and its shards as one `CheckpointSource`."""
 
-    format = _FORMAT
+    format = "sharded safetensors index"
 
     def __init__(self, location: str) -> None:
         self.location = location
@@ -108,9 +106,6 @@ class ShardedSafetensors:
         except BaseException:
             self.close()
             raise
-
-    def _corrupt(self, reason: str) -> NoReturn:
-        corrupt(self.location, reason, _FORMAT)
 
     def _open(self, location: str) -> None:
         with open_for_reading(location) as file:
@@ -210,15 +205,21 @@ def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     return groups
 
 
+def shard_names(index: str) -> set[str] | None:
+    """The shards the index at `index` names, or None if it cannot be read (its reader
+    says why)."""
+    try:
+        with open_for_reading(index) as file:
+            names = strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values()
+        return {name for name in names if isinstance(name, str)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 def _previous_shards(path: str) -> set[str]:
     """The safetensors shards the index at `path` names now (none if it is unreadable)."""
-    try:
-        with open_for_reading(path) as file:
-            index = strict_json(file.read(MAX_HEADER_BYTES + 1))
-        names = set(index["weight_map"].values())
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return set()
     # only safetensors files: an index from elsewhere may name anything, itself included
+    names = shard_names(path) or set()
     return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
 
 
@@ -233,15 +234,10 @@ class ShardedSave:
     def __init__(self, path: str, max_shard_size: Any) -> None:
         self.limit = parse_size(max_shard_size)
         if not path.endswith(INDEX_SUFFIX):
-            stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
-            raise ValueError(
-                _NOT_AN_INDEX.format(
-                    suffix=INDEX_SUFFIX, path=path, fixed=stem + ".safetensors" + INDEX_SUFFIX
-                )
-            )
+            fixed = path.removesuffix(".safetensors") + ".safetensors" + INDEX_SUFFIX
+            raise ValueError(_NOT_AN_INDEX.format(suffix=INDEX_SUFFIX, path=path, fixed=fixed))
         self.path = path
-        stem = os.path.basename(path)[: -len(INDEX_SUFFIX)]
-        self.base = stem[: -len(".safetensors")] if stem.endswith(".safetensors") else stem
+        self.base = os.path.basename(path).removesuffix(INDEX_SUFFIX).removesuffix(".safetensors")
 
     can_store = staticmethod(can_store)  # a `CheckpointWriter`: its shards are safetensors
 
@@ -268,7 +264,7 @@ class _ShardedWrite(SharedWrite):
         self.folder = os.path.dirname(save.path)
         self.token = ""
 
-    def begin(self) -> Any:
+    def begin(self) -> dict[str, Any]:
         self.previous = _previous_shards(self.save.path)
         self.token = secrets.token_hex(8)
         files: list[list[Any]] = []
@@ -284,7 +280,7 @@ class _ShardedWrite(SharedWrite):
             raise
         return {"files": files}
 
-    def places(self, state: Any) -> list[tuple[str, int]]:
+    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
         out = []
         for (temp, start), group in zip(state["files"], self.groups, strict=True):
             for tensor in group:
@@ -292,7 +288,7 @@ class _ShardedWrite(SharedWrite):
                 start += tensor.nbytes
         return out
 
-    def finish(self, state: Any) -> None:
+    def finish(self, state: dict[str, Any]) -> None:
         for (temp, _), name in zip(state["files"], self.names, strict=True):
             target = os.path.join(self.folder, name)
             os.replace(temp, os.path.realpath(target) if os.path.islink(target) else target)
@@ -312,6 +308,6 @@ class _ShardedWrite(SharedWrite):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.folder, name))
 
-    def abort(self, state: Any) -> None:
+    def abort(self, state: dict[str, Any]) -> None:
         for temp, _ in state["files"]:
             discard(temp)

@@ -8,8 +8,9 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
 
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
@@ -21,8 +22,11 @@ __all__ = [
     "CheckpointSource",
     "WholeTensorCache",
     "corrupt",
+    "FileSource",
     "NOT_A_CHECKPOINT",
     "OutTensor",
+    "PlannedTensor",
+    "SharedWrite",
     "CheckpointWriter",
     "numpy_dtype",
     "dtype_name",
@@ -126,6 +130,26 @@ def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
 
 
+class FileSource:
+    """What the readers of an opened file share: the one error naming it (`_corrupt`), no
+    metadata unless the format has some, and closing the file."""
+
+    format: str
+
+    def __init__(self, file: BinaryIO, location: str) -> None:
+        self.file, self.location = file, location
+        self.size = os.fstat(file.fileno()).st_size  # (as the file was when opened)
+
+    def _corrupt(self, reason: str) -> NoReturn:
+        corrupt(self.location, reason, self.format)
+
+    def metadata(self) -> Mapping[str, str]:
+        return {}
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class OutTensor(NamedTuple):
     """A tensor to write: its name, stored dtype and shape, size, and how to get its bytes."""
 
@@ -134,6 +158,45 @@ class OutTensor(NamedTuple):
     shape: tuple
     nbytes: int
     data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
+
+
+class PlannedTensor(NamedTuple):
+    """One tensor of a save as planned: its name, the value, and how it is stored."""
+
+    name: str
+    value: Any  # what the writer reads: an array, a number, or a view of an array
+    dtype: np.dtype  # as stored
+    shape: tuple  # as stored
+    nbytes: int
+    record: dict  # the tensor's part of the treeclass metadata
+    where: str  # its key path, for messages
+
+
+class SharedWrite:
+    """A save every process writes a share of: files made by process 0 (`begin`), filled
+    by all, put in place by process 0 (`finish`) or removed (`abort`).
+
+    `tensors` are the save's tensors in writing order (`.name`, `.nbytes`, `.data()`:
+    the whole tensor's bytes, read on process 0 for values no other process holds).
+    """
+
+    tensors: Sequence[OutTensor]
+
+    def begin(self) -> dict[str, Any]:
+        """On process 0: make the files; what the others need to find them (JSON)."""
+        raise NotImplementedError
+
+    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
+        """Where each tensor's bytes go: a file's path and the offset in it."""
+        raise NotImplementedError
+
+    def finish(self, state: dict[str, Any]) -> None:
+        """On process 0, once every process has written its share: the files in place."""
+        raise NotImplementedError
+
+    def abort(self, state: dict[str, Any]) -> None:
+        """On process 0, when some process failed: the files of `begin` removed."""
+        raise NotImplementedError
 
 
 class CheckpointWriter(Protocol):
@@ -145,7 +208,9 @@ class CheckpointWriter(Protocol):
 
     def can_store(self, dtype: np.dtype) -> bool: ...
 
-    def prepare(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> object: ...
+    def prepare(
+        self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
+    ) -> Callable[[], None] | SharedWrite: ...
 
 
 # -- dtypes, as sources name them --------------------------------------------------------

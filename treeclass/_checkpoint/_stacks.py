@@ -14,11 +14,12 @@ import jax
 from .._structure import Layers, is_wrapper, row_of
 from ._walk import key_name
 
-__all__ = ["StackAt", "stacks_of"]
+__all__ = ["StackAt", "stacks_of", "joined"]
 
 
-def _joined(prefix: str, rest: str) -> str:
-    return f"{prefix}.{rest}" if prefix else rest
+def joined(prefix: str, name: str) -> str:
+    """A name under `prefix` (either may be `""`: the root)."""
+    return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
 class StackAt(NamedTuple):
@@ -41,7 +42,7 @@ class StackAt(NamedTuple):
             return None
         return name[len(self.prefix) + 1 :] if self.prefix else name
 
-    def _layer(self, name: str) -> tuple[int, str] | None:
+    def layer_of(self, name: str) -> tuple[int, str] | None:
         """`(layer, rest)` of a per-layer name `<prefix>.<layer>.<rest>`, or None."""
         head, dot, rest = (self._below(name) or "").partition(".")
         ok = dot and rest and head.isdigit() and str(int(head)) == head
@@ -50,19 +51,19 @@ class StackAt(NamedTuple):
     def stacked(self, name: str) -> tuple[str, int] | None:
         """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
         None if `name` is not `<prefix>.<layer>.<rest>` with a layer of this stack."""
-        found = self._layer(name)
+        found = self.layer_of(name)
         if found is None or found[0] >= self.layers:
             return None
         layer, rest = found
         if self.under is None:
-            return _joined(self.prefix, rest), layer
+            return joined(self.prefix, rest), layer
         slot, position = divmod(layer, self.period)
-        return _joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
+        return joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
 
     def layer_beyond(self, name: str) -> int | None:
         """The layer number of a per-layer name of this stack's layout whose layer the
         stack does not have (`blocks.5.w` for a stack of 4), else None."""
-        found = self._layer(name)
+        found = self.layer_of(name)
         return found[0] if found is not None and found[0] >= self.layers else None
 
     def slots(self, name: str) -> tuple[list[int], str] | None:
@@ -88,7 +89,7 @@ class StackAt(NamedTuple):
         if found is None:
             return None
         layers, rest = found
-        return [_joined(self.prefix, f"{i}.{rest}") for i in layers]
+        return [joined(self.prefix, f"{i}.{rest}") for i in layers]
 
     def pattern(self, name: str) -> str | None:
         """The key path of the stacked leaf `name` in one layer, the layer as `{i}`

@@ -42,6 +42,7 @@ from .._values import entry_name
 from ._catalog import Catalog, Stored
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._source import dtype_name, numpy_dtype
+from ._stacks import joined
 from ._walk import PLAIN, TENSOR, is_plain
 
 __all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
@@ -234,10 +235,6 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
     return catalog
 
 
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix and name else prefix or name
-
-
 class _Subtree:
     """The names of a catalog under one node's prefix, without it: a class's own view."""
 
@@ -251,10 +248,10 @@ class _Subtree:
         return iter(self.relative)
 
     def stored(self, name: str) -> Stored | None:
-        return self.inner.stored(_join(self.prefix, name))
+        return self.inner.stored(joined(self.prefix, name))
 
     def fetch(self, name: str) -> Any:
-        return self.inner.fetch(_join(self.prefix, name))
+        return self.inner.fetch(joined(self.prefix, name))
 
 
 class NotLoaded:
@@ -483,7 +480,7 @@ class _Layer:
                     raise ValueError(f"{error} (in {context})") from None
             self.problems.extend(f"{line} (in {context})" for line in part.problems)
             for name in part.names():
-                full = _join(prefix, name)
+                full = joined(prefix, name)
                 other = self.mapped.setdefault(full, (part, name))
                 if other != (part, name):
                     raise ValueError(
@@ -499,7 +496,7 @@ class _Layer:
         if part is None:
             return (name,)
         prefix = part.view.prefix if isinstance(part, _FunctionStep) else part.inner.prefix
-        return tuple(_join(prefix, n) for n in part.sources(inner_name))
+        return tuple(joined(prefix, n) for n in part.sources(inner_name))
 
     def stored(self, name: str) -> Stored | None:
         found = self.mapped.get(name)
