@@ -40,6 +40,7 @@ __all__ = [
     "MISSING",
     "KINDS",
     "add_field_note",
+    "run_setters",
     "check_name",
     "collect_fields",
     "declare_plain_fields",
@@ -341,13 +342,7 @@ class Field:
 
     def __set__(self, instance: object, value: object) -> None:
         name = self._bound_name(instance, "set")
-        try:
-            for callback in self.on_setattr:
-                value = callback(value)
-        except Exception as error:
-            add_field_note(error, instance, name)
-            raise
-        _instance_dict(instance)[name] = value
+        _instance_dict(instance)[name] = run_setters(instance, name, self.on_setattr, value)
 
     def __delete__(self, instance: object) -> None:
         name = self._bound_name(instance, "delete")
@@ -782,6 +777,19 @@ def add_field_note(error: BaseException, obj: object, name: str) -> None:
             return
         error.args = args
     add_leaf_note(error, where)
+
+
+def run_setters(
+    obj: object, name: str, callbacks: Iterable[Callable[[Any], Any]], value: Any
+) -> Any:
+    """`value` through the `on_setattr` callbacks of `obj`'s field `name`; errors name it."""
+    try:
+        for callback in callbacks:
+            value = callback(value)
+    except Exception as error:
+        add_field_note(error, obj, name)
+        raise
+    return value
 
 
 def _plain_class_fields(cls: type) -> dict[str, Field]:

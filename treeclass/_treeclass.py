@@ -23,7 +23,7 @@ from . import _node
 from ._at import AtIndexer
 from ._autoinit import build_init
 from ._class_keywords import check_class_keywords
-from ._fields import MISSING, Field, add_field_note, collect_fields, field
+from ._fields import MISSING, Field, collect_fields, field, run_setters
 from ._pprint_html import Printed
 from ._util import is_tree_equal
 
@@ -259,12 +259,7 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         info = _node.info(self)
         callbacks = info.setters.get(name)
         if callbacks:
-            try:
-                for callback in callbacks:
-                    value = callback(value)
-            except Exception as error:
-                add_field_note(error, self, name)
-                raise
+            value = run_setters(self, name, callbacks, value)
         descriptor = info.setter_kind(name)
         if descriptor is not None:  # a property (with a setter), say: as plain Python does
             descriptor.__set__(self, value)
@@ -380,9 +375,6 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
     """`node.replace(**changes)`: `changes` is the call's own dict, updated in place."""
     attributes = _node.attributes(node)
     info = _node.info(node)
-    setters = info.setters
-    statics = info.static_names
-    layout_changes = False
     for name in changes:
         if name not in attributes:
             close = difflib.get_close_matches(name, list(attributes), n=1)
@@ -394,19 +386,10 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
                     names=", ".join(attributes) or "none",
                 )
             )
-        callbacks = setters.get(name)
+        callbacks = info.setters.get(name)
         if callbacks:
-            value = changes[name]
-            try:
-                for callback in callbacks:
-                    value = callback(value)
-            except Exception as error:
-                add_field_note(error, node, name)
-                raise
-            changes[name] = value
-        if name in statics:
-            layout_changes = True
-    if not layout_changes:  # the same names and static values: the same layout
+            changes[name] = run_setters(node, name, callbacks, changes[name])
+    if not any(name in info.static_names for name in changes):  # the same layout
         return _node.replace_children(node, changes)
     new = object.__new__(type(node))
     _node.set_attributes(new, {**attributes, **changes})
