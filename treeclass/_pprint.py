@@ -29,7 +29,7 @@ import math
 import numbers
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import (
     Any,
     NamedTuple,
@@ -985,15 +985,11 @@ def _leaf_type(x: object) -> str:
 
 def _leaf_count_size(x: object) -> tuple[int, int]:
     rule = rule_for(x)
-    if rule is not None and (rule.count is not None or rule.size is not None):
-        if rule.count is not None and rule.size is not None:
-            return rule.count(x), rule.size(x)
-        count, size = _default_count_size(x)  # a rule may set one of the two
-        return (
-            rule.count(x) if rule.count is not None else count,
-            rule.size(x) if rule.size is not None else size,
-        )
-    return _default_count_size(x)
+    count_of, size_of = (None, None) if rule is None else (rule.count, rule.size)
+    if count_of is not None and size_of is not None:
+        return count_of(x), size_of(x)
+    count, size = _default_count_size(x)  # a rule may set one of the two
+    return count if count_of is None else count_of(x), size if size_of is None else size_of(x)
 
 
 def _default_count_size(x: object) -> tuple[int, int]:
@@ -1080,8 +1076,8 @@ def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[
 _ROLE_ORDER = (_roles.TRAINABLE, _roles.STATE, _roles.FROZEN, _roles.OTHER, _roles.MIXED)
 
 
-def _row_role(parts: list[tuple[str, int, int]]) -> str:
-    found = {role for role, _, _ in parts}
+def _row_role(roles: Iterable[str]) -> str:
+    found = set(roles)
     return found.pop() if len(found) == 1 else _roles.MIXED
 
 
@@ -1102,7 +1098,7 @@ def _stopped_role(x: object) -> str:
     """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
     if wrapper_of(x) is not None or children_of(x) is None:
         return _roles.leaf_role(x, False)
-    return _row_role([(name, 0, 0) for name in _roles.leaf_roles(x)])
+    return _row_role(_roles.leaf_roles(x))
 
 
 def tree_summary(
@@ -1180,7 +1176,16 @@ def tree_summary(
             totals[1] += s
         total_count += count
         total_size += size
-        rows.append([path, kind, f"{count:,}", _size_text(size), _row_role(parts), sharding])
+        rows.append(
+            [
+                path,
+                kind,
+                f"{count:,}",
+                _size_text(size),
+                _row_role(r for r, _, _ in parts),
+                sharding,
+            ]
+        )
 
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
@@ -1231,17 +1236,14 @@ def tree_summary(
             kind = type(x).__name__ if view is None else view.type_name(x)
             add_row(_path_text(keys), kind, sized(leaves, names), "")
             return
-        if _summary_leaf(x):  # a frozen value, or a type a rule sums itself
-            names = _roles.leaf_roles(x, in_state, _summary_leaf)
-            parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
-        elif children_of(x) is None:  # a leaf
+        rule = rule_for(x)
+        if not _summary_leaf(x) and children_of(x) is None:  # a leaf
             parts = [(_roles.leaf_role(x, in_state), *_leaf_count_size(x))]
-        else:  # a node `is_leaf` stops at: its count is its leaves' unless a rule says it
-            rule = rule_for(x)
+        else:  # a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
             names = _roles.leaf_roles(x, in_state, _summary_leaf)
-            if rule is not None and (rule.count is not None or rule.size is not None):
-                parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
-            else:
+            if _summary_leaf(x) or (rule is not None and (rule.count or rule.size) is not None):
+                parts = [(_row_role(names), *_leaf_count_size(x))]
+            else:  # the node's count is its leaves' unless a rule says it
                 parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
         add_row(_path_text(keys), _leaf_type(x), parts, _sharding_text(x))
 
