@@ -616,27 +616,25 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
 
 def check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") -> None:
     """Refuse a field (or alias) name that cannot be a parameter of a generated `__init__`."""
-    why = _RESERVED_NAMES.get(name)
-    if name in ("at", "replace") and (not treeclass or what != "field"):
-        why = None
-    if why is None and (
-        not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
-    ):
+    if name in _RESERVED_NAMES and (treeclass and what == "field" or name not in ("at", "replace")):
+        why = _RESERVED_NAMES[name]
+    elif not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         why = "it is not a valid Python identifier (it must be an `__init__` parameter)"
-    elif why is None and name.startswith("__") and name.endswith("__"):
+    elif name.startswith("__") and name.endswith("__"):
         why = "dunder names are Python's own"
-    elif why is None and (name.startswith("__tc_") or (treeclass and name.startswith("_tc_"))):
+    elif name.startswith("__tc_") or (treeclass and name.startswith("_tc_")):
         why = "names starting with `_tc_` or `__tc_` are treeclass's own"
-    if why is not None:
-        raise ValueError(
-            _RESERVED_NAME_MSG.format(
-                cls=cls.__name__,
-                a_what="a field" if what == "field" else "an alias",
-                name=name,
-                why=why,
-                fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
-            )
+    else:
+        return
+    raise ValueError(
+        _RESERVED_NAME_MSG.format(
+            cls=cls.__name__,
+            a_what="a field" if what == "field" else "an alias",
+            name=name,
+            why=why,
+            fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
         )
+    )
 
 
 # Where `autoinit` keeps the fields of a plain (non-TreeClass) class; a TreeClass keeps

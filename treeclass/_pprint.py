@@ -108,11 +108,6 @@ def _check_depth(depth: object) -> None:
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
 
 
-def _check_width(width: object) -> None:
-    if not isinstance(width, numbers.Real) or isinstance(width, bool):
-        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
-
-
 def _check_int(value: object, name: str, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(_INT_TYPE_MSG.format(name=name, value=value))
@@ -187,10 +182,6 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
     return jnp.mean(wide), jnp.std(wide), jnp.min(x), jnp.max(x)
 
 
-def _index_key(index: tuple[slice, ...]) -> tuple[tuple[Any, Any, Any], ...]:
-    return tuple((part.start, part.stop, part.step) for part in index)
-
-
 def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
     """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards.
 
@@ -203,7 +194,7 @@ def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
     pieces: list[tuple[tuple[slice, ...] | None, Any]] = []
     seen: set[Any] = set()
     for shard in x.addressable_shards:
-        key = _index_key(shard.index)
+        key = tuple((part.start, part.stop, part.step) for part in shard.index)
         if key not in seen:
             seen.add(key)
             pieces.append((shard.index, shard.data))
@@ -627,7 +618,8 @@ def _layout(
     tree: object, width: float, tabwidth: int, depth: float, as_str: bool, repeats: int | None
 ) -> str:
     _check_depth(depth)
-    _check_width(width)
+    if not isinstance(width, numbers.Real) or isinstance(width, bool):
+        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
     _check_int(tabwidth, "tabwidth", 0)
     _check_repeats(repeats)
     doc = _doc(tree, depth, as_str, repeats)
