@@ -603,9 +603,8 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
             value = base.__dict__.get(name, MISSING)
             if isinstance(value, Field):
                 item = value.replace(name=name, type=annotation)
-            elif isinstance(value, types.MemberDescriptorType):
-                item = Field(name=name, type=annotation)  # a __slots__ entry, no default
-            elif isinstance(value, _node.GUARDS):  # a TreeClass field guard (cloudpickle)
+            # a __slots__ entry (no default), or a TreeClass field guard (cloudpickle)
+            elif isinstance(value, (types.MemberDescriptorType, *_node.GUARDS)):
                 item = Field(name=name, type=annotation)
             else:
                 item = Field(name=name, type=annotation, default=value)
