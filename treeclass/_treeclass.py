@@ -23,7 +23,7 @@ from . import _node
 from ._at import AtIndexer
 from ._autoinit import build_init
 from ._class_keywords import check_class_keywords
-from ._fields import MISSING, Field, collect_fields, field, run_setters
+from ._fields import MISSING, Field, add_field_note, collect_fields, field, run_setters
 from ._pprint_html import Printed
 from ._util import is_tree_equal
 
@@ -258,8 +258,13 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             _node.refuse_write(self, name, "set")
         info = _node.info(self)
         callbacks = info.setters.get(name)
-        if callbacks:
-            value = run_setters(self, name, callbacks, value)
+        if callbacks:  # `run_setters`, inlined: a hand-written `__init__` assigns here
+            try:
+                for callback in callbacks:
+                    value = callback(value)
+            except Exception as error:
+                add_field_note(error, self, name)
+                raise
         descriptor = info.setter_kind(name)
         if descriptor is not None:  # a property (with a setter), say: as plain Python does
             descriptor.__set__(self, value)
@@ -389,7 +394,7 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
         callbacks = info.setters.get(name)
         if callbacks:
             changes[name] = run_setters(node, name, callbacks, changes[name])
-    if not any(name in info.static_names for name in changes):  # the same layout
+    if changes.keys().isdisjoint(info.static_names):  # no static value changes: same layout
         return _node.replace_children(node, changes)
     new = object.__new__(type(node))
     _node.set_attributes(new, {**attributes, **changes})
