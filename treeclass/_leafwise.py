@@ -124,6 +124,7 @@ _BINARY = (
     ("floordiv", operator.floordiv, "//"),
     ("mod", operator.mod, "%"),
     ("matmul", operator.matmul, "@"),
+    ("pow", operator.pow, "**"),  # `__pow__` itself takes a modulo too: made below
     ("lshift", operator.lshift, "<<"),
     ("rshift", operator.rshift, ">>"),
     ("and", operator.and_, "&"),
@@ -176,14 +177,11 @@ def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
         op = operator.pow if modulo is None else (lambda x, y: pow(x, y, modulo))
         return _binary_map(op, self, other, "**", cls, reflected=False)
 
-    def __rpow__(self: Any, other: object) -> Any:
-        return _binary_map(operator.pow, self, other, "**", cls, reflected=True)
-
     def __round__(self: Any, ndigits: int | None = None) -> Any:
         fn = round if ndigits is None else (lambda x: round(x, ndigits))
         return _unary_map(fn, self, "round")
 
-    for method in (__pow__, __rpow__, __round__):
+    for method in (__pow__, __round__):
         methods[method.__name__] = method
     return methods
 
