@@ -1151,23 +1151,17 @@ def tree_summary(
     _check_is_leaf(is_leaf)
     _check_repeats(repeats)
     rows: list[list[str]] = []
-    total_count = total_size = 0
     role_totals: dict[str, list[int]] = {}
 
     def stop(x: object) -> bool:
         return _summary_leaf(x) or (is_leaf is not None and bool(is_leaf(x)))
 
     def add_row(path: str, kind: str, parts: list[tuple[str, int, int]], sharding: str) -> None:
-        nonlocal total_count, total_size
-        count = size = 0
         for role, c, s in parts:
-            count += c
-            size += s
             totals = role_totals.setdefault(role, [0, 0])
             totals[0] += c
             totals[1] += s
-        total_count += count
-        total_size += size
+        count, size = sum(c for _, c, _ in parts), sum(s for _, _, s in parts)
         rows.append(
             [
                 path,
@@ -1247,7 +1241,9 @@ def tree_summary(
     if show_roles:
         footer = _role_footer(role_totals, [v for _, _, v in _roles.static_values(tree)])
     table += footer
-    table.append(["Σ", type(tree).__name__, f"{total_count:,}", _size_text(total_size), "", ""])
+    count = sum(c for c, _ in role_totals.values())
+    size = sum(s for _, s in role_totals.values())
+    table.append(["Σ", type(tree).__name__, f"{count:,}", _size_text(size), "", ""])
     keep = (True, True, True, True, show_roles, sharded)
     table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
     right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)
