@@ -744,13 +744,10 @@ class _EntryOptions(NamedTuple):
 def _entries(x: object, key: str, depth: float, options: _EntryOptions) -> Entry:
     parts = _node_parts(x, options.is_leaf, options.hidden)
     if parts is None or not parts.items or depth <= 0:
-        if parts is None:
-            # a frozen subtree obeys depth too
-            text = _flat(_doc(x, depth, False, options.repeats))
-        elif not parts.items:
-            text = parts.open + parts.close
-        else:
+        if parts is not None and parts.items:  # cut by depth
             text = parts.cut
+        else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
+            text = _flat(_doc(x, depth, False, options.repeats))
         return Entry(f"{key}={text}" if key else text, (), x)
     children = []
     for item in fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
