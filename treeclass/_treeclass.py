@@ -225,24 +225,21 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             setters={f.name: f.on_setattr for f in instance_fields if f.on_setattr},
         )
         _guard_fields(cls, items)
-        if "__init__" in cls.__dict__:
-            if not getattr(cls.__dict__["__init__"], "__tc_generated__", False):
-                init = _sealing_init(cls.__dict__["__init__"], body=True)
-                type.__setattr__(cls, "__init__", init)
-        else:
-            # A class without an `__init__` of its own generates one only below generated
-            # ones (or none): an `__init__` written by hand up the chain, in a TreeClass
-            # or a plain mixin, stays in charge, and the class's annotated fields are its
-            # typed attributes with class-level defaults (`autoinit` opts in to generation).
-            inherited = cls.__init__
-            if getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
-                type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
-            elif "__post_init__" in cls.__dict__:
-                init = _sealing_init(_warning_init(cls, inherited), body=False)
-                type.__setattr__(cls, "__init__", init)
-            elif not getattr(inherited, "__tc_sealing__", False):
-                # an __init__ from a plain mixin: it must seal too
-                type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
+        own_init, inherited = cls.__dict__.get("__init__"), cls.__init__
+        if own_init is not None:
+            if not getattr(own_init, "__tc_generated__", False):
+                type.__setattr__(cls, "__init__", _sealing_init(own_init, body=True))
+        # A class without an `__init__` of its own generates one only below generated ones
+        # (or none): an `__init__` written by hand up the chain, in a TreeClass or a plain
+        # mixin, stays in charge, and the class's annotated fields are its typed attributes
+        # with class-level defaults (`autoinit` opts in to generation).
+        elif getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
+            type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
+        elif "__post_init__" in cls.__dict__:
+            init = _sealing_init(_warning_init(cls, inherited), body=False)
+            type.__setattr__(cls, "__init__", init)
+        elif not getattr(inherited, "__tc_sealing__", False):  # a plain mixin's: it must seal
+            type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
         # class data that the checkpoint package checks and keeps: never on the flatten path
         check_class_keywords(cls, {"version": version, "migrations": migrations})
         _node.register(cls)
