@@ -377,6 +377,9 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
     """`node.replace(**changes)`: `changes` is the call's own dict, updated in place."""
     attributes = _node.attributes(node)
     info = _node.info(node)
+    setters = info.setters
+    statics = info.static_names
+    layout_changes = False
     for name in changes:
         if name not in attributes:
             close = difflib.get_close_matches(name, list(attributes), n=1)
@@ -388,10 +391,12 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
                     names=", ".join(attributes) or "none",
                 )
             )
-        callbacks = info.setters.get(name)
+        callbacks = setters.get(name)
         if callbacks:
             changes[name] = run_setters(node, name, callbacks, changes[name])
-    if changes.keys().isdisjoint(info.static_names):  # no static value changes: same layout
+        if name in statics:
+            layout_changes = True
+    if not layout_changes:  # the same names and static values: the same layout
         return _node.replace_children(node, changes)
     new = object.__new__(type(node))
     _node.set_attributes(new, {**attributes, **changes})
