@@ -562,15 +562,13 @@ def field(
     )
 
 
+_CLASSVAR_NAMES = ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar")
+
+
 def _is_classvar(annotation: object) -> bool:
-    if annotation is ClassVar or get_origin(annotation) is ClassVar:
-        return True
-    if isinstance(annotation, str):
-        text = annotation.strip()
-        for prefix in ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar"):
-            if text == prefix or text.startswith(prefix + "["):
-                return True
-    return False
+    if isinstance(annotation, str):  # `ClassVar`, `typing.ClassVar[int]`, ...
+        return annotation.strip().partition("[")[0] in _CLASSVAR_NAMES
+    return annotation is ClassVar or get_origin(annotation) is ClassVar
 
 
 def _own_annotations(cls: type) -> dict[str, Any]:
