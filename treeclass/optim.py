@@ -255,14 +255,11 @@ _NOT_AN_INDEXER_MSG = (
 def _whole_leaf_flag(path: KeyPath, x: object) -> object:
     if not _is_bool_array(x):
         return x
-    where = "mask" + jax.tree_util.keystr(path)
-    if isinstance(x, Tracer):
-        raise ValueError(_PARTIAL_SELECTION_MSG.format(where=f"{where} (traced)"))
-    if x.all():
-        return True
-    if not x.any():
-        return False
-    raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
+    traced = isinstance(x, Tracer)
+    if traced or (not x.all() and x.any()):
+        where = "mask" + jax.tree_util.keystr(path) + (" (traced)" if traced else "")
+        raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
+    return bool(x.all())
 
 
 def _whole_flag(tree: object, path: KeyPath, flag: ArrayLike) -> bool:
