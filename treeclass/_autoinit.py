@@ -91,6 +91,12 @@ def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
     return params
 
 
+def _bind(namespace: dict[str, Any], what: str, name: str, value: object) -> str:
+    """The name under which the generated code reads `value` (put into `namespace`)."""
+    namespace[f"__tc_{what}_{name}"] = value
+    return f"__tc_{what}_{name}"
+
+
 def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]:
     """The parameter list of the generated `__init__` (defaults go into `namespace`)."""
     signature: list[str] = []
@@ -99,21 +105,16 @@ def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]
         arg = item.alias or item.name
         if has_pos_only and item.kind != "POS_ONLY" and "/" not in signature:
             signature.append("/")
-        if item.kind == "VAR_POS":
-            signature.append(f"*{arg}")
-            continue
-        if item.kind == "VAR_KW":
-            signature.append(f"**{arg}")
+        if item.kind in ("VAR_POS", "VAR_KW"):
+            signature.append(("*" if item.kind == "VAR_POS" else "**") + arg)
             continue
         if item.kind == "KW_ONLY" and not any(t.startswith("*") for t in signature):
             signature.append("*")
-        text = arg
         if item.default is not MISSING:
-            namespace[f"__tc_default_{item.name}"] = item.default
-            text += f"=__tc_default_{item.name}"
+            arg += "=" + _bind(namespace, "default", item.name, item.default)
         elif item.factory is not None:
-            text += "=__tc_missing"
-        signature.append(text)
+            arg += "=__tc_missing"
+        signature.append(arg)
     if has_pos_only and "/" not in signature:
         signature.append("/")
     return signature
@@ -126,25 +127,24 @@ def _init_stores(
     stores: list[InitStore] = []
     for item in instance_fields:
         arg = item.alias or item.name
+        factory = (
+            None if item.factory is None else _bind(namespace, "factory", item.name, item.factory)
+        )
         if item.init:
             value = arg
-            if item.factory is not None:
-                namespace[f"__tc_factory_{item.name}"] = item.factory
-                value = f"(__tc_factory_{item.name}() if {arg} is __tc_missing else {arg})"
+            if factory is not None:
+                value = f"({factory}() if {arg} is __tc_missing else {arg})"
             if item.kind == "VAR_KW":
                 value = f"__tc_dict_type({arg})"
         elif item.default is not MISSING:
-            namespace[f"__tc_default_{item.name}"] = item.default
-            value = f"__tc_default_{item.name}"
-        elif item.factory is not None:
-            namespace[f"__tc_factory_{item.name}"] = item.factory
-            value = f"__tc_factory_{item.name}()"
+            value = _bind(namespace, "default", item.name, item.default)
+        elif factory is not None:
+            value = f"{factory}()"
         else:
             continue
         if not through_setattr:  # TreeClass: callbacks inline, then a direct store
             for i, fn in enumerate(item.on_setattr):
-                namespace[f"__tc_set_{item.name}_{i}"] = fn
-                value = f"__tc_set_{item.name}_{i}({value})"
+                value = f"{_bind(namespace, 'set', f'{item.name}_{i}', fn)}({value})"
         stores.append(InitStore(item.name, value, bool(item.on_setattr) and not through_setattr))
     return stores
 

@@ -40,6 +40,7 @@ __all__ = [
     "MISSING",
     "KINDS",
     "add_field_note",
+    "run_setters",
     "check_name",
     "collect_fields",
     "declare_plain_fields",
@@ -341,13 +342,7 @@ class Field:
 
     def __set__(self, instance: object, value: object) -> None:
         name = self._bound_name(instance, "set")
-        try:
-            for callback in self.on_setattr:
-                value = callback(value)
-        except Exception as error:
-            add_field_note(error, instance, name)
-            raise
-        _instance_dict(instance)[name] = value
+        _instance_dict(instance)[name] = run_setters(instance, name, self.on_setattr, value)
 
     def __delete__(self, instance: object) -> None:
         name = self._bound_name(instance, "delete")
@@ -567,15 +562,13 @@ def field(
     )
 
 
+_CLASSVAR_NAMES = ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar")
+
+
 def _is_classvar(annotation: object) -> bool:
-    if annotation is ClassVar or get_origin(annotation) is ClassVar:
-        return True
-    if isinstance(annotation, str):
-        text = annotation.strip()
-        for prefix in ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar"):
-            if text == prefix or text.startswith(prefix + "["):
-                return True
-    return False
+    if isinstance(annotation, str):  # `ClassVar`, `typing.ClassVar[int]`, ...
+        return annotation.strip().partition("[")[0] in _CLASSVAR_NAMES
+    return annotation is ClassVar or get_origin(annotation) is ClassVar
 
 
 def _own_annotations(cls: type) -> dict[str, Any]:
@@ -608,9 +601,8 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
             value = base.__dict__.get(name, MISSING)
             if isinstance(value, Field):
                 item = value.replace(name=name, type=annotation)
-            elif isinstance(value, types.MemberDescriptorType):
-                item = Field(name=name, type=annotation)  # a __slots__ entry, no default
-            elif isinstance(value, _node.GUARDS):  # a TreeClass field guard (cloudpickle)
+            # a __slots__ entry (no default), or a TreeClass field guard (cloudpickle)
+            elif isinstance(value, (types.MemberDescriptorType, *_node.GUARDS)):
                 item = Field(name=name, type=annotation)
             else:
                 item = Field(name=name, type=annotation, default=value)
@@ -621,27 +613,25 @@ def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, F
 
 def check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") -> None:
     """Refuse a field (or alias) name that cannot be a parameter of a generated `__init__`."""
-    why = _RESERVED_NAMES.get(name)
-    if name in ("at", "replace") and (not treeclass or what != "field"):
-        why = None
-    if why is None and (
-        not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name)
-    ):
+    if name in _RESERVED_NAMES and (treeclass and what == "field" or name not in ("at", "replace")):
+        why = _RESERVED_NAMES[name]
+    elif not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         why = "it is not a valid Python identifier (it must be an `__init__` parameter)"
-    elif why is None and name.startswith("__") and name.endswith("__"):
+    elif name.startswith("__") and name.endswith("__"):
         why = "dunder names are Python's own"
-    elif why is None and (name.startswith("__tc_") or (treeclass and name.startswith("_tc_"))):
+    elif name.startswith("__tc_") or (treeclass and name.startswith("_tc_")):
         why = "names starting with `_tc_` or `__tc_` are treeclass's own"
-    if why is not None:
-        raise ValueError(
-            _RESERVED_NAME_MSG.format(
-                cls=cls.__name__,
-                a_what="a field" if what == "field" else "an alias",
-                name=name,
-                why=why,
-                fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
-            )
+    else:
+        return
+    raise ValueError(
+        _RESERVED_NAME_MSG.format(
+            cls=cls.__name__,
+            a_what="a field" if what == "field" else "an alias",
+            name=name,
+            why=why,
+            fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
         )
+    )
 
 
 # Where `autoinit` keeps the fields of a plain (non-TreeClass) class; a TreeClass keeps
@@ -782,6 +772,19 @@ def add_field_note(error: BaseException, obj: object, name: str) -> None:
             return
         error.args = args
     add_leaf_note(error, where)
+
+
+def run_setters(
+    obj: object, name: str, callbacks: Iterable[Callable[[Any], Any]], value: Any
+) -> Any:
+    """`value` through the `on_setattr` callbacks of `obj`'s field `name`; errors name it."""
+    try:
+        for callback in callbacks:
+            value = callback(value)
+    except Exception as error:
+        add_field_note(error, obj, name)
+        raise
+    return value
 
 
 def _plain_class_fields(cls: type) -> dict[str, Field]:

@@ -48,28 +48,15 @@ _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
 # elementwise NumPy/JAX function, Python numbers keep `math` semantics (an int back).
 
 
-def _floor(x: jax.Array | np.ndarray | float) -> Any:
-    if isinstance(x, jax.Array):
-        return jnp.floor(x)
-    if isinstance(x, np.ndarray):
-        return np.floor(x)
-    return math.floor(x)
+def _rounding(name: str) -> Callable[[Any], Any]:
+    jax_fn, numpy_fn, math_fn = getattr(jnp, name), getattr(np, name), getattr(math, name)
 
+    def rounded(x: jax.Array | np.ndarray | float) -> Any:
+        if isinstance(x, jax.Array):
+            return jax_fn(x)
+        return numpy_fn(x) if isinstance(x, np.ndarray) else math_fn(x)
 
-def _ceil(x: jax.Array | np.ndarray | float) -> Any:
-    if isinstance(x, jax.Array):
-        return jnp.ceil(x)
-    if isinstance(x, np.ndarray):
-        return np.ceil(x)
-    return math.ceil(x)
-
-
-def _trunc(x: jax.Array | np.ndarray | float) -> Any:
-    if isinstance(x, jax.Array):
-        return jnp.trunc(x)
-    if isinstance(x, np.ndarray):
-        return np.trunc(x)
-    return math.trunc(x)
+    return rounded
 
 
 # -- the two loops -----------------------------------------------------------------------
@@ -77,34 +64,34 @@ def _trunc(x: jax.Array | np.ndarray | float) -> Any:
 # advanced just past it, so its remaining length says which leaf it was.
 
 
-def _failed_index(leaves: list, remaining: object) -> int:
-    return len(leaves) - operator.length_hint(remaining) - 1
-
-
-def _note_leaf(error: BaseException, tree: object, index: int, symbol: str, leaves: list) -> None:
+def _note_leaf(
+    error: BaseException, tree: object, leaves: list, remaining: object, symbol: str
+) -> None:
+    index = len(leaves) - operator.length_hint(remaining) - 1
     leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
     path = leaf_path_str(tree, index)
     add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
 
 
-def _unary_leaves(fn: Callable[[Any], Any], tree: object, symbol: str) -> tuple[list, Any]:
+def _unary_map(fn: Callable[[Any], Any], tree: object, symbol: str) -> Any:
     leaves, treedef = _flatten(tree)
     remaining = iter(leaves)
     try:
-        return list(map(fn, remaining)), treedef
+        out = list(map(fn, remaining))
     except Exception as error:
-        _note_leaf(error, tree, _failed_index(leaves, remaining), symbol, leaves)
+        _note_leaf(error, tree, leaves, remaining, symbol)
         raise
+    return treedef.unflatten(out)
 
 
-def _binary_leaves(
+def _binary_map(
     op: Callable[[Any, Any], Any],
     tree: object,
     other: object,
     symbol: str,
     cls: type,
     reflected: bool,
-) -> tuple[list, Any]:
+) -> Any:
     leaves, treedef = _flatten(tree)
     others: Iterable[Any]
     if isinstance(other, cls):
@@ -120,12 +107,11 @@ def _binary_leaves(
         others = repeat(other)
     remaining = iter(leaves)
     try:
-        if reflected:
-            return list(map(op, others, remaining)), treedef
-        return list(map(op, remaining, others)), treedef
+        out = list(map(op, others, remaining) if reflected else map(op, remaining, others))
     except Exception as error:
-        _note_leaf(error, tree, _failed_index(leaves, remaining), symbol, leaves)
+        _note_leaf(error, tree, leaves, remaining, symbol)
         raise
+    return treedef.unflatten(out)
 
 
 # -- method factories ----------------------------------------------------------------------
@@ -138,6 +124,7 @@ _BINARY = (
     ("floordiv", operator.floordiv, "//"),
     ("mod", operator.mod, "%"),
     ("matmul", operator.matmul, "@"),
+    ("pow", operator.pow, "**"),  # `__pow__` itself takes a modulo too: made below
     ("lshift", operator.lshift, "<<"),
     ("rshift", operator.rshift, ">>"),
     ("and", operator.and_, "&"),
@@ -159,26 +146,21 @@ _UNARY = (
     ("pos", operator.pos, "+"),
     ("abs", operator.abs, "abs"),
     ("invert", operator.invert, "~"),
-    ("floor", _floor, "math.floor"),
-    ("ceil", _ceil, "math.ceil"),
-    ("trunc", _trunc, "math.trunc"),
+    ("floor", _rounding("floor"), "math.floor"),
+    ("ceil", _rounding("ceil"), "math.ceil"),
+    ("trunc", _rounding("trunc"), "math.trunc"),
 )
 
 
 def _binary_method(op: Callable[[Any, Any], Any], symbol: str, cls: type, reflected: bool):
     def method(self: Any, other: object) -> Any:
-        out, treedef = _binary_leaves(op, self, other, symbol, cls, reflected)
-        return treedef.unflatten(out)
+        return _binary_map(op, self, other, symbol, cls, reflected)
 
     return method
 
 
 def _unary_method(fn: Callable[[Any], Any], symbol: str):
-    def method(self: Any) -> Any:
-        out, treedef = _unary_leaves(fn, self, symbol)
-        return treedef.unflatten(out)
-
-    return method
+    return lambda self: _unary_map(fn, self, symbol)
 
 
 def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
@@ -193,19 +175,13 @@ def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
 
     def __pow__(self: Any, other: object, modulo: object = None) -> Any:
         op = operator.pow if modulo is None else (lambda x, y: pow(x, y, modulo))
-        out, treedef = _binary_leaves(op, self, other, "**", cls, reflected=False)
-        return treedef.unflatten(out)
-
-    def __rpow__(self: Any, other: object) -> Any:
-        out, treedef = _binary_leaves(operator.pow, self, other, "**", cls, reflected=True)
-        return treedef.unflatten(out)
+        return _binary_map(op, self, other, "**", cls, reflected=False)
 
     def __round__(self: Any, ndigits: int | None = None) -> Any:
         fn = round if ndigits is None else (lambda x: round(x, ndigits))
-        out, treedef = _unary_leaves(fn, self, "round")
-        return treedef.unflatten(out)
+        return _unary_map(fn, self, "round")
 
-    for method in (__pow__, __rpow__, __round__):
+    for method in (__pow__, __round__):
         methods[method.__name__] = method
     return methods
 
@@ -476,23 +452,15 @@ def _sort_arguments(
             whole.append((name, treedef))
         return None
 
-    positional = []
-    leaves: list[Any] | None
-    for position, arg in enumerate(args):
-        if position == ref.position:
-            leaves = ref.leaves
-        else:
-            leaves = leaves_if_mapped(arg, f"positional argument {position}")
-        if leaves is not None:
-            positional.append((position, leaves))
-    keywords = []
-    for key, arg in kwargs.items():
-        if key == ref.key:
-            leaves = ref.leaves
-        else:
-            leaves = leaves_if_mapped(arg, f"keyword argument `{key}`")
-        if leaves is not None:
-            keywords.append((key, leaves))
+    def mapped(named: Iterable[tuple[Any, Any]], own: object, name: str) -> list[Any]:
+        pairs = [
+            (k, ref.leaves if k == own else leaves_if_mapped(arg, name.format(k)))
+            for k, arg in named
+        ]
+        return [(k, leaves) for k, leaves in pairs if leaves is not None]
+
+    positional = mapped(enumerate(args), ref.position, "positional argument {}")
+    keywords = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
     return _Arguments(positional, keywords, whole)
 
 

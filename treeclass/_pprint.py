@@ -29,7 +29,7 @@ import math
 import numbers
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import (
     Any,
     NamedTuple,
@@ -108,11 +108,6 @@ def _check_depth(depth: object) -> None:
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
 
 
-def _check_width(width: object) -> None:
-    if not isinstance(width, numbers.Real) or isinstance(width, bool):
-        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
-
-
 def _check_int(value: object, name: str, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(_INT_TYPE_MSG.format(name=name, value=value))
@@ -187,10 +182,6 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
     return jnp.mean(wide), jnp.std(wide), jnp.min(x), jnp.max(x)
 
 
-def _index_key(index: tuple[slice, ...]) -> tuple[tuple[Any, Any, Any], ...]:
-    return tuple((part.start, part.stop, part.step) for part in index)
-
-
 def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
     """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards.
 
@@ -203,7 +194,7 @@ def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
     pieces: list[tuple[tuple[slice, ...] | None, Any]] = []
     seen: set[Any] = set()
     for shard in x.addressable_shards:
-        key = _index_key(shard.index)
+        key = tuple((part.start, part.stop, part.step) for part in shard.index)
         if key not in seen:
             seen.add(key)
             pieces.append((shard.index, shard.data))
@@ -627,7 +618,8 @@ def _layout(
     tree: object, width: float, tabwidth: int, depth: float, as_str: bool, repeats: int | None
 ) -> str:
     _check_depth(depth)
-    _check_width(width)
+    if not isinstance(width, numbers.Real) or isinstance(width, bool):
+        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
     _check_int(tabwidth, "tabwidth", 0)
     _check_repeats(repeats)
     doc = _doc(tree, depth, as_str, repeats)
@@ -752,13 +744,10 @@ class _EntryOptions(NamedTuple):
 def _entries(x: object, key: str, depth: float, options: _EntryOptions) -> Entry:
     parts = _node_parts(x, options.is_leaf, options.hidden)
     if parts is None or not parts.items or depth <= 0:
-        if parts is None:
-            # a frozen subtree obeys depth too
-            text = _flat(_doc(x, depth, False, options.repeats))
-        elif not parts.items:
-            text = parts.open + parts.close
-        else:
+        if parts is not None and parts.items:  # cut by depth
             text = parts.cut
+        else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
+            text = _flat(_doc(x, depth, False, options.repeats))
         return Entry(f"{key}={text}" if key else text, (), x)
     children = []
     for item in fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
@@ -985,15 +974,11 @@ def _leaf_type(x: object) -> str:
 
 def _leaf_count_size(x: object) -> tuple[int, int]:
     rule = rule_for(x)
-    if rule is not None and (rule.count is not None or rule.size is not None):
-        if rule.count is not None and rule.size is not None:
-            return rule.count(x), rule.size(x)
-        count, size = _default_count_size(x)  # a rule may set one of the two
-        return (
-            rule.count(x) if rule.count is not None else count,
-            rule.size(x) if rule.size is not None else size,
-        )
-    return _default_count_size(x)
+    count_of, size_of = (None, None) if rule is None else (rule.count, rule.size)
+    if count_of is not None and size_of is not None:
+        return count_of(x), size_of(x)
+    count, size = _default_count_size(x)  # a rule may set one of the two
+    return count if count_of is None else count_of(x), size if size_of is None else size_of(x)
 
 
 def _default_count_size(x: object) -> tuple[int, int]:
@@ -1080,8 +1065,8 @@ def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[
 _ROLE_ORDER = (_roles.TRAINABLE, _roles.STATE, _roles.FROZEN, _roles.OTHER, _roles.MIXED)
 
 
-def _row_role(parts: list[tuple[str, int, int]]) -> str:
-    found = {role for role, _, _ in parts}
+def _row_role(roles: Iterable[str]) -> str:
+    found = set(roles)
     return found.pop() if len(found) == 1 else _roles.MIXED
 
 
@@ -1102,7 +1087,7 @@ def _stopped_role(x: object) -> str:
     """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
     if wrapper_of(x) is not None or children_of(x) is None:
         return _roles.leaf_role(x, False)
-    return _row_role([(name, 0, 0) for name in _roles.leaf_roles(x)])
+    return _row_role(_roles.leaf_roles(x))
 
 
 def tree_summary(
@@ -1163,24 +1148,27 @@ def tree_summary(
     _check_is_leaf(is_leaf)
     _check_repeats(repeats)
     rows: list[list[str]] = []
-    total_count = total_size = 0
     role_totals: dict[str, list[int]] = {}
 
     def stop(x: object) -> bool:
         return _summary_leaf(x) or (is_leaf is not None and bool(is_leaf(x)))
 
     def add_row(path: str, kind: str, parts: list[tuple[str, int, int]], sharding: str) -> None:
-        nonlocal total_count, total_size
-        count = size = 0
         for role, c, s in parts:
-            count += c
-            size += s
             totals = role_totals.setdefault(role, [0, 0])
             totals[0] += c
             totals[1] += s
-        total_count += count
-        total_size += size
-        rows.append([path, kind, f"{count:,}", _size_text(size), _row_role(parts), sharding])
+        count, size = sum(c for _, c, _ in parts), sum(s for _, _, s in parts)
+        rows.append(
+            [
+                path,
+                kind,
+                f"{count:,}",
+                _size_text(size),
+                _row_role(r for r, _, _ in parts),
+                sharding,
+            ]
+        )
 
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
@@ -1231,17 +1219,14 @@ def tree_summary(
             kind = type(x).__name__ if view is None else view.type_name(x)
             add_row(_path_text(keys), kind, sized(leaves, names), "")
             return
-        if _summary_leaf(x):  # a frozen value, or a type a rule sums itself
-            names = _roles.leaf_roles(x, in_state, _summary_leaf)
-            parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
-        elif children_of(x) is None:  # a leaf
+        rule = rule_for(x)
+        if not _summary_leaf(x) and children_of(x) is None:  # a leaf
             parts = [(_roles.leaf_role(x, in_state), *_leaf_count_size(x))]
-        else:  # a node `is_leaf` stops at: its count is its leaves' unless a rule says it
-            rule = rule_for(x)
+        else:  # a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
             names = _roles.leaf_roles(x, in_state, _summary_leaf)
-            if rule is not None and (rule.count is not None or rule.size is not None):
-                parts = [(_row_role([(n, 0, 0) for n in names]), *_leaf_count_size(x))]
-            else:
+            if _summary_leaf(x) or (rule is not None and (rule.count or rule.size) is not None):
+                parts = [(_row_role(names), *_leaf_count_size(x))]
+            else:  # the node's count is its leaves' unless a rule says it
                 parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
         add_row(_path_text(keys), _leaf_type(x), parts, _sharding_text(x))
 
@@ -1253,7 +1238,9 @@ def tree_summary(
     if show_roles:
         footer = _role_footer(role_totals, [v for _, _, v in _roles.static_values(tree)])
     table += footer
-    table.append(["Σ", type(tree).__name__, f"{total_count:,}", _size_text(total_size), "", ""])
+    count = sum(c for c, _ in role_totals.values())
+    size = sum(s for _, s in role_totals.values())
+    table.append(["Σ", type(tree).__name__, f"{count:,}", _size_text(size), "", ""])
     keep = (True, True, True, True, show_roles, sharded)
     table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
     right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)

@@ -273,11 +273,7 @@ def treescope_repr(
         else parts.text(named)
     )
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
-    opening = parts.siblings(
-        parts.roundtrip_condition(roundtrip=parts.text("<")),
-        type_name,
-        "(",
-    )
+    opening = parts.siblings(parts.roundtrip_condition(roundtrip=parts.text("<")), type_name, "(")
     closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))
     return _render_node(items, path, subtree_renderer, repeats, (opening, closing), static_labels)
 

@@ -117,64 +117,59 @@ def _spelling(cls: type, field: str) -> str:
     return text if alias is None else f"{text} or `tc.{alias}({cls.__name__})`"
 
 
-def _result_error(
-    error: type[Exception], cls: type, field: str, value: object, result: object, problem: str = ""
-) -> Any:
-    return error(
-        _RULE_RESULT_MSG.format(
-            field=field,
-            cls=cls.__name__,
-            spelling=_spelling(cls, field),
-            result=short_repr(result, 60),
-            type=type(result).__name__,
-            value=f"a `{type(value).__name__}`",
-            expected=_EXPECTED[field],
-            problem=problem,
-        )
-    )
-
-
 def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
     """`result` of the `field` rule if it is what the printers need, else a clear error."""
+
+    def fail(problem: str = "", error: type[Exception] = TypeError) -> Exception:
+        return error(
+            _RULE_RESULT_MSG.format(
+                field=field,
+                cls=cls.__name__,
+                spelling=_spelling(cls, field),
+                result=short_repr(result, 60),
+                type=type(result).__name__,
+                value=f"a `{type(value).__name__}`",
+                expected=_EXPECTED[field],
+                problem=problem,
+            )
+        )
+
     if field in ("repr", "str", "type_name"):
         if isinstance(result, builtins.str):
             return builtins.str(result)
-        raise _result_error(TypeError, cls, field, value, result)
+        raise fail()
     if field in ("count", "size"):
         if isinstance(result, bool):
-            raise _result_error(TypeError, cls, field, value, result)
+            raise fail()
         try:
             number = operator.index(result)  # ints and NumPy integers, not floats
         except TypeError:
-            raise _result_error(TypeError, cls, field, value, result) from None
+            raise fail() from None
         if number < 0:
-            raise _result_error(ValueError, cls, field, value, result)
+            raise fail(error=ValueError)
         return number
     if field == "children":
         try:
             pairs = list(result)
         except TypeError:
-            raise _result_error(TypeError, cls, field, value, result) from None
+            raise fail() from None
         for pair in pairs:
             if not (isinstance(pair, tuple) and len(pair) == 2):
-                problem = f": the item {short_repr(pair, 60)} is not a `(key, child)` pair"
-                raise _result_error(TypeError, cls, field, value, result, problem)
+                raise fail(f": the item {short_repr(pair, 60)} is not a `(key, child)` pair")
         return pairs
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
     if not isinstance(result, Mapping):
-        raise _result_error(TypeError, cls, field, value, result)
-    style: dict[builtins.str, Any] = {}
-    for name, item in result.items():
+        raise fail()
+    style: dict[builtins.str, Any] = dict(result.items())
+    for name, item in style.items():
         if not isinstance(name, builtins.str):
-            problem = f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`"
-            raise _result_error(TypeError, cls, field, value, result, problem)
+            raise fail(f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`")
         if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
-            problem = f": the attribute name {name!r} is not a graphviz attribute name"
-            raise _result_error(ValueError, cls, field, value, result, problem)
+            raise fail(
+                f": the attribute name {name!r} is not a graphviz attribute name", ValueError
+            )
         if not isinstance(item, (builtins.str, int, float)):  # bool is an int
-            problem = f": the value of {name!r} is a `{type(item).__name__}`"
-            raise _result_error(TypeError, cls, field, value, result, problem)
-        style[name] = item
+            raise fail(f": the value of {name!r} is a `{type(item).__name__}`")
     return style
 
 
@@ -266,15 +261,7 @@ def register_printer(
     global _rules, _checked, _resolved
     if not isinstance(cls, type):
         raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
-    rule = PrintRule(
-        repr=repr,
-        str=str,
-        type_name=type_name,
-        count=count,
-        size=size,
-        nodestyle=nodestyle,
-        children=children,
-    )
+    rule = PrintRule(repr, str, type_name, count, size, nodestyle, children)
     for name, value in zip(PrintRule._fields, rule, strict=True):
         if value is not None and not callable(value):
             raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))

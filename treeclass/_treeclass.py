@@ -23,7 +23,7 @@ from . import _node
 from ._at import AtIndexer
 from ._autoinit import build_init
 from ._class_keywords import check_class_keywords
-from ._fields import MISSING, Field, add_field_note, collect_fields, field
+from ._fields import MISSING, Field, add_field_note, collect_fields, field, run_setters
 from ._pprint_html import Printed
 from ._util import is_tree_equal
 
@@ -225,24 +225,21 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             setters={f.name: f.on_setattr for f in instance_fields if f.on_setattr},
         )
         _guard_fields(cls, items)
-        if "__init__" in cls.__dict__:
-            if not getattr(cls.__dict__["__init__"], "__tc_generated__", False):
-                init = _sealing_init(cls.__dict__["__init__"], body=True)
-                type.__setattr__(cls, "__init__", init)
-        else:
-            # A class without an `__init__` of its own generates one only below generated
-            # ones (or none): an `__init__` written by hand up the chain, in a TreeClass
-            # or a plain mixin, stays in charge, and the class's annotated fields are its
-            # typed attributes with class-level defaults (`autoinit` opts in to generation).
-            inherited = cls.__init__
-            if getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
-                type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
-            elif "__post_init__" in cls.__dict__:
-                init = _sealing_init(_warning_init(cls, inherited), body=False)
-                type.__setattr__(cls, "__init__", init)
-            elif not getattr(inherited, "__tc_sealing__", False):
-                # an __init__ from a plain mixin: it must seal too
-                type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
+        own_init, inherited = cls.__dict__.get("__init__"), cls.__init__
+        if own_init is not None:
+            if not getattr(own_init, "__tc_generated__", False):
+                type.__setattr__(cls, "__init__", _sealing_init(own_init, body=True))
+        # A class without an `__init__` of its own generates one only below generated ones
+        # (or none): an `__init__` written by hand up the chain, in a TreeClass or a plain
+        # mixin, stays in charge, and the class's annotated fields are its typed attributes
+        # with class-level defaults (`autoinit` opts in to generation).
+        elif getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
+            type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
+        elif "__post_init__" in cls.__dict__:
+            init = _sealing_init(_warning_init(cls, inherited), body=False)
+            type.__setattr__(cls, "__init__", init)
+        elif not getattr(inherited, "__tc_sealing__", False):  # a plain mixin's: it must seal
+            type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
         # class data that the checkpoint package checks and keeps: never on the flatten path
         check_class_keywords(cls, {"version": version, "migrations": migrations})
         _node.register(cls)
@@ -258,7 +255,7 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             _node.refuse_write(self, name, "set")
         info = _node.info(self)
         callbacks = info.setters.get(name)
-        if callbacks:
+        if callbacks:  # `run_setters`, inlined: a hand-written `__init__` assigns here
             try:
                 for callback in callbacks:
                     value = callback(value)
@@ -396,14 +393,7 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
             )
         callbacks = setters.get(name)
         if callbacks:
-            value = changes[name]
-            try:
-                for callback in callbacks:
-                    value = callback(value)
-            except Exception as error:
-                add_field_note(error, node, name)
-                raise
-            changes[name] = value
+            changes[name] = run_setters(node, name, callbacks, changes[name])
         if name in statics:
             layout_changes = True
     if not layout_changes:  # the same names and static values: the same layout

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Generic, TypeGuard, TypeVar, overload
 
@@ -254,14 +255,11 @@ _NOT_AN_INDEXER_MSG = (
 def _whole_leaf_flag(path: KeyPath, x: object) -> object:
     if not _is_bool_array(x):
         return x
-    where = "mask" + jax.tree_util.keystr(path)
-    if isinstance(x, Tracer):
-        raise ValueError(_PARTIAL_SELECTION_MSG.format(where=f"{where} (traced)"))
-    if x.all():
-        return True
-    if not x.any():
-        return False
-    raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
+    traced = isinstance(x, Tracer)
+    if traced or (not x.all() and x.any()):
+        where = "mask" + jax.tree_util.keystr(path) + (" (traced)" if traced else "")
+        raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
+    return bool(x.all())
 
 
 def _whole_flag(tree: object, path: KeyPath, flag: ArrayLike) -> bool:
@@ -507,10 +505,18 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
-def _mask_structure(tree: object) -> PyTreeDef:
-    """The structure of a mask of `tree`: `False` in place of each frozen value."""
+def _structure_with_frozen_as(tree: object, frozen_as: object) -> PyTreeDef:
+    """The structure of `tree` with `frozen_as` in place of every frozen value.
+
+    `False` gives the structure of a mask of `tree`; `None` (no leaf) its frozen-free
+    structure: two trees with equal frozen-free structures differ at most in their frozen
+    values, so an abstract template of a model fits it, even when its frozen values were
+    built apart.
+    """
     return jax.tree_util.tree_structure(
-        jax.tree_util.tree_map(lambda x: False if is_wrapper(x) else 0, tree, is_leaf=is_wrapper)
+        jax.tree_util.tree_map(
+            lambda x: frozen_as if is_wrapper(x) else 0, tree, is_leaf=is_wrapper
+        )
     )
 
 
@@ -519,7 +525,7 @@ def _selection_mask(tree: object, label: Hashable, selection: object) -> object:
         selected = mask(selection, strict=False)
     else:
         selected = mask(tree, selection, strict=False)
-    if jax.tree_util.tree_structure(selected) != _mask_structure(tree):
+    if jax.tree_util.tree_structure(selected) != _structure_with_frozen_as(tree, False):
         try:
             check_mask(selected, tree)
             detail = ""
@@ -712,17 +718,6 @@ _REFROZEN_MSG = (
 )
 
 
-def _frozen_free(tree: object) -> PyTreeDef:
-    """The structure of `tree` with every frozen value replaced by one placeholder.
-
-    Two trees with equal frozen-free structures differ at most in their frozen values:
-    an abstract template of a model fits it, even when its frozen values were built apart.
-    """
-    return jax.tree_util.tree_structure(
-        jax.tree_util.tree_map(lambda x: None if is_wrapper(x) else 0, tree, is_leaf=is_wrapper)
-    )
-
-
 class _Plan:
     """Which leaf of the model (frozen values counted as leaves) is updated, kept or frozen."""
 
@@ -731,7 +726,7 @@ class _Plan:
     def __init__(self, tree: object, kinds: list[int]) -> None:
         self.kinds = kinds
         self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)
-        self.skeleton = _frozen_free(tree)
+        self.skeleton = _structure_with_frozen_as(tree, None)
         self.root = tree
 
     def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
@@ -740,25 +735,20 @@ class _Plan:
             for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
                 if is_wrapper(leaf) != (kind == _FROZEN):
                     self._refuse_refrozen(tree, index, what, method, kind)
-        elif len(leaves) != len(self.kinds) or _frozen_free(tree) != self.skeleton:
+        elif (
+            len(leaves) != len(self.kinds) or _structure_with_frozen_as(tree, None) != self.skeleton
+        ):
             found = first_mismatch(self.root, tree, is_leaf=is_wrapper)
-            path, reason = (
-                ((), "the structures differ")
-                if found is None
-                else (
-                    found.path,
-                    found.explain(what, tree="model"),
-                )
-            )
+            path, reason = (), "the structures differ"
+            if found is not None:
+                path, reason = found.path, found.explain(what, tree="model")
+            where = path_str(self.root, path)
             raise ValueError(
-                _TREE_MISFIT_MSG.format(
-                    what=what, method=method, path=path_str(self.root, path), reason=reason
-                )
+                _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
             )
         return leaves, treedef
 
     def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
-        path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
         if kind == _FROZEN:
             then, now = "a frozen value", "not frozen"
         else:
@@ -768,7 +758,7 @@ class _Plan:
                 what=what,
                 s="" if what.endswith("s") else "s",
                 method=method,
-                path=path_str(tree, path),
+                path=_leaf_path(tree, index),
                 then=then,
                 now=now,
             )
@@ -801,19 +791,26 @@ def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], s
 
 
 def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
-    if isinstance(selection, AtIndexer) or where:
+    selects = isinstance(selection, AtIndexer) or bool(where)
+    if selects:
         indexer = _indexer(selection, where)
         tree = indexer.tree
         # a mask holds `False` where the tree holds a frozen value: one flag per place
-        flags = jax.tree_util.tree_leaves(mask(indexer, strict=strict))
-        kinds = [
-            _FROZEN if is_wrapper(leaf) else (_UPDATE if flag is True else _KEEP)
-            for leaf, flag in zip(
-                jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper), flags, strict=True
-            )
-        ]
-        paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0]
-        for (path, leaf), kind in zip(paths, kinds, strict=True):
+        chosen = [flag is True for flag in jax.tree_util.tree_leaves(mask(indexer, strict=strict))]
+    else:
+        tree = selection
+        names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
+        # every role but trainable is kept, a leaf of a field declared `role="frozen"` too
+        # (it is a leaf, with an update)
+        chosen = [name == TRAINABLE for name in names]
+    places = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0]
+    # a frozen value is `_FROZEN` (not a leaf)
+    kinds = [
+        _FROZEN if is_wrapper(leaf) else (_UPDATE if update else _KEEP)
+        for (_, leaf), update in zip(places, chosen, strict=True)
+    ]
+    if selects:
+        for (path, leaf), kind in zip(places, kinds):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
                 shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
                 found = (
@@ -822,22 +819,8 @@ def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Pla
                     else f"a `{type(leaf).__name__}`"
                 )
                 raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
-        return _Plan(tree, kinds)
-    tree = selection
-    names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
-    # a frozen value is `_FROZEN` (not a leaf); every other role but trainable is kept,
-    # a leaf of a field declared `role="frozen"` too (it is a leaf, with an update)
-    kinds = [
-        _FROZEN if is_wrapper(leaf) else (_UPDATE if name == TRAINABLE else _KEEP)
-        for leaf, name in zip(
-            jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper), names, strict=True
-        )
-    ]
-    if strict and _UPDATE not in kinds:
-        counts: dict[str, int] = {}
-        for name in names:
-            counts[name] = counts.get(name, 0) + 1
-        shown = ", ".join(f"{n} {name}" for name, n in counts.items()) or "none"
+    elif strict and _UPDATE not in kinds:
+        shown = ", ".join(f"{n} {name}" for name, n in Counter(names).items()) or "none"
         raise ValueError(
             _NOTHING_TRAINABLE_MSG.format(what=f"The {type(tree).__name__}", roles=shown)
         )
