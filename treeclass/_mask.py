@@ -25,9 +25,7 @@ PyTree = Any
 _T = TypeVar("_T")
 
 
-# --------------------------------------------------------------------------------------
-# Differentiability
-# --------------------------------------------------------------------------------------
+# -- differentiability ---------------------------------------------------------------------
 
 
 def is_nondiff(x: object) -> bool:
@@ -52,9 +50,7 @@ def is_nondiff(x: object) -> bool:
     return True
 
 
-# --------------------------------------------------------------------------------------
-# Masking whole trees
-# --------------------------------------------------------------------------------------
+# -- masking whole trees ---------------------------------------------------------------------
 
 _MASK_DOES_NOT_FIT = (
     "the mask does not fit the tree at `{path}`: {reason}.\n"
@@ -301,13 +297,10 @@ def tree_unmask(
     if _is_predicate(cond):
 
         def unmask_leaf(x: object) -> Any:
-            if is_frozen(x):
-                value = unfreeze(x)
-                return value if cond(value) else x
-            if _UNMASK_RULES and is_masked(x):
-                value = _unmask_value(x)
-                return value if cond(value) else x
-            return x
+            if not is_masked(x):
+                return x
+            value = _unmask_value(x)
+            return value if cond(value) else x
 
         return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)

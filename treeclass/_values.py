@@ -203,11 +203,7 @@ _meta_and_digest = operator.attrgetter("meta", "digest")
 
 
 def equal_by_key(a: Any, b: object, key: Callable[[Any], Any]) -> Any:
-    """`a == b` for a class whose instances cache their hash and are equal by `key`.
-
-    Identity first, then the class (`NotImplemented` for another), the hashes, and the
-    keys; keys whose `==` raises or has no truth value are different.
-    """
+    """`a == b` for a class with a cached hash: identity, class, hash, then `key` (no raise)."""
     if a is b:
         return True
     if type(b) is not type(a):
