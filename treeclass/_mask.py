@@ -112,10 +112,8 @@ def _mask_leaves(
             if mask_def.num_nodes == 1:  # not a tree at all: `cond=1.0`
                 raise MaskLeafError(_MASK_NOT_A_MASK.format(value=short_repr(flag)))
             pairs = jax.tree_util.tree_flatten_with_path(mask, is_leaf=_structure.is_wrapper)[0]
-            paths = [p for p, _ in pairs]
-            raise MaskLeafError(
-                _MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=path_str(tree, paths[i]))
-            )
+            where = path_str(tree, pairs[i][0])
+            raise MaskLeafError(_MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=where))
     if mask_def != treedef and frozen_may_be_leaves:
         # a mask made from the tree with its frozen values as leaves fits too
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))

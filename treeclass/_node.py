@@ -794,11 +794,7 @@ def children(node: Any) -> tuple[Any, ...]:
 
 
 def opened(node: Any) -> tuple[tuple[Any, ...], list[Any], tuple[str, ...]]:
-    """`(key entries, children as a fresh list, child names)` of a TreeClass instance.
-
-    the key entries, `children` and `child_names` in one look at the layout: the `.at` walker
-    opens every node it passes this way.
-    """
+    """`(key entries, children as a fresh list, child names)`, in one look at the layout."""
     layout = layout_of(node)
     if layout is not None:
         return layout.keys, list(node._tc_flat[0]), layout.shape.leaf_names

@@ -812,14 +812,8 @@ def first_mismatch(
                 return None
         return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if tree_opened.entries != other_opened.entries:
-        only_tree, only_other = _keys_difference(tree_opened, other_opened)
-        return Mismatch(
-            path,
-            _side(tree, tree_opened),
-            _side(other, other_opened),
-            tuple(only_tree),
-            tuple(only_other),
-        )
+        differ = _keys_difference(tree_opened, other_opened)
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened), *differ)
     for entry, t, o in zip(
         tree_opened.entries, tree_opened.children, other_opened.children, strict=True
     ):
@@ -840,8 +834,10 @@ def first_mismatch(
     return None
 
 
-def _keys_difference(tree_opened: Opened, other_opened: Opened) -> tuple[list[str], list[str]]:
+def _keys_difference(
+    tree_opened: Opened, other_opened: Opened
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`(only in tree, only in other)`: the key entries, as `keystr` text."""
     t = [jax.tree_util.keystr((e,)) for e in tree_opened.entries]
     o = [jax.tree_util.keystr((e,)) for e in other_opened.entries]
-    return [k for k in t if k not in o], [k for k in o if k not in t]
+    return tuple(k for k in t if k not in o), tuple(k for k in o if k not in t)
