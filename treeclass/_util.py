@@ -127,19 +127,23 @@ def _leaves_equal(a: object, b: object) -> Any:
         return True
     # mypy: a class is not Hashable
     a_kind, b_kind = _kind_of_type(type(a)), _kind_of_type(type(b))  # type: ignore[arg-type]
+    if a_kind < _NUMPY and b_kind < _NUMPY:  # neither is an array: Python's ==
+        return _python_equal(a, b)
     if a_kind >= _NUMPY and b_kind >= _NUMPY:
         return _arrays_equal(a, b)
-    if a_kind == _NUMBER and b_kind >= _NUMPY:
+    if a_kind == _NUMBER:
         return _array_equals_number(b, a, b_kind)
-    if b_kind == _NUMBER and a_kind >= _NUMPY:
+    if b_kind == _NUMBER:
         return _array_equals_number(a, b, a_kind)
-    if (a_kind >= _NUMPY or b_kind >= _NUMPY) and not (
-        isinstance(a, np.generic) or isinstance(b, np.generic)
-    ):
-        return False  # an array and a non-numeric value
-    try:  # neither is an array, or one is a NumPy scalar (np.str_("a") == "a"): Python's ==
+    if isinstance(a, np.generic) or isinstance(b, np.generic):  # np.str_("a") == "a"
+        return _python_equal(a, b)
+    return False  # an array and a non-numeric value
+
+
+def _python_equal(a: object, b: object) -> Any:
+    try:
         return _truth(a == b)
-    except Exception:
+    except Exception:  # an `==` that raises
         return False
 
 
