@@ -693,13 +693,10 @@ def seal_like(node: object, like: object) -> None:
         seal(node)
         return
     d = attributes(node)
-    values = tuple(d[n] for n in shape.static_names)
-    if all(type(v) in PLAIN_TYPES for v in values):
+    if all(type(d[n]) in PLAIN_TYPES for n in shape.static_names):
         _set_layout(node, shape)
-        return
-    layout = shape.with_values(values)
-    _set_layout(node, layout)
-    _set_flat(node, (shape.get(d), layout))
+    else:
+        _materialize(node, shape)
 
 
 def seal_after_error(node: object) -> None:
