@@ -19,6 +19,7 @@ frozen values.
 from __future__ import annotations
 
 import copy
+import operator
 import re
 import warnings
 from collections.abc import Callable
@@ -28,7 +29,15 @@ import jax
 import numpy as np
 
 from ._structure import NodeKind, Wrapper, register_kind
-from ._values import display, exact_key, readable_here, sharding_spec, short_repr
+from ._values import (
+    display,
+    equal_by_key,
+    exact_key,
+    readable_here,
+    register_childless,
+    sharding_spec,
+    short_repr,
+)
 
 __all__ = [
     "Frozen",
@@ -79,16 +88,7 @@ class Frozen:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if type(other) is not Frozen:
-            return NotImplemented
-        if self._hash != other._hash:
-            return False
-        try:
-            return bool(self._key == other._key)
-        except Exception:  # a value whose `==` has no truth value (elementwise, say)
-            return False
+        return equal_by_key(self, other, _key_of)
 
     # One text for a frozen value everywhere: `repr(tc.freeze(x)) == tc.tree_repr(
     # tc.freeze(x))`, `#` + x's tree repr. The printers live floors above and offer
@@ -192,17 +192,10 @@ for _name, _expr in _REFUSED_OPERATIONS.items():
 del _name, _expr
 
 
-def _flatten_frozen(frozen: Frozen) -> tuple[tuple, Frozen]:
-    return (), frozen
+_key_of = operator.attrgetter("_key")
 
 
-def _unflatten_frozen(frozen: Frozen, children: object) -> Frozen:
-    return frozen
-
-
-jax.tree_util.register_pytree_with_keys(
-    Frozen, _flatten_frozen, _unflatten_frozen, flatten_func=_flatten_frozen
-)
+register_childless(Frozen)
 
 
 class _FrozenKind(NodeKind):

@@ -25,9 +25,7 @@ PyTree = Any
 _T = TypeVar("_T")
 
 
-# --------------------------------------------------------------------------------------
-# Differentiability
-# --------------------------------------------------------------------------------------
+# -- differentiability ---------------------------------------------------------------------
 
 
 def is_nondiff(x: object) -> bool:
@@ -52,9 +50,7 @@ def is_nondiff(x: object) -> bool:
     return True
 
 
-# --------------------------------------------------------------------------------------
-# Masking whole trees
-# --------------------------------------------------------------------------------------
+# -- masking whole trees ---------------------------------------------------------------------
 
 _MASK_DOES_NOT_FIT = (
     "the mask does not fit the tree at `{path}`: {reason}.\n"
@@ -116,10 +112,8 @@ def _mask_leaves(
             if mask_def.num_nodes == 1:  # not a tree at all: `cond=1.0`
                 raise MaskLeafError(_MASK_NOT_A_MASK.format(value=short_repr(flag)))
             pairs = jax.tree_util.tree_flatten_with_path(mask, is_leaf=_structure.is_wrapper)[0]
-            paths = [p for p, _ in pairs]
-            raise MaskLeafError(
-                _MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=path_str(tree, paths[i]))
-            )
+            where = path_str(tree, pairs[i][0])
+            raise MaskLeafError(_MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=where))
     if mask_def != treedef and frozen_may_be_leaves:
         # a mask made from the tree with its frozen values as leaves fits too
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
@@ -301,13 +295,10 @@ def tree_unmask(
     if _is_predicate(cond):
 
         def unmask_leaf(x: object) -> Any:
-            if is_frozen(x):
-                value = unfreeze(x)
-                return value if cond(value) else x
-            if _UNMASK_RULES and is_masked(x):
-                value = _unmask_value(x)
-                return value if cond(value) else x
-            return x
+            if not is_masked(x):
+                return x
+            value = _unmask_value(x)
+            return value if cond(value) else x
 
         return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)

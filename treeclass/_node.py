@@ -251,7 +251,7 @@ class Shape:
         return self.intern(values, key)
 
     def intern(self, values: tuple[Any, ...], key: tuple[Any, ...]) -> Layout:
-        """The miss path of `with_values` (and of generated `__init__`s): atomic per class.
+        """The miss path of `with_values`: atomic per class.
 
         Under the class's lock, so equal static values built on many threads always share
         one layout. The table holds weak references: a layout lives as long as an instance
@@ -295,22 +295,6 @@ class Layout:
         self.keys = shape.keys
         self.build = shape.build
 
-    @property
-    def cls(self) -> type:
-        return self.shape.info.cls
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.shape.names
-
-    @property
-    def leaf_names(self) -> tuple[str, ...]:
-        return self.shape.leaf_names
-
-    @property
-    def static(self) -> dict[str, Any]:
-        return dict(zip(self.shape.static_names, self.values))
-
     def __eq__(self, other: object) -> bool:
         return self is other or (
             type(other) is Layout and other.shape is self.shape and other.key == self.key
@@ -322,12 +306,13 @@ class Layout:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        static = ", ".join(f"{k}={v!r}" for k, v in self.static.items())
-        return f"{self.cls.__name__}Layout(leaves={self.leaf_names}, static=({static}))"
+        shape = self.shape
+        static = ", ".join(f"{k}={v!r}" for k, v in zip(shape.static_names, self.values))
+        return f"{shape.info.cls.__name__}Layout(leaves={shape.leaf_names}, static=({static}))"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # unpickling re-interns: a pickled tree definition comes back with the live layout
-        return (_layout_from_pickle, (self.cls, self.names, self.values))
+        return (_layout_from_pickle, (self.shape.info.cls, self.shape.names, self.values))
 
 
 def _info_from_pickle(
@@ -508,18 +493,8 @@ class ClassInfo:
 
     def fix_shape(self, names: tuple[str, ...]) -> Shape:
         """Record the shape of a class whose generated `__init__` sets `names`."""
-        shape = self.fixed_shape = self.shape(names)
-        return shape
-
-    def live_layouts(self) -> dict[Any, Layout]:
-        """The interned layouts with static values that are alive now, by `(shape, key)`."""
-        out = {}
-        for shape in list(self.shapes.values()):
-            for key, ref in list(shape.table.items()):
-                layout = ref()
-                if layout is not None:
-                    out[(shape, key)] = layout
-        return out
+        self.fixed_shape = self.shape(names)
+        return self.fixed_shape
 
     def setter_kind(self, name: str) -> Any:
         """`None` to store `name` in the instance dict, else the data descriptor to call."""
@@ -528,13 +503,8 @@ class ClassInfo:
         except KeyError:
             pass
         found = _class_lookup(self.cls, name)
-        kind = None
-        if (
-            found is not _NOTHING
-            and not isinstance(found, _Attribute)
-            and (hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"))
-        ):
-            kind = found  # a property, say: setting goes through it, as in plain Python
+        # a property, say: setting goes through it, as in plain Python
+        kind = found if _is_foreign_data_descriptor(found) else None
         self._setter_kinds[name] = kind
         return kind
 
@@ -570,6 +540,16 @@ def _class_lookup(cls: type, name: str) -> Any:
     return _NOTHING
 
 
+def _is_foreign_data_descriptor(found: object) -> bool:
+    """Whether a class attribute is a data descriptor (a property) other than our guards."""
+    kind = type(found)
+    return (
+        found is not _NOTHING
+        and not isinstance(found, _Attribute)
+        and (hasattr(kind, "__set__") or hasattr(kind, "__delete__"))
+    )
+
+
 class _Attribute:
     """The class-level guard of one attribute name of a TreeClass.
 
@@ -587,48 +567,32 @@ class _Attribute:
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
-            return self._class_value(owner)
+            return self._fallback(obj, owner)
         try:
             return attributes(obj)[self.name]
         except KeyError:
-            return self._missing(obj, owner)
+            return self._fallback(obj, owner)
 
-    def _class_value(self, owner: object) -> Any:
+    def _fallback(self, obj: object, owner: object) -> Any:
+        """The class-level value read for a class (`obj` None) or an instance without one."""
         fallback = self.fallback
         if fallback is _NOTHING:
-            raise AttributeError(self.name)
-        get = getattr(type(fallback), "__get__", None)
-        return fallback if get is None else get(fallback, None, owner)
-
-    def _missing(self, obj: object, owner: object) -> Any:
-        fallback = self.fallback
-        if fallback is _NOTHING:
+            if obj is None:
+                raise AttributeError(self.name)
             raise AttributeError(f"`{type(obj).__name__}` instance has no attribute {self.name!r}")
         get = getattr(type(fallback), "__get__", None)
         return fallback if get is None else get(fallback, obj, owner)
 
     def __set__(self, obj: object, value: object) -> None:
         if getattr(obj, "_tc_layout", None) is not None:
-            raise AttributeError(
-                _IMMUTABLE_MSG.format(
-                    action="set",
-                    name=self.name,
-                    cls=type(obj).__name__,
-                    before=f"object.__setattr__(tree, {self.name!r}, value)",
-                )
-            )
+            before = f"object.__setattr__(tree, {self.name!r}, value)"
+            raise _immutable_error(obj, self.name, "set", before)
         attributes(obj)[self.name] = value
 
     def __delete__(self, obj: object) -> None:
         if getattr(obj, "_tc_layout", None) is not None:
-            raise AttributeError(
-                _IMMUTABLE_MSG.format(
-                    action="delete",
-                    name=self.name,
-                    cls=type(obj).__name__,
-                    before=f"object.__delattr__(tree, {self.name!r})",
-                )
-            )
+            before = f"object.__delattr__(tree, {self.name!r})"
+            raise _immutable_error(obj, self.name, "delete", before)
         try:
             del attributes(obj)[self.name]
         except KeyError:
@@ -659,11 +623,11 @@ class _GetterAttribute(_Attribute):
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
-            return self._class_value(owner)
+            return self._fallback(obj, owner)
         try:
             value = attributes(obj)[self.name]
         except KeyError:
-            return self._missing(obj, owner)
+            return self._fallback(obj, owner)
         for callback in self.callbacks:
             value = callback(value)
         return value
@@ -690,13 +654,8 @@ def _guard_names(cls: type, names: Sequence[str]) -> None:
         if name.startswith("__") and name.endswith("__"):
             continue
         found = _class_lookup(cls, name)
-        if isinstance(found, _Attribute):
-            continue
-        if found is not _NOTHING and (
-            hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
-        ):
-            continue
-        type.__setattr__(cls, name, _Attribute(name, found))
+        if not isinstance(found, _Attribute) and not _is_foreign_data_descriptor(found):
+            type.__setattr__(cls, name, _Attribute(name, found))
 
 
 # -- sealing ----------------------------------------------------------------------------------
@@ -734,13 +693,10 @@ def seal_like(node: object, like: object) -> None:
         seal(node)
         return
     d = attributes(node)
-    values = tuple(d[n] for n in shape.static_names)
-    if all(type(v) in PLAIN_TYPES for v in values):
+    if all(type(d[n]) in PLAIN_TYPES for n in shape.static_names):
         _set_layout(node, shape)
-        return
-    layout = shape.with_values(values)
-    _set_layout(node, layout)
-    _set_flat(node, (shape.get(d), layout))
+    else:
+        _materialize(node, shape)
 
 
 def seal_after_error(node: object) -> None:
@@ -766,7 +722,11 @@ def is_sealed(node: object) -> bool:
 def refuse_write(node: object, name: str, action: str) -> None:
     """Raise the immutability error for `tree.name = value` / `del tree.name`."""
     before = f"tree.{name} = value" if action == "set" else f"del tree.{name}"
-    raise AttributeError(
+    raise _immutable_error(node, name, action, before)
+
+
+def _immutable_error(node: object, name: str, action: str, before: str) -> AttributeError:
+    return AttributeError(
         _IMMUTABLE_MSG.format(action=action, name=name, cls=type(node).__name__, before=before)
     )
 
@@ -831,11 +791,7 @@ def children(node: Any) -> tuple[Any, ...]:
 
 
 def opened(node: Any) -> tuple[tuple[Any, ...], list[Any], tuple[str, ...]]:
-    """`(key entries, children as a fresh list, child names)` of a TreeClass instance.
-
-    the key entries, `children` and `child_names` in one look at the layout: the `.at` walker
-    opens every node it passes this way.
-    """
+    """`(key entries, children as a fresh list, child names)`, in one look at the layout."""
     layout = layout_of(node)
     if layout is not None:
         return layout.keys, list(node._tc_flat[0]), layout.shape.leaf_names
@@ -893,14 +849,8 @@ def rebuild(node: object, new_children: Sequence[Any]) -> Any:
     if layout is not None:
         if len(new_children) != len(layout.keys):
             names = ", ".join(layout.shape.leaf_names)
-            raise ValueError(
-                _CHILD_COUNT_MSG.format(
-                    cls=type(node).__name__,
-                    got=len(new_children),
-                    want=len(layout.keys),
-                    names=names,
-                )
-            )
+            cls, got, want = type(node).__name__, len(new_children), len(layout.keys)
+            raise ValueError(_CHILD_COUNT_MSG.format(cls=cls, got=got, want=want, names=names))
         return layout.build(layout, tuple(new_children))
     return replace_children(node, dict(zip(child_names(node), new_children, strict=True)))
 
@@ -931,8 +881,14 @@ def register(cls: type[TreeNode]) -> None:
 
 
 def live_layouts(cls: type[TreeNode]) -> dict[Any, Layout]:
-    """The interned layouts with static values of `cls` that are alive now (for tests)."""
-    return cls._tc_info.live_layouts()
+    """The interned layouts with static values of `cls` alive now, by `(shape, key)` (tests)."""
+    out = {}
+    for shape in list(cls._tc_info.shapes.values()):
+        for key, ref in list(shape.table.items()):
+            layout = ref()
+            if layout is not None:
+                out[(shape, key)] = layout
+    return out
 
 
 def fields_of(cls: type[TreeNode]) -> dict[str, Any]:

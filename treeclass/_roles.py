@@ -46,7 +46,6 @@ __all__ = [
     "is_trainable_value",
     "static_values",
     "field_role",
-    "state_children",
     "declared_children",
     "leaf_role",
     "leaf_roles",
@@ -115,11 +114,6 @@ def declared_children(node: object) -> dict[str, str]:
         return _NO_ROLES if holder is None or holder is node else declared_children(holder)
     cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
     return _declared_fields(cls)
-
-
-def state_children(node: object) -> frozenset[str]:
-    """The names of the children of a TreeClass `node` that its class declares state."""
-    return frozenset(name for name, role in declared_children(node).items() if role == STATE)
 
 
 def declares_state(tree: object) -> bool:

@@ -202,9 +202,7 @@ class Layers(NamedTuple):
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
 
 
-def _no_where(path: tuple[Any, ...]) -> str:
-    return jax.tree_util.keystr(path)
-
+_no_where: Callable[[tuple], str] = jax.tree_util.keystr
 
 N = TypeVar("N")  # the type of node a row answers for
 
@@ -343,9 +341,6 @@ class _LeafKind(NodeKind[object]):
     def open(self, node: object) -> Opened | None:
         return None
 
-    def child(self, node: object, key: str | int) -> tuple[Any, Any] | None:
-        return None
-
     def items(self, node: object, hidden: bool) -> Items | None:
         return None
 
@@ -464,10 +459,13 @@ class _DictKind(NodeKind[dict]):
         return out
 
     def items(self, node: dict, hidden: bool) -> Items:
-        return _dict_items(node, hidden)
+        return [(f"{k!r}: ", f"[{k!r}]", v) for k, v in node.items()]  # in insertion order
 
 
-class _SequenceKind(NodeKind["list[Any] | tuple[Any, ...]"]):
+_Sequence = list[Any] | tuple[Any, ...]
+
+
+class _SequenceKind(NodeKind[_Sequence]):
     named = False
 
     def __init__(self, kind: Kind) -> None:
@@ -475,20 +473,15 @@ class _SequenceKind(NodeKind["list[Any] | tuple[Any, ...]"]):
         self.single_comma = kind == TUPLE
         self.brackets = ("[", "]") if kind == LIST else ("(", ")")
 
-    def open(self, node: list[Any] | tuple[Any, ...]) -> Opened | None:
+    def open(self, node: _Sequence) -> Opened | None:
         return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
 
     def rebuild(
-        self,
-        node: list[Any] | tuple[Any, ...],
-        aux: Any,
-        children: Sequence[Any],
-        *rest: object,
-        **more: object,
+        self, node: _Sequence, aux: Any, children: Sequence[Any], *rest: object, **more: object
     ) -> Any:
         return list(children) if self.kind == LIST else tuple(children)
 
-    def child(self, node: list[Any] | tuple[Any, ...], key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _Sequence, key: str | int) -> tuple[Any, Any] | None:
         if type(key) is not int:
             return None
         n = len(node)
@@ -496,20 +489,14 @@ class _SequenceKind(NodeKind["list[Any] | tuple[Any, ...]"]):
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
     def replace(
-        self,
-        node: list[Any] | tuple[Any, ...],
-        entry: Any,
-        old: object,
-        new: object,
-        *rest: object,
-        **more: object,
+        self, node: _Sequence, entry: Any, old: object, new: object, *rest: object, **more: object
     ) -> Any:
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
 
-    def items(self, node: list[Any] | tuple[Any, ...], hidden: bool) -> Items:
-        return _sequence_items(node, hidden)
+    def items(self, node: _Sequence, hidden: bool) -> Items:
+        return [("", f"[{i}]", v) for i, v in enumerate(node)]
 
 
 class _NamedTupleLike(Protocol):
@@ -660,19 +647,9 @@ def jax_children(node: object) -> list[tuple[Any, Any]] | None:
     return None if opened is None else list(zip(opened.entries, opened.children, strict=True))
 
 
-def _dict_items(node: dict, hidden: bool) -> Items:
-    return [(f"{k!r}: ", f"[{k!r}]", v) for k, v in node.items()]  # in insertion order
-
-
-def _sequence_items(node: list[Any] | tuple[Any, ...], hidden: bool) -> Items:
-    return [("", f"[{i}]", v) for i, v in enumerate(node)]
-
-
 class _DictSubclassKind(NodeKind[dict]):
     brackets = ("({", "})")
-
-    def items(self, node: dict, hidden: bool) -> Items:
-        return _dict_items(node, hidden)
+    items = _DictKind.items
 
 
 class _DataclassKind(NodeKind[Any]):
@@ -706,9 +683,8 @@ class _PartialKind(NodeKind[functools.partial]):
         return items + [(f"{k}=", f".keywords[{k!r}]", v) for k, v in node.keywords.items()]
 
 
-class _SequenceSubclassKind(NodeKind["list[Any] | tuple[Any, ...]"]):
-    def items(self, node: list[Any] | tuple[Any, ...], hidden: bool) -> Items:
-        return _sequence_items(node, hidden)
+class _SequenceSubclassKind(NodeKind[_Sequence]):
+    items = _SequenceKind.items
 
 
 # Nodes of no registered kind that print otherwise than JAX flattens them (or that JAX
@@ -829,23 +805,15 @@ def first_mismatch(
         return None
     other_kind = node_kind(other)
     other_opened = None if other_kind == LEAF else open_node(other, other_kind)
-    if tree_opened is None or other_opened is None:
+    if tree_opened is None or other_opened is None or type(tree) is not type(other):
         # leaf against leaf: `is_leaf` splits `other` too (a frozen value against a frozen one)
         if tree_opened is None and other_covers is None:
             if other_opened is None or (is_leaf is not None and is_leaf(other)):
                 return None
         return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
-    if type(tree) is not type(other):
-        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if tree_opened.entries != other_opened.entries:
-        only_tree, only_other = _keys_difference(tree_opened, other_opened)
-        return Mismatch(
-            path,
-            _side(tree, tree_opened),
-            _side(other, other_opened),
-            tuple(only_tree),
-            tuple(only_other),
-        )
+        differ = _keys_difference(tree_opened, other_opened)
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened), *differ)
     for entry, t, o in zip(
         tree_opened.entries, tree_opened.children, other_opened.children, strict=True
     ):
@@ -866,8 +834,10 @@ def first_mismatch(
     return None
 
 
-def _keys_difference(tree_opened: Opened, other_opened: Opened) -> tuple[list[str], list[str]]:
+def _keys_difference(
+    tree_opened: Opened, other_opened: Opened
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """`(only in tree, only in other)`: the key entries, as `keystr` text."""
     t = [jax.tree_util.keystr((e,)) for e in tree_opened.entries]
     o = [jax.tree_util.keystr((e,)) for e in other_opened.entries]
-    return [k for k in t if k not in o], [k for k in o if k not in t]
+    return tuple(k for k in t if k not in o), tuple(k for k in o if k not in t)

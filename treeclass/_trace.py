@@ -242,12 +242,8 @@ def tree_map_with_trace(
     columns = [treedef.flatten_up_to(other) for other in rest]
     out: list[Any] = []
     try:
-        if columns:
-            for (trace, leaf), *others in zip(traced, *columns, strict=True):
-                out.append(func(trace, leaf, *others))
-        else:
-            for trace, leaf in traced:
-                out.append(func(trace, leaf))
+        for (trace, leaf), *others in zip(traced, *columns, strict=True):
+            out.append(func(trace, leaf, *others))
     except Exception as error:
         _note_failed_leaf(error, func, traced[len(out)], tree)
         raise

@@ -12,7 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer as _Tracer
 
-from ._values import exact_key, local_copy, path_str, readable_here, root_name
+from ._values import (
+    equal_by_key,
+    exact_key,
+    local_copy,
+    path_str,
+    readable_here,
+    register_childless,
+    root_name,
+)
 
 __all__ = ["is_tree_equal", "Partial"]
 
@@ -36,10 +44,6 @@ def _kind_of_type(cls: type) -> int:
     if issubclass(cls, _PYTHON_NUMBERS):
         return _NUMBER
     return _OTHER
-
-
-def _kind(x: object) -> int:
-    return _kind_of_type(type(x))  # type: ignore[arg-type]  # mypy: a class is not Hashable
 
 
 def _truth(result: object) -> Any:
@@ -121,12 +125,10 @@ def _leaves_equal(a: object, b: object) -> Any:
         # containers compare members by identity first too ([nan] == [nan] when shared);
         # this is also the fast path for comparing a tree with itself
         return True
-    a_kind, b_kind = _kind(a), _kind(b)
+    # mypy: a class is not Hashable
+    a_kind, b_kind = _kind_of_type(type(a)), _kind_of_type(type(b))  # type: ignore[arg-type]
     if a_kind < _NUMPY and b_kind < _NUMPY:  # neither is an array: Python's ==
-        try:
-            return _truth(a == b)
-        except Exception:
-            return False
+        return _python_equal(a, b)
     if a_kind >= _NUMPY and b_kind >= _NUMPY:
         return _arrays_equal(a, b)
     if a_kind == _NUMBER:
@@ -134,11 +136,15 @@ def _leaves_equal(a: object, b: object) -> Any:
     if b_kind == _NUMBER:
         return _array_equals_number(a, b, a_kind)
     if isinstance(a, np.generic) or isinstance(b, np.generic):  # np.str_("a") == "a"
-        try:
-            return _truth(a == b)
-        except Exception:
-            return False
+        return _python_equal(a, b)
     return False  # an array and a non-numeric value
+
+
+def _python_equal(a: object, b: object) -> Any:
+    try:
+        return _truth(a == b)
+    except Exception:  # an `==` that raises
+        return False
 
 
 def is_tree_equal(*trees: object) -> Any:
@@ -350,13 +356,7 @@ class Partial(Generic[_R]):
         return self.func(*args, **keywords)
 
     def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if type(other) is not Partial:
-            return NotImplemented
-        if hash(self) != hash(other):
-            return False
-        return bool(self._exact_key() == other._exact_key())
+        return equal_by_key(self, other, Partial._exact_key)
 
     def __hash__(self) -> int:
         cached = self._hash
@@ -432,14 +432,4 @@ def _rebuild_partial(func: object, args: tuple[Any, ...], keywords: dict[str, An
     return partial
 
 
-def _flatten_partial(partial: Partial) -> tuple[tuple[()], Partial]:
-    return (), partial
-
-
-def _unflatten_partial(partial: Partial, children: object) -> Partial:
-    return partial
-
-
-jax.tree_util.register_pytree_with_keys(
-    Partial, _flatten_partial, _unflatten_partial, _flatten_partial
-)
+register_childless(Partial)

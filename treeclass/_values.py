@@ -31,9 +31,10 @@ import difflib
 import functools
 import hashlib
 import numbers
+import operator
 import struct
 import types
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 import jax
@@ -47,6 +48,8 @@ __all__ = [
     "PLAIN_TYPES",
     "ByIdentity",
     "ArrayKey",
+    "equal_by_key",
+    "register_childless",
     "exact_key",
     "hashable_key",
     "is_array",
@@ -188,15 +191,29 @@ class ArrayKey:
         return self.hash
 
     def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if type(other) is not ArrayKey:
-            return False
-        if self.hash != other.hash or self.meta != other.meta or self.digest != other.digest:
-            return False
+        if self is other or equal_by_key(self, other, _meta_and_digest) is not True:
+            return self is other
         # bitwise, so that a NaN equals the same NaN and 0.0 differs from -0.0: exactly
         # when a computation that bakes the array in as a constant would be the same
-        return bool(np.array_equal(host_bytes(self.array), host_bytes(other.array)))
+        theirs = host_bytes(other.array)  # type: ignore[attr-defined]  # another ArrayKey
+        return bool(np.array_equal(host_bytes(self.array), theirs))
+
+
+_meta_and_digest = operator.attrgetter("meta", "digest")
+
+
+def equal_by_key(a: Any, b: object, key: Callable[[Any], Any]) -> Any:
+    """`a == b` for a class with a cached hash: identity, class, hash, then `key` (no raise)."""
+    if a is b:
+        return True
+    if type(b) is not type(a):
+        return NotImplemented
+    if hash(a) != hash(b):
+        return False
+    try:
+        return bool(key(a) == key(b))
+    except Exception:
+        return False
 
 
 def _array_key(array: jax.Array | np.ndarray) -> Any:
@@ -208,6 +225,20 @@ def _array_key(array: jax.Array | np.ndarray) -> Any:
         return ByIdentity(array)
     meta = (type(array), array.shape, str(array.dtype), bool(getattr(array, "weak_type", False)))
     return ArrayKey(array, meta, host)
+
+
+def _no_children(node: object) -> tuple[tuple[()], object]:
+    return (), node
+
+
+def _itself(node: object, children: object) -> object:
+    return node
+
+
+def register_childless(cls: type) -> None:
+    """Register `cls` with JAX as a node without children, its own auxiliary data: JAX
+    transformations pass it through untouched, and `jax.jit` treats it as static."""
+    jax.tree_util.register_pytree_with_keys(cls, _no_children, _itself, _no_children)
 
 
 # -- exact keys -----------------------------------------------------------------------------
@@ -267,10 +298,8 @@ def exact_key(value: Any) -> Any:
     is elementwise. Anything else without a usable hash is keyed by identity.
     """
     kind = type(value)
-    if kind in _PLAIN:
-        return (kind, value)
-    if kind is float:
-        return _float_key(kind, value)
+    if kind in _PLAIN or kind is float:  # `hashable_key`'s first cases: exact and quick
+        return hashable_key(value)
     if kind in _FUNCTIONS:
         return (kind, value)
     if isinstance(value, (jax.Array, np.ndarray)):
