@@ -689,6 +689,39 @@ def test_save_refuses_a_format_only_load_reads(tmp_path, format):
     assert not path.exists()
 
 
+@pytest.mark.parametrize(
+    "name, format", [("m.npz", "npz"), ("M.EQX", "equinox"), ("flax_model.msgpack", "flax")]
+)
+def test_save_refuses_a_name_of_a_format_it_does_not_write(tmp_path, name, format):
+    # before, a safetensors file was written under that name, which tc.load then opened with
+    # the named format's reader and called corrupted
+    path = tmp_path / name
+    single = str(path)[: -len(name.split(".")[-1])] + "safetensors"
+    with pytest.raises(ValueError) as caught:
+        tc.save(path, {"w": np.ones(2)})
+    assert f"tc.save cannot write {path}" in str(caught.value)
+    assert f"in the {format} format, which tc.load reads but tc.save does not write" in str(
+        caught.value
+    )
+    assert f"tc.save({single!r}, tree)" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    tc.save(single, {"w": np.ones(2)})  # the suggested name saves and loads back
+    assert tc.is_tree_equal(tc.load(single, {"w": np.zeros(2)}), {"w": np.ones(2)})
+
+
+@pytest.mark.parametrize("name", ["model.safetensors.index.json", "model.index.json"])
+def test_save_to_an_index_name_without_a_shard_size_is_refused_with_both_fixes(tmp_path, name):
+    # before, one safetensors file was written under the index's name, unreadable as an index
+    path = tmp_path / name
+    with pytest.raises(ValueError, match="a sharded checkpoint's index") as caught:
+        tc.save(path, {"w": np.ones(2)})
+    assert f"tc.save({str(path)!r}, tree, max_shard_size='5GB')" in str(caught.value)
+    assert f"tc.save({str(tmp_path / 'model.safetensors')!r}, tree)" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    tc.save(path, {"w": np.ones(2)}, max_shard_size="5GB")
+    assert tc.is_tree_equal(tc.load(path, {"w": np.zeros(2)}), {"w": np.ones(2)})
+
+
 # --------------------------------------------------------------------------------------
 # Every reader: corrupted input is one ValueError naming the file; dry runs read no bytes
 # --------------------------------------------------------------------------------------

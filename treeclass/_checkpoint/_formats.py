@@ -45,6 +45,19 @@ _UNKNOWN_FORMAT = (
     "    tc.load(path, like, format='flax')"
 )
 _BAD_FORMAT = "tc.load's format= takes one of {formats} (or None: tell by the file); got {format!r}"
+_READ_ONLY = (
+    "its name ends like a checkpoint in the {format} format, which tc.load reads but "
+    "tc.save does not write (a safetensors file under that name could "
+    "not be loaded back). tc.save writes safetensors: one file, or a sharded checkpoint "
+    "with max_shard_size=:\n"
+    "    tc.save({single!r}, tree)"
+)
+_INDEX_WITHOUT_SHARDS = (
+    "its name is a sharded checkpoint's index, and a sharded "
+    "save needs the largest shard's size. Give it, or save one file:\n"
+    "    tc.save({path!r}, tree, max_shard_size='5GB')\n"
+    "    tc.save({single!r}, tree)"
+)
 _FOLDER = (
     "{path} is a folder: tc.load reads a folder holding one sharded checkpoint (one "
     "'*{suffix}' file) or one '.safetensors' file, and this one holds {found}. Give the "
@@ -204,7 +217,17 @@ def open_source(path: str, like: object, format: str | None = None) -> Checkpoin
 
 def writer_for(path: str, max_shard_size: object = None) -> CheckpointWriter:
     """The writer `tc.save` writes `path` with: sharded safetensors with a shard limit,
-    else one safetensors file."""
+    else one safetensors file. A name that ends like another format (or like a sharded
+    index, without a shard limit) is refused: what it wrote could not be loaded back by
+    that name."""
+    row = next((row for row in TABLE if path.lower().endswith(row.suffixes)), None)
+    if row is not None and row.save is None:
+        single = os.path.splitext(path)[0] + ".safetensors"
+        raise ValueError(_READ_ONLY.format(format=row.name, single=single))
+    if row is not None and row.name == "sharded" and max_shard_size is None:
+        single = path[: -len(INDEX_SUFFIX)]
+        single += "" if single.lower().endswith(".safetensors") else ".safetensors"
+        raise ValueError(_INDEX_WITHOUT_SHARDS.format(path=path, single=single))
     save = _BY_NAME["safetensors" if max_shard_size is None else "sharded"].save
     assert save is not None  # (both formats have a writer)
     return save(path, max_shard_size)
