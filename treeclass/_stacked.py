@@ -145,11 +145,6 @@ RESTACK_MSG = (
 )
 
 
-def _scanned_kinds(kinds: list[int]) -> list[int]:
-    """The kinds of the leaves a scan slices (the shared ones are not scanned)."""
-    return [k for k in kinds if k != _SHARED]
-
-
 # -- leaves -----------------------------------------------------------------------------------
 
 
@@ -161,6 +156,11 @@ def _is_array(x: object) -> bool:
 def _has_axis(x: Any, n: int) -> bool:
     shape = x.shape
     return len(shape) >= 1 and shape[0] == n
+
+
+def _holds_array(x: object) -> bool:
+    """Whether a leaf is an array, or a frozen value holding one."""
+    return _is_array(x) or (is_frozen(x) and _is_array(unfreeze(x)))
 
 
 def _leaf_kind(x: object, n: int) -> int:
@@ -244,7 +244,7 @@ def _numbers_array(values: Sequence[Any]) -> np.ndarray:
 def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
     """One leaf of the stack from that leaf's value in every block (`where(k)`: its path)."""
     first = values[0]
-    if _is_array(first) or (is_frozen(first) and _is_array(unfreeze(first))):
+    if _holds_array(first):
         frozen = is_frozen(first)
         inner = [unfreeze(v) if frozen else v for v in values]
         want = (tuple(inner[0].shape), inner[0].dtype)
@@ -265,7 +265,7 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         stacked = _stack_arrays(inner)
         return freeze(stacked) if frozen else stacked
     for k, v in enumerate(values):
-        if _is_array(v) or (is_frozen(v) and _is_array(unfreeze(v))):
+        if _holds_array(v):
             raise TypeError(
                 MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
             )
@@ -289,47 +289,44 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
 
 
 def _block_value(
-    value: object,
-    shape: tuple[int, ...],
-    dtype: np.dtype,
-    error: Callable[[Any], Any],
-    range_error: Callable[[Any, str], Any],
+    value: object, shape: tuple[int, ...], dtype: np.dtype, fail: Callable[..., Exception]
 ) -> Any:
-    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`.
+    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`
+    (`fail(value, misfit=None)`: the error to raise, told `number_misfit`'s verdict).
 
     A number fits when the dtype keeps it (`_numbers.number_misfit`: the rule of every
     number put into an array); an array fits when it has the dtype and a shape that
     broadcasts to `shape`, or is a weak-typed scalar (a Python number `jit` traced) whose
     kind fits (a traced value cannot be judged by its value).
     """
-    kind = dtype_kind(dtype)
-    if _is_number(value):
-        misfit = number_misfit(value, dtype)
+
+    def check(number: object) -> None:
+        misfit = number_misfit(number, dtype)
         if misfit is not None:
-            cls, reason = misfit
-            raise error(value) if cls is TypeError else range_error(value, reason)
+            raise fail(value, misfit)
+
+    if _is_number(value):
+        check(value)
         return value
-    if isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
-        weak_kind = dtype_kind(value.dtype) if getattr(value, "weak_type", False) else None
-        weak = value.ndim == 0 and weak_kind is not None and kind in KIND_FITS.get(weak_kind, "")
-        if value.dtype != dtype and not weak:
-            raise error(value)
-        try:
-            fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape
-        except ValueError:
-            fits_shape = False
-        if not fits_shape:
-            raise error(value)
-        if weak and value.dtype != dtype and isinstance(value, jax.Array):
-            # a concrete weak scalar is checked as the number it holds; a traced one
-            # (inside `jit`) cannot be, and converts as `astype` would
-            if not isinstance(value, Tracer):
-                misfit = number_misfit(value.item(), dtype)
-                if misfit is not None:
-                    cls, reason = misfit
-                    raise error(value) if cls is TypeError else range_error(value, reason)
-        return value
-    raise error(value)
+    if not isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
+        raise fail(value)
+    weak = (
+        value.ndim == 0
+        and getattr(value, "weak_type", False)
+        and dtype_kind(dtype) in KIND_FITS.get(dtype_kind(value.dtype), "")
+    )
+    try:
+        fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape
+    except ValueError:
+        fits_shape = False
+    if (value.dtype != dtype and not weak) or not fits_shape:
+        raise fail(value)
+    # a concrete weak scalar is checked as the number it holds; a traced one (inside
+    # `jit`) cannot be, and converts as `astype` would
+    if weak and value.dtype != dtype and isinstance(value, jax.Array):
+        if not isinstance(value, Tracer):
+            check(value.item())
+    return value
 
 
 def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[[int], str]) -> Any:
@@ -347,7 +344,16 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             )
         value = unfreeze(value) if frozen else value
 
-        def error(got: object, k: int = k) -> Exception:
+        def fail(got: object, misfit: tuple[type, str] | None = None, k: int = k) -> Exception:
+            if misfit is not None and misfit[0] is not TypeError:
+                text = RANGE_MSG.format(
+                    got=describe(got),
+                    k=k,
+                    where=where(k),
+                    reason=misfit[1],
+                    dtype=dtype_name(dtype),
+                )
+                return NumberRangeError(text)
             text = WRITE_MSG.format(
                 got=describe(got),
                 k=k,
@@ -359,13 +365,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             )
             return TypeError(text)
 
-        def range_error(got: object, reason: str, k: int = k) -> Exception:
-            text = RANGE_MSG.format(
-                got=describe(got), k=k, where=where(k), reason=reason, dtype=dtype_name(dtype)
-            )
-            return NumberRangeError(text)
-
-        values.append(_block_value(value, shape, dtype, error, range_error))
+        values.append(_block_value(value, shape, dtype, fail))
     if isinstance(target, jax.ShapeDtypeStruct):
         return leaf  # an abstract stack: the shapes and dtypes were checked, nothing to hold
     blocks = [k for k, _ in writes]
@@ -392,12 +392,6 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
 
 
 # -- the container ----------------------------------------------------------------------------
-
-
-def _one_level(tree: object) -> tuple[list[Any], Any]:
-    """`tree`'s children and its one-level tree definition (what a `Stacked` flattens to)."""
-    children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
-    return children, treedef
 
 
 _UNOPENED = object()  # a block the row's `replace` did not open (it stays as it is)
@@ -481,11 +475,8 @@ class Stacked(Printed):
 
     def __init__(self, tree: Any, length: int | None = None) -> None:
         leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
-        arrays = []
-        for path, leaf in leaves:
-            inner = unfreeze(leaf) if is_frozen(leaf) else leaf
-            if _is_array(inner):
-                arrays.append((path, inner))
+        inners = [(path, unfreeze(x) if is_frozen(x) else x) for path, x in leaves]
+        arrays = [(path, inner) for path, inner in inners if _is_array(inner)]
         source = ""
         if length is None:
             if not arrays:
@@ -497,11 +488,9 @@ class Stacked(Printed):
             raise ValueError(f"A stack has at least one block; got length={length!r}.")
         for path, inner in arrays:
             if not _has_axis(inner, length):
-                where = "blocks" + jax.tree_util.keystr(path)
+                where, got = _in_blocks(path), describe(inner)
                 raise ValueError(
-                    LEADING_AXIS_MSG.format(
-                        where=where, got=describe(inner), n=length, source=source
-                    )
+                    LEADING_AXIS_MSG.format(where=where, got=got, n=length, source=source)
                 )
         _init(self, tree, length)
 
@@ -546,8 +535,8 @@ class Stacked(Printed):
         treedef = flats[0][1]
         for k, (_, other) in enumerate(flats[1:], start=1):
             if other != treedef:
-                raise _structure_error(blocks[0], blocks[k], k)
-        paths = _LeafPaths(blocks[0])
+                raise _structure_error(blocks[0], blocks[k], k, _in_blocks)
+        paths = _LeafPaths(blocks[0], _in_blocks)
         leaves = [
             _combine([leaves[j] for leaves, _ in flats], paths.where_of(j))
             for j in range(treedef.num_leaves)
@@ -737,8 +726,8 @@ class Stacked(Printed):
         # a leaf of a field declared `role="frozen"` stops its gradient before the scan, not
         # only at its read inside the body: else the scan's transpose builds a stacked zero
         # cotangent for it, a temporary as large as the frozen weights
-        roles = [r for r, k in zip(leaf_roles(self._tree), kinds) if k != _SHARED]
-        stopped = [role == FROZEN and k == _ARRAY for role, k in zip(roles, _scanned_kinds(kinds))]
+        roles = leaf_roles(self._tree)
+        stopped = [r == FROZEN and k == _ARRAY for r, k in zip(roles, kinds) if k != _SHARED]
         if any(stopped):
             scanned = [stop_gradient_if_traced(x) if s else x for x, s in zip(scanned, stopped)]
         with_xs = xs is not None
@@ -879,14 +868,11 @@ class StackedKind(NodeKind["Stacked"]):
         changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
         if not changed:
             return node
-        paths = _LeafPaths(aux.blocks[changed[0]])
 
-        def where_of(j: int) -> Callable[[int], str]:
-            def text(k: int) -> str:
-                return where((*path, SequenceKey(k), *paths.path(j)))
+        def below(keys: tuple) -> str:
+            return where(path + keys)
 
-            return text
-
+        paths = _LeafPaths(aux.blocks[changed[0]], below)
         new_leaves: dict[int, list[Any]] = {}
         for k in changed:
             leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
@@ -900,9 +886,7 @@ class StackedKind(NodeKind["Stacked"]):
                         raise
                 if partial:  # a `get` with fill values: the blocks, unstacked
                     return tuple(children)
-                raise _structure_error(
-                    aux.blocks[k], children[k], k, lambda below: where(path + below)
-                )
+                raise _structure_error(aux.blocks[k], children[k], k, below)
             new_leaves[k] = leaves
         out = list(aux.leaves)
         try:
@@ -915,12 +899,12 @@ class StackedKind(NodeKind["Stacked"]):
                 if not writes:
                     continue
                 if kind != _SHARED and len(writes) < n:
-                    out[j] = _write(leaf, kind, writes, where_of(j))
+                    out[j] = _write(leaf, kind, writes, paths.where_of(j))
                 else:
                     column = [row[j] for row in aux.block_leaves]
                     for k, value in writes:
                         column[k] = value
-                    out[j] = _combine(column, where_of(j))
+                    out[j] = _combine(column, paths.where_of(j))
         except (ValueError, TypeError):
             if partial:
                 return tuple(children)
@@ -934,18 +918,22 @@ class StackedKind(NodeKind["Stacked"]):
         return Layers(node._length)
 
 
-def _init(stack: Stacked, tree: object, length: int) -> None:
+def _init(stack: Stacked, tree: object, length: int) -> Stacked:
     _check_node(tree)
-    children, treedef = _one_level(tree)
-    store = object.__setattr__
-    store(stack, "_tree", tree)
-    store(stack, "_length", length)
-    store(stack, "_flat", (tuple(children), (length, treedef)))
+    # the tree's children and its one-level tree definition: what a `Stacked` flattens to
+    children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+    return _store(stack, tree, (tuple(children), (length, treedef)))
 
 
 def _make(tree: object, length: int) -> Stacked:
-    stack = object.__new__(Stacked)
-    _init(stack, tree, length)
+    return _init(object.__new__(Stacked), tree, length)
+
+
+def _store(stack: Stacked, tree: object, flat: tuple[tuple[Any, ...], tuple[int, Any]]) -> Stacked:
+    store = object.__setattr__
+    store(stack, "_tree", tree)
+    store(stack, "_length", flat[1][0])
+    store(stack, "_flat", flat)
     return stack
 
 
@@ -962,12 +950,7 @@ def _flatten_with_keys(stack: Stacked) -> tuple[list[tuple[Any, Any]], Any]:
 
 def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
     # no checks: JAX rebuilds trees with any leaves (tracers, None, sentinel objects)
-    stack = object.__new__(Stacked)
-    store = object.__setattr__
-    store(stack, "_tree", aux[1].unflatten(children))
-    store(stack, "_length", aux[0])
-    store(stack, "_flat", (tuple(children), aux))
-    return stack
+    return _store(object.__new__(Stacked), aux[1].unflatten(children), (tuple(children), aux))
 
 
 jax.tree_util.register_pytree_with_keys(
@@ -976,26 +959,30 @@ jax.tree_util.register_pytree_with_keys(
 register_kind(Stacked, StackedKind())
 
 
+def _in_blocks(keys: tuple) -> str:
+    """The text of a key path below a stack of blocks given alone: `blocks[3].attn.q`."""
+    return "blocks" + jax.tree_util.keystr(keys)
+
+
 class _LeafPaths:
-    """The key paths of one block's leaves (frozen values as leaves), worked out on demand."""
+    """The key paths of one block's leaves (frozen values as leaves), worked out on demand,
+    told as `where((SequenceKey(k), *leaf_path))` names them."""
 
-    __slots__ = ("block", "paths")
+    __slots__ = ("block", "where", "paths")
 
-    def __init__(self, block: object) -> None:
+    def __init__(self, block: object, where: Callable[[tuple], str]) -> None:
         self.block = block
+        self.where = where
         self.paths: list[tuple[Any, ...]] | None = None
-
-    def path(self, j: int) -> tuple[Any, ...]:
-        if self.paths is None:
-            pairs = jax.tree_util.tree_flatten_with_path(self.block, is_leaf=is_frozen)[0]
-            self.paths = [p for p, _ in pairs]
-        return self.paths[j]
 
     def where_of(self, j: int) -> Callable[[int], str]:
         """The text of leaf `j`'s key path in block `k`, as a function of `k`."""
 
         def text(k: int) -> str:
-            return f"blocks[{k}]" + jax.tree_util.keystr(self.path(j))
+            if self.paths is None:
+                pairs = jax.tree_util.tree_flatten_with_path(self.block, is_leaf=is_frozen)[0]
+                self.paths = [p for p, _ in pairs]
+            return self.where((SequenceKey(k), *self.paths[j]))
 
         return text
 
@@ -1006,16 +993,9 @@ def _leaf_keystr(treedef: Any, j: int) -> str:
     return jax.tree_util.keystr(paths[j][0]) if j < len(paths) else ""
 
 
-def _structure_error(
-    first: object, other: object, k: int, where: Callable | None = None
-) -> Exception:
+def _structure_error(first: object, other: object, k: int, where: Callable) -> Exception:
     found = first_mismatch(first, other, is_leaf=is_frozen)
-    path = () if found is None else found.path
-    place = (
-        f"blocks[{k}]" + jax.tree_util.keystr(path)
-        if where is None
-        else where((SequenceKey(k), *path))
-    )
+    place = where((SequenceKey(k), *(() if found is None else found.path)))
     if found is None:
         reason = "they differ"
     else:
@@ -1070,23 +1050,16 @@ jax.tree_util.register_pytree_node(
 )
 
 
-def _print_view(x: object, n: int) -> Any:
-    if _is_array(x) and _has_axis(x, n):
-        return _BlockLeaf(x, n)
-    if is_frozen(x):
-        inner = unfreeze(x)
-        if _is_array(inner) and _has_axis(inner, n):
-            return _BlockLeaf(x, n)
-    return x
-
-
 def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
     """The block tree's children with their arrays shown per block (`48×f32[256,256]`)."""
     n = stack._length
-    pairs = _flatten_with_keys(stack)[0]
+
+    def view(x: object) -> Any:
+        return x if _leaf_kind(x, n) == _SHARED else _BlockLeaf(x, n)
+
     return [
-        (key, jax.tree_util.tree_map(lambda x: _print_view(x, n), child, is_leaf=is_frozen))
-        for key, child in pairs
+        (key, jax.tree_util.tree_map(view, child, is_leaf=is_frozen))
+        for key, child in _flatten_with_keys(stack)[0]
     ]
 
 
