@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -407,7 +407,39 @@ class _Opened(NamedTuple):
     kinds: list[int]
 
 
-class Stacked(Printed):
+class StackBase(Printed):
+    """What the two stack kinds (`Stacked`, `Periodic`) share: they are immutable, iterate
+    over their blocks (or layers) and, called, run `x` through them in one scan."""
+
+    __slots__ = ()
+    _IMMUTABLE: ClassVar[str]  # "A `Stacked` is immutable"
+    _HOW_TO_CHANGE: ClassVar[str]  # the fix, after the `;`
+
+    def __tc_unstack__(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def scan(self, fn: Callable[..., tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.__tc_unstack__())
+
+    def _run(self, x: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`x` through every block in turn, `block(x, *args, **kwargs)`, in one scan."""
+
+        def step(block: Any, carry: Any) -> tuple[Any, None]:
+            return block(carry, *args, **kwargs), None
+
+        return self.scan(step, x)[0]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{self._IMMUTABLE}; {self._HOW_TO_CHANGE}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{self._IMMUTABLE}.")
+
+
+class Stacked(StackBase):
     """N blocks of one structure as one tree: every array carries a leading block axis.
 
     A model with 48 identical blocks traces and compiles one block when its blocks are a
@@ -468,6 +500,8 @@ class Stacked(Printed):
     """
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
+    _IMMUTABLE = "A `Stacked` is immutable"
+    _HOW_TO_CHANGE = "change blocks with `.at`: `model.at['blocks'][7]['weight'].set(value)`."
 
     _tree: Any
     _length: int
@@ -650,9 +684,6 @@ class Stacked(Printed):
         i %= n
         return treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.unstack())
-
     def unstack(self) -> tuple[Any, ...]:
         """The blocks, as a tuple of ordinary trees (the inverse of `from_blocks`).
 
@@ -771,11 +802,7 @@ class Stacked(Printed):
         assert stack(jnp.zeros(2)).tolist() == [3.0, 3.0]
         ```
         """
-
-        def step(block: Any, carry: Any) -> tuple[Any, None]:
-            return block(carry, *args, **kwargs), None
-
-        return self.scan(step, x)[0]
+        return self._run(x, args, kwargs)
 
     # -- Python protocol ----------------------------------------------------------------------
 
@@ -783,15 +810,6 @@ class Stacked(Printed):
     def at(self) -> AtIndexer[Stacked]:
         """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
         return at(self)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(
-            "A `Stacked` is immutable; change blocks with `.at`: "
-            "`model.at['blocks'][7]['weight'].set(value)`."
-        )
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("A `Stacked` is immutable.")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
@@ -820,11 +838,8 @@ class StackedKind(NodeKind["Stacked"]):
         """Block `key` alone (negative counts from the end), or None if there is none: the
         walker's one-key fast path, which slices each leaf once instead of opening every
         block."""
-        if type(key) is not int:
-            return None
-        n = node._length
-        i = key + n if key < 0 else key
-        if not 0 <= i < n:
+        i = block_index(key, node._length)
+        if i is None:
             return None
         leaves, treedef, kinds = node._leaves()
         block = treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
@@ -956,7 +971,18 @@ def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
 jax.tree_util.register_pytree_with_keys(
     Stacked, _flatten_with_keys, _unflatten, operator.attrgetter("_flat")
 )
-register_kind(Stacked, StackedKind())
+
+
+def block_index(key: object, n: int) -> int | None:
+    """`key` as the index of one of `n` blocks (negative counts from the end), or None."""
+    if type(key) is not int:
+        return None
+    i = key + n if key < 0 else key
+    return i if 0 <= i < n else None
+
+
+STACKED_KIND = StackedKind()
+register_kind(Stacked, STACKED_KIND)
 
 
 def _in_blocks(keys: tuple) -> str:
