@@ -887,50 +887,49 @@ class StackedKind(NodeKind["Stacked"]):
         def below(keys: tuple) -> str:
             return where(path + keys)
 
-        paths = _LeafPaths(aux.blocks[changed[0]], below)
-        new_leaves: dict[int, list[Any]] = {}
-        for k in changed:
-            leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
-            if treedef != aux.treedef:
-                if len(changed) == n:  # every block changed alike: a new structure is fine
-                    try:
-                        return Stacked.from_blocks(children)
-                    except (ValueError, TypeError):
-                        if partial:
-                            return tuple(children)
-                        raise
-                if partial:  # a `get` with fill values: the blocks, unstacked
-                    return tuple(children)
-                raise _structure_error(aux.blocks[k], children[k], k, below)
-            new_leaves[k] = leaves
-        out = list(aux.leaves)
         try:
-            for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
-                writes = [
-                    (k, new_leaves[k][j])
-                    for k in changed
-                    if new_leaves[k][j] is not aux.block_leaves[k][j]
-                ]
-                if not writes:
-                    continue
-                if kind != _SHARED and len(writes) < n:
-                    out[j] = _write(leaf, kind, writes, paths.where_of(j))
-                else:
-                    column = [row[j] for row in aux.block_leaves]
-                    for k, value in writes:
-                        column[k] = value
-                    out[j] = _combine(column, paths.where_of(j))
+            return _write_blocks(aux, children, changed, n, below)
         except (ValueError, TypeError):
-            if partial:
+            if partial:  # a `get` with fill values: the blocks, unstacked
                 return tuple(children)
             raise
-        return _make(aux.treedef.unflatten(out), n)
 
     def roles_of(self, node: Stacked) -> Any:
         return node._tree
 
     def layers(self, node: Stacked) -> Layers:
         return Layers(node._length)
+
+
+def _write_blocks(
+    aux: _Opened, children: Sequence[Any], changed: list[int], n: int, where: Callable
+) -> Stacked:
+    """The stack with blocks `changed` replaced by theirs in `children`: only the leaves
+    they change are written, each into those blocks' slices."""
+    new_leaves: dict[int, list[Any]] = {}
+    for k in changed:
+        leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
+        if treedef != aux.treedef:
+            if len(changed) == n:  # every block changed alike: a new structure is fine
+                return Stacked.from_blocks(children)
+            raise _structure_error(aux.blocks[k], children[k], k, where)
+        new_leaves[k] = leaves
+    paths = _LeafPaths(aux.blocks[changed[0]], where)
+    out = list(aux.leaves)
+    for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
+        writes = [
+            (k, new[j]) for k, new in new_leaves.items() if new[j] is not aux.block_leaves[k][j]
+        ]
+        if not writes:
+            continue
+        if kind != _SHARED and len(writes) < n:
+            out[j] = _write(leaf, kind, writes, paths.where_of(j))
+        else:
+            column = [row[j] for row in aux.block_leaves]
+            for k, value in writes:
+                column[k] = value
+            out[j] = _combine(column, paths.where_of(j))
+    return _make(aux.treedef.unflatten(out), n)
 
 
 def _init(stack: Stacked, tree: object, length: int) -> Stacked:
@@ -1229,32 +1228,29 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         where = root_name(root) + jax.tree_util.keystr(path)
         return ValueError(RESTACK_MSG.format(where=where, got=got, want=want))
 
-    if _is_stack(like):
-        if _is_stack(tree):
+    if _is_stack(tree) or _is_stack(like):
+        # a stack against a stack of its kind and length, or a tuple or list of as many blocks
+        def mismatch(other: Callable[[Any], str]) -> ValueError:
+            got, want = (_stackdescribe(x) if _is_stack(x) else other(x) for x in (tree, like))
+            return error(got, want)
+
+        if _is_stack(tree) and _is_stack(like):
             if type(tree) is not type(like) or len(tree) != len(like):
-                raise error(_stackdescribe(tree), _stackdescribe(like))
+                raise mismatch(describe)
             return tree
-        if not _sequence_of_blocks(tree):
-            raise error(describe(tree), _stackdescribe(like))
+        if not _sequence_of_blocks(like if _is_stack(tree) else tree):
+            raise mismatch(describe)
         if len(tree) != len(like):
-            raise error(f"{len(tree)} blocks", _stackdescribe(like))
-        # a stack's blocks share one structure: its block 0 is every block's template
-        templates = [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
-        blocks = [
-            _restack(block, template, (*path, SequenceKey(i)), root)
-            for i, (block, template) in enumerate(zip(tree, templates))
-        ]
-        return like.__tc_restack__(blocks)
-    if _is_stack(tree):
-        if not _sequence_of_blocks(like):
-            raise error(_stackdescribe(tree), describe(like))
-        if len(tree) != len(like):
-            raise error(_stackdescribe(tree), f"{len(like)} blocks")
-        blocks = [
-            _restack(block, template, (*path, SequenceKey(i)), root)
-            for i, (block, template) in enumerate(zip(tree.__tc_unstack__(), like))
-        ]
-        return type(like)(blocks)
+            raise mismatch(lambda x: f"{len(x)} blocks")
+        if _is_stack(tree):
+            pairs = zip(tree.__tc_unstack__(), like)
+        else:  # a stack's blocks share one structure: its block 0 is every block's template
+            templates = (
+                [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
+            )
+            pairs = zip(tree, templates)
+        blocks = [_restack(b, t, (*path, SequenceKey(i)), root) for i, (b, t) in enumerate(pairs)]
+        return type(like)(blocks) if _is_stack(tree) else like.__tc_restack__(blocks)
     if not _has_stack(tree) and not _has_stack(like):
         return tree
     tree_kind, like_kind = node_kind(tree, is_frozen), node_kind(like, is_frozen)
