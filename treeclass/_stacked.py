@@ -158,9 +158,9 @@ def _has_axis(x: Any, n: int) -> bool:
     return len(shape) >= 1 and shape[0] == n
 
 
-def _holds_array(x: object) -> bool:
-    """Whether a leaf is an array, or a frozen value holding one."""
-    return _is_array(x) or (is_frozen(x) and _is_array(unfreeze(x)))
+def _unfrozen(x: Any) -> Any:
+    """The value a frozen leaf holds, or the leaf itself."""
+    return unfreeze(x) if is_frozen(x) else x
 
 
 def _leaf_kind(x: object, n: int) -> int:
@@ -235,16 +235,14 @@ def _is_number(x: object) -> bool:
     return type(x) in _NUMBERS or isinstance(x, np.generic)
 
 
-def _numbers_array(values: Sequence[Any]) -> np.ndarray:
-    """Numbers of one type, one per block, as an array with JAX's default dtypes."""
-    array = np.asarray(values)
-    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
-
-
 def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
     """One leaf of the stack from that leaf's value in every block (`where(k)`: its path)."""
     first = values[0]
-    if _holds_array(first):
+
+    def differs(message: str, k: int) -> str:
+        return message.format(k=k, where=where(k), got=describe(values[k]), want=describe(first))
+
+    if _is_array(_unfrozen(first)):
         frozen = is_frozen(first)
         inner = [unfreeze(v) if frozen else v for v in values]
         want = (tuple(inner[0].shape), inner[0].dtype)
@@ -255,37 +253,28 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
                     FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
                 )
             if not _is_array(inner[k]):
-                raise TypeError(
-                    MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-                )
+                raise TypeError(differs(MIXED_MSG, k))
             if (tuple(inner[k].shape), inner[k].dtype) != want:
-                raise ValueError(
-                    SHAPE_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-                )
+                raise ValueError(differs(SHAPE_MSG, k))
         stacked = _stack_arrays(inner)
         return freeze(stacked) if frozen else stacked
     for k, v in enumerate(values):
-        if _holds_array(v):
-            raise TypeError(
-                MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-            )
+        if _is_array(_unfrozen(v)):
+            raise TypeError(differs(MIXED_MSG, k))
     if all(_same(v, first) for v in values):
         return first
     if _is_number(first):
-        # numbers of one type that differ between blocks: one per block, as an array
+        # numbers of one type that differ between blocks: one per block, as an array with
+        # JAX's default dtypes
         for k, v in enumerate(values):
             if type(v) is not type(first):
-                raise TypeError(
-                    SHARED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-                )
-        return _numbers_array(values)
+                raise TypeError(differs(SHARED_MSG, k))
+        array = np.asarray(values)
+        return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
-    message = SHARED_MSG
     if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
-        message = FROZEN_SUBTREE_MSG
-    raise ValueError(
-        message.format(k=k, where=where(k), got=describe(values[k]), want=describe(first))
-    )
+        raise ValueError(differs(FROZEN_SUBTREE_MSG, k))
+    raise ValueError(differs(SHARED_MSG, k))
 
 
 def _block_value(
@@ -509,7 +498,7 @@ class Stacked(StackBase):
 
     def __init__(self, tree: Any, length: int | None = None) -> None:
         leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
-        inners = [(path, unfreeze(x) if is_frozen(x) else x) for path, x in leaves]
+        inners = [(path, _unfrozen(x)) for path, x in leaves]
         arrays = [(path, inner) for path, inner in inners if _is_array(inner)]
         source = ""
         if length is None:
@@ -612,44 +601,34 @@ class Stacked(StackBase):
         n = int(key_leaves[0].shape[0])
         if n == 0:
             raise ValueError(FROM_INIT_EMPTY_MSG.format(what=describe(key_leaves[0])))
-        traced: list[tuple[Any, list[int], list[Any]]] = []
+        traced: list[tuple[Any, list[Any]]] = []  # the block's tree definition and leaves
 
         def one(key: Any) -> list[Any]:
             block = make(key)
             _check_node(block)
             leaves, treedef = jax.tree_util.tree_flatten(block, is_leaf=is_frozen)
-            kinds: list[int] = []
-            kept: list[Any] = []
-            arrays: list[Any] = []
-            for leaf in leaves:
-                inner = unfreeze(leaf) if is_frozen(leaf) else leaf
-                if isinstance(inner, jax.Array):  # made from the key, or a constant
-                    kinds.append(_FROZEN_ARRAY if inner is not leaf else _ARRAY)
-                    arrays.append(inner)
-                    kept.append(None)
-                else:
-                    kinds.append(_SHARED)
-                    kept.append(leaf)
-            traced.append((treedef, kinds, kept))
-            return arrays
+            traced.append((treedef, leaves))
+            # its arrays (made from the key, or constants), which `vmap` stacks
+            return [x for x in map(_unfrozen, leaves) if isinstance(x, jax.Array)]
 
-        stacked = jax.vmap(one)(keys)
-        treedef, kinds, kept = traced[0]
-        out, arrays = [], iter(stacked)
-        for k, (kind, leaf) in enumerate(zip(kinds, kept)):
-            if kind == _SHARED:
-                if isinstance(leaf, np.ndarray):  # a NumPy constant: the same in every block
-                    leaf = np.stack([leaf] * n)
-                elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
-                    raise TypeError(
-                        "A block made by `Stacked.from_init` holds a value computed from its "
-                        f"key that is not an array (at blocks[0]{_leaf_keystr(treedef, k)}, "
-                        "a frozen subtree, say): only arrays can be stacked."
-                    )
-                out.append(leaf)
-            else:
+        arrays = iter(jax.vmap(one)(keys))
+        treedef, leaves = traced[0]
+        out = []
+        for k, leaf in enumerate(leaves):
+            inner = _unfrozen(leaf)
+            if isinstance(inner, jax.Array):
                 array = next(arrays)
-                out.append(freeze(array) if kind == _FROZEN_ARRAY else array)
+                out.append(array if inner is leaf else freeze(array))
+            elif isinstance(leaf, np.ndarray):  # a NumPy constant: the same in every block
+                out.append(np.stack([leaf] * n))
+            elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
+                raise TypeError(
+                    "A block made by `Stacked.from_init` holds a value computed from its "
+                    f"key that is not an array (at blocks[0]{_leaf_keystr(treedef, k)}, "
+                    "a frozen subtree, say): only arrays can be stacked."
+                )
+            else:
+                out.append(leaf)
         return _make(treedef.unflatten(out), n)
 
     # -- the blocks -------------------------------------------------------------------------
@@ -1051,7 +1030,7 @@ class _BlockLeaf:
 
     @property
     def array(self) -> Any:
-        return unfreeze(self.value) if is_frozen(self.value) else self.value
+        return _unfrozen(self.value)
 
     def block_type(self) -> str:
         x = self.array
