@@ -647,21 +647,18 @@ class Stacked(StackBase):
 
     def __getitem__(self, index: int | slice) -> Any:
         n = self._length
-        leaves, treedef, kinds = self._leaves()
         if isinstance(index, slice):
             chosen = range(n)[index]
             if not chosen:
                 text = ":".join("" if v is None else str(v) for v in (index.start, index.stop))
                 raise IndexError(EMPTY_SLICE_MSG.format(text=text, n=n))
-            taken = [_take(x, k, index) for x, k in zip(leaves, kinds)]
-            return _make(treedef.unflatten(taken), len(chosen))
+            return _make(self._block(index), len(chosen))
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise TypeError(INDEX_TYPE_MSG.format(what=describe(index)))
         i = int(index)
         if not -n <= i < n:
             raise IndexError(INDEX_MSG.format(index=i, n=n, low=-n, high=n - 1))
-        i %= n
-        return treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
+        return self._block(i % n)
 
     def unstack(self) -> tuple[Any, ...]:
         """The blocks, as a tuple of ordinary trees (the inverse of `from_blocks`).
@@ -679,15 +676,20 @@ class Stacked(StackBase):
         assert len(blocks) == 3 and blocks[0]["w"].shape == (2,)
         ```
         """
-        return tuple(self._open()[0])
+        return tuple(self._open().blocks)
 
-    def _open(self) -> tuple[list[Any], list[list[Any]], Any, list[Any], list[int]]:
+    def _block(self, i: int | slice) -> Any:
+        """Block `i` (in range), or blocks `i` as one tree; each leaf sliced once."""
+        leaves, treedef, kinds = self._leaves()
+        return treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
+
+    def _open(self) -> _Opened:
         n = self._length
         leaves, treedef, kinds = self._leaves()
         columns = [_split(x, k, n) for x, k in zip(leaves, kinds)]
         block_leaves = [[column[i] for column in columns] for i in range(n)]
         blocks = [treedef.unflatten(row) for row in block_leaves]
-        return blocks, block_leaves, treedef, leaves, kinds
+        return _Opened(blocks, block_leaves, treedef, leaves, kinds)
 
     # -- applying ---------------------------------------------------------------------------
 
@@ -809,7 +811,7 @@ class StackedKind(NodeKind["Stacked"]):
     class declares hold for them."""
 
     def open(self, node: Stacked) -> Opened:
-        opened = _Opened(*node._open())
+        opened = node._open()
         entries = tuple(SequenceKey(i) for i in range(node._length))
         return Opened(entries, list(opened.blocks), opened)
 
@@ -820,9 +822,7 @@ class StackedKind(NodeKind["Stacked"]):
         i = block_index(key, node._length)
         if i is None:
             return None
-        leaves, treedef, kinds = node._leaves()
-        block = treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
-        return SequenceKey(i), block
+        return SequenceKey(i), node._block(i)
 
     def replace(
         self,
