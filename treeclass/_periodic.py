@@ -19,6 +19,7 @@ unrolled model has) and `restack` back, through the hooks `Stacked` defines too.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -126,7 +127,7 @@ class Periodic(StackBase):
     def __init__(self, stack: Stacked) -> None:
         if not isinstance(stack, Stacked) or type(stack.tree) is not tuple or not stack.tree:
             raise TypeError(NOT_PATTERN_MSG.format(what=describe(stack)))
-        _init(self, stack)
+        _unflatten(len(stack.tree), (stack,), self)
 
     # -- building ---------------------------------------------------------------------------
 
@@ -330,12 +331,8 @@ def _stack_outputs(outputs: list[Any]) -> Any:
     return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *outputs)
 
 
-def _init(periodic: Periodic, stack: Stacked) -> Periodic:
-    return _unflatten(len(stack.tree), (stack,), periodic)
-
-
 def _make(stack: Stacked) -> Periodic:
-    return _init(object.__new__(Periodic), stack)
+    return _unflatten(len(stack.tree), (stack,))
 
 
 def _unflatten(period: int, children: Any, periodic: Periodic | None = None) -> Periodic:
@@ -358,13 +355,8 @@ jax.tree_util.register_pytree_with_keys(
 
 def _kinds(periodic: Periodic) -> str:
     """`5×Local, Global`: the pattern's block types, runs folded."""
-    names = [type(block).__name__ for block in periodic.stack.tree]
-    runs: list[list[Any]] = []
-    for name in names:
-        if runs and runs[-1][0] == name:
-            runs[-1][1] += 1
-        else:
-            runs.append([name, 1])
+    names = itertools.groupby(type(block).__name__ for block in periodic.stack.tree)
+    runs = [(name, len(list(run))) for name, run in names]
     return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
 
@@ -384,9 +376,7 @@ class _PeriodicKind(NodeKind["Periodic"]):
         if i is None:
             return None
         r, j = divmod(i, node._period)
-        found = STACKED_KIND.child(node._stack, r)
-        assert found is not None
-        return SequenceKey(i), found[1][j]
+        return SequenceKey(i), node._stack[r][j]
 
     def replace(
         self,
@@ -398,12 +388,10 @@ class _PeriodicKind(NodeKind["Periodic"]):
         where: Callable[[tuple], str] = jax.tree_util.keystr,
     ) -> Periodic:
         r, j = divmod(entry.idx, node._period)
-        found = STACKED_KIND.child(node._stack, r)
-        assert found is not None
-        inner, pattern = found
+        pattern = node._stack[r]
         changed = (*pattern[:j], new, *pattern[j + 1 :])
         where = _in_layers(node._period, path, where)
-        return _make(STACKED_KIND.replace(node._stack, inner, pattern, changed, (), where))
+        return _make(STACKED_KIND.replace(node._stack, SequenceKey(r), pattern, changed, (), where))
 
     def rebuild(
         self,
