@@ -334,24 +334,12 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
         value = unfreeze(value) if frozen else value
 
         def fail(got: object, misfit: tuple[type, str] | None = None, k: int = k) -> Exception:
+            said = {"got": describe(got), "k": k, "where": where(k), "dtype": dtype_name(dtype)}
             if misfit is not None and misfit[0] is not TypeError:
-                text = RANGE_MSG.format(
-                    got=describe(got),
-                    k=k,
-                    where=where(k),
-                    reason=misfit[1],
-                    dtype=dtype_name(dtype),
-                )
-                return NumberRangeError(text)
-            text = WRITE_MSG.format(
-                got=describe(got),
-                k=k,
-                where=where(k),
-                stacked=describe(target).removeprefix("an array "),
-                block_shape=list(shape),
-                dtype=dtype_name(dtype),
-                hint=WRITE_HINT if not _is_array(got) and not _is_number(got) else "",
-            )
+                return NumberRangeError(RANGE_MSG.format(**said, reason=misfit[1]))
+            stacked = describe(target).removeprefix("an array ")
+            hint = WRITE_HINT if not _is_array(got) and not _is_number(got) else ""
+            text = WRITE_MSG.format(**said, stacked=stacked, block_shape=list(shape), hint=hint)
             return TypeError(text)
 
         values.append(_block_value(value, shape, dtype, fail))
@@ -362,21 +350,20 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
         new: Any = target.copy()
         for k, v in zip(blocks, values):
             new[k] = v
+    elif len(blocks) == 1 and not getattr(target, "weak_type", False):
+        # one primitive, where a scatter costs ten times as much (but a scatter keeps a weak
+        # type, and `dynamic_update_slice` does not)
+        value = jnp.asarray(values[0], target.dtype)
+        if value.shape != shape:
+            value = jnp.broadcast_to(value, shape)
+        new = jax.lax.dynamic_update_index_in_dim(jnp.asarray(target), value, blocks[0], 0)
+    elif len(blocks) == 1:
+        new = jnp.asarray(target).at[blocks[0]].set(values[0])
+    elif all(v is values[0] for v in values):
+        new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
     else:
-        if len(blocks) == 1 and not getattr(target, "weak_type", False):
-            # one primitive, where a scatter costs ten times as much (but a scatter keeps
-            # a weak type, and `dynamic_update_slice` does not)
-            value = jnp.asarray(values[0], target.dtype)
-            if value.shape != shape:
-                value = jnp.broadcast_to(value, shape)
-            new = jax.lax.dynamic_update_index_in_dim(jnp.asarray(target), value, blocks[0], 0)
-        elif len(blocks) == 1:
-            new = jnp.asarray(target).at[blocks[0]].set(values[0])
-        elif all(v is values[0] for v in values):
-            new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
-        else:
-            update = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in values])
-            new = jnp.asarray(target).at[np.asarray(blocks)].set(update)
+        update = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in values])
+        new = jnp.asarray(target).at[np.asarray(blocks)].set(update)
     return freeze(new) if frozen else new
 
 
