@@ -153,14 +153,8 @@ class _Rule:
         self.index = index
         self.selectors = row[:-1]
         self.entries = _spec_entries(row[-1], index)
-        chain = ", ".join(_selector_text(s) for s in self.selectors)
+        chain = ", ".join(s.__name__ if isinstance(s, type) else repr(s) for s in self.selectors)
         self.text = f"rule {index} ({chain} -> {_spec_text(self.entries)})"
-
-
-def _selector_text(selector: object) -> str:
-    if isinstance(selector, type):
-        return selector.__name__
-    return repr(selector)
 
 
 def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:

@@ -1054,10 +1054,6 @@ def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
     ]
 
 
-def _stack_name(stack: Stacked) -> str:
-    return f"Stacked[{stack._length}×{type(stack._tree).__name__}]"
-
-
 def _leaf_count(leaf: _BlockLeaf) -> int:
     return int(np.prod(leaf.array.shape, dtype=np.int64))
 
@@ -1078,7 +1074,11 @@ register_printer(
     count=_leaf_count,
     size=_leaf_size,
 )
-register_printer(Stacked, type_name=_stack_name, children=_print_children)
+register_printer(
+    Stacked,
+    type_name=lambda stack: f"Stacked[{stack._length}×{type(stack._tree).__name__}]",
+    children=_print_children,
+)
 
 
 def block_depths(tree: object, depth: int = 0) -> list[int]:
