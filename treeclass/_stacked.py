@@ -485,15 +485,14 @@ class Stacked(StackBase):
 
     def __init__(self, tree: Any, length: int | None = None) -> None:
         leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
-        inners = [(path, _unfrozen(x)) for path, x in leaves]
-        arrays = [(path, inner) for path, inner in inners if _is_array(inner)]
+        arrays = [(path, _unfrozen(x)) for path, x in leaves if _is_array(_unfrozen(x))]
         source = ""
         if length is None:
             if not arrays:
                 raise ValueError(NO_LENGTH_MSG)
             first_path, first = arrays[0]
             length = int(first.shape[0]) if len(first.shape) else 0
-            source = f" (the first array, blocks{jax.tree_util.keystr(first_path)}, says so)"
+            source = f" (the first array, {_in_blocks(first_path)}, says so)"
         if not isinstance(length, int) or isinstance(length, bool) or length < 1:
             raise ValueError(f"A stack has at least one block; got length={length!r}.")
         for path, inner in arrays:
@@ -588,20 +587,20 @@ class Stacked(StackBase):
         n = int(key_leaves[0].shape[0])
         if n == 0:
             raise ValueError(FROM_INIT_EMPTY_MSG.format(what=describe(key_leaves[0])))
-        traced: list[tuple[Any, list[Any]]] = []  # the block's tree definition and leaves
+        traced: list[tuple[Any, Any]] = []  # the block's (path, leaf) pairs and tree definition
 
         def one(key: Any) -> list[Any]:
             block = make(key)
             _check_node(block)
-            leaves, treedef = jax.tree_util.tree_flatten(block, is_leaf=is_frozen)
-            traced.append((treedef, leaves))
+            traced.append(jax.tree_util.tree_flatten_with_path(block, is_leaf=is_frozen))
             # its arrays (made from the key, or constants), which `vmap` stacks
-            return [x for x in map(_unfrozen, leaves) if isinstance(x, jax.Array)]
+            inners = (_unfrozen(leaf) for _, leaf in traced[-1][0])
+            return [x for x in inners if isinstance(x, jax.Array)]
 
         arrays = iter(jax.vmap(one)(keys))
-        treedef, leaves = traced[0]
+        pairs, treedef = traced[0]
         out = []
-        for k, leaf in enumerate(leaves):
+        for path, leaf in pairs:
             inner = _unfrozen(leaf)
             if isinstance(inner, jax.Array):
                 array = next(arrays)
@@ -611,7 +610,7 @@ class Stacked(StackBase):
             elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
                 raise TypeError(
                     "A block made by `Stacked.from_init` holds a value computed from its "
-                    f"key that is not an array (at blocks[0]{_leaf_keystr(treedef, k)}, "
+                    f"key that is not an array (at {_in_blocks((SequenceKey(0), *path))}, "
                     "a frozen subtree, say): only arrays can be stacked."
                 )
             else:
@@ -976,12 +975,6 @@ class _LeafPaths:
             return self.where((SequenceKey(k), *self.paths[j]))
 
         return text
-
-
-def _leaf_keystr(treedef: Any, j: int) -> str:
-    dummy = treedef.unflatten([0] * treedef.num_leaves)
-    paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
-    return jax.tree_util.keystr(paths[j][0]) if j < len(paths) else ""
 
 
 def _structure_error(first: object, other: object, k: int, where: Callable) -> Exception:
