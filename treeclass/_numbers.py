@@ -50,7 +50,6 @@ _CATEGORIES = (
 # a number's kind -> the kinds of dtype that take it by kind (NumPy scalars, traced weak
 # scalars: numbers whose value is not judged alone)
 KIND_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
-_PYTHON_KINDS = ((bool, "b"), (int, "i"), (float, "f"), (complex, "c"))
 
 
 def dtype_name(dtype: DTypeLike) -> str:
@@ -73,9 +72,14 @@ def dtype_kind(dtype: DTypeLike) -> str:
 
 def number_kind(x: complex | np.generic) -> str:
     """The kind of a Python or NumPy (or ml_dtypes) number."""
-    for cls, kind in _PYTHON_KINDS:  # bool first: it is an int too
-        if isinstance(x, cls):
-            return kind
+    if isinstance(x, bool):
+        return "b"
+    if isinstance(x, int):
+        return "i"
+    if isinstance(x, float):
+        return "f"
+    if isinstance(x, complex):
+        return "c"
     return dtype_kind(x.dtype)  # a NumPy scalar
 
 
