@@ -19,8 +19,9 @@ unrolled model has) and `restack` back, through the hooks `Stacked` defines too.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -28,10 +29,9 @@ import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
 from ._at import AtIndexer, at
-from ._pprint_html import Printed
 from ._pprint_registry import register_printer
-from ._stacked import Stacked
-from ._structure import Layers, NodeKind, Opened, describe, register_kind, registered_kind
+from ._stacked import STACKED_KIND, StackBase, Stacked, block_index
+from ._structure import Layers, NodeKind, Opened, describe, register_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -57,7 +57,7 @@ OUTPUTS_MSG = (
 )
 
 
-class Periodic(Printed):
+class Periodic(StackBase):
     """R repeats of a pattern of P blocks (of possibly different kinds), as one tree.
 
     A model whose layers follow a pattern, `[local]*5 + [global]` repeated, compiles one
@@ -117,6 +117,8 @@ class Periodic(Printed):
     """
 
     __slots__ = ("_stack", "_period", "_flat", "__weakref__")
+    _IMMUTABLE = "A `Periodic` is immutable"
+    _HOW_TO_CHANGE = "change layers with `.at`: `model.at['layers'][11]['w'].set(value)`."
 
     _stack: Stacked
     _period: int
@@ -125,7 +127,7 @@ class Periodic(Printed):
     def __init__(self, stack: Stacked) -> None:
         if not isinstance(stack, Stacked) or type(stack.tree) is not tuple or not stack.tree:
             raise TypeError(NOT_PATTERN_MSG.format(what=describe(stack)))
-        _init(self, stack)
+        _unflatten(len(stack.tree), (stack,), self)
 
     # -- building ---------------------------------------------------------------------------
 
@@ -229,9 +231,6 @@ class Periodic(Printed):
         r, j = divmod(int(index) % n, self._period)
         return self._stack[r][j]
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.layers())
-
     def layers(self) -> tuple[Any, ...]:
         """Every layer in order, as a tuple of ordinary blocks (the unrolled model's)."""
         return tuple(block for pattern in self._stack.unstack() for block in pattern)
@@ -299,11 +298,7 @@ class Periodic(Printed):
 
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """`x` through every layer in turn, `layer(x, *args, **kwargs)`: R scan steps."""
-
-        def step(layer: Any, carry: Any) -> tuple[Any, None]:
-            return layer(carry, *args, **kwargs), None
-
-        return self.scan(step, x)[0]
+        return self._run(x, args, kwargs)
 
     # -- unstack_all / restack ----------------------------------------------------------------
 
@@ -319,15 +314,6 @@ class Periodic(Printed):
     def at(self) -> AtIndexer[Periodic]:
         """The `.at` indexer of the periodic stack: `layers.at[11]["w"].set(0.0)`."""
         return at(self)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(
-            "A `Periodic` is immutable; change layers with `.at`: "
-            "`model.at['layers'][11]['w'].set(value)`."
-        )
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("A `Periodic` is immutable.")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._stack,))
@@ -345,22 +331,13 @@ def _stack_outputs(outputs: list[Any]) -> Any:
     return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *outputs)
 
 
-def _init(periodic: Periodic, stack: Stacked) -> None:
-    store = object.__setattr__
-    store(periodic, "_stack", stack)
-    store(periodic, "_period", len(stack.tree))
-    store(periodic, "_flat", ((stack,), len(stack.tree)))
-
-
 def _make(stack: Stacked) -> Periodic:
-    periodic = object.__new__(Periodic)
-    _init(periodic, stack)
-    return periodic
+    return _unflatten(len(stack.tree), (stack,))
 
 
-def _unflatten(period: int, children: Any) -> Periodic:
+def _unflatten(period: int, children: Any, periodic: Periodic | None = None) -> Periodic:
     # no checks: JAX rebuilds trees with any leaves (tracers, None, sentinel objects)
-    periodic = object.__new__(Periodic)
+    periodic = object.__new__(Periodic) if periodic is None else periodic
     store = object.__setattr__
     store(periodic, "_stack", children[0])
     store(periodic, "_period", period)
@@ -378,13 +355,8 @@ jax.tree_util.register_pytree_with_keys(
 
 def _kinds(periodic: Periodic) -> str:
     """`5×Local, Global`: the pattern's block types, runs folded."""
-    names = [type(block).__name__ for block in periodic.stack.tree]
-    runs: list[list[Any]] = []
-    for name in names:
-        if runs and runs[-1][0] == name:
-            runs[-1][1] += 1
-        else:
-            runs.append([name, 1])
+    names = itertools.groupby(type(block).__name__ for block in periodic.stack.tree)
+    runs = [(name, len(list(run))) for name, run in names]
     return ", ".join(name if count == 1 else f"{count}×{name}" for name, count in runs)
 
 
@@ -394,22 +366,17 @@ class _PeriodicKind(NodeKind["Periodic"]):
     roles of its children are those of each layer's own class, none of the pattern's."""
 
     def open(self, node: Periodic) -> Opened:
-        opened = _STACK.open(node._stack)
+        opened = STACKED_KIND.open(node._stack)
         layers = [block for pattern in opened.children for block in pattern]
         entries = tuple(SequenceKey(i) for i in range(len(layers)))
         return Opened(entries, layers, (opened.children, opened.aux))
 
     def child(self, node: Periodic, key: str | int) -> tuple[Any, Any] | None:
-        if type(key) is not int:
-            return None
-        n = len(node)
-        i = key + n if key < 0 else key
-        if not 0 <= i < n:
+        i = block_index(key, len(node))
+        if i is None:
             return None
         r, j = divmod(i, node._period)
-        found = _STACK.child(node._stack, r)
-        assert found is not None
-        return SequenceKey(i), found[1][j]
+        return SequenceKey(i), node._stack[r][j]
 
     def replace(
         self,
@@ -421,12 +388,10 @@ class _PeriodicKind(NodeKind["Periodic"]):
         where: Callable[[tuple], str] = jax.tree_util.keystr,
     ) -> Periodic:
         r, j = divmod(entry.idx, node._period)
-        found = _STACK.child(node._stack, r)
-        assert found is not None
-        inner, pattern = found
+        pattern = node._stack[r]
         changed = (*pattern[:j], new, *pattern[j + 1 :])
         where = _in_layers(node._period, path, where)
-        return _make(_STACK.replace(node._stack, inner, pattern, changed, (), where))
+        return _make(STACKED_KIND.replace(node._stack, SequenceKey(r), pattern, changed, (), where))
 
     def rebuild(
         self,
@@ -445,7 +410,7 @@ class _PeriodicKind(NodeKind["Periodic"]):
             same = all(a is b for a, b in zip(new, old))
             regrouped.append(old if same else tuple(new))
         inner = _in_layers(p, path, where)
-        out = _STACK.rebuild(node._stack, stack_aux, regrouped, partial, (), inner)
+        out = STACKED_KIND.rebuild(node._stack, stack_aux, regrouped, partial, (), inner)
         if isinstance(out, Stacked):
             return node if out is node._stack else _make(out)
         return tuple(children)  # a `get` whose fill values changed the structure
@@ -473,7 +438,6 @@ def _in_layers(
 
 
 register_kind(Periodic, _PeriodicKind())
-_STACK: Any = registered_kind(Stacked)  # the row of the stack a periodic stack holds
 
 register_printer(
     Periodic,

@@ -121,14 +121,10 @@ _UNUSED = (
 
 def _spec_entries(spec: object, index: int) -> tuple[Any, ...]:
     """A rule's spec as a tuple of entries, each None, a name, or a tuple of names."""
-    if isinstance(spec, P):
-        entries = tuple(spec)
-    elif isinstance(spec, (tuple, list)):
-        entries = tuple(spec)
-    else:
+    if not isinstance(spec, P | tuple | list):
         raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=describe(spec)))
     out: list[Any] = []
-    for position, entry in enumerate(entries):
+    for position, entry in enumerate(spec):
         if entry is None or isinstance(entry, str):
             out.append(entry)
         elif isinstance(entry, (tuple, list)) and all(isinstance(e, str) for e in entry):
@@ -157,14 +153,8 @@ class _Rule:
         self.index = index
         self.selectors = row[:-1]
         self.entries = _spec_entries(row[-1], index)
-        chain = ", ".join(_selector_text(s) for s in self.selectors)
+        chain = ", ".join(s.__name__ if isinstance(s, type) else repr(s) for s in self.selectors)
         self.text = f"rule {index} ({chain} -> {_spec_text(self.entries)})"
-
-
-def _selector_text(selector: object) -> str:
-    if isinstance(selector, type):
-        return selector.__name__
-    return repr(selector)
 
 
 def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -285,7 +275,7 @@ class ShardingRules:
         used = {self.block_axis} if self.block_axis is not None else set()
         for rule in self.rules:
             for entry in rule.entries:
-                used.update((entry,) if isinstance(entry, str) else entry or ())
+                used.update(_names(entry))
         for name in axes:
             if name not in used:
                 close = closest(name, sorted(used))
@@ -482,7 +472,9 @@ class ShardingRules:
             raise AssertionError("the stacks of the tree hold another number of leaves")
         claims = self._claims(tree, len(flat), problems)
         mapped = {rule.index: self._mapped_entries(rule, sizes, problems) for rule in self.rules}
-        block = self._block_entry(sizes, problems) if any(depths) else ()
+        block: tuple[str, ...] | None = ()
+        if any(depths) and self.block_axis is not None:
+            block = self._name(self.block_axis, sizes, problems, "block_axis")
         specs: list[P] = []
         for (path, leaf), claimed, depth in zip(flat, claims, depths, strict=True):
             spec = self._leaf_spec(tree, path, leaf, claimed, depth, mapped, block, problems)
@@ -498,7 +490,7 @@ class ShardingRules:
                 lines.append(f"  ... and {len(problems) - len(shown)} more")
             raise ValueError(
                 _PROBLEMS_MSG.format(
-                    root=_root_text(tree),
+                    root=path_str(tree, ()),
                     mesh=_mesh_text(sizes),
                     count=len(problems),
                     problems="\n".join(lines),
@@ -515,24 +507,22 @@ class ShardingRules:
             try:
                 flags = _selected(tree, rule.selectors, frozen)
             except _SomeBlocks as some:
-                problems[_SOME_BLOCKS.format(rule=rule.text, where=some.where)] = None
+                problems[_SOME_BLOCKS.format(rule=rule.text, where=some.args[0])] = None
                 continue
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
                 problem = _SELECTION_FAILS.format(
-                    rule=rule.text, root=_root_text(tree), error=message
+                    rule=rule.text, root=path_str(tree, ()), error=message
                 )
                 problems[problem] = None
                 continue
             if len(flags) != count:  # pragma: no cover - mask keeps the tree's structure
                 raise AssertionError("a selection mask lost the tree's structure")
-            used = False
             for index, flag in enumerate(flags):
                 if flag:
                     claims[index].append(rule)
-                    used = True
-            if not used:
-                problems[_UNUSED.format(rule=rule.text, root=_root_text(tree))] = None
+            if not any(flags):
+                problems[_UNUSED.format(rule=rule.text, root=path_str(tree, ()))] = None
         return claims
 
     def _name(
@@ -553,40 +543,22 @@ class ShardingRules:
             return None if bad else targets
         if name in sizes:
             return (name,)
-        if where == "block_axis":
-            problems[
-                _UNKNOWN_BLOCK_AXIS.format(name=name, logical=logical, mesh_axes=mesh_axes)
-            ] = None
-        else:
-            problems[
-                _UNKNOWN_AXIS.format(rule=where, name=name, logical=logical, mesh_axes=mesh_axes)
-            ] = None
+        unknown = _UNKNOWN_BLOCK_AXIS if where == "block_axis" else _UNKNOWN_AXIS
+        problems[unknown.format(rule=where, name=name, logical=logical, mesh_axes=mesh_axes)] = None
         return None
 
     def _mapped_entries(
         self, rule: _Rule, sizes: dict[str, int], problems: dict[str, None]
     ) -> tuple[tuple[str, ...], ...] | None:
         """A rule's entries as tuples of mesh axes, or None when a name is unknown."""
-        out = []
-        ok = True
-        for entry in rule.entries:
-            names = () if entry is None else (entry,) if isinstance(entry, str) else entry
-            axes: list[str] = []
-            for name in names:
-                targets = self._name(name, sizes, problems, rule.text)
-                if targets is None:
-                    ok = False
-                else:
-                    axes.extend(targets)
-            out.append(tuple(axes))
-        return tuple(out) if ok else None
-
-    def _block_entry(
-        self, sizes: dict[str, int], problems: dict[str, None]
-    ) -> tuple[str, ...] | None:
-        if self.block_axis is None:
-            return ()
-        return self._name(self.block_axis, sizes, problems, "block_axis")
+        # every name is looked up, so that each unknown one is reported
+        targets = [
+            [self._name(name, sizes, problems, rule.text) for name in _names(entry)]
+            for entry in rule.entries
+        ]
+        if any(t is None for per_entry in targets for t in per_entry):
+            return None
+        return tuple(tuple(axis for t in per_entry for axis in t or ()) for per_entry in targets)
 
     def _leaf_spec(
         self,
@@ -601,10 +573,13 @@ class ShardingRules:
     ) -> list[Any] | None:
         """The leaf's spec as a list of mesh-axis entries, or None (replicated / a problem)."""
         rank = len(_shape(leaf))
+
+        def about() -> dict[str, str]:  # worked out for a problem only
+            return {"path": path_str(tree, path), "what": _what(leaf, depth)}
+
         if not claimed:
             if rank and self.unmatched == "error":
-                where = path_str(tree, path)
-                problems[_UNMATCHED_LEAF.format(path=where, what=_what(leaf, depth))] = None
+                problems[_UNMATCHED_LEAF.format(**about())] = None
                 return None
             if depth and block:  # replicated as `P()` is: the block axes still split
                 return [block] * depth + [()] * (rank - depth)
@@ -615,9 +590,7 @@ class ShardingRules:
             written.setdefault(key, rule)
         if len(written) > 1:
             claims = " and ".join(rule.text for rule in written.values())
-            problems[
-                _CONFLICT.format(path=path_str(tree, path), what=_what(leaf, depth), claims=claims)
-            ] = None
+            problems[_CONFLICT.format(**about(), claims=claims)] = None
             return None
         ((key, rule),) = written.items()
         if key is None:
@@ -628,15 +601,10 @@ class ShardingRules:
                 )
             else:
                 want = f"one per axis of the leaf ({rank})"
-            problems[
-                _RANK.format(
-                    path=path_str(tree, path),
-                    what=_what(leaf, depth),
-                    rule=rule.text,
-                    got=len(rule.entries),
-                    want=f"but it needs {want}, or none (`P()`: replicated)",
-                )
-            ] = None
+            want = f"but it needs {want}, or none (`P()`: replicated)"
+            problems[_RANK.format(**about(), rule=rule.text, got=len(rule.entries), want=want)] = (
+                None
+            )
             return None
         entries = mapped[rule.index]
         if entries is None:  # an unknown name: reported once, for the rule
@@ -669,45 +637,27 @@ class ShardingRules:
                 indivisible.append((dim, size, axes, parts))
         if not twice and not indivisible:  # the usual case: nothing to write
             return
-        rule = claimed[0].text
-        where = path_str(tree, path)
-        what = _what(leaf, depth)
-        mesh_spec = P(*_entries_of(spec))
+        about = dict(
+            path=path_str(tree, path),
+            what=_what(leaf, depth),
+            rule=claimed[0].text,
+            spec=P(*_entries_of(spec)),
+        )
+        logical = _spec_text(claimed[0].entries)
         for axis in dict.fromkeys(twice):
-            problems[
-                _TWICE.format(
-                    path=where,
-                    what=what,
-                    rule=rule,
-                    logical=_spec_text(claimed[0].entries),
-                    spec=mesh_spec,
-                    axis=axis,
-                )
-            ] = None
+            problems[_TWICE.format(**about, logical=logical, axis=axis)] = None
         for dim, size, axes, parts in indivisible:
             over = " x ".join(repr(a) for a in axes)
             if len(axes) > 1:
                 over += " (" + " x ".join(str(sizes[a]) for a in axes) + ")"
-            problems[
-                _INDIVISIBLE.format(
-                    path=where,
-                    what=what,
-                    rule=rule,
-                    dim=dim,
-                    size=size,
-                    over=f"mesh axis {over}" if len(axes) == 1 else f"mesh axes {over}",
-                    parts=parts,
-                    spec=mesh_spec,
-                )
-            ] = None
+            over = f"mesh axis {over}" if len(axes) == 1 else f"mesh axes {over}"
+            problems[_INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)] = (
+                None
+            )
 
 
 class _SomeBlocks(Exception):
-    """A rule's selection picks some blocks of a stacked leaf only."""
-
-    def __init__(self, where: str) -> None:
-        super().__init__(where)
-        self.where = where
+    """A rule's selection picks some blocks of a stacked leaf only (`args[0]`: where)."""
 
 
 def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
@@ -750,6 +700,11 @@ def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] 
     return None
 
 
+def _names(entry: Any) -> tuple[str, ...]:
+    """The axis names of one spec entry (None, a name, or a tuple of names)."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else entry
+
+
 def _entries_of(spec: list[tuple[str, ...]]) -> list[Any]:
     return [None if not axes else axes[0] if len(axes) == 1 else axes for axes in spec]
 
@@ -774,21 +729,11 @@ def _what(leaf: object, depth: int) -> str:
     return text
 
 
-def _root_text(tree: object) -> str:
-    return path_str(tree, ())
-
-
 def _mesh_text(sizes: dict[str, int]) -> str:
     return "(" + ", ".join(f"{name}={size}" for name, size in sizes.items()) + ")"
 
 
 # -- what follows the model -------------------------------------------------------------------
-
-
-def _sharding_of(x: object) -> Any:
-    if isinstance(x, jax.sharding.Sharding):
-        return x
-    return getattr(x, "sharding", None)
 
 
 def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None = None) -> _T:
@@ -830,7 +775,7 @@ def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None =
     for path, x in jax.tree_util.tree_flatten_with_path(
         like, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
     )[0]:
-        sharding = _sharding_of(x)
+        sharding = x if isinstance(x, jax.sharding.Sharding) else getattr(x, "sharding", None)
         if sharding is None:
             continue
         if mesh is None and isinstance(sharding, NamedSharding):
@@ -848,9 +793,7 @@ def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None =
             found = by_path.get(path[start:])
             if found is not None:
                 shape, sharding = found
-                if shape is None or shape == _shape(x):
-                    return sharding
-                return replicated
+                return sharding if shape is None or shape == _shape(x) else replicated
         return replicated
 
     return jax.tree_util.tree_map_with_path(place, tree)

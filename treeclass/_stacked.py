@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -145,11 +145,6 @@ RESTACK_MSG = (
 )
 
 
-def _scanned_kinds(kinds: list[int]) -> list[int]:
-    """The kinds of the leaves a scan slices (the shared ones are not scanned)."""
-    return [k for k in kinds if k != _SHARED]
-
-
 # -- leaves -----------------------------------------------------------------------------------
 
 
@@ -161,6 +156,11 @@ def _is_array(x: object) -> bool:
 def _has_axis(x: Any, n: int) -> bool:
     shape = x.shape
     return len(shape) >= 1 and shape[0] == n
+
+
+def _unfrozen(x: Any) -> Any:
+    """The value a frozen leaf holds, or the leaf itself."""
+    return unfreeze(x) if is_frozen(x) else x
 
 
 def _leaf_kind(x: object, n: int) -> int:
@@ -235,16 +235,14 @@ def _is_number(x: object) -> bool:
     return type(x) in _NUMBERS or isinstance(x, np.generic)
 
 
-def _numbers_array(values: Sequence[Any]) -> np.ndarray:
-    """Numbers of one type, one per block, as an array with JAX's default dtypes."""
-    array = np.asarray(values)
-    return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
-
-
 def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
     """One leaf of the stack from that leaf's value in every block (`where(k)`: its path)."""
     first = values[0]
-    if _is_array(first) or (is_frozen(first) and _is_array(unfreeze(first))):
+
+    def differs(message: str, k: int) -> str:
+        return message.format(k=k, where=where(k), got=describe(values[k]), want=describe(first))
+
+    if _is_array(_unfrozen(first)):
         frozen = is_frozen(first)
         inner = [unfreeze(v) if frozen else v for v in values]
         want = (tuple(inner[0].shape), inner[0].dtype)
@@ -255,81 +253,69 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
                     FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
                 )
             if not _is_array(inner[k]):
-                raise TypeError(
-                    MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-                )
+                raise TypeError(differs(MIXED_MSG, k))
             if (tuple(inner[k].shape), inner[k].dtype) != want:
-                raise ValueError(
-                    SHAPE_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-                )
+                raise ValueError(differs(SHAPE_MSG, k))
         stacked = _stack_arrays(inner)
         return freeze(stacked) if frozen else stacked
     for k, v in enumerate(values):
-        if _is_array(v) or (is_frozen(v) and _is_array(unfreeze(v))):
-            raise TypeError(
-                MIXED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-            )
+        if _is_array(_unfrozen(v)):
+            raise TypeError(differs(MIXED_MSG, k))
     if all(_same(v, first) for v in values):
         return first
     if _is_number(first):
-        # numbers of one type that differ between blocks: one per block, as an array
+        # numbers of one type that differ between blocks: one per block, as an array with
+        # JAX's default dtypes
         for k, v in enumerate(values):
             if type(v) is not type(first):
-                raise TypeError(
-                    SHARED_MSG.format(k=k, where=where(k), got=describe(v), want=describe(first))
-                )
-        return _numbers_array(values)
+                raise TypeError(differs(SHARED_MSG, k))
+        array = np.asarray(values)
+        return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
-    message = SHARED_MSG
     if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
-        message = FROZEN_SUBTREE_MSG
-    raise ValueError(
-        message.format(k=k, where=where(k), got=describe(values[k]), want=describe(first))
-    )
+        raise ValueError(differs(FROZEN_SUBTREE_MSG, k))
+    raise ValueError(differs(SHARED_MSG, k))
 
 
 def _block_value(
-    value: object,
-    shape: tuple[int, ...],
-    dtype: np.dtype,
-    error: Callable[[Any], Any],
-    range_error: Callable[[Any, str], Any],
+    value: object, shape: tuple[int, ...], dtype: np.dtype, fail: Callable[..., Exception]
 ) -> Any:
-    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`.
+    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`
+    (`fail(value, misfit=None)`: the error to raise, told `number_misfit`'s verdict).
 
     A number fits when the dtype keeps it (`_numbers.number_misfit`: the rule of every
     number put into an array); an array fits when it has the dtype and a shape that
     broadcasts to `shape`, or is a weak-typed scalar (a Python number `jit` traced) whose
     kind fits (a traced value cannot be judged by its value).
     """
-    kind = dtype_kind(dtype)
-    if _is_number(value):
-        misfit = number_misfit(value, dtype)
+
+    def check(number: object) -> None:
+        misfit = number_misfit(number, dtype)
         if misfit is not None:
-            cls, reason = misfit
-            raise error(value) if cls is TypeError else range_error(value, reason)
+            raise fail(value, misfit)
+
+    if _is_number(value):
+        check(value)
         return value
-    if isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
-        weak_kind = dtype_kind(value.dtype) if getattr(value, "weak_type", False) else None
-        weak = value.ndim == 0 and weak_kind is not None and kind in KIND_FITS.get(weak_kind, "")
-        if value.dtype != dtype and not weak:
-            raise error(value)
-        try:
-            fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape
-        except ValueError:
-            fits_shape = False
-        if not fits_shape:
-            raise error(value)
-        if weak and value.dtype != dtype and isinstance(value, jax.Array):
-            # a concrete weak scalar is checked as the number it holds; a traced one
-            # (inside `jit`) cannot be, and converts as `astype` would
-            if not isinstance(value, Tracer):
-                misfit = number_misfit(value.item(), dtype)
-                if misfit is not None:
-                    cls, reason = misfit
-                    raise error(value) if cls is TypeError else range_error(value, reason)
-        return value
-    raise error(value)
+    if not isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
+        raise fail(value)
+    weak = (
+        value.ndim == 0
+        and getattr(value, "weak_type", False)
+        and dtype_kind(dtype) in KIND_FITS.get(dtype_kind(value.dtype), "")
+    )
+    try:
+        fits_shape = np.broadcast_shapes(tuple(value.shape), shape) == shape
+    except ValueError:
+        fits_shape = False
+    if (value.dtype != dtype and not weak) or not fits_shape:
+        raise fail(value)
+    # a concrete weak scalar is checked as the number it holds; a traced one (inside
+    # `jit`) cannot be, and converts as `astype` would
+    if weak and value.dtype != dtype and isinstance(value, jax.Array):
+        if not isinstance(value, Tracer):
+            check(value.item())
+    return value
 
 
 def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[[int], str]) -> Any:
@@ -347,25 +333,16 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             )
         value = unfreeze(value) if frozen else value
 
-        def error(got: object, k: int = k) -> Exception:
-            text = WRITE_MSG.format(
-                got=describe(got),
-                k=k,
-                where=where(k),
-                stacked=describe(target).removeprefix("an array "),
-                block_shape=list(shape),
-                dtype=dtype_name(dtype),
-                hint=WRITE_HINT if not _is_array(got) and not _is_number(got) else "",
-            )
+        def fail(got: object, misfit: tuple[type, str] | None = None, k: int = k) -> Exception:
+            said = {"got": describe(got), "k": k, "where": where(k), "dtype": dtype_name(dtype)}
+            if misfit is not None and misfit[0] is not TypeError:
+                return NumberRangeError(RANGE_MSG.format(**said, reason=misfit[1]))
+            stacked = describe(target).removeprefix("an array ")
+            hint = WRITE_HINT if not _is_array(got) and not _is_number(got) else ""
+            text = WRITE_MSG.format(**said, stacked=stacked, block_shape=list(shape), hint=hint)
             return TypeError(text)
 
-        def range_error(got: object, reason: str, k: int = k) -> Exception:
-            text = RANGE_MSG.format(
-                got=describe(got), k=k, where=where(k), reason=reason, dtype=dtype_name(dtype)
-            )
-            return NumberRangeError(text)
-
-        values.append(_block_value(value, shape, dtype, error, range_error))
+        values.append(_block_value(value, shape, dtype, fail))
     if isinstance(target, jax.ShapeDtypeStruct):
         return leaf  # an abstract stack: the shapes and dtypes were checked, nothing to hold
     blocks = [k for k, _ in writes]
@@ -373,31 +350,24 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
         new: Any = target.copy()
         for k, v in zip(blocks, values):
             new[k] = v
+    elif len(blocks) == 1 and not getattr(target, "weak_type", False):
+        # one primitive, where a scatter costs ten times as much (but a scatter keeps a weak
+        # type, and `dynamic_update_slice` does not)
+        value = jnp.asarray(values[0], target.dtype)
+        if value.shape != shape:
+            value = jnp.broadcast_to(value, shape)
+        new = jax.lax.dynamic_update_index_in_dim(jnp.asarray(target), value, blocks[0], 0)
+    elif len(blocks) == 1:
+        new = jnp.asarray(target).at[blocks[0]].set(values[0])
+    elif all(v is values[0] for v in values):
+        new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
     else:
-        if len(blocks) == 1 and not getattr(target, "weak_type", False):
-            # one primitive, where a scatter costs ten times as much (but a scatter keeps
-            # a weak type, and `dynamic_update_slice` does not)
-            value = jnp.asarray(values[0], target.dtype)
-            if value.shape != shape:
-                value = jnp.broadcast_to(value, shape)
-            new = jax.lax.dynamic_update_index_in_dim(jnp.asarray(target), value, blocks[0], 0)
-        elif len(blocks) == 1:
-            new = jnp.asarray(target).at[blocks[0]].set(values[0])
-        elif all(v is values[0] for v in values):
-            new = jnp.asarray(target).at[np.asarray(blocks)].set(values[0])
-        else:
-            update = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in values])
-            new = jnp.asarray(target).at[np.asarray(blocks)].set(update)
+        update = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in values])
+        new = jnp.asarray(target).at[np.asarray(blocks)].set(update)
     return freeze(new) if frozen else new
 
 
 # -- the container ----------------------------------------------------------------------------
-
-
-def _one_level(tree: object) -> tuple[list[Any], Any]:
-    """`tree`'s children and its one-level tree definition (what a `Stacked` flattens to)."""
-    children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
-    return children, treedef
 
 
 _UNOPENED = object()  # a block the row's `replace` did not open (it stays as it is)
@@ -413,7 +383,39 @@ class _Opened(NamedTuple):
     kinds: list[int]
 
 
-class Stacked(Printed):
+class StackBase(Printed):
+    """What the two stack kinds (`Stacked`, `Periodic`) share: they are immutable, iterate
+    over their blocks (or layers) and, called, run `x` through them in one scan."""
+
+    __slots__ = ()
+    _IMMUTABLE: ClassVar[str]  # "A `Stacked` is immutable"
+    _HOW_TO_CHANGE: ClassVar[str]  # the fix, after the `;`
+
+    def __tc_unstack__(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def scan(self, fn: Callable[..., tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.__tc_unstack__())
+
+    def _run(self, x: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`x` through every block in turn, `block(x, *args, **kwargs)`, in one scan."""
+
+        def step(block: Any, carry: Any) -> tuple[Any, None]:
+            return block(carry, *args, **kwargs), None
+
+        return self.scan(step, x)[0]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{self._IMMUTABLE}; {self._HOW_TO_CHANGE}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{self._IMMUTABLE}.")
+
+
+class Stacked(StackBase):
     """N blocks of one structure as one tree: every array carries a leading block axis.
 
     A model with 48 identical blocks traces and compiles one block when its blocks are a
@@ -474,6 +476,8 @@ class Stacked(Printed):
     """
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
+    _IMMUTABLE = "A `Stacked` is immutable"
+    _HOW_TO_CHANGE = "change blocks with `.at`: `model.at['blocks'][7]['weight'].set(value)`."
 
     _tree: Any
     _length: int
@@ -481,27 +485,21 @@ class Stacked(Printed):
 
     def __init__(self, tree: Any, length: int | None = None) -> None:
         leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
-        arrays = []
-        for path, leaf in leaves:
-            inner = unfreeze(leaf) if is_frozen(leaf) else leaf
-            if _is_array(inner):
-                arrays.append((path, inner))
+        arrays = [(path, _unfrozen(x)) for path, x in leaves if _is_array(_unfrozen(x))]
         source = ""
         if length is None:
             if not arrays:
                 raise ValueError(NO_LENGTH_MSG)
             first_path, first = arrays[0]
             length = int(first.shape[0]) if len(first.shape) else 0
-            source = f" (the first array, blocks{jax.tree_util.keystr(first_path)}, says so)"
+            source = f" (the first array, {_in_blocks(first_path)}, says so)"
         if not isinstance(length, int) or isinstance(length, bool) or length < 1:
             raise ValueError(f"A stack has at least one block; got length={length!r}.")
         for path, inner in arrays:
             if not _has_axis(inner, length):
-                where = "blocks" + jax.tree_util.keystr(path)
+                where, got = _in_blocks(path), describe(inner)
                 raise ValueError(
-                    LEADING_AXIS_MSG.format(
-                        where=where, got=describe(inner), n=length, source=source
-                    )
+                    LEADING_AXIS_MSG.format(where=where, got=got, n=length, source=source)
                 )
         _init(self, tree, length)
 
@@ -546,8 +544,8 @@ class Stacked(Printed):
         treedef = flats[0][1]
         for k, (_, other) in enumerate(flats[1:], start=1):
             if other != treedef:
-                raise _structure_error(blocks[0], blocks[k], k)
-        paths = _LeafPaths(blocks[0])
+                raise _structure_error(blocks[0], blocks[k], k, _in_blocks)
+        paths = _LeafPaths(blocks[0], _in_blocks)
         leaves = [
             _combine([leaves[j] for leaves, _ in flats], paths.where_of(j))
             for j in range(treedef.num_leaves)
@@ -589,44 +587,34 @@ class Stacked(Printed):
         n = int(key_leaves[0].shape[0])
         if n == 0:
             raise ValueError(FROM_INIT_EMPTY_MSG.format(what=describe(key_leaves[0])))
-        traced: list[tuple[Any, list[int], list[Any]]] = []
+        traced: list[tuple[Any, Any]] = []  # the block's (path, leaf) pairs and tree definition
 
         def one(key: Any) -> list[Any]:
             block = make(key)
             _check_node(block)
-            leaves, treedef = jax.tree_util.tree_flatten(block, is_leaf=is_frozen)
-            kinds: list[int] = []
-            kept: list[Any] = []
-            arrays: list[Any] = []
-            for leaf in leaves:
-                inner = unfreeze(leaf) if is_frozen(leaf) else leaf
-                if isinstance(inner, jax.Array):  # made from the key, or a constant
-                    kinds.append(_FROZEN_ARRAY if inner is not leaf else _ARRAY)
-                    arrays.append(inner)
-                    kept.append(None)
-                else:
-                    kinds.append(_SHARED)
-                    kept.append(leaf)
-            traced.append((treedef, kinds, kept))
-            return arrays
+            traced.append(jax.tree_util.tree_flatten_with_path(block, is_leaf=is_frozen))
+            # its arrays (made from the key, or constants), which `vmap` stacks
+            inners = (_unfrozen(leaf) for _, leaf in traced[-1][0])
+            return [x for x in inners if isinstance(x, jax.Array)]
 
-        stacked = jax.vmap(one)(keys)
-        treedef, kinds, kept = traced[0]
-        out, arrays = [], iter(stacked)
-        for k, (kind, leaf) in enumerate(zip(kinds, kept)):
-            if kind == _SHARED:
-                if isinstance(leaf, np.ndarray):  # a NumPy constant: the same in every block
-                    leaf = np.stack([leaf] * n)
-                elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
-                    raise TypeError(
-                        "A block made by `Stacked.from_init` holds a value computed from its "
-                        f"key that is not an array (at blocks[0]{_leaf_keystr(treedef, k)}, "
-                        "a frozen subtree, say): only arrays can be stacked."
-                    )
-                out.append(leaf)
-            else:
+        arrays = iter(jax.vmap(one)(keys))
+        pairs, treedef = traced[0]
+        out = []
+        for path, leaf in pairs:
+            inner = _unfrozen(leaf)
+            if isinstance(inner, jax.Array):
                 array = next(arrays)
-                out.append(freeze(array) if kind == _FROZEN_ARRAY else array)
+                out.append(array if inner is leaf else freeze(array))
+            elif isinstance(leaf, np.ndarray):  # a NumPy constant: the same in every block
+                out.append(np.stack([leaf] * n))
+            elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
+                raise TypeError(
+                    "A block made by `Stacked.from_init` holds a value computed from its "
+                    f"key that is not an array (at {_in_blocks((SequenceKey(0), *path))}, "
+                    "a frozen subtree, say): only arrays can be stacked."
+                )
+            else:
+                out.append(leaf)
         return _make(treedef.unflatten(out), n)
 
     # -- the blocks -------------------------------------------------------------------------
@@ -645,24 +633,18 @@ class Stacked(Printed):
 
     def __getitem__(self, index: int | slice) -> Any:
         n = self._length
-        leaves, treedef, kinds = self._leaves()
         if isinstance(index, slice):
             chosen = range(n)[index]
             if not chosen:
                 text = ":".join("" if v is None else str(v) for v in (index.start, index.stop))
                 raise IndexError(EMPTY_SLICE_MSG.format(text=text, n=n))
-            taken = [_take(x, k, index) for x, k in zip(leaves, kinds)]
-            return _make(treedef.unflatten(taken), len(chosen))
+            return _make(self._block(index), len(chosen))
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise TypeError(INDEX_TYPE_MSG.format(what=describe(index)))
         i = int(index)
         if not -n <= i < n:
             raise IndexError(INDEX_MSG.format(index=i, n=n, low=-n, high=n - 1))
-        i %= n
-        return treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.unstack())
+        return self._block(i % n)
 
     def unstack(self) -> tuple[Any, ...]:
         """The blocks, as a tuple of ordinary trees (the inverse of `from_blocks`).
@@ -680,15 +662,20 @@ class Stacked(Printed):
         assert len(blocks) == 3 and blocks[0]["w"].shape == (2,)
         ```
         """
-        return tuple(self._open()[0])
+        return tuple(self._open().blocks)
 
-    def _open(self) -> tuple[list[Any], list[list[Any]], Any, list[Any], list[int]]:
+    def _block(self, i: int | slice) -> Any:
+        """Block `i` (in range), or blocks `i` as one tree; each leaf sliced once."""
+        leaves, treedef, kinds = self._leaves()
+        return treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
+
+    def _open(self) -> _Opened:
         n = self._length
         leaves, treedef, kinds = self._leaves()
         columns = [_split(x, k, n) for x, k in zip(leaves, kinds)]
         block_leaves = [[column[i] for column in columns] for i in range(n)]
         blocks = [treedef.unflatten(row) for row in block_leaves]
-        return blocks, block_leaves, treedef, leaves, kinds
+        return _Opened(blocks, block_leaves, treedef, leaves, kinds)
 
     # -- applying ---------------------------------------------------------------------------
 
@@ -737,8 +724,8 @@ class Stacked(Printed):
         # a leaf of a field declared `role="frozen"` stops its gradient before the scan, not
         # only at its read inside the body: else the scan's transpose builds a stacked zero
         # cotangent for it, a temporary as large as the frozen weights
-        roles = [r for r, k in zip(leaf_roles(self._tree), kinds) if k != _SHARED]
-        stopped = [role == FROZEN and k == _ARRAY for role, k in zip(roles, _scanned_kinds(kinds))]
+        roles = leaf_roles(self._tree)
+        stopped = [r == FROZEN and k == _ARRAY for r, k in zip(roles, kinds) if k != _SHARED]
         if any(stopped):
             scanned = [stop_gradient_if_traced(x) if s else x for x, s in zip(scanned, stopped)]
         with_xs = xs is not None
@@ -782,11 +769,7 @@ class Stacked(Printed):
         assert stack(jnp.zeros(2)).tolist() == [3.0, 3.0]
         ```
         """
-
-        def step(block: Any, carry: Any) -> tuple[Any, None]:
-            return block(carry, *args, **kwargs), None
-
-        return self.scan(step, x)[0]
+        return self._run(x, args, kwargs)
 
     # -- Python protocol ----------------------------------------------------------------------
 
@@ -794,15 +777,6 @@ class Stacked(Printed):
     def at(self) -> AtIndexer[Stacked]:
         """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
         return at(self)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(
-            "A `Stacked` is immutable; change blocks with `.at`: "
-            "`model.at['blocks'][7]['weight'].set(value)`."
-        )
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("A `Stacked` is immutable.")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
@@ -823,7 +797,7 @@ class StackedKind(NodeKind["Stacked"]):
     class declares hold for them."""
 
     def open(self, node: Stacked) -> Opened:
-        opened = _Opened(*node._open())
+        opened = node._open()
         entries = tuple(SequenceKey(i) for i in range(node._length))
         return Opened(entries, list(opened.blocks), opened)
 
@@ -831,15 +805,10 @@ class StackedKind(NodeKind["Stacked"]):
         """Block `key` alone (negative counts from the end), or None if there is none: the
         walker's one-key fast path, which slices each leaf once instead of opening every
         block."""
-        if type(key) is not int:
+        i = block_index(key, node._length)
+        if i is None:
             return None
-        n = node._length
-        i = key + n if key < 0 else key
-        if not 0 <= i < n:
-            return None
-        leaves, treedef, kinds = node._leaves()
-        block = treedef.unflatten([_take(x, k, i) for x, k in zip(leaves, kinds)])
-        return SequenceKey(i), block
+        return SequenceKey(i), node._block(i)
 
     def replace(
         self,
@@ -879,53 +848,16 @@ class StackedKind(NodeKind["Stacked"]):
         changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
         if not changed:
             return node
-        paths = _LeafPaths(aux.blocks[changed[0]])
 
-        def where_of(j: int) -> Callable[[int], str]:
-            def text(k: int) -> str:
-                return where((*path, SequenceKey(k), *paths.path(j)))
+        def below(keys: tuple) -> str:
+            return where(path + keys)
 
-            return text
-
-        new_leaves: dict[int, list[Any]] = {}
-        for k in changed:
-            leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
-            if treedef != aux.treedef:
-                if len(changed) == n:  # every block changed alike: a new structure is fine
-                    try:
-                        return Stacked.from_blocks(children)
-                    except (ValueError, TypeError):
-                        if partial:
-                            return tuple(children)
-                        raise
-                if partial:  # a `get` with fill values: the blocks, unstacked
-                    return tuple(children)
-                raise _structure_error(
-                    aux.blocks[k], children[k], k, lambda below: where(path + below)
-                )
-            new_leaves[k] = leaves
-        out = list(aux.leaves)
         try:
-            for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
-                writes = [
-                    (k, new_leaves[k][j])
-                    for k in changed
-                    if new_leaves[k][j] is not aux.block_leaves[k][j]
-                ]
-                if not writes:
-                    continue
-                if kind != _SHARED and len(writes) < n:
-                    out[j] = _write(leaf, kind, writes, where_of(j))
-                else:
-                    column = [row[j] for row in aux.block_leaves]
-                    for k, value in writes:
-                        column[k] = value
-                    out[j] = _combine(column, where_of(j))
+            return _write_blocks(aux, children, changed, n, below)
         except (ValueError, TypeError):
-            if partial:
+            if partial:  # a `get` with fill values: the blocks, unstacked
                 return tuple(children)
             raise
-        return _make(aux.treedef.unflatten(out), n)
 
     def roles_of(self, node: Stacked) -> Any:
         return node._tree
@@ -934,18 +866,53 @@ class StackedKind(NodeKind["Stacked"]):
         return Layers(node._length)
 
 
-def _init(stack: Stacked, tree: object, length: int) -> None:
+def _write_blocks(
+    aux: _Opened, children: Sequence[Any], changed: list[int], n: int, where: Callable
+) -> Stacked:
+    """The stack with blocks `changed` replaced by theirs in `children`: only the leaves
+    they change are written, each into those blocks' slices."""
+    new_leaves: dict[int, list[Any]] = {}
+    for k in changed:
+        leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
+        if treedef != aux.treedef:
+            if len(changed) == n:  # every block changed alike: a new structure is fine
+                return Stacked.from_blocks(children)
+            raise _structure_error(aux.blocks[k], children[k], k, where)
+        new_leaves[k] = leaves
+    paths = _LeafPaths(aux.blocks[changed[0]], where)
+    out = list(aux.leaves)
+    for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
+        writes = [
+            (k, new[j]) for k, new in new_leaves.items() if new[j] is not aux.block_leaves[k][j]
+        ]
+        if not writes:
+            continue
+        if kind != _SHARED and len(writes) < n:
+            out[j] = _write(leaf, kind, writes, paths.where_of(j))
+        else:
+            column = [row[j] for row in aux.block_leaves]
+            for k, value in writes:
+                column[k] = value
+            out[j] = _combine(column, paths.where_of(j))
+    return _make(aux.treedef.unflatten(out), n)
+
+
+def _init(stack: Stacked, tree: object, length: int) -> Stacked:
     _check_node(tree)
-    children, treedef = _one_level(tree)
-    store = object.__setattr__
-    store(stack, "_tree", tree)
-    store(stack, "_length", length)
-    store(stack, "_flat", (tuple(children), (length, treedef)))
+    # the tree's children and its one-level tree definition: what a `Stacked` flattens to
+    children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+    return _store(stack, tree, (tuple(children), (length, treedef)))
 
 
 def _make(tree: object, length: int) -> Stacked:
-    stack = object.__new__(Stacked)
-    _init(stack, tree, length)
+    return _init(object.__new__(Stacked), tree, length)
+
+
+def _store(stack: Stacked, tree: object, flat: tuple[tuple[Any, ...], tuple[int, Any]]) -> Stacked:
+    store = object.__setattr__
+    store(stack, "_tree", tree)
+    store(stack, "_length", flat[1][0])
+    store(stack, "_flat", flat)
     return stack
 
 
@@ -962,60 +929,57 @@ def _flatten_with_keys(stack: Stacked) -> tuple[list[tuple[Any, Any]], Any]:
 
 def _unflatten(aux: tuple[int, Any], children: Any) -> Stacked:
     # no checks: JAX rebuilds trees with any leaves (tracers, None, sentinel objects)
-    stack = object.__new__(Stacked)
-    store = object.__setattr__
-    store(stack, "_tree", aux[1].unflatten(children))
-    store(stack, "_length", aux[0])
-    store(stack, "_flat", (tuple(children), aux))
-    return stack
+    return _store(object.__new__(Stacked), aux[1].unflatten(children), (tuple(children), aux))
 
 
 jax.tree_util.register_pytree_with_keys(
     Stacked, _flatten_with_keys, _unflatten, operator.attrgetter("_flat")
 )
-register_kind(Stacked, StackedKind())
+
+
+def block_index(key: object, n: int) -> int | None:
+    """`key` as the index of one of `n` blocks (negative counts from the end), or None."""
+    if type(key) is not int:
+        return None
+    i = key + n if key < 0 else key
+    return i if 0 <= i < n else None
+
+
+STACKED_KIND = StackedKind()
+register_kind(Stacked, STACKED_KIND)
+
+
+def _in_blocks(keys: tuple) -> str:
+    """The text of a key path below a stack of blocks given alone: `blocks[3].attn.q`."""
+    return "blocks" + jax.tree_util.keystr(keys)
 
 
 class _LeafPaths:
-    """The key paths of one block's leaves (frozen values as leaves), worked out on demand."""
+    """The key paths of one block's leaves (frozen values as leaves), worked out on demand,
+    told as `where((SequenceKey(k), *leaf_path))` names them."""
 
-    __slots__ = ("block", "paths")
+    __slots__ = ("block", "where", "paths")
 
-    def __init__(self, block: object) -> None:
+    def __init__(self, block: object, where: Callable[[tuple], str]) -> None:
         self.block = block
+        self.where = where
         self.paths: list[tuple[Any, ...]] | None = None
-
-    def path(self, j: int) -> tuple[Any, ...]:
-        if self.paths is None:
-            pairs = jax.tree_util.tree_flatten_with_path(self.block, is_leaf=is_frozen)[0]
-            self.paths = [p for p, _ in pairs]
-        return self.paths[j]
 
     def where_of(self, j: int) -> Callable[[int], str]:
         """The text of leaf `j`'s key path in block `k`, as a function of `k`."""
 
         def text(k: int) -> str:
-            return f"blocks[{k}]" + jax.tree_util.keystr(self.path(j))
+            if self.paths is None:
+                pairs = jax.tree_util.tree_flatten_with_path(self.block, is_leaf=is_frozen)[0]
+                self.paths = [p for p, _ in pairs]
+            return self.where((SequenceKey(k), *self.paths[j]))
 
         return text
 
 
-def _leaf_keystr(treedef: Any, j: int) -> str:
-    dummy = treedef.unflatten([0] * treedef.num_leaves)
-    paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
-    return jax.tree_util.keystr(paths[j][0]) if j < len(paths) else ""
-
-
-def _structure_error(
-    first: object, other: object, k: int, where: Callable | None = None
-) -> Exception:
+def _structure_error(first: object, other: object, k: int, where: Callable) -> Exception:
     found = first_mismatch(first, other, is_leaf=is_frozen)
-    path = () if found is None else found.path
-    place = (
-        f"blocks[{k}]" + jax.tree_util.keystr(path)
-        if where is None
-        else where((SequenceKey(k), *path))
-    )
+    place = where((SequenceKey(k), *(() if found is None else found.path)))
     if found is None:
         reason = "they differ"
     else:
@@ -1046,7 +1010,7 @@ class _BlockLeaf:
 
     @property
     def array(self) -> Any:
-        return unfreeze(self.value) if is_frozen(self.value) else self.value
+        return _unfrozen(self.value)
 
     def block_type(self) -> str:
         x = self.array
@@ -1070,28 +1034,17 @@ jax.tree_util.register_pytree_node(
 )
 
 
-def _print_view(x: object, n: int) -> Any:
-    if _is_array(x) and _has_axis(x, n):
-        return _BlockLeaf(x, n)
-    if is_frozen(x):
-        inner = unfreeze(x)
-        if _is_array(inner) and _has_axis(inner, n):
-            return _BlockLeaf(x, n)
-    return x
-
-
 def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
     """The block tree's children with their arrays shown per block (`48×f32[256,256]`)."""
     n = stack._length
-    pairs = _flatten_with_keys(stack)[0]
+
+    def view(x: object) -> Any:
+        return x if _leaf_kind(x, n) == _SHARED else _BlockLeaf(x, n)
+
     return [
-        (key, jax.tree_util.tree_map(lambda x: _print_view(x, n), child, is_leaf=is_frozen))
-        for key, child in pairs
+        (key, jax.tree_util.tree_map(view, child, is_leaf=is_frozen))
+        for key, child in _flatten_with_keys(stack)[0]
     ]
-
-
-def _stack_name(stack: Stacked) -> str:
-    return f"Stacked[{stack._length}×{type(stack._tree).__name__}]"
 
 
 def _leaf_count(leaf: _BlockLeaf) -> int:
@@ -1114,7 +1067,11 @@ register_printer(
     count=_leaf_count,
     size=_leaf_size,
 )
-register_printer(Stacked, type_name=_stack_name, children=_print_children)
+register_printer(
+    Stacked,
+    type_name=lambda stack: f"Stacked[{stack._length}×{type(stack._tree).__name__}]",
+    children=_print_children,
+)
 
 
 def block_depths(tree: object, depth: int = 0) -> list[int]:
@@ -1230,32 +1187,29 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         where = root_name(root) + jax.tree_util.keystr(path)
         return ValueError(RESTACK_MSG.format(where=where, got=got, want=want))
 
-    if _is_stack(like):
-        if _is_stack(tree):
+    if _is_stack(tree) or _is_stack(like):
+        # a stack against a stack of its kind and length, or a tuple or list of as many blocks
+        def mismatch(other: Callable[[Any], str]) -> ValueError:
+            got, want = (_stackdescribe(x) if _is_stack(x) else other(x) for x in (tree, like))
+            return error(got, want)
+
+        if _is_stack(tree) and _is_stack(like):
             if type(tree) is not type(like) or len(tree) != len(like):
-                raise error(_stackdescribe(tree), _stackdescribe(like))
+                raise mismatch(describe)
             return tree
-        if not _sequence_of_blocks(tree):
-            raise error(describe(tree), _stackdescribe(like))
+        if not _sequence_of_blocks(like if _is_stack(tree) else tree):
+            raise mismatch(describe)
         if len(tree) != len(like):
-            raise error(f"{len(tree)} blocks", _stackdescribe(like))
-        # a stack's blocks share one structure: its block 0 is every block's template
-        templates = [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
-        blocks = [
-            _restack(block, template, (*path, SequenceKey(i)), root)
-            for i, (block, template) in enumerate(zip(tree, templates))
-        ]
-        return like.__tc_restack__(blocks)
-    if _is_stack(tree):
-        if not _sequence_of_blocks(like):
-            raise error(_stackdescribe(tree), describe(like))
-        if len(tree) != len(like):
-            raise error(_stackdescribe(tree), f"{len(like)} blocks")
-        blocks = [
-            _restack(block, template, (*path, SequenceKey(i)), root)
-            for i, (block, template) in enumerate(zip(tree.__tc_unstack__(), like))
-        ]
-        return type(like)(blocks)
+            raise mismatch(lambda x: f"{len(x)} blocks")
+        if _is_stack(tree):
+            pairs = zip(tree.__tc_unstack__(), like)
+        else:  # a stack's blocks share one structure: its block 0 is every block's template
+            templates = (
+                [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
+            )
+            pairs = zip(tree, templates)
+        blocks = [_restack(b, t, (*path, SequenceKey(i)), root) for i, (b, t) in enumerate(pairs)]
+        return type(like)(blocks) if _is_stack(tree) else like.__tc_restack__(blocks)
     if not _has_stack(tree) and not _has_stack(like):
         return tree
     tree_kind, like_kind = node_kind(tree, is_frozen), node_kind(like, is_frozen)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, check_key, dtype_name
+from ._base import Layer, assign, check_key, dtype_field
 from ._linear import Linear
 
 __all__ = ["MultiHeadAttention", "rotary_embedding"]
@@ -118,9 +118,7 @@ class MultiHeadAttention(Layer):
     head_dim: int = field(default=0, static=True)
     causal: bool = field(default=False, static=True, on_setattr=[bool])
     rope_theta: float | None = field(default=None, static=True)
-    dtype: str | None = field(
-        default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")]
-    )
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,

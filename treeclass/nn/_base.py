@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike, DTypeLike
 
-from .._fields import fields
+from .._fields import field, fields
 from .._node import child_names, children
 from .._pprint_registry import register_printer
 from .._treeclass import TreeClass
@@ -26,8 +26,9 @@ from .._treeclass import TreeClass
 __all__ = [
     "Layer",
     "dtype_name",
+    "dtype_field",
     "check_key",
-    "uniform_fan_in",
+    "fan_in_params",
     "scale_and_shift",
     "cast",
     "assign",
@@ -61,6 +62,11 @@ def dtype_name(value: DTypeLike | None, where: str) -> str | None:
     return dtype.name
 
 
+def dtype_field() -> Any:
+    """A layer's static compute dtype: a dtype's name, or `None` (the default)."""
+    return field(default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")])
+
+
 def check_key(key: object, layer: str) -> jax.Array:
     """`key` if it is a PRNG key (typed or raw), else a `TypeError` naming the layer."""
     if isinstance(key, jax.Array) and (
@@ -75,18 +81,24 @@ def scale_and_shift(
     features: int, use_weight: bool, use_bias: bool, param_dtype: DTypeLike
 ) -> dict[str, jax.Array | None]:
     """A normalisation's `weight` (ones) and `bias` (zeros) of `features`, or None where off."""
+    param_dtype = dtype_name(param_dtype, "param_dtype")
     return {
         "weight": jnp.ones((features,), param_dtype) if use_weight else None,
         "bias": jnp.zeros((features,), param_dtype) if use_bias else None,
     }
 
 
-def uniform_fan_in(
-    key: jax.Array, shape: tuple[int, ...], fan_in: int, dtype: DTypeLike
-) -> jax.Array:
-    """`uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))` of `shape` and `dtype` (the policy above)."""
+def fan_in_params(
+    key: jax.Array, shape: tuple[int, ...], fan_in: int, use_bias: bool, param_dtype: DTypeLike
+) -> dict[str, jax.Array | None]:
+    """A `weight` of `shape` and a `bias` of `shape[0]` (or None without one), each drawn
+    from `uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))` (the policy above) with half of `key`."""
+    param_dtype = dtype_name(param_dtype, "param_dtype")
     limit = 1.0 / math.sqrt(fan_in)
-    return jax.random.uniform(key, shape, dtype, minval=-limit, maxval=limit)
+    wkey, bkey = jax.random.split(key)
+    weight = jax.random.uniform(wkey, shape, param_dtype, -limit, limit)
+    bias = jax.random.uniform(bkey, shape[:1], param_dtype, -limit, limit) if use_bias else None
+    return {"weight": weight, "bias": bias}
 
 
 def assign(layer: TreeClass, **values: object) -> None:
@@ -130,13 +142,13 @@ class Layer(TreeClass):
 
 def _changed_config(layer: Layer) -> Iterator[tuple[str, Any]]:
     """The static fields of `layer` whose value is not their default, in field order."""
-    for field in fields(layer):
-        if not field.static or not field.repr:
+    for spec in fields(layer):
+        if not spec.static or not spec.repr:
             continue
-        value = getattr(layer, field.name, None)
-        if field.has_default and _same(value, field.default):
+        value = getattr(layer, spec.name, None)
+        if spec.has_default and _same(value, spec.default):
             continue
-        yield field.name, value
+        yield spec.name, value
 
 
 def _children(layer: Layer) -> list[tuple[Any, Any]]:

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, dtype_name, scale_and_shift
-from ._normalization import statistics_dtype
+from ._base import Layer, assign, dtype_field, scale_and_shift
+from ._normalization import scaled_and_shifted, statistics_dtype
 
 __all__ = ["BatchNorm"]
 
@@ -92,9 +92,7 @@ class BatchNorm(Layer):
     eps: float = field(default=1e-5, static=True, on_setattr=[float])
     axis_name: Hashable = field(default=None, static=True)
     training: bool = field(default=True, static=True, on_setattr=[bool])
-    dtype: str | None = field(
-        default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")]
-    )
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,
@@ -109,7 +107,6 @@ class BatchNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
-        param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
             self,
             **scale_and_shift(features, use_weight, use_bias, param_dtype),
@@ -151,12 +148,4 @@ class BatchNorm(Layer):
                 raise AttributeError(_IMMUTABLE_MSG) from None
         else:
             mean, var = self.running_mean, self.running_var
-        y = (stats - mean) * jax.lax.rsqrt(var + self.eps)
-        present = [a for a in (self.weight, self.bias) if a is not None]
-        out_dtype = self.dtype or jnp.result_type(x, *present)
-        y, weight, bias = cast(out_dtype, y, self.weight, self.bias)
-        if weight is not None:
-            y = y * weight
-        if bias is not None:
-            y = y + bias
-        return y
+        return scaled_and_shifted(self, x, (stats - mean) * jax.lax.rsqrt(var + self.eps))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
+from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params
 
 __all__ = ["Conv"]
 
@@ -116,9 +116,7 @@ class Conv(Layer):
     padding: Any = field(default=0, static=True)
     dilation: Any = field(default=1, static=True)
     groups: int = field(default=1, static=True)
-    dtype: str | None = field(
-        default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")]
-    )
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,
@@ -146,14 +144,11 @@ class Conv(Layer):
         kernel = _per_axis(kernel_size, n, "kernel_size")
         if groups < 1 or in_channels % groups or out_channels % groups:
             raise ValueError(_GROUPS_MSG.format(groups=groups, cin=in_channels, cout=out_channels))
-        param_dtype = dtype_name(param_dtype, "param_dtype")
         fan_in = in_channels // groups * math.prod(kernel)
-        wkey, bkey = jax.random.split(key)
         shape = (out_channels, in_channels // groups, *kernel)
         assign(
             self,
-            weight=uniform_fan_in(wkey, shape, fan_in, param_dtype),
-            bias=uniform_fan_in(bkey, (out_channels,), fan_in, param_dtype) if use_bias else None,
+            **fan_in_params(key, shape, fan_in, use_bias, param_dtype),
             stride=_per_axis(stride, n, "stride"),
             padding=_padding(padding, n),
             dilation=_per_axis(dilation, n, "dilation"),

@@ -8,22 +8,15 @@ renames (no transposes), and an output projection tied to the embedding is `Embe
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
-from .._fields import field
-from ._base import Layer, assign, cast, check_key, dtype_name, uniform_fan_in
+from ._base import Layer, assign, cast, check_key, dtype_field, dtype_name, fan_in_params
 
 __all__ = ["Linear", "Embed"]
 
 _INDEX_MSG = "`Embed` looks up integer token ids, got an array of dtype {dtype}."
-
-
-def _dtype_field() -> Any:
-    return field(default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")])
 
 
 class Linear(Layer):
@@ -58,7 +51,7 @@ class Linear(Layer):
 
     weight: jax.Array
     bias: jax.Array | None
-    dtype: str | None = _dtype_field()
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,
@@ -71,16 +64,8 @@ class Linear(Layer):
         key: jax.Array,
     ) -> None:
         key = check_key(key, "Linear")
-        param_dtype = dtype_name(param_dtype, "param_dtype")
-        wkey, bkey = jax.random.split(key)
-        assign(
-            self,
-            weight=uniform_fan_in(wkey, (out_features, in_features), in_features, param_dtype),
-            bias=uniform_fan_in(bkey, (out_features,), in_features, param_dtype)
-            if use_bias
-            else None,
-            dtype=dtype,
-        )
+        shape = (out_features, in_features)
+        assign(self, **fan_in_params(key, shape, in_features, use_bias, param_dtype), dtype=dtype)
 
     @property
     def in_features(self) -> int:
@@ -131,7 +116,7 @@ class Embed(Layer):
     """
 
     weight: jax.Array
-    dtype: str | None = _dtype_field()
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,

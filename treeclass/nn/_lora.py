@@ -8,6 +8,8 @@ so adapters trained here load there and back by renaming only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -73,21 +75,12 @@ class LoRA(Layer):
             raise ValueError(_RANK_MSG.format(value=rank))
         key = check_key(key, "LoRA")
         param_dtype = base.weight.dtype
+        options: dict[str, Any] = {"use_bias": False, "dtype": base.dtype, "key": key}
+        zero = Linear(rank, base.out_features, **options)
         assign(
             self,
             base_layer=base,
-            lora_A=Linear(
-                base.in_features,
-                rank,
-                use_bias=False,
-                dtype=base.dtype,
-                param_dtype=param_dtype,
-                key=key,
-            ),
-        )
-        zero = Linear(rank, base.out_features, use_bias=False, dtype=base.dtype, key=key)
-        assign(
-            self,
+            lora_A=Linear(base.in_features, rank, param_dtype=param_dtype, **options),
             lora_B=zero.replace(weight=jnp.zeros((base.out_features, rank), param_dtype)),
             alpha=rank if alpha is None else alpha,
         )

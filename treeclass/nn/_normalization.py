@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, dtype_name, scale_and_shift
+from ._base import Layer, assign, cast, dtype_field, scale_and_shift
 
 __all__ = ["LayerNorm", "RMSNorm", "statistics_dtype"]
 
@@ -24,16 +24,14 @@ def statistics_dtype(x: jax.Array) -> Any:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def _dtype_field() -> Any:
-    return field(default=None, static=True, on_setattr=[lambda v: dtype_name(v, "dtype")])
-
-
-def _affine(y: jax.Array, weight: jax.Array | None, bias: jax.Array | None) -> jax.Array:
+def scaled_and_shifted(norm: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+    """`y` (`x` normalised) in `norm`'s compute dtype (`None`: what `x` and its parameters
+    promote to), times its `weight` plus its `bias` (either may be `None`)."""
+    present = [a for a in (norm.weight, norm.bias) if a is not None]
+    y, weight, bias = cast(norm.dtype or jnp.result_type(x, *present), y, norm.weight, norm.bias)
     if weight is not None:
         y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
+    return y if bias is None else y + bias
 
 
 class LayerNorm(Layer):
@@ -67,7 +65,7 @@ class LayerNorm(Layer):
     weight: jax.Array | None
     bias: jax.Array | None
     eps: float = field(default=1e-5, static=True, on_setattr=[float])
-    dtype: str | None = _dtype_field()
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,
@@ -79,13 +77,8 @@ class LayerNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
-        param_dtype = dtype_name(param_dtype, "param_dtype")
-        assign(
-            self,
-            **scale_and_shift(features, use_weight, use_bias, param_dtype),
-            eps=eps,
-            dtype=dtype,
-        )
+        scale_shift = scale_and_shift(features, use_weight, use_bias, param_dtype)
+        assign(self, **scale_shift, eps=eps, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised over its last axis, scaled and shifted."""
@@ -93,10 +86,7 @@ class LayerNorm(Layer):
         stats = x.astype(statistics_dtype(x))
         mean = stats.mean(-1, keepdims=True)
         var = jnp.square(stats - mean).mean(-1, keepdims=True)
-        y = (stats - mean) * jax.lax.rsqrt(var + self.eps)
-        out_dtype = self.dtype or jnp.result_type(x, *_present(self.weight, self.bias))
-        y, weight, bias = cast(out_dtype, y, self.weight, self.bias)
-        return _affine(y, weight, bias)
+        return scaled_and_shifted(self, x, (stats - mean) * jax.lax.rsqrt(var + self.eps))
 
 
 class RMSNorm(Layer):
@@ -127,7 +117,7 @@ class RMSNorm(Layer):
     weight: jax.Array | None
     bias: jax.Array | None
     eps: float = field(default=1e-5, static=True, on_setattr=[float])
-    dtype: str | None = _dtype_field()
+    dtype: str | None = dtype_field()
 
     def __init__(
         self,
@@ -139,23 +129,12 @@ class RMSNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
-        param_dtype = dtype_name(param_dtype, "param_dtype")
-        assign(
-            self,
-            **scale_and_shift(features, use_weight, use_bias, param_dtype),
-            eps=eps,
-            dtype=dtype,
-        )
+        scale_shift = scale_and_shift(features, use_weight, use_bias, param_dtype)
+        assign(self, **scale_shift, eps=eps, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` divided by its root mean square over the last axis, scaled."""
         x = jnp.asarray(x)
         stats = x.astype(statistics_dtype(x))
         y = stats * jax.lax.rsqrt(jnp.square(stats).mean(-1, keepdims=True) + self.eps)
-        out_dtype = self.dtype or jnp.result_type(x, *_present(self.weight, self.bias))
-        y, weight, bias = cast(out_dtype, y, self.weight, self.bias)
-        return _affine(y, weight, bias)
-
-
-def _present(*arrays: jax.Array | None) -> list[jax.Array]:
-    return [a for a in arrays if a is not None]
+        return scaled_and_shifted(self, x, y)

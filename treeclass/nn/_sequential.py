@@ -162,18 +162,12 @@ class MLP(Layer):
         key = check_key(key, "MLP")
         keys = jax.random.split(key, depth + 1)
         sizes = [in_features, *([hidden_features] * depth), out_features]
+        biases = [use_bias] * depth + [use_final_bias]
         assign(
             self,
             layers=tuple(
-                Linear(
-                    sizes[i],
-                    sizes[i + 1],
-                    use_bias=use_bias if i < depth else use_final_bias,
-                    dtype=dtype,
-                    param_dtype=param_dtype,
-                    key=keys[i],
-                )
-                for i in range(depth + 1)
+                Linear(n_in, n_out, use_bias=b, dtype=dtype, param_dtype=param_dtype, key=k)
+                for n_in, n_out, b, k in zip(sizes, sizes[1:], biases, keys)
             ),
             activation=activation,
             final_activation=_identity if final_activation is None else final_activation,
