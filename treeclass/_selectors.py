@@ -504,6 +504,12 @@ class NameMatcher(_SingleKeyMatcher):
 
     __slots__ = ()
 
+    def step(self, state, k, entry, child, child_path):  # no position: the hot path's own
+        if selects(entry, self.key, k, -1, False):
+            state.found = True
+            return _MATCHED
+        return _PRUNED
+
 
 class IndexMatcher(_SingleKeyMatcher):
     """`0`, `-1`: a sequence position (negative counts from the end), or an int dict key."""
