@@ -304,6 +304,20 @@ def test_a_resave_removes_only_safetensors_shards_of_the_previous_index(tmp_path
     assert_tree_equal(tc.load(path, {"a": jnp.ones(2)}), {"a": jnp.ones(2)})
 
 
+def test_a_resave_over_a_malformed_index_removes_nothing(tmp_path):
+    # one value of its map is no file name: the index is not trusted to say what to delete
+    path = tmp_path / "m.safetensors.index.json"
+    weight_map = {"a": "old-00001-of-00002.safetensors", "b": ["old-00002-of-00002.safetensors"]}
+    path.write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "old-00001-of-00002.safetensors").write_bytes(b"theirs")
+    tc.save(path, {"a": jnp.ones(2)}, max_shard_size=100)
+    assert sorted(os.listdir(tmp_path)) == [
+        "m-00001-of-00001.safetensors",
+        "m.safetensors.index.json",
+        "old-00001-of-00002.safetensors",
+    ]
+
+
 tensors_strategy = st.lists(st.integers(0, 64), min_size=1, max_size=8)
 
 

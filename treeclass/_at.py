@@ -913,11 +913,13 @@ class _Set(_Op):
         """`value` (a prefix of `node`) put leaf by leaf, or `_MISSING` if it does not fit."""
         if value is None or is_leaf_node(value, walker.is_leaf):
             return self._put(walker, value, node, path, emask)
-        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
-        try:
-            subtrees = treedef.flatten_up_to(node)
+        try:  # the fit first: a value that does not fit (every spot, maybe) is not flattened
+            subtrees = jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(
+                node
+            )
         except (ValueError, TypeError):
             return _MISSING
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
         out = [
             self._put(walker, v, sub, path + p, emask)
             for (p, v), sub in zip(pairs, subtrees, strict=True)

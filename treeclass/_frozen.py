@@ -19,7 +19,6 @@ frozen values.
 from __future__ import annotations
 
 import copy
-import operator
 import re
 import warnings
 from collections.abc import Callable
@@ -31,7 +30,6 @@ import numpy as np
 from ._structure import NodeKind, Wrapper, register_kind
 from ._values import (
     display,
-    equal_by_key,
     exact_key,
     readable_here,
     register_childless,
@@ -88,7 +86,16 @@ class Frozen:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return equal_by_key(self, other, _key_of)
+        if self is other:
+            return True
+        if type(other) is not Frozen:
+            return NotImplemented
+        if self._hash != other._hash:
+            return False
+        try:
+            return bool(self._key == other._key)
+        except Exception:  # a value whose `==` has no truth value (elementwise, say)
+            return False
 
     # One text for a frozen value everywhere: `repr(tc.freeze(x)) == tc.tree_repr(
     # tc.freeze(x))`, `#` + x's tree repr. The printers live floors above and offer
@@ -190,9 +197,6 @@ _REFUSED_OPERATIONS = {
 for _name, _expr in _REFUSED_OPERATIONS.items():
     setattr(Frozen, _name, _refuse(_expr))
 del _name, _expr
-
-
-_key_of = operator.attrgetter("_key")
 
 
 register_childless(Frozen)

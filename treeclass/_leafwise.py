@@ -160,7 +160,10 @@ def _binary_method(op: Callable[[Any, Any], Any], symbol: str, cls: type, reflec
 
 
 def _unary_method(fn: Callable[[Any], Any], symbol: str):
-    return lambda self: _unary_map(fn, self, symbol)
+    def method(self: Any) -> Any:
+        return _unary_map(fn, self, symbol)
+
+    return method
 
 
 def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:

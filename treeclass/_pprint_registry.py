@@ -160,8 +160,8 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
     if not isinstance(result, Mapping):
         raise fail()
-    style: dict[builtins.str, Any] = dict(result.items())
-    for name, item in style.items():
+    style: dict[builtins.str, Any] = {}
+    for name, item in result.items():  # checked before a name is hashed: it may not be
         if not isinstance(name, builtins.str):
             raise fail(f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`")
         if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
@@ -170,6 +170,7 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
             )
         if not isinstance(item, (builtins.str, int, float)):  # bool is an int
             raise fail(f": the value of {name!r} is a `{type(item).__name__}`")
+        style[name] = item
     return style
 
 

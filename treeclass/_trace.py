@@ -242,8 +242,12 @@ def tree_map_with_trace(
     columns = [treedef.flatten_up_to(other) for other in rest]
     out: list[Any] = []
     try:
-        for (trace, leaf), *others in zip(traced, *columns, strict=True):
-            out.append(func(trace, leaf, *others))
+        if columns:
+            for (trace, leaf), *others in zip(traced, *columns, strict=True):
+                out.append(func(trace, leaf, *others))
+        else:  # one tree, the common call: no zip and no unpacking per leaf
+            for trace, leaf in traced:
+                out.append(func(trace, leaf))
     except Exception as error:
         _note_failed_leaf(error, func, traced[len(out)], tree)
         raise

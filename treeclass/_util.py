@@ -13,7 +13,6 @@ import numpy as np
 from jax.core import Tracer as _Tracer
 
 from ._values import (
-    equal_by_key,
     exact_key,
     local_copy,
     path_str,
@@ -356,7 +355,13 @@ class Partial(Generic[_R]):
         return self.func(*args, **keywords)
 
     def __eq__(self, other: object) -> bool:
-        return equal_by_key(self, other, Partial._exact_key)
+        if self is other:
+            return True
+        if type(other) is not Partial:
+            return NotImplemented
+        if hash(self) != hash(other):
+            return False
+        return bool(self._exact_key() == other._exact_key())
 
     def __hash__(self) -> int:
         cached = self._hash

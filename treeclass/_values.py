@@ -31,10 +31,9 @@ import difflib
 import functools
 import hashlib
 import numbers
-import operator
 import struct
 import types
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any, TypeVar
 
 import jax
@@ -48,7 +47,6 @@ __all__ = [
     "PLAIN_TYPES",
     "ByIdentity",
     "ArrayKey",
-    "equal_by_key",
     "register_childless",
     "exact_key",
     "hashable_key",
@@ -191,29 +189,15 @@ class ArrayKey:
         return self.hash
 
     def __eq__(self, other: object) -> bool:
-        if self is other or equal_by_key(self, other, _meta_and_digest) is not True:
-            return self is other
+        if self is other:
+            return True
+        if type(other) is not ArrayKey:
+            return False
+        if self.hash != other.hash or self.meta != other.meta or self.digest != other.digest:
+            return False
         # bitwise, so that a NaN equals the same NaN and 0.0 differs from -0.0: exactly
         # when a computation that bakes the array in as a constant would be the same
-        theirs = host_bytes(other.array)  # type: ignore[attr-defined]  # another ArrayKey
-        return bool(np.array_equal(host_bytes(self.array), theirs))
-
-
-_meta_and_digest = operator.attrgetter("meta", "digest")
-
-
-def equal_by_key(a: Any, b: object, key: Callable[[Any], Any]) -> Any:
-    """`a == b` for a class with a cached hash: identity, class, hash, then `key` (no raise)."""
-    if a is b:
-        return True
-    if type(b) is not type(a):
-        return NotImplemented
-    if hash(a) != hash(b):
-        return False
-    try:
-        return bool(key(a) == key(b))
-    except Exception:
-        return False
+        return bool(np.array_equal(host_bytes(self.array), host_bytes(other.array)))
 
 
 def _array_key(array: jax.Array | np.ndarray) -> Any:

@@ -217,9 +217,14 @@ def shard_names(index: str) -> set[str] | None:
 
 
 def _previous_shards(path: str) -> set[str]:
-    """The safetensors shards the index at `path` names now (none if it is unreadable)."""
+    """The safetensors shards the index at `path` names now (none if it is unreadable:
+    one whose map holds a value that is no name deletes nothing)."""
+    try:
+        with open_for_reading(path) as file:
+            names = set(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return set()
     # only safetensors files: an index from elsewhere may name anything, itself included
-    names = shard_names(path) or set()
     return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
 
 
