@@ -723,6 +723,19 @@ def test_save_refuses_a_name_of_a_format_it_does_not_write(tmp_path, name, forma
     assert tc.is_tree_equal(tc.load(single, {"w": np.zeros(2)}), {"w": np.ones(2)})
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"rules": [("dense.w", "layer.w")]}, {"max_shard_size": "1MB"}, {"metadata": {"a": "b"}}],
+    ids=["export", "sharded", "metadata"],
+)
+def test_every_save_refuses_a_read_only_name_before_its_own_checks(tmp_path, options):
+    # the export path (rules=) and a shard limit plan nothing for a name they cannot write
+    model = {"layer": {"w": jnp.ones((2, 3))}, "frozen": tc.freeze(jnp.zeros(2))}
+    with pytest.raises(ValueError, match="in the npz format, which tc.load reads"):
+        tc.save(tmp_path / "model.npz", model, **options)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["model.safetensors.index.json", "model.index.json"])
 def test_save_to_an_index_name_without_a_shard_size_is_refused_with_both_fixes(tmp_path, name):
     # before, one safetensors file was written under the index's name, unreadable as an index
