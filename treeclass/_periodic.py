@@ -31,7 +31,7 @@ from jax.tree_util import GetAttrKey, SequenceKey
 from ._at import AtIndexer, at
 from ._pprint_registry import register_printer
 from ._stacked import STACKED_KIND, StackBase, Stacked, block_index
-from ._structure import Layers, NodeKind, Opened, describe, register_kind
+from ._structure import NodeKind, Opened, Stack, describe, register_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -300,13 +300,8 @@ class Periodic(StackBase):
         """`x` through every layer in turn, `layer(x, *args, **kwargs)`: R scan steps."""
         return self._run(x, args, kwargs)
 
-    # -- unstack_all / restack ----------------------------------------------------------------
-
-    def __tc_unstack__(self) -> tuple[Any, ...]:
+    def _blocks(self) -> tuple[Any, ...]:
         return self.layers()
-
-    def __tc_restack__(self, layers: Sequence[Any]) -> Periodic:
-        return Periodic.from_layers(layers, self._period)
 
     # -- Python protocol ----------------------------------------------------------------------
 
@@ -415,11 +410,18 @@ class _PeriodicKind(NodeKind["Periodic"]):
             return node if out is node._stack else _make(out)
         return tuple(children)  # a `get` whose fill values changed the structure
 
+    # its leaves' block axis is the held stack's (`block_axes=0`: not counted twice)
+    stack: Stack[Periodic] = Stack(
+        length=len,
+        unstack=lambda node: node.layers(),
+        restack=lambda node, layers: Periodic.from_layers(layers, node._period),
+        period=lambda node: node._period,
+        pattern=_PATTERN.name,
+        block_axes=0,
+    )
+
     def roles_of(self, node: Periodic) -> Any:
         return None
-
-    def layers(self, node: Periodic) -> Layers:
-        return Layers(len(node), node._period, _PATTERN.name)
 
 
 def _in_layers(
