@@ -29,9 +29,8 @@ import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
 from ._at import AtIndexer, at
-from ._pprint_registry import register_printer
 from ._stacked import STACKED_KIND, StackBase, Stacked, block_index
-from ._structure import NodeKind, Opened, Stack, describe, register_kind
+from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -419,6 +418,10 @@ class _PeriodicKind(NodeKind["Periodic"]):
         pattern=_PATTERN.name,
         block_axes=0,
     )
+    display: Display[Periodic] = Display(
+        children=lambda node: [(_PATTERN, node.stack)],
+        type_name=lambda node: f"Periodic[{node.repeats}×({_kinds(node)})]",
+    )
 
     def roles_of(self, node: Periodic) -> Any:
         return None
@@ -440,9 +443,3 @@ def _in_layers(
 
 
 register_kind(Periodic, _PeriodicKind())
-
-register_printer(
-    Periodic,
-    type_name=lambda p: f"Periodic[{p.repeats}×({_kinds(p)})]",
-    children=lambda p: [(_PATTERN, p.stack)],
-)

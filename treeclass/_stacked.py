@@ -39,6 +39,7 @@ from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._roles import FROZEN, leaf_roles
 from ._structure import (
+    Display,
     NodeKind,
     Opened,
     Stack,
@@ -860,6 +861,10 @@ class StackedKind(NodeKind["Stacked"]):
         unstack=lambda node: node.unstack(),
         restack=lambda node, blocks: Stacked.from_blocks(blocks),
     )
+    display: Display[Stacked] = Display(
+        children=lambda node: _print_children(node),
+        type_name=lambda node: f"Stacked[{node._length}×{type(node._tree).__name__}]",
+    )
 
     def roles_of(self, node: Stacked) -> Any:
         return node._tree
@@ -1065,11 +1070,6 @@ register_printer(
     type_name=_BlockLeaf.block_type,
     count=_leaf_count,
     size=_leaf_size,
-)
-register_printer(
-    Stacked,
-    type_name=lambda stack: f"Stacked[{stack._length}×{type(stack._tree).__name__}]",
-    children=_print_children,
 )
 
 

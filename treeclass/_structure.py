@@ -63,6 +63,7 @@ __all__ = [
     "GENERIC_KIND",
     "Wrapper",
     "Stack",
+    "Display",
     "wrapper_of",
     "stack_of",
     "block_depths",
@@ -200,6 +201,16 @@ def _one(node: object) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Display(Generic[N]):
+    """The display part of a row: a node the printers show otherwise than JAX flattens it
+    (a stack, with its arrays' per-block shapes): the `(key entry, child)` pairs shown,
+    and the type name (`Stacked[48×Block]`)."""
+
+    children: Callable[[N], Iterable[tuple[Any, Any]]]
+    type_name: Callable[[N], str]
+
+
+@dataclasses.dataclass(frozen=True)
 class Stack(Generic[N]):
     """The stack part of a row: a kind that stacks blocks along its leaves' leading axes.
 
@@ -248,7 +259,8 @@ class NodeKind(Generic[N]):
     - `items(node, hidden)`, `type_name(node)`, `named`, `brackets`, `single_comma`: how
       the printers show it: the children with the texts naming their keys
       (`("w=", ".w", w)`; `hidden`: also `repr=False` fields), its type name, and its
-      brackets (`Name(`...`)` when `named`);
+      brackets (`Name(`...`)` when `named`); a `display` part gives the children (also
+      the summary's) and the type name instead of its JAX flatten (`Display`);
     - `roles_of(node)`: the TreeClass whose declared field roles hold for its children
       (itself for a TreeClass, the block for a stack), or `None`;
     - `stack`: for a stack of blocks along its leaves' leading axes, its length,
@@ -264,6 +276,7 @@ class NodeKind(Generic[N]):
     kind: Kind = GENERIC  # how the matchers classify the node
     wrapper: Wrapper[N, Any] | None = None
     stack: Stack[N] | None = None
+    display: Display[N] | None = None
     named: bool = True
     brackets: tuple[str, str] = ("(", ")")
     single_comma: bool = False  # a one-element tuple keeps its comma
@@ -319,10 +332,11 @@ class NodeKind(Generic[N]):
         raise LookupError(f"a `{type(node).__name__}` has no static part {name!r}")
 
     def items(self, node: N, hidden: bool) -> Items | None:
-        return named(jax_children(node))
+        display = self.display
+        return named(jax_children(node) if display is None else display.children(node))
 
     def type_name(self, node: N) -> str:
-        return type(node).__name__
+        return type(node).__name__ if self.display is None else self.display.type_name(node)
 
     def roles_of(self, node: N) -> Any:
         return None
