@@ -14,7 +14,7 @@ repeats; it adds nothing to `Stacked` but the numbering of layers:
   compiled program holds one pattern whatever R is.
 
 `unstack_all` turns it into the tuple of its layers (per-layer checkpoint names, as an
-unrolled model has) and `restack` back, through the hooks `Stacked` defines too.
+unrolled model has) and `restack` back, through its row's stack part, as a `Stacked`'s.
 """
 
 from __future__ import annotations

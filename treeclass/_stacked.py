@@ -11,7 +11,7 @@ seen three ways:
   and writes changed blocks back into their slices (its row of the table of node
   kinds, `StackedKind`, registered here);
 - **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
-  shapes (`48×f32[256,256]`), through a print rule with `children`.
+  shapes (`48×f32[256,256]`), through its row's display part.
 
 Which values carry the block axis: every array leaf, frozen arrays too; every other value
 (Python numbers, strings, functions, frozen strings, `None`) is *shared* by all blocks
