@@ -405,9 +405,9 @@ class _PeriodicKind(NodeKind["Periodic"]):
             regrouped.append(old if same else tuple(new))
         inner = _in_layers(p, path, where)
         out = STACKED_KIND.rebuild(node._stack, stack_aux, regrouped, partial, (), inner)
-        if isinstance(out, Stacked):
-            return node if out is node._stack else _make(out)
-        return tuple(children)  # a `get` whose fill values changed the structure
+        if type(out) is tuple:  # a `get` whose fill values changed the structure
+            return tuple(children)
+        return node if out is node._stack else _make(out)
 
     # its leaves' block axis is the held stack's (`block_axes=0`: not counted twice)
     stack: Stack[Periodic] = Stack(
