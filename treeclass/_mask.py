@@ -298,12 +298,12 @@ def tree_unmask(
         def unmask_leaf(x: object) -> Any:
             if not is_masked(x):
                 return x
-            value = _unmask_value(x)
+            value = _structure.unwrap(x)
             return value if cond(value) else x
 
         return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
-    return treedef.unflatten([_unmask_value(x) if f else x for x, f in zip(leaves, flags)])
+    return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
 # Types `tree_mask` wraps its own way (`tree_mask.def_type`): type -> function, looked up
@@ -351,9 +351,6 @@ def _mask_value(x: object) -> Any:
     return result
 
 
-_unmask_value = _structure.unwrap
-
-
 def _def_type(
     name: str,
     write: Callable[[type, Callable[[Any], Any]], None],
@@ -369,10 +366,6 @@ def _def_type(
         return fn
 
     return register if fn is None else register(fn)
-
-
-def _write_mask_rule(kind: type, fn: Callable[[Any], Any]) -> None:
-    _MASK_RULES[kind] = fn
 
 
 def _write_wrapper(kind: type, unwrap: Callable[[Any], Any]) -> None:
@@ -403,7 +396,7 @@ def is_masked(x: object) -> bool:
 
 
 # sepes's extension points, kept on the functions as there: `tc.tree_mask.def_type(T)(fn)`
-tree_mask.def_type = functools.partial(_def_type, "tree_mask", _write_mask_rule)  # type: ignore[attr-defined]
+tree_mask.def_type = functools.partial(_def_type, "tree_mask", _MASK_RULES.__setitem__)  # type: ignore[attr-defined]
 tree_unmask.def_type = functools.partial(_def_type, "tree_unmask", _write_wrapper)  # type: ignore[attr-defined]
 
 

@@ -196,10 +196,6 @@ class Wrapper(Generic[N, V]):
     rewrap: Callable[[N, V], N] | None = None
 
 
-def _one(node: object) -> int:
-    return 1
-
-
 @dataclasses.dataclass(frozen=True)
 class Display(Generic[N]):
     """The display part of a row: a node the printers show otherwise than JAX flattens it
@@ -223,7 +219,7 @@ class Stack(Generic[N]):
     length: Callable[[N], int]  # the blocks (layers, as the unrolled model numbers them)
     unstack: Callable[[N], tuple[Any, ...]]  # the blocks, in order
     restack: Callable[[N, Sequence[Any]], N]  # a node like this one holding these blocks
-    period: Callable[[N], int] = _one  # P, for repeats of a pattern of P layers
+    period: Callable[[N], int] = lambda node: 1  # P, for repeats of a pattern of P layers
     pattern: str | None = None  # the key the pattern's positions are under (`pattern`)
     # the leading axes this node adds to the leaves under it (a stack it holds counts
     # its own: a periodic stack adds none, the stack it holds one)
@@ -656,16 +652,11 @@ def stack_of(node: object) -> Stack[Any] | None:
     return None if row is None else row.stack
 
 
-def _is_stack(node: object) -> bool:
-    row = _KINDS.get(type(node))
-    return row is not None and row.stack is not None
-
-
 def block_depths(tree: object, depth: int = 0) -> list[int]:
     """For every leaf of `tree`, in flatten order, the leading block axes the stacks above
     it add (each stack's `Stack.block_axes`)."""
     out: list[int] = []
-    for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack):
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: stack_of(x) is not None):
         stack = stack_of(x)
         if stack is None:
             out.append(depth)
