@@ -547,7 +547,9 @@ class _Walker:
             if self.count == before:
                 wrapped = jax.tree_util.tree_leaves(node, is_leaf=is_wrapper)
                 if wrapped:  # only wrapped values here: labelled with their role
-                    self.blocked.append((path, wrapper_of(wrapped[0]).role, False))  # type: ignore[union-attr]
+                    self.blocked.append(
+                        (path, getattr(wrapper_of(wrapped[0]), "role", "frozen"), False)
+                    )
             return out
         matcher = self.matchers[i]
         if matcher.single_key and not self.fills:

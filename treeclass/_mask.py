@@ -190,7 +190,9 @@ def tree_mask(
 
     `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks the chosen values of type `T`
     (and its subclasses) as `fn(value)` instead of `freeze(value)`; pair it with
-    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns. A
+    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns (it
+    makes values of exactly type `W` a wrapper kind: masked, printed `#` and their value,
+    unwrapped by `tree_unmask`, kept whole by `tc.optim`). A
     rule whose result is not masked (neither frozen nor of a registered wrapper type) is
     a `TypeError` naming the rule and the leaf's path: the value would reach `jax.grad`
     and optax unmasked.
@@ -313,14 +315,6 @@ def tree_unmask(
 _MASK_RULES: dict[type, Callable[[Any], Any]] = {}
 
 
-def _rule_for(rules: dict[type, Callable[[Any], Any]], x: object) -> Callable[[Any], Any] | None:
-    for base in type(x).__mro__:
-        rule = rules.get(base)
-        if rule is not None:
-            return rule
-    return None
-
-
 class _UnmaskedResult(Exception):
     """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
 
@@ -342,7 +336,8 @@ class _UnmaskedResult(Exception):
 
 
 def _mask_value(x: object) -> Any:
-    rule = _rule_for(_MASK_RULES, x) if _MASK_RULES else None
+    rules = _MASK_RULES
+    rule = next((rules[k] for k in type(x).__mro__ if k in rules), None) if rules else None
     if rule is None:
         return freeze(x)
     result = rule(x)
