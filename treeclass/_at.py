@@ -75,25 +75,25 @@ _MISSING: Any = object()
 
 ONLY_BLOCKED_MSG = (
     "The selection {selection} reaches no leaves: it only reaches {what}. Static fields "
-    "(`tc.field(static=True)`) are part of the tree definition, and frozen values "
-    "(`tc.freeze`) are nodes without children, so neither is a leaf. To edit frozen values, "
-    "select them as leaves:\n"
-    "    {selection}.apply(fn, is_leaf=tc.is_frozen)\n"
-    "or unfreeze them first (`tc.unfreeze`)."
+    "(`tc.field(static=True)`) are part of the tree definition, and wrapped values (frozen "
+    "by `tc.freeze`, or of another wrapper kind) are nodes without children, so neither is "
+    "a leaf. To edit wrapped values, select them as leaves:\n"
+    "    {selection}.apply(fn, is_leaf=tc.is_masked)\n"
+    "or unwrap them first (`tc.unfreeze`, `tc.tree_unmask`)."
 )
 WRAPPED_FILL_MSG = (
     "Cannot put a number at {where}: the leaf is an array inside {what}, which a number fills "
     "keeping its shape and dtype, but its kind of node gives no way to wrap the filled array "
-    "again (its row's `Wrapper.wrap` is None). Put a whole value instead:\n"
+    "again (its row's `Wrapper.rewrap` is None). Put a whole value instead:\n"
     "    before: tree.at[where].set(0.0, is_leaf=...)\n"
     "    after:  tree.at[where].apply(lambda w: <w's kind around a filled array>, is_leaf=...)"
 )
 FROZEN_IN_THE_WAY_MSG = (
-    "The selection {selection} reaches no leaves: the pattern goes on inside {what}. A frozen "
-    "value (`tc.freeze`) is a node without children, so nothing inside it can be selected, "
-    "not even with `is_leaf=tc.is_frozen` (that selects the frozen value whole). Unfreeze it "
-    "first (`tc.unfreeze`, or `tc.tree_unmask` for a whole tree), or select the frozen value "
-    "itself with a pattern that ends at it."
+    "The selection {selection} reaches no leaves: the pattern goes on inside {what}. A wrapped "
+    "value (frozen by `tc.freeze`, or of another wrapper kind) is a node without children, so "
+    "nothing inside it can be selected, not even with `is_leaf=tc.is_masked` (that selects "
+    "the wrapped value whole). Unwrap it first (`tc.unfreeze`, or `tc.tree_unmask` for a "
+    "whole tree), or select the wrapped value itself with a pattern that ends at it."
 )
 TRACED_MASK_GET_MSG = (
     "Cannot take `leaf[mask]` at {where}: the element mask is traced (inside `jax.jit`, "
@@ -404,9 +404,9 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
     if wrapper is not None:
         inner = wrapper.unwrap(leaf)
         if isinstance(inner, _NUMBER_TARGETS):
-            if wrapper.wrap is None:
+            if wrapper.rewrap is None:
                 raise TypeError(WRAPPED_FILL_MSG.format(where=where(at), what=wrapper.what))
-            return wrapper.wrap(_fill(new, inner, where, at))
+            return wrapper.rewrap(leaf, _fill(new, inner, where, at))
     return new
 
 
@@ -536,7 +536,7 @@ class _Walker:
         what = ", ".join(f"{self.where(p)} ({why})" for p, why, _ in self.blocked[:8])
         if len(self.blocked) > 8:
             what += f" and {len(self.blocked) - 8} more"
-        if all(why == "frozen" and by_matcher for _, why, by_matcher in self.blocked):
+        if all(why != "a static field" and by_matcher for _, why, by_matcher in self.blocked):
             return FROZEN_IN_THE_WAY_MSG.format(selection=self.selection(), what=what)
         return ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what)
 
@@ -544,8 +544,12 @@ class _Walker:
         if i == self.n:
             before = self.count
             out = self.op.spot(self, node, path, emask)
-            if self.count == before and jax.tree_util.tree_leaves(node, is_leaf=is_wrapper):
-                self.blocked.append((path, "frozen", False))
+            if self.count == before:
+                wrapped = jax.tree_util.tree_leaves(node, is_leaf=is_wrapper)
+                if wrapped:  # only wrapped values here: labelled with their role
+                    self.blocked.append(
+                        (path, getattr(wrapper_of(wrapped[0]), "role", "frozen"), False)
+                    )
             return out
         matcher = self.matchers[i]
         if matcher.single_key and not self.fills:
@@ -605,7 +609,7 @@ class _Walker:
                 raise
             if code == MATCH:
                 if stops and is_wrapper(child):  # nothing below a frozen value is selectable
-                    self.record_blocked(child_path, "frozen")
+                    self.record_blocked(child_path, wrapper_of(child).role)  # type: ignore[union-attr]
                     new = self.unselected(child)
                 else:
                     new = self.walk(child, child_path, i + 1, _and_masks(emask, result))

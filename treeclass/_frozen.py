@@ -202,11 +202,11 @@ del _name, _expr
 register_childless(Frozen)
 
 
-class _FrozenKind(NodeKind):
+class _FrozenKind(NodeKind[Frozen]):
     """The row of a frozen value: a node without children standing for its value."""
 
-    wrapper = Wrapper(
-        "#", lambda x: unfreeze(x), "a frozen value", "frozen", "freeze", lambda x: _refreeze(x)
+    wrapper: Wrapper[Frozen, Any] = Wrapper(
+        "#", lambda x: x._value, "a frozen value", "frozen", "freeze", lambda _, x: _refreeze(x)
     )
 
 

@@ -7,6 +7,7 @@ this module decides *which* leaves to freeze, from a predicate or a bool mask tr
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ import jax
 import numpy as np
 
 from . import _node, _structure
-from ._frozen import freeze, is_frozen, unfreeze
+from ._frozen import freeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
 
@@ -189,7 +190,9 @@ def tree_mask(
 
     `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks the chosen values of type `T`
     (and its subclasses) as `fn(value)` instead of `freeze(value)`; pair it with
-    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns. A
+    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns (it
+    makes values of exactly type `W` a wrapper kind: masked, printed `#` and their value,
+    unwrapped by `tree_unmask`, kept whole by `tc.optim`). A
     rule whose result is not masked (neither frozen nor of a registered wrapper type) is
     a `TypeError` naming the rule and the leaf's path: the value would reach `jax.grad`
     and optax unmasked.
@@ -297,27 +300,19 @@ def tree_unmask(
         def unmask_leaf(x: object) -> Any:
             if not is_masked(x):
                 return x
-            value = _unmask_value(x)
+            value = _structure.unwrap(x)
             return value if cond(value) else x
 
         return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
     leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
-    return treedef.unflatten([_unmask_value(x) if f else x for x, f in zip(leaves, flags)])
+    return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
-# Types `tree_mask` / `tree_unmask` wrap and unwrap their own way (`def_type`): type ->
-# function, looked up along the value's MRO. Written on registration (a dict store, atomic
-# under the GIL), read for each masked leaf; empty, they cost one truth test per leaf.
+# Types `tree_mask` wraps its own way (`tree_mask.def_type`): type -> function, looked up
+# along the value's MRO. Written on registration (a dict store, atomic under the GIL), read
+# for each masked leaf; empty, it costs one truth test per leaf. What unwraps a value is
+# its row's wrapper part (`tree_unmask.def_type` writes one).
 _MASK_RULES: dict[type, Callable[[Any], Any]] = {}
-_UNMASK_RULES: dict[type, Callable[[Any], Any]] = {}
-
-
-def _rule_for(rules: dict[type, Callable[[Any], Any]], x: object) -> Callable[[Any], Any] | None:
-    for base in type(x).__mro__:
-        rule = rules.get(base)
-        if rule is not None:
-            return rule
-    return None
 
 
 class _UnmaskedResult(Exception):
@@ -341,7 +336,8 @@ class _UnmaskedResult(Exception):
 
 
 def _mask_value(x: object) -> Any:
-    rule = _rule_for(_MASK_RULES, x) if _MASK_RULES else None
+    rules = _MASK_RULES
+    rule = next((rules[k] for k in type(x).__mro__ if k in rules), None) if rules else None
     if rule is None:
         return freeze(x)
     result = rule(x)
@@ -350,16 +346,9 @@ def _mask_value(x: object) -> Any:
     return result
 
 
-def _unmask_value(x: object) -> Any:
-    if is_frozen(x):
-        return unfreeze(x)
-    rule = _rule_for(_UNMASK_RULES, x) if _UNMASK_RULES else None
-    return x if rule is None else rule(x)
-
-
 def _def_type(
-    rules: dict[type, Callable[[Any], Any]],
     name: str,
+    write: Callable[[type, Callable[[Any], Any]], None],
     kind: type,
     fn: Callable[[Any], Any] | None = None,
 ) -> Any:
@@ -368,18 +357,28 @@ def _def_type(
 
     def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         check_callable(fn, f"{name}.def_type({kind.__name__})", "fn")
-        rules[kind] = fn
+        write(kind, fn)
         return fn
 
     return register if fn is None else register(fn)
 
 
-def is_masked(x: object) -> bool:
-    """Whether `tree_unmask` would unwrap `x`: a frozen value, or a `def_type` wrapper.
+def _write_wrapper(kind: type, unwrap: Callable[[Any], Any]) -> None:
+    """`tree_unmask.def_type(W)(unwrap)`: the wrapper part of `W`'s row (a copy of the row
+    `W` has, else of a registered pytree's), shown and counted as a masked value."""
+    row = copy.copy(_structure.registered_kind(kind) or _structure.NodeKind())
+    row.wrapper = _structure.Wrapper(
+        "#", unwrap, f"a masked `{kind.__name__}`", "frozen", kind.__name__
+    )
+    _structure.register_kind(kind, row)
 
-    sepes's name. `is_frozen` answers for `freeze`'s own wrapper only; `is_masked` also
-    knows the types registered with `tree_unmask.def_type`. Use it as `is_leaf=` to reach
-    masked values: `tree.at[...].apply(tc.unfreeze, is_leaf=tc.is_masked)`.
+
+def is_masked(x: object) -> bool:
+    """Whether `tree_unmask` would unwrap `x`: a value of a wrapper kind (a frozen value,
+    a `tree_unmask.def_type` wrapper, any kind whose row has a wrapper part).
+
+    sepes's name. `is_frozen` answers for `freeze`'s own wrapper only. Use it as
+    `is_leaf=` to reach masked values: `tree.at[...].apply(tc.unfreeze, is_leaf=tc.is_masked)`.
 
     ```python
     import treeclass as tc
@@ -388,14 +387,12 @@ def is_masked(x: object) -> bool:
     assert tc.is_masked(tc.tree_mask({"n": 1})["n"])
     ```
     """
-    if is_frozen(x):
-        return True
-    return bool(_UNMASK_RULES) and _rule_for(_UNMASK_RULES, x) is not None
+    return _structure.is_wrapper(x)
 
 
 # sepes's extension points, kept on the functions as there: `tc.tree_mask.def_type(T)(fn)`
-tree_mask.def_type = functools.partial(_def_type, _MASK_RULES, "tree_mask")  # type: ignore[attr-defined]
-tree_unmask.def_type = functools.partial(_def_type, _UNMASK_RULES, "tree_unmask")  # type: ignore[attr-defined]
+tree_mask.def_type = functools.partial(_def_type, "tree_mask", _MASK_RULES.__setitem__)  # type: ignore[attr-defined]
+tree_unmask.def_type = functools.partial(_def_type, "tree_unmask", _write_wrapper)  # type: ignore[attr-defined]
 
 
 def _frozen_or(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], bool]:

@@ -14,7 +14,7 @@ repeats; it adds nothing to `Stacked` but the numbering of layers:
   compiled program holds one pattern whatever R is.
 
 `unstack_all` turns it into the tuple of its layers (per-layer checkpoint names, as an
-unrolled model has) and `restack` back, through the hooks `Stacked` defines too.
+unrolled model has) and `restack` back, through its row's stack part, as a `Stacked`'s.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
 from ._at import AtIndexer, at
-from ._pprint_registry import register_printer
 from ._stacked import STACKED_KIND, StackBase, Stacked, block_index
-from ._structure import Layers, NodeKind, Opened, describe, register_kind
+from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -300,13 +299,8 @@ class Periodic(StackBase):
         """`x` through every layer in turn, `layer(x, *args, **kwargs)`: R scan steps."""
         return self._run(x, args, kwargs)
 
-    # -- unstack_all / restack ----------------------------------------------------------------
-
-    def __tc_unstack__(self) -> tuple[Any, ...]:
+    def _blocks(self) -> tuple[Any, ...]:
         return self.layers()
-
-    def __tc_restack__(self, layers: Sequence[Any]) -> Periodic:
-        return Periodic.from_layers(layers, self._period)
 
     # -- Python protocol ----------------------------------------------------------------------
 
@@ -411,15 +405,26 @@ class _PeriodicKind(NodeKind["Periodic"]):
             regrouped.append(old if same else tuple(new))
         inner = _in_layers(p, path, where)
         out = STACKED_KIND.rebuild(node._stack, stack_aux, regrouped, partial, (), inner)
-        if isinstance(out, Stacked):
-            return node if out is node._stack else _make(out)
-        return tuple(children)  # a `get` whose fill values changed the structure
+        if type(out) is tuple:  # a `get` whose fill values changed the structure
+            return tuple(children)
+        return node if out is node._stack else _make(out)
+
+    # its leaves' block axis is the held stack's (`block_axes=0`: not counted twice)
+    stack: Stack[Periodic] = Stack(
+        length=len,
+        unstack=lambda node: node.layers(),
+        restack=lambda node, layers: Periodic.from_layers(layers, node._period),
+        period=lambda node: node._period,
+        pattern=_PATTERN.name,
+        block_axes=0,
+    )
+    display: Display[Periodic] = Display(
+        children=lambda node: [(_PATTERN, node.stack)],
+        type_name=lambda node: f"Periodic[{node.repeats}×({_kinds(node)})]",
+    )
 
     def roles_of(self, node: Periodic) -> Any:
         return None
-
-    def layers(self, node: Periodic) -> Layers:
-        return Layers(len(node), node._period, _PATTERN.name)
 
 
 def _in_layers(
@@ -438,9 +443,3 @@ def _in_layers(
 
 
 register_kind(Periodic, _PeriodicKind())
-
-register_printer(
-    Periodic,
-    type_name=lambda p: f"Periodic[{p.repeats}×({_kinds(p)})]",
-    children=lambda p: [(_PATTERN, p.stack)],
-)

@@ -27,7 +27,15 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ._structure import LEAF, NodeKind, jax_children, named, node_kind, node_type
+from ._structure import (
+    LEAF,
+    Display,
+    NodeKind,
+    jax_children,
+    node_kind,
+    node_type,
+    registered_kind,
+)
 from ._values import short_repr
 
 __all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
@@ -378,23 +386,17 @@ def rule_for(value: object) -> PrintRule | None:
     return found
 
 
-class _RuleKind(NodeKind):
-    """A node shown through its printer rule's `children` (and `type_name`)."""
-
-    def __init__(self, rule: PrintRule) -> None:
-        self.rule = rule
-
-    def items(self, node: object, hidden: bool) -> Any:
-        return named(self.rule.children(node))  # type: ignore[misc]
-
-    def type_name(self, node: object) -> str:
-        name = self.rule.type_name
-        return type(node).__name__ if name is None else name(node)
+def _class_name(node: object) -> str:
+    return type(node).__name__
 
 
 @functools.lru_cache(maxsize=256)  # a rule is a tuple of functions: one row per rule
 def _rule_row(rule: PrintRule) -> NodeKind:
-    return _RuleKind(rule)
+    """A node shown through its printer rule's `children` (and `type_name`): a row whose
+    display part they are."""
+    row: NodeKind = NodeKind()
+    row.display = Display(rule.children, rule.type_name or _class_name)  # type: ignore[arg-type]
+    return row
 
 
 def view_of(value: object, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind | None:
@@ -410,8 +412,12 @@ def view_of(value: object, is_leaf: Callable[[Any], bool] | None = None) -> Node
 
 
 def children_of(value: object) -> list[tuple[Any, Any]] | None:
-    """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule shows them."""
+    """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule or its row's
+    display part shows them."""
     rule = rule_for(value)
     if rule is not None and rule.children is not None and not rule.has_text:
         return list(rule.children(value))
+    row = registered_kind(type(value))
+    if row is not None and row.display is not None:
+        return list(row.display.children(value))
     return jax_children(value)

@@ -32,8 +32,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._at import at
-from ._stacked import block_depths
-from ._structure import describe, is_wrapper, path_str
+from ._structure import block_depths, describe, is_wrapper, path_str
 from ._values import array_type, closest
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]

@@ -11,7 +11,7 @@ seen three ways:
   and writes changed blocks back into their slices (its row of the table of node
   kinds, `StackedKind`, registered here);
 - **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
-  shapes (`48×f32[256,256]`), through a print rule with `children`.
+  shapes (`48×f32[256,256]`), through its row's display part.
 
 Which values carry the block axis: every array leaf, frozen arrays too; every other value
 (Python numbers, strings, functions, frozen strings, `None`) is *shared* by all blocks
@@ -39,9 +39,10 @@ from ._pprint_html import Printed
 from ._pprint_registry import register_printer
 from ._roles import FROZEN, leaf_roles
 from ._structure import (
-    Layers,
+    Display,
     NodeKind,
     Opened,
+    Stack,
     describe,
     first_mismatch,
     is_leaf_node,
@@ -50,11 +51,12 @@ from ._structure import (
     rebuild,
     register_kind,
     root_name,
+    stack_of,
 )
 from ._util import check_callable
 from ._values import array_type, exact_key, is_array
 
-__all__ = ["Stacked", "StackedKind", "block_depths", "unstack_all", "restack"]
+__all__ = ["Stacked", "StackedKind", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
@@ -391,14 +393,14 @@ class StackBase(Printed):
     _IMMUTABLE: ClassVar[str]  # "A `Stacked` is immutable"
     _HOW_TO_CHANGE: ClassVar[str]  # the fix, after the `;`
 
-    def __tc_unstack__(self) -> tuple[Any, ...]:
+    def _blocks(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def scan(self, fn: Callable[..., tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.__tc_unstack__())
+        return iter(self._blocks())
 
     def _run(self, x: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """`x` through every block in turn, `block(x, *args, **kwargs)`, in one scan."""
@@ -781,13 +783,8 @@ class Stacked(StackBase):
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
 
-    # -- `unstack_all` / `restack`: the blocks, and a stack like this one of other blocks -----
-
-    def __tc_unstack__(self) -> tuple[Any, ...]:
+    def _blocks(self) -> tuple[Any, ...]:
         return self.unstack()
-
-    def __tc_restack__(self, blocks: Sequence[Any]) -> Stacked:
-        return Stacked.from_blocks(blocks)
 
 
 class StackedKind(NodeKind["Stacked"]):
@@ -859,11 +856,18 @@ class StackedKind(NodeKind["Stacked"]):
                 return tuple(children)
             raise
 
+    stack: Stack[Stacked] = Stack(
+        length=lambda node: node._length,
+        unstack=lambda node: node.unstack(),
+        restack=lambda node, blocks: Stacked.from_blocks(blocks),
+    )
+    display: Display[Stacked] = Display(
+        children=lambda node: _print_children(node),
+        type_name=lambda node: f"Stacked[{node._length}×{type(node._tree).__name__}]",
+    )
+
     def roles_of(self, node: Stacked) -> Any:
         return node._tree
-
-    def layers(self, node: Stacked) -> Layers:
-        return Layers(node._length)
 
 
 def _write_blocks(
@@ -1067,32 +1071,24 @@ register_printer(
     count=_leaf_count,
     size=_leaf_size,
 )
-register_printer(
-    Stacked,
-    type_name=lambda stack: f"Stacked[{stack._length}×{type(stack._tree).__name__}]",
-    children=_print_children,
-)
-
-
-def block_depths(tree: object, depth: int = 0) -> list[int]:
-    """For every leaf of `tree`, how many stacks hold it (its leading block axes)."""
-    out: list[int] = []
-    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Stacked)):
-        if isinstance(x, Stacked):
-            out.extend(block_depths(x.tree, depth + 1))
-        else:
-            out.append(depth)
-    return out
 
 
 # -- converting between stacked and unstacked trees --------------------------------------------
 
 
 def _is_stack(x: object) -> bool:
-    """A node kept stacked: a `Stacked`, or a node of another kind built on one (a periodic
-    stack), through the hooks `__tc_unstack__()` (its blocks, in order) and
-    `__tc_restack__(blocks)` (a node like it holding `blocks`)."""
-    return hasattr(type(x), "__tc_unstack__") and hasattr(type(x), "__tc_restack__")
+    """A node kept stacked: one whose row has a stack part (a `Stacked`, a `Periodic`, any
+    kind registered with one)."""
+    return stack_of(x) is not None
+
+
+def _unstacked(x: object) -> tuple[Any, ...]:
+    return stack_of(x).unstack(x)  # type: ignore[union-attr]
+
+
+def _length(x: Any) -> int:
+    stack = stack_of(x)
+    return len(x) if stack is None else stack.length(x)
 
 
 def unstack_all(tree: _T) -> _T:
@@ -1122,7 +1118,7 @@ def unstack_all(tree: _T) -> _T:
 
     def replace(x: Any) -> Any:
         if _is_stack(x):
-            return tuple(unstack_all(block) for block in x.__tc_unstack__())
+            return tuple(unstack_all(block) for block in _unstacked(x))
         return x
 
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
@@ -1134,7 +1130,7 @@ def _has_stack(tree: object) -> bool:
 
 def _stackdescribe(x: Any) -> str:
     kind = "a stack" if isinstance(x, Stacked) else f"a `{type(x).__name__}`"
-    return f"{kind} of {len(x)} blocks"
+    return f"{kind} of {_length(x)} blocks"
 
 
 def _sequence_of_blocks(x: object) -> bool:
@@ -1194,22 +1190,22 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
             return error(got, want)
 
         if _is_stack(tree) and _is_stack(like):
-            if type(tree) is not type(like) or len(tree) != len(like):
+            if type(tree) is not type(like) or _length(tree) != _length(like):
                 raise mismatch(describe)
             return tree
         if not _sequence_of_blocks(like if _is_stack(tree) else tree):
             raise mismatch(describe)
-        if len(tree) != len(like):
+        if _length(tree) != _length(like):
             raise mismatch(lambda x: f"{len(x)} blocks")
         if _is_stack(tree):
-            pairs = zip(tree.__tc_unstack__(), like)
+            pairs = zip(_unstacked(tree), like)
         else:  # a stack's blocks share one structure: its block 0 is every block's template
-            templates = (
-                [like[0]] * len(tree) if isinstance(like, Stacked) else like.__tc_unstack__()
-            )
+            templates = [like[0]] * len(tree) if type(like) is Stacked else _unstacked(like)
             pairs = zip(tree, templates)
         blocks = [_restack(b, t, (*path, SequenceKey(i)), root) for i, (b, t) in enumerate(pairs)]
-        return type(like)(blocks) if _is_stack(tree) else like.__tc_restack__(blocks)
+        if _is_stack(tree):
+            return type(like)(blocks)
+        return stack_of(like).restack(like, blocks)  # type: ignore[union-attr]
     if not _has_stack(tree) and not _has_stack(like):
         return tree
     tree_kind, like_kind = node_kind(tree, is_frozen), node_kind(like, is_frozen)

@@ -62,8 +62,11 @@ __all__ = [
     "TREECLASS_KIND",
     "GENERIC_KIND",
     "Wrapper",
-    "Layers",
+    "Stack",
+    "Display",
     "wrapper_of",
+    "stack_of",
+    "block_depths",
     "is_wrapper",
     "unwrap",
     "node_type",
@@ -169,42 +172,64 @@ def is_leaf_node(node: object, is_leaf: Callable[[Any], bool] | None = None) -> 
 # -- the table of node kinds: one row per kind of node -------------------------------------------
 
 
-class Wrapper(NamedTuple):
-    """What a row says of a kind that wraps one value in a node without children.
+N = TypeVar("N")  # the type of node a row answers for
+V = TypeVar("V")  # the type of value a wrapper kind holds
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrapper(Generic[N, V]):
+    """The wrapper part of a row: a kind that wraps one value in a node without children.
 
     The printers show a wrapped value as `mark` + the value's own text, the summaries
-    count the value inside, roles give it `role`, and messages call it `what`.
+    count the value inside, roles give it `role`, messages call it `what`, `tc.is_masked`
+    says True and `tc.tree_unmask` unwraps it.
     """
 
     mark: str  # printed before the wrapped value's text: `#` for a frozen value
-    unwrap: Callable[[Any], Any]
+    unwrap: Callable[[N], V]
     what: str  # `a frozen value`, in messages
     role: str  # its role in summaries and `tc.roles`
     maker: str  # the function that makes one, for round-trip renderings: `freeze`
-    # the same kind of wrapper around a new value: a number `set` at a wrapped array fills
-    # the array and keeps the wrapper; `None` where the kind cannot be rebuilt around a value
-    wrap: Callable[[Any], Any] | None = None
+    # `rewrap(old, value)`: a node like `old` (the same kind, its per-instance data: a
+    # tag, a name, a dtype policy) around a new value, for a number `set` at a wrapped
+    # array and for a restored checkpoint; `None` where the kind cannot be rebuilt
+    rewrap: Callable[[N, V], N] | None = None
 
 
-class Layers(NamedTuple):
-    """What a row says of a kind that stacks layers along its leaves' leading axis.
+@dataclasses.dataclass(frozen=True)
+class Display(Generic[N]):
+    """The display part of a row: a node the printers show otherwise than JAX flattens it
+    (a stack, with its arrays' per-block shapes): the `(key entry, child)` pairs shown,
+    and the type name (`Stacked[48×Block]`)."""
 
-    Checkpoints name such a node's leaves as the unrolled model names its layers: layer
-    `i` is slot `i` of each leaf, or, for R repeats of a pattern of P layers, slot
-    `i // P` of the leaves under `<pattern>.<i % P>`.
+    children: Callable[[N], Iterable[tuple[Any, Any]]]
+    type_name: Callable[[N], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack(Generic[N]):
+    """The stack part of a row: a kind that stacks blocks along its leaves' leading axes.
+
+    `unstack_all` and `restack` convert it to and from a tuple of its blocks, sharding
+    rules give its block axes `block_axis`, and checkpoints name its leaves as the unrolled
+    model names its layers: layer `i` is slot `i` of each leaf, or, for R repeats of a
+    pattern of P layers, slot `i // P` of the leaves under `<pattern>.<i % P>`.
     """
 
-    length: int  # the layers, numbered as the unrolled model's
-    period: int = 1  # P, for repeats of a pattern of P layers
+    length: Callable[[N], int]  # the blocks (layers, as the unrolled model numbers them)
+    unstack: Callable[[N], tuple[Any, ...]]  # the blocks, in order
+    restack: Callable[[N, Sequence[Any]], N]  # a node like this one holding these blocks
+    period: Callable[[N], int] = lambda node: 1  # P, for repeats of a pattern of P layers
     pattern: str | None = None  # the key the pattern's positions are under (`pattern`)
+    # the leading axes this node adds to the leaves under it (a stack it holds counts
+    # its own: a periodic stack adds none, the stack it holds one)
+    block_axes: int = 1
 
 
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
 
 
 _no_where: Callable[[tuple], str] = jax.tree_util.keystr
-
-N = TypeVar("N")  # the type of node a row answers for
 
 
 class NodeKind(Generic[N]):
@@ -230,11 +255,12 @@ class NodeKind(Generic[N]):
     - `items(node, hidden)`, `type_name(node)`, `named`, `brackets`, `single_comma`: how
       the printers show it: the children with the texts naming their keys
       (`("w=", ".w", w)`; `hidden`: also `repr=False` fields), its type name, and its
-      brackets (`Name(`...`)` when `named`);
+      brackets (`Name(`...`)` when `named`); a `display` part gives the children (also
+      the summary's) and the type name instead of its JAX flatten (`Display`);
     - `roles_of(node)`: the TreeClass whose declared field roles hold for its children
       (itself for a TreeClass, the block for a stack), or `None`;
-    - `layers(node)`: for a stack of layers along its leaves' leading axis, their count
-      and period (`Layers`), which checkpoints name per layer; `None` for other kinds;
+    - `stack`: for a stack of blocks along its leaves' leading axes, its length,
+      period, block axes, and how it is unstacked and restacked (`Stack`);
     - `wrapper`: for a kind wrapping one value in a node without children (a frozen
       value), how it is marked, unwrapped, described and wrapped again (`Wrapper`).
 
@@ -244,7 +270,9 @@ class NodeKind(Generic[N]):
     """
 
     kind: Kind = GENERIC  # how the matchers classify the node
-    wrapper: Wrapper | None = None
+    wrapper: Wrapper[N, Any] | None = None
+    stack: Stack[N] | None = None
+    display: Display[N] | None = None
     named: bool = True
     brackets: tuple[str, str] = ("(", ")")
     single_comma: bool = False  # a one-element tuple keeps its comma
@@ -300,15 +328,13 @@ class NodeKind(Generic[N]):
         raise LookupError(f"a `{type(node).__name__}` has no static part {name!r}")
 
     def items(self, node: N, hidden: bool) -> Items | None:
-        return named(jax_children(node))
+        display = self.display
+        return named(jax_children(node) if display is None else display.children(node))
 
     def type_name(self, node: N) -> str:
-        return type(node).__name__
+        return type(node).__name__ if self.display is None else self.display.type_name(node)
 
     def roles_of(self, node: N) -> Any:
-        return None
-
-    def layers(self, node: N) -> Layers | None:
         return None
 
 
@@ -618,6 +644,26 @@ def is_wrapper(node: object) -> bool:
     """Whether `node` is of a wrapper kind: an `is_leaf` that keeps frozen values whole."""
     row = _KINDS.get(type(node))
     return row is not None and row.wrapper is not None
+
+
+def stack_of(node: object) -> Stack[Any] | None:
+    """The stack part of `node`'s kind (a `Stacked`'s, say), or `None` for any other node."""
+    row = _KINDS.get(type(node))
+    return None if row is None else row.stack
+
+
+def block_depths(tree: object, depth: int = 0) -> list[int]:
+    """For every leaf of `tree`, in flatten order, the leading block axes the stacks above
+    it add (each stack's `Stack.block_axes`)."""
+    out: list[int] = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: stack_of(x) is not None):
+        stack = stack_of(x)
+        if stack is None:
+            out.append(depth)
+            continue
+        for _, child in jax_children(x) or ():
+            out.extend(block_depths(child, depth + stack.block_axes))
+    return out
 
 
 # -- how the printers show each kind of node ---------------------------------------------------

@@ -2,7 +2,7 @@
 
 The per-layer naming is a checkpoint concept (the unrolled model names layer `i`
 `blocks.{i}.attn.q`); what it needs of a stack (its layers, a pattern's period and key)
-its row of the table of node kinds answers (`NodeKind.layers`).
+its row of the table of node kinds answers (its stack part, `_structure.Stack`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import jax
 
-from .._structure import Layers, is_wrapper, row_of
+from .._structure import is_wrapper, stack_of
 from ._walk import key_name
 
 __all__ = ["StackAt", "stacks_of", "joined"]
@@ -103,16 +103,13 @@ def stacks_of(tree: object) -> list[StackAt]:
     """The outermost stacks of `tree` (a stack inside a stack's block is not one of them),
     the longest names first (so a name is matched with the innermost prefix it has)."""
 
-    def layers(x: object) -> Layers | None:
-        return row_of(x).layers(x)
-
     found = []
     leaves = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: is_wrapper(x) or layers(x) is not None
+        tree, is_leaf=lambda x: is_wrapper(x) or stack_of(x) is not None
     )[0]
     for path, node in leaves:
-        stack = layers(node)
+        stack = stack_of(node)
         if stack is not None:
             prefix = ".".join(key_name(key) for key in path)
-            found.append(StackAt(prefix, stack.length, stack.period, stack.pattern))
+            found.append(StackAt(prefix, stack.length(node), stack.period(node), stack.pattern))
     return sorted(found, key=lambda s: -len(s.prefix))

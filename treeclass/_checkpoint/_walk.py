@@ -93,13 +93,13 @@ def walk(
 
 
 def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
-    """A node of `node`'s wrapper kind around `value`, made as its row says (`wrap`)."""
-    if wrapper.wrap is None:
+    """A node like `node` (its kind, its per-instance data) around `value` (`rewrap`)."""
+    if wrapper.rewrap is None:
         raise TypeError(
             f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
-            "of node kinds gives no way to wrap a value again (`Wrapper.wrap` is None)"
+            "of node kinds gives no way to wrap a value again (`Wrapper.rewrap` is None)"
         )
-    return wrapper.wrap(value)
+    return wrapper.rewrap(node, value)
 
 
 def category(value: object) -> str:
