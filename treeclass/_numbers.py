@@ -251,16 +251,23 @@ def number_value(value: Any, dtype: DTypeLike) -> Any:
     """The number to write for `value` (one `number_misfit` keeps) into an array of
     `dtype`: a Python number of the array's kind, weakly typed, so that JAX and NumPy keep
     the array's dtype (`0.0` for an int array is given as `0`, `np.float32(2.5)` as
-    `2.5`), and every route writing it gives the same bits."""
+    `2.5`), and every route writing it gives the same bits. An integer beyond int32's range
+    (which a weak int cannot carry without x64) is given as a scalar of `dtype` itself."""
     if isinstance(value, np.generic):
         if _wide(np.dtype(dtype)):
             return value
         value = _plain(value)
     kind = dtype_kind(dtype)
     if kind in "iu":
-        return int(value.real if type(value) is complex else value)
+        value = int(value.real if type(value) is complex else value)
+        if not -(2**31) <= value < 2**31:
+            # beyond what a weak int carries without x64 (a high uint32): as the dtype's own
+            return np.dtype(dtype).type(value)
+        return value
     if kind == "b":
         return bool(value)
     if kind == "f" and type(value) is complex:
         return value.real
+    if type(value) is int and kind in "fc":
+        return float(value)  # a weak int carries only int32's range without x64
     return value
