@@ -354,3 +354,23 @@ def test_is_number_is_the_one_test_of_a_number():
     assert all(is_number(_scalar(kind, 1)) for kind in SCALAR_TYPES)
     for other in ("1", b"1", None, np.str_("1"), np.timedelta64(1, "s"), jnp.ones(()), [1]):
         assert not is_number(other)
+
+
+@pytest.mark.parametrize(
+    "factor",
+    [
+        0.5,
+        np.float32(0.5),
+        np.longdouble(0.5),
+        ml_dtypes.bfloat16(0.5),
+        ml_dtypes.float8_e4m3fn(0.5),
+    ],
+    ids=repr,
+)
+def test_a_scalar_factor_of_scale_blocks_is_a_number_and_keeps_the_update_dtype(factor):
+    optax = pytest.importorskip("optax")
+    params = {"w": jnp.ones((2, 3), jnp.bfloat16)}
+    opt = optax.chain(optax.sgd(1.0), tc.optim.scale_blocks({"w": factor}))
+    updates, _ = opt.update(params, opt.init(params))
+    assert updates["w"].dtype == jnp.bfloat16
+    assert np.asarray(updates["w"], np.float32).tolist() == np.full((2, 3), -0.5).tolist()
