@@ -1374,14 +1374,17 @@ class AtIndexer(Generic[T]):
           whole at each selected spot (PyTreeClass's rule: `(7, 8)` set at a leaf is that
           tuple; a frozen subtree set at a node replaces the node). Under an element mask
           the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
-          A number (Python `int`, `float`, `complex`, or a NumPy scalar) at an array
-          leaf becomes an array of the leaf's shape and dtype, as `x.at[...].set(0.0)`
-          does in jax.numpy (a NumPy leaf stays NumPy, and a frozen array selected with
-          `is_leaf=tc.is_frozen` is filled and stays frozen); a number that would change on
-          the way in (`2.7` into an integer array, `300` into `int8`) raises
-          `TypeError` / `OverflowError` naming the leaf. Other leaves get the number
-          itself; `True` and `False` are flags, put as they are (`.set(False)` builds
-          a mask tree). To put a number in place of an array, use
+          A number (Python `int`, `float`, `complex`, or a scalar of any NumPy or
+          ml_dtypes number type: `np.float32`, `np.longdouble`, `ml_dtypes.bfloat16`,
+          float8, int4, ...) at an array leaf becomes an array of the leaf's shape and
+          dtype, as `x.at[...].set(0.0)` does in jax.numpy (a NumPy leaf stays NumPy, and a
+          frozen array selected with `is_leaf=tc.is_frozen` is filled and stays frozen),
+          by the rule a block write into a `tc.Stacked` follows; a number that would
+          change on the way in (`2.7` into an integer array, `300` into `int8`, a
+          `bfloat16` into `int8`) raises `TypeError` / `OverflowError` naming the leaf.
+          Other leaves get the number itself; `True` and `False` are flags, put as they
+          are (`.set(False)` builds a mask tree), except into elements, where they must
+          fit the leaf (a bool array). To put a number in place of an array, use
           `.apply(lambda _: 0.0, whole=True)`.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: accepted as for `apply`; `set` runs no function, so the result is
