@@ -374,3 +374,15 @@ def test_a_scalar_factor_of_scale_blocks_is_a_number_and_keeps_the_update_dtype(
     updates, _ = opt.update(params, opt.init(params))
     assert updates["w"].dtype == jnp.bfloat16
     assert np.asarray(updates["w"], np.float32).tolist() == np.full((2, 3), -0.5).tolist()
+
+
+@pytest.mark.parametrize(
+    ("kind", "want"),
+    [(np.longdouble, np.float32), (np.clongdouble, np.complex64), (ml_dtypes.bfloat16, None)],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_numbers_that_differ_between_blocks_stack_into_an_array_jax_holds(kind, want):
+    stack = tc.Stacked.from_blocks([{"n": kind(k), "w": jnp.ones(2)} for k in (1, 2)])
+    numbers = stack.tree["n"]
+    assert numbers.dtype == np.dtype(want or kind) and numbers.tolist() == [1, 2]
+    assert jnp.asarray(numbers).dtype == numbers.dtype  # no float128 error

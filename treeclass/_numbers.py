@@ -140,6 +140,16 @@ def plain_number(x: Any) -> Any:
     return _plain(x) if type(x) in NUMBER_TYPES and isinstance(x, np.generic) else x
 
 
+def jax_holdable(array: np.ndarray) -> np.ndarray:
+    """A NumPy array of numbers as one JAX can hold: `np.longdouble` ones rounded to float64
+    (complex128), as `number_value` rounds each of those numbers; others as they are."""
+    return (
+        array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
+        if _wide(array.dtype)
+        else array
+    )
+
+
 def _overflowed(x: complex) -> bool:
     return type(x) is not int and (math.isinf(x.real) or math.isinf(x.imag))
 

@@ -39,6 +39,7 @@ from ._numbers import (
     dtype_kind,
     dtype_name,
     is_number,
+    jax_holdable,
     number_misfit,
     number_value,
 )
@@ -272,7 +273,7 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         for k, v in enumerate(values):
             if type(v) is not type(first):
                 raise TypeError(differs(SHARED_MSG, k))
-        array = np.asarray(values)
+        array = jax_holdable(np.asarray(values))
         return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
     if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
