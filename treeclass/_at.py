@@ -334,7 +334,7 @@ _NUMPY_NUMBERS = NUMBER_TYPES - _SCALARS
 def _holds_numbers(leaf: object) -> bool:
     """Whether a number put at `leaf` is fitted into it: an array (a tracer too), or a
     NumPy / ml_dtypes scalar of a number type."""
-    return isinstance(leaf, jax.Array | np.ndarray) or type(leaf) in _NUMPY_NUMBERS
+    return isinstance(leaf, (jax.Array, np.ndarray)) or type(leaf) in _NUMPY_NUMBERS
 
 
 def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
