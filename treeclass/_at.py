@@ -34,7 +34,16 @@ from jax.typing import ArrayLike
 
 from ._calls import call_method
 from ._node import TreeNode
-from ._numbers import NumberRangeError, dtype_kind, dtype_name, number_misfit, plain_float_limit
+from ._numbers import (
+    NUMBER_TYPES,
+    NumberRangeError,
+    dtype_kind,
+    dtype_name,
+    number_misfit,
+    number_repr,
+    number_value,
+    plain_float_limit,
+)
 from ._selectors import (
     DESCEND,
     MATCH,
@@ -278,8 +287,9 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
                 where=where(), leaf_shape=old_shape, value_shape=new_shape
             )
         )
-    if type(new) in _NUMBER_TYPES and isinstance(old, _NUMBER_TARGETS):
-        # checked against the leaf's dtype, and weak: `where` keeps that dtype
+    if type(new) in NUMBER_TYPES and _holds_numbers(old):
+        # checked against the leaf's dtype (a bool too: into elements it is a number), and
+        # weak: `where` keeps that dtype
         new = _number_fit(new, old, where)
     if type(old) is np.ndarray and isinstance(mask, (np.ndarray, np.bool_, bool)):
         if not isinstance(new, jax.Array):  # NumPy's for a NumPy leaf: its type and dtype stay
@@ -313,21 +323,18 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_m
 # `tree.at[...].set(False)` still builds a mask tree.
 
 
-def _number_types() -> frozenset[type]:
-    kinds = {int, float, complex}
-    kinds.update(t for t in set(np.sctypeDict.values()) if issubclass(t, np.number))
-    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "int4", "uint4"):
-        kind = getattr(jnp, name, None)
-        if isinstance(kind, type) and issubclass(kind, np.generic):
-            kinds.add(kind)
-    return frozenset(kinds)
-
-
-# one C-level set lookup on the `apply` hot path; `bool` and `np.bool_` are not in it
-_NUMBER_TYPES = _number_types()
-# the leaves a number is fitted into: arrays (tracers too) and NumPy scalars
-_NUMBER_TARGETS = (jax.Array, np.ndarray, np.number, np.bool_)
+# the numbers (`_numbers.is_number`) a whole array leaf is filled with: `True` and `False`
+# (and NumPy's) are flags there, put as they are; into elements (a mask) they are numbers
+_FLAGS = frozenset({bool, np.bool_})
+_FILLS = NUMBER_TYPES - _FLAGS
 _SCALARS = frozenset({int, float, bool, complex})  # plain Python scalars: never arrays
+_NUMPY_NUMBERS = NUMBER_TYPES - _SCALARS
+
+
+def _holds_numbers(leaf: object) -> bool:
+    """Whether a number put at `leaf` is fitted into it: an array (a tracer too), or a
+    NumPy / ml_dtypes scalar of a number type."""
+    return isinstance(leaf, (jax.Array, np.ndarray)) or type(leaf) in _NUMPY_NUMBERS
 
 
 def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
@@ -343,16 +350,7 @@ def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
             return value  # the common case, `.at[x > 0].set(0.0)`, in one comparison
     misfit = number_misfit(value, dtype)
     if misfit is None:
-        if isinstance(value, np.generic):
-            value = value.item()
-        kind = dtype_kind(dtype)
-        if kind in "iu":
-            return int(value.real if type(value) is complex else value)
-        if kind == "b":
-            return bool(value)
-        if kind == "f" and type(value) is complex:
-            return value.real
-        return value
+        return number_value(value, dtype)
     error, reason = misfit
     if dtype_kind(dtype) == "V":
         fix = "<an array of that dtype>"
@@ -364,7 +362,7 @@ def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
         fix = repr(round(real)) if integral and math.isfinite(real) else "<a number>"
     raise error(
         NUMBER_MISFIT_MSG.format(
-            value=repr(value),
+            value=number_repr(value),
             where=where(),
             leaf=f"{dtype_name(dtype)}{list(leaf.shape)}",
             reason=reason,
@@ -396,14 +394,14 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
     the leaf, worked out only for an error: a number put at a plain scalar leaf builds
     nothing and looks up no wrapper.
     """
-    if type(new) not in _NUMBER_TYPES or type(leaf) in _SCALARS:
+    if type(new) not in _FILLS or type(leaf) in _SCALARS:
         return new
-    if isinstance(leaf, _NUMBER_TARGETS):
+    if _holds_numbers(leaf):
         return _fill(new, leaf, where, at)
     wrapper = wrapper_of(leaf)
     if wrapper is not None:
         inner = wrapper.unwrap(leaf)
-        if isinstance(inner, _NUMBER_TARGETS):
+        if _holds_numbers(inner):
             if wrapper.rewrap is None:
                 raise TypeError(WRAPPED_FILL_MSG.format(where=where(at), what=wrapper.what))
             return wrapper.rewrap(leaf, _fill(new, inner, where, at))
@@ -705,7 +703,7 @@ class _Walker:
         try:
             for leaf in leaves:
                 new = fn(leaf)
-                if type(new) in _NUMBER_TYPES:
+                if type(new) in _FILLS:
                     new = _keep_array(new, leaf, lambda _: self.where(failed_path()), None)
                 out.append(new)
         except Exception as error:
@@ -889,10 +887,10 @@ class _Set(_Op):
         if emask is None:  # no function to run: the value at every leaf
             if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
-                if type(value) in _NUMBER_TYPES:
+                if type(value) in _FILLS:
                     return _keep_array(value, node, walker.where, path)
                 return value
-            if type(value) in _NUMBER_TYPES:  # arrays below are filled, other leaves replaced
+            if type(value) in _FILLS:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
             treedef = jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf)
             walker.count += treedef.num_leaves
@@ -958,7 +956,7 @@ class _Apply(_Op):
                 except Exception as error:
                     walker.note_failure(error, fn, path)
                     raise
-                if type(new) in _NUMBER_TYPES:
+                if type(new) in _FILLS:
                     return _keep_array(new, node, walker.where, path)
                 return new
             return walker.map_leaves(fn, node, path)
@@ -1065,62 +1063,75 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
         fn = op.fn
     elif type(op) is _Set and op.mode == _Set.BROADCAST:
         value = op.value
-        fn = lambda _: value
+        fn = None
     else:
         return _NO_FAST_PATH
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     flags, mask_def = jax.tree_util.tree_flatten(mask)
     if mask_def != treedef:
         return _NO_FAST_PATH
+    # per leaf: False (not selected), True (whole), or the shape of an element mask when it
+    # is the leaf's (`x > 0`), else None (a 0-d mask, which broadcasts)
+    spots: list[Any] = []
     for flag, leaf in zip(flags, leaves):
-        if flag is True or flag is False or type(flag) is np.bool_:
-            continue
-        if not (isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_):
+        if flag is True or flag is False:
+            spots.append(flag)
+        elif type(flag) is np.bool_:
+            spots.append(bool(flag))
+        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
+            shape = flag.shape
+            if not shape:
+                spots.append(None)
+            elif shape == _shape(leaf):
+                spots.append(shape)
+            else:
+                # a mask that broadcasts to its leaf, or fits it only as `.at` opens the tree
+                # (one flag per block of a stack): the walk knows which
+                return _NO_FAST_PATH
+        else:
             return _NO_FAST_PATH
-        if flag.shape and flag.shape != _shape(leaf):
-            # a mask that broadcasts to its leaf, or fits it only as `.at` opens the tree
-            # (one flag per block of a stack): the walk knows which
-            return _NO_FAST_PATH
+    if not any(spot is not False for spot in spots):
+        return _NO_FAST_PATH
     out = []
-    selected = 0
 
     def where(index: int) -> str:
         path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
         return path_str(tree, path)
 
-    for index, (leaf, flag) in enumerate(zip(leaves, flags)):
-        if flag is False or (type(flag) is np.bool_ and not flag):
+    # a number is fitted to a dtype once: the same number (the value set) into the next leaf
+    # of that dtype reuses it
+    fitted: tuple[Any, Any, Any] = (_NO_FAST_PATH, None, None)  # (number, dtype, fit)
+    for index, (leaf, flag, spot) in enumerate(zip(leaves, flags, spots)):
+        if spot is False:
             out.append(leaf)
             continue
-        try:
-            new = fn(leaf)
-        except Exception as error:
-            _note_fn(error, fn, where(index), selection())
-            raise
-        if flag is True or type(flag) is np.bool_:
-            if type(new) in _NUMBER_TYPES:
+        if fn is None:
+            new = value
+        else:
+            try:
+                new = fn(leaf)
+            except Exception as error:
+                _note_fn(error, fn, where(index), selection())
+                raise
+        if spot is True:
+            if type(new) in _FILLS:
                 new = _keep_array(new, leaf, where, index)
             out.append(new)
-        elif (
-            type(new) in _SCALARS
-            and type(leaf) is not np.ndarray
-            and flag.shape == getattr(leaf, "shape", None)
-        ):
+        elif spot is None:
+            out.append(_masked(flag, new, leaf, functools.partial(where, index)))
+        elif type(new) in NUMBER_TYPES:
+            if not isinstance(leaf, jax.Array):  # a NumPy leaf: NumPy's `where`
+                out.append(_masked(flag, new, leaf, functools.partial(where, index)))
+                continue
             # the common case (`.at[x > 0].set(0.0)`): a weak number keeps the leaf's dtype
-            if type(new) is not bool and isinstance(leaf, jax.Array):
-                new = _number_fit(new, leaf, functools.partial(where, index))
-            out.append(jnp.where(flag, new, leaf))
-        elif (
-            flag.shape == getattr(leaf, "shape", None)
-            and _is_element_value(new)
-            and getattr(new, "shape", None) == flag.shape
-        ):
+            dtype = leaf.dtype
+            if new is not fitted[0] or dtype is not fitted[1]:
+                fitted = (new, dtype, _number_fit(new, leaf, functools.partial(where, index)))
+            out.append(jnp.where(flag, fitted[2], leaf))
+        elif isinstance(new, (jax.Array, np.ndarray)) and new.shape == spot:
             out.append(jnp.where(flag, new, leaf))  # shapes already fit
         else:
             out.append(_masked(flag, new, leaf, functools.partial(where, index)))
-        selected += 1
-    if not selected:
-        return _NO_FAST_PATH
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -1367,14 +1378,17 @@ class AtIndexer(Generic[T]):
           whole at each selected spot (PyTreeClass's rule: `(7, 8)` set at a leaf is that
           tuple; a frozen subtree set at a node replaces the node). Under an element mask
           the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
-          A number (Python `int`, `float`, `complex`, or a NumPy scalar) at an array
-          leaf becomes an array of the leaf's shape and dtype, as `x.at[...].set(0.0)`
-          does in jax.numpy (a NumPy leaf stays NumPy, and a frozen array selected with
-          `is_leaf=tc.is_frozen` is filled and stays frozen); a number that would change on
-          the way in (`2.7` into an integer array, `300` into `int8`) raises
-          `TypeError` / `OverflowError` naming the leaf. Other leaves get the number
-          itself; `True` and `False` are flags, put as they are (`.set(False)` builds
-          a mask tree). To put a number in place of an array, use
+          A number (Python `int`, `float`, `complex`, or a scalar of any NumPy or
+          ml_dtypes number type: `np.float32`, `np.longdouble`, `ml_dtypes.bfloat16`,
+          float8, int4, ...) at an array leaf becomes an array of the leaf's shape and
+          dtype, as `x.at[...].set(0.0)` does in jax.numpy (a NumPy leaf stays NumPy, and a
+          frozen array selected with `is_leaf=tc.is_frozen` is filled and stays frozen),
+          by the rule a block write into a `tc.Stacked` follows; a number that would
+          change on the way in (`2.7` into an integer array, `300` into `int8`, a
+          `bfloat16` into `int8`) raises `TypeError` / `OverflowError` naming the leaf.
+          Other leaves get the number itself; `True` and `False` are flags, put as they
+          are (`.set(False)` builds a mask tree), except into elements, where they must
+          fit the leaf (a bool array). To put a number in place of an array, use
           `.apply(lambda _: 0.0, whole=True)`.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: accepted as for `apply`; `set` runs no function, so the result is

@@ -14,6 +14,16 @@ refused, never wrapped, clipped or turned into inf/nan:
 - a Python `bool` fits a bool array only (elsewhere `True` / `False` are flags);
 - a dtype holding no numbers (PRNG keys) takes none.
 
+A *number* (`is_number`) is a Python `bool`, `int`, `float` or `complex`, or a scalar of
+any NumPy or ml_dtypes number type: `np.float32`, `np.longdouble`, `np.bool_`,
+`ml_dtypes.bfloat16`, every float8 / float6 / float4 kind, `int4`, `uint2`, ... (indexing
+or reducing a NumPy bfloat16 checkpoint array gives such scalars). Its exact type decides,
+not `isinstance`: a subclass of `int` (an `IntEnum`) is a value of its own. A number that
+fits is written as the Python number of the same value (`number_value`), weakly typed, so
+the array keeps its dtype and every route writes the same bits; `np.longdouble`, which no
+JAX array holds, is rounded to a float64 on the way (a finite one beyond float64's range
+does not fit).
+
 A number of the wrong kind is a `TypeError`; one outside the dtype's range (or an inf /
 NaN in a format without them, a zero in float8_e8m0fnu) a `NumberRangeError`, which is
 both an `OverflowError` (as NumPy's `np.int8(300)`) and a `ValueError`.
@@ -32,6 +42,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 scalar types
 import numpy as np
 from jax.typing import DTypeLike
 
@@ -50,6 +61,34 @@ _CATEGORIES = (
 # a number's kind -> the kinds of dtype that take it by kind (NumPy scalars, traced weak
 # scalars: numbers whose value is not judged alone)
 KIND_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
+
+
+def _number_types() -> frozenset[type]:
+    kinds: set[type] = {bool, int, float, complex}
+    for kind in np.sctypeDict.values():  # np.timedelta64 is a duration, not a number
+        if issubclass(kind, np.number | np.bool_) and not issubclass(kind, np.timedelta64):
+            kinds.add(kind)
+    for kind in vars(ml_dtypes).values():
+        if isinstance(kind, type) and issubclass(kind, np.generic):
+            kinds.add(kind)
+    return frozenset(kinds)
+
+
+# one C-level set lookup (`type(x) in NUMBER_TYPES`) on the hot paths of `.at` and stacks
+NUMBER_TYPES = _number_types()
+PYTHON_NUMBERS = (bool, int, float, complex)
+
+
+def is_number(x: object) -> bool:
+    """Whether `x` is a number: a Python or NumPy / ml_dtypes scalar of a number type."""
+    return type(x) in NUMBER_TYPES
+
+
+def number_repr(x: object) -> str:
+    """`repr` of a number that names an ml_dtypes scalar's type (`2.5` alone would not)."""
+    if type(x).__module__.startswith("ml_dtypes"):
+        return f"ml_dtypes.{type(x).__name__}({x})"
+    return repr(x)
 
 
 def dtype_name(dtype: DTypeLike) -> str:
@@ -80,7 +119,44 @@ def number_kind(x: complex | np.generic) -> str:
         return "f"
     if isinstance(x, complex):
         return "c"
-    return dtype_kind(x.dtype)  # a NumPy scalar
+    kind = dtype_kind(x.dtype)  # a NumPy scalar
+    if kind == "V":  # an ml_dtypes type JAX has no category for (complex32): by its value
+        kind = number_kind(x.item())
+    return kind
+
+
+def _plain(x: np.generic) -> complex:
+    """A NumPy scalar as the Python number of its value (`np.longdouble`, which Python has no
+    type for, rounded to float64: it may overflow to inf)."""
+    item = x.item()
+    if type(item) in PYTHON_NUMBERS:
+        return item
+    return complex(item) if isinstance(x, np.complexfloating) else float(item)
+
+
+def plain_number(x: Any) -> Any:
+    """A number as a Python number (weakly typed in JAX): NumPy and ml_dtypes scalars by
+    their value (`np.longdouble` rounded to float64); anything else as it is."""
+    return _plain(x) if type(x) in NUMBER_TYPES and isinstance(x, np.generic) else x
+
+
+def jax_holdable(array: np.ndarray) -> np.ndarray:
+    """A NumPy array of numbers as one JAX can hold: `np.longdouble` ones rounded to float64
+    (complex128), as `number_value` rounds each of those numbers; others as they are."""
+    return (
+        array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
+        if _wide(array.dtype)
+        else array
+    )
+
+
+def _overflowed(x: complex) -> bool:
+    return type(x) is not int and (math.isinf(x.real) or math.isinf(x.imag))
+
+
+def _wide(dtype: np.dtype) -> bool:
+    """Whether `dtype` holds more than a Python float (a NumPy leaf of `np.longdouble`)."""
+    return dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16)
 
 
 @functools.lru_cache(maxsize=256)
@@ -155,8 +231,13 @@ def number_misfit(value: Any, dtype: np.dtype) -> tuple[type[Exception], str] | 
         return None
     if isinstance(value, np.generic):
         if kind not in KIND_FITS.get(number_kind(value), ""):
-            return TypeError, f"a `numpy.{type(value).__name__}` is not of {name}'s kind"
-        value = value.item()
+            module = "ml_dtypes" if type(value).__module__.startswith("ml_dtypes") else "numpy"
+            return TypeError, f"a `{module}.{type(value).__name__}` is not of {name}'s kind"
+        plain = _plain(value)
+        if _overflowed(plain) and np.isfinite(value) and not _wide(np.dtype(dtype)):
+            # a finite np.longdouble beyond float64, and so beyond every dtype JAX holds
+            return NumberRangeError, f"{name} holds numbers up to ±{high:.6g}"
+        value = plain
     parts = [value.real, value.imag] if isinstance(value, complex) else [value]
     if kind != "c" and len(parts) == 2:
         if parts[1] != 0:
@@ -174,3 +255,29 @@ def number_misfit(value: Any, dtype: np.dtype) -> tuple[type[Exception], str] | 
         if reason is not None:
             return NumberRangeError, reason
     return None
+
+
+def number_value(value: Any, dtype: DTypeLike) -> Any:
+    """The number to write for `value` (one `number_misfit` keeps) into an array of
+    `dtype`: a Python number of the array's kind, weakly typed, so that JAX and NumPy keep
+    the array's dtype (`0.0` for an int array is given as `0`, `np.float32(2.5)` as
+    `2.5`), and every route writing it gives the same bits. An integer beyond int32's range
+    (which a weak int cannot carry without x64) is given as a scalar of `dtype` itself."""
+    if isinstance(value, np.generic):
+        if _wide(np.dtype(dtype)):
+            return value
+        value = _plain(value)
+    kind = dtype_kind(dtype)
+    if kind in "iu":
+        value = int(value.real if type(value) is complex else value)
+        if not -(2**31) <= value < 2**31:
+            # beyond what a weak int carries without x64 (a high uint32): as the dtype's own
+            return np.dtype(dtype).type(value)
+        return value
+    if kind == "b":
+        return bool(value)
+    if kind == "f" and type(value) is complex:
+        return value.real
+    if type(value) is int and kind in "fc":
+        return float(value)  # a weak int carries only int32's range without x64
+    return value

@@ -33,7 +33,16 @@ from jax.tree_util import SequenceKey
 from ._at import AtIndexer, at
 from ._fields import gradients_stopped, stop_gradient_if_traced
 from ._frozen import freeze, is_frozen, unfreeze
-from ._numbers import KIND_FITS, NumberRangeError, dtype_kind, dtype_name, number_misfit
+from ._numbers import (
+    KIND_FITS,
+    NumberRangeError,
+    dtype_kind,
+    dtype_name,
+    is_number,
+    jax_holdable,
+    number_misfit,
+    number_value,
+)
 from ._pprint import array_repr, tree_str
 from ._pprint_html import Printed
 from ._pprint_registry import register_printer
@@ -62,7 +71,6 @@ _T = TypeVar("_T")
 
 # How one leaf of the block tree is kept (the tree flattened with frozen values as leaves).
 _ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
-_NUMBERS = (bool, int, float, complex)
 
 # -- messages ---------------------------------------------------------------------------------
 
@@ -233,10 +241,6 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def _is_number(x: object) -> bool:
-    return type(x) in _NUMBERS or isinstance(x, np.generic)
-
-
 def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
     """One leaf of the stack from that leaf's value in every block (`where(k)`: its path)."""
     first = values[0]
@@ -265,13 +269,13 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
             raise TypeError(differs(MIXED_MSG, k))
     if all(_same(v, first) for v in values):
         return first
-    if _is_number(first):
+    if is_number(first):
         # numbers of one type that differ between blocks: one per block, as an array with
         # JAX's default dtypes
         for k, v in enumerate(values):
             if type(v) is not type(first):
                 raise TypeError(differs(SHARED_MSG, k))
-        array = np.asarray(values)
+        array = jax_holdable(np.asarray(values))
         return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
     if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
@@ -296,9 +300,9 @@ def _block_value(
         if misfit is not None:
             raise fail(value, misfit)
 
-    if _is_number(value):
+    if is_number(value):
         check(value)
-        return value
+        return number_value(value, dtype)
     if not isinstance(value, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
         raise fail(value)
     weak = (
@@ -340,7 +344,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
             if misfit is not None and misfit[0] is not TypeError:
                 return NumberRangeError(RANGE_MSG.format(**said, reason=misfit[1]))
             stacked = describe(target).removeprefix("an array ")
-            hint = WRITE_HINT if not _is_array(got) and not _is_number(got) else ""
+            hint = WRITE_HINT if not _is_array(got) and not is_number(got) else ""
             text = WRITE_MSG.format(**said, stacked=stacked, block_shape=list(shape), hint=hint)
             return TypeError(text)
 

@@ -44,6 +44,7 @@ from jax.tree_util import KeyPath, PyTreeDef
 from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
+from ._numbers import is_number, plain_number
 from ._roles import TRAINABLE, leaf_roles
 from ._structure import (
     describe,
@@ -1041,7 +1042,8 @@ def _scale_one(
             raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=shape, want=want))
     if isinstance(factor, bool | np.bool_):
         return update if factor else jnp.zeros_like(update)
-    if isinstance(factor, numbers.Number):
+    if isinstance(factor, numbers.Number) or is_number(factor):
+        factor = plain_number(factor)  # weak: a NumPy or ml_dtypes scalar keeps the dtype
         return update if factor == 1 else update * factor
     factor = jnp.asarray(factor)
     full = jnp.shape(update)
