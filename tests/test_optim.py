@@ -583,8 +583,11 @@ def test_mask_accepts_boolean_arrays_that_select_whole_leaves():
 
 def test_mask_of_a_selection_reaching_only_frozen_values_is_an_error_unless_not_strict():
     model = MLP().at[Linear]["weight"].apply(tc.freeze)
-    with pytest.raises(ValueError, match=r"(?s)selects only leaves that no optimizer trains.*"
-                       r"`MLP\.layers\[1\]\.weight` \(frozen by `tc\.freeze`\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)selects only leaves that no optimizer trains.*"
+        r"`MLP\.layers\[1\]\.weight` \(frozen by `tc\.freeze`\)",
+    ):
         optim.mask(model.at[Linear]["weight"])
     m = optim.mask(model.at[Linear]["weight"], strict=False)
     assert jax.tree.leaves(m) == [False, False, False, False]
@@ -1241,3 +1244,215 @@ def test_optax_apply_updates_keeps_the_bits_of_strong_arrays_not_trained():
     updates, _ = opt.update(_grads(model), opt.init(model), model)
     new = optax.apply_updates(model, updates)
     assert same_bits(new.kept, model.kept)
+
+
+# --------------------------------------------------------------------------------------
+# a declared role outranks a selection: every tool, every selector kind, every optimizer
+
+
+class Roled(tc.TreeClass):
+    """A leaf of every role, of a shape of its own (so a state leaf's shape tells whose
+    copy it is); three `Linear`s, so a class selection reaches all three."""
+
+    head: Linear  # parameters
+    base: Linear = tc.field(role="frozen")
+    stats: Linear = tc.field(role="state")
+    size: int = tc.field(default=3, static=True)
+
+    def __init__(self):
+        self.head = Linear(jnp.full((3, 2), 0.5), jnp.asarray([0.1, -0.0]))
+        self.base = Linear(jnp.asarray([[-0.0, 2.0, np.nan, np.inf]] * 5), jnp.full(4, -0.0))
+        self.stats = Linear(jnp.full((7, 6), 0.25), jnp.zeros(6))
+        self.fixed = tc.freeze(jnp.ones((9, 8)))
+        self.size = 3
+
+
+_HEAD = [".head.weight", ".head.bias"]
+ROLE_SELECTIONS = {
+    "ellipsis": ((...,), _HEAD),
+    "class": ((Linear,), _HEAD),
+    "glob": ((tc.glob("**.weight"),), [".head.weight"]),
+    "name chain": ((("head", "base", "stats"), "weight"), [".head.weight"]),
+    "bool mask tree": ((jax.tree.map(lambda _: True, Roled()),), _HEAD),
+    "predicate": ((tc.where(lambda path, x: np.ndim(x) == 2),), [".head.weight"]),
+}
+NEVER_TRAINED_SHAPES = {(5, 4), (4,), (7, 6), (6,), (9, 8)}
+
+# optax's common set, weight decay included (adafactor is left out: its first eager
+# steps take seconds to compile, and it adds no case the others do not cover)
+OPTIMIZERS = {
+    "sgd": lambda: optax.sgd(0.1),
+    "sgd+momentum": lambda: optax.sgd(0.1, momentum=0.9, nesterov=True),
+    "sgd+decay": lambda: optax.chain(optax.add_decayed_weights(0.5), optax.sgd(0.1)),
+    "adam": lambda: optax.adam(0.1),
+    "adamw": lambda: optax.adamw(0.1, weight_decay=0.5),
+    "lion": lambda: optax.lion(0.1, weight_decay=0.5),
+    "rmsprop": lambda: optax.rmsprop(0.1, momentum=0.9),
+    "adagrad": lambda: optax.adagrad(0.1),
+    "lamb": lambda: optax.lamb(0.1, weight_decay=0.5),
+}
+
+
+def _paths(tree, flag=lambda x: x is True):
+    return [jax.tree_util.keystr(p) for p, x in jax.tree.leaves_with_path(tree) if flag(x)]
+
+
+def _indexer(model, where):
+    indexer = tc.at(model)
+    for selector in where:
+        indexer = indexer[selector]
+    return indexer
+
+
+def _never_trained(model):
+    return (model.base, model.stats, model.fixed, model.size)
+
+
+def _ones_for_every_leaf(model):
+    # a gradient for the frozen and state leaves too: what is never trained must not be
+    # trained even when handed a gradient
+    return jax.tree.map(jnp.ones_like, model)
+
+
+@pytest.mark.parametrize("kind", list(ROLE_SELECTIONS))
+def test_every_optimizer_trains_a_selection_as_optax_trains_its_parameters_alone(kind):
+    where, expected = ROLE_SELECTIONS[kind]
+    model = Roled()
+    alone = [x for p, x in jax.tree.leaves_with_path(model) if jax.tree_util.keystr(p) in expected]
+    for name, make in OPTIMIZERS.items():
+        tx = make()
+        opt = optim.trainable(tx, _indexer(model, where))
+        state, reference = opt.init(model), tx.init(alone)
+        # no optimizer state for a frozen or state leaf: the state is that of the
+        # parameters alone, leaf for leaf
+        assert same_bits(state, reference), name
+        assert not {np.shape(x) for x in jax.tree.leaves(state)} & NEVER_TRAINED_SHAPES, name
+        new, params = model, alone
+        for _ in range(2):
+            grads = _ones_for_every_leaf(new)
+            updates, state = opt.update(grads, state, new)
+            new = optim.apply_updates(new, updates)
+            want, reference = tx.update([jnp.ones_like(x) for x in params], reference, params)
+            params = optax.apply_updates(params, want)
+        trained = [
+            x for p, x in jax.tree.leaves_with_path(new) if jax.tree_util.keystr(p) in expected
+        ]
+        assert same_bits(trained, params), name
+        assert tc.is_tree_equal(_never_trained(new), _never_trained(model)), name
+        assert same_bits(_never_trained(new), _never_trained(model)), name
+
+
+@pytest.mark.parametrize("kind", list(ROLE_SELECTIONS))
+def test_every_tool_answers_the_same_for_a_selection_reaching_every_role(kind):
+    where, expected = ROLE_SELECTIONS[kind]
+    model = Roled()
+    indexer = _indexer(model, where)
+    assert _paths(optim.mask(indexer)) == expected
+    labels = optim.labels(model, {"picked": indexer}, default="other")
+    assert _paths(labels.tree, lambda x: x == "picked") == expected
+    assert labels.tree.base.weight == "(frozen)" and labels.tree.stats.bias == "(state)"
+    params, rest = optim.split(indexer)
+    assert _paths(params, lambda x: x is not None) == expected
+    assert tc.is_tree_equal(optim.merge(params, rest), model)
+    # partition: the frozen and state leaves get no transform of the user's, no state
+    opt = optim.partition(
+        {"picked": optax.adamw(0.1, weight_decay=0.5), "other": optax.adam(0.1)},
+        model,
+        {"picked": indexer},
+        default="other",
+    )
+    state = opt.init(model)
+    assert not {np.shape(x) for x in jax.tree.leaves(state)} & NEVER_TRAINED_SHAPES
+    updates, state = opt.update(_ones_for_every_leaf(model), state, model)
+    new = optim.apply_updates(model, updates)
+    assert same_bits(_never_trained(new), _never_trained(model))
+    assert _changed(new, model) == _HEAD
+
+
+NEVER_TRAINED_TARGETS = {
+    "frozen field": (("base",), r"`Roled\.base\.weight` \(role 'frozen'\)"),
+    "state field": (("stats", "weight"), r"`Roled\.stats\.weight` \(role 'state'\)"),
+    "tc.freeze": (("fixed",), r"`Roled\.fixed` \(frozen by `tc\.freeze`\)"),
+    "all three": ((("base", "stats", "fixed"),), r"`Roled\.stats\.bias` \(role 'state'\)"),
+}
+TOOLS = {
+    "mask": lambda model, indexer: optim.mask(indexer),
+    "labels": lambda model, indexer: optim.labels(model, {"a": indexer}),
+    "partition": lambda model, indexer: optim.partition(
+        {"a": optax.sgd(1.0)}, model, {"a": indexer}
+    ),
+    "trainable": lambda model, indexer: optim.trainable(optax.sgd(1.0), indexer),
+    "split": lambda model, indexer: optim.split(indexer),
+}
+
+
+@pytest.mark.parametrize("target", list(NEVER_TRAINED_TARGETS))
+@pytest.mark.parametrize("tool", list(TOOLS))
+def test_a_selection_of_only_frozen_or_state_leaves_is_an_error_naming_them(tool, target):
+    where, named = NEVER_TRAINED_TARGETS[target]
+    model = Roled()
+    with pytest.raises(
+        ValueError, match=rf"(?s)selects only leaves that no optimizer trains.*{named}"
+    ):
+        TOOLS[tool](model, _indexer(model, where))
+
+
+def test_a_selection_of_only_frozen_leaves_selects_nothing_when_not_strict():
+    model = Roled()
+    assert not any(jax.tree.leaves(optim.mask(model.at["base"], strict=False)))
+    opt = optim.trainable(optax.adam(0.1), model.at["base"], strict=False)
+    assert not jax.tree.leaves(opt.init(model)[0].mu)
+
+
+def test_bare_multi_transform_handed_a_frozen_leaf_refuses_it_and_names_the_fix():
+    model = Roled()
+    labels = optim.labels(model, {"w": model.at["head"]["weight"]})
+    tx = optax.multi_transform({"w": optax.adam(0.1), "rest": optax.sgd(0.1)}, labels)
+    named = r"(?s)`Roled\.base\.weight` \(frozen\).*`Roled\.stats\.weight` \(state\)"
+    with pytest.raises(ValueError, match=named + r".*tc\.optim\.trainable\(optax\.multi"):
+        tx.init(model)
+    # wrapped, the transform never sees those leaves: no state for them
+    opt = optim.trainable(tx, model)
+    state = opt.init(model)
+    assert not {np.shape(x) for x in jax.tree.leaves(state)} & NEVER_TRAINED_SHAPES
+    new, _ = _step(opt, model, state, _ones_for_every_leaf(model))
+    assert _changed(new, model) == _HEAD
+
+
+def test_partition_inside_trainable_keeps_no_state_for_frozen_or_state_leaves():
+    model = Roled()
+    opt = optim.trainable(
+        optim.partition(
+            {"w": optax.adam(0.1), "rest": optax.sgd(0.1)}, model, {"w": tc.glob("**.weight")}
+        ),
+        model,
+    )
+    state = opt.init(model)
+    assert not {np.shape(x) for x in jax.tree.leaves(state)} & NEVER_TRAINED_SHAPES
+    updates, _ = opt.update(_ones_for_every_leaf(model), state, model)
+    assert same_bits(_never_trained(optim.apply_updates(model, updates)), _never_trained(model))
+
+
+def test_partition_refuses_a_transform_under_the_label_it_keeps_for_frozen_leaves():
+    model = Roled()
+    with pytest.raises(ValueError, match=r"'\(frozen\)'.*Rename those transforms"):
+        optim.partition({"(frozen)": optax.sgd(1.0), "rest": optax.sgd(1.0)}, model, {})
+
+
+def test_check_labels_accepts_the_labels_of_leaves_never_trained():
+    model = Roled()
+    labels = optim.labels(model, {"w": model.at[Linear]})
+    assert optim.check_labels(labels, model, {"w": None, "rest": None}) is labels
+
+
+def test_optimizer_state_placed_like_the_model_holds_nothing_for_a_frozen_base():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("data",))
+    model = jax.device_put(Roled(), NamedSharding(mesh, P()))
+    opt = optim.trainable(optax.adamw(0.1, weight_decay=0.5), model.at[...])
+    state = tc.init_like(opt.init, model)
+    assert {np.shape(x) for x in jax.tree.leaves(state)} == {(), (3, 2), (2,)}
+    placed = tc.shardings_like(jax.eval_shape(opt.init, model), model)
+    assert len(jax.tree.leaves(placed)) == len(jax.tree.leaves(state))
