@@ -1238,6 +1238,102 @@ def test_jitted_step_keeps_every_leaf_not_trained_with_its_aval_and_bits(kind):
     assert len(traces) == 1  # the second step reuses the first compilation
 
 
+# the documented path (`trainable`, `opt.update`, `tc.optim.apply_updates`) is exact for
+# every leaf it does not train: same type, shape, dtype, weak type and bits
+
+_BITS_SNAN_F16 = np.array([0x7C01], np.uint16).view(np.float16)
+EXACT_KINDS = {
+    **LEAF_KINDS,
+    "numpy signalling nan array": lambda: np.array([_SNAN, -0.0, np.inf], np.float32),
+    "numpy float16 signalling nan": lambda: _BITS_SNAN_F16.copy(),
+    "numpy float64 subnormal": lambda: np.array([5e-324, -np.inf]),
+    "complex64 signed zeros": lambda: jnp.array([complex(-0.0, 0.0), complex(1.0, -0.0)]),
+    "uint32 max": lambda: jnp.array([2**32 - 1], jnp.uint32),
+    "numpy bool scalar": lambda: np.bool_(True),
+    "bfloat16 nan": lambda: jnp.array([np.nan, -0.0], jnp.bfloat16),
+    "weak f32 negative zero": lambda: jnp.asarray(-0.0),
+    "strong f32 scalar": lambda: jnp.float32(3.0),
+}
+
+
+class Placed(tc.TreeClass):
+    """A value in each place a training step must leave alone."""
+
+    state: object = tc.field(role="state")
+    frozen: object = tc.field(role="frozen")
+
+    def __init__(self, state, frozen, extra):
+        self.w = jnp.ones(2)
+        self.state = state
+        self.frozen = frozen
+        self.extra = extra  # trained when a parameter, unless the selection leaves it out
+
+
+def _exact(after, before):
+    """Same aval (type kind, shape, dtype, weak type) and the same bits."""
+    if isinstance(before, (float, int, bool)):  # a Python number stays itself
+        return type(after) is type(before) and repr(after) == repr(before)
+    a, b = np.asarray(after), np.asarray(before)
+    return (
+        type(after) is type(before)
+        and (a.shape, a.dtype) == (b.shape, b.dtype)
+        and getattr(after, "weak_type", None) == getattr(before, "weak_type", None)
+        and a.tobytes() == b.tobytes()
+    )
+
+
+_EXACT_TXS = {
+    "adamw": lambda: optax.adamw(0.1, weight_decay=0.5),
+    "sgd+momentum": lambda: optax.sgd(0.1, momentum=0.9),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(sorted(EXACT_KINDS)),
+    st.sampled_from(["state", "frozen", "extra"]),
+    st.sampled_from(["model", "ellipsis", "w"]),
+    st.sampled_from(sorted(_EXACT_TXS)),
+)
+def test_documented_step_leaves_every_value_it_does_not_train_exact(kind, place, select, tx):
+    # `extra` is a plain leaf: a selection of it trains it (a Python float too), so it is
+    # frozen unless it holds the value, and then only `w` is selected
+    places = {"state": 0.5, "frozen": 0.5, "extra": tc.freeze(0.5)}
+    model = Placed(**{**places, place: EXACT_KINDS[kind]()})
+    if place == "extra":
+        select = "w"
+    selection = {"model": model, "ellipsis": model.at[...], "w": model.at["w"]}[select]
+    opt = optim.trainable(_EXACT_TXS[tx](), selection)
+    state, new = opt.init(model), model
+    for _ in range(2):
+        updates, state = opt.update(_grads(new), state, new)
+        new = optim.apply_updates(new, updates)
+    assert _exact(getattr(new, place), getattr(model, place))
+    assert tc.is_tree_equal(new.at["w"].set(0.0), model.at["w"].set(0.0))
+    assert not same_bits(new.w, model.w)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from(sorted(EXACT_KINDS)), st.sampled_from(["state", "frozen", "extra"]))
+def test_documented_jitted_step_leaves_every_value_it_does_not_train_as_jit_passes_it(kind, place):
+    places = {"state": 0.5, "frozen": 0.5, "extra": tc.freeze(0.5)}
+    model = Placed(**{**places, place: EXACT_KINDS[kind]()})
+    opt = optim.trainable(optax.adamw(0.1, weight_decay=0.5), model.at["w"])
+    traces = []
+
+    @jax.jit
+    def step(model, state):
+        traces.append(1)
+        updates, state = opt.update(_grads(model), state, model)
+        return optim.apply_updates(model, updates), state
+
+    passed = jax.jit(lambda m: m)(model)  # what any jitted function returns for them
+    new, state = step(model, opt.init(model))
+    new, _ = step(new, state)
+    assert _exact(getattr(new, place), getattr(passed, place))
+    assert len(traces) == 1  # the step's output is a valid input: no second compile
+
+
 def test_optax_apply_updates_keeps_the_bits_of_strong_arrays_not_trained():
     model = Holder((jnp.asarray([-0.0, np.inf, np.nan], jnp.float32), jnp.arange(3)))
     opt = optim.trainable(optax.sgd(1.0), model)
