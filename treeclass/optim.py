@@ -354,7 +354,7 @@ def _empty_selection_error(what: str, refused: list[str]) -> ValueError:
     return ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
 
 
-def _reaches(flag: object) -> bool:
+def _reaches(flag: ArrayLike) -> bool:
     """Whether a flag of a selection's `mask()` picks any part of its leaf."""
     if flag is True or flag is False:
         return flag
@@ -802,7 +802,7 @@ def partition(
         raise ValueError(_RESERVED_LABEL_MSG.format(labels=taken))
     # a leaf no optimizer trains gets a transform that keeps it bit for bit, with no state
     keep = _keep_transform(optax)
-    every = {**transforms, **{str(label): keep for label in never}}
+    every: dict[Hashable, object] = {**transforms, **{str(label): keep for label in never}}
 
     def label_fn(params: object) -> object:
         if type(params).__name__ != _PLACEHOLDER_TYPE:
@@ -1271,8 +1271,8 @@ def merge(params: _T, rest: object) -> _T:
     merged = []
     for index, (a, b) in enumerate(zip(trained, others)):
         if a is not None and b is not None:
-            path = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none_or_wrapper)
-            raise ValueError(_MERGE_BOTH_MSG.format(path=path_str(params, path[0][index][0])))
+            pairs = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none_or_wrapper)[0]
+            raise ValueError(_MERGE_BOTH_MSG.format(path=path_str(params, pairs[index][0])))
         merged.append(b if a is None else a)
     return treedef.unflatten(merged)
 
