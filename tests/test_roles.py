@@ -884,7 +884,7 @@ def test_summary_roles_and_masks_agree_on_what_a_lora_selection_trains():
 # -- gradients without the frozen base: tc.optim.split / merge ---------------------------------
 
 
-def _fine_tune(model, gradient, steps=3):
+def _train_adapter(model, gradient, steps=3):
     opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.5), model)
     state = opt.init(model)
     for _ in range(steps):
@@ -905,7 +905,7 @@ def test_gradient_of_the_split_trained_part_holds_no_array_for_a_frozen_base():
     assert grads.base.weight is None and grads.base.bias is None
     assert {np.shape(g) for g in jax.tree.leaves(grads)} == {(8, 2), (2, 8)}
     # the values of the whole model's gradient, for the trained leaves (another program:
-    # equal up to rounding; `_fine_tune` below compares bits, eagerly)
+    # equal up to rounding; `_train_adapter` below compares bits, eagerly)
     full = jax.jit(jax.grad(_loss))(model, x)
     np.testing.assert_allclose(grads.a, full.a, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(grads.b, full.b, rtol=1e-6, atol=1e-7)
@@ -921,7 +921,7 @@ def test_training_on_split_gradients_gives_the_model_that_whole_gradients_give()
         params, rest = tc.optim.split(model)
         return jax.grad(lambda p: _loss(tc.optim.merge(p, rest), x))(params)
 
-    a, b = _fine_tune(adapter(8), whole), _fine_tune(adapter(8), parted)
+    a, b = _train_adapter(adapter(8), whole), _train_adapter(adapter(8), parted)
     assert same_bits(a, b) and jax.tree.structure(a) == jax.tree.structure(b)
     assert same_bits(b.base, adapter(8).base)
 
