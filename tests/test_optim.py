@@ -1552,3 +1552,35 @@ def test_optimizer_state_placed_like_the_model_holds_nothing_for_a_frozen_base()
     assert {np.shape(x) for x in jax.tree.leaves(state)} == {(), (3, 2), (2,)}
     placed = tc.shardings_like(jax.eval_shape(opt.init, model), model)
     assert len(jax.tree.leaves(placed)) == len(jax.tree.leaves(state))
+
+
+_ROLED_PATHS = [jax.tree_util.keystr(p) for p, _ in jax.tree.leaves_with_path(Roled())]
+_ROLED_ROLES = jax.tree.leaves(tc.roles(Roled()), is_leaf=lambda x: isinstance(x, str))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.booleans(), min_size=len(_ROLED_PATHS), max_size=len(_ROLED_PATHS)),
+    st.sampled_from(["sgd+momentum", "adamw"]),
+)
+def test_a_mask_selection_trains_exactly_its_parameters(picks, name):
+    model = Roled()
+    selector = jax.tree.unflatten(jax.tree.structure(model), picks)  # `fixed` stays frozen
+    wanted = [
+        p
+        for p, pick, role in zip(_ROLED_PATHS, picks, _ROLED_ROLES)
+        if pick and role == "trainable"
+    ]
+    if not wanted:
+        reached = any(picks)
+        with pytest.raises(
+            ValueError, match="only leaves that no optimizer" if reached else "selects no leaf"
+        ):
+            optim.trainable(OPTIMIZERS[name](), model.at[selector])
+        return
+    tx = OPTIMIZERS[name]()
+    opt = optim.trainable(tx, model.at[selector])
+    alone = [x for p, x in jax.tree.leaves_with_path(model) if jax.tree_util.keystr(p) in wanted]
+    assert same_bits(opt.init(model), tx.init(alone))
+    new, _ = _step(opt, model, grads=_ones_for_every_leaf(model))
+    assert _changed(new, model) == wanted
