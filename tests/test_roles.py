@@ -838,3 +838,142 @@ def test_a_stack_keeps_no_copy_of_its_frozen_base_for_the_backward_pass():
     # the forward scan would save the (3, 4, 4) base weights as residuals, had the block's
     # read stopped their gradient anew inside the body
     assert scans and stack.tree.base.weight.shape not in shapes
+
+
+# -- a declared role outranks a selection ------------------------------------------------------
+
+
+def _lora():
+    return tc.nn.LoRA(tc.nn.Linear(8, 4, key=jax.random.key(0)), rank=2, key=jax.random.key(1))
+
+
+@pytest.mark.parametrize(
+    "selector", [..., tc.nn.Linear, tc.glob("**.weight")], ids=["ellipsis", "class", "glob"]
+)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: optax.adamw(0.1, weight_decay=0.5),
+        lambda: optax.adam(0.1),
+        lambda: optax.sgd(0.1, momentum=0.9),
+    ],
+    ids=["adamw", "adam", "sgd+momentum"],
+)
+def test_a_selection_never_trains_a_lora_base_nor_keeps_state_for_it(selector, make):
+    lora = _lora()
+    opt = tc.optim.trainable(make(), lora.at[selector])
+    state = opt.init(lora)
+    assert (4, 8) not in {np.shape(x) for x in jax.tree.leaves(state)}
+    x = jnp.ones((3, 8))
+    model = lora
+    for _ in range(2):
+        grads = jax.grad(lambda m: jnp.sum(m(x) ** 2))(model)
+        updates, state = opt.update(grads, state, model)
+        model = tc.optim.apply_updates(model, updates)
+    assert same_bits(model.base_layer, lora.base_layer)
+    assert not same_bits(model.lora_B.weight, lora.lora_B.weight)
+
+
+def test_summary_roles_and_masks_agree_on_what_a_lora_selection_trains():
+    lora = _lora()
+    roles = jax.tree.leaves(tc.roles(lora))
+    picked = jax.tree.leaves(tc.optim.mask(lora.at[...]))
+    assert [role == "trainable" for role in roles] == picked
+
+
+# -- gradients without the frozen base: tc.optim.split / merge ---------------------------------
+
+
+def _train_adapter(model, gradient, steps=3):
+    opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.5), model)
+    state = opt.init(model)
+    for _ in range(steps):
+        updates, state = opt.update(gradient(model), state, model)
+        model = tc.optim.apply_updates(model, updates)
+    return model
+
+
+def test_gradient_of_the_split_trained_part_holds_no_array_for_a_frozen_base():
+    model, x = adapter(8), jnp.ones((3, 8))
+
+    @jax.jit
+    def gradient(params, rest):
+        return jax.grad(lambda p: _loss(tc.optim.merge(p, rest), x))(params)
+
+    params, rest = tc.optim.split(model)
+    grads = gradient(params, rest)
+    assert grads.base.weight is None and grads.base.bias is None
+    assert {np.shape(g) for g in jax.tree.leaves(grads)} == {(8, 2), (2, 8)}
+    # the values of the whole model's gradient, for the trained leaves (another program:
+    # equal up to rounding; `_train_adapter` below compares bits, eagerly)
+    full = jax.jit(jax.grad(_loss))(model, x)
+    np.testing.assert_allclose(grads.a, full.a, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(grads.b, full.b, rtol=1e-6, atol=1e-7)
+
+
+def test_training_on_split_gradients_gives_the_model_that_whole_gradients_give():
+    x = jnp.ones((3, 8))
+
+    def whole(model):
+        return jax.grad(_loss)(model, x)
+
+    def parted(model):
+        params, rest = tc.optim.split(model)
+        return jax.grad(lambda p: _loss(tc.optim.merge(p, rest), x))(params)
+
+    a, b = _train_adapter(adapter(8), whole), _train_adapter(adapter(8), parted)
+    assert same_bits(a, b) and jax.tree.structure(a) == jax.tree.structure(b)
+    assert same_bits(b.base, adapter(8).base)
+
+
+def test_updates_of_a_split_gradient_hold_nothing_where_the_gradient_holds_nothing():
+    model = adapter(8)
+    params, rest = tc.optim.split(model)
+    grads = jax.grad(lambda p: _loss(tc.optim.merge(p, rest), jnp.ones((3, 8))))(params)
+    opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.5), model)
+    updates, _ = opt.update(grads, opt.init(model), model)
+    assert updates.base.weight is None
+    # `init` takes the trained part as well as the model
+    assert same_bits(opt.init(params), opt.init(model))
+
+
+def test_a_split_gradient_missing_a_trained_leaf_is_an_error_naming_it():
+    model = adapter(4)
+    opt = tc.optim.trainable(optax.adam(0.1), model)
+    params, _ = tc.optim.split(model.at["b"])
+    with pytest.raises(ValueError, match=r"(?s)`None` at `Adapter\.a`.*split the model with"):
+        opt.update(params, opt.init(model), model)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.sampled_from(["model", "ellipsis", "union", "one leaf"]),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_merge_of_split_gives_the_model_back(kind, freeze_b, seed):
+    model = adapter(3, seed)
+    if freeze_b:
+        model = model.at["b"].apply(tc.freeze)
+    selection = {
+        "model": model,
+        "ellipsis": model.at[...],
+        "union": model.at[("base", "a")],
+        "one leaf": model.at["a"],
+    }[kind]
+    params, rest = tc.optim.split(selection)
+    merged = tc.optim.merge(params, rest)
+    assert jax.tree.structure(merged, is_leaf=tc.is_frozen) == jax.tree.structure(
+        model, is_leaf=tc.is_frozen
+    )
+    assert same_bits(merged, model) and tc.is_tree_equal(merged, model)
+    assert params.base.weight is None  # a frozen field is never in the trained part
+
+
+def test_merge_names_where_the_parts_do_not_fit_or_overlap():
+    model = adapter(4)
+    params, rest = tc.optim.split(model)
+    with pytest.raises(ValueError, match=r"value in both parts at `Adapter\.a`"):
+        tc.optim.merge(params, model)
+    with pytest.raises(ValueError, match=r"part ways at `Adapter`"):
+        tc.optim.merge(params, {"a": 1})

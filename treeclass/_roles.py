@@ -13,6 +13,9 @@ A model's values play different parts, and `tc.optim.trainable`, `tc.tree_summar
   a string): JAX sees it, the optimizer helpers never train it unless it is selected;
 - `static`: a `tc.field(static=True)` value, part of the tree definition (not a leaf).
 
+A declared role outranks a selection: the `NEVER_TRAINED` roles (state, frozen) are never
+trained, whatever `.at` selection an optimizer helper is given.
+
 A role is declared by a field of the class (`_fields.ROLE_KEY` in its metadata), so it
 holds however `__init__` is written. `tc.freeze` wins over a declared role, the
 innermost declaration over outer ones, a declaration over the kind of the value. Roles
@@ -41,6 +44,7 @@ __all__ = [
     "FROZEN",
     "STATIC",
     "OTHER",
+    "NEVER_TRAINED",
     "ROLE_KEY",
     "roles",
     "is_trainable_value",
@@ -58,6 +62,9 @@ FROZEN = "frozen"
 STATIC = "static"
 OTHER = "other"
 MIXED = "mixed"  # a node where printing stops and whose leaves play several roles
+# the roles that outrank any selection: no optimizer helper trains, decays or keeps
+# optimizer state for such a leaf, however it was selected
+NEVER_TRAINED = frozenset({STATE, FROZEN})
 
 _UNKNOWN_ROLE_MSG = (
     "The field `{cls}.{name}` has metadata role {role!r}; the roles a field can declare "
@@ -175,19 +182,21 @@ def roles(tree: _T) -> _T:
     """The role of every value of `tree`: a tree of role names, one in place of each leaf.
 
     Every tool answers "what is trained, what is state, what is configuration" the same
-    way, from these roles: `tc.optim.trainable` updates the trainable leaves (unless given
-    a selection) and leaves every other leaf exactly as it is; `tc.tree_summary` counts
+    way, from these roles: `tc.optim.trainable` updates the trainable leaves, or the
+    leaves of a selection that are neither state nor frozen (a declared role outranks a
+    selection), and leaves every other leaf exactly as it is; `tc.tree_summary` counts
     each role separately.
 
     - `"trainable"`: an inexact (floating or complex) JAX or NumPy array (or an abstract
       `jax.ShapeDtypeStruct`) that is neither frozen nor state;
     - `"state"`: a leaf held, at any depth, by a field declared with
       `tc.field(role="state")` (or `metadata={"role": "state"}`): running statistics,
-      step counters, caches, values the forward pass updates and no optimizer touches;
+      step counters, caches, values the forward pass updates and no optimizer touches,
+      whatever the selection;
     - `"frozen"`: a value wrapped by `tc.freeze` (it stands in the result where the
       frozen value stood: frozen values are not leaves), or a leaf held by a field
       declared `tc.field(role="frozen")` (a leaf `jax.jit` traces, whose reads stop
-      gradients, and which no optimizer helper trains);
+      gradients, and which no optimizer helper trains, whatever the selection);
     - `"other"`: every other leaf: Python numbers (`self.eps = 1e-5` in a hand-written
       `__init__`) and NumPy scalars, integer and boolean arrays, PRNG keys, strings.
       `jax.grad` still sees them (every leaf is a leaf), the optimizer helpers do not

@@ -3,7 +3,12 @@
 `trainable(transform, model)` is the one call a training loop needs: an optax
 transformation that updates exactly the trainable leaves (`tc.roles`: inexact arrays that
 are neither frozen nor state), or exactly a selection, and leaves every other leaf
-bit-identical, with no optimizer state for it.
+bit-identical under `apply_updates`, with no optimizer state for it.
+
+A declared role outranks a selection, in every helper here: a leaf of a frozen or state
+field (and a `tc.freeze` value) is never trained, decayed or given optimizer state,
+whatever the selection; a selection that reaches only such leaves is an error naming
+them.
 
 Three ways to give leaves different treatment, from lightest to most explicit:
 
@@ -23,6 +28,10 @@ per block.
 
 `check_mask` and `check_labels` say where a mask or label tree and the parameters part
 ways, naming the key path, before optax fails with a structure mismatch.
+
+`split(model)` parts a model into the leaves an optimizer trains and the rest, and
+`merge` puts them back: a gradient taken on the first part holds no array for a frozen
+base.
 
 optax is an optional dependency: nothing here imports it, except `partition`, `trainable`
 and `scale_blocks`, which do so when called.
@@ -45,7 +54,7 @@ from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
 from ._numbers import is_number, plain_number
-from ._roles import TRAINABLE, leaf_roles
+from ._roles import NEVER_TRAINED, TRAINABLE, leaf_roles
 from ._structure import (
     describe,
     first_mismatch,
@@ -66,6 +75,8 @@ __all__ = [
     "trainable",
     "scale_blocks",
     "apply_updates",
+    "split",
+    "merge",
 ]
 
 _T = TypeVar("_T")
@@ -219,7 +230,7 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
             raise TypeError(
                 _UNHASHABLE_LABEL_MSG.format(path=where, found=describe(leaf))
             ) from None
-        if known is not None and leaf not in known:
+        if known is not None and leaf not in known and not isinstance(leaf, _NeverTrained):
             raise ValueError(_UNKNOWN_LABEL_MSG.format(label=leaf, path=where, known=known))
 
     _check_prefix(tree, params, "label tree", check_leaf)
@@ -308,10 +319,19 @@ def _indexer(selection: object, where: tuple[object, ...]) -> AtIndexer:
 
 
 _EMPTY_SELECTION_MSG = (
-    "{what} selects no leaf{why}: an optimizer setting built from it would change nothing "
-    "(a typo in a selector, say, turns weight decay off without a word). Check the "
+    "{what} selects no leaf: an optimizer setting built from it would change nothing (a "
+    "typo in a selector, say, turns weight decay off without a word). Check the "
     "selection; if an empty selection is what you mean, pass `strict=False`."
 )
+_ONLY_NEVER_TRAINED_MSG = (
+    "{what} selects only leaves that no optimizer trains, whatever the selection:\n"
+    "{leaves}\n"
+    "A declared role outranks a selection: frozen leaves (`tc.field(role='frozen')`, "
+    "`tc.freeze`) and state leaves (`tc.field(role='state')`) are never updated or "
+    "decayed, and hold no optimizer state. Select parameters (`tc.roles(model)` shows "
+    "each leaf's role); if an empty selection is what you mean, pass `strict=False`."
+)
+_LISTED = 8  # leaves named in an error before "and N more"
 
 
 def _check_strict(strict: object, where: str) -> None:
@@ -322,9 +342,47 @@ def _check_strict(strict: object, where: str) -> None:
         )
 
 
-def _empty_selection_error(what: str, reached_frozen: bool) -> ValueError:
-    why = " (frozen values are not leaves: optax never sees them)" if reached_frozen else ""
-    return ValueError(_EMPTY_SELECTION_MSG.format(what=what, why=why))
+def _describe_role(leaf: object, role: str) -> str:
+    return "frozen by `tc.freeze`" if is_wrapper(leaf) else f"role {role!r}"
+
+
+def _empty_selection_error(what: str, refused: list[str]) -> ValueError:
+    if not refused:
+        return ValueError(_EMPTY_SELECTION_MSG.format(what=what))
+    listed = [f"    {line}" for line in refused[:_LISTED]]
+    if len(refused) > _LISTED:
+        listed.append(f"    ... and {len(refused) - _LISTED} more")
+    return ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
+
+
+def _reaches(flag: ArrayLike) -> bool:
+    """Whether a flag of a selection's `mask()` picks any part of its leaf."""
+    if flag is True or flag is False:
+        return flag
+    return isinstance(flag, Tracer) or bool(np.any(flag))
+
+
+def _selected_places(indexer: AtIndexer) -> tuple[PyTreeDef, list[bool], list[str]]:
+    """One flag per place of `indexer.tree` (frozen values counted as places): whether the
+    selection picks that leaf for training; and the places it reached but no optimizer
+    trains (`"`path` (role ...)"`), since a declared role outranks a selection."""
+    # the selection's own mask, with frozen values as leaves (so that a selection reaching
+    # only frozen values is told apart from one reaching nothing)
+    tree = indexer.tree
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
+    flags = treedef.flatten_up_to(indexer.mask(is_leaf=is_wrapper))
+    names = leaf_roles(tree)  # the order of `pairs`: frozen values counted as leaves
+    chosen: list[bool] = []
+    refused: list[str] = []
+    for (path, leaf), flag, role in zip(pairs, flags, names, strict=True):
+        if is_wrapper(leaf) or role in NEVER_TRAINED:
+            # checked before the whole-leaf rule: a leaf never trained may be reached in part
+            if _reaches(flag):
+                refused.append(f"`{path_str(tree, path)}` ({_describe_role(leaf, role)})")
+            chosen.append(False)
+        else:
+            chosen.append(_whole_flag(tree, path, flag))
+    return treedef, chosen, refused
 
 
 # Typed as the selected tree: a mask has its structure (the class of every node), with
@@ -334,7 +392,12 @@ def mask(selection: AtIndexer[_T], *where: object, strict: bool = True) -> _T: .
 @overload
 def mask(selection: _T, where: object, /, *more: object, strict: bool = True) -> _T: ...
 def mask(selection: object, *where: object, strict: bool = True) -> object:
-    """A boolean tree, `True` exactly at the leaves a selection picks.
+    """A boolean tree, `True` exactly at the leaves a selection picks for training.
+
+    A declared role outranks a selection: a leaf of a field declared
+    `tc.field(role="frozen")` or `tc.field(role="state")`, and a value frozen by
+    `tc.freeze`, is `False` whatever the selection (`model.at[...]`, a class, a glob, a
+    mask tree), so no optimizer decays or trains it through this mask.
 
     The result has the structure of the selected tree (same node types), with `False`
     in place of each frozen value (a mask leaf stands for the subtree at its place), so
@@ -347,10 +410,10 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     which are never callable here. (For `optax.multi_transform`, which calls any callable
     it gets, use `labels`.)
 
-    Frozen values (`tc.freeze`) are not leaves, so a mask never selects them (`False`). A selection
-    that selects no leaf at all (a mask or predicate selecting nothing, or only frozen
-    values) is an error unless `strict=False`: an optimizer setting built from it would
-    silently change nothing.
+    A selection that selects no leaf at all (a mask or predicate selecting nothing) is an
+    error unless `strict=False`: an optimizer setting built from it would silently change
+    nothing. So is one that reaches only frozen or state leaves; the error names them and
+    their roles.
 
     **Arguments**
 
@@ -368,39 +431,38 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
 
     What `.at` raises for a selector that does not fit the tree (a missing key, a glob
     matching nothing); `ValueError` for a boolean array selector that picks only some
-    elements of a leaf, and for an empty selection when `strict`.
+    elements of a trainable leaf, and for an empty selection when `strict`.
 
     ```python
-    import jax.numpy as jnp
+    import jax, jax.numpy as jnp
     import treeclass as tc
     import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     assert tc.optim.mask(tc.at(params)["w"]) == {"w": True, "b": False}
     assert tc.optim.mask(params, "b") == {"w": False, "b": True}
+
+    class Norm(tc.TreeClass):
+        scale: jax.Array
+        mean: jax.Array = tc.field(role="state")
+
+    norm = Norm(jnp.ones(2), jnp.zeros(2))
+    assert tc.optim.mask(norm.at[...]) == Norm(True, False)  # state is never trained
+    try:
+        tc.optim.mask(norm.at["mean"])
+    except ValueError as error:
+        assert "mean` (role 'state')" in str(error)
     ```
     """
     _check_strict(strict, "mask")
     indexer = _indexer(selection, where)
-    # the selection's own mask, with frozen values as leaves (so that a selection reaching
-    # only frozen values is told apart from one reaching nothing); a frozen value's place
-    # then holds `False`: a mask leaf stands for the whole subtree at its place, so the
-    # mask fits the model (where a frozen value is a node without children) and the tree
-    # `tc.optim.trainable` hands its transform (where it is `MaskedNode()`)
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(indexer.tree, is_leaf=is_wrapper)
-    flags = treedef.flatten_up_to(indexer.mask(is_leaf=is_wrapper))
-    result = treedef.unflatten(
-        [
-            False if is_wrapper(leaf) else _whole_flag(indexer.tree, path, flag)
-            for (path, leaf), flag in zip(pairs, flags, strict=True)
-        ]
-    )
-    if strict and not any(x is True for x in jax.tree_util.tree_leaves(result)):
-        reached_frozen = any(
-            is_wrapper(leaf) and flag is True for (_, leaf), flag in zip(pairs, flags, strict=True)
-        )
-        raise _empty_selection_error(f"The selection {indexer!r}", reached_frozen)
-    return result
+    treedef, chosen, refused = _selected_places(indexer)
+    if strict and True not in chosen:
+        raise _empty_selection_error(f"The selection {indexer!r}", refused)
+    # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at
+    # its place, so the mask fits the model (where a frozen value is a node without
+    # children) and the tree `tc.optim.trainable` hands its transform (`MaskedNode()`)
+    return treedef.unflatten(chosen)
 
 
 # --------------------------------------------------------------------------------------
@@ -421,6 +483,29 @@ _SELECTION_TREE_MSG = (
     "    tc.optim.labels(model, {{{label!r}: model.at[...]}})\n{detail}"
 )
 _PLACEHOLDER_TYPE = "_ParamsPlaceholder"
+_HANDED_TO_A_TRANSFORM_MSG = (
+    "The label tree marks these leaves as never trained (a declared role outranks a "
+    "selection), but the optimizer was handed them, so `optax.multi_transform` would "
+    "update them and keep optimizer state for them:\n{leaves}\n"
+    "Wrap the optimizer with `tc.optim.trainable` (its transform sees only the leaves it "
+    "trains), or build it with `tc.optim.partition` (which keeps them as they are):\n"
+    "    before: opt = optax.multi_transform(transforms, labels)\n"
+    "    after:  opt = tc.optim.trainable(optax.multi_transform(transforms, labels), model)"
+)
+
+
+class _NeverTrained(str):
+    """The label of a leaf no optimizer trains: `"(frozen)"` or `"(state)"`.
+
+    A `str`, so that optax's own label checks can print and sort it; `Labels` tells it
+    apart from a label of the user's by its type.
+    """
+
+    __slots__ = ()
+
+
+def _never_trained_label(role: str) -> _NeverTrained:
+    return _NeverTrained(f"({role})")
 
 
 class Labels(Generic[_T]):
@@ -434,6 +519,11 @@ class Labels(Generic[_T]):
     leaves are its labels, and mapping over it gives the mapped tree (`jax.tree.map(f,
     labels)` is `jax.tree.map(f, labels.tree)`). Frozen values hold the first label
     there (`fitted()`): a leaf that stands for a node without children.
+
+    A leaf of a frozen or state field holds `"(frozen)"` or `"(state)"` in `.tree`: no
+    optimizer trains it. Inside `tc.optim.trainable` (which hands the transform no such
+    leaf) it takes the first label; a bare `optax.multi_transform` handed such a leaf is
+    an error naming it (it would train it), and `tc.optim.partition` keeps it as it is.
 
     ```python
     import jax.numpy as jnp
@@ -458,7 +548,20 @@ class Labels(Generic[_T]):
         # of the parameters; it only needs the tree back
         if type(params).__name__ != _PLACEHOLDER_TYPE:
             check_labels(tree, params)
-        return tree
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        if not any(isinstance(x, _NeverTrained) for x in leaves):
+            return tree
+        places = treedef.flatten_up_to(params) if type(params).__name__ != _PLACEHOLDER_TYPE else []
+        handed = [
+            f"    `{path_str(params, path)}` ({label[1:-1]})"
+            for (path, label), place in zip(jax.tree_util.tree_leaves_with_path(tree), places)
+            if isinstance(label, _NeverTrained) and jax.tree_util.tree_leaves(place)
+        ]
+        if handed:
+            raise ValueError(_HANDED_TO_A_TRANSFORM_MSG.format(leaves="\n".join(handed)))
+        # inside `trainable` such a place is `optax.MaskedNode()`: any label fits it
+        first = _first_label(leaves)
+        return treedef.unflatten([first if isinstance(x, _NeverTrained) else x for x in leaves])
 
     def fitted(self) -> _T:
         """The label tree as optax takes it: a label in place of each frozen value.
@@ -471,7 +574,7 @@ class Labels(Generic[_T]):
         leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)
         if not any(is_wrapper(x) for x in leaves):
             return tree
-        label = next((x for x in leaves if not is_wrapper(x)), None)
+        label = _first_label(leaves)
         return jax.tree_util.tree_map(
             lambda x: label if is_wrapper(x) else x, tree, is_leaf=is_wrapper
         )
@@ -506,6 +609,11 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
+def _first_label(leaves: list[object]) -> object:
+    """The first label of a label tree's leaves that names a transform of the user's."""
+    return next((x for x in leaves if not is_wrapper(x) and not isinstance(x, _NeverTrained)), None)
+
+
 def _structure_with_frozen_as(tree: object, frozen_as: object) -> PyTreeDef:
     """The structure of `tree` with `frozen_as` in place of every frozen value.
 
@@ -521,19 +629,24 @@ def _structure_with_frozen_as(tree: object, frozen_as: object) -> PyTreeDef:
     )
 
 
-def _selection_mask(tree: object, label: Hashable, selection: object) -> object:
+def _selection_mask(
+    tree: object, label: Hashable, selection: object
+) -> tuple[list[bool], list[str]]:
+    """The flags of a label's selection on `tree` (one per place) and what it reached but
+    no optimizer trains (as `_selected_places`)."""
     if isinstance(selection, AtIndexer):
-        selected = mask(selection, strict=False)
+        indexer = _indexer(selection, ())
     else:
-        selected = mask(tree, selection, strict=False)
-    if jax.tree_util.tree_structure(selected) != _structure_with_frozen_as(tree, False):
+        indexer = _indexer(tree, (selection,))
+    treedef, chosen, refused = _selected_places(indexer)
+    if treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
         try:
-            check_mask(selected, tree)
+            check_mask(treedef.unflatten(chosen), tree)
             detail = ""
         except ValueError as error:
             detail = str(error).split("\n")[0]
         raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
-    return selected
+    return chosen, refused
 
 
 _SELECTIONS_TYPE_MSG = (
@@ -551,16 +664,23 @@ def labels(
 ) -> Labels[_T]:
     """Labels for `optax.multi_transform` from a mapping of label -> selection.
 
+    A declared role outranks a selection: a leaf of a frozen or state field is claimed by
+    no selection and labelled `"(frozen)"` or `"(state)"` (no optimizer trains it). Use
+    the labels inside `tc.optim.trainable`, which hands the transform no such leaf, or
+    through `tc.optim.partition`, which keeps such leaves as they are; a bare
+    `optax.multi_transform` handed one refuses it, naming it.
+
     **Arguments**
 
     - `tree`: the parameters (a `TreeClass` model or any pytree).
     - `selections`: label -> selection, where a selection is an `.at` selection made on
       `tree` (`model.at[Linear]["weight"]`), or a selector for `tree.at[...]` (a name,
       a type, `tc.glob("layers.*.bias")`, a boolean mask tree, ...).
-    - `default`: the label of the leaves no selection claims; `None` makes every
-      unclaimed leaf an error.
-    - `strict`: whether a label whose selection selects no leaf is an error (the
-      default: a typo would otherwise leave that label's transform unused).
+    - `default`: the label of the leaves no selection claims (frozen and state leaves
+      aside); `None` makes every unclaimed leaf an error.
+    - `strict`: whether a label whose selection selects no leaf, or only frozen and
+      state leaves, is an error (the default: a typo would otherwise leave that label's
+      transform unused).
 
     **Returns**
 
@@ -571,8 +691,8 @@ def labels(
 
     `ValueError` when selections overlap (naming every leaf claimed twice and by which
     labels), when `default=None` leaves leaves unclaimed, when a selection was made on
-    another tree, or (with `strict`) when a label selects nothing; `TypeError` when
-    `selections` is not a mapping.
+    another tree, or (with `strict`) when a label selects nothing or only frozen and
+    state leaves (naming them); `TypeError` when `selections` is not a mapping.
 
     ```python
     import jax.numpy as jnp
@@ -589,11 +709,12 @@ def labels(
     _check_strict(strict, "labels")
     # frozen values count as places here (their mask leaf is `False`); they are kept
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
+    names = leaf_roles(tree)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
-        selected = jax.tree_util.tree_leaves(_selection_mask(tree, label, selection))
-        if strict and not any(selected):
-            raise _empty_selection_error(f"The selection for label {label!r}", False)
+        selected, refused = _selection_mask(tree, label, selection)
+        if strict and True not in selected:
+            raise _empty_selection_error(f"The selection for label {label!r}", refused)
         for index, is_selected in enumerate(selected):
             if is_selected:
                 claims[index].append(label)
@@ -607,16 +728,20 @@ def labels(
     if default is None:
         unclaimed = [
             f"    `{path_str(tree, path)}`"
-            for (path, leaf), c in zip(flat, claims)
-            if not c and not is_wrapper(leaf)
+            for (path, leaf), c, role in zip(flat, claims, names)
+            if not c and not is_wrapper(leaf) and role not in NEVER_TRAINED
         ]
         if unclaimed:
             raise ValueError(
                 _UNCLAIMED_MSG.format(count=len(unclaimed), paths="\n".join(unclaimed))
             )
     leaves = [
-        leaf if is_wrapper(leaf) else (claimed[0] if claimed else default)
-        for (_, leaf), claimed in zip(flat, claims)
+        leaf
+        if is_wrapper(leaf)
+        else _never_trained_label(role)
+        if role in NEVER_TRAINED
+        else (claimed[0] if claimed else default)
+        for (_, leaf), claimed, role in zip(flat, claims, names)
     ]
     return Labels(jax.tree_util.tree_unflatten(treedef, leaves))
 
@@ -632,7 +757,10 @@ def partition(
     """One optax transform per selection, in one call (needs optax).
 
     Same as `optax.multi_transform(transforms, tc.optim.labels(tree, selections,
-    default=default))`, after checking that every label in use has a transform.
+    default=default))`, after checking that every label in use has a transform, except
+    for the leaves no optimizer trains (frozen and state fields, whatever the
+    selections): their labels `"(frozen)"` / `"(state)"` get a transform with no state
+    whose updates leave them bit-identical under `tc.optim.apply_updates`.
 
     **Arguments**
 
@@ -645,8 +773,9 @@ def partition(
 
     **Raises**
 
-    `ImportError` without optax; `ValueError` as `tc.optim.labels` does, and naming the
-    key path of a leaf whose label has no transform.
+    `ImportError` without optax; `ValueError` as `tc.optim.labels` does, naming the key
+    path of a leaf whose label has no transform, and for a transform labelled
+    `"(frozen)"` or `"(state)"` when such leaves are present.
 
     ```python
     import jax.numpy as jnp
@@ -665,7 +794,45 @@ def partition(
     label_tree = labels(tree, selections, default=default, strict=strict)
     check_labels(label_tree, tree, transforms)
     combine = getattr(optax, "partition", None) or optax.multi_transform
-    return combine(transforms, label_tree)
+    fitted = label_tree.fitted()
+    never = sorted({x for x in jax.tree_util.tree_leaves(fitted) if isinstance(x, _NeverTrained)})
+    if not never:
+        return combine(transforms, label_tree)
+    taken = [label for label in never if label in transforms]
+    if taken:
+        raise ValueError(_RESERVED_LABEL_MSG.format(labels=taken))
+    # a leaf no optimizer trains gets a transform that keeps it bit for bit, with no state
+    keep = _keep_transform(optax)
+    every: dict[Hashable, object] = {**transforms, **{str(label): keep for label in never}}
+
+    def label_fn(params: object) -> object:
+        if type(params).__name__ != _PLACEHOLDER_TYPE:
+            check_labels(fitted, params)
+        return fitted
+
+    return combine(every, label_fn)
+
+
+_RESERVED_LABEL_MSG = (
+    "`tc.optim.partition` labels the leaves no optimizer trains {labels} and keeps them as "
+    "they are; the transforms may not use these labels. Rename those transforms."
+)
+
+
+def _keep_transform(optax: Any) -> Any:
+    """A transform with no state whose every update leaves its parameter as it is."""
+
+    def init(params: object) -> Any:
+        return optax.EmptyState()
+
+    def update(updates: object, state: object, params: object = None) -> tuple[object, object]:
+        def one(path: KeyPath, update: ArrayLike, param: ArrayLike | None = None) -> jax.Array:
+            return _unchanged(update, param, functools.partial(path_str, updates, path))
+
+        trees = (updates,) if params is None else (updates, params)
+        return jax.tree_util.tree_map_with_path(one, *trees), state
+
+    return optax.GradientTransformation(init, update)
 
 
 # --------------------------------------------------------------------------------------
@@ -709,6 +876,13 @@ _PRNG_KEY_MSG = (
 )
 
 
+_MISSING_MSG = (
+    "The {what} handed to `{method}` hold `None` at `{path}`, a leaf this optimizer "
+    "trains. A gradient taken on `tc.optim.split`'s trained part holds `None` only where "
+    "the optimizer trains nothing: split the model with the selection the optimizer was "
+    "built with, e.g.\n"
+    "    opt = tc.optim.trainable(tx, model.at[...]); params, rest = tc.optim.split(model.at[...])"
+)
 _REFROZEN_MSG = (
     "The {what} handed to `{method}` hold{s} at `{path}` a value that is {now}, but it was "
     "{then} in the model this optimizer was built from: the optimizer keeps the roles it "
@@ -731,6 +905,10 @@ class _Plan:
         self.root = tree
 
     def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
+        """The leaves of `tree` (frozen values counted as leaves), one per place of the
+        model, and the structure to rebuild it with. A tree holding `None` where the model
+        holds a leaf this plan does not update (a gradient taken on `tc.optim.split`'s
+        trained part) gives `None` there."""
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
         if treedef == self.treedef:  # the same places, frozen values counted as leaves
             for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
@@ -739,15 +917,39 @@ class _Plan:
         elif (
             len(leaves) != len(self.kinds) or _structure_with_frozen_as(tree, None) != self.skeleton
         ):
-            found = first_mismatch(self.root, tree, is_leaf=is_wrapper)
-            path, reason = (), "the structures differ"
-            if found is not None:
-                path, reason = found.path, found.explain(what, tree="model")
-            where = path_str(self.root, path)
-            raise ValueError(
-                _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
-            )
+            places = self._places(tree, what, method)
+            if places is None:
+                found = first_mismatch(self.root, tree, is_leaf=is_wrapper)
+                path, reason = (), "the structures differ"
+                if found is not None:
+                    path, reason = found.path, found.explain(what, tree="model")
+                where = path_str(self.root, path)
+                raise ValueError(
+                    _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
+                )
+            return places, self.treedef
         return leaves, treedef
+
+    def _places(self, tree: object, what: str, method: str) -> list[Any] | None:
+        """What `tree` holds at each place of the model, if it is the model with `None`
+        at some places (and a leaf or frozen value at the others); else `None`."""
+        try:
+            places = self.treedef.flatten_up_to(tree)
+        except (ValueError, TypeError):
+            return None
+        for index, (place, kind) in enumerate(zip(places, self.kinds)):
+            if place is None:
+                if kind == _UPDATE:
+                    path = path_str(self.root, self._path(index))
+                    raise ValueError(_MISSING_MSG.format(what=what, method=method, path=path))
+            elif not is_wrapper(place) and not is_leaf_node(place):
+                return None
+            elif is_wrapper(place) != (kind == _FROZEN):
+                self._refuse_refrozen(tree, index, what, method, kind)
+        return places
+
+    def _path(self, index: int) -> KeyPath:
+        return jax.tree_util.tree_flatten_with_path(self.root, is_leaf=is_wrapper)[0][index][0]
 
     def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
         if kind == _FROZEN:
@@ -837,8 +1039,8 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     """An optax transformation that updates exactly a selection and nothing else (needs optax).
 
     `transform` (any optax `GradientTransformation`: `optax.adamw(1e-3)`, a chain, a
-    `multi_transform`) sees the selected leaves only; every other leaf gets an update that
-    `optax.apply_updates` adds without changing a bit: no step, no momentum, no weight
+    `multi_transform`) sees the trained leaves only; every other leaf gets an update that
+    `tc.optim.apply_updates` adds without changing a bit: no step, no momentum, no weight
     decay, and no optimizer state. So:
 
     - Python numbers of a hand-written `__init__` (`self.eps = 1e-5`), integer and
@@ -846,30 +1048,39 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
       counters) and frozen fields (`tc.field(role="frozen")`: a pretrained base) are
       never trained and hold no optimizer state, although `jax.grad` gives the first
       ones gradients (every leaf is a leaf);
+    - a declared role outranks a selection: state and frozen leaves are never trained,
+      decayed or given state, whatever the selection (`model.at[...]`, a class, a glob,
+      a mask tree); a selection that reaches only such leaves is an error naming them;
     - frozen values are not in the state at all (neither are their copies: the state is
       built on a tree in which they are `optax.MaskedNode()`), so saving the optimizer
       state stores no frozen array;
     - the selection is computed once, here, from `selection`. `init` and `update` accept
       any tree of the same structure: the model itself, an abstract template of it
       (`jax.eval_shape`, an orbax or `tc.load` restore target), even one whose frozen
-      values differ. Build it from the model itself, not from such a template: there,
-      Python numbers are abstract arrays, and would be trained.
+      values differ, or a tree holding `None` where nothing is trained (the gradient of
+      `tc.optim.split`'s trained part: the updates then hold `None` there too). Build it
+      from the model itself, not from such a template: there, Python numbers are
+      abstract arrays, and would be trained.
 
-    Unlike `optax.masked`, which passes the other leaves' raw gradients through (the loop
-    would then apply them), and `optax.set_to_zero`, which writes `0.0` (so `-0.0`
-    becomes `0.0`), the other leaves come out of `optax.apply_updates` bit-identical.
+    Apply the updates with `tc.optim.apply_updates`, not `optax.apply_updates`, which
+    casts every sum (a weakly typed leaf comes back strongly typed, so the next jitted
+    step compiles anew; a NumPy int64 or float64 leaf comes back 32-bit): no update can
+    undo that cast. Unlike `optax.masked`, which passes the other leaves' raw gradients
+    through (the loop would then apply them), and `optax.set_to_zero`, which writes `0.0`
+    (so `-0.0` becomes `0.0`), the other leaves come out bit-identical: same shape,
+    dtype, weak type and bits.
 
     **Arguments**
 
-    - `transform`: the optax transformation for the selected leaves. A mask or labels it
+    - `transform`: the optax transformation for the trained leaves. A mask or labels it
       takes (`optax.adamw(mask=...)`, `optax.multi_transform`) are taken on the tree it
       sees: pass them as functions of the parameters, e.g.
       `mask=lambda p: tc.optim.mask(p.at[Linear]["weight"])`.
     - `selection`: a model (or any pytree): its trainable leaves (`tc.roles`: inexact
       JAX or NumPy arrays, not frozen, not state) are updated. Or an `.at` selection
-      (`model.at[Linear]["weight"]`), or a tree followed by selectors as for `mask`:
-      exactly the selected leaves are updated, whatever their role (an explicit choice:
-      a selected Python float trains; a selected integer is an error).
+      (`model.at[Linear]["weight"]`), or a tree followed by selectors as for `mask`: the
+      selected leaves are updated, except state and frozen ones (a selected Python float
+      trains; a selected integer is an error).
     - `strict`: whether nothing to update is an error (the default).
 
     **Returns**
@@ -882,8 +1093,9 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     **Raises**
 
     `ImportError` without optax; `ValueError` for an empty selection (with `strict`), a
-    selected leaf that is not inexact, or, from `init` and `update`, a tree that does not
-    fit the model (naming the key path); `TypeError` from `update` for a PRNG key leaf
+    selection reaching only state or frozen leaves (naming them), a selected leaf that
+    is not inexact, or, from `init` and `update`, a tree that does not fit the model
+    (naming the key path); `TypeError` from `update` for a PRNG key leaf
     (`optax.apply_updates` cannot add to a key: freeze it); what `.at` raises for a
     selector that does not fit.
 
@@ -904,8 +1116,13 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     state = opt.init(model)
     grads = jax.grad(lambda m: m(jnp.ones(2)).sum())(model)
     updates, state = opt.update(grads, state, model)
-    model = optax.apply_updates(model, updates)
+    model = tc.optim.apply_updates(model, updates)
     assert model.eps == 1e-5 and (model.w != 1.0).all()
+
+    # a declared role outranks a selection: the frozen base of a LoRA is never trained
+    lora = tc.nn.LoRA(tc.nn.Linear(4, 3, key=jax.random.key(0)), rank=2, key=jax.random.key(1))
+    opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.5), lora.at[...])
+    assert [x.shape for x in jax.tree.leaves(opt.init(lora)[0].mu)] == [(2, 4), (3, 2)]
     ```
     """
     optax = _import_optax("trainable")
@@ -937,13 +1154,128 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
         for index, (leaf, param, kind) in enumerate(zip(leaves, param_leaves, plan.kinds)):
             if kind == _UPDATE:
                 out.append(next(updated))
-            elif kind == _FROZEN:
+            elif kind == _FROZEN or leaf is None:  # `None`: nothing to update, nothing made
                 out.append(leaf)
             else:
                 out.append(_unchanged(leaf, param, functools.partial(_leaf_path, updates, index)))
         return treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+# --------------------------------------------------------------------------------------
+# split and merge: gradients of the trained leaves only
+
+_MERGE_MISFIT_MSG = (
+    "`tc.optim.merge` takes the two parts `tc.optim.split` returned (or trees of the same "
+    "structure, such as a gradient of the first); they part ways at `{path}`: {reason}."
+)
+_MERGE_BOTH_MSG = (
+    "`tc.optim.merge` found a value in both parts at `{path}`: each place of the model is "
+    "in one part (the other holds `None` there). Merge the parts of one `tc.optim.split`."
+)
+
+
+def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
+    """The model in two parts: the leaves an optimizer trains, and the rest.
+
+    `jax.grad` of a loss over the whole model returns a gradient for every leaf, so a
+    frozen field (`tc.field(role="frozen")`: a pretrained base) gets a zero array as large
+    as itself. Differentiate with respect to the first part instead: its gradient holds
+    `None` wherever nothing is trained, so no array is made for the base, even when the
+    gradient leaves a jitted function (gradient accumulation, logging).
+
+    The parts are the leaves `tc.optim.trainable(transform, selection)` updates, and
+    everything else: both have the model's structure (node types and static fields),
+    with `None` in place of the leaves (and frozen values) the other part holds.
+    `merge(params, rest)` puts them back together. `opt.update` of a
+    `tc.optim.trainable` built from the same selection takes the gradient of `params` as
+    it is (its updates hold `None` where the gradient does), and `tc.optim.apply_updates`
+    applies them.
+
+    **Arguments**
+
+    - `selection`, `*where`, `strict`: as for `tc.optim.trainable`: a model (its
+      trainable leaves: inexact arrays neither frozen nor state), or an `.at` selection
+      (its selected leaves, less the frozen and state ones), or a tree and selectors.
+
+    **Returns**
+
+    `(params, rest)`: two trees of the model's structure.
+
+    **Raises**
+
+    What `tc.optim.trainable` raises for its selection.
+
+    ```python
+    import jax, jax.numpy as jnp, optax
+    import treeclass as tc
+
+    model = tc.nn.LoRA(tc.nn.Linear(8, 4, key=jax.random.key(0)), rank=2, key=jax.random.key(1))
+    opt = tc.optim.trainable(optax.adam(1e-2), model)
+    state = opt.init(model)
+    params, rest = tc.optim.split(model)
+
+    @jax.jit
+    def gradient(params, rest, x):
+        return jax.grad(lambda p: tc.optim.merge(p, rest)(x).sum())(params)
+
+    grads = gradient(params, rest, jnp.ones((3, 8)))
+    assert grads.base_layer.weight is None  # no array as large as the base
+    updates, state = opt.update(grads, state, model)
+    model = tc.optim.apply_updates(model, updates)
+    ```
+    """
+    plan = _plan_of(selection, where, strict)
+    leaves = jax.tree_util.tree_leaves(plan.root, is_leaf=is_wrapper)
+    kept = [None if kind == _UPDATE else leaf for leaf, kind in zip(leaves, plan.kinds)]
+    trained = [leaf if kind == _UPDATE else None for leaf, kind in zip(leaves, plan.kinds)]
+    return plan.treedef.unflatten(trained), plan.treedef.unflatten(kept)
+
+
+def merge(params: _T, rest: object) -> _T:
+    """The model `tc.optim.split` parted: each place from the part that holds it.
+
+    **Arguments**
+
+    - `params`: the first part (or a tree of its structure: updated parameters, a
+      gradient).
+    - `rest`: the second part.
+
+    **Returns**
+
+    One tree of the model's structure.
+
+    **Raises**
+
+    `ValueError` naming the key path where the parts do not have one structure, or where
+    both hold a value.
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    model = {"w": jnp.ones(2), "n": jnp.arange(2)}
+    params, rest = tc.optim.split(model)
+    assert params == {"w": model["w"], "n": None} and rest["w"] is None
+    assert tc.is_tree_equal(tc.optim.merge(params, rest), model)
+    ```
+    """
+    trained, treedef = jax.tree_util.tree_flatten(params, is_leaf=_is_none_or_wrapper)
+    others, other_def = jax.tree_util.tree_flatten(rest, is_leaf=_is_none_or_wrapper)
+    if treedef != other_def:
+        found = first_mismatch(params, rest, is_leaf=_is_none_or_wrapper)
+        path, reason = (), "the structures differ"
+        if found is not None:
+            path, reason = found.path, found.explain("second part", tree="first part")
+        raise ValueError(_MERGE_MISFIT_MSG.format(path=path_str(params, path), reason=reason))
+    merged = []
+    for index, (a, b) in enumerate(zip(trained, others)):
+        if a is not None and b is not None:
+            pairs = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none_or_wrapper)[0]
+            raise ValueError(_MERGE_BOTH_MSG.format(path=path_str(params, pairs[index][0])))
+        merged.append(b if a is None else a)
+    return treedef.unflatten(merged)
 
 
 def _is_unchanged_update(update: object) -> bool:
@@ -964,6 +1296,8 @@ def _is_unchanged_update(update: object) -> bool:
 def _apply_one(param: Any, update: object) -> Any:
     if param is None:
         return None
+    if update is None or is_wrapper(param):  # nothing to add: a frozen value, a gap
+        return param
     if not _is_inexact_leaf(param) or is_prng_key(param) or _is_unchanged_update(update):
         # integers, booleans, keys: no optimizer trains them; an update of -0.0: the
         # param as it is (its type, dtype, weak type and bits; a NaN's payload too)
@@ -984,6 +1318,8 @@ def apply_updates(params: _T, updates: object) -> _T:
     - an integer, boolean or PRNG key leaf is returned as it is (no optimizer trains it);
     - a leaf whose update is, concretely, all `-0.0` (what `tc.optim.trainable` gives
       every leaf it does not train) is returned as it is: the same object;
+    - a leaf whose update is `None` (where a gradient taken on `tc.optim.split`'s
+      trained part holds nothing), and a frozen value, are returned as they are;
     - any other leaf is `param + update`, of the parameter's dtype and weak type (under
       `jax.jit` an update of `-0.0` is compiled away, so the sum is the parameter).
 
@@ -1009,7 +1345,11 @@ def apply_updates(params: _T, updates: object) -> _T:
     assert np.allclose(new["w"], 0.9)
     ```
     """
-    return jax.tree_util.tree_map(_apply_one, params, updates, is_leaf=lambda x: x is None)
+    return jax.tree_util.tree_map(_apply_one, params, updates, is_leaf=_is_none_or_wrapper)
+
+
+def _is_none_or_wrapper(x: object) -> bool:
+    return x is None or is_wrapper(x)
 
 
 def _leaf_path(tree: object, index: int) -> str:

@@ -95,7 +95,9 @@ def train(model, opt, x, y, steps):
     def step(model, state):
         loss, grads = jax.value_and_grad(loss_fn)(model, x, y)
         updates, state = opt.update(grads, state, model)
-        return optax.apply_updates(model, updates), state, loss
+        # `tc.optim.apply_updates`: `optax.apply_updates` would cast every leaf it adds
+        # to (weak types, 64-bit scalars), the untrained ones too
+        return tc.optim.apply_updates(model, updates), state, loss
 
     losses = []
     first_state = state

@@ -136,7 +136,9 @@ def main() -> dict:
     def step(model, state):
         loss, grads = jax.value_and_grad(loss_fn)(model, x, y)
         updates, state = opt.update(grads, state, model)
-        return optax.apply_updates(model, updates), state, loss, updates
+        # `tc.optim.apply_updates`: `optax.apply_updates` would cast every leaf it adds
+        # to (weak types, 64-bit scalars), the untrained ones too
+        return tc.optim.apply_updates(model, updates), state, loss, updates
 
     losses = []
     for i in range(STEPS):
