@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import treeclass as tc
@@ -454,6 +455,8 @@ def test_export_through_the_same_rules_gives_the_transformers_file_back(
     model = tc.load(folder / "model.safetensors", make(config), rules=rules)
     tc.save(tmp_path / "model.safetensors", model, rules=rules, metadata={"format": "pt"})
     written = load_file(tmp_path / "model.safetensors")
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        assert f.metadata() == {"format": "pt"}  # where transformers reads it
     assert sorted(written) == sorted(original)  # GPT-2's tied lm_head stays out, as HF writes it
     for key, array in original.items():
         assert (written[key].dtype, written[key].shape) == (array.dtype, array.shape), key

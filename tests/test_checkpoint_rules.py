@@ -954,7 +954,6 @@ def test_tied_weights_are_written_once_and_must_be_equal(tmp_path):
         tc.state_dict(untied, rules=[tied])
 
 
-
 def test_a_name_load_would_read_through_another_rule_is_refused_before_export():
     model = {"embed": jnp.zeros((3, 2)), "head": jnp.zeros((2, 3))}
     # load reads 'emb' through the first rule only: the second would never fill 'head'

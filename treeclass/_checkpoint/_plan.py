@@ -31,7 +31,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._values import is_prng_key, path_str
-from ._rules import Rule, fill, reads_layers, source_hit, target_hits
+from ._rules import (
+    Rule,
+    fill,
+    layer_rules,
+    pattern_choices,
+    reads_layers,
+    source_hit,
+    target_hits,
+)
 from ._stacks import stacks_of
 from ._walk import NUMBER, STATIC, TENSOR, entries, is_abstract
 
@@ -46,6 +54,8 @@ class Target(NamedTuple):
     get: Callable[[], Any]
     shape: tuple
     dtype: Any
+    # the rules that cannot give it: those reading its stack by layers, for a stack whole
+    skip: frozenset[int] = frozenset()
 
 
 class Group(NamedTuple):
@@ -69,7 +79,7 @@ class Plan:
         self.groups: dict[tuple, Group] = {}
         self.own: list[Target] = []
         for target in _targets(tree, rules, action):
-            hits = target_hits(rules, target.name)
+            hits = [hit for hit in target_hits(rules, target.name) if hit[0] not in target.skip]
             if not hits:
                 self.own.append(target)
                 continue
@@ -83,14 +93,19 @@ class Plan:
                 )
             number, position, match = hits[0]
             rule = rules[number]
-            lacking = [c for c in rule.captures if c not in match.groupdict()]
+            values = match.groupdict()
+            # a capture the target does not use is known if its source allows one value
+            values.update(
+                {c: v[0] for c, v in pattern_choices(rule.sources).items() if len(v) == 1}
+            )
+            lacking = [c for c in rule.captures if c not in values]
             if lacking:
                 raise ValueError(
                     f"{action}: key rule {rule.text()} cannot be run backwards: its "
                     f"target {rule.targets[position]!r} does not capture {lacking}, "
                     "which its sources use"
                 )
-            values = {c: match.group(c) for c in rule.captures}
+            values = {c: values[c] for c in rule.captures}
             key = (number, tuple(values[c] for c in rule.captures))
             group = self.groups.setdefault(key, Group(rule, values, {}))
             group.targets[position] = target
@@ -155,7 +170,7 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
             and stack is not None
             and (reads_layers(rules, stack, entry.name) or not target_hits(rules, entry.name))
         )
-        names = (stack.per_layer(entry.name) or []) if by_layers else [entry.name]
+        names = (stack.per_layer(entry.name) or []) if by_layers and stack else [entry.name]
         if is_prng_key(value) and not any(target_hits(rules, name) for name in names):
             raise ValueError(
                 f"{where} is a PRNG key array, which other libraries' layouts have no dtype "
@@ -164,7 +179,8 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
             )
         if not by_layers:
             get = functools.partial(_same, value)
-            out.append(Target(entry.name, where, get, tuple(value.shape), value.dtype))
+            skip = frozenset(layer_rules(rules, stack, entry.name) if stack else ())
+            out.append(Target(entry.name, where, get, tuple(value.shape), value.dtype, skip))
             continue
         for slot, name in enumerate(names):
             get = functools.partial(operator.getitem, value, slot)

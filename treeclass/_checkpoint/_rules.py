@@ -45,6 +45,7 @@ __all__ = [
     "source_hit",
     "target_hits",
     "reads_layers",
+    "layer_rules",
 ]
 
 _CAPTURE = re.compile(r"\{(\w+)(\*?)(?::([\w|-]+))?\}")
@@ -234,21 +235,19 @@ def target_hits(rules: Sequence[Rule], name: str) -> list[tuple[int, int, re.Mat
     ]
 
 
+def layer_rules(rules: Sequence[Rule], stack: StackAt, name: str) -> set[int]:
+    """The numbers of the rules whose target gives a layer of the stacked leaf `name`:
+    such a rule reads the stack by its layers, never whole (its capture would stand where
+    the layer index belongs, `{i}` = `ln`)."""
+    return {n for layer in stack.per_layer(name) or [] for n, _, _ in target_hits(rules, layer)}
+
+
 def reads_layers(rules: Sequence[Rule], stack: StackAt, name: str) -> bool:
-    """Whether the rules give the stacked leaf `name` by its layers' names: the first
-    rule (in table order) whose target gives the leaf or one of its layers gives a
-    layer. False when no rule gives either (the caller decides what its own names mean)."""
-    layers = stack.per_layer(name) or []
-    whole = _first(rules, [name])
-    per_layer = _first(rules, layers)
-    if per_layer is None:
-        return False
-    return whole is None or per_layer <= whole
-
-
-def _first(rules: Sequence[Rule], names: Sequence[str]) -> int | None:
-    found = [number for name in names for number, _, _ in target_hits(rules, name)]
-    return min(found, default=None)
+    """Whether the rules give the stacked leaf `name` by its layers' names: some rule
+    gives a layer, and none earlier in the table names the stacked leaf itself."""
+    by_layers = layer_rules(rules, stack, name)
+    whole = [n for n, _, _ in target_hits(rules, name) if n not in by_layers]
+    return bool(by_layers) and (not whole or min(by_layers) < min(whole))
 
 
 def fill(pattern: str, values: Mapping[str, str]) -> str:
@@ -332,7 +331,11 @@ class RuledCatalog:
                 break
         for name, mapped in list(self.mapped.items()):
             stack = next((s for s in self.stacks if s.per_layer(name)), None)
-            if stack is not None and mapped.rule is not None and reads_layers(rules, stack, name):
+            if (
+                stack is not None
+                and mapped.rule is not None
+                and any(rules[n] is mapped.rule for n in layer_rules(rules, stack, name))
+            ):
                 # what export would write by layers, load does not read as one tensor
                 del self.mapped[name]
                 self.problems.append(
