@@ -693,14 +693,27 @@ def test_an_unknown_format_or_file_is_an_error_listing_the_formats(tmp_path):
         tc.load(path, {"w": np.zeros(2)}, format="torch")
 
 
-@pytest.mark.parametrize("format", ["npz", "flax", "equinox"])
-def test_save_refuses_a_format_only_load_reads(tmp_path, format):
-    # tc.save writes safetensors (sharded ones with max_shard_size) and takes no format=:
-    # naming a format only tc.load reads is an error before anything is written
+@pytest.mark.parametrize("format", ["npz", "flax", "equinox", "torch", 3])
+def test_save_refuses_a_format_it_does_not_write_before_writing(tmp_path, format):
     path = tmp_path / "m.out"
-    with pytest.raises(TypeError, match="unexpected keyword argument 'format'"):
+    with pytest.raises(ValueError, match=r"format= takes one of 'safetensors', 'sharded'") as info:
         tc.save(path, {"w": np.ones(2)}, format=format)
-    assert not path.exists()
+    if format in ("npz", "flax", "equinox"):
+        assert f"{format} is a format tc.load reads only" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_format_mirrors_load_format(tmp_path):
+    tree = {"w": np.arange(40, dtype=np.float32), "b": np.ones(40, np.float32)}
+    tc.save(tmp_path / "checkpoint_100", tree, format="safetensors")  # a name without a suffix
+    assert tc.is_tree_equal(tc.load(tmp_path / "checkpoint_100", tree, format="safetensors"), tree)
+    index = tmp_path / "model.safetensors.index.json"
+    tc.save(index, tree, format="sharded", max_shard_size="200B")
+    assert tc.is_tree_equal(tc.load(index, tree, format="sharded"), tree)
+    with pytest.raises(ValueError, match="format='sharded' needs max_shard_size="):
+        tc.save(index, tree, format="sharded")
+    with pytest.raises(ValueError, match="format='safetensors' writes one file"):
+        tc.save(tmp_path / "m.safetensors", tree, format="safetensors", max_shard_size="1GB")
 
 
 @pytest.mark.parametrize(

@@ -293,6 +293,7 @@ def save(
     max_shard_size: int | str | None = None,
     rules: object = None,
     metadata: Mapping[str, str] | None = None,
+    format: Literal["safetensors", "sharded"] | None = None,
 ) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
 
@@ -340,6 +341,10 @@ def save(
     - `metadata`: strings to write in the file's header (`__metadata__`; with
       `max_shard_size`, the index's `metadata` and every shard's header), such as
       `{"format": "pt"}`, which PyTorch-side tools look for.
+    - `format`: the format to write, as `load`'s `format=` names it: `"safetensors"`
+      (one file) or `"sharded"` (with `max_shard_size`); by default told by
+      `max_shard_size`. A format `load` reads only (`"npz"`, `"flax"`, `"equinox"`) is an
+      error before anything is written.
 
     In a run of several processes (`jax.distributed`), every process must call
     `save` with the same path and a tree of the same structure: process 0 alone writes
@@ -401,7 +406,7 @@ def save(
     path = os.fspath(path)
     try:
         extra = _metadata(metadata)
-        writer = writer_for(path, max_shard_size)
+        writer = writer_for(path, max_shard_size, format)
         if rules is not None:
             tensors, header_metadata = _export_plan(tree, rules, writer), extra
             # what the writers learn of each tensor besides its bytes (no value to gather)

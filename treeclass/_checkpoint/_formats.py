@@ -186,8 +186,8 @@ TABLE = (
     Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _equinox),
     Format("flax", (".msgpack",), lambda head, size: _is_msgpack_map(head), _reader(FlaxFile)),
 )
-FORMATS = ("safetensors", "sharded", "npz", "flax", "equinox")  # as messages list them
 _BY_NAME = {row.name: row for row in TABLE}
+FORMATS = tuple(_BY_NAME)  # as messages list them
 
 
 def _sniff(path: str) -> Format:
@@ -215,11 +215,32 @@ def open_source(path: str, like: object, format: str | None = None) -> Checkpoin
     return (_BY_NAME[format] if format is not None else _sniff(path)).open(path, like)
 
 
-def writer_for(path: str, max_shard_size: object = None) -> CheckpointWriter:
-    """The writer `tc.save` writes `path` with: sharded safetensors with a shard limit,
-    else one safetensors file. A name that ends like another format (or like a sharded
-    index, without a shard limit) is refused: what it wrote could not be loaded back by
-    that name."""
+_SAVE_FORMATS = ", ".join(repr(row.name) for row in TABLE if row.save is not None)
+_BAD_SAVE_FORMAT = (
+    "tc.save's format= takes one of {writes} (or None: tell by the name and max_shard_size); "
+    "got {format!r}{why}"
+)
+_SHARDED_ONLY = (
+    "format={format!r} {does}: give both or neither, "
+    "tc.save(path, tree, format='sharded', max_shard_size='5GB')"
+)
+
+
+def writer_for(
+    path: str, max_shard_size: object = None, format: str | None = None
+) -> CheckpointWriter:
+    """The writer `tc.save` writes `path` with: the `format` given (a format with a
+    writer), else sharded safetensors with a shard limit, else one safetensors file. A
+    name that ends like another format (or like a sharded index, without a shard limit)
+    is refused: what it wrote could not be loaded back by that name."""
+    if format is not None:
+        row = _BY_NAME.get(format) if isinstance(format, str) else None
+        if row is None or row.save is None:
+            why = f": {format} is a format tc.load reads only" if row is not None else ""
+            raise ValueError(_BAD_SAVE_FORMAT.format(writes=_SAVE_FORMATS, format=format, why=why))
+        if (format == "sharded") != (max_shard_size is not None):
+            does = "needs max_shard_size=" if format == "sharded" else "writes one file"
+            raise ValueError(_SHARDED_ONLY.format(format=format, does=does))
     row = next((row for row in TABLE if path.lower().endswith(row.suffixes)), None)
     if row is not None and row.save is None:
         single = os.path.splitext(path)[0] + ".safetensors"
