@@ -147,13 +147,13 @@ class Fixes:
                 key = (tuple(entry.value.shape), dtype_name(entry.value))
                 alone.setdefault(key, ([], []))[0].append((where, entry))
         for name in checker.unused:
-            theirs = self.source.stored(name)
-            if name not in partnered and theirs is not None and theirs.category == TENSOR:
-                key = (tuple(theirs.shape), theirs.dtype)
+            stored = self.source.stored(name)
+            if name not in partnered and stored is not None and stored.category == TENSOR:
+                key = (tuple(stored.shape), stored.dtype)
                 alone.setdefault(key, ([], []))[1].append(name)
-        for mine, theirs in alone.values():
-            if len(mine) == 1 and len(theirs) == 1:
-                (where, entry), name = mine[0], theirs[0]
+        for mine, names in alone.values():
+            if len(mine) == 1 and len(names) == 1:
+                (where, entry), name = mine[0], names[0]
                 renames[_rule_between(name, entry.name)] = None
                 partnered.add(name)
                 paired.add(entry.name)

@@ -330,18 +330,21 @@ class RuledCatalog:
                 self._slot_of[name] = in_stack
                 break
         for name, mapped in list(self.mapped.items()):
-            stack = next((s for s in self.stacks if s.per_layer(name)), None)
+            if mapped.rule is None or not self.stacks:
+                continue
+            whole = next((s for s in self.stacks if s.slots(name) is not None), None)
+            named = whole.per_layer(name) if whole is not None else None
             if (
-                stack is not None
-                and mapped.rule is not None
-                and any(rules[n] is mapped.rule for n in layer_rules(rules, stack, name))
+                whole is not None
+                and named
+                and any(rules[n] is mapped.rule for n in layer_rules(rules, whole, name))
             ):
                 # what export would write by layers, load does not read as one tensor
                 del self.mapped[name]
                 self.problems.append(
                     f"layout      key rule {mapped.rule.text()} reads {list(mapped.sources)} "
                     f"in {self.label} as the whole stack {name!r}, but the rule names that "
-                    f"stack's layers ({stack.per_layer(name)[0]!r}, ...): a capture stands "
+                    f"stack's layers ({named[0]!r}, ...): a capture stands "
                     "where the layer index belongs. The file holds the stack under one "
                     "name; name each layer in it, or add a rule for the whole stack before"
                 )
