@@ -1119,3 +1119,50 @@ def test_a_folder_with_one_safetensors_file_and_a_pytorch_index_loads_the_file(t
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     restored = tc.load(tmp_path, {"w": jnp.zeros(2)})
     np.testing.assert_array_equal(restored["w"], [0.0, 1.0])
+
+
+def test_a_registered_format_is_read_by_name_by_suffix_and_by_format(tmp_path, monkeypatch):
+    # a format is one module: a reader satisfying the source protocol, and its row
+    from treeclass._checkpoint import _source
+    from treeclass._checkpoint._source import FileSource, Format, TensorInfo
+
+    class JsonArrays(FileSource):
+        format = "json-arrays"
+
+        def __init__(self, file, location):
+            super().__init__(file, location)
+            self.arrays = {k: np.asarray(v, np.float32) for k, v in json.load(file).items()}
+
+        def keys(self):
+            return list(self.arrays)
+
+        def info(self, key):
+            a = self.arrays[key]
+            return TensorInfo(a.dtype.name, a.shape, a.nbytes)
+
+        def read(self, key):
+            return self.arrays[key]
+
+        def read_range(self, key, start, stop):
+            return self.arrays[key].reshape(-1).view(np.uint8)[start:stop]
+
+    monkeypatch.setattr(_source, "_REGISTERED", dict(_source._REGISTERED))  # (undone after)
+    row = Format(
+        "json-arrays",
+        (".arrays.json",),
+        lambda head, size: head[:2] == b'{"',
+        lambda path, like: JsonArrays(open(path, "rb"), path),
+    )
+    _source.register_format(row)
+    path = tmp_path / "w.arrays.json"
+    path.write_text(json.dumps({"w": [1.0, 2.0]}))
+    assert tc.load(path, {"w": jnp.zeros(2)})["w"].tolist() == [1.0, 2.0]
+    assert tc.load(path, {"w": jnp.zeros(2)}, format="json-arrays")["w"].tolist() == [1.0, 2.0]
+    (tmp_path / "w.txt").write_text(json.dumps({"w": [3.0, 4.0]}))  # told by its first bytes
+    assert tc.load(tmp_path / "w.txt", {"w": jnp.zeros(2)})["w"].tolist() == [3.0, 4.0]
+    with pytest.raises(ValueError, match="format= takes one of 'safetensors', 'sharded'"):
+        tc.save(tmp_path / "out", {"w": jnp.ones(2)}, format="json-arrays")  # it has no writer
+    with pytest.raises(ValueError, match="named 'json-arrays' is registered already"):
+        _source.register_format(row)
+    with pytest.raises(ValueError, match=r"claims '\.npz', which names the 'npz' format"):
+        _source.register_format(row._replace(name="other", suffixes=(".npz",)))

@@ -42,7 +42,7 @@ from ._files import create_sized, discard, open_for_reading, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._safetensors import SafetensorsFile, can_store, header_bytes
-from ._source import FileSource, OutTensor, SharedWrite, TensorInfo
+from ._source import FileSource, Format, OutTensor, SharedWrite, TensorInfo, register_format
 
 __all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
 
@@ -321,3 +321,13 @@ class _ShardedWrite(SharedWrite):
     def abort(self, state: dict[str, Any]) -> None:
         for temp, _ in state["files"]:
             discard(temp)
+
+
+def _open_index(path: str, like: object) -> ShardedSafetensors:
+    return ShardedSafetensors(path)
+
+
+# an index is told by its name alone (its JSON could be anything's)
+register_format(
+    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _open_index, ShardedSave)
+)
