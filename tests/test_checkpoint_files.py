@@ -457,12 +457,12 @@ class _FailingReads:
 
 
 def test_an_io_error_inside_a_tensor_names_the_file_and_the_key_path(tmp_path, monkeypatch):
-    from treeclass._checkpoint import _formats
+    from treeclass._checkpoint import _files
 
     path = tmp_path / "m.safetensors"
     tc.save(path, {"layers": [{"w": jnp.ones(3)}]})
-    opened = _formats.open_for_reading
-    monkeypatch.setattr(_formats, "open_for_reading", lambda p: _FailingReads(opened(p)))
+    opened = _files.open_for_reading
+    monkeypatch.setattr(_files, "open_for_reading", lambda p: _FailingReads(opened(p)))
     monkeypatch.delattr(os, "preadv", raising=False)  # read through the file object
     with pytest.raises(OSError) as info:
         tc.load(path, {"layers": [{"w": jnp.zeros(3)}]})

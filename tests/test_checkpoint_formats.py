@@ -693,14 +693,27 @@ def test_an_unknown_format_or_file_is_an_error_listing_the_formats(tmp_path):
         tc.load(path, {"w": np.zeros(2)}, format="torch")
 
 
-@pytest.mark.parametrize("format", ["npz", "flax", "equinox"])
-def test_save_refuses_a_format_only_load_reads(tmp_path, format):
-    # tc.save writes safetensors (sharded ones with max_shard_size) and takes no format=:
-    # naming a format only tc.load reads is an error before anything is written
+@pytest.mark.parametrize("format", ["npz", "flax", "equinox", "torch", 3])
+def test_save_refuses_a_format_it_does_not_write_before_writing(tmp_path, format):
     path = tmp_path / "m.out"
-    with pytest.raises(TypeError, match="unexpected keyword argument 'format'"):
+    with pytest.raises(ValueError, match=r"format= takes one of 'safetensors', 'sharded'") as info:
         tc.save(path, {"w": np.ones(2)}, format=format)
-    assert not path.exists()
+    if format in ("npz", "flax", "equinox"):
+        assert f"{format} is a format tc.load reads only" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_format_mirrors_load_format(tmp_path):
+    tree = {"w": np.arange(40, dtype=np.float32), "b": np.ones(40, np.float32)}
+    tc.save(tmp_path / "checkpoint_100", tree, format="safetensors")  # a name without a suffix
+    assert tc.is_tree_equal(tc.load(tmp_path / "checkpoint_100", tree, format="safetensors"), tree)
+    index = tmp_path / "model.safetensors.index.json"
+    tc.save(index, tree, format="sharded", max_shard_size="200B")
+    assert tc.is_tree_equal(tc.load(index, tree, format="sharded"), tree)
+    with pytest.raises(ValueError, match="format='sharded' needs max_shard_size="):
+        tc.save(index, tree, format="sharded")
+    with pytest.raises(ValueError, match="format='safetensors' writes one file"):
+        tc.save(tmp_path / "m.safetensors", tree, format="safetensors", max_shard_size="1GB")
 
 
 @pytest.mark.parametrize(
@@ -1106,3 +1119,50 @@ def test_a_folder_with_one_safetensors_file_and_a_pytorch_index_loads_the_file(t
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     restored = tc.load(tmp_path, {"w": jnp.zeros(2)})
     np.testing.assert_array_equal(restored["w"], [0.0, 1.0])
+
+
+def test_a_registered_format_is_read_by_name_by_suffix_and_by_format(tmp_path, monkeypatch):
+    # a format is one module: a reader satisfying the source protocol, and its row
+    from treeclass._checkpoint import _source
+    from treeclass._checkpoint._source import FileSource, Format, TensorInfo
+
+    class JsonArrays(FileSource):
+        format = "json-arrays"
+
+        def __init__(self, file, location):
+            super().__init__(file, location)
+            self.arrays = {k: np.asarray(v, np.float32) for k, v in json.load(file).items()}
+
+        def keys(self):
+            return list(self.arrays)
+
+        def info(self, key):
+            a = self.arrays[key]
+            return TensorInfo(a.dtype.name, a.shape, a.nbytes)
+
+        def read(self, key):
+            return self.arrays[key]
+
+        def read_range(self, key, start, stop):
+            return self.arrays[key].reshape(-1).view(np.uint8)[start:stop]
+
+    monkeypatch.setattr(_source, "_REGISTERED", dict(_source._REGISTERED))  # (undone after)
+    row = Format(
+        "json-arrays",
+        (".arrays.json",),
+        lambda head, size: head[:2] == b'{"',
+        lambda path, like: JsonArrays(open(path, "rb"), path),
+    )
+    _source.register_format(row)
+    path = tmp_path / "w.arrays.json"
+    path.write_text(json.dumps({"w": [1.0, 2.0]}))
+    assert tc.load(path, {"w": jnp.zeros(2)})["w"].tolist() == [1.0, 2.0]
+    assert tc.load(path, {"w": jnp.zeros(2)}, format="json-arrays")["w"].tolist() == [1.0, 2.0]
+    (tmp_path / "w.txt").write_text(json.dumps({"w": [3.0, 4.0]}))  # told by its first bytes
+    assert tc.load(tmp_path / "w.txt", {"w": jnp.zeros(2)})["w"].tolist() == [3.0, 4.0]
+    with pytest.raises(ValueError, match="format= takes one of 'safetensors', 'sharded'"):
+        tc.save(tmp_path / "out", {"w": jnp.ones(2)}, format="json-arrays")  # it has no writer
+    with pytest.raises(ValueError, match="named 'json-arrays' is registered already"):
+        _source.register_format(row)
+    with pytest.raises(ValueError, match=r"claims '\.npz', which names the 'npz' format"):
+        _source.register_format(row._replace(name="other", suffixes=(".npz",)))

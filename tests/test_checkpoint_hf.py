@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import treeclass as tc
@@ -454,6 +455,8 @@ def test_export_through_the_same_rules_gives_the_transformers_file_back(
     model = tc.load(folder / "model.safetensors", make(config), rules=rules)
     tc.save(tmp_path / "model.safetensors", model, rules=rules, metadata={"format": "pt"})
     written = load_file(tmp_path / "model.safetensors")
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        assert f.metadata() == {"format": "pt"}  # where transformers reads it
     assert sorted(written) == sorted(original)  # GPT-2's tied lm_head stays out, as HF writes it
     for key, array in original.items():
         assert (written[key].dtype, written[key].shape) == (array.dtype, array.shape), key
@@ -540,3 +543,49 @@ def test_the_checkpoints_guide_shows_the_tables_these_tests_run(name):
     assert any(definition in block for block in blocks), (
         f"docs/guides/checkpoints.md should show `{name}` exactly as {__name__} defines it"
     )
+
+
+# -- what a load without rules suggests, on the files transformers writes ----------------------
+
+
+def _suggested(message):
+    """Every key rule a refusal suggests, as rules (`lambda` text run)."""
+    found = []
+    for table in re.findall(r"rules=(\[.*?\)\])", message):
+        found += eval(table, {"jnp": jnp})  # the text is the library's own suggestion
+    return found
+
+
+def test_a_stacked_llama_loaded_without_rules_is_suggested_rules_that_load_it_right():
+    folder = FIXTURES / "hf_llama"
+    config = json.loads((folder / "config.json").read_text())
+    with pytest.raises(ValueError) as info:
+        tc.load(folder / "model.safetensors", _stacked_llama(config))
+    message = str(info.value)
+    assert 'missing="keep"' not in message and 'unexpected="ignore"' not in message
+    rules = _suggested(message)
+    assert ("model.layers.{i}.self_attn.q_proj.weight", "layers[{i}].q") in [r[:2] for r in rules]
+    model = tc.load(folder / "model.safetensors", _stacked_llama(config), rules=rules)
+    ours, expected = _outputs("llama", model)
+    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bert_file_without_rules_pairs_only_tensors_that_fit_and_no_table_as_a_stack():
+    folder = FIXTURES / "hf_bert"
+    config = json.loads((folder / "config.json").read_text())
+    template = bert_template(config)
+    with pytest.raises(ValueError) as info:
+        tc.load(folder / "model.safetensors", template)
+    message = str(info.value)
+    assert "a stack of" not in message  # the 2-row token-type table is no stack
+    file = load_file(folder / "model.safetensors")
+    shapes = tc.state_dict(template, rules=[])
+    rules = _suggested(message)
+    assert ("embeddings.token_type_embeddings.weight", "token_type.weight") in rules
+    for source, target, *_ in rules:
+        for i in range(config["num_hidden_layers"]):
+            name, path = source.replace("{i}", str(i)), target.replace("{i}", str(i))
+            assert file[name].shape == shapes[path].shape, (source, target)
+        assert ("LayerNorm" in source) == ("norm" in target), (source, target)
+    # what no rule fits is loosened, with the count it leaves unrestored
+    assert re.search(r'missing="keep"\) \(\d+ leaves left unrestored\)', message)

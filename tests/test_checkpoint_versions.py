@@ -376,7 +376,8 @@ def test_a_strict_load_lists_what_the_migrations_left_unmatched(tmp_path):
         tc.load(path, template)
     assert "missing     Linear.bias: no 'bias' in the file" in str(info.value)
     assert "unexpected  'b'" in str(info.value)
-    restored, report = tc.load(path, template, strict=False)
+    with pytest.warns(UserWarning, match=r"rules=\[\('b', 'bias'\)\]"):  # the one f32[2] each
+        restored, report = tc.load(path, template, strict=False)
     assert report.missing == ("Linear.bias",) and report.unexpected == ("b",)
     assert report.restored == ("Linear.weight",) and restored.weight.tolist() == [1.0, 1.0]
     assert report.migrations == ("Linear 0 -> 1 (rules) at the root",)

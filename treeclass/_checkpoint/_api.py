@@ -124,8 +124,8 @@ def state_dict(tree: PyTree, *, rules: object = None) -> dict:
 
     **Raises**
 
-    With `rules`, `ValueError` naming the rule that cannot be run backwards, or the
-    key paths of tied weights that differ.
+    With `rules`, `ValueError` naming the rule the plan cannot run backwards and why
+    (see `save`), or the key paths of tied weights that differ.
 
     ```python
     import jax.numpy as jnp
@@ -293,6 +293,7 @@ def save(
     max_shard_size: int | str | None = None,
     rules: object = None,
     metadata: Mapping[str, str] | None = None,
+    format: Literal["safetensors", "sharded"] | None = None,
 ) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
 
@@ -322,20 +323,28 @@ def save(
       no longer names are removed. `load` of the index restores exactly what `load` of
       a single file does.
     - `rules`: write another library's layout instead: the key rules that load it (as
-      `load` takes them), run backwards. Each rule's targets are found among the
-      tree's key paths (a `tc.Stacked` or `tc.Periodic` leaf no rule takes whole, by
-      its layers' names: `blocks[{i}].attn.q` writes one tensor per layer), and its
-      sources are computed from them: renamed; by the rule's inverse, given as a
-      fourth element `(source, target, transform, inverse)`; or, for a transform that
-      only moves elements (a transpose, reshape, split or concatenation), by the
-      inverse found by running it on labels. A source a rule gives twice (tied
-      weights, `lambda w: (w, w.T)`), or two rules give, is written once, and must be
-      equal in both. Names no rule matches keep their own; strings, static fields and
-      functions are not written (the file is another library's: no treeclass
-      metadata). Tensors are written in natural order of their names.
+      `load` takes them), compiled against `tree` into one plan and run backwards.
+      Each rule's targets are found among the tree's key paths (a `tc.Stacked` or
+      `tc.Periodic` leaf by its layers' names, `blocks[{i}].attn.q` writing one tensor
+      per layer, unless an earlier rule names the stacked leaf itself), and its sources
+      are computed from them: renamed; by the rule's inverse, given as a fourth element
+      `(source, target, transform, inverse)`; or, for a transform that only moves
+      elements (a transpose, reshape, split or concatenation), by the inverse found by
+      running it on labels. A source a rule gives twice (tied weights, `lambda w: (w,
+      w.T)`) is written once, and must be equal in both. Names no rule matches keep
+      their own; strings, static fields and functions are not written (the file is
+      another library's: no treeclass metadata). Tensors are written in natural order
+      of their names. Before anything is computed, the plan refuses, naming the rule:
+      a transform with no inverse that does more than move elements, a name two rules'
+      targets give, a target that lacks a capture its source uses, and a name that
+      `load` with the same rules would read through another rule or captures.
     - `metadata`: strings to write in the file's header (`__metadata__`; with
-      `max_shard_size`, the index's `metadata`), such as `{"format": "pt"}`, which
-      PyTorch-side tools look for.
+      `max_shard_size`, the index's `metadata` and every shard's header), such as
+      `{"format": "pt"}`, which PyTorch-side tools look for.
+    - `format`: the format to write, as `load`'s `format=` names it: `"safetensors"`
+      (one file) or `"sharded"` (with `max_shard_size`); by default told by
+      `max_shard_size`. A format `load` reads only (`"npz"`, `"flax"`, `"equinox"`) is an
+      error before anything is written.
 
     In a run of several processes (`jax.distributed`), every process must call
     `save` with the same path and a tree of the same structure: process 0 alone writes
@@ -356,8 +365,8 @@ def save(
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
     the same name, or (on several processes) calls that do not match; with `rules`, a
-    rule that cannot be run backwards (named), tied weights that differ, or a run of
-    several processes (export from one process); the file is untouched.
+    rule the plan cannot run backwards (named, with why), tied weights that differ, or
+    a run of several processes (export from one process); the file is untouched.
     `TimeoutError` when some processes do not call it.
 
     ```python
@@ -397,7 +406,7 @@ def save(
     path = os.fspath(path)
     try:
         extra = _metadata(metadata)
-        writer = writer_for(path, max_shard_size)
+        writer = writer_for(path, max_shard_size, format)
         if rules is not None:
             tensors, header_metadata = _export_plan(tree, rules, writer), extra
             # what the writers learn of each tensor besides its bytes (no value to gather)

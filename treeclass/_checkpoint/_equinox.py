@@ -14,11 +14,12 @@ We parse the records ourselves (`_npz.read_npy_header`); equinox is not imported
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .._values import array_type
+from .._values import array_type, path_str
+from ._files import file_reader
 from ._npz import (
     NpyHeader,
     NpyRecords,
@@ -29,7 +30,8 @@ from ._npz import (
     read_npy_header,
     refuses,
 )
-from ._source import WholeTensorCache
+from ._source import Format, WholeTensorCache, dtype_name, register_format
+from ._walk import NUMBER, STATIC, TENSOR, entries
 
 __all__ = ["Slot", "EquinoxFile"]
 
@@ -126,3 +128,24 @@ class EquinoxFile(NpyRecords):
         if ranges_read_directly(header):
             return self._bytes(key, start, stop)
         return self._whole(key, start, stop)
+
+
+def _slots(like: Any) -> list[Slot]:
+    """The template's leaves an equinox file holds, in order: arrays and numbers."""
+    return [
+        Slot(
+            entry.name,
+            path_str(like, entry.path),
+            tuple(getattr(entry.value, "shape", ())),
+            dtype_name(entry.value) if entry.category == TENSOR else None,
+        )
+        for entry in entries(like, "tc.load", "tc.load(path, value)")
+        if entry.kind != STATIC and entry.category in (TENSOR, NUMBER)
+    ]
+
+
+def _open(path: str, like: object) -> EquinoxFile:
+    return file_reader(lambda file, path: EquinoxFile(file, path, _slots(like)))(path, like)
+
+
+register_format(Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _open))

@@ -1,9 +1,10 @@
 """Export: a tree's data under another library's names, through the key rules that load it.
 
 A rule table maps a checkpoint's names to a model's key paths (`_rules`); export runs it
-backwards. Each rule's targets are matched against the model's names (a stacked leaf
-also by its layers' names, `blocks.3.attn.q`, when no rule takes it whole), the captures
-fill the rule's sources, and the sources are computed from the targets:
+backwards, through the plan that binds the model's arrays to the file's names (`_plan`:
+which rule gives each array, with which captures; a stacked leaf by its layers' names,
+`blocks.3.attn.q`, unless a rule takes it whole). The sources are computed from the
+targets:
 
 - a rule without a transform renames;
 - a rule with an explicit inverse (its fourth element) runs it;
@@ -17,8 +18,7 @@ fill the rule's sources, and the sources are computed from the targets:
   targets joined along an axis, ...), for which the transform gives the targets' shapes;
   when none or several do, the error names the rule and asks for its inverse.
 
-Names no rule matches keep their own. Two rules giving one name write it once, if both
-give the same bytes.
+Names no rule matches keep their own.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -34,11 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._values import is_prng_key, path_str
-from ._rules import Rule, fill, in_file_dtypes, results_of
+from .._values import is_prng_key
+from ._plan import Group, Plan, Target
+from ._rules import Rule, in_file_dtypes, results_of
 from ._source import dtype_name
-from ._stacks import stacks_of
-from ._walk import NUMBER, STATIC, TENSOR, entries, is_abstract
 
 __all__ = ["ForeignTensor", "export"]
 
@@ -50,61 +48,6 @@ class ForeignTensor(NamedTuple):
     dtype: np.dtype
     shape: tuple
     compute: Callable[[], np.ndarray]
-
-
-class _Target(NamedTuple):
-    """A model array an export reads: its name, key path (for messages) and value."""
-
-    name: str
-    where: str
-    get: Callable[[], Any]
-    shape: tuple
-    dtype: Any
-
-
-def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[_Target]:
-    """The tree's data by name; a stacked leaf no rule takes whole, by its layers."""
-    found = entries(tree, action, f"{action}(path, value, rules=rules)")
-    stacks = stacks_of(tree)
-    whole = [regex for rule in rules for regex in rule.target_regexes]
-    out = []
-    for entry in found:
-        if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
-            continue  # strings, functions, static fields: no foreign layout holds them
-        where = path_str(tree, entry.path)
-        value: Any = entry.value  # (a number's becomes an array below)
-        if is_abstract(value):
-            raise ValueError(
-                f"{where} is {value!r}, an abstract value: an export writes data; load or "
-                "build the model first"
-            )
-        if is_prng_key(value) and not any(r.fullmatch(entry.name) for r in whole):
-            raise ValueError(
-                f"{where} is a PRNG key array, which other libraries' layouts have no dtype "
-                "for: export its key data with a rule carrying both directions, (name, "
-                f"{entry.name!r}, jax.random.wrap_key_data, jax.random.key_data)"
-            )
-        if entry.category == NUMBER:
-            value = np.asarray(value)
-        layers = None
-        if entry.category == TENSOR and not any(r.fullmatch(entry.name) for r in whole):
-            layers = next(
-                (s.per_layer(entry.name) for s in stacks if s.per_layer(entry.name)), None
-            )
-        if layers is None:
-            get = functools.partial(_same, value)
-            out.append(_Target(entry.name, where, get, tuple(value.shape), value.dtype))
-            continue
-        for slot, name in enumerate(layers):  # a stacked leaf: one target per layer
-            get = functools.partial(operator.getitem, value, slot)
-            out.append(_Target(name, f"{where}[{slot}]", get, tuple(value.shape[1:]), value.dtype))
-    return out
-
-
-class _Group(NamedTuple):
-    rule: Rule
-    captures: dict[str, str]
-    targets: dict[int, _Target]  # by the rule's target position
 
 
 class _Gather(NamedTuple):
@@ -217,80 +160,26 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
 class Exporter:
     """A rule table run backwards over one tree (see the module's docstring)."""
 
-    def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
-        self.action = action
+    def __init__(self, plan: Plan) -> None:
+        self.action = plan.action
         self._gathers: dict[tuple, _Gather | _Chain] = {}
-        targets = _targets(tree, rules, action)
-        groups: dict[tuple, _Group] = {}
-        own: list[_Target] = []
-        for target in targets:
-            hits = [
-                (number, k, match)
-                for number, rule in enumerate(rules)
-                for k, regex in enumerate(rule.target_regexes)
-                if (match := regex.fullmatch(target.name)) is not None
-            ]
-            if not hits:
-                own.append(target)
-                continue
-            if len({number for number, _, _ in hits}) > 1:
-                shown = " and ".join(rules[number].text() for number, _, _ in hits[:2])
-                raise ValueError(
-                    f"{action}: {target.where} (named {target.name!r}) is a target of key "
-                    f"rules {shown}, so export cannot tell which source to write it to. "
-                    "Tell the rules apart, by the values a capture takes where they differ "
-                    "(`'layers.{i}.self_attn.{n:q|k|v|o}_proj.weight'`)"
-                )
-            number, position, match = hits[0]
-            rule = rules[number]
-            captured = match.groupdict()
-            lacking = [c for c in rule.captures if c not in captured]
-            if lacking:
-                raise ValueError(
-                    f"{action}: key rule {rule.text()} cannot be run backwards: its "
-                    f"target {rule.targets[position]!r} does not capture {lacking}, "
-                    "which its sources use"
-                )
-            values = {c: captured[c] for c in rule.captures}
-            key = (number, tuple(values[c] for c in rule.captures))
-            group = groups.setdefault(key, _Group(rule, values, {}))
-            group.targets[position] = target
         # what each name of the export is computed from: (group or own target, position)
-        self.plan: dict[str, list[tuple[Any, int]]] = {}
+        self.sources: dict[str, tuple[Any, int]] = {}
         self.layout: dict[str, tuple[np.dtype, tuple]] = {}
-        for group in groups.values():
-            rule = group.rule
-            if len(group.targets) < len(rule.targets):
-                have = [group.targets[k].where for k in sorted(group.targets)]
-                lack = [
-                    fill(t, group.captures)
-                    for k, t in enumerate(rule.targets)
-                    if k not in group.targets
-                ]
-                raise ValueError(
-                    f"{action}: key rule {rule.text()} writes "
-                    f"{[fill(s, group.captures) for s in rule.sources]} from all its "
-                    f"targets; the model has {have} but not {lack}"
-                )
+        for group in plan.groups.values():
             layouts = self._layouts(group)
-            for position, (source, layout) in enumerate(zip(rule.sources, layouts)):
-                self._add(fill(source, group.captures), group, position, layout)
-        for target in own:
+            for position, (source, layout) in enumerate(zip(group.sources(), layouts)):
+                self._add(source, group, position, layout)
+        for target in plan.own:
             self._add(target.name, target, 0, (np.dtype(target.dtype), target.shape))
         self._cached: tuple[Any, list[np.ndarray]] | None = None
 
     def _add(self, name: str, origin: Any, position: int, layout: tuple) -> None:
-        known = self.layout.setdefault(name, layout)
-        if known != layout:
-            first = self.plan[name][0]
-            raise ValueError(
-                f"{self.action}: {_origin_text(first[0])} and {_origin_text(origin)} both "
-                f"write {name!r}, as {_layout_text(known)} and {_layout_text(layout)}; a "
-                "name is one tensor"
-            )
-        self.plan.setdefault(name, []).append((origin, position))
+        # (one origin per name: the plan refuses a name load would not read back as written)
+        self.layout[name] = layout
+        self.sources[name] = (origin, position)
 
-    def _layouts(self, group: _Group) -> list[tuple[np.dtype, tuple]]:
+    def _layouts(self, group: Group) -> list[tuple[np.dtype, tuple]]:
         """The dtype and shape of each source of `group`'s rule."""
         rule = group.rule
         targets = [group.targets[k] for k in range(len(rule.targets))]
@@ -380,31 +269,22 @@ class Exporter:
         """The export's tensors, in natural order of their names (layer 2 before 10)."""
         return [
             ForeignTensor(name, *self.layout[name], functools.partial(self.compute, name))
-            for name in sorted(self.plan, key=_natural)
+            for name in sorted(self.sources, key=_natural)
         ]
 
     def compute(self, name: str) -> np.ndarray:
-        """The tensor `name` (every rule that writes it agreeing byte for byte)."""
-        values = [self._value(origin, position) for origin, position in self.plan[name]]
-        first = values[0]
-        for (origin, _), other in zip(self.plan[name][1:], values[1:]):
-            if first.tobytes() != other.tobytes():
-                raise ValueError(
-                    f"{self.action}: {_origin_text(self.plan[name][0][0])} and "
-                    f"{_origin_text(origin)} both write {name!r}, with different values; "
-                    "tied weights are written once, so they must be equal"
-                )
-        return first
+        """The tensor `name`."""
+        return self._value(*self.sources[name])
 
     def _value(self, origin: Any, position: int) -> np.ndarray:
-        if isinstance(origin, _Target):
+        if isinstance(origin, Target):
             return np.asarray(origin.get())
         if self._cached is None or self._cached[0] is not origin:
             self._cached = None  # one group's sources on the host at a time
             self._cached = (origin, self._run(origin))
         return self._cached[1][position]
 
-    def _run(self, group: _Group) -> list[np.ndarray]:
+    def _run(self, group: Group) -> list[np.ndarray]:
         rule = group.rule
         arrays = [_host(group.targets[k].get()) for k in range(len(rule.targets))]
         if rule.transform is None:
@@ -412,7 +292,7 @@ class Exporter:
         if rule.inverse is not None:
             what, found = self._inverse(rule, lambda f, *a: f(*a), arrays)
             results = [np.asarray(r) for r in found]
-            names = [fill(s, group.captures) for s in rule.sources]
+            names = group.sources()
             for name, value in zip(names, results):
                 if (value.dtype, value.shape) != self.layout[name]:
                     raise ValueError(
@@ -497,10 +377,6 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
     return _Gather(tuple(tuple(s) for s in shapes), tuple(index), again, before)
 
 
-def _same(value: Any) -> Any:
-    return value
-
-
 def _host(value: Any) -> Any:
     """A target's value on the host (a PRNG key array stays as it is: its inverse, such
     as `jax.random.key_data`, makes its data)."""
@@ -511,12 +387,6 @@ def _natural(name: str) -> list[tuple[int, Any]]:
     return [(0, int(p)) if p.isdigit() else (1, p) for p in name.split(".")]
 
 
-def _origin_text(origin: Any) -> str:
-    if isinstance(origin, _Target):
-        return f"{origin.where} (under its own name)"
-    return f"key rule {origin.rule.text()}"
-
-
 def _layout_text(layout: tuple) -> str:
     dtype, shape = layout
     return f"{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
@@ -525,4 +395,4 @@ def _layout_text(layout: tuple) -> str:
 def export(tree: Any, rules: Sequence[Rule], action: str) -> list[ForeignTensor]:
     """The tensors of `tree` in the layout `rules` load from, checked before any is
     computed (see the module's docstring)."""
-    return Exporter(tree, rules, action).tensors()
+    return Exporter(Plan(tree, rules, action)).tensors()

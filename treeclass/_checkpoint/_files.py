@@ -21,6 +21,7 @@ __all__ = [
     "write_at",
     "reworded",
     "read_into",
+    "file_reader",
 ]
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -322,3 +323,18 @@ def discard(temp: str) -> None:
     """Remove a temporary file, if it is still there."""
     with contextlib.suppress(OSError):
         os.unlink(temp)
+
+
+def file_reader(make: Callable[[BinaryIO, str], Any]) -> Callable[[str, object], Any]:
+    """A format's reader of one file: `make(file, path)` on the file opened for reading,
+    closed again if `make` fails (a reader that succeeds owns it)."""
+
+    def read(path: str, like: object) -> Any:
+        file = open_for_reading(path)
+        try:
+            return make(file, path)
+        except BaseException:
+            file.close()
+            raise
+
+    return read

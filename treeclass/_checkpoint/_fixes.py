@@ -1,12 +1,19 @@
 """The fixes a failed (or lossy) load suggests, computed from the checker's problems.
 
-A key rule for a renamed path (a migration when the file is treeclass's own), `astype`
-for another dtype, a transpose for a transposed weight, a key rule onto a stack's blocks
-for per-layer tensors in a stacked template, a policy for names only one side has.
+Computed from names, shapes and dtypes together: a template tensor is paired only with a
+file tensor that fits it (the same shape, or a 2-D one transposed; another dtype gets an
+`astype`). A key rule for a renamed path (the closest name that fits, or the one tensor
+of its shape and dtype on each side; a migration when the file is treeclass's own),
+`astype` for another dtype, a transpose for a transposed weight, a key rule onto a
+stack's blocks for per-layer tensors when every slot has a tensor of the block's shape
+(the most similar names first, each file name used once), the index for a lone shard of
+an indexed folder, and a policy (with the count of leaves it leaves unrestored) only for
+what no rule fits.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Iterable, Sequence
@@ -18,7 +25,7 @@ from ._catalog import Catalog
 from ._check import Checker
 from ._report import LoadReport
 from ._source import dtype_name
-from ._stacks import stacks_of
+from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
 
 __all__ = ["Fixes", "listed", "warn_if_less"]
@@ -100,30 +107,59 @@ class Fixes:
         self.fixable: list[str] = []  # paths a suggested fix would restore
         renames: dict[tuple[str, ...], None] = {}
         partnered: set[str] = set()
+        paired: set[str] = set()  # template names a suggested rule fills
         stacked = self._per_layer()
         by_pattern = self._by_pattern()
-        for kind, where, entry, stored in checker.problem_entries:
-            if kind == "missing":
-                if entry.name in stacked:
-                    self.fixable.append(where)
+        missing = [(w, e) for k, w, e, _ in checker.problem_entries if k == "missing"]
+        for where, entry in missing:
+            if entry.name in stacked:
+                self.fixable.append(where)
+                continue
+            for close in (checker.closest(entry.name), by_pattern.get(entry.name)):
+                if close is None or close in partnered:
                     continue
-                close = checker.closest(entry.name) or by_pattern.get(entry.name)
-                if close is not None and close not in partnered:
+                rule = self._rule(entry, close)
+                if rule is not None:
+                    renames[rule] = None
+                    partnered.add(close)
+                    paired.add(entry.name)
                     if entry.kind != STATIC:  # (a static value is compared, not restored)
                         self.fixable.append(where)
-                    partnered.add(close)
-                    rule: tuple[str, ...] = _rule_between(close, entry.name)
-                    theirs = self.source.stored(close)
-                    shape = tuple(getattr(entry.value, "shape", ()))
-                    if (
-                        theirs is not None
-                        and len(shape) == 2
-                        and shape[0] != shape[1]
-                        and tuple(theirs.shape) == shape[::-1]
-                    ):  # a PyTorch-style [out, in] weight for an [in, out] one
-                        rule = (*rule, "lambda w: w.T")
-                    renames[rule] = None
-            elif kind == "dtype" and stored is not None:
+                    break
+        # the one tensor that fits and whose name is related (`embed_tokens` for `embed`)
+        for where, entry in missing:
+            if entry.name in paired or entry.name in stacked or not _is_data(entry):
+                continue
+            found = [
+                (name, rule)
+                for name in checker.unused
+                if name not in partnered and (rule := self._rule(entry, name)) is not None
+            ]
+            if len(found) == 1:
+                renames[found[0][1]] = None
+                partnered.add(found[0][0])
+                paired.add(entry.name)
+                self.fixable.append(where)
+        # the one tensor of a shape and dtype on each side: a rename, whatever the names
+        alone: dict[tuple, tuple[list[tuple[str, Any]], list[str]]] = {}
+        for where, entry in missing:
+            if entry.name not in paired and entry.name not in stacked and _is_data(entry):
+                key = (tuple(entry.value.shape), dtype_name(entry.value))
+                alone.setdefault(key, ([], []))[0].append((where, entry))
+        for name in checker.unused:
+            stored = self.source.stored(name)
+            if name not in partnered and stored is not None and stored.category == TENSOR:
+                key = (tuple(stored.shape), stored.dtype)
+                alone.setdefault(key, ([], []))[1].append(name)
+        for mine, names in alone.values():
+            if len(mine) == 1 and len(names) == 1:
+                (where, entry), name = mine[0], names[0]
+                renames[_rule_between(name, entry.name)] = None
+                partnered.add(name)
+                paired.add(entry.name)
+                self.fixable.append(where)
+        for kind, where, entry, stored in checker.problem_entries:
+            if kind == "dtype" and stored is not None:
                 self.fixable.append(where)
                 out.append(
                     f"- {where} is {stored.dtype} in {self.source.label} and "
@@ -150,14 +186,13 @@ class Fixes:
         out.extend(self._renames(list(renames)))
         out.extend(stacked.values())
         out.extend(getattr(self.source, "fixes", ()))  # (a key rule catalog's own)
-        lonely_missing = [
-            e
-            for k, _, e, _ in checker.problem_entries
-            if k == "missing"
-            and e.name not in stacked
-            and checker.closest(e.name) is None
-            and e.name not in by_pattern
-        ]
+        lonely_missing = [e for _, e in missing if e.name not in stacked and e.name not in paired]
+        shard = _index_of(self.source) if missing else None
+        if shard is not None:
+            out.append(
+                f"- {shard[0]} is one shard of the indexed folder whose index is "
+                f"{shard[1]}: load the index, {self.call.replace('path', repr(shard[1]), 1)}"
+            )
         if lonely_missing and self.missing == "error":
             if any(isinstance(e.value, jax.ShapeDtypeStruct) for e in lonely_missing):
                 out.append(
@@ -165,17 +200,42 @@ class Fixes:
                     'concrete arrays and load with missing="keep" to keep them'
                 )
             else:
+                count = len(lonely_missing)
                 out.append(
                     "- to keep the template's values where the checkpoint has none: "
-                    f'{self.call[:-1]}, missing="keep")'
+                    f'{self.call[:-1]}, missing="keep") ({count} '
+                    f"lea{'ves' if count > 1 else 'f'} left unrestored)"
                 )
         lonely_unused = [n for n in checker.unused if n not in partnered]
         if lonely_unused and self.unexpected == "error" and not stacked:
+            count = len(lonely_unused)
             out.append(
                 "- to leave out what the template has no place for: "
-                f'{self.call[:-1]}, unexpected="ignore")'
+                f'{self.call[:-1]}, unexpected="ignore") ({count} '
+                f"tensor{'s' if count > 1 else ''} of {self.source.label} left unread)"
             )
         return out
+
+    def _rule(self, entry: Any, close: str) -> tuple[str, ...] | None:
+        """The key rule reading the file's `close` into the template's `entry`, or None
+        when it cannot fit (a tensor of another shape, a tensor for a value)."""
+        theirs = self.source.stored(close)
+        if not _related(close, entry.name):
+            return None
+        rule: tuple[str, ...] = _rule_between(close, entry.name)
+        if not _is_tensor(entry):
+            return None if theirs is not None and theirs.category == TENSOR else rule
+        if theirs is None or theirs.category != TENSOR:
+            return None
+        shape, dtype = tuple(entry.value.shape), dtype_name(entry.value)
+        steps = []
+        if tuple(theirs.shape) != shape:
+            if len(shape) != 2 or shape[0] == shape[1] or tuple(theirs.shape) != shape[::-1]:
+                return None
+            steps.append(".T")  # a PyTorch-style [out, in] weight for an [in, out] one
+        if theirs.dtype != dtype:
+            steps.append(f".astype(jnp.{dtype})")
+        return (*rule, f"lambda w: w{''.join(steps)}") if steps else rule
 
     def _by_pattern(self) -> dict[str, str]:
         """Missing names paired with unused ones of the same layout of numbers: the
@@ -218,62 +278,132 @@ class Fixes:
 
     def _per_layer(self) -> dict[str, str]:
         """Stacked template paths whose layers the checkpoint holds one by one (`h.0.w`,
-        `h.1.w` for a `[L, ...]` leaf): the key rule mapping them onto the stack's slots,
-        or, for a leaf of no stack, the unstack recipe, by template name."""
+        `h.1.w` for a `[L, ...]` leaf of a stack): the key rule mapping them onto the
+        stack's slots, by template name. A leaf of no stack gets none: its first axis need
+        not be layers (a 2-row token-type table)."""
         groups: dict[str, dict[int, str]] = {}
         for name in self.checker.unused:
             for match in _DIGITS.finditer(name):
                 pattern = name[: match.start()] + "{i}" + name[match.end() :]
                 groups.setdefault(pattern, {})[int(match.group())] = name
-        # by last segment: each template path meets only its own
-        by_last: dict[str, list[tuple[str, dict[int, str]]]] = {}
-        for pattern, members in groups.items():
-            by_last.setdefault(pattern.rsplit(".", 1)[-1], []).append((pattern, members))
         found: dict[str, str] = {}
+        used: set[tuple[str, int]] = set()  # each file name fills one slot
+        parents: dict[str, str] = {}  # a template parent -> the file parent it was read from
+        flipped: dict[StackAt, bool] = {}  # a stack whose file stores 2-D weights [out, in]
+        chosen = []
         stacks = stacks_of(self.like)
         for kind, where, entry, _ in self.checker.problem_entries:
-            if kind != "missing" or entry.category != TENSOR or not entry.value.shape:
+            if kind != "missing" or not _is_tensor(entry) or not entry.value.shape:
+                continue
+            stack = next((s for s in stacks if s.slots(entry.name) is not None), None)
+            if stack is None:  # a leaf of no stack: its first axis need not be layers
                 continue
             rest = tuple(entry.value.shape[1:])
-            stack = next((s for s in stacks if s.slots(entry.name) is not None), None)
-            # the layers the leaf holds: a stack's (every P-th for a periodic pattern), or
-            # 0..L-1 for a `[L, ...]` leaf of no stack
-            slots = stack.slots(entry.name) if stack is not None else None
-            layers = slots[0] if slots is not None else list(range(entry.value.shape[0]))
-            candidates = by_last.get(entry.name.rsplit(".", 1)[-1], [])
-            for pattern, members in candidates[:8]:
-                if stack is None and sorted(members) != layers:
-                    continue  # a plain leaf: its layers are exactly the file's
+            slots = stack.slots(entry.name)
+            assert slots is not None
+            layers, target = slots[0], stack.pattern(entry.name)
+            assert target is not None
+            wanted = target.replace("[{i}]", ".{i}")
+
+            fits = []
+            for pattern, members in groups.items():
+                if any((pattern, i) in used for i in layers) or not _related(pattern, wanted):
+                    continue
                 if not all(i in members for i in layers):
                     continue
-                parts = [self.source.stored(members[i]) for i in layers]
-                if not all(p is not None and tuple(p.shape) == rest for p in parts):
-                    continue
-                shown = (
-                    f"i in 0..{layers[-1]}"
-                    if layers == list(range(len(layers)))
-                    else (
-                        "i in "
-                        + ", ".join(map(str, layers[:4]))
-                        + (", ..." if len(layers) > 4 else "")
-                    )
-                )
-                head = (
-                    f"- {where} is a stack of {len(layers)} layers, and the checkpoint holds "
-                    f"them one by one ({pattern!r} for {shown}): "
-                )
-                if stack is not None:  # a key rule fills the stack's slots in this load
-                    target = stack.pattern(entry.name)
-                    found[entry.name] = (
-                        head + "map each onto its block of the stack with a key rule, "
-                        f"rules=[({pattern!r}, {target!r})]"
-                    )
-                    break
-                per_layer = self.call.replace("model", "tc.unstack_all(model)", 1)
-                found[entry.name] = (
-                    head + "load into the per-layer layout and stack again, model = "
-                    f"tc.restack({per_layer}, model) (with rules= if the per-layer names "
-                    "differ from the template's unstacked key paths)"
-                )
-                break
+                shapes = {getattr(self.source.stored(members[i]), "shape", None) for i in layers}
+                if shapes == {rest}:  # every slot has a tensor of the block's shape
+                    fits.append((pattern, members, ""))
+                elif len(rest) == 2 and rest[0] != rest[1] and shapes == {rest[::-1]}:
+                    fits.append((pattern, members, ".T"))
+            sibling = parents.get(_parent(wanted))
+            fits.sort(key=lambda c: (_parent(c[0]) != sibling, -_similarity(c[0], wanted), c[0]))
+            if not fits:
+                continue
+            if len(fits) > 1 and _parent(fits[0][0]) != sibling:
+                if _similarity(fits[0][0], wanted) == _similarity(fits[1][0], wanted):
+                    continue  # two names fit alike (`attn.c_proj`, `mlp.c_proj`): no guess
+            pattern, members, flip = fits[0]
+            used.update((pattern, i) for i in layers)
+            parents[_parent(wanted)] = _parent(pattern)
+            if flip:
+                flipped[stack] = True
+            chosen.append((where, entry, stack, layers, pattern, target, flip))
+        for where, entry, stack, layers, pattern, target, flip in chosen:
+            rest = tuple(entry.value.shape[1:])
+            if not flip and flipped.get(stack) and len(rest) == 2 and rest[0] == rest[1]:
+                flip = ".T"  # a square weight of a file storing its others [out, in]
+            shown = (
+                f"i in 0..{layers[-1]}"
+                if layers == list(range(len(layers)))
+                else "i in "
+                + ", ".join(map(str, layers[:4]))
+                + (", ..." if len(layers) > 4 else "")
+            )
+            rule = f"({pattern!r}, {target!r}" + (", lambda w: w.T)" if flip else ")")
+            found[entry.name] = (
+                f"- {where} is a stack of {len(layers)} layers, and the checkpoint holds "
+                f"them one by one ({pattern!r} for {shown}): map each onto its block of "
+                f"the stack with a key rule, rules=[{rule}]"
+            )
         return found
+
+
+def _parent(pattern: str) -> str:
+    return pattern.rsplit(".", 1)[0]
+
+
+def _is_tensor(entry: Any) -> bool:
+    return entry.category == TENSOR and hasattr(entry.value, "shape")
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether two names can name one tensor by their words: the parts that tell a leaf
+    from its siblings (the parent's segment when both end alike, `q_proj` in
+    `q_proj.weight`; else the last two segments) share a word, or one word holds another
+    (`norm` in `LayerNorm`). `LayerNorm.bias` and `q_proj.bias` do not."""
+    a_parts, b_parts = a.split("."), b.split(".")
+    if a_parts[-1] == b_parts[-1] and len(a_parts) > 1 and len(b_parts) > 1:
+        if a_parts[-2] == b_parts[-2] or (a_parts[-2].isdigit() and b_parts[-2].isdigit()):
+            return True  # one leaf of one layer (`layers.3.w`, `blocks.3.w`)
+    x = [p for p in a_parts if not p.isdigit()]
+    y = [p for p in b_parts if not p.isdigit()]
+    if len(x) > 1 and len(y) > 1 and x[-1] == y[-1]:
+        x, y = x[-2:-1], y[-2:-1]
+    else:
+        x, y = x[-2:], y[-2:]
+    words = lambda parts: {w.lower() for p in parts for w in re.split(r"[_\W]+", p) if w}  # noqa: E731
+    return any(
+        u == v or (min(len(u), len(v)) > 1 and (u in v or v in u))
+        for u in words(x)
+        for v in words(y)
+    )
+
+
+def _is_data(entry: Any) -> bool:
+    """A tensor a load restores (a static one is compared, never renamed by a guess)."""
+    return _is_tensor(entry) and entry.kind != STATIC
+
+
+def _similarity(a: str, b: str) -> float:
+    """The share of two names in a common prefix and suffix (as `_check`'s closest)."""
+    shared = len(os.path.commonprefix([a, b])) + len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return 2 * min(shared, len(a), len(b)) / (len(a) + len(b) or 1)
+
+
+_SHARD = re.compile(r"^(.*)-\d{5}-of-\d{5}\.safetensors$")
+
+
+def _index_of(source: Any) -> tuple[str, str] | None:
+    """(the shard, its folder's index) when `source` reads one shard of an indexed folder
+    (`model-00001-of-00003.safetensors` beside `model.safetensors.index.json`), else None."""
+    location = getattr(source, "location", None) or getattr(
+        getattr(source, "inner", None), "location", None
+    )
+    if not isinstance(location, str):
+        return None
+    found = _SHARD.match(os.path.basename(location))
+    if found is None:
+        return None
+    index = os.path.join(os.path.dirname(location), f"{found.group(1)}.safetensors.index.json")
+    return (location, index) if os.path.isfile(index) else None

@@ -23,9 +23,16 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ._files import read_into
+from ._files import file_reader, read_into
 from ._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ._source import FileSource, TensorInfo, WholeTensorCache, numpy_dtype
+from ._source import (
+    FileSource,
+    Format,
+    TensorInfo,
+    WholeTensorCache,
+    numpy_dtype,
+    register_format,
+)
 
 __all__ = ["FlaxFile"]
 
@@ -333,3 +340,17 @@ def _number(value: bool | int | float) -> _Array:
     else:
         array = np.asarray(value)
     return _Array(array.dtype, (), (), array)
+
+
+def _is_msgpack_map(head: bytes, size: int) -> bool:
+    """A msgpack map whose first key is a string (flax's keys are), or an empty map."""
+    if not head or not (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+        return False
+    if head[0] == 0x80:
+        return len(head) == 1
+    key = head[{0xDE: 3, 0xDF: 5}.get(head[0], 1) :][:1]
+    return bool(key) and (0xA0 <= key[0] <= 0xBF or key[0] in (0xD9, 0xDA, 0xDB))
+
+
+# the loosest test of a file's first bytes: tried after every other format's
+register_format(Format("flax", (".msgpack",), _is_msgpack_map, file_reader(FlaxFile), loose=True))

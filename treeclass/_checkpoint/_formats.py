@@ -13,6 +13,10 @@ goes to that format's reader, which says what is wrong with the file, if anythin
 other name (`checkpoint_100`, `model.bin`) is told by its first bytes, and one whose
 bytes fit no format is an error listing the formats.
 
+The formats are not listed here: each format's module registers its row
+(`_source.register_format`: name, name endings, first-bytes test, reader, writer) when
+imported, and this module imports them; what follows reads the registered rows.
+
 (¹) A folder's indexes of other libraries' shards (`pytorch_model.bin.index.json`,
 `flax_model.msgpack.index.json`, `tf_model.h5.index.json`), which model repositories keep
 beside their safetensors files, are passed over.
@@ -22,21 +26,14 @@ from __future__ import annotations
 
 import os
 import re
-import struct
-from collections.abc import Callable
-from typing import Any, BinaryIO, NamedTuple
 
-from .._values import path_str
-from ._equinox import EquinoxFile, Slot
+# each format's module registers its row (`_source.register_format`) when imported
+from . import _equinox, _flax, _npz, _safetensors  # noqa: F401
 from ._files import open_for_reading
-from ._flax import FlaxFile
-from ._npz import NpzFile
-from ._safetensors import SafetensorsFile, SafetensorsSave
-from ._sharded import INDEX_SUFFIX, ShardedSafetensors, ShardedSave, shard_names
-from ._source import CheckpointSource, CheckpointWriter, dtype_name
-from ._walk import NUMBER, STATIC, TENSOR, entries
+from ._sharded import INDEX_SUFFIX, shard_names
+from ._source import CheckpointSource, CheckpointWriter, Format, formats
 
-__all__ = ["Format", "TABLE", "FORMATS", "open_source", "writer_for"]
+__all__ = ["open_source", "writer_for", "format_names"]
 
 _UNKNOWN_FORMAT = (
     "tc.load cannot tell the format of {path}: its name has none of the formats' "
@@ -108,99 +105,26 @@ def _in_folder(path: str) -> str:
     raise ValueError(_FOLDER.format(path=path, suffix=INDEX_SUFFIX, found=shown))
 
 
-def _is_msgpack_map(head: bytes) -> bool:
-    """A msgpack map whose first key is a string (flax's keys are), or an empty map."""
-    if not head or not (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
-        return False
-    if head[0] == 0x80:
-        return len(head) == 1
-    key = head[{0xDE: 3, 0xDF: 5}.get(head[0], 1) :][:1]
-    return bool(key) and (0xA0 <= key[0] <= 0xBF or key[0] in (0xD9, 0xDA, 0xDB))
+def format_names() -> tuple[str, ...]:
+    """The registered formats' names, as messages list them."""
+    return tuple(row.name for row in formats())
 
 
-def _slots(like: Any) -> list[Slot]:
-    """The template's leaves an equinox file holds, in order: arrays and numbers."""
-    return [
-        Slot(
-            entry.name,
-            path_str(like, entry.path),
-            tuple(getattr(entry.value, "shape", ())),
-            dtype_name(entry.value) if entry.category == TENSOR else None,
-        )
-        for entry in entries(like, "tc.load", "tc.load(path, value)")
-        if entry.kind != STATIC and entry.category in (TENSOR, NUMBER)
-    ]
-
-
-def _with_file(path: str, make: Callable[[BinaryIO], CheckpointSource]) -> CheckpointSource:
-    file = open_for_reading(path)
-    try:
-        return make(file)
-    except BaseException:
-        file.close()
-        raise
-
-
-def _is_safetensors(head: bytes, size: int) -> bool:
-    """An 8-byte header length no longer than the file, then `{`."""
-    return len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= size - 8
-
-
-class Format(NamedTuple):
-    """One format `tc.load` reads: its name for `format=`, the name endings that mean it,
-    a test of a file's first 16 bytes (and size), and its reader (given the path and the
-    template, which names the records of an equinox file)."""
-
-    name: str
-    suffixes: tuple[str, ...]
-    sniff: Callable[[bytes, int], bool]
-    open: Callable[[str, object], CheckpointSource]
-    save: Callable[[str, object], CheckpointWriter] | None = None  # (path, max_shard_size)
-
-
-def _reader(
-    make: Callable[[BinaryIO, str], CheckpointSource],
-) -> Callable[[str, object], CheckpointSource]:
-    return lambda path, like: _with_file(path, lambda file: make(file, path))
-
-
-def _sharded(path: str, like: object) -> CheckpointSource:
-    return ShardedSafetensors(path)
-
-
-def _equinox(path: str, like: object) -> CheckpointSource:
-    return _with_file(path, lambda file: EquinoxFile(file, path, _slots(like)))
-
-
-# in the order a file's first bytes are tried: a msgpack map's test is the loosest
-TABLE = (
-    Format(
-        "safetensors",
-        (".safetensors",),
-        _is_safetensors,
-        _reader(SafetensorsFile),
-        lambda path, _: SafetensorsSave(path),
-    ),
-    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _sharded, ShardedSave),
-    Format("npz", (".npz",), lambda head, size: head[:2] == b"PK", _reader(NpzFile)),
-    Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _equinox),
-    Format("flax", (".msgpack",), lambda head, size: _is_msgpack_map(head), _reader(FlaxFile)),
-)
-FORMATS = ("safetensors", "sharded", "npz", "flax", "equinox")  # as messages list them
-_BY_NAME = {row.name: row for row in TABLE}
+def _by_name(name: object) -> Format | None:
+    return next((row for row in formats() if row.name == name), None)
 
 
 def _sniff(path: str) -> Format:
-    for row in TABLE:  # the name says: its reader tells what is wrong, if anything
+    for row in formats():  # the name says: its reader tells what is wrong, if anything
         if path.lower().endswith(row.suffixes):
             return row
     with open_for_reading(path) as file:
         head = file.read(16)
         size = os.fstat(file.fileno()).st_size
-    for row in TABLE:
+    for row in formats():
         if row.sniff(head, size):
             return row
-    raise ValueError(_UNKNOWN_FORMAT.format(path=path, head=head[:8], formats=FORMATS))
+    raise ValueError(_UNKNOWN_FORMAT.format(path=path, head=head[:8], formats=format_names()))
 
 
 def open_source(path: str, like: object, format: str | None = None) -> CheckpointSource:
@@ -208,19 +132,41 @@ def open_source(path: str, like: object, format: str | None = None) -> Checkpoin
 
     `like` is the template, which names the records of an equinox file.
     """
-    if format is not None and format not in _BY_NAME:
-        raise ValueError(_BAD_FORMAT.format(formats=FORMATS, format=format))
+    row = _by_name(format) if format is not None else None
+    if format is not None and row is None:
+        raise ValueError(_BAD_FORMAT.format(formats=format_names(), format=format))
     if os.path.isdir(path):
         path = _in_folder(path)
-    return (_BY_NAME[format] if format is not None else _sniff(path)).open(path, like)
+    return (row or _sniff(path)).open(path, like)
 
 
-def writer_for(path: str, max_shard_size: object = None) -> CheckpointWriter:
-    """The writer `tc.save` writes `path` with: sharded safetensors with a shard limit,
-    else one safetensors file. A name that ends like another format (or like a sharded
-    index, without a shard limit) is refused: what it wrote could not be loaded back by
-    that name."""
-    row = next((row for row in TABLE if path.lower().endswith(row.suffixes)), None)
+_BAD_SAVE_FORMAT = (
+    "tc.save's format= takes one of {writes} (or None: tell by the name and max_shard_size); "
+    "got {format!r}{why}"
+)
+_SHARDED_ONLY = (
+    "format={format!r} {does}: give both or neither, "
+    "tc.save(path, tree, format='sharded', max_shard_size='5GB')"
+)
+
+
+def writer_for(
+    path: str, max_shard_size: object = None, format: str | None = None
+) -> CheckpointWriter:
+    """The writer `tc.save` writes `path` with: the `format` given (a format with a
+    writer), else sharded safetensors with a shard limit, else one safetensors file. A
+    name that ends like another format (or like a sharded index, without a shard limit)
+    is refused: what it wrote could not be loaded back by that name."""
+    if format is not None:
+        given = _by_name(format)
+        if given is None or given.save is None:
+            why = f": {format} is a format tc.load reads only" if given is not None else ""
+            writes = ", ".join(repr(r.name) for r in formats() if r.save is not None)
+            raise ValueError(_BAD_SAVE_FORMAT.format(writes=writes, format=format, why=why))
+        if (format == "sharded") != (max_shard_size is not None):
+            does = "needs max_shard_size=" if format == "sharded" else "writes one file"
+            raise ValueError(_SHARDED_ONLY.format(format=format, does=does))
+    row = next((row for row in formats() if path.lower().endswith(row.suffixes)), None)
     if row is not None and row.save is None:
         single = os.path.splitext(path)[0] + ".safetensors"
         raise ValueError(_READ_ONLY.format(format=row.name, single=single))
@@ -228,6 +174,6 @@ def writer_for(path: str, max_shard_size: object = None) -> CheckpointWriter:
         single = path[: -len(INDEX_SUFFIX)]
         single += "" if single.lower().endswith(".safetensors") else ".safetensors"
         raise ValueError(_INDEX_WITHOUT_SHARDS.format(path=path, single=single))
-    save = _BY_NAME["safetensors" if max_shard_size is None else "sharded"].save
-    assert save is not None  # (both formats have a writer)
-    return save(path, max_shard_size)
+    chosen = _by_name("safetensors" if max_shard_size is None else "sharded")
+    assert chosen is not None and chosen.save is not None  # (both formats have a writer)
+    return chosen.save(path, max_shard_size)

@@ -24,8 +24,8 @@ import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ._files import read_into
-from ._source import FileSource, TensorInfo, WholeTensorCache
+from ._files import file_reader, read_into
+from ._source import FileSource, Format, TensorInfo, WholeTensorCache, register_format
 
 __all__ = [
     "NpyHeader",
@@ -321,3 +321,8 @@ class NpzFile(NpyRecords):
             self.zip.close()
         finally:
             self.file.close()
+
+
+register_format(
+    Format("npz", (".npz",), lambda head, size: head[:2] == b"PK", file_reader(NpzFile))
+)

@@ -42,6 +42,10 @@ __all__ = [
     "in_file_dtypes",
     "results_of",
     "fill",
+    "source_hit",
+    "target_hits",
+    "reads_layers",
+    "layer_rules",
 ]
 
 _CAPTURE = re.compile(r"\{(\w+)(\*?)(?::([\w|-]+))?\}")
@@ -55,15 +59,19 @@ def _normalize(pattern: str) -> str:
 
 
 def _regex(
-    pattern: str, choices: Mapping[str, tuple[str, ...]] | None = None
+    pattern: str,
+    choices: Mapping[str, tuple[str, ...]] | None = None,
+    many_of: frozenset[str] = frozenset(),
 ) -> tuple[re.Pattern[str], tuple[str, ...]]:
     """A pattern as a regex, and its captures in order. A capture `{n:q|k|v}` matches one
-    of those values only (as does `{n}` where `choices` says so: a target's capture takes
-    the values its source allows)."""
+    of those values only (as does `{n}` where `choices` says so), and `{n}` matches
+    several segments where `many_of` holds `n`: a target's capture takes the values its
+    source allows, so that the rule runs backwards over exactly what it gives forwards."""
     parts, names, at = [], [], 0
     for match in _CAPTURE.finditer(pattern):
         parts.append(re.escape(pattern[at : match.start()]))
         name, many, allowed = match.groups()
+        many = many or name in many_of
         if name in names:
             parts.append(f"(?P={name})")
         else:
@@ -185,7 +193,8 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
                     "which no source captures"
                 )
         choices = pattern_choices(sources)
-        backward = tuple(_regex(target, choices)[0] for target in targets)
+        many = frozenset(m.group(1) for p in sources for m in _CAPTURE.finditer(p) if m.group(2))
+        backward = tuple(_regex(target, choices, many)[0] for target in targets)
         compiled.append(Rule(sources, targets, transform, regexes, names[0], inverse, backward))
     return tuple(compiled)
 
@@ -202,6 +211,43 @@ def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[An
     if any(jax.dtypes.canonicalize_dtype(d) != d for d in found):
         return jax.enable_x64(True)
     return contextlib.nullcontext()
+
+
+def source_hit(rules: Sequence[Rule], name: str) -> tuple[int, int, tuple[str, ...]] | None:
+    """How load reads the file's `name`: the first rule whose source matches it (its
+    number, which of its sources, the captured values in the rule's order), or None."""
+    for number, rule in enumerate(rules):
+        for which, regex in enumerate(rule.regexes):
+            match = regex.fullmatch(name)
+            if match is not None:
+                return number, which, tuple(match.group(c) for c in rule.captures)
+    return None
+
+
+def target_hits(rules: Sequence[Rule], name: str) -> list[tuple[int, int, re.Match[str]]]:
+    """Every (rule number, target position, match) of a rule's target giving the
+    model's `name`, in table order."""
+    return [
+        (number, position, match)
+        for number, rule in enumerate(rules)
+        for position, regex in enumerate(rule.target_regexes)
+        if (match := regex.fullmatch(name)) is not None
+    ]
+
+
+def layer_rules(rules: Sequence[Rule], stack: StackAt, name: str) -> set[int]:
+    """The numbers of the rules whose target gives a layer of the stacked leaf `name`:
+    such a rule reads the stack by its layers, never whole (its capture would stand where
+    the layer index belongs, `{i}` = `ln`)."""
+    return {n for layer in stack.per_layer(name) or [] for n, _, _ in target_hits(rules, layer)}
+
+
+def reads_layers(rules: Sequence[Rule], stack: StackAt, name: str) -> bool:
+    """Whether the rules give the stacked leaf `name` by its layers' names: some rule
+    gives a layer, and none earlier in the table names the stacked leaf itself."""
+    by_layers = layer_rules(rules, stack, name)
+    whole = [n for n, _, _ in target_hits(rules, name) if n not in by_layers]
+    return bool(by_layers) and (not whole or min(by_layers) < min(whole))
 
 
 def fill(pattern: str, values: Mapping[str, str]) -> str:
@@ -242,19 +288,14 @@ class RuledCatalog:
         self.mapped: dict[str, _Mapped] = {}
         groups: dict[tuple[int, tuple[str, ...]], dict[int, str]] = {}
         for name in inner.names():
-            for number, rule in enumerate(rules):
-                hit = next(
-                    ((k, m) for k, r in enumerate(rule.regexes) if (m := r.fullmatch(name))),
-                    None,
-                )
-                if hit is not None:
-                    which, match = hit
-                    values = tuple(match.group(c) for c in rule.captures)
-                    groups.setdefault((number, values), {})[which] = name
-                    break
+            hit = source_hit(rules, name)
+            if hit is not None:
+                number, which, values = hit
+                groups.setdefault((number, values), {})[which] = name
             else:
                 self._add(name, _Mapped(None, (name,), 0, (name,)))
         self.problems: list[str] = []
+        self._layout_refused: set[str] = set()
         for (number, values), found in groups.items():
             rule = rules[number]
             if len(found) < len(rule.sources):  # a concatenation lacks a part
@@ -288,6 +329,26 @@ class RuledCatalog:
                 self.stacked.setdefault(stacked_name, _Layers(stack, {})).slots[layer_slot] = name
                 self._slot_of[name] = in_stack
                 break
+        for name, mapped in list(self.mapped.items()):
+            if mapped.rule is None or not self.stacks:
+                continue
+            whole = next((s for s in self.stacks if s.slots(name) is not None), None)
+            named = whole.per_layer(name) if whole is not None else None
+            if (
+                whole is not None
+                and named
+                and any(rules[n] is mapped.rule for n in layer_rules(rules, whole, name))
+            ):
+                # what export would write by layers, load does not read as one tensor
+                del self.mapped[name]
+                self.problems.append(
+                    f"layout      key rule {mapped.rule.text()} reads {list(mapped.sources)} "
+                    f"in {self.label} as the whole stack {name!r}, but the rule names that "
+                    f"stack's layers ({named[0]!r}, ...): a capture stands "
+                    "where the layer index belongs. The file holds the stack under one "
+                    "name; name each layer in it, or add a rule for the whole stack before"
+                )
+                self._layout_refused.add(name)
         for stacked_name, layers in self.stacked.items():
             if stacked_name in self.mapped:
                 raise ValueError(
@@ -307,6 +368,7 @@ class RuledCatalog:
         self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
         # names whose absence a problem line explains (a stack lacking layers)
         self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
+        self.explained |= self._layout_refused
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
         # stacked leaves filled while another was assembled (the k and v a split gave with q)
         self._assembled: dict[str, Any] = {}

@@ -22,10 +22,10 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ._files import IO, reworded, write_atomically
+from ._files import IO, file_reader, reworded, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
-from ._source import FileSource, OutTensor, TensorInfo, numpy_dtype
+from ._source import FileSource, Format, OutTensor, TensorInfo, numpy_dtype, register_format
 
 __all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
 
@@ -244,3 +244,19 @@ def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -
             raise ValueError(f"{tensor.name!r} changed size while being saved")
         file.write(data.data)
         del data  # free this tensor's host copy before the next is made
+
+
+def _is_safetensors(head: bytes, size: int) -> bool:
+    """An 8-byte header length no longer than the file, then `{`."""
+    return len(head) >= 9 and head[8:9] == b"{" and struct.unpack("<Q", head[:8])[0] <= size - 8
+
+
+register_format(
+    Format(
+        "safetensors",
+        (".safetensors",),
+        _is_safetensors,
+        file_reader(SafetensorsFile),
+        lambda path, _: SafetensorsSave(path),
+    )
+)

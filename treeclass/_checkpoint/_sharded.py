@@ -16,11 +16,12 @@ disagree on what it counts.
 order, a shard closed when the next tensor would take it over the limit (a tensor larger
 than the limit gets a shard of its own), as huggingface's writers do. Each shard is
 replaced atomically, the index last; treeclass's document goes into the index's
-metadata, so a sharded save loads exactly as a single file does. A token shared by the
-index and its shards makes a mix of two saves (an interrupted save over an older one)
-an error rather than a silently mixed model. Shards of the previous save at `path` that
-the new index no longer names are removed once the new index is in place (only
-`.safetensors` files: an index from elsewhere may name anything).
+metadata, so a sharded save loads exactly as a single file does; the metadata a save is
+given (`metadata={"format": "pt"}`) goes into the index and every shard's header alike.
+A token shared by the index and its shards makes a mix of two saves (an interrupted save
+over an older one) an error rather than a silently mixed model. Shards of the previous
+save at `path` that the new index no longer names are removed once the new index is in
+place (only `.safetensors` files: an index from elsewhere may name anything).
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ._document import METADATA_KEY
 from ._files import create_sized, discard, open_for_reading, write_atomically
 from ._json import MAX_HEADER_BYTES
 from ._json import loads as strict_json
 from ._safetensors import SafetensorsFile, can_store, header_bytes
-from ._source import FileSource, OutTensor, SharedWrite, TensorInfo
+from ._source import FileSource, Format, OutTensor, SharedWrite, TensorInfo, register_format
 
 __all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
 
@@ -261,6 +263,9 @@ class _ShardedWrite(SharedWrite):
         self, save: ShardedSave, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
     ) -> None:
         self.save, self.metadata, self.tensors = save, metadata, list(tensors)
+        # the user's metadata (`{"format": "pt"}`) in every shard's header too, where
+        # other readers look for it; treeclass's document stays in the index alone
+        self.shard_metadata = {k: v for k, v in metadata.items() if k != METADATA_KEY}
         self.groups = _groups(self.tensors, save.limit)
         count = len(self.groups)
         self.names = [
@@ -275,7 +280,7 @@ class _ShardedWrite(SharedWrite):
         files: list[list[Any]] = []
         try:
             for name, group in zip(self.names, self.groups, strict=True):
-                header = header_bytes({_SAVE_KEY: self.token}, group)
+                header = header_bytes({**self.shard_metadata, _SAVE_KEY: self.token}, group)
                 size = len(header) + sum(t.nbytes for t in group)
                 files.append(
                     [create_sized(os.path.join(self.folder, name), size, header), len(header)]
@@ -316,3 +321,13 @@ class _ShardedWrite(SharedWrite):
     def abort(self, state: dict[str, Any]) -> None:
         for temp, _ in state["files"]:
             discard(temp)
+
+
+def _open_index(path: str, like: object) -> ShardedSafetensors:
+    return ShardedSafetensors(path)
+
+
+# an index is told by its name alone (its JSON could be anything's)
+register_format(
+    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _open_index, ShardedSave)
+)

@@ -9,6 +9,7 @@ those through it. A new format is one module with a class satisfying `Checkpoint
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
 
@@ -31,6 +32,9 @@ __all__ = [
     "numpy_dtype",
     "dtype_name",
     "is_weak",
+    "Format",
+    "register_format",
+    "formats",
 ]
 
 
@@ -233,3 +237,54 @@ def dtype_name(array: Any) -> str:
 def is_weak(value: object) -> bool:
     """Whether an array (or abstract array) is weakly typed, as `jnp.asarray(0.5)` is."""
     return bool(getattr(value, "weak_type", False))
+
+
+# --------------------------------------------------------------------------------------
+# The formats: each module of a format registers its row here, once, when imported
+# --------------------------------------------------------------------------------------
+
+
+class Format(NamedTuple):
+    """One format `tc.load` reads: its name for `format=`, the name endings that mean it,
+    a test of a file's first 16 bytes (and size), its reader (given the path and the
+    template, which names the records of an equinox file), and its writer, if `tc.save`
+    writes it (given the path and the shard limit). A `loose` first-bytes test (a msgpack
+    map's) is tried after every other format's."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    sniff: Callable[[bytes, int], bool]
+    open: Callable[[str, object], CheckpointSource]
+    save: Callable[[str, object], CheckpointWriter] | None = None  # (path, max_shard_size)
+    loose: bool = False
+
+
+_REGISTERED: dict[str, Format] = {}
+# the registry is filled at import (one row per format module), possibly from two threads
+# importing at once: its writes are serialized, and a name is registered once
+_REGISTERING = threading.Lock()
+
+
+def register_format(row: Format) -> Format:
+    """Add a format to those `tc.load` reads (and `tc.save` writes, with a writer): a new
+    format is one module that defines its reader and writer and registers its row."""
+    with _REGISTERING:
+        if row.name in _REGISTERED:
+            raise ValueError(f"a checkpoint format named {row.name!r} is registered already")
+        claimed = {s: f.name for f in _REGISTERED.values() for s in f.suffixes}
+        taken = [s for s in row.suffixes if s in claimed]
+        if taken:
+            raise ValueError(
+                f"the format {row.name!r} claims {taken[0]!r}, which names the "
+                f"{claimed[taken[0]]!r} format already"
+            )
+        _REGISTERED[row.name] = row
+    return row
+
+
+def formats() -> tuple[Format, ...]:
+    """The registered formats, in the order messages list them and a file's first bytes
+    are tried: those `tc.save` writes, then the others, a loose test last; else in the
+    order they were registered."""
+    rows = list(_REGISTERED.values())
+    return tuple(sorted(rows, key=lambda r: (r.loose, r.save is None)))

@@ -1,0 +1,192 @@
+"""A rule table compiled against a template: the file's name for each of its tensors.
+
+Load reads a file through its key rules forwards (`_rules.RuledCatalog`); export writes
+one through the same rules backwards (`_export`). The plan says, for each tensor of the
+template, which rule gives it, with which captures, and under which names the file holds
+its sources; it is built before any tensor is computed, and whatever it cannot bind both
+ways is refused then, naming the rule:
+
+- a name two rules' targets give (the file could hold either source), or a target that
+  does not capture what its sources do;
+- a split whose model lacks some of its targets;
+- a name the plan writes that load would read through another rule, or with other
+  captures (the table would not read back what export writes).
+
+A stacked leaf (`blocks.attn.q`, of shape `[N, ...]`) is written by its layers' names
+(`blocks.3.attn.q`, as the unrolled model names them) unless a rule earlier in the table
+names the stacked leaf itself and none of its layers: so an unrolled, a stacked and a
+periodic model of the same weights are written alike, and a catch-all per-layer rule
+(`("layers.{i}.{rest*}", "layers[{i}].{rest}")`) never binds a stack's index capture to
+a field name (`{i}` = `ln`). Load refuses a file that holds such a stack under one name
+(`tc.load` names the rule), so what export would not write, load does not read.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._values import is_prng_key, path_str
+from ._rules import (
+    Rule,
+    fill,
+    layer_rules,
+    pattern_choices,
+    reads_layers,
+    source_hit,
+    target_hits,
+)
+from ._stacks import stacks_of
+from ._walk import NUMBER, STATIC, TENSOR, entries, is_abstract
+
+__all__ = ["Target", "Group", "Plan"]
+
+
+class Target(NamedTuple):
+    """A model array an export reads: its name, key path (for messages) and value."""
+
+    name: str
+    where: str
+    get: Callable[[], Any]
+    shape: tuple
+    dtype: Any
+    # the rules that cannot give it: those reading its stack by layers, for a stack whole
+    skip: frozenset[int] = frozenset()
+
+
+class Group(NamedTuple):
+    """One run of a rule: its captures and the model arrays of its targets."""
+
+    rule: Rule
+    captures: dict[str, str]
+    targets: dict[int, Target]  # by the rule's target position
+
+    def sources(self) -> list[str]:
+        """The file's names this run writes, in the rule's order."""
+        return [fill(source, self.captures) for source in self.rule.sources]
+
+
+class Plan:
+    """The tensors of `tree` bound to the file's names through `rules` (see the module's
+    docstring): `groups`, the rules' runs, and `own`, the arrays no rule takes."""
+
+    def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
+        self.action = action
+        self.groups: dict[tuple, Group] = {}
+        self.own: list[Target] = []
+        for target in _targets(tree, rules, action):
+            hits = [hit for hit in target_hits(rules, target.name) if hit[0] not in target.skip]
+            if not hits:
+                self.own.append(target)
+                continue
+            if len({number for number, _, _ in hits}) > 1:
+                shown = " and ".join(rules[number].text() for number, _, _ in hits[:2])
+                raise ValueError(
+                    f"{action}: {target.where} (named {target.name!r}) is a target of key "
+                    f"rules {shown}, so export cannot tell which source to write it to. "
+                    "Tell the rules apart, by the values a capture takes where they differ "
+                    "(`'layers.{i}.self_attn.{n:q|k|v|o}_proj.weight'`)"
+                )
+            number, position, match = hits[0]
+            rule = rules[number]
+            values = match.groupdict()
+            # a capture the target does not use is known if its source allows one value
+            values.update(
+                {c: v[0] for c, v in pattern_choices(rule.sources).items() if len(v) == 1}
+            )
+            lacking = [c for c in rule.captures if c not in values]
+            if lacking:
+                raise ValueError(
+                    f"{action}: key rule {rule.text()} cannot be run backwards: its "
+                    f"target {rule.targets[position]!r} does not capture {lacking}, "
+                    "which its sources use"
+                )
+            values = {c: values[c] for c in rule.captures}
+            key = (number, tuple(values[c] for c in rule.captures))
+            group = self.groups.setdefault(key, Group(rule, values, {}))
+            group.targets[position] = target
+        for (number, values), group in self.groups.items():
+            rule = group.rule
+            if len(group.targets) < len(rule.targets):
+                have = [group.targets[k].where for k in sorted(group.targets)]
+                lack = [
+                    fill(t, group.captures)
+                    for k, t in enumerate(rule.targets)
+                    if k not in group.targets
+                ]
+                raise ValueError(
+                    f"{action}: key rule {rule.text()} writes {group.sources()} from all "
+                    f"its targets; the model has {have} but not {lack}"
+                )
+            for position, source in enumerate(group.sources()):
+                self._reads_back(rules, source, (number, position, values), rule.text())
+        for target in self.own:
+            self._reads_back(rules, target.name, None, f"{target.where} (under its own name)")
+
+    def _reads_back(self, rules: Sequence[Rule], name: str, expected: Any, what: str) -> None:
+        """Refuse a name of the file that load would not read as the plan wrote it."""
+        hit = source_hit(rules, name)
+        if hit == expected:
+            return
+        if hit is None:  # (a capture limited on the source side only)
+            reader = "no key rule, so under its own name"
+        else:
+            reader = f"key rule {rules[hit[0]].text()}"
+            if expected is not None and hit[0] == expected[0]:
+                reader += f" with other captures ({dict(zip(rules[hit[0]].captures, hit[2]))})"
+        raise ValueError(
+            f"{self.action}: {what} writes {name!r}, which load reads through {reader}: "
+            "the table would not read back what it writes. Make the rules tell the names "
+            "apart (limit a capture, `{n:q|k|v}`, or order the rules so the narrower comes "
+            "first)"
+        )
+
+
+def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
+    """The tree's data by name; a stacked leaf by its layers unless the rules take it
+    whole (`reads_layers`)."""
+    found = entries(tree, action, f"{action}(path, value, rules=rules)")
+    stacks = stacks_of(tree)
+    out = []
+    for entry in found:
+        if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
+            continue  # strings, functions, static fields: no foreign layout holds them
+        where = path_str(tree, entry.path)
+        value: Any = entry.value  # (a number's becomes an array below)
+        if is_abstract(value):
+            raise ValueError(
+                f"{where} is {value!r}, an abstract value: an export writes data; load or "
+                "build the model first"
+            )
+        if entry.category == NUMBER:
+            value = np.asarray(value)
+        stack = next((s for s in stacks if s.per_layer(entry.name)), None)
+        by_layers = (
+            entry.category == TENSOR
+            and stack is not None
+            and (reads_layers(rules, stack, entry.name) or not target_hits(rules, entry.name))
+        )
+        names = (stack.per_layer(entry.name) or []) if by_layers and stack else [entry.name]
+        if is_prng_key(value) and not any(target_hits(rules, name) for name in names):
+            raise ValueError(
+                f"{where} is a PRNG key array, which other libraries' layouts have no dtype "
+                "for: export its key data with a rule carrying both directions, (name, "
+                f"{entry.name!r}, jax.random.wrap_key_data, jax.random.key_data)"
+            )
+        if not by_layers:
+            get = functools.partial(_same, value)
+            skip = frozenset(layer_rules(rules, stack, entry.name) if stack else ())
+            out.append(Target(entry.name, where, get, tuple(value.shape), value.dtype, skip))
+            continue
+        for slot, name in enumerate(names):
+            get = functools.partial(operator.getitem, value, slot)
+            out.append(Target(name, f"{where}[{slot}]", get, tuple(value.shape[1:]), value.dtype))
+    return out
+
+
+def _same(value: Any) -> Any:
+    return value
