@@ -311,6 +311,25 @@ def test_tc_load_on_another_process_count_and_mesh(resharded):
     assert_check(resharded, "tc_load_reads_only_own_shards")
 
 
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+     ("300", TypeError), (True, TypeError), (None, TypeError)],
+)  # fmt: skip
+def test_tc_save_refuses_a_timeout_that_is_not_a_positive_number(tmp_path, timeout, error):
+    # checked in a run of one process too, before anything is written
+    import numpy as np
+
+    import treeclass as tc
+
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(error, match=r"timeout= in seconds, a positive number; got"):
+        tc.save(path, {"x": np.ones(2)}, timeout=timeout)
+    assert not list(tmp_path.iterdir())
+    tc.save(path, {"x": np.ones(2)}, timeout=0.25)  # a bound only waits matter to
+    assert tc.load(path, {"x": np.zeros(2)})["x"].tolist() == [1.0, 1.0]
+
+
 def test_page_shows_the_code_the_workers_run():
     # the page's multi-process blocks (fenced `py`, which the documentation test does not
     # run) must each be an excerpt of the worker: what the page shows is what runs here

@@ -317,11 +317,11 @@ class _Save:
         self.key = f"{_PREFIX}/{number}"
         self._told = -math.inf
 
-    def progress(self) -> None:
-        """Tell the others this process is still at work (at most once a second)."""
-        now = time.monotonic()
-        if now - self._told >= _PROGRESS_EVERY_S:
-            self._told = now
+    def progress(self, now: bool = False) -> None:
+        """Tell the others this process is still at work (at most once a second, unless
+        `now`: a step of the save done, which restarts the others' bounds)."""
+        if now or time.monotonic() - self._told >= _PROGRESS_EVERY_S:
+            self._told = time.monotonic()
             self.client.key_value_increment(f"{self.key}/progress", 1)
 
     def wait(self, name: str, what: str, bound: float | None = None) -> dict[str, Any]:
@@ -789,6 +789,7 @@ def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Sh
         _write_mine(tensors, write, state, save.progress)
     except BaseException as error:
         failure = error
+    save.progress(now=True)
     remote: dict[str, Any] | None = None
     late = False
     for process in range(1, jax.process_count()):
@@ -797,6 +798,8 @@ def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Sh
             posted = save.wait(f"done/{process}", what, 0.001 if late else None)
         except TimeoutError as error:
             posted, late = {"error": ["TimeoutError", str(error)]}, True
+        else:
+            save.progress(now=True)
         if "error" in posted:
             remote = remote or posted
     outcome: dict[str, Any] = {"done": True}
