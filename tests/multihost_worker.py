@@ -817,13 +817,13 @@ def spread_trees_need_every_process() -> None:
         try:
             if jax.process_index() == alone:
                 try:
-                    tc.save(path, tree, timeout=0.5)
+                    tc.save(path, tree, timeout=0.25)
                 except TimeoutError as error:
                     text = str(error)
                 else:
                     raise AssertionError("a save of a spread tree on one process did not fail")
                 assert rule in text and "['spread']" in text, text
-                assert f"waited 0.5 s for process {1 - alone}" in text, text
+                assert f"waited 0.25 s for process {1 - alone}" in text, text
                 assert "a larger timeout=" in text, text
         finally:
             multihost_utils.sync_global_devices(f"spread alone {alone}")

@@ -111,19 +111,18 @@ _RULE = (
     "({spread}) is saved by all of them together: every process must call tc.save with "
     "the same tree and path"
 )
-_RAISE = "pass a larger timeout= (seconds; {timeout:g} now) if the processes are only slow"
+_RAISE = "if the processes are only slow, pass a larger timeout= (seconds; {timeout:g} now)"
 _NOT_EVERYWHERE = (
     "tc.save cannot write {path}: " + _RULE + ". Process {me} waited {timeout:g} s for "
     "{who} to call it, and {verb} not. Call tc.save on every process (outside any "
-    "`if jax.process_index() == 0:`), or " + _RAISE + ". (A tree with nothing spread "
+    "`if jax.process_index() == 0:`), or, " + _RAISE + ". (A tree with nothing spread "
     "over processes, such as NumPy or replicated arrays, is written by the process that "
     "calls tc.save, alone.)"
 )
 _DIFFERENT_CALLS = "tc.save cannot write {path}: " + _RULE + "; {difference}"
 _STOPPED = (
     "tc.save cannot write {path}: process {me} waited {timeout:g} s for {what}, and no "
-    "process of the save made progress meanwhile (one may have died or stopped); "
-    "nothing was written to {path}. Or " + _RAISE
+    "process of the save made progress meanwhile: one may have died or stopped. Or, " + _RAISE
 )
 _FAILED_ELSEWHERE = "tc.save on process 0 (the one that writes {path}) failed: {error}"
 _NOT_SHARED = (
