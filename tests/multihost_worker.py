@@ -45,6 +45,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import errno  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import traceback  # noqa: E402
@@ -813,6 +814,10 @@ def spread_trees_need_every_process() -> None:
     )
     tree = {"host": np.arange(3.0), "spread": spread}
     rule = "every process must call tc.save with the same tree"
+    notices: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notices.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("treeclass").addHandler(handler)
     for alone in (0, 1):
         try:
             if jax.process_index() == alone:
@@ -825,8 +830,12 @@ def spread_trees_need_every_process() -> None:
                 assert rule in text and "['spread']" in text, text
                 assert f"waited 0.25 s for process {1 - alone}" in text, text
                 assert "a larger timeout=" in text, text
+                # and it said so while it waited (after 10 s, or half the timeout)
+                assert len(notices) == 1, notices
+                assert f"is waiting for process {1 - alone}" in notices.pop(), notices
         finally:
             multihost_utils.sync_global_devices(f"spread alone {alone}")
+    logging.getLogger("treeclass").removeHandler(handler)
     assert sorted(p.name for p in folder.iterdir()) == [], list(folder.iterdir())
     # different trees or paths: the first key path where they differ, on every process
     cases = [

@@ -339,7 +339,8 @@ def save(
       PyTorch-side tools look for.
     - `timeout`: in a run of several processes, the most seconds a process waits for
       another (to call `save`, or to go on with its part of the writing) before it
-      raises `TimeoutError`; 300 by default.
+      raises `TimeoutError`; 300 by default. A process kept waiting for the others to
+      call says so on the `"treeclass"` logger after 10 s (or half of `timeout`).
 
     In a run of several processes (`jax.distributed`), a tree that holds nothing spread
     over processes (NumPy arrays, numbers, arrays replicated over the processes or local

@@ -33,7 +33,8 @@ spread over processes (NumPy arrays, numbers) are process 0's, as for one file.
 arrivals in the key-value store: each other process posts its arrival `k` (with its
 tree's description), process 0 claims it (an atomic increment, so a process that gives
 up and the writer never both think they own it) and answers with the go-ahead, or with
-why not (the processes that did not come; the first key path where two trees differ).
+why not (the processes that did not come; the first key path where two trees differ);
+a process kept waiting for the others to call says so on the "treeclass" logger.
 Then each wait for another process (the next step of the writer, a share finished) ends
 `timeout` seconds after the last progress any process of the save told of (writers
 tell at most once a second, per block or tensor written). A process that dies ends
@@ -58,6 +59,7 @@ import base64
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import threading
@@ -98,6 +100,11 @@ _PROGRESS_EVERY_S = 1.0
 # An arrival carries its tree's description for naming a difference, up to this size
 _DESCRIPTION_LIMIT = 1 << 20
 _PREFIX = "treeclass/save"
+# A process kept waiting for the others to call `tc.save` says so (on the "treeclass"
+# logger) after this long, or half its timeout if that is shorter, instead of waiting
+# in silence until the timeout.
+_NOTICE_AFTER_S = 10.0
+_logger = logging.getLogger("treeclass")
 # Coalesced reads: runs of a block with a gap of at most GAP_LIMIT bytes between them
 # are read together, when that reads at most OVER_READ times the bytes they hold; one
 # read is at most GROUP_BYTES long (unless one run alone is longer), which bounds the
@@ -136,6 +143,11 @@ _GATHER_OUTSIDE_SAVE = (
     "process, can gather it"
 )
 _BAD_TIMEOUT = "tc.save takes timeout= in seconds, a positive number; got {timeout!r}"
+_WAITING = (
+    "tc.save of {path} on process {me} is waiting for {who}: a tree that "
+    "holds arrays spread over processes ({spread}) is saved by every process together. "
+    "It gives up {timeout:g} s after the call (timeout=)."
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -298,6 +310,26 @@ def _get(client: _KeyValueStore, key: str, timeout_s: float) -> str | None:
         if "DEADLINE_EXCEEDED" in str(error):
             return None
         raise
+
+
+class _Notice:
+    """A wait for the others to call `tc.save` that says so on the "treeclass" logger
+    (once) if it lasts: `_NOTICE_AFTER_S` after it began, or half its timeout."""
+
+    def __init__(self, timeout: float, text: Callable[[], str]) -> None:
+        now = time.monotonic()
+        self.at, self.deadline = now + min(_NOTICE_AFTER_S, timeout / 2), now + timeout
+        self.text: Callable[[], str] | None = text
+
+    def get(self, client: _KeyValueStore, key: str) -> str | None:
+        """`key`'s value once it is set, or None if it is not by the deadline."""
+        if self.text is not None:
+            posted = _get(client, key, self.at - time.monotonic())
+            if posted is not None:
+                return posted
+            _logger.warning(self.text())
+            self.text = None
+        return _get(client, key, self.deadline - time.monotonic())
 
 
 def _check_timeout(timeout: object) -> float:
@@ -474,12 +506,19 @@ def _meet_as_process_0(
     _counters["saves"] += 1
     seen: dict[int, int] = _counters["seen"]
     mine = _entries(tensors)
-    deadline = time.monotonic() + timeout
     arrived: dict[int, tuple[int, str]] = {}
+
+    def waiting() -> str:
+        who = [p for p in range(1, count) if p not in arrived]
+        who_text = f"process {who[0]}" if len(who) == 1 else f"processes {who}"
+        who_text += " to call it too"
+        return _WAITING.format(path=path, me=0, who=who_text, spread=spread, timeout=timeout)
+
+    wait = _Notice(timeout, waiting)
     for process in range(1, count):
         while process not in arrived:
             k = seen.get(process, 0)
-            theirs = _get(client, f"{_PREFIX}/arrive/{process}/{k}", deadline - time.monotonic())
+            theirs = wait.get(client, f"{_PREFIX}/arrive/{process}/{k}")
             if theirs is None:
                 break
             seen[process] = k + 1
@@ -519,7 +558,9 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
     k = _counters["arrivals"]
     _counters["arrivals"] += 1
     client.key_value_set(f"{_PREFIX}/arrive/{process}/{k}", _describe(path, _entries(tensors)))
-    reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", timeout)
+    who = "process 0 to answer, which it does once every process has called it"
+    text = _WAITING.format(path=path, me=process, who=who, spread=spread, timeout=timeout)
+    reply = _Notice(timeout, lambda: text).get(client, f"{_PREFIX}/reply/{process}/{k}")
     if reply is None:
         if client.key_value_increment(f"{_PREFIX}/claim/{process}/{k}", 1) == 1:
             raise TimeoutError(
