@@ -311,6 +311,33 @@ def test_tc_load_on_another_process_count_and_mesh(resharded):
     assert_check(resharded, "tc_load_reads_only_own_shards")
 
 
+def test_runs_skip_naming_the_limit_where_loopback_sockets_are_forbidden(monkeypatch, tmp_path):
+    def forbidden(*args, **kwargs):
+        raise OSError(97, "Address family not supported by protocol")
+
+    monkeypatch.setattr(socket, "socket", forbidden)
+    with pytest.raises(pytest.skip.Exception, match=r"forbids loopback TCP sockets \(\[Errno 97\]"):
+        run_workers("train_and_save", processes=2, devices=2, folder=tmp_path)
+
+
+def test_workers_keep_the_inherited_python_path_after_the_checkout(monkeypatch, tmp_path):
+    # a machine whose jax lives on PYTHONPATH: the workers must still find it
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def popen(args, **kwargs):
+        started.append(kwargs["env"]["PYTHONPATH"].split(os.pathsep))
+        raise Started
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/site/jax", "", "/site/more"]))
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(Started):
+        run_workers("train_and_save", processes=2, devices=2, folder=tmp_path)
+    assert started == [[str(ROOT), str(WORKER.parent), "/site/jax", "/site/more"]]
+
+
 @pytest.mark.parametrize(
     ("timeout", "error"),
     [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
