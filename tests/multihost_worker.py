@@ -808,9 +808,10 @@ def spread_trees_need_every_process() -> None:
     if jax.process_index() == 0:
         folder.mkdir(exist_ok=True)
     path = folder / "spread.safetensors"
-    rows = np.arange(12.0, dtype="f4").reshape(4, 3)
-    spread = jax.make_array_from_callback(
-        rows.shape, NamedSharding(state["mesh"], P("data", None)), lambda i: rows[i]
+    rows = np.arange(16.0, dtype="f4").reshape(4, 4)
+    spread, by_columns = (
+        jax.make_array_from_callback(rows.shape, NamedSharding(state["mesh"], s), lambda i: rows[i])
+        for s in (P("data", None), P(None, "data"))
     )
     tree = {"host": np.arange(3.0), "spread": spread}
     rule = "every process must call tc.save with the same tree"
@@ -841,6 +842,7 @@ def spread_trees_need_every_process() -> None:
     cases = [
         ({**tree, "extra": np.ones(2)}, path, "['host'] on process 0, where process 1's tree has"),
         ({**tree, "host": np.arange(3.0, dtype="f4")}, path, "float64[3] on process 0, float32[3]"),
+        ({**tree, "spread": by_columns}, path, "sharded P('data', None)"),
         (tree, folder / "other.safetensors", "process 0 saves to"),
     ]  # fmt: skip
     for other, where, difference in cases:
@@ -864,7 +866,7 @@ def spread_trees_need_every_process() -> None:
         raise AssertionError("a save into a missing folder did not fail")
     # and the processes are still in step: the next save on all of them works
     tc.save(path, tree, timeout=5)
-    restored = tc.load(path, {"host": np.zeros(3), "spread": np.zeros((4, 3), "f4")})
+    restored = tc.load(path, {"host": np.zeros(3), "spread": np.zeros((4, 4), "f4")})
     np.testing.assert_array_equal(restored["spread"], rows)
 
 

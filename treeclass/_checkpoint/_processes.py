@@ -385,7 +385,9 @@ def _kind(value: object) -> str:
         for device, index in array.sharding.devices_indices_map(array.shape).items()
     )
     digest = hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
-    return f"{type(value).__name__.strip('_')} {digest}"
+    spec = getattr(array.sharding, "spec", None)
+    sharding = type(array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
+    return f"{'split' if isinstance(value, _Gathered) else 'held'}|{sharding}|{digest}"
 
 
 def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
@@ -409,9 +411,12 @@ def _describe(path: str, entries: list[list[Any]]) -> str:
 
 
 def _shown(entry: list[Any]) -> str:
+    """A tensor of a `_describe` list, in words: `float32[4, 3] sharded P('data', None)`."""
     where, dtype, shape, kind = entry
-    how = {"local": "", "Gathered": " split across processes"}.get(kind.split()[0], "")
-    return f"{dtype}{shape}{how}" + (f" ({kind})" if kind != "local" and not how else "")
+    if kind == "local":
+        return f"{dtype}{shape}"
+    _, sharding, digest = kind.split("|")
+    return f"{dtype}{shape} sharded {sharding} (device blocks {digest})"
 
 
 def _difference(mine: list[list[Any]], path: str, theirs: str, process: int) -> str | None:
