@@ -45,6 +45,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import errno  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import traceback  # noqa: E402
@@ -301,8 +302,9 @@ def restore_checkpoint(path: pathlib.Path, mesh: jax.sharding.Mesh) -> tuple[Any
 
 
 def save_with_tc(path: pathlib.Path, model: Any) -> None:
-    # every process calls it with the same path: process 0 writes the file, the others
-    # join the gathers of arrays split across processes, and all return once it is written
+    # a model split across processes: every process calls it with the same tree and
+    # path; process 0 writes the file, the others join the gathers of the arrays split
+    # across processes, and all return once it is written
     tc.save(path, model)
 
 
@@ -740,62 +742,162 @@ def a_failed_share_fails_the_sharded_save_everywhere() -> None:
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
-def saves_to_one_path_do_not_race() -> None:
-    race = pathlib.Path(FOLDER) / "race.safetensors"
-    # the same structure, different values on each process: process 0's are written
-    mine = {"who": np.full(3, jax.process_index(), np.int32)}
-    for _ in range(3):
-        save_with_tc(race, mine)
-        assert tc.load(race, mine)["who"].tolist() == [0, 0, 0]
-    # another path, or another tree, on one process: an error on every process
-    for path, tree in (
-        (race.with_name(f"race-{jax.process_index()}.safetensors"), mine),
-        (race, mine if jax.process_index() == 0 else {**mine, "extra": np.ones(2)}),
-    ):
+def host_trees_are_written_by_their_caller_alone() -> None:
+    """A tree with nothing spread over processes: whoever calls tc.save writes it, alone."""
+    folder = pathlib.Path(FOLDER) / "alone"
+    if jax.process_index() == 0:
+        folder.mkdir(exist_ok=True)
+    multihost_utils.sync_global_devices("alone: folder made")
+    mesh = state["mesh"]
+    replicated = jax.jit(lambda: jnp.arange(4.0), out_shardings=NamedSharding(mesh, P()))()
+    inner = jax.jit(lambda: jnp.ones((2, 4)), out_shardings=NamedSharding(mesh, P(None, "model")))()
+    tree = {"w": np.arange(6.0).reshape(2, 3), "step": 3, "replicated": replicated, "inner": inner}
+    tree["local"] = jnp.full(2, 7.0)  # on this process's first device only
+    values = {"w": tree["w"], "step": 3, "replicated": np.arange(4.0, dtype="f4")}
+    values.update(inner=np.ones((2, 4), "f4"), local=np.full(2, 7.0, "f4"))
+
+    def assert_saved(path: pathlib.Path) -> None:  # read back whole, as NumPy
+        assert tc.is_tree_equal(tc.load(path, values), values), path
+
+    for alone in (0, 1):
+        path = folder / f"from-{alone}.safetensors"
         try:
-            save_with_tc(path, tree)
+            if jax.process_index() == alone:  # the other one waits at the barrier below
+                tc.save(path, tree, timeout=5)  # (a bound, in case it waited after all)
+                assert_saved(path)
+        finally:
+            multihost_utils.sync_global_devices(f"alone {alone}")
+        assert_saved(path)  # a shared folder: both see it
+    save_on_one_process(folder / "habit.safetensors", tree)
+    multihost_utils.sync_global_devices("alone: the habit")
+    assert_saved(folder / "habit.safetensors")
+    # a file per process, and one path from every process: each writes its own copy
+    mine = {"who": np.full(3, jax.process_index(), np.int32)}
+    own = folder / f"own-{jax.process_index()}.safetensors"
+    tc.save(own, mine)
+    assert tc.load(own, mine)["who"].tolist() == [jax.process_index()] * 3
+    for _ in range(3):
+        tc.save(folder / "every.safetensors", tree)
+    multihost_utils.sync_global_devices("alone: saved by every process")
+    assert_saved(folder / "every.safetensors")
+    # a sharded save by one process
+    index = folder / "sharded" / "model.safetensors.index.json"
+    try:
+        if jax.process_index() == 0:
+            index.parent.mkdir()
+            tc.save(index, tree, max_shard_size="40B", timeout=5)
+    finally:
+        multihost_utils.sync_global_devices("alone: sharded")
+    assert_saved(index)
+    assert len(list(index.parent.iterdir())) > 2  # shards and their index
+    assert not [p.name for p in folder.rglob("*.tmp")]
+
+
+def save_on_one_process(path: pathlib.Path, tree: Any) -> None:
+    # a tree with nothing spread over processes (NumPy, replicated or local arrays):
+    # the process that calls tc.save writes it alone, without waiting for the others
+    if jax.process_index() == 0:
+        tc.save(path, tree)
+
+
+def spread_trees_need_every_process() -> None:
+    """A tree with arrays split across processes: a call on one process, or calls with
+    other trees or paths, end in a clear error on every process that made one, within
+    the bound, and write nothing; the processes stay in step."""
+    folder = pathlib.Path(FOLDER) / "spread"
+    if jax.process_index() == 0:
+        folder.mkdir(exist_ok=True)
+    path = folder / "spread.safetensors"
+    rows = np.arange(16.0, dtype="f4").reshape(4, 4)
+    spread, by_columns = (
+        jax.make_array_from_callback(rows.shape, NamedSharding(state["mesh"], s), lambda i: rows[i])
+        for s in (P("data", None), P(None, "data"))
+    )
+    tree = {"host": np.arange(3.0), "spread": spread}
+    rule = "every process must call tc.save with the same tree"
+    notices: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: notices.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("treeclass").addHandler(handler)
+    for alone in (0, 1):
+        try:
+            if jax.process_index() == alone:
+                try:
+                    tc.save(path, tree, timeout=0.25)
+                except TimeoutError as error:
+                    text = str(error)
+                else:
+                    raise AssertionError("a save of a spread tree on one process did not fail")
+                assert rule in text and "['spread']" in text, text
+                assert f"waited 0.25 s for process {1 - alone}" in text, text
+                assert "a larger timeout=" in text, text
+                # and it said so while it waited (after 10 s, or half the timeout)
+                assert len(notices) == 1, notices
+                assert f"is waiting for process {1 - alone}" in notices.pop(), notices
+        finally:
+            multihost_utils.sync_global_devices(f"spread alone {alone}")
+    logging.getLogger("treeclass").removeHandler(handler)
+    assert sorted(p.name for p in folder.iterdir()) == [], list(folder.iterdir())
+    # different trees or paths: the first key path where they differ, on every process
+    cases = [
+        ({**tree, "extra": np.ones(2)}, path, "['host'] on process 0, where process 1's tree has"),
+        ({**tree, "host": np.arange(3.0, dtype="f4")}, path, "float64[3] on process 0, float32[3]"),
+        ({**tree, "spread": by_columns}, path, "sharded P('data', None)"),
+        (tree, folder / "other.safetensors", "process 0 saves to"),
+    ]  # fmt: skip
+    for other, where, difference in cases:
+        try:
+            if jax.process_index() == 0:
+                tc.save(path, tree, timeout=5)
+            else:
+                tc.save(where, other, timeout=5)
         except ValueError as error:
             text = str(error)
-            assert "every process must call tc.save with the same path" in text, text
-            assert "process 1" in text, text
+            assert rule in text and difference in text and "process 1" in text, text
         else:
-            raise AssertionError("saves with different paths or trees were not refused")
-    assert not any(p.name.startswith("race-") for p in race.parent.iterdir())
+            raise AssertionError(f"calls with different trees were not refused: {difference}")
+    assert sorted(p.name for p in folder.iterdir()) == [], list(folder.iterdir())
     # process 0 failing to write: the same failure on every process, not a wait
     try:
-        save_with_tc(race.parent / "no such folder" / "x.safetensors", mine)
+        tc.save(folder / "no such folder" / "x.safetensors", tree, timeout=5)
     except OSError as error:
         assert "no such folder" in str(error) and "does not exist" in str(error), error
     else:
         raise AssertionError("a save into a missing folder did not fail")
+    # and the processes are still in step: the next save on all of them works
+    tc.save(path, tree, timeout=5)
+    restored = tc.load(path, {"host": np.zeros(3), "spread": np.zeros((4, 4), "f4")})
+    np.testing.assert_array_equal(restored["spread"], rows)
 
 
-def save_on_some_processes_only_is_refused() -> None:
+def a_process_that_dies_mid_save_ends_the_others_waits() -> None:
+    """The last process dies while it writes its share of a sharded save: the others
+    raise within the bound, naming it, and the previous checkpoint stays as it was."""
     from treeclass._checkpoint import _processes
 
-    race = pathlib.Path(FOLDER) / "alone.safetensors"
-    saved = _processes.ARRIVAL_TIMEOUT_S
-    _processes.ARRIVAL_TIMEOUT_S = 0.5  # the seam: 300 s by default
+    tree, _ = mixed_model(make_mesh())
+    folder = SHARDED_INDEX.parent
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    multihost_utils.sync_global_devices("before a death")
+    victim = jax.process_count() - 1
+    if jax.process_index() == victim:
+
+        def die(*args: Any) -> None:
+            os._exit(DIED)  # no cleanup, no goodbye: as a killed process
+
+        _processes.write_at = die
     try:
-        for alone in (0, 1):  # process 0 alone (the writer), then process 1 alone
-            try:
-                if jax.process_index() == alone:
-                    try:
-                        save_with_tc(race, {"x": np.arange(3)})
-                    except TimeoutError as error:
-                        text = str(error)
-                        assert "every process must call tc.save(path, tree)" in text, text
-                        assert f"process {1 - alone} did not call it" in text, text
-                    else:
-                        raise AssertionError("a save on one process did not time out")
-            finally:
-                multihost_utils.sync_global_devices(f"alone {alone}")
-    finally:
-        _processes.ARRIVAL_TIMEOUT_S = saved
-    assert not race.exists()
-    # and the processes are still in step: the next save on all of them works
-    save_with_tc(race, {"x": np.arange(3)})
-    assert tc.load(race, {"x": np.arange(3)})["x"].tolist() == [0, 1, 2]
+        tc.save(SHARDED_INDEX, tree, max_shard_size=SHARD_SIZE, timeout=2)
+    except TimeoutError as error:
+        text = str(error)
+    else:
+        raise AssertionError("a save whose process died did not fail")
+    assert f"for process {victim} to finish its share" in text, text
+    assert "a larger timeout=" in text, text
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+DIED = 17  # the exit status of the process that dies on purpose
 
 
 def bytes_read() -> tuple[int, int]:
@@ -990,8 +1092,8 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         tc_save_spread_arrays,
         tc_save_big_model,
         tc_sharded_save_is_written_by_every_process,
-        saves_to_one_path_do_not_race,
-        save_on_some_processes_only_is_refused,  # last: it waits on purpose
+        host_trees_are_written_by_their_caller_alone,
+        spread_trees_need_every_process,
     ],
     "sharding_rules": [
         rules_setup,
@@ -1003,6 +1105,7 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
     "sharded_save": [
         tc_sharded_save_is_written_by_every_process,
         a_failed_share_fails_the_sharded_save_everywhere,
+        a_process_that_dies_mid_save_ends_the_others_waits,  # last: a process dies
     ],
     "restore": [
         restore_into_sharded_template,
@@ -1011,6 +1114,9 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
         tc_load_reads_only_own_shards,
     ],
 }
+
+
+ENDS_WITH_A_DEATH = {"sharded_save"}
 
 
 def main() -> None:
@@ -1026,8 +1132,10 @@ def main() -> None:
         except Exception:
             results[name] = traceback.format_exc(limit=6)
         print(f"done: {name}: {results[name]}", file=sys.stderr, flush=True)
+        print(json.dumps(results), flush=True)  # so far: what a process that dies reported
     print(f"all done at {time.perf_counter() - STARTED:.1f} s", file=sys.stderr, flush=True)
-    print(json.dumps(results), flush=True)
+    if SCENARIO in ENDS_WITH_A_DEATH:  # the runtime's goodbye would wait for the dead one
+        os._exit(0)
 
 
 if __name__ == "__main__":

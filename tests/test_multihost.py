@@ -7,14 +7,16 @@ exit status and the end of its stderr. The runs, in order:
 
 1. `train_and_save`, 2 processes x 2 CPU devices: the model built in its shardings, a
    sharded train step against one device, frozen values, inspection from one process,
-   equality and `.at[mask].get()` errors, an orbax save;
+   equality and `.at[mask].get()` errors, an orbax save, `tc.save` from one process and
+   from all, and its misuses;
 2. `restore`, 2 fresh processes x 2 devices: the checkpoint restored into an abstract
    sharded template, then the next step;
 3. `restore`, 1 process x 4 devices: the same checkpoint on another process count and
    another mesh;
 4. `sharding_rules`, 2 processes x 2 devices: the transformer of the sharding recipe
    built in place from its rule table, trained, saved and loaded into the rules' template.
-5. `sharded_save`, 3 processes x 2 devices: a sharded `tc.save` written by every process.
+5. `sharded_save`, 3 processes x 2 devices: a sharded `tc.save` written by every process,
+   one whose share fails, and one whose process 2 dies (its exit status is expected).
 
 Each worker reports its checks by name; each test below asserts one of them on every
 process of a run. A new multi-process behaviour is a new check function in the worker
@@ -38,6 +40,7 @@ import pytest
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 ROOT = WORKER.parent.parent
 PAGE = ROOT / "docs" / "recipes" / "multihost.md"
+DIED = 17  # the status of a worker that dies on purpose (`multihost_worker.DIED`)
 RUN_LIMIT_S = 150  # a run takes about 10 s; this bounds a hang, it is not a speed test
 KILL_WAIT_S = 10
 _TAIL = 6000
@@ -71,16 +74,28 @@ def _report(why: str, procs: list[subprocess.Popen], logs: list[pathlib.Path]) -
 
 
 def run_workers(
-    scenario: str, processes: int, devices: int, folder: pathlib.Path, limit_s: float = RUN_LIMIT_S
+    scenario: str,
+    processes: int,
+    devices: int,
+    folder: pathlib.Path,
+    limit_s: float = RUN_LIMIT_S,
+    dies: dict[int, int] | None = None,
 ) -> Run:
-    """Run `scenario` on `processes` processes of `devices` CPU devices each, within `limit_s`."""
-    port = str(_free_port())
+    """Run `scenario` on `processes` processes of `devices` CPU devices each, within
+    `limit_s`; `dies` maps a process that ends on purpose to its exit status."""
+    try:
+        port = str(_free_port())
+    except OSError as error:  # e.g. `[Errno 97] Address family not supported by protocol`
+        pytest.skip(
+            f"this machine forbids loopback TCP sockets ({error}); the processes of a "
+            "multi-process run meet on 127.0.0.1"
+        )
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {
         **os.environ,
-        # the checkout under test first (an installed treeclass may be another one)
-        "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), str(WORKER.parent), os.environ.get("PYTHONPATH", "")]
-        ),
+        # the checkout under test first (an installed treeclass may be another one), then
+        # the inherited path, where this machine's jax may live
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(WORKER.parent), *inherited]),
         "JAX_PLATFORMS": "cpu",
     }
     procs: list[subprocess.Popen] = []
@@ -111,7 +126,8 @@ def run_workers(
                 pass
             for proc in [p for p in running if p.poll() is not None]:
                 running.remove(proc)
-                if proc.returncode != 0:  # the others would wait for it: stop them all
+                expected = (dies or {}).get(procs.index(proc), 0)
+                if proc.returncode != expected:  # the others would wait for it: stop them all
                     pytest.fail(_report(f"{scenario}: a process failed", procs, logs))
         results = []
         for log in logs:
@@ -131,9 +147,11 @@ def run_workers(
                 pass
 
 
-def assert_check(run: Run, name: str) -> None:
-    """`name` passed on every process of `run`."""
+def assert_check(run: Run, name: str, processes: list[int] | None = None) -> None:
+    """`name` passed on every process of `run` (on `processes`, if given)."""
     for i, results in enumerate(run.results):
+        if processes is not None and i not in processes:
+            continue
         outcome = results.get(name, f"not run; the checks were {sorted(results)}")
         assert outcome == "ok", f"process {i} of {run.processes}: {outcome}"
 
@@ -244,20 +262,36 @@ def test_a_sharded_tc_save_is_written_by_every_process_in_balanced_shares(traine
     assert_check(trained, "tc_sharded_save_is_written_by_every_process")
 
 
-def test_a_sharded_tc_save_on_three_processes_is_balanced_too(folder):
+@pytest.fixture(scope="module")
+def three(folder: pathlib.Path) -> Run:
+    # its last check kills process 2 on purpose
+    return run_workers("sharded_save", processes=3, devices=2, folder=folder, dies={2: DIED})
+
+
+def test_a_sharded_tc_save_on_three_processes_is_balanced_too(three):
     # an odd count: replicated tensors split three ways, blocks held by one process each
-    run = run_workers("sharded_save", processes=3, devices=2, folder=folder)
-    assert_check(run, "tc_sharded_save_is_written_by_every_process")
+    assert_check(three, "tc_sharded_save_is_written_by_every_process")
+
+
+def test_a_failed_share_fails_the_sharded_save_on_every_process(three):
     # one process failing its share: an error on all three, the old files untouched
-    assert_check(run, "a_failed_share_fails_the_sharded_save_everywhere")
+    assert_check(three, "a_failed_share_fails_the_sharded_save_everywhere")
 
 
-def test_tc_save_by_every_process_to_one_path_writes_once_and_refuses_differences(trained):
-    assert_check(trained, "saves_to_one_path_do_not_race")
+def test_a_process_dying_mid_save_ends_the_others_waits_within_the_timeout(three):
+    # the survivors raise a TimeoutError naming the dead process; nothing half-written
+    assert_check(three, "a_process_that_dies_mid_save_ends_the_others_waits", processes=[0, 1])
 
 
-def test_tc_save_on_one_process_alone_times_out_and_keeps_processes_in_step(trained):
-    assert_check(trained, "save_on_some_processes_only_is_refused")
+def test_tc_save_of_a_tree_with_nothing_spread_is_written_by_its_caller_alone(trained):
+    # process 0 alone, process 1 alone, a file per process, one path from both, sharded
+    assert_check(trained, "host_trees_are_written_by_their_caller_alone")
+
+
+def test_tc_save_of_a_spread_tree_refuses_one_caller_or_different_trees_in_bounded_time(trained):
+    # a TimeoutError naming the rule and the missing process; a ValueError naming the
+    # first key path that differs; nothing written; the next save on both works
+    assert_check(trained, "spread_trees_need_every_process")
 
 
 def test_tc_load_into_sharded_template_keeps_frozen_and_static_values(restored):
@@ -275,6 +309,52 @@ def test_tc_load_reads_about_each_process_share_of_the_file(restored):
 def test_tc_load_on_another_process_count_and_mesh(resharded):
     assert_check(resharded, "tc_load_into_sharded_template")
     assert_check(resharded, "tc_load_reads_only_own_shards")
+
+
+def test_runs_skip_naming_the_limit_where_loopback_sockets_are_forbidden(monkeypatch, tmp_path):
+    def forbidden(*args, **kwargs):
+        raise OSError(97, "Address family not supported by protocol")
+
+    monkeypatch.setattr(socket, "socket", forbidden)
+    with pytest.raises(pytest.skip.Exception, match=r"forbids loopback TCP sockets \(\[Errno 97\]"):
+        run_workers("train_and_save", processes=2, devices=2, folder=tmp_path)
+
+
+def test_workers_keep_the_inherited_python_path_after_the_checkout(monkeypatch, tmp_path):
+    # a machine whose jax lives on PYTHONPATH: the workers must still find it
+    started = []
+
+    class Started(Exception):
+        pass
+
+    def popen(args, **kwargs):
+        started.append(kwargs["env"]["PYTHONPATH"].split(os.pathsep))
+        raise Started
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/site/jax", "", "/site/more"]))
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(Started):
+        run_workers("train_and_save", processes=2, devices=2, folder=tmp_path)
+    assert started == [[str(ROOT), str(WORKER.parent), "/site/jax", "/site/more"]]
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+     ("300", TypeError), (True, TypeError), (None, TypeError)],
+)  # fmt: skip
+def test_tc_save_refuses_a_timeout_that_is_not_a_positive_number(tmp_path, timeout, error):
+    # checked in a run of one process too, before anything is written
+    import numpy as np
+
+    import treeclass as tc
+
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(error, match=r"timeout= in seconds, a positive number; got"):
+        tc.save(path, {"x": np.ones(2)}, timeout=timeout)
+    assert not list(tmp_path.iterdir())
+    tc.save(path, {"x": np.ones(2)}, timeout=0.25)  # a bound only waits matter to
+    assert tc.load(path, {"x": np.zeros(2)})["x"].tolist() == [1.0, 1.0]
 
 
 def test_page_shows_the_code_the_workers_run():

@@ -19,7 +19,7 @@ from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_
 from ._export import ForeignTensor, export
 from ._files import reworded
 from ._formats import open_source, writer_for
-from ._processes import save_from_processes
+from ._processes import DEFAULT_TIMEOUT_S, save_from_processes
 from ._report import LoadReport
 from ._restore import restore
 from ._rules import Rule, RuledCatalog, compile_rules
@@ -294,6 +294,7 @@ def save(
     rules: object = None,
     metadata: Mapping[str, str] | None = None,
     format: Literal["safetensors", "sharded"] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Save `tree` to one safetensors file at `path`, without pickle.
 
@@ -345,17 +346,24 @@ def save(
       (one file) or `"sharded"` (with `max_shard_size`); by default told by
       `max_shard_size`. A format `load` reads only (`"npz"`, `"flax"`, `"equinox"`) is an
       error before anything is written.
+    - `timeout`: in a run of several processes, the most seconds a process waits for
+      another (to call `save`, or to go on with its part of the writing) before it
+      raises `TimeoutError`; 300 by default. A process kept waiting for the others to
+      call says so on the `"treeclass"` logger after 10 s (or half of `timeout`).
 
-    In a run of several processes (`jax.distributed`), every process must call
-    `save` with the same path and a tree of the same structure: process 0 alone writes
-    the file (on its own disk), the others return once it is written. Arrays replicated
-    over the processes, or held whole by each, are read from process 0's own devices;
-    arrays split across processes are gathered to it one at a time while it writes, a
-    collective every process joins. A sharded save (`max_shard_size`) is written by every
-    process instead, each about its share of the bytes, straight from the blocks its
-    devices hold, into a folder they all see. Calls with different paths or trees raise a
-    `ValueError` on every process; a call that the other processes do not make within
-    300 s raises a `TimeoutError` naming them, instead of waiting forever.
+    In a run of several processes (`jax.distributed`), a tree that holds nothing spread
+    over processes (NumPy arrays, numbers, arrays replicated over the processes or local
+    to one) is written by the process that calls `save`, alone, at once:
+    `if jax.process_index() == 0: tc.save(path, tree)` writes it once. A tree that holds
+    arrays spread over processes needs them all: **every process must call `save` with
+    the same tree and path**. Process 0 alone writes the file (on its own disk), the
+    others return once it is written; arrays split across processes are gathered to it
+    one at a time while it writes, a collective every process joins. A sharded save
+    (`max_shard_size`) of such a tree is written by every process instead, each about its
+    share of the bytes, straight from the blocks its devices hold, into a folder they all
+    see. Calls with different paths or trees raise a `ValueError` naming the first key
+    path that differs; a call the other processes do not make, or a process that stops,
+    raises a `TimeoutError` within `timeout` naming them, and nothing is written.
 
     **Returns**
 
@@ -367,7 +375,7 @@ def save(
     the same name, or (on several processes) calls that do not match; with `rules`, a
     rule the plan cannot run backwards (named, with why), tied weights that differ, or
     a run of several processes (export from one process); the file is untouched.
-    `TimeoutError` when some processes do not call it.
+    `TimeoutError` when some processes do not call it, or stop, within `timeout`.
 
     ```python
     import os, tempfile
@@ -428,7 +436,7 @@ def save(
         raise ValueError(f"tc.save cannot write {path}: {error}") from None
     try:
         # in a run of several processes: process 0 writes, the others gather with it
-        save_from_processes(path, planned, write)
+        save_from_processes(path, planned, write, timeout)
     except OSError as error:
         reason = str(error.strerror)
         if not reason.startswith("cannot write"):

@@ -1,12 +1,19 @@
 """Checkpoint files in a run of several JAX processes: who writes, who waits, what each reads.
 
+**A tree only the caller needs.** A save whose values need no other process to be read
+(NumPy arrays and numbers, arrays local to this process, arrays every process holds
+whole: replicated, or split only over each process's own devices) is written by the
+process that calls `tc.save`, alone and at once, as in a run of one process: nothing is
+asked of the others, so `if jax.process_index() == 0: tc.save(path, tree)` works, and a
+call on every process writes one copy each (atomically: one whole file in a shared
+folder). Every other save is made by all the processes together:
+
 **Saving one file.** Every process calls `tc.save` with the same path and a tree of the
 same structure; process 0 alone writes the file, so two processes never race on one
-path. An array process 0 holds whole (fully replicated, or split only over each
-process's own devices) is read from process 0's own shards, without the others. Any
-other array is split across processes, and is gathered while process 0 writes it
-(`multihost_utils.process_allgather`, a collective): process 0 announces each such
-tensor in turn through the distributed runtime's key-value store, and the other
+path. An array process 0 holds whole is read from process 0's own shards, without the
+others. Any other array is split across processes, and is gathered while process 0
+writes it (`multihost_utils.process_allgather`, a collective): process 0 announces each
+such tensor in turn through the distributed runtime's key-value store, and the other
 processes join that gather, so the gathers happen in the order the writer reads the
 tensors, whatever that order is. The others return once process 0 has written the file.
 
@@ -22,12 +29,19 @@ hold (a replicated tensor) is split between them by bytes, the least loaded firs
 each process writes about the total over the process count. Values that are not arrays
 spread over processes (NumPy arrays, numbers) are process 0's, as for one file.
 
-Every wait is bounded: a call on one process alone (`if jax.process_index() == 0:
-tc.save(...)`), or calls with different paths or trees, raise a clear error on each
-process that made one instead of waiting forever. The processes meet through numbered
-arrivals in the key-value store: each other process posts its arrival `k`, process 0
-claims it (an atomic increment, so a process that gives up and the writer never both
-think they own it) and answers with the go-ahead, or with why not.
+**Every wait is bounded** by the save's `timeout`. The processes meet through numbered
+arrivals in the key-value store: each other process posts its arrival `k` (with its
+tree's description), process 0 claims it (an atomic increment, so a process that gives
+up and the writer never both think they own it) and answers with the go-ahead, or with
+why not (the processes that did not come; the first key path where two trees differ);
+a process kept waiting for the others to call says so on the "treeclass" logger.
+Then each wait for another process (the next step of the writer, a share finished) ends
+`timeout` seconds after the last progress any process of the save told of (writers
+tell at most once a second, per block or tensor written). A process that dies ends
+the waits of the others within that bound; one that dies inside a gather ends the
+gather with the collective's own error, and JAX's runtime stops the whole run when it
+loses process 0 (its coordinator) or misses a process's heartbeat. Loading waits for no
+other process.
 
 **Loading.** `place_by_slices` builds a sharded array from a callback that reads, for
 each shard this process holds, only that shard's bytes (`read_block`). A block is a set
@@ -41,13 +55,16 @@ This module sits below the checks and `_document`: it imports neither.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -60,8 +77,7 @@ from ._files import write_at
 from ._source import OutTensor, PlannedTensor, SharedWrite
 
 __all__ = [
-    "ARRIVAL_TIMEOUT_S",
-    "STEP_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
     "GAP_LIMIT",
     "OVER_READ",
     "GROUP_BYTES",
@@ -73,13 +89,22 @@ __all__ = [
     "place_by_slices",
 ]
 
-# How long process 0 waits for the others to call `tc.save` (and they for it). Processes
-# reach a save at nearly the same time (their training steps wait on each other), so a
-# long wait means a call made on some processes only.
-ARRIVAL_TIMEOUT_S = 300.0
-# How long a process waits for process 0's next step while it writes (one tensor).
-STEP_TIMEOUT_S = 3600.0
+# The default of `tc.save(..., timeout=)`: the longest any process waits for another
+# (to call `tc.save`, or to go on with its part) before it raises. Processes reach a
+# save at nearly the same time (their training steps wait on each other), so a long
+# wait means a call made on some processes only, or a process that stopped.
+DEFAULT_TIMEOUT_S = 300.0
+# How often, at most, a process tells the others it is still writing (a waiter whose
+# bound runs out while some process of the save made progress waits on).
+_PROGRESS_EVERY_S = 1.0
+# An arrival carries its tree's description for naming a difference, up to this size
+_DESCRIPTION_LIMIT = 1 << 20
 _PREFIX = "treeclass/save"
+# A process kept waiting for the others to call `tc.save` says so (on the "treeclass"
+# logger) after this long, or half its timeout if that is shorter, instead of waiting
+# in silence until the timeout.
+_NOTICE_AFTER_S = 10.0
+_logger = logging.getLogger("treeclass")
 # Coalesced reads: runs of a block with a gap of at most GAP_LIMIT bytes between them
 # are read together, when that reads at most OVER_READ times the bytes they hold; one
 # read is at most GROUP_BYTES long (unless one run alone is longer), which bounds the
@@ -88,17 +113,23 @@ GAP_LIMIT = 1 << 20
 OVER_READ = 2
 GROUP_BYTES = 64 << 20
 
-_NOT_EVERYWHERE = (
-    "tc.save cannot write {path}: in a run of {count} processes every process must call "
-    "tc.save(path, tree) with the same path; process 0 writes the file and the others "
-    "take part (they gather the arrays split across processes) and wait for it. {who} "
-    "did not call it within {timeout:.0f} s. Call it on every process, outside any "
-    "`if jax.process_index() == 0:`."
+_RULE = (
+    "in a run of several processes, a tree that holds arrays spread over processes "
+    "({spread}) is saved by all of them together: every process must call tc.save with "
+    "the same tree and path"
 )
-_DIFFERENT_CALLS = (
-    "tc.save cannot write {path}: in a run of several processes every process must call "
-    "tc.save with the same path and a tree of the same structure (the same names, dtypes, "
-    "shapes and shardings); {difference}"
+_RAISE = "if the processes are only slow, pass a larger timeout= (seconds; {timeout:g} now)"
+_NOT_EVERYWHERE = (
+    "tc.save cannot write {path}: " + _RULE + ". Process {me} waited {timeout:g} s for "
+    "{who} to call it, and {verb} not. Call tc.save on every process (outside any "
+    "`if jax.process_index() == 0:`), or, " + _RAISE + ". (A tree with nothing spread "
+    "over processes, such as NumPy or replicated arrays, is written by the process that "
+    "calls tc.save, alone.)"
+)
+_DIFFERENT_CALLS = "tc.save cannot write {path}: " + _RULE + "; {difference}"
+_STOPPED = (
+    "tc.save cannot write {path}: process {me} waited {timeout:g} s for {what}, and no "
+    "process of the save made progress meanwhile: one may have died or stopped. Or, " + _RAISE
 )
 _FAILED_ELSEWHERE = "tc.save on process 0 (the one that writes {path}) failed: {error}"
 _NOT_SHARED = (
@@ -110,6 +141,12 @@ _FAILED_ON = "tc.save of {path} failed on process {process}: {error}"
 _GATHER_OUTSIDE_SAVE = (
     "the array at {where} is split across processes: only tc.save, called on every "
     "process, can gather it"
+)
+_BAD_TIMEOUT = "tc.save takes timeout= in seconds, a positive number; got {timeout!r}"
+_WAITING = (
+    "tc.save of {path} on process {me} is waiting for {who}: a tree that "
+    "holds arrays spread over processes ({spread}) is saved by every process together. "
+    "It gives up {timeout:g} s after the call (timeout=)."
 )
 
 
@@ -150,28 +187,43 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 
 
 class _HostView:
-    """What a save reads of an array that is not fully addressable here (`_values`)."""
+    """What a save reads of an array that is not fully addressable here (`_values`).
+
+    `spread`: whether the array needs another process to be read whole (some process of
+    the run does not hold all of it): a save of a tree holding one is made by all."""
+
+    spread = True
 
     def __init__(self, array: jax.Array, where: str) -> None:
         self.array, self.where = array, where
+        self.progress: Callable[[], None] | None = None  # set by the save it is part of
 
     def _values(self) -> np.ndarray:
         raise NotImplementedError
 
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         out = self._values()
+        if self.progress is not None:
+            self.progress()
         return out if dtype is None else out.astype(dtype)
 
 
 class _Replicated(_HostView):
     """An array every device holds whole: this process's copy."""
 
+    spread = False
+
     def _values(self) -> np.ndarray:
         return np.asarray(_key_data(self.array.addressable_data(0)))
 
 
 class _LocalShards(_HostView):
-    """An array this process holds every part of, across its own devices: assembled here."""
+    """An array this process holds every part of, across its own devices: assembled here.
+    `spread` when some other process does not hold all of it."""
+
+    def __init__(self, array: jax.Array, where: str, spread: bool) -> None:
+        super().__init__(array, where)
+        self.spread = spread
 
     def _values(self) -> np.ndarray:
         out = None
@@ -207,16 +259,25 @@ def host_view(array: jax.Array, where: str) -> _HostView:
     gives the array's values (a PRNG key array's key data).
 
     Nothing is read yet. A fully replicated array is this process's copy; one whose every
-    part is on process 0's devices is assembled there from them; any other is gathered
-    from all processes while the file is written (`save_from_processes`). Every process
-    decides alike, from the sharding: they must agree on which arrays are gathered.
+    part is on this process's devices is assembled here from them; any other is gathered
+    from all processes while the file is written (`save_from_processes`). The view is
+    `spread` unless every process of the run holds all of the array: every process
+    decides alike, from the sharding, which arrays need all of them, and which are
+    gathered.
     """
-    if array.is_fully_replicated:
-        return _Replicated(array, where)
     indices = array.sharding.devices_indices_map(array.shape)
-    held = {_bounds(i, array.shape) for d, i in indices.items() if d.process_index == 0}
-    if sum(math.prod(b - a for a, b in bounds) for bounds in held) == array.size:
-        return _LocalShards(array, where)  # (the shards of one array are equal or disjoint)
+    held: dict[int, set[Bounds]] = {}
+    for device, index in indices.items():
+        held.setdefault(device.process_index, set()).add(_bounds(index, array.shape))
+    # (the shards of one array are equal or disjoint)
+    whole = {
+        p: sum(math.prod(b - a for a, b in x) for x in h) == array.size for p, h in held.items()
+    }
+    everywhere = len(whole) == jax.process_count() and all(whole.values())
+    if array.is_fully_replicated and everywhere:
+        return _Replicated(array, where)
+    if everywhere or whole.get(0, False):  # process 0 can read it alone, when it writes
+        return _LocalShards(array, where, spread=not everywhere)
     return _Gathered(array, where)
 
 
@@ -224,6 +285,7 @@ def host_view(array: jax.Array, where: str) -> _HostView:
 # this process posted (`arrivals`), and on process 0 the next arrival of each other
 # process (`seen`). The key-value store is shared by the whole run, so these counters
 # must stay in step with it; the lock keeps two threads of one process from interleaving.
+# A save made by one process alone (nothing spread over processes) uses none of them.
 _lock = threading.Lock()
 _counters: dict[str, Any] = {"saves": 0, "arrivals": 0, "seen": {}}
 
@@ -250,24 +312,140 @@ def _get(client: _KeyValueStore, key: str, timeout_s: float) -> str | None:
         raise
 
 
-def _describe(path: str, tensors: Sequence[PlannedTensor]) -> str:
-    """What the processes must agree on: the path, and each tensor's name, stored dtype
-    and shape, and whether it is gathered (by a digest: the header may be large)."""
-    parts = [(t.name, str(t.dtype), list(t.shape), type(t.value).__name__) for t in tensors]
-    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()
-    return json.dumps({"path": path, "tensors": digest, "count": len(parts)})
+class _Notice:
+    """A wait for the others to call `tc.save` that says so on the "treeclass" logger
+    (once) if it lasts: `_NOTICE_AFTER_S` after it began, or half its timeout."""
+
+    def __init__(self, timeout: float, text: Callable[[], str]) -> None:
+        now = time.monotonic()
+        self.at, self.deadline = now + min(_NOTICE_AFTER_S, timeout / 2), now + timeout
+        self.text: Callable[[], str] | None = text
+
+    def get(self, client: _KeyValueStore, key: str) -> str | None:
+        """`key`'s value once it is set, or None if it is not by the deadline."""
+        if self.text is not None:
+            posted = _get(client, key, self.at - time.monotonic())
+            if posted is not None:
+                return posted
+            _logger.warning(self.text())
+            self.text = None
+        return _get(client, key, self.deadline - time.monotonic())
 
 
-def _difference(mine: str, theirs: str, process: int) -> str | None:
-    a, b = json.loads(mine), json.loads(theirs)
-    if a == b:
-        return None
-    if a["path"] != b["path"]:
-        return f"process 0 saves to {a['path']!r} but process {process} to {b['path']!r}"
-    return (
-        f"the trees of process 0 ({a['count']} tensors) and process {process} "
-        f"({b['count']} tensors) differ"
+def _check_timeout(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(_BAD_TIMEOUT.format(timeout=timeout))
+    if not 0 < timeout < math.inf:
+        raise ValueError(_BAD_TIMEOUT.format(timeout=timeout))
+    return float(timeout)
+
+
+class _Save:
+    """One save made by several processes: its path, number and bound, and the waits."""
+
+    def __init__(self, client: _KeyValueStore, path: str, number: int, timeout: float) -> None:
+        self.client, self.path, self.timeout = client, path, timeout
+        self.key = f"{_PREFIX}/{number}"
+        self._told = -math.inf
+
+    def progress(self, now: bool = False) -> None:
+        """Tell the others this process is still at work (at most once a second, unless
+        `now`: a step of the save done, which restarts the others' bounds)."""
+        if now or time.monotonic() - self._told >= _PROGRESS_EVERY_S:
+            self._told = time.monotonic()
+            self.client.key_value_increment(f"{self.key}/progress", 1)
+
+    def wait(self, name: str, what: str, bound: float | None = None) -> dict[str, Any]:
+        """The message posted at `name` (under this save's key). The wait ends `bound`
+        (by default `timeout`) seconds after the last progress any process of the save
+        told of."""
+        progress, bound = f"{self.key}/progress", bound or self.timeout
+        told = self.client.key_value_increment(progress, 0)
+        while True:
+            posted = _get(self.client, f"{self.key}/{name}", bound)
+            if posted is not None:
+                return json.loads(posted)
+            now = self.client.key_value_increment(progress, 0)
+            if now == told:
+                raise TimeoutError(
+                    _STOPPED.format(
+                        path=self.path, me=jax.process_index(), timeout=bound, what=what
+                    )
+                )
+            told = now
+
+
+def _kind(value: object) -> str:
+    """What the processes must agree on of a value: whether and how it is spread."""
+    if not isinstance(value, _HostView):
+        return "local"
+    array = value.array
+    blocks = sorted(
+        (device.id, _bounds(index, array.shape))
+        for device, index in array.sharding.devices_indices_map(array.shape).items()
     )
+    digest = hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
+    spec = getattr(array.sharding, "spec", None)
+    sharding = type(array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
+    return f"{'split' if isinstance(value, _Gathered) else 'held'}|{sharding}|{digest}"
+
+
+def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
+    return [[t.where, str(t.dtype), list(t.shape), _kind(t.value)] for t in tensors]
+
+
+def _describe(path: str, entries: list[list[Any]]) -> str:
+    """What the processes must agree on: the path, and each tensor's key path, stored
+    dtype and shape, and how it is spread (by a digest, with the whole list packed when
+    it is not too large, to name the first difference)."""
+    text = json.dumps(entries).encode()
+    packed = base64.b64encode(zlib.compress(text)).decode()
+    return json.dumps(
+        {
+            "path": path,
+            "digest": hashlib.sha256(text).hexdigest(),
+            "count": len(entries),
+            "entries": packed if len(packed) <= _DESCRIPTION_LIMIT else None,
+        }
+    )
+
+
+def _shown(entry: list[Any]) -> str:
+    """A tensor of a `_describe` list, in words: `float32[4, 3] sharded P('data', None)`."""
+    where, dtype, shape, kind = entry
+    if kind == "local":
+        return f"{dtype}{shape}"
+    _, sharding, digest = kind.split("|")
+    return f"{dtype}{shape} sharded {sharding} (device blocks {digest})"
+
+
+def _difference(mine: list[list[Any]], path: str, theirs: str, process: int) -> str | None:
+    """Why process `process`'s call (its `_describe`) does not match process 0's."""
+    other = json.loads(theirs)
+    if other["path"] != path:
+        return f"process 0 saves to {path!r} but process {process} to {other['path']!r}"
+    if other["digest"] == hashlib.sha256(json.dumps(mine).encode()).hexdigest():
+        return None
+    if other["entries"] is None:
+        return (
+            f"the trees of process 0 ({len(mine)} tensors) and process {process} "
+            f"({other['count']} tensors) differ"
+        )
+    entries = json.loads(zlib.decompress(base64.b64decode(other["entries"])))
+    for a, b in zip(mine, entries):
+        if a[0] != b[0]:
+            return (
+                f"the trees differ first at {a[0]} on process 0, where process {process}'s "
+                f"tree has {b[0]}"
+            )
+        if a != b:
+            return (
+                f"the trees differ first at {a[0]}: {_shown(a)} on process 0, {_shown(b)} on "
+                f"process {process}"
+            )
+    if len(mine) > len(entries):
+        return f"the trees differ first at {mine[len(entries)][0]}, which process {process}'s lacks"
+    return f"the trees differ first at {entries[len(mine)][0]}, which process 0's lacks"
 
 
 _REMOTE_ERRORS = {"ValueError": ValueError, "TimeoutError": TimeoutError, "OSError": OSError}
@@ -277,49 +455,75 @@ def _raise_remote(kind: str, message: str) -> None:
     raise _REMOTE_ERRORS.get(kind, RuntimeError)(message)
 
 
-def save_from_processes(
-    path: str, tensors: Sequence[PlannedTensor], write: Callable[[], None] | SharedWrite
-) -> None:
-    """Write `path` with every process taking part.
+def _checked(message: dict[str, Any]) -> dict[str, Any]:
+    if "error" in message:
+        _raise_remote(*message["error"])
+    return message
 
-    `tensors` are the save's planned tensors (`.name`, `.dtype`, `.shape`, `.value`), the
-    same on every process. `write` is either a `SharedWrite` (its `tensors` in the same
-    order), which every process writes a share of, or a function that writes the whole
-    file and reads every tensor's value: it runs on process 0 while the other processes
-    join the gathers of the arrays split across processes. In a run of one process a
-    function is called, and a `SharedWrite` written by this process alone.
+
+def save_from_processes(
+    path: str,
+    tensors: Sequence[PlannedTensor],
+    write: Callable[[], None] | SharedWrite,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Write `path`, alone or with every process taking part.
+
+    `tensors` are the save's planned tensors (`.name`, `.dtype`, `.shape`, `.value`).
+    `write` is either a `SharedWrite` (its `tensors` in the same order), or a function
+    that writes the whole file and reads every tensor's value.
+
+    A save whose values need no other process (none is a `spread` view: a run of one
+    process, or NumPy, local and replicated arrays) is this process's alone: the function
+    is called, or the `SharedWrite` written by this process alone, at once. Otherwise
+    every process takes part, with the same tensors: a `SharedWrite` is written by all,
+    each its share; a function runs on process 0 while the others join the gathers of
+    the arrays split across processes. No process waits for another more than `timeout`
+    seconds without news (a call, or progress in the writing).
     """
-    if jax.process_count() == 1:
+    timeout = _check_timeout(timeout)
+    spread = [t.where for t in tensors if isinstance(t.value, _HostView) and t.value.spread]
+    if jax.process_count() == 1 or not spread:
         if isinstance(write, SharedWrite):
             _write_shared_alone(write, tensors)
         else:
             write()
         return
+    named = ", ".join(spread[:3]) + (", ..." if len(spread) > 3 else "")
     with _lock:
         first = jax.process_index() == 0
-        save = _meet_as_process_0(path, tensors) if first else _meet(path, tensors)
+        save = (_meet_as_process_0 if first else _meet)(path, tensors, named, timeout)
         if isinstance(write, SharedWrite):
-            (_share_as_process_0 if first else _share)(path, save, tensors, write)
+            (_share_as_process_0 if first else _share)(save, tensors, write)
         elif first:
-            _write_as_process_0(path, save, tensors, write)
+            _write_as_process_0(save, tensors, write)
         else:
-            _take_part(path, save, tensors)
+            _take_part(save, tensors)
 
 
-def _meet_as_process_0(path: str, tensors: Sequence[PlannedTensor]) -> int:
+def _meet_as_process_0(
+    path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: float
+) -> _Save:
     """Process 0's side of the meeting: every other process arrived with the same call
-    (else an error on every process); the number of this save."""
+    (else an error on every process that came); this save."""
     client, count = _client(), jax.process_count()
-    save = _counters["saves"]
+    number = _counters["saves"]
     _counters["saves"] += 1
     seen: dict[int, int] = _counters["seen"]
-    mine = _describe(path, tensors)
-    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+    mine = _entries(tensors)
     arrived: dict[int, tuple[int, str]] = {}
+
+    def waiting() -> str:
+        who = [p for p in range(1, count) if p not in arrived]
+        who_text = f"process {who[0]}" if len(who) == 1 else f"processes {who}"
+        who_text += " to call it too"
+        return _WAITING.format(path=path, me=0, who=who_text, spread=spread, timeout=timeout)
+
+    wait = _Notice(timeout, waiting)
     for process in range(1, count):
         while process not in arrived:
             k = seen.get(process, 0)
-            theirs = _get(client, f"{_PREFIX}/arrive/{process}/{k}", deadline - time.monotonic())
+            theirs = wait.get(client, f"{_PREFIX}/arrive/{process}/{k}")
             if theirs is None:
                 break
             seen[process] = k + 1
@@ -330,50 +534,59 @@ def _meet_as_process_0(path: str, tensors: Sequence[PlannedTensor]) -> int:
     error: tuple[str, str] | None = None
     if missing:
         who = f"process {missing[0]}" if len(missing) == 1 else f"processes {missing}"
-        text = _NOT_EVERYWHERE.format(path=path, count=count, who=who, timeout=ARRIVAL_TIMEOUT_S)
+        text = _NOT_EVERYWHERE.format(
+            path=path, spread=spread, me=0, timeout=timeout, who=who,
+            verb="it did" if len(missing) == 1 else "they did",
+        )  # fmt: skip
         error = ("TimeoutError", text)
     else:
         for process, (_, theirs) in arrived.items():
-            difference = _difference(mine, theirs, process)
+            difference = _difference(mine, path, theirs, process)
             if difference is not None:
-                error = ("ValueError", _DIFFERENT_CALLS.format(path=path, difference=difference))
+                text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
+                error = ("ValueError", text)
                 break
     for process, (k, _) in arrived.items():
-        answer = {"save": save} if error is None else {"error": error}
+        answer = {"save": number} if error is None else {"error": error}
         client.key_value_set(f"{_PREFIX}/reply/{process}/{k}", json.dumps(answer))
     if error is not None:
         _raise_remote(*error)
-    if save > 0:  # every process has finished the previous save: its steps can go
-        client.key_value_delete(f"{_PREFIX}/{save - 1}")
-    return save
+    if number > 0:  # every process has finished the previous save: its steps can go
+        client.key_value_delete(f"{_PREFIX}/{number - 1}")
+    return _Save(client, path, number, timeout)
 
 
-def _meet(path: str, tensors: Sequence[PlannedTensor]) -> int:
-    """Another process's side of the meeting: the number of this save, once process 0
-    has seen every process arrive with the same call (else its error)."""
+def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: float) -> _Save:
+    """Another process's side of the meeting: this save, once process 0 has seen every
+    process arrive with the same call (else its error)."""
     client, process = _client(), jax.process_index()
     k = _counters["arrivals"]
     _counters["arrivals"] += 1
-    client.key_value_set(f"{_PREFIX}/arrive/{process}/{k}", _describe(path, tensors))
-    # process 0 may arrive up to a timeout after us, then wait as long for the others
-    reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", 2 * ARRIVAL_TIMEOUT_S)
+    client.key_value_set(f"{_PREFIX}/arrive/{process}/{k}", _describe(path, _entries(tensors)))
+    who = "process 0 to answer, which it does once every process has called it"
+    text = _WAITING.format(path=path, me=process, who=who, spread=spread, timeout=timeout)
+    reply = _Notice(timeout, lambda: text).get(client, f"{_PREFIX}/reply/{process}/{k}")
     if reply is None:
         if client.key_value_increment(f"{_PREFIX}/claim/{process}/{k}", 1) == 1:
-            text = _NOT_EVERYWHERE.format(
-                path=path, count=jax.process_count(), who="process 0",
-                timeout=2 * ARRIVAL_TIMEOUT_S,
-            )  # fmt: skip
-            raise TimeoutError(text)
+            raise TimeoutError(
+                _NOT_EVERYWHERE.format(
+                    path=path,
+                    spread=spread,
+                    me=process,
+                    timeout=timeout,
+                    verb="it did",
+                    who="process 0 to answer (it answers once every process has called it)",
+                )  # fmt: skip
+            )
         # process 0 claimed our arrival just now: its answer is on its way
-        reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", ARRIVAL_TIMEOUT_S)
+        reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", timeout)
         if reply is None:
-            raise TimeoutError(f"tc.save cannot write {path}: process 0 stopped answering")
+            what = "process 0 to answer its call, which process 0 had seen"
+            raise TimeoutError(_STOPPED.format(path=path, me=process, timeout=timeout, what=what))
     answer = json.loads(reply)
     for key in ("arrive", "reply", "claim"):
         client.key_value_delete(f"{_PREFIX}/{key}/{process}/{k}")
-    if "error" in answer:
-        _raise_remote(*answer["error"])
-    return answer["save"]
+    return _Save(client, path, _checked(answer)["save"], timeout)
 
 
 def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, Any]:
@@ -386,52 +599,40 @@ def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, A
     return {"error": [kind, text]}
 
 
-def _wait_step(client: _KeyValueStore, path: str, key: str) -> dict[str, Any]:
-    posted = _get(client, key, STEP_TIMEOUT_S)
-    if posted is None:
-        raise TimeoutError(
-            f"tc.save cannot write {path}: process 0 did not go on writing within "
-            f"{STEP_TIMEOUT_S:.0f} s"
-        )
-    message = json.loads(posted)
-    if "error" in message:
-        _raise_remote(*message["error"])
-    return message
-
-
-def _write_as_process_0(
-    path: str, save: int, tensors: Sequence[PlannedTensor], write: Callable[[], None]
-) -> None:
-    client = _client()
+def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Callable) -> None:
     steps = itertools.count()
     order = {id(t.value): i for i, t in enumerate(tensors)}
 
     def announcer(value: _Gathered) -> Callable[[], None]:
         def announce() -> None:
-            step = f"{_PREFIX}/{save}/step/{next(steps)}"
-            client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
+            step = f"{save.key}/step/{next(steps)}"
+            save.client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
 
         return announce
 
-    gathered = [t.value for t in tensors if isinstance(t.value, _Gathered)]
-    for value in gathered:
-        value.announce = announcer(value)
+    views = [t.value for t in tensors if isinstance(t.value, _HostView)]
+    for value in views:
+        value.progress = save.progress
+        if isinstance(value, _Gathered):
+            value.announce = announcer(value)
     outcome: dict[str, Any] = {"done": True}
     try:
         write()
     except BaseException as failure:
-        outcome = _outcome(path, failure)
+        outcome = _outcome(save.path, failure)
         raise
     finally:
-        for value in gathered:
-            value.announce = None
-        client.key_value_set(f"{_PREFIX}/{save}/step/{next(steps)}", json.dumps(outcome))
+        for value in views:
+            value.progress = None
+            if isinstance(value, _Gathered):
+                value.announce = None
+        save.client.key_value_set(f"{save.key}/step/{next(steps)}", json.dumps(outcome))
 
 
-def _take_part(path: str, save: int, tensors: Sequence[PlannedTensor]) -> None:
-    client = _client()
+def _take_part(save: _Save, tensors: Sequence[PlannedTensor]) -> None:
     for step in itertools.count():
-        message = _wait_step(client, path, f"{_PREFIX}/{save}/step/{step}")
+        what = f"process 0 to go on writing {save.path} (step {step})"
+        message = _checked(save.wait(f"step/{step}", what))
         if "gather" in message:
             gathered = tensors[message["gather"]].value
             assert isinstance(gathered, _Gathered)  # (every process planned alike)
@@ -452,13 +653,15 @@ class _Piece(NamedTuple):
     nbytes: int
 
 
-def _pieces(index: int, planned: PlannedTensor, out: OutTensor) -> list[_Piece]:
+def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> list[_Piece]:
     """The distinct blocks of a planned tensor, with who holds each: an array spread over
-    processes by its sharding's blocks, any other value whole on process 0."""
+    processes by its sharding's blocks, any other value whole on process 0 (on this
+    process, when it writes `alone`)."""
     stored = tuple(planned.shape)
     whole = tuple((0, n) for n in stored)
-    if not isinstance(planned.value, _HostView) or out.nbytes == 0:
-        return [_Piece(index, whole, (0,), out.nbytes)] if out.nbytes else []
+    if alone or not isinstance(planned.value, _HostView) or out.nbytes == 0:
+        writer = jax.process_index() if alone else 0
+        return [_Piece(index, whole, (writer,), out.nbytes)] if out.nbytes else []
     array = planned.value.array
     shape = tuple(array.shape)
     trailing = whole[len(shape) :]  # a key's data, or a raw-bytes axis: always whole
@@ -537,12 +740,12 @@ def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.nda
 
 
 def _block_bytes(
-    planned: PlannedTensor, out: OutTensor, piece: _Piece, low: int, high: int
+    planned: PlannedTensor, out: OutTensor, piece: _Piece, low: int, high: int, alone: bool
 ) -> tuple[np.ndarray, int]:
     """This process's bytes `low:high` of `piece` (in the block's C order), or a span
     around them: `(bytes, where they start)`. Of a block on a device, only the rows of
     its leading axis that hold them are copied to the host."""
-    if not isinstance(planned.value, _HostView):
+    if alone or not isinstance(planned.value, _HostView):  # the whole tensor's bytes
         data = out.data()
         if data.nbytes != out.nbytes:  # the tree changed under us
             raise ValueError(f"{out.name!r} changed size while being saved")
@@ -558,14 +761,20 @@ def _block_bytes(
     return data, start
 
 
-def _write_mine(tensors: Sequence[PlannedTensor], write: SharedWrite, state: dict[str, Any]) -> int:
-    """Write this process's share of every tensor; the bytes it wrote."""
-    me, count = jax.process_index(), jax.process_count()
+def _write_mine(
+    tensors: Sequence[PlannedTensor],
+    write: SharedWrite,
+    state: dict[str, Any],
+    progress: Callable[[], None] | None = None,
+) -> int:
+    """Write this process's share of every tensor (all of them, when `progress` is None:
+    a save this process makes alone); the bytes it wrote."""
+    me, count, alone = jax.process_index(), jax.process_count(), progress is None
     outs = list(write.tensors)
     pieces = [
         piece
         for i, (planned, out) in enumerate(zip(tensors, outs, strict=True))
-        for piece in _pieces(i, planned, out)
+        for piece in _pieces(i, planned, out, alone)
     ]
     parts = balance([(p.nbytes, p.holders) for p in pieces], count)
     places = write.places(state)
@@ -578,7 +787,7 @@ def _write_mine(tensors: Sequence[PlannedTensor], write: SharedWrite, state: dic
                 continue
             planned, out = tensors[piece.tensor], outs[piece.tensor]
             low, high = min(a for a, _ in mine), max(b for _, b in mine)
-            data, start = _block_bytes(planned, out, piece, low, high)
+            data, start = _block_bytes(planned, out, piece, low, high, alone)
             file, base = places[piece.tensor]
             if file not in descriptors:
                 try:
@@ -594,6 +803,8 @@ def _write_mine(tensors: Sequence[PlannedTensor], write: SharedWrite, state: dic
                     write_at(descriptors[file], data[low - start : high - start], at)
                     written += high - low
             del data  # one block on the host at a time
+            if progress is not None:
+                progress()
     finally:
         for descriptor in descriptors.values():
             os.close(descriptor)
@@ -610,29 +821,32 @@ def _write_shared_alone(write: SharedWrite, tensors: Sequence[PlannedTensor]) ->
     write.finish(state)
 
 
-def _share_as_process_0(
-    path: str, save: int, tensors: Sequence[PlannedTensor], write: SharedWrite
-) -> None:
-    client, step = _client(), f"{_PREFIX}/{save}/step"
+def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
+    step, client = f"{save.key}/step", save.client
     try:
         state = write.begin()
     except BaseException as begun:
-        client.key_value_set(f"{step}/0", json.dumps(_outcome(path, begun)))
+        client.key_value_set(f"{step}/0", json.dumps(_outcome(save.path, begun)))
         raise
     client.key_value_set(f"{step}/0", json.dumps({"begin": state}))
     failure: BaseException | None = None
     try:
-        _write_mine(tensors, write, state)
+        _write_mine(tensors, write, state, save.progress)
     except BaseException as error:
         failure = error
+    save.progress(now=True)
     remote: dict[str, Any] | None = None
+    late = False
     for process in range(1, jax.process_count()):
-        posted = _get(client, f"{_PREFIX}/{save}/done/{process}", STEP_TIMEOUT_S)
-        if posted is None:
-            text = f"tc.save cannot write {path}: process {process} did not finish its share"
-            remote = remote or {"error": ["TimeoutError", text]}
-        elif "error" in json.loads(posted):
-            remote = remote or json.loads(posted)
+        what = f"process {process} to finish its share of {save.path}"
+        try:  # once one has not finished in time, the others are not waited for again
+            posted = save.wait(f"done/{process}", what, 0.001 if late else None)
+        except TimeoutError as error:
+            posted, late = {"error": ["TimeoutError", str(error)]}, True
+        else:
+            save.progress(now=True)
+        if "error" in posted:
+            remote = remote or posted
     outcome: dict[str, Any] = {"done": True}
     try:
         if failure is not None or remote is not None:
@@ -643,24 +857,26 @@ def _share_as_process_0(
             _raise_remote(*remote["error"])
         write.finish(state)
     except BaseException as error:
-        outcome = remote if remote is not None and failure is None else _outcome(path, error)
+        outcome = remote if remote is not None and failure is None else _outcome(save.path, error)
         raise
     finally:
         client.key_value_set(f"{step}/1", json.dumps(outcome))
 
 
-def _share(path: str, save: int, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
-    client, process = _client(), jax.process_index()
-    state = _wait_step(client, path, f"{_PREFIX}/{save}/step/0")["begin"]
+def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
+    process = jax.process_index()
+    what = f"process 0 to make the files of {save.path}"
+    state = _checked(save.wait("step/0", what))["begin"]
     failure: BaseException | None = None
     try:
-        written = _write_mine(tensors, write, state)
+        written = _write_mine(tensors, write, state, save.progress)
         done: dict[str, Any] = {"written": written}
     except BaseException as error:
-        failure, done = error, _outcome(path, error, process)
-    client.key_value_set(f"{_PREFIX}/{save}/done/{process}", json.dumps(done))
-    try:
-        _wait_step(client, path, f"{_PREFIX}/{save}/step/1")
+        failure, done = error, _outcome(save.path, error, process)
+    save.client.key_value_set(f"{save.key}/done/{process}", json.dumps(done))
+    try:  # process 0 may wait `timeout` for another process before it answers
+        what = f"process 0 to put {save.path} in place"
+        _checked(save.wait("step/1", what, 2 * save.timeout))
     finally:
         if failure is not None:  # ours, once process 0 has removed the files
             raise failure
