@@ -267,7 +267,7 @@ def number_value(value: Any, dtype: DTypeLike) -> Any:
         if _wide(np.dtype(dtype)):
             return value
         value = _plain(value)
-    kind = dtype_kind(dtype)
+    kind = dtype_kind(dtype)  # type: ignore[arg-type]  # every dtype the callers pass hashes
     if kind in "iu":
         value = int(value.real if type(value) is complex else value)
         if not -(2**31) <= value < 2**31:
