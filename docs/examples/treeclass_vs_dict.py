@@ -86,7 +86,9 @@ def fit(params, forward, decay_mask, x, y) -> tuple[list[float], object]:
     def step(params, state):
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
+        # tc.optim.apply_updates, as the docs use: leaves it does not train keep their exact
+        # aval and bits (optax.apply_updates casts every sum)
+        return tc.optim.apply_updates(params, updates), state, loss
 
     losses = []
     for _ in range(STEPS):
