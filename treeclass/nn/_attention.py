@@ -17,6 +17,7 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, check_key, dtype_field
+from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 
 __all__ = ["MultiHeadAttention", "rotary_embedding"]
@@ -29,7 +30,10 @@ _FEATURES_MSG = (
     "`MultiHeadAttention(features={features}, num_heads={heads})`: give `head_dim` when "
     "the features do not divide evenly into heads."
 )
-_ROTARY_MSG = "Rotary embeddings need an even head_dim, got {head_dim}."
+_ROTARY_MSG = (
+    "`MultiHeadAttention(head_dim={head_dim})`: rotary embeddings turn pairs of "
+    "dimensions, so head_dim must be even."
+)
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -58,6 +62,21 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
     xs = x.astype(wide)
     rotated = jnp.concatenate([-xs[..., half:], xs[..., :half]], -1)
     return (xs * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+def _check_inputs(layer: Any, x: jax.Array, source: jax.Array, cross: bool) -> None:
+    # the projections may be any layer of the right shapes (a LoRA around a Linear): each
+    # says its sizes through `in_features` where it has one
+    name, leading = "MultiHeadAttention", "*batch, seq"
+    features = getattr(layer.q_proj, "in_features", None)
+    if features is not None:
+        check_input(name, x, "features", features, leading=leading, ndim=2)
+    kv_features = getattr(layer.k_proj, "in_features", None)
+    if cross and kv_features is not None:
+        leading = "*batch, kv_seq"
+        check_input(
+            name, source, "kv_features", kv_features, leading=leading, ndim=2, what="a context"
+        )
 
 
 class MultiHeadAttention(Layer):
@@ -135,17 +154,26 @@ class MultiHeadAttention(Layer):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
-        key = check_key(key, "MultiHeadAttention")
+        name = "MultiHeadAttention"
+        features = check_int(name, "features", features)
+        num_heads = check_int(name, "num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
+        num_kv_heads = check_int(name, "num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
             raise ValueError(_HEADS_MSG.format(heads=num_heads, kv=num_kv_heads))
         if head_dim is None:
             if features % num_heads:
                 raise ValueError(_FEATURES_MSG.format(features=features, heads=num_heads))
             head_dim = features // num_heads
-        if rope_theta is not None and head_dim % 2:
-            raise ValueError(_ROTARY_MSG.format(head_dim=head_dim))
-        kv_features = features if kv_features is None else kv_features
+        head_dim = check_int(name, "head_dim", head_dim)
+        kv_features = check_int(
+            name, "kv_features", features if kv_features is None else kv_features
+        )
+        if rope_theta is not None:
+            rope_theta = check_number(name, "rope_theta", rope_theta, low=0.0, open_low=True)
+            if head_dim % 2:
+                raise ValueError(_ROTARY_MSG.format(head_dim=head_dim))
+        key = check_key(key, name)
         qkey, kkey, vkey, okey = jax.random.split(key, 4)
         options: dict[str, Any] = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
         assign(
@@ -158,7 +186,7 @@ class MultiHeadAttention(Layer):
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             causal=causal,
-            rope_theta=None if rope_theta is None else float(rope_theta),
+            rope_theta=rope_theta,
             dtype=dtype,
         )
 
@@ -173,6 +201,7 @@ class MultiHeadAttention(Layer):
         """Attention of `x` over itself (or over `context`); see the class docstring."""
         x = jnp.asarray(x)
         source = x if context is None else jnp.asarray(context)
+        _check_inputs(self, x, source, context is not None)
         batch, seq, kv_seq = x.shape[:-2], x.shape[-2], source.shape[-2]
         h = self.head_dim
         q = self.q_proj(x).reshape((*batch, seq, self.num_heads, h))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from ._base import Layer, assign, cast, check_key, dtype_field, dtype_name, fan_in_params
+from ._checks import check_input, check_int
 
 __all__ = ["Linear", "Embed"]
 
@@ -63,6 +64,8 @@ class Linear(Layer):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
+        in_features = check_int("Linear", "in_features", in_features)
+        out_features = check_int("Linear", "out_features", out_features)
         key = check_key(key, "Linear")
         shape = (out_features, in_features)
         assign(self, **fan_in_params(key, shape, in_features, use_bias, param_dtype), dtype=dtype)
@@ -79,6 +82,7 @@ class Linear(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x @ weight.T + bias`, for `x` of shape `(..., in_features)`."""
+        check_input("Linear", x, "in_features", self.weight.shape[-1])
         x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
         # contract x's last axis with weight's last: no transposed copy of the weight
         y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
@@ -127,6 +131,8 @@ class Embed(Layer):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
+        num_embeddings = check_int("Embed", "num_embeddings", num_embeddings)
+        features = check_int("Embed", "features", features)
         key = check_key(key, "Embed")
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
@@ -155,5 +161,6 @@ class Embed(Layer):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """`x @ weight.T`: scores of `x` (shape `(..., features)`) against every row."""
+        check_input("Embed.attend", x, "features", self.weight.shape[-1])
         x, weight = cast(self.dtype, x, self.weight)
         return jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))

@@ -15,13 +15,35 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, dtype_field, scale_and_shift
+from ._checks import check_input, check_int, check_number
 
-__all__ = ["LayerNorm", "RMSNorm", "statistics_dtype"]
+__all__ = [
+    "LayerNorm",
+    "RMSNorm",
+    "statistics_dtype",
+    "checked_norm_arguments",
+    "check_norm_input",
+]
 
 
 def statistics_dtype(x: jax.Array) -> Any:
     """The dtype statistics of `x` are computed in: float32, or wider when `x` is."""
     return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def checked_norm_arguments(layer: str, features: object, eps: object) -> tuple[int, float]:
+    """A norm's `features` (a positive int) and `eps` (a number >= 0), checked."""
+    return check_int(layer, "features", features), check_number(layer, "eps", eps, low=0.0)
+
+
+def check_norm_input(norm: Any, x: jax.Array) -> None:
+    """A `ValueError` unless `x`'s last axis is the norm's features (when it has a
+    parameter or statistic that says how many)."""
+    for name in ("weight", "bias", "running_mean"):
+        array = getattr(norm, name, None)
+        if array is not None:
+            check_input(type(norm).__name__, x, "features", array.shape[-1])
+            return
 
 
 def scaled_and_shifted(norm: Any, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -77,12 +99,14 @@ class LayerNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
+        features, eps = checked_norm_arguments(type(self).__name__, features, eps)
         scale_shift = scale_and_shift(features, use_weight, use_bias, param_dtype)
         assign(self, **scale_shift, eps=eps, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised over its last axis, scaled and shifted."""
         x = jnp.asarray(x)
+        check_norm_input(self, x)
         stats = x.astype(statistics_dtype(x))
         mean = stats.mean(-1, keepdims=True)
         var = jnp.square(stats - mean).mean(-1, keepdims=True)
@@ -129,12 +153,14 @@ class RMSNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
+        features, eps = checked_norm_arguments(type(self).__name__, features, eps)
         scale_shift = scale_and_shift(features, use_weight, use_bias, param_dtype)
         assign(self, **scale_shift, eps=eps, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` divided by its root mean square over the last axis, scaled."""
         x = jnp.asarray(x)
+        check_norm_input(self, x)
         stats = x.astype(statistics_dtype(x))
         y = stats * jax.lax.rsqrt(jnp.square(stats).mean(-1, keepdims=True) + self.eps)
         return scaled_and_shifted(self, x, y)
