@@ -41,6 +41,22 @@ BUILDERS = {
         **{"in_features": 2, "out_features": 3, "hidden_features": 4, "depth": 1, **kw}, key=KEY
     ),
     "LoRA": lambda **kw: nn.LoRA(**{"base": _base(), "rank": 2, **kw}, key=KEY),
+    "FeedForward": lambda **kw: nn.FeedForward(
+        **{"features": 4, "hidden_features": 6, **kw}, key=KEY
+    ),
+    "PatchEmbed": lambda **kw: nn.PatchEmbed(
+        **{"in_channels": 2, "features": 4, "patch_size": (2, 2), **kw}, key=KEY
+    ),
+    "ClassToken": lambda **kw: nn.ClassToken(**{"features": 4, **kw}, key=KEY),
+    "PositionEmbedding": lambda **kw: nn.PositionEmbedding(
+        **{"num_positions": 6, "features": 4, **kw}, key=KEY
+    ),
+    "DecoderBlock": lambda **kw: nn.DecoderBlock(
+        **{"features": 8, "num_heads": 2, "hidden_features": 8, **kw}, key=KEY
+    ),
+    "EncoderBlock": lambda **kw: nn.EncoderBlock(
+        **{"features": 8, "num_heads": 2, "hidden_features": 8, **kw}, key=KEY
+    ),
 }
 
 SIZES = {  # (layer, argument): the smallest valid value
@@ -65,7 +81,22 @@ SIZES = {  # (layer, argument): the smallest valid value
     ("MLP", "out_features"): 1,
     ("MLP", "hidden_features"): 1,
     ("MLP", "depth"): 0,
+    ("MultiHeadAttention", "sliding_window"): 1,
     ("LoRA", "rank"): 1,
+    ("FeedForward", "features"): 1,
+    ("FeedForward", "hidden_features"): 1,
+    ("PatchEmbed", "in_channels"): 1,
+    ("PatchEmbed", "features"): 1,
+    ("ClassToken", "features"): 1,
+    ("ClassToken", "num_tokens"): 1,
+    ("PositionEmbedding", "num_positions"): 1,
+    ("PositionEmbedding", "features"): 1,
+    ("DecoderBlock", "features"): 1,
+    ("DecoderBlock", "num_heads"): 1,
+    ("DecoderBlock", "hidden_features"): 1,
+    ("EncoderBlock", "features"): 1,
+    ("EncoderBlock", "num_heads"): 1,
+    ("EncoderBlock", "hidden_features"): 1,
 }
 
 NUMBERS = {  # (layer, argument): values out of its range
@@ -76,6 +107,9 @@ NUMBERS = {  # (layer, argument): values out of its range
     ("Dropout", "rate"): [-0.1, 1.0, math.nan],
     ("MultiHeadAttention", "rope_theta"): [0.0, -10.0, math.inf],
     ("LoRA", "alpha"): [math.nan, math.inf],
+    ("Embed", "scale"): [math.nan, -math.inf],
+    ("RMSNorm", "weight_offset"): [math.nan],
+    ("DecoderBlock", "norm_weight_offset"): [math.inf],
 }
 
 _TOO_SMALL = [
@@ -176,10 +210,26 @@ def test_conv_names_a_bad_kernel_stride_dilation_padding_or_groups(kwargs, kind,
     assert f"`Conv({name}=" in text and given in text, text
 
 
+PATCH_CASES = [
+    (dict(patch_size=(0, 2)), "(0, 2)"),
+    (dict(patch_size=4), "4"),
+    (dict(patch_size=(1, 1, 1, 1)), "(1, 1, 1, 1)"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "given"), PATCH_CASES, ids=str)
+def test_patch_embed_names_a_bad_patch_size(kwargs, given):
+    with pytest.raises(ValueError) as error:
+        BUILDERS["PatchEmbed"](**kwargs)
+    text = str(error.value)
+    assert "`PatchEmbed(patch_size=" in text and given in text, text
+
+
 ATTENTION_CASES = [
     (dict(num_kv_heads=3, num_heads=4), "num_kv_heads=3"),
     (dict(features=10, num_heads=4), "features=10"),
-    (dict(head_dim=3, rope_theta=100.0), "head_dim=3"),
+    (dict(head_dim=3, rope_theta=100.0), "rope_dim=3"),
+    (dict(rope_theta=100.0, rope_dim=6), "rope_dim=6"),
 ]
 
 
@@ -223,6 +273,19 @@ CALLS = [
     ("MultiHeadAttention", lambda: BUILDERS["MultiHeadAttention"](), (8,), "features=8"),
     ("MLP", lambda: BUILDERS["MLP"](), (3, 3), "in_features=2"),
     ("LoRA", lambda: BUILDERS["LoRA"](), (4,), "in_features=3"),
+    ("FeedForward", lambda: BUILDERS["FeedForward"](), (2, 3), "features=4"),
+    (
+        "PatchEmbed",
+        lambda: BUILDERS["PatchEmbed"](channels_first=False),
+        (4, 4, 3),
+        "in_channels=2",
+    ),
+    ("PatchEmbed", lambda: BUILDERS["PatchEmbed"](), (3, 4, 4), "in_channels=2"),
+    ("ClassToken", lambda: BUILDERS["ClassToken"](), (2, 5), "features=4"),
+    ("ClassToken", lambda: BUILDERS["ClassToken"](), (4,), "features=4"),
+    ("PositionEmbedding", lambda: BUILDERS["PositionEmbedding"](), (2, 5), "features=4"),
+    ("DecoderBlock", lambda: BUILDERS["DecoderBlock"](), (3, 4), "features=8"),
+    ("EncoderBlock", lambda: BUILDERS["EncoderBlock"](), (8,), "features=8"),
 ]
 
 

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
+from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_field, dtype_name, fan_in_params
-from ._checks import check_input, check_int
+from ._checks import check_input, check_int, check_number
 
 __all__ = ["Linear", "Embed"]
 
@@ -95,6 +96,10 @@ class Embed(Layer):
     **Arguments**
 
     - `num_embeddings`, `features`: the rows and columns of the table.
+    - `scale`: multiply the vectors looked up by this number (default `None`: not
+      scaled). Gemma scales its embeddings by the square root of their width,
+      `scale=features ** 0.5`; the factor is rounded to the vectors' dtype first, as
+      Gemma rounds it. `attend` does not scale.
     - `dtype`: the compute dtype of the vectors returned (`None`: the table's).
     - `param_dtype`: the dtype the table is created in (default float32).
     - `key`: a PRNG key; the table is drawn from a standard normal, as
@@ -102,7 +107,7 @@ class Embed(Layer):
 
     **Fields**
 
-    `weight`: `[num_embeddings, features]`; `dtype` (static).
+    `weight`: `[num_embeddings, features]`; `scale`, `dtype` (static).
 
     `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
     gives NaNs, so a bad id shows instead of silently reading another row, and negative
@@ -116,10 +121,13 @@ class Embed(Layer):
     embed = tc.nn.Embed(10, 4, key=jax.random.key(0))
     vectors = embed(jnp.array([[1, 2, 3]]))
     assert vectors.shape == (1, 3, 4) and embed.attend(vectors).shape == (1, 3, 10)
+    gemma = tc.nn.Embed(10, 4, scale=4**0.5, key=jax.random.key(0))
+    assert jnp.allclose(gemma(jnp.array([1])), 2.0 * embed(jnp.array([1])))
     ```
     """
 
     weight: jax.Array
+    scale: float | None = field(default=None, static=True)
     dtype: str | None = dtype_field()
 
     def __init__(
@@ -127,6 +135,7 @@ class Embed(Layer):
         num_embeddings: int,
         features: int,
         *,
+        scale: float | None = None,
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
@@ -138,6 +147,7 @@ class Embed(Layer):
         assign(
             self,
             weight=jax.random.normal(key, (num_embeddings, features), param_dtype),
+            scale=None if scale is None else check_number("Embed", "scale", scale),
             dtype=dtype,
         )
 
@@ -157,7 +167,10 @@ class Embed(Layer):
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise TypeError(_INDEX_MSG.format(dtype=ids.dtype))
         (weight,) = cast(self.dtype, self.weight)
-        return jnp.take(weight, ids, axis=0)
+        vectors = jnp.take(weight, ids, axis=0)
+        if self.scale is None:
+            return vectors
+        return vectors * jnp.asarray(self.scale, vectors.dtype)
 
     def attend(self, x: jax.Array) -> jax.Array:
         """`x @ weight.T`: scores of `x` (shape `(..., features)`) against every row."""
