@@ -51,8 +51,10 @@ class Linear(Layer):
     ```
     """
 
-    weight: jax.Array
-    bias: jax.Array | None
+    # the axes' names: a layer holding this one can say which carries its heads, so
+    # `tc.ShardingRules` refuses to cut a head across devices
+    weight: jax.Array = field(metadata={"axes": ("out", "in")})
+    bias: jax.Array | None = field(metadata={"axes": ("out",)})
     dtype: str | None = dtype_field()
 
     def __init__(

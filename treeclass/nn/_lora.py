@@ -62,8 +62,9 @@ class LoRA(Layer):
     """
 
     base_layer: Linear = field(role="frozen")
-    lora_A: Linear  # noqa: N815 (PEFT's checkpoint names)
-    lora_B: Linear  # noqa: N815
+    # PEFT's checkpoint names; the rank axis is not the base's: sharding checks see that
+    lora_A: Linear = field(metadata={"rename_axes": {"out": "rank"}})  # noqa: N815
+    lora_B: Linear = field(metadata={"rename_axes": {"in": "rank"}})  # noqa: N815
     alpha: float = field(default=1.0, static=True, on_setattr=[float])
 
     def __init__(
