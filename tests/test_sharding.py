@@ -496,3 +496,102 @@ def eight_devices() -> dict:
 )
 def test_on_eight_devices(eight_devices, check):
     assert eight_devices[check] == "ok", eight_devices[check]
+
+
+# -- heads: a rule must not cut a head across devices -------------------------------------------
+
+
+def _attention(num_heads=4, num_kv_heads=2):
+    def build():
+        return tc.nn.MultiHeadAttention(
+            16, num_heads, num_kv_heads=num_kv_heads, head_dim=4, key=jax.random.key(0)
+        )
+
+    return jax.eval_shape(build)
+
+
+HEAD_RULES = tc.ShardingRules(
+    [
+        (tc.glob("q_proj.weight"), ("heads", None)),
+        (tc.glob("k_proj.weight"), ("heads", None)),
+        (tc.glob("v_proj.weight"), ("heads", None)),
+        (tc.glob("o_proj.weight"), (None, "heads")),
+    ],
+    axes={"heads": "model"},
+)
+
+
+def test_splitting_two_key_value_heads_over_four_devices_names_leaf_count_and_mesh_axis():
+    text = problems(HEAD_RULES, _attention())
+    assert "`MultiHeadAttention.k_proj.weight` f32[8,16]" in text
+    assert "splits axis 0 in 4 over mesh axis 'model'" in text
+    assert "cuts its 2 heads (MultiHeadAttention.num_kv_heads=2)" in text
+    assert "v_proj" in text and "q_proj" not in text and "o_proj" not in text  # 4 fit in 4
+    assert "2 problem(s)" in text
+    over_data = HEAD_RULES.with_axes(heads="data")  # 2 devices: one key/value head each
+    assert over_data.specs(_attention(), MESH).k_proj.weight == P("data", None)
+
+
+def test_the_output_projection_holds_its_heads_on_its_input_axis():
+    text = problems(HEAD_RULES, _attention(num_heads=2, num_kv_heads=2))
+    assert "`MultiHeadAttention.o_proj.weight` f32[16,8]: " in text
+    assert "splits axis 1 in 4" in text and "(MultiHeadAttention.num_heads=2)" in text
+    out_axis = tc.ShardingRules(
+        [(tc.glob("o_proj.weight"), ("heads", None))],
+        axes={"heads": "model"},
+        unmatched="replicate",
+    )
+    assert out_axis.specs(_attention(num_heads=2), MESH).o_proj.weight == P("model", None)
+
+
+def test_stacked_attention_counts_the_heads_axis_after_the_block_axis():
+    def build():
+        return tc.Stacked.from_init(
+            lambda k: {"attn": tc.nn.MultiHeadAttention(16, 4, num_kv_heads=2, key=k)},
+            jax.random.split(jax.random.key(0), 3),
+        )
+
+    rules = tc.ShardingRules(
+        [(tc.glob("*.attn.k_proj.weight"), ("heads", None))],
+        axes={"heads": "model"},
+        unmatched="replicate",
+    )
+    text = problems(rules, jax.eval_shape(build))
+    assert "(stacked: 3 blocks of [8,16])" in text and "splits axis 1 in 4" in text
+
+
+def test_a_lora_adapter_s_rank_axis_is_not_a_heads_axis():
+    def build():
+        attention = tc.nn.MultiHeadAttention(16, 4, num_kv_heads=2, key=jax.random.key(0))
+        return attention.at["k_proj"].apply(
+            lambda linear: tc.nn.LoRA(linear, 4, key=jax.random.key(1)), whole=True
+        )
+
+    model = jax.eval_shape(build)
+    rank = tc.ShardingRules(
+        [(tc.glob("k_proj.lora_A.weight"), ("heads", None))],
+        axes={"heads": "model"},
+        unmatched="replicate",
+    )
+    assert rank.specs(model, MESH).k_proj.lora_A.weight == P("model", None)
+    out = tc.ShardingRules(
+        [(tc.glob("k_proj.lora_B.weight"), ("heads", None))],
+        axes={"heads": "model"},
+        unmatched="replicate",
+    )
+    assert "`MultiHeadAttention.k_proj.lora_B.weight`" in problems(out, model)
+
+
+def test_any_layer_declares_its_heads_in_field_metadata():
+    class Heads(tc.TreeClass):
+        table: Any = tc.field(metadata={"axes": ("heads", "dim")})
+
+    class Mine(tc.TreeClass):
+        inner: Any = tc.field(metadata={"heads": ("count", "heads")})
+        count: int = tc.field(default=6, static=True)
+
+    model = Mine(Heads(jnp.ones((12, 2))))
+    rules = tc.ShardingRules([(tc.glob("inner.table"), ("model", None))])
+    text = problems(rules, model)
+    assert "cuts its 6 heads (Mine.count=6)" in text
+    assert rules.specs(model.replace(count=12), MESH).inner.table == P("model", None)

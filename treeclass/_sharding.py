@@ -32,7 +32,9 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ._at import at
-from ._structure import block_depths, describe, is_wrapper, path_str
+from ._fields import fields
+from ._node import is_treeclass
+from ._structure import block_depths, describe, is_wrapper, jax_children, path_str
 from ._values import array_type, closest
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]
@@ -102,6 +104,11 @@ _TWICE = (
 _INDIVISIBLE = (
     "`{path}` {what}: {rule} splits axis {dim} (size {size}) in {parts} over {over} (spec "
     "{spec}), and {size} is not divisible by {parts}"
+)
+_CUT_HEADS = (
+    "`{path}` {what}: {rule} splits axis {dim} in {parts} over {over}, which cuts its "
+    "{count} heads ({owner}={count}) across devices, each holding part of a head; split it "
+    "over a mesh axis whose size divides {count}, or not at all (None)"
 )
 _SELECTION_FAILS = "{rule} cannot select in {root}: {error}"
 _SOME_BLOCKS = (
@@ -197,7 +204,12 @@ class ShardingRules:
       number of entries is not the leaf's rank (`P()` fits every rank: nothing split);
     - an axis name that is neither logical nor a mesh axis; a logical name mapped to a
       name that is not a mesh axis; a mesh axis used for two axes of one leaf;
-    - an axis split over mesh axes whose sizes' product does not divide it.
+    - an axis split over mesh axes whose sizes' product does not divide it;
+    - an axis holding a layer's heads split in a number of parts that does not divide
+      the head count (2 key/value heads over 4 devices), which would cut heads across
+      devices. A layer declares its heads in field metadata, as `tc.nn.MultiHeadAttention`
+      does: `heads=(count_field, axis_name)` on a sublayer's field, `axes=(names...)` on
+      its arrays (`tc.nn.Linear.weight` is `("out", "in")`).
 
     Conflicts are judged on the specs as written (logical), so a table that is
     consistent is so under every mapping.
@@ -475,10 +487,14 @@ class ShardingRules:
         if any(depths) and self.block_axis is not None:
             block = self._name(self.block_axis, sizes, problems, "block_axis")
         specs: list[P] = []
+        heads = _declared_heads(tree)
         for (path, leaf), claimed, depth in zip(flat, claims, depths, strict=True):
             spec = self._leaf_spec(tree, path, leaf, claimed, depth, mapped, block, problems)
             if spec is not None and any(spec):
                 self._check_fit(tree, path, leaf, depth, spec, claimed, sizes, problems)
+                if tuple(path) in heads and claimed:
+                    where = (tree, path, leaf, depth, spec, claimed[0].text)
+                    _check_heads(where, heads[tuple(path)], sizes, problems)
                 specs.append(P(*_entries_of(spec)))
             else:  # replicated (written so, or unmatched), or a problem
                 specs.append(P())
@@ -653,6 +669,70 @@ class ShardingRules:
             problems[_INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)] = (
                 None
             )
+
+
+def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]:
+    """Where the layers of `tree` declare heads: key path -> (head count, axis, owner).
+
+    A layer's field declares `metadata={"heads": (count_field, axis_name)}` (attention's
+    projections: `("num_kv_heads", "out")`), and the arrays below it name their axes
+    (`metadata={"axes": ("out", "in")}`); a field between may rename them
+    (`{"rename_axes": {"out": "rank"}}`: a LoRA's `lora_A`). Each array with the named
+    axis holds the layer's heads along it, the axis counted within one block.
+    """
+    found: dict[tuple[Any, ...], tuple[int, int, str]] = {}
+
+    def walk(node: object, path: tuple[Any, ...], heads: Any, renames: tuple[Any, ...]) -> None:
+        declared = {f.name: f.metadata for f in fields(node)} if is_treeclass(node) else {}
+        for key, child in jax_children(node) or ():
+            meta = declared.get(getattr(key, "name", None), {})
+            here, names = heads, renames
+            if "heads" in meta:
+                count, axis = meta["heads"]
+                owner = f"{type(node).__name__}.{count}"
+                here, names = (getattr(node, count), axis, owner), ()
+            if "rename_axes" in meta:
+                names = (meta["rename_axes"], *names)  # the innermost renames first
+            if here is not None and "axes" in meta:
+                axes = list(meta["axes"])
+                for mapping in names:
+                    axes = [mapping.get(a, a) for a in axes]
+                if here[1] in axes:
+                    found[(*path, key)] = (here[0], axes.index(here[1]), here[2])
+            walk(child, (*path, key), here, names)
+
+    walk(tree, (), None, ())
+    return found
+
+
+def _check_heads(
+    where: tuple[Any, ...],
+    heads: tuple[int, int, str],
+    sizes: dict[str, int],
+    problems: dict[str, None],
+) -> None:
+    """A problem when the leaf's heads axis is split in a number of parts that does not
+    divide its head count: some device would hold part of a head."""
+    tree, path, leaf, depth, spec, rule = where
+    count, axis, owner = heads
+    dim = depth + axis
+    parts = math.prod(sizes[a] for a in spec[dim])
+    if count % parts == 0 or _shape(leaf)[dim] % parts:  # fits, or reported as indivisible
+        return
+    over = " x ".join(repr(a) for a in spec[dim])
+    over = f"mesh axis {over}" if len(spec[dim]) == 1 else f"mesh axes {over}"
+    problems[
+        _CUT_HEADS.format(
+            path=path_str(tree, path),
+            what=_what(leaf, depth),
+            rule=rule,
+            dim=dim,
+            parts=parts,
+            over=over,
+            count=count,
+            owner=owner,
+        )
+    ] = None
 
 
 class _SomeBlocks(Exception):

@@ -17,6 +17,7 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, check_key, dtype_field
+from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 
 __all__ = ["MultiHeadAttention", "rotary_embedding"]
@@ -29,15 +30,41 @@ _FEATURES_MSG = (
     "`MultiHeadAttention(features={features}, num_heads={heads})`: give `head_dim` when "
     "the features do not divide evenly into heads."
 )
-_ROTARY_MSG = "Rotary embeddings need an even head_dim, got {head_dim}."
+_ROPE_DIM_MSG = (
+    "`{where}(rope_dim={value})`: rotary embeddings turn pairs of dimensions of each head, "
+    "so rope_dim (default: head_dim) must be even and at most head_dim ({head_dim})."
+)
+_ROPE_OPTION_MSG = (
+    "`MultiHeadAttention({name}=...)` configures rotary embeddings, which are off: give "
+    "`rope_theta` too (Llama uses 10_000.0)."
+)
 
 
-def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def _window(value: object) -> int | None:
+    return None if value is None else check_int("MultiHeadAttention", "sliding_window", value)
+
+
+def rotary_embedding(
+    x: jax.Array,
+    positions: jax.Array,
+    theta: float,
+    *,
+    rope_dim: int | None = None,
+    interleaved: bool = False,
+) -> jax.Array:
     """`x` (`(..., seq, heads, head_dim)`) rotated by its `positions` (`(..., seq)`).
 
-    The rotary position embedding of RoFormer in the half-split form of GPT-NeoX, Llama's
-    Hugging Face checkpoints and equinox: dimension `i` of the first half pairs with
-    dimension `i` of the second, turning at frequency `theta ** (-2i / head_dim)`.
+    The rotary position embedding of RoFormer. The first `rope_dim` dimensions of each
+    head (default: all of them) turn in pairs, pair `i` at frequency
+    `theta ** (-2i / rope_dim)`; the other dimensions pass through unchanged (partial
+    rotary, as GPT-NeoX's `rotary_pct`, Phi's `partial_rotary_factor` and GPT-J's
+    `rotary_dim`). The pairs are laid out in one of two ways:
+
+    - half-split (default): dimension `i` pairs with dimension `i + rope_dim // 2`, as
+      in Llama's and GPT-NeoX's Hugging Face checkpoints ("rotate_half") and equinox;
+    - `interleaved=True`: dimension `2i` pairs with `2i + 1`, as in GPT-J and the
+      original RoFormer ("rotate_every_two").
+
     Computed in float32 or wider; returned in `x`'s dtype.
 
     ```python
@@ -47,17 +74,46 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, theta: float) -> jax.Ar
     q = jnp.ones((5, 2, 8))
     rotated = tc.nn.rotary_embedding(q, jnp.arange(5), theta=10_000.0)
     assert rotated.shape == q.shape and jnp.allclose(rotated[0], q[0])  # position 0: same
+    partial = tc.nn.rotary_embedding(q, jnp.arange(5), 10_000.0, rope_dim=4, interleaved=True)
+    assert (partial[..., 4:] == q[..., 4:]).all()  # the last 4 dimensions pass through
     ```
     """
     x = jnp.asarray(x)
-    half = x.shape[-1] // 2
+    size = x.shape[-1]
+    dim = size if rope_dim is None else check_int("rotary_embedding", "rope_dim", rope_dim)
+    if dim % 2 or dim > size:
+        raise ValueError(_ROPE_DIM_MSG.format(where="rotary_embedding", value=dim, head_dim=size))
     wide = jnp.promote_types(x.dtype, jnp.float32)
-    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=wide) * 2 / x.shape[-1]))
-    angles = jnp.asarray(positions, wide)[..., None] * freqs  # (..., seq, half)
-    angles = jnp.concatenate([angles, angles], -1)[..., None, :]  # over the heads axis
-    xs = x.astype(wide)
-    rotated = jnp.concatenate([-xs[..., half:], xs[..., :half]], -1)
-    return (xs * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    freqs = 1.0 / (theta ** (jnp.arange(dim // 2, dtype=wide) * 2 / dim))
+    angles = jnp.asarray(positions, wide)[..., None, None] * freqs  # (..., seq, 1, pairs)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xs = x[..., :dim].astype(wide)
+    if interleaved:
+        first, second = xs[..., 0::2], xs[..., 1::2]
+    else:
+        first, second = xs[..., : dim // 2], xs[..., dim // 2 :]
+    # each pair (a, b) turned by its angle: (a cos - b sin, b cos + a sin)
+    turned = (first * cos - second * sin, second * cos + first * sin)
+    if interleaved:
+        out = jnp.stack(turned, -1).reshape(xs.shape)
+    else:
+        out = jnp.concatenate(turned, -1)
+    return jnp.concatenate([out.astype(x.dtype), x[..., dim:]], -1)
+
+
+def _check_inputs(layer: Any, x: jax.Array, source: jax.Array, cross: bool) -> None:
+    # the projections may be any layer of the right shapes (a LoRA around a Linear): each
+    # says its sizes through `in_features` where it has one
+    name, leading = "MultiHeadAttention", "*batch, seq"
+    features = getattr(layer.q_proj, "in_features", None)
+    if features is not None:
+        check_input(name, x, "features", features, leading=leading, ndim=2)
+    kv_features = getattr(layer.k_proj, "in_features", None)
+    if cross and kv_features is not None:
+        leading = "*batch, kv_seq"
+        check_input(
+            name, source, "kv_features", kv_features, leading=leading, ndim=2, what="a context"
+        )
 
 
 class MultiHeadAttention(Layer):
@@ -72,9 +128,23 @@ class MultiHeadAttention(Layer):
     - `head_dim`: the size of each head (default `features // num_heads`).
     - `kv_features`: the size of the context's last axis (default `features`).
     - `use_bias`: biases in the four projections (default `False`, as equinox and Llama).
+    - `use_qkv_bias`, `use_out_bias`: biases in `q_proj`, `k_proj` and `v_proj`, and in
+      `o_proj`, apart (default: `use_bias`). Qwen2 is `use_qkv_bias=True`; BERT and ViT
+      are `use_bias=True`.
     - `causal`: each position attends to itself and the positions before it only.
+    - `sliding_window`: each query attends only to the keys less than this many
+      positions away (`i - window < j`, and with `causal` `j <= i`: the query itself and
+      the `window - 1` keys before it, as Mistral's and Gemma 2's local layers do; without
+      `causal`, `|i - j| < window` both ways). `None` (default): no window. Positions are
+      indices in the sequences, as for `causal`.
     - `rope_theta`: apply rotary position embeddings to queries and keys with this base
       (Llama uses `10_000.0`, or `500_000.0` for Llama 3); `None` (default): none.
+    - `rope_dim`: turn only the first `rope_dim` dimensions of each head (an even number,
+      default all of them): GPT-NeoX's `rotary_pct=0.25` is
+      `rope_dim=int(head_dim * 0.25)`, as Phi's `partial_rotary_factor`; GPT-J's
+      `rotary_dim` is `rope_dim`.
+    - `rope_interleaved`: the rotary pairs are neighbouring dimensions `(2i, 2i + 1)`
+      (GPT-J) instead of the two halves (Llama, GPT-NeoX); see `rotary_embedding`.
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
     - `key`: a PRNG key, split into four for the projections as `equinox.nn`'s attention
       splits it (the projections are `Linear`s, initialised as `Linear` is).
@@ -83,16 +153,19 @@ class MultiHeadAttention(Layer):
 
     `q_proj`, `k_proj`, `v_proj`, `o_proj` (`Linear`, or any layer of the same
     shapes, such as a `LoRA` around one); `num_heads`, `num_kv_heads`, `head_dim`,
-    `causal`, `rope_theta`, `dtype` (static).
+    `causal`, `sliding_window`, `rope_theta`, `rope_dim`, `rope_interleaved`, `dtype`
+    (static). The projections declare where their heads lie (field metadata `heads`), so
+    `tc.ShardingRules` refuses a layout that would cut a head across devices.
 
     **Calling.** `attention(x, context=None, *, mask=None, positions=None)` with `x` of
     shape `(*batch, seq, features)` returns the same shape. `context`
     (`(*batch, kv_seq, kv_features)`) gives the keys and values for cross-attention.
     `mask` is a boolean array broadcastable to `(*batch, num_heads, seq, kv_seq)`, `True`
     where a query may attend: a padding mask of valid key positions `valid`
-    (`(batch, kv_seq)`) is `mask=valid[:, None, None, :]`. It combines with `causal`.
-    `positions` (`(*batch, seq)`, default `arange(seq)`) are the rotary positions of the
-    queries, and of the keys in self-attention.
+    (`(batch, kv_seq)`) is `mask=valid[:, None, None, :]`. It combines with `causal` and
+    `sliding_window` (a query attends where all three allow). `positions`
+    (`(*batch, seq)`, default `arange(seq)`) are the rotary positions of the queries, and
+    of the keys in self-attention.
 
     ```python
     import jax, jax.numpy as jnp
@@ -106,18 +179,27 @@ class MultiHeadAttention(Layer):
     valid = jnp.arange(10) < jnp.array([[10], [7]])  # the second sequence is padded
     assert attention(x, mask=valid[:, None, None, :]).shape == (2, 10, 64)
     assert attention.k_proj.weight.shape == (16, 64)  # 2 heads of 8
+
+    # Qwen2-style: biases on q, k, v only; Mistral-style: a sliding window of 4
+    qwen = tc.nn.MultiHeadAttention(64, 8, use_qkv_bias=True, key=jax.random.key(1))
+    assert qwen.k_proj.bias is not None and qwen.o_proj.bias is None
+    local = attention.replace(sliding_window=4)
+    assert local(x).shape == (2, 10, 64)
     ```
     """
 
-    q_proj: Linear
-    k_proj: Linear
-    v_proj: Linear
-    o_proj: Linear
+    q_proj: Linear = field(metadata={"heads": ("num_heads", "out")})
+    k_proj: Linear = field(metadata={"heads": ("num_kv_heads", "out")})
+    v_proj: Linear = field(metadata={"heads": ("num_kv_heads", "out")})
+    o_proj: Linear = field(metadata={"heads": ("num_heads", "in")})
     num_heads: int = field(default=1, static=True)
     num_kv_heads: int = field(default=1, static=True)
     head_dim: int = field(default=0, static=True)
     causal: bool = field(default=False, static=True, on_setattr=[bool])
+    sliding_window: int | None = field(default=None, static=True, on_setattr=[_window])
     rope_theta: float | None = field(default=None, static=True)
+    rope_dim: int | None = field(default=None, static=True)
+    rope_interleaved: bool = field(default=False, static=True, on_setattr=[bool])
     dtype: str | None = dtype_field()
 
     def __init__(
@@ -129,36 +211,69 @@ class MultiHeadAttention(Layer):
         head_dim: int | None = None,
         kv_features: int | None = None,
         use_bias: bool = False,
+        use_qkv_bias: bool | None = None,
+        use_out_bias: bool | None = None,
         causal: bool = False,
+        sliding_window: int | None = None,
         rope_theta: float | None = None,
+        rope_dim: int | None = None,
+        rope_interleaved: bool = False,
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
-        key = check_key(key, "MultiHeadAttention")
+        name = "MultiHeadAttention"
+        features = check_int(name, "features", features)
+        num_heads = check_int(name, "num_heads", num_heads)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads < 1 or num_heads % num_kv_heads:
+        num_kv_heads = check_int(name, "num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads:
             raise ValueError(_HEADS_MSG.format(heads=num_heads, kv=num_kv_heads))
         if head_dim is None:
             if features % num_heads:
                 raise ValueError(_FEATURES_MSG.format(features=features, heads=num_heads))
             head_dim = features // num_heads
-        if rope_theta is not None and head_dim % 2:
-            raise ValueError(_ROTARY_MSG.format(head_dim=head_dim))
-        kv_features = features if kv_features is None else kv_features
+        head_dim = check_int(name, "head_dim", head_dim)
+        kv_features = check_int(
+            name, "kv_features", features if kv_features is None else kv_features
+        )
+        sliding_window = _window(sliding_window)
+        if rope_theta is None:
+            for option, value in (("rope_dim", rope_dim), ("rope_interleaved", rope_interleaved)):
+                if value not in (None, False):
+                    raise ValueError(_ROPE_OPTION_MSG.format(name=option))
+        else:
+            rope_theta = check_number(name, "rope_theta", rope_theta, low=0.0, open_low=True)
+            dim = head_dim if rope_dim is None else check_int(name, "rope_dim", rope_dim)
+            if dim % 2 or dim > head_dim:
+                raise ValueError(_ROPE_DIM_MSG.format(where=name, value=dim, head_dim=head_dim))
+            rope_dim = None if dim == head_dim else dim
+        key = check_key(key, name)
         qkey, kkey, vkey, okey = jax.random.split(key, 4)
-        options: dict[str, Any] = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
+        qkv: dict[str, Any] = dict(
+            use_bias=use_bias if use_qkv_bias is None else use_qkv_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+        )
+        out: dict[str, Any] = dict(
+            use_bias=use_bias if use_out_bias is None else use_out_bias,
+            dtype=dtype,
+            param_dtype=param_dtype,
+        )
         assign(
             self,
-            q_proj=Linear(features, num_heads * head_dim, key=qkey, **options),
-            k_proj=Linear(kv_features, num_kv_heads * head_dim, key=kkey, **options),
-            v_proj=Linear(kv_features, num_kv_heads * head_dim, key=vkey, **options),
-            o_proj=Linear(num_heads * head_dim, features, key=okey, **options),
+            q_proj=Linear(features, num_heads * head_dim, key=qkey, **qkv),
+            k_proj=Linear(kv_features, num_kv_heads * head_dim, key=kkey, **qkv),
+            v_proj=Linear(kv_features, num_kv_heads * head_dim, key=vkey, **qkv),
+            o_proj=Linear(num_heads * head_dim, features, key=okey, **out),
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             causal=causal,
-            rope_theta=None if rope_theta is None else float(rope_theta),
+            sliding_window=sliding_window,
+            rope_theta=rope_theta,
+            rope_dim=rope_dim,
+            rope_interleaved=rope_interleaved,
             dtype=dtype,
         )
 
@@ -173,6 +288,7 @@ class MultiHeadAttention(Layer):
         """Attention of `x` over itself (or over `context`); see the class docstring."""
         x = jnp.asarray(x)
         source = x if context is None else jnp.asarray(context)
+        _check_inputs(self, x, source, context is not None)
         batch, seq, kv_seq = x.shape[:-2], x.shape[-2], source.shape[-2]
         h = self.head_dim
         q = self.q_proj(x).reshape((*batch, seq, self.num_heads, h))
@@ -181,12 +297,19 @@ class MultiHeadAttention(Layer):
         if self.rope_theta is not None:
             q_pos = jnp.arange(seq) if positions is None else positions
             k_pos = q_pos if context is None else jnp.arange(kv_seq)
-            q = rotary_embedding(q, q_pos, self.rope_theta)
-            k = rotary_embedding(k, k_pos, self.rope_theta)
+            rope = dict(rope_dim=self.rope_dim, interleaved=self.rope_interleaved)
+            q = rotary_embedding(q, q_pos, self.rope_theta, **rope)
+            k = rotary_embedding(k, k_pos, self.rope_theta, **rope)
         flat = (-1,) if batch else (1,)
         q, k, v = (a.reshape((*flat, *a.shape[-3:])) for a in (q, k, v))
         if mask is not None:
             mask = jnp.broadcast_to(mask, (*batch, self.num_heads, seq, kv_seq))
             mask = mask.reshape((*flat, self.num_heads, seq, kv_seq))
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=self.causal)
+        window = None
+        if self.sliding_window is not None:  # (left, right): how far a key may lie each way
+            reach = self.sliding_window - 1
+            window = (reach, 0 if self.causal else reach)
+        out = jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=self.causal, local_window_size=window
+        )
         return self.o_proj(out.reshape((*batch, seq, self.num_heads * h)))

@@ -18,7 +18,13 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, dtype_field, scale_and_shift
-from ._normalization import scaled_and_shifted, statistics_dtype
+from ._checks import check_number
+from ._normalization import (
+    check_norm_input,
+    checked_norm_arguments,
+    scaled_and_shifted,
+    statistics_dtype,
+)
 
 __all__ = ["BatchNorm"]
 
@@ -30,14 +36,10 @@ _IMMUTABLE_MSG = (
     "or switch it to inference mode, which reads the running statistics only,\n"
     "    model = tc.nn.set_training(model, False)"
 )
-_MOMENTUM_MSG = "`BatchNorm.momentum` must be in [0, 1], got {value!r}."
 
 
 def _momentum(value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(_MOMENTUM_MSG.format(value=value))
-    return value
+    return check_number("BatchNorm", "momentum", value, low=0.0, high=1.0)
 
 
 class BatchNorm(Layer):
@@ -107,6 +109,8 @@ class BatchNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
+        features, eps = checked_norm_arguments("BatchNorm", features, eps)
+        momentum = _momentum(momentum)
         assign(
             self,
             **scale_and_shift(features, use_weight, use_bias, param_dtype),
@@ -122,6 +126,7 @@ class BatchNorm(Layer):
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised per feature; in training mode, the statistics assigned too."""
         x = jnp.asarray(x)
+        check_norm_input(self, x)
         stats = x.astype(statistics_dtype(x))
         if self.training:
             axes = tuple(range(x.ndim - 1))

@@ -18,57 +18,54 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params
+from ._checks import check_input, check_int, check_ints
 
 __all__ = ["Conv"]
 
 _KERNEL_MSG = (
-    "`Conv(kernel_size=...)` takes one size per spatial axis, 1 to 3 of them: (5,) for 1D, "
-    "(3, 3) for 2D, (3, 3, 3) for 3D; got {value!r}."
-)
-_PER_AXIS_MSG = (
-    "`Conv({name}=...)` takes an int or one int per spatial axis ({n} of them), got {value!r}."
+    "`Conv(kernel_size=...)` takes one positive size per spatial axis, 1 to 3 of them: (5,) "
+    "for 1D, (3, 3) for 2D, (3, 3, 3) for 3D; got {value!r}."
 )
 _PADDING_MSG = (
-    "`Conv(padding=...)` takes 'SAME', 'VALID', an int, one int per spatial axis, or one "
-    "(low, high) pair per spatial axis ({n} of them); got {value!r}."
+    "`Conv(padding=...)` must be 'SAME', 'VALID', an int >= 0, one per spatial axis, or one "
+    "(low, high) pair of them per spatial axis ({n} of them); got {value!r}."
 )
 _GROUPS_MSG = (
     "`Conv(groups={groups})` must divide both in_channels ({cin}) and out_channels ({cout})."
 )
-_INPUT_MSG = (
-    "`Conv` over {n} spatial axes takes `(..., *spatial, in_channels)` with in_channels "
-    "{cin}; got an input of shape {shape}."
-)
+_SPATIAL = {1: "w", 2: "h, w", 3: "d, h, w"}
 _SPECS = {1: ("NWC", "OIW", "NWC"), 2: ("NHWC", "OIHW", "NHWC"), 3: ("NDHWC", "OIDHW", "NDHWC")}
 
 
-def _per_axis(value: object, n: int, name: str) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * n
-    if (
-        isinstance(value, Sequence)
-        and len(value) == n
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        return tuple(value)
-    raise ValueError(_PER_AXIS_MSG.format(name=name, n=n, value=value))
+def _kernel(value: object) -> tuple[int, ...]:
+    if isinstance(value, Sequence) and not isinstance(value, str) and 1 <= len(value) <= 3:
+        try:
+            return check_ints("Conv", "kernel_size", value, len(value))
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(_KERNEL_MSG.format(value=value))
 
 
 def _padding(value: object, n: int) -> str | tuple[tuple[int, int], ...]:
     if isinstance(value, str):
         if value.upper() in ("SAME", "VALID"):
             return value.upper()
-        raise ValueError(_PADDING_MSG.format(n=n, value=value))
-    if (
+    elif (
         isinstance(value, Sequence)
         and len(value) == n
         and all(isinstance(v, Sequence) and len(v) == 2 for v in value)
     ):
-        return tuple((int(lo), int(hi)) for lo, hi in value)
-    try:
-        return tuple((p, p) for p in _per_axis(value, n, "padding"))
-    except ValueError:
-        raise ValueError(_PADDING_MSG.format(n=n, value=value)) from None
+        try:
+            pairs = [check_ints("Conv", "padding", pair, 2, minimum=0) for pair in value]
+            return tuple((lo, hi) for lo, hi in pairs)
+        except (TypeError, ValueError):
+            pass
+    else:
+        try:
+            return tuple((p, p) for p in check_ints("Conv", "padding", value, n, minimum=0))
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(_PADDING_MSG.format(n=n, value=value))
 
 
 class Conv(Layer):
@@ -133,25 +130,25 @@ class Conv(Layer):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
-        key = check_key(key, "Conv")
-        if (
-            isinstance(kernel_size, int)
-            or not isinstance(kernel_size, Sequence)
-            or not 1 <= len(kernel_size) <= 3
-        ):
-            raise ValueError(_KERNEL_MSG.format(value=kernel_size))
-        n = len(kernel_size)
-        kernel = _per_axis(kernel_size, n, "kernel_size")
-        if groups < 1 or in_channels % groups or out_channels % groups:
+        in_channels = check_int("Conv", "in_channels", in_channels)
+        out_channels = check_int("Conv", "out_channels", out_channels)
+        kernel = _kernel(kernel_size)
+        n = len(kernel)
+        stride = check_ints("Conv", "stride", stride, n)
+        dilation = check_ints("Conv", "dilation", dilation, n)
+        padding = _padding(padding, n)
+        groups = check_int("Conv", "groups", groups)
+        if in_channels % groups or out_channels % groups:
             raise ValueError(_GROUPS_MSG.format(groups=groups, cin=in_channels, cout=out_channels))
+        key = check_key(key, "Conv")
         fan_in = in_channels // groups * math.prod(kernel)
         shape = (out_channels, in_channels // groups, *kernel)
         assign(
             self,
             **fan_in_params(key, shape, fan_in, use_bias, param_dtype),
-            stride=_per_axis(stride, n, "stride"),
-            padding=_padding(padding, n),
-            dilation=_per_axis(dilation, n, "dilation"),
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
             groups=groups,
             dtype=dtype,
         )
@@ -166,8 +163,8 @@ class Conv(Layer):
         x = jnp.asarray(x)
         n = self.weight.ndim - 2
         cin = self.weight.shape[1] * self.groups
-        if x.ndim < n + 1 or x.shape[-1] != cin:
-            raise ValueError(_INPUT_MSG.format(n=n, cin=cin, shape=x.shape))
+        leading = "*batch, " + _SPATIAL[n]
+        check_input("Conv", x, "in_channels", cin, leading=leading, ndim=n + 1)
         batch = x.shape[: x.ndim - n - 1]
         x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
         if self.dtype is None:  # the operands of a convolution must agree

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 
 from .._fields import field
 from ._base import Layer
+from ._checks import check_number
 
 __all__ = ["Dropout"]
 
-_RATE_MSG = "`Dropout.rate` must be in [0, 1), got {value!r}."
 _NO_KEY_MSG = (
     "`Dropout` in training mode (rate {rate}) needs a PRNG key: call it as "
     "`dropout(x, key=key)`, splitting one key per dropout layer per step, or switch the "
@@ -25,10 +25,7 @@ _NO_KEY_MSG = (
 
 
 def _rate(value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(_RATE_MSG.format(value=value))
-    return value
+    return check_number("Dropout", "rate", value, low=0.0, high=1.0, open_high=True)
 
 
 class Dropout(Layer):

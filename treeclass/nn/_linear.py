@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
+from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_field, dtype_name, fan_in_params
+from ._checks import check_input, check_int, check_number
 
 __all__ = ["Linear", "Embed"]
 
@@ -49,8 +51,10 @@ class Linear(Layer):
     ```
     """
 
-    weight: jax.Array
-    bias: jax.Array | None
+    # the axes' names: a layer holding this one can say which carries its heads, so
+    # `tc.ShardingRules` refuses to cut a head across devices
+    weight: jax.Array = field(metadata={"axes": ("out", "in")})
+    bias: jax.Array | None = field(metadata={"axes": ("out",)})
     dtype: str | None = dtype_field()
 
     def __init__(
@@ -63,6 +67,8 @@ class Linear(Layer):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
+        in_features = check_int("Linear", "in_features", in_features)
+        out_features = check_int("Linear", "out_features", out_features)
         key = check_key(key, "Linear")
         shape = (out_features, in_features)
         assign(self, **fan_in_params(key, shape, in_features, use_bias, param_dtype), dtype=dtype)
@@ -79,6 +85,7 @@ class Linear(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x @ weight.T + bias`, for `x` of shape `(..., in_features)`."""
+        check_input("Linear", x, "in_features", self.weight.shape[-1])
         x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
         # contract x's last axis with weight's last: no transposed copy of the weight
         y = jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
@@ -91,6 +98,10 @@ class Embed(Layer):
     **Arguments**
 
     - `num_embeddings`, `features`: the rows and columns of the table.
+    - `scale`: multiply the vectors looked up by this number (default `None`: not
+      scaled). Gemma scales its embeddings by the square root of their width,
+      `scale=features ** 0.5`; the factor is rounded to the vectors' dtype first, as
+      Gemma rounds it. `attend` does not scale.
     - `dtype`: the compute dtype of the vectors returned (`None`: the table's).
     - `param_dtype`: the dtype the table is created in (default float32).
     - `key`: a PRNG key; the table is drawn from a standard normal, as
@@ -98,7 +109,7 @@ class Embed(Layer):
 
     **Fields**
 
-    `weight`: `[num_embeddings, features]`; `dtype` (static).
+    `weight`: `[num_embeddings, features]`; `scale`, `dtype` (static).
 
     `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
     gives NaNs, so a bad id shows instead of silently reading another row, and negative
@@ -112,10 +123,13 @@ class Embed(Layer):
     embed = tc.nn.Embed(10, 4, key=jax.random.key(0))
     vectors = embed(jnp.array([[1, 2, 3]]))
     assert vectors.shape == (1, 3, 4) and embed.attend(vectors).shape == (1, 3, 10)
+    gemma = tc.nn.Embed(10, 4, scale=4**0.5, key=jax.random.key(0))
+    assert jnp.allclose(gemma(jnp.array([1])), 2.0 * embed(jnp.array([1])))
     ```
     """
 
     weight: jax.Array
+    scale: float | None = field(default=None, static=True)
     dtype: str | None = dtype_field()
 
     def __init__(
@@ -123,15 +137,19 @@ class Embed(Layer):
         num_embeddings: int,
         features: int,
         *,
+        scale: float | None = None,
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
+        num_embeddings = check_int("Embed", "num_embeddings", num_embeddings)
+        features = check_int("Embed", "features", features)
         key = check_key(key, "Embed")
         param_dtype = dtype_name(param_dtype, "param_dtype")
         assign(
             self,
             weight=jax.random.normal(key, (num_embeddings, features), param_dtype),
+            scale=None if scale is None else check_number("Embed", "scale", scale),
             dtype=dtype,
         )
 
@@ -151,9 +169,13 @@ class Embed(Layer):
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise TypeError(_INDEX_MSG.format(dtype=ids.dtype))
         (weight,) = cast(self.dtype, self.weight)
-        return jnp.take(weight, ids, axis=0)
+        vectors = jnp.take(weight, ids, axis=0)
+        if self.scale is None:
+            return vectors
+        return vectors * jnp.asarray(self.scale, vectors.dtype)
 
     def attend(self, x: jax.Array) -> jax.Array:
         """`x @ weight.T`: scores of `x` (shape `(..., features)`) against every row."""
+        check_input("Embed.attend", x, "features", self.weight.shape[-1])
         x, weight = cast(self.dtype, x, self.weight)
         return jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))

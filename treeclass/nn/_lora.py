@@ -15,12 +15,12 @@ import jax.numpy as jnp
 
 from .._fields import field
 from ._base import Layer, assign, check_key
+from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 
 __all__ = ["LoRA"]
 
 _BASE_MSG = "`LoRA` wraps a `tc.nn.Linear`, got a {type}."
-_RANK_MSG = "`LoRA(rank=...)` must be a positive int, got {value!r}."
 
 
 class LoRA(Layer):
@@ -62,8 +62,9 @@ class LoRA(Layer):
     """
 
     base_layer: Linear = field(role="frozen")
-    lora_A: Linear  # noqa: N815 (PEFT's checkpoint names)
-    lora_B: Linear  # noqa: N815
+    # PEFT's checkpoint names; the rank axis is not the base's: sharding checks see that
+    lora_A: Linear = field(metadata={"rename_axes": {"out": "rank"}})  # noqa: N815
+    lora_B: Linear = field(metadata={"rename_axes": {"in": "rank"}})  # noqa: N815
     alpha: float = field(default=1.0, static=True, on_setattr=[float])
 
     def __init__(
@@ -71,8 +72,7 @@ class LoRA(Layer):
     ) -> None:
         if not isinstance(base, Linear):
             raise TypeError(_BASE_MSG.format(type=type(base).__name__))
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(_RANK_MSG.format(value=rank))
+        rank = check_int("LoRA", "rank", rank)
         key = check_key(key, "LoRA")
         param_dtype = base.weight.dtype
         options: dict[str, Any] = {"use_bias": False, "dtype": base.dtype, "key": key}
@@ -82,7 +82,7 @@ class LoRA(Layer):
             base_layer=base,
             lora_A=Linear(base.in_features, rank, param_dtype=param_dtype, **options),
             lora_B=zero.replace(weight=jnp.zeros((base.out_features, rank), param_dtype)),
-            alpha=rank if alpha is None else alpha,
+            alpha=rank if alpha is None else check_number("LoRA", "alpha", alpha),
         )
 
     @property
@@ -91,12 +91,23 @@ class LoRA(Layer):
         return int(self.lora_A.weight.shape[-2])
 
     @property
+    def in_features(self) -> int:
+        """The size of the last axis of the input (the base layer's)."""
+        return int(self.lora_A.weight.shape[-1])
+
+    @property
+    def out_features(self) -> int:
+        """The size of the last axis of the output (the base layer's)."""
+        return int(self.lora_B.weight.shape[-2])
+
+    @property
     def scaling(self) -> float:
         """`alpha / rank`, the factor of the update."""
         return self.alpha / self.rank
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The base layer's output plus the scaled low-rank update."""
+        check_input("LoRA", x, "in_features", self.lora_A.weight.shape[-1])
         update = self.lora_B(self.lora_A(x))  # the frozen base is read gradient-stopped
         return self.base_layer(x) + update * jnp.asarray(self.scaling, update.dtype)
 

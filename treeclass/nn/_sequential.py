@@ -19,6 +19,7 @@ from .._fields import field
 from .._frozen import freeze, is_frozen, unfreeze
 from .._node import is_treeclass
 from ._base import Layer, assign, check_key
+from ._checks import check_input, check_int
 from ._linear import Linear
 
 __all__ = ["Sequential", "MLP"]
@@ -159,6 +160,10 @@ class MLP(Layer):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
+        in_features = check_int("MLP", "in_features", in_features)
+        out_features = check_int("MLP", "out_features", out_features)
+        hidden_features = check_int("MLP", "hidden_features", hidden_features)
+        depth = check_int("MLP", "depth", depth, minimum=0)
         key = check_key(key, "MLP")
         keys = jax.random.split(key, depth + 1)
         sizes = [in_features, *([hidden_features] * depth), out_features]
@@ -175,6 +180,9 @@ class MLP(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The layers in turn, the activation between them."""
+        features = getattr(self.layers[0], "in_features", None)
+        if features is not None:
+            check_input("MLP", x, "in_features", features)
         *hidden, last = self.layers
         for layer in hidden:
             x = self.activation(layer(x))

@@ -1,0 +1,300 @@
+"""`DecoderBlock` and `EncoderBlock`: a transformer layer as a configuration of the
+layers here (norms, attention, a feed-forward), so that a model family is a few keywords.
+
+One computation serves both; they differ in their defaults only (a decoder block is
+Llama's layer, an encoder block BERT's). Field names are Llama's (`self_attn`, `mlp`,
+`input_layernorm`, `post_attention_layernorm`), which Qwen2, Mistral, Gemma and GPT-NeoX
+checkpoints share, so their key rules rename the block's prefix only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+
+from .._fields import field
+from ._attention import MultiHeadAttention
+from ._base import Layer, assign, check_key
+from ._checks import check_input, check_int, check_number
+from ._feed_forward import FeedForward, gelu_exact
+from ._normalization import LayerNorm, RMSNorm
+
+__all__ = ["DecoderBlock", "EncoderBlock"]
+
+_NORMS = {"rms": RMSNorm, "layer": LayerNorm}
+_NORM_MSG = "`{block}(norm=...)` must be 'rms' (RMSNorm) or 'layer' (LayerNorm); got {value!r}."
+_POSITION_MSG = (
+    "`{block}(norm_position=...)` must be 'pre' (a norm before attention and before the "
+    "MLP) or 'post' (a norm after each residual sum); got {value!r}."
+)
+_PARALLEL_MSG = (
+    "`{block}(parallel_residual=True)` adds attention and MLP to one residual, each "
+    "through its own norm before it: it needs norm_position='pre', got 'post'."
+)
+_OFFSET_MSG = (
+    "`{block}(norm_weight_offset=...)` is an option of RMSNorm (Gemma's `1 + w`); "
+    "norm='layer' has none."
+)
+
+Norm = LayerNorm | RMSNorm
+
+
+class _TransformerBlock(Layer):
+    """The computation and fields both blocks share; see `DecoderBlock`."""
+
+    input_layernorm: Norm | None
+    self_attn: MultiHeadAttention
+    post_attention_layernorm: Norm | None
+    mlp: FeedForward
+    output_layernorm: Norm | None
+    norm_position: str = field(default="pre", static=True)
+    parallel_residual: bool = field(default=False, static=True, on_setattr=[bool])
+
+    def _build(
+        self,
+        features: int,
+        num_heads: int,
+        hidden_features: int,
+        *,
+        norm: str,
+        norm_eps: float,
+        norm_weight_offset: float,
+        norm_position: str,
+        parallel_residual: bool,
+        gated: bool,
+        activation: Callable[[Any], Any] | None,
+        use_mlp_bias: bool,
+        dtype: DTypeLike | None,
+        param_dtype: DTypeLike,
+        key: jax.Array,
+        **attention: Any,
+    ) -> None:
+        block = type(self).__name__
+        features = check_int(block, "features", features)
+        num_heads = check_int(block, "num_heads", num_heads)
+        hidden_features = check_int(block, "hidden_features", hidden_features)
+        if norm not in _NORMS:
+            raise ValueError(_NORM_MSG.format(block=block, value=norm))
+        if norm_position not in ("pre", "post"):
+            raise ValueError(_POSITION_MSG.format(block=block, value=norm_position))
+        if parallel_residual and norm_position == "post":
+            raise ValueError(_PARALLEL_MSG.format(block=block))
+        norm_weight_offset = check_number(block, "norm_weight_offset", norm_weight_offset)
+        if norm_weight_offset and norm == "layer":
+            raise ValueError(_OFFSET_MSG.format(block=block))
+        key = check_key(key, block)
+        akey, mkey = jax.random.split(key)
+        options: dict[str, Any] = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
+        if norm == "rms":
+            options["weight_offset"] = norm_weight_offset
+
+        def make_norm() -> Norm:
+            return _NORMS[norm](features, **options)
+
+        pre = norm_position == "pre"
+        assign(
+            self,
+            input_layernorm=make_norm() if pre else None,
+            self_attn=MultiHeadAttention(
+                features, num_heads, dtype=dtype, param_dtype=param_dtype, key=akey, **attention
+            ),
+            post_attention_layernorm=make_norm(),
+            mlp=FeedForward(
+                features,
+                hidden_features,
+                gated=gated,
+                activation=activation,
+                use_bias=use_mlp_bias,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                key=mkey,
+            ),
+            output_layernorm=None if pre else make_norm(),
+            norm_position=norm_position,
+            parallel_residual=parallel_residual,
+        )
+
+    def __call__(
+        self, x: jax.Array, *, mask: jax.Array | None = None, positions: jax.Array | None = None
+    ) -> jax.Array:
+        """The block applied to `x` (`(*batch, seq, features)`); `mask` and `positions`
+        go to the attention (see `MultiHeadAttention`)."""
+        x = jnp.asarray(x)
+        features = getattr(self.self_attn.q_proj, "in_features", None)
+        if features is not None:
+            check_input(type(self).__name__, x, "features", features, leading="*batch, seq", ndim=2)
+
+        def attend(h: jax.Array) -> jax.Array:
+            return self.self_attn(h, mask=mask, positions=positions)
+
+        if self.norm_position == "post":  # BERT: a norm after each residual sum
+            x = self.post_attention_layernorm(x + attend(x))
+            return self.output_layernorm(x + self.mlp(x))
+        if self.parallel_residual:  # GPT-NeoX: both branches read the same input
+            attended = attend(self.input_layernorm(x))
+            return x + attended + self.mlp(self.post_attention_layernorm(x))
+        x = x + attend(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBlock(_TransformerBlock):
+    """A transformer decoder layer: causal self-attention and a feed-forward, each with
+    its norm and residual. The defaults are Llama's layer; other families are keywords.
+
+    **Computation**
+
+    - `norm_position="pre"` (default): `x + attn(input_layernorm(x))`, then
+      `x + mlp(post_attention_layernorm(x))` (Llama, Qwen2, Mistral, Gemma, GPT-NeoX,
+      ViT);
+    - `parallel_residual=True`: `x + attn(input_layernorm(x)) +
+      mlp(post_attention_layernorm(x))`, both branches from the same input (GPT-NeoX,
+      Pythia);
+    - `norm_position="post"`: `x = post_attention_layernorm(x + attn(x))`, then
+      `output_layernorm(x + mlp(x))` (BERT, the original transformer).
+
+    **Arguments**
+
+    - `features`, `num_heads`, `hidden_features`: the width, the query heads, the
+      feed-forward's hidden size.
+    - Attention (passed to `MultiHeadAttention`, which documents each): `num_kv_heads`,
+      `head_dim`, `causal` (default `True`), `sliding_window`, `rope_theta`, `rope_dim`,
+      `rope_interleaved`, `use_qkv_bias`, `use_out_bias` (default `False`).
+    - `norm`: `"rms"` (`RMSNorm`, default) or `"layer"` (`LayerNorm`, with a bias);
+      `norm_eps` (default `1e-5`); `norm_weight_offset` (RMSNorm's `weight_offset`:
+      `1.0` for Gemma).
+    - `norm_position`: `"pre"` (default) or `"post"`; `parallel_residual` (default
+      `False`; needs `"pre"`).
+    - Feed-forward (`FeedForward`): `gated` (default `True`: SwiGLU), `activation`
+      (default `jax.nn.silu` gated, `tc.nn.gelu_exact` plain), `use_mlp_bias` (default
+      `False`).
+    - `dtype`, `param_dtype`: passed to every layer.
+    - `key`: a PRNG key, split between the attention and the feed-forward.
+
+    **Fields**
+
+    `input_layernorm` (`None` with `"post"`), `self_attn` (`MultiHeadAttention`),
+    `post_attention_layernorm`, `mlp` (`FeedForward`: `gate_proj`, `up_proj`,
+    `down_proj`), `output_layernorm` (`None` with `"pre"`); `norm_position`,
+    `parallel_residual` (static). Each norm field names one place on the residual
+    stream: before the attention, after the attention's residual, after the MLP's.
+
+    **Calling.** `block(x, *, mask=None, positions=None)` with `x` of shape
+    `(*batch, seq, features)`; `mask` and `positions` go to the attention. Blocks stack
+    with `tc.Stacked.from_init` and are called with one scan.
+
+    The families, each a configuration:
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    nn, key = tc.nn, jax.random.key(0)
+    llama = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=10_000.0, key=key)
+    qwen2 = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=1e6, norm_eps=1e-6,
+                            use_qkv_bias=True, key=key)
+    mistral = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=1e6,
+                              sliding_window=4096, key=key)
+    gemma = nn.DecoderBlock(64, 4, 172, num_kv_heads=1, head_dim=32, rope_theta=1e4,
+                            norm_eps=1e-6, norm_weight_offset=1.0, activation=jax.nn.gelu,
+                            key=key)
+    neox = nn.DecoderBlock(64, 4, 256, rope_theta=1e4, rope_dim=4, norm="layer",
+                           gated=False, use_qkv_bias=True, use_out_bias=True,
+                           use_mlp_bias=True, parallel_residual=True, key=key)
+    x = jnp.ones((2, 5, 64))
+    for block in (llama, qwen2, mistral, gemma, neox):
+        assert block(x).shape == (2, 5, 64)
+    assert llama.mlp.gate_proj.weight.shape == (172, 64)
+    ```
+    """
+
+    def __init__(
+        self,
+        features: int,
+        num_heads: int,
+        hidden_features: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = True,
+        sliding_window: int | None = None,
+        rope_theta: float | None = None,
+        rope_dim: int | None = None,
+        rope_interleaved: bool = False,
+        use_qkv_bias: bool = False,
+        use_out_bias: bool = False,
+        norm: str = "rms",
+        norm_eps: float = 1e-5,
+        norm_weight_offset: float = 0.0,
+        norm_position: str = "pre",
+        parallel_residual: bool = False,
+        gated: bool = True,
+        activation: Callable[[Any], Any] | None = None,
+        use_mlp_bias: bool = False,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
+    ) -> None:
+        self._build(**_arguments(locals()))
+
+
+class EncoderBlock(_TransformerBlock):
+    """A transformer encoder layer: `DecoderBlock`'s computation and options with BERT's
+    defaults: bidirectional attention (`causal=False`), a `LayerNorm` (`norm="layer"`,
+    `norm_eps=1e-12`) after each residual sum (`norm_position="post"`), a plain
+    feed-forward with the exact GELU (`gated=False`, `activation=tc.nn.gelu_exact`) and
+    biases everywhere (`use_qkv_bias`, `use_out_bias`, `use_mlp_bias`: `True`).
+
+    A ViT encoder layer is `norm_position="pre"`. Every option of `DecoderBlock` is
+    taken, with the same meaning; the fields are `DecoderBlock`'s.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    bert = tc.nn.EncoderBlock(32, 4, 64, key=jax.random.key(0))
+    vit = tc.nn.EncoderBlock(32, 4, 64, norm_position="pre", key=jax.random.key(1))
+    x = jnp.ones((2, 5, 32))
+    valid = jnp.arange(5) < jnp.array([[5], [3]])  # padding, as BERT's attention_mask
+    assert bert(x, mask=valid[:, None, None, :]).shape == (2, 5, 32)
+    assert bert.input_layernorm is None and vit.output_layernorm is None
+    ```
+    """
+
+    def __init__(
+        self,
+        features: int,
+        num_heads: int,
+        hidden_features: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        causal: bool = False,
+        sliding_window: int | None = None,
+        rope_theta: float | None = None,
+        rope_dim: int | None = None,
+        rope_interleaved: bool = False,
+        use_qkv_bias: bool = True,
+        use_out_bias: bool = True,
+        norm: str = "layer",
+        norm_eps: float = 1e-12,
+        norm_weight_offset: float = 0.0,
+        norm_position: str = "post",
+        parallel_residual: bool = False,
+        gated: bool = False,
+        activation: Callable[[Any], Any] | None = gelu_exact,
+        use_mlp_bias: bool = True,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
+    ) -> None:
+        self._build(**_arguments(locals()))
+
+
+def _arguments(local: dict[str, Any]) -> dict[str, Any]:
+    # an `__init__`'s arguments as keywords for `_build` (its signature is the one place
+    # its defaults are written)
+    return {name: value for name, value in local.items() if name not in ("self", "__class__")}

@@ -1,0 +1,136 @@
+"""Argument checks every layer shares: its sizes, counts, strides and rates when it is
+built, its input's feature size when it is called.
+
+Each error names the layer, the argument, what was given and what was expected, in one
+form (`Linear(in_features=...)` must be a positive int; got -3), so a bad size fails at
+the line that built the layer, not as a division by zero, a broadcast error or an XLA
+verifier dump at its first call.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+__all__ = ["check_int", "check_ints", "check_number", "check_input"]
+
+_ARGUMENT_MSG = "`{layer}({name}=...)` must be {expected}; got {value!r}."
+_INPUT_MSG = "`{layer}` takes {what} of shape {expected}; got one of shape {shape}."
+
+
+def _int_or_none(value: object) -> int | None:
+    # NumPy and JAX integer scalars count (operator.index); a bool is not a size
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _int_expected(minimum: int) -> str:
+    return {0: "an int >= 0", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+
+
+def check_int(layer: str, name: str, value: object, *, minimum: int = 1) -> int:
+    """`value` as a plain `int` if it is an integer `>= minimum`: a `TypeError` for a
+    non-integer, a `ValueError` for one too small, each naming `layer(name=...)`."""
+    number = _int_or_none(value)
+    expected = _int_expected(minimum)
+    if number is None:
+        raise TypeError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        )
+    if number < minimum:
+        raise ValueError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        )
+    return number
+
+
+def check_ints(
+    layer: str, name: str, value: object, n: int, *, minimum: int = 1
+) -> tuple[int, ...]:
+    """An int or a sequence of `n` ints (one per axis), each `>= minimum`, as a tuple."""
+    expected = f"{_int_expected(minimum)}, or a tuple of {n} (one per axis)"
+    if _int_or_none(value) is not None:
+        values: Sequence[object] = (value,) * n
+    elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == n:
+        values = value
+    else:
+        raise TypeError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        )
+    numbers = [_int_or_none(v) for v in values]
+    if any(v is None for v in numbers):
+        raise TypeError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        )
+    if any(v < minimum for v in numbers):  # type: ignore[operator]
+        raise ValueError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        )
+    return tuple(numbers)  # type: ignore[arg-type]
+
+
+def check_number(
+    layer: str,
+    name: str,
+    value: object,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> float:
+    """`value` as a `float` if it is a real number in the interval from `low` to `high`
+    (closed unless `open_low` / `open_high`); NaN is never in it."""
+    left, right = "(" if open_low else "[", ")" if open_high else "]"
+    if math.isinf(low) and math.isinf(high):
+        expected = "a finite number"
+    elif math.isinf(high):
+        expected = f"a number {'>' if open_low else '>='} {low:g}"
+    else:
+        expected = f"a number in {left}{low:g}, {high:g}{right}"
+    try:
+        if isinstance(value, bool | str | bytes):  # float() would read these
+            raise TypeError
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # not a number, or an array of several elements
+        raise TypeError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        ) from None
+    inside = (
+        math.isfinite(number)
+        and (number > low if open_low else number >= low)
+        and (number < high if open_high else number <= high)
+    )
+    if not inside:
+        raise ValueError(
+            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
+        )
+    return number
+
+
+def check_input(
+    layer: str,
+    x: Any,
+    name: str,
+    size: int,
+    *,
+    leading: str = "...",
+    ndim: int = 1,
+    what: str = "inputs",
+) -> None:
+    """A `ValueError` unless `x` has at least `ndim` axes and its last is `size`: the
+    message shows the expected shape as `(leading, name=size)` and the shape given."""
+    shape = x.shape if hasattr(x, "shape") else jnp.shape(x)
+    if len(shape) < ndim or shape[-1] != size:
+        expected = f"({leading}, {name}={size})"
+        raise ValueError(
+            _INPUT_MSG.format(layer=layer, what=what, expected=expected, shape=tuple(shape))
+        )
