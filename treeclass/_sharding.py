@@ -685,7 +685,7 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
     def walk(node: object, path: tuple[Any, ...], heads: Any, renames: tuple[Any, ...]) -> None:
         declared = {f.name: f.metadata for f in fields(node)} if is_treeclass(node) else {}
         for key, child in jax_children(node) or ():
-            meta = declared.get(getattr(key, "name", None), {})
+            meta = declared.get(getattr(key, "name", ""), {})  # no field is named ""
             here, names = heads, renames
             if "heads" in meta:
                 count, axis = meta["heads"]
@@ -698,7 +698,7 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
                 for mapping in names:
                     axes = [mapping.get(a, a) for a in axes]
                 if here[1] in axes:
-                    found[(*path, key)] = (here[0], axes.index(here[1]), here[2])
+                    found[path + (key,)] = (here[0], axes.index(here[1]), here[2])
             walk(child, (*path, key), here, names)
 
     walk(tree, (), None, ())

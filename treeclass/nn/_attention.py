@@ -297,9 +297,9 @@ class MultiHeadAttention(Layer):
         if self.rope_theta is not None:
             q_pos = jnp.arange(seq) if positions is None else positions
             k_pos = q_pos if context is None else jnp.arange(kv_seq)
-            rope = dict(rope_dim=self.rope_dim, interleaved=self.rope_interleaved)
-            q = rotary_embedding(q, q_pos, self.rope_theta, **rope)
-            k = rotary_embedding(k, k_pos, self.rope_theta, **rope)
+            dim, interleaved = self.rope_dim, self.rope_interleaved
+            q = rotary_embedding(q, q_pos, self.rope_theta, rope_dim=dim, interleaved=interleaved)
+            k = rotary_embedding(k, k_pos, self.rope_theta, rope_dim=dim, interleaved=interleaved)
         flat = (-1,) if batch else (1,)
         q, k, v = (a.reshape((*flat, *a.shape[-3:])) for a in (q, k, v))
         if mask is not None:

@@ -10,7 +10,7 @@ checkpoints share, so their key rules rename the block's prefix only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -131,14 +131,18 @@ class _TransformerBlock(Layer):
         def attend(h: jax.Array) -> jax.Array:
             return self.self_attn(h, mask=mask, positions=positions)
 
+        # which norms a block holds follows from norm_position (set by __init__)
+        first, second, last = (
+            cast(Norm, n)
+            for n in (self.input_layernorm, self.post_attention_layernorm, self.output_layernorm)
+        )
         if self.norm_position == "post":  # BERT: a norm after each residual sum
-            x = self.post_attention_layernorm(x + attend(x))
-            return self.output_layernorm(x + self.mlp(x))
+            x = second(x + attend(x))
+            return last(x + self.mlp(x))
         if self.parallel_residual:  # GPT-NeoX: both branches read the same input
-            attended = attend(self.input_layernorm(x))
-            return x + attended + self.mlp(self.post_attention_layernorm(x))
-        x = x + attend(self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+            return x + attend(first(x)) + self.mlp(second(x))
+        x = x + attend(first(x))
+        return x + self.mlp(second(x))
 
 
 class DecoderBlock(_TransformerBlock):
