@@ -290,7 +290,7 @@ def _block(tree: Any) -> Any:
 def measure_memory(size: HFSize, parent: str | None) -> dict[str, Any]:
     """Each load's peak extra host memory under `tracemalloc` (and the bytes treeclass
     read, from its counters), then the files are removed."""
-    from treeclass._checkpoint._files import IO
+    from treeclass._checkpoint.files._files import IO
 
     index, _ = _fixture(size, parent)
     rows = []

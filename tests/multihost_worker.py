@@ -655,7 +655,7 @@ def mixed_model(mesh: jax.sharding.Mesh) -> tuple[dict[str, Any], dict[str, np.n
 def tc_sharded_save_is_written_by_every_process() -> None:
     from safetensors.numpy import load_file
 
-    from treeclass._checkpoint._files import IO
+    from treeclass._checkpoint.files._files import IO
 
     mesh = make_mesh()
     tree, expected = mixed_model(mesh)
@@ -712,7 +712,7 @@ def tc_sharded_save_is_written_by_every_process() -> None:
 def a_failed_share_fails_the_sharded_save_everywhere() -> None:
     """A process that cannot write its share: the save fails on every process, naming
     it, and leaves the previous checkpoint exactly as it was; the next save works."""
-    from treeclass._checkpoint import _processes
+    from treeclass._checkpoint.files import _processes
 
     tree, _ = mixed_model(make_mesh())
     folder = SHARDED_INDEX.parent
@@ -873,7 +873,7 @@ def spread_trees_need_every_process() -> None:
 def a_process_that_dies_mid_save_ends_the_others_waits() -> None:
     """The last process dies while it writes its share of a sharded save: the others
     raise within the bound, naming it, and the previous checkpoint stays as it was."""
-    from treeclass._checkpoint import _processes
+    from treeclass._checkpoint.files import _processes
 
     tree, _ = mixed_model(make_mesh())
     folder = SHARDED_INDEX.parent
@@ -922,8 +922,8 @@ def tc_load_into_sharded_template() -> None:
 
 
 def tc_load_reads_only_own_shards() -> None:
-    from treeclass._checkpoint._files import IO
-    from treeclass._checkpoint._processes import OVER_READ
+    from treeclass._checkpoint.files._files import IO
+    from treeclass._checkpoint.files._processes import OVER_READ
 
     mesh = make_mesh()
     abstract = jax.eval_shape(build_big)

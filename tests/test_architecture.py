@@ -48,6 +48,15 @@ FLOORS = {
     "__init__": 9,
 }
 
+# Inside a subpackage whose modules sit in folders, the folders are floors of their own:
+# a module imports from its own folder or a lower one, never a higher one. The
+# checkpoints: the protocols, files and processes at the bottom; names, checks and rules
+# above them, reading checkpoints only through the protocols; the formats above both (a
+# format may walk the template, as equinox's does); `_api` on top.
+SUBFLOORS = {
+    "_checkpoint": {"files": 0, "names": 1, "formats": 2, "_api": 3, "__init__": 4},
+}
+
 
 def _module_name(path: pathlib.Path) -> str:
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
@@ -201,6 +210,35 @@ def test_no_import_reaches_past_a_subpackages_front_door():
         if "." in i.target and i.source.split(".")[0] != i.target.split(".")[0]
     ]
     assert not past, "\n".join(map(repr, past))
+
+
+def _subfloor(module: str) -> int | None:
+    """A module's floor inside its subpackage (its folder's, or its own at the top)."""
+    parts = module.split(".")
+    floors = SUBFLOORS.get(parts[0])
+    if floors is None:
+        return None
+    return floors[parts[1] if len(parts) > 1 else "__init__"]
+
+
+def test_every_module_of_a_foldered_subpackage_has_a_floor_in_it():
+    unplaced = [
+        m
+        for m in _modules()
+        if m.split(".")[0] in SUBFLOORS
+        and (m.split(".") + ["__init__"])[1] not in SUBFLOORS[m.split(".")[0]]
+    ]
+    assert not unplaced, f"give these a floor in SUBFLOORS and the package's README: {unplaced}"
+
+
+def test_no_import_from_a_higher_folder_inside_a_subpackage():
+    upward = []
+    for i in _imports():
+        here, there = _subfloor(i.source), _subfloor(i.target)
+        same = i.source.split(".")[0] == i.target.split(".")[0]
+        if same and here is not None and there is not None and there > here:
+            upward.append(i)
+    assert not upward, "\n".join(map(repr, upward))
 
 
 @pytest.mark.parametrize("module", sorted(m for m in FLOORS if m != "__init__"))

@@ -729,7 +729,7 @@ def test_bfloat16_and_float8_files_are_readable_by_safetensors(tmp_path):
 
 
 def test_the_checkpoint_package_imports_no_pickle():
-    modules = sorted((ROOT / "treeclass" / "_checkpoint").glob("*.py"))
+    modules = sorted((ROOT / "treeclass" / "_checkpoint").rglob("*.py"))
     assert len(modules) > 3
     imported = set()
     for module in modules:

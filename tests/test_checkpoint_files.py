@@ -457,7 +457,7 @@ class _FailingReads:
 
 
 def test_an_io_error_inside_a_tensor_names_the_file_and_the_key_path(tmp_path, monkeypatch):
-    from treeclass._checkpoint import _files
+    from treeclass._checkpoint.files import _files
 
     path = tmp_path / "m.safetensors"
     tc.save(path, {"layers": [{"w": jnp.ones(3)}]})
@@ -901,7 +901,7 @@ class _Ranges:
 
 
 def _read(values: np.ndarray, bounds: tuple) -> tuple[np.ndarray, _Ranges]:
-    from treeclass._checkpoint._processes import read_block
+    from treeclass._checkpoint.files._processes import read_block
 
     ranges = _Ranges(values)
     block = read_block(bounds, values.shape, values.itemsize, ranges)
@@ -923,7 +923,7 @@ def test_a_narrow_band_of_columns_is_not_read_through_its_wide_gaps():
 
 
 def test_gaps_over_the_gap_limit_are_never_read_through(monkeypatch):
-    from treeclass._checkpoint import _processes
+    from treeclass._checkpoint.files import _processes
 
     monkeypatch.setattr(_processes, "GAP_LIMIT", 63)
     values = np.arange(8 * 32, dtype=np.float32).reshape(8, 32)
@@ -933,7 +933,7 @@ def test_gaps_over_the_gap_limit_are_never_read_through(monkeypatch):
 
 
 def test_one_coalesced_read_is_at_most_group_bytes_long(monkeypatch):
-    from treeclass._checkpoint import _processes
+    from treeclass._checkpoint.files import _processes
 
     monkeypatch.setattr(_processes, "GROUP_BYTES", 1000)
     values = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
@@ -949,7 +949,7 @@ def test_one_coalesced_read_is_at_most_group_bytes_long(monkeypatch):
     dtype=st.sampled_from(["uint8", "float16", "float32", "float64"]),
 )
 def test_law_a_block_reads_its_values_with_at_most_twice_its_bytes(shape, data, dtype):
-    from treeclass._checkpoint._processes import OVER_READ
+    from treeclass._checkpoint.files._processes import OVER_READ
 
     values = np.arange(np.prod(shape)).astype(dtype).reshape(shape)
     bounds = []
@@ -972,7 +972,7 @@ def test_law_a_block_reads_its_values_with_at_most_twice_its_bytes(shape, data, 
     ),
 )
 def test_law_balance_writes_every_byte_once_by_a_holder_and_evens_the_shares(count, pieces):
-    from treeclass._checkpoint._processes import balance
+    from treeclass._checkpoint.files._processes import balance
 
     pieces = [(n, sorted(p % count for p in holders)) for n, holders in pieces]
     pieces = [(n, sorted(set(holders))) for n, holders in pieces]
@@ -995,7 +995,7 @@ def test_law_balance_writes_every_byte_once_by_a_holder_and_evens_the_shares(cou
 
 
 def test_a_sharded_save_counts_the_bytes_it_writes_and_a_load_those_it_reads(tmp_path):
-    from treeclass._checkpoint._files import IO
+    from treeclass._checkpoint.files._files import IO
 
     tree = {"big": jnp.arange(5000.0), "small": [jnp.ones(3)] * 4, "host": np.ones((7, 2))}
     path = tmp_path / "model.safetensors.index.json"

@@ -881,7 +881,7 @@ RANGE_VALUES = {
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_source_law_a_range_is_those_bytes_of_the_whole_tensor(tmp_path_factory, data):
-    from treeclass._checkpoint._formats import open_source  # the source protocol itself
+    from treeclass._checkpoint.formats._formats import open_source  # the source protocol itself
 
     files = range_fixtures(tmp_path_factory.mktemp("ranges"), RANGE_VALUES)
     name = data.draw(st.sampled_from(sorted(files)))
@@ -1123,8 +1123,8 @@ def test_a_folder_with_one_safetensors_file_and_a_pytorch_index_loads_the_file(t
 
 def test_a_registered_format_is_read_by_name_by_suffix_and_by_format(tmp_path, monkeypatch):
     # a format is one module: a reader satisfying the source protocol, and its row
-    from treeclass._checkpoint import _source
-    from treeclass._checkpoint._source import FileSource, Format, TensorInfo
+    from treeclass._checkpoint.files import _source
+    from treeclass._checkpoint.files._source import FileSource, Format, TensorInfo
 
     class JsonArrays(FileSource):
         format = "json-arrays"
@@ -1166,3 +1166,17 @@ def test_a_registered_format_is_read_by_name_by_suffix_and_by_format(tmp_path, m
         _source.register_format(row)
     with pytest.raises(ValueError, match=r"claims '\.npz', which names the 'npz' format"):
         _source.register_format(row._replace(name="other", suffixes=(".npz",)))
+
+
+def test_every_module_of_the_formats_folder_is_imported_and_every_format_comes_from_one():
+    # a new format is one module in the folder: nothing else imports or lists it
+    from treeclass._checkpoint import formats as folder
+    from treeclass._checkpoint.files._source import formats
+
+    here = pathlib.Path(folder.__file__).parent
+    modules = sorted(p.stem for p in here.glob("_*.py") if p.name != "__init__.py")
+    assert {"_safetensors", "_sharded", "_npz", "_flax", "_equinox"} <= set(modules)
+    assert all(f"{folder.__name__}.{m}" in sys.modules for m in modules)
+    origins = {row.name: row.sniff.__module__ for row in formats()}
+    assert all(o.startswith(f"{folder.__name__}._") for o in origins.values()), origins
+    assert sorted(origins) == ["equinox", "flax", "npz", "safetensors", "sharded"]

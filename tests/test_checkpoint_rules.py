@@ -715,7 +715,7 @@ def test_a_stacked_load_reports_every_layer_as_a_source(gpt2_file):
 
 
 def test_a_stacked_load_reads_each_tensor_once(gpt2_file, monkeypatch):
-    from treeclass._checkpoint import _safetensors
+    from treeclass._checkpoint.formats import _safetensors
 
     path, tensors = gpt2_file
     reads: list[str] = []

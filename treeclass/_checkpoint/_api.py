@@ -14,20 +14,20 @@ import numpy as np
 from .._at import AtIndexer
 from .._structure import is_wrapper
 from .._values import path_str
-from ._catalog import Catalog
-from ._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
-from ._export import ForeignTensor, export
-from ._files import reworded
-from ._formats import open_source, writer_for
-from ._processes import DEFAULT_TIMEOUT_S, save_from_processes
-from ._report import LoadReport
-from ._restore import restore
-from ._rules import Rule, RuledCatalog, compile_rules
-from ._source import CheckpointWriter, OutTensor
-from ._stacks import stacks_of
-from ._state import StateCatalog, state_dict_of
-from ._versions import migrate
-from ._walk import STATIC, entries
+from .files._files import reworded
+from .files._processes import DEFAULT_TIMEOUT_S, save_from_processes
+from .files._source import CheckpointWriter, OutTensor
+from .formats._formats import open_source, writer_for
+from .names._catalog import Catalog
+from .names._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
+from .names._export import ForeignTensor, export
+from .names._report import LoadReport
+from .names._restore import restore
+from .names._rules import Rule, RuledCatalog, compile_rules
+from .names._stacks import stacks_of
+from .names._state import StateCatalog, state_dict_of
+from .names._versions import migrate
+from .names._walk import STATIC, entries
 
 __all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple, Protocol
 
-from .._structure import describe as structure_describe
-from .._values import array_type, short_repr
+from ..._structure import describe as structure_describe
+from ..._values import array_type, short_repr
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, category, is_plain
 
 __all__ = ["Stored", "Catalog", "describe"]

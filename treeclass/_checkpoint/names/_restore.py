@@ -17,13 +17,13 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from .._values import is_prng_key, path_str, root_name
+from ..._values import is_prng_key, path_str, root_name
+from ..files._files import reworded
+from ..files._processes import place_by_slices
+from ..files._source import is_weak, numpy_dtype
 from ._catalog import Catalog
 from ._check import KEEP, TAKE, Checker, to_number
-from ._files import reworded
 from ._fixes import Fixes, listed, warn_if_less
-from ._processes import place_by_slices
-from ._source import is_weak, numpy_dtype
 from ._walk import NUMBER, NUMBERS, STATIC, TENSOR, Entry, entries, walk
 
 __all__ = ["MISSING_POLICIES", "UNEXPECTED_POLICIES", "restore", "release_host_copy"]

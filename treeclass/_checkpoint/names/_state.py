@@ -8,8 +8,8 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
+from ..files._source import dtype_name
 from ._catalog import Stored
-from ._source import dtype_name
 from ._walk import NUMBER, PLAIN, STATIC, TENSOR, category, entries, state_key
 
 __all__ = ["StateCatalog", "state_dict_of"]

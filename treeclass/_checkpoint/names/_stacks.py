@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import jax
 
-from .._structure import is_wrapper, stack_of
+from ..._structure import is_wrapper, stack_of
 from ._walk import key_name
 
 __all__ = ["StackAt", "stacks_of", "joined"]

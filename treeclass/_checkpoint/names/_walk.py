@@ -20,11 +20,11 @@ import numpy as np
 from jax.core import Tracer
 from jax.tree_util import GetAttrKey
 
-from .._structure import LEAF as LEAF_KIND_CODE
-from .._structure import Wrapper, node_kind, open_node, row_of
-from .._structure import rebuild as rebuild_node
-from .._values import entry_name, path_str
-from ._json import check_text
+from ..._structure import LEAF as LEAF_KIND_CODE
+from ..._structure import Wrapper, node_kind, open_node, row_of
+from ..._structure import rebuild as rebuild_node
+from ..._values import entry_name, path_str
+from ..files._json import check_text
 
 __all__ = [
     "LEAF",

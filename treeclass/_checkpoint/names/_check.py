@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._values import exact_key, host_bytes, is_prng_key, path_str
+from ..._values import exact_key, host_bytes, is_prng_key, path_str
+from ..files._source import dtype_name, is_weak, numpy_dtype
 from ._catalog import Catalog, Stored, describe
 from ._report import FrozenMapping, LoadReport
-from ._source import dtype_name, is_weak, numpy_dtype
 from ._walk import NUMBER, NUMBERS, OBJECT, PLAIN, STATIC, TENSOR, Entry, is_abstract, static_parts
 
 __all__ = ["TAKE", "KEEP", "SKIP", "Checker", "to_number"]

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
 
-from .._values import is_prng_key
+from ..._values import is_prng_key
 
 __all__ = [
     "TensorInfo",

@@ -24,8 +24,8 @@ import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
-from ._files import file_reader, read_into
-from ._source import FileSource, Format, TensorInfo, WholeTensorCache, register_format
+from ..files._files import file_reader, read_into
+from ..files._source import FileSource, Format, TensorInfo, WholeTensorCache, register_format
 
 __all__ = [
     "NpyHeader",

@@ -22,10 +22,10 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ._files import IO, file_reader, reworded, write_atomically
-from ._json import MAX_HEADER_BYTES
-from ._json import loads as strict_json
-from ._source import FileSource, Format, OutTensor, TensorInfo, numpy_dtype, register_format
+from ..files._files import IO, file_reader, reworded, write_atomically
+from ..files._json import MAX_HEADER_BYTES
+from ..files._json import loads as strict_json
+from ..files._source import FileSource, Format, OutTensor, TensorInfo, numpy_dtype, register_format
 
 __all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
 

@@ -35,13 +35,13 @@ import jax
 import numpy as np
 from jax.extend.core import Var
 
-from .. import _node
-from .._class_keywords import offer_class_check
-from .._structure import is_wrapper, unwrap
-from .._values import entry_name
+from ... import _node
+from ..._class_keywords import offer_class_check
+from ..._structure import is_wrapper, unwrap
+from ..._values import entry_name
+from ..files._source import dtype_name, numpy_dtype
 from ._catalog import Catalog, Stored
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
-from ._source import dtype_name, numpy_dtype
 from ._stacks import joined
 from ._walk import PLAIN, TENSOR, is_plain
 

@@ -15,7 +15,8 @@ bytes fit no format is an error listing the formats.
 
 The formats are not listed here: each format's module registers its row
 (`_source.register_format`: name, name endings, first-bytes test, reader, writer) when
-imported, and this module imports them; what follows reads the registered rows.
+imported, and the folder's `__init__` imports every module of the folder; what follows
+reads the registered rows.
 
 (¹) A folder's indexes of other libraries' shards (`pytorch_model.bin.index.json`,
 `flax_model.msgpack.index.json`, `tf_model.h5.index.json`), which model repositories keep
@@ -27,11 +28,9 @@ from __future__ import annotations
 import os
 import re
 
-# each format's module registers its row (`_source.register_format`) when imported
-from . import _equinox, _flax, _npz, _safetensors  # noqa: F401
-from ._files import open_for_reading
+from ..files._files import open_for_reading
+from ..files._source import CheckpointSource, CheckpointWriter, Format, formats
 from ._sharded import INDEX_SUFFIX, shard_names
-from ._source import CheckpointSource, CheckpointWriter, Format, formats
 
 __all__ = ["open_source", "writer_for", "format_names"]
 

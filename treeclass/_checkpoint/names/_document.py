@@ -32,11 +32,11 @@ import jax
 import ml_dtypes  # a dependency of jax: the int4 and float4 dtypes
 import numpy as np
 
-from .._values import host_bytes, is_prng_key, path_str, root_name
+from ..._values import host_bytes, is_prng_key, path_str, root_name
+from ..files._json import loads as strict_json
+from ..files._processes import host_view
+from ..files._source import CheckpointSource, PlannedTensor, corrupt, is_weak, numpy_dtype
 from ._catalog import Stored, describe
-from ._json import loads as strict_json
-from ._processes import host_view
-from ._source import CheckpointSource, PlannedTensor, corrupt, is_weak, numpy_dtype
 from ._versions import class_versions
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
 

@@ -18,8 +18,10 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .._values import array_type, path_str
-from ._files import file_reader
+from ..._values import array_type, path_str
+from ..files._files import file_reader
+from ..files._source import Format, WholeTensorCache, dtype_name, register_format
+from ..names._walk import NUMBER, STATIC, TENSOR, entries
 from ._npz import (
     NpyHeader,
     NpyRecords,
@@ -30,8 +32,6 @@ from ._npz import (
     read_npy_header,
     refuses,
 )
-from ._source import Format, WholeTensorCache, dtype_name, register_format
-from ._walk import NUMBER, STATIC, TENSOR, entries
 
 __all__ = ["Slot", "EquinoxFile"]
 

@@ -23,9 +23,9 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ._files import file_reader, read_into
-from ._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ._source import (
+from ..files._files import file_reader, read_into
+from ..files._json import MAX_DEPTH, MAX_HEADER_BYTES
+from ..files._source import (
     FileSource,
     Format,
     TensorInfo,

@@ -27,11 +27,11 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from .._values import array_type
+from ..._values import array_type
+from ..files._source import dtype_name, numpy_dtype
 from ._catalog import Catalog, Stored
 from ._fixes import listed
 from ._restore import release_host_copy
-from ._source import dtype_name, numpy_dtype
 from ._stacks import StackAt
 from ._walk import TENSOR
 

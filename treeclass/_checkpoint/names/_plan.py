@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._values import is_prng_key, path_str
+from ..._values import is_prng_key, path_str
 from ._rules import (
     Rule,
     fill,

@@ -72,7 +72,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from .._values import is_prng_key
+from ..._values import is_prng_key
 from ._files import write_at
 from ._source import OutTensor, PlannedTensor, SharedWrite
 

@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._values import is_prng_key
+from ..._values import is_prng_key
+from ..files._source import dtype_name
 from ._plan import Group, Plan, Target
 from ._rules import Rule, in_file_dtypes, results_of
-from ._source import dtype_name
 
 __all__ = ["ForeignTensor", "export"]
 

@@ -37,12 +37,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ._document import METADATA_KEY
-from ._files import create_sized, discard, open_for_reading, write_atomically
-from ._json import MAX_HEADER_BYTES
-from ._json import loads as strict_json
+from ..files._files import create_sized, discard, open_for_reading, write_atomically
+from ..files._json import MAX_HEADER_BYTES
+from ..files._json import loads as strict_json
+from ..files._source import FileSource, Format, OutTensor, SharedWrite, TensorInfo, register_format
+from ..names._document import METADATA_KEY
 from ._safetensors import SafetensorsFile, can_store, header_bytes
-from ._source import FileSource, Format, OutTensor, SharedWrite, TensorInfo, register_format
 
 __all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import jax
 
+from ..files._source import dtype_name
 from ._catalog import Catalog
 from ._check import Checker
 from ._report import LoadReport
-from ._source import dtype_name
 from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
 
