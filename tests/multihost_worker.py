@@ -790,6 +790,19 @@ def host_trees_are_written_by_their_caller_alone() -> None:
         multihost_utils.sync_global_devices("alone: sharded")
     assert_saved(index)
     assert len(list(index.parent.iterdir())) > 2  # shards and their index
+    # an export to another layout (rules=) by one process, as the habit writes any host tree
+    rules = [("model.{rest*}", "{rest}")]
+    export = folder / "export.safetensors"
+    try:
+        if jax.process_index() == 0:
+            # (`inner`, split over this process's devices only, is not readable whole
+            # through NumPy, which an export reads with; see the spread case for the error)
+            readable = {k: v for k, v in tree.items() if k != "inner"}
+            tc.save(export, readable, rules=rules, timeout=5)
+    finally:
+        multihost_utils.sync_global_devices("alone: export")
+    expected = {k: v for k, v in values.items() if k != "inner"}
+    assert tc.is_tree_equal(tc.load(export, expected, rules=rules), expected), export
     assert not [p.name for p in folder.rglob("*.tmp")]
 
 
@@ -837,6 +850,13 @@ def spread_trees_need_every_process() -> None:
         finally:
             multihost_utils.sync_global_devices(f"spread alone {alone}")
     logging.getLogger("treeclass").removeHandler(handler)
+    # an export to another layout is its caller's alone: a spread array is refused at once
+    try:
+        tc.save(path, tree, rules=[("model.{rest*}", "{rest}")], timeout=0.25)
+    except ValueError as error:
+        assert "tree['spread']" in str(error) and "gather it first" in str(error), error
+    else:
+        raise AssertionError("an export of a spread tree did not fail")
     assert sorted(p.name for p in folder.iterdir()) == [], list(folder.iterdir())
     # different trees or paths: the first key path where they differ, on every process
     cases = [

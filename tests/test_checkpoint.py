@@ -1105,7 +1105,13 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def sharded_loads() -> dict[str, str]:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    # the checkout first, then what the machine put on PYTHONPATH (its jax, perhaps)
+    inherited = os.environ.get("PYTHONPATH", "")
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), inherited])),
+    }
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_SHARDED_LOAD)],
         capture_output=True,

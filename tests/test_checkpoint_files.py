@@ -874,7 +874,13 @@ def test_an_11_byte_equinox_file_claiming_4_gib_is_refused_under_a_3_gib_limit(t
         "    print('ValueError', error)\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root}
+    # the checkout first, then what the machine put on PYTHONPATH (its jax, perhaps)
+    inherited = os.environ.get("PYTHONPATH", "")
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, inherited])),
+    }
     proc = subprocess.run(
         [sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
         timeout=300,

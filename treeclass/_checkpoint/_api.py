@@ -374,7 +374,8 @@ def save(
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
     the same name, or (on several processes) calls that do not match; with `rules`, a
     rule the plan cannot run backwards (named, with why), tied weights that differ, or
-    a run of several processes (export from one process); the file is untouched.
+    an array neither on the caller's devices alone nor replicated (an export is written
+    by its caller alone: gather it first); the file is untouched.
     `TimeoutError` when some processes do not call it, or stop, within `timeout`.
 
     ```python
@@ -458,10 +459,23 @@ def _metadata(metadata: object) -> dict[str, str]:
 
 def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
-    if jax.process_count() > 1:
+    # an export is written by its caller alone (as any tree with nothing spread over
+    # processes), reading each array whole through NumPy: on several processes, only a
+    # fully addressable or fully replicated array can be
+    unreadable = [
+        path_str(tree, path)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        if isinstance(leaf, jax.Array)
+        and not (leaf.is_fully_addressable or leaf.is_fully_replicated)
+    ]
+    if unreadable:
+        more = " ..." if len(unreadable) > 3 else ""
         raise ValueError(
-            "tc.save with rules= writes from one process; gather the model to one process "
-            "(or save treeclass's own layout, which every process writes together)"
+            "tc.save with rules= is written by the process that calls it, which reads every "
+            f"array whole; {', '.join(unreadable[:3])}{more} neither lives on this process's "
+            "devices alone nor is replicated: gather it first (jax.experimental."
+            "multihost_utils.process_allgather, or a replicated sharding), or save "
+            "treeclass's own layout, which every process writes together"
         )
     out = []
     for tensor in export(tree, _compiled(rules, "tc.save"), "tc.save"):
