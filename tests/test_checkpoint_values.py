@@ -587,3 +587,41 @@ def test_load_reports_are_values_hashable_and_comparable(tmp_path):
     assert other != first and hash(other) != hash(first)
     with pytest.raises(TypeError):
         first.sources["x"] = ("y",)  # type: ignore[index]
+
+
+# -- a dtype the device cannot hold ----------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_cannot_hold_int4(monkeypatch):
+    """The CPU taken for a backend that cannot hold int4 (as a TPU cannot hold int2)."""
+    from treeclass._checkpoint.names import _restore
+
+    monkeypatch.setitem(_restore.DEVICE_CANNOT_HOLD, "cpu", frozenset({"int4"}))
+
+
+def test_a_dtype_the_device_cannot_hold_is_refused_by_key_path_before_anything_is_placed(
+    tmp_path, cpu_cannot_hold_int4
+):
+    path = tmp_path / "m.safetensors"
+    tc.save(path, {"w": np.arange(4, dtype=ml_dtypes.int4), "x": np.ones(2, np.float32)})
+    abstract = {
+        "w": jax.ShapeDtypeStruct((4,), ml_dtypes.int4),
+        "x": jax.ShapeDtypeStruct((2,), np.float32),
+    }
+    with pytest.raises(ValueError, match=r"cannot restore tree\['w'\] \(int4, on cpu\)") as info:
+        tc.load(path, abstract)
+    assert "tree['x']" not in str(info.value)  # only the leaf it cannot hold
+    # the fixes the message offers work: NumPy on the host, or a rule converting it
+    host = tc.load(path, {"w": np.zeros(4, ml_dtypes.int4), "x": np.zeros(2, np.float32)})
+    assert host["w"].tolist() == [0, 1, 2, 3] and isinstance(host["w"], np.ndarray)
+    rules = [("w", "w", lambda w: w.astype(np.int8))]
+    converted = tc.load(path, {**abstract, "w": jax.ShapeDtypeStruct((4,), np.int8)}, rules=rules)
+    assert converted["w"].dtype == np.int8 and converted["w"].tolist() == [0, 1, 2, 3]
+
+
+def test_the_tpu_is_known_not_to_hold_two_bit_integers():
+    # measured there: putting an int2 or uint2 array on a TPU v5e ends the process
+    from treeclass._checkpoint.names import _restore
+
+    assert {"int2", "uint2"} <= _restore.DEVICE_CANNOT_HOLD["tpu"]

@@ -114,6 +114,13 @@ def restore(
         )
     if not strict:
         warn_if_less(like, source, checker, report, missing, unexpected)
+    unholdable = [
+        f"{path_str(like, e.path)} ({e.value.dtype}, on {platform})"
+        for e, d in zip(found, decisions)
+        if d == TAKE and (platform := _unholdable_on(e.value)) is not None
+    ]
+    if unholdable:  # before any tensor is read or placed
+        raise ValueError(_UNHOLDABLE.format(source=source.title, paths=listed(unholdable)))
     # static values are checked above and never restored (nor visited part by part)
     steps = iter([(e, d) for e, d in zip(found, decisions) if e.kind != STATIC])
 
@@ -142,6 +149,31 @@ def restore(
 
     tree = walk(like, visit, rebuild=True)
     return tree if strict else (tree, report)
+
+
+# Dtypes a backend cannot hold, where putting one there does not fail but ends the process
+# (measured: `jnp.asarray` of an int2 or uint2 array aborts with signal 6 on a TPU v5e,
+# JAX 0.10.2; int4, float4 and the float8 kinds are held). A template of such a dtype can
+# only be abstract there, so a load refuses it before anything reaches the device.
+DEVICE_CANNOT_HOLD: dict[str, frozenset[str]] = {"tpu": frozenset({"int2", "uint2"})}
+
+_UNHOLDABLE = (
+    "{source}: cannot restore {paths}: the device cannot hold that dtype (putting such an "
+    "array there ends the process). Load into NumPy instead (a template of np.ndarray or "
+    "np.zeros of that dtype keeps the values on the host), or convert it with a key rule "
+    "transform, e.g. (name, name, lambda w: w.astype(np.int8)), into a template of int8."
+)
+
+
+def _unholdable_on(template: object) -> str | None:
+    """The platform that cannot hold the array `template` stands for, if any."""
+    if not isinstance(template, (jax.Array, jax.ShapeDtypeStruct)):
+        return None  # (NumPy templates stay on the host)
+    sharding = getattr(template, "sharding", None)
+    devices = getattr(sharding, "device_set", None)
+    platforms = {d.platform for d in devices} if devices else {jax.default_backend()}
+    name = np.dtype(template.dtype).name if not is_prng_key(template) else ""
+    return next((p for p in sorted(platforms) if name in DEVICE_CANNOT_HOLD.get(p, ())), None)
 
 
 def _sharding_of(template: object) -> Any:
