@@ -5,15 +5,29 @@
 either (a bias added to a batch does) use it for every test with
 `pytestmark = pytest.mark.usefixtures("strict_jax")`. Warnings are errors everywhere (see
 pyproject.toml's `filterwarnings`).
+
+On the CPU, tests compile with XLA's optimisations off (`jax_disable_most_optimizations`,
+also passed to the child processes tests start): the suite compiles thousands of tiny
+programs and runs most of them once, so optimising their machine code costs more than
+running it unoptimised (about a third of the suite's time on 2 cores). What the tests
+check, treeclass's trees and the numbers they compute, does not depend on it. An
+accelerator keeps the compiler's defaults (its numerics follow them); an explicit
+`JAX_DISABLE_MOST_OPTIMIZATIONS` (0 or 1) in the environment is left alone.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import treeclass as tc
+
+if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and jax.default_backend() == "cpu":
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    jax.config.update("jax_disable_most_optimizations", True)
 
 
 @pytest.fixture

@@ -23,12 +23,16 @@ DEVICE_COUNT = 8
 
 def run_check_script(name: str) -> dict[str, str]:
     """Run `tests/<name>` on 8 CPU devices; `{check name: "ok" or its traceback}`."""
+    script = pathlib.Path(__file__).with_name(name)
+    # this checkout's treeclass first (an installed one may be another), ahead of the
+    # caller's PYTHONPATH, which is kept: it may be where jax itself is installed
+    path = [str(script.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICE_COUNT}",
+        "PYTHONPATH": os.pathsep.join(path),
     }
-    script = pathlib.Path(__file__).with_name(name)
     proc = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
     )

@@ -49,10 +49,11 @@ MESH_1D = jax.make_mesh((8,), ("data",), axis_types=AUTO[:1])
 MESH_2D = jax.make_mesh((2, 4), ("data", "model"), axis_types=AUTO)
 
 
+@functools.cache
 def reference() -> Any:
-    """The model built whole on one device."""
+    """The model built whole on one device (in one program: cheaper than op by op)."""
     with jax.default_device(jax.devices()[0]):
-        return Transformer(KEY)
+        return jax.jit(Transformer)(KEY)
 
 
 def assert_placed(tree: Any, shardings: Any) -> None:
@@ -85,6 +86,17 @@ def assert_built_in_place(rules: Any, mesh: Any) -> Any:
     return model
 
 
+# each layout's model, built in place and checked once, then shared by the checks that use it
+@functools.cache
+def fsdp_model() -> Any:
+    return assert_built_in_place(FSDP, MESH_1D)
+
+
+@functools.cache
+def both_model() -> Any:
+    return assert_built_in_place(BOTH, MESH_2D)
+
+
 CHECKS: dict[str, Callable[[], None]] = {}
 
 
@@ -100,7 +112,7 @@ def eight_devices() -> None:
 
 @check
 def page_transformer_fsdp_in_place() -> None:
-    model = assert_built_in_place(FSDP, MESH_1D)
+    model = fsdp_model()
     assert model.embed.sharding.spec == P(None, "data")
     weight = model.blocks.tree.up.weight  # f32[2, 32, 64], the embedding axis over 8
     assert weight.sharding.spec == P(None, "data", None)
@@ -112,7 +124,7 @@ def page_transformer_tensor_parallel_in_place() -> None:
     model = assert_built_in_place(TENSOR, MESH_2D)
     assert model.blocks.tree.attn.q.weight.sharding.spec == P(None, None, "model")
     assert model.blocks.tree.attn.out.weight.sharding.spec == P(None, "model", None)
-    model = assert_built_in_place(BOTH, MESH_2D)
+    model = both_model()
     assert model.blocks.tree.up.weight.sharding.spec == P(None, "data", "model")
     assert model.blocks.tree.up.weight.addressable_shards[0].data.shape == (2, 16, 16)
 
@@ -149,7 +161,7 @@ def tokens(mesh: Any | None) -> jax.Array:
 
 @check
 def train_step_keeps_shardings_and_matches_one_device() -> None:
-    model = BOTH.init(MESH_2D, Transformer, KEY)
+    model = both_model()
     opt = tc.optim.trainable(optax.adamw(1e-2), model)
     opt_state = tc.init_like(opt.init, model)
     model_shardings = BOTH.shardings(jax.eval_shape(Transformer, KEY), MESH_2D)
@@ -174,7 +186,7 @@ def train_step_keeps_shardings_and_matches_one_device() -> None:
 
 @check
 def plain_optax_state_follows_the_model() -> None:
-    model = FSDP.init(MESH_1D, Transformer, KEY)
+    model = fsdp_model()
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
     state = tc.init_like(opt.init, model)
     adam = state[1][0]
@@ -186,7 +198,7 @@ def plain_optax_state_follows_the_model() -> None:
 
 @check
 def load_reads_into_the_rules_template() -> None:
-    model = FSDP.init(MESH_1D, Transformer, KEY)
+    model = fsdp_model()
     abstract = jax.eval_shape(Transformer, KEY)
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "model.safetensors"
@@ -198,7 +210,7 @@ def load_reads_into_the_rules_template() -> None:
 
 @check
 def summary_shows_every_leaf_spec() -> None:
-    model = BOTH.init(MESH_2D, Transformer, KEY)
+    model = both_model()
     table = tc.tree_summary(model)
     rows = [line for line in table.splitlines() if line.startswith("│ .")]
     assert len(rows) == len(jax.tree.leaves(model)), table

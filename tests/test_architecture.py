@@ -8,6 +8,7 @@ those of docs/architecture.md; a new module must be given one here (and there).
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -97,11 +98,18 @@ class Import:
         return f"{self.source}:{self.line} imports {self.names} from {self.target}"
 
 
-def _imports() -> list[Import]:
+@functools.cache
+def _tree(path: pathlib.Path) -> ast.Module:
+    """A file's syntax tree, parsed once per session (the tests here read every file)."""
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache
+def _imports() -> tuple[Import, ...]:
     modules = _modules()
     found = []
     for module, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 target = _resolve(module, node, path)
@@ -122,7 +130,7 @@ def _imports() -> list[Import]:
                     if alias.name.startswith("treeclass"):
                         target = alias.name[len("treeclass") :].lstrip(".") or "__init__"
                         found.append(Import(module, target, [], node.lineno))
-    return found
+    return tuple(found)
 
 
 def _join(package: str, name: str) -> str:
@@ -181,7 +189,7 @@ def test_no_module_reads_private_attributes_of_another_package_module():
     offenders = []
     modules = _modules()
     for module, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         imported = {
             alias.asname or alias.name
             for node in ast.walk(tree)
@@ -257,7 +265,7 @@ def _names_used_from(module: str) -> set[str]:
     files = [p for m, p in _modules().items() if m != module]
     files += sorted(PACKAGE.parent.joinpath("tests").glob("*.py"))
     for path in files:
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Attribute)

@@ -1356,8 +1356,16 @@ def test_transformer_case_reports_steps_tokens_and_mfu_columns(smoke):
     timed = {row["name"] for row in case["rows"] if row["status"] == "ok"}
     assert {"treeclass", "treeclass, unrolled", "plain JAX (lax.scan)"} <= timed
     assert "| implementation | median | steps/s | tokens/s | MFU |" in smoke["markdown"]
-    # the CPU's peak is not known: MFU reads n/a and the header says how to state one
-    assert "- peak for MFU: not known for cpu" in smoke["markdown"]
+    header = smoke["json"]["header"]
+    if header["peak_flops"] is None:
+        # a device whose peak is not known (the CPU): MFU reads n/a and the header says how
+        # to state one
+        assert f"- peak for MFU: not known for {header['device_kind']}" in smoke["markdown"]
+        assert "`--peak-tflops` states a nominal one" in smoke["markdown"]
+    else:  # an accelerator in the table (a TPU v5e)
+        peak = header["peak_flops"]
+        line = f"- peak for MFU: {peak['flops'] / 1e12:g} TFLOP/s ({peak['source']})"
+        assert line in smoke["markdown"]
 
 
 def test_gpt_sizes_are_gpt2_small_on_an_accelerator_and_scale_down_elsewhere():
@@ -1390,6 +1398,13 @@ def test_mfu_is_taken_against_the_known_or_the_stated_peak():
     assert flops == 2e12 and "nominal" in source
 
 
+def _as_cpu_run(data):
+    # the smoke run as a CPU run's results, whichever backend it ran on
+    cpu = json.loads(json.dumps(data))
+    cpu["header"].update(backend="cpu", device_kind="cpu", peak_flops=None)
+    return cpu
+
+
 def _as_tpu_run(data):
     tpu = json.loads(json.dumps(data))
     tpu["header"].update(
@@ -1403,7 +1418,7 @@ def _as_tpu_run(data):
 def test_summary_shows_several_runs_side_by_side_with_their_machine_lines(smoke):
     from benchmarks.report import format_summary
 
-    cpu, tpu = smoke["json"], _as_tpu_run(smoke["json"])
+    cpu, tpu = _as_cpu_run(smoke["json"]), _as_tpu_run(smoke["json"])
     block = format_summary([cpu, tpu], "assets")
     assert "- **CPU**: " in block and "- **TPU v5 lite**: " in block
     head = "| case | target | CPU: treeclass | CPU: verdict | TPU v5 lite: treeclass | "
@@ -1423,7 +1438,7 @@ def test_stacked_targets_are_judged_on_the_accelerator_and_host_cases_say_so(smo
     assert scope_remark(stacked, "tpu") == ""
     assert "measures the host" in scope_remark(flatten, "tpu")
     assert scope_remark(flatten, "cpu") == ""
-    block = format_summary([smoke["json"], _as_tpu_run(smoke["json"])], "assets")
+    block = format_summary([_as_cpu_run(smoke["json"]), _as_tpu_run(smoke["json"])], "assets")
     row = next(line for line in block.splitlines() if line.startswith("| `stacked_step_4"))
     cpu_verdict = row.split(" | ")[3]
     assert "accelerator's target" in cpu_verdict and "missed" not in cpu_verdict
@@ -1511,7 +1526,7 @@ def test_publish_renders_every_run_and_copies_every_runs_plots(smoke, tmp_path):
     plots.mkdir()
     for name in ("ratios-cpu.png", "ratios-tpu.png", "scaling-tpu.png"):
         (plots / name).write_bytes(b"png")
-    runs = [smoke["json"], _as_tpu_run(smoke["json"])]
+    runs = [_as_cpu_run(smoke["json"]), _as_tpu_run(smoke["json"])]
     assert publish(runs, str(tmp_path), str(plots)) == ["README.md", "docs/performance.md"]
     readme = (tmp_path / "README.md").read_text()
     assert "(benchmarks/ratios-tpu.png)" in readme and "(benchmarks/scaling-tpu.png)" in readme

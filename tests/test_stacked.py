@@ -735,12 +735,12 @@ def _train(model, opt, steps=4):
 
 
 def test_freezing_the_first_blocks_trains_as_the_unstacked_model_does():
-    net = stacked_net(5)
-    factors = net.at[...].set(1.0).at["blocks"][0:3].set(0.0)
+    net = stacked_net(3)
+    factors = net.at[...].set(1.0).at["blocks"][0:2].set(0.0)
     trained, losses = _train(net, optax.chain(optax.adam(1e-2), tc.optim.scale_blocks(factors)))
 
     plain = unstacked(net)
-    frozen = {"frozen": plain.at["blocks"][0:3]}
+    frozen = {"frozen": plain.at["blocks"][0:2]}
     opt = tc.optim.partition(
         {"frozen": optax.set_to_zero(), "rest": optax.adam(1e-2)}, plain, frozen
     )
@@ -752,14 +752,14 @@ def test_freezing_the_first_blocks_trains_as_the_unstacked_model_does():
 
 
 def test_a_learning_rate_per_block_trains_as_the_unstacked_model_does():
-    net = stacked_net(4)
-    decay = 0.5 ** jnp.arange(3, -1, -1)  # layer-wise decay: the last block learns fastest
+    net = stacked_net(3)
+    decay = 0.5 ** jnp.arange(2, -1, -1)  # layer-wise decay: the last block learns fastest
     factors = net.at[...].set(1.0).at["blocks"].set(decay)
     _, losses = _train(net, optax.chain(optax.adam(1e-2), tc.optim.scale_blocks(factors)))
 
     plain = unstacked(net)
-    selections = {f"block{i}": plain.at["blocks"][i] for i in range(4)}
-    transforms = {f"block{i}": optax.adam(1e-2 * float(decay[i])) for i in range(4)}
+    selections = {f"block{i}": plain.at["blocks"][i] for i in range(3)}
+    transforms = {f"block{i}": optax.adam(1e-2 * float(decay[i])) for i in range(3)}
     transforms["rest"] = optax.adam(1e-2)
     opt = tc.optim.partition(transforms, plain, selections)
     _, plain_losses = _train(plain, opt)
@@ -967,7 +967,8 @@ numbers = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+# each dtype's own set and apply are checked one by one below; this law samples the rest
+@settings(max_examples=120, deadline=None)
 @given(
     dtype=st.sampled_from(DTYPES),
     backend=st.sampled_from(["numpy", "jax"]),

@@ -11,6 +11,7 @@ generated `__init__` seen.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
@@ -33,6 +34,9 @@ Errors = dict[pathlib.Path, dict[int, list[str]]]  # file -> line -> messages
 
 
 def _run(command: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    checker = command[2]  # [python, -m, checker, ...]
+    if importlib.util.find_spec(checker) is None:
+        pytest.skip(f"{checker} is not installed on this machine (pip install -e '.[test]')")
     return subprocess.run(command, cwd=cwd, env=_ENV, capture_output=True, text=True, timeout=600)
 
 
