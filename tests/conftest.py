@@ -67,3 +67,28 @@ class MLP(tc.TreeClass):
 @pytest.fixture
 def mlp() -> MLP:
     return MLP((3, 4, 2))
+
+
+def _counts_bytes_read() -> bool:
+    """Whether this machine's kernel counts a process's bytes read (`rchar` in
+    /proc/self/io): Linux does, but some sandboxes give the file without it."""
+    try:
+        with open("/proc/self/io") as io:
+            return any(line.startswith("rchar:") for line in io)
+    except OSError:
+        return False
+
+
+# for the tests that check how many bytes a load reads
+needs_read_counts = pytest.mark.skipif(
+    not _counts_bytes_read(), reason="this machine does not count bytes read (/proc/self/io rchar)"
+)
+
+
+@pytest.fixture
+def highest_precision():
+    """Matrix products at full float32 precision, for comparisons with references at tight
+    tolerances (the CPU's default already is; a TPU's default rounds inputs to bfloat16).
+    Use it for a whole file with `pytestmark = pytest.mark.usefixtures("highest_precision")`."""
+    with jax.default_matmul_precision("highest"):
+        yield

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import needs_read_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidevice import run_check_script
@@ -1123,7 +1124,7 @@ def sharded_loads() -> dict[str, str]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+@needs_read_counts
 def test_load_into_sharded_templates_reads_each_byte_once_and_places_every_shard(sharded_loads):
     assert len(sharded_loads) == 15
     failed = {key: outcome for key, outcome in sharded_loads.items() if outcome != "ok"}

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import MLP
+from conftest import MLP, needs_read_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
@@ -95,6 +95,7 @@ def repository(tmp_path):
     return path, tensors
 
 
+@pytest.mark.usefixtures("highest_precision")
 def test_a_sharded_repository_loads_through_rules(repository):
     path, tensors = repository
     model = tc.load(path, mlp_template(), rules=TORCH_RULES)
@@ -939,7 +940,7 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts bytes read on Linux")
+@needs_read_counts
 def test_a_template_sharded_over_devices_loads_from_every_reader_reading_bytes_once(tmp_path):
     import subprocess
 

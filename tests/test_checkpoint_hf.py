@@ -23,6 +23,9 @@ from safetensors.numpy import load_file
 
 import treeclass as tc
 
+# references are compared at tight tolerances: full-precision matrix products everywhere
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 GUIDE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "guides" / "checkpoints.md"
 

@@ -21,6 +21,9 @@ from safetensors.numpy import load_file, save_file
 
 import treeclass as tc
 
+# references are compared at tight tolerances: full-precision matrix products everywhere
+pytestmark = pytest.mark.usefixtures("highest_precision")
+
 # a non-strict load that kept values the file holds under another name warns; expected
 LOSSY = pytest.mark.filterwarnings("ignore:.*under another name, dtype or layout:UserWarning")
 

@@ -36,6 +36,7 @@ import time
 from typing import NamedTuple
 
 import pytest
+from conftest import needs_read_counts
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 ROOT = WORKER.parent.parent
@@ -298,14 +299,14 @@ def test_tc_load_into_sharded_template_keeps_frozen_and_static_values(restored):
     assert_check(restored, "tc_load_into_sharded_template")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+@needs_read_counts
 def test_tc_load_reads_about_each_process_share_of_the_file(restored):
     # each of 2 processes reads about half of the file by rows or blocks; by columns its
     # rows are coalesced into a few reads of at most twice what it needs
     assert_check(restored, "tc_load_reads_only_own_shards")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/io")
+@needs_read_counts
 def test_tc_load_on_another_process_count_and_mesh(resharded):
     assert_check(resharded, "tc_load_into_sharded_template")
     assert_check(resharded, "tc_load_reads_only_own_shards")
