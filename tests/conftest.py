@@ -21,6 +21,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import treeclass as tc
@@ -92,3 +93,13 @@ def highest_precision():
     Use it for a whole file with `pytestmark = pytest.mark.usefixtures("highest_precision")`."""
     with jax.default_matmul_precision("highest"):
         yield
+
+
+def device_holds(dtype) -> bool:
+    """Whether the default backend can hold an array of `dtype`: a test that puts one there
+    would end the whole run where it cannot (int2/uint2 on a TPU), so it keeps that dtype
+    on the host. The table is the one `tc.load` refuses by."""
+    from treeclass._checkpoint.names._restore import DEVICE_CANNOT_HOLD
+
+    name = np.dtype(dtype).name
+    return name not in DEVICE_CANNOT_HOLD.get(jax.default_backend(), frozenset())

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import device_holds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,6 +174,7 @@ LEAF_DTYPES = [
         *(np.float16, np.float32, np.complex64),
         *(t for t in _ML_SCALARS if not t.__name__.startswith(_NOT_LEAVES)),
     )
+    if device_holds(kind)
 ]
 RAW_VALUES = [0, 1, -1, 2, 2.5, -3.25, 7.0, 300, 1e5, 1e300, "inf", "nan", 0.1, 1 + 2j, 3 + 0j]
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import Linear
+from conftest import Linear, device_holds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -888,7 +888,7 @@ _DTYPE_NAMES = (
 ).split()
 DTYPES = [np.dtype(getattr(jnp, name)) for name in _DTYPE_NAMES if hasattr(jnp, name)]
 # with 64-bit types off JAX holds the 64-bit dtypes as NumPy arrays only
-JAX_DTYPES = [d for d in DTYPES if jax.dtypes.canonicalize_dtype(d) == d]
+JAX_DTYPES = [d for d in DTYPES if jax.dtypes.canonicalize_dtype(d) == d and device_holds(d)]
 
 
 def _kind(dtype):
