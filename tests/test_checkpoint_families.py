@@ -10,8 +10,10 @@ which the last test checks, word for word.
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -258,9 +260,10 @@ def loaded(request):
     name = request.param
     build, rules, _, _ = FAMILIES[name]
     _, path = _files(name)
-    report = tc.load(path, build(jax.random.key(0)), rules=rules, dry_run=True)
+    template = jax.eval_shape(build, jax.random.key(0))  # shapes only: nothing drawn
+    report = tc.load(path, template, rules=rules, dry_run=True)
     assert report.messages == () and not report.unexpected and not report.missing
-    return name, tc.load(path, build(jax.random.key(0)), rules=rules)
+    return name, tc.load(path, template, rules=rules)
 
 
 def test_each_family_loads_the_transformers_file_to_the_outputs_it_recorded(loaded):
@@ -311,3 +314,36 @@ def test_the_fixtures_are_small():
         for name in FAMILIES
     }
     assert sum(sizes.values()) < 400_000, sizes
+
+
+# -- the page shows what these tests run -----------------------------------------------------
+
+
+SHOWN = [
+    "CausalLM",
+    "causal_lm",
+    "BF16",
+    *("llama", "LLAMA_RULES", "qwen2", "QWEN2_RULES", "mistral", "MISTRAL_RULES"),
+    *("gemma", "GEMMA_RULES", "gpt_neox", "split_heads", "GPT_NEOX_RULES"),
+    *("ViT", "vit", "VIT_RULES"),
+]
+
+
+def _definitions():
+    source = pathlib.Path(__file__).read_text()
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = ast.get_source_segment(source, node)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            found[node.name] = ast.get_source_segment(source, node)
+    return found
+
+
+@pytest.mark.parametrize("name", SHOWN)
+def test_the_families_guide_shows_the_definitions_these_tests_run(name):
+    blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), re.MULTILINE | re.DOTALL)
+    definition = _definitions()[name]
+    assert any(definition in block for block in blocks), (
+        f"docs/guides/families.md should show `{name}` exactly as {__name__} defines it"
+    )
