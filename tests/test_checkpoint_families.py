@@ -222,15 +222,69 @@ VIT_RULES = [
 ]
 
 
+class Bert(tc.TreeClass):
+    word_embeddings: nn.Embed
+    position_embeddings: nn.PositionEmbedding
+    token_type_embeddings: nn.Embed
+    embeddings_norm: nn.LayerNorm
+    layers: tc.Stacked
+    pooler: nn.Linear
+
+    def __call__(self, ids, attention_mask, token_type_ids):
+        x = self.word_embeddings(ids) + self.token_type_embeddings(token_type_ids)
+        x = self.embeddings_norm(self.position_embeddings(x))
+        x = self.layers(x, mask=attention_mask.astype(bool)[..., None, None, :])  # padding
+        return x, jnp.tanh(self.pooler(x[..., 0, :]))  # the states and the pooled output
+
+
+def bert(key):
+    k_word, k_pos, k_type, k_layers, k_pool = jax.random.split(key, 5)
+
+    def block(k):
+        return nn.EncoderBlock(16, 2, 32, key=k)  # post-norm, biases, exact GELU
+
+    return Bert(
+        nn.Embed(64, 16, key=k_word),
+        nn.PositionEmbedding(16, 16, key=k_pos),
+        nn.Embed(2, 16, key=k_type),
+        nn.LayerNorm(16, eps=1e-12),
+        tc.Stacked.from_init(block, jax.random.split(k_layers, 2)),
+        nn.Linear(16, 16, key=k_pool),
+    )
+
+
+BERT_RULES = [
+    ("embeddings.{n:word|position|token_type}_embeddings.weight", "{n}_embeddings.weight"),
+    ("embeddings.LayerNorm.{p}", "embeddings_norm.{p}"),
+    ("encoder.layer.{i}.attention.self.query.{p}", "layers[{i}].self_attn.q_proj.{p}"),
+    ("encoder.layer.{i}.attention.self.key.{p}", "layers[{i}].self_attn.k_proj.{p}"),
+    ("encoder.layer.{i}.attention.self.value.{p}", "layers[{i}].self_attn.v_proj.{p}"),
+    ("encoder.layer.{i}.attention.output.dense.{p}", "layers[{i}].self_attn.o_proj.{p}"),
+    (
+        "encoder.layer.{i}.attention.output.LayerNorm.{p}",
+        "layers[{i}].post_attention_layernorm.{p}",
+    ),
+    ("encoder.layer.{i}.intermediate.dense.{p}", "layers[{i}].mlp.up_proj.{p}"),
+    ("encoder.layer.{i}.output.dense.{p}", "layers[{i}].mlp.down_proj.{p}"),
+    ("encoder.layer.{i}.output.LayerNorm.{p}", "layers[{i}].output_layernorm.{p}"),
+    ("pooler.dense.{p}", "pooler.{p}"),
+]
+
+
 # -- the fixtures: each family against what transformers wrote and computed --------------------
 
-FAMILIES = {  # name: (builder, rules, input, output)
-    "llama": (llama, LLAMA_RULES, "input_ids", "logits"),
-    "qwen2": (qwen2, QWEN2_RULES, "input_ids", "logits"),
-    "mistral": (mistral, MISTRAL_RULES, "input_ids", "logits"),
-    "gemma": (gemma, GEMMA_RULES, "input_ids", "logits"),
-    "gpt_neox": (gpt_neox, GPT_NEOX_RULES, "input_ids", "logits"),
-    "vit": (vit, VIT_RULES, "pixel_values", "last_hidden_state"),
+FAMILIES = {  # name: (builder, rules, the inputs, the outputs), as reference.npz names them
+    "llama": (llama, LLAMA_RULES, ["input_ids"], ["logits"]),
+    "qwen2": (qwen2, QWEN2_RULES, ["input_ids"], ["logits"]),
+    "mistral": (mistral, MISTRAL_RULES, ["input_ids"], ["logits"]),
+    "gemma": (gemma, GEMMA_RULES, ["input_ids"], ["logits"]),
+    "gpt_neox": (gpt_neox, GPT_NEOX_RULES, ["input_ids"], ["logits"]),
+    "vit": (vit, VIT_RULES, ["pixel_values"], ["last_hidden_state"]),
+    "bert": (
+        *(bert, BERT_RULES),
+        ["input_ids", "attention_mask", "token_type_ids"],
+        ["last_hidden_state", "pooler_output"],
+    ),
 }
 TOL = dict(rtol=1e-5, atol=2e-5)
 
@@ -271,8 +325,11 @@ def test_each_family_loads_the_transformers_file_to_the_outputs_it_recorded(load
     _, _, given, computed = FAMILIES[name]
     reference = np.load(FIXTURES / f"hf_{name}" / "reference.npz")
     with jax.default_matmul_precision("highest"):
-        ours = jax.jit(jax.vmap(model))(reference[given])
-    np.testing.assert_allclose(ours, reference[computed], **TOL)
+        ours = jax.jit(jax.vmap(model))(*(reference[k] for k in given))
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    assert len(ours) == len(computed)
+    for output, key in zip(ours, computed):
+        np.testing.assert_allclose(output, reference[key], **TOL, err_msg=key)
 
 
 def test_each_family_exports_back_the_transformers_file_byte_for_byte(loaded, tmp_path):
@@ -325,7 +382,7 @@ SHOWN = [
     "BF16",
     *("llama", "LLAMA_RULES", "qwen2", "QWEN2_RULES", "mistral", "MISTRAL_RULES"),
     *("gemma", "GEMMA_RULES", "gpt_neox", "split_heads", "GPT_NEOX_RULES"),
-    *("ViT", "vit", "VIT_RULES"),
+    *("ViT", "vit", "VIT_RULES", "Bert", "bert", "BERT_RULES"),
 ]
 
 
