@@ -76,7 +76,9 @@ LLAMA_RULES = [
 def qwen2(key):
     def block(k):
         return nn.DecoderBlock(
-            *(16, 4, 32),
+            16,
+            num_heads=4,
+            hidden_features=32,
             num_kv_heads=2,
             rope_theta=1e6,
             norm_eps=1e-6,
@@ -95,7 +97,9 @@ QWEN2_RULES = LLAMA_RULES  # Llama's names, the biases included by {rest*}
 def mistral(key):
     def block(k):
         return nn.DecoderBlock(
-            *(16, 4, 32),
+            16,
+            num_heads=4,
+            hidden_features=32,
             num_kv_heads=2,
             rope_theta=1e6,
             norm_eps=1e-6,
@@ -113,7 +117,9 @@ MISTRAL_RULES = LLAMA_RULES
 def gemma(key):
     def block(k):
         return nn.DecoderBlock(
-            *(16, 4, 32),
+            16,
+            num_heads=4,
+            hidden_features=32,
             num_kv_heads=1,  # multi-query
             head_dim=8,
             rope_theta=1e4,
@@ -136,7 +142,9 @@ GEMMA_RULES = LLAMA_RULES[:3]  # the output layer is tied: no lm_head in the fil
 def gpt_neox(key):
     def block(k):
         return nn.DecoderBlock(
-            *(16, 4, 32),
+            16,
+            num_heads=4,
+            hidden_features=32,
             rope_theta=1e4,
             rope_dim=2,  # rotary on the first 2 of each head's 4 dimensions
             norm="layer",
@@ -281,7 +289,8 @@ FAMILIES = {  # name: (builder, rules, the inputs, the outputs), as reference.np
     "gpt_neox": (gpt_neox, GPT_NEOX_RULES, ["input_ids"], ["logits"]),
     "vit": (vit, VIT_RULES, ["pixel_values"], ["last_hidden_state"]),
     "bert": (
-        *(bert, BERT_RULES),
+        bert,
+        BERT_RULES,
         ["input_ids", "attention_mask", "token_type_ids"],
         ["last_hidden_state", "pooler_output"],
     ),
