@@ -266,6 +266,10 @@ class _ShardedWrite(SharedWrite):
         # the user's metadata (`{"format": "pt"}`) in every shard's header too, where
         # other readers look for it; treeclass's document stays in the index alone
         self.shard_metadata = {k: v for k, v in metadata.items() if k != METADATA_KEY}
+        # treeclass's own layout ties its index and shards by a token of the save (so an
+        # interrupted save over an older one is caught); an export in another library's
+        # layout (no document) is that library's folder, metadata and all, byte for byte
+        self.tokened = METADATA_KEY in metadata
         self.groups = _groups(self.tensors, save.limit)
         count = len(self.groups)
         self.names = [
@@ -280,7 +284,7 @@ class _ShardedWrite(SharedWrite):
         files: list[list[Any]] = []
         try:
             for name, group in zip(self.names, self.groups, strict=True):
-                header = header_bytes({**self.shard_metadata, _SAVE_KEY: self.token}, group)
+                header = header_bytes({**self.shard_metadata, **self._token()}, group)
                 size = len(header) + sum(t.nbytes for t in group)
                 files.append(
                     [create_sized(os.path.join(self.folder, name), size, header), len(header)]
@@ -289,6 +293,9 @@ class _ShardedWrite(SharedWrite):
             self.abort({"files": files})
             raise
         return {"files": files}
+
+    def _token(self) -> dict[str, str]:
+        return {_SAVE_KEY: self.token} if self.tokened else {}
 
     def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
         out = []
@@ -306,7 +313,7 @@ class _ShardedWrite(SharedWrite):
             "metadata": {
                 "total_size": sum(t.nbytes for t in self.tensors),
                 **self.metadata,
-                _SAVE_KEY: self.token,
+                **self._token(),
             },
             "weight_map": {
                 t.name: name for name, group in zip(self.names, self.groups) for t in group
