@@ -235,7 +235,16 @@ def _remeasure_if_within_noise(
     target = result.case.target
     if target is None or plan.rounds < 2:
         return
-    names = [name for name in ("treeclass", *target.baselines) if result.timed(name)]
+    # the floor row is measured again with the target's rows: every "vs floor" ratio and
+    # every median in the table then rests on the same rounds (a floor timed in the first
+    # rounds only would be paired with a part of the treeclass row its median leaves out)
+    floor = result.by_role("floor")
+    extra_rows = (floor.name,) if floor is not None else ()
+    names = list(
+        dict.fromkeys(
+            name for name in ("treeclass", *target.baselines, *extra_rows) if result.timed(name)
+        )
+    )
     for _ in range(plan.remeasures):
         verdict = target_verdict(result)
         if verdict is None or verdict.status != WITHIN_NOISE:

@@ -1561,3 +1561,44 @@ def test_no_two_benchmark_modules_import_each_other():
 
     cycles = sorted(m for m in graph if reaches(m, m))
     assert not cycles, f"benchmark modules in an import cycle: {cycles}"
+
+
+# -- verdicts that hold between runs ---------------------------------------------------------------
+
+
+def test_a_remeasure_times_the_floor_with_the_target_rows_so_vs_floor_pairs_shared_rounds(
+    monkeypatch,
+):
+    # the target is against a hand-written baseline, the floor is a row of its own: a
+    # re-measure extends the floor too, so its ratio rests on the rounds the medians use
+    target = Target("<= 1.10x vs hand-written", "max_ratio", 1.10, ("hand",))
+    entries = [
+        Entry("treeclass", "treeclass", _constant(1.0)),
+        Entry("hand", "baseline", _constant(1.0)),
+        Entry("floor", "floor", _constant(1.0)),
+    ]
+    calls = _scripted_measure(
+        monkeypatch,
+        [
+            {"treeclass": _STRADDLING, "hand": [1.0] * 5, "floor": [1.2] * 5},
+            {"treeclass": [0.9] * 10, "hand": [1.0] * 10, "floor": [1.0] * 10},
+        ],
+    )
+    plan = dataclasses.replace(_PLAN, remeasures=1)
+    result = run_case(_tiny_case(entries, target=target), plan, random.Random(0))
+    assert calls[1]["names"] == ["floor", "hand", "treeclass"]
+    assert {len(result.timed(n).times) for n in ("treeclass", "hand", "floor")} == {15}
+    row = next(
+        r for r in to_json(_header(), [result])["cases"][0]["rows"] if r["name"] == "treeclass"
+    )
+    # 15 paired rounds: 5 of treeclass/floor about 0.85-0.98, 10 of 0.9: the median is 0.9,
+    # on the side the medians (0.9 s against 1.0 s) say
+    assert row["vs_floor"] == pytest.approx(0.9)
+    assert row["median_s"] < result.timed("floor").median
+
+
+def test_median_ratio_pairs_only_the_rounds_both_series_ran():
+    # round i with round i; the longer series' extra rounds have no partner
+    assert median_ratio(Series(1, [1.0, 2.0, 9.0, 9.0]), Series(1, [1.0, 1.0])) == 1.5
+    with pytest.raises(ValueError, match="a round both series ran"):
+        median_ratio(Series(1, []), Series(1, [1.0]))
