@@ -103,12 +103,17 @@ class Target:
     several baselines instead would favour them on a noisy machine (the least of four
     noisy times is lower than any one implementation's typical time), so treeclass
     would be judged against a baseline that does not exist.
+
+    `statistic` is `"paired"` (the median of the per-round values, as above) or `"best"`
+    (each implementation's fastest sample, `stats.judge_best`: for deterministic work
+    whose samples fall in a fast and a slow group, such as a compile).
     """
 
     text: str
     kind: str
     limit: float
     baselines: tuple[str, ...]
+    statistic: str = "paired"
 
     def per_round(
         self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]

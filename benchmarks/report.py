@@ -185,6 +185,7 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
         "kind": target.kind,
         "limit": target.limit,
         "baselines": list(target.baselines),
+        "statistic": target.statistic,
         "status": None,
         "met": None,
         "measured": None,
@@ -207,6 +208,8 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
         f"{_shown(target.kind, verdict.measured)}; {CONFIDENCE:.0%} interval "
         f"{verdict.low:.2f}-{verdict.high:.2f}"
     )
+    if target.statistic == "best":
+        interval += ", of each implementation's fastest sample"
     if verdict.status == MET:
         words = f"met by {verdict.margin:.0%} ({interval}"
     elif verdict.status == MISSED:

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from .cases import Case, Target, canonical, compare, missing_modules, peer_missing
 from .probes import probe
-from .stats import WITHIN_NOISE, Verdict, judge
+from .stats import WITHIN_NOISE, Verdict, judge, judge_best
 from .timing import Plan, Series, measure
 
 __all__ = [
@@ -110,6 +110,11 @@ def target_verdict(result: CaseResult) -> Verdict | None:
     if found is None:
         return None
     target, tc, bases = found
+    if target.statistic == "best":
+        which = target.paired_with(tc.times, [s.times for _, s in bases])
+        return judge_best(target.direction, target.limit, tc.times, bases[which][1].times)
+    if target.statistic != "paired":
+        raise ValueError(f"unknown target statistic {target.statistic!r}: 'paired' or 'best'")
     values = target.per_round(tc.times, [s.times for _, s in bases])
     return judge(target.direction, target.limit, values)
 
