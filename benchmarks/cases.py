@@ -180,7 +180,11 @@ class Case:
     figure measures the host's CPU), `"eager"` (eager array operations, one device
     dispatch each: off the CPU the figure is mostly the host's dispatch round trips), or
     `""` (every backend); `rtol` is the relative tolerance of the cross-implementation
-    check (bfloat16 compute rounds differently when XLA fuses a scan and a loop apart).
+    check (bfloat16 compute rounds differently when XLA fuses a scan and a loop apart);
+    `beside`, `(label, numerator row, denominator row)` each, adds ratios reported next to
+    the target's verdict, without a target of their own (what the verdict alone would hide,
+    such as a scanned model's step against the unrolled one); their rows are re-measured
+    with the target's, so each ratio pairs the same rounds.
     """
 
     name: str
@@ -201,6 +205,7 @@ class Case:
     work: dict[str, float] | None = None
     scope: str = ""
     rtol: float = 1e-5
+    beside: tuple[tuple[str, str, str], ...] = ()
 
 
 # -- correctness ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import platform
 from typing import Any
 
 from .cases import FASTEST_KINDS
-from .runner import CaseResult, EntryResult, paired_baseline, target_verdict
+from .runner import CaseResult, EntryResult, beside_ratios, paired_baseline, target_verdict
 from .scaling import LINEAR_LIMIT, ScalingResult, above_linear
 from .stats import CONFIDENCE, MET, MISSED
 from .timing import Plan, median_ratio
@@ -226,9 +226,24 @@ def evaluate_target(result: CaseResult, mode: str = "full") -> dict[str, Any] | 
         high=verdict.high,
         margin=verdict.margin,
         rounds=verdict.rounds,
-        summary=f"{prefix}{words}{more}; target {target.text})",
+        summary=f"{prefix}{words}{more}; target {target.text})" + _beside_words(result),
     )
     return out
+
+
+def _beside_text(item: dict[str, Any]) -> str:
+    if item["measured"] is None:
+        return f"{item['label']}: not measured"
+    return (
+        f"{item['label']}: {item['measured']:.2f}x ({CONFIDENCE:.0%} interval "
+        f"{item['low']:.2f}-{item['high']:.2f}, {item['rounds']} paired rounds)"
+    )
+
+
+def _beside_words(result: CaseResult) -> str:
+    """The `beside` ratios as a sentence after a verdict, or `""`."""
+    items = beside_ratios(result)
+    return "; beside it, " + "; ".join(_beside_text(i) for i in items) if items else ""
 
 
 def _published(result: CaseResult) -> list[dict[str, Any]]:
@@ -291,6 +306,7 @@ def to_json(
                 "published": _published(result) if result.status == "ran" else [],
                 "published_note": case.published_note,
                 "extra": result.extra,
+                "beside": beside_ratios(result),
                 "rows": rows,
             }
         )
@@ -548,6 +564,8 @@ def _case_markdown(case: dict[str, Any], header: dict[str, Any]) -> list[str]:
             ours = f"{item['ours']:.3f}" if item["ours"] is not None else "—"
             lines.append(f"| {item['ratio']} | {shown} | {ours} |")
         lines += ["", case["published_note"]]
+    for item in case.get("beside") or []:
+        lines += ["", f"Beside the target (no target of its own): {_beside_text(item)}."]
     if case["note"]:
         lines += ["", case["note"]]
     if case["extra"]:
@@ -747,6 +765,13 @@ def _targets_rows(cases: list[dict[str, Any]], header: dict[str, Any]) -> list[s
             f"| `{case['name']}` | {target['text']} | {measured} | {interval} | "
             f"{_cell(_verdict_cell(target, mode, remark))} |"
         )
+        for item in case.get("beside") or []:
+            shown = "—" if item["measured"] is None else f"{item['measured']:.2f}x"
+            interval = "—" if item["low"] is None else f"{item['low']:.2f}-{item['high']:.2f}"
+            rows.append(
+                f"| `{case['name']}` (beside) | {_cell(item['label'])} | {shown} | {interval} "
+                "| reported beside the target, no target of its own |"
+            )
         memory = (case.get("extra") or {}).get("target")
         if memory:
             rows.append(

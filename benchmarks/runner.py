@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any, TextIO
 
 from .cases import Case, Target, canonical, compare, missing_modules, peer_missing
 from .probes import probe
-from .stats import WITHIN_NOISE, Verdict, judge, judge_best
+from .stats import WITHIN_NOISE, Verdict, bootstrap_interval, judge, judge_best
 from .timing import Plan, Series, measure
 
 __all__ = [
@@ -117,6 +118,31 @@ def target_verdict(result: CaseResult) -> Verdict | None:
         raise ValueError(f"unknown target statistic {target.statistic!r}: 'paired' or 'best'")
     values = target.per_round(tc.times, [s.times for _, s in bases])
     return judge(target.direction, target.limit, values)
+
+
+def beside_ratios(result: CaseResult) -> list[dict[str, Any]]:
+    """The case's `beside` ratios against this run: per ratio `label`, `numerator`,
+    `denominator`, and `measured` (the median of the paired per-round ratios over the
+    rounds both rows ran), `low`, `high` (its bootstrap interval) and `rounds`, all
+    `None` when either row went untimed."""
+    out = []
+    for label, numerator, denominator in result.case.beside:
+        item: dict[str, Any] = {
+            "label": label,
+            "numerator": numerator,
+            "denominator": denominator,
+            "measured": None,
+            "low": None,
+            "high": None,
+            "rounds": None,
+        }
+        a, b = result.timed(numerator), result.timed(denominator)
+        if result.status == "ran" and a is not None and b is not None and a.times and b.times:
+            values = [x / y for x, y in zip(a.times, b.times)]
+            low, high = bootstrap_interval(values)
+            item.update(measured=statistics.median(values), low=low, high=high, rounds=len(values))
+        out.append(item)
+    return out
 
 
 def paired_baseline(result: CaseResult) -> str | None:
@@ -245,6 +271,7 @@ def _remeasure_if_within_noise(
     # rounds only would be paired with a part of the treeclass row its median leaves out)
     floor = result.by_role("floor")
     extra_rows = (floor.name,) if floor is not None else ()
+    extra_rows += tuple(name for _, *pair in result.case.beside for name in pair)
     names = list(
         dict.fromkeys(
             name for name in ("treeclass", *target.baselines, *extra_rows) if result.timed(name)

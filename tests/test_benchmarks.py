@@ -1659,3 +1659,75 @@ def test_stacked_compile_is_judged_on_each_implementations_fastest_sample():
                 Target("x", "max_ratio", 1.1, ("b",), statistic="mean"),
             )
         )
+
+
+def _transformer_result(times):
+    from benchmarks.transformer import gpt_size, transformer_case
+
+    case = transformer_case(gpt_size("smoke", "cpu"))
+    rows = [
+        EntryResult(name, role, "ok", series=Series(1, list(values)))
+        for name, role, values in times
+    ]
+    return CaseResult(case, "ran", "", rows)
+
+
+def test_transformer_verdict_says_the_stacked_step_against_the_unrolled_one():
+    # as on the TPU: tc.Stacked as fast as plain lax.scan, 1.41x slower than unrolled
+    result = _transformer_result(
+        [
+            ("treeclass", "treeclass", [0.141, 0.141, 0.141]),
+            ("treeclass, unrolled", "baseline", [0.1, 0.1, 0.1]),
+            ("plain JAX (lax.scan)", "floor", [0.141, 0.141, 0.141]),
+        ]
+    )
+    verdict = evaluate_target(result)
+    assert verdict["status"] == "met"
+    assert verdict["summary"].endswith(
+        "; beside it, tc.Stacked step / unrolled step: 1.41x (95% interval 1.41-1.41, "
+        "3 paired rounds)"
+    )
+    data = to_json(_header(), [result])
+    (beside,) = data["cases"][0]["beside"]
+    assert (beside["numerator"], beside["denominator"]) == ("treeclass", "treeclass, unrolled")
+    assert beside["measured"] == pytest.approx(1.41)
+    markdown = format_markdown(data)
+    assert (
+        "| `transformer_training_loop` (beside) | tc.Stacked step / unrolled step | 1.41x | "
+        "1.41-1.41 | reported beside the target, no target of its own |"
+    ) in markdown
+    assert "Beside the target (no target of its own): tc.Stacked step / unrolled step: 1.41x" in (
+        markdown
+    )
+
+
+def test_a_beside_ratio_of_an_untimed_row_reads_not_measured():
+    result = _transformer_result(
+        [("treeclass", "treeclass", [1.0]), ("plain JAX (lax.scan)", "floor", [1.0])]
+    )
+    assert evaluate_target(result)["summary"].endswith(
+        "beside it, tc.Stacked step / unrolled step: not measured"
+    )
+    (beside,) = to_json(_header(), [result])["cases"][0]["beside"]
+    assert beside["measured"] is None and beside["rounds"] is None
+
+
+def test_a_remeasure_extends_the_rows_of_a_beside_ratio(monkeypatch):
+    entries = [
+        Entry("treeclass", "treeclass", _constant(1.0)),
+        Entry("dict/list", "floor", _constant(1.0)),
+        Entry("peer", "peer", _constant(1.0)),
+    ]
+    target = Target("<= 1.10x vs dict", "max_ratio", 1.10, ("dict/list",))
+    case = _tiny_case(entries, target=target, beside=(("treeclass / peer", "treeclass", "peer"),))
+    calls = _scripted_measure(
+        monkeypatch,
+        [
+            {"treeclass": _STRADDLING, "dict/list": [1.0] * 5, "peer": [2.0] * 5},
+            {"treeclass": [1.0] * 10, "dict/list": [1.0] * 10, "peer": [2.0] * 10},
+        ],
+    )
+    result = run_case(case, dataclasses.replace(_PLAN, remeasures=1), random.Random(0))
+    assert calls[1]["names"] == ["dict/list", "peer", "treeclass"]
+    (beside,) = to_json(_header(), [result])["cases"][0]["beside"]
+    assert beside["rounds"] == 15 and beside["measured"] == 0.5
