@@ -1731,3 +1731,42 @@ def test_a_remeasure_extends_the_rows_of_a_beside_ratio(monkeypatch):
     assert calls[1]["names"] == ["dict/list", "peer", "treeclass"]
     (beside,) = to_json(_header(), [result])["cases"][0]["beside"]
     assert beside["rounds"] == 15 and beside["measured"] == 0.5
+
+
+def _finetune_extra(**changes):
+    row = {"name": "treeclass", "extra": 3 * 2**20, "note": "n"}
+    extra = {
+        "heading": "Device memory XLA plans for one compiled LoRA train step "
+        "(`compiled.memory_analysis()`), against the frozen base of 2.0 MiB (all its leaves):",
+        "column": "planned device peak",
+        "per": "x frozen base",
+        "reference_bytes": 2 * 2**20,
+        "rows": [row],
+        "how": "h",
+        "target": {"text": "t", "summary": "s"},
+    }
+    return {**extra, **changes}
+
+
+def test_finetune_memory_table_says_it_is_the_device_plan_against_the_whole_base():
+    from benchmarks import report as report_module
+
+    text = "\n".join(report_module._memory_markdown(_finetune_extra()))
+    assert "Device memory XLA plans for one compiled LoRA train step" in text
+    assert "| implementation | planned device peak | x frozen base | note |" in text
+    assert "| **treeclass** | 3.0 MiB | 1.50x | n |" in text
+    assert "host memory" not in text and "largest leaf" not in text
+    # a table saved before (as the published TPU run holds) reads the same way
+    old = _finetune_extra(action="LoRA train step (XLA's plan)", largest_leaf=2 * 2**20)
+    for key in ("heading", "column", "per", "reference_bytes"):
+        del old[key]
+    old["header"] = None
+    assert "\n".join(report_module._memory_markdown(old)) == text
+
+
+def test_finetune_case_reports_the_planned_peak_against_the_frozen_base():
+    from benchmarks.finetune import FinetuneSize, _measure_all
+
+    extra = _measure_all(FinetuneSize("t", blocks=1, width=8, batch=1, length=2))
+    assert extra["reference_bytes"] == 12 * 8 * 8 * 4 and extra["per"] == "x frozen base"
+    assert "memory_analysis" in extra["heading"] and "largest_leaf" not in extra
