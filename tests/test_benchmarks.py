@@ -1770,3 +1770,14 @@ def test_finetune_case_reports_the_planned_peak_against_the_frozen_base():
     extra = _measure_all(FinetuneSize("t", blocks=1, width=8, batch=1, length=2))
     assert extra["reference_bytes"] == 12 * 8 * 8 * 4 and extra["per"] == "x frozen base"
     assert "memory_analysis" in extra["heading"] and "largest_leaf" not in extra
+
+
+def test_small_training_cases_say_they_time_dispatch_not_compute():
+    from benchmarks.nn import nn_case
+    from benchmarks.workload import WorkloadSize
+
+    note = nn_case(WorkloadSize(512, 4, 256, 10)).note
+    assert "about 1.6 GFLOP" in note and "dispatch" in note and "not compute" in note
+    steps = [c for c in all_cases(FULL_SIZES) if c.name.startswith("train_step_")]
+    assert [c.name for c in steps] == ["train_step_10_layers", "train_step_100_layers"]
+    assert "about 76,800 FLOP" in steps[1].note and "dispatch" in steps[1].note
