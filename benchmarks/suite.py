@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 
 from .cases import FULL_SIZES, Case, Sizes, core_cases
-from .finetune import finetune_cases
+from .finetune import finetune_cases, finetune_grads_cases
 from .nn import nn_cases
 from .sharding import sharding_cases
 from .stacked import periodic_cases, stacked_cases
@@ -47,4 +47,5 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
         *stacked_cases(sizes),
         *periodic_cases(sizes),
         *finetune_cases(sizes),
+        *finetune_grads_cases(sizes),
     ]

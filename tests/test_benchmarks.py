@@ -1781,3 +1781,41 @@ def test_small_training_cases_say_they_time_dispatch_not_compute():
     steps = [c for c in all_cases(FULL_SIZES) if c.name.startswith("train_step_")]
     assert [c.name for c in steps] == ["train_step_10_layers", "train_step_100_layers"]
     assert "about 76,800 FLOP" in steps[1].note and "dispatch" in steps[1].note
+
+
+def _tiny_finetune():
+    from benchmarks.finetune import FinetuneSize
+
+    return FinetuneSize("tiny", blocks=2, width=8, batch=1, length=2)
+
+
+def test_returned_gradient_case_checks_no_base_leaves_the_jit_and_judges_against_the_floor():
+    from benchmarks.finetune import finetune_grads_case
+
+    case = finetune_grads_case(_tiny_finetune())
+    assert (case.target.kind, case.target.limit, case.target.baselines) == (
+        "max_ratio",
+        1.1,
+        ("plain JAX (base as an argument)",),
+    )
+    result = run_case(case, SMOKE_PLAN, random.Random(0))
+    assert [(row.role, row.status) for row in result.entries] == [
+        ("treeclass", "ok"),
+        ("baseline", "ok"),
+        ("floor", "ok"),
+    ]
+    data = to_json(_header(), [result])["cases"][0]
+    assert data["target"]["status"] is not None and data["beside"][0]["rounds"] == 1
+    # the split row's check (its first call passed it) refuses a whole-model gradient
+    from benchmarks import finetune
+
+    size = _tiny_finetune()
+    whole = finetune._grad_whole(size)()  # a zero array for every leaf of the frozen base
+    assert finetune.output_bytes(whole) > size.base_bytes
+    with pytest.raises(AssertionError, match="frozen base"):
+        finetune.check_split_grads(whole, size)
+    assert [c.name for c in all_cases(FULL_SIZES) if "returned_grads" in c.name] == [
+        "finetune_returned_grads_10MB",
+        "finetune_returned_grads_100MB",
+        "finetune_returned_grads_1GB",
+    ]
