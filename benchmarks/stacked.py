@@ -430,8 +430,8 @@ def compile_case(size: StackSize) -> Case:
 
     The verdict is on each implementation's *fastest* compile (`Target.statistic`
     `"best"`), not the median of paired ratios. A compile is deterministic work, but its
-    samples fall in two groups: on the TPU host the unrolled 48-block compile took 2.65-3 s
-    in some rounds and up to 8.3 s in others. Paired per round, the median ratio then
+    samples fall in two groups: on the TPU host the unrolled 48-block compile spread over
+    2.65-8.32 s in two groups. Paired per round, the median ratio then
     depends on how many of 5-10 rounds landed in the slow group, and the verdict flipped
     between "met" and "within noise" from one run to the next. The fastest sample is the
     compiler's work undisturbed; with up to 8 rounds each implementation reaches its fast
