@@ -184,7 +184,9 @@ class Case:
     `beside`, `(label, numerator row, denominator row)` each, adds ratios reported next to
     the target's verdict, without a target of their own (what the verdict alone would hide,
     such as a scanned model's step against the unrolled one); their rows are re-measured
-    with the target's, so each ratio pairs the same rounds.
+    with the target's, so each ratio pairs the same rounds; `backends`, when given, names
+    the JAX backends the case runs on (a size only an accelerator holds): on any other it
+    is skipped, with a reason that names the run's backend.
     """
 
     name: str
@@ -206,6 +208,7 @@ class Case:
     scope: str = ""
     rtol: float = 1e-5
     beside: tuple[tuple[str, str, str], ...] = ()
+    backends: tuple[str, ...] = ()
 
 
 # -- correctness ---------------------------------------------------------------------------

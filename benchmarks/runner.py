@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import jax
+
 from .cases import Case, Target, canonical, compare, missing_modules, peer_missing
 from .probes import probe
 from .stats import WITHIN_NOISE, Verdict, bootstrap_interval, judge, judge_best
@@ -197,6 +199,13 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
     start = time.perf_counter()
     if case.plan is not None:
         plan = case.plan(plan)
+    if case.backends and jax.default_backend() not in case.backends:
+        return CaseResult(
+            case,
+            "skipped",
+            f"runs on {' or '.join(case.backends)} only (sized for an accelerator); this "
+            f"run's backend is {jax.default_backend()}",
+        )
     missing = missing_modules(case)
     if missing:
         return CaseResult(case, "skipped", f"needs {', '.join(missing)} (not installed)")

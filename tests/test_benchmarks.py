@@ -1819,3 +1819,20 @@ def test_returned_gradient_case_checks_no_base_leaves_the_jit_and_judges_against
         "finetune_returned_grads_100MB",
         "finetune_returned_grads_1GB",
     ]
+
+
+def test_compute_bound_transformer_is_skipped_off_an_accelerator_with_the_reason():
+    from benchmarks.transformer import COMPUTE_BOUND, compute_bound_case
+
+    case = compute_bound_case()
+    assert any(c.name == "transformer_compute_bound" for c in all_cases(FULL_SIZES))
+    assert not any(c.name == "transformer_compute_bound" for c in all_cases(SMOKE_SIZES))
+    assert case.work["flops"] == COMPUTE_BOUND.flops_per_step * COMPUTE_BOUND.steps
+    assert case.beside == (("tc.Stacked step / unrolled step", "treeclass", "treeclass, unrolled"),)
+    result = run_case(case, SMOKE_PLAN, random.Random(0))
+    assert (result.status, result.note) == (
+        "skipped",
+        "runs on tpu or gpu only (sized for an accelerator); this run's backend is cpu",
+    )
+    markdown = format_markdown(to_json(_header(), [result]))
+    assert "Skipped: runs on tpu or gpu only" in markdown
