@@ -103,12 +103,17 @@ class Target:
     several baselines instead would favour them on a noisy machine (the least of four
     noisy times is lower than any one implementation's typical time), so treeclass
     would be judged against a baseline that does not exist.
+
+    `statistic` is `"paired"` (the median of the per-round values, as above) or `"best"`
+    (each implementation's fastest sample, `stats.judge_best`: for deterministic work
+    whose samples fall in a fast and a slow group, such as a compile).
     """
 
     text: str
     kind: str
     limit: float
     baselines: tuple[str, ...]
+    statistic: str = "paired"
 
     def per_round(
         self, treeclass: Sequence[float], bases: Sequence[Sequence[float]]
@@ -175,7 +180,13 @@ class Case:
     figure measures the host's CPU), `"eager"` (eager array operations, one device
     dispatch each: off the CPU the figure is mostly the host's dispatch round trips), or
     `""` (every backend); `rtol` is the relative tolerance of the cross-implementation
-    check (bfloat16 compute rounds differently when XLA fuses a scan and a loop apart).
+    check (bfloat16 compute rounds differently when XLA fuses a scan and a loop apart);
+    `beside`, `(label, numerator row, denominator row)` each, adds ratios reported next to
+    the target's verdict, without a target of their own (what the verdict alone would hide,
+    such as a scanned model's step against the unrolled one); their rows are re-measured
+    with the target's, so each ratio pairs the same rounds; `backends`, when given, names
+    the JAX backends the case runs on (a size only an accelerator holds): on any other it
+    is skipped, with a reason that names the run's backend.
     """
 
     name: str
@@ -196,6 +207,8 @@ class Case:
     work: dict[str, float] | None = None
     scope: str = ""
     rtol: float = 1e-5
+    beside: tuple[tuple[str, str, str], ...] = ()
+    backends: tuple[str, ...] = ()
 
 
 # -- correctness ---------------------------------------------------------------------------
@@ -554,6 +567,10 @@ def train_step_case(n: int, sizes: Sizes) -> Case:
         target=Target(
             "<= register_dataclass (same run)", "max_ratio", 1.0, ("register_dataclass",)
         ),
+        note=f"A step of {n} layers of width {sizes.width} at batch {sizes.batch} is about "
+        f"{6 * n * sizes.width**2 * sizes.batch:,} FLOP: on any backend the figure is the "
+        "jitted call's dispatch (the model's tree flattened in, the updated tree built "
+        "out), not compute, which is what this case compares.",
     )
 
 

@@ -39,10 +39,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cases import Case, Entry, Sizes
+from .cases import Case, Entry, Sizes, Target
 from .timing import Plan
 
-__all__ = ["FinetuneSize", "finetune_case", "finetune_cases"]
+__all__ = [
+    "FinetuneSize",
+    "check_split_grads",
+    "finetune_case",
+    "finetune_cases",
+    "finetune_grads_case",
+    "finetune_grads_cases",
+    "output_bytes",
+]
 
 _GROUP = "7. stacked blocks"  # a LoRA fine-tune of a stack: reported with the stacked cases
 _TREECLASS = "treeclass"
@@ -356,12 +364,17 @@ def _measure_all(size: FinetuneSize) -> dict[str, Any]:
     fresh = ours["fresh_s"] / ours["warm_s"]
     met = lowered <= 1.2 and ours["traces"] == 1 and ours["freed"] and fresh <= 2.0
     return {
-        "action": "LoRA train step (XLA's plan)",
-        "largest_leaf": size.base_bytes,
-        "header": None,
+        # not host memory: the device memory XLA plans for the compiled step, against the
+        # whole frozen base (all its leaves), the size that must not be held twice
+        "heading": "Device memory XLA plans for one compiled LoRA train step "
+        f"(`compiled.memory_analysis()`), against the frozen base of "
+        f"{size.base_bytes / 2**20:,.1f} MiB (all its leaves):",
+        "column": "planned device peak",
+        "per": "x frozen base",
+        "reference_bytes": size.base_bytes,
         "rows": rows,
-        "how": "`compiled.memory_analysis()`: arguments + outputs + temporaries - donated; "
-        "the x column is against the frozen base's bytes",
+        "how": "`compiled.memory_analysis()` of the compiled step: arguments + outputs + "
+        "temporaries - donated buffers (a plan, not a measured peak; no host memory)",
         "target": {
             "text": TARGET_TEXT,
             "summary": f"{'met' if met else 'missed'}: lowered {lowered:.2f}x, compile "
@@ -422,3 +435,179 @@ def finetune_cases(sizes: Sizes) -> list[Case]:
 
 # the smoke sizes have at most this many stacked blocks (the full ones 48)
 SMOKE_BLOCKS = 4
+
+
+# -- gradients returned from the jitted function ----------------------------------------------
+#
+# Gradient accumulation and logging take the gradient out of the jitted function. `jax.grad`
+# of the whole model returns a zero array as large as the frozen base; `tc.optim.split` /
+# `tc.optim.merge` differentiate the trainable part only, whose gradient holds `None` at
+# every frozen leaf. The floor returns the adapters' gradient, the base passed as an argument.
+
+_GRAD_SPLIT = _TREECLASS  # the row the target pairs: `tc.optim.split`
+_GRAD_WHOLE = "treeclass, grad of the whole model"
+_ADAPTERS = ("aq", "bq", "av", "bv")
+
+
+def _mse(out: Any, y: Any) -> Any:
+    return jnp.mean((out - y) ** 2)
+
+
+def _adapter_grads(grads: Any) -> dict[tuple, np.ndarray]:
+    """The adapters' gradients of any row, by name (the check compares these)."""
+    if isinstance(grads, dict):
+        return {(name,): np.asarray(grads[name]) for name in _ADAPTERS}
+    tree = grads.blocks.tree
+    return {(name,): np.asarray(getattr(tree, name)) for name in _ADAPTERS}
+
+
+def output_bytes(tree: Any) -> int:
+    """The bytes of every array leaf of `tree` (a `None` leaf holds none)."""
+    return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree) if hasattr(leaf, "nbytes"))
+
+
+def _grad_split(size: FinetuneSize) -> Callable[[], Any]:
+    import treeclass as tc
+
+    model = _treeclass_model(size)
+    params, rest = tc.optim.split(model)
+
+    @jax.jit
+    def gradient(params: Any, rest: Any, x: Any, y: Any) -> Any:
+        return jax.grad(lambda p: _mse(tc.optim.merge(p, rest)(x), y))(params)
+
+    args = (params, rest, *_batch(size))
+    return lambda: gradient(*args)
+
+
+def _grad_whole(size: FinetuneSize) -> Callable[[], Any]:
+    model = _treeclass_model(size)
+
+    @jax.jit
+    def gradient(model: Any, x: Any, y: Any) -> Any:
+        return jax.grad(lambda m: _mse(m(x), y))(model)
+
+    args = (model, *_batch(size))
+    return lambda: gradient(*args)
+
+
+def _grad_floor(size: FinetuneSize) -> Callable[[], Any]:
+    adapters, base = _adapter_arrays(size), _base_arrays(size, 0)
+
+    def forward(adapters: Any, base: Any, x: Any) -> Any:
+        def body(x: Any, block: Any) -> Any:
+            return _block(block[0], block[1], x), None
+
+        return jax.lax.scan(body, x, (base, adapters))[0]
+
+    @jax.jit
+    def gradient(adapters: Any, base: Any, x: Any, y: Any) -> Any:
+        return jax.grad(lambda a: _mse(forward(a, base, x), y))(adapters)
+
+    args = (adapters, base, *_batch(size))
+    return lambda: gradient(*args)
+
+
+def check_split_grads(grads: Any, size: FinetuneSize) -> dict[tuple, np.ndarray]:
+    """The check of the split row: no base-sized array leaves the jitted function (the
+    returned gradient holds the adapters' bytes and nothing else: `None` at every frozen
+    leaf), and `opt.update` and `tc.optim.apply_updates` take it as it is, leaving the
+    base unchanged. Returns the adapters' gradients for the cross-row comparison.
+
+    **Raises**
+
+    `AssertionError` naming the bytes returned, when a frozen leaf's gradient is an array.
+    """
+    import treeclass as tc
+
+    adapters = output_bytes(_adapter_arrays(size))
+    returned = output_bytes(grads)
+    assert grads.blocks.tree.base is None or all(
+        leaf is None for leaf in jax.tree_util.tree_leaves(grads.blocks.tree.base)
+    ), "the gradient holds arrays for the frozen base"
+    assert returned == adapters, (
+        f"the jitted gradient returned {returned:,} bytes; the adapters hold {adapters:,} "
+        f"(the frozen base {size.base_bytes:,}): no base-sized output may leave the jit"
+    )
+    model = _treeclass_model(size)
+    opt = tc.optim.trainable(_optax().adam(_LR), model)
+    updates, _ = opt.update(grads, opt.init(model), model)
+    updated = tc.optim.apply_updates(model, updates)
+    assert updated.blocks.tree.base.wq is model.blocks.tree.base.wq, "the base was replaced"
+    return _adapter_grads(grads)
+
+
+def _grad_entries(size: FinetuneSize) -> list[Entry]:
+    return [
+        Entry(
+            _GRAD_SPLIT,
+            "treeclass",
+            lambda: _grad_split(size),
+            note="`jax.grad` of `tc.optim.merge(params, rest)` over `params` of "
+            "`tc.optim.split(model)`: `None` at the frozen base",
+            canon=lambda grads: check_split_grads(grads, size),
+        ),
+        Entry(
+            _GRAD_WHOLE,
+            "baseline",
+            lambda: _grad_whole(size),
+            note="`jax.grad` of the model: a zero array as large as the frozen base returned",
+            canon=_adapter_grads,
+        ),
+        Entry(
+            _FLOOR,
+            "floor",
+            lambda: _grad_floor(size),
+            note="`jax.grad` of the adapters, the base passed to the jitted function",
+            canon=_adapter_grads,
+        ),
+    ]
+
+
+def finetune_grads_case(size: FinetuneSize, full_only: bool = False) -> Case:
+    """The jitted gradient of a LoRA fine-tune returned to the caller, frozen base of
+    `size.base_bytes`: `tc.optim.split` against the base as a plain argument.
+
+    The check (the first call of each row) asserts that the split row returns the
+    adapters' bytes only, no array for the base, and that `opt.update` and
+    `tc.optim.apply_updates` take that gradient as it is; the verdict is the paired ratio
+    to the floor; the whole-model gradient is a row beside it, for the cost it avoids.
+    """
+    return Case(
+        name=f"finetune_returned_grads_{size.label}",
+        group=_GROUP,
+        title=f"the jitted gradient of a LoRA fine-tune returned to the caller (rank {_RANK}), "
+        f"frozen base of {size.base_bytes / 2**20:,.1f} MiB: {size.blocks} blocks of width "
+        f"{size.width}",
+        entries=lambda: _grad_entries(size),
+        sync=jax.block_until_ready,
+        target=Target(
+            "<= 1.1x vs plain JAX (base as an argument), no base-sized output",
+            "max_ratio",
+            1.1,
+            (_FLOOR,),
+        ),
+        beside=(("whole-model gradient / tc.optim.split", _GRAD_WHOLE, _GRAD_SPLIT),),
+        plan=_plan,
+        full_only=full_only,
+        note="Each call returns the gradient from the jitted function, as gradient "
+        "accumulation or logging does; the split row's check asserts that it holds the "
+        "adapters' bytes only.",
+    )
+
+
+def finetune_grads_cases(sizes: Sizes) -> list[Case]:
+    """The returned-gradient cases: 10 MB, 100 MB and 1 GB bases (the 1 GB one left out of
+    `--quick`); none in the tests' smoke mode (the tests run the case's check directly).
+
+    ```python
+    from benchmarks.cases import FULL_SIZES, SMOKE_SIZES
+    from benchmarks.finetune import finetune_grads_cases
+
+    assert finetune_grads_cases(SMOKE_SIZES) == []
+    assert finetune_grads_cases(FULL_SIZES)[-1].name == "finetune_returned_grads_1GB"
+    ```
+    """
+    if sizes.blocks <= SMOKE_BLOCKS:
+        return []
+    return [finetune_grads_case(size, full_only=size is FULL[-1]) for size in FULL]

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import jax
+
 from .cases import Case, Target, canonical, compare, missing_modules, peer_missing
 from .probes import probe
-from .stats import WITHIN_NOISE, Verdict, judge
+from .stats import WITHIN_NOISE, Verdict, bootstrap_interval, judge, judge_best
 from .timing import Plan, Series, measure
 
 __all__ = [
@@ -110,8 +113,38 @@ def target_verdict(result: CaseResult) -> Verdict | None:
     if found is None:
         return None
     target, tc, bases = found
+    if target.statistic == "best":
+        which = target.paired_with(tc.times, [s.times for _, s in bases])
+        return judge_best(target.direction, target.limit, tc.times, bases[which][1].times)
+    if target.statistic != "paired":
+        raise ValueError(f"unknown target statistic {target.statistic!r}: 'paired' or 'best'")
     values = target.per_round(tc.times, [s.times for _, s in bases])
     return judge(target.direction, target.limit, values)
+
+
+def beside_ratios(result: CaseResult) -> list[dict[str, Any]]:
+    """The case's `beside` ratios against this run: per ratio `label`, `numerator`,
+    `denominator`, and `measured` (the median of the paired per-round ratios over the
+    rounds both rows ran), `low`, `high` (its bootstrap interval) and `rounds`, all
+    `None` when either row went untimed."""
+    out = []
+    for label, numerator, denominator in result.case.beside:
+        item: dict[str, Any] = {
+            "label": label,
+            "numerator": numerator,
+            "denominator": denominator,
+            "measured": None,
+            "low": None,
+            "high": None,
+            "rounds": None,
+        }
+        a, b = result.timed(numerator), result.timed(denominator)
+        if result.status == "ran" and a is not None and b is not None and a.times and b.times:
+            values = [x / y for x, y in zip(a.times, b.times)]
+            low, high = bootstrap_interval(values)
+            item.update(measured=statistics.median(values), low=low, high=high, rounds=len(values))
+        out.append(item)
+    return out
 
 
 def paired_baseline(result: CaseResult) -> str | None:
@@ -166,6 +199,13 @@ def run_case(case: Case, plan: Plan, rng: random.Random) -> CaseResult:
     start = time.perf_counter()
     if case.plan is not None:
         plan = case.plan(plan)
+    if case.backends and jax.default_backend() not in case.backends:
+        return CaseResult(
+            case,
+            "skipped",
+            f"runs on {' or '.join(case.backends)} only (sized for an accelerator); this "
+            f"run's backend is {jax.default_backend()}",
+        )
     missing = missing_modules(case)
     if missing:
         return CaseResult(case, "skipped", f"needs {', '.join(missing)} (not installed)")
@@ -235,7 +275,17 @@ def _remeasure_if_within_noise(
     target = result.case.target
     if target is None or plan.rounds < 2:
         return
-    names = [name for name in ("treeclass", *target.baselines) if result.timed(name)]
+    # the floor row is measured again with the target's rows: every "vs floor" ratio and
+    # every median in the table then rests on the same rounds (a floor timed in the first
+    # rounds only would be paired with a part of the treeclass row its median leaves out)
+    floor = result.by_role("floor")
+    extra_rows = (floor.name,) if floor is not None else ()
+    extra_rows += tuple(name for _, *pair in result.case.beside for name in pair)
+    names = list(
+        dict.fromkeys(
+            name for name in ("treeclass", *target.baselines, *extra_rows) if result.timed(name)
+        )
+    )
     for _ in range(plan.remeasures):
         verdict = target_verdict(result)
         if verdict is None or verdict.status != WITHIN_NOISE:

@@ -419,8 +419,26 @@ def _wall_plan(base: Plan) -> Plan:
     return dataclasses.replace(base, rounds=min(base.rounds, 9), clock="wall")
 
 
+def _compile_plan(base: Plan) -> Plan:
+    # one call per sample, as every compile; up to 8 rounds (a stacked compile is cheap,
+    # the unrolled one a few seconds), so each series has its fast group several times
+    return dataclasses.replace(one_call_per_sample(base), rounds=min(base.rounds, 8))
+
+
 def compile_case(size: StackSize) -> Case:
-    """Lower and compile the train step of a `size.blocks`-block model."""
+    """Lower and compile the train step of a `size.blocks`-block model.
+
+    The verdict is on each implementation's *fastest* compile (`Target.statistic`
+    `"best"`), not the median of paired ratios. A compile is deterministic work, but its
+    samples fall in two groups: on the TPU host the unrolled 48-block compile spread over
+    2.65-8.32 s in two groups. Paired per round, the median ratio then
+    depends on how many of 5-10 rounds landed in the slow group, and the verdict flipped
+    between "met" and "within noise" from one run to the next. The fastest sample is the
+    compiler's work undisturbed; with up to 8 rounds each implementation reaches its fast
+    group several times, and the bootstrap interval of the ratio of minima (each series
+    resampled) stays inside that group. Taking the unrolled model's fastest compile is
+    also the conservative side for this target: it lowers the speed-up claimed.
+    """
     return Case(
         name=f"stacked_compile_{size.blocks}_blocks",
         group=_GROUP,
@@ -433,8 +451,9 @@ def compile_case(size: StackSize) -> Case:
             "min_speedup",
             10.0,
             (_UNROLLED,),
+            statistic="best",
         ),
-        plan=one_call_per_sample,  # a compile takes a second or more
+        plan=_compile_plan,  # a compile takes a second or more
         scope="accelerator",
         note="A fresh step function each call, so JAX traces, lowers and compiles it anew; "
         "the check runs the compiled step once and compares the losses.",

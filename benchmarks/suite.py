@@ -10,11 +10,11 @@ from __future__ import annotations
 import jax
 
 from .cases import FULL_SIZES, Case, Sizes, core_cases
-from .finetune import finetune_cases
+from .finetune import finetune_cases, finetune_grads_cases
 from .nn import nn_cases
 from .sharding import sharding_cases
 from .stacked import periodic_cases, stacked_cases
-from .transformer import gpt_size, transformer_case
+from .transformer import compute_bound_case, gpt_size, transformer_case
 
 __all__ = ["all_cases"]
 
@@ -41,10 +41,12 @@ def all_cases(sizes: Sizes = FULL_SIZES) -> list[Case]:
     backend = "cpu" if sizes.gpt == "smoke" else jax.default_backend()
     return [
         transformer_case(gpt_size(sizes.gpt, backend, sizes.gpt_batch)),
+        *([compute_bound_case()] if sizes.gpt != "smoke" else []),
         *nn_cases(sizes),  # beside the workload case, in its group
         *core_cases(sizes),
         *sharding_cases(sizes),
         *stacked_cases(sizes),
         *periodic_cases(sizes),
         *finetune_cases(sizes),
+        *finetune_grads_cases(sizes),
     ]

@@ -214,5 +214,12 @@ def measure(
 
 
 def median_ratio(a: Series, b: Series) -> float:
-    """The median over rounds of `a`'s time divided by `b`'s time in the same round."""
-    return statistics.median(x / y for x, y in zip(a.times, b.times))
+    """The median over rounds of `a`'s time divided by `b`'s time in the same round.
+
+    Only the rounds both series ran are paired: round `i` of one with round `i` of the
+    other (a re-measure appends rounds to some rows only; their extra rounds have no
+    partner and are left out)."""
+    shared = min(len(a.times), len(b.times))
+    if shared == 0:
+        raise ValueError("median_ratio needs a round both series ran")
+    return statistics.median(a.times[i] / b.times[i] for i in range(shared))

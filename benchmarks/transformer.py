@@ -57,6 +57,7 @@ __all__ = [
     "gpt_size",
     "peak_flops",
     "transformer_case",
+    "compute_bound_case",
 ]
 
 _GROUP = "0. real workload"
@@ -110,6 +111,13 @@ _PRESETS: dict[str, tuple[GPTSize, GPTSize]] = {
     "quick": (GPTSize(12, 768, 12, 1024, 4, 50304, 3), GPTSize(2, 128, 4, 128, 4, 1024, 1)),
     "smoke": (GPTSize(2, 16, 2, 8, 2, 64, 1), GPTSize(2, 16, 2, 8, 2, 64, 1)),
 }
+
+
+# the compute-bound size, for an accelerator only: wider than GPT-2 small and a batch of
+# 8,192 tokens a step (about 10.5 TFLOP), while three implementations' parameters and adam
+# moments (about 2.4 GB each) and one step's activations fit a 16 GB chip
+COMPUTE_BOUND = GPTSize(12, 1024, 16, 512, 16, 50304, 5)
+ACCELERATORS = ("tpu", "gpu")
 
 
 def gpt_size(preset: str, backend: str, batch: int | None = None) -> GPTSize:
@@ -437,6 +445,9 @@ def transformer_case(size: GPTSize) -> Case:
         modules=("optax",),
         target=Target("<= 1.02x vs plain JAX (steps/s within 2%)", "max_ratio", 1.02, (_FLOOR,)),
         rtol=2e-3,  # bf16: a scan and an unrolled loop fuse, so round, differently
+        # the target pairs tc.Stacked with a scan as plain JAX writes it; every scanned
+        # model may still step slower than the unrolled one: say so beside the verdict
+        beside=(("tc.Stacked step / unrolled step", _STACKED, _UNROLLED),),
         plan=plan,
         rate=("steps/s", size.steps),
         work={"tokens": float(size.tokens * size.steps), "flops": size.flops_per_step * size.steps},
@@ -444,4 +455,41 @@ def transformer_case(size: GPTSize) -> Case:
         "counts batch x sequence per step; *MFU* is the model FLOPs per second (6 N per "
         "token for the N matrix-product parameters, plus 12 x blocks x sequence x width for "
         "attention) over the device's peak, given in the run's header.",
+    )
+
+
+def compute_bound_case(size: GPTSize = COMPUTE_BOUND) -> Case:
+    """The GPT training loop at a size that keeps an accelerator busy, its MFU reported.
+
+    Only the stack, the unrolled blocks and plain JAX's scan (the peers' rows are in
+    `transformer_training_loop`), so three models and their adam moments fit one chip. No
+    speed target: the figure is the MFU of each row (the aim is half the chip's peak with
+    stacked blocks) and, beside it, the stacked step against the unrolled one. Skipped on
+    the CPU, whose run would take minutes and say nothing about an accelerator.
+
+    ```python
+    from benchmarks.transformer import compute_bound_case
+
+    case = compute_bound_case()
+    assert case.backends == ("tpu", "gpu") and case.target is None
+    ```
+    """
+    base = transformer_case(size)
+
+    def entries() -> list[Entry]:
+        return [e for e in base.entries() if e.name in (_STACKED, _UNROLLED, _FLOOR)]
+
+    return dataclasses.replace(
+        base,
+        name="transformer_compute_bound",
+        title=f"GPT training loop, compute-bound size: {size.steps} adam step(s) of "
+        f"{size.blocks} blocks of width {size.width} ({size.heads} heads), sequence "
+        f"{size.seq}, batch {size.batch}, vocabulary {size.vocab:,}, bf16 compute",
+        entries=entries,
+        modules=("optax",),
+        target=None,
+        backends=ACCELERATORS,
+        note=base.note + " Sized to be compute-bound on an accelerator (about "
+        f"{size.flops_per_step / 1e12:.1f} TFLOP a step): the MFU column is the figure; "
+        "the aim is half the chip's peak with stacked blocks.",
     )
