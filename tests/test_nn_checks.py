@@ -289,7 +289,9 @@ CALLS = [
 ]
 
 
-@pytest.mark.parametrize(("layer", "build", "shape", "expected"), CALLS, ids=str)
+@pytest.mark.parametrize(
+    ("layer", "build", "shape", "expected"), CALLS, ids=lambda v: "build" if callable(v) else str(v)
+)
 def test_a_call_on_the_wrong_feature_size_names_the_argument_and_both_shapes(
     layer, build, shape, expected
 ):
