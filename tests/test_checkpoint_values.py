@@ -612,6 +612,9 @@ def test_a_dtype_the_device_cannot_hold_is_refused_by_key_path_before_anything_i
     with pytest.raises(ValueError, match=r"cannot restore tree\['w'\] \(int4, on cpu\)") as info:
         tc.load(path, abstract)
     assert "tree['x']" not in str(info.value)  # only the leaf it cannot hold
+    placed = {"w": jnp.zeros(4, ml_dtypes.int4), "x": jnp.zeros(2, np.float32)}
+    with pytest.raises(ValueError, match=r"cannot restore tree\['w'\] \(int4, on cpu\)"):
+        tc.load(path, placed)  # a template already on the device is refused alike
     # the fixes the message offers work: NumPy on the host, or a rule converting it
     host = tc.load(path, {"w": np.zeros(4, ml_dtypes.int4), "x": np.zeros(2, np.float32)})
     assert host["w"].tolist() == [0, 1, 2, 3] and isinstance(host["w"], np.ndarray)

@@ -167,12 +167,13 @@ _UNHOLDABLE = (
 
 def _unholdable_on(template: object) -> str | None:
     """The platform that cannot hold the array `template` stands for, if any."""
-    if not isinstance(template, (jax.Array, jax.ShapeDtypeStruct)):
-        return None  # (NumPy templates stay on the host)
-    sharding = getattr(template, "sharding", None)
-    devices = getattr(sharding, "device_set", None)
+    if not isinstance(template, (jax.Array, jax.ShapeDtypeStruct)) or is_prng_key(template):
+        return None  # (NumPy templates stay on the host; key arrays hold no such dtype)
+    name = np.dtype(template.dtype).name
+    if not any(name in names for names in DEVICE_CANNOT_HOLD.values()):
+        return None  # asked of every restored leaf: no device lookup in the common case
+    devices = getattr(template.sharding, "device_set", None)
     platforms = {d.platform for d in devices} if devices else {jax.default_backend()}
-    name = np.dtype(template.dtype).name if not is_prng_key(template) else ""
     return next((p for p in sorted(platforms) if name in DEVICE_CANNOT_HOLD.get(p, ())), None)
 
 
