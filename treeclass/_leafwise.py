@@ -250,7 +250,6 @@ def leafwise(cls: _T) -> _T:
 
 # -- bcmap ---------------------------------------------------------------------------------
 
-_BCMAP_NOT_CALLABLE_MSG = "bcmap(func) needs a callable `func`, got a {type}."
 _BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
 _BCMAP_WHOLE_NOTE = (
     "bcmap passed {arg} whole to every call: its structure differs from that of {ref}, "
@@ -360,8 +359,7 @@ def bcmap(
     assert tc.bcmap(lambda x, y: x + y, broadcast_to="y")(x=1, y=[2, 3]) == [3, 4]
     ```
     """
-    if not callable(func):
-        raise TypeError(_BCMAP_NOT_CALLABLE_MSG.format(type=type(func).__name__))
+    check_callable(func, "bcmap", "func")
     check_callable(is_leaf, "bcmap", "is_leaf", optional=True)
 
     @functools.wraps(func)

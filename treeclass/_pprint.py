@@ -49,7 +49,7 @@ from jax.typing import DTypeLike
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
 from ._structure import key_text, wrapper_of
-from ._values import array_type, local_copy, offer_display, readable_here
+from ._values import array_type, local_copy, offer_display, readable_here, short_repr
 
 __all__ = [
     "tree_repr",
@@ -382,13 +382,6 @@ def function_text(fn: Callable[..., object]) -> str:
     return f"{name}{bare}"
 
 
-def _safe_repr(x: object, as_str: bool) -> str:
-    try:
-        return str(x) if as_str else repr(x)
-    except Exception as error:  # printing must never be the thing that fails
-        return f"<{type(x).__name__} object (repr failed: {type(error).__name__})>"
-
-
 def _leaf_text(x: object, as_str: bool = False) -> str:
     """The text of a value shown as a leaf (not opened into children)."""
     rule = rule_for(x)
@@ -402,15 +395,10 @@ def _leaf_text(x: object, as_str: bool = False) -> str:
         return _array_str(x) if as_str else array_repr(x)
     if isinstance(x, jax.ShapeDtypeStruct):
         return array_type(x.dtype, tuple(x.shape))
-    if isinstance(x, str):  # `str` of a tree shows its strings as `str` does: unquoted
-        return str(x) if as_str else repr(x)
-    if x is None or type(x) in (bool, int, float, complex):
-        return repr(x)
-    if x is Ellipsis:  # a placeholder in `tc.Partial` arguments
-        return "..."
     if is_function(x):
         return function_text(x)
-    return _safe_repr(x, as_str)
+    # `str` of a tree shows strings unquoted, as `str` does, but numbers by their repr
+    return short_repr(x, None, str if as_str and type(x) not in _NUMBERS else repr)
 
 
 # -- nodes -------------------------------------------------------------------------------
@@ -427,7 +415,8 @@ class _Parts(NamedTuple):
     single_comma: bool = False  # a one-element tuple keeps its comma
 
 
-_ATOMS = frozenset({int, float, bool, str, complex, type(None), bytes})
+_NUMBERS = frozenset({int, float, bool, complex})
+_ATOMS = frozenset({*_NUMBERS, str, type(None), bytes})
 
 
 def _node_parts(

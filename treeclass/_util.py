@@ -19,6 +19,8 @@ from ._values import (
     readable_here,
     register_childless,
     root_name,
+    sharding_spec,
+    short_repr,
 )
 
 __all__ = ["is_tree_equal", "Partial"]
@@ -203,12 +205,11 @@ def is_tree_equal(*trees: object) -> Any:
             try:
                 equal = _leaves_equal(a, b)
             except _UnreadableLeaf as error:
-                sharding = error.array.sharding
-                message = UNREADABLE_LEAF_MSG.format(
-                    where=leaf_path_str(first, index),
-                    sharding=f"sharding {getattr(sharding, 'spec', sharding)}",
-                )
-                raise ValueError(message) from None
+                sharding = f"sharding {sharding_spec(error.array)}"
+                where = leaf_path_str(first, index)
+                raise ValueError(
+                    UNREADABLE_LEAF_MSG.format(where=where, sharding=sharding)
+                ) from None
             if equal is True:
                 continue
             if isinstance(equal, _Tracer):
@@ -243,15 +244,10 @@ def check_callable(
     if optional and value is None:
         return
     if not callable(value):
-        text = repr(value)
-        text = text if len(text) <= 40 else text[:37] + "..."
+        what += " (or None)" if optional else ""
         raise TypeError(
             _NOT_CALLABLE_MSG.format(
-                where=where,
-                arg=arg,
-                what=what + (" (or None)" if optional else ""),
-                value=text,
-                type=type(value).__name__,
+                where=where, arg=arg, what=what, value=short_repr(value), type=type(value).__name__
             )
         )
 
@@ -268,7 +264,6 @@ def add_leaf_note(error: BaseException, note: str) -> None:
 # as static, comparing and hashing it as part of the tree definition on every call. So
 # its arguments are compared like static values, strictly, and its hash is computed once.
 
-_PARTIAL_NOT_CALLABLE_MSG = "Partial(func, ...) needs a callable `func`, got a {type}."
 _PARTIAL_MISSING_MSG = (
     "{name} has {holes} placeholder(s) `...` to fill, but was called with only {given} "
     "positional argument(s). Pass one positional argument per `...`:\n"
@@ -329,8 +324,7 @@ class Partial(Generic[_R]):
     _key: Any  # the exact key of (func, args, keywords), computed on first use
 
     def __init__(self, func: Callable[..., _R], /, *args: Any, **kwargs: Any) -> None:
-        if not callable(func):
-            raise TypeError(_PARTIAL_NOT_CALLABLE_MSG.format(type=type(func).__name__))
+        check_callable(func, "Partial", "func")
         _set_partial(self, func, args, kwargs)
 
     @property
