@@ -281,10 +281,7 @@ def bcmap(
 ) -> Callable[..., Any]: ...
 @overload
 def bcmap(
-    func: Callable[..., Any],
-    broadcast_to: _Tree,
-    *,
-    is_leaf: Callable[[Any], bool] | None = None,
+    func: Callable[..., Any], broadcast_to: _Tree, *, is_leaf: Callable[[Any], bool] | None = None
 ) -> Callable[..., _Tree]: ...
 def bcmap(
     func: Callable[..., Any],

@@ -19,15 +19,7 @@ import numbers
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import (
-    Any,
-    NamedTuple,
-    SupportsComplex,
-    SupportsFloat,
-    TypeAlias,
-    TypeGuard,
-    final,
-)
+from typing import Any, NamedTuple, SupportsComplex, SupportsFloat, TypeAlias, TypeGuard, final
 
 import jax
 import jax.numpy as jnp
@@ -638,36 +630,6 @@ def _one_line(x: object) -> str:
     return _layout(x, math.inf, 0, math.inf, False, None)
 
 
-class _EntryOptions(NamedTuple):
-    is_leaf: Callable[[Any], bool] | None
-    hidden: bool  # show `repr=False` fields
-    repeats: int | None
-    open_runs: bool  # give folded runs their entries as children (the HTML view)
-
-
-def _entries(x: object, key: str, depth: float, options: _EntryOptions) -> Entry:
-    parts = _node_parts(x, options.is_leaf, options.hidden)
-    if parts is None or not parts.items or depth <= 0:
-        if parts is not None and parts.items:  # cut by depth
-            text = parts.cut
-        else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
-            text = _flat(_doc(x, depth, False, options.repeats))
-        return Entry(f"{key}={text}" if key else text, (), x)
-    children = []
-    for item in fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
-        if type(item) is not Run:
-            children.append(_entries(item[2], item[1], depth - 1, options))
-            continue
-        label = f"{item.keys}: {len(item.items)} more {item.signature}"
-        inner: tuple[Entry, ...] = ()
-        if options.open_runs:
-            inner = tuple(
-                _entries(child, child_key, depth - 1, options) for _, child_key, child in item.items
-            )
-        children.append(Entry(label, inner, item.items[0][2], True))
-    return Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
-
-
 def picture_entries(
     tree: object,
     depth: float,
@@ -677,8 +639,31 @@ def picture_entries(
     hidden: bool = True,
     open_runs: bool = False,
 ) -> Entry:
+    """The tree as labelled entries, which the diagram, graph, mermaid chart and HTML draw.
+
+    `hidden` shows `repr=False` fields; `open_runs` gives folded runs their children.
+    """
     _check_options(depth, is_leaf, repeats)
-    return _entries(tree, "", depth, _EntryOptions(is_leaf, hidden, repeats, open_runs))
+
+    def entries(x: object, key: str, depth: float) -> Entry:
+        parts = _node_parts(x, is_leaf, hidden)
+        if parts is None or not parts.items or depth <= 0:
+            if parts is not None and parts.items:  # cut by depth
+                text = parts.cut
+            else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
+                text = _flat(_doc(x, depth, False, repeats))
+            return Entry(f"{key}={text}" if key else text, (), x)
+        children = []
+        for item in fold_runs(parts.items, repeats, is_leaf, hidden):
+            if type(item) is not Run:
+                children.append(entries(item[2], item[1], depth - 1))
+                continue
+            label = f"{item.keys}: {len(item.items)} more {item.signature}"
+            inner = [entries(c, k, depth - 1) for _, k, c in item.items] if open_runs else []
+            children.append(Entry(label, tuple(inner), item.items[0][2], True))
+        return Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
+
+    return entries(tree, "", depth)
 
 
 def tree_diagram(
@@ -1139,9 +1124,7 @@ def _type_name(kind: object) -> str:
 
 
 def tree_repr_with_trace(
-    tree: object,
-    is_leaf: Callable[[Any], bool] | None = None,
-    transpose: bool = False,
+    tree: object, is_leaf: Callable[[Any], bool] | None = None, transpose: bool = False
 ) -> Any:
     """The tree with each leaf replaced by a small table of its value, name path and type path.
 

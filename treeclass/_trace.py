@@ -65,9 +65,7 @@ def _node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
 
 
 def _flatten_with_path_stopping(
-    tree: object,
-    is_leaf: Callable[[Any], bool] | None,
-    is_trace_leaf: Callable[[Trace], bool],
+    tree: object, is_leaf: Callable[[Any], bool] | None, is_trace_leaf: Callable[[Trace], bool]
 ) -> tuple[list, Any]:
     """`tree_flatten_with_path` where `is_trace_leaf(trace)` can also make a node a leaf."""
     # JAX calls `is_leaf` on every node in depth-first pre-order, with its key path: the
