@@ -345,14 +345,6 @@ class _Reference(NamedTuple):
     treedef: Any
 
 
-class _Arguments(NamedTuple):
-    """The call's arguments sorted: which are mapped leaf by leaf, which passed whole."""
-
-    positional: list[tuple[int, list[Any]]]  # (position, leaves) of the mapped ones
-    keywords: list[tuple[str, list[Any]]]  # (keyword, leaves) of the mapped ones
-    whole: list[tuple[str, Any]]  # (name, treedef) of trees of another structure
-
-
 def _reference(
     broadcast_to: object, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
 ) -> _Reference | None:
@@ -398,8 +390,9 @@ def _reference(
 
 def _sort_arguments(
     ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
-) -> _Arguments:
-    """Map the arguments with the reference's structure; pass every other one whole."""
+) -> tuple[list[tuple[int, list]], list[tuple[str, list]], list[tuple[str, Any]]]:
+    """`(position, leaves)` of the positional arguments with the reference's structure,
+    `(keyword, leaves)` of the keyword ones, and `(name, treedef)` of the other trees."""
     whole: list[tuple[str, Any]] = []
 
     def leaves_if_mapped(arg: object, name: str) -> list | None:
@@ -421,7 +414,7 @@ def _sort_arguments(
 
     positional = mapped(enumerate(args), ref.position, "positional argument {}")
     keywords = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
-    return _Arguments(positional, keywords, whole)
+    return positional, keywords, whole
 
 
 def _broadcast_call(
@@ -434,11 +427,10 @@ def _broadcast_call(
     ref = _reference(broadcast_to, args, kwargs, is_leaf)
     if ref is None:
         return func(*args, **kwargs)
-    sorted_args = _sort_arguments(ref, args, kwargs, is_leaf)
+    mapped_args, mapped_kwargs, whole = _sort_arguments(ref, args, kwargs, is_leaf)
     # one call per leaf of the reference, run in C (`map`/`starmap`) when no keyword is
     # mapped; when one raises, how far the counted iterator got says which leaf it was for
     count = ref.treedef.num_leaves
-    mapped_args, mapped_kwargs = sorted_args.positional, sorted_args.keywords
     if mapped_args:
         columns: list[Any] = [repeat(arg) for arg in args]
         for position, leaves in mapped_args:
@@ -463,7 +455,7 @@ def _broadcast_call(
         path = leaf_path_str(ref.value, index, is_leaf)
         name = getattr(func, "__name__", None) or type(func).__name__
         add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=name, path=path))
-        for arg, treedef in sorted_args.whole:
+        for arg, treedef in whole:
             whole = dict(arg=arg, ref=ref.name, ref_def=ref.treedef, arg_def=treedef)
             add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(**whole))
         raise

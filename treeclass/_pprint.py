@@ -896,18 +896,17 @@ def _sharding_text(x: object) -> str:
     wrapper = wrapper_of(x)
     if wrapper is not None:  # a frozen array replicated over the mesh says so
         return _sharding_text(wrapper.unwrap(x))
-    if isinstance(x, jax.ShapeDtypeStruct):  # a template: where its array will go, any mesh
-        spec = getattr(x.sharding, "spec", None)
-        return "" if spec is None else repr(spec)
-    if not isinstance(x, jax.Array) or isinstance(x, Tracer):
+    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or isinstance(x, Tracer):
         flat = children_of(x)  # a node shown as one value (a stacked leaf): its array's
         return _sharding_text(flat[0][1]) if flat is not None and len(flat) == 1 else ""
     try:
-        sharding = x.sharding
-        if len(sharding.device_set) <= 1:
+        spec = getattr(x.sharding, "spec", None)
+        if isinstance(x, jax.ShapeDtypeStruct):  # a template: where its array will go
+            return "" if spec is None else repr(spec)
+        devices = len(x.sharding.device_set)
+        if devices <= 1:
             return ""
-        spec = getattr(sharding, "spec", None)
-        return repr(spec) if spec is not None else f"{len(sharding.device_set)} devices"
+        return repr(spec) if spec is not None else f"{devices} devices"
     except Exception:
         return ""
 
