@@ -456,7 +456,9 @@ def _broadcast_call(
         name = getattr(func, "__name__", None) or type(func).__name__
         add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=name, path=path))
         for arg, treedef in whole:
-            whole = dict(arg=arg, ref=ref.name, ref_def=ref.treedef, arg_def=treedef)
-            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(**whole))
+            note = _BCMAP_WHOLE_NOTE.format(
+                arg=arg, ref=ref.name, ref_def=ref.treedef, arg_def=treedef
+            )
+            add_leaf_note(error, note)
         raise
     return ref.treedef.unflatten(out)

@@ -19,7 +19,7 @@ import numbers
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple, SupportsComplex, SupportsFloat, TypeAlias, TypeGuard, final
+from typing import Any, NamedTuple, SupportsFloat, TypeAlias, TypeGuard, final
 
 import jax
 import jax.numpy as jnp
@@ -238,12 +238,6 @@ def _number_text(value: SupportsFloat) -> str:
     return f"{value:.2f}"
 
 
-def _complex_text(value: SupportsComplex) -> str:
-    number = complex(value)
-    imag = _number_text(abs(number.imag))
-    return f"{_number_text(number.real)}{'-' if math.copysign(1, number.imag) < 0 else '+'}{imag}j"
-
-
 def array_repr(x: Any, head: str | None = None, as_str: bool = False) -> str:
     """`tree_repr`'s text of an array: its type (`f32[3]`, or `head` in its place, as a
     stack writes `48×f32[3]`) and its statistics (`(μ=…, σ=…, ∈[…])`) where it has them;
@@ -279,13 +273,13 @@ def array_repr(x: Any, head: str | None = None, as_str: bool = False) -> str:
         return head
     mark = "sampled " if sampled else ""
     if kind == "complex":
-        mean, std = stats
-        return f"{head}({mark}μ={_complex_text(mean)}, σ={_number_text(std)})"
+        mean = complex(stats[0])
+        sign = "-" if math.copysign(1, mean.imag) < 0 else "+"
+        mean_text = f"{_number_text(mean.real)}{sign}{_number_text(abs(mean.imag))}j"
+        return f"{head}({mark}μ={mean_text}, σ={_number_text(stats[1])})"
     mean, std, low, high = stats
-    if kind == "int":
-        bounds = f"{int(low)},{int(high)}"
-    else:
-        bounds = f"{_number_text(low)},{_number_text(high)}"
+    bound = int if kind == "int" else _number_text
+    bounds = f"{bound(low)},{bound(high)}"
     return f"{head}({mark}μ={_number_text(mean)}, σ={_number_text(std)}, ∈[{bounds}])"
 
 
@@ -378,13 +372,6 @@ def _signature(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -
     return f"{parts.open}{body}{',' if parts.single_comma else ''}{parts.close}"
 
 
-def _run_key(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> Any:
-    # plain Python values never fold: their values are the information (layer sizes)
-    if type(x) in _ATOMS:
-        return None
-    return type(x), _signature(x, is_leaf, hidden)
-
-
 class Run(NamedTuple):
     """The middle of a long run of siblings of one type and structure, shown as one entry."""
 
@@ -413,7 +400,11 @@ def fold_runs(
     """
     if repeats is None or len(items) <= 2 * repeats + 1:
         return items
-    keys = [_run_key(child, is_leaf, hidden) for _, _, child in items]
+    # plain Python values never fold: their values are the information (layer sizes)
+    keys = [
+        None if type(x) in _ATOMS else (type(x), _signature(x, is_leaf, hidden))
+        for _, _, x in items
+    ]
     out: list[Any] = []
     start, count = 0, len(items)
     while start < count:
@@ -624,10 +615,6 @@ class Entry(NamedTuple):
     children: tuple[Entry, ...]
     value: Any = None  # the node or leaf shown (a folded run's first child)
     run: bool = False  # a folded run: `children` are its entries when they were asked for
-
-
-def _one_line(x: object) -> str:
-    return _layout(x, math.inf, 0, math.inf, False, None)
 
 
 def picture_entries(
@@ -1170,7 +1157,7 @@ def tree_repr_with_trace(
     def table(trace: tuple[Sequence[object], Sequence[object]], leaf: object) -> _TraceTable:
         keys, kinds = trace
         rows = [
-            ["Value", _one_line(leaf)],
+            ["Value", _layout(leaf, math.inf, 0, math.inf, False, None)],  # on one line
             ["Name path", "->".join(map(str, keys))],  # PyTreeClass v0.4's `.b->.c->[0]`
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
