@@ -78,11 +78,11 @@ def _check_options(depth: object = 0, is_leaf: object = None, repeats: object = 
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
     if is_leaf is not None and not callable(is_leaf):
         raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
-    if repeats is not None and (
-        isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral)
-    ):
+    if repeats is None:
+        return
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
         raise TypeError(_REPEATS_MSG.format(value=repeats))
-    if repeats is not None and repeats < 0:
+    if repeats < 0:
         raise ValueError(_REPEATS_MSG.format(value=repeats))
 
 
@@ -182,11 +182,8 @@ def _corners(x: Any) -> np.ndarray:
             local.append(axis[inside] - start)
         if any(len(p) == 0 for p in positions):
             continue
-        if _on_cpu(data):
-            values = to_host(data)[np.ix_(*local)]
-        else:
-            values = to_host(data[np.ix_(*local)])
-        out[np.ix_(*positions)] = values
+        picked = np.ix_(*local)  # a CPU shard is read in place, another indexed where it lives
+        out[np.ix_(*positions)] = to_host(data)[picked] if _on_cpu(data) else to_host(data[picked])
     return out
 
 
@@ -1132,16 +1129,8 @@ def tree_repr_with_trace(
     ```python
     import treeclass as tc
 
-    tables = tc.tree_repr_with_trace({"a": [1.0]})
-    assert tables["a"][0] == (
-        "┌───────────┬─────────────┐\\n"
-        "│ Value     │ 1.0         │\\n"
-        "├───────────┼─────────────┤\\n"
-        "│ Name path │ ['a']->[0]  │\\n"
-        "├───────────┼─────────────┤\\n"
-        "│ Type path │ list->float │\\n"
-        "└───────────┴─────────────┘"
-    )
+    table = tc.tree_repr_with_trace({"a": [1.0]})["a"][0]
+    assert "│ Name path │ ['a']->[0]  │" in table and "│ Type path │ list->float │" in table
     assert tc.tree_repr_with_trace({"a": 1}, transpose=True)["a"] == (
         "┌───────┬───────────┬───────────┐\\n"
         "│ Value │ Name path │ Type path │\\n"
