@@ -24,12 +24,6 @@ Trace = tuple[tuple[Any, ...], tuple[type, ...]]
 _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path
 _ROOT_TRACE: Trace = ((), ())
 
-_IS_TRACE_LEAF_JAX_MSG = (
-    "`is_trace_leaf` needs JAX 0.6.2 or newer (it asks `tree_flatten_with_path` to pass "
-    "key paths to `is_leaf`), but JAX {version} is installed. Upgrade JAX, or select the "
-    "nodes by value with `is_leaf=` instead."
-)
-
 
 def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
     """For every leaf of `treedef`, the types of the nodes between the root and the leaf."""
@@ -81,12 +75,7 @@ def _flatten_with_path_stopping(
             return True
         return bool(is_trace_leaf((keys, tuple(path_types))))
 
-    try:
-        return _tree_flatten_with_path(tree, is_leaf=stop, is_leaf_takes_path=True)
-    except TypeError as error:
-        if "is_leaf_takes_path" not in str(error):
-            raise
-        raise TypeError(_IS_TRACE_LEAF_JAX_MSG.format(version=jax.__version__)) from None
+    return _tree_flatten_with_path(tree, is_leaf=stop, is_leaf_takes_path=True)
 
 
 def tree_flatten_with_trace(
@@ -109,8 +98,8 @@ def tree_flatten_with_trace(
     - `tree`: any pytree.
     - `is_leaf`: as in `jax.tree_util`.
     - `is_trace_leaf`: called with the trace of every node (the root's is `((), ())`); the
-      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2).
-      Needs JAX 0.6.2 or newer, and costs a Python call per node.
+      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2);
+      it costs a Python call per node.
 
     **Returns**
 
