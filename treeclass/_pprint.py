@@ -932,17 +932,13 @@ def _row_role(roles: Iterable[str]) -> str:
     return found.pop() if len(found) == 1 else _roles.MIXED
 
 
-def _role_footer(totals: dict[str, list[int]], statics: list[Any]) -> list[list[str]]:
-    """The `Σ` rows of each role present, then of the static values, above the total."""
-    rows = []
-    for role in _ROLE_ORDER:
-        if role in totals:
-            count, size = totals[role]
-            rows.append(["Σ", "", f"{count:,}", _size_text(size), role, ""])
+def _role_footer(totals: dict[str, list[int]], tree: object) -> list[list[str]]:
+    """The `Σ` rows of each role present, then of the tree's static values, above the total."""
+    sums = [(role, *totals[role]) for role in _ROLE_ORDER if role in totals]
+    statics = [value for _, _, value in _roles.static_values(tree)]
     if statics:
-        count, size = _totals(statics)
-        rows.append(["Σ", "", f"{count:,}", _size_text(size), _roles.STATIC, ""])
-    return rows
+        sums.append((_roles.STATIC, *_totals(statics)))
+    return [["Σ", "", f"{count:,}", _size_text(size), role, ""] for role, count, size in sums]
 
 
 def _stopped_role(x: object) -> str:
@@ -1075,9 +1071,7 @@ def tree_summary(
     show_roles = any(role != _roles.TRAINABLE for role in role_totals)
     sharded = any(row[5] for row in rows)
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
-    footer = []
-    if show_roles:
-        footer = _role_footer(role_totals, [v for _, _, v in _roles.static_values(tree)])
+    footer = _role_footer(role_totals, tree) if show_roles else []
     table += footer
     count = sum(c for c, _ in role_totals.values())
     size = sum(s for _, s in role_totals.values())
