@@ -89,11 +89,10 @@ def _binary_map(
         others, other_def = _flatten(other)
         if other_def != treedef:
             left, right = (other_def, treedef) if reflected else (treedef, other_def)
-            raise ValueError(
-                _OPERAND_STRUCTURE_MSG.format(
-                    symbol=symbol, cls=cls.__name__, left=left, right=right
-                )
+            message = _OPERAND_STRUCTURE_MSG.format(
+                symbol=symbol, cls=cls.__name__, left=left, right=right
             )
+            raise ValueError(message)
     else:
         others = repeat(other)
     remaining = iter(leaves)
@@ -358,14 +357,11 @@ def _reference(
     elif isinstance(broadcast_to, (int, np.integer)):  # a bool too, as in sepes
         count = len(args)
         if not -count <= broadcast_to < count:
-            raise TypeError(
-                _BCMAP_POSITION_MSG.format(
-                    given=broadcast_to,
-                    position=int(broadcast_to),
-                    count=count,
-                    s="" if count == 1 else "s",
-                )
+            s = "" if count == 1 else "s"
+            message = _BCMAP_POSITION_MSG.format(
+                given=broadcast_to, position=int(broadcast_to), count=count, s=s
             )
+            raise TypeError(message)
         position = int(broadcast_to) % count
     elif broadcast_to is not None:
         value, name = broadcast_to, "broadcast_to"
