@@ -934,11 +934,16 @@ def _row_role(roles: Iterable[str]) -> str:
 
 def _role_footer(totals: dict[str, list[int]], tree: object) -> list[list[str]]:
     """The `Σ` rows of each role present, then of the tree's static values, above the total."""
-    sums = [(role, *totals[role]) for role in _ROLE_ORDER if role in totals]
+    sums = [(role, totals[role]) for role in _ROLE_ORDER if role in totals]
+    rows = [_sum_row(role, count, size) for role, (count, size) in sums]
     statics = [value for _, _, value in _roles.static_values(tree)]
     if statics:
-        sums.append((_roles.STATIC, *_totals(statics)))
-    return [["Σ", "", f"{count:,}", _size_text(size), role, ""] for role, count, size in sums]
+        rows.append(_sum_row(_roles.STATIC, *_totals(statics)))
+    return rows
+
+
+def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
+    return ["Σ", kind, f"{count:,}", _size_text(size), role, ""]
 
 
 def _stopped_role(x: object) -> str:
@@ -1075,7 +1080,7 @@ def tree_summary(
     table += footer
     count = sum(c for c, _ in role_totals.values())
     size = sum(s for _, s in role_totals.values())
-    table.append(["Σ", type(tree).__name__, f"{count:,}", _size_text(size), "", ""])
+    table.append(_sum_row("", count, size, type(tree).__name__))
     keep = (True, True, True, True, show_roles, sharded)
     table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
     right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)
