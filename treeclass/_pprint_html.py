@@ -227,8 +227,7 @@ def treescope_repr(
     # a rule's children, else the fields (a rule's text is for the other printers)
     view = view_of(tree) or node_type(tree)
     items = (None if view is None else view.items(tree, False)) or []
-    statics = row_of(tree).static_names(tree)
-    static_labels = frozenset(f"{name}=" for name in statics)
+    static_labels = frozenset(f"{name}=" for name in row_of(tree).static_names(tree))
     # a rule may name the node otherwise (`Stacked[48×Block]`); else its qualified class
     named = None if view is None else view.type_name(tree)
     type_name = (
@@ -280,9 +279,7 @@ class Printed:
     def __str__(self) -> str:
         return tree_str(self)
 
-    # a descriptor, not a method: IPython gets a bound method on instances, while treescope,
-    # which adds a "rich HTML" box for any class with a callable `_repr_html_`, sees none
-    _repr_html_ = html_display
+    _repr_html_ = html_display  # a method of instances only (see `_HtmlDisplay`)
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Callable[..., Any]) -> Any:
         # called by treescope only, once it is imported
