@@ -68,9 +68,6 @@ STATS_EXACT_MAX = 1 << 20
 STATS_SAMPLE_SIZE = 1 << 16
 
 
-# -- arguments -------------------------------------------------------------------------
-
-
 def _check_options(depth: object = 0, is_leaf: object = None, repeats: object = None) -> None:
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
         raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))

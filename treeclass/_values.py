@@ -124,6 +124,18 @@ def is_inexact_array(x: object) -> bool:
     return False
 
 
+def is_bool_mask_leaf(x: object) -> bool:
+    """Whether `x` can be a leaf of a bool mask tree: a bool, or a concrete bool scalar array."""
+    if isinstance(x, (bool, np.bool_)):
+        return True
+    return (
+        isinstance(x, (jax.Array, np.ndarray))
+        and not isinstance(x, Tracer)
+        and x.shape == ()
+        and x.dtype == np.bool_
+    )
+
+
 def host_bytes(array: ArrayLike) -> np.ndarray:
     """The array's bytes on the host as a flat uint8 view (a PRNG key's key data); raises
     `TypeError` for an object array, and JAX's error for an array this process cannot read."""
@@ -262,21 +274,6 @@ def exact_key(value: Any) -> Any:
     except TypeError:  # unhashable node data
         return ByIdentity(value)
     return key
-
-
-# -- leaves of masks --------------------------------------------------------------------------
-
-
-def is_bool_mask_leaf(x: object) -> bool:
-    """Whether `x` can be a leaf of a bool mask tree: a bool, or a concrete bool scalar array."""
-    if isinstance(x, (bool, np.bool_)):
-        return True
-    return (
-        isinstance(x, (jax.Array, np.ndarray))
-        and not isinstance(x, Tracer)
-        and x.shape == ()
-        and x.dtype == np.bool_
-    )
 
 
 # -- text for messages ----------------------------------------------------------------------
