@@ -270,17 +270,6 @@ def test_is_trace_leaf_error_from_the_predicate_propagates():
         traces({"a": 1}, is_trace_leaf=lambda t: 1 / 0)
 
 
-def test_is_trace_leaf_on_an_old_jax_names_the_version(monkeypatch):
-    from treeclass import _trace
-
-    def old_flatten_with_path(tree, is_leaf=None):
-        return jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
-
-    monkeypatch.setattr(_trace, "_tree_flatten_with_path", old_flatten_with_path)
-    with pytest.raises(TypeError, match=r"`is_trace_leaf` needs JAX 0\.6\.2 or newer"):
-        traces({"a": 1}, is_trace_leaf=lambda t: False)
-
-
 # -- laws: agreement with jax.tree_util and with a node-by-node walk ----------------------------
 
 leaf_values = st.one_of(

@@ -219,7 +219,9 @@ def test_short_repr_is_one_line_cut_and_never_raises():
 
     assert _values.short_repr("a\nb") == "'a\\nb'"
     assert len(_values.short_repr("x" * 100)) == 40
-    assert _values.short_repr(Broken()) == "<Broken>"
+    assert _values.short_repr(Broken()) == "<Broken object (repr failed: RuntimeError)>"
+    assert _values.short_repr(...) == "..."
+    assert _values.short_repr("a\nb" * 30, None, str) == "a\nb" * 30  # whole, as printers show it
 
 
 def test_path_text_names_the_root():

@@ -1,9 +1,8 @@
 """Leafwise operators (`leafwise`) and broadcasting maps over trees (`bcmap`).
 
-Both are one `jax.tree_util.tree_flatten` per tree argument, a `map` over the leaves and
-one `unflatten`: the same work as `jax.tree_util.tree_map`, so they cost the same. When a
-leaf raises, how far the leaves iterator got says which leaf it was; its key path is only
-computed then, on the error path.
+Both cost what `jax.tree_util.tree_map` does: a flatten per tree, a `map` run in C over the
+leaves and one `unflatten`. When a leaf raises, how far the leaves iterator got says which
+leaf it was; its key path is computed only then.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import math
 import operator
 from collections.abc import Callable, Iterable
 from itertools import repeat, starmap
-from typing import Any, NamedTuple, Protocol, TypeGuard, TypeVar, overload
+from typing import Any, NamedTuple, Protocol, TypeVar, overload
 
 import jax
 import jax.numpy as jnp
@@ -43,12 +42,9 @@ _OPERAND_STRUCTURE_MSG = (
 _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
 
 
-# -- leaf functions for math.floor / ceil / trunc ----------------------------------------
-# `math.floor(array)` only works on scalars (and concretizes tracers); arrays take the
-# elementwise NumPy/JAX function, Python numbers keep `math` semantics (an int back).
-
-
 def _rounding(name: str) -> Callable[[Any], Any]:
+    # `math.floor(array)` works on scalars only: arrays take the elementwise NumPy/JAX
+    # function, Python numbers keep `math` semantics (an int back)
     jax_fn, numpy_fn, math_fn = getattr(jnp, name), getattr(np, name), getattr(math, name)
 
     def rounded(x: jax.Array | np.ndarray | float) -> Any:
@@ -59,15 +55,10 @@ def _rounding(name: str) -> Callable[[Any], Any]:
     return rounded
 
 
-# -- the two loops -----------------------------------------------------------------------
-# `list(map(...))` runs the loop in C. When a leaf raises, the leaves iterator has been
-# advanced just past it, so its remaining length says which leaf it was.
-
-
 def _note_leaf(
     error: BaseException, tree: object, leaves: list, remaining: object, symbol: str
 ) -> None:
-    index = len(leaves) - operator.length_hint(remaining) - 1
+    index = len(leaves) - operator.length_hint(remaining) - 1  # the iterator is past it
     leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
     path = leaf_path_str(tree, index)
     add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
@@ -98,11 +89,10 @@ def _binary_map(
         others, other_def = _flatten(other)
         if other_def != treedef:
             left, right = (other_def, treedef) if reflected else (treedef, other_def)
-            raise ValueError(
-                _OPERAND_STRUCTURE_MSG.format(
-                    symbol=symbol, cls=cls.__name__, left=left, right=right
-                )
+            message = _OPERAND_STRUCTURE_MSG.format(
+                symbol=symbol, cls=cls.__name__, left=left, right=right
             )
+            raise ValueError(message)
     else:
         others = repeat(other)
     remaining = iter(leaves)
@@ -194,26 +184,19 @@ def leafwise(cls: _T) -> _T:
 
     Adds `+ - * / // % ** @`, `divmod`, `& | ^ << >>` (with their reflected forms),
     `== != < <= > >=`, `-x`, `+x`, `abs`, `~`, `round`, `math.floor`, `math.ceil` and
-    `math.trunc`. A binary operator with another instance of `cls` (or of a subclass)
-    combines the two trees leaf by leaf (they must have the same structure, else
-    `ValueError`); with any other value it applies that value to every leaf. Results are
-    new trees of the same structure; `divmod` gives one tree whose leaves are
-    `(quotient, remainder)` pairs, as `tree_map(divmod, ...)` (and PyTreeClass) do, both
-    `divmod(tree, x)` and `divmod(x, tree)`. Comparisons return
-    a tree of booleans, usable directly as an `.at[...]` mask, so `==` no longer answers
-    "are these trees equal?": use `tc.is_tree_equal` for that.
-
-    Static fields and frozen leaves (`tc.freeze`) are not leaves, so they are left as
-    they are. Methods written in the class body itself are kept (note that `@dataclass`
-    writes `__eq__` into the body: pass `eq=False` to get a leafwise `==`). An error
-    raised at a leaf gets a note naming it (`tree.b[0]`).
-
+    `math.trunc`. With another instance of `cls` (or of a subclass) a binary operator
+    combines the two trees leaf by leaf (same structure, else `ValueError`); with any other
+    value it applies that value to every leaf. `divmod` gives one tree of `(quotient,
+    remainder)` pairs, as PyTreeClass does. Comparisons give a tree of booleans, usable as
+    an `.at[...]` mask, so `==` no longer answers "are these trees equal?":
+    `tc.is_tree_equal` does. Static fields and frozen values are not leaves and stay as
+    they are; methods written in the class body win (`@dataclass` writes `__eq__`: pass
+    `eq=False` for a leafwise `==`). An error at a leaf gets a note naming it.
     `class Tree(tc.TreeClass, leafwise=True)` is the same as decorating the class.
 
     **Arguments**
 
-    - `cls`: a `TreeClass` subclass, or any class registered as a pytree (before or after
-      decorating).
+    - `cls`: a `TreeClass` subclass, or any class registered as a pytree.
 
     **Returns**
 
@@ -250,7 +233,6 @@ def leafwise(cls: _T) -> _T:
 
 # -- bcmap ---------------------------------------------------------------------------------
 
-_BCMAP_NOT_CALLABLE_MSG = "bcmap(func) needs a callable `func`, got a {type}."
 _BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
 _BCMAP_WHOLE_NOTE = (
     "bcmap passed {arg} whole to every call: its structure differs from that of {ref}, "
@@ -273,16 +255,8 @@ _BCMAP_KEYWORD_MSG = (
 _LEAF_TYPES = (int, float, complex, bool, str, bytes, np.ndarray, np.generic, jax.Array)
 
 
-def _func_name(func: object) -> str:
-    return getattr(func, "__name__", None) or type(func).__name__
-
-
 class BroadcastMap(Protocol):
-    """What `bcmap(func)` returns, as type checkers see it: a tree of the first argument's type.
-
-    (With a leaf as the first argument the result is `func`'s own; the class of every node
-    of a tree is kept, the types of its leaves are `func`'s results.)
-    """
+    """What `bcmap(func)` returns, as type checkers see it: a tree of the first argument's type."""
 
     @overload
     def __call__(self, tree: _Tree, /, *args: Any, **kwargs: Any) -> _Tree: ...
@@ -306,10 +280,7 @@ def bcmap(
 ) -> Callable[..., Any]: ...
 @overload
 def bcmap(
-    func: Callable[..., Any],
-    broadcast_to: _Tree,
-    *,
-    is_leaf: Callable[[Any], bool] | None = None,
+    func: Callable[..., Any], broadcast_to: _Tree, *, is_leaf: Callable[[Any], bool] | None = None
 ) -> Callable[..., _Tree]: ...
 def bcmap(
     func: Callable[..., Any],
@@ -319,33 +290,25 @@ def bcmap(
 ) -> Any:
     """Map `func` over the leaves of its first argument, broadcasting other arguments.
 
-    The returned function takes the arguments of `func`. Its first argument (the first
-    positional one, or the first keyword one when there is none) fixes the structure of
-    the map, as in PyTreeClass. Every other argument, positional or keyword, with exactly
-    that structure is mapped leaf by leaf along with it; any other argument (a scalar, an
-    array, `None`, or a tree of another structure, such as `axis=(0, 1)`) is passed
-    unchanged to every call. `func` is called once per leaf of the first argument and the
-    results form a tree of its structure; when the first argument is a leaf, that is one
-    plain call. With no arguments, `func()` is called.
+    The first argument (positional, else the first keyword one) fixes the structure, as in
+    PyTreeClass: every other argument of exactly that structure is mapped leaf by leaf
+    along with it, and any other (a scalar, an array, `None`, a tree of another structure
+    such as `axis=(0, 1)`) is passed whole to every call. The results form a tree of the
+    first argument's structure; when it is a leaf, that is one plain call. An error raised
+    by `func` gets a note naming the leaf, and the arguments passed whole because their
+    structure differs.
 
     **Arguments**
 
     - `func`: the function to map.
-    - `broadcast_to`: what fixes the structure instead of the first argument: an int,
-      the position of a positional argument (`True` and `False` are 1 and 0, as in
-      sepes), or a str, the name of a keyword argument (sepes's meaning); or a tree,
-      whose structure is mapped over (so `func` may be called with the same arguments
-      for every leaf). Either way an argument of that
-      structure is mapped and any other is broadcast.
-    - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves. It
-      applies to every argument when comparing structures.
+    - `broadcast_to`: what fixes the structure instead: an int, the position of a
+      positional argument (`True` and `False` are 1 and 0, as in sepes); a str, the name
+      of a keyword argument; or a tree, whose structure is mapped over.
+    - `is_leaf`: as in `jax.tree_util`, for every argument.
 
     **Returns**
 
     A function with the signature of `func` that maps it over its first argument.
-
-    An error raised by `func` gets a note naming the leaf it was called for, and the
-    arguments passed whole because their structure differs.
 
     ```python
     import jax.numpy as jnp
@@ -360,8 +323,7 @@ def bcmap(
     assert tc.bcmap(lambda x, y: x + y, broadcast_to="y")(x=1, y=[2, 3]) == [3, 4]
     ```
     """
-    if not callable(func):
-        raise TypeError(_BCMAP_NOT_CALLABLE_MSG.format(type=type(func).__name__))
+    check_callable(func, "bcmap", "func")
     check_callable(is_leaf, "bcmap", "is_leaf", optional=True)
 
     @functools.wraps(func)
@@ -382,20 +344,6 @@ class _Reference(NamedTuple):
     treedef: Any
 
 
-def _is_position(x: object) -> TypeGuard[int | np.integer]:
-    # a Python bool is an int here as in sepes, which indexes the arguments with it
-    # (`broadcast_to=True` is position 1); a NumPy bool is no index there, nor here
-    return isinstance(x, (int, np.integer))
-
-
-class _Arguments(NamedTuple):
-    """The call's arguments sorted: which are mapped leaf by leaf, which passed whole."""
-
-    positional: list[tuple[int, list[Any]]]  # (position, leaves) of the mapped ones
-    keywords: list[tuple[str, list[Any]]]  # (keyword, leaves) of the mapped ones
-    whole: list[tuple[str, Any]]  # (name, treedef) of trees of another structure
-
-
 def _reference(
     broadcast_to: object, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
 ) -> _Reference | None:
@@ -406,17 +354,14 @@ def _reference(
             shown = ", ".join(f"`{k}`" for k in kwargs) or "none"
             raise TypeError(_BCMAP_KEYWORD_MSG.format(key=broadcast_to, keywords=shown))
         key = broadcast_to
-    elif _is_position(broadcast_to):
+    elif isinstance(broadcast_to, (int, np.integer)):  # a bool too, as in sepes
         count = len(args)
         if not -count <= broadcast_to < count:
-            raise TypeError(
-                _BCMAP_POSITION_MSG.format(
-                    given=broadcast_to,
-                    position=int(broadcast_to),
-                    count=count,
-                    s="" if count == 1 else "s",
-                )
+            s = "" if count == 1 else "s"
+            message = _BCMAP_POSITION_MSG.format(
+                given=broadcast_to, position=int(broadcast_to), count=count, s=s
             )
+            raise TypeError(message)
         position = int(broadcast_to) % count
     elif broadcast_to is not None:
         value, name = broadcast_to, "broadcast_to"
@@ -441,8 +386,9 @@ def _reference(
 
 def _sort_arguments(
     ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
-) -> _Arguments:
-    """Map the arguments with the reference's structure; pass every other one whole."""
+) -> tuple[list[tuple[int, list]], list[tuple[str, list]], list[tuple[str, Any]]]:
+    """`(position, leaves)` of the positional arguments with the reference's structure,
+    `(keyword, leaves)` of the keyword ones, and `(name, treedef)` of the other trees."""
     whole: list[tuple[str, Any]] = []
 
     def leaves_if_mapped(arg: object, name: str) -> list | None:
@@ -464,25 +410,23 @@ def _sort_arguments(
 
     positional = mapped(enumerate(args), ref.position, "positional argument {}")
     keywords = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
-    return _Arguments(positional, keywords, whole)
+    return positional, keywords, whole
 
 
-def _map_calls(
+def _broadcast_call(
     func: Callable[..., Any],
-    ref: _Reference,
-    sorted_args: _Arguments,
-    args: tuple,
-    kwargs: dict,
-    on_error: Callable[[BaseException, int], None],
-) -> list[Any]:
-    """Call `func` once per leaf of the reference, in flatten order.
-
-    Calls run in C (`map`/`starmap`) when no keyword is mapped. When a call raises,
-    `on_error(error, index)` is told which leaf's call it was (for the map, from how far
-    the counted iterator got) before the error propagates.
-    """
+    broadcast_to: object,
+    is_leaf: Callable[[Any], bool] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    ref = _reference(broadcast_to, args, kwargs, is_leaf)
+    if ref is None:
+        return func(*args, **kwargs)
+    mapped_args, mapped_kwargs, whole = _sort_arguments(ref, args, kwargs, is_leaf)
+    # one call per leaf of the reference, run in C (`map`/`starmap`) when no keyword is
+    # mapped; when one raises, how far the counted iterator got says which leaf it was for
     count = ref.treedef.num_leaves
-    mapped_args, mapped_kwargs = sorted_args.positional, sorted_args.keywords
     if mapped_args:
         columns: list[Any] = [repeat(arg) for arg in args]
         for position, leaves in mapped_args:
@@ -503,35 +447,14 @@ def _map_calls(
             call = functools.partial(func, **kwargs) if kwargs else func
             out = list(map(call, *columns) if mapped_args else starmap(call, columns))
     except Exception as error:
-        on_error(error, len(out) if mapped_kwargs else count - operator.length_hint(counted) - 1)
-        raise
-    return out
-
-
-def _broadcast_call(
-    func: Callable[..., Any],
-    broadcast_to: object,
-    is_leaf: Callable[[Any], bool] | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    ref = _reference(broadcast_to, args, kwargs, is_leaf)
-    if ref is None:
-        return func(*args, **kwargs)
-    sorted_args = _sort_arguments(ref, args, kwargs, is_leaf)
-
-    def note(error: BaseException, index: int) -> None:
+        index = len(out) if mapped_kwargs else count - operator.length_hint(counted) - 1
         path = leaf_path_str(ref.value, index, is_leaf)
-        add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=_func_name(func), path=path))
-        for name, treedef in sorted_args.whole:
-            add_leaf_note(
-                error,
-                _BCMAP_WHOLE_NOTE.format(
-                    arg=name,
-                    ref=ref.name,
-                    ref_def=ref.treedef,
-                    arg_def=treedef,
-                ),
+        name = getattr(func, "__name__", None) or type(func).__name__
+        add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=name, path=path))
+        for arg, treedef in whole:
+            note = _BCMAP_WHOLE_NOTE.format(
+                arg=arg, ref=ref.name, ref_def=ref.treedef, arg_def=treedef
             )
-
-    return ref.treedef.unflatten(_map_calls(func, ref, sorted_args, args, kwargs, note))
+            add_leaf_note(error, note)
+        raise
+    return ref.treedef.unflatten(out)

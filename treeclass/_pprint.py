@@ -1,24 +1,13 @@
-"""Printing trees: `tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`, `tree_graph`,
-`tree_mermaid` and `tree_repr_with_trace`.
+"""Text printers: `tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`, `tree_graph`,
+`tree_mermaid` and `tree_repr_with_trace`, on any pytree.
 
-Every printer works on any pytree and shares four pieces:
-
-- how one value is shown (arrays as `f32[3](μ=…, σ=…, ∈[…])`, tracers as their type,
-  frozen values with `#`, functions as their signature, and the rules added with
-  `register_printer`, see `_pprint_registry`);
-- how a node is opened into labelled children: the printer registry's `view_of`, its
-  rules first, then the row of the node's kind (`_structure.node_type`, a `NodeKind`);
-  `repr=False` fields show only in the debugging views (diagram, graph, mermaid);
-- how long runs of siblings of one type and structure (the layers of a big model) are
-  folded into one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry (`fold_runs`);
-  the values of folded children are never computed, which is what keeps printing a
-  1,000-layer model fast;
-- for the pictures, a small tree of labelled entries (`_entries`) that the diagram, the
-  graph, the mermaid chart and the notebook display each draw in their own way.
-
-The layout of `tree_repr` is computed bottom-up once: each node knows the length of its
-one-line form before any text is built, so deciding where to break costs one pass and
-building the text another, whatever the depth.
+They share how a value is shown (`_leaf_text`, `array_repr`; `register_printer` rules
+first), how a node opens into labelled children (`_pprint_registry.view_of`), how long
+runs of same-structure siblings fold into one `… 994 more Linear(...) …` entry without
+computing the folded values (`fold_runs`), and, for the pictures, a tree of labelled
+entries (`Entry`) that the diagram, graph, mermaid chart and notebook view each draw.
+`tree_repr` lays out bottom-up: each node knows its one-line width before any text is
+built, so breaking lines costs one pass whatever the depth.
 """
 
 from __future__ import annotations
@@ -30,15 +19,7 @@ import numbers
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import (
-    Any,
-    NamedTuple,
-    SupportsComplex,
-    SupportsFloat,
-    TypeAlias,
-    TypeGuard,
-    final,
-)
+from typing import Any, NamedTuple, SupportsFloat, TypeAlias, TypeGuard, final
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +30,7 @@ from jax.typing import DTypeLike
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
 from ._structure import key_text, wrapper_of
-from ._values import array_type, local_copy, offer_display, readable_here
+from ._values import array_type, local_copy, offer_display, readable_here, short_repr
 
 __all__ = [
     "tree_repr",
@@ -61,8 +42,6 @@ __all__ = [
     "tree_repr_with_trace",
     "array_repr",
 ]
-# also used by the notebook printers of `_pprint_html` (not public API): DEFAULT_REPEATS,
-# Entry, Run, fold_runs, function_text, is_function, picture_entries
 
 _DEPTH_TYPE_MSG = (
     "`depth` must be a number (an int, or `float('inf')` for no limit), got {value!r}."
@@ -76,36 +55,32 @@ _REPEATS_MSG = (
     "each end of a run of siblings of one type and structure), got {value!r}."
 )
 
-# How many children of a run of same-type, same-structure siblings the printers keep at
-# each end by default; the middle of a longer run is one `… n more T(...) …` entry.
-DEFAULT_REPEATS = 3
-# A folded run names its children's structure up to this many characters, else `T(...)`.
-_RUN_SIGNATURE_MAX = 72
-
-_Tracer = Tracer
+DEFAULT_REPEATS = 3  # children of a long run of siblings kept at each end
+_RUN_SIGNATURE_MAX = 72  # a folded run names its children's structure up to this, else `T(...)`
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-
-# Statistics of arrays at least this big, living on an accelerator, are reduced on the
-# device and only four numbers come back; smaller (or host) arrays are copied to host
-# once and reduced with numpy, which avoids compiling a reduction per shape.
+# Accelerator arrays this big are reduced where they live (four numbers come back); smaller
+# or host ones are reduced with numpy on the host, with no reduction compiled per shape.
 _DEVICE_STATS_MIN_SIZE = 1 << 20
-# Up to this size, statistics take a shortcut with less Python overhead than `np.std`.
-_SMALL_ARRAY_SIZE = 1 << 16
-# Host arrays above this many elements show statistics of a fixed sample of their
-# elements, marked `sampled`: a few milliseconds whatever the size (every element of a
-# 1 GiB array took seconds), so a model of billions of parameters prints at once.
+_SMALL_ARRAY_SIZE = 1 << 16  # up to this size, a shortcut cheaper than `np.std`
+# Host arrays above STATS_EXACT_MAX elements show statistics of STATS_SAMPLE_SIZE of them,
+# marked `sampled`: milliseconds whatever the size, so a billion-parameter model prints.
 STATS_EXACT_MAX = 1 << 20
 STATS_SAMPLE_SIZE = 1 << 16
 
 
-# -- arguments -------------------------------------------------------------------------
-
-
-def _check_depth(depth: object) -> None:
+def _check_options(depth: object = 0, is_leaf: object = None, repeats: object = None) -> None:
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
         raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))
     if not depth >= 0:  # type: ignore[operator]  # (also rejects nan; numbers.Real has no <)
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
+    if is_leaf is not None and not callable(is_leaf):
+        raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
+    if repeats is None:
+        return
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
+        raise TypeError(_REPEATS_MSG.format(value=repeats))
+    if repeats < 0:
+        raise ValueError(_REPEATS_MSG.format(value=repeats))
 
 
 def _check_int(value: object, name: str, low: int) -> None:
@@ -115,40 +90,23 @@ def _check_int(value: object, name: str, low: int) -> None:
         raise ValueError(_INT_VALUE_MSG.format(name=name, low=low, value=value))
 
 
-def _check_is_leaf(is_leaf: object) -> None:
-    if is_leaf is not None and not callable(is_leaf):
-        raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
-
-
-def _check_repeats(repeats: object) -> None:
-    if repeats is None:
-        return
-    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
-        raise TypeError(_REPEATS_MSG.format(value=repeats))
-    if repeats < 0:
-        raise ValueError(_REPEATS_MSG.format(value=repeats))
-
-
 # -- one value ---------------------------------------------------------------------------
+
+
+_KINDS = (("bool", jnp.bool_), ("complex", jnp.complexfloating), ("float", jnp.floating))
 
 
 @functools.cache
 def _dtype_kind(dtype: DTypeLike) -> str:
     if jnp.issubdtype(dtype, jax.dtypes.extended):
         return "extended"  # e.g. PRNG keys: no numbers to summarize, no numpy view
-    for kind, family in (
-        ("bool", jnp.bool_),
-        ("complex", jnp.complexfloating),
-        ("float", jnp.floating),
-        ("int", jnp.integer),
-    ):
+    for kind, family in (*_KINDS, ("int", jnp.integer)):
         if jnp.issubdtype(dtype, family):
             return kind
     return "other"
 
 
-# The two seams of array statistics, replaced by tests (no accelerator in CI) to count
-# host copies and to take the accelerator path on CPU arrays.
+# `to_host` and `reduce_on_device`: the seams tests replace (CI has no accelerator)
 
 
 def to_host(x: object) -> np.ndarray:
@@ -158,9 +116,7 @@ def to_host(x: object) -> np.ndarray:
 
 def reduce_on_device(x: object) -> bool:
     """Whether `x`'s statistics are reduced where it lives (a large accelerator array)."""
-    if not isinstance(x, jax.Array) or x.size < _DEVICE_STATS_MIN_SIZE:
-        return False
-    return not all(device.platform == "cpu" for device in x.sharding.device_set)
+    return isinstance(x, jax.Array) and x.size >= _DEVICE_STATS_MIN_SIZE and not _on_cpu(x)
 
 
 def _spread_text(x: Any) -> str:
@@ -183,11 +139,8 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
 
 
 def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
-    """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards.
-
-    An array over several devices gives one piece per distinct shard, under its index in
-    `x` (replicas once), so displaying it never gathers it onto one device.
-    """
+    """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards under
+    their index (replicas once), so displaying it never gathers it onto one device."""
     x = local_copy(x)
     if not isinstance(x, jax.Array) or len(x.sharding.device_set) <= 1:
         return [(None, x)]
@@ -201,11 +154,6 @@ def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
     return pieces
 
 
-def _host_pieces(x: object) -> list[tuple[tuple[slice, ...] | None, np.ndarray]]:
-    """`_pieces(x)` on the host (a CPU array is read in place)."""
-    return [(index, to_host(data)) for index, data in _pieces(x)]
-
-
 def _on_cpu(x: object) -> bool:
     return not isinstance(x, jax.Array) or all(
         device.platform == "cpu" for device in x.sharding.device_set
@@ -213,13 +161,9 @@ def _on_cpu(x: object) -> bool:
 
 
 def _corners(x: Any) -> np.ndarray:
-    """The elements of `x` NumPy shows when it summarizes `x`, as a small host array.
-
-    Along each axis longer than `2 * edgeitems` it keeps the first and last `edgeitems`
-    positions with one position between them, which NumPy (printing with `threshold=0`)
-    elides as `...`: the text is the whole array's, read from a few elements. Each shard
-    gives the corners it holds; an accelerator shard is indexed where it lives.
-    """
+    """The elements of `x` NumPy's summary shows, as a small host array: per long axis the
+    first and last `edgeitems` and one between (elided as `...` with `threshold=0`). Each
+    shard gives the corners it holds, indexed where it lives."""
     edge = np.get_printoptions()["edgeitems"]
     axes = [np.r_[0:edge, edge, n - edge : n] if n > 2 * edge else np.arange(n) for n in x.shape]
     out = np.empty(tuple(len(a) for a in axes), dtype=x.dtype)
@@ -235,11 +179,8 @@ def _corners(x: Any) -> np.ndarray:
             local.append(axis[inside] - start)
         if any(len(p) == 0 for p in positions):
             continue
-        if _on_cpu(data):
-            values = to_host(data)[np.ix_(*local)]
-        else:
-            values = to_host(data[np.ix_(*local)])
-        out[np.ix_(*positions)] = values
+        picked = np.ix_(*local)  # a CPU shard is read in place, another indexed where it lives
+        out[np.ix_(*positions)] = to_host(data)[picked] if _on_cpu(data) else to_host(data[picked])
     return out
 
 
@@ -247,30 +188,23 @@ _GOLDEN = (math.sqrt(5) - 1) / 2
 
 
 def _sample(host: np.ndarray, count: int) -> np.ndarray:
-    """`count` elements of `host` spread over it, the same ones every time (no copy of it).
-
-    Position `k` is at the fraction `k * φ mod 1` of the buffer: evenly spread, and, the
-    step being irrational, never in step with a row length (a fixed stride can pick one
-    column of a matrix). NumPy's random generators cost most of a second to start.
-    """
+    """`count` elements of `host` spread over it, the same every time: element `k` at the
+    fraction `k * φ mod 1`, never in step with a row length as a fixed stride can be (and
+    NumPy's random generators take most of a second to start)."""
     picks = ((np.arange(count) * _GOLDEN) % 1.0 * host.size).astype(np.int64)
     picks.sort()  # in memory order: fewer cache misses on a big buffer
     return host.reshape(-1)[picks] if host.flags.c_contiguous else host.flat[picks]
 
 
 def _stats(x: Any, kind: str) -> tuple[tuple[Any, ...], bool]:
-    """`((mean, std, min, max), sampled)` (`(mean, std)` for complex), as host scalars.
-
-    Above `STATS_EXACT_MAX` elements a host array is summarized by `STATS_SAMPLE_SIZE`
-    elements picked at random (`sampled` is then True); a large accelerator array is
-    reduced exactly where it lives.
-    """
+    """`((mean, std, min, max), sampled)` (`(mean, std)` for complex), as host scalars."""
     if reduce_on_device(local_copy(x)):
         return jax.device_get(_device_stats(local_copy(x), kind)), False
     size = math.prod(x.shape)
     sampled = size > STATS_EXACT_MAX
     parts = []
-    for _, host in _host_pieces(x):
+    for _, data in _pieces(x):
+        host = to_host(data)
         if sampled:
             host = _sample(host, max(1, STATS_SAMPLE_SIZE * host.size // size))
         parts.append(host.reshape(-1) if host.flags.c_contiguous else host.ravel())
@@ -298,15 +232,10 @@ def _number_text(value: SupportsFloat) -> str:
     return f"{value:.2f}"
 
 
-def _complex_text(value: SupportsComplex) -> str:
-    number = complex(value)
-    imag = _number_text(abs(number.imag))
-    return f"{_number_text(number.real)}{'-' if math.copysign(1, number.imag) < 0 else '+'}{imag}j"
-
-
-def array_repr(x: Any, head: str | None = None) -> str:
+def array_repr(x: Any, head: str | None = None, as_str: bool = False) -> str:
     """`tree_repr`'s text of an array: its type (`f32[3]`, or `head` in its place, as a
-    stack writes `48×f32[3]`) and its statistics (`(μ=…, σ=…, ∈[…])`) where it has them.
+    stack writes `48×f32[3]`) and its statistics (`(μ=…, σ=…, ∈[…])`) where it has them;
+    with `as_str`, `tree_str`'s: its values as NumPy prints them.
 
     ```python
     import jax.numpy as jnp
@@ -317,48 +246,35 @@ def array_repr(x: Any, head: str | None = None) -> str:
     ```
     """
     shape = tuple(x.shape)
-    if head is None:
-        head = array_type(x.dtype, shape)
-    if isinstance(x, _Tracer):
-        return head
+    head = array_type(x.dtype, shape) if head is None else head
     kind = _dtype_kind(x.dtype)
-    size = math.prod(shape)
+    if isinstance(x, Tracer) or (as_str and kind == "extended"):
+        return head
     if not readable_here(x):  # shape, dtype and sharding only: no value of it is here
         return f"{head}({_spread_text(x)})"
-    if kind in ("other", "extended") or size == 0:
-        return head
     try:
-        if not shape:
-            return f"{head}({str(_host_pieces(x)[0][1][()])})"
-        if kind == "bool":
+        if as_str and isinstance(x, jax.Array) and x.size > np.get_printoptions()["threshold"]:
+            with np.printoptions(threshold=0):  # numpy summarizes: a few elements suffice
+                return str(_corners(x))
+        if as_str:
+            return str(to_host(local_copy(x)))
+        if kind in ("other", "extended") or math.prod(shape) == 0 or (kind == "bool" and shape):
             return head
+        if not shape:
+            return f"{head}({str(to_host(_pieces(x)[0][1])[()])})"
         stats, sampled = _stats(x, kind)
     except Exception:  # a deleted (donated) buffer, an exotic dtype: the type still helps
         return head
     mark = "sampled " if sampled else ""
     if kind == "complex":
-        mean, std = stats
-        return f"{head}({mark}μ={_complex_text(mean)}, σ={_number_text(std)})"
+        mean = complex(stats[0])
+        sign = "-" if math.copysign(1, mean.imag) < 0 else "+"
+        mean_text = f"{_number_text(mean.real)}{sign}{_number_text(abs(mean.imag))}j"
+        return f"{head}({mark}μ={mean_text}, σ={_number_text(stats[1])})"
     mean, std, low, high = stats
-    if kind == "int":
-        bounds = f"{int(low)},{int(high)}"
-    else:
-        bounds = f"{_number_text(low)},{_number_text(high)}"
+    bound = int if kind == "int" else _number_text
+    bounds = f"{bound(low)},{bound(high)}"
     return f"{head}({mark}μ={_number_text(mean)}, σ={_number_text(std)}, ∈[{bounds}])"
-
-
-def _array_str(x: Any) -> str:
-    if isinstance(x, _Tracer) or _dtype_kind(x.dtype) == "extended":
-        return array_type(x.dtype, tuple(x.shape))
-    if not readable_here(x):
-        return f"{array_type(x.dtype, tuple(x.shape))}({_spread_text(x)})"
-    try:
-        if isinstance(x, jax.Array) and x.size > np.get_printoptions()["threshold"]:
-            with np.printoptions(threshold=0):  # numpy summarizes: a few elements suffice
-                return str(_corners(x))
-        return str(to_host(local_copy(x)))
-    except Exception:
-        return array_type(x.dtype, tuple(x.shape))
 
 
 def is_function(x: object) -> TypeGuard[Callable[..., object]]:
@@ -382,13 +298,6 @@ def function_text(fn: Callable[..., object]) -> str:
     return f"{name}{bare}"
 
 
-def _safe_repr(x: object, as_str: bool) -> str:
-    try:
-        return str(x) if as_str else repr(x)
-    except Exception as error:  # printing must never be the thing that fails
-        return f"<{type(x).__name__} object (repr failed: {type(error).__name__})>"
-
-
 def _leaf_text(x: object, as_str: bool = False) -> str:
     """The text of a value shown as a leaf (not opened into children)."""
     rule = rule_for(x)
@@ -399,18 +308,13 @@ def _leaf_text(x: object, as_str: bool = False) -> str:
     if isinstance(x, _ARRAY_TYPES):
         if isinstance(x, np.generic) and as_str:
             return str(x)
-        return _array_str(x) if as_str else array_repr(x)
+        return array_repr(x, as_str=as_str)
     if isinstance(x, jax.ShapeDtypeStruct):
         return array_type(x.dtype, tuple(x.shape))
-    if isinstance(x, str):  # `str` of a tree shows its strings as `str` does: unquoted
-        return str(x) if as_str else repr(x)
-    if x is None or type(x) in (bool, int, float, complex):
-        return repr(x)
-    if x is Ellipsis:  # a placeholder in `tc.Partial` arguments
-        return "..."
     if is_function(x):
         return function_text(x)
-    return _safe_repr(x, as_str)
+    # `str` of a tree shows strings unquoted, as `str` does, but numbers by their repr
+    return short_repr(x, None, str if as_str and type(x) not in _NUMBERS else repr)
 
 
 # -- nodes -------------------------------------------------------------------------------
@@ -427,16 +331,14 @@ class _Parts(NamedTuple):
     single_comma: bool = False  # a one-element tuple keeps its comma
 
 
-_ATOMS = frozenset({int, float, bool, str, complex, type(None), bytes})
+_NUMBERS = frozenset({int, float, bool, complex})
+_ATOMS = frozenset({*_NUMBERS, str, type(None), bytes})
 
 
 def _node_parts(
     x: object, is_leaf: Callable[[Any], bool] | None = None, hidden: bool = False
 ) -> _Parts | None:
-    """`x` opened into labelled children, or None when it is shown as a leaf.
-
-    `hidden` also opens fields declared with `repr=False` (for the debugging views).
-    """
+    """`x` opened into labelled children (`hidden`: also `repr=False` fields), or None."""
     view = view_of(x, is_leaf)
     items = None if view is None else view.items(x, hidden)
     if view is None or items is None:  # a leaf, or an object JAX does not open
@@ -452,11 +354,8 @@ def _node_parts(
 
 
 def _signature(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> str:
-    """`x`'s type and structure without its values: `Linear(weight=f32[8,8], bias=f32[8])`.
-
-    Leaves show their type (`f32[8,8]`, `str`, `function`), so two layers that differ only
-    in their numbers or names have the same signature.
-    """
+    """`x`'s type and structure without its values (leaves by their type): two layers that
+    differ only in their numbers share `Linear(weight=f32[8,8], bias=f32[8])`."""
     wrapper = wrapper_of(x)
     if wrapper is not None:
         return wrapper.mark + _signature(wrapper.unwrap(x), is_leaf, hidden)
@@ -465,14 +364,6 @@ def _signature(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -
         return _leaf_type(x)
     body = ", ".join(label + _signature(child, is_leaf, hidden) for label, _, child in parts.items)
     return f"{parts.open}{body}{',' if parts.single_comma else ''}{parts.close}"
-
-
-def _run_key(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> Any:
-    # Plain Python values never fold: their values are the information (a list of layer
-    # sizes), and they cost nothing to print.
-    if type(x) in _ATOMS:
-        return None
-    return type(x), _signature(x, is_leaf, hidden)
 
 
 class Run(NamedTuple):
@@ -503,7 +394,11 @@ def fold_runs(
     """
     if repeats is None or len(items) <= 2 * repeats + 1:
         return items
-    keys = [_run_key(child, is_leaf, hidden) for _, _, child in items]
+    # plain Python values never fold: their values are the information (layer sizes)
+    keys = [
+        None if type(x) in _ATOMS else (type(x), _signature(x, is_leaf, hidden))
+        for _, _, x in items
+    ]
     out: list[Any] = []
     start, count = 0, len(items)
     while start < count:
@@ -530,15 +425,9 @@ def fold_runs(
 # -- tree_repr / tree_str: layout ---------------------------------------------------------
 
 
-def _atom_size(text: str) -> float:
-    return math.inf if "\n" in text else len(text)
-
-
 @final  # `type(doc) is not _Group` then tells the checkers that `doc` is a `str`
-class _Group:
+class _Group(NamedTuple):
     """A node's text before layout: one line if it fits, else one child per line."""
-
-    __slots__ = ("open", "close", "items", "comma", "size")
 
     open: str
     close: str
@@ -546,15 +435,15 @@ class _Group:
     comma: bool
     size: float  # the width of the one-line form (infinite if a value spans lines)
 
-    def __init__(self, open: str, close: str, items: list[tuple[str, _Doc]], comma: bool):
-        self.open = open
-        self.close = close
-        self.items = items
-        self.comma = comma
-        size: float = len(open) + len(close) + 2 * max(len(items) - 1, 0) + comma
-        for label, doc in items:
-            size += len(label) + (doc.size if type(doc) is _Group else _atom_size(doc))
-        self.size = size
+
+def _group(open: str, close: str, items: list[tuple[str, _Doc]], comma: bool) -> _Group:
+    size: float = len(open) + len(close) + 2 * max(len(items) - 1, 0) + comma
+    for label, doc in items:
+        if type(doc) is _Group:
+            size += len(label) + doc.size
+        else:
+            size += len(label) + (math.inf if "\n" in doc else len(doc))
+    return _Group(open, close, items, comma, size)
 
 
 _Doc: TypeAlias = "str | _Group"  # a leaf's text, or a node's before layout
@@ -596,7 +485,9 @@ def _doc(x: object, depth: float, as_str: bool, repeats: int | None) -> _Doc:
     if wrapper is not None:
         inner = _doc(wrapper.unwrap(x), depth, as_str, repeats)
         if type(inner) is _Group:
-            return _Group(wrapper.mark + inner.open, inner.close, inner.items, inner.comma)
+            return inner._replace(
+                open=wrapper.mark + inner.open, size=inner.size + len(wrapper.mark)
+            )
         return wrapper.mark + inner
     parts = _node_parts(x)
     if parts is None:
@@ -611,17 +502,16 @@ def _doc(x: object, depth: float, as_str: bool, repeats: int | None) -> _Doc:
         else (item[0], _doc(item[2], depth - 1, as_str, repeats))
         for item in fold_runs(parts.items, repeats)
     ]
-    return _Group(parts.open, parts.close, items, parts.single_comma)
+    return _group(parts.open, parts.close, items, parts.single_comma)
 
 
 def _layout(
     tree: object, width: float, tabwidth: int, depth: float, as_str: bool, repeats: int | None
 ) -> str:
-    _check_depth(depth)
+    _check_options(depth, None, repeats)
     if not isinstance(width, numbers.Real) or isinstance(width, bool):
         raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
     _check_int(tabwidth, "tabwidth", 0)
-    _check_repeats(repeats)
     doc = _doc(tree, depth, as_str, repeats)
     out: list[str] = []
     _render(doc, out, 0, 0, width, tabwidth, 0)
@@ -638,19 +528,13 @@ def tree_repr(
 ) -> str:
     """A compact text of a tree; `TreeClass.__repr__` uses it.
 
-    One line when it fits in `width`, else one child per line, indented by `tabwidth`.
-    Arrays show dtype, shape and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`),
-    tracers inside `jit`/`grad`/`vmap` their dtype and shape, frozen values a `#`,
-    functions their signature. Fields declared with `repr=False` are hidden. Statistics
-    of a host array of more than `STATS_EXACT_MAX` (2**20) elements are of
-    `STATS_SAMPLE_SIZE` (2**16) elements spread over it, marked
-    `f32[16384,16384](sampled μ=…, σ=…, ∈[…])`, so a 1 GiB array prints in milliseconds;
-    an array sharded over devices is read shard by shard, never gathered.
-
-    Big models stay readable: in a long run of siblings of the same type and structure
-    (the layers of a deep model), only the first and last `repeats` are shown and the
-    middle is one `… 994 more Linear(weight=f32[8,8], bias=f32[8]) …` entry; leaves show
-    only their type there (`f32[8,8]`, `str`). Plain numbers and strings never fold.
+    One line when it fits in `width`, else one child per line. Arrays show dtype, shape
+    and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`; above `STATS_EXACT_MAX`
+    elements, of a sample, marked `sampled`; a sharded array is read shard by shard),
+    tracers their dtype and shape, frozen values a `#`, functions their signature; fields
+    declared with `repr=False` are hidden. In a long run of siblings of one type and
+    structure (a deep model's layers), the middle is one `… 994 more Linear(weight=f32[8,8],
+    bias=f32[8]) …` entry; plain numbers and strings never fold.
 
     **Arguments**
 
@@ -659,9 +543,8 @@ def tree_repr(
     - `tabwidth`: spaces per indentation level.
     - `depth`: how many levels of nodes to open; deeper nodes print as `Name(...)`,
       `[...]`, `(...)` or `{...}`.
-    - `repeats`: how many children to keep at each end of a run of same-type,
-      same-structure siblings (runs of at most `2 * repeats + 1` are shown whole);
-      `None` shows every child.
+    - `repeats`: how many children of a run to keep at each end (runs of at most
+      `2 * repeats + 1` are shown whole); `None` shows every child.
 
     **Returns**
 
@@ -696,10 +579,8 @@ def tree_str(
 ) -> str:
     """Like `tree_repr`, but leaves print with `str`; `TreeClass.__str__` uses it.
 
-    Arrays show their values (numpy's printing) and strings have no quotes. A JAX array
-    numpy would summarize (more than `np.get_printoptions()["threshold"]` elements) is
-    read only where the summary shows it, shard by shard, so a huge or sharded array is
-    never copied whole.
+    Arrays show their values as NumPy prints them (of an array NumPy summarizes, only the
+    elements the summary shows are read) and strings have no quotes.
 
     **Arguments**
 
@@ -730,40 +611,6 @@ class Entry(NamedTuple):
     run: bool = False  # a folded run: `children` are its entries when they were asked for
 
 
-def _one_line(x: object) -> str:
-    return _layout(x, math.inf, 0, math.inf, False, None)
-
-
-class _EntryOptions(NamedTuple):
-    is_leaf: Callable[[Any], bool] | None
-    hidden: bool  # show `repr=False` fields
-    repeats: int | None
-    open_runs: bool  # give folded runs their entries as children (the HTML view)
-
-
-def _entries(x: object, key: str, depth: float, options: _EntryOptions) -> Entry:
-    parts = _node_parts(x, options.is_leaf, options.hidden)
-    if parts is None or not parts.items or depth <= 0:
-        if parts is not None and parts.items:  # cut by depth
-            text = parts.cut
-        else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
-            text = _flat(_doc(x, depth, False, options.repeats))
-        return Entry(f"{key}={text}" if key else text, (), x)
-    children = []
-    for item in fold_runs(parts.items, options.repeats, options.is_leaf, options.hidden):
-        if type(item) is not Run:
-            children.append(_entries(item[2], item[1], depth - 1, options))
-            continue
-        label = f"{item.keys}: {len(item.items)} more {item.signature}"
-        inner: tuple[Entry, ...] = ()
-        if options.open_runs:
-            inner = tuple(
-                _entries(child, child_key, depth - 1, options) for _, child_key, child in item.items
-            )
-        children.append(Entry(label, inner, item.items[0][2], True))
-    return Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
-
-
 def picture_entries(
     tree: object,
     depth: float,
@@ -773,10 +620,31 @@ def picture_entries(
     hidden: bool = True,
     open_runs: bool = False,
 ) -> Entry:
-    _check_depth(depth)
-    _check_is_leaf(is_leaf)
-    _check_repeats(repeats)
-    return _entries(tree, "", depth, _EntryOptions(is_leaf, hidden, repeats, open_runs))
+    """The tree as labelled entries, which the diagram, graph, mermaid chart and HTML draw.
+
+    `hidden` shows `repr=False` fields; `open_runs` gives folded runs their children.
+    """
+    _check_options(depth, is_leaf, repeats)
+
+    def entries(x: object, key: str, depth: float) -> Entry:
+        parts = _node_parts(x, is_leaf, hidden)
+        if parts is None or not parts.items or depth <= 0:
+            if parts is not None and parts.items:  # cut by depth
+                text = parts.cut
+            else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
+                text = _flat(_doc(x, depth, False, repeats))
+            return Entry(f"{key}={text}" if key else text, (), x)
+        children = []
+        for item in fold_runs(parts.items, repeats, is_leaf, hidden):
+            if type(item) is not Run:
+                children.append(entries(item[2], item[1], depth - 1))
+                continue
+            label = f"{item.keys}: {len(item.items)} more {item.signature}"
+            inner = [entries(c, k, depth - 1) for _, k, c in item.items] if open_runs else []
+            children.append(Entry(label, tuple(inner), item.items[0][2], True))
+        return Entry(f"{key}:{parts.name}" if key else parts.name, tuple(children), x)
+
+    return entries(tree, "", depth)
 
 
 def tree_diagram(
@@ -790,18 +658,15 @@ def tree_diagram(
     """A box-drawing diagram of a tree: one line per node or leaf, with its key.
 
     Opened nodes show `key:Type`, leaves (and nodes cut by `depth`) `key=value`. A
-    diagram is a debugging view: unlike `repr`, it also shows fields declared with
-    `repr=False`. The middle of a long run of siblings of one type and structure is one
-    line, `[3]…[996]: 994 more Linear(weight=f32[8,8], bias=f32[8])`.
+    debugging view: unlike `repr`, it shows `repr=False` fields too. The middle of a long
+    run is one line, `[3]…[996]: 994 more Linear(weight=f32[8,8], bias=f32[8])`.
 
     **Arguments**
 
     - `tree`: any pytree.
-    - `depth`: how many levels of nodes to open.
+    - `depth`, `repeats`: as for `tree_repr`.
     - `is_leaf`: a predicate; nodes where it is true are shown as values.
     - `tabwidth`: the width of one indentation level (at least 1).
-    - `repeats`: as for `tree_repr`: how many children to keep at each end of a long
-      run; `None` shows every child.
 
     **Returns**
 
@@ -878,11 +743,8 @@ def tree_graph(
     is_leaf: Callable[[Any], bool] | None = None,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """The tree as a graphviz `dot` graph (render it with `dot -Tsvg` or `graphviz.Source`).
-
-    Nodes carry the same labels as `tree_diagram`; edges go from parent to child. Style
-    the nodes of a type with `tc.tree_graph.def_nodestyle(T)` (or `register_printer(T,
-    nodestyle=...)`): a function of the value that returns graphviz attributes.
+    """The tree as a graphviz `dot` graph, with the labels of `tree_diagram`. Style the nodes
+    of a type with `register_printer(T, nodestyle=...)` (`tc.tree_graph.def_nodestyle(T)`).
 
     **Arguments**
 
@@ -924,9 +786,7 @@ def tree_mermaid(
     is_leaf: Callable[[Any], bool] | None = None,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """The tree as a mermaid flowchart (renders on GitHub, in many editors and notebooks).
-
-    Nodes carry the same labels as `tree_diagram`; edges go from parent to child.
+    """The tree as a mermaid flowchart (GitHub renders it), with the labels of `tree_diagram`.
 
     **Arguments**
 
@@ -1017,18 +877,17 @@ def _sharding_text(x: object) -> str:
     wrapper = wrapper_of(x)
     if wrapper is not None:  # a frozen array replicated over the mesh says so
         return _sharding_text(wrapper.unwrap(x))
-    if isinstance(x, jax.ShapeDtypeStruct):  # a template: where its array will go, any mesh
-        spec = getattr(x.sharding, "spec", None)
-        return "" if spec is None else repr(spec)
-    if not isinstance(x, jax.Array) or isinstance(x, _Tracer):
+    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) or isinstance(x, Tracer):
         flat = children_of(x)  # a node shown as one value (a stacked leaf): its array's
         return _sharding_text(flat[0][1]) if flat is not None and len(flat) == 1 else ""
     try:
-        sharding = x.sharding
-        if len(sharding.device_set) <= 1:
+        spec = getattr(x.sharding, "spec", None)
+        if isinstance(x, jax.ShapeDtypeStruct):  # a template: where its array will go
+            return "" if spec is None else repr(spec)
+        devices = len(x.sharding.device_set)
+        if devices <= 1:
             return ""
-        spec = getattr(sharding, "spec", None)
-        return repr(spec) if spec is not None else f"{len(sharding.device_set)} devices"
+        return repr(spec) if spec is not None else f"{devices} devices"
     except Exception:
         return ""
 
@@ -1070,17 +929,18 @@ def _row_role(roles: Iterable[str]) -> str:
     return found.pop() if len(found) == 1 else _roles.MIXED
 
 
-def _role_footer(totals: dict[str, list[int]], statics: list[Any]) -> list[list[str]]:
-    """The `Σ` rows of each role present, then of the static values, above the total."""
-    rows = []
-    for role in _ROLE_ORDER:
-        if role in totals:
-            count, size = totals[role]
-            rows.append(["Σ", "", f"{count:,}", _size_text(size), role, ""])
+def _role_footer(totals: dict[str, list[int]], tree: object) -> list[list[str]]:
+    """The `Σ` rows of each role present, then of the tree's static values, above the total."""
+    sums = [(role, totals[role]) for role in _ROLE_ORDER if role in totals]
+    rows = [_sum_row(role, count, size) for role, (count, size) in sums]
+    statics = [value for _, _, value in _roles.static_values(tree)]
     if statics:
-        count, size = _totals(statics)
-        rows.append(["Σ", "", f"{count:,}", _size_text(size), _roles.STATIC, ""])
+        rows.append(_sum_row(_roles.STATIC, *_totals(statics)))
     return rows
+
+
+def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
+    return ["Σ", kind, f"{count:,}", _size_text(size), role, ""]
 
 
 def _stopped_role(x: object) -> str:
@@ -1099,34 +959,23 @@ def tree_summary(
 ) -> str:
     """A table of a tree's leaves: key path, type, role, element count and size, with totals.
 
-    One row per leaf in `jax.tree_util` order (frozen values count as leaves, marked `#`;
-    fields hidden from `repr` still count), or per node where `depth` stops; a final `Σ`
-    row sums everything. Count is the number of elements (1 for a Python number, 0 for
-    other objects), Size the bytes (`nbytes` for arrays, `sys.getsizeof` otherwise); teach
-    it other types with `register_printer`, or with PyTreeClass's spelling
-    `tc.tree_summary.def_type(T)`, `.def_count(T)` and `.def_size(T)`. When a leaf is
-    sharded across devices, a Sharding column shows its partition spec.
-
-    **Roles.** When not every leaf is trainable, a Role column gives each row's role, as
-    `tc.roles` and `tc.optim.trainable` see it: `trainable` (inexact arrays, neither frozen
-    nor state), `state` (fields declared with `tc.field(role="state")`), `frozen`
-    (`tc.freeze`, and fields declared `tc.field(role="frozen")`), `other` (leaves no
-    optimizer helper trains: Python numbers, integer and boolean arrays, strings), or
-    `mixed` for a row summing several. `Σ` rows above the total then sum each role apart,
-    and one the static fields (role `static`: `tc.field(static=True)` values, part of the
-    tree definition, not in the total), so the number of parameters a fine-tune trains is
-    the `Σ … trainable` row.
-
-    The middle of a long run of siblings of one type and structure (the layers of a big
-    model) is one row with the run's totals: `.layers[3]…[996] │ 994 × Linear │ …`.
+    One row per leaf in `jax.tree_util` order (frozen values marked `#`; `repr=False`
+    fields count too), or per node where `depth` stops, and a final `Σ` row. Count is the
+    number of elements (1 for a Python number, 0 for other objects), Size the bytes; teach
+    it other types with `register_printer` (or `tc.tree_summary.def_type(T)`,
+    `.def_count(T)`, `.def_size(T)`). A Sharding column shows sharded leaves' partition
+    specs. When not every leaf is trainable, a Role column gives each row's role as
+    `tc.roles` sees it (`mixed` for a row summing several), and `Σ` rows sum each role
+    apart, and the static fields (not in the total): the `Σ … trainable` row is what a
+    fine-tune trains. The middle of a long run is one row with the run's totals:
+    `.layers[3]…[996] │ 994 × Linear │ …`.
 
     **Arguments**
 
     - `tree`: any pytree.
     - `depth`: how many levels of nodes to open before summing a node in one row.
     - `is_leaf`: a predicate; nodes where it is true get one row each.
-    - `repeats`: as for `tree_repr`: how many children to keep, row by row, at each end
-      of a long run (`0`: the whole run in one row); `None` gives every leaf its row.
+    - `repeats`: as for `tree_repr` (`0`: the whole run in one row).
 
     **Returns**
 
@@ -1144,9 +993,7 @@ def tree_summary(
     assert "│ Σ     │          │     3 │  12B │ frozen    │" in table
     ```
     """
-    _check_depth(depth)
-    _check_is_leaf(is_leaf)
-    _check_repeats(repeats)
+    _check_options(depth, is_leaf, repeats)
     rows: list[list[str]] = []
     role_totals: dict[str, list[int]] = {}
 
@@ -1159,16 +1006,8 @@ def tree_summary(
             totals[0] += c
             totals[1] += s
         count, size = sum(c for _, c, _ in parts), sum(s for _, _, s in parts)
-        rows.append(
-            [
-                path,
-                kind,
-                f"{count:,}",
-                _size_text(size),
-                _row_role(r for r, _, _ in parts),
-                sharding,
-            ]
-        )
+        role = _row_role(r for r, _, _ in parts)
+        rows.append([path, kind, f"{count:,}", _size_text(size), role, sharding])
 
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
@@ -1234,13 +1073,11 @@ def tree_summary(
     show_roles = any(role != _roles.TRAINABLE for role in role_totals)
     sharded = any(row[5] for row in rows)
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
-    footer = []
-    if show_roles:
-        footer = _role_footer(role_totals, [v for _, _, v in _roles.static_values(tree)])
+    footer = _role_footer(role_totals, tree) if show_roles else []
     table += footer
     count = sum(c for c, _ in role_totals.values())
     size = sum(s for _, s in role_totals.values())
-    table.append(["Σ", type(tree).__name__, f"{count:,}", _size_text(size), "", ""])
+    table.append(_sum_row("", count, size, type(tree).__name__))
     keep = (True, True, True, True, show_roles, sharded)
     table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
     right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)
@@ -1266,19 +1103,13 @@ def _type_name(kind: object) -> str:
 
 
 def tree_repr_with_trace(
-    tree: object,
-    is_leaf: Callable[[Any], bool] | None = None,
-    transpose: bool = False,
+    tree: object, is_leaf: Callable[[Any], bool] | None = None, transpose: bool = False
 ) -> Any:
     """The tree with each leaf replaced by a small table of its value, name path and type path.
 
-    Useful to see where each leaf sits and which node types lie above it: the type path
-    is what `tc.tree_map_with_trace` passes to its function (the types of the nodes below
-    the root on the way to the leaf, ending with the leaf's own type), as in PyTreeClass
-    v0.4. Both paths are written as v0.4 wrote them, one entry per step joined by `->`:
-    the name path `.b->.c->[0]` (each key entry as JAX's `keystr` writes it alone), the
-    type path `Tree->list->int`. The tables are strings that print without quotes, so
-    `tc.tree_str` of the result (what `print` uses for a `TreeClass`) shows them in place.
+    The paths are the trace `tc.tree_map_with_trace` passes, written as PyTreeClass v0.4
+    did, one entry per step joined by `->`: `.b->.c->[0]` and `list->int`. The tables
+    print without quotes, so `tc.tree_str` of the result shows them in place.
 
     **Arguments**
 
@@ -1294,16 +1125,8 @@ def tree_repr_with_trace(
     ```python
     import treeclass as tc
 
-    tables = tc.tree_repr_with_trace({"a": [1.0]})
-    assert tables["a"][0] == (
-        "┌───────────┬─────────────┐\\n"
-        "│ Value     │ 1.0         │\\n"
-        "├───────────┼─────────────┤\\n"
-        "│ Name path │ ['a']->[0]  │\\n"
-        "├───────────┼─────────────┤\\n"
-        "│ Type path │ list->float │\\n"
-        "└───────────┴─────────────┘"
-    )
+    table = tc.tree_repr_with_trace({"a": [1.0]})["a"][0]
+    assert "│ Name path │ ['a']->[0]  │" in table and "│ Type path │ list->float │" in table
     assert tc.tree_repr_with_trace({"a": 1}, transpose=True)["a"] == (
         "┌───────┬───────────┬───────────┐\\n"
         "│ Value │ Name path │ Type path │\\n"
@@ -1313,13 +1136,13 @@ def tree_repr_with_trace(
     )
     ```
     """
-    _check_is_leaf(is_leaf)
+    _check_options(is_leaf=is_leaf)
     traced, treedef = _trace.tree_flatten_with_trace(tree, is_leaf=is_leaf)
 
     def table(trace: tuple[Sequence[object], Sequence[object]], leaf: object) -> _TraceTable:
         keys, kinds = trace
         rows = [
-            ["Value", _one_line(leaf)],
+            ["Value", _layout(leaf, math.inf, 0, math.inf, False, None)],  # on one line
             ["Name path", "->".join(map(str, keys))],  # PyTreeClass v0.4's `.b->.c->[0]`
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]

@@ -1,13 +1,9 @@
-"""Notebook display of trees: rich HTML (`tree_html`) and treescope (`treescope_repr`).
+"""Notebook display of trees: HTML (`tree_html`) and treescope (`treescope_repr`), which
+`Printed` plugs in as `_repr_html_` and `__treescope_repr__`. Treescope calls these only
+once it is imported, so it is imported here only where a rendering is made.
 
-`TreeClass` plugs these in as `_repr_html_` and `__treescope_repr__`, and frozen values
-as `__treescope_repr__`. Treescope is never imported here: it calls `__treescope_repr__`
-only once it is itself imported, so the treescope functions import it at that point.
-
-The HTML is plain `<details>` elements with inline styles: it folds without JavaScript,
-needs no network, survives notebook front ends that strip `<style>` blocks, and takes
-its colours from the page (text inherits, lines are translucent grey), so it reads the
-same on light and dark themes.
+The HTML is `<details>` elements with inline styles: it folds without JavaScript or
+network, survives front ends that strip `<style>`, and takes its colours from the page.
 """
 
 from __future__ import annotations
@@ -38,14 +34,11 @@ if TYPE_CHECKING:  # an optional dependency: imported where a rendering is made
 
 __all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display", "Printed"]
 
-# Levels open at first: as many as keep the first view within this many lines (the root
-# always opens), so a small model shows whole and a big one starts folded below a depth.
-_OPEN_LINES = 40
+_OPEN_LINES = 40  # the first view opens as many levels as fit in this many lines
 
 _ROOT_STYLE = "font-family: monospace; white-space: pre; line-height: 1.45; color: inherit"
 _SUMMARY_STYLE = "cursor: pointer"
-# translucent grey reads on white and on black alike
-_CHILDREN_STYLE = (
+_CHILDREN_STYLE = (  # translucent grey reads on white and on black alike
     "margin-left: 0.45em; padding-left: 1.1em; border-left: 1px solid rgba(128, 128, 128, 0.45)"
 )
 _RUN_STYLE = "opacity: 0.7"
@@ -92,22 +85,10 @@ def tree_html(
 ) -> str:
     """The tree as HTML with collapsible nodes (what Jupyter shows for a `TreeClass`).
 
-    Each node is a `<details>` element labelled like a line of `tree_diagram`
-    (`.b:tuple`); leaves show `key=value`. Fields declared with `repr=False` are hidden,
-    as in `repr`. The middle of a long run of siblings of one type and structure is one
-    folded node, `[3]…[996]: 994 more Linear(...)`, that opens onto those children.
-
-    **Arguments**
-
-    - `tree`: any pytree.
-    - `depth`, `is_leaf`, `repeats`: as for `tree_diagram`.
-    - `open_levels`: how many levels start expanded; by default as many as keep the first
-      view within about 40 lines (at least the root), so big models open folded.
-
-    **Returns**
-
-    An HTML fragment, a `str` (also well-formed XML), with no scripts, no external
-    resources and no fixed text colour.
+    Nodes are `<details>` elements labelled as `tree_diagram`'s lines, `repr=False` fields
+    hidden; a long run is one folded node that opens onto its children. `open_levels`
+    levels start expanded (by default, as many as keep the first view within about 40
+    lines). Returns a fragment with no scripts, no external resources, no fixed colour.
 
     ```python
     from treeclass._pprint_html import tree_html
@@ -125,12 +106,8 @@ def tree_html(
 
 
 class _HtmlDisplay:
-    """`_repr_html_` for instances only: `Class._repr_html_` is this (not callable) object.
-
-    Treescope appends a "Rich HTML representation" box to any object whose *class* has a
-    callable `_repr_html_`, which repeats a tree that treescope already draws itself.
-    IPython looks the method up on the instance, where this gives a bound method.
-    """
+    """`_repr_html_` for instances only: treescope adds a "rich HTML" box (a second drawing
+    of the tree) for a class with a callable `_repr_html_`; IPython asks the instance."""
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
@@ -225,24 +202,11 @@ def treescope_repr(
     *,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> Any:
-    """Render a `TreeClass` (or a node with a `children` print rule, such as a `Stacked`)
-    for treescope as a foldable `Name(field=..., ...)` node.
-
-    Fields are children with their key paths (treescope's copy-path buttons give
-    `.layers[0].weight`); arrays get treescope's own summaries and, when the user turns it
-    on, its array visualization. Static fields carry a `# static` comment, fields declared
-    with `repr=False` are hidden, and long runs of same-structure layers fold to one
-    `… 994 more Linear(...) …` line as in `repr`.
-
-    **Arguments**
-
-    - `tree`: a `TreeClass` instance.
-    - `path`, `subtree_renderer`: as passed by treescope to `__treescope_repr__`.
-    - `repeats`: as for `tc.tree_repr`.
-
-    **Returns**
-
-    A treescope rendering.
+    """Render a `TreeClass` (or a node with a `children` print rule) for treescope as a
+    foldable `Name(field=..., ...)` node: fields with their key paths, arrays by
+    treescope's own summaries, static fields with a `# static` comment, `repr=False`
+    fields hidden, and long runs folded as in `repr`. `path` and `subtree_renderer` are
+    treescope's arguments to `__treescope_repr__`.
 
     ```python
     import treescope
@@ -263,8 +227,7 @@ def treescope_repr(
     # a rule's children, else the fields (a rule's text is for the other printers)
     view = view_of(tree) or node_type(tree)
     items = (None if view is None else view.items(tree, False)) or []
-    statics = row_of(tree).static_names(tree)
-    static_labels = frozenset(f"{name}=" for name in statics)
+    static_labels = frozenset(f"{name}=" for name in row_of(tree).static_names(tree))
     # a rule may name the node otherwise (`Stacked[48×Block]`); else its qualified class
     named = None if view is None else view.type_name(tree)
     type_name = (
@@ -281,29 +244,8 @@ def treescope_repr(
 def wrapper_treescope_repr(
     wrapped: object, path: str | None, subtree_renderer: Callable[..., Any]
 ) -> Any:
-    """Render a wrapper node (a frozen value) for treescope: its mark and the value inside.
-
-    A frozen array keeps treescope's foldable array summary, a frozen subtree folds like
-    the subtree; in round-trip mode the value shows as `freeze(...)`. What to write comes
-    from the wrapper's entry in the node view (`_structure.wrapper_of`).
-
-    **Arguments**
-
-    - `wrapped`: a wrapper node, e.g. a value made by `tc.freeze`.
-    - `path`, `subtree_renderer`: as passed by treescope to `__treescope_repr__`.
-
-    **Returns**
-
-    A treescope rendering.
-
-    ```python
-    import jax.numpy as jnp
-    import treescope
-    import treeclass as tc
-
-    assert treescope.render_to_text({"n": tc.freeze(2)}) == "{'n': #2}"
-    ```
-    """
+    """Render a wrapper node (a frozen value) for treescope: its mark and the value inside
+    (`freeze(...)` in round-trip mode), as the wrapper's row says."""
     from treescope import rendering_parts as parts
 
     wrapper = wrapper_of(wrapped)
@@ -326,8 +268,8 @@ offer_display("treescope", wrapper_treescope_repr)
 
 
 class Printed:
-    """`repr`, `str`, notebook HTML and treescope through the shared printers (the node's
-    print rule): the one display protocol of `TreeClass`, `Stacked` and `Periodic`."""
+    """`repr`, `str`, notebook HTML and treescope through the shared printers: the one
+    display protocol of `TreeClass`, `Stacked` and `Periodic`."""
 
     __slots__ = ()
 
@@ -337,9 +279,7 @@ class Printed:
     def __str__(self) -> str:
         return tree_str(self)
 
-    # a descriptor, not a method: IPython gets a bound method on instances, while treescope,
-    # which adds a "rich HTML" box for any class with a callable `_repr_html_`, sees none
-    _repr_html_ = html_display
+    _repr_html_ = html_display  # a method of instances only (see `_HtmlDisplay`)
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Callable[..., Any]) -> Any:
         # called by treescope only, once it is imported

@@ -1,18 +1,9 @@
 """Key-and-type paths ("traces"): where a leaf sits, by key and by the types on the way.
 
-A trace is `(keys, types)`, as in PyTreeClass v0.4: `keys` is the leaf's JAX key path and
-`types` the type of every node the path reaches, from the root's child down to the leaf
-itself; the root's own type is not in it (the caller has the root). So `len(types) ==
-len(keys)`, `types[i]` is the type of the node that `keys[: i + 1]` leads to, and a leaf
-at the root has the trace `((), ())`.
-
-How this stays cheap: the keys come from one `jax.tree_util.tree_flatten_with_path`. The
-node types depend only on the tree definition, so they are read off the treedef (one walk
-over its nodes, not one per leaf) and cached per treedef; flattening a tree of a layout
-seen before costs the keyed flatten plus one tuple per leaf. Stopping the descent by trace
-(`is_trace_leaf`) needs the trace of every node, not only of the leaves: that path asks
-JAX to pass each node's key path to its `is_leaf` callback and keeps the types of the
-nodes above the current one on a stack, so it costs a call per node.
+A trace is `(keys, types)`, as in PyTreeClass v0.4 (see `tree_flatten_with_trace`). The
+keys come from one keyed flatten; the node types depend only on the tree definition, so
+they are read off the treedef once and cached per treedef. Stopping by trace
+(`is_trace_leaf`) needs every node's trace, so it costs a Python call per node.
 """
 
 from __future__ import annotations
@@ -33,19 +24,12 @@ Trace = tuple[tuple[Any, ...], tuple[type, ...]]
 _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path
 _ROOT_TRACE: Trace = ((), ())
 
-_IS_TRACE_LEAF_JAX_MSG = (
-    "`is_trace_leaf` needs JAX 0.6.2 or newer (it asks `tree_flatten_with_path` to pass "
-    "key paths to `is_leaf`), but JAX {version} is installed. Upgrade JAX, or select the "
-    "nodes by value with `is_leaf=` instead."
-)
-
 
 def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
     """For every leaf of `treedef`, the types of the nodes between the root and the leaf."""
     if treedef.num_nodes == 1:  # the tree is a leaf, or a node without children
         return ((),) * treedef.num_leaves
     out: list[tuple[type, ...]] = []
-    append = out.append
 
     def visit(node: PyTreeDef, below_root: tuple[type, ...]) -> None:
         count = node.num_leaves
@@ -55,7 +39,7 @@ def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
         for child in node.children():
             if child.num_nodes == 1:  # a leaf, or None / an empty container (no leaf)
                 if child.num_leaves:
-                    append(below_root)
+                    out.append(below_root)
             elif child.num_leaves:
                 visit(child, (*below_root, child.node_data()[0]))
 
@@ -63,9 +47,7 @@ def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
     return tuple(out)
 
 
-# Bounded, and thread-safe as `functools.lru_cache` is; a cache only, never needed for
-# correctness (treedefs whose aux data cannot be hashed or compared skip it). Treedef
-# equality includes every node's type, so equal treedefs have equal node types.
+# a cache only (thread-safe, bounded); equal treedefs have equal node types
 _cached_node_types = functools.lru_cache(maxsize=256)(_walk_node_types)
 
 
@@ -76,20 +58,8 @@ def _node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
         return _walk_node_types(treedef)
 
 
-def _traced_leaves(leaves_with_path: list, treedef: PyTreeDef) -> list[tuple[Trace, Any]]:
-    if treedef.num_nodes == 1:  # a leaf at the root (or no leaf at all)
-        return [(_ROOT_TRACE, leaf) for _, leaf in leaves_with_path]
-    # strict=True would cost a keyword parse per call; the lengths agree by construction
-    return [
-        ((keys, (*types, type(leaf))), leaf)
-        for (keys, leaf), types in zip(leaves_with_path, _node_types(treedef))  # noqa: B905
-    ]
-
-
 def _flatten_with_path_stopping(
-    tree: object,
-    is_leaf: Callable[[Any], bool] | None,
-    is_trace_leaf: Callable[[Trace], bool],
+    tree: object, is_leaf: Callable[[Any], bool] | None, is_trace_leaf: Callable[[Trace], bool]
 ) -> tuple[list, Any]:
     """`tree_flatten_with_path` where `is_trace_leaf(trace)` can also make a node a leaf."""
     # JAX calls `is_leaf` on every node in depth-first pre-order, with its key path: the
@@ -105,12 +75,7 @@ def _flatten_with_path_stopping(
             return True
         return bool(is_trace_leaf((keys, tuple(path_types))))
 
-    try:
-        return _tree_flatten_with_path(tree, is_leaf=stop, is_leaf_takes_path=True)
-    except TypeError as error:
-        if "is_leaf_takes_path" not in str(error):
-            raise
-        raise TypeError(_IS_TRACE_LEAF_JAX_MSG.format(version=jax.__version__)) from None
+    return _tree_flatten_with_path(tree, is_leaf=stop, is_leaf_takes_path=True)
 
 
 def tree_flatten_with_trace(
@@ -121,32 +86,24 @@ def tree_flatten_with_trace(
 ) -> tuple[list[tuple[Trace, Any]], PyTreeDef]:
     """Flatten `tree` into `(trace, leaf)` pairs and its tree definition.
 
-    A trace is `(keys, types)`, as in PyTreeClass v0.4:
-
-    - `keys`: the leaf's key path, the JAX key entries that
-      `jax.tree_util.tree_flatten_with_path` gives (`GetAttrKey("weight")` for a field,
-      `DictKey("a")`, `SequenceKey(0)`), so `jax.tree_util.keystr(keys)` spells it and
-      `jax.tree_util.GetAttrKey("weight") in keys` tests for a name on the path;
-    - `types`: the type of every node on the path below the root, ending with the leaf's
-      own type: `types[i]` is the type of the node that `keys[: i + 1]` leads to. The
-      root's type is not included, so `len(types) == len(keys)`, and a leaf at the root
-      has the trace `((), ())`. `Dropout in types` asks "is this leaf inside a Dropout?".
-
-    Leaves come in `jax.tree_util.tree_flatten` order; works on any pytree.
+    A trace is `(keys, types)`, as in PyTreeClass v0.4. `keys` is the leaf's JAX key path
+    (`GetAttrKey("weight")`, `DictKey("a")`, `SequenceKey(0)`: `jax.tree_util.keystr`
+    spells it); `types[i]` is the type of the node `keys[: i + 1]` leads to, ending with
+    the leaf's own type (the root's is not included, so a leaf at the root has the trace
+    `((), ())`): `Dropout in types` asks "is this leaf inside a Dropout?". Leaves come in
+    `jax.tree_util.tree_flatten` order.
 
     **Arguments**
 
     - `tree`: any pytree.
-    - `is_leaf`: as in `jax.tree_util`: nodes for which it returns True are leaves.
-    - `is_trace_leaf`: called with the trace of every node (the root's is `((), ())`);
-      a node for which it returns True is a leaf, so the descent stops there (e.g.
-      `lambda trace: len(trace[0]) == 2` stops at depth 2). Needs JAX 0.6.2 or newer,
-      and costs a Python call per node.
+    - `is_leaf`: as in `jax.tree_util`.
+    - `is_trace_leaf`: called with the trace of every node (the root's is `((), ())`); the
+      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2);
+      it costs a Python call per node.
 
     **Returns**
 
-    `(traced_leaves, treedef)`: a list of `((keys, types), leaf)` and the `PyTreeDef`
-    (whose leaves are the nodes where `is_leaf` or `is_trace_leaf` stopped).
+    `(traced_leaves, treedef)`: a list of `((keys, types), leaf)` and the `PyTreeDef`.
 
     ```python
     import jax.numpy as jnp
@@ -164,10 +121,14 @@ def tree_flatten_with_trace(
     check_callable(is_leaf, "tree_flatten_with_trace", "is_leaf", optional=True)
     check_callable(is_trace_leaf, "tree_flatten_with_trace", "is_trace_leaf", optional=True)
     if is_trace_leaf is None:
-        leaves_with_path, treedef = _tree_flatten_with_path(tree, is_leaf=is_leaf)
+        pairs, treedef = _tree_flatten_with_path(tree, is_leaf=is_leaf)
     else:
-        leaves_with_path, treedef = _flatten_with_path_stopping(tree, is_leaf, is_trace_leaf)
-    return _traced_leaves(leaves_with_path, treedef), treedef
+        pairs, treedef = _flatten_with_path_stopping(tree, is_leaf, is_trace_leaf)
+    if treedef.num_nodes == 1:  # a leaf at the root (or no leaf at all)
+        return [(_ROOT_TRACE, leaf) for _, leaf in pairs], treedef
+    # strict=True would cost a keyword parse per call; the lengths agree by construction
+    types = _node_types(treedef)
+    return [((k, (*t, type(leaf))), leaf) for (k, leaf), t in zip(pairs, types)], treedef  # noqa: B905
 
 
 def tree_leaves_with_trace(
@@ -176,13 +137,11 @@ def tree_leaves_with_trace(
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
 ) -> list[tuple[Trace, Any]]:
-    """The `(trace, leaf)` pairs of `tree`; see `tree_flatten_with_trace`.
+    """The `(trace, leaf)` pairs of `tree`, as `tree_flatten_with_trace` gives them.
 
     **Arguments**
 
-    - `tree`: any pytree.
-    - `is_leaf`: as in `jax.tree_util`.
-    - `is_trace_leaf`: a node whose trace makes it return True is a leaf.
+    - `tree`, `is_leaf`, `is_trace_leaf`: as for `tree_flatten_with_trace`.
 
     **Returns**
 
@@ -208,19 +167,17 @@ def tree_map_with_trace(
 ) -> Any:
     """Map `func(trace, leaf, *rest_leaves)` over the leaves of `tree`.
 
-    Like `jax.tree_util.tree_map_with_path`, but `func` gets the trace `(keys, types)`
-    (see `tree_flatten_with_trace`), so it can act on where a leaf sits by the types on
-    its path: "every leaf inside a `Dropout`" is `Dropout in trace[1]`. An error raised
-    by `func` gets a note naming the leaf it was called on.
+    Like `jax.tree_util.tree_map_with_path`, but `func` gets the trace `(keys, types)` (see
+    `tree_flatten_with_trace`): "every leaf inside a `Dropout`" is `Dropout in trace[1]`.
+    An error raised by `func` gets a note naming the leaf.
 
     **Arguments**
 
     - `func`: called as `func(trace, leaf, *rest_leaves)` for every leaf.
     - `tree`: the pytree that fixes the structure.
     - `*rest`: pytrees with the structure of `tree` (or with `tree` as a prefix).
-    - `is_leaf`: as in `jax.tree_util`.
-    - `is_trace_leaf`: a node whose trace makes it return True is a leaf: `func` gets
-      the whole node, and `rest` trees the subtree at the same place.
+    - `is_leaf`, `is_trace_leaf`: as for `tree_flatten_with_trace`; where the descent
+      stops, `func` gets the whole node, and `rest` trees the subtree at the same place.
 
     **Returns**
 
@@ -249,16 +206,9 @@ def tree_map_with_trace(
             for trace, leaf in traced:
                 out.append(func(trace, leaf))
     except Exception as error:
-        _note_failed_leaf(error, func, traced[len(out)], tree)
+        (keys, _), leaf = traced[len(out)]
+        name = getattr(func, "__name__", type(func).__name__)
+        where = f"`{path_str(tree, keys)}` ({type(leaf).__name__})"
+        add_leaf_note(error, f"raised by `{name}` at the leaf {where}")
         raise
     return treedef.unflatten(out)
-
-
-def _note_failed_leaf(
-    error: BaseException, func: object, traced_leaf: tuple[Trace, Any], root: object
-) -> None:
-    (keys, _), leaf = traced_leaf
-    name = getattr(func, "__name__", type(func).__name__)
-    add_leaf_note(
-        error, f"raised by `{name}` at the leaf `{path_str(root, keys)}` ({type(leaf).__name__})"
-    )

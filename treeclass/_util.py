@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from ._values import (
     readable_here,
     register_childless,
     root_name,
+    sharding_spec,
+    short_repr,
 )
 
 __all__ = ["is_tree_equal", "Partial"]
@@ -26,9 +29,7 @@ __all__ = ["is_tree_equal", "Partial"]
 _R = TypeVar("_R")
 
 # -- what kind of value a leaf is ---------------------------------------------------------
-# `isinstance(x, jax.Array)` costs about 1 us (an ABC check); a type's kind never changes,
-# so it is looked up once per type. A bounded cache, thread-safe as `lru_cache` is, and
-# never needed for correctness.
+# `isinstance(x, jax.Array)` costs about 1 us (an ABC check): a type's kind is cached
 
 _OTHER, _NUMBER, _NUMPY, _JAX = 0, 1, 2, 3
 _PYTHON_NUMBERS = (bool, int, float, complex)
@@ -75,12 +76,7 @@ class _UnreadableLeaf(Exception):
 
 
 def _local(x: object) -> Any:
-    """`x`, or this process's own copy of it when it is replicated over other processes.
-
-    An array placed on devices of several processes (many hosts, `jax.distributed`) cannot
-    be read here (JAX's "Fetching value ... not possible", without the leaf's path), and a
-    computation on a replicated one would wait for the other processes.
-    """
+    """`local_copy(x)`, or `_UnreadableLeaf` (JAX's own error would not name the leaf)."""
     if not readable_here(x):
         raise _UnreadableLeaf(x)
     return local_copy(x)
@@ -149,23 +145,14 @@ def _python_equal(a: object, b: object) -> Any:
 def is_tree_equal(*trees: object) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
-    Leaves are compared by value, as PyTreeClass does, so a tree equals itself after a
-    round trip through `jax.jit` (which turns a leaf `0` into `Array(0)`):
-
-    - two arrays (NumPy or JAX) are equal when they have the same shape, dtype and values;
-    - a Python number (`bool`, `int`, `float`, `complex`) and an array are equal when
-      every element of the array (one at least) equals the number: a number stands for
-      the array filled with it, which is what `.at[...].set(number)` gives an array leaf.
-      A JAX array compares after rounding the number to its dtype, as `jax.jit` converts
-      a Python number; a NumPy value compares exactly;
-    - other leaves are equal when `==` says so: `1 == 1.0 == True`, `"a" == "a"`. An `==`
-      that raises or has no truth value counts as different.
-
-    Static values (`tc.field(static=True)`, frozen values, `tc.Partial`) are not leaves
-    but part of the tree structure, which is compared strictly: there `1`, `1.0` and
-    `True` differ, because a function traced with one is not the function traced with
-    another. A leaf is always equal to itself (the same object), even a NaN. Whenever two
-    trees are equal and all their leaves hashable, they hash alike.
+    Leaves compare by value, as in PyTreeClass, so a tree equals itself after a round trip
+    through `jax.jit` (a leaf `0` becomes `Array(0)`): arrays by shape, dtype and values;
+    a Python number and an array when every element (one at least) equals the number (as
+    `.at[...].set(number)` fills an array; a JAX array rounds it to its dtype first, a
+    NumPy one compares exactly); other leaves by `==` (one that raises or has no truth
+    value counts as different). Static values (static fields, frozen values, `Partial`)
+    are part of the structure, compared strictly (`1`, `1.0` and `True` differ). A leaf
+    always equals itself, even a NaN.
 
     **Arguments**
 
@@ -203,12 +190,11 @@ def is_tree_equal(*trees: object) -> Any:
             try:
                 equal = _leaves_equal(a, b)
             except _UnreadableLeaf as error:
-                sharding = error.array.sharding
-                message = UNREADABLE_LEAF_MSG.format(
-                    where=leaf_path_str(first, index),
-                    sharding=f"sharding {getattr(sharding, 'spec', sharding)}",
-                )
-                raise ValueError(message) from None
+                sharding = f"sharding {sharding_spec(error.array)}"
+                where = leaf_path_str(first, index)
+                raise ValueError(
+                    UNREADABLE_LEAF_MSG.format(where=where, sharding=sharding)
+                ) from None
             if equal is True:
                 continue
             if isinstance(equal, _Tracer):
@@ -243,15 +229,10 @@ def check_callable(
     if optional and value is None:
         return
     if not callable(value):
-        text = repr(value)
-        text = text if len(text) <= 40 else text[:37] + "..."
+        what += " (or None)" if optional else ""
         raise TypeError(
             _NOT_CALLABLE_MSG.format(
-                where=where,
-                arg=arg,
-                what=what + (" (or None)" if optional else ""),
-                value=text,
-                type=type(value).__name__,
+                where=where, arg=arg, what=what, value=short_repr(value), type=type(value).__name__
             )
         )
 
@@ -263,12 +244,9 @@ def add_leaf_note(error: BaseException, note: str) -> None:
 
 
 # -- Partial ----------------------------------------------------------------------------
-# A Partial is a pytree node without children that holds itself as its auxiliary data (as
-# PyTreeClass's does): transformations pass it through untouched, and `jax.jit` treats it
-# as static, comparing and hashing it as part of the tree definition on every call. So
-# its arguments are compared like static values, strictly, and its hash is computed once.
+# A node without children, its own auxiliary data: `jax.jit` compares and hashes it on
+# every call, so its arguments compare strictly, as static values, and it hashes once
 
-_PARTIAL_NOT_CALLABLE_MSG = "Partial(func, ...) needs a callable `func`, got a {type}."
 _PARTIAL_MISSING_MSG = (
     "{name} has {holes} placeholder(s) `...` to fill, but was called with only {given} "
     "positional argument(s). Pass one positional argument per `...`:\n"
@@ -281,22 +259,14 @@ _PARTIAL_IMMUTABLE_MSG = "Partial is immutable: make a new one instead of settin
 class Partial(Generic[_R]):
     """A partial function application that is hashable, comparable and has no pytree leaves.
 
-    Like `functools.partial`, but:
-
-    - `...` in the positional arguments is a placeholder, filled from the call's
-      positional arguments in order; extra call arguments are appended;
-    - it is a pytree *without leaves*: the function and its arguments are static (part of
-      the tree definition), so `jax.jit`, `jax.grad`, `jax.vmap` and `tree_map` pass it
-      through unchanged, and a `Partial` can be a `jax.jit` argument or be stored in a
-      `TreeClass` field. `jax.jit` compiles once per distinct `Partial`: pass values that
-      change from call to call (or that `jax.grad` should see) as call arguments instead;
-    - two `Partial`s are equal when their functions are equal and their arguments are the
-      same static values: the same types and values (`1`, `1.0` and `True` differ) and, for
-      arrays, the same type, shape, dtype and values. It is always hashable (arrays and
-      other unhashable arguments are hashed by their type and shape).
-
-    Arguments that are tracers (a `Partial` built inside `jax.jit` from traced values)
-    compare by identity, and cannot leave the traced function inside a `Partial`.
+    Like `functools.partial`, but `...` in the positional arguments is a placeholder,
+    filled from the call's positional arguments in order (extra ones are appended); and
+    it is a pytree *without leaves*: its function and arguments are static, so JAX
+    transformations pass it through unchanged and `jax.jit` compiles once per distinct
+    `Partial` (pass what changes per call, or what `jax.grad` should see, as call
+    arguments). Two are equal when their functions are equal and their arguments are the
+    same static values (`1`, `1.0` and `True` differ; arrays by type, shape, dtype and
+    values; tracers by identity); it is always hashable.
 
     **Arguments**
 
@@ -329,9 +299,13 @@ class Partial(Generic[_R]):
     _key: Any  # the exact key of (func, args, keywords), computed on first use
 
     def __init__(self, func: Callable[..., _R], /, *args: Any, **kwargs: Any) -> None:
-        if not callable(func):
-            raise TypeError(_PARTIAL_NOT_CALLABLE_MSG.format(type=type(func).__name__))
-        _set_partial(self, func, args, kwargs)
+        check_callable(func, "Partial", "func")
+        _set_slot(self, "func", func)
+        _set_slot(self, "args", args)
+        _set_slot(self, "_keywords", kwargs)
+        _set_slot(self, "_holes", tuple(i for i, a in enumerate(args) if a is Ellipsis))
+        _set_slot(self, "_hash", None)
+        _set_slot(self, "_key", None)
 
     @property
     def keywords(self) -> dict[str, Any]:
@@ -400,11 +374,8 @@ class Partial(Generic[_R]):
         return self
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Partial[_R]:
-        import copy
-
-        return _rebuild_partial(
-            self.func, copy.deepcopy(self.args, memo), copy.deepcopy(self._keywords, memo)
-        )
+        args, keywords = copy.deepcopy((self.args, self._keywords), memo)
+        return Partial(self.func, *args, **keywords)
 
 
 _set_slot = object.__setattr__
@@ -420,21 +391,8 @@ def equal_or_false(a: object, b: object) -> bool:
         return False
 
 
-def _set_partial(
-    partial: Partial, func: object, args: tuple[Any, ...], keywords: dict[str, Any]
-) -> None:
-    _set_slot(partial, "func", func)
-    _set_slot(partial, "args", tuple(args))
-    _set_slot(partial, "_keywords", dict(keywords))
-    _set_slot(partial, "_holes", tuple(i for i, a in enumerate(args) if a is Ellipsis))
-    _set_slot(partial, "_hash", None)
-    _set_slot(partial, "_key", None)
-
-
-def _rebuild_partial(func: object, args: tuple[Any, ...], keywords: dict[str, Any]) -> Partial:
-    partial = object.__new__(Partial)
-    _set_partial(partial, func, args, keywords)
-    return partial
+def _rebuild_partial(func: Callable[..., Any], args: tuple, keywords: dict[str, Any]) -> Partial:
+    return Partial(func, *args, **keywords)
 
 
 register_childless(Partial)

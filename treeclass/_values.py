@@ -1,28 +1,10 @@
 """Value facts: what every other module asks of a single value, answered once.
 
-- **Exact keys** (`exact_key`): a hashable key that is equal for two values exactly when
-  they are interchangeable as constants of a traced computation. Static fields, frozen
-  values, `tc.Partial` and the checkpoint checks all compare values through it, so equal
-  values are equal everywhere. Python's own `==` is too coarse for that: `1 == 1.0 ==
-  True`, `0.0 == -0.0`, `np.float64(0.0) == 0.0`, and `nan != nan`. So a key is the
-  value's exact type plus its value, floats by their bits, NumPy scalars by dtype and
-  bytes, arrays by type, shape, dtype, weak type and bytes, containers by the keys of
-  their items:
-
-  * values of different types never share a key (`1`, `1.0`, `True`, `np.int32(1)`);
-  * `0.0` and `-0.0` differ, in Python floats, complex numbers, NumPy scalars, arrays and
-    inside containers;
-  * a NaN equals a NaN with the same bits, so a fresh `float("nan")` does not force a
-    new trace on every call.
-
-- **The display protocol** (`display`, `offer_display`): a value defined on a low floor
-  (a frozen value) shows itself with the printers of a higher floor, which offer
-  themselves here when they load; nothing imports upward.
-- **Host bytes** of an array (`host_bytes`), **PRNG keys** (`is_prng_key`), **bool mask
-  leaves** (`is_bool_mask_leaf`), a **short repr** for messages (`short_repr`), and a
-  **key path as text** (`root_name`, `path_str`, `entry_name`).
-
-This is the ground floor: it imports nothing of treeclass.
+Exact keys (`exact_key`, `hashable_key`), host bytes, PRNG keys, bool mask leaves, the
+text of a value and of a key path in messages (`short_repr`, `array_type`, `path_str`),
+and the display protocol through which a low value shows itself with the printers of a
+higher floor (`display`, `offer_display`). This is the ground floor: it imports nothing
+of treeclass.
 """
 
 from __future__ import annotations
@@ -33,7 +15,7 @@ import hashlib
 import numbers
 import struct
 import types
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, TypeVar
 
 import jax
@@ -70,7 +52,6 @@ __all__ = [
 
 # types whose values are their own exact keys, next to their type (`(type(v), v)`)
 PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
-_PLAIN = PLAIN_TYPES
 # functions are leaves keyed by their own `==`/hash (where `hashable_key` ends for them):
 # said here by type, ahead of the array checks and the flatten that would find it out
 # slowly; bound methods hash their object, which may be unhashable, so they go the long way
@@ -102,13 +83,8 @@ def is_array(x: object) -> bool:
 
 
 def readable_here(x: object) -> bool:
-    """Whether this process holds every value of `x`, so reading it needs no other process.
-
-    False only for a concrete `jax.Array` placed on devices of several processes (many
-    hosts, `jax.distributed`) and not replicated on all of them: JAX refuses to read it,
-    and a computation on it waits for the other processes. Tracers, NumPy values and
-    everything else are readable.
-    """
+    """Whether this process can read `x` alone: False only for a concrete `jax.Array` on
+    devices of several processes and not replicated on all of them (JAX refuses to read it)."""
     if not isinstance(x, jax.Array) or isinstance(x, Tracer):
         return True
     try:
@@ -118,11 +94,7 @@ def readable_here(x: object) -> bool:
 
 
 def local_copy(x: object) -> Any:
-    """`x`, or this process's own copy of it when it spans devices of other processes.
-
-    Meant for arrays that are `readable_here`: a replicated array's copy on one local
-    device holds the same values, and reading or computing on it needs no other process.
-    """
+    """`x`, or this process's own copy of it when it is replicated over other processes."""
     if isinstance(x, jax.Array) and not isinstance(x, Tracer) and not x.is_fully_addressable:
         return x.addressable_data(0)
     return x
@@ -152,13 +124,21 @@ def is_inexact_array(x: object) -> bool:
     return False
 
 
-def host_bytes(array: ArrayLike) -> np.ndarray:
-    """The array's bytes on the host, as a flat uint8 view (no copy where none is needed).
+def is_bool_mask_leaf(x: object) -> bool:
+    """Whether `x` can be a leaf of a bool mask tree: a bool, or a concrete bool scalar array."""
+    if isinstance(x, (bool, np.bool_)):
+        return True
+    return (
+        isinstance(x, (jax.Array, np.ndarray))
+        and not isinstance(x, Tracer)
+        and x.shape == ()
+        and x.dtype == np.bool_
+    )
 
-    A PRNG key array gives its key data. Raises `TypeError` for an object array (its bytes
-    would be pointers), and whatever JAX raises for an array this process cannot read in
-    full (one sharded over other processes' devices).
-    """
+
+def host_bytes(array: ArrayLike) -> np.ndarray:
+    """The array's bytes on the host as a flat uint8 view (a PRNG key's key data); raises
+    `TypeError` for an object array, and JAX's error for an array this process cannot read."""
     if is_prng_key(array):
         array = jax.random.key_data(array)
     host = np.asarray(array)
@@ -168,12 +148,8 @@ def host_bytes(array: ArrayLike) -> np.ndarray:
 
 
 class ArrayKey:
-    """Key of an array: type, shape, dtype, weak type and a digest of the bytes.
-
-    The bytes are read (copied to the host once) when the key is made. Equality falls back
-    to comparing the bytes themselves only when the digests agree, which for distinct
-    objects happens only when the arrays really are equal.
-    """
+    """Key of an array: type, shape, dtype, weak type and a digest of the bytes (read once);
+    equal digests are confirmed by comparing the bytes."""
 
     __slots__ = ("array", "meta", "digest", "hash")
 
@@ -235,15 +211,10 @@ def _float_key(kind: type, value: float) -> tuple[Any, ...]:
 
 
 def hashable_key(value: Any) -> Any:
-    """The exact key of a value that must be hashable (a static field's value).
-
-    As `exact_key`, but containers are looked into only when they are tuples or
-    frozensets, and anything else unhashable raises `TypeError` (after looking inside
-    tuples and frozensets, so the error names the unhashable item's type): arrays too,
-    which the caller keys as it must (a static field's array by identity, see `_node`).
-    """
+    """`exact_key` of a value that must be hashable (a static field's): only tuples and
+    frozensets are looked into, and anything unhashable (an array too) raises `TypeError`."""
     kind = type(value)
-    if kind in _PLAIN:
+    if kind in PLAIN_TYPES:
         return (kind, value)
     if kind is float:
         return _float_key(kind, value)
@@ -275,14 +246,15 @@ def _leaf_key(leaf: object) -> Any:
 def exact_key(value: Any) -> Any:
     """A hashable key, equal for two values exactly when they are interchangeable.
 
-    Never raises. Arrays are keyed by type, shape, dtype, weak type and bytes (read once,
-    here); tracers, and arrays this process cannot read, by identity. A pytree container
-    (a dict, a list, a `TreeClass`, ...) is keyed by its structure and the keys of its
-    leaves, so equal but distinct subtrees are equal even where the container's own `==`
-    is elementwise. Anything else without a usable hash is keyed by identity.
+    Python's `==` is too coarse (`1 == 1.0 == True`, `0.0 == -0.0`, `nan != nan`): values of
+    different types never share a key, zeros differ by sign, a NaN equals a NaN of the same
+    bits. Arrays are keyed by type, shape, dtype, weak type and bytes; tracers and arrays
+    this process cannot read by identity; a pytree by its structure and its leaves' keys
+    (so distinct equal subtrees are equal); anything else unhashable by identity. Never
+    raises.
     """
     kind = type(value)
-    if kind in _PLAIN or kind is float:  # `hashable_key`'s first cases: exact and quick
+    if kind in PLAIN_TYPES or kind is float:  # `hashable_key`'s first cases: exact and quick
         return hashable_key(value)
     if kind in _FUNCTIONS:
         return (kind, value)
@@ -304,30 +276,21 @@ def exact_key(value: Any) -> Any:
     return key
 
 
-# -- leaves of masks --------------------------------------------------------------------------
-
-
-def is_bool_mask_leaf(x: object) -> bool:
-    """Whether `x` can be a leaf of a bool mask tree: a bool, or a concrete bool scalar array."""
-    if isinstance(x, (bool, np.bool_)):
-        return True
-    return (
-        isinstance(x, (jax.Array, np.ndarray))
-        and not isinstance(x, Tracer)
-        and x.shape == ()
-        and x.dtype == np.bool_
-    )
-
-
 # -- text for messages ----------------------------------------------------------------------
 
 
-def short_repr(x: object, limit: int = 40) -> str:
-    """`repr(x)` on one line, cut to `limit` characters; never raises."""
+def short_repr(x: object, limit: int | None = 40, show: Callable[[object], str] = repr) -> str:
+    """The text of a value in messages and printers: `show(x)` (`...` for `Ellipsis`), on
+    one line cut to `limit` characters, or whole when `limit` is None. Never raises: a
+    broken `repr` gives `<T object (repr failed: E)>`."""
+    if x is Ellipsis:  # a placeholder in `tc.Partial` arguments and selectors
+        return "..."
     try:
-        text = repr(x)
-    except Exception:  # a broken repr must not hide the real error
-        text = f"<{type(x).__name__}>"
+        text = show(x)
+    except Exception as error:  # a broken repr must not hide the real error
+        return f"<{type(x).__name__} object (repr failed: {type(error).__name__})>"
+    if limit is None:
+        return text
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -387,11 +350,8 @@ def entry_name(entry: Any) -> Any:
 
 
 # -- the display protocol ---------------------------------------------------------------------
-# Printers live floors above the values they print, and some of those values (a frozen
-# value's `__repr__`) must print with them. The printers offer themselves here, by format
-# name, when their module loads; a value asks `display(format, value)`. Each format is
-# offered once, by one module, at import (under the import lock), and never changed after:
-# not state that correctness depends on, beyond "the printers have loaded".
+# The printers (floors above) offer themselves here by format when they load, once, under
+# the import lock; a low value (a frozen value's `__repr__`) asks `display(format, value)`.
 
 _DISPLAYS: dict[str, Any] = {}
 
