@@ -248,6 +248,8 @@ class Glob:
         dot = False  # whether a segment before needs a '.' before the next one
         for k, segment in enumerate(self.segments):
             if segment.match is None:  # '**'
+                if k + 1 < len(self.segments) and self.segments[k + 1] == "**":
+                    continue  # ('**.**' is '**')
                 if k + 1 < len(self.segments):
                     parts.append((r"\." if dot else "") + r"(?:[^.]+\.)*")
                     dot = False
