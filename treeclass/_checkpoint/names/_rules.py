@@ -124,6 +124,17 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
             or not all(isinstance(p, str) and p for p in sources + targets)
         ):
             raise TypeError(_BAD_RULE.format(rule=rule))
+        if transform is not None and not callable(transform):
+            raise TypeError(f"The transform of key rule {rule!r} is not callable")
+        if transform is None and (len(sources) > 1 or len(targets) > 1):
+            raise ValueError(
+                f"Key rule {rule!r} maps {len(sources)} names to {len(targets)}: it needs a "
+                "transform (concatenate the sources, or split into the targets)"
+            )
+        parsed = [_parsed(p, rule) for p in sources + targets]
+        reads, writes = parsed[: len(sources)], parsed[len(sources) :]
+        sources = tuple(p.dotted() for p in reads)
+        targets = tuple(p.dotted() for p in writes)
         for side, names in (("sources", sources), ("targets", targets)):
             twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
             if twice is not None:
@@ -133,32 +144,20 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
                     "in the order the transform "
                     + ("takes them" if side == "sources" else "returns them")
                 )
-        if transform is not None and not callable(transform):
-            raise TypeError(f"The transform of key rule {rule!r} is not callable")
-        if transform is None and (len(sources) > 1 or len(targets) > 1):
-            raise ValueError(
-                f"Key rule {rule!r} maps {len(sources)} names to {len(targets)}: it needs a "
-                "transform (concatenate the sources, or split into the targets)"
-            )
-        parsed = [_parsed(p, rule) for p in sources + targets]
-        sources = tuple(p.dotted() for p in parsed[: len(sources)])
-        targets = tuple(p.dotted() for p in parsed[len(sources) :])
-        regexes = tuple(p.regex() for p in parsed[: len(sources)])
-        names = [tuple(dict.fromkeys(c.name for c in p.captures)) for p in parsed]
-        captured = set(names[0])
-        for other in names[1 : len(sources)]:
-            if set(other) != captured:
-                raise ValueError(f"The sources of key rule {rule!r} capture different names")
-        for target, used in zip(targets, names[len(sources) :]):
+        captures = [tuple(dict.fromkeys(c.name for c in p.captures)) for p in parsed]
+        captured = set(captures[0])
+        if any(set(other) != captured for other in captures[1 : len(sources)]):
+            raise ValueError(f"The sources of key rule {rule!r} capture different names")
+        for target, used in zip(targets, captures[len(sources) :]):
             if not set(used) <= captured:
                 raise ValueError(
                     f"Key rule {rule!r}: the target {target!r} uses "
                     f"{sorted(set(used) - captured)}, which no source captures"
                 )
-        choices = pattern_choices(sources)
-        many = frozenset(c.name for p in parsed[: len(sources)] for c in p.captures if c.many)
-        backward = tuple(p.regex(choices, many) for p in parsed[len(sources) :])
-        compiled.append(Rule(sources, targets, transform, regexes, names[0], inverse, backward))
+        many = frozenset(c.name for p in reads for c in p.captures if c.many)
+        backward = tuple(p.regex(pattern_choices(sources), many) for p in writes)
+        regexes = tuple(p.regex() for p in reads)
+        compiled.append(Rule(sources, targets, transform, regexes, captures[0], inverse, backward))
     return tuple(compiled)
 
 
