@@ -1,23 +1,10 @@
 """Sharding by rules: a table of (selection, partition spec), checked, then used to place.
 
-A model states its layout once, as an ordered table of rules: each rule is an `.at`
-selection (a glob, a class, `tc.where`, a chain of them) and a partition spec written in
-*logical* axis names (`("embed", "mlp")`). A deployment maps the logical names to the
-axes of its mesh (`mlp -> "model"`). Applied to an abstract model (`jax.eval_shape`), the
-table is checked leaf by leaf before anything is allocated, and every problem is reported
-at once, each naming its key path: leaves no rule matches, rules that give no leaf (the
-first rule selecting a leaf gives its spec), specs whose rank or divisibility does not
-fit the leaf and the mesh, unknown axis names, a mesh axis used twice in one spec.
-
-Which leaves a rule selects is what `.at` selects (its selectors compiled and walked
-once per rule, as `tc.optim.mask` does): the one answer of the `.at` selectors, never a
-second matcher. Stacked blocks (`tc.Stacked`) are
-selected per block (`blocks.*.attn.q.weight`) and their leaves carry the block axes
-first: a rule's spec is written for one block, and the block axes get `block_axis`.
-
-Then the table places things: `ShardingRules.init` builds a model directly in its
-shardings (traced once, run under `jax.jit` with `out_shardings`); `init_like` and
-`shardings_like` place what follows the model (optimizer state) by key path.
+The table's meaning is `ShardingRules`'s docstring. Which leaves a rule selects is what
+`.at` selects (its selectors walked once per rule, as `tc.optim.mask` does), never a
+second matcher; the first rule selecting a leaf gives its spec. The check collects every
+problem before anything is allocated; `ShardingRules.init` then builds a model in its
+shardings, and `init_like` / `shardings_like` place what follows it by key path.
 """
 
 from __future__ import annotations
@@ -542,7 +529,7 @@ class ShardingRules:
             if not selected:
                 problems[_UNUSED.format(rule=rule.text, root=path_str(tree, ()))] = None
             elif all(claims[index] is not rule for index in selected):
-                earlier = dict.fromkeys(claims[i].text for i in selected)  # type: ignore[union-attr]
+                earlier = dict.fromkeys(r.text for i in selected if (r := claims[i]) is not None)
                 shown = [f"`{path_str(tree, flat[i][0])}`" for i in selected[:3]]
                 more = f" and {len(selected) - 3} more" if len(selected) > 3 else ""
                 problems[

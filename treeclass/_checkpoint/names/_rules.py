@@ -403,12 +403,8 @@ class RuledCatalog:
                 wanted.append(layers[0])
                 break
         for want in wanted:
-            for rule in self.rules:
-                for target in rule.target_regexes:
-                    match = target.fullmatch(want)
-                    if match is not None:
-                        captures = match.groupdict()
-                        return tuple(fill(source, captures) for source in rule.sources)
+            for number, _, match in target_hits(self.rules, want)[:1]:
+                return tuple(fill(s, match.groupdict()) for s in self.rules[number].sources)
         return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
