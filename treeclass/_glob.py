@@ -82,18 +82,36 @@ def _tokens(text: str, pattern: str) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _name_regex(tokens: tuple[Any, ...], char: str) -> str:
-    """Tokens as a regex body matching one name, `char` standing for one character."""
+def _name_regex(
+    tokens: tuple[Any, ...],
+    char: str,
+    seen: set[str] | None = None,
+    choices: Mapping[str, tuple[str, ...]] | None = None,
+    many: frozenset[str] = frozenset(),
+) -> str:
+    """Tokens as a regex body, `char` standing for one character of a name. With `seen`
+    (the capture names so far: over dotted names), each capture is a named group."""
     parts = []
     for token in tokens:
         if isinstance(token, str):
             parts.append(re.escape(token))
         elif token is _STAR or token is _ONE:
             parts.append(char + "*" if token is _STAR else char)
-        elif token.values:
-            parts.append(f"(?:{'|'.join(map(re.escape, token.values))})")
+        elif seen is not None and token.name in seen:
+            parts.append(f"(?P={token.name})")
         else:
-            parts.append(char + "+")
+            values = token.values or (choices or {}).get(token.name)
+            if values:
+                body = "|".join(map(re.escape, values))
+            elif token.many or token.name in many:
+                body = r"[^.]+(?:\.[^.]+)*?"
+            else:
+                body = char + "+"
+            if seen is None:
+                parts.append(f"(?:{body})")
+            else:
+                seen.add(token.name)
+                parts.append(f"(?P<{token.name}>{body})")
     return "".join(parts)
 
 
@@ -248,7 +266,7 @@ class Glob:
         dot = False  # whether a segment before needs a '.' before the next one
         for k, segment in enumerate(self.segments):
             if segment.match is None:  # '**'
-                if k + 1 < len(self.segments) and self.segments[k + 1] == "**":
+                if k + 1 < len(self.segments) and self.segments[k + 1].match is None:
                     continue  # ('**.**' is '**')
                 if k + 1 < len(self.segments):
                     parts.append((r"\." if dot else "") + r"(?:[^.]+\.)*")
@@ -260,22 +278,8 @@ class Glob:
             dot = True
             if segment.tokens is None:  # a quoted key: literal
                 parts.append(re.escape(segment))
-                continue
-            for token in segment.tokens:
-                if not isinstance(token, Capture):
-                    parts.append(_name_regex((token,), "[^.]"))
-                elif token.name in seen:
-                    parts.append(f"(?P={token.name})")
-                else:
-                    seen.add(token.name)
-                    values = token.values or (choices or {}).get(token.name)
-                    if values:
-                        body = "|".join(map(re.escape, values))
-                    elif token.many or token.name in many:
-                        body = r"[^.]+(?:\.[^.]+)*?"
-                    else:
-                        body = "[^.]+"
-                    parts.append(f"(?P<{token.name}>{body})")
+            else:
+                parts.append(_name_regex(segment.tokens, "[^.]", seen, choices, many))
         return re.compile("".join(parts))
 
 
