@@ -601,7 +601,8 @@ class ShardingRules:
             if depth and block:  # replicated as `P()` is: the block axes still split
                 return [block] * depth + [()] * (rank - depth)
             return None
-        if _fitted(rule.entries, rank, depth) is None:
+        written = len(rule.entries)
+        if written and written != rank and not (depth and written == rank - depth):
             if depth:
                 want = (
                     f"one per axis of a block ({rank - depth}; the block axes get "
@@ -610,9 +611,7 @@ class ShardingRules:
             else:
                 want = f"one per axis of the leaf ({rank})"
             want = f"but it needs {want}, or none (`P()`: replicated)"
-            problems[_RANK.format(**about(), rule=rule.text, got=len(rule.entries), want=want)] = (
-                None
-            )
+            problems[_RANK.format(**about(), rule=rule.text, got=written, want=want)] = None
             return None
         entries = mapped[rule.index]
         if entries is None:  # an unknown name: reported once, for the rule
@@ -755,21 +754,6 @@ def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> l
             flag = bool(np.all(flag))
         out.append(flag)
     return out
-
-
-def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:
-    """A rule's entries as a full-rank logical spec of a leaf (None: the rank misfits).
-
-    `P()` leaves every axis of a block unsplit; a spec of a block's rank gets placeholders
-    for the block axes in front.
-    """
-    if not entries:
-        entries = (None,) * (rank - depth)
-    if len(entries) == rank:
-        return entries
-    if depth and len(entries) == rank - depth:
-        return ("<block axis>",) * depth + entries
-    return None
 
 
 def _names(entry: Any) -> tuple[str, ...]:
