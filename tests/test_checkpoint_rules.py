@@ -391,6 +391,15 @@ def test_a_rule_shadowed_by_an_earlier_one_is_an_error_naming_both():
     assert layer["q"].tolist() == [2.0, 2.0] and layer["k"]["weight"].tolist() == [1.0, 1.0]
 
 
+def test_a_name_captured_twice_in_a_source_matches_equal_values_only():
+    one = np.ones(2, np.float32)
+    state = {"h.0.to.0": one, "h.0.to.1": 2 * one, "h.1.to.1": 3 * one}
+    like = {"self": [jnp.zeros(2), jnp.zeros(2)], "h": {"0": {"to": {"1": jnp.zeros(2)}}}}
+    loaded = tc.from_state_dict(like, state, rules=[("h.{i}.to.{i}", "self[{i}]")])
+    assert [w.tolist() for w in loaded["self"]] == [[1.0, 1.0], [3.0, 3.0]]
+    assert loaded["h"]["0"]["to"]["1"].tolist() == [2.0, 2.0]  # under its own name
+
+
 def test_a_rule_matching_no_name_of_the_file_is_no_error():
     # one table serves a family of files: a tied model's file has no head
     rules = [("emb", "embed"), ("lm_head", "head")]
