@@ -15,7 +15,6 @@ each matching one key name (`layers`, `*`, `{i}`, `[0]`, `['a.b']`), one or more
 from __future__ import annotations
 
 import ast
-import fnmatch
 import functools
 import re
 from collections.abc import Callable, Mapping
@@ -33,7 +32,7 @@ _GLOB_SYNTAX = (
 # a capture as written in a pattern: `{name}`, `{name*}`, `{name:a|b}`
 CAPTURE = re.compile(r"\{([A-Za-z_]\w*)(\*?)(?::([^{}.]*))?\}")
 _TOKEN = re.compile(CAPTURE.pattern + r"|[*?{}]")
-_WILDCARDS = re.compile(r"[*?\[]")
+_WILDCARDS = re.compile(r"[*?]")
 _STAR, _ONE = ("*",), ("?",)  # fnmatch wildcards among a segment's tokens
 
 
@@ -158,21 +157,18 @@ class _Segment(str):
             except (ValueError, SyntaxError):
                 literal = content[1:-1]
             return cls(literal)._set(lambda name: isinstance(name, str) and name == literal, None)
+        if not (_WILDCARDS.search(content) or CAPTURE.search(content)):
+            return cls(content)._set(lambda name: repr(name) == content, (content,))
         tokens = _tokens(content, pattern)
-        if any(isinstance(t, Capture) for t in tokens):
-            if any(isinstance(t, Capture) and t.many for t in tokens):
-                raise ValueError(
-                    f"The capture in [{content}] of {pattern!r} takes one or more segments: "
-                    f"write it as a dotted segment ('a.{content}'). {_GLOB_SYNTAX}"
-                )
-            regex = re.compile(f"(?s:{_name_regex(tokens, '.')})").fullmatch
-            return cls(content)._set(lambda name: regex(str(name)), tokens)
-        if _WILDCARDS.search(content):
-            fn = re.compile(fnmatch.translate(content)).match
-            return cls(content)._set(
-                lambda name: fn(str(name)) is not None or repr(name) == content, tokens
+        if any(isinstance(t, Capture) and t.many for t in tokens):
+            raise ValueError(
+                f"The capture in [{content}] of {pattern!r} takes one or more segments: "
+                f"write it as a dotted segment ('a.{content}'). {_GLOB_SYNTAX}"
             )
-        return cls(content)._set(lambda name: repr(name) == content, tokens)
+        regex = re.compile(f"(?s:{_name_regex(tokens, '.')})").fullmatch
+        return cls(content)._set(
+            lambda name: regex(str(name)) is not None or repr(name) == content, tokens
+        )
 
     def is_wild(self) -> bool:
         """Whether the segment matches names by wildcards (`*`, `?`, `**`, `[*]`)."""
