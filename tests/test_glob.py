@@ -242,3 +242,9 @@ def test_property_a_glob_selects_what_a_key_rule_with_its_source_reads(tree, seg
         for parts in names
     ]
     assert flags == expected
+
+
+def test_an_unquoted_bracket_key_whose_repr_holds_braces_is_no_capture():
+    tree = {frozenset({1}): 3, frozenset({2}): 4}
+    got = tc.at(tree)[tc.glob("[frozenset({1})]")].get(fill_value=0)
+    assert got == {frozenset({1}): 3, frozenset({2}): 0}
