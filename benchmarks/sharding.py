@@ -7,7 +7,7 @@ Two rows:
 
 - **treeclass**: `tc.ShardingRules(...).specs(abstract, mesh)`, six rules (globs, a
   union of names, a class) with logical names mapped to a 2-d `AbstractMesh`: every
-  selection made by `.at`, and every check (unmatched leaves, conflicting rules, rank,
+  selection made by `.at`, and every check (unmatched leaves, shadowed rules, rank,
   divisibility, axis names) done;
 - **hand-written** (the floor): `jax.tree_util.tree_map_with_path` with the same rules as
   regular expressions over `keystr`, first match wins, no check at all.
@@ -84,8 +84,8 @@ def _rules() -> Any:
             (tc.glob("blocks.*.out.weight"), ("heads", "embed")),
             (tc.glob("blocks.*.up.weight"), ("embed", "mlp")),
             (tc.glob("blocks.*.down.weight"), ("mlp", "embed")),
+            (tc.glob("blocks.*.attn_norm.scale"), (None,)),  # first match: before the class
             (Norm, P()),
-            (tc.glob("blocks.*.*_norm.scale"), (None,)),  # agrees with the class rule
         ],
         axes=_AXES,
     )
@@ -150,7 +150,7 @@ def rules_check_case(leaves: int) -> Case:
         sync=None,
         note=(
             "No target: the check runs once, before a model is built, and the floor checks "
-            "nothing (no unmatched leaf, conflict, rank or divisibility)."
+            "nothing (no unmatched leaf, shadowed rule, rank or divisibility)."
         ),
     )
 

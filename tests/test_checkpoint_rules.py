@@ -361,6 +361,67 @@ def test_two_names_mapped_to_one_target_are_refused():
         tc.from_state_dict({"c": jnp.zeros(1)}, state, rules=[("a", "c"), ("b", "c")])
 
 
+@pytest.mark.parametrize("source", ["layers[{i}].w", "layers.{i}.w", ".layers[{i}]['w']"])
+def test_a_source_written_as_a_key_path_matches_the_dotted_file_names(source):
+    state = {"layers.0.w": np.ones(2, np.float32), "layers.1.w": np.full(2, 2, np.float32)}
+    like = {"blocks": [{"w": jnp.zeros(2)}, {"w": jnp.zeros(2)}]}
+    loaded = tc.from_state_dict(like, state, rules=[(source, "blocks[{i}].w")])
+    assert [float(block["w"][0]) for block in loaded["blocks"]] == [1.0, 2.0]
+
+
+def test_a_rule_shadowed_by_an_earlier_one_is_an_error_naming_both():
+    one = np.ones(2, np.float32)
+    state = {"layers.0.q.weight": one, "layers.0.k.weight": one}
+    like = {"layers": [{"q": jnp.zeros(2), "k": {"weight": jnp.zeros(2)}}]}
+    shadowed = [
+        ("layers.{i}.{rest*}", "layers[{i}].{rest}"),
+        ("layers.{i}.q.weight", "layers[{i}].q", lambda w: w * 2),
+    ]
+    with pytest.raises(ValueError) as error:
+        tc.from_state_dict(like, state, rules=shadowed)
+    message = str(error.value)
+    assert "key rule 'layers.{i}.q.weight' -> 'layers.{i}.q' matches 'layers.0.q.weight'" in (
+        message
+    )
+    assert "read by an earlier key rule, 'layers.{i}.{rest*}' -> 'layers.{i}.{rest}'" in message
+    assert "Put the narrower rule first" in message
+    # the narrower rule first: each rule reads some name, and the first match wins
+    loaded = tc.from_state_dict(like, state, rules=[shadowed[1], shadowed[0]])
+    layer = loaded["layers"][0]
+    assert layer["q"].tolist() == [2.0, 2.0] and layer["k"]["weight"].tolist() == [1.0, 1.0]
+
+
+def test_a_name_captured_twice_in_a_source_matches_equal_values_only():
+    one = np.ones(2, np.float32)
+    state = {"h.0.to.0": one, "h.0.to.1": 2 * one, "h.1.to.1": 3 * one}
+    like = {"self": [jnp.zeros(2), jnp.zeros(2)], "h": {"0": {"to": {"1": jnp.zeros(2)}}}}
+    loaded = tc.from_state_dict(like, state, rules=[("h.{i}.to.{i}", "self[{i}]")])
+    assert [w.tolist() for w in loaded["self"]] == [[1.0, 1.0], [3.0, 3.0]]
+    assert loaded["h"]["0"]["to"]["1"].tolist() == [2.0, 2.0]  # under its own name
+
+
+def test_a_rule_matching_no_name_of_the_file_is_no_error():
+    # one table serves a family of files: a tied model's file has no head
+    rules = [("emb", "embed"), ("lm_head", "head")]
+    state = {"emb": np.ones(2, np.float32)}
+    loaded = tc.from_state_dict({"embed": jnp.zeros(2)}, state, rules=rules)
+    assert loaded["embed"].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "rule, says",
+    [
+        (("layers.*.w", "w"), r"'layers\.\*\.w' has the wildcard segment '\*'"),
+        (("a", "**.b"), r"wildcard segment '\*\*'"),
+        (("a.{i", "b"), r"Stray '\{' in 'a\.\{i'"),
+        (("a.x{r*}", "b.{r}"), r"takes one or more whole segments"),
+    ],
+)
+def test_a_pattern_a_key_rule_cannot_write_back_is_refused_with_the_fix(rule, says):
+    with pytest.raises(ValueError, match=says):
+        tc.from_state_dict({"b": jnp.zeros(1)}, {"a": np.zeros(1)}, rules=[rule])
+
+
 # ------------------------------------------------------------------------------------------
 # partial loads
 # ------------------------------------------------------------------------------------------

@@ -118,3 +118,133 @@ def test_glob_docstring_example_runs():
     assert blocks
     for block in blocks:
         exec(textwrap.dedent(block), {})
+
+
+# -- captures: one language with key rules -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "segments", "captures"),
+    [
+        ("layers.{i}.w", ("layers", "{i}", "w"), ("i",)),
+        ("blocks[{i}].attn", ("blocks", "{i}", "attn"), ("i",)),
+        ("a.{n:q|k}_proj.{rest*}", ("a", "{n:q|k}_proj", "{rest*}"), ("n", "rest")),
+        ("['{x}']", ("{x}",), ()),  # quoted: a literal key, no capture
+    ],
+)
+def test_glob_parses_captures(pattern, segments, captures):
+    parsed = tc.glob(pattern)
+    assert parsed.segments == segments
+    assert tuple(c.name for c in parsed.captures) == captures
+
+
+def test_a_capture_selects_like_a_wildcard_and_a_choice_among_its_values():
+    tree = {"layers": [{"q_proj": 1, "k_proj": 2, "o_proj": 3}, {"q_proj": 4, "k_proj": 5}]}
+    got = tc.at(tree)[tc.glob("layers.{i}.{n:q|k}_proj")].get(fill_value=0)
+    assert got == {"layers": [{"q_proj": 1, "k_proj": 2, "o_proj": 0}, {"q_proj": 4, "k_proj": 5}]}
+    deep = {"a": {"b": {"c": 1}}, "d": 2}
+    # `{rest*}`: one level or more, as '*.**'
+    assert tc.at(deep)[tc.glob("{rest*}.c")].get(fill_value=0) == {"a": {"b": {"c": 1}}, "d": 0}
+    assert tc.at(deep)[tc.glob("a.{rest*}")].get(fill_value=0) == {"a": {"b": {"c": 1}}, "d": 0}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [
+        ("a.{i}.{i}", r"captures \{i\} twice: in a key rule that means equal values"),
+        ("a.{i", r"Stray '\{' in 'a\.\{i'"),
+        ("a.x}", r"Stray '\}'"),
+        ("a.{1}", r"Stray '\{'"),
+        ("a.x{r*}", r"takes one or more whole segments"),
+        ("a[{r*}]", r"write it as a dotted segment"),
+        ("a.{n:}", r"lists values wrongly"),
+        ("a.{n*:x|y}", r"lists values wrongly"),
+    ],
+)
+def test_glob_rejects_malformed_captures(pattern, message):
+    with pytest.raises(ValueError, match=message):
+        tc.glob(pattern)
+
+
+def test_glob_and_a_key_rule_source_select_the_same_names():
+    from treeclass._checkpoint.names._rules import compile_rules, source_hit
+
+    tree = {"layers": [{"w": 1, "b": 2}, {"w": 3, "b": 4}], "w": 5}
+    got = tc.at(tree)[tc.glob("layers.{i}.w")].get(fill_value=0)
+    assert got == {"layers": [{"w": 1, "b": 0}, {"w": 3, "b": 0}], "w": 0}
+    rules = compile_rules([("layers.{i}.w", "x.{i}")])
+    names = ["layers.0.w", "layers.0.b", "layers.1.w", "layers.1.b", "w"]
+    assert [n for n in names if source_hit(rules, n)] == ["layers.0.w", "layers.1.w"]
+
+
+_SEGMENT_NAMES = ["a", "b", "ab", "0", "1"]
+
+
+def _pattern_segments(with_wildcards: bool) -> st.SearchStrategy[list[str]]:
+    kinds = [st.sampled_from(_SEGMENT_NAMES), st.sampled_from(["['a']", "['ab']"])]
+    kinds += [
+        st.just("{c}"),
+        st.just("a{c}"),
+        st.sampled_from(["{c:a|0}", "{c:ab|b}"]),
+        st.just("{c*}"),
+    ]
+    if with_wildcards:
+        kinds += [st.sampled_from(["*", "?", "a*", "*b", "**", "[0]", "[*]"])]
+    return st.lists(st.one_of(kinds), min_size=1, max_size=4)
+
+
+def _numbered(segments: list[str]) -> str:
+    """The segments as one pattern, each capture with a name of its own."""
+    return ".".join(s.replace("{c", "{c" + str(k)) for k, s in enumerate(segments))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _pattern_segments(with_wildcards=True),
+    st.lists(st.sampled_from(_SEGMENT_NAMES), min_size=1, max_size=5),
+)
+def test_property_the_automaton_and_the_regex_of_a_pattern_agree(segments, name):
+    from treeclass._glob import parse
+
+    pattern = parse(_numbered(segments))
+    state = pattern.start
+    for segment in name:  # a digit is a sequence index in a tree
+        state = pattern.advance(state, int(segment) if segment.isdigit() else segment)
+    by_regex = pattern.regex().fullmatch(".".join(name)) is not None
+    assert (pattern.accept in state) == by_regex
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.recursive(
+        st.integers(0, 9),
+        lambda c: st.dictionaries(st.sampled_from(["a", "b", "ab"]), c, min_size=1, max_size=3),
+        max_leaves=8,
+    ).filter(lambda t: isinstance(t, dict)),
+    _pattern_segments(with_wildcards=False).filter(lambda s: all("0" not in p for p in s)),
+)
+def test_property_a_glob_selects_what_a_key_rule_with_its_source_reads(tree, segments):
+    from treeclass._checkpoint.names._rules import compile_rules, source_hit
+
+    pattern = _numbered(segments)
+    rules = compile_rules([(pattern, pattern)])
+    try:
+        got = tc.at(tree)[tc.glob(pattern)].get(fill_value="-")
+        flags = [leaf != "-" for leaf in jax.tree_util.tree_leaves(got)]
+    except LookupError:  # a glob that selects nothing
+        flags = [False] * len(jax.tree_util.tree_leaves(tree))
+    # a glob selects a node with all below it: a leaf whose name or a prefix of it matches
+    names = [
+        [str(k.key) for k in path] for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+    expected = [
+        any(source_hit(rules, ".".join(parts[:k])) for k in range(1, len(parts) + 1))
+        for parts in names
+    ]
+    assert flags == expected
+
+
+def test_an_unquoted_bracket_key_whose_repr_holds_braces_is_no_capture():
+    tree = {frozenset({1}): 3, frozenset({2}): 4}
+    got = tc.at(tree)[tc.glob("[frozenset({1})]")].get(fill_value=0)
+    assert got == {frozenset({1}): 3, frozenset({2}): 0}

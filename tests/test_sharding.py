@@ -161,23 +161,49 @@ def test_replicated_unmatched_stacked_leaves_keep_the_block_axis_split():
     assert rules.specs(abstract(), MESH).blocks.tree.norm.scale == P("data", None)
 
 
-def test_two_rules_with_different_specs_name_the_leaf_and_both_rules():
+def test_the_first_rule_that_selects_a_leaf_gives_its_spec():
+    # a catch-all after the specific rules: it gives the leaves they leave
+    rules = tc.ShardingRules(
+        [*RULES.table()[:3], (tc.glob("**"), P())], axes=RULES.axes, block_axis="layers"
+    )
+    specs = rules.specs(abstract(), MESH)
+    assert specs.blocks.tree.up.weight == P(None, "data", "model")
+    assert specs.blocks.tree.up.bias == P() and specs.blocks.tree.norm.scale == P()
+    # the same rules in the other order: the catch-all takes every leaf first
+    text = problems(tc.ShardingRules([(tc.glob("**"), P()), *RULES.table()]), abstract())
+    assert "rule 1 (glob('embed') -> P('vocab', 'embed')) selects `Model.embed`" in text
+
+
+def test_a_rule_whose_every_leaf_an_earlier_rule_took_names_the_rules_that_took_them():
     rules = tc.ShardingRules(
         [*RULES.table(), (tc.glob("**.up.weight"), ("mlp", "embed"))],
         axes=RULES.axes,
         block_axis="layers",
     )
     text = problems(rules, abstract())
-    assert "`Model.blocks.up.weight` f32[4,8,16]" in text
-    assert "rules give it different specs: rule 1 (glob('blocks.*.up.weight')" in text
-    assert "and rule 5 (glob('**.up.weight') -> P('mlp', 'embed'))" in text
-
-
-def test_rules_that_agree_may_overlap():
-    rules = tc.ShardingRules(
-        [*RULES.table(), (tc.glob("**.bias"), (None,))], axes=RULES.axes, block_axis="layers"
+    assert "1 problem(s)" in text
+    assert (
+        "rule 5 (glob('**.up.weight') -> P('mlp', 'embed')) selects `Model.blocks.up.weight`"
+        in (text)
     )
-    assert rules.specs(abstract(), MESH).blocks.tree.up.bias == P()
+    assert "but it is taken by an earlier rule (rule 1 (glob('blocks.*.up.weight')" in text
+    # a rule that agrees with the earlier one is no different: it gives nothing
+    agreeing = [*RULES.table(), (tc.glob("**.bias"), P())]
+    text = problems(tc.ShardingRules(agreeing, axes=RULES.axes, block_axis="layers"), abstract())
+    assert "rule 5 (glob('**.bias') -> P()) selects `Model.blocks.up.bias`" in text
+    assert "(rule 3 (Linear, 'bias' -> P()))" in text
+
+
+def test_a_rule_taking_some_leaves_of_its_selection_is_no_error():
+    rules = tc.ShardingRules(
+        [*RULES.table()[:3], (tc.glob("**.up.*"), P()), (tc.glob("**"), P())],
+        axes=RULES.axes,
+        block_axis="layers",
+    )
+    # `**.up.*` selects up's weight (rule 1 took it) and its bias (which it gives)
+    specs = rules.specs(abstract(), MESH)
+    assert specs.blocks.tree.up.weight == P(None, "data", "model")
+    assert specs.blocks.tree.up.bias == P() and specs.embed == P(None, "data")
 
 
 def test_a_spec_of_another_rank_names_the_path_and_the_shape():

@@ -1,82 +1,190 @@
-"""The glob language of `tc.glob`: a key-path pattern and the automaton that runs it.
+"""The one pattern language of treeclass: a key-path pattern, parsed once, run two ways.
 
-A pattern is parsed once per pattern string into segments, each matching one key name
-(`layers`, `*`, `[0]`, `['a.b']`) or, `**`, any number of levels. Matching runs the
-segments as a small NFA whose state is the set of pattern positions reached so far;
-`Glob.advance` moves it over one key name. What a match selects in a tree, and the error
-of a glob that selects nothing, belong to the selectors (`_selectors.GlobMatcher`).
+`tc.glob` selectors, the globs of sharding rules and both sides of checkpoint key rules
+are written in it (the syntax: `glob`'s docstring). A pattern is parsed into segments,
+each matching one key name (`layers`, `*`, `{i}`, `[0]`, `['a.b']`), one or more
+(`{rest*}`) or any number (`**`). Two back ends run the parsed form:
+
+- an NFA whose state is the set of segment positions reached so far; `Glob.advance`
+  moves it over one key name, for walking trees. What a match selects in a tree, and the
+  error of a glob that selects nothing, belong to the selectors (`_selectors.GlobMatcher`);
+- a full-string regex over dotted names (`Glob.regex`), captures as named groups, for
+  key rules over a checkpoint's names.
 """
 
 from __future__ import annotations
 
 import ast
-import fnmatch
 import functools
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
-__all__ = ["Glob", "glob"]
+__all__ = ["Glob", "glob", "parse", "Capture", "CAPTURE"]
 
 _GLOB_SYNTAX = (
-    "Glob syntax: segments separated by '.', each matched against a key's name with "
+    "Pattern syntax: segments separated by '.', each matched against a key's name with "
     "fnmatch wildcards ('*', '?'); '[0]' or '0' for a sequence index, \"['key']\" for a "
-    "dict key (quoted: literal, no wildcards), '**' for any number of levels. Examples: "
-    "'layers.*.weight', '**.bias', 'layers[0].weight'."
+    "dict key (quoted: literal, no wildcards), '**' for any number of levels; captures "
+    "'{name}' (one segment), '{name*}' (one or more), '{name:a|b}' (one of the values). "
+    "Examples: 'layers.*.weight', '**.bias', 'layers[0].weight', 'layers.{i}.{rest*}'."
 )
-_WILDCARDS = re.compile(r"[*?\[]")
+# a capture as written in a pattern: `{name}`, `{name*}`, `{name:a|b}`
+CAPTURE = re.compile(r"\{([A-Za-z_]\w*)(\*?)(?::([^{}.]*))?\}")
+_TOKEN = re.compile(CAPTURE.pattern + r"|[*?{}]")
+_WILDCARDS = re.compile(r"[*?]")
+_STAR, _ONE = ("*",), ("?",)  # fnmatch wildcards among a segment's tokens
+
+
+class Capture(NamedTuple):
+    """A capture of a pattern: its name, whether it takes one or more segments
+    (`{name*}`), and the values it is limited to (`{name:a|b}`; empty: any)."""
+
+    name: str
+    many: bool
+    values: tuple[str, ...]
+
+
+def _tokens(text: str, pattern: str) -> tuple[Any, ...]:
+    """A segment's text as literal strings, wildcards (`_STAR`, `_ONE`) and `Capture`s."""
+    out: list[Any] = []
+    at = 0
+    for match in _TOKEN.finditer(text):
+        if match.start() > at:
+            out.append(text[at : match.start()])
+        at = match.end()
+        token = match.group()
+        if match.group(1) is not None:
+            name, many, values = match.group(1, 2, 3)
+            if values is not None and (many or not all(values.split("|"))):
+                raise ValueError(
+                    f"The capture {token!r} in {pattern!r} lists values wrongly: "
+                    "'{name:a|b}' takes one segment among non-empty values, and a capture of "
+                    f"many segments ('{{name*}}') takes any. {_GLOB_SYNTAX}"
+                )
+            if many and text != token:
+                raise ValueError(
+                    f"The capture {token!r} in {pattern!r} takes one or more whole segments: "
+                    f"write it as a segment of its own ('a.{token}.b'). {_GLOB_SYNTAX}"
+                )
+            out.append(Capture(name, bool(many), tuple(values.split("|")) if values else ()))
+        elif token in "{}":
+            raise ValueError(
+                f"Stray {token!r} in {pattern!r}: a capture is '{{name}}', '{{name*}}' or "
+                "'{name:a|b}' with a name of letters, digits and '_' (a dict key with braces: "
+                f"\"['{{key}}']\"). {_GLOB_SYNTAX}"
+            )
+        else:
+            out.append(_STAR if token == "*" else _ONE)
+    if at < len(text):
+        out.append(text[at:])
+    return tuple(out)
+
+
+def _name_regex(
+    tokens: tuple[Any, ...],
+    char: str,
+    seen: set[str] | None = None,
+    choices: Mapping[str, tuple[str, ...]] | None = None,
+    many: frozenset[str] = frozenset(),
+) -> str:
+    """Tokens as a regex body, `char` standing for one character of a name. With `seen`
+    (the capture names so far: over dotted names), each capture is a named group."""
+    parts = []
+    for token in tokens:
+        if isinstance(token, str):
+            parts.append(re.escape(token))
+        elif token is _STAR or token is _ONE:
+            parts.append(char + "*" if token is _STAR else char)
+        elif seen is not None and token.name in seen:
+            parts.append(f"(?P={token.name})")
+        else:
+            values = token.values or (choices or {}).get(token.name)
+            if values:
+                body = "|".join(map(re.escape, values))
+            elif token.many or token.name in many:
+                body = r"[^.]+(?:\.[^.]+)*?"
+            else:
+                body = char + "+"
+            if seen is None:
+                parts.append(f"(?:{body})")
+            else:
+                seen.add(token.name)
+                parts.append(f"(?P<{token.name}>{body})")
+    return "".join(parts)
+
+
+def _of_text(name: object) -> str:
+    return name if type(name) is str else str(name)
 
 
 class _Segment(str):
-    """One segment of a glob: its text, and how it matches a key's name.
+    """One segment of a pattern: its text (a quoted key's literal), and how it matches.
 
-    A dotted segment (`layers.*`) matches `str(name)` with fnmatch wildcards. A bracket
-    segment is what `jax.tree_util.keystr` writes for one key: quoted (`['a.b']`) it is a
-    literal string; unquoted (`[0]`, `[(1, 2)]`) it matches the name whose `repr` it is,
-    or, holding wildcards (`[*]`), `str(name)` with fnmatch.
+    `match` is truthy for a key name the segment matches (None for `**`); `repeat` marks
+    `{name*}`, which matches one name or more; `tokens` is the text parsed (None for a
+    quoted key, matched literally). A dotted segment (`layers`, `*_proj`, `{n:q|k}`)
+    matches `str(name)`. A bracket segment is what `jax.tree_util.keystr` writes for one
+    key: quoted (`['a.b']`) a literal string; unquoted (`[0]`, `[(1, 2)]`) the name
+    whose `repr` it is, or, holding wildcards or captures (`[*]`, `[{i}]`), `str(name)`.
     """
 
-    match: Callable[[Any], object] | None  # truthy for a name that matches; None for '**'
+    match: Callable[[Any], object] | None
+    repeat: bool
+    tokens: tuple[Any, ...] | None
+
+    def _set(self, match: Any, tokens: Any, repeat: bool = False) -> _Segment:
+        self.match, self.tokens, self.repeat = match, tokens, repeat
+        return self
 
     @classmethod
-    def dotted(cls, text: str) -> _Segment:
-        segment = cls(text)
+    def dotted(cls, text: str, pattern: str) -> _Segment:
         if text == "**":
-            segment.match = None
-        else:
-            regex = re.compile(fnmatch.translate(text)).match
-            segment.match = lambda name: regex(name if isinstance(name, str) else str(name))
-        return segment
+            return cls(text)._set(None, ())
+        tokens = _tokens(text, pattern)
+        if len(tokens) == 1 and isinstance(tokens[0], Capture) and tokens[0].many:
+            return cls(text)._set(lambda name: True, tokens, repeat=True)
+        if all(isinstance(t, str) for t in tokens):
+            return cls(text)._set(lambda name: _of_text(name) == text, tokens)
+        regex = re.compile(f"(?s:{_name_regex(tokens, '.')})").fullmatch
+        return cls(text)._set(lambda name: regex(_of_text(name)), tokens)
 
     @classmethod
-    def bracket(cls, content: str) -> _Segment:
+    def bracket(cls, content: str, pattern: str) -> _Segment:
         if len(content) >= 2 and content[0] == content[-1] and content[0] in "'\"":
             try:
                 literal = ast.literal_eval(content)
             except (ValueError, SyntaxError):
                 literal = content[1:-1]
-            segment = cls(literal)
-            segment.match = lambda name: isinstance(name, str) and name == literal
-            return segment
-        segment = cls(content)
-        if _WILDCARDS.search(content):
-            regex = re.compile(fnmatch.translate(content)).match
-            segment.match = lambda name: regex(str(name)) is not None or repr(name) == content
-        else:
-            segment.match = lambda name: repr(name) == content
-        return segment
+            return cls(literal)._set(lambda name: isinstance(name, str) and name == literal, None)
+        if not (_WILDCARDS.search(content) or CAPTURE.search(content)):
+            return cls(content)._set(lambda name: repr(name) == content, (content,))
+        tokens = _tokens(content, pattern)
+        if any(isinstance(t, Capture) and t.many for t in tokens):
+            raise ValueError(
+                f"The capture in [{content}] of {pattern!r} takes one or more segments: "
+                f"write it as a dotted segment ('a.{content}'). {_GLOB_SYNTAX}"
+            )
+        regex = re.compile(f"(?s:{_name_regex(tokens, '.')})").fullmatch
+        return cls(content)._set(
+            lambda name: regex(str(name)) is not None or repr(name) == content, tokens
+        )
+
+    def is_wild(self) -> bool:
+        """Whether the segment matches names by wildcards (`*`, `?`, `**`, `[*]`)."""
+        return self.match is None or any(t is _STAR or t is _ONE for t in self.tokens or ())
 
 
 class Glob:
-    """A parsed pattern (`segments`) and its automaton.
+    """A parsed pattern (`segments`, `captures`) and its two back ends.
 
-    A state is a frozenset of positions in `segments`; `start` is the state before any
-    name, and a state holding `accept` (one past the last segment) has matched the whole
-    pattern. Transitions are memoized per (state, name), since layers repeat the same
-    names.
+    The NFA: a state is a frozenset of positions in `segments`; `start` is the state
+    before any name, and a state holding `accept` (one past the last segment) has matched
+    the whole pattern. Transitions are memoized per (state, name), since layers repeat the
+    same names. The regex: `regex()`, over dotted names.
     """
 
-    __slots__ = ("pattern", "segments", "start", "accept", "_transitions")
+    __slots__ = ("pattern", "segments", "captures", "start", "accept", "_transitions")
 
     # memoization only (a pure function of the pattern): bounded, so a tree with
     # unboundedly many distinct names cannot grow it without limit
@@ -85,12 +193,19 @@ class Glob:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.segments = _parse_glob(pattern)
+        self.captures = tuple(
+            t for s in self.segments for t in s.tokens or () if isinstance(t, Capture)
+        )
         self.accept = len(self.segments)
         self._transitions: dict[Any, frozenset[int]] = {}
         self.start = self._closure(frozenset([0]))
 
     def __repr__(self) -> str:
         return f"glob({self.pattern!r})"
+
+    def dotted(self) -> str:
+        """The pattern as a dotted name would be written (`layers[{i}].w`: `layers.{i}.w`)."""
+        return ".".join(self.segments)
 
     def expects_name(self, position: int) -> bool:
         """Whether the segment at `position` must match one key name (not `**`, not past
@@ -123,15 +238,45 @@ class Glob:
         for p in state:
             if p >= self.accept:
                 continue
-            match = segments[p].match
-            if match is None:
-                nxt.add(p)  # '**' consumes this level and may consume more
-            elif match(name):
+            segment = segments[p]
+            if segment.match is None or segment.repeat:
+                nxt.add(p)  # '**' and '{name*}' consume this level and may consume more
+            if segment.match is not None and segment.match(name):
                 nxt.add(p + 1)
         result = self._closure(frozenset(nxt)) if nxt else frozenset()
         if key is not None and len(self._transitions) < self._MAX_TRANSITIONS:
             self._transitions[key] = result
         return result
+
+    def regex(
+        self,
+        choices: Mapping[str, tuple[str, ...]] | None = None,
+        many: frozenset[str] = frozenset(),
+    ) -> re.Pattern[str]:
+        """The pattern as a regex over whole dotted names, each capture a named group (a
+        name captured again matches what it first captured). `choices` limits captures to
+        values and `many` lets a `{name}` take several segments: a key rule's target takes
+        the values its source allows, to run backwards over what it gives forwards."""
+        parts: list[str] = []
+        seen: set[str] = set()
+        dot = False  # whether a segment before needs a '.' before the next one
+        for k, segment in enumerate(self.segments):
+            if segment.match is None:  # '**'
+                if k + 1 < len(self.segments) and self.segments[k + 1].match is None:
+                    continue  # ('**.**' is '**')
+                if k + 1 < len(self.segments):
+                    parts.append((r"\." if dot else "") + r"(?:[^.]+\.)*")
+                    dot = False
+                else:
+                    parts.append(r"(?:\.[^.]+)*" if dot else r"(?:[^.]+(?:\.[^.]+)*)?")
+                continue
+            parts.append(r"\." if dot else "")
+            dot = True
+            if segment.tokens is None:  # a quoted key: literal
+                parts.append(re.escape(segment))
+            else:
+                parts.append(_name_regex(segment.tokens, "[^.]", seen, choices, many))
+        return re.compile("".join(parts))
 
 
 def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
@@ -144,7 +289,7 @@ def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
         char = text[i]
         if char == ".":
             if current:
-                segments.append(_Segment.dotted(current))
+                segments.append(_Segment.dotted(current, pattern))
             elif not after_bracket:
                 raise ValueError(f"Empty segment in glob {pattern!r}. {_GLOB_SYNTAX}")
             current, after_bracket = "", False
@@ -153,13 +298,13 @@ def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
                 raise ValueError(f"Glob {pattern!r} ends with '.'. {_GLOB_SYNTAX}")
         elif char == "[":
             if current:
-                segments.append(_Segment.dotted(current))
+                segments.append(_Segment.dotted(current, pattern))
                 current = ""
             close = _bracket_end(text, i, pattern)
             content = text[i + 1 : close].strip()
             if not content:
                 raise ValueError(f"Empty brackets in glob {pattern!r}. {_GLOB_SYNTAX}")
-            segments.append(_Segment.bracket(content))
+            segments.append(_Segment.bracket(content, pattern))
             after_bracket = True
             i = close + 1
         elif char == "]":
@@ -172,7 +317,7 @@ def _parse_glob(pattern: str) -> tuple[_Segment, ...]:
             current += char
             i += 1
     if current:
-        segments.append(_Segment.dotted(current))
+        segments.append(_Segment.dotted(current, pattern))
     if not segments:
         raise ValueError(f"Empty glob pattern. {_GLOB_SYNTAX}")
     return tuple(segments)
@@ -204,14 +349,18 @@ def _bracket_end(text: str, start: int, pattern: str) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled_glob(pattern: str) -> Glob:
-    # `tc.glob("...")` written inline in a loop returns the same object, which keeps its
-    # memoized transitions
+def parse(pattern: str) -> Glob:
+    """The parsed pattern, one object per string: `tc.glob("...")` written inline in a
+    loop keeps its memoized transitions, and a rule table is parsed once."""
     return Glob(pattern)
 
 
 def glob(pattern: str) -> Any:
     """A key-path pattern: one string that reaches nodes any number of levels down.
+
+    The pattern language is the one of every key-path pattern in treeclass: `tc.glob`,
+    the globs of `tc.ShardingRules`, and both sides of the key rules of `tc.load` /
+    `tc.save` (whose file names are dotted: `layers.0.w`).
 
     **Syntax.** The pattern is a sequence of segments, each matching one level of the
     key path below the current level:
@@ -225,7 +374,13 @@ def glob(pattern: str) -> Any:
     - `[...]` is a segment of its own, written as `keystr` writes a key: `layers[0]` is
       the index 0, `['a.b']` the dict key `'a.b'`. Inside quotes a key is literal (no
       wildcards, may contain `.`, `[` and `*`); unquoted brackets may hold wildcards (`[*]`);
-    - `**` matches any number of levels, including none.
+    - `**` matches any number of levels, including none;
+    - captures: `{name}` matches one level (a non-empty name), within a segment too
+      (`{n}_proj`); `{name:a|b}` one level among the listed values; `{name*}`, a segment
+      of its own, one level or more. Here a capture selects as `*` (`{name*}` as `*.**`);
+      key rules write the captured values into their targets, and there a name captured
+      twice must take the same value (`tc.glob` refuses a repeated capture name, which it
+      cannot compare).
 
     The whole pattern must match: `"layers.*"` selects each layer (whole subtrees),
     `"layers.*.weight"` each layer's weight. A matching node is not looked into further.
@@ -246,8 +401,19 @@ def glob(pattern: str) -> Any:
     new = tc.at(tree)[tc.glob("layers.*.weight")].apply(lambda w: w * 10)
     assert [layer["weight"] for layer in new["layers"]] == [10.0, 20.0]
     assert tc.at(tree)[tc.glob("**.bias")].reduce(lambda a, b: a + b) == 0.0
+    weights = tc.at(tree)[tc.glob("layers.{i}.{p:weight|w}")].get(fill_value=None)
+    assert weights["layers"][1] == {"weight": 2.0, "bias": None}
     ```
     """
     if not isinstance(pattern, str):
         raise TypeError(f"`glob` expects a pattern string, got {pattern!r}.")
-    return _compiled_glob(pattern)
+    parsed = parse(pattern)
+    names = [c.name for c in parsed.captures]
+    twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
+    if twice is not None:
+        raise ValueError(
+            f"The glob {pattern!r} captures {{{twice}}} twice: in a key rule that means "
+            "equal values, which `tc.glob` does not compare. Give the captures different "
+            "names, or write '*'."
+        )
+    return parsed

@@ -1,23 +1,10 @@
 """Sharding by rules: a table of (selection, partition spec), checked, then used to place.
 
-A model states its layout once, as an ordered table of rules: each rule is an `.at`
-selection (a glob, a class, `tc.where`, a chain of them) and a partition spec written in
-*logical* axis names (`("embed", "mlp")`). A deployment maps the logical names to the
-axes of its mesh (`mlp -> "model"`). Applied to an abstract model (`jax.eval_shape`), the
-table is checked leaf by leaf before anything is allocated, and every problem is reported
-at once, each naming its key path: leaves no rule matches, leaves two rules give
-different specs, specs whose rank or divisibility does not fit the leaf and the mesh,
-unknown axis names, a mesh axis used twice in one spec.
-
-Which leaves a rule selects is what `.at` selects (its selectors compiled and walked
-once per rule, as `tc.optim.mask` does): the one answer of the `.at` selectors, never a
-second matcher. Stacked blocks (`tc.Stacked`) are
-selected per block (`blocks.*.attn.q.weight`) and their leaves carry the block axes
-first: a rule's spec is written for one block, and the block axes get `block_axis`.
-
-Then the table places things: `ShardingRules.init` builds a model directly in its
-shardings (traced once, run under `jax.jit` with `out_shardings`); `init_like` and
-`shardings_like` place what follows the model (optimizer state) by key path.
+The table's meaning is `ShardingRules`'s docstring. Which leaves a rule selects is what
+`.at` selects (its selectors walked once per rule, as `tc.optim.mask` does), never a
+second matcher; the first rule selecting a leaf gives its spec. The check collects every
+problem before anything is allocated; `ShardingRules.init` then builds a model in its
+shardings, and `init_like` / `shardings_like` place what follows it by key path.
 """
 
 from __future__ import annotations
@@ -83,7 +70,6 @@ _UNMATCHED_LEAF = (
     "`{path}` {what}: no rule matches it (add a rule, or pass `unmatched='replicate'` to "
     "replicate such leaves over the mesh)"
 )
-_CONFLICT = "`{path}` {what}: rules give it different specs: {claims}"
 _RANK = "`{path}` {what}: {rule} gives a spec of {got} entries, {want}"
 _UNKNOWN_AXIS = (
     "{rule} uses the axis name {name!r}, which is neither a logical name of `axes` "
@@ -119,6 +105,11 @@ _SOME_BLOCKS = (
 _UNUSED = (
     "{rule} matches no leaf of {root} (a typo in a selector leaves its leaves to other "
     "rules); remove it, or fix its selector"
+)
+_SHADOWED = (
+    "{rule} selects {leaves}, but {taken} by an earlier rule ({earlier}): the first rule "
+    "that selects a leaf gives its spec, so this rule gives none. Put the narrower rule "
+    "first, or remove it"
 )
 
 
@@ -196,12 +187,13 @@ class ShardingRules:
 
     - a leaf no rule matches (an error, unless `unmatched="replicate"`); scalar leaves
       have one layout and need no rule;
-    - a leaf two rules match with *different* specs: the error names the leaf and both
-      rules. There is no "first match wins": a more specific rule does not silently win
-      over a general one, so narrow the selections until each leaf has one spec (rules
-      that agree may overlap);
-    - a rule that selects nothing, or cannot select (a typo in a glob), and a spec whose
-      number of entries is not the leaf's rank (`P()` fits every rank: nothing split);
+    - a rule that gives no leaf: it selects nothing, or cannot select (a typo in a
+      glob), or every leaf it selects an earlier rule took. Rules are tried in order and
+      **the first rule that selects a leaf gives its spec** (specific rules first, a
+      catch-all such as `(tc.glob("**"), P())` last), the meaning key rules have too;
+      the error names the rule and the earlier rules that took its leaves;
+    - a spec whose number of entries is not the leaf's rank (`P()` fits every rank:
+      nothing split);
     - an axis name that is neither logical nor a mesh axis; a logical name mapped to a
       name that is not a mesh axis; a mesh axis used for two axes of one leaf;
     - an axis split over mesh axes whose sizes' product does not divide it;
@@ -210,9 +202,6 @@ class ShardingRules:
       devices. A layer declares its heads in field metadata, as `tc.nn.MultiHeadAttention`
       does: `heads=(count_field, axis_name)` on a sublayer's field, `axes=(names...)` on
       its arrays (`tc.nn.Linear.weight` is `("out", "in")`).
-
-    Conflicts are judged on the specs as written (logical), so a table that is
-    consistent is so under every mapping.
 
     **Stacked blocks.** A rule selects the blocks of a `tc.Stacked` one by one
     (`blocks.*.attn.q.weight`) and its spec is written for one block; the leaf carries
@@ -481,7 +470,7 @@ class ShardingRules:
         depths = block_depths(tree)
         if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
             raise AssertionError("the stacks of the tree hold another number of leaves")
-        claims = self._claims(tree, len(flat), problems)
+        claims = self._claims(tree, flat, problems)
         mapped = {rule.index: self._mapped_entries(rule, sizes, problems) for rule in self.rules}
         block: tuple[str, ...] | None = ()
         if any(depths) and self.block_axis is not None:
@@ -492,8 +481,8 @@ class ShardingRules:
             spec = self._leaf_spec(tree, path, leaf, claimed, depth, mapped, block, problems)
             if spec is not None and any(spec):
                 self._check_fit(tree, path, leaf, depth, spec, claimed, sizes, problems)
-                if tuple(path) in heads and claimed:
-                    where = (tree, path, leaf, depth, spec, claimed[0].text)
+                if tuple(path) in heads and claimed is not None:
+                    where = (tree, path, leaf, depth, spec, claimed.text)
                     _check_heads(where, heads[tuple(path)], sizes, problems)
                 specs.append(P(*_entries_of(spec)))
             else:  # replicated (written so, or unmatched), or a problem
@@ -513,9 +502,9 @@ class ShardingRules:
             )
         return specs
 
-    def _claims(self, tree: object, count: int, problems: dict[str, None]) -> list[list[_Rule]]:
-        """For every leaf, the rules that select it, in table order."""
-        claims: list[list[_Rule]] = [[] for _ in range(count)]
+    def _claims(self, tree: object, flat: list[Any], problems: dict[str, None]) -> list[Any]:
+        """For every leaf, the first rule that selects it (None: no rule does)."""
+        claims: list[_Rule | None] = [None] * len(flat)
         # where the frozen values are among the leaves, when they are counted as leaves
         frozen = [is_wrapper(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)]
         for rule in self.rules:
@@ -531,13 +520,26 @@ class ShardingRules:
                 )
                 problems[problem] = None
                 continue
-            if len(flags) != count:  # pragma: no cover - mask keeps the tree's structure
+            if len(flags) != len(flat):  # pragma: no cover - mask keeps the tree's structure
                 raise AssertionError("a selection mask lost the tree's structure")
-            for index, flag in enumerate(flags):
-                if flag:
-                    claims[index].append(rule)
-            if not any(flags):
+            selected = [index for index, flag in enumerate(flags) if flag]
+            for index in selected:
+                if claims[index] is None:
+                    claims[index] = rule
+            if not selected:
                 problems[_UNUSED.format(rule=rule.text, root=path_str(tree, ()))] = None
+            elif all(claims[index] is not rule for index in selected):
+                earlier = dict.fromkeys(r.text for i in selected if (r := claims[i]) is not None)
+                shown = [f"`{path_str(tree, flat[i][0])}`" for i in selected[:3]]
+                more = f" and {len(selected) - 3} more" if len(selected) > 3 else ""
+                problems[
+                    _SHADOWED.format(
+                        rule=rule.text,
+                        leaves=", ".join(shown) + more,
+                        taken="it is taken" if len(selected) == 1 else "each is taken",
+                        earlier=", ".join(earlier),
+                    )
+                ] = None
         return claims
 
     def _name(
@@ -580,7 +582,7 @@ class ShardingRules:
         tree: object,
         path: tuple[Any, ...],
         leaf: object,
-        claimed: list[_Rule],
+        rule: _Rule | None,
         depth: int,
         mapped: dict[int, Any],
         block: tuple[str, ...] | None,
@@ -592,23 +594,15 @@ class ShardingRules:
         def about() -> dict[str, str]:  # worked out for a problem only
             return {"path": path_str(tree, path), "what": _what(leaf, depth)}
 
-        if not claimed:
+        if rule is None:
             if rank and self.unmatched == "error":
                 problems[_UNMATCHED_LEAF.format(**about())] = None
                 return None
             if depth and block:  # replicated as `P()` is: the block axes still split
                 return [block] * depth + [()] * (rank - depth)
             return None
-        written: dict[Any, Any] = {}
-        for rule in claimed:
-            key = _fitted(rule.entries, rank, depth)
-            written.setdefault(key, rule)
-        if len(written) > 1:
-            claims = " and ".join(rule.text for rule in written.values())
-            problems[_CONFLICT.format(**about(), claims=claims)] = None
-            return None
-        ((key, rule),) = written.items()
-        if key is None:
+        written = len(rule.entries)
+        if written and written != rank and not (depth and written == rank - depth):
             if depth:
                 want = (
                     f"one per axis of a block ({rank - depth}; the block axes get "
@@ -617,9 +611,7 @@ class ShardingRules:
             else:
                 want = f"one per axis of the leaf ({rank})"
             want = f"but it needs {want}, or none (`P()`: replicated)"
-            problems[_RANK.format(**about(), rule=rule.text, got=len(rule.entries), want=want)] = (
-                None
-            )
+            problems[_RANK.format(**about(), rule=rule.text, got=written, want=want)] = None
             return None
         entries = mapped[rule.index]
         if entries is None:  # an unknown name: reported once, for the rule
@@ -638,7 +630,7 @@ class ShardingRules:
         leaf: object,
         depth: int,
         spec: list[tuple[str, ...]],
-        claimed: list[_Rule],
+        rule: _Rule | None,
         sizes: dict[str, int],
         problems: dict[str, None],
     ) -> None:
@@ -655,10 +647,10 @@ class ShardingRules:
         about = dict(
             path=path_str(tree, path),
             what=_what(leaf, depth),
-            rule=claimed[0].text,
+            rule=rule.text if rule else "`block_axis` (no rule matches it: replicated)",
             spec=P(*_entries_of(spec)),
         )
-        logical = _spec_text(claimed[0].entries)
+        logical = _spec_text(rule.entries if rule else ())
         for axis in dict.fromkeys(twice):
             problems[_TWICE.format(**about, logical=logical, axis=axis)] = None
         for dim, size, axes, parts in indivisible:
@@ -762,21 +754,6 @@ def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> l
             flag = bool(np.all(flag))
         out.append(flag)
     return out
-
-
-def _fitted(entries: tuple[Any, ...], rank: int, depth: int) -> tuple[Any, ...] | None:
-    """A rule's entries as a full-rank logical spec of a leaf (None: the rank misfits).
-
-    `P()` leaves every axis of a block unsplit; a spec of a block's rank gets placeholders
-    for the block axes in front.
-    """
-    if not entries:
-        entries = (None,) * (rank - depth)
-    if len(entries) == rank:
-        return entries
-    if depth and len(entries) == rank - depth:
-        return ("<block axis>",) * depth + entries
-    return None
 
 
 def _names(entry: Any) -> tuple[str, ...]:

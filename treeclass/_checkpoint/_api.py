@@ -611,8 +611,9 @@ def load(
     - `rules`: key rules mapping the file's names to the template's key paths, with named
       captures and optional transforms: a dict `{source: target}` or a list of
       `(source, target)` / `(source, target, transform)` tuples, e.g.
-      `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`. `{name}` captures
-      one dot-separated segment, `{name*}` several; a list of sources passes their
+      `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`, in `tc.glob`'s
+      pattern language (`{name}` one segment, `{name*}` several) and tried in order,
+      the first match winning; a list of sources passes their
       tensors to the transform (to concatenate), a list of targets takes as many
       results (to split). Names no rule matches keep their own. Transforms get NumPy
       arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or

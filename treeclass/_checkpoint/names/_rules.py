@@ -5,11 +5,13 @@ A rule maps one or more *source* patterns (names in the checkpoint) to one or mo
 
     ("model.layers.{i}.self_attn.q_proj.weight", "blocks[{i}].attn.q.weight", lambda w: w.T)
 
-`{name}` captures one dot-separated segment, `{name*}` one or more. Targets may be written
-as key paths (`blocks[{i}].attn`, `['key']`) or with dots. A rule with several sources
-passes their tensors to its transform in order (concatenate a fused tensor); one with
-several targets takes a sequence of as many results (split one). Names no rule matches
-keep their own name. Rules are tried in order; the first match wins.
+Both sides are patterns of the one language (`_glob`: `{name}` one segment, `{name*}`
+one or more, `{name:a|b}` one of the values; no wildcards), run as regexes over dotted
+names; either side may be written as a key path (`blocks[{i}].attn`, `['key']`). A rule
+with several sources passes their tensors to its transform in order (concatenate a fused
+tensor); one with several targets takes a sequence of as many results (split one). Names
+no rule matches keep their own name. Rules are tried in order and the first match wins;
+a rule whose every matching name an earlier rule took is an error naming both.
 
 `RuledCatalog` applies a rule table to any catalog: the checks, the report and restoring
 see the renamed, transformed names, and a dry run reads no tensor bytes (shapes and
@@ -27,6 +29,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ..._glob import CAPTURE, Glob, parse
 from ..._values import array_type
 from ..files._source import dtype_name, numpy_dtype
 from ._catalog import Catalog, Stored
@@ -48,52 +51,10 @@ __all__ = [
     "layer_rules",
 ]
 
-_CAPTURE = re.compile(r"\{(\w+)(\*?)(?::([\w|-]+))?\}")
-_BRACKET = re.compile(r"\[(?:'([^']*)'|\"([^\"]*)\"|([^\]]*))\]")
-
-
-def _normalize(pattern: str) -> str:
-    """A key-path pattern (`blocks[{i}].attn`, `['w']`) in the dot form names use."""
-    dotted = _BRACKET.sub(lambda m: "." + next(g for g in m.groups() if g is not None), pattern)
-    return dotted[1:] if dotted.startswith(".") else dotted
-
-
-def _regex(
-    pattern: str,
-    choices: Mapping[str, tuple[str, ...]] | None = None,
-    many_of: frozenset[str] = frozenset(),
-) -> tuple[re.Pattern[str], tuple[str, ...]]:
-    """A pattern as a regex, and its captures in order. A capture `{n:q|k|v}` matches one
-    of those values only (as does `{n}` where `choices` says so), and `{n}` matches
-    several segments where `many_of` holds `n`: a target's capture takes the values its
-    source allows, so that the rule runs backwards over exactly what it gives forwards."""
-    parts, names, at = [], [], 0
-    for match in _CAPTURE.finditer(pattern):
-        parts.append(re.escape(pattern[at : match.start()]))
-        name, many, allowed = match.groups()
-        many = many or name in many_of
-        if name in names:
-            parts.append(f"(?P={name})")
-        else:
-            values = allowed.split("|") if allowed else (choices or {}).get(name)
-            if values:
-                parts.append(f"(?P<{name}>{'|'.join(map(re.escape, values))})")
-            else:
-                parts.append(f"(?P<{name}>.+?)" if many else f"(?P<{name}>[^.]+)")
-            names.append(name)
-        at = match.end()
-    parts.append(re.escape(pattern[at:]))
-    return re.compile("".join(parts)), tuple(names)
-
 
 def pattern_choices(patterns: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The captures of `patterns` limited to some values (`{n:q|k|v}`), with them."""
-    return {
-        m.group(1): tuple(m.group(3).split("|"))
-        for p in patterns
-        for m in _CAPTURE.finditer(p)
-        if m.group(3)
-    }
+    return {c.name: c.values for p in patterns for c in parse(p).captures if c.values}
 
 
 class Rule(NamedTuple):
@@ -163,6 +124,17 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
             or not all(isinstance(p, str) and p for p in sources + targets)
         ):
             raise TypeError(_BAD_RULE.format(rule=rule))
+        if transform is not None and not callable(transform):
+            raise TypeError(f"The transform of key rule {rule!r} is not callable")
+        if transform is None and (len(sources) > 1 or len(targets) > 1):
+            raise ValueError(
+                f"Key rule {rule!r} maps {len(sources)} names to {len(targets)}: it needs a "
+                "transform (concatenate the sources, or split into the targets)"
+            )
+        parsed = [_parsed(p, rule) for p in sources + targets]
+        reads, writes = parsed[: len(sources)], parsed[len(sources) :]
+        sources = tuple(p.dotted() for p in reads)
+        targets = tuple(p.dotted() for p in writes)
         for side, names in (("sources", sources), ("targets", targets)):
             twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
             if twice is not None:
@@ -172,31 +144,37 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
                     "in the order the transform "
                     + ("takes them" if side == "sources" else "returns them")
                 )
-        if transform is not None and not callable(transform):
-            raise TypeError(f"The transform of key rule {rule!r} is not callable")
-        if transform is None and (len(sources) > 1 or len(targets) > 1):
-            raise ValueError(
-                f"Key rule {rule!r} maps {len(sources)} names to {len(targets)}: it needs a "
-                "transform (concatenate the sources, or split into the targets)"
-            )
-        targets = tuple(_normalize(t) for t in targets)
-        regexes, names = zip(*(_regex(s) for s in sources))
-        captured = set(names[0])
-        for other in names[1:]:
-            if set(other) != captured:
-                raise ValueError(f"The sources of key rule {rule!r} capture different names")
-        for target in targets:
-            used = {m.group(1) for m in _CAPTURE.finditer(target)}
-            if not used <= captured:
+        captures = [tuple(dict.fromkeys(c.name for c in p.captures)) for p in parsed]
+        captured = set(captures[0])
+        if any(set(other) != captured for other in captures[1 : len(sources)]):
+            raise ValueError(f"The sources of key rule {rule!r} capture different names")
+        for target, used in zip(targets, captures[len(sources) :]):
+            if not set(used) <= captured:
                 raise ValueError(
-                    f"Key rule {rule!r}: the target {target!r} uses {sorted(used - captured)}, "
-                    "which no source captures"
+                    f"Key rule {rule!r}: the target {target!r} uses "
+                    f"{sorted(set(used) - captured)}, which no source captures"
                 )
-        choices = pattern_choices(sources)
-        many = frozenset(m.group(1) for p in sources for m in _CAPTURE.finditer(p) if m.group(2))
-        backward = tuple(_regex(target, choices, many)[0] for target in targets)
-        compiled.append(Rule(sources, targets, transform, regexes, names[0], inverse, backward))
+        many = frozenset(c.name for p in reads for c in p.captures if c.many)
+        backward = tuple(p.regex(pattern_choices(sources), many) for p in writes)
+        regexes = tuple(p.regex() for p in reads)
+        compiled.append(Rule(sources, targets, transform, regexes, captures[0], inverse, backward))
     return tuple(compiled)
+
+
+def _parsed(pattern: str, rule: Any) -> Glob:
+    """A side of a rule parsed, as the names it reads or writes: captures, no wildcards."""
+    try:
+        parsed = parse(pattern)
+    except ValueError as error:
+        raise ValueError(f"Key rule {rule!r}: {error}") from None
+    wild = next((s for s in parsed.segments if s.is_wild()), None)
+    if wild is not None:
+        raise ValueError(
+            f"Key rule {rule!r}: {pattern!r} has the wildcard segment {wild!r}, but a rule "
+            "writes back every segment it reads: match a varying segment with a capture, "
+            "'{name}' for one, '{name*}' for one or more"
+        )
+    return parsed
 
 
 def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[Any]:
@@ -250,8 +228,33 @@ def reads_layers(rules: Sequence[Rule], stack: StackAt, name: str) -> bool:
     return bool(by_layers) and (not whole or min(by_layers) < min(whole))
 
 
+def _refuse_shadowed(
+    rules: Sequence[Rule], taken: Mapping[str, int], title: str, where: str
+) -> None:
+    """A rule matching names that earlier rules all took (`taken`: name -> the rule that
+    reads it) could never read one: an error naming it and them. (A rule matching no name
+    is not: one table serves a family of files, a tied model's file without its head.)"""
+    used = set(taken.values())
+    for number, rule in enumerate(rules):
+        if number in used:
+            continue
+        if rule.captures:
+            shadowed = [n for n in taken if any(r.fullmatch(n) for r in rule.regexes)]
+        else:  # (names, not patterns: looked up)
+            shadowed = [n for n in rule.sources if n in taken]
+        if shadowed:
+            earlier = " and ".join(dict.fromkeys(rules[taken[n]].text() for n in shadowed))
+            raise ValueError(
+                f"{title}key rule {rule.text()} matches "
+                f"{listed([repr(n) for n in shadowed], 3)}{where}, but every one of them is "
+                f"read by an earlier key rule, {earlier}: rules are tried in order and the "
+                "first match wins, so this rule reads nothing. Put the narrower rule first, "
+                "or remove it"
+            )
+
+
 def fill(pattern: str, values: Mapping[str, str]) -> str:
-    return _CAPTURE.sub(lambda m: values[m.group(1)], pattern)
+    return CAPTURE.sub(lambda m: values[m.group(1)], pattern)
 
 
 class _Mapped(NamedTuple):
@@ -287,13 +290,16 @@ class RuledCatalog:
         self.stacks = tuple(stacks)
         self.mapped: dict[str, _Mapped] = {}
         groups: dict[tuple[int, tuple[str, ...]], dict[int, str]] = {}
+        taken: dict[str, int] = {}  # the names some rule reads: the first rule's number
         for name in inner.names():
             hit = source_hit(rules, name)
             if hit is not None:
                 number, which, values = hit
                 groups.setdefault((number, values), {})[which] = name
+                taken[name] = number
             else:
                 self._add(name, _Mapped(None, (name,), 0, (name,)))
+        _refuse_shadowed(rules, taken, f"{self.title}: ", f" in {self.label}")
         self.problems: list[str] = []
         self._layout_refused: set[str] = set()
         for (number, values), found in groups.items():
@@ -397,12 +403,8 @@ class RuledCatalog:
                 wanted.append(layers[0])
                 break
         for want in wanted:
-            for rule in self.rules:
-                for target in rule.target_regexes:
-                    match = target.fullmatch(want)
-                    if match is not None:
-                        captures = match.groupdict()
-                        return tuple(fill(source, captures) for source in rule.sources)
+            for number, _, match in target_hits(self.rules, want)[:1]:
+                return tuple(fill(s, match.groupdict()) for s in self.rules[number].sources)
         return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
