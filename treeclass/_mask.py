@@ -7,7 +7,6 @@ this module decides *which* leaves to freeze, from a predicate or a bool mask tr
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -308,13 +307,6 @@ def tree_unmask(
     return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
-# Types `tree_mask` wraps its own way (`tree_mask.def_type`): type -> function, looked up
-# along the value's MRO. Written on registration (a dict store, atomic under the GIL), read
-# for each masked leaf; empty, it costs one truth test per leaf. What unwraps a value is
-# its row's wrapper part (`tree_unmask.def_type` writes one).
-_MASK_RULES: dict[type, Callable[[Any], Any]] = {}
-
-
 class _UnmaskedResult(Exception):
     """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
 
@@ -323,7 +315,8 @@ class _UnmaskedResult(Exception):
         self.rule, self.value, self.result = rule, value, result
 
     def error(self, where: str) -> TypeError:
-        kind = next(k for k in type(self.value).__mro__ if _MASK_RULES.get(k) is self.rule)
+        rows = ((k, _structure.registered_kind(k)) for k in type(self.value).__mro__)
+        kind = next(k for k, row in rows if row is not None and row.mask is self.rule)
         return TypeError(
             _RULE_UNMASKED_MSG.format(
                 kind=kind.__name__,
@@ -336,14 +329,18 @@ class _UnmaskedResult(Exception):
 
 
 def _mask_value(x: object) -> Any:
-    rules = _MASK_RULES
-    rule = next((rules[k] for k in type(x).__mro__ if k in rules), None) if rules else None
+    # the row's mask part, found along the MRO (`tree_mask.def_type` writes it)
+    rule = _structure.inherited(type(x), "mask")
     if rule is None:
         return freeze(x)
     result = rule(x)
     if not is_masked(result):  # it would reach `jax.grad` and optax as if never masked
         raise _UnmaskedResult(rule, x, result)
     return result
+
+
+def _write_mask(kind: type, mask: Callable[[Any], Any]) -> None:
+    _structure.write_part(kind, "mask", mask)
 
 
 def _def_type(
@@ -364,13 +361,9 @@ def _def_type(
 
 
 def _write_wrapper(kind: type, unwrap: Callable[[Any], Any]) -> None:
-    """`tree_unmask.def_type(W)(unwrap)`: the wrapper part of `W`'s row (a copy of the row
-    `W` has, else of a registered pytree's), shown and counted as a masked value."""
-    row = copy.copy(_structure.registered_kind(kind) or _structure.NodeKind())
-    row.wrapper = _structure.Wrapper(
-        "#", unwrap, f"a masked `{kind.__name__}`", "frozen", kind.__name__
-    )
-    _structure.register_kind(kind, row)
+    """`tree_unmask.def_type(W)(unwrap)`: `W`'s wrapper part, shown and counted as masked."""
+    part = _structure.Wrapper("#", unwrap, f"a masked `{kind.__name__}`", "frozen", kind.__name__)
+    _structure.write_part(kind, "wrapper", part)
 
 
 def is_masked(x: object) -> bool:
@@ -391,7 +384,7 @@ def is_masked(x: object) -> bool:
 
 
 # sepes's extension points, kept on the functions as there: `tc.tree_mask.def_type(T)(fn)`
-tree_mask.def_type = functools.partial(_def_type, "tree_mask", _MASK_RULES.__setitem__)  # type: ignore[attr-defined]
+tree_mask.def_type = functools.partial(_def_type, "tree_mask", _write_mask)  # type: ignore[attr-defined]
 tree_unmask.def_type = functools.partial(_def_type, "tree_unmask", _write_wrapper)  # type: ignore[attr-defined]
 
 

@@ -19,10 +19,12 @@ blocks opens into its blocks).
 
 from __future__ import annotations
 
+import builtins
+import copy
 import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import jax
@@ -90,6 +92,9 @@ class Kind(enum.IntEnum):
 
 
 LEAF, TREECLASS, DICT, LIST, TUPLE, NAMEDTUPLE, NONE, GENERIC = Kind
+
+KeyEntry = Hashable  # a JAX key entry: `GetAttrKey("w")`, `DictKey("a")`, `SequenceKey(0)`
+KeyPath = tuple[KeyEntry, ...]
 
 # Exact types only: a subclass (OrderedDict, a custom list) may be registered differently.
 _BUILTIN_KINDS: dict[type, Kind] = {
@@ -198,12 +203,45 @@ class Wrapper(Generic[N, V]):
 
 @dataclasses.dataclass(frozen=True)
 class Display(Generic[N]):
-    """The display part of a row: a node the printers show otherwise than JAX flattens it
-    (a stack, with its arrays' per-block shapes): the `(key entry, child)` pairs shown,
-    and the type name (`Stacked[48×Block]`)."""
+    """How the printers show values of one type; a field left `None` keeps the default.
 
-    children: Callable[[N], Iterable[tuple[Any, Any]]]
-    type_name: Callable[[N], str]
+    The display part of a row: a kind declares its own (a stack shows its `children` with
+    per-block shapes, named `Stacked[48×Block]` by `type_name`), and `tc.register_printer`
+    writes one from its keyword arguments, which are these fields; a display is found
+    along a type's MRO. `tc.PrintRule` is this class.
+
+    ```python
+    import treeclass as tc
+
+    rule = tc.PrintRule(repr=lambda v: "<secret>")
+    assert rule.repr(object()) == "<secret>" and rule.count is None
+    ```
+    """
+
+    # (below the `str` field, `builtins.str` names the type)
+    repr: Callable[[N], str] | None = None
+    str: Callable[[N], builtins.str] | None = None
+    type_name: Callable[[N], builtins.str] | None = None
+    count: Callable[[N], int] | None = None
+    size: Callable[[N], int] | None = None
+    nodestyle: Callable[[N], Mapping[builtins.str, builtins.str | int | float]] | None = None
+    children: Callable[[N], Iterable[tuple[KeyEntry, Any]]] | None = None
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the rule gives a text: values with one print as leaves."""
+        return self.repr is not None or self.str is not None
+
+    @property
+    def has_summary(self) -> bool:
+        """Whether the rule changes a summary row: values with one get a row of their own.
+
+        A rule with `children` but no text shows its value as a node: its children get the
+        rows, and `type_name` names the node.
+        """
+        if self.children is not None and not self.has_text:
+            return False
+        return self.has_text or any(f is not None for f in (self.type_name, self.count, self.size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +311,7 @@ class NodeKind(Generic[N]):
     wrapper: Wrapper[N, Any] | None = None
     stack: Stack[N] | None = None
     display: Display[N] | None = None
+    mask: Callable[[N], Any] | None = None  # how `tc.tree_mask` masks one (else `freeze`)
     named: bool = True
     brackets: tuple[str, str] = ("(", ")")
     single_comma: bool = False  # a one-element tuple keeps its comma
@@ -328,11 +367,15 @@ class NodeKind(Generic[N]):
         raise LookupError(f"a `{type(node).__name__}` has no static part {name!r}")
 
     def items(self, node: N, hidden: bool) -> Items | None:
-        display = self.display
-        return named(jax_children(node) if display is None else display.children(node))
+        shown = None if self.display is None else self.display.children
+        return named(jax_children(node) if shown is None else shown(node))
 
     def type_name(self, node: N) -> str:
-        return type(node).__name__ if self.display is None else self.display.type_name(node)
+        # a display's `type_name` names a node only with its `children`
+        display = self.display
+        if display is None or display.children is None or display.type_name is None:
+            return type(node).__name__
+        return display.type_name(node)
 
     def roles_of(self, node: N) -> Any:
         return None
@@ -606,9 +649,11 @@ def register_kind(cls: type, row: NodeKind) -> None:
     Called once, by the module that defines the kind (`_frozen`, `_stacked`, a test's
     own kind); `cls` must be registered with JAX as a pytree node as well.
     """
+    global _INHERITED
     if not isinstance(row, NodeKind):
         raise TypeError(f"a row of the table of node kinds is a `NodeKind`, got {row!r}")
     _KINDS[cls] = row
+    _INHERITED = {}
 
 
 # `registered_kind(cls)`: the row registered for nodes of exactly type `cls`, or `None`
@@ -707,10 +752,12 @@ class _DataclassKind(NodeKind[Any]):
         ]
 
 
-def _is_partial(node: Any) -> bool:
+def _is_partial(node: Any, of_type: bool = False) -> bool:
     """`functools.partial`, `jax.tree_util.Partial`, `tc.Partial` and look-alikes."""
-    if isinstance(node, functools.partial):
+    if _is(node, of_type, functools.partial):
         return True
+    if of_type:
+        return all(hasattr(node, name) for name in ("func", "args", "keywords"))
     try:
         return (
             callable(getattr(node, "func", None))
@@ -734,17 +781,22 @@ class _SequenceSubclassKind(NodeKind[_Sequence]):
 
 
 # Nodes of no registered kind that print otherwise than JAX flattens them (or that JAX
-# keeps whole: a plain dataclass, a `functools.partial`), by the first test they pass.
-# Walkers open them as any registered pytree; only the printers ask for these rows.
-_BY_TEST: tuple[tuple[Callable[[Any], bool], NodeKind], ...] = (
-    (lambda node: isinstance(node, dict), _DictSubclassKind()),
+# keeps whole: a plain dataclass, a `functools.partial`), by the first test they pass
+# (`test(node, False)`; `test(cls, True)` for every node of type `cls`). Walkers open them
+# as any registered pytree; only the printers ask for these rows.
+_BY_TEST: tuple[tuple[Callable[[Any, bool], bool], NodeKind], ...] = (
+    (lambda x, of_type: _is(x, of_type, dict), _DictSubclassKind()),
     (
-        lambda node: dataclasses.is_dataclass(node) and not isinstance(node, type),
+        lambda x, of_type: dataclasses.is_dataclass(x) and (of_type or not isinstance(x, type)),
         _DataclassKind(),
     ),
     (_is_partial, _PartialKind()),
-    (lambda node: isinstance(node, (list, tuple)), _SequenceSubclassKind()),
+    (lambda x, of_type: _is(x, of_type, (list, tuple)), _SequenceSubclassKind()),
 )
+
+
+def _is(x: Any, of_type: bool, cls: type | tuple[type, ...]) -> bool:
+    return issubclass(x, cls) if of_type else isinstance(x, cls)
 
 
 def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
@@ -757,10 +809,66 @@ def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
         kind = node_kind(node)
     if kind is not GENERIC:
         return None if kind in (LEAF, NONE) else _BY_CODE[kind]
-    for test, found in _BY_TEST:
-        if test(node):
-            return found
-    return GENERIC_KIND
+    return next((row for test, row in _BY_TEST if test(node, False)), GENERIC_KIND)
+
+
+def _class_row(cls: type) -> NodeKind:
+    """The row that `row_of` and `node_type` give every node of type `cls` that has none."""
+    code = _BUILTIN_KINDS.get(cls)
+    if code is not None:
+        return _BY_CODE[code]
+    if issubclass(cls, _node.TreeNode):
+        return TREECLASS_KIND
+    if issubclass(cls, (jax.Array, np.generic)):
+        return LEAF_KIND
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _NAMEDTUPLE_KIND
+    return next((row for test, row in _BY_TEST if test(cls, True)), GENERIC_KIND)
+
+
+# Types whose rows `write_part` made (they had none), and the parts found along each
+# type's MRO: a fresh dict is published after each write, so a reader fills the one it read.
+_MADE: set[type] = set()
+_INHERITED: dict[tuple[type, str], Any] = {}
+
+
+def write_part(cls: type, part: str, value: object) -> None:
+    """Set the part `part` (`display`, `mask`, `wrapper`) of the row of exactly type `cls`;
+    `None` gives back the part its kind declares (or none).
+
+    The one way the public adapters (`tc.register_printer`, `tc.tree_mask.def_type`,
+    `tc.tree_unmask.def_type`) write: a copy of the type's row (else of the row its nodes
+    have) with the part set, so everything else about the node stays as it was.
+    """
+    global _INHERITED
+    row = copy.copy(_KINDS.get(cls) or _class_row(cls))
+    if value is None:
+        vars(row).pop(part, None)
+    else:
+        setattr(row, part, value)
+    made = cls in _MADE or cls not in _KINDS
+    if made and not vars(row):  # no part left: the type has no row of its own again
+        _KINDS.pop(cls, None)
+        _MADE.discard(cls)
+    else:
+        if made:
+            _MADE.add(cls)
+        _KINDS[cls] = row
+    _INHERITED = {}
+
+
+def inherited(cls: type, part: str) -> Any:
+    """The part `part` of the row of `cls` or of its nearest base class that has one."""
+    found = _INHERITED
+    key = (cls, part)
+    try:
+        return found[key]
+    except KeyError:
+        pass
+    rows = (_KINDS.get(base) for base in cls.__mro__)
+    value = next((v for r in rows if r is not None and (v := getattr(r, part)) is not None), None)
+    found[key] = value
+    return value
 
 
 # -- where two structures part ---------------------------------------------------------------
