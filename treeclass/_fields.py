@@ -665,10 +665,7 @@ def _check_default(cls: type, item: Field) -> None:
     if isinstance(default, _MUTABLE_CONTAINERS):
         raise TypeError(
             _MUTABLE_DEFAULT_MSG.format(
-                type=type_name(default),
-                cls=cls.__name__,
-                name=item.name,
-                value=default,
+                type=type_name(default), cls=cls.__name__, name=item.name, value=default
             )
         )
     if _holds_numpy_array(default):

@@ -1,9 +1,5 @@
-"""Masking whole trees: `tree_mask` / `tree_unmask` freeze and thaw the leaves a mask picks.
-
-The frozen wrapper itself (`freeze`, `unfreeze`, `is_frozen`) lives in `_frozen`;
-this module decides *which* leaves to freeze, from a predicate or a bool mask tree, and
-`is_nondiff`, the default predicate.
-"""
+"""Masking whole trees: `tree_mask` / `tree_unmask` freeze and thaw the leaves a mask picks
+(a predicate or a bool mask tree; `is_nondiff` by default). The wrapper is `_frozen`'s."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-from . import _node, _structure
+from . import _structure
 from ._frozen import freeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
@@ -82,16 +78,13 @@ _RULE_UNMASKED_MSG = (
 
 
 class MaskLeafError(TypeError, ValueError):
-    """A mask (or `cond`) holding something else than bools, or not a mask at all.
-
-    A `TypeError`, as sepes raises for a `cond` that is not callable, and a `ValueError`,
-    as PyTreeClass raises for such a `mask`.
-    """
+    """A mask (or `cond`) that is not one: a `TypeError` as in sepes, a `ValueError` as in
+    PyTreeClass."""
 
 
 def _is_predicate(cond: object) -> bool:
     # A TreeClass layer may define __call__, yet as `cond` it is a mask tree
-    return callable(cond) and not _node.is_treeclass(cond)
+    return callable(cond) and _structure.row_of(cond).kind != _structure.TREECLASS
 
 
 def _mask_leaves(
@@ -187,14 +180,9 @@ def tree_mask(
 
     **Custom wrappers**
 
-    `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks the chosen values of type `T`
-    (and its subclasses) as `fn(value)` instead of `freeze(value)`; pair it with
-    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns (it
-    makes values of exactly type `W` a wrapper kind: masked, printed `#` and their value,
-    unwrapped by `tree_unmask`, kept whole by `tc.optim`). A
-    rule whose result is not masked (neither frozen nor of a registered wrapper type) is
-    a `TypeError` naming the rule and the leaf's path: the value would reach `jax.grad`
-    and optax unmasked.
+    `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks values of type `T` (and its
+    subclasses) as `fn(value)` instead of `freeze(value)`; `fn` must return a masked value
+    (else a `TypeError` naming the rule and the leaf). See the masking guide.
 
     ```python
     import jax, jax.numpy as jnp
@@ -206,27 +194,6 @@ def tree_mask(
     assert tc.is_frozen(grads["act"]) and grads["w"].shape == (3,)
     assert tc.is_tree_equal(tc.tree_unmask(masked), model)
     assert tc.tree_mask(model, mask={"w": False, "act": True, "n": False})["n"] == 2
-    ```
-
-    A custom wrapper:
-
-    ```python
-    import treeclass as tc
-
-    class Tag:
-        def __init__(self, name):
-            self.name = name
-
-    class HiddenTag:
-        def __init__(self, tag):
-            self.tag = tag
-
-    tc.tree_mask.def_type(Tag)(HiddenTag)
-    tc.tree_unmask.def_type(HiddenTag)(lambda hidden: hidden.tag)
-    tag = Tag("a")
-    masked = tc.tree_mask([tag, 1.0], cond=lambda x: isinstance(x, Tag))
-    assert type(masked[0]) is HiddenTag and tc.is_masked(masked[0])
-    assert tc.tree_unmask(masked) == [tag, 1.0]
     ```
     """
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)

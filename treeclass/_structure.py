@@ -1,20 +1,9 @@
-"""Looking at a pytree one node at a time: kinds, opening, rebuilding, and where two part.
+"""Looking at a pytree one node at a time: the table of node kinds, and where two part.
 
-Everything in treeclass that walks a tree level by level (the `.at` walker and its
-matchers, the mask checks of `tree_mask` and `tc.optim`, the printers) opens a node here,
-so there is one answer to "what are this node's children and their key entries", and one
-explanation of where a mask, a value or a label tree stops fitting a tree, with one way
-of writing the key path in messages: the root's class name (`MLP.layers[0].weight`), or
-`tree` when the root is a dict, list or tuple.
-
-Every kind of node is one row of the table of node kinds (`NodeKind`): the row opens
-the node, finds one child by name or index, replaces one child, rebuilds it, says its
-static parts, how the printers show it, which roles its children have, and, for a kind
-that wraps one value (a frozen value), how it is marked. Walkers ask `row_of(node)`, the
-printers `node_type(node)`; a new kind is one row, registered by its own module with
-`register_kind`. `node_kind`, `open_node` and `rebuild` are the JAX flatten of a node
-(what structure checks compare), which a row's own opening may differ from (a stack of
-blocks opens into its blocks).
+Every walker (`.at`, the masks, `tc.optim`, the printers, checkpoints, sharding) asks a
+node's row (`NodeKind`) for its facts; docs/architecture.md describes the row. Here too:
+`describe` (what a value is, for messages) and `first_mismatch` (where a second tree stops
+fitting a first, its key path written from the root's class name: `MLP.layers[0].weight`).
 """
 
 from __future__ import annotations
@@ -42,7 +31,6 @@ __all__ = [
     "LIST",
     "TUPLE",
     "NAMEDTUPLE",
-    "NONE",
     "GENERIC",
     "Opened",
     "Mismatch",
@@ -60,9 +48,7 @@ __all__ = [
     "registered_kind",
     "row_of",
     "selects",
-    "LEAF_KIND",
     "TREECLASS_KIND",
-    "GENERIC_KIND",
     "Wrapper",
     "Stack",
     "Display",
@@ -183,21 +169,14 @@ V = TypeVar("V")  # the type of value a wrapper kind holds
 
 @dataclasses.dataclass(frozen=True)
 class Wrapper(Generic[N, V]):
-    """The wrapper part of a row: a kind that wraps one value in a node without children.
-
-    The printers show a wrapped value as `mark` + the value's own text, the summaries
-    count the value inside, roles give it `role`, messages call it `what`, `tc.is_masked`
-    says True and `tc.tree_unmask` unwraps it.
-    """
+    """The wrapper part of a row: a node without children standing for one value."""
 
     mark: str  # printed before the wrapped value's text: `#` for a frozen value
     unwrap: Callable[[N], V]
     what: str  # `a frozen value`, in messages
     role: str  # its role in summaries and `tc.roles`
     maker: str  # the function that makes one, for round-trip renderings: `freeze`
-    # `rewrap(old, value)`: a node like `old` (the same kind, its per-instance data: a
-    # tag, a name, a dtype policy) around a new value, for a number `set` at a wrapped
-    # array and for a restored checkpoint; `None` where the kind cannot be rebuilt
+    # a node like `old` (its per-instance data kept) around a new value; `None`: no way
     rewrap: Callable[[N, V], N] | None = None
 
 
@@ -246,66 +225,27 @@ class Display(Generic[N]):
 
 @dataclasses.dataclass(frozen=True)
 class Stack(Generic[N]):
-    """The stack part of a row: a kind that stacks blocks along its leaves' leading axes.
-
-    `unstack_all` and `restack` convert it to and from a tuple of its blocks, sharding
-    rules give its block axes `block_axis`, and checkpoints name its leaves as the unrolled
-    model names its layers: layer `i` is slot `i` of each leaf, or, for R repeats of a
-    pattern of P layers, slot `i // P` of the leaves under `<pattern>.<i % P>`.
-    """
+    """The stack part of a row: a node stacking blocks along its leaves' leading axes
+    (layer `i` of a pattern of P layers is slot `i // P` under `<pattern>.<i % P>`)."""
 
     length: Callable[[N], int]  # the blocks (layers, as the unrolled model numbers them)
     unstack: Callable[[N], tuple[Any, ...]]  # the blocks, in order
     restack: Callable[[N, Sequence[Any]], N]  # a node like this one holding these blocks
     period: Callable[[N], int] = lambda node: 1  # P, for repeats of a pattern of P layers
     pattern: str | None = None  # the key the pattern's positions are under (`pattern`)
-    # the leading axes this node adds to the leaves under it (a stack it holds counts
-    # its own: a periodic stack adds none, the stack it holds one)
     block_axes: int = 1
 
 
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
 
 
-_no_where: Callable[[tuple], str] = jax.tree_util.keystr
+_no_where: Callable[[KeyPath], str] = jax.tree_util.keystr
 
 
 class NodeKind(Generic[N]):
-    """One row of the table of node kinds: everything treeclass asks of one kind of node.
-
-    The `.at` walker, the selectors, method calls, the printers and `tc.roles` ask the
-    row of a node (`row_of`, `node_type`) and never test its type. A row answers:
-
-    - `open(node)`: its children as walkers see them (`Opened`: key entries, a fresh
-      list of children, and what `rebuild` needs), or `None` for a leaf;
-    - `child(node, key)`: `(key entry, child)` for the child a name or index selects
-      (`.at["w"]`, `.at[0]`), or `None` when this row does not find one directly (the
-      walker then opens the node, and raises the missing-key error);
-    - `replace(node, entry, old, new, path, where)`: `node` with the child `old` under
-      `entry` (as `child` gave it) replaced by `new`;
-    - `rebuild(node, aux, children, partial, path, where)`: `node` with the children
-      `open` gave, some replaced (`partial`: unselected children hold `get`'s fill
-      values, so another container may be returned). For messages, `path` is the node's
-      key path and `where(path + below)` the text of a key path below it (the root's
-      class name first);
-    - `static_names(node)` / `static_values(node)` / `with_static(node, name, value)`:
-      its static parts (part of the tree definition, not children);
-    - `items(node, hidden)`, `type_name(node)`, `named`, `brackets`, `single_comma`: how
-      the printers show it: the children with the texts naming their keys
-      (`("w=", ".w", w)`; `hidden`: also `repr=False` fields), its type name, and its
-      brackets (`Name(`...`)` when `named`); a `display` part gives the children (also
-      the summary's) and the type name instead of its JAX flatten (`Display`);
-    - `roles_of(node)`: the TreeClass whose declared field roles hold for its children
-      (itself for a TreeClass, the block for a stack), or `None`;
-    - `stack`: for a stack of blocks along its leaves' leading axes, its length,
-      period, block axes, and how it is unstacked and restacked (`Stack`);
-    - `wrapper`: for a kind wrapping one value in a node without children (a frozen
-      value), how it is marked, unwrapped, described and wrapped again (`Wrapper`).
-
-    The base row is a registered pytree's: opened one level through JAX. A new kind
-    subclasses it where it differs and registers one instance, in its own module:
-    `register_kind(MyType, MyKind())`.
-    """
+    """One row of the table of node kinds, a registered pytree's (opened one level through
+    JAX): a kind subclasses it where it differs and declares its parts (`wrapper`,
+    `stack`, `display`, `mask`). Its methods and parts: docs/architecture.md."""
 
     kind: Kind = GENERIC  # how the matchers classify the node
     wrapper: Wrapper[N, Any] | None = None
@@ -319,7 +259,7 @@ class NodeKind(Generic[N]):
     def open(self, node: N) -> Opened | None:
         return _open_generic(node)
 
-    def child(self, node: N, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: N, key: str | int) -> tuple[KeyEntry, Any] | None:
         opened = self.open(node)
         if opened is None:
             return None
@@ -334,11 +274,11 @@ class NodeKind(Generic[N]):
     def replace(
         self,
         node: N,
-        entry: Any,
+        entry: KeyEntry,
         old: object,
         new: object,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
+        path: KeyPath = (),
+        where: Callable[[KeyPath], str] = _no_where,
     ) -> Any:
         opened = self.open(node)
         assert opened is not None  # `child` found `old` among its children
@@ -352,8 +292,8 @@ class NodeKind(Generic[N]):
         aux: Any,
         children: Sequence[Any],
         partial: bool = False,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
+        path: KeyPath = (),
+        where: Callable[[KeyPath], str] = _no_where,
     ) -> Any:
         return aux.unflatten(children)
 
@@ -377,17 +317,13 @@ class NodeKind(Generic[N]):
             return type(node).__name__
         return display.type_name(node)
 
-    def roles_of(self, node: N) -> Any:
+    def roles_of(self, node: N) -> object | None:
         return None
 
 
 def selects(entry: Any, key: str | int, k: int, position: int, positional: bool) -> bool:
-    """Whether the `k`-th child, under `entry`, is the one a name or index `key` selects.
-
-    A name (`str`) selects an attribute or dict key; an index (`int`, `position` being it
-    counted from the end when negative) a position among `positional` children or those
-    keyed by position, or an int dict key (never a bool one).
-    """
+    """Whether the `k`-th child, under `entry`, is the one a name or an index `key` selects
+    (`position`: the index counted from the start; an int dict key, never a bool one)."""
     cls = type(entry)
     if type(key) is str:
         if cls is GetAttrKey:
@@ -487,7 +423,7 @@ class _TreeClassKind(NodeKind[_node.TreeNode]):
             if hidden or name not in fields or fields[name].repr
         ]
 
-    def roles_of(self, node: _node.TreeNode) -> Any:
+    def roles_of(self, node: _node.TreeNode) -> object | None:
         return node
 
 
@@ -635,20 +571,21 @@ _BY_CODE: dict[Kind, NodeKind] = {
     NONE: _NoneKind(),
     GENERIC: GENERIC_KIND,
 }
-# Rows by exact type: the builtin containers, and the kinds registered by their modules.
-# Written at import time by the module that defines a kind (under the import lock), read
-# lock-free: one dict lookup per node on the walker's path.
+# Rows by exact type: the builtin containers, the kinds registered by their modules, and
+# the types the public adapters wrote a part for (`write_part`); read lock-free, one dict
+# lookup per node on the walker's path. `_MADE`: the types whose rows `write_part` made.
+# `_INHERITED`: parts found along a type's MRO, a fresh dict after each write (a reader
+# fills the one it read).
 _KINDS: dict[type, NodeKind] = {
     cls: _BY_CODE[code] for cls, code in _BUILTIN_KINDS.items() if code != LEAF
 }
+_MADE: set[type] = set()
+_INHERITED: dict[tuple[type, str], Any] = {}
 
 
 def register_kind(cls: type, row: NodeKind) -> None:
-    """Make `row` the row of the table of node kinds for nodes of exactly type `cls`.
-
-    Called once, by the module that defines the kind (`_frozen`, `_stacked`, a test's
-    own kind); `cls` must be registered with JAX as a pytree node as well.
-    """
+    """Make `row` the row of nodes of exactly type `cls` (registered with JAX too), once,
+    in the module that defines the kind."""
     global _INHERITED
     if not isinstance(row, NodeKind):
         raise TypeError(f"a row of the table of node kinds is a `NodeKind`, got {row!r}")
@@ -674,7 +611,7 @@ def row_of(node: object, is_leaf: Callable[[Any], bool] | None = None) -> NodeKi
 
 
 def wrapper_of(node: object) -> Wrapper | None:
-    """The wrapper of `node`'s kind (a frozen value's, say), or `None` for any other node."""
+    """The wrapper part of `node`'s row (a frozen value's), or `None`."""
     row = _KINDS.get(type(node))
     return None if row is None else row.wrapper
 
@@ -692,7 +629,7 @@ def is_wrapper(node: object) -> bool:
 
 
 def stack_of(node: object) -> Stack[Any] | None:
-    """The stack part of `node`'s kind (a `Stacked`'s, say), or `None` for any other node."""
+    """The stack part of `node`'s row (a `Stacked`'s), or `None`."""
     row = _KINDS.get(type(node))
     return None if row is None else row.stack
 
@@ -826,20 +763,10 @@ def _class_row(cls: type) -> NodeKind:
     return next((row for test, row in _BY_TEST if test(cls, True)), GENERIC_KIND)
 
 
-# Types whose rows `write_part` made (they had none), and the parts found along each
-# type's MRO: a fresh dict is published after each write, so a reader fills the one it read.
-_MADE: set[type] = set()
-_INHERITED: dict[tuple[type, str], Any] = {}
-
-
 def write_part(cls: type, part: str, value: object) -> None:
-    """Set the part `part` (`display`, `mask`, `wrapper`) of the row of exactly type `cls`;
-    `None` gives back the part its kind declares (or none).
-
-    The one way the public adapters (`tc.register_printer`, `tc.tree_mask.def_type`,
-    `tc.tree_unmask.def_type`) write: a copy of the type's row (else of the row its nodes
-    have) with the part set, so everything else about the node stays as it was.
-    """
+    """Set the part `part` of the row of exactly type `cls` (`None`: back to its kind's
+    own), in a copy of its row (or of the row its nodes have): how `tc.register_printer`,
+    `tc.tree_mask.def_type` and `tc.tree_unmask.def_type` write."""
     global _INHERITED
     row = copy.copy(_KINDS.get(cls) or _class_row(cls))
     if value is None:
@@ -866,7 +793,8 @@ def inherited(cls: type, part: str) -> Any:
     except KeyError:
         pass
     rows = (_KINDS.get(base) for base in cls.__mro__)
-    value = next((v for r in rows if r is not None and (v := getattr(r, part)) is not None), None)
+    parts = (getattr(row, part) for row in rows if row is not None)
+    value = next((v for v in parts if v is not None), None)
     found[key] = value
     return value
 
