@@ -177,24 +177,8 @@ class Field:
     assert a.replace(default=2).default == 2
     ```
 
-    In a plain class (one that is not a `TreeClass`, with or without `autoinit`) a Field
-    is a descriptor, as in PyTreeClass: each assignment runs its `on_setattr` callbacks,
-    each read its `on_getattr` ones, a read before any assignment gives the default, and
-    the class attribute (`Point.x`) is the Field itself. On a `TreeClass` the class
-    attribute is the default and the class runs the callbacks itself.
-
-    ```python
-    import treeclass as tc
-
-    class Point:  # no decorator, a hand-written __init__
-        x: float = tc.field(default=0.0, on_setattr=[float, abs])
-
-        def __init__(self, x):
-            self.x = x
-
-    assert Point(-2).x == 2.0
-    assert isinstance(Point.x, tc.Field) and Point.x.name == "x"
-    ```
+    In a plain class (not a `TreeClass`) a Field is a descriptor, as in PyTreeClass (see
+    the classes API page); on a `TreeClass` the class attribute is the default.
     """
 
     __slots__ = (
@@ -504,22 +488,6 @@ def field(
         name: str = tc.field(default="x", static=True)
 
     assert Tree(a=2.7).a == 2
-    ```
-
-    A role is declared in the class body, also when `__init__` is hand-written:
-
-    ```python
-    import jax, jax.numpy as jnp
-    import treeclass as tc
-
-    class Norm(tc.TreeClass):
-        mean: jax.Array = tc.field(role="state")
-
-        def __init__(self, n):
-            self.scale = jnp.ones(n)  # undeclared: its role follows from its value
-            self.mean = jnp.zeros(n)
-
-    assert jax.tree.leaves(tc.roles(Norm(2))) == ["trainable", "state"]
     ```
     """
     if role is not None:

@@ -356,9 +356,7 @@ class _NoneKind(_LeafKind):
     def open(self, node: object) -> Opened | None:
         return _opened(((), [], None))
 
-    def rebuild(
-        self, node: object, aux: object, children: object, *rest: object, **more: object
-    ) -> Any:
+    def rebuild(self, node: object, aux: object, children: object, *_: Any, **__: Any) -> Any:
         return node
 
 
@@ -386,14 +384,14 @@ class _TreeClassKind(NodeKind[_node.TreeNode]):
         entry: Any,
         old: object,
         new: object,
-        *rest: object,
-        **more: object,
+        *_: Any,
+        **__: Any,
     ) -> Any:
         # same names, so the same layout: a cheap copy with one child replaced
         return _replace_child(node, entry.name, new)
 
     def rebuild(
-        self, node: _node.TreeNode, aux: Any, children: Sequence[Any], *rest: object, **more: object
+        self, node: _node.TreeNode, aux: Any, children: Sequence[Any], *_: Any, **__: Any
     ) -> Any:
         return _node.rebuild(node, children)
 
@@ -439,9 +437,7 @@ class _DictKind(NodeKind[dict]):
             return _open_generic(node)
         return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
 
-    def rebuild(
-        self, node: dict, aux: Any, children: Sequence[Any], *rest: object, **more: object
-    ) -> Any:
+    def rebuild(self, node: dict, aux: Any, children: Sequence[Any], *_: Any, **__: Any) -> Any:
         if not isinstance(aux, list):  # keys that do not sort: opened by JAX
             return aux.unflatten(children)
         new = dict(node)  # keeps the caller's insertion order
@@ -456,9 +452,7 @@ class _DictKind(NodeKind[dict]):
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(
-        self, node: dict, entry: Any, old: object, new: object, *rest: object, **more: object
-    ) -> Any:
+    def replace(self, node: dict, entry: Any, old: object, new: object, *_: Any, **__: Any) -> Any:
         out = dict(node)
         out[entry.key] = new
         return out
@@ -482,7 +476,7 @@ class _SequenceKind(NodeKind[_Sequence]):
         return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
 
     def rebuild(
-        self, node: _Sequence, aux: Any, children: Sequence[Any], *rest: object, **more: object
+        self, node: _Sequence, aux: Any, children: Sequence[Any], *_: Any, **__: Any
     ) -> Any:
         return list(children) if self.kind == LIST else tuple(children)
 
@@ -494,7 +488,7 @@ class _SequenceKind(NodeKind[_Sequence]):
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
     def replace(
-        self, node: _Sequence, entry: Any, old: object, new: object, *rest: object, **more: object
+        self, node: _Sequence, entry: Any, old: object, new: object, *_: Any, **__: Any
     ) -> Any:
         items = list(node)
         items[entry.idx] = new
@@ -527,8 +521,8 @@ class _NamedTupleKind(NodeKind[_NamedTupleLike]):
         node: _NamedTupleLike,
         aux: Any,
         children: Sequence[Any],
-        *rest: object,
-        **more: object,
+        *_: Any,
+        **__: Any,
     ) -> Any:
         return node._make(children)
 
@@ -548,8 +542,8 @@ class _NamedTupleKind(NodeKind[_NamedTupleLike]):
         entry: Any,
         old: object,
         new: object,
-        *rest: object,
-        **more: object,
+        *_: Any,
+        **__: Any,
     ) -> Any:
         return node._replace(**{entry.name: new})
 
