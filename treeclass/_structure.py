@@ -54,6 +54,8 @@ __all__ = [
     "Display",
     "wrapper_of",
     "stack_of",
+    "write_part",
+    "inherited",
     "block_depths",
     "is_wrapper",
     "unwrap",
