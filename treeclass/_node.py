@@ -99,10 +99,8 @@ class TreeNode:
     if not TYPE_CHECKING:  # hidden from type checkers, which would then accept any name
 
         def __getattr__(self, name: str) -> Any:
-            # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat`
-            # yet (it is still changing): compute it on demand, for flatten. A sealed
-            # instance whose layout is still pending (see `_materialize`) computes and keeps
-            # it, once.
+            # Only reached when normal lookup fails: an unsealed instance computes `_tc_flat`
+            # on demand, a sealed one with a pending layout computes and keeps it, once.
             if name == "_tc_flat":
                 pending = getattr(self, "_tc_layout", None)
                 if type(pending) is Shape:
@@ -585,10 +583,8 @@ def guard_field(cls: type, name: str, default: object, on_getattr: tuple[Any, ..
 
 
 def _guard_names(cls: type, names: Sequence[str]) -> None:
-    # Attribute names set by a hand-written __init__ get their guard when an instance first
-    # has them. A name the class already knows as something else (a method, a class
-    # constant) is guarded too, keeping that as its class-level value; dunder names and
-    # foreign data descriptors (properties) are left alone.
+    # Names a hand-written __init__ sets get their guard when an instance first has them,
+    # keeping what the class had under the name; dunders and properties are left alone.
     for name in names:
         if name.startswith("__") and name.endswith("__"):
             continue
@@ -786,9 +782,8 @@ def rebuild(node: object, new_children: Sequence[Any]) -> Any:
 
 # -- registration with JAX ---------------------------------------------------------------------
 
-# Flatten is a C-level attribute read: a sealed instance keeps `(children, layout)` in its
-# `_tc_flat` slot, and an unsealed one, whose slot is empty, falls through to
-# `TreeNode.__getattr__`, which computes it. No Python frame per node on jit dispatch.
+# Flatten is a C-level read of `_tc_flat` (an unsealed instance falls through to
+# `TreeNode.__getattr__`): no Python frame per node on jit dispatch.
 _flatten = operator.attrgetter("_tc_flat")
 
 

@@ -713,10 +713,8 @@ class _SequenceSubclassKind(NodeKind[_Sequence]):
     items = _SequenceKind.items
 
 
-# Nodes of no registered kind that print otherwise than JAX flattens them (or that JAX
-# keeps whole: a plain dataclass, a `functools.partial`), by the first test they pass
-# (`test(node, False)`; `test(cls, True)` for every node of type `cls`). Walkers open them
-# as any registered pytree; only the printers ask for these rows.
+# Rows only the printers ask for, by the first test a node passes (`test(node, False)`;
+# `test(cls, True)`: for every node of type `cls`): a dataclass, a partial, subclasses.
 _BY_TEST: tuple[tuple[Callable[[Any, bool], bool], NodeKind], ...] = (
     (lambda x, of_type: _is(x, of_type, dict), _DictSubclassKind()),
     (
