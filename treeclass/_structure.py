@@ -363,47 +363,40 @@ class _NoneKind(_LeafKind):
 
 
 _NOTHING = _node.NOTHING
+_TreeNode = _node.TreeNode
 _tc_child = _node.child
 _replace_child = _node.replace_child
 
 
-class _TreeClassKind(NodeKind[_node.TreeNode]):
+class _TreeClassKind(NodeKind[_TreeNode]):
     kind = TREECLASS
 
-    def open(self, node: _node.TreeNode) -> Opened | None:
+    def open(self, node: _TreeNode) -> Opened | None:
         return _opened(_node.opened(node))
 
-    def child(self, node: _node.TreeNode, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _TreeNode, key: str | int) -> tuple[Any, Any] | None:
         if type(key) is str:
             found = _tc_child(node, key)
             if found is not _NOTHING:
                 return GetAttrKey(key), found
         return None
 
-    def replace(
-        self,
-        node: _node.TreeNode,
-        entry: Any,
-        old: object,
-        new: object,
-        *_: Any,
-        **__: Any,
-    ) -> Any:
+    def replace(self, node: _TreeNode, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
         # same names, so the same layout: a cheap copy with one child replaced
         return _replace_child(node, entry.name, new)
 
     def rebuild(
-        self, node: _node.TreeNode, aux: Any, children: Sequence[Any], *_: Any, **__: Any
+        self, node: _TreeNode, aux: Any, children: Sequence[Any], *_: Any, **__: Any
     ) -> Any:
         return _node.rebuild(node, children)
 
-    def static_names(self, node: _node.TreeNode) -> tuple[str, ...]:
+    def static_names(self, node: _TreeNode) -> tuple[str, ...]:
         return _node.static_names(type(node))
 
-    def static_values(self, node: _node.TreeNode) -> dict[str, Any]:
+    def static_values(self, node: _TreeNode) -> dict[str, Any]:
         return _node.static_values(node)
 
-    def with_static(self, node: _node.TreeNode, name: str, value: object) -> _node.TreeNode:
+    def with_static(self, node: _TreeNode, name: str, value: object) -> _TreeNode:
         # through `setattr` on an unsealed copy: the field's `on_setattr` callbacks run,
         # and the copy is sealed with the layout of its new static values
         copy = _node.replace_children(node, {})
@@ -414,7 +407,7 @@ class _TreeClassKind(NodeKind[_node.TreeNode]):
             _node.seal(copy)
         return copy
 
-    def items(self, node: _node.TreeNode, hidden: bool) -> Items:
+    def items(self, node: _TreeNode, hidden: bool) -> Items:
         # every attribute in order, static fields too: the one display opening of a TreeClass
         fields = _node.fields_of(type(node))
         return [
@@ -423,7 +416,7 @@ class _TreeClassKind(NodeKind[_node.TreeNode]):
             if hidden or name not in fields or fields[name].repr
         ]
 
-    def roles_of(self, node: _node.TreeNode) -> object | None:
+    def roles_of(self, node: _TreeNode) -> object | None:
         return node
 
 
@@ -489,9 +482,7 @@ class _SequenceKind(NodeKind[_Sequence]):
         index = key + n if key < 0 else key
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
-    def replace(
-        self, node: _Sequence, entry: Any, old: object, new: object, *_: Any, **__: Any
-    ) -> Any:
+    def replace(self, node: _Sequence, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
@@ -500,35 +491,28 @@ class _SequenceKind(NodeKind[_Sequence]):
         return [("", f"[{i}]", v) for i, v in enumerate(node)]
 
 
-class _NamedTupleLike(Protocol):
+class _Named(Protocol):
     """What the named-tuple row uses of a `collections.namedtuple` / `typing.NamedTuple`."""
 
     _fields: tuple[str, ...]
 
-    def _make(self, iterable: Iterable[object]) -> _NamedTupleLike: ...
-    def _replace(self, **changes: object) -> _NamedTupleLike: ...
+    def _make(self, iterable: Iterable[object]) -> _Named: ...
+    def _replace(self, **changes: object) -> _Named: ...
     def __iter__(self) -> Iterator[object]: ...
     def __getitem__(self, index: int) -> object: ...
 
 
-class _NamedTupleKind(NodeKind[_NamedTupleLike]):
+class _NamedTupleKind(NodeKind[_Named]):
     kind = NAMEDTUPLE
 
-    def open(self, node: _NamedTupleLike) -> Opened | None:
+    def open(self, node: _Named) -> Opened | None:
         # not jax's one-level flatten, which gives every namedtuple child the first key
         return _opened((tuple(GetAttrKey(f) for f in node._fields), list(node), None))
 
-    def rebuild(
-        self,
-        node: _NamedTupleLike,
-        aux: Any,
-        children: Sequence[Any],
-        *_: Any,
-        **__: Any,
-    ) -> Any:
+    def rebuild(self, node: _Named, aux: Any, children: Sequence[Any], *_: Any, **__: Any) -> Any:
         return node._make(children)
 
-    def child(self, node: _NamedTupleLike, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _Named, key: str | int) -> tuple[Any, Any] | None:
         fields = node._fields
         if type(key) is str and key in fields:
             index = fields.index(key)
@@ -538,18 +522,10 @@ class _NamedTupleKind(NodeKind[_NamedTupleLike]):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(
-        self,
-        node: _NamedTupleLike,
-        entry: Any,
-        old: object,
-        new: object,
-        *_: Any,
-        **__: Any,
-    ) -> Any:
+    def replace(self, node: _Named, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
         return node._replace(**{entry.name: new})
 
-    def items(self, node: _NamedTupleLike, hidden: bool) -> Items:
+    def items(self, node: _Named, hidden: bool) -> Items:
         return [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
 
 
