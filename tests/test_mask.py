@@ -691,3 +691,19 @@ def test_a_mask_rule_returning_a_frozen_value_or_a_registered_wrapper_masks():
     tc.tree_mask.def_type(Other)(tc.freeze)
     other = Other()
     assert tc.is_frozen(tc.tree_mask([other], mask=[True])[0])
+
+
+def test_a_mask_rule_is_the_mask_part_of_the_type_row_and_covers_subclasses():
+    from treeclass import _structure
+
+    class Token:
+        pass
+
+    class Special(Token):
+        pass
+
+    tc.tree_mask.def_type(Token)(tc.freeze)
+    assert _structure.registered_kind(Token).mask is tc.freeze
+    assert _structure.registered_kind(Special) is None
+    masked = tc.tree_mask([Special()], mask=[True])
+    assert tc.is_frozen(masked[0]) and type(tc.unfreeze(masked[0])) is Special

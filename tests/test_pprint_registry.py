@@ -175,3 +175,28 @@ def test_a_wrong_result_names_the_rule_and_what_was_expected(field, result, erro
     with pytest.raises(error, match=r"printer rule for `Base`") as info:
         printer([Base()])
     assert expected in str(info.value)
+
+
+def test_a_rule_is_the_display_part_of_the_type_row():
+    register_printer(Base, count=lambda b: 3)
+    row = _structure.registered_kind(Base)
+    assert row is not None and row.display is rule_for(Base())
+    register_printer(Base)
+    assert _structure.registered_kind(Base) is None
+
+
+def test_a_rule_for_a_kind_with_its_own_display_keeps_its_other_fields():
+    stack = tc.Stacked.from_blocks([{"w": jax.numpy.ones(2)}] * 3)
+    before = tc.tree_repr(stack)
+    register_printer(tc.Stacked, count=lambda s: 7)
+    try:
+        assert tc.tree_repr(stack) == before and rule_for(stack).count(stack) == 7
+    finally:
+        register_printer(tc.Stacked)
+    assert rule_for(stack).count is None and tc.tree_repr(stack) == before
+
+
+def test_a_rule_without_children_keeps_how_a_dataclass_is_shown():
+    register_printer(Box, count=lambda b: 4)
+    assert tc.tree_repr(Box(1)) == "Box(content=1)"
+    assert "│     4 │" in tc.tree_summary([Box(1)])

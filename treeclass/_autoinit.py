@@ -1,12 +1,6 @@
-"""`autoinit` and the plan of a generated `__init__`.
-
-From a class's fields (`_fields`) the plan decides what its `__init__` does: the
-signature (kinds, aliases, defaults), what each field is set to (the argument, a default,
-a factory's value, the `on_setattr` callbacks applied), and how a `TreeClass` instance is
-sealed at the end. It hands that to `_codegen.render_init` as plain data and compiles the
-source once per class, so that constructing an instance costs about as much as a
-hand-written `__init__`.
-"""
+"""`autoinit` and the plan of a generated `__init__`: from a class's fields, its signature,
+what each field is set to and how a TreeClass instance is sealed, handed to
+`_codegen.render_init` as plain data and compiled once per class."""
 
 from __future__ import annotations
 
@@ -152,14 +146,8 @@ def _init_stores(
 def _init_sealing(
     cls: type, stores: list[InitStore], has_post_init: bool, namespace: dict[str, Any]
 ) -> tuple[str, list[str], list[str]]:
-    """How a TreeClass `__init__` seals its instance: `(mode, leaf names, static names)`.
-
-    The constructor is the plain `type.__call__`, so the generated `__init__` seals the
-    instance itself, but only when it is the class's own `__init__` (a parent's, reached
-    through `super()`, leaves sealing to its caller). Without `__post_init__` the names it
-    stores are the instance's whole layout, known now: the layout (or, with static
-    fields, the shape whose static values vary) is looked up once, here.
-    """
+    """How a TreeClass `__init__` seals its instance: `(mode, leaf names, static names)`;
+    without `__post_init__` its layout (or shape, with static fields) is known now."""
     info = _node.own_info(cls)
     assert info is not None, "a TreeClass gets its record before its __init__ is built"
     namespace.update(
@@ -184,13 +172,8 @@ def _init_sealing(
 
 
 def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) -> Callable:
-    """Compile an `__init__` for `cls` from its fields.
-
-    With `through_setattr=False` (TreeClass), values are written straight into the
-    instance's attributes, after their `on_setattr` callbacks, and the instance is sealed
-    at the end: the fast path. Otherwise (plain `autoinit` classes) each value goes through
-    `setattr`, so field descriptors run their callbacks.
-    """
+    """Compile an `__init__` for `cls` from its fields: values stored straight, then sealed
+    (TreeClass), or, `through_setattr`, through `setattr` (plain `autoinit` classes)."""
     instance_fields = [f for f in items.values() if f.kind != "CLASS_VAR"]
     params = _init_params(cls, instance_fields)
     namespace: dict[str, Any] = {

@@ -1,15 +1,8 @@
 """Running code that mutates trees on copies: `tree.at["method"](...)` and `value_and_tree`.
 
-TreeClass instances are immutable once built, and a plain container may be shared by many
-trees, so a function that changes a tree in place (a method that sets, deletes or adds an
-attribute, appends to a list, writes into a NumPy buffer) runs on a private copy made by
-`call_on_copy`, the one place that makes such copies: every TreeClass node of the copy may
-be mutated, its NumPy leaves are copies, and when the function returns (or raises) the
-copy's nodes are sealed again. The caller gets the function's value and the changed copy;
-the input is never touched.
-
-A method call copies only the node whose method runs (with what is below it) and rebuilds
-the nodes on the path above it, as `.set` does: siblings are shared, never visited.
+`call_on_copy` makes the one kind of private copy (TreeClass nodes mutable, NumPy leaves
+copied, sealed again when the function returns or raises); a method call copies only the
+node whose method runs and rebuilds the path above it, as `.set` does.
 """
 
 from __future__ import annotations
@@ -45,11 +38,8 @@ ARGNUMS_RANGE_MSG = (
 
 
 def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
-    """`(fn(copy), copy)` for a copy of `tree` whose TreeClass nodes may be mutated.
-
-    The copy's nodes are sealed again when `fn` returns, and also when it raises (the copy
-    may have escaped, e.g. stored by the method): `fn`'s error is the one reported.
-    """
+    """`(fn(copy), copy)` for a copy of `tree` whose TreeClass nodes may be mutated (sealed
+    again when `fn` returns or raises: `fn`'s error is the one reported)."""
     copy = _node.unsealed_copy(tree)
     try:
         value = fn(copy)

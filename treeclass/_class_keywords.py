@@ -1,12 +1,6 @@
-"""Class keywords that a package above the class gives a meaning to.
-
-`class Model(tc.TreeClass, version=2, migrations={1: {"w": "weight"}})`: the core class
-accepts such keywords but never interprets them, so it knows nothing of files. The
-package that owns a keyword offers its check when it loads (`offer_class_check`); at
-class definition, `TreeClass.__init_subclass__` hands every offered keyword's value to
-`check_class_keywords`, which runs the checks (they raise on bad values and keep what
-they accept on the class). A keyword given a value that no loaded package checks is an
-error, so a typo or a missing package never passes silently.
+"""Class keywords that a package above the class gives a meaning to (`version=2`): the
+core class never interprets them; the owning package offers its check when it loads, and
+a keyword no loaded package checks is an error (a typo never passes silently).
 """
 
 from __future__ import annotations
@@ -21,11 +15,8 @@ _CHECKS: dict[tuple[str, ...], Callable[..., None]] = {}
 
 
 def offer_class_check(names: tuple[str, ...], check: Callable[..., None]) -> None:
-    """Give the class keywords `names` a meaning: `check(cls, *values)` at class definition.
-
-    The check runs for every TreeClass subclass, with `None` for a keyword not given,
-    so an undeclared class can still inherit its base's data.
-    """
+    """Give the class keywords `names` a meaning: `check(cls, *values)` for every TreeClass
+    subclass, with `None` for a keyword not given."""
     _CHECKS[tuple(names)] = check
 
 

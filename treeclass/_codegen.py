@@ -21,10 +21,8 @@ _serial = itertools.count(1)
 
 
 def compile_function(source: str, name: str, namespace: dict[str, Any], label: str) -> Any:
-    """Compile `source`, which defines the function `name`, with `namespace` as globals.
-
-    `label` names the code in tracebacks: the file is `<treeclass {label}>`.
-    """
+    """Compile `source`, defining `name`, with `namespace` as globals, in the file
+    `<treeclass {label}>` (for tracebacks)."""
     filename = f"<treeclass {label}>"
     cached: Any = linecache.cache.get(filename)  # (size, mtime, lines, name) for ours
     if cached is not None and "".join(cached[2]) != source:
@@ -88,19 +86,10 @@ def render_init(
     fixed_leaves: Sequence[str] = (),
     static_names: Sequence[str] = (),
 ) -> str:
-    """The source of a generated `__init__`.
-
-    `sealing` is one of:
-
-    - `"none"`: a plain `autoinit` class, never sealed: each value is assigned with
-      `setattr`, so field descriptors run their callbacks;
-    - `"dynamic"`: compute the layout from the instance when `__init__` ends
-      (`__post_init__` may add or remove attributes);
-    - `"fixed"`: the attribute names are known here and none is static, so the class's one
-      layout (`__tc_layout`) is written straight into the slots: no lookup per instance;
-    - `"shape"`: the names are known, and the values of `static_names` pick the interned
-      layout of the class's shape (`__tc_with_values`); `fixed_leaves` are the children.
-    """
+    """The source of a generated `__init__`. `sealing`: `"none"` (a plain `autoinit`
+    class: `setattr`), `"dynamic"` (the layout computed at the end: `__post_init__` may
+    change the names), `"fixed"` (the class's one layout written into the slots) or
+    `"shape"` (the values of `static_names` pick the layout; `fixed_leaves`: the children)."""
     body: list[str] = []
     for store in stores:
         body += _store_lines(this, store, through_setattr=sealing == "none")
@@ -141,16 +130,9 @@ def render_init(
 
 
 def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list[str]:
-    """Seal an instance with static values.
-
-    When every static value is of a plain type (ints, strings, bools, None: hashable, and
-    their own exact keys), the instance is sealed with its layout *pending*: its shape
-    stands in the layout slot, and the interned layout is looked up the first time the
-    instance is flattened (see `_node._materialize`). Building a model whose layers each
-    hold a new static value then costs no layout at all until it is used. Any other
-    static value is keyed and interned now, so an unhashable one fails here, in
-    `__init__`, naming its field.
-    """
+    """Seal an instance with static values: plain ones leave its layout pending (its shape
+    in the slot, `_node._materialize`); others are keyed now, so an unhashable one fails
+    in `__init__`, naming its field."""
     values = [f"__tc_f_{name}" for name in static_names]
     plain = " and ".join(f"type({v}) in __tc_plain" for v in values)
     given = "".join(f"{v}, " for v in values)
@@ -168,15 +150,10 @@ def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list
 
 
 def render_build(names: Sequence[str], leaf_names: Sequence[str], *, inline_fixed: bool) -> str:
-    """The source of `build(layout, children)`, the unflatten of one attribute order.
-
-    Static values are read from `layout.values` (in the order they appear in `names`), so
-    one function serves every layout with these names, whatever its static values. With
-    `inline_fixed`, the function serves a whole class: a layout other than the class's
-    fixed one (or, with static fields, of another shape) is handed to that layout's own
-    `build`, which saves a Python call per node in the common case. Stores go one by one
-    into the fresh instance's dict: measured faster than building a dict and setting it.
-    """
+    """The source of `build(layout, children)`, the unflatten of every layout with these
+    attribute names (statics read from `layout.values`). With `inline_fixed` it serves a
+    whole class, handing another layout to its own `build`. Stores go one by one: measured
+    faster than building a dict and setting it."""
     leaf_index = {name: i for i, name in enumerate(leaf_names)}
     values: list[str] = []
     static_index = 0

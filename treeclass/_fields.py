@@ -69,13 +69,8 @@ _ROLE_TWICE_MSG = (
 
 
 def stop_gradient_if_traced(value: object) -> Any:
-    """`value` with `jax.lax.stop_gradient` on its traced inexact leaves.
-
-    The read of a field declared `role="frozen"`: under `jax.grad` the value is a constant
-    (its gradient is a symbolic zero: no weight-gradient computation), while it stays a
-    traced argument of `jax.jit`. Outside a trace the value is returned as it is (no
-    operation is dispatched on a read).
-    """
+    """`value` with `jax.lax.stop_gradient` on its traced inexact leaves: the read of a
+    `role="frozen"` field (outside a trace, `value` as it is)."""
     if isinstance(value, Tracer):
         return _stop(value)
     if isinstance(value, (jax.Array, np.ndarray, int, float, str)) or value is None:
@@ -86,10 +81,8 @@ def stop_gradient_if_traced(value: object) -> Any:
     return treedef.unflatten([_stop(leaf) if isinstance(leaf, Tracer) else leaf for leaf in leaves])
 
 
-# The ids of traced values whose gradient is already stopped upstream (a stack stops its
-# frozen leaves before its scan): their reads are left as they are, so the traced program
-# refers to the very value (a scan forwards it as a residual instead of saving a copy).
-# Speed only: a read that stops a gradient twice gives the same result.
+# The ids of traced values whose gradient a stack stopped before its scan: their reads are
+# left as they are, so a scan forwards the very value instead of saving a copy (speed only).
 _STOPPED: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
     "treeclass_gradients_stopped", default=frozenset()
 )
@@ -184,24 +177,8 @@ class Field:
     assert a.replace(default=2).default == 2
     ```
 
-    In a plain class (one that is not a `TreeClass`, with or without `autoinit`) a Field
-    is a descriptor, as in PyTreeClass: each assignment runs its `on_setattr` callbacks,
-    each read its `on_getattr` ones, a read before any assignment gives the default, and
-    the class attribute (`Point.x`) is the Field itself. On a `TreeClass` the class
-    attribute is the default and the class runs the callbacks itself.
-
-    ```python
-    import treeclass as tc
-
-    class Point:  # no decorator, a hand-written __init__
-        x: float = tc.field(default=0.0, on_setattr=[float, abs])
-
-        def __init__(self, x):
-            self.x = x
-
-    assert Point(-2).x == 2.0
-    assert isinstance(Point.x, tc.Field) and Point.x.name == "x"
-    ```
+    In a plain class (not a `TreeClass`) a Field is a descriptor, as in PyTreeClass (see
+    the classes API page); on a `TreeClass` the class attribute is the default.
     """
 
     __slots__ = (
@@ -219,8 +196,7 @@ class Field:
         "metadata",
         "doc",
     )
-    # what type checkers (and readers) see of the slots; `__init__` sets every one. `name`
-    # is `None` only on a Field not yet in a class (as in `dataclasses.Field`, typed `str`)
+    # the slots, all set by `__init__` (`name` is `None` until the Field is in a class)
     name: str
     type: Any
     default: Any
@@ -310,11 +286,7 @@ class Field:
         )
         return f"Field({shown})"
 
-    # -- the descriptor: a Field outside TreeClass ----------------------------------------
-    # A Field in a plain class body (with or without `autoinit`) stays there as a data
-    # descriptor, so its callbacks run on every assignment and read, as in PyTreeClass.
-    # TreeClass replaces its Fields with its own guards (`_node.guard_field`), so none of
-    # this runs for a TreeClass field.
+    # -- the descriptor: a Field in a plain class body (a TreeClass puts guards instead) --
 
     def __set_name__(self, owner: type, name: str) -> None:
         annotation = _own_annotations(owner).get(name)
@@ -500,13 +472,9 @@ def field(
         - `"state"`: values the forward pass updates (batch-norm statistics, counters,
           caches): leaves that `tc.optim.trainable` never updates, never decays and keeps
           no optimizer state for;
-        - `"frozen"`: a pretrained value that is never trained. Its leaves stay ordinary
-          leaves (`jax.jit` traces them: no hashing, no constants, no recompilation for
-          new values; checkpoints save them as tensors), reads of the field under a JAX
-          trace apply `jax.lax.stop_gradient` (so `jax.grad` gives zeros without computing
-          them), and `tc.optim.trainable` never updates them and keeps no state for them.
-          `tc.freeze`, by contrast, makes a value part of the compiled program: use it for
-          functions, flags and small arrays.
+        - `"frozen"`: a pretrained value that is never trained: its leaves stay traced
+          leaves (unlike `tc.freeze`'s constants), reads under a trace stop gradients, and
+          `tc.optim.trainable` never updates them nor keeps state for them.
 
     **Returns**
 
@@ -520,22 +488,6 @@ def field(
         name: str = tc.field(default="x", static=True)
 
     assert Tree(a=2.7).a == 2
-    ```
-
-    A role is declared in the class body, also when `__init__` is hand-written:
-
-    ```python
-    import jax, jax.numpy as jnp
-    import treeclass as tc
-
-    class Norm(tc.TreeClass):
-        mean: jax.Array = tc.field(role="state")
-
-        def __init__(self, n):
-            self.scale = jnp.ones(n)  # undeclared: its role follows from its value
-            self.mean = jnp.zeros(n)
-
-    assert jax.tree.leaves(tc.roles(Norm(2))) == ["trainable", "state"]
     ```
     """
     if role is not None:
@@ -577,13 +529,8 @@ def _own_annotations(cls: type) -> dict[str, Any]:
 
 
 def collect_fields(cls: type, *, marked_bases_only: bool = False) -> dict[str, Field]:
-    """Fields of `cls` in definition order, inherited ones first, keyed by name.
-
-    Reads annotations from every class in the MRO; Field objects still in a class body
-    are read from there, already-processed classes from their cached fields. With
-    `marked_bases_only` (TreeClass), annotations of bases that are not field classes
-    themselves (plain mixins) are not fields, as in `dataclasses`.
-    """
+    """Fields of `cls` by name, in definition order, inherited ones first; with
+    `marked_bases_only` (TreeClass), a plain mixin's annotations are not fields."""
     result: dict[str, Field] = {}
     for base in reversed(cls.__mro__):
         if base is object:
@@ -634,8 +581,7 @@ def check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") ->
     )
 
 
-# Where `autoinit` keeps the fields of a plain (non-TreeClass) class; a TreeClass keeps
-# them in its `ClassInfo` record.
+# Where `autoinit` keeps a plain class's fields (a TreeClass: in its `ClassInfo`)
 _PLAIN_FIELDS_ATTR = "_tc_autoinit_fields"
 
 
@@ -646,9 +592,7 @@ def _cached_fields(cls: type) -> dict[str, Field] | None:
     return cls.__dict__.get(_PLAIN_FIELDS_ATTR)
 
 
-# Types whose instances may not be field defaults (shared by every instance), with the
-# reason; `autoinit.register_excluded_type` adds to it. Written only by that registration
-# (a dict update under the GIL), read when a class is created.
+# Types whose instances may not be field defaults, with the reason (`register_excluded_type`)
 _EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 
 
@@ -665,10 +609,7 @@ def _check_default(cls: type, item: Field) -> None:
     if isinstance(default, _MUTABLE_CONTAINERS):
         raise TypeError(
             _MUTABLE_DEFAULT_MSG.format(
-                type=type_name(default),
-                cls=cls.__name__,
-                name=item.name,
-                value=default,
+                type=type_name(default), cls=cls.__name__, name=item.name, value=default
             )
         )
     if _holds_numpy_array(default):
@@ -746,15 +687,8 @@ def fields(item: object) -> tuple[Field, ...]:
 
 
 def add_field_note(error: BaseException, obj: object, name: str) -> None:
-    """Make the error of a failing `on_setattr` callback name the field it was setting.
-
-    The message itself gains the field (`ValueError: while setting field `Tree.rate` (its
-    on_setattr): expected ...`) when it is the exception's one string argument, as for
-    nearly every `raise SomeError("...")` and a bare `assert`: the exception keeps its type,
-    identity, attributes and traceback, only its `args` change. An exception that renders
-    itself another way (`KeyError`, `OSError`, a custom `__str__`) is left as it is and
-    gets a PEP 678 note instead.
-    """
+    """Make the error of a failing `on_setattr` callback name the field: in its message
+    when that is its one string argument (only `args` change), else in a PEP 678 note."""
     where = f"while setting field `{type_name(obj)}.{name}` (its on_setattr)"
     args = error.args
     try:
@@ -788,13 +722,8 @@ def run_setters(
 
 
 def _plain_class_fields(cls: type) -> dict[str, Field]:
-    """The fields `autoinit` gives a plain class: its own annotations, the fields of its
-    `autoinit` bases, and the `field()`s of its undecorated bases.
-
-    A bare annotation of an undecorated base (a mixin's `name: str`) is not a field, as in
-    `dataclasses`, PyTreeClass and `TreeClass`: it says what the base expects, not what
-    the subclass's `__init__` takes.
-    """
+    """The fields `autoinit` gives a plain class: its own annotations, its `autoinit`
+    bases' fields and its undecorated bases' `field()`s (not their bare annotations)."""
     items = collect_fields(cls)
     kept: dict[str, Field] = {}
     for name, item in items.items():
@@ -814,12 +743,8 @@ def _plain_class_fields(cls: type) -> dict[str, Field]:
 
 
 def declare_plain_fields(cls: type) -> dict[str, Field]:
-    """The fields of the plain class `cls` (see `_plain_class_fields`), kept on the class.
-
-    They are kept for subclasses and `fields()`; the class body's own Field objects stay
-    as descriptors (see `Field.__get__`), now knowing their annotations, which is how an
-    `__init__` that assigns with `setattr` runs their callbacks.
-    """
+    """The fields of the plain class `cls`, kept on it; its body's Fields stay descriptors,
+    now knowing their annotations."""
     items = _plain_class_fields(cls)
     setattr(cls, _PLAIN_FIELDS_ATTR, items)
     for name, item in items.items():

@@ -1,13 +1,8 @@
-"""Masking whole trees: `tree_mask` / `tree_unmask` freeze and thaw the leaves a mask picks.
-
-The frozen wrapper itself (`freeze`, `unfreeze`, `is_frozen`) lives in `_frozen`;
-this module decides *which* leaves to freeze, from a predicate or a bool mask tree, and
-`is_nondiff`, the default predicate.
-"""
+"""Masking whole trees: `tree_mask` / `tree_unmask` freeze and thaw the leaves a mask picks
+(a predicate or a bool mask tree; `is_nondiff` by default). The wrapper is `_frozen`'s."""
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,7 +10,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
-from . import _node, _structure
+from . import _structure
 from ._frozen import freeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
@@ -83,16 +78,13 @@ _RULE_UNMASKED_MSG = (
 
 
 class MaskLeafError(TypeError, ValueError):
-    """A mask (or `cond`) holding something else than bools, or not a mask at all.
-
-    A `TypeError`, as sepes raises for a `cond` that is not callable, and a `ValueError`,
-    as PyTreeClass raises for such a `mask`.
-    """
+    """A mask (or `cond`) that is not one: a `TypeError` as in sepes, a `ValueError` as in
+    PyTreeClass."""
 
 
 def _is_predicate(cond: object) -> bool:
     # A TreeClass layer may define __call__, yet as `cond` it is a mask tree
-    return callable(cond) and not _node.is_treeclass(cond)
+    return callable(cond) and _structure.row_of(cond).kind != _structure.TREECLASS
 
 
 def _mask_leaves(
@@ -188,14 +180,9 @@ def tree_mask(
 
     **Custom wrappers**
 
-    `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks the chosen values of type `T`
-    (and its subclasses) as `fn(value)` instead of `freeze(value)`; pair it with
-    `tc.tree_unmask.def_type(W)(unwrap)` for the wrapper type `W` that `fn` returns (it
-    makes values of exactly type `W` a wrapper kind: masked, printed `#` and their value,
-    unwrapped by `tree_unmask`, kept whole by `tc.optim`). A
-    rule whose result is not masked (neither frozen nor of a registered wrapper type) is
-    a `TypeError` naming the rule and the leaf's path: the value would reach `jax.grad`
-    and optax unmasked.
+    `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks values of type `T` (and its
+    subclasses) as `fn(value)` instead of `freeze(value)`; `fn` must return a masked value
+    (else a `TypeError` naming the rule and the leaf). See the masking guide.
 
     ```python
     import jax, jax.numpy as jnp
@@ -207,27 +194,6 @@ def tree_mask(
     assert tc.is_frozen(grads["act"]) and grads["w"].shape == (3,)
     assert tc.is_tree_equal(tc.tree_unmask(masked), model)
     assert tc.tree_mask(model, mask={"w": False, "act": True, "n": False})["n"] == 2
-    ```
-
-    A custom wrapper:
-
-    ```python
-    import treeclass as tc
-
-    class Tag:
-        def __init__(self, name):
-            self.name = name
-
-    class HiddenTag:
-        def __init__(self, tag):
-            self.tag = tag
-
-    tc.tree_mask.def_type(Tag)(HiddenTag)
-    tc.tree_unmask.def_type(HiddenTag)(lambda hidden: hidden.tag)
-    tag = Tag("a")
-    masked = tc.tree_mask([tag, 1.0], cond=lambda x: isinstance(x, Tag))
-    assert type(masked[0]) is HiddenTag and tc.is_masked(masked[0])
-    assert tc.tree_unmask(masked) == [tag, 1.0]
     ```
     """
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
@@ -308,13 +274,6 @@ def tree_unmask(
     return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
-# Types `tree_mask` wraps its own way (`tree_mask.def_type`): type -> function, looked up
-# along the value's MRO. Written on registration (a dict store, atomic under the GIL), read
-# for each masked leaf; empty, it costs one truth test per leaf. What unwraps a value is
-# its row's wrapper part (`tree_unmask.def_type` writes one).
-_MASK_RULES: dict[type, Callable[[Any], Any]] = {}
-
-
 class _UnmaskedResult(Exception):
     """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
 
@@ -323,7 +282,8 @@ class _UnmaskedResult(Exception):
         self.rule, self.value, self.result = rule, value, result
 
     def error(self, where: str) -> TypeError:
-        kind = next(k for k in type(self.value).__mro__ if _MASK_RULES.get(k) is self.rule)
+        rows = ((k, _structure.registered_kind(k)) for k in type(self.value).__mro__)
+        kind = next(k for k, row in rows if row is not None and row.mask is self.rule)
         return TypeError(
             _RULE_UNMASKED_MSG.format(
                 kind=kind.__name__,
@@ -336,14 +296,18 @@ class _UnmaskedResult(Exception):
 
 
 def _mask_value(x: object) -> Any:
-    rules = _MASK_RULES
-    rule = next((rules[k] for k in type(x).__mro__ if k in rules), None) if rules else None
+    # the row's mask part, found along the MRO (`tree_mask.def_type` writes it)
+    rule = _structure.inherited(type(x), "mask")
     if rule is None:
         return freeze(x)
     result = rule(x)
     if not is_masked(result):  # it would reach `jax.grad` and optax as if never masked
         raise _UnmaskedResult(rule, x, result)
     return result
+
+
+def _write_mask(kind: type, mask: Callable[[Any], Any]) -> None:
+    _structure.write_part(kind, "mask", mask)
 
 
 def _def_type(
@@ -364,13 +328,9 @@ def _def_type(
 
 
 def _write_wrapper(kind: type, unwrap: Callable[[Any], Any]) -> None:
-    """`tree_unmask.def_type(W)(unwrap)`: the wrapper part of `W`'s row (a copy of the row
-    `W` has, else of a registered pytree's), shown and counted as a masked value."""
-    row = copy.copy(_structure.registered_kind(kind) or _structure.NodeKind())
-    row.wrapper = _structure.Wrapper(
-        "#", unwrap, f"a masked `{kind.__name__}`", "frozen", kind.__name__
-    )
-    _structure.register_kind(kind, row)
+    """`tree_unmask.def_type(W)(unwrap)`: `W`'s wrapper part, shown and counted as masked."""
+    part = _structure.Wrapper("#", unwrap, f"a masked `{kind.__name__}`", "frozen", kind.__name__)
+    _structure.write_part(kind, "wrapper", part)
 
 
 def is_masked(x: object) -> bool:
@@ -391,7 +351,7 @@ def is_masked(x: object) -> bool:
 
 
 # sepes's extension points, kept on the functions as there: `tc.tree_mask.def_type(T)(fn)`
-tree_mask.def_type = functools.partial(_def_type, "tree_mask", _MASK_RULES.__setitem__)  # type: ignore[attr-defined]
+tree_mask.def_type = functools.partial(_def_type, "tree_mask", _write_mask)  # type: ignore[attr-defined]
 tree_unmask.def_type = functools.partial(_def_type, "tree_unmask", _write_wrapper)  # type: ignore[attr-defined]
 
 

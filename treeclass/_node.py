@@ -1,32 +1,8 @@
 """The TreeClass node contract: how an instance is stored, sealed, flattened and rebuilt.
 
-Every other module asks this one what it needs of a TreeClass instance (is it one, its
-child names and key entries, its children, its static values, a copy with other
-children, an unsealed copy and resealing); none reads the private state itself.
-`_treeclass` builds the class on top of `TreeNode` and registers it here.
-
-How an instance is kept (the invariants):
-
-- its attributes live in its `__dict__`, in assignment order; `TreeNode` owns that slot,
-  and `attributes(node)` reads it directly (`TreeClass` shows users a read-only view);
-- once its `__init__` has returned it is *sealed*: `_tc_layout` holds its `Layout` and
-  `_tc_flat` holds `(children, layout)`. Flatten is a C-level read of `_tc_flat`, which is
-  safe because a sealed instance never changes: every way of writing an attribute
-  (`setattr`, `object.__setattr__`, `object.__delattr__`, `vars(obj)[k] = v`, ...) is
-  refused, by `TreeClass.__setattr__`, by the read-only `__dict__` view, and by an
-  `_Attribute` guard on the class for every attribute name an instance has had;
-- a `Layout` is everything about an instance but its leaves: its class, attribute names in
-  order, static values and key entries. Layouts are interned per class (typed, exact keys
-  for static values: `_values.hashable_key`), so equal layouts are the same object and
-  JAX's per-call hashing and comparison of them is a C-level identity check. A `Shape` is
-  what all layouts with one attribute order share, including the generated unflatten code,
-  so a new static value costs a small object, never new code;
-- a generated `__init__` whose static values are all of plain types (ints, strings,
-  bools, None) seals with the layout *pending*: the `Shape` stands in `_tc_layout`, and
-  the interned layout is looked up on the first flatten (or `layout_of`), then kept. So
-  building layers with new static values costs no layout until one is used;
-- unsealed (`_tc_layout` is `None` or unset) means under construction, or a private copy
-  inside `.at["method"]()`; flatten then computes `(children, layout)` on demand.
+Every other module asks this one what it needs of a TreeClass instance; none reads the
+private state itself. The invariants (storage, the class record, shapes and interned
+layouts, sealing, pending layouts): docs/architecture.md, "How an instance is kept".
 """
 
 from __future__ import annotations
@@ -49,9 +25,7 @@ from . import _codegen
 from ._values import PLAIN_TYPES, ByIdentity
 from ._values import hashable_key as value_key
 
-__all__ = [
-    # exactly the names other modules (and white-box tests) use; tests/test_architecture.py
-    # checks it
+__all__ = [  # exactly the names other modules (and white-box tests) use: a test checks it
     "TreeNode",
     "GUARDS",
     "NOTHING",
@@ -86,6 +60,8 @@ __all__ = [
     "unseal",
     "unsealed_copy",
 ]
+
+Callbacks = tuple[Callable[[Any], Any], ...]  # a field's `on_setattr` / `on_getattr`
 
 _IMMUTABLE_MSG = (
     "Cannot {action} attribute {name!r} of an immutable `{cls}` instance: TreeClass "
@@ -123,10 +99,8 @@ class TreeNode:
     if not TYPE_CHECKING:  # hidden from type checkers, which would then accept any name
 
         def __getattr__(self, name: str) -> Any:
-            # Only reached when normal lookup fails. An unsealed instance has no `_tc_flat`
-            # yet (it is still changing): compute it on demand, for flatten. A sealed
-            # instance whose layout is still pending (see `_materialize`) computes and keeps
-            # it, once.
+            # Only reached when normal lookup fails: an unsealed instance computes `_tc_flat`
+            # on demand, a sealed one with a pending layout computes and keeps it, once.
             if name == "_tc_flat":
                 pending = getattr(self, "_tc_layout", None)
                 if type(pending) is Shape:
@@ -251,15 +225,8 @@ class Shape:
         return self.intern(values, key)
 
     def intern(self, values: tuple[Any, ...], key: tuple[Any, ...]) -> Layout:
-        """The miss path of `with_values`: atomic per class.
-
-        Under the class's lock, so equal static values built on many threads always share
-        one layout. The table holds weak references: a layout lives as long as an instance
-        or a tree definition holds it. Dead entries are swept when the table has doubled
-        since the last sweep (amortized constant time); keys that hold an array (static
-        arrays, keyed by identity) are dropped as soon as their layout dies, so the class
-        never keeps an array alive.
-        """
+        """The miss path of `with_values`, under the class's lock; a key holding an array
+        is dropped as soon as its layout dies, so the class never keeps an array alive."""
         with self.info.lock:
             ref = self.table.get(key)
             layout = ref() if ref is not None else None
@@ -319,7 +286,7 @@ def _info_from_pickle(
     cls: type,
     fields: dict[str, Any],
     static_names: tuple[str, ...],
-    setters: dict[str, tuple[Callable[[Any], Any], ...]],
+    setters: dict[str, Callbacks],
     token: bytes,
 ) -> ClassInfo:
     # `cls` is the live class when cloudpickle found it in this process: keep its record
@@ -363,23 +330,9 @@ def _forget_layout(table: dict[Any, Any], key: object, ref: object) -> None:
 
 
 class ClassInfo:
-    """Everything treeclass keeps about one TreeClass subclass, in one record.
-
-    `fields`, `static_names` and `setters` describe the class; `shapes` holds one `Shape`
-    per attribute order seen (strongly), and each shape interns its layouts with static
-    values (weakly: a layout lives as long as an instance or a tree definition holds it);
-    `fixed_shape` is the shape of a class whose generated `__init__` knows its attribute
-    names (its `layout` is the class's one layout when it has no static fields). New
-    shapes and layouts are made under `lock`, so equal static values built on many
-    threads always share one layout object. Pickling the record keeps the description
-    and starts the tables empty (so cloudpickle can ship a class defined in a function).
-
-    A record also carries a random `token`, pickled with it: cloudpickle ships a class of
-    `__main__` (or of a function) by value and, unpickling it in a process where that
-    class is alive, writes the shipped attributes over the live class. The token tells
-    the live record from a description of it, so the live one is kept (its layouts are
-    what cached jit entries and live instances refer to).
-    """
+    """Everything treeclass keeps about one TreeClass subclass: its description, its
+    shapes and their interned layouts, a lock, and the `token` that tells the live record
+    from a pickled description of it (docs/architecture.md)."""
 
     __slots__ = (
         "cls",
@@ -399,7 +352,7 @@ class ClassInfo:
         cls: type,
         fields: dict[str, Any],
         static_names: tuple[str, ...],
-        setters: dict[str, tuple[Callable[[Any], Any], ...]],
+        setters: dict[str, Callbacks],
         token: bytes | None = None,
     ) -> None:
         self.cls = cls
@@ -423,17 +376,11 @@ class ClassInfo:
         self,
         fields: dict[str, Any],
         static_names: tuple[str, ...],
-        setters: dict[str, tuple[Callable[[Any], Any], ...]],
+        setters: dict[str, Callbacks],
         token: bytes,
     ) -> None:
-        """Take a pickled description into the record of a freshly unpickled class.
-
-        cloudpickle rebuilds a class shipped by value from a bare skeleton, whose record
-        `__init_subclass__` made without fields, then unpickles the class's state (its
-        `__init__` with the shapes it uses, looked up on this record, in no fixed order)
-        and sets it on the class. The record is updated in place, so every shape already
-        handed out sees the real static names.
-        """
+        """Take a pickled description into the skeleton record of a class cloudpickle
+        shipped by value, in place: shapes already handed out see the real static names."""
         with self.lock:
             self.fields, self.static_names, self.setters = fields, static_names, setters
             self.token = token
@@ -551,13 +498,8 @@ def _is_foreign_data_descriptor(found: object) -> bool:
 
 
 class _Attribute:
-    """The class-level guard of one attribute name of a TreeClass.
-
-    A data descriptor, so `object.__setattr__` and `object.__delattr__` reach it too:
-    they are refused on a sealed instance, like every other write. Reads return the
-    instance's value; without one, the class-level value it displaced (a field default,
-    a method), else `AttributeError`.
-    """
+    """The class-level guard of one attribute name: a data descriptor refusing writes to a
+    sealed instance; reads fall back to the class-level value it displaced."""
 
     __slots__ = ("name", "fallback")
 
@@ -612,12 +554,7 @@ class _GetterAttribute(_Attribute):
 
     __slots__ = ("callbacks",)
 
-    def __init__(
-        self,
-        name: str,
-        fallback: object = _NOTHING,
-        callbacks: tuple[Callable[[Any], Any], ...] = (),
-    ) -> None:
+    def __init__(self, name: str, fallback: object, callbacks: Callbacks) -> None:
         super().__init__(name, fallback)
         self.callbacks = callbacks
 
@@ -646,10 +583,8 @@ def guard_field(cls: type, name: str, default: object, on_getattr: tuple[Any, ..
 
 
 def _guard_names(cls: type, names: Sequence[str]) -> None:
-    # Attribute names set by a hand-written __init__ get their guard when an instance first
-    # has them. A name the class already knows as something else (a method, a class
-    # constant) is guarded too, keeping that as its class-level value; dunder names and
-    # foreign data descriptors (properties) are left alone.
+    # Names a hand-written __init__ sets get their guard when an instance first has them,
+    # keeping what the class had under the name; dunders and properties are left alone.
     for name in names:
         if name.startswith("__") and name.endswith("__"):
             continue
@@ -669,12 +604,8 @@ def flat_of(node: Any) -> tuple[tuple[Any, ...], Layout]:
 
 
 def seal(node: object) -> None:
-    """Make `node` immutable: compute its layout and cache `(children, layout)`.
-
-    The attributes are moved to a fresh dict: a reference to the old one that escaped
-    while the instance was changing (`vars(self)` kept by an `__init__`) cannot change
-    the sealed instance.
-    """
+    """Make `node` immutable, caching `(children, layout)`; its attributes move to a fresh
+    dict (a `vars(self)` kept by an `__init__` cannot change it)."""
     set_attributes(node, dict(attributes(node)))
     flat = flat_of(node)
     _set_layout(node, flat[1])
@@ -682,11 +613,8 @@ def seal(node: object) -> None:
 
 
 def seal_like(node: object, like: object) -> None:
-    """Seal `node`, whose attribute names are those of the sealed `like` (statics may differ).
-
-    The shape is `like`'s, so only the static values are looked up; plain ones (as in a
-    generated `__init__`) leave the layout pending until the first flatten.
-    """
+    """Seal `node`, which has the attribute names of the sealed `like`: plain static
+    values leave the layout pending until the first flatten."""
     layout = getattr(like, "_tc_layout", None)
     shape = layout if type(layout) is Shape else getattr(layout, "shape", None)
     if type(shape) is not Shape:
@@ -816,10 +744,7 @@ def child(node: Any, name: str) -> Any:
 
 
 def replace_children(node: object, changes: dict[str, Any]) -> Any:
-    """A copy of `node` with some children replaced (names must be existing children).
-
-    The layout is unchanged, so the copy is sealed (or unsealed) exactly like `node`.
-    """
+    """A copy of `node`, sealed like it, with some children (by name) replaced."""
     state = dict(attributes(node))
     state.update(changes)
     return _copy_with(node, state)
@@ -857,9 +782,8 @@ def rebuild(node: object, new_children: Sequence[Any]) -> Any:
 
 # -- registration with JAX ---------------------------------------------------------------------
 
-# Flatten is a C-level attribute read: a sealed instance keeps `(children, layout)` in its
-# `_tc_flat` slot, and an unsealed one, whose slot is empty, falls through to
-# `TreeNode.__getattr__`, which computes it. No Python frame per node on jit dispatch.
+# Flatten is a C-level read of `_tc_flat` (an unsealed instance falls through to
+# `TreeNode.__getattr__`): no Python frame per node on jit dispatch.
 _flatten = operator.attrgetter("_tc_flat")
 
 
@@ -900,7 +824,7 @@ def attach_info(
     cls: type,
     fields: dict[str, Any],
     static_names: tuple[str, ...],
-    setters: dict[str, tuple[Callable[[Any], Any], ...]],
+    setters: dict[str, Callbacks],
 ) -> ClassInfo:
     """Create the record of a new TreeClass subclass and keep it on the class."""
     info = ClassInfo(cls, fields, static_names, setters)

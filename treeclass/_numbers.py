@@ -1,37 +1,16 @@
-"""Numbers into arrays: whether a number keeps its value in an array of a given dtype.
+"""Numbers into arrays: the one rule for a number put into an array (`.at[...].set`,
+`apply` / `scan`, masked sets, a block of a `tc.Stacked` leaf). A ground floor.
 
-One rule for every place a number is put into an array: `.at[...].set(number)` and a
-number returned by `apply` / `scan` for an array leaf, masked sets, and a number written
-into one block of a `tc.Stacked` leaf. A number is *kept* when the array holds it up to
-the dtype's rounding (`0.1` in float32, as jax.numpy converts it); otherwise the write is
-refused, never wrapped, clipped or turned into inf/nan:
-
-- a Python `int`, `float` or `complex` is judged by its value: `0.0` fits an int array,
-  `2.7` does not; `1` fits a bool array, `2` does not; a complex number fits a real dtype
-  only without an imaginary part;
-- a NumPy scalar keeps its type's kind as well: `np.float32(2.0)` is refused by an int
-  array, `np.int64(3)` fits an int8 one (in range);
-- a Python `bool` fits a bool array only (elsewhere `True` / `False` are flags);
-- a dtype holding no numbers (PRNG keys) takes none.
-
-A *number* (`is_number`) is a Python `bool`, `int`, `float` or `complex`, or a scalar of
-any NumPy or ml_dtypes number type: `np.float32`, `np.longdouble`, `np.bool_`,
-`ml_dtypes.bfloat16`, every float8 / float6 / float4 kind, `int4`, `uint2`, ... (indexing
-or reducing a NumPy bfloat16 checkpoint array gives such scalars). Its exact type decides,
-not `isinstance`: a subclass of `int` (an `IntEnum`) is a value of its own. A number that
-fits is written as the Python number of the same value (`number_value`), weakly typed, so
-the array keeps its dtype and every route writes the same bits; `np.longdouble`, which no
-JAX array holds, is rounded to a float64 on the way (a finite one beyond float64's range
-does not fit).
-
-A number of the wrong kind is a `TypeError`; one outside the dtype's range (or an inf /
-NaN in a format without them, a zero in float8_e8m0fnu) a `NumberRangeError`, which is
-both an `OverflowError` (as NumPy's `np.int8(300)`) and a `ValueError`.
-
-The dtype categories are JAX's: NumPy's `dtype.kind` reads 'V' for the ml_dtypes types
-(bfloat16, float8, int4) that pretrained models are stored in.
-
-This is a ground floor: it imports nothing of treeclass.
+A *number* (`is_number`, by exact type) is a Python `bool`, `int`, `float` or `complex`,
+or a scalar of any NumPy or ml_dtypes number type. It is kept when the array holds it up
+to the dtype's rounding, judged by value for Python numbers (`0.0` fits an int array,
+`2.7` does not; a `bool` fits a bool array only) and by kind too for NumPy scalars
+(`np.float32(2.0)` is refused by an int array); it is then written as the weak Python
+number of its value (`number_value`; `np.longdouble` rounded to float64), so every route
+writes the same bits. Otherwise it is refused, never wrapped, clipped or made inf/nan: a
+`TypeError` for the wrong kind, a `NumberRangeError` (an `OverflowError` and a
+`ValueError`) outside the dtype's range. Dtype categories are JAX's (NumPy reads 'V' for
+the ml_dtypes types).
 """
 
 from __future__ import annotations

@@ -1,85 +1,51 @@
-"""Teaching the printers a new type: `register_printer`.
+"""Teaching the printers a new type: `register_printer`, which writes a row's display part.
 
 One rule per type tells every printer (`tree_repr`, `tree_str`, `tree_diagram`,
 `tree_summary`, `tree_graph`, `tree_mermaid` and the notebook display) how to show a value
 of that type: its text, the name in the summary's Type column, its element count, its
 size in bytes, its node style in `tree_graph`, or the children it is shown with (a node
-that prints differently from how JAX flattens it, such as a stack of blocks). Rules are
+that prints differently from how JAX flattens it, such as a stack of blocks). The rule is
+the display part of the type's row in the table of node kinds (`_structure.Display`),
 found along the value's method resolution order, so a rule for a base class also covers
-its subclasses.
+its subclasses; a kind's own display (a stack's) is the default its fields fall back to.
 
 PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
 `.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
 setting one field of the same rule through `register_printer`.
 
-Every printer opens a node with `view_of`: a rule first (one with `children` is a row
-of the node view's table of node kinds, one with a text makes a leaf), then the table.
+Every printer opens a node with `view_of`: its display first (one with `children` makes
+it a node shown that way, one with a text a leaf), then the row of its kind.
 """
 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import operator
 import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from ._structure import (
     LEAF,
     Display,
     NodeKind,
+    inherited,
     jax_children,
     node_kind,
     node_type,
     registered_kind,
+    write_part,
 )
 from ._values import short_repr
 
 __all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
 
-
-class PrintRule(NamedTuple):
-    """How the printers show values of one type; a field left as `None` keeps the default.
-
-    `register_printer` builds one from its keyword arguments; the fields are the same
-    callables (`repr`, `str`, `type_name`, `count`, `size`, `nodestyle`, `children`).
-
-    ```python
-    import treeclass as tc
-
-    rule = tc.PrintRule(repr=lambda v: "<secret>")
-    assert rule.repr(object()) == "<secret>" and rule.count is None
-    ```
-    """
-
-    # (below the `str` field, `builtins.str` names the type; `count` hides `tuple.count`)
-    repr: Callable[[Any], str] | None = None
-    str: Callable[[Any], str] | None = None
-    type_name: Callable[[Any], builtins.str] | None = None
-    count: Callable[[Any], int] | None = None  # type: ignore[assignment]
-    size: Callable[[Any], int] | None = None
-    nodestyle: Callable[[Any], dict[builtins.str, Any]] | None = None
-    children: Callable[[Any], Iterable[tuple[Any, Any]]] | None = None
-
-    @property
-    def has_text(self) -> bool:
-        """Whether the rule gives a text: values with one print as leaves."""
-        return self.repr is not None or self.str is not None
-
-    @property
-    def has_summary(self) -> bool:
-        """Whether the rule changes a summary row: values with one get a row of their own.
-
-        A rule with `children` but no text shows its value as a node: its children get the
-        rows, and `type_name` names the node.
-        """
-        if self.children is not None and not self.has_text:
-            return False
-        return self.has_text or any(f is not None for f in (self.type_name, self.count, self.size))
-
+PrintRule = Display  # the public name of a row's display part
+_FIELDS = tuple(f.name for f in dataclasses.fields(Display))
 
 _NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value!r}."
 _NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value!r}."
@@ -110,13 +76,7 @@ _EXPECTED = {
 _DOT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DOT_KEYWORDS = frozenset({"node", "edge", "graph", "digraph", "subgraph", "strict"})
 
-# The rules are process-wide by nature (a user teaches the printers a type once). Writers
-# take the lock and publish fresh dicts, so readers never see a half-updated table and
-# need no lock: swapping a module attribute is atomic.
 _lock = threading.RLock()  # reentrant: `printer_alias` updates a rule under it
-_rules: dict[type, PrintRule] = {}  # as registered (what `printer_alias` updates)
-_checked: dict[type, PrintRule] = {}  # the same functions, checking what they return
-_resolved: dict[type, PrintRule | None] = {}  # per concrete type, including misses
 
 
 def _spelling(cls: type, field: str) -> str:
@@ -267,25 +227,22 @@ def register_printer(
     tc.register_printer(Tokenizer)
     ```
     """
-    global _rules, _checked, _resolved
     if not isinstance(cls, type):
         raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
-    rule = PrintRule(repr, str, type_name, count, size, nodestyle, children)
-    for name, value in zip(PrintRule._fields, rule, strict=True):
+    given = dict(zip(_FIELDS, (repr, str, type_name, count, size, nodestyle, children)))
+    for name, value in given.items():
         if value is not None and not callable(value):
             raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))
-    checked = PrintRule(
-        *(None if fn is None else _checking(cls, name, fn) for name, fn in rule._asdict().items())
-    )
+    checked = {name: _checking(cls, name, fn) for name, fn in given.items() if fn is not None}
     with _lock:
-        rules, checked_rules = dict(_rules), dict(_checked)
-        if any(value is not None for value in rule):
-            rules[cls], checked_rules[cls] = rule, checked
+        own = getattr(type(registered_kind(cls)), "display", None)  # the kind's own display
+        if not checked:
+            rule = None
+        elif own is None:
+            rule = Display(**checked)
         else:
-            rules.pop(cls, None)
-            checked_rules.pop(cls, None)
-        _rules, _checked = rules, checked_rules
-        _resolved = {}
+            rule = dataclasses.replace(own, **checked)
+        write_part(cls, "display", rule)
 
 
 _ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for {printers}.
@@ -343,8 +300,11 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
             raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=cls))
         if func is _DECORATE:
             return lambda func: define(cls, func)
-        with _lock:
-            current = _rules.get(cls, PrintRule())._asdict()
+        with _lock:  # the fields registered for exactly `cls`, as they were given
+            rule = vars(registered_kind(cls) or NodeKind()).get("display") or Display()
+            current = {
+                f: getattr(fn, "__wrapped__", fn) for f in _FIELDS if (fn := getattr(rule, f))
+            }
             current[field] = func
             register_printer(cls, **current)
         return func
@@ -365,59 +325,38 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
 
 
 def rule_for(value: object) -> PrintRule | None:
-    """The rule registered for `type(value)` or its nearest base class, if any.
-
-    Its functions are the registered ones wrapped to check what they return (a `str`, a
-    non-negative `int`, a dict of graphviz attributes): a wrong result raises an error
-    naming the rule and the type that came back, and an error raised inside one gets a
-    note naming the rule.
-    """
-    if not _checked:  # the common case: nothing registered, no lookup at all
-        return None
-    kind = type(value)
-    resolved = _resolved
-    try:
-        return resolved[kind]
-    except KeyError:
-        pass
-    rules = _checked
-    found = next((rules[base] for base in kind.__mro__ if base in rules), None)
-    resolved[kind] = found
-    return found
+    """The display of `type(value)` or its nearest base class, if any: the fields given to
+    `register_printer` wrapped to check what they return (a wrong result, or an error
+    raised inside one, names the rule), over the kind's own display."""
+    return inherited(type(value), "display")
 
 
-def _class_name(node: object) -> str:
-    return type(node).__name__
-
-
-@functools.lru_cache(maxsize=256)  # a rule is a tuple of functions: one row per rule
-def _rule_row(rule: PrintRule) -> NodeKind:
-    """A node shown through its printer rule's `children` (and `type_name`): a row whose
-    display part they are."""
+@functools.lru_cache(maxsize=256)  # one row per display
+def _display_row(rule: PrintRule) -> NodeKind:
+    """A node shown through a display's `children` (and `type_name`)."""
     row: NodeKind = NodeKind()
-    row.display = Display(rule.children, rule.type_name or _class_name)  # type: ignore[arg-type]
+    row.display = rule
     return row
 
 
 def view_of(value: object, is_leaf: Callable[[Any], bool] | None = None) -> NodeKind | None:
-    """The row of the node view that shows `value`: its rule's, else the table's (`None`:
-    a leaf, as are the values `is_leaf` stops at and those whose rule gives a text)."""
+    """The row that shows `value` (`None`: a leaf, as are the values `is_leaf` stops at and
+    those whose display gives a text): its kind's, or one shown through its display."""
     kind = node_kind(value, is_leaf)
-    rule = None if kind is LEAF else rule_for(value)
-    if kind is LEAF or (rule is not None and rule.has_text):
+    if kind is LEAF:
         return None
-    if rule is not None and rule.children is not None:
-        return _rule_row(rule)
-    return node_type(value, kind)
+    rule = rule_for(value)
+    if rule is not None and rule.has_text:
+        return None
+    row = node_type(value, kind)
+    if rule is None or rule.children is None or getattr(type(row), "display", None) is rule:
+        return row
+    return _display_row(rule)
 
 
 def children_of(value: object) -> list[tuple[Any, Any]] | None:
-    """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its rule or its row's
-    display part shows them."""
+    """`value`'s `(key entry, child)` pairs as JAX flattens it, or as its display shows them."""
     rule = rule_for(value)
     if rule is not None and rule.children is not None and not rule.has_text:
         return list(rule.children(value))
-    row = registered_kind(type(value))
-    if row is not None and row.display is not None:
-        return list(row.display.children(value))
     return jax_children(value)

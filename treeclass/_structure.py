@@ -1,28 +1,19 @@
-"""Looking at a pytree one node at a time: kinds, opening, rebuilding, and where two part.
+"""Looking at a pytree one node at a time: the table of node kinds, and where two part.
 
-Everything in treeclass that walks a tree level by level (the `.at` walker and its
-matchers, the mask checks of `tree_mask` and `tc.optim`, the printers) opens a node here,
-so there is one answer to "what are this node's children and their key entries", and one
-explanation of where a mask, a value or a label tree stops fitting a tree, with one way
-of writing the key path in messages: the root's class name (`MLP.layers[0].weight`), or
-`tree` when the root is a dict, list or tuple.
-
-Every kind of node is one row of the table of node kinds (`NodeKind`): the row opens
-the node, finds one child by name or index, replaces one child, rebuilds it, says its
-static parts, how the printers show it, which roles its children have, and, for a kind
-that wraps one value (a frozen value), how it is marked. Walkers ask `row_of(node)`, the
-printers `node_type(node)`; a new kind is one row, registered by its own module with
-`register_kind`. `node_kind`, `open_node` and `rebuild` are the JAX flatten of a node
-(what structure checks compare), which a row's own opening may differ from (a stack of
-blocks opens into its blocks).
+Every walker (`.at`, the masks, `tc.optim`, the printers, checkpoints, sharding) asks a
+node's row (`NodeKind`) for its facts; docs/architecture.md describes the row. Here too:
+`describe` (what a value is, for messages) and `first_mismatch` (where a second tree stops
+fitting a first, its key path written from the root's class name: `MLP.layers[0].weight`).
 """
 
 from __future__ import annotations
 
+import builtins
+import copy
 import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import jax
@@ -40,7 +31,6 @@ __all__ = [
     "LIST",
     "TUPLE",
     "NAMEDTUPLE",
-    "NONE",
     "GENERIC",
     "Opened",
     "Mismatch",
@@ -58,14 +48,14 @@ __all__ = [
     "registered_kind",
     "row_of",
     "selects",
-    "LEAF_KIND",
     "TREECLASS_KIND",
-    "GENERIC_KIND",
     "Wrapper",
     "Stack",
     "Display",
     "wrapper_of",
     "stack_of",
+    "write_part",
+    "inherited",
     "block_depths",
     "is_wrapper",
     "unwrap",
@@ -90,6 +80,9 @@ class Kind(enum.IntEnum):
 
 
 LEAF, TREECLASS, DICT, LIST, TUPLE, NAMEDTUPLE, NONE, GENERIC = Kind
+
+KeyEntry = Hashable  # a JAX key entry: `GetAttrKey("w")`, `DictKey("a")`, `SequenceKey(0)`
+KeyPath = tuple[KeyEntry, ...]
 
 # Exact types only: a subclass (OrderedDict, a custom list) may be registered differently.
 _BUILTIN_KINDS: dict[type, Kind] = {
@@ -178,101 +171,89 @@ V = TypeVar("V")  # the type of value a wrapper kind holds
 
 @dataclasses.dataclass(frozen=True)
 class Wrapper(Generic[N, V]):
-    """The wrapper part of a row: a kind that wraps one value in a node without children.
-
-    The printers show a wrapped value as `mark` + the value's own text, the summaries
-    count the value inside, roles give it `role`, messages call it `what`, `tc.is_masked`
-    says True and `tc.tree_unmask` unwraps it.
-    """
+    """The wrapper part of a row: a node without children standing for one value."""
 
     mark: str  # printed before the wrapped value's text: `#` for a frozen value
     unwrap: Callable[[N], V]
     what: str  # `a frozen value`, in messages
     role: str  # its role in summaries and `tc.roles`
     maker: str  # the function that makes one, for round-trip renderings: `freeze`
-    # `rewrap(old, value)`: a node like `old` (the same kind, its per-instance data: a
-    # tag, a name, a dtype policy) around a new value, for a number `set` at a wrapped
-    # array and for a restored checkpoint; `None` where the kind cannot be rebuilt
+    # a node like `old` (its per-instance data kept) around a new value; `None`: no way
     rewrap: Callable[[N, V], N] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Display(Generic[N]):
-    """The display part of a row: a node the printers show otherwise than JAX flattens it
-    (a stack, with its arrays' per-block shapes): the `(key entry, child)` pairs shown,
-    and the type name (`Stacked[48×Block]`)."""
+    """How the printers show values of one type; a field left `None` keeps the default.
 
-    children: Callable[[N], Iterable[tuple[Any, Any]]]
-    type_name: Callable[[N], str]
+    The display part of a row: a kind declares its own (a stack shows its `children` with
+    per-block shapes, named `Stacked[48×Block]` by `type_name`), and `tc.register_printer`
+    writes one from its keyword arguments, which are these fields; a display is found
+    along a type's MRO. `tc.PrintRule` is this class.
+
+    ```python
+    import treeclass as tc
+
+    rule = tc.PrintRule(repr=lambda v: "<secret>")
+    assert rule.repr(object()) == "<secret>" and rule.count is None
+    ```
+    """
+
+    # (below the `str` field, `builtins.str` names the type)
+    repr: Callable[[N], str] | None = None
+    str: Callable[[N], builtins.str] | None = None
+    type_name: Callable[[N], builtins.str] | None = None
+    count: Callable[[N], int] | None = None
+    size: Callable[[N], int] | None = None
+    nodestyle: Callable[[N], Mapping[builtins.str, builtins.str | int | float]] | None = None
+    children: Callable[[N], Iterable[tuple[KeyEntry, Any]]] | None = None
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the rule gives a text: values with one print as leaves."""
+        return self.repr is not None or self.str is not None
+
+    @property
+    def has_summary(self) -> bool:
+        """Whether the rule changes a summary row: values with one get a row of their own.
+
+        A rule with `children` but no text shows its value as a node: its children get the
+        rows, and `type_name` names the node.
+        """
+        if self.children is not None and not self.has_text:
+            return False
+        return self.has_text or any(f is not None for f in (self.type_name, self.count, self.size))
 
 
 @dataclasses.dataclass(frozen=True)
 class Stack(Generic[N]):
-    """The stack part of a row: a kind that stacks blocks along its leaves' leading axes.
-
-    `unstack_all` and `restack` convert it to and from a tuple of its blocks, sharding
-    rules give its block axes `block_axis`, and checkpoints name its leaves as the unrolled
-    model names its layers: layer `i` is slot `i` of each leaf, or, for R repeats of a
-    pattern of P layers, slot `i // P` of the leaves under `<pattern>.<i % P>`.
-    """
+    """The stack part of a row: a node stacking blocks along its leaves' leading axes
+    (layer `i` of a pattern of P layers is slot `i // P` under `<pattern>.<i % P>`)."""
 
     length: Callable[[N], int]  # the blocks (layers, as the unrolled model numbers them)
     unstack: Callable[[N], tuple[Any, ...]]  # the blocks, in order
     restack: Callable[[N, Sequence[Any]], N]  # a node like this one holding these blocks
     period: Callable[[N], int] = lambda node: 1  # P, for repeats of a pattern of P layers
     pattern: str | None = None  # the key the pattern's positions are under (`pattern`)
-    # the leading axes this node adds to the leaves under it (a stack it holds counts
-    # its own: a periodic stack adds none, the stack it holds one)
     block_axes: int = 1
 
 
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
 
 
-_no_where: Callable[[tuple], str] = jax.tree_util.keystr
+_no_where: Callable[[KeyPath], str] = jax.tree_util.keystr
 
 
 class NodeKind(Generic[N]):
-    """One row of the table of node kinds: everything treeclass asks of one kind of node.
-
-    The `.at` walker, the selectors, method calls, the printers and `tc.roles` ask the
-    row of a node (`row_of`, `node_type`) and never test its type. A row answers:
-
-    - `open(node)`: its children as walkers see them (`Opened`: key entries, a fresh
-      list of children, and what `rebuild` needs), or `None` for a leaf;
-    - `child(node, key)`: `(key entry, child)` for the child a name or index selects
-      (`.at["w"]`, `.at[0]`), or `None` when this row does not find one directly (the
-      walker then opens the node, and raises the missing-key error);
-    - `replace(node, entry, old, new, path, where)`: `node` with the child `old` under
-      `entry` (as `child` gave it) replaced by `new`;
-    - `rebuild(node, aux, children, partial, path, where)`: `node` with the children
-      `open` gave, some replaced (`partial`: unselected children hold `get`'s fill
-      values, so another container may be returned). For messages, `path` is the node's
-      key path and `where(path + below)` the text of a key path below it (the root's
-      class name first);
-    - `static_names(node)` / `static_values(node)` / `with_static(node, name, value)`:
-      its static parts (part of the tree definition, not children);
-    - `items(node, hidden)`, `type_name(node)`, `named`, `brackets`, `single_comma`: how
-      the printers show it: the children with the texts naming their keys
-      (`("w=", ".w", w)`; `hidden`: also `repr=False` fields), its type name, and its
-      brackets (`Name(`...`)` when `named`); a `display` part gives the children (also
-      the summary's) and the type name instead of its JAX flatten (`Display`);
-    - `roles_of(node)`: the TreeClass whose declared field roles hold for its children
-      (itself for a TreeClass, the block for a stack), or `None`;
-    - `stack`: for a stack of blocks along its leaves' leading axes, its length,
-      period, block axes, and how it is unstacked and restacked (`Stack`);
-    - `wrapper`: for a kind wrapping one value in a node without children (a frozen
-      value), how it is marked, unwrapped, described and wrapped again (`Wrapper`).
-
-    The base row is a registered pytree's: opened one level through JAX. A new kind
-    subclasses it where it differs and registers one instance, in its own module:
-    `register_kind(MyType, MyKind())`.
-    """
+    """One row of the table of node kinds, a registered pytree's (opened one level through
+    JAX): a kind subclasses it where it differs and declares its parts (`wrapper`,
+    `stack`, `display`, `mask`). Its methods and parts: docs/architecture.md."""
 
     kind: Kind = GENERIC  # how the matchers classify the node
     wrapper: Wrapper[N, Any] | None = None
     stack: Stack[N] | None = None
     display: Display[N] | None = None
+    mask: Callable[[N], Any] | None = None  # how `tc.tree_mask` masks one (else `freeze`)
     named: bool = True
     brackets: tuple[str, str] = ("(", ")")
     single_comma: bool = False  # a one-element tuple keeps its comma
@@ -280,7 +261,7 @@ class NodeKind(Generic[N]):
     def open(self, node: N) -> Opened | None:
         return _open_generic(node)
 
-    def child(self, node: N, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: N, key: str | int) -> tuple[KeyEntry, Any] | None:
         opened = self.open(node)
         if opened is None:
             return None
@@ -295,11 +276,11 @@ class NodeKind(Generic[N]):
     def replace(
         self,
         node: N,
-        entry: Any,
+        entry: KeyEntry,
         old: object,
         new: object,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
+        path: KeyPath = (),
+        where: Callable[[KeyPath], str] = _no_where,
     ) -> Any:
         opened = self.open(node)
         assert opened is not None  # `child` found `old` among its children
@@ -313,8 +294,8 @@ class NodeKind(Generic[N]):
         aux: Any,
         children: Sequence[Any],
         partial: bool = False,
-        path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = _no_where,
+        path: KeyPath = (),
+        where: Callable[[KeyPath], str] = _no_where,
     ) -> Any:
         return aux.unflatten(children)
 
@@ -328,23 +309,23 @@ class NodeKind(Generic[N]):
         raise LookupError(f"a `{type(node).__name__}` has no static part {name!r}")
 
     def items(self, node: N, hidden: bool) -> Items | None:
-        display = self.display
-        return named(jax_children(node) if display is None else display.children(node))
+        shown = None if self.display is None else self.display.children
+        return named(jax_children(node) if shown is None else shown(node))
 
     def type_name(self, node: N) -> str:
-        return type(node).__name__ if self.display is None else self.display.type_name(node)
+        # a display's `type_name` names a node only with its `children`
+        display = self.display
+        if display is None or display.children is None or display.type_name is None:
+            return type(node).__name__
+        return display.type_name(node)
 
-    def roles_of(self, node: N) -> Any:
+    def roles_of(self, node: N) -> object | None:
         return None
 
 
 def selects(entry: Any, key: str | int, k: int, position: int, positional: bool) -> bool:
-    """Whether the `k`-th child, under `entry`, is the one a name or index `key` selects.
-
-    A name (`str`) selects an attribute or dict key; an index (`int`, `position` being it
-    counted from the end when negative) a position among `positional` children or those
-    keyed by position, or an int dict key (never a bool one).
-    """
+    """Whether the `k`-th child, under `entry`, is the one a name or an index `key` selects
+    (`position`: the index counted from the start; an int dict key, never a bool one)."""
     cls = type(entry)
     if type(key) is str:
         if cls is GetAttrKey:
@@ -377,54 +358,45 @@ class _NoneKind(_LeafKind):
     def open(self, node: object) -> Opened | None:
         return _opened(((), [], None))
 
-    def rebuild(
-        self, node: object, aux: object, children: object, *rest: object, **more: object
-    ) -> Any:
+    def rebuild(self, node: object, aux: object, children: object, *_: Any, **__: Any) -> Any:
         return node
 
 
 _NOTHING = _node.NOTHING
+_TreeNode = _node.TreeNode
 _tc_child = _node.child
 _replace_child = _node.replace_child
 
 
-class _TreeClassKind(NodeKind[_node.TreeNode]):
+class _TreeClassKind(NodeKind[_TreeNode]):
     kind = TREECLASS
 
-    def open(self, node: _node.TreeNode) -> Opened | None:
+    def open(self, node: _TreeNode) -> Opened | None:
         return _opened(_node.opened(node))
 
-    def child(self, node: _node.TreeNode, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _TreeNode, key: str | int) -> tuple[Any, Any] | None:
         if type(key) is str:
             found = _tc_child(node, key)
             if found is not _NOTHING:
                 return GetAttrKey(key), found
         return None
 
-    def replace(
-        self,
-        node: _node.TreeNode,
-        entry: Any,
-        old: object,
-        new: object,
-        *rest: object,
-        **more: object,
-    ) -> Any:
+    def replace(self, node: _TreeNode, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
         # same names, so the same layout: a cheap copy with one child replaced
         return _replace_child(node, entry.name, new)
 
     def rebuild(
-        self, node: _node.TreeNode, aux: Any, children: Sequence[Any], *rest: object, **more: object
+        self, node: _TreeNode, aux: Any, children: Sequence[Any], *_: Any, **__: Any
     ) -> Any:
         return _node.rebuild(node, children)
 
-    def static_names(self, node: _node.TreeNode) -> tuple[str, ...]:
+    def static_names(self, node: _TreeNode) -> tuple[str, ...]:
         return _node.static_names(type(node))
 
-    def static_values(self, node: _node.TreeNode) -> dict[str, Any]:
+    def static_values(self, node: _TreeNode) -> dict[str, Any]:
         return _node.static_values(node)
 
-    def with_static(self, node: _node.TreeNode, name: str, value: object) -> _node.TreeNode:
+    def with_static(self, node: _TreeNode, name: str, value: object) -> _TreeNode:
         # through `setattr` on an unsealed copy: the field's `on_setattr` callbacks run,
         # and the copy is sealed with the layout of its new static values
         copy = _node.replace_children(node, {})
@@ -435,7 +407,7 @@ class _TreeClassKind(NodeKind[_node.TreeNode]):
             _node.seal(copy)
         return copy
 
-    def items(self, node: _node.TreeNode, hidden: bool) -> Items:
+    def items(self, node: _TreeNode, hidden: bool) -> Items:
         # every attribute in order, static fields too: the one display opening of a TreeClass
         fields = _node.fields_of(type(node))
         return [
@@ -444,7 +416,7 @@ class _TreeClassKind(NodeKind[_node.TreeNode]):
             if hidden or name not in fields or fields[name].repr
         ]
 
-    def roles_of(self, node: _node.TreeNode) -> Any:
+    def roles_of(self, node: _TreeNode) -> object | None:
         return node
 
 
@@ -460,9 +432,7 @@ class _DictKind(NodeKind[dict]):
             return _open_generic(node)
         return _opened((tuple(DictKey(k) for k in keys), [node[k] for k in keys], keys))
 
-    def rebuild(
-        self, node: dict, aux: Any, children: Sequence[Any], *rest: object, **more: object
-    ) -> Any:
+    def rebuild(self, node: dict, aux: Any, children: Sequence[Any], *_: Any, **__: Any) -> Any:
         if not isinstance(aux, list):  # keys that do not sort: opened by JAX
             return aux.unflatten(children)
         new = dict(node)  # keeps the caller's insertion order
@@ -477,9 +447,7 @@ class _DictKind(NodeKind[dict]):
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(
-        self, node: dict, entry: Any, old: object, new: object, *rest: object, **more: object
-    ) -> Any:
+    def replace(self, node: dict, entry: Any, old: object, new: object, *_: Any, **__: Any) -> Any:
         out = dict(node)
         out[entry.key] = new
         return out
@@ -503,7 +471,7 @@ class _SequenceKind(NodeKind[_Sequence]):
         return _opened((tuple(SequenceKey(i) for i in range(len(node))), list(node), None))
 
     def rebuild(
-        self, node: _Sequence, aux: Any, children: Sequence[Any], *rest: object, **more: object
+        self, node: _Sequence, aux: Any, children: Sequence[Any], *_: Any, **__: Any
     ) -> Any:
         return list(children) if self.kind == LIST else tuple(children)
 
@@ -514,9 +482,7 @@ class _SequenceKind(NodeKind[_Sequence]):
         index = key + n if key < 0 else key
         return (SequenceKey(index), node[index]) if 0 <= index < n else None
 
-    def replace(
-        self, node: _Sequence, entry: Any, old: object, new: object, *rest: object, **more: object
-    ) -> Any:
+    def replace(self, node: _Sequence, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
         items = list(node)
         items[entry.idx] = new
         return items if self.kind == LIST else tuple(items)
@@ -525,35 +491,28 @@ class _SequenceKind(NodeKind[_Sequence]):
         return [("", f"[{i}]", v) for i, v in enumerate(node)]
 
 
-class _NamedTupleLike(Protocol):
+class _Named(Protocol):
     """What the named-tuple row uses of a `collections.namedtuple` / `typing.NamedTuple`."""
 
     _fields: tuple[str, ...]
 
-    def _make(self, iterable: Iterable[object]) -> _NamedTupleLike: ...
-    def _replace(self, **changes: object) -> _NamedTupleLike: ...
+    def _make(self, iterable: Iterable[object]) -> _Named: ...
+    def _replace(self, **changes: object) -> _Named: ...
     def __iter__(self) -> Iterator[object]: ...
     def __getitem__(self, index: int) -> object: ...
 
 
-class _NamedTupleKind(NodeKind[_NamedTupleLike]):
+class _NamedTupleKind(NodeKind[_Named]):
     kind = NAMEDTUPLE
 
-    def open(self, node: _NamedTupleLike) -> Opened | None:
+    def open(self, node: _Named) -> Opened | None:
         # not jax's one-level flatten, which gives every namedtuple child the first key
         return _opened((tuple(GetAttrKey(f) for f in node._fields), list(node), None))
 
-    def rebuild(
-        self,
-        node: _NamedTupleLike,
-        aux: Any,
-        children: Sequence[Any],
-        *rest: object,
-        **more: object,
-    ) -> Any:
+    def rebuild(self, node: _Named, aux: Any, children: Sequence[Any], *_: Any, **__: Any) -> Any:
         return node._make(children)
 
-    def child(self, node: _NamedTupleLike, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _Named, key: str | int) -> tuple[Any, Any] | None:
         fields = node._fields
         if type(key) is str and key in fields:
             index = fields.index(key)
@@ -563,18 +522,10 @@ class _NamedTupleKind(NodeKind[_NamedTupleLike]):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(
-        self,
-        node: _NamedTupleLike,
-        entry: Any,
-        old: object,
-        new: object,
-        *rest: object,
-        **more: object,
-    ) -> Any:
+    def replace(self, node: _Named, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
         return node._replace(**{entry.name: new})
 
-    def items(self, node: _NamedTupleLike, hidden: bool) -> Items:
+    def items(self, node: _Named, hidden: bool) -> Items:
         return [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
 
 
@@ -592,23 +543,26 @@ _BY_CODE: dict[Kind, NodeKind] = {
     NONE: _NoneKind(),
     GENERIC: GENERIC_KIND,
 }
-# Rows by exact type: the builtin containers, and the kinds registered by their modules.
-# Written at import time by the module that defines a kind (under the import lock), read
-# lock-free: one dict lookup per node on the walker's path.
+# Rows by exact type: the builtin containers, the kinds registered by their modules, and
+# the types the public adapters wrote a part for (`write_part`); read lock-free, one dict
+# lookup per node on the walker's path. `_MADE`: the types whose rows `write_part` made.
+# `_INHERITED`: parts found along a type's MRO, a fresh dict after each write (a reader
+# fills the one it read).
 _KINDS: dict[type, NodeKind] = {
     cls: _BY_CODE[code] for cls, code in _BUILTIN_KINDS.items() if code != LEAF
 }
+_MADE: set[type] = set()
+_INHERITED: dict[tuple[type, str], Any] = {}
 
 
 def register_kind(cls: type, row: NodeKind) -> None:
-    """Make `row` the row of the table of node kinds for nodes of exactly type `cls`.
-
-    Called once, by the module that defines the kind (`_frozen`, `_stacked`, a test's
-    own kind); `cls` must be registered with JAX as a pytree node as well.
-    """
+    """Make `row` the row of nodes of exactly type `cls` (registered with JAX too), once,
+    in the module that defines the kind."""
+    global _INHERITED
     if not isinstance(row, NodeKind):
         raise TypeError(f"a row of the table of node kinds is a `NodeKind`, got {row!r}")
     _KINDS[cls] = row
+    _INHERITED = {}
 
 
 # `registered_kind(cls)`: the row registered for nodes of exactly type `cls`, or `None`
@@ -629,7 +583,7 @@ def row_of(node: object, is_leaf: Callable[[Any], bool] | None = None) -> NodeKi
 
 
 def wrapper_of(node: object) -> Wrapper | None:
-    """The wrapper of `node`'s kind (a frozen value's, say), or `None` for any other node."""
+    """The wrapper part of `node`'s row (a frozen value's), or `None`."""
     row = _KINDS.get(type(node))
     return None if row is None else row.wrapper
 
@@ -647,7 +601,7 @@ def is_wrapper(node: object) -> bool:
 
 
 def stack_of(node: object) -> Stack[Any] | None:
-    """The stack part of `node`'s kind (a `Stacked`'s, say), or `None` for any other node."""
+    """The stack part of `node`'s row (a `Stacked`'s), or `None`."""
     row = _KINDS.get(type(node))
     return None if row is None else row.stack
 
@@ -707,10 +661,12 @@ class _DataclassKind(NodeKind[Any]):
         ]
 
 
-def _is_partial(node: Any) -> bool:
+def _is_partial(node: Any, of_type: bool = False) -> bool:
     """`functools.partial`, `jax.tree_util.Partial`, `tc.Partial` and look-alikes."""
-    if isinstance(node, functools.partial):
+    if _is(node, of_type, functools.partial):
         return True
+    if of_type:
+        return all(hasattr(node, name) for name in ("func", "args", "keywords"))
     try:
         return (
             callable(getattr(node, "func", None))
@@ -733,18 +689,21 @@ class _SequenceSubclassKind(NodeKind[_Sequence]):
     items = _SequenceKind.items
 
 
-# Nodes of no registered kind that print otherwise than JAX flattens them (or that JAX
-# keeps whole: a plain dataclass, a `functools.partial`), by the first test they pass.
-# Walkers open them as any registered pytree; only the printers ask for these rows.
-_BY_TEST: tuple[tuple[Callable[[Any], bool], NodeKind], ...] = (
-    (lambda node: isinstance(node, dict), _DictSubclassKind()),
+# Rows only the printers ask for, by the first test a node passes (`test(node, False)`;
+# `test(cls, True)`: for every node of type `cls`): a dataclass, a partial, subclasses.
+_BY_TEST: tuple[tuple[Callable[[Any, bool], bool], NodeKind], ...] = (
+    (lambda x, of_type: _is(x, of_type, dict), _DictSubclassKind()),
     (
-        lambda node: dataclasses.is_dataclass(node) and not isinstance(node, type),
+        lambda x, of_type: dataclasses.is_dataclass(x) and (of_type or not isinstance(x, type)),
         _DataclassKind(),
     ),
     (_is_partial, _PartialKind()),
-    (lambda node: isinstance(node, (list, tuple)), _SequenceSubclassKind()),
+    (lambda x, of_type: _is(x, of_type, (list, tuple)), _SequenceSubclassKind()),
 )
+
+
+def _is(x: Any, of_type: bool, cls: type | tuple[type, ...]) -> bool:
+    return issubclass(x, cls) if of_type else isinstance(x, cls)
 
 
 def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
@@ -757,10 +716,57 @@ def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
         kind = node_kind(node)
     if kind is not GENERIC:
         return None if kind in (LEAF, NONE) else _BY_CODE[kind]
-    for test, found in _BY_TEST:
-        if test(node):
-            return found
-    return GENERIC_KIND
+    return next((row for test, row in _BY_TEST if test(node, False)), GENERIC_KIND)
+
+
+def _class_row(cls: type) -> NodeKind:
+    """The row that `row_of` and `node_type` give every node of type `cls` that has none."""
+    code = _BUILTIN_KINDS.get(cls)
+    if code is not None:
+        return _BY_CODE[code]
+    if issubclass(cls, _node.TreeNode):
+        return TREECLASS_KIND
+    if issubclass(cls, (jax.Array, np.generic)):
+        return LEAF_KIND
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _NAMEDTUPLE_KIND
+    return next((row for test, row in _BY_TEST if test(cls, True)), GENERIC_KIND)
+
+
+def write_part(cls: type, part: str, value: object) -> None:
+    """Set the part `part` of the row of exactly type `cls` (`None`: back to its kind's
+    own), in a copy of its row (or of the row its nodes have): how `tc.register_printer`,
+    `tc.tree_mask.def_type` and `tc.tree_unmask.def_type` write."""
+    global _INHERITED
+    row = copy.copy(_KINDS.get(cls) or _class_row(cls))
+    if value is None:
+        vars(row).pop(part, None)
+    else:
+        setattr(row, part, value)
+    made = cls in _MADE or cls not in _KINDS
+    if made and not vars(row):  # no part left: the type has no row of its own again
+        _KINDS.pop(cls, None)
+        _MADE.discard(cls)
+    else:
+        if made:
+            _MADE.add(cls)
+        _KINDS[cls] = row
+    _INHERITED = {}
+
+
+def inherited(cls: type, part: str) -> Any:
+    """The part `part` of the row of `cls` or of its nearest base class that has one."""
+    found = _INHERITED
+    key = (cls, part)
+    try:
+        return found[key]
+    except KeyError:
+        pass
+    rows = (_KINDS.get(base) for base in cls.__mro__)
+    parts = (getattr(row, part) for row in rows if row is not None)
+    value = next((v for v in parts if v is not None), None)
+    found[key] = value
+    return value
 
 
 # -- where two structures part ---------------------------------------------------------------

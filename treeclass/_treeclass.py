@@ -1,15 +1,9 @@
-"""`TreeClass`: a class whose instances are registered, immutable JAX pytrees.
-
-This module is the user-facing class: subclass registration, field guards, immutability,
-the dunders and the `.at` property. How an instance is stored, sealed, flattened and
-rebuilt is the node contract in `_node.py` (see its docstring for the invariants);
-`__init__` generation is in `_autoinit.py` and `_codegen.py`.
-"""
+"""`TreeClass`: a class whose instances are registered, immutable JAX pytrees (the storage
+is `_node`'s contract, `__init__` generation `_autoinit`'s and `_codegen`'s)."""
 
 from __future__ import annotations
 
 import abc
-import difflib
 import functools
 import types
 import warnings
@@ -26,6 +20,7 @@ from ._class_keywords import check_class_keywords
 from ._fields import MISSING, Field, add_field_note, collect_fields, field, run_setters
 from ._pprint_html import Printed
 from ._util import is_tree_equal
+from ._values import closest
 
 __all__ = ["TreeClass"]
 
@@ -53,11 +48,7 @@ _REPLACE_UNKNOWN_MSG = (
 
 
 class _AttributesView:
-    """`instance.__dict__` (and `vars(instance)`): the attributes, read-only once sealed.
-
-    A sealed instance's children are cached for flatten, so a write into its `__dict__`
-    would make attribute reads and `jax.jit` disagree; the view refuses it instead.
-    """
+    """`instance.__dict__` (and `vars(instance)`): the attributes, read-only once sealed."""
 
     __slots__ = ()
 
@@ -81,12 +72,8 @@ class _AttributesView:
 
 
 def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., None]:
-    """Wrap a hand-written (or inherited foreign) `__init__` so that it seals on return.
-
-    Only the outermost `__init__` seals: a parent's, reached through `super().__init__`,
-    sees that `type(self).__init__` is not itself and leaves sealing to its caller.
-    `body` says that `init` was written in the class body (`autoinit` never replaces it).
-    """
+    """Wrap a hand-written (or inherited foreign) `__init__` so that the outermost one seals
+    on return; `body`: written in the class body (`autoinit` never replaces it)."""
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -103,8 +90,7 @@ def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., Non
                 _node.seal_after_error(self)
             raise
 
-    # markers for `__init_subclass__` and `autoinit` (through `vars`: a type checker knows
-    # no such attributes of a function)
+    # markers for `__init_subclass__` and `autoinit` (through `vars`: unknown to type checkers)
     vars(__init__).update(__tc_sealing__=True, __tc_body__=body)
     return __init__
 
@@ -122,11 +108,8 @@ _UNRUN_POST_INIT_MSG = (
 
 
 def _warning_init(cls: type, inherited: Callable[..., None]) -> Callable[..., None]:
-    """`inherited`, warning when it builds an instance whose `__post_init__` it never runs.
-
-    Only for a class that defines `__post_init__` below an `__init__` written by hand; the
-    warning waits for the first call, as `autoinit` may still give the class its own.
-    """
+    """`inherited`, warning at its first call that it never runs the class's `__post_init__`
+    (`autoinit` may still give the class an `__init__` of its own)."""
     owner = next(k for k in cls.__mro__[1:] if "__init__" in k.__dict__)
     message = _UNRUN_POST_INIT_MSG.format(cls=cls.__name__, owner=owner.__name__)
 
@@ -382,12 +365,12 @@ def _replace(node: object, changes: dict[str, Any]) -> Any:
     layout_changes = False
     for name in changes:
         if name not in attributes:
-            close = difflib.get_close_matches(name, list(attributes), n=1)
+            close = closest(name, attributes)
             raise TypeError(
                 _REPLACE_UNKNOWN_MSG.format(
                     cls=type(node).__name__,
                     name=name,
-                    hint=f" Did you mean {close[0]!r}?" if close else "",
+                    hint="" if close is None else f" Did you mean {close!r}?",
                     names=", ".join(attributes) or "none",
                 )
             )
