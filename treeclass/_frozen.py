@@ -149,10 +149,8 @@ class Frozen:
 
 
 class FrozenOperationError(NotImplementedError, TypeError):
-    """An operation on a frozen value (which supports none): unfreeze it first.
-
-    A `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python raises
-    for an operation a type does not support.
+    """An operation on a frozen value (which supports none): unfreeze it first. A
+    `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python does.
     """
 
 

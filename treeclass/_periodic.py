@@ -122,8 +122,8 @@ class Periodic(StackBase):
 
         **Raises**
 
-        `ValueError` when the number of layers is not a multiple of `period`, or naming
-        the first layer (and its position and repeat) that does not fit its position.
+        `ValueError` for a number of layers that is not a multiple of `period`, or naming
+        the first layer (its position and repeat) that does not fit its position.
 
         ```python
         import jax.numpy as jnp
@@ -225,9 +225,7 @@ class Periodic(StackBase):
 
         **Arguments**
 
-        - `fn`: `fn(layer, carry) -> (carry, output)`, or with `xs`,
-          `fn(layer, carry, x) -> (carry, output)`; `output` may be `None`.
-        - `carry`: the initial carry.
+        - `fn`, `carry`: as for `Stacked.scan`, `fn` taking a layer.
         - `xs`: optional per-layer inputs with a leading axis of `len(self)`.
         - `remat`, `unroll`: as for `Stacked.scan` (per repeat of the pattern).
 
