@@ -277,10 +277,7 @@ class BatchNorm(Layer):
             var = average(jnp.square(stats - mean))
             m = self.momentum
             running = jax.lax.stop_gradient(
-                (
-                    m * self.running_mean + (1 - m) * mean,
-                    m * self.running_var + (1 - m) * var,
-                )
+                (m * self.running_mean + (1 - m) * mean, m * self.running_var + (1 - m) * var)
             )
             try:
                 assign(
