@@ -999,16 +999,12 @@ def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
     ]
 
 
-def _leaf_count(leaf: _BlockLeaf) -> int:
-    return int(np.prod(leaf.array.shape, dtype=np.int64))
-
-
 def _leaf_size(leaf: _BlockLeaf) -> int:
     try:
         itemsize = np.dtype(leaf.array.dtype).itemsize
     except TypeError:  # extended dtypes (PRNG keys)
         itemsize = getattr(leaf.array.dtype, "itemsize", 0)
-    return _leaf_count(leaf) * itemsize
+    return int(leaf.array.size) * itemsize
 
 
 register_printer(
@@ -1016,7 +1012,7 @@ register_printer(
     repr=repr,
     str=lambda leaf: tree_str(leaf.value),
     type_name=_BlockLeaf.block_type,
-    count=_leaf_count,
+    count=lambda leaf: int(leaf.array.size),
     size=_leaf_size,
 )
 
