@@ -1,19 +1,11 @@
 """Frozen values: a value wrapped in a pytree node without children.
 
-A frozen value is a pytree node *without children* whose wrapped value lives in the
-node's auxiliary data. `jax.jit`, `jax.grad`, `jax.vmap`, `jax.lax.scan` and optax only
-see leaves, so they never see a frozen value; `jax.jit` treats it as static because the
-tree definition (which holds it) is part of the compilation cache key.
-
-That puts the frozen value on the hot path of every jitted call: the cache lookup compares
-the call's tree definition with the cached one, and hashes it where it needs to. So the
-value's exact key (`_values.exact_key`) and its hash are computed once, when the value is
-frozen, and equality checks identity first.
-
-The wrapper describes itself to the rest of the package through its row of the table of
-node kinds (`_structure.NodeKind`: a *wrapper* kind marked `#`, registered here), and
-shows itself through the display protocol of `_values`: no other module branches on
-frozen values.
+JAX transformations see only leaves, so they never see a frozen value; `jax.jit` treats
+it as static, since the tree definition holding it is part of the compilation cache key.
+That puts it on the hot path of every jitted call: its exact key (`_values.exact_key`) and
+hash are computed once, when frozen, and equality checks identity first. It describes
+itself through its row of the table of node kinds (a wrapper marked `#`, registered
+here) and the display protocol of `_values`: no other module branches on it.
 """
 
 from __future__ import annotations
@@ -60,6 +52,7 @@ _OPERATION_ON_FROZEN = (
 )
 
 
+_IMMUTABLE = "a frozen value is immutable; use `tc.unfreeze` to get the value"
 _ATTRIBUTE_OF_FROZEN = (
     "a frozen value has no attribute {name!r}; the value inside it may. Unfreeze it first:\n"
     "    before: x.{name}\n"
@@ -97,9 +90,7 @@ class Frozen:
         except Exception:  # a value whose `==` has no truth value (elementwise, say)
             return False
 
-    # One text for a frozen value everywhere: `repr(tc.freeze(x)) == tc.tree_repr(
-    # tc.freeze(x))`, `#` + x's tree repr. The printers live floors above and offer
-    # themselves through the display protocol of `_values`.
+    # `#` + x's tree repr everywhere, from the printers (floors above) through `_values`
     def __repr__(self) -> str:
         return display("repr", self)
 
@@ -110,9 +101,7 @@ class Frozen:
         # called by treescope only, once it is imported; we never import it ourselves
         return display("treescope", self, path, subtree_renderer)
 
-    # An array's description, read without unfreezing (a frozen weight in a LoRA
-    # adapter, a frozen table: code sizing its own arrays from it needs no `tc.unfreeze`).
-    # Only these four: any computation still needs the value itself.
+    # an array's description, read without unfreezing; any computation needs the value
     @property
     def shape(self) -> tuple[int, ...]:
         return self._described("shape")
@@ -143,10 +132,10 @@ class Frozen:
         raise AttributeError(_ATTRIBUTE_OF_FROZEN.format(name=name))
 
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("a frozen value is immutable; use `tc.unfreeze` to get the value")
+        raise AttributeError(_IMMUTABLE)
 
     def __delattr__(self, name: str) -> None:
-        raise AttributeError("a frozen value is immutable; use `tc.unfreeze` to get the value")
+        raise AttributeError(_IMMUTABLE)
 
     def __copy__(self) -> Frozen:
         return self
@@ -160,10 +149,8 @@ class Frozen:
 
 
 class FrozenOperationError(NotImplementedError, TypeError):
-    """An operation on a frozen value (which supports none): unfreeze it first.
-
-    A `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python raises
-    for an operation a type does not support.
+    """An operation on a frozen value (which supports none): unfreeze it first. A
+    `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python does.
     """
 
 
@@ -221,13 +208,10 @@ register_kind(Frozen, _FrozenKind())
 
 
 class FrozenArrayWarning(UserWarning):
-    """`tc.freeze` of arrays large enough that their cost grows with their bytes.
-
-    A frozen value is part of the compiled program: every `jax.jit` of a function taking
-    it hashes it, inlines it as a constant, compiles anew for new values, and keeps it
-    alive in its cache. For pretrained weights, declare the field
-    `tc.field(role="frozen")` instead: a traced leaf that is never trained. The warning
-    is for more than 1 MiB of arrays in one frozen value.
+    """`tc.freeze` of more than 1 MiB of arrays: a frozen value is a constant of every
+    program `jax.jit` compiles with it (hashed, inlined, compiled anew for new values,
+    kept alive by the cache). For pretrained weights declare the field
+    `tc.field(role="frozen")` instead: a traced leaf that is never trained.
 
     ```python
     import warnings
@@ -247,15 +231,18 @@ class FrozenArrayWarning(UserWarning):
 # below a pretrained layer
 LARGE_FROZEN_BYTES = 1 << 20
 
+# the fix for pretrained weights frozen whole (shared with the stacks' message)
+FROZEN_FIELD_FIX = (
+    "    before: self.base = tc.freeze(base)\n"
+    '    after:  base: Linear = tc.field(role="frozen")  # in the class body\n'
+    "            self.base = base                               # in __init__"
+)
 _LARGE_FROZEN_MSG = (
     "tc.freeze of {size} of arrays: a frozen value is a constant of every jitted program "
     "that takes it (hashed, inlined, compiled anew for new values, kept alive by the jit "
     "cache). For pretrained weights, keep them ordinary leaves in a field declared "
     "frozen, which jax.jit traces, jax.grad gives zeros and tc.optim.trainable never "
-    "trains:\n"
-    "    before: self.base = tc.freeze(base)\n"
-    '    after:  base: Linear = tc.field(role="frozen")  # in the class body\n'
-    "            self.base = base                               # in __init__"
+    "trains:\n" + FROZEN_FIELD_FIX
 )
 
 
@@ -277,25 +264,18 @@ def freeze(x: _T) -> _T:
 
     The frozen value is static under `jax.jit` (a changed value retraces, an equal one does
     not), carried unchanged through `jax.grad`, `jax.vmap`, `jax.lax.scan` and optax, and
-    refuses arithmetic and calls (`FrozenOperationError`, a `NotImplementedError` and a
-    `TypeError`) until unfrozen. Freezing is idempotent.
-
-    Freezing takes a snapshot: a writable NumPy array is copied (read-only) and containers
-    are rebuilt, so changing the original later changes neither the frozen value nor the
-    traces `jax.jit` made with it.
+    refuses arithmetic and calls (`FrozenOperationError`) until unfrozen. Freezing is
+    idempotent, and takes a snapshot: a writable NumPy array is copied (read-only) and
+    containers are rebuilt, so changing the original later changes nothing frozen.
 
     Two frozen values are equal when their values are of the same type and equal exactly:
     `-0.0` and `0.0` differ (so do `1`, `1.0` and `True`), a NaN equals a NaN with the
-    same bits; arrays when their type, shape, dtype and bytes are (the bytes are read, and
-    hashed, once, here); subtrees when their structure and leaves are. Values with no
-    usable hash fall back to identity. The hash is computed once, so the `jax.jit` cache
-    lookup costs the same for a frozen array as for a frozen `int`.
+    same bits; arrays when their type, shape, dtype and bytes are (read and hashed once,
+    here); subtrees when their structure and leaves are. Values with no usable hash fall
+    back to identity.
 
-    Freeze configuration: functions, strings, flags, small arrays. A frozen array is a
-    constant of every program `jax.jit` compiles with it (its bytes are hashed and inlined,
-    new values compile anew, the jit cache keeps it alive), so freezing more than 1 MiB
-    of arrays warns (`tc.FrozenArrayWarning`): for pretrained weights, declare their field
-    `tc.field(role="frozen")` (ordinary leaves that nothing trains).
+    Freeze configuration: functions, strings, flags, small arrays; more than 1 MiB of
+    arrays warns (`tc.FrozenArrayWarning` says why, and what to do instead).
 
     **Arguments**
 
@@ -322,8 +302,7 @@ def freeze(x: _T) -> _T:
         warnings.warn(
             _LARGE_FROZEN_MSG.format(size=_size_text(size)), FrozenArrayWarning, stacklevel=2
         )
-    # typed as `x`'s own type: a frozen value stands in for its value in a tree, so a
-    # field keeps the annotation of what it holds (unfreeze before use; no checker knows)
+    # typed as `x`'s own type: a field keeps the annotation of what it holds
     return Frozen(snapshot(x))  # type: ignore[return-value]
 
 
@@ -347,10 +326,8 @@ def _refuse_spread_arrays(x: object) -> None:
 
 
 def _copy_array(x: Any) -> Any:
-    # Any NumPy array may change under us: a writable one, a read-only view of a writable
-    # buffer, a read-only array its owner can make writable again. So each is copied (a
-    # private, read-only copy, of the same class). Object arrays are keyed by identity
-    # (their bytes are pointers): kept as they are.
+    # any NumPy array may change under us (a view, a flag set back): each gets a private
+    # read-only copy; object arrays are keyed by identity (their bytes are pointers)
     if isinstance(x, np.ndarray) and x.dtype != object:
         x = x.copy()
         x.flags.writeable = False
@@ -358,12 +335,8 @@ def _copy_array(x: Any) -> Any:
 
 
 def snapshot(x: object) -> Any:
-    """`x` as it is now: NumPy arrays copied (read-only), containers rebuilt.
-
-    A frozen value is hashed once, when frozen, and `jax.jit` bakes it into traces; if the
-    caller could still change it in place, a later call would silently reuse a trace made
-    for the old value.
-    """
+    """`x` as it is now, NumPy arrays copied (read-only) and containers rebuilt: a frozen
+    value changed in place later would silently reuse a trace made for the old value."""
     if isinstance(x, np.ndarray):
         return _copy_array(x)
     if isinstance(x, (jax.Array, str, bytes, int, float, complex, np.generic)) or x is None:

@@ -1,35 +1,22 @@
 """Periodic stacks: a repeating pattern of different block kinds, scanned one pattern a step.
 
-Real architectures repeat a *pattern* of blocks (Gemma 3: five local attention blocks,
-then one global, six times). `Periodic` keeps such a model as a `Stacked` whose block is
-the pattern (a tuple of P blocks of possibly different kinds) and whose R blocks are the
-repeats; it adds nothing to `Stacked` but the numbering of layers:
-
-- **by JAX** it is that stack under the key `pattern`: `layers.pattern[5].attn.q.weight`
-  is pattern position 5's array, with a leading axis of R repeats;
-- **by `.at`** it is the R×P layers of the unrolled model in order: layer `i` is position
-  `i % P` of repeat `i // P`, so `.at[11]` is the twelfth layer, and the slice
-  `.at[5::6]` every global layer of the Gemma pattern;
-- **by `lax.scan`** it is R steps, each applying the pattern's blocks in order, so the
-  compiled program holds one pattern whatever R is.
-
-`unstack_all` turns it into the tuple of its layers (per-layer checkpoint names, as an
-unrolled model has) and `restack` back, through its row's stack part, as a `Stacked`'s.
+A `Periodic` is a `Stacked` whose block is the pattern (a tuple of P blocks) and whose R
+blocks are the repeats; it adds the numbering of the unrolled model's layers (layer `i`
+is position `i % P` of repeat `i // P`), in `.at` through its row, registered here.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
-from ._at import AtIndexer, at
-from ._stacked import STACKED_KIND, StackBase, Stacked, block_index
+from ._stacked import SCAN_RESULT_MSG, STACKED_KIND, StackBase, Stacked, block_index
 from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind
 from ._util import check_callable
 
@@ -59,25 +46,20 @@ OUTPUTS_MSG = (
 class Periodic(StackBase):
     """R repeats of a pattern of P blocks (of possibly different kinds), as one tree.
 
-    A model whose layers follow a pattern, `[local]*5 + [global]` repeated, compiles one
-    pattern when its layers are a `Periodic` applied with `scan` (or called): one
-    `lax.scan` of R steps, each applying the P blocks in order. It is a `tc.Stacked` of
-    R patterns (`.stack`), numbered as the unrolled model's layers:
+    Layers following a pattern (`[local]*5 + [global]`, repeated) as a `Periodic`,
+    applied with `scan` (or called), compile one pattern: R `lax.scan` steps, each
+    applying the P blocks in order. It is a `tc.Stacked` of R patterns (`.stack`),
+    numbered as the unrolled model's layers:
 
     - **Layers**: `len(p)` is R×P; `p[i]` is layer `i`, position `i % P` of repeat
-      `i // P`; `p.layers()` is the tuple of all of them; `p.period` is P and
-      `p.repeats` R.
-    - **`.at`** addresses layers by that index: `model.at["layers"][11]["attn"]` is the
-      twelfth layer; a slice with a step picks one position of every repeat
-      (`.at["layers"][5::6]`: every global layer of a `[local]*5 + [global]` pattern);
-      every selector works below the index, and key paths read `layers[11].attn.q`.
-    - **JAX** (jit, grad, optax, `tc.save`) sees the stack under the key `pattern`:
-      `layers.pattern[5].attn.q.weight` is position 5's weights with a leading axis of
-      R repeats. `tc.unstack_all(model)` gives the layers as a tuple instead (names
-      `layers.11.attn.q.weight`, as an unrolled model's), and `tc.restack` turns such a
-      tree (a loaded per-layer checkpoint) back into the periodic model.
-    - **Printers** show `Periodic[6×(5×Local, Global)]` and the pattern's blocks with
-      per-repeat shapes (`6×f32[64,64]`).
+      `i // P`; `p.layers()` is all of them; `p.period` is P and `p.repeats` R.
+    - **`.at`** addresses layers by that index (`.at["layers"][11]["attn"]`; a slice with
+      a step picks a position of every repeat: `.at["layers"][5::6]`); key paths read
+      `layers[11].attn.q`.
+    - **JAX** sees the stack under the key `pattern` (`layers.pattern[5].attn.q.weight`,
+      with a leading axis of R); `tc.unstack_all` gives the layers as a tuple (an
+      unrolled model's names, `layers.11.attn.q.weight`), `tc.restack` converts back.
+    - **Printers** show `Periodic[6×(5×Local, Global)]`, per-repeat shapes `6×f32[64,64]`.
 
     **Arguments**
 
@@ -128,8 +110,6 @@ class Periodic(StackBase):
             raise TypeError(NOT_PATTERN_MSG.format(what=describe(stack)))
         _unflatten(len(stack.tree), (stack,), self)
 
-    # -- building ---------------------------------------------------------------------------
-
     @classmethod
     def from_layers(cls, layers: Sequence[Any], period: int) -> Periodic:
         """A periodic stack of the layers of an unrolled model (the inverse of `layers()`).
@@ -142,8 +122,8 @@ class Periodic(StackBase):
 
         **Raises**
 
-        `ValueError` when the number of layers is not a multiple of `period`, or naming
-        the first layer (and its position and repeat) that does not fit its position.
+        `ValueError` for a number of layers that is not a multiple of `period`, or naming
+        the first layer (its position and repeat) that does not fit its position.
 
         ```python
         import jax.numpy as jnp
@@ -200,8 +180,6 @@ class Periodic(StackBase):
 
         return cls(Stacked.from_init(pattern, keys))
 
-    # -- the layers -------------------------------------------------------------------------
-
     @property
     def stack(self) -> Stacked:
         """The `Stacked` of R patterns (tuples of P blocks) that JAX sees."""
@@ -234,8 +212,6 @@ class Periodic(StackBase):
         """Every layer in order, as a tuple of ordinary blocks (the unrolled model's)."""
         return tuple(block for pattern in self._stack.unstack() for block in pattern)
 
-    # -- applying ---------------------------------------------------------------------------
-
     def scan(
         self,
         fn: Callable[..., tuple[Any, Any]],
@@ -249,9 +225,7 @@ class Periodic(StackBase):
 
         **Arguments**
 
-        - `fn`: `fn(layer, carry) -> (carry, output)`, or with `xs`,
-          `fn(layer, carry, x) -> (carry, output)`; `output` may be `None`.
-        - `carry`: the initial carry.
+        - `fn`, `carry`: as for `Stacked.scan`, `fn` taking a layer.
         - `xs`: optional per-layer inputs with a leading axis of `len(self)`.
         - `remat`, `unroll`: as for `Stacked.scan` (per repeat of the pattern).
 
@@ -282,9 +256,9 @@ class Periodic(StackBase):
                 args = (jax.tree_util.tree_map(operator.itemgetter(j), x[0]),) if x else ()
                 out = fn(block, carry, *args)
                 if not (isinstance(out, tuple) and len(out) == 2):
+                    what, where = describe(out), f"pattern position {j}"
                     raise TypeError(
-                        "The function given to `Periodic.scan` must return a pair "
-                        f"`(carry, output)`, got {describe(out)} from pattern position {j}."
+                        SCAN_RESULT_MSG.format(method="Periodic.scan", what=what, where=where)
                     )
                 carry, output = out
                 outputs.append(output)
@@ -295,19 +269,8 @@ class Periodic(StackBase):
         outputs = jax.tree_util.tree_map(lambda y: jnp.reshape(y, (r * p, *y.shape[2:])), outputs)
         return carry, outputs
 
-    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        """`x` through every layer in turn, `layer(x, *args, **kwargs)`: R scan steps."""
-        return self._run(x, args, kwargs)
-
-    def _blocks(self) -> tuple[Any, ...]:
-        return self.layers()
-
-    # -- Python protocol ----------------------------------------------------------------------
-
-    @property
-    def at(self) -> AtIndexer[Periodic]:
-        """The `.at` indexer of the periodic stack: `layers.at[11]["w"].set(0.0)`."""
-        return at(self)
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.layers())
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._stack,))
@@ -356,8 +319,8 @@ def _kinds(periodic: Periodic) -> str:
 
 class _PeriodicKind(NodeKind["Periodic"]):
     """The row of a periodic stack: `.at` opens it into the unrolled model's layers,
-    numbered `[r×P+j]`, by asking the row of the stack it holds for its patterns; the
-    roles of its children are those of each layer's own class, none of the pattern's."""
+    numbered `[r×P+j]`, through the row of the stack it holds; its children's roles are
+    those each layer's own class declares (`roles_of`: none of its own)."""
 
     def open(self, node: Periodic) -> Opened:
         opened = STACKED_KIND.open(node._stack)
@@ -422,9 +385,6 @@ class _PeriodicKind(NodeKind["Periodic"]):
         children=lambda node: [(_PATTERN, node.stack)],
         type_name=lambda node: f"Periodic[{node.repeats}×({_kinds(node)})]",
     )
-
-    def roles_of(self, node: Periodic) -> Any:
-        return None
 
 
 def _in_layers(

@@ -1,26 +1,9 @@
-"""Roles: what each value of a tree is for, with one answer for every tool.
-
-A model's values play different parts, and `tc.optim.trainable`, `tc.tree_summary` and
-`tc.roles` ask this module which part each one plays:
-
-- `trainable`: an inexact (floating or complex) JAX or NumPy array, or an abstract one
-  (`jax.ShapeDtypeStruct`), that is neither frozen nor held by a state field;
-- `state`: a leaf held (at any depth) by a field declared `tc.field(role="state")`:
-  running statistics, counters, caches the forward pass updates;
-- `frozen`: a value wrapped by `tc.freeze`, hidden from JAX transformations, or a leaf
-  held by a field declared `tc.field(role="frozen")` (a traced leaf never trained);
-- `other`: any other leaf (a Python number or NumPy scalar, an integer or boolean array,
-  a string): JAX sees it, the optimizer helpers never train it unless it is selected;
-- `static`: a `tc.field(static=True)` value, part of the tree definition (not a leaf).
-
-A declared role outranks a selection: the `NEVER_TRAINED` roles (state, frozen) are never
-trained, whatever `.at` selection an optimizer helper is given.
-
-A role is declared by a field of the class (`_fields.ROLE_KEY` in its metadata), so it
-holds however `__init__` is written. `tc.freeze` wins over a declared role, the
-innermost declaration over outer ones, a declaration over the kind of the value. Roles
-are judged on the values as they are: under `jax.jit` a Python number is a traced
-array, so judge them (build an optimizer) outside, on the model as it was constructed.
+"""Roles: what each value of a tree is for (trainable, state, frozen, other, static), with
+one answer for every tool (`tc.optim.trainable`, `tc.tree_summary`, `tc.roles`); `roles`
+says what each role is. A role is declared by a field of the class (`_fields.ROLE_KEY` in
+its metadata); `tc.freeze` wins over a declared role, the innermost declaration over
+outer ones, a declaration over the kind of the value. The `NEVER_TRAINED` roles (state,
+frozen) outrank any selection.
 """
 
 from __future__ import annotations
@@ -77,12 +60,8 @@ _UNKNOWN_ROLE_MSG = (
 
 
 def is_trainable_value(x: object) -> bool:
-    """Whether a leaf's value makes it trainable: an inexact, unfrozen array.
-
-    Arrays of JAX (tracers included) and NumPy, and abstract ones
-    (`jax.ShapeDtypeStruct`, as `jax.eval_shape` gives), so that a template gets the
-    roles of the model it stands for. Python numbers and NumPy scalars are not arrays.
-    """
+    """Whether a leaf's value makes it trainable: an inexact JAX, NumPy or abstract array
+    (a template gets its model's roles); Python numbers and NumPy scalars are not arrays."""
     return (is_array(x) or isinstance(x, jax.ShapeDtypeStruct)) and is_inexact_array(x)
 
 
@@ -129,11 +108,8 @@ def declares_state(tree: object) -> bool:
 
 
 def leaf_role(x: object, in_state: bool | str) -> str:
-    """The role of one leaf (or frozen value).
-
-    `in_state`: the role declared by the field that holds it (`True` for state, as
-    before roles other than state could be declared), or a false value.
-    """
+    """The role of one leaf (or frozen value); `in_state`: the role its field declares
+    (`True`: state), or a false value."""
     wrapper = wrapper_of(x)
     if wrapper is not None:  # a frozen value: its wrapper kind says its role
         return wrapper.role
@@ -145,11 +121,8 @@ def leaf_role(x: object, in_state: bool | str) -> str:
 def leaf_roles(
     tree: object, in_state: bool | str = False, is_leaf: Callable[[Any], bool] | None = None
 ) -> list[str]:
-    """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, in that order.
-
-    Frozen values count as leaves; a node for which `is_leaf` holds gets the role its
-    leaves share, or `"mixed"`.
-    """
+    """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, frozen values counted as
+    leaves; a node `is_leaf` holds for gets the role its leaves share, or `"mixed"`."""
     out: list[str] = []
     _collect(tree, in_state, is_leaf, out)
     return out
@@ -181,34 +154,27 @@ def _collect(
 def roles(tree: _T) -> _T:
     """The role of every value of `tree`: a tree of role names, one in place of each leaf.
 
-    Every tool answers "what is trained, what is state, what is configuration" the same
-    way, from these roles: `tc.optim.trainable` updates the trainable leaves, or the
-    leaves of a selection that are neither state nor frozen (a declared role outranks a
-    selection), and leaves every other leaf exactly as it is; `tc.tree_summary` counts
-    each role separately.
+    Every tool answers "what is trained, what is state, what is configuration" from these
+    roles: `tc.optim.trainable` updates the trainable leaves, or the leaves of a selection
+    that are neither state nor frozen (a declared role outranks a selection);
+    `tc.tree_summary` counts each role apart.
 
     - `"trainable"`: an inexact (floating or complex) JAX or NumPy array (or an abstract
       `jax.ShapeDtypeStruct`) that is neither frozen nor state;
-    - `"state"`: a leaf held, at any depth, by a field declared with
-      `tc.field(role="state")` (or `metadata={"role": "state"}`): running statistics,
-      step counters, caches, values the forward pass updates and no optimizer touches,
-      whatever the selection;
-    - `"frozen"`: a value wrapped by `tc.freeze` (it stands in the result where the
-      frozen value stood: frozen values are not leaves), or a leaf held by a field
-      declared `tc.field(role="frozen")` (a leaf `jax.jit` traces, whose reads stop
-      gradients, and which no optimizer helper trains, whatever the selection);
-    - `"other"`: every other leaf: Python numbers (`self.eps = 1e-5` in a hand-written
-      `__init__`) and NumPy scalars, integer and boolean arrays, PRNG keys, strings.
-      `jax.grad` still sees them (every leaf is a leaf), the optimizer helpers do not
+    - `"state"`: a leaf held, at any depth, by a field declared `tc.field(role="state")`
+      (or `metadata={"role": "state"}`): running statistics, counters, caches the forward
+      pass updates and no optimizer touches;
+    - `"frozen"`: a value wrapped by `tc.freeze` (it stands where the frozen value stood:
+      frozen values are not leaves), or a leaf held by a field declared
+      `tc.field(role="frozen")` (traced by `jax.jit`, its reads stop gradients, never
+      trained);
+    - `"other"`: every other leaf (Python numbers, NumPy scalars, integer and boolean
+      arrays, PRNG keys, strings): `jax.grad` sees them, the optimizer helpers do not
       train them.
 
-    Static fields (`tc.field(static=True)`) are not leaves: they do not appear here, and
-    `tc.tree_summary` counts them as `static`.
-
-    Roles are judged on the values as they are. Inside `jax.jit`, and after a jitted step
-    returns them, Python numbers are arrays; judge a model (build its optimizer) as it
-    was constructed, or make configuration static or frozen, which no transformation
-    changes.
+    Static fields are not leaves: they do not appear here (`tc.tree_summary` counts them
+    as `static`). Roles are judged on the values as they are: inside `jax.jit` Python
+    numbers are arrays, so judge a model (build its optimizer) as it was constructed.
 
     **Arguments**
 
@@ -245,10 +211,8 @@ def roles(tree: _T) -> _T:
 
 
 def static_values(tree: object) -> Iterator[tuple[Any, str, Any]]:
-    """`(node, name, value)` for every static field of every TreeClass node of `tree`.
-
-    Frozen values are not looked into: what a frozen TreeClass holds is frozen.
-    """
+    """`(node, name, value)` for every static field of every TreeClass node of `tree`
+    (not inside frozen values)."""
     for node in _node.treeclass_nodes(tree):
         for name, value in _node.static_values(node).items():
             yield node, name, value

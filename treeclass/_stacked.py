@@ -1,21 +1,9 @@
 """Stacked blocks: N blocks of one structure kept as one tree whose arrays carry a block axis.
 
-A deep model repeats one block many times. Kept as N separate trees, `jax.jit` traces and
-compiles every block; kept as one tree whose arrays have a leading axis of length N and
-applied with `jax.lax.scan`, it traces and compiles one block. `Stacked` is that tree,
-seen three ways:
-
-- **by JAX** (jit, grad, optax, checkpoints): it flattens into its block tree's children,
-  so `blocks.attn.q.weight` is one `f32[N, ...]` leaf under the block's own key path;
-- **by `.at`**: it opens into its N blocks (`blocks[7].attn.q.weight` is block 7's slice)
-  and writes changed blocks back into their slices (its row of the table of node
-  kinds, `StackedKind`, registered here);
-- **by the printers**: a node `Stacked[N×Block]` whose arrays print with their per-block
-  shapes (`48×f32[256,256]`), through its row's display part.
-
-Which values carry the block axis: every array leaf, frozen arrays too; every other value
-(Python numbers, strings, functions, frozen strings, `None`) is *shared* by all blocks
-and kept once. Static fields live in the tree definition, so they agree by construction.
+JAX sees the block tree's children (one `f32[N, ...]` leaf per array), `.at` sees N blocks
+(its row of the table of node kinds, `StackedKind`, registered here), the printers a node
+`Stacked[N×Block]` with per-block shapes. Every array leaf (frozen ones too) carries the
+block axis; every other value is shared by all blocks and kept once.
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ from jax.tree_util import SequenceKey
 
 from ._at import AtIndexer, at
 from ._fields import gradients_stopped, stop_gradient_if_traced
-from ._frozen import freeze, is_frozen, unfreeze
+from ._frozen import FROZEN_FIELD_FIX, freeze, is_frozen, unfreeze
 from ._numbers import (
     KIND_FITS,
     NumberRangeError,
@@ -102,10 +90,7 @@ FROZEN_SUBTREE_MSG = (
     "value shared by all blocks of a stack, so it must be equal in every block; its "
     "arrays cannot carry the block axis. For pretrained weights in each block (a LoRA "
     "adapter's base layer), keep them ordinary leaves in a field declared frozen: they "
-    "are stacked like any leaf and never trained:\n"
-    "    before: self.base = tc.freeze(base)\n"
-    '    after:  base: Linear = tc.field(role="frozen")  # in the class body\n'
-    "            self.base = base                               # in __init__"
+    "are stacked like any leaf and never trained:\n" + FROZEN_FIELD_FIX
 )
 MIXED_MSG = (
     "Block {k}'s value at {where} is {got}, block 0's is {want}: a leaf of a stack is an "
@@ -145,8 +130,8 @@ FROZEN_SOME_MSG = (
     "block with `...` (`model.at['blocks'][...][...].apply(tc.freeze)`)."
 )
 SCAN_RESULT_MSG = (
-    "The function given to `Stacked.scan` must return a pair `(carry, output)` (use `None` "
-    "for no output), got {what} from block {where}."
+    "The function given to `{method}` must return a pair `(carry, output)` (use `None` for "
+    "no output), got {what} from {where}."
 )
 RESTACK_MSG = (
     "`tc.restack` cannot convert {where}: the tree has {got}, the template has {want}. It "
@@ -174,11 +159,8 @@ def _unfrozen(x: Any) -> Any:
 
 
 def _leaf_kind(x: object, n: int) -> int:
-    """Whether a leaf of the block tree carries the block axis (plain or frozen) or is shared.
-
-    Arrays without the leading axis (a `jax.tree.map(jnp.sum, stack)` makes them) are
-    shared: one value for every block.
-    """
+    """Whether a leaf carries the block axis (plain or frozen) or is shared (arrays without
+    it too: a `jax.tree.map(jnp.sum, stack)` makes them)."""
     if _is_array(x):
         return _ARRAY if _has_axis(x, n) else _SHARED
     if is_frozen(x):
@@ -286,14 +268,9 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
 def _block_value(
     value: object, shape: tuple[int, ...], dtype: np.dtype, fail: Callable[..., Exception]
 ) -> Any:
-    """`value` checked to fit one block of a stacked array of per-block `shape` and `dtype`
-    (`fail(value, misfit=None)`: the error to raise, told `number_misfit`'s verdict).
-
-    A number fits when the dtype keeps it (`_numbers.number_misfit`: the rule of every
-    number put into an array); an array fits when it has the dtype and a shape that
-    broadcasts to `shape`, or is a weak-typed scalar (a Python number `jit` traced) whose
-    kind fits (a traced value cannot be judged by its value).
-    """
+    """`value` checked to fit one block of per-block `shape` and `dtype` (`fail(value,
+    misfit=None)`: the error to raise): a number the dtype keeps (`number_misfit`), an array
+    of the dtype broadcasting to `shape`, or a weak-typed scalar whose kind fits."""
 
     def check(number: object) -> None:
         misfit = number_misfit(number, dtype)
@@ -389,6 +366,9 @@ class _Opened(NamedTuple):
     kinds: list[int]
 
 
+_S = TypeVar("_S", bound="StackBase")
+
+
 class StackBase(Printed):
     """What the two stack kinds (`Stacked`, `Periodic`) share: they are immutable, iterate
     over their blocks (or layers) and, called, run `x` through them in one scan."""
@@ -397,22 +377,36 @@ class StackBase(Printed):
     _IMMUTABLE: ClassVar[str]  # "A `Stacked` is immutable"
     _HOW_TO_CHANGE: ClassVar[str]  # the fix, after the `;`
 
-    def _blocks(self) -> tuple[Any, ...]:
-        raise NotImplementedError
-
     def scan(self, fn: Callable[..., tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
         raise NotImplementedError
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._blocks())
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        """`x` through every block in turn: `block(x, *args, **kwargs)`, in one scan.
 
-    def _run(self, x: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """`x` through every block in turn, `block(x, *args, **kwargs)`, in one scan."""
+        ```python
+        import jax.numpy as jnp
+        import treeclass as tc
+
+        class Add(tc.TreeClass):
+            b: jnp.ndarray
+
+            def __call__(self, x):
+                return x + self.b
+
+        stack = tc.Stacked.from_blocks([Add(jnp.ones(2)) for _ in range(3)])
+        assert stack(jnp.zeros(2)).tolist() == [3.0, 3.0]
+        ```
+        """
 
         def step(block: Any, carry: Any) -> tuple[Any, None]:
             return block(carry, *args, **kwargs), None
 
         return self.scan(step, x)[0]
+
+    @property
+    def at(self: _S) -> AtIndexer[_S]:
+        """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
+        return at(self)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{self._IMMUTABLE}; {self._HOW_TO_CHANGE}")
@@ -424,11 +418,9 @@ class StackBase(Printed):
 class Stacked(StackBase):
     """N blocks of one structure as one tree: every array carries a leading block axis.
 
-    A model with 48 identical blocks traces and compiles one block when its blocks are a
-    `Stacked` applied with `scan` (or called), instead of 48. Build one from a block
-    constructor and keys with one vmapped trace (`Stacked.from_init`), from blocks you
-    have (`Stacked.from_blocks`), or from a tree whose arrays are already stacked
-    (`Stacked(tree)`).
+    48 identical blocks as a `Stacked`, applied with `scan` (or called), trace and compile
+    one block. Build one from a constructor and keys (`Stacked.from_init`, one vmapped
+    trace), from blocks (`Stacked.from_blocks`), or from a stacked tree (`Stacked(tree)`).
 
     - **JAX** sees the block tree's children with stacked arrays: `jit`, `grad`, optax
       and checkpoints find `blocks.attn.q.weight` as one `f32[48, ...]` leaf.
@@ -443,18 +435,11 @@ class Stacked(StackBase):
     - **Printers** show `Stacked[48×Block]` with per-block shapes (`48×f32[256,256]`).
 
     Arrays (frozen ones too) carry the block axis; other values (numbers, strings,
-    functions) are shared by all blocks. When blocks are written back, a block may take
-    an array of its slice's shape and dtype, or a number; a number set in some blocks
-    only (`.at[...].set(1.0).at["blocks"][0:6].set(0.0)`) becomes one value per block,
-    an array along the block axis.
-
-    A number written into some blocks of a stacked array fits when its kind fits the
-    dtype's, as JAX counts kinds (bfloat16, float8 and int4 are a float and an int): an
-    int into an int, float or complex leaf, a float into a float or complex leaf, a bool
-    into a bool leaf; and when the dtype keeps it (up to rounding). `np.int64(300)` or
-    `300` into an int8 leaf, `1e6` into a float16 one, `nan` into float4 are errors
-    naming the leaf, never a wrap; a number traced by `jit` cannot be checked and
-    converts as `astype` does. The written leaf keeps its dtype and weak type.
+    functions) are shared by all blocks, and a number set in some blocks only
+    (`.at[...].set(1.0).at["blocks"][0:6].set(0.0)`) becomes an array along the block
+    axis. A block of a stacked array takes an array of its slice's shape and dtype, or a
+    number of a kind the dtype holds and that it keeps (`300` into int8 is an error
+    naming the leaf, never a wrap; a number traced by `jit` converts as `astype` does).
 
     **Arguments**
 
@@ -509,8 +494,6 @@ class Stacked(StackBase):
                 )
         _init(self, tree, length)
 
-    # -- building ---------------------------------------------------------------------------
-
     @classmethod
     def from_blocks(cls, blocks: Sequence[Any]) -> Stacked:
         """A stack of existing blocks of one structure (the inverse of `unstack`).
@@ -551,9 +534,9 @@ class Stacked(StackBase):
         for k, (_, other) in enumerate(flats[1:], start=1):
             if other != treedef:
                 raise _structure_error(blocks[0], blocks[k], k, _in_blocks)
-        paths = _LeafPaths(blocks[0], _in_blocks)
+        where_of = _leaf_paths(blocks[0], _in_blocks)
         leaves = [
-            _combine([leaves[j] for leaves, _ in flats], paths.where_of(j))
+            _combine([leaves[j] for leaves, _ in flats], where_of(j))
             for j in range(treedef.num_leaves)
         ]
         return _make(treedef.unflatten(leaves), len(blocks))
@@ -623,8 +606,6 @@ class Stacked(StackBase):
                 out.append(leaf)
         return _make(treedef.unflatten(out), n)
 
-    # -- the blocks -------------------------------------------------------------------------
-
     @property
     def tree(self) -> Any:
         """The block tree whose arrays carry the leading block axis (what JAX sees)."""
@@ -683,8 +664,6 @@ class Stacked(StackBase):
         blocks = [treedef.unflatten(row) for row in block_leaves]
         return _Opened(blocks, block_leaves, treedef, leaves, kinds)
 
-    # -- applying ---------------------------------------------------------------------------
-
     def scan(
         self,
         fn: Callable[..., tuple[Any, Any]],
@@ -695,10 +674,8 @@ class Stacked(StackBase):
         unroll: int | bool = 1,
         reverse: bool = False,
     ) -> tuple[Any, Any]:
-        """Run `fn` over the blocks in order with `jax.lax.scan`, threading a carry.
-
-        One block is traced and compiled, however many there are; it works under
-        `jax.jit`, `jax.grad` and `jax.vmap`.
+        """Run `fn` over the blocks in order with `jax.lax.scan`, threading a carry: one
+        block is traced and compiled, however many there are.
 
         **Arguments**
 
@@ -749,7 +726,10 @@ class Stacked(StackBase):
             with gradients_stopped([v for v, s in zip(sliced, stopped) if s]):
                 out = fn(block, carry, x) if with_xs else fn(block, carry)
             if not (isinstance(out, tuple) and len(out) == 2):
-                raise TypeError(SCAN_RESULT_MSG.format(what=describe(out), where="of the stack"))
+                what, where = describe(out), "a block of the stack"
+                raise TypeError(
+                    SCAN_RESULT_MSG.format(method="Stacked.scan", what=what, where=where)
+                )
             return out
 
         if remat is not False and remat is not None:
@@ -758,37 +738,11 @@ class Stacked(StackBase):
             body, carry, (scanned, xs), length=self._length, unroll=unroll, reverse=reverse
         )
 
-    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        """`x` through every block in turn: `block(x, *args, **kwargs)`, in one scan.
-
-        ```python
-        import jax.numpy as jnp
-        import treeclass as tc
-
-        class Add(tc.TreeClass):
-            b: jnp.ndarray
-
-            def __call__(self, x):
-                return x + self.b
-
-        stack = tc.Stacked.from_blocks([Add(jnp.ones(2)) for _ in range(3)])
-        assert stack(jnp.zeros(2)).tolist() == [3.0, 3.0]
-        ```
-        """
-        return self._run(x, args, kwargs)
-
-    # -- Python protocol ----------------------------------------------------------------------
-
-    @property
-    def at(self) -> AtIndexer[Stacked]:
-        """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
-        return at(self)
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
 
-    def _blocks(self) -> tuple[Any, ...]:
-        return self.unstack()
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.unstack())
 
 
 class StackedKind(NodeKind["Stacked"]):
@@ -887,7 +841,7 @@ def _write_blocks(
                 return Stacked.from_blocks(children)
             raise _structure_error(aux.blocks[k], children[k], k, where)
         new_leaves[k] = leaves
-    paths = _LeafPaths(aux.blocks[changed[0]], where)
+    where_of = _leaf_paths(aux.blocks[changed[0]], where)
     out = list(aux.leaves)
     for j, (leaf, kind) in enumerate(zip(aux.leaves, aux.kinds)):
         writes = [
@@ -896,12 +850,12 @@ def _write_blocks(
         if not writes:
             continue
         if kind != _SHARED and len(writes) < n:
-            out[j] = _write(leaf, kind, writes, paths.where_of(j))
+            out[j] = _write(leaf, kind, writes, where_of(j))
         else:
             column = [row[j] for row in aux.block_leaves]
             for k, value in writes:
                 column[k] = value
-            out[j] = _combine(column, paths.where_of(j))
+            out[j] = _combine(column, where_of(j))
     return _make(aux.treedef.unflatten(out), n)
 
 
@@ -962,27 +916,21 @@ def _in_blocks(keys: tuple) -> str:
     return "blocks" + jax.tree_util.keystr(keys)
 
 
-class _LeafPaths:
-    """The key paths of one block's leaves (frozen values as leaves), worked out on demand,
-    told as `where((SequenceKey(k), *leaf_path))` names them."""
+def _leaf_paths(block: object, where: Callable[[tuple], str]) -> Callable[..., Any]:
+    """`of(j)(k)`: the text of leaf `j`'s key path in block `k` (frozen values as leaves),
+    as `where` names `(SequenceKey(k), *path)`; the paths are worked out on demand."""
+    paths: list[tuple[Any, ...]] = []
 
-    __slots__ = ("block", "where", "paths")
-
-    def __init__(self, block: object, where: Callable[[tuple], str]) -> None:
-        self.block = block
-        self.where = where
-        self.paths: list[tuple[Any, ...]] | None = None
-
-    def where_of(self, j: int) -> Callable[[int], str]:
-        """The text of leaf `j`'s key path in block `k`, as a function of `k`."""
-
+    def of(j: int) -> Callable[[int], str]:
         def text(k: int) -> str:
-            if self.paths is None:
-                pairs = jax.tree_util.tree_flatten_with_path(self.block, is_leaf=is_frozen)[0]
-                self.paths = [p for p, _ in pairs]
-            return self.where((SequenceKey(k), *self.paths[j]))
+            if not paths:
+                pairs = jax.tree_util.tree_flatten_with_path(block, is_leaf=is_frozen)[0]
+                paths.extend(p for p, _ in pairs)
+            return where((SequenceKey(k), *paths[j]))
 
         return text
+
+    return of
 
 
 def _structure_error(first: object, other: object, k: int, where: Callable) -> Exception:
@@ -1003,12 +951,8 @@ def _structure_error(first: object, other: object, k: int, where: Callable) -> E
 
 
 class _BlockLeaf:
-    """A stacked array as the printers show it: `48×f32[256,256](μ=…, σ=…, ∈[…])`.
-
-    A pytree node whose one child is the stacked array (or the frozen value holding it),
-    so that what asks a summary row for its leaves (its role: trainable, state, frozen)
-    sees the array itself.
-    """
+    """A stacked array as the printers show it, `48×f32[256,256](μ=…, σ=…, ∈[…])`: a node
+    whose one child is the array (or frozen value), so a summary row's role is its own."""
 
     __slots__ = ("value", "length")
 
@@ -1055,16 +999,12 @@ def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
     ]
 
 
-def _leaf_count(leaf: _BlockLeaf) -> int:
-    return int(np.prod(leaf.array.shape, dtype=np.int64))
-
-
 def _leaf_size(leaf: _BlockLeaf) -> int:
     try:
         itemsize = np.dtype(leaf.array.dtype).itemsize
     except TypeError:  # extended dtypes (PRNG keys)
         itemsize = getattr(leaf.array.dtype, "itemsize", 0)
-    return _leaf_count(leaf) * itemsize
+    return int(leaf.array.size) * itemsize
 
 
 register_printer(
@@ -1072,7 +1012,7 @@ register_printer(
     repr=repr,
     str=lambda leaf: tree_str(leaf.value),
     type_name=_BlockLeaf.block_type,
-    count=_leaf_count,
+    count=lambda leaf: int(leaf.array.size),
     size=_leaf_size,
 )
 
@@ -1081,8 +1021,7 @@ register_printer(
 
 
 def _is_stack(x: object) -> bool:
-    """A node kept stacked: one whose row has a stack part (a `Stacked`, a `Periodic`, any
-    kind registered with one)."""
+    """A node whose row has a stack part (a `Stacked`, a `Periodic`, ...)."""
     return stack_of(x) is not None
 
 
@@ -1096,11 +1035,10 @@ def _length(x: Any) -> int:
 
 
 def unstack_all(tree: _T) -> _T:
-    """`tree` with every `Stacked` replaced by the tuple of its blocks (nested ones too).
-
-    The unstacked layout of a model: save it for tools that expect one tensor per block
-    (`tc.save(path, tc.unstack_all(model))`), or use it as the template to load such a
-    checkpoint, then `tc.restack` the result.
+    """`tree` with every stack replaced by the tuple of its blocks (nested ones too): the
+    layout of tools that expect one tensor per block (`tc.save(path,
+    tc.unstack_all(model))`), and the template to load such a checkpoint before
+    `tc.restack`.
 
     **Arguments**
 
@@ -1137,21 +1075,14 @@ def _stackdescribe(x: Any) -> str:
     return f"{kind} of {_length(x)} blocks"
 
 
-def _sequence_of_blocks(x: object) -> bool:
-    return type(x) in (list, tuple)
-
-
 def restack(tree: object, like: object) -> Any:
-    """`tree` converted to the stacking of `like`: stacks where `like` has a `Stacked`,
-    tuples or lists of blocks where `like` has those.
+    """`tree` converted to the stacking of `like`: stacks where `like` has a `Stacked` (or
+    `Periodic`), tuples or lists of blocks where `like` has those.
 
     With it a checkpoint of the unstacked model loads into the stacked one, and the
-    reverse: load it with a template of its own layout, then convert.
-
-        stacked = tc.restack(tc.load(path, tc.unstack_all(stacked)), stacked)
-        unstacked = tc.restack(tc.load(path, stacked_template), unstacked)
-
-    Round trips are exact: blocks are stacked and split, never recomputed.
+    reverse: load it with a template of its own layout, then convert
+    (`tc.restack(tc.load(path, tc.unstack_all(stacked)), stacked)`). Round trips are
+    exact: blocks are stacked and split, never recomputed.
 
     **Arguments**
 
@@ -1197,7 +1128,7 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
             if type(tree) is not type(like) or _length(tree) != _length(like):
                 raise mismatch(describe)
             return tree
-        if not _sequence_of_blocks(like if _is_stack(tree) else tree):
+        if type(like if _is_stack(tree) else tree) not in (list, tuple):
             raise mismatch(describe)
         if _length(tree) != _length(like):
             raise mismatch(lambda x: f"{len(x)} blocks")

@@ -6,16 +6,12 @@ README.md beside it, and each layer's docstring is its reference.
 
 from ._attention import MultiHeadAttention, rotary_embedding
 from ._base import Layer
-from ._batch_norm import BatchNorm
-from ._blocks import DecoderBlock, EncoderBlock
+from ._blocks import DecoderBlock, EncoderBlock, FeedForward, gelu_exact
 from ._conv import Conv
-from ._dropout import Dropout
 from ._embeddings import ClassToken, PatchEmbed, PositionEmbedding
-from ._feed_forward import FeedForward, gelu_exact
-from ._linear import Embed, Linear
-from ._lora import LoRA
-from ._modes import set_training
-from ._normalization import LayerNorm, RMSNorm
+from ._linear import Embed, Linear, LoRA
+from ._modes import Dropout, set_training
+from ._normalization import BatchNorm, LayerNorm, RMSNorm
 from ._sequential import MLP, Sequential
 
 __all__ = [

@@ -1,11 +1,5 @@
-"""`MultiHeadAttention`: scaled dot-product attention with grouped-query heads, causal
-and padding masks and optional rotary position embeddings.
-
-The projections are `Linear` layers named as Llama's checkpoints name them (`q_proj`,
-`k_proj`, `v_proj`, `o_proj`), so Hugging Face weights load by renaming. The attention
-itself is `jax.nn.dot_product_attention`, which takes fewer key/value heads than query
-heads (grouped-query attention) without repeating them in memory.
-"""
+"""`MultiHeadAttention` (grouped-query heads, masks, rotary embeddings) over
+`jax.nn.dot_product_attention`, with Llama's projection names (`q_proj`, ..., `o_proj`)."""
 
 from __future__ import annotations
 
@@ -44,6 +38,13 @@ def _window(value: object) -> int | None:
     return None if value is None else check_int("MultiHeadAttention", "sliding_window", value)
 
 
+def _rope_dim(where: str, rope_dim: object, head_dim: int) -> int:
+    dim = head_dim if rope_dim is None else check_int(where, "rope_dim", rope_dim)
+    if dim % 2 or dim > head_dim:
+        raise ValueError(_ROPE_DIM_MSG.format(where=where, value=dim, head_dim=head_dim))
+    return dim
+
+
 def rotary_embedding(
     x: jax.Array,
     positions: jax.Array,
@@ -54,18 +55,12 @@ def rotary_embedding(
 ) -> jax.Array:
     """`x` (`(..., seq, heads, head_dim)`) rotated by its `positions` (`(..., seq)`).
 
-    The rotary position embedding of RoFormer. The first `rope_dim` dimensions of each
-    head (default: all of them) turn in pairs, pair `i` at frequency
-    `theta ** (-2i / rope_dim)`; the other dimensions pass through unchanged (partial
-    rotary, as GPT-NeoX's `rotary_pct`, Phi's `partial_rotary_factor` and GPT-J's
-    `rotary_dim`). The pairs are laid out in one of two ways:
-
-    - half-split (default): dimension `i` pairs with dimension `i + rope_dim // 2`, as
-      in Llama's and GPT-NeoX's Hugging Face checkpoints ("rotate_half") and equinox;
-    - `interleaved=True`: dimension `2i` pairs with `2i + 1`, as in GPT-J and the
-      original RoFormer ("rotate_every_two").
-
-    Computed in float32 or wider; returned in `x`'s dtype.
+    RoFormer's rotary position embedding: the first `rope_dim` dimensions of each head
+    (default: all) turn in pairs, pair `i` at frequency `theta ** (-2i / rope_dim)`; the
+    others pass through (partial rotary: GPT-NeoX's `rotary_pct`, GPT-J's `rotary_dim`).
+    Pairs are dimensions `i` and `i + rope_dim // 2` (default: Llama's and GPT-NeoX's
+    "rotate_half"), or with `interleaved=True` `2i` and `2i + 1` (GPT-J's
+    "rotate_every_two"). Computed in float32 or wider; returned in `x`'s dtype.
 
     ```python
     import jax.numpy as jnp
@@ -79,10 +74,7 @@ def rotary_embedding(
     ```
     """
     x = jnp.asarray(x)
-    size = x.shape[-1]
-    dim = size if rope_dim is None else check_int("rotary_embedding", "rope_dim", rope_dim)
-    if dim % 2 or dim > size:
-        raise ValueError(_ROPE_DIM_MSG.format(where="rotary_embedding", value=dim, head_dim=size))
+    dim = _rope_dim("rotary_embedding", rope_dim, x.shape[-1])
     wide = jnp.promote_types(x.dtype, jnp.float32)
     freqs = 1.0 / (theta ** (jnp.arange(dim // 2, dtype=wide) * 2 / dim))
     angles = jnp.asarray(positions, wide)[..., None, None] * freqs  # (..., seq, 1, pairs)
@@ -94,25 +86,21 @@ def rotary_embedding(
         first, second = xs[..., : dim // 2], xs[..., dim // 2 :]
     # each pair (a, b) turned by its angle: (a cos - b sin, b cos + a sin)
     turned = (first * cos - second * sin, second * cos + first * sin)
-    if interleaved:
-        out = jnp.stack(turned, -1).reshape(xs.shape)
-    else:
-        out = jnp.concatenate(turned, -1)
+    out = jnp.stack(turned, -1).reshape(xs.shape) if interleaved else jnp.concatenate(turned, -1)
     return jnp.concatenate([out.astype(x.dtype), x[..., dim:]], -1)
 
 
 def _check_inputs(layer: Any, x: jax.Array, source: jax.Array, cross: bool) -> None:
     # the projections may be any layer of the right shapes (a LoRA around a Linear): each
     # says its sizes through `in_features` where it has one
-    name, leading = "MultiHeadAttention", "*batch, seq"
+    name = "MultiHeadAttention"
     features = getattr(layer.q_proj, "in_features", None)
     if features is not None:
-        check_input(name, x, "features", features, leading=leading, ndim=2)
-    kv_features = getattr(layer.k_proj, "in_features", None)
-    if cross and kv_features is not None:
-        leading = "*batch, kv_seq"
+        check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
+    kv = getattr(layer.k_proj, "in_features", None)
+    if cross and kv is not None:
         check_input(
-            name, source, "kv_features", kv_features, leading=leading, ndim=2, what="a context"
+            name, source, "kv_features", kv, leading="*batch, kv_seq", ndim=2, what="a context"
         )
 
 
@@ -122,50 +110,36 @@ class MultiHeadAttention(Layer):
     **Arguments**
 
     - `features`: the size of the input's last axis (and of the output's).
-    - `num_heads`: query heads.
-    - `num_kv_heads`: key/value heads (default `num_heads`); fewer is grouped-query
-      attention (`1` is multi-query attention). It must divide `num_heads`.
+    - `num_heads`: query heads; `num_kv_heads`: key/value heads (default `num_heads`; fewer
+      is grouped-query attention, `1` multi-query), a divisor of `num_heads`.
     - `head_dim`: the size of each head (default `features // num_heads`).
     - `kv_features`: the size of the context's last axis (default `features`).
-    - `use_bias`: biases in the four projections (default `False`, as equinox and Llama).
-    - `use_qkv_bias`, `use_out_bias`: biases in `q_proj`, `k_proj` and `v_proj`, and in
-      `o_proj`, apart (default: `use_bias`). Qwen2 is `use_qkv_bias=True`; BERT and ViT
-      are `use_bias=True`.
+    - `use_bias`: biases in the four projections (default `False`, as equinox and Llama);
+      `use_qkv_bias`, `use_out_bias`: in `q_proj`/`k_proj`/`v_proj` and in `o_proj` apart
+      (default `use_bias`; Qwen2 is `use_qkv_bias=True`, BERT and ViT `use_bias=True`).
     - `causal`: each position attends to itself and the positions before it only.
-    - `sliding_window`: each query attends only to the keys less than this many
-      positions away (`i - window < j`, and with `causal` `j <= i`: the query itself and
-      the `window - 1` keys before it, as Mistral's and Gemma 2's local layers do; without
-      `causal`, `|i - j| < window` both ways). `None` (default): no window. Positions are
-      indices in the sequences, as for `causal`.
-    - `rope_theta`: apply rotary position embeddings to queries and keys with this base
-      (Llama uses `10_000.0`, or `500_000.0` for Llama 3); `None` (default): none.
-    - `rope_dim`: turn only the first `rope_dim` dimensions of each head (an even number,
-      default all of them): GPT-NeoX's `rotary_pct=0.25` is
-      `rope_dim=int(head_dim * 0.25)`, as Phi's `partial_rotary_factor`; GPT-J's
-      `rotary_dim` is `rope_dim`.
-    - `rope_interleaved`: the rotary pairs are neighbouring dimensions `(2i, 2i + 1)`
-      (GPT-J) instead of the two halves (Llama, GPT-NeoX); see `rotary_embedding`.
+    - `sliding_window`: a query attends only to keys less than this many positions away
+      (`i - window < j`, with `causal` also `j <= i`, as Mistral's and Gemma 2's local
+      layers; without it `|i - j| < window`). `None` (default): no window.
+    - `rope_theta`: rotary position embeddings on queries and keys with this base (Llama:
+      `10_000.0`); `None` (default): none. `rope_dim`, `rope_interleaved`: as for
+      `rotary_embedding` (GPT-NeoX's `rotary_pct=0.25` is `rope_dim=int(head_dim * 0.25)`).
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
-    - `key`: a PRNG key, split into four for the projections as `equinox.nn`'s attention
-      splits it (the projections are `Linear`s, initialised as `Linear` is).
+    - `key`: a PRNG key, split into four for the projections (`Linear`s), as equinox does.
 
     **Fields**
 
-    `q_proj`, `k_proj`, `v_proj`, `o_proj` (`Linear`, or any layer of the same
-    shapes, such as a `LoRA` around one); `num_heads`, `num_kv_heads`, `head_dim`,
-    `causal`, `sliding_window`, `rope_theta`, `rope_dim`, `rope_interleaved`, `dtype`
-    (static). The projections declare where their heads lie (field metadata `heads`), so
-    `tc.ShardingRules` refuses a layout that would cut a head across devices.
+    `q_proj`, `k_proj`, `v_proj`, `o_proj` (`Linear`, or any layer of the same shapes,
+    such as a `LoRA`; their field metadata `heads` tells `tc.ShardingRules` not to cut a
+    head across devices); the other arguments but the biases and `kv_features` (static).
 
-    **Calling.** `attention(x, context=None, *, mask=None, positions=None)` with `x` of
-    shape `(*batch, seq, features)` returns the same shape. `context`
-    (`(*batch, kv_seq, kv_features)`) gives the keys and values for cross-attention.
-    `mask` is a boolean array broadcastable to `(*batch, num_heads, seq, kv_seq)`, `True`
-    where a query may attend: a padding mask of valid key positions `valid`
-    (`(batch, kv_seq)`) is `mask=valid[:, None, None, :]`. It combines with `causal` and
-    `sliding_window` (a query attends where all three allow). `positions`
-    (`(*batch, seq)`, default `arange(seq)`) are the rotary positions of the queries, and
-    of the keys in self-attention.
+    **Calling.** `attention(x, context=None, *, mask=None, positions=None)`: `x` is
+    `(*batch, seq, features)`, and so is the result; `context` (`(*batch, kv_seq,
+    kv_features)`) gives keys and values for cross-attention; `mask`, broadcastable to
+    `(*batch, num_heads, seq, kv_seq)`, is `True` where a query may attend (a padding mask
+    of valid keys `valid` is `valid[:, None, None, :]`), combined with `causal` and
+    `sliding_window`; `positions` (`(*batch, seq)`, default `arange(seq)`) are the rotary
+    positions of the queries, and of the keys in self-attention.
 
     ```python
     import jax, jax.numpy as jnp
@@ -244,22 +218,13 @@ class MultiHeadAttention(Layer):
                     raise ValueError(_ROPE_OPTION_MSG.format(name=option))
         else:
             rope_theta = check_number(name, "rope_theta", rope_theta, low=0.0, open_low=True)
-            dim = head_dim if rope_dim is None else check_int(name, "rope_dim", rope_dim)
-            if dim % 2 or dim > head_dim:
-                raise ValueError(_ROPE_DIM_MSG.format(where=name, value=dim, head_dim=head_dim))
+            dim = _rope_dim(name, rope_dim, head_dim)
             rope_dim = None if dim == head_dim else dim
         key = check_key(key, name)
         qkey, kkey, vkey, okey = jax.random.split(key, 4)
-        qkv: dict[str, Any] = dict(
-            use_bias=use_bias if use_qkv_bias is None else use_qkv_bias,
-            dtype=dtype,
-            param_dtype=param_dtype,
-        )
-        out: dict[str, Any] = dict(
-            use_bias=use_bias if use_out_bias is None else use_out_bias,
-            dtype=dtype,
-            param_dtype=param_dtype,
-        )
+        options: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype)
+        qkv = dict(options, use_bias=use_bias if use_qkv_bias is None else use_qkv_bias)
+        out = dict(options, use_bias=use_bias if use_out_bias is None else use_out_bias)
         assign(
             self,
             q_proj=Linear(features, num_heads * head_dim, key=qkey, **qkv),

@@ -1,12 +1,5 @@
-"""What every layer shares: the `Layer` base class, compute and parameter dtypes, and the
-initialisers.
-
-Initialisers follow one policy, equinox's (which is PyTorch's): a weight of fan-in `n` and
-its bias are drawn from `uniform(-1/sqrt(n), 1/sqrt(n))`, embeddings from a standard
-normal, norms start at weight one and bias zero. With the same key a layer here draws the
-very numbers `equinox.nn` draws (the tests check it), so a model ported from equinox or
-PyTorch starts where it did there.
-"""
+"""What every layer shares: the `Layer` base class, dtypes and the initialisers (their
+policy, equinox's and PyTorch's, is in README.md beside this file)."""
 
 from __future__ import annotations
 
@@ -29,6 +22,7 @@ __all__ = [
     "dtype_field",
     "check_key",
     "fan_in_params",
+    "normal_weight",
     "scale_and_shift",
     "cast",
     "assign",
@@ -101,13 +95,17 @@ def fan_in_params(
     return {"weight": weight, "bias": bias}
 
 
-def assign(layer: TreeClass, **values: object) -> None:
-    """Set attributes of a layer under construction (or of a mutable copy), in order.
+def normal_weight(
+    key: jax.Array, shape: tuple[int, ...], param_dtype: DTypeLike, stddev: float = 1.0
+) -> jax.Array:
+    """A weight of `shape` drawn from `normal(0, stddev)` (embeddings, tokens, positions)."""
+    weight = jax.random.normal(key, shape, dtype_name(param_dtype, "param_dtype"))
+    return weight if stddev == 1.0 else stddev * weight
 
-    Through `setattr`, so each field's `on_setattr` runs; type checkers see a TreeClass
-    as a frozen dataclass and would refuse `self.weight = ...` in a hand-written
-    `__init__`.
-    """
+
+def assign(layer: TreeClass, **values: object) -> None:
+    """Set attributes of a layer under construction through `setattr` (each field's
+    `on_setattr` runs; type checkers would refuse `self.weight = ...`)."""
     for name, value in values.items():
         setattr(layer, name, value)
 
@@ -121,12 +119,9 @@ def cast(dtype: DTypeLike | None, *arrays: ArrayLike | None) -> Any:
 
 
 class Layer(TreeClass):
-    """The base class of the layers of `treeclass.nn`: a `TreeClass` that prints compactly.
-
-    The printers show a layer's arrays and sublayers, and only the configuration (static
-    fields) that differs from its default: `Linear(weight=f32[4,3](...), bias=f32[4](...))`,
-    `Conv(weight=..., bias=..., stride=(2, 2))`. Subclass it for layers of your own to
-    print the same way; it adds nothing else.
+    """The base class of the layers of `treeclass.nn`: a `TreeClass` that prints compactly,
+    showing its arrays and sublayers and only the static fields that differ from their
+    default (`Conv(weight=..., bias=..., stride=(2, 2))`). Subclass it for your layers.
 
     ```python
     import jax
@@ -152,8 +147,7 @@ def _changed_config(layer: Layer) -> Iterator[tuple[str, Any]]:
 
 
 def _children(layer: Layer) -> list[tuple[Any, Any]]:
-    # what JAX sees, in its order; the configuration goes in the name (`_type_name`), so
-    # the summary's rows stay the leaves, each with its role
+    # what JAX sees; the configuration goes in the name, so summary rows stay the leaves
     names, values = child_names(layer), children(layer)
     return [(jax.tree_util.GetAttrKey(n), v) for n, v in zip(names, values, strict=True)]
 

@@ -1,11 +1,6 @@
-"""`DecoderBlock` and `EncoderBlock`: a transformer layer as a configuration of the
-layers here (norms, attention, a feed-forward), so that a model family is a few keywords.
-
-One computation serves both; they differ in their defaults only (a decoder block is
-Llama's layer, an encoder block BERT's). Field names are Llama's (`self_attn`, `mlp`,
-`input_layernorm`, `post_attention_layernorm`), which Qwen2, Mistral, Gemma and GPT-NeoX
-checkpoints share, so their key rules rename the block's prefix only.
-"""
+"""A transformer layer: `FeedForward` (its MLP, plain or gated, with Llama's names
+`gate_proj`, `up_proj`, `down_proj`), and `DecoderBlock` and `EncoderBlock`, one
+computation with Llama's field names and Llama's or BERT's defaults."""
 
 from __future__ import annotations
 
@@ -20,10 +15,110 @@ from .._fields import field
 from ._attention import MultiHeadAttention
 from ._base import Layer, assign, check_key
 from ._checks import check_input, check_int, check_number
-from ._feed_forward import FeedForward, gelu_exact
+from ._linear import Linear
 from ._normalization import LayerNorm, RMSNorm
 
-__all__ = ["DecoderBlock", "EncoderBlock"]
+__all__ = ["FeedForward", "gelu_exact", "DecoderBlock", "EncoderBlock"]
+
+
+def gelu_exact(x: jax.Array) -> jax.Array:
+    """The GELU of `x` by the error function: BERT's, ViT's and GPT-NeoX's `"gelu"`
+    (`jax.nn.gelu` is the tanh approximation, Gemma's); a named function, so a static
+    `activation` field prints and compares as itself.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    x = jnp.linspace(-3.0, 3.0, 7)
+    assert jnp.allclose(tc.nn.gelu_exact(x), jax.nn.gelu(x, approximate=False))
+    ```
+    """
+    return jax.nn.gelu(x, approximate=False)
+
+
+class FeedForward(Layer):
+    """`down_proj(activation(up_proj(x)))`, or gated: `down_proj(activation(gate_proj(x))
+    * up_proj(x))`: SwiGLU with `jax.nn.silu` (Llama, Qwen2, Mistral), GeGLU with
+    `jax.nn.gelu` (Gemma); the plain form with `gelu_exact` is BERT's, ViT's and
+    GPT-NeoX's MLP.
+
+    **Arguments**
+
+    - `features`: the size of the input's and the output's last axis.
+    - `hidden_features`: the size of the hidden layer.
+    - `gated`: the gated form (a `gate_proj` beside `up_proj`; default `False`).
+    - `activation`: default `jax.nn.silu` when gated, `tc.nn.gelu_exact` when not; a
+      static field, so a named function (a `lambda` compares by identity).
+    - `use_bias`: biases in the projections (default `True`; Llama's have none).
+    - `dtype`, `param_dtype`: as for `Linear`.
+    - `key`: a PRNG key, split three ways (gate, up, down).
+
+    **Fields**
+
+    `gate_proj` (a `Linear`, or `None` when not gated), `up_proj`, `down_proj`
+    (`Linear`); `activation` (static).
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    swiglu = tc.nn.FeedForward(8, 16, gated=True, use_bias=False, key=jax.random.key(0))
+    x = jnp.ones((2, 8))
+    expected = swiglu.down_proj(jax.nn.silu(swiglu.gate_proj(x)) * swiglu.up_proj(x))
+    assert jnp.allclose(swiglu(x), expected)
+    bert = tc.nn.FeedForward(8, 32, key=jax.random.key(1))
+    assert bert.gate_proj is None and bert(x).shape == (2, 8)
+    ```
+    """
+
+    gate_proj: Linear | None
+    up_proj: Linear
+    down_proj: Linear
+    activation: Callable[[Any], Any] = field(default=gelu_exact, static=True)
+
+    def __init__(
+        self,
+        features: int,
+        hidden_features: int,
+        *,
+        gated: bool = False,
+        activation: Callable[[Any], Any] | None = None,
+        use_bias: bool = True,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+        key: jax.Array,
+    ) -> None:
+        features = check_int("FeedForward", "features", features)
+        hidden_features = check_int("FeedForward", "hidden_features", hidden_features)
+        if activation is None:
+            activation = jax.nn.silu if gated else gelu_exact
+        elif not callable(activation):
+            raise TypeError(
+                f"`FeedForward(activation=...)` must be a function; got {activation!r}."
+            )
+        key = check_key(key, "FeedForward")
+        gkey, ukey, dkey = jax.random.split(key, 3)
+        options: dict[str, Any] = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
+        assign(
+            self,
+            gate_proj=Linear(features, hidden_features, key=gkey, **options) if gated else None,
+            up_proj=Linear(features, hidden_features, key=ukey, **options),
+            down_proj=Linear(hidden_features, features, key=dkey, **options),
+            activation=activation,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The hidden layer (gated or not), projected back to `features`."""
+        features = getattr(self.up_proj, "in_features", None)
+        if features is not None:
+            check_input("FeedForward", x, "features", features)
+        if self.gate_proj is None:
+            hidden = self.activation(self.up_proj(x))
+        else:
+            hidden = self.activation(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(hidden)
+
 
 _NORMS = {"rms": RMSNorm, "layer": LayerNorm}
 _NORM_MSG = "`{block}(norm=...)` must be 'rms' (RMSNorm) or 'layer' (LayerNorm); got {value!r}."
@@ -41,6 +136,11 @@ _OFFSET_MSG = (
 )
 
 Norm = LayerNorm | RMSNorm
+# the block's arguments passed to `MultiHeadAttention` as they are
+_ATTENTION_OPTIONS = (
+    "num_kv_heads head_dim causal sliding_window rope_theta rope_dim rope_interleaved "
+    "use_qkv_bias use_out_bias"
+).split()
 
 
 class _TransformerBlock(Layer):
@@ -54,167 +154,7 @@ class _TransformerBlock(Layer):
     norm_position: str = field(default="pre", static=True)
     parallel_residual: bool = field(default=False, static=True, on_setattr=[bool])
 
-    def _build(
-        self,
-        features: int,
-        num_heads: int,
-        hidden_features: int,
-        *,
-        norm: str,
-        norm_eps: float,
-        norm_weight_offset: float,
-        norm_position: str,
-        parallel_residual: bool,
-        gated: bool,
-        activation: Callable[[Any], Any] | None,
-        use_mlp_bias: bool,
-        dtype: DTypeLike | None,
-        param_dtype: DTypeLike,
-        key: jax.Array,
-        **attention: Any,
-    ) -> None:
-        block = type(self).__name__
-        features = check_int(block, "features", features)
-        num_heads = check_int(block, "num_heads", num_heads)
-        hidden_features = check_int(block, "hidden_features", hidden_features)
-        if norm not in _NORMS:
-            raise ValueError(_NORM_MSG.format(block=block, value=norm))
-        if norm_position not in ("pre", "post"):
-            raise ValueError(_POSITION_MSG.format(block=block, value=norm_position))
-        if parallel_residual and norm_position == "post":
-            raise ValueError(_PARALLEL_MSG.format(block=block))
-        norm_weight_offset = check_number(block, "norm_weight_offset", norm_weight_offset)
-        if norm_weight_offset and norm == "layer":
-            raise ValueError(_OFFSET_MSG.format(block=block))
-        key = check_key(key, block)
-        akey, mkey = jax.random.split(key)
-        options: dict[str, Any] = dict(eps=norm_eps, dtype=dtype, param_dtype=param_dtype)
-        if norm == "rms":
-            options["weight_offset"] = norm_weight_offset
-
-        def make_norm() -> Norm:
-            return _NORMS[norm](features, **options)
-
-        pre = norm_position == "pre"
-        assign(
-            self,
-            input_layernorm=make_norm() if pre else None,
-            self_attn=MultiHeadAttention(
-                features, num_heads, dtype=dtype, param_dtype=param_dtype, key=akey, **attention
-            ),
-            post_attention_layernorm=make_norm(),
-            mlp=FeedForward(
-                features,
-                hidden_features,
-                gated=gated,
-                activation=activation,
-                use_bias=use_mlp_bias,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                key=mkey,
-            ),
-            output_layernorm=None if pre else make_norm(),
-            norm_position=norm_position,
-            parallel_residual=parallel_residual,
-        )
-
-    def __call__(
-        self, x: jax.Array, *, mask: jax.Array | None = None, positions: jax.Array | None = None
-    ) -> jax.Array:
-        """The block applied to `x` (`(*batch, seq, features)`); `mask` and `positions`
-        go to the attention (see `MultiHeadAttention`)."""
-        x = jnp.asarray(x)
-        features = getattr(self.self_attn.q_proj, "in_features", None)
-        if features is not None:
-            check_input(type(self).__name__, x, "features", features, leading="*batch, seq", ndim=2)
-
-        def attend(h: jax.Array) -> jax.Array:
-            return self.self_attn(h, mask=mask, positions=positions)
-
-        # which norms a block holds follows from norm_position (set by __init__)
-        first, second, last = (
-            cast(Norm, n)
-            for n in (self.input_layernorm, self.post_attention_layernorm, self.output_layernorm)
-        )
-        if self.norm_position == "post":  # BERT: a norm after each residual sum
-            x = second(x + attend(x))
-            return last(x + self.mlp(x))
-        if self.parallel_residual:  # GPT-NeoX: both branches read the same input
-            return x + attend(first(x)) + self.mlp(second(x))
-        x = x + attend(first(x))
-        return x + self.mlp(second(x))
-
-
-class DecoderBlock(_TransformerBlock):
-    """A transformer decoder layer: causal self-attention and a feed-forward, each with
-    its norm and residual. The defaults are Llama's layer; other families are keywords.
-
-    **Computation**
-
-    - `norm_position="pre"` (default): `x + attn(input_layernorm(x))`, then
-      `x + mlp(post_attention_layernorm(x))` (Llama, Qwen2, Mistral, Gemma, GPT-NeoX,
-      ViT);
-    - `parallel_residual=True`: `x + attn(input_layernorm(x)) +
-      mlp(post_attention_layernorm(x))`, both branches from the same input (GPT-NeoX,
-      Pythia);
-    - `norm_position="post"`: `x = post_attention_layernorm(x + attn(x))`, then
-      `output_layernorm(x + mlp(x))` (BERT, the original transformer).
-
-    **Arguments**
-
-    - `features`, `num_heads`, `hidden_features`: the width, the query heads, the
-      feed-forward's hidden size.
-    - Attention (passed to `MultiHeadAttention`, which documents each): `num_kv_heads`,
-      `head_dim`, `causal` (default `True`), `sliding_window`, `rope_theta`, `rope_dim`,
-      `rope_interleaved`, `use_qkv_bias`, `use_out_bias` (default `False`).
-    - `norm`: `"rms"` (`RMSNorm`, default) or `"layer"` (`LayerNorm`, with a bias);
-      `norm_eps` (default `1e-5`); `norm_weight_offset` (RMSNorm's `weight_offset`:
-      `1.0` for Gemma).
-    - `norm_position`: `"pre"` (default) or `"post"`; `parallel_residual` (default
-      `False`; needs `"pre"`).
-    - Feed-forward (`FeedForward`): `gated` (default `True`: SwiGLU), `activation`
-      (default `jax.nn.silu` gated, `tc.nn.gelu_exact` plain), `use_mlp_bias` (default
-      `False`).
-    - `dtype`, `param_dtype`: passed to every layer.
-    - `key`: a PRNG key, split between the attention and the feed-forward.
-
-    **Fields**
-
-    `input_layernorm` (`None` with `"post"`), `self_attn` (`MultiHeadAttention`),
-    `post_attention_layernorm`, `mlp` (`FeedForward`: `gate_proj`, `up_proj`,
-    `down_proj`), `output_layernorm` (`None` with `"pre"`); `norm_position`,
-    `parallel_residual` (static). Each norm field names one place on the residual
-    stream: before the attention, after the attention's residual, after the MLP's.
-
-    **Calling.** `block(x, *, mask=None, positions=None)` with `x` of shape
-    `(*batch, seq, features)`; `mask` and `positions` go to the attention. Blocks stack
-    with `tc.Stacked.from_init` and are called with one scan.
-
-    The families, each a configuration:
-
-    ```python
-    import jax, jax.numpy as jnp
-    import treeclass as tc
-
-    nn, key = tc.nn, jax.random.key(0)
-    llama = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=10_000.0, key=key)
-    qwen2 = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=1e6, norm_eps=1e-6,
-                            use_qkv_bias=True, key=key)
-    mistral = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=1e6,
-                              sliding_window=4096, key=key)
-    gemma = nn.DecoderBlock(64, 4, 172, num_kv_heads=1, head_dim=32, rope_theta=1e4,
-                            norm_eps=1e-6, norm_weight_offset=1.0, activation=jax.nn.gelu,
-                            key=key)
-    neox = nn.DecoderBlock(64, 4, 256, rope_theta=1e4, rope_dim=4, norm="layer",
-                           gated=False, use_qkv_bias=True, use_out_bias=True,
-                           use_mlp_bias=True, parallel_residual=True, key=key)
-    x = jnp.ones((2, 5, 64))
-    for block in (llama, qwen2, mistral, gemma, neox):
-        assert block(x).shape == (2, 5, 64)
-    assert llama.mlp.gate_proj.weight.shape == (172, 64)
-    ```
-    """
-
+    # Llama's defaults (DecoderBlock's); EncoderBlock passes BERT's
     def __init__(
         self,
         features: int,
@@ -242,18 +182,136 @@ class DecoderBlock(_TransformerBlock):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
-        self._build(**_arguments(locals()))
+        block = type(self).__name__
+        features = check_int(block, "features", features)
+        num_heads = check_int(block, "num_heads", num_heads)
+        hidden_features = check_int(block, "hidden_features", hidden_features)
+        if norm not in _NORMS:
+            raise ValueError(_NORM_MSG.format(block=block, value=norm))
+        if norm_position not in ("pre", "post"):
+            raise ValueError(_POSITION_MSG.format(block=block, value=norm_position))
+        if parallel_residual and norm_position == "post":
+            raise ValueError(_PARALLEL_MSG.format(block=block))
+        norm_weight_offset = check_number(block, "norm_weight_offset", norm_weight_offset)
+        if norm_weight_offset and norm == "layer":
+            raise ValueError(_OFFSET_MSG.format(block=block))
+        akey, mkey = jax.random.split(check_key(key, block))
+        dtypes: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype)
+        arguments = locals()
+        attention = {name: arguments[name] for name in _ATTENTION_OPTIONS} | dtypes
+        offset: dict[str, Any] = {"weight_offset": norm_weight_offset} if norm == "rms" else {}
+
+        def make_norm() -> Norm:
+            return _NORMS[norm](features, eps=norm_eps, **offset, **dtypes)
+
+        pre = norm_position == "pre"
+        mlp_options: dict[str, Any] = dict(
+            gated=gated, activation=activation, use_bias=use_mlp_bias, **dtypes
+        )
+        assign(
+            self,
+            input_layernorm=make_norm() if pre else None,
+            self_attn=MultiHeadAttention(features, num_heads, key=akey, **attention),
+            post_attention_layernorm=make_norm(),
+            mlp=FeedForward(features, hidden_features, key=mkey, **mlp_options),
+            output_layernorm=None if pre else make_norm(),
+            norm_position=norm_position,
+            parallel_residual=parallel_residual,
+        )
+
+    def __call__(
+        self, x: jax.Array, *, mask: jax.Array | None = None, positions: jax.Array | None = None
+    ) -> jax.Array:
+        """The block applied to `x` (`(*batch, seq, features)`); `mask` and `positions`
+        go to the attention (see `MultiHeadAttention`)."""
+        x = jnp.asarray(x)
+        features = getattr(self.self_attn.q_proj, "in_features", None)
+        if features is not None:
+            check_input(type(self).__name__, x, "features", features, leading="*batch, seq", ndim=2)
+
+        def attend(h: jax.Array) -> jax.Array:
+            return self.self_attn(h, mask=mask, positions=positions)
+
+        # which norms a block holds follows from norm_position (set by __init__)
+        norms = (self.input_layernorm, self.post_attention_layernorm, self.output_layernorm)
+        first, second, last = (cast(Norm, n) for n in norms)
+        if self.norm_position == "post":  # BERT: a norm after each residual sum
+            x = second(x + attend(x))
+            return last(x + self.mlp(x))
+        if self.parallel_residual:  # GPT-NeoX: both branches read the same input
+            return x + attend(first(x)) + self.mlp(second(x))
+        x = x + attend(first(x))
+        return x + self.mlp(second(x))
+
+
+class DecoderBlock(_TransformerBlock):
+    """A transformer decoder layer: causal self-attention and a feed-forward, each with
+    its norm and residual. The defaults are Llama's layer; other families are keywords.
+
+    **Computation**
+
+    - `norm_position="pre"` (default): `x + attn(input_layernorm(x))`, then
+      `x + mlp(post_attention_layernorm(x))` (Llama, Qwen2, Mistral, Gemma, ViT);
+    - `parallel_residual=True`: `x + attn(input_layernorm(x)) +
+      mlp(post_attention_layernorm(x))`, both from the same input (GPT-NeoX, Pythia);
+    - `norm_position="post"`: `x = post_attention_layernorm(x + attn(x))`, then
+      `output_layernorm(x + mlp(x))` (BERT, the original transformer).
+
+    **Arguments**
+
+    - `features`, `num_heads`, `hidden_features`: the width, the query heads, the
+      feed-forward's hidden size.
+    - Attention (`MultiHeadAttention` documents each): `num_kv_heads`, `head_dim`,
+      `causal` (default `True`), `sliding_window`, `rope_theta`, `rope_dim`,
+      `rope_interleaved`, `use_qkv_bias`, `use_out_bias` (default `False`).
+    - `norm`: `"rms"` (`RMSNorm`, default) or `"layer"` (`LayerNorm`); `norm_eps`
+      (default `1e-5`); `norm_weight_offset` (RMSNorm's `weight_offset`: `1.0` for Gemma).
+    - `norm_position`: `"pre"` (default) or `"post"`; `parallel_residual` (needs `"pre"`).
+    - Feed-forward (`FeedForward`): `gated` (default `True`: SwiGLU), `activation`
+      (default `jax.nn.silu` gated, `tc.nn.gelu_exact` plain), `use_mlp_bias` (`False`).
+    - `dtype`, `param_dtype`: passed to every layer.
+    - `key`: a PRNG key, split between the attention and the feed-forward.
+
+    **Fields**
+
+    `input_layernorm` (`None` with `"post"`), `self_attn`, `post_attention_layernorm`,
+    `mlp` (`gate_proj`, `up_proj`, `down_proj`), `output_layernorm` (`None` with
+    `"pre"`); `norm_position`, `parallel_residual` (static).
+
+    **Calling.** `block(x, *, mask=None, positions=None)` with `x` of shape
+    `(*batch, seq, features)`; `mask` and `positions` go to the attention. Blocks stack
+    with `tc.Stacked.from_init` and are called with one scan. The families:
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    nn, key = tc.nn, jax.random.key(0)
+    llama = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=10_000.0, key=key)
+    qwen2 = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=1e6, norm_eps=1e-6,
+                            use_qkv_bias=True, key=key)
+    mistral = nn.DecoderBlock(64, 4, 172, num_kv_heads=2, rope_theta=1e6,
+                              sliding_window=4096, key=key)
+    gemma = nn.DecoderBlock(64, 4, 172, num_kv_heads=1, head_dim=32, rope_theta=1e4,
+                            norm_eps=1e-6, norm_weight_offset=1.0, activation=jax.nn.gelu,
+                            key=key)
+    neox = nn.DecoderBlock(64, 4, 256, rope_theta=1e4, rope_dim=4, norm="layer",
+                           gated=False, use_qkv_bias=True, use_out_bias=True,
+                           use_mlp_bias=True, parallel_residual=True, key=key)
+    x = jnp.ones((2, 5, 64))
+    for block in (llama, qwen2, mistral, gemma, neox):
+        assert block(x).shape == (2, 5, 64)
+    assert llama.mlp.gate_proj.weight.shape == (172, 64)
+    ```
+    """
 
 
 class EncoderBlock(_TransformerBlock):
-    """A transformer encoder layer: `DecoderBlock`'s computation and options with BERT's
-    defaults: bidirectional attention (`causal=False`), a `LayerNorm` (`norm="layer"`,
-    `norm_eps=1e-12`) after each residual sum (`norm_position="post"`), a plain
-    feed-forward with the exact GELU (`gated=False`, `activation=tc.nn.gelu_exact`) and
-    biases everywhere (`use_qkv_bias`, `use_out_bias`, `use_mlp_bias`: `True`).
-
-    A ViT encoder layer is `norm_position="pre"`. Every option of `DecoderBlock` is
-    taken, with the same meaning; the fields are `DecoderBlock`'s.
+    """A transformer encoder layer: `DecoderBlock`'s computation, options and fields with
+    BERT's defaults: `causal=False`, `norm="layer"`, `norm_eps=1e-12`,
+    `norm_position="post"`, `gated=False`, `activation=tc.nn.gelu_exact`, and
+    `use_qkv_bias`, `use_out_bias`, `use_mlp_bias` all `True`. A ViT encoder layer is
+    `norm_position="pre"`.
 
     ```python
     import jax, jax.numpy as jnp
@@ -295,10 +353,9 @@ class EncoderBlock(_TransformerBlock):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
-        self._build(**_arguments(locals()))
+        super().__init__(**_arguments(locals()))
 
 
 def _arguments(local: dict[str, Any]) -> dict[str, Any]:
-    # an `__init__`'s arguments as keywords for `_build` (its signature is the one place
-    # its defaults are written)
+    # an `__init__`'s arguments as keywords for the shared `__init__`
     return {name: value for name, value in local.items() if name not in ("self", "__class__")}

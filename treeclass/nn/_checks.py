@@ -1,11 +1,6 @@
-"""Argument checks every layer shares: its sizes, counts, strides and rates when it is
-built, its input's feature size when it is called.
-
-Each error names the layer, the argument, what was given and what was expected, in one
-form (`Linear(in_features=...)` must be a positive int; got -3), so a bad size fails at
-the line that built the layer, not as a division by zero, a broadcast error or an XLA
-verifier dump at its first call.
-"""
+"""Argument checks every layer shares (sizes, counts, rates when built; the input's feature
+size when called): each error names the layer, the argument, the value and what was
+expected, so a bad size fails where the layer was built, not inside XLA."""
 
 from __future__ import annotations
 
@@ -36,19 +31,17 @@ def _int_expected(minimum: int) -> str:
     return {0: "an int >= 0", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
 
 
+def _bad(error: type[Exception], layer: str, name: str, expected: str, value: object) -> Exception:
+    return error(_ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value))
+
+
 def check_int(layer: str, name: str, value: object, *, minimum: int = 1) -> int:
     """`value` as a plain `int` if it is an integer `>= minimum`: a `TypeError` for a
     non-integer, a `ValueError` for one too small, each naming `layer(name=...)`."""
     number = _int_or_none(value)
-    expected = _int_expected(minimum)
-    if number is None:
-        raise TypeError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        )
-    if number < minimum:
-        raise ValueError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        )
+    if number is None or number < minimum:
+        error = TypeError if number is None else ValueError
+        raise _bad(error, layer, name, _int_expected(minimum), value)
     return number
 
 
@@ -62,18 +55,12 @@ def check_ints(
     elif isinstance(value, Sequence) and not isinstance(value, str) and len(value) == n:
         values = value
     else:
-        raise TypeError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        )
+        values = [None]
     numbers = [_int_or_none(v) for v in values]
     if any(v is None for v in numbers):
-        raise TypeError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        )
+        raise _bad(TypeError, layer, name, expected, value)
     if any(v < minimum for v in numbers):  # type: ignore[operator]
-        raise ValueError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        )
+        raise _bad(ValueError, layer, name, expected, value)
     return tuple(numbers)  # type: ignore[arg-type]
 
 
@@ -101,18 +88,14 @@ def check_number(
             raise TypeError
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):  # not a number, or an array of several elements
-        raise TypeError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        ) from None
+        raise _bad(TypeError, layer, name, expected, value) from None
     inside = (
         math.isfinite(number)
         and (number > low if open_low else number >= low)
         and (number < high if open_high else number <= high)
     )
     if not inside:
-        raise ValueError(
-            _ARGUMENT_MSG.format(layer=layer, name=name, expected=expected, value=value)
-        )
+        raise _bad(ValueError, layer, name, expected, value)
     return number
 
 
@@ -131,6 +114,5 @@ def check_input(
     shape = x.shape if hasattr(x, "shape") else jnp.shape(x)
     if len(shape) < ndim or shape[-1] != size:
         expected = f"({leading}, {name}={size})"
-        raise ValueError(
-            _INPUT_MSG.format(layer=layer, what=what, expected=expected, shape=tuple(shape))
-        )
+        text = _INPUT_MSG.format(layer=layer, what=what, expected=expected, shape=tuple(shape))
+        raise ValueError(text)

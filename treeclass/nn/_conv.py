@@ -1,10 +1,5 @@
-"""`Conv`: convolution over 1, 2 or 3 spatial axes, channels last.
-
-The input is `(..., *spatial, in_channels)`: channels last, as flax and XLA's fast paths
-take it, and as `Linear` and the norms take features. The weight is stored as PyTorch and
-equinox store it, `[out_channels, in_channels // groups, *kernel_size]`, so published
-convolution weights load by name.
-"""
+"""`Conv`: convolution over 1, 2 or 3 spatial axes, channels last, with PyTorch's weight
+layout `[out_channels, in_channels // groups, *kernel_size]` (README.md beside this)."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params
 from ._checks import check_input, check_int, check_ints
 
-__all__ = ["Conv"]
+__all__ = ["Conv", "convolve", "check_spatial"]
 
 _KERNEL_MSG = (
     "`Conv(kernel_size=...)` takes one positive size per spatial axis, 1 to 3 of them: (5,) "
@@ -34,34 +29,48 @@ _GROUPS_MSG = (
     "`Conv(groups={groups})` must divide both in_channels ({cin}) and out_channels ({cout})."
 )
 _SPATIAL = {1: "w", 2: "h, w", 3: "d, h, w"}
-_SPECS = {1: ("NWC", "OIW", "NWC"), 2: ("NHWC", "OIHW", "NHWC"), 3: ("NDHWC", "OIDHW", "NDHWC")}
 
 
-def _kernel(value: object) -> tuple[int, ...]:
+def check_spatial(value: object, layer: str, name: str, message: str) -> tuple[int, ...]:
+    """`value` as one positive size per spatial axis (1 to 3), else `message`'s error."""
     if isinstance(value, Sequence) and not isinstance(value, str) and 1 <= len(value) <= 3:
         try:
-            return check_ints("Conv", "kernel_size", value, len(value))
+            return check_ints(layer, name, value, len(value))
         except (TypeError, ValueError):
             pass
-    raise ValueError(_KERNEL_MSG.format(value=value))
+    raise ValueError(message.format(value=value))
 
 
-def _padding(value: object, n: int) -> str | tuple[tuple[int, int], ...]:
+def convolve(layer: Any, x: jax.Array, spec: str, **options: Any) -> jax.Array:
+    """`x` (batch axes, then the `spec` axes: `"HWC"`, `"CHW"`) convolved with `layer`'s
+    weight in its compute dtype; the output is `(*batch, *spatial_out, out_channels)`."""
+    n = len(spec) - 1
+    batch = x.shape[: x.ndim - n - 1]
+    x, weight, bias = cast(layer.dtype, x, layer.weight, layer.bias)
+    if layer.dtype is None:  # the operands of a convolution must agree
+        common = jnp.result_type(x, weight)
+        x, weight = x.astype(common), weight.astype(common)
+    flat = x.reshape((-1, *x.shape[x.ndim - n - 1 :]))
+    spatial = spec.replace("C", "")
+    numbers = (f"N{spec}", f"OI{spatial}", f"N{spatial}C")
+    y = jax.lax.conv_general_dilated(flat, weight, dimension_numbers=numbers, **options)
+    if bias is not None:
+        y = y + bias
+    return y.reshape((*batch, *y.shape[1:]))
+
+
+def _padding(value: object, n: int) -> str | tuple[tuple[int, ...], ...]:
     if isinstance(value, str):
         if value.upper() in ("SAME", "VALID"):
             return value.upper()
-    elif (
-        isinstance(value, Sequence)
-        and len(value) == n
-        and all(isinstance(v, Sequence) and len(v) == 2 for v in value)
-    ):
-        try:
-            pairs = [check_ints("Conv", "padding", pair, 2, minimum=0) for pair in value]
-            return tuple((lo, hi) for lo, hi in pairs)
-        except (TypeError, ValueError):
-            pass
     else:
         try:
+            if (
+                isinstance(value, Sequence)
+                and len(value) == n
+                and all(isinstance(v, Sequence) and len(v) == 2 for v in value)
+            ):
+                return tuple(check_ints("Conv", "padding", v, 2, minimum=0) for v in value)
             return tuple((p, p) for p in check_ints("Conv", "padding", value, n, minimum=0))
         except (TypeError, ValueError):
             pass
@@ -76,16 +85,13 @@ class Conv(Layer):
     - `in_channels`, `out_channels`: the channels of the input and of the output.
     - `kernel_size`: a tuple, one size per spatial axis (its length says how many).
     - `stride`, `dilation`: an int or one per spatial axis (`dilation` spaces the kernel).
-    - `padding`: `0` (default), an int or one int per axis (both sides), one
-      `(low, high)` pair per axis, `"SAME"` (output size `ceil(size / stride)`) or
-      `"VALID"`.
+    - `padding`: `0` (default), an int or one per axis (both sides), one `(low, high)`
+      pair per axis, `"SAME"` (output size `ceil(size / stride)`) or `"VALID"`.
     - `groups`: split the channels into groups convolved apart (`groups=in_channels` is
-      a depthwise convolution); it must divide both channel counts.
+      depthwise); it must divide both channel counts.
     - `use_bias`: add a bias per output channel.
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
-    - `key`: a PRNG key; weight and bias are drawn from `uniform(-1/sqrt(fan_in), ...)`
-      with `fan_in = in_channels // groups * prod(kernel_size)`, as `equinox.nn.Conv`
-      and PyTorch draw them.
+    - `key`: a PRNG key (`fan_in = in_channels // groups * prod(kernel_size)`).
 
     **Fields**
 
@@ -93,8 +99,8 @@ class Conv(Layer):
     `bias`: `[out_channels]` or `None`; `stride`, `padding`, `dilation`, `groups`,
     `dtype` (static).
 
-    The input is `(*batch, *spatial, in_channels)` with any number of batch axes (none
-    too); the output is `(*batch, *spatial_out, out_channels)`.
+    The input is `(*batch, *spatial, in_channels)` with any number of batch axes; the
+    output is `(*batch, *spatial_out, out_channels)`.
 
     ```python
     import jax, jax.numpy as jnp
@@ -132,7 +138,7 @@ class Conv(Layer):
     ) -> None:
         in_channels = check_int("Conv", "in_channels", in_channels)
         out_channels = check_int("Conv", "out_channels", out_channels)
-        kernel = _kernel(kernel_size)
+        kernel = check_spatial(kernel_size, "Conv", "kernel_size", _KERNEL_MSG)
         n = len(kernel)
         stride = check_ints("Conv", "stride", stride, n)
         dilation = check_ints("Conv", "dilation", dilation, n)
@@ -165,21 +171,12 @@ class Conv(Layer):
         cin = self.weight.shape[1] * self.groups
         leading = "*batch, " + _SPATIAL[n]
         check_input("Conv", x, "in_channels", cin, leading=leading, ndim=n + 1)
-        batch = x.shape[: x.ndim - n - 1]
-        x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
-        if self.dtype is None:  # the operands of a convolution must agree
-            common = jnp.result_type(x, weight)
-            x, weight = x.astype(common), weight.astype(common)
-        flat = x.reshape((-1, *x.shape[x.ndim - n - 1 :]))
-        y = jax.lax.conv_general_dilated(
-            flat,
-            weight,
+        return convolve(
+            self,
+            x,
+            "DHW"[3 - n :] + "C",
             window_strides=self.stride,
             padding=self.padding,
             rhs_dilation=self.dilation,
-            dimension_numbers=_SPECS[n],
             feature_group_count=self.groups,
         )
-        if bias is not None:
-            y = y + bias
-        return y.reshape((*batch, *y.shape[1:]))

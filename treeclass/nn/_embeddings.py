@@ -1,13 +1,5 @@
-"""The layers that make or mark a sequence of tokens: `PatchEmbed` (an image cut into
-patches, each projected to a token), `ClassToken` (learned tokens put in front) and
-`PositionEmbedding` (a learned vector per position, added).
-
-They are the embeddings of a vision transformer (ViT) and of BERT, as layers with weights
-rather than bare arrays, so `.at`, the printers, the roles and checkpoints see them as
-they see any layer. `PatchEmbed` takes images channels-first, `(*batch, channels, height,
-width)`, as Hugging Face's image processors give them, and stores its weight as ViT's
-checkpoints do, `[features, channels, *patch_size]`.
-"""
+"""The layers that make or mark a sequence of tokens, as a vision transformer (ViT) and
+BERT have them: `PatchEmbed`, `ClassToken` and `PositionEmbedding`."""
 
 from __future__ import annotations
 
@@ -19,8 +11,9 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, check_key, dtype_field, dtype_name, fan_in_params
-from ._checks import check_input, check_int, check_ints
+from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params, normal_weight
+from ._checks import check_input, check_int
+from ._conv import check_spatial, convolve
 
 __all__ = ["PatchEmbed", "ClassToken", "PositionEmbedding"]
 
@@ -29,7 +22,7 @@ _PATCH_MSG = (
     "((16, 16) for images); got {value!r}."
 )
 _IMAGE_MSG = (
-    "`PatchEmbed` with patch_size {patch} cuts {what} of shape {shape} into whole patches "
+    "`PatchEmbed` with patch_size {patch} cuts inputs of shape {shape} into whole patches "
     "only, and {size} (axis {axis}) is not a multiple of {step}: crop or pad the input."
 )
 _TOO_LONG_MSG = (
@@ -40,33 +33,27 @@ _INIT_STDDEV = 0.02  # BERT's, GPT-2's and ViT's initialiser of positions and to
 
 
 class PatchEmbed(Layer):
-    """An image cut into non-overlapping patches, each projected to a vector: the
-    patch embedding of a vision transformer.
-
-    A convolution whose stride is its kernel, with its output's spatial axes flattened
-    into one sequence axis in row-major order (as ViT's `flatten(2).transpose(1, 2)`).
+    """An image cut into non-overlapping patches, each projected to a vector (ViT's patch
+    embedding): a convolution whose stride is its kernel, its output's spatial axes
+    flattened into one sequence axis in row-major order.
 
     **Arguments**
 
-    - `in_channels`: the channels of the image (`3` for RGB).
-    - `features`: the size of each patch's vector.
-    - `patch_size`: one size per spatial axis, e.g. `(16, 16)`; its length (1 to 3) says
-      how many spatial axes the input has.
+    - `in_channels`: the channels of the image (`3` for RGB); `features`: the size of
+      each patch's vector.
+    - `patch_size`: one size per spatial axis (1 to 3), e.g. `(16, 16)`.
     - `channels_first`: inputs are `(*batch, channels, *spatial)` (default `True`, as
       Hugging Face's `pixel_values`); `False` takes `(*batch, *spatial, channels)`.
-    - `use_bias`: add a bias per feature (default `True`).
-    - `dtype`, `param_dtype`: as for `Conv`.
-    - `key`: a PRNG key; weight and bias are drawn as `Conv` draws them
-      (`uniform(±1/sqrt(fan_in))`, `fan_in = in_channels * prod(patch_size)`).
+    - `use_bias`, `dtype`, `param_dtype`, `key`: as for `Conv`
+      (`fan_in = in_channels * prod(patch_size)`).
 
     **Fields**
 
-    `weight`: `[features, in_channels, *patch_size]` (ViT's and PyTorch's layout);
-    `bias`: `[features]` or `None`; `channels_first`, `dtype` (static).
+    `weight`: `[features, in_channels, *patch_size]` (ViT's layout); `bias`: `[features]`
+    or `None`; `channels_first`, `dtype` (static).
 
     The output is `(*batch, num_patches, features)`. A spatial size that is not a
-    multiple of the patch size is an error (a convolution would silently drop the
-    rest).
+    multiple of the patch size is an error (a convolution would drop the rest).
 
     ```python
     import jax, jax.numpy as jnp
@@ -98,13 +85,7 @@ class PatchEmbed(Layer):
     ) -> None:
         in_channels = check_int("PatchEmbed", "in_channels", in_channels)
         features = check_int("PatchEmbed", "features", features)
-        if not (
-            isinstance(patch_size, Sequence)
-            and not isinstance(patch_size, str)
-            and 1 <= len(patch_size) <= 3
-        ):
-            raise ValueError(_PATCH_MSG.format(value=patch_size))
-        patch = check_ints("PatchEmbed", "patch_size", patch_size, len(patch_size))
+        patch = check_spatial(patch_size, "PatchEmbed", "patch_size", _PATCH_MSG)
         key = check_key(key, "PatchEmbed")
         fan_in = in_channels * math.prod(patch)
         shape = (features, in_channels, *patch)
@@ -140,55 +121,34 @@ class PatchEmbed(Layer):
             spatial_axes = range(x.ndim - n - 1, x.ndim - 1)
         for axis, step in zip(spatial_axes, patch, strict=True):
             if x.shape[axis] % step:
-                raise ValueError(
-                    _IMAGE_MSG.format(
-                        patch=patch,
-                        what="inputs",
-                        shape=x.shape,
-                        size=x.shape[axis],
-                        axis=axis,
-                        step=step,
-                    )
+                size = x.shape[axis]
+                text = _IMAGE_MSG.format(
+                    patch=patch, shape=x.shape, size=size, axis=axis, step=step
                 )
-        batch = x.shape[: x.ndim - n - 1]
-        x, weight, bias = cast(self.dtype, x, self.weight, self.bias)
-        if self.dtype is None:  # the operands of a convolution must agree
-            common = jnp.result_type(x, weight)
-            x, weight = x.astype(common), weight.astype(common)
-        flat = x.reshape((-1, *x.shape[x.ndim - n - 1 :]))
+                raise ValueError(text)
         letters = "DHW"[3 - n :]
-        lhs = f"NC{letters}" if self.channels_first else f"N{letters}C"
-        y = jax.lax.conv_general_dilated(
-            flat,
-            weight,
-            window_strides=patch,
-            padding="VALID",
-            dimension_numbers=(lhs, f"OI{letters}", f"N{letters}C"),
-        )
-        y = y.reshape((*batch, -1, y.shape[-1]))
-        return y if bias is None else y + bias
+        spec = f"C{letters}" if self.channels_first else f"{letters}C"
+        y = convolve(self, x, spec, window_strides=patch, padding="VALID")
+        return y.reshape((*y.shape[: y.ndim - n - 1], -1, y.shape[-1]))
 
 
 class ClassToken(Layer):
-    """Learned tokens put in front of a sequence: ViT's and BERT-style `[CLS]` token
-    (and, with `num_tokens > 1`, the register tokens of later vision transformers).
+    """Learned tokens put in front of a sequence: ViT's and BERT-style `[CLS]` token (and,
+    with `num_tokens > 1`, the register tokens of later vision transformers).
 
     **Arguments**
 
     - `features`: the size of each token (the sequence's last axis).
     - `num_tokens`: how many tokens to put in front (default `1`).
     - `param_dtype`: the dtype of the tokens (default float32).
-    - `key`: a PRNG key; the tokens are drawn from a normal of standard deviation 0.02,
-      as BERT, GPT-2 and ViT draw their embeddings.
+    - `key`: a PRNG key; the tokens are drawn as `PositionEmbedding` draws its table.
 
     **Fields**
 
-    `weight`: `[num_tokens, features]` (ViT's checkpoint holds `[1, 1, features]`: one
-    reshape in a key rule).
+    `weight`: `[num_tokens, features]` (ViT's checkpoint holds `[1, 1, features]`).
 
-    `tokens(x)` with `x` of shape `(*batch, seq, features)` gives
-    `(*batch, num_tokens + seq, features)`, the tokens first, in the dtype `x` and the
-    tokens promote to.
+    `tokens(x)`, `x` of shape `(*batch, seq, features)`, gives `(*batch, num_tokens +
+    seq, features)`, the tokens first, in the dtype `x` and the tokens promote to.
 
     ```python
     import jax, jax.numpy as jnp
@@ -214,9 +174,7 @@ class ClassToken(Layer):
         features = check_int("ClassToken", "features", features)
         num_tokens = check_int("ClassToken", "num_tokens", num_tokens)
         key = check_key(key, "ClassToken")
-        param_dtype = dtype_name(param_dtype, "param_dtype")
-        weight = _INIT_STDDEV * jax.random.normal(key, (num_tokens, features), param_dtype)
-        assign(self, weight=weight)
+        assign(self, weight=normal_weight(key, (num_tokens, features), param_dtype, _INIT_STDDEV))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` with the tokens in front of its sequence axis (the second to last)."""
@@ -235,24 +193,21 @@ class PositionEmbedding(Layer):
 
     **Arguments**
 
-    - `num_positions`: the longest sequence it embeds (BERT's
-      `max_position_embeddings`; ViT's number of patches plus one for the `[CLS]`
-      token).
-    - `features`: the size of each vector.
+    - `num_positions`: the longest sequence it embeds (BERT's `max_position_embeddings`;
+      ViT's patches plus one for the `[CLS]` token); `features`: the size of each vector.
     - `dtype`: the compute dtype of the sum (`None`: what `x` and the table promote to).
     - `param_dtype`: the dtype of the table (default float32).
-    - `key`: a PRNG key; the table is drawn from a normal of standard deviation 0.02, as
-      BERT, GPT-2 and ViT draw theirs.
+    - `key`: a PRNG key; the table is drawn from `normal(0, 0.02)`, as BERT, GPT-2 and
+      ViT draw theirs.
 
     **Fields**
 
-    `weight`: `[num_positions, features]` (BERT's `position_embeddings.weight`; ViT's
-    checkpoint holds `[1, num_positions, features]`: one reshape in a key rule);
-    `dtype` (static).
+    `weight`: `[num_positions, features]` (ViT's checkpoint holds it as
+    `[1, num_positions, features]`: one reshape in a key rule); `dtype` (static).
 
     `positions(x, positions=None)`: `x` (`(*batch, seq, features)`) plus the vectors of
-    `positions` (integers, broadcastable to `(*batch, seq)`; default `arange(seq)`, the
-    first `seq` rows). A sequence longer than the table is an error.
+    `positions` (integers broadcastable to `(*batch, seq)`; default `arange(seq)`). A
+    sequence longer than the table is an error.
 
     ```python
     import jax, jax.numpy as jnp
@@ -280,16 +235,14 @@ class PositionEmbedding(Layer):
         num_positions = check_int("PositionEmbedding", "num_positions", num_positions)
         features = check_int("PositionEmbedding", "features", features)
         key = check_key(key, "PositionEmbedding")
-        param_dtype = dtype_name(param_dtype, "param_dtype")
-        weight = _INIT_STDDEV * jax.random.normal(key, (num_positions, features), param_dtype)
+        weight = normal_weight(key, (num_positions, features), param_dtype, _INIT_STDDEV)
         assign(self, weight=weight, dtype=dtype)
 
     def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
         """`x` plus the vectors of its positions."""
         x = jnp.asarray(x)
         n, features = self.weight.shape
-        leading = "*batch, seq"
-        check_input("PositionEmbedding", x, "features", features, leading=leading, ndim=2)
+        check_input("PositionEmbedding", x, "features", features, leading="*batch, seq", ndim=2)
         if positions is None:
             seq = x.shape[-2]
             if seq > n:

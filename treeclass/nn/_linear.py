@@ -1,22 +1,20 @@
-"""`Linear` and `Embed`: the affine map on the last axis, and the lookup table of tokens.
-
-Weights are stored as PyTorch, Hugging Face checkpoints and equinox store them:
-`Linear.weight` is `[out_features, in_features]` and `Embed.weight` is
-`[num_embeddings, features]`, so a published checkpoint loads under a key rule that only
-renames (no transposes), and an output projection tied to the embedding is `Embed.attend`.
-"""
+"""`Linear`, `Embed` and `LoRA`: the affine map on the last axis, the lookup table of
+tokens, and a low-rank adapter around a frozen `Linear` (PEFT's names: `base_layer`,
+`lora_A`, `lora_B`), with PyTorch's weight layouts (README.md beside this)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, check_key, dtype_field, dtype_name, fan_in_params
+from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params, normal_weight
 from ._checks import check_input, check_int, check_number
 
-__all__ = ["Linear", "Embed"]
+__all__ = ["Linear", "Embed", "LoRA"]
 
 _INDEX_MSG = "`Embed` looks up integer token ids, got an array of dtype {dtype}."
 
@@ -31,14 +29,13 @@ class Linear(Layer):
     - `dtype`: the compute dtype (`jnp.bfloat16` computes in bf16 from float32
       parameters); `None` computes in the type `x` and the parameters promote to.
     - `param_dtype`: the dtype the parameters are created in (default float32).
-    - `key`: a PRNG key; weight and bias are drawn from
-      `uniform(-1/sqrt(in_features), 1/sqrt(in_features))`, as `equinox.nn.Linear` and
-      PyTorch draw them.
+    - `key`: a PRNG key; weight and bias are drawn from `uniform(±1/sqrt(in_features))`,
+      as equinox and PyTorch draw them.
 
     **Fields**
 
-    `weight`: `[out_features, in_features]` (PyTorch's and Hugging Face's layout);
-    `bias`: `[out_features]` or `None`; `dtype` (static).
+    `weight`: `[out_features, in_features]` (PyTorch's layout); `bias`:
+    `[out_features]` or `None`; `dtype` (static).
 
     ```python
     import jax, jax.numpy as jnp
@@ -51,8 +48,7 @@ class Linear(Layer):
     ```
     """
 
-    # the axes' names: a layer holding this one can say which carries its heads, so
-    # `tc.ShardingRules` refuses to cut a head across devices
+    # the axes' names: a holder says which carries its heads (`tc.ShardingRules` checks)
     weight: jax.Array = field(metadata={"axes": ("out", "in")})
     bias: jax.Array | None = field(metadata={"axes": ("out",)})
     dtype: str | None = dtype_field()
@@ -98,23 +94,20 @@ class Embed(Layer):
     **Arguments**
 
     - `num_embeddings`, `features`: the rows and columns of the table.
-    - `scale`: multiply the vectors looked up by this number (default `None`: not
-      scaled). Gemma scales its embeddings by the square root of their width,
-      `scale=features ** 0.5`; the factor is rounded to the vectors' dtype first, as
-      Gemma rounds it. `attend` does not scale.
+    - `scale`: multiply the vectors looked up by this number (default `None`); Gemma's
+      is `scale=features ** 0.5`, rounded to the vectors' dtype first as Gemma rounds it.
+      `attend` does not scale.
     - `dtype`: the compute dtype of the vectors returned (`None`: the table's).
     - `param_dtype`: the dtype the table is created in (default float32).
-    - `key`: a PRNG key; the table is drawn from a standard normal, as
-      `equinox.nn.Embedding` and PyTorch draw it.
+    - `key`: a PRNG key; the table is drawn from a standard normal (equinox, PyTorch).
 
     **Fields**
 
     `weight`: `[num_embeddings, features]`; `scale`, `dtype` (static).
 
     `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
-    gives NaNs, so a bad id shows instead of silently reading another row, and negative
-    ids count from the end); `embed.attend(x)` is `x @ weight.T`, the logits of an output
-    layer tied to the embedding.
+    gives NaNs, negative ids count from the end); `embed.attend(x)` is `x @ weight.T`,
+    the logits of an output layer tied to the embedding.
 
     ```python
     import jax, jax.numpy as jnp
@@ -145,13 +138,9 @@ class Embed(Layer):
         num_embeddings = check_int("Embed", "num_embeddings", num_embeddings)
         features = check_int("Embed", "features", features)
         key = check_key(key, "Embed")
-        param_dtype = dtype_name(param_dtype, "param_dtype")
-        assign(
-            self,
-            weight=jax.random.normal(key, (num_embeddings, features), param_dtype),
-            scale=None if scale is None else check_number("Embed", "scale", scale),
-            dtype=dtype,
-        )
+        scale = None if scale is None else check_number("Embed", "scale", scale)
+        weight = normal_weight(key, (num_embeddings, features), param_dtype)
+        assign(self, weight=weight, scale=scale, dtype=dtype)
 
     @property
     def num_embeddings(self) -> int:
@@ -179,3 +168,99 @@ class Embed(Layer):
         check_input("Embed.attend", x, "features", self.weight.shape[-1])
         x, weight = cast(self.dtype, x, self.weight)
         return jax.lax.dot_general(x, weight, (((x.ndim - 1,), (1,)), ((), ())))
+
+
+_BASE_MSG = "`LoRA` wraps a `tc.nn.Linear`, got a {type}."
+
+
+class LoRA(Layer):
+    """`base(x) + (alpha / rank) * lora_B(lora_A(x))`: a `Linear` plus a trainable
+    low-rank update, with the `Linear` itself kept out of training.
+
+    `lora_A` starts as a `Linear` does (PEFT's default) and `lora_B` at zero, so a fresh
+    adapter computes what `base` does. `base_layer` is a field declared `role="frozen"`:
+    ordinary leaves (traced, saved) that get no gradient and that `tc.optim.trainable`
+    leaves as they are.
+
+    **Arguments**
+
+    - `base`: the `tc.nn.Linear` to adapt.
+    - `rank`: the rank of the update.
+    - `alpha`: the update's scale numerator (default `rank`: a scale of one).
+    - `key`: a PRNG key for `lora_A`.
+
+    **Fields**
+
+    `base_layer`, `lora_A` (`Linear` `[rank, in]`, no bias), `lora_B` (`Linear`
+    `[out, rank]`, no bias); `alpha` (static). `adapter.merge()` is the one `Linear`
+    computing the same function.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    base = tc.nn.Linear(8, 4, key=jax.random.key(0))
+    adapter = tc.nn.LoRA(base, rank=2, key=jax.random.key(1))
+    x = jnp.ones((3, 8))
+    assert jnp.allclose(adapter(x), base(x))  # lora_B starts at zero
+    adapter = adapter.at["lora_B"]["weight"].apply(lambda w: w + 0.1)
+    assert jnp.allclose(adapter.merge()(x), adapter(x), atol=1e-6)
+    ```
+    """
+
+    base_layer: Linear = field(role="frozen")
+    # PEFT's checkpoint names; the rank axis is not the base's: sharding checks see that
+    lora_A: Linear = field(metadata={"rename_axes": {"out": "rank"}})  # noqa: N815
+    lora_B: Linear = field(metadata={"rename_axes": {"in": "rank"}})  # noqa: N815
+    alpha: float = field(default=1.0, static=True, on_setattr=[float])
+
+    def __init__(
+        self, base: Linear, rank: int, *, alpha: float | None = None, key: jax.Array
+    ) -> None:
+        if not isinstance(base, Linear):
+            raise TypeError(_BASE_MSG.format(type=type(base).__name__))
+        rank = check_int("LoRA", "rank", rank)
+        key = check_key(key, "LoRA")
+        param_dtype = base.weight.dtype
+        options: dict[str, Any] = {"use_bias": False, "dtype": base.dtype, "key": key}
+        zero = Linear(rank, base.out_features, **options)
+        assign(
+            self,
+            base_layer=base,
+            lora_A=Linear(base.in_features, rank, param_dtype=param_dtype, **options),
+            lora_B=zero.replace(weight=jnp.zeros((base.out_features, rank), param_dtype)),
+            alpha=rank if alpha is None else check_number("LoRA", "alpha", alpha),
+        )
+
+    @property
+    def rank(self) -> int:
+        """The rank of the update."""
+        return int(self.lora_A.weight.shape[-2])
+
+    @property
+    def in_features(self) -> int:
+        """The size of the last axis of the input (the base layer's)."""
+        return int(self.lora_A.weight.shape[-1])
+
+    @property
+    def out_features(self) -> int:
+        """The size of the last axis of the output (the base layer's)."""
+        return int(self.lora_B.weight.shape[-2])
+
+    @property
+    def scaling(self) -> float:
+        """`alpha / rank`, the factor of the update."""
+        return self.alpha / self.rank
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """The base layer's output plus the scaled low-rank update."""
+        check_input("LoRA", x, "in_features", self.lora_A.weight.shape[-1])
+        update = self.lora_B(self.lora_A(x))  # the frozen base is read gradient-stopped
+        return self.base_layer(x) + update * jnp.asarray(self.scaling, update.dtype)
+
+    def merge(self) -> Linear:
+        """The `Linear` that computes what this adapter computes (in its parameters'
+        dtype): the update added into the base's weight."""
+        base = self.base_layer
+        delta = self.scaling * (self.lora_B.weight @ self.lora_A.weight)
+        return base.replace(weight=(base.weight + delta).astype(base.weight.dtype))

@@ -1,22 +1,23 @@
-"""Modes: training and inference, switched on a whole model by one call.
-
-A layer with a mode (`Dropout`, `BatchNorm`, and any class of yours) has a static field
-named `training`. Static fields are part of the tree definition, so `jax.jit` compiles
-each mode once, and switching back finds the first compilation again (layouts are
-interned: equal static values give the identical tree definition).
-"""
+"""Modes: training and inference, a static `training` field (each mode compiles once)
+switched on a whole model by `set_training`; and `Dropout`, whose training mode zeroes
+elements at random (the key is an argument of the call, as in equinox)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+import jax
+import jax.numpy as jnp
+
 from .._at import at
-from .._fields import fields
+from .._fields import field, fields
 from .._node import is_treeclass
 from .._selectors import where
+from ._base import Layer
+from ._checks import check_number
 
-__all__ = ["set_training", "has_mode"]
+__all__ = ["set_training", "has_mode", "Dropout"]
 
 _T = TypeVar("_T")
 _FLAG_MSG = "`set_training(model, training)` takes a bool, got {value!r}."
@@ -40,17 +41,12 @@ def _switch(node: object, training: bool) -> Any:
 
 
 def set_training(tree: _T, training: bool) -> _T:
-    """`tree` with every layer's mode set: `training=True` for training, `False` for
-    inference.
+    """`tree` with every layer's mode set: `True` for training, `False` for inference.
 
-    Every TreeClass node with a static field named `training`, at any depth (inside
-    tuples, dicts, `tc.Stacked` blocks; the layers of `treeclass.nn` and classes of
-    yours), gets the value; nothing else changes, and a tree without such a node comes
-    back unchanged. It is one `.at` call per layer (`model.at[tc.nn.Dropout]["training"]
-    .set(False)` switches the dropouts alone).
-
-    The mode is static: `jax.jit` compiles a function once per mode, and a model
-    switched back and forth reuses both compilations.
+    Every TreeClass node with a static field named `training`, at any depth (in tuples,
+    dicts, `tc.Stacked` blocks; layers of `treeclass.nn` and of yours), gets the value;
+    nothing else changes. `model.at[tc.nn.Dropout]["training"].set(False)` switches the
+    dropouts alone. The mode is static: a function `jax.jit` compiles once per mode.
 
     **Arguments**
 
@@ -77,3 +73,57 @@ def set_training(tree: _T, training: bool) -> _T:
     return at(tree)[where(lambda path, node: has_mode(node))].apply(
         lambda node: _switch(node, training), whole=True
     )
+
+
+_NO_KEY_MSG = (
+    "`Dropout` in training mode (rate {rate}) needs a PRNG key: call it as "
+    "`dropout(x, key=key)`, splitting one key per dropout layer per step, or switch the "
+    "model to inference mode, which needs none:\n"
+    "    model = tc.nn.set_training(model, False)"
+)
+
+
+def _rate(value: float) -> float:
+    return check_number("Dropout", "rate", value, low=0.0, high=1.0, open_high=True)
+
+
+class Dropout(Layer):
+    """Zeroes each element with probability `rate` and scales the others by
+    `1 / (1 - rate)` in training mode; the identity in inference mode.
+
+    **Arguments**
+
+    - `rate`: the probability of zeroing an element, in `[0, 1)` (default `0.5`).
+    - `training`: the mode (default `True`; `tc.nn.set_training` switches a model).
+
+    **Fields**
+
+    `rate`, `training` (static: switching mode compiles the other program once).
+
+    `dropout(x, key=key)`: in training mode with a non-zero rate a key is required (no
+    silent no-op); inference mode ignores it, so one model code serves both. Split a
+    fresh key per step and per layer: the same key drops the same elements.
+
+    ```python
+    import jax, jax.numpy as jnp
+    import treeclass as tc
+
+    drop = tc.nn.Dropout(0.5)
+    y = drop(jnp.ones(1000), key=jax.random.key(0))
+    assert set(y.tolist()) == {0.0, 2.0}
+    assert (drop.replace(training=False)(jnp.ones(3)) == 1.0).all()
+    ```
+    """
+
+    rate: float = field(default=0.5, static=True, on_setattr=[_rate])
+    training: bool = field(default=True, static=True, on_setattr=[bool])
+
+    def __call__(self, x: jax.Array, *, key: jax.Array | None = None) -> jax.Array:
+        """`x` with elements dropped (training mode) or unchanged (inference mode)."""
+        x = jnp.asarray(x)
+        if not self.training or self.rate == 0.0:
+            return x
+        if key is None:
+            raise ValueError(_NO_KEY_MSG.format(rate=self.rate))
+        keep = jax.random.bernoulli(key, 1.0 - self.rate, x.shape)
+        return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros((), x.dtype))

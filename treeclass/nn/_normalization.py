@@ -1,12 +1,10 @@
-"""`LayerNorm` and `RMSNorm`: normalisation over the last axis, without state.
-
-The statistics are computed in float32 (or wider) whatever the compute dtype, as flax
-does, so a bf16 model normalises as accurately as a float32 one; the result is returned
-in the compute dtype.
-"""
+"""`LayerNorm`, `RMSNorm` (over the last axis, without state) and `BatchNorm` (by batch
+statistics, with running statistics as state): statistics in float32 or wider whatever
+the compute dtype, as flax does."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import jax
@@ -17,13 +15,7 @@ from .._fields import field
 from ._base import Layer, assign, cast, dtype_field, scale_and_shift
 from ._checks import check_input, check_int, check_number
 
-__all__ = [
-    "LayerNorm",
-    "RMSNorm",
-    "statistics_dtype",
-    "checked_norm_arguments",
-    "check_norm_input",
-]
+__all__ = ["LayerNorm", "RMSNorm", "BatchNorm"]
 
 
 def statistics_dtype(x: jax.Array) -> Any:
@@ -68,16 +60,14 @@ class LayerNorm(Layer):
 
     - `features`: the size of the last axis.
     - `eps`: added to the variance (default `1e-5`, as equinox and PyTorch).
-    - `use_weight`, `use_bias`: learn a scale (ones) and an offset (zeros); a field is
-      `None` without one.
+    - `use_weight`, `use_bias`: learn a scale (ones) and an offset (zeros).
     - `dtype`: the compute dtype of the result (`None`: what `x` and the parameters
       promote to); the statistics are float32 or wider.
     - `param_dtype`: the dtype the parameters are created in.
 
     **Fields**
 
-    `weight`, `bias`: `[features]` or `None` (PyTorch's and Hugging Face's names);
-    `eps`, `dtype` (static).
+    `weight`, `bias`: `[features]` or `None`; `eps`, `dtype` (static).
 
     ```python
     import jax.numpy as jnp
@@ -105,8 +95,8 @@ class LayerNorm(Layer):
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
         features, eps = checked_norm_arguments(type(self).__name__, features, eps)
-        scale_shift = scale_and_shift(features, use_weight, use_bias, param_dtype)
-        assign(self, **scale_shift, eps=eps, dtype=dtype)
+        params = scale_and_shift(features, use_weight, use_bias, param_dtype)
+        assign(self, **params, eps=eps, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised over its last axis, scaled and shifted."""
@@ -126,14 +116,12 @@ class RMSNorm(Layer):
 
     - `features`: the size of the last axis.
     - `eps`: added to the mean square (default `1e-5`, as equinox).
-    - `use_weight`: learn a scale; `weight` is `None` without one.
-    - `use_bias`: learn an offset too (zeros; off by default: Llama and flax have none).
-    - `weight_offset`: a constant added to `weight` before it scales (default `0.0`).
-      Gemma stores its scale as `w` and multiplies by `1 + w`: `weight_offset=1.0` reads
-      such a checkpoint as it is. The weight starts at `1 - weight_offset`, so a new norm
-      always scales by one.
-    - `dtype`, `param_dtype`: as for `LayerNorm`. With an offset the scaling is done in
-      float32 (or wider) before the cast to the compute dtype, as Gemma does it.
+    - `use_weight`: learn a scale; `use_bias`: learn an offset too (off by default).
+    - `weight_offset`: a constant added to `weight` before it scales (default `0.0`):
+      Gemma stores `w` and scales by `1 + w`, read as it is with `weight_offset=1.0`
+      (the scaling then runs in float32 or wider, as Gemma's). The weight starts at
+      `1 - weight_offset`, so a new norm scales by one.
+    - `dtype`, `param_dtype`: as for `LayerNorm`.
 
     **Fields**
 
@@ -170,12 +158,10 @@ class RMSNorm(Layer):
     ) -> None:
         features, eps = checked_norm_arguments(type(self).__name__, features, eps)
         weight_offset = check_number("RMSNorm", "weight_offset", weight_offset)
-        scale_shift = scale_and_shift(features, use_weight, use_bias, param_dtype)
-        if scale_shift["weight"] is not None and weight_offset:
-            scale_shift["weight"] = scale_shift["weight"] - jnp.asarray(
-                weight_offset, scale_shift["weight"].dtype
-            )
-        assign(self, **scale_shift, eps=eps, weight_offset=weight_offset, dtype=dtype)
+        params = scale_and_shift(features, use_weight, use_bias, param_dtype)
+        if (weight := params["weight"]) is not None and weight_offset:
+            params["weight"] = weight - jnp.asarray(weight_offset, weight.dtype)
+        assign(self, **params, eps=eps, weight_offset=weight_offset, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` divided by its root mean square over the last axis, scaled."""
@@ -184,3 +170,123 @@ class RMSNorm(Layer):
         stats = x.astype(statistics_dtype(x))
         y = stats * jax.lax.rsqrt(jnp.square(stats).mean(-1, keepdims=True) + self.eps)
         return scaled_and_shifted(self, x, y)
+
+
+_IMMUTABLE_MSG = (
+    "A `BatchNorm` in training mode updates its running statistics, so it must be called "
+    "on a copy that may change: run the model through `tc.value_and_tree`, which returns "
+    "the output and the updated model,\n"
+    "    y, model = tc.value_and_tree(lambda m: m(x))(model)\n"
+    "or switch it to inference mode, which reads the running statistics only,\n"
+    "    model = tc.nn.set_training(model, False)"
+)
+
+
+def _momentum(value: float) -> float:
+    return check_number("BatchNorm", "momentum", value, low=0.0, high=1.0)
+
+
+class BatchNorm(Layer):
+    """Normalises each feature (the last axis) by its statistics over every other axis.
+
+    In training mode a call normalises by the batch's mean and (biased) variance and
+    assigns `running = momentum * running + (1 - momentum) * batch` (flax's and equinox's
+    `momentum`: the weight of the old value), so it runs on a mutable copy:
+    `y, model = tc.value_and_tree(lambda m: m(x))(model)` gives the output and the model
+    with its new statistics (a direct call says so). In inference mode
+    (`tc.nn.set_training(model, False)`) it reads the running statistics only.
+
+    **Arguments**
+
+    - `features`: the size of the last axis.
+    - `momentum`: the weight of the running value in its update (default `0.99`).
+    - `eps`: added to the variance (default `1e-5`).
+    - `use_weight`, `use_bias`: learn a scale and an offset.
+    - `axis_name`: a named axis (of `jax.vmap`, `shard_map`, `pmap`) to average the batch
+      statistics over, for a batch split across it.
+    - `training`: the mode (default `True`).
+    - `dtype`, `param_dtype`: as for `LayerNorm`; statistics are float32 or wider.
+
+    **Fields**
+
+    `weight`, `bias` (trainable, or `None`); `running_mean`, `running_var` (state, as
+    PyTorch names them); `momentum`, `eps`, `axis_name`, `training`, `dtype` (static).
+
+    ```python
+    import jax.numpy as jnp
+    import treeclass as tc
+
+    norm = tc.nn.BatchNorm(3)
+    x = jnp.arange(12.0).reshape(4, 3)
+    y, norm = tc.value_and_tree(lambda m: m(x))(norm)
+    assert jnp.allclose(norm.running_mean, 0.01 * x.mean(0))
+    print(tc.roles(norm))
+    y = tc.nn.set_training(norm, False)(x)  # inference: no copy needed
+    ```
+    """
+
+    weight: jax.Array | None
+    bias: jax.Array | None
+    running_mean: jax.Array = field(role="state")
+    running_var: jax.Array = field(role="state")
+    momentum: float = field(default=0.99, static=True, on_setattr=[_momentum])
+    eps: float = field(default=1e-5, static=True, on_setattr=[float])
+    axis_name: Hashable = field(default=None, static=True)
+    training: bool = field(default=True, static=True, on_setattr=[bool])
+    dtype: str | None = dtype_field()
+
+    def __init__(
+        self,
+        features: int,
+        *,
+        momentum: float = 0.99,
+        eps: float = 1e-5,
+        use_weight: bool = True,
+        use_bias: bool = True,
+        axis_name: Hashable = None,
+        training: bool = True,
+        dtype: DTypeLike | None = None,
+        param_dtype: DTypeLike = jnp.float32,
+    ) -> None:
+        features, eps = checked_norm_arguments("BatchNorm", features, eps)
+        assign(
+            self,
+            **scale_and_shift(features, use_weight, use_bias, param_dtype),
+            running_mean=jnp.zeros((features,), param_dtype),
+            running_var=jnp.ones((features,), param_dtype),
+            momentum=_momentum(momentum),
+            eps=eps,
+            axis_name=axis_name,
+            training=training,
+            dtype=dtype,
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """`x` normalised per feature; in training mode, the statistics assigned too."""
+        x = jnp.asarray(x)
+        check_norm_input(self, x)
+        stats = x.astype(statistics_dtype(x))
+        if self.training:
+            axes = tuple(range(x.ndim - 1))
+
+            def average(y: jax.Array) -> jax.Array:
+                y = y.mean(axes)
+                return y if self.axis_name is None else jax.lax.pmean(y, self.axis_name)
+
+            mean = average(stats)
+            var = average(jnp.square(stats - mean))
+            m = self.momentum
+            running = jax.lax.stop_gradient(
+                (m * self.running_mean + (1 - m) * mean, m * self.running_var + (1 - m) * var)
+            )
+            try:
+                assign(
+                    self,
+                    running_mean=running[0].astype(self.running_mean.dtype),
+                    running_var=running[1].astype(self.running_var.dtype),
+                )
+            except AttributeError:  # sealed: the first assignment fails, nothing changed
+                raise AttributeError(_IMMUTABLE_MSG) from None
+        else:
+            mean, var = self.running_mean, self.running_var
+        return scaled_and_shifted(self, x, (stats - mean) * jax.lax.rsqrt(var + self.eps))

@@ -1,8 +1,5 @@
-"""`Sequential` and `MLP`: layers applied in turn.
-
-Plain functions (activations such as `jax.nn.relu`) may sit between layers: `Sequential`
-keeps them frozen, so JAX sees no leaf for them and `jax.jit` takes the model as it is.
-"""
+"""`Sequential` and `MLP`: layers applied in turn (plain functions between them are kept
+frozen, out of JAX's sight)."""
 
 from __future__ import annotations
 
@@ -28,32 +25,21 @@ _NOT_CALLABLE_MSG = "`Sequential` layer {index} is not callable: got a {type}."
 
 
 @functools.lru_cache(maxsize=1024)
-def _takes_key(cls: type) -> bool:
-    # a class's signature is fixed: asked once per class (speed only)
+def _takes_key(call: Callable[..., Any]) -> bool:
+    # a class's `__call__` is fixed: asked once per class (speed only)
     try:
-        parameters = inspect.signature(cls.__call__).parameters
+        return "key" in inspect.signature(call).parameters
     except (TypeError, ValueError):
         return False
-    return "key" in parameters
-
-
-def _accepts_key(layer: object) -> bool:
-    if not is_treeclass(layer):
-        return False
-    cls: type = type(layer)  # `type[Any]` is not `Hashable` to mypy; a class is
-    return _takes_key(cls)
 
 
 class Sequential(Layer):
     """Layers called in turn: `Sequential(a, b, c)(x)` is `c(b(a(x)))`.
 
-    A layer is any callable: a TreeClass layer, or a plain function (an activation),
-    which is kept frozen (`tc.freeze`), out of JAX's sight. `key=` is split among the
-    layers whose `__call__` takes a `key` (`Dropout`, or your own), one key each; the
-    others are called without one.
-
-    `seq[i]` is layer `i` (a slice gives a `Sequential`), `len(seq)` and iteration work as
-    for a tuple; `.at["layers"][i]` edits one layer.
+    A layer is any callable; a plain function (an activation) is kept frozen, out of
+    JAX's sight. `key=` is split among the layers whose `__call__` takes a `key`
+    (`Dropout`, or yours), one each. `seq[i]` is layer `i` (a slice gives a
+    `Sequential`); `len` and iteration work as for a tuple.
 
     **Fields**
 
@@ -97,7 +83,11 @@ class Sequential(Layer):
     def __call__(self, x: object, *, key: jax.Array | None = None) -> Any:
         """Each layer applied to the previous one's output."""
         layers = [unfreeze(layer) for layer in self.layers]
-        keyed = [i for i, layer in enumerate(layers) if _accepts_key(layer)]
+        keyed = [
+            i
+            for i, layer in enumerate(layers)
+            if is_treeclass(layer) and _takes_key(type(layer).__call__)
+        ]
         keys = (
             dict(zip(keyed, jax.random.split(key, len(keyed)))) if key is not None and keyed else {}
         )
@@ -112,10 +102,8 @@ def _identity(x: object) -> Any:
 
 class MLP(Layer):
     """A multilayer perceptron: `depth` hidden layers of `hidden_features`, an activation
-    after each, then a `Linear` to `out_features` (and `final_activation`).
-
-    Built as `equinox.nn.MLP` builds it (`depth + 1` `Linear`s, one key each, drawn from
-    `key` split `depth + 1` ways), so the same key gives the same weights.
+    after each, then a `Linear` to `out_features` (and `final_activation`), built as
+    `equinox.nn.MLP` builds it (the same key gives the same weights).
 
     **Arguments**
 
@@ -125,7 +113,7 @@ class MLP(Layer):
     - `final_activation`: after the last layer (default: none).
     - `use_bias`, `use_final_bias`: biases of the hidden layers and of the last one.
     - `dtype`, `param_dtype`: as for `Linear`.
-    - `key`: a PRNG key.
+    - `key`: a PRNG key, split `depth + 1` ways.
 
     **Fields**
 
