@@ -29,6 +29,10 @@ import treeclass as tc
 if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and jax.default_backend() == "cpu":
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
     jax.config.update("jax_disable_most_optimizations", True)
+if jax.default_backend() != "cpu":
+    # this process holds the accelerator, which one process at a time may open: the child
+    # processes tests start (imports, pickling, a notebook server) run on the CPU
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 @pytest.fixture
@@ -93,6 +97,24 @@ def highest_precision():
     Use it for a whole file with `pytestmark = pytest.mark.usefixtures("highest_precision")`."""
     with jax.default_matmul_precision("highest"):
         yield
+
+
+def reference_tol(rtol: float = 1e-5, atol: float = 1e-5) -> dict[str, float]:
+    """Tolerances for a comparison with a reference computed elsewhere (a float64 NumPy
+    model, a peer library, the outputs recorded in a file): as given on a CPU; at least
+    1e-4 on an accelerator, whose float32 exp, erf and tanh agree with a CPU's to four or
+    five digits even at the highest matrix-product precision."""
+    if jax.default_backend() == "cpu":
+        return {"rtol": rtol, "atol": atol}
+    return {"rtol": max(rtol, 1e-4), "atol": max(atol, 1e-4)}
+
+
+def device_keeps_zero_sign(dtype) -> bool:
+    """Whether the default backend keeps the sign of a zero of `dtype`: a TPU holds float64
+    (and complex128) as pairs of float32 and places -0.0 as +0.0 (`jnp.asarray` alone
+    loses it, before any treeclass code runs)."""
+    lossy = {"tpu": ("float64", "complex128")}.get(jax.default_backend(), ())
+    return np.dtype(dtype).name not in lossy
 
 
 def device_holds(dtype) -> bool:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import reference_tol
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
@@ -295,7 +296,8 @@ FAMILIES = {  # name: (builder, rules, the inputs, the outputs), as reference.np
         ["last_hidden_state", "pooler_output"],
     ),
 }
-TOL = dict(rtol=1e-5, atol=2e-5)
+TOL = reference_tol(atol=2e-5)
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 def _files(name):

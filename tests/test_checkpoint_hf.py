@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import reference_tol
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
@@ -147,7 +148,7 @@ def test_gpt2_written_by_transformers_loads_through_rules_and_matches_its_logits
     report = tc.load(path, gpt2_template(config), rules=GPT2_RULES, dry_run=True)
     assert report.messages == () and not report.unexpected and not report.missing
     model = tc.load(path, gpt2_template(config), rules=GPT2_RULES)
-    np.testing.assert_allclose(jax.jit(jax.vmap(model))(ids), logits, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.vmap(model))(ids), logits, **reference_tol())
 
 
 def test_gpt2_with_a_transposed_square_projection_loads_silently_but_misses_the_logits():
@@ -277,7 +278,7 @@ def test_llama_written_by_transformers_loads_through_rules_and_matches_its_logit
     report = tc.load(path, llama_template(config), rules=LLAMA_RULES, dry_run=True)
     assert report.messages == () and not report.unexpected and not report.missing
     model = tc.load(path, llama_template(config), rules=LLAMA_RULES)
-    np.testing.assert_allclose(jax.jit(jax.vmap(model))(ids), logits, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.vmap(model))(ids), logits, **reference_tol())
 
 
 # -- BERT: built from tc.nn layers, which keep PyTorch's [out, in] layout: the rules only rename --
@@ -367,8 +368,8 @@ def test_bert_written_by_transformers_loads_through_renames_and_matches_its_outp
     model = tc.load(path, bert_template(config), rules=BERT_RULES)
     ours_hidden, ours_pooled = jax.jit(Bert.__call__)(model, *inputs)
     # padded positions too: their queries still attend to the real tokens, as in BERT
-    np.testing.assert_allclose(ours_hidden, hidden, atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(ours_pooled, pooled, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(ours_hidden, hidden, **reference_tol())
+    np.testing.assert_allclose(ours_pooled, pooled, **reference_tol())
 
 
 def test_bert_padding_mask_matters_for_the_reference():
@@ -445,7 +446,7 @@ def test_the_same_rules_load_every_layout_of_the_model_and_match_the_reference(n
     model = tc.load(folder / "model.safetensors", make(config), rules=rules)
     ours, expected = _outputs(name, model)
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(expected)):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(a, b, **reference_tol())
 
 
 @pytest.mark.parametrize("name, rules, make", list(_cases()))
@@ -516,7 +517,7 @@ def test_transformers_loaded_the_export_and_computed_what_the_changed_model_comp
     )  # what transformers computed from the fixture itself
     for k, ours in enumerate(changed_outputs(name)):
         theirs = recorded[f"output_{k}"]
-        np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(ours, theirs, **reference_tol())
         assert np.abs(reference[k] - theirs).max() > 1e-2  # the change shows in the export
 
 
@@ -570,7 +571,7 @@ def test_a_stacked_llama_loaded_without_rules_is_suggested_rules_that_load_it_ri
     assert ("model.layers.{i}.self_attn.q_proj.weight", "layers[{i}].q") in [r[:2] for r in rules]
     model = tc.load(folder / "model.safetensors", _stacked_llama(config), rules=rules)
     ours, expected = _outputs("llama", model)
-    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(ours, expected, **reference_tol())
 
 
 def test_a_bert_file_without_rules_pairs_only_tensors_that_fit_and_no_table_as_a_stack():

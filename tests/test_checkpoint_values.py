@@ -593,27 +593,30 @@ def test_load_reports_are_values_hashable_and_comparable(tmp_path):
 
 
 @pytest.fixture
-def cpu_cannot_hold_int4(monkeypatch):
-    """The CPU taken for a backend that cannot hold int4 (as a TPU cannot hold int2)."""
+def device_cannot_hold_int4(monkeypatch):
+    """This run's backend taken for one that cannot hold int4 (as a TPU cannot hold int2)."""
     from treeclass._checkpoint.names import _restore
 
-    monkeypatch.setitem(_restore.DEVICE_CANNOT_HOLD, "cpu", frozenset({"int4"}))
+    backend = jax.default_backend()
+    monkeypatch.setitem(_restore.DEVICE_CANNOT_HOLD, backend, frozenset({"int4"}))
+    return backend
 
 
 def test_a_dtype_the_device_cannot_hold_is_refused_by_key_path_before_anything_is_placed(
-    tmp_path, cpu_cannot_hold_int4
+    tmp_path, device_cannot_hold_int4
 ):
+    refused = rf"cannot restore tree\['w'\] \(int4, on {device_cannot_hold_int4}\)"
     path = tmp_path / "m.safetensors"
     tc.save(path, {"w": np.arange(4, dtype=ml_dtypes.int4), "x": np.ones(2, np.float32)})
     abstract = {
         "w": jax.ShapeDtypeStruct((4,), ml_dtypes.int4),
         "x": jax.ShapeDtypeStruct((2,), np.float32),
     }
-    with pytest.raises(ValueError, match=r"cannot restore tree\['w'\] \(int4, on cpu\)") as info:
+    with pytest.raises(ValueError, match=refused) as info:
         tc.load(path, abstract)
     assert "tree['x']" not in str(info.value)  # only the leaf it cannot hold
     placed = {"w": jnp.zeros(4, ml_dtypes.int4), "x": jnp.zeros(2, np.float32)}
-    with pytest.raises(ValueError, match=r"cannot restore tree\['w'\] \(int4, on cpu\)"):
+    with pytest.raises(ValueError, match=refused):
         tc.load(path, placed)  # a template already on the device is refused alike
     # the fixes the message offers work: NumPy on the host, or a rule converting it
     host = tc.load(path, {"w": np.zeros(4, ml_dtypes.int4), "x": np.zeros(2, np.float32)})

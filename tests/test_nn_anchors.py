@@ -12,13 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import reference_tol
 
 import treeclass as tc
 
 eqx = pytest.importorskip("equinox")
 nnx = pytest.importorskip("flax.nnx")
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = reference_tol()
+pytestmark = pytest.mark.usefixtures("highest_precision")
 KEY = jax.random.key(0)
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import reference_tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,8 @@ eqx = pytest.importorskip("equinox")
 
 nn = tc.nn
 KEY = jax.random.key(0)
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = reference_tol()
+pytestmark = pytest.mark.usefixtures("highest_precision")
 
 
 def _normal(seed, shape):
@@ -486,7 +488,7 @@ def test_stacked_decoder_blocks_equal_the_blocks_applied_in_turn():
     expected = x
     for k in keys:
         expected = FAMILIES["mistral"](k)(expected, mask=mask)
-    np.testing.assert_allclose(stack(x, mask=mask), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stack(x, mask=mask), expected, **TOL)
 
 
 BLOCK_ERRORS = [

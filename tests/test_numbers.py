@@ -136,6 +136,11 @@ def test_a_tiny_number_into_float8_e8m0fnu_becomes_its_smallest_value_not_nan(ba
 
     dtype = np.dtype(ml_dtypes.float8_e8m0fnu)
     tree = {"w": backend.ones((3,), dtype)}
+    if np.isnan(np.asarray(3.11e-260).astype(dtype)):
+        # an ml_dtypes that casts it to nan itself (as some releases do): the rule refuses it
+        with pytest.raises(NumberRangeError, match=r"tree\['w'\].*no value near it"):
+            tc.at(tree)["w"].set(3.11e-260)
+        return
     out = tc.at(tree)["w"].set(3.11e-260)
     smallest = np.asarray(2.0**-127).astype(dtype)
     assert np.asarray(out["w"]).tobytes() == np.full((3,), smallest).tobytes()

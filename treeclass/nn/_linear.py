@@ -204,7 +204,8 @@ class LoRA(Layer):
     x = jnp.ones((3, 8))
     assert jnp.allclose(adapter(x), base(x))  # lora_B starts at zero
     adapter = adapter.at["lora_B"]["weight"].apply(lambda w: w + 0.1)
-    assert jnp.allclose(adapter.merge()(x), adapter(x), atol=1e-6)
+    # equal up to the products' rounding (a TPU rounds their inputs to bfloat16)
+    assert jnp.allclose(adapter.merge()(x), adapter(x), atol=1e-2)
     ```
     """
 
