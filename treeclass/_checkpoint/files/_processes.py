@@ -1,56 +1,16 @@
 """Checkpoint files in a run of several JAX processes: who writes, who waits, what each reads.
 
-**A tree only the caller needs.** A save whose values need no other process to be read
-(NumPy arrays and numbers, arrays local to this process, arrays every process holds
-whole: replicated, or split only over each process's own devices) is written by the
-process that calls `tc.save`, alone and at once, as in a run of one process: nothing is
-asked of the others, so `if jax.process_index() == 0: tc.save(path, tree)` works, and a
-call on every process writes one copy each (atomically: one whole file in a shared
-folder). Every other save is made by all the processes together:
-
-**Saving one file.** Every process calls `tc.save` with the same path and a tree of the
-same structure; process 0 alone writes the file, so two processes never race on one
-path. An array process 0 holds whole is read from process 0's own shards, without the
-others. Any other array is split across processes, and is gathered while process 0
-writes it (`multihost_utils.process_allgather`, a collective): process 0 announces each
-such tensor in turn through the distributed runtime's key-value store, and the other
-processes join that gather, so the gathers happen in the order the writer reads the
-tensors, whatever that order is. The others return once process 0 has written the file.
-
-**Saving shards (`SharedWrite`).** A sharded save is written by every process, each
-its share of the bytes, straight from the shards its devices hold: nothing is gathered
-and no process stages more than one block (one device's shard of one tensor) at a time.
-Process 0 makes the files (temporary, each of its final size, its header written), the
-processes fill them (positioned writes into one folder they all see: a shared file
-system, as on one machine), and process 0 renames them into place once every process
-has written its share. Who writes what is decided alike on every process from the
-shardings (`balance`): a block only one process holds is written by it; a block several
-hold (a replicated tensor) is split between them by bytes, the least loaded first, so
-each process writes about the total over the process count. Values that are not arrays
-spread over processes (NumPy arrays, numbers) are process 0's, as for one file.
-
-**Every wait is bounded** by the save's `timeout`. The processes meet through numbered
-arrivals in the key-value store: each other process posts its arrival `k` (with its
-tree's description), process 0 claims it (an atomic increment, so a process that gives
-up and the writer never both think they own it) and answers with the go-ahead, or with
-why not (the processes that did not come; the first key path where two trees differ);
-a process kept waiting for the others to call says so on the "treeclass" logger.
-Then each wait for another process (the next step of the writer, a share finished) ends
-`timeout` seconds after the last progress any process of the save told of (writers
-tell at most once a second, per block or tensor written). A process that dies ends
-the waits of the others within that bound; one that dies inside a gather ends the
-gather with the collective's own error, and JAX's runtime stops the whole run when it
-loses process 0 (its coordinator) or misses a process's heartbeat. Loading waits for no
-other process.
-
-**Loading.** `place_by_slices` builds a sharded array from a callback that reads, for
-each shard this process holds, only that shard's bytes (`read_block`). A block is a set
-of equally long byte runs of the stored tensor (one run for a band of leading rows, one
-per row for a band of columns); runs are read together, gaps included, where that reads
-at most `OVER_READ` times the bytes needed, no gap is over `GAP_LIMIT` bytes and no read
-over `GROUP_BYTES` (so a column half of a matrix is one read, not one per row).
-
-This module sits below the checks and `_document`: it imports neither.
+A save whose values need no other process (NumPy arrays, numbers, arrays local to this
+process or held whole by every process) is its caller's alone, at once. Any other is made
+by every process: one file is written by process 0, which announces each array split
+across processes through the key-value store so that the others join its gather in the
+writer's order; a sharded save (`SharedWrite`) is written by all, each the bytes of the
+blocks it holds (`balance`), into files process 0 makes, sizes and renames. The processes
+meet through numbered arrivals in the key-value store (process 0 claims each by an atomic
+increment, so one that gave up and the writer never both own it) and every wait ends
+`timeout` seconds after the last progress any process told of. Loading waits for no one:
+`place_by_slices` reads only this process's shards (`read_block`), near runs of a block
+read together (`coalesce`, bounded by `OVER_READ`, `GAP_LIMIT`, `GROUP_BYTES`).
 """
 
 from __future__ import annotations
@@ -150,9 +110,7 @@ _WAITING = (
 )
 
 
-# --------------------------------------------------------------------------------------
-# Saving: what this process can read of an array, and the meeting of the processes
-# --------------------------------------------------------------------------------------
+# -- Saving: what this process can read of an array, and the meeting of the processes --
 
 Bounds = tuple[tuple[int, int], ...]  # a block of an array: `(start, stop)` per axis
 
@@ -882,9 +840,7 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
             raise failure
 
 
-# --------------------------------------------------------------------------------------
-# Loading: each process reads the bytes of its own shards
-# --------------------------------------------------------------------------------------
+# -- Loading: each process reads the bytes of its own shards --
 
 
 def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:

@@ -54,9 +54,7 @@ def can_store(dtype: np.dtype) -> bool:
     return dtype.name in _SAFETENSORS_NAMES and numpy_dtype(dtype.name) == dtype
 
 
-# --------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------
+# -- Reading --
 
 
 class _Tensor(NamedTuple):
@@ -191,9 +189,7 @@ class SafetensorsFile(FileSource):
         return buffer.view(dtype.newbyteorder("<")).reshape(tensor.shape)
 
 
-# --------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------
+# -- Writing --
 
 
 class SafetensorsSave:

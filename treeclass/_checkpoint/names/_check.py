@@ -22,7 +22,7 @@ from ._catalog import Catalog, Stored, describe
 from ._report import FrozenMapping, LoadReport
 from ._walk import NUMBER, NUMBERS, OBJECT, PLAIN, STATIC, TENSOR, Entry, is_abstract, static_parts
 
-__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "to_number"]
+__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "similarity", "to_number"]
 
 # what to do with a template entry: take the value from the catalog, keep the template's, or
 # skip it (outside a partial load's selection: kept, and not reported)
@@ -233,21 +233,21 @@ def _weakly(description: str, weak: bool) -> str:
     return description + (" (weakly typed)" if weak else " (strongly typed)")
 
 
-def _common_prefix(a: str, b: str) -> int:
-    return len(os.path.commonprefix([a, b]))
+def similarity(a: str, b: str) -> float:
+    """The share of two names in a common prefix and suffix (difflib's ratio, restricted
+    to those two blocks)."""
+    shared = len(os.path.commonprefix([a, b])) + len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return 2 * min(shared, len(a), len(b)) / (len(a) + len(b) or 1)
 
 
 class _Closest:
     """The closest of many names to a missing one, in time near-linear in their number.
 
-    Comparing every missing name with every unused one (as `difflib.get_close_matches`
-    would) costs their product: minutes for thousands of renamed keys. A rename keeps a
-    long common prefix or suffix (`layers.3.w` -> `layers.3.weight`, `encoder.x` ->
-    `model.encoder.x`), and the names sharing the longest prefix with a name sit next to
-    it in sorted order, those sharing the longest suffix next to it in the order of the
-    reversed names. So each missing name is scored against its few neighbours in both
-    orders only (two in each): by the share of characters in a common prefix and suffix, difflib's
-    measure of similarity restricted to those two blocks, with difflib's cutoff of 0.6.
+    A rename keeps a long common prefix or suffix (`layers.3.w` -> `layers.3.weight`), and
+    the names sharing the longest prefix with a name sit next to it in sorted order (the
+    longest suffix: in the order of the reversed names). So each missing name is scored
+    (`similarity`, difflib's cutoff of 0.6) against its two neighbours in both orders,
+    not against every name, which costs minutes for thousands of renamed keys.
     """
 
     _CUTOFF = 0.6
@@ -264,15 +264,10 @@ class _Closest:
 
     def __call__(self, name: str) -> str | None:
         candidates = set(self._near(self.forward, name))
-        reversed_name = name[::-1]
-        candidates.update(n[::-1] for n in self._near(self.backward, reversed_name))
+        candidates.update(n[::-1] for n in self._near(self.backward, name[::-1]))
         best, best_score = None, self._CUTOFF
         for candidate in sorted(candidates):
-            shared = _common_prefix(name, candidate) + _common_prefix(
-                reversed_name, candidate[::-1]
-            )
-            shared = min(shared, len(name), len(candidate))
-            score = 2 * shared / (len(name) + len(candidate))
+            score = similarity(name, candidate)
             if score > best_score or (score == best_score and best is None):
                 best, best_score = candidate, score
         return best

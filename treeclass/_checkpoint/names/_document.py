@@ -52,9 +52,7 @@ __all__ = [
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
 
-# --------------------------------------------------------------------------------------
-# Plain values: JSON, with tags for what JSON cannot tell apart
-# --------------------------------------------------------------------------------------
+# -- Plain values: JSON, with tags for what JSON cannot tell apart --
 
 
 def _encode(value: Any) -> Any:
@@ -101,9 +99,7 @@ def _decode(data: Any) -> Any:
     return data
 
 
-# --------------------------------------------------------------------------------------
-# Saving: the plan of a tree
-# --------------------------------------------------------------------------------------
+# -- Saving: the plan of a tree --
 
 _ABSTRACT_LEAF = (
     "an abstract value at {where} ({value}): there is no data to save. Save the model "
@@ -187,9 +183,7 @@ def plan(
     return json.dumps(document, separators=(",", ":")), tensors
 
 
-# --------------------------------------------------------------------------------------
-# Loading: a source and its document as a catalog
-# --------------------------------------------------------------------------------------
+# -- Loading: a source and its document as a catalog --
 
 
 class _Tensor(NamedTuple):
