@@ -60,15 +60,10 @@ _PROGRESS_EVERY_S = 1.0
 # An arrival carries its tree's description for naming a difference, up to this size
 _DESCRIPTION_LIMIT = 1 << 20
 _PREFIX = "treeclass/save"
-# A process kept waiting for the others to call `tc.save` says so (on the "treeclass"
-# logger) after this long, or half its timeout if that is shorter, instead of waiting
-# in silence until the timeout.
+# A process kept waiting for the others to call `tc.save` says so after this long (`_Notice`)
 _NOTICE_AFTER_S = 10.0
 _logger = logging.getLogger("treeclass")
-# Coalesced reads: runs of a block with a gap of at most GAP_LIMIT bytes between them
-# are read together, when that reads at most OVER_READ times the bytes they hold; one
-# read is at most GROUP_BYTES long (unless one run alone is longer), which bounds the
-# host memory a read takes beside the block it fills.
+# Coalesced reads (`coalesce`); GROUP_BYTES bounds the host memory a read takes
 GAP_LIMIT = 1 << 20
 OVER_READ = 2
 GROUP_BYTES = 64 << 20
@@ -93,9 +88,9 @@ _STOPPED = (
 )
 _FAILED_ELSEWHERE = "tc.save on process 0 (the one that writes {path}) failed: {error}"
 _NOT_SHARED = (
-    "process {process} does not see the file {temp} that "
-    "process 0 made. A sharded save on several processes is written by every process "
-    "into one folder, which must be on a file system they all share"
+    "process {process} does not see the file {temp} that process 0 made. A sharded save "
+    "on several processes is written by every process into one folder, which must be on "
+    "a file system they all share"
 )
 _FAILED_ON = "tc.save of {path} failed on process {process}: {error}"
 _GATHER_OUTSIDE_SAVE = (
@@ -145,10 +140,8 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 
 
 class _HostView:
-    """What a save reads of an array that is not fully addressable here (`_values`).
-
-    `spread`: whether the array needs another process to be read whole (some process of
-    the run does not hold all of it): a save of a tree holding one is made by all."""
+    """What a save reads of an array not fully addressable here; `spread` when some
+    process of the run does not hold all of it (a save holding one is made by all)."""
 
     spread = True
 
@@ -176,8 +169,7 @@ class _Replicated(_HostView):
 
 
 class _LocalShards(_HostView):
-    """An array this process holds every part of, across its own devices: assembled here.
-    `spread` when some other process does not hold all of it."""
+    """An array this process holds every part of, across its own devices: assembled here."""
 
     def __init__(self, array: jax.Array, where: str, spread: bool) -> None:
         super().__init__(array, where)
@@ -213,16 +205,10 @@ class _Gathered(_HostView):
 
 
 def host_view(array: jax.Array, where: str) -> _HostView:
-    """What a save reads for `array`, one not fully addressable here: `np.asarray` of it
-    gives the array's values (a PRNG key array's key data).
-
-    Nothing is read yet. A fully replicated array is this process's copy; one whose every
-    part is on this process's devices is assembled here from them; any other is gathered
-    from all processes while the file is written (`save_from_processes`). The view is
-    `spread` unless every process of the run holds all of the array: every process
-    decides alike, from the sharding, which arrays need all of them, and which are
-    gathered.
-    """
+    """What a save reads for `array`, one not fully addressable here (`np.asarray` of it
+    gives its values, a PRNG key array's key data): this process's copy of a replicated
+    array, one assembled from this process's devices when they hold all of it, else a
+    gather from all processes while the file is written. Every process decides alike."""
     indices = array.sharding.devices_indices_map(array.shape)
     held: dict[int, set[Bounds]] = {}
     for device, index in indices.items():
@@ -239,11 +225,9 @@ def host_view(array: jax.Array, where: str) -> _HostView:
     return _Gathered(array, where)
 
 
-# One save at a time per process, and what the meetings have used so far: the arrivals
-# this process posted (`arrivals`), and on process 0 the next arrival of each other
-# process (`seen`). The key-value store is shared by the whole run, so these counters
-# must stay in step with it; the lock keeps two threads of one process from interleaving.
-# A save made by one process alone (nothing spread over processes) uses none of them.
+# One save at a time per process, and the meetings' counters so far (the arrivals this
+# process posted; on process 0 the next arrival of each other process), in step with
+# the run's key-value store; the lock keeps two threads of one process apart.
 _lock = threading.Lock()
 _counters: dict[str, Any] = {"saves": 0, "arrivals": 0, "seen": {}}
 
@@ -314,9 +298,8 @@ class _Save:
             self.client.key_value_increment(f"{self.key}/progress", 1)
 
     def wait(self, name: str, what: str, bound: float | None = None) -> dict[str, Any]:
-        """The message posted at `name` (under this save's key). The wait ends `bound`
-        (by default `timeout`) seconds after the last progress any process of the save
-        told of."""
+        """The message posted at `name`; the wait ends `bound` (by default `timeout`)
+        seconds after the last progress any process of the save told of."""
         progress, bound = f"{self.key}/progress", bound or self.timeout
         told = self.client.key_value_increment(progress, 0)
         while True:
@@ -353,9 +336,8 @@ def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
 
 
 def _describe(path: str, entries: list[list[Any]]) -> str:
-    """What the processes must agree on: the path, and each tensor's key path, stored
-    dtype and shape, and how it is spread (by a digest, with the whole list packed when
-    it is not too large, to name the first difference)."""
+    """What the processes must agree on: the path and the tensors (`_entries`), by a
+    digest, with the list packed when it is small enough to name the first difference."""
     text = json.dumps(entries).encode()
     packed = base64.b64encode(zlib.compress(text)).decode()
     return json.dumps(
@@ -425,19 +407,11 @@ def save_from_processes(
     write: Callable[[], None] | SharedWrite,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Write `path`, alone or with every process taking part.
+    """Write `path`, alone or with every process taking part (see the module docstring).
 
-    `tensors` are the save's planned tensors (`.name`, `.dtype`, `.shape`, `.value`).
-    `write` is either a `SharedWrite` (its `tensors` in the same order), or a function
-    that writes the whole file and reads every tensor's value.
-
-    A save whose values need no other process (none is a `spread` view: a run of one
-    process, or NumPy, local and replicated arrays) is this process's alone: the function
-    is called, or the `SharedWrite` written by this process alone, at once. Otherwise
-    every process takes part, with the same tensors: a `SharedWrite` is written by all,
-    each its share; a function runs on process 0 while the others join the gathers of
-    the arrays split across processes. No process waits for another more than `timeout`
-    seconds without news (a call, or progress in the writing).
+    `write` is a `SharedWrite` (its `tensors` in the order of `tensors`) or a function
+    that writes the whole file. A save whose values need no other process is this
+    process's alone, at once; otherwise every process takes part with the same tensors.
     """
     timeout = _check_timeout(timeout)
     spread = [t.where for t in tensors if isinstance(t.value, _HostView) and t.value.spread]
@@ -459,6 +433,10 @@ def save_from_processes(
             _take_part(save, tensors)
 
 
+def _named(processes: list[int]) -> str:
+    return f"process {processes[0]}" if len(processes) == 1 else f"processes {processes}"
+
+
 def _meet_as_process_0(
     path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: float
 ) -> _Save:
@@ -472,10 +450,8 @@ def _meet_as_process_0(
     arrived: dict[int, tuple[int, str]] = {}
 
     def waiting() -> str:
-        who = [p for p in range(1, count) if p not in arrived]
-        who_text = f"process {who[0]}" if len(who) == 1 else f"processes {who}"
-        who_text += " to call it too"
-        return _WAITING.format(path=path, me=0, who=who_text, spread=spread, timeout=timeout)
+        who = _named([p for p in range(1, count) if p not in arrived]) + " to call it too"
+        return _WAITING.format(path=path, me=0, who=who, spread=spread, timeout=timeout)
 
     wait = _Notice(timeout, waiting)
     for process in range(1, count):
@@ -491,19 +467,17 @@ def _meet_as_process_0(
     missing = [p for p in range(1, count) if p not in arrived]
     error: tuple[str, str] | None = None
     if missing:
-        who = f"process {missing[0]}" if len(missing) == 1 else f"processes {missing}"
         text = _NOT_EVERYWHERE.format(
-            path=path, spread=spread, me=0, timeout=timeout, who=who,
+            path=path, spread=spread, me=0, timeout=timeout, who=_named(missing),
             verb="it did" if len(missing) == 1 else "they did",
         )  # fmt: skip
         error = ("TimeoutError", text)
     else:
-        for process, (_, theirs) in arrived.items():
-            difference = _difference(mine, path, theirs, process)
-            if difference is not None:
-                text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
-                error = ("ValueError", text)
-                break
+        found = (_difference(mine, path, theirs, p) for p, (_, theirs) in arrived.items())
+        difference = next((d for d in found if d is not None), None)
+        if difference is not None:
+            text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
+            error = ("ValueError", text)
     for process, (k, _) in arrived.items():
         answer = {"save": number} if error is None else {"error": error}
         client.key_value_set(f"{_PREFIX}/reply/{process}/{k}", json.dumps(answer))
@@ -641,13 +615,9 @@ def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> 
 
 def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[list[tuple]]:
     """Who writes which bytes of each piece, given `(nbytes, holders)` per piece: for each,
-    a list of `(process, start, stop)` byte ranges of the piece, in order.
-
-    A piece one process holds is its own; the others, those with the fewest holders and
-    then the largest first, are split by bytes between their holders so as to even out
-    the totals (filling the least loaded up to a common level). The result depends only
-    on the arguments: every process computes the same split.
-    """
+    `(process, start, stop)` byte ranges. A piece one process holds is its own; the others
+    (fewest holders, then largest, first) are split between their holders so as to even
+    out the totals. Every process computes the same split from the same arguments."""
     load = [0] * count
     parts: list[list[tuple]] = [[] for _ in pieces]
     for i, (nbytes, holders) in enumerate(pieces):
@@ -845,12 +815,8 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
 
 def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:
     """The reads of runs of `chunk` bytes at ascending `offsets`: `(first run, count,
-    pitch)` each, a read of `count` runs `pitch` bytes apart (gaps included).
-
-    Runs equally spaced go into one read while the gap is at most `chunk` bytes (so the
-    read holds at most `OVER_READ` = 2 times the bytes it needs, however many runs it
-    takes) and at most `GAP_LIMIT`, up to `GROUP_BYTES` a read; other runs are one read each.
-    """
+    pitch)` each. Equally spaced runs are read together while a gap is at most `chunk`
+    (`OVER_READ`) and `GAP_LIMIT` bytes, up to `GROUP_BYTES` a read; others one by one."""
     n = len(offsets)
     if n == 0:
         return []
@@ -880,13 +846,9 @@ def read_block(
     itemsize: int,
     read_range: Callable[[int, int], np.ndarray],
 ) -> np.ndarray:
-    """The bytes of the block `bounds` (`(start, stop)` per axis) of a C-ordered tensor of
-    `shape`, as a `uint8` array of the block's shape plus an axis of `itemsize` bytes.
-
-    `read_range(start, stop)` reads a byte range of the tensor. A block of whole rows of
-    the leading axis is one read; a block cut along later axes is a run of bytes per row,
-    read together where they are near (`coalesce`).
-    """
+    """The bytes of the block `bounds` of a C-ordered tensor of `shape`, as `uint8` of the
+    block's shape plus an axis of `itemsize`, read by `read_range(start, stop)`: whole
+    leading rows in one read, a band of columns by runs read together (`coalesce`)."""
     extent = tuple(b - a for a, b in bounds)
     offsets, chunk = _runs(bounds, shape, itemsize)
     if len(offsets) == 1:
@@ -907,13 +869,9 @@ def place_by_slices(
     sharding: jax.sharding.Sharding,
     read_range: Callable[[int, int], np.ndarray],
 ) -> jax.Array:
-    """A tensor of `shape` and `dtype` stored C-ordered and little-endian, placed with
-    `sharding`: this process reads only the blocks its devices hold, each byte once.
-
-    When this process's blocks tile one box (one process of several holding a band of
-    rows or columns; every block, in a run of one process), the box is read at once and
-    each device's block is a view of it; otherwise each block is read by itself.
-    """
+    """A tensor of `shape` and `dtype`, stored C-ordered and little-endian, placed with
+    `sharding`: this process reads only its devices' blocks, each byte once (the box they
+    tile at once, when they tile one, each block a view of it)."""
     stored = np.dtype(dtype).newbyteorder("<")
     indices = sharding.addressable_devices_indices_map(shape).values()
     held = {_bounds(index, shape) for index in indices}

@@ -12,6 +12,7 @@ import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dty
 import numpy as np
 
 from ..._values import is_prng_key
+from ._files import IO, reworded
 
 __all__ = [
     "TensorInfo",
@@ -116,8 +117,9 @@ def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn
 
 
 class FileSource:
-    """What the readers of an opened file share: the one error naming it (`_corrupt`), no
-    metadata unless the format has some, and closing the file."""
+    """What the readers of an opened file share: the one error naming it (`_corrupt`),
+    positioned reads of tensor data (`read_at`), no metadata unless the format has some,
+    and closing the file."""
 
     format: str
 
@@ -127,6 +129,31 @@ class FileSource:
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, self.format)
+
+    def read_at(self, key: str, offset: int, count: int, out: Any = None) -> np.ndarray:
+        """`count` bytes at `offset` of the file, the data of tensor `key` (into `out`, else
+        a new flat `uint8` array), counted in `IO`. Read straight into the buffer where the
+        OS has positioned reads, with no read-ahead copy, so that many small slices (a row
+        per shard) cost what they read."""
+        out = np.empty(max(count, 0), np.uint8) if out is None else out
+        view, done = memoryview(out).cast("B"), 0
+        positioned = hasattr(os, "preadv")
+        if not positioned:
+            self.file.seek(offset)
+        try:
+            while done < len(view):
+                if positioned:
+                    got = os.preadv(self.file.fileno(), [view[done:]], offset + done)
+                else:
+                    got = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+                if not got:
+                    self._corrupt(f"it ended inside the data of tensor {key!r}")
+                done += got
+        except OSError as error:  # a disk or network failure: the I/O error, naming the file
+            message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
+            raise reworded(error, message, self.location) from error
+        IO.read(done)
+        return out
 
     def metadata(self) -> Mapping[str, str]:
         return {}

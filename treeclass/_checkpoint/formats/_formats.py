@@ -1,26 +1,7 @@
-"""Which reader opens a checkpoint: by `format=`, else by the file's contents or name.
-
-| format | recognised by |
-|---|---|
-| `"safetensors"` | an 8-byte header length, then `{` |
-| `"sharded"` | a name ending in `.index.json`, or a folder holding one such index (¹) |
-| `"npz"` | a zip archive (`PK`) |
-| `"flax"` | a msgpack map (flax's `serialization.to_bytes`) |
-| `"equinox"` | a `.npy` record (`\\x93NUMPY`: equinox's `tree_serialise_leaves`) |
-
-A name with one of the formats' extensions (`.safetensors`, `.npz`, `.msgpack`, `.eqx`)
-goes to that format's reader, which says what is wrong with the file, if anything; any
-other name (`checkpoint_100`, `model.bin`) is told by its first bytes, and one whose
-bytes fit no format is an error listing the formats.
-
-The formats are not listed here: each format's module registers its row
-(`_source.register_format`: name, name endings, first-bytes test, reader, writer) when
-imported, and the folder's `__init__` imports every module of the folder; what follows
-reads the registered rows.
-
-(¹) A folder's indexes of other libraries' shards (`pytorch_model.bin.index.json`,
-`flax_model.msgpack.index.json`, `tf_model.h5.index.json`), which model repositories keep
-beside their safetensors files, are passed over.
+"""Which reader opens a checkpoint (by `format=`, else by a format's name ending, else by
+the first bytes; a folder by the one checkpoint it holds, passing over other libraries'
+indexes such as `pytorch_model.bin.index.json`), and which writer `tc.save` uses. The
+formats are the registered rows (`_source.register_format`), none is listed here.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""NumPy's array files: the `.npy` record and the `.npz` archive (a `CheckpointSource`).
-
-A `.npy` record is a magic string, a version, a header (a Python literal giving the
-dtype, the memory order and the shape) and the raw bytes; an `.npz` file (`np.savez`,
-`np.savez_compressed`) is a zip archive of records named `<key>.npy`. Records are read
-through `numpy.lib.format`'s header parsers (which evaluate literals only), never with
-`allow_pickle`: an object array is refused, naming its key.
-
-Opening an archive reads each member's header alone (for a compressed member, the first
-block of its stream); the data is read when the tensor is.
+"""NumPy's `.npy` record and `.npz` archive (a zip of records), read without pickle (an
+object array is refused, naming its key) through `numpy.lib.format`'s header parsers.
+Opening an archive reads each member's header alone; data is read with the tensor.
 """
 
 from __future__ import annotations
@@ -33,7 +26,6 @@ __all__ = [
     "npy_array",
     "object_array_error",
     "refuses",
-    "read_exact",
     "ranges_read_directly",
     "NpyRecords",
     "NpzFile",
@@ -118,16 +110,6 @@ def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     if header.dtype.byteorder == ">":
         array = array.astype(header.dtype.newbyteorder("<"))
     return array
-
-
-def read_exact(file: BinaryIO, offset: int, count: int) -> np.ndarray:
-    """`count` bytes of `file` at `offset`, flat `uint8`; `EOFError` if it ends first."""
-    buffer = np.empty(max(count, 0), np.uint8)
-    file.seek(offset)
-    done = read_into(file, buffer.data)
-    if done < len(buffer):
-        raise EOFError(f"the file ended {len(buffer) - done} bytes early")
-    return buffer
 
 
 def ranges_read_directly(header: NpyHeader) -> bool:
@@ -255,10 +237,7 @@ class NpzFile(NpyRecords):
 
     def _stored_data(self, key: str, member: _Member) -> np.ndarray:
         assert member.data is not None
-        try:
-            buffer = read_exact(self.file, member.data, member.header.nbytes)
-        except EOFError:
-            self._corrupt(f"it ended inside the data of {key!r}")
+        buffer = self.read_at(key, member.data, member.header.nbytes)
         self.file.seek(member.data - member.header.size)
         head = self.file.read(member.header.size)
         if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:

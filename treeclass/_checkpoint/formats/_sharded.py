@@ -1,27 +1,13 @@
-"""Sharded safetensors: an index file and several safetensors files (a `CheckpointSource`,
-and its writer).
+"""Sharded safetensors: an index (`{"metadata": {...}, "weight_map": {name: shard}}`) and
+the safetensors shards beside it (a `CheckpointSource`), and its writer.
 
-The layout of large-model repositories: `model.safetensors.index.json` holds
-
-    {"metadata": {"total_size": 123456}, "weight_map": {name: "model-00001-of-00003.safetensors"}}
-
-and each shard is a plain safetensors file beside it. The reader opens every shard the
-index names (headers only) and checks that the index and the shards agree exactly: a
-name the index maps to a shard that lacks it, or a tensor no entry names, is an error.
-Shard names must be plain file names in the index's folder (an index from elsewhere must
-not make us open `../../anything`). The `total_size` is not checked: repositories
-disagree on what it counts.
-
-`tc.save(path, tree, max_shard_size=...)` writes the same layout, tensors in the tree's
-order, a shard closed when the next tensor would take it over the limit (a tensor larger
-than the limit gets a shard of its own), as huggingface's writers do. Each shard is
-replaced atomically, the index last; treeclass's document goes into the index's
-metadata, so a sharded save loads exactly as a single file does; the metadata a save is
-given (`metadata={"format": "pt"}`) goes into the index and every shard's header alike.
-A token shared by the index and its shards makes a mix of two saves (an interrupted save
-over an older one) an error rather than a silently mixed model. Shards of the previous
-save at `path` that the new index no longer names are removed once the new index is in
-place (only `.safetensors` files: an index from elsewhere may name anything).
+The reader checks that index and shards agree exactly and that shard names are plain
+file names beside the index (`total_size` is not checked: repositories disagree on it).
+The writer closes a shard when the next tensor would take it over the limit (a larger
+tensor gets its own), replaces each atomically, the index last, with the given metadata
+in the index and every shard; treeclass's own saves tie index and shards by a token, so
+an interrupted save over an older one is an error, and remove the previous save's
+shards the new index no longer names (only `.safetensors` files).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Checking a template against a catalog: every entry decided, every problem collected.
-
-Each entry of the template is taken from the catalog, kept, or skipped (outside a
-partial load); values are compared as `_values.exact_key` does, numbers converted only
-when exact. `Checker.finish` makes the `LoadReport`, with a hint for each missing name.
-"""
+"""Checking a template against a catalog: each entry taken, kept or skipped, values
+compared as `_values.exact_key` does, every problem collected into the `LoadReport`."""
 
 from __future__ import annotations
 

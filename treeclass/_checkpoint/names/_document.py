@@ -1,22 +1,10 @@
-"""treeclass's own metadata in a checkpoint: what tensors really are, and plain values.
-
-Any format with string metadata can carry it (safetensors does, under the key
-`"treeclass"`). Its value is a JSON document:
-
-    {"format": "treeclass", "version": 1, "root": "MLP",
-     "tensors": {name: {"kind": ...}},                  # plus "dtype"/"shape" for raw bytes
-     "values":  {name: {"kind": ..., "value": ...}},    # plain data, JSON-encoded
-     "objects": {name: {"kind": ..., "type": ...}},     # not saved: from the template
-     "versions": {class name: {"version": ..., "at": [key paths of its nodes]}}}
-
-`kind` is `"leaf"`, `"frozen"` or `"static"`. dtypes a format cannot name (complex128,
-float8_e3m4, int4, PRNG keys, ...) are stored as raw little-endian bytes (`uint8` with a
-trailing itemsize axis; keys as their `uint32` key data) with the real dtype in the
-document, so the file stays readable by other tools.
-
-Saving *plans* a tree (`plan`: the document and each tensor's stored dtype, shape and
-bytes); loading wraps a `CheckpointSource` and its document into a catalog the
-format-neutral checks read (`SourceCatalog`).
+"""treeclass's own metadata in a checkpoint (safetensors: under `"treeclass"`), a JSON
+document: `{"format": "treeclass", "version": 1, "root": "MLP", "tensors": {name:
+{"kind", ...}}, "values": {name: {"kind", "value"}}, "objects": {name: {"kind", "type"}},
+"versions": {class: {"version", "at"}}}`, `kind` being leaf, frozen or static. A dtype
+the format cannot name (complex128, int4, PRNG keys) is stored as raw little-endian bytes
+(`uint8`, one more axis; keys as `uint32` key data), its true dtype and shape in the
+record. `plan` makes it for a save; `SourceCatalog` reads any source with it.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Export: a tree's data under another library's names, through the key rules that load it.
 
-A rule table maps a checkpoint's names to a model's key paths (`_rules`); export runs it
-backwards, through the plan that binds the model's arrays to the file's names (`_plan`:
-which rule gives each array, with which captures; a stacked leaf by its layers' names,
-`blocks.3.attn.q`, unless a rule takes it whole). The sources are computed from the
-targets:
-
-- a rule without a transform renames;
-- a rule with an explicit inverse (its fourth element) runs it;
-- any other transform is inverted when it only moves elements (a transpose, a reshape,
-  a split or a concatenation, any mix of them): it is run once on integer labels of the
-  source elements, which says where each element of the targets came from, and run once
-  more on other labels to check that it does not depend on the values. Export gathers
-  each source element from there; a source element given twice (tied weights, `lambda w:
-  (w, w.T)`) is written once, and both copies must hold the same bytes. The source
-  shapes are those, among the shapes the targets suggest (the same, reversed, the
-  targets joined along an axis, ...), for which the transform gives the targets' shapes;
-  when none or several do, the error names the rule and asks for its inverse.
-
-Names no rule matches keep their own.
+The plan (`_plan`) binds each array to its rule, captures and file names; export
+computes the sources from the targets: a rule without a transform renames, one with an
+inverse (its fourth element) runs it, and any other transform is inverted when it only
+moves elements (a transpose, reshape, split, concatenation): run once on labels of the
+source elements, it says where each target element came from, and once more on other
+labels to check it does not depend on the values. A source element given twice (tied
+weights) is written once, both copies checked equal. The source shapes are those, among
+the ones the targets suggest, for which the transform gives the targets' shapes; none
+or several is an error asking for the inverse.
 """
 
 from __future__ import annotations

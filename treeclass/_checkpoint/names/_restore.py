@@ -1,10 +1,5 @@
-"""Restoring a template from a catalog: check, report or raise, then read and place.
-
-`restore` runs the checks (`_check`), raises with the fixes (`_fixes`) or returns the
-report, and only then reads tensors, each put where its template leaf lives (its
-sharding, read shard by shard when the catalog offers byte ranges), weakly typed as
-saved, with the host copy freed as it goes.
-"""
+"""Restoring a template from a catalog: the checks, the policies, the report or the
+error with its fixes, then each tensor read and placed where its template leaf lives."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The stacks of a template as checkpoint names see them: a stacked leaf and its layers.
-
-The per-layer naming is a checkpoint concept (the unrolled model names layer `i`
-`blocks.{i}.attn.q`); what it needs of a stack (its layers, a pattern's period and key)
-its row of the table of node kinds answers (its stack part, `_structure.Stack`).
-"""
+"""A template's stacks as checkpoint names see them (the unrolled model names layer `i`
+`blocks.{i}.attn.q`), from what a stack's row of the node-kind table says of its layers."""
 
 from __future__ import annotations
 

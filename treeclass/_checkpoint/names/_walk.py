@@ -1,13 +1,7 @@
-"""A tree as checkpoint entries: its leaves, wrapped values and static parts, named.
-
-What is saved is decided by walking the tree through its rows of the table of node kinds
-(`_structure.row_of`), into every wrapped value (a frozen value): every array (wrapped
-or not) and numpy scalar is *data* and becomes a tensor; Python numbers are data too;
-strings, `None` and tuples or lists of such plain values (leaves, wrapped values, static
-parts) are recorded, and a static part holding another container is recorded part by
-part; functions and other objects are never saved (only their type's name): they come
-from the template given to `load` / `from_state_dict`, which also decides the structure
-and what is wrapped.
+"""A tree as checkpoint entries, walked through its rows of the node-kind table: arrays
+and numpy scalars (wrapped or not) are tensors, Python numbers numbers, plain values
+(strings, `None`, tuples and lists of them) recorded, static containers part by part,
+and other objects never saved: the template gives them, and the structure.
 """
 
 from __future__ import annotations
