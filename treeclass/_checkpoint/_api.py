@@ -446,8 +446,7 @@ def _metadata(metadata: object) -> dict[str, str]:
 
 def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
-    # an export is written by its caller alone (as any tree with nothing spread over
-    # processes), reading each array whole through NumPy: on several processes, only a
+    # written by its caller alone, reading each array whole: on several processes, only a
     # fully addressable or fully replicated array can be
     unreadable = [
         path_str(tree, path)
@@ -477,15 +476,12 @@ def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[
 
 
 def _foreign_bytes(tensor: ForeignTensor) -> np.ndarray:
-    value = np.ascontiguousarray(tensor.compute())
-    if value.dtype.byteorder == ">":
-        value = value.astype(value.dtype.newbyteorder("<"))
-    return value.reshape(-1).view(np.uint8)
+    return tensor_bytes(tensor.compute())
 
 
 def _leaf_bytes(tensor: PlannedTensor, path: str) -> np.ndarray:
     try:
-        return tensor_bytes(tensor)
+        return tensor_bytes(tensor.value)
     except Exception as error:  # a deleted (donated) array, a failed device transfer
         message = f"tc.save cannot write {path}: reading {tensor.where} failed: {error}"
         try:

@@ -140,68 +140,44 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 
 
 class _HostView:
-    """What a save reads of an array not fully addressable here; `spread` when some
-    process of the run does not hold all of it (a save holding one is made by all)."""
+    """What a save reads of an array not fully addressable here (`np.asarray` of it: its
+    values, a key array's key data): assembled from this process's shards, or, when
+    `gathered` (split across processes), gathered from all while the writer reads it.
+    `spread` when some process of the run does not hold all of it: a save is made by all."""
 
-    spread = True
-
-    def __init__(self, array: jax.Array, where: str) -> None:
-        self.array, self.where = array, where
-        self.progress: Callable[[], None] | None = None  # set by the save it is part of
-
-    def _values(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
-        out = self._values()
-        if self.progress is not None:
-            self.progress()
-        return out if dtype is None else out.astype(dtype)
-
-
-class _Replicated(_HostView):
-    """An array every device holds whole: this process's copy."""
-
-    spread = False
-
-    def _values(self) -> np.ndarray:
-        return np.asarray(_key_data(self.array.addressable_data(0)))
-
-
-class _LocalShards(_HostView):
-    """An array this process holds every part of, across its own devices: assembled here."""
-
-    def __init__(self, array: jax.Array, where: str, spread: bool) -> None:
-        super().__init__(array, where)
-        self.spread = spread
-
-    def _values(self) -> np.ndarray:
-        out = None
-        for bounds, data in _local_shards(self.array).items():
-            block = np.asarray(_key_data(data))  # a single-device array: nothing collective
-            if out is None:
-                out = np.empty(self.array.shape + block.shape[self.array.ndim :], block.dtype)
-            out[tuple(slice(a, b) for a, b in bounds)] = block
-        assert out is not None  # an array has at least one shard
-        return out
-
-
-class _Gathered(_HostView):
-    """An array split across processes: gathered when the writer reads it, in a save."""
-
-    def __init__(self, array: jax.Array, where: str) -> None:
-        super().__init__(array, where)
-        self.announce: Callable[[], None] | None = None  # set by the save it is part of
+    def __init__(self, array: jax.Array, where: str, spread: bool, gathered: bool = False) -> None:
+        self.array, self.where, self.spread, self.gathered = array, where, spread, gathered
+        # set by the save it is part of
+        self.progress: Callable[[], None] | None = None
+        self.announce: Callable[[], None] | None = None
 
     def gather(self) -> np.ndarray:
         # a collective: every process runs this, for the same tensors in the same order
         return np.asarray(multihost_utils.process_allgather(_key_data(self.array), tiled=True))
 
     def _values(self) -> np.ndarray:
-        if self.announce is None:
-            raise ValueError(_GATHER_OUTSIDE_SAVE.format(where=self.where))
-        self.announce()
-        return self.gather()
+        if self.gathered:
+            if self.announce is None:
+                raise ValueError(_GATHER_OUTSIDE_SAVE.format(where=self.where))
+            self.announce()
+            return self.gather()
+        whole = tuple((0, n) for n in self.array.shape)
+        out = None
+        for bounds, data in _local_shards(self.array).items():
+            block = np.asarray(_key_data(data))  # a single-device array: nothing collective
+            if bounds == whole:  # a block that holds it all (a replicated array): that copy
+                return block
+            if out is None:
+                out = np.empty(self.array.shape + block.shape[self.array.ndim :], block.dtype)
+            out[tuple(slice(a, b) for a, b in bounds)] = block
+        assert out is not None  # an array has at least one shard
+        return out
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        out = self._values()
+        if self.progress is not None:
+            self.progress()
+        return out if dtype is None else out.astype(dtype)
 
 
 def host_view(array: jax.Array, where: str) -> _HostView:
@@ -218,11 +194,9 @@ def host_view(array: jax.Array, where: str) -> _HostView:
         p: sum(math.prod(b - a for a, b in x) for x in h) == array.size for p, h in held.items()
     }
     everywhere = len(whole) == jax.process_count() and all(whole.values())
-    if array.is_fully_replicated and everywhere:
-        return _Replicated(array, where)
     if everywhere or whole.get(0, False):  # process 0 can read it alone, when it writes
-        return _LocalShards(array, where, spread=not everywhere)
-    return _Gathered(array, where)
+        return _HostView(array, where, spread=not everywhere)
+    return _HostView(array, where, spread=True, gathered=True)
 
 
 # One save at a time per process, and the meetings' counters so far (the arrivals this
@@ -328,7 +302,7 @@ def _kind(value: object) -> str:
     digest = hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
     spec = getattr(array.sharding, "spec", None)
     sharding = type(array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
-    return f"{'split' if isinstance(value, _Gathered) else 'held'}|{sharding}|{digest}"
+    return f"{'split' if value.gathered else 'held'}|{sharding}|{digest}"
 
 
 def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
@@ -533,20 +507,15 @@ def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, A
 
 def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Callable) -> None:
     steps = itertools.count()
-    order = {id(t.value): i for i, t in enumerate(tensors)}
+    views = [(i, t.value) for i, t in enumerate(tensors) if isinstance(t.value, _HostView)]
 
-    def announcer(value: _Gathered) -> Callable[[], None]:
-        def announce() -> None:
-            step = f"{save.key}/step/{next(steps)}"
-            save.client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
+    def announcer(index: int) -> Callable[[], None]:
+        step = json.dumps({"gather": index})
+        return lambda: save.client.key_value_set(f"{save.key}/step/{next(steps)}", step)
 
-        return announce
-
-    views = [t.value for t in tensors if isinstance(t.value, _HostView)]
-    for value in views:
+    for index, value in views:
         value.progress = save.progress
-        if isinstance(value, _Gathered):
-            value.announce = announcer(value)
+        value.announce = announcer(index) if value.gathered else None
     outcome: dict[str, Any] = {"done": True}
     try:
         write()
@@ -554,10 +523,8 @@ def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Ca
         outcome = _outcome(save.path, failure)
         raise
     finally:
-        for value in views:
-            value.progress = None
-            if isinstance(value, _Gathered):
-                value.announce = None
+        for _, value in views:
+            value.progress = value.announce = None
         save.client.key_value_set(f"{save.key}/step/{next(steps)}", json.dumps(outcome))
 
 
@@ -567,7 +534,7 @@ def _take_part(save: _Save, tensors: Sequence[PlannedTensor]) -> None:
         message = _checked(save.wait(f"step/{step}", what))
         if "gather" in message:
             gathered = tensors[message["gather"]].value
-            assert isinstance(gathered, _Gathered)  # (every process planned alike)
+            assert isinstance(gathered, _HostView) and gathered.gathered  # (planned alike)
             gathered.gather()  # the result is process 0's to write
         else:
             return

@@ -53,11 +53,8 @@ class Checker:
                 return KEEP
             return self._missing(where, entry)
         if entry.category == OBJECT:
-            # functions and other objects are never saved: they come from the template,
-            # whatever non-data value the file had there (a function where the template
-            # holds a jitted one, a partial, a builtin, a class). Data there (an array, a
-            # string) means the model changed, and so does another type of a static
-            # container, whose parts are checked one by one
+            # never saved, so any non-data value of the file fits (a function where the
+            # template holds a jitted one); data, or a static container of another type, not
             if stored.category == OBJECT and (
                 stored.value == type(entry.value).__name__ or not static_parts(entry.value)
             ):
@@ -65,19 +62,15 @@ class Checker:
             return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
         if entry.kind == STATIC:
             return self._static(where, entry, stored)
-        if entry.category == TENSOR:
-            if stored.category != TENSOR:
-                if _abstract_number_fits(entry.value, stored):
-                    return TAKE
-                return self._mismatch(where, entry, stored, "type")
+        if entry.category == TENSOR and stored.category == TENSOR:
             return self._tensor_fits(where, entry, stored) or TAKE
-        if entry.category == NUMBER:
-            if not _number_fits(entry.value, stored):
-                return self._mismatch(where, entry, stored, "type")
-            return TAKE
-        if stored.category == PLAIN and type(stored.value) is type(entry.value):
-            return TAKE
-        return self._mismatch(where, entry, stored, "type")
+        if entry.category == TENSOR:
+            fits = _abstract_number_fits(entry.value, stored)
+        elif entry.category == NUMBER:
+            fits = _number_fits(entry.value, stored)
+        else:
+            fits = stored.category == PLAIN and type(stored.value) is type(entry.value)
+        return TAKE if fits else self._mismatch(where, entry, stored, "type")
 
     def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
         """None if the stored tensor has the template's shape and dtype, else a mismatch."""
@@ -110,8 +103,7 @@ class Checker:
         return self._mismatch(where, entry, stored, "static")
 
     def skip(self, entry: Entry) -> str:
-        """An entry outside a partial load: kept, and its name in the checkpoint is not
-        unexpected (it belongs to the template)."""
+        """An entry outside a partial load: kept, its name in the checkpoint not unexpected."""
         if self.source.stored(entry.name) is not None:
             self.used.add(entry.name)
         return SKIP

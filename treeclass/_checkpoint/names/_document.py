@@ -113,30 +113,26 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
     record: dict[str, Any] = {"kind": entry.kind}
     if is_weak(value):
         record["weak"] = True
-    if is_prng_key(value):
-        stored = jax.eval_shape(jax.random.key_data, value).shape
+    if is_prng_key(value):  # its uint32 key data, one more axis
         record.update(dtype=str(value.dtype), shape=list(shape))
         record["impl"] = str(jax.random.key_impl(value))
-        u32 = np.dtype("uint32")
-        return PlannedTensor(entry.name, data, u32, stored, 4 * math.prod(stored), record, where)
-    dtype = np.dtype(value.dtype)
-    if dtype.byteorder == ">":  # written little-endian, as the format says (`tensor_bytes`)
-        dtype = dtype.newbyteorder("<")
-    if storable(dtype):
-        nbytes = dtype.itemsize * math.prod(shape)
-        return PlannedTensor(entry.name, data, dtype, shape, nbytes, record, where)
-    if dtype.hasobject or dtype.kind in "OSUMm" or numpy_dtype(dtype.name) != dtype:
-        raise ValueError(_UNSAVABLE_DTYPE.format(where=where, dtype=dtype))
-    # no name in the format: raw bytes, one more axis for the bytes of an element
-    stored = (*shape, dtype.itemsize)
-    record.update(dtype=dtype.name, shape=list(shape))
-    u8 = np.dtype("uint8")
-    return PlannedTensor(entry.name, data, u8, stored, math.prod(stored), record, where)
+        dtype, stored = np.dtype("uint32"), jax.eval_shape(jax.random.key_data, value).shape
+    else:
+        dtype = np.dtype(value.dtype)
+        if dtype.byteorder == ">":  # written little-endian, as the format says (`tensor_bytes`)
+            dtype = dtype.newbyteorder("<")
+        stored = shape
+        if not storable(dtype):  # no name in the format: raw bytes, one more axis
+            if dtype.hasobject or dtype.kind in "OSUMm" or numpy_dtype(dtype.name) != dtype:
+                raise ValueError(_UNSAVABLE_DTYPE.format(where=where, dtype=dtype))
+            record.update(dtype=dtype.name, shape=list(shape))
+            dtype, stored = np.dtype("uint8"), (*shape, dtype.itemsize)
+    nbytes = dtype.itemsize * math.prod(stored)
+    return PlannedTensor(entry.name, data, dtype, tuple(stored), nbytes, record, where)
 
 
-def tensor_bytes(tensor: PlannedTensor) -> np.ndarray:
-    """The bytes to write for a planned tensor: flat `uint8`, little-endian."""
-    value = tensor.value
+def tensor_bytes(value: Any) -> np.ndarray:
+    """The bytes to write for a value: flat `uint8`, little-endian."""
     if isinstance(value, np.ndarray) and value.dtype.byteorder == ">":
         value = value.astype(value.dtype.newbyteorder("<"))  # this array's copy alone
     return host_bytes(value)

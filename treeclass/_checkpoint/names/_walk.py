@@ -55,15 +55,9 @@ def walk(
     path: tuple = (),
     frozen: bool = False,
 ) -> Any:
-    """Call `visit(path, kind, value)` on every leaf, wrapped leaf and static part.
-
-    Each node is asked through its row of the table of node kinds: a wrapper kind (a
-    frozen value) is walked into, its leaves `FROZEN`; a row's static parts (a TreeClass's
-    static fields) are visited as `STATIC`; the children are the node's JAX flatten, so a
-    stack's leaves are its stacked arrays. With `rebuild`, return the tree with each leaf
-    replaced by what `visit` returned, each wrapped subtree rebuilt and wrapped again;
-    static parts stay as they are.
-    """
+    """Call `visit(path, kind, value)` on every leaf (`FROZEN` inside a wrapper kind's
+    value) and static part (`STATIC`) of each node's row; the children are the node's JAX
+    flatten. With `rebuild`, the tree of what `visit` returned, wrappers wrapped again."""
     row = row_of(node)
     wrapper = row.wrapper
     if wrapper is not None:
@@ -178,13 +172,8 @@ _UNNAMEABLE = (
 
 
 def static_parts(value: object) -> list[tuple[Any, Any]]:
-    """The children of a static value that is a container, with their key entries.
-
-    A static field is one opaque node of the tree, but its value is checked against the
-    checkpoint like any value: a container (a tuple holding an array or a function, a
-    namedtuple) cannot be recorded as one plain value, so each of its parts is an entry of
-    its own, under the field's name (`act.0`), and the container's type is one too.
-    """
+    """The parts of a static container with their keys: it cannot be recorded as one plain
+    value (a tuple holding a function), so each part is an entry (`act.0`) of its own."""
     try:
         opened = open_node(value, node_kind(value))
     except Exception:  # a broken flatten: an object like any other
