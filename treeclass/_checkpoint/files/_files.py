@@ -93,27 +93,8 @@ class SizedFile:
         view = memoryview(buffer).cast("B")
         return self._file.readinto(view[: self._left()])  # type: ignore[attr-defined]
 
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    @property
-    def closed(self) -> bool:
-        return self._file.closed
-
-    def close(self) -> None:
-        self._file.close()
+    def __getattr__(self, name: str) -> Any:  # seek, tell, fileno, close, ...
+        return getattr(self._file, name)
 
     def __enter__(self) -> SizedFile:
         return self

@@ -13,13 +13,12 @@ shards the new index no longer names (only `.safetensors` files).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +83,7 @@ class ShardedSafetensors(FileSource):
 
     format = "sharded safetensors index"
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, like: object = None) -> None:  # (a format's opener)
         self.location = location
         self.shards: dict[str, SafetensorsFile] = {}
         try:
@@ -189,31 +188,30 @@ def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     return groups
 
 
-def shard_names(index: str) -> set[str] | None:
-    """The shards the index at `index` names, or None if it cannot be read (its reader
-    says why)."""
+def _mapped(index: str) -> list | None:
+    """The values of the index's weight map, or None if it cannot be read."""
     try:
         with open_for_reading(index) as file:
-            names = strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values()
-        return {name for name in names if isinstance(name, str)}
+            return list(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
+def shard_names(index: str) -> set[str] | None:
+    """The shards the index at `index` names, or None if it cannot be read (its reader
+    says why)."""
+    names = _mapped(index)
+    return None if names is None else {name for name in names if isinstance(name, str)}
+
+
 def _previous_shards(path: str) -> set[str]:
-    """The safetensors shards the index at `path` names now (none if it is unreadable:
-    one whose map holds a value that is no name deletes nothing)."""
-    try:
-        with open_for_reading(path) as file:
-            names = set(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    """The safetensors shards the index at `path` names now: none if it is unreadable or
+    maps a name to what is no name; only safetensors files (an index from elsewhere may
+    name anything, itself included)."""
+    names = _mapped(path) or []
+    if any(isinstance(name, (list, dict)) for name in names):
         return set()
-    # only safetensors files: an index from elsewhere may name anything, itself included
     return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
-
-
-def _write_bytes(data: bytes, file: BinaryIO) -> None:
-    file.write(data)
 
 
 class ShardedSave:
@@ -302,7 +300,7 @@ class _ShardedWrite(SharedWrite):
             },
         }
         text = json.dumps(index, indent=2).encode("utf-8")
-        write_atomically(self.save.path, functools.partial(_write_bytes, text))
+        write_atomically(self.save.path, lambda file: file.write(text))
         for name in self.previous - set(self.names):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.folder, name))
@@ -312,11 +310,7 @@ class _ShardedWrite(SharedWrite):
             discard(temp)
 
 
-def _open_index(path: str, like: object) -> ShardedSafetensors:
-    return ShardedSafetensors(path)
-
-
 # an index is told by its name alone (its JSON could be anything's)
 register_format(
-    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _open_index, ShardedSave)
+    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, ShardedSafetensors, ShardedSave)
 )
