@@ -39,6 +39,13 @@ _DEFLATE_RATIO = 1032
 # buffer of the size its header claims
 _PIECE = 1 << 24
 
+# what zipfile raises for an archive or member it cannot read: a bad CRC or stream, a
+# version field, compression method or encryption it does not know
+_ZIP_ERRORS = (
+    zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, NotImplementedError, RuntimeError,
+    EOFError,
+)  # fmt: skip
+
 _OBJECT_ARRAY = (
     "{location}: the array {key} holds Python objects (dtype {dtype}), which tc.load does "
     "not read: it would need pickle, and a file must not run code. Save it as a numeric "
@@ -154,13 +161,7 @@ class NpzFile(NpyRecords):
         super().__init__(file, location)
         try:
             self.zip = zipfile.ZipFile(file)
-        except (
-            zipfile.BadZipFile,
-            zipfile.LargeZipFile,
-            NotImplementedError,  # a version field zipfile does not know
-            ValueError,
-            EOFError,
-        ) as error:
+        except (*_ZIP_ERRORS, ValueError) as error:
             self._corrupt(f"it is not a readable zip archive ({error})")
         self.records: dict[str, _Member] = {}
         for info in self.zip.infolist():
@@ -223,14 +224,7 @@ class NpzFile(NpyRecords):
                 return read_npy_header(member)
         except ValueError as error:
             self._corrupt(f"the record {key!r}: {error}")
-        except (
-            zipfile.BadZipFile,
-            zlib.error,
-            NotImplementedError,
-            RuntimeError,
-            EOFError,
-        ) as error:
-            # a bad CRC or stream, a compression method or an encryption zipfile lacks
+        except _ZIP_ERRORS as error:
             self._corrupt(f"the record {key!r} cannot be read ({error})")
 
     # -- the CheckpointSource protocol ------------------------------------------------
@@ -258,7 +252,7 @@ class NpzFile(NpyRecords):
                 done = read_into(stream, buffer.data)  # type: ignore[arg-type]
                 if done == len(buffer):
                     extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
-        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as error:
+        except (*_ZIP_ERRORS, ValueError) as error:
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
         if done < len(buffer):
             self._corrupt(f"it ended inside the data of {key!r}")
@@ -279,7 +273,7 @@ class NpzFile(NpyRecords):
                         break
                     pieces.append(piece)
                     done += len(piece)
-        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as error:
+        except (*_ZIP_ERRORS, ValueError, OSError) as error:  # (bz2 and lzma raise OSError)
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
         if done < member.header.nbytes:
             self._corrupt(f"it ended inside the data of {key!r}")
