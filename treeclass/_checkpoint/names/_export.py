@@ -156,18 +156,15 @@ class Exporter:
         # what each name of the export is computed from: (group or own target, position)
         self.sources: dict[str, tuple[Any, int]] = {}
         self.layout: dict[str, tuple[np.dtype, tuple]] = {}
+        # (one origin per name: the plan refuses a name load would not read back as written)
         for group in plan.groups.values():
             layouts = self._layouts(group)
             for position, (source, layout) in enumerate(zip(group.sources(), layouts)):
-                self._add(source, group, position, layout)
+                self.layout[source], self.sources[source] = layout, (group, position)
         for target in plan.own:
-            self._add(target.name, target, 0, (np.dtype(target.dtype), target.shape))
+            self.layout[target.name] = (np.dtype(target.dtype), target.shape)
+            self.sources[target.name] = (target, 0)
         self._cached: tuple[Any, list[np.ndarray]] | None = None
-
-    def _add(self, name: str, origin: Any, position: int, layout: tuple) -> None:
-        # (one origin per name: the plan refuses a name load would not read back as written)
-        self.layout[name] = layout
-        self.sources[name] = (origin, position)
 
     def _layouts(self, group: Group) -> list[tuple[np.dtype, tuple]]:
         """The dtype and shape of each source of `group`'s rule."""
@@ -251,9 +248,7 @@ class Exporter:
             results = results_of("", rule, result)
         except Exception:
             return False
-        return [(tuple(r.shape), np.dtype(r.dtype)) for r in results] == [
-            (tuple(s.shape), np.dtype(s.dtype)) for s in structs
-        ]
+        return _layouts_of(results) == _layouts_of(structs)
 
     def tensors(self) -> list[ForeignTensor]:
         """The export's tensors, in natural order of their names (layer 2 before 10)."""
@@ -263,7 +258,6 @@ class Exporter:
         ]
 
     def compute(self, name: str) -> np.ndarray:
-        """The tensor `name`."""
         return self._value(*self.sources[name])
 
     def _value(self, origin: Any, position: int) -> np.ndarray:
@@ -282,8 +276,7 @@ class Exporter:
         if rule.inverse is not None:
             what, found = self._inverse(rule, lambda f, *a: f(*a), arrays)
             results = [np.asarray(r) for r in found]
-            names = group.sources()
-            for name, value in zip(names, results):
+            for name, value in zip(group.sources(), results):
                 if (value.dtype, value.shape) != self.layout[name]:
                     raise ValueError(
                         f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} "
@@ -371,6 +364,10 @@ def _host(value: Any) -> Any:
     """A target's value on the host (a PRNG key array stays as it is: its inverse, such
     as `jax.random.key_data`, makes its data)."""
     return value if is_prng_key(value) else np.asarray(value)
+
+
+def _layouts_of(arrays: Sequence[Any]) -> list[tuple[tuple, np.dtype]]:
+    return [(tuple(a.shape), np.dtype(a.dtype)) for a in arrays]
 
 
 def _natural(name: str) -> list[tuple[int, Any]]:
