@@ -280,8 +280,7 @@ class _FunctionStep:
         return ValueError(f"{self.title}: {self.context} {reason}")
 
     def _call(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """The function's results on `tensors` (and the other values), checked: array
-        results apart from the rest."""
+        """The function's results on `tensors` (and the other values), checked."""
         try:
             result = self.function(MappingProxyType({**tensors, **self.others}))  # type: ignore[misc]
         except Exception as error:
@@ -295,9 +294,7 @@ class _FunctionStep:
                 f"returned a {type(result).__name__}; a step returns a mapping of names to "
                 "arrays or values"
             )
-        for bad in result:
-            if isinstance(bad, str):
-                continue
+        for bad in (key for key in result if not isinstance(key, str)):
             raise self._fail(
                 f"returned the key {bad!r} (a {type(bad).__name__}) in its mapping; names "
                 f"are strings, dot-joined as checkpoints name them ({str(bad)!r}, 'layers.0.w')"
@@ -311,11 +308,9 @@ class _FunctionStep:
         def traced(tensors: dict[str, Any]) -> dict[str, Any]:
             arrays = {}
             for key, value in self._call(tensors).items():
-                if isinstance(value, NotLoaded):
-                    plain[key] = value
-                elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
+                if isinstance(value, (jax.Array, np.ndarray, np.generic)):
                     arrays[key] = value
-                elif is_plain(value):
+                elif isinstance(value, NotLoaded) or is_plain(value):
                     plain[key] = value
                 else:
                     raise self._fail(
