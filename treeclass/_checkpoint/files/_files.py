@@ -205,7 +205,7 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
     return path, descriptor, temp
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
+def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
     """Call `write` on a new temporary file beside `path`, then rename it over `path`:
     if `write` fails or the process dies, `path` keeps what it held (the temporary file
     removed on failure). Permission bits and links are kept, as `open` would."""

@@ -113,6 +113,7 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
     record: dict[str, Any] = {"kind": entry.kind}
     if is_weak(value):
         record["weak"] = True
+    dtype: np.dtype
     if is_prng_key(value):  # its uint32 key data, one more axis
         record.update(dtype=str(value.dtype), shape=list(shape))
         record["impl"] = str(jax.random.key_impl(value))

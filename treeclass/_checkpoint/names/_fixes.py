@@ -116,7 +116,7 @@ class Fixes:
                 continue
             for close in (checker.closest(entry.name), by_pattern.get(entry.name)):
                 rule = None if close is None or close in partnered else self._rule(entry, close)
-                if rule is not None:
+                if close is not None and rule is not None:
                     pair(where, entry, close, rule)
                     break
         # the one tensor that fits and whose name is related (`embed_tokens` for `embed`)
