@@ -49,13 +49,10 @@ __all__ = [
     "place_by_slices",
 ]
 
-# The default of `tc.save(..., timeout=)`: the longest any process waits for another
-# (to call `tc.save`, or to go on with its part) before it raises. Processes reach a
-# save at nearly the same time (their training steps wait on each other), so a long
-# wait means a call made on some processes only, or a process that stopped.
+# `tc.save(..., timeout=)`: processes reach a save at nearly the same time (their steps
+# wait on each other), so a long wait means a call on some processes only, or one stopped
 DEFAULT_TIMEOUT_S = 300.0
-# How often, at most, a process tells the others it is still writing (a waiter whose
-# bound runs out while some process of the save made progress waits on).
+# How often, at most, a process tells the others it is still writing
 _PROGRESS_EVERY_S = 1.0
 # An arrival carries its tree's description for naming a difference, up to this size
 _DESCRIPTION_LIMIT = 1 << 20
