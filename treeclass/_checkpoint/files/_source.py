@@ -46,10 +46,7 @@ class TensorInfo(NamedTuple):
 
 class CheckpointSource(Protocol):
     """An opened checkpoint: tensor keys, their dtype and shape, metadata, their bytes.
-
-    Every method raises `ValueError` naming `location` for a source that turns out to be
-    corrupted; none raises anything else for bad bytes (`OSError` for I/O).
-    """
+    Bad bytes raise only `ValueError` naming `location` (`OSError` for I/O)."""
 
     @property
     def location(self) -> str:

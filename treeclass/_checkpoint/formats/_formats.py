@@ -108,10 +108,8 @@ def _sniff(path: str) -> Format:
 
 
 def open_source(path: str, like: object, format: str | None = None) -> CheckpointSource:
-    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader.
-
-    `like` is the template, which names the records of an equinox file.
-    """
+    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader
+    (given the template, which names the records of an equinox file)."""
     row = _by_name(format) if format is not None else None
     if format is not None and row is None:
         raise ValueError(_BAD_FORMAT.format(formats=format_names(), format=format))
@@ -133,10 +131,9 @@ _SHARDED_ONLY = (
 def writer_for(
     path: str, max_shard_size: object = None, format: str | None = None
 ) -> CheckpointWriter:
-    """The writer `tc.save` writes `path` with: the `format` given (a format with a
-    writer), else sharded safetensors with a shard limit, else one safetensors file. A
-    name that ends like another format (or like a sharded index, without a shard limit)
-    is refused: what it wrote could not be loaded back by that name."""
+    """The writer of `path`: the `format` given, else sharded safetensors with a shard
+    limit, else one file; a name ending like another format (or like an index, without
+    a limit) is refused, as what was written could not be loaded back by that name."""
     if format is not None:
         given = _by_name(format)
         if given is None or given.save is None:

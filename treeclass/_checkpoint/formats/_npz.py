@@ -72,11 +72,8 @@ class NpyHeader(NamedTuple):
 
 
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
-    """Read the header of the `.npy` record starting at `file`'s position.
-
-    `ValueError` with the reason for anything that is not a record of version 1 or 2 (the
-    ones `np.save` writes for arrays without named fields).
-    """
+    """The header of the `.npy` record at `file`'s position; `ValueError` with the reason
+    for anything but a record of version 1 or 2 (what `np.save` writes)."""
     start = file.tell()
     try:
         version = npy_format.read_magic(file)
@@ -148,12 +145,9 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile(NpyRecords):
-    """An opened `.npz` archive as a `CheckpointSource`; every member's header is checked
-    here.
-
-    A stored member (`np.savez`) is read straight from the file, its CRC checked by us; a
-    compressed one (`np.savez_compressed`) through `zipfile`'s stream.
-    """
+    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked: a
+    stored member read straight from the file (its CRC checked here), a compressed one
+    through `zipfile`'s stream."""
 
     format = "npz"
 

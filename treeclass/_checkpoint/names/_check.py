@@ -182,11 +182,8 @@ class Checker:
 
 
 def _origins(catalog: Any, name: str) -> tuple[str, ...]:
-    """The names in the checkpoint itself that `name` of `catalog` is made of.
-
-    A catalog wrapping another (key rules, a migration step) has `inner` and says which of
-    its names each of its own is made of (`sources`); the chain is followed to the file.
-    """
+    """The names in the file itself that `name` of `catalog` is made of, followed through
+    the wrapping catalogs' `inner` and `sources` (key rules, migration steps)."""
     names: tuple[str, ...] = (name,)
     while hasattr(catalog, "inner") and hasattr(catalog, "sources"):
         names = tuple(dict.fromkeys(n for own in names for n in catalog.sources(own)))
@@ -282,11 +279,8 @@ def _number_fits(template: Any, stored: Stored) -> bool:
 
 
 def _abstract_number_fits(template: Any, stored: Stored) -> bool:
-    """A Python number saved where an abstract template has a scalar of its kind.
-
-    `jax.eval_shape` turns a Python number into a weakly typed 0-d `ShapeDtypeStruct`,
-    so an abstract template cannot say that the value was a number: the file can.
-    """
+    """A Python number saved where an abstract template has a scalar of its kind (which
+    `jax.eval_shape` made a weakly typed 0-d `ShapeDtypeStruct`)."""
     if not is_abstract(template) or template.shape != () or is_prng_key(template):
         return False
     kind = type(stored.value)

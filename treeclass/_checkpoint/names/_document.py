@@ -142,10 +142,8 @@ def tensor_bytes(value: Any) -> np.ndarray:
 def plan(
     tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
 ) -> tuple[str, list[PlannedTensor]]:
-    """The treeclass document of `tree` and its tensors in writing order.
-
-    `storable` says which dtypes the format names; the others are stored as raw bytes.
-    """
+    """The treeclass document of `tree` and its tensors in writing order (a dtype the
+    format does not name, `storable`, stored as raw bytes)."""
     tensors: list[PlannedTensor] = []
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
@@ -205,12 +203,8 @@ def _sub_byte_bits(dtype: np.dtype) -> int:
 
 
 def _check_canonical(data: np.ndarray, name: str) -> None:
-    """Refuse elements whose byte holds bits their dtype does not use.
-
-    A bool stored as 2 reads as True in one operation and as 2 in another (`x == True` is
-    False, `x.sum()` counts 2); an int4 with its high bits set is another number on every
-    path that reads the byte. Such bytes are never written by a correct writer.
-    """
+    """Refuse elements whose byte holds bits their dtype does not use (a bool stored as 2
+    is True to `bool` and 2 to `sum`); no correct writer writes them."""
     bits = _sub_byte_bits(data.dtype)
     if bits >= 8 or data.size == 0:
         return
@@ -364,10 +358,8 @@ class SourceCatalog:
         return None
 
     def range_reader(self, name: str) -> Callable[[int, int], np.ndarray] | None:
-        """Byte ranges of tensor `name` as `fetch` would give it, checked as `fetch`
-        checks it (the source's `read_range` makes `read`'s checks); None where `fetch`
-        does more than `read`: reinterprets raw bytes or key data, or checks the unused
-        bits of a bool or sub-byte tensor, which only the whole tensor shows."""
+        """Byte ranges of tensor `name`, checked as `fetch` checks it; None where `fetch`
+        does more than `read` (raw bytes, key data, the unused bits of sub-byte types)."""
         tensor = self.tensors.get(name)
         if tensor is None or tensor.raw or tensor.key_impl:
             return None

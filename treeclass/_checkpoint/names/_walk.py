@@ -182,10 +182,9 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 
 
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
-    """Every leaf, frozen leaf and static field of `tree` (and each part of a static
-    container, see `static_parts`), named; `call` shows `action`'s call with the tree as
-    `value`, for the message that a single leaf gets. With `to_file`, refuse names and
-    strings a file cannot hold (lone surrogates)."""
+    """Every leaf, frozen leaf and static field of `tree` (and static container part),
+    named; `call` is `action`'s call for a single leaf's message. With `to_file`, names
+    and strings a file cannot hold (lone surrogates) are refused."""
     found: list[Entry] = []
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
