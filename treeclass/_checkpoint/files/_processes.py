@@ -378,12 +378,9 @@ def save_from_processes(
     write: Callable[[], None] | SharedWrite,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Write `path`, alone or with every process taking part (see the module docstring).
-
-    `write` is a `SharedWrite` (its `tensors` in the order of `tensors`) or a function
-    that writes the whole file. A save whose values need no other process is this
-    process's alone, at once; otherwise every process takes part with the same tensors.
-    """
+    """Write `path` by `write` (a `SharedWrite`, its `tensors` in the order of `tensors`,
+    or a function that writes the whole file): alone, at once, when no value needs
+    another process; else with every process taking part (see the module docstring)."""
     timeout = _check_timeout(timeout)
     spread = [t.where for t in tensors if isinstance(t.value, _HostView) and t.value.spread]
     if jax.process_count() == 1 or not spread:
