@@ -324,21 +324,13 @@ def save(
       no longer names are removed. `load` of the index restores exactly what `load` of
       a single file does.
     - `rules`: write another library's layout instead: the key rules that load it (as
-      `load` takes them), compiled against `tree` into one plan and run backwards.
-      Each rule's targets are found among the tree's key paths (a `tc.Stacked` or
-      `tc.Periodic` leaf by its layers' names, `blocks[{i}].attn.q` writing one tensor
-      per layer, unless an earlier rule names the stacked leaf itself), and its sources
-      are computed from them: renamed; by the rule's inverse, given as a fourth element
-      `(source, target, transform, inverse)`; or, for a transform that only moves
-      elements (a transpose, reshape, split or concatenation), by the inverse found by
-      running it on labels. A source a rule gives twice (tied weights, `lambda w: (w,
-      w.T)`) is written once, and must be equal in both. Names no rule matches keep
-      their own; strings, static fields and functions are not written (the file is
-      another library's: no treeclass metadata). Tensors are written in natural order
-      of their names. Before anything is computed, the plan refuses, naming the rule:
-      a transform with no inverse that does more than move elements, a name two rules'
-      targets give, a target that lacks a capture its source uses, and a name that
-      `load` with the same rules would read through another rule or captures.
+      `load` takes them), compiled against `tree` into one plan and run backwards (a
+      stacked leaf by its layers' names; a transform by its inverse, given as a fourth
+      element `(source, target, transform, inverse)`, or found when it only moves
+      elements; tied weights written once). Names no rule matches keep their own;
+      nothing but tensors is written, in natural order of their names. What the plan
+      cannot run backwards is refused before anything is computed, naming the rule (see
+      the checkpoints guide, "The plan").
     - `metadata`: strings to write in the file's header (`__metadata__`; with
       `max_shard_size`, the index's `metadata` and every shard's header), such as
       `{"format": "pt"}`, which PyTorch-side tools look for.
@@ -352,18 +344,14 @@ def save(
       call says so on the `"treeclass"` logger after 10 s (or half of `timeout`).
 
     In a run of several processes (`jax.distributed`), a tree that holds nothing spread
-    over processes (NumPy arrays, numbers, arrays replicated over the processes or local
-    to one) is written by the process that calls `save`, alone, at once:
-    `if jax.process_index() == 0: tc.save(path, tree)` writes it once. A tree that holds
-    arrays spread over processes needs them all: **every process must call `save` with
-    the same tree and path**. Process 0 alone writes the file (on its own disk), the
-    others return once it is written; arrays split across processes are gathered to it
-    one at a time while it writes, a collective every process joins. A sharded save
-    (`max_shard_size`) of such a tree is written by every process instead, each about its
-    share of the bytes, straight from the blocks its devices hold, into a folder they all
+    over processes (NumPy arrays, numbers, replicated or local arrays) is written by the
+    process that calls `save`, alone: `if jax.process_index() == 0: tc.save(path, tree)`
+    writes it once. Otherwise **every process must call `save` with the same tree and
+    path**: process 0 writes the file, gathering split arrays one at a time, or, with
+    `max_shard_size`, every process writes its share of the shards into a folder they all
     see. Calls with different paths or trees raise a `ValueError` naming the first key
-    path that differs; a call the other processes do not make, or a process that stops,
-    raises a `TimeoutError` within `timeout` naming them, and nothing is written.
+    path that differs; a call the others do not make, or a process that stops, a
+    `TimeoutError` within `timeout`; nothing is written.
 
     **Returns**
 
@@ -373,10 +361,9 @@ def save(
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
     the same name, or (on several processes) calls that do not match; with `rules`, a
-    rule the plan cannot run backwards (named, with why), tied weights that differ, or
-    an array neither on the caller's devices alone nor replicated (an export is written
-    by its caller alone: gather it first); the file is untouched.
-    `TimeoutError` when some processes do not call it, or stop, within `timeout`.
+    rule the plan cannot run backwards, tied weights that differ, or an array spread over
+    processes (an export is written by its caller alone: gather it first); the file is
+    untouched. `TimeoutError` as above.
 
     ```python
     import os, tempfile
@@ -459,8 +446,7 @@ def _metadata(metadata: object) -> dict[str, str]:
 
 def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[OutTensor]:
     """The tensors of an export to another library's layout, checked before writing."""
-    # an export is written by its caller alone (as any tree with nothing spread over
-    # processes), reading each array whole through NumPy: on several processes, only a
+    # written by its caller alone, reading each array whole: on several processes, only a
     # fully addressable or fully replicated array can be
     unreadable = [
         path_str(tree, path)
@@ -490,15 +476,12 @@ def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[
 
 
 def _foreign_bytes(tensor: ForeignTensor) -> np.ndarray:
-    value = np.ascontiguousarray(tensor.compute())
-    if value.dtype.byteorder == ">":
-        value = value.astype(value.dtype.newbyteorder("<"))
-    return value.reshape(-1).view(np.uint8)
+    return tensor_bytes(tensor.compute())
 
 
 def _leaf_bytes(tensor: PlannedTensor, path: str) -> np.ndarray:
     try:
-        return tensor_bytes(tensor)
+        return tensor_bytes(tensor.value)
     except Exception as error:  # a deleted (donated) array, a failed device transfer
         message = f"tc.save cannot write {path}: reading {tensor.where} failed: {error}"
         try:
@@ -584,21 +567,19 @@ def load(
     each tensor is read into one host buffer and placed from there.
 
     A template sharded over several devices is filled shard by shard: each process reads
-    from the file only the bytes of the shards its devices hold (in a run of several
-    processes, about its share of the file; in one process, every byte once, not once
-    per device), straight into the template's sharding. Every process calls `load`
-    with the same template, and each must see the file (a folder they share). Tensors
-    renamed or transformed by key rules, stored as raw bytes or PRNG key data, and bool
-    or sub-byte tensors are read whole.
+    only the bytes of the shards its devices hold, each byte once, straight into the
+    template's sharding (every process calls `load` with the same template and sees the
+    file). Tensors renamed or transformed by key rules, stored as raw bytes or PRNG key
+    data, and bool or sub-byte tensors are read whole.
 
     A file written by another tool (no treeclass metadata) loads too when its tensor
     names are the template's key paths joined with dots, or through `rules`; values
     other than numbers then come from the template. Besides safetensors files, `load`
-    reads sharded safetensors (an `*.index.json` and the shards beside it, or the folder
-    holding them), NumPy `.npz` files (never with pickle), flax `serialization.to_bytes`
-    files (names are the nested keys joined with dots, `params.Dense_0.kernel`; needs
-    the `msgpack` package) and equinox `tree_serialise_leaves` files (the n-th record
-    fills the template's n-th array or number leaf, under its own name).
+    reads sharded safetensors (an `*.index.json` and its shards, or their folder), NumPy
+    `.npz` files (never with pickle), flax `serialization.to_bytes` files (names are the
+    nested keys joined with dots, `params.Dense_0.kernel`; needs the `msgpack` package)
+    and equinox `tree_serialise_leaves` files (the n-th record fills the template's n-th
+    array or number leaf).
 
     **Arguments**
 
@@ -617,12 +598,9 @@ def load(
       tensors to the transform (to concatenate), a list of targets takes as many
       results (to split). Names no rule matches keep their own. Transforms get NumPy
       arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or
-      array methods. A name given for one layer of a `tc.Stacked` or `tc.Periodic`
-      of the template (a target `blocks[{i}].attn.q`, as the unrolled model names
-      it) fills block `i` of the stacked leaf in this load: the same table loads the
-      unrolled and the stacked model, each tensor read once, into one buffer of the
-      stack's shape; a stack lacking layers, or layers of another shape, is an error
-      naming them.
+      array methods. A target naming one layer of a `tc.Stacked` or `tc.Periodic`
+      (`blocks[{i}].attn.q`, as the unrolled model names it) fills block `i` of the
+      stacked leaf, so one table loads the unrolled and the stacked model.
     - `where`: load only a selection of the template, `like.at["encoder"]` or any
       selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
       neither checked nor reported.
@@ -640,22 +618,14 @@ def load(
 
     **Returns**
 
-    The restored tree. With `strict=False`, a pair `(tree, report)`; `report` is a
-    `NamedTuple` with `missing` and `mismatched` (the template's key paths, like
-    `MLP.layers[0].weight`, left at the template's values; `kept` is both), `unexpected`
-    (names in the file, like `layers.2.weight`, that were ignored), `messages` (one
-    line per problem), `restored` (the paths that came from the file) and `sources`
-    (for each restored path, the file's names it was read from). With `dry_run=True`,
-    the report alone.
+    The restored tree. With `strict=False`, a pair `(tree, report)`: a `LoadReport` of
+    the paths left at the template's values, the names ignored, one message per problem
+    and where each restored path was read from. With `dry_run=True`, the report alone.
 
-    A failed strict load's error lists every problem and, computed from them, the fixes
-    that fit: a key rule for a renamed path (one rule with `{i}` for every layer, with
-    `lambda w: w.T` for a transposed weight; or a class migration for treeclass's own
-    files), `astype` in a rule for another dtype, a key rule onto a stack's blocks for
-    per-layer tensors in a stacked template, `missing="keep"` / `unexpected="ignore"`
-    for paths only one side has; never a blanket `strict=False`. A non-strict load that
-    kept template values where the file holds the data under another name, dtype or
-    layout warns with their count and the same fixes.
+    A failed strict load's error lists every problem and the fixes that fit them (key
+    rules for renamed, transposed, per-layer or converted tensors, a class migration, the
+    policies `missing=` / `unexpected=`); a non-strict load that kept template values
+    where the file holds the data under another name, dtype or layout warns with them.
 
     **Raises**
 

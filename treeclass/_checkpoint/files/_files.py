@@ -1,5 +1,4 @@
-"""Files on disk: opening a checkpoint to read, replacing one atomically, and the byte
-counters of this process's checkpoint reads and writes (`IO`)."""
+"""Files on disk: opening a checkpoint to read, replacing one atomically, byte counters."""
 
 from __future__ import annotations
 
@@ -28,11 +27,8 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class IOCounters:
-    """What this process's checkpoint readers and writers moved, since the last `reset`:
-    tensor bytes read from files and the number of reads (`read_bytes`, `reads`: every
-    positioned read of a safetensors tensor, coalesced ranges counted once), and bytes
-    written to checkpoint files (`written_bytes`, `writes`: headers, tensor data and
-    indexes). A debugging and testing aid: on many processes each one counts its own."""
+    """What this process's checkpoint readers and writers moved since the last `reset`
+    (tensor bytes read and reads, coalesced ranges once; bytes written and writes)."""
 
     __slots__ = ("read_bytes", "reads", "written_bytes", "writes")
 
@@ -77,14 +73,9 @@ def _what(mode: int) -> str:
 
 
 class SizedFile:
-    """A file opened for reading whose reads never ask for more than it holds.
-
-    A header's length field is a claim: `file.read(claimed)` makes Python allocate the
-    claimed size before reading (2**32 - 1 bytes for an 11-byte file), and so do the
-    parsers we hand the file to (numpy's `.npy` header reader, `zipfile`'s central
-    directory). Every read here is cut at the file's real size (as it was when opened),
-    so no reader of any format allocates what a header merely claims.
-    """
+    """A file opened for reading whose reads never ask for more than it holds (as it was
+    when opened): `file.read(claimed)`, and the parsers handed the file (`.npy` headers,
+    `zipfile`), would allocate whatever size a header claims."""
 
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
@@ -102,27 +93,8 @@ class SizedFile:
         view = memoryview(buffer).cast("B")
         return self._file.readinto(view[: self._left()])  # type: ignore[attr-defined]
 
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    @property
-    def closed(self) -> bool:
-        return self._file.closed
-
-    def close(self) -> None:
-        self._file.close()
+    def __getattr__(self, name: str) -> Any:  # seek, tell, fileno, close, ...
+        return getattr(self._file, name)
 
     def __enter__(self) -> SizedFile:
         return self
@@ -143,12 +115,8 @@ def read_into(file: BinaryIO, view: memoryview) -> int:
 
 
 def open_for_reading(path: str) -> BinaryIO:
-    """`path` opened for reading in binary mode (a `SizedFile`); `ValueError` unless it is
-    a regular file.
-
-    A named pipe would block the open (and every read) until another process writes to
-    it, a device can be endless: both are refused before anything is read.
-    """
+    """`path` opened for reading (a `SizedFile`); `ValueError` unless it is a regular
+    file (a named pipe would block the open, a device can be endless)."""
     try:
         mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
     except ValueError as error:  # a NUL byte in the name
@@ -182,11 +150,8 @@ def _name_max(folder: str) -> int:
 
 
 def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
-    """A new, empty file in `folder`: `(descriptor, path)`.
-
-    Named after the target where the name fits, else shortly: the temporary name must not
-    be what makes a valid target name too long for the filesystem.
-    """
+    """A new, empty file in `folder`: `(descriptor, path)`, named after the target where
+    the name fits, else shortly (a valid target name must not become too long)."""
     token = secrets.token_hex(6)
     names = [f".{base}.{token}.tmp", f".tc-{token}.tmp"]
     if len(os.fsencode(names[0])) > _name_max(folder):
@@ -211,9 +176,8 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
 
 
 def _temp_beside(path: str) -> tuple[str, int, str]:
-    """`(path, descriptor, temp)`: a new temporary file next to `path` (the file a link at
-    `path` points to, which becomes `path`), open for writing, with the permission bits of
-    the file it will replace (a new file's: 0o666 minus the umask)."""
+    """`(path, descriptor, temp)`: a new temporary file beside `path` (the file a link at
+    `path` points to), open for writing, with the permission bits of the file it replaces."""
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, base = os.path.split(os.path.abspath(path))
@@ -241,15 +205,10 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
     return path, descriptor, temp
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], None]) -> None:
-    """Call `write` on a new temporary file next to `path`, then rename it over `path`.
-
-    If `write` fails or the process dies, `path` still holds what it held before and the
-    temporary file is removed (on failure). A file replaced keeps its permission bits; a
-    new file gets 0o666 minus the umask, as files made by `open` do. A symbolic link is
-    written through, as `open` writes: the file it points to is replaced (next to it, so
-    the rename stays on one file system) and the link stays.
-    """
+def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
+    """Call `write` on a new temporary file beside `path`, then rename it over `path`:
+    if `write` fails or the process dies, `path` keeps what it held (the temporary file
+    removed on failure). Permission bits and links are kept, as `open` would."""
     path, descriptor, temp = _temp_beside(path)
     try:
         with open(descriptor, "wb") as file:
@@ -279,10 +238,9 @@ class _Counted:
 
 
 def create_sized(path: str, size: int, head: bytes) -> str:
-    """A new temporary file next to `path` (the file a link at `path` points to), `size`
-    bytes long and starting with `head`; its name. Writers fill it (`write_at`, from any
-    process that sees the folder), then `os.replace` puts it at `path`, or `discard`
-    removes it. It keeps the permission bits of the file it will replace."""
+    """A new temporary file beside `path`, `size` bytes long and starting with `head`; its
+    name. Writers fill it (`write_at`, from any process), then `os.replace` puts it at
+    `path`, or `discard` removes it."""
     _, descriptor, temp = _temp_beside(path)
     try:
         os.ftruncate(descriptor, size)

@@ -1,10 +1,6 @@
-"""Strict JSON for checkpoint headers: what the reference safetensors reader accepts.
-
-Python's `json` is lenient where a file from elsewhere must not be trusted: it keeps the
-last of duplicate keys, reads `NaN` and `Infinity`, accepts lone surrogate escapes, and
-recurses once per nesting level (a header of 100,000 `[` is a `RecursionError`). Here
-every one of those is a `ValueError` with the reason, and so is a header larger than
-`MAX_HEADER_BYTES` or nested deeper than `MAX_DEPTH`.
+"""Strict JSON for checkpoint headers, as the reference safetensors reader: duplicate
+keys, `NaN`/`Infinity` and lone surrogates refused, size and nesting bounded (Python's
+`json` recurses once per level), each a `ValueError` with the reason.
 """
 
 from __future__ import annotations

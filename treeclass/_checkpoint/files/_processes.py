@@ -1,56 +1,16 @@
 """Checkpoint files in a run of several JAX processes: who writes, who waits, what each reads.
 
-**A tree only the caller needs.** A save whose values need no other process to be read
-(NumPy arrays and numbers, arrays local to this process, arrays every process holds
-whole: replicated, or split only over each process's own devices) is written by the
-process that calls `tc.save`, alone and at once, as in a run of one process: nothing is
-asked of the others, so `if jax.process_index() == 0: tc.save(path, tree)` works, and a
-call on every process writes one copy each (atomically: one whole file in a shared
-folder). Every other save is made by all the processes together:
-
-**Saving one file.** Every process calls `tc.save` with the same path and a tree of the
-same structure; process 0 alone writes the file, so two processes never race on one
-path. An array process 0 holds whole is read from process 0's own shards, without the
-others. Any other array is split across processes, and is gathered while process 0
-writes it (`multihost_utils.process_allgather`, a collective): process 0 announces each
-such tensor in turn through the distributed runtime's key-value store, and the other
-processes join that gather, so the gathers happen in the order the writer reads the
-tensors, whatever that order is. The others return once process 0 has written the file.
-
-**Saving shards (`SharedWrite`).** A sharded save is written by every process, each
-its share of the bytes, straight from the shards its devices hold: nothing is gathered
-and no process stages more than one block (one device's shard of one tensor) at a time.
-Process 0 makes the files (temporary, each of its final size, its header written), the
-processes fill them (positioned writes into one folder they all see: a shared file
-system, as on one machine), and process 0 renames them into place once every process
-has written its share. Who writes what is decided alike on every process from the
-shardings (`balance`): a block only one process holds is written by it; a block several
-hold (a replicated tensor) is split between them by bytes, the least loaded first, so
-each process writes about the total over the process count. Values that are not arrays
-spread over processes (NumPy arrays, numbers) are process 0's, as for one file.
-
-**Every wait is bounded** by the save's `timeout`. The processes meet through numbered
-arrivals in the key-value store: each other process posts its arrival `k` (with its
-tree's description), process 0 claims it (an atomic increment, so a process that gives
-up and the writer never both think they own it) and answers with the go-ahead, or with
-why not (the processes that did not come; the first key path where two trees differ);
-a process kept waiting for the others to call says so on the "treeclass" logger.
-Then each wait for another process (the next step of the writer, a share finished) ends
-`timeout` seconds after the last progress any process of the save told of (writers
-tell at most once a second, per block or tensor written). A process that dies ends
-the waits of the others within that bound; one that dies inside a gather ends the
-gather with the collective's own error, and JAX's runtime stops the whole run when it
-loses process 0 (its coordinator) or misses a process's heartbeat. Loading waits for no
-other process.
-
-**Loading.** `place_by_slices` builds a sharded array from a callback that reads, for
-each shard this process holds, only that shard's bytes (`read_block`). A block is a set
-of equally long byte runs of the stored tensor (one run for a band of leading rows, one
-per row for a band of columns); runs are read together, gaps included, where that reads
-at most `OVER_READ` times the bytes needed, no gap is over `GAP_LIMIT` bytes and no read
-over `GROUP_BYTES` (so a column half of a matrix is one read, not one per row).
-
-This module sits below the checks and `_document`: it imports neither.
+A save whose values need no other process (NumPy arrays, numbers, arrays local to this
+process or held whole by every process) is its caller's alone, at once. Any other is made
+by every process: one file is written by process 0, which announces each array split
+across processes through the key-value store so that the others join its gather in the
+writer's order; a sharded save (`SharedWrite`) is written by all, each the bytes of the
+blocks it holds (`balance`), into files process 0 makes, sizes and renames. The processes
+meet through numbered arrivals in the key-value store (process 0 claims each by an atomic
+increment, so one that gave up and the writer never both own it) and every wait ends
+`timeout` seconds after the last progress any process told of. Loading waits for no one:
+`place_by_slices` reads only this process's shards (`read_block`), near runs of a block
+read together (`coalesce`, bounded by `OVER_READ`, `GAP_LIMIT`, `GROUP_BYTES`).
 """
 
 from __future__ import annotations
@@ -89,26 +49,18 @@ __all__ = [
     "place_by_slices",
 ]
 
-# The default of `tc.save(..., timeout=)`: the longest any process waits for another
-# (to call `tc.save`, or to go on with its part) before it raises. Processes reach a
-# save at nearly the same time (their training steps wait on each other), so a long
-# wait means a call made on some processes only, or a process that stopped.
+# `tc.save(..., timeout=)`: processes reach a save at nearly the same time (their steps
+# wait on each other), so a long wait means a call on some processes only, or one stopped
 DEFAULT_TIMEOUT_S = 300.0
-# How often, at most, a process tells the others it is still writing (a waiter whose
-# bound runs out while some process of the save made progress waits on).
+# How often, at most, a process tells the others it is still writing
 _PROGRESS_EVERY_S = 1.0
 # An arrival carries its tree's description for naming a difference, up to this size
 _DESCRIPTION_LIMIT = 1 << 20
 _PREFIX = "treeclass/save"
-# A process kept waiting for the others to call `tc.save` says so (on the "treeclass"
-# logger) after this long, or half its timeout if that is shorter, instead of waiting
-# in silence until the timeout.
+# A process kept waiting for the others to call `tc.save` says so after this long (`_Notice`)
 _NOTICE_AFTER_S = 10.0
 _logger = logging.getLogger("treeclass")
-# Coalesced reads: runs of a block with a gap of at most GAP_LIMIT bytes between them
-# are read together, when that reads at most OVER_READ times the bytes they hold; one
-# read is at most GROUP_BYTES long (unless one run alone is longer), which bounds the
-# host memory a read takes beside the block it fills.
+# Coalesced reads (`coalesce`); GROUP_BYTES bounds the host memory a read takes
 GAP_LIMIT = 1 << 20
 OVER_READ = 2
 GROUP_BYTES = 64 << 20
@@ -133,9 +85,9 @@ _STOPPED = (
 )
 _FAILED_ELSEWHERE = "tc.save on process 0 (the one that writes {path}) failed: {error}"
 _NOT_SHARED = (
-    "process {process} does not see the file {temp} that "
-    "process 0 made. A sharded save on several processes is written by every process "
-    "into one folder, which must be on a file system they all share"
+    "process {process} does not see the file {temp} that process 0 made. A sharded save "
+    "on several processes is written by every process into one folder, which must be on "
+    "a file system they all share"
 )
 _FAILED_ON = "tc.save of {path} failed on process {process}: {error}"
 _GATHER_OUTSIDE_SAVE = (
@@ -150,9 +102,7 @@ _WAITING = (
 )
 
 
-# --------------------------------------------------------------------------------------
-# Saving: what this process can read of an array, and the meeting of the processes
-# --------------------------------------------------------------------------------------
+# -- Saving: what this process can read of an array, and the meeting of the processes --
 
 Bounds = tuple[tuple[int, int], ...]  # a block of an array: `(start, stop)` per axis
 
@@ -187,19 +137,38 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 
 
 class _HostView:
-    """What a save reads of an array that is not fully addressable here (`_values`).
+    """What a save reads of an array not fully addressable here (`np.asarray` of it: its
+    values, a key array's key data): assembled from this process's shards, or, when
+    `gathered` (split across processes), gathered from all while the writer reads it.
+    `spread` when some process of the run does not hold all of it: a save is made by all."""
 
-    `spread`: whether the array needs another process to be read whole (some process of
-    the run does not hold all of it): a save of a tree holding one is made by all."""
+    def __init__(self, array: jax.Array, where: str, spread: bool, gathered: bool = False) -> None:
+        self.array, self.where, self.spread, self.gathered = array, where, spread, gathered
+        # set by the save it is part of
+        self.progress: Callable[[], None] | None = None
+        self.announce: Callable[[], None] | None = None
 
-    spread = True
-
-    def __init__(self, array: jax.Array, where: str) -> None:
-        self.array, self.where = array, where
-        self.progress: Callable[[], None] | None = None  # set by the save it is part of
+    def gather(self) -> np.ndarray:
+        # a collective: every process runs this, for the same tensors in the same order
+        return np.asarray(multihost_utils.process_allgather(_key_data(self.array), tiled=True))
 
     def _values(self) -> np.ndarray:
-        raise NotImplementedError
+        if self.gathered:
+            if self.announce is None:
+                raise ValueError(_GATHER_OUTSIDE_SAVE.format(where=self.where))
+            self.announce()
+            return self.gather()
+        whole = tuple((0, n) for n in self.array.shape)
+        out = None
+        for bounds, data in _local_shards(self.array).items():
+            block = np.asarray(_key_data(data))  # a single-device array: nothing collective
+            if bounds == whole:  # a block that holds it all (a replicated array): that copy
+                return block
+            if out is None:
+                out = np.empty(self.array.shape + block.shape[self.array.ndim :], block.dtype)
+            out[tuple(slice(a, b) for a, b in bounds)] = block
+        assert out is not None  # an array has at least one shard
+        return out
 
     def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
         out = self._values()
@@ -208,63 +177,11 @@ class _HostView:
         return out if dtype is None else out.astype(dtype)
 
 
-class _Replicated(_HostView):
-    """An array every device holds whole: this process's copy."""
-
-    spread = False
-
-    def _values(self) -> np.ndarray:
-        return np.asarray(_key_data(self.array.addressable_data(0)))
-
-
-class _LocalShards(_HostView):
-    """An array this process holds every part of, across its own devices: assembled here.
-    `spread` when some other process does not hold all of it."""
-
-    def __init__(self, array: jax.Array, where: str, spread: bool) -> None:
-        super().__init__(array, where)
-        self.spread = spread
-
-    def _values(self) -> np.ndarray:
-        out = None
-        for bounds, data in _local_shards(self.array).items():
-            block = np.asarray(_key_data(data))  # a single-device array: nothing collective
-            if out is None:
-                out = np.empty(self.array.shape + block.shape[self.array.ndim :], block.dtype)
-            out[tuple(slice(a, b) for a, b in bounds)] = block
-        assert out is not None  # an array has at least one shard
-        return out
-
-
-class _Gathered(_HostView):
-    """An array split across processes: gathered when the writer reads it, in a save."""
-
-    def __init__(self, array: jax.Array, where: str) -> None:
-        super().__init__(array, where)
-        self.announce: Callable[[], None] | None = None  # set by the save it is part of
-
-    def gather(self) -> np.ndarray:
-        # a collective: every process runs this, for the same tensors in the same order
-        return np.asarray(multihost_utils.process_allgather(_key_data(self.array), tiled=True))
-
-    def _values(self) -> np.ndarray:
-        if self.announce is None:
-            raise ValueError(_GATHER_OUTSIDE_SAVE.format(where=self.where))
-        self.announce()
-        return self.gather()
-
-
 def host_view(array: jax.Array, where: str) -> _HostView:
-    """What a save reads for `array`, one not fully addressable here: `np.asarray` of it
-    gives the array's values (a PRNG key array's key data).
-
-    Nothing is read yet. A fully replicated array is this process's copy; one whose every
-    part is on this process's devices is assembled here from them; any other is gathered
-    from all processes while the file is written (`save_from_processes`). The view is
-    `spread` unless every process of the run holds all of the array: every process
-    decides alike, from the sharding, which arrays need all of them, and which are
-    gathered.
-    """
+    """What a save reads for `array`, one not fully addressable here (`np.asarray` of it
+    gives its values, a PRNG key array's key data): this process's copy of a replicated
+    array, one assembled from this process's devices when they hold all of it, else a
+    gather from all processes while the file is written. Every process decides alike."""
     indices = array.sharding.devices_indices_map(array.shape)
     held: dict[int, set[Bounds]] = {}
     for device, index in indices.items():
@@ -274,18 +191,14 @@ def host_view(array: jax.Array, where: str) -> _HostView:
         p: sum(math.prod(b - a for a, b in x) for x in h) == array.size for p, h in held.items()
     }
     everywhere = len(whole) == jax.process_count() and all(whole.values())
-    if array.is_fully_replicated and everywhere:
-        return _Replicated(array, where)
     if everywhere or whole.get(0, False):  # process 0 can read it alone, when it writes
-        return _LocalShards(array, where, spread=not everywhere)
-    return _Gathered(array, where)
+        return _HostView(array, where, spread=not everywhere)
+    return _HostView(array, where, spread=True, gathered=True)
 
 
-# One save at a time per process, and what the meetings have used so far: the arrivals
-# this process posted (`arrivals`), and on process 0 the next arrival of each other
-# process (`seen`). The key-value store is shared by the whole run, so these counters
-# must stay in step with it; the lock keeps two threads of one process from interleaving.
-# A save made by one process alone (nothing spread over processes) uses none of them.
+# One save at a time per process, and the meetings' counters so far (the arrivals this
+# process posted; on process 0 the next arrival of each other process), in step with
+# the run's key-value store; the lock keeps two threads of one process apart.
 _lock = threading.Lock()
 _counters: dict[str, Any] = {"saves": 0, "arrivals": 0, "seen": {}}
 
@@ -356,9 +269,8 @@ class _Save:
             self.client.key_value_increment(f"{self.key}/progress", 1)
 
     def wait(self, name: str, what: str, bound: float | None = None) -> dict[str, Any]:
-        """The message posted at `name` (under this save's key). The wait ends `bound`
-        (by default `timeout`) seconds after the last progress any process of the save
-        told of."""
+        """The message posted at `name`; the wait ends `bound` (by default `timeout`)
+        seconds after the last progress any process of the save told of."""
         progress, bound = f"{self.key}/progress", bound or self.timeout
         told = self.client.key_value_increment(progress, 0)
         while True:
@@ -387,7 +299,7 @@ def _kind(value: object) -> str:
     digest = hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
     spec = getattr(array.sharding, "spec", None)
     sharding = type(array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
-    return f"{'split' if isinstance(value, _Gathered) else 'held'}|{sharding}|{digest}"
+    return f"{'split' if value.gathered else 'held'}|{sharding}|{digest}"
 
 
 def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
@@ -395,9 +307,8 @@ def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
 
 
 def _describe(path: str, entries: list[list[Any]]) -> str:
-    """What the processes must agree on: the path, and each tensor's key path, stored
-    dtype and shape, and how it is spread (by a digest, with the whole list packed when
-    it is not too large, to name the first difference)."""
+    """What the processes must agree on: the path and the tensors (`_entries`), by a
+    digest, with the list packed when it is small enough to name the first difference."""
     text = json.dumps(entries).encode()
     packed = base64.b64encode(zlib.compress(text)).decode()
     return json.dumps(
@@ -467,20 +378,9 @@ def save_from_processes(
     write: Callable[[], None] | SharedWrite,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Write `path`, alone or with every process taking part.
-
-    `tensors` are the save's planned tensors (`.name`, `.dtype`, `.shape`, `.value`).
-    `write` is either a `SharedWrite` (its `tensors` in the same order), or a function
-    that writes the whole file and reads every tensor's value.
-
-    A save whose values need no other process (none is a `spread` view: a run of one
-    process, or NumPy, local and replicated arrays) is this process's alone: the function
-    is called, or the `SharedWrite` written by this process alone, at once. Otherwise
-    every process takes part, with the same tensors: a `SharedWrite` is written by all,
-    each its share; a function runs on process 0 while the others join the gathers of
-    the arrays split across processes. No process waits for another more than `timeout`
-    seconds without news (a call, or progress in the writing).
-    """
+    """Write `path` by `write` (a `SharedWrite`, its `tensors` in the order of `tensors`,
+    or a function that writes the whole file): alone, at once, when no value needs
+    another process; else with every process taking part (see the module docstring)."""
     timeout = _check_timeout(timeout)
     spread = [t.where for t in tensors if isinstance(t.value, _HostView) and t.value.spread]
     if jax.process_count() == 1 or not spread:
@@ -501,6 +401,10 @@ def save_from_processes(
             _take_part(save, tensors)
 
 
+def _named(processes: list[int]) -> str:
+    return f"process {processes[0]}" if len(processes) == 1 else f"processes {processes}"
+
+
 def _meet_as_process_0(
     path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: float
 ) -> _Save:
@@ -514,10 +418,8 @@ def _meet_as_process_0(
     arrived: dict[int, tuple[int, str]] = {}
 
     def waiting() -> str:
-        who = [p for p in range(1, count) if p not in arrived]
-        who_text = f"process {who[0]}" if len(who) == 1 else f"processes {who}"
-        who_text += " to call it too"
-        return _WAITING.format(path=path, me=0, who=who_text, spread=spread, timeout=timeout)
+        who = _named([p for p in range(1, count) if p not in arrived]) + " to call it too"
+        return _WAITING.format(path=path, me=0, who=who, spread=spread, timeout=timeout)
 
     wait = _Notice(timeout, waiting)
     for process in range(1, count):
@@ -533,19 +435,17 @@ def _meet_as_process_0(
     missing = [p for p in range(1, count) if p not in arrived]
     error: tuple[str, str] | None = None
     if missing:
-        who = f"process {missing[0]}" if len(missing) == 1 else f"processes {missing}"
         text = _NOT_EVERYWHERE.format(
-            path=path, spread=spread, me=0, timeout=timeout, who=who,
+            path=path, spread=spread, me=0, timeout=timeout, who=_named(missing),
             verb="it did" if len(missing) == 1 else "they did",
         )  # fmt: skip
         error = ("TimeoutError", text)
     else:
-        for process, (_, theirs) in arrived.items():
-            difference = _difference(mine, path, theirs, process)
-            if difference is not None:
-                text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
-                error = ("ValueError", text)
-                break
+        found = (_difference(mine, path, theirs, p) for p, (_, theirs) in arrived.items())
+        difference = next((d for d in found if d is not None), None)
+        if difference is not None:
+            text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
+            error = ("ValueError", text)
     for process, (k, _) in arrived.items():
         answer = {"save": number} if error is None else {"error": error}
         client.key_value_set(f"{_PREFIX}/reply/{process}/{k}", json.dumps(answer))
@@ -601,20 +501,15 @@ def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, A
 
 def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Callable) -> None:
     steps = itertools.count()
-    order = {id(t.value): i for i, t in enumerate(tensors)}
+    views = [(i, t.value) for i, t in enumerate(tensors) if isinstance(t.value, _HostView)]
 
-    def announcer(value: _Gathered) -> Callable[[], None]:
-        def announce() -> None:
-            step = f"{save.key}/step/{next(steps)}"
-            save.client.key_value_set(step, json.dumps({"gather": order[id(value)]}))
+    def announcer(index: int) -> Callable[[], None]:
+        step = json.dumps({"gather": index})
+        return lambda: save.client.key_value_set(f"{save.key}/step/{next(steps)}", step)
 
-        return announce
-
-    views = [t.value for t in tensors if isinstance(t.value, _HostView)]
-    for value in views:
+    for index, value in views:
         value.progress = save.progress
-        if isinstance(value, _Gathered):
-            value.announce = announcer(value)
+        value.announce = announcer(index) if value.gathered else None
     outcome: dict[str, Any] = {"done": True}
     try:
         write()
@@ -622,10 +517,8 @@ def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Ca
         outcome = _outcome(save.path, failure)
         raise
     finally:
-        for value in views:
-            value.progress = None
-            if isinstance(value, _Gathered):
-                value.announce = None
+        for _, value in views:
+            value.progress = value.announce = None
         save.client.key_value_set(f"{save.key}/step/{next(steps)}", json.dumps(outcome))
 
 
@@ -635,7 +528,7 @@ def _take_part(save: _Save, tensors: Sequence[PlannedTensor]) -> None:
         message = _checked(save.wait(f"step/{step}", what))
         if "gather" in message:
             gathered = tensors[message["gather"]].value
-            assert isinstance(gathered, _Gathered)  # (every process planned alike)
+            assert isinstance(gathered, _HostView) and gathered.gathered  # (planned alike)
             gathered.gather()  # the result is process 0's to write
         else:
             return
@@ -683,13 +576,9 @@ def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> 
 
 def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[list[tuple]]:
     """Who writes which bytes of each piece, given `(nbytes, holders)` per piece: for each,
-    a list of `(process, start, stop)` byte ranges of the piece, in order.
-
-    A piece one process holds is its own; the others, those with the fewest holders and
-    then the largest first, are split by bytes between their holders so as to even out
-    the totals (filling the least loaded up to a common level). The result depends only
-    on the arguments: every process computes the same split.
-    """
+    `(process, start, stop)` byte ranges. A piece one process holds is its own; the others
+    (fewest holders, then largest, first) are split between their holders so as to even
+    out the totals. Every process computes the same split from the same arguments."""
     load = [0] * count
     parts: list[list[tuple]] = [[] for _ in pieces]
     for i, (nbytes, holders) in enumerate(pieces):
@@ -882,19 +771,13 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
             raise failure
 
 
-# --------------------------------------------------------------------------------------
-# Loading: each process reads the bytes of its own shards
-# --------------------------------------------------------------------------------------
+# -- Loading: each process reads the bytes of its own shards --
 
 
 def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:
     """The reads of runs of `chunk` bytes at ascending `offsets`: `(first run, count,
-    pitch)` each, a read of `count` runs `pitch` bytes apart (gaps included).
-
-    Runs equally spaced go into one read while the gap is at most `chunk` bytes (so the
-    read holds at most `OVER_READ` = 2 times the bytes it needs, however many runs it
-    takes) and at most `GAP_LIMIT`, up to `GROUP_BYTES` a read; other runs are one read each.
-    """
+    pitch)` each. Equally spaced runs are read together while a gap is at most `chunk`
+    (`OVER_READ`) and `GAP_LIMIT` bytes, up to `GROUP_BYTES` a read; others one by one."""
     n = len(offsets)
     if n == 0:
         return []
@@ -924,13 +807,9 @@ def read_block(
     itemsize: int,
     read_range: Callable[[int, int], np.ndarray],
 ) -> np.ndarray:
-    """The bytes of the block `bounds` (`(start, stop)` per axis) of a C-ordered tensor of
-    `shape`, as a `uint8` array of the block's shape plus an axis of `itemsize` bytes.
-
-    `read_range(start, stop)` reads a byte range of the tensor. A block of whole rows of
-    the leading axis is one read; a block cut along later axes is a run of bytes per row,
-    read together where they are near (`coalesce`).
-    """
+    """The bytes of the block `bounds` of a C-ordered tensor of `shape`, as `uint8` of the
+    block's shape plus an axis of `itemsize`, read by `read_range(start, stop)`: whole
+    leading rows in one read, a band of columns by runs read together (`coalesce`)."""
     extent = tuple(b - a for a, b in bounds)
     offsets, chunk = _runs(bounds, shape, itemsize)
     if len(offsets) == 1:
@@ -951,13 +830,9 @@ def place_by_slices(
     sharding: jax.sharding.Sharding,
     read_range: Callable[[int, int], np.ndarray],
 ) -> jax.Array:
-    """A tensor of `shape` and `dtype` stored C-ordered and little-endian, placed with
-    `sharding`: this process reads only the blocks its devices hold, each byte once.
-
-    When this process's blocks tile one box (one process of several holding a band of
-    rows or columns; every block, in a run of one process), the box is read at once and
-    each device's block is a view of it; otherwise each block is read by itself.
-    """
+    """A tensor of `shape` and `dtype`, stored C-ordered and little-endian, placed with
+    `sharding`: this process reads only its devices' blocks, each byte once (the box they
+    tile at once, when they tile one, each block a view of it)."""
     stored = np.dtype(dtype).newbyteorder("<")
     indices = sharding.addressable_devices_indices_map(shape).values()
     held = {_bounds(index, shape) for index in indices}

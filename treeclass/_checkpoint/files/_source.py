@@ -1,10 +1,5 @@
-"""The checkpoint source protocol: what a reader of one file format offers the loader.
-
-A *source* is one opened checkpoint seen as named tensors plus string metadata, the
-common ground of safetensors, npz, msgpack and the rest. It knows nothing of trees,
-templates or treeclass's own metadata: the format-neutral loader (`_restore`) reads
-those through it. A new format is one module with a class satisfying `CheckpointSource`.
-"""
+"""What a checkpoint is to everything above, whatever its format: a source to read (named
+tensors and string metadata), a writer to write, and the registry of formats."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dty
 import numpy as np
 
 from ..._values import is_prng_key
+from ._files import IO, reworded
 
 __all__ = [
     "TensorInfo",
@@ -39,14 +35,9 @@ __all__ = [
 
 
 class TensorInfo(NamedTuple):
-    """One tensor as a source stores it (before treeclass's metadata reinterprets it).
-
-    - `dtype`: the element type's NumPy name (`"float32"`, `"bfloat16"`, `"uint8"`), or
-      the format's own name for a type NumPy cannot hold (`"F4"`): such a tensor can be
-      listed and reported, never restored;
-    - `shape`: its shape;
-    - `nbytes`: the size of its data in the source.
-    """
+    """One tensor as a source stores it: its dtype's NumPy name (or the format's own name
+    for a type NumPy cannot hold, `"F4"`: listed and reported, never restored), its shape
+    and the size of its data."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -55,10 +46,7 @@ class TensorInfo(NamedTuple):
 
 class CheckpointSource(Protocol):
     """An opened checkpoint: tensor keys, their dtype and shape, metadata, their bytes.
-
-    Every method raises `ValueError` naming `location` for a source that turns out to be
-    corrupted; none raises anything else for bad bytes (`OSError` for I/O).
-    """
+    Bad bytes raise only `ValueError` naming `location` (`OSError` for I/O)."""
 
     @property
     def location(self) -> str:
@@ -87,14 +75,9 @@ class CheckpointSource(Protocol):
         ...
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of what `read(key)` returns, as a flat `uint8` array.
-
-        Checked exactly as `read` checks them: a range is read straight from the file
-        only where `read` would check nothing more than that those bytes are there (no
-        checksum over the whole tensor, no other byte order or memory order); anywhere
-        else it is cut from `read`'s result (`WholeTensorCache`), so a sharded template
-        and a plain one get the same values or the same error.
-        """
+        """Bytes `start:stop` of what `read(key)` returns, flat `uint8`, checked exactly
+        as `read` checks them (cut from `read`'s result where the file's bytes are not
+        `read`'s or a checksum covers the whole: `WholeTensorCache`)."""
         ...
 
     def close(self) -> None:
@@ -103,12 +86,8 @@ class CheckpointSource(Protocol):
 
 
 class WholeTensorCache:
-    """Ranges cut from the last tensor read whole, with every check `read` makes.
-
-    For a tensor whose ranges cannot be read straight from the file (a checksum covers
-    the whole of it, it is compressed, big-endian or in Fortran order), the tensor is read
-    once through `read`, not once per range, with one tensor held at a time.
-    """
+    """Ranges cut from the last tensor read whole (through `read`, with all its checks),
+    one tensor held at a time."""
 
     def __init__(self, read: Callable[[str], np.ndarray]) -> None:
         self._read = read
@@ -135,8 +114,9 @@ def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn
 
 
 class FileSource:
-    """What the readers of an opened file share: the one error naming it (`_corrupt`), no
-    metadata unless the format has some, and closing the file."""
+    """What the readers of an opened file share: the one error naming it (`_corrupt`),
+    positioned reads of tensor data (`read_at`), no metadata unless the format has some,
+    and closing the file."""
 
     format: str
 
@@ -146,6 +126,31 @@ class FileSource:
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, self.format)
+
+    def read_at(self, key: str, offset: int, count: int, out: Any = None) -> np.ndarray:
+        """`count` bytes at `offset` of the file, the data of tensor `key` (into `out`, else
+        a new flat `uint8` array), counted in `IO`. Read straight into the buffer where the
+        OS has positioned reads, with no read-ahead copy, so that many small slices (a row
+        per shard) cost what they read."""
+        out = np.empty(max(count, 0), np.uint8) if out is None else out
+        view, done = memoryview(out).cast("B"), 0
+        positioned = hasattr(os, "preadv")
+        if not positioned:
+            self.file.seek(offset)
+        try:
+            while done < len(view):
+                if positioned:
+                    got = os.preadv(self.file.fileno(), [view[done:]], offset + done)
+                else:
+                    got = self.file.readinto(view[done:])  # type: ignore[attr-defined]
+                if not got:
+                    self._corrupt(f"it ended inside the data of tensor {key!r}")
+                done += got
+        except OSError as error:  # a disk or network failure: the I/O error, naming the file
+            message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
+            raise reworded(error, message, self.location) from error
+        IO.read(done)
+        return out
 
     def metadata(self) -> Mapping[str, str]:
         return {}
@@ -178,11 +183,8 @@ class PlannedTensor(NamedTuple):
 
 class SharedWrite:
     """A save every process writes a share of: files made by process 0 (`begin`), filled
-    by all, put in place by process 0 (`finish`) or removed (`abort`).
-
-    `tensors` are the save's tensors in writing order (`.name`, `.nbytes`, `.data()`:
-    the whole tensor's bytes, read on process 0 for values no other process holds).
-    """
+    by all, put in place by process 0 (`finish`) or removed (`abort`). `tensors` are in
+    writing order; `.data()` is read on process 0 for values no other process holds."""
 
     tensors: Sequence[OutTensor]
 
@@ -204,11 +206,9 @@ class SharedWrite:
 
 
 class CheckpointWriter(Protocol):
-    """How `tc.save` writes a format, as `CheckpointSource` is how it is read: the dtypes
-    it has names for (a tensor of another is stored as raw bytes), and `prepare`, which
-    checks a plan's tensors and the file's string metadata before anything is written and
-    returns the write: a function one process runs, or a `SharedWrite` every process of a
-    run takes part in (`save_from_processes`)."""
+    """How `tc.save` writes a format: the dtypes it names (others are stored as raw
+    bytes), and `prepare`, which checks the tensors and metadata before anything is
+    written and returns the write (a function, or a `SharedWrite`)."""
 
     def can_store(self, dtype: np.dtype) -> bool: ...
 
@@ -239,17 +239,13 @@ def is_weak(value: object) -> bool:
     return bool(getattr(value, "weak_type", False))
 
 
-# --------------------------------------------------------------------------------------
-# The formats: each module of a format registers its row here, once, when imported
-# --------------------------------------------------------------------------------------
+# -- The formats: each module of a format registers its row here, once, when imported --
 
 
 class Format(NamedTuple):
-    """One format `tc.load` reads: its name for `format=`, the name endings that mean it,
-    a test of a file's first 16 bytes (and size), its reader (given the path and the
-    template, which names the records of an equinox file), and its writer, if `tc.save`
-    writes it (given the path and the shard limit). A `loose` first-bytes test (a msgpack
-    map's) is tried after every other format's."""
+    """One format: its name for `format=`, its name endings, a test of a file's first 16
+    bytes and size (a `loose` one is tried last), its reader (path, template) and its
+    writer (path, shard limit), if `tc.save` writes it."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -283,8 +279,7 @@ def register_format(row: Format) -> Format:
 
 
 def formats() -> tuple[Format, ...]:
-    """The registered formats, in the order messages list them and a file's first bytes
-    are tried: those `tc.save` writes, then the others, a loose test last; else in the
-    order they were registered."""
+    """The registered formats as messages list them and first bytes are tried: those
+    `tc.save` writes, then the others, a loose test last."""
     rows = list(_REGISTERED.values())
     return tuple(sorted(rows, key=lambda r: (r.loose, r.save is None)))

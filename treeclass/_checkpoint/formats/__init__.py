@@ -1,8 +1,5 @@
-"""The formats: one module each, which registers its row (`register_format`) when
-imported. Every module of this folder is imported here, so a new format is one module
-dropped in this folder: `tc.load(format=)`, `tc.save(format=)` and the messages listing
-the formats read the registered rows (`_formats`).
-"""
+"""The formats, one module each, registering its row when imported: every module of this
+folder is imported here, so a new format is one module dropped in."""
 
 import importlib
 import pkgutil

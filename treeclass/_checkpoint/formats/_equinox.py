@@ -1,14 +1,7 @@
-"""equinox's `tree_serialise_leaves` files, read against a template (a `CheckpointSource`).
-
-equinox writes a model's array and number leaves one after another, each as a `.npy`
-record (`jnp.save`), with no names: a file is only its leaves in order. So the template
-names them: the file's n-th record is the template's n-th array or number (leaf or
-frozen value, what `tc.state_dict` holds), under its checkpoint name (`layers.0.weight`).
-Key rules are then not needed; a file holding more or fewer records than the template
-has leaves is an error naming the first path that has no partner, and one whose record
-differs in shape or dtype is a mismatch at that path, as for any format.
-
-We parse the records ourselves (`_npz.read_npy_header`); equinox is not imported.
+"""equinox's `tree_serialise_leaves` files: `.npy` records of the array and number leaves
+in order, with no names, so the template names them (the n-th record fills its n-th array
+or number, under its checkpoint name); a count that differs is an error naming the first
+path without a partner. Records are parsed by `_npz`; equinox is not imported.
 """
 
 from __future__ import annotations
@@ -28,7 +21,6 @@ from ._npz import (
     npy_array,
     object_array_error,
     ranges_read_directly,
-    read_exact,
     read_npy_header,
     refuses,
 )
@@ -111,22 +103,15 @@ class EquinoxFile(NpyRecords):
 
     # -- the CheckpointSource protocol ------------------------------------------------
 
-    def _bytes(self, key: str, start: int, stop: int) -> np.ndarray:
-        record = self.records[key]
-        try:
-            return read_exact(self.file, record.start + start, stop - start)
-        except EOFError:
-            self._corrupt(f"it ended inside the data of {key!r}")
-
     def read(self, key: str) -> np.ndarray:
-        header = self.records[key].header
-        return npy_array(self._bytes(key, 0, header.nbytes), header)
+        record = self.records[key]
+        return npy_array(self.read_at(key, record.start, record.header.nbytes), record.header)
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        header = self.records[key].header
-        stop = min(stop, header.nbytes)
-        if ranges_read_directly(header):
-            return self._bytes(key, start, stop)
+        record = self.records[key]
+        stop = min(stop, record.header.nbytes)
+        if ranges_read_directly(record.header):
+            return self.read_at(key, record.start + start, stop - start)
         return self._whole(key, start, stop)
 
 

@@ -1,17 +1,11 @@
 """flax's `serialization.to_bytes` files: one msgpack document (a `CheckpointSource`).
 
-flax writes a state dict (nested string-keyed maps; lists became maps keyed `"0"`, `"1"`)
-with msgpack, arrays as extension objects: code 1 an ndarray, 3 a NumPy scalar (both a
-msgpack `(shape, dtype name, bytes)` triple), 2 a Python complex (`(real, imag)`). Arrays
-over 1 GiB are split into a map `{"__msgpack_chunked_array__": True, "shape": ...,
-"chunks": {"0": ..., ...}}` of flat pieces. A tensor is named by its keys joined with
-dots (`params.Dense_0.kernel`), so key rules map flax's names to the model's paths.
-Python numbers in the document are 0-d tensors (`int64`, `float64`, `bool`,
-`complex128`); strings and `None` are not data and are left out.
-
-Opening a file walks the document with the `msgpack` package (an optional dependency),
-one value at a time, and only looks at each array's header: the array's bytes are read
-when the tensor is, so a dry run reads none. flax itself is not imported.
+A state dict of nested string-keyed maps (lists as maps keyed `"0"`, `"1"`), arrays as
+extension objects (1: ndarray, 3: NumPy scalar, each a `(shape, dtype name, bytes)`
+triple; 2: a complex), arrays over 1 GiB as `{"__msgpack_chunked_array__": True, "shape":
+..., "chunks": ...}`. Names are the keys joined with dots; Python numbers are 0-d tensors,
+strings and `None` are left out. Opening walks the document with `msgpack` (an optional
+dependency) reading only array headers; flax itself is not imported.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ..files._files import file_reader, read_into
+from ..files._files import file_reader
 from ..files._json import MAX_DEPTH, MAX_HEADER_BYTES
 from ..files._source import (
     FileSource,
@@ -326,9 +320,7 @@ class FlaxFile(FileSource):
         for offset, count in array.pieces:  # the pieces of a chunked array, in order
             low, high = max(start, at), min(stop, at + count)
             if low < high:
-                self.file.seek(offset + low - at)
-                if read_into(self.file, buffer.data[low - start : high - start]) < high - low:
-                    self._corrupt(f"it ended inside the data of {key!r}")
+                self.read_at(key, offset + low - at, high - low, buffer[low - start : high - start])
             at += count
         return buffer
 

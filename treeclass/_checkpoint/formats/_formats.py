@@ -1,26 +1,7 @@
-"""Which reader opens a checkpoint: by `format=`, else by the file's contents or name.
-
-| format | recognised by |
-|---|---|
-| `"safetensors"` | an 8-byte header length, then `{` |
-| `"sharded"` | a name ending in `.index.json`, or a folder holding one such index (¹) |
-| `"npz"` | a zip archive (`PK`) |
-| `"flax"` | a msgpack map (flax's `serialization.to_bytes`) |
-| `"equinox"` | a `.npy` record (`\\x93NUMPY`: equinox's `tree_serialise_leaves`) |
-
-A name with one of the formats' extensions (`.safetensors`, `.npz`, `.msgpack`, `.eqx`)
-goes to that format's reader, which says what is wrong with the file, if anything; any
-other name (`checkpoint_100`, `model.bin`) is told by its first bytes, and one whose
-bytes fit no format is an error listing the formats.
-
-The formats are not listed here: each format's module registers its row
-(`_source.register_format`: name, name endings, first-bytes test, reader, writer) when
-imported, and the folder's `__init__` imports every module of the folder; what follows
-reads the registered rows.
-
-(¹) A folder's indexes of other libraries' shards (`pytorch_model.bin.index.json`,
-`flax_model.msgpack.index.json`, `tf_model.h5.index.json`), which model repositories keep
-beside their safetensors files, are passed over.
+"""Which reader opens a checkpoint (by `format=`, else by a format's name ending, else by
+the first bytes; a folder by the one checkpoint it holds, passing over other libraries'
+indexes such as `pytorch_model.bin.index.json`), and which writer `tc.save` uses. The
+formats are the registered rows (`_source.register_format`), none is listed here.
 """
 
 from __future__ import annotations
@@ -127,10 +108,8 @@ def _sniff(path: str) -> Format:
 
 
 def open_source(path: str, like: object, format: str | None = None) -> CheckpointSource:
-    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader.
-
-    `like` is the template, which names the records of an equinox file.
-    """
+    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader
+    (given the template, which names the records of an equinox file)."""
     row = _by_name(format) if format is not None else None
     if format is not None and row is None:
         raise ValueError(_BAD_FORMAT.format(formats=format_names(), format=format))
@@ -152,10 +131,9 @@ _SHARDED_ONLY = (
 def writer_for(
     path: str, max_shard_size: object = None, format: str | None = None
 ) -> CheckpointWriter:
-    """The writer `tc.save` writes `path` with: the `format` given (a format with a
-    writer), else sharded safetensors with a shard limit, else one safetensors file. A
-    name that ends like another format (or like a sharded index, without a shard limit)
-    is refused: what it wrote could not be loaded back by that name."""
+    """The writer of `path`: the `format` given, else sharded safetensors with a shard
+    limit, else one file; a name ending like another format (or like an index, without
+    a limit) is refused, as what was written could not be loaded back by that name."""
     if format is not None:
         given = _by_name(format)
         if given is None or given.save is None:

@@ -1,13 +1,6 @@
-"""NumPy's array files: the `.npy` record and the `.npz` archive (a `CheckpointSource`).
-
-A `.npy` record is a magic string, a version, a header (a Python literal giving the
-dtype, the memory order and the shape) and the raw bytes; an `.npz` file (`np.savez`,
-`np.savez_compressed`) is a zip archive of records named `<key>.npy`. Records are read
-through `numpy.lib.format`'s header parsers (which evaluate literals only), never with
-`allow_pickle`: an object array is refused, naming its key.
-
-Opening an archive reads each member's header alone (for a compressed member, the first
-block of its stream); the data is read when the tensor is.
+"""NumPy's `.npy` record and `.npz` archive (a zip of records), read without pickle (an
+object array is refused, naming its key) through `numpy.lib.format`'s header parsers.
+Opening an archive reads each member's header alone; data is read with the tensor.
 """
 
 from __future__ import annotations
@@ -33,7 +26,6 @@ __all__ = [
     "npy_array",
     "object_array_error",
     "refuses",
-    "read_exact",
     "ranges_read_directly",
     "NpyRecords",
     "NpzFile",
@@ -46,6 +38,13 @@ _DEFLATE_RATIO = 1032
 # a compressed record of another method is read in pieces of this size, not into a
 # buffer of the size its header claims
 _PIECE = 1 << 24
+
+# what zipfile raises for an archive or member it cannot read: a bad CRC or stream, a
+# version field, compression method or encryption it does not know
+_ZIP_ERRORS = (
+    zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, NotImplementedError, RuntimeError,
+    EOFError,
+)  # fmt: skip
 
 _OBJECT_ARRAY = (
     "{location}: the array {key} holds Python objects (dtype {dtype}), which tc.load does "
@@ -73,11 +72,8 @@ class NpyHeader(NamedTuple):
 
 
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
-    """Read the header of the `.npy` record starting at `file`'s position.
-
-    `ValueError` with the reason for anything that is not a record of version 1 or 2 (the
-    ones `np.save` writes for arrays without named fields).
-    """
+    """The header of the `.npy` record at `file`'s position; `ValueError` with the reason
+    for anything but a record of version 1 or 2 (what `np.save` writes)."""
     start = file.tell()
     try:
         version = npy_format.read_magic(file)
@@ -120,16 +116,6 @@ def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     return array
 
 
-def read_exact(file: BinaryIO, offset: int, count: int) -> np.ndarray:
-    """`count` bytes of `file` at `offset`, flat `uint8`; `EOFError` if it ends first."""
-    buffer = np.empty(max(count, 0), np.uint8)
-    file.seek(offset)
-    done = read_into(file, buffer.data)
-    if done < len(buffer):
-        raise EOFError(f"the file ended {len(buffer) - done} bytes early")
-    return buffer
-
-
 def ranges_read_directly(header: NpyHeader) -> bool:
     """Whether a record's bytes are already C order and little-endian."""
     return not header.fortran_order and header.dtype.byteorder != ">"
@@ -159,12 +145,9 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile(NpyRecords):
-    """An opened `.npz` archive as a `CheckpointSource`; every member's header is checked
-    here.
-
-    A stored member (`np.savez`) is read straight from the file, its CRC checked by us; a
-    compressed one (`np.savez_compressed`) through `zipfile`'s stream.
-    """
+    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked: a
+    stored member read straight from the file (its CRC checked here), a compressed one
+    through `zipfile`'s stream."""
 
     format = "npz"
 
@@ -172,13 +155,7 @@ class NpzFile(NpyRecords):
         super().__init__(file, location)
         try:
             self.zip = zipfile.ZipFile(file)
-        except (
-            zipfile.BadZipFile,
-            zipfile.LargeZipFile,
-            NotImplementedError,  # a version field zipfile does not know
-            ValueError,
-            EOFError,
-        ) as error:
+        except (*_ZIP_ERRORS, ValueError) as error:
             self._corrupt(f"it is not a readable zip archive ({error})")
         self.records: dict[str, _Member] = {}
         for info in self.zip.infolist():
@@ -241,24 +218,14 @@ class NpzFile(NpyRecords):
                 return read_npy_header(member)
         except ValueError as error:
             self._corrupt(f"the record {key!r}: {error}")
-        except (
-            zipfile.BadZipFile,
-            zlib.error,
-            NotImplementedError,
-            RuntimeError,
-            EOFError,
-        ) as error:
-            # a bad CRC or stream, a compression method or an encryption zipfile lacks
+        except _ZIP_ERRORS as error:
             self._corrupt(f"the record {key!r} cannot be read ({error})")
 
     # -- the CheckpointSource protocol ------------------------------------------------
 
     def _stored_data(self, key: str, member: _Member) -> np.ndarray:
         assert member.data is not None
-        try:
-            buffer = read_exact(self.file, member.data, member.header.nbytes)
-        except EOFError:
-            self._corrupt(f"it ended inside the data of {key!r}")
+        buffer = self.read_at(key, member.data, member.header.nbytes)
         self.file.seek(member.data - member.header.size)
         head = self.file.read(member.header.size)
         if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
@@ -279,7 +246,7 @@ class NpzFile(NpyRecords):
                 done = read_into(stream, buffer.data)  # type: ignore[arg-type]
                 if done == len(buffer):
                     extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
-        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as error:
+        except (*_ZIP_ERRORS, ValueError) as error:
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
         if done < len(buffer):
             self._corrupt(f"it ended inside the data of {key!r}")
@@ -300,7 +267,7 @@ class NpzFile(NpyRecords):
                         break
                     pieces.append(piece)
                     done += len(piece)
-        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as error:
+        except (*_ZIP_ERRORS, ValueError, OSError) as error:  # (bz2 and lzma raise OSError)
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
         if done < member.header.nbytes:
             self._corrupt(f"it ended inside the data of {key!r}")

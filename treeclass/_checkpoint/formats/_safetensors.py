@@ -1,13 +1,7 @@
-"""The safetensors format: a reader (a `CheckpointSource`) and a writer.
-
-A file is an 8-byte little-endian header length, a JSON header that maps each tensor
-name to its dtype, shape and byte range, then the raw bytes in header order. The
-header's `__metadata__` maps strings to strings.
-
-We read and write the format ourselves rather than through the `safetensors` package: it
-is not a dependency of treeclass, its writers take every tensor in host memory at once
-(we move one tensor at a time), its numpy reader has no bfloat16 or float8, and the format
-is small.
+"""The safetensors format (an 8-byte header length, a JSON header of each tensor's dtype,
+shape and byte range, the bytes): a reader and a writer of our own, since the
+`safetensors` package is no dependency, holds every tensor on the host to write, and
+reads no bfloat16 or float8 into NumPy.
 """
 
 from __future__ import annotations
@@ -15,14 +9,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ..files._files import IO, file_reader, reworded, write_atomically
+from ..files._files import file_reader, write_atomically
 from ..files._json import MAX_HEADER_BYTES
 from ..files._json import loads as strict_json
 from ..files._source import FileSource, Format, OutTensor, TensorInfo, numpy_dtype, register_format
@@ -54,9 +47,7 @@ def can_store(dtype: np.dtype) -> bool:
     return dtype.name in _SAFETENSORS_NAMES and numpy_dtype(dtype.name) == dtype
 
 
-# --------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------
+# -- Reading --
 
 
 class _Tensor(NamedTuple):
@@ -74,9 +65,6 @@ class SafetensorsFile(FileSource):
 
     def __init__(self, file: BinaryIO, location: str) -> None:
         super().__init__(file, location)
-        # positioned reads straight into the caller's buffer where the OS has them, with
-        # no read-ahead copy, so many small slices (one row per shard) cost what they read
-        self._descriptor = file.fileno() if hasattr(os, "preadv") else None
         head = file.read(8)
         if len(head) < 8:
             self._corrupt(f"it has {self.size} bytes, fewer than a safetensors header needs")
@@ -162,25 +150,8 @@ class SafetensorsFile(FileSource):
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         tensor = self.tensors[key]
-        start, stop = tensor.start + start, tensor.start + min(stop, tensor.stop - tensor.start)
-        buffer = np.empty(max(stop - start, 0), np.uint8)
-        view, done, offset = buffer.data, 0, self.data_start + start
-        if self._descriptor is None:
-            self.file.seek(offset)
-        try:
-            while done < len(buffer):
-                if self._descriptor is None:
-                    count = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-                else:
-                    count = os.preadv(self._descriptor, [view[done:]], offset + done)
-                if not count:
-                    self._corrupt(f"it ended inside the data of tensor {key!r}")
-                done += count
-        except OSError as error:  # a disk or network failure: the I/O error, naming the file
-            message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
-            raise reworded(error, message, self.location) from error
-        IO.read(len(buffer))
-        return buffer
+        stop = min(stop, tensor.stop - tensor.start)
+        return self.read_at(key, self.data_start + tensor.start + start, stop - start)
 
     def read(self, key: str) -> np.ndarray:
         tensor = self.tensors[key]
@@ -191,9 +162,7 @@ class SafetensorsFile(FileSource):
         return buffer.view(dtype.newbyteorder("<")).reshape(tensor.shape)
 
 
-# --------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------
+# -- Writing --
 
 
 class SafetensorsSave:

@@ -1,39 +1,24 @@
-"""Sharded safetensors: an index file and several safetensors files (a `CheckpointSource`,
-and its writer).
+"""Sharded safetensors: an index (`{"metadata": {...}, "weight_map": {name: shard}}`) and
+the safetensors shards beside it (a `CheckpointSource`), and its writer.
 
-The layout of large-model repositories: `model.safetensors.index.json` holds
-
-    {"metadata": {"total_size": 123456}, "weight_map": {name: "model-00001-of-00003.safetensors"}}
-
-and each shard is a plain safetensors file beside it. The reader opens every shard the
-index names (headers only) and checks that the index and the shards agree exactly: a
-name the index maps to a shard that lacks it, or a tensor no entry names, is an error.
-Shard names must be plain file names in the index's folder (an index from elsewhere must
-not make us open `../../anything`). The `total_size` is not checked: repositories
-disagree on what it counts.
-
-`tc.save(path, tree, max_shard_size=...)` writes the same layout, tensors in the tree's
-order, a shard closed when the next tensor would take it over the limit (a tensor larger
-than the limit gets a shard of its own), as huggingface's writers do. Each shard is
-replaced atomically, the index last; treeclass's document goes into the index's
-metadata, so a sharded save loads exactly as a single file does; the metadata a save is
-given (`metadata={"format": "pt"}`) goes into the index and every shard's header alike.
-A token shared by the index and its shards makes a mix of two saves (an interrupted save
-over an older one) an error rather than a silently mixed model. Shards of the previous
-save at `path` that the new index no longer names are removed once the new index is in
-place (only `.safetensors` files: an index from elsewhere may name anything).
+The reader checks that index and shards agree exactly and that shard names are plain
+file names beside the index (`total_size` is not checked: repositories disagree on it).
+The writer closes a shard when the next tensor would take it over the limit (a larger
+tensor gets its own), replaces each atomically, the index last, with the given metadata
+in the index and every shard; treeclass's own saves tie index and shards by a token, so
+an interrupted save over an older one is an error, and remove the previous save's
+shards the new index no longer names (only `.safetensors` files).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -78,9 +63,7 @@ def parse_size(value: Any) -> int:
     return size
 
 
-# --------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------
+# -- Reading --
 
 
 def _plain_name(name: Any) -> bool:
@@ -100,7 +83,7 @@ class ShardedSafetensors(FileSource):
 
     format = "sharded safetensors index"
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, like: object = None) -> None:  # (a format's opener)
         self.location = location
         self.shards: dict[str, SafetensorsFile] = {}
         try:
@@ -187,9 +170,7 @@ class ShardedSafetensors(FileSource):
             raise errors[0]
 
 
-# --------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------
+# -- Writing --
 
 
 def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
@@ -207,31 +188,30 @@ def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     return groups
 
 
-def shard_names(index: str) -> set[str] | None:
-    """The shards the index at `index` names, or None if it cannot be read (its reader
-    says why)."""
+def _mapped(index: str) -> list | None:
+    """The values of the index's weight map, or None if it cannot be read."""
     try:
         with open_for_reading(index) as file:
-            names = strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values()
-        return {name for name in names if isinstance(name, str)}
+            return list(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
+def shard_names(index: str) -> set[str] | None:
+    """The shards the index at `index` names, or None if it cannot be read (its reader
+    says why)."""
+    names = _mapped(index)
+    return None if names is None else {name for name in names if isinstance(name, str)}
+
+
 def _previous_shards(path: str) -> set[str]:
-    """The safetensors shards the index at `path` names now (none if it is unreadable:
-    one whose map holds a value that is no name deletes nothing)."""
-    try:
-        with open_for_reading(path) as file:
-            names = set(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    """The safetensors shards the index at `path` names now: none if it is unreadable or
+    maps a name to what is no name; only safetensors files (an index from elsewhere may
+    name anything, itself included)."""
+    names = _mapped(path) or []
+    if any(isinstance(name, (list, dict)) for name in names):
         return set()
-    # only safetensors files: an index from elsewhere may name anything, itself included
     return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
-
-
-def _write_bytes(data: bytes, file: BinaryIO) -> None:
-    file.write(data)
 
 
 class ShardedSave:
@@ -320,7 +300,7 @@ class _ShardedWrite(SharedWrite):
             },
         }
         text = json.dumps(index, indent=2).encode("utf-8")
-        write_atomically(self.save.path, functools.partial(_write_bytes, text))
+        write_atomically(self.save.path, lambda file: file.write(text))
         for name in self.previous - set(self.names):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.folder, name))
@@ -330,11 +310,7 @@ class _ShardedWrite(SharedWrite):
             discard(temp)
 
 
-def _open_index(path: str, like: object) -> ShardedSafetensors:
-    return ShardedSafetensors(path)
-
-
 # an index is told by its name alone (its JSON could be anything's)
 register_format(
-    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, _open_index, ShardedSave)
+    Format("sharded", (INDEX_SUFFIX,), lambda head, size: False, ShardedSafetensors, ShardedSave)
 )

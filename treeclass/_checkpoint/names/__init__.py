@@ -1,6 +1,2 @@
-"""Names and rules: a tree as named checkpoint entries, checked against a catalog of what
-a checkpoint holds, key rules and their compiled plan (load forwards, export backwards),
-versions, treeclass's metadata document, and the restore that places what was read.
-
-Reads checkpoints only through the protocols of `..files._source`: no format is named here.
-"""
+"""Names and rules: a tree against a checkpoint, read through `..files._source`'s
+protocols only (no format is named here)."""

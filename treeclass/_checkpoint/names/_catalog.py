@@ -1,9 +1,6 @@
-"""The catalog protocol: what a checkpoint holds under each name, as the checks see it.
-
-Loading compares every entry of the template with a *catalog* (`Stored` per name). A
-state dict is one catalog (`_state`); a file is another (`_document.SourceCatalog`, over
-any `CheckpointSource`); key rules and migrations wrap one in another.
-"""
+"""The catalog protocol: what a checkpoint holds under each name (`Stored`), as the checks
+see it; a state dict, a file (`_document.SourceCatalog`), key rules and migrations are
+catalogs, the last two wrapping another."""
 
 from __future__ import annotations
 

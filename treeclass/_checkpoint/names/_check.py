@@ -1,9 +1,5 @@
-"""Checking a template against a catalog: every entry decided, every problem collected.
-
-Each entry of the template is taken from the catalog, kept, or skipped (outside a
-partial load); values are compared as `_values.exact_key` does, numbers converted only
-when exact. `Checker.finish` makes the `LoadReport`, with a hint for each missing name.
-"""
+"""Checking a template against a catalog: each entry taken, kept or skipped, values
+compared as `_values.exact_key` does, every problem collected into the `LoadReport`."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from ._catalog import Catalog, Stored, describe
 from ._report import FrozenMapping, LoadReport
 from ._walk import NUMBER, NUMBERS, OBJECT, PLAIN, STATIC, TENSOR, Entry, is_abstract, static_parts
 
-__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "to_number"]
+__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "similarity", "to_number"]
 
 # what to do with a template entry: take the value from the catalog, keep the template's, or
 # skip it (outside a partial load's selection: kept, and not reported)
@@ -57,11 +53,8 @@ class Checker:
                 return KEEP
             return self._missing(where, entry)
         if entry.category == OBJECT:
-            # functions and other objects are never saved: they come from the template,
-            # whatever non-data value the file had there (a function where the template
-            # holds a jitted one, a partial, a builtin, a class). Data there (an array, a
-            # string) means the model changed, and so does another type of a static
-            # container, whose parts are checked one by one
+            # never saved, so any non-data value of the file fits (a function where the
+            # template holds a jitted one); data, or a static container of another type, not
             if stored.category == OBJECT and (
                 stored.value == type(entry.value).__name__ or not static_parts(entry.value)
             ):
@@ -69,19 +62,15 @@ class Checker:
             return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
         if entry.kind == STATIC:
             return self._static(where, entry, stored)
-        if entry.category == TENSOR:
-            if stored.category != TENSOR:
-                if _abstract_number_fits(entry.value, stored):
-                    return TAKE
-                return self._mismatch(where, entry, stored, "type")
+        if entry.category == TENSOR and stored.category == TENSOR:
             return self._tensor_fits(where, entry, stored) or TAKE
-        if entry.category == NUMBER:
-            if not _number_fits(entry.value, stored):
-                return self._mismatch(where, entry, stored, "type")
-            return TAKE
-        if stored.category == PLAIN and type(stored.value) is type(entry.value):
-            return TAKE
-        return self._mismatch(where, entry, stored, "type")
+        if entry.category == TENSOR:
+            fits = _abstract_number_fits(entry.value, stored)
+        elif entry.category == NUMBER:
+            fits = _number_fits(entry.value, stored)
+        else:
+            fits = stored.category == PLAIN and type(stored.value) is type(entry.value)
+        return TAKE if fits else self._mismatch(where, entry, stored, "type")
 
     def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
         """None if the stored tensor has the template's shape and dtype, else a mismatch."""
@@ -114,8 +103,7 @@ class Checker:
         return self._mismatch(where, entry, stored, "static")
 
     def skip(self, entry: Entry) -> str:
-        """An entry outside a partial load: kept, and its name in the checkpoint is not
-        unexpected (it belongs to the template)."""
+        """An entry outside a partial load: kept, its name in the checkpoint not unexpected."""
         if self.source.stored(entry.name) is not None:
             self.used.add(entry.name)
         return SKIP
@@ -194,11 +182,8 @@ class Checker:
 
 
 def _origins(catalog: Any, name: str) -> tuple[str, ...]:
-    """The names in the checkpoint itself that `name` of `catalog` is made of.
-
-    A catalog wrapping another (key rules, a migration step) has `inner` and says which of
-    its names each of its own is made of (`sources`); the chain is followed to the file.
-    """
+    """The names in the file itself that `name` of `catalog` is made of, followed through
+    the wrapping catalogs' `inner` and `sources` (key rules, migration steps)."""
     names: tuple[str, ...] = (name,)
     while hasattr(catalog, "inner") and hasattr(catalog, "sources"):
         names = tuple(dict.fromkeys(n for own in names for n in catalog.sources(own)))
@@ -233,21 +218,21 @@ def _weakly(description: str, weak: bool) -> str:
     return description + (" (weakly typed)" if weak else " (strongly typed)")
 
 
-def _common_prefix(a: str, b: str) -> int:
-    return len(os.path.commonprefix([a, b]))
+def similarity(a: str, b: str) -> float:
+    """The share of two names in a common prefix and suffix (difflib's ratio, restricted
+    to those two blocks)."""
+    shared = len(os.path.commonprefix([a, b])) + len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return 2 * min(shared, len(a), len(b)) / (len(a) + len(b) or 1)
 
 
 class _Closest:
     """The closest of many names to a missing one, in time near-linear in their number.
 
-    Comparing every missing name with every unused one (as `difflib.get_close_matches`
-    would) costs their product: minutes for thousands of renamed keys. A rename keeps a
-    long common prefix or suffix (`layers.3.w` -> `layers.3.weight`, `encoder.x` ->
-    `model.encoder.x`), and the names sharing the longest prefix with a name sit next to
-    it in sorted order, those sharing the longest suffix next to it in the order of the
-    reversed names. So each missing name is scored against its few neighbours in both
-    orders only (two in each): by the share of characters in a common prefix and suffix, difflib's
-    measure of similarity restricted to those two blocks, with difflib's cutoff of 0.6.
+    A rename keeps a long common prefix or suffix (`layers.3.w` -> `layers.3.weight`), and
+    the names sharing the longest prefix with a name sit next to it in sorted order (the
+    longest suffix: in the order of the reversed names). So each missing name is scored
+    (`similarity`, difflib's cutoff of 0.6) against its two neighbours in both orders,
+    not against every name, which costs minutes for thousands of renamed keys.
     """
 
     _CUTOFF = 0.6
@@ -264,15 +249,10 @@ class _Closest:
 
     def __call__(self, name: str) -> str | None:
         candidates = set(self._near(self.forward, name))
-        reversed_name = name[::-1]
-        candidates.update(n[::-1] for n in self._near(self.backward, reversed_name))
+        candidates.update(n[::-1] for n in self._near(self.backward, name[::-1]))
         best, best_score = None, self._CUTOFF
         for candidate in sorted(candidates):
-            shared = _common_prefix(name, candidate) + _common_prefix(
-                reversed_name, candidate[::-1]
-            )
-            shared = min(shared, len(name), len(candidate))
-            score = 2 * shared / (len(name) + len(candidate))
+            score = similarity(name, candidate)
             if score > best_score or (score == best_score and best is None):
                 best, best_score = candidate, score
         return best
@@ -299,11 +279,8 @@ def _number_fits(template: Any, stored: Stored) -> bool:
 
 
 def _abstract_number_fits(template: Any, stored: Stored) -> bool:
-    """A Python number saved where an abstract template has a scalar of its kind.
-
-    `jax.eval_shape` turns a Python number into a weakly typed 0-d `ShapeDtypeStruct`,
-    so an abstract template cannot say that the value was a number: the file can.
-    """
+    """A Python number saved where an abstract template has a scalar of its kind (which
+    `jax.eval_shape` made a weakly typed 0-d `ShapeDtypeStruct`)."""
     if not is_abstract(template) or template.shape != () or is_prng_key(template):
         return False
     kind = type(stored.value)

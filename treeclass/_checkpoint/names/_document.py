@@ -1,22 +1,10 @@
-"""treeclass's own metadata in a checkpoint: what tensors really are, and plain values.
-
-Any format with string metadata can carry it (safetensors does, under the key
-`"treeclass"`). Its value is a JSON document:
-
-    {"format": "treeclass", "version": 1, "root": "MLP",
-     "tensors": {name: {"kind": ...}},                  # plus "dtype"/"shape" for raw bytes
-     "values":  {name: {"kind": ..., "value": ...}},    # plain data, JSON-encoded
-     "objects": {name: {"kind": ..., "type": ...}},     # not saved: from the template
-     "versions": {class name: {"version": ..., "at": [key paths of its nodes]}}}
-
-`kind` is `"leaf"`, `"frozen"` or `"static"`. dtypes a format cannot name (complex128,
-float8_e3m4, int4, PRNG keys, ...) are stored as raw little-endian bytes (`uint8` with a
-trailing itemsize axis; keys as their `uint32` key data) with the real dtype in the
-document, so the file stays readable by other tools.
-
-Saving *plans* a tree (`plan`: the document and each tensor's stored dtype, shape and
-bytes); loading wraps a `CheckpointSource` and its document into a catalog the
-format-neutral checks read (`SourceCatalog`).
+"""treeclass's own metadata in a checkpoint (safetensors: under `"treeclass"`), a JSON
+document: `{"format": "treeclass", "version": 1, "root": "MLP", "tensors": {name:
+{"kind", ...}}, "values": {name: {"kind", "value"}}, "objects": {name: {"kind", "type"}},
+"versions": {class: {"version", "at"}}}`, `kind` being leaf, frozen or static. A dtype
+the format cannot name (complex128, int4, PRNG keys) is stored as raw little-endian bytes
+(`uint8`, one more axis; keys as `uint32` key data), its true dtype and shape in the
+record. `plan` makes it for a save; `SourceCatalog` reads any source with it.
 """
 
 from __future__ import annotations
@@ -52,9 +40,7 @@ __all__ = [
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
 
-# --------------------------------------------------------------------------------------
-# Plain values: JSON, with tags for what JSON cannot tell apart
-# --------------------------------------------------------------------------------------
+# -- Plain values: JSON, with tags for what JSON cannot tell apart --
 
 
 def _encode(value: Any) -> Any:
@@ -101,9 +87,7 @@ def _decode(data: Any) -> Any:
     return data
 
 
-# --------------------------------------------------------------------------------------
-# Saving: the plan of a tree
-# --------------------------------------------------------------------------------------
+# -- Saving: the plan of a tree --
 
 _ABSTRACT_LEAF = (
     "an abstract value at {where} ({value}): there is no data to save. Save the model "
@@ -129,30 +113,27 @@ def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) 
     record: dict[str, Any] = {"kind": entry.kind}
     if is_weak(value):
         record["weak"] = True
-    if is_prng_key(value):
-        stored = jax.eval_shape(jax.random.key_data, value).shape
+    dtype: np.dtype
+    if is_prng_key(value):  # its uint32 key data, one more axis
         record.update(dtype=str(value.dtype), shape=list(shape))
         record["impl"] = str(jax.random.key_impl(value))
-        u32 = np.dtype("uint32")
-        return PlannedTensor(entry.name, data, u32, stored, 4 * math.prod(stored), record, where)
-    dtype = np.dtype(value.dtype)
-    if dtype.byteorder == ">":  # written little-endian, as the format says (`tensor_bytes`)
-        dtype = dtype.newbyteorder("<")
-    if storable(dtype):
-        nbytes = dtype.itemsize * math.prod(shape)
-        return PlannedTensor(entry.name, data, dtype, shape, nbytes, record, where)
-    if dtype.hasobject or dtype.kind in "OSUMm" or numpy_dtype(dtype.name) != dtype:
-        raise ValueError(_UNSAVABLE_DTYPE.format(where=where, dtype=dtype))
-    # no name in the format: raw bytes, one more axis for the bytes of an element
-    stored = (*shape, dtype.itemsize)
-    record.update(dtype=dtype.name, shape=list(shape))
-    u8 = np.dtype("uint8")
-    return PlannedTensor(entry.name, data, u8, stored, math.prod(stored), record, where)
+        dtype, stored = np.dtype("uint32"), jax.eval_shape(jax.random.key_data, value).shape
+    else:
+        dtype = np.dtype(value.dtype)
+        if dtype.byteorder == ">":  # written little-endian, as the format says (`tensor_bytes`)
+            dtype = dtype.newbyteorder("<")
+        stored = shape
+        if not storable(dtype):  # no name in the format: raw bytes, one more axis
+            if dtype.hasobject or dtype.kind in "OSUMm" or numpy_dtype(dtype.name) != dtype:
+                raise ValueError(_UNSAVABLE_DTYPE.format(where=where, dtype=dtype))
+            record.update(dtype=dtype.name, shape=list(shape))
+            dtype, stored = np.dtype("uint8"), (*shape, dtype.itemsize)
+    nbytes = dtype.itemsize * math.prod(stored)
+    return PlannedTensor(entry.name, data, dtype, tuple(stored), nbytes, record, where)
 
 
-def tensor_bytes(tensor: PlannedTensor) -> np.ndarray:
-    """The bytes to write for a planned tensor: flat `uint8`, little-endian."""
-    value = tensor.value
+def tensor_bytes(value: Any) -> np.ndarray:
+    """The bytes to write for a value: flat `uint8`, little-endian."""
     if isinstance(value, np.ndarray) and value.dtype.byteorder == ">":
         value = value.astype(value.dtype.newbyteorder("<"))  # this array's copy alone
     return host_bytes(value)
@@ -161,10 +142,8 @@ def tensor_bytes(tensor: PlannedTensor) -> np.ndarray:
 def plan(
     tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
 ) -> tuple[str, list[PlannedTensor]]:
-    """The treeclass document of `tree` and its tensors in writing order.
-
-    `storable` says which dtypes the format names; the others are stored as raw bytes.
-    """
+    """The treeclass document of `tree` and its tensors in writing order (a dtype the
+    format does not name, `storable`, stored as raw bytes)."""
     tensors: list[PlannedTensor] = []
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
@@ -187,9 +166,7 @@ def plan(
     return json.dumps(document, separators=(",", ":")), tensors
 
 
-# --------------------------------------------------------------------------------------
-# Loading: a source and its document as a catalog
-# --------------------------------------------------------------------------------------
+# -- Loading: a source and its document as a catalog --
 
 
 class _Tensor(NamedTuple):
@@ -226,12 +203,8 @@ def _sub_byte_bits(dtype: np.dtype) -> int:
 
 
 def _check_canonical(data: np.ndarray, name: str) -> None:
-    """Refuse elements whose byte holds bits their dtype does not use.
-
-    A bool stored as 2 reads as True in one operation and as 2 in another (`x == True` is
-    False, `x.sum()` counts 2); an int4 with its high bits set is another number on every
-    path that reads the byte. Such bytes are never written by a correct writer.
-    """
+    """Refuse elements whose byte holds bits their dtype does not use (a bool stored as 2
+    is True to `bool` and 2 to `sum`); no correct writer writes them."""
     bits = _sub_byte_bits(data.dtype)
     if bits >= 8 or data.size == 0:
         return
@@ -385,10 +358,8 @@ class SourceCatalog:
         return None
 
     def range_reader(self, name: str) -> Callable[[int, int], np.ndarray] | None:
-        """Byte ranges of tensor `name` as `fetch` would give it, checked as `fetch`
-        checks it (the source's `read_range` makes `read`'s checks); None where `fetch`
-        does more than `read`: reinterprets raw bytes or key data, or checks the unused
-        bits of a bool or sub-byte tensor, which only the whole tensor shows."""
+        """Byte ranges of tensor `name`, checked as `fetch` checks it; None where `fetch`
+        does more than `read` (raw bytes, key data, the unused bits of sub-byte types)."""
         tensor = self.tensors.get(name)
         if tensor is None or tensor.raw or tensor.key_impl:
             return None

@@ -1,24 +1,14 @@
 """Export: a tree's data under another library's names, through the key rules that load it.
 
-A rule table maps a checkpoint's names to a model's key paths (`_rules`); export runs it
-backwards, through the plan that binds the model's arrays to the file's names (`_plan`:
-which rule gives each array, with which captures; a stacked leaf by its layers' names,
-`blocks.3.attn.q`, unless a rule takes it whole). The sources are computed from the
-targets:
-
-- a rule without a transform renames;
-- a rule with an explicit inverse (its fourth element) runs it;
-- any other transform is inverted when it only moves elements (a transpose, a reshape,
-  a split or a concatenation, any mix of them): it is run once on integer labels of the
-  source elements, which says where each element of the targets came from, and run once
-  more on other labels to check that it does not depend on the values. Export gathers
-  each source element from there; a source element given twice (tied weights, `lambda w:
-  (w, w.T)`) is written once, and both copies must hold the same bytes. The source
-  shapes are those, among the shapes the targets suggest (the same, reversed, the
-  targets joined along an axis, ...), for which the transform gives the targets' shapes;
-  when none or several do, the error names the rule and asks for its inverse.
-
-Names no rule matches keep their own.
+The plan (`_plan`) binds each array to its rule, captures and file names; export
+computes the sources from the targets: a rule without a transform renames, one with an
+inverse (its fourth element) runs it, and any other transform is inverted when it only
+moves elements (a transpose, reshape, split, concatenation): run once on labels of the
+source elements, it says where each target element came from, and once more on other
+labels to check it does not depend on the values. A source element given twice (tied
+weights) is written once, both copies checked equal. The source shapes are those, among
+the ones the targets suggest, for which the transform gives the targets' shapes; none
+or several is an error asking for the inverse.
 """
 
 from __future__ import annotations
@@ -166,18 +156,15 @@ class Exporter:
         # what each name of the export is computed from: (group or own target, position)
         self.sources: dict[str, tuple[Any, int]] = {}
         self.layout: dict[str, tuple[np.dtype, tuple]] = {}
+        # (one origin per name: the plan refuses a name load would not read back as written)
         for group in plan.groups.values():
             layouts = self._layouts(group)
             for position, (source, layout) in enumerate(zip(group.sources(), layouts)):
-                self._add(source, group, position, layout)
+                self.layout[source], self.sources[source] = layout, (group, position)
         for target in plan.own:
-            self._add(target.name, target, 0, (np.dtype(target.dtype), target.shape))
+            self.layout[target.name] = (np.dtype(target.dtype), target.shape)
+            self.sources[target.name] = (target, 0)
         self._cached: tuple[Any, list[np.ndarray]] | None = None
-
-    def _add(self, name: str, origin: Any, position: int, layout: tuple) -> None:
-        # (one origin per name: the plan refuses a name load would not read back as written)
-        self.layout[name] = layout
-        self.sources[name] = (origin, position)
 
     def _layouts(self, group: Group) -> list[tuple[np.dtype, tuple]]:
         """The dtype and shape of each source of `group`'s rule."""
@@ -261,9 +248,7 @@ class Exporter:
             results = results_of("", rule, result)
         except Exception:
             return False
-        return [(tuple(r.shape), np.dtype(r.dtype)) for r in results] == [
-            (tuple(s.shape), np.dtype(s.dtype)) for s in structs
-        ]
+        return _layouts_of(results) == _layouts_of(structs)
 
     def tensors(self) -> list[ForeignTensor]:
         """The export's tensors, in natural order of their names (layer 2 before 10)."""
@@ -273,7 +258,6 @@ class Exporter:
         ]
 
     def compute(self, name: str) -> np.ndarray:
-        """The tensor `name`."""
         return self._value(*self.sources[name])
 
     def _value(self, origin: Any, position: int) -> np.ndarray:
@@ -292,8 +276,7 @@ class Exporter:
         if rule.inverse is not None:
             what, found = self._inverse(rule, lambda f, *a: f(*a), arrays)
             results = [np.asarray(r) for r in found]
-            names = group.sources()
-            for name, value in zip(names, results):
+            for name, value in zip(group.sources(), results):
                 if (value.dtype, value.shape) != self.layout[name]:
                     raise ValueError(
                         f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} "
@@ -381,6 +364,10 @@ def _host(value: Any) -> Any:
     """A target's value on the host (a PRNG key array stays as it is: its inverse, such
     as `jax.random.key_data`, makes its data)."""
     return value if is_prng_key(value) else np.asarray(value)
+
+
+def _layouts_of(arrays: Sequence[Any]) -> list[tuple[tuple, np.dtype]]:
+    return [(tuple(a.shape), np.dtype(a.dtype)) for a in arrays]
 
 
 def _natural(name: str) -> list[tuple[int, Any]]:

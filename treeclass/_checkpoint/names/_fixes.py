@@ -1,14 +1,8 @@
-"""The fixes a failed (or lossy) load suggests, computed from the checker's problems.
-
-Computed from names, shapes and dtypes together: a template tensor is paired only with a
-file tensor that fits it (the same shape, or a 2-D one transposed; another dtype gets an
-`astype`). A key rule for a renamed path (the closest name that fits, or the one tensor
-of its shape and dtype on each side; a migration when the file is treeclass's own),
-`astype` for another dtype, a transpose for a transposed weight, a key rule onto a
-stack's blocks for per-layer tensors when every slot has a tensor of the block's shape
-(the most similar names first, each file name used once), the index for a lone shard of
-an indexed folder, and a policy (with the count of leaves it leaves unrestored) only for
-what no rule fits.
+"""The fixes a failed (or lossy) load suggests, from names, shapes and dtypes together: a
+file tensor is paired with a template tensor only when it fits (the same shape, or a 2-D
+one transposed; another dtype gets an `astype`), per-layer tensors with a stack only when
+every slot has one of the block's shape, and a policy is offered only for what no rule
+fits, with the count of leaves it leaves unrestored.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import jax
 
 from ..files._source import dtype_name
 from ._catalog import Catalog
-from ._check import Checker
+from ._check import Checker, similarity
 from ._report import LoadReport
 from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
@@ -46,9 +40,7 @@ def warn_if_less(
     like: Any, source: Catalog, checker: Checker, report: LoadReport, missing: str, unexpected: str
 ) -> None:
     """Warn when a non-strict load kept template values where the checkpoint holds the
-    data under another name, dtype or layout (what a fix would restore), with the count
-    and the fixes; a path the checkpoint has nothing for, or another shape of, is only
-    reported."""
+    data under another name, dtype or layout, with the count and the fixes."""
     fixes = Fixes(like, source, checker, missing, unexpected)
     lines = [
         line
@@ -85,8 +77,7 @@ def _rule_between(source: str, target: str) -> tuple[str, str]:
 
 
 class Fixes:
-    """The fixes a failed load suggests, computed from its problems (see the module's
-    docstring)."""
+    """The fixes a failed load suggests, computed from its problems."""
 
     def __init__(
         self, like: Any, source: Catalog, checker: Checker, missing: str, unexpected: str
@@ -111,20 +102,22 @@ class Fixes:
         stacked = self._per_layer()
         by_pattern = self._by_pattern()
         missing = [(w, e) for k, w, e, _ in checker.problem_entries if k == "missing"]
+
+        def pair(where: str, entry: Any, name: str, rule: tuple[str, ...]) -> None:
+            renames[rule] = None
+            partnered.add(name)
+            paired.add(entry.name)
+            if entry.kind != STATIC:  # (a static value is compared, not restored)
+                self.fixable.append(where)
+
         for where, entry in missing:
             if entry.name in stacked:
                 self.fixable.append(where)
                 continue
             for close in (checker.closest(entry.name), by_pattern.get(entry.name)):
-                if close is None or close in partnered:
-                    continue
-                rule = self._rule(entry, close)
-                if rule is not None:
-                    renames[rule] = None
-                    partnered.add(close)
-                    paired.add(entry.name)
-                    if entry.kind != STATIC:  # (a static value is compared, not restored)
-                        self.fixable.append(where)
+                rule = None if close is None or close in partnered else self._rule(entry, close)
+                if close is not None and rule is not None:
+                    pair(where, entry, close, rule)
                     break
         # the one tensor that fits and whose name is related (`embed_tokens` for `embed`)
         for where, entry in missing:
@@ -136,10 +129,7 @@ class Fixes:
                 if name not in partnered and (rule := self._rule(entry, name)) is not None
             ]
             if len(found) == 1:
-                renames[found[0][1]] = None
-                partnered.add(found[0][0])
-                paired.add(entry.name)
-                self.fixable.append(where)
+                pair(where, entry, *found[0])
         # the one tensor of a shape and dtype on each side: a rename, whatever the names
         alone: dict[tuple, tuple[list[tuple[str, Any]], list[str]]] = {}
         for where, entry in missing:
@@ -154,10 +144,7 @@ class Fixes:
         for mine, names in alone.values():
             if len(mine) == 1 and len(names) == 1:
                 (where, entry), name = mine[0], names[0]
-                renames[_rule_between(name, entry.name)] = None
-                partnered.add(name)
-                paired.add(entry.name)
-                self.fixable.append(where)
+                pair(where, entry, name, _rule_between(name, entry.name))
         for kind, where, entry, stored in checker.problem_entries:
             if kind == "dtype" and stored is not None:
                 self.fixable.append(where)
@@ -278,9 +265,7 @@ class Fixes:
 
     def _per_layer(self) -> dict[str, str]:
         """Stacked template paths whose layers the checkpoint holds one by one (`h.0.w`,
-        `h.1.w` for a `[L, ...]` leaf of a stack): the key rule mapping them onto the
-        stack's slots, by template name. A leaf of no stack gets none: its first axis need
-        not be layers (a 2-row token-type table)."""
+        `h.1.w` for a `[L, ...]` leaf of a stack): the key rule onto the stack's slots."""
         groups: dict[str, dict[int, str]] = {}
         for name in self.checker.unused:
             for match in _DIGITS.finditer(name):
@@ -295,14 +280,11 @@ class Fixes:
         for kind, where, entry, _ in self.checker.problem_entries:
             if kind != "missing" or not _is_tensor(entry) or not entry.value.shape:
                 continue
-            stack = next((s for s in stacks if s.slots(entry.name) is not None), None)
-            if stack is None:  # a leaf of no stack: its first axis need not be layers
+            hit = next(((s, slots) for s in stacks if (slots := s.slots(entry.name))), None)
+            if hit is None:  # a leaf of no stack: its first axis need not be layers
                 continue
-            rest = tuple(entry.value.shape[1:])
-            slots = stack.slots(entry.name)
-            assert slots is not None
-            layers, target = slots[0], stack.pattern(entry.name)
-            assert target is not None
+            stack, (layers, _) = hit
+            rest, target = tuple(entry.value.shape[1:]), str(stack.pattern(entry.name))
             wanted = target.replace("[{i}]", ".{i}")
 
             fits = []
@@ -317,11 +299,11 @@ class Fixes:
                 elif len(rest) == 2 and rest[0] != rest[1] and shapes == {rest[::-1]}:
                     fits.append((pattern, members, ".T"))
             sibling = parents.get(_parent(wanted))
-            fits.sort(key=lambda c: (_parent(c[0]) != sibling, -_similarity(c[0], wanted), c[0]))
+            fits.sort(key=lambda c: (_parent(c[0]) != sibling, -similarity(c[0], wanted), c[0]))
             if not fits:
                 continue
             if len(fits) > 1 and _parent(fits[0][0]) != sibling:
-                if _similarity(fits[0][0], wanted) == _similarity(fits[1][0], wanted):
+                if similarity(fits[0][0], wanted) == similarity(fits[1][0], wanted):
                     continue  # two names fit alike (`attn.c_proj`, `mlp.c_proj`): no guess
             pattern, members, flip = fits[0]
             used.update((pattern, i) for i in layers)
@@ -333,17 +315,12 @@ class Fixes:
             rest = tuple(entry.value.shape[1:])
             if not flip and flipped.get(stack) and len(rest) == 2 and rest[0] == rest[1]:
                 flip = ".T"  # a square weight of a file storing its others [out, in]
-            shown = (
-                f"i in 0..{layers[-1]}"
-                if layers == list(range(len(layers)))
-                else "i in "
-                + ", ".join(map(str, layers[:4]))
-                + (", ..." if len(layers) > 4 else "")
-            )
+            shown = f"0..{layers[-1]}" if layers == list(range(len(layers))) else None
+            shown = shown or ", ".join(map(str, layers[:4])) + (", ..." if len(layers) > 4 else "")
             rule = f"({pattern!r}, {target!r}" + (", lambda w: w.T)" if flip else ")")
             found[entry.name] = (
                 f"- {where} is a stack of {len(layers)} layers, and the checkpoint holds "
-                f"them one by one ({pattern!r} for {shown}): map each onto its block of "
+                f"them one by one ({pattern!r} for i in {shown}): map each onto its block of "
                 f"the stack with a key rule, rules=[{rule}]"
             )
         return found
@@ -383,12 +360,6 @@ def _related(a: str, b: str) -> bool:
 def _is_data(entry: Any) -> bool:
     """A tensor a load restores (a static one is compared, never renamed by a guess)."""
     return _is_tensor(entry) and entry.kind != STATIC
-
-
-def _similarity(a: str, b: str) -> float:
-    """The share of two names in a common prefix and suffix (as `_check`'s closest)."""
-    shared = len(os.path.commonprefix([a, b])) + len(os.path.commonprefix([a[::-1], b[::-1]]))
-    return 2 * min(shared, len(a), len(b)) / (len(a) + len(b) or 1)
 
 
 _SHARD = re.compile(r"^(.*)-\d{5}-of-\d{5}\.safetensors$")

@@ -1,10 +1,5 @@
-"""Restoring a template from a catalog: check, report or raise, then read and place.
-
-`restore` runs the checks (`_check`), raises with the fixes (`_fixes`) or returns the
-report, and only then reads tensors, each put where its template leaf lives (its
-sharding, read shard by shard when the catalog offers byte ranges), weakly typed as
-saved, with the host copy freed as it goes.
-"""
+"""Restoring a template from a catalog: the checks, the policies, the report or the
+error with its fixes, then each tensor read and placed where its template leaf lives."""
 
 from __future__ import annotations
 
@@ -52,13 +47,8 @@ def restore(
     dry_run: bool = False,
 ) -> Any:
     """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`.
-
-    `selected(node, kind)` (of an `Entry`) limits the load to some entries (the rest keep
-    the template's values and are not reported); `missing` ("error", "keep", "warn") and
-    `unexpected` ("error", "ignore") say which of those problems raise (by default all of
-    them when `strict`, none otherwise; an explicit "error" raises whatever `strict` is). A
-    `dry_run` returns the report alone, read from names, dtypes and shapes: no tensor bytes.
-    """
+    `selected(node, kind)` limits the load to some entries; `missing` and `unexpected` say
+    which problems raise (by default all when `strict`; an explicit "error" always)."""
     missing = missing or ("error" if strict else "keep")
     unexpected = unexpected or ("error" if strict else "ignore")
     if missing not in MISSING_POLICIES or unexpected not in UNEXPECTED_POLICIES:
@@ -188,17 +178,9 @@ def _sharding_of(template: object) -> Any:
 
 
 def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
-    """The data of `entry` from `source`, for the template's leaf `template`.
-
-    A tensor of a file whose template is placed over several devices is read shard by
-    shard, straight into its sharding: each process reads only the bytes of the shards
-    its devices hold (on many hosts, about its share of the file), and no device's data
-    is copied on the host more than once. The catalog offers those ranges
-    (`range_reader`) only where they pass the same checks as the whole tensor; everything
-    else is read whole: tensors renamed or transformed by key rules, those stored as raw
-    bytes or key data, bool and sub-byte types (whose unused bits are checked on the
-    whole tensor).
-    """
+    """The data of `entry` from `source`, for the template's leaf `template`: for a
+    template placed over several devices, read shard by shard into its sharding where the
+    catalog offers byte ranges checked as the whole tensor is (`range_reader`)."""
     placed = getattr(source, "fetch_placed", None)  # (a stacked leaf assembled in place)
     if placed is not None and entry.category == TENSOR:
         value = placed(entry.name, template)
@@ -228,16 +210,10 @@ class _Released:
 
 def release_host_copy(placed: object, nbytes: int) -> None:
     """Free the host buffers (`nbytes` more) of tensors put on the device, the last one as
-    `placed`, so a load holds about one tensor on the host at a time.
-
-    JAX's transfer from a NumPy array leaves a young reference cycle that keeps the array
-    alive until the garbage collector's next pass (measured: with a load's few
-    allocations per tensor, the previous tensor was alive at nearly every read, doubling
-    the host peak, and small tensors piled up between passes). Once 1 MiB has been put
-    since the last pass, the load waits for the last transfer and makes one pass over the
-    youngest generation, which frees them: a cost of one pass (microseconds) per
-    MiB loaded, whatever the tensors' sizes.
-    """
+    `placed`, so a load holds about one tensor on the host at a time: JAX's transfer from
+    NumPy leaves a young reference cycle alive until the collector's next pass (measured:
+    the previous tensor alive at nearly every read), so once 1 MiB has been put, wait for
+    the last transfer and collect the youngest generation (microseconds per MiB)."""
     _Released.pending += nbytes
     if _Released.pending >= _RELEASE_BYTES:
         _Released.pending = 0
@@ -246,11 +222,8 @@ def release_host_copy(placed: object, nbytes: int) -> None:
 
 
 def _place(template: Any, value: Any, weak: bool) -> Any:
-    """`value` (checked to have the template's shape and dtype) as the template's type.
-
-    A `jax.Array` is weakly typed if `weak` (`jnp.asarray(0.5)` is: it adopts the dtype of
-    what it meets, and `jax.jit` keys its cache on that).
-    """
+    """`value` (checked to have the template's shape and dtype) as the template's type; a
+    `jax.Array` weakly typed if `weak` (as `jnp.asarray(0.5)`: `jax.jit` keys on it)."""
     if isinstance(template, (np.ndarray, np.generic)):  # its dtype: its byte order, too
         value = np.asarray(value, dtype=template.dtype)
         return value[()] if isinstance(template, np.generic) else value

@@ -1,9 +1,5 @@
-"""The stacks of a template as checkpoint names see them: a stacked leaf and its layers.
-
-The per-layer naming is a checkpoint concept (the unrolled model names layer `i`
-`blocks.{i}.attn.q`); what it needs of a stack (its layers, a pattern's period and key)
-its row of the table of node kinds answers (its stack part, `_structure.Stack`).
-"""
+"""A template's stacks as checkpoint names see them (the unrolled model names layer `i`
+`blocks.{i}.attn.q`), from what a stack's row of the node-kind table says of its layers."""
 
 from __future__ import annotations
 
@@ -23,13 +19,10 @@ def joined(prefix: str, name: str) -> str:
 
 
 class StackAt(NamedTuple):
-    """A stack of layers in a tree (`Stacked`, `Periodic`), as its checkpoint names see it.
-
-    A stack's leaves are named by its block's key paths (`blocks.attn.q`, of shape
-    `[N, ...]`; `layers.pattern.5.attn.q` of shape `[R, ...]` for position 5 of a periodic
-    pattern of P); the unrolled model names layer `i` `blocks.{i}.attn.q`. Layer `i` is
-    slot `i` of the stacked leaf, or slot `i // P` of pattern position `i % P`.
-    """
+    """A stack of layers (`Stacked`, `Periodic`) as checkpoint names see it: its leaves
+    are named by its block's key paths (`blocks.attn.q`, `[N, ...]`; a pattern's position
+    5 `layers.pattern.5.attn.q`, `[R, ...]`), the unrolled model's layer `i` by
+    `blocks.{i}.attn.q`: slot `i`, or slot `i // P` of position `i % P`."""
 
     prefix: str  # the stack's own name ("" for a stack at the root)
     layers: int  # N, or R * P

@@ -1,28 +1,15 @@
 """Versioned models: a class's checkpoint version, its migrations, and applying them.
 
-A TreeClass declares its version and the steps that upgrade older checkpoints with class
-keywords, which the core class keeps without reading them: this module offers `declare`
-as their check (`offer_class_check`), and `TreeClass.__init_subclass__` runs it:
-
-    class Model(tc.TreeClass, version=2, migrations={0: {"w": "weight"}, 1: split_qkv}):
-
-`migrations` maps a version to the step that upgrades a checkpoint from it to the next:
-a rule table (the language of `tc.load(..., rules=)`) or a function from a mapping of
-names to arrays to a new mapping. The declaration lives on the class (`_tc_versions`,
-inherited by subclasses that declare none), never on instances: flattening does not see
-it.
-
-`tc.save` stamps, for every TreeClass class in the tree, its version and the key paths
-of its nodes into treeclass's metadata (`class_versions`); `tc.load` turns the file's
-catalog into a migrated one (`migrate`) before the user's rules see it. Steps run on the
-file's own layout, nested nodes first: each node's steps (from the file's version of its
-class up to the template's) see the names under its key path in the file, relative to
-it, with its nested nodes already upgraded; so a class's steps name its own fields and
-move nested ones as a whole (`{"enc.{rest*}": "encoder.{rest}"}`), and the user's rules
-then map the upgraded file onto the template. Names are mapped without reading a tensor;
-a function step is traced with `jax.ShapeDtypeStruct`s for the checks (and dry runs),
-and runs on NumPy arrays only when one of the tensors it computes is restored, reading
-only the tensors those depend on.
+A TreeClass declares them with class keywords (`version=2, migrations={0: {"w":
+"weight"}, 1: split_qkv}`), checked by `declare` (offered to the core class through
+`offer_class_check`) and kept on the class, never on instances. A step upgrades a
+checkpoint from one version to the next: a rule table, or a function from a mapping of
+names to arrays to a new mapping. `tc.save` stamps each class's version and the key
+paths of its nodes (`class_versions`); `tc.load` upgrades the file's catalog (`migrate`)
+before the user's rules, nested nodes first, each node's steps seeing the names under
+its key path, relative to it. A function step is traced on `jax.ShapeDtypeStruct`s for
+the checks and runs on NumPy arrays only for the tensors restored, reading only those
+they depend on.
 """
 
 from __future__ import annotations
@@ -71,11 +58,8 @@ _BAD_MIGRATIONS = (
 
 
 def declare(cls: type, version: Any, migrations: Any) -> None:
-    """Check a class's `version=` and `migrations=` keywords and keep them on the class.
-
-    `version=None` with `migrations=None` declares nothing (the class inherits its
-    base's declaration, or has version 0).
-    """
+    """Check a class's `version=` and `migrations=` keywords and keep them on the class
+    (`version=None` declares nothing: the base's declaration, or version 0)."""
     name = cls.__name__
     if version is None:
         if migrations is not None:
@@ -135,14 +119,12 @@ def version_of(cls: type) -> int:
     return 0 if record is None else record.version
 
 
-# --------------------------------------------------------------------------------------
-# The TreeClass nodes of a tree, with their checkpoint names
-# --------------------------------------------------------------------------------------
+# -- The TreeClass nodes of a tree, with their checkpoint names --
 
 
 def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
-    """`(depth, name, class)` of every TreeClass node, frozen subtrees included; `name` is
-    its key path joined with dots (`blocks.0`; `""` for the root), as checkpoints name it."""
+    """`(depth, name, class)` of every TreeClass node, frozen subtrees included (`name`:
+    its checkpoint name, `""` for the root)."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
     while stack:
         node, path = stack.pop()
@@ -160,10 +142,9 @@ def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
 
 
 def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
-    """The checkpoint version of every TreeClass class in `tree` and where its nodes are,
-    by class name, for the file's metadata: `{"Encoder": {"version": 2, "at": ["encoder"]}}`
-    (`""` is the root). `ValueError` when two classes of one name declare different
-    versions."""
+    """Every TreeClass class of `tree` by name: its version and its nodes' names
+    (`{"Encoder": {"version": 2, "at": ["encoder"]}}`); two classes of one name must not
+    declare different versions."""
     found: dict[str, type] = {}
     at: dict[str, list[str]] = {}
     for _, name, cls in _nodes(tree):
@@ -179,9 +160,7 @@ def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
     return {name: {"version": version_of(cls), "at": at[name]} for name, cls in found.items()}
 
 
-# --------------------------------------------------------------------------------------
-# Migrating a catalog
-# --------------------------------------------------------------------------------------
+# -- Migrating a catalog --
 
 _NEWER = (
     "{location} holds a `{cls}` saved at checkpoint version {saved}, newer than this "
@@ -191,16 +170,10 @@ _NEWER = (
 
 
 def migrate(catalog: Catalog, like: Any) -> Catalog:
-    """`catalog` with the migrations of `like`'s classes applied (see the module docstring).
-
-    Each node the file records (its class's name, version and key path in the file) is
-    upgraded by the template's class of that name, nested nodes first, each under its
-    own key path in the file. A catalog that is not a treeclass file (a state dict,
-    another tool's file) is unversioned and returned as it is; a treeclass file without
-    stamps (written before treeclass had versions) holds version 0 of every class, at
-    the template's key paths. A class the template lacks is not migrated. `ValueError`
-    when the file holds a newer version of a class than the template's.
-    """
+    """`catalog` with the migrations of `like`'s classes applied (see the module
+    docstring). A catalog that is not a treeclass file is returned as it is; a file
+    without stamps holds version 0 of every class, at the template's key paths; a class
+    the template lacks is not migrated; a newer version than the template's is an error."""
     if not getattr(catalog, "records_values", False):
         return catalog
     stamps = getattr(catalog, "class_versions", None)
@@ -276,7 +249,7 @@ class _Output(NamedTuple):
 
 
 class _FunctionStep:
-    """A function migration step applied to one node's names (see the module docstring)."""
+    """A function migration step applied to one node's names."""
 
     def __init__(self, view: _Subtree, step: _Step, context: str) -> None:
         self.view, self.context = view, context
@@ -307,8 +280,7 @@ class _FunctionStep:
         return ValueError(f"{self.title}: {self.context} {reason}")
 
     def _call(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """The function's results on `tensors` (and the other values), checked: array
-        results apart from the rest."""
+        """The function's results on `tensors` (and the other values), checked."""
         try:
             result = self.function(MappingProxyType({**tensors, **self.others}))  # type: ignore[misc]
         except Exception as error:
@@ -322,9 +294,7 @@ class _FunctionStep:
                 f"returned a {type(result).__name__}; a step returns a mapping of names to "
                 "arrays or values"
             )
-        for bad in result:
-            if isinstance(bad, str):
-                continue
+        for bad in (key for key in result if not isinstance(key, str)):
             raise self._fail(
                 f"returned the key {bad!r} (a {type(bad).__name__}) in its mapping; names "
                 f"are strings, dot-joined as checkpoints name them ({str(bad)!r}, 'layers.0.w')"
@@ -338,11 +308,9 @@ class _FunctionStep:
         def traced(tensors: dict[str, Any]) -> dict[str, Any]:
             arrays = {}
             for key, value in self._call(tensors).items():
-                if isinstance(value, NotLoaded):
-                    plain[key] = value
-                elif isinstance(value, (jax.Array, np.ndarray, np.generic)):
+                if isinstance(value, (jax.Array, np.ndarray, np.generic)):
                     arrays[key] = value
-                elif is_plain(value):
+                elif isinstance(value, NotLoaded) or is_plain(value):
                     plain[key] = value
                 else:
                     raise self._fail(
@@ -422,16 +390,12 @@ class _FunctionStep:
             for key, output in self.outputs.items():
                 if output.kind != "computed":
                     continue
-                value = result.get(key)
+                value, want = result.get(key), output.stored
                 shape = getattr(value, "shape", None)
-                if (
-                    shape is None
-                    or tuple(shape) != output.stored.shape
-                    or (dtype_name(value) != output.stored.dtype)
-                ):
+                if shape is None or (dtype_name(value), tuple(shape)) != (want.dtype, want.shape):
                     raise self._fail(
                         f"gave {key!r} as {value!r:.60} when run, not the "
-                        f"{output.stored.describe()[3:]} it gave while checked"
+                        f"{want.describe()[3:]} it gave while checked"
                     )
                 self._cache[key] = value
         return self._cache.pop(name)
@@ -455,17 +419,16 @@ class _Layer:
         )
         wanted = set(prefixes)
         groups: dict[str, list[str]] = {p: [] for p in prefixes}
-        outside: list[str] = []
+        # each name to the step's view of its node, or as it is (`None`), with the prefix
+        self.mapped: dict[str, tuple[Any, str, str]] = {}
         for name in inner.names():
-            owner = "" if "" in wanted else None
+            parts = name.split(".")
+            heads = ["", *(".".join(parts[:k]) for k in range(1, len(parts)))]
+            owner = next((p for p in heads if p in wanted), None)
             if owner is None:
-                parts = name.split(".")
-                owner = next(
-                    (p for k in range(1, len(parts)) if (p := ".".join(parts[:k])) in wanted),
-                    None,
-                )
-            (outside if owner is None else groups[owner]).append(name)
-        self.mapped: dict[str, tuple[Any, str]] = {name: (None, name) for name in outside}
+                self.mapped[name] = (None, name, "")
+            else:
+                groups[owner].append(name)
         self.problems = list(inner.problems)
         for prefix, names in groups.items():
             cut = len(prefix) + 1 if prefix else 0
@@ -481,8 +444,7 @@ class _Layer:
             self.problems.extend(f"{line} (in {context})" for line in part.problems)
             for name in part.names():
                 full = joined(prefix, name)
-                other = self.mapped.setdefault(full, (part, name))
-                if other != (part, name):
+                if self.mapped.setdefault(full, (part, name, prefix))[0] is not part:
                     raise ValueError(
                         f"{self.title}: {context} makes the name {full!r}, which the "
                         f"{self.label} holds already; make the step tell them apart"
@@ -492,32 +454,23 @@ class _Layer:
         return iter(self.mapped)
 
     def sources(self, name: str) -> tuple[str, ...]:
-        part, inner_name = self.mapped[name]
+        part, inner_name, prefix = self.mapped[name]
         if part is None:
             return (name,)
-        prefix = part.view.prefix if isinstance(part, _FunctionStep) else part.inner.prefix
         return tuple(joined(prefix, n) for n in part.sources(inner_name))
 
     def stored(self, name: str) -> Stored | None:
         found = self.mapped.get(name)
-        if found is None:
-            return None
-        part, inner_name = found
-        if part is None:
-            return self.inner.stored(name)
-        return self._within(part, lambda: part.stored(inner_name))
+        return None if found is None else self._within(found, "stored")
 
     def fetch(self, name: str) -> Any:
-        part, inner_name = self.mapped[name]
-        if part is None:
-            return self.inner.fetch(name)
-        return self._within(part, lambda: part.fetch(inner_name))
+        return self._within(self.mapped[name], "fetch")
 
-    def _within(self, part: Any, run: Callable[[], Any]) -> Any:
-        if isinstance(part, _FunctionStep):
-            return run()  # its errors say where they come from
+    def _within(self, found: tuple[Any, str, str], method: str) -> Any:
+        part, inner_name, prefix = found
         try:
-            return run()
+            return getattr(self.inner if part is None else part, method)(inner_name)
         except ValueError as error:
-            prefix = part.inner.prefix
+            if part is None or isinstance(part, _FunctionStep):
+                raise  # its errors say where they come from
             raise ValueError(f"{error} (in {self.context} {prefix or 'the root'})") from None

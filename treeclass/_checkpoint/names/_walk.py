@@ -1,13 +1,7 @@
-"""A tree as checkpoint entries: its leaves, wrapped values and static parts, named.
-
-What is saved is decided by walking the tree through its rows of the table of node kinds
-(`_structure.row_of`), into every wrapped value (a frozen value): every array (wrapped
-or not) and numpy scalar is *data* and becomes a tensor; Python numbers are data too;
-strings, `None` and tuples or lists of such plain values (leaves, wrapped values, static
-parts) are recorded, and a static part holding another container is recorded part by
-part; functions and other objects are never saved (only their type's name): they come
-from the template given to `load` / `from_state_dict`, which also decides the structure
-and what is wrapped.
+"""A tree as checkpoint entries, walked through its rows of the node-kind table: arrays
+and numpy scalars (wrapped or not) are tensors, Python numbers numbers, plain values
+(strings, `None`, tuples and lists of them) recorded, static containers part by part,
+and other objects never saved: the template gives them, and the structure.
 """
 
 from __future__ import annotations
@@ -61,15 +55,9 @@ def walk(
     path: tuple = (),
     frozen: bool = False,
 ) -> Any:
-    """Call `visit(path, kind, value)` on every leaf, wrapped leaf and static part.
-
-    Each node is asked through its row of the table of node kinds: a wrapper kind (a
-    frozen value) is walked into, its leaves `FROZEN`; a row's static parts (a TreeClass's
-    static fields) are visited as `STATIC`; the children are the node's JAX flatten, so a
-    stack's leaves are its stacked arrays. With `rebuild`, return the tree with each leaf
-    replaced by what `visit` returned, each wrapped subtree rebuilt and wrapped again;
-    static parts stay as they are.
-    """
+    """Call `visit(path, kind, value)` on every leaf (`FROZEN` inside a wrapper kind's
+    value) and static part (`STATIC`) of each node's row; the children are the node's JAX
+    flatten. With `rebuild`, the tree of what `visit` returned, wrappers wrapped again."""
     row = row_of(node)
     wrapper = row.wrapper
     if wrapper is not None:
@@ -184,13 +172,8 @@ _UNNAMEABLE = (
 
 
 def static_parts(value: object) -> list[tuple[Any, Any]]:
-    """The children of a static value that is a container, with their key entries.
-
-    A static field is one opaque node of the tree, but its value is checked against the
-    checkpoint like any value: a container (a tuple holding an array or a function, a
-    namedtuple) cannot be recorded as one plain value, so each of its parts is an entry of
-    its own, under the field's name (`act.0`), and the container's type is one too.
-    """
+    """The parts of a static container with their keys: it cannot be recorded as one plain
+    value (a tuple holding a function), so each part is an entry (`act.0`) of its own."""
     try:
         opened = open_node(value, node_kind(value))
     except Exception:  # a broken flatten: an object like any other
@@ -199,10 +182,9 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 
 
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
-    """Every leaf, frozen leaf and static field of `tree` (and each part of a static
-    container, see `static_parts`), named; `call` shows `action`'s call with the tree as
-    `value`, for the message that a single leaf gets. With `to_file`, refuse names and
-    strings a file cannot hold (lone surrogates)."""
+    """Every leaf, frozen leaf and static field of `tree` (and static container part),
+    named; `call` is `action`'s call for a single leaf's message. With `to_file`, names
+    and strings a file cannot hold (lone surrogates) are refused."""
     found: list[Entry] = []
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
