@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._values import exact_key, host_bytes, is_prng_key, path_str
+from ..._values import exact_key, host_bytes, is_prng_key, path_str, short_repr
 from ..files._source import dtype_name, is_weak, numpy_dtype
 from ._catalog import Catalog, Stored, describe
 from ._report import FrozenMapping, LoadReport
@@ -210,8 +210,7 @@ def _shown_values(array: Any) -> str:
     data)."""
     if is_prng_key(array):
         array = jax.random.key_data(array)
-    text = " ".join(np.array2string(np.asarray(array), threshold=8, separator=",").split())
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(np.array2string(np.asarray(array), threshold=8, separator=","), 60, str)
 
 
 def _weakly(description: str, weak: bool) -> str:
