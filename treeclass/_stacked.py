@@ -2,8 +2,9 @@
 
 JAX sees the block tree's children (one `f32[N, ...]` leaf per array), `.at` sees N blocks
 (its row of the table of node kinds, `StackedKind`, registered here), the printers a node
-`Stacked[N×Block]` with per-block shapes. Every array leaf (frozen ones too) carries the
-block axis; every other value is shared by all blocks and kept once.
+`Stacked[N×Block]` with per-block shapes. Every array leaf (frozen ones too, and those of
+any wrapper kind whose row can wrap again) carries the block axis; every other value is
+shared by all blocks and kept once.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ __all__ = ["Stacked", "StackedKind", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
-# How one leaf of the block tree is kept (the tree flattened with frozen values as leaves).
+# How one leaf of the block tree is kept (the tree flattened with wrapped values as leaves;
+# `_FROZEN_ARRAY`: an array with the block axis in a wrapper that can wrap again, `_holder`).
 _ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
 
 # -- messages ---------------------------------------------------------------------------------
