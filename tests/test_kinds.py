@@ -424,3 +424,64 @@ def test_unstack_then_restack_and_rewrap_keep_every_stack_and_tag(n, tag):
     assert len(flat["rows"]) == len(flat["stacked"]) == n
     assert _same(tc.restack(flat, tree), tree)
     assert tc.at(tree)["tag"].set(3.0, is_leaf=tc.is_masked)["tag"] == Tagged(jnp.full(2, 3.0), tag)
+
+
+# -- a wrapper kind inside a stack and a `Sequential`, as a frozen value is ---------------------
+
+
+WRAPS = {
+    "frozen": (tc.freeze, tc.unfreeze),
+    "tagged": (lambda v: Tagged(v, "mine"), lambda t: t.value),
+}
+
+
+def _tag(x):
+    return getattr(x, "tag", None)  # a frozen value has none: `None` on both sides
+
+
+@pytest.mark.parametrize("name", list(WRAPS))
+def test_a_wrapper_kind_in_a_stack_is_sliced_and_rewrapped_with_its_data(name):
+    wrap, unwrap = WRAPS[name]
+    template = wrap(jnp.zeros(2))
+    stack = tc.Stacked({"w": wrap(jnp.arange(6.0).reshape(3, 2)), "b": jnp.zeros((3, 2))})
+    assert jax.tree_util.tree_leaves(stack) == [stack.tree["b"]]  # the wrapped array is hidden
+
+    block = stack[1]
+    assert type(block["w"]) is type(template) and _tag(block["w"]) == _tag(template)
+    assert unwrap(block["w"]).tolist() == [2.0, 3.0]
+
+    written = tc.at(stack)[1]["w"].set(7.0, is_leaf=tc.is_masked)
+    assert type(written.tree["w"]) is type(template) and _tag(written.tree["w"]) == _tag(template)
+    assert unwrap(written.tree["w"]).tolist() == [[0.0, 1.0], [7.0, 7.0], [4.0, 5.0]]
+    assert unwrap(stack.tree["w"]).tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]  # unchanged
+
+    blocks = tc.unstack_all(stack)
+    assert [_tag(b["w"]) for b in blocks] == [_tag(template)] * 3
+    assert [unwrap(b["w"]).tolist() for b in blocks] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    again = tc.Stacked.from_blocks(blocks)
+    assert type(again.tree["w"]) is type(template) and _tag(again.tree["w"]) == _tag(template)
+    assert unwrap(again.tree["w"]).tolist() == unwrap(stack.tree["w"]).tolist()
+    assert tc.is_tree_equal(tc.restack(blocks, stack), stack)
+
+    seen = []
+
+    def step(block, total):
+        seen.append((type(block["w"]), _tag(block["w"])))
+        return total + unwrap(block["w"]).sum(), None
+
+    total, _ = stack.scan(step, jnp.float32(0.0))
+    assert float(total) == 15.0 and set(seen) == {(type(template), _tag(template))}
+
+    mixed = [{"w": wrap(jnp.ones(2))}, {"w": jnp.ones(2)}]
+    with pytest.raises(ValueError, match=r"frozen in block 0 but not in block 1"):
+        tc.Stacked.from_blocks(mixed)
+
+
+def test_a_wrapper_kind_in_a_sequential_is_kept_and_called_unwrapped():
+    linear = tc.nn.Linear(3, 2, key=jax.random.key(0))
+    model = tc.nn.Sequential(linear, Tagged(jax.nn.relu, "act"))
+    assert model.layers[1] == Tagged(jax.nn.relu, "act")  # kept as given, not frozen again
+    assert model[1] is jax.nn.relu and list(model)[1] is jax.nn.relu
+    x = jnp.arange(3.0) - 1.0
+    assert model(x).tolist() == jax.nn.relu(linear(x)).tolist()
+    assert jax.tree_util.tree_leaves(model) == jax.tree_util.tree_leaves(linear)

@@ -1158,3 +1158,27 @@ def test_from_init_with_no_keys_is_an_error():
     keys = jax.random.split(jax.random.key(0), 0)
     with pytest.raises(ValueError, match="at least one block"):
         tc.Stacked.from_init(lambda k: {"w": jax.random.normal(k, (2,))}, keys)
+
+
+def test_a_stack_of_attention_layers_has_its_heads_checked_through_its_block():
+    # the stack's children are its block's fields: their declared heads are the block's
+    def build():
+        return tc.Stacked.from_init(
+            lambda k: tc.nn.MultiHeadAttention(16, 4, num_kv_heads=2, key=k),
+            jax.random.split(jax.random.key(0), 3),
+        )
+
+    rules = tc.ShardingRules(
+        [(tc.glob("*.k_proj.weight"), ("heads", None))],
+        axes={"heads": "model"},
+        unmatched="replicate",
+    )
+    mesh = jax.sharding.AbstractMesh((2, 4), ("data", "model"))
+    with pytest.raises(
+        ValueError, match=r"cuts its 2 heads \(MultiHeadAttention\.num_kv_heads=2\)"
+    ):
+        rules.specs(jax.eval_shape(build), mesh)
+    fits = rules.with_axes(heads="data")  # 2 devices: one key/value head each
+    assert fits.specs(jax.eval_shape(build), mesh).tree.k_proj.weight == jax.sharding.PartitionSpec(
+        None, "data", None
+    )

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
 from ._stacked import SCAN_RESULT_MSG, STACKED_KIND, StackBase, Stacked, block_index
-from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind
+from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind, stack_of
 from ._util import check_callable
 
 __all__ = ["Periodic"]
@@ -106,7 +106,9 @@ class Periodic(StackBase):
     _flat: tuple[tuple[Any, ...], int]
 
     def __init__(self, stack: Stacked) -> None:
-        if not isinstance(stack, Stacked) or type(stack.tree) is not tuple or not stack.tree:
+        # a pattern stack is a `Stacked` (its row's stack part) holding a tuple of layers
+        pattern = stack_of(stack) is STACKED_KIND.stack and type(stack.tree) is tuple
+        if not pattern or not stack.tree:
             raise TypeError(NOT_PATTERN_MSG.format(what=describe(stack)))
         _unflatten(len(stack.tree), (stack,), self)
 

@@ -95,9 +95,11 @@ def _declared_fields(cls: type) -> dict[str, str]:
 def declared_children(node: object) -> dict[str, str]:
     """Child name -> declared role, for the children of `node` (read-only): the fields of
     the TreeClass its row names (`NodeKind.roles_of`: itself, or a stack's block)."""
-    if not _node.is_treeclass(node):
-        holder = row_of(node).roles_of(node)
-        return _NO_ROLES if holder is None or holder is node else declared_children(holder)
+    holder = row_of(node).roles_of(node)
+    if holder is None:
+        return _NO_ROLES
+    if holder is not node:
+        return declared_children(holder)
     cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
     return _declared_fields(cls)
 

@@ -20,8 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from ._at import at
 from ._fields import fields
-from ._node import is_treeclass
-from ._structure import block_depths, describe, is_wrapper, jax_children, path_str
+from ._structure import block_depths, describe, is_wrapper, jax_children, path_str, row_of
 from ._values import array_type, closest
 
 __all__ = ["ShardingRules", "init_like", "shardings_like"]
@@ -675,14 +674,15 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
     found: dict[tuple[Any, ...], tuple[int, int, str]] = {}
 
     def walk(node: object, path: tuple[Any, ...], heads: Any, renames: tuple[Any, ...]) -> None:
-        declared = {f.name: f.metadata for f in fields(node)} if is_treeclass(node) else {}
+        holder = _fields_holder(node)  # the node, or a stack's block, whose fields these are
+        declared = {} if holder is None else {f.name: f.metadata for f in fields(holder)}
         for key, child in jax_children(node) or ():
             meta = declared.get(getattr(key, "name", ""), {})  # no field is named ""
             here, names = heads, renames
             if "heads" in meta:
                 count, axis = meta["heads"]
-                owner = f"{type(node).__name__}.{count}"
-                here, names = (getattr(node, count), axis, owner), ()
+                owner = f"{type(holder).__name__}.{count}"
+                here, names = (getattr(holder, count), axis, owner), ()
             if "rename_axes" in meta:
                 names = (meta["rename_axes"], *names)  # the innermost renames first
             if here is not None and "axes" in meta:
@@ -695,6 +695,15 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
 
     walk(tree, (), None, ())
     return found
+
+
+def _fields_holder(node: object) -> Any:
+    """The node whose declared fields name `node`'s children, as its row says
+    (`NodeKind.roles_of`: a TreeClass itself, a stack its block), or `None`."""
+    holder = row_of(node).roles_of(node)
+    while holder is not None and holder is not node:  # a stack's block may be a stack
+        node, holder = holder, row_of(holder).roles_of(holder)
+    return holder
 
 
 def _check_heads(

@@ -2,8 +2,9 @@
 
 JAX sees the block tree's children (one `f32[N, ...]` leaf per array), `.at` sees N blocks
 (its row of the table of node kinds, `StackedKind`, registered here), the printers a node
-`Stacked[N×Block]` with per-block shapes. Every array leaf (frozen ones too) carries the
-block axis; every other value is shared by all blocks and kept once.
+`Stacked[N×Block]` with per-block shapes. Every array leaf (frozen ones too, and those of
+any wrapper kind whose row can wrap again) carries the block axis; every other value is
+shared by all blocks and kept once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jax.tree_util import SequenceKey
 
 from ._at import AtIndexer, at
 from ._fields import gradients_stopped, stop_gradient_if_traced
-from ._frozen import FROZEN_FIELD_FIX, freeze, is_frozen, unfreeze
+from ._frozen import FROZEN_FIELD_FIX
 from ._numbers import (
     KIND_FITS,
     NumberRangeError,
@@ -40,15 +41,18 @@ from ._structure import (
     NodeKind,
     Opened,
     Stack,
+    Wrapper,
     describe,
     first_mismatch,
     is_leaf_node,
+    is_wrapper,
     node_kind,
     open_node,
     rebuild,
     register_kind,
     root_name,
     stack_of,
+    wrapper_of,
 )
 from ._util import check_callable
 from ._values import array_type, exact_key, is_array
@@ -57,7 +61,8 @@ __all__ = ["Stacked", "StackedKind", "unstack_all", "restack"]
 
 _T = TypeVar("_T")
 
-# How one leaf of the block tree is kept (the tree flattened with frozen values as leaves).
+# How one leaf of the block tree is kept (the tree flattened with wrapped values as leaves;
+# `_FROZEN_ARRAY`: an array with the block axis in a wrapper that can wrap again, `_holder`).
 _ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
 
 # -- messages ---------------------------------------------------------------------------------
@@ -153,9 +158,23 @@ def _has_axis(x: Any, n: int) -> bool:
     return len(shape) >= 1 and shape[0] == n
 
 
+def _holder(x: object) -> Wrapper[Any, Any] | None:
+    """The wrapper part of a leaf whose value a stack may slice and wrap again (a frozen
+    value's, or any wrapper kind's with a `rewrap`), or `None`."""
+    wrapper = wrapper_of(x)
+    return None if wrapper is None or wrapper.rewrap is None else wrapper
+
+
 def _unfrozen(x: Any) -> Any:
-    """The value a frozen leaf holds, or the leaf itself."""
-    return unfreeze(x) if is_frozen(x) else x
+    """The value a wrapped (frozen) leaf holds, or the leaf itself."""
+    wrapper = _holder(x)
+    return x if wrapper is None else wrapper.unwrap(x)
+
+
+def _rewrap(old: Any, value: object) -> Any:
+    """`value` wrapped as the wrapped leaf `old` is, its per-instance data kept."""
+    rewrap = wrapper_of(old).rewrap  # type: ignore[union-attr]
+    return rewrap(old, value)  # type: ignore[misc]
 
 
 def _leaf_kind(x: object, n: int) -> int:
@@ -163,8 +182,9 @@ def _leaf_kind(x: object, n: int) -> int:
     it too: a `jax.tree.map(jnp.sum, stack)` makes them)."""
     if _is_array(x):
         return _ARRAY if _has_axis(x, n) else _SHARED
-    if is_frozen(x):
-        inner = unfreeze(x)
+    wrapper = _holder(x)
+    if wrapper is not None:
+        inner = wrapper.unwrap(x)
         if _is_array(inner) and _has_axis(inner, n):
             return _FROZEN_ARRAY
     return _SHARED
@@ -184,7 +204,7 @@ def _take(x: object, kind: int, i: object) -> Any:
     if kind == _ARRAY:
         return _index(x, i)
     if kind == _FROZEN_ARRAY:
-        return freeze(_index(unfreeze(x), i))
+        return _rewrap(x, _index(_unfrozen(x), i))
     return x
 
 
@@ -192,14 +212,14 @@ def _split(x: Any, kind: int, n: int) -> list[Any]:
     """One leaf's value in each of the `n` blocks."""
     if kind == _SHARED:
         return [x] * n
-    inner = x if kind == _ARRAY else unfreeze(x)
+    inner = x if kind == _ARRAY else _unfrozen(x)
     if isinstance(inner, jax.ShapeDtypeStruct):
         parts: list[Any] = [jax.ShapeDtypeStruct(inner.shape[1:], inner.dtype)] * n
     elif isinstance(inner, np.ndarray):
         parts = [inner[i, ...] for i in range(n)]  # views; 0-d arrays, not NumPy scalars
     else:
         parts = list(inner)  # one operation for all blocks (a jax array unstacks at once)
-    return parts if kind == _ARRAY else [freeze(p) for p in parts]
+    return parts if kind == _ARRAY else [_rewrap(x, p) for p in parts]
 
 
 def _stack_arrays(values: Sequence[Any]) -> Any:
@@ -231,11 +251,11 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         return message.format(k=k, where=where(k), got=describe(values[k]), want=describe(first))
 
     if _is_array(_unfrozen(first)):
-        frozen = is_frozen(first)
-        inner = [unfreeze(v) if frozen else v for v in values]
+        frozen = _holder(first) is not None
+        inner = [_unfrozen(v) if frozen else v for v in values]
         want = (tuple(inner[0].shape), inner[0].dtype)
         for k, v in enumerate(values):
-            if is_frozen(v) != frozen:
+            if (_holder(v) is not None) != frozen:
                 frozen_block, plain_block = (0, k) if frozen else (k, 0)
                 raise ValueError(
                     FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
@@ -245,7 +265,7 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
             if (tuple(inner[k].shape), inner[k].dtype) != want:
                 raise ValueError(differs(SHAPE_MSG, k))
         stacked = _stack_arrays(inner)
-        return freeze(stacked) if frozen else stacked
+        return _rewrap(first, stacked) if frozen else stacked
     for k, v in enumerate(values):
         if _is_array(_unfrozen(v)):
             raise TypeError(differs(MIXED_MSG, k))
@@ -260,7 +280,9 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         array = jax_holdable(np.asarray(values))
         return array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
     k = next(k for k, v in enumerate(values) if not _same(v, first))
-    if is_frozen(first) and any(_is_array(x) for x in jax.tree_util.tree_leaves(unfreeze(first))):
+    if _holder(first) is not None and any(
+        _is_array(x) for x in jax.tree_util.tree_leaves(_unfrozen(first))
+    ):
         raise ValueError(differs(FROZEN_SUBTREE_MSG, k))
     raise ValueError(differs(SHARED_MSG, k))
 
@@ -304,17 +326,17 @@ def _block_value(
 def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[[int], str]) -> Any:
     """A stacked leaf with some blocks' slices replaced (`writes`: `(block, value)` pairs)."""
     frozen = kind == _FROZEN_ARRAY
-    target = unfreeze(leaf) if frozen else leaf
+    target = _unfrozen(leaf) if frozen else leaf
     shape, dtype = tuple(target.shape[1:]), target.dtype
     values = []
     for k, value in writes:
-        if is_frozen(value) != frozen:
+        if (_holder(value) is not None) != frozen:
             other = next(b for b in range(target.shape[0]) if b not in dict(writes))
             frozen_block, plain_block = (other, k) if frozen else (k, other)
             raise ValueError(
                 FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
             )
-        value = unfreeze(value) if frozen else value
+        value = _unfrozen(value) if frozen else value
 
         def fail(got: object, misfit: tuple[type, str] | None = None, k: int = k) -> Exception:
             said = {"got": describe(got), "k": k, "where": where(k), "dtype": dtype_name(dtype)}
@@ -347,7 +369,7 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
     else:
         update = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in values])
         new = jnp.asarray(target).at[np.asarray(blocks)].set(update)
-    return freeze(new) if frozen else new
+    return _rewrap(leaf, new) if frozen else new
 
 
 # -- the container ----------------------------------------------------------------------------
@@ -475,7 +497,7 @@ class Stacked(StackBase):
     _flat: tuple[tuple[Any, ...], tuple[int, Any]]
 
     def __init__(self, tree: Any, length: int | None = None) -> None:
-        leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_frozen)[0]
+        leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0]
         arrays = [(path, _unfrozen(x)) for path, x in leaves if _is_array(_unfrozen(x))]
         source = ""
         if length is None:
@@ -529,7 +551,7 @@ class Stacked(StackBase):
         if not blocks:
             raise ValueError(EMPTY_MSG)
         _check_node(blocks[0])
-        flats = [jax.tree_util.tree_flatten(b, is_leaf=is_frozen) for b in blocks]
+        flats = [jax.tree_util.tree_flatten(b, is_leaf=is_wrapper) for b in blocks]
         treedef = flats[0][1]
         for k, (_, other) in enumerate(flats[1:], start=1):
             if other != treedef:
@@ -581,7 +603,7 @@ class Stacked(StackBase):
         def one(key: Any) -> list[Any]:
             block = make(key)
             _check_node(block)
-            traced.append(jax.tree_util.tree_flatten_with_path(block, is_leaf=is_frozen))
+            traced.append(jax.tree_util.tree_flatten_with_path(block, is_leaf=is_wrapper))
             # its arrays (made from the key, or constants), which `vmap` stacks
             inners = (_unfrozen(leaf) for _, leaf in traced[-1][0])
             return [x for x in inners if isinstance(x, jax.Array)]
@@ -593,7 +615,7 @@ class Stacked(StackBase):
             inner = _unfrozen(leaf)
             if isinstance(inner, jax.Array):
                 array = next(arrays)
-                out.append(array if inner is leaf else freeze(array))
+                out.append(array if inner is leaf else _rewrap(leaf, array))
             elif isinstance(leaf, np.ndarray):  # a NumPy constant: the same in every block
                 out.append(np.stack([leaf] * n))
             elif any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves(leaf)):
@@ -615,7 +637,7 @@ class Stacked(StackBase):
         return self._length
 
     def _leaves(self) -> tuple[list[Any], Any, list[int]]:
-        leaves, treedef = jax.tree_util.tree_flatten(self._tree, is_leaf=is_frozen)
+        leaves, treedef = jax.tree_util.tree_flatten(self._tree, is_leaf=is_wrapper)
         return leaves, treedef, [_leaf_kind(x, self._length) for x in leaves]
 
     def __getitem__(self, index: int | slice) -> Any:
@@ -703,7 +725,9 @@ class Stacked(StackBase):
         """
         check_callable(fn, "Stacked.scan", "fn", " of (block, carry)")
         leaves, treedef, kinds = self._leaves()
-        scanned = [x if k == _ARRAY else unfreeze(x) for x, k in zip(leaves, kinds) if k != _SHARED]
+        scanned = [
+            x if k == _ARRAY else _unfrozen(x) for x, k in zip(leaves, kinds) if k != _SHARED
+        ]
         # a leaf of a field declared `role="frozen"` stops its gradient before the scan, not
         # only at its read inside the body: else the scan's transpose builds a stacked zero
         # cotangent for it, a temporary as large as the frozen weights
@@ -717,7 +741,11 @@ class Stacked(StackBase):
             sliced, x = inputs
             parts = iter(sliced)
             block_leaves = [
-                next(parts) if k == _ARRAY else freeze(next(parts)) if k == _FROZEN_ARRAY else leaf
+                next(parts)
+                if k == _ARRAY
+                else _rewrap(leaf, next(parts))
+                if k == _FROZEN_ARRAY
+                else leaf
                 for leaf, k in zip(leaves, kinds)
             ]
             block = treedef.unflatten(block_leaves)
@@ -782,7 +810,7 @@ class StackedKind(NodeKind["Stacked"]):
         # the other blocks are not opened: only their shared leaves are ever read back
         others = [x if k == _SHARED else None for x, k in zip(leaves, kinds)]
         block_leaves = [others] * n
-        block_leaves[i] = jax.tree_util.tree_leaves(old, is_leaf=is_frozen)
+        block_leaves[i] = jax.tree_util.tree_leaves(old, is_leaf=is_wrapper)
         blocks: list[Any] = [_UNOPENED] * n
         blocks[i] = old
         children = list(blocks)
@@ -835,7 +863,7 @@ def _write_blocks(
     they change are written, each into those blocks' slices."""
     new_leaves: dict[int, list[Any]] = {}
     for k in changed:
-        leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_frozen)
+        leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_wrapper)
         if treedef != aux.treedef:
             if len(changed) == n:  # every block changed alike: a new structure is fine
                 return Stacked.from_blocks(children)
@@ -879,7 +907,7 @@ def _store(stack: Stacked, tree: object, flat: tuple[tuple[Any, ...], tuple[int,
 
 
 def _check_node(tree: object) -> None:
-    if is_frozen(tree) or is_leaf_node(tree):
+    if is_wrapper(tree) or is_leaf_node(tree):
         raise TypeError(NOT_A_NODE_MSG.format(what=describe(tree)))
 
 
@@ -924,7 +952,7 @@ def _leaf_paths(block: object, where: Callable[[tuple], str]) -> Callable[..., A
     def of(j: int) -> Callable[[int], str]:
         def text(k: int) -> str:
             if not paths:
-                pairs = jax.tree_util.tree_flatten_with_path(block, is_leaf=is_frozen)[0]
+                pairs = jax.tree_util.tree_flatten_with_path(block, is_leaf=is_wrapper)[0]
                 paths.extend(p for p, _ in pairs)
             return where((SequenceKey(k), *paths[j]))
 
@@ -934,7 +962,7 @@ def _leaf_paths(block: object, where: Callable[[tuple], str]) -> Callable[..., A
 
 
 def _structure_error(first: object, other: object, k: int, where: Callable) -> Exception:
-    found = first_mismatch(first, other, is_leaf=is_frozen)
+    found = first_mismatch(first, other, is_leaf=is_wrapper)
     place = where((SequenceKey(k), *(() if found is None else found.path)))
     if found is None:
         reason = "they differ"
@@ -967,7 +995,8 @@ class _BlockLeaf:
     def block_type(self) -> str:
         x = self.array
         block = array_type(x.dtype, tuple(x.shape[1:]))
-        return f"{'#' if is_frozen(self.value) else ''}{self.length}×{block}"
+        wrapper = wrapper_of(self.value)
+        return f"{'' if wrapper is None else wrapper.mark}{self.length}×{block}"
 
     def __repr__(self) -> str:
         # the array's own text (its statistics over every block), headed by the block type
@@ -994,7 +1023,7 @@ def _print_children(stack: Stacked) -> list[tuple[Any, Any]]:
         return x if _leaf_kind(x, n) == _SHARED else _BlockLeaf(x, n)
 
     return [
-        (key, jax.tree_util.tree_map(view, child, is_leaf=is_frozen))
+        (key, jax.tree_util.tree_map(view, child, is_leaf=is_wrapper))
         for key, child in _flatten_with_keys(stack)[0]
     ]
 
@@ -1143,7 +1172,7 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         return stack_of(like).restack(like, blocks)  # type: ignore[union-attr]
     if not _has_stack(tree) and not _has_stack(like):
         return tree
-    tree_kind, like_kind = node_kind(tree, is_frozen), node_kind(like, is_frozen)
+    tree_kind, like_kind = node_kind(tree, is_wrapper), node_kind(like, is_wrapper)
     tree_opened, like_opened = open_node(tree, tree_kind), open_node(like, like_kind)
     if tree_opened is None or like_opened is None or tree_opened.entries != like_opened.entries:
         raise error(describe(tree), describe(like))

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 
 from .._at import at
 from .._fields import field, fields
-from .._node import is_treeclass
 from .._selectors import where
+from .._structure import TREECLASS, row_of
 from ._base import Layer
 from ._checks import check_number
 
@@ -25,7 +25,7 @@ _FLAG_MSG = "`set_training(model, training)` takes a bool, got {value!r}."
 
 def has_mode(node: object) -> bool:
     """Whether `node` is a TreeClass with a static field named `training` that it set."""
-    if not is_treeclass(node) or "training" not in vars(node):
+    if row_of(node).kind != TREECLASS or "training" not in vars(node):
         return False
     return any(f.name == "training" and f.static for f in fields(node))
 

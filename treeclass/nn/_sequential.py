@@ -13,8 +13,8 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from .._frozen import freeze, is_frozen, unfreeze
-from .._node import is_treeclass
+from .._frozen import freeze
+from .._structure import TREECLASS, is_wrapper, row_of, unwrap
 from ._base import Layer, assign, check_key
 from ._checks import check_input, check_int
 from ._linear import Linear
@@ -63,9 +63,9 @@ class Sequential(Layer):
     def __init__(self, *layers: object) -> None:
         kept = []
         for index, layer in enumerate(layers):
-            if not callable(layer) and not is_frozen(layer):
+            if not callable(layer) and not is_wrapper(layer):
                 raise TypeError(_NOT_CALLABLE_MSG.format(index=index, type=type(layer).__name__))
-            plain = not is_treeclass(layer) and not is_frozen(layer)
+            plain = row_of(layer).kind != TREECLASS and not is_wrapper(layer)
             kept.append(freeze(layer) if plain else layer)
         assign(self, layers=tuple(kept))
 
@@ -73,20 +73,20 @@ class Sequential(Layer):
         return len(self.layers)
 
     def __iter__(self) -> Iterator[Any]:
-        return (unfreeze(layer) for layer in self.layers)
+        return (unwrap(layer) for layer in self.layers)
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
             return type(self)(*self.layers[index])
-        return unfreeze(self.layers[index])
+        return unwrap(self.layers[index])
 
     def __call__(self, x: object, *, key: jax.Array | None = None) -> Any:
         """Each layer applied to the previous one's output."""
-        layers = [unfreeze(layer) for layer in self.layers]
+        layers = [unwrap(layer) for layer in self.layers]
         keyed = [
             i
             for i, layer in enumerate(layers)
-            if is_treeclass(layer) and _takes_key(type(layer).__call__)
+            if row_of(layer).kind == TREECLASS and _takes_key(type(layer).__call__)
         ]
         keys = (
             dict(zip(keyed, jax.random.split(key, len(keyed)))) if key is not None and keyed else {}
