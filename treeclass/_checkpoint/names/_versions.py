@@ -22,9 +22,8 @@ import jax
 import numpy as np
 from jax.extend.core import Var
 
-from ... import _node
 from ..._class_keywords import offer_class_check
-from ..._structure import is_wrapper, unwrap
+from ..._structure import TREECLASS, is_wrapper, row_of, unwrap
 from ..._values import entry_name
 from ..files._source import dtype_name, numpy_dtype
 from ._catalog import Catalog, Stored
@@ -122,6 +121,10 @@ def version_of(cls: type) -> int:
 # -- The TreeClass nodes of a tree, with their checkpoint names --
 
 
+def _classed(node: Any) -> bool:
+    return row_of(node).kind == TREECLASS
+
+
 def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
     """`(depth, name, class)` of every TreeClass node, frozen subtrees included (`name`:
     its checkpoint name, `""` for the root)."""
@@ -129,15 +132,15 @@ def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
     while stack:
         node, path = stack.pop()
         node = unwrap(node)
-        if _node.is_treeclass(node):
+        if _classed(node):
             yield len(path), ".".join(path), type(node)
 
         def stop(x: Any, node: Any = node) -> bool:
-            return x is not node and (is_wrapper(x) or _node.is_treeclass(x))
+            return x is not node and (is_wrapper(x) or _classed(x))
 
         found = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)[0]
         for keys, child in reversed(found):
-            if child is not node and (is_wrapper(child) or _node.is_treeclass(child)):
+            if child is not node and (is_wrapper(child) or _classed(child)):
                 stack.append((child, (*path, *(str(entry_name(k)) for k in keys))))
 
 
