@@ -53,6 +53,7 @@ from jax.tree_util import KeyPath, PyTreeDef
 from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
+from ._at import selection as selection_of
 from ._numbers import is_number, plain_number
 from ._roles import NEVER_TRAINED, TRAINABLE, leaf_roles
 from ._structure import (
@@ -274,12 +275,12 @@ def _whole_leaf_flag(path: KeyPath, x: object) -> object:
     return bool(x.all())
 
 
-def _whole_flag(tree: object, path: KeyPath, flag: ArrayLike) -> bool:
-    """A flag of a selection's `mask()` as one flag for its whole leaf (or an error)."""
+def _whole_flag(flag: ArrayLike, where: Callable[[], str]) -> bool:
+    """A flag of a selection as one flag for its whole leaf (or an error naming `where()`)."""
     if flag is True or flag is False:
         return flag
     if isinstance(flag, Tracer) or not bool(np.all(flag)) and bool(np.any(flag)):
-        raise ValueError(_PARTIAL_LEAF_MSG.format(where=path_str(tree, path)))
+        raise ValueError(_PARTIAL_LEAF_MSG.format(where=where()))
     return bool(np.all(flag))
 
 
@@ -362,27 +363,44 @@ def _reaches(flag: ArrayLike) -> bool:
     return isinstance(flag, Tracer) or bool(np.any(flag))
 
 
-def _selected_places(indexer: AtIndexer) -> tuple[PyTreeDef, list[bool], list[str]]:
+class _Places:
+    """The places of a model (its leaves, frozen values counted as leaves) in flatten
+    order, their structure, and their key paths as text, worked out once when asked."""
+
+    __slots__ = ("tree", "leaves", "treedef", "_paths")
+
+    def __init__(self, tree: object) -> None:
+        self.tree = tree
+        self.leaves, self.treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
+        self._paths: list[KeyPath] | None = None
+
+    def where(self, index: int) -> str:
+        if self._paths is None:
+            pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=is_wrapper)[0]
+            self._paths = [path for path, _ in pairs]
+        return path_str(self.tree, self._paths[index])
+
+
+def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]]:
     """One flag per place of `indexer.tree` (frozen values counted as places): whether the
     selection picks that leaf for training; and the places it reached but no optimizer
     trains (`"`path` (role ...)"`), since a declared role outranks a selection."""
-    # the selection's own mask, with frozen values as leaves (so that a selection reaching
+    places = _Places(indexer.tree)
+    # the selection's flags, with frozen values as leaves (so that a selection reaching
     # only frozen values is told apart from one reaching nothing)
-    tree = indexer.tree
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
-    flags = treedef.flatten_up_to(indexer.mask(is_leaf=is_wrapper))
-    names = leaf_roles(tree)  # the order of `pairs`: frozen values counted as leaves
+    flags = selection_of(indexer, is_wrapper).flags()
+    names = leaf_roles(places.tree)  # in the same order: frozen values counted as leaves
     chosen: list[bool] = []
     refused: list[str] = []
-    for (path, leaf), flag, role in zip(pairs, flags, names, strict=True):
+    for index, (leaf, flag, role) in enumerate(zip(places.leaves, flags, names, strict=True)):
         if is_wrapper(leaf) or role in NEVER_TRAINED:
             # checked before the whole-leaf rule: a leaf never trained may be reached in part
             if _reaches(flag):
-                refused.append(f"`{path_str(tree, path)}` ({_describe_role(leaf, role)})")
+                refused.append(f"`{places.where(index)}` ({_describe_role(leaf, role)})")
             chosen.append(False)
         else:
-            chosen.append(_whole_flag(tree, path, flag))
-    return treedef, chosen, refused
+            chosen.append(_whole_flag(flag, functools.partial(places.where, index)))
+    return places, chosen, refused
 
 
 # Typed as the selected tree: a mask has its structure (the class of every node), with
@@ -455,14 +473,19 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     ```
     """
     _check_strict(strict, "mask")
-    indexer = _indexer(selection, where)
-    treedef, chosen, refused = _selected_places(indexer)
-    if strict and True not in chosen:
-        raise _empty_selection_error(f"The selection {indexer!r}", refused)
+    places, chosen = _chosen(_indexer(selection, where), strict)
     # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at
     # its place, so the mask fits the model (where a frozen value is a node without
     # children) and the tree `tc.optim.trainable` hands its transform (`MaskedNode()`)
-    return treedef.unflatten(chosen)
+    return places.treedef.unflatten(chosen)
+
+
+def _chosen(indexer: AtIndexer, strict: bool) -> tuple[_Places, list[bool]]:
+    """`_selected_places`, with an empty selection an error when `strict`."""
+    places, chosen, refused = _selected_places(indexer)
+    if strict and True not in chosen:
+        raise _empty_selection_error(f"The selection {indexer!r}", refused)
+    return places, chosen
 
 
 # --------------------------------------------------------------------------------------
@@ -638,10 +661,10 @@ def _selection_mask(
         indexer = _indexer(selection, ())
     else:
         indexer = _indexer(tree, (selection,))
-    treedef, chosen, refused = _selected_places(indexer)
-    if treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
+    places, chosen, refused = _selected_places(indexer)
+    if places.treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
         try:
-            check_mask(treedef.unflatten(chosen), tree)
+            check_mask(places.treedef.unflatten(chosen), tree)
             detail = ""
         except ValueError as error:
             detail = str(error).split("\n")[0]
@@ -896,13 +919,14 @@ _REFROZEN_MSG = (
 class _Plan:
     """Which leaf of the model (frozen values counted as leaves) is updated, kept or frozen."""
 
-    __slots__ = ("kinds", "treedef", "skeleton", "root")
+    __slots__ = ("kinds", "treedef", "skeleton", "root", "places")
 
-    def __init__(self, tree: object, kinds: list[int]) -> None:
+    def __init__(self, places: _Places, kinds: list[int]) -> None:
         self.kinds = kinds
-        self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)
-        self.skeleton = _structure_with_frozen_as(tree, None)
-        self.root = tree
+        self.places = places
+        self.treedef = places.treedef
+        self.skeleton = _structure_with_frozen_as(places.tree, None)
+        self.root = places.tree
 
     def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
         """The leaves of `tree` (frozen values counted as leaves), one per place of the
@@ -940,16 +964,13 @@ class _Plan:
         for index, (place, kind) in enumerate(zip(places, self.kinds)):
             if place is None:
                 if kind == _UPDATE:
-                    path = path_str(self.root, self._path(index))
+                    path = self.places.where(index)
                     raise ValueError(_MISSING_MSG.format(what=what, method=method, path=path))
             elif not is_wrapper(place) and not is_leaf_node(place):
                 return None
             elif is_wrapper(place) != (kind == _FROZEN):
                 self._refuse_refrozen(tree, index, what, method, kind)
         return places
-
-    def _path(self, index: int) -> KeyPath:
-        return jax.tree_util.tree_flatten_with_path(self.root, is_leaf=is_wrapper)[0][index][0]
 
     def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
         if kind == _FROZEN:
@@ -996,24 +1017,21 @@ def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], s
 def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
     selects = isinstance(selection, AtIndexer) or bool(where)
     if selects:
-        indexer = _indexer(selection, where)
-        tree = indexer.tree
-        # a mask holds `False` where the tree holds a frozen value: one flag per place
-        chosen = [flag is True for flag in jax.tree_util.tree_leaves(mask(indexer, strict=strict))]
+        # a frozen value's flag is `False`: one flag per place
+        places, chosen = _chosen(_indexer(selection, where), strict)
     else:
-        tree = selection
-        names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
+        places = _Places(selection)
+        names = leaf_roles(selection)  # in the order of the places
         # every role but trainable is kept, a leaf of a field declared `role="frozen"` too
         # (it is a leaf, with an update)
         chosen = [name == TRAINABLE for name in names]
-    places = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0]
     # a frozen value is `_FROZEN` (not a leaf)
     kinds = [
         _FROZEN if is_wrapper(leaf) else (_UPDATE if update else _KEEP)
-        for (_, leaf), update in zip(places, chosen, strict=True)
+        for leaf, update in zip(places.leaves, chosen, strict=True)
     ]
     if selects:
-        for (path, leaf), kind in zip(places, kinds):
+        for index, (leaf, kind) in enumerate(zip(places.leaves, kinds)):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
                 shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
                 found = (
@@ -1021,13 +1039,13 @@ def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Pla
                     if dtype is not None and shape is not None
                     else f"a `{type(leaf).__name__}`"
                 )
-                raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
+                raise ValueError(_NOT_INEXACT_MSG.format(path=places.where(index), found=found))
     elif strict and _UPDATE not in kinds:
         shown = ", ".join(f"{n} {name}" for name, n in Counter(names).items()) or "none"
         raise ValueError(
-            _NOTHING_TRAINABLE_MSG.format(what=f"The {type(tree).__name__}", roles=shown)
+            _NOTHING_TRAINABLE_MSG.format(what=f"The {type(selection).__name__}", roles=shown)
         )
-    return _Plan(tree, kinds)
+    return _Plan(places, kinds)
 
 
 def _is_inexact_leaf(x: object) -> bool:

@@ -1,0 +1,469 @@
+"""A selection as a value: what a chain of `.at` selectors reaches in a tree, found once.
+
+`select(tree, matchers)` is the one walker of the package: it asks each matcher
+(`_selectors`) for its verdict on the nodes of its level, from the root down, and keeps
+what it found as a `Selection`: a *trail* holding only the nodes on the way to a selected
+spot (with each node's row and opening, so that an edit rebuilds just those), the spots
+themselves (a node, its key path, and its element mask), and what blocked the way (static
+fields, wrapped values). Every operation reads that value: the `.at` operations hand
+`Selection.rebuild` what to put at each spot; `Selection.mask()` puts the flags (one per
+block along a stack's block axis, since a stack's row gathers its blocks' flags), and
+`flags()` / `paths()` read them per leaf in flatten order, which is what `tc.optim`, the
+sharding rules and a partial `tc.load` consume.
+
+A chain of names and indices follows one child per level (the row finds it without
+opening its node), so selecting a deep leaf costs what the path is deep. A mask with the
+tree's exact structure is a selection already: `aligned_mask` reads it leaf by leaf, with
+no walk at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._selectors import EACH, NO, ONE, STATIC, YES, Matcher
+from ._structure import LEAF, NodeKind, Opened, is_wrapper, node_kind, path_str, row_of, wrapper_of
+from ._util import add_leaf_note
+
+__all__ = [
+    "Selection",
+    "Spot",
+    "select",
+    "aligned_mask",
+    "and_masks",
+    "any_true",
+    "note_blocked",
+    "shape_of",
+    "broadcasts_to",
+    "check_element_mask",
+]
+
+ONLY_BLOCKED_MSG = (
+    "The selection {selection} reaches no leaves: it only reaches {what}. Static fields "
+    "(`tc.field(static=True)`) are part of the tree definition, and wrapped values (frozen "
+    "by `tc.freeze`, or of another wrapper kind) are nodes without children, so neither is "
+    "a leaf. To edit wrapped values, select them as leaves:\n"
+    "    {selection}.apply(fn, is_leaf=tc.is_masked)\n"
+    "or unwrap them first (`tc.unfreeze`, `tc.tree_unmask`)."
+)
+FROZEN_IN_THE_WAY_MSG = (
+    "The selection {selection} reaches no leaves: the pattern goes on inside {what}. A wrapped "
+    "value (frozen by `tc.freeze`, or of another wrapper kind) is a node without children, so "
+    "nothing inside it can be selected, not even with `is_leaf=tc.is_masked` (that selects "
+    "the wrapped value whole). Unwrap it first (`tc.unfreeze`, or `tc.tree_unmask` for a "
+    "whole tree), or select the wrapped value itself with a pattern that ends at it."
+)
+ELEMENT_MASK_SHAPE_MSG = (
+    "The element mask at {where} has shape {mask_shape}, but the leaf there has shape "
+    "{leaf_shape}: an element mask selects elements of its leaf, so it must have the leaf's "
+    "shape (or broadcast to it without changing it)."
+)
+
+
+class Spot:
+    """A selected node: its key path, and the element mask over its leaves (or `None`)."""
+
+    __slots__ = ("node", "path", "emask")
+
+    def __init__(self, node: Any, path: tuple[Any, ...], emask: Any) -> None:
+        self.node = node
+        self.path = path
+        self.emask = emask
+
+
+class _Node:
+    """A node on the way to spots: its row, its opening, and the trails below (by child
+    position); `opened is None` for a node left through one child (`_One`)."""
+
+    __slots__ = ("row", "node", "path", "opened", "subs")
+
+    def __init__(
+        self, row: NodeKind, node: Any, path: tuple, opened: Opened, subs: list[tuple[int, Any]]
+    ) -> None:
+        self.row = row
+        self.node = node
+        self.path = path
+        self.opened = opened
+        self.subs = subs
+
+
+class _One:
+    """A node left through the one child a name or index selects (`entry`, `child`)."""
+
+    __slots__ = ("row", "node", "path", "entry", "child", "sub")
+
+    def __init__(self, row: NodeKind, node: Any, path: tuple, entry: Any, child: Any, sub: Any):
+        self.row = row
+        self.node = node
+        self.path = path
+        self.entry = entry
+        self.child = child
+        self.sub = sub
+
+
+class _Static:
+    """A static field named last in a `set` or `apply`: a spot in the node's layout."""
+
+    __slots__ = ("row", "node", "path", "name")
+
+    def __init__(self, row: NodeKind, node: Any, path: tuple, name: str) -> None:
+        self.row = row
+        self.node = node
+        self.path = path
+        self.name = name
+
+
+class Selection:
+    """What a chain of matchers selects in `tree`: see the module docstring.
+
+    It is also the walk the matchers report to (`_selectors.Walk`): the naming matchers
+    that selected something (`hits`), their notes, what blocked the way (`blocked`).
+    """
+
+    __slots__ = (
+        "tree",
+        "matchers",
+        "n",
+        "is_leaf",
+        "static_ok",
+        "opens",
+        "hits",
+        "kept",
+        "blocked",
+        "selection",
+        "trail",
+    )
+
+    def __init__(
+        self,
+        tree: Any,
+        matchers: tuple[Matcher, ...],
+        is_leaf: Callable[[Any], bool] | None,
+        selection: Callable[[], str],
+        static_ok: Matcher | None,
+        opens: bool = False,
+    ) -> None:
+        self.tree = tree
+        # whether a node left through one child is opened all the same (for `get`, which
+        # fills the others: a stack then rebuilds from its own blocks)
+        self.opens = opens
+        self.matchers = matchers
+        self.n = len(matchers)
+        self.is_leaf = is_leaf
+        self.static_ok = static_ok
+        self.hits: set[Matcher] = set()
+        self.kept: dict[int, list[Any]] = {}
+        # what held no leaves: `(path, why, by_matcher)`, by a matcher (a static field or a
+        # wrapped value in a pattern's way) or at a selected spot (only wrapped values there)
+        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []
+        self.selection = selection
+        self.trail: Any = None
+
+    # -- what the matchers report to
+    def where(self, path: tuple[Any, ...]) -> str:
+        return path_str(self.tree, path)
+
+    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
+        self.blocked.append((path, why, True))
+
+    def notes(self, matcher: Matcher) -> list[Any]:
+        return self.kept.setdefault(id(matcher), [])
+
+    # -- the walk
+    def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
+        if i == self.n:
+            return Spot(node, path, emask)
+        matcher = self.matchers[i]
+        return self.level(
+            node, path, i, emask, matcher, matcher.match(self, matcher.start, node, path)
+        )
+
+    def level(
+        self, node: Any, path: tuple, i: int, emask: Any, matcher: Matcher, verdict: tuple
+    ) -> Any:
+        """The trail below `node`, given `matcher`'s verdict on it (`None`: nothing)."""
+        code, payload = verdict
+        if code == NO:
+            return None
+        if code == YES:
+            return self.walk(node, path, i + 1, and_masks(emask, payload))
+        row = row_of(node, self.is_leaf)
+        if code == ONE and self.opens:
+            opened = row.open(node)
+            k = opened.entries.index(payload[0])
+            sub = self.walk(opened.children[k], path + (payload[0],), i + 1, emask)
+            return None if sub is None else _Node(row, node, path, opened, [(k, sub)])
+        if code == ONE:
+            entry, child = payload
+            sub = self.walk(child, path + (entry,), i + 1, emask)
+            return None if sub is None else _One(row, node, path, entry, child, sub)
+        if code == STATIC:
+            return _Static(row, node, path + (jax.tree_util.GetAttrKey(payload),), payload)
+        if code == EACH:
+            opened = row.open(node)
+            if opened is None:
+                return None
+            states: Any = None
+        else:  # ZIP
+            opened, states = payload
+        entries = opened.entries
+        match = matcher.match
+        # more selectors follow a matcher that sees into wrapped values: a wrapped match stops
+        stops = matcher.sees_into_frozen and i + 1 < self.n
+        subs = []
+        for k, child in enumerate(opened.children):
+            child_path = path + (entries[k],)
+            try:
+                code, result = match(
+                    self, payload if states is None else states[k], child, child_path
+                )
+            except Exception as error:
+                add_leaf_note(
+                    error,
+                    f"raised while matching {matcher!r} at {self.where(child_path)} "
+                    f"(in {self.selection()})",
+                )
+                raise
+            if code == NO:
+                continue
+            if code == YES:
+                wrapper = wrapper_of(child) if stops else None
+                if wrapper is not None:  # nothing below a wrapped value is selectable
+                    self.record_blocked(child_path, wrapper.role)
+                    continue
+                sub = self.walk(child, child_path, i + 1, and_masks(emask, result))
+            else:
+                sub = self.level(child, child_path, i, emask, matcher, (code, result))
+            if sub is not None:
+                subs.append((k, sub))
+        return _Node(row, node, path, opened, subs) if subs else None
+
+    # -- reading it
+    def unmatched(self) -> Matcher | None:
+        """The first selector that names something (a glob, a regex, a `BaseKey`) and
+        selected nothing."""
+        for matcher in self.matchers:
+            for member in matcher.members():
+                if member.names_something and member not in self.hits:
+                    return member
+        return None
+
+    def check(self, count: int, spot_blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
+        """Raise for a selection that names nothing, or reaches only static fields and
+        wrapped values (`count`: the leaves the operation reached)."""
+        unmatched = self.unmatched()
+        blocked = self.blocked + spot_blocked
+        # Selected spots holding only wrapped values do not explain a glob, regex or
+        # BaseKey that matched no key at all: the typo is said first.
+        if count == 0 and blocked and (unmatched is None or any(b[2] for b in blocked)):
+            what = ", ".join(f"{self.where(p)} ({why})" for p, why, _ in blocked[:8])
+            if len(blocked) > 8:
+                what += f" and {len(blocked) - 8} more"
+            if all(why != "a static field" and by_matcher for _, why, by_matcher in blocked):
+                raise LookupError(
+                    FROZEN_IN_THE_WAY_MSG.format(selection=self.selection(), what=what)
+                )
+            raise LookupError(ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what))
+        if unmatched is not None:
+            raise unmatched.no_match_error(self, self.selection())
+
+    def rebuild(
+        self,
+        spot: Callable[[Spot], Any],
+        static: Callable[[_Static], Any] | None = None,
+        *,
+        fills: bool = False,
+        fill: Any = None,
+        where: Callable[[tuple], str] | None = None,
+    ) -> Any:
+        """The tree with `spot(s)` put at each spot `s` (in the order of the trail: flatten
+        order, a stack's blocks one after another), `static(s)` at a static spot, and, with
+        `fills`, every unselected leaf replaced by it. Only the nodes on the trail are
+        rebuilt, each by its row."""
+        is_leaf = self.is_leaf
+        where = where or self.where
+
+        def unselected(node: Any) -> Any:
+            if not fills:
+                return node
+            if node_kind(node, is_leaf) == LEAF:
+                return fill
+            return jax.tree_util.tree_map(lambda _: fill, node, is_leaf=is_leaf)
+
+        def build(t: Any) -> Any:
+            cls = type(t)
+            if cls is Spot:
+                return spot(t)
+            if cls is _One:
+                new = build(t.sub)
+                if not fills:
+                    if new is t.child:
+                        return t.node
+                    return t.row.replace(t.node, t.entry, t.child, new, t.path, where)
+                # (a `get` opens such nodes as it selects: a stack then keeps its own blocks)
+                opened = t.row.open(t.node)
+                children = [unselected(c) for c in opened.children]
+                children[opened.entries.index(t.entry)] = new
+                return t.row.rebuild(t.node, opened.aux, children, True, t.path, where)
+            if cls is _Static:
+                assert static is not None  # only ops that edit static fields allow them
+                return static(t)
+            children = list(t.opened.children)
+            changed = False
+            if fills:
+                picked = {k for k, _ in t.subs}
+                for k, child in enumerate(children):
+                    if k not in picked:
+                        children[k] = unselected(child)
+                        changed = changed or children[k] is not child
+            for k, sub in t.subs:
+                new = build(sub)
+                if new is not children[k]:
+                    children[k] = new
+                    changed = True
+            if not changed:
+                return t.node
+            return t.row.rebuild(t.node, t.opened.aux, children, fills, t.path, where)
+
+        if self.trail is None:
+            return unselected(self.tree)
+        return build(self.trail)
+
+    def mask(self) -> Any:
+        """The selection as a boolean tree: `True` at every selected leaf (an element mask
+        broadcast to its leaf), `False` elsewhere; nodes without children stay as they are,
+        and a stack gathers one flag per block along its block axis."""
+        count = 0
+        spot_blocked: list[tuple[tuple[Any, ...], str, bool]] = []
+        is_leaf = self.is_leaf
+
+        def flag(s: Spot) -> Any:
+            nonlocal count
+            emask = s.emask
+            pairs, treedef = jax.tree_util.tree_flatten_with_path(s.node, is_leaf=is_leaf)
+            if not pairs:
+                note_blocked(s, spot_blocked)
+                return s.node
+            count += len(pairs)
+            if emask is None:
+                return treedef.unflatten([True] * len(pairs))
+            flags = []
+            for p, x in pairs:
+                check_element_mask(emask, x, lambda p=p: self.where(s.path + p))
+                flags.append(jnp.broadcast_to(emask, shape_of(x)))
+            return treedef.unflatten(flags)
+
+        out = self.rebuild(flag, fills=True, fill=False)
+        self.check(count, spot_blocked)
+        return out
+
+    def flags(self) -> list[Any]:
+        """One flag per leaf of the tree (split by `is_leaf`), in flatten order: `False`,
+        `True`, or a bool array (an element mask, or one flag per block of a stack)."""
+        return jax.tree_util.tree_leaves(self.mask(), is_leaf=self.is_leaf)
+
+    def paths(self) -> list[tuple[Any, ...]]:
+        """The key paths of the leaves selected in whole or in part, in flatten order."""
+        pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=self.is_leaf)[0]
+        return [path for (path, _), f in zip(pairs, self.flags(), strict=True) if any_true(f)]
+
+
+def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
+    """A spot that reached no leaf: if it holds wrapped values, say so by their role."""
+    wrapped = jax.tree_util.tree_leaves(s.node, is_leaf=is_wrapper)
+    if wrapped:
+        blocked.append((s.path, getattr(wrapper_of(wrapped[0]), "role", "wrapped"), False))
+
+
+def select(
+    tree: Any,
+    matchers: tuple[Matcher, ...],
+    is_leaf: Callable[[Any], bool] | None = None,
+    selection: Callable[[], str] = lambda: "the selection",
+    statics: bool = False,
+    opens: bool = False,
+) -> Selection:
+    """The selection `matchers` (one per level, as `.at[a][b]`) make in `tree`.
+
+    With `statics`, a name given last may be a static field (for `set` and `apply`);
+    with `opens`, a node is opened even where a name or index picks one child (for `get`).
+    """
+    static_ok = matchers[-1] if statics and matchers else None
+    found = Selection(tree, matchers, is_leaf, selection, static_ok, opens)
+    found.trail = found.walk(tree, (), 0, None)
+    return found
+
+
+def aligned_mask(tree: Any, mask: Any) -> tuple[list[Any], Any, list[Any], list[Any]] | None:
+    """A mask with exactly the tree's structure, read leaf by leaf: `(leaves, treedef,
+    flags, spots)`, a spot per leaf being `False` (not selected), `True` (whole), the
+    element mask's shape when it is the leaf's (`x > 0`), or `None` (a 0-d mask, which
+    broadcasts). `None` for any other mask (a prefix, a non-bool leaf, a stack's flags per
+    block, nothing selected): the walk reads and reports those."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    flags, mask_def = jax.tree_util.tree_flatten(mask)
+    if mask_def != treedef:
+        return None
+    spots: list[Any] = []
+    for flag, leaf in zip(flags, leaves):
+        if flag is True or flag is False:
+            spots.append(flag)
+        elif type(flag) is np.bool_:
+            spots.append(bool(flag))
+        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
+            shape = flag.shape
+            if not shape:
+                spots.append(None)
+            elif shape == shape_of(leaf):
+                spots.append(shape)
+            else:
+                return None
+        else:
+            return None
+    if not any(spot is not False for spot in spots):
+        return None
+    return leaves, treedef, flags, spots
+
+
+def and_masks(outer: Any, inner: Any) -> Any:
+    if outer is None:
+        return inner
+    if inner is None:
+        return outer
+    return jnp.logical_and(outer, inner)
+
+
+def any_true(flag: object) -> bool:
+    """Whether a flag of `mask()` selects its leaf, in whole or in part."""
+    return flag is True or (flag is not False and bool(np.any(np.asarray(flag))))
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return tuple(shape)
+    return () if isinstance(x, (int, float, complex, bool)) else np.shape(x)
+
+
+def broadcasts_to(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    """Whether an array of shape `small` broadcasts to `big` without changing `big`."""
+    if small == big or not small:
+        return True
+    if len(small) > len(big):
+        return False
+    return all(s == 1 or s == b for s, b in zip(reversed(small), reversed(big)))
+
+
+def check_element_mask(mask: object, leaf: object, where: Callable[[], str]) -> None:
+    mask_shape, leaf_shape = shape_of(mask), shape_of(leaf)
+    if not broadcasts_to(mask_shape, leaf_shape):
+        raise ValueError(
+            ELEMENT_MASK_SHAPE_MSG.format(
+                where=where(), mask_shape=mask_shape, leaf_shape=leaf_shape
+            )
+        )
