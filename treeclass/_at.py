@@ -989,14 +989,15 @@ class AtIndexer(Generic[T]):
     def _run(
         self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
     ) -> Any:
-        pool_args = _executor_args(is_parallel)
+        pool_args = None if is_parallel is False else _executor_args(is_parallel)
         matchers = self._matchers
         if pool_args is None:
             if is_leaf is None and len(matchers) == 1 and type(matchers[0]) is MaskMatcher:
                 out = _aligned_mask_op(self.tree, matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
-            return _Run(self._select(is_leaf, op), op).run()
+            found = select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
+            return _Run(found, op).run()
         with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
             return _Run(self._select(is_leaf, op), op, pool).run()
 

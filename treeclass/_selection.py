@@ -118,6 +118,9 @@ class _Static:
         self.name = name
 
 
+_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
+
+
 class Selection:
     """What a chain of matchers selects in `tree`: see the module docstring.
 
@@ -157,10 +160,10 @@ class Selection:
         self.is_leaf = is_leaf
         self.static_ok = static_ok
         self.hits: set[Matcher] = set()
-        self.kept: dict[int, list[Any]] = {}
+        self.kept: dict[int, list[Any]] | None = None  # made when a matcher keeps notes
         # what held no leaves: `(path, why, by_matcher)`, by a matcher (a static field or a
         # wrapped value in a pattern's way) or at a selected spot (only wrapped values there)
-        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []
+        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = _NONE_BLOCKED
         self.selection = selection
         self.trail: Any = None
 
@@ -169,9 +172,13 @@ class Selection:
         return path_str(self.tree, path)
 
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
+        if self.blocked is _NONE_BLOCKED:
+            self.blocked = []
         self.blocked.append((path, why, True))
 
     def notes(self, matcher: Matcher) -> list[Any]:
+        if self.kept is None:
+            self.kept = {}
         return self.kept.setdefault(id(matcher), [])
 
     # -- the walk
@@ -179,9 +186,12 @@ class Selection:
         if i == self.n:
             return Spot(node, path, emask)
         matcher = self.matchers[i]
-        return self.level(
-            node, path, i, emask, matcher, matcher.match(self, matcher.start, node, path)
-        )
+        verdict = matcher.match(self, matcher.start, node, path)
+        if verdict[0] == ONE and not self.opens:  # a name or an index: the hot path
+            entry, child, row = verdict[1]
+            sub = self.walk(child, path + (entry,), i + 1, emask)
+            return None if sub is None else _One(row, node, path, entry, child, sub)
+        return self.level(node, path, i, emask, matcher, verdict)
 
     def level(
         self, node: Any, path: tuple, i: int, emask: Any, matcher: Matcher, verdict: tuple
@@ -193,15 +203,11 @@ class Selection:
         if code == YES:
             return self.walk(node, path, i + 1, and_masks(emask, payload))
         row = row_of(node, self.is_leaf)
-        if code == ONE and self.opens:
+        if code == ONE:  # a node opened all the same (`opens`)
             opened = row.open(node)
             k = opened.entries.index(payload[0])
             sub = self.walk(opened.children[k], path + (payload[0],), i + 1, emask)
             return None if sub is None else _Node(row, node, path, opened, [(k, sub)])
-        if code == ONE:
-            entry, child = payload
-            sub = self.walk(child, path + (entry,), i + 1, emask)
-            return None if sub is None else _One(row, node, path, entry, child, sub)
         if code == STATIC:
             return _Static(row, node, path + (jax.tree_util.GetAttrKey(payload),), payload)
         if code == EACH:
@@ -256,8 +262,14 @@ class Selection:
     def check(self, count: int, spot_blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
         """Raise for a selection that names nothing, or reaches only static fields and
         wrapped values (`count`: the leaves the operation reached)."""
+        blocked = self.blocked + spot_blocked if spot_blocked else self.blocked
+        if not blocked:
+            for matcher in self.matchers:
+                if matcher.naming:
+                    break
+            else:
+                return
         unmatched = self.unmatched()
-        blocked = self.blocked + spot_blocked
         # Selected spots holding only wrapped values do not explain a glob, regex or
         # BaseKey that matched no key at all: the typo is said first.
         if count == 0 and blocked and (unmatched is None or any(b[2] for b in blocked)):

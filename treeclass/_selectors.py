@@ -12,8 +12,8 @@ freely. A verdict is `(code, payload)`:
   mask, or `None` for the whole node);
 - `(EACH, state)`: not selected; match every child with `state`; `(ZIP, (opened,
   states))`: the same with one state per child of `opened` (the node's opening);
-- `(ONE, (entry, child))`: the one child a name or index selects, found by the node's
-  row without opening the node (a chain of names costs what the path is deep);
+- `(ONE, (entry, child, row))`: the one child a name or index selects, found by the
+  node's `row` without opening the node (a chain of names costs what the path is deep);
 - `(STATIC, name)`: a static field named last in a `set`/`apply` (`walk.static_ok`).
 
 A selector that *names* something (a glob, a regex, a `BaseKey`, a name) must select
@@ -273,6 +273,7 @@ class Matcher:
     # value can be selected (the value that froze is reached again to thaw it, alone)
     sees_into_frozen = False
     names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
+    naming = False  # it is, or holds, a matcher that names something
 
     def match(self, walk: Walk, state: Any, node: Any, path: tuple[Any, ...]) -> tuple[int, Any]:
         raise NotImplementedError
@@ -429,7 +430,7 @@ class _SingleKeyMatcher(Matcher):
         row = row_of(node, walk.is_leaf)
         found = row.child(node, self.key)
         if found is not None:
-            return ONE, found
+            return ONE, (*found, row)
         if walk.static_ok is self and self.key in row.static_names(node):
             return STATIC, self.key
         raise missing_key_error(self.key, node, row.kind, row.open(node), walk.where(path))
@@ -533,7 +534,7 @@ class _NamingMatcher(Matcher):
     """A level selector that names keys (regex, BaseKey): it must select something."""
 
     __slots__ = ()
-    names_something = True
+    names_something = naming = True
     offers_statics = True  # static fields it matches are named when it selects nothing
 
     def matches(self, entry: object, child: object = None) -> bool:
@@ -754,7 +755,7 @@ class GlobMatcher(Matcher):
     """
 
     __slots__ = ("glob", "accept")
-    names_something = True
+    names_something = naming = True
 
     def __init__(self, glob_: Glob) -> None:
         self.glob = glob_
@@ -996,10 +997,11 @@ _PICKED: Any = object()  # a union member's one child (a name or an index), sele
 class UnionMatcher(Matcher):
     """A tuple of selectors at one level: a node is selected when any member selects it."""
 
-    __slots__ = ("members_",)
+    __slots__ = ("members_", "naming")
 
     def __init__(self, members: tuple[Matcher, ...]) -> None:
         self.members_ = members
+        self.naming = any(m.naming for m in members)
 
     @property
     def start(self) -> Any:  # type: ignore[override]  # one state per member
