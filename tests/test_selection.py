@@ -50,7 +50,11 @@ def chains(net):
             (tc.glob("layers.*.w"),),
             (tc.glob("**.out"),),
             (tc.where(lambda path, x: getattr(x, "ndim", None) == 1),),
-            (jax.tree_util.tree_map(lambda x: bool(np.size(x) % 2), net),),
+            (
+                jax.tree_util.tree_map(
+                    lambda x: not is_wrapper(x) and bool(np.size(x) % 2), net, is_leaf=is_wrapper
+                ),
+            ),
             (jax.Array,),
         ]
     )

@@ -1,19 +1,9 @@
 """The `.at[...]` indexer: select parts of any pytree and get a new tree back.
 
-How it stays fast: selectors are compiled once, when indexed (`_selectors.py`). An
-operation then walks the tree from the root. A plain name or index is looked up directly
-(a TreeClass child by name, a dict child `node[key]`, a sequence child `node[i]`), so a
-chain of them costs what the path is deep, not what the tree is big. Only the nodes on the
-path to a change are rebuilt, and a TreeClass is rebuilt as a copy with one child replaced:
-its layout (names, static values) is unchanged, so the copy stays valid without running
-`__init__` or re-flattening. Every other selector (masks, classes, predicates, globs,
-`...`) visits each node below its level once, and an unchanged subtree is returned as the
-same object, never rebuilt.
-
-Errors are the user's to read: every error raised by a user function (`apply`, `scan`,
-`reduce`, a `where` predicate) gets a note naming the key path it was called at, and a
-selector that names something (a glob, a regex, a `BaseKey`) but selects nothing is an
-error, not a silent no-op.
+Selectors are compiled once, when indexed (`_selectors`); an operation selects (one walk,
+`_selection.select`), then puts its values at the selected spots (`_Run`), rebuilding
+only the nodes on the way to them. Every error raised by a user function (`apply`,
+`scan`, `reduce`, a `where` predicate) gets a note naming the key path it was called at.
 """
 
 from __future__ import annotations
@@ -906,24 +896,9 @@ class AtIndexer(Generic[T]):
     Later selectors apply relative to each node selected before them:
     `model.at[Linear]["weight"]`.
 
-    **Operations** (each accepts `is_leaf=`, treating more nodes as leaves; `get`, `set`
-    and `apply` accept `is_parallel=`, see `apply`)
-
-    - `.get(fill_value=None)`: the same structure, unselected leaves replaced by
-      `fill_value`;
-    - `.set(value)`: `value` is a leaf (put at every selected leaf), a tree with the
-      structure of the selected subtree (or a prefix of it), or a tree with the structure
-      of the whole tree (values taken where selected); any other value is put whole at
-      each selected spot (a tuple at a leaf, a frozen value in place of a subtree);
-    - `.apply(fn)`: `fn` applied to every selected leaf;
-    - `.reduce(fn, initializer=...)`: `fn(accumulator, leaf)` folded over the selected
-      leaves in flatten order;
-    - `.scan(fn, state)`: `new_leaf, state = fn(leaf, state)` over the selected leaves;
-      returns `(new_tree, final_state)`;
-    - `.pluck(count=None)`: the selected subtrees themselves, as a list;
-    - `tree.at["method"](*args, **kwargs)` (a `TreeClass`): runs the method on a copy in
-      which every node may be mutated; returns `(return_value, new_tree)`. Nested:
-      `tree.at["child"]["method"]()`.
+    **Operations** (each documented on its method; each accepts `is_leaf=`): `.get`,
+    `.set`, `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
+    `tree.at["method"](*args, **kwargs)` (a method run on a mutable copy).
 
     ```python
     import jax, jax.numpy as jnp

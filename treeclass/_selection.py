@@ -19,8 +19,9 @@ no walk at all.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,57 +66,45 @@ ELEMENT_MASK_SHAPE_MSG = (
 )
 
 
-class Spot:
+class Spot(NamedTuple):
     """A selected node: its key path, and the element mask over its leaves (or `None`)."""
 
-    __slots__ = ("node", "path", "emask")
-
-    def __init__(self, node: Any, path: tuple[Any, ...], emask: Any) -> None:
-        self.node = node
-        self.path = path
-        self.emask = emask
+    node: Any
+    path: tuple[Any, ...]
+    emask: Any
 
 
-class _Node:
-    """A node on the way to spots: its row, its opening, and the trails below (by child
-    position); `opened is None` for a node left through one child (`_One`)."""
+class _Node(NamedTuple):
+    """A node on the way to spots: its row, its opening, and the trails below it, by
+    child position."""
 
-    __slots__ = ("row", "node", "path", "opened", "subs")
-
-    def __init__(
-        self, row: NodeKind, node: Any, path: tuple, opened: Opened, subs: list[tuple[int, Any]]
-    ) -> None:
-        self.row = row
-        self.node = node
-        self.path = path
-        self.opened = opened
-        self.subs = subs
+    row: NodeKind
+    node: Any
+    path: tuple[Any, ...]
+    opened: Opened
+    subs: list[tuple[int, Any]]
 
 
-class _One:
-    """A node left through the one child a name or index selects (`entry`, `child`)."""
+class _Hops(NamedTuple):
+    """Nodes left each through the one child a name or index selects: `(row, node, path,
+    entry, child)` per hop, from the top, then the trail below the last child."""
 
-    __slots__ = ("row", "node", "path", "entry", "child", "sub")
-
-    def __init__(self, row: NodeKind, node: Any, path: tuple, entry: Any, child: Any, sub: Any):
-        self.row = row
-        self.node = node
-        self.path = path
-        self.entry = entry
-        self.child = child
-        self.sub = sub
+    hops: list[tuple[Any, ...]]
+    sub: Any
 
 
-class _Static:
+class _Static(NamedTuple):
     """A static field named last in a `set` or `apply`: a spot in the node's layout."""
 
-    __slots__ = ("row", "node", "path", "name")
+    row: NodeKind
+    node: Any
+    path: tuple[Any, ...]
+    name: str
 
-    def __init__(self, row: NodeKind, node: Any, path: tuple, name: str) -> None:
-        self.row = row
-        self.node = node
-        self.path = path
-        self.name = name
+
+# made by the C-level tuple constructor (a NamedTuple's own `__new__` runs in Python)
+_spot: Callable[[tuple], Spot] = functools.partial(tuple.__new__, Spot)
+_hops: Callable[[tuple], _Hops] = functools.partial(tuple.__new__, _Hops)
 
 
 _NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
@@ -183,15 +172,23 @@ class Selection:
 
     # -- the walk
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
-        if i == self.n:
-            return Spot(node, path, emask)
-        matcher = self.matchers[i]
-        verdict = matcher.match(self, matcher.start, node, path)
-        if verdict[0] == ONE and not self.opens:  # a name or an index: the hot path
+        hops: list[tuple[Any, ...]] | None = None
+        n = self.n
+        while i < n:
+            matcher = self.matchers[i]
+            verdict = matcher.match(self, matcher.start, node, path)
+            if verdict[0] != ONE or self.opens:
+                sub = self.level(node, path, i, emask, matcher, verdict)
+                break
+            # a name or an index, the hot path: one child, the node left unopened
             entry, child, row = verdict[1]
-            sub = self.walk(child, path + (entry,), i + 1, emask)
-            return None if sub is None else _One(row, node, path, entry, child, sub)
-        return self.level(node, path, i, emask, matcher, verdict)
+            if hops is None:
+                hops = []
+            hops.append((row, node, path, entry, child))
+            node, path, i = child, path + (entry,), i + 1
+        else:
+            sub = _spot((node, path, emask))
+        return sub if hops is None or sub is None else _hops((hops, sub))
 
     def level(
         self, node: Any, path: tuple, i: int, emask: Any, matcher: Matcher, verdict: tuple
@@ -205,6 +202,7 @@ class Selection:
         row = row_of(node, self.is_leaf)
         if code == ONE:  # a node opened all the same (`opens`)
             opened = row.open(node)
+            assert opened is not None  # the row found a child in it
             k = opened.entries.index(payload[0])
             sub = self.walk(opened.children[k], path + (payload[0],), i + 1, emask)
             return None if sub is None else _Node(row, node, path, opened, [(k, sub)])
@@ -297,8 +295,14 @@ class Selection:
         order, a stack's blocks one after another), `static(s)` at a static spot, and, with
         `fills`, every unselected leaf replaced by it. Only the nodes on the trail are
         rebuilt, each by its row."""
-        is_leaf = self.is_leaf
         where = where or self.where
+        t = self.trail
+        if not fills and type(t) is _Hops and type(t.sub) is Spot:  # a chain of names
+            new = spot(t.sub)
+            for row, node, path, entry, child in reversed(t.hops):
+                new = node if new is child else row.replace(node, entry, child, new, path, where)
+            return new
+        is_leaf = self.is_leaf
 
         def unselected(node: Any) -> Any:
             if not fills:
@@ -311,17 +315,22 @@ class Selection:
             cls = type(t)
             if cls is Spot:
                 return spot(t)
-            if cls is _One:
+            if cls is _Hops:
                 new = build(t.sub)
-                if not fills:
-                    if new is t.child:
-                        return t.node
-                    return t.row.replace(t.node, t.entry, t.child, new, t.path, where)
-                # (a `get` opens such nodes as it selects: a stack then keeps its own blocks)
-                opened = t.row.open(t.node)
-                children = [unselected(c) for c in opened.children]
-                children[opened.entries.index(t.entry)] = new
-                return t.row.rebuild(t.node, opened.aux, children, True, t.path, where)
+                for row, node, path, entry, child in reversed(t.hops):
+                    if not fills:
+                        new = (
+                            node
+                            if new is child
+                            else row.replace(node, entry, child, new, path, where)
+                        )
+                        continue
+                    # (a `get` opens such nodes as it selects: a stack keeps its own blocks)
+                    opened = row.open(node)
+                    children = [unselected(c) for c in opened.children]
+                    children[opened.entries.index(entry)] = new
+                    new = row.rebuild(node, opened.aux, children, True, path, where)
+                return new
             if cls is _Static:
                 assert static is not None  # only ops that edit static fields allow them
                 return static(t)
@@ -342,9 +351,7 @@ class Selection:
                 return t.node
             return t.row.rebuild(t.node, t.opened.aux, children, fills, t.path, where)
 
-        if self.trail is None:
-            return unselected(self.tree)
-        return build(self.trail)
+        return unselected(self.tree) if t is None else build(t)
 
     def mask(self) -> Any:
         """The selection as a boolean tree: `True` at every selected leaf (an element mask
@@ -366,7 +373,7 @@ class Selection:
                 return treedef.unflatten([True] * len(pairs))
             flags = []
             for p, x in pairs:
-                check_element_mask(emask, x, lambda p=p: self.where(s.path + p))
+                check_element_mask(emask, x, functools.partial(self.where, s.path + p))
                 flags.append(jnp.broadcast_to(emask, shape_of(x)))
             return treedef.unflatten(flags)
 
@@ -392,11 +399,18 @@ def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> N
         blocked.append((s.path, getattr(wrapper_of(wrapped[0]), "role", "wrapped"), False))
 
 
+def _the_selection() -> str:
+    return "the selection"
+
+
+_THE_SELECTION = _the_selection
+
+
 def select(
     tree: Any,
     matchers: tuple[Matcher, ...],
     is_leaf: Callable[[Any], bool] | None = None,
-    selection: Callable[[], str] = lambda: "the selection",
+    selection: Callable[[], str] = _THE_SELECTION,
     statics: bool = False,
     opens: bool = False,
 ) -> Selection:

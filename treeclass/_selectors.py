@@ -47,6 +47,7 @@ from ._structure import (
     LIST,
     NAMEDTUPLE,
     TREECLASS,
+    TREECLASS_KIND,
     TUPLE,
     Kind,
     Mismatch,
@@ -57,6 +58,7 @@ from ._structure import (
     node_kind,
     open_node,
     path_str,
+    registered_kind,
     row_of,
     unwrap,
     wrapper_of,
@@ -427,10 +429,16 @@ class _SingleKeyMatcher(Matcher):
         self.key = key
 
     def match(self, walk, state, node, path):
-        row = row_of(node, walk.is_leaf)
+        is_leaf = walk.is_leaf
+        if is_leaf is None:  # `row_of` inlined: the node's exact type, else a TreeClass
+            row = registered_kind(type(node))
+            if row is None:
+                row = TREECLASS_KIND if isinstance(node, _node.TreeNode) else row_of(node)
+        else:
+            row = row_of(node, is_leaf)
         found = row.child(node, self.key)
         if found is not None:
-            return ONE, (*found, row)
+            return ONE, (found[0], found[1], row)
         if walk.static_ok is self and self.key in row.static_names(node):
             return STATIC, self.key
         raise missing_key_error(self.key, node, row.kind, row.open(node), walk.where(path))
@@ -941,7 +949,7 @@ class MaskMatcher(Matcher):
         self.mask = mask
 
     @property
-    def start(self) -> Any:  # type: ignore[override]  # the state is the mask's subtree
+    def start(self) -> Any:  # the state is the mask's subtree
         return self.mask
 
     def match(self, walk, state, node, path):
@@ -1004,7 +1012,7 @@ class UnionMatcher(Matcher):
         self.naming = any(m.naming for m in members)
 
     @property
-    def start(self) -> Any:  # type: ignore[override]  # one state per member
+    def start(self) -> Any:  # one state per member
         return tuple(m.start for m in self.members_)
 
     def members(self) -> Iterator[Matcher]:

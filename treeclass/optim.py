@@ -1,40 +1,16 @@
-"""optax integration: per-leaf optimizers from `.at` selections.
+"""optax integration: per-leaf optimizers from `.at` selections (guide: docs/guides/training.md).
 
-`trainable(transform, model)` is the one call a training loop needs: an optax
-transformation that updates exactly the trainable leaves (`tc.roles`: inexact arrays that
-are neither frozen nor state), or exactly a selection, and leaves every other leaf
-bit-identical under `apply_updates`, with no optimizer state for it.
+`trainable(transform, model)` updates exactly the trainable leaves (`tc.roles`), or a
+selection, and leaves every other leaf bit-identical under `apply_updates`, with no
+optimizer state for it; `mask` and `labels`/`partition` give optax masks and label trees;
+`split`/`merge` part a model for gradients of the trained leaves only; `scale_blocks`
+scales updates per leaf or per block of a stack; `check_mask`/`check_labels` name the key
+path where a tree and the parameters part ways. A declared role outranks a selection
+everywhere here: frozen and state leaves (and `tc.freeze` values) are never trained,
+decayed or given state, and a selection that reaches only them is an error naming them.
+Every helper reads a selection as a value (`_at.selection`): one flag per leaf.
 
-A declared role outranks a selection, in every helper here: a leaf of a frozen or state
-field (and a `tc.freeze` value) is never trained, decayed or given optimizer state,
-whatever the selection; a selection that reaches only such leaves is an error naming
-them.
-
-Three ways to give leaves different treatment, from lightest to most explicit:
-
-- `mask(selection)`: a boolean tree, `True` exactly at the selected leaves, for
-  `optax.masked`, `optax.adamw(mask=...)`, `optax.freeze`, `optax.selective_transform`;
-- `labels(tree, {label: selection}, default=...)`: labels for `optax.multi_transform` /
-  `optax.partition`; `partition(transforms, tree, {label: selection})` builds the
-  optimizer in one call;
-- `tc.freeze` (or `tc.tree_mask`) on the tree itself: frozen leaves are pytree nodes
-  without children, so `opt.init` and `opt.update` never see them. This needs nothing
-  from this module.
-
-`trainable` composes with all three: the transformation it wraps sees only the leaves it
-updates. `scale_blocks(factors)` scales updates by a factor per leaf, or per block along
-the block axis of a stacked leaf (`tc.Stacked`): freeze the first blocks, a learning rate
-per block.
-
-`check_mask` and `check_labels` say where a mask or label tree and the parameters part
-ways, naming the key path, before optax fails with a structure mismatch.
-
-`split(model)` parts a model into the leaves an optimizer trains and the rest, and
-`merge` puts them back: a gradient taken on the first part holds no array for a frozen
-base.
-
-optax is an optional dependency: nothing here imports it, except `partition`, `trainable`
-and `scale_blocks`, which do so when called.
+optax is optional: only `partition`, `trainable` and `scale_blocks` import it, when called.
 """
 
 from __future__ import annotations
@@ -412,26 +388,15 @@ def mask(selection: _T, where: object, /, *more: object, strict: bool = True) ->
 def mask(selection: object, *where: object, strict: bool = True) -> object:
     """A boolean tree, `True` exactly at the leaves a selection picks for training.
 
-    A declared role outranks a selection: a leaf of a field declared
-    `tc.field(role="frozen")` or `tc.field(role="state")`, and a value frozen by
-    `tc.freeze`, is `False` whatever the selection (`model.at[...]`, a class, a glob, a
-    mask tree), so no optimizer decays or trains it through this mask.
-
-    The result has the structure of the selected tree (same node types), with `False`
-    in place of each frozen value (a mask leaf stands for the subtree at its place), so
-    optax accepts it wherever it takes a mask, with or without `tc.optim.trainable`
-    around the transform that takes it: `optax.masked`,
-    `optax.adamw(mask=...)` (and every optimizer with a `mask`/`weight_decay_mask`),
-    `optax.freeze`, `optax.selective_transform(freeze_mask=...)`. Its leaves are plain
-    `bool`s, so it is safe when the model class defines `__call__`: `optax.masked` tells a
-    mask function from a mask tree by its leaves (since the fix of optax issue #913),
-    which are never callable here. (For `optax.multi_transform`, which calls any callable
-    it gets, use `labels`.)
-
-    A selection that selects no leaf at all (a mask or predicate selecting nothing) is an
-    error unless `strict=False`: an optimizer setting built from it would silently change
-    nothing. So is one that reaches only frozen or state leaves; the error names them and
-    their roles.
+    A declared role outranks a selection: frozen and state leaves (and `tc.freeze`
+    values, whose places hold `False`) are `False` whatever the selection. The mask has
+    the structure of the selected tree with plain `bool` leaves (never callable, so safe
+    for a model with `__call__`), so optax takes it wherever it takes a mask:
+    `optax.masked`, `optax.adamw(mask=...)`, `optax.freeze`,
+    `optax.selective_transform(freeze_mask=...)` (for `optax.multi_transform`, use
+    `labels`). An empty selection, or one reaching only frozen or state leaves (named in
+    the error), is an error unless `strict=False`: a setting built from it would change
+    nothing.
 
     **Arguments**
 
@@ -1062,31 +1027,23 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     decay, and no optimizer state. So:
 
     - Python numbers of a hand-written `__init__` (`self.eps = 1e-5`), integer and
-      boolean leaves, state fields (`tc.field(role="state")`: running statistics,
-      counters) and frozen fields (`tc.field(role="frozen")`: a pretrained base) are
-      never trained and hold no optimizer state, although `jax.grad` gives the first
-      ones gradients (every leaf is a leaf);
-    - a declared role outranks a selection: state and frozen leaves are never trained,
-      decayed or given state, whatever the selection (`model.at[...]`, a class, a glob,
-      a mask tree); a selection that reaches only such leaves is an error naming them;
-    - frozen values are not in the state at all (neither are their copies: the state is
-      built on a tree in which they are `optax.MaskedNode()`), so saving the optimizer
-      state stores no frozen array;
-    - the selection is computed once, here, from `selection`. `init` and `update` accept
-      any tree of the same structure: the model itself, an abstract template of it
-      (`jax.eval_shape`, an orbax or `tc.load` restore target), even one whose frozen
-      values differ, or a tree holding `None` where nothing is trained (the gradient of
-      `tc.optim.split`'s trained part: the updates then hold `None` there too). Build it
-      from the model itself, not from such a template: there, Python numbers are
-      abstract arrays, and would be trained.
+      boolean leaves, state and frozen fields are never trained and hold no optimizer
+      state; a declared role outranks a selection (one reaching only such leaves is an
+      error naming them);
+    - frozen values are not in the state at all (it is built on a tree in which they are
+      `optax.MaskedNode()`), so a saved optimizer state holds no frozen array;
+    - the selection is computed once, here, from the model itself (not from an abstract
+      template, whose Python numbers are arrays and would be trained). `init` and
+      `update` accept any tree of the same structure: the model, an abstract template
+      (`jax.eval_shape`, a restore target), one whose frozen values differ, or one holding
+      `None` where nothing is trained (`tc.optim.split`'s gradient; the updates then hold
+      `None` there too).
 
-    Apply the updates with `tc.optim.apply_updates`, not `optax.apply_updates`, which
-    casts every sum (a weakly typed leaf comes back strongly typed, so the next jitted
-    step compiles anew; a NumPy int64 or float64 leaf comes back 32-bit): no update can
-    undo that cast. Unlike `optax.masked`, which passes the other leaves' raw gradients
-    through (the loop would then apply them), and `optax.set_to_zero`, which writes `0.0`
-    (so `-0.0` becomes `0.0`), the other leaves come out bit-identical: same shape,
-    dtype, weak type and bits.
+    Apply the updates with `tc.optim.apply_updates`: `optax.apply_updates` casts every sum
+    (a weak type becomes strong, so the next jitted step compiles anew; NumPy 64-bit
+    leaves come back 32-bit). Unlike `optax.masked` (which passes the other leaves' raw
+    gradients through) and `optax.set_to_zero` (which turns `-0.0` into `0.0`), the other
+    leaves come out bit-identical.
 
     **Arguments**
 
