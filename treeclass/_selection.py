@@ -27,8 +27,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._node import TreeNode
 from ._selectors import EACH, NO, ONE, STATIC, YES, Matcher
-from ._structure import LEAF, NodeKind, Opened, is_wrapper, node_kind, path_str, row_of, wrapper_of
+from ._structure import (
+    LEAF,
+    TREECLASS_KIND,
+    NodeKind,
+    Opened,
+    is_wrapper,
+    node_kind,
+    path_str,
+    registered_kind,
+    row_of,
+    wrapper_of,
+)
 from ._util import add_leaf_note
 
 __all__ = [
@@ -174,14 +186,24 @@ class Selection:
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
         hops: list[tuple[Any, ...]] | None = None
         n = self.n
+        plain = self.is_leaf is None and not self.opens
         while i < n:
             matcher = self.matchers[i]
-            verdict = matcher.match(self, matcher.start, node, path)
-            if verdict[0] != ONE or self.opens:
-                sub = self.level(node, path, i, emask, matcher, verdict)
-                break
-            # a name or an index, the hot path: one child, the node left unopened
-            entry, child, row = verdict[1]
+            found = None
+            if plain and matcher.one_key:  # a name or an index, the hot path: `match` inlined
+                row = registered_kind(type(node))
+                if row is None:
+                    row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+                found = row.child(node, matcher.key)  # type: ignore[attr-defined]
+            if found is None:
+                verdict = matcher.match(self, matcher.start, node, path)
+                if verdict[0] != ONE or self.opens:
+                    sub = self.level(node, path, i, emask, matcher, verdict)
+                    break
+                found = verdict[1]
+                row = found[2]
+            # one child, the node left unopened
+            entry, child = found[0], found[1]
             if hops is None:
                 hops = []
             hops.append((row, node, path, entry, child))

@@ -276,6 +276,7 @@ class Matcher:
     sees_into_frozen = False
     names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
     naming = False  # it is, or holds, a matcher that names something
+    one_key = False  # a name or an index (its `key`): the walker may look the child up
 
     def match(self, walk: Walk, state: Any, node: Any, path: tuple[Any, ...]) -> tuple[int, Any]:
         raise NotImplementedError
@@ -424,6 +425,7 @@ class _SingleKeyMatcher(Matcher):
     missing it is an error."""
 
     __slots__ = ("key",)
+    one_key = True
 
     def __init__(self, key: Any) -> None:
         self.key = key
