@@ -36,6 +36,7 @@ FLOORS = {
     "_selectors": 4,
     "_pprint_registry": 4,
     "_pprint": 5,
+    "_selection": 5,
     "_pprint_html": 6,
     "_calls": 6,
     "_at": 7,

@@ -1,19 +1,9 @@
 """The `.at[...]` indexer: select parts of any pytree and get a new tree back.
 
-How it stays fast: selectors are compiled once, when indexed (`_selectors.py`). An
-operation then walks the tree from the root. A plain name or index is looked up directly
-(a TreeClass child by name, a dict child `node[key]`, a sequence child `node[i]`), so a
-chain of them costs what the path is deep, not what the tree is big. Only the nodes on the
-path to a change are rebuilt, and a TreeClass is rebuilt as a copy with one child replaced:
-its layout (names, static values) is unchanged, so the copy stays valid without running
-`__init__` or re-flattening. Every other selector (masks, classes, predicates, globs,
-`...`) visits each node below its level once, and an unchanged subtree is returned as the
-same object, never rebuilt.
-
-Errors are the user's to read: every error raised by a user function (`apply`, `scan`,
-`reduce`, a `where` predicate) gets a note naming the key path it was called at, and a
-selector that names something (a glob, a regex, a `BaseKey`) but selects nothing is an
-error, not a silent no-op.
+Selectors are compiled once, when indexed (`_selectors`); an operation selects (one walk,
+`_selection.select`), then puts its values at the selected spots (`_Run`), rebuilding
+only the nodes on the way to them. Every error raised by a user function (`apply`,
+`scan`, `reduce`, a `where` predicate) gets a note naming the key path it was called at.
 """
 
 from __future__ import annotations
@@ -29,11 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import GetAttrKey
 from jax.typing import ArrayLike
 
 from ._calls import call_method
-from ._node import TreeNode
 from ._numbers import (
     NUMBER_TYPES,
     NumberRangeError,
@@ -44,11 +32,17 @@ from ._numbers import (
     number_value,
     plain_float_limit,
 )
+from ._selection import (
+    Selection,
+    Spot,
+    aligned_mask,
+    broadcasts_to,
+    check_element_mask,
+    note_blocked,
+    select,
+    shape_of,
+)
 from ._selectors import (
-    DESCEND,
-    MATCH,
-    NOTHING,
-    SELF,
     IndexMatcher,
     MaskMatcher,
     Matcher,
@@ -58,15 +52,9 @@ from ._selectors import (
     slice_text,
 )
 from ._structure import (
-    LEAF,
-    TREECLASS_KIND,
-    NodeKind,
     entry_name,
     is_leaf_node,
-    is_wrapper,
-    node_kind,
     path_str,
-    registered_kind,
     root_name,
     row_of,
     wrapper_of,
@@ -74,7 +62,7 @@ from ._structure import (
 from ._util import add_leaf_note, check_callable
 from ._values import readable_here, sharding_spec, short_repr
 
-__all__ = ["AtIndexer", "at"]
+__all__ = ["AtIndexer", "at", "selection"]
 
 T = TypeVar("T")
 _A = TypeVar("_A")  # a fold's initial accumulator
@@ -82,27 +70,12 @@ _R = TypeVar("_R")  # what a fold's function returns
 _S = TypeVar("_S")  # a scan's state
 _MISSING: Any = object()
 
-ONLY_BLOCKED_MSG = (
-    "The selection {selection} reaches no leaves: it only reaches {what}. Static fields "
-    "(`tc.field(static=True)`) are part of the tree definition, and wrapped values (frozen "
-    "by `tc.freeze`, or of another wrapper kind) are nodes without children, so neither is "
-    "a leaf. To edit wrapped values, select them as leaves:\n"
-    "    {selection}.apply(fn, is_leaf=tc.is_masked)\n"
-    "or unwrap them first (`tc.unfreeze`, `tc.tree_unmask`)."
-)
 WRAPPED_FILL_MSG = (
     "Cannot put a number at {where}: the leaf is an array inside {what}, which a number fills "
     "keeping its shape and dtype, but its kind of node gives no way to wrap the filled array "
     "again (its row's `Wrapper.rewrap` is None). Put a whole value instead:\n"
     "    before: tree.at[where].set(0.0, is_leaf=...)\n"
     "    after:  tree.at[where].apply(lambda w: <w's kind around a filled array>, is_leaf=...)"
-)
-FROZEN_IN_THE_WAY_MSG = (
-    "The selection {selection} reaches no leaves: the pattern goes on inside {what}. A wrapped "
-    "value (frozen by `tc.freeze`, or of another wrapper kind) is a node without children, so "
-    "nothing inside it can be selected, not even with `is_leaf=tc.is_masked` (that selects "
-    "the wrapped value whole). Unwrap it first (`tc.unfreeze`, or `tc.tree_unmask` for a "
-    "whole tree), or select the wrapped value itself with a pattern that ends at it."
 )
 TRACED_MASK_GET_MSG = (
     "Cannot take `leaf[mask]` at {where}: the element mask is traced (inside `jax.jit`, "
@@ -144,11 +117,6 @@ ELEMENT_VALUE_TYPE_MSG = (
     "instead (a name, or a bool for the leaf rather than an array of bools):\n"
     "    before: tree.at[element_mask].apply(tc.freeze)\n"
     "    after:  tree.at['name'].apply(tc.freeze)"
-)
-ELEMENT_MASK_SHAPE_MSG = (
-    "The element mask at {where} has shape {mask_shape}, but the leaf there has shape "
-    "{leaf_shape}: an element mask selects elements of its leaf, so it must have the leaf's "
-    "shape (or broadcast to it without changing it)."
 )
 ELEMENT_VALUE_SHAPE_MSG = (
     "Cannot set elements of the leaf at {where} (shape {leaf_shape}) to a value of shape "
@@ -244,32 +212,6 @@ def _note_fn(error: BaseException, fn: object, where: str, selection: str) -> No
     add_leaf_note(error, FN_NOTE.format(fn=name, where=where, selection=selection))
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    shape = getattr(x, "shape", None)
-    if shape is not None:
-        return tuple(shape)
-    return () if isinstance(x, (int, float, complex, bool)) else np.shape(x)
-
-
-def _broadcasts_to(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
-    """Whether an array of shape `small` broadcasts to `big` without changing `big`."""
-    if small == big or not small:
-        return True
-    if len(small) > len(big):
-        return False
-    return all(s == 1 or s == b for s, b in zip(reversed(small), reversed(big)))
-
-
-def _check_element_mask(mask: object, leaf: object, where: Callable[[], str]) -> None:
-    mask_shape, leaf_shape = _shape(mask), _shape(leaf)
-    if not _broadcasts_to(mask_shape, leaf_shape):
-        raise ValueError(
-            ELEMENT_MASK_SHAPE_MSG.format(
-                where=where(), mask_shape=mask_shape, leaf_shape=leaf_shape
-            )
-        )
-
-
 def _is_element_value(x: object) -> bool:
     # what `jnp.where` can take elements from: arrays, scalars (also NumPy's), tracers
     return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
@@ -279,9 +221,9 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
     if not _is_element_value(new):
         raise TypeError(ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new)))
-    _check_element_mask(mask, old, where)
-    old_shape, new_shape = _shape(old), _shape(new)
-    if not _broadcasts_to(new_shape, old_shape):
+    check_element_mask(mask, old, where)
+    old_shape, new_shape = shape_of(old), shape_of(new)
+    if not broadcasts_to(new_shape, old_shape):
         raise ValueError(
             ELEMENT_VALUE_SHAPE_MSG.format(
                 where=where(), leaf_shape=old_shape, value_shape=new_shape
@@ -302,7 +244,7 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_m
 
     `traced_msg` is the error when the mask is traced: the operation's own.
     """
-    _check_element_mask(mask, x, where)
+    check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
     if isinstance(mask, Tracer):
@@ -430,58 +372,36 @@ def _executor_args(is_parallel: object) -> dict[str, Any] | None:
     raise TypeError(PARALLEL_ARG_MSG.format(value=is_parallel))
 
 
-# -- the walker ----------------------------------------------------------------------------
+# -- one operation over a selection -------------------------------------------------------------
 
 
-class _Walker:
-    """One operation's traversal: which nodes the selectors reach, and what the op does there."""
+class _Run:
+    """One operation over a selection: what the op puts at each spot, and the leaves it
+    reaches (`count`: none, and only wrapped values or static fields reached, is an error)."""
 
     __slots__ = (
-        "root",
-        "matchers",
-        "n",
+        "selection",
         "op",
         "is_leaf",
-        "fills",
         "count",
         "blocked",
-        "hits",
-        "kept",
-        "selection",
         "pool",
         "pending",
         "traced_value",
-        "where_text",
+        "where",
     )
 
     def __init__(
-        self,
-        root: object,
-        matchers: tuple[Matcher, ...],
-        op: _Op,
-        is_leaf: Callable[[Any], bool] | None,
-        selection: Callable[[], str],
-        pool: concurrent.futures.Executor | None = None,
+        self, selection: Selection, op: _Op, pool: concurrent.futures.Executor | None = None
     ):
-        self.root = root
-        self.matchers = matchers
-        self.n = len(matchers)
-        self.op = op
-        self.is_leaf = is_leaf
-        self.fills = op.fills
-        self.count = 0  # selected leaves: an empty selection of only frozen/static is an error
-        # what held no leaves: `(path, why, by_matcher)`, by a matcher (a static field or a
-        # frozen value in a pattern's way) or at a selected spot (only frozen values there)
-        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []
-        # the naming matchers that selected something; they add themselves (a C-level
-        # `set.add` per match, through the state `enter` gave them)
-        self.hits: set[Matcher] = set()
-        self.kept: dict[int, list[Any]] = {}  # what each matcher keeps for its errors
         self.selection = selection
+        self.op = op
+        self.is_leaf = selection.is_leaf
+        self.where = selection.where
+        self.count = 0
+        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []  # spots of wrapped values only
         self.pool = pool
         self.pending = False
-        # `where` for the rows, bound once per walk; `run` unbinds it (a reference cycle)
-        self.where_text = self.where
         # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
         # at once, and refused at the first selected spot
         self.traced_value = (
@@ -490,162 +410,40 @@ class _Walker:
             and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
         )
 
-    # helpers the matchers call back
-    def where(self, path: tuple[Any, ...]) -> str:
-        return path_str(self.root, path)
-
-    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
-        self.blocked.append((path, why, True))
-
-    def notes(self, matcher: Matcher) -> list[Any]:
-        return self.kept.setdefault(id(matcher), [])
-
-    # the traversal
     def run(self) -> Any:
-        try:
-            out = self.walk(self.root, (), 0, None)
-        finally:
-            del self.where_text  # no cycle left: the walker is freed once it is done
-        unmatched = None  # the first naming selector that named nothing
-        for matcher in self.matchers:
-            if matcher.single_key:  # a missing name or index raised already, in the walk
-                continue
-            for member in matcher.members():
-                if member.names_something and member not in self.hits:
-                    unmatched = member
-                    break
-            if unmatched is not None:
-                break
-        # Selected spots holding only frozen values do not explain a glob, regex or
-        # BaseKey that matched no key at all: the typo is said first.
-        if (
-            self.count == 0
-            and self.blocked
-            and (unmatched is None or any(b[2] for b in self.blocked))
-        ):
-            raise LookupError(self.blocked_message())
-        if unmatched is not None:
-            raise unmatched.no_match_error(self, self.selection())
-        if self.pending:
-            out = self.resolve(out)
+        op = self.op
+        out = self.selection.rebuild(
+            self.spot, self.static_spot, fills=op.fills, fill=op.fill_value
+        )
+        self.selection.check(self.count, self.blocked)
+        return self.resolve(out) if self.pending else out
+
+    def spot(self, s: Spot) -> Any:
+        if self.pool is not None:  # as `call` refuses `apply`'s traced leaves, for every op
+            for p, leaf in jax.tree_util.tree_flatten_with_path(s.node, is_leaf=self.is_leaf)[0]:
+                if isinstance(leaf, Tracer):
+                    raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(s.path + p)))
+            if self.traced_value:
+                raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(s.path)))
+        before = self.count
+        out = self.op.spot(self, s.node, s.path, s.emask)
+        if self.count == before:
+            note_blocked(s, self.blocked)
         return out
 
-    def blocked_message(self) -> str:
-        what = ", ".join(f"{self.where(p)} ({why})" for p, why, _ in self.blocked[:8])
-        if len(self.blocked) > 8:
-            what += f" and {len(self.blocked) - 8} more"
-        if all(why != "a static field" and by_matcher for _, why, by_matcher in self.blocked):
-            return FROZEN_IN_THE_WAY_MSG.format(selection=self.selection(), what=what)
-        return ONLY_BLOCKED_MSG.format(selection=self.selection(), what=what)
-
-    def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
-        if i == self.n:
-            before = self.count
-            out = self.op.spot(self, node, path, emask)
-            if self.count == before:
-                wrapped = jax.tree_util.tree_leaves(node, is_leaf=is_wrapper)
-                if wrapped:  # only wrapped values here: labelled with their role
-                    self.blocked.append(
-                        (path, getattr(wrapper_of(wrapped[0]), "role", "frozen"), False)
-                    )
-            return out
-        matcher = self.matchers[i]
-        if matcher.single_key and not self.fills:
-            return self.walk_key(node, path, i, emask, matcher)
-        return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
-
-    def walk_key(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any) -> Any:
-        # The fast path: the row of the node's kind finds one child by name or index, and
-        # replaces it, so only the nodes on the path are rebuilt.
-        key = matcher.key
-        is_leaf = self.is_leaf
-        if is_leaf is None:  # `row_of` inlined: the node's exact type, else a TreeClass
-            row = registered_kind(type(node))
-            if row is None:
-                row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
-        else:
-            row = row_of(node, is_leaf)
-        found = row.child(node, key)
-        if found is not None:
-            entry, child = found
-            child_path = path + (entry,)
-            new = self.walk(child, child_path, i + 1, emask)
-            if new is child:
-                return node
-            return row.replace(node, entry, child, new, path, self.where_text)
-        if i + 1 == self.n and self.op.edits_static and key in row.static_names(node):
-            return self.static_spot(node, row, path + (GetAttrKey(key),), key)
-        # a key that is missing: the general path raises the error naming it
-        return self.level(node, path, i, emask, matcher, matcher.initial(node, path, self))
-
-    def level(self, node: Any, path: tuple, i: int, emask: Any, matcher: Any, state: Any) -> Any:
-        row = row_of(node, self.is_leaf)
-        kind = row.kind
-        opened = row.open(node)
-        code, payload = matcher.enter(state, node, kind, opened, path, self)
-        if code == SELF:
-            return self.walk(node, path, i + 1, _and_masks(emask, payload))
-        if code == NOTHING or opened is None:
-            return self.unselected(node)
-        entries, children, aux = opened
-        fills = self.fills
-        changed = False
-        step = matcher.step
-        # more selectors follow a matcher that sees into frozen values: a frozen match stops
-        stops = matcher.sees_into_frozen and i + 1 < self.n
-        for k, child in enumerate(children):
-            entry = entries[k]
-            child_path = path + (entry,)
-            try:
-                code, result = step(payload, k, entry, child, child_path)
-            except Exception as error:
-                add_leaf_note(
-                    error,
-                    f"raised while matching {matcher!r} at {self.where(child_path)} "
-                    f"(in {self.selection()})",
-                )
-                raise
-            if code == MATCH:
-                if stops and is_wrapper(child):  # nothing below a frozen value is selectable
-                    self.record_blocked(child_path, wrapper_of(child).role)  # type: ignore[union-attr]
-                    new = self.unselected(child)
-                else:
-                    new = self.walk(child, child_path, i + 1, _and_masks(emask, result))
-            elif code == DESCEND:
-                new = self.level(child, child_path, i, emask, matcher, result)
-            elif fills:
-                new = self.unselected(child)
-            else:
-                continue
-            if new is not child:
-                children[k] = new  # `children` is a fresh list from open_node
-                changed = True
-        matcher.finish(payload, node, kind, opened, path, self)
-        if not changed:
-            return node
-        return row.rebuild(node, aux, children, fills, path, self.where_text)
-
-    def static_spot(self, node: object, row: NodeKind, path: tuple[Any, ...], name: str) -> Any:
+    def static_spot(self, s: Any) -> Any:
         """A static field named last in the selection, set or applied to: a new structure.
 
         The copy gets the field's new value through its `on_setattr` callbacks (a
         configuration value is validated, as in `__init__` and `replace`) and the layout
         of its new static values; the children are shared.
         """
-        old = row.static_values(node).get(name, _MISSING)
+        old = s.row.static_values(s.node).get(s.name, _MISSING)
         if old is _MISSING:  # declared static, but this instance never set it
-            raise LookupError(STATIC_UNSET_MSG.format(where=self.where(path), name=name))
+            raise LookupError(STATIC_UNSET_MSG.format(where=self.where(s.path), name=s.name))
         self.count += 1
-        new = self.op.static_value(self, old, path)
-        return node if new is old else row.with_static(node, name, new)
-
-    def unselected(self, node: Any) -> Any:
-        if not self.fills:
-            return node
-        fill = self.op.fill_value
-        if node_kind(node, self.is_leaf) == LEAF:
-            return fill
-        return jax.tree_util.tree_map(lambda _: fill, node, is_leaf=self.is_leaf)
+        new = self.op.static_value(self, old, s.path)
+        return s.node if new is old else s.row.with_static(s.node, s.name, new)
 
     def call(
         self,
@@ -672,14 +470,13 @@ class _Walker:
         return result if finish is None else finish(result)
 
     def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
-        _note_fn(error, fn, self.where(path), self.selection())
+        _note_fn(error, fn, self.where(path), self.selection.selection())
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
         """The user's `fn` over the leaves of a selected subtree, counting them.
 
         The subtree is flattened without keys: a failing leaf's key path is only worked
-        out on the error path (or for the thread pool, which names each pending leaf). A
-        selected leaf comes here only under the thread pool.
+        out on the error path (or for the thread pool, which names each pending leaf).
         """
         if self.pool is not None:
 
@@ -720,44 +517,14 @@ class _Walker:
             try:
                 result = x.future.result()
             except Exception as error:
+                selection = self.selection.selection()
                 add_leaf_note(
-                    error,
-                    f"raised at {self.where(x.path)} (in {self.selection()}, run with is_parallel)",
+                    error, f"raised at {self.where(x.path)} (in {selection}, run with is_parallel)"
                 )
                 raise
             return result if x.finish is None else x.finish(result)
 
         return jax.tree_util.tree_map(value, tree, is_leaf=lambda x: type(x) is _Pending)
-
-
-class _ParallelWalker(_Walker):
-    """A traversal under `is_parallel`: a selected spot with a traced leaf (or a traced value
-    to set there) raises first, for every operation alike; the plain walker does not pay for
-    the check."""
-
-    __slots__ = ()
-
-    def walk(self, node: object, path: tuple[Any, ...], i: int, emask: object) -> Any:
-        if i == self.n:  # as `call` refuses `apply`'s traced leaves
-            for p, leaf in jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0]:
-                if isinstance(leaf, Tracer):
-                    raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path + p)))
-            if self.traced_value:
-                raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(path)))
-        return super().walk(node, path, i, emask)
-
-
-def _any_true(flag: object) -> bool:
-    """Whether a flag of `mask()` selects its leaf, in whole or in part."""
-    return flag is True or (flag is not False and bool(np.any(np.asarray(flag))))
-
-
-def _and_masks(outer: Any, inner: Any) -> Any:
-    if outer is None:
-        return inner
-    if inner is None:
-        return outer
-    return jnp.logical_and(outer, inner)
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -771,10 +538,10 @@ class _Op:
     fill_value: Any = None
     edits_static = False  # whether a static field named last is set (`set`, `apply`)
 
-    def spot(self, walker: _Walker, node: object, path: tuple, emask: ArrayLike | None) -> Any:
+    def spot(self, walker: _Run, node: object, path: tuple, emask: ArrayLike | None) -> Any:
         raise NotImplementedError
 
-    def static_value(self, walker: _Walker, old: object, path: tuple) -> Any:
+    def static_value(self, walker: _Run, old: object, path: tuple) -> Any:
         """The new value of a static field (only for ops with `edits_static`)."""
         raise NotImplementedError
 
@@ -802,30 +569,7 @@ class _Get(_Op):
         return _map_with_paths(walker, take, node, path)
 
 
-class _Mask(_Op):
-    """The selection as a value: `True` at every selected leaf, `False` elsewhere.
-
-    Under an element mask a selected leaf gets the mask, broadcast to the leaf's shape.
-    Nodes are rebuilt by their rows, so a node that shows `.at` other children than its
-    JAX flatten (a stack of blocks) gathers its children's flags as it gathers values
-    (one flag per block: a bool array along the block axis).
-    """
-
-    __slots__ = ()
-    fills = True
-    fill_value = False
-
-    def spot(self, walker, node, path, emask):
-        def flag(x: object, where: tuple) -> Any:
-            if emask is None:
-                return True
-            _check_element_mask(emask, x, lambda: walker.where(where))
-            return jnp.broadcast_to(emask, _shape(x))
-
-        return _map_with_paths(walker, flag, node, path)
-
-
-def _map_with_paths(walker: _Walker, fn: Callable[..., Any], node: object, path: tuple) -> Any:
+def _map_with_paths(walker: _Run, fn: Callable[..., Any], node: object, path: tuple) -> Any:
     """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them.
 
     Key paths for the operations whose checks name the leaf's path themselves, or that run
@@ -1050,14 +794,13 @@ class _Scan(_Op):
 _NO_FAST_PATH = object()
 
 
-def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
+def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
     """`tree.at[mask].set/apply` for a mask with exactly the tree's structure.
 
-    The most common mask (`tree > 0`, or one built with `tree_map`) lines up leaf for
-    leaf, so one C-level flatten of each and a zip replace the general walk. Anything
-    unusual (a prefix mask, a non-bool leaf, a selection of nothing) returns
-    `_NO_FAST_PATH`, and the general walk reports it. Key paths are only computed on the
-    error path.
+    The most common mask (`tree > 0`, or one built with `tree_map`) is a selection already,
+    read leaf by leaf (`aligned_mask`: one C-level flatten of each and a zip); anything
+    else returns `_NO_FAST_PATH`, for the walk. Key paths are only computed on the error
+    path.
     """
     if type(op) is _Apply:
         fn = op.fn
@@ -1066,32 +809,10 @@ def _whole_mask_fast_path(tree: Any, mask: Any, op: _Op, selection: Callable[[],
         fn = None
     else:
         return _NO_FAST_PATH
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    flags, mask_def = jax.tree_util.tree_flatten(mask)
-    if mask_def != treedef:
+    found = aligned_mask(tree, mask)
+    if found is None:
         return _NO_FAST_PATH
-    # per leaf: False (not selected), True (whole), or the shape of an element mask when it
-    # is the leaf's (`x > 0`), else None (a 0-d mask, which broadcasts)
-    spots: list[Any] = []
-    for flag, leaf in zip(flags, leaves):
-        if flag is True or flag is False:
-            spots.append(flag)
-        elif type(flag) is np.bool_:
-            spots.append(bool(flag))
-        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
-            shape = flag.shape
-            if not shape:
-                spots.append(None)
-            elif shape == _shape(leaf):
-                spots.append(shape)
-            else:
-                # a mask that broadcasts to its leaf, or fits it only as `.at` opens the tree
-                # (one flag per block of a stack): the walk knows which
-                return _NO_FAST_PATH
-        else:
-            return _NO_FAST_PATH
-    if not any(spot is not False for spot in spots):
-        return _NO_FAST_PATH
+    leaves, treedef, flags, spots = found
     out = []
 
     def where(index: int) -> str:
@@ -1175,24 +896,9 @@ class AtIndexer(Generic[T]):
     Later selectors apply relative to each node selected before them:
     `model.at[Linear]["weight"]`.
 
-    **Operations** (each accepts `is_leaf=`, treating more nodes as leaves; `get`, `set`
-    and `apply` accept `is_parallel=`, see `apply`)
-
-    - `.get(fill_value=None)`: the same structure, unselected leaves replaced by
-      `fill_value`;
-    - `.set(value)`: `value` is a leaf (put at every selected leaf), a tree with the
-      structure of the selected subtree (or a prefix of it), or a tree with the structure
-      of the whole tree (values taken where selected); any other value is put whole at
-      each selected spot (a tuple at a leaf, a frozen value in place of a subtree);
-    - `.apply(fn)`: `fn` applied to every selected leaf;
-    - `.reduce(fn, initializer=...)`: `fn(accumulator, leaf)` folded over the selected
-      leaves in flatten order;
-    - `.scan(fn, state)`: `new_leaf, state = fn(leaf, state)` over the selected leaves;
-      returns `(new_tree, final_state)`;
-    - `.pluck(count=None)`: the selected subtrees themselves, as a list;
-    - `tree.at["method"](*args, **kwargs)` (a `TreeClass`): runs the method on a copy in
-      which every node may be mutated; returns `(return_value, new_tree)`. Nested:
-      `tree.at["child"]["method"]()`.
+    **Operations** (each documented on its method; each accepts `is_leaf=`): `.get`,
+    `.set`, `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
+    `tree.at["method"](*args, **kwargs)` (a method run on a mutable copy).
 
     ```python
     import jax, jax.numpy as jnp
@@ -1247,23 +953,28 @@ class AtIndexer(Generic[T]):
     def _selection(self) -> str:
         return _selection_str(self.tree, self.where)
 
+    def _select(
+        self, is_leaf: Callable[[Any], bool] | None = None, op: _Op | None = None
+    ) -> Selection:
+        """The selection as a value: what `self.where` reaches (for `op`: a static field
+        named last for `set`/`apply`, opened nodes for `get`)."""
+        statics, opens = (False, False) if op is None else (op.edits_static, op.fills)
+        return select(self.tree, self._matchers, is_leaf, self._selection, statics, opens)
+
     def _run(
         self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
     ) -> Any:
-        pool_args = _executor_args(is_parallel)
+        pool_args = None if is_parallel is False else _executor_args(is_parallel)
+        matchers = self._matchers
         if pool_args is None:
-            if (
-                is_leaf is None
-                and len(self._matchers) == 1
-                and type(self._matchers[0]) is MaskMatcher
-            ):
-                out = _whole_mask_fast_path(self.tree, self._matchers[0].mask, op, self._selection)
+            if is_leaf is None and len(matchers) == 1 and type(matchers[0]) is MaskMatcher:
+                out = _aligned_mask_op(self.tree, matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
-            return _Walker(self.tree, self._matchers, op, is_leaf, self._selection).run()
+            found = select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
+            return _Run(found, op).run()
         with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-            walker = _ParallelWalker(self.tree, self._matchers, op, is_leaf, self._selection, pool)
-            return walker.run()
+            return _Run(self._select(is_leaf, op), op, pool).run()
 
     def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
@@ -1296,7 +1007,7 @@ class AtIndexer(Generic[T]):
         ```
         """
         check_callable(is_leaf, "AtIndexer.mask", "is_leaf", optional=True)
-        return self._run(_Mask(), is_leaf)
+        return self._select(is_leaf).mask()
 
     def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
         """The key paths of the leaves the selection reaches, in flatten order.
@@ -1324,10 +1035,7 @@ class AtIndexer(Generic[T]):
         ```
         """
         check_callable(is_leaf, "AtIndexer.paths", "is_leaf", optional=True)
-        flags = self._run(_Mask(), is_leaf)
-        pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=is_leaf)[0]
-        marks = jax.tree_util.tree_leaves(flags, is_leaf=is_leaf)
-        return [path for (path, _), flag in zip(pairs, marks, strict=True) if _any_true(flag)]
+        return self._select(is_leaf).paths()
 
     def get(
         self,
@@ -1632,6 +1340,12 @@ class AtIndexer(Generic[T]):
                 CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
             )
         return call_method(self.tree, where[:-1], where[-1], args, kwargs)
+
+
+def selection(indexer: AtIndexer[Any], is_leaf: Callable[[Any], bool] | None = None) -> Selection:
+    """The selection `indexer` makes, as a value (`_selection.Selection`): its `flags()`,
+    `paths()` and `mask()` are what `tc.optim`, the sharding rules and `tc.load(where=)` read."""
+    return indexer._select(is_leaf)
 
 
 def at(tree: T, where: Sequence[Any] | None = ()) -> AtIndexer[T]:

@@ -1,34 +1,33 @@
-"""Selectors for `.at[...]`: what each kind of selector matches, one tree level at a time.
+"""Selectors for `.at[...]`: what each kind of selector matches, one node at a time.
 
 A selector is compiled once (by `compile_selector`, when `.at[...]` is indexed) into a
 *matcher*: `compile_selector` looks the selector's type up in a table (`BaseKey.def_alias`
-and `at.def_rule` add types of the user's to it). The walker in `_at.py` drives every
-matcher through the same small protocol, so that unions (`at["a", Linear]`) and chains
-combine freely:
+and `at.def_rule` add types of the user's to it). A matcher has one method,
+`match(walk, state, node, path) -> verdict`, which the one walker (`_selection.select`)
+asks of the node a level starts at (`state` is the matcher's `start`) and then of the
+children its verdicts lead to, so that unions (`at["a", Linear]`) and chains combine
+freely. A verdict is `(code, payload)`:
 
-- `initial(node, path, walker)`: the matcher's state when its level starts at `node`;
-- `enter(state, node, kind, opened, path, walker)`: looking into `node` (whose children
-  are `opened`, or `None` for a leaf), answer `(Enter.SELF, mask)` (the node itself is
-  selected, `mask` an element mask or `None`), `(Enter.NOTHING, None)`, or
-  `(Enter.CHILDREN, node_state)`;
-- `step(node_state, k, entry, child, child_path)`: for the `k`-th child answer
-  `(Step.PRUNE, None)`, `(Step.MATCH, mask)` or `(Step.DESCEND, state)` (keep looking
-  below it, at the same level);
-- `finish(node_state, node, kind, opened, path, walker)`: raise when a required key was
-  not found.
+- `(NO, None)`: not selected, nothing below; `(YES, mask)`: selected (`mask`: an element
+  mask, or `None` for the whole node);
+- `(EACH, state)`: not selected; match every child with `state`; `(ZIP, (opened,
+  states))`: the same with one state per child of `opened` (the node's opening);
+- `(ONE, (entry, child, row))`: the one child a name or index selects, found by the
+  node's `row` without opening the node (a chain of names costs what the path is deep);
+- `(STATIC, name)`: a static field named last in a `set`/`apply` (`walk.static_ok`).
 
-A selector that *names* something (a glob, a regex, a `BaseKey`) must select something:
-it records each match with the walker, and `no_match_error` explains an empty selection
-with the closest existing keys. Node access (opening, one child by key, static parts,
-wrappers) is the row of the node's kind in `_structure`'s table (`row_of`): a stack of
-blocks, say, opens into its blocks there. The glob language (`tc.glob`: parsing, the automaton) is
-`_glob.py`'s; `GlobMatcher` here runs it over a tree.
+A selector that *names* something (a glob, a regex, a `BaseKey`, a name) must select
+something: a missing name raises at once, the others record each match with the walk,
+and `no_match_error` explains an empty selection with the closest existing keys. Node
+access (opening, one child by key, static parts, wrappers) is the row of the node's kind
+in `_structure`'s table (`row_of`): a stack of blocks, say, opens into its blocks there.
+The glob language (`tc.glob`: parsing, the automaton) is `_glob.py`'s; `GlobMatcher`
+here runs it over a tree.
 """
 
 from __future__ import annotations
 
 import abc
-import enum
 import functools
 import re
 from collections.abc import Callable, Iterator
@@ -48,6 +47,7 @@ from ._structure import (
     LIST,
     NAMEDTUPLE,
     TREECLASS,
+    TREECLASS_KIND,
     TUPLE,
     Kind,
     Mismatch,
@@ -58,8 +58,8 @@ from ._structure import (
     node_kind,
     open_node,
     path_str,
+    registered_kind,
     row_of,
-    selects,
     unwrap,
     wrapper_of,
 )
@@ -73,12 +73,15 @@ __all__ = [
     "where",
     "def_rule",
     "NonBoolMaskError",
-    # what the walker (`_at`) and method calls (`_calls`) use
+    # what the walker (`_selection`) and method calls (`_calls`) use
     "Matcher",
-    "SELF",
-    "NOTHING",
-    "MATCH",
-    "DESCEND",
+    "Walk",
+    "NO",
+    "YES",
+    "EACH",
+    "ZIP",
+    "ONE",
+    "STATIC",
     "NameMatcher",
     "IndexMatcher",
     "MaskMatcher",
@@ -239,40 +242,22 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
 
 # -- the matcher protocol ------------------------------------------------------------------------
 
-
-class Enter(enum.IntEnum):
-    """What a matcher says on entering a node."""
-
-    SELF = 0  # the node itself is selected (payload: an element mask or None)
-    NOTHING = 1  # nothing here or below
-    CHILDREN = 2  # look at the children (payload: the matcher's state for them)
+# A verdict: `(code, payload)`, what a matcher says of one node (see the module docstring).
+NO, YES, EACH, ZIP, ONE, STATIC = range(6)
+_NO = (NO, None)
+_YES = (YES, None)
 
 
-class Step(enum.IntEnum):
-    """What a matcher says of one child."""
-
-    PRUNE = 0  # not selected, not looked into
-    MATCH = 1  # selected (payload: an element mask or None)
-    DESCEND = 2  # not selected, but look below it at the same level (payload: state)
-
-
-SELF, NOTHING, CHILDREN = Enter
-PRUNE, MATCH, DESCEND = Step
-_PRUNED = (PRUNE, None)
-_MATCHED = (MATCH, None)
-_NOTHING = (NOTHING, None)
-_SELF = (SELF, None)
-
-
-class Walker(Protocol):
-    """What a matcher may ask of the walker that drives it (`_at`'s walker implements it)."""
+class Walk(Protocol):
+    """What a matcher may ask of the walk that drives it (`_selection`'s walker)."""
 
     is_leaf: Callable[[Any], bool] | None
     hits: set[Matcher]  # the naming matchers that selected something
+    static_ok: Matcher | None  # the name that may end at a static field (`set`, `apply`)
 
     def where(self, path: tuple[Any, ...]) -> str: ...  # `path` as text, after the root's name
 
-    # where the selection could not go on (a static field, a frozen value)
+    # where the selection could not go on (a static field, a wrapped value)
     def record_blocked(self, path: tuple[Any, ...], why: str) -> None: ...
 
     # what `matcher` keeps for its no-match error (the key names it looked at, where a glob
@@ -281,50 +266,25 @@ class Walker(Protocol):
 
 
 class Matcher:
-    """One compiled selector; see the module docstring for the protocol."""
+    """One compiled selector: `match(walk, state, node, path)` gives a node's verdict."""
 
     __slots__ = ()
-    single_key = False  # a plain name or index: the walker may look the child up directly
-    # matches a frozen value by the value inside it (a class, `tc.where`): with more
-    # selectors after it, the walker passes such a match by, since nothing below a frozen
+    start: Any = None  # the state a level starts with, at the node it starts at
+    # matches a wrapped value by the value inside it (a class, `tc.where`): with more
+    # selectors after it, the walker passes such a match by, since nothing below a wrapped
     # value can be selected (the value that froze is reached again to thaw it, alone)
     sees_into_frozen = False
     names_something = False  # selecting nothing is an error (a glob, a regex, a BaseKey)
+    naming = False  # it is, or holds, a matcher that names something
+    one_key = False  # a name or an index (its `key`): the walker may look the child up
 
-    def initial(self, node: object, path: tuple[Any, ...], walker: Walker) -> Any:
-        return None
-
-    def enter(
-        self,
-        state: Any,
-        node: object,
-        kind: Kind,
-        opened: Opened | None,
-        path: tuple[Any, ...],
-        walker: Walker,
-    ) -> tuple[Enter, Any]:
-        return _NOTHING if opened is None else (CHILDREN, state)
-
-    def step(
-        self, state: Any, k: int, entry: object, child: object, child_path: tuple[Any, ...]
-    ) -> tuple[Step, Any]:
+    def match(self, walk: Walk, state: Any, node: Any, path: tuple[Any, ...]) -> tuple[int, Any]:
         raise NotImplementedError
-
-    def finish(
-        self,
-        state: Any,
-        node: object,
-        kind: Kind,
-        opened: Opened | None,
-        path: tuple[Any, ...],
-        walker: Walker,
-    ) -> None:
-        pass
 
     def members(self) -> Iterator[Matcher]:
         yield self
 
-    def no_match_error(self, walker: Walker, selection: str) -> Exception:
+    def no_match_error(self, walk: Walk, selection: str) -> Exception:
         return LookupError(f"{self!r} selects nothing in {selection}.")
 
 
@@ -442,7 +402,7 @@ def missing_key_error(
 
 
 def _record_statics(
-    node: object, path: tuple[Any, ...], walker: Walker, matches: Callable[[Any], bool]
+    node: object, path: tuple[Any, ...], walk: Walk, matches: Callable[[Any], bool]
 ) -> None:
     """Note static fields a level selector would have matched (for the empty-selection error)."""
     row = row_of(node)
@@ -450,50 +410,40 @@ def _record_statics(
         return
     for name in row.static_values(node):
         if matches(GetAttrKey(name)):
-            walker.record_blocked(path + (GetAttrKey(name),), "a static field")
+            walk.record_blocked(path + (GetAttrKey(name),), "a static field")
+
+
+def _opened(walk: Walk, node: object) -> Opened | None:
+    return row_of(node, walk.is_leaf).open(node)
 
 
 # -- one-key matchers ----------------------------------------------------------------------------
 
 
-class _KeyState:
-    """The state of a name or index matcher in one node: where to look, and whether found."""
-
-    __slots__ = ("found", "position", "positional")
-
-    def __init__(self, position: int = -1, positional: bool = False) -> None:
-        self.found = False
-        self.position = position  # the index, for a sequence
-        self.positional = positional  # children are addressed by position
-
-
 class _SingleKeyMatcher(Matcher):
-    """A selector naming one child: the fast path walks it, and missing it is an error."""
+    """A name or an index: the row finds the one child (the node is not opened), and
+    missing it is an error."""
 
     __slots__ = ("key",)
-    single_key = True
+    one_key = True
 
     def __init__(self, key: Any) -> None:
         self.key = key
 
-    def start(self, kind: Kind, opened: Opened) -> _KeyState:
-        """The state for looking among the children `opened`."""
-        return _KeyState()
-
-    def enter(self, state, node, kind, opened, path, walker):
-        if opened is None:
-            raise missing_key_error(self.key, node, kind, opened, walker.where(path))
-        return CHILDREN, self.start(kind, opened)
-
-    def step(self, state, k, entry, child, child_path):
-        if selects(entry, self.key, k, state.position, state.positional):
-            state.found = True
-            return _MATCHED
-        return _PRUNED
-
-    def finish(self, state, node, kind, opened, path, walker):
-        if not state.found:
-            raise missing_key_error(self.key, node, kind, opened, walker.where(path))
+    def match(self, walk, state, node, path):
+        is_leaf = walk.is_leaf
+        if is_leaf is None:  # `row_of` inlined: the node's exact type, else a TreeClass
+            row = registered_kind(type(node))
+            if row is None:
+                row = TREECLASS_KIND if isinstance(node, _node.TreeNode) else row_of(node)
+        else:
+            row = row_of(node, is_leaf)
+        found = row.child(node, self.key)
+        if found is not None:
+            return ONE, (found[0], found[1], row)
+        if walk.static_ok is self and self.key in row.static_names(node):
+            return STATIC, self.key
+        raise missing_key_error(self.key, node, row.kind, row.open(node), walk.where(path))
 
     def __repr__(self) -> str:
         return repr(self.key)
@@ -504,22 +454,11 @@ class NameMatcher(_SingleKeyMatcher):
 
     __slots__ = ()
 
-    def step(self, state, k, entry, child, child_path):  # no position: the hot path's own
-        if selects(entry, self.key, k, -1, False):
-            state.found = True
-            return _MATCHED
-        return _PRUNED
-
 
 class IndexMatcher(_SingleKeyMatcher):
     """`0`, `-1`: a sequence position (negative counts from the end), or an int dict key."""
 
     __slots__ = ()
-
-    def start(self, kind, opened):
-        n = len(opened[0])
-        position = self.key + n if self.key < 0 else self.key
-        return _KeyState(position, kind in (LIST, TUPLE, NAMEDTUPLE))
 
 
 def find_child(node: object, key: str | int, where: Callable[[], str]) -> tuple[Any, Any]:
@@ -553,26 +492,28 @@ class SliceMatcher(Matcher):
             raise ValueError("A slice step cannot be zero.")
         self.slice = selector
 
-    def enter(self, state, node, kind, opened, path, walker):
+    def match(self, walk, state, node, path):
+        if state is not None:  # a child, picked or not at its parent
+            return _YES if state else _NO
+        row = row_of(node, walk.is_leaf)
+        opened = row.open(node)
         if opened is None:
-            raise missing_key_error(self.slice, node, kind, opened, walker.where(path))
-        entries = opened[0]
-        if kind not in (LIST, TUPLE, NAMEDTUPLE) and not all(
+            raise missing_key_error(self.slice, node, row.kind, opened, walk.where(path))
+        entries = opened.entries
+        if row.kind not in (LIST, TUPLE, NAMEDTUPLE) and not all(
             type(e) is SequenceKey for e in entries
         ):
             names = [entry_name(e) for e in entries]
             raise TypeError(
                 SLICE_ON_NAMED_MSG.format(
-                    where=walker.where(path),
+                    where=walk.where(path),
                     type=type(node).__name__,
                     names=", ".join(repr(n) for n in names[:12]),
                     first=names[0] if names else "name",
                 )
             )
-        return CHILDREN, frozenset(range(len(entries))[self.slice])
-
-    def step(self, state, k, entry, child, child_path):
-        return _MATCHED if k in state else _PRUNED
+        picked = set(range(len(entries))[self.slice])
+        return ZIP, (opened, [k in picked for k in range(len(entries))])
 
     def __repr__(self) -> str:
         return slice_text(self.slice)
@@ -586,14 +527,14 @@ class EllipsisMatcher(Matcher):
 
     __slots__ = ()
 
-    def enter(self, state, node, kind, opened, path, walker):
+    def match(self, walk, state, node, path):
+        if state is not None:
+            return _YES
+        opened = _opened(walk, node)
         if opened is None:
-            return _SELF
-        _record_statics(node, path, walker, lambda entry: True)
-        return CHILDREN, None
-
-    def step(self, state, k, entry, child, child_path):
-        return _MATCHED
+            return _YES
+        _record_statics(node, path, walk, lambda entry: True)
+        return ZIP, (opened, [True] * len(opened.entries))
 
     def __repr__(self) -> str:
         return "..."
@@ -603,30 +544,30 @@ class _NamingMatcher(Matcher):
     """A level selector that names keys (regex, BaseKey): it must select something."""
 
     __slots__ = ()
-    names_something = True
+    names_something = naming = True
     offers_statics = True  # static fields it matches are named when it selects nothing
 
     def matches(self, entry: object, child: object = None) -> bool:
         raise NotImplementedError
 
-    def enter(self, state, node, kind, opened, path, walker):
+    def match(self, walk, state, node, path):
+        if state is not None:  # a child of the level's node
+            if self.matches(path[-1], node):
+                walk.hits.add(self)
+                return _YES
+            return _NO
+        opened = _opened(walk, node)
         if opened is None:
-            return _NOTHING
-        seen = walker.notes(self)
+            return _NO
+        seen = walk.notes(self)
         if len(seen) < 64:
             seen.extend(n for n in map(entry_name, opened.entries) if n not in seen)
         if self.offers_statics:
-            _record_statics(node, path, walker, self.matches)
-        return CHILDREN, walker.hits  # where a match records itself
+            _record_statics(node, path, walk, self.matches)
+        return ZIP, (opened, [True] * len(opened.entries))
 
-    def step(self, state, k, entry, child, child_path):
-        if self.matches(entry, child):
-            state.add(self)
-            return _MATCHED
-        return _PRUNED
-
-    def no_match_error(self, walker: Walker, selection: str) -> Exception:
-        seen = walker.notes(self)
+    def no_match_error(self, walk: Walk, selection: str) -> Exception:
+        seen = walk.notes(self)
         if not seen:
             return _selects_nothing(self, selection)
         close = self.closest(seen)
@@ -763,6 +704,9 @@ def def_rule(
     _register(kind, _UserType("a type registered with `tc.at.def_rule`", compile_))
 
 
+_EACH = (EACH, True)
+
+
 class TypeMatcher(Matcher):
     """A class: every node below that is an instance of it, not looking into a match.
 
@@ -776,10 +720,10 @@ class TypeMatcher(Matcher):
     def __init__(self, cls: type) -> None:
         self.cls = cls
 
-    def step(self, state, k, entry, child, child_path):
-        if isinstance(child, self.cls) or isinstance(unwrap(child), self.cls):
-            return _MATCHED
-        return (DESCEND, None)
+    def match(self, walk, state, node, path):
+        if state is not None and (isinstance(node, self.cls) or isinstance(unwrap(node), self.cls)):
+            return _YES
+        return _EACH
 
     def __repr__(self) -> str:
         return self.cls.__name__
@@ -797,15 +741,17 @@ class WhereMatcher(Matcher):
     def __init__(self, fn: Callable[[tuple[Any, ...], Any], Any]) -> None:
         self.fn = fn
 
-    def step(self, state, k, entry, child, child_path):
-        result = self.fn(child_path, unwrap(child))
+    def match(self, walk, state, node, path):
+        if state is None:
+            return _EACH
+        result = self.fn(path, unwrap(node))
         if result is True:
-            return _MATCHED
+            return _YES
         if result is False or result is None:
-            return (DESCEND, None)
+            return _EACH
         if _is_bool_array(result) and (isinstance(result, Tracer) or result.ndim):
-            return (MATCH, result)  # an element mask for this node's leaves
-        return _MATCHED if bool(result) else (DESCEND, None)
+            return (YES, result)  # an element mask for this node's leaves
+        return _YES if bool(result) else _EACH
 
     def __repr__(self) -> str:
         return repr(_Where(self.fn))
@@ -814,42 +760,50 @@ class WhereMatcher(Matcher):
 class GlobMatcher(Matcher):
     """`glob(pattern)`: nodes whose key path below the current level matches `pattern`.
 
-    The pattern's automaton is the glob's own (`_glob.Glob`); the matcher's state is the
-    automaton's, one set of pattern positions per node it looks into.
+    The pattern's automaton is the glob's own (`_glob.Glob`); the state is the automaton's,
+    the set of pattern positions reached at a node.
     """
 
-    __slots__ = ("glob", "start", "accept")
-    names_something = True
+    __slots__ = ("glob", "accept")
+    names_something = naming = True
 
     def __init__(self, glob_: Glob) -> None:
         self.glob = glob_
-        self.start = glob_.start
         self.accept = glob_.accept
 
     def advance(self, state: frozenset[int], entry: object) -> frozenset[int]:
         return self.glob.advance(state, entry_name(entry))
 
-    def initial(self, node, path, walker):
-        starts = walker.notes(self)
-        if len(starts) < 16:
-            starts.append((node, path))
-        return self.start
-
-    def enter(self, state, node, kind, opened, path, walker):
+    def match(self, walk, state, node, path):
+        if state is None:  # where the level starts
+            starts = walk.notes(self)
+            if len(starts) < 16:
+                starts.append((node, path))
+            state = self.glob.start
+        else:
+            state = self.glob.advance(state, entry_name(path[-1]))
+            if self.accept in state:
+                walk.hits.add(self)
+                return _YES
+            if not state:
+                return _NO
+        row = row_of(node, walk.is_leaf)
+        opened = row.open(node)
         if opened is None:
-            return _NOTHING
-        if not opened[0] and wrapper_of(node) is not None:
-            # the pattern goes on below a frozen value: that stops it only if it would
-            # match something inside the value (else the frozen value is beside the point)
-            if self.matches_below(state, unwrap(node)):
-                walker.record_blocked(path, "frozen")
-        if row_of(node).static_names(node):
+            return _NO
+        if not opened.entries:
+            wrapper = wrapper_of(node)
+            # the pattern goes on below a wrapped value: that stops it only if it would
+            # match something inside the value (else the wrapped value is beside the point)
+            if wrapper is not None and self.matches_below(state, unwrap(node)):
+                walk.record_blocked(path, wrapper.role)
+        if row.static_names(node):
             accept = self.accept
-            _record_statics(node, path, walker, lambda e: accept in self.advance(state, e))
-        return CHILDREN, (walker.hits, state)  # where a match records itself, and the NFA state
+            _record_statics(node, path, walk, lambda e: accept in self.advance(state, e))
+        return ZIP, (opened, [state] * len(opened.entries))
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
-        """Whether the pattern, at `state`, matches some node below `node` (frozen values
+        """Whether the pattern, at `state`, matches some node below `node` (wrapped values
         looked into): a dry run, for errors."""
         node = unwrap(node)
         opened = open_node(node, node_kind(node))
@@ -861,21 +815,13 @@ class GlobMatcher(Matcher):
                 return True
         return False
 
-    def step(self, state, k, entry, child, child_path):
-        hits, positions = state
-        nxt = self.glob.advance(positions, entry_name(entry))
-        if self.accept in nxt:
-            hits.add(self)
-            return _MATCHED
-        return (DESCEND, nxt) if nxt else _PRUNED  # `enter` pairs it with the hits again
-
-    def no_match_error(self, walker: Walker, selection: str) -> Exception:
+    def no_match_error(self, walk: Walk, selection: str) -> Exception:
         names: set[Any] = set()
         # (path, (node, state)) where the pattern matched so far, then found no children
         dead_ends: list[tuple[tuple[Any, ...], Any]] = []
         best_position = -1
-        for node, path in walker.notes(self):
-            for position, name, where in self._misses(node, self.start, path):
+        for node, path in walk.notes(self):
+            for position, name, where in self._misses(node, self.glob.start, path):
                 if position > best_position:
                     best_position, names, dead_ends = position, set(), []
                 if position == best_position:
@@ -901,7 +847,7 @@ class GlobMatcher(Matcher):
             else:
                 what = f"{wrapper.what}, which has no children"
             more = f" (and {len(dead_ends) - 1} more like it)" if len(dead_ends) > 1 else ""
-            found = f"{walker.where(where)}{more} has no key to match {failing!r}: it is {what}"
+            found = f"{walk.where(where)}{more} has no key to match {failing!r}: it is {what}"
         detail = f"after {matched}, {found}"
         hint = ""
         close = closest(failing, shown)
@@ -1004,129 +950,114 @@ class MaskMatcher(Matcher):
     def __init__(self, mask: object) -> None:
         self.mask = mask
 
-    def initial(self, node, path, walker):
+    @property
+    def start(self) -> Any:  # the state is the mask's subtree
         return self.mask
 
-    # `node` is a node of the mask's own type: its length and keys are read
-    def enter(self, state, node: Any, kind, opened, path, walker):
+    def match(self, walk, state, node, path):
+        if state is True:
+            return _YES
+        if state is False:
+            return _NO
         value = mask_leaf_value(state)
-        if value is True:
-            return _SELF
-        if value is False:
-            return _NOTHING
         if value is not None:
-            return (SELF, value)
+            return _YES if value is True else _NO if value is False else (YES, value)
+        row = row_of(node, walk.is_leaf)
+        opened = row.open(node)
         if type(state) is type(node) and opened is not None:
             # fast structural checks for the common node kinds
+            kind = row.kind
             if kind == LIST or kind == TUPLE:
                 if len(state) == len(node):
-                    return CHILDREN, state
+                    return ZIP, (opened, state)
             elif kind == TREECLASS:
                 if _node.child_names(state) == opened.aux:
-                    return CHILDREN, list(_node.children(state))
+                    return ZIP, (opened, list(_node.children(state)))
             elif kind == Kind.DICT and isinstance(opened.aux, list):
                 if len(state) == len(node) and all(k in state for k in opened.aux):
-                    return CHILDREN, [state[k] for k in opened.aux]
+                    return ZIP, (opened, [state[k] for k in opened.aux])
         mask_opened = row_of(state).open(state)
         if mask_opened is None:
             raise ValueError(
                 MASK_LEAF_MSG.format(
-                    where=walker.where(path),
-                    value=short_repr(state),
-                    type=type(state).__name__,
+                    where=walk.where(path), value=short_repr(state), type=type(state).__name__
                 )
             )
         if opened is None or type(state) is not type(node) or mask_opened[0] != opened[0]:
             found = first_mismatch(
                 node,
                 state,
-                is_leaf=walker.is_leaf,
+                is_leaf=walk.is_leaf,
                 other_covers=lambda m: mask_leaf_value(m) is not None,
             )
             if found is None:  # not expected: the checks above found a difference here
                 found = Mismatch((), describe(node, opened), describe(state, mask_opened))
-            where = walker.where(path + found.path)
+            where = walk.where(path + found.path)
             raise ValueError(MASK_MISMATCH_MSG.format(where=where, reason=found.explain("mask")))
-        return CHILDREN, mask_opened[1]
-
-    def step(self, state, k, entry, child, child_path):
-        m = state[k]
-        value = m if m is True or m is False else mask_leaf_value(m)
-        if value is True:
-            return _MATCHED
-        if value is False:
-            return _PRUNED
-        return (DESCEND, m) if value is None else (MATCH, value)
+        return ZIP, (opened, mask_opened[1])
 
     def __repr__(self) -> str:
         return f"mask({type(self.mask).__name__})"
 
 
+_SKIP: Any = object()  # a union member with nothing more to say below this node
+_PICKED: Any = object()  # a union member's one child (a name or an index), selected
+
+
 class UnionMatcher(Matcher):
     """A tuple of selectors at one level: a node is selected when any member selects it."""
 
-    __slots__ = ("members_",)
+    __slots__ = ("members_", "naming")
 
     def __init__(self, members: tuple[Matcher, ...]) -> None:
         self.members_ = members
+        self.naming = any(m.naming for m in members)
+
+    @property
+    def start(self) -> Any:  # one state per member
+        return tuple(m.start for m in self.members_)
 
     def members(self) -> Iterator[Matcher]:
         for member in self.members_:
             yield from member.members()
 
-    def initial(self, node, path, walker):
-        return tuple(m.initial(node, path, walker) for m in self.members_)
-
-    def enter(self, state, node, kind, opened, path, walker):
-        entered: list[Any] = []
+    def match(self, walk, state, node, path):
         selected = False
         element_mask: Any = None
-        for member, member_state in zip(self.members_, state, strict=True):
+        going_on = []
+        for i, (member, member_state) in enumerate(zip(self.members_, state, strict=True)):
             if member_state is _SKIP:
-                entered.append(_SKIP)
                 continue
-            code, payload = member.enter(member_state, node, kind, opened, path, walker)
-            if code == SELF:
+            if member_state is _PICKED:
+                code, payload = _YES
+            else:
+                code, payload = member.match(walk, member_state, node, path)
+            if code == YES:
                 element_mask = _union_masks(element_mask, payload, selected)
                 selected = True
-            entered.append((CHILDREN, payload) if code == CHILDREN else _SKIP)
+            elif code != NO:
+                going_on.append((i, code, payload))
         if selected:
-            return SELF, element_mask
-        if all(e is _SKIP for e in entered):
-            return _NOTHING
-        return CHILDREN, entered
-
-    def step(self, state, k, entry, child, child_path):
-        selected = False
-        element_mask: Any = None
-        descend: list[Any] | None = None
-        for i, (member, entered) in enumerate(zip(self.members_, state, strict=True)):
-            if entered is _SKIP:
-                continue
-            code, payload = member.step(entered[1], k, entry, child, child_path)
-            if code == MATCH:
-                element_mask = _union_masks(element_mask, payload, selected)
-                selected = True
-            elif code == DESCEND:
-                if descend is None:
-                    descend = [_SKIP] * len(self.members_)
-                descend[i] = payload
-        if selected:
-            return MATCH, element_mask
-        if descend is not None:
-            return DESCEND, tuple(descend)
-        return _PRUNED
-
-    def finish(self, state, node, kind, opened, path, walker):
-        for member, entered in zip(self.members_, state, strict=True):
-            if entered is not _SKIP:
-                member.finish(entered[1], node, kind, opened, path, walker)
+            return YES, element_mask
+        zipped = [payload[0] for _, code, payload in going_on if code == ZIP]
+        opened = zipped[0] if zipped else _opened(walk, node) if going_on else None
+        if opened is None:
+            return _NO
+        # one state per child: a tuple of the members' states there
+        states = [[_SKIP] * len(self.members_) for _ in opened.entries]
+        for i, code, payload in going_on:
+            if code == EACH:
+                for member_states in states:
+                    member_states[i] = payload
+            elif code == ZIP:
+                for member_states, member_state in zip(states, payload[1], strict=True):
+                    member_states[i] = member_state
+            else:  # ONE: the child a name or an index found
+                states[opened.entries.index(payload[0])][i] = _PICKED
+        return ZIP, (opened, [tuple(s) for s in states])
 
     def __repr__(self) -> str:
         return "(" + ", ".join(repr(m) for m in self.members_) + ")"
-
-
-_SKIP: Any = object()  # a union member that has nothing more to say at this node
 
 
 def _union_masks(current: ArrayLike | None, new: ArrayLike | None, already_selected: bool) -> Any:

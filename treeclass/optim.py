@@ -1,40 +1,16 @@
-"""optax integration: per-leaf optimizers from `.at` selections.
+"""optax integration: per-leaf optimizers from `.at` selections (guide: docs/guides/training.md).
 
-`trainable(transform, model)` is the one call a training loop needs: an optax
-transformation that updates exactly the trainable leaves (`tc.roles`: inexact arrays that
-are neither frozen nor state), or exactly a selection, and leaves every other leaf
-bit-identical under `apply_updates`, with no optimizer state for it.
+`trainable(transform, model)` updates exactly the trainable leaves (`tc.roles`), or a
+selection, and leaves every other leaf bit-identical under `apply_updates`, with no
+optimizer state for it; `mask` and `labels`/`partition` give optax masks and label trees;
+`split`/`merge` part a model for gradients of the trained leaves only; `scale_blocks`
+scales updates per leaf or per block of a stack; `check_mask`/`check_labels` name the key
+path where a tree and the parameters part ways. A declared role outranks a selection
+everywhere here: frozen and state leaves (and `tc.freeze` values) are never trained,
+decayed or given state, and a selection that reaches only them is an error naming them.
+Every helper reads a selection as a value (`_at.selection`): one flag per leaf.
 
-A declared role outranks a selection, in every helper here: a leaf of a frozen or state
-field (and a `tc.freeze` value) is never trained, decayed or given optimizer state,
-whatever the selection; a selection that reaches only such leaves is an error naming
-them.
-
-Three ways to give leaves different treatment, from lightest to most explicit:
-
-- `mask(selection)`: a boolean tree, `True` exactly at the selected leaves, for
-  `optax.masked`, `optax.adamw(mask=...)`, `optax.freeze`, `optax.selective_transform`;
-- `labels(tree, {label: selection}, default=...)`: labels for `optax.multi_transform` /
-  `optax.partition`; `partition(transforms, tree, {label: selection})` builds the
-  optimizer in one call;
-- `tc.freeze` (or `tc.tree_mask`) on the tree itself: frozen leaves are pytree nodes
-  without children, so `opt.init` and `opt.update` never see them. This needs nothing
-  from this module.
-
-`trainable` composes with all three: the transformation it wraps sees only the leaves it
-updates. `scale_blocks(factors)` scales updates by a factor per leaf, or per block along
-the block axis of a stacked leaf (`tc.Stacked`): freeze the first blocks, a learning rate
-per block.
-
-`check_mask` and `check_labels` say where a mask or label tree and the parameters part
-ways, naming the key path, before optax fails with a structure mismatch.
-
-`split(model)` parts a model into the leaves an optimizer trains and the rest, and
-`merge` puts them back: a gradient taken on the first part holds no array for a frozen
-base.
-
-optax is an optional dependency: nothing here imports it, except `partition`, `trainable`
-and `scale_blocks`, which do so when called.
+optax is optional: only `partition`, `trainable` and `scale_blocks` import it, when called.
 """
 
 from __future__ import annotations
@@ -53,6 +29,7 @@ from jax.tree_util import KeyPath, PyTreeDef
 from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
+from ._at import selection as selection_of
 from ._numbers import is_number, plain_number
 from ._roles import NEVER_TRAINED, TRAINABLE, leaf_roles
 from ._structure import (
@@ -274,12 +251,12 @@ def _whole_leaf_flag(path: KeyPath, x: object) -> object:
     return bool(x.all())
 
 
-def _whole_flag(tree: object, path: KeyPath, flag: ArrayLike) -> bool:
-    """A flag of a selection's `mask()` as one flag for its whole leaf (or an error)."""
+def _whole_flag(flag: ArrayLike, where: Callable[[], str]) -> bool:
+    """A flag of a selection as one flag for its whole leaf (or an error naming `where()`)."""
     if flag is True or flag is False:
         return flag
     if isinstance(flag, Tracer) or not bool(np.all(flag)) and bool(np.any(flag)):
-        raise ValueError(_PARTIAL_LEAF_MSG.format(where=path_str(tree, path)))
+        raise ValueError(_PARTIAL_LEAF_MSG.format(where=where()))
     return bool(np.all(flag))
 
 
@@ -362,27 +339,44 @@ def _reaches(flag: ArrayLike) -> bool:
     return isinstance(flag, Tracer) or bool(np.any(flag))
 
 
-def _selected_places(indexer: AtIndexer) -> tuple[PyTreeDef, list[bool], list[str]]:
+class _Places:
+    """The places of a model (its leaves, frozen values counted as leaves) in flatten
+    order, their structure, and their key paths as text, worked out once when asked."""
+
+    __slots__ = ("tree", "leaves", "treedef", "_paths")
+
+    def __init__(self, tree: object) -> None:
+        self.tree = tree
+        self.leaves, self.treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
+        self._paths: list[KeyPath] | None = None
+
+    def where(self, index: int) -> str:
+        if self._paths is None:
+            pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=is_wrapper)[0]
+            self._paths = [path for path, _ in pairs]
+        return path_str(self.tree, self._paths[index])
+
+
+def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]]:
     """One flag per place of `indexer.tree` (frozen values counted as places): whether the
     selection picks that leaf for training; and the places it reached but no optimizer
     trains (`"`path` (role ...)"`), since a declared role outranks a selection."""
-    # the selection's own mask, with frozen values as leaves (so that a selection reaching
+    places = _Places(indexer.tree)
+    # the selection's flags, with frozen values as leaves (so that a selection reaching
     # only frozen values is told apart from one reaching nothing)
-    tree = indexer.tree
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
-    flags = treedef.flatten_up_to(indexer.mask(is_leaf=is_wrapper))
-    names = leaf_roles(tree)  # the order of `pairs`: frozen values counted as leaves
+    flags = selection_of(indexer, is_wrapper).flags()
+    names = leaf_roles(places.tree)  # in the same order: frozen values counted as leaves
     chosen: list[bool] = []
     refused: list[str] = []
-    for (path, leaf), flag, role in zip(pairs, flags, names, strict=True):
+    for index, (leaf, flag, role) in enumerate(zip(places.leaves, flags, names, strict=True)):
         if is_wrapper(leaf) or role in NEVER_TRAINED:
             # checked before the whole-leaf rule: a leaf never trained may be reached in part
             if _reaches(flag):
-                refused.append(f"`{path_str(tree, path)}` ({_describe_role(leaf, role)})")
+                refused.append(f"`{places.where(index)}` ({_describe_role(leaf, role)})")
             chosen.append(False)
         else:
-            chosen.append(_whole_flag(tree, path, flag))
-    return treedef, chosen, refused
+            chosen.append(_whole_flag(flag, functools.partial(places.where, index)))
+    return places, chosen, refused
 
 
 # Typed as the selected tree: a mask has its structure (the class of every node), with
@@ -394,26 +388,15 @@ def mask(selection: _T, where: object, /, *more: object, strict: bool = True) ->
 def mask(selection: object, *where: object, strict: bool = True) -> object:
     """A boolean tree, `True` exactly at the leaves a selection picks for training.
 
-    A declared role outranks a selection: a leaf of a field declared
-    `tc.field(role="frozen")` or `tc.field(role="state")`, and a value frozen by
-    `tc.freeze`, is `False` whatever the selection (`model.at[...]`, a class, a glob, a
-    mask tree), so no optimizer decays or trains it through this mask.
-
-    The result has the structure of the selected tree (same node types), with `False`
-    in place of each frozen value (a mask leaf stands for the subtree at its place), so
-    optax accepts it wherever it takes a mask, with or without `tc.optim.trainable`
-    around the transform that takes it: `optax.masked`,
-    `optax.adamw(mask=...)` (and every optimizer with a `mask`/`weight_decay_mask`),
-    `optax.freeze`, `optax.selective_transform(freeze_mask=...)`. Its leaves are plain
-    `bool`s, so it is safe when the model class defines `__call__`: `optax.masked` tells a
-    mask function from a mask tree by its leaves (since the fix of optax issue #913),
-    which are never callable here. (For `optax.multi_transform`, which calls any callable
-    it gets, use `labels`.)
-
-    A selection that selects no leaf at all (a mask or predicate selecting nothing) is an
-    error unless `strict=False`: an optimizer setting built from it would silently change
-    nothing. So is one that reaches only frozen or state leaves; the error names them and
-    their roles.
+    A declared role outranks a selection: frozen and state leaves (and `tc.freeze`
+    values, whose places hold `False`) are `False` whatever the selection. The mask has
+    the structure of the selected tree with plain `bool` leaves (never callable, so safe
+    for a model with `__call__`), so optax takes it wherever it takes a mask:
+    `optax.masked`, `optax.adamw(mask=...)`, `optax.freeze`,
+    `optax.selective_transform(freeze_mask=...)` (for `optax.multi_transform`, use
+    `labels`). An empty selection, or one reaching only frozen or state leaves (named in
+    the error), is an error unless `strict=False`: a setting built from it would change
+    nothing.
 
     **Arguments**
 
@@ -455,14 +438,19 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     ```
     """
     _check_strict(strict, "mask")
-    indexer = _indexer(selection, where)
-    treedef, chosen, refused = _selected_places(indexer)
-    if strict and True not in chosen:
-        raise _empty_selection_error(f"The selection {indexer!r}", refused)
+    places, chosen = _chosen(_indexer(selection, where), strict)
     # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at
     # its place, so the mask fits the model (where a frozen value is a node without
     # children) and the tree `tc.optim.trainable` hands its transform (`MaskedNode()`)
-    return treedef.unflatten(chosen)
+    return places.treedef.unflatten(chosen)
+
+
+def _chosen(indexer: AtIndexer, strict: bool) -> tuple[_Places, list[bool]]:
+    """`_selected_places`, with an empty selection an error when `strict`."""
+    places, chosen, refused = _selected_places(indexer)
+    if strict and True not in chosen:
+        raise _empty_selection_error(f"The selection {indexer!r}", refused)
+    return places, chosen
 
 
 # --------------------------------------------------------------------------------------
@@ -638,10 +626,10 @@ def _selection_mask(
         indexer = _indexer(selection, ())
     else:
         indexer = _indexer(tree, (selection,))
-    treedef, chosen, refused = _selected_places(indexer)
-    if treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
+    places, chosen, refused = _selected_places(indexer)
+    if places.treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
         try:
-            check_mask(treedef.unflatten(chosen), tree)
+            check_mask(places.treedef.unflatten(chosen), tree)
             detail = ""
         except ValueError as error:
             detail = str(error).split("\n")[0]
@@ -896,13 +884,14 @@ _REFROZEN_MSG = (
 class _Plan:
     """Which leaf of the model (frozen values counted as leaves) is updated, kept or frozen."""
 
-    __slots__ = ("kinds", "treedef", "skeleton", "root")
+    __slots__ = ("kinds", "treedef", "skeleton", "root", "places")
 
-    def __init__(self, tree: object, kinds: list[int]) -> None:
+    def __init__(self, places: _Places, kinds: list[int]) -> None:
         self.kinds = kinds
-        self.treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)
-        self.skeleton = _structure_with_frozen_as(tree, None)
-        self.root = tree
+        self.places = places
+        self.treedef = places.treedef
+        self.skeleton = _structure_with_frozen_as(places.tree, None)
+        self.root = places.tree
 
     def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
         """The leaves of `tree` (frozen values counted as leaves), one per place of the
@@ -940,16 +929,13 @@ class _Plan:
         for index, (place, kind) in enumerate(zip(places, self.kinds)):
             if place is None:
                 if kind == _UPDATE:
-                    path = path_str(self.root, self._path(index))
+                    path = self.places.where(index)
                     raise ValueError(_MISSING_MSG.format(what=what, method=method, path=path))
             elif not is_wrapper(place) and not is_leaf_node(place):
                 return None
             elif is_wrapper(place) != (kind == _FROZEN):
                 self._refuse_refrozen(tree, index, what, method, kind)
         return places
-
-    def _path(self, index: int) -> KeyPath:
-        return jax.tree_util.tree_flatten_with_path(self.root, is_leaf=is_wrapper)[0][index][0]
 
     def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
         if kind == _FROZEN:
@@ -996,24 +982,21 @@ def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], s
 def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
     selects = isinstance(selection, AtIndexer) or bool(where)
     if selects:
-        indexer = _indexer(selection, where)
-        tree = indexer.tree
-        # a mask holds `False` where the tree holds a frozen value: one flag per place
-        chosen = [flag is True for flag in jax.tree_util.tree_leaves(mask(indexer, strict=strict))]
+        # a frozen value's flag is `False`: one flag per place
+        places, chosen = _chosen(_indexer(selection, where), strict)
     else:
-        tree = selection
-        names = leaf_roles(tree)  # in the order of the leaves, frozen values counted as leaves
+        places = _Places(selection)
+        names = leaf_roles(selection)  # in the order of the places
         # every role but trainable is kept, a leaf of a field declared `role="frozen"` too
         # (it is a leaf, with an update)
         chosen = [name == TRAINABLE for name in names]
-    places = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0]
     # a frozen value is `_FROZEN` (not a leaf)
     kinds = [
         _FROZEN if is_wrapper(leaf) else (_UPDATE if update else _KEEP)
-        for (_, leaf), update in zip(places, chosen, strict=True)
+        for leaf, update in zip(places.leaves, chosen, strict=True)
     ]
     if selects:
-        for (path, leaf), kind in zip(places, kinds):
+        for index, (leaf, kind) in enumerate(zip(places.leaves, kinds)):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
                 shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
                 found = (
@@ -1021,13 +1004,13 @@ def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Pla
                     if dtype is not None and shape is not None
                     else f"a `{type(leaf).__name__}`"
                 )
-                raise ValueError(_NOT_INEXACT_MSG.format(path=path_str(tree, path), found=found))
+                raise ValueError(_NOT_INEXACT_MSG.format(path=places.where(index), found=found))
     elif strict and _UPDATE not in kinds:
         shown = ", ".join(f"{n} {name}" for name, n in Counter(names).items()) or "none"
         raise ValueError(
-            _NOTHING_TRAINABLE_MSG.format(what=f"The {type(tree).__name__}", roles=shown)
+            _NOTHING_TRAINABLE_MSG.format(what=f"The {type(selection).__name__}", roles=shown)
         )
-    return _Plan(tree, kinds)
+    return _Plan(places, kinds)
 
 
 def _is_inexact_leaf(x: object) -> bool:
@@ -1044,31 +1027,23 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     decay, and no optimizer state. So:
 
     - Python numbers of a hand-written `__init__` (`self.eps = 1e-5`), integer and
-      boolean leaves, state fields (`tc.field(role="state")`: running statistics,
-      counters) and frozen fields (`tc.field(role="frozen")`: a pretrained base) are
-      never trained and hold no optimizer state, although `jax.grad` gives the first
-      ones gradients (every leaf is a leaf);
-    - a declared role outranks a selection: state and frozen leaves are never trained,
-      decayed or given state, whatever the selection (`model.at[...]`, a class, a glob,
-      a mask tree); a selection that reaches only such leaves is an error naming them;
-    - frozen values are not in the state at all (neither are their copies: the state is
-      built on a tree in which they are `optax.MaskedNode()`), so saving the optimizer
-      state stores no frozen array;
-    - the selection is computed once, here, from `selection`. `init` and `update` accept
-      any tree of the same structure: the model itself, an abstract template of it
-      (`jax.eval_shape`, an orbax or `tc.load` restore target), even one whose frozen
-      values differ, or a tree holding `None` where nothing is trained (the gradient of
-      `tc.optim.split`'s trained part: the updates then hold `None` there too). Build it
-      from the model itself, not from such a template: there, Python numbers are
-      abstract arrays, and would be trained.
+      boolean leaves, state and frozen fields are never trained and hold no optimizer
+      state; a declared role outranks a selection (one reaching only such leaves is an
+      error naming them);
+    - frozen values are not in the state at all (it is built on a tree in which they are
+      `optax.MaskedNode()`), so a saved optimizer state holds no frozen array;
+    - the selection is computed once, here, from the model itself (not from an abstract
+      template, whose Python numbers are arrays and would be trained). `init` and
+      `update` accept any tree of the same structure: the model, an abstract template
+      (`jax.eval_shape`, a restore target), one whose frozen values differ, or one holding
+      `None` where nothing is trained (`tc.optim.split`'s gradient; the updates then hold
+      `None` there too).
 
-    Apply the updates with `tc.optim.apply_updates`, not `optax.apply_updates`, which
-    casts every sum (a weakly typed leaf comes back strongly typed, so the next jitted
-    step compiles anew; a NumPy int64 or float64 leaf comes back 32-bit): no update can
-    undo that cast. Unlike `optax.masked`, which passes the other leaves' raw gradients
-    through (the loop would then apply them), and `optax.set_to_zero`, which writes `0.0`
-    (so `-0.0` becomes `0.0`), the other leaves come out bit-identical: same shape,
-    dtype, weak type and bits.
+    Apply the updates with `tc.optim.apply_updates`: `optax.apply_updates` casts every sum
+    (a weak type becomes strong, so the next jitted step compiles anew; NumPy 64-bit
+    leaves come back 32-bit). Unlike `optax.masked` (which passes the other leaves' raw
+    gradients through) and `optax.set_to_zero` (which turns `-0.0` into `0.0`), the other
+    leaves come out bit-identical.
 
     **Arguments**
 

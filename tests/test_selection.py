@@ -1,0 +1,131 @@
+"""Laws of the selection as a value (treeclass/_selection.py): every reader agrees with it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treeclass as tc
+import treeclass.optim
+from treeclass._at import selection
+from treeclass._structure import is_wrapper
+
+
+class Layer(tc.TreeClass):
+    def __init__(self, n: int, frozen: bool):
+        self.w = jnp.arange(float(n))
+        self.b = tc.freeze(jnp.zeros(1)) if frozen else jnp.zeros(1)
+        self.steps = np.int32(n)
+
+
+class Net(tc.TreeClass):
+    def __init__(self, sizes, frozen):
+        self.layers = [Layer(n, f) for n, f in zip(sizes, frozen, strict=True)]
+        self.head = {"out": jnp.ones(2), "scale": 2.0}
+
+
+@st.composite
+def nets(draw):
+    count = draw(st.integers(1, 4))
+    sizes = draw(st.lists(st.integers(1, 3), min_size=count, max_size=count))
+    frozen = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    return Net(sizes, frozen)
+
+
+def chains(net):
+    """Selector chains of every kind, each valid on `net`."""
+    n = len(net.layers)
+    return st.sampled_from(
+        [
+            (...,),
+            ("layers", n - 1, "w"),
+            ("layers", slice(0, None, 2)),
+            ("layers", ..., ("w", "b")),
+            (Layer,),
+            (Layer, "w"),
+            (tc.glob("layers.*.w"),),
+            (tc.glob("**.out"),),
+            (tc.where(lambda path, x: getattr(x, "ndim", None) == 1),),
+            (
+                jax.tree_util.tree_map(
+                    lambda x: not is_wrapper(x) and bool(np.size(x) % 2), net, is_leaf=is_wrapper
+                ),
+            ),
+            (jax.Array,),
+        ]
+    )
+
+
+def indexer(net, chain):
+    return tc.at(net, where=list(chain))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_the_selection_paths_are_the_paths_of_the_indexer(data):
+    net = data.draw(nets())
+    chain = data.draw(chains(net))
+    at = indexer(net, chain)
+    assert selection(at).paths() == at.paths()
+    flags = selection(at).flags()
+    pairs = jax.tree_util.tree_flatten_with_path(net)[0]
+    assert [p for (p, _), f in zip(pairs, flags, strict=True) if f is not False] == at.paths()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_get_and_set_agree_with_the_selection(data):
+    net = data.draw(nets())
+    chain = data.draw(chains(net))
+    at = indexer(net, chain)
+    flags = selection(at).flags()
+    leaves = jax.tree_util.tree_leaves(net)
+    got = jax.tree_util.tree_leaves(at.get(), is_leaf=lambda x: x is None)
+    new = jax.tree_util.tree_leaves(at.apply(lambda x: x * 0 + 7))
+    for leaf, flag, g, s in zip(leaves, flags, got, new, strict=True):
+        if flag is False:
+            assert g is None and s is leaf
+        else:
+            assert g is leaf
+            assert np.all(np.asarray(s) == 7)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_the_optimizer_mask_is_the_selection_less_the_never_trained_leaves(data):
+    net = data.draw(nets())
+    chain = data.draw(chains(net))
+    at = indexer(net, chain)
+    flags = selection(at, is_wrapper).flags()
+    roles = tc.roles(net)
+    mask = tc.optim.mask(at, strict=False)
+    places = jax.tree_util.tree_leaves(net, is_leaf=is_wrapper)
+    role_of = jax.tree_util.tree_leaves(roles, is_leaf=is_wrapper)
+    expected = [
+        flag is True and not is_wrapper(x) and role not in ("frozen", "state")
+        for x, flag, role in zip(places, flags, role_of, strict=True)
+    ]
+    assert jax.tree_util.tree_leaves(mask) == expected
+
+
+def test_a_stack_gathers_one_flag_per_block():
+    stack = tc.Stacked({"w": jnp.ones((4, 2))})
+    flags = selection(tc.at(stack)[1:3]).flags()
+    assert [f.tolist() for f in flags] == [[False, True, True, False]]
+
+
+def test_a_name_chain_leaves_every_other_node_untouched():
+    net = Net([1, 2, 3], [False] * 3)
+    new = net.at["layers"][1]["w"].set(jnp.zeros(2))
+    assert new.layers[0] is net.layers[0] and new.layers[2] is net.layers[2]
+    assert new.head is net.head
+
+
+def test_a_selection_that_names_nothing_says_so_when_read():
+    net = Net([1], [False])
+    with pytest.raises(LookupError, match="did you mean"):
+        selection(tc.at(net)[tc.glob("layers.*.ww")]).flags()
