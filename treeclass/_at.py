@@ -187,19 +187,14 @@ NUMBER_MISFIT_MSG = (
 
 
 def _short_repr(x: object, limit: int = 40) -> str:
-    if x is Ellipsis:
-        return "..."
     if type(x) is slice:
         return slice_text(x)
     if isinstance(x, type):
         return x.__name__
-    try:
-        text = repr(x)
-    except Exception:
-        text = f"<{type(x).__name__}>"
+    text = short_repr(x, None)
     if "\n" in text:  # a multi-line repr (a mask tree): name its type only
         return f"<{type(x).__name__} mask>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return short_repr(text, limit, str)
 
 
 def _selection_str(root: object, where: tuple[Any, ...]) -> str:
