@@ -13,18 +13,30 @@ running it unoptimised (about a third of the suite's time on 2 cores). What the 
 check, treeclass's trees and the numbers they compute, does not depend on it. An
 accelerator keeps the compiler's defaults (its numerics follow them); an explicit
 `JAX_DISABLE_MOST_OPTIMIZATIONS` (0 or 1) in the environment is left alone.
+
+For the same reason XLA's CPU compiler emits its fused loops the older way
+(`--xla_cpu_use_fusion_emitters=false` in `XLA_FLAGS`, also inherited by the child
+processes): the newer emitters spend about three times longer compiling a small train step,
+which cut the suite's CPU time by a third. The flag is read by the CPU compiler alone (an
+accelerator's programs are untouched); one already in `XLA_FLAGS` is left alone.
 """
 
 from __future__ import annotations
 
 import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
+# before JAX starts a backend: XLA reads its flags once, when the first client is made
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        [*os.environ.get("XLA_FLAGS", "").split(), "--xla_cpu_use_fusion_emitters=false"]
+    )
 
-import treeclass as tc
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import treeclass as tc  # noqa: E402
 
 if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and jax.default_backend() == "cpu":
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
@@ -103,3 +115,63 @@ def device_holds(dtype) -> bool:
 
     name = np.dtype(dtype).name
     return name not in DEVICE_CANNOT_HOLD.get(jax.default_backend(), frozenset())
+
+
+# -- two workers that finish together (pytest-xdist, `-n 2 --dist loadgroup`) ---------------
+# Each group below goes to one worker whole, so that a module's fixtures and compiled
+# functions are built once: a test file is a group, except that the docs pages (which share
+# nothing) go one by one, and the benchmark smoke run's tests form a group apart from the
+# rest of their file. Groups are handed out longest first (the order below, from a profile
+# of the suite's CPU time; then the order of collection), so the short ones fill in at the
+# end. A wrong order costs time, never a result.
+_LONGEST_FIRST = (
+    "test_benchmarks.py:smoke",
+    "test_multihost.py",
+    "test_sharding_recipe_runs_on_several_devices",
+    "[docs/guides/layers.md]",
+    "[docs/recipes/sharding.md]",
+    "[docs/guides/stacked.md]",
+    "[docs/guides/training.md]",
+    "test_benchmarks.py",
+    "test_typing.py",
+    "test_stacked.py",
+    "test_optim.py",
+    "test_checkpoint.py",
+    "test_checkpoint_files.py",
+    "test_examples.py",
+)
+
+
+def _group(item: pytest.Item) -> str | None:
+    name = item.path.name
+    if name == "test_examples.py":
+        return None  # a group of its own
+    if name == "test_benchmarks.py" and "smoke" in getattr(item, "fixturenames", ()):
+        return f"{name}:smoke"
+    return name
+
+
+def _rank(item: pytest.Item) -> int:
+    """The place of `item`'s group in `_LONGEST_FIRST` (a file, a group, or a part of a
+    test's id); after them all when not there."""
+    names = {item.path.name, _group(item)}
+    for rank, part in enumerate(_LONGEST_FIRST):
+        if part in names or (not part.endswith(".py") and part in item.nodeid):
+            return rank
+    return len(_LONGEST_FIRST)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist would hand out the groups largest in test count first: ours go in our order
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            group = _group(item)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_rank)  # stable: each file keeps its order
