@@ -35,12 +35,18 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 import treeclass as tc  # noqa: E402
 
 if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and jax.default_backend() == "cpu":
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
     jax.config.update("jax_disable_most_optimizations", True)
+
+# no time limit on a property test's example (hypothesis's default is 200 ms): a first
+# example compiles, and a busy machine stretches it; a slow test shows in `--durations`
+settings.register_profile("treeclass", deadline=None)
+settings.load_profile("treeclass")
 
 
 @pytest.fixture
