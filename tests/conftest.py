@@ -123,61 +123,39 @@ def device_holds(dtype) -> bool:
     return name not in DEVICE_CANNOT_HOLD.get(jax.default_backend(), frozenset())
 
 
-# -- two workers that finish together (pytest-xdist, `-n 2 --dist loadgroup`) ---------------
-# Each group below goes to one worker whole, so that a module's fixtures and compiled
-# functions are built once: a test file is a group, except that the docs pages (which share
-# nothing) go one by one, and the benchmark smoke run's tests form a group apart from the
-# rest of their file. Groups are handed out longest first (the order below, from a profile
-# of the suite's CPU time; then the order of collection), so the short ones fill in at the
-# end. A wrong order costs time, never a result.
+# -- two workers that finish together (pytest-xdist, `-n 2 --dist loadfile`) ----------------
+# A worker takes a whole file, so that a module's fixtures and compiled functions are built
+# once. xdist hands out the files with most tests first; we hand out the longest first
+# instead (the order below, from a profile of the suite's CPU time; then the order of
+# collection), so that the short ones fill in at the end and both workers finish together:
+# the longest files hold few tests (a benchmark run, processes started, type checkers).
+# A wrong order costs time, never a result. (`--dist loadgroup` would split files, but it
+# cannot with pytest 9, whose test ids xdist 3.8 no longer renames.)
 _LONGEST_FIRST = (
-    "test_benchmarks.py:smoke",
-    "test_multihost.py",
-    "test_sharding_recipe_runs_on_several_devices",
-    "[docs/guides/layers.md]",
-    "[docs/recipes/sharding.md]",
-    "[docs/guides/stacked.md]",
-    "[docs/guides/training.md]",
     "test_benchmarks.py",
+    "test_multihost.py",
+    "test_examples.py",
+    "test_nn_families.py",
+    "test_nn.py",
+    "test_nn_anchors.py",
     "test_typing.py",
     "test_stacked.py",
     "test_optim.py",
     "test_checkpoint.py",
+    "test_sharding.py",
+    "test_checkpoint_hf.py",
     "test_checkpoint_files.py",
-    "test_examples.py",
+    "test_roles.py",
+    "test_transforms.py",
+    "test_reliability.py",
 )
 
 
-def _group(item: pytest.Item) -> str | None:
-    name = item.path.name
-    if name == "test_examples.py":
-        return None  # a group of its own
-    if name == "test_benchmarks.py" and "smoke" in getattr(item, "fixturenames", ()):
-        return f"{name}:smoke"
-    return name
-
-
-def _rank(item: pytest.Item) -> int:
-    """The place of `item`'s group in `_LONGEST_FIRST` (a file, a group, or a part of a
-    test's id); after them all when not there."""
-    names = {item.path.name, _group(item)}
-    for rank, part in enumerate(_LONGEST_FIRST):
-        if part in names or (not part.endswith(".py") and part in item.nodeid):
-            return rank
-    return len(_LONGEST_FIRST)
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    # xdist would hand out the groups largest in test count first: ours go in our order
-    if getattr(config.option, "loadscopereorder", None):
+    if getattr(config.option, "loadscopereorder", None):  # xdist's order: ours instead
         config.option.loadscopereorder = False
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            group = _group(item)
-            if group is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=_rank)  # stable: each file keeps its order
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files keep order
