@@ -17,8 +17,9 @@ accelerator keeps the compiler's defaults (its numerics follow them); an explici
 For the same reason XLA's CPU compiler emits its fused loops the older way
 (`--xla_cpu_use_fusion_emitters=false` in `XLA_FLAGS`, also inherited by the child
 processes): the newer emitters spend about three times longer compiling a small train step
-(with them the suite took 846 s of CPU on 2 cores, with the older ones 591 s). The flag is read by the CPU compiler alone (an
-accelerator's programs are untouched); one already in `XLA_FLAGS` is left alone.
+(with them the suite took 846 s of CPU on 2 cores, with the older ones 591 s). The flag
+is read by the CPU compiler alone (an accelerator's programs are untouched); one already in
+`XLA_FLAGS` is left alone.
 """
 
 from __future__ import annotations
