@@ -13,18 +13,32 @@ running it unoptimised (about a third of the suite's time on 2 cores). What the 
 check, treeclass's trees and the numbers they compute, does not depend on it. An
 accelerator keeps the compiler's defaults (its numerics follow them); an explicit
 `JAX_DISABLE_MOST_OPTIMIZATIONS` (0 or 1) in the environment is left alone.
+
+For the same reason XLA's CPU compiler emits its fused loops the older way
+(`--xla_cpu_use_fusion_emitters=false` in `XLA_FLAGS`, also inherited by the child
+processes): the newer emitters spend about three times longer compiling a small train step
+(with them the suite took 846 s of CPU on 2 cores, with the older ones 591 s). The flag
+is read by the CPU compiler alone (an accelerator's programs are untouched); one already in
+`XLA_FLAGS` is left alone.
 """
 
 from __future__ import annotations
 
 import os
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
+# before JAX starts a backend: XLA reads its flags once, when the first client is made
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        [*os.environ.get("XLA_FLAGS", "").split(), "--xla_cpu_use_fusion_emitters=false"]
+    )
 
-import treeclass as tc
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+import treeclass as tc  # noqa: E402
 
 if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and jax.default_backend() == "cpu":
     os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
@@ -33,6 +47,11 @@ if jax.default_backend() != "cpu":
     # this process holds the accelerator, which one process at a time may open: the child
     # processes tests start (imports, pickling, a notebook server) run on the CPU
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+# no time limit on a property test's example (hypothesis's default is 200 ms): a first
+# example compiles, and a busy machine stretches it; a slow test shows in `--durations`
+settings.register_profile("treeclass", deadline=None)
+settings.load_profile("treeclass")
 
 
 @pytest.fixture
@@ -125,3 +144,41 @@ def device_holds(dtype) -> bool:
 
     name = np.dtype(dtype).name
     return name not in DEVICE_CANNOT_HOLD.get(jax.default_backend(), frozenset())
+
+
+# -- two workers that finish together (pytest-xdist, `-n 2 --dist loadfile`) ----------------
+# A worker takes a whole file, so that a module's fixtures and compiled functions are built
+# once. xdist hands out the files with most tests first; we hand out the longest first
+# instead (the order below, from a profile of the suite's CPU time; then the order of
+# collection), so that the short ones fill in at the end and both workers finish together:
+# the longest files hold few tests (a benchmark run, processes started, type checkers).
+# A wrong order costs time, never a result. (`--dist loadgroup` would split files, but it
+# cannot with pytest 9, whose test ids xdist 3.8 no longer renames.)
+_LONGEST_FIRST = (
+    "test_benchmarks.py",
+    "test_multihost.py",
+    "test_examples.py",
+    "test_nn_families.py",
+    "test_nn.py",
+    "test_nn_anchors.py",
+    "test_typing.py",
+    "test_stacked.py",
+    "test_optim.py",
+    "test_checkpoint.py",
+    "test_sharding.py",
+    "test_checkpoint_hf.py",
+    "test_checkpoint_files.py",
+    "test_roles.py",
+    "test_transforms.py",
+    "test_reliability.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "loadscopereorder", None):  # xdist's order: ours instead
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files keep order

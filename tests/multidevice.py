@@ -30,7 +30,9 @@ def run_check_script(name: str) -> dict[str, str]:
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICE_COUNT}",
+        # the inherited flags kept (the tests' compiler settings, see conftest.py)
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+        f"--xla_force_host_platform_device_count={DEVICE_COUNT}".strip(),
         "PYTHONPATH": os.pathsep.join(path),
     }
     proc = subprocess.run(

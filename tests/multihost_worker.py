@@ -39,7 +39,10 @@ SCENARIO, FOLDER = sys.argv[1], sys.argv[2]
 PROCESS_ID, PROCESS_COUNT, PORT, DEVICES = map(int, sys.argv[3:7])
 
 # the device count is fixed when jax starts, so before any import of it
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+# (the inherited flags kept: the tests' compiler settings, see conftest.py)
+os.environ["XLA_FLAGS"] = " ".join(
+    [*os.environ.get("XLA_FLAGS", "").split(), f"--xla_force_host_platform_device_count={DEVICES}"]
+)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import errno  # noqa: E402

@@ -107,7 +107,9 @@ def test_sharding_recipe_runs_on_several_devices() -> None:
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        # the inherited flags kept (the tests' compiler settings, see conftest.py)
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+        "--xla_force_host_platform_device_count=4".strip(),
     }
     result = subprocess.run(
         [sys.executable, "-c", code],
