@@ -1855,3 +1855,18 @@ def test_compute_bound_transformer_is_skipped_off_an_accelerator_with_the_reason
     )
     markdown = format_markdown(to_json(_header(), [result]))
     assert "Skipped: runs on tpu or gpu only" in markdown
+
+
+def test_scan_gap_probe_times_its_variants_and_they_compute_the_same_step(tmp_path):
+    from benchmarks import scan_gap
+
+    out = tmp_path / "gap.json"
+    variants = ["unrolled", "scan_cast_once_remat_dots"]
+    assert scan_gap.main(["--small", "--steps", "1", *variants, "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["variant"] for r in results] == variants
+    assert all(r["compile_s"] > 0 and r["step_ms_median"] > 0 for r in results)
+    # the same model and steps: a scan with remat and a cast changes the schedule only
+    np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-2)
+    with pytest.raises(SystemExit):
+        scan_gap.main(["no_such_variant"])
