@@ -1056,7 +1056,8 @@ def test_many_devices(multidevice_results, check):
 
 _SHARDED_LOAD = """
 import json, os, pathlib, sys, tempfile, traceback
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P

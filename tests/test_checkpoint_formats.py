@@ -903,7 +903,8 @@ def test_source_law_a_range_is_those_bytes_of_the_whole_tensor(tmp_path_factory,
 
 _SHARDED_TEMPLATE_LOAD = """
 import json, os, pathlib, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -966,7 +967,8 @@ def test_a_template_sharded_over_devices_loads_from_every_reader_reading_bytes_o
 
 _BOTH_PATHS = """
 import json, os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P

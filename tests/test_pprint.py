@@ -537,7 +537,9 @@ print(tc.tree_repr(w))
 
 
 def test_summary_shows_sharding_across_eight_devices():
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    os = __import__("os")
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
+    env = {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
         [sys.executable, "-c", _SHARDED_SCRIPT],
         capture_output=True,
