@@ -6,9 +6,11 @@ the variants that could close the gap between `lax.scan` over stacked blocks (wh
 `tc.Stacked`, equinox and `nnx.scan` do) and a Python loop over the blocks: the stack cast
 to bfloat16 once before the loop, `jax.checkpoint` of each block with and without a
 policy, and scan's `_split_transpose`. Each variant prints its compile time, the median
-and fastest of `--steps` steps, and XLA's temporary memory. The figures in
-docs/performance.md ("Where the scanned step loses to the unrolled one") come from a TPU
-v5e run of this probe (2026-12-06). `--small` runs a tiny model (for a CPU, and the tests); names
+and fastest of `--steps` steps, and XLA's temporary memory. The model and
+its maths are the suite's own (`benchmarks/transformer.py`: the GPT training loop's
+block, embedding and head). The figures in docs/performance.md ("Where the scanned step
+loses to the unrolled one") come from a TPU v5e run of these variants on that shape
+(2026-12-06). `--small` runs a tiny model (for a CPU, and the tests); names
 given on the command line pick variants.
 """
 
@@ -16,34 +18,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-__all__ = ["VARIANTS", "Shape", "measure", "main"]
+from .transformer import (
+    _BLOCK_KEYS,
+    _COMPUTE,
+    GPTSize,
+    _arrays,
+    _batches,
+    _block,
+    _embed,
+    _fresh,
+    _head_loss,
+    gpt_size,
+)
 
-_COMPUTE = jnp.bfloat16
+__all__ = ["VARIANTS", "measure", "main"]
 
-
-@dataclass(frozen=True)
-class Shape:
-    """The decoder and its batch: blocks, width, heads, sequence, batch, vocabulary."""
-
-    blocks: int = 12
-    width: int = 768
-    heads: int = 12
-    seq: int = 1024
-    batch: int = 4
-    vocab: int = 50304
-
-
-SMALL = Shape(2, 64, 4, 32, 2, 256)
+# the suite's own GPT step (benchmarks/transformer.py): GPT-2 small, batch 4; or tiny
+FULL = gpt_size("full", "tpu")
+SMALL = gpt_size("smoke", "cpu")
 
 # name -> (unrolled, rematerialisation policy ("full": save nothing), cast once, split)
 _DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -59,81 +59,51 @@ VARIANTS: dict[str, tuple[bool, Any, bool, bool]] = {
 }
 
 
-def _params(shape: Shape) -> dict[str, Any]:
-    rng = np.random.default_rng(0)
-    n, d = shape.blocks, shape.width
-
-    def normal(*dims: int, scale: float = 0.02) -> Any:
-        return jnp.asarray(rng.standard_normal(dims, dtype=np.float32) * scale)
-
-    blocks = {
-        "ln1": jnp.ones((n, d)),
-        "qkv": normal(n, d, 3 * d),
-        "proj": normal(n, d, d),
-        "ln2": jnp.ones((n, d)),
-        "up": normal(n, d, 4 * d),
-        "down": normal(n, 4 * d, d),
+def _params(size: GPTSize) -> dict[str, Any]:
+    a = _arrays(size)
+    blocks = {k: _fresh(a[k]) for k in _BLOCK_KEYS}
+    return {
+        "wte": _fresh(a["wte"]),
+        "wpe": _fresh(a["wpe"]),
+        "ln_f": _fresh(a["ln_f"]),
+        "blocks": blocks,
     }
-    head = {"wte": normal(shape.vocab, d), "wpe": normal(shape.seq, d), "ln_f": jnp.ones(d)}
-    return {**head, "blocks": blocks}
 
 
-def _norm(x: Any, scale: Any) -> Any:
-    x = x.astype(jnp.float32)
-    x = x - x.mean(-1, keepdims=True)
-    return (x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-5) * scale).astype(_COMPUTE)
-
-
-def _block(p: dict[str, Any], x: Any, heads: int) -> Any:
-    b, t, d = x.shape
-    w = {k: v.astype(_COMPUTE) for k, v in p.items()}
-    q, k, v = jnp.split(_norm(x, p["ln1"]) @ w["qkv"], 3, axis=-1)
-    q, k, v = (z.reshape(b, t, heads, d // heads) for z in (q, k, v))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(d // heads)
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), -1).astype(_COMPUTE)
-    x = x + jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d) @ w["proj"]
-    return x + jax.nn.gelu(_norm(x, p["ln2"]) @ w["up"]) @ w["down"]
-
-
-def _loss(shape: Shape, variant: str) -> Callable[[Any, Any], Any]:
+def _loss(size: GPTSize, variant: str) -> Callable[[Any, Any], Any]:
     unrolled, policy, cast_once, split = VARIANTS[variant]
 
     def block(p: Any, x: Any) -> Any:
-        return _block(p, x, shape.heads)
+        return _block(p, x, size.heads)
 
     if policy is not None:
         block = jax.checkpoint(block, policy=None if policy == "full" else policy)
 
     def loss(params: Any, tokens: Any) -> Any:
-        x = (params["wte"][tokens[:, :-1]] + params["wpe"]).astype(_COMPUTE)
+        x = _embed(params["wte"], params["wpe"], tokens[:, :-1])
         blocks = params["blocks"]
         if cast_once:  # the matrices once, outside the loop (the norms' scales stay f32)
             blocks = {k: v.astype(_COMPUTE) if v.ndim == 3 else v for k, v in blocks.items()}
         if unrolled:
-            for i in range(shape.blocks):
+            for i in range(size.blocks):
                 x = block({k: v[i] for k, v in blocks.items()}, x)
         else:
             extra = {"_split_transpose": True} if split else {}
             x = jax.lax.scan(lambda h, p: (block(p, h), None), x, blocks, **extra)[0]
-        logits = (_norm(x, params["ln_f"]) @ params["wte"].astype(_COMPUTE).T).astype(jnp.float32)
-        picked = jnp.take_along_axis(logits, tokens[:, 1:, None], -1)[..., 0]
-        return jnp.mean(jax.nn.logsumexp(logits, -1) - picked)
+        return _head_loss(params["wte"], params["ln_f"], x, tokens[:, 1:])
 
     return loss
 
 
-def measure(shape: Shape, variant: str, steps: int = 10) -> dict[str, Any]:
+def measure(size: GPTSize, variant: str, steps: int = 10) -> dict[str, Any]:
     """Compile one SGD step of `variant` and time `steps` steps after two warm-up steps."""
-    loss = _loss(shape, variant)
+    loss = _loss(size, variant)
 
     def step(params: Any, tokens: Any) -> Any:
         value, grads = jax.value_and_grad(loss)(params, tokens)
         return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), value
 
-    params = _params(shape)
-    rng = np.random.default_rng(1)
-    tokens = jnp.asarray(rng.integers(0, shape.vocab, (shape.batch, shape.seq + 1), np.int32))
+    params, tokens = _params(size), _batches(size)[0]
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=0).lower(params, tokens).compile()
     compile_s = time.perf_counter() - start
@@ -148,7 +118,7 @@ def measure(shape: Shape, variant: str, steps: int = 10) -> dict[str, Any]:
     return {
         "variant": variant,
         "compile_s": round(compile_s, 3),
-        "step_ms_median": round(1e3 * float(np.median(times)), 3),
+        "step_ms_median": round(1e3 * statistics.median(times), 3),
         "step_ms_min": round(1e3 * min(times), 3),
         "temp_bytes": getattr(memory, "temp_size_in_bytes", None),
         "loss": float(value),
@@ -165,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    shape = SMALL if args.small else Shape()
-    results = [measure(shape, name, args.steps) for name in args.variants or VARIANTS]
+    size = SMALL if args.small else FULL
+    results = [measure(size, name, args.steps) for name in args.variants or VARIANTS]
     base = next((r for r in results if r["variant"] == "unrolled"), None)
     for r in results:
         ratio = f"{r['step_ms_median'] / base['step_ms_median']:.2f}x" if base else "n/a"
