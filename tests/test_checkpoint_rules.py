@@ -1189,3 +1189,27 @@ def test_one_shard_of_an_indexed_folder_suggests_loading_its_index(tmp_path):
         info.value
     )
     assert tc.is_tree_equal(tc.load(index, model), model)
+
+
+@pytest.mark.parametrize("entry", ["load", "state_dict", "save"])
+def test_a_shadowed_rule_is_refused_by_every_entry_point_and_writes_nothing(tmp_path, entry):
+    from safetensors.numpy import save_file
+
+    one = np.ones(2, np.float32)
+    path = tmp_path / "m.safetensors"
+    save_file({"layers.0.q.weight": one, "layers.0.k.weight": one}, str(path))
+    like = {"layers": [{"q": jnp.zeros(2), "k": {"weight": jnp.zeros(2)}}]}
+    shadowed = [
+        ("layers.{i}.{rest*}", "layers[{i}].{rest}"),
+        ("layers.{i}.q.weight", "layers[{i}].q", lambda w: w * 2, lambda w: w / 2),
+    ]
+    out = tmp_path / "out.safetensors"
+    run = {
+        "load": lambda: tc.load(path, like, rules=shadowed),
+        "state_dict": lambda: tc.state_dict(like, rules=shadowed),
+        "save": lambda: tc.save(out, like, rules=shadowed),
+    }[entry]
+    with pytest.raises(ValueError, match=r"layers\.\{i\}\.q\.weight"):
+        run()
+    assert not out.exists()
+    assert like["layers"][0]["q"].tolist() == [0.0, 0.0]  # the input is left as it was
