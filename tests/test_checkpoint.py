@@ -167,9 +167,12 @@ def _dtype(name: str) -> np.dtype:
 
 
 def _unsigned_zeros(value):
-    parts = (value.real, value.imag) if np.iscomplexobj(value) else (value,)
-    zero = np.any([np.signbit(part) & (part == 0) for part in parts], axis=0)
-    return np.where(zero, np.zeros_like(value), value).astype(value.dtype)[()]
+    """`value` with every zero, of each part of a complex number alone, made +0.0."""
+    out = np.array(value, copy=True)
+    parts = (out.real, out.imag) if np.iscomplexobj(out) else (out,)
+    for part in parts:
+        part[part == 0] = 0  # a view: writes into `out`; other bits (NaN payloads) kept
+    return out[()]
 
 
 @pytest.mark.parametrize("name", ALL_DTYPES)
@@ -1153,3 +1156,13 @@ def test_save_writes_the_metadata_it_is_given_beside_its_own(tmp_path):
     assert tc.is_tree_equal(tc.load(path, model), model)
     with pytest.raises(ValueError, match="treeclass writes it"):
         tc.save(path, model, metadata={"treeclass": "x"})
+
+
+def test_unsigned_zeros_clears_only_the_sign_of_zeros_and_keeps_the_value_type():
+    # the helper the round trip uses where the device itself drops the sign (a TPU's f64)
+    out = _unsigned_zeros(np.array([-0.0, -1.5, 0.0]))
+    assert np.signbit(out).tolist() == [False, True, False] and out.dtype == np.float64
+    z = _unsigned_zeros(np.array([complex(-0.0, -0.0), complex(-2.0, -0.0)]))
+    assert np.signbit(z.real).tolist() == [False, True] and not np.signbit(z.imag).any()
+    scalar = _unsigned_zeros(np.float64(-0.0))
+    assert type(scalar) is np.float64 and not np.signbit(scalar)
