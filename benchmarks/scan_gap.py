@@ -46,7 +46,12 @@ FULL = gpt_size("full", "tpu")
 SMALL = gpt_size("smoke", "cpu")
 
 # name -> (unrolled, rematerialisation policy ("full": save nothing), cast once, split)
-_DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+_POLICIES = jax.checkpoint_policies
+_DOTS = _POLICIES.dots_with_no_batch_dims_saveable
+# the block's named products (transformer.py's `_block`): the qkv and up projections and
+# the attention output; the softmax and the norms are recomputed
+_NAMED = _POLICIES.save_only_these_names("qkv", "attended", "up")
+_OFFLOAD = _POLICIES.offload_dot_with_no_batch_dims("device", "pinned_host")
 VARIANTS: dict[str, tuple[bool, Any, bool, bool]] = {
     "unrolled": (True, None, False, False),
     "scan": (False, None, False, False),
@@ -56,6 +61,9 @@ VARIANTS: dict[str, tuple[bool, Any, bool, bool]] = {
     "scan_remat_dots": (False, _DOTS, False, False),
     "scan_cast_once_remat_dots": (False, _DOTS, True, False),
     "unrolled_remat_dots": (True, _DOTS, False, False),
+    "scan_remat_all_dots": (False, _POLICIES.checkpoint_dots, False, False),
+    "scan_remat_named": (False, _NAMED, False, False),
+    "scan_remat_offload_dots": (False, _OFFLOAD, False, False),
 }
 
 

@@ -46,6 +46,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from .cases import Case, Entry, Target
 from .peers import import_peer
@@ -199,14 +200,15 @@ def _block(p: dict[str, Any], x: Any, heads: int) -> Any:
     """One pre-norm block on `x` of shape `[batch, seq, width]` (bf16)."""
     b, t, d = x.shape
     c = {k: v.astype(_COMPUTE) for k, v in p.items()}
-    q, k, v = jnp.split(_norm(x, p["ln1"]) @ c["qkv"], 3, axis=-1)
+    qkv = checkpoint_name(_norm(x, p["ln1"]) @ c["qkv"], "qkv")
+    q, k, v = jnp.split(qkv, 3, axis=-1)
     q, k, v = (z.reshape(b, t, heads, d // heads) for z in (q, k, v))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / np.sqrt(d // heads)
     causal = jnp.tril(jnp.ones((t, t), bool))
     weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1).astype(_COMPUTE)
     attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)
-    x = x + attended @ c["proj"]
-    return x + jax.nn.gelu(_norm(x, p["ln2"]) @ c["up"]) @ c["down"]
+    x = x + checkpoint_name(attended, "attended") @ c["proj"]
+    return x + jax.nn.gelu(checkpoint_name(_norm(x, p["ln2"]) @ c["up"], "up")) @ c["down"]
 
 
 def _embed(wte: Any, wpe: Any, tokens: Any) -> Any:
