@@ -1,20 +1,7 @@
-"""Teaching the printers a new type: `register_printer`, which writes a row's display part.
-
-One rule per type tells every printer (`tree_repr`, `tree_str`, `tree_diagram`,
-`tree_summary`, `tree_graph`, `tree_mermaid` and the notebook display) how to show a value
-of that type: its text, the name in the summary's Type column, its element count, its
-size in bytes, its node style in `tree_graph`, or the children it is shown with (a node
-that prints differently from how JAX flattens it, such as a stack of blocks). The rule is
-the display part of the type's row in the table of node kinds (`_structure.Display`),
-found along the value's method resolution order, so a rule for a base class also covers
-its subclasses; a kind's own display (a stack's) is the default its fields fall back to.
-
-PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
-`.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
-setting one field of the same rule through `register_printer`.
-
-Every printer opens a node with `view_of`: its display first (one with `children` makes
-it a node shown that way, one with a text a leaf), then the row of its kind.
+"""Teaching the printers a new type: `register_printer` writes the display part of the
+type's row (`_structure.Display`), found along the MRO, over the kind's own display;
+`printer_alias` makes PyTreeClass's `def_*` spellings of one field each. Every printer
+opens a node with `view_of`: its display first, then the row of its kind.
 """
 
 from __future__ import annotations
@@ -194,18 +181,18 @@ def register_printer(
       entries, such as `GetAttrKey("weight")`); with it, `type_name` also names the node
       in `tree_repr`, `tree_diagram` and the other pictures.
 
-    What a function returns is checked each time a printer calls it: a wrong type raises
-    `TypeError` (a negative count or size, or an attribute name graphviz cannot read,
-    `ValueError`) naming the rule, its class and the type that came back; an error raised
-    inside one gets a note naming the rule.
-
-    A value whose rule has a `repr` or `str` is printed as a leaf, even if it is a pytree
-    node; one whose rule has a `type_name`, `count` or `size` (and no `children`) gets one
-    summary row. A `nodestyle` alone changes nothing but the graph.
+    A value whose rule has a `repr` or `str` prints as a leaf, even a pytree node; one
+    with a `type_name`, `count` or `size` (and no `children`) gets one summary row.
 
     **Returns**
 
     `None`.
+
+    **Raises**
+
+    When a printer calls a function: `TypeError` for a result of the wrong type
+    (`ValueError` for a negative count or size, or a name graphviz cannot read), naming
+    the rule; an error raised inside one gets a note naming the rule.
 
     ```python
     import treeclass as tc
@@ -218,13 +205,6 @@ def register_printer(
                         count=lambda t: len(t.vocab))
     assert tc.tree_repr({"tok": Tokenizer("abc")}) == "{'tok': Tokenizer(|V|=3)}"
     tc.register_printer(Tokenizer)  # forget the rule again
-
-    import jax
-
-    tc.register_printer(Tokenizer, type_name=lambda t: f"Tokenizer[{len(t.vocab)}]",
-                        children=lambda t: [(jax.tree_util.GetAttrKey("vocab"), t.vocab)])
-    assert tc.tree_repr(Tokenizer("ab")) == "Tokenizer[2](vocab='ab')"
-    tc.register_printer(Tokenizer)
     ```
     """
     if not isinstance(cls, type):
@@ -245,11 +225,8 @@ def register_printer(
         write_part(cls, "display", rule)
 
 
-_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for {printers}.
-
-PyTreeClass's spelling of `tc.register_printer(cls, {field}=func)` that keeps the rule's
-other fields. Use it as a decorator, `@{name}(cls)`, or call it as `{name}(cls, func)`;
-`func` is returned unchanged.
+_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for {printers}:
+`tc.register_printer(cls, {field}=func)` keeping the rule's other fields (PyTreeClass).
 
 **Arguments**
 

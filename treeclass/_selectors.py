@@ -99,15 +99,11 @@ class BaseKey(abc.ABC):
     """Base class for user-defined matching of key entries in `.at[...]`.
 
     Subclass it and implement `__eq__(self, entry)`: it receives each key entry at the
-    current level (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`,
-    `FlattenedIndexKey`, or a custom node's own key type) and returns whether that child
-    is selected. An instance is a selector like a name: it matches children of the
-    current level only, and a key that matches no child anywhere is an error
-    (`LookupError`), as for a name.
-
-    `BaseKey.def_alias(T)(converter)` makes values of a type of yours selectors:
-    `converter(value)` returns the built-in selector (usually a `BaseKey`) that a `T`
-    stands for.
+    current level (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`, or a custom
+    node's own key type) and returns whether that child is selected. Like a name, an
+    instance matches children of the current level only, and one that matches no child
+    anywhere is an error (`LookupError`). `BaseKey.def_alias` makes values of a type of
+    yours stand for such keys.
 
     ```python
     import jax
@@ -136,19 +132,14 @@ class BaseKey(abc.ABC):
 
         **Arguments**
 
-        - `kind`: the type (its subclasses too) to accept as a selector. Types that are
-          selectors already cannot be redefined (`TypeError`): names (`str`), indices
-          (`int`, `bool`, NumPy integers), `...`, slices, tuples, `re.Pattern`, classes
-          (`type` and metaclasses), JAX key entries (`GetAttrKey`, `DictKey`,
-          `SequenceKey`), `BaseKey` (its subclasses are selectors through `__eq__`), and the
-          values of boolean masks (bools, arrays, dicts, lists, `None`, `TreeClass`
-          instances and any other pytree node); nor their subclasses, nor a type they
-          are instances of (`object`, `numbers.Number`, `collections.abc.Callable`, ...).
+        - `kind`: the type (its subclasses too) to accept as a selector. A type whose
+          values are selectors already (names, indices, `...`, slices, tuples, patterns,
+          classes, key entries, `BaseKey`s, the values of boolean masks: any pytree node),
+          a subclass of one, or a type they are instances of (`object`) is refused
+          (`TypeError`).
         - `converter`: a function of the value returning a built-in selector (a `BaseKey`,
-          a name, an index, a mask, a tuple of these, ...): not a value of an aliased
-          type, since aliases do not chain. What it returns is checked when the selector
-          is used (`TypeError`). Without it, `def_alias(kind)` is a decorator for the
-          converter.
+          a name, a mask, a tuple of these, ...; aliases do not chain), checked when the
+          selector is used (`TypeError`). Without it, `def_alias(kind)` is a decorator.
 
         **Returns**
 
@@ -204,19 +195,13 @@ class _Where:
 def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     """A predicate selector: selects every node for which `fn(path, node)` is true.
 
-    `path` is the node's full key path from the root (a tuple of `jax.tree_util` key
-    entries, as in `tree_flatten_with_path`); `node` is a subtree or a leaf. Nodes are
-    visited below the current level, parents before children; a node that matches is
-    selected whole and not looked into. `fn` may return a boolean array for a leaf: it
-    then selects elements of that leaf, as a mask would. A predicate that selects nothing
-    is a valid (empty) selection; an error raised by `fn` names the node's key path.
-
-    A frozen value is shown to `fn` as the value inside it (`tc.unfreeze(node)`), so a
-    predicate that reads values selects the same nodes before and after freezing: the
-    selection that froze them thaws them,
-    `tree.at[sel].apply(tc.unfreeze, is_leaf=tc.is_frozen)`. (To tell frozen values
-    apart, select them by position or by name.) A class selector matches a frozen value
-    by the class of the value inside, the same way.
+    `path` is the node's full key path from the root (`jax.tree_util` key entries);
+    `node` is a subtree or a leaf. Nodes below the current level are visited parents
+    first; a match is selected whole and not looked into. `fn` may return a boolean array
+    for a leaf, which selects its elements as a mask would. Selecting nothing is a valid
+    (empty) selection; an error raised by `fn` names the node's key path. A frozen value
+    is shown to `fn` as the value inside it, so the selection that froze nodes thaws them
+    (the `.at` guide, "Model surgery").
 
     **Arguments**
 
@@ -642,24 +627,19 @@ def def_rule(
 ) -> None:
     """Make values of type `kind` selectors matched by `compare(value, entry, child)`.
 
-    sepes's `at.def_rule`. At each level the selector is used at, `compare` is called with
-    the selector value, each child's key entry (`jax.tree_util.GetAttrKey`, `DictKey`,
-    `SequenceKey`, ...) and the child itself; the children for which it returns a true
-    value are selected. As with a name, a rule that selects nothing anywhere is an error
-    (`LookupError`). Registering a type again (with `def_rule` or `BaseKey.def_alias`)
-    replaces what it meant.
+    sepes's `at.def_rule`. At each level the selector is used at, the children for which
+    `compare(value, key entry, child)` is true are selected; as with a name, a rule that
+    selects nothing anywhere is an error (`LookupError`). Registering a type again (with
+    `def_rule` or `BaseKey.def_alias`) replaces what it meant.
 
     **Arguments**
 
     - `kind`: the selector type (its subclasses too). As for `BaseKey.def_alias`, types
-      that are selectors already cannot be redefined (`TypeError`), with one exception
-      for sepes code, whose matcher types are often `NamedTuple`s: a `NamedTuple` class
-      of yours may be registered, and its values are then this rule's matchers, not
-      unions of selectors or masks.
+      that are selectors already are refused (`TypeError`), except a `NamedTuple` class of
+      yours (sepes's matchers often are), whose values then are this rule's matchers.
     - `compare`: `compare(value, entry, child) -> bool`.
-    - `broadcastable`: accepted for sepes code and has no effect: in treeclass a selected
-      subtree always stands for its leaves (`.set(v)` puts `v` at every leaf below), for a
-      rule as for a name.
+    - `broadcastable`: accepted for sepes code, with no effect (a selected subtree always
+      stands for its leaves).
 
     **Returns**
 
@@ -670,20 +650,12 @@ def def_rule(
     import jax, jax.numpy as jnp
     import treeclass as tc
 
-    class Named(NamedTuple):
-        name: str
+    class Ndim(NamedTuple):
         ndim: int
 
-    def compare(matcher, entry, child):
-        return (
-            isinstance(entry, jax.tree_util.DictKey)
-            and entry.key == matcher.name
-            and getattr(child, "ndim", None) == matcher.ndim
-        )
-
-    tc.at.def_rule(Named, compare)
+    tc.at.def_rule(Ndim, lambda m, entry, child: getattr(child, "ndim", None) == m.ndim)
     tree = {"weight": jnp.ones((2, 2)), "bias": jnp.ones(2)}
-    out = tc.at(tree)[Named("weight", 2)].apply(jnp.zeros_like)
+    out = tc.at(tree)[Ndim(2)].apply(jnp.zeros_like)
     assert out["weight"].sum() == 0.0 and out["bias"].sum() == 2.0
     ```
     """

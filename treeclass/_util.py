@@ -145,14 +145,12 @@ def _python_equal(a: object, b: object) -> Any:
 def is_tree_equal(*trees: object) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
-    Leaves compare by value, as in PyTreeClass, so a tree equals itself after a round trip
-    through `jax.jit` (a leaf `0` becomes `Array(0)`): arrays by shape, dtype and values;
-    a Python number and an array when every element (one at least) equals the number (as
-    `.at[...].set(number)` fills an array; a JAX array rounds it to its dtype first, a
-    NumPy one compares exactly); other leaves by `==` (one that raises or has no truth
-    value counts as different). Static values (static fields, frozen values, `Partial`)
-    are part of the structure, compared strictly (`1`, `1.0` and `True` differ). A leaf
-    always equals itself, even a NaN.
+    Leaves compare by value, as in PyTreeClass, so a tree equals itself after `jax.jit`:
+    arrays by shape, dtype and values; a number and an array when every element (one at
+    least) equals it (a JAX array rounds it to its dtype first); other leaves by `==`
+    (one that raises or has no truth value differs). Static values (static fields, frozen
+    values, `Partial`) are part of the structure, compared strictly (`1`, `1.0` and `True`
+    differ). A leaf always equals itself, even a NaN.
 
     **Arguments**
 
@@ -169,10 +167,7 @@ def is_tree_equal(*trees: object) -> Any:
 
     assert tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
     assert not tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(3)})
-    assert tc.is_tree_equal({"a": 1}, {"a": jnp.ones(2)})  # a number fills an array
     assert tc.is_tree_equal((0, 1.5), jax.jit(lambda t: t)((0, 1.5)))   # Array(0) is 0
-    assert not tc.is_tree_equal(jnp.ones(2), jnp.ones(2, jnp.int32))    # dtypes differ
-    assert jax.jit(tc.is_tree_equal)(jnp.ones(2), jnp.ones(2))
     ```
     """
     if len(trees) < 2:
@@ -261,12 +256,10 @@ class Partial(Generic[_R]):
 
     Like `functools.partial`, but `...` in the positional arguments is a placeholder,
     filled from the call's positional arguments in order (extra ones are appended); and
-    it is a pytree *without leaves*: its function and arguments are static, so JAX
-    transformations pass it through unchanged and `jax.jit` compiles once per distinct
-    `Partial` (pass what changes per call, or what `jax.grad` should see, as call
-    arguments). Two are equal when their functions are equal and their arguments are the
-    same static values (`1`, `1.0` and `True` differ; arrays by type, shape, dtype and
-    values; tracers by identity); it is always hashable.
+    it is a pytree *without leaves*: its function and arguments are static, so `jax.jit`
+    compiles once per distinct `Partial` (pass what changes per call as call arguments).
+    Two are equal when their functions are equal and their arguments are the same static
+    values (`1`, `1.0` and `True` differ; arrays by value; tracers by identity).
 
     **Arguments**
 
@@ -280,12 +273,7 @@ class Partial(Generic[_R]):
 
     sub_from_ten = tc.Partial(jnp.subtract, 10.0, ...)
     assert sub_from_ten(3.0) == 7.0
-    scale = tc.Partial(jnp.multiply, jnp.array([1.0, 2.0]))
-    assert jax.tree_util.tree_leaves(scale) == []     # static: the array is not a leaf
-    assert scale == tc.Partial(jnp.multiply, jnp.array([1.0, 2.0]))
-    assert hash(scale) == hash(tc.Partial(jnp.multiply, jnp.array([1.0, 2.0])))
-    apply = jax.jit(lambda f, x: f(x))                # compiled once per distinct Partial
-    assert apply(tc.Partial(jnp.add, 1.0), 2.0) == 3.0
+    assert jax.tree_util.tree_leaves(sub_from_ten) == []  # static: no leaves
     ```
     """
 
