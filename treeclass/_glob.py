@@ -80,8 +80,7 @@ def _name_regex(
     choices: Mapping[str, tuple[str, ...]] | None = None,
     many: frozenset[str] = frozenset(),
 ) -> str:
-    """Tokens as a regex body, `char` standing for one character of a name. With `seen`
-    (the capture names so far: over dotted names), each capture is a named group."""
+    """Tokens as a regex body (`char`: one character); with `seen`, captures are groups."""
     parts = []
     for token in tokens:
         if isinstance(token, str):
@@ -191,8 +190,7 @@ class Glob:
         return ".".join(self.segments)
 
     def expects_name(self, position: int) -> bool:
-        """Whether the segment at `position` must match one key name (not `**`, not past
-        the end)."""
+        """Whether the segment at `position` must match one key name (not `**`, not past)."""
         return position < self.accept and self.segments[position].match is not None
 
     def _closure(self, positions: frozenset[int]) -> frozenset[int]:
@@ -236,10 +234,8 @@ class Glob:
         choices: Mapping[str, tuple[str, ...]] | None = None,
         many: frozenset[str] = frozenset(),
     ) -> re.Pattern[str]:
-        """The pattern as a regex over whole dotted names, each capture a named group (a
-        name captured again matches what it first captured). `choices` limits captures to
-        values and `many` lets a `{name}` take several segments: a key rule's target takes
-        the values its source allows, to run backwards over what it gives forwards."""
+        """The pattern as a regex over dotted names, each capture a named group; `choices`
+        limits captures to values, `many` lets a `{name}` take several segments."""
         parts: list[str] = []
         seen: set[str] = set()
         dot = False  # whether a segment before needs a '.' before the next one

@@ -377,8 +377,7 @@ def _reference(
 def _sort_arguments(
     ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
 ) -> tuple[list[tuple[int, list]], list[tuple[str, list]], list[tuple[str, Any]]]:
-    """`(position, leaves)` of the positional arguments with the reference's structure,
-    `(keyword, leaves)` of the keyword ones, and `(name, treedef)` of the other trees."""
+    """The mapped positional and keyword arguments' leaves, and the other trees' treedefs."""
     whole: list[tuple[str, Any]] = []
 
     def leaves_if_mapped(arg: object, name: str) -> list | None:

@@ -136,8 +136,7 @@ def _device_stats(x: jax.Array, kind: str) -> tuple[jax.Array, ...]:
 
 
 def _pieces(x: object) -> list[tuple[tuple[slice, ...] | None, Any]]:
-    """`x` as `(index, values)` pieces: itself (index `None`), or its distinct shards under
-    their index (replicas once), so displaying it never gathers it onto one device."""
+    """`x` as `(index, values)` pieces: itself, or its distinct shards (never gathered)."""
     x = local_copy(x)
     if not isinstance(x, jax.Array) or len(x.sharding.device_set) <= 1:
         return [(None, x)]
@@ -158,9 +157,8 @@ def _on_cpu(x: object) -> bool:
 
 
 def _corners(x: Any) -> np.ndarray:
-    """The elements of `x` NumPy's summary shows, as a small host array: per long axis the
-    first and last `edgeitems` and one between (elided as `...` with `threshold=0`). Each
-    shard gives the corners it holds, indexed where it lives."""
+    """The elements of `x` NumPy's summary shows (per long axis the first and last
+    `edgeitems` and one between), as a small host array read shard by shard."""
     edge = np.get_printoptions()["edgeitems"]
     axes = [np.r_[0:edge, edge, n - edge : n] if n > 2 * edge else np.arange(n) for n in x.shape]
     out = np.empty(tuple(len(a) for a in axes), dtype=x.dtype)
@@ -185,9 +183,8 @@ _GOLDEN = (math.sqrt(5) - 1) / 2
 
 
 def _sample(host: np.ndarray, count: int) -> np.ndarray:
-    """`count` elements of `host` spread over it, the same every time: element `k` at the
-    fraction `k * φ mod 1`, never in step with a row length as a fixed stride can be (and
-    NumPy's random generators take most of a second to start)."""
+    """`count` elements of `host` at the fractions `k * φ mod 1`: the same every time, never
+    in step with a row length (and no random generator to start)."""
     picks = ((np.arange(count) * _GOLDEN) % 1.0 * host.size).astype(np.int64)
     picks.sort()  # in memory order: fewer cache misses on a big buffer
     return host.reshape(-1)[picks] if host.flags.c_contiguous else host.flat[picks]
@@ -351,8 +348,7 @@ def _node_parts(
 
 
 def _signature(x: object, is_leaf: Callable[[Any], bool] | None, hidden: bool) -> str:
-    """`x`'s type and structure without its values (leaves by their type): two layers that
-    differ only in their numbers share `Linear(weight=f32[8,8], bias=f32[8])`."""
+    """`x`'s type and structure without its values: `Linear(weight=f32[8,8], bias=f32[8])`."""
     wrapper = wrapper_of(x)
     if wrapper is not None:
         return wrapper.mark + _signature(wrapper.unwrap(x), is_leaf, hidden)
@@ -384,11 +380,8 @@ def fold_runs(
     is_leaf: Callable[[Any], bool] | None = None,
     hidden: bool = False,
 ) -> list[Any]:
-    """`items` with the middle of every run longer than `2 * repeats + 1` made a `Run`.
-
-    A run is consecutive siblings of one type and structure; its first and last `repeats`
-    children stay. Folding one child would not save a line, hence the `+ 1`.
-    """
+    """`items` with the middle of every run (same-structure siblings) longer than
+    `2 * repeats + 1` made a `Run` (folding one child would not save a line)."""
     if repeats is None or len(items) <= 2 * repeats + 1:
         return items
     # plain Python values never fold: their values are the information (layer sizes)
@@ -607,10 +600,8 @@ def picture_entries(
     hidden: bool = True,
     open_runs: bool = False,
 ) -> Entry:
-    """The tree as labelled entries, which the diagram, graph, mermaid chart and HTML draw.
-
-    `hidden` shows `repr=False` fields; `open_runs` gives folded runs their children.
-    """
+    """The tree as labelled entries (`hidden`: `repr=False` fields too; `open_runs`: folded
+    runs with their children), which the diagram, graph, mermaid chart and HTML draw."""
     _check_options(depth, is_leaf, repeats)
 
     def entries(x: object, key: str, depth: float) -> Entry:
@@ -823,28 +814,22 @@ def _leaf_count_size(x: object) -> tuple[int, int]:
     count_of, size_of = (None, None) if rule is None else (rule.count, rule.size)
     if count_of is not None and size_of is not None:
         return count_of(x), size_of(x)
-    count, size = _default_count_size(x)  # a rule may set one of the two
-    return count if count_of is None else count_of(x), size if size_of is None else size_of(x)
-
-
-def _default_count_size(x: object) -> tuple[int, int]:
-    wrapper = wrapper_of(x)
+    wrapper = wrapper_of(x)  # a rule may set one of the two: the other as if it had none
     if wrapper is not None:
-        return _leaf_count_size(wrapper.unwrap(x))
-    if isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
+        count, size = _leaf_count_size(wrapper.unwrap(x))
+    elif isinstance(x, (*_ARRAY_TYPES, jax.ShapeDtypeStruct)):
         count = math.prod(x.shape)
         try:
-            itemsize = np.dtype(x.dtype).itemsize
+            size = count * np.dtype(x.dtype).itemsize
         except TypeError:  # extended dtypes (PRNG keys)
-            itemsize = getattr(x.dtype, "itemsize", 0)
-        return count, count * itemsize
-    if isinstance(x, (bool, numbers.Number)):
-        return 1, sys.getsizeof(x)
-    # frozen subtrees and other nodes reached through `is_leaf`: their leaves
-    leaves = jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf)
-    if len(leaves) != 1 or leaves[0] is not x:
-        return _totals(leaves)
-    return 0, sys.getsizeof(x)
+            size = count * getattr(x.dtype, "itemsize", 0)
+    elif isinstance(x, (bool, numbers.Number)):
+        count, size = 1, sys.getsizeof(x)
+    else:  # frozen subtrees and other nodes reached through `is_leaf`: their leaves
+        leaves = jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf)
+        alone = len(leaves) == 1 and leaves[0] is x
+        count, size = (0, sys.getsizeof(x)) if alone else _totals(leaves)
+    return count if count_of is None else count_of(x), size if size_of is None else size_of(x)
 
 
 def _totals(leaves: list[Any]) -> tuple[int, int]:
@@ -913,16 +898,6 @@ _ROLE_ORDER = (_roles.TRAINABLE, _roles.STATE, _roles.FROZEN, _roles.OTHER, _rol
 def _row_role(roles: Iterable[str]) -> str:
     found = set(roles)
     return found.pop() if len(found) == 1 else _roles.MIXED
-
-
-def _role_footer(totals: dict[str, list[int]], tree: object) -> list[list[str]]:
-    """The `Σ` rows of each role present, then of the tree's static values, above the total."""
-    sums = [(role, totals[role]) for role in _ROLE_ORDER if role in totals]
-    rows = [_sum_row(role, count, size) for role, (count, size) in sums]
-    statics = [value for _, _, value in _roles.static_values(tree)]
-    if statics:
-        rows.append(_sum_row(_roles.STATIC, *_totals(statics)))
-    return rows
 
 
 def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
@@ -1054,7 +1029,12 @@ def tree_summary(
     show_roles = any(role != _roles.TRAINABLE for role in role_totals)
     sharded = any(row[5] for row in rows)
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
-    footer = _role_footer(role_totals, tree) if show_roles else []
+    footer = []
+    if show_roles:  # the `Σ` rows of each role present, then of the static values
+        footer = [_sum_row(role, *role_totals[role]) for role in _ROLE_ORDER if role in role_totals]
+        statics = [value for _, _, value in _roles.static_values(tree)]
+        if statics:
+            footer.append(_sum_row(_roles.STATIC, *_totals(statics)))
     table += footer
     count = sum(c for c, _ in role_totals.values())
     size = sum(s for _, s in role_totals.values())

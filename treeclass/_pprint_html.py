@@ -101,8 +101,7 @@ def tree_html(
 
 
 class _HtmlDisplay:
-    """`_repr_html_` for instances only: treescope adds a "rich HTML" box (a second drawing
-    of the tree) for a class with a callable `_repr_html_`; IPython asks the instance."""
+    """`_repr_html_` for instances only (treescope draws a class with one twice)."""
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
@@ -119,18 +118,6 @@ html_display = _HtmlDisplay()
 # -- treescope ------------------------------------------------------------------------------
 
 
-def _own_text(value: object) -> str | None:
-    """Our text for values treescope would show as a bare `<object at 0x…>`."""
-    rule = rule_for(value)
-    if rule is not None and rule.repr is not None:
-        return rule.repr(value)
-    # plain functions get treescope's own reflection; wrapped ones (`jax.nn.relu` is a
-    # `custom_jvp`, a jitted function a `PjitFunction`) their signature, as in `repr`
-    if is_function(value) and not isinstance(value, types.FunctionType):
-        return function_text(value)
-    return None
-
-
 def _separator(last: bool) -> Any:
     from treescope import rendering_parts as parts
 
@@ -144,9 +131,13 @@ def _render_child(
 ) -> Any:
     from treescope import rendering_parts as parts
 
-    text = _own_text(value)
-    if text is not None:
-        return parts.build_one_line_tree_node(parts.text(text), path=path)
+    # our text where treescope would show a bare `<object at 0x…>`: a print rule's, or the
+    # signature of a wrapped function (`jax.nn.relu` is a `custom_jvp`), as in `repr`
+    rule = rule_for(value)
+    if rule is not None and rule.repr is not None:
+        return parts.build_one_line_tree_node(parts.text(rule.repr(value)), path=path)
+    if is_function(value) and not isinstance(value, types.FunctionType):
+        return parts.build_one_line_tree_node(parts.text(function_text(value)), path=path)
     # treescope draws bare-bracket containers (dicts, lists, tuples) itself, but never
     # folds them: those with long runs are drawn here, the way treescope would
     view = view_of(value)

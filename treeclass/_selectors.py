@@ -406,8 +406,7 @@ def _opened(walk: Walk, node: object) -> Opened | None:
 
 
 class _SingleKeyMatcher(Matcher):
-    """A name or an index: the row finds the one child (the node is not opened), and
-    missing it is an error."""
+    """A name or an index: the row finds the one child without opening the node."""
 
     __slots__ = ("key",)
     one_key = True
@@ -680,11 +679,8 @@ _EACH = (EACH, True)
 
 
 class TypeMatcher(Matcher):
-    """A class: every node below that is an instance of it, not looking into a match.
-
-    A frozen value is matched by the class of the value inside it, so the selection that
-    froze a node selects it again to thaw it (`.apply(tc.unfreeze, is_leaf=tc.is_frozen)`).
-    """
+    """A class: every node below that is an instance of it (a frozen value by the value
+    inside), not looking into a match."""
 
     __slots__ = ("cls",)
     sees_into_frozen = True
@@ -702,10 +698,7 @@ class TypeMatcher(Matcher):
 
 
 class WhereMatcher(Matcher):
-    """`where(fn)`: every node below for which `fn(path, node)` holds.
-
-    A frozen value is shown to `fn` unfrozen (see `where`).
-    """
+    """`where(fn)`: every node below for which `fn(path, node)` holds (see `where`)."""
 
     __slots__ = ("fn",)
     sees_into_frozen = True
@@ -730,11 +723,8 @@ class WhereMatcher(Matcher):
 
 
 class GlobMatcher(Matcher):
-    """`glob(pattern)`: nodes whose key path below the current level matches `pattern`.
-
-    The pattern's automaton is the glob's own (`_glob.Glob`); the state is the automaton's,
-    the set of pattern positions reached at a node.
-    """
+    """`glob(pattern)`: nodes whose key path below the current level matches `pattern`; the
+    state is the glob automaton's (the pattern positions reached at a node)."""
 
     __slots__ = ("glob", "accept")
     names_something = naming = True
@@ -775,8 +765,7 @@ class GlobMatcher(Matcher):
         return ZIP, (opened, [state] * len(opened.entries))
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
-        """Whether the pattern, at `state`, matches some node below `node` (wrapped values
-        looked into): a dry run, for errors."""
+        """Whether the pattern at `state` matches below `node`, wrapped values looked into."""
         node = unwrap(node)
         opened = open_node(node, node_kind(node))
         if opened is None:
@@ -832,9 +821,8 @@ class GlobMatcher(Matcher):
     def _misses(
         self, node: object, state: frozenset[int], path: tuple[Any, ...]
     ) -> Iterator[tuple[int, Any, tuple[Any, ...] | None]]:
-        """Where the pattern stops, for errors: `(position, name, None)` wherever a name
-        fails the segment at that position, `(position, (node, state), path)` wherever the
-        segment at that position finds a node with no children to match."""
+        """Where the pattern stops: `(position, failing name, None)`, or `(position, (node,
+        state), path)` at a node with no children to match."""
         opened = row_of(node).open(node)
         if opened is None or not opened.entries:
             for p in state:
@@ -891,13 +879,9 @@ def _is_other_selector(x: object) -> bool:
 
 
 def is_mask_like(x: object) -> bool:
-    """Whether `x` is taken for a boolean mask selector: a bool, a boolean array, or a
-    container none of whose children is another kind of selector.
-
-    Only the first level is looked at, so that indexing with a big mask stays cheap; a
-    container other than a tuple (which may be a union) with any bool child is a mask,
-    and a leaf of it that is not a bool is reported, with its path, when it is used.
-    """
+    """Whether `x` is a boolean mask selector: a bool, a boolean array, or a container
+    whose first level holds no other selector (a non-tuple with a bool child is one; its
+    bad leaves are reported when it is used)."""
     if mask_leaf_value(x) is not None:
         return True
     if x is None or _is_other_selector(x):
@@ -1203,16 +1187,12 @@ def _is_subclass(cls: type, base: type) -> bool:
         raise TypeError(f"A selector type cannot be registered with {base!r}: {error}") from None
 
 
-def _is_namedtuple_class(kind: type) -> bool:
-    return issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields")
-
-
 def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
-    """Why values of `kind` (or of its subclasses) are selectors already; `""` if they are
-    not. With `namedtuple_ok`, a NamedTuple class may take over from `tuple` (`def_rule`)."""
+    """Why values of `kind` are selectors already, `""` if not (`namedtuple_ok`: def_rule)."""
     if kind in _MEANINGS:
         return f"`{_type_text(kind)}` values are {_MEANINGS[kind]}"
-    exempt = tuple if namedtuple_ok and _is_namedtuple_class(kind) else None
+    namedtuple = issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields")
+    exempt = tuple if namedtuple_ok and namedtuple else None
     for builtin, meaning in _MEANINGS.items():
         if builtin is not exempt and _is_subclass(kind, builtin):
             if _type_text(kind) == _type_text(builtin):  # `tc.TreeClass` shows as its base
@@ -1234,8 +1214,7 @@ def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
 
 
 class _UserType:
-    """A selector type registered with `BaseKey.def_alias` or `at.def_rule`: a compiler of
-    its values, like those of `_BUILTIN`, and how messages name such a type (`what`)."""
+    """A compiler of a type registered by `def_alias` or `def_rule`, and its name (`what`)."""
 
     __slots__ = ("what", "compile")
 
@@ -1259,8 +1238,7 @@ def _register(kind: type, user: _UserType) -> None:
 
 
 def _user_type(cls: type) -> _UserType | None:
-    """The registered type `cls` falls under: along the MRO first, then the abstract base
-    classes (`issubclass`), so a registered virtual subclass is not ignored."""
+    """The registered type `cls` falls under, along the MRO, then by `issubclass` (ABCs)."""
     if not _USER_TYPES:
         return None
     for base in cls.__mro__:
@@ -1278,9 +1256,8 @@ def _user_type(cls: type) -> _UserType | None:
 
 @functools.lru_cache(maxsize=512)
 def _compiler_for(cls: type) -> Compiler | None:
-    """The compiler of `cls`'s values: the first built-in or registered type along its MRO
-    (a NamedTuple rule comes before `tuple`), else a registered ABC it is a virtual
-    subclass of."""
+    """The compiler of `cls`'s values: the first built-in or registered type along its MRO,
+    else a registered ABC."""
     for base in cls.__mro__:
         compiler: Compiler | None = _BUILTIN.get(base) or _USER_TYPES.get(base)
         if compiler is not None:

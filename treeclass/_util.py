@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer as _Tracer
 
+from ._numbers import PYTHON_NUMBERS
 from ._values import (
     exact_key,
     local_copy,
@@ -32,7 +33,6 @@ _R = TypeVar("_R")
 # `isinstance(x, jax.Array)` costs about 1 us (an ABC check): a type's kind is cached
 
 _OTHER, _NUMBER, _NUMPY, _JAX = 0, 1, 2, 3
-_PYTHON_NUMBERS = (bool, int, float, complex)
 
 
 @functools.lru_cache(maxsize=512)
@@ -41,7 +41,7 @@ def _kind_of_type(cls: type) -> int:
         return _JAX
     if issubclass(cls, (np.ndarray, np.generic)):  # before numbers: np.float64 is a float
         return _NUMPY
-    if issubclass(cls, _PYTHON_NUMBERS):
+    if issubclass(cls, PYTHON_NUMBERS):
         return _NUMBER
     return _OTHER
 
