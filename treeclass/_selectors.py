@@ -17,12 +17,8 @@ freely. A verdict is `(code, payload)`:
 - `(STATIC, name)`: a static field named last in a `set`/`apply` (`walk.static_ok`).
 
 A selector that *names* something (a glob, a regex, a `BaseKey`, a name) must select
-something: a missing name raises at once, the others record each match with the walk,
-and `no_match_error` explains an empty selection with the closest existing keys. Node
-access (opening, one child by key, static parts, wrappers) is the row of the node's kind
-in `_structure`'s table (`row_of`): a stack of blocks, say, opens into its blocks there.
-The glob language (`tc.glob`: parsing, the automaton) is `_glob.py`'s; `GlobMatcher`
-here runs it over a tree.
+something: `no_match_error` explains an empty selection with the closest existing keys.
+Node access is the row of the node's kind (`_structure.row_of`).
 """
 
 from __future__ import annotations
@@ -1089,10 +1085,8 @@ def _compile_entry(selector: Any, where: Callable[[], str]) -> Matcher:
 _BOOL_MASKS = "boolean masks (select all or nothing)"
 _ENTRIES = "key entries (the child under that key)"
 # The built-in selector types: what compiles their values, and what they mean (for the
-# refusal of `def_alias` and `def_rule`). Looked up along the selector type's MRO, so
-# subclasses (np.int64 of np.integer, a str subclass) follow their base, together with the
-# types registered by `BaseKey.def_alias` and `at.def_rule` (`_USER_TYPES`), which cannot
-# be built-in types, nor their subclasses or bases (`_builtin_meaning`).
+# refusals of `def_alias` and `def_rule`). Looked up along the selector type's MRO (with
+# the registered `_USER_TYPES`), so subclasses (np.int64 of np.integer) follow their base.
 _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
     str: (lambda s, where: NameMatcher(str(s)), "key names"),
     bool: (lambda s, where: MaskMatcher(bool(s)), _BOOL_MASKS),
@@ -1124,11 +1118,9 @@ _DISPLAY_NAMES = {
     DictKey: "jax.tree_util.DictKey",
     SequenceKey: "jax.tree_util.SequenceKey",
 }
-# What each built-in selector type means: every type of `_BUILTIN_TYPES` (but none is left
-# out: a registration the table would shadow is accepted and ignored), and those whose
-# values the mask fallback of `compile_selector` takes (the containers and arrays a boolean
-# mask is made of). Any other registered pytree node is a mask too; its type cannot be told
-# without a value, so an alias of one is refused when it is used.
+# What each built-in selector type means: those of `_BUILTIN_TYPES`, and those the mask
+# fallback of `compile_selector` takes. Any other pytree node is a mask too, but its type
+# cannot be told without a value, so an alias of one is refused when it is used.
 _MEANINGS: dict[type, str] = {
     **{kind: meaning for kind, (_, meaning) in _BUILTIN_TYPES.items()},
     dict: "boolean masks",
@@ -1226,9 +1218,8 @@ class _UserType:
         return self.compile(selector, where)
 
 
-# The registered selector types, of both registries: type -> `_UserType`. Written by
-# `_register` (a dict store under the GIL; `_compiler_for`'s cache is cleared after it),
-# read on indexing. Registering a type again replaces it, whichever registry it was in.
+# The types registered by both registries: written by `_register` (a dict store under the
+# GIL, then `_compiler_for`'s cache cleared), read on indexing.
 _USER_TYPES: dict[type, _UserType] = {}
 
 

@@ -23,7 +23,6 @@ from jax.typing import ArrayLike, DTypeLike
 __all__ = [
     "PLAIN_TYPES",
     "ByIdentity",
-    "ArrayKey",
     "register_childless",
     "exact_key",
     "hashable_key",
