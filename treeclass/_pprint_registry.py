@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import operator
 import re
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -27,6 +26,7 @@ from ._structure import (
     registered_kind,
     write_part,
 )
+from ._util import add_leaf_note
 from ._values import short_repr
 
 __all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
@@ -136,10 +136,10 @@ def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any]
         try:
             result = fn(value)
         except Exception as error:
-            if sys.version_info >= (3, 11):
-                error.add_note(
-                    _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
-                )
+            spelling = _spelling(cls, field)
+            add_leaf_note(
+                error, _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=spelling)
+            )
             raise
         return _checked_result(cls, field, value, result)
 

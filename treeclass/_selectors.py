@@ -142,22 +142,15 @@ class BaseKey(abc.ABC):
         The converter (so that it works as a decorator).
 
         ```python
-        import types
+        import re
         import treeclass as tc
 
-        class NameIs(tc.BaseKey):
-            def __init__(self, test):
-                self.test = test
+        class Prefix:
+            def __init__(self, text):
+                self.text = text
 
-            def __eq__(self, entry):
-                return bool(self.test(getattr(entry, "key", None)))
-
-        @tc.BaseKey.def_alias(types.FunctionType)
-        def _(fn):
-            return NameIs(fn)
-
-        tree = {"alpha": 1, "beta": 2}
-        assert tc.at(tree)[lambda key: key.startswith("a")].set(0) == {"alpha": 0, "beta": 2}
+        tc.BaseKey.def_alias(Prefix, lambda p: re.compile(re.escape(p.text) + ".*"))
+        assert tc.at({"alpha": 1, "beta": 2})[Prefix("a")].set(0) == {"alpha": 0, "beta": 2}
         ```
         """
         if not isinstance(kind, type):
