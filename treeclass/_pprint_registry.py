@@ -225,7 +225,7 @@ def register_printer(
         write_part(cls, "display", rule)
 
 
-_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for {printers}:
+_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for `tc.{printer}`:
 `tc.register_printer(cls, {field}=func)` keeping the rule's other fields (PyTreeClass).
 
 **Arguments**
@@ -247,22 +247,16 @@ class Token:
 def _(token):
     return {example}
 
-{check}
+print(tc.{printer}([Token()]))
 {name}(Token, None)  # forget it again
 ```
 """
 
-_ALIAS_EXAMPLES = {
-    "type_name": ('"token"', 'assert "│ token │" in tc.tree_summary([Token()])'),
-    "count": ("7", 'assert "│     7 │" in tc.tree_summary([Token()])'),
-    "size": ("1024", 'assert "│ 1.00KiB │" in tc.tree_summary([Token()])'),
-    "nodestyle": ('{"shape": "circle"}', "assert 'shape=\"circle\"' in tc.tree_graph([Token()])"),
-}
-_ALIAS_TEXT = {
-    "type_name": ("summary Type column text", "`tc.tree_summary`", "str"),
-    "count": ("summary element count", "`tc.tree_summary`", "int"),
-    "size": ("summary size in bytes", "`tc.tree_summary`", "int"),
-    "nodestyle": ("graphviz node attributes", "`tc.tree_graph`", "dict"),
+_ALIAS_TEXT = {  # field -> what it sets, what `func` returns, an example's return value
+    "type_name": ("summary Type column text", "str", '"token"'),
+    "count": ("summary element count", "int", "7"),
+    "size": ("summary size in bytes", "int", "1024"),
+    "nodestyle": ("graphviz node attributes", "dict", '{"shape": "circle"}'),
 }
 
 
@@ -286,17 +280,11 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
             register_printer(cls, **current)
         return func
 
-    what, printers, returns = _ALIAS_TEXT[field]
-    example, check = _ALIAS_EXAMPLES[field]
-    define.__name__ = define.__qualname__ = name.rpartition(".")[2]
+    what, returns, example = _ALIAS_TEXT[field]
+    printer, _, define.__name__ = name.rpartition(".")
+    define.__qualname__ = define.__name__
     define.__doc__ = _ALIAS_DOC.format(
-        what=what,
-        printers=printers,
-        field=field,
-        name=f"tc.{name}",
-        returns=returns,
-        example=example,
-        check=check,
+        what=what, printer=printer, field=field, name=f"tc.{name}", returns=returns, example=example
     )
     return define
 

@@ -832,10 +832,12 @@ class GlobMatcher(Matcher):
 
 # -- masks -------------------------------------------------------------------------------------
 
-MASK_LEAF_MSG = (
-    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf; a mask holds "
-    "Python bools or boolean arrays, e.g. built with "
+_MASK_HOLDS = (
+    "A mask holds Python bools or boolean arrays, e.g. built with "
     "`jax.tree_util.tree_map(lambda x: x > 0, tree)`."
+)
+MASK_LEAF_MSG = (
+    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf. " + _MASK_HOLDS
 )
 MASK_MISMATCH_MSG = (
     "The mask's structure does not match the tree at {where}: {reason}. A mask must have "
@@ -1343,10 +1345,7 @@ SUPPORTED_BUILTIN = (
 
 NON_BOOL_MASK_MSG = (
     "Unsupported selector {selector} in `{where}`: a pytree selector (here a `{type}`) is a "
-    "boolean mask, and this one has a non-bool leaf at {path}: {value} (of type "
-    "`{leaf_type}`). A mask holds Python "
-    "bools or boolean arrays, e.g. built with `jax.tree_util.tree_map(lambda x: x > 0, tree)`."
-    "{hint}"
+    "boolean mask, and this one has a non-bool leaf at {path}: {value}. " + _MASK_HOLDS + "{hint}"
 )
 
 
@@ -1388,8 +1387,7 @@ def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
                 where=where(),
                 type=type(selector).__name__,
                 path=path_str(selector, path),
-                value=short_repr(leaf),
-                leaf_type=type(leaf).__name__,
+                value=describe(leaf),
                 hint=hint,
             )
         )
