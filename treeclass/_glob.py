@@ -168,8 +168,7 @@ class Glob:
 
     __slots__ = ("pattern", "segments", "captures", "start", "accept", "_transitions")
 
-    # memoization only (a pure function of the pattern): bounded, so a tree with
-    # unboundedly many distinct names cannot grow it without limit
+    # memoization only: bounded, so unboundedly many distinct names cannot grow it
     _MAX_TRANSITIONS = 4096
 
     def __init__(self, pattern: str) -> None:

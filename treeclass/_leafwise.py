@@ -41,8 +41,7 @@ _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
 
 
 def _rounding(name: str) -> Callable[[Any], Any]:
-    # `math.floor(array)` works on scalars only: arrays take the elementwise NumPy/JAX
-    # function, Python numbers keep `math` semantics (an int back)
+    # `math.floor` works on scalars only (an int back): arrays take NumPy's or JAX's
     jax_fn, numpy_fn, math_fn = getattr(jnp, name), getattr(np, name), getattr(math, name)
 
     def rounded(x: jax.Array | np.ndarray | float) -> Any:

@@ -28,8 +28,7 @@ _CATEGORIES = (
     ("f", jnp.floating),
     ("c", jnp.complexfloating),
 )
-# a number's kind -> the kinds of dtype that take it by kind (NumPy scalars, traced weak
-# scalars: numbers whose value is not judged alone)
+# a number's kind -> the dtype kinds that take it, for numbers not judged by value alone
 KIND_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
 
 

@@ -55,12 +55,10 @@ _REPEATS_MSG = (
 DEFAULT_REPEATS = 3  # children of a long run of siblings kept at each end
 _RUN_SIGNATURE_MAX = 72  # a folded run names its children's structure up to this, else `T(...)`
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-# Accelerator arrays this big are reduced where they live (four numbers come back); smaller
-# or host ones are reduced with numpy on the host, with no reduction compiled per shape.
+# accelerator arrays this big are reduced where they live; others on the host (no compile)
 _DEVICE_STATS_MIN_SIZE = 1 << 20
 _SMALL_ARRAY_SIZE = 1 << 16  # up to this size, a shortcut cheaper than `np.std`
-# Host arrays above STATS_EXACT_MAX elements show statistics of STATS_SAMPLE_SIZE of them,
-# marked `sampled`: milliseconds whatever the size, so a billion-parameter model prints.
+# host arrays above STATS_EXACT_MAX elements show statistics of a sample (milliseconds)
 STATS_EXACT_MAX = 1 << 20
 STATS_SAMPLE_SIZE = 1 << 16
 
@@ -699,8 +697,7 @@ def _dot_attributes(entry: Entry) -> str:
     rule = None if entry.run else rule_for(entry.value)
     if rule is None or rule.nodestyle is None:
         return ""
-    # the rule checked its result: names are graphviz attribute names, so only values
-    # need quoting (bools as DOT writes them)
+    # the rule checked that names are graphviz's: only values need quoting (bools as DOT's)
     style = rule.nodestyle(entry.value)
     return "".join(
         f', {name}="{_dot_escape(str(value).lower() if type(value) is bool else str(value))}"'

@@ -138,8 +138,7 @@ def _render_child(
         return parts.build_one_line_tree_node(parts.text(rule.repr(value)), path=path)
     if is_function(value) and not isinstance(value, types.FunctionType):
         return parts.build_one_line_tree_node(parts.text(function_text(value)), path=path)
-    # treescope draws bare-bracket containers (dicts, lists, tuples) itself, but never
-    # folds them: those with long runs are drawn here, the way treescope would
+    # treescope never folds the dicts, lists and tuples it draws: those with runs are drawn here
     view = view_of(value)
     if repeats is not None and view is not None and not view.named:
         items = view.items(value, False) or []

@@ -86,8 +86,7 @@ def _arrays_equal(a: Any, b: Any) -> Any:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
-        # typed PRNG keys have no NumPy form: keys of one implementation (one dtype) are
-        # equal when their key data are
+        # typed PRNG keys have no NumPy form: keys of one dtype are equal by their key data
         a, b = jax.random.key_data(a), jax.random.key_data(b)
     if isinstance(a, _Tracer) or isinstance(b, _Tracer):
         return jnp.array_equal(a, b)
@@ -95,8 +94,7 @@ def _arrays_equal(a: Any, b: Any) -> Any:
 
 
 def _array_equals_number(array: Any, number: object, kind: int) -> Any:
-    # a number stands for an array filled with it (what `.at[...].set(number)` gives an
-    # array leaf), so it equals an array of one or more elements that all equal it
+    # a number stands for an array filled with it (as `.at[...].set(number)` fills one)
     if array.size == 0:
         return False
     if not isinstance(array, _Tracer):
@@ -117,8 +115,7 @@ def _array_equals_number(array: Any, number: object, kind: int) -> Any:
 def _leaves_equal(a: object, b: object) -> Any:
     """`True`/`False`, or a traced boolean scalar when a tracer is involved."""
     if a is b:
-        # containers compare members by identity first too ([nan] == [nan] when shared);
-        # this is also the fast path for comparing a tree with itself
+        # as containers compare members ([nan] == [nan] when shared); also a tree with itself
         return True
     # mypy: a class is not Hashable
     a_kind, b_kind = _kind_of_type(type(a)), _kind_of_type(type(b))  # type: ignore[arg-type]
@@ -239,8 +236,7 @@ def add_leaf_note(error: BaseException, note: str) -> None:
 
 
 # -- Partial ----------------------------------------------------------------------------
-# A node without children, its own auxiliary data: `jax.jit` compares and hashes it on
-# every call, so its arguments compare strictly, as static values, and it hashes once
+# `jax.jit` compares and hashes it on every call: arguments compare as statics, hashed once
 
 _PARTIAL_MISSING_MSG = (
     "{name} has {holes} placeholder(s) `...` to fill, but was called with only {given} "
@@ -333,9 +329,8 @@ class Partial(Generic[_R]):
         return cached
 
     def _exact_key(self) -> Any:
-        # the value facts' exact key, as for static fields and frozen values (arrays by
-        # their bytes, floats by their bits: a fresh `Partial(f, nan)` is the same static);
-        # computed on first use, not at construction, which tracing code does often
+        # the exact key of static fields and frozen values (a fresh `Partial(f, nan)` is the
+        # same static), computed on first use, not at construction, which tracing does often
         key = self._key
         if key is None:
             key = exact_key((self.func, self.args, self._keywords))

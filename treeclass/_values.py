@@ -46,9 +46,8 @@ __all__ = [
 
 # types whose values are their own exact keys, next to their type (`(type(v), v)`)
 PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
-# functions are leaves keyed by their own `==`/hash (where `hashable_key` ends for them):
-# said here by type, ahead of the array checks and the flatten that would find it out
-# slowly; bound methods hash their object, which may be unhashable, so they go the long way
+# functions are keyed by their own `==`/hash, told by type ahead of the slow checks (not
+# bound methods: they hash their object, which may be unhashable)
 _FUNCTIONS = frozenset({types.FunctionType, np.ufunc, type(jnp.add)})
 _pack_double = struct.Struct("<d").pack
 
@@ -162,8 +161,7 @@ class ArrayKey:
             return False
         if self.hash != other.hash or self.meta != other.meta or self.digest != other.digest:
             return False
-        # bitwise, so that a NaN equals the same NaN and 0.0 differs from -0.0: exactly
-        # when a computation that bakes the array in as a constant would be the same
+        # bitwise (NaN equals the same NaN, 0.0 is not -0.0), as a baked-in constant would be
         return bool(np.array_equal(host_bytes(self.array), host_bytes(other.array)))
 
 
@@ -334,8 +332,8 @@ def entry_name(entry: Any) -> Any:
 
 
 # -- the display protocol ---------------------------------------------------------------------
-# The printers (floors above) offer themselves here by format when they load, once, under
-# the import lock; a low value (a frozen value's `__repr__`) asks `display(format, value)`.
+# The printers (floors above) offer themselves here when they load; a low value (a frozen
+# value's `__repr__`) asks `display(format, value)`.
 
 _DISPLAYS: dict[str, Any] = {}
 
