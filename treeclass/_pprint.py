@@ -976,7 +976,7 @@ def tree_summary(
                     children = [child for _, _, child in item.items]
                     first = children[0]
                     is_node = not stop(first) and children_of(first) is not None
-                    kind = type(first).__name__ if is_node else _leaf_type(first)
+                    what = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
                     if any(states[k] for k in span) or _roles.declares_state(first):
                         names = [
@@ -986,12 +986,8 @@ def tree_summary(
                         ]
                     else:  # the run's siblings share their classes: no state below any
                         names = [_stopped_role(x) for x in leaves]
-                    add_row(
-                        _path_text(keys) + item.keys,
-                        f"{len(children)} × {kind}",
-                        sized(leaves, names),
-                        "",
-                    )
+                    kind = f"{len(children)} × {what}"
+                    add_row(_path_text(keys) + item.keys, kind, sized(leaves, names), "")
                 else:
                     key, child = flat[position]
                     visit(child, states[position], (*keys, key), remaining - 1)
