@@ -144,10 +144,10 @@ def is_tree_equal(*trees: object) -> Any:
 
     Leaves compare by value, as in PyTreeClass, so a tree equals itself after `jax.jit`:
     arrays by shape, dtype and values; a number and an array when every element (one at
-    least) equals it (a JAX array rounds it to its dtype first); other leaves by `==`
-    (one that raises or has no truth value differs). Static values (static fields, frozen
-    values, `Partial`) are part of the structure, compared strictly (`1`, `1.0` and `True`
-    differ). A leaf always equals itself, even a NaN.
+    least) equals it (rounded to a JAX array's dtype first; exactly for NumPy); other
+    leaves by `==` (one that raises or has no truth value differs). Static values (static
+    fields, frozen values, `Partial`) are part of the structure, compared strictly (`1`,
+    `1.0` and `True` differ). A leaf always equals itself, even a NaN.
 
     **Arguments**
 
