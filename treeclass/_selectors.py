@@ -105,15 +105,12 @@ class BaseKey(abc.ABC):
     import jax
     import treeclass as tc
 
-    class StartsWith(tc.BaseKey):
-        def __init__(self, prefix):
-            self.prefix = prefix
-
+    class Weights(tc.BaseKey):
         def __eq__(self, entry):
-            return isinstance(entry, jax.tree_util.DictKey) and entry.key.startswith(self.prefix)
+            return isinstance(entry, jax.tree_util.DictKey) and entry.key.startswith("w")
 
     tree = {"w1": 1.0, "w2": 2.0, "b": 3.0}
-    assert tc.at(tree)[StartsWith("w")].set(0.0) == {"w1": 0.0, "w2": 0.0, "b": 3.0}
+    assert tc.at(tree)[Weights()].set(0.0) == {"w1": 0.0, "w2": 0.0, "b": 3.0}
     ```
     """
 
