@@ -1,10 +1,6 @@
-"""All code treeclass generates: the `__init__` of a class, and the unflatten of a layout.
-
-Both run on hot paths (constructing an instance; rebuilding a tree on every `jax.jit`
-call), where straight-line code specialised to one class beats a generic loop by about
-2x. Each function is rendered from a template below, compiled under a filename that
-says what it is (`<treeclass __init__ of model.Linear>`), and its source is registered
-with `linecache`, so tracebacks, `inspect.getsource` and debuggers show the code.
+"""All code treeclass generates, the `__init__` of a class and the unflatten of a layout
+(hot paths, where code specialised to one class beats a loop by about 2x), compiled under
+a filename that says what it is, with its source in `linecache` for tracebacks.
 """
 
 from __future__ import annotations
@@ -130,9 +126,8 @@ def render_init(
 
 
 def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list[str]:
-    """Seal an instance with static values: plain ones leave its layout pending (its shape
-    in the slot, `_node._materialize`); others are keyed now, so an unhashable one fails
-    in `__init__`, naming its field."""
+    """Seal an instance with static values: plain ones leave its layout pending, others
+    are keyed now (so an unhashable one fails in `__init__`, naming its field)."""
     values = [f"__tc_f_{name}" for name in static_names]
     plain = " and ".join(f"type({v}) in __tc_plain" for v in values)
     given = "".join(f"{v}, " for v in values)

@@ -1,15 +1,7 @@
-"""The one pattern language of treeclass: a key-path pattern, parsed once, run two ways.
-
-`tc.glob` selectors, the globs of sharding rules and both sides of checkpoint key rules
-are written in it (the syntax: `glob`'s docstring). A pattern is parsed into segments,
-each matching one key name (`layers`, `*`, `{i}`, `[0]`, `['a.b']`), one or more
-(`{rest*}`) or any number (`**`). Two back ends run the parsed form:
-
-- an NFA whose state is the set of segment positions reached so far; `Glob.advance`
-  moves it over one key name, for walking trees. What a match selects in a tree, and the
-  error of a glob that selects nothing, belong to the selectors (`_selectors.GlobMatcher`);
-- a full-string regex over dotted names (`Glob.regex`), captures as named groups, for
-  key rules over a checkpoint's names.
+"""The one key-path pattern language (`tc.glob`, sharding rules, checkpoint key rules; the
+syntax: `glob`'s docstring), parsed once into segments and run two ways: an NFA over key
+names for walking trees (`Glob.advance`; `_selectors.GlobMatcher` runs it over a tree),
+and a regex over dotted names for key rules (`Glob.regex`).
 """
 
 from __future__ import annotations
@@ -88,8 +80,7 @@ def _name_regex(
     choices: Mapping[str, tuple[str, ...]] | None = None,
     many: frozenset[str] = frozenset(),
 ) -> str:
-    """Tokens as a regex body, `char` standing for one character of a name. With `seen`
-    (the capture names so far: over dotted names), each capture is a named group."""
+    """Tokens as a regex body (`char`: one character); with `seen`, captures are groups."""
     parts = []
     for token in tokens:
         if isinstance(token, str):
@@ -119,14 +110,9 @@ def _of_text(name: object) -> str:
 
 
 class _Segment(str):
-    """One segment of a pattern: its text (a quoted key's literal), and how it matches.
-
-    `match` is truthy for a key name the segment matches (None for `**`); `repeat` marks
-    `{name*}`, which matches one name or more; `tokens` is the text parsed (None for a
-    quoted key, matched literally). A dotted segment (`layers`, `*_proj`, `{n:q|k}`)
-    matches `str(name)`. A bracket segment is what `jax.tree_util.keystr` writes for one
-    key: quoted (`['a.b']`) a literal string; unquoted (`[0]`, `[(1, 2)]`) the name
-    whose `repr` it is, or, holding wildcards or captures (`[*]`, `[{i}]`), `str(name)`.
+    """One segment of a pattern: its text, `match` (truthy for a key name it matches; None
+    for `**`), `repeat` (`{name*}`: one name or more) and `tokens` (None for a quoted key,
+    matched literally). An unquoted bracket segment matches the name whose `repr` it is.
     """
 
     match: Callable[[Any], object] | None
@@ -176,18 +162,13 @@ class _Segment(str):
 
 
 class Glob:
-    """A parsed pattern (`segments`, `captures`) and its two back ends.
-
-    The NFA: a state is a frozenset of positions in `segments`; `start` is the state
-    before any name, and a state holding `accept` (one past the last segment) has matched
-    the whole pattern. Transitions are memoized per (state, name), since layers repeat the
-    same names. The regex: `regex()`, over dotted names.
-    """
+    """A parsed pattern (`segments`, `captures`) and its two back ends. An NFA state is a
+    frozenset of positions in `segments`, from `start`; one holding `accept` (one past the
+    last segment) has matched. Transitions are memoized per (state, name)."""
 
     __slots__ = ("pattern", "segments", "captures", "start", "accept", "_transitions")
 
-    # memoization only (a pure function of the pattern): bounded, so a tree with
-    # unboundedly many distinct names cannot grow it without limit
+    # memoization only: bounded, so unboundedly many distinct names cannot grow it
     _MAX_TRANSITIONS = 4096
 
     def __init__(self, pattern: str) -> None:
@@ -208,8 +189,7 @@ class Glob:
         return ".".join(self.segments)
 
     def expects_name(self, position: int) -> bool:
-        """Whether the segment at `position` must match one key name (not `**`, not past
-        the end)."""
+        """Whether the segment at `position` must match one key name (not `**`, not past)."""
         return position < self.accept and self.segments[position].match is not None
 
     def _closure(self, positions: frozenset[int]) -> frozenset[int]:
@@ -253,10 +233,8 @@ class Glob:
         choices: Mapping[str, tuple[str, ...]] | None = None,
         many: frozenset[str] = frozenset(),
     ) -> re.Pattern[str]:
-        """The pattern as a regex over whole dotted names, each capture a named group (a
-        name captured again matches what it first captured). `choices` limits captures to
-        values and `many` lets a `{name}` take several segments: a key rule's target takes
-        the values its source allows, to run backwards over what it gives forwards."""
+        """The pattern as a regex over dotted names, each capture a named group; `choices`
+        limits captures to values, `many` lets a `{name}` take several segments."""
         parts: list[str] = []
         seen: set[str] = set()
         dot = False  # whether a segment before needs a '.' before the next one
@@ -358,37 +336,25 @@ def parse(pattern: str) -> Glob:
 def glob(pattern: str) -> Any:
     """A key-path pattern: one string that reaches nodes any number of levels down.
 
-    The pattern language is the one of every key-path pattern in treeclass: `tc.glob`,
-    the globs of `tc.ShardingRules`, and both sides of the key rules of `tc.load` /
-    `tc.save` (whose file names are dotted: `layers.0.w`).
-
-    **Syntax.** The pattern is a sequence of segments, each matching one level of the
-    key path below the current level:
-
-    - segments are separated by `.`; a leading `.` is allowed, so the output of
-      `jax.tree_util.keystr` for a path is a pattern matching exactly that path;
-    - a segment is matched against the key's name with `fnmatch` wildcards, case
-      sensitively: `*` (any characters), `?` (one character). The name of an attribute
-      (`GetAttrKey`) is its name, of a dict entry `str(key)`, of a sequence entry its
-      index in decimal (`0`, `1`, ...; negative indices are not supported);
-    - `[...]` is a segment of its own, written as `keystr` writes a key: `layers[0]` is
-      the index 0, `['a.b']` the dict key `'a.b'`. Inside quotes a key is literal (no
-      wildcards, may contain `.`, `[` and `*`); unquoted brackets may hold wildcards (`[*]`);
-    - `**` matches any number of levels, including none;
-    - captures: `{name}` matches one level (a non-empty name), within a segment too
-      (`{n}_proj`); `{name:a|b}` one level among the listed values; `{name*}`, a segment
-      of its own, one level or more. Here a capture selects as `*` (`{name*}` as `*.**`);
-      key rules write the captured values into their targets, and there a name captured
-      twice must take the same value (`tc.glob` refuses a repeated capture name, which it
-      cannot compare).
-
-    The whole pattern must match: `"layers.*"` selects each layer (whole subtrees),
-    `"layers.*.weight"` each layer's weight. A matching node is not looked into further.
-    A pattern that matches nothing is an error (`LookupError`) naming the closest keys.
+    The same language writes the globs of `tc.ShardingRules` and the key rules of
+    `tc.load` / `tc.save`. The whole pattern must match, and a matching node is not looked
+    into further; a pattern that matches nothing is an error (`LookupError`) naming the
+    closest keys.
 
     **Arguments**
 
-    - `pattern`: the pattern string.
+    - `pattern`: segments separated by `.`, each matching one level below the current
+      one (a leading `.` is allowed, so `jax.tree_util.keystr` of a path matches it):
+        - a name with `fnmatch` wildcards, case sensitive: `*` (any characters), `?` (one
+          character); an attribute is matched by its name, a dict entry by `str(key)`, a
+          sequence entry by its index in decimal (not negative);
+        - `[...]`, as `keystr` writes a key: `layers[0]`, `['a.b']` (quoted: literal, may
+          hold `.`, `[` and `*`; unquoted brackets may hold wildcards, `[*]`);
+        - `**`: any number of levels, none included;
+        - captures, which select as `*` here (key rules write their values into their
+          targets): `{name}` one level, also within a segment (`{n}_proj`); `{name:a|b}`
+          one level among the values; `{name*}` (a segment of its own) one level or more.
+          A repeated capture name is refused (`ValueError`).
 
     **Returns**
 
@@ -400,9 +366,6 @@ def glob(pattern: str) -> Any:
     tree = {"layers": [{"weight": 1.0, "bias": 0.0}, {"weight": 2.0, "bias": 0.0}]}
     new = tc.at(tree)[tc.glob("layers.*.weight")].apply(lambda w: w * 10)
     assert [layer["weight"] for layer in new["layers"]] == [10.0, 20.0]
-    assert tc.at(tree)[tc.glob("**.bias")].reduce(lambda a, b: a + b) == 0.0
-    weights = tc.at(tree)[tc.glob("layers.{i}.{p:weight|w}")].get(fill_value=None)
-    assert weights["layers"][1] == {"weight": 2.0, "bias": None}
     ```
     """
     if not isinstance(pattern, str):

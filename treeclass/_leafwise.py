@@ -1,8 +1,6 @@
-"""Leafwise operators (`leafwise`) and broadcasting maps over trees (`bcmap`).
-
-Both cost what `jax.tree_util.tree_map` does: a flatten per tree, a `map` run in C over the
-leaves and one `unflatten`. When a leaf raises, how far the leaves iterator got says which
-leaf it was; its key path is computed only then.
+"""Leafwise operators (`leafwise`) and broadcasting maps over trees (`bcmap`), each at the
+cost of a `tree_map`. When a leaf raises, how far the leaves iterator got says which leaf
+it was; its key path is computed only then.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
 
 
 def _rounding(name: str) -> Callable[[Any], Any]:
-    # `math.floor(array)` works on scalars only: arrays take the elementwise NumPy/JAX
-    # function, Python numbers keep `math` semantics (an int back)
+    # `math.floor` works on scalars only (an int back): arrays take NumPy's or JAX's
     jax_fn, numpy_fn, math_fn = getattr(jnp, name), getattr(np, name), getattr(math, name)
 
     def rounded(x: jax.Array | np.ndarray | float) -> Any:
@@ -187,12 +184,11 @@ def leafwise(cls: _T) -> _T:
     `math.trunc`. With another instance of `cls` (or of a subclass) a binary operator
     combines the two trees leaf by leaf (same structure, else `ValueError`); with any other
     value it applies that value to every leaf. `divmod` gives one tree of `(quotient,
-    remainder)` pairs, as PyTreeClass does. Comparisons give a tree of booleans, usable as
-    an `.at[...]` mask, so `==` no longer answers "are these trees equal?":
-    `tc.is_tree_equal` does. Static fields and frozen values are not leaves and stay as
-    they are; methods written in the class body win (`@dataclass` writes `__eq__`: pass
-    `eq=False` for a leafwise `==`). An error at a leaf gets a note naming it.
-    `class Tree(tc.TreeClass, leafwise=True)` is the same as decorating the class.
+    remainder)` pairs. Comparisons give a tree of booleans (an `.at[...]` mask; tree
+    equality is `tc.is_tree_equal`). Static fields and frozen values stay as they are;
+    methods written in the class body win (`@dataclass` writes `__eq__`: pass `eq=False`).
+    An error at a leaf gets a note naming it. `class Tree(tc.TreeClass, leafwise=True)` is
+    the same as decorating the class.
 
     **Arguments**
 
@@ -212,11 +208,8 @@ def leafwise(cls: _T) -> _T:
         b: jnp.ndarray
 
     pair = Pair(1.0, jnp.array([2.0, 3.0]))
-    doubled = pair * 2
-    assert doubled.a == 2.0
-    assert (pair + pair).b.tolist() == [4.0, 6.0]
+    assert (pair + pair * 2).b.tolist() == [6.0, 9.0]
     assert (pair > 1.5).b.tolist() == [True, True]
-    assert divmod(Pair(7.0, jnp.array([9.0])), 2).a == (3.0, 1.0)
     ```
     """
     if not isinstance(cls, type):
@@ -292,11 +285,10 @@ def bcmap(
 
     The first argument (positional, else the first keyword one) fixes the structure, as in
     PyTreeClass: every other argument of exactly that structure is mapped leaf by leaf
-    along with it, and any other (a scalar, an array, `None`, a tree of another structure
-    such as `axis=(0, 1)`) is passed whole to every call. The results form a tree of the
-    first argument's structure; when it is a leaf, that is one plain call. An error raised
-    by `func` gets a note naming the leaf, and the arguments passed whole because their
-    structure differs.
+    along with it, and any other (a scalar, `None`, a tree of another structure such as
+    `axis=(0, 1)`) is passed whole to every call; when it is a leaf, that is one plain
+    call. An error raised by `func` gets a note naming the leaf, and the arguments passed
+    whole because their structure differs.
 
     **Arguments**
 
@@ -317,10 +309,7 @@ def bcmap(
     tree = {"a": jnp.array([1.0, 3.0]), "b": 5.0}
     out = tc.bcmap(jnp.where)(tc.bcmap(jnp.greater)(tree, 2), tree, 0.0)
     assert out["a"].tolist() == [0.0, 3.0] and out["b"] == 5.0
-    assert tc.bcmap(jnp.sum)({"x": jnp.ones((2, 3))}, axis=(0, 1))["x"] == 6.0
-    assert tc.bcmap(lambda x, y: x + y)([1, 2], [10, 20]) == [11, 22]
     assert tc.bcmap(lambda x, y: x + y, broadcast_to=1)(1, [2, 3]) == [3, 4]
-    assert tc.bcmap(lambda x, y: x + y, broadcast_to="y")(x=1, y=[2, 3]) == [3, 4]
     ```
     """
     check_callable(func, "bcmap", "func")
@@ -387,8 +376,7 @@ def _reference(
 def _sort_arguments(
     ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
 ) -> tuple[list[tuple[int, list]], list[tuple[str, list]], list[tuple[str, Any]]]:
-    """`(position, leaves)` of the positional arguments with the reference's structure,
-    `(keyword, leaves)` of the keyword ones, and `(name, treedef)` of the other trees."""
+    """The mapped positional and keyword arguments' leaves, and the other trees' treedefs."""
     whole: list[tuple[str, Any]] = []
 
     def leaves_if_mapped(arg: object, name: str) -> list | None:

@@ -1,16 +1,7 @@
-"""Numbers into arrays: the one rule for a number put into an array (`.at[...].set`,
-`apply` / `scan`, masked sets, a block of a `tc.Stacked` leaf). A ground floor.
-
-A *number* (`is_number`, by exact type) is a Python `bool`, `int`, `float` or `complex`,
-or a scalar of any NumPy or ml_dtypes number type. It is kept when the array holds it up
-to the dtype's rounding, judged by value for Python numbers (`0.0` fits an int array,
-`2.7` does not; a `bool` fits a bool array only) and by kind too for NumPy scalars
-(`np.float32(2.0)` is refused by an int array); it is then written as the weak Python
-number of its value (`number_value`; `np.longdouble` rounded to float64), so every route
-writes the same bits. Otherwise it is refused, never wrapped, clipped or made inf/nan: a
-`TypeError` for the wrong kind, a `NumberRangeError` (an `OverflowError` and a
-`ValueError`) outside the dtype's range. Dtype categories are JAX's (NumPy reads 'V' for
-the ml_dtypes types).
+"""The one rule for a number put into an array: kept when the array holds it up to
+rounding (Python numbers judged by value, NumPy scalars by kind too), then written as the
+weak Python number of its value; else refused (`TypeError`, `NumberRangeError`), never
+wrapped, clipped or made inf/nan. Dtype categories are JAX's (ml_dtypes included).
 """
 
 from __future__ import annotations
@@ -37,8 +28,7 @@ _CATEGORIES = (
     ("f", jnp.floating),
     ("c", jnp.complexfloating),
 )
-# a number's kind -> the kinds of dtype that take it by kind (NumPy scalars, traced weak
-# scalars: numbers whose value is not judged alone)
+# a number's kind -> the dtype kinds that take it, for numbers not judged by value alone
 KIND_FITS = {"b": "b", "i": "iufc", "u": "iufc", "f": "fc", "c": "c"}
 
 
@@ -105,8 +95,7 @@ def number_kind(x: complex | np.generic) -> str:
 
 
 def _plain(x: np.generic) -> complex:
-    """A NumPy scalar as the Python number of its value (`np.longdouble`, which Python has no
-    type for, rounded to float64: it may overflow to inf)."""
+    """A NumPy scalar as the Python number of its value (`np.longdouble` rounded to float64)."""
     item = x.item()
     if type(item) in PYTHON_NUMBERS:
         return item
@@ -114,14 +103,12 @@ def _plain(x: np.generic) -> complex:
 
 
 def plain_number(x: Any) -> Any:
-    """A number as a Python number (weakly typed in JAX): NumPy and ml_dtypes scalars by
-    their value (`np.longdouble` rounded to float64); anything else as it is."""
+    """A NumPy or ml_dtypes number as the Python number of its value; anything else as is."""
     return _plain(x) if type(x) in NUMBER_TYPES and isinstance(x, np.generic) else x
 
 
 def jax_holdable(array: np.ndarray) -> np.ndarray:
-    """A NumPy array of numbers as one JAX can hold: `np.longdouble` ones rounded to float64
-    (complex128), as `number_value` rounds each of those numbers; others as they are."""
+    """A NumPy array as one JAX can hold: `np.longdouble` ones rounded to 64 bits."""
     return (
         array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
         if _wide(array.dtype)
@@ -140,9 +127,7 @@ def _wide(dtype: np.dtype) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _range_of(dtype: np.dtype) -> tuple[str, Any, Any, Any]:
-    """A dtype's kind and range: `(kind, min, max, None)` for ints and bools, `(kind, half
-    a step at the largest value, the largest value, the real dtype)` for floats and
-    complex."""
+    """`(kind, min, max, None)`, or for floats `(kind, half step at max, max, real dtype)`."""
     kind = dtype_kind(dtype)
     if kind == "b":
         return kind, 0, 1, None
@@ -159,15 +144,13 @@ def _range_of(dtype: np.dtype) -> tuple[str, Any, Any, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _signed_float(real: np.dtype) -> bool:
-    """Whether a float dtype holds 0 and negative numbers (float8_e8m0fnu holds neither),
-    so that a finite number within its largest value needs no cast to check."""
+    """Whether a float dtype holds 0 and negative numbers (float8_e8m0fnu holds neither)."""
     with np.errstate(over="ignore", invalid="ignore"):
         return bool(np.isfinite(np.asarray([0.0, -1.0]).astype(real)).all())
 
 
 def plain_float_limit(dtype: np.dtype) -> float | None:
-    """The largest value of a float dtype that keeps every finite number below it up to
-    rounding (the fast path of a write), or None for other dtypes."""
+    """The bound below which a float dtype keeps every finite number (None: not a float)."""
     kind, _, largest, real = _range_of(dtype)
     return largest if kind == "f" and _signed_float(real) else None
 
@@ -197,9 +180,7 @@ def _float_misfit(
 
 
 def number_misfit(value: Any, dtype: np.dtype) -> tuple[type[Exception], str] | None:
-    """Why the number `value` would change on its way into an array of `dtype`, with the
-    error to raise (`TypeError`: another kind; `NumberRangeError`: out of range), or None
-    when the array keeps it up to rounding."""
+    """`(error type, why)` the number `value` would change in an array of `dtype`, or None."""
     kind, low, high, real = _range_of(dtype)
     name = dtype_name(dtype)
     if kind == "V":
@@ -237,11 +218,7 @@ def number_misfit(value: Any, dtype: np.dtype) -> tuple[type[Exception], str] | 
 
 
 def number_value(value: Any, dtype: DTypeLike) -> Any:
-    """The number to write for `value` (one `number_misfit` keeps) into an array of
-    `dtype`: a Python number of the array's kind, weakly typed, so that JAX and NumPy keep
-    the array's dtype (`0.0` for an int array is given as `0`, `np.float32(2.5)` as
-    `2.5`), and every route writing it gives the same bits. An integer beyond int32's range
-    (which a weak int cannot carry without x64) is given as a scalar of `dtype` itself."""
+    """The weak Python number of the array's kind to write for `value` into `dtype`."""
     if isinstance(value, np.generic):
         if _wide(np.dtype(dtype)):
             return value

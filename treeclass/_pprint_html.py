@@ -1,9 +1,7 @@
 """Notebook display of trees: HTML (`tree_html`) and treescope (`treescope_repr`), which
-`Printed` plugs in as `_repr_html_` and `__treescope_repr__`. Treescope calls these only
-once it is imported, so it is imported here only where a rendering is made.
-
-The HTML is `<details>` elements with inline styles: it folds without JavaScript or
-network, survives front ends that strip `<style>`, and takes its colours from the page.
+`Printed` plugs in as `_repr_html_` and `__treescope_repr__` (treescope is imported only
+where a rendering is made). The HTML is `<details>` elements with inline styles: it folds
+without JavaScript, survives front ends that strip `<style>`, and takes the page's colours.
 """
 
 from __future__ import annotations
@@ -83,12 +81,9 @@ def tree_html(
     open_levels: int | None = None,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """The tree as HTML with collapsible nodes (what Jupyter shows for a `TreeClass`).
-
-    Nodes are `<details>` elements labelled as `tree_diagram`'s lines, `repr=False` fields
-    hidden; a long run is one folded node that opens onto its children. `open_levels`
-    levels start expanded (by default, as many as keep the first view within about 40
-    lines). Returns a fragment with no scripts, no external resources, no fixed colour.
+    """The tree as HTML with collapsible nodes (what Jupyter shows for a `TreeClass`),
+    labelled as `tree_diagram`'s lines without `repr=False` fields; `open_levels` levels
+    start expanded (by default, as many as fit the first view in about 40 lines).
 
     ```python
     from treeclass._pprint_html import tree_html
@@ -106,8 +101,7 @@ def tree_html(
 
 
 class _HtmlDisplay:
-    """`_repr_html_` for instances only: treescope adds a "rich HTML" box (a second drawing
-    of the tree) for a class with a callable `_repr_html_`; IPython asks the instance."""
+    """`_repr_html_` for instances only (treescope draws a class with one twice)."""
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
@@ -124,18 +118,6 @@ html_display = _HtmlDisplay()
 # -- treescope ------------------------------------------------------------------------------
 
 
-def _own_text(value: object) -> str | None:
-    """Our text for values treescope would show as a bare `<object at 0x…>`."""
-    rule = rule_for(value)
-    if rule is not None and rule.repr is not None:
-        return rule.repr(value)
-    # plain functions get treescope's own reflection; wrapped ones (`jax.nn.relu` is a
-    # `custom_jvp`, a jitted function a `PjitFunction`) their signature, as in `repr`
-    if is_function(value) and not isinstance(value, types.FunctionType):
-        return function_text(value)
-    return None
-
-
 def _separator(last: bool) -> Any:
     from treescope import rendering_parts as parts
 
@@ -149,11 +131,14 @@ def _render_child(
 ) -> Any:
     from treescope import rendering_parts as parts
 
-    text = _own_text(value)
-    if text is not None:
-        return parts.build_one_line_tree_node(parts.text(text), path=path)
-    # treescope draws bare-bracket containers (dicts, lists, tuples) itself, but never
-    # folds them: those with long runs are drawn here, the way treescope would
+    # our text where treescope would show a bare `<object at 0x…>`: a print rule's, or the
+    # signature of a wrapped function (`jax.nn.relu` is a `custom_jvp`), as in `repr`
+    rule = rule_for(value)
+    if rule is not None and rule.repr is not None:
+        return parts.build_one_line_tree_node(parts.text(rule.repr(value)), path=path)
+    if is_function(value) and not isinstance(value, types.FunctionType):
+        return parts.build_one_line_tree_node(parts.text(function_text(value)), path=path)
+    # treescope never folds the dicts, lists and tuples it draws: those with runs are drawn here
     view = view_of(value)
     if repeats is not None and view is not None and not view.named:
         items = view.items(value, False) or []
@@ -202,11 +187,9 @@ def treescope_repr(
     *,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> Any:
-    """Render a `TreeClass` (or a node with a `children` print rule) for treescope as a
-    foldable `Name(field=..., ...)` node: fields with their key paths, arrays by
-    treescope's own summaries, static fields with a `# static` comment, `repr=False`
-    fields hidden, and long runs folded as in `repr`. `path` and `subtree_renderer` are
-    treescope's arguments to `__treescope_repr__`.
+    """Render a `TreeClass` (or a node with a `children` print rule) for treescope, as
+    `__treescope_repr__(path, subtree_renderer)`: a foldable `Name(field=..., ...)` node,
+    static fields commented `# static`, `repr=False` fields hidden, long runs folded.
 
     ```python
     import treescope
@@ -216,7 +199,6 @@ def treescope_repr(
         a: int = 1
         name: str = tc.field(default="x", static=True)
 
-    assert treescope.render_to_text(Tree()).startswith("Tree(a=1, name='x')")
     with treescope.using_expansion_strategy(target_width=0):  # expand every node
         assert "name='x',  # static" in treescope.render_to_text(Tree())
     ```

@@ -1,20 +1,7 @@
-"""Teaching the printers a new type: `register_printer`, which writes a row's display part.
-
-One rule per type tells every printer (`tree_repr`, `tree_str`, `tree_diagram`,
-`tree_summary`, `tree_graph`, `tree_mermaid` and the notebook display) how to show a value
-of that type: its text, the name in the summary's Type column, its element count, its
-size in bytes, its node style in `tree_graph`, or the children it is shown with (a node
-that prints differently from how JAX flattens it, such as a stack of blocks). The rule is
-the display part of the type's row in the table of node kinds (`_structure.Display`),
-found along the value's method resolution order, so a rule for a base class also covers
-its subclasses; a kind's own display (a stack's) is the default its fields fall back to.
-
-PyTreeClass spells some of these as `tree_summary.def_type(T)`, `.def_count(T)`,
-`.def_size(T)` and `tree_graph.def_nodestyle(T)`; `printer_alias` makes those, each
-setting one field of the same rule through `register_printer`.
-
-Every printer opens a node with `view_of`: its display first (one with `children` makes
-it a node shown that way, one with a text a leaf), then the row of its kind.
+"""Teaching the printers a new type: `register_printer` writes the display part of the
+type's row (`_structure.Display`), found along the MRO, over the kind's own display;
+`printer_alias` makes PyTreeClass's `def_*` spellings of one field each. Every printer
+opens a node with `view_of`: its display first, then the row of its kind.
 """
 
 from __future__ import annotations
@@ -24,7 +11,6 @@ import dataclasses
 import functools
 import operator
 import re
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -40,6 +26,7 @@ from ._structure import (
     registered_kind,
     write_part,
 )
+from ._util import add_leaf_note
 from ._values import short_repr
 
 __all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
@@ -149,10 +136,10 @@ def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any]
         try:
             result = fn(value)
         except Exception as error:
-            if sys.version_info >= (3, 11):
-                error.add_note(
-                    _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
-                )
+            spelling = _spelling(cls, field)
+            add_leaf_note(
+                error, _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=spelling)
+            )
             raise
         return _checked_result(cls, field, value, result)
 
@@ -194,18 +181,18 @@ def register_printer(
       entries, such as `GetAttrKey("weight")`); with it, `type_name` also names the node
       in `tree_repr`, `tree_diagram` and the other pictures.
 
-    What a function returns is checked each time a printer calls it: a wrong type raises
-    `TypeError` (a negative count or size, or an attribute name graphviz cannot read,
-    `ValueError`) naming the rule, its class and the type that came back; an error raised
-    inside one gets a note naming the rule.
-
-    A value whose rule has a `repr` or `str` is printed as a leaf, even if it is a pytree
-    node; one whose rule has a `type_name`, `count` or `size` (and no `children`) gets one
-    summary row. A `nodestyle` alone changes nothing but the graph.
+    A value whose rule has a `repr` or `str` prints as a leaf, even a pytree node; one
+    with a `type_name`, `count` or `size` (and no `children`) gets one summary row.
 
     **Returns**
 
     `None`.
+
+    **Raises**
+
+    When a printer calls a function: `TypeError` for a result of the wrong type
+    (`ValueError` for a negative count or size, or a name graphviz cannot read), naming
+    the rule; an error raised inside one gets a note naming the rule.
 
     ```python
     import treeclass as tc
@@ -218,13 +205,6 @@ def register_printer(
                         count=lambda t: len(t.vocab))
     assert tc.tree_repr({"tok": Tokenizer("abc")}) == "{'tok': Tokenizer(|V|=3)}"
     tc.register_printer(Tokenizer)  # forget the rule again
-
-    import jax
-
-    tc.register_printer(Tokenizer, type_name=lambda t: f"Tokenizer[{len(t.vocab)}]",
-                        children=lambda t: [(jax.tree_util.GetAttrKey("vocab"), t.vocab)])
-    assert tc.tree_repr(Tokenizer("ab")) == "Tokenizer[2](vocab='ab')"
-    tc.register_printer(Tokenizer)
     ```
     """
     if not isinstance(cls, type):
@@ -245,11 +225,8 @@ def register_printer(
         write_part(cls, "display", rule)
 
 
-_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for {printers}.
-
-PyTreeClass's spelling of `tc.register_printer(cls, {field}=func)` that keeps the rule's
-other fields. Use it as a decorator, `@{name}(cls)`, or call it as `{name}(cls, func)`;
-`func` is returned unchanged.
+_ALIAS_DOC = """Set the {what} of values of type `cls` (and its subclasses) for `tc.{printer}`:
+`tc.register_printer(cls, {field}=func)` keeping the rule's other fields (PyTreeClass).
 
 **Arguments**
 
@@ -270,22 +247,16 @@ class Token:
 def _(token):
     return {example}
 
-{check}
+print(tc.{printer}([Token()]))
 {name}(Token, None)  # forget it again
 ```
 """
 
-_ALIAS_EXAMPLES = {
-    "type_name": ('"token"', 'assert "│ token │" in tc.tree_summary([Token()])'),
-    "count": ("7", 'assert "│     7 │" in tc.tree_summary([Token()])'),
-    "size": ("1024", 'assert "│ 1.00KiB │" in tc.tree_summary([Token()])'),
-    "nodestyle": ('{"shape": "circle"}', "assert 'shape=\"circle\"' in tc.tree_graph([Token()])"),
-}
-_ALIAS_TEXT = {
-    "type_name": ("summary Type column text", "`tc.tree_summary`", "str"),
-    "count": ("summary element count", "`tc.tree_summary`", "int"),
-    "size": ("summary size in bytes", "`tc.tree_summary`", "int"),
-    "nodestyle": ("graphviz node attributes", "`tc.tree_graph`", "dict"),
+_ALIAS_TEXT = {  # field -> what it sets, what `func` returns, an example's return value
+    "type_name": ("summary Type column text", "str", '"token"'),
+    "count": ("summary element count", "int", "7"),
+    "size": ("summary size in bytes", "int", "1024"),
+    "nodestyle": ("graphviz node attributes", "dict", '{"shape": "circle"}'),
 }
 
 
@@ -309,17 +280,11 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
             register_printer(cls, **current)
         return func
 
-    what, printers, returns = _ALIAS_TEXT[field]
-    example, check = _ALIAS_EXAMPLES[field]
-    define.__name__ = define.__qualname__ = name.rpartition(".")[2]
+    what, returns, example = _ALIAS_TEXT[field]
+    printer, _, define.__name__ = name.rpartition(".")
+    define.__qualname__ = define.__name__
     define.__doc__ = _ALIAS_DOC.format(
-        what=what,
-        printers=printers,
-        field=field,
-        name=f"tc.{name}",
-        returns=returns,
-        example=example,
-        check=check,
+        what=what, printer=printer, field=field, name=f"tc.{name}", returns=returns, example=example
     )
     return define
 

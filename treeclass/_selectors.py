@@ -17,12 +17,8 @@ freely. A verdict is `(code, payload)`:
 - `(STATIC, name)`: a static field named last in a `set`/`apply` (`walk.static_ok`).
 
 A selector that *names* something (a glob, a regex, a `BaseKey`, a name) must select
-something: a missing name raises at once, the others record each match with the walk,
-and `no_match_error` explains an empty selection with the closest existing keys. Node
-access (opening, one child by key, static parts, wrappers) is the row of the node's kind
-in `_structure`'s table (`row_of`): a stack of blocks, say, opens into its blocks there.
-The glob language (`tc.glob`: parsing, the automaton) is `_glob.py`'s; `GlobMatcher`
-here runs it over a tree.
+something: `no_match_error` explains an empty selection with the closest existing keys.
+Node access is the row of the node's kind (`_structure.row_of`).
 """
 
 from __future__ import annotations
@@ -99,29 +95,22 @@ class BaseKey(abc.ABC):
     """Base class for user-defined matching of key entries in `.at[...]`.
 
     Subclass it and implement `__eq__(self, entry)`: it receives each key entry at the
-    current level (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`,
-    `FlattenedIndexKey`, or a custom node's own key type) and returns whether that child
-    is selected. An instance is a selector like a name: it matches children of the
-    current level only, and a key that matches no child anywhere is an error
-    (`LookupError`), as for a name.
-
-    `BaseKey.def_alias(T)(converter)` makes values of a type of yours selectors:
-    `converter(value)` returns the built-in selector (usually a `BaseKey`) that a `T`
-    stands for.
+    current level (`jax.tree_util.GetAttrKey`, `DictKey`, `SequenceKey`, or a custom
+    node's own key type) and returns whether that child is selected. Like a name, an
+    instance matches children of the current level only, and one that matches no child
+    anywhere is an error (`LookupError`). `BaseKey.def_alias` makes values of a type of
+    yours stand for such keys.
 
     ```python
     import jax
     import treeclass as tc
 
-    class StartsWith(tc.BaseKey):
-        def __init__(self, prefix):
-            self.prefix = prefix
-
+    class Weights(tc.BaseKey):
         def __eq__(self, entry):
-            return isinstance(entry, jax.tree_util.DictKey) and entry.key.startswith(self.prefix)
+            return isinstance(entry, jax.tree_util.DictKey) and entry.key.startswith("w")
 
     tree = {"w1": 1.0, "w2": 2.0, "b": 3.0}
-    assert tc.at(tree)[StartsWith("w")].set(0.0) == {"w1": 0.0, "w2": 0.0, "b": 3.0}
+    assert tc.at(tree)[Weights()].set(0.0) == {"w1": 0.0, "w2": 0.0, "b": 3.0}
     ```
     """
 
@@ -136,41 +125,29 @@ class BaseKey(abc.ABC):
 
         **Arguments**
 
-        - `kind`: the type (its subclasses too) to accept as a selector. Types that are
-          selectors already cannot be redefined (`TypeError`): names (`str`), indices
-          (`int`, `bool`, NumPy integers), `...`, slices, tuples, `re.Pattern`, classes
-          (`type` and metaclasses), JAX key entries (`GetAttrKey`, `DictKey`,
-          `SequenceKey`), `BaseKey` (its subclasses are selectors through `__eq__`), and the
-          values of boolean masks (bools, arrays, dicts, lists, `None`, `TreeClass`
-          instances and any other pytree node); nor their subclasses, nor a type they
-          are instances of (`object`, `numbers.Number`, `collections.abc.Callable`, ...).
+        - `kind`: the type (its subclasses too) to accept as a selector. A type whose
+          values are selectors already (names, indices, `...`, slices, tuples, patterns,
+          classes, key entries, `BaseKey`s, the values of boolean masks: any pytree node),
+          a subclass of one, or a type they are instances of (`object`) is refused
+          (`TypeError`).
         - `converter`: a function of the value returning a built-in selector (a `BaseKey`,
-          a name, an index, a mask, a tuple of these, ...): not a value of an aliased
-          type, since aliases do not chain. What it returns is checked when the selector
-          is used (`TypeError`). Without it, `def_alias(kind)` is a decorator for the
-          converter.
+          a name, a mask, a tuple of these, ...; aliases do not chain), checked when the
+          selector is used (`TypeError`). Without it, `def_alias(kind)` is a decorator.
 
         **Returns**
 
         The converter (so that it works as a decorator).
 
         ```python
-        import types
+        import re
         import treeclass as tc
 
-        class NameIs(tc.BaseKey):
-            def __init__(self, test):
-                self.test = test
+        class Prefix:
+            def __init__(self, text):
+                self.text = text
 
-            def __eq__(self, entry):
-                return bool(self.test(getattr(entry, "key", None)))
-
-        @tc.BaseKey.def_alias(types.FunctionType)
-        def _(fn):
-            return NameIs(fn)
-
-        tree = {"alpha": 1, "beta": 2}
-        assert tc.at(tree)[lambda key: key.startswith("a")].set(0) == {"alpha": 0, "beta": 2}
+        tc.BaseKey.def_alias(Prefix, lambda p: re.compile(re.escape(p.text) + ".*"))
+        assert tc.at({"alpha": 1, "beta": 2})[Prefix("a")].set(0) == {"alpha": 0, "beta": 2}
         ```
         """
         if not isinstance(kind, type):
@@ -204,19 +181,13 @@ class _Where:
 def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     """A predicate selector: selects every node for which `fn(path, node)` is true.
 
-    `path` is the node's full key path from the root (a tuple of `jax.tree_util` key
-    entries, as in `tree_flatten_with_path`); `node` is a subtree or a leaf. Nodes are
-    visited below the current level, parents before children; a node that matches is
-    selected whole and not looked into. `fn` may return a boolean array for a leaf: it
-    then selects elements of that leaf, as a mask would. A predicate that selects nothing
-    is a valid (empty) selection; an error raised by `fn` names the node's key path.
-
-    A frozen value is shown to `fn` as the value inside it (`tc.unfreeze(node)`), so a
-    predicate that reads values selects the same nodes before and after freezing: the
-    selection that froze them thaws them,
-    `tree.at[sel].apply(tc.unfreeze, is_leaf=tc.is_frozen)`. (To tell frozen values
-    apart, select them by position or by name.) A class selector matches a frozen value
-    by the class of the value inside, the same way.
+    `path` is the node's full key path from the root (`jax.tree_util` key entries);
+    `node` is a subtree or a leaf. Nodes below the current level are visited parents
+    first; a match is selected whole and not looked into. `fn` may return a boolean array
+    for a leaf, which selects its elements as a mask would. Selecting nothing is a valid
+    (empty) selection; an error raised by `fn` names the node's key path. A frozen value
+    is shown to `fn` as the value inside it, so the selection that froze nodes thaws them
+    (the `.at` guide, "Model surgery").
 
     **Arguments**
 
@@ -421,8 +392,7 @@ def _opened(walk: Walk, node: object) -> Opened | None:
 
 
 class _SingleKeyMatcher(Matcher):
-    """A name or an index: the row finds the one child (the node is not opened), and
-    missing it is an error."""
+    """A name or an index: the row finds the one child without opening the node."""
 
     __slots__ = ("key",)
     one_key = True
@@ -642,24 +612,19 @@ def def_rule(
 ) -> None:
     """Make values of type `kind` selectors matched by `compare(value, entry, child)`.
 
-    sepes's `at.def_rule`. At each level the selector is used at, `compare` is called with
-    the selector value, each child's key entry (`jax.tree_util.GetAttrKey`, `DictKey`,
-    `SequenceKey`, ...) and the child itself; the children for which it returns a true
-    value are selected. As with a name, a rule that selects nothing anywhere is an error
-    (`LookupError`). Registering a type again (with `def_rule` or `BaseKey.def_alias`)
-    replaces what it meant.
+    sepes's `at.def_rule`. At each level the selector is used at, the children for which
+    `compare(value, key entry, child)` is true are selected; as with a name, a rule that
+    selects nothing anywhere is an error (`LookupError`). Registering a type again (with
+    `def_rule` or `BaseKey.def_alias`) replaces what it meant.
 
     **Arguments**
 
     - `kind`: the selector type (its subclasses too). As for `BaseKey.def_alias`, types
-      that are selectors already cannot be redefined (`TypeError`), with one exception
-      for sepes code, whose matcher types are often `NamedTuple`s: a `NamedTuple` class
-      of yours may be registered, and its values are then this rule's matchers, not
-      unions of selectors or masks.
+      that are selectors already are refused (`TypeError`), except a `NamedTuple` class of
+      yours (sepes's matchers often are), whose values then are this rule's matchers.
     - `compare`: `compare(value, entry, child) -> bool`.
-    - `broadcastable`: accepted for sepes code and has no effect: in treeclass a selected
-      subtree always stands for its leaves (`.set(v)` puts `v` at every leaf below), for a
-      rule as for a name.
+    - `broadcastable`: accepted for sepes code, with no effect (a selected subtree always
+      stands for its leaves).
 
     **Returns**
 
@@ -670,20 +635,12 @@ def def_rule(
     import jax, jax.numpy as jnp
     import treeclass as tc
 
-    class Named(NamedTuple):
-        name: str
+    class Ndim(NamedTuple):
         ndim: int
 
-    def compare(matcher, entry, child):
-        return (
-            isinstance(entry, jax.tree_util.DictKey)
-            and entry.key == matcher.name
-            and getattr(child, "ndim", None) == matcher.ndim
-        )
-
-    tc.at.def_rule(Named, compare)
+    tc.at.def_rule(Ndim, lambda m, entry, child: getattr(child, "ndim", None) == m.ndim)
     tree = {"weight": jnp.ones((2, 2)), "bias": jnp.ones(2)}
-    out = tc.at(tree)[Named("weight", 2)].apply(jnp.zeros_like)
+    out = tc.at(tree)[Ndim(2)].apply(jnp.zeros_like)
     assert out["weight"].sum() == 0.0 and out["bias"].sum() == 2.0
     ```
     """
@@ -708,11 +665,8 @@ _EACH = (EACH, True)
 
 
 class TypeMatcher(Matcher):
-    """A class: every node below that is an instance of it, not looking into a match.
-
-    A frozen value is matched by the class of the value inside it, so the selection that
-    froze a node selects it again to thaw it (`.apply(tc.unfreeze, is_leaf=tc.is_frozen)`).
-    """
+    """A class: every node below that is an instance of it (a frozen value by the value
+    inside), not looking into a match."""
 
     __slots__ = ("cls",)
     sees_into_frozen = True
@@ -730,10 +684,7 @@ class TypeMatcher(Matcher):
 
 
 class WhereMatcher(Matcher):
-    """`where(fn)`: every node below for which `fn(path, node)` holds.
-
-    A frozen value is shown to `fn` unfrozen (see `where`).
-    """
+    """`where(fn)`: every node below for which `fn(path, node)` holds (see `where`)."""
 
     __slots__ = ("fn",)
     sees_into_frozen = True
@@ -758,11 +709,8 @@ class WhereMatcher(Matcher):
 
 
 class GlobMatcher(Matcher):
-    """`glob(pattern)`: nodes whose key path below the current level matches `pattern`.
-
-    The pattern's automaton is the glob's own (`_glob.Glob`); the state is the automaton's,
-    the set of pattern positions reached at a node.
-    """
+    """`glob(pattern)`: nodes whose key path below the current level matches `pattern`; the
+    state is the glob automaton's (the pattern positions reached at a node)."""
 
     __slots__ = ("glob", "accept")
     names_something = naming = True
@@ -803,8 +751,7 @@ class GlobMatcher(Matcher):
         return ZIP, (opened, [state] * len(opened.entries))
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
-        """Whether the pattern, at `state`, matches some node below `node` (wrapped values
-        looked into): a dry run, for errors."""
+        """Whether the pattern at `state` matches below `node`, wrapped values looked into."""
         node = unwrap(node)
         opened = open_node(node, node_kind(node))
         if opened is None:
@@ -860,9 +807,8 @@ class GlobMatcher(Matcher):
     def _misses(
         self, node: object, state: frozenset[int], path: tuple[Any, ...]
     ) -> Iterator[tuple[int, Any, tuple[Any, ...] | None]]:
-        """Where the pattern stops, for errors: `(position, name, None)` wherever a name
-        fails the segment at that position, `(position, (node, state), path)` wherever the
-        segment at that position finds a node with no children to match."""
+        """Where the pattern stops: `(position, failing name, None)`, or `(position, (node,
+        state), path)` at a node with no children to match."""
         opened = row_of(node).open(node)
         if opened is None or not opened.entries:
             for p in state:
@@ -883,10 +829,12 @@ class GlobMatcher(Matcher):
 
 # -- masks -------------------------------------------------------------------------------------
 
-MASK_LEAF_MSG = (
-    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf; a mask holds "
-    "Python bools or boolean arrays, e.g. built with "
+_MASK_HOLDS = (
+    "A mask holds Python bools or boolean arrays, e.g. built with "
     "`jax.tree_util.tree_map(lambda x: x > 0, tree)`."
+)
+MASK_LEAF_MSG = (
+    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf. " + _MASK_HOLDS
 )
 MASK_MISMATCH_MSG = (
     "The mask's structure does not match the tree at {where}: {reason}. A mask must have "
@@ -919,13 +867,9 @@ def _is_other_selector(x: object) -> bool:
 
 
 def is_mask_like(x: object) -> bool:
-    """Whether `x` is taken for a boolean mask selector: a bool, a boolean array, or a
-    container none of whose children is another kind of selector.
-
-    Only the first level is looked at, so that indexing with a big mask stays cheap; a
-    container other than a tuple (which may be a union) with any bool child is a mask,
-    and a leaf of it that is not a bool is reported, with its path, when it is used.
-    """
+    """Whether `x` is a boolean mask selector: a bool, a boolean array, or a container
+    whose first level holds no other selector (a non-tuple with a bool child is one; its
+    bad leaves are reported when it is used)."""
     if mask_leaf_value(x) is not None:
         return True
     if x is None or _is_other_selector(x):
@@ -1133,10 +1077,8 @@ def _compile_entry(selector: Any, where: Callable[[], str]) -> Matcher:
 _BOOL_MASKS = "boolean masks (select all or nothing)"
 _ENTRIES = "key entries (the child under that key)"
 # The built-in selector types: what compiles their values, and what they mean (for the
-# refusal of `def_alias` and `def_rule`). Looked up along the selector type's MRO, so
-# subclasses (np.int64 of np.integer, a str subclass) follow their base, together with the
-# types registered by `BaseKey.def_alias` and `at.def_rule` (`_USER_TYPES`), which cannot
-# be built-in types, nor their subclasses or bases (`_builtin_meaning`).
+# refusals of `def_alias` and `def_rule`). Looked up along the selector type's MRO (with
+# the registered `_USER_TYPES`), so subclasses (np.int64 of np.integer) follow their base.
 _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
     str: (lambda s, where: NameMatcher(str(s)), "key names"),
     bool: (lambda s, where: MaskMatcher(bool(s)), _BOOL_MASKS),
@@ -1168,11 +1110,9 @@ _DISPLAY_NAMES = {
     DictKey: "jax.tree_util.DictKey",
     SequenceKey: "jax.tree_util.SequenceKey",
 }
-# What each built-in selector type means: every type of `_BUILTIN_TYPES` (but none is left
-# out: a registration the table would shadow is accepted and ignored), and those whose
-# values the mask fallback of `compile_selector` takes (the containers and arrays a boolean
-# mask is made of). Any other registered pytree node is a mask too; its type cannot be told
-# without a value, so an alias of one is refused when it is used.
+# What each built-in selector type means: those of `_BUILTIN_TYPES`, and those the mask
+# fallback of `compile_selector` takes. Any other pytree node is a mask too, but its type
+# cannot be told without a value, so an alias of one is refused when it is used.
 _MEANINGS: dict[type, str] = {
     **{kind: meaning for kind, (_, meaning) in _BUILTIN_TYPES.items()},
     dict: "boolean masks",
@@ -1231,16 +1171,12 @@ def _is_subclass(cls: type, base: type) -> bool:
         raise TypeError(f"A selector type cannot be registered with {base!r}: {error}") from None
 
 
-def _is_namedtuple_class(kind: type) -> bool:
-    return issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields")
-
-
 def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
-    """Why values of `kind` (or of its subclasses) are selectors already; `""` if they are
-    not. With `namedtuple_ok`, a NamedTuple class may take over from `tuple` (`def_rule`)."""
+    """Why values of `kind` are selectors already, `""` if not (`namedtuple_ok`: def_rule)."""
     if kind in _MEANINGS:
         return f"`{_type_text(kind)}` values are {_MEANINGS[kind]}"
-    exempt = tuple if namedtuple_ok and _is_namedtuple_class(kind) else None
+    namedtuple = issubclass(kind, tuple) and kind is not tuple and hasattr(kind, "_fields")
+    exempt = tuple if namedtuple_ok and namedtuple else None
     for builtin, meaning in _MEANINGS.items():
         if builtin is not exempt and _is_subclass(kind, builtin):
             if _type_text(kind) == _type_text(builtin):  # `tc.TreeClass` shows as its base
@@ -1262,8 +1198,7 @@ def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
 
 
 class _UserType:
-    """A selector type registered with `BaseKey.def_alias` or `at.def_rule`: a compiler of
-    its values, like those of `_BUILTIN`, and how messages name such a type (`what`)."""
+    """A compiler of a type registered by `def_alias` or `def_rule`, and its name (`what`)."""
 
     __slots__ = ("what", "compile")
 
@@ -1275,9 +1210,8 @@ class _UserType:
         return self.compile(selector, where)
 
 
-# The registered selector types, of both registries: type -> `_UserType`. Written by
-# `_register` (a dict store under the GIL; `_compiler_for`'s cache is cleared after it),
-# read on indexing. Registering a type again replaces it, whichever registry it was in.
+# The types registered by both registries: written by `_register` (a dict store under the
+# GIL, then `_compiler_for`'s cache cleared), read on indexing.
 _USER_TYPES: dict[type, _UserType] = {}
 
 
@@ -1287,8 +1221,7 @@ def _register(kind: type, user: _UserType) -> None:
 
 
 def _user_type(cls: type) -> _UserType | None:
-    """The registered type `cls` falls under: along the MRO first, then the abstract base
-    classes (`issubclass`), so a registered virtual subclass is not ignored."""
+    """The registered type `cls` falls under, along the MRO, then by `issubclass` (ABCs)."""
     if not _USER_TYPES:
         return None
     for base in cls.__mro__:
@@ -1306,9 +1239,8 @@ def _user_type(cls: type) -> _UserType | None:
 
 @functools.lru_cache(maxsize=512)
 def _compiler_for(cls: type) -> Compiler | None:
-    """The compiler of `cls`'s values: the first built-in or registered type along its MRO
-    (a NamedTuple rule comes before `tuple`), else a registered ABC it is a virtual
-    subclass of."""
+    """The compiler of `cls`'s values: the first built-in or registered type along its MRO,
+    else a registered ABC."""
     for base in cls.__mro__:
         compiler: Compiler | None = _BUILTIN.get(base) or _USER_TYPES.get(base)
         if compiler is not None:
@@ -1410,10 +1342,7 @@ SUPPORTED_BUILTIN = (
 
 NON_BOOL_MASK_MSG = (
     "Unsupported selector {selector} in `{where}`: a pytree selector (here a `{type}`) is a "
-    "boolean mask, and this one has a non-bool leaf at {path}: {value} (of type "
-    "`{leaf_type}`). A mask holds Python "
-    "bools or boolean arrays, e.g. built with `jax.tree_util.tree_map(lambda x: x > 0, tree)`."
-    "{hint}"
+    "boolean mask, and this one has a non-bool leaf at {path}: {value}. " + _MASK_HOLDS + "{hint}"
 )
 
 
@@ -1455,8 +1384,7 @@ def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
                 where=where(),
                 type=type(selector).__name__,
                 path=path_str(selector, path),
-                value=short_repr(leaf),
-                leaf_type=type(leaf).__name__,
+                value=describe(leaf),
                 hint=hint,
             )
         )

@@ -1,9 +1,7 @@
 """Key-and-type paths ("traces"): where a leaf sits, by key and by the types on the way.
 
-A trace is `(keys, types)`, as in PyTreeClass v0.4 (see `tree_flatten_with_trace`). The
-keys come from one keyed flatten; the node types depend only on the tree definition, so
-they are read off the treedef once and cached per treedef. Stopping by trace
-(`is_trace_leaf`) needs every node's trace, so it costs a Python call per node.
+The keys come from one keyed flatten; the node types depend only on the tree definition,
+so they are read off the treedef once and cached per treedef.
 """
 
 from __future__ import annotations
@@ -86,12 +84,9 @@ def tree_flatten_with_trace(
 ) -> tuple[list[tuple[Trace, Any]], PyTreeDef]:
     """Flatten `tree` into `(trace, leaf)` pairs and its tree definition.
 
-    A trace is `(keys, types)`, as in PyTreeClass v0.4. `keys` is the leaf's JAX key path
-    (`GetAttrKey("weight")`, `DictKey("a")`, `SequenceKey(0)`: `jax.tree_util.keystr`
-    spells it); `types[i]` is the type of the node `keys[: i + 1]` leads to, ending with
-    the leaf's own type (the root's is not included, so a leaf at the root has the trace
-    `((), ())`): `Dropout in types` asks "is this leaf inside a Dropout?". Leaves come in
-    `jax.tree_util.tree_flatten` order.
+    A trace is `(keys, types)`, as in PyTreeClass v0.4: `keys` is the leaf's JAX key path;
+    `types[i]` is the type of the node `keys[: i + 1]` leads to, ending with the leaf's own
+    type (a leaf at the root has the trace `((), ())`). Leaves come in `tree_flatten` order.
 
     **Arguments**
 
@@ -113,9 +108,6 @@ def tree_flatten_with_trace(
     traced, treedef = tc.tree_flatten_with_trace({"a": [1.0, jnp.zeros(2)]})
     (keys, types), leaf = traced[0]
     assert keys == (DictKey("a"), SequenceKey(0)) and types == (list, float)
-    stopped, _ = tc.tree_flatten_with_trace({"a": [1.0, 2.0]},
-                                            is_trace_leaf=lambda t: list in t[1])
-    assert stopped == [(((DictKey("a"),), (list,)), [1.0, 2.0])]
     ```
     """
     check_callable(is_leaf, "tree_flatten_with_trace", "is_leaf", optional=True)
@@ -152,7 +144,6 @@ def tree_leaves_with_trace(
 
     [((keys, types), leaf)] = tc.tree_leaves_with_trace((1,))
     assert types == (int,) and leaf == 1
-    assert tc.tree_leaves_with_trace(1.0) == [(((), ()), 1.0)]   # a leaf at the root
     ```
     """
     return tree_flatten_with_trace(tree, is_leaf=is_leaf, is_trace_leaf=is_trace_leaf)[0]
@@ -165,11 +156,9 @@ def tree_map_with_trace(
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
 ) -> Any:
-    """Map `func(trace, leaf, *rest_leaves)` over the leaves of `tree`.
-
-    Like `jax.tree_util.tree_map_with_path`, but `func` gets the trace `(keys, types)` (see
-    `tree_flatten_with_trace`): "every leaf inside a `Dropout`" is `Dropout in trace[1]`.
-    An error raised by `func` gets a note naming the leaf.
+    """Map `func(trace, leaf, *rest_leaves)` over the leaves of `tree`: `tree_map_with_path`
+    with the trace `(keys, types)` of `tree_flatten_with_trace` ("inside a `Dropout`" is
+    `Dropout in trace[1]`). An error raised by `func` gets a note naming the leaf.
 
     **Arguments**
 
@@ -189,9 +178,6 @@ def tree_map_with_trace(
     tree = {"keep": (1.0, 2.0), "drop": [3.0]}
     out = tc.tree_map_with_trace(lambda t, x: 0.0 if list in t[1] else x, tree)
     assert out == {"keep": (1.0, 2.0), "drop": [0.0]}
-    sizes = tc.tree_map_with_trace(lambda t, x: len(x), tree,
-                                   is_trace_leaf=lambda t: len(t[0]) == 1)
-    assert sizes == {"keep": 2, "drop": 1}
     ```
     """
     check_callable(func, "tree_map_with_trace", "func", " of (trace, leaf, *rest)")

@@ -1,10 +1,5 @@
-"""Value facts: what every other module asks of a single value, answered once.
-
-Exact keys (`exact_key`, `hashable_key`), host bytes, PRNG keys, bool mask leaves, the
-text of a value and of a key path in messages (`short_repr`, `array_type`, `path_str`),
-and the display protocol through which a low value shows itself with the printers of a
-higher floor (`display`, `offer_display`). This is the ground floor: it imports nothing
-of treeclass.
+"""Value facts: what every other module asks of a single value (exact keys, host bytes,
+texts for messages, the display protocol), answered once. It imports nothing of treeclass.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ from jax.typing import ArrayLike, DTypeLike
 __all__ = [
     "PLAIN_TYPES",
     "ByIdentity",
-    "ArrayKey",
     "register_childless",
     "exact_key",
     "hashable_key",
@@ -52,9 +46,8 @@ __all__ = [
 
 # types whose values are their own exact keys, next to their type (`(type(v), v)`)
 PLAIN_TYPES = frozenset({int, str, bool, bytes, type(None), type(Ellipsis)})
-# functions are leaves keyed by their own `==`/hash (where `hashable_key` ends for them):
-# said here by type, ahead of the array checks and the flatten that would find it out
-# slowly; bound methods hash their object, which may be unhashable, so they go the long way
+# functions are keyed by their own `==`/hash, told by type ahead of the slow checks (not
+# bound methods: they hash their object, which may be unhashable)
 _FUNCTIONS = frozenset({types.FunctionType, np.ufunc, type(jnp.add)})
 _pack_double = struct.Struct("<d").pack
 
@@ -83,8 +76,7 @@ def is_array(x: object) -> bool:
 
 
 def readable_here(x: object) -> bool:
-    """Whether this process can read `x` alone: False only for a concrete `jax.Array` on
-    devices of several processes and not replicated on all of them (JAX refuses to read it)."""
+    """Whether this process can read `x` alone (not a `jax.Array` split across processes)."""
     if not isinstance(x, jax.Array) or isinstance(x, Tracer):
         return True
     try:
@@ -137,8 +129,7 @@ def is_bool_mask_leaf(x: object) -> bool:
 
 
 def host_bytes(array: ArrayLike) -> np.ndarray:
-    """The array's bytes on the host as a flat uint8 view (a PRNG key's key data); raises
-    `TypeError` for an object array, and JAX's error for an array this process cannot read."""
+    """The array's bytes on the host as a flat uint8 view (`TypeError` for object arrays)."""
     if is_prng_key(array):
         array = jax.random.key_data(array)
     host = np.asarray(array)
@@ -148,8 +139,7 @@ def host_bytes(array: ArrayLike) -> np.ndarray:
 
 
 class ArrayKey:
-    """Key of an array: type, shape, dtype, weak type and a digest of the bytes (read once);
-    equal digests are confirmed by comparing the bytes."""
+    """Key of an array: its metadata and a digest of its bytes, confirmed by the bytes."""
 
     __slots__ = ("array", "meta", "digest", "hash")
 
@@ -171,8 +161,7 @@ class ArrayKey:
             return False
         if self.hash != other.hash or self.meta != other.meta or self.digest != other.digest:
             return False
-        # bitwise, so that a NaN equals the same NaN and 0.0 differs from -0.0: exactly
-        # when a computation that bakes the array in as a constant would be the same
+        # bitwise (NaN equals the same NaN, 0.0 is not -0.0), as a baked-in constant would be
         return bool(np.array_equal(host_bytes(self.array), host_bytes(other.array)))
 
 
@@ -196,8 +185,7 @@ def _itself(node: object, children: object) -> object:
 
 
 def register_childless(cls: type) -> None:
-    """Register `cls` with JAX as a node without children, its own auxiliary data: JAX
-    transformations pass it through untouched, and `jax.jit` treats it as static."""
+    """Register `cls` with JAX as a node without children, its own (static) auxiliary data."""
     jax.tree_util.register_pytree_with_keys(cls, _no_children, _itself, _no_children)
 
 
@@ -211,8 +199,7 @@ def _float_key(kind: type, value: float) -> tuple[Any, ...]:
 
 
 def hashable_key(value: Any) -> Any:
-    """`exact_key` of a value that must be hashable (a static field's): only tuples and
-    frozensets are looked into, and anything unhashable (an array too) raises `TypeError`."""
+    """`exact_key` of a value that must be hashable (`TypeError` if not, arrays included)."""
     kind = type(value)
     if kind in PLAIN_TYPES:
         return (kind, value)
@@ -280,9 +267,7 @@ def exact_key(value: Any) -> Any:
 
 
 def short_repr(x: object, limit: int | None = 40, show: Callable[[object], str] = repr) -> str:
-    """The text of a value in messages and printers: `show(x)` (`...` for `Ellipsis`), on
-    one line cut to `limit` characters, or whole when `limit` is None. Never raises: a
-    broken `repr` gives `<T object (repr failed: E)>`."""
+    """`show(x)` on one line cut to `limit` characters (whole with None); never raises."""
     if x is Ellipsis:  # a placeholder in `tc.Partial` arguments and selectors
         return "..."
     try:
@@ -312,10 +297,7 @@ def array_type(dtype: object, shape: tuple[int, ...]) -> str:
 
 
 def closest(name: object, names: Iterable[_N]) -> _N | None:
-    """The one of `names` closest to `name` (a likely typo's intent), or `None`.
-
-    `name` and `names` are compared as text; the closest is returned as given.
-    """
+    """The one of `names` closest to `name` as text (a likely typo's intent), or `None`."""
     texts = {str(n): n for n in names}
     found = difflib.get_close_matches(str(name), list(texts), n=1)
     return texts[found[0]] if found else None
@@ -350,8 +332,8 @@ def entry_name(entry: Any) -> Any:
 
 
 # -- the display protocol ---------------------------------------------------------------------
-# The printers (floors above) offer themselves here by format when they load, once, under
-# the import lock; a low value (a frozen value's `__repr__`) asks `display(format, value)`.
+# The printers (floors above) offer themselves here when they load; a low value (a frozen
+# value's `__repr__`) asks `display(format, value)`.
 
 _DISPLAYS: dict[str, Any] = {}
 
