@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -134,6 +134,24 @@ def _spec_entries(spec: object, index: int) -> tuple[Any, ...]:
 
 def _spec_text(entries: Sequence[Any]) -> str:
     return repr(P(*entries))
+
+
+_Axes = tuple[str, ...]
+_Sizes = dict[str, int]
+_Problems = dict[str, None]  # ordered, without repeats
+
+
+class _Leaf(NamedTuple):
+    """A leaf being checked: its tree, key path, value and number of block axes."""
+
+    tree: object
+    path: tuple[Any, ...]
+    value: Any
+    depth: int
+
+    def about(self) -> dict[str, str]:
+        """The `path` and `what` of a problem about it."""
+        return {"path": path_str(self.tree, self.path), "what": _what(self.value, self.depth)}
 
 
 class _Rule:
@@ -373,13 +391,10 @@ class ShardingRules:
         assert template["w"].shape == (4, 2) and template["w"].sharding.spec[0] == "data"
         ```
         """
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        specs = self._resolve(tree, flat, mesh)
-        return treedef.unflatten(
-            [
-                jax.ShapeDtypeStruct(_shape(x), _dtype(x), sharding=NamedSharding(mesh, s))
-                for (_, x), s in zip(flat, specs, strict=True)
-            ]
+        return jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(_shape(x), _dtype(x), sharding=s),
+            tree,
+            self.shardings(tree, mesh),
         )
 
     def init(
@@ -443,13 +458,13 @@ class ShardingRules:
             block = self._name(self.block_axis, sizes, problems, "block_axis")
         specs: list[P] = []
         heads = _declared_heads(tree)
-        for (path, leaf), claimed, depth in zip(flat, claims, depths, strict=True):
-            spec = self._leaf_spec(tree, path, leaf, claimed, depth, mapped, block, problems)
+        for (path, value), claimed, depth in zip(flat, claims, depths, strict=True):
+            leaf = _Leaf(tree, path, value, depth)
+            spec = self._leaf_spec(leaf, claimed, mapped, block, problems)
             if spec is not None and any(spec):
-                self._check_fit(tree, path, leaf, depth, spec, claimed, sizes, problems)
+                self._check_fit(leaf, spec, claimed, sizes, problems)
                 if tuple(path) in heads and claimed is not None:
-                    where = (tree, path, leaf, depth, spec, claimed.text)
-                    _check_heads(where, heads[tuple(path)], sizes, problems)
+                    _check_heads(leaf, spec, claimed.text, heads[tuple(path)], sizes, problems)
                 specs.append(P(*_entries_of(spec)))
             else:  # replicated (written so, or unmatched), or a problem
                 specs.append(P())
@@ -545,24 +560,17 @@ class ShardingRules:
 
     def _leaf_spec(
         self,
-        tree: object,
-        path: tuple[Any, ...],
-        leaf: object,
+        leaf: _Leaf,
         rule: _Rule | None,
-        depth: int,
         mapped: dict[int, Any],
-        block: tuple[str, ...] | None,
-        problems: dict[str, None],
+        block: Any,
+        problems: _Problems,
     ) -> list[Any] | None:
         """The leaf's spec as a list of mesh-axis entries, or None (replicated / a problem)."""
-        rank = len(_shape(leaf))
-
-        def about() -> dict[str, str]:  # worked out for a problem only
-            return {"path": path_str(tree, path), "what": _what(leaf, depth)}
-
+        rank, depth = len(_shape(leaf.value)), leaf.depth
         if rule is None:
             if rank and self.unmatched == "error":
-                problems[_UNMATCHED_LEAF.format(**about())] = None
+                problems[_UNMATCHED_LEAF.format(**leaf.about())] = None
                 return None
             if depth and block:  # replicated as `P()` is: the block axes still split
                 return [block] * depth + [()] * (rank - depth)
@@ -577,7 +585,7 @@ class ShardingRules:
             else:
                 want = f"one per axis of the leaf ({rank})"
             want = f"but it needs {want}, or none (`P()`: replicated)"
-            problems[_RANK.format(**about(), rule=rule.text, got=written, want=want)] = None
+            problems[_RANK.format(**leaf.about(), rule=rule.text, got=written, want=want)] = None
             return None
         entries = mapped[rule.index]
         if entries is None:  # an unknown name: reported once, for the rule
@@ -590,17 +598,9 @@ class ShardingRules:
         return [block] * depth + per_block if depth else per_block
 
     def _check_fit(
-        self,
-        tree: object,
-        path: tuple[Any, ...],
-        leaf: object,
-        depth: int,
-        spec: list[tuple[str, ...]],
-        rule: _Rule | None,
-        sizes: dict[str, int],
-        problems: dict[str, None],
+        self, leaf: _Leaf, spec: list[_Axes], rule: _Rule | None, sizes: _Sizes, problems: _Problems
     ) -> None:
-        shape = _shape(leaf)
+        shape = _shape(leaf.value)
         used = [axis for axes in spec for axis in axes]
         twice = [axis for i, axis in enumerate(used) if axis in used[:i]]
         indivisible = []
@@ -611,8 +611,7 @@ class ShardingRules:
         if not twice and not indivisible:  # the usual case: nothing to write
             return
         about = dict(
-            path=path_str(tree, path),
-            what=_what(leaf, depth),
+            leaf.about(),
             rule=rule.text if rule else "`block_axis` (no rule matches it: replicated)",
             spec=P(*_entries_of(spec)),
         )
@@ -667,22 +666,24 @@ def _fields_holder(node: object) -> Any:
 
 
 def _check_heads(
-    where: tuple[Any, ...],
+    leaf: _Leaf,
+    spec: list[_Axes],
+    rule: str,
     heads: tuple[int, int, str],
-    sizes: dict[str, int],
-    problems: dict[str, None],
+    sizes: _Sizes,
+    problems: _Problems,
 ) -> None:
     """A problem when the heads axis is split in parts that do not divide the head count."""
-    tree, path, leaf, depth, spec, rule = where
     count, axis, owner = heads
-    dim = depth + axis
+    dim = leaf.depth + axis
     parts = math.prod(sizes[a] for a in spec[dim])
-    if count % parts == 0 or _shape(leaf)[dim] % parts:  # fits, or reported as indivisible
+    if count % parts == 0 or _shape(leaf.value)[dim] % parts:  # fits, or reported as indivisible
         return
-    about = {"path": path_str(tree, path), "what": _what(leaf, depth), "rule": rule}
     over = _over(spec[dim])
     problems[
-        _CUT_HEADS.format(**about, dim=dim, parts=parts, over=over, count=count, owner=owner)
+        _CUT_HEADS.format(
+            **leaf.about(), rule=rule, dim=dim, parts=parts, over=over, count=count, owner=owner
+        )
     ] = None
 
 
