@@ -99,21 +99,10 @@ class Frozen:
         return display("treescope", self, path, subtree_renderer)
 
     # an array's description, read without unfreezing; any computation needs the value
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._described("shape")
-
-    @property
-    def dtype(self) -> Any:
-        return self._described("dtype")
-
-    @property
-    def ndim(self) -> int:
-        return self._described("ndim")
-
-    @property
-    def size(self) -> int:
-        return self._described("size")
+    shape = property(lambda self: self._described("shape"))
+    dtype = property(lambda self: self._described("dtype"))
+    ndim = property(lambda self: self._described("ndim"))
+    size = property(lambda self: self._described("size"))
 
     def _described(self, name: str) -> Any:
         try:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
-from ._stacked import SCAN_RESULT_MSG, STACKED_KIND, StackBase, Stacked, block_index
+from ._stacked import STACKED_KIND, StackBase, Stacked, block_index, scan_result
 from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind, stack_of
 from ._util import check_callable
 
@@ -228,12 +228,7 @@ class Periodic(StackBase):
             for j, block in enumerate(pattern):
                 args = (jax.tree_util.tree_map(operator.itemgetter(j), x[0]),) if x else ()
                 out = fn(block, carry, *args)
-                if not (isinstance(out, tuple) and len(out) == 2):
-                    what, where = describe(out), f"pattern position {j}"
-                    raise TypeError(
-                        SCAN_RESULT_MSG.format(method="Periodic.scan", what=what, where=where)
-                    )
-                carry, output = out
+                carry, output = scan_result(out, "Periodic.scan", f"pattern position {j}")
                 outputs.append(output)
             return carry, _stack_outputs(outputs)
 

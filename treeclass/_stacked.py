@@ -145,6 +145,13 @@ RESTACK_MSG = (
 )
 
 
+def scan_result(out: Any, method: str, where: str) -> tuple[Any, Any]:
+    """`out`, checked to be the `(carry, output)` pair a scanned function returns."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(SCAN_RESULT_MSG.format(method=method, what=describe(out), where=where))
+    return out
+
+
 # -- leaves -----------------------------------------------------------------------------------
 
 
@@ -481,7 +488,7 @@ class Stacked(StackBase):
                 raise ValueError(
                     LEADING_AXIS_MSG.format(where=where, got=got, n=length, source=source)
                 )
-        _init(self, tree, length)
+        _make(tree, length, self)
 
     @classmethod
     def from_blocks(cls, blocks: Sequence[Any]) -> Stacked:
@@ -704,12 +711,7 @@ class Stacked(StackBase):
             # they are (a saved residual is then the slice itself, not a copy)
             with gradients_stopped([v for v, s in zip(sliced, stopped) if s]):
                 out = fn(block, carry, x) if with_xs else fn(block, carry)
-            if not (isinstance(out, tuple) and len(out) == 2):
-                what, where = describe(out), "a block of the stack"
-                raise TypeError(
-                    SCAN_RESULT_MSG.format(method="Stacked.scan", what=what, where=where)
-                )
-            return out
+            return scan_result(out, "Stacked.scan", "a block of the stack")
 
         if remat is not False and remat is not None:
             body = jax.checkpoint(body, policy=None if remat is True else remat)
@@ -832,15 +834,12 @@ def _write_blocks(
     return _make(aux.treedef.unflatten(out), n)
 
 
-def _init(stack: Stacked, tree: object, length: int) -> Stacked:
+def _make(tree: object, length: int, stack: Stacked | None = None) -> Stacked:
     _check_node(tree)
     # the tree's children and its one-level tree definition: what a `Stacked` flattens to
     children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
-    return _store(stack, tree, (tuple(children), (length, treedef)))
-
-
-def _make(tree: object, length: int) -> Stacked:
-    return _init(object.__new__(Stacked), tree, length)
+    new = object.__new__(Stacked) if stack is None else stack
+    return _store(new, tree, (tuple(children), (length, treedef)))
 
 
 def _store(stack: Stacked, tree: object, flat: tuple[tuple[Any, ...], tuple[int, Any]]) -> Stacked:

@@ -143,7 +143,6 @@ def check_mask(mask: _T, params: object) -> _T:
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     tc.optim.check_mask({"w": True, "b": False}, params)
@@ -180,7 +179,6 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     tc.optim.check_labels({"w": "adam", "b": "sgd"}, params, {"adam": None, "sgd": None})
@@ -385,7 +383,6 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     assert tc.optim.mask(tc.at(params)["w"]) == {"w": True, "b": False}
@@ -456,7 +453,6 @@ class Labels(Generic[_T]):
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     labels = tc.optim.Labels({"w": "adam", "b": "sgd"})
     assert labels({"w": jnp.ones(2), "b": jnp.ones(2)}) == {"w": "adam", "b": "sgd"}
@@ -603,7 +599,6 @@ def labels(
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w1": jnp.ones((2, 2)), "b1": jnp.zeros(2), "w2": jnp.ones((2, 1))}
     labels = tc.optim.labels(params, {"decay": tc.glob("w*")}, default="plain")
@@ -685,7 +680,6 @@ def partition(
     import jax.numpy as jnp
     import optax
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     opt = tc.optim.partition(
@@ -1202,7 +1196,7 @@ def _scale_one(
     """`update` times `factor`; `shape` is the factor's shape as given, before
     `_compact_factor` dropped its constant trailing axes (None for a number)."""
     full = jnp.shape(update)
-    got = np.shape(factor) if shape is None else shape
+    got = tuple(getattr(factor, "shape", ())) if shape is None else shape
     if len(got) > len(full) or tuple(got) != tuple(full[: len(got)]):
         raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=got, want=full))
     if isinstance(factor, bool | np.bool_):
