@@ -7,6 +7,7 @@ the model by key path.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -317,10 +318,8 @@ class ShardingRules:
         """
         added = _check_axes({**(axes or {}), **more})
         self._check_mapped(added)
-        merged = {**self.axes, **added}
-        out = object.__new__(ShardingRules)
-        out.rules, out.axes = self.rules, merged
-        out.unmatched, out.block_axis = self.unmatched, self.block_axis
+        out = copy.copy(self)
+        out.axes = {**self.axes, **added}
         return out
 
     # -- applying the table -------------------------------------------------------------------
@@ -336,12 +335,8 @@ class ShardingRules:
 
         **Returns**
 
-        A tree of `PartitionSpec` (of mesh axes) with the structure of `tree` (frozen
-        values kept as they are: they are not leaves).
-
-        **Raises**
-
-        `ValueError` listing every problem (see the class), each naming its key path.
+        A tree of `PartitionSpec` (of mesh axes) with the structure of `tree`; a
+        `ValueError` lists every problem (see the class), each naming its key path.
 
         ```python
         import jax.numpy as jnp
@@ -414,26 +409,17 @@ class ShardingRules:
 
         **Returns**
 
-        What `fn` returns, every leaf placed as the rules say.
-
-        **Raises**
-
-        `ValueError` as `specs` does, before anything is allocated.
+        What `fn` returns, every leaf placed as the rules say; raises as `specs` does,
+        before anything is allocated.
 
         ```python
-        import jax, jax.numpy as jnp
+        import jax
         import treeclass as tc
 
-        class Linear(tc.TreeClass):
-            def __init__(self, n, key):
-                self.weight = jax.random.normal(key, (n, n))
-                self.bias = jnp.zeros(n)
-
         mesh = jax.make_mesh((1,), ("data",))
-        rules = tc.ShardingRules([(tc.glob("weight"), ("embed", None))], axes={"embed": "data"},
-                                 unmatched="replicate")
-        layer = rules.init(mesh, Linear, 4, jax.random.key(0))
-        assert layer.weight.sharding.spec == jax.sharding.PartitionSpec("data", None)
+        rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))], axes={"embed": "data"})
+        model = rules.init(mesh, lambda key: {"w": jax.random.normal(key, (4, 2))}, jax.random.key(0))
+        assert model["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
         ```
         """
         return _run_traced_once(
