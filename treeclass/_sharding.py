@@ -220,25 +220,13 @@ class ShardingRules:
     from jax.sharding import AbstractMesh, PartitionSpec as P
     import treeclass as tc
 
-    class Linear(tc.TreeClass):
-        weight: jax.Array
-        bias: jax.Array
-
-    model = {
-        "up": Linear(jnp.ones((4, 8)), jnp.ones(8)),
-        "down": Linear(jnp.ones((8, 4)), jnp.ones(4)),
-    }
+    model = {"up": jnp.ones((4, 8)), "down": jnp.ones((8, 4)), "bias": jnp.ones(4)}
     rules = tc.ShardingRules(
-        [
-            (tc.glob("up.weight"), ("embed", "mlp")),
-            (tc.glob("down.weight"), ("mlp", "embed")),
-            (Linear, "bias", P()),
-        ],
+        [(tc.glob("up"), ("embed", "mlp")), (tc.glob("down"), ("mlp", "embed")), ("bias", P())],
         axes={"embed": None, "mlp": "model"},
     )
-    mesh = AbstractMesh((2, 4), ("data", "model"))
-    specs = rules.specs(jax.eval_shape(lambda: model), mesh)
-    assert specs["up"].weight == P(None, "model") and specs["down"].bias == P()
+    specs = rules.specs(jax.eval_shape(lambda: model), AbstractMesh((2, 4), ("data", "model")))
+    assert specs["up"] == P(None, "model") and specs["bias"] == P()
     ```
     """
 
@@ -418,7 +406,7 @@ class ShardingRules:
 
         mesh = jax.make_mesh((1,), ("data",))
         rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))], axes={"embed": "data"})
-        model = rules.init(mesh, lambda key: {"w": jax.random.normal(key, (4, 2))}, jax.random.key(0))
+        model = rules.init(mesh, lambda k: {"w": jax.random.normal(k, (4, 2))}, jax.random.key(0))
         assert model["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
         ```
         """
@@ -462,7 +450,7 @@ class ShardingRules:
             raise ValueError(
                 _PROBLEMS_MSG.format(
                     root=path_str(tree, ()),
-                    mesh=_mesh_text(sizes),
+                    mesh="(" + ", ".join(f"{name}={size}" for name, size in sizes.items()) + ")",
                     count=len(problems),
                     problems="\n".join(lines),
                 )
@@ -734,10 +722,6 @@ def _what(leaf: object, depth: int) -> str:
         blocks = "x".join(map(str, shape[:depth]))
         return f"{text} (stacked: {blocks} blocks of [{','.join(map(str, shape[depth:]))}])"
     return text
-
-
-def _mesh_text(sizes: dict[str, int]) -> str:
-    return "(" + ", ".join(f"{name}={size}" for name, size in sizes.items()) + ")"
 
 
 # -- what follows the model -------------------------------------------------------------------
