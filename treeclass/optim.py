@@ -66,8 +66,7 @@ def _import_optax(name: str) -> Any:
     return optax
 
 
-# --------------------------------------------------------------------------------------
-# checking that a mask or label tree fits the parameters
+# -- checking that a mask or label tree fits the parameters --------------------------------
 
 _NOT_A_PREFIX_MSG = (
     "The {what} does not fit the parameters at `{path}`: {reason}.\n"
@@ -113,11 +112,9 @@ def _check_prefix(
 
 
 def _check_mask_leaf(leaf: object, where: str) -> None:
-    if isinstance(leaf, (bool, np.bool_)):
-        return
-    if getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ():
-        return
-    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
+    scalar_bool = getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ()
+    if not (isinstance(leaf, (bool, np.bool_)) or scalar_bool):
+        raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
 
 
 def check_mask(mask: _T, params: object) -> _T:
@@ -201,8 +198,7 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
     return labels
 
 
-# --------------------------------------------------------------------------------------
-# masks from selections
+# -- masks from selections -----------------------------------------------------------------
 
 
 _PARTIAL_LEAF_MSG = (
@@ -404,8 +400,7 @@ def _chosen(indexer: AtIndexer, strict: bool) -> tuple[_Places, list[bool]]:
     return places, chosen
 
 
-# --------------------------------------------------------------------------------------
-# labels for optax.multi_transform
+# -- labels for optax.multi_transform ------------------------------------------------------
 
 _OVERLAP_MSG = (
     "Selections overlap: {count} leaf(s) are claimed by more than one label, but each leaf "
@@ -730,8 +725,7 @@ def _keep_transform(optax: Any) -> Any:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-# --------------------------------------------------------------------------------------
-# trainable: one transformation that updates exactly a selection
+# -- trainable: one transformation that updates exactly a selection ------------------------
 
 _KEEP, _UPDATE, _FROZEN = range(3)
 
@@ -1007,8 +1001,7 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-# --------------------------------------------------------------------------------------
-# split and merge: gradients of the trained leaves only
+# -- split and merge: gradients of the trained leaves only ---------------------------------
 
 _MERGE_MISFIT_MSG = (
     "`tc.optim.merge` takes the two parts `tc.optim.split` returned (or trees of the same "
@@ -1031,17 +1024,13 @@ def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
 
     **Arguments**
 
-    - `selection`, `*where`, `strict`: as for `tc.optim.trainable`: a model (its
-      trainable leaves: inexact arrays neither frozen nor state), or an `.at` selection
-      (its selected leaves, less the frozen and state ones), or a tree and selectors.
+    - `selection`, `*where`, `strict`: as for `tc.optim.trainable` (and raising as it
+      does): a model (its trainable leaves), an `.at` selection (its selected leaves, less
+      the frozen and state ones), or a tree and selectors.
 
     **Returns**
 
     `(params, rest)`: two trees of the model's structure.
-
-    **Raises**
-
-    What `tc.optim.trainable` raises for its selection.
 
     ```python
     import jax, jax.numpy as jnp
@@ -1176,8 +1165,7 @@ def _leaf_path(tree: object, index: int, is_leaf: Callable[[Any], bool] = is_wra
     return path_str(tree, path)
 
 
-# --------------------------------------------------------------------------------------
-# scale_blocks: a factor per leaf, or per block of a stacked leaf
+# -- scale_blocks: a factor per leaf, or per block of a stacked leaf -----------------------
 
 _SCALE_MISMATCH_MSG = (
     "The factors given to `tc.optim.scale_blocks` do not fit the updates at `{where}`: "
