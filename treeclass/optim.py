@@ -532,23 +532,6 @@ def _frozen_free_structure(tree: object) -> PyTreeDef:
     return jax.tree_util.tree_structure(blanked)
 
 
-def _selection_mask(
-    tree: object, label: Hashable, selection: object
-) -> tuple[list[bool], list[str]]:
-    """`_selected_places` of a label's selection, made on `tree`."""
-    selects = isinstance(selection, AtIndexer)
-    indexer = _indexer(selection, ()) if selects else _indexer(tree, (selection,))
-    places, chosen, refused = _selected_places(indexer)
-    if places.treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
-        try:
-            check_mask(places.treedef.unflatten(chosen), tree)
-            detail = ""
-        except ValueError as error:
-            detail = str(error).split("\n")[0]
-        raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
-    return chosen, refused
-
-
 _SELECTIONS_TYPE_MSG = (
     "`tc.optim.labels` takes a mapping of label -> selection, e.g. "
     "`{{'decay': model.at[Linear]['weight']}}`; got {type}."
@@ -608,7 +591,16 @@ def labels(
     names = leaf_roles(tree)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
-        selected, refused = _selection_mask(tree, label, selection)
+        on_tree = isinstance(selection, AtIndexer)
+        indexer = _indexer(selection, ()) if on_tree else _indexer(tree, (selection,))
+        places, selected, refused = _selected_places(indexer)
+        if places.treedef != treedef:  # made on another tree
+            try:
+                check_mask(places.treedef.unflatten(selected), tree)
+                detail = ""
+            except ValueError as error:
+                detail = str(error).split("\n")[0]
+            raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
         if strict and True not in selected:
             raise _empty_selection_error(f"The selection for label {label!r}", refused)
         for index, is_selected in enumerate(selected):
