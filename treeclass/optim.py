@@ -501,9 +501,7 @@ class Labels(Generic[_T]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Labels):
             return NotImplemented
-        return jax.tree_util.tree_structure(self.tree) == jax.tree_util.tree_structure(
-            other.tree
-        ) and jax.tree_util.tree_leaves(self.tree) == jax.tree_util.tree_leaves(other.tree)
+        return jax.tree_util.tree_flatten(self.tree) == jax.tree_util.tree_flatten(other.tree)
 
     __hash__ = None  # type: ignore[assignment]
 
