@@ -97,16 +97,6 @@ class Periodic(StackBase):
 
         `ValueError` for a number of layers that is not a multiple of `period`, or naming
         the first layer (its position and repeat) that does not fit its position.
-
-        ```python
-        import jax.numpy as jnp
-        import treeclass as tc
-
-        layers = [{"w": jnp.full((2,), float(i))} if i % 2 == 0 else {"v": jnp.ones(3)}
-                  for i in range(6)]
-        periodic = tc.Periodic.from_layers(layers, period=2)
-        assert periodic.repeats == 3 and periodic[4]["w"].tolist() == [4.0, 4.0]
-        ```
         """
         layers = list(layers)
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:

@@ -270,17 +270,7 @@ class ShardingRules:
                 )
 
     def table(self) -> list[tuple[Any, ...]]:
-        """The rules as given: a list of `(selector, ..., spec)` tuples, to build on.
-
-        ```python
-        from jax.sharding import PartitionSpec as P
-        import treeclass as tc
-
-        rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))])
-        more = tc.ShardingRules([*rules.table(), (tc.glob("b"), P())])
-        assert len(more.table()) == 2 and more.table()[0][1] == P("embed", None)
-        ```
-        """
+        """The rules as given: a list of `(selector, ..., spec)` tuples, to build on."""
         return [(*rule.selectors, P(*rule.entries)) for rule in self.rules]
 
     def __repr__(self) -> str:
@@ -294,16 +284,7 @@ class ShardingRules:
     def with_axes(
         self, axes: Mapping[str, object] | None = None, /, **more: object
     ) -> ShardingRules:
-        """The same rules with logical names mapped (added to, or replacing, `axes`).
-
-        ```python
-        import treeclass as tc
-
-        rules = tc.ShardingRules([(tc.glob("w"), ("embed", "mlp"))], axes={"embed": None})
-        tensor_parallel = rules.with_axes(mlp="model")
-        assert tensor_parallel.axes == {"embed": (), "mlp": ("model",)}
-        ```
-        """
+        """The same rules with logical names mapped (added to, or replacing, `axes`)."""
         added = _check_axes({**(axes or {}), **more})
         self._check_mapped(added)
         out = copy.copy(self)
@@ -344,35 +325,13 @@ class ShardingRules:
         return treedef.unflatten(self._resolve(tree, flat, mesh))
 
     def shardings(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
-        """The `NamedSharding` of every leaf of `tree` on `mesh` (raises as `specs` does).
-
-        ```python
-        import jax, jax.numpy as jnp
-        import treeclass as tc
-
-        mesh = jax.make_mesh((1,), ("data",))
-        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
-        params = {"w": jnp.ones((4, 2))}
-        model = jax.device_put(params, rules.shardings(params, mesh))
-        assert model["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
-        ```
-        """
+        """The `NamedSharding` of every leaf of `tree` on `mesh` (raises as `specs` does)."""
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         return treedef.unflatten([NamedSharding(mesh, s) for s in self._resolve(tree, flat, mesh)])
 
     def template(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target for
         `tc.load` (each process reads only its shards). Raises as `specs` does.
-
-        ```python
-        import jax, jax.numpy as jnp
-        import treeclass as tc
-
-        mesh = jax.make_mesh((1,), ("data",))
-        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
-        template = rules.template(jax.eval_shape(lambda: {"w": jnp.ones((4, 2))}), mesh)
-        assert template["w"].shape == (4, 2) and template["w"].sharding.spec[0] == "data"
-        ```
         """
         return jax.tree_util.tree_map(
             lambda x, s: jax.ShapeDtypeStruct(_shape(x), _dtype(x), sharding=s),

@@ -551,15 +551,6 @@ class Stacked(StackBase):
 
         A `Stacked` of n blocks; values that do not depend on the key are taken from the
         one trace.
-
-        ```python
-        import jax
-        import treeclass as tc
-
-        make = lambda key: {"w": jax.random.normal(key, (3,)), "act": "relu"}
-        stack = tc.Stacked.from_init(make, jax.random.split(jax.random.key(0), 4))
-        assert stack.tree["w"].shape == (4, 3) and stack[0]["act"] == "relu"
-        ```
         """
         check_callable(make, "Stacked.from_init", "make", " of one key")
         key_leaves = jax.tree_util.tree_leaves(keys)
