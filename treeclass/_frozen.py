@@ -1,11 +1,8 @@
 """Frozen values: a value wrapped in a pytree node without children.
 
-JAX transformations see only leaves, so they never see a frozen value; `jax.jit` treats
-it as static, since the tree definition holding it is part of the compilation cache key.
-That puts it on the hot path of every jitted call: its exact key (`_values.exact_key`) and
-hash are computed once, when frozen, and equality checks identity first. It describes
-itself through its row of the table of node kinds (a wrapper marked `#`, registered
-here) and the display protocol of `_values`: no other module branches on it.
+`jax.jit` treats it as static (its tree definition is part of the cache key), so its
+exact key and hash are computed once, when frozen, and equality checks identity first.
+It describes itself through its row (a wrapper marked `#`) and `_values`'s display.
 """
 
 from __future__ import annotations
@@ -102,21 +99,10 @@ class Frozen:
         return display("treescope", self, path, subtree_renderer)
 
     # an array's description, read without unfreezing; any computation needs the value
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._described("shape")
-
-    @property
-    def dtype(self) -> Any:
-        return self._described("dtype")
-
-    @property
-    def ndim(self) -> int:
-        return self._described("ndim")
-
-    @property
-    def size(self) -> int:
-        return self._described("size")
+    shape = property(lambda self: self._described("shape"))
+    dtype = property(lambda self: self._described("dtype"))
+    ndim = property(lambda self: self._described("ndim"))
+    size = property(lambda self: self._described("size"))
 
     def _described(self, name: str) -> Any:
         try:
@@ -149,9 +135,7 @@ class Frozen:
 
 
 class FrozenOperationError(NotImplementedError, TypeError):
-    """An operation on a frozen value (which supports none): unfreeze it first. A
-    `NotImplementedError`, as PyTreeClass raises, and a `TypeError`, as Python does.
-    """
+    """An operation on a frozen value: a `NotImplementedError` (PyTreeClass) and `TypeError`."""
 
 
 def _refuse(expr: str) -> Callable[..., Any]:
@@ -198,8 +182,7 @@ class _FrozenKind(NodeKind[Frozen]):
 
 
 def _refreeze(x: object) -> Frozen:
-    """`freeze` for a value that was frozen already (filled by `set`, restored by `load`):
-    its checks, not its size warning, which the first freeze gave."""
+    """`freeze` without the size warning, for a value frozen once already."""
     _refuse_spread_arrays(x)
     return Frozen(snapshot(x))
 
@@ -208,10 +191,8 @@ register_kind(Frozen, _FrozenKind())
 
 
 class FrozenArrayWarning(UserWarning):
-    """`tc.freeze` of more than 1 MiB of arrays: a frozen value is a constant of every
-    program `jax.jit` compiles with it (hashed, inlined, compiled anew for new values,
-    kept alive by the cache). For pretrained weights declare the field
-    `tc.field(role="frozen")` instead: a traced leaf that is never trained.
+    """`tc.freeze` of more than 1 MiB of arrays, a constant of every program `jax.jit`
+    compiles with it: for pretrained weights declare the field `tc.field(role="frozen")`.
 
     ```python
     import warnings
@@ -262,20 +243,12 @@ def _size_text(n: int) -> str:
 def freeze(x: _T) -> _T:
     """Wrap `x` in a node without children, so JAX transformations do not see it.
 
-    The frozen value is static under `jax.jit` (a changed value retraces, an equal one does
-    not), carried unchanged through `jax.grad`, `jax.vmap`, `jax.lax.scan` and optax, and
-    refuses arithmetic and calls (`FrozenOperationError`) until unfrozen. Freezing is
-    idempotent, and takes a snapshot: a writable NumPy array is copied (read-only) and
-    containers are rebuilt, so changing the original later changes nothing frozen.
-
-    Two frozen values are equal when their values are of the same type and equal exactly:
-    `-0.0` and `0.0` differ (so do `1`, `1.0` and `True`), a NaN equals a NaN with the
-    same bits; arrays when their type, shape, dtype and bytes are (read and hashed once,
-    here); subtrees when their structure and leaves are. Values with no usable hash fall
-    back to identity.
-
-    Freeze configuration: functions, strings, flags, small arrays; more than 1 MiB of
-    arrays warns (`tc.FrozenArrayWarning` says why, and what to do instead).
+    The frozen value is static under `jax.jit`, carried unchanged through `jax.grad`,
+    `jax.vmap` and optax, and refuses arithmetic and calls (`FrozenOperationError`) until
+    unfrozen. Freezing is idempotent and takes a snapshot (NumPy arrays copied read-only).
+    Two frozen values are equal when their values have one type and are exactly equal
+    (`-0.0` and `0.0` differ; arrays by shape, dtype and bytes). Freeze configuration;
+    more than 1 MiB of arrays warns (`tc.FrozenArrayWarning`). More: the masking guide.
 
     **Arguments**
 
@@ -335,8 +308,7 @@ def _copy_array(x: Any) -> Any:
 
 
 def snapshot(x: object) -> Any:
-    """`x` as it is now, NumPy arrays copied (read-only) and containers rebuilt: a frozen
-    value changed in place later would silently reuse a trace made for the old value."""
+    """`x` as it is now, NumPy arrays copied (read-only) and containers rebuilt."""
     if isinstance(x, np.ndarray):
         return _copy_array(x)
     if isinstance(x, (jax.Array, str, bytes, int, float, complex, np.generic)) or x is None:

@@ -25,11 +25,7 @@ _T = TypeVar("_T")
 
 
 def is_nondiff(x: object) -> bool:
-    """Whether `jax.grad` cannot differentiate `x`.
-
-    False only for inexact (floating or complex) Python scalars and arrays; True for ints,
-    bools, integer, boolean and key arrays, strings, `None`, functions and other objects.
-    The default condition of `tree_mask`.
+    """Whether `jax.grad` cannot differentiate `x`: all but inexact scalars and arrays.
 
     ```python
     import jax.numpy as jnp
@@ -90,11 +86,8 @@ def _is_predicate(cond: object) -> bool:
 def _mask_leaves(
     tree: object, mask: object, is_leaf: Callable[[Any], bool] | None, frozen_may_be_leaves: bool
 ) -> tuple[list, list, Any]:
-    """Leaves of `tree` (split with `is_leaf`) and the mask's bools, or a ValueError.
-
-    A frozen value in the mask (a mask built with `tree_map` over a tree that holds values
-    the class froze keeps them) stands for `False`: it is left as it is.
-    """
+    """Leaves of `tree` (split with `is_leaf`) and the mask's bools (a frozen value in the
+    mask: `False`), or a ValueError."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
     flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=_structure.is_wrapper)
     # the mask's leaves first: a non-bool is the wrong kind of argument, whatever its shape
@@ -113,9 +106,8 @@ def _mask_leaves(
     if mask_def != treedef:
         split = _frozen_or(is_leaf) if frozen_may_be_leaves else is_leaf
         found = _structure.first_mismatch(tree, mask, is_leaf=split)
-        if found is None:
-            path, reason = (), "the structures differ"
-        else:
+        path, reason = (), "the structures differ"
+        if found is not None:
             path, reason = found.path, found.explain("mask")
         raise ValueError(_MASK_DOES_NOT_FIT.format(path=path_str(tree, path), reason=reason))
     return leaves, flags, treedef
@@ -167,6 +159,9 @@ def tree_mask(
       cannot differentiate.
     - `is_leaf`: as in `jax.tree_util.tree_map`, to freeze whole subtrees.
 
+    `tc.tree_mask.def_type(T)(fn)` masks values of type `T` as `fn(value)` instead (the
+    masking guide, "Your own wrapper").
+
     **Returns**
 
     A new tree, `tree` with the chosen leaves frozen.
@@ -175,14 +170,9 @@ def tree_mask(
 
     `ValueError` naming the key path where a mask tree does not fit `tree`; a
     `MaskLeafError` (both a `TypeError` and a `ValueError`) when the mask is neither a
-    predicate nor holds bools (`cond=1.0`); an error raised by the predicate gets a note
-    naming the leaf.
-
-    **Custom wrappers**
-
-    `tc.tree_mask.def_type(T)(fn)` (sepes's hook) masks values of type `T` (and its
-    subclasses) as `fn(value)` instead of `freeze(value)`; `fn` must return a masked value
-    (else a `TypeError` naming the rule and the leaf). See the masking guide.
+    predicate nor holds bools (`cond=1.0`); a `TypeError` naming the rule and the leaf
+    when a `def_type` rule returns an unmasked value; an error raised by the predicate
+    gets a note naming the leaf.
 
     ```python
     import jax, jax.numpy as jnp
@@ -217,22 +207,14 @@ def tree_mask(
     return treedef.unflatten(out)
 
 
-def _everything(_: object) -> bool:
-    return True
-
-
 def tree_unmask(
     tree: _T,
     mask: Callable[[Any], bool] | PyTree = _UNSET,
     *,
     cond: Callable[[Any], bool] | PyTree = _UNSET,
 ) -> _T:
-    """Unfreeze the frozen leaves of `tree` where the mask holds (all by default).
-
-    Without a mask this undoes *every* freeze in the tree, also values a class froze on
-    purpose (`activation = tc.freeze(jax.nn.relu)`); to undo only what `tree_mask`
-    froze, pass the same mask tree (a frozen value in the mask is left frozen). A
-    predicate sees only the values, so it cannot tell the two apart.
+    """Unfreeze the frozen leaves of `tree` where the mask holds (all by default: also
+    values a class froze on purpose; pass `tree_mask`'s mask tree to undo only that).
 
     **Arguments**
 
@@ -260,7 +242,7 @@ def tree_unmask(
     assert only_ints["a"] == 1 and tc.is_frozen(only_ints["b"])
     ```
     """
-    cond = _one_condition("tree_unmask", mask, cond, _everything)
+    cond = _one_condition("tree_unmask", mask, cond, lambda _: True)
     if _is_predicate(cond):
 
         def unmask_leaf(x: object) -> Any:
@@ -306,10 +288,6 @@ def _mask_value(x: object) -> Any:
     return result
 
 
-def _write_mask(kind: type, mask: Callable[[Any], Any]) -> None:
-    _structure.write_part(kind, "mask", mask)
-
-
 def _def_type(
     name: str,
     write: Callable[[type, Callable[[Any], Any]], None],
@@ -334,11 +312,8 @@ def _write_wrapper(kind: type, unwrap: Callable[[Any], Any]) -> None:
 
 
 def is_masked(x: object) -> bool:
-    """Whether `tree_unmask` would unwrap `x`: a value of a wrapper kind (a frozen value,
-    a `tree_unmask.def_type` wrapper, any kind whose row has a wrapper part).
-
-    sepes's name. `is_frozen` answers for `freeze`'s own wrapper only. Use it as
-    `is_leaf=` to reach masked values: `tree.at[...].apply(tc.unfreeze, is_leaf=tc.is_masked)`.
+    """Whether `tree_unmask` would unwrap `x`: a frozen value, a `tree_unmask.def_type`
+    wrapper, any kind whose row has a wrapper part (`is_frozen`: `freeze`'s own only).
 
     ```python
     import treeclass as tc
@@ -351,7 +326,9 @@ def is_masked(x: object) -> bool:
 
 
 # sepes's extension points, kept on the functions as there: `tc.tree_mask.def_type(T)(fn)`
-tree_mask.def_type = functools.partial(_def_type, "tree_mask", _write_mask)  # type: ignore[attr-defined]
+tree_mask.def_type = functools.partial(  # type: ignore[attr-defined]
+    _def_type, "tree_mask", lambda kind, fn: _structure.write_part(kind, "mask", fn)
+)
 tree_unmask.def_type = functools.partial(_def_type, "tree_unmask", _write_wrapper)  # type: ignore[attr-defined]
 
 

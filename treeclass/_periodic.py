@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.tree_util import GetAttrKey, SequenceKey
 
-from ._stacked import SCAN_RESULT_MSG, STACKED_KIND, StackBase, Stacked, block_index
+from ._stacked import STACKED_KIND, StackBase, Stacked, block_index, scan_result
 from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind, stack_of
 from ._util import check_callable
 
@@ -46,20 +46,10 @@ OUTPUTS_MSG = (
 class Periodic(StackBase):
     """R repeats of a pattern of P blocks (of possibly different kinds), as one tree.
 
-    Layers following a pattern (`[local]*5 + [global]`, repeated) as a `Periodic`,
-    applied with `scan` (or called), compile one pattern: R `lax.scan` steps, each
-    applying the P blocks in order. It is a `tc.Stacked` of R patterns (`.stack`),
-    numbered as the unrolled model's layers:
-
-    - **Layers**: `len(p)` is R×P; `p[i]` is layer `i`, position `i % P` of repeat
-      `i // P`; `p.layers()` is all of them; `p.period` is P and `p.repeats` R.
-    - **`.at`** addresses layers by that index (`.at["layers"][11]["attn"]`; a slice with
-      a step picks a position of every repeat: `.at["layers"][5::6]`); key paths read
-      `layers[11].attn.q`.
-    - **JAX** sees the stack under the key `pattern` (`layers.pattern[5].attn.q.weight`,
-      with a leading axis of R); `tc.unstack_all` gives the layers as a tuple (an
-      unrolled model's names, `layers.11.attn.q.weight`), `tc.restack` converts back.
-    - **Printers** show `Periodic[6×(5×Local, Global)]`, per-repeat shapes `6×f32[64,64]`.
+    A `tc.Stacked` of R patterns (`.stack`, under the key `pattern` for JAX), applied in R
+    `lax.scan` steps of P blocks each. `p[i]`, `.at[i]` and key paths number the layers
+    as the unrolled model's: layer `i` is position `i % P` of repeat `i // P`. The stacked
+    guide, "Periodic stacks", shows a worked model.
 
     **Arguments**
 
@@ -67,33 +57,14 @@ class Periodic(StackBase):
       with `Periodic.from_layers` or `Periodic.from_init`.
 
     ```python
-    import jax, jax.numpy as jnp
+    import jax.numpy as jnp
     import treeclass as tc
 
-    class Local(tc.TreeClass):
-        w: jax.Array
-
-        def __call__(self, x):
-            return jnp.tanh(x @ self.w)
-
-    class Global(tc.TreeClass):
-        w: jax.Array
-        b: jax.Array
-
-        def __call__(self, x):
-            return x + x @ self.w + self.b
-
-    def pattern(key):
-        k = jax.random.split(key, 3)
-        return (Local(jax.random.normal(k[0], (4, 4))), Local(jax.random.normal(k[1], (4, 4))),
-                Global(jax.random.normal(k[2], (4, 4)), jnp.zeros(4)))
-
-    layers = tc.Periodic.from_init(pattern, jax.random.split(jax.random.key(0), 4))
-    assert len(layers) == 12 and layers.period == 3 and layers.repeats == 4
-    assert type(layers[5]) is Global and layers[5].w.shape == (4, 4)
-    y = layers(jnp.ones((1, 4)))                      # 4 scan steps of 3 blocks
-    layers = layers.at[5]["b"].set(1.0)               # layer 5 only
-    assert layers[5].b.tolist() == [1.0] * 4 and layers[8].b.tolist() == [0.0] * 4
+    layers = [{"w": jnp.zeros(2)}, {"w": jnp.zeros(2), "b": jnp.zeros(2)}] * 3
+    periodic = tc.Periodic.from_layers(layers, period=2)
+    assert len(periodic) == 6 and periodic.repeats == 3 and periodic.period == 2
+    periodic = periodic.at[3]["b"].set(1.0)  # layer 3 only
+    assert periodic[3]["b"].tolist() == [1.0, 1.0] and periodic[1]["b"].tolist() == [0.0, 0.0]
     ```
     """
 
@@ -126,16 +97,6 @@ class Periodic(StackBase):
 
         `ValueError` for a number of layers that is not a multiple of `period`, or naming
         the first layer (its position and repeat) that does not fit its position.
-
-        ```python
-        import jax.numpy as jnp
-        import treeclass as tc
-
-        layers = [{"w": jnp.full((2,), float(i))} if i % 2 == 0 else {"v": jnp.ones(3)}
-                  for i in range(6)]
-        periodic = tc.Periodic.from_layers(layers, period=2)
-        assert periodic.repeats == 3 and periodic[4]["w"].tolist() == [4.0, 4.0]
-        ```
         """
         layers = list(layers)
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
@@ -257,12 +218,7 @@ class Periodic(StackBase):
             for j, block in enumerate(pattern):
                 args = (jax.tree_util.tree_map(operator.itemgetter(j), x[0]),) if x else ()
                 out = fn(block, carry, *args)
-                if not (isinstance(out, tuple) and len(out) == 2):
-                    what, where = describe(out), f"pattern position {j}"
-                    raise TypeError(
-                        SCAN_RESULT_MSG.format(method="Periodic.scan", what=what, where=where)
-                    )
-                carry, output = out
+                carry, output = scan_result(out, "Periodic.scan", f"pattern position {j}")
                 outputs.append(output)
             return carry, _stack_outputs(outputs)
 
@@ -320,9 +276,8 @@ def _kinds(periodic: Periodic) -> str:
 
 
 class _PeriodicKind(NodeKind["Periodic"]):
-    """The row of a periodic stack: `.at` opens it into the unrolled model's layers,
-    numbered `[r×P+j]`, through the row of the stack it holds; its children's roles are
-    those each layer's own class declares (`roles_of`: none of its own)."""
+    """A periodic stack's row: `.at` opens it into the layers `[r×P+j]`, through the row
+    of the stack it holds."""
 
     def open(self, node: Periodic) -> Opened:
         opened = STACKED_KIND.open(node._stack)
@@ -392,8 +347,7 @@ class _PeriodicKind(NodeKind["Periodic"]):
 def _in_layers(
     p: int, path: tuple[Any, ...], where: Callable[[tuple], str]
 ) -> Callable[[tuple], str]:
-    """Messages of the held stack (paths `[r][j]...`) told in layers (`[r×P+j]...`) below
-    `path`."""
+    """The held stack's paths (`[r][j]...`) told in layers (`[r×P+j]...`) below `path`."""
 
     def text(below: tuple) -> str:
         if len(below) >= 2 and isinstance(below[0], SequenceKey):

@@ -1,9 +1,8 @@
-"""Roles: what each value of a tree is for (trainable, state, frozen, other, static), with
-one answer for every tool (`tc.optim.trainable`, `tc.tree_summary`, `tc.roles`); `roles`
-says what each role is. A role is declared by a field of the class (`_fields.ROLE_KEY` in
-its metadata); `tc.freeze` wins over a declared role, the innermost declaration over
-outer ones, a declaration over the kind of the value. The `NEVER_TRAINED` roles (state,
-frozen) outrank any selection.
+"""Roles: what each value of a tree is for, one answer for every tool (`roles` says each).
+
+A field declares a role (`_fields.ROLE_KEY` in its metadata); `tc.freeze` wins over a
+declared role, the innermost declaration over outer ones, a declaration over the kind of
+the value. The `NEVER_TRAINED` roles outrank any selection.
 """
 
 from __future__ import annotations
@@ -28,11 +27,8 @@ __all__ = [
     "STATIC",
     "OTHER",
     "NEVER_TRAINED",
-    "ROLE_KEY",
     "roles",
-    "is_trainable_value",
     "static_values",
-    "field_role",
     "declared_children",
     "leaf_role",
     "leaf_roles",
@@ -45,8 +41,6 @@ FROZEN = "frozen"
 STATIC = "static"
 OTHER = "other"
 MIXED = "mixed"  # a node where printing stops and whose leaves play several roles
-# the roles that outrank any selection: no optimizer helper trains, decays or keeps
-# optimizer state for such a leaf, however it was selected
 NEVER_TRAINED = frozenset({STATE, FROZEN})
 
 _UNKNOWN_ROLE_MSG = (
@@ -59,42 +53,27 @@ _UNKNOWN_ROLE_MSG = (
 )
 
 
-def is_trainable_value(x: object) -> bool:
-    """Whether a leaf's value makes it trainable: an inexact JAX, NumPy or abstract array
-    (a template gets its model's roles); Python numbers and NumPy scalars are not arrays."""
-    return (is_array(x) or isinstance(x, jax.ShapeDtypeStruct)) and is_inexact_array(x)
-
-
-def field_role(cls: type, name: str) -> str | None:
-    """The role a TreeClass field declares (`"state"`, `"frozen"`), or `None`."""
-    field = _node.fields_of(cls).get(name)
-    if field is None:
-        return None
-    role = field.metadata.get(ROLE_KEY)
-    if role is None:
-        return None
-    if role not in FIELD_ROLES:
-        raise ValueError(
-            _UNKNOWN_ROLE_MSG.format(
-                cls=cls.__name__, name=name, role=role, known=", ".join(map(repr, FIELD_ROLES))
-            )
-        )
-    return role
-
-
 _NO_ROLES: dict[str, str] = {}
 
 
 @functools.lru_cache(maxsize=4096)
 def _declared_fields(cls: type) -> dict[str, str]:
-    # a class's fields are fixed when it is created: looked up once per class (speed only)
-    found = {name: field_role(cls, name) for name in _node.fields_of(cls)}
-    return {name: role for name, role in found.items() if role is not None} or _NO_ROLES
+    """Field name -> the role it declares; a class's fields are fixed: looked up once."""
+    found = {}
+    for name, field in _node.fields_of(cls).items():
+        role = field.metadata.get(ROLE_KEY)
+        if role is not None and role not in FIELD_ROLES:
+            known = ", ".join(map(repr, FIELD_ROLES))
+            raise ValueError(
+                _UNKNOWN_ROLE_MSG.format(cls=cls.__name__, name=name, role=role, known=known)
+            )
+        if role is not None:
+            found[name] = role
+    return found or _NO_ROLES
 
 
 def declared_children(node: object) -> dict[str, str]:
-    """Child name -> declared role, for the children of `node` (read-only): the fields of
-    the TreeClass its row names (`NodeKind.roles_of`: itself, or a stack's block)."""
+    """Child name -> declared role, for the children of `node` (`NodeKind.roles_of`)."""
     holder = row_of(node).roles_of(node)
     if holder is None:
         return _NO_ROLES
@@ -117,7 +96,8 @@ def leaf_role(x: object, in_state: bool | str) -> str:
         return wrapper.role
     if in_state:
         return STATE if in_state is True else in_state
-    return TRAINABLE if is_trainable_value(x) else OTHER
+    trainable = (is_array(x) or isinstance(x, jax.ShapeDtypeStruct)) and is_inexact_array(x)
+    return TRAINABLE if trainable else OTHER
 
 
 def leaf_roles(
@@ -156,27 +136,12 @@ def _collect(
 def roles(tree: _T) -> _T:
     """The role of every value of `tree`: a tree of role names, one in place of each leaf.
 
-    Every tool answers "what is trained, what is state, what is configuration" from these
-    roles: `tc.optim.trainable` updates the trainable leaves, or the leaves of a selection
-    that are neither state nor frozen (a declared role outranks a selection);
-    `tc.tree_summary` counts each role apart.
-
-    - `"trainable"`: an inexact (floating or complex) JAX or NumPy array (or an abstract
-      `jax.ShapeDtypeStruct`) that is neither frozen nor state;
-    - `"state"`: a leaf held, at any depth, by a field declared `tc.field(role="state")`
-      (or `metadata={"role": "state"}`): running statistics, counters, caches the forward
-      pass updates and no optimizer touches;
-    - `"frozen"`: a value wrapped by `tc.freeze` (it stands where the frozen value stood:
-      frozen values are not leaves), or a leaf held by a field declared
-      `tc.field(role="frozen")` (traced by `jax.jit`, its reads stop gradients, never
-      trained);
-    - `"other"`: every other leaf (Python numbers, NumPy scalars, integer and boolean
-      arrays, PRNG keys, strings): `jax.grad` sees them, the optimizer helpers do not
-      train them.
-
-    Static fields are not leaves: they do not appear here (`tc.tree_summary` counts them
-    as `static`). Roles are judged on the values as they are: inside `jax.jit` Python
-    numbers are arrays, so judge a model (build its optimizer) as it was constructed.
+    `"trainable"`: an inexact JAX or NumPy array (or `jax.ShapeDtypeStruct`), neither
+    frozen nor state; `"state"`: a leaf held, at any depth, by a field declared
+    `tc.field(role="state")`; `"frozen"`: a `tc.freeze`d value, or a leaf held by a field
+    declared `tc.field(role="frozen")`; `"other"`: every other leaf (Python numbers,
+    integer arrays, keys, strings). Every tool answers from these roles (the training
+    guide's table says how); roles are judged on the values as they are.
 
     **Arguments**
 
@@ -213,8 +178,7 @@ def roles(tree: _T) -> _T:
 
 
 def static_values(tree: object) -> Iterator[tuple[Any, str, Any]]:
-    """`(node, name, value)` for every static field of every TreeClass node of `tree`
-    (not inside frozen values)."""
+    """`(node, name, value)` for every static field of every TreeClass node of `tree`."""
     for node in _node.treeclass_nodes(tree):
         for name, value in _node.static_values(node).items():
             yield node, name, value

@@ -1,17 +1,16 @@
 """Sharding by rules: a table of (selection, partition spec), checked, then used to place.
 
-The table's meaning is `ShardingRules`'s docstring. Which leaves a rule selects is what
-`.at` selects (its selectors walked once per rule, as `tc.optim.mask` does), never a
-second matcher; the first rule selecting a leaf gives its spec. The check collects every
-problem before anything is allocated; `ShardingRules.init` then builds a model in its
-shardings, and `init_like` / `shardings_like` place what follows it by key path.
+A rule selects what `.at` selects (never a second matcher); the check collects every
+problem before anything is allocated; `init_like` / `shardings_like` place what follows
+the model by key path.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -138,6 +137,24 @@ def _spec_text(entries: Sequence[Any]) -> str:
     return repr(P(*entries))
 
 
+_Axes = tuple[str, ...]
+_Sizes = dict[str, int]
+_Problems = dict[str, None]  # ordered, without repeats
+
+
+class _Leaf(NamedTuple):
+    """A leaf being checked: its tree, key path, value and number of block axes."""
+
+    tree: object
+    path: tuple[Any, ...]
+    value: Any
+    depth: int
+
+    def about(self) -> dict[str, str]:
+        """The `path` and `what` of a problem about it."""
+        return {"path": path_str(self.tree, self.path), "what": _what(self.value, self.depth)}
+
+
 class _Rule:
     """One row of the table: its selectors (a chain, as `.at[a][b]`) and its spec."""
 
@@ -172,75 +189,44 @@ def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 class ShardingRules:
     """An ordered table of (selection, partition spec) rules with logical axis names.
 
-    Each rule is a tuple: one or more `.at` selectors (applied one level after another,
-    as `.at[a][b]`; a tuple of selectors is their union, as in `.at[(a, b)]`), then a
-    partition spec with one entry per axis of the selected leaves: an axis name, a tuple
-    of names, or None. Names are *logical* (`"embed"`, `"mlp"`, `"heads"`) when `axes`
-    maps them to mesh axes, or mesh axes themselves; the model states the rules once, and
-    each deployment maps the names (`rules.with_axes(mlp="model", embed="fsdp")`).
-
-    **Checked before allocation.** `specs`, `shardings`, `template` and `init` check the
-    rules against an abstract model (from `jax.eval_shape`, or a real one) and a mesh
-    (a `Mesh`, or an `AbstractMesh`: no device is needed to check), and raise one
-    `ValueError` listing every problem, each naming its key path:
-
-    - a leaf no rule matches (an error, unless `unmatched="replicate"`); scalar leaves
-      have one layout and need no rule;
-    - a rule that gives no leaf: it selects nothing, or cannot select (a typo in a
-      glob), or every leaf it selects an earlier rule took. Rules are tried in order and
-      **the first rule that selects a leaf gives its spec** (specific rules first, a
-      catch-all such as `(tc.glob("**"), P())` last), the meaning key rules have too;
-      the error names the rule and the earlier rules that took its leaves;
-    - a spec whose number of entries is not the leaf's rank (`P()` fits every rank:
-      nothing split);
-    - an axis name that is neither logical nor a mesh axis; a logical name mapped to a
-      name that is not a mesh axis; a mesh axis used for two axes of one leaf;
-    - an axis split over mesh axes whose sizes' product does not divide it;
-    - an axis holding a layer's heads split in a number of parts that does not divide
-      the head count (2 key/value heads over 4 devices), which would cut heads across
-      devices. A layer declares its heads in field metadata, as `tc.nn.MultiHeadAttention`
-      does: `heads=(count_field, axis_name)` on a sublayer's field, `axes=(names...)` on
-      its arrays (`tc.nn.Linear.weight` is `("out", "in")`).
-
-    **Stacked blocks.** A rule selects the blocks of a `tc.Stacked` one by one
-    (`blocks.*.attn.q.weight`) and its spec is written for one block; the leaf carries
-    the block axis first, which gets `block_axis` (default None: every device holds all
-    the blocks of its part). A spec with one more entry than a block's rank gives the
-    block axis its own entry first; `P()` leaves a block unsplit, and its block axis still
-    gets `block_axis`. A rule that selects only some blocks is an error.
+    A rule is one or more `.at` selectors (applied as `.at[a][b]`), then a partition spec
+    with one entry per axis of the selected leaves (a stacked leaf's spec is written for
+    one block). **The first rule that selects a leaf gives its spec.** `specs`,
+    `shardings`, `template` and `init` check the rules against an abstract model and a
+    mesh (an `AbstractMesh` needs no device) and raise one `ValueError` listing every
+    problem by key path: a leaf no rule matches, a rule that gives no leaf, a spec of
+    another rank, an unknown axis name, a mesh axis used twice in one leaf, an axis its
+    mesh axes do not divide, or one that cuts a layer's heads. The sharding recipe shows
+    each.
 
     **Arguments**
 
-    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`.
-    - `axes`: logical axis name -> mesh axis, tuple of mesh axes, or None.
+    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`; a spec is a
+      `PartitionSpec` or a tuple of entries (an axis name, a tuple of names, or None).
+    - `axes`: logical axis name -> mesh axis, tuple of mesh axes, or None (unsplit);
+      names not mapped here are mesh axes themselves.
     - `unmatched`: `"error"` (the default) or `"replicate"` for leaves no rule matches
       (as if a rule gave them `P()`: a stacked leaf's block axes still get `block_axis`).
-    - `block_axis`: the (logical or mesh) axis name of the block axis of stacked leaves.
+    - `block_axis`: the (logical or mesh) axis name of the block axis of stacked leaves
+      (default None: every device holds all the blocks of its part).
+
+    **Raises**
+
+    `TypeError` for a malformed rule, spec or `axes`; `ValueError` for another
+    `unmatched`, or a mapped name no rule uses (naming the closest one).
 
     ```python
     import jax, jax.numpy as jnp
     from jax.sharding import AbstractMesh, PartitionSpec as P
     import treeclass as tc
 
-    class Linear(tc.TreeClass):
-        weight: jax.Array
-        bias: jax.Array
-
-    model = {
-        "up": Linear(jnp.ones((4, 8)), jnp.ones(8)),
-        "down": Linear(jnp.ones((8, 4)), jnp.ones(4)),
-    }
+    model = {"up": jnp.ones((4, 8)), "down": jnp.ones((8, 4)), "bias": jnp.ones(4)}
     rules = tc.ShardingRules(
-        [
-            (tc.glob("up.weight"), ("embed", "mlp")),
-            (tc.glob("down.weight"), ("mlp", "embed")),
-            (Linear, "bias", P()),
-        ],
+        [(tc.glob("up"), ("embed", "mlp")), (tc.glob("down"), ("mlp", "embed")), ("bias", P())],
         axes={"embed": None, "mlp": "model"},
     )
-    mesh = AbstractMesh((2, 4), ("data", "model"))
-    specs = rules.specs(jax.eval_shape(lambda: model), mesh)
-    assert specs["up"].weight == P(None, "model") and specs["down"].bias == P()
+    specs = rules.specs(jax.eval_shape(lambda: model), AbstractMesh((2, 4), ("data", "model")))
+    assert specs["up"] == P(None, "model") and specs["bias"] == P()
     ```
     """
 
@@ -284,17 +270,7 @@ class ShardingRules:
                 )
 
     def table(self) -> list[tuple[Any, ...]]:
-        """The rules as given: a list of `(selector, ..., spec)` tuples, to build on.
-
-        ```python
-        from jax.sharding import PartitionSpec as P
-        import treeclass as tc
-
-        rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))])
-        more = tc.ShardingRules([*rules.table(), (tc.glob("b"), P())])
-        assert len(more.table()) == 2 and more.table()[0][1] == P("embed", None)
-        ```
-        """
+        """The rules as given: a list of `(selector, ..., spec)` tuples, to build on."""
         return [(*rule.selectors, P(*rule.entries)) for rule in self.rules]
 
     def __repr__(self) -> str:
@@ -308,22 +284,11 @@ class ShardingRules:
     def with_axes(
         self, axes: Mapping[str, object] | None = None, /, **more: object
     ) -> ShardingRules:
-        """The same rules with logical names mapped (added to, or replacing, `axes`).
-
-        ```python
-        import treeclass as tc
-
-        rules = tc.ShardingRules([(tc.glob("w"), ("embed", "mlp"))], axes={"embed": None})
-        tensor_parallel = rules.with_axes(mlp="model")
-        assert tensor_parallel.axes == {"embed": (), "mlp": ("model",)}
-        ```
-        """
+        """The same rules with logical names mapped (added to, or replacing, `axes`)."""
         added = _check_axes({**(axes or {}), **more})
         self._check_mapped(added)
-        merged = {**self.axes, **added}
-        out = object.__new__(ShardingRules)
-        out.rules, out.axes = self.rules, merged
-        out.unmatched, out.block_axis = self.unmatched, self.block_axis
+        out = copy.copy(self)
+        out.axes = {**self.axes, **added}
         return out
 
     # -- applying the table -------------------------------------------------------------------
@@ -339,12 +304,8 @@ class ShardingRules:
 
         **Returns**
 
-        A tree of `PartitionSpec` (of mesh axes) with the structure of `tree` (frozen
-        values kept as they are: they are not leaves).
-
-        **Raises**
-
-        `ValueError` listing every problem (see the class), each naming its key path.
+        A tree of `PartitionSpec` (of mesh axes) with the structure of `tree`; a
+        `ValueError` lists every problem (see the class), each naming its key path.
 
         ```python
         import jax.numpy as jnp
@@ -364,49 +325,18 @@ class ShardingRules:
         return treedef.unflatten(self._resolve(tree, flat, mesh))
 
     def shardings(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
-        """The `NamedSharding` of every leaf of `tree` on `mesh`, after checking the rules.
-
-        The tree to hand to `jax.jit(..., out_shardings=...)` or `jax.device_put`. Raises
-        as `specs` does.
-
-        ```python
-        import jax, jax.numpy as jnp
-        import treeclass as tc
-
-        mesh = jax.make_mesh((1,), ("data",))
-        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
-        params = {"w": jnp.ones((4, 2))}
-        model = jax.device_put(params, rules.shardings(params, mesh))
-        assert model["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
-        ```
-        """
+        """The `NamedSharding` of every leaf of `tree` on `mesh` (raises as `specs` does)."""
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         return treedef.unflatten([NamedSharding(mesh, s) for s in self._resolve(tree, flat, mesh)])
 
     def template(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
-        """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target.
-
-        `tc.load(path, template)` (and orbax) read into it, each process reading only the
-        bytes of the shards its devices hold; `tc.tree_summary(template)` shows every
-        leaf's spec before anything is allocated. Raises as `specs` does.
-
-        ```python
-        import jax, jax.numpy as jnp
-        import treeclass as tc
-
-        mesh = jax.make_mesh((1,), ("data",))
-        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
-        template = rules.template(jax.eval_shape(lambda: {"w": jnp.ones((4, 2))}), mesh)
-        assert template["w"].shape == (4, 2) and template["w"].sharding.spec[0] == "data"
-        ```
+        """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target for
+        `tc.load` (each process reads only its shards). Raises as `specs` does.
         """
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        specs = self._resolve(tree, flat, mesh)
-        return treedef.unflatten(
-            [
-                jax.ShapeDtypeStruct(_shape(x), _dtype(x), sharding=NamedSharding(mesh, s))
-                for (_, x), s in zip(flat, specs, strict=True)
-            ]
+        return jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(_shape(x), _dtype(x), sharding=s),
+            tree,
+            self.shardings(tree, mesh),
         )
 
     def init(
@@ -414,44 +344,29 @@ class ShardingRules:
     ) -> _T:
         """`fn(*args, **kwargs)` built directly in the shardings the rules give it.
 
-        `fn` is traced once (its Python runs once, under `jax.jit` tracing); the rules are
-        checked on the traced shapes before anything is allocated, then the traced
-        computation runs under `jax.jit` with those `out_shardings`: each device makes only
-        its own shards, and no device ever holds the whole model. Works the same on one
-        process and on many (every process calls it with the same arguments).
-
-        `args` and `kwargs` are closed over (sizes, a PRNG key): they may be Python
-        values. A frozen value `fn` makes must not depend on a traced value (make frozen
-        data with NumPy, or close over an array).
+        `fn` is traced once and the rules checked on the traced shapes; then each device
+        makes only its own shards (on one process or many). A frozen value `fn` makes must
+        not depend on a traced value.
 
         **Arguments**
 
         - `mesh`: the `jax.sharding.Mesh` to build on.
         - `fn`: the constructor (a class, or any function returning a pytree).
-        - `*args`, `**kwargs`: its arguments.
+        - `*args`, `**kwargs`: its arguments, closed over (they may be Python values).
 
         **Returns**
 
-        What `fn` returns, every leaf placed as the rules say.
-
-        **Raises**
-
-        `ValueError` as `specs` does, before anything is allocated.
+        What `fn` returns, every leaf placed as the rules say; raises as `specs` does,
+        before anything is allocated.
 
         ```python
-        import jax, jax.numpy as jnp
+        import jax
         import treeclass as tc
 
-        class Linear(tc.TreeClass):
-            def __init__(self, n, key):
-                self.weight = jax.random.normal(key, (n, n))
-                self.bias = jnp.zeros(n)
-
         mesh = jax.make_mesh((1,), ("data",))
-        rules = tc.ShardingRules([(tc.glob("weight"), ("embed", None))], axes={"embed": "data"},
-                                 unmatched="replicate")
-        layer = rules.init(mesh, Linear, 4, jax.random.key(0))
-        assert layer.weight.sharding.spec == jax.sharding.PartitionSpec("data", None)
+        rules = tc.ShardingRules([(tc.glob("w"), ("embed", None))], axes={"embed": "data"})
+        model = rules.init(mesh, lambda k: {"w": jax.random.normal(k, (4, 2))}, jax.random.key(0))
+        assert model["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
         ```
         """
         return _run_traced_once(
@@ -476,13 +391,13 @@ class ShardingRules:
             block = self._name(self.block_axis, sizes, problems, "block_axis")
         specs: list[P] = []
         heads = _declared_heads(tree)
-        for (path, leaf), claimed, depth in zip(flat, claims, depths, strict=True):
-            spec = self._leaf_spec(tree, path, leaf, claimed, depth, mapped, block, problems)
+        for (path, value), claimed, depth in zip(flat, claims, depths, strict=True):
+            leaf = _Leaf(tree, path, value, depth)
+            spec = self._leaf_spec(leaf, claimed, mapped, block, problems)
             if spec is not None and any(spec):
-                self._check_fit(tree, path, leaf, depth, spec, claimed, sizes, problems)
+                self._check_fit(leaf, spec, claimed, sizes, problems)
                 if tuple(path) in heads and claimed is not None:
-                    where = (tree, path, leaf, depth, spec, claimed.text)
-                    _check_heads(where, heads[tuple(path)], sizes, problems)
+                    _check_heads(leaf, spec, claimed.text, heads[tuple(path)], sizes, problems)
                 specs.append(P(*_entries_of(spec)))
             else:  # replicated (written so, or unmatched), or a problem
                 specs.append(P())
@@ -494,7 +409,7 @@ class ShardingRules:
             raise ValueError(
                 _PROBLEMS_MSG.format(
                     root=path_str(tree, ()),
-                    mesh=_mesh_text(sizes),
+                    mesh="(" + ", ".join(f"{name}={size}" for name, size in sizes.items()) + ")",
                     count=len(problems),
                     problems="\n".join(lines),
                 )
@@ -578,24 +493,17 @@ class ShardingRules:
 
     def _leaf_spec(
         self,
-        tree: object,
-        path: tuple[Any, ...],
-        leaf: object,
+        leaf: _Leaf,
         rule: _Rule | None,
-        depth: int,
         mapped: dict[int, Any],
-        block: tuple[str, ...] | None,
-        problems: dict[str, None],
+        block: Any,
+        problems: _Problems,
     ) -> list[Any] | None:
         """The leaf's spec as a list of mesh-axis entries, or None (replicated / a problem)."""
-        rank = len(_shape(leaf))
-
-        def about() -> dict[str, str]:  # worked out for a problem only
-            return {"path": path_str(tree, path), "what": _what(leaf, depth)}
-
+        rank, depth = len(_shape(leaf.value)), leaf.depth
         if rule is None:
             if rank and self.unmatched == "error":
-                problems[_UNMATCHED_LEAF.format(**about())] = None
+                problems[_UNMATCHED_LEAF.format(**leaf.about())] = None
                 return None
             if depth and block:  # replicated as `P()` is: the block axes still split
                 return [block] * depth + [()] * (rank - depth)
@@ -610,7 +518,7 @@ class ShardingRules:
             else:
                 want = f"one per axis of the leaf ({rank})"
             want = f"but it needs {want}, or none (`P()`: replicated)"
-            problems[_RANK.format(**about(), rule=rule.text, got=written, want=want)] = None
+            problems[_RANK.format(**leaf.about(), rule=rule.text, got=written, want=want)] = None
             return None
         entries = mapped[rule.index]
         if entries is None:  # an unknown name: reported once, for the rule
@@ -623,17 +531,9 @@ class ShardingRules:
         return [block] * depth + per_block if depth else per_block
 
     def _check_fit(
-        self,
-        tree: object,
-        path: tuple[Any, ...],
-        leaf: object,
-        depth: int,
-        spec: list[tuple[str, ...]],
-        rule: _Rule | None,
-        sizes: dict[str, int],
-        problems: dict[str, None],
+        self, leaf: _Leaf, spec: list[_Axes], rule: _Rule | None, sizes: _Sizes, problems: _Problems
     ) -> None:
-        shape = _shape(leaf)
+        shape = _shape(leaf.value)
         used = [axis for axes in spec for axis in axes]
         twice = [axis for i, axis in enumerate(used) if axis in used[:i]]
         indivisible = []
@@ -644,8 +544,7 @@ class ShardingRules:
         if not twice and not indivisible:  # the usual case: nothing to write
             return
         about = dict(
-            path=path_str(tree, path),
-            what=_what(leaf, depth),
+            leaf.about(),
             rule=rule.text if rule else "`block_axis` (no rule matches it: replicated)",
             spec=P(*_entries_of(spec)),
         )
@@ -653,10 +552,7 @@ class ShardingRules:
         for axis in dict.fromkeys(twice):
             problems[_TWICE.format(**about, logical=logical, axis=axis)] = None
         for dim, size, axes, parts in indivisible:
-            over = " x ".join(repr(a) for a in axes)
-            if len(axes) > 1:
-                over += " (" + " x ".join(str(sizes[a]) for a in axes) + ")"
-            over = f"mesh axis {over}" if len(axes) == 1 else f"mesh axes {over}"
+            over = _over(axes, sizes)
             problems[_INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)] = (
                 None
             )
@@ -665,11 +561,8 @@ class ShardingRules:
 def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]:
     """Where the layers of `tree` declare heads: key path -> (head count, axis, owner).
 
-    A layer's field declares `metadata={"heads": (count_field, axis_name)}` (attention's
-    projections: `("num_kv_heads", "out")`), and the arrays below it name their axes
-    (`metadata={"axes": ("out", "in")}`); a field between may rename them
-    (`{"rename_axes": {"out": "rank"}}`: a LoRA's `lora_A`). Each array with the named
-    axis holds the layer's heads along it, the axis counted within one block.
+    Field metadata: `{"heads": (count_field, axis_name)}` on a sublayer, `{"axes": (...)}`
+    on the arrays below it, `{"rename_axes": {...}}` on a field between (a LoRA's factors).
     """
     found: dict[tuple[Any, ...], tuple[int, int, str]] = {}
 
@@ -698,8 +591,7 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
 
 
 def _fields_holder(node: object) -> Any:
-    """The node whose declared fields name `node`'s children, as its row says
-    (`NodeKind.roles_of`: a TreeClass itself, a stack its block), or `None`."""
+    """The node whose declared fields name `node`'s children (`NodeKind.roles_of`)."""
     holder = row_of(node).roles_of(node)
     while holder is not None and holder is not node:  # a stack's block may be a stack
         node, holder = holder, row_of(holder).roles_of(holder)
@@ -707,33 +599,34 @@ def _fields_holder(node: object) -> Any:
 
 
 def _check_heads(
-    where: tuple[Any, ...],
+    leaf: _Leaf,
+    spec: list[_Axes],
+    rule: str,
     heads: tuple[int, int, str],
-    sizes: dict[str, int],
-    problems: dict[str, None],
+    sizes: _Sizes,
+    problems: _Problems,
 ) -> None:
-    """A problem when the leaf's heads axis is split in a number of parts that does not
-    divide its head count: some device would hold part of a head."""
-    tree, path, leaf, depth, spec, rule = where
+    """A problem when the heads axis is split in parts that do not divide the head count."""
     count, axis, owner = heads
-    dim = depth + axis
+    dim = leaf.depth + axis
     parts = math.prod(sizes[a] for a in spec[dim])
-    if count % parts == 0 or _shape(leaf)[dim] % parts:  # fits, or reported as indivisible
+    if count % parts == 0 or _shape(leaf.value)[dim] % parts:  # fits, or reported as indivisible
         return
-    over = " x ".join(repr(a) for a in spec[dim])
-    over = f"mesh axis {over}" if len(spec[dim]) == 1 else f"mesh axes {over}"
+    over = _over(spec[dim])
     problems[
         _CUT_HEADS.format(
-            path=path_str(tree, path),
-            what=_what(leaf, depth),
-            rule=rule,
-            dim=dim,
-            parts=parts,
-            over=over,
-            count=count,
-            owner=owner,
+            **leaf.about(), rule=rule, dim=dim, parts=parts, over=over, count=count, owner=owner
         )
     ] = None
+
+
+def _over(axes: tuple[str, ...], sizes: dict[str, int] | None = None) -> str:
+    """`mesh axis 'x'`, or `mesh axes 'x' x 'y'` (with `sizes`: `(2 x 4)` after)."""
+    names = " x ".join(repr(a) for a in axes)
+    if len(axes) == 1:
+        return f"mesh axis {names}"
+    counts = f" ({' x '.join(str(sizes[a]) for a in axes)})" if sizes else ""
+    return f"mesh axes {names}{counts}"
 
 
 class _SomeBlocks(Exception):
@@ -741,12 +634,8 @@ class _SomeBlocks(Exception):
 
 
 def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
-    """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it.
-
-    The selection is `.at`'s own, read as a value (`mask()`: frozen values taken as
-    leaves, so that selecting one is not an error; they are dropped here, not being
-    leaves). A leaf selected in some blocks only raises `_SomeBlocks`.
-    """
+    """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it
+    (frozen values taken as leaves, then dropped); some blocks only raise `_SomeBlocks`."""
     indexer = at(tree)
     for selector in selectors:
         indexer = indexer[selector]
@@ -794,22 +683,15 @@ def _what(leaf: object, depth: int) -> str:
     return text
 
 
-def _mesh_text(sizes: dict[str, int]) -> str:
-    return "(" + ", ".join(f"{name}={size}" for name, size in sizes.items()) + ")"
-
-
 # -- what follows the model -------------------------------------------------------------------
 
 
 def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None = None) -> _T:
     """Shardings for `tree` (an optimizer state) from those of the model it follows.
 
-    Each leaf of `tree` takes the sharding of the model leaf whose key path is the
-    longest suffix of its own and whose shape is its own: optax keeps copies of the
-    parameters under their key paths (`[0].mu.blocks.attn.q.weight` follows
-    `blocks.attn.q.weight`), and so do `tc.optim.trainable`'s state and any state built
-    with `jax.tree.map` over the parameters. Every other leaf (step counts, factored
-    statistics of another shape) is replicated over the mesh.
+    Each leaf takes the sharding of the model leaf whose key path is the longest suffix
+    of its own and whose shape is its own (`[0].mu.blocks.up.weight` follows
+    `blocks.up.weight`); every other leaf (step counts) is replicated over the mesh.
 
     **Arguments**
 
@@ -884,11 +766,8 @@ def _run_traced_once(
 def init_like(fn: Callable[..., _T], tree: object, /, *args: Any, **kwargs: Any) -> _T:
     """`fn(tree, *args, **kwargs)` under `jax.jit`, its result placed like `tree`.
 
-    For what follows a sharded model: `tc.init_like(opt.init, model)` makes the optimizer
-    state with each leaf in the sharding `tc.shardings_like` gives it (copies of the
-    parameters like the parameters, the rest replicated). Without `out_shardings`, `jit`
-    would put state that depends on no input's placement (zeros) on one device. `fn` is
-    traced once; `args` and `kwargs` are closed over.
+    `tc.init_like(opt.init, model)` makes the optimizer state with each leaf in the
+    sharding `tc.shardings_like` gives it (plain `jit` would put zeros on one device).
 
     ```python
     import jax, jax.numpy as jnp, optax

@@ -145,6 +145,13 @@ RESTACK_MSG = (
 )
 
 
+def scan_result(out: Any, method: str, where: str) -> tuple[Any, Any]:
+    """`out`, checked to be the `(carry, output)` pair a scanned function returns."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(SCAN_RESULT_MSG.format(method=method, what=describe(out), where=where))
+    return out
+
+
 # -- leaves -----------------------------------------------------------------------------------
 
 
@@ -403,22 +410,7 @@ class StackBase(Printed):
         raise NotImplementedError
 
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        """`x` through every block in turn: `block(x, *args, **kwargs)`, in one scan.
-
-        ```python
-        import jax.numpy as jnp
-        import treeclass as tc
-
-        class Add(tc.TreeClass):
-            b: jnp.ndarray
-
-            def __call__(self, x):
-                return x + self.b
-
-        stack = tc.Stacked.from_blocks([Add(jnp.ones(2)) for _ in range(3)])
-        assert stack(jnp.zeros(2)).tolist() == [3.0, 3.0]
-        ```
-        """
+        """`x` through every block in turn: `block(x, *args, **kwargs)`, in one scan."""
 
         def step(block: Any, carry: Any) -> tuple[Any, None]:
             return block(carry, *args, **kwargs), None
@@ -440,28 +432,10 @@ class StackBase(Printed):
 class Stacked(StackBase):
     """N blocks of one structure as one tree: every array carries a leading block axis.
 
-    48 identical blocks as a `Stacked`, applied with `scan` (or called), trace and compile
-    one block. Build one from a constructor and keys (`Stacked.from_init`, one vmapped
-    trace), from blocks (`Stacked.from_blocks`), or from a stacked tree (`Stacked(tree)`).
-
-    - **JAX** sees the block tree's children with stacked arrays: `jit`, `grad`, optax
-      and checkpoints find `blocks.attn.q.weight` as one `f32[48, ...]` leaf.
-    - **Blocks**: `len(stack)`, `stack[7]` (block 7 as an ordinary tree), `stack[2:5]`
-      (a smaller stack), iteration, and `unstack()` (a tuple of blocks).
-    - **`.at`** addresses blocks: `model.at["blocks"][7]["attn"]["q"]["weight"]` is block
-      7's slice; `get` returns it, `set` and `apply` write only that slice. Slices, tuples
-      of indices and `...` select several blocks; every selector works below the block
-      index (names, globs such as `blocks.*.attn.**`, classes, masks, `tc.where`); key
-      paths read `blocks[7].attn.q.weight`. Selecting the stack itself
-      (`model.at["blocks"].apply(f)`) hands `f` the stacked arrays, one call per leaf.
-    - **Printers** show `Stacked[48×Block]` with per-block shapes (`48×f32[256,256]`).
-
-    Arrays (frozen ones too) carry the block axis; other values (numbers, strings,
-    functions) are shared by all blocks, and a number set in some blocks only
-    (`.at[...].set(1.0).at["blocks"][0:6].set(0.0)`) becomes an array along the block
-    axis. A block of a stacked array takes an array of its slice's shape and dtype, or a
-    number of a kind the dtype holds and that it keeps (`300` into int8 is an error
-    naming the leaf, never a wrap; a number traced by `jit` converts as `astype` does).
+    Applied with `scan` (or called), 48 blocks trace and compile one. JAX sees one
+    `f32[48, ...]` leaf per array; `stack[7]`, slices, iteration and `.at[7]` address
+    blocks (a write changes only that block's slice); other values are shared by all
+    blocks. The stacked guide shows each.
 
     **Arguments**
 
@@ -514,7 +488,7 @@ class Stacked(StackBase):
                 raise ValueError(
                     LEADING_AXIS_MSG.format(where=where, got=got, n=length, source=source)
                 )
-        _init(self, tree, length)
+        _make(tree, length, self)
 
     @classmethod
     def from_blocks(cls, blocks: Sequence[Any]) -> Stacked:
@@ -575,18 +549,8 @@ class Stacked(StackBase):
 
         **Returns**
 
-        A `Stacked` of n blocks. Arrays the block makes from its key are stacked; values
-        that do not depend on it (numbers, strings, frozen strings, NumPy arrays) are
-        taken from the one trace.
-
-        ```python
-        import jax
-        import treeclass as tc
-
-        make = lambda key: {"w": jax.random.normal(key, (3,)), "act": "relu"}
-        stack = tc.Stacked.from_init(make, jax.random.split(jax.random.key(0), 4))
-        assert stack.tree["w"].shape == (4, 3) and stack[0]["act"] == "relu"
-        ```
+        A `Stacked` of n blocks; values that do not depend on the key are taken from the
+        one trace.
         """
         check_callable(make, "Stacked.from_init", "make", " of one key")
         key_leaves = jax.tree_util.tree_leaves(keys)
@@ -656,21 +620,7 @@ class Stacked(StackBase):
         return self._block(i % n)
 
     def unstack(self) -> tuple[Any, ...]:
-        """The blocks, as a tuple of ordinary trees (the inverse of `from_blocks`).
-
-        **Returns**
-
-        A tuple of `len(self)` blocks.
-
-        ```python
-        import jax.numpy as jnp
-        import treeclass as tc
-
-        stack = tc.Stacked({"w": jnp.zeros((3, 2))})
-        blocks = stack.unstack()
-        assert len(blocks) == 3 and blocks[0]["w"].shape == (2,)
-        ```
-        """
+        """The blocks, as a tuple of ordinary trees (the inverse of `from_blocks`)."""
         return tuple(self._open().blocks)
 
     def _block(self, i: int | slice) -> Any:
@@ -696,8 +646,7 @@ class Stacked(StackBase):
         unroll: int | bool = 1,
         reverse: bool = False,
     ) -> tuple[Any, Any]:
-        """Run `fn` over the blocks in order with `jax.lax.scan`, threading a carry: one
-        block is traced and compiled, however many there are.
+        """Run `fn` over the blocks in order with `jax.lax.scan`, threading a carry.
 
         **Arguments**
 
@@ -753,12 +702,7 @@ class Stacked(StackBase):
             # they are (a saved residual is then the slice itself, not a copy)
             with gradients_stopped([v for v, s in zip(sliced, stopped) if s]):
                 out = fn(block, carry, x) if with_xs else fn(block, carry)
-            if not (isinstance(out, tuple) and len(out) == 2):
-                what, where = describe(out), "a block of the stack"
-                raise TypeError(
-                    SCAN_RESULT_MSG.format(method="Stacked.scan", what=what, where=where)
-                )
-            return out
+            return scan_result(out, "Stacked.scan", "a block of the stack")
 
         if remat is not False and remat is not None:
             body = jax.checkpoint(body, policy=None if remat is True else remat)
@@ -774,10 +718,8 @@ class Stacked(StackBase):
 
 
 class StackedKind(NodeKind["Stacked"]):
-    """The row of a stack in the table of node kinds: `.at` opens it into its N blocks,
-    keyed `[i]`; one index slices block `i` alone; rebuilding writes only the changed
-    blocks' slices. Its children (for JAX) are its block tree's, so the roles the block's
-    class declares hold for them."""
+    """A stack's row: `.at` opens it into its blocks `[i]`; rebuilding writes only the
+    changed blocks' slices; the roles are those its block's class declares."""
 
     def open(self, node: Stacked) -> Opened:
         opened = node._open()
@@ -785,9 +727,7 @@ class StackedKind(NodeKind["Stacked"]):
         return Opened(entries, list(opened.blocks), opened)
 
     def child(self, node: Stacked, key: str | int) -> tuple[Any, Any] | None:
-        """Block `key` alone (negative counts from the end), or None if there is none: the
-        walker's one-key fast path, which slices each leaf once instead of opening every
-        block."""
+        """Block `key` alone (each leaf sliced once), or None if there is none."""
         i = block_index(key, node._length)
         if i is None:
             return None
@@ -802,8 +742,7 @@ class StackedKind(NodeKind["Stacked"]):
         path: tuple[Any, ...] = (),
         where: Callable[[tuple], str] = jax.tree_util.keystr,
     ) -> Any:
-        """The stack with block `entry.idx` (given by `child` as `old`) replaced by `new`,
-        checked and written as `rebuild` writes one changed block."""
+        """The stack with block `entry.idx` (`old`, from `child`) replaced by `new`."""
         i = entry.idx
         leaves, treedef, kinds = node._leaves()
         n = node._length
@@ -859,8 +798,7 @@ class StackedKind(NodeKind["Stacked"]):
 def _write_blocks(
     aux: _Opened, children: Sequence[Any], changed: list[int], n: int, where: Callable
 ) -> Stacked:
-    """The stack with blocks `changed` replaced by theirs in `children`: only the leaves
-    they change are written, each into those blocks' slices."""
+    """The stack with blocks `changed` replaced by `children`'s (changed leaves only)."""
     new_leaves: dict[int, list[Any]] = {}
     for k in changed:
         leaves, treedef = jax.tree_util.tree_flatten(children[k], is_leaf=is_wrapper)
@@ -887,15 +825,12 @@ def _write_blocks(
     return _make(aux.treedef.unflatten(out), n)
 
 
-def _init(stack: Stacked, tree: object, length: int) -> Stacked:
+def _make(tree: object, length: int, stack: Stacked | None = None) -> Stacked:
     _check_node(tree)
     # the tree's children and its one-level tree definition: what a `Stacked` flattens to
     children, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is not tree)
-    return _store(stack, tree, (tuple(children), (length, treedef)))
-
-
-def _make(tree: object, length: int) -> Stacked:
-    return _init(object.__new__(Stacked), tree, length)
+    new = object.__new__(Stacked) if stack is None else stack
+    return _store(new, tree, (tuple(children), (length, treedef)))
 
 
 def _store(stack: Stacked, tree: object, flat: tuple[tuple[Any, ...], tuple[int, Any]]) -> Stacked:
@@ -945,8 +880,7 @@ def _in_blocks(keys: tuple) -> str:
 
 
 def _leaf_paths(block: object, where: Callable[[tuple], str]) -> Callable[..., Any]:
-    """`of(j)(k)`: the text of leaf `j`'s key path in block `k` (frozen values as leaves),
-    as `where` names `(SequenceKey(k), *path)`; the paths are worked out on demand."""
+    """`of(j)(k)`: the text of leaf `j`'s key path in block `k`, worked out on demand."""
     paths: list[tuple[Any, ...]] = []
 
     def of(j: int) -> Callable[[int], str]:
@@ -979,8 +913,7 @@ def _structure_error(first: object, other: object, k: int, where: Callable) -> E
 
 
 class _BlockLeaf:
-    """A stacked array as the printers show it, `48×f32[256,256](μ=…, σ=…, ∈[…])`: a node
-    whose one child is the array (or frozen value), so a summary row's role is its own."""
+    """A stacked array as the printers show it, `48×f32[256,256](μ=…, σ=…, ∈[…])`."""
 
     __slots__ = ("value", "length")
 
@@ -1064,10 +997,7 @@ def _length(x: Any) -> int:
 
 
 def unstack_all(tree: _T) -> _T:
-    """`tree` with every stack replaced by the tuple of its blocks (nested ones too): the
-    layout of tools that expect one tensor per block (`tc.save(path,
-    tc.unstack_all(model))`), and the template to load such a checkpoint before
-    `tc.restack`.
+    """`tree` with every stack replaced by the tuple of its blocks (nested ones too).
 
     **Arguments**
 
@@ -1106,12 +1036,8 @@ def _stackdescribe(x: Any) -> str:
 
 def restack(tree: object, like: object) -> Any:
     """`tree` converted to the stacking of `like`: stacks where `like` has a `Stacked` (or
-    `Periodic`), tuples or lists of blocks where `like` has those.
-
-    With it a checkpoint of the unstacked model loads into the stacked one, and the
-    reverse: load it with a template of its own layout, then convert
-    (`tc.restack(tc.load(path, tc.unstack_all(stacked)), stacked)`). Round trips are
-    exact: blocks are stacked and split, never recomputed.
+    `Periodic`), tuples or lists of blocks where `like` has those; exactly (the stacked
+    guide loads checkpoints both ways with it).
 
     **Arguments**
 

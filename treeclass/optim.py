@@ -1,16 +1,9 @@
 """optax integration: per-leaf optimizers from `.at` selections (guide: docs/guides/training.md).
 
-`trainable(transform, model)` updates exactly the trainable leaves (`tc.roles`), or a
-selection, and leaves every other leaf bit-identical under `apply_updates`, with no
-optimizer state for it; `mask` and `labels`/`partition` give optax masks and label trees;
-`split`/`merge` part a model for gradients of the trained leaves only; `scale_blocks`
-scales updates per leaf or per block of a stack; `check_mask`/`check_labels` name the key
-path where a tree and the parameters part ways. A declared role outranks a selection
-everywhere here: frozen and state leaves (and `tc.freeze` values) are never trained,
-decayed or given state, and a selection that reaches only them is an error naming them.
-Every helper reads a selection as a value (`_at.selection`): one flag per leaf.
-
-optax is optional: only `partition`, `trainable` and `scale_blocks` import it, when called.
+A declared role outranks a selection everywhere here: frozen and state leaves (and
+`tc.freeze` values) are never trained, decayed or given state. Every helper reads a
+selection as a value (`_at.selection`): one flag per leaf. optax is imported only by
+`partition`, `trainable` and `scale_blocks`, when called.
 """
 
 from __future__ import annotations
@@ -38,7 +31,6 @@ from ._structure import (
     is_leaf_node,
     is_wrapper,
     path_str,
-    root_name,
 )
 from ._values import is_inexact_array, is_prng_key, local_copy, readable_here
 
@@ -74,8 +66,7 @@ def _import_optax(name: str) -> Any:
     return optax
 
 
-# --------------------------------------------------------------------------------------
-# checking that a mask or label tree fits the parameters
+# -- checking that a mask or label tree fits the parameters --------------------------------
 
 _NOT_A_PREFIX_MSG = (
     "The {what} does not fit the parameters at `{path}`: {reason}.\n"
@@ -98,15 +89,13 @@ _UNKNOWN_LABEL_MSG = (
 )
 
 
-def _misfit(tree: object, params: object, what: str, params_are: str) -> tuple[str, str] | None:
-    """Where `tree` stops being a prefix of `params`: `(key path, reason)`, or `None`.
-
-    A leaf of `tree` stands for the whole subtree of `params` at its place.
-    """
-    found = first_mismatch(params, tree, other_covers=is_leaf_node)
+def _apart(tree: object, other: object, what: str, tree_is: str, **how: Any) -> tuple[str, str]:
+    """`(key path, reason)` of the first place where `other` (the `what`) does not fit
+    `tree`, by `first_mismatch(tree, other, **how)`."""
+    found = first_mismatch(tree, other, **how)
     if found is None:
-        return None
-    return path_str(params, found.path), found.explain(what, tree=params_are)
+        return path_str(tree, ()), "the structures differ"
+    return path_str(tree, found.path), found.explain(what, tree=tree_is)
 
 
 def _check_prefix(
@@ -114,28 +103,25 @@ def _check_prefix(
 ) -> None:
     """Raise where `tree` (a mask or label tree) stops being a prefix of `params`."""
     if jax.tree_util.tree_structure(tree) != jax.tree_util.tree_structure(params):
-        misfit = _misfit(tree, params, what, "parameters")
-        if misfit is not None:
-            where, reason = misfit
+        # a prefix fits: a leaf of `tree` stands for the whole subtree of `params` there
+        if first_mismatch(params, tree, other_covers=is_leaf_node) is not None:
+            where, reason = _apart(params, tree, what, "parameters", other_covers=is_leaf_node)
             raise ValueError(_NOT_A_PREFIX_MSG.format(what=what, path=where, reason=reason))
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         check_leaf(leaf, path_str(params, path))
 
 
 def _check_mask_leaf(leaf: object, where: str) -> None:
-    if isinstance(leaf, (bool, np.bool_)):
-        return
-    if getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ():
-        return
-    raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
+    scalar_bool = getattr(leaf, "dtype", None) == np.bool_ and getattr(leaf, "shape", None) == ()
+    if not (isinstance(leaf, (bool, np.bool_)) or scalar_bool):
+        raise TypeError(_MASK_LEAF_MSG.format(path=where, found=describe(leaf)))
 
 
 def check_mask(mask: _T, params: object) -> _T:
     """Check that `mask` fits `params` the way optax needs, and return it unchanged.
 
-    optax accepts a mask with the structure of the parameters or of a prefix of them (a
-    single boolean standing for a whole subtree), with boolean leaves. When a mask does
-    not fit, optax fails deep inside `jax.tree.map`; this names the key path instead.
+    optax takes the structure of the parameters or of a prefix of them (one boolean for
+    a whole subtree), with boolean leaves; this names the key path where a mask does not.
 
     **Arguments**
 
@@ -154,7 +140,6 @@ def check_mask(mask: _T, params: object) -> _T:
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     tc.optim.check_mask({"w": True, "b": False}, params)
@@ -191,7 +176,6 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     tc.optim.check_labels({"w": "adam", "b": "sgd"}, params, {"adam": None, "sgd": None})
@@ -214,8 +198,7 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
     return labels
 
 
-# --------------------------------------------------------------------------------------
-# masks from selections
+# -- masks from selections -----------------------------------------------------------------
 
 
 _PARTIAL_LEAF_MSG = (
@@ -261,16 +244,11 @@ def _whole_flag(flag: ArrayLike, where: Callable[[], str]) -> bool:
 
 
 def _whole_leaf_selector(selector: object) -> object:
-    """`selector`, with the leaves of a mask selector made whole-leaf Python bools.
-
-    An array leaf in a mask selects elements (`jnp.where` semantics); for an optax mask it
-    must select all of its leaf or none of it.
-    """
+    """`selector`, the boolean array leaves of a mask selector made whole-leaf bools and its
+    frozen values (as `mask` returns them) `False`."""
     leaves = jax.tree_util.tree_leaves(selector, is_leaf=is_wrapper)
     if not any(is_wrapper(x) or _is_bool_array(x) for x in leaves):
         return selector
-    # a frozen value in a mask (as `mask` returns them) is never selected; as `False` it
-    # fits the tree when frozen values are taken as leaves, as `mask` takes them
     return jax.tree_util.tree_map_with_path(
         lambda path, x: False if is_wrapper(x) else _whole_leaf_flag(path, x),
         selector,
@@ -319,10 +297,6 @@ def _check_strict(strict: object, where: str) -> None:
         )
 
 
-def _describe_role(leaf: object, role: str) -> str:
-    return "frozen by `tc.freeze`" if is_wrapper(leaf) else f"role {role!r}"
-
-
 def _empty_selection_error(what: str, refused: list[str]) -> ValueError:
     if not refused:
         return ValueError(_EMPTY_SELECTION_MSG.format(what=what))
@@ -332,16 +306,8 @@ def _empty_selection_error(what: str, refused: list[str]) -> ValueError:
     return ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
 
 
-def _reaches(flag: ArrayLike) -> bool:
-    """Whether a flag of a selection's `mask()` picks any part of its leaf."""
-    if flag is True or flag is False:
-        return flag
-    return isinstance(flag, Tracer) or bool(np.any(flag))
-
-
 class _Places:
-    """The places of a model (its leaves, frozen values counted as leaves) in flatten
-    order, their structure, and their key paths as text, worked out once when asked."""
+    """A tree's leaves (frozen values counted as leaves), structure and key paths."""
 
     __slots__ = ("tree", "leaves", "treedef", "_paths")
 
@@ -358,29 +324,27 @@ class _Places:
 
 
 def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]]:
-    """One flag per place of `indexer.tree` (frozen values counted as places): whether the
-    selection picks that leaf for training; and the places it reached but no optimizer
-    trains (`"`path` (role ...)"`), since a declared role outranks a selection."""
+    """Per place of `indexer.tree`, whether the selection trains it; and the places it
+    reached that no optimizer trains (`"`path` (role ...)"`)."""
     places = _Places(indexer.tree)
-    # the selection's flags, with frozen values as leaves (so that a selection reaching
-    # only frozen values is told apart from one reaching nothing)
+    # frozen values as leaves: a selection reaching only them is not an empty one
     flags = selection_of(indexer, is_wrapper).flags()
-    names = leaf_roles(places.tree)  # in the same order: frozen values counted as leaves
+    names = leaf_roles(places.tree)
     chosen: list[bool] = []
     refused: list[str] = []
     for index, (leaf, flag, role) in enumerate(zip(places.leaves, flags, names, strict=True)):
         if is_wrapper(leaf) or role in NEVER_TRAINED:
-            # checked before the whole-leaf rule: a leaf never trained may be reached in part
-            if _reaches(flag):
-                refused.append(f"`{places.where(index)}` ({_describe_role(leaf, role)})")
+            # a leaf never trained may be reached in part (no whole-leaf rule)
+            if flag is True or (flag is not False and (isinstance(flag, Tracer) or np.any(flag))):
+                why = "frozen by `tc.freeze`" if is_wrapper(leaf) else f"role {role!r}"
+                refused.append(f"`{places.where(index)}` ({why})")
             chosen.append(False)
         else:
             chosen.append(_whole_flag(flag, functools.partial(places.where, index)))
     return places, chosen, refused
 
 
-# Typed as the selected tree: a mask has its structure (the class of every node), with
-# `bool` leaves.
+# Typed as the selected tree: a mask has its structure, with `bool` leaves.
 @overload
 def mask(selection: AtIndexer[_T], *where: object, strict: bool = True) -> _T: ...
 @overload
@@ -388,15 +352,10 @@ def mask(selection: _T, where: object, /, *more: object, strict: bool = True) ->
 def mask(selection: object, *where: object, strict: bool = True) -> object:
     """A boolean tree, `True` exactly at the leaves a selection picks for training.
 
-    A declared role outranks a selection: frozen and state leaves (and `tc.freeze`
-    values, whose places hold `False`) are `False` whatever the selection. The mask has
-    the structure of the selected tree with plain `bool` leaves (never callable, so safe
-    for a model with `__call__`), so optax takes it wherever it takes a mask:
-    `optax.masked`, `optax.adamw(mask=...)`, `optax.freeze`,
-    `optax.selective_transform(freeze_mask=...)` (for `optax.multi_transform`, use
-    `labels`). An empty selection, or one reaching only frozen or state leaves (named in
-    the error), is an error unless `strict=False`: a setting built from it would change
-    nothing.
+    Frozen and state leaves (and `tc.freeze` values) are `False` whatever the selection.
+    The mask has the selected tree's structure with plain `bool` leaves, for
+    `optax.masked`, `optax.adamw(mask=...)` and the like (`optax.multi_transform` takes
+    `labels`). More in the optax recipe.
 
     **Arguments**
 
@@ -404,7 +363,8 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
       `tc.at(tree)["layers"][0]`; or a tree, followed by selectors.
     - `*where`: selectors applied one level after another, as `.at[a][b]` would:
       `mask(model, Linear, "weight")` is `mask(model.at[Linear]["weight"])`.
-    - `strict`: whether selecting no leaf is an error (the default).
+    - `strict`: whether selecting no leaf, or only frozen and state leaves (named in
+      the error), is an error (the default): a setting built from it would change nothing.
 
     **Returns**
 
@@ -417,31 +377,18 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     elements of a trainable leaf, and for an empty selection when `strict`.
 
     ```python
-    import jax, jax.numpy as jnp
+    import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     assert tc.optim.mask(tc.at(params)["w"]) == {"w": True, "b": False}
     assert tc.optim.mask(params, "b") == {"w": False, "b": True}
-
-    class Norm(tc.TreeClass):
-        scale: jax.Array
-        mean: jax.Array = tc.field(role="state")
-
-    norm = Norm(jnp.ones(2), jnp.zeros(2))
-    assert tc.optim.mask(norm.at[...]) == Norm(True, False)  # state is never trained
-    try:
-        tc.optim.mask(norm.at["mean"])
-    except ValueError as error:
-        assert "mean` (role 'state')" in str(error)
     ```
     """
     _check_strict(strict, "mask")
     places, chosen = _chosen(_indexer(selection, where), strict)
-    # a frozen value's place holds `False`: a mask leaf stands for the whole subtree at
-    # its place, so the mask fits the model (where a frozen value is a node without
-    # children) and the tree `tc.optim.trainable` hands its transform (`MaskedNode()`)
+    # a frozen value's place holds `False`, which fits both the model and the tree
+    # `tc.optim.trainable` hands its transform (`MaskedNode()` there)
     return places.treedef.unflatten(chosen)
 
 
@@ -453,8 +400,7 @@ def _chosen(indexer: AtIndexer, strict: bool) -> tuple[_Places, list[bool]]:
     return places, chosen
 
 
-# --------------------------------------------------------------------------------------
-# labels for optax.multi_transform
+# -- labels for optax.multi_transform ------------------------------------------------------
 
 _OVERLAP_MSG = (
     "Selections overlap: {count} leaf(s) are claimed by more than one label, but each leaf "
@@ -483,40 +429,25 @@ _HANDED_TO_A_TRANSFORM_MSG = (
 
 
 class _NeverTrained(str):
-    """The label of a leaf no optimizer trains: `"(frozen)"` or `"(state)"`.
-
-    A `str`, so that optax's own label checks can print and sort it; `Labels` tells it
-    apart from a label of the user's by its type.
-    """
+    """The label `"(frozen)"` or `"(state)"`: a `str` for optax's label checks, told apart
+    from the user's labels by its type."""
 
     __slots__ = ()
-
-
-def _never_trained_label(role: str) -> _NeverTrained:
-    return _NeverTrained(f"({role})")
 
 
 class Labels(Generic[_T]):
     """A label tree for `optax.multi_transform` / `optax.partition`, as a label function.
 
-    optax calls any callable it is given as labels, and a label tree whose root is a
-    model class with `__call__` is callable; so labels reach optax wrapped in this
-    function, which returns the tree (after checking that it fits the parameters, so a
-    mismatch names its key path). The tree itself is `.tree`. A label function may
-    return a `Labels` too (`lambda p: tc.optim.labels(p, ...)`): it is a pytree whose
-    leaves are its labels, and mapping over it gives the mapped tree (`jax.tree.map(f,
-    labels)` is `jax.tree.map(f, labels.tree)`). Frozen values hold the first label
-    there (`fitted()`): a leaf that stands for a node without children.
-
-    A leaf of a frozen or state field holds `"(frozen)"` or `"(state)"` in `.tree`: no
-    optimizer trains it. Inside `tc.optim.trainable` (which hands the transform no such
-    leaf) it takes the first label; a bare `optax.multi_transform` handed such a leaf is
-    an error naming it (it would train it), and `tc.optim.partition` keeps it as it is.
+    optax calls any callable given as labels (a model with `__call__` is one), so labels
+    reach it as this function: it checks that the tree (`.tree`) fits the parameters,
+    naming the key path where not, and returns it. It is also a pytree whose leaves are
+    its labels, so a label function may return one. A leaf of a frozen or state field
+    holds `"(frozen)"` or `"(state)"`: a bare `optax.multi_transform` handed one is an
+    error naming it; inside `tc.optim.trainable` (which hides it) it takes the first label.
 
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     labels = tc.optim.Labels({"w": "adam", "b": "sgd"})
     assert labels({"w": jnp.ones(2), "b": jnp.ones(2)}) == {"w": "adam", "b": "sgd"}
@@ -534,12 +465,13 @@ class Labels(Generic[_T]):
         tree = self.fitted()
         # `optax.tree_utils.tree_map_params` initialises with a stand-in object instead
         # of the parameters; it only needs the tree back
-        if type(params).__name__ != _PLACEHOLDER_TYPE:
+        stand_in = type(params).__name__ == _PLACEHOLDER_TYPE
+        if not stand_in:
             check_labels(tree, params)
         leaves, treedef = jax.tree_util.tree_flatten(tree)
         if not any(isinstance(x, _NeverTrained) for x in leaves):
             return tree
-        places = treedef.flatten_up_to(params) if type(params).__name__ != _PLACEHOLDER_TYPE else []
+        places = [] if stand_in else treedef.flatten_up_to(params)
         handed = [
             f"    `{path_str(params, path)}` ({label[1:-1]})"
             for (path, label), place in zip(jax.tree_util.tree_leaves_with_path(tree), places)
@@ -552,12 +484,8 @@ class Labels(Generic[_T]):
         return treedef.unflatten([first if isinstance(x, _NeverTrained) else x for x in leaves])
 
     def fitted(self) -> _T:
-        """The label tree as optax takes it: a label in place of each frozen value.
-
-        A frozen value stands where the parameters hold a node without children (the
-        frozen value itself, or `optax.MaskedNode()` inside `tc.optim.trainable`): a label
-        leaf fits both, and no array is there for its transform to see.
-        """
+        """The label tree as optax takes it: the first label in place of each frozen value
+        (a leaf fits both the frozen value and `optax.MaskedNode()`)."""
         tree = self.tree
         leaves = jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)
         if not any(is_wrapper(x) for x in leaves):
@@ -573,26 +501,17 @@ class Labels(Generic[_T]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Labels):
             return NotImplemented
-        return jax.tree_util.tree_structure(self.tree) == jax.tree_util.tree_structure(
-            other.tree
-        ) and jax.tree_util.tree_leaves(self.tree) == jax.tree_util.tree_leaves(other.tree)
+        return jax.tree_util.tree_flatten(self.tree) == jax.tree_util.tree_flatten(other.tree)
 
     __hash__ = None  # type: ignore[assignment]
 
 
-# A `Labels` is a pytree node whose one child is its (fitted) tree, and mapping over it
-# gives the mapped tree itself: so a label function may return one (`lambda p:
-# tc.optim.labels(p, ...)`); optax reads its leaves as the labels, and the per-label masks
-# it maps from it are plain boolean trees.
-def _labels_children(children: Iterable[object]) -> Any:  # the tree, not a `Labels`
-    (tree,) = children
-    return tree
-
-
+# A `Labels` is a pytree node whose one child is its (fitted) tree; mapping over it gives
+# the mapped tree itself (not a `Labels`), so optax's per-label masks are boolean trees.
 jax.tree_util.register_pytree_with_keys(
     Labels,
     lambda labels: (((jax.tree_util.GetAttrKey("tree"), labels.fitted()),), None),
-    lambda _, children: _labels_children(children),
+    lambda _, children: tuple(children)[0],
     flatten_func=lambda labels: ((labels.fitted(),), None),
 )
 
@@ -602,39 +521,13 @@ def _first_label(leaves: list[object]) -> object:
     return next((x for x in leaves if not is_wrapper(x) and not isinstance(x, _NeverTrained)), None)
 
 
-def _structure_with_frozen_as(tree: object, frozen_as: object) -> PyTreeDef:
-    """The structure of `tree` with `frozen_as` in place of every frozen value.
-
-    `False` gives the structure of a mask of `tree`; `None` (no leaf) its frozen-free
-    structure: two trees with equal frozen-free structures differ at most in their frozen
-    values, so an abstract template of a model fits it, even when its frozen values were
-    built apart.
-    """
-    return jax.tree_util.tree_structure(
-        jax.tree_util.tree_map(
-            lambda x: frozen_as if is_wrapper(x) else 0, tree, is_leaf=is_wrapper
-        )
+def _frozen_free_structure(tree: object) -> PyTreeDef:
+    """The structure of `tree` with no leaf at its frozen values: trees that differ only in
+    their frozen values have one."""
+    blanked = jax.tree_util.tree_map(
+        lambda x: None if is_wrapper(x) else 0, tree, is_leaf=is_wrapper
     )
-
-
-def _selection_mask(
-    tree: object, label: Hashable, selection: object
-) -> tuple[list[bool], list[str]]:
-    """The flags of a label's selection on `tree` (one per place) and what it reached but
-    no optimizer trains (as `_selected_places`)."""
-    if isinstance(selection, AtIndexer):
-        indexer = _indexer(selection, ())
-    else:
-        indexer = _indexer(tree, (selection,))
-    places, chosen, refused = _selected_places(indexer)
-    if places.treedef != jax.tree_util.tree_structure(tree, is_leaf=is_wrapper):
-        try:
-            check_mask(places.treedef.unflatten(chosen), tree)
-            detail = ""
-        except ValueError as error:
-            detail = str(error).split("\n")[0]
-        raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
-    return chosen, refused
+    return jax.tree_util.tree_structure(blanked)
 
 
 _SELECTIONS_TYPE_MSG = (
@@ -652,11 +545,8 @@ def labels(
 ) -> Labels[_T]:
     """Labels for `optax.multi_transform` from a mapping of label -> selection.
 
-    A declared role outranks a selection: a leaf of a frozen or state field is claimed by
-    no selection and labelled `"(frozen)"` or `"(state)"` (no optimizer trains it). Use
-    the labels inside `tc.optim.trainable`, which hands the transform no such leaf, or
-    through `tc.optim.partition`, which keeps such leaves as they are; a bare
-    `optax.multi_transform` handed one refuses it, naming it.
+    A leaf of a frozen or state field is claimed by no selection and labelled
+    `"(frozen)"` or `"(state)"` (see `Labels`).
 
     **Arguments**
 
@@ -685,7 +575,6 @@ def labels(
     ```python
     import jax.numpy as jnp
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w1": jnp.ones((2, 2)), "b1": jnp.zeros(2), "w2": jnp.ones((2, 1))}
     labels = tc.optim.labels(params, {"decay": tc.glob("w*")}, default="plain")
@@ -700,7 +589,16 @@ def labels(
     names = leaf_roles(tree)
     claims: list[list[Hashable]] = [[] for _ in flat]
     for label, selection in selections.items():
-        selected, refused = _selection_mask(tree, label, selection)
+        on_tree = isinstance(selection, AtIndexer)
+        indexer = _indexer(selection, ()) if on_tree else _indexer(tree, (selection,))
+        places, selected, refused = _selected_places(indexer)
+        if places.treedef != treedef:  # made on another tree
+            try:
+                check_mask(places.treedef.unflatten(selected), tree)
+                detail = ""
+            except ValueError as error:
+                detail = str(error).split("\n")[0]
+            raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
         if strict and True not in selected:
             raise _empty_selection_error(f"The selection for label {label!r}", refused)
         for index, is_selected in enumerate(selected):
@@ -726,7 +624,7 @@ def labels(
     leaves = [
         leaf
         if is_wrapper(leaf)
-        else _never_trained_label(role)
+        else _NeverTrained(f"({role})")
         if role in NEVER_TRAINED
         else (claimed[0] if claimed else default)
         for (_, leaf), claimed, role in zip(flat, claims, names)
@@ -744,11 +642,9 @@ def partition(
 ) -> Any:
     """One optax transform per selection, in one call (needs optax).
 
-    Same as `optax.multi_transform(transforms, tc.optim.labels(tree, selections,
-    default=default))`, after checking that every label in use has a transform, except
-    for the leaves no optimizer trains (frozen and state fields, whatever the
-    selections): their labels `"(frozen)"` / `"(state)"` get a transform with no state
-    whose updates leave them bit-identical under `tc.optim.apply_updates`.
+    `optax.multi_transform(transforms, tc.optim.labels(tree, selections, ...))`, after
+    checking that every label in use has a transform; the leaves labelled `"(frozen)"` /
+    `"(state)"` get a transform with no state that keeps them as they are.
 
     **Arguments**
 
@@ -769,7 +665,6 @@ def partition(
     import jax.numpy as jnp
     import optax
     import treeclass as tc
-    import treeclass.optim
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
     opt = tc.optim.partition(
@@ -810,9 +705,6 @@ _RESERVED_LABEL_MSG = (
 def _keep_transform(optax: Any) -> Any:
     """A transform with no state whose every update leaves its parameter as it is."""
 
-    def init(params: object) -> Any:
-        return optax.EmptyState()
-
     def update(updates: object, state: object, params: object = None) -> tuple[object, object]:
         def one(path: KeyPath, update: ArrayLike, param: ArrayLike | None = None) -> jax.Array:
             return _unchanged(update, param, functools.partial(path_str, updates, path))
@@ -820,11 +712,10 @@ def _keep_transform(optax: Any) -> Any:
         trees = (updates,) if params is None else (updates, params)
         return jax.tree_util.tree_map_with_path(one, *trees), state
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-# --------------------------------------------------------------------------------------
-# trainable: one transformation that updates exactly a selection
+# -- trainable: one transformation that updates exactly a selection ------------------------
 
 _KEEP, _UPDATE, _FROZEN = range(3)
 
@@ -882,37 +773,27 @@ _REFROZEN_MSG = (
 
 
 class _Plan:
-    """Which leaf of the model (frozen values counted as leaves) is updated, kept or frozen."""
+    """Which place of the model is updated, kept or frozen."""
 
     __slots__ = ("kinds", "treedef", "skeleton", "root", "places")
 
     def __init__(self, places: _Places, kinds: list[int]) -> None:
-        self.kinds = kinds
-        self.places = places
-        self.treedef = places.treedef
-        self.skeleton = _structure_with_frozen_as(places.tree, None)
-        self.root = places.tree
+        self.kinds, self.places = kinds, places
+        self.treedef, self.root = places.treedef, places.tree
+        self.skeleton = _frozen_free_structure(places.tree)
 
     def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
-        """The leaves of `tree` (frozen values counted as leaves), one per place of the
-        model, and the structure to rebuild it with. A tree holding `None` where the model
-        holds a leaf this plan does not update (a gradient taken on `tc.optim.split`'s
-        trained part) gives `None` there."""
+        """The leaves of `tree`, one per place of the model (`None` where a gradient of
+        `tc.optim.split`'s first part holds none), and the structure to rebuild it with."""
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
         if treedef == self.treedef:  # the same places, frozen values counted as leaves
             for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
                 if is_wrapper(leaf) != (kind == _FROZEN):
                     self._refuse_refrozen(tree, index, what, method, kind)
-        elif (
-            len(leaves) != len(self.kinds) or _structure_with_frozen_as(tree, None) != self.skeleton
-        ):
+        elif len(leaves) != len(self.kinds) or _frozen_free_structure(tree) != self.skeleton:
             places = self._places(tree, what, method)
             if places is None:
-                found = first_mismatch(self.root, tree, is_leaf=is_wrapper)
-                path, reason = (), "the structures differ"
-                if found is not None:
-                    path, reason = found.path, found.explain(what, tree="model")
-                where = path_str(self.root, path)
+                where, reason = _apart(self.root, tree, what, "model", is_leaf=is_wrapper)
                 raise ValueError(
                     _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
                 )
@@ -921,7 +802,7 @@ class _Plan:
 
     def _places(self, tree: object, what: str, method: str) -> list[Any] | None:
         """What `tree` holds at each place of the model, if it is the model with `None`
-        at some places (and a leaf or frozen value at the others); else `None`."""
+        at some places; else `None`."""
         try:
             places = self.treedef.flatten_up_to(tree)
         except (ValueError, TypeError):
@@ -961,11 +842,8 @@ class _Plan:
 
 
 def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], str]) -> jax.Array:
-    """An update that `optax.apply_updates` adds to `param` without changing a bit.
-
-    `x + (-0.0)` is `x` for every float `x`, -0.0, infinities and NaNs included (adding
-    +0.0 would turn -0.0 into 0.0); integers and booleans add a zero.
-    """
+    """An update that `optax.apply_updates` adds to `param` without changing a bit: `-0.0`
+    for inexact dtypes (`x + 0.0` turns -0.0 into 0.0), else zero."""
     reference = update if param is None else param
     if is_prng_key(reference):
         raise TypeError(_PRNG_KEY_MSG.format(path=where()))
@@ -982,15 +860,12 @@ def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], s
 def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
     selects = isinstance(selection, AtIndexer) or bool(where)
     if selects:
-        # a frozen value's flag is `False`: one flag per place
         places, chosen = _chosen(_indexer(selection, where), strict)
     else:
         places = _Places(selection)
-        names = leaf_roles(selection)  # in the order of the places
-        # every role but trainable is kept, a leaf of a field declared `role="frozen"` too
-        # (it is a leaf, with an update)
+        names = leaf_roles(selection)
+        # every other role is kept (a leaf of a field declared frozen gets an update too)
         chosen = [name == TRAINABLE for name in names]
-    # a frozen value is `_FROZEN` (not a leaf)
     kinds = [
         _FROZEN if is_wrapper(leaf) else (_UPDATE if update else _KEEP)
         for leaf, update in zip(places.leaves, chosen, strict=True)
@@ -1021,29 +896,12 @@ def _is_inexact_leaf(x: object) -> bool:
 def trainable(transform: object, selection: object, *where: object, strict: bool = True) -> Any:
     """An optax transformation that updates exactly a selection and nothing else (needs optax).
 
-    `transform` (any optax `GradientTransformation`: `optax.adamw(1e-3)`, a chain, a
-    `multi_transform`) sees the trained leaves only; every other leaf gets an update that
-    `tc.optim.apply_updates` adds without changing a bit: no step, no momentum, no weight
-    decay, and no optimizer state. So:
-
-    - Python numbers of a hand-written `__init__` (`self.eps = 1e-5`), integer and
-      boolean leaves, state and frozen fields are never trained and hold no optimizer
-      state; a declared role outranks a selection (one reaching only such leaves is an
-      error naming them);
-    - frozen values are not in the state at all (it is built on a tree in which they are
-      `optax.MaskedNode()`), so a saved optimizer state holds no frozen array;
-    - the selection is computed once, here, from the model itself (not from an abstract
-      template, whose Python numbers are arrays and would be trained). `init` and
-      `update` accept any tree of the same structure: the model, an abstract template
-      (`jax.eval_shape`, a restore target), one whose frozen values differ, or one holding
-      `None` where nothing is trained (`tc.optim.split`'s gradient; the updates then hold
-      `None` there too).
-
-    Apply the updates with `tc.optim.apply_updates`: `optax.apply_updates` casts every sum
-    (a weak type becomes strong, so the next jitted step compiles anew; NumPy 64-bit
-    leaves come back 32-bit). Unlike `optax.masked` (which passes the other leaves' raw
-    gradients through) and `optax.set_to_zero` (which turns `-0.0` into `0.0`), the other
-    leaves come out bit-identical.
+    `transform` sees the trained leaves only; every other leaf gets an update that
+    `tc.optim.apply_updates` adds without changing a bit, and no optimizer state (frozen
+    values are `optax.MaskedNode()` in it). The selection is computed once, here, from
+    the model as constructed; `init` and `update` then take any tree of its structure (an
+    abstract template, other frozen values, `None` where nothing is trained, as in
+    `tc.optim.split`'s gradient). Why, and more examples: the training guide.
 
     **Arguments**
 
@@ -1093,11 +951,6 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     updates, state = opt.update(grads, state, model)
     model = tc.optim.apply_updates(model, updates)
     assert model.eps == 1e-5 and (model.w != 1.0).all()
-
-    # a declared role outranks a selection: the frozen base of a LoRA is never trained
-    lora = tc.nn.LoRA(tc.nn.Linear(4, 3, key=jax.random.key(0)), rank=2, key=jax.random.key(1))
-    opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.5), lora.at[...])
-    assert [x.shape for x in jax.tree.leaves(opt.init(lora)[0].mu)] == [(2, 4), (3, 2)]
     ```
     """
     optax = _import_optax("trainable")
@@ -1138,8 +991,7 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-# --------------------------------------------------------------------------------------
-# split and merge: gradients of the trained leaves only
+# -- split and merge: gradients of the trained leaves only ---------------------------------
 
 _MERGE_MISFIT_MSG = (
     "`tc.optim.merge` takes the two parts `tc.optim.split` returned (or trees of the same "
@@ -1154,51 +1006,30 @@ _MERGE_BOTH_MSG = (
 def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
     """The model in two parts: the leaves an optimizer trains, and the rest.
 
-    `jax.grad` of a loss over the whole model returns a gradient for every leaf, so a
-    frozen field (`tc.field(role="frozen")`: a pretrained base) gets a zero array as large
-    as itself. Differentiate with respect to the first part instead: its gradient holds
-    `None` wherever nothing is trained, so no array is made for the base, even when the
-    gradient leaves a jitted function (gradient accumulation, logging).
-
-    The parts are the leaves `tc.optim.trainable(transform, selection)` updates, and
-    everything else: both have the model's structure (node types and static fields),
-    with `None` in place of the leaves (and frozen values) the other part holds.
-    `merge(params, rest)` puts them back together. `opt.update` of a
-    `tc.optim.trainable` built from the same selection takes the gradient of `params` as
-    it is (its updates hold `None` where the gradient does), and `tc.optim.apply_updates`
-    applies them.
+    Both parts have the model's structure, with `None` where the other part holds a leaf
+    (or frozen value); `merge` puts them back. The gradient of the first part holds
+    `None` where nothing is trained, so a frozen base gets no zero array as large as
+    itself; `opt.update` of a `tc.optim.trainable` built from the same selection takes it
+    as it is. Worked example: the training guide, "Gradients without the base".
 
     **Arguments**
 
-    - `selection`, `*where`, `strict`: as for `tc.optim.trainable`: a model (its
-      trainable leaves: inexact arrays neither frozen nor state), or an `.at` selection
-      (its selected leaves, less the frozen and state ones), or a tree and selectors.
+    - `selection`, `*where`, `strict`: as for `tc.optim.trainable` (and raising as it
+      does): a model (its trainable leaves), an `.at` selection (its selected leaves, less
+      the frozen and state ones), or a tree and selectors.
 
     **Returns**
 
     `(params, rest)`: two trees of the model's structure.
 
-    **Raises**
-
-    What `tc.optim.trainable` raises for its selection.
-
     ```python
-    import jax, jax.numpy as jnp, optax
+    import jax, jax.numpy as jnp
     import treeclass as tc
 
     model = tc.nn.LoRA(tc.nn.Linear(8, 4, key=jax.random.key(0)), rank=2, key=jax.random.key(1))
-    opt = tc.optim.trainable(optax.adam(1e-2), model)
-    state = opt.init(model)
     params, rest = tc.optim.split(model)
-
-    @jax.jit
-    def gradient(params, rest, x):
-        return jax.grad(lambda p: tc.optim.merge(p, rest)(x).sum())(params)
-
-    grads = gradient(params, rest, jnp.ones((3, 8)))
+    grads = jax.grad(lambda p: tc.optim.merge(p, rest)(jnp.ones((3, 8))).sum())(params)
     assert grads.base_layer.weight is None  # no array as large as the base
-    updates, state = opt.update(grads, state, model)
-    model = tc.optim.apply_updates(model, updates)
     ```
     """
     plan = _plan_of(selection, where, strict)
@@ -1239,16 +1070,15 @@ def merge(params: _T, rest: object) -> _T:
     trained, treedef = jax.tree_util.tree_flatten(params, is_leaf=_is_none_or_wrapper)
     others, other_def = jax.tree_util.tree_flatten(rest, is_leaf=_is_none_or_wrapper)
     if treedef != other_def:
-        found = first_mismatch(params, rest, is_leaf=_is_none_or_wrapper)
-        path, reason = (), "the structures differ"
-        if found is not None:
-            path, reason = found.path, found.explain("second part", tree="first part")
-        raise ValueError(_MERGE_MISFIT_MSG.format(path=path_str(params, path), reason=reason))
+        where, reason = _apart(
+            params, rest, "second part", "first part", is_leaf=_is_none_or_wrapper
+        )
+        raise ValueError(_MERGE_MISFIT_MSG.format(path=where, reason=reason))
     merged = []
     for index, (a, b) in enumerate(zip(trained, others)):
         if a is not None and b is not None:
-            pairs = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none_or_wrapper)[0]
-            raise ValueError(_MERGE_BOTH_MSG.format(path=path_str(params, pairs[index][0])))
+            where = _leaf_path(params, index, _is_none_or_wrapper)
+            raise ValueError(_MERGE_BOTH_MSG.format(path=where))
         merged.append(b if a is None else a)
     return treedef.unflatten(merged)
 
@@ -1285,18 +1115,11 @@ def _apply_one(param: Any, update: object) -> Any:
 def apply_updates(params: _T, updates: object) -> _T:
     """`optax.apply_updates` that leaves every value no optimizer changed exactly as it is.
 
-    `optax.apply_updates` adds every update and casts the sum to the parameter's dtype,
-    which makes a weakly typed value strongly typed (the next jitted step compiles anew),
-    turns a NumPy 64-bit scalar into a 32-bit JAX array (with 64-bit types off, an int64
-    2**40 becomes 0), and, in eager mode, quiets a signalling NaN. Here:
-
-    - an integer, boolean or PRNG key leaf is returned as it is (no optimizer trains it);
-    - a leaf whose update is, concretely, all `-0.0` (what `tc.optim.trainable` gives
-      every leaf it does not train) is returned as it is: the same object;
-    - a leaf whose update is `None` (where a gradient taken on `tc.optim.split`'s
-      trained part holds nothing), and a frozen value, are returned as they are;
-    - any other leaf is `param + update`, of the parameter's dtype and weak type (under
-      `jax.jit` an update of `-0.0` is compiled away, so the sum is the parameter).
+    Integer, boolean and PRNG key leaves, frozen values, and leaves whose update is `None`
+    or concretely all `-0.0` (what `tc.optim.trainable` gives the leaves it does not
+    train) come back as the same object; any other leaf is `param + update` in the
+    parameter's dtype and weak type (`optax.apply_updates` casts every sum, see the
+    training guide).
 
     **Arguments**
 
@@ -1327,13 +1150,12 @@ def _is_none_or_wrapper(x: object) -> bool:
     return x is None or is_wrapper(x)
 
 
-def _leaf_path(tree: object, index: int) -> str:
-    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
+def _leaf_path(tree: object, index: int, is_leaf: Callable[[Any], bool] = is_wrapper) -> str:
+    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0][index][0]
     return path_str(tree, path)
 
 
-# --------------------------------------------------------------------------------------
-# scale_blocks: a factor per leaf, or per block of a stacked leaf
+# -- scale_blocks: a factor per leaf, or per block of a stacked leaf -----------------------
 
 _SCALE_MISMATCH_MSG = (
     "The factors given to `tc.optim.scale_blocks` do not fit the updates at `{where}`: "
@@ -1351,19 +1173,16 @@ def _scale_one(
 ) -> Any:
     """`update` times `factor`; `shape` is the factor's shape as given, before
     `_compact_factor` dropped its constant trailing axes (None for a number)."""
-    if shape is not None:
-        want = jnp.shape(update)
-        if len(shape) > len(want) or tuple(shape) != tuple(want[: len(shape)]):
-            raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=shape, want=want))
+    full = jnp.shape(update)
+    got = tuple(getattr(factor, "shape", ())) if shape is None else shape
+    if len(got) > len(full) or tuple(got) != tuple(full[: len(got)]):
+        raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=got, want=full))
     if isinstance(factor, bool | np.bool_):
         return update if factor else jnp.zeros_like(update)
     if isinstance(factor, numbers.Number) or is_number(factor):
         factor = plain_number(factor)  # weak: a NumPy or ml_dtypes scalar keeps the dtype
         return update if factor == 1 else update * factor
     factor = jnp.asarray(factor)
-    full = jnp.shape(update)
-    if factor.ndim > len(full) or tuple(factor.shape) != tuple(full[: factor.ndim]):
-        raise ValueError(_SCALE_RANK_MSG.format(where=where(), got=factor.shape, want=full))
     factor = factor.reshape(factor.shape + (1,) * (len(full) - factor.ndim))
     if factor.dtype == jnp.bool_:
         return jnp.where(factor, update, jnp.zeros_like(update))
@@ -1371,13 +1190,8 @@ def _scale_one(
 
 
 def _compact_factor(factor: object) -> object:
-    """`factor` with the trailing axes along which it is constant dropped.
-
-    Factors built from the model (`model.at[...].set(1.0)`) are arrays of each leaf's
-    shape, constant within each leaf or each block; kept whole, they would double the
-    model's memory and enter a jitted step as constants the size of the model. A factor
-    constant over its whole leaf becomes a Python number (`1.0` skips the multiply).
-    """
+    """`factor` with the trailing axes along which it is constant dropped (a number when
+    constant): factors built with `model.at[...].set(1.0)` would double the model's memory."""
     if not isinstance(factor, np.ndarray | jax.Array) or isinstance(factor, Tracer):
         return factor
     if not readable_here(factor) or factor.size == 0:
@@ -1393,21 +1207,14 @@ def _compact_factor(factor: object) -> object:
 def scale_blocks(factors: object) -> Any:
     """An optax transform multiplying each update by a factor: one per leaf, or per block.
 
-    `factors` has the parameters' structure (or a prefix of it). A leaf is a number (the
-    whole leaf's factor: `0` freezes it, `0.5` halves its learning rate) or an array along
-    the leading axes of its leaf: for a stacked leaf (`tc.Stacked`), one factor per block.
-    Booleans work as masks (`False` zeroes the update). Build the factors from the model
-    with `.at`:
-
-        factors = model.at[...].set(1.0).at["blocks"][0:6].set(0.0)   # freeze blocks 0-5
-        decay = model.at[...].set(1.0).at["blocks"].set(0.9 ** jnp.arange(47, -1, -1))
-
-    Put it last in a chain: `optax.chain(optax.adamw(1e-3), tc.optim.scale_blocks(factors))`
-    (the optimizer's state is kept for frozen blocks, but their updates are zero).
+    Put it last in a chain; build the factors from the model with `.at` (the stacked
+    guide, "Optimizer settings", shows per-block freezing and layer-wise decay).
 
     **Arguments**
 
-    - `factors`: the tree of factors.
+    - `factors`: a tree of the parameters' structure (or a prefix of it) whose leaves are
+      numbers (`0` freezes a leaf, `0.5` halves its learning rate; booleans act as masks)
+      or arrays along the leading axes of their leaf (one factor per block of a stack).
 
     **Returns**
 
@@ -1433,9 +1240,7 @@ def scale_blocks(factors: object) -> Any:
     ```
     """
     optax = _import_optax("scale_blocks")
-    # the factors are fixed: flattened once, not at every step. A frozen value in them
-    # (factors built from a model with `.at` keep its frozen values) stands where the
-    # updates hold no leaf: a frozen value, or `optax.MaskedNode` inside `trainable`
+    # flattened once; a frozen value in them stands where the updates hold no leaf
     paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
         factors, is_leaf=is_wrapper
     )
@@ -1445,15 +1250,13 @@ def scale_blocks(factors: object) -> Any:
     ]
     paths_and_factors = [(path, _compact_factor(factor)) for path, factor in paths_and_factors]
 
-    def init(params: object) -> Any:
-        return optax.EmptyState()
-
     def update(updates: object, state: object, params: object = None) -> tuple[object, object]:
         try:
             subtrees = factors_def.flatten_up_to(updates)
         except (ValueError, TypeError):
-            misfit = _misfit(factors, updates, "factors", "updates")
-            where, reason = misfit or (root_name(updates), "the structures differ")
+            where, reason = _apart(
+                updates, factors, "factors", "updates", other_covers=is_leaf_node
+            )
             raise ValueError(_SCALE_MISMATCH_MSG.format(where=where, reason=reason)) from None
         scaled = [
             jax.tree_util.tree_map(
@@ -1466,4 +1269,4 @@ def scale_blocks(factors: object) -> Any:
         ]
         return factors_def.unflatten(scaled), state
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
