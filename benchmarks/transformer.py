@@ -8,13 +8,24 @@ softmax and the loss in float32), as mixed-precision training does. Each impleme
 builds the same model from the same arrays, sees the same batches, and its first loss
 must agree with the others':
 
-- **treeclass** (`tc.Stacked`): the blocks stacked and called, one `lax.scan`;
-- **treeclass, unrolled**: a tuple of the same `TreeClass` blocks, a Python loop;
+- **treeclass** (`tc.Stacked`): the model a user of `treeclass.nn` writes: an `nn.Embed`
+  (tied: its `attend` gives the logits), an `nn.PositionEmbedding`, `nn.DecoderBlock`s
+  configured as GPT-2's (`norm="layer"`, `gated=False`, `activation=jax.nn.gelu`, no
+  biases: the norms' are set to `None` with `.at`) stacked with `tc.Stacked.from_blocks`
+  and called, one `lax.scan`, and a final `nn.LayerNorm`; every layer `dtype=bfloat16`;
+- **treeclass, unrolled**: the same model with its blocks in a tuple, a Python loop;
 - **plain JAX** (the floor): a dict of stacked arrays and a hand-written `lax.scan`;
 - **equinox**: one block module holding stacked arrays, `eqx.partition` and `lax.scan`
   with `eqx.combine` in the body, `eqx.filter_jit` and `eqx.filter_value_and_grad`;
 - **flax.nnx**: the same stacked block under `nnx.scan`, the split state trained by
   `jax.jit` (as the stacked-blocks case does).
+
+The peers' and the floor's block is one hand-written function (`_block`: a fused `qkv`
+matrix `[in, out]`, the softmax written out); the `tc.nn` model holds the same numbers
+in its layers' layouts (separate `q_proj`, `k_proj`, `v_proj`, `[out, in]`) and attends
+with `jax.nn.dot_product_attention`. It is built under one `jax.jit`: created with a key,
+as a user creates it, then each leaf set from the shared arrays through `.at` (the random
+initialisation they replace is never computed).
 
 Every step is `optax.adam` on all parameters, jitted with the old state donated (so one
 copy of the parameters and moments lives per implementation). A sample is a loop of
@@ -33,6 +44,8 @@ Sizes: on an accelerator, GPT-2 small (12 blocks of width 768, 12 heads, sequenc
 vocabulary 50,304) at batch 4 (five implementations hold their parameters and adam
 moments on one 16 GB chip at once; `--transformer-batch` changes it); on the CPU a small
 decoder that keeps the case to seconds; `--quick` times fewer steps; `--smoke` a toy.
+`transformer_compute_bound` (an accelerator only, not in `--smoke`) is the MFU case:
+width 1024, 8 heads of 128, sequence 512, batch 16, three rows (see `compute_bound_case`).
 """
 
 from __future__ import annotations
@@ -114,10 +127,14 @@ _PRESETS: dict[str, tuple[GPTSize, GPTSize]] = {
 }
 
 
-# the compute-bound size, for an accelerator only: wider than GPT-2 small and a batch of
-# 8,192 tokens a step (about 10.5 TFLOP), while three implementations' parameters and adam
-# moments (about 2.4 GB each) and one step's activations fit a 16 GB chip
-COMPUTE_BOUND = GPTSize(12, 1024, 16, 512, 16, 50304, 5)
+# the compute-bound size, for an accelerator only: wider than GPT-2 small, 8,192 tokens a
+# step (about 10.6 TFLOP), heads of 128 (the TPU's matrix unit is 128 wide: in a plain-JAX
+# probe on a TPU v5e 16 heads of 64 stepped at 43% MFU where 8 of 128 gave 53%; the `tc.nn`
+# model gave 50% stacked, 63% unrolled). Three implementations' parameters and adam
+# moments (2.4 GB each) and one step's temporaries (6.5 GB, as XLA plans them) fit the
+# chip's 15.7 GiB together; a scan that saves every intermediate (no rematerialisation)
+# would need 11-16 GB on its own
+COMPUTE_BOUND = GPTSize(12, 1024, 8, 512, 16, 50304, 5)
 ACCELERATORS = ("tpu", "gpu")
 
 
@@ -216,63 +233,135 @@ def _embed(wte: Any, wpe: Any, tokens: Any) -> Any:
 
 
 def _head_loss(wte: Any, ln_f: Any, x: Any, targets: Any) -> Any:
-    logits = (_norm(x, ln_f) @ wte.astype(_COMPUTE).T).astype(jnp.float32)
+    return _cross_entropy(_norm(x, ln_f) @ wte.astype(_COMPUTE).T, targets)
+
+
+def _cross_entropy(logits: Any, targets: Any) -> Any:
+    """The mean next-token cross entropy of bf16 `logits`, in float32."""
+    logits = logits.astype(jnp.float32)
     picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
 
-def _scan_blocks(stacked: dict[str, Any], x: Any, heads: int) -> Any:
+def _scan_blocks(stacked: dict[str, Any], x: Any, heads: int, remat: Any = None) -> Any:
     def body(x: Any, p: Any) -> Any:
         return _block(p, x, heads), None
 
+    if remat is not None:
+        body = jax.checkpoint(body, policy=remat)
     return jax.lax.scan(body, x, stacked)[0]
 
 
-# -- treeclass ----------------------------------------------------------------------------------
+# -- treeclass: the model a user of `treeclass.nn` writes ------------------------------------------
+
+
+# the rematerialisation policy of the compute-bound case's stacked rows: each block's
+# matrix products with the weights (no batch dimension) are saved for the backward pass,
+# the rest (norms, attention scores and softmax, GELU) is recomputed
+_REMAT = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 @functools.cache
-def _treeclass_classes() -> tuple[type, type, type]:
+def _nn_classes() -> type:
     import treeclass as tc
 
-    class Block(tc.TreeClass):
-        ln1: jax.Array
-        qkv: jax.Array
-        proj: jax.Array
-        ln2: jax.Array
-        up: jax.Array
-        down: jax.Array
-        heads: int = tc.field(static=True)
+    nn = tc.nn
 
-        def __call__(self, x: Any) -> Any:
-            return _block({k: getattr(self, k) for k in _BLOCK_KEYS}, x, self.heads)
+    class GPT(nn.Layer):
+        """GPT-2's decoder from `tc.nn` layers: a tied token embedding, learned
+        positions, `nn.DecoderBlock`s (pre-norm LayerNorm, causal attention, a 4x GELU MLP,
+        no biases), a final norm. Built with its blocks in a tuple; `stacked()` puts them
+        in a `tc.Stacked`, which `loss` runs in one scan (with `remat`, a
+        rematerialisation policy, each block rematerialised under it)."""
 
-    class GPT(tc.TreeClass):
-        wte: jax.Array
-        wpe: jax.Array
-        blocks: Any  # a tc.Stacked, or a tuple of blocks
-        ln_f: jax.Array
+        wte: nn.Embed
+        wpe: nn.PositionEmbedding
+        blocks: Any  # a tuple of DecoderBlocks, or a tc.Stacked of them
+        ln_f: nn.LayerNorm
+        remat: Any = tc.field(default=None, static=True)
+
+        def __init__(self, size: GPTSize, *, key: Any, remat: Any = None) -> None:
+            d, bf16 = size.width, _COMPUTE
+            k_wte, k_wpe, k_blocks = jax.random.split(key, 3)
+            self.wte = nn.Embed(size.vocab, d, dtype=bf16, key=k_wte)
+            self.wpe = nn.PositionEmbedding(size.seq, d, dtype=bf16, key=k_wpe)
+
+            def block(k: Any) -> Any:
+                made = nn.DecoderBlock(
+                    d,
+                    size.heads,
+                    4 * d,
+                    norm="layer",
+                    gated=False,
+                    activation=jax.nn.gelu,
+                    dtype=bf16,
+                    key=k,
+                )
+                return made.at[nn.LayerNorm]["bias"].set(None)  # no biases, as the floor
+
+            self.blocks = tuple(block(k) for k in jax.random.split(k_blocks, size.blocks))
+            self.ln_f = nn.LayerNorm(d, use_bias=False, dtype=bf16)
+            self.remat = remat
+
+        def stacked(self) -> Any:
+            return self.replace(blocks=tc.Stacked.from_blocks(self.blocks))
 
         def loss(self, tokens: Any) -> Any:
-            x = _embed(self.wte, self.wpe, tokens[:, :-1])
-            if isinstance(self.blocks, tc.Stacked):
-                x = self.blocks(x)
-            else:
+            x = self.wpe(self.wte(tokens[:, :-1]))
+            if isinstance(self.blocks, tuple):
                 for block in self.blocks:
                     x = block(x)
-            return _head_loss(self.wte, self.ln_f, x, tokens[:, 1:])
+            elif self.remat is None:
+                x = self.blocks(x)  # one lax.scan over the blocks
+            else:
+                x = self.blocks.scan(lambda b, x: (b(x), None), x, remat=self.remat)[0]
+            logits = self.wte.attend(self.ln_f(x))  # tied to the embedding
+            return _cross_entropy(logits, tokens[:, 1:])
 
-    return Block, GPT, tc.Stacked
+    return GPT
 
 
-def _treeclass_model(size: GPTSize, stacked: bool) -> Any:
-    Block, GPT, Stacked = _treeclass_classes()
-    a = _arrays(size)
-    blocks = [
-        Block(*(_fresh(a[k][i]) for k in _BLOCK_KEYS), heads=size.heads) for i in range(size.blocks)
+def _nn_block_leaves(a: dict[str, Any], i: int, d: int) -> list[tuple[tuple, Any]]:
+    """Block `i`'s shared arrays by their path in a `DecoderBlock`: `Linear.weight` is
+    `[out, in]` where the shared arrays are `[in, out]`, and `qkv` holds q, k and v side
+    by side."""
+    qkv = a["qkv"][i]
+    return [
+        (("input_layernorm", "weight"), a["ln1"][i]),
+        (("self_attn", "q_proj", "weight"), qkv[:, :d].T),
+        (("self_attn", "k_proj", "weight"), qkv[:, d : 2 * d].T),
+        (("self_attn", "v_proj", "weight"), qkv[:, 2 * d :].T),
+        (("self_attn", "o_proj", "weight"), a["proj"][i].T),
+        (("post_attention_layernorm", "weight"), a["ln2"][i]),
+        (("mlp", "up_proj", "weight"), a["up"][i].T),
+        (("mlp", "down_proj", "weight"), a["down"][i].T),
     ]
-    chosen = Stacked.from_blocks(blocks) if stacked else tuple(blocks)
-    return GPT(_fresh(a["wte"]), _fresh(a["wpe"]), chosen, _fresh(a["ln_f"]))
+
+
+def _set(model: Any, path: tuple, value: Any) -> Any:
+    at = model.at
+    for key in path:
+        at = at[key]
+    return at.set(value)
+
+
+def _nn_model(size: GPTSize, unrolled: bool, remat: Any = None) -> Any:
+    """The `tc.nn` GPT holding the shared arrays: built as a user builds it, each leaf set
+    through `.at`, then stacked unless `unrolled`. All under one `jax.jit`, so the
+    initialisation that the shared arrays replace is never computed (and the model's
+    arrays are the jit's own outputs, free to donate)."""
+    GPT = _nn_classes()
+
+    def build(a: dict[str, Any]) -> Any:
+        model = GPT(size, key=jax.random.key(0), remat=remat)
+        for name in ("wte", "wpe", "ln_f"):
+            model = _set(model, (name, "weight"), a[name])
+        for i in range(size.blocks):
+            for path, value in _nn_block_leaves(a, i, size.width):
+                model = _set(model, ("blocks", i, *path), value)
+        return model if unrolled else model.stacked()
+
+    return jax.jit(build)(_arrays(size))
 
 
 # -- the training loops -------------------------------------------------------------------------
@@ -311,17 +400,17 @@ def _optax_loop(
     return _loop(jax.jit(step, donate_argnums=(0, 1)), [params, optim.init(params)], size)
 
 
-def _treeclass(size: GPTSize, stacked: bool) -> Callable[[], Any]:
-    return _optax_loop(_treeclass_model(size, stacked), lambda m, t: m.loss(t), size)
+def _treeclass(size: GPTSize, unrolled: bool, remat: Any = None) -> Callable[[], Any]:
+    return _optax_loop(_nn_model(size, unrolled, remat), lambda m, t: m.loss(t), size)
 
 
-def _floor(size: GPTSize) -> Callable[[], Any]:
+def _floor(size: GPTSize, remat: Any = None) -> Callable[[], Any]:
     a = _arrays(size)
     params = {k: _fresh(v) for k, v in a.items()}
 
     def loss(p: Any, tokens: Any) -> Any:
         x = _embed(p["wte"], p["wpe"], tokens[:, :-1])
-        x = _scan_blocks({k: p[k] for k in _BLOCK_KEYS}, x, size.heads)
+        x = _scan_blocks({k: p[k] for k in _BLOCK_KEYS}, x, size.heads, remat)
         return _head_loss(p["wte"], p["ln_f"], x, tokens[:, 1:])
 
     return _optax_loop(params, loss, size)
@@ -413,12 +502,17 @@ def transformer_case(size: GPTSize) -> Case:
 
     def entries() -> list[Entry]:
         return [
-            Entry(_STACKED, "treeclass", lambda: _treeclass(size, True), note="`tc.Stacked`"),
+            Entry(
+                _STACKED,
+                "treeclass",
+                lambda: _treeclass(size, unrolled=False),
+                note="`tc.nn.DecoderBlock`s in a `tc.Stacked`",
+            ),
             Entry(
                 _UNROLLED,
                 "baseline",
-                lambda: _treeclass(size, False),
-                note="a tuple of blocks, a Python loop",
+                lambda: _treeclass(size, unrolled=True),
+                note="the same `tc.nn` blocks in a tuple, a Python loop",
             ),
             Entry(_FLOOR, "floor", lambda: _floor(size), note="dict of stacked arrays"),
             Entry(_EQUINOX, "peer", lambda: _equinox(size), note="`eqx.partition` + `lax.scan`"),
@@ -463,11 +557,17 @@ def transformer_case(size: GPTSize) -> Case:
 def compute_bound_case(size: GPTSize = COMPUTE_BOUND) -> Case:
     """The GPT training loop at a size that keeps an accelerator busy, its MFU reported.
 
-    Only the stack, the unrolled blocks and plain JAX's scan (the peers' rows are in
-    `transformer_training_loop`), so three models and their adam moments fit one chip. No
-    speed target: the figure is the MFU of each row (the aim is half the chip's peak with
-    stacked blocks) and, beside it, the stacked step against the unrolled one. Skipped on
-    the CPU, whose run would take minutes and say nothing about an accelerator.
+    Three rows, so that their parameters and adam moments fit one 16 GB chip together
+    (the peers' rows are in `transformer_training_loop`): the `tc.nn` model stacked, each
+    block rematerialised in the backward pass with only its matrix products with the
+    weights saved (`jax.checkpoint_policies.dots_with_no_batch_dims_saveable` through
+    `Stacked.scan(..., remat=...)`: a scan that saves everything needs more memory than
+    the chip has beside the other rows, and steps slower); the same `tc.nn` blocks
+    unrolled (nothing rematerialised: the fastest form); plain JAX's `lax.scan` under the
+    same policy. No speed target: the figure is each row's MFU (the aim is half the
+    chip's peak with stacked blocks) and, beside it, the stacked step against the
+    unrolled one. Skipped off an accelerator, where the run would take minutes and say
+    nothing about one.
 
     ```python
     from benchmarks.transformer import compute_bound_case
@@ -479,7 +579,27 @@ def compute_bound_case(size: GPTSize = COMPUTE_BOUND) -> Case:
     base = transformer_case(size)
 
     def entries() -> list[Entry]:
-        return [e for e in base.entries() if e.name in (_STACKED, _UNROLLED, _FLOOR)]
+        return [
+            Entry(
+                _STACKED,
+                "treeclass",
+                lambda: _treeclass(size, unrolled=False, remat=_REMAT),
+                note="`tc.nn.DecoderBlock`s in a `tc.Stacked`, "
+                "`scan(..., remat=dots_with_no_batch_dims_saveable)`",
+            ),
+            Entry(
+                _UNROLLED,
+                "baseline",
+                lambda: _treeclass(size, unrolled=True),
+                note="the same `tc.nn` blocks in a tuple, nothing rematerialised",
+            ),
+            Entry(
+                _FLOOR,
+                "floor",
+                lambda: _floor(size, remat=_REMAT),
+                note="dict of stacked arrays, `jax.checkpoint` of the body, same policy",
+            ),
+        ]
 
     return dataclasses.replace(
         base,
@@ -493,5 +613,7 @@ def compute_bound_case(size: GPTSize = COMPUTE_BOUND) -> Case:
         backends=ACCELERATORS,
         note=base.note + " Sized to be compute-bound on an accelerator (about "
         f"{size.flops_per_step / 1e12:.1f} TFLOP a step): the MFU column is the figure; "
-        "the aim is half the chip's peak with stacked blocks.",
+        "the aim is half the chip's peak with stacked blocks. The scanned rows "
+        "rematerialise each block but for its matrix products with the weights; MFU does "
+        "not count the recomputed work.",
     )

@@ -1369,6 +1369,31 @@ def test_transformer_case_reports_steps_tokens_and_mfu_columns(smoke):
         assert line in smoke["markdown"]
 
 
+def test_transformer_treeclass_rows_are_the_nn_model_and_agree_with_plain_jax(smoke):
+    import treeclass as tc
+    from benchmarks.transformer import _arrays, _nn_model, gpt_size
+
+    # the runner compares every row's first loss with the floor's (plain JAX) at the
+    # case's rtol and marks a row that differs "wrong": these passed at the smoke size
+    case = next(c for c in smoke["json"]["cases"] if c["name"] == "transformer_training_loop")
+    rows = {row["name"]: row for row in case["rows"]}
+    assert rows["plain JAX (lax.scan)"]["role"] == "floor"
+    for name in ("treeclass", "treeclass, unrolled"):
+        assert rows[name]["status"] == "ok" and "`tc.nn" in rows[name]["note"], rows[name]
+    # the rows' model: tc.nn layers holding the shared arrays in their own layouts
+    size = gpt_size("smoke", "cpu")
+    stacked, unrolled = _nn_model(size, unrolled=False), _nn_model(size, unrolled=True)
+    assert isinstance(stacked.blocks, tc.Stacked) and len(stacked.blocks) == size.blocks
+    assert isinstance(unrolled.blocks, tuple)
+    assert all(isinstance(b, tc.nn.DecoderBlock) for b in unrolled.blocks)
+    a, d = _arrays(size), size.width
+    for block, i in ((stacked.blocks[1], 1), (unrolled.blocks[0], 0)):
+        np.testing.assert_array_equal(block.self_attn.k_proj.weight, a["qkv"][i][:, d : 2 * d].T)
+        np.testing.assert_array_equal(block.mlp.down_proj.weight, a["down"][i].T)
+        assert block.input_layernorm.bias is None and block.mlp.up_proj.bias is None
+    np.testing.assert_array_equal(stacked.wte.weight, a["wte"])
+
+
 def test_gpt_sizes_are_gpt2_small_on_an_accelerator_and_scale_down_elsewhere():
     from benchmarks.transformer import gpt_size
 
@@ -1855,6 +1880,39 @@ def test_compute_bound_transformer_is_skipped_off_an_accelerator_with_the_reason
     )
     markdown = format_markdown(to_json(_header(), [result]))
     assert "Skipped: runs on tpu or gpu only" in markdown
+
+
+def test_compute_bound_transformer_fills_a_tpu_v5e_and_reports_mfu_per_row():
+    from benchmarks.transformer import COMPUTE_BOUND, compute_bound_case
+
+    size = COMPUTE_BOUND
+    # heads of 128 (the TPU's matrix unit), 8,192 tokens a step, about 10 TFLOP; three
+    # rows' parameters and two adam moments (float32) leave the chip's 15.7 GiB room for
+    # one step's temporaries (6.5 GB, as XLA planned them on a TPU v5e)
+    assert size.width // size.heads == 128 and size.tokens == 8192
+    assert size.flops_per_step > 10e12
+    n_params = size.matmul_params + size.seq * size.width + (2 * size.blocks + 1) * size.width
+    assert 3 * 12 * n_params < 15.7 * 2**30 - 6.5e9
+    case = compute_bound_case()
+    entries = case.entries()
+    assert [(e.name, e.role) for e in entries] == [
+        ("treeclass", "treeclass"),
+        ("treeclass, unrolled", "baseline"),
+        ("plain JAX (lax.scan)", "floor"),
+    ]
+    assert "remat=" in entries[0].note and "same policy" in entries[2].note
+    # as on a TPU v5e: every row carries its MFU, and the stacked step's ratio to the
+    # unrolled one is shown beside
+    rows = [
+        EntryResult(e.name, e.role, "ok", e.note, series=Series(1, [t] * 3))
+        for e, t in zip(entries, (0.5, 0.45, 0.5))
+    ]
+    header = {**_header(), "backend": "tpu", "device_kind": "TPU v5 lite"}
+    header["peak_flops"] = {"flops": 197e12, "source": "the chip's documentation"}
+    markdown = format_markdown(to_json(header, [CaseResult(case, "ran", "", rows)]))
+    mfu = case.work["flops"] / 0.45 / 197e12
+    assert f"| treeclass, unrolled | 450 ms | 11.1 | 91,022 | {mfu:.1%} |" in markdown
+    assert "tc.Stacked step / unrolled step: 1.11x" in markdown
 
 
 def test_scan_gap_probe_times_its_variants_and_they_compute_the_same_step(tmp_path):
