@@ -212,17 +212,13 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
 # autoinit class to be unhashable, as a non-frozen dataclass with eq=True is)
 @dataclass_transform(field_specifiers=(field, Field), eq_default=False)
 def autoinit(cls: type) -> type:
-    """Give `cls` an `__init__` generated from its annotated fields.
+    """Give `cls` an `__init__` generated from its annotated fields, and return `cls`.
 
-    On a `TreeClass` subclass this is what subclassing does already when the class has no
-    `__init__` of its own and inherits a generated one (or none). Below an `__init__`
-    written by hand, subclassing keeps that `__init__` (annotated attributes are then
-    class-level defaults); `autoinit` opts the class in to a generated one, from all its
-    fields. An `__init__` written in the class body itself is never replaced: then
-    `autoinit` changes nothing. It is idempotent, and works on plain
-    classes too: there values are assigned with `setattr`, so the `on_setattr` callbacks
-    of `field()`s run (a Field is a descriptor outside `TreeClass`, see `Field`), and a
-    plain subclass inherits both the `__init__` and the callbacks.
+    On a `TreeClass` subclass that inherits an `__init__` written by hand, this opts the
+    class in to a generated one, from all its fields (getting started, "Writing `__init__`
+    by hand"); an `__init__` written in the class body is never replaced (it is
+    idempotent). On a plain class values are assigned with `setattr`, so the `on_setattr`
+    callbacks of `field()`s run, and a plain subclass inherits the `__init__` and them.
 
     ```python
     import treeclass as tc

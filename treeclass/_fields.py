@@ -162,9 +162,9 @@ def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
 
 
 class Field:
-    """The description of one field of a class; returned by `fields()`.
-
-    Build it with `field()`; its attributes are read-only (`replace` makes a changed copy).
+    """The description of one field of a class, made by `field()` and returned by
+    `fields()`; its attributes are read-only (`replace` makes a changed copy). In a plain
+    class it is a descriptor (the classes API page).
 
     ```python
     import treeclass as tc
@@ -176,9 +176,6 @@ class Field:
     assert (a.name, a.default, a.doc, a.static) == ("a", 1, "a counter", False)
     assert a.replace(default=2).default == 2
     ```
-
-    In a plain class (not a `TreeClass`) a Field is a descriptor, as in PyTreeClass (see
-    the classes API page); on a `TreeClass` the class attribute is the default.
     """
 
     __slots__ = (
