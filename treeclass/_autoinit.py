@@ -28,32 +28,10 @@ __all__ = ["autoinit", "build_init"]
 # the order Python requires in a signature
 _KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
-
-def _check_signature_order(cls: type, params: list[Field]) -> None:
-    seen_default: Field | None = None
-    seen_kinds: set[str] = set()
-    for item in params:
-        if item.kind in ("VAR_POS", "VAR_KW") and item.kind in seen_kinds:
-            raise TypeError(f"{cls.__name__}: only one field may have kind={item.kind!r}.")
-        seen_kinds.add(item.kind)
-        if item.kind not in ("POS_ONLY", "POS_OR_KW"):
-            continue
-        if item.has_default:
-            seen_default = item
-        elif seen_default is not None:
-            raise TypeError(
-                f"{cls.__name__}: field {item.name!r} has no default but follows field "
-                f"{seen_default.name!r}, which has one. Give {item.name!r} a default, move it "
-                f"before {seen_default.name!r}, or make it kind='KW_ONLY'."
-            )
-
-
 _DUPLICATE_PARAM_MSG = (
     "{cls}: fields {first!r} and {second!r} both use the `__init__` parameter name {arg!r}. "
     "Give one of them a different `alias`."
 )
-
-
 _REINIT_MSG = (
     "Cannot call `__init__` again on an immutable `{cls}` instance: it would change the "
     "instance in place. Make a new instance instead:\n"
@@ -69,9 +47,22 @@ def _refuse_reinit(obj: object) -> None:
 def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
     """The fields that are `__init__` parameters, in signature order, checked."""
     params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
-    _check_signature_order(cls, params)
+    seen_default: Field | None = None
+    seen_kinds: set[str] = set()
     owners: dict[str, str] = {}
     for item in params:
+        if item.kind in ("VAR_POS", "VAR_KW") and item.kind in seen_kinds:
+            raise TypeError(f"{cls.__name__}: only one field may have kind={item.kind!r}.")
+        seen_kinds.add(item.kind)
+        positional = item.kind in ("POS_ONLY", "POS_OR_KW")
+        if positional and item.has_default:
+            seen_default = item
+        elif positional and seen_default is not None:
+            raise TypeError(
+                f"{cls.__name__}: field {item.name!r} has no default but follows field "
+                f"{seen_default.name!r}, which has one. Give {item.name!r} a default, move it "
+                f"before {seen_default.name!r}, or make it kind='KW_ONLY'."
+            )
         arg = item.alias or item.name
         if item.alias is not None:
             check_name(cls, item.alias, treeclass=True, what="alias")

@@ -279,7 +279,8 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         structure leaf by leaf). A static field may change too (the copy gets a new layout).
         Neither `__init__` nor `__post_init__` runs, so a hand-written `__init__` works the
         same. `copy.replace(tree, **changes)` (Python 3.13+) and `tc.TreeClass.replace(tree,
-        ...)` call it even where an attribute named `replace` hides the method.
+        ...)` call it even where an attribute named `replace`, set by a hand-written
+        `__init__`, hides the method (a field of that name is refused).
 
         **Arguments**
 

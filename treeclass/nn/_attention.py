@@ -88,20 +88,6 @@ def rotary_embedding(
     return jnp.concatenate([out.astype(x.dtype), x[..., dim:]], -1)
 
 
-def _check_inputs(layer: Any, x: jax.Array, source: jax.Array, cross: bool) -> None:
-    # the projections may be any layer of the right shapes (a LoRA around a Linear): each
-    # says its sizes through `in_features` where it has one
-    name = "MultiHeadAttention"
-    features = getattr(layer.q_proj, "in_features", None)
-    if features is not None:
-        check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
-    kv = getattr(layer.k_proj, "in_features", None)
-    if cross and kv is not None:
-        check_input(
-            name, source, "kv_features", kv, leading="*batch, kv_seq", ndim=2, what="a context"
-        )
-
-
 class MultiHeadAttention(Layer):
     """Multi-head attention of a sequence over itself or over a context.
 
@@ -234,7 +220,17 @@ class MultiHeadAttention(Layer):
         """Attention of `x` over itself (or over `context`); see the class docstring."""
         x = jnp.asarray(x)
         source = x if context is None else jnp.asarray(context)
-        _check_inputs(self, x, source, context is not None)
+        # the projections may be any layer of the right shapes (a LoRA around a Linear):
+        # each says its sizes through `in_features` where it has one
+        name = "MultiHeadAttention"
+        features = getattr(self.q_proj, "in_features", None)
+        if features is not None:
+            check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
+        kv = getattr(self.k_proj, "in_features", None)
+        if context is not None and kv is not None:
+            check_input(
+                name, source, "kv_features", kv, leading="*batch, kv_seq", ndim=2, what="a context"
+            )
         batch, seq, kv_seq = x.shape[:-2], x.shape[-2], source.shape[-2]
         h = self.head_dim
         q = self.q_proj(x).reshape((*batch, seq, self.num_heads, h))

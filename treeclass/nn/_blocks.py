@@ -212,8 +212,7 @@ class _TransformerBlock(Layer):
     def __call__(
         self, x: jax.Array, *, mask: jax.Array | None = None, positions: jax.Array | None = None
     ) -> jax.Array:
-        """The block applied to `x` (`(*batch, seq, features)`); `mask` and `positions`
-        go to the attention (see `MultiHeadAttention`)."""
+        """The block applied to `x` (`(*batch, seq, features)`); see `DecoderBlock`."""
         x = jnp.asarray(x)
         features = getattr(self.self_attn.q_proj, "in_features", None)
         if features is not None:

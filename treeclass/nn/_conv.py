@@ -42,8 +42,7 @@ def check_spatial(value: object, layer: str, name: str, message: str) -> tuple[i
 
 
 def convolve(layer: Any, x: jax.Array, spec: str, **options: Any) -> jax.Array:
-    """`x` (batch axes, then the `spec` axes: `"HWC"`, `"CHW"`) convolved with `layer`'s
-    weight in its compute dtype; the output is `(*batch, *spatial_out, out_channels)`."""
+    """`x` (batch axes, then the `spec` axes: `"HWC"`, `"CHW"`) convolved with `layer`."""
     n = len(spec) - 1
     batch = x.shape[: x.ndim - n - 1]
     x, weight, bias = cast(layer.dtype, x, layer.weight, layer.bias)

@@ -234,8 +234,7 @@ class LoRA(Layer):
         return self.base_layer(x) + update * jnp.asarray(self.scaling, update.dtype)
 
     def merge(self) -> Linear:
-        """The `Linear` that computes what this adapter computes (in its parameters'
-        dtype): the update added into the base's weight."""
+        """The one `Linear` computing what this adapter computes (in its parameters' dtype)."""
         base = self.base_layer
         delta = self.scaling * (self.lora_B.weight @ self.lora_A.weight)
         return base.replace(weight=(base.weight + delta).astype(base.weight.dtype))

@@ -29,8 +29,7 @@ def checked_norm_arguments(layer: str, features: object, eps: object) -> tuple[i
 
 
 def check_norm_input(norm: Any, x: jax.Array) -> None:
-    """A `ValueError` unless `x`'s last axis is the norm's features (when it has a
-    parameter or statistic that says how many)."""
+    """A `ValueError` unless `x`'s last axis is the norm's features (when it knows them)."""
     for name in ("weight", "bias", "running_mean"):
         array = getattr(norm, name, None)
         if array is not None:
@@ -39,8 +38,7 @@ def check_norm_input(norm: Any, x: jax.Array) -> None:
 
 
 def scaled_and_shifted(norm: Any, x: jax.Array, y: jax.Array) -> jax.Array:
-    """`y` (`x` normalised) in `norm`'s compute dtype (`None`: what `x` and its parameters
-    promote to), times its `weight` plus its `bias` (either may be `None`)."""
+    """`y` (`x` normalised) in `norm`'s compute dtype, times its `weight` plus its `bias`."""
     present = [a for a in (norm.weight, norm.bias) if a is not None]
     dtype = norm.dtype or jnp.result_type(x, *present)
     weight = norm.weight
