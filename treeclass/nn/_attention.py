@@ -111,8 +111,8 @@ class MultiHeadAttention(Layer):
     - `key`: a PRNG key, split into four for the projections, `Linear`s (any layer of
       their shapes may replace one, such as a `LoRA`).
 
-    A call `attention(x, context=None, *, mask=None, positions=None)` takes `x` of shape
-    `(*batch, seq, features)`, that of the result; `context` (`(*batch, kv_seq,
+    A call `attention(x, context=None, *, mask=None, positions=None)` maps `x` of shape
+    `(*batch, seq, features)` to that shape; `context` (`(*batch, kv_seq,
     kv_features)`) gives keys and values for cross-attention; `mask`, broadcastable to
     `(*batch, num_heads, seq, kv_seq)`, is `True` where a query may attend, combined with
     `causal` and `sliding_window`; `positions` (`(*batch, seq)`, default `arange(seq)`) are

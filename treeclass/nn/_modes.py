@@ -4,6 +4,7 @@ elements at random (the key is an argument of the call, as in equinox)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -29,10 +30,13 @@ def has_mode(node: object) -> bool:
     return any(f.name == "training" and f.static for f in fields(node))
 
 
+def _below(path: Sequence[object], node: object) -> bool:
+    return len(path) == 1
+
+
 def _switch(node: object, training: bool) -> Any:
     # the node's children first (a block of yours with a mode may hold dropouts), then it
-    below = where(lambda path, _: len(path) == 1)
-    inner = at(node)[below].apply(lambda child: set_training(child, training), whole=True)
+    inner = at(node)[where(_below)].apply(lambda child: set_training(child, training), whole=True)
     return at(inner)["training"].set(training)
 
 
