@@ -109,7 +109,8 @@ class MultiHeadAttention(Layer):
       `rotary_embedding`.
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
     - `key`: a PRNG key, split into four for the projections, `Linear`s (any layer of
-      their shapes may replace one, such as a `LoRA`).
+      their shapes may replace one, such as a `LoRA`; their field metadata `heads` tells
+      `tc.ShardingRules` not to cut a head across devices).
 
     A call `attention(x, context=None, *, mask=None, positions=None)` maps `x` of shape
     `(*batch, seq, features)` to that shape; `context` (`(*batch, kv_seq,
