@@ -28,32 +28,10 @@ __all__ = ["autoinit", "build_init"]
 # the order Python requires in a signature
 _KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
-
-def _check_signature_order(cls: type, params: list[Field]) -> None:
-    seen_default: Field | None = None
-    seen_kinds: set[str] = set()
-    for item in params:
-        if item.kind in ("VAR_POS", "VAR_KW") and item.kind in seen_kinds:
-            raise TypeError(f"{cls.__name__}: only one field may have kind={item.kind!r}.")
-        seen_kinds.add(item.kind)
-        if item.kind not in ("POS_ONLY", "POS_OR_KW"):
-            continue
-        if item.has_default:
-            seen_default = item
-        elif seen_default is not None:
-            raise TypeError(
-                f"{cls.__name__}: field {item.name!r} has no default but follows field "
-                f"{seen_default.name!r}, which has one. Give {item.name!r} a default, move it "
-                f"before {seen_default.name!r}, or make it kind='KW_ONLY'."
-            )
-
-
 _DUPLICATE_PARAM_MSG = (
     "{cls}: fields {first!r} and {second!r} both use the `__init__` parameter name {arg!r}. "
     "Give one of them a different `alias`."
 )
-
-
 _REINIT_MSG = (
     "Cannot call `__init__` again on an immutable `{cls}` instance: it would change the "
     "instance in place. Make a new instance instead:\n"
@@ -69,9 +47,22 @@ def _refuse_reinit(obj: object) -> None:
 def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
     """The fields that are `__init__` parameters, in signature order, checked."""
     params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
-    _check_signature_order(cls, params)
+    seen_default: Field | None = None
+    seen_kinds: set[str] = set()
     owners: dict[str, str] = {}
     for item in params:
+        if item.kind in ("VAR_POS", "VAR_KW") and item.kind in seen_kinds:
+            raise TypeError(f"{cls.__name__}: only one field may have kind={item.kind!r}.")
+        seen_kinds.add(item.kind)
+        positional = item.kind in ("POS_ONLY", "POS_OR_KW")
+        if positional and item.has_default:
+            seen_default = item
+        elif positional and seen_default is not None:
+            raise TypeError(
+                f"{cls.__name__}: field {item.name!r} has no default but follows field "
+                f"{seen_default.name!r}, which has one. Give {item.name!r} a default, move it "
+                f"before {seen_default.name!r}, or make it kind='KW_ONLY'."
+            )
         arg = item.alias or item.name
         if item.alias is not None:
             check_name(cls, item.alias, treeclass=True, what="alias")
@@ -212,17 +203,13 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
 # autoinit class to be unhashable, as a non-frozen dataclass with eq=True is)
 @dataclass_transform(field_specifiers=(field, Field), eq_default=False)
 def autoinit(cls: type) -> type:
-    """Give `cls` an `__init__` generated from its annotated fields.
+    """Give `cls` an `__init__` generated from its annotated fields, and return `cls`.
 
-    On a `TreeClass` subclass this is what subclassing does already when the class has no
-    `__init__` of its own and inherits a generated one (or none). Below an `__init__`
-    written by hand, subclassing keeps that `__init__` (annotated attributes are then
-    class-level defaults); `autoinit` opts the class in to a generated one, from all its
-    fields. An `__init__` written in the class body itself is never replaced: then
-    `autoinit` changes nothing. It is idempotent, and works on plain
-    classes too: there values are assigned with `setattr`, so the `on_setattr` callbacks
-    of `field()`s run (a Field is a descriptor outside `TreeClass`, see `Field`), and a
-    plain subclass inherits both the `__init__` and the callbacks.
+    On a `TreeClass` subclass that inherits an `__init__` written by hand, this opts the
+    class in to a generated one, from all its fields (getting started, "Writing `__init__`
+    by hand"); an `__init__` written in the class body is never replaced (it is
+    idempotent). On a plain class values are assigned with `setattr`, so the `on_setattr`
+    callbacks of `field()`s run, and a plain subclass inherits the `__init__` and them.
 
     ```python
     import treeclass as tc

@@ -21,11 +21,12 @@ from collections.abc import (
     MutableSet,
     Sequence,
 )
-from typing import Any, ClassVar, Literal, TypeVar, get_origin, overload
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar, get_origin, overload
 
 import jax
 import numpy as np
 from jax.core import Tracer
+from typing_extensions import Unpack
 
 from . import _node
 from ._util import add_leaf_note, equal_or_false
@@ -69,8 +70,7 @@ _ROLE_TWICE_MSG = (
 
 
 def stop_gradient_if_traced(value: object) -> Any:
-    """`value` with `jax.lax.stop_gradient` on its traced inexact leaves: the read of a
-    `role="frozen"` field (outside a trace, `value` as it is)."""
+    """`value` with its traced inexact leaves gradient-stopped: a frozen field's read."""
     if isinstance(value, Tracer):
         return _stop(value)
     if isinstance(value, (jax.Array, np.ndarray, int, float, str)) or value is None:
@@ -162,9 +162,9 @@ def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
 
 
 class Field:
-    """The description of one field of a class; returned by `fields()`.
-
-    Build it with `field()`; its attributes are read-only (`replace` makes a changed copy).
+    """The description of one field of a class, made by `field()` and returned by
+    `fields()`; its attributes are read-only (`replace` makes a changed copy). In a plain
+    class it is a descriptor (the classes API page).
 
     ```python
     import treeclass as tc
@@ -176,9 +176,6 @@ class Field:
     assert (a.name, a.default, a.doc, a.static) == ("a", 1, "a counter", False)
     assert a.replace(default=2).default == 2
     ```
-
-    In a plain class (not a `TreeClass`) a Field is a descriptor, as in PyTreeClass (see
-    the classes API page); on a `TreeClass` the class attribute is the default.
     """
 
     __slots__ = (
@@ -379,57 +376,32 @@ def _setting_repr(value: object) -> str:
 # specifier): `default` and `factory` are the parameter names they recognise, so a field
 # given either is optional in the generated `__init__`, and the value's type is checked
 # against the annotation (`x: int = tc.field(default="a")` is an error). Without one, the
-# field is required. `init` and `alias` are recognised by name too.
+# field is required. `init` and `alias` are recognised by name too (in `options`).
 _T = TypeVar("_T")
 FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
 _Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
 FieldRole = Literal["state", "frozen"]
 
 
+class _FieldOptions(TypedDict, total=False):
+    init: bool
+    repr: bool
+    kind: FieldKind
+    alias: str | None
+    on_setattr: _Callbacks
+    on_getattr: _Callbacks
+    static: bool
+    metadata: Mapping[str, Any] | None
+    doc: str
+    role: FieldRole | None
+
+
 @overload
-def field(
-    *,
-    default: _T,
-    init: bool = ...,
-    repr: bool = ...,
-    kind: FieldKind = ...,
-    alias: str | None = ...,
-    on_setattr: _Callbacks = ...,
-    on_getattr: _Callbacks = ...,
-    static: bool = ...,
-    metadata: Mapping[str, Any] | None = ...,
-    doc: str = ...,
-    role: FieldRole | None = ...,
-) -> _T: ...
+def field(*, default: _T, **options: Unpack[_FieldOptions]) -> _T: ...
 @overload
-def field(
-    *,
-    factory: Callable[[], _T],
-    init: bool = ...,
-    repr: bool = ...,
-    kind: FieldKind = ...,
-    alias: str | None = ...,
-    on_setattr: _Callbacks = ...,
-    on_getattr: _Callbacks = ...,
-    static: bool = ...,
-    metadata: Mapping[str, Any] | None = ...,
-    doc: str = ...,
-    role: FieldRole | None = ...,
-) -> _T: ...
+def field(*, factory: Callable[[], _T], **options: Unpack[_FieldOptions]) -> _T: ...
 @overload
-def field(
-    *,
-    init: bool = ...,
-    repr: bool = ...,
-    kind: FieldKind = ...,
-    alias: str | None = ...,
-    on_setattr: _Callbacks = ...,
-    on_getattr: _Callbacks = ...,
-    static: bool = ...,
-    metadata: Mapping[str, Any] | None = ...,
-    doc: str = ...,
-    role: FieldRole | None = ...,
-) -> Any: ...
+def field(**options: Unpack[_FieldOptions]) -> Any: ...
 def field(
     *,
     default: object = MISSING,
@@ -451,8 +423,8 @@ def field(
 
     - `default`: the default value; must not be a `list`, `dict` or `set` (use `factory`).
     - `factory`: a zero-argument callable that makes the default for each instance.
-    - `init`: whether the field is a parameter of the generated `__init__`. A field with
-      `init=False` and a default is set to the default by `__init__`.
+    - `init`: whether the field is a parameter of the generated `__init__` (with
+      `init=False`, `__init__` sets it to its default, if it has one).
     - `repr`: whether the field is shown by `repr`.
     - `kind`: the parameter kind in the generated `__init__`: `"POS_ONLY"`, `"POS_OR_KW"`
       (the default), `"VAR_POS"` (`*args`, stored as a tuple), `"KW_ONLY"`, `"VAR_KW"`
@@ -460,21 +432,17 @@ def field(
     - `alias`: the name of the `__init__` parameter, when it differs from the field name.
     - `on_setattr`: a callable (or a sequence, applied in order) that validates or converts
       the value whenever the field is assigned (in `__init__`, or inside `.at["method"]`).
-    - `on_getattr`: a callable (or a sequence) applied to the value on attribute reads.
-      Flattening sees the stored value.
-    - `static`: store the value in the tree definition instead of as a leaf. It must be
-      hashable; it survives flatten/unflatten and takes part in `==`, `hash` and the
-      `jax.jit` cache key.
+    - `on_getattr`: a callable (or a sequence) applied to the value on attribute reads
+      (flattening sees the stored value).
+    - `static`: store the value, hashable, in the tree definition instead of as a leaf
+      (so it takes part in `==`, `hash` and the `jax.jit` cache key).
     - `metadata`: a mapping of extra information, kept read-only.
     - `doc`: a documentation string for the field.
     - `role`: the role of every leaf the field holds (`tc.roles`), whichever `__init__`
-      (generated or hand-written) assigns it; stored as `metadata["role"]`:
-        - `"state"`: values the forward pass updates (batch-norm statistics, counters,
-          caches): leaves that `tc.optim.trainable` never updates, never decays and keeps
-          no optimizer state for;
-        - `"frozen"`: a pretrained value that is never trained: its leaves stay traced
-          leaves (unlike `tc.freeze`'s constants), reads under a trace stop gradients, and
-          `tc.optim.trainable` never updates them nor keeps state for them.
+      assigns it; stored as `metadata["role"]`. `"state"`: values the forward pass
+      updates (batch-norm statistics, counters); `"frozen"`: a pretrained value, traced
+      leaves whose reads stop gradients. `tc.optim.trainable` never updates, decays or
+      keeps optimizer state for either.
 
     **Returns**
 
@@ -595,7 +563,6 @@ def _cached_fields(cls: type) -> dict[str, Field] | None:
 # Types whose instances may not be field defaults, with the reason (`register_excluded_type`)
 _EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 
-
 # any mutable container (list, dict, set, bytearray, deque, UserDict, array.array, ...)
 _MUTABLE_CONTAINERS = (MutableSequence, MutableMapping, MutableSet, bytearray)
 _NUMPY_DEFAULT_REASON = (
@@ -664,10 +631,8 @@ def register_excluded_type(kind: type, reason: str | None = None) -> None:
 
 
 def fields(item: object) -> tuple[Field, ...]:
-    """The fields of a class or instance, in definition order, inherited fields first.
-
-    `CLASS_VAR` fields are included (their `kind` says so). Works on `TreeClass`
-    subclasses and on `autoinit` classes.
+    """The fields of a `TreeClass` or `autoinit` class or instance, in definition order,
+    inherited fields first (`CLASS_VAR` fields too: their `kind` says so).
 
     ```python
     import treeclass as tc
@@ -721,12 +686,12 @@ def run_setters(
     return value
 
 
-def _plain_class_fields(cls: type) -> dict[str, Field]:
-    """The fields `autoinit` gives a plain class: its own annotations, its `autoinit`
-    bases' fields and its undecorated bases' `field()`s (not their bare annotations)."""
-    items = collect_fields(cls)
-    kept: dict[str, Field] = {}
-    for name, item in items.items():
+def declare_plain_fields(cls: type) -> dict[str, Field]:
+    """The fields `autoinit` gives a plain class, kept on it: its own annotations, its
+    `autoinit` bases' fields and its undecorated bases' `field()`s (not their bare
+    annotations); its body's Fields stay descriptors, now knowing their annotations."""
+    items: dict[str, Field] = {}
+    for name, item in collect_fields(cls).items():
         # the nearest class that declares `name` is the one whose declaration counts
         owner = next(
             base
@@ -738,14 +703,7 @@ def _plain_class_fields(cls: type) -> dict[str, Field]:
             or _cached_fields(owner) is not None
             or isinstance(owner.__dict__.get(name), Field)
         ):
-            kept[name] = item
-    return kept
-
-
-def declare_plain_fields(cls: type) -> dict[str, Field]:
-    """The fields of the plain class `cls`, kept on it; its body's Fields stay descriptors,
-    now knowing their annotations."""
-    items = _plain_class_fields(cls)
+            items[name] = item
     setattr(cls, _PLAIN_FIELDS_ATTR, items)
     for name, item in items.items():
         if not isinstance(cls.__dict__.get(name), Field):

@@ -330,9 +330,8 @@ def _forget_layout(table: dict[Any, Any], key: object, ref: object) -> None:
 
 
 class ClassInfo:
-    """Everything treeclass keeps about one TreeClass subclass: its description, its
-    shapes and their interned layouts, a lock, and the `token` that tells the live record
-    from a pickled description of it (docs/architecture.md)."""
+    """Everything kept about one TreeClass subclass (docs/architecture.md, "How an
+    instance is kept")."""
 
     __slots__ = (
         "cls",
@@ -380,7 +379,7 @@ class ClassInfo:
         token: bytes,
     ) -> None:
         """Take a pickled description into the skeleton record of a class cloudpickle
-        shipped by value, in place: shapes already handed out see the real static names."""
+        shipped, in place (shapes already handed out see the real static names)."""
         with self.lock:
             self.fields, self.static_names, self.setters = fields, static_names, setters
             self.token = token
@@ -604,8 +603,7 @@ def flat_of(node: Any) -> tuple[tuple[Any, ...], Layout]:
 
 
 def seal(node: object) -> None:
-    """Make `node` immutable, caching `(children, layout)`; its attributes move to a fresh
-    dict (a `vars(self)` kept by an `__init__` cannot change it)."""
+    """Make `node` immutable, caching `(children, layout)`, in a fresh attribute dict."""
     set_attributes(node, dict(attributes(node)))
     flat = flat_of(node)
     _set_layout(node, flat[1])
@@ -613,8 +611,7 @@ def seal(node: object) -> None:
 
 
 def seal_like(node: object, like: object) -> None:
-    """Seal `node`, which has the attribute names of the sealed `like`: plain static
-    values leave the layout pending until the first flatten."""
+    """Seal `node`, which has the names of the sealed `like` (plain statics: pending)."""
     layout = getattr(like, "_tc_layout", None)
     shape = layout if type(layout) is Shape else getattr(layout, "shape", None)
     if type(shape) is not Shape:

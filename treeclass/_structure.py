@@ -83,6 +83,7 @@ LEAF, TREECLASS, DICT, LIST, TUPLE, NAMEDTUPLE, NONE, GENERIC = Kind
 
 KeyEntry = Hashable  # a JAX key entry: `GetAttrKey("w")`, `DictKey("a")`, `SequenceKey(0)`
 KeyPath = tuple[KeyEntry, ...]
+Where = Callable[[KeyPath], str]  # how a message writes a key path (`keystr` by default)
 
 # Exact types only: a subclass (OrderedDict, a custom list) may be registered differently.
 _BUILTIN_KINDS: dict[type, Kind] = {
@@ -164,7 +165,6 @@ def is_leaf_node(node: object, is_leaf: Callable[[Any], bool] | None = None) -> 
 
 # -- the table of node kinds: one row per kind of node -------------------------------------------
 
-
 N = TypeVar("N")  # the type of node a row answers for
 V = TypeVar("V")  # the type of value a wrapper kind holds
 
@@ -186,10 +186,9 @@ class Wrapper(Generic[N, V]):
 class Display(Generic[N]):
     """How the printers show values of one type; a field left `None` keeps the default.
 
-    The display part of a row: a kind declares its own (a stack shows its `children` with
-    per-block shapes, named `Stacked[48×Block]` by `type_name`), and `tc.register_printer`
-    writes one from its keyword arguments, which are these fields; a display is found
-    along a type's MRO. `tc.PrintRule` is this class.
+    The display part of a row (`tc.PrintRule`): a kind declares its own, and
+    `tc.register_printer` writes one from its keyword arguments, these fields; a display
+    is found along a type's MRO.
 
     ```python
     import treeclass as tc
@@ -215,11 +214,8 @@ class Display(Generic[N]):
 
     @property
     def has_summary(self) -> bool:
-        """Whether the rule changes a summary row: values with one get a row of their own.
-
-        A rule with `children` but no text shows its value as a node: its children get the
-        rows, and `type_name` names the node.
-        """
+        """Whether values get a summary row of their own (with `children` but no text, a
+        node: its children get the rows, and `type_name` names it)."""
         if self.children is not None and not self.has_text:
             return False
         return self.has_text or any(f is not None for f in (self.type_name, self.count, self.size))
@@ -240,8 +236,7 @@ class Stack(Generic[N]):
 
 Items = list[tuple[str, str, Any]]  # (label, path, child): `("w=", ".w", w)`
 
-
-_no_where: Callable[[KeyPath], str] = jax.tree_util.keystr
+_no_where: Where = jax.tree_util.keystr
 
 
 class NodeKind(Generic[N]):
@@ -253,7 +248,7 @@ class NodeKind(Generic[N]):
     wrapper: Wrapper[N, Any] | None = None
     stack: Stack[N] | None = None
     display: Display[N] | None = None
-    mask: Callable[[N], Any] | None = None  # how `tc.tree_mask` masks one (else `freeze`)
+    mask: Callable[[N], object] | None = None  # how `tc.tree_mask` masks one (else `freeze`)
     named: bool = True
     brackets: tuple[str, str] = ("(", ")")
     single_comma: bool = False  # a one-element tuple keeps its comma
@@ -280,8 +275,8 @@ class NodeKind(Generic[N]):
         old: object,
         new: object,
         path: KeyPath = (),
-        where: Callable[[KeyPath], str] = _no_where,
-    ) -> Any:
+        where: Where = _no_where,
+    ) -> N:
         opened = self.open(node)
         assert opened is not None  # `child` found `old` among its children
         children = opened.children
@@ -295,7 +290,7 @@ class NodeKind(Generic[N]):
         children: Sequence[Any],
         partial: bool = False,
         path: KeyPath = (),
-        where: Callable[[KeyPath], str] = _no_where,
+        where: Where = _no_where,
     ) -> Any:
         return aux.unflatten(children)
 
@@ -358,7 +353,7 @@ class _NoneKind(_LeafKind):
     def open(self, node: object) -> Opened | None:
         return _opened(((), [], None))
 
-    def rebuild(self, node: object, aux: object, children: object, *_: Any, **__: Any) -> Any:
+    def rebuild(self, node: object, aux: object, children: Sequence, *_: Any, **__: Any) -> Any:
         return node
 
 
@@ -374,7 +369,7 @@ class _TreeClassKind(NodeKind[_TreeNode]):
     def open(self, node: _TreeNode) -> Opened | None:
         return _opened(_node.opened(node))
 
-    def child(self, node: _TreeNode, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _TreeNode, key: str | int) -> tuple[KeyEntry, Any] | None:
         if type(key) is str:
             found = _tc_child(node, key)
             if found is not _NOTHING:
@@ -440,14 +435,14 @@ class _DictKind(NodeKind[dict]):
             new[key] = child
         return new
 
-    def child(self, node: dict, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: dict, key: str | int) -> tuple[KeyEntry, Any] | None:
         try:
             found = key in node
         except TypeError:  # an unhashable key cannot be in the dict
             return None
         return (DictKey(key), node[key]) if found else None
 
-    def replace(self, node: dict, entry: Any, old: object, new: object, *_: Any, **__: Any) -> Any:
+    def replace(self, node: dict, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> dict:
         out = dict(node)
         out[entry.key] = new
         return out
@@ -475,7 +470,7 @@ class _SequenceKind(NodeKind[_Sequence]):
     ) -> Any:
         return list(children) if self.kind == LIST else tuple(children)
 
-    def child(self, node: _Sequence, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _Sequence, key: str | int) -> tuple[KeyEntry, Any] | None:
         if type(key) is not int:
             return None
         n = len(node)
@@ -512,7 +507,7 @@ class _NamedTupleKind(NodeKind[_Named]):
     def rebuild(self, node: _Named, aux: Any, children: Sequence[Any], *_: Any, **__: Any) -> Any:
         return node._make(children)
 
-    def child(self, node: _Named, key: str | int) -> tuple[Any, Any] | None:
+    def child(self, node: _Named, key: str | int) -> tuple[KeyEntry, Any] | None:
         fields = node._fields
         if type(key) is str and key in fields:
             index = fields.index(key)
@@ -522,7 +517,7 @@ class _NamedTupleKind(NodeKind[_Named]):
             return None
         return GetAttrKey(fields[index]), node[index]
 
-    def replace(self, node: _Named, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> Any:
+    def replace(self, node: _Named, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> _Named:
         return node._replace(**{entry.name: new})
 
     def items(self, node: _Named, hidden: bool) -> Items:
@@ -771,7 +766,6 @@ def inherited(cls: type, part: str) -> Any:
 
 # -- where two structures part ---------------------------------------------------------------
 
-
 _UNOPENED: Any = object()
 
 
@@ -864,8 +858,10 @@ def first_mismatch(
                 return None
         return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened))
     if tree_opened.entries != other_opened.entries:
-        differ = _keys_difference(tree_opened, other_opened)
-        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened), *differ)
+        t = [jax.tree_util.keystr((e,)) for e in tree_opened.entries]
+        o = [jax.tree_util.keystr((e,)) for e in other_opened.entries]
+        only = tuple(k for k in t if k not in o), tuple(k for k in o if k not in t)
+        return Mismatch(path, _side(tree, tree_opened), _side(other, other_opened), *only)
     for entry, t, o in zip(
         tree_opened.entries, tree_opened.children, other_opened.children, strict=True
     ):
@@ -884,12 +880,3 @@ def first_mismatch(
             f"{what} with the same children but different static data",
         )
     return None
-
-
-def _keys_difference(
-    tree_opened: Opened, other_opened: Opened
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """`(only in tree, only in other)`: the key entries, as `keystr` text."""
-    t = [jax.tree_util.keystr((e,)) for e in tree_opened.entries]
-    o = [jax.tree_util.keystr((e,)) for e in other_opened.entries]
-    return tuple(k for k in t if k not in o), tuple(k for k in o if k not in t)

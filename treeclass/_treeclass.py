@@ -152,17 +152,16 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
     children are the instance attributes in assignment order, except fields declared
     with `field(static=True)`, which live in the tree definition. Annotated fields give a
     generated `__init__` unless the class defines one or inherits one written by hand
-    (its annotations are then class-level defaults; `autoinit` opts it in). Instances are
-    immutable after `__init__`: edit them with `.at[...]`.
+    (`autoinit` opts it in). Instances are immutable after `__init__`: edit them with
+    `.at[...]`.
 
     **Class keywords**
 
-    - `leafwise=True`: add leafwise arithmetic and comparison operators
-      (see `treeclass.leafwise`).
+    - `leafwise=True`: add leafwise arithmetic and comparison operators (`tc.leafwise`).
     - `version=N`, `migrations={from_version: step}`: the class's checkpoint version
-      (0 when not given; subclasses inherit it) and the steps `tc.load` runs to upgrade
-      older files, each a rule table as `rules=` takes or a function of a name ->
-      array mapping; see the checkpoints guide, "Versions and migrations".
+      (0 when not given; inherited) and the steps `tc.load` runs to upgrade older files,
+      each a rule table as `rules=` takes or a function of a name -> array mapping (the
+      checkpoints reference, "Versions and migrations").
 
     ```python
     import jax, jax.numpy as jnp
@@ -275,25 +274,18 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
     # -- replace -----------------------------------------------------------------------
 
     def replace(self, /, **changes: object) -> Self:
-        """A copy of this instance with the named attributes changed, validated.
-
-        Each new value goes through its field's `on_setattr` callbacks, as an assignment in
-        `__init__` would (`.at[...].set` does not run them: it edits the tree's structure,
-        leaf by leaf). A static field may change too; the copy gets the layout of its new
-        static values. Neither `__init__` nor `__post_init__` runs, so it works the same for
-        a class with a hand-written `__init__`: the names are the instance's attributes.
-        `copy.replace(tree, **changes)` (Python 3.13+) calls it. Values go in as given, as
-        in a construction: `replace(bias=0.0)` makes `bias` the float `0.0` (model surgery);
-        `.at["bias"].set(0.0)` keeps an array of the leaf's shape and dtype.
-
-        The name `replace` is reserved: a field of that name is refused when the class is
-        created. An attribute named `replace` set by a hand-written `__init__` hides this
-        method on its instances; `copy.replace(tree, ...)` and
-        `tc.TreeClass.replace(tree, ...)` still reach it.
+        """A copy of this instance with the named attributes changed, each through its field's
+        `on_setattr` callbacks as `__init__` would (`.at[...].set` runs none: it edits the
+        structure leaf by leaf). A static field may change too (the copy gets a new layout).
+        Neither `__init__` nor `__post_init__` runs, so a hand-written `__init__` works the
+        same. `copy.replace(tree, **changes)` (Python 3.13+) and `tc.TreeClass.replace(tree,
+        ...)` call it even where an attribute named `replace`, set by a hand-written
+        `__init__`, hides the method (a field of that name is refused).
 
         **Arguments**
 
-        - `**changes`: new values by attribute name.
+        - `**changes`: new values by attribute name, stored as given: `replace(bias=0.0)`
+          stores the float, `.at["bias"].set(0.0)` an array of the leaf's shape and dtype.
 
         **Returns**
 

@@ -58,9 +58,9 @@ def rotary_embedding(
     RoFormer's rotary position embedding: the first `rope_dim` dimensions of each head
     (default: all) turn in pairs, pair `i` at frequency `theta ** (-2i / rope_dim)`; the
     others pass through (partial rotary: GPT-NeoX's `rotary_pct`, GPT-J's `rotary_dim`).
-    Pairs are dimensions `i` and `i + rope_dim // 2` (default: Llama's and GPT-NeoX's
-    "rotate_half"), or with `interleaved=True` `2i` and `2i + 1` (GPT-J's
-    "rotate_every_two"). Computed in float32 or wider; returned in `x`'s dtype.
+    Pairs are dimensions `i` and `i + rope_dim // 2` (Llama's "rotate_half"), or with
+    `interleaved=True` `2i` and `2i + 1` (GPT-J's "rotate_every_two"). Computed in float32
+    or wider; returned in `x`'s dtype.
 
     ```python
     import jax.numpy as jnp
@@ -69,8 +69,6 @@ def rotary_embedding(
     q = jnp.ones((5, 2, 8))
     rotated = tc.nn.rotary_embedding(q, jnp.arange(5), theta=10_000.0)
     assert rotated.shape == q.shape and jnp.allclose(rotated[0], q[0])  # position 0: same
-    partial = tc.nn.rotary_embedding(q, jnp.arange(5), 10_000.0, rope_dim=4, interleaved=True)
-    assert (partial[..., 4:] == q[..., 4:]).all()  # the last 4 dimensions pass through
     ```
     """
     x = jnp.asarray(x)
@@ -90,20 +88,6 @@ def rotary_embedding(
     return jnp.concatenate([out.astype(x.dtype), x[..., dim:]], -1)
 
 
-def _check_inputs(layer: Any, x: jax.Array, source: jax.Array, cross: bool) -> None:
-    # the projections may be any layer of the right shapes (a LoRA around a Linear): each
-    # says its sizes through `in_features` where it has one
-    name = "MultiHeadAttention"
-    features = getattr(layer.q_proj, "in_features", None)
-    if features is not None:
-        check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
-    kv = getattr(layer.k_proj, "in_features", None)
-    if cross and kv is not None:
-        check_input(
-            name, source, "kv_features", kv, leading="*batch, kv_seq", ndim=2, what="a context"
-        )
-
-
 class MultiHeadAttention(Layer):
     """Multi-head attention of a sequence over itself or over a context.
 
@@ -114,51 +98,35 @@ class MultiHeadAttention(Layer):
       is grouped-query attention, `1` multi-query), a divisor of `num_heads`.
     - `head_dim`: the size of each head (default `features // num_heads`).
     - `kv_features`: the size of the context's last axis (default `features`).
-    - `use_bias`: biases in the four projections (default `False`, as equinox and Llama);
-      `use_qkv_bias`, `use_out_bias`: in `q_proj`/`k_proj`/`v_proj` and in `o_proj` apart
-      (default `use_bias`; Qwen2 is `use_qkv_bias=True`, BERT and ViT `use_bias=True`).
+    - `use_bias`: biases in the four projections (default `False`); `use_qkv_bias`,
+      `use_out_bias`: in `q_proj`/`k_proj`/`v_proj` and in `o_proj` apart (default `use_bias`).
     - `causal`: each position attends to itself and the positions before it only.
     - `sliding_window`: a query attends only to keys less than this many positions away
-      (`i - window < j`, with `causal` also `j <= i`, as Mistral's and Gemma 2's local
-      layers; without it `|i - j| < window`). `None` (default): no window.
+      (`i - window < j`, with `causal` also `j <= i`; without it `|i - j| < window`).
+      `None` (default): no window.
     - `rope_theta`: rotary position embeddings on queries and keys with this base (Llama:
       `10_000.0`); `None` (default): none. `rope_dim`, `rope_interleaved`: as for
-      `rotary_embedding` (GPT-NeoX's `rotary_pct=0.25` is `rope_dim=int(head_dim * 0.25)`).
+      `rotary_embedding`.
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
-    - `key`: a PRNG key, split into four for the projections (`Linear`s), as equinox does.
+    - `key`: a PRNG key, split into four for the projections, `Linear`s (any layer of
+      their shapes may replace one, such as a `LoRA`; their field metadata `heads` tells
+      `tc.ShardingRules` not to cut a head across devices).
 
-    **Fields**
-
-    `q_proj`, `k_proj`, `v_proj`, `o_proj` (`Linear`, or any layer of the same shapes,
-    such as a `LoRA`; their field metadata `heads` tells `tc.ShardingRules` not to cut a
-    head across devices); the other arguments but the biases and `kv_features` (static).
-
-    **Calling.** `attention(x, context=None, *, mask=None, positions=None)`: `x` is
-    `(*batch, seq, features)`, and so is the result; `context` (`(*batch, kv_seq,
+    A call `attention(x, context=None, *, mask=None, positions=None)` maps `x` of shape
+    `(*batch, seq, features)` to that shape; `context` (`(*batch, kv_seq,
     kv_features)`) gives keys and values for cross-attention; `mask`, broadcastable to
-    `(*batch, num_heads, seq, kv_seq)`, is `True` where a query may attend (a padding mask
-    of valid keys `valid` is `valid[:, None, None, :]`), combined with `causal` and
-    `sliding_window`; `positions` (`(*batch, seq)`, default `arange(seq)`) are the rotary
-    positions of the queries, and of the keys in self-attention.
+    `(*batch, num_heads, seq, kv_seq)`, is `True` where a query may attend, combined with
+    `causal` and `sliding_window`; `positions` (`(*batch, seq)`, default `arange(seq)`) are
+    the rotary positions of the queries, and of the keys in self-attention.
 
     ```python
     import jax, jax.numpy as jnp
     import treeclass as tc
 
-    attention = tc.nn.MultiHeadAttention(
-        64, num_heads=8, num_kv_heads=2, causal=True, rope_theta=10_000.0,
-        key=jax.random.key(0),
-    )
+    attention = tc.nn.MultiHeadAttention(64, 8, num_kv_heads=2, causal=True, key=jax.random.key(0))
     x = jnp.ones((2, 10, 64))
     valid = jnp.arange(10) < jnp.array([[10], [7]])  # the second sequence is padded
     assert attention(x, mask=valid[:, None, None, :]).shape == (2, 10, 64)
-    assert attention.k_proj.weight.shape == (16, 64)  # 2 heads of 8
-
-    # Qwen2-style: biases on q, k, v only; Mistral-style: a sliding window of 4
-    qwen = tc.nn.MultiHeadAttention(64, 8, use_qkv_bias=True, key=jax.random.key(1))
-    assert qwen.k_proj.bias is not None and qwen.o_proj.bias is None
-    local = attention.replace(sliding_window=4)
-    assert local(x).shape == (2, 10, 64)
     ```
     """
 
@@ -253,7 +221,17 @@ class MultiHeadAttention(Layer):
         """Attention of `x` over itself (or over `context`); see the class docstring."""
         x = jnp.asarray(x)
         source = x if context is None else jnp.asarray(context)
-        _check_inputs(self, x, source, context is not None)
+        # the projections may be any layer of the right shapes (a LoRA around a Linear):
+        # each says its sizes through `in_features` where it has one
+        name = "MultiHeadAttention"
+        features = getattr(self.q_proj, "in_features", None)
+        if features is not None:
+            check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
+        kv = getattr(self.k_proj, "in_features", None)
+        if context is not None and kv is not None:
+            check_input(
+                name, source, "kv_features", kv, leading="*batch, kv_seq", ndim=2, what="a context"
+            )
         batch, seq, kv_seq = x.shape[:-2], x.shape[-2], source.shape[-2]
         h = self.head_dim
         q = self.q_proj(x).reshape((*batch, seq, self.num_heads, h))

@@ -4,7 +4,6 @@ policy, equinox's and PyTorch's, is in README.md beside this file)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any, overload
 
 import jax
@@ -43,8 +42,7 @@ def dtype_name(value: None, where: str) -> None: ...
 @overload
 def dtype_name(value: DTypeLike, where: str) -> str: ...
 def dtype_name(value: DTypeLike | None, where: str) -> str | None:
-    """The name of a floating dtype (`"bfloat16"`), or `None`; static fields hold names,
-    which print short and hash fast."""
+    """The name of a floating dtype (`"bfloat16"`), or `None`: static fields hold names."""
     if value is None:
         return None
     try:
@@ -85,8 +83,7 @@ def scale_and_shift(
 def fan_in_params(
     key: jax.Array, shape: tuple[int, ...], fan_in: int, use_bias: bool, param_dtype: DTypeLike
 ) -> dict[str, jax.Array | None]:
-    """A `weight` of `shape` and a `bias` of `shape[0]` (or None without one), each drawn
-    from `uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))` (the policy above) with half of `key`."""
+    """A `weight` of `shape` and a `bias` of `shape[0]` (or None), `uniform(±1/sqrt(fan_in))`."""
     param_dtype = dtype_name(param_dtype, "param_dtype")
     limit = 1.0 / math.sqrt(fan_in)
     wkey, bkey = jax.random.split(key)
@@ -104,15 +101,13 @@ def normal_weight(
 
 
 def assign(layer: TreeClass, **values: object) -> None:
-    """Set attributes of a layer under construction through `setattr` (each field's
-    `on_setattr` runs; type checkers would refuse `self.weight = ...`)."""
+    """`setattr` on a layer under construction (type checkers refuse `self.weight = ...`)."""
     for name, value in values.items():
         setattr(layer, name, value)
 
 
 def cast(dtype: DTypeLike | None, *arrays: ArrayLike | None) -> Any:
-    """`arrays` in the compute `dtype` (unchanged, and so promoted by the operations that
-    use them, when it is `None`); `None` entries stay `None`."""
+    """`arrays` in the compute `dtype` (unchanged when it is `None`); `None`s stay `None`."""
     if dtype is None:
         return arrays
     return tuple(None if a is None else jnp.asarray(a, dtype) for a in arrays)
@@ -135,17 +130,6 @@ class Layer(TreeClass):
     """
 
 
-def _changed_config(layer: Layer) -> Iterator[tuple[str, Any]]:
-    """The static fields of `layer` whose value is not their default, in field order."""
-    for spec in fields(layer):
-        if not spec.static or not spec.repr:
-            continue
-        value = getattr(layer, spec.name, None)
-        if spec.has_default and _same(value, spec.default):
-            continue
-        yield spec.name, value
-
-
 def _children(layer: Layer) -> list[tuple[Any, Any]]:
     # what JAX sees; the configuration goes in the name, so summary rows stay the leaves
     names, values = child_names(layer), children(layer)
@@ -153,9 +137,15 @@ def _children(layer: Layer) -> list[tuple[Any, Any]]:
 
 
 def _type_name(layer: Layer) -> str:
-    config = ", ".join(f"{name}={_config_text(value)}" for name, value in _changed_config(layer))
+    # the name, then the static fields whose value is not their default
+    changed = []
+    for spec in fields(layer):
+        if spec.static and spec.repr:
+            value = getattr(layer, spec.name, None)
+            if not (spec.has_default and _same(value, spec.default)):
+                changed.append(f"{spec.name}={_config_text(value)}")
     name = type(layer).__name__
-    return f"{name}[{config}]" if config else name
+    return f"{name}[{', '.join(changed)}]" if changed else name
 
 
 def _config_text(value: object) -> str:

@@ -36,8 +36,7 @@ def _bad(error: type[Exception], layer: str, name: str, expected: str, value: ob
 
 
 def check_int(layer: str, name: str, value: object, *, minimum: int = 1) -> int:
-    """`value` as a plain `int` if it is an integer `>= minimum`: a `TypeError` for a
-    non-integer, a `ValueError` for one too small, each naming `layer(name=...)`."""
+    """`value` as an `int >= minimum`, else a `TypeError` or `ValueError` naming it."""
     number = _int_or_none(value)
     if number is None or number < minimum:
         error = TypeError if number is None else ValueError
@@ -74,8 +73,7 @@ def check_number(
     open_low: bool = False,
     open_high: bool = False,
 ) -> float:
-    """`value` as a `float` if it is a real number in the interval from `low` to `high`
-    (closed unless `open_low` / `open_high`); NaN is never in it."""
+    """`value` as a `float` in the interval `low`..`high` (closed unless `open_*`; no NaN)."""
     left, right = "(" if open_low else "[", ")" if open_high else "]"
     if math.isinf(low) and math.isinf(high):
         expected = "a finite number"
@@ -109,8 +107,7 @@ def check_input(
     ndim: int = 1,
     what: str = "inputs",
 ) -> None:
-    """A `ValueError` unless `x` has at least `ndim` axes and its last is `size`: the
-    message shows the expected shape as `(leading, name=size)` and the shape given."""
+    """A `ValueError` unless `x` has at least `ndim` axes and its last is `size`."""
     shape = x.shape if hasattr(x, "shape") else jnp.shape(x)
     if len(shape) < ndim or shape[-1] != size:
         expected = f"({leading}, {name}={size})"

@@ -42,8 +42,7 @@ def check_spatial(value: object, layer: str, name: str, message: str) -> tuple[i
 
 
 def convolve(layer: Any, x: jax.Array, spec: str, **options: Any) -> jax.Array:
-    """`x` (batch axes, then the `spec` axes: `"HWC"`, `"CHW"`) convolved with `layer`'s
-    weight in its compute dtype; the output is `(*batch, *spatial_out, out_channels)`."""
+    """`x` (batch axes, then the `spec` axes: `"HWC"`, `"CHW"`) convolved with `layer`."""
     n = len(spec) - 1
     batch = x.shape[: x.ndim - n - 1]
     x, weight, bias = cast(layer.dtype, x, layer.weight, layer.bias)
@@ -78,12 +77,14 @@ def _padding(value: object, n: int) -> str | tuple[tuple[int, ...], ...]:
 
 
 class Conv(Layer):
-    """A convolution over the 1 to 3 spatial axes before the channel axis.
+    """A convolution over the 1 to 3 spatial axes before the channel axis: inputs
+    `(*batch, *spatial, in_channels)`, outputs `(*batch, *spatial_out, out_channels)`.
 
     **Arguments**
 
     - `in_channels`, `out_channels`: the channels of the input and of the output.
-    - `kernel_size`: a tuple, one size per spatial axis (its length says how many).
+    - `kernel_size`: a tuple, one size per spatial axis (its length says how many);
+      `weight` is `[out_channels, in_channels // groups, *kernel_size]`.
     - `stride`, `dilation`: an int or one per spatial axis (`dilation` spaces the kernel).
     - `padding`: `0` (default), an int or one per axis (both sides), one `(low, high)`
       pair per axis, `"SAME"` (output size `ceil(size / stride)`) or `"VALID"`.
@@ -93,21 +94,11 @@ class Conv(Layer):
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
     - `key`: a PRNG key (`fan_in = in_channels // groups * prod(kernel_size)`).
 
-    **Fields**
-
-    `weight`: `[out_channels, in_channels // groups, *kernel_size]` (PyTorch's layout);
-    `bias`: `[out_channels]` or `None`; `stride`, `padding`, `dilation`, `groups`,
-    `dtype` (static).
-
-    The input is `(*batch, *spatial, in_channels)` with any number of batch axes; the
-    output is `(*batch, *spatial_out, out_channels)`.
-
     ```python
     import jax, jax.numpy as jnp
     import treeclass as tc
 
     conv = tc.nn.Conv(3, 8, (3, 3), stride=2, padding=1, key=jax.random.key(0))
-    assert conv.weight.shape == (8, 3, 3, 3)
     assert conv(jnp.ones((2, 32, 32, 3))).shape == (2, 16, 16, 8)
     ```
     """

@@ -34,35 +34,27 @@ _INIT_STDDEV = 0.02  # BERT's, GPT-2's and ViT's initialiser of positions and to
 
 class PatchEmbed(Layer):
     """An image cut into non-overlapping patches, each projected to a vector (ViT's patch
-    embedding): a convolution whose stride is its kernel, its output's spatial axes
-    flattened into one sequence axis in row-major order.
+    embedding): a convolution whose stride is its kernel, its spatial axes flattened
+    row-major into one sequence axis: the output is `(*batch, num_patches, features)`.
 
     **Arguments**
 
     - `in_channels`: the channels of the image (`3` for RGB); `features`: the size of
       each patch's vector.
-    - `patch_size`: one size per spatial axis (1 to 3), e.g. `(16, 16)`.
+    - `patch_size`: one size per spatial axis (1 to 3), e.g. `(16, 16)`; a spatial size
+      that is not a multiple of it is an error. `weight` is `[features, in_channels,
+      *patch_size]`.
     - `channels_first`: inputs are `(*batch, channels, *spatial)` (default `True`, as
       Hugging Face's `pixel_values`); `False` takes `(*batch, *spatial, channels)`.
     - `use_bias`, `dtype`, `param_dtype`, `key`: as for `Conv`
       (`fan_in = in_channels * prod(patch_size)`).
-
-    **Fields**
-
-    `weight`: `[features, in_channels, *patch_size]` (ViT's layout); `bias`: `[features]`
-    or `None`; `channels_first`, `dtype` (static).
-
-    The output is `(*batch, num_patches, features)`. A spatial size that is not a
-    multiple of the patch size is an error (a convolution would drop the rest).
 
     ```python
     import jax, jax.numpy as jnp
     import treeclass as tc
 
     patches = tc.nn.PatchEmbed(3, 32, (4, 4), key=jax.random.key(0))
-    images = jnp.ones((2, 3, 16, 16))  # channels first
-    assert patches.weight.shape == (32, 3, 4, 4)
-    assert patches(images).shape == (2, 16, 32)  # 4 x 4 patches of 32 features
+    assert patches(jnp.ones((2, 3, 16, 16))).shape == (2, 16, 32)  # 4 x 4 patches
     ```
     """
 
@@ -134,29 +126,23 @@ class PatchEmbed(Layer):
 
 class ClassToken(Layer):
     """Learned tokens put in front of a sequence: ViT's and BERT-style `[CLS]` token (and,
-    with `num_tokens > 1`, the register tokens of later vision transformers).
+    with `num_tokens > 1`, register tokens). `tokens(x)`, `x` of shape `(*batch, seq,
+    features)`, gives `(*batch, num_tokens + seq, features)` in the dtype they promote to.
 
     **Arguments**
 
     - `features`: the size of each token (the sequence's last axis).
-    - `num_tokens`: how many tokens to put in front (default `1`).
+    - `num_tokens`: how many tokens to put in front (default `1`); `weight` is
+      `[num_tokens, features]` (ViT's checkpoint holds `[1, 1, features]`).
     - `param_dtype`: the dtype of the tokens (default float32).
-    - `key`: a PRNG key; the tokens are drawn as `PositionEmbedding` draws its table.
-
-    **Fields**
-
-    `weight`: `[num_tokens, features]` (ViT's checkpoint holds `[1, 1, features]`).
-
-    `tokens(x)`, `x` of shape `(*batch, seq, features)`, gives `(*batch, num_tokens +
-    seq, features)`, the tokens first, in the dtype `x` and the tokens promote to.
+    - `key`: a PRNG key; the tokens are drawn from `normal(0, 0.02)`.
 
     ```python
     import jax, jax.numpy as jnp
     import treeclass as tc
 
     cls = tc.nn.ClassToken(8, key=jax.random.key(0))
-    x = jnp.zeros((2, 5, 8))
-    y = cls(x)
+    y = cls(jnp.zeros((2, 5, 8)))
     assert y.shape == (2, 6, 8) and (y[:, 0] == cls.weight[0]).all()
     ```
     """
@@ -189,34 +175,24 @@ class ClassToken(Layer):
 
 class PositionEmbedding(Layer):
     """A learned vector per position, added to a sequence: the absolute position
-    embeddings of BERT, GPT-2 and ViT.
+    embeddings of BERT, GPT-2 and ViT. `positions(x, positions=None)`: `x` (`(*batch, seq,
+    features)`) plus the vectors of `positions` (integers broadcastable to `(*batch, seq)`;
+    default `arange(seq)`); a sequence longer than the table is an error.
 
     **Arguments**
 
-    - `num_positions`: the longest sequence it embeds (BERT's `max_position_embeddings`;
-      ViT's patches plus one for the `[CLS]` token); `features`: the size of each vector.
+    - `num_positions`: the longest sequence it embeds; `features`: the size of each vector
+      (`weight` is `[num_positions, features]`; ViT's checkpoint adds a leading 1).
     - `dtype`: the compute dtype of the sum (`None`: what `x` and the table promote to).
     - `param_dtype`: the dtype of the table (default float32).
-    - `key`: a PRNG key; the table is drawn from `normal(0, 0.02)`, as BERT, GPT-2 and
-      ViT draw theirs.
-
-    **Fields**
-
-    `weight`: `[num_positions, features]` (ViT's checkpoint holds it as
-    `[1, num_positions, features]`: one reshape in a key rule); `dtype` (static).
-
-    `positions(x, positions=None)`: `x` (`(*batch, seq, features)`) plus the vectors of
-    `positions` (integers broadcastable to `(*batch, seq)`; default `arange(seq)`). A
-    sequence longer than the table is an error.
+    - `key`: a PRNG key; the table is drawn from `normal(0, 0.02)`.
 
     ```python
     import jax, jax.numpy as jnp
     import treeclass as tc
 
     positions = tc.nn.PositionEmbedding(16, 8, key=jax.random.key(0))
-    x = jnp.zeros((2, 5, 8))
-    assert (positions(x) == positions.weight[:5]).all()
-    assert (positions(x, positions=jnp.arange(3, 8)) == positions.weight[3:8]).all()
+    assert (positions(jnp.zeros((2, 5, 8))) == positions.weight[:5]).all()
     ```
     """
 

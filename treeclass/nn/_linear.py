@@ -24,18 +24,13 @@ class Linear(Layer):
 
     **Arguments**
 
-    - `in_features`, `out_features`: the sizes of the last axis of `x` and of `y`.
+    - `in_features`, `out_features`: the sizes of the last axis of `x` and of `y`
+      (`weight` is `[out_features, in_features]`).
     - `use_bias`: add a bias (`bias` is `None` without one).
     - `dtype`: the compute dtype (`jnp.bfloat16` computes in bf16 from float32
       parameters); `None` computes in the type `x` and the parameters promote to.
     - `param_dtype`: the dtype the parameters are created in (default float32).
-    - `key`: a PRNG key; weight and bias are drawn from `uniform(±1/sqrt(in_features))`,
-      as equinox and PyTorch draw them.
-
-    **Fields**
-
-    `weight`: `[out_features, in_features]` (PyTorch's layout); `bias`:
-    `[out_features]` or `None`; `dtype` (static).
+    - `key`: a PRNG key; weight and bias are drawn from `uniform(±1/sqrt(in_features))`.
 
     ```python
     import jax, jax.numpy as jnp
@@ -43,8 +38,6 @@ class Linear(Layer):
 
     layer = tc.nn.Linear(3, 4, key=jax.random.key(0))
     assert layer.weight.shape == (4, 3) and layer(jnp.ones((2, 5, 3))).shape == (2, 5, 4)
-    bf16 = layer.replace(dtype=jnp.bfloat16)
-    assert bf16(jnp.ones(3)).dtype == jnp.bfloat16 and bf16.weight.dtype == jnp.float32
     ```
     """
 
@@ -89,7 +82,10 @@ class Linear(Layer):
 
 
 class Embed(Layer):
-    """A table of `num_embeddings` vectors of size `features`, looked up by integer ids.
+    """A table `weight` of `num_embeddings` vectors of size `features`, looked up by integer
+    ids: `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
+    gives NaNs, negative ids count from the end); `embed.attend(x)` is `x @ weight.T`, the
+    logits of an output layer tied to the embedding.
 
     **Arguments**
 
@@ -99,15 +95,7 @@ class Embed(Layer):
       `attend` does not scale.
     - `dtype`: the compute dtype of the vectors returned (`None`: the table's).
     - `param_dtype`: the dtype the table is created in (default float32).
-    - `key`: a PRNG key; the table is drawn from a standard normal (equinox, PyTorch).
-
-    **Fields**
-
-    `weight`: `[num_embeddings, features]`; `scale`, `dtype` (static).
-
-    `embed(ids)` gives the vectors of `ids` (any integer shape; an id past the table
-    gives NaNs, negative ids count from the end); `embed.attend(x)` is `x @ weight.T`,
-    the logits of an output layer tied to the embedding.
+    - `key`: a PRNG key; the table is drawn from a standard normal.
 
     ```python
     import jax, jax.numpy as jnp
@@ -116,8 +104,6 @@ class Embed(Layer):
     embed = tc.nn.Embed(10, 4, key=jax.random.key(0))
     vectors = embed(jnp.array([[1, 2, 3]]))
     assert vectors.shape == (1, 3, 4) and embed.attend(vectors).shape == (1, 3, 10)
-    gemma = tc.nn.Embed(10, 4, scale=4**0.5, key=jax.random.key(0))
-    assert jnp.allclose(gemma(jnp.array([1])), 2.0 * embed(jnp.array([1])))
     ```
     """
 
@@ -175,25 +161,17 @@ _BASE_MSG = "`LoRA` wraps a `tc.nn.Linear`, got a {type}."
 
 class LoRA(Layer):
     """`base(x) + (alpha / rank) * lora_B(lora_A(x))`: a `Linear` plus a trainable
-    low-rank update, with the `Linear` itself kept out of training.
-
-    `lora_A` starts as a `Linear` does (PEFT's default) and `lora_B` at zero, so a fresh
-    adapter computes what `base` does. `base_layer` is a field declared `role="frozen"`:
-    ordinary leaves (traced, saved) that get no gradient and that `tc.optim.trainable`
-    leaves as they are.
+    low-rank update; `lora_B` starts at zero, so a fresh adapter computes what `base` does.
+    `adapter.merge()` is the one `Linear` computing the same function.
 
     **Arguments**
 
-    - `base`: the `tc.nn.Linear` to adapt.
-    - `rank`: the rank of the update.
+    - `base`: the `tc.nn.Linear` to adapt, kept as `base_layer`, a field declared
+      `role="frozen"` (the layers guide, "LoRA").
+    - `rank`: the rank of the update: `lora_A` is a `Linear` `[rank, in]`, `lora_B` one
+      `[out, rank]`, both without bias.
     - `alpha`: the update's scale numerator (default `rank`: a scale of one).
-    - `key`: a PRNG key for `lora_A`.
-
-    **Fields**
-
-    `base_layer`, `lora_A` (`Linear` `[rank, in]`, no bias), `lora_B` (`Linear`
-    `[out, rank]`, no bias); `alpha` (static). `adapter.merge()` is the one `Linear`
-    computing the same function.
+    - `key`: a PRNG key for `lora_A` (drawn as a `Linear` is).
 
     ```python
     import jax, jax.numpy as jnp
@@ -201,11 +179,7 @@ class LoRA(Layer):
 
     base = tc.nn.Linear(8, 4, key=jax.random.key(0))
     adapter = tc.nn.LoRA(base, rank=2, key=jax.random.key(1))
-    x = jnp.ones((3, 8))
-    assert jnp.allclose(adapter(x), base(x))  # lora_B starts at zero
-    adapter = adapter.at["lora_B"]["weight"].apply(lambda w: w + 0.1)
-    # equal up to the products' rounding (a TPU rounds their inputs to bfloat16)
-    assert jnp.allclose(adapter.merge()(x), adapter(x), atol=1e-2)
+    assert jnp.allclose(adapter(jnp.ones((3, 8))), base(jnp.ones((3, 8))))
     ```
     """
 
@@ -260,8 +234,7 @@ class LoRA(Layer):
         return self.base_layer(x) + update * jnp.asarray(self.scaling, update.dtype)
 
     def merge(self) -> Linear:
-        """The `Linear` that computes what this adapter computes (in its parameters'
-        dtype): the update added into the base's weight."""
+        """The one `Linear` computing what this adapter computes (in its parameters' dtype)."""
         base = self.base_layer
         delta = self.scaling * (self.lora_B.weight @ self.lora_A.weight)
         return base.replace(weight=(base.weight + delta).astype(base.weight.dtype))

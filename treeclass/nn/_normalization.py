@@ -29,8 +29,7 @@ def checked_norm_arguments(layer: str, features: object, eps: object) -> tuple[i
 
 
 def check_norm_input(norm: Any, x: jax.Array) -> None:
-    """A `ValueError` unless `x`'s last axis is the norm's features (when it has a
-    parameter or statistic that says how many)."""
+    """A `ValueError` unless `x`'s last axis is the norm's features (when it knows them)."""
     for name in ("weight", "bias", "running_mean"):
         array = getattr(norm, name, None)
         if array is not None:
@@ -39,8 +38,7 @@ def check_norm_input(norm: Any, x: jax.Array) -> None:
 
 
 def scaled_and_shifted(norm: Any, x: jax.Array, y: jax.Array) -> jax.Array:
-    """`y` (`x` normalised) in `norm`'s compute dtype (`None`: what `x` and its parameters
-    promote to), times its `weight` plus its `bias` (either may be `None`)."""
+    """`y` (`x` normalised) in `norm`'s compute dtype, times its `weight` plus its `bias`."""
     present = [a for a in (norm.weight, norm.bias) if a is not None]
     dtype = norm.dtype or jnp.result_type(x, *present)
     weight = norm.weight
@@ -59,22 +57,18 @@ class LayerNorm(Layer):
     **Arguments**
 
     - `features`: the size of the last axis.
-    - `eps`: added to the variance (default `1e-5`, as equinox and PyTorch).
-    - `use_weight`, `use_bias`: learn a scale (ones) and an offset (zeros).
+    - `eps`: added to the variance (default `1e-5`).
+    - `use_weight`, `use_bias`: learn `weight` (ones) and `bias` (zeros), each
+      `[features]` (else `None`).
     - `dtype`: the compute dtype of the result (`None`: what `x` and the parameters
       promote to); the statistics are float32 or wider.
     - `param_dtype`: the dtype the parameters are created in.
-
-    **Fields**
-
-    `weight`, `bias`: `[features]` or `None`; `eps`, `dtype` (static).
 
     ```python
     import jax.numpy as jnp
     import treeclass as tc
 
-    norm = tc.nn.LayerNorm(4)
-    y = norm(jnp.arange(8.0).reshape(2, 4))
+    y = tc.nn.LayerNorm(4)(jnp.arange(8.0).reshape(2, 4))
     assert jnp.allclose(y.mean(-1), 0.0, atol=1e-6)
     ```
     """
@@ -115,27 +109,20 @@ class RMSNorm(Layer):
     **Arguments**
 
     - `features`: the size of the last axis.
-    - `eps`: added to the mean square (default `1e-5`, as equinox).
-    - `use_weight`: learn a scale; `use_bias`: learn an offset too (off by default).
+    - `eps`: added to the mean square (default `1e-5`).
+    - `use_weight`, `use_bias`: learn a scale, and an offset (off by default), as
+      `LayerNorm`.
     - `weight_offset`: a constant added to `weight` before it scales (default `0.0`):
-      Gemma stores `w` and scales by `1 + w`, read as it is with `weight_offset=1.0`
-      (the scaling then runs in float32 or wider, as Gemma's). The weight starts at
+      Gemma stores `w` and scales by `1 + w` (in float32 or wider). The weight starts at
       `1 - weight_offset`, so a new norm scales by one.
     - `dtype`, `param_dtype`: as for `LayerNorm`.
-
-    **Fields**
-
-    `weight`, `bias`: `[features]` or `None`; `eps`, `weight_offset`, `dtype` (static).
 
     ```python
     import jax.numpy as jnp
     import treeclass as tc
 
-    norm = tc.nn.RMSNorm(4)
-    y = norm(jnp.full((2, 4), 3.0))
+    y = tc.nn.RMSNorm(4)(jnp.full((2, 4), 3.0))
     assert jnp.allclose(y, 1.0, atol=1e-5)
-    gemma = tc.nn.RMSNorm(4, weight_offset=1.0)
-    assert (gemma.weight == 0).all() and jnp.allclose(gemma(jnp.full((2, 4), 3.0)), 1.0)
     ```
     """
 
@@ -190,27 +177,20 @@ class BatchNorm(Layer):
     """Normalises each feature (the last axis) by its statistics over every other axis.
 
     In training mode a call normalises by the batch's mean and (biased) variance and
-    assigns `running = momentum * running + (1 - momentum) * batch` (flax's and equinox's
-    `momentum`: the weight of the old value), so it runs on a mutable copy:
-    `y, model = tc.value_and_tree(lambda m: m(x))(model)` gives the output and the model
-    with its new statistics (a direct call says so). In inference mode
-    (`tc.nn.set_training(model, False)`) it reads the running statistics only.
+    assigns `running = momentum * running + (1 - momentum) * batch` to `running_mean` and
+    `running_var` (fields of role state), so it runs on a mutable copy
+    (`tc.value_and_tree`; the layers guide, "A ResNet block"); inference mode reads them.
 
     **Arguments**
 
     - `features`: the size of the last axis.
     - `momentum`: the weight of the running value in its update (default `0.99`).
     - `eps`: added to the variance (default `1e-5`).
-    - `use_weight`, `use_bias`: learn a scale and an offset.
+    - `use_weight`, `use_bias`: learn a scale and an offset, as `LayerNorm`.
     - `axis_name`: a named axis (of `jax.vmap`, `shard_map`, `pmap`) to average the batch
       statistics over, for a batch split across it.
     - `training`: the mode (default `True`).
     - `dtype`, `param_dtype`: as for `LayerNorm`; statistics are float32 or wider.
-
-    **Fields**
-
-    `weight`, `bias` (trainable, or `None`); `running_mean`, `running_var` (state, as
-    PyTorch names them); `momentum`, `eps`, `axis_name`, `training`, `dtype` (static).
 
     ```python
     import jax.numpy as jnp
@@ -220,8 +200,6 @@ class BatchNorm(Layer):
     x = jnp.arange(12.0).reshape(4, 3)
     y, norm = tc.value_and_tree(lambda m: m(x))(norm)
     assert jnp.allclose(norm.running_mean, 0.01 * x.mean(0))
-    print(tc.roles(norm))
-    y = tc.nn.set_training(norm, False)(x)  # inference: no copy needed
     ```
     """
 

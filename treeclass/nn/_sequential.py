@@ -36,14 +36,10 @@ def _takes_key(call: Callable[..., Any]) -> bool:
 class Sequential(Layer):
     """Layers called in turn: `Sequential(a, b, c)(x)` is `c(b(a(x)))`.
 
-    A layer is any callable; a plain function (an activation) is kept frozen, out of
-    JAX's sight. `key=` is split among the layers whose `__call__` takes a `key`
-    (`Dropout`, or yours), one each. `seq[i]` is layer `i` (a slice gives a
-    `Sequential`); `len` and iteration work as for a tuple.
-
-    **Fields**
-
-    `layers`: a tuple of the layers (functions frozen).
+    A layer is any callable; a plain function (an activation) is kept frozen. `key=` is
+    split among the layers whose `__call__` takes a `key` (`Dropout`, or yours), one each.
+    `seq[i]` is layer `i` (a slice gives a `Sequential`); `len` and iteration work as for a
+    tuple. Its one field, `layers`, is the tuple of the layers.
 
     ```python
     import jax, jax.numpy as jnp
@@ -108,23 +104,19 @@ class MLP(Layer):
     **Arguments**
 
     - `in_features`, `out_features`, `hidden_features`: the sizes.
-    - `depth`: the number of hidden layers (`0`: one `Linear`).
+    - `depth`: the number of hidden layers (`0`: one `Linear`); `layers` holds the
+      `depth + 1` `Linear`s.
     - `activation`: after every hidden layer (default `jax.nn.relu`).
     - `final_activation`: after the last layer (default: none).
     - `use_bias`, `use_final_bias`: biases of the hidden layers and of the last one.
     - `dtype`, `param_dtype`: as for `Linear`.
     - `key`: a PRNG key, split `depth + 1` ways.
 
-    **Fields**
-
-    `layers`: a tuple of `Linear`; `activation`, `final_activation` (static).
-
     ```python
     import jax, jax.numpy as jnp
     import treeclass as tc
 
-    mlp = tc.nn.MLP(2, 1, hidden_features=16, depth=2, activation=jax.nn.gelu,
-                    key=jax.random.key(0))
+    mlp = tc.nn.MLP(2, 1, hidden_features=16, depth=2, key=jax.random.key(0))
     assert len(mlp.layers) == 3 and mlp(jnp.ones((5, 2))).shape == (5, 1)
     ```
     """
