@@ -1,8 +1,5 @@
 """equinox's `tree_serialise_leaves` files: `.npy` records of the array and number leaves
-in order, with no names, so the template names them (the n-th record fills its n-th array
-or number, under its checkpoint name); a count that differs is an error naming the first
-path without a partner. Records are parsed by `_npz`; equinox is not imported.
-"""
+in order, named by the template (the n-th record fills its n-th array or number)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""flax's `serialization.to_bytes` files: one msgpack document (a `CheckpointSource`).
-
-A state dict of nested string-keyed maps (lists as maps keyed `"0"`, `"1"`), arrays as
-extension objects (1: ndarray, 3: NumPy scalar, each a `(shape, dtype name, bytes)`
-triple; 2: a complex), arrays over 1 GiB as `{"__msgpack_chunked_array__": True, "shape":
-..., "chunks": ...}`. Names are the keys joined with dots; Python numbers are 0-d tensors,
-strings and `None` are left out. Opening walks the document with `msgpack` (an optional
-dependency) reading only array headers; flax itself is not imported.
-"""
+"""flax's `serialization.to_bytes` files: one msgpack document of nested maps, arrays as
+extensions (1: ndarray, 3: NumPy scalar, a `(shape, dtype, bytes)` triple; 2: complex) or
+chunked maps; opening reads only array headers, with `msgpack`, without flax."""
 
 from __future__ import annotations
 
@@ -93,7 +87,6 @@ class FlaxFile(FileSource):
     # -- walking the document ---------------------------------------------------------
 
     def _restart(self, position: int) -> None:
-        """Continue reading at `position` (after a skipped extension's bytes)."""
         self.file.seek(position)
         self.base = position
         # small reads: the unpacker starts afresh after each array, and what it read ahead
@@ -105,9 +98,7 @@ class FlaxFile(FileSource):
 
     @staticmethod
     def _limits(size: int) -> dict[str, int]:
-        """msgpack's bounds for a document of `size` bytes: it makes a list of the length
-        an array's header claims before reading its items, so no claim may exceed what
-        the bytes can hold (an item, a map's key and value, takes at least one byte)."""
+        """msgpack's bounds for `size` bytes: no claimed length beyond what they can hold."""
         size = max(size, 1)
         return {
             "max_buffer_size": max(size, _READ_SIZE),
@@ -122,7 +113,6 @@ class FlaxFile(FileSource):
         return self.base + self.unpacker.tell()
 
     def _pread(self, position: int, count: int) -> bytes:
-        """`count` bytes at `position`, leaving the unpacker's place in the file alone."""
         here = self.file.tell()
         self.file.seek(position)
         data = self.file.read(count)
@@ -312,7 +302,6 @@ class FlaxFile(FileSource):
         return self._stored(key, start, stop)
 
     def _stored(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of the array's data as the file stores them."""
         array = self.arrays[key]
         stop = min(stop, sum(n for _, n in array.pieces))
         buffer = np.empty(max(stop - start, 0), np.uint8)
@@ -326,7 +315,6 @@ class FlaxFile(FileSource):
 
 
 def _number(value: bool | int | float) -> _Array:
-    """A number of the document as a 0-d array."""
     if type(value) is int:  # msgpack holds no integer outside int64 and uint64
         array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
     else:

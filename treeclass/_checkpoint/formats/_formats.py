@@ -1,8 +1,5 @@
-"""Which reader opens a checkpoint (by `format=`, else by a format's name ending, else by
-the first bytes; a folder by the one checkpoint it holds, passing over other libraries'
-indexes such as `pytorch_model.bin.index.json`), and which writer `tc.save` uses. The
-formats are the registered rows (`_source.register_format`), none is listed here.
-"""
+"""Which registered reader opens a checkpoint (by `format=`, name ending, else first bytes;
+a folder by the one checkpoint it holds), and which writer `tc.save` uses."""
 
 from __future__ import annotations
 
@@ -108,8 +105,7 @@ def _sniff(path: str) -> Format:
 
 
 def open_source(path: str, like: object, format: str | None = None) -> CheckpointSource:
-    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader
-    (given the template, which names the records of an equinox file)."""
+    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader."""
     row = _by_name(format) if format is not None else None
     if format is not None and row is None:
         raise ValueError(_BAD_FORMAT.format(formats=format_names(), format=format))
@@ -131,9 +127,8 @@ _SHARDED_ONLY = (
 def writer_for(
     path: str, max_shard_size: object = None, format: str | None = None
 ) -> CheckpointWriter:
-    """The writer of `path`: the `format` given, else sharded safetensors with a shard
-    limit, else one file; a name ending like another format (or like an index, without
-    a limit) is refused, as what was written could not be loaded back by that name."""
+    """The writer of `path`: the `format` given, else by the shard limit; a name that could
+    not be loaded back is refused."""
     if format is not None:
         given = _by_name(format)
         if given is None or given.save is None:

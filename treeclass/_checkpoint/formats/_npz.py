@@ -72,8 +72,7 @@ class NpyHeader(NamedTuple):
 
 
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
-    """The header of the `.npy` record at `file`'s position; `ValueError` with the reason
-    for anything but a record of version 1 or 2 (what `np.save` writes)."""
+    """The header of the `.npy` record (version 1 or 2) at `file`'s position."""
     start = file.tell()
     try:
         version = npy_format.read_magic(file)
@@ -122,8 +121,7 @@ def ranges_read_directly(header: NpyHeader) -> bool:
 
 
 class NpyRecords(FileSource):
-    """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key, each
-    with its `header`), which answer alike whatever holds the records."""
+    """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key)."""
 
     records: Mapping[str, Any]
 
@@ -145,9 +143,7 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile(NpyRecords):
-    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked: a
-    stored member read straight from the file (its CRC checked here), a compressed one
-    through `zipfile`'s stream."""
+    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked."""
 
     format = "npz"
 
@@ -196,8 +192,7 @@ class NpzFile(NpyRecords):
         return start
 
     def _check_claims(self, key: str, info: zipfile.ZipInfo) -> None:
-        """Refuse a compressed record whose sizes its stored bytes cannot hold: its data
-        must lie in the file, and deflate expands a byte to at most `_DEFLATE_RATIO`."""
+        """Refuse a compressed record whose sizes its stored bytes cannot hold."""
         if info.header_offset + info.compress_size > self.size:
             self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
         if (
@@ -255,8 +250,7 @@ class NpzFile(NpyRecords):
         return buffer
 
     def _pieces(self, key: str, member: _Member) -> np.ndarray:
-        """A compressed record of a method with no bound on its expansion (bzip2, lzma),
-        read piece by piece: memory grows with what it really holds."""
+        """A record of unbounded expansion (bzip2, lzma), read piece by piece."""
         pieces, done = [], 0
         try:
             with self.zip.open(member.info) as stream:

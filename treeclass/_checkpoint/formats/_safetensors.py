@@ -204,8 +204,7 @@ def header_bytes(metadata: dict[str, str], tensors: Sequence[OutTensor]) -> byte
 
 
 def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -> None:
-    """Write a whole safetensors file (`header` from `header_bytes`), one tensor's bytes on
-    the host at a time."""
+    """Write a whole safetensors file, one tensor's bytes on the host at a time."""
     file.write(header)
     for tensor in tensors:
         data = tensor.data()

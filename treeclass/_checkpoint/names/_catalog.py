@@ -1,6 +1,4 @@
-"""The catalog protocol: what a checkpoint holds under each name (`Stored`), as the checks
-see it; a state dict, a file (`_document.SourceCatalog`), key rules and migrations are
-catalogs, the last two wrapping another."""
+"""The catalog protocol: what a checkpoint holds under each name (`Stored`)."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ __all__ = ["Stored", "Catalog", "describe"]
 
 
 def describe(value: object) -> str:
-    r"""A template's or a checkpoint's value in messages: the node view's one description
-    (`an array f32[2,3]`, `'tanh' (a \`str\`)`), a tuple or list of plain values whole."""
+    """A template's or a checkpoint's value in messages (`an array f32[2,3]`)."""
     if is_plain(value) and type(value) in (tuple, list):
         return f"a `{type(value).__name__}` {short_repr(value)}"
     if category(value) in (TENSOR, NUMBER, PLAIN):

@@ -60,8 +60,7 @@ def _encode(value: Any) -> Any:
 
 
 def _decode_float(text: Any) -> float:
-    """A float JSON has no number for, as `_encode` writes it: `"inf"`, `"-inf"`, or a NaN
-    by its bits (`"nan:"` and 16 hex digits); anything else is malformed."""
+    """A float as `_encode` writes it: `"inf"`, `"-inf"`, or `"nan:"` and its bits in hex."""
     if text in ("inf", "-inf"):
         return float(text)
     bits = bytes.fromhex(text[4:]) if isinstance(text, str) and text.startswith("nan:") else b""
@@ -142,8 +141,7 @@ def tensor_bytes(value: Any) -> np.ndarray:
 def plan(
     tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
 ) -> tuple[str, list[PlannedTensor]]:
-    """The treeclass document of `tree` and its tensors in writing order (a dtype the
-    format does not name, `storable`, stored as raw bytes)."""
+    """The treeclass document of `tree` and its tensors in writing order."""
     tensors: list[PlannedTensor] = []
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
@@ -178,8 +176,7 @@ class _Tensor(NamedTuple):
 
 
 def _key_dtype(impl: str, shape: tuple) -> str | None:
-    """The dtype name of PRNG keys of `impl` made from uint32 key data of `shape`, or None
-    if jax has no such implementation or its keys have another shape."""
+    """The dtype name of `impl` keys made from uint32 key data of `shape`, or None."""
     data = jax.ShapeDtypeStruct(shape, np.uint32)
     try:
         keys = jax.eval_shape(functools.partial(jax.random.wrap_key_data, impl=impl), data)
@@ -203,8 +200,7 @@ def _sub_byte_bits(dtype: np.dtype) -> int:
 
 
 def _check_canonical(data: np.ndarray, name: str) -> None:
-    """Refuse elements whose byte holds bits their dtype does not use (a bool stored as 2
-    is True to `bool` and 2 to `sum`); no correct writer writes them."""
+    """Refuse elements whose byte holds bits their dtype does not use (a bool stored as 2)."""
     bits = _sub_byte_bits(data.dtype)
     if bits >= 8 or data.size == 0:
         return
@@ -358,8 +354,7 @@ class SourceCatalog:
         return None
 
     def range_reader(self, name: str) -> Callable[[int, int], np.ndarray] | None:
-        """Byte ranges of tensor `name`, checked as `fetch` checks it; None where `fetch`
-        does more than `read` (raw bytes, key data, the unused bits of sub-byte types)."""
+        """Byte ranges of tensor `name`; None where `fetch` does more than `read`."""
         tensor = self.tensors.get(name)
         if tensor is None or tensor.raw or tensor.key_impl:
             return None

@@ -1,16 +1,5 @@
-"""Versioned models: a class's checkpoint version, its migrations, and applying them.
-
-A TreeClass declares them with class keywords (`version=2, migrations={0: {"w":
-"weight"}, 1: split_qkv}`), checked by `declare` (offered to the core class through
-`offer_class_check`) and kept on the class, never on instances. A step upgrades a
-checkpoint from one version to the next: a rule table, or a function from a mapping of
-names to arrays to a new mapping. `tc.save` stamps each class's version and the key
-paths of its nodes (`class_versions`); `tc.load` upgrades the file's catalog (`migrate`)
-before the user's rules, nested nodes first, each node's steps seeing the names under
-its key path, relative to it. A function step is traced on `jax.ShapeDtypeStruct`s for
-the checks and runs on NumPy arrays only for the tensors restored, reading only those
-they depend on.
-"""
+"""Versioned models: a class's checkpoint version and migrations (`declare`), the stamp a
+save writes (`class_versions`), and a file's catalog upgraded by them (`migrate`)."""
 
 from __future__ import annotations
 
@@ -57,8 +46,7 @@ _BAD_MIGRATIONS = (
 
 
 def declare(cls: type, version: Any, migrations: Any) -> None:
-    """Check a class's `version=` and `migrations=` keywords and keep them on the class
-    (`version=None` declares nothing: the base's declaration, or version 0)."""
+    """Check a class's `version=` and `migrations=` keywords and keep them on the class."""
     name = cls.__name__
     if version is None:
         if migrations is not None:
@@ -126,8 +114,7 @@ def _classed(node: Any) -> bool:
 
 
 def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
-    """`(depth, name, class)` of every TreeClass node, frozen subtrees included (`name`:
-    its checkpoint name, `""` for the root)."""
+    """`(depth, checkpoint name, class)` of every TreeClass node, frozen ones included."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
     while stack:
         node, path = stack.pop()
@@ -145,9 +132,7 @@ def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
 
 
 def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
-    """Every TreeClass class of `tree` by name: its version and its nodes' names
-    (`{"Encoder": {"version": 2, "at": ["encoder"]}}`); two classes of one name must not
-    declare different versions."""
+    """Every TreeClass class of `tree` by name: `{"Encoder": {"version": 2, "at": ["encoder"]}}`."""
     found: dict[str, type] = {}
     at: dict[str, list[str]] = {}
     for _, name, cls in _nodes(tree):
@@ -173,10 +158,8 @@ _NEWER = (
 
 
 def migrate(catalog: Catalog, like: Any) -> Catalog:
-    """`catalog` with the migrations of `like`'s classes applied (see the module
-    docstring). A catalog that is not a treeclass file is returned as it is; a file
-    without stamps holds version 0 of every class, at the template's key paths; a class
-    the template lacks is not migrated; a newer version than the template's is an error."""
+    """`catalog` with the migrations of `like`'s classes applied, nested nodes first (a
+    file without stamps holds version 0 of every class, at the template's key paths)."""
     if not getattr(catalog, "records_values", False):
         return catalog
     stamps = getattr(catalog, "class_versions", None)
@@ -212,7 +195,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
 
 
 class _Subtree:
-    """The names of a catalog under one node's prefix, without it: a class's own view."""
+    """The names of a catalog under one node's prefix, relative to it."""
 
     def __init__(self, inner: Catalog, prefix: str, names: list[str]) -> None:
         self.inner, self.prefix, self.relative = inner, prefix, names
@@ -231,9 +214,8 @@ class _Subtree:
 
 
 class NotLoaded:
-    """What a function migration step sees for a value it cannot compute with: an object
-    the checkpoint recorded only by type (a function), or a tensor of a dtype NumPy lacks
-    (PRNG keys). Return it under a new name to rename it, or leave it out to drop it."""
+    """What a function migration step sees for a value it cannot compute with (a function
+    recorded by type, PRNG keys): returned under a new name, it is renamed."""
 
     __slots__ = ("name", "what")
 
@@ -283,7 +265,6 @@ class _FunctionStep:
         return ValueError(f"{self.title}: {self.context} {reason}")
 
     def _call(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """The function's results on `tensors` (and the other values), checked."""
         try:
             result = self.function(MappingProxyType({**tensors, **self.others}))  # type: ignore[misc]
         except Exception as error:

@@ -1,8 +1,4 @@
-"""A tree as checkpoint entries, walked through its rows of the node-kind table: arrays
-and numpy scalars (wrapped or not) are tensors, Python numbers numbers, plain values
-(strings, `None`, tuples and lists of them) recorded, static containers part by part,
-and other objects never saved: the template gives them, and the structure.
-"""
+"""A tree as checkpoint entries, walked through its rows of the node-kind table."""
 
 from __future__ import annotations
 
@@ -81,7 +77,6 @@ def walk(
 
 
 def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
-    """A node like `node` (its kind, its per-instance data) around `value` (`rewrap`)."""
     if wrapper.rewrap is None:
         raise TypeError(
             f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
@@ -172,8 +167,7 @@ _UNNAMEABLE = (
 
 
 def static_parts(value: object) -> list[tuple[Any, Any]]:
-    """The parts of a static container with their keys: it cannot be recorded as one plain
-    value (a tuple holding a function), so each part is an entry (`act.0`) of its own."""
+    """The parts of a static container with their keys, each an entry (`act.0`) of its own."""
     try:
         opened = open_node(value, node_kind(value))
     except Exception:  # a broken flatten: an object like any other
@@ -182,9 +176,8 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 
 
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
-    """Every leaf, frozen leaf and static field of `tree` (and static container part),
-    named; `call` is `action`'s call for a single leaf's message. With `to_file`, names
-    and strings a file cannot hold (lone surrogates) are refused."""
+    """Every leaf, frozen leaf and static field (or part) of `tree`, named; with `to_file`,
+    names and strings a file cannot hold are refused."""
     found: list[Entry] = []
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
