@@ -92,8 +92,6 @@ _WAITING = (
 )
 
 
-# -- Saving: what this process can read of an array, and the meeting of the processes --
-
 Bounds = tuple[tuple[int, int], ...]  # a block of an array: `(start, stop)` per axis
 
 
@@ -502,9 +500,6 @@ def _take_part(save: _Save, tensors: Sequence[PlannedTensor]) -> None:
             return
 
 
-# -- a save every process writes a share of ----------------------------------------------
-
-
 class _Piece(NamedTuple):
     tensor: int
     bounds: Bounds  # on the stored shape
@@ -729,9 +724,6 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
     finally:
         if failure is not None:  # ours, once process 0 has removed the files
             raise failure
-
-
-# -- Loading: each process reads the bytes of its own shards --
 
 
 def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:

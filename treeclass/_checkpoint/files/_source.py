@@ -208,9 +208,6 @@ class CheckpointWriter(Protocol):
     ) -> Callable[[], None] | SharedWrite: ...
 
 
-# -- dtypes, as sources name them --------------------------------------------------------
-
-
 def numpy_dtype(name: str) -> np.dtype | None:
     """The NumPy dtype of a name (`"bfloat16"` included), or None."""
     try:
@@ -228,9 +225,6 @@ def dtype_name(array: Any) -> str:
 def is_weak(value: object) -> bool:
     """Whether an array (or abstract array) is weakly typed, as `jnp.asarray(0.5)` is."""
     return bool(getattr(value, "weak_type", False))
-
-
-# -- The formats: each module of a format registers its row here, once, when imported --
 
 
 class Format(NamedTuple):

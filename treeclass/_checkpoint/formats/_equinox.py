@@ -98,8 +98,6 @@ class EquinoxFile(NpyRecords):
             location=self.location, records=len(records), slots=len(slots), detail=detail
         )
 
-    # -- the CheckpointSource protocol ------------------------------------------------
-
     def read(self, key: str) -> np.ndarray:
         record = self.records[key]
         return npy_array(self.read_at(key, record.start, record.header.nbytes), record.header)

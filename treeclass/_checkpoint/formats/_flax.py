@@ -84,8 +84,6 @@ class FlaxFile(FileSource):
         self._name(document, ())
         self._whole = WholeTensorCache(self.read)
 
-    # -- walking the document ---------------------------------------------------------
-
     def _restart(self, position: int) -> None:
         self.file.seek(position)
         self.base = position
@@ -226,8 +224,6 @@ class FlaxFile(FileSource):
             )
         return _Array(dtype, shape, ((start + at + header, count),))
 
-    # -- naming -----------------------------------------------------------------------
-
     def _name(self, node: Any, path: tuple) -> None:
         name = ".".join(path)
         if isinstance(node, dict):
@@ -270,8 +266,6 @@ class FlaxFile(FileSource):
         ):
             self._corrupt(f"the chunked array {name!r} is malformed: its chunks miss its shape")
         return _Array(dtype, dims, spans)
-
-    # -- the CheckpointSource protocol ------------------------------------------------
 
     def keys(self) -> Iterator[str]:
         return iter(self.arrays)

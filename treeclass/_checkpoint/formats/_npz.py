@@ -216,8 +216,6 @@ class NpzFile(NpyRecords):
         except _ZIP_ERRORS as error:
             self._corrupt(f"the record {key!r} cannot be read ({error})")
 
-    # -- the CheckpointSource protocol ------------------------------------------------
-
     def _stored_data(self, key: str, member: _Member) -> np.ndarray:
         assert member.data is not None
         buffer = self.read_at(key, member.data, member.header.nbytes)

@@ -55,9 +55,6 @@ def parse_size(value: Any) -> int:
     return size
 
 
-# -- Reading --
-
-
 def _plain_name(name: Any) -> bool:
     return (
         isinstance(name, str)
@@ -133,8 +130,6 @@ class ShardedSafetensors(FileSource):
             file.close()
             raise
 
-    # -- the CheckpointSource protocol ------------------------------------------------
-
     def keys(self) -> Iterator[str]:
         return iter(self.weight_map)
 
@@ -160,9 +155,6 @@ class ShardedSafetensors(FileSource):
                 errors.append(error)
         if errors:
             raise errors[0]
-
-
-# -- Writing --
 
 
 def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:

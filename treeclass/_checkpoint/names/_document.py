@@ -40,8 +40,6 @@ __all__ = [
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
 
-# -- Plain values: JSON, with tags for what JSON cannot tell apart --
-
 
 def _encode(value: Any) -> Any:
     kind = type(value)
@@ -85,8 +83,6 @@ def _decode(data: Any) -> Any:
         raise ValueError(f"unknown tag {tag!r}")
     return data
 
-
-# -- Saving: the plan of a tree --
 
 _ABSTRACT_LEAF = (
     "an abstract value at {where} ({value}): there is no data to save. Save the model "
@@ -162,9 +158,6 @@ def plan(
         "versions": class_versions(tree),
     }
     return json.dumps(document, separators=(",", ":")), tensors
-
-
-# -- Loading: a source and its document as a catalog --
 
 
 class _Tensor(NamedTuple):

@@ -106,9 +106,6 @@ def version_of(cls: type) -> int:
     return 0 if record is None else record.version
 
 
-# -- The TreeClass nodes of a tree, with their checkpoint names --
-
-
 def _classed(node: Any) -> bool:
     return row_of(node).kind == TREECLASS
 
@@ -147,8 +144,6 @@ def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
         at.setdefault(cls.__name__, []).append(name)
     return {name: {"version": version_of(cls), "at": at[name]} for name, cls in found.items()}
 
-
-# -- Migrating a catalog --
 
 _NEWER = (
     "{location} holds a `{cls}` saved at checkpoint version {saved}, newer than this "
