@@ -139,18 +139,15 @@ def open_for_reading(path: str) -> BinaryIO:
         raise
 
 
-def _name_max(folder: str) -> int:
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
-        return 255
-
-
 def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
     """A new, empty file in `folder`: `(descriptor, path)`, named after the target if it fits."""
     token = secrets.token_hex(6)
     names = [f".{base}.{token}.tmp", f".tc-{token}.tmp"]
-    if len(os.fsencode(names[0])) > _name_max(folder):
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
+        limit = 255
+    if len(os.fsencode(names[0])) > limit:
         names.pop(0)
     # O_EXCL: never write into a file someone else made; mode 0o666 minus the umask, as
     # for any new file (mkstemp would make it 0o600)

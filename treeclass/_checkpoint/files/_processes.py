@@ -222,14 +222,6 @@ class _Notice:
         return _get(client, key, self.deadline - time.monotonic())
 
 
-def _check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(_BAD_TIMEOUT.format(timeout=timeout))
-    if not 0 < timeout < math.inf:
-        raise ValueError(_BAD_TIMEOUT.format(timeout=timeout))
-    return float(timeout)
-
-
 class _Save:
     def __init__(self, client: _KeyValueStore, path: str, number: int, timeout: float) -> None:
         self.client, self.path, self.timeout = client, path, timeout
@@ -349,24 +341,32 @@ def save_from_processes(
 ) -> None:
     """Write `path` by `write` (a `SharedWrite`, or a function writing the whole file): alone
     when no value needs another process, else with every process taking part."""
-    timeout = _check_timeout(timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(_BAD_TIMEOUT.format(timeout=timeout))
+    if not 0 < timeout < math.inf:
+        raise ValueError(_BAD_TIMEOUT.format(timeout=timeout))
     spread = [t.where for t in tensors if isinstance(t.value, _HostView) and t.value.spread]
-    if jax.process_count() == 1 or not spread:
-        if isinstance(write, SharedWrite):
-            _write_shared_alone(write, tensors)
-        else:
-            write()
-        return
-    named = ", ".join(spread[:3]) + (", ..." if len(spread) > 3 else "")
-    with _lock:
-        first = jax.process_index() == 0
-        save = (_meet_as_process_0 if first else _meet)(path, tensors, named, timeout)
-        if isinstance(write, SharedWrite):
-            (_share_as_process_0 if first else _share)(save, tensors, write)
-        elif first:
-            _write_as_process_0(save, tensors, write)
-        else:
-            _take_part(save, tensors)
+    if jax.process_count() > 1 and spread:
+        named = ", ".join(spread[:3]) + (", ..." if len(spread) > 3 else "")
+        with _lock:
+            first = jax.process_index() == 0
+            save = (_meet_as_process_0 if first else _meet)(path, tensors, named, timeout)
+            if isinstance(write, SharedWrite):
+                (_share_as_process_0 if first else _share)(save, tensors, write)
+            elif first:
+                _write_as_process_0(save, tensors, write)
+            else:
+                _take_part(save, tensors)
+    elif not isinstance(write, SharedWrite):
+        write()
+    else:  # a sharded save this process makes alone
+        state = write.begin()
+        try:
+            _write_mine(tensors, write, state)
+        except BaseException:
+            write.abort(state)
+            raise
+        write.finish(state)
 
 
 def _named(processes: list[int]) -> str:
@@ -434,15 +434,11 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
     reply = _Notice(timeout, lambda: text).get(client, f"{_PREFIX}/reply/{process}/{k}")
     if reply is None:
         if client.key_value_increment(f"{_PREFIX}/claim/{process}/{k}", 1) == 1:
+            who = "process 0 to answer (it answers once every process has called it)"
             raise TimeoutError(
                 _NOT_EVERYWHERE.format(
-                    path=path,
-                    spread=spread,
-                    me=process,
-                    timeout=timeout,
-                    verb="it did",
-                    who="process 0 to answer (it answers once every process has called it)",
-                )  # fmt: skip
+                    path=path, spread=spread, me=process, timeout=timeout, verb="it did", who=who
+                )
             )
         # process 0 claimed our arrival just now: its answer is on its way
         reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", timeout)
@@ -457,12 +453,9 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
 
 def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, Any]:
     kind = "OSError" if isinstance(failure, OSError) else type(failure).__name__
-    text = (
-        _FAILED_ELSEWHERE.format(path=path, error=failure)
-        if process == 0
-        else _FAILED_ON.format(path=path, process=process, error=failure)
-    )
-    return {"error": [kind, text]}
+    if process == 0:
+        return {"error": [kind, _FAILED_ELSEWHERE.format(path=path, error=failure)]}
+    return {"error": [kind, _FAILED_ON.format(path=path, process=process, error=failure)]}
 
 
 def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Callable) -> None:
@@ -653,16 +646,6 @@ def _write_mine(
         for descriptor in descriptors.values():
             os.close(descriptor)
     return written
-
-
-def _write_shared_alone(write: SharedWrite, tensors: Sequence[PlannedTensor]) -> None:
-    state = write.begin()
-    try:
-        _write_mine(tensors, write, state)
-    except BaseException:
-        write.abort(state)
-        raise
-    write.finish(state)
 
 
 def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:

@@ -50,14 +50,6 @@ _BYTES: dict[int, tuple[int, str]] = {
 }  # fmt: skip
 
 
-def _msgpack() -> Any:
-    try:
-        import msgpack
-    except ImportError:
-        raise ImportError(_NEEDS_MSGPACK) from None
-    return msgpack
-
-
 class _Array(NamedTuple):
     dtype: np.dtype
     shape: tuple[int, ...]
@@ -71,7 +63,11 @@ class FlaxFile(FileSource):
     format = "flax msgpack"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
-        self.msgpack = _msgpack()
+        try:
+            import msgpack
+        except ImportError:
+            raise ImportError(_NEEDS_MSGPACK) from None
+        self.msgpack = msgpack
         super().__init__(file, location)
         self._restart(0)
         head = self._peek(1)
@@ -237,7 +233,11 @@ class FlaxFile(FileSource):
         elif isinstance(node, np.ndarray):  # a complex number
             self._add(name, _Array(node.dtype, (), (), node))
         elif type(node) in (bool, int, float):
-            self._add(name, _number(node))
+            dtype = None
+            if type(node) is int:  # msgpack holds no integer outside int64 and uint64
+                dtype = np.int64 if -(2**63) <= node < 2**63 else np.uint64
+            value = np.asarray(node, dtype)
+            self._add(name, _Array(value.dtype, (), (), value))
         # strings, bytes and None are not data
 
     def _add(self, name: str, array: _Array) -> None:
@@ -306,14 +306,6 @@ class FlaxFile(FileSource):
                 self.read_at(key, offset + low - at, high - low, buffer[low - start : high - start])
             at += count
         return buffer
-
-
-def _number(value: bool | int | float) -> _Array:
-    if type(value) is int:  # msgpack holds no integer outside int64 and uint64
-        array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
-    else:
-        array = np.asarray(value)
-    return _Array(array.dtype, (), (), array)
 
 
 def _is_msgpack_map(head: bytes, size: int) -> bool:

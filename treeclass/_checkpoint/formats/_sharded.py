@@ -187,14 +187,6 @@ def shard_names(index: str) -> set[str] | None:
     return None if names is None else {name for name in names if isinstance(name, str)}
 
 
-def _previous_shards(path: str) -> set[str]:
-    """The safetensors files the index at `path` names now (none if it is unreadable)."""
-    names = _mapped(path) or []
-    if any(isinstance(name, (list, dict)) for name in names):
-        return set()
-    return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
-
-
 class ShardedSave:
     """Where and how a sharded save writes: the index path and the shard limit, checked."""
 
@@ -237,7 +229,13 @@ class _ShardedWrite(SharedWrite):
         self.token = ""
 
     def begin(self) -> dict[str, Any]:
-        self.previous = _previous_shards(self.save.path)
+        # the safetensors files the index there names now (an index from elsewhere may
+        # name anything, itself included)
+        names = _mapped(self.save.path) or []
+        odd = any(isinstance(name, (list, dict)) for name in names)
+        self.previous = {
+            n for n in names if not odd and _plain_name(n) and n.endswith(".safetensors")
+        }
         self.token = secrets.token_hex(8)
         files: list[list[Any]] = []
         try:

@@ -9,7 +9,7 @@ from ..._structure import describe as structure_describe
 from ..._values import array_type, short_repr
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, category, is_plain
 
-__all__ = ["Stored", "Catalog", "describe"]
+__all__ = ["Stored", "Catalog", "Wrapping", "describe"]
 
 
 def describe(value: object) -> str:
@@ -52,3 +52,13 @@ class Catalog(Protocol):
     def stored(self, name: str) -> Stored | None: ...
 
     def fetch(self, name: str) -> Any: ...
+
+
+class Wrapping:
+    """A catalog over another, `inner`, named as it is (its own problems start empty)."""
+
+    def __init__(self, inner: Catalog) -> None:
+        self.inner = inner
+        self.label, self.title, self.call = inner.label, inner.title, inner.call
+        self.records_values = inner.records_values
+        self.problems: list[str] = []

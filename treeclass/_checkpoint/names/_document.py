@@ -57,24 +57,20 @@ def _encode(value: Any) -> Any:
     return [_encode(x) for x in value]  # a list; `is_plain` allows nothing else
 
 
-def _decode_float(text: Any) -> float:
-    """A float as `_encode` writes it: `"inf"`, `"-inf"`, or `"nan:"` and its bits in hex."""
-    if text in ("inf", "-inf"):
-        return float(text)
-    bits = bytes.fromhex(text[4:]) if isinstance(text, str) and text.startswith("nan:") else b""
-    value = struct.unpack("<d", bits)[0] if len(bits) == 8 else 0.0
-    if not math.isnan(value):
-        raise ValueError(f"malformed float {text!r}")
-    return value
-
-
 def _decode(data: Any) -> Any:
     if isinstance(data, list):
         return [_decode(x) for x in data]
     if isinstance(data, dict):
         ((tag, inner),) = data.items()
-        if tag == "float":
-            return _decode_float(inner)
+        if tag == "float":  # "inf", "-inf", or "nan:" and the NaN's bits in hex
+            if inner in ("inf", "-inf"):
+                return float(inner)
+            text = inner[4:] if isinstance(inner, str) and inner.startswith("nan:") else ""
+            bits = bytes.fromhex(text)
+            value = struct.unpack("<d", bits)[0] if len(bits) == 8 else 0.0
+            if not math.isnan(value):
+                raise ValueError(f"malformed float {inner!r}")
+            return value
         if tag == "complex":
             real, imag = inner
             return complex(_decode(real), _decode(imag))
@@ -168,16 +164,6 @@ class _Tensor(NamedTuple):
     weak: bool | None  # weakly typed (None: a file without our metadata does not say)
 
 
-def _key_dtype(impl: str, shape: tuple) -> str | None:
-    """The dtype name of `impl` keys made from uint32 key data of `shape`, or None."""
-    data = jax.ShapeDtypeStruct(shape, np.uint32)
-    try:
-        keys = jax.eval_shape(functools.partial(jax.random.wrap_key_data, impl=impl), data)
-    except (ValueError, TypeError):
-        return None
-    return str(keys.dtype)
-
-
 def _sub_byte_bits(dtype: np.dtype) -> int:
     """How many bits of its byte an element of `dtype` uses (8 for most dtypes)."""
     if dtype == np.bool_:
@@ -221,7 +207,6 @@ class SourceCatalog:
         document = self._document(source.metadata())
         self.records_values = document is not None
         document = document or {}
-        self.root = document.get("root")
         # checkpoint versions by class name; None: written before versions were stamped
         self.class_versions = self._class_versions(document.get("versions"))
         raw = document.get("tensors", {})
@@ -317,8 +302,10 @@ class SourceCatalog:
         if not ok:
             self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
         if impl is not None:
-            made = _key_dtype(impl, info.shape)
-            if made is None:
+            wrap = functools.partial(jax.random.wrap_key_data, impl=impl)
+            try:
+                made = str(jax.eval_shape(wrap, jax.ShapeDtypeStruct(info.shape, np.uint32)).dtype)
+            except (ValueError, TypeError):
                 self._corrupt(
                     f"tensor {name!r} holds PRNG keys of the implementation {impl!r} with key "
                     f"data of shape {list(info.shape)}, which this jax cannot make (an unknown "

@@ -240,9 +240,7 @@ class Exporter:
         ]
 
     def compute(self, name: str) -> np.ndarray:
-        return self._value(*self.sources[name])
-
-    def _value(self, origin: Any, position: int) -> np.ndarray:
+        origin, position = self.sources[name]
         if isinstance(origin, Target):
             return np.asarray(origin.get())
         if self._cached is None or self._cached[0] is not origin:
@@ -252,7 +250,9 @@ class Exporter:
 
     def _run(self, group: Group) -> list[np.ndarray]:
         rule = group.rule
-        arrays = [_host(group.targets[k].get()) for k in range(len(rule.targets))]
+        values = [group.targets[k].get() for k in range(len(rule.targets))]
+        # on the host; a key array as it is (its inverse, `jax.random.key_data`, makes data)
+        arrays = [v if is_prng_key(v) else np.asarray(v) for v in values]
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
@@ -339,11 +339,6 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
         index.append(first[at : at + size])
         at += size
     return _Gather(tuple(tuple(s) for s in shapes), tuple(index), again, before)
-
-
-def _host(value: Any) -> Any:
-    """A target's value on the host (a key array as it is: its inverse makes its data)."""
-    return value if is_prng_key(value) else np.asarray(value)
 
 
 def _layouts_of(arrays: Sequence[Any]) -> list[tuple[tuple, np.dtype]]:

@@ -273,8 +273,8 @@ class Fixes:
             hit = next(((s, slots) for s in stacks if (slots := s.slots(entry.name))), None)
             if hit is None:  # a leaf of no stack: its first axis need not be layers
                 continue
-            stack, (layers, _) = hit
-            rest, target = tuple(entry.value.shape[1:]), str(stack.pattern(entry.name))
+            stack, (layers, leaf) = hit
+            rest, target = tuple(entry.value.shape[1:]), f"{stack.prefix}[{{i}}].{leaf}"
             wanted = target.replace("[{i}]", ".{i}")
 
             fits = []

@@ -227,10 +227,6 @@ def _place(template: Any, value: Any, weak: bool) -> Any:
         release_host_copy(value, getattr(host, "nbytes", 0))
     if is_prng_key(value) or is_weak(value) == weak:  # (keys are never weakly typed)
         return value
-    return _with_weak_type(value, weak)
-
-
-def _with_weak_type(value: jax.Array, weak: bool) -> Any:
     if not weak:  # a weakly typed array of a state dict, in a strong template
         return jax.lax.convert_element_type(value, value.dtype)
     # JAX has no public way to make an array of given data weakly typed (only Python

@@ -15,7 +15,7 @@ import numpy as np
 from ..._glob import CAPTURE, Glob, parse
 from ..._values import array_type
 from ..files._source import dtype_name, numpy_dtype
-from ._catalog import Catalog, Stored
+from ._catalog import Catalog, Stored, Wrapping
 from ._fixes import listed
 from ._restore import release_host_copy
 from ._stacks import StackAt
@@ -231,16 +231,14 @@ class _Layers(NamedTuple):
     slots: dict[int, str]  # slot -> the per-layer name that fills it
 
 
-class RuledCatalog:
+class RuledCatalog(Wrapping):
     """A catalog whose names are mapped by key rules; a name for one layer of a stack of
     `stacks` (`blocks.3.attn.q`) fills slot 3 of the stacked leaf it offers (`blocks.attn.q`)."""
 
     def __init__(
         self, inner: Catalog, rules: Sequence[Rule], stacks: Sequence[StackAt] = ()
     ) -> None:
-        self.inner = inner
-        self.label, self.title, self.call = inner.label, inner.title, inner.call
-        self.records_values = inner.records_values
+        super().__init__(inner)
         self.rules = rules
         self.stacks = tuple(stacks)
         self.mapped: dict[str, _Mapped] = {}
@@ -255,7 +253,6 @@ class RuledCatalog:
             else:
                 self._add(name, _Mapped(None, (name,), 0, (name,)))
         _refuse_shadowed(rules, taken, f"{self.title}: ", f" in {self.label}")
-        self.problems: list[str] = []
         self._layout_refused: set[str] = set()
         for (number, values), found in groups.items():
             rule = rules[number]
@@ -280,9 +277,9 @@ class RuledCatalog:
             for stack in self.stacks:
                 in_stack = stack.stacked(name)
                 if in_stack is None:
-                    beyond = stack.layer_beyond(name)
-                    if beyond is not None:
-                        self._beyond.setdefault(stack, set()).add(beyond)
+                    layer = stack.layer_of(name)
+                    if layer is not None and layer[0] >= stack.layers:  # a layer it lacks
+                        self._beyond.setdefault(stack, set()).add(layer[0])
                         break
                     continue
                 stacked_name, layer_slot = in_stack
@@ -396,11 +393,14 @@ class RuledCatalog:
             known = layer[0]
             position = known % stack.period
             lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
-            source = self._layer_source(first, known, lacking[0])
+            # the file's name the first lacking layer would be read from, by analogy
+            parts = mapped.sources[0].split(".")
+            source = ".".join(str(lacking[0]) if p == str(known) else p for p in parts)
+            missed = f": no {source!r} in {self.label}" if parts.count(str(known)) == 1 else ""
             self.problems.append(
                 f"incomplete  {where}: {self.label} gives {len(slots)} of its {count} layers "
                 f"(through {via}); it lacks layer{'s' if len(lacking) > 1 else ''} "
-                f"{listed(lacking, 6)}" + (f": no {source!r} in {self.label}" if source else "")
+                f"{listed(lacking, 6)}{missed}"
             )
             self._lacking[whole] = (stack, len(slots), tuple(lacking))
             return None
@@ -459,14 +459,6 @@ class RuledCatalog:
                 "misses their names (compare with the names the file holds)"
             )
         return fixes
-
-    def _layer_source(self, known: str, layer: int, wanted: int) -> str | None:
-        """The file's name layer `wanted` would be read from, by analogy with `known`."""
-        source = self.layers[known].sources[0]
-        parts = source.split(".")
-        if parts.count(str(layer)) != 1:
-            return None
-        return ".".join(str(wanted) if part == str(layer) else part for part in parts)
 
     def _checked(self, name: str, mapped: _Mapped) -> list[Any]:
         """The transform's results traced on the sources' shapes and dtypes, one per target."""

@@ -49,11 +49,6 @@ class StackAt(NamedTuple):
         slot, position = divmod(layer, self.period)
         return joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
 
-    def layer_beyond(self, name: str) -> int | None:
-        """The layer of a per-layer name the stack does not have (`blocks.5.w` of 4), or None."""
-        found = self.layer_of(name)
-        return found[0] if found is not None and found[0] >= self.layers else None
-
     def slots(self, name: str) -> tuple[list[int], str] | None:
         """The layers the stacked leaf `name` holds, one per slot, and its path in a layer."""
         rest = self._below(name)
@@ -75,11 +70,6 @@ class StackAt(NamedTuple):
             return None
         layers, rest = found
         return [joined(self.prefix, f"{i}.{rest}") for i in layers]
-
-    def pattern(self, name: str) -> str | None:
-        """The key rule target filling the slots of the stacked leaf `name` (`blocks[{i}].w`)."""
-        found = self.slots(name)
-        return None if found is None else f"{self.prefix}[{{i}}].{found[1]}"
 
 
 def stacks_of(tree: object) -> list[StackAt]:

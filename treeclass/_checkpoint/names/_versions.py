@@ -15,7 +15,7 @@ from ..._class_keywords import offer_class_check
 from ..._structure import TREECLASS, is_wrapper, row_of, unwrap
 from ..._values import entry_name
 from ..files._source import dtype_name, numpy_dtype
-from ._catalog import Catalog, Stored
+from ._catalog import Catalog, Stored, Wrapping
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._stacks import joined
 from ._walk import PLAIN, TENSOR, is_plain
@@ -189,14 +189,12 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
     return catalog
 
 
-class _Subtree:
+class _Subtree(Wrapping):
     """The names of a catalog under one node's prefix, relative to it."""
 
     def __init__(self, inner: Catalog, prefix: str, names: list[str]) -> None:
-        self.inner, self.prefix, self.relative = inner, prefix, names
-        self.label, self.title, self.call = inner.label, inner.title, inner.call
-        self.records_values = inner.records_values
-        self.problems: list[str] = []
+        super().__init__(inner)
+        self.prefix, self.relative = prefix, names
 
     def names(self) -> Iterator[str]:
         return iter(self.relative)
@@ -228,15 +226,13 @@ class _Output(NamedTuple):
     depends: frozenset[str]  # computed: the input tensors it is computed from
 
 
-class _FunctionStep:
+class _FunctionStep(Wrapping):
     """A function migration step applied to one node's names."""
 
     def __init__(self, view: _Subtree, step: _Step, context: str) -> None:
-        self.view, self.context = view, context
+        super().__init__(view)
+        self.context = context
         self.function = step.function
-        self.label, self.title, self.call = view.label, view.title, view.call
-        self.records_values = view.records_values
-        self.problems: list[str] = []
         self.structs: dict[str, jax.ShapeDtypeStruct] = {}
         self.others: dict[str, Any] = {}  # plain values, and what is passed unloaded
         for name in view.names():
@@ -330,7 +326,7 @@ class _FunctionStep:
         return outputs
 
     def _inner(self, name: str) -> Stored:
-        stored = self.view.stored(name)
+        stored = self.inner.stored(name)
         assert stored is not None
         return stored
 
@@ -351,7 +347,7 @@ class _FunctionStep:
         output = self.outputs[name]
         if output.kind == "renamed":
             assert output.source is not None
-            return self.view.fetch(output.source)
+            return self.inner.fetch(output.source)
         if output.kind == "value":
             return output.stored.value
         if name not in self._cache:
@@ -361,7 +357,7 @@ class _FunctionStep:
                 *(o.depends for o in self.outputs.values() if o.kind == "computed")
             )
             tensors = {
-                n: self.view.fetch(n) if n in needed else struct
+                n: self.inner.fetch(n) if n in needed else struct
                 for n, struct in self.structs.items()
             }
             with self._dtypes():  # as when traced
@@ -380,15 +376,13 @@ class _FunctionStep:
         return self._cache.pop(name)
 
 
-class _Layer:
+class _Layer(Wrapping):
     """One migration step of one class, applied to each of its nodes at one depth."""
 
     def __init__(
         self, inner: Catalog, prefixes: list[str], step: _Step, cls: str, start: int
     ) -> None:
-        self.inner = inner
-        self.label, self.title, self.call = inner.label, inner.title, inner.call
-        self.records_values = inner.records_values
+        super().__init__(inner)
         shown = ", ".join(p or "the root" for p in prefixes[:3])
         more = f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else ""
         # the report's line, and the context of an error

@@ -11,7 +11,7 @@ from jax.core import Tracer
 from jax.tree_util import GetAttrKey
 
 from ..._structure import LEAF as LEAF_KIND_CODE
-from ..._structure import Wrapper, node_kind, open_node, row_of
+from ..._structure import node_kind, open_node, row_of
 from ..._structure import rebuild as rebuild_node
 from ..._values import entry_name, path_str
 from ..files._json import check_text
@@ -62,7 +62,12 @@ def walk(
         # an unchanged wrapped value keeps its node: wrapping again would hash it again
         if not rebuild or inner is value:
             return node if rebuild else None
-        return _rewrapped(node, wrapper, inner)
+        if wrapper.rewrap is None:
+            raise TypeError(
+                f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
+                "of node kinds gives no way to wrap a value again (`Wrapper.rewrap` is None)"
+            )
+        return wrapper.rewrap(node, inner)
     for name, value in row.static_values(node).items():
         visit((*path, GetAttrKey(name)), STATIC, value)
     kind = node_kind(node)
@@ -74,15 +79,6 @@ def walk(
         for entry, child in zip(opened.entries, opened.children)
     ]
     return rebuild_node(node, kind, opened.aux, children) if rebuild else None
-
-
-def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
-    if wrapper.rewrap is None:
-        raise TypeError(
-            f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
-            "of node kinds gives no way to wrap a value again (`Wrapper.rewrap` is None)"
-        )
-    return wrapper.rewrap(node, value)
 
 
 def category(value: object) -> str:
