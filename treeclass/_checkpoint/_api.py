@@ -309,10 +309,6 @@ def save(
       the same tree and path; any other by its caller alone (see the multihost recipe,
       "Checkpoints with `tc.save`").
 
-    **Returns**
-
-    None.
-
     **Raises**
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
@@ -506,10 +502,10 @@ def load(
 
     **Arguments**
 
-    - `path`: a safetensors file, sharded safetensors (an `*.index.json`, or the folder
-      of its shards), a NumPy `.npz`, a flax `serialization.to_bytes` file (needs the
-      `msgpack` package) or an equinox `tree_serialise_leaves` file (see the reference
-      guide, "Other formats").
+    - `path`: a safetensors file, sharded safetensors (its `*.index.json`), a NumPy
+      `.npz`, a flax `serialization.to_bytes` file (needs the `msgpack` package), an
+      equinox `tree_serialise_leaves` file, or a folder holding one sharded checkpoint or
+      one safetensors file (see the reference guide, "Other formats").
     - `like`: a tree of the right structure: a model, or an abstract one.
     - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
       type mismatch, or differing static value raises one `ValueError` naming every key

@@ -244,11 +244,8 @@ class _Save:
                 return json.loads(posted)
             now = self.client.key_value_increment(progress, 0)
             if now == told:
-                raise TimeoutError(
-                    _STOPPED.format(
-                        path=self.path, me=jax.process_index(), timeout=bound, what=what
-                    )
-                )
+                me = jax.process_index()
+                raise TimeoutError(_STOPPED.format(path=self.path, me=me, timeout=bound, what=what))
             told = now
 
 
@@ -273,15 +270,9 @@ def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
 def _describe(path: str, entries: list[list[Any]]) -> str:
     """The path and tensors by a digest, with the list when small enough to name a difference."""
     text = json.dumps(entries).encode()
-    packed = base64.b64encode(zlib.compress(text)).decode()
-    return json.dumps(
-        {
-            "path": path,
-            "digest": hashlib.sha256(text).hexdigest(),
-            "count": len(entries),
-            "entries": packed if len(packed) <= _DESCRIPTION_LIMIT else None,
-        }
-    )
+    digest, packed = hashlib.sha256(text).hexdigest(), base64.b64encode(zlib.compress(text))
+    shown = packed.decode() if len(packed) <= _DESCRIPTION_LIMIT else None
+    return json.dumps({"path": path, "digest": digest, "count": len(entries), "entries": shown})
 
 
 def _shown(entry: list[Any]) -> str:

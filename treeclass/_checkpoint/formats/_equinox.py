@@ -4,7 +4,7 @@ in order, named by the template (the n-th record fills its n-th array or number)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -110,9 +110,8 @@ class EquinoxFile(NpyRecords):
         return self._whole(key, start, stop)
 
 
-def _slots(like: Any) -> list[Slot]:
-    """The template's leaves an equinox file holds, in order: arrays and numbers."""
-    return [
+def _open(path: str, like: object) -> EquinoxFile:
+    slots = [  # the template's leaves an equinox file holds, in order: arrays and numbers
         Slot(
             entry.name,
             path_str(like, entry.path),
@@ -122,10 +121,7 @@ def _slots(like: Any) -> list[Slot]:
         for entry in entries(like, "tc.load", "tc.load(path, value)")
         if entry.kind != STATIC and entry.category in (TENSOR, NUMBER)
     ]
-
-
-def _open(path: str, like: object) -> EquinoxFile:
-    return file_reader(lambda file, path: EquinoxFile(file, path, _slots(like)))(path, like)
+    return file_reader(lambda file, path: EquinoxFile(file, path, slots))(path, like)
 
 
 register_format(Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _open))

@@ -170,21 +170,18 @@ class FlaxFile(FileSource):
             self._corrupt(f"it ends inside {self._where(path)}: the file is truncated")
         if code == _COMPLEX:
             value = self._call(self.unpacker.unpack, path)  # a few bytes: read it whole
-            return self._complex(path, value)
+            try:
+                limits = self._limits(len(value.data))
+                del limits["max_buffer_size"]  # (unpackb reads a buffer it is given whole)
+                real, imag = self.msgpack.unpackb(value.data, **limits)
+                return np.asarray(complex(real, imag))
+            except (ValueError, TypeError, self.msgpack.UnpackException):
+                self._corrupt(f"{self._where(path)} is a malformed complex number")
         if code not in (_NDARRAY, _SCALAR):
             self._corrupt(f"{self._where(path)} is a msgpack extension of unknown type {code}")
         array = self._array(path, data, length)
         self._restart(end)  # past the array's bytes, unread
         return array
-
-    def _complex(self, path: tuple, value: Any) -> np.ndarray:
-        try:
-            limits = self._limits(len(value.data))
-            del limits["max_buffer_size"]  # (unpackb reads a buffer it is given whole)
-            real, imag = self.msgpack.unpackb(value.data, **limits)
-            return np.asarray(complex(real, imag))
-        except (ValueError, TypeError, self.msgpack.UnpackException):
-            self._corrupt(f"{self._where(path)} is a malformed complex number")
 
     def _array(self, path: tuple, start: int, length: int) -> _Array:
         """The header of an ndarray extension at `start`: a msgpack `(shape, dtype, bytes)`."""

@@ -74,18 +74,12 @@ class NpyHeader(NamedTuple):
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
     """The header of the `.npy` record (version 1 or 2) at `file`'s position."""
     start = file.tell()
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
     try:
         version = npy_format.read_magic(file)
-        if version == (1, 0):
-            shape, fortran_order, dtype = npy_format.read_array_header_1_0(
-                file, max_header_size=_MAX_NPY_HEADER
-            )
-        elif version == (2, 0):
-            shape, fortran_order, dtype = npy_format.read_array_header_2_0(
-                file, max_header_size=_MAX_NPY_HEADER
-            )
-        else:
+        if version not in readers:
             raise ValueError(f"it is a .npy record of version {version}, not 1.0 or 2.0")
+        shape, fortran_order, dtype = readers[version](file, max_header_size=_MAX_NPY_HEADER)
     except (ValueError, EOFError, SyntaxError, tokenize.TokenError) as error:
         # numpy's parser lets a header's tokenizer error out as it is (an unclosed bracket)
         raise ValueError(f"its .npy header is malformed ({error})") from None
