@@ -248,17 +248,8 @@ def from_state_dict(
             f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
             f"{type(state).__name__}"
         )
-    return _restore(
-        like,
-        StateCatalog(state),
-        "tc.from_state_dict",
-        rules,
-        where,
-        strict=strict,
-        missing=missing,
-        unexpected=unexpected,
-        dry_run=dry_run,
-    )
+    options = dict(strict=strict, missing=missing, unexpected=unexpected, dry_run=dry_run)
+    return _restore(like, StateCatalog(state), "tc.from_state_dict", rules, where, **options)
 
 
 def save(
@@ -568,18 +559,11 @@ def load(
     assert report.mismatched == ("Linear.weight", "Linear.bias")
     ```
     """
+    options = dict(strict=strict, missing=missing, unexpected=unexpected, dry_run=dry_run)
     source = open_source(os.fspath(path), like, format)
     try:
         return _restore(
-            like,
-            migrate(SourceCatalog(source), like),
-            "tc.load",
-            rules,
-            where,
-            strict=strict,
-            missing=missing,
-            unexpected=unexpected,
-            dry_run=dry_run,
+            like, migrate(SourceCatalog(source), like), "tc.load", rules, where, **options
         )
     finally:
         source.close()

@@ -49,29 +49,37 @@ class CheckpointSource(Protocol):
     @property
     def location(self) -> str:
         """The file (or folder) this source reads, as messages name it."""
+        ...
 
     @property
     def format(self) -> str:
         """The format's name, as messages say it (`"safetensors"`, `"npz"`)."""
+        ...
 
     def keys(self) -> Iterable[str]:
         """The tensor keys, in the source's order."""
+        ...
 
     def info(self, key: str) -> TensorInfo:
         """The dtype, shape and size of tensor `key` (`KeyError` if there is none)."""
+        ...
 
     def metadata(self) -> Mapping[str, str]:
         """The source's string metadata (empty when the format has none)."""
+        ...
 
     def read(self, key: str) -> np.ndarray:
         """Tensor `key` on the host: its stored dtype (little-endian) and shape."""
+        ...
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         """Bytes `start:stop` of what `read(key)` returns, flat `uint8`, checked exactly as
         `read` checks them (cut from it where the file's bytes are not: `WholeTensorCache`)."""
+        ...
 
     def close(self) -> None:
         """Release the file."""
+        ...
 
 
 class WholeTensorCache:

@@ -368,9 +368,7 @@ class RuledCatalog(Wrapping):
         if name in self._stored_stacks:
             return self._stored_stacks[name]
         mapped = self.mapped.get(name)
-        if mapped is None:
-            return None
-        return self._stored_one(name, mapped)
+        return None if mapped is None else self._stored_one(name, mapped)
 
     def _stored_one(self, name: str, mapped: _Mapped) -> Stored | None:
         if mapped.rule is None or mapped.rule.transform is None:
@@ -394,9 +392,9 @@ class RuledCatalog(Wrapping):
             position = known % stack.period
             lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
             # the file's name the first lacking layer would be read from, by analogy
-            parts = mapped.sources[0].split(".")
-            source = ".".join(str(lacking[0]) if p == str(known) else p for p in parts)
-            missed = f": no {source!r} in {self.label}" if parts.count(str(known)) == 1 else ""
+            segments = mapped.sources[0].split(".")
+            source = ".".join(str(lacking[0]) if s == str(known) else s for s in segments)
+            missed = f": no {source!r} in {self.label}" if segments.count(str(known)) == 1 else ""
             self.problems.append(
                 f"incomplete  {where}: {self.label} gives {len(slots)} of its {count} layers "
                 f"(through {via}); it lacks layer{'s' if len(lacking) > 1 else ''} "
