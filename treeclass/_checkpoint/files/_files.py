@@ -72,8 +72,7 @@ def _what(mode: int) -> str:
 
 
 class SizedFile:
-    """A file opened for reading whose reads never ask for more than it holds (as opened),
-    so no parser handed it allocates what a header claims."""
+    """A file whose reads never ask for more than it holds, whatever a header claims."""
 
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
@@ -169,8 +168,7 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
 
 
 def _temp_beside(path: str) -> tuple[str, int, str]:
-    """`(path, descriptor, temp)`: a temporary file beside `path` (through a link), open for
-    writing, with the permission bits of the file it replaces."""
+    """`(path, descriptor, temp)`: a temporary file beside `path` with its permission bits."""
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, base = os.path.split(os.path.abspath(path))

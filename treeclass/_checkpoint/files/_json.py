@@ -24,8 +24,7 @@ def _check_strings(strings: list[str]) -> None:
 
 
 def nesting_depth(value: Any, check_strings: bool = False) -> int:
-    """How deeply lists and dicts nest in a parsed value, without recursion; with
-    `check_strings`, refuse any key or string that is not valid Unicode."""
+    """How deeply lists and dicts nest in a value (`check_strings`: refuse invalid Unicode)."""
     peak, stack = 0, [(value, 1)] if type(value) in (dict, list) else []
     while stack:
         item, depth = stack.pop()

@@ -121,8 +121,7 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 
 
 class _HostView:
-    """What a save reads of an array not fully addressable here (see `host_view`); `spread`
-    when some process does not hold all of it (a save is then made by all)."""
+    """What a save reads of an array not fully addressable here (see `host_view`)."""
 
     def __init__(self, array: jax.Array, where: str, spread: bool, gathered: bool = False) -> None:
         self.array, self.where, self.spread, self.gathered = array, where, spread, gathered
@@ -160,8 +159,7 @@ class _HostView:
 
 
 def host_view(array: jax.Array, where: str) -> _HostView:
-    """What a save reads of `array`: this process's copy or shards when they hold all of it,
-    else a gather from all processes while the file is written."""
+    """What a save reads of `array`: this process's shards if they hold it all, else a gather."""
     indices = array.sharding.devices_indices_map(array.shape)
     held: dict[int, set[Bounds]] = {}
     for device, index in indices.items():
@@ -330,8 +328,7 @@ def save_from_processes(
     write: Callable[[], None] | SharedWrite,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Write `path` by `write` (a `SharedWrite`, or a function writing the whole file): alone
-    when no value needs another process, else with every process taking part."""
+    """Write `path` by `write`: alone when no value needs another process, else with all."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(_BAD_TIMEOUT.format(timeout=timeout))
     if not 0 < timeout < math.inf:
@@ -492,8 +489,7 @@ class _Piece(NamedTuple):
 
 
 def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> list[_Piece]:
-    """The distinct blocks of a planned tensor, with who holds each (a value not spread
-    over processes whole, on process 0 or on this process when it writes `alone`)."""
+    """The distinct blocks of a planned tensor, with the processes that hold each."""
     stored = tuple(planned.shape)
     whole = tuple((0, n) for n in stored)
     if alone or not isinstance(planned.value, _HostView) or out.nbytes == 0:
@@ -519,8 +515,7 @@ def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> 
 
 
 def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[list[tuple]]:
-    """`(process, start, stop)` byte ranges per `(nbytes, holders)` piece, evening out the
-    totals (fewest holders, then largest, first); the same on every process."""
+    """`(process, start, stop)` byte ranges per `(nbytes, holders)` piece, totals evened out."""
     load = [0] * count
     parts: list[list[tuple]] = [[] for _ in pieces]
     for i, (nbytes, holders) in enumerate(pieces):
@@ -549,8 +544,7 @@ def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[lis
 
 
 def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.ndarray, int]:
-    """The byte runs of the block `bounds` of a C-ordered tensor: `chunk` bytes at each of
-    the (ascending) `offsets`."""
+    """The block `bounds` of a C-ordered tensor as `chunk` bytes at each of `offsets`."""
     extent = [b - a for a, b in bounds]
     if 0 in extent:
         return np.zeros(0, np.int64), 0
@@ -572,8 +566,7 @@ def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.nda
 def _block_bytes(
     planned: PlannedTensor, out: OutTensor, piece: _Piece, low: int, high: int, alone: bool
 ) -> tuple[np.ndarray, int]:
-    """`(bytes, start)` spanning this process's bytes `low:high` of `piece`; of a block on a
-    device, only the leading rows that hold them are copied to the host."""
+    """`(bytes, start)` spanning this process's bytes `low:high` of `piece`, copied sparingly."""
     if alone or not isinstance(planned.value, _HostView):  # the whole tensor's bytes
         data = out.data()
         if data.nbytes != out.nbytes:  # the tree changed under us
@@ -701,8 +694,7 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
 
 
 def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:
-    """`(first run, count, pitch)` reads of runs of `chunk` bytes at ascending `offsets`,
-    equally spaced ones together (gaps bounded by `OVER_READ` and `GAP_LIMIT`)."""
+    """`(first run, count, pitch)` reads of runs of `chunk` bytes, near ones together."""
     n = len(offsets)
     if n == 0:
         return []
@@ -732,8 +724,7 @@ def read_block(
     itemsize: int,
     read_range: Callable[[int, int], np.ndarray],
 ) -> np.ndarray:
-    """The bytes of the block `bounds` of a C-ordered tensor, `uint8` with an axis of
-    `itemsize` more, read by `read_range(start, stop)` in few reads."""
+    """The block `bounds` of a C-ordered tensor as `uint8` (one more axis), in few reads."""
     extent = tuple(b - a for a, b in bounds)
     offsets, chunk = _runs(bounds, shape, itemsize)
     if len(offsets) == 1:
@@ -754,8 +745,7 @@ def place_by_slices(
     sharding: jax.sharding.Sharding,
     read_range: Callable[[int, int], np.ndarray],
 ) -> jax.Array:
-    """A stored C-ordered, little-endian tensor placed with `sharding`: this process reads
-    only its devices' blocks, each byte once (the box they tile, when they tile one)."""
+    """A stored tensor placed with `sharding`, reading only this process's blocks, once."""
     stored = np.dtype(dtype).newbyteorder("<")
     indices = sharding.addressable_devices_indices_map(shape).values()
     held = {_bounds(index, shape) for index in indices}

@@ -174,8 +174,7 @@ class PlannedTensor(NamedTuple):
 
 
 class SharedWrite:
-    """A save every process writes a share of: files made by process 0 (`begin`), filled
-    by all, put in place by process 0 (`finish`) or removed (`abort`)."""
+    """A save every process writes a share of, into files process 0 makes and places."""
 
     tensors: Sequence[OutTensor]
 
@@ -197,8 +196,7 @@ class SharedWrite:
 
 
 class CheckpointWriter(Protocol):
-    """How `tc.save` writes a format: the dtypes it names, and `prepare`, checking before
-    anything is written and returning the write (a function, or a `SharedWrite`)."""
+    """How `tc.save` writes a format: the dtypes it names, and the checked write (`prepare`)."""
 
     def can_store(self, dtype: np.dtype) -> bool: ...
 

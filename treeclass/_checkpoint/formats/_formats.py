@@ -127,8 +127,7 @@ _SHARDED_ONLY = (
 def writer_for(
     path: str, max_shard_size: object = None, format: str | None = None
 ) -> CheckpointWriter:
-    """The writer of `path`: the `format` given, else by the shard limit; a name that could
-    not be loaded back is refused."""
+    """The writer of `path` (refused for a name that could not be loaded back)."""
     if format is not None:
         given = _by_name(format)
         if given is None or given.save is None:

@@ -221,8 +221,7 @@ def similarity(a: str, b: str) -> float:
 
 
 class _Closest:
-    """The closest of many names to a missing one: a rename keeps a long common prefix or
-    suffix, so only a name's neighbours in sorted (and reversed-sorted) order are scored."""
+    """The closest of many names to a missing one, scoring only its sorted neighbours."""
 
     _CUTOFF = 0.6
 

@@ -51,8 +51,7 @@ class Group(NamedTuple):
 
 
 class Plan:
-    """The tensors of `tree` bound to the file's names: `groups`, the rules' runs, and
-    `own`, the arrays no rule takes."""
+    """The tensors of `tree` bound to the file's names: rules' runs, and arrays no rule takes."""
 
     def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
         self.action = action

@@ -232,8 +232,7 @@ class _Layers(NamedTuple):
 
 
 class RuledCatalog(Wrapping):
-    """A catalog whose names are mapped by key rules; a name for one layer of a stack of
-    `stacks` (`blocks.3.attn.q`) fills slot 3 of the stacked leaf it offers (`blocks.attn.q`)."""
+    """A catalog whose names are mapped by key rules, per-layer names filling stacked leaves."""
 
     def __init__(
         self, inner: Catalog, rules: Sequence[Rule], stacks: Sequence[StackAt] = ()
@@ -534,8 +533,7 @@ class RuledCatalog(Wrapping):
         return self._fetch_one(name, self.mapped[name])
 
     def fetch_placed(self, name: str, template: Any) -> Any:
-        """A stacked leaf for a `jax.Array` template on one device, assembled there one
-        layer at a time (a donating update); None for any other (`fetch` reads it)."""
+        """A stacked leaf assembled on a one-device template's device, else None."""
         if name not in self.stacked or isinstance(template, (np.ndarray, np.generic)):
             return None
         sharding = getattr(template, "sharding", None)
@@ -544,8 +542,7 @@ class RuledCatalog(Wrapping):
         return self._fetch_stacked(name, on_device=True)
 
     def _fetch_stacked(self, whole: str, on_device: bool) -> Any:
-        """A stacked leaf, each layer read once into one buffer (on the default device or
-        the host), filling the other stacked leaves a split rule gives with it."""
+        """A stacked leaf, each layer read once into one buffer (and a split's siblings)."""
         if whole in self._assembled:
             return self._assembled.pop(whole)
         buffers: dict[str, Any] = {}

@@ -19,8 +19,7 @@ def joined(prefix: str, name: str) -> str:
 
 
 class StackAt(NamedTuple):
-    """A stack of layers as checkpoint names see it: leaves by the block's key paths
-    (`blocks.attn.q`), the unrolled model's layer `i` by `blocks.{i}.attn.q`."""
+    """A stack's leaves (`blocks.attn.q`) as per-layer names see them (`blocks.{i}.attn.q`)."""
 
     prefix: str  # the stack's own name ("" for a stack at the root)
     layers: int  # N, or R * P

@@ -153,8 +153,7 @@ _NEWER = (
 
 
 def migrate(catalog: Catalog, like: Any) -> Catalog:
-    """`catalog` with the migrations of `like`'s classes applied, nested nodes first (a
-    file without stamps holds version 0 of every class, at the template's key paths)."""
+    """`catalog` with the migrations of `like`'s classes applied, nested nodes first."""
     if not getattr(catalog, "records_values", False):
         return catalog
     stamps = getattr(catalog, "class_versions", None)

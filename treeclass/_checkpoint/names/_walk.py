@@ -172,8 +172,7 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 
 
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
-    """Every leaf, frozen leaf and static field (or part) of `tree`, named; with `to_file`,
-    names and strings a file cannot hold are refused."""
+    """Every leaf, frozen leaf and static field (or part) of `tree`, named."""
     found: list[Entry] = []
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
