@@ -261,19 +261,15 @@ class SourceCatalog:
         return document
 
     def _class_versions(self, stamps: Any) -> dict[str, int] | None:
-        if stamps is None:
-            return None
-
-        def valid(stamp: Any) -> bool:
-            return (
-                isinstance(stamp, dict)
-                and type(stamp.get("version")) is int
-                and stamp["version"] >= 0
-                and isinstance(stamp.get("at"), list)
-                and all(isinstance(at, str) for at in stamp["at"])
-            )
-
-        if not isinstance(stamps, dict) or not all(map(valid, stamps.values())):
+        valid = isinstance(stamps, dict) and all(
+            isinstance(stamp, dict)
+            and type(stamp.get("version")) is int
+            and stamp["version"] >= 0
+            and isinstance(stamp.get("at"), list)
+            and all(isinstance(at, str) for at in stamp["at"])
+            for stamp in stamps.values()
+        )
+        if stamps is not None and not valid:
             self._corrupt(f"the class versions of its treeclass metadata are malformed: {stamps!r}")
         return stamps
 

@@ -318,14 +318,12 @@ class RuledCatalog(Wrapping):
         # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
         # are traced once, not 24 times
         self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
-        self._stored_stacks: dict[str, Stored | None] = {}
         self._lacking: dict[str, tuple[StackAt, int, tuple[int, ...]]] = {}
-        for stacked_name in self.stacked:
-            self._stored_stacks[stacked_name] = self._stack_stored(stacked_name)
+        self._stored_stacks = {name: self._stack_stored(name) for name in self.stacked}
         self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
-        # names whose absence a problem line explains (a stack lacking layers)
-        self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
-        self.explained |= self._layout_refused
+        # names whose absence a problem line explains (a stack lacking layers, a layout)
+        unfilled = {name for name, stored in self._stored_stacks.items() if stored is None}
+        self.explained = unfilled | self._layout_refused
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
         # stacked leaves filled while another was assembled (the k and v a split gave with q)
         self._assembled: dict[str, Any] = {}
