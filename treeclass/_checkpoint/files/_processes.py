@@ -56,9 +56,8 @@ OVER_READ = 2
 GROUP_BYTES = 64 << 20
 
 _RULE = (
-    "in a run of several processes, a tree that holds arrays spread over processes "
-    "({spread}) is saved by all of them together: every process must call tc.save with "
-    "the same tree and path"
+    "in a run of several processes, a tree that holds arrays spread over processes ({spread}) is "
+    "saved by all of them together: every process must call tc.save with the same tree and path"
 )
 _RAISE = "if the processes are only slow, pass a larger timeout= (seconds; {timeout:g} now)"
 _NOT_EVERYWHERE = (

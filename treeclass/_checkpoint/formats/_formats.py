@@ -20,10 +20,9 @@ _UNKNOWN_FORMAT = (
 )
 _BAD_FORMAT = "tc.load's format= takes one of {formats} (or None: tell by the file); got {format!r}"
 _READ_ONLY = (
-    "its name ends like a checkpoint in the {format} format, which tc.load reads but "
-    "tc.save does not write (a safetensors file under that name could "
-    "not be loaded back). tc.save writes safetensors: one file, or a sharded checkpoint "
-    "with max_shard_size=:\n"
+    "its name ends like a checkpoint in the {format} format, which tc.load reads but tc.save does "
+    "not write (a safetensors file under that name could not be loaded back). tc.save writes "
+    "safetensors: one file, or a sharded checkpoint with max_shard_size=:\n"
     "    tc.save({single!r}, tree)"
 )
 _INDEX_WITHOUT_SHARDS = (

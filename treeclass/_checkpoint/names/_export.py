@@ -157,10 +157,9 @@ class Exporter:
         keys = [t.where for t in targets if jnp.issubdtype(t.dtype, jax.dtypes.prng_key)]
         if keys and rule.inverse is None:
             raise ValueError(
-                f"{self.action}: key rule {rule.text()} gives the PRNG key array "
-                f"{keys[0]}, which other libraries' layouts have no dtype for: give the "
-                "rule both directions, (source, target, jax.random.wrap_key_data, "
-                "jax.random.key_data)"
+                f"{self.action}: key rule {rule.text()} gives the PRNG key array {keys[0]}, which "
+                "other libraries' layouts have no dtype for: give the rule both directions, "
+                "(source, target, jax.random.wrap_key_data, jax.random.key_data)"
             )
         if rule.transform is None:
             return [(np.dtype(targets[0].dtype), targets[0].shape)]
@@ -261,9 +260,8 @@ class Exporter:
             for name, value in zip(group.sources(), results):
                 if (value.dtype, value.shape) != self.layout[name]:
                     raise ValueError(
-                        f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} "
-                        f"when run, not the {_layout_text(self.layout[name])} it gave while "
-                        "checked"
+                        f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} when "
+                        f"run, not the {_layout_text(self.layout[name])} it gave while checked"
                     )
             return results
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]

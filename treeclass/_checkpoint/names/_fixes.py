@@ -154,9 +154,8 @@ class Fixes:
                 if len(shape) == 2 and tuple(stored.shape) == shape[::-1] and shape[0] != shape[1]:
                     self.fixable.append(where)
                     out.append(
-                        f"- {where} is stored transposed ({list(stored.shape)} for "
-                        f"{list(shape)}): rules=[({entry.name!r}, {entry.name!r}, "
-                        "lambda w: w.T)]"
+                        f"- {where} is stored transposed ({list(stored.shape)} for {list(shape)}): "
+                        f"rules=[({entry.name!r}, {entry.name!r}, lambda w: w.T)]"
                     )
                 else:
                     out.append(

@@ -80,9 +80,8 @@ class Plan:
             lacking = [c for c in rule.captures if c not in values]
             if lacking:
                 raise ValueError(
-                    f"{action}: key rule {rule.text()} cannot be run backwards: its "
-                    f"target {rule.targets[position]!r} does not capture {lacking}, "
-                    "which its sources use"
+                    f"{action}: key rule {rule.text()} cannot be run backwards: its target "
+                    f"{rule.targets[position]!r} does not capture {lacking}, which its sources use"
                 )
             values = {c: values[c] for c in rule.captures}
             key = (number, tuple(values[c] for c in rule.captures))
@@ -118,10 +117,9 @@ class Plan:
             if expected is not None and hit[0] == expected[0]:
                 reader += f" with other captures ({dict(zip(rules[hit[0]].captures, hit[2]))})"
         raise ValueError(
-            f"{self.action}: {what} writes {name!r}, which load reads through {reader}: "
-            "the table would not read back what it writes. Make the rules tell the names "
-            "apart (limit a capture, `{n:q|k|v}`, or order the rules so the narrower comes "
-            "first)"
+            f"{self.action}: {what} writes {name!r}, which load reads through {reader}: the table "
+            "would not read back what it writes. Make the rules tell the names apart (limit a "
+            "capture, `{n:q|k|v}`, or order the rules so the narrower comes first)"
         )
 
 

@@ -208,10 +208,9 @@ def _refuse_shadowed(
             earlier = " and ".join(dict.fromkeys(rules[taken[n]].text() for n in shadowed))
             raise ValueError(
                 f"{title}key rule {rule.text()} matches "
-                f"{listed([repr(n) for n in shadowed], 3)}{where}, but every one of them is "
-                f"read by an earlier key rule, {earlier}: rules are tried in order and the "
-                "first match wins, so this rule reads nothing. Put the narrower rule first, "
-                "or remove it"
+                f"{listed([repr(n) for n in shadowed], 3)}{where}, but every one of them is read "
+                f"by an earlier key rule, {earlier}: rules are tried in order and the first match "
+                "wins, so this rule reads nothing. Put the narrower rule first, or remove it"
             )
 
 
@@ -309,10 +308,9 @@ class RuledCatalog(Wrapping):
         for stacked_name, layers in self.stacked.items():
             if stacked_name in self.mapped:
                 raise ValueError(
-                    f"{self.title}: key rules map both "
-                    f"{list(self.mapped[stacked_name].sources)} in {self.label} to the "
-                    f"stacked {stacked_name!r} and per-layer names to its layers "
-                    f"({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep one "
+                    f"{self.title}: key rules map both {list(self.mapped[stacked_name].sources)} "
+                    f"in {self.label} to the stacked {stacked_name!r} and per-layer names to its "
+                    f"layers ({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep one "
                     "of them"
                 )
         # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
@@ -507,11 +505,10 @@ class RuledCatalog(Wrapping):
             got = (dtype_name(result), tuple(result.shape))
             if got != (dtype_name(expected), tuple(expected.shape)):
                 raise ValueError(
-                    f"{self._what(name, mapped)} gave {array_type(*got)} for "
-                    f"{target!r} when run, not the "
-                    f"{array_type(dtype_name(expected), tuple(expected.shape))} it "
-                    "gave while checked: a transform must compute the same from tensors "
-                    "of the same shapes and dtypes"
+                    f"{self._what(name, mapped)} gave {array_type(*got)} for {target!r} when run, "
+                    f"not the {array_type(dtype_name(expected), tuple(expected.shape))} it gave "
+                    "while checked: a transform must compute the same from tensors of the same "
+                    "shapes and dtypes"
                 )
         return results
 

@@ -39,9 +39,8 @@ _BAD_VERSION = (
     "    class {cls}(tc.TreeClass, version=2, migrations={{1: {{'w': 'weight'}}}}):"
 )
 _BAD_MIGRATIONS = (
-    "class {cls}: migrations= maps a version before {version} to the step upgrading a "
-    "checkpoint from it to the next ({{1: {{'w': 'weight'}}}} renames `w` from version 1 "
-    "to 2); {problem}"
+    "class {cls}: migrations= maps a version before {version} to the step upgrading a checkpoint "
+    "from it to the next ({{1: {{'w': 'weight'}}}} renames `w` from version 1 to 2); {problem}"
 )
 
 
@@ -83,10 +82,9 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
         if gaps:
             shown = ", ".join(f"{v} to {v + 1}" for v in gaps)
             problem = (
-                f"it has steps from versions {sorted(steps)} but none from version {shown}: "
-                "a checkpoint of that version would skip it. Give every step from the "
-                "first on; a version that renamed nothing takes an empty rule table "
-                f"({{{gaps[0]}: {{}}}})"
+                f"it has steps from versions {sorted(steps)} but none from version {shown}: a "
+                "checkpoint of that version would skip it. Give every step from the first on; a "
+                f"version that renamed nothing takes an empty rule table ({{{gaps[0]}: {{}}}})"
             )
             raise ValueError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
     record = _Versions(version, MappingProxyType(dict(sorted(steps.items()))))
