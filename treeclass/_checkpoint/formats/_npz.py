@@ -84,8 +84,7 @@ def read_npy_header(file: IO[bytes]) -> NpyHeader:
         # numpy's parser lets a header's tokenizer error out as it is (an unclosed bracket)
         raise ValueError(f"its .npy header is malformed ({error})") from None
     if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
-        # NumPy has no bfloat16, so `jnp.save` writes it as 2-byte voids: read it as
-        # `jnp.load` does
+        # NumPy has no bfloat16, so `jnp.save` writes it as 2-byte voids: read it as `jnp.load` does
         dtype = np.dtype(ml_dtypes.bfloat16)
     shape = tuple(shape)
     nbytes = math.prod(shape) * dtype.itemsize
