@@ -99,23 +99,18 @@ def _restore(
 def state_dict(tree: PyTree, *, rules: object = None) -> dict:
     """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
 
-    With `rules`, the data in another library's layout instead: a flat dict of NumPy
-    arrays by that library's names (`{"transformer.h.0.attn.c_attn.weight": ...}`, a
-    PyTorch `state_dict`'s shape), computed by running the key rules that load it
-    backwards, as `save` with `rules=` writes them.
-
     Keys are field names, dict keys and sequence indices (as ints). Values are every array
-    leaf, every frozen array (unfrozen, as an array; also inside frozen subtrees), numpy
-    scalars and Python numbers that are leaves or frozen. Strings, functions, other
-    objects and static fields are not data: `from_state_dict` takes them from its
-    template. Arrays are not copied. On an abstract tree (from `jax.eval_shape`) the
-    values are `jax.ShapeDtypeStruct`s: a restore target for orbax.
+    (frozen ones unfrozen, as arrays), numpy scalars and Python numbers; strings, functions,
+    other objects and static fields are not data: `from_state_dict` takes them from its
+    template. Arrays are not copied; on an abstract tree (from `jax.eval_shape`) the values
+    are `jax.ShapeDtypeStruct`s, a restore target for orbax.
 
     **Arguments**
 
     - `tree`: any pytree, possibly holding `TreeClass` instances and frozen values.
-    - `rules`: the key rules `from_state_dict` / `load` read the other layout with (see
-      `save`).
+    - `rules`: key rules (as `load` takes them) to return another library's layout
+      instead, a PyTorch-style flat dict, by running them backwards as `save` does (see
+      the checkpoints guide, "Export").
 
     **Returns**
 
@@ -141,24 +136,6 @@ def state_dict(tree: PyTree, *, rules: object = None) -> dict:
     state = tc.state_dict(model)
     assert list(state["layers"][0]) == ["weight", "table"]
     assert state["step"] == 7 and state["layers"][0]["table"].shape == (3,)
-    ```
-
-    The same data named and laid out as a PyTorch `nn.Linear` keeps it, by the rules
-    that load it:
-
-    ```python
-    import jax.numpy as jnp
-    import treeclass as tc
-
-    class Linear(tc.TreeClass):
-        weight: jnp.ndarray  # [in, out]
-        bias: jnp.ndarray
-
-    rules = [("fc.weight", "weight", lambda w: w.T), ("fc.bias", "bias")]
-    model = Linear(jnp.ones((3, 2)), jnp.zeros(2))
-    torch_style = tc.state_dict(model, rules=rules)
-    assert torch_style["fc.weight"].shape == (2, 3)  # [out, in]
-    assert tc.is_tree_equal(tc.from_state_dict(model, torch_style, rules=rules), model)
     ```
     """
     if rules is None:
@@ -228,12 +205,10 @@ def from_state_dict(
 ) -> Any:
     """The inverse of `state_dict`: `like` with its data taken from `state`.
 
-    The template `like` gives the structure, what is frozen (restored values are frozen
-    again), static fields and every value that is not data (strings, functions).
-    Arrays take the template's type: a numpy array for a numpy leaf, a `jax.Array` placed
-    with the template's sharding for a `jax.Array` or a `jax.ShapeDtypeStruct` with a
-    `sharding` (arrays in `state` already placed that way are used as they are). Keys
-    that are ints in `like` may be strings in `state` (orbax restores them so).
+    The template gives the structure, what is frozen, static fields and every value that
+    is not data; arrays take the template's type and sharding, as for `load` (arrays in
+    `state` already placed that way are used as they are). Keys that are ints in `like`
+    may be strings in `state` (orbax restores them so).
 
     **Arguments**
 
@@ -273,17 +248,8 @@ def from_state_dict(
             f"tc.from_state_dict expects a dict as made by tc.state_dict, got a "
             f"{type(state).__name__}"
         )
-    return _restore(
-        like,
-        StateCatalog(state),
-        "tc.from_state_dict",
-        rules,
-        where,
-        strict=strict,
-        missing=missing,
-        unexpected=unexpected,
-        dry_run=dry_run,
-    )
+    options = dict(strict=strict, missing=missing, unexpected=unexpected, dry_run=dry_run)
+    return _restore(like, StateCatalog(state), "tc.from_state_dict", rules, where, **options)
 
 
 def save(
@@ -299,38 +265,26 @@ def save(
     """Save `tree` to one safetensors file at `path`, without pickle.
 
     Every array (frozen ones too) and numpy scalar is a tensor named by its key path
-    joined with dots (`layers.0.weight`); any dtype round-trips bit-exactly. Python
-    numbers, strings, `None` and tuples or lists of them (leaves, frozen values and
-    static fields) go into the header's metadata as JSON, so `load` can restore them and
-    check the template's static values. Functions and other objects are not saved: `load`
-    takes them from its template.
-
-    The file is written to a temporary file in the same folder and then renamed over
-    `path`: if saving fails or the process dies, `path` still holds the previous
-    checkpoint. Arrays are copied to the host one at a time, so the extra host memory
-    stays near the size of the largest leaf.
+    joined with dots (`layers.0.weight`); any dtype round-trips bit-exactly. Numbers,
+    strings, `None` and tuples or lists of them go into the header's metadata as JSON, so
+    `load` restores them and checks static values; functions and other objects are taken
+    from `load`'s template. The write is atomic (a temporary file renamed over `path`),
+    one array on the host at a time.
 
     **Arguments**
 
     - `path`: the file to write (by convention `*.safetensors`); its folder must exist.
     - `tree`: any pytree of arrays, numbers and TreeClass instances. Sharded arrays are
       written whole.
-    - `max_shard_size`: if given, write the layout of large-model repositories instead:
-      `path` names the index (`model.safetensors.index.json`), and the tensors go, in
-      the tree's order, into shards beside it (`model-00001-of-00003.safetensors`) of at
-      most this many tensor bytes each (a tensor larger than that gets a shard of its
-      own): an int, or a string such as `"5GB"` or `"500MiB"`. Each shard is written
-      atomically, the index last; shards of an earlier save at `path` that the new index
-      no longer names are removed. `load` of the index restores exactly what `load` of
-      a single file does.
+    - `max_shard_size`: if given, write sharded safetensors instead: `path` names the
+      index (`model.safetensors.index.json`) and the tensors go, in the tree's order,
+      into shards beside it of at most this many tensor bytes (an int, or a string such
+      as `"5GB"` or `"500MiB"`); shards an earlier save at `path` wrote and the new index
+      no longer names are removed (see the reference guide, "Sharded safetensors").
     - `rules`: write another library's layout instead: the key rules that load it (as
-      `load` takes them), compiled against `tree` into one plan and run backwards (a
-      stacked leaf by its layers' names; a transform by its inverse, given as a fourth
-      element `(source, target, transform, inverse)`, or found when it only moves
-      elements; tied weights written once). Names no rule matches keep their own;
-      nothing but tensors is written, in natural order of their names. What the plan
-      cannot run backwards is refused before anything is computed, naming the rule (see
-      the checkpoints guide, "The plan").
+      `load` takes them; a fourth element `(source, target, transform, inverse)` gives a
+      transform's inverse), run backwards; only tensors are written, in natural order of
+      their names (see the checkpoints guide, "Export" and "The plan").
     - `metadata`: strings to write in the file's header (`__metadata__`; with
       `max_shard_size`, the index's `metadata` and every shard's header), such as
       `{"format": "pt"}`, which PyTorch-side tools look for.
@@ -341,29 +295,19 @@ def save(
     - `timeout`: in a run of several processes, the most seconds a process waits for
       another (to call `save`, or to go on with its part of the writing) before it
       raises `TimeoutError`; 300 by default. A process kept waiting for the others to
-      call says so on the `"treeclass"` logger after 10 s (or half of `timeout`).
-
-    In a run of several processes (`jax.distributed`), a tree that holds nothing spread
-    over processes (NumPy arrays, numbers, replicated or local arrays) is written by the
-    process that calls `save`, alone: `if jax.process_index() == 0: tc.save(path, tree)`
-    writes it once. Otherwise **every process must call `save` with the same tree and
-    path**: process 0 writes the file, gathering split arrays one at a time, or, with
-    `max_shard_size`, every process writes its share of the shards into a folder they all
-    see. Calls with different paths or trees raise a `ValueError` naming the first key
-    path that differs; a call the others do not make, or a process that stops, a
-    `TimeoutError` within `timeout`; nothing is written.
-
-    **Returns**
-
-    None.
+      call says so on the `"treeclass"` logger after 10 s (or half of `timeout`). A tree
+      holding arrays spread over processes is saved by every process calling `save` with
+      the same tree and path; any other by its caller alone (see the multihost recipe,
+      "Checkpoints with `tc.save`").
 
     **Raises**
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
-    the same name, or (on several processes) calls that do not match; with `rules`, a
-    rule the plan cannot run backwards, tied weights that differ, or an array spread over
-    processes (an export is written by its caller alone: gather it first); the file is
-    untouched. `TimeoutError` as above.
+    the same name, or (on several processes) calls with different paths or trees, naming
+    the first key path that differs; with `rules`, a rule the plan cannot run backwards,
+    tied weights that differ, or an array spread over processes (an export is written by
+    its caller alone: gather it first). `TimeoutError` for a call the other processes do
+    not make, or a process that stops. The file is untouched on any error.
 
     ```python
     import os, tempfile
@@ -375,27 +319,6 @@ def save(
         path = os.path.join(folder, "model.safetensors")
         tc.save(path, model)
         restored = tc.load(path, model)
-    assert tc.is_tree_equal(restored, model)
-    ```
-
-    A large model in shards of at most 2 kB, as model repositories lay them out:
-
-    ```python
-    import os, tempfile
-    import jax.numpy as jnp
-    import treeclass as tc
-
-    model = {"embed": jnp.zeros((100, 8)), "head": jnp.ones((8, 2))}
-    with tempfile.TemporaryDirectory() as folder:
-        index = os.path.join(folder, "model.safetensors.index.json")
-        tc.save(index, model, max_shard_size="2kB")
-        files = sorted(os.listdir(folder))
-        restored = tc.load(index, model)
-    assert files == [
-        "model-00001-of-00002.safetensors",  # embed: 3200 bytes, a shard of its own
-        "model-00002-of-00002.safetensors",
-        "model.safetensors.index.json",
-    ]
     assert tc.is_tree_equal(restored, model)
     ```
     """
@@ -563,44 +486,28 @@ def load(
     Arrays take the template's type: numpy for a numpy leaf, else a `jax.Array` placed
     like the template's leaf: with the `sharding` of a `jax.ShapeDtypeStruct`, the
     sharding of a committed or sharded `jax.Array`, or on the default device. With an
-    abstract template (`jax.eval_shape(lambda: Model(...))`) nothing is allocated twice:
-    each tensor is read into one host buffer and placed from there.
-
-    A template sharded over several devices is filled shard by shard: each process reads
-    only the bytes of the shards its devices hold, each byte once, straight into the
-    template's sharding (every process calls `load` with the same template and sees the
-    file). Tensors renamed or transformed by key rules, stored as raw bytes or PRNG key
-    data, and bool or sub-byte tensors are read whole.
-
-    A file written by another tool (no treeclass metadata) loads too when its tensor
-    names are the template's key paths joined with dots, or through `rules`; values
-    other than numbers then come from the template. Besides safetensors files, `load`
-    reads sharded safetensors (an `*.index.json` and its shards, or their folder), NumPy
-    `.npz` files (never with pickle), flax `serialization.to_bytes` files (names are the
-    nested keys joined with dots, `params.Dense_0.kernel`; needs the `msgpack` package)
-    and equinox `tree_serialise_leaves` files (the n-th record fills the template's n-th
-    array or number leaf).
+    abstract template (`jax.eval_shape(lambda: Model(...))`) each tensor is read once,
+    straight into its place; a template sharded over devices has each process read only
+    the bytes of its own shards. A file of another tool loads when its names are the
+    template's key paths joined with dots, or through `rules`.
 
     **Arguments**
 
-    - `path`: a file written by `save`, any file of the formats above, or a folder
-      holding one sharded checkpoint (or one safetensors file).
+    - `path`: a safetensors file, sharded safetensors (its `*.index.json`), a NumPy
+      `.npz`, a flax `serialization.to_bytes` file (needs the `msgpack` package), an
+      equinox `tree_serialise_leaves` file, or a folder holding one sharded checkpoint or
+      one safetensors file (see the reference guide, "Other formats").
     - `like`: a tree of the right structure: a model, or an abstract one.
     - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
       type mismatch, or differing static value raises one `ValueError` naming every key
       path. If False, restore what fits and report the rest.
-    - `rules`: key rules mapping the file's names to the template's key paths, with named
-      captures and optional transforms: a dict `{source: target}` or a list of
-      `(source, target)` / `(source, target, transform)` tuples, e.g.
-      `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`, in `tc.glob`'s
-      pattern language (`{name}` one segment, `{name*}` several) and tried in order,
-      the first match winning; a list of sources passes their
-      tensors to the transform (to concatenate), a list of targets takes as many
-      results (to split). Names no rule matches keep their own. Transforms get NumPy
-      arrays, and `jax.ShapeDtypeStruct`s for the checks: write them with `jnp` or
-      array methods. A target naming one layer of a `tc.Stacked` or `tc.Periodic`
-      (`blocks[{i}].attn.q`, as the unrolled model names it) fills block `i` of the
-      stacked leaf, so one table loads the unrolled and the stacked model.
+    - `rules`: key rules mapping the file's names to the template's key paths: a dict
+      `{source: target}` or a list of `(source, target)` / `(source, target, transform)`
+      tuples, e.g. `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`, in
+      `tc.glob`'s pattern language, tried in order, the first match winning; a list of
+      sources or targets concatenates or splits; a target naming one layer of a
+      `tc.Stacked` fills its block (the rule language: the checkpoints guide, "Loading
+      weights from elsewhere").
     - `where`: load only a selection of the template, `like.at["encoder"]` or any
       selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
       neither checked nor reported.
@@ -622,19 +529,14 @@ def load(
     the paths left at the template's values, the names ignored, one message per problem
     and where each restored path was read from. With `dry_run=True`, the report alone.
 
-    A failed strict load's error lists every problem and the fixes that fit them (key
-    rules for renamed, transposed, per-layer or converted tensors, a class migration, the
-    policies `missing=` / `unexpected=`); a non-strict load that kept template values
-    where the file holds the data under another name, dtype or layout warns with them.
-
     **Raises**
 
-    `ValueError` for a corrupted or truncated file, whatever `strict` is, or one of no
-    format `load` reads; nothing is returned in part. `ValueError` naming the paths of an
-    abstract template (`jax.ShapeDtypeStruct` leaves) that the file did not fill, whatever
-    `strict` and `missing` are: such a leaf has no value to keep (a dry run reports them;
-    a partial load keeps what lies outside its selection). `ImportError` for a flax file
-    without the `msgpack` package.
+    `ValueError` for a strict load that does not fit, listing every problem and the fixes
+    that fit them (a non-strict load that kept template values where the file holds the
+    data under another name, dtype or layout warns with them); for a corrupted or
+    truncated file, or one of no format `load` reads, whatever `strict` is; and naming the
+    leaves of an abstract template the file did not fill, whatever `strict` and `missing`
+    are. `ImportError` for a flax file without the `msgpack` package.
 
     ```python
     import os, tempfile
@@ -656,43 +558,12 @@ def load(
     assert tc.is_tree_equal(restored, model)
     assert report.mismatched == ("Linear.weight", "Linear.bias")
     ```
-
-    Weights named and laid out by another library load through key rules:
-
-    ```python
-    import os, tempfile
-    import jax, jax.numpy as jnp, numpy as np
-    import treeclass as tc
-    from safetensors.numpy import save_file
-
-    class Linear(tc.TreeClass):
-        weight: jax.Array  # [in, out]
-        bias: jax.Array
-
-    torch_style = {"fc.weight": np.ones((2, 3), np.float32), "fc.bias": np.zeros(2, np.float32)}
-    rules = [("fc.weight", "weight", lambda w: w.T), ("fc.bias", "bias")]
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "torch.safetensors")
-        save_file(torch_style, path)
-        like = Linear(jnp.zeros((3, 2)), jnp.zeros(2))
-        report = tc.load(path, like, rules=rules, dry_run=True)
-        model = tc.load(path, like, rules=rules)
-    assert report.sources["Linear.weight"] == ("fc.weight",)
-    assert model.weight.shape == (3, 2)
-    ```
     """
+    options = dict(strict=strict, missing=missing, unexpected=unexpected, dry_run=dry_run)
     source = open_source(os.fspath(path), like, format)
     try:
         return _restore(
-            like,
-            migrate(SourceCatalog(source), like),
-            "tc.load",
-            rules,
-            where,
-            strict=strict,
-            missing=missing,
-            unexpected=unexpected,
-            dry_run=dry_run,
+            like, migrate(SourceCatalog(source), like), "tc.load", rules, where, **options
         )
     finally:
         source.close()

@@ -27,8 +27,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class IOCounters:
-    """What this process's checkpoint readers and writers moved since the last `reset`
-    (tensor bytes read and reads, coalesced ranges once; bytes written and writes)."""
+    """The bytes and calls this process's checkpoint readers and writers moved since `reset`."""
 
     __slots__ = ("read_bytes", "reads", "written_bytes", "writes")
 
@@ -73,9 +72,7 @@ def _what(mode: int) -> str:
 
 
 class SizedFile:
-    """A file opened for reading whose reads never ask for more than it holds (as it was
-    when opened): `file.read(claimed)`, and the parsers handed the file (`.npy` headers,
-    `zipfile`), would allocate whatever size a header claims."""
+    """A file whose reads never ask for more than it holds, whatever a header claims."""
 
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
@@ -115,8 +112,7 @@ def read_into(file: BinaryIO, view: memoryview) -> int:
 
 
 def open_for_reading(path: str) -> BinaryIO:
-    """`path` opened for reading (a `SizedFile`); `ValueError` unless it is a regular
-    file (a named pipe would block the open, a device can be endless)."""
+    """`path` opened for reading (a `SizedFile`); `ValueError` unless it is a regular file."""
     try:
         mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
     except ValueError as error:  # a NUL byte in the name
@@ -142,19 +138,15 @@ def open_for_reading(path: str) -> BinaryIO:
         raise
 
 
-def _name_max(folder: str) -> int:
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
-        return 255
-
-
 def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
-    """A new, empty file in `folder`: `(descriptor, path)`, named after the target where
-    the name fits, else shortly (a valid target name must not become too long)."""
+    """A new, empty file in `folder`: `(descriptor, path)`, named after the target if it fits."""
     token = secrets.token_hex(6)
     names = [f".{base}.{token}.tmp", f".tc-{token}.tmp"]
-    if len(os.fsencode(names[0])) > _name_max(folder):
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no answer
+        limit = 255
+    if len(os.fsencode(names[0])) > limit:
         names.pop(0)
     # O_EXCL: never write into a file someone else made; mode 0o666 minus the umask, as
     # for any new file (mkstemp would make it 0o600)
@@ -176,8 +168,7 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
 
 
 def _temp_beside(path: str) -> tuple[str, int, str]:
-    """`(path, descriptor, temp)`: a new temporary file beside `path` (the file a link at
-    `path` points to), open for writing, with the permission bits of the file it replaces."""
+    """`(path, descriptor, temp)`: a temporary file beside `path` with its permission bits."""
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, base = os.path.split(os.path.abspath(path))
@@ -206,9 +197,7 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
 
 
 def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
-    """Call `write` on a new temporary file beside `path`, then rename it over `path`:
-    if `write` fails or the process dies, `path` keeps what it held (the temporary file
-    removed on failure). Permission bits and links are kept, as `open` would."""
+    """Call `write` on a new temporary file beside `path`, then rename it over `path`."""
     path, descriptor, temp = _temp_beside(path)
     try:
         with open(descriptor, "wb") as file:
@@ -223,8 +212,6 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
 
 
 class _Counted:
-    """A file opened for writing whose writes are counted in `IO`."""
-
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
 
@@ -238,9 +225,7 @@ class _Counted:
 
 
 def create_sized(path: str, size: int, head: bytes) -> str:
-    """A new temporary file beside `path`, `size` bytes long and starting with `head`; its
-    name. Writers fill it (`write_at`, from any process), then `os.replace` puts it at
-    `path`, or `discard` removes it."""
+    """The name of a new temporary file beside `path`, `size` bytes long, starting `head`."""
     _, descriptor, temp = _temp_beside(path)
     try:
         os.ftruncate(descriptor, size)
@@ -270,22 +255,19 @@ def write_at(descriptor: int, data: Any, offset: int) -> None:
 
 
 def reworded(error: OSError, text: str, filename: object) -> OSError:
-    """`error`, a failed system call's (else re-raised as it is), as its own type saying
-    `text` about `filename`: raise the result `from error`."""
+    """`error` of a failed system call as its own type saying `text` (else re-raised)."""
     if error.errno is None:
         raise error
     return type(error)(error.errno, text, filename)
 
 
 def discard(temp: str) -> None:
-    """Remove a temporary file, if it is still there."""
     with contextlib.suppress(OSError):
         os.unlink(temp)
 
 
 def file_reader(make: Callable[[BinaryIO, str], Any]) -> Callable[[str, object], Any]:
-    """A format's reader of one file: `make(file, path)` on the file opened for reading,
-    closed again if `make` fails (a reader that succeeds owns it)."""
+    """A format's reader of one file: `make(file, path)`, the file closed if it fails."""
 
     def read(path: str, like: object) -> Any:
         file = open_for_reading(path)

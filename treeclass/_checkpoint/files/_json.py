@@ -1,7 +1,5 @@
 """Strict JSON for checkpoint headers, as the reference safetensors reader: duplicate
-keys, `NaN`/`Infinity` and lone surrogates refused, size and nesting bounded (Python's
-`json` recurses once per level), each a `ValueError` with the reason.
-"""
+keys, `NaN`/`Infinity` and lone surrogates refused, size and nesting bounded."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ def _check_strings(strings: list[str]) -> None:
 
 
 def nesting_depth(value: Any, check_strings: bool = False) -> int:
-    """How deeply lists and dicts nest in a parsed value (a scalar is 0), without
-    recursion; with `check_strings`, refuse any key or string that is not valid Unicode."""
+    """How deeply lists and dicts nest in a value (`check_strings`: refuse invalid Unicode)."""
     peak, stack = 0, [(value, 1)] if type(value) in (dict, list) else []
     while stack:
         item, depth = stack.pop()
@@ -63,8 +60,7 @@ def check_text(text: str, what: str) -> None:
 
 
 def loads(data: bytes | str) -> Any:
-    """Parse `data` strictly; `ValueError` with the reason for anything the reference
-    reader would refuse, or that nests deeper than `MAX_DEPTH`."""
+    """Parse `data` strictly; `ValueError` with the reason for anything refused."""
     size = len(data.encode("utf-8")) if isinstance(data, str) else len(data)
     if size > MAX_HEADER_BYTES:
         raise ValueError(f"it is {size} bytes, more than the limit of {MAX_HEADER_BYTES}")

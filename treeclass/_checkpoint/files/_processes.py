@@ -1,17 +1,7 @@
-"""Checkpoint files in a run of several JAX processes: who writes, who waits, what each reads.
-
-A save whose values need no other process (NumPy arrays, numbers, arrays local to this
-process or held whole by every process) is its caller's alone, at once. Any other is made
-by every process: one file is written by process 0, which announces each array split
-across processes through the key-value store so that the others join its gather in the
-writer's order; a sharded save (`SharedWrite`) is written by all, each the bytes of the
-blocks it holds (`balance`), into files process 0 makes, sizes and renames. The processes
-meet through numbered arrivals in the key-value store (process 0 claims each by an atomic
-increment, so one that gave up and the writer never both own it) and every wait ends
-`timeout` seconds after the last progress any process told of. Loading waits for no one:
-`place_by_slices` reads only this process's shards (`read_block`), near runs of a block
-read together (`coalesce`, bounded by `OVER_READ`, `GAP_LIMIT`, `GROUP_BYTES`).
-"""
+"""Checkpoint files in a run of several JAX processes: who writes, who waits, what each
+reads (the design: the package's README and docs/architecture.md). Process 0 claims each
+numbered arrival by an atomic increment, so one that gave up and the writer never both own
+it; every wait ends `timeout` seconds after the last progress any process told of."""
 
 from __future__ import annotations
 
@@ -66,9 +56,8 @@ OVER_READ = 2
 GROUP_BYTES = 64 << 20
 
 _RULE = (
-    "in a run of several processes, a tree that holds arrays spread over processes "
-    "({spread}) is saved by all of them together: every process must call tc.save with "
-    "the same tree and path"
+    "in a run of several processes, a tree that holds arrays spread over processes ({spread}) is "
+    "saved by all of them together: every process must call tc.save with the same tree and path"
 )
 _RAISE = "if the processes are only slow, pass a larger timeout= (seconds; {timeout:g} now)"
 _NOT_EVERYWHERE = (
@@ -102,14 +91,10 @@ _WAITING = (
 )
 
 
-# -- Saving: what this process can read of an array, and the meeting of the processes --
-
 Bounds = tuple[tuple[int, int], ...]  # a block of an array: `(start, stop)` per axis
 
 
 class _KeyValueStore(Protocol):
-    """The distributed runtime's client, as far as the meetings use it."""
-
     def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str: ...
     def key_value_set(self, key: str, value: str) -> None: ...
     def key_value_increment(self, key: str, increment: int) -> int: ...
@@ -117,7 +102,6 @@ class _KeyValueStore(Protocol):
 
 
 def _bounds(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Bounds:
-    """A shard's index (a tuple of slices, one per axis) as `(start, stop)` per axis."""
     assert index is not None  # (jax's maps type an index as optional; a shard has one)
     # (a PRNG key array's shards may index its key data's trailing axis too)
     index = tuple(index)[: len(shape)] + (slice(None),) * (len(shape) - len(index))
@@ -129,7 +113,6 @@ def _key_data(array: jax.Array) -> jax.Array:
 
 
 def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
-    """This process's distinct shards of `array`, by their bounds."""
     shards: dict[Bounds, jax.Array] = {}
     for shard in array.addressable_shards:
         shards.setdefault(_bounds(shard.index, array.shape), shard.data)
@@ -137,10 +120,7 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 
 
 class _HostView:
-    """What a save reads of an array not fully addressable here (`np.asarray` of it: its
-    values, a key array's key data): assembled from this process's shards, or, when
-    `gathered` (split across processes), gathered from all while the writer reads it.
-    `spread` when some process of the run does not hold all of it: a save is made by all."""
+    """What a save reads of an array not fully addressable here (see `host_view`)."""
 
     def __init__(self, array: jax.Array, where: str, spread: bool, gathered: bool = False) -> None:
         self.array, self.where, self.spread, self.gathered = array, where, spread, gathered
@@ -178,10 +158,7 @@ class _HostView:
 
 
 def host_view(array: jax.Array, where: str) -> _HostView:
-    """What a save reads for `array`, one not fully addressable here (`np.asarray` of it
-    gives its values, a PRNG key array's key data): this process's copy of a replicated
-    array, one assembled from this process's devices when they hold all of it, else a
-    gather from all processes while the file is written. Every process decides alike."""
+    """What a save reads of `array`: this process's shards if they hold it all, else a gather."""
     indices = array.sharding.devices_indices_map(array.shape)
     held: dict[int, set[Bounds]] = {}
     for device, index in indices.items():
@@ -216,7 +193,6 @@ def _client() -> _KeyValueStore:
 
 
 def _get(client: _KeyValueStore, key: str, timeout_s: float) -> str | None:
-    """The value of `key` once it is set, or None if it is not within `timeout_s`."""
     try:
         return client.blocking_key_value_get(key, max(1, int(timeout_s * 1000)))
     except jax.errors.JaxRuntimeError as error:
@@ -226,8 +202,7 @@ def _get(client: _KeyValueStore, key: str, timeout_s: float) -> str | None:
 
 
 class _Notice:
-    """A wait for the others to call `tc.save` that says so on the "treeclass" logger
-    (once) if it lasts: `_NOTICE_AFTER_S` after it began, or half its timeout."""
+    """A wait for the others to call `tc.save` that logs a warning once if it lasts."""
 
     def __init__(self, timeout: float, text: Callable[[], str]) -> None:
         now = time.monotonic()
@@ -235,7 +210,6 @@ class _Notice:
         self.text: Callable[[], str] | None = text
 
     def get(self, client: _KeyValueStore, key: str) -> str | None:
-        """`key`'s value once it is set, or None if it is not by the deadline."""
         if self.text is not None:
             posted = _get(client, key, self.at - time.monotonic())
             if posted is not None:
@@ -245,32 +219,20 @@ class _Notice:
         return _get(client, key, self.deadline - time.monotonic())
 
 
-def _check_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(_BAD_TIMEOUT.format(timeout=timeout))
-    if not 0 < timeout < math.inf:
-        raise ValueError(_BAD_TIMEOUT.format(timeout=timeout))
-    return float(timeout)
-
-
 class _Save:
-    """One save made by several processes: its path, number and bound, and the waits."""
-
     def __init__(self, client: _KeyValueStore, path: str, number: int, timeout: float) -> None:
         self.client, self.path, self.timeout = client, path, timeout
         self.key = f"{_PREFIX}/{number}"
         self._told = -math.inf
 
     def progress(self, now: bool = False) -> None:
-        """Tell the others this process is still at work (at most once a second, unless
-        `now`: a step of the save done, which restarts the others' bounds)."""
+        """Tell the others this process is at work (at most once a second, unless `now`)."""
         if now or time.monotonic() - self._told >= _PROGRESS_EVERY_S:
             self._told = time.monotonic()
             self.client.key_value_increment(f"{self.key}/progress", 1)
 
     def wait(self, name: str, what: str, bound: float | None = None) -> dict[str, Any]:
-        """The message posted at `name`; the wait ends `bound` (by default `timeout`)
-        seconds after the last progress any process of the save told of."""
+        """The message posted at `name`, waited for `bound` s after the last progress."""
         progress, bound = f"{self.key}/progress", bound or self.timeout
         told = self.client.key_value_increment(progress, 0)
         while True:
@@ -279,16 +241,12 @@ class _Save:
                 return json.loads(posted)
             now = self.client.key_value_increment(progress, 0)
             if now == told:
-                raise TimeoutError(
-                    _STOPPED.format(
-                        path=self.path, me=jax.process_index(), timeout=bound, what=what
-                    )
-                )
+                me = jax.process_index()
+                raise TimeoutError(_STOPPED.format(path=self.path, me=me, timeout=bound, what=what))
             told = now
 
 
 def _kind(value: object) -> str:
-    """What the processes must agree on of a value: whether and how it is spread."""
     if not isinstance(value, _HostView):
         return "local"
     array = value.array
@@ -307,22 +265,14 @@ def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
 
 
 def _describe(path: str, entries: list[list[Any]]) -> str:
-    """What the processes must agree on: the path and the tensors (`_entries`), by a
-    digest, with the list packed when it is small enough to name the first difference."""
+    """The path and tensors by a digest, with the list when small enough to name a difference."""
     text = json.dumps(entries).encode()
-    packed = base64.b64encode(zlib.compress(text)).decode()
-    return json.dumps(
-        {
-            "path": path,
-            "digest": hashlib.sha256(text).hexdigest(),
-            "count": len(entries),
-            "entries": packed if len(packed) <= _DESCRIPTION_LIMIT else None,
-        }
-    )
+    digest, packed = hashlib.sha256(text).hexdigest(), base64.b64encode(zlib.compress(text))
+    shown = packed.decode() if len(packed) <= _DESCRIPTION_LIMIT else None
+    return json.dumps({"path": path, "digest": digest, "count": len(entries), "entries": shown})
 
 
 def _shown(entry: list[Any]) -> str:
-    """A tensor of a `_describe` list, in words: `float32[4, 3] sharded P('data', None)`."""
     where, dtype, shape, kind = entry
     if kind == "local":
         return f"{dtype}{shape}"
@@ -331,7 +281,6 @@ def _shown(entry: list[Any]) -> str:
 
 
 def _difference(mine: list[list[Any]], path: str, theirs: str, process: int) -> str | None:
-    """Why process `process`'s call (its `_describe`) does not match process 0's."""
     other = json.loads(theirs)
     if other["path"] != path:
         return f"process 0 saves to {path!r} but process {process} to {other['path']!r}"
@@ -378,27 +327,33 @@ def save_from_processes(
     write: Callable[[], None] | SharedWrite,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> None:
-    """Write `path` by `write` (a `SharedWrite`, its `tensors` in the order of `tensors`,
-    or a function that writes the whole file): alone, at once, when no value needs
-    another process; else with every process taking part (see the module docstring)."""
-    timeout = _check_timeout(timeout)
+    """Write `path` by `write`: alone when no value needs another process, else with all."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(_BAD_TIMEOUT.format(timeout=timeout))
+    if not 0 < timeout < math.inf:
+        raise ValueError(_BAD_TIMEOUT.format(timeout=timeout))
     spread = [t.where for t in tensors if isinstance(t.value, _HostView) and t.value.spread]
-    if jax.process_count() == 1 or not spread:
-        if isinstance(write, SharedWrite):
-            _write_shared_alone(write, tensors)
-        else:
-            write()
-        return
-    named = ", ".join(spread[:3]) + (", ..." if len(spread) > 3 else "")
-    with _lock:
-        first = jax.process_index() == 0
-        save = (_meet_as_process_0 if first else _meet)(path, tensors, named, timeout)
-        if isinstance(write, SharedWrite):
-            (_share_as_process_0 if first else _share)(save, tensors, write)
-        elif first:
-            _write_as_process_0(save, tensors, write)
-        else:
-            _take_part(save, tensors)
+    if jax.process_count() > 1 and spread:
+        named = ", ".join(spread[:3]) + (", ..." if len(spread) > 3 else "")
+        with _lock:
+            first = jax.process_index() == 0
+            save = (_meet_as_process_0 if first else _meet)(path, tensors, named, timeout)
+            if isinstance(write, SharedWrite):
+                (_share_as_process_0 if first else _share)(save, tensors, write)
+            elif first:
+                _write_as_process_0(save, tensors, write)
+            else:
+                _take_part(save, tensors)
+    elif not isinstance(write, SharedWrite):
+        write()
+    else:  # a sharded save this process makes alone
+        state = write.begin()
+        try:
+            _write_mine(tensors, write, state)
+        except BaseException:
+            write.abort(state)
+            raise
+        write.finish(state)
 
 
 def _named(processes: list[int]) -> str:
@@ -408,8 +363,7 @@ def _named(processes: list[int]) -> str:
 def _meet_as_process_0(
     path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: float
 ) -> _Save:
-    """Process 0's side of the meeting: every other process arrived with the same call
-    (else an error on every process that came); this save."""
+    """Process 0's side of the meeting: every other process arrived with the same call."""
     client, count = _client(), jax.process_count()
     number = _counters["saves"]
     _counters["saves"] += 1
@@ -457,8 +411,7 @@ def _meet_as_process_0(
 
 
 def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: float) -> _Save:
-    """Another process's side of the meeting: this save, once process 0 has seen every
-    process arrive with the same call (else its error)."""
+    """Another process's side of the meeting: this save, once process 0 has answered."""
     client, process = _client(), jax.process_index()
     k = _counters["arrivals"]
     _counters["arrivals"] += 1
@@ -468,15 +421,11 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
     reply = _Notice(timeout, lambda: text).get(client, f"{_PREFIX}/reply/{process}/{k}")
     if reply is None:
         if client.key_value_increment(f"{_PREFIX}/claim/{process}/{k}", 1) == 1:
+            who = "process 0 to answer (it answers once every process has called it)"
             raise TimeoutError(
                 _NOT_EVERYWHERE.format(
-                    path=path,
-                    spread=spread,
-                    me=process,
-                    timeout=timeout,
-                    verb="it did",
-                    who="process 0 to answer (it answers once every process has called it)",
-                )  # fmt: skip
+                    path=path, spread=spread, me=process, timeout=timeout, verb="it did", who=who
+                )
             )
         # process 0 claimed our arrival just now: its answer is on its way
         reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", timeout)
@@ -491,12 +440,9 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
 
 def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, Any]:
     kind = "OSError" if isinstance(failure, OSError) else type(failure).__name__
-    text = (
-        _FAILED_ELSEWHERE.format(path=path, error=failure)
-        if process == 0
-        else _FAILED_ON.format(path=path, process=process, error=failure)
-    )
-    return {"error": [kind, text]}
+    if process == 0:
+        return {"error": [kind, _FAILED_ELSEWHERE.format(path=path, error=failure)]}
+    return {"error": [kind, _FAILED_ON.format(path=path, process=process, error=failure)]}
 
 
 def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Callable) -> None:
@@ -534,12 +480,7 @@ def _take_part(save: _Save, tensors: Sequence[PlannedTensor]) -> None:
             return
 
 
-# -- a save every process writes a share of ----------------------------------------------
-
-
 class _Piece(NamedTuple):
-    """A block of one tensor as stored, and the processes that hold it."""
-
     tensor: int
     bounds: Bounds  # on the stored shape
     holders: tuple[int, ...]
@@ -547,9 +488,7 @@ class _Piece(NamedTuple):
 
 
 def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> list[_Piece]:
-    """The distinct blocks of a planned tensor, with who holds each: an array spread over
-    processes by its sharding's blocks, any other value whole on process 0 (on this
-    process, when it writes `alone`)."""
+    """The distinct blocks of a planned tensor, with the processes that hold each."""
     stored = tuple(planned.shape)
     whole = tuple((0, n) for n in stored)
     if alone or not isinstance(planned.value, _HostView) or out.nbytes == 0:
@@ -575,10 +514,7 @@ def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> 
 
 
 def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[list[tuple]]:
-    """Who writes which bytes of each piece, given `(nbytes, holders)` per piece: for each,
-    `(process, start, stop)` byte ranges. A piece one process holds is its own; the others
-    (fewest holders, then largest, first) are split between their holders so as to even
-    out the totals. Every process computes the same split from the same arguments."""
+    """`(process, start, stop)` byte ranges per `(nbytes, holders)` piece, totals evened out."""
     load = [0] * count
     parts: list[list[tuple]] = [[] for _ in pieces]
     for i, (nbytes, holders) in enumerate(pieces):
@@ -607,9 +543,7 @@ def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[lis
 
 
 def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.ndarray, int]:
-    """The byte runs of the block `bounds` of a C-ordered tensor of `shape`: `(offsets,
-    chunk)`, the block's bytes in its own C order being `chunk` bytes at each offset
-    (ascending). One run for a band of leading rows; one per row for a band of columns."""
+    """The block `bounds` of a C-ordered tensor as `chunk` bytes at each of `offsets`."""
     extent = [b - a for a, b in bounds]
     if 0 in extent:
         return np.zeros(0, np.int64), 0
@@ -631,9 +565,7 @@ def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.nda
 def _block_bytes(
     planned: PlannedTensor, out: OutTensor, piece: _Piece, low: int, high: int, alone: bool
 ) -> tuple[np.ndarray, int]:
-    """This process's bytes `low:high` of `piece` (in the block's C order), or a span
-    around them: `(bytes, where they start)`. Of a block on a device, only the rows of
-    its leading axis that hold them are copied to the host."""
+    """`(bytes, start)` spanning this process's bytes `low:high` of `piece`, copied sparingly."""
     if alone or not isinstance(planned.value, _HostView):  # the whole tensor's bytes
         data = out.data()
         if data.nbytes != out.nbytes:  # the tree changed under us
@@ -656,8 +588,7 @@ def _write_mine(
     state: dict[str, Any],
     progress: Callable[[], None] | None = None,
 ) -> int:
-    """Write this process's share of every tensor (all of them, when `progress` is None:
-    a save this process makes alone); the bytes it wrote."""
+    """Write this process's share of every tensor (all of it when alone); the bytes written."""
     me, count, alone = jax.process_index(), jax.process_count(), progress is None
     outs = list(write.tensors)
     pieces = [
@@ -698,16 +629,6 @@ def _write_mine(
         for descriptor in descriptors.values():
             os.close(descriptor)
     return written
-
-
-def _write_shared_alone(write: SharedWrite, tensors: Sequence[PlannedTensor]) -> None:
-    state = write.begin()
-    try:
-        _write_mine(tensors, write, state)
-    except BaseException:
-        write.abort(state)
-        raise
-    write.finish(state)
 
 
 def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
@@ -771,13 +692,8 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
             raise failure
 
 
-# -- Loading: each process reads the bytes of its own shards --
-
-
 def coalesce(offsets: np.ndarray, chunk: int) -> list[tuple[int, int, int]]:
-    """The reads of runs of `chunk` bytes at ascending `offsets`: `(first run, count,
-    pitch)` each. Equally spaced runs are read together while a gap is at most `chunk`
-    (`OVER_READ`) and `GAP_LIMIT` bytes, up to `GROUP_BYTES` a read; others one by one."""
+    """`(first run, count, pitch)` reads of runs of `chunk` bytes, near ones together."""
     n = len(offsets)
     if n == 0:
         return []
@@ -807,9 +723,7 @@ def read_block(
     itemsize: int,
     read_range: Callable[[int, int], np.ndarray],
 ) -> np.ndarray:
-    """The bytes of the block `bounds` of a C-ordered tensor of `shape`, as `uint8` of the
-    block's shape plus an axis of `itemsize`, read by `read_range(start, stop)`: whole
-    leading rows in one read, a band of columns by runs read together (`coalesce`)."""
+    """The block `bounds` of a C-ordered tensor as `uint8` (one more axis), in few reads."""
     extent = tuple(b - a for a, b in bounds)
     offsets, chunk = _runs(bounds, shape, itemsize)
     if len(offsets) == 1:
@@ -830,9 +744,7 @@ def place_by_slices(
     sharding: jax.sharding.Sharding,
     read_range: Callable[[int, int], np.ndarray],
 ) -> jax.Array:
-    """A tensor of `shape` and `dtype`, stored C-ordered and little-endian, placed with
-    `sharding`: this process reads only its devices' blocks, each byte once (the box they
-    tile at once, when they tile one, each block a view of it)."""
+    """A stored tensor placed with `sharding`, reading only this process's blocks, once."""
     stored = np.dtype(dtype).newbyteorder("<")
     indices = sharding.addressable_devices_indices_map(shape).values()
     held = {_bounds(index, shape) for index in indices}

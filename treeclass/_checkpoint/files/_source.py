@@ -35,9 +35,7 @@ __all__ = [
 
 
 class TensorInfo(NamedTuple):
-    """One tensor as a source stores it: its dtype's NumPy name (or the format's own name
-    for a type NumPy cannot hold, `"F4"`: listed and reported, never restored), its shape
-    and the size of its data."""
+    """One tensor as a source stores it (a dtype NumPy cannot hold by the format's name)."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -75,9 +73,8 @@ class CheckpointSource(Protocol):
         ...
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of what `read(key)` returns, flat `uint8`, checked exactly
-        as `read` checks them (cut from `read`'s result where the file's bytes are not
-        `read`'s or a checksum covers the whole: `WholeTensorCache`)."""
+        """Bytes `start:stop` of what `read(key)` returns, flat `uint8`, checked exactly as
+        `read` checks them (cut from it where the file's bytes are not: `WholeTensorCache`)."""
         ...
 
     def close(self) -> None:
@@ -86,8 +83,7 @@ class CheckpointSource(Protocol):
 
 
 class WholeTensorCache:
-    """Ranges cut from the last tensor read whole (through `read`, with all its checks),
-    one tensor held at a time."""
+    """Ranges cut from the last tensor read whole through `read`, with all its checks."""
 
     def __init__(self, read: Callable[[str], np.ndarray]) -> None:
         self._read = read
@@ -114,9 +110,7 @@ def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn
 
 
 class FileSource:
-    """What the readers of an opened file share: the one error naming it (`_corrupt`),
-    positioned reads of tensor data (`read_at`), no metadata unless the format has some,
-    and closing the file."""
+    """What the readers of an opened file share: its error, positioned reads, closing it."""
 
     format: str
 
@@ -128,10 +122,8 @@ class FileSource:
         corrupt(self.location, reason, self.format)
 
     def read_at(self, key: str, offset: int, count: int, out: Any = None) -> np.ndarray:
-        """`count` bytes at `offset` of the file, the data of tensor `key` (into `out`, else
-        a new flat `uint8` array), counted in `IO`. Read straight into the buffer where the
-        OS has positioned reads, with no read-ahead copy, so that many small slices (a row
-        per shard) cost what they read."""
+        """`count` bytes of tensor `key`'s data at `offset` (into `out`, else a new `uint8`
+        array), with positioned reads where the OS has them: a small slice costs its size."""
         out = np.empty(max(count, 0), np.uint8) if out is None else out
         view, done = memoryview(out).cast("B"), 0
         positioned = hasattr(os, "preadv")
@@ -182,9 +174,7 @@ class PlannedTensor(NamedTuple):
 
 
 class SharedWrite:
-    """A save every process writes a share of: files made by process 0 (`begin`), filled
-    by all, put in place by process 0 (`finish`) or removed (`abort`). `tensors` are in
-    writing order; `.data()` is read on process 0 for values no other process holds."""
+    """A save every process writes a share of, into files process 0 makes and places."""
 
     tensors: Sequence[OutTensor]
 
@@ -206,18 +196,13 @@ class SharedWrite:
 
 
 class CheckpointWriter(Protocol):
-    """How `tc.save` writes a format: the dtypes it names (others are stored as raw
-    bytes), and `prepare`, which checks the tensors and metadata before anything is
-    written and returns the write (a function, or a `SharedWrite`)."""
+    """How `tc.save` writes a format: the dtypes it names, and the checked write (`prepare`)."""
 
     def can_store(self, dtype: np.dtype) -> bool: ...
 
     def prepare(
         self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
     ) -> Callable[[], None] | SharedWrite: ...
-
-
-# -- dtypes, as sources name them --------------------------------------------------------
 
 
 def numpy_dtype(name: str) -> np.dtype | None:
@@ -239,13 +224,9 @@ def is_weak(value: object) -> bool:
     return bool(getattr(value, "weak_type", False))
 
 
-# -- The formats: each module of a format registers its row here, once, when imported --
-
-
 class Format(NamedTuple):
-    """One format: its name for `format=`, its name endings, a test of a file's first 16
-    bytes and size (a `loose` one is tried last), its reader (path, template) and its
-    writer (path, shard limit), if `tc.save` writes it."""
+    """One format: its name, name endings, a test of the first 16 bytes and size (a `loose`
+    one tried last), its reader (path, template) and writer (path, shard limit)."""
 
     name: str
     suffixes: tuple[str, ...]
@@ -262,8 +243,7 @@ _REGISTERING = threading.Lock()
 
 
 def register_format(row: Format) -> Format:
-    """Add a format to those `tc.load` reads (and `tc.save` writes, with a writer): a new
-    format is one module that defines its reader and writer and registers its row."""
+    """Add a format to those `tc.load` reads (and `tc.save` writes, with a writer)."""
     with _REGISTERING:
         if row.name in _REGISTERED:
             raise ValueError(f"a checkpoint format named {row.name!r} is registered already")
@@ -279,7 +259,6 @@ def register_format(row: Format) -> Format:
 
 
 def formats() -> tuple[Format, ...]:
-    """The registered formats as messages list them and first bytes are tried: those
-    `tc.save` writes, then the others, a loose test last."""
+    """The registered formats: those `tc.save` writes, then the others, a loose test last."""
     rows = list(_REGISTERED.values())
     return tuple(sorted(rows, key=lambda r: (r.loose, r.save is None)))

@@ -1,13 +1,10 @@
 """equinox's `tree_serialise_leaves` files: `.npy` records of the array and number leaves
-in order, with no names, so the template names them (the n-th record fills its n-th array
-or number, under its checkpoint name); a count that differs is an error naming the first
-path without a partner. Records are parsed by `_npz`; equinox is not imported.
-"""
+in order, named by the template (the n-th record fills its n-th array or number)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -101,8 +98,6 @@ class EquinoxFile(NpyRecords):
             location=self.location, records=len(records), slots=len(slots), detail=detail
         )
 
-    # -- the CheckpointSource protocol ------------------------------------------------
-
     def read(self, key: str) -> np.ndarray:
         record = self.records[key]
         return npy_array(self.read_at(key, record.start, record.header.nbytes), record.header)
@@ -115,9 +110,8 @@ class EquinoxFile(NpyRecords):
         return self._whole(key, start, stop)
 
 
-def _slots(like: Any) -> list[Slot]:
-    """The template's leaves an equinox file holds, in order: arrays and numbers."""
-    return [
+def _open(path: str, like: object) -> EquinoxFile:
+    slots = [  # the template's leaves an equinox file holds, in order: arrays and numbers
         Slot(
             entry.name,
             path_str(like, entry.path),
@@ -127,10 +121,7 @@ def _slots(like: Any) -> list[Slot]:
         for entry in entries(like, "tc.load", "tc.load(path, value)")
         if entry.kind != STATIC and entry.category in (TENSOR, NUMBER)
     ]
-
-
-def _open(path: str, like: object) -> EquinoxFile:
-    return file_reader(lambda file, path: EquinoxFile(file, path, _slots(like)))(path, like)
+    return file_reader(lambda file, path: EquinoxFile(file, path, slots))(path, like)
 
 
 register_format(Format("equinox", (".eqx",), lambda head, size: head[:6] == b"\x93NUMPY", _open))

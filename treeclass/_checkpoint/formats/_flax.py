@@ -1,12 +1,6 @@
-"""flax's `serialization.to_bytes` files: one msgpack document (a `CheckpointSource`).
-
-A state dict of nested string-keyed maps (lists as maps keyed `"0"`, `"1"`), arrays as
-extension objects (1: ndarray, 3: NumPy scalar, each a `(shape, dtype name, bytes)`
-triple; 2: a complex), arrays over 1 GiB as `{"__msgpack_chunked_array__": True, "shape":
-..., "chunks": ...}`. Names are the keys joined with dots; Python numbers are 0-d tensors,
-strings and `None` are left out. Opening walks the document with `msgpack` (an optional
-dependency) reading only array headers; flax itself is not imported.
-"""
+"""flax's `serialization.to_bytes` files: one msgpack document of nested maps, arrays as
+extensions (1: ndarray, 3: NumPy scalar, a `(shape, dtype, bytes)` triple; 2: complex) or
+chunked maps; opening reads only array headers, with `msgpack`, without flax."""
 
 from __future__ import annotations
 
@@ -56,14 +50,6 @@ _BYTES: dict[int, tuple[int, str]] = {
 }  # fmt: skip
 
 
-def _msgpack() -> Any:
-    try:
-        import msgpack
-    except ImportError:
-        raise ImportError(_NEEDS_MSGPACK) from None
-    return msgpack
-
-
 class _Array(NamedTuple):
     dtype: np.dtype
     shape: tuple[int, ...]
@@ -77,7 +63,11 @@ class FlaxFile(FileSource):
     format = "flax msgpack"
 
     def __init__(self, file: BinaryIO, location: str) -> None:
-        self.msgpack = _msgpack()
+        try:
+            import msgpack
+        except ImportError:
+            raise ImportError(_NEEDS_MSGPACK) from None
+        self.msgpack = msgpack
         super().__init__(file, location)
         self._restart(0)
         head = self._peek(1)
@@ -90,10 +80,7 @@ class FlaxFile(FileSource):
         self._name(document, ())
         self._whole = WholeTensorCache(self.read)
 
-    # -- walking the document ---------------------------------------------------------
-
     def _restart(self, position: int) -> None:
-        """Continue reading at `position` (after a skipped extension's bytes)."""
         self.file.seek(position)
         self.base = position
         # small reads: the unpacker starts afresh after each array, and what it read ahead
@@ -105,9 +92,7 @@ class FlaxFile(FileSource):
 
     @staticmethod
     def _limits(size: int) -> dict[str, int]:
-        """msgpack's bounds for a document of `size` bytes: it makes a list of the length
-        an array's header claims before reading its items, so no claim may exceed what
-        the bytes can hold (an item, a map's key and value, takes at least one byte)."""
+        """msgpack's bounds for `size` bytes: no claimed length beyond what they can hold."""
         size = max(size, 1)
         return {
             "max_buffer_size": max(size, _READ_SIZE),
@@ -122,7 +107,6 @@ class FlaxFile(FileSource):
         return self.base + self.unpacker.tell()
 
     def _pread(self, position: int, count: int) -> bytes:
-        """`count` bytes at `position`, leaving the unpacker's place in the file alone."""
         here = self.file.tell()
         self.file.seek(position)
         data = self.file.read(count)
@@ -186,21 +170,18 @@ class FlaxFile(FileSource):
             self._corrupt(f"it ends inside {self._where(path)}: the file is truncated")
         if code == _COMPLEX:
             value = self._call(self.unpacker.unpack, path)  # a few bytes: read it whole
-            return self._complex(path, value)
+            try:
+                limits = self._limits(len(value.data))
+                del limits["max_buffer_size"]  # (unpackb reads a buffer it is given whole)
+                real, imag = self.msgpack.unpackb(value.data, **limits)
+                return np.asarray(complex(real, imag))
+            except (ValueError, TypeError, self.msgpack.UnpackException):
+                self._corrupt(f"{self._where(path)} is a malformed complex number")
         if code not in (_NDARRAY, _SCALAR):
             self._corrupt(f"{self._where(path)} is a msgpack extension of unknown type {code}")
         array = self._array(path, data, length)
         self._restart(end)  # past the array's bytes, unread
         return array
-
-    def _complex(self, path: tuple, value: Any) -> np.ndarray:
-        try:
-            limits = self._limits(len(value.data))
-            del limits["max_buffer_size"]  # (unpackb reads a buffer it is given whole)
-            real, imag = self.msgpack.unpackb(value.data, **limits)
-            return np.asarray(complex(real, imag))
-        except (ValueError, TypeError, self.msgpack.UnpackException):
-            self._corrupt(f"{self._where(path)} is a malformed complex number")
 
     def _array(self, path: tuple, start: int, length: int) -> _Array:
         """The header of an ndarray extension at `start`: a msgpack `(shape, dtype, bytes)`."""
@@ -236,8 +217,6 @@ class FlaxFile(FileSource):
             )
         return _Array(dtype, shape, ((start + at + header, count),))
 
-    # -- naming -----------------------------------------------------------------------
-
     def _name(self, node: Any, path: tuple) -> None:
         name = ".".join(path)
         if isinstance(node, dict):
@@ -251,7 +230,11 @@ class FlaxFile(FileSource):
         elif isinstance(node, np.ndarray):  # a complex number
             self._add(name, _Array(node.dtype, (), (), node))
         elif type(node) in (bool, int, float):
-            self._add(name, _number(node))
+            dtype = None
+            if type(node) is int:  # msgpack holds no integer outside int64 and uint64
+                dtype = np.int64 if -(2**63) <= node < 2**63 else np.uint64
+            value = np.asarray(node, dtype)
+            self._add(name, _Array(value.dtype, (), (), value))
         # strings, bytes and None are not data
 
     def _add(self, name: str, array: _Array) -> None:
@@ -280,8 +263,6 @@ class FlaxFile(FileSource):
         ):
             self._corrupt(f"the chunked array {name!r} is malformed: its chunks miss its shape")
         return _Array(dtype, dims, spans)
-
-    # -- the CheckpointSource protocol ------------------------------------------------
 
     def keys(self) -> Iterator[str]:
         return iter(self.arrays)
@@ -312,7 +293,6 @@ class FlaxFile(FileSource):
         return self._stored(key, start, stop)
 
     def _stored(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of the array's data as the file stores them."""
         array = self.arrays[key]
         stop = min(stop, sum(n for _, n in array.pieces))
         buffer = np.empty(max(stop - start, 0), np.uint8)
@@ -323,15 +303,6 @@ class FlaxFile(FileSource):
                 self.read_at(key, offset + low - at, high - low, buffer[low - start : high - start])
             at += count
         return buffer
-
-
-def _number(value: bool | int | float) -> _Array:
-    """A number of the document as a 0-d array."""
-    if type(value) is int:  # msgpack holds no integer outside int64 and uint64
-        array = np.asarray(value, np.int64 if -(2**63) <= value < 2**63 else np.uint64)
-    else:
-        array = np.asarray(value)
-    return _Array(array.dtype, (), (), array)
 
 
 def _is_msgpack_map(head: bytes, size: int) -> bool:

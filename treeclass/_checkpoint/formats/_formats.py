@@ -1,8 +1,5 @@
-"""Which reader opens a checkpoint (by `format=`, else by a format's name ending, else by
-the first bytes; a folder by the one checkpoint it holds, passing over other libraries'
-indexes such as `pytorch_model.bin.index.json`), and which writer `tc.save` uses. The
-formats are the registered rows (`_source.register_format`), none is listed here.
-"""
+"""Which registered reader opens a checkpoint (by `format=`, name ending, else first bytes;
+a folder by the one checkpoint it holds), and which writer `tc.save` uses."""
 
 from __future__ import annotations
 
@@ -23,10 +20,9 @@ _UNKNOWN_FORMAT = (
 )
 _BAD_FORMAT = "tc.load's format= takes one of {formats} (or None: tell by the file); got {format!r}"
 _READ_ONLY = (
-    "its name ends like a checkpoint in the {format} format, which tc.load reads but "
-    "tc.save does not write (a safetensors file under that name could "
-    "not be loaded back). tc.save writes safetensors: one file, or a sharded checkpoint "
-    "with max_shard_size=:\n"
+    "its name ends like a checkpoint in the {format} format, which tc.load reads but tc.save does "
+    "not write (a safetensors file under that name could not be loaded back). tc.save writes "
+    "safetensors: one file, or a sharded checkpoint with max_shard_size=:\n"
     "    tc.save({single!r}, tree)"
 )
 _INDEX_WITHOUT_SHARDS = (
@@ -108,8 +104,7 @@ def _sniff(path: str) -> Format:
 
 
 def open_source(path: str, like: object, format: str | None = None) -> CheckpointSource:
-    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader
-    (given the template, which names the records of an equinox file)."""
+    """The checkpoint at `path` (a file, or a folder holding one) opened by its reader."""
     row = _by_name(format) if format is not None else None
     if format is not None and row is None:
         raise ValueError(_BAD_FORMAT.format(formats=format_names(), format=format))
@@ -131,9 +126,7 @@ _SHARDED_ONLY = (
 def writer_for(
     path: str, max_shard_size: object = None, format: str | None = None
 ) -> CheckpointWriter:
-    """The writer of `path`: the `format` given, else sharded safetensors with a shard
-    limit, else one file; a name ending like another format (or like an index, without
-    a limit) is refused, as what was written could not be loaded back by that name."""
+    """The writer of `path` (refused for a name that could not be loaded back)."""
     if format is not None:
         given = _by_name(format)
         if given is None or given.save is None:

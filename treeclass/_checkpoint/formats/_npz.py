@@ -72,27 +72,19 @@ class NpyHeader(NamedTuple):
 
 
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
-    """The header of the `.npy` record at `file`'s position; `ValueError` with the reason
-    for anything but a record of version 1 or 2 (what `np.save` writes)."""
+    """The header of the `.npy` record (version 1 or 2) at `file`'s position."""
     start = file.tell()
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
     try:
         version = npy_format.read_magic(file)
-        if version == (1, 0):
-            shape, fortran_order, dtype = npy_format.read_array_header_1_0(
-                file, max_header_size=_MAX_NPY_HEADER
-            )
-        elif version == (2, 0):
-            shape, fortran_order, dtype = npy_format.read_array_header_2_0(
-                file, max_header_size=_MAX_NPY_HEADER
-            )
-        else:
+        if version not in readers:
             raise ValueError(f"it is a .npy record of version {version}, not 1.0 or 2.0")
+        shape, fortran_order, dtype = readers[version](file, max_header_size=_MAX_NPY_HEADER)
     except (ValueError, EOFError, SyntaxError, tokenize.TokenError) as error:
         # numpy's parser lets a header's tokenizer error out as it is (an unclosed bracket)
         raise ValueError(f"its .npy header is malformed ({error})") from None
     if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
-        # NumPy has no bfloat16, so `jnp.save` writes it as 2-byte voids: read it as
-        # `jnp.load` does
+        # NumPy has no bfloat16, so `jnp.save` writes it as 2-byte voids: read it as `jnp.load` does
         dtype = np.dtype(ml_dtypes.bfloat16)
     shape = tuple(shape)
     nbytes = math.prod(shape) * dtype.itemsize
@@ -122,8 +114,7 @@ def ranges_read_directly(header: NpyHeader) -> bool:
 
 
 class NpyRecords(FileSource):
-    """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key, each
-    with its `header`), which answer alike whatever holds the records."""
+    """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key)."""
 
     records: Mapping[str, Any]
 
@@ -145,9 +136,7 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile(NpyRecords):
-    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked: a
-    stored member read straight from the file (its CRC checked here), a compressed one
-    through `zipfile`'s stream."""
+    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked."""
 
     format = "npz"
 
@@ -196,8 +185,7 @@ class NpzFile(NpyRecords):
         return start
 
     def _check_claims(self, key: str, info: zipfile.ZipInfo) -> None:
-        """Refuse a compressed record whose sizes its stored bytes cannot hold: its data
-        must lie in the file, and deflate expands a byte to at most `_DEFLATE_RATIO`."""
+        """Refuse a compressed record whose sizes its stored bytes cannot hold."""
         if info.header_offset + info.compress_size > self.size:
             self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
         if (
@@ -220,8 +208,6 @@ class NpzFile(NpyRecords):
             self._corrupt(f"the record {key!r}: {error}")
         except _ZIP_ERRORS as error:
             self._corrupt(f"the record {key!r} cannot be read ({error})")
-
-    # -- the CheckpointSource protocol ------------------------------------------------
 
     def _stored_data(self, key: str, member: _Member) -> np.ndarray:
         assert member.data is not None
@@ -255,8 +241,7 @@ class NpzFile(NpyRecords):
         return buffer
 
     def _pieces(self, key: str, member: _Member) -> np.ndarray:
-        """A compressed record of a method with no bound on its expansion (bzip2, lzma),
-        read piece by piece: memory grows with what it really holds."""
+        """A record of unbounded expansion (bzip2, lzma), read piece by piece."""
         pieces, done = [], 0
         try:
             with self.zip.open(member.info) as stream:

@@ -47,9 +47,6 @@ def can_store(dtype: np.dtype) -> bool:
     return dtype.name in _SAFETENSORS_NAMES and numpy_dtype(dtype.name) == dtype
 
 
-# -- Reading --
-
-
 class _Tensor(NamedTuple):
     code: str  # the safetensors dtype name
     dtype: str  # its numpy name (the code itself for packed types)
@@ -136,8 +133,6 @@ class SafetensorsFile(FileSource):
         if end < data_size:
             self._corrupt(f"{data_size - end} bytes follow the last tensor's data")
 
-    # -- the CheckpointSource protocol ------------------------------------------------
-
     def keys(self) -> Iterator[str]:
         return iter(self.tensors)
 
@@ -160,9 +155,6 @@ class SafetensorsFile(FileSource):
         if dtype is None:
             self._corrupt(f"tensor {key!r} has the dtype {tensor.code}, which NumPy cannot hold")
         return buffer.view(dtype.newbyteorder("<")).reshape(tensor.shape)
-
-
-# -- Writing --
 
 
 class SafetensorsSave:
@@ -204,8 +196,7 @@ def header_bytes(metadata: dict[str, str], tensors: Sequence[OutTensor]) -> byte
 
 
 def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -> None:
-    """Write a whole safetensors file (`header` from `header_bytes`), one tensor's bytes on
-    the host at a time."""
+    """Write a whole safetensors file, one tensor's bytes on the host at a time."""
     file.write(header)
     for tensor in tensors:
         data = tensor.data()

@@ -1,14 +1,6 @@
 """Sharded safetensors: an index (`{"metadata": {...}, "weight_map": {name: shard}}`) and
-the safetensors shards beside it (a `CheckpointSource`), and its writer.
-
-The reader checks that index and shards agree exactly and that shard names are plain
-file names beside the index (`total_size` is not checked: repositories disagree on it).
-The writer closes a shard when the next tensor would take it over the limit (a larger
-tensor gets its own), replaces each atomically, the index last, with the given metadata
-in the index and every shard; treeclass's own saves tie index and shards by a token, so
-an interrupted save over an older one is an error, and remove the previous save's
-shards the new index no longer names (only `.safetensors` files).
-"""
+its shards beside it, read (index and shards agreeing exactly; `total_size` unchecked:
+repositories disagree on it) and written (our saves tie them by a token)."""
 
 from __future__ import annotations
 
@@ -61,9 +53,6 @@ def parse_size(value: Any) -> int:
     if size <= 0:
         raise ValueError(_BAD_SIZE.format(value=value))
     return size
-
-
-# -- Reading --
 
 
 def _plain_name(name: Any) -> bool:
@@ -141,8 +130,6 @@ class ShardedSafetensors(FileSource):
             file.close()
             raise
 
-    # -- the CheckpointSource protocol ------------------------------------------------
-
     def keys(self) -> Iterator[str]:
         return iter(self.weight_map)
 
@@ -170,9 +157,6 @@ class ShardedSafetensors(FileSource):
             raise errors[0]
 
 
-# -- Writing --
-
-
 def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     groups: list[list[OutTensor]] = []
     current: list[OutTensor] = []
@@ -198,25 +182,13 @@ def _mapped(index: str) -> list | None:
 
 
 def shard_names(index: str) -> set[str] | None:
-    """The shards the index at `index` names, or None if it cannot be read (its reader
-    says why)."""
+    """The shards the index at `index` names, or None if it cannot be read."""
     names = _mapped(index)
     return None if names is None else {name for name in names if isinstance(name, str)}
 
 
-def _previous_shards(path: str) -> set[str]:
-    """The safetensors shards the index at `path` names now: none if it is unreadable or
-    maps a name to what is no name; only safetensors files (an index from elsewhere may
-    name anything, itself included)."""
-    names = _mapped(path) or []
-    if any(isinstance(name, (list, dict)) for name in names):
-        return set()
-    return {name for name in names if _plain_name(name) and name.endswith(".safetensors")}
-
-
 class ShardedSave:
-    """Where and how a sharded save writes: the index path and the shard limit, checked
-    before anything is planned."""
+    """Where and how a sharded save writes: the index path and the shard limit, checked."""
 
     def __init__(self, path: str, max_shard_size: Any) -> None:
         self.limit = parse_size(max_shard_size)
@@ -229,15 +201,13 @@ class ShardedSave:
     can_store = staticmethod(can_store)  # a `CheckpointWriter`: its shards are safetensors
 
     def prepare(self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]) -> SharedWrite:
-        """The save of `tensors` and an index holding `metadata`, as a `SharedWrite`:
-        every process of a run writes its share of the shards (`save_from_processes`)."""
+        """The save of `tensors` and an index holding `metadata`, as a `SharedWrite`."""
         header_bytes(dict(metadata), tensors)  # what one file could not hold, no shard can
         return _ShardedWrite(self, metadata, tensors)
 
 
 class _ShardedWrite(SharedWrite):
-    """The shards as temporary files made by process 0 (headers written, data to fill),
-    renamed into place, the index last."""
+    """The shards as temporary files made by process 0, renamed into place, the index last."""
 
     def __init__(
         self, save: ShardedSave, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
@@ -259,7 +229,13 @@ class _ShardedWrite(SharedWrite):
         self.token = ""
 
     def begin(self) -> dict[str, Any]:
-        self.previous = _previous_shards(self.save.path)
+        # the safetensors files the index there names now (an index from elsewhere may
+        # name anything, itself included)
+        names = _mapped(self.save.path) or []
+        odd = any(isinstance(name, (list, dict)) for name in names)
+        self.previous = {
+            n for n in names if not odd and _plain_name(n) and n.endswith(".safetensors")
+        }
         self.token = secrets.token_hex(8)
         files: list[list[Any]] = []
         try:

@@ -1,6 +1,4 @@
-"""The catalog protocol: what a checkpoint holds under each name (`Stored`), as the checks
-see it; a state dict, a file (`_document.SourceCatalog`), key rules and migrations are
-catalogs, the last two wrapping another."""
+"""The catalog protocol: what a checkpoint holds under each name (`Stored`)."""
 
 from __future__ import annotations
 
@@ -11,12 +9,11 @@ from ..._structure import describe as structure_describe
 from ..._values import array_type, short_repr
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, category, is_plain
 
-__all__ = ["Stored", "Catalog", "describe"]
+__all__ = ["Stored", "Catalog", "Wrapping", "describe"]
 
 
 def describe(value: object) -> str:
-    r"""A template's or a checkpoint's value in messages: the node view's one description
-    (`an array f32[2,3]`, `'tanh' (a \`str\`)`), a tuple or list of plain values whole."""
+    """A template's or a checkpoint's value in messages (`an array f32[2,3]`)."""
     if is_plain(value) and type(value) in (tuple, list):
         return f"a `{type(value).__name__}` {short_repr(value)}"
     if category(value) in (TENSOR, NUMBER, PLAIN):
@@ -55,3 +52,13 @@ class Catalog(Protocol):
     def stored(self, name: str) -> Stored | None: ...
 
     def fetch(self, name: str) -> Any: ...
+
+
+class Wrapping:
+    """A catalog over another, `inner`, named as it is (its own problems start empty)."""
+
+    def __init__(self, inner: Catalog) -> None:
+        self.inner = inner
+        self.label, self.title, self.call = inner.label, inner.title, inner.call
+        self.records_values = inner.records_values
+        self.problems: list[str] = []

@@ -73,7 +73,6 @@ class Checker:
         return TAKE if fits else self._mismatch(where, entry, stored, "type")
 
     def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
-        """None if the stored tensor has the template's shape and dtype, else a mismatch."""
         dtype, shape = dtype_name(entry.value), tuple(entry.value.shape)
         if stored.shape != shape:
             return self._mismatch(where, entry, stored, _mismatch_kind(entry, "shape"))
@@ -182,8 +181,7 @@ class Checker:
 
 
 def _origins(catalog: Any, name: str) -> tuple[str, ...]:
-    """The names in the file itself that `name` of `catalog` is made of, followed through
-    the wrapping catalogs' `inner` and `sources` (key rules, migration steps)."""
+    """The names in the file itself that `name` of a chain of catalogs is made of."""
     names: tuple[str, ...] = (name,)
     while hasattr(catalog, "inner") and hasattr(catalog, "sources"):
         names = tuple(dict.fromkeys(n for own in names for n in catalog.sources(own)))
@@ -206,8 +204,7 @@ def _mismatch_kind(entry: Entry, what: str) -> str:
 
 
 def _shown_values(array: Any) -> str:
-    """An array's values on one line, shortened, for a message (a PRNG key's by its key
-    data)."""
+    """An array's values (a key's data) on one line, shortened, for a message."""
     if is_prng_key(array):
         array = jax.random.key_data(array)
     return short_repr(np.array2string(np.asarray(array), threshold=8, separator=","), 60, str)
@@ -218,21 +215,13 @@ def _weakly(description: str, weak: bool) -> str:
 
 
 def similarity(a: str, b: str) -> float:
-    """The share of two names in a common prefix and suffix (difflib's ratio, restricted
-    to those two blocks)."""
+    """The share of two names in a common prefix and suffix (difflib's ratio of those)."""
     shared = len(os.path.commonprefix([a, b])) + len(os.path.commonprefix([a[::-1], b[::-1]]))
     return 2 * min(shared, len(a), len(b)) / (len(a) + len(b) or 1)
 
 
 class _Closest:
-    """The closest of many names to a missing one, in time near-linear in their number.
-
-    A rename keeps a long common prefix or suffix (`layers.3.w` -> `layers.3.weight`), and
-    the names sharing the longest prefix with a name sit next to it in sorted order (the
-    longest suffix: in the order of the reversed names). So each missing name is scored
-    (`similarity`, difflib's cutoff of 0.6) against its two neighbours in both orders,
-    not against every name, which costs minutes for thousands of renamed keys.
-    """
+    """The closest of many names to a missing one, scoring only its sorted neighbours."""
 
     _CUTOFF = 0.6
 
@@ -258,9 +247,7 @@ class _Closest:
 
 
 def _is_kind_of(dtype: np.dtype, kind: type, widening: bool = False) -> bool:
-    """Whether `dtype` is of the kind of a Python number of type `kind`: bool, an integer,
-    a floating or a complex dtype; with `widening`, a complex `kind` takes floating dtypes
-    too (their values convert to complex exactly)."""
+    """Whether `dtype` holds Python numbers of type `kind` (`widening`: floats as complex)."""
     if kind is bool:
         return dtype == np.bool_
     if kind is int:
@@ -278,8 +265,7 @@ def _number_fits(template: Any, stored: Stored) -> bool:
 
 
 def _abstract_number_fits(template: Any, stored: Stored) -> bool:
-    """A Python number saved where an abstract template has a scalar of its kind (which
-    `jax.eval_shape` made a weakly typed 0-d `ShapeDtypeStruct`)."""
+    """A Python number saved where an abstract template has a 0-d scalar of its kind."""
     if not is_abstract(template) or template.shape != () or is_prng_key(template):
         return False
     kind = type(stored.value)

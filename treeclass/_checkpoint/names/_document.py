@@ -40,8 +40,6 @@ __all__ = [
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
 
-# -- Plain values: JSON, with tags for what JSON cannot tell apart --
-
 
 def _encode(value: Any) -> Any:
     kind = type(value)
@@ -59,25 +57,20 @@ def _encode(value: Any) -> Any:
     return [_encode(x) for x in value]  # a list; `is_plain` allows nothing else
 
 
-def _decode_float(text: Any) -> float:
-    """A float JSON has no number for, as `_encode` writes it: `"inf"`, `"-inf"`, or a NaN
-    by its bits (`"nan:"` and 16 hex digits); anything else is malformed."""
-    if text in ("inf", "-inf"):
-        return float(text)
-    bits = bytes.fromhex(text[4:]) if isinstance(text, str) and text.startswith("nan:") else b""
-    value = struct.unpack("<d", bits)[0] if len(bits) == 8 else 0.0
-    if not math.isnan(value):
-        raise ValueError(f"malformed float {text!r}")
-    return value
-
-
 def _decode(data: Any) -> Any:
     if isinstance(data, list):
         return [_decode(x) for x in data]
     if isinstance(data, dict):
         ((tag, inner),) = data.items()
-        if tag == "float":
-            return _decode_float(inner)
+        if tag == "float":  # "inf", "-inf", or "nan:" and the NaN's bits in hex
+            if inner in ("inf", "-inf"):
+                return float(inner)
+            text = inner[4:] if isinstance(inner, str) and inner.startswith("nan:") else ""
+            bits = bytes.fromhex(text)
+            value = struct.unpack("<d", bits)[0] if len(bits) == 8 else 0.0
+            if not math.isnan(value):
+                raise ValueError(f"malformed float {inner!r}")
+            return value
         if tag == "complex":
             real, imag = inner
             return complex(_decode(real), _decode(imag))
@@ -86,8 +79,6 @@ def _decode(data: Any) -> Any:
         raise ValueError(f"unknown tag {tag!r}")
     return data
 
-
-# -- Saving: the plan of a tree --
 
 _ABSTRACT_LEAF = (
     "an abstract value at {where} ({value}): there is no data to save. Save the model "
@@ -142,8 +133,7 @@ def tensor_bytes(value: Any) -> np.ndarray:
 def plan(
     tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
 ) -> tuple[str, list[PlannedTensor]]:
-    """The treeclass document of `tree` and its tensors in writing order (a dtype the
-    format does not name, `storable`, stored as raw bytes)."""
+    """The treeclass document of `tree` and its tensors in writing order."""
     tensors: list[PlannedTensor] = []
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
@@ -166,26 +156,12 @@ def plan(
     return json.dumps(document, separators=(",", ":")), tensors
 
 
-# -- Loading: a source and its document as a catalog --
-
-
 class _Tensor(NamedTuple):
     dtype: str  # the restored dtype's name
     shape: tuple  # the restored shape (raw bytes have an extra axis)
     key_impl: str | None
     raw: bool  # stored as raw bytes (or key data): reinterpret what the source reads
     weak: bool | None  # weakly typed (None: a file without our metadata does not say)
-
-
-def _key_dtype(impl: str, shape: tuple) -> str | None:
-    """The dtype name of PRNG keys of `impl` made from uint32 key data of `shape`, or None
-    if jax has no such implementation or its keys have another shape."""
-    data = jax.ShapeDtypeStruct(shape, np.uint32)
-    try:
-        keys = jax.eval_shape(functools.partial(jax.random.wrap_key_data, impl=impl), data)
-    except (ValueError, TypeError):
-        return None
-    return str(keys.dtype)
 
 
 def _sub_byte_bits(dtype: np.dtype) -> int:
@@ -203,8 +179,7 @@ def _sub_byte_bits(dtype: np.dtype) -> int:
 
 
 def _check_canonical(data: np.ndarray, name: str) -> None:
-    """Refuse elements whose byte holds bits their dtype does not use (a bool stored as 2
-    is True to `bool` and 2 to `sum`); no correct writer writes them."""
+    """Refuse elements whose byte holds bits their dtype does not use (a bool stored as 2)."""
     bits = _sub_byte_bits(data.dtype)
     if bits >= 8 or data.size == 0:
         return
@@ -232,7 +207,6 @@ class SourceCatalog:
         document = self._document(source.metadata())
         self.records_values = document is not None
         document = document or {}
-        self.root = document.get("root")
         # checkpoint versions by class name; None: written before versions were stamped
         self.class_versions = self._class_versions(document.get("versions"))
         raw = document.get("tensors", {})
@@ -287,19 +261,15 @@ class SourceCatalog:
         return document
 
     def _class_versions(self, stamps: Any) -> dict[str, int] | None:
-        if stamps is None:
-            return None
-
-        def valid(stamp: Any) -> bool:
-            return (
-                isinstance(stamp, dict)
-                and type(stamp.get("version")) is int
-                and stamp["version"] >= 0
-                and isinstance(stamp.get("at"), list)
-                and all(isinstance(at, str) for at in stamp["at"])
-            )
-
-        if not isinstance(stamps, dict) or not all(map(valid, stamps.values())):
+        valid = isinstance(stamps, dict) and all(
+            isinstance(stamp, dict)
+            and type(stamp.get("version")) is int
+            and stamp["version"] >= 0
+            and isinstance(stamp.get("at"), list)
+            and all(isinstance(at, str) for at in stamp["at"])
+            for stamp in stamps.values()
+        )
+        if stamps is not None and not valid:
             self._corrupt(f"the class versions of its treeclass metadata are malformed: {stamps!r}")
         return stamps
 
@@ -328,8 +298,10 @@ class SourceCatalog:
         if not ok:
             self._corrupt(f"the treeclass record of tensor {name!r} is malformed: {raw!r}")
         if impl is not None:
-            made = _key_dtype(impl, info.shape)
-            if made is None:
+            wrap = functools.partial(jax.random.wrap_key_data, impl=impl)
+            try:
+                made = str(jax.eval_shape(wrap, jax.ShapeDtypeStruct(info.shape, np.uint32)).dtype)
+            except (ValueError, TypeError):
                 self._corrupt(
                     f"tensor {name!r} holds PRNG keys of the implementation {impl!r} with key "
                     f"data of shape {list(info.shape)}, which this jax cannot make (an unknown "
@@ -358,8 +330,7 @@ class SourceCatalog:
         return None
 
     def range_reader(self, name: str) -> Callable[[int, int], np.ndarray] | None:
-        """Byte ranges of tensor `name`, checked as `fetch` checks it; None where `fetch`
-        does more than `read` (raw bytes, key data, the unused bits of sub-byte types)."""
+        """Byte ranges of tensor `name`; None where `fetch` does more than `read`."""
         tensor = self.tensors.get(name)
         if tensor is None or tensor.raw or tensor.key_impl:
             return None

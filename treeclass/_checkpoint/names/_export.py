@@ -1,15 +1,5 @@
-"""Export: a tree's data under another library's names, through the key rules that load it.
-
-The plan (`_plan`) binds each array to its rule, captures and file names; export
-computes the sources from the targets: a rule without a transform renames, one with an
-inverse (its fourth element) runs it, and any other transform is inverted when it only
-moves elements (a transpose, reshape, split, concatenation): run once on labels of the
-source elements, it says where each target element came from, and once more on other
-labels to check it does not depend on the values. A source element given twice (tied
-weights) is written once, both copies checked equal. The source shapes are those, among
-the ones the targets suggest, for which the transform gives the targets' shapes; none
-or several is an error asking for the inverse.
-"""
+"""Export: a tree's data under another library's names, through the key rules that load it
+(a transform that only moves elements is inverted from a run on labels of its elements)."""
 
 from __future__ import annotations
 
@@ -41,8 +31,7 @@ class ForeignTensor(NamedTuple):
 
 
 class _Gather(NamedTuple):
-    """An element-moving transform inverted: where each source element lies among the
-    targets' elements (flattened and joined in order)."""
+    """Where each source element lies among the targets' elements, flattened and joined."""
 
     shapes: tuple[tuple[int, ...], ...]  # of the sources
     positions: tuple[np.ndarray, ...]  # per source, positions among the targets' elements
@@ -51,8 +40,7 @@ class _Gather(NamedTuple):
 
 
 class _Chain(NamedTuple):
-    """A transform of one array that is a chain of transposes and reshapes, inverted step
-    by step (no labels: the fast path for large transposed weights)."""
+    """A chain of transposes and reshapes, inverted step by step (no labels: fast)."""
 
     shapes: tuple[tuple[int, ...], ...]  # of the one source
     # ("transpose", inverse order) / ("reshape", shape)
@@ -68,8 +56,7 @@ _RESHAPES = ("reshape", "squeeze", "expand_dims")
 
 
 def _chain(rule: Rule, shape: tuple) -> _Chain | None:
-    """The inverse of a one-to-one transform made of transposes and reshapes alone, read
-    from its jaxpr; None for any other transform."""
+    """The inverse of a one-to-one transform of transposes and reshapes alone, or None."""
     assert rule.transform is not None
     if len(rule.sources) != 1 or len(rule.targets) != 1:
         return None
@@ -148,8 +135,6 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
 
 
 class Exporter:
-    """A rule table run backwards over one tree (see the module's docstring)."""
-
     def __init__(self, plan: Plan) -> None:
         self.action = plan.action
         self._gathers: dict[tuple, _Gather | _Chain] = {}
@@ -167,16 +152,14 @@ class Exporter:
         self._cached: tuple[Any, list[np.ndarray]] | None = None
 
     def _layouts(self, group: Group) -> list[tuple[np.dtype, tuple]]:
-        """The dtype and shape of each source of `group`'s rule."""
         rule = group.rule
         targets = [group.targets[k] for k in range(len(rule.targets))]
         keys = [t.where for t in targets if jnp.issubdtype(t.dtype, jax.dtypes.prng_key)]
         if keys and rule.inverse is None:
             raise ValueError(
-                f"{self.action}: key rule {rule.text()} gives the PRNG key array "
-                f"{keys[0]}, which other libraries' layouts have no dtype for: give the "
-                "rule both directions, (source, target, jax.random.wrap_key_data, "
-                "jax.random.key_data)"
+                f"{self.action}: key rule {rule.text()} gives the PRNG key array {keys[0]}, which "
+                "other libraries' layouts have no dtype for: give the rule both directions, "
+                "(source, target, jax.random.wrap_key_data, jax.random.key_data)"
             )
         if rule.transform is None:
             return [(np.dtype(targets[0].dtype), targets[0].shape)]
@@ -191,8 +174,7 @@ class Exporter:
     def _inverse(
         self, rule: Rule, run: Callable[..., Any], args: Sequence[Any]
     ) -> tuple[str, list[Any]]:
-        """The results of `rule`'s inverse (`run` on `args`: traced or called), one per
-        source, and how messages name it."""
+        """How messages name `rule`'s inverse, and its results (`run` on `args`)."""
         what = f"{self.action}: the inverse of key rule {rule.text()}"
         try:
             with in_file_dtypes(dtype_name(a) for a in args):
@@ -238,7 +220,6 @@ class Exporter:
 
     @staticmethod
     def _gives(rule: Rule, shapes: Sequence[tuple], dtype: np.dtype, structs: list[Any]) -> bool:
-        """Whether the transform turns sources of `shapes` into the targets' shapes."""
         assert rule.transform is not None
         try:
             with in_file_dtypes([dtype.name]):
@@ -258,9 +239,7 @@ class Exporter:
         ]
 
     def compute(self, name: str) -> np.ndarray:
-        return self._value(*self.sources[name])
-
-    def _value(self, origin: Any, position: int) -> np.ndarray:
+        origin, position = self.sources[name]
         if isinstance(origin, Target):
             return np.asarray(origin.get())
         if self._cached is None or self._cached[0] is not origin:
@@ -270,7 +249,9 @@ class Exporter:
 
     def _run(self, group: Group) -> list[np.ndarray]:
         rule = group.rule
-        arrays = [_host(group.targets[k].get()) for k in range(len(rule.targets))]
+        values = [group.targets[k].get() for k in range(len(rule.targets))]
+        # on the host; a key array as it is (its inverse, `jax.random.key_data`, makes data)
+        arrays = [v if is_prng_key(v) else np.asarray(v) for v in values]
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
@@ -279,9 +260,8 @@ class Exporter:
             for name, value in zip(group.sources(), results):
                 if (value.dtype, value.shape) != self.layout[name]:
                     raise ValueError(
-                        f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} "
-                        f"when run, not the {_layout_text(self.layout[name])} it gave while "
-                        "checked"
+                        f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} when "
+                        f"run, not the {_layout_text(self.layout[name])} it gave while checked"
                     )
             return results
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
@@ -304,8 +284,7 @@ class Exporter:
 
 
 def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Gather | None:
-    """Where the transform puts each source element, learned by running it on labels;
-    None if it does more than move elements."""
+    """Where the transform puts each source element, learned on labels; None if not a move."""
     transform = rule.transform
     assert transform is not None
     sizes = [math.prod(s) for s in shapes]
@@ -360,12 +339,6 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
     return _Gather(tuple(tuple(s) for s in shapes), tuple(index), again, before)
 
 
-def _host(value: Any) -> Any:
-    """A target's value on the host (a PRNG key array stays as it is: its inverse, such
-    as `jax.random.key_data`, makes its data)."""
-    return value if is_prng_key(value) else np.asarray(value)
-
-
 def _layouts_of(arrays: Sequence[Any]) -> list[tuple[tuple, np.dtype]]:
     return [(tuple(a.shape), np.dtype(a.dtype)) for a in arrays]
 
@@ -380,6 +353,5 @@ def _layout_text(layout: tuple) -> str:
 
 
 def export(tree: Any, rules: Sequence[Rule], action: str) -> list[ForeignTensor]:
-    """The tensors of `tree` in the layout `rules` load from, checked before any is
-    computed (see the module's docstring)."""
+    """The tensors of `tree` in the layout `rules` load from, checked before any is computed."""
     return Exporter(Plan(tree, rules, action)).tensors()

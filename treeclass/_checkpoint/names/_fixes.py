@@ -1,9 +1,5 @@
 """The fixes a failed (or lossy) load suggests, from names, shapes and dtypes together: a
-file tensor is paired with a template tensor only when it fits (the same shape, or a 2-D
-one transposed; another dtype gets an `astype`), per-layer tensors with a stack only when
-every slot has one of the block's shape, and a policy is offered only for what no rule
-fits, with the count of leaves it leaves unrestored.
-"""
+pair only where it fits, a policy only for what no rule fits."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ def listed(paths: Sequence[object], limit: int = 5) -> str:
 def warn_if_less(
     like: Any, source: Catalog, checker: Checker, report: LoadReport, missing: str, unexpected: str
 ) -> None:
-    """Warn when a non-strict load kept template values where the checkpoint holds the
-    data under another name, dtype or layout, with the count and the fixes."""
+    """Warn when a non-strict load kept values the checkpoint holds under another name."""
     fixes = Fixes(like, source, checker, missing, unexpected)
     lines = [
         line
@@ -68,8 +63,7 @@ def _pattern(name: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _rule_between(source: str, target: str) -> tuple[str, str]:
-    """A key rule mapping `source` (a file name) to `target` (a template name), with the
-    number segments they share as captures (one rule for every layer)."""
+    """A key rule from `source` to `target`, shared number segments as captures."""
     numbers = [n for n in _DIGITS.findall(source) if n in _DIGITS.findall(target)]
     if numbers and _DIGITS.findall(source) == _DIGITS.findall(target):
         return _pattern(source)[0], _pattern(target)[0]
@@ -160,9 +154,8 @@ class Fixes:
                 if len(shape) == 2 and tuple(stored.shape) == shape[::-1] and shape[0] != shape[1]:
                     self.fixable.append(where)
                     out.append(
-                        f"- {where} is stored transposed ({list(stored.shape)} for "
-                        f"{list(shape)}): rules=[({entry.name!r}, {entry.name!r}, "
-                        "lambda w: w.T)]"
+                        f"- {where} is stored transposed ({list(stored.shape)} for {list(shape)}): "
+                        f"rules=[({entry.name!r}, {entry.name!r}, lambda w: w.T)]"
                     )
                 else:
                     out.append(
@@ -204,8 +197,7 @@ class Fixes:
         return out
 
     def _rule(self, entry: Any, close: str) -> tuple[str, ...] | None:
-        """The key rule reading the file's `close` into the template's `entry`, or None
-        when it cannot fit (a tensor of another shape, a tensor for a value)."""
+        """The key rule reading the file's `close` into `entry`, or None if it cannot fit."""
         theirs = self.source.stored(close)
         if not _related(close, entry.name):
             return None
@@ -225,9 +217,7 @@ class Fixes:
         return (*rule, f"lambda w: w{''.join(steps)}") if steps else rule
 
     def _by_pattern(self) -> dict[str, str]:
-        """Missing names paired with unused ones of the same layout of numbers: the
-        layers of `layers.{i}.w` for those of `blocks.{i}.w` (same numbers, same last
-        segment) when no name is close enough by its letters."""
+        """Missing names paired with unused ones of the same numbers and last segment."""
 
         def patterns(names: Iterable[str]) -> dict[tuple[str, str], dict[tuple, str]]:
             out: dict[tuple[str, str], dict[tuple, str]] = {}
@@ -264,8 +254,7 @@ class Fixes:
         return [line]
 
     def _per_layer(self) -> dict[str, str]:
-        """Stacked template paths whose layers the checkpoint holds one by one (`h.0.w`,
-        `h.1.w` for a `[L, ...]` leaf of a stack): the key rule onto the stack's slots."""
+        """The key rules for stacked paths whose layers the checkpoint holds one by one."""
         groups: dict[str, dict[int, str]] = {}
         for name in self.checker.unused:
             for match in _DIGITS.finditer(name):
@@ -283,8 +272,8 @@ class Fixes:
             hit = next(((s, slots) for s in stacks if (slots := s.slots(entry.name))), None)
             if hit is None:  # a leaf of no stack: its first axis need not be layers
                 continue
-            stack, (layers, _) = hit
-            rest, target = tuple(entry.value.shape[1:]), str(stack.pattern(entry.name))
+            stack, (layers, leaf) = hit
+            rest, target = tuple(entry.value.shape[1:]), f"{stack.prefix}[{{i}}].{leaf}"
             wanted = target.replace("[{i}]", ".{i}")
 
             fits = []
@@ -335,10 +324,8 @@ def _is_tensor(entry: Any) -> bool:
 
 
 def _related(a: str, b: str) -> bool:
-    """Whether two names can name one tensor by their words: the parts that tell a leaf
-    from its siblings (the parent's segment when both end alike, `q_proj` in
-    `q_proj.weight`; else the last two segments) share a word, or one word holds another
-    (`norm` in `LayerNorm`). `LayerNorm.bias` and `q_proj.bias` do not."""
+    """Whether the words telling two leaves from their siblings meet (`norm` in `LayerNorm`;
+    not `LayerNorm.bias` and `q_proj.bias`)."""
     a_parts, b_parts = a.split("."), b.split(".")
     if a_parts[-1] == b_parts[-1] and len(a_parts) > 1 and len(b_parts) > 1:
         if a_parts[-2] == b_parts[-2] or (a_parts[-2].isdigit() and b_parts[-2].isdigit()):
@@ -358,7 +345,6 @@ def _related(a: str, b: str) -> bool:
 
 
 def _is_data(entry: Any) -> bool:
-    """A tensor a load restores (a static one is compared, never renamed by a guess)."""
     return _is_tensor(entry) and entry.kind != STATIC
 
 
@@ -366,8 +352,7 @@ _SHARD = re.compile(r"^(.*)-\d{5}-of-\d{5}\.safetensors$")
 
 
 def _index_of(source: Any) -> tuple[str, str] | None:
-    """(the shard, its folder's index) when `source` reads one shard of an indexed folder
-    (`model-00001-of-00003.safetensors` beside `model.safetensors.index.json`), else None."""
+    """(the shard, its folder's index) when `source` reads one shard of an indexed folder."""
     location = getattr(source, "location", None) or getattr(
         getattr(source, "inner", None), "location", None
     )

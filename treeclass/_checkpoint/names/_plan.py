@@ -1,25 +1,5 @@
-"""A rule table compiled against a template: the file's name for each of its tensors.
-
-Load reads a file through its key rules forwards (`_rules.RuledCatalog`); export writes
-one through the same rules backwards (`_export`). The plan says, for each tensor of the
-template, which rule gives it, with which captures, and under which names the file holds
-its sources; it is built before any tensor is computed, and whatever it cannot bind both
-ways is refused then, naming the rule:
-
-- a name two rules' targets give (the file could hold either source), or a target that
-  does not capture what its sources do;
-- a split whose model lacks some of its targets;
-- a name the plan writes that load would read through another rule, or with other
-  captures (the table would not read back what export writes).
-
-A stacked leaf (`blocks.attn.q`, of shape `[N, ...]`) is written by its layers' names
-(`blocks.3.attn.q`, as the unrolled model names them) unless a rule earlier in the table
-names the stacked leaf itself and none of its layers: so an unrolled, a stacked and a
-periodic model of the same weights are written alike, and a catch-all per-layer rule
-(`("layers.{i}.{rest*}", "layers[{i}].{rest}")`) never binds a stack's index capture to
-a field name (`{i}` = `ln`). Load refuses a file that holds such a stack under one name
-(`tc.load` names the rule), so what export would not write, load does not read.
-"""
+"""A rule table compiled against a template: the file's name for each of its tensors, what
+cannot be bound both ways refused before any is computed (the checkpoints guide, "The plan")."""
 
 from __future__ import annotations
 
@@ -71,8 +51,7 @@ class Group(NamedTuple):
 
 
 class Plan:
-    """The tensors of `tree` bound to the file's names through `rules` (see the module's
-    docstring): `groups`, the rules' runs, and `own`, the arrays no rule takes."""
+    """The tensors of `tree` bound to the file's names: rules' runs, and arrays no rule takes."""
 
     def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
         self.action = action
@@ -101,9 +80,8 @@ class Plan:
             lacking = [c for c in rule.captures if c not in values]
             if lacking:
                 raise ValueError(
-                    f"{action}: key rule {rule.text()} cannot be run backwards: its "
-                    f"target {rule.targets[position]!r} does not capture {lacking}, "
-                    "which its sources use"
+                    f"{action}: key rule {rule.text()} cannot be run backwards: its target "
+                    f"{rule.targets[position]!r} does not capture {lacking}, which its sources use"
                 )
             values = {c: values[c] for c in rule.captures}
             key = (number, tuple(values[c] for c in rule.captures))
@@ -139,16 +117,14 @@ class Plan:
             if expected is not None and hit[0] == expected[0]:
                 reader += f" with other captures ({dict(zip(rules[hit[0]].captures, hit[2]))})"
         raise ValueError(
-            f"{self.action}: {what} writes {name!r}, which load reads through {reader}: "
-            "the table would not read back what it writes. Make the rules tell the names "
-            "apart (limit a capture, `{n:q|k|v}`, or order the rules so the narrower comes "
-            "first)"
+            f"{self.action}: {what} writes {name!r}, which load reads through {reader}: the table "
+            "would not read back what it writes. Make the rules tell the names apart (limit a "
+            "capture, `{n:q|k|v}`, or order the rules so the narrower comes first)"
         )
 
 
 def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
-    """The tree's data by name; a stacked leaf by its layers unless the rules take it
-    whole (`reads_layers`)."""
+    """The tree's data by name; a stacked leaf by its layers unless the rules take it whole."""
     found = entries(tree, action, f"{action}(path, value, rules=rules)")
     stacks = stacks_of(tree)
     out = []

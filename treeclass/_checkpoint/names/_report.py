@@ -9,8 +9,7 @@ __all__ = ["FrozenMapping", "LoadReport"]
 
 
 class FrozenMapping(Mapping[str, tuple[str, ...]]):
-    """A read-only mapping that is a value: hashable, and equal to any mapping with the
-    same items (a `LoadReport`'s `sources`; reports of two loads compare as values)."""
+    """A read-only mapping that is a value: hashable, equal to any mapping of its items."""
 
     __slots__ = ("_items",)
 

@@ -46,9 +46,7 @@ def restore(
     unexpected: str | None = None,
     dry_run: bool = False,
 ) -> Any:
-    """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`.
-    `selected(node, kind)` limits the load to some entries; `missing` and `unexpected` say
-    which problems raise (by default all when `strict`; an explicit "error" always)."""
+    """`like` with its data from `source`: the tree, or `(tree, report)` if not `strict`."""
     missing = missing or ("error" if strict else "keep")
     unexpected = unexpected or ("error" if strict else "ignore")
     if missing not in MISSING_POLICIES or unexpected not in UNEXPECTED_POLICIES:
@@ -156,7 +154,6 @@ _UNHOLDABLE = (
 
 
 def _unholdable_on(template: object) -> str | None:
-    """The platform that cannot hold the array `template` stands for, if any."""
     if not isinstance(template, (jax.Array, jax.ShapeDtypeStruct)) or is_prng_key(template):
         return None  # (NumPy templates stay on the host; key arrays hold no such dtype)
     name = np.dtype(template.dtype).name
@@ -178,9 +175,7 @@ def _sharding_of(template: object) -> Any:
 
 
 def _fetch(source: Catalog, entry: Entry, template: Any) -> Any:
-    """The data of `entry` from `source`, for the template's leaf `template`: for a
-    template placed over several devices, read shard by shard into its sharding where the
-    catalog offers byte ranges checked as the whole tensor is (`range_reader`)."""
+    """The data of `entry`, read shard by shard for a template over several devices."""
     placed = getattr(source, "fetch_placed", None)  # (a stacked leaf assembled in place)
     if placed is not None and entry.category == TENSOR:
         value = placed(entry.name, template)
@@ -203,17 +198,12 @@ _RELEASE_BYTES = 2**20
 
 
 class _Released:
-    """The host bytes put on the device since the last collection (`release_host_copy`)."""
-
     pending = 0
 
 
 def release_host_copy(placed: object, nbytes: int) -> None:
-    """Free the host buffers (`nbytes` more) of tensors put on the device, the last one as
-    `placed`, so a load holds about one tensor on the host at a time: JAX's transfer from
-    NumPy leaves a young reference cycle alive until the collector's next pass (measured:
-    the previous tensor alive at nearly every read), so once 1 MiB has been put, wait for
-    the last transfer and collect the youngest generation (microseconds per MiB)."""
+    """Free the host buffers of tensors put on the device (`placed` the last): JAX's transfer
+    leaves a young reference cycle alive, so once 1 MiB is put, collect generation 0."""
     _Released.pending += nbytes
     if _Released.pending >= _RELEASE_BYTES:
         _Released.pending = 0
@@ -222,8 +212,7 @@ def release_host_copy(placed: object, nbytes: int) -> None:
 
 
 def _place(template: Any, value: Any, weak: bool) -> Any:
-    """`value` (checked to have the template's shape and dtype) as the template's type; a
-    `jax.Array` weakly typed if `weak` (as `jnp.asarray(0.5)`: `jax.jit` keys on it)."""
+    """`value` as the template's type; a `jax.Array` weakly typed if `weak`."""
     if isinstance(template, (np.ndarray, np.generic)):  # its dtype: its byte order, too
         value = np.asarray(value, dtype=template.dtype)
         return value[()] if isinstance(template, np.generic) else value
@@ -238,11 +227,6 @@ def _place(template: Any, value: Any, weak: bool) -> Any:
         release_host_copy(value, getattr(host, "nbytes", 0))
     if is_prng_key(value) or is_weak(value) == weak:  # (keys are never weakly typed)
         return value
-    return _with_weak_type(value, weak)
-
-
-def _with_weak_type(value: jax.Array, weak: bool) -> Any:
-    """`value` with the same data, dtype and placement, weakly typed or not."""
     if not weak:  # a weakly typed array of a state dict, in a strong template
         return jax.lax.convert_element_type(value, value.dtype)
     # JAX has no public way to make an array of given data weakly typed (only Python

@@ -1,22 +1,5 @@
-"""Key rules: a checkpoint's names mapped to a model's key paths, with transforms.
-
-A rule maps one or more *source* patterns (names in the checkpoint) to one or more
-*target* patterns (the model's key paths), with named captures shared by both sides:
-
-    ("model.layers.{i}.self_attn.q_proj.weight", "blocks[{i}].attn.q.weight", lambda w: w.T)
-
-Both sides are patterns of the one language (`_glob`: `{name}` one segment, `{name*}`
-one or more, `{name:a|b}` one of the values; no wildcards), run as regexes over dotted
-names; either side may be written as a key path (`blocks[{i}].attn`, `['key']`). A rule
-with several sources passes their tensors to its transform in order (concatenate a fused
-tensor); one with several targets takes a sequence of as many results (split one). Names
-no rule matches keep their own name. Rules are tried in order and the first match wins;
-a rule whose every matching name an earlier rule took is an error naming both.
-
-`RuledCatalog` applies a rule table to any catalog: the checks, the report and restoring
-see the renamed, transformed names, and a dry run reads no tensor bytes (shapes and
-dtypes come from `jax.eval_shape` of each transform).
-"""
+"""Key rules: a checkpoint's names mapped to a model's key paths, with transforms (the
+language: the checkpoints guide); `RuledCatalog` applies a rule table to any catalog."""
 
 from __future__ import annotations
 
@@ -32,7 +15,7 @@ import numpy as np
 from ..._glob import CAPTURE, Glob, parse
 from ..._values import array_type
 from ..files._source import dtype_name, numpy_dtype
-from ._catalog import Catalog, Stored
+from ._catalog import Catalog, Stored, Wrapping
 from ._fixes import listed
 from ._restore import release_host_copy
 from ._stacks import StackAt
@@ -89,15 +72,6 @@ _BAD_TABLE = (
 )
 
 
-def _patterns(side: Any) -> tuple[Any, ...] | None:
-    """A rule's sources or targets: one pattern, or a list or tuple of them; None if not."""
-    if isinstance(side, str):
-        return (side,)
-    if isinstance(side, (list, tuple)):
-        return tuple(side)
-    return None
-
-
 def compile_rules(rules: Any) -> tuple[Rule, ...]:
     """Check a rule table and compile its patterns; `ValueError`/`TypeError` naming a bad rule."""
     if isinstance(rules, Mapping):
@@ -117,13 +91,13 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
                 "model's arrays -> the checkpoint's, for export), so the rule has a "
                 "transform and the inverse is callable"
             )
-        sources, targets = _patterns(parts[0]), _patterns(parts[1])
-        if (
-            not sources
-            or not targets
-            or not all(isinstance(p, str) and p for p in sources + targets)
+        sides = [(p,) if isinstance(p, str) else p for p in parts[:2]]
+        if not all(
+            isinstance(side, (list, tuple)) and side and all(isinstance(p, str) and p for p in side)
+            for side in sides
         ):
             raise TypeError(_BAD_RULE.format(rule=rule))
+        sources, targets = tuple(sides[0]), tuple(sides[1])
         if transform is not None and not callable(transform):
             raise TypeError(f"The transform of key rule {rule!r} is not callable")
         if transform is None and (len(sources) > 1 or len(targets) > 1):
@@ -162,7 +136,6 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
 
 
 def _parsed(pattern: str, rule: Any) -> Glob:
-    """A side of a rule parsed, as the names it reads or writes: captures, no wildcards."""
     try:
         parsed = parse(pattern)
     except ValueError as error:
@@ -178,13 +151,8 @@ def _parsed(pattern: str, rule: Any) -> Glob:
 
 
 def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[Any]:
-    """Where a transform of tensors with these dtype names runs, checked and run alike.
-
-    With JAX's 64-bit types off, tracing makes a float64 (int64, complex128) tensor 32-bit:
-    the check would report a dtype the run on NumPy arrays does not give. So a transform of
-    a 64-bit tensor runs with them on; others keep JAX's defaults (`jnp.zeros` is float32).
-    """
-    # with 64-bit types on, no dtype canonicalizes to another one: nothing to switch
+    """Where a transform of tensors with these dtype names runs, checked and run alike:
+    with 64-bit types on for a 64-bit tensor (tracing would make it 32-bit), else as is."""
     found = [d for d in map(numpy_dtype, names) if d is not None]
     if any(jax.dtypes.canonicalize_dtype(d) != d for d in found):
         return jax.enable_x64(True)
@@ -192,8 +160,7 @@ def in_file_dtypes(names: Iterable[str]) -> contextlib.AbstractContextManager[An
 
 
 def source_hit(rules: Sequence[Rule], name: str) -> tuple[int, int, tuple[str, ...]] | None:
-    """How load reads the file's `name`: the first rule whose source matches it (its
-    number, which of its sources, the captured values in the rule's order), or None."""
+    """The first rule reading the file's `name`: (number, which source, captured values)."""
     for number, rule in enumerate(rules):
         for which, regex in enumerate(rule.regexes):
             match = regex.fullmatch(name)
@@ -203,8 +170,7 @@ def source_hit(rules: Sequence[Rule], name: str) -> tuple[int, int, tuple[str, .
 
 
 def target_hits(rules: Sequence[Rule], name: str) -> list[tuple[int, int, re.Match[str]]]:
-    """Every (rule number, target position, match) of a rule's target giving the
-    model's `name`, in table order."""
+    """Every (rule number, target position, match) giving the model's `name`, in order."""
     return [
         (number, position, match)
         for number, rule in enumerate(rules)
@@ -214,15 +180,12 @@ def target_hits(rules: Sequence[Rule], name: str) -> list[tuple[int, int, re.Mat
 
 
 def layer_rules(rules: Sequence[Rule], stack: StackAt, name: str) -> set[int]:
-    """The numbers of the rules whose target gives a layer of the stacked leaf `name`:
-    such a rule reads the stack by its layers, never whole (its capture would stand where
-    the layer index belongs, `{i}` = `ln`)."""
+    """The numbers of the rules giving a layer of the stacked leaf `name` (never it whole)."""
     return {n for layer in stack.per_layer(name) or [] for n, _, _ in target_hits(rules, layer)}
 
 
 def reads_layers(rules: Sequence[Rule], stack: StackAt, name: str) -> bool:
-    """Whether the rules give the stacked leaf `name` by its layers' names: some rule
-    gives a layer, and none earlier in the table names the stacked leaf itself."""
+    """Whether some rule gives a layer of `name`, and none earlier names it whole."""
     by_layers = layer_rules(rules, stack, name)
     whole = [n for n, _, _ in target_hits(rules, name) if n not in by_layers]
     return bool(by_layers) and (not whole or min(by_layers) < min(whole))
@@ -231,9 +194,8 @@ def reads_layers(rules: Sequence[Rule], stack: StackAt, name: str) -> bool:
 def _refuse_shadowed(
     rules: Sequence[Rule], taken: Mapping[str, int], title: str, where: str
 ) -> None:
-    """A rule matching names that earlier rules all took (`taken`: name -> the rule that
-    reads it) could never read one: an error naming it and them. (A rule matching no name
-    is not: one table serves a family of files, a tied model's file without its head.)"""
+    """Refuse a rule whose every matching name an earlier rule reads (`taken`: name -> rule);
+    a rule matching no name is fine (one table serves files with and without a tied head)."""
     used = set(taken.values())
     for number, rule in enumerate(rules):
         if number in used:
@@ -246,10 +208,9 @@ def _refuse_shadowed(
             earlier = " and ".join(dict.fromkeys(rules[taken[n]].text() for n in shadowed))
             raise ValueError(
                 f"{title}key rule {rule.text()} matches "
-                f"{listed([repr(n) for n in shadowed], 3)}{where}, but every one of them is "
-                f"read by an earlier key rule, {earlier}: rules are tried in order and the "
-                "first match wins, so this rule reads nothing. Put the narrower rule first, "
-                "or remove it"
+                f"{listed([repr(n) for n in shadowed], 3)}{where}, but every one of them is read "
+                f"by an earlier key rule, {earlier}: rules are tried in order and the first match "
+                "wins, so this rule reads nothing. Put the narrower rule first, or remove it"
             )
 
 
@@ -265,27 +226,17 @@ class _Mapped(NamedTuple):
 
 
 class _Layers(NamedTuple):
-    """A stacked leaf of the template assembled from per-layer names."""
-
     stack: StackAt
     slots: dict[int, str]  # slot -> the per-layer name that fills it
 
 
-class RuledCatalog:
-    """A catalog whose names are mapped by key rules (see the module's docstring).
-
-    With the template's stacks (`stacks_of(like)`), a name the rules give for one layer of
-    a stack (`blocks.3.attn.q`, as the unrolled model names it) fills slot 3 of the stacked
-    leaf (`blocks.attn.q`): the catalog offers the stacked leaf, assembled from its layers
-    when fetched (each layer read once, into one buffer of the stack's shape).
-    """
+class RuledCatalog(Wrapping):
+    """A catalog whose names are mapped by key rules, per-layer names filling stacked leaves."""
 
     def __init__(
         self, inner: Catalog, rules: Sequence[Rule], stacks: Sequence[StackAt] = ()
     ) -> None:
-        self.inner = inner
-        self.label, self.title, self.call = inner.label, inner.title, inner.call
-        self.records_values = inner.records_values
+        super().__init__(inner)
         self.rules = rules
         self.stacks = tuple(stacks)
         self.mapped: dict[str, _Mapped] = {}
@@ -300,7 +251,6 @@ class RuledCatalog:
             else:
                 self._add(name, _Mapped(None, (name,), 0, (name,)))
         _refuse_shadowed(rules, taken, f"{self.title}: ", f" in {self.label}")
-        self.problems: list[str] = []
         self._layout_refused: set[str] = set()
         for (number, values), found in groups.items():
             rule = rules[number]
@@ -325,9 +275,9 @@ class RuledCatalog:
             for stack in self.stacks:
                 in_stack = stack.stacked(name)
                 if in_stack is None:
-                    beyond = stack.layer_beyond(name)
-                    if beyond is not None:
-                        self._beyond.setdefault(stack, set()).add(beyond)
+                    layer = stack.layer_of(name)
+                    if layer is not None and layer[0] >= stack.layers:  # a layer it lacks
+                        self._beyond.setdefault(stack, set()).add(layer[0])
                         break
                     continue
                 stacked_name, layer_slot = in_stack
@@ -358,23 +308,20 @@ class RuledCatalog:
         for stacked_name, layers in self.stacked.items():
             if stacked_name in self.mapped:
                 raise ValueError(
-                    f"{self.title}: key rules map both "
-                    f"{list(self.mapped[stacked_name].sources)} in {self.label} to the "
-                    f"stacked {stacked_name!r} and per-layer names to its layers "
-                    f"({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep one "
+                    f"{self.title}: key rules map both {list(self.mapped[stacked_name].sources)} "
+                    f"in {self.label} to the stacked {stacked_name!r} and per-layer names to its "
+                    f"layers ({', '.join(map(repr, list(layers.slots.values())[:3]))}); keep one "
                     "of them"
                 )
         # a transform's results by its inputs' shapes and dtypes: the 24 blocks of a model
         # are traced once, not 24 times
         self._abstract: dict[tuple[Rule, tuple[tuple, ...]], list[Any]] = {}
-        self._stored_stacks: dict[str, Stored | None] = {}
         self._lacking: dict[str, tuple[StackAt, int, tuple[int, ...]]] = {}
-        for stacked_name in self.stacked:
-            self._stored_stacks[stacked_name] = self._stack_stored(stacked_name)
+        self._stored_stacks = {name: self._stack_stored(name) for name in self.stacked}
         self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
-        # names whose absence a problem line explains (a stack lacking layers)
-        self.explained = {name for name, stored in self._stored_stacks.items() if stored is None}
-        self.explained |= self._layout_refused
+        # names whose absence a problem line explains (a stack lacking layers, a layout)
+        unfilled = {name for name, stored in self._stored_stacks.items() if stored is None}
+        self.explained = unfilled | self._layout_refused
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
         # stacked leaves filled while another was assembled (the k and v a split gave with q)
         self._assembled: dict[str, Any] = {}
@@ -393,9 +340,7 @@ class RuledCatalog:
         yield from (name for name, stored in self._stored_stacks.items() if stored is not None)
 
     def expected(self, name: str) -> tuple[str, ...]:
-        """The names a rule would read to give `name`, when the checkpoint lacks `name`
-        (empty if no rule's target gives it): for the closest-name hint of a missing path.
-        For a stacked leaf, what its first layer would be read from."""
+        """The names a rule would read to give the missing `name` (a stack's first layer)."""
         wanted = [name]
         for stack in self.stacks:
             layers = stack.per_layer(name)
@@ -408,7 +353,6 @@ class RuledCatalog:
         return ()
 
     def sources(self, name: str) -> tuple[str, ...]:
-        """The names in the underlying checkpoint that `name` is made of."""
         if name in self.stacked:
             slots = self.stacked[name].slots
             found = (s for slot in sorted(slots) for s in self.layers[slots[slot]].sources)
@@ -419,9 +363,7 @@ class RuledCatalog:
         if name in self._stored_stacks:
             return self._stored_stacks[name]
         mapped = self.mapped.get(name)
-        if mapped is None:
-            return None
-        return self._stored_one(name, mapped)
+        return None if mapped is None else self._stored_one(name, mapped)
 
     def _stored_one(self, name: str, mapped: _Mapped) -> Stored | None:
         if mapped.rule is None or mapped.rule.transform is None:
@@ -430,8 +372,7 @@ class RuledCatalog:
         return Stored(TENSOR, dtype_name(out), tuple(out.shape))
 
     def _stack_stored(self, whole: str) -> Stored | None:
-        """A stacked leaf as its layers give it; None (and a problem) if layers are lacking
-        or differ in shape or dtype."""
+        """A stacked leaf as its layers give it; None (and a problem) if they do not fit."""
         layers = self.stacked[whole]
         stack, slots = layers.stack, layers.slots
         count = stack.layers // stack.period
@@ -445,11 +386,14 @@ class RuledCatalog:
             known = layer[0]
             position = known % stack.period
             lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
-            source = self._layer_source(first, known, lacking[0])
+            # the file's name the first lacking layer would be read from, by analogy
+            segments = mapped.sources[0].split(".")
+            source = ".".join(str(lacking[0]) if s == str(known) else s for s in segments)
+            missed = f": no {source!r} in {self.label}" if segments.count(str(known)) == 1 else ""
             self.problems.append(
                 f"incomplete  {where}: {self.label} gives {len(slots)} of its {count} layers "
                 f"(through {via}); it lacks layer{'s' if len(lacking) > 1 else ''} "
-                f"{listed(lacking, 6)}" + (f": no {source!r} in {self.label}" if source else "")
+                f"{listed(lacking, 6)}{missed}"
             )
             self._lacking[whole] = (stack, len(slots), tuple(lacking))
             return None
@@ -477,9 +421,7 @@ class RuledCatalog:
         return Stored(TENSOR, base.dtype, (count, *base.shape))
 
     def _stack_fixes(self) -> list[str]:
-        """For stacks lacking layers: a template of the file's depth when every leaf of
-        the stack has the same first layers only, else where layers lack; for layers
-        beyond a stack, a deeper template."""
+        """The fixes for stacks lacking layers, and for layers beyond a stack."""
         fixes = []
         for stack, layers in self._beyond.items():
             fixes.append(
@@ -511,18 +453,8 @@ class RuledCatalog:
             )
         return fixes
 
-    def _layer_source(self, known: str, layer: int, wanted: int) -> str | None:
-        """The file's name layer `wanted` would be read from, by analogy with the per-layer
-        name `known` of `layer`: its first source with the layer number changed."""
-        source = self.layers[known].sources[0]
-        parts = source.split(".")
-        if parts.count(str(layer)) != 1:
-            return None
-        return ".".join(str(wanted) if part == str(layer) else part for part in parts)
-
     def _checked(self, name: str, mapped: _Mapped) -> list[Any]:
-        """The transform's results as the checks see them: traced on the sources' shapes
-        and dtypes (`jax.ShapeDtypeStruct`s), one per target."""
+        """The transform's results traced on the sources' shapes and dtypes, one per target."""
         assert mapped.rule is not None
         parts = [self.inner.stored(source) for source in mapped.sources]
         if not all(p is not None and p.category == TENSOR for p in parts):
@@ -548,7 +480,6 @@ class RuledCatalog:
     def _outputs(
         self, name: str, mapped: _Mapped, run: Callable[..., Any], args: list[Any]
     ) -> list[Any]:
-        """The results of `mapped`'s transform (one array per target), wanted for `name`."""
         rule = mapped.rule
         assert rule is not None and rule.transform is not None
         what = self._what(name, mapped)
@@ -563,7 +494,6 @@ class RuledCatalog:
         return results_of(what, rule, result)
 
     def _run(self, name: str, mapped: _Mapped) -> list[Any]:
-        """Every result of `mapped`'s transform, read and run (checked as `_checked` saw it)."""
         assert mapped.rule is not None
         checked = self._checked(name, mapped)
         arrays = [self.inner.fetch(source) for source in mapped.sources]
@@ -575,11 +505,10 @@ class RuledCatalog:
             got = (dtype_name(result), tuple(result.shape))
             if got != (dtype_name(expected), tuple(expected.shape)):
                 raise ValueError(
-                    f"{self._what(name, mapped)} gave {array_type(*got)} for "
-                    f"{target!r} when run, not the "
-                    f"{array_type(dtype_name(expected), tuple(expected.shape))} it "
-                    "gave while checked: a transform must compute the same from tensors "
-                    "of the same shapes and dtypes"
+                    f"{self._what(name, mapped)} gave {array_type(*got)} for {target!r} when run, "
+                    f"not the {array_type(dtype_name(expected), tuple(expected.shape))} it gave "
+                    "while checked: a transform must compute the same from tensors of the same "
+                    "shapes and dtypes"
                 )
         return results
 
@@ -599,10 +528,7 @@ class RuledCatalog:
         return self._fetch_one(name, self.mapped[name])
 
     def fetch_placed(self, name: str, template: Any) -> Any:
-        """A stacked leaf for a `jax.Array` template on one device, assembled there: each
-        layer written into its slot of one device buffer, which the update donates, so
-        the host holds one layer at a time and the device one stack. None for any other
-        name or template (`fetch` reads it)."""
+        """A stacked leaf assembled on a one-device template's device, else None."""
         if name not in self.stacked or isinstance(template, (np.ndarray, np.generic)):
             return None
         sharding = getattr(template, "sharding", None)
@@ -611,9 +537,7 @@ class RuledCatalog:
         return self._fetch_stacked(name, on_device=True)
 
     def _fetch_stacked(self, whole: str, on_device: bool) -> Any:
-        """A stacked leaf, each layer read once into one buffer of the stack's shape (on
-        the default device, or on the host); the other stacked leaves a split rule gives
-        with it are filled on the way."""
+        """A stacked leaf, each layer read once into one buffer (and a split's siblings)."""
         if whole in self._assembled:
             return self._assembled.pop(whole)
         buffers: dict[str, Any] = {}
@@ -664,15 +588,13 @@ class RuledCatalog:
 
 @functools.partial(jax.jit, donate_argnums=0)
 def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
-    """`buffer` with `value` in slot `slot` of its first axis, written in place (donated)."""
     return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
 
 
 def results_of(
     what: str, rule: Rule, result: Any, count: int | None = None, side: str = "targets"
 ) -> list[Any]:
-    """A transform's result as one array per target (or per source, for an inverse:
-    `count` of them), or a `ValueError` starting `what`."""
+    """A transform's result as one array per target (per source for an inverse), checked."""
     count = len(rule.targets) if count is None else count
     if count == 1:
         if not _is_array(result):

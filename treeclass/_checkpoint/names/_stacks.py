@@ -19,10 +19,7 @@ def joined(prefix: str, name: str) -> str:
 
 
 class StackAt(NamedTuple):
-    """A stack of layers (`Stacked`, `Periodic`) as checkpoint names see it: its leaves
-    are named by its block's key paths (`blocks.attn.q`, `[N, ...]`; a pattern's position
-    5 `layers.pattern.5.attn.q`, `[R, ...]`), the unrolled model's layer `i` by
-    `blocks.{i}.attn.q`: slot `i`, or slot `i // P` of position `i % P`."""
+    """A stack's leaves (`blocks.attn.q`) as per-layer names see them (`blocks.{i}.attn.q`)."""
 
     prefix: str  # the stack's own name ("" for a stack at the root)
     layers: int  # N, or R * P
@@ -30,7 +27,6 @@ class StackAt(NamedTuple):
     under: str | None = None  # a pattern's leaves are under `<under>.<position>`
 
     def _below(self, name: str) -> str | None:
-        """`name` less the stack's prefix, or None if `name` is not under the stack."""
         if self.prefix and not name.startswith(self.prefix + "."):
             return None
         return name[len(self.prefix) + 1 :] if self.prefix else name
@@ -42,8 +38,7 @@ class StackAt(NamedTuple):
         return (int(head), rest) if ok else None
 
     def stacked(self, name: str) -> tuple[str, int] | None:
-        """The stacked leaf's name and slot that the per-layer `name` is one layer of, or
-        None if `name` is not `<prefix>.<layer>.<rest>` with a layer of this stack."""
+        """The stacked leaf's name and slot of the per-layer `name`, or None."""
         found = self.layer_of(name)
         if found is None or found[0] >= self.layers:
             return None
@@ -53,16 +48,8 @@ class StackAt(NamedTuple):
         slot, position = divmod(layer, self.period)
         return joined(self.prefix, f"{self.under}.{position}.{rest}"), slot
 
-    def layer_beyond(self, name: str) -> int | None:
-        """The layer number of a per-layer name of this stack's layout whose layer the
-        stack does not have (`blocks.5.w` for a stack of 4), else None."""
-        found = self.layer_of(name)
-        return found[0] if found is not None and found[0] >= self.layers else None
-
     def slots(self, name: str) -> tuple[list[int], str] | None:
-        """The layers the stacked leaf `name` holds, one per slot, as the unrolled model
-        numbers them, and the leaf's path within one layer; None if `name` is not one of
-        this stack's leaves."""
+        """The layers the stacked leaf `name` holds, one per slot, and its path in a layer."""
         rest = self._below(name)
         if rest is None:
             return None
@@ -76,26 +63,16 @@ class StackAt(NamedTuple):
         return [r * self.period + j for r in range(repeats)], rest
 
     def per_layer(self, name: str) -> list[str] | None:
-        """The per-layer names of the stacked leaf `name` (one per slot), or None if
-        `name` is not one of this stack's leaves."""
+        """The per-layer names of the stacked leaf `name` (one per slot), or None."""
         found = self.slots(name)
         if found is None:
             return None
         layers, rest = found
         return [joined(self.prefix, f"{i}.{rest}") for i in layers]
 
-    def pattern(self, name: str) -> str | None:
-        """The key path of the stacked leaf `name` in one layer, the layer as `{i}`
-        (`blocks[{i}].w`, `layers[{i}].attn.q` for `layers.pattern.1.attn.q`): a key rule's
-        target that fills its slots; None if `name` is not one of this stack's leaves."""
-        found = self.slots(name)
-        return None if found is None else f"{self.prefix}[{{i}}].{found[1]}"
-
 
 def stacks_of(tree: object) -> list[StackAt]:
-    """The outermost stacks of `tree` (a stack inside a stack's block is not one of them),
-    the longest names first (so a name is matched with the innermost prefix it has)."""
-
+    """The outermost stacks of `tree`, the longest names first."""
     found = []
     leaves = jax.tree_util.tree_flatten_with_path(
         tree, is_leaf=lambda x: is_wrapper(x) or stack_of(x) is not None

@@ -1,16 +1,5 @@
-"""Versioned models: a class's checkpoint version, its migrations, and applying them.
-
-A TreeClass declares them with class keywords (`version=2, migrations={0: {"w":
-"weight"}, 1: split_qkv}`), checked by `declare` (offered to the core class through
-`offer_class_check`) and kept on the class, never on instances. A step upgrades a
-checkpoint from one version to the next: a rule table, or a function from a mapping of
-names to arrays to a new mapping. `tc.save` stamps each class's version and the key
-paths of its nodes (`class_versions`); `tc.load` upgrades the file's catalog (`migrate`)
-before the user's rules, nested nodes first, each node's steps seeing the names under
-its key path, relative to it. A function step is traced on `jax.ShapeDtypeStruct`s for
-the checks and runs on NumPy arrays only for the tensors restored, reading only those
-they depend on.
-"""
+"""Versioned models: a class's checkpoint version and migrations (`declare`), the stamp a
+save writes (`class_versions`), and a file's catalog upgraded by them (`migrate`)."""
 
 from __future__ import annotations
 
@@ -26,7 +15,7 @@ from ..._class_keywords import offer_class_check
 from ..._structure import TREECLASS, is_wrapper, row_of, unwrap
 from ..._values import entry_name
 from ..files._source import dtype_name, numpy_dtype
-from ._catalog import Catalog, Stored
+from ._catalog import Catalog, Stored, Wrapping
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._stacks import joined
 from ._walk import PLAIN, TENSOR, is_plain
@@ -50,15 +39,13 @@ _BAD_VERSION = (
     "    class {cls}(tc.TreeClass, version=2, migrations={{1: {{'w': 'weight'}}}}):"
 )
 _BAD_MIGRATIONS = (
-    "class {cls}: migrations= maps a version before {version} to the step upgrading a "
-    "checkpoint from it to the next ({{1: {{'w': 'weight'}}}} renames `w` from version 1 "
-    "to 2); {problem}"
+    "class {cls}: migrations= maps a version before {version} to the step upgrading a checkpoint "
+    "from it to the next ({{1: {{'w': 'weight'}}}} renames `w` from version 1 to 2); {problem}"
 )
 
 
 def declare(cls: type, version: Any, migrations: Any) -> None:
-    """Check a class's `version=` and `migrations=` keywords and keep them on the class
-    (`version=None` declares nothing: the base's declaration, or version 0)."""
+    """Check a class's `version=` and `migrations=` keywords and keep them on the class."""
     name = cls.__name__
     if version is None:
         if migrations is not None:
@@ -95,10 +82,9 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
         if gaps:
             shown = ", ".join(f"{v} to {v + 1}" for v in gaps)
             problem = (
-                f"it has steps from versions {sorted(steps)} but none from version {shown}: "
-                "a checkpoint of that version would skip it. Give every step from the "
-                "first on; a version that renamed nothing takes an empty rule table "
-                f"({{{gaps[0]}: {{}}}})"
+                f"it has steps from versions {sorted(steps)} but none from version {shown}: a "
+                "checkpoint of that version would skip it. Give every step from the first on; a "
+                f"version that renamed nothing takes an empty rule table ({{{gaps[0]}: {{}}}})"
             )
             raise ValueError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
     record = _Versions(version, MappingProxyType(dict(sorted(steps.items()))))
@@ -118,16 +104,12 @@ def version_of(cls: type) -> int:
     return 0 if record is None else record.version
 
 
-# -- The TreeClass nodes of a tree, with their checkpoint names --
-
-
 def _classed(node: Any) -> bool:
     return row_of(node).kind == TREECLASS
 
 
 def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
-    """`(depth, name, class)` of every TreeClass node, frozen subtrees included (`name`:
-    its checkpoint name, `""` for the root)."""
+    """`(depth, checkpoint name, class)` of every TreeClass node, frozen ones included."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
     while stack:
         node, path = stack.pop()
@@ -145,9 +127,7 @@ def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
 
 
 def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
-    """Every TreeClass class of `tree` by name: its version and its nodes' names
-    (`{"Encoder": {"version": 2, "at": ["encoder"]}}`); two classes of one name must not
-    declare different versions."""
+    """Every TreeClass class of `tree` by name: `{"Encoder": {"version": 2, "at": ["encoder"]}}`."""
     found: dict[str, type] = {}
     at: dict[str, list[str]] = {}
     for _, name, cls in _nodes(tree):
@@ -163,8 +143,6 @@ def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
     return {name: {"version": version_of(cls), "at": at[name]} for name, cls in found.items()}
 
 
-# -- Migrating a catalog --
-
 _NEWER = (
     "{location} holds a `{cls}` saved at checkpoint version {saved}, newer than this "
     "`{cls}` (version {mine}): it was written by newer code. Load it with that code, or "
@@ -173,10 +151,7 @@ _NEWER = (
 
 
 def migrate(catalog: Catalog, like: Any) -> Catalog:
-    """`catalog` with the migrations of `like`'s classes applied (see the module
-    docstring). A catalog that is not a treeclass file is returned as it is; a file
-    without stamps holds version 0 of every class, at the template's key paths; a class
-    the template lacks is not migrated; a newer version than the template's is an error."""
+    """`catalog` with the migrations of `like`'s classes applied, nested nodes first."""
     if not getattr(catalog, "records_values", False):
         return catalog
     stamps = getattr(catalog, "class_versions", None)
@@ -211,14 +186,12 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
     return catalog
 
 
-class _Subtree:
-    """The names of a catalog under one node's prefix, without it: a class's own view."""
+class _Subtree(Wrapping):
+    """The names of a catalog under one node's prefix, relative to it."""
 
     def __init__(self, inner: Catalog, prefix: str, names: list[str]) -> None:
-        self.inner, self.prefix, self.relative = inner, prefix, names
-        self.label, self.title, self.call = inner.label, inner.title, inner.call
-        self.records_values = inner.records_values
-        self.problems: list[str] = []
+        super().__init__(inner)
+        self.prefix, self.relative = prefix, names
 
     def names(self) -> Iterator[str]:
         return iter(self.relative)
@@ -231,9 +204,8 @@ class _Subtree:
 
 
 class NotLoaded:
-    """What a function migration step sees for a value it cannot compute with: an object
-    the checkpoint recorded only by type (a function), or a tensor of a dtype NumPy lacks
-    (PRNG keys). Return it under a new name to rename it, or leave it out to drop it."""
+    """What a function migration step sees for a value it cannot compute with (a function
+    recorded by type, PRNG keys): returned under a new name, it is renamed."""
 
     __slots__ = ("name", "what")
 
@@ -251,15 +223,13 @@ class _Output(NamedTuple):
     depends: frozenset[str]  # computed: the input tensors it is computed from
 
 
-class _FunctionStep:
+class _FunctionStep(Wrapping):
     """A function migration step applied to one node's names."""
 
     def __init__(self, view: _Subtree, step: _Step, context: str) -> None:
-        self.view, self.context = view, context
+        super().__init__(view)
+        self.context = context
         self.function = step.function
-        self.label, self.title, self.call = view.label, view.title, view.call
-        self.records_values = view.records_values
-        self.problems: list[str] = []
         self.structs: dict[str, jax.ShapeDtypeStruct] = {}
         self.others: dict[str, Any] = {}  # plain values, and what is passed unloaded
         for name in view.names():
@@ -283,7 +253,6 @@ class _FunctionStep:
         return ValueError(f"{self.title}: {self.context} {reason}")
 
     def _call(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """The function's results on `tensors` (and the other values), checked."""
         try:
             result = self.function(MappingProxyType({**tensors, **self.others}))  # type: ignore[misc]
         except Exception as error:
@@ -354,7 +323,7 @@ class _FunctionStep:
         return outputs
 
     def _inner(self, name: str) -> Stored:
-        stored = self.view.stored(name)
+        stored = self.inner.stored(name)
         assert stored is not None
         return stored
 
@@ -375,7 +344,7 @@ class _FunctionStep:
         output = self.outputs[name]
         if output.kind == "renamed":
             assert output.source is not None
-            return self.view.fetch(output.source)
+            return self.inner.fetch(output.source)
         if output.kind == "value":
             return output.stored.value
         if name not in self._cache:
@@ -385,7 +354,7 @@ class _FunctionStep:
                 *(o.depends for o in self.outputs.values() if o.kind == "computed")
             )
             tensors = {
-                n: self.view.fetch(n) if n in needed else struct
+                n: self.inner.fetch(n) if n in needed else struct
                 for n, struct in self.structs.items()
             }
             with self._dtypes():  # as when traced
@@ -404,15 +373,13 @@ class _FunctionStep:
         return self._cache.pop(name)
 
 
-class _Layer:
+class _Layer(Wrapping):
     """One migration step of one class, applied to each of its nodes at one depth."""
 
     def __init__(
         self, inner: Catalog, prefixes: list[str], step: _Step, cls: str, start: int
     ) -> None:
-        self.inner = inner
-        self.label, self.title, self.call = inner.label, inner.title, inner.call
-        self.records_values = inner.records_values
+        super().__init__(inner)
         shown = ", ".join(p or "the root" for p in prefixes[:3])
         more = f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else ""
         # the report's line, and the context of an error

@@ -1,8 +1,4 @@
-"""A tree as checkpoint entries, walked through its rows of the node-kind table: arrays
-and numpy scalars (wrapped or not) are tensors, Python numbers numbers, plain values
-(strings, `None`, tuples and lists of them) recorded, static containers part by part,
-and other objects never saved: the template gives them, and the structure.
-"""
+"""A tree as checkpoint entries, walked through its rows of the node-kind table."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from jax.core import Tracer
 from jax.tree_util import GetAttrKey
 
 from ..._structure import LEAF as LEAF_KIND_CODE
-from ..._structure import Wrapper, node_kind, open_node, row_of
+from ..._structure import node_kind, open_node, row_of
 from ..._structure import rebuild as rebuild_node
 from ..._values import entry_name, path_str
 from ..files._json import check_text
@@ -66,7 +62,12 @@ def walk(
         # an unchanged wrapped value keeps its node: wrapping again would hash it again
         if not rebuild or inner is value:
             return node if rebuild else None
-        return _rewrapped(node, wrapper, inner)
+        if wrapper.rewrap is None:
+            raise TypeError(
+                f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
+                "of node kinds gives no way to wrap a value again (`Wrapper.rewrap` is None)"
+            )
+        return wrapper.rewrap(node, inner)
     for name, value in row.static_values(node).items():
         visit((*path, GetAttrKey(name)), STATIC, value)
     kind = node_kind(node)
@@ -78,16 +79,6 @@ def walk(
         for entry, child in zip(opened.entries, opened.children)
     ]
     return rebuild_node(node, kind, opened.aux, children) if rebuild else None
-
-
-def _rewrapped(node: object, wrapper: Wrapper, value: object) -> Any:
-    """A node like `node` (its kind, its per-instance data) around `value` (`rewrap`)."""
-    if wrapper.rewrap is None:
-        raise TypeError(
-            f"cannot restore {wrapper.what} (a `{type(node).__name__}`): its row in the table "
-            "of node kinds gives no way to wrap a value again (`Wrapper.rewrap` is None)"
-        )
-    return wrapper.rewrap(node, value)
 
 
 def category(value: object) -> str:
@@ -172,8 +163,7 @@ _UNNAMEABLE = (
 
 
 def static_parts(value: object) -> list[tuple[Any, Any]]:
-    """The parts of a static container with their keys: it cannot be recorded as one plain
-    value (a tuple holding a function), so each part is an entry (`act.0`) of its own."""
+    """The parts of a static container with their keys, each an entry (`act.0`) of its own."""
     try:
         opened = open_node(value, node_kind(value))
     except Exception:  # a broken flatten: an object like any other
@@ -182,9 +172,7 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 
 
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
-    """Every leaf, frozen leaf and static field of `tree` (and static container part),
-    named; `call` is `action`'s call for a single leaf's message. With `to_file`, names
-    and strings a file cannot hold (lone surrogates) are refused."""
+    """Every leaf, frozen leaf and static field (or part) of `tree`, named."""
     found: list[Entry] = []
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
