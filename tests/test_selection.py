@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,8 @@ from treeclass._structure import is_wrapper
 
 
 class Layer(tc.TreeClass):
+    tag: str = tc.field(default="layer", static=True)
+
     def __init__(self, n: int, frozen: bool):
         self.w = jnp.arange(float(n))
         self.b = tc.freeze(jnp.zeros(1)) if frozen else jnp.zeros(1)
@@ -129,3 +133,51 @@ def test_a_selection_that_names_nothing_says_so_when_read():
     net = Net([1], [False])
     with pytest.raises(LookupError, match="did you mean"):
         selection(tc.at(net)[tc.glob("layers.*.ww")]).flags()
+
+
+def _outcome(thunk):
+    try:
+        return "ok", thunk()
+    except Exception as error:  # compared by type and message
+        return type(error), str(error)
+
+
+def _never(_):
+    return False
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.data(),
+    st.lists(
+        st.sampled_from(["layers", "head", "w", "b", "out", "tag", "x", 0, 1, -1, 5]),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_a_chain_of_names_and_indices_agrees_with_the_walker(data, keys):
+    # without `is_leaf` a chain of names and indices is run by the rows alone; a never-true
+    # `is_leaf` sends the same chain through the walker: same tree, or same error
+    net = data.draw(nets())
+    at = tc.at(net, where=keys)
+    new = jnp.full(3, 7.0)
+    for op in (
+        lambda **k: at.set(new, **k),
+        lambda **k: at.set(0.5, **k),
+        lambda **k: at.apply(lambda x: x, **k),
+        lambda **k: at.apply(lambda x: [x], whole=True, **k),
+        lambda **k: at.reduce(lambda count, _: count + 1, initializer=0, **k),
+        lambda **k: at.pluck(**k),
+    ):
+        fast, walked = _outcome(op), _outcome(functools.partial(op, is_leaf=_never))
+        assert fast[0] == walked[0]
+        if fast[0] == "ok":
+            assert jax.tree_util.tree_structure(fast[1]) == jax.tree_util.tree_structure(walked[1])
+            assert all(
+                a is b or np.array_equal(a, b)
+                for a, b in zip(
+                    jax.tree_util.tree_leaves(fast[1]), jax.tree_util.tree_leaves(walked[1])
+                )
+            )
+        else:
+            assert fast[1] == walked[1]

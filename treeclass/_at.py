@@ -22,6 +22,7 @@ from jax.core import Tracer
 from jax.typing import ArrayLike
 
 from ._calls import call_method
+from ._node import TreeNode
 from ._numbers import (
     NUMBER_TYPES,
     NumberRangeError,
@@ -52,9 +53,11 @@ from ._selectors import (
     slice_text,
 )
 from ._structure import (
+    TREECLASS_KIND,
     entry_name,
     is_leaf_node,
     path_str,
+    registered_kind,
     root_name,
     row_of,
     wrapper_of,
@@ -375,24 +378,29 @@ class _Run:
     reaches (`count`: none, and only wrapped values or static fields reached, is an error)."""
 
     __slots__ = (
-        "selection",
+        "tree",
         "op",
         "is_leaf",
+        "text",
         "count",
         "blocked",
         "pool",
         "pending",
         "traced_value",
-        "where",
     )
 
     def __init__(
-        self, selection: Selection, op: _Op, pool: concurrent.futures.Executor | None = None
+        self,
+        tree: Any,
+        op: _Op,
+        is_leaf: Callable[[Any], bool] | None,
+        text: Callable[[], str],
+        pool: concurrent.futures.Executor | None = None,
     ):
-        self.selection = selection
+        self.tree = tree
         self.op = op
-        self.is_leaf = selection.is_leaf
-        self.where = selection.where
+        self.is_leaf = is_leaf
+        self.text = text  # the selection, as `tree.at[...]`
         self.count = 0
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []  # spots of wrapped values only
         self.pool = pool
@@ -405,13 +413,44 @@ class _Run:
             and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
         )
 
-    def run(self) -> Any:
+    def where(self, path: tuple[Any, ...]) -> str:
+        return path_str(self.tree, path)
+
+    def run(self, found: Selection) -> Any:
         op = self.op
-        out = self.selection.rebuild(
-            self.spot, self.static_spot, fills=op.fills, fill=op.fill_value
-        )
-        self.selection.check(self.count, self.blocked)
+        out = found.rebuild(self.spot, self.static_spot, fills=op.fills, fill=op.fill_value)
+        found.check(self.count, self.blocked)
         return self.resolve(out) if self.pending else out
+
+    def chain(self, matchers: tuple[Matcher, ...]) -> Any:
+        """The run of a chain of names and indices with no `is_leaf`, found and rebuilt by
+        the rows alone (no selection is built); `_NO_FAST_PATH` for anything else (another
+        selector, a missing key, a static field: `select` says what, in its words)."""
+        node, path = self.tree, ()
+        hops: list[tuple[Any, ...]] = []
+        for matcher in matchers:
+            if not matcher.one_key:
+                return _NO_FAST_PATH
+            row = registered_kind(type(node))
+            if row is None:
+                row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+            found = row.child(node, matcher.key)  # type: ignore[attr-defined]
+            if found is None:
+                return _NO_FAST_PATH
+            hops.append((row, node, path, found))
+            node, path = found[1], path + (found[0],)
+        new = self.op.spot(self, node, path, None)
+        if self.count == 0:
+            note_blocked(Spot(node, path, None), self.blocked)
+            if self.blocked:  # only wrapped values there: the selection's own error
+                select(self.tree, matchers, None, self.text).check(0, self.blocked)
+        where = self.where
+        for row, node, path, (entry, child) in reversed(hops):
+            if new is not child:
+                new = row.replace(node, entry, child, new, path, where)
+            else:
+                new = node
+        return new
 
     def spot(self, s: Spot) -> Any:
         if self.pool is not None:  # as `call` refuses `apply`'s traced leaves, for every op
@@ -465,7 +504,7 @@ class _Run:
         return result if finish is None else finish(result)
 
     def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
-        _note_fn(error, fn, self.where(path), self.selection.selection())
+        _note_fn(error, fn, self.where(path), self.text())
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
         """The user's `fn` over the leaves of a selected subtree, counting them.
@@ -512,7 +551,7 @@ class _Run:
             try:
                 result = x.future.result()
             except Exception as error:
-                selection = self.selection.selection()
+                selection = self.text()
                 add_leaf_note(
                     error, f"raised at {self.where(x.path)} (in {selection}, run with is_parallel)"
                 )
@@ -960,16 +999,25 @@ class AtIndexer(Generic[T]):
         self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
     ) -> Any:
         pool_args = None if is_parallel is False else _executor_args(is_parallel)
+        if pool_args is not None:
+            with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
+                return _Run(self.tree, op, is_leaf, self._selection, pool).run(
+                    self._select(is_leaf, op)
+                )
         matchers = self._matchers
-        if pool_args is None:
-            if is_leaf is None and len(matchers) == 1 and type(matchers[0]) is MaskMatcher:
+        run = _Run(self.tree, op, is_leaf, self._selection)
+        if is_leaf is None:
+            if not op.fills:
+                out = run.chain(matchers)
+                if out is not _NO_FAST_PATH:
+                    return out
+            if len(matchers) == 1 and type(matchers[0]) is MaskMatcher:
                 out = _aligned_mask_op(self.tree, matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
-            found = select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
-            return _Run(found, op).run()
-        with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-            return _Run(self._select(is_leaf, op), op, pool).run()
+        return run.run(
+            select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
+        )
 
     def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
