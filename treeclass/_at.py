@@ -34,6 +34,7 @@ from ._numbers import (
     plain_float_limit,
 )
 from ._selection import (
+    ARRAY_CLASSES,
     Selection,
     Spot,
     aligned_mask,
@@ -856,28 +857,22 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
     # a number is fitted to a dtype once: the same number (the value set) into the next leaf
     # of that dtype reuses it
     fitted: tuple[Any, Any, Any] = (_NO_FAST_PATH, None, None)  # (number, dtype, fit)
+    new = value if fn is None else None
     for index, (leaf, flag, spot) in enumerate(zip(leaves, flags, spots)):
         if spot is False:
             out.append(leaf)
             continue
-        if fn is None:
-            new = value
-        else:
+        if fn is not None:
             try:
                 new = fn(leaf)
             except Exception as error:
                 _note_fn(error, fn, where(index), selection())
                 raise
         if spot is True:
-            if type(new) in _FILLS:
-                new = _keep_array(new, leaf, where, index)
-            out.append(new)
-        elif spot is None:
+            out.append(_keep_array(new, leaf, where, index) if type(new) in _FILLS else new)
+        elif spot is None or type(leaf) is np.ndarray:  # 0-d mask, or NumPy's `where`
             out.append(_masked(flag, new, leaf, functools.partial(where, index)))
-        elif type(new) in NUMBER_TYPES:
-            if not isinstance(leaf, jax.Array):  # a NumPy leaf: NumPy's `where`
-                out.append(_masked(flag, new, leaf, functools.partial(where, index)))
-                continue
+        elif type(new) in NUMBER_TYPES and type(leaf) in ARRAY_CLASSES:
             # the common case (`.at[x > 0].set(0.0)`): a weak number keeps the leaf's dtype
             dtype = leaf.dtype
             if new is not fitted[0] or dtype is not fitted[1]:

@@ -44,6 +44,7 @@ from ._structure import (
 from ._util import add_leaf_note
 
 __all__ = [
+    "ARRAY_CLASSES",
     "Selection",
     "Spot",
     "select",
@@ -118,6 +119,11 @@ class _Static(NamedTuple):
 _spot: Callable[[tuple], Spot] = functools.partial(tuple.__new__, Spot)
 _hops: Callable[[tuple], _Hops] = functools.partial(tuple.__new__, _Hops)
 
+
+# the classes of arrays seen as mask flags and leaves (JAX's, tracers, NumPy's): a speed
+# cache of `isinstance(x, (jax.Array, np.ndarray))`, which no class ever stops passing
+ARRAY_CLASSES: set[type] = {np.ndarray}
+_BOOL = np.dtype(bool)
 
 _NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
 
@@ -458,19 +464,27 @@ def aligned_mask(tree: Any, mask: Any) -> tuple[list[Any], Any, list[Any], list[
     if mask_def != treedef:
         return None
     spots: list[Any] = []
+    arrays = ARRAY_CLASSES
     for flag, leaf in zip(flags, leaves):
         if flag is True or flag is False:
             spots.append(flag)
-        elif type(flag) is np.bool_:
+            continue
+        cls = type(flag)
+        if cls is np.bool_:
             spots.append(bool(flag))
-        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
-            shape = flag.shape
-            if not shape:
-                spots.append(None)
-            elif shape == shape_of(leaf):
-                spots.append(shape)
-            else:
+            continue
+        if cls not in arrays:
+            if not isinstance(flag, (jax.Array, np.ndarray)):
                 return None
+            arrays.add(cls)
+        dtype = flag.dtype
+        if dtype is not _BOOL and dtype != _BOOL:
+            return None
+        shape = flag.shape
+        if not shape:
+            spots.append(None)
+        elif shape == (leaf.shape if type(leaf) in arrays else shape_of(leaf)):
+            spots.append(shape)
         else:
             return None
     if not any(spot is not False for spot in spots):
