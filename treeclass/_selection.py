@@ -19,7 +19,9 @@ no walk at all.
 
 from __future__ import annotations
 
+import abc
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -28,7 +30,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._node import TreeNode
-from ._selectors import EACH, NO, ONE, STATIC, YES, Matcher
+from ._selectors import (
+    EACH,
+    NO,
+    ONE,
+    STATIC,
+    YES,
+    EllipsisMatcher,
+    GlobMatcher,
+    IndexMatcher,
+    Matcher,
+    NameMatcher,
+    PatternMatcher,
+    SliceMatcher,
+    TypeMatcher,
+    UnionMatcher,
+)
 from ._structure import (
     LEAF,
     TREECLASS_KIND,
@@ -125,7 +142,8 @@ _hops: Callable[[tuple], _Hops] = functools.partial(tuple.__new__, _Hops)
 ARRAY_CLASSES: set[type] = {np.ndarray}
 _BOOL = np.dtype(bool)
 
-_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
+_NONE_BLOCKED: list[Any] = []
+_UNWALKED: Any = object()  # shared, never written: `record_blocked` makes a list
 
 
 class Selection:
@@ -146,7 +164,8 @@ class Selection:
         "kept",
         "blocked",
         "selection",
-        "trail",
+        "_trail",
+        "shaped",
     )
 
     def __init__(
@@ -172,7 +191,15 @@ class Selection:
         # wrapped value in a pattern's way) or at a selected spot (only wrapped values there)
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = _NONE_BLOCKED
         self.selection = selection
-        self.trail: Any = None
+        self._trail: Any = _UNWALKED
+        self.shaped = False  # whether a row with a stack part was passed (`_cache_key`)
+
+    @property
+    def trail(self) -> Any:
+        """The nodes on the way to the spots (the walk runs on first use)."""
+        if self._trail is _UNWALKED:
+            self._trail = self.walk(self.tree, (), 0, None)
+        return self._trail
 
     # -- what the matchers report to
     def where(self, path: tuple[Any, ...]) -> str:
@@ -209,6 +236,8 @@ class Selection:
                 found = verdict[1]
                 row = found[2]
             # one child, the node left unopened
+            if row.stack is not None:
+                self.shaped = True
             entry, child = found[0], found[1]
             if hops is None:
                 hops = []
@@ -228,6 +257,8 @@ class Selection:
         if code == YES:
             return self.walk(node, path, i + 1, and_masks(emask, payload))
         row = row_of(node, self.is_leaf)
+        if row.stack is not None:
+            self.shaped = True
         if code == ONE:  # a node opened all the same (`opens`)
             opened = row.open(node)
             assert opened is not None  # the row found a child in it
@@ -288,6 +319,7 @@ class Selection:
     def check(self, count: int, spot_blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
         """Raise for a selection that names nothing, or reaches only static fields and
         wrapped values (`count`: the leaves the operation reached)."""
+        self.trail  # noqa: B018  # the walk fills `blocked` and `hits`
         blocked = self.blocked + spot_blocked if spot_blocked else self.blocked
         if not blocked:
             for matcher in self.matchers:
@@ -385,6 +417,14 @@ class Selection:
         """The selection as a boolean tree: `True` at every selected leaf (an element mask
         broadcast to its leaf), `False` elsewhere; nodes without children stay as they are,
         and a stack gathers one flag per block along its block axis."""
+        key = _cache_key(self)
+        flags = None if key is None else _CACHE.get(key)
+        if flags is not None:
+            return jax.tree_util.tree_structure(self.tree, is_leaf=self.is_leaf).unflatten(flags)
+        return self.made_mask(key)
+
+    def made_mask(self, key: Any) -> Any:
+        """`mask()`, computed (and kept under `key`, when that is not `None`)."""
         count = 0
         spot_blocked: list[tuple[tuple[Any, ...], str, bool]] = []
         is_leaf = self.is_leaf
@@ -407,17 +447,98 @@ class Selection:
 
         out = self.rebuild(flag, fills=True, fill=False)
         self.check(count, spot_blocked)
+        if key is not None and not self.shaped:
+            flags = tuple(jax.tree_util.tree_leaves(out, is_leaf=is_leaf))
+            if all(f is True or f is False for f in flags):
+                _remember(key, flags)
         return out
 
     def flags(self) -> list[Any]:
         """One flag per leaf of the tree (split by `is_leaf`), in flatten order: `False`,
         `True`, or a bool array (an element mask, or one flag per block of a stack)."""
-        return jax.tree_util.tree_leaves(self.mask(), is_leaf=self.is_leaf)
+        key = _cache_key(self)
+        found = None if key is None else _CACHE.get(key)
+        if found is not None:
+            return list(found)
+        return jax.tree_util.tree_leaves(self.made_mask(key), is_leaf=self.is_leaf)
 
     def paths(self) -> list[tuple[Any, ...]]:
         """The key paths of the leaves selected in whole or in part, in flatten order."""
         pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=self.is_leaf)[0]
         return [path for (path, _), f in zip(pairs, self.flags(), strict=True) if any_true(f)]
+
+
+# -- the cache of structural selections -----------------------------------------------------
+# What names, indices, slices, `...`, regexes, globs and plain classes select depends on the
+# tree's structure and its leaves' types only (a key entry, a node's type, a wrapped value's
+# type), so their flags are kept per (structure, leaf types, selectors, `is_leaf`): reading
+# the same selection of another tree of that structure (an optimizer's mask, a sharding
+# rule, each step) is a lookup. A mask, a `tc.where` predicate, a `BaseKey` or a
+# `def_rule` selector looks at values or runs user code, and is never kept; neither is a
+# selection that passed a stack (its blocks' count follows from its leaves' shapes) or that
+# gives some leaf an array of flags.
+
+_CACHE: dict[Any, tuple[bool, ...]] = {}
+_CACHE_SIZE = 256
+_CACHE_LOCK = threading.Lock()  # lookups are single dict reads; writes evict under the lock
+
+
+def _remember(key: Any, flags: tuple[bool, ...]) -> None:
+    with _CACHE_LOCK:
+        _CACHE[key] = flags
+        while len(_CACHE) > _CACHE_SIZE:
+            del _CACHE[next(iter(_CACHE))]  # the oldest entry first
+
+
+_PLAIN_CHECKS = (type.__instancecheck__, abc.ABCMeta.__instancecheck__)
+
+
+def _selector_key(matcher: Matcher) -> Any:
+    """What a structural matcher selects by, hashable; `None` for any other matcher."""
+    cls = type(matcher)
+    if cls is NameMatcher or cls is IndexMatcher:
+        return (cls, type(matcher.key), matcher.key)
+    if cls is EllipsisMatcher:
+        return cls
+    if cls is SliceMatcher:
+        part = matcher.slice
+        return (cls, part.start, part.stop, part.step)
+    if cls is PatternMatcher:
+        return (cls, matcher.pattern)
+    if cls is GlobMatcher:
+        return (cls, matcher.glob.pattern)
+    if cls is TypeMatcher and type(matcher.cls).__instancecheck__ in _PLAIN_CHECKS:
+        return (cls, matcher.cls)  # `isinstance` that the type decides (a `Protocol` is not)
+    if cls is UnionMatcher:
+        members = tuple(_selector_key(m) for m in matcher.members_)
+        return None if None in members else (cls, members)
+    return None
+
+
+def _leaf_type(leaf: object) -> Any:
+    wrapper = wrapper_of(leaf)
+    return type(leaf) if wrapper is None else (type(leaf), type(wrapper.unwrap(leaf)))
+
+
+def _cache_key(found: Selection) -> Any:
+    """`(structure, leaf types, selectors, is_leaf)` for a structural selection, else `None`.
+
+    Wrapped values count as leaves here, typed with the value inside (a class selector
+    sees into them), whatever their own `==` says.
+    """
+    selectors = tuple(_selector_key(m) for m in found.matchers)
+    if None in selectors:
+        return None
+    is_leaf = found.is_leaf
+    stop = is_wrapper if is_leaf is None else lambda x: is_leaf(x) or is_wrapper(x)
+    leaves, treedef = jax.tree_util.tree_flatten(found.tree, is_leaf=stop)
+    # an ABC's virtual subclasses may change: the token changes with them
+    key = (treedef, tuple(map(_leaf_type, leaves)), selectors, is_leaf, abc.get_cache_token())
+    try:
+        hash(key)
+    except TypeError:  # a node's auxiliary data that does not hash: no cache
+        return None
+    return key
 
 
 def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
@@ -448,9 +569,7 @@ def select(
     with `opens`, a node is opened even where a name or index picks one child (for `get`).
     """
     static_ok = matchers[-1] if statics and matchers else None
-    found = Selection(tree, matchers, is_leaf, selection, static_ok, opens)
-    found.trail = found.walk(tree, (), 0, None)
-    return found
+    return Selection(tree, matchers, is_leaf, selection, static_ok, opens)
 
 
 def aligned_mask(tree: Any, mask: Any) -> tuple[list[Any], Any, list[Any], list[Any]] | None:
