@@ -21,7 +21,7 @@ import numpy as np
 from jax.core import Tracer
 from jax.typing import ArrayLike
 
-from ._calls import call_method
+from ._calls import call_on_copy, method_of
 from ._node import TreeNode
 from ._numbers import (
     NUMBER_TYPES,
@@ -823,6 +823,24 @@ class _Scan(_Op):
         return _map_with_paths(walker, one, node, path)
 
 
+class _Call(_Op):
+    """A method of the selected node, run on a copy of it that replaces it (`__call__`)."""
+
+    __slots__ = ("name", "args", "kwargs", "value")
+
+    def __init__(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.name, self.args, self.kwargs = name, args, kwargs
+
+    def spot(self, walker, node, path, emask):
+        walker.count += 1  # a wrapped value's methods run too
+
+        def run(copy: object) -> Any:
+            return method_of(walker.tree, copy, path, self.name)(*self.args, **self.kwargs)
+
+        self.value, new = call_on_copy(node, run)
+        return new
+
+
 # -- the indexer -------------------------------------------------------------------------
 
 
@@ -1377,7 +1395,12 @@ class AtIndexer(Generic[T]):
             raise TypeError(
                 CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
             )
-        return call_method(self.tree, where[:-1], where[-1], args, kwargs)
+        call = _Call(where[-1], args, kwargs)
+        run, head = _Run(self.tree, call, None, self._selection), self._matchers[:-1]
+        tree = run.chain(head)
+        if tree is _NO_FAST_PATH:  # a missing name or index: the walker says which
+            tree = run.run(select(self.tree, head, None, self._selection))
+        return call.value, tree
 
 
 def selection(indexer: AtIndexer[Any], is_leaf: Callable[[Any], bool] | None = None) -> Selection:

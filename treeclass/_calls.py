@@ -1,8 +1,8 @@
 """Running code that mutates trees on copies: `tree.at["method"](...)` and `value_and_tree`.
 
 `call_on_copy` makes the one kind of private copy (TreeClass nodes mutable, NumPy leaves
-copied, sealed again when the function returns or raises); a method call copies only the
-node whose method runs and rebuilds the path above it, as `.set` does.
+copied, sealed again when the function returns or raises); `.at`'s method call runs
+`method_of` the selected node on such a copy, and puts the copy back as `.set` would.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _node
-from ._selectors import find_child
-from ._structure import row_of
 from ._util import check_callable
 from ._values import closest, path_str
 
-__all__ = ["call_on_copy", "call_method", "value_and_tree"]
+__all__ = ["call_on_copy", "method_of", "value_and_tree"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -56,7 +54,8 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-def _method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
+def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
+    """The method `name` of `node` (at `path` in `root`), or an error naming both."""
     where = path_str(root, path)
     try:
         method = getattr(node, name)
@@ -72,29 +71,6 @@ def _method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> 
             NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
         )
     return method
-
-
-def call_method(
-    root: _T, keys: Sequence[Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, _T]:
-    """`(value, new_root)`: method `name` of the node `keys` (names and indices) reach, run
-    on a copy of that node, which then replaces it in a rebuilt `root`."""
-    steps: list[tuple[Any, Any, Any]] = []  # (node, key entry, child) down the path
-    target: Any = root
-    path: tuple[Any, ...] = ()
-    for key in keys:
-        entry, child = find_child(target, key, functools.partial(path_str, root, path))
-        steps.append((target, entry, child))
-        target, path = child, path + (entry,)
-
-    def run(node: object) -> Any:
-        return _method_of(root, node, path, name)(*args, **kwargs)
-
-    value, new = call_on_copy(target, run)
-    where = functools.partial(path_str, root)
-    for depth, (node, entry, old) in reversed(list(enumerate(steps))):
-        new = row_of(node).replace(node, entry, old, new, path[:depth], where)
-    return value, new
 
 
 # -- value_and_tree ----------------------------------------------------------------------------
