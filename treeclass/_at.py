@@ -906,57 +906,44 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
 class AtIndexer(Generic[T]):
     """Select parts of a pytree with `[...]`, then get, set, apply, reduce or scan them.
 
-    `tree.at[...]` on a `TreeClass`, `tc.at(tree)[...]` (or `AtIndexer(tree)[...]`) on any
-    pytree: dicts, lists, tuples, namedtuples, equinox modules, any registered node.
-    Each `[...]` is one level of the key path; a tuple is a union at one level. Every
-    operation returns a new tree and leaves the input untouched, even when it raises.
+    `tree.at[...]` on a `TreeClass`, `tc.at(tree)[...]` on any pytree. Each `[...]` is one
+    level of the key path, applied to each node the levels before it selected
+    (`model.at[Linear]["weight"]`); a tuple is a union at one level. Every operation
+    returns a new tree and leaves the input untouched, even when it raises. The `.at`
+    guide shows every selector and operation at work.
 
     **Selectors**
 
-    - `"name"`: the attribute or dict key; `0`, `-1`: a sequence index (negative counts
-      from the end); `1:3`, `::2`: a slice of sequence positions (as Python slices);
-      `...`: every child at this level (alone, the whole tree);
-      `re.compile(p)`: children whose name fully matches `p`;
-    - a boolean mask: a pytree with the tree's structure (or a prefix of it) holding
-      bools or boolean arrays, e.g. `jax.tree_util.tree_map(lambda x: x > 0, tree)`. A
-      bool selects (or not) the whole leaf or subtree; a boolean *array* selects elements
-      of its leaf (`jnp.where` semantics for `set`/`apply`/`scan`, `leaf[mask]` for `get`
-      and `reduce`); an element mask has its leaf's shape (or broadcasts to it). A mask
-      used after other selectors is matched against each node they selected
-      (`at[0][mask]`: the mask has the structure of `tree[0]`). A tuple made only of
-      bools/masks is one mask (for a tuple tree), not a union;
-    - a class, e.g. `Linear`: every node below the current level that is an instance of
-      it (leaves too: `jax.Array`), not looking inside a match;
-    - `tc.where(fn)`: every node below for which `fn(path, node)` is true;
-    - `tc.glob("layers.*.weight")`: nodes whose key path below matches the pattern;
-    - a `tc.BaseKey` instance: children whose key entry it says it equals; a value of a
-      type registered with `tc.BaseKey.def_alias`, or with `AtIndexer.def_rule` (also
-      `tc.at.def_rule`, sepes's spelling); a JAX key entry (`jax.tree_util.DictKey("a")`).
+    - `"name"`, `0`, `-1`, `1:3`, `...`: an attribute or dict key, a sequence index or
+      slice (a `tc.Stacked` is indexed by block), every child (alone: the whole tree);
+    - `re.compile(p)`: children whose name fully matches `p`; `tc.glob("layers.*.weight")`:
+      nodes whose key path below matches the pattern;
+    - a boolean mask: a pytree of the tree's structure (or a prefix of it) holding bools
+      (whole leaves or subtrees) or boolean arrays of their leaf's shape (its elements:
+      `jnp.where` for `set`/`apply`/`scan`, `leaf[mask]` for `get`/`reduce`); after other
+      selectors it is matched against each node they selected; a tuple made only of
+      bools and masks is one mask, not a union;
+    - a class (`Linear`, `jax.Array`): every node below that is an instance of it, not
+      looking inside a match; `tc.where(fn)`: every node below for which `fn(path, node)`
+      is true;
+    - a `tc.BaseKey`, a value of a type registered with `tc.BaseKey.def_alias` or
+      `tc.at.def_rule`, or a JAX key entry: children whose key entry it equals.
 
-    A node that opens itself for `.at` (a `tc.Stacked` opens into its blocks, indexed
-    `[i]`) is indexed by these selectors like a sequence.
+    A missing name or index, and a glob, regex or `BaseKey` that selects nothing, raise
+    `LookupError` naming the closest keys; a mask or predicate selecting nothing is an
+    empty selection.
 
-    A name or index that is missing, and a glob, regex or `BaseKey` that selects nothing,
-    raise `LookupError` (naming the closest existing keys); a mask or predicate that
-    selects nothing is an empty selection.
-
-    Later selectors apply relative to each node selected before them:
-    `model.at[Linear]["weight"]`.
-
-    **Operations** (each documented on its method; each accepts `is_leaf=`): `.get`,
-    `.set`, `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
-    `tree.at["method"](*args, **kwargs)` (a method run on a mutable copy).
+    **Operations** (each documented on its method, each with `is_leaf=`): `.get`, `.set`,
+    `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
+    `tree.at["method"](*args, **kwargs)`.
 
     ```python
-    import jax, jax.numpy as jnp
+    import jax.numpy as jnp
     import treeclass as tc
 
     tree = {"a": jnp.array([-1.0, 2.0]), "b": {"c": 3.0}}
-    tree2 = tc.at(tree)["b"]["c"].set(30.0)
-    assert tree2["b"]["c"] == 30.0 and tree["b"]["c"] == 3.0
-    mask = jax.tree_util.tree_map(lambda x: x > 0, tree)
-    assert tc.at(tree)[mask].apply(lambda x: x * 10)["a"].tolist() == [-1.0, 20.0]
-    assert tc.at(tree)[...].reduce(lambda acc, x: acc + jnp.sum(x), initializer=0.0) == 4.0
+    assert tc.at(tree)["b"]["c"].set(30.0)["b"]["c"] == 30.0 and tree["b"]["c"] == 3.0
+    assert tc.at(tree)[{"a": tree["a"] > 0, "b": False}].set(0.0)["a"].tolist() == [-1, 0]
     ```
     """
 
@@ -1036,12 +1023,9 @@ class AtIndexer(Generic[T]):
         """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
 
         The mask has the tree's structure (nodes without children, such as frozen values,
-        stay as they are; with `is_leaf`, the nodes it stops at are leaves and get a
-        flag), so it lines up with the tree in `jax.tree.map`, selects the same leaves
-        again as `tree.at[mask]`, and is what `tc.optim.mask` builds optimizer masks
-        from. An element mask in the selection gives a selected leaf a bool array of its
-        shape; a selection of some blocks of a stack (`tc.Stacked`) gives its leaves one
-        flag per block, an array along the block axis.
+        stay as they are), so it lines up with the tree in `jax.tree.map` and selects the
+        same leaves again as `tree.at[mask]`. A leaf selected in part gets a bool array:
+        its element mask, or one flag per block of a stack (`tc.Stacked`).
 
         **Arguments**
 
@@ -1053,25 +1037,18 @@ class AtIndexer(Generic[T]):
         A tree of the input's structure with `bool` (or bool array) leaves.
 
         ```python
-        import jax.numpy as jnp
         import treeclass as tc
 
-        tree = {"a": jnp.ones(2), "b": {"c": 2.0, "d": tc.freeze(1)}}
-        mask = tc.at(tree)["b"]["c"].mask()
-        assert mask == {"a": False, "b": {"c": True, "d": tc.freeze(1)}}
-        assert tc.at(tree)[mask].get() == tc.at(tree)["b"]["c"].get()
+        tree = {"a": 1.0, "b": {"c": 2.0, "d": tc.freeze(1)}}
+        assert tc.at(tree)["b"]["c"].mask() == {"a": False, "b": {"c": True, "d": tc.freeze(1)}}
         ```
         """
         check_callable(is_leaf, "AtIndexer.mask", "is_leaf", optional=True)
         return self._select(is_leaf).mask()
 
     def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
-        """The key paths of the leaves the selection reaches, in flatten order.
-
-        Each is a tuple of JAX key entries, as `jax.tree_util.tree_flatten_with_path`
-        gives it (`jax.tree_util.keystr(path)` reads `['b']['c']`). A leaf selected in
-        part (by an element mask, or in some blocks of a stack) is listed too; `mask()`
-        says which part.
+        """The key paths of the leaves the selection reaches (in whole or in part, as `mask()`
+        says), in flatten order, as `jax.tree_util.tree_flatten_with_path` gives them.
 
         **Arguments**
 
@@ -1079,14 +1056,13 @@ class AtIndexer(Generic[T]):
 
         **Returns**
 
-        A list of key paths, in the order of the tree's leaves.
+        A list of key paths (tuples of JAX key entries).
 
         ```python
         import jax
         import treeclass as tc
 
-        tree = {"a": 1.0, "b": {"c": 2.0, "d": 3.0}}
-        paths = tc.at(tree)["b"][...].paths()
+        paths = tc.at({"a": 1.0, "b": {"c": 2.0, "d": 3.0}})["b"][...].paths()
         assert [jax.tree_util.keystr(p) for p in paths] == ["['b']['c']", "['b']['d']"]
         ```
         """
@@ -1105,16 +1081,15 @@ class AtIndexer(Generic[T]):
         **Arguments**
 
         - `fill_value`: what unselected leaves become (`None` by default). Under an
-          element mask, `None` gives `leaf[mask]`; any other value gives
+          element mask, `None` gives `leaf[mask]`, any other value
           `jnp.where(mask, leaf, fill_value)` (which also works with traced masks).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply`; `get` runs no function, so the result is
-          the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
-          traced selected leaf raises `ValueError`.
+        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
+          traced selected leaf then raises `ValueError`.
 
         **Returns**
 
-        A tree of the input's structure (with `fill_value` leaves).
+        A tree of the input's structure.
 
         ```python
         import treeclass as tc
@@ -1136,28 +1111,22 @@ class AtIndexer(Generic[T]):
 
         **Arguments**
 
-        - `value`: a leaf, put at every selected leaf; a tree with the structure of each
-          selected subtree (or a prefix of it, broadcast); or a tree with the structure of
-          the whole tree, read where selected. A value that fits none of these is put
-          whole at each selected spot (PyTreeClass's rule: `(7, 8)` set at a leaf is that
-          tuple; a frozen subtree set at a node replaces the node). Under an element mask
-          the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
-          A number (Python `int`, `float`, `complex`, or a scalar of any NumPy or
-          ml_dtypes number type: `np.float32`, `np.longdouble`, `ml_dtypes.bfloat16`,
-          float8, int4, ...) at an array leaf becomes an array of the leaf's shape and
-          dtype, as `x.at[...].set(0.0)` does in jax.numpy (a NumPy leaf stays NumPy, and a
-          frozen array selected with `is_leaf=tc.is_frozen` is filled and stays frozen),
-          by the rule a block write into a `tc.Stacked` follows; a number that would
-          change on the way in (`2.7` into an integer array, `300` into `int8`, a
-          `bfloat16` into `int8`) raises `TypeError` / `OverflowError` naming the leaf.
-          Other leaves get the number itself; `True` and `False` are flags, put as they
-          are (`.set(False)` builds a mask tree), except into elements, where they must
-          fit the leaf (a bool array). To put a number in place of an array, use
-          `.apply(lambda _: 0.0, whole=True)`.
+        - `value`: a leaf, put at every selected leaf; a tree of each selected subtree's
+          structure (or a prefix of it, broadcast); or a tree of the whole tree's
+          structure, read where selected. A value that fits none of these is put whole at
+          each selected spot (`(7, 8)` set at a leaf is that tuple). Under an element mask
+          the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape. A
+          number (Python's, or any NumPy or ml_dtypes scalar) at an array leaf (a frozen
+          one selected with `is_leaf=tc.is_frozen` too) becomes an array of the leaf's
+          shape, dtype and type, as `x.at[...].set(0.0)` does in jax.numpy; one that would
+          change on the way in (`2.7` into an integer array, `300` into `int8`) raises
+          `TypeError` / `OverflowError` naming the leaf. `True` and `False` are flags, put
+          as they are, except into elements. The `.at` guide's "Numbers at array leaves"
+          has the whole rule; `.apply(lambda _: 0.0, whole=True)` puts a number in place
+          of an array.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply`; `set` runs no function, so the result is
-          the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
-          traced selected leaf, or a traced value, raises `ValueError`.
+        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
+          traced selected leaf or value then raises `ValueError`.
 
         **Returns**
 
@@ -1168,9 +1137,7 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["a"].set(10) == {"a": 10, "b": 2}
-        assert tc.at([[1, 2], [3]])[0].set([8, 9]) == [[8, 9], [3]]
-        assert tc.at({"a": 1, "b": 2})["a"].set((7, 8)) == {"a": (7, 8), "b": 2}
-        zeroed = tc.at({"w": np.ones(2, np.int8)})["w"].set(0)   # an array stays an array
+        zeroed = tc.at({"w": np.ones(2, np.int8)})["w"].set(0)  # an array stays an array
         assert zeroed["w"].dtype == np.int8 and zeroed["w"].tolist() == [0, 0]
         ```
         """
@@ -1190,23 +1157,17 @@ class AtIndexer(Generic[T]):
         **Arguments**
 
         - `fn`: a function of one leaf. Under an element mask the result is
-          `jnp.where(mask, fn(leaf), leaf)`. A number it returns for an array leaf
-          fills an array of the leaf's shape and dtype, as for `set`. An error raised by
-          `fn` gets a note naming the leaf's key path.
-        - `whole`: call `fn` once on each selected node, whole, and put what it returns
-          in its place, as it is (a number replaces an array): model surgery,
-          `model.at[Attention]["out"].apply(to_lora, whole=True)` (every attention's
-          output projection, a `Linear`, becomes what `to_lora` makes of it). A
-          selected frozen value is passed as it is. Without it, `fn` is mapped over the
-          leaves below each selected node.
+          `jnp.where(mask, fn(leaf), leaf)`; a number it returns for an array leaf fills
+          an array as for `set`. An error it raises gets a note naming the leaf's key path.
+        - `whole`: call `fn` once on each selected node, whole (a frozen value as it is),
+          and put what it returns in its place, as it is: model surgery,
+          `model.at[Attention]["out"].apply(to_lora, whole=True)`.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: `True`, or a dict of `concurrent.futures.ThreadPoolExecutor`
-          arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf;
-          the result is the same as without it (leaves in order, the first error
-          re-raised with its leaf's key path). It pays for I/O-bound functions (loading or
-          fetching per leaf) and for functions that release the GIL; for jax computations
-          it only adds overhead. Not inside `jax.jit`/`vmap`/`grad`: on traced leaves it
-          raises, since tracing on other threads would leak tracers.
+          arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf,
+          with the same result (the first error re-raised with its leaf's key path): for
+          I/O-bound functions and those that release the GIL. Not inside
+          `jax.jit`/`vmap`/`grad`: a traced leaf raises `ValueError`.
 
         **Returns**
 
@@ -1216,9 +1177,7 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["b"].apply(lambda x: x * 10) == {"a": 1, "b": 20}
-        assert tc.at([1, 2, 3])[...].apply(str, is_parallel=True) == ["1", "2", "3"]
-        tree = {"a": (1, 2), "b": 3}
-        assert tc.at(tree)["a"].apply(list, whole=True) == {"a": [1, 2], "b": 3}
+        assert tc.at({"a": (1, 2)})["a"].apply(list, whole=True) == {"a": [1, 2]}
         ```
         """
         check_callable(fn, "AtIndexer.apply", "fn", " of one leaf" if not whole else " of one node")
@@ -1328,18 +1287,14 @@ class AtIndexer(Generic[T]):
         is_leaf: Callable[[Any], bool] | None = None,
         is_parallel: bool | dict[str, Any] = False,
     ) -> list[Any]:
-        """The selected subtrees themselves, as a list in flatten order.
-
-        Where `get` returns the whole tree with unselected leaves replaced, `pluck` returns
-        only what is selected: each selected node once (a selected subtree whole, not its
-        leaves one by one; under an element mask, `leaf[mask]`).
+        """The selected subtrees themselves, in flatten order: each selected node once (under
+        an element mask, `leaf[mask]`), where `get` returns the whole tree.
 
         **Arguments**
 
         - `count`: at most this many subtrees, the first ones (`None`: all).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `get` (there is no function to run in parallel;
-          as for `get`, a traced selected leaf raises `ValueError`).
+        - `is_parallel`: accepted as for `get`.
 
         **Returns**
 
@@ -1349,10 +1304,7 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         tree = {"a": 1, "b": [2, 3]}
-        assert tc.at(tree)["b"].pluck() == [[2, 3]]
-        assert tc.at(tree)[...].pluck() == [1, [2, 3]]
-        assert tc.at(tree)[{"a": True, "b": [False, True]}].pluck() == [1, 3]
-        assert tc.at(tree)[...].pluck(1) == [1]
+        assert tc.at(tree)[...].pluck() == [1, [2, 3]] and tc.at(tree)[...].pluck(1) == [1]
         ```
         """
         if count is None:
@@ -1371,10 +1323,10 @@ class AtIndexer(Generic[T]):
     def __call__(self, *args: object, **kwargs: object) -> tuple[Any, T]:
         """Call a method on a mutable copy: `tree.at["method"](*a, **k)` -> `(value, new_tree)`.
 
-        The copy's nodes may be mutated by the method (set, delete or add attributes;
-        NumPy array leaves are copies, so writing into them leaves the input's intact);
-        they are immutable again once it returns or raises, and the input is untouched.
-        Earlier names and indices reach a nested node: `tree.at["child"]["method"]()`.
+        The method may set, delete or add attributes of the copy of its node (NumPy leaves
+        are copies too); the copy is immutable again once it returns or raises, and the
+        input is untouched. Names and indices before the method's name reach a nested
+        node: `tree.at["child"]["method"]()`.
 
         ```python
         import treeclass as tc
@@ -1386,8 +1338,7 @@ class AtIndexer(Generic[T]):
                 self.count += by
                 return self.count
 
-        value, counter = Counter().at["increment"](2)
-        assert value == 2 and counter.count == 2
+        assert Counter().at["increment"](2) == (2, Counter(count=2))
         ```
         """
         where = self.where
@@ -1420,16 +1371,13 @@ def at(tree: T, where: Sequence[Any] | None = ()) -> AtIndexer[T]:
 
     **Returns**
 
-    An `AtIndexer` selecting the whole tree (or `where`), ready to be indexed.
-
-    `tc.at.def_rule(kind, compare)` (also `tc.AtIndexer.def_rule`) makes values of type
-    `kind` selectors: see `AtIndexer.def_rule`.
+    An `AtIndexer`. `tc.at.def_rule(kind, compare)` makes values of type `kind`
+    selectors (see `AtIndexer.def_rule`).
 
     ```python
     import treeclass as tc
 
     assert tc.at({"a": [1, 2]})["a"][-1].set(5) == {"a": [1, 5]}
-    assert tc.at({"a": [1, 2]}, where=["a", 0]).get() == {"a": [1, None]}
     ```
     """
     return AtIndexer(tree, where)
