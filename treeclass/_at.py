@@ -1,9 +1,10 @@
 """The `.at[...]` indexer: select parts of any pytree and get a new tree back.
 
 Selectors are compiled once, when indexed (`_selectors`); an operation selects (one walk,
-`_selection.select`), then puts its values at the selected spots (`_Run`), rebuilding
-only the nodes on the way to them. Every error raised by a user function (`apply`,
-`scan`, `reduce`, a `where` predicate) gets a note naming the key path it was called at.
+`_selection.select`; a chain of names and indices is followed by the rows alone), then
+puts its values at the selected spots (`_Run`), rebuilding only the nodes on the way.
+Every error raised by a user function (`apply`, `scan`, `reduce`, a `where` predicate)
+gets a note naming the key path it was called at.
 """
 
 from __future__ import annotations
@@ -257,11 +258,7 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_m
     return x[jnp.broadcast_to(mask, x.shape)]
 
 
-# -- numbers put at array leaves ---------------------------------------------------------------
-# A number set at an array leaf (or returned for one by `apply` or `scan`) becomes an array of
-# the leaf's shape and dtype, as `x.at[...].set(v)` does in jax.numpy: a parameter stays a
-# parameter. `True` and `False` are not numbers here: they are flags, put as they are, so
-# `tree.at[...].set(False)` still builds a mask tree.
+# -- numbers put at array leaves (the rule: `set`'s docstring) ---------------------------------
 
 
 # the numbers (`_numbers.is_number`) a whole array leaf is filled with: `True` and `False`

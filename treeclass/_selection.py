@@ -14,7 +14,7 @@ sharding rules and a partial `tc.load` consume.
 A chain of names and indices follows one child per level (the row finds it without
 opening its node), so selecting a deep leaf costs what the path is deep. A mask with the
 tree's exact structure is a selection already: `aligned_mask` reads it leaf by leaf, with
-no walk at all.
+no walk at all. The flags of a selection that only structure decides are cached (below).
 """
 
 from __future__ import annotations
@@ -357,11 +357,6 @@ class Selection:
         rebuilt, each by its row."""
         where = where or self.where
         t = self.trail
-        if not fills and type(t) is _Hops and type(t.sub) is Spot:  # a chain of names
-            new = spot(t.sub)
-            for row, node, path, entry, child in reversed(t.hops):
-                new = node if new is child else row.replace(node, entry, child, new, path, where)
-            return new
         is_leaf = self.is_leaf
 
         def unselected(node: Any) -> Any:
@@ -469,14 +464,11 @@ class Selection:
 
 
 # -- the cache of structural selections -----------------------------------------------------
-# What names, indices, slices, `...`, regexes, globs and plain classes select depends on the
-# tree's structure and its leaves' types only (a key entry, a node's type, a wrapped value's
-# type), so their flags are kept per (structure, leaf types, selectors, `is_leaf`): reading
-# the same selection of another tree of that structure (an optimizer's mask, a sharding
-# rule, each step) is a lookup. A mask, a `tc.where` predicate, a `BaseKey` or a
-# `def_rule` selector looks at values or runs user code, and is never kept; neither is a
-# selection that passed a stack (its blocks' count follows from its leaves' shapes) or that
-# gives some leaf an array of flags.
+# What names, indices, slices, `...`, regexes, globs and plain classes select follows from the
+# tree's structure and its leaves' types (a wrapped value's: the type inside), so their flags
+# are kept per (structure, leaf types, selectors, `is_leaf`). Masks, predicates, `BaseKey`s and
+# `def_rule` selectors read values or run user code: never kept; nor is a selection that
+# passed a stack (its blocks' count is its leaves' shapes) or that gives a leaf an array.
 
 _CACHE: dict[Any, tuple[bool, ...]] = {}
 _CACHE_SIZE = 256
