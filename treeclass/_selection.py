@@ -540,18 +540,11 @@ def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> N
         blocked.append((s.path, getattr(wrapper_of(wrapped[0]), "role", "wrapped"), False))
 
 
-def _the_selection() -> str:
-    return "the selection"
-
-
-_THE_SELECTION = _the_selection
-
-
 def select(
     tree: Any,
     matchers: tuple[Matcher, ...],
     is_leaf: Callable[[Any], bool] | None = None,
-    selection: Callable[[], str] = _THE_SELECTION,
+    selection: Callable[[], str] = lambda: "the selection",
     statics: bool = False,
     opens: bool = False,
 ) -> Selection:
