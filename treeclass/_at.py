@@ -239,10 +239,8 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
 
 
 def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_msg: str) -> Any:
-    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill.
-
-    `traced_msg` is the error when the mask is traced: the operation's own.
-    """
+    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill
+    (`traced_msg`: the operation's error for a traced mask)."""
     check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
@@ -323,14 +321,9 @@ def _fill(value: Any, leaf: Any, where: Callable[[Any], str], at: object) -> Any
 
 
 def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: object) -> Any:
-    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array.
-
-    An array in a wrapper (a frozen one, selected whole with `is_leaf=tc.is_frozen`) is
-    filled inside its wrapper: a number carries no shape, dtype or wrapper, so it cannot
-    mean "replace this frozen parameter by an unfrozen Python float". `where(at)` names
-    the leaf, worked out only for an error: a number put at a plain scalar leaf builds
-    nothing and looks up no wrapper.
-    """
+    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array, inside
+    its wrapper for a wrapped one (a number cannot mean "unfreeze this parameter").
+    `where(at)` names the leaf, worked out only for an error."""
     if type(new) not in _FILLS or type(leaf) in _SCALARS:
         return new
     if _holds_numbers(leaf):
@@ -463,12 +456,8 @@ class _Run:
         return out
 
     def static_spot(self, s: Any) -> Any:
-        """A static field named last in the selection, set or applied to: a new structure.
-
-        The copy gets the field's new value through its `on_setattr` callbacks (a
-        configuration value is validated, as in `__init__` and `replace`) and the layout
-        of its new static values; the children are shared.
-        """
+        """A static field named last, set or applied to: a copy of the node with a new
+        layout, the value going through its `on_setattr` callbacks; children shared."""
         old = s.row.static_values(s.node).get(s.name, _MISSING)
         if old is _MISSING:  # declared static, but this instance never set it
             raise LookupError(STATIC_UNSET_MSG.format(where=self.where(s.path), name=s.name))
@@ -483,11 +472,8 @@ class _Run:
         *args: Any,
         finish: Callable[[Any], Any] | None = None,
     ) -> Any:
-        """`fn(*args)` for the leaf at `path` (then `finish` of it); errors name the path.
-
-        With a thread pool (`is_parallel`), `fn` is submitted and a `_Pending` stands in
-        for its result until `resolve`.
-        """
+        """`fn(*args)` for the leaf at `path` (then `finish` of it), errors naming the path;
+        under `is_parallel`, a `_Pending` stands in for it until `resolve`."""
         if self.pool is not None:
             if isinstance(args[0], Tracer):
                 raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path)))
@@ -504,11 +490,8 @@ class _Run:
         _note_fn(error, fn, self.where(path), self.text())
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
-        """The user's `fn` over the leaves of a selected subtree, counting them.
-
-        The subtree is flattened without keys: a failing leaf's key path is only worked
-        out on the error path (or for the thread pool, which names each pending leaf).
-        """
+        """The user's `fn` over the leaves of a selected subtree, counting them (key paths
+        are worked out only for an error, or for the thread pool's pending leaves)."""
         if self.pool is not None:
 
             def submit(x: object, where: tuple) -> Any:
@@ -844,13 +827,8 @@ _NO_FAST_PATH = object()
 
 
 def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
-    """`tree.at[mask].set/apply` for a mask with exactly the tree's structure.
-
-    The most common mask (`tree > 0`, or one built with `tree_map`) is a selection already,
-    read leaf by leaf (`aligned_mask`: one C-level flatten of each and a zip); anything
-    else returns `_NO_FAST_PATH`, for the walk. Key paths are only computed on the error
-    path.
-    """
+    """`tree.at[mask].set/apply` for a mask of exactly the tree's structure (`tree > 0`),
+    read leaf by leaf (`aligned_mask`); `_NO_FAST_PATH` for anything else, for the walk."""
     if type(op) is _Apply:
         fn = op.fn
     elif type(op) is _Set and op.mode == _Set.BROADCAST:

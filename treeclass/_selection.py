@@ -558,11 +558,9 @@ def select(
 
 
 def aligned_mask(tree: Any, mask: Any) -> tuple[list[Any], Any, list[Any], list[Any]] | None:
-    """A mask with exactly the tree's structure, read leaf by leaf: `(leaves, treedef,
-    flags, spots)`, a spot per leaf being `False` (not selected), `True` (whole), the
-    element mask's shape when it is the leaf's (`x > 0`), or `None` (a 0-d mask, which
-    broadcasts). `None` for any other mask (a prefix, a non-bool leaf, a stack's flags per
-    block, nothing selected): the walk reads and reports those."""
+    """A mask of exactly the tree's structure, read leaf by leaf: `(leaves, treedef, flags,
+    spots)`, a spot being `False`, `True`, the leaf's shape (an element mask) or `None` (a
+    0-d mask); `None` for any other mask, which the walk reads and reports."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     flags, mask_def = jax.tree_util.tree_flatten(mask)
     if mask_def != treedef:
