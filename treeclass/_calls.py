@@ -91,11 +91,11 @@ def value_and_tree(
 ) -> Callable[..., tuple[Any, Any]]:
     """Run `func` on copies of its arguments that it may mutate: `(value, changed copies)`.
 
-    For code that changes its tree arguments in place, such as methods that set attributes
-    on a `TreeClass` (immutable otherwise), append to lists or write into NumPy arrays:
-    every argument (positional and keyword) is copied first, TreeClass nodes of the copies
-    may be mutated, and they are immutable again once `func` returns or raises. The inputs
-    are never changed. `tree.at["method"](*args)` is the same for one method of one tree.
+    For code that changes its arguments in place (methods setting attributes on a
+    `TreeClass`, appends to lists, writes into NumPy arrays): every argument is copied
+    first, the copies' TreeClass nodes may be mutated and are immutable again once `func`
+    returns or raises; the inputs never change. `tree.at["method"](*args)` is the same for
+    one method of one tree.
 
     **Arguments**
 
@@ -116,22 +116,12 @@ def value_and_tree(
     ```python
     import treeclass as tc
 
-    class Counter(tc.TreeClass):
-        count: int = 0
-
-        def increment(self, by):
-            self.count += by
-            return self.count
-
-    counter = Counter()
-    value, new = tc.value_and_tree(lambda c: c.increment(2))(counter)
-    assert value == 2 and new.count == 2 and counter.count == 0
-
     def push(items, item):
         items.append(item)
 
-    _, (items, item) = tc.value_and_tree(push, argnums=(0, 1))([1, 2], 3)
-    assert items == [1, 2, 3]
+    items = [1, 2]
+    _, (new, item) = tc.value_and_tree(push, argnums=(0, 1))(items, 3)
+    assert new == [1, 2, 3] and items == [1, 2]
     ```
     """
     check_callable(func, "value_and_tree", "func")
