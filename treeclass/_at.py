@@ -416,7 +416,8 @@ class _Run:
         """The run of a chain of names and indices with no `is_leaf`, found and rebuilt by
         the rows alone (no selection is built); `_NO_FAST_PATH` for anything else (another
         selector, a missing key, a static field: `select` says what, in its words)."""
-        node, path = self.tree, ()
+        node = self.tree
+        path: tuple[Any, ...] = ()
         hops: list[tuple[Any, ...]] = []
         for matcher in matchers:
             if not matcher.one_key:
@@ -849,7 +850,7 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
     # a number is fitted to a dtype once: the same number (the value set) into the next leaf
     # of that dtype reuses it
     fitted: tuple[Any, Any, Any] = (_NO_FAST_PATH, None, None)  # (number, dtype, fit)
-    new = value if fn is None else None
+    new: Any = value if fn is None else None
     for index, (leaf, flag, spot) in enumerate(zip(leaves, flags, spots)):
         if spot is False:
             out.append(leaf)

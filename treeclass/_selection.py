@@ -236,7 +236,7 @@ class Selection:
                 found = verdict[1]
                 row = found[2]
             # one child, the node left unopened
-            if row.stack is not None:
+            if row.stack is not None:  # type: ignore[union-attr]
                 self.shaped = True
             entry, child = found[0], found[1]
             if hops is None:
@@ -482,28 +482,27 @@ def _remember(key: Any, flags: tuple[bool, ...]) -> None:
             del _CACHE[next(iter(_CACHE))]  # the oldest entry first
 
 
-_PLAIN_CHECKS = (type.__instancecheck__, abc.ABCMeta.__instancecheck__)
+_PLAIN_CHECKS: tuple[Any, ...] = (type.__instancecheck__, abc.ABCMeta.__instancecheck__)
 
 
 def _selector_key(matcher: Matcher) -> Any:
     """What a structural matcher selects by, hashable; `None` for any other matcher."""
-    cls = type(matcher)
-    if cls is NameMatcher or cls is IndexMatcher:
-        return (cls, type(matcher.key), matcher.key)
-    if cls is EllipsisMatcher:
-        return cls
-    if cls is SliceMatcher:
+    if type(matcher) is NameMatcher or type(matcher) is IndexMatcher:
+        return (type(matcher), type(matcher.key), matcher.key)
+    if type(matcher) is EllipsisMatcher:
+        return EllipsisMatcher
+    if type(matcher) is SliceMatcher:
         part = matcher.slice
-        return (cls, part.start, part.stop, part.step)
-    if cls is PatternMatcher:
-        return (cls, matcher.pattern)
-    if cls is GlobMatcher:
-        return (cls, matcher.glob.pattern)
-    if cls is TypeMatcher and type(matcher.cls).__instancecheck__ in _PLAIN_CHECKS:
-        return (cls, matcher.cls)  # `isinstance` that the type decides (a `Protocol` is not)
-    if cls is UnionMatcher:
+        return (SliceMatcher, part.start, part.stop, part.step)
+    if type(matcher) is PatternMatcher:
+        return (PatternMatcher, matcher.pattern)
+    if type(matcher) is GlobMatcher:
+        return (GlobMatcher, matcher.glob.pattern)
+    if type(matcher) is TypeMatcher and type(matcher.cls).__instancecheck__ in _PLAIN_CHECKS:
+        return (TypeMatcher, matcher.cls)  # `isinstance` that the type decides (no `Protocol`)
+    if type(matcher) is UnionMatcher:
         members = tuple(_selector_key(m) for m in matcher.members_)
-        return None if None in members else (cls, members)
+        return None if None in members else (UnionMatcher, members)
     return None
 
 
