@@ -212,13 +212,14 @@ def _note_fn(error: BaseException, fn: object, where: str, selection: str) -> No
     add_leaf_note(error, FN_NOTE.format(fn=name, where=where, selection=selection))
 
 
-# what `jnp.where` can take elements from: arrays, scalars (also NumPy's), tracers
-_ELEMENT_VALUES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+def _is_element_value(x: object) -> bool:
+    # what `jnp.where` can take elements from: arrays, scalars (also NumPy's), tracers
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
 
 
 def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     """`jnp.where(mask, new, old)`, which must keep `old`'s shape."""
-    if not isinstance(new, _ELEMENT_VALUES):
+    if not _is_element_value(new):
         raise TypeError(ELEMENT_VALUE_TYPE_MSG.format(where=where(), value=short_repr(new)))
     check_element_mask(mask, old, where)
     old_shape, new_shape = shape_of(old), shape_of(new)
