@@ -72,6 +72,18 @@ def test_method_call_on_a_missing_path_names_it():
         Stack(2).at["layers"][5]["scale"](1.0)
 
 
+def test_method_call_errors_are_the_selection_errors():
+    model = Stack(2)
+    with pytest.raises(AttributeError, match="did you mean 'scale'"):
+        model.at["layers"][0]["scal"](1.0)
+    for chain in (["layers", "x"], ["layerz"], ["layers", -3]):
+        with pytest.raises(LookupError) as by_get:
+            tc.at(model, where=chain).get()
+        with pytest.raises(LookupError) as by_call:
+            tc.at(model, where=[*chain, "scale"])(1.0)
+        assert str(by_call.value) == str(by_get.value)
+
+
 def test_value_and_tree_results_are_sealed():
     _, new = tc.value_and_tree(lambda m: m.layers[0].scale(2.0))(Stack(1))
     with pytest.raises(AttributeError):

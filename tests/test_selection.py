@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,8 @@ from treeclass._structure import is_wrapper
 
 
 class Layer(tc.TreeClass):
+    tag: str = tc.field(default="layer", static=True)
+
     def __init__(self, n: int, frozen: bool):
         self.w = jnp.arange(float(n))
         self.b = tc.freeze(jnp.zeros(1)) if frozen else jnp.zeros(1)
@@ -129,3 +133,115 @@ def test_a_selection_that_names_nothing_says_so_when_read():
     net = Net([1], [False])
     with pytest.raises(LookupError, match="did you mean"):
         selection(tc.at(net)[tc.glob("layers.*.ww")]).flags()
+
+
+def _outcome(thunk):
+    try:
+        return "ok", thunk()
+    except Exception as error:  # compared by type and message
+        return type(error), str(error)
+
+
+def _never(_):
+    return False
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.data(),
+    st.lists(
+        st.sampled_from(["layers", "head", "w", "b", "out", "tag", "x", 0, 1, -1, 5]),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_a_chain_of_names_and_indices_agrees_with_the_walker(data, keys):
+    # without `is_leaf` a chain of names and indices is run by the rows alone; a never-true
+    # `is_leaf` sends the same chain through the walker: same tree, or same error
+    net = data.draw(nets())
+    at = tc.at(net, where=keys)
+    new = jnp.full(3, 7.0)
+    for op in (
+        lambda **k: at.set(new, **k),
+        lambda **k: at.set(0.5, **k),
+        lambda **k: at.apply(lambda x: x, **k),
+        lambda **k: at.apply(lambda x: [x], whole=True, **k),
+        lambda **k: at.reduce(lambda count, _: count + 1, initializer=0, **k),
+        lambda **k: at.pluck(**k),
+    ):
+        fast, walked = _outcome(op), _outcome(functools.partial(op, is_leaf=_never))
+        assert fast[0] == walked[0]
+        if fast[0] == "ok":
+            assert jax.tree_util.tree_structure(fast[1]) == jax.tree_util.tree_structure(walked[1])
+            assert all(
+                a is b or np.array_equal(a, b)
+                for a, b in zip(
+                    jax.tree_util.tree_leaves(fast[1]), jax.tree_util.tree_leaves(walked[1])
+                )
+            )
+        else:
+            assert fast[1] == walked[1]
+
+
+def _uncached(at, is_leaf=None):
+    return selection(at, is_leaf).made_mask(None)
+
+
+_LEAVES = st.sampled_from([1.0, 2, jnp.ones(2), np.zeros(3), tc.freeze(1), tc.freeze(jnp.ones(1))])
+
+
+def _trees():
+    return st.recursive(
+        _LEAVES,
+        lambda inner: st.one_of(
+            st.dictionaries(st.sampled_from(["a", "b", "w"]), inner, min_size=1, max_size=3),
+            st.lists(inner, min_size=1, max_size=3),
+        ),
+        max_leaves=8,
+    )
+
+
+_STRUCTURAL = st.sampled_from(
+    [
+        (...,),
+        ("a",),
+        ("w", ...),
+        (..., "w"),
+        (0,),
+        (-1, ...),
+        (slice(None, None, 2),),
+        ((0, "b"),),
+        (tc.glob("**.w"),),
+        (jax.Array,),
+        (float, ...),
+        (Layer,),
+    ]
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_trees(), min_size=2, max_size=3), _STRUCTURAL, st.sampled_from([None, is_wrapper]))
+def test_a_kept_selection_answers_as_a_fresh_walk(trees, chain, is_leaf):
+    # the same selectors read on trees of the same or another structure, in turn: what the
+    # cache answers (the second reading of each) is what a walk finds
+    for tree in [*trees, trees[0], Net([1, 2], [True, False]), Net([1, 2], [False, True])]:
+        at = tc.at(tree, where=list(chain))
+        try:
+            fresh = _uncached(at, is_leaf)
+        except (LookupError, TypeError, IndexError) as error:
+            with pytest.raises(type(error)):
+                at.mask(is_leaf=is_leaf)
+            continue
+        for _ in range(2):
+            assert tc.is_tree_equal(at.mask(is_leaf=is_leaf), fresh)
+            assert selection(at, is_leaf).flags() == jax.tree_util.tree_leaves(
+                fresh, is_leaf=is_leaf
+            )
+
+
+def test_a_kept_selection_follows_a_changed_structure():
+    chain = ["layers", -1, "w"]
+    small, big = Net([1, 2], [False] * 2), Net([1, 2, 3], [False] * 3)
+    for _ in range(2):  # each read twice: the second one is the kept one
+        assert [layer.w for layer in tc.at(small, where=chain).mask().layers] == [False, True]
+        assert [layer.w for layer in tc.at(big, where=chain).mask().layers] == [False] * 2 + [True]

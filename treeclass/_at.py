@@ -1,9 +1,10 @@
 """The `.at[...]` indexer: select parts of any pytree and get a new tree back.
 
 Selectors are compiled once, when indexed (`_selectors`); an operation selects (one walk,
-`_selection.select`), then puts its values at the selected spots (`_Run`), rebuilding
-only the nodes on the way to them. Every error raised by a user function (`apply`,
-`scan`, `reduce`, a `where` predicate) gets a note naming the key path it was called at.
+`_selection.select`; a chain of names and indices is followed by the rows alone), then
+puts its values at the selected spots (`_Run`), rebuilding only the nodes on the way.
+Every error raised by a user function (`apply`, `scan`, `reduce`, a `where` predicate)
+gets a note naming the key path it was called at.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 from jax.core import Tracer
 from jax.typing import ArrayLike
 
-from ._calls import call_method
+from ._calls import call_on_copy, method_of
+from ._node import TreeNode
 from ._numbers import (
     NUMBER_TYPES,
     NumberRangeError,
@@ -33,6 +35,7 @@ from ._numbers import (
     plain_float_limit,
 )
 from ._selection import (
+    ARRAY_CLASSES,
     Selection,
     Spot,
     aligned_mask,
@@ -52,9 +55,11 @@ from ._selectors import (
     slice_text,
 )
 from ._structure import (
+    TREECLASS_KIND,
     entry_name,
     is_leaf_node,
     path_str,
+    registered_kind,
     root_name,
     row_of,
     wrapper_of,
@@ -235,10 +240,8 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
 
 
 def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_msg: str) -> Any:
-    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill.
-
-    `traced_msg` is the error when the mask is traced: the operation's own.
-    """
+    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill
+    (`traced_msg`: the operation's error for a traced mask)."""
     check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
@@ -253,11 +256,7 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_m
     return x[jnp.broadcast_to(mask, x.shape)]
 
 
-# -- numbers put at array leaves ---------------------------------------------------------------
-# A number set at an array leaf (or returned for one by `apply` or `scan`) becomes an array of
-# the leaf's shape and dtype, as `x.at[...].set(v)` does in jax.numpy: a parameter stays a
-# parameter. `True` and `False` are not numbers here: they are flags, put as they are, so
-# `tree.at[...].set(False)` still builds a mask tree.
+# -- numbers put at array leaves (the rule: `set`'s docstring) ---------------------------------
 
 
 # the numbers (`_numbers.is_number`) a whole array leaf is filled with: `True` and `False`
@@ -323,14 +322,9 @@ def _fill(value: Any, leaf: Any, where: Callable[[Any], str], at: object) -> Any
 
 
 def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: object) -> Any:
-    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array.
-
-    An array in a wrapper (a frozen one, selected whole with `is_leaf=tc.is_frozen`) is
-    filled inside its wrapper: a number carries no shape, dtype or wrapper, so it cannot
-    mean "replace this frozen parameter by an unfrozen Python float". `where(at)` names
-    the leaf, worked out only for an error: a number put at a plain scalar leaf builds
-    nothing and looks up no wrapper.
-    """
+    """`new` put at the whole leaf `leaf`: a number at an array leaf fills the array, inside
+    its wrapper for a wrapped one (a number cannot mean "unfreeze this parameter").
+    `where(at)` names the leaf, worked out only for an error."""
     if type(new) not in _FILLS or type(leaf) in _SCALARS:
         return new
     if _holds_numbers(leaf):
@@ -375,24 +369,29 @@ class _Run:
     reaches (`count`: none, and only wrapped values or static fields reached, is an error)."""
 
     __slots__ = (
-        "selection",
+        "tree",
         "op",
         "is_leaf",
+        "text",
         "count",
         "blocked",
         "pool",
         "pending",
         "traced_value",
-        "where",
     )
 
     def __init__(
-        self, selection: Selection, op: _Op, pool: concurrent.futures.Executor | None = None
+        self,
+        tree: Any,
+        op: _Op,
+        is_leaf: Callable[[Any], bool] | None,
+        text: Callable[[], str],
+        pool: concurrent.futures.Executor | None = None,
     ):
-        self.selection = selection
+        self.tree = tree
         self.op = op
-        self.is_leaf = selection.is_leaf
-        self.where = selection.where
+        self.is_leaf = is_leaf
+        self.text = text  # the selection, as `tree.at[...]`
         self.count = 0
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []  # spots of wrapped values only
         self.pool = pool
@@ -405,13 +404,45 @@ class _Run:
             and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
         )
 
-    def run(self) -> Any:
+    def where(self, path: tuple[Any, ...]) -> str:
+        return path_str(self.tree, path)
+
+    def run(self, found: Selection) -> Any:
         op = self.op
-        out = self.selection.rebuild(
-            self.spot, self.static_spot, fills=op.fills, fill=op.fill_value
-        )
-        self.selection.check(self.count, self.blocked)
+        out = found.rebuild(self.spot, self.static_spot, fills=op.fills, fill=op.fill_value)
+        found.check(self.count, self.blocked)
         return self.resolve(out) if self.pending else out
+
+    def chain(self, matchers: tuple[Matcher, ...]) -> Any:
+        """The run of a chain of names and indices with no `is_leaf`, found and rebuilt by
+        the rows alone (no selection is built); `_NO_FAST_PATH` for anything else (another
+        selector, a missing key, a static field: `select` says what, in its words)."""
+        node = self.tree
+        path: tuple[Any, ...] = ()
+        hops: list[tuple[Any, ...]] = []
+        for matcher in matchers:
+            if not matcher.one_key:
+                return _NO_FAST_PATH
+            row = registered_kind(type(node))
+            if row is None:
+                row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+            found = row.child(node, matcher.key)  # type: ignore[attr-defined]
+            if found is None:
+                return _NO_FAST_PATH
+            hops.append((row, node, path, found))
+            node, path = found[1], path + (found[0],)
+        new = self.op.spot(self, node, path, None)
+        if self.count == 0:
+            note_blocked(Spot(node, path, None), self.blocked)
+            if self.blocked:  # only wrapped values there: the selection's own error
+                select(self.tree, matchers, None, self.text).check(0, self.blocked)
+        where = self.where
+        for row, node, path, (entry, child) in reversed(hops):
+            if new is not child:
+                new = row.replace(node, entry, child, new, path, where)
+            else:
+                new = node
+        return new
 
     def spot(self, s: Spot) -> Any:
         if self.pool is not None:  # as `call` refuses `apply`'s traced leaves, for every op
@@ -427,12 +458,8 @@ class _Run:
         return out
 
     def static_spot(self, s: Any) -> Any:
-        """A static field named last in the selection, set or applied to: a new structure.
-
-        The copy gets the field's new value through its `on_setattr` callbacks (a
-        configuration value is validated, as in `__init__` and `replace`) and the layout
-        of its new static values; the children are shared.
-        """
+        """A static field named last, set or applied to: a copy of the node with a new
+        layout, the value going through its `on_setattr` callbacks; children shared."""
         old = s.row.static_values(s.node).get(s.name, _MISSING)
         if old is _MISSING:  # declared static, but this instance never set it
             raise LookupError(STATIC_UNSET_MSG.format(where=self.where(s.path), name=s.name))
@@ -447,11 +474,8 @@ class _Run:
         *args: Any,
         finish: Callable[[Any], Any] | None = None,
     ) -> Any:
-        """`fn(*args)` for the leaf at `path` (then `finish` of it); errors name the path.
-
-        With a thread pool (`is_parallel`), `fn` is submitted and a `_Pending` stands in
-        for its result until `resolve`.
-        """
+        """`fn(*args)` for the leaf at `path` (then `finish` of it), errors naming the path;
+        under `is_parallel`, a `_Pending` stands in for it until `resolve`."""
         if self.pool is not None:
             if isinstance(args[0], Tracer):
                 raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path)))
@@ -465,14 +489,11 @@ class _Run:
         return result if finish is None else finish(result)
 
     def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
-        _note_fn(error, fn, self.where(path), self.selection.selection())
+        _note_fn(error, fn, self.where(path), self.text())
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
-        """The user's `fn` over the leaves of a selected subtree, counting them.
-
-        The subtree is flattened without keys: a failing leaf's key path is only worked
-        out on the error path (or for the thread pool, which names each pending leaf).
-        """
+        """The user's `fn` over the leaves of a selected subtree, counting them (key paths
+        are worked out only for an error, or for the thread pool's pending leaves)."""
         if self.pool is not None:
 
             def submit(x: object, where: tuple) -> Any:
@@ -512,7 +533,7 @@ class _Run:
             try:
                 result = x.future.result()
             except Exception as error:
-                selection = self.selection.selection()
+                selection = self.text()
                 add_leaf_note(
                     error, f"raised at {self.where(x.path)} (in {selection}, run with is_parallel)"
                 )
@@ -783,6 +804,24 @@ class _Scan(_Op):
         return _map_with_paths(walker, one, node, path)
 
 
+class _Call(_Op):
+    """A method of the selected node, run on a copy of it that replaces it (`__call__`)."""
+
+    __slots__ = ("name", "args", "kwargs", "value")
+
+    def __init__(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.name, self.args, self.kwargs = name, args, kwargs
+
+    def spot(self, walker, node, path, emask):
+        walker.count += 1  # a wrapped value's methods run too
+
+        def run(copy: object) -> Any:
+            return method_of(walker.tree, copy, path, self.name)(*self.args, **self.kwargs)
+
+        self.value, new = call_on_copy(node, run)
+        return new
+
+
 # -- the indexer -------------------------------------------------------------------------
 
 
@@ -790,13 +829,8 @@ _NO_FAST_PATH = object()
 
 
 def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]) -> Any:
-    """`tree.at[mask].set/apply` for a mask with exactly the tree's structure.
-
-    The most common mask (`tree > 0`, or one built with `tree_map`) is a selection already,
-    read leaf by leaf (`aligned_mask`: one C-level flatten of each and a zip); anything
-    else returns `_NO_FAST_PATH`, for the walk. Key paths are only computed on the error
-    path.
-    """
+    """`tree.at[mask].set/apply` for a mask of exactly the tree's structure (`tree > 0`),
+    read leaf by leaf (`aligned_mask`); `_NO_FAST_PATH` for anything else, for the walk."""
     if type(op) is _Apply:
         fn = op.fn
     elif type(op) is _Set and op.mode == _Set.BROADCAST:
@@ -817,28 +851,22 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
     # a number is fitted to a dtype once: the same number (the value set) into the next leaf
     # of that dtype reuses it
     fitted: tuple[Any, Any, Any] = (_NO_FAST_PATH, None, None)  # (number, dtype, fit)
+    new: Any = value if fn is None else None
     for index, (leaf, flag, spot) in enumerate(zip(leaves, flags, spots)):
         if spot is False:
             out.append(leaf)
             continue
-        if fn is None:
-            new = value
-        else:
+        if fn is not None:
             try:
                 new = fn(leaf)
             except Exception as error:
                 _note_fn(error, fn, where(index), selection())
                 raise
         if spot is True:
-            if type(new) in _FILLS:
-                new = _keep_array(new, leaf, where, index)
-            out.append(new)
-        elif spot is None:
+            out.append(_keep_array(new, leaf, where, index) if type(new) in _FILLS else new)
+        elif spot is None or type(leaf) is np.ndarray:  # 0-d mask, or NumPy's `where`
             out.append(_masked(flag, new, leaf, functools.partial(where, index)))
-        elif type(new) in NUMBER_TYPES:
-            if not isinstance(leaf, jax.Array):  # a NumPy leaf: NumPy's `where`
-                out.append(_masked(flag, new, leaf, functools.partial(where, index)))
-                continue
+        elif type(new) in NUMBER_TYPES and type(leaf) in ARRAY_CLASSES:
             # the common case (`.at[x > 0].set(0.0)`): a weak number keeps the leaf's dtype
             dtype = leaf.dtype
             if new is not fitted[0] or dtype is not fitted[1]:
@@ -854,57 +882,44 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
 class AtIndexer(Generic[T]):
     """Select parts of a pytree with `[...]`, then get, set, apply, reduce or scan them.
 
-    `tree.at[...]` on a `TreeClass`, `tc.at(tree)[...]` (or `AtIndexer(tree)[...]`) on any
-    pytree: dicts, lists, tuples, namedtuples, equinox modules, any registered node.
-    Each `[...]` is one level of the key path; a tuple is a union at one level. Every
-    operation returns a new tree and leaves the input untouched, even when it raises.
+    `tree.at[...]` on a `TreeClass`, `tc.at(tree)[...]` on any pytree. Each `[...]` is one
+    level of the key path, applied to each node the levels before it selected
+    (`model.at[Linear]["weight"]`); a tuple is a union at one level. Every operation
+    returns a new tree and leaves the input untouched, even when it raises. The `.at`
+    guide shows every selector and operation at work.
 
     **Selectors**
 
-    - `"name"`: the attribute or dict key; `0`, `-1`: a sequence index (negative counts
-      from the end); `1:3`, `::2`: a slice of sequence positions (as Python slices);
-      `...`: every child at this level (alone, the whole tree);
-      `re.compile(p)`: children whose name fully matches `p`;
-    - a boolean mask: a pytree with the tree's structure (or a prefix of it) holding
-      bools or boolean arrays, e.g. `jax.tree_util.tree_map(lambda x: x > 0, tree)`. A
-      bool selects (or not) the whole leaf or subtree; a boolean *array* selects elements
-      of its leaf (`jnp.where` semantics for `set`/`apply`/`scan`, `leaf[mask]` for `get`
-      and `reduce`); an element mask has its leaf's shape (or broadcasts to it). A mask
-      used after other selectors is matched against each node they selected
-      (`at[0][mask]`: the mask has the structure of `tree[0]`). A tuple made only of
-      bools/masks is one mask (for a tuple tree), not a union;
-    - a class, e.g. `Linear`: every node below the current level that is an instance of
-      it (leaves too: `jax.Array`), not looking inside a match;
-    - `tc.where(fn)`: every node below for which `fn(path, node)` is true;
-    - `tc.glob("layers.*.weight")`: nodes whose key path below matches the pattern;
-    - a `tc.BaseKey` instance: children whose key entry it says it equals; a value of a
-      type registered with `tc.BaseKey.def_alias`, or with `AtIndexer.def_rule` (also
-      `tc.at.def_rule`, sepes's spelling); a JAX key entry (`jax.tree_util.DictKey("a")`).
+    - `"name"`, `0`, `-1`, `1:3`, `...`: an attribute or dict key, a sequence index or
+      slice (a `tc.Stacked` is indexed by block), every child (alone: the whole tree);
+    - `re.compile(p)`: children whose name fully matches `p`; `tc.glob("layers.*.weight")`:
+      nodes whose key path below matches the pattern;
+    - a boolean mask: a pytree of the tree's structure (or a prefix of it) holding bools
+      (whole leaves or subtrees) or boolean arrays of their leaf's shape (its elements:
+      `jnp.where` for `set`/`apply`/`scan`, `leaf[mask]` for `get`/`reduce`); after other
+      selectors it is matched against each node they selected; a tuple made only of
+      bools and masks is one mask, not a union;
+    - a class (`Linear`, `jax.Array`): every node below that is an instance of it, not
+      looking inside a match; `tc.where(fn)`: every node below for which `fn(path, node)`
+      is true;
+    - a `tc.BaseKey`, a value of a type registered with `tc.BaseKey.def_alias` or
+      `tc.at.def_rule`, or a JAX key entry: children whose key entry it equals.
 
-    A node that opens itself for `.at` (a `tc.Stacked` opens into its blocks, indexed
-    `[i]`) is indexed by these selectors like a sequence.
+    A missing name or index, and a glob, regex or `BaseKey` that selects nothing, raise
+    `LookupError` naming the closest keys; a mask or predicate selecting nothing is an
+    empty selection.
 
-    A name or index that is missing, and a glob, regex or `BaseKey` that selects nothing,
-    raise `LookupError` (naming the closest existing keys); a mask or predicate that
-    selects nothing is an empty selection.
-
-    Later selectors apply relative to each node selected before them:
-    `model.at[Linear]["weight"]`.
-
-    **Operations** (each documented on its method; each accepts `is_leaf=`): `.get`,
-    `.set`, `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
-    `tree.at["method"](*args, **kwargs)` (a method run on a mutable copy).
+    **Operations** (each documented on its method, each with `is_leaf=`): `.get`, `.set`,
+    `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
+    `tree.at["method"](*args, **kwargs)`.
 
     ```python
-    import jax, jax.numpy as jnp
+    import jax.numpy as jnp
     import treeclass as tc
 
     tree = {"a": jnp.array([-1.0, 2.0]), "b": {"c": 3.0}}
-    tree2 = tc.at(tree)["b"]["c"].set(30.0)
-    assert tree2["b"]["c"] == 30.0 and tree["b"]["c"] == 3.0
-    mask = jax.tree_util.tree_map(lambda x: x > 0, tree)
-    assert tc.at(tree)[mask].apply(lambda x: x * 10)["a"].tolist() == [-1.0, 20.0]
-    assert tc.at(tree)[...].reduce(lambda acc, x: acc + jnp.sum(x), initializer=0.0) == 4.0
+    assert tc.at(tree)["b"]["c"].set(30.0)["b"]["c"] == 30.0 and tree["b"]["c"] == 3.0
+    assert tc.at(tree)[{"a": tree["a"] > 0, "b": False}].set(0.0)["a"].tolist() == [-1, 0]
     ```
     """
 
@@ -960,27 +975,33 @@ class AtIndexer(Generic[T]):
         self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
     ) -> Any:
         pool_args = None if is_parallel is False else _executor_args(is_parallel)
+        if pool_args is not None:
+            with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
+                return _Run(self.tree, op, is_leaf, self._selection, pool).run(
+                    self._select(is_leaf, op)
+                )
         matchers = self._matchers
-        if pool_args is None:
-            if is_leaf is None and len(matchers) == 1 and type(matchers[0]) is MaskMatcher:
+        run = _Run(self.tree, op, is_leaf, self._selection)
+        if is_leaf is None:
+            if not op.fills:
+                out = run.chain(matchers)
+                if out is not _NO_FAST_PATH:
+                    return out
+            if len(matchers) == 1 and type(matchers[0]) is MaskMatcher:
                 out = _aligned_mask_op(self.tree, matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
-            found = select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
-            return _Run(found, op).run()
-        with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-            return _Run(self._select(is_leaf, op), op, pool).run()
+        return run.run(
+            select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
+        )
 
     def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
 
         The mask has the tree's structure (nodes without children, such as frozen values,
-        stay as they are; with `is_leaf`, the nodes it stops at are leaves and get a
-        flag), so it lines up with the tree in `jax.tree.map`, selects the same leaves
-        again as `tree.at[mask]`, and is what `tc.optim.mask` builds optimizer masks
-        from. An element mask in the selection gives a selected leaf a bool array of its
-        shape; a selection of some blocks of a stack (`tc.Stacked`) gives its leaves one
-        flag per block, an array along the block axis.
+        stay as they are), so it lines up with the tree in `jax.tree.map` and selects the
+        same leaves again as `tree.at[mask]`. A leaf selected in part gets a bool array:
+        its element mask, or one flag per block of a stack (`tc.Stacked`).
 
         **Arguments**
 
@@ -992,25 +1013,18 @@ class AtIndexer(Generic[T]):
         A tree of the input's structure with `bool` (or bool array) leaves.
 
         ```python
-        import jax.numpy as jnp
         import treeclass as tc
 
-        tree = {"a": jnp.ones(2), "b": {"c": 2.0, "d": tc.freeze(1)}}
-        mask = tc.at(tree)["b"]["c"].mask()
-        assert mask == {"a": False, "b": {"c": True, "d": tc.freeze(1)}}
-        assert tc.at(tree)[mask].get() == tc.at(tree)["b"]["c"].get()
+        tree = {"a": 1.0, "b": {"c": 2.0, "d": tc.freeze(1)}}
+        assert tc.at(tree)["b"]["c"].mask() == {"a": False, "b": {"c": True, "d": tc.freeze(1)}}
         ```
         """
         check_callable(is_leaf, "AtIndexer.mask", "is_leaf", optional=True)
         return self._select(is_leaf).mask()
 
     def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
-        """The key paths of the leaves the selection reaches, in flatten order.
-
-        Each is a tuple of JAX key entries, as `jax.tree_util.tree_flatten_with_path`
-        gives it (`jax.tree_util.keystr(path)` reads `['b']['c']`). A leaf selected in
-        part (by an element mask, or in some blocks of a stack) is listed too; `mask()`
-        says which part.
+        """The key paths of the leaves the selection reaches (in whole or in part, as `mask()`
+        says), in flatten order, as `jax.tree_util.tree_flatten_with_path` gives them.
 
         **Arguments**
 
@@ -1018,14 +1032,13 @@ class AtIndexer(Generic[T]):
 
         **Returns**
 
-        A list of key paths, in the order of the tree's leaves.
+        A list of key paths (tuples of JAX key entries).
 
         ```python
         import jax
         import treeclass as tc
 
-        tree = {"a": 1.0, "b": {"c": 2.0, "d": 3.0}}
-        paths = tc.at(tree)["b"][...].paths()
+        paths = tc.at({"a": 1.0, "b": {"c": 2.0, "d": 3.0}})["b"][...].paths()
         assert [jax.tree_util.keystr(p) for p in paths] == ["['b']['c']", "['b']['d']"]
         ```
         """
@@ -1044,16 +1057,15 @@ class AtIndexer(Generic[T]):
         **Arguments**
 
         - `fill_value`: what unselected leaves become (`None` by default). Under an
-          element mask, `None` gives `leaf[mask]`; any other value gives
+          element mask, `None` gives `leaf[mask]`, any other value
           `jnp.where(mask, leaf, fill_value)` (which also works with traced masks).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply`; `get` runs no function, so the result is
-          the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
-          traced selected leaf raises `ValueError`.
+        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
+          traced selected leaf then raises `ValueError`.
 
         **Returns**
 
-        A tree of the input's structure (with `fill_value` leaves).
+        A tree of the input's structure.
 
         ```python
         import treeclass as tc
@@ -1075,28 +1087,22 @@ class AtIndexer(Generic[T]):
 
         **Arguments**
 
-        - `value`: a leaf, put at every selected leaf; a tree with the structure of each
-          selected subtree (or a prefix of it, broadcast); or a tree with the structure of
-          the whole tree, read where selected. A value that fits none of these is put
-          whole at each selected spot (PyTreeClass's rule: `(7, 8)` set at a leaf is that
-          tuple; a frozen subtree set at a node replaces the node). Under an element mask
-          the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape.
-          A number (Python `int`, `float`, `complex`, or a scalar of any NumPy or
-          ml_dtypes number type: `np.float32`, `np.longdouble`, `ml_dtypes.bfloat16`,
-          float8, int4, ...) at an array leaf becomes an array of the leaf's shape and
-          dtype, as `x.at[...].set(0.0)` does in jax.numpy (a NumPy leaf stays NumPy, and a
-          frozen array selected with `is_leaf=tc.is_frozen` is filled and stays frozen),
-          by the rule a block write into a `tc.Stacked` follows; a number that would
-          change on the way in (`2.7` into an integer array, `300` into `int8`, a
-          `bfloat16` into `int8`) raises `TypeError` / `OverflowError` naming the leaf.
-          Other leaves get the number itself; `True` and `False` are flags, put as they
-          are (`.set(False)` builds a mask tree), except into elements, where they must
-          fit the leaf (a bool array). To put a number in place of an array, use
-          `.apply(lambda _: 0.0, whole=True)`.
+        - `value`: a leaf, put at every selected leaf; a tree of each selected subtree's
+          structure (or a prefix of it, broadcast); or a tree of the whole tree's
+          structure, read where selected. A value that fits none of these is put whole at
+          each selected spot (`(7, 8)` set at a leaf is that tuple). Under an element mask
+          the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape. A
+          number (Python's, or any NumPy or ml_dtypes scalar) at an array leaf (a frozen
+          one selected with `is_leaf=tc.is_frozen` too) becomes an array of the leaf's
+          shape, dtype and type, as `x.at[...].set(0.0)` does in jax.numpy; one that would
+          change on the way in (`2.7` into an integer array, `300` into `int8`) raises
+          `TypeError` / `OverflowError` naming the leaf. `True` and `False` are flags, put
+          as they are, except into elements. The `.at` guide's "Numbers at array leaves"
+          has the whole rule; `.apply(lambda _: 0.0, whole=True)` puts a number in place
+          of an array.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply`; `set` runs no function, so the result is
-          the same without it. As for `apply`, not inside `jax.jit`/`vmap`/`grad`: a
-          traced selected leaf, or a traced value, raises `ValueError`.
+        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
+          traced selected leaf or value then raises `ValueError`.
 
         **Returns**
 
@@ -1107,9 +1113,7 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["a"].set(10) == {"a": 10, "b": 2}
-        assert tc.at([[1, 2], [3]])[0].set([8, 9]) == [[8, 9], [3]]
-        assert tc.at({"a": 1, "b": 2})["a"].set((7, 8)) == {"a": (7, 8), "b": 2}
-        zeroed = tc.at({"w": np.ones(2, np.int8)})["w"].set(0)   # an array stays an array
+        zeroed = tc.at({"w": np.ones(2, np.int8)})["w"].set(0)  # an array stays an array
         assert zeroed["w"].dtype == np.int8 and zeroed["w"].tolist() == [0, 0]
         ```
         """
@@ -1129,23 +1133,17 @@ class AtIndexer(Generic[T]):
         **Arguments**
 
         - `fn`: a function of one leaf. Under an element mask the result is
-          `jnp.where(mask, fn(leaf), leaf)`. A number it returns for an array leaf
-          fills an array of the leaf's shape and dtype, as for `set`. An error raised by
-          `fn` gets a note naming the leaf's key path.
-        - `whole`: call `fn` once on each selected node, whole, and put what it returns
-          in its place, as it is (a number replaces an array): model surgery,
-          `model.at[Attention]["out"].apply(to_lora, whole=True)` (every attention's
-          output projection, a `Linear`, becomes what `to_lora` makes of it). A
-          selected frozen value is passed as it is. Without it, `fn` is mapped over the
-          leaves below each selected node.
+          `jnp.where(mask, fn(leaf), leaf)`; a number it returns for an array leaf fills
+          an array as for `set`. An error it raises gets a note naming the leaf's key path.
+        - `whole`: call `fn` once on each selected node, whole (a frozen value as it is),
+          and put what it returns in its place, as it is: model surgery,
+          `model.at[Attention]["out"].apply(to_lora, whole=True)`.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: `True`, or a dict of `concurrent.futures.ThreadPoolExecutor`
-          arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf;
-          the result is the same as without it (leaves in order, the first error
-          re-raised with its leaf's key path). It pays for I/O-bound functions (loading or
-          fetching per leaf) and for functions that release the GIL; for jax computations
-          it only adds overhead. Not inside `jax.jit`/`vmap`/`grad`: on traced leaves it
-          raises, since tracing on other threads would leak tracers.
+          arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf,
+          with the same result (the first error re-raised with its leaf's key path): for
+          I/O-bound functions and those that release the GIL. Not inside
+          `jax.jit`/`vmap`/`grad`: a traced leaf raises `ValueError`.
 
         **Returns**
 
@@ -1155,9 +1153,7 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["b"].apply(lambda x: x * 10) == {"a": 1, "b": 20}
-        assert tc.at([1, 2, 3])[...].apply(str, is_parallel=True) == ["1", "2", "3"]
-        tree = {"a": (1, 2), "b": 3}
-        assert tc.at(tree)["a"].apply(list, whole=True) == {"a": [1, 2], "b": 3}
+        assert tc.at({"a": (1, 2)})["a"].apply(list, whole=True) == {"a": [1, 2]}
         ```
         """
         check_callable(fn, "AtIndexer.apply", "fn", " of one leaf" if not whole else " of one node")
@@ -1267,18 +1263,14 @@ class AtIndexer(Generic[T]):
         is_leaf: Callable[[Any], bool] | None = None,
         is_parallel: bool | dict[str, Any] = False,
     ) -> list[Any]:
-        """The selected subtrees themselves, as a list in flatten order.
-
-        Where `get` returns the whole tree with unselected leaves replaced, `pluck` returns
-        only what is selected: each selected node once (a selected subtree whole, not its
-        leaves one by one; under an element mask, `leaf[mask]`).
+        """The selected subtrees themselves, in flatten order: each selected node once (under
+        an element mask, `leaf[mask]`), where `get` returns the whole tree.
 
         **Arguments**
 
         - `count`: at most this many subtrees, the first ones (`None`: all).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `get` (there is no function to run in parallel;
-          as for `get`, a traced selected leaf raises `ValueError`).
+        - `is_parallel`: accepted as for `get`.
 
         **Returns**
 
@@ -1288,10 +1280,7 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         tree = {"a": 1, "b": [2, 3]}
-        assert tc.at(tree)["b"].pluck() == [[2, 3]]
-        assert tc.at(tree)[...].pluck() == [1, [2, 3]]
-        assert tc.at(tree)[{"a": True, "b": [False, True]}].pluck() == [1, 3]
-        assert tc.at(tree)[...].pluck(1) == [1]
+        assert tc.at(tree)[...].pluck() == [1, [2, 3]] and tc.at(tree)[...].pluck(1) == [1]
         ```
         """
         if count is None:
@@ -1310,10 +1299,10 @@ class AtIndexer(Generic[T]):
     def __call__(self, *args: object, **kwargs: object) -> tuple[Any, T]:
         """Call a method on a mutable copy: `tree.at["method"](*a, **k)` -> `(value, new_tree)`.
 
-        The copy's nodes may be mutated by the method (set, delete or add attributes;
-        NumPy array leaves are copies, so writing into them leaves the input's intact);
-        they are immutable again once it returns or raises, and the input is untouched.
-        Earlier names and indices reach a nested node: `tree.at["child"]["method"]()`.
+        The method may set, delete or add attributes of the copy of its node (NumPy leaves
+        are copies too); the copy is immutable again once it returns or raises, and the
+        input is untouched. Names and indices before the method's name reach a nested
+        node: `tree.at["child"]["method"]()`.
 
         ```python
         import treeclass as tc
@@ -1325,8 +1314,7 @@ class AtIndexer(Generic[T]):
                 self.count += by
                 return self.count
 
-        value, counter = Counter().at["increment"](2)
-        assert value == 2 and counter.count == 2
+        assert Counter().at["increment"](2) == (2, Counter(count=2))
         ```
         """
         where = self.where
@@ -1334,7 +1322,12 @@ class AtIndexer(Generic[T]):
             raise TypeError(
                 CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
             )
-        return call_method(self.tree, where[:-1], where[-1], args, kwargs)
+        call = _Call(where[-1], args, kwargs)
+        run, head = _Run(self.tree, call, None, self._selection), self._matchers[:-1]
+        tree = run.chain(head)
+        if tree is _NO_FAST_PATH:  # a missing name or index: the walker says which
+            tree = run.run(select(self.tree, head, None, self._selection))
+        return call.value, tree
 
 
 def selection(indexer: AtIndexer[Any], is_leaf: Callable[[Any], bool] | None = None) -> Selection:
@@ -1354,16 +1347,13 @@ def at(tree: T, where: Sequence[Any] | None = ()) -> AtIndexer[T]:
 
     **Returns**
 
-    An `AtIndexer` selecting the whole tree (or `where`), ready to be indexed.
-
-    `tc.at.def_rule(kind, compare)` (also `tc.AtIndexer.def_rule`) makes values of type
-    `kind` selectors: see `AtIndexer.def_rule`.
+    An `AtIndexer`. `tc.at.def_rule(kind, compare)` makes values of type `kind`
+    selectors (see `AtIndexer.def_rule`).
 
     ```python
     import treeclass as tc
 
     assert tc.at({"a": [1, 2]})["a"][-1].set(5) == {"a": [1, 5]}
-    assert tc.at({"a": [1, 2]}, where=["a", 0]).get() == {"a": [1, None]}
     ```
     """
     return AtIndexer(tree, where)

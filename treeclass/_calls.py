@@ -1,8 +1,8 @@
 """Running code that mutates trees on copies: `tree.at["method"](...)` and `value_and_tree`.
 
 `call_on_copy` makes the one kind of private copy (TreeClass nodes mutable, NumPy leaves
-copied, sealed again when the function returns or raises); a method call copies only the
-node whose method runs and rebuilds the path above it, as `.set` does.
+copied, sealed again when the function returns or raises); `.at`'s method call runs
+`method_of` the selected node on such a copy, and puts the copy back as `.set` would.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from . import _node
-from ._selectors import find_child
-from ._structure import row_of
 from ._util import check_callable
 from ._values import closest, path_str
 
-__all__ = ["call_on_copy", "call_method", "value_and_tree"]
+__all__ = ["call_on_copy", "method_of", "value_and_tree"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -56,7 +54,8 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
 # -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
-def _method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
+def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
+    """The method `name` of `node` (at `path` in `root`), or an error naming both."""
     where = path_str(root, path)
     try:
         method = getattr(node, name)
@@ -72,29 +71,6 @@ def _method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> 
             NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
         )
     return method
-
-
-def call_method(
-    root: _T, keys: Sequence[Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, _T]:
-    """`(value, new_root)`: method `name` of the node `keys` (names and indices) reach, run
-    on a copy of that node, which then replaces it in a rebuilt `root`."""
-    steps: list[tuple[Any, Any, Any]] = []  # (node, key entry, child) down the path
-    target: Any = root
-    path: tuple[Any, ...] = ()
-    for key in keys:
-        entry, child = find_child(target, key, functools.partial(path_str, root, path))
-        steps.append((target, entry, child))
-        target, path = child, path + (entry,)
-
-    def run(node: object) -> Any:
-        return _method_of(root, node, path, name)(*args, **kwargs)
-
-    value, new = call_on_copy(target, run)
-    where = functools.partial(path_str, root)
-    for depth, (node, entry, old) in reversed(list(enumerate(steps))):
-        new = row_of(node).replace(node, entry, old, new, path[:depth], where)
-    return value, new
 
 
 # -- value_and_tree ----------------------------------------------------------------------------
@@ -115,11 +91,11 @@ def value_and_tree(
 ) -> Callable[..., tuple[Any, Any]]:
     """Run `func` on copies of its arguments that it may mutate: `(value, changed copies)`.
 
-    For code that changes its tree arguments in place, such as methods that set attributes
-    on a `TreeClass` (immutable otherwise), append to lists or write into NumPy arrays:
-    every argument (positional and keyword) is copied first, TreeClass nodes of the copies
-    may be mutated, and they are immutable again once `func` returns or raises. The inputs
-    are never changed. `tree.at["method"](*args)` is the same for one method of one tree.
+    For code that changes its arguments in place (methods setting attributes on a
+    `TreeClass`, appends to lists, writes into NumPy arrays): every argument is copied
+    first, the copies' TreeClass nodes may be mutated and are immutable again once `func`
+    returns or raises; the inputs never change. `tree.at["method"](*args)` is the same for
+    one method of one tree.
 
     **Arguments**
 
@@ -140,22 +116,12 @@ def value_and_tree(
     ```python
     import treeclass as tc
 
-    class Counter(tc.TreeClass):
-        count: int = 0
-
-        def increment(self, by):
-            self.count += by
-            return self.count
-
-    counter = Counter()
-    value, new = tc.value_and_tree(lambda c: c.increment(2))(counter)
-    assert value == 2 and new.count == 2 and counter.count == 0
-
     def push(items, item):
         items.append(item)
 
-    _, (items, item) = tc.value_and_tree(push, argnums=(0, 1))([1, 2], 3)
-    assert items == [1, 2, 3]
+    items = [1, 2]
+    _, (new, item) = tc.value_and_tree(push, argnums=(0, 1))(items, 3)
+    assert new == [1, 2, 3] and items == [1, 2]
     ```
     """
     check_callable(func, "value_and_tree", "func")

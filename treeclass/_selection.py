@@ -14,12 +14,14 @@ sharding rules and a partial `tc.load` consume.
 A chain of names and indices follows one child per level (the row finds it without
 opening its node), so selecting a deep leaf costs what the path is deep. A mask with the
 tree's exact structure is a selection already: `aligned_mask` reads it leaf by leaf, with
-no walk at all.
+no walk at all. The flags of a selection that only structure decides are cached (below).
 """
 
 from __future__ import annotations
 
+import abc
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -28,7 +30,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._node import TreeNode
-from ._selectors import EACH, NO, ONE, STATIC, YES, Matcher
+from ._selectors import (
+    EACH,
+    NO,
+    ONE,
+    STATIC,
+    YES,
+    EllipsisMatcher,
+    GlobMatcher,
+    IndexMatcher,
+    Matcher,
+    NameMatcher,
+    PatternMatcher,
+    SliceMatcher,
+    TypeMatcher,
+    UnionMatcher,
+)
 from ._structure import (
     LEAF,
     TREECLASS_KIND,
@@ -44,6 +61,7 @@ from ._structure import (
 from ._util import add_leaf_note
 
 __all__ = [
+    "ARRAY_CLASSES",
     "Selection",
     "Spot",
     "select",
@@ -119,7 +137,13 @@ _spot: Callable[[tuple], Spot] = functools.partial(tuple.__new__, Spot)
 _hops: Callable[[tuple], _Hops] = functools.partial(tuple.__new__, _Hops)
 
 
-_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
+# the classes of arrays seen as mask flags and leaves (JAX's, tracers, NumPy's): a speed
+# cache of `isinstance(x, (jax.Array, np.ndarray))`, which no class ever stops passing
+ARRAY_CLASSES: set[type] = {np.ndarray}
+_BOOL = np.dtype(bool)
+
+_NONE_BLOCKED: list[Any] = []
+_UNWALKED: Any = object()  # shared, never written: `record_blocked` makes a list
 
 
 class Selection:
@@ -140,7 +164,8 @@ class Selection:
         "kept",
         "blocked",
         "selection",
-        "trail",
+        "_trail",
+        "shaped",
     )
 
     def __init__(
@@ -166,7 +191,15 @@ class Selection:
         # wrapped value in a pattern's way) or at a selected spot (only wrapped values there)
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = _NONE_BLOCKED
         self.selection = selection
-        self.trail: Any = None
+        self._trail: Any = _UNWALKED
+        self.shaped = False  # whether a row with a stack part was passed (`_cache_key`)
+
+    @property
+    def trail(self) -> Any:
+        """The nodes on the way to the spots (the walk runs on first use)."""
+        if self._trail is _UNWALKED:
+            self._trail = self.walk(self.tree, (), 0, None)
+        return self._trail
 
     # -- what the matchers report to
     def where(self, path: tuple[Any, ...]) -> str:
@@ -203,6 +236,8 @@ class Selection:
                 found = verdict[1]
                 row = found[2]
             # one child, the node left unopened
+            if row.stack is not None:  # type: ignore[union-attr]
+                self.shaped = True
             entry, child = found[0], found[1]
             if hops is None:
                 hops = []
@@ -222,6 +257,8 @@ class Selection:
         if code == YES:
             return self.walk(node, path, i + 1, and_masks(emask, payload))
         row = row_of(node, self.is_leaf)
+        if row.stack is not None:
+            self.shaped = True
         if code == ONE:  # a node opened all the same (`opens`)
             opened = row.open(node)
             assert opened is not None  # the row found a child in it
@@ -282,6 +319,7 @@ class Selection:
     def check(self, count: int, spot_blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
         """Raise for a selection that names nothing, or reaches only static fields and
         wrapped values (`count`: the leaves the operation reached)."""
+        self.trail  # noqa: B018  # the walk fills `blocked` and `hits`
         blocked = self.blocked + spot_blocked if spot_blocked else self.blocked
         if not blocked:
             for matcher in self.matchers:
@@ -319,11 +357,6 @@ class Selection:
         rebuilt, each by its row."""
         where = where or self.where
         t = self.trail
-        if not fills and type(t) is _Hops and type(t.sub) is Spot:  # a chain of names
-            new = spot(t.sub)
-            for row, node, path, entry, child in reversed(t.hops):
-                new = node if new is child else row.replace(node, entry, child, new, path, where)
-            return new
         is_leaf = self.is_leaf
 
         def unselected(node: Any) -> Any:
@@ -379,6 +412,14 @@ class Selection:
         """The selection as a boolean tree: `True` at every selected leaf (an element mask
         broadcast to its leaf), `False` elsewhere; nodes without children stay as they are,
         and a stack gathers one flag per block along its block axis."""
+        key = _cache_key(self)
+        flags = None if key is None else _CACHE.get(key)
+        if flags is not None:
+            return jax.tree_util.tree_structure(self.tree, is_leaf=self.is_leaf).unflatten(flags)
+        return self.made_mask(key)
+
+    def made_mask(self, key: Any) -> Any:
+        """`mask()`, computed (and kept under `key`, when that is not `None`)."""
         count = 0
         spot_blocked: list[tuple[tuple[Any, ...], str, bool]] = []
         is_leaf = self.is_leaf
@@ -401,17 +442,94 @@ class Selection:
 
         out = self.rebuild(flag, fills=True, fill=False)
         self.check(count, spot_blocked)
+        if key is not None and not self.shaped:
+            flags = tuple(jax.tree_util.tree_leaves(out, is_leaf=is_leaf))
+            if all(f is True or f is False for f in flags):
+                _remember(key, flags)
         return out
 
     def flags(self) -> list[Any]:
         """One flag per leaf of the tree (split by `is_leaf`), in flatten order: `False`,
         `True`, or a bool array (an element mask, or one flag per block of a stack)."""
-        return jax.tree_util.tree_leaves(self.mask(), is_leaf=self.is_leaf)
+        key = _cache_key(self)
+        found = None if key is None else _CACHE.get(key)
+        if found is not None:
+            return list(found)
+        return jax.tree_util.tree_leaves(self.made_mask(key), is_leaf=self.is_leaf)
 
     def paths(self) -> list[tuple[Any, ...]]:
         """The key paths of the leaves selected in whole or in part, in flatten order."""
         pairs = jax.tree_util.tree_flatten_with_path(self.tree, is_leaf=self.is_leaf)[0]
         return [path for (path, _), f in zip(pairs, self.flags(), strict=True) if any_true(f)]
+
+
+# -- the cache of structural selections -----------------------------------------------------
+# What names, indices, slices, `...`, regexes, globs and plain classes select follows from the
+# tree's structure and its leaves' types (a wrapped value's: the type inside), so their flags
+# are kept per (structure, leaf types, selectors, `is_leaf`). Masks, predicates, `BaseKey`s and
+# `def_rule` selectors read values or run user code: never kept; nor is a selection that
+# passed a stack (its blocks' count is its leaves' shapes) or that gives a leaf an array.
+
+_CACHE: dict[Any, tuple[bool, ...]] = {}
+_CACHE_SIZE = 256
+_CACHE_LOCK = threading.Lock()  # lookups are single dict reads; writes evict under the lock
+
+
+def _remember(key: Any, flags: tuple[bool, ...]) -> None:
+    with _CACHE_LOCK:
+        _CACHE[key] = flags
+        while len(_CACHE) > _CACHE_SIZE:
+            del _CACHE[next(iter(_CACHE))]  # the oldest entry first
+
+
+_PLAIN_CHECKS: tuple[Any, ...] = (type.__instancecheck__, abc.ABCMeta.__instancecheck__)
+
+
+def _selector_key(matcher: Matcher) -> Any:
+    """What a structural matcher selects by, hashable; `None` for any other matcher."""
+    if type(matcher) is NameMatcher or type(matcher) is IndexMatcher:
+        return (type(matcher), type(matcher.key), matcher.key)
+    if type(matcher) is EllipsisMatcher:
+        return EllipsisMatcher
+    if type(matcher) is SliceMatcher:
+        part = matcher.slice
+        return (SliceMatcher, part.start, part.stop, part.step)
+    if type(matcher) is PatternMatcher:
+        return (PatternMatcher, matcher.pattern)
+    if type(matcher) is GlobMatcher:
+        return (GlobMatcher, matcher.glob.pattern)
+    if type(matcher) is TypeMatcher and type(matcher.cls).__instancecheck__ in _PLAIN_CHECKS:
+        return (TypeMatcher, matcher.cls)  # `isinstance` that the type decides (no `Protocol`)
+    if type(matcher) is UnionMatcher:
+        members = tuple(_selector_key(m) for m in matcher.members_)
+        return None if None in members else (UnionMatcher, members)
+    return None
+
+
+def _leaf_type(leaf: object) -> Any:
+    wrapper = wrapper_of(leaf)
+    return type(leaf) if wrapper is None else (type(leaf), type(wrapper.unwrap(leaf)))
+
+
+def _cache_key(found: Selection) -> Any:
+    """`(structure, leaf types, selectors, is_leaf)` for a structural selection, else `None`.
+
+    Wrapped values count as leaves here, typed with the value inside (a class selector
+    sees into them), whatever their own `==` says.
+    """
+    selectors = tuple(_selector_key(m) for m in found.matchers)
+    if None in selectors:
+        return None
+    is_leaf = found.is_leaf
+    stop = is_wrapper if is_leaf is None else lambda x: is_leaf(x) or is_wrapper(x)
+    leaves, treedef = jax.tree_util.tree_flatten(found.tree, is_leaf=stop)
+    # an ABC's virtual subclasses may change: the token changes with them
+    key = (treedef, tuple(map(_leaf_type, leaves)), selectors, is_leaf, abc.get_cache_token())
+    try:
+        hash(key)
+    except TypeError:  # a node's auxiliary data that does not hash: no cache
+        return None
+    return key
 
 
 def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
@@ -421,18 +539,11 @@ def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> N
         blocked.append((s.path, getattr(wrapper_of(wrapped[0]), "role", "wrapped"), False))
 
 
-def _the_selection() -> str:
-    return "the selection"
-
-
-_THE_SELECTION = _the_selection
-
-
 def select(
     tree: Any,
     matchers: tuple[Matcher, ...],
     is_leaf: Callable[[Any], bool] | None = None,
-    selection: Callable[[], str] = _THE_SELECTION,
+    selection: Callable[[], str] = lambda: "the selection",
     statics: bool = False,
     opens: bool = False,
 ) -> Selection:
@@ -442,35 +553,39 @@ def select(
     with `opens`, a node is opened even where a name or index picks one child (for `get`).
     """
     static_ok = matchers[-1] if statics and matchers else None
-    found = Selection(tree, matchers, is_leaf, selection, static_ok, opens)
-    found.trail = found.walk(tree, (), 0, None)
-    return found
+    return Selection(tree, matchers, is_leaf, selection, static_ok, opens)
 
 
 def aligned_mask(tree: Any, mask: Any) -> tuple[list[Any], Any, list[Any], list[Any]] | None:
-    """A mask with exactly the tree's structure, read leaf by leaf: `(leaves, treedef,
-    flags, spots)`, a spot per leaf being `False` (not selected), `True` (whole), the
-    element mask's shape when it is the leaf's (`x > 0`), or `None` (a 0-d mask, which
-    broadcasts). `None` for any other mask (a prefix, a non-bool leaf, a stack's flags per
-    block, nothing selected): the walk reads and reports those."""
+    """A mask of exactly the tree's structure, read leaf by leaf: `(leaves, treedef, flags,
+    spots)`, a spot being `False`, `True`, the leaf's shape (an element mask) or `None` (a
+    0-d mask); `None` for any other mask, which the walk reads and reports."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     flags, mask_def = jax.tree_util.tree_flatten(mask)
     if mask_def != treedef:
         return None
     spots: list[Any] = []
+    arrays = ARRAY_CLASSES
     for flag, leaf in zip(flags, leaves):
         if flag is True or flag is False:
             spots.append(flag)
-        elif type(flag) is np.bool_:
+            continue
+        cls = type(flag)
+        if cls is np.bool_:
             spots.append(bool(flag))
-        elif isinstance(flag, (jax.Array, np.ndarray)) and flag.dtype == np.bool_:
-            shape = flag.shape
-            if not shape:
-                spots.append(None)
-            elif shape == shape_of(leaf):
-                spots.append(shape)
-            else:
+            continue
+        if cls not in arrays:
+            if not isinstance(flag, (jax.Array, np.ndarray)):
                 return None
+            arrays.add(cls)
+        dtype = flag.dtype
+        if dtype is not _BOOL and dtype != _BOOL:
+            return None
+        shape = flag.shape
+        if not shape:
+            spots.append(None)
+        elif shape == (leaf.shape if type(leaf) in arrays else shape_of(leaf)):
+            spots.append(shape)
         else:
             return None
     if not any(spot is not False for spot in spots):

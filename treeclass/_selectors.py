@@ -82,7 +82,6 @@ __all__ = [
     "IndexMatcher",
     "MaskMatcher",
     "compile_selector",
-    "find_child",
     "missing_key_error",
     "slice_text",
 ]
@@ -429,17 +428,6 @@ class IndexMatcher(_SingleKeyMatcher):
     """`0`, `-1`: a sequence position (negative counts from the end), or an int dict key."""
 
     __slots__ = ()
-
-
-def find_child(node: object, key: str | int, where: Callable[[], str]) -> tuple[Any, Any]:
-    """`(key entry, child)`: the child of `node` that a name or index `key` selects, as
-    `.at[key]` finds it (the row of the node's kind answers); raises the error `.at[key]`
-    raises when there is none, `where()` being the node's key path."""
-    row = row_of(node)
-    found = row.child(node, key)
-    if found is None:
-        raise missing_key_error(key, node, row.kind, row.open(node), where())
-    return found
 
 
 def slice_text(selector: slice) -> str:
