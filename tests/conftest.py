@@ -25,6 +25,18 @@ is read by the CPU compiler alone (an accelerator's programs are untouched); one
 from __future__ import annotations
 
 import os
+import sys
+
+# Where the environment turns Python's bytecode cache off (PYTHONDONTWRITEBYTECODE, as
+# container images often do), every process of a run, the two workers and the fifty-odd
+# child processes tests start, compiles treeclass and the test helpers from source again
+# (0.2 s of CPU a child), and pytest rewrites each test module's asserts again in each
+# worker (about 7 s a worker on a second run). A test run caches them as Python does by
+# default, in the `__pycache__` folders beside the sources (ignored by git); set before
+# the workers and the children start, which inherit it.
+if sys.dont_write_bytecode:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 # before JAX starts a backend: XLA reads its flags once, when the first client is made
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
