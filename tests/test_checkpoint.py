@@ -797,21 +797,10 @@ def test_load_uses_no_pickle(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
-def test_importing_treeclass_imports_neither_orbax_nor_safetensors():
-    code = (
-        "import sys, treeclass\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('orbax', 'safetensors')))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "[]"
+def test_importing_treeclass_imports_neither_orbax_nor_safetensors(cloudpickled):
+    # what the fresh process that writes the cloudpickle payload below had loaded right
+    # after `import treeclass` (one start of a process for both)
+    assert cloudpickled["imported"] == "[]"
 
 
 def test_a_save_that_fails_midway_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
@@ -977,8 +966,12 @@ def test_from_state_dict_of_state_dict_is_the_identity(tree):
 # ------------------------------------------------------------------------------------------
 
 _CLOUDPICKLE_WRITE = """
-import sys, cloudpickle, jax, jax.numpy as jnp
+import sys
 import treeclass as tc
+
+# (this fresh process also answers which checkpoint libraries `import treeclass` loads)
+imported = sorted(m for m in sys.modules if m.split('.')[0] in ('orbax', 'safetensors'))
+import cloudpickle, jax, jax.numpy as jnp
 
 def make_class():
     class Local(tc.TreeClass):
@@ -997,7 +990,7 @@ Local = make_class()
 payload = (Local, Local(jnp.ones((2, 2))), InMain())
 with open(sys.argv[1], "wb") as file:
     cloudpickle.dump(payload, file)
-print("ok")
+print(imported)
 """
 
 _CLOUDPICKLE_READ = """
@@ -1014,19 +1007,31 @@ print("ok")
 """
 
 
-def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    target = str(tmp_path / "payload.pkl")
-    for script in (_CLOUDPICKLE_WRITE, _CLOUDPICKLE_READ):
-        result = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script), target],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-            env=env,
-        )
-        assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+def _fresh_python(script: str, target: str) -> str:
+    """What `script` printed, run as `python -c` in a fresh interpreter on the CPU, from the
+    checkout (whose treeclass it imports)."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def cloudpickled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("cloudpickle")
+    target = str(folder / "payload.pkl")
+    return {"imported": _fresh_python(_CLOUDPICKLE_WRITE, target), "target": target}
+
+
+def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(cloudpickled):
+    # written by one fresh process (the fixture), read by another
+    assert _fresh_python(_CLOUDPICKLE_READ, cloudpickled["target"]) == "ok"
 
 
 # ------------------------------------------------------------------------------------------
