@@ -25,6 +25,18 @@ is read by the CPU compiler alone (an accelerator's programs are untouched); one
 from __future__ import annotations
 
 import os
+import sys
+
+# Where the environment turns Python's bytecode cache off (PYTHONDONTWRITEBYTECODE, as
+# container images often do), every process of a run, the two workers and the fifty-odd
+# child processes tests start, compiles treeclass and the test helpers from source again
+# (0.2 s of CPU a child), and pytest rewrites each test module's asserts again in each
+# worker (about 7 s a worker on a second run). A test run caches them as Python does by
+# default, in the `__pycache__` folders beside the sources (ignored by git); set before
+# the workers and the children start, which inherit it.
+if sys.dont_write_bytecode:
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 # before JAX starts a backend: XLA reads its flags once, when the first client is made
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
@@ -156,21 +168,31 @@ def device_holds(dtype) -> bool:
 # cannot with pytest 9, whose test ids xdist 3.8 no longer renames.)
 _LONGEST_FIRST = (
     "test_benchmarks.py",
-    "test_multihost.py",
     "test_examples.py",
-    "test_nn_families.py",
+    "test_multihost.py",
+    "test_typing.py",
     "test_nn.py",
     "test_nn_anchors.py",
-    "test_typing.py",
     "test_stacked.py",
-    "test_optim.py",
+    "test_nn_families.py",
     "test_checkpoint.py",
+    "test_reliability.py",
+    "test_optim.py",
     "test_sharding.py",
     "test_checkpoint_hf.py",
-    "test_checkpoint_files.py",
     "test_roles.py",
     "test_transforms.py",
-    "test_reliability.py",
+    "test_checkpoint_files.py",
+    "test_checkpoint_formats.py",
+    "test_pprint.py",
+    "test_periodic.py",
+    "test_checkpoint_rules.py",
+    "test_numbers.py",
+    "test_checkpoint_families.py",
+    "test_pickling.py",
+    "test_pprint_html.py",
+    "test_leafwise.py",
+    "test_kinds.py",
 )
 
 

@@ -1010,7 +1010,8 @@ def rules_setup() -> None:
         mesh=make_mesh(),
     )
     with jax.default_device(jax.local_devices()[0]):
-        model = transformer(jax.random.key(0))
+        # built in one program (as `rules.init` builds it): op by op costs a compile each
+        model = jax.jit(transformer)(jax.random.key(0))
         opt = tc.optim.trainable(optax.adamw(1e-2), model)
         step = jax.jit(functools.partial(rules_train_step, opt))
         stepped, _, loss = step(model, opt.init(model), jnp.asarray(rules_tokens()))
@@ -1139,6 +1140,12 @@ SCENARIOS: dict[str, list[Callable[[], None]]] = {
 }
 
 
+# the two scenarios of the same processes and mesh in one run (the test's): a start of
+# two processes, their imports and their `jax.distributed` set-up saved
+SCENARIOS["train_and_save+sharding_rules"] = [
+    *SCENARIOS["train_and_save"],
+    *SCENARIOS["sharding_rules"],
+]
 ENDS_WITH_A_DEATH = {"sharded_save"}
 
 

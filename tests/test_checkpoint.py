@@ -799,21 +799,10 @@ def test_load_uses_no_pickle(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
-def test_importing_treeclass_imports_neither_orbax_nor_safetensors():
-    code = (
-        "import sys, treeclass\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('orbax', 'safetensors')))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "[]"
+def test_importing_treeclass_imports_neither_orbax_nor_safetensors(cloudpickled):
+    # what the fresh process that writes the cloudpickle payload below had loaded right
+    # after `import treeclass` (one start of a process for both)
+    assert cloudpickled["imported"] == "[]"
 
 
 def test_a_save_that_fails_midway_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
@@ -979,8 +968,12 @@ def test_from_state_dict_of_state_dict_is_the_identity(tree):
 # ------------------------------------------------------------------------------------------
 
 _CLOUDPICKLE_WRITE = """
-import sys, cloudpickle, jax, jax.numpy as jnp
+import sys
 import treeclass as tc
+
+# (this fresh process also answers which checkpoint libraries `import treeclass` loads)
+imported = sorted(m for m in sys.modules if m.split('.')[0] in ('orbax', 'safetensors'))
+import cloudpickle, jax, jax.numpy as jnp
 
 def make_class():
     class Local(tc.TreeClass):
@@ -999,7 +992,7 @@ Local = make_class()
 payload = (Local, Local(jnp.ones((2, 2))), InMain())
 with open(sys.argv[1], "wb") as file:
     cloudpickle.dump(payload, file)
-print("ok")
+print(imported)
 """
 
 _CLOUDPICKLE_READ = """
@@ -1016,19 +1009,31 @@ print("ok")
 """
 
 
-def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    target = str(tmp_path / "payload.pkl")
-    for script in (_CLOUDPICKLE_WRITE, _CLOUDPICKLE_READ):
-        result = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script), target],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-            env=env,
-        )
-        assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+def _fresh_python(script: str, target: str) -> str:
+    """What `script` printed, run as `python -c` in a fresh interpreter on the CPU, from the
+    checkout (whose treeclass it imports)."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def cloudpickled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("cloudpickle")
+    target = str(folder / "payload.pkl")
+    return {"imported": _fresh_python(_CLOUDPICKLE_WRITE, target), "target": target}
+
+
+def test_cloudpickle_of_locally_defined_classes_in_a_fresh_interpreter(cloudpickled):
+    # written by one fresh process (the fixture), read by another
+    assert _fresh_python(_CLOUDPICKLE_READ, cloudpickled["target"]) == "ok"
 
 
 # ------------------------------------------------------------------------------------------
@@ -1056,94 +1061,19 @@ def test_many_devices(multidevice_results, check):
 
 
 # ------------------------------------------------------------------------------------------
-# Loading into sharded templates: each shard's bytes read once (8 devices, in a subprocess)
+# Loading into sharded templates: each shard's bytes read once (8 devices, in the subprocess
+# of the checks above: `sharded_load_reads_each_byte_once` there, one outcome per case)
 # ------------------------------------------------------------------------------------------
-
-_SHARDED_LOAD = """
-import json, os, pathlib, sys, tempfile, traceback
-flags = os.environ.get("XLA_FLAGS", "")
-os.environ["XLA_FLAGS"] = flags + " --xla_force_host_platform_device_count=8"
-os.environ["JAX_PLATFORMS"] = "cpu"
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
-import treeclass as tc
-
-mesh = jax.make_mesh((2, 4), ("a", "b"))
-rng = np.random.default_rng(0)
-values = {
-    "f32": rng.normal(size=(8, 16, 12)).astype("f4"),
-    "bf16": rng.normal(size=(16, 8)).astype(jnp.bfloat16),
-    "i8": rng.integers(-100, 100, (8, 4)).astype("i1"),
-    "mask": rng.normal(size=(8, 4)) > 0,  # bool: read whole (its bits are checked)
-    "tall": rng.normal(size=(40000, 4)).astype("f4"),  # columns of many rows
-    "scalar": np.float32(3.5),
-}
-specs = {
-    "f32": [P("a"), P(None, "b"), P(None, None, "b"), P("a", "b"), P(), P(("a", "b"))],
-    "bf16": [P("b"), P(None, "b"), P("a", "b")],
-    "i8": [P(None, "b"), P("b")],
-    "mask": [P("a", "b")],
-    "tall": [P(None, "b"), P("b", "a")],
-    "scalar": [P()],
-}
-folder = tempfile.mkdtemp()
-path = os.path.join(folder, "m.safetensors")
-tc.save(path, {k: jnp.asarray(v) for k, v in values.items()})
-size = os.path.getsize(path)
-
-def rchar():
-    text = pathlib.Path("/proc/self/io").read_text()
-    return int(dict(line.split(": ") for line in text.splitlines())["rchar"])
-
-results = {}
-for name, value in values.items():
-    for spec in specs[name]:
-        key = f"{name} {spec}"
-        try:
-            sharding = NamedSharding(mesh, spec)
-            like = {k: jnp.zeros(v.shape, v.dtype) for k, v in values.items()}
-            like[name] = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
-            before = rchar()
-            got = tc.load(path, like, where=name)[name]  # the others are not read
-            read = rchar() - before
-            assert got.sharding == sharding, (got.sharding, sharding)
-            np.testing.assert_array_equal(np.asarray(got), value)
-            for shard in got.addressable_shards:
-                np.testing.assert_array_equal(np.asarray(shard.data), value[shard.index])
-            # every byte of the tensor once (all 8 devices are this process's), not once
-            # per device; a little more for the header
-            assert value.nbytes <= read < value.nbytes + 3 * 4096 + size // 4, (read, value.nbytes)
-            results[key] = "ok"
-        except Exception:
-            results[key] = traceback.format_exc()
-print(json.dumps(results))
-"""
-
-
-@pytest.fixture(scope="module")
-def sharded_loads() -> dict[str, str]:
-    # the checkout first, then what the machine put on PYTHONPATH (its jax, perhaps)
-    inherited = os.environ.get("PYTHONPATH", "")
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), inherited])),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_SHARDED_LOAD)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @needs_read_counts
-def test_load_into_sharded_templates_reads_each_byte_once_and_places_every_shard(sharded_loads):
-    assert len(sharded_loads) == 15
-    failed = {key: outcome for key, outcome in sharded_loads.items() if outcome != "ok"}
+def test_load_into_sharded_templates_reads_each_byte_once_and_places_every_shard(
+    multidevice_results,
+):
+    outcomes = multidevice_results["sharded_load_reads_each_byte_once"]
+    assert isinstance(outcomes, dict), outcomes  # a traceback: the cases could not start
+    assert len(outcomes) == 15
+    failed = {key: outcome for key, outcome in outcomes.items() if outcome != "ok"}
     assert not failed, "\n".join(f"{key}:\n{outcome}" for key, outcome in failed.items())
 
 

@@ -5,17 +5,17 @@ waits for them within a hard time limit, and kills by PID every process still ru
 when it ends, whether it passed, failed or timed out; a failure shows every process's
 exit status and the end of its stderr. The runs, in order:
 
-1. `train_and_save`, 2 processes x 2 CPU devices: the model built in its shardings, a
-   sharded train step against one device, frozen values, inspection from one process,
-   equality and `.at[mask].get()` errors, an orbax save, `tc.save` from one process and
-   from all, and its misuses;
+1. `train_and_save` then `sharding_rules`, in the same 2 processes x 2 CPU devices (one
+   start of the processes for both): the model built in its shardings, a sharded train
+   step against one device, frozen values, inspection from one process, equality and
+   `.at[mask].get()` errors, an orbax save, `tc.save` from one process and from all, and
+   its misuses; then the transformer of the sharding recipe built in place from its rule
+   table, trained, saved and loaded into the rules' template;
 2. `restore`, 2 fresh processes x 2 devices: the checkpoint restored into an abstract
    sharded template, then the next step;
 3. `restore`, 1 process x 4 devices: the same checkpoint on another process count and
    another mesh;
-4. `sharding_rules`, 2 processes x 2 devices: the transformer of the sharding recipe
-   built in place from its rule table, trained, saved and loaded into the rules' template.
-5. `sharded_save`, 3 processes x 2 devices: a sharded `tc.save` written by every process,
+4. `sharded_save`, 3 processes x 2 devices: a sharded `tc.save` written by every process,
    one whose share fails, and one whose process 2 dies (its exit status is expected).
 
 Each worker reports its checks by name; each test below asserts one of them on every
@@ -164,7 +164,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def trained(folder: pathlib.Path) -> Run:
-    return run_workers("train_and_save", processes=2, devices=2, folder=folder)
+    # the rules' checks compile a transformer's train step twice (one device, sharded):
+    # a longer bound
+    return run_workers(
+        "train_and_save+sharding_rules", processes=2, devices=2, folder=folder, limit_s=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +182,8 @@ def resharded(trained: Run, folder: pathlib.Path) -> Run:
 
 
 @pytest.fixture(scope="module")
-def by_rules(folder: pathlib.Path) -> Run:
-    # it compiles a transformer's train step twice (one device, sharded): a longer bound
-    return run_workers("sharding_rules", processes=2, devices=2, folder=folder, limit_s=300)
+def by_rules(trained: Run) -> Run:
+    return trained  # the same processes ran the rules' checks after their own
 
 
 def test_rules_build_the_docs_transformer_in_place_on_two_processes(by_rules):

@@ -132,8 +132,14 @@ def test_interleaved_rotary_is_half_split_rotary_on_dimensions_reordered(pairs, 
     order = np.r_[np.arange(0, dim, 2), np.arange(1, dim, 2), np.arange(dim, dim + extra)]
     back = np.argsort(order)
     positions = jnp.arange(seq) * 2.0
-    interleaved = nn.rotary_embedding(x, positions, 50.0, rope_dim=dim, interleaved=True)
-    half = nn.rotary_embedding(x[..., order], positions, 50.0, rope_dim=dim)[..., back]
+
+    @jax.jit  # every example has new shapes: one program each, not one per operation
+    def both(x, positions):
+        interleaved = nn.rotary_embedding(x, positions, 50.0, rope_dim=dim, interleaved=True)
+        half = nn.rotary_embedding(x[..., order], positions, 50.0, rope_dim=dim)[..., back]
+        return interleaved, half
+
+    interleaved, half = both(x, positions)
     np.testing.assert_allclose(interleaved, half, rtol=1e-6, atol=1e-6)
 
 
@@ -485,10 +491,14 @@ def test_stacked_decoder_blocks_equal_the_blocks_applied_in_turn():
     stack = tc.Stacked.from_init(FAMILIES["mistral"], keys)
     x = _normal(1, (2, 4, 16))
     mask = (jnp.arange(4) < jnp.array([[4], [3]]))[:, None, None, :]
-    expected = x
-    for k in keys:
-        expected = FAMILIES["mistral"](k)(expected, mask=mask)
-    np.testing.assert_allclose(stack(x, mask=mask), expected, **TOL)
+
+    @jax.jit  # the blocks made and applied in one program, not operation by operation
+    def in_turn(keys, x, mask):
+        for i in range(len(keys)):
+            x = FAMILIES["mistral"](keys[i])(x, mask=mask)
+        return x
+
+    np.testing.assert_allclose(stack(x, mask=mask), in_turn(keys, x, mask), **TOL)
 
 
 BLOCK_ERRORS = [

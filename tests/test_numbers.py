@@ -252,7 +252,9 @@ def _outcome(fn):
         return None, error
 
 
-@settings(max_examples=100, deadline=None)
+# each scalar type is put once into a float and an int leaf by every route's block twin in
+# the test below; this law samples the rest of the types x dtypes x values
+@settings(max_examples=50, deadline=None)
 @given(
     kind=st.sampled_from(SCALAR_TYPES),
     dtype=st.sampled_from(LEAF_DTYPES),

@@ -4,16 +4,20 @@ cloudpickle ships a class defined in `__main__` (a script, a notebook cell) or i
 function by value. Unpickled in a process where that class is alive, it must come back as
 the live class with its live record, so equality, copies and the jit cache are unchanged.
 In a fresh process the class is rebuilt from its description, and instances made there
-have the same static fields and tree definitions as the shipped ones. Each check runs a
-script as `__main__` in a fresh interpreter.
+have the same static fields and tree definitions as the shipped ones. The checks run in
+turn as `__main__` of one script in a fresh interpreter (one start for the three), each
+with a jitted `step` of its own, so that no check sees another's traces.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 _PRELUDE = """
 import copy, subprocess, sys
@@ -140,27 +144,69 @@ print(result.stdout.decode().strip())
 """
 
 
-def _run_as_main(tmp_path, body: str) -> None:
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(_PRELUDE) + textwrap.dedent(body))
+# a fresh jitted step and trace list for each check
+_STEP = """
+traces = []
+
+@jax.jit
+def step(tree):
+    traces.append(1)
+    return jax.tree_util.tree_map(lambda x: x * 2, tree)
+"""
+
+_CHECKS = {
+    "same_process": _SAME_PROCESS,
+    "there_and_back": _THERE_AND_BACK,
+    "in_a_fresh_process": _IN_A_FRESH_PROCESS,
+}
+
+# runs each check's code at the top level of `__main__` (its classes are `__main__`'s, as
+# in a script), and prints `{check: what it printed, or its traceback}` as the last line
+_RUNNER = """
+import contextlib, io, json, traceback
+results = {}
+for _name, _code in CHECKS.items():
+    exec(STEP, globals())
+    _out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(_out):
+            exec(compile(_code, _name, "exec"), globals())
+        results[_name] = _out.getvalue().strip()
+    except Exception:
+        results[_name] = traceback.format_exc()
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("pickling")
+    script = folder / "script.py"
+    checks = {name: textwrap.dedent(body) for name, body in _CHECKS.items()}
+    script.write_text(
+        textwrap.dedent(_PRELUDE)
+        + f"CHECKS = {checks!r}\nSTEP = {textwrap.dedent(_STEP)!r}\n"
+        + textwrap.dedent(_RUNNER)
+    )
     result = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
         timeout=240,
-        cwd=tmp_path,
+        cwd=folder,
         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_cloudpickle_round_trip_in_the_same_process_keeps_the_live_class(tmp_path):
-    _run_as_main(tmp_path, _SAME_PROCESS)
+def test_cloudpickle_round_trip_in_the_same_process_keeps_the_live_class(checked):
+    assert checked["same_process"] == "ok", checked["same_process"]
 
 
-def test_cloudpickle_round_trip_through_another_process_keeps_the_live_class(tmp_path):
-    _run_as_main(tmp_path, _THERE_AND_BACK)
+def test_cloudpickle_round_trip_through_another_process_keeps_the_live_class(checked):
+    assert checked["there_and_back"] == "ok", checked["there_and_back"]
 
 
-def test_cloudpickled_class_with_static_fields_builds_instances_in_a_fresh_process(tmp_path):
-    _run_as_main(tmp_path, _IN_A_FRESH_PROCESS)
+def test_cloudpickled_class_with_static_fields_builds_instances_in_a_fresh_process(checked):
+    assert checked["in_a_fresh_process"] == "ok", checked["in_a_fresh_process"]

@@ -968,7 +968,7 @@ numbers = st.one_of(
 
 
 # each dtype's own set and apply are checked one by one below; this law samples the rest
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     dtype=st.sampled_from(DTYPES),
     backend=st.sampled_from(["numpy", "jax"]),
