@@ -57,15 +57,17 @@ def _pyright(targets: list[str], cwd: pathlib.Path) -> Errors:
     return errors
 
 
-def _mypy(targets: list[str], cwd: pathlib.Path, *options: str) -> Errors:
-    # one cache for every run here (and for `mypy` run by hand): jax is analysed once
+def _mypy(
+    targets: list[str], cwd: pathlib.Path, *options: str, cache: str = ".mypy_cache"
+) -> Errors:
+    # one cache for the package's runs (and for `mypy` run by hand): jax is analysed once
     done = _run(
         [
             sys.executable,
             "-m",
             "mypy",
             "--cache-dir",
-            str(ROOT / ".mypy_cache"),
+            str(ROOT / cache),
             "--no-error-summary",
             "--no-pretty",
             *options,
@@ -189,11 +191,17 @@ def test_an_installed_treeclass_is_found_from_outside_the_checkout(checker, tmp_
     if checker == "pyright":
         errors = _pyright(["user.py"], tmp_path)
     else:
-        # with the project's settings (Python 3.10, the jaxlib stubs of typings/), those of
-        # the package's run, whose cache of jax this run reuses (a run under other settings
-        # analyses jax again: 9 s); none of them is about where `treeclass` is found, and
-        # what is asserted is user.py's errors alone
-        errors = _mypy(["user.py"], tmp_path, "--config-file", str(ROOT / "pyproject.toml"))
+        # with the project's settings (Python 3.10), none of them about where `treeclass` is
+        # found; what is asserted is user.py's errors alone. Its own cache: run from outside
+        # the checkout, the jaxlib stubs of typings/ are not on its path, and the package's
+        # runs reusing what it wrote of jax would see `Device` as unknown
+        errors = _mypy(
+            ["user.py"],
+            tmp_path,
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            cache=".mypy_cache_outside",
+        )
     reported = {
         line: messages
         for path, lines in errors.items()
