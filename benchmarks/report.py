@@ -997,7 +997,8 @@ GPU_SECTION = """
 The suite runs on JAX's default backend and has nothing CPU-specific. Start with the real
 workloads, the numbers an accelerator user cares about: steps per second of a training
 loop whose compute dominates (an MLP raised to width 4096, and the GPT-2-small training
-loop, which also reports tokens per second and model FLOP utilisation):
+loop, which also reports tokens per second and model FLOP utilisation, and a wider GPT
+sized to be compute-bound, whose MFU is the figure to read):
 
 ```bash
 python3 -m venv .venv && . .venv/bin/activate
@@ -1005,7 +1006,7 @@ pip install -e ".[bench]" "jax[cuda12]"       # NVIDIA GPU (pick the CUDA extra 
                                               # the driver); on a TPU VM: pip install "jax[tpu]"
 python -c "import jax; print(jax.devices())"  # should list a CUDA (or TPU) device
 A=stacked_compile_48_blocks,stacked_step_48_blocks,stacked_init_48_blocks,\\
-transformer_training_loop,workload_training_loop
+transformer_training_loop,transformer_compute_bound,workload_training_loop
 python -m benchmarks --only $A --workload-width 4096 --workload-batch 4096 \\
     --json benchmarks/results-tpu.json
 python -m benchmarks --quick --skip $A --merge-into benchmarks/results-tpu.json \\
