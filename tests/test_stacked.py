@@ -408,6 +408,51 @@ def test_a_number_set_in_every_block_fills_its_arrays_as_in_the_unstacked_model(
     )
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.ones((3, 4), np.float32),  # the whole stacked leaf's shape: not a block's
+        np.ones(5, np.float32),  # another shape
+        np.ones(4, jnp.bfloat16),  # a block's shape, another dtype
+        np.arange(4, dtype=np.float32),  # a block's shape and dtype: fits
+    ],
+    ids=["stacked shape", "other shape", "other dtype", "fits"],
+)
+def test_one_array_set_in_every_block_follows_the_block_rule_of_an_index(value):
+    # `.at[...]` and every index `.at[0:n]` put one value into each block: both refuse what
+    # does not fit a block (naming the leaf) and agree on what does
+    net = stacked_net(3)
+    routes = {
+        "ellipsis": lambda: net.at["blocks"][...]["up"]["bias"].set(jnp.asarray(value)),
+        "all indices": lambda: net.at["blocks"][0:3]["up"]["bias"].set(jnp.asarray(value)),
+        "one index": lambda: net.at["blocks"][1]["up"]["bias"].set(jnp.asarray(value)),
+    }
+    before = np.asarray(net.blocks.tree.up.bias).copy()
+    fits = value.shape == before.shape[1:] and value.dtype == before.dtype
+    outcomes = {}
+    for route, put in routes.items():
+        if fits:
+            outcomes[route] = put().blocks.tree.up.bias
+            continue
+        with pytest.raises(
+            TypeError,
+            match=r"at StackedNet\.blocks\[\d\]\.up\.bias: .*a block takes an array of shape \[4\]",
+        ):
+            put()
+        assert np.array_equal(net.blocks.tree.up.bias, before)  # the input is unchanged
+    if fits:
+        assert np.array_equal(outcomes["ellipsis"], outcomes["all indices"])
+        assert np.array_equal(outcomes["ellipsis"], np.broadcast_to(value, before.shape))
+        assert np.array_equal(outcomes["one index"][1], value)
+
+
+def test_a_function_of_each_block_may_still_recast_every_block():
+    net = stacked_net(3)
+    new = net.at["blocks"][...]["up"]["bias"].apply(lambda b: b.astype(jnp.bfloat16))
+    assert new.blocks.tree.up.bias.dtype == jnp.bfloat16
+    assert new.blocks.tree.up.bias.shape == net.blocks.tree.up.bias.shape
+
+
 def _below_block_selectors():
     """One selector chain per selector kind, used below a block index (block 1, say)."""
     block = Block(jax.random.key(0))

@@ -815,7 +815,7 @@ def _write_blocks(
         ]
         if not writes:
             continue
-        if kind != _SHARED and len(writes) < n:
+        if kind != _SHARED and (len(writes) < n or _one_array(writes)):
             out[j] = _write(leaf, kind, writes, where_of(j))
         else:
             column = [row[j] for row in aux.block_leaves]
@@ -823,6 +823,13 @@ def _write_blocks(
                 column[k] = value
             out[j] = _combine(column, where_of(j))
     return _make(aux.treedef.unflatten(out), n)
+
+
+def _one_array(writes: list[tuple[int, Any]]) -> bool:
+    """Whether every block is given the same array (a `set` through `...`): a block write
+    like one through an index, so it must fit a block; per-block results re-stack."""
+    first = writes[0][1]
+    return _is_array(_unfrozen(first)) and all(value is first for _, value in writes)
 
 
 def _make(tree: object, length: int, stack: Stacked | None = None) -> Stacked:
