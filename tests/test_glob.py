@@ -248,3 +248,20 @@ def test_an_unquoted_bracket_key_whose_repr_holds_braces_is_no_capture():
     tree = {frozenset({1}): 3, frozenset({2}): 4}
     got = tc.at(tree)[tc.glob("[frozenset({1})]")].get(fill_value=0)
     assert got == {frozenset({1}): 3, frozenset({2}): 0}
+
+
+def test_a_bracket_key_holding_brackets_is_one_segment():
+    # a key whose text holds a nested `[...]` (here a custom key's repr): the inner `]`
+    # closes the inner `[`, not the segment
+    class Key:
+        def __repr__(self):
+            return "(1, [2])"
+
+        def __lt__(self, other):
+            return id(self) < id(other)
+
+    key = Key()
+    tree = {key: 1.0}
+    assert tc.at(tree)[tc.glob("[(1, [2])]")].get() == {key: 1.0}
+    with pytest.raises(ValueError, match="Unclosed '\\['"):
+        tc.glob("[(1, [2]")

@@ -320,6 +320,7 @@ def _bracket_end(text: str, start: int, pattern: str) -> int:
         elif char == "]":
             if depth <= 0:
                 return i
+            depth -= 1
         i += 1
     if quote is not None:
         raise ValueError(f"Unclosed quote in glob {pattern!r}. {_GLOB_SYNTAX}")
