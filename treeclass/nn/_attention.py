@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, check_key, dtype_field
+from ._base import Layer, assign, check_key, dtype_field, named
 from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 
@@ -90,6 +90,10 @@ def rotary_embedding(
 
 class MultiHeadAttention(Layer):
     """Multi-head attention of a sequence over itself or over a context.
+
+    The projections' outputs are named `"query"`, `"key"`, `"value"` and the attention's
+    output `"attended"` (`jax.ad_checkpoint.checkpoint_name`), for a rematerialisation
+    policy that keeps them (see the stacked-layers guide).
 
     **Arguments**
 
@@ -234,9 +238,12 @@ class MultiHeadAttention(Layer):
             )
         batch, seq, kv_seq = x.shape[:-2], x.shape[-2], source.shape[-2]
         h = self.head_dim
-        q = self.q_proj(x).reshape((*batch, seq, self.num_heads, h))
-        k = self.k_proj(source).reshape((*batch, kv_seq, self.num_kv_heads, h))
-        v = self.v_proj(source).reshape((*batch, kv_seq, self.num_kv_heads, h))
+        # the products a rematerialisation policy may keep by name (`save_only_these_names`)
+        q = named(self.q_proj(x), "query").reshape((*batch, seq, self.num_heads, h))
+        k = named(self.k_proj(source), "key")
+        v = named(self.v_proj(source), "value")
+        k = k.reshape((*batch, kv_seq, self.num_kv_heads, h))
+        v = v.reshape((*batch, kv_seq, self.num_kv_heads, h))
         if self.rope_theta is not None:
             q_pos = jnp.arange(seq) if positions is None else positions
             k_pos = q_pos if context is None else jnp.arange(kv_seq)
@@ -255,4 +262,4 @@ class MultiHeadAttention(Layer):
         out = jax.nn.dot_product_attention(
             q, k, v, mask=mask, is_causal=self.causal, local_window_size=window
         )
-        return self.o_proj(out.reshape((*batch, seq, self.num_heads * h)))
+        return self.o_proj(named(out.reshape((*batch, seq, self.num_heads * h)), "attended"))

@@ -8,6 +8,8 @@ from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jax.core import Tracer
 from jax.typing import ArrayLike, DTypeLike
 
 from .._fields import field, fields
@@ -25,6 +27,7 @@ __all__ = [
     "scale_and_shift",
     "cast",
     "assign",
+    "named",
 ]
 
 _DTYPE_MSG = (
@@ -104,6 +107,12 @@ def assign(layer: TreeClass, **values: object) -> None:
     """`setattr` on a layer under construction (type checkers refuse `self.weight = ...`)."""
     for name, value in values.items():
         setattr(layer, name, value)
+
+
+def named(x: jax.Array, name: str) -> jax.Array:
+    """`x` named for a rematerialisation policy (`save_only_these_names`) where it is traced;
+    eagerly (no policy can see it) `x` itself, with no dispatch of the naming primitive."""
+    return checkpoint_name(x, name) if isinstance(x, Tracer) else x
 
 
 def cast(dtype: DTypeLike | None, *arrays: ArrayLike | None) -> Any:

@@ -13,7 +13,7 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._attention import MultiHeadAttention
-from ._base import Layer, assign, check_key
+from ._base import Layer, assign, check_key, named
 from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 from ._normalization import LayerNorm, RMSNorm
@@ -38,7 +38,8 @@ def gelu_exact(x: jax.Array) -> jax.Array:
 
 class FeedForward(Layer):
     """`down_proj(activation(up_proj(x)))`, or gated: `down_proj(activation(gate_proj(x))
-    * up_proj(x))` (SwiGLU with `jax.nn.silu`, GeGLU with `jax.nn.gelu`).
+    * up_proj(x))` (SwiGLU with `jax.nn.silu`, GeGLU with `jax.nn.gelu`). The projections'
+    outputs are named `"up"` and `"gate"` for a rematerialisation policy that keeps them.
 
     **Arguments**
 
@@ -103,10 +104,11 @@ class FeedForward(Layer):
         features = getattr(self.up_proj, "in_features", None)
         if features is not None:
             check_input("FeedForward", x, "features", features)
+        up = named(self.up_proj(x), "up")  # a name a remat policy may keep
         if self.gate_proj is None:
-            hidden = self.activation(self.up_proj(x))
+            hidden = self.activation(up)
         else:
-            hidden = self.activation(self.gate_proj(x)) * self.up_proj(x)
+            hidden = self.activation(named(self.gate_proj(x), "gate")) * up
         return self.down_proj(hidden)
 
 
