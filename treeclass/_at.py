@@ -23,7 +23,6 @@ from jax.core import Tracer
 from jax.typing import ArrayLike
 
 from ._calls import call_on_copy, method_of
-from ._node import TreeNode
 from ._numbers import (
     NUMBER_TYPES,
     NumberRangeError,
@@ -55,11 +54,9 @@ from ._selectors import (
     slice_text,
 )
 from ._structure import (
-    TREECLASS_KIND,
     entry_name,
     is_leaf_node,
     path_str,
-    registered_kind,
     root_name,
     row_of,
     wrapper_of,
@@ -423,9 +420,7 @@ class _Run:
         for matcher in matchers:
             if not matcher.one_key:
                 return _NO_FAST_PATH
-            row = registered_kind(type(node))
-            if row is None:
-                row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+            row = row_of(node)
             found = row.child(node, matcher.key)  # type: ignore[attr-defined]
             if found is None:
                 return _NO_FAST_PATH

@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._node import TreeNode
 from ._selectors import (
     EACH,
     NO,
@@ -48,13 +47,11 @@ from ._selectors import (
 )
 from ._structure import (
     LEAF,
-    TREECLASS_KIND,
     NodeKind,
     Opened,
     is_wrapper,
     node_kind,
     path_str,
-    registered_kind,
     row_of,
     wrapper_of,
 )
@@ -142,8 +139,8 @@ _hops: Callable[[tuple], _Hops] = functools.partial(tuple.__new__, _Hops)
 ARRAY_CLASSES: set[type] = {np.ndarray}
 _BOOL = np.dtype(bool)
 
-_NONE_BLOCKED: list[Any] = []
-_UNWALKED: Any = object()  # shared, never written: `record_blocked` makes a list
+_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
+_UNWALKED: Any = object()  # `trail` before the walk has run
 
 
 class Selection:
@@ -224,9 +221,7 @@ class Selection:
             matcher = self.matchers[i]
             found = None
             if plain and matcher.one_key:  # a name or an index, the hot path: `match` inlined
-                row = registered_kind(type(node))
-                if row is None:
-                    row = TREECLASS_KIND if isinstance(node, TreeNode) else row_of(node)
+                row = row_of(node)
                 found = row.child(node, matcher.key)  # type: ignore[attr-defined]
             if found is None:
                 verdict = matcher.match(self, matcher.start, node, path)

@@ -43,7 +43,6 @@ from ._structure import (
     LIST,
     NAMEDTUPLE,
     TREECLASS,
-    TREECLASS_KIND,
     TUPLE,
     Kind,
     Mismatch,
@@ -54,7 +53,6 @@ from ._structure import (
     node_kind,
     open_node,
     path_str,
-    registered_kind,
     row_of,
     unwrap,
     wrapper_of,
@@ -400,13 +398,7 @@ class _SingleKeyMatcher(Matcher):
         self.key = key
 
     def match(self, walk, state, node, path):
-        is_leaf = walk.is_leaf
-        if is_leaf is None:  # `row_of` inlined: the node's exact type, else a TreeClass
-            row = registered_kind(type(node))
-            if row is None:
-                row = TREECLASS_KIND if isinstance(node, _node.TreeNode) else row_of(node)
-        else:
-            row = row_of(node, is_leaf)
+        row = row_of(node, walk.is_leaf)
         found = row.child(node, self.key)
         if found is not None:
             return ONE, (found[0], found[1], row)
