@@ -245,3 +245,20 @@ def test_a_kept_selection_follows_a_changed_structure():
     for _ in range(2):  # each read twice: the second one is the kept one
         assert [layer.w for layer in tc.at(small, where=chain).mask().layers] == [False, True]
         assert [layer.w for layer in tc.at(big, where=chain).mask().layers] == [False] * 2 + [True]
+
+
+def test_selectors_that_read_values_are_never_answered_from_the_kept_ones():
+    # two trees of one structure and leaf types, different values: a predicate, a mask tree
+    # and a `BaseKey` decide by values or user code, so each reading walks again
+    class Positive(tc.BaseKey):
+        def __eq__(self, entry):
+            return entry.key in positive
+
+    first, second = {"a": 1.0, "b": -1.0}, {"a": -1.0, "b": 1.0}
+    for _ in range(2):
+        for tree in (first, second):
+            positive = {k for k, v in tree.items() if v > 0}
+            want = {k: v > 0 for k, v in tree.items()}
+            assert tc.at(tree)[tc.where(lambda path, x: x > 0)].mask() == want
+            assert tc.at(tree)[{k: bool(v) for k, v in want.items()}].mask() == want
+            assert tc.at(tree)[Positive()].mask() == want
