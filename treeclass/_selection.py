@@ -231,7 +231,7 @@ class Selection:
                 found = verdict[1]
                 row = found[2]
             # one child, the node left unopened
-            if row.stack is not None:  # type: ignore[union-attr]
+            if row.stack is not None:
                 self.shaped = True
             entry, child = found[0], found[1]
             if hops is None:
