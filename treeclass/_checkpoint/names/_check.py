@@ -18,8 +18,6 @@ from ._catalog import Catalog, Stored, describe
 from ._report import FrozenMapping, LoadReport
 from ._walk import NUMBER, NUMBERS, OBJECT, PLAIN, STATIC, TENSOR, Entry, is_abstract, static_parts
 
-__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "similarity", "to_number"]
-
 # what to do with a template entry: take the value from the catalog, keep the template's, or
 # skip it (outside a partial load's selection: kept, and not reported)
 TAKE, KEEP, SKIP = "take", "keep", "skip"

@@ -28,15 +28,6 @@ from ._catalog import Stored, describe
 from ._versions import class_versions
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
 
-__all__ = [
-    "FORMAT_VERSION",
-    "METADATA_KEY",
-    "PlannedTensor",
-    "plan",
-    "tensor_bytes",
-    "SourceCatalog",
-]
-
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
 

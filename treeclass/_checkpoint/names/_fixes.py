@@ -18,8 +18,6 @@ from ._report import LoadReport
 from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
 
-__all__ = ["Fixes", "listed", "warn_if_less"]
-
 _LESS = (
     "{source}: restored {restored} of the template's paths; {count} more that it holds "
     "under another name, dtype or layout were not restored and keep the template's "

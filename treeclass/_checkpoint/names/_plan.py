@@ -23,8 +23,6 @@ from ._rules import (
 from ._stacks import stacks_of
 from ._walk import NUMBER, STATIC, TENSOR, entries, is_abstract
 
-__all__ = ["Target", "Group", "Plan"]
-
 
 class Target(NamedTuple):
     """A model array an export reads: its name, key path (for messages) and value."""

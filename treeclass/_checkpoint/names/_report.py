@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-__all__ = ["FrozenMapping", "LoadReport"]
-
 
 class FrozenMapping(Mapping[str, tuple[str, ...]]):
     """A read-only mapping that is a value: hashable, equal to any mapping of its items."""

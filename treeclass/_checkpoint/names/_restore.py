@@ -21,8 +21,6 @@ from ._check import KEEP, TAKE, Checker, to_number
 from ._fixes import Fixes, listed, warn_if_less
 from ._walk import NUMBER, NUMBERS, STATIC, TENSOR, Entry, entries, walk
 
-__all__ = ["MISSING_POLICIES", "UNEXPECTED_POLICIES", "restore", "release_host_copy"]
-
 _UNFILLED = (
     "{source} leaves {paths} of the abstract template without a value: a "
     "jax.ShapeDtypeStruct has no value to keep, so each path of an abstract template "

@@ -20,8 +20,6 @@ from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._stacks import joined
 from ._walk import PLAIN, TENSOR, is_plain
 
-__all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
-
 
 class _Step(NamedTuple):
     rules: tuple[Rule, ...] | None  # a rule table's step
@@ -108,14 +106,14 @@ def _classed(node: Any) -> bool:
     return row_of(node).kind == TREECLASS
 
 
-def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
-    """`(depth, checkpoint name, class)` of every TreeClass node, frozen ones included."""
+def _nodes(tree: Any) -> Iterator[tuple[str, type]]:
+    """`(checkpoint name, class)` of every TreeClass node, frozen ones included."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
     while stack:
         node, path = stack.pop()
         node = unwrap(node)
         if _classed(node):
-            yield len(path), ".".join(path), type(node)
+            yield ".".join(path), type(node)
 
         def stop(x: Any, node: Any = node) -> bool:
             return x is not node and (is_wrapper(x) or _classed(x))
@@ -130,7 +128,7 @@ def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
     """Every TreeClass class of `tree` by name: `{"Encoder": {"version": 2, "at": ["encoder"]}}`."""
     found: dict[str, type] = {}
     at: dict[str, list[str]] = {}
-    for _, name, cls in _nodes(tree):
+    for name, cls in _nodes(tree):
         other = found.setdefault(cls.__name__, cls)
         if other is not cls and version_of(other) != version_of(cls):
             raise ValueError(
@@ -158,7 +156,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
     location = getattr(catalog, "location", catalog.title)
     classes: dict[str, type] = {}
     placed: dict[str, list[str]] = {}
-    for _, name, cls in _nodes(like):
+    for name, cls in _nodes(like):
         classes.setdefault(cls.__name__, cls)
         placed.setdefault(cls.__name__, []).append(name)
     if stamps is None:

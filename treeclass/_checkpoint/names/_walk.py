@@ -16,28 +16,6 @@ from ..._structure import rebuild as rebuild_node
 from ..._values import entry_name, path_str
 from ..files._json import check_text
 
-__all__ = [
-    "LEAF",
-    "FROZEN",
-    "STATIC",
-    "TENSOR",
-    "NUMBER",
-    "PLAIN",
-    "OBJECT",
-    "NUMBERS",
-    "PLAIN_DEPTH",
-    "TooDeep",
-    "Entry",
-    "walk",
-    "category",
-    "is_plain",
-    "is_abstract",
-    "key_name",
-    "state_key",
-    "static_parts",
-    "entries",
-]
-
 LEAF, FROZEN, STATIC = "leaf", "frozen", "static"
 # what a value is to a checkpoint
 TENSOR, NUMBER, PLAIN, OBJECT = "tensor", "number", "plain", "object"
