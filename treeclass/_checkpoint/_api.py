@@ -6,10 +6,11 @@ import functools
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypedDict, TypeVar, overload
 
 import jax
 import numpy as np
+from typing_extensions import Unpack
 
 from .._at import AtIndexer
 from .._structure import is_wrapper
@@ -29,13 +30,24 @@ from .names._state import StateCatalog, state_dict_of
 from .names._versions import migrate
 from .names._walk import STATIC, entries
 
-__all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
-
 PyTree = Any
 _T = TypeVar("_T")
 Missing = Literal["error", "keep", "warn"]
 Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
+
+
+class _Options(TypedDict, total=False):
+    """The keywords of `from_state_dict` besides `strict` and `dry_run`."""
+
+    rules: object
+    where: object
+    missing: Missing | None
+    unexpected: Unexpected | None
+
+
+class _LoadOptions(_Options, total=False):
+    format: Format | None
 
 
 _PART_OF_A_LEAF = (
@@ -150,11 +162,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[True] = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
+    **options: Unpack[_Options],
 ) -> _T: ...
 @overload
 def from_state_dict(
@@ -162,11 +171,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[False],
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
+    **options: Unpack[_Options],
 ) -> tuple[_T, LoadReport]: ...
 @overload
 def from_state_dict(
@@ -174,11 +180,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[True],
+    **options: Unpack[_Options],
 ) -> LoadReport: ...
 @overload
 def from_state_dict(
@@ -186,11 +189,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: bool = False,
+    **options: Unpack[_Options],
 ) -> Any: ...
 def from_state_dict(
     like: PyTree,
@@ -420,12 +420,8 @@ def load(
     like: _T,
     *,
     strict: Literal[True] = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> _T: ...
 @overload
 def load(
@@ -433,12 +429,8 @@ def load(
     like: _T,
     *,
     strict: Literal[False],
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> tuple[_T, LoadReport]: ...
 @overload
 def load(
@@ -446,12 +438,8 @@ def load(
     like: PyTree,
     *,
     strict: bool = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[True],
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> LoadReport: ...
 @overload
 def load(
@@ -459,12 +447,8 @@ def load(
     like: PyTree,
     *,
     strict: bool,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: bool = False,
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> Any: ...
 def load(
     path: str | os.PathLike,
