@@ -21,19 +21,6 @@ from ._restore import release_host_copy
 from ._stacks import StackAt
 from ._walk import TENSOR
 
-__all__ = [
-    "Rule",
-    "compile_rules",
-    "RuledCatalog",
-    "in_file_dtypes",
-    "results_of",
-    "fill",
-    "source_hit",
-    "target_hits",
-    "reads_layers",
-    "layer_rules",
-]
-
 
 def pattern_choices(patterns: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The captures of `patterns` limited to some values (`{n:q|k|v}`), with them."""
@@ -466,8 +453,10 @@ class RuledCatalog(Wrapping):
         key = (mapped.rule, inputs)
         if key not in self._abstract:
             structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
-            with in_file_dtypes(dtype for _, dtype in inputs):
-                self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
+            what = self._what(name, mapped)
+            self._abstract[key] = outputs(
+                what, mapped.rule, jax.eval_shape, structs, hint=_TRANSFORM_HINT
+            )
         return self._abstract[key]
 
     def _what(self, name: str, mapped: _Mapped) -> str:
@@ -477,40 +466,12 @@ class RuledCatalog(Wrapping):
             f"from {list(mapped.sources)} in {self.label})"
         )
 
-    def _outputs(
-        self, name: str, mapped: _Mapped, run: Callable[..., Any], args: list[Any]
-    ) -> list[Any]:
-        rule = mapped.rule
-        assert rule is not None and rule.transform is not None
-        what = self._what(name, mapped)
-        try:
-            result = run(rule.transform, *args)
-        except Exception as error:
-            raise ValueError(
-                f"{what} failed: {type(error).__name__}: {error}. A transform gets NumPy "
-                "arrays and, for the checks, jax.ShapeDtypeStructs: write it with jnp or "
-                "array methods (`w.T`, `jnp.split(qkv, 3)`)"
-            ) from None
-        return results_of(what, rule, result)
-
     def _run(self, name: str, mapped: _Mapped) -> list[Any]:
         assert mapped.rule is not None
         checked = self._checked(name, mapped)
         arrays = [self.inner.fetch(source) for source in mapped.sources]
-        with in_file_dtypes(dtype_name(a) for a in arrays):
-            results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
-        # what is restored is what was checked: a transform that answers otherwise when
-        # run (on other inputs, a random or stateful one) is an error
-        for target, result, expected in zip(mapped.rule.targets, results, checked):
-            got = (dtype_name(result), tuple(result.shape))
-            if got != (dtype_name(expected), tuple(expected.shape)):
-                raise ValueError(
-                    f"{self._what(name, mapped)} gave {array_type(*got)} for {target!r} when run, "
-                    f"not the {array_type(dtype_name(expected), tuple(expected.shape))} it gave "
-                    "while checked: a transform must compute the same from tensors of the same "
-                    "shapes and dtypes"
-                )
-        return results
+        what = self._what(name, mapped)
+        return outputs(what, mapped.rule, run_on, arrays, hint=_TRANSFORM_HINT, checked=checked)
 
     def _fetch_one(self, name: str, mapped: _Mapped) -> Any:
         if mapped.rule is None or mapped.rule.transform is None:
@@ -591,11 +552,54 @@ def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
 
 
-def results_of(
-    what: str, rule: Rule, result: Any, count: int | None = None, side: str = "targets"
+_TRANSFORM_HINT = (
+    ". A transform gets NumPy arrays and, for the checks, jax.ShapeDtypeStructs: write it "
+    "with jnp or array methods (`w.T`, `jnp.split(qkv, 3)`)"
+)
+
+
+def run_on(function: Callable[..., Any], *args: Any) -> Any:
+    return function(*args)
+
+
+def outputs(
+    what: str,
+    rule: Rule,
+    run: Callable[..., Any],
+    args: Sequence[Any],
+    side: str = "targets",
+    hint: str = "",
+    checked: Sequence[Any] | None = None,
 ) -> list[Any]:
+    """`run(transform, *args)` in the dtypes of `args` (the inverse for `side="sources"`),
+    as one array per name of that side; `what` names it in errors. With `checked` (the
+    results on shapes and dtypes alone), a result of another shape or dtype is an error:
+    what is restored or written is what was checked (not a random or stateful transform)."""
+    function = rule.transform if side == "targets" else rule.inverse
+    try:
+        with in_file_dtypes(dtype_name(a) for a in args):
+            result = run(function, *args)
+    except Exception as error:
+        raise ValueError(f"{what} failed: {type(error).__name__}: {error}{hint}") from None
+    results = results_of(what, rule, result, side)
+    names = rule.targets if side == "targets" else rule.sources
+    for name, value, expected in zip(names, results, checked or ()):
+        got, want = (
+            (dtype_name(value), tuple(value.shape)),
+            (dtype_name(expected), tuple(expected.shape)),
+        )
+        if got != want:
+            raise ValueError(
+                f"{what} gave {array_type(*got)} for {name!r} when run, not the "
+                f"{array_type(*want)} it gave while checked: a transform must compute the "
+                "same from tensors of the same shapes and dtypes"
+            )
+    return results
+
+
+def results_of(what: str, rule: Rule, result: Any, side: str = "targets") -> list[Any]:
     """A transform's result as one array per target (per source for an inverse), checked."""
-    count = len(rule.targets) if count is None else count
+    count = len(rule.targets if side == "targets" else rule.sources)
     if count == 1:
         if not _is_array(result):
             raise ValueError(
