@@ -22,6 +22,7 @@ from .formats._formats import open_source, writer_for
 from .names._catalog import Catalog
 from .names._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from .names._export import ForeignTensor, export
+from .names._fixes import listed
 from .names._report import LoadReport
 from .names._restore import restore
 from .names._rules import Rule, RuledCatalog, compile_rules
@@ -360,10 +361,9 @@ def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[
         and not (leaf.is_fully_addressable or leaf.is_fully_replicated)
     ]
     if unreadable:
-        more = " ..." if len(unreadable) > 3 else ""
         raise ValueError(
             "tc.save with rules= is written by the process that calls it, which reads every "
-            f"array whole; {', '.join(unreadable[:3])}{more} neither lives on this process's "
+            f"array whole; {listed(unreadable, 3)} neither lives on this process's "
             "devices alone nor is replicated: gather it first (jax.experimental."
             "multihost_utils.process_allgather, or a replicated sharding), or save "
             "treeclass's own layout, which every process writes together"

@@ -30,26 +30,6 @@ def listed(paths: Sequence[object], limit: int = 5) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def warn_if_less(
-    like: Any, source: Catalog, checker: Checker, report: LoadReport, missing: str, unexpected: str
-) -> None:
-    """Warn when a non-strict load kept values the checkpoint holds under another name."""
-    fixes = Fixes(like, source, checker, missing, unexpected)
-    lines = [
-        line
-        for line in fixes.lines()
-        if not line.startswith("- to ") and "has another shape" not in line
-    ]
-    if fixes.fixable:
-        message = _LESS.format(
-            source=source.title,
-            restored=len(report.restored),
-            count=len(fixes.fixable),
-            paths=listed(fixes.fixable),
-        )
-        warnings.warn(message + "\n" + "\n".join(lines), stacklevel=4)
-
-
 _DIGITS = re.compile(r"(?:^|(?<=\.))\d+(?=\.|$)")
 
 
@@ -83,6 +63,22 @@ class Fixes:
         if not lines:
             lines = ["- fix the template (or the checkpoint) where they differ, as listed"]
         return "Fixes that fit these problems:\n" + "\n".join(lines)
+
+    def warn(self, report: LoadReport) -> None:
+        """Warn when a non-strict load kept values the checkpoint holds under another name."""
+        lines = [
+            line
+            for line in self.lines()
+            if not line.startswith("- to ") and "has another shape" not in line
+        ]
+        if self.fixable:
+            message = _LESS.format(
+                source=self.source.title,
+                restored=len(report.restored),
+                count=len(self.fixable),
+                paths=listed(self.fixable),
+            )
+            warnings.warn(message + "\n" + "\n".join(lines), stacklevel=4)
 
     def lines(self) -> list[str]:
         checker = self.checker

@@ -18,7 +18,7 @@ from ..files._processes import place_by_slices
 from ..files._source import is_weak, numpy_dtype
 from ._catalog import Catalog
 from ._check import KEEP, TAKE, Checker, to_number
-from ._fixes import Fixes, listed, warn_if_less
+from ._fixes import Fixes, listed
 from ._walk import NUMBER, NUMBERS, STATIC, TENSOR, Entry, entries, walk
 
 _UNFILLED = (
@@ -86,6 +86,7 @@ def restore(
             + "\n".join("  " + line for line in lines),
             stacklevel=3,
         )
+    fixes = Fixes(like, source, checker, missing, unexpected)
     if problems:
         count = len(problems)
         raise ValueError(
@@ -95,11 +96,11 @@ def restore(
                 count=count,
                 s="" if count == 1 else "s",
                 lines="\n".join("  " + line for line in problems),
-                fixes=Fixes(like, source, checker, missing, unexpected).text(),
+                fixes=fixes.text(),
             )
         )
     if not strict:
-        warn_if_less(like, source, checker, report, missing, unexpected)
+        fixes.warn(report)
     unholdable = [
         f"{path_str(like, e.path)} ({e.value.dtype}, on {platform})"
         for e, d in zip(found, decisions)

@@ -50,8 +50,6 @@ _BAD_RULE = (
     "the checkpoint's names with captures (`'layers.{{i}}.weight'`), targets the model's "
     "key paths (`'blocks[{{i}}].w'`)."
 )
-
-
 _BAD_TABLE = (
     "rules= takes a dict {{source: target}} or a list of (source, target) / (source, "
     "target, transform) / (source, target, transform, inverse) tuples, in the order they "
@@ -69,16 +67,14 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
     for rule in rules:
         if not isinstance(rule, tuple) or len(rule) not in (2, 3, 4):
             raise TypeError(_BAD_RULE.format(rule=rule))
-        parts: list[Any] = list(rule)
-        transform = parts[2] if len(parts) >= 3 else None
-        inverse = parts[3] if len(parts) == 4 else None
-        if len(parts) == 4 and (transform is None or not callable(inverse)):
+        source, target, transform, inverse = (*rule, None, None)[:4]
+        if len(rule) == 4 and (transform is None or not callable(inverse)):
             raise TypeError(
                 f"Key rule {rule!r}: a fourth element is the transform's inverse (the "
                 "model's arrays -> the checkpoint's, for export), so the rule has a "
                 "transform and the inverse is callable"
             )
-        sides = [(p,) if isinstance(p, str) else p for p in parts[:2]]
+        sides = [(p,) if isinstance(p, str) else p for p in (source, target)]
         if not all(
             isinstance(side, (list, tuple)) and side and all(isinstance(p, str) and p for p in side)
             for side in sides
@@ -238,7 +234,8 @@ class RuledCatalog(Wrapping):
             else:
                 self._add(name, _Mapped(None, (name,), 0, (name,)))
         _refuse_shadowed(rules, taken, f"{self.title}: ", f" in {self.label}")
-        self._layout_refused: set[str] = set()
+        # names whose absence a problem line explains (a layout, a stack lacking layers)
+        self.explained: set[str] = set()
         for (number, values), found in groups.items():
             rule = rules[number]
             if len(found) < len(rule.sources):  # a concatenation lacks a part
@@ -291,7 +288,7 @@ class RuledCatalog(Wrapping):
                     "where the layer index belongs. The file holds the stack under one "
                     "name; name each layer in it, or add a rule for the whole stack before"
                 )
-                self._layout_refused.add(name)
+                self.explained.add(name)
         for stacked_name, layers in self.stacked.items():
             if stacked_name in self.mapped:
                 raise ValueError(
@@ -306,9 +303,7 @@ class RuledCatalog(Wrapping):
         self._lacking: dict[str, tuple[StackAt, int, tuple[int, ...]]] = {}
         self._stored_stacks = {name: self._stack_stored(name) for name in self.stacked}
         self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
-        # names whose absence a problem line explains (a stack lacking layers, a layout)
-        unfilled = {name for name, stored in self._stored_stacks.items() if stored is None}
-        self.explained = unfilled | self._layout_refused
+        self.explained.update(n for n, stored in self._stored_stacks.items() if stored is None)
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
         # stacked leaves filled while another was assembled (the k and v a split gave with q)
         self._assembled: dict[str, Any] = {}

@@ -97,6 +97,12 @@ def _check_plain_text(value: Any) -> None:
             _check_plain_text(item)
 
 
+NO_DATA = (
+    "an abstract value at {where} ({value}): there is no data to save. Save the model "
+    "itself (load or build it), not its `jax.eval_shape` template."
+)
+
+
 def is_abstract(value: object) -> bool:
     return isinstance(value, (jax.ShapeDtypeStruct, Tracer))
 
@@ -132,8 +138,6 @@ _SAME_NAME = (
     "{second}. Names join the keys with dots, so a dict key containing a dot, or the keys "
     "0 and '0' side by side, collide. Rename one of the keys."
 )
-
-
 _UNNAMEABLE = (
     "{where} cannot be recorded in a checkpoint: {reason}. Checkpoint names and values must "
     "be readable by every safetensors reader; change the key or the value."
