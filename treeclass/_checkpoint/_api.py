@@ -29,7 +29,7 @@ from .names._rules import Rule, RuledCatalog, compile_rules
 from .names._stacks import stacks_of
 from .names._state import StateCatalog, state_dict_of
 from .names._versions import migrate
-from .names._walk import STATIC, entries
+from .names._walk import STATIC
 
 PyTree = Any
 _T = TypeVar("_T")
@@ -316,8 +316,7 @@ def save(
                 PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
             ]
         else:
-            found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
-            document, planned = plan(tree, found, writer.can_store)
+            document, planned = plan(tree, writer.can_store)
             tensors = [
                 OutTensor(
                     t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path)

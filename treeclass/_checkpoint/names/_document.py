@@ -26,7 +26,7 @@ from ..files._processes import host_view
 from ..files._source import CheckpointSource, PlannedTensor, corrupt, is_weak, numpy_dtype
 from ._catalog import Stored, describe
 from ._versions import class_versions
-from ._walk import NO_DATA, NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
+from ._walk import NO_DATA, NUMBER, OBJECT, PLAIN, TENSOR, Entry, entries, is_abstract
 
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
@@ -117,14 +117,12 @@ def tensor_bytes(value: Any) -> np.ndarray:
     return host_bytes(value)
 
 
-def plan(
-    tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
-) -> tuple[str, list[PlannedTensor]]:
+def plan(tree: Any, storable: Callable[[np.dtype], bool]) -> tuple[str, list[PlannedTensor]]:
     """The treeclass document of `tree` and its tensors in writing order."""
     tensors: list[PlannedTensor] = []
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
-    for entry in found:
+    for entry in entries(tree, "tc.save", "tc.save(path, value)", to_file=True):
         if entry.category == TENSOR:  # static arrays too: loading compares them
             tensors.append(_plan_tensor(tree, entry, storable))
         elif entry.category in (NUMBER, PLAIN):

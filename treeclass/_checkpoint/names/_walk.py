@@ -74,10 +74,6 @@ def category(value: object) -> str:
 PLAIN_DEPTH = 16
 
 
-class TooDeep(ValueError):
-    """A tuple or list of plain values nested deeper than `PLAIN_DEPTH`."""
-
-
 def is_plain(value: Any, depth: int = 0) -> bool:
     kind = type(value)
     if kind in (str, bool, int, float, complex) or value is None:
@@ -85,7 +81,7 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     if kind not in (tuple, list):
         return False
     if depth >= PLAIN_DEPTH:
-        raise TooDeep(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
+        raise ValueError(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
     return all(is_plain(x, depth + 1) for x in value)
 
 
@@ -156,6 +152,7 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
     """Every leaf, frozen leaf and static field (or part) of `tree`, named."""
     found: list[Entry] = []
+    seen: dict[str, Entry] = {}
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
         name = ".".join(key_name(key) for key in path)
@@ -167,9 +164,13 @@ def entries(tree: object, action: str, call: str, to_file: bool = False) -> list
                     _check_plain_text(value)
             parts = static_parts(value) if kind == STATIC and entry.category == OBJECT else ()
             if parts and depth >= PLAIN_DEPTH:
-                raise TooDeep(f"it nests containers more than {PLAIN_DEPTH} levels deep")
+                raise ValueError(f"it nests containers more than {PLAIN_DEPTH} levels deep")
         except ValueError as error:
             raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
+        other = seen.setdefault(name, entry)
+        if other is not entry:
+            first, second = path_str(tree, other.path), path_str(tree, path)
+            raise ValueError(_SAME_NAME.format(name=name, first=first, second=second))
         found.append(entry)
         for key, part in parts:
             add((*path, key), STATIC, part, node, depth + 1)
@@ -183,15 +184,4 @@ def entries(tree: object, action: str, call: str, to_file: bool = False) -> list
         add(path, kind, value, path[:-1] if kind == STATIC else path)
 
     walk(tree, visit, rebuild=False)
-    seen: dict[str, Entry] = {}
-    for entry in found:
-        other = seen.setdefault(entry.name, entry)
-        if other is not entry:
-            raise ValueError(
-                _SAME_NAME.format(
-                    name=entry.name,
-                    first=path_str(tree, other.path),
-                    second=path_str(tree, entry.path),
-                )
-            )
     return found
