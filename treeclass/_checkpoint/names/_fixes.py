@@ -42,8 +42,8 @@ def _pattern(name: str) -> tuple[str, tuple[str, ...]]:
 
 def _rule_between(source: str, target: str) -> tuple[str, str]:
     """A key rule from `source` to `target`, shared number segments as captures."""
-    numbers = [n for n in _DIGITS.findall(source) if n in _DIGITS.findall(target)]
-    if numbers and _DIGITS.findall(source) == _DIGITS.findall(target):
+    numbers = _DIGITS.findall(source)
+    if numbers and numbers == _DIGITS.findall(target):
         return _pattern(source)[0], _pattern(target)[0]
     return source, target
 
@@ -272,9 +272,8 @@ class Fixes:
 
             fits = []
             for pattern, members in groups.items():
-                if any((pattern, i) in used for i in layers) or not _related(pattern, wanted):
-                    continue
-                if not all(i in members for i in layers):
+                taken = any((pattern, i) in used or i not in members for i in layers)
+                if taken or not _related(pattern, wanted):
                     continue
                 shapes = {getattr(self.source.stored(members[i]), "shape", None) for i in layers}
                 if shapes == {rest}:  # every slot has a tensor of the block's shape

@@ -60,9 +60,7 @@ class LoadReport(NamedTuple):
     path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
     tc.save(path, {"w": jnp.ones(2)})
     restored, report = tc.load(path, {"w": jnp.zeros(2), "b": jnp.zeros(1)}, strict=False)
-    assert isinstance(report, tc.LoadReport)
-    assert report.restored == ("tree['w']",) and report.missing == ("tree['b']",)
-    assert report.kept == ("tree['b']",) and restored["w"].tolist() == [1.0, 1.0]
+    assert report.restored == ("tree['w']",) and report.missing == report.kept == ("tree['b']",)
     ```
     """
 

@@ -53,8 +53,7 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
         return
     if type(version) is not int or version < 0:
         raise TypeError(_BAD_VERSION.format(cls=name, value=version))
-    if migrations is None:
-        migrations = {}
+    migrations = {} if migrations is None else migrations
     if not isinstance(migrations, Mapping):
         problem = f"got a {type(migrations).__name__}"
         raise TypeError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
@@ -293,16 +292,14 @@ class _FunctionStep(Wrapping):
         with self._dtypes():
             closed, shapes = jax.make_jaxpr(traced, return_shape=True)(self.structs)
         jaxpr = closed.jaxpr
-        depends: dict[Any, frozenset[str]] = {
-            var: frozenset({name}) for var, name in zip(jaxpr.invars, sorted(self.structs))
-        }
+        inputs = dict(zip(jaxpr.invars, sorted(self.structs)))
+        depends: dict[Any, frozenset[str]] = {var: frozenset({n}) for var, n in inputs.items()}
         for equation in jaxpr.eqns:
             used = frozenset().union(
                 *(depends.get(v, frozenset()) for v in equation.invars if isinstance(v, Var))
             )
             for var in equation.outvars:
                 depends[var] = used
-        inputs = {var: name for var, name in zip(jaxpr.invars, sorted(self.structs))}
         outputs: dict[str, _Output] = {}
         for name, var, shape in zip(names, jaxpr.outvars, jax.tree_util.tree_leaves(shapes)):
             if isinstance(var, Var) and var in inputs:
@@ -385,14 +382,13 @@ class _Layer(Wrapping):
         self.context = (
             f"the migration of `{cls}` from version {start} to {start + 1} ({step.label}) at"
         )
-        wanted = set(prefixes)
         groups: dict[str, list[str]] = {p: [] for p in prefixes}
         # each name to the step's view of its node, or as it is (`None`), with the prefix
         self.mapped: dict[str, tuple[Any, str, str]] = {}
         for name in inner.names():
             parts = name.split(".")
             heads = ["", *(".".join(parts[:k]) for k in range(1, len(parts)))]
-            owner = next((p for p in heads if p in wanted), None)
+            owner = next((p for p in heads if p in groups), None)
             if owner is None:
                 self.mapped[name] = (None, name, "")
             else:
