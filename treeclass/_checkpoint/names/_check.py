@@ -37,10 +37,14 @@ class Checker:
         self.problem_entries: list[tuple[str, str, Entry, Stored | None]] = []
         self.unused: list[str] = []
 
-    def decide(self, entry: Entry) -> str:
+    def decide(self, entry: Entry, selected: bool = True) -> str:
+        """What to do with `entry`; outside a partial load's selection, SKIP (its name in the
+        checkpoint is not unexpected)."""
         stored = self.source.stored(entry.name)
         if stored is not None:
             self.used.add(entry.name)
+        if not selected:
+            return SKIP
         where = path_str(self.like, entry.path)
         if stored is None:
             # strings, objects and static values are not in state dicts or other tools'
@@ -97,12 +101,6 @@ class Checker:
         if stored.category == PLAIN and exact_key(entry.value) == exact_key(stored.value):
             return KEEP
         return self._mismatch(where, entry, stored, "static")
-
-    def skip(self, entry: Entry) -> str:
-        """An entry outside a partial load: kept, its name in the checkpoint not unexpected."""
-        if self.source.stored(entry.name) is not None:
-            self.used.add(entry.name)
-        return SKIP
 
     def _missing(self, where: str, entry: Entry) -> str:
         self.missing.append(where)

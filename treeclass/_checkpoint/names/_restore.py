@@ -55,9 +55,7 @@ def restore(
     found = entries(like, action, source.call.replace("like", "value"))
     checker = Checker(like, source, dry_run)
     decisions = [
-        checker.decide(entry)
-        if selected is None or selected(entry.node, entry.kind)
-        else checker.skip(entry)
+        checker.decide(entry, selected is None or selected(entry.node, entry.kind))
         for entry in found
     ]
     report = checker.finish(found, decisions, source.problems)
@@ -127,8 +125,7 @@ def restore(
         if entry.category == TENSOR:
             if type(fetched) in NUMBERS:
                 return fetched
-            stored = source.stored(entry.name)
-            weak = stored.weak if stored is not None and stored.weak is not None else None
+            weak = getattr(source.stored(entry.name), "weak", None)  # None: the file does not say
             return _place(value, fetched, is_weak(value) if weak is None else weak)
         if entry.category == NUMBER:
             return to_number(value, fetched)
