@@ -127,10 +127,9 @@ class Plan:
 
 def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
     """The tree's data by name; a stacked leaf by its layers unless the rules take it whole."""
-    found = entries(tree, action, f"{action}(path, value, rules=rules)")
     stacks = stacks_of(tree)
     out = []
-    for entry in found:
+    for entry in entries(tree, action, f"{action}(path, value, rules=rules)"):
         if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
             continue  # strings, functions, static fields: no foreign layout holds them
         where = path_str(tree, entry.path)

@@ -91,13 +91,9 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
 offer_class_check(("version", "migrations"), declare)
 
 
-def _versions(cls: type) -> _Versions | None:
-    return getattr(cls, "_tc_versions", None)
-
-
 def version_of(cls: type) -> int:
     """The checkpoint version a TreeClass class declares (0 when it declares none)."""
-    record = _versions(cls)
+    record: _Versions | None = getattr(cls, "_tc_versions", None)
     return 0 if record is None else record.version
 
 
@@ -174,7 +170,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
                 levels.setdefault((depth, name), []).append(prefix)
     # the deepest nodes first: a class's steps then see its nested nodes' current names
     for depth, name in sorted(levels, key=lambda level: -level[0]):
-        record = _versions(classes[name])
+        record: _Versions | None = getattr(classes[name], "_tc_versions", None)
         assert record is not None
         for start in range(stamps[name]["version"], record.version):
             step = record.steps.get(start)
