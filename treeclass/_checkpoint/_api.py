@@ -6,10 +6,11 @@ import functools
 import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypedDict, TypeVar, overload
 
 import jax
 import numpy as np
+from typing_extensions import Unpack
 
 from .._at import AtIndexer
 from .._structure import is_wrapper
@@ -21,21 +22,33 @@ from .formats._formats import open_source, writer_for
 from .names._catalog import Catalog
 from .names._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from .names._export import ForeignTensor, export
+from .names._fixes import listed
 from .names._report import LoadReport
 from .names._restore import restore
 from .names._rules import Rule, RuledCatalog, compile_rules
 from .names._stacks import stacks_of
 from .names._state import StateCatalog, state_dict_of
 from .names._versions import migrate
-from .names._walk import STATIC, entries
-
-__all__ = ["state_dict", "from_state_dict", "save", "load", "LoadReport"]
+from .names._walk import STATIC
 
 PyTree = Any
 _T = TypeVar("_T")
 Missing = Literal["error", "keep", "warn"]
 Unexpected = Literal["error", "ignore"]
 Format = Literal["safetensors", "sharded", "npz", "flax", "equinox"]
+
+
+class _Options(TypedDict, total=False):
+    """The keywords of `from_state_dict` besides `strict` and `dry_run`."""
+
+    rules: object
+    where: object
+    missing: Missing | None
+    unexpected: Unexpected | None
+
+
+class _LoadOptions(_Options, total=False):
+    format: Format | None
 
 
 _PART_OF_A_LEAF = (
@@ -99,18 +112,16 @@ def _restore(
 def state_dict(tree: PyTree, *, rules: object = None) -> dict:
     """The data of `tree` as a plain nested dict: the shape orbax and flax-style tools expect.
 
-    Keys are field names, dict keys and sequence indices (as ints). Values are every array
-    (frozen ones unfrozen, as arrays), numpy scalars and Python numbers; strings, functions,
-    other objects and static fields are not data: `from_state_dict` takes them from its
-    template. Arrays are not copied; on an abstract tree (from `jax.eval_shape`) the values
-    are `jax.ShapeDtypeStruct`s, a restore target for orbax.
+    Keys are field names, dict keys and sequence indices (as ints); values are every array
+    (frozen ones unfrozen), numpy scalar and Python number, not copied (on an abstract tree,
+    `jax.ShapeDtypeStruct`s: a restore target for orbax). Strings, functions, other objects
+    and static fields are not data: `from_state_dict` takes them from its template.
 
     **Arguments**
 
     - `tree`: any pytree, possibly holding `TreeClass` instances and frozen values.
-    - `rules`: key rules (as `load` takes them) to return another library's layout
-      instead, a PyTorch-style flat dict, by running them backwards as `save` does (see
-      the checkpoints guide, "Export").
+    - `rules`: key rules (as `load` takes them), run backwards as `save` runs them, to
+      return another library's flat layout instead (the checkpoints guide, "Export").
 
     **Returns**
 
@@ -119,23 +130,15 @@ def state_dict(tree: PyTree, *, rules: object = None) -> dict:
 
     **Raises**
 
-    With `rules`, `ValueError` naming the rule the plan cannot run backwards and why
-    (see `save`), or the key paths of tied weights that differ.
+    With `rules`, `ValueError` as for `save`'s `rules`.
 
     ```python
     import jax.numpy as jnp
     import treeclass as tc
 
-    class Linear(tc.TreeClass):
-        weight: jnp.ndarray
-        table: object
-        act: object = tc.freeze("tanh")
-        name: str = tc.field(default="linear", static=True)
-
-    model = {"layers": [Linear(jnp.ones((2, 2)), tc.freeze(jnp.arange(3)))], "step": 7}
-    state = tc.state_dict(model)
-    assert list(state["layers"][0]) == ["weight", "table"]
-    assert state["step"] == 7 and state["layers"][0]["table"].shape == (3,)
+    layer = {"w": jnp.ones(2), "table": tc.freeze(jnp.arange(3)), "act": tc.freeze("tanh")}
+    state = tc.state_dict({"layers": [layer], "step": 7})
+    assert list(state["layers"][0]) == ["table", "w"] and state["step"] == 7
     ```
     """
     if rules is None:
@@ -150,11 +153,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[True] = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
+    **options: Unpack[_Options],
 ) -> _T: ...
 @overload
 def from_state_dict(
@@ -162,11 +162,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: Literal[False],
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
+    **options: Unpack[_Options],
 ) -> tuple[_T, LoadReport]: ...
 @overload
 def from_state_dict(
@@ -174,11 +171,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[True],
+    **options: Unpack[_Options],
 ) -> LoadReport: ...
 @overload
 def from_state_dict(
@@ -186,11 +180,8 @@ def from_state_dict(
     state: dict,
     *,
     strict: bool,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: bool = False,
+    **options: Unpack[_Options],
 ) -> Any: ...
 def from_state_dict(
     like: PyTree,
@@ -206,9 +197,8 @@ def from_state_dict(
     """The inverse of `state_dict`: `like` with its data taken from `state`.
 
     The template gives the structure, what is frozen, static fields and every value that
-    is not data; arrays take the template's type and sharding, as for `load` (arrays in
-    `state` already placed that way are used as they are). Keys that are ints in `like`
-    may be strings in `state` (orbax restores them so).
+    is not data; arrays take the template's type and sharding, as for `load`. Keys that
+    are ints in `like` may be strings in `state` (orbax restores them so).
 
     **Arguments**
 
@@ -238,9 +228,6 @@ def from_state_dict(
     state["w"] = state["w"] * 2
     restored = tc.from_state_dict(model, state)
     assert restored["w"].tolist() == [2.0, 2.0] and tc.is_frozen(restored["table"])
-
-    restored, report = tc.from_state_dict(model, {"w": jnp.zeros(2)}, strict=False)
-    assert report.missing == ("tree['table']",)
     ```
     """
     if not isinstance(state, dict):
@@ -265,49 +252,45 @@ def save(
     """Save `tree` to one safetensors file at `path`, without pickle.
 
     Every array (frozen ones too) and numpy scalar is a tensor named by its key path
-    joined with dots (`layers.0.weight`); any dtype round-trips bit-exactly. Numbers,
-    strings, `None` and tuples or lists of them go into the header's metadata as JSON, so
-    `load` restores them and checks static values; functions and other objects are taken
-    from `load`'s template. The write is atomic (a temporary file renamed over `path`),
-    one array on the host at a time.
+    joined with dots (`layers.0.weight`), bit-exact in any dtype; numbers, strings, `None`
+    and tuples or lists of them go into the header's metadata as JSON (`load` restores
+    them and checks static values); functions and other objects come from `load`'s
+    template. The write is atomic (a temporary file renamed over `path`), one array on
+    the host at a time.
 
     **Arguments**
 
     - `path`: the file to write (by convention `*.safetensors`); its folder must exist.
     - `tree`: any pytree of arrays, numbers and TreeClass instances. Sharded arrays are
       written whole.
-    - `max_shard_size`: if given, write sharded safetensors instead: `path` names the
-      index (`model.safetensors.index.json`) and the tensors go, in the tree's order,
-      into shards beside it of at most this many tensor bytes (an int, or a string such
-      as `"5GB"` or `"500MiB"`); shards an earlier save at `path` wrote and the new index
-      no longer names are removed (see the reference guide, "Sharded safetensors").
-    - `rules`: write another library's layout instead: the key rules that load it (as
-      `load` takes them; a fourth element `(source, target, transform, inverse)` gives a
+    - `max_shard_size`: if given, write sharded safetensors: `path` names the index
+      (`model.safetensors.index.json`), and the tensors go in the tree's order into shards
+      beside it of at most this many tensor bytes (an int, or a string such as `"5GB"` or
+      `"500MiB"`); shards of an earlier save that the new index no longer names are
+      removed (the reference guide, "Sharded safetensors").
+    - `rules`: write another library's layout: the key rules that load it (as `load`
+      takes them; a fourth element `(source, target, transform, inverse)` gives a
       transform's inverse), run backwards; only tensors are written, in natural order of
-      their names (see the checkpoints guide, "Export" and "The plan").
-    - `metadata`: strings to write in the file's header (`__metadata__`; with
-      `max_shard_size`, the index's `metadata` and every shard's header), such as
-      `{"format": "pt"}`, which PyTorch-side tools look for.
-    - `format`: the format to write, as `load`'s `format=` names it: `"safetensors"`
-      (one file) or `"sharded"` (with `max_shard_size`); by default told by
-      `max_shard_size`. A format `load` reads only (`"npz"`, `"flax"`, `"equinox"`) is an
-      error before anything is written.
-    - `timeout`: in a run of several processes, the most seconds a process waits for
-      another (to call `save`, or to go on with its part of the writing) before it
-      raises `TimeoutError`; 300 by default. A process kept waiting for the others to
-      call says so on the `"treeclass"` logger after 10 s (or half of `timeout`). A tree
-      holding arrays spread over processes is saved by every process calling `save` with
-      the same tree and path; any other by its caller alone (see the multihost recipe,
-      "Checkpoints with `tc.save`").
+      their names (the checkpoints guide, "Export" and "The plan").
+    - `metadata`: strings for the header's `__metadata__` (with `max_shard_size`, the
+      index's `metadata` and every shard's), such as `{"format": "pt"}`.
+    - `format`: `"safetensors"` or `"sharded"` (with `max_shard_size`), as `load`'s
+      `format=` names them; by default told by `max_shard_size`. A format `load` only
+      reads (`"npz"`, `"flax"`, `"equinox"`) is an error before anything is written.
+    - `timeout`: with several processes, the most seconds a process waits for another
+      (to call `save`, or to go on with its part) before raising `TimeoutError`; 300 by
+      default. A tree holding arrays spread over processes is saved by every process
+      calling `save` with the same tree and path; any other by its caller alone (the
+      multihost recipe, "Checkpoints with `tc.save`").
 
     **Raises**
 
     `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
-    the same name, or (on several processes) calls with different paths or trees, naming
-    the first key path that differs; with `rules`, a rule the plan cannot run backwards,
-    tied weights that differ, or an array spread over processes (an export is written by
-    its caller alone: gather it first). `TimeoutError` for a call the other processes do
-    not make, or a process that stops. The file is untouched on any error.
+    the same name, or calls of several processes with different paths or trees (naming
+    the first key path that differs); with `rules`, a rule the plan cannot run
+    backwards, tied weights that differ, or an array spread over processes (gather it
+    first). `TimeoutError` for a call the other processes do not make, or a process that
+    stops. The file is untouched on any error.
 
     ```python
     import os, tempfile
@@ -333,8 +316,7 @@ def save(
                 PlannedTensor(t.name, None, t.dtype, t.shape, t.nbytes, {}, t.name) for t in tensors
             ]
         else:
-            found = entries(tree, "tc.save", "tc.save(path, value)", to_file=True)
-            document, planned = plan(tree, found, writer.can_store)
+            document, planned = plan(tree, writer.can_store)
             tensors = [
                 OutTensor(
                     t.name, t.dtype, t.shape, t.nbytes, functools.partial(_leaf_bytes, t, path)
@@ -378,10 +360,9 @@ def _export_plan(tree: object, rules: object, writer: CheckpointWriter) -> list[
         and not (leaf.is_fully_addressable or leaf.is_fully_replicated)
     ]
     if unreadable:
-        more = " ..." if len(unreadable) > 3 else ""
         raise ValueError(
             "tc.save with rules= is written by the process that calls it, which reads every "
-            f"array whole; {', '.join(unreadable[:3])}{more} neither lives on this process's "
+            f"array whole; {listed(unreadable, 3)} neither lives on this process's "
             "devices alone nor is replicated: gather it first (jax.experimental."
             "multihost_utils.process_allgather, or a replicated sharding), or save "
             "treeclass's own layout, which every process writes together"
@@ -420,12 +401,8 @@ def load(
     like: _T,
     *,
     strict: Literal[True] = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> _T: ...
 @overload
 def load(
@@ -433,12 +410,8 @@ def load(
     like: _T,
     *,
     strict: Literal[False],
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[False] = False,
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> tuple[_T, LoadReport]: ...
 @overload
 def load(
@@ -446,12 +419,8 @@ def load(
     like: PyTree,
     *,
     strict: bool = True,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: Literal[True],
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> LoadReport: ...
 @overload
 def load(
@@ -459,12 +428,8 @@ def load(
     like: PyTree,
     *,
     strict: bool,
-    rules: object = None,
-    where: object = None,
-    missing: Missing | None = None,
-    unexpected: Unexpected | None = None,
     dry_run: bool = False,
-    format: Format | None = None,
+    **options: Unpack[_LoadOptions],
 ) -> Any: ...
 def load(
     path: str | os.PathLike,
@@ -480,34 +445,29 @@ def load(
 ) -> Any:
     """Load the checkpoint at `path` into the template `like`.
 
-    The template gives the structure, what is frozen (restored values are frozen again),
-    and every value the file does not hold (functions, objects); the file gives the data,
-    strings and frozen values, and is checked against the template's static values.
-    Arrays take the template's type: numpy for a numpy leaf, else a `jax.Array` placed
-    like the template's leaf: with the `sharding` of a `jax.ShapeDtypeStruct`, the
-    sharding of a committed or sharded `jax.Array`, or on the default device. With an
-    abstract template (`jax.eval_shape(lambda: Model(...))`) each tensor is read once,
-    straight into its place; a template sharded over devices has each process read only
-    the bytes of its own shards. A file of another tool loads when its names are the
-    template's key paths joined with dots, or through `rules`.
+    The template gives the structure, what is frozen, and every value the file does not
+    hold (functions, objects); the file gives the data, strings and frozen values, and is
+    checked against the template's static values. Arrays take the template's type: numpy
+    for a numpy leaf, else a `jax.Array` with the sharding of the template's leaf (a
+    `jax.ShapeDtypeStruct`'s, or a committed or sharded array's) or on the default device.
+    An abstract template (`jax.eval_shape(lambda: Model(...))`) has each tensor read once,
+    straight into place, each process reading only the bytes of its own shards.
 
     **Arguments**
 
     - `path`: a safetensors file, sharded safetensors (its `*.index.json`), a NumPy
-      `.npz`, a flax `serialization.to_bytes` file (needs the `msgpack` package), an
-      equinox `tree_serialise_leaves` file, or a folder holding one sharded checkpoint or
-      one safetensors file (see the reference guide, "Other formats").
+      `.npz`, a flax `serialization.to_bytes` file (needs `msgpack`), an equinox
+      `tree_serialise_leaves` file, or a folder holding one sharded checkpoint or one
+      safetensors file (the reference guide, "Other formats").
     - `like`: a tree of the right structure: a model, or an abstract one.
     - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
       type mismatch, or differing static value raises one `ValueError` naming every key
       path. If False, restore what fits and report the rest.
     - `rules`: key rules mapping the file's names to the template's key paths: a dict
       `{source: target}` or a list of `(source, target)` / `(source, target, transform)`
-      tuples, e.g. `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`, in
-      `tc.glob`'s pattern language, tried in order, the first match winning; a list of
-      sources or targets concatenates or splits; a target naming one layer of a
-      `tc.Stacked` fills its block (the rule language: the checkpoints guide, "Loading
-      weights from elsewhere").
+      tuples, e.g. `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`, tried in
+      order, the first match winning (the language, with splits, concatenations and
+      stacks: the checkpoints guide, "Loading weights from elsewhere").
     - `where`: load only a selection of the template, `like.at["encoder"]` or any
       selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
       neither checked nor reported.
@@ -532,11 +492,10 @@ def load(
     **Raises**
 
     `ValueError` for a strict load that does not fit, listing every problem and the fixes
-    that fit them (a non-strict load that kept template values where the file holds the
-    data under another name, dtype or layout warns with them); for a corrupted or
-    truncated file, or one of no format `load` reads, whatever `strict` is; and naming the
-    leaves of an abstract template the file did not fill, whatever `strict` and `missing`
-    are. `ImportError` for a flax file without the `msgpack` package.
+    that fit them (a non-strict load that could have restored more warns with them); for
+    a corrupted or truncated file, or one of no format `load` reads; and naming the leaves
+    of an abstract template the file did not fill, whatever `strict` and `missing` are.
+    `ImportError` for a flax file without the `msgpack` package.
 
     ```python
     import os, tempfile
@@ -553,10 +512,7 @@ def load(
         tc.save(path, model)
         abstract = jax.eval_shape(lambda: Linear(jnp.zeros((3, 2)), jnp.zeros(2)))
         restored = tc.load(path, abstract)
-        bigger = Linear(jnp.zeros((3, 4)), jnp.zeros(4))  # concrete: it keeps its values
-        partial, report = tc.load(path, bigger, strict=False)
     assert tc.is_tree_equal(restored, model)
-    assert report.mismatched == ("Linear.weight", "Linear.bias")
     ```
     """
     options = dict(strict=strict, missing=missing, unexpected=unexpected, dry_run=dry_run)

@@ -9,8 +9,6 @@ from ..._structure import describe as structure_describe
 from ..._values import array_type, short_repr
 from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, category, is_plain
 
-__all__ = ["Stored", "Catalog", "Wrapping", "describe"]
-
 
 def describe(value: object) -> str:
     """A template's or a checkpoint's value in messages (`an array f32[2,3]`)."""

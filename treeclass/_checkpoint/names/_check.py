@@ -18,8 +18,6 @@ from ._catalog import Catalog, Stored, describe
 from ._report import FrozenMapping, LoadReport
 from ._walk import NUMBER, NUMBERS, OBJECT, PLAIN, STATIC, TENSOR, Entry, is_abstract, static_parts
 
-__all__ = ["TAKE", "KEEP", "SKIP", "Checker", "similarity", "to_number"]
-
 # what to do with a template entry: take the value from the catalog, keep the template's, or
 # skip it (outside a partial load's selection: kept, and not reported)
 TAKE, KEEP, SKIP = "take", "keep", "skip"
@@ -34,16 +32,19 @@ class Checker:
         self.dry_run = dry_run  # no tensor bytes are read: static arrays are not compared
         self.used: set[str] = set()
         self.missing: list[str] = []
-        self.mismatched: list[str] = []
         self.messages: list[Any] = []  # lines, or (path, name) of a missing entry
         # (kind, path, entry, stored) of each problem, for the fixes an error suggests
         self.problem_entries: list[tuple[str, str, Entry, Stored | None]] = []
         self.unused: list[str] = []
 
-    def decide(self, entry: Entry) -> str:
+    def decide(self, entry: Entry, selected: bool = True) -> str:
+        """What to do with `entry`; outside a partial load's selection, SKIP (its name in the
+        checkpoint is not unexpected)."""
         stored = self.source.stored(entry.name)
         if stored is not None:
             self.used.add(entry.name)
+        if not selected:
+            return SKIP
         where = path_str(self.like, entry.path)
         if stored is None:
             # strings, objects and static values are not in state dicts or other tools'
@@ -59,7 +60,7 @@ class Checker:
                 stored.value == type(entry.value).__name__ or not static_parts(entry.value)
             ):
                 return KEEP
-            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "type"))
+            return self._mismatch(where, entry, stored, "type")
         if entry.kind == STATIC:
             return self._static(where, entry, stored)
         if entry.category == TENSOR and stored.category == TENSOR:
@@ -75,9 +76,9 @@ class Checker:
     def _tensor_fits(self, where: str, entry: Entry, stored: Stored) -> str | None:
         dtype, shape = dtype_name(entry.value), tuple(entry.value.shape)
         if stored.shape != shape:
-            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "shape"))
+            return self._mismatch(where, entry, stored, "shape")
         if stored.dtype != dtype:
-            return self._mismatch(where, entry, stored, _mismatch_kind(entry, "dtype"))
+            return self._mismatch(where, entry, stored, "dtype")
         return None
 
     def _static(self, where: str, entry: Entry, stored: Stored) -> str:
@@ -101,12 +102,6 @@ class Checker:
             return KEEP
         return self._mismatch(where, entry, stored, "static")
 
-    def skip(self, entry: Entry) -> str:
-        """An entry outside a partial load: kept, its name in the checkpoint not unexpected."""
-        if self.source.stored(entry.name) is not None:
-            self.used.add(entry.name)
-        return SKIP
-
     def _missing(self, where: str, entry: Entry) -> str:
         self.missing.append(where)
         if entry.name in getattr(self.source, "explained", ()):
@@ -119,14 +114,15 @@ class Checker:
     def _mismatch(
         self, where: str, entry: Entry, stored: Stored, what: str, saved: Any = None
     ) -> str:
-        self.mismatched.append(where)
+        what = "static" if entry.kind == STATIC else what
         self.problem_entries.append((what, where, entry, stored))
         mine, theirs = describe(entry.value), stored.describe()
         if saved is not None:  # a static array: show the values that differ
             mine = f"{mine} {_shown_values(entry.value)}"
             theirs = f"{theirs} {_shown_values(saved)}"
         elif is_weak(entry.value) != bool(stored.weak) and stored.weak is not None:
-            mine, theirs = _weakly(mine, is_weak(entry.value)), _weakly(theirs, stored.weak)
+            mine += " (weakly typed)" if is_weak(entry.value) else " (strongly typed)"
+            theirs += " (weakly typed)" if stored.weak else " (strongly typed)"
         self.messages.append(
             f"{what:<11} {where}: {mine} in the template, {theirs} in {self.source.label}"
         )
@@ -171,7 +167,7 @@ class Checker:
         sources = {where: _origins(self.source, e.name) for e, where in restored}
         return LoadReport(
             tuple(self.missing),
-            tuple(self.mismatched),
+            tuple(where for kind, where, _, _ in self.problem_entries if kind != "missing"),
             tuple(unused),
             tuple(messages),
             tuple(where for _, where in restored),
@@ -199,19 +195,11 @@ def _migrations(catalog: Any) -> tuple[str, ...]:
     return tuple(reversed(ran))
 
 
-def _mismatch_kind(entry: Entry, what: str) -> str:
-    return "static" if entry.kind == STATIC else what
-
-
 def _shown_values(array: Any) -> str:
     """An array's values (a key's data) on one line, shortened, for a message."""
     if is_prng_key(array):
         array = jax.random.key_data(array)
     return short_repr(np.array2string(np.asarray(array), threshold=8, separator=","), 60, str)
-
-
-def _weakly(description: str, weak: bool) -> str:
-    return description + (" (weakly typed)" if weak else " (strongly typed)")
 
 
 def similarity(a: str, b: str) -> float:

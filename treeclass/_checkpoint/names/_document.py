@@ -26,16 +26,7 @@ from ..files._processes import host_view
 from ..files._source import CheckpointSource, PlannedTensor, corrupt, is_weak, numpy_dtype
 from ._catalog import Stored, describe
 from ._versions import class_versions
-from ._walk import NUMBER, OBJECT, PLAIN, TENSOR, Entry, is_abstract
-
-__all__ = [
-    "FORMAT_VERSION",
-    "METADATA_KEY",
-    "PlannedTensor",
-    "plan",
-    "tensor_bytes",
-    "SourceCatalog",
-]
+from ._walk import NO_DATA, NUMBER, OBJECT, PLAIN, TENSOR, Entry, entries, is_abstract
 
 FORMAT_VERSION = 1
 METADATA_KEY = "treeclass"
@@ -80,10 +71,6 @@ def _decode(data: Any) -> Any:
     return data
 
 
-_ABSTRACT_LEAF = (
-    "an abstract value at {where} ({value}): there is no data to save. Save the model "
-    "itself, not its `jax.eval_shape` template."
-)
 _UNSAVABLE_DTYPE = "the array at {where} has the dtype {dtype}, which has no fixed-size bytes"
 _RESERVED_NAME = (
     "a tensor cannot be named `__metadata__` (at {where}): the safetensors format reserves "
@@ -94,7 +81,7 @@ _RESERVED_NAME = (
 def _plan_tensor(tree: Any, entry: Entry, storable: Callable[[np.dtype], bool]) -> PlannedTensor:
     value, where = entry.value, path_str(tree, entry.path)
     if is_abstract(value):
-        raise ValueError(_ABSTRACT_LEAF.format(where=where, value=describe(value)))
+        raise ValueError(NO_DATA.format(where=where, value=describe(value)))
     data = value  # what the writer reads: for an array spread over processes, a view of it
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         data = host_view(value, where)
@@ -130,14 +117,12 @@ def tensor_bytes(value: Any) -> np.ndarray:
     return host_bytes(value)
 
 
-def plan(
-    tree: Any, found: list[Entry], storable: Callable[[np.dtype], bool]
-) -> tuple[str, list[PlannedTensor]]:
+def plan(tree: Any, storable: Callable[[np.dtype], bool]) -> tuple[str, list[PlannedTensor]]:
     """The treeclass document of `tree` and its tensors in writing order."""
     tensors: list[PlannedTensor] = []
     values: dict[str, dict] = {}
     objects: dict[str, dict] = {}
-    for entry in found:
+    for entry in entries(tree, "tc.save", "tc.save(path, value)", to_file=True):
         if entry.category == TENSOR:  # static arrays too: loading compares them
             tensors.append(_plan_tensor(tree, entry, storable))
         elif entry.category in (NUMBER, PLAIN):
@@ -224,14 +209,11 @@ class SourceCatalog:
         self.objects = {
             name: str(record.get("type")) for name, record in document.get("objects", {}).items()
         }
-        parts = (self.tensors, self.values, self.objects)
-        if sum(map(len, parts)) != len(set().union(*parts)):
-            twice = next(
-                n
-                for n in self.values.keys() | self.objects.keys()
-                if n in self.tensors or (n in self.values and n in self.objects)
-            )
-            self._corrupt(f"the name {twice!r} is given to two values")
+        seen = set(self.tensors)
+        for name in [*self.values, *self.objects]:
+            if name in seen:
+                self._corrupt(f"the name {name!r} is given to two values")
+            seen.add(name)
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, self.source.format)

@@ -14,11 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._values import is_prng_key
-from ..files._source import dtype_name
 from ._plan import Group, Plan, Target
-from ._rules import Rule, in_file_dtypes, results_of
-
-__all__ = ["ForeignTensor", "export"]
+from ._rules import Rule, outputs, run_on
 
 
 class ForeignTensor(NamedTuple):
@@ -165,23 +162,14 @@ class Exporter:
             return [(np.dtype(targets[0].dtype), targets[0].shape)]
         structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in targets]
         if rule.inverse is not None:
-            _, results = self._inverse(rule, jax.eval_shape, structs)
+            results = outputs(self._what(rule), rule, jax.eval_shape, structs, "sources")
             return [(np.dtype(r.dtype), tuple(r.shape)) for r in results]
         gather = self._gather(rule, structs)
         dtype = np.dtype(targets[0].dtype)
         return [(dtype, shape) for shape in gather.shapes]
 
-    def _inverse(
-        self, rule: Rule, run: Callable[..., Any], args: Sequence[Any]
-    ) -> tuple[str, list[Any]]:
-        """How messages name `rule`'s inverse, and its results (`run` on `args`)."""
-        what = f"{self.action}: the inverse of key rule {rule.text()}"
-        try:
-            with in_file_dtypes(dtype_name(a) for a in args):
-                result = run(rule.inverse, *args)
-        except Exception as error:
-            raise ValueError(f"{what} failed: {type(error).__name__}: {error}") from None
-        return what, results_of(what, rule, result, len(rule.sources), "sources")
+    def _what(self, rule: Rule) -> str:
+        return f"{self.action}: the inverse of key rule {rule.text()}"
 
     def _gather(self, rule: Rule, structs: list[Any]) -> _Gather | _Chain:
         key = (rule, tuple((s.shape, str(s.dtype)) for s in structs))
@@ -220,14 +208,10 @@ class Exporter:
 
     @staticmethod
     def _gives(rule: Rule, shapes: Sequence[tuple], dtype: np.dtype, structs: list[Any]) -> bool:
-        assert rule.transform is not None
         try:
-            with in_file_dtypes([dtype.name]):
-                result = jax.eval_shape(
-                    rule.transform, *(jax.ShapeDtypeStruct(s, dtype) for s in shapes)
-                )
-            results = results_of("", rule, result)
-        except Exception:
+            sources = [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
+            results = outputs("", rule, jax.eval_shape, sources)
+        except ValueError:
             return False
         return _layouts_of(results) == _layouts_of(structs)
 
@@ -255,15 +239,10 @@ class Exporter:
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
-            what, found = self._inverse(rule, lambda f, *a: f(*a), arrays)
-            results = [np.asarray(r) for r in found]
-            for name, value in zip(group.sources(), results):
-                if (value.dtype, value.shape) != self.layout[name]:
-                    raise ValueError(
-                        f"{what} gave {_layout_text((value.dtype, value.shape))} for {name!r} when "
-                        f"run, not the {_layout_text(self.layout[name])} it gave while checked"
-                    )
-            return results
+            layouts = [self.layout[name] for name in group.sources()]
+            checked = [jax.ShapeDtypeStruct(shape, dtype) for dtype, shape in layouts]
+            found = outputs(self._what(rule), rule, run_on, arrays, "sources", checked=checked)
+            return [np.asarray(r) for r in found]
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
         gather = self._gather(rule, structs)
         if isinstance(gather, _Chain):
@@ -285,8 +264,6 @@ class Exporter:
 
 def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Gather | None:
     """Where the transform puts each source element, learned on labels; None if not a move."""
-    transform = rule.transform
-    assert transform is not None
     sizes = [math.prod(s) for s in shapes]
     total = sum(sizes)
     label = np.dtype(np.int32 if 2 * total < 2**31 else np.int64)
@@ -298,9 +275,8 @@ def _probe(rule: Rule, shapes: Sequence[tuple], targets: Sequence[tuple]) -> _Ga
             parts.append(labels[at : at + size].reshape(shape))
             at += size
         try:
-            with in_file_dtypes([label.name]):
-                results = results_of("", rule, transform(*parts))
-        except Exception:
+            results = outputs("", rule, run_on, parts)
+        except ValueError:
             return None
         outs = [np.asarray(r) for r in results]
         if [o.shape for o in outs] != [tuple(t) for t in targets]:
@@ -345,11 +321,6 @@ def _layouts_of(arrays: Sequence[Any]) -> list[tuple[tuple, np.dtype]]:
 
 def _natural(name: str) -> list[tuple[int, Any]]:
     return [(0, int(p)) if p.isdigit() else (1, p) for p in name.split(".")]
-
-
-def _layout_text(layout: tuple) -> str:
-    dtype, shape = layout
-    return f"{np.dtype(dtype).name}[{','.join(map(str, shape))}]"
 
 
 def export(tree: Any, rules: Sequence[Rule], action: str) -> list[ForeignTensor]:

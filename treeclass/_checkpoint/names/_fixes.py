@@ -18,8 +18,6 @@ from ._report import LoadReport
 from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
 
-__all__ = ["Fixes", "listed", "warn_if_less"]
-
 _LESS = (
     "{source}: restored {restored} of the template's paths; {count} more that it holds "
     "under another name, dtype or layout were not restored and keep the template's "
@@ -30,26 +28,6 @@ _LESS = (
 def listed(paths: Sequence[object], limit: int = 5) -> str:
     shown = ", ".join(map(str, paths[:limit]))
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
-
-
-def warn_if_less(
-    like: Any, source: Catalog, checker: Checker, report: LoadReport, missing: str, unexpected: str
-) -> None:
-    """Warn when a non-strict load kept values the checkpoint holds under another name."""
-    fixes = Fixes(like, source, checker, missing, unexpected)
-    lines = [
-        line
-        for line in fixes.lines()
-        if not line.startswith("- to ") and "has another shape" not in line
-    ]
-    if fixes.fixable:
-        message = _LESS.format(
-            source=source.title,
-            restored=len(report.restored),
-            count=len(fixes.fixable),
-            paths=listed(fixes.fixable),
-        )
-        warnings.warn(message + "\n" + "\n".join(lines), stacklevel=4)
 
 
 _DIGITS = re.compile(r"(?:^|(?<=\.))\d+(?=\.|$)")
@@ -64,8 +42,8 @@ def _pattern(name: str) -> tuple[str, tuple[str, ...]]:
 
 def _rule_between(source: str, target: str) -> tuple[str, str]:
     """A key rule from `source` to `target`, shared number segments as captures."""
-    numbers = [n for n in _DIGITS.findall(source) if n in _DIGITS.findall(target)]
-    if numbers and _DIGITS.findall(source) == _DIGITS.findall(target):
+    numbers = _DIGITS.findall(source)
+    if numbers and numbers == _DIGITS.findall(target):
         return _pattern(source)[0], _pattern(target)[0]
     return source, target
 
@@ -85,6 +63,22 @@ class Fixes:
         if not lines:
             lines = ["- fix the template (or the checkpoint) where they differ, as listed"]
         return "Fixes that fit these problems:\n" + "\n".join(lines)
+
+    def warn(self, report: LoadReport) -> None:
+        """Warn when a non-strict load kept values the checkpoint holds under another name."""
+        lines = [
+            line
+            for line in self.lines()
+            if not line.startswith("- to ") and "has another shape" not in line
+        ]
+        if self.fixable:
+            message = _LESS.format(
+                source=self.source.title,
+                restored=len(report.restored),
+                count=len(self.fixable),
+                paths=listed(self.fixable),
+            )
+            warnings.warn(message + "\n" + "\n".join(lines), stacklevel=4)
 
     def lines(self) -> list[str]:
         checker = self.checker
@@ -278,9 +272,8 @@ class Fixes:
 
             fits = []
             for pattern, members in groups.items():
-                if any((pattern, i) in used for i in layers) or not _related(pattern, wanted):
-                    continue
-                if not all(i in members for i in layers):
+                taken = any((pattern, i) in used or i not in members for i in layers)
+                if taken or not _related(pattern, wanted):
                     continue
                 shapes = {getattr(self.source.stored(members[i]), "shape", None) for i in layers}
                 if shapes == {rest}:  # every slot has a tensor of the block's shape

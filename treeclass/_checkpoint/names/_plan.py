@@ -3,14 +3,13 @@ cannot be bound both ways refused before any is computed (the checkpoints guide,
 
 from __future__ import annotations
 
-import functools
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..._values import is_prng_key, path_str
+from ._catalog import describe
 from ._rules import (
     Rule,
     fill,
@@ -21,21 +20,24 @@ from ._rules import (
     target_hits,
 )
 from ._stacks import stacks_of
-from ._walk import NUMBER, STATIC, TENSOR, entries, is_abstract
-
-__all__ = ["Target", "Group", "Plan"]
+from ._walk import NO_DATA, NUMBER, STATIC, TENSOR, entries, is_abstract
 
 
 class Target(NamedTuple):
-    """A model array an export reads: its name, key path (for messages) and value."""
+    """A model array an export reads: its name, key path (for messages) and value (one
+    layer of it, `slot`, for a stack read by layers)."""
 
     name: str
     where: str
-    get: Callable[[], Any]
+    value: Any
+    slot: int | None
     shape: tuple
     dtype: Any
     # the rules that cannot give it: those reading its stack by layers, for a stack whole
     skip: frozenset[int] = frozenset()
+
+    def get(self) -> Any:
+        return self.value if self.slot is None else self.value[self.slot]
 
 
 class Group(NamedTuple):
@@ -125,19 +127,15 @@ class Plan:
 
 def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
     """The tree's data by name; a stacked leaf by its layers unless the rules take it whole."""
-    found = entries(tree, action, f"{action}(path, value, rules=rules)")
     stacks = stacks_of(tree)
     out = []
-    for entry in found:
+    for entry in entries(tree, action, f"{action}(path, value, rules=rules)"):
         if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
             continue  # strings, functions, static fields: no foreign layout holds them
         where = path_str(tree, entry.path)
         value: Any = entry.value  # (a number's becomes an array below)
         if is_abstract(value):
-            raise ValueError(
-                f"{where} is {value!r}, an abstract value: an export writes data; load or "
-                "build the model first"
-            )
+            raise ValueError(NO_DATA.format(where=where, value=describe(value)))
         if entry.category == NUMBER:
             value = np.asarray(value)
         stack = next((s for s in stacks if s.per_layer(entry.name)), None)
@@ -154,15 +152,12 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
                 f"{entry.name!r}, jax.random.wrap_key_data, jax.random.key_data)"
             )
         if not by_layers:
-            get = functools.partial(_same, value)
             skip = frozenset(layer_rules(rules, stack, entry.name) if stack else ())
-            out.append(Target(entry.name, where, get, tuple(value.shape), value.dtype, skip))
+            out.append(
+                Target(entry.name, where, value, None, tuple(value.shape), value.dtype, skip)
+            )
             continue
         for slot, name in enumerate(names):
-            get = functools.partial(operator.getitem, value, slot)
-            out.append(Target(name, f"{where}[{slot}]", get, tuple(value.shape[1:]), value.dtype))
+            where_slot, shape = f"{where}[{slot}]", tuple(value.shape[1:])
+            out.append(Target(name, where_slot, value, slot, shape, value.dtype))
     return out
-
-
-def _same(value: Any) -> Any:
-    return value

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
-__all__ = ["FrozenMapping", "LoadReport"]
-
 
 class FrozenMapping(Mapping[str, tuple[str, ...]]):
     """A read-only mapping that is a value: hashable, equal to any mapping of its items."""
@@ -62,9 +60,7 @@ class LoadReport(NamedTuple):
     path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
     tc.save(path, {"w": jnp.ones(2)})
     restored, report = tc.load(path, {"w": jnp.zeros(2), "b": jnp.zeros(1)}, strict=False)
-    assert isinstance(report, tc.LoadReport)
-    assert report.restored == ("tree['w']",) and report.missing == ("tree['b']",)
-    assert report.kept == ("tree['b']",) and restored["w"].tolist() == [1.0, 1.0]
+    assert report.restored == ("tree['w']",) and report.missing == report.kept == ("tree['b']",)
     ```
     """
 

@@ -18,10 +18,8 @@ from ..files._processes import place_by_slices
 from ..files._source import is_weak, numpy_dtype
 from ._catalog import Catalog
 from ._check import KEEP, TAKE, Checker, to_number
-from ._fixes import Fixes, listed, warn_if_less
+from ._fixes import Fixes, listed
 from ._walk import NUMBER, NUMBERS, STATIC, TENSOR, Entry, entries, walk
-
-__all__ = ["MISSING_POLICIES", "UNEXPECTED_POLICIES", "restore", "release_host_copy"]
 
 _UNFILLED = (
     "{source} leaves {paths} of the abstract template without a value: a "
@@ -57,9 +55,7 @@ def restore(
     found = entries(like, action, source.call.replace("like", "value"))
     checker = Checker(like, source, dry_run)
     decisions = [
-        checker.decide(entry)
-        if selected is None or selected(entry.node, entry.kind)
-        else checker.skip(entry)
+        checker.decide(entry, selected is None or selected(entry.node, entry.kind))
         for entry in found
     ]
     report = checker.finish(found, decisions, source.problems)
@@ -88,6 +84,7 @@ def restore(
             + "\n".join("  " + line for line in lines),
             stacklevel=3,
         )
+    fixes = Fixes(like, source, checker, missing, unexpected)
     if problems:
         count = len(problems)
         raise ValueError(
@@ -97,11 +94,11 @@ def restore(
                 count=count,
                 s="" if count == 1 else "s",
                 lines="\n".join("  " + line for line in problems),
-                fixes=Fixes(like, source, checker, missing, unexpected).text(),
+                fixes=fixes.text(),
             )
         )
     if not strict:
-        warn_if_less(like, source, checker, report, missing, unexpected)
+        fixes.warn(report)
     unholdable = [
         f"{path_str(like, e.path)} ({e.value.dtype}, on {platform})"
         for e, d in zip(found, decisions)
@@ -128,8 +125,7 @@ def restore(
         if entry.category == TENSOR:
             if type(fetched) in NUMBERS:
                 return fetched
-            stored = source.stored(entry.name)
-            weak = stored.weak if stored is not None and stored.weak is not None else None
+            weak = getattr(source.stored(entry.name), "weak", None)  # None: the file does not say
             return _place(value, fetched, is_weak(value) if weak is None else weak)
         if entry.category == NUMBER:
             return to_number(value, fetched)

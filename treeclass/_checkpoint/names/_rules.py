@@ -21,19 +21,6 @@ from ._restore import release_host_copy
 from ._stacks import StackAt
 from ._walk import TENSOR
 
-__all__ = [
-    "Rule",
-    "compile_rules",
-    "RuledCatalog",
-    "in_file_dtypes",
-    "results_of",
-    "fill",
-    "source_hit",
-    "target_hits",
-    "reads_layers",
-    "layer_rules",
-]
-
 
 def pattern_choices(patterns: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The captures of `patterns` limited to some values (`{n:q|k|v}`), with them."""
@@ -63,8 +50,6 @@ _BAD_RULE = (
     "the checkpoint's names with captures (`'layers.{{i}}.weight'`), targets the model's "
     "key paths (`'blocks[{{i}}].w'`)."
 )
-
-
 _BAD_TABLE = (
     "rules= takes a dict {{source: target}} or a list of (source, target) / (source, "
     "target, transform) / (source, target, transform, inverse) tuples, in the order they "
@@ -82,16 +67,14 @@ def compile_rules(rules: Any) -> tuple[Rule, ...]:
     for rule in rules:
         if not isinstance(rule, tuple) or len(rule) not in (2, 3, 4):
             raise TypeError(_BAD_RULE.format(rule=rule))
-        parts: list[Any] = list(rule)
-        transform = parts[2] if len(parts) >= 3 else None
-        inverse = parts[3] if len(parts) == 4 else None
-        if len(parts) == 4 and (transform is None or not callable(inverse)):
+        source, target, transform, inverse = (*rule, None, None)[:4]
+        if len(rule) == 4 and (transform is None or not callable(inverse)):
             raise TypeError(
                 f"Key rule {rule!r}: a fourth element is the transform's inverse (the "
                 "model's arrays -> the checkpoint's, for export), so the rule has a "
                 "transform and the inverse is callable"
             )
-        sides = [(p,) if isinstance(p, str) else p for p in parts[:2]]
+        sides: list[Any] = [(p,) if isinstance(p, str) else p for p in (source, target)]
         if not all(
             isinstance(side, (list, tuple)) and side and all(isinstance(p, str) and p for p in side)
             for side in sides
@@ -191,29 +174,6 @@ def reads_layers(rules: Sequence[Rule], stack: StackAt, name: str) -> bool:
     return bool(by_layers) and (not whole or min(by_layers) < min(whole))
 
 
-def _refuse_shadowed(
-    rules: Sequence[Rule], taken: Mapping[str, int], title: str, where: str
-) -> None:
-    """Refuse a rule whose every matching name an earlier rule reads (`taken`: name -> rule);
-    a rule matching no name is fine (one table serves files with and without a tied head)."""
-    used = set(taken.values())
-    for number, rule in enumerate(rules):
-        if number in used:
-            continue
-        if rule.captures:
-            shadowed = [n for n in taken if any(r.fullmatch(n) for r in rule.regexes)]
-        else:  # (names, not patterns: looked up)
-            shadowed = [n for n in rule.sources if n in taken]
-        if shadowed:
-            earlier = " and ".join(dict.fromkeys(rules[taken[n]].text() for n in shadowed))
-            raise ValueError(
-                f"{title}key rule {rule.text()} matches "
-                f"{listed([repr(n) for n in shadowed], 3)}{where}, but every one of them is read "
-                f"by an earlier key rule, {earlier}: rules are tried in order and the first match "
-                "wins, so this rule reads nothing. Put the narrower rule first, or remove it"
-            )
-
-
 def fill(pattern: str, values: Mapping[str, str]) -> str:
     return CAPTURE.sub(lambda m: values[m.group(1)], pattern)
 
@@ -250,8 +210,9 @@ class RuledCatalog(Wrapping):
                 taken[name] = number
             else:
                 self._add(name, _Mapped(None, (name,), 0, (name,)))
-        _refuse_shadowed(rules, taken, f"{self.title}: ", f" in {self.label}")
-        self._layout_refused: set[str] = set()
+        self._refuse_shadowed(taken)
+        # names whose absence a problem line explains (a layout, a stack lacking layers)
+        self.explained: set[str] = set()
         for (number, values), found in groups.items():
             rule = rules[number]
             if len(found) < len(rule.sources):  # a concatenation lacks a part
@@ -286,15 +247,11 @@ class RuledCatalog(Wrapping):
                 self._slot_of[name] = in_stack
                 break
         for name, mapped in list(self.mapped.items()):
-            if mapped.rule is None or not self.stacks:
-                continue
             whole = next((s for s in self.stacks if s.slots(name) is not None), None)
-            named = whole.per_layer(name) if whole is not None else None
-            if (
-                whole is not None
-                and named
-                and any(rules[n] is mapped.rule for n in layer_rules(rules, whole, name))
-            ):
+            if mapped.rule is None or whole is None:
+                continue
+            named = whole.per_layer(name)
+            if named and any(rules[n] is mapped.rule for n in layer_rules(rules, whole, name)):
                 # what export would write by layers, load does not read as one tensor
                 del self.mapped[name]
                 self.problems.append(
@@ -304,7 +261,7 @@ class RuledCatalog(Wrapping):
                     "where the layer index belongs. The file holds the stack under one "
                     "name; name each layer in it, or add a rule for the whole stack before"
                 )
-                self._layout_refused.add(name)
+                self.explained.add(name)
         for stacked_name, layers in self.stacked.items():
             if stacked_name in self.mapped:
                 raise ValueError(
@@ -319,12 +276,31 @@ class RuledCatalog(Wrapping):
         self._lacking: dict[str, tuple[StackAt, int, tuple[int, ...]]] = {}
         self._stored_stacks = {name: self._stack_stored(name) for name in self.stacked}
         self.fixes = self._stack_fixes()  # the fixes its problem lines suggest
-        # names whose absence a problem line explains (a stack lacking layers, a layout)
-        unfilled = {name for name, stored in self._stored_stacks.items() if stored is None}
-        self.explained = unfilled | self._layout_refused
+        self.explained.update(n for n, stored in self._stored_stacks.items() if stored is None)
         self._results: dict[tuple[Rule, tuple[str, ...]], list[Any]] = {}
         # stacked leaves filled while another was assembled (the k and v a split gave with q)
         self._assembled: dict[str, Any] = {}
+
+    def _refuse_shadowed(self, taken: Mapping[str, int]) -> None:
+        """Refuse a rule whose every matching name an earlier rule reads (`taken`: name -> rule);
+        a rule matching no name is fine (one table serves files with and without a tied head)."""
+        used = set(taken.values())
+        for number, rule in enumerate(self.rules):
+            if number in used:
+                continue
+            if rule.captures:
+                shadowed = [n for n in taken if any(r.fullmatch(n) for r in rule.regexes)]
+            else:  # (names, not patterns: looked up)
+                shadowed = [n for n in rule.sources if n in taken]
+            if shadowed:
+                earlier = " and ".join(dict.fromkeys(self.rules[taken[n]].text() for n in shadowed))
+                raise ValueError(
+                    f"{self.title}: key rule {rule.text()} matches "
+                    f"{listed([repr(n) for n in shadowed], 3)} in {self.label}, but every one of "
+                    f"them is read by an earlier key rule, {earlier}: rules are tried in order and "
+                    "the first match wins, so this rule reads nothing. Put the narrower rule "
+                    "first, or remove it"
+                )
 
     def _add(self, name: str, mapped: _Mapped) -> None:
         other = self.mapped.setdefault(name, mapped)
@@ -341,13 +317,8 @@ class RuledCatalog(Wrapping):
 
     def expected(self, name: str) -> tuple[str, ...]:
         """The names a rule would read to give the missing `name` (a stack's first layer)."""
-        wanted = [name]
-        for stack in self.stacks:
-            layers = stack.per_layer(name)
-            if layers:
-                wanted.append(layers[0])
-                break
-        for want in wanted:
+        layers = next((found for s in self.stacks if (found := s.per_layer(name))), [])
+        for want in [name, *layers[:1]]:
             for number, _, match in target_hits(self.rules, want)[:1]:
                 return tuple(fill(s, match.groupdict()) for s in self.rules[number].sources)
         return ()
@@ -397,24 +368,22 @@ class RuledCatalog(Wrapping):
             )
             self._lacking[whole] = (stack, len(slots), tuple(lacking))
             return None
-        parts = {slot: self._stored_one(slots[slot], self.layers[slots[slot]]) for slot in slots}
-        base = parts[min(slots)]
+        base = None
         for slot in sorted(slots):
-            part = parts[slot]
+            name, origin = slots[slot], list(self.layers[slots[slot]].sources)
+            part = self._stored_one(name, self.layers[name])
             if part is None or part.category != TENSOR:
-                origin = list(self.layers[slots[slot]].sources)
                 self.problems.append(
-                    f"layers      {where}: {slots[slot]!r} from {origin} is "
+                    f"layers      {where}: {name!r} from {origin} is "
                     f"{'nothing' if part is None else part.describe()}, not an array"
                 )
                 return None
-            if base is not None and (part.shape, part.dtype) != (base.shape, base.dtype):
+            base = part if base is None else base
+            if (part.shape, part.dtype) != (base.shape, base.dtype):
                 self.problems.append(
-                    f"layers      {where}: layer {slots[slot]!r} is "
-                    f"{array_type(part.dtype, part.shape)} (from "
-                    f"{list(self.layers[slots[slot]].sources)}), layer {first!r} "
-                    f"{array_type(base.dtype, base.shape)}: the layers of a stack have "
-                    "one shape and dtype"
+                    f"layers      {where}: layer {name!r} is {array_type(part.dtype, part.shape)} "
+                    f"(from {origin}), layer {first!r} {array_type(base.dtype, base.shape)}: the "
+                    "layers of a stack have one shape and dtype"
                 )
                 return None
         assert base is not None
@@ -466,8 +435,10 @@ class RuledCatalog(Wrapping):
         key = (mapped.rule, inputs)
         if key not in self._abstract:
             structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in inputs]
-            with in_file_dtypes(dtype for _, dtype in inputs):
-                self._abstract[key] = self._outputs(name, mapped, jax.eval_shape, structs)
+            what = self._what(name, mapped)
+            self._abstract[key] = outputs(
+                what, mapped.rule, jax.eval_shape, structs, hint=_TRANSFORM_HINT
+            )
         return self._abstract[key]
 
     def _what(self, name: str, mapped: _Mapped) -> str:
@@ -477,40 +448,12 @@ class RuledCatalog(Wrapping):
             f"from {list(mapped.sources)} in {self.label})"
         )
 
-    def _outputs(
-        self, name: str, mapped: _Mapped, run: Callable[..., Any], args: list[Any]
-    ) -> list[Any]:
-        rule = mapped.rule
-        assert rule is not None and rule.transform is not None
-        what = self._what(name, mapped)
-        try:
-            result = run(rule.transform, *args)
-        except Exception as error:
-            raise ValueError(
-                f"{what} failed: {type(error).__name__}: {error}. A transform gets NumPy "
-                "arrays and, for the checks, jax.ShapeDtypeStructs: write it with jnp or "
-                "array methods (`w.T`, `jnp.split(qkv, 3)`)"
-            ) from None
-        return results_of(what, rule, result)
-
     def _run(self, name: str, mapped: _Mapped) -> list[Any]:
         assert mapped.rule is not None
         checked = self._checked(name, mapped)
         arrays = [self.inner.fetch(source) for source in mapped.sources]
-        with in_file_dtypes(dtype_name(a) for a in arrays):
-            results = self._outputs(name, mapped, lambda f, *a: f(*a), arrays)
-        # what is restored is what was checked: a transform that answers otherwise when
-        # run (on other inputs, a random or stateful one) is an error
-        for target, result, expected in zip(mapped.rule.targets, results, checked):
-            got = (dtype_name(result), tuple(result.shape))
-            if got != (dtype_name(expected), tuple(expected.shape)):
-                raise ValueError(
-                    f"{self._what(name, mapped)} gave {array_type(*got)} for {target!r} when run, "
-                    f"not the {array_type(dtype_name(expected), tuple(expected.shape))} it gave "
-                    "while checked: a transform must compute the same from tensors of the same "
-                    "shapes and dtypes"
-                )
-        return results
+        what = self._what(name, mapped)
+        return outputs(what, mapped.rule, run_on, arrays, hint=_TRANSFORM_HINT, checked=checked)
 
     def _fetch_one(self, name: str, mapped: _Mapped) -> Any:
         if mapped.rule is None or mapped.rule.transform is None:
@@ -566,8 +509,7 @@ class RuledCatalog(Wrapping):
         slots = self.stacked[whole].slots
         for slot in sorted(slots):
             mapped = self.layers[slots[slot]]
-            split = mapped.rule is not None and mapped.rule.transform is not None
-            if split and len(mapped.names) > 1:
+            if len(mapped.names) > 1:  # a split (a rule of several targets has a transform)
                 results = self._run(slots[slot], mapped)
                 for sibling, value in zip(mapped.names, results):
                     where = self._slot_of.get(sibling)
@@ -591,31 +533,62 @@ def _write_slot(buffer: jax.Array, value: Any, slot: Any) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(buffer, value, slot, 0)
 
 
-def results_of(
-    what: str, rule: Rule, result: Any, count: int | None = None, side: str = "targets"
+_TRANSFORM_HINT = (
+    ". A transform gets NumPy arrays and, for the checks, jax.ShapeDtypeStructs: write it "
+    "with jnp or array methods (`w.T`, `jnp.split(qkv, 3)`)"
+)
+
+
+def run_on(function: Callable[..., Any], *args: Any) -> Any:
+    return function(*args)
+
+
+def outputs(
+    what: str,
+    rule: Rule,
+    run: Callable[..., Any],
+    args: Sequence[Any],
+    side: str = "targets",
+    hint: str = "",
+    checked: Sequence[Any] | None = None,
 ) -> list[Any]:
-    """A transform's result as one array per target (per source for an inverse), checked."""
-    count = len(rule.targets) if count is None else count
-    if count == 1:
-        if not _is_array(result):
-            raise ValueError(
-                f"{what} returned {_kind(result)}; a rule with one {side[:-1]} returns one array"
-            )
-        return [result]
-    if not isinstance(result, (list, tuple)):
+    """`run(transform, *args)` in the dtypes of `args` (the inverse for `side="sources"`),
+    as one array per name of that side; `what` names it in errors. With `checked` (the
+    results on shapes and dtypes alone), a result of another shape or dtype is an error:
+    what is restored or written is what was checked (not a random or stateful transform)."""
+    function = rule.transform if side == "targets" else rule.inverse
+    try:
+        with in_file_dtypes(dtype_name(a) for a in args):
+            result = run(function, *args)
+    except Exception as error:
+        raise ValueError(f"{what} failed: {type(error).__name__}: {error}{hint}") from None
+    names = rule.targets if side == "targets" else rule.sources
+    count = len(names)
+    if count == 1 and not _is_array(result):
+        raise ValueError(
+            f"{what} returned {_kind(result)}; a rule with one {side[:-1]} returns one array"
+        )
+    if count > 1 and not isinstance(result, (list, tuple)):
         raise ValueError(
             f"{what} returned {_kind(result)}; a rule with {count} {side} returns a list "
             f"or tuple of {count} arrays, one per {side[:-1]} in order"
         )
-    results = list(result)
+    results: list[Any] = [result] if count == 1 else list(result)
     if len(results) != count:
         raise ValueError(f"{what} returned {len(results)} values for {count} {side}")
-    names = rule.targets if side == "targets" else rule.sources
-    for name, value in zip(names, results):
+    for name, value, expected in zip(names, results, checked or [None] * count):
         if not _is_array(value):
             raise ValueError(
                 f"{what} returned {_kind(value)} for the {side[:-1]} {name!r}; each result "
                 "is an array"
+            )
+        got = (dtype_name(value), tuple(value.shape))
+        if expected is not None and got != (dtype_name(expected), tuple(expected.shape)):
+            raise ValueError(
+                f"{what} gave {array_type(*got)} for {name!r} when run, not the "
+                f"{array_type(dtype_name(expected), tuple(expected.shape))} it gave while "
+                "checked: a transform must compute the same from tensors of the same shapes "
+                "and dtypes"
             )
     return results
 

@@ -10,8 +10,6 @@ import jax
 from ..._structure import is_wrapper, stack_of
 from ._walk import key_name
 
-__all__ = ["StackAt", "stacks_of", "joined"]
-
 
 def joined(prefix: str, name: str) -> str:
     """A name under `prefix` (either may be `""`: the root)."""

@@ -12,8 +12,6 @@ from ..files._source import dtype_name
 from ._catalog import Stored
 from ._walk import NUMBER, PLAIN, STATIC, TENSOR, category, entries, state_key
 
-__all__ = ["StateCatalog", "state_dict_of"]
-
 
 class StateCatalog:
     """A nested state dict (as `state_dict` makes it, or orbax restores it) by name."""

@@ -20,8 +20,6 @@ from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._stacks import joined
 from ._walk import PLAIN, TENSOR, is_plain
 
-__all__ = ["declare", "version_of", "class_versions", "migrate", "NotLoaded"]
-
 
 class _Step(NamedTuple):
     rules: tuple[Rule, ...] | None  # a rule table's step
@@ -55,8 +53,7 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
         return
     if type(version) is not int or version < 0:
         raise TypeError(_BAD_VERSION.format(cls=name, value=version))
-    if migrations is None:
-        migrations = {}
+    migrations = {} if migrations is None else migrations
     if not isinstance(migrations, Mapping):
         problem = f"got a {type(migrations).__name__}"
         raise TypeError(_BAD_MIGRATIONS.format(cls=name, version=version, problem=problem))
@@ -94,13 +91,9 @@ def declare(cls: type, version: Any, migrations: Any) -> None:
 offer_class_check(("version", "migrations"), declare)
 
 
-def _versions(cls: type) -> _Versions | None:
-    return getattr(cls, "_tc_versions", None)
-
-
 def version_of(cls: type) -> int:
     """The checkpoint version a TreeClass class declares (0 when it declares none)."""
-    record = _versions(cls)
+    record: _Versions | None = getattr(cls, "_tc_versions", None)
     return 0 if record is None else record.version
 
 
@@ -108,14 +101,14 @@ def _classed(node: Any) -> bool:
     return row_of(node).kind == TREECLASS
 
 
-def _nodes(tree: Any) -> Iterator[tuple[int, str, type]]:
-    """`(depth, checkpoint name, class)` of every TreeClass node, frozen ones included."""
+def _nodes(tree: Any) -> Iterator[tuple[str, type]]:
+    """`(checkpoint name, class)` of every TreeClass node, frozen ones included."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(tree, ())]
     while stack:
         node, path = stack.pop()
         node = unwrap(node)
         if _classed(node):
-            yield len(path), ".".join(path), type(node)
+            yield ".".join(path), type(node)
 
         def stop(x: Any, node: Any = node) -> bool:
             return x is not node and (is_wrapper(x) or _classed(x))
@@ -130,7 +123,7 @@ def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
     """Every TreeClass class of `tree` by name: `{"Encoder": {"version": 2, "at": ["encoder"]}}`."""
     found: dict[str, type] = {}
     at: dict[str, list[str]] = {}
-    for _, name, cls in _nodes(tree):
+    for name, cls in _nodes(tree):
         other = found.setdefault(cls.__name__, cls)
         if other is not cls and version_of(other) != version_of(cls):
             raise ValueError(
@@ -158,7 +151,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
     location = getattr(catalog, "location", catalog.title)
     classes: dict[str, type] = {}
     placed: dict[str, list[str]] = {}
-    for _, name, cls in _nodes(like):
+    for name, cls in _nodes(like):
         classes.setdefault(cls.__name__, cls)
         placed.setdefault(cls.__name__, []).append(name)
     if stamps is None:
@@ -177,7 +170,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
                 levels.setdefault((depth, name), []).append(prefix)
     # the deepest nodes first: a class's steps then see its nested nodes' current names
     for depth, name in sorted(levels, key=lambda level: -level[0]):
-        record = _versions(classes[name])
+        record: _Versions | None = getattr(classes[name], "_tc_versions", None)
         assert record is not None
         for start in range(stamps[name]["version"], record.version):
             step = record.steps.get(start)
@@ -295,16 +288,14 @@ class _FunctionStep(Wrapping):
         with self._dtypes():
             closed, shapes = jax.make_jaxpr(traced, return_shape=True)(self.structs)
         jaxpr = closed.jaxpr
-        depends: dict[Any, frozenset[str]] = {
-            var: frozenset({name}) for var, name in zip(jaxpr.invars, sorted(self.structs))
-        }
+        inputs = dict(zip(jaxpr.invars, sorted(self.structs)))
+        depends: dict[Any, frozenset[str]] = {var: frozenset({n}) for var, n in inputs.items()}
         for equation in jaxpr.eqns:
             used = frozenset().union(
                 *(depends.get(v, frozenset()) for v in equation.invars if isinstance(v, Var))
             )
             for var in equation.outvars:
                 depends[var] = used
-        inputs = {var: name for var, name in zip(jaxpr.invars, sorted(self.structs))}
         outputs: dict[str, _Output] = {}
         for name, var, shape in zip(names, jaxpr.outvars, jax.tree_util.tree_leaves(shapes)):
             if isinstance(var, Var) and var in inputs:
@@ -387,14 +378,13 @@ class _Layer(Wrapping):
         self.context = (
             f"the migration of `{cls}` from version {start} to {start + 1} ({step.label}) at"
         )
-        wanted = set(prefixes)
         groups: dict[str, list[str]] = {p: [] for p in prefixes}
         # each name to the step's view of its node, or as it is (`None`), with the prefix
         self.mapped: dict[str, tuple[Any, str, str]] = {}
         for name in inner.names():
             parts = name.split(".")
             heads = ["", *(".".join(parts[:k]) for k in range(1, len(parts)))]
-            owner = next((p for p in heads if p in wanted), None)
+            owner = next((p for p in heads if p in groups), None)
             if owner is None:
                 self.mapped[name] = (None, name, "")
             else:

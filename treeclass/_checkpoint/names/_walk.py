@@ -16,28 +16,6 @@ from ..._structure import rebuild as rebuild_node
 from ..._values import entry_name, path_str
 from ..files._json import check_text
 
-__all__ = [
-    "LEAF",
-    "FROZEN",
-    "STATIC",
-    "TENSOR",
-    "NUMBER",
-    "PLAIN",
-    "OBJECT",
-    "NUMBERS",
-    "PLAIN_DEPTH",
-    "TooDeep",
-    "Entry",
-    "walk",
-    "category",
-    "is_plain",
-    "is_abstract",
-    "key_name",
-    "state_key",
-    "static_parts",
-    "entries",
-]
-
 LEAF, FROZEN, STATIC = "leaf", "frozen", "static"
 # what a value is to a checkpoint
 TENSOR, NUMBER, PLAIN, OBJECT = "tensor", "number", "plain", "object"
@@ -96,10 +74,6 @@ def category(value: object) -> str:
 PLAIN_DEPTH = 16
 
 
-class TooDeep(ValueError):
-    """A tuple or list of plain values nested deeper than `PLAIN_DEPTH`."""
-
-
 def is_plain(value: Any, depth: int = 0) -> bool:
     kind = type(value)
     if kind in (str, bool, int, float, complex) or value is None:
@@ -107,7 +81,7 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     if kind not in (tuple, list):
         return False
     if depth >= PLAIN_DEPTH:
-        raise TooDeep(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
+        raise ValueError(f"it nests tuples or lists more than {PLAIN_DEPTH} levels deep")
     return all(is_plain(x, depth + 1) for x in value)
 
 
@@ -117,6 +91,12 @@ def _check_plain_text(value: Any) -> None:
     elif type(value) in (tuple, list):
         for item in value:
             _check_plain_text(item)
+
+
+NO_DATA = (
+    "an abstract value at {where} ({value}): there is no data to save. Save the model "
+    "itself (load or build it), not its `jax.eval_shape` template."
+)
 
 
 def is_abstract(value: object) -> bool:
@@ -154,8 +134,6 @@ _SAME_NAME = (
     "{second}. Names join the keys with dots, so a dict key containing a dot, or the keys "
     "0 and '0' side by side, collide. Rename one of the keys."
 )
-
-
 _UNNAMEABLE = (
     "{where} cannot be recorded in a checkpoint: {reason}. Checkpoint names and values must "
     "be readable by every safetensors reader; change the key or the value."
@@ -174,6 +152,7 @@ def static_parts(value: object) -> list[tuple[Any, Any]]:
 def entries(tree: object, action: str, call: str, to_file: bool = False) -> list[Entry]:
     """Every leaf, frozen leaf and static field (or part) of `tree`, named."""
     found: list[Entry] = []
+    seen: dict[str, Entry] = {}
 
     def add(path: tuple, kind: str, value: object, node: tuple, depth: int = 0) -> None:
         name = ".".join(key_name(key) for key in path)
@@ -185,9 +164,13 @@ def entries(tree: object, action: str, call: str, to_file: bool = False) -> list
                     _check_plain_text(value)
             parts = static_parts(value) if kind == STATIC and entry.category == OBJECT else ()
             if parts and depth >= PLAIN_DEPTH:
-                raise TooDeep(f"it nests containers more than {PLAIN_DEPTH} levels deep")
+                raise ValueError(f"it nests containers more than {PLAIN_DEPTH} levels deep")
         except ValueError as error:
             raise ValueError(_UNNAMEABLE.format(where=path_str(tree, path), reason=error)) from None
+        other = seen.setdefault(name, entry)
+        if other is not entry:
+            first, second = path_str(tree, other.path), path_str(tree, path)
+            raise ValueError(_SAME_NAME.format(name=name, first=first, second=second))
         found.append(entry)
         for key, part in parts:
             add((*path, key), STATIC, part, node, depth + 1)
@@ -201,15 +184,4 @@ def entries(tree: object, action: str, call: str, to_file: bool = False) -> list
         add(path, kind, value, path[:-1] if kind == STATIC else path)
 
     walk(tree, visit, rebuild=False)
-    seen: dict[str, Entry] = {}
-    for entry in found:
-        other = seen.setdefault(entry.name, entry)
-        if other is not entry:
-            raise ValueError(
-                _SAME_NAME.format(
-                    name=entry.name,
-                    first=path_str(tree, other.path),
-                    second=path_str(tree, entry.path),
-                )
-            )
     return found
