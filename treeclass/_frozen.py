@@ -26,17 +26,6 @@ from ._values import (
     short_repr,
 )
 
-__all__ = [
-    "Frozen",
-    "FrozenOperationError",
-    "FrozenArrayWarning",
-    "LARGE_FROZEN_BYTES",
-    "freeze",
-    "unfreeze",
-    "is_frozen",
-    "snapshot",
-]
-
 _T = TypeVar("_T")
 
 

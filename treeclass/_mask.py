@@ -15,8 +15,6 @@ from ._frozen import freeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
 
-__all__ = ["is_masked", "is_nondiff", "tree_mask", "tree_unmask"]
-
 PyTree = Any
 _T = TypeVar("_T")
 

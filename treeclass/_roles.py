@@ -20,20 +20,6 @@ from ._values import is_array, is_inexact_array
 
 _T = TypeVar("_T")
 
-__all__ = [
-    "TRAINABLE",
-    "STATE",
-    "FROZEN",
-    "STATIC",
-    "OTHER",
-    "NEVER_TRAINED",
-    "roles",
-    "static_values",
-    "declared_children",
-    "leaf_role",
-    "leaf_roles",
-    "declares_state",
-]
 
 TRAINABLE = "trainable"
 STATE = "state"

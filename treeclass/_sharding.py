@@ -22,8 +22,6 @@ from ._fields import fields
 from ._structure import block_depths, describe, is_wrapper, jax_children, path_str, row_of
 from ._values import array_type, closest
 
-__all__ = ["ShardingRules", "init_like", "shardings_like"]
-
 _T = TypeVar("_T")
 _UNMATCHED = ("error", "replicate")
 _SHOWN_PROBLEMS = 50
