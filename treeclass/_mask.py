@@ -64,7 +64,7 @@ _MASK_AND_COND_MSG = (
 
 _RULE_UNMASKED_MSG = (
     "The mask rule for `{kind}` (`{rule}`, registered with `tc.tree_mask.def_type`) returned "
-    "{result} (a `{result_type}`) for the leaf at {where}, which is not masked: `jax.grad`, "
+    "{result} for the leaf at {where}, which is not masked: `jax.grad`, "
     "optax and `tc.tree_unmask` would see it as an ordinary value. A mask rule returns a "
     "frozen value (`tc.freeze(value)`) or an instance of a wrapper type registered with "
     "`tc.tree_unmask.def_type(Wrapper)(unwrap)`."
@@ -83,9 +83,9 @@ def _is_predicate(cond: object) -> bool:
 
 def _mask_leaves(
     tree: object, mask: object, is_leaf: Callable[[Any], bool] | None, frozen_may_be_leaves: bool
-) -> tuple[list, list, Any]:
-    """Leaves of `tree` (split with `is_leaf`) and the mask's bools (a frozen value in the
-    mask: `False`), or a ValueError."""
+) -> tuple[list, list, Any, Callable[[Any], bool] | None]:
+    """Leaves of `tree` (split with `is_leaf`), the mask's bools (a frozen value in the
+    mask: `False`), the structure and the `is_leaf` the mask fitted with; or a ValueError."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
     flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=_structure.is_wrapper)
     # the mask's leaves first: a non-bool is the wrong kind of argument, whatever its shape
@@ -98,17 +98,18 @@ def _mask_leaves(
             pairs = jax.tree_util.tree_flatten_with_path(mask, is_leaf=_structure.is_wrapper)[0]
             where = path_str(tree, pairs[i][0])
             raise MaskLeafError(_MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=where))
+    split = is_leaf
     if mask_def != treedef and frozen_may_be_leaves:
         # a mask made from the tree with its frozen values as leaves fits too
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
+        split = _frozen_or(is_leaf)
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=split)
     if mask_def != treedef:
-        split = _frozen_or(is_leaf) if frozen_may_be_leaves else is_leaf
         found = _structure.first_mismatch(tree, mask, is_leaf=split)
         path, reason = (), "the structures differ"
         if found is not None:
             path, reason = found.path, found.explain("mask")
         raise ValueError(_MASK_DOES_NOT_FIT.format(path=path_str(tree, path), reason=reason))
-    return leaves, flags, treedef
+    return leaves, flags, treedef, split
 
 
 _UNSET: Any = object()
@@ -122,21 +123,19 @@ def _one_condition(name: str, mask: object, cond: object, default: object) -> An
     return default if cond is _UNSET else cond
 
 
-def _map_predicate(
-    fn: Callable[[Any], Any], tree: object, is_leaf: Callable[[Any], bool] | None, what: str
-) -> Any:
-    """`tree_map(fn, tree)`; an error raised by the user's predicate names the leaf's path."""
+def _ask(
+    cond: Callable[[Any], Any], tree: object, is_leaf: Callable[[Any], bool] | None, what: str
+) -> tuple[list, list, Any, Callable[[Any], bool] | None]:
+    """`_mask_leaves` for a predicate: an error it raises gets a note naming the leaf's path."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
-    out = []
+    flags: list[bool] = []
     try:
         for leaf in leaves:
-            out.append(fn(leaf))
-    except _UnmaskedResult as found:
-        raise found.error(leaf_path_str(tree, len(out), is_leaf)) from None
+            flags.append(bool(cond(leaf)))
     except Exception as error:
-        add_leaf_note(error, f"raised by the {what} at {leaf_path_str(tree, len(out), is_leaf)}")
+        add_leaf_note(error, f"raised by the {what} at {leaf_path_str(tree, len(flags), is_leaf)}")
         raise
-    return treedef.unflatten(out)
+    return leaves, flags, treedef, is_leaf
 
 
 def tree_mask(
@@ -187,20 +186,14 @@ def tree_mask(
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
     check_callable(is_leaf, "tree_mask", "is_leaf", optional=True)
     if _is_predicate(cond):
-
-        def mask_leaf(x: object) -> Any:
-            return _mask_value(x) if cond(x) else x
-
-        return _map_predicate(mask_leaf, tree, is_leaf, "mask predicate")
-    leaves, flags, treedef = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
+        leaves, flags, treedef, split = _ask(cond, tree, is_leaf, "mask predicate")
+    else:
+        leaves, flags, treedef, split = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
     out: list[Any] = []
     try:
         for x, flag in zip(leaves, flags):
             out.append(_mask_value(x) if flag else x)
     except _UnmaskedResult as found:
-        split = is_leaf
-        if jax.tree_util.tree_structure(tree, is_leaf=is_leaf) != treedef:
-            split = _frozen_or(is_leaf)  # the mask fitted with frozen values as leaves
         raise found.error(leaf_path_str(tree, len(out), split)) from None
     return treedef.unflatten(out)
 
@@ -243,14 +236,12 @@ def tree_unmask(
     cond = _one_condition("tree_unmask", mask, cond, lambda _: True)
     if _is_predicate(cond):
 
-        def unmask_leaf(x: object) -> Any:
-            if not is_masked(x):
-                return x
-            value = _structure.unwrap(x)
-            return value if cond(value) else x
+        def asked(x: object) -> bool:  # the value inside each masked leaf only
+            return is_masked(x) and bool(cond(_structure.unwrap(x)))
 
-        return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
-    leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
+        leaves, flags, treedef, _ = _ask(asked, tree, is_masked, "unmask predicate")
+    else:
+        leaves, flags, treedef, _ = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
     return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
@@ -269,8 +260,7 @@ class _UnmaskedResult(Exception):
                 kind=kind.__name__,
                 rule=getattr(self.rule, "__qualname__", None) or repr(self.rule),
                 where=where,
-                result=short_repr(self.result),
-                result_type=type(self.result).__name__,
+                result=_structure.describe(self.result),
             )
         )
 
@@ -293,7 +283,7 @@ def _def_type(
     fn: Callable[[Any], Any] | None = None,
 ) -> Any:
     if not isinstance(kind, type):
-        raise TypeError(f"`{name}.def_type` expects a type, got {kind!r}.")
+        raise TypeError(f"`{name}.def_type` expects a type, got {_structure.describe(kind)}.")
 
     def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         check_callable(fn, f"{name}.def_type({kind.__name__})", "fn")

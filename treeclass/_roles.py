@@ -58,14 +58,20 @@ def _declared_fields(cls: type) -> dict[str, str]:
     return found or _NO_ROLES
 
 
-def declared_children(node: object) -> dict[str, str]:
-    """Child name -> declared role, for the children of `node` (`NodeKind.roles_of`)."""
+def fields_holder(node: object) -> Any:
+    """The node whose declared fields name `node`'s children (`NodeKind.roles_of`), or None."""
     holder = row_of(node).roles_of(node)
+    while holder is not None and holder is not node:  # a stack's block may be a stack
+        node, holder = holder, row_of(holder).roles_of(holder)
+    return holder
+
+
+def declared_children(node: object) -> dict[str, str]:
+    """Child name -> declared role, for the children of `node`."""
+    holder = fields_holder(node)
     if holder is None:
         return _NO_ROLES
-    if holder is not node:
-        return declared_children(holder)
-    cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
+    cls: type = type(holder)  # `type[Any]` is not `Hashable` to mypy; a class is
     return _declared_fields(cls)
 
 

@@ -17,9 +17,10 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ._at import at
+from ._at import at, selection
 from ._fields import fields
-from ._structure import block_depths, describe, is_wrapper, jax_children, path_str, row_of
+from ._roles import fields_holder
+from ._structure import block_depths, describe, is_wrapper, jax_children, path_str
 from ._values import array_type, closest
 
 _T = TypeVar("_T")
@@ -310,22 +311,18 @@ class ShardingRules:
         from jax.sharding import AbstractMesh, PartitionSpec as P
         import treeclass as tc
 
-        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
-        mesh = AbstractMesh((3,), ("data",))
-        try:
-            rules.specs({"w": jnp.ones((4, 2)), "b": jnp.ones(2)}, mesh)
-        except ValueError as error:
-            assert "`tree['b']` f32[2]: no rule matches it" in str(error)
-            assert "axis 0 (size 4)" in str(error) and "not divisible by 3" in str(error)
+        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))], unmatched="replicate")
+        mesh = AbstractMesh((2,), ("data",))
+        assert rules.specs({"w": jnp.ones((4, 2)), "b": jnp.ones(2)}, mesh)["w"] == P("data", None)
         ```
         """
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        return treedef.unflatten(self._resolve(tree, flat, mesh))
+        specs, treedef = self._resolve(tree, mesh)
+        return treedef.unflatten(specs)
 
     def shardings(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """The `NamedSharding` of every leaf of `tree` on `mesh` (raises as `specs` does)."""
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        return treedef.unflatten([NamedSharding(mesh, s) for s in self._resolve(tree, flat, mesh)])
+        specs, treedef = self._resolve(tree, mesh)
+        return treedef.unflatten([NamedSharding(mesh, spec) for spec in specs])
 
     def template(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target for
@@ -373,10 +370,10 @@ class ShardingRules:
 
     # -- the check ----------------------------------------------------------------------------
 
-    def _resolve(
-        self, tree: object, flat: list[tuple[Any, Any]], mesh: Mesh | AbstractMesh
-    ) -> list[P]:
-        """Every leaf's mesh spec, or a `ValueError` listing every problem."""
+    def _resolve(self, tree: object, mesh: Mesh | AbstractMesh) -> tuple[list[P], Any]:
+        """Every leaf's mesh spec and the tree's structure, or a `ValueError` listing every
+        problem."""
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         sizes = dict(mesh.shape)
         problems: dict[str, None] = {}  # ordered, without repeats
         depths = block_depths(tree)
@@ -393,9 +390,7 @@ class ShardingRules:
             leaf = _Leaf(tree, path, value, depth)
             spec = self._leaf_spec(leaf, claimed, mapped, block, problems)
             if spec is not None and any(spec):
-                self._check_fit(leaf, spec, claimed, sizes, problems)
-                if tuple(path) in heads and claimed is not None:
-                    _check_heads(leaf, spec, claimed.text, heads[tuple(path)], sizes, problems)
+                self._check_fit(leaf, spec, claimed, sizes, problems, heads.get(tuple(path)))
                 specs.append(P(*_entries_of(spec)))
             else:  # replicated (written so, or unmatched), or a problem
                 specs.append(P())
@@ -412,7 +407,7 @@ class ShardingRules:
                     problems="\n".join(lines),
                 )
             )
-        return specs
+        return specs, treedef
 
     def _claims(self, tree: object, flat: list[Any], problems: dict[str, None]) -> list[Any]:
         """For every leaf, the first rule that selects it (None: no rule does)."""
@@ -529,8 +524,16 @@ class ShardingRules:
         return [block] * depth + per_block if depth else per_block
 
     def _check_fit(
-        self, leaf: _Leaf, spec: list[_Axes], rule: _Rule | None, sizes: _Sizes, problems: _Problems
+        self,
+        leaf: _Leaf,
+        spec: list[_Axes],
+        rule: _Rule | None,
+        sizes: _Sizes,
+        problems: _Problems,
+        heads: tuple[int, int, str] | None,
     ) -> None:
+        """Problems: a mesh axis used twice, an axis its parts do not divide, or one whose
+        `heads` (declared by the layer: count, axis, owner) its parts cut."""
         shape = _shape(leaf.value)
         used = [axis for axes in spec for axis in axes]
         twice = [axis for i, axis in enumerate(used) if axis in used[:i]]
@@ -539,7 +542,15 @@ class ShardingRules:
             parts = math.prod(sizes[a] for a in axes)
             if size % parts:
                 indivisible.append((dim, size, axes, parts))
-        if not twice and not indivisible:  # the usual case: nothing to write
+        cut = None
+        if heads is not None and rule is not None:
+            dim = leaf.depth + heads[1]
+            parts = math.prod(sizes[a] for a in spec[dim])
+            if heads[0] % parts and not shape[dim] % parts:  # (else fits, or indivisible)
+                cut = dict(
+                    dim=dim, parts=parts, over=_over(spec[dim]), count=heads[0], owner=heads[2]
+                )
+        if not twice and not indivisible and cut is None:  # the usual case: nothing to write
             return
         about = dict(
             leaf.about(),
@@ -554,6 +565,8 @@ class ShardingRules:
             problems[_INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)] = (
                 None
             )
+        if cut is not None:
+            problems[_CUT_HEADS.format(**about, **cut)] = None
 
 
 def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]:
@@ -565,7 +578,7 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
     found: dict[tuple[Any, ...], tuple[int, int, str]] = {}
 
     def walk(node: object, path: tuple[Any, ...], heads: Any, renames: tuple[Any, ...]) -> None:
-        holder = _fields_holder(node)  # the node, or a stack's block, whose fields these are
+        holder = fields_holder(node)  # the node, or a stack's block, whose fields these are
         declared = {} if holder is None else {f.name: f.metadata for f in fields(holder)}
         for key, child in jax_children(node) or ():
             meta = declared.get(getattr(key, "name", ""), {})  # no field is named ""
@@ -588,36 +601,6 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
     return found
 
 
-def _fields_holder(node: object) -> Any:
-    """The node whose declared fields name `node`'s children (`NodeKind.roles_of`)."""
-    holder = row_of(node).roles_of(node)
-    while holder is not None and holder is not node:  # a stack's block may be a stack
-        node, holder = holder, row_of(holder).roles_of(holder)
-    return holder
-
-
-def _check_heads(
-    leaf: _Leaf,
-    spec: list[_Axes],
-    rule: str,
-    heads: tuple[int, int, str],
-    sizes: _Sizes,
-    problems: _Problems,
-) -> None:
-    """A problem when the heads axis is split in parts that do not divide the head count."""
-    count, axis, owner = heads
-    dim = leaf.depth + axis
-    parts = math.prod(sizes[a] for a in spec[dim])
-    if count % parts == 0 or _shape(leaf.value)[dim] % parts:  # fits, or reported as indivisible
-        return
-    over = _over(spec[dim])
-    problems[
-        _CUT_HEADS.format(
-            **leaf.about(), rule=rule, dim=dim, parts=parts, over=over, count=count, owner=owner
-        )
-    ] = None
-
-
 def _over(axes: tuple[str, ...], sizes: dict[str, int] | None = None) -> str:
     """`mesh axis 'x'`, or `mesh axes 'x' x 'y'` (with `sizes`: `(2 x 4)` after)."""
     names = " x ".join(repr(a) for a in axes)
@@ -634,10 +617,7 @@ class _SomeBlocks(Exception):
 def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
     """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it
     (frozen values taken as leaves, then dropped); some blocks only raise `_SomeBlocks`."""
-    indexer = at(tree)
-    for selector in selectors:
-        indexer = indexer[selector]
-    flags = jax.tree_util.tree_leaves(indexer.mask(is_leaf=is_wrapper), is_leaf=is_wrapper)
+    flags = selection(at(tree, selectors), is_wrapper).flags()
     out = []
     for index, (flag, ice) in enumerate(zip(flags, frozen, strict=True)):
         if ice:

@@ -142,11 +142,7 @@ def check_mask(mask: _T, params: object) -> _T:
     import treeclass as tc
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
-    tc.optim.check_mask({"w": True, "b": False}, params)
-    try:
-        tc.optim.check_mask({"w": True}, params)
-    except ValueError as error:
-        assert "missing in the mask: ['b']" in str(error)
+    mask = tc.optim.check_mask({"w": True, "b": False}, params)
     ```
     """
     _check_prefix(mask, params, "mask", _check_mask_leaf)
@@ -219,27 +215,19 @@ _PARTIAL_SELECTION_MSG = (
 _NOT_AN_INDEXER_MSG = (
     "`tc.optim.mask` takes an `.at` selection, e.g. `tc.optim.mask(model.at[Linear]"
     "['weight'])`, or a tree followed by selectors, e.g. `tc.optim.mask(model, Linear, "
-    "'weight')`; got a tree of type {type} and no selectors, which selects every leaf. "
+    "'weight')`; got {found} and no selectors, which selects every leaf. "
     "Pass `...` to mean that: `tc.optim.mask(tree, ...)`."
 )
 
 
-def _whole_leaf_flag(path: KeyPath, x: object) -> object:
-    if not _is_bool_array(x):
-        return x
-    traced = isinstance(x, Tracer)
-    if traced or (not x.all() and x.any()):
-        where = "mask" + jax.tree_util.keystr(path) + (" (traced)" if traced else "")
-        raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
-    return bool(x.all())
-
-
-def _whole_flag(flag: ArrayLike, where: Callable[[], str]) -> bool:
-    """A flag of a selection as one flag for its whole leaf (or an error naming `where()`)."""
+def _whole_flag(
+    flag: ArrayLike, where: Callable[[], str], message: str = _PARTIAL_LEAF_MSG
+) -> bool:
+    """A flag (or boolean array) as one flag for its whole leaf, or `message` naming `where()`."""
     if flag is True or flag is False:
         return flag
     if isinstance(flag, Tracer) or not bool(np.all(flag)) and bool(np.any(flag)):
-        raise ValueError(_PARTIAL_LEAF_MSG.format(where=where()))
+        raise ValueError(message.format(where=where()))
     return bool(np.all(flag))
 
 
@@ -249,11 +237,14 @@ def _whole_leaf_selector(selector: object) -> object:
     leaves = jax.tree_util.tree_leaves(selector, is_leaf=is_wrapper)
     if not any(is_wrapper(x) or _is_bool_array(x) for x in leaves):
         return selector
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: False if is_wrapper(x) else _whole_leaf_flag(path, x),
-        selector,
-        is_leaf=is_wrapper,
-    )
+
+    def whole(path: KeyPath, x: object) -> object:
+        if is_wrapper(x) or not _is_bool_array(x):
+            return False if is_wrapper(x) else x
+        where = "mask" + jax.tree_util.keystr(path) + (" (traced)" if isinstance(x, Tracer) else "")
+        return _whole_flag(x, lambda: where, _PARTIAL_SELECTION_MSG)
+
+    return jax.tree_util.tree_map_with_path(whole, selector, is_leaf=is_wrapper)
 
 
 def _is_bool_array(x: object) -> TypeGuard[jax.Array | np.ndarray]:
@@ -266,7 +257,7 @@ def _indexer(selection: object, where: tuple[object, ...]) -> AtIndexer:
     elif where:
         tree, chain = selection, where
     else:
-        raise TypeError(_NOT_AN_INDEXER_MSG.format(type=type(selection).__name__))
+        raise TypeError(_NOT_AN_INDEXER_MSG.format(found=describe(selection)))
     indexer = at(tree)
     for selector in chain:
         indexer = indexer[_whole_leaf_selector(selector)]
@@ -291,19 +282,7 @@ _LISTED = 8  # leaves named in an error before "and N more"
 
 def _check_strict(strict: object, where: str) -> None:
     if not isinstance(strict, bool):
-        raise TypeError(
-            f"`tc.optim.{where}` takes `strict` as a bool, got {strict!r} of type "
-            f"{type(strict).__name__}."
-        )
-
-
-def _empty_selection_error(what: str, refused: list[str]) -> ValueError:
-    if not refused:
-        return ValueError(_EMPTY_SELECTION_MSG.format(what=what))
-    listed = [f"    {line}" for line in refused[:_LISTED]]
-    if len(refused) > _LISTED:
-        listed.append(f"    ... and {len(refused) - _LISTED} more")
-    return ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
+        raise TypeError(f"`tc.optim.{where}` takes `strict` as a bool, got {describe(strict)}.")
 
 
 class _Places:
@@ -323,9 +302,11 @@ class _Places:
         return path_str(self.tree, self._paths[index])
 
 
-def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]]:
-    """Per place of `indexer.tree`, whether the selection trains it; and the places it
-    reached that no optimizer trains (`"`path` (role ...)"`)."""
+def _selected_places(
+    indexer: AtIndexer, strict: bool, what: str | None = None
+) -> tuple[_Places, list[bool]]:
+    """Per place of `indexer.tree`, whether the selection trains it; with `strict`, selecting
+    none (naming the places reached that no optimizer trains) is an error about `what`."""
     places = _Places(indexer.tree)
     # frozen values as leaves: a selection reaching only them is not an empty one
     flags = selection_of(indexer, is_wrapper).flags()
@@ -341,7 +322,15 @@ def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]
             chosen.append(False)
         else:
             chosen.append(_whole_flag(flag, functools.partial(places.where, index)))
-    return places, chosen, refused
+    if strict and True not in chosen:
+        what = what or f"The selection {indexer!r}"
+        if not refused:
+            raise ValueError(_EMPTY_SELECTION_MSG.format(what=what))
+        listed = [f"    {line}" for line in refused[:_LISTED]]
+        if len(refused) > _LISTED:
+            listed.append(f"    ... and {len(refused) - _LISTED} more")
+        raise ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
+    return places, chosen
 
 
 # Typed as the selected tree: a mask has its structure, with `bool` leaves.
@@ -386,18 +375,10 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     ```
     """
     _check_strict(strict, "mask")
-    places, chosen = _chosen(_indexer(selection, where), strict)
+    places, chosen = _selected_places(_indexer(selection, where), strict)
     # a frozen value's place holds `False`, which fits both the model and the tree
     # `tc.optim.trainable` hands its transform (`MaskedNode()` there)
     return places.treedef.unflatten(chosen)
-
-
-def _chosen(indexer: AtIndexer, strict: bool) -> tuple[_Places, list[bool]]:
-    """`_selected_places`, with an empty selection an error when `strict`."""
-    places, chosen, refused = _selected_places(indexer)
-    if strict and True not in chosen:
-        raise _empty_selection_error(f"The selection {indexer!r}", refused)
-    return places, chosen
 
 
 # -- labels for optax.multi_transform ------------------------------------------------------
@@ -532,7 +513,7 @@ def _frozen_free_structure(tree: object) -> PyTreeDef:
 
 _SELECTIONS_TYPE_MSG = (
     "`tc.optim.labels` takes a mapping of label -> selection, e.g. "
-    "`{{'decay': model.at[Linear]['weight']}}`; got {type}."
+    "`{{'decay': model.at[Linear]['weight']}}`; got {found}."
 )
 
 
@@ -582,39 +563,37 @@ def labels(
     ```
     """
     if not isinstance(selections, Mapping):
-        raise TypeError(_SELECTIONS_TYPE_MSG.format(type=type(selections).__name__))
+        raise TypeError(_SELECTIONS_TYPE_MSG.format(found=describe(selections)))
     _check_strict(strict, "labels")
     # frozen values count as places here (their mask leaf is `False`); they are kept
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
+    places = _Places(tree)
     names = leaf_roles(tree)
-    claims: list[list[Hashable]] = [[] for _ in flat]
+    claims: list[list[Hashable]] = [[] for _ in places.leaves]
     for label, selection in selections.items():
         on_tree = isinstance(selection, AtIndexer)
         indexer = _indexer(selection, ()) if on_tree else _indexer(tree, (selection,))
-        places, selected, refused = _selected_places(indexer)
-        if places.treedef != treedef:  # made on another tree
+        made_on, selected = _selected_places(indexer, strict, f"The selection for label {label!r}")
+        if made_on.treedef != places.treedef:  # made on another tree
             try:
-                check_mask(places.treedef.unflatten(selected), tree)
+                check_mask(made_on.treedef.unflatten(selected), tree)
                 detail = ""
             except ValueError as error:
                 detail = str(error).split("\n")[0]
             raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
-        if strict and True not in selected:
-            raise _empty_selection_error(f"The selection for label {label!r}", refused)
         for index, is_selected in enumerate(selected):
             if is_selected:
                 claims[index].append(label)
     overlaps = [
-        f"    `{path_str(tree, path)}`: " + ", ".join(map(repr, claimed))
-        for (path, _), claimed in zip(flat, claims)
+        f"    `{places.where(index)}`: " + ", ".join(map(repr, claimed))
+        for index, claimed in enumerate(claims)
         if len(claimed) > 1
     ]
     if overlaps:
         raise ValueError(_OVERLAP_MSG.format(count=len(overlaps), claims="\n".join(overlaps)))
     if default is None:
         unclaimed = [
-            f"    `{path_str(tree, path)}`"
-            for (path, leaf), c, role in zip(flat, claims, names)
+            f"    `{places.where(index)}`"
+            for index, (leaf, c, role) in enumerate(zip(places.leaves, claims, names))
             if not c and not is_wrapper(leaf) and role not in NEVER_TRAINED
         ]
         if unclaimed:
@@ -627,9 +606,9 @@ def labels(
         else _NeverTrained(f"({role})")
         if role in NEVER_TRAINED
         else (claimed[0] if claimed else default)
-        for (_, leaf), claimed, role in zip(flat, claims, names)
+        for leaf, claimed, role in zip(places.leaves, claims, names)
     ]
-    return Labels(jax.tree_util.tree_unflatten(treedef, leaves))
+    return Labels(places.treedef.unflatten(leaves))
 
 
 def partition(
@@ -721,7 +700,7 @@ _KEEP, _UPDATE, _FROZEN = range(3)
 
 _NOT_A_TRANSFORM_MSG = (
     "`tc.optim.trainable` takes an optax transformation first, then the model: "
-    "`tc.optim.trainable(optax.adam(1e-3), model)`; got {type} first."
+    "`tc.optim.trainable(optax.adam(1e-3), model)`; got {found} first."
 )
 _NOTHING_TRAINABLE_MSG = (
     "{what} has no trainable leaf (an inexact, unfrozen array outside state fields): "
@@ -857,10 +836,11 @@ def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], s
     return jnp.zeros_like(reference)
 
 
-def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
+def _plan_of(selection: object, where: tuple[object, ...], strict: bool, name: str) -> _Plan:
+    _check_strict(strict, name)
     selects = isinstance(selection, AtIndexer) or bool(where)
     if selects:
-        places, chosen = _chosen(_indexer(selection, where), strict)
+        places, chosen = _selected_places(_indexer(selection, where), strict)
     else:
         places = _Places(selection)
         names = leaf_roles(selection)
@@ -873,13 +853,8 @@ def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Pla
     if selects:
         for index, (leaf, kind) in enumerate(zip(places.leaves, kinds)):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
-                shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-                found = (
-                    f"an array {dtype}{list(shape)}"
-                    if dtype is not None and shape is not None
-                    else f"a `{type(leaf).__name__}`"
-                )
-                raise ValueError(_NOT_INEXACT_MSG.format(path=places.where(index), found=found))
+                path = places.where(index)
+                raise ValueError(_NOT_INEXACT_MSG.format(path=path, found=describe(leaf)))
     elif strict and _UPDATE not in kinds:
         shown = ", ".join(f"{n} {name}" for name, n in Counter(names).items()) or "none"
         raise ValueError(
@@ -897,11 +872,9 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     """An optax transformation that updates exactly a selection and nothing else (needs optax).
 
     `transform` sees the trained leaves only; every other leaf gets an update that
-    `tc.optim.apply_updates` adds without changing a bit, and no optimizer state (frozen
-    values are `optax.MaskedNode()` in it). The selection is computed once, here, from
-    the model as constructed; `init` and `update` then take any tree of its structure (an
-    abstract template, other frozen values, `None` where nothing is trained, as in
-    `tc.optim.split`'s gradient). Why, and more examples: the training guide.
+    `tc.optim.apply_updates` adds without changing a bit, and no optimizer state. The
+    selection is computed once, here; `init` and `update` then take any tree of its
+    structure (an abstract template, `tc.optim.split`'s gradient). More: the training guide.
 
     **Arguments**
 
@@ -919,9 +892,7 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     **Returns**
 
     An optax `GradientTransformationExtraArgs`. Pass the parameters to `update`
-    (`opt.update(grads, state, model)`): the unchanged updates take their dtype from
-    them, which integer leaves (gradients of dtype `float0` under
-    `jax.grad(allow_int=True)`) need.
+    (`opt.update(grads, state, model)`): the unchanged updates take their dtype from them.
 
     **Raises**
 
@@ -936,30 +907,20 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     import jax, jax.numpy as jnp, optax
     import treeclass as tc
 
-    class Scale(tc.TreeClass):
-        def __init__(self):
-            self.w = jnp.ones(2)
-            self.eps = 1e-5            # a Python number: a leaf, not a parameter
-
-        def __call__(self, x):
-            return x * self.w + self.eps
-
-    model = Scale()
+    model = {"w": jnp.ones(2), "eps": 1e-5}  # a Python number: a leaf, not a parameter
     opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.1), model)
-    state = opt.init(model)
-    grads = jax.grad(lambda m: m(jnp.ones(2)).sum())(model)
-    updates, state = opt.update(grads, state, model)
+    grads = jax.grad(lambda m: (m["w"] * m["eps"]).sum())(model)
+    updates, state = opt.update(grads, opt.init(model), model)
     model = tc.optim.apply_updates(model, updates)
-    assert model.eps == 1e-5 and (model.w != 1.0).all()
+    assert model["eps"] == 1e-5 and (model["w"] != 1.0).all()
     ```
     """
     optax = _import_optax("trainable")
     if not (
         callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))
     ):
-        raise TypeError(_NOT_A_TRANSFORM_MSG.format(type=type(transform).__name__))
-    _check_strict(strict, "trainable")
-    plan = _plan_of(selection, where, strict)
+        raise TypeError(_NOT_A_TRANSFORM_MSG.format(found=describe(transform)))
+    plan = _plan_of(selection, where, strict, "trainable")
     inner = optax.with_extra_args_support(transform)
     masked = optax.MaskedNode()
 
@@ -1032,7 +993,7 @@ def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
     assert grads.base_layer.weight is None  # no array as large as the base
     ```
     """
-    plan = _plan_of(selection, where, strict)
+    plan = _plan_of(selection, where, strict, "split")
     leaves = jax.tree_util.tree_leaves(plan.root, is_leaf=is_wrapper)
     kept = [None if kind == _UPDATE else leaf for leaf, kind in zip(leaves, plan.kinds)]
     trained = [leaf if kind == _UPDATE else None for leaf, kind in zip(leaves, plan.kinds)]
