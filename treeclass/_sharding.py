@@ -119,17 +119,23 @@ def _spec_entries(spec: object, index: int) -> tuple[Any, ...]:
         raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=describe(spec)))
     out: list[Any] = []
     for position, entry in enumerate(spec):
-        if entry is None or isinstance(entry, str):
-            out.append(entry)
-        elif isinstance(entry, (tuple, list)) and all(isinstance(e, str) for e in entry):
-            out.append(tuple(entry) if len(entry) != 1 else entry[0])
-        else:
+        names = _axis_names(entry)
+        if names is None:
+            found = describe(entry)
             raise TypeError(
-                _SPEC_ENTRY_MSG.format(
-                    index=index, spec=spec, found=describe(entry), position=position
-                )
+                _SPEC_ENTRY_MSG.format(index=index, spec=spec, found=found, position=position)
             )
+        out.append(None if entry is None else names[0] if len(names) == 1 else names)
     return tuple(out)
+
+
+def _axis_names(x: Any) -> tuple[str, ...] | None:
+    """An axis name, a tuple (or list) of them, or None (no axis), as a tuple; else None."""
+    if x is None or isinstance(x, str):
+        return () if x is None else (x,)
+    if isinstance(x, (tuple, list)) and all(isinstance(e, str) for e in x):
+        return tuple(x)
+    return None
 
 
 def _spec_text(entries: Sequence[Any]) -> str:
@@ -172,16 +178,11 @@ class _Rule:
 def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for name, target in axes.items():
-        if not isinstance(name, str):
-            raise TypeError(_AXES_TYPE_MSG.format(found=describe(name), name=name))
-        if target is None:
-            out[name] = ()
-        elif isinstance(target, str):
-            out[name] = (target,)
-        elif isinstance(target, (tuple, list)) and all(isinstance(t, str) for t in target):
-            out[name] = tuple(target)
-        else:
-            raise TypeError(_AXES_TYPE_MSG.format(found=describe(target), name=name))
+        names = _axis_names(target)
+        if not isinstance(name, str) or names is None:
+            found = describe(target if isinstance(name, str) else name)
+            raise TypeError(_AXES_TYPE_MSG.format(found=found, name=name))
+        out[name] = names
     return out
 
 
@@ -259,7 +260,7 @@ class ShardingRules:
         used = {self.block_axis} if self.block_axis is not None else set()
         for rule in self.rules:
             for entry in rule.entries:
-                used.update(_names(entry))
+                used.update(_axis_names(entry) or ())
         for name in axes:
             if name not in used:
                 close = closest(name, sorted(used))
@@ -412,14 +413,11 @@ class ShardingRules:
     def _claims(self, tree: object, flat: list[Any], problems: dict[str, None]) -> list[Any]:
         """For every leaf, the first rule that selects it (None: no rule does)."""
         claims: list[_Rule | None] = [None] * len(flat)
-        # where the frozen values are among the leaves, when they are counted as leaves
+        # a selection may reach frozen values: counted as leaves, then dropped
         frozen = [is_wrapper(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)]
         for rule in self.rules:
             try:
-                flags = _selected(tree, rule.selectors, frozen)
-            except _SomeBlocks as some:
-                problems[_SOME_BLOCKS.format(rule=rule.text, where=some.args[0])] = None
-                continue
+                flags = selection(at(tree, rule.selectors), is_wrapper).flags()
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
                 problem = _SELECTION_FAILS.format(
@@ -427,9 +425,17 @@ class ShardingRules:
                 )
                 problems[problem] = None
                 continue
-            if len(flags) != len(flat):  # pragma: no cover - mask keeps the tree's structure
-                raise AssertionError("a selection mask lost the tree's structure")
-            selected = [index for index, flag in enumerate(flags) if flag]
+            flags = [flag for flag, ice in zip(flags, frozen, strict=True) if not ice]
+            # a stack's leaf has a flag per block, but one layout: selected whole or not at all
+            some = [
+                i for i, f in enumerate(flags) if type(f) is not bool and np.any(f) != np.all(f)
+            ]
+            if some:
+                blocks = np.flatnonzero(np.asarray(flags[some[0]]).reshape(-1)).tolist()
+                where = f"`{path_str(tree, flat[some[0]][0])}` (blocks {blocks})"
+                problems[_SOME_BLOCKS.format(rule=rule.text, where=where)] = None
+                continue
+            selected = [i for i, f in enumerate(flags) if f is not False and np.all(f)]
             for index in selected:
                 if claims[index] is None:
                     claims[index] = rule
@@ -477,7 +483,7 @@ class ShardingRules:
         """A rule's entries as tuples of mesh axes, or None when a name is unknown."""
         # every name is looked up, so that each unknown one is reported
         targets = [
-            [self._name(name, sizes, problems, rule.text) for name in _names(entry)]
+            [self._name(name, sizes, problems, rule.text) for name in _axis_names(entry) or ()]
             for entry in rule.entries
         ]
         if any(t is None for per_entry in targets for t in per_entry):
@@ -610,33 +616,6 @@ def _over(axes: tuple[str, ...], sizes: dict[str, int] | None = None) -> str:
     return f"mesh axes {names}{counts}"
 
 
-class _SomeBlocks(Exception):
-    """A rule's selection picks some blocks of a stacked leaf only (`args[0]`: where)."""
-
-
-def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
-    """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it
-    (frozen values taken as leaves, then dropped); some blocks only raise `_SomeBlocks`."""
-    flags = selection(at(tree, selectors), is_wrapper).flags()
-    out = []
-    for index, (flag, ice) in enumerate(zip(flags, frozen, strict=True)):
-        if ice:
-            continue
-        if flag is not True and flag is not False:  # one flag per block of a stack
-            if bool(np.all(flag)) != bool(np.any(flag)):
-                path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
-                blocks = np.flatnonzero(np.asarray(flag).reshape(-1)).tolist()
-                raise _SomeBlocks(f"`{path_str(tree, path)}` (blocks {blocks})")
-            flag = bool(np.all(flag))
-        out.append(flag)
-    return out
-
-
-def _names(entry: Any) -> tuple[str, ...]:
-    """The axis names of one spec entry (None, a name, or a tuple of names)."""
-    return () if entry is None else (entry,) if isinstance(entry, str) else entry
-
-
 def _entries_of(spec: list[tuple[str, ...]]) -> list[Any]:
     return [None if not axes else axes[0] if len(axes) == 1 else axes for axes in spec]
 
@@ -696,7 +675,6 @@ def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None =
     ```
     """
     by_path: dict[tuple[Any, ...], tuple[tuple[int, ...] | None, Any]] = {}
-    longest = 0
     for path, x in jax.tree_util.tree_flatten_with_path(
         like, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
     )[0]:
@@ -707,14 +685,13 @@ def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None =
             mesh = sharding.mesh
         shape = None if isinstance(x, jax.sharding.Sharding) else _shape(x)
         by_path[tuple(path)] = (shape, sharding)
-        longest = max(longest, len(path))
     if mesh is None:
         raise ValueError(_NO_MESH_MSG)
     replicated = NamedSharding(mesh, P())
 
     def place(path: tuple[Any, ...], x: object) -> Any:
         path = tuple(path)
-        for start in range(max(0, len(path) - longest), len(path)):
+        for start in range(len(path)):
             found = by_path.get(path[start:])
             if found is not None:
                 shape, sharding = found

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import KeyPath, PyTreeDef
+from jax.tree_util import KeyPath
 from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
@@ -258,10 +258,7 @@ def _indexer(selection: object, where: tuple[object, ...]) -> AtIndexer:
         tree, chain = selection, where
     else:
         raise TypeError(_NOT_AN_INDEXER_MSG.format(found=describe(selection)))
-    indexer = at(tree)
-    for selector in chain:
-        indexer = indexer[_whole_leaf_selector(selector)]
-    return indexer
+    return at(tree, [_whole_leaf_selector(selector) for selector in chain])
 
 
 _EMPTY_SELECTION_MSG = (
@@ -502,15 +499,6 @@ def _first_label(leaves: list[object]) -> object:
     return next((x for x in leaves if not is_wrapper(x) and not isinstance(x, _NeverTrained)), None)
 
 
-def _frozen_free_structure(tree: object) -> PyTreeDef:
-    """The structure of `tree` with no leaf at its frozen values: trees that differ only in
-    their frozen values have one."""
-    blanked = jax.tree_util.tree_map(
-        lambda x: None if is_wrapper(x) else 0, tree, is_leaf=is_wrapper
-    )
-    return jax.tree_util.tree_structure(blanked)
-
-
 _SELECTIONS_TYPE_MSG = (
     "`tc.optim.labels` takes a mapping of label -> selection, e.g. "
     "`{{'decay': model.at[Linear]['weight']}}`; got {found}."
@@ -658,8 +646,6 @@ def partition(
     combine = getattr(optax, "partition", None) or optax.multi_transform
     fitted = label_tree.fitted()
     never = sorted({x for x in jax.tree_util.tree_leaves(fitted) if isinstance(x, _NeverTrained)})
-    if not never:
-        return combine(transforms, label_tree)
     taken = [label for label in never if label in transforms]
     if taken:
         raise ValueError(_RESERVED_LABEL_MSG.format(labels=taken))
@@ -697,6 +683,7 @@ def _keep_transform(optax: Any) -> Any:
 # -- trainable: one transformation that updates exactly a selection ------------------------
 
 _KEEP, _UPDATE, _FROZEN = range(3)
+_KIND_NAMES = ("kept", "updated", "frozen")
 
 _NOT_A_TRANSFORM_MSG = (
     "`tc.optim.trainable` takes an optax transformation first, then the model: "
@@ -754,68 +741,48 @@ _REFROZEN_MSG = (
 class _Plan:
     """Which place of the model is updated, kept or frozen."""
 
-    __slots__ = ("kinds", "treedef", "skeleton", "root", "places")
+    __slots__ = ("kinds", "places")
 
     def __init__(self, places: _Places, kinds: list[int]) -> None:
         self.kinds, self.places = kinds, places
-        self.treedef, self.root = places.treedef, places.tree
-        self.skeleton = _frozen_free_structure(places.tree)
 
-    def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
-        """The leaves of `tree`, one per place of the model (`None` where a gradient of
-        `tc.optim.split`'s first part holds none), and the structure to rebuild it with."""
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
-        if treedef == self.treedef:  # the same places, frozen values counted as leaves
-            for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
-                if is_wrapper(leaf) != (kind == _FROZEN):
-                    self._refuse_refrozen(tree, index, what, method, kind)
-        elif len(leaves) != len(self.kinds) or _frozen_free_structure(tree) != self.skeleton:
-            places = self._places(tree, what, method)
-            if places is None:
-                where, reason = _apart(self.root, tree, what, "model", is_leaf=is_wrapper)
-                raise ValueError(
-                    _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
-                )
-            return places, self.treedef
-        return leaves, treedef
-
-    def _places(self, tree: object, what: str, method: str) -> list[Any] | None:
-        """What `tree` holds at each place of the model, if it is the model with `None`
-        at some places; else `None`."""
+    def split(self, tree: object, what: str, method: str) -> list[Any]:
+        """What `tree` holds at each place of the model: a leaf, a frozen value (where the
+        model has one; its value is not looked at), or `None` (where a gradient of
+        `tc.optim.split`'s first part holds none)."""
         try:
-            places = self.treedef.flatten_up_to(tree)
+            held: list[Any] | None = self.places.treedef.flatten_up_to(tree)
         except (ValueError, TypeError):
-            return None
-        for index, (place, kind) in enumerate(zip(places, self.kinds)):
+            held = None
+        for index, (place, kind) in enumerate(zip(held or (), self.kinds)):
             if place is None:
                 if kind == _UPDATE:
                     path = self.places.where(index)
                     raise ValueError(_MISSING_MSG.format(what=what, method=method, path=path))
             elif not is_wrapper(place) and not is_leaf_node(place):
-                return None
+                held = None
+                break
             elif is_wrapper(place) != (kind == _FROZEN):
-                self._refuse_refrozen(tree, index, what, method, kind)
-        return places
-
-    def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
-        if kind == _FROZEN:
-            then, now = "a frozen value", "not frozen"
-        else:
-            then, now = "a leaf (" + ("updated" if kind == _UPDATE else "kept") + ")", "frozen"
-        raise ValueError(
-            _REFROZEN_MSG.format(
-                what=what,
-                s="" if what.endswith("s") else "s",
-                method=method,
-                path=_leaf_path(tree, index),
-                then=then,
-                now=now,
+                self._refuse_refrozen(index, what, method, kind)
+        if held is None:
+            where, reason = _apart(self.places.tree, tree, what, "model", is_leaf=is_wrapper)
+            raise ValueError(
+                _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
             )
+        return held
+
+    def _refuse_refrozen(self, index: int, what: str, method: str, kind: int) -> None:
+        then = "a frozen value" if kind == _FROZEN else f"a leaf ({_KIND_NAMES[kind]})"
+        now = "not frozen" if kind == _FROZEN else "frozen"
+        s = "" if what.endswith("s") else "s"
+        path = self.places.where(index)
+        raise ValueError(
+            _REFROZEN_MSG.format(what=what, s=s, method=method, path=path, then=then, now=now)
         )
 
-    def selected(self, treedef: PyTreeDef, leaves: list[object], masked: object) -> object:
+    def selected(self, leaves: list[object], masked: object) -> object:
         """`leaves` as a tree in which only the updated ones are left (others `masked`)."""
-        return treedef.unflatten(
+        return self.places.treedef.unflatten(
             [x if kind == _UPDATE else masked for x, kind in zip(leaves, self.kinds)]
         )
 
@@ -925,19 +892,16 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     masked = optax.MaskedNode()
 
     def init(params: object) -> Any:
-        leaves, treedef = plan.split(params, "parameters", "init")
-        return inner.init(plan.selected(treedef, leaves, masked))
+        return inner.init(plan.selected(plan.split(params, "parameters", "init"), masked))
 
     def update(updates: object, state: object, params: object = None, **extra_args: Any) -> Any:
-        leaves, treedef = plan.split(updates, "updates", "update")
+        leaves = plan.split(updates, "updates", "update")
         sub_params = None
         param_leaves: list[Any] = [None] * len(leaves)
         if params is not None:
-            param_leaves, param_def = plan.split(params, "parameters", "update")
-            sub_params = plan.selected(param_def, param_leaves, masked)
-        new, state = inner.update(
-            plan.selected(treedef, leaves, masked), state, sub_params, **extra_args
-        )
+            param_leaves = plan.split(params, "parameters", "update")
+            sub_params = plan.selected(param_leaves, masked)
+        new, state = inner.update(plan.selected(leaves, masked), state, sub_params, **extra_args)
         updated = iter(jax.tree_util.tree_leaves(new))
         out = []
         for index, (leaf, param, kind) in enumerate(zip(leaves, param_leaves, plan.kinds)):
@@ -946,8 +910,8 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
             elif kind == _FROZEN or leaf is None:  # `None`: nothing to update, nothing made
                 out.append(leaf)
             else:
-                out.append(_unchanged(leaf, param, functools.partial(_leaf_path, updates, index)))
-        return treedef.unflatten(out), state
+                out.append(_unchanged(leaf, param, functools.partial(plan.places.where, index)))
+        return plan.places.treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -994,10 +958,10 @@ def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
     ```
     """
     plan = _plan_of(selection, where, strict, "split")
-    leaves = jax.tree_util.tree_leaves(plan.root, is_leaf=is_wrapper)
+    leaves, treedef = plan.places.leaves, plan.places.treedef
     kept = [None if kind == _UPDATE else leaf for leaf, kind in zip(leaves, plan.kinds)]
     trained = [leaf if kind == _UPDATE else None for leaf, kind in zip(leaves, plan.kinds)]
-    return plan.treedef.unflatten(trained), plan.treedef.unflatten(kept)
+    return treedef.unflatten(trained), treedef.unflatten(kept)
 
 
 def merge(params: _T, rest: object) -> _T:
@@ -1038,8 +1002,8 @@ def merge(params: _T, rest: object) -> _T:
     merged = []
     for index, (a, b) in enumerate(zip(trained, others)):
         if a is not None and b is not None:
-            where = _leaf_path(params, index, _is_none_or_wrapper)
-            raise ValueError(_MERGE_BOTH_MSG.format(path=where))
+            path = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none_or_wrapper)[0]
+            raise ValueError(_MERGE_BOTH_MSG.format(path=path_str(params, path[index][0])))
         merged.append(b if a is None else a)
     return treedef.unflatten(merged)
 
@@ -1109,11 +1073,6 @@ def apply_updates(params: _T, updates: object) -> _T:
 
 def _is_none_or_wrapper(x: object) -> bool:
     return x is None or is_wrapper(x)
-
-
-def _leaf_path(tree: object, index: int, is_leaf: Callable[[Any], bool] = is_wrapper) -> str:
-    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0][index][0]
-    return path_str(tree, path)
 
 
 # -- scale_blocks: a factor per leaf, or per block of a stacked leaf -----------------------
