@@ -48,7 +48,6 @@ _MASK_DOES_NOT_FIT = (
     "tree itself, e.g.\n"
     "    mask = jax.tree_util.tree_map(lambda x: ..., tree)"
 )
-
 _MASK_LEAF_NOT_BOOL = (
     "the mask has {value} at `{path}`, expected True or False (a bool scalar): a leaf is "
     "frozen whole or not at all."
@@ -60,8 +59,6 @@ _MASK_NOT_A_MASK = (
 _MASK_AND_COND_MSG = (
     "`{name}` takes the mask (or predicate) as `mask=` (PyTreeClass) or `cond=` (sepes), not both."
 )
-
-
 _RULE_UNMASKED_MSG = (
     "The mask rule for `{kind}` (`{rule}`, registered with `tc.tree_mask.def_type`) returned "
     "{result} for the leaf at {where}, which is not masked: `jax.grad`, "
@@ -179,8 +176,6 @@ def tree_mask(
     masked = tc.tree_mask(model)                      # freezes "act" and "n"
     grads = jax.grad(lambda m: (tc.tree_unmask(m)["w"] ** 2).sum())(masked)
     assert tc.is_frozen(grads["act"]) and grads["w"].shape == (3,)
-    assert tc.is_tree_equal(tc.tree_unmask(masked), model)
-    assert tc.tree_mask(model, mask={"w": False, "act": True, "n": False})["n"] == 2
     ```
     """
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
@@ -189,12 +184,10 @@ def tree_mask(
         leaves, flags, treedef, split = _ask(cond, tree, is_leaf, "mask predicate")
     else:
         leaves, flags, treedef, split = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
-    out: list[Any] = []
-    try:
-        for x, flag in zip(leaves, flags):
-            out.append(_mask_value(x) if flag else x)
-    except _UnmaskedResult as found:
-        raise found.error(leaf_path_str(tree, len(out), split)) from None
+    out = [
+        _mask_value(x, functools.partial(leaf_path_str, tree, index, split)) if flag else x
+        for index, (x, flag) in enumerate(zip(leaves, flags))
+    ]
     return treedef.unflatten(out)
 
 
@@ -245,34 +238,24 @@ def tree_unmask(
     return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
-class _UnmaskedResult(Exception):
-    """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
-
-    def __init__(self, rule: Callable[[Any], Any], value: object, result: object) -> None:
-        super().__init__()
-        self.rule, self.value, self.result = rule, value, result
-
-    def error(self, where: str) -> TypeError:
-        rows = ((k, _structure.registered_kind(k)) for k in type(self.value).__mro__)
-        kind = next(k for k, row in rows if row is not None and row.mask is self.rule)
-        return TypeError(
-            _RULE_UNMASKED_MSG.format(
-                kind=kind.__name__,
-                rule=getattr(self.rule, "__qualname__", None) or repr(self.rule),
-                where=where,
-                result=_structure.describe(self.result),
-            )
-        )
-
-
-def _mask_value(x: object) -> Any:
-    # the row's mask part, found along the MRO (`tree_mask.def_type` writes it)
+def _mask_value(x: object, where: Callable[[], str]) -> Any:
+    """`x` masked: by the mask part of its row, found along the MRO (`tree_mask.def_type`
+    writes it), else frozen; a rule's result that is not masked is an error naming `where()`."""
     rule = _structure.inherited(type(x), "mask")
     if rule is None:
         return freeze(x)
     result = rule(x)
     if not is_masked(result):  # it would reach `jax.grad` and optax as if never masked
-        raise _UnmaskedResult(rule, x, result)
+        rows = ((k, _structure.registered_kind(k)) for k in type(x).__mro__)
+        kind = next(k for k, row in rows if row is not None and row.mask is rule)
+        raise TypeError(
+            _RULE_UNMASKED_MSG.format(
+                kind=kind.__name__,
+                rule=getattr(rule, "__qualname__", None) or repr(rule),
+                where=where(),
+                result=_structure.describe(result),
+            )
+        )
     return result
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -138,10 +138,6 @@ def _axis_names(x: Any) -> tuple[str, ...] | None:
     return None
 
 
-def _spec_text(entries: Sequence[Any]) -> str:
-    return repr(P(*entries))
-
-
 _Axes = tuple[str, ...]
 _Sizes = dict[str, int]
 _Problems = dict[str, None]  # ordered, without repeats
@@ -172,7 +168,7 @@ class _Rule:
         self.selectors = row[:-1]
         self.entries = _spec_entries(row[-1], index)
         chain = ", ".join(s.__name__ if isinstance(s, type) else repr(s) for s in self.selectors)
-        self.text = f"rule {index} ({chain} -> {_spec_text(self.entries)})"
+        self.text = f"rule {index} ({chain} -> {P(*self.entries)!r})"
 
 
 def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -189,20 +185,19 @@ def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 class ShardingRules:
     """An ordered table of (selection, partition spec) rules with logical axis names.
 
-    A rule is one or more `.at` selectors (applied as `.at[a][b]`), then a partition spec
-    with one entry per axis of the selected leaves (a stacked leaf's spec is written for
-    one block). **The first rule that selects a leaf gives its spec.** `specs`,
-    `shardings`, `template` and `init` check the rules against an abstract model and a
-    mesh (an `AbstractMesh` needs no device) and raise one `ValueError` listing every
-    problem by key path: a leaf no rule matches, a rule that gives no leaf, a spec of
-    another rank, an unknown axis name, a mesh axis used twice in one leaf, an axis its
-    mesh axes do not divide, or one that cuts a layer's heads. The sharding recipe shows
-    each.
+    **The first rule that selects a leaf gives its spec.** `specs`, `shardings`,
+    `template` and `init` check the rules against a model and a mesh (an `AbstractMesh`
+    needs no device) and raise one `ValueError` listing every problem by key path: a leaf
+    no rule matches, a rule that gives no leaf, a spec of another rank, an unknown axis
+    name, a mesh axis used twice in one leaf, an axis its mesh axes do not divide, or one
+    that cuts a layer's heads (the sharding recipe shows each).
 
     **Arguments**
 
-    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`; a spec is a
-      `PartitionSpec` or a tuple of entries (an axis name, a tuple of names, or None).
+    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`: one or more `.at`
+      selectors (applied as `.at[a][b]`), then a `PartitionSpec` or a tuple with one entry
+      per axis of the selected leaves (an axis name, a tuple of names, or None; a stacked
+      leaf's spec is written for one block).
     - `axes`: logical axis name -> mesh axis, tuple of mesh axes, or None (unsplit);
       names not mapped here are mesh axes themselves.
     - `unmatched`: `"error"` (the default) or `"replicate"` for leaves no rule matches
@@ -257,10 +252,8 @@ class ShardingRules:
 
     def _check_mapped(self, axes: Mapping[str, Any]) -> None:
         """A mapped name no rule uses is a typo, or a rule missing: refuse it."""
-        used = {self.block_axis} if self.block_axis is not None else set()
-        for rule in self.rules:
-            for entry in rule.entries:
-                used.update(_axis_names(entry) or ())
+        used = {name for rule in self.rules for e in rule.entries for name in _axis_names(e) or ()}
+        used.update([self.block_axis] if self.block_axis is not None else [])
         for name in axes:
             if name not in used:
                 close = closest(name, sorted(used))
@@ -378,8 +371,6 @@ class ShardingRules:
         sizes = dict(mesh.shape)
         problems: dict[str, None] = {}  # ordered, without repeats
         depths = block_depths(tree)
-        if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
-            raise AssertionError("the stacks of the tree hold another number of leaves")
         claims = self._claims(tree, flat, problems)
         mapped = {rule.index: self._mapped_entries(rule, sizes, problems) for rule in self.rules}
         block: tuple[str, ...] | None = ()
@@ -413,6 +404,7 @@ class ShardingRules:
     def _claims(self, tree: object, flat: list[Any], problems: dict[str, None]) -> list[Any]:
         """For every leaf, the first rule that selects it (None: no rule does)."""
         claims: list[_Rule | None] = [None] * len(flat)
+        root = path_str(tree, ())
         # a selection may reach frozen values: counted as leaves, then dropped
         frozen = [is_wrapper(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)]
         for rule in self.rules:
@@ -420,10 +412,7 @@ class ShardingRules:
                 flags = selection(at(tree, rule.selectors), is_wrapper).flags()
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
-                problem = _SELECTION_FAILS.format(
-                    rule=rule.text, root=path_str(tree, ()), error=message
-                )
-                problems[problem] = None
+                problems[_SELECTION_FAILS.format(rule=rule.text, root=root, error=message)] = None
                 continue
             flags = [flag for flag, ice in zip(flags, frozen, strict=True) if not ice]
             # a stack's leaf has a flag per block, but one layout: selected whole or not at all
@@ -440,19 +429,14 @@ class ShardingRules:
                 if claims[index] is None:
                     claims[index] = rule
             if not selected:
-                problems[_UNUSED.format(rule=rule.text, root=path_str(tree, ()))] = None
+                problems[_UNUSED.format(rule=rule.text, root=root)] = None
             elif all(claims[index] is not rule for index in selected):
-                earlier = dict.fromkeys(r.text for i in selected if (r := claims[i]) is not None)
-                shown = [f"`{path_str(tree, flat[i][0])}`" for i in selected[:3]]
-                more = f" and {len(selected) - 3} more" if len(selected) > 3 else ""
-                problems[
-                    _SHADOWED.format(
-                        rule=rule.text,
-                        leaves=", ".join(shown) + more,
-                        taken="it is taken" if len(selected) == 1 else "each is taken",
-                        earlier=", ".join(earlier),
-                    )
-                ] = None
+                earlier = ", ".join(dict.fromkeys(c.text for i in selected if (c := claims[i])))
+                shown = ", ".join(f"`{path_str(tree, flat[i][0])}`" for i in selected[:3])
+                leaves = shown + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
+                taken = "it is taken" if len(selected) == 1 else "each is taken"
+                text = _SHADOWED.format(rule=rule.text, leaves=leaves, taken=taken, earlier=earlier)
+                problems[text] = None
         return claims
 
     def _name(
@@ -465,11 +449,8 @@ class ShardingRules:
             targets = self.axes[name]
             bad = [t for t in targets if t not in sizes]
             for target in bad:
-                problems[
-                    _UNKNOWN_MESH_AXIS.format(
-                        name=name, target=target, mesh_axes=mesh_axes, rule=where
-                    )
-                ] = None
+                text = dict(name=name, target=target, mesh_axes=mesh_axes, rule=where)
+                problems[_UNKNOWN_MESH_AXIS.format(**text)] = None
             return None if bad else targets
         if name in sizes:
             return (name,)
@@ -563,14 +544,13 @@ class ShardingRules:
             rule=rule.text if rule else "`block_axis` (no rule matches it: replicated)",
             spec=P(*_entries_of(spec)),
         )
-        logical = _spec_text(rule.entries if rule else ())
+        logical = repr(P(*(rule.entries if rule else ())))
         for axis in dict.fromkeys(twice):
             problems[_TWICE.format(**about, logical=logical, axis=axis)] = None
         for dim, size, axes, parts in indivisible:
             over = _over(axes, sizes)
-            problems[_INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)] = (
-                None
-            )
+            text = _INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)
+            problems[text] = None
         if cut is not None:
             problems[_CUT_HEADS.format(**about, **cut)] = None
 

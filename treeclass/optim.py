@@ -184,9 +184,8 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
         try:
             hash(leaf)
         except TypeError:
-            raise TypeError(
-                _UNHASHABLE_LABEL_MSG.format(path=where, found=describe(leaf))
-            ) from None
+            found = describe(leaf)
+            raise TypeError(_UNHASHABLE_LABEL_MSG.format(path=where, found=found)) from None
         if known is not None and leaf not in known and not isinstance(leaf, _NeverTrained):
             raise ValueError(_UNKNOWN_LABEL_MSG.format(label=leaf, path=where, known=known))
 
@@ -339,9 +338,7 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     """A boolean tree, `True` exactly at the leaves a selection picks for training.
 
     Frozen and state leaves (and `tc.freeze` values) are `False` whatever the selection.
-    The mask has the selected tree's structure with plain `bool` leaves, for
-    `optax.masked`, `optax.adamw(mask=...)` and the like (`optax.multi_transform` takes
-    `labels`). More in the optax recipe.
+    For `optax.masked`, `optax.adamw(mask=...)` and the like (more: the optax recipe).
 
     **Arguments**
 
@@ -416,12 +413,11 @@ class _NeverTrained(str):
 class Labels(Generic[_T]):
     """A label tree for `optax.multi_transform` / `optax.partition`, as a label function.
 
-    optax calls any callable given as labels (a model with `__call__` is one), so labels
-    reach it as this function: it checks that the tree (`.tree`) fits the parameters,
-    naming the key path where not, and returns it. It is also a pytree whose leaves are
-    its labels, so a label function may return one. A leaf of a frozen or state field
-    holds `"(frozen)"` or `"(state)"`: a bare `optax.multi_transform` handed one is an
-    error naming it; inside `tc.optim.trainable` (which hides it) it takes the first label.
+    optax calls it with the parameters: it checks that its tree (`.tree`) fits them,
+    naming the key path where not, and returns it. It is a pytree of its labels, so a
+    label function may return one. A frozen or state leaf's label, `"(frozen)"` or
+    `"(state)"`, is an error in a bare `optax.multi_transform`, and inside
+    `tc.optim.trainable` (which hides the leaf) takes the first label.
 
     ```python
     import jax.numpy as jnp
@@ -883,9 +879,7 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     ```
     """
     optax = _import_optax("trainable")
-    if not (
-        callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))
-    ):
+    if not all(callable(getattr(transform, name, None)) for name in ("init", "update")):
         raise TypeError(_NOT_A_TRANSFORM_MSG.format(found=describe(transform)))
     plan = _plan_of(selection, where, strict, "trainable")
     inner = optax.with_extra_args_support(transform)
@@ -931,11 +925,10 @@ _MERGE_BOTH_MSG = (
 def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
     """The model in two parts: the leaves an optimizer trains, and the rest.
 
-    Both parts have the model's structure, with `None` where the other part holds a leaf
-    (or frozen value); `merge` puts them back. The gradient of the first part holds
-    `None` where nothing is trained, so a frozen base gets no zero array as large as
-    itself; `opt.update` of a `tc.optim.trainable` built from the same selection takes it
-    as it is. Worked example: the training guide, "Gradients without the base".
+    Both parts have the model's structure, with `None` where the other part holds a value;
+    `merge` puts them back. The first part's gradient has no array for an untrained base,
+    and a `tc.optim.trainable` of the same selection takes it (the training guide,
+    "Gradients without the base").
 
     **Arguments**
 
@@ -1012,11 +1005,10 @@ def _is_unchanged_update(update: object) -> bool:
     """Whether a concrete `update` adds nothing to any value: all `-0.0`, or all zero."""
     if isinstance(update, Tracer) or not isinstance(update, (jax.Array, np.ndarray, np.generic)):
         return False
-    dtype = np.dtype(update.dtype) if update.dtype != jax.dtypes.float0 else None
-    if dtype is None:  # the gradient of an integer leaf: nothing to add
+    if update.dtype == jax.dtypes.float0:  # the gradient of an integer leaf: nothing to add
         return True
     data = np.asarray(update)
-    if np.issubdtype(dtype, np.inexact):
+    if np.issubdtype(data.dtype, np.inexact):
         # -0.0 is the one value `x + u == x` holds for, bit for bit, for every float x
         parts = (np.real(data), np.imag(data)) if np.iscomplexobj(data) else (data,)
         return all(bool(np.all((part == 0) & np.signbit(part))) for part in parts)
@@ -1024,9 +1016,7 @@ def _is_unchanged_update(update: object) -> bool:
 
 
 def _apply_one(param: Any, update: object) -> Any:
-    if param is None:
-        return None
-    if update is None or is_wrapper(param):  # nothing to add: a frozen value, a gap
+    if param is None or update is None or is_wrapper(param):  # a gap, a frozen value
         return param
     if not _is_inexact_leaf(param) or is_prng_key(param) or _is_unchanged_update(update):
         # integers, booleans, keys: no optimizer trains them; an update of -0.0: the
@@ -1056,16 +1046,12 @@ def apply_updates(params: _T, updates: object) -> _T:
     The updated parameters, with the structure of `params`.
 
     ```python
-    import jax.numpy as jnp, numpy as np, optax
+    import jax.numpy as jnp, numpy as np
     import treeclass as tc
 
-    params = {"w": jnp.ones(2), "count": np.int64(2**40), "eps": jnp.asarray(1e-5)}
-    opt = tc.optim.trainable(optax.sgd(0.1), params)
-    grads = {"w": jnp.ones(2), "count": np.zeros(()), "eps": jnp.zeros(())}
-    updates, _ = opt.update(grads, opt.init(params), params)
-    new = tc.optim.apply_updates(params, updates)
-    assert new["count"] is params["count"] and new["eps"] is params["eps"]
-    assert np.allclose(new["w"], 0.9)
+    params = {"w": jnp.ones(2), "count": np.int64(2**40)}
+    new = tc.optim.apply_updates(params, {"w": jnp.full(2, -0.1), "count": np.zeros(())})
+    assert new["count"] is params["count"] and np.allclose(new["w"], 0.9)
     ```
     """
     return jax.tree_util.tree_map(_apply_one, params, updates, is_leaf=_is_none_or_wrapper)
@@ -1109,19 +1095,21 @@ def _scale_one(
     return (update * factor).astype(jnp.result_type(update))
 
 
-def _compact_factor(factor: object) -> object:
+def _compact_factor(factor: object) -> tuple[object, tuple[int, ...] | None]:
     """`factor` with the trailing axes along which it is constant dropped (a number when
-    constant): factors built with `model.at[...].set(1.0)` would double the model's memory."""
-    if not isinstance(factor, np.ndarray | jax.Array) or isinstance(factor, Tracer):
-        return factor
-    if not readable_here(factor) or factor.size == 0:
-        return factor
+    constant: factors built with `model.at[...].set(1.0)` would double the model's memory),
+    and its shape as given (None for a number)."""
+    if not isinstance(factor, np.ndarray | jax.Array):
+        return factor, None
+    shape = tuple(factor.shape)
+    if isinstance(factor, Tracer) or not readable_here(factor) or factor.size == 0:
+        return factor, shape
     values = np.asarray(local_copy(factor))
     for kept in range(values.ndim):
         lead = values.reshape(values.shape[:kept] + (-1,))
         if bool((lead == lead[..., :1]).all()):
-            return lead[..., 0].item() if kept == 0 else lead[..., 0]
-    return factor
+            return (lead[..., 0].item() if kept == 0 else lead[..., 0]), shape
+    return factor, shape
 
 
 def scale_blocks(factors: object) -> Any:
@@ -1161,14 +1149,8 @@ def scale_blocks(factors: object) -> Any:
     """
     optax = _import_optax("scale_blocks")
     # flattened once; a frozen value in them stands where the updates hold no leaf
-    paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
-        factors, is_leaf=is_wrapper
-    )
-    shapes = [
-        tuple(factor.shape) if isinstance(factor, np.ndarray | jax.Array) else None
-        for _, factor in paths_and_factors
-    ]
-    paths_and_factors = [(path, _compact_factor(factor)) for path, factor in paths_and_factors]
+    flat, factors_def = jax.tree_util.tree_flatten_with_path(factors, is_leaf=is_wrapper)
+    compacted = [(path, *_compact_factor(factor)) for path, factor in flat]
 
     def update(updates: object, state: object, params: object = None) -> tuple[object, object]:
         try:
@@ -1185,7 +1167,7 @@ def scale_blocks(factors: object) -> Any:
                 ),
                 subtree,
             )
-            for (path, factor), shape, subtree in zip(paths_and_factors, shapes, subtrees)
+            for (path, factor, shape), subtree in zip(compacted, subtrees)
         ]
         return factors_def.unflatten(scaled), state
 
