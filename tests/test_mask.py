@@ -671,6 +671,29 @@ def test_a_mask_rule_returning_an_unmasked_value_names_the_rule_and_leaf(result,
     assert type(tree["b"][1]) is token_type  # the input is as it was
 
 
+def test_a_mask_rule_result_is_described_once_by_the_value_describer():
+    token_type = _rule_types(lambda t: jnp.ones(2))
+    with pytest.raises(TypeError, match=r"returned an array f32\[2\] for the leaf at"):
+        tc.tree_mask([token_type("t")], mask=[True])
+    with pytest.raises(TypeError, match=r"expects a type, got 3 \(an `int`\)"):
+        tc.tree_mask.def_type(3)
+
+
+@pytest.mark.parametrize("fn", [tc.tree_mask, tc.tree_unmask])
+def test_an_error_raised_by_the_predicate_gets_a_note_naming_the_leaf(fn):
+    def cond(x):
+        if x == 2:
+            raise ZeroDivisionError("boom")
+        return False
+
+    tree = {"a": tc.freeze(1), "b": [tc.freeze(2)]}
+    tree = tree if fn is tc.tree_unmask else tc.tree_unmask(tree)
+    with pytest.raises(ZeroDivisionError) as info:
+        fn(tree, cond=cond)
+    notes = getattr(info.value, "__notes__", [])
+    assert any("predicate at" in n and "tree['b'][0]" in n for n in notes), notes
+
+
 def test_a_mask_rule_returning_a_frozen_value_or_a_registered_wrapper_masks():
     class Token:
         pass

@@ -614,8 +614,23 @@ def test_label_selecting_nothing_is_an_error_unless_not_strict():
     assert set(jax.tree.leaves(labels.tree)) == {"rest"}
 
 
+def test_strict_must_be_a_bool_and_the_error_describes_what_was_given():
+    params = {"w": jnp.ones(2)}
+    calls = {
+        "mask": lambda: optim.mask(params, ..., strict="no"),
+        "labels": lambda: optim.labels(params, {"a": "w"}, strict="no"),
+        "trainable": lambda: optim.trainable(optax.sgd(1.0), params, strict="no"),
+        "split": lambda: optim.split(params, strict="no"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(
+            TypeError, match=rf"`tc.optim.{name}` takes `strict` as a bool, got 'no' \(a `str`\)"
+        ):
+            call()
+
+
 def test_labels_need_a_mapping_of_selections():
-    with pytest.raises(TypeError, match="mapping of label -> selection.*got int"):
+    with pytest.raises(TypeError, match="mapping of label -> selection.*got 3 \\(an `int`\\)"):
         optim.labels(MLP(), 3)
 
 
@@ -725,7 +740,7 @@ def test_trainable_without_a_trainable_leaf_is_an_error():
 
 
 def test_trainable_refuses_a_selected_leaf_that_has_no_gradient():
-    with pytest.raises(ValueError, match=r"`tree\['i'\]`, an array int32\[2\], which cannot be"):
+    with pytest.raises(ValueError, match=r"`tree\['i'\]`, an array i32\[2\], which cannot be"):
         optim.trainable(optax.sgd(1.0), {"i": jnp.arange(2), "w": jnp.ones(1)}, "i")
 
 

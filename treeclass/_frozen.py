@@ -26,19 +26,7 @@ from ._values import (
     short_repr,
 )
 
-__all__ = [
-    "Frozen",
-    "FrozenOperationError",
-    "FrozenArrayWarning",
-    "LARGE_FROZEN_BYTES",
-    "freeze",
-    "unfreeze",
-    "is_frozen",
-    "snapshot",
-]
-
 _T = TypeVar("_T")
-
 
 _OPERATION_ON_FROZEN = (
     "cannot compute `{expr}` with the frozen value x = {value}: a frozen value is hidden from "
@@ -47,8 +35,6 @@ _OPERATION_ON_FROZEN = (
     "    after:  {fixed}\n"
     "or unfreeze a whole tree with `tc.tree_unmask(tree)` inside the transformed function."
 )
-
-
 _IMMUTABLE = "a frozen value is immutable; use `tc.unfreeze` to get the value"
 _ATTRIBUTE_OF_FROZEN = (
     "a frozen value has no attribute {name!r}; the value inside it may. Unfreeze it first:\n"
@@ -195,14 +181,12 @@ class FrozenArrayWarning(UserWarning):
     compiles with it: for pretrained weights declare the field `tc.field(role="frozen")`.
 
     ```python
-    import warnings
-    import jax.numpy as jnp
+    import warnings, jax.numpy as jnp
     import treeclass as tc
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tc.freeze(jnp.zeros((1024, 1024)))   # 4 MiB: a constant of every program
-        tc.freeze(jnp.zeros(16))             # small: no warning
     assert [w.category for w in caught] == [tc.FrozenArrayWarning]
     ```
     """
@@ -229,15 +213,8 @@ _LARGE_FROZEN_MSG = (
 
 def _array_bytes(x: object) -> int:
     leaves = (x,) if isinstance(x, (jax.Array, np.ndarray)) else jax.tree_util.tree_leaves(x)
-    total = 0
-    for leaf in leaves:
-        if isinstance(leaf, (jax.Array, np.ndarray)) and leaf.dtype != object:
-            total += int(leaf.size) * leaf.dtype.itemsize
-    return total
-
-
-def _size_text(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB" if n < 1 << 30 else f"{n / (1 << 30):,.2f} GiB"
+    arrays = [a for a in leaves if isinstance(a, (jax.Array, np.ndarray)) and a.dtype != object]
+    return sum(int(a.size) * a.dtype.itemsize for a in arrays)
 
 
 def freeze(x: _T) -> _T:
@@ -245,10 +222,8 @@ def freeze(x: _T) -> _T:
 
     The frozen value is static under `jax.jit`, carried unchanged through `jax.grad`,
     `jax.vmap` and optax, and refuses arithmetic and calls (`FrozenOperationError`) until
-    unfrozen. Freezing is idempotent and takes a snapshot (NumPy arrays copied read-only).
-    Two frozen values are equal when their values have one type and are exactly equal
-    (`-0.0` and `0.0` differ; arrays by shape, dtype and bytes). Freeze configuration;
-    more than 1 MiB of arrays warns (`tc.FrozenArrayWarning`). More: the masking guide.
+    unfrozen. Freezing is idempotent and takes a snapshot; equality is exact (the masking
+    guide says how). More than 1 MiB of arrays warns (`tc.FrozenArrayWarning`).
 
     **Arguments**
 
@@ -272,9 +247,8 @@ def freeze(x: _T) -> _T:
     _refuse_spread_arrays(x)
     size = _array_bytes(x)
     if size > LARGE_FROZEN_BYTES:
-        warnings.warn(
-            _LARGE_FROZEN_MSG.format(size=_size_text(size)), FrozenArrayWarning, stacklevel=2
-        )
+        shown = f"{size / (1 << 20):,.1f} MiB" if size < 1 << 30 else f"{size / (1 << 30):,.2f} GiB"
+        warnings.warn(_LARGE_FROZEN_MSG.format(size=shown), FrozenArrayWarning, stacklevel=2)
     # typed as `x`'s own type: a field keeps the annotation of what it holds
     return Frozen(snapshot(x))  # type: ignore[return-value]
 
@@ -315,13 +289,10 @@ def snapshot(x: object) -> Any:
         return x
     try:
         leaves, treedef = jax.tree_util.tree_flatten(x, is_leaf=is_frozen)
-    except Exception:  # not a pytree we can take apart: keep it as it is
-        return x
-    if treedef.num_nodes == 1:  # a leaf (a function, an object): nothing to rebuild
-        return x
-    try:
+        if treedef.num_nodes == 1:  # a leaf (a function, an object): nothing to rebuild
+            return x
         return treedef.unflatten([_copy_array(leaf) for leaf in leaves])
-    except Exception:  # a node that cannot be rebuilt: keep it as it is
+    except Exception:  # not a pytree we can take apart and rebuild: keep it as it is
         return x
 
 

@@ -15,8 +15,6 @@ from ._frozen import freeze
 from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import is_bool_mask_leaf, is_inexact_array, path_str, short_repr
 
-__all__ = ["is_masked", "is_nondiff", "tree_mask", "tree_unmask"]
-
 PyTree = Any
 _T = TypeVar("_T")
 
@@ -50,7 +48,6 @@ _MASK_DOES_NOT_FIT = (
     "tree itself, e.g.\n"
     "    mask = jax.tree_util.tree_map(lambda x: ..., tree)"
 )
-
 _MASK_LEAF_NOT_BOOL = (
     "the mask has {value} at `{path}`, expected True or False (a bool scalar): a leaf is "
     "frozen whole or not at all."
@@ -62,11 +59,9 @@ _MASK_NOT_A_MASK = (
 _MASK_AND_COND_MSG = (
     "`{name}` takes the mask (or predicate) as `mask=` (PyTreeClass) or `cond=` (sepes), not both."
 )
-
-
 _RULE_UNMASKED_MSG = (
     "The mask rule for `{kind}` (`{rule}`, registered with `tc.tree_mask.def_type`) returned "
-    "{result} (a `{result_type}`) for the leaf at {where}, which is not masked: `jax.grad`, "
+    "{result} for the leaf at {where}, which is not masked: `jax.grad`, "
     "optax and `tc.tree_unmask` would see it as an ordinary value. A mask rule returns a "
     "frozen value (`tc.freeze(value)`) or an instance of a wrapper type registered with "
     "`tc.tree_unmask.def_type(Wrapper)(unwrap)`."
@@ -85,9 +80,9 @@ def _is_predicate(cond: object) -> bool:
 
 def _mask_leaves(
     tree: object, mask: object, is_leaf: Callable[[Any], bool] | None, frozen_may_be_leaves: bool
-) -> tuple[list, list, Any]:
-    """Leaves of `tree` (split with `is_leaf`) and the mask's bools (a frozen value in the
-    mask: `False`), or a ValueError."""
+) -> tuple[list, list, Any, Callable[[Any], bool] | None]:
+    """Leaves of `tree` (split with `is_leaf`), the mask's bools (a frozen value in the
+    mask: `False`), the structure and the `is_leaf` the mask fitted with; or a ValueError."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
     flags, mask_def = jax.tree_util.tree_flatten(mask, is_leaf=_structure.is_wrapper)
     # the mask's leaves first: a non-bool is the wrong kind of argument, whatever its shape
@@ -100,17 +95,18 @@ def _mask_leaves(
             pairs = jax.tree_util.tree_flatten_with_path(mask, is_leaf=_structure.is_wrapper)[0]
             where = path_str(tree, pairs[i][0])
             raise MaskLeafError(_MASK_LEAF_NOT_BOOL.format(value=short_repr(flag), path=where))
+    split = is_leaf
     if mask_def != treedef and frozen_may_be_leaves:
         # a mask made from the tree with its frozen values as leaves fits too
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_frozen_or(is_leaf))
+        split = _frozen_or(is_leaf)
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=split)
     if mask_def != treedef:
-        split = _frozen_or(is_leaf) if frozen_may_be_leaves else is_leaf
         found = _structure.first_mismatch(tree, mask, is_leaf=split)
         path, reason = (), "the structures differ"
         if found is not None:
             path, reason = found.path, found.explain("mask")
         raise ValueError(_MASK_DOES_NOT_FIT.format(path=path_str(tree, path), reason=reason))
-    return leaves, flags, treedef
+    return leaves, flags, treedef, split
 
 
 _UNSET: Any = object()
@@ -124,21 +120,19 @@ def _one_condition(name: str, mask: object, cond: object, default: object) -> An
     return default if cond is _UNSET else cond
 
 
-def _map_predicate(
-    fn: Callable[[Any], Any], tree: object, is_leaf: Callable[[Any], bool] | None, what: str
-) -> Any:
-    """`tree_map(fn, tree)`; an error raised by the user's predicate names the leaf's path."""
+def _ask(
+    cond: Callable[[Any], Any], tree: object, is_leaf: Callable[[Any], bool] | None, what: str
+) -> tuple[list, list, Any, Callable[[Any], bool] | None]:
+    """`_mask_leaves` for a predicate: an error it raises gets a note naming the leaf's path."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
-    out = []
+    flags: list[bool] = []
     try:
         for leaf in leaves:
-            out.append(fn(leaf))
-    except _UnmaskedResult as found:
-        raise found.error(leaf_path_str(tree, len(out), is_leaf)) from None
+            flags.append(bool(cond(leaf)))
     except Exception as error:
-        add_leaf_note(error, f"raised by the {what} at {leaf_path_str(tree, len(out), is_leaf)}")
+        add_leaf_note(error, f"raised by the {what} at {leaf_path_str(tree, len(flags), is_leaf)}")
         raise
-    return treedef.unflatten(out)
+    return leaves, flags, treedef, is_leaf
 
 
 def tree_mask(
@@ -182,28 +176,18 @@ def tree_mask(
     masked = tc.tree_mask(model)                      # freezes "act" and "n"
     grads = jax.grad(lambda m: (tc.tree_unmask(m)["w"] ** 2).sum())(masked)
     assert tc.is_frozen(grads["act"]) and grads["w"].shape == (3,)
-    assert tc.is_tree_equal(tc.tree_unmask(masked), model)
-    assert tc.tree_mask(model, mask={"w": False, "act": True, "n": False})["n"] == 2
     ```
     """
     cond = _one_condition("tree_mask", mask, cond, is_nondiff)
     check_callable(is_leaf, "tree_mask", "is_leaf", optional=True)
     if _is_predicate(cond):
-
-        def mask_leaf(x: object) -> Any:
-            return _mask_value(x) if cond(x) else x
-
-        return _map_predicate(mask_leaf, tree, is_leaf, "mask predicate")
-    leaves, flags, treedef = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
-    out: list[Any] = []
-    try:
-        for x, flag in zip(leaves, flags):
-            out.append(_mask_value(x) if flag else x)
-    except _UnmaskedResult as found:
-        split = is_leaf
-        if jax.tree_util.tree_structure(tree, is_leaf=is_leaf) != treedef:
-            split = _frozen_or(is_leaf)  # the mask fitted with frozen values as leaves
-        raise found.error(leaf_path_str(tree, len(out), split)) from None
+        leaves, flags, treedef, split = _ask(cond, tree, is_leaf, "mask predicate")
+    else:
+        leaves, flags, treedef, split = _mask_leaves(tree, cond, is_leaf, frozen_may_be_leaves=True)
+    out = [
+        _mask_value(x, functools.partial(leaf_path_str, tree, index, split)) if flag else x
+        for index, (x, flag) in enumerate(zip(leaves, flags))
+    ]
     return treedef.unflatten(out)
 
 
@@ -245,46 +229,33 @@ def tree_unmask(
     cond = _one_condition("tree_unmask", mask, cond, lambda _: True)
     if _is_predicate(cond):
 
-        def unmask_leaf(x: object) -> Any:
-            if not is_masked(x):
-                return x
-            value = _structure.unwrap(x)
-            return value if cond(value) else x
+        def asked(x: object) -> bool:  # the value inside each masked leaf only
+            return is_masked(x) and bool(cond(_structure.unwrap(x)))
 
-        return _map_predicate(unmask_leaf, tree, is_masked, "unmask predicate")
-    leaves, flags, treedef = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
+        leaves, flags, treedef, _ = _ask(asked, tree, is_masked, "unmask predicate")
+    else:
+        leaves, flags, treedef, _ = _mask_leaves(tree, cond, is_masked, frozen_may_be_leaves=False)
     return treedef.unflatten([_structure.unwrap(x) if f else x for x, f in zip(leaves, flags)])
 
 
-class _UnmaskedResult(Exception):
-    """A `tree_mask.def_type` rule returned a value `tree_unmask` would not unwrap."""
-
-    def __init__(self, rule: Callable[[Any], Any], value: object, result: object) -> None:
-        super().__init__()
-        self.rule, self.value, self.result = rule, value, result
-
-    def error(self, where: str) -> TypeError:
-        rows = ((k, _structure.registered_kind(k)) for k in type(self.value).__mro__)
-        kind = next(k for k, row in rows if row is not None and row.mask is self.rule)
-        return TypeError(
-            _RULE_UNMASKED_MSG.format(
-                kind=kind.__name__,
-                rule=getattr(self.rule, "__qualname__", None) or repr(self.rule),
-                where=where,
-                result=short_repr(self.result),
-                result_type=type(self.result).__name__,
-            )
-        )
-
-
-def _mask_value(x: object) -> Any:
-    # the row's mask part, found along the MRO (`tree_mask.def_type` writes it)
+def _mask_value(x: object, where: Callable[[], str]) -> Any:
+    """`x` masked: by the mask part of its row, found along the MRO (`tree_mask.def_type`
+    writes it), else frozen; a rule's result that is not masked is an error naming `where()`."""
     rule = _structure.inherited(type(x), "mask")
     if rule is None:
         return freeze(x)
     result = rule(x)
     if not is_masked(result):  # it would reach `jax.grad` and optax as if never masked
-        raise _UnmaskedResult(rule, x, result)
+        rows = ((k, _structure.registered_kind(k)) for k in type(x).__mro__)
+        kind = next(k for k, row in rows if row is not None and row.mask is rule)
+        raise TypeError(
+            _RULE_UNMASKED_MSG.format(
+                kind=kind.__name__,
+                rule=getattr(rule, "__qualname__", None) or repr(rule),
+                where=where(),
+                result=_structure.describe(result),
+            )
+        )
     return result
 
 
@@ -295,7 +266,7 @@ def _def_type(
     fn: Callable[[Any], Any] | None = None,
 ) -> Any:
     if not isinstance(kind, type):
-        raise TypeError(f"`{name}.def_type` expects a type, got {kind!r}.")
+        raise TypeError(f"`{name}.def_type` expects a type, got {_structure.describe(kind)}.")
 
     def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         check_callable(fn, f"{name}.def_type({kind.__name__})", "fn")

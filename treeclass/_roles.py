@@ -20,21 +20,6 @@ from ._values import is_array, is_inexact_array
 
 _T = TypeVar("_T")
 
-__all__ = [
-    "TRAINABLE",
-    "STATE",
-    "FROZEN",
-    "STATIC",
-    "OTHER",
-    "NEVER_TRAINED",
-    "roles",
-    "static_values",
-    "declared_children",
-    "leaf_role",
-    "leaf_roles",
-    "declares_state",
-]
-
 TRAINABLE = "trainable"
 STATE = "state"
 FROZEN = "frozen"
@@ -51,8 +36,6 @@ _UNKNOWN_ROLE_MSG = (
     "    {name}: jax.Array = tc.field(role='frozen')\n"
     "for a pretrained value that is never trained."
 )
-
-
 _NO_ROLES: dict[str, str] = {}
 
 
@@ -72,14 +55,20 @@ def _declared_fields(cls: type) -> dict[str, str]:
     return found or _NO_ROLES
 
 
-def declared_children(node: object) -> dict[str, str]:
-    """Child name -> declared role, for the children of `node` (`NodeKind.roles_of`)."""
+def fields_holder(node: object) -> Any:
+    """The node whose declared fields name `node`'s children (`NodeKind.roles_of`), or None."""
     holder = row_of(node).roles_of(node)
+    while holder is not None and holder is not node:  # a stack's block may be a stack
+        node, holder = holder, row_of(holder).roles_of(holder)
+    return holder
+
+
+def declared_children(node: object) -> dict[str, str]:
+    """Child name -> declared role, for the children of `node`."""
+    holder = fields_holder(node)
     if holder is None:
         return _NO_ROLES
-    if holder is not node:
-        return declared_children(holder)
-    cls: type = type(node)  # `type[Any]` is not `Hashable` to mypy; a class is
+    cls: type = type(holder)  # `type[Any]` is not `Hashable` to mypy; a class is
     return _declared_fields(cls)
 
 
@@ -105,31 +94,23 @@ def leaf_roles(
 ) -> list[str]:
     """The roles of `jax.tree_util.tree_leaves(tree, is_leaf=...)`, frozen values counted as
     leaves; a node `is_leaf` holds for gets the role its leaves share, or `"mixed"`."""
-    out: list[str] = []
-    _collect(tree, in_state, is_leaf, out)
-    return out
-
-
-def _collect(
-    node: object, in_state: bool | str, is_leaf: Callable[[Any], bool] | None, out: list[str]
-) -> None:
-    wrapper = wrapper_of(node)
+    wrapper = wrapper_of(tree)
     if wrapper is not None:
-        out.append(wrapper.role)
-        return
-    if is_leaf is not None and is_leaf(node):
-        found = set(leaf_roles(node, in_state))
-        out.append(found.pop() if len(found) == 1 else MIXED)
-        return
-    kind = node_kind(node)
-    opened = None if kind == LEAF else open_node(node, kind)
+        return [wrapper.role]
+    if is_leaf is not None and is_leaf(tree):
+        found = set(leaf_roles(tree, in_state))
+        return [found.pop() if len(found) == 1 else MIXED]
+    kind = node_kind(tree)
+    opened = None if kind == LEAF else open_node(tree, kind)
     if opened is None:
-        out.append(leaf_role(node, in_state))
-        return
-    declared = declared_children(node)
+        return [leaf_role(tree, in_state)]
+    declared = declared_children(tree)
+    out: list[str] = []
     for entry, child in zip(opened.entries, opened.children, strict=True):
         # the innermost declaration counts (a state field inside a frozen subtree is state)
-        _collect(child, (declared.get(entry.name) if declared else None) or in_state, is_leaf, out)
+        held = (declared.get(entry.name) if declared else None) or in_state
+        out += leaf_roles(child, held, is_leaf)
+    return out
 
 
 # Typed as the tree (as `tc.optim.mask` is): the same node types, with role names as leaves.
@@ -160,17 +141,15 @@ def roles(tree: _T) -> _T:
     import jax, jax.numpy as jnp
     import treeclass as tc
 
+    @tc.autoinit
     class Norm(tc.TreeClass):
         scale: jax.Array
         mean: jax.Array = tc.field(role="state")
+        eps: float = 1e-5                       # a Python number: a leaf, not trained
+        name: str = tc.freeze("norm")
 
-        def __init__(self, n):
-            self.scale = jnp.ones(n)
-            self.mean = jnp.zeros(n)
-            self.eps = 1e-5                       # a Python number: a leaf, not trained
-            self.name = tc.freeze("norm")
-
-    assert jax.tree.leaves(tc.roles(Norm(3))) == ["trainable", "state", "other", "frozen"]
+    roles = tc.roles(Norm(jnp.ones(3), jnp.zeros(3)))
+    assert jax.tree.leaves(roles) == ["trainable", "state", "other", "frozen"]
     ```
     """
     treedef = jax.tree_util.tree_structure(tree, is_leaf=is_wrapper)

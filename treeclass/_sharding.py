@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -17,12 +17,11 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ._at import at
+from ._at import at, selection
 from ._fields import fields
-from ._structure import block_depths, describe, is_wrapper, jax_children, path_str, row_of
+from ._roles import fields_holder
+from ._structure import block_depths, describe, is_wrapper, jax_children, path_str
 from ._values import array_type, closest
-
-__all__ = ["ShardingRules", "init_like", "shardings_like"]
 
 _T = TypeVar("_T")
 _UNMATCHED = ("error", "replicate")
@@ -120,21 +119,23 @@ def _spec_entries(spec: object, index: int) -> tuple[Any, ...]:
         raise TypeError(_SPEC_TYPE_MSG.format(index=index, found=describe(spec)))
     out: list[Any] = []
     for position, entry in enumerate(spec):
-        if entry is None or isinstance(entry, str):
-            out.append(entry)
-        elif isinstance(entry, (tuple, list)) and all(isinstance(e, str) for e in entry):
-            out.append(tuple(entry) if len(entry) != 1 else entry[0])
-        else:
+        names = _axis_names(entry)
+        if names is None:
+            found = describe(entry)
             raise TypeError(
-                _SPEC_ENTRY_MSG.format(
-                    index=index, spec=spec, found=describe(entry), position=position
-                )
+                _SPEC_ENTRY_MSG.format(index=index, spec=spec, found=found, position=position)
             )
+        out.append(None if entry is None else names[0] if len(names) == 1 else names)
     return tuple(out)
 
 
-def _spec_text(entries: Sequence[Any]) -> str:
-    return repr(P(*entries))
+def _axis_names(x: Any) -> tuple[str, ...] | None:
+    """An axis name, a tuple (or list) of them, or None (no axis), as a tuple; else None."""
+    if x is None or isinstance(x, str):
+        return () if x is None else (x,)
+    if isinstance(x, (tuple, list)) and all(isinstance(e, str) for e in x):
+        return tuple(x)
+    return None
 
 
 _Axes = tuple[str, ...]
@@ -167,42 +168,36 @@ class _Rule:
         self.selectors = row[:-1]
         self.entries = _spec_entries(row[-1], index)
         chain = ", ".join(s.__name__ if isinstance(s, type) else repr(s) for s in self.selectors)
-        self.text = f"rule {index} ({chain} -> {_spec_text(self.entries)})"
+        self.text = f"rule {index} ({chain} -> {P(*self.entries)!r})"
 
 
 def _check_axes(axes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for name, target in axes.items():
-        if not isinstance(name, str):
-            raise TypeError(_AXES_TYPE_MSG.format(found=describe(name), name=name))
-        if target is None:
-            out[name] = ()
-        elif isinstance(target, str):
-            out[name] = (target,)
-        elif isinstance(target, (tuple, list)) and all(isinstance(t, str) for t in target):
-            out[name] = tuple(target)
-        else:
-            raise TypeError(_AXES_TYPE_MSG.format(found=describe(target), name=name))
+        names = _axis_names(target)
+        if not isinstance(name, str) or names is None:
+            found = describe(target if isinstance(name, str) else name)
+            raise TypeError(_AXES_TYPE_MSG.format(found=found, name=name))
+        out[name] = names
     return out
 
 
 class ShardingRules:
     """An ordered table of (selection, partition spec) rules with logical axis names.
 
-    A rule is one or more `.at` selectors (applied as `.at[a][b]`), then a partition spec
-    with one entry per axis of the selected leaves (a stacked leaf's spec is written for
-    one block). **The first rule that selects a leaf gives its spec.** `specs`,
-    `shardings`, `template` and `init` check the rules against an abstract model and a
-    mesh (an `AbstractMesh` needs no device) and raise one `ValueError` listing every
-    problem by key path: a leaf no rule matches, a rule that gives no leaf, a spec of
-    another rank, an unknown axis name, a mesh axis used twice in one leaf, an axis its
-    mesh axes do not divide, or one that cuts a layer's heads. The sharding recipe shows
-    each.
+    **The first rule that selects a leaf gives its spec.** `specs`, `shardings`,
+    `template` and `init` check the rules against a model and a mesh (an `AbstractMesh`
+    needs no device) and raise one `ValueError` listing every problem by key path: a leaf
+    no rule matches, a rule that gives no leaf, a spec of another rank, an unknown axis
+    name, a mesh axis used twice in one leaf, an axis its mesh axes do not divide, or one
+    that cuts a layer's heads (the sharding recipe shows each).
 
     **Arguments**
 
-    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`; a spec is a
-      `PartitionSpec` or a tuple of entries (an axis name, a tuple of names, or None).
+    - `rules`: the table, a sequence of tuples `(selector, ..., spec)`: one or more `.at`
+      selectors (applied as `.at[a][b]`), then a `PartitionSpec` or a tuple with one entry
+      per axis of the selected leaves (an axis name, a tuple of names, or None; a stacked
+      leaf's spec is written for one block).
     - `axes`: logical axis name -> mesh axis, tuple of mesh axes, or None (unsplit);
       names not mapped here are mesh axes themselves.
     - `unmatched`: `"error"` (the default) or `"replicate"` for leaves no rule matches
@@ -257,10 +252,8 @@ class ShardingRules:
 
     def _check_mapped(self, axes: Mapping[str, Any]) -> None:
         """A mapped name no rule uses is a typo, or a rule missing: refuse it."""
-        used = {self.block_axis} if self.block_axis is not None else set()
-        for rule in self.rules:
-            for entry in rule.entries:
-                used.update(_names(entry))
+        used = {name for rule in self.rules for e in rule.entries for name in _axis_names(e) or ()}
+        used.update([self.block_axis] if self.block_axis is not None else [])
         for name in axes:
             if name not in used:
                 close = closest(name, sorted(used))
@@ -312,22 +305,18 @@ class ShardingRules:
         from jax.sharding import AbstractMesh, PartitionSpec as P
         import treeclass as tc
 
-        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))])
-        mesh = AbstractMesh((3,), ("data",))
-        try:
-            rules.specs({"w": jnp.ones((4, 2)), "b": jnp.ones(2)}, mesh)
-        except ValueError as error:
-            assert "`tree['b']` f32[2]: no rule matches it" in str(error)
-            assert "axis 0 (size 4)" in str(error) and "not divisible by 3" in str(error)
+        rules = tc.ShardingRules([(tc.glob("w"), ("data", None))], unmatched="replicate")
+        mesh = AbstractMesh((2,), ("data",))
+        assert rules.specs({"w": jnp.ones((4, 2)), "b": jnp.ones(2)}, mesh)["w"] == P("data", None)
         ```
         """
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        return treedef.unflatten(self._resolve(tree, flat, mesh))
+        specs, treedef = self._resolve(tree, mesh)
+        return treedef.unflatten(specs)
 
     def shardings(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """The `NamedSharding` of every leaf of `tree` on `mesh` (raises as `specs` does)."""
-        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-        return treedef.unflatten([NamedSharding(mesh, s) for s in self._resolve(tree, flat, mesh)])
+        specs, treedef = self._resolve(tree, mesh)
+        return treedef.unflatten([NamedSharding(mesh, spec) for spec in specs])
 
     def template(self, tree: _T, mesh: Mesh | AbstractMesh) -> _T:
         """`tree` as `jax.ShapeDtypeStruct`s carrying their shardings: a restore target for
@@ -375,15 +364,13 @@ class ShardingRules:
 
     # -- the check ----------------------------------------------------------------------------
 
-    def _resolve(
-        self, tree: object, flat: list[tuple[Any, Any]], mesh: Mesh | AbstractMesh
-    ) -> list[P]:
-        """Every leaf's mesh spec, or a `ValueError` listing every problem."""
+    def _resolve(self, tree: object, mesh: Mesh | AbstractMesh) -> tuple[list[P], Any]:
+        """Every leaf's mesh spec and the tree's structure, or a `ValueError` listing every
+        problem."""
+        flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
         sizes = dict(mesh.shape)
         problems: dict[str, None] = {}  # ordered, without repeats
         depths = block_depths(tree)
-        if len(depths) != len(flat):  # pragma: no cover - a stack flattening another way
-            raise AssertionError("the stacks of the tree hold another number of leaves")
         claims = self._claims(tree, flat, problems)
         mapped = {rule.index: self._mapped_entries(rule, sizes, problems) for rule in self.rules}
         block: tuple[str, ...] | None = ()
@@ -395,9 +382,7 @@ class ShardingRules:
             leaf = _Leaf(tree, path, value, depth)
             spec = self._leaf_spec(leaf, claimed, mapped, block, problems)
             if spec is not None and any(spec):
-                self._check_fit(leaf, spec, claimed, sizes, problems)
-                if tuple(path) in heads and claimed is not None:
-                    _check_heads(leaf, spec, claimed.text, heads[tuple(path)], sizes, problems)
+                self._check_fit(leaf, spec, claimed, sizes, problems, heads.get(tuple(path)))
                 specs.append(P(*_entries_of(spec)))
             else:  # replicated (written so, or unmatched), or a problem
                 specs.append(P())
@@ -414,46 +399,44 @@ class ShardingRules:
                     problems="\n".join(lines),
                 )
             )
-        return specs
+        return specs, treedef
 
     def _claims(self, tree: object, flat: list[Any], problems: dict[str, None]) -> list[Any]:
         """For every leaf, the first rule that selects it (None: no rule does)."""
         claims: list[_Rule | None] = [None] * len(flat)
-        # where the frozen values are among the leaves, when they are counted as leaves
+        root = path_str(tree, ())
+        # a selection may reach frozen values: counted as leaves, then dropped
         frozen = [is_wrapper(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=is_wrapper)]
         for rule in self.rules:
             try:
-                flags = _selected(tree, rule.selectors, frozen)
-            except _SomeBlocks as some:
-                problems[_SOME_BLOCKS.format(rule=rule.text, where=some.args[0])] = None
-                continue
+                flags = selection(at(tree, rule.selectors), is_wrapper).flags()
             except (LookupError, TypeError, ValueError, IndexError) as error:
                 message = str(error).split("\n")[0]
-                problem = _SELECTION_FAILS.format(
-                    rule=rule.text, root=path_str(tree, ()), error=message
-                )
-                problems[problem] = None
+                problems[_SELECTION_FAILS.format(rule=rule.text, root=root, error=message)] = None
                 continue
-            if len(flags) != len(flat):  # pragma: no cover - mask keeps the tree's structure
-                raise AssertionError("a selection mask lost the tree's structure")
-            selected = [index for index, flag in enumerate(flags) if flag]
+            flags = [flag for flag, ice in zip(flags, frozen, strict=True) if not ice]
+            # a stack's leaf has a flag per block, but one layout: selected whole or not at all
+            some = [
+                i for i, f in enumerate(flags) if type(f) is not bool and np.any(f) != np.all(f)
+            ]
+            if some:
+                blocks = np.flatnonzero(np.asarray(flags[some[0]]).reshape(-1)).tolist()
+                where = f"`{path_str(tree, flat[some[0]][0])}` (blocks {blocks})"
+                problems[_SOME_BLOCKS.format(rule=rule.text, where=where)] = None
+                continue
+            selected = [i for i, f in enumerate(flags) if f is not False and np.all(f)]
             for index in selected:
                 if claims[index] is None:
                     claims[index] = rule
             if not selected:
-                problems[_UNUSED.format(rule=rule.text, root=path_str(tree, ()))] = None
+                problems[_UNUSED.format(rule=rule.text, root=root)] = None
             elif all(claims[index] is not rule for index in selected):
-                earlier = dict.fromkeys(r.text for i in selected if (r := claims[i]) is not None)
-                shown = [f"`{path_str(tree, flat[i][0])}`" for i in selected[:3]]
-                more = f" and {len(selected) - 3} more" if len(selected) > 3 else ""
-                problems[
-                    _SHADOWED.format(
-                        rule=rule.text,
-                        leaves=", ".join(shown) + more,
-                        taken="it is taken" if len(selected) == 1 else "each is taken",
-                        earlier=", ".join(earlier),
-                    )
-                ] = None
+                earlier = ", ".join(dict.fromkeys(c.text for i in selected if (c := claims[i])))
+                shown = ", ".join(f"`{path_str(tree, flat[i][0])}`" for i in selected[:3])
+                leaves = shown + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
+                taken = "it is taken" if len(selected) == 1 else "each is taken"
+                text = _SHADOWED.format(rule=rule.text, leaves=leaves, taken=taken, earlier=earlier)
+                problems[text] = None
         return claims
 
     def _name(
@@ -466,11 +449,8 @@ class ShardingRules:
             targets = self.axes[name]
             bad = [t for t in targets if t not in sizes]
             for target in bad:
-                problems[
-                    _UNKNOWN_MESH_AXIS.format(
-                        name=name, target=target, mesh_axes=mesh_axes, rule=where
-                    )
-                ] = None
+                text = dict(name=name, target=target, mesh_axes=mesh_axes, rule=where)
+                problems[_UNKNOWN_MESH_AXIS.format(**text)] = None
             return None if bad else targets
         if name in sizes:
             return (name,)
@@ -484,7 +464,7 @@ class ShardingRules:
         """A rule's entries as tuples of mesh axes, or None when a name is unknown."""
         # every name is looked up, so that each unknown one is reported
         targets = [
-            [self._name(name, sizes, problems, rule.text) for name in _names(entry)]
+            [self._name(name, sizes, problems, rule.text) for name in _axis_names(entry) or ()]
             for entry in rule.entries
         ]
         if any(t is None for per_entry in targets for t in per_entry):
@@ -531,8 +511,16 @@ class ShardingRules:
         return [block] * depth + per_block if depth else per_block
 
     def _check_fit(
-        self, leaf: _Leaf, spec: list[_Axes], rule: _Rule | None, sizes: _Sizes, problems: _Problems
+        self,
+        leaf: _Leaf,
+        spec: list[_Axes],
+        rule: _Rule | None,
+        sizes: _Sizes,
+        problems: _Problems,
+        heads: tuple[int, int, str] | None,
     ) -> None:
+        """Problems: a mesh axis used twice, an axis its parts do not divide, or one whose
+        `heads` (declared by the layer: count, axis, owner) its parts cut."""
         shape = _shape(leaf.value)
         used = [axis for axes in spec for axis in axes]
         twice = [axis for i, axis in enumerate(used) if axis in used[:i]]
@@ -541,21 +529,30 @@ class ShardingRules:
             parts = math.prod(sizes[a] for a in axes)
             if size % parts:
                 indivisible.append((dim, size, axes, parts))
-        if not twice and not indivisible:  # the usual case: nothing to write
+        cut = None
+        if heads is not None and rule is not None:
+            dim = leaf.depth + heads[1]
+            parts = math.prod(sizes[a] for a in spec[dim])
+            if heads[0] % parts and not shape[dim] % parts:  # (else fits, or indivisible)
+                cut = dict(
+                    dim=dim, parts=parts, over=_over(spec[dim]), count=heads[0], owner=heads[2]
+                )
+        if not twice and not indivisible and cut is None:  # the usual case: nothing to write
             return
         about = dict(
             leaf.about(),
             rule=rule.text if rule else "`block_axis` (no rule matches it: replicated)",
             spec=P(*_entries_of(spec)),
         )
-        logical = _spec_text(rule.entries if rule else ())
+        logical = repr(P(*(rule.entries if rule else ())))
         for axis in dict.fromkeys(twice):
             problems[_TWICE.format(**about, logical=logical, axis=axis)] = None
         for dim, size, axes, parts in indivisible:
             over = _over(axes, sizes)
-            problems[_INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)] = (
-                None
-            )
+            text = _INDIVISIBLE.format(**about, dim=dim, size=size, over=over, parts=parts)
+            problems[text] = None
+        if cut is not None:
+            problems[_CUT_HEADS.format(**about, **cut)] = None
 
 
 def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]:
@@ -567,7 +564,7 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
     found: dict[tuple[Any, ...], tuple[int, int, str]] = {}
 
     def walk(node: object, path: tuple[Any, ...], heads: Any, renames: tuple[Any, ...]) -> None:
-        holder = _fields_holder(node)  # the node, or a stack's block, whose fields these are
+        holder = fields_holder(node)  # the node, or a stack's block, whose fields these are
         declared = {} if holder is None else {f.name: f.metadata for f in fields(holder)}
         for key, child in jax_children(node) or ():
             meta = declared.get(getattr(key, "name", ""), {})  # no field is named ""
@@ -590,36 +587,6 @@ def _declared_heads(tree: object) -> dict[tuple[Any, ...], tuple[int, int, str]]
     return found
 
 
-def _fields_holder(node: object) -> Any:
-    """The node whose declared fields name `node`'s children (`NodeKind.roles_of`)."""
-    holder = row_of(node).roles_of(node)
-    while holder is not None and holder is not node:  # a stack's block may be a stack
-        node, holder = holder, row_of(holder).roles_of(holder)
-    return holder
-
-
-def _check_heads(
-    leaf: _Leaf,
-    spec: list[_Axes],
-    rule: str,
-    heads: tuple[int, int, str],
-    sizes: _Sizes,
-    problems: _Problems,
-) -> None:
-    """A problem when the heads axis is split in parts that do not divide the head count."""
-    count, axis, owner = heads
-    dim = leaf.depth + axis
-    parts = math.prod(sizes[a] for a in spec[dim])
-    if count % parts == 0 or _shape(leaf.value)[dim] % parts:  # fits, or reported as indivisible
-        return
-    over = _over(spec[dim])
-    problems[
-        _CUT_HEADS.format(
-            **leaf.about(), rule=rule, dim=dim, parts=parts, over=over, count=count, owner=owner
-        )
-    ] = None
-
-
 def _over(axes: tuple[str, ...], sizes: dict[str, int] | None = None) -> str:
     """`mesh axis 'x'`, or `mesh axes 'x' x 'y'` (with `sizes`: `(2 x 4)` after)."""
     names = " x ".join(repr(a) for a in axes)
@@ -627,36 +594,6 @@ def _over(axes: tuple[str, ...], sizes: dict[str, int] | None = None) -> str:
         return f"mesh axis {names}"
     counts = f" ({' x '.join(str(sizes[a]) for a in axes)})" if sizes else ""
     return f"mesh axes {names}{counts}"
-
-
-class _SomeBlocks(Exception):
-    """A rule's selection picks some blocks of a stacked leaf only (`args[0]`: where)."""
-
-
-def _selected(tree: object, selectors: tuple[Any, ...], frozen: list[bool]) -> list[bool]:
-    """For every leaf of `tree`, whether `.at[selectors[0]][selectors[1]]...` selects it
-    (frozen values taken as leaves, then dropped); some blocks only raise `_SomeBlocks`."""
-    indexer = at(tree)
-    for selector in selectors:
-        indexer = indexer[selector]
-    flags = jax.tree_util.tree_leaves(indexer.mask(is_leaf=is_wrapper), is_leaf=is_wrapper)
-    out = []
-    for index, (flag, ice) in enumerate(zip(flags, frozen, strict=True)):
-        if ice:
-            continue
-        if flag is not True and flag is not False:  # one flag per block of a stack
-            if bool(np.all(flag)) != bool(np.any(flag)):
-                path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)[0][index][0]
-                blocks = np.flatnonzero(np.asarray(flag).reshape(-1)).tolist()
-                raise _SomeBlocks(f"`{path_str(tree, path)}` (blocks {blocks})")
-            flag = bool(np.all(flag))
-        out.append(flag)
-    return out
-
-
-def _names(entry: Any) -> tuple[str, ...]:
-    """The axis names of one spec entry (None, a name, or a tuple of names)."""
-    return () if entry is None else (entry,) if isinstance(entry, str) else entry
 
 
 def _entries_of(spec: list[tuple[str, ...]]) -> list[Any]:
@@ -718,7 +655,6 @@ def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None =
     ```
     """
     by_path: dict[tuple[Any, ...], tuple[tuple[int, ...] | None, Any]] = {}
-    longest = 0
     for path, x in jax.tree_util.tree_flatten_with_path(
         like, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
     )[0]:
@@ -729,14 +665,13 @@ def shardings_like(tree: _T, like: object, *, mesh: Mesh | AbstractMesh | None =
             mesh = sharding.mesh
         shape = None if isinstance(x, jax.sharding.Sharding) else _shape(x)
         by_path[tuple(path)] = (shape, sharding)
-        longest = max(longest, len(path))
     if mesh is None:
         raise ValueError(_NO_MESH_MSG)
     replicated = NamedSharding(mesh, P())
 
     def place(path: tuple[Any, ...], x: object) -> Any:
         path = tuple(path)
-        for start in range(max(0, len(path) - longest), len(path)):
+        for start in range(len(path)):
             found = by_path.get(path[start:])
             if found is not None:
                 shape, sharding = found

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import KeyPath, PyTreeDef
+from jax.tree_util import KeyPath
 from jax.typing import ArrayLike
 
 from ._at import AtIndexer, at
@@ -142,11 +142,7 @@ def check_mask(mask: _T, params: object) -> _T:
     import treeclass as tc
 
     params = {"w": jnp.ones((2, 2)), "b": jnp.zeros(2)}
-    tc.optim.check_mask({"w": True, "b": False}, params)
-    try:
-        tc.optim.check_mask({"w": True}, params)
-    except ValueError as error:
-        assert "missing in the mask: ['b']" in str(error)
+    mask = tc.optim.check_mask({"w": True, "b": False}, params)
     ```
     """
     _check_prefix(mask, params, "mask", _check_mask_leaf)
@@ -188,9 +184,8 @@ def check_labels(labels: _T, params: object, transforms: Iterable[Hashable] | No
         try:
             hash(leaf)
         except TypeError:
-            raise TypeError(
-                _UNHASHABLE_LABEL_MSG.format(path=where, found=describe(leaf))
-            ) from None
+            found = describe(leaf)
+            raise TypeError(_UNHASHABLE_LABEL_MSG.format(path=where, found=found)) from None
         if known is not None and leaf not in known and not isinstance(leaf, _NeverTrained):
             raise ValueError(_UNKNOWN_LABEL_MSG.format(label=leaf, path=where, known=known))
 
@@ -219,27 +214,19 @@ _PARTIAL_SELECTION_MSG = (
 _NOT_AN_INDEXER_MSG = (
     "`tc.optim.mask` takes an `.at` selection, e.g. `tc.optim.mask(model.at[Linear]"
     "['weight'])`, or a tree followed by selectors, e.g. `tc.optim.mask(model, Linear, "
-    "'weight')`; got a tree of type {type} and no selectors, which selects every leaf. "
+    "'weight')`; got {found} and no selectors, which selects every leaf. "
     "Pass `...` to mean that: `tc.optim.mask(tree, ...)`."
 )
 
 
-def _whole_leaf_flag(path: KeyPath, x: object) -> object:
-    if not _is_bool_array(x):
-        return x
-    traced = isinstance(x, Tracer)
-    if traced or (not x.all() and x.any()):
-        where = "mask" + jax.tree_util.keystr(path) + (" (traced)" if traced else "")
-        raise ValueError(_PARTIAL_SELECTION_MSG.format(where=where))
-    return bool(x.all())
-
-
-def _whole_flag(flag: ArrayLike, where: Callable[[], str]) -> bool:
-    """A flag of a selection as one flag for its whole leaf (or an error naming `where()`)."""
+def _whole_flag(
+    flag: ArrayLike, where: Callable[[], str], message: str = _PARTIAL_LEAF_MSG
+) -> bool:
+    """A flag (or boolean array) as one flag for its whole leaf, or `message` naming `where()`."""
     if flag is True or flag is False:
         return flag
     if isinstance(flag, Tracer) or not bool(np.all(flag)) and bool(np.any(flag)):
-        raise ValueError(_PARTIAL_LEAF_MSG.format(where=where()))
+        raise ValueError(message.format(where=where()))
     return bool(np.all(flag))
 
 
@@ -249,11 +236,14 @@ def _whole_leaf_selector(selector: object) -> object:
     leaves = jax.tree_util.tree_leaves(selector, is_leaf=is_wrapper)
     if not any(is_wrapper(x) or _is_bool_array(x) for x in leaves):
         return selector
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: False if is_wrapper(x) else _whole_leaf_flag(path, x),
-        selector,
-        is_leaf=is_wrapper,
-    )
+
+    def whole(path: KeyPath, x: object) -> object:
+        if is_wrapper(x) or not _is_bool_array(x):
+            return False if is_wrapper(x) else x
+        where = "mask" + jax.tree_util.keystr(path) + (" (traced)" if isinstance(x, Tracer) else "")
+        return _whole_flag(x, lambda: where, _PARTIAL_SELECTION_MSG)
+
+    return jax.tree_util.tree_map_with_path(whole, selector, is_leaf=is_wrapper)
 
 
 def _is_bool_array(x: object) -> TypeGuard[jax.Array | np.ndarray]:
@@ -266,11 +256,8 @@ def _indexer(selection: object, where: tuple[object, ...]) -> AtIndexer:
     elif where:
         tree, chain = selection, where
     else:
-        raise TypeError(_NOT_AN_INDEXER_MSG.format(type=type(selection).__name__))
-    indexer = at(tree)
-    for selector in chain:
-        indexer = indexer[_whole_leaf_selector(selector)]
-    return indexer
+        raise TypeError(_NOT_AN_INDEXER_MSG.format(found=describe(selection)))
+    return at(tree, [_whole_leaf_selector(selector) for selector in chain])
 
 
 _EMPTY_SELECTION_MSG = (
@@ -291,19 +278,7 @@ _LISTED = 8  # leaves named in an error before "and N more"
 
 def _check_strict(strict: object, where: str) -> None:
     if not isinstance(strict, bool):
-        raise TypeError(
-            f"`tc.optim.{where}` takes `strict` as a bool, got {strict!r} of type "
-            f"{type(strict).__name__}."
-        )
-
-
-def _empty_selection_error(what: str, refused: list[str]) -> ValueError:
-    if not refused:
-        return ValueError(_EMPTY_SELECTION_MSG.format(what=what))
-    listed = [f"    {line}" for line in refused[:_LISTED]]
-    if len(refused) > _LISTED:
-        listed.append(f"    ... and {len(refused) - _LISTED} more")
-    return ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
+        raise TypeError(f"`tc.optim.{where}` takes `strict` as a bool, got {describe(strict)}.")
 
 
 class _Places:
@@ -323,9 +298,11 @@ class _Places:
         return path_str(self.tree, self._paths[index])
 
 
-def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]]:
-    """Per place of `indexer.tree`, whether the selection trains it; and the places it
-    reached that no optimizer trains (`"`path` (role ...)"`)."""
+def _selected_places(
+    indexer: AtIndexer, strict: bool, what: str | None = None
+) -> tuple[_Places, list[bool]]:
+    """Per place of `indexer.tree`, whether the selection trains it; with `strict`, selecting
+    none (naming the places reached that no optimizer trains) is an error about `what`."""
     places = _Places(indexer.tree)
     # frozen values as leaves: a selection reaching only them is not an empty one
     flags = selection_of(indexer, is_wrapper).flags()
@@ -341,7 +318,15 @@ def _selected_places(indexer: AtIndexer) -> tuple[_Places, list[bool], list[str]
             chosen.append(False)
         else:
             chosen.append(_whole_flag(flag, functools.partial(places.where, index)))
-    return places, chosen, refused
+    if strict and True not in chosen:
+        what = what or f"The selection {indexer!r}"
+        if not refused:
+            raise ValueError(_EMPTY_SELECTION_MSG.format(what=what))
+        listed = [f"    {line}" for line in refused[:_LISTED]]
+        if len(refused) > _LISTED:
+            listed.append(f"    ... and {len(refused) - _LISTED} more")
+        raise ValueError(_ONLY_NEVER_TRAINED_MSG.format(what=what, leaves="\n".join(listed)))
+    return places, chosen
 
 
 # Typed as the selected tree: a mask has its structure, with `bool` leaves.
@@ -353,9 +338,7 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     """A boolean tree, `True` exactly at the leaves a selection picks for training.
 
     Frozen and state leaves (and `tc.freeze` values) are `False` whatever the selection.
-    The mask has the selected tree's structure with plain `bool` leaves, for
-    `optax.masked`, `optax.adamw(mask=...)` and the like (`optax.multi_transform` takes
-    `labels`). More in the optax recipe.
+    For `optax.masked`, `optax.adamw(mask=...)` and the like (more: the optax recipe).
 
     **Arguments**
 
@@ -386,18 +369,10 @@ def mask(selection: object, *where: object, strict: bool = True) -> object:
     ```
     """
     _check_strict(strict, "mask")
-    places, chosen = _chosen(_indexer(selection, where), strict)
+    places, chosen = _selected_places(_indexer(selection, where), strict)
     # a frozen value's place holds `False`, which fits both the model and the tree
     # `tc.optim.trainable` hands its transform (`MaskedNode()` there)
     return places.treedef.unflatten(chosen)
-
-
-def _chosen(indexer: AtIndexer, strict: bool) -> tuple[_Places, list[bool]]:
-    """`_selected_places`, with an empty selection an error when `strict`."""
-    places, chosen, refused = _selected_places(indexer)
-    if strict and True not in chosen:
-        raise _empty_selection_error(f"The selection {indexer!r}", refused)
-    return places, chosen
 
 
 # -- labels for optax.multi_transform ------------------------------------------------------
@@ -438,12 +413,11 @@ class _NeverTrained(str):
 class Labels(Generic[_T]):
     """A label tree for `optax.multi_transform` / `optax.partition`, as a label function.
 
-    optax calls any callable given as labels (a model with `__call__` is one), so labels
-    reach it as this function: it checks that the tree (`.tree`) fits the parameters,
-    naming the key path where not, and returns it. It is also a pytree whose leaves are
-    its labels, so a label function may return one. A leaf of a frozen or state field
-    holds `"(frozen)"` or `"(state)"`: a bare `optax.multi_transform` handed one is an
-    error naming it; inside `tc.optim.trainable` (which hides it) it takes the first label.
+    optax calls it with the parameters: it checks that its tree (`.tree`) fits them,
+    naming the key path where not, and returns it. It is a pytree of its labels, so a
+    label function may return one. A frozen or state leaf's label, `"(frozen)"` or
+    `"(state)"`, is an error in a bare `optax.multi_transform`, and inside
+    `tc.optim.trainable` (which hides the leaf) takes the first label.
 
     ```python
     import jax.numpy as jnp
@@ -521,18 +495,9 @@ def _first_label(leaves: list[object]) -> object:
     return next((x for x in leaves if not is_wrapper(x) and not isinstance(x, _NeverTrained)), None)
 
 
-def _frozen_free_structure(tree: object) -> PyTreeDef:
-    """The structure of `tree` with no leaf at its frozen values: trees that differ only in
-    their frozen values have one."""
-    blanked = jax.tree_util.tree_map(
-        lambda x: None if is_wrapper(x) else 0, tree, is_leaf=is_wrapper
-    )
-    return jax.tree_util.tree_structure(blanked)
-
-
 _SELECTIONS_TYPE_MSG = (
     "`tc.optim.labels` takes a mapping of label -> selection, e.g. "
-    "`{{'decay': model.at[Linear]['weight']}}`; got {type}."
+    "`{{'decay': model.at[Linear]['weight']}}`; got {found}."
 )
 
 
@@ -582,39 +547,37 @@ def labels(
     ```
     """
     if not isinstance(selections, Mapping):
-        raise TypeError(_SELECTIONS_TYPE_MSG.format(type=type(selections).__name__))
+        raise TypeError(_SELECTIONS_TYPE_MSG.format(found=describe(selections)))
     _check_strict(strict, "labels")
     # frozen values count as places here (their mask leaf is `False`); they are kept
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_wrapper)
+    places = _Places(tree)
     names = leaf_roles(tree)
-    claims: list[list[Hashable]] = [[] for _ in flat]
+    claims: list[list[Hashable]] = [[] for _ in places.leaves]
     for label, selection in selections.items():
         on_tree = isinstance(selection, AtIndexer)
         indexer = _indexer(selection, ()) if on_tree else _indexer(tree, (selection,))
-        places, selected, refused = _selected_places(indexer)
-        if places.treedef != treedef:  # made on another tree
+        made_on, selected = _selected_places(indexer, strict, f"The selection for label {label!r}")
+        if made_on.treedef != places.treedef:  # made on another tree
             try:
-                check_mask(places.treedef.unflatten(selected), tree)
+                check_mask(made_on.treedef.unflatten(selected), tree)
                 detail = ""
             except ValueError as error:
                 detail = str(error).split("\n")[0]
             raise ValueError(_SELECTION_TREE_MSG.format(label=label, detail=detail))
-        if strict and True not in selected:
-            raise _empty_selection_error(f"The selection for label {label!r}", refused)
         for index, is_selected in enumerate(selected):
             if is_selected:
                 claims[index].append(label)
     overlaps = [
-        f"    `{path_str(tree, path)}`: " + ", ".join(map(repr, claimed))
-        for (path, _), claimed in zip(flat, claims)
+        f"    `{places.where(index)}`: " + ", ".join(map(repr, claimed))
+        for index, claimed in enumerate(claims)
         if len(claimed) > 1
     ]
     if overlaps:
         raise ValueError(_OVERLAP_MSG.format(count=len(overlaps), claims="\n".join(overlaps)))
     if default is None:
         unclaimed = [
-            f"    `{path_str(tree, path)}`"
-            for (path, leaf), c, role in zip(flat, claims, names)
+            f"    `{places.where(index)}`"
+            for index, (leaf, c, role) in enumerate(zip(places.leaves, claims, names))
             if not c and not is_wrapper(leaf) and role not in NEVER_TRAINED
         ]
         if unclaimed:
@@ -627,9 +590,9 @@ def labels(
         else _NeverTrained(f"({role})")
         if role in NEVER_TRAINED
         else (claimed[0] if claimed else default)
-        for (_, leaf), claimed, role in zip(flat, claims, names)
+        for leaf, claimed, role in zip(places.leaves, claims, names)
     ]
-    return Labels(jax.tree_util.tree_unflatten(treedef, leaves))
+    return Labels(places.treedef.unflatten(leaves))
 
 
 def partition(
@@ -679,8 +642,6 @@ def partition(
     combine = getattr(optax, "partition", None) or optax.multi_transform
     fitted = label_tree.fitted()
     never = sorted({x for x in jax.tree_util.tree_leaves(fitted) if isinstance(x, _NeverTrained)})
-    if not never:
-        return combine(transforms, label_tree)
     taken = [label for label in never if label in transforms]
     if taken:
         raise ValueError(_RESERVED_LABEL_MSG.format(labels=taken))
@@ -718,10 +679,11 @@ def _keep_transform(optax: Any) -> Any:
 # -- trainable: one transformation that updates exactly a selection ------------------------
 
 _KEEP, _UPDATE, _FROZEN = range(3)
+_KIND_NAMES = ("kept", "updated", "frozen")
 
 _NOT_A_TRANSFORM_MSG = (
     "`tc.optim.trainable` takes an optax transformation first, then the model: "
-    "`tc.optim.trainable(optax.adam(1e-3), model)`; got {type} first."
+    "`tc.optim.trainable(optax.adam(1e-3), model)`; got {found} first."
 )
 _NOTHING_TRAINABLE_MSG = (
     "{what} has no trainable leaf (an inexact, unfrozen array outside state fields): "
@@ -775,68 +737,48 @@ _REFROZEN_MSG = (
 class _Plan:
     """Which place of the model is updated, kept or frozen."""
 
-    __slots__ = ("kinds", "treedef", "skeleton", "root", "places")
+    __slots__ = ("kinds", "places")
 
     def __init__(self, places: _Places, kinds: list[int]) -> None:
         self.kinds, self.places = kinds, places
-        self.treedef, self.root = places.treedef, places.tree
-        self.skeleton = _frozen_free_structure(places.tree)
 
-    def split(self, tree: object, what: str, method: str) -> tuple[list[Any], PyTreeDef]:
-        """The leaves of `tree`, one per place of the model (`None` where a gradient of
-        `tc.optim.split`'s first part holds none), and the structure to rebuild it with."""
-        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_wrapper)
-        if treedef == self.treedef:  # the same places, frozen values counted as leaves
-            for index, (leaf, kind) in enumerate(zip(leaves, self.kinds)):
-                if is_wrapper(leaf) != (kind == _FROZEN):
-                    self._refuse_refrozen(tree, index, what, method, kind)
-        elif len(leaves) != len(self.kinds) or _frozen_free_structure(tree) != self.skeleton:
-            places = self._places(tree, what, method)
-            if places is None:
-                where, reason = _apart(self.root, tree, what, "model", is_leaf=is_wrapper)
-                raise ValueError(
-                    _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
-                )
-            return places, self.treedef
-        return leaves, treedef
-
-    def _places(self, tree: object, what: str, method: str) -> list[Any] | None:
-        """What `tree` holds at each place of the model, if it is the model with `None`
-        at some places; else `None`."""
+    def split(self, tree: object, what: str, method: str) -> list[Any]:
+        """What `tree` holds at each place of the model: a leaf, a frozen value (where the
+        model has one; its value is not looked at), or `None` (where a gradient of
+        `tc.optim.split`'s first part holds none)."""
         try:
-            places = self.treedef.flatten_up_to(tree)
+            held: list[Any] | None = self.places.treedef.flatten_up_to(tree)
         except (ValueError, TypeError):
-            return None
-        for index, (place, kind) in enumerate(zip(places, self.kinds)):
+            held = None
+        for index, (place, kind) in enumerate(zip(held or (), self.kinds)):
             if place is None:
                 if kind == _UPDATE:
                     path = self.places.where(index)
                     raise ValueError(_MISSING_MSG.format(what=what, method=method, path=path))
             elif not is_wrapper(place) and not is_leaf_node(place):
-                return None
+                held = None
+                break
             elif is_wrapper(place) != (kind == _FROZEN):
-                self._refuse_refrozen(tree, index, what, method, kind)
-        return places
-
-    def _refuse_refrozen(self, tree: object, index: int, what: str, method: str, kind: int) -> None:
-        if kind == _FROZEN:
-            then, now = "a frozen value", "not frozen"
-        else:
-            then, now = "a leaf (" + ("updated" if kind == _UPDATE else "kept") + ")", "frozen"
-        raise ValueError(
-            _REFROZEN_MSG.format(
-                what=what,
-                s="" if what.endswith("s") else "s",
-                method=method,
-                path=_leaf_path(tree, index),
-                then=then,
-                now=now,
+                self._refuse_refrozen(index, what, method, kind)
+        if held is None:
+            where, reason = _apart(self.places.tree, tree, what, "model", is_leaf=is_wrapper)
+            raise ValueError(
+                _TREE_MISFIT_MSG.format(what=what, method=method, path=where, reason=reason)
             )
+        return held
+
+    def _refuse_refrozen(self, index: int, what: str, method: str, kind: int) -> None:
+        then = "a frozen value" if kind == _FROZEN else f"a leaf ({_KIND_NAMES[kind]})"
+        now = "not frozen" if kind == _FROZEN else "frozen"
+        s = "" if what.endswith("s") else "s"
+        path = self.places.where(index)
+        raise ValueError(
+            _REFROZEN_MSG.format(what=what, s=s, method=method, path=path, then=then, now=now)
         )
 
-    def selected(self, treedef: PyTreeDef, leaves: list[object], masked: object) -> object:
+    def selected(self, leaves: list[object], masked: object) -> object:
         """`leaves` as a tree in which only the updated ones are left (others `masked`)."""
-        return treedef.unflatten(
+        return self.places.treedef.unflatten(
             [x if kind == _UPDATE else masked for x, kind in zip(leaves, self.kinds)]
         )
 
@@ -857,10 +799,11 @@ def _unchanged(update: ArrayLike, param: ArrayLike | None, where: Callable[[], s
     return jnp.zeros_like(reference)
 
 
-def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Plan:
+def _plan_of(selection: object, where: tuple[object, ...], strict: bool, name: str) -> _Plan:
+    _check_strict(strict, name)
     selects = isinstance(selection, AtIndexer) or bool(where)
     if selects:
-        places, chosen = _chosen(_indexer(selection, where), strict)
+        places, chosen = _selected_places(_indexer(selection, where), strict)
     else:
         places = _Places(selection)
         names = leaf_roles(selection)
@@ -873,13 +816,8 @@ def _plan_of(selection: object, where: tuple[object, ...], strict: bool) -> _Pla
     if selects:
         for index, (leaf, kind) in enumerate(zip(places.leaves, kinds)):
             if kind == _UPDATE and not _is_inexact_leaf(leaf):
-                shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-                found = (
-                    f"an array {dtype}{list(shape)}"
-                    if dtype is not None and shape is not None
-                    else f"a `{type(leaf).__name__}`"
-                )
-                raise ValueError(_NOT_INEXACT_MSG.format(path=places.where(index), found=found))
+                path = places.where(index)
+                raise ValueError(_NOT_INEXACT_MSG.format(path=path, found=describe(leaf)))
     elif strict and _UPDATE not in kinds:
         shown = ", ".join(f"{n} {name}" for name, n in Counter(names).items()) or "none"
         raise ValueError(
@@ -897,11 +835,9 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     """An optax transformation that updates exactly a selection and nothing else (needs optax).
 
     `transform` sees the trained leaves only; every other leaf gets an update that
-    `tc.optim.apply_updates` adds without changing a bit, and no optimizer state (frozen
-    values are `optax.MaskedNode()` in it). The selection is computed once, here, from
-    the model as constructed; `init` and `update` then take any tree of its structure (an
-    abstract template, other frozen values, `None` where nothing is trained, as in
-    `tc.optim.split`'s gradient). Why, and more examples: the training guide.
+    `tc.optim.apply_updates` adds without changing a bit, and no optimizer state. The
+    selection is computed once, here; `init` and `update` then take any tree of its
+    structure (an abstract template, `tc.optim.split`'s gradient). More: the training guide.
 
     **Arguments**
 
@@ -919,9 +855,7 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     **Returns**
 
     An optax `GradientTransformationExtraArgs`. Pass the parameters to `update`
-    (`opt.update(grads, state, model)`): the unchanged updates take their dtype from
-    them, which integer leaves (gradients of dtype `float0` under
-    `jax.grad(allow_int=True)`) need.
+    (`opt.update(grads, state, model)`): the unchanged updates take their dtype from them.
 
     **Raises**
 
@@ -936,47 +870,32 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
     import jax, jax.numpy as jnp, optax
     import treeclass as tc
 
-    class Scale(tc.TreeClass):
-        def __init__(self):
-            self.w = jnp.ones(2)
-            self.eps = 1e-5            # a Python number: a leaf, not a parameter
-
-        def __call__(self, x):
-            return x * self.w + self.eps
-
-    model = Scale()
+    model = {"w": jnp.ones(2), "eps": 1e-5}  # a Python number: a leaf, not a parameter
     opt = tc.optim.trainable(optax.adamw(0.1, weight_decay=0.1), model)
-    state = opt.init(model)
-    grads = jax.grad(lambda m: m(jnp.ones(2)).sum())(model)
-    updates, state = opt.update(grads, state, model)
+    grads = jax.grad(lambda m: (m["w"] * m["eps"]).sum())(model)
+    updates, state = opt.update(grads, opt.init(model), model)
     model = tc.optim.apply_updates(model, updates)
-    assert model.eps == 1e-5 and (model.w != 1.0).all()
+    assert model["eps"] == 1e-5 and (model["w"] != 1.0).all()
     ```
     """
     optax = _import_optax("trainable")
-    if not (
-        callable(getattr(transform, "init", None)) and callable(getattr(transform, "update", None))
-    ):
-        raise TypeError(_NOT_A_TRANSFORM_MSG.format(type=type(transform).__name__))
-    _check_strict(strict, "trainable")
-    plan = _plan_of(selection, where, strict)
+    if not all(callable(getattr(transform, name, None)) for name in ("init", "update")):
+        raise TypeError(_NOT_A_TRANSFORM_MSG.format(found=describe(transform)))
+    plan = _plan_of(selection, where, strict, "trainable")
     inner = optax.with_extra_args_support(transform)
     masked = optax.MaskedNode()
 
     def init(params: object) -> Any:
-        leaves, treedef = plan.split(params, "parameters", "init")
-        return inner.init(plan.selected(treedef, leaves, masked))
+        return inner.init(plan.selected(plan.split(params, "parameters", "init"), masked))
 
     def update(updates: object, state: object, params: object = None, **extra_args: Any) -> Any:
-        leaves, treedef = plan.split(updates, "updates", "update")
+        leaves = plan.split(updates, "updates", "update")
         sub_params = None
         param_leaves: list[Any] = [None] * len(leaves)
         if params is not None:
-            param_leaves, param_def = plan.split(params, "parameters", "update")
-            sub_params = plan.selected(param_def, param_leaves, masked)
-        new, state = inner.update(
-            plan.selected(treedef, leaves, masked), state, sub_params, **extra_args
-        )
+            param_leaves = plan.split(params, "parameters", "update")
+            sub_params = plan.selected(param_leaves, masked)
+        new, state = inner.update(plan.selected(leaves, masked), state, sub_params, **extra_args)
         updated = iter(jax.tree_util.tree_leaves(new))
         out = []
         for index, (leaf, param, kind) in enumerate(zip(leaves, param_leaves, plan.kinds)):
@@ -985,8 +904,8 @@ def trainable(transform: object, selection: object, *where: object, strict: bool
             elif kind == _FROZEN or leaf is None:  # `None`: nothing to update, nothing made
                 out.append(leaf)
             else:
-                out.append(_unchanged(leaf, param, functools.partial(_leaf_path, updates, index)))
-        return treedef.unflatten(out), state
+                out.append(_unchanged(leaf, param, functools.partial(plan.places.where, index)))
+        return plan.places.treedef.unflatten(out), state
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -1006,11 +925,10 @@ _MERGE_BOTH_MSG = (
 def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
     """The model in two parts: the leaves an optimizer trains, and the rest.
 
-    Both parts have the model's structure, with `None` where the other part holds a leaf
-    (or frozen value); `merge` puts them back. The gradient of the first part holds
-    `None` where nothing is trained, so a frozen base gets no zero array as large as
-    itself; `opt.update` of a `tc.optim.trainable` built from the same selection takes it
-    as it is. Worked example: the training guide, "Gradients without the base".
+    Both parts have the model's structure, with `None` where the other part holds a value;
+    `merge` puts them back. The first part's gradient has no array for an untrained base,
+    and a `tc.optim.trainable` of the same selection takes it (the training guide,
+    "Gradients without the base").
 
     **Arguments**
 
@@ -1032,11 +950,11 @@ def split(selection: _T, *where: object, strict: bool = True) -> tuple[_T, _T]:
     assert grads.base_layer.weight is None  # no array as large as the base
     ```
     """
-    plan = _plan_of(selection, where, strict)
-    leaves = jax.tree_util.tree_leaves(plan.root, is_leaf=is_wrapper)
+    plan = _plan_of(selection, where, strict, "split")
+    leaves, treedef = plan.places.leaves, plan.places.treedef
     kept = [None if kind == _UPDATE else leaf for leaf, kind in zip(leaves, plan.kinds)]
     trained = [leaf if kind == _UPDATE else None for leaf, kind in zip(leaves, plan.kinds)]
-    return plan.treedef.unflatten(trained), plan.treedef.unflatten(kept)
+    return treedef.unflatten(trained), treedef.unflatten(kept)
 
 
 def merge(params: _T, rest: object) -> _T:
@@ -1077,8 +995,8 @@ def merge(params: _T, rest: object) -> _T:
     merged = []
     for index, (a, b) in enumerate(zip(trained, others)):
         if a is not None and b is not None:
-            where = _leaf_path(params, index, _is_none_or_wrapper)
-            raise ValueError(_MERGE_BOTH_MSG.format(path=where))
+            path = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_none_or_wrapper)[0]
+            raise ValueError(_MERGE_BOTH_MSG.format(path=path_str(params, path[index][0])))
         merged.append(b if a is None else a)
     return treedef.unflatten(merged)
 
@@ -1087,11 +1005,10 @@ def _is_unchanged_update(update: object) -> bool:
     """Whether a concrete `update` adds nothing to any value: all `-0.0`, or all zero."""
     if isinstance(update, Tracer) or not isinstance(update, (jax.Array, np.ndarray, np.generic)):
         return False
-    dtype = np.dtype(update.dtype) if update.dtype != jax.dtypes.float0 else None
-    if dtype is None:  # the gradient of an integer leaf: nothing to add
+    if update.dtype == jax.dtypes.float0:  # the gradient of an integer leaf: nothing to add
         return True
     data = np.asarray(update)
-    if np.issubdtype(dtype, np.inexact):
+    if np.issubdtype(data.dtype, np.inexact):
         # -0.0 is the one value `x + u == x` holds for, bit for bit, for every float x
         parts = (np.real(data), np.imag(data)) if np.iscomplexobj(data) else (data,)
         return all(bool(np.all((part == 0) & np.signbit(part))) for part in parts)
@@ -1099,9 +1016,7 @@ def _is_unchanged_update(update: object) -> bool:
 
 
 def _apply_one(param: Any, update: object) -> Any:
-    if param is None:
-        return None
-    if update is None or is_wrapper(param):  # nothing to add: a frozen value, a gap
+    if param is None or update is None or is_wrapper(param):  # a gap, a frozen value
         return param
     if not _is_inexact_leaf(param) or is_prng_key(param) or _is_unchanged_update(update):
         # integers, booleans, keys: no optimizer trains them; an update of -0.0: the
@@ -1131,16 +1046,12 @@ def apply_updates(params: _T, updates: object) -> _T:
     The updated parameters, with the structure of `params`.
 
     ```python
-    import jax.numpy as jnp, numpy as np, optax
+    import jax.numpy as jnp, numpy as np
     import treeclass as tc
 
-    params = {"w": jnp.ones(2), "count": np.int64(2**40), "eps": jnp.asarray(1e-5)}
-    opt = tc.optim.trainable(optax.sgd(0.1), params)
-    grads = {"w": jnp.ones(2), "count": np.zeros(()), "eps": jnp.zeros(())}
-    updates, _ = opt.update(grads, opt.init(params), params)
-    new = tc.optim.apply_updates(params, updates)
-    assert new["count"] is params["count"] and new["eps"] is params["eps"]
-    assert np.allclose(new["w"], 0.9)
+    params = {"w": jnp.ones(2), "count": np.int64(2**40)}
+    new = tc.optim.apply_updates(params, {"w": jnp.full(2, -0.1), "count": np.zeros(())})
+    assert new["count"] is params["count"] and np.allclose(new["w"], 0.9)
     ```
     """
     return jax.tree_util.tree_map(_apply_one, params, updates, is_leaf=_is_none_or_wrapper)
@@ -1148,11 +1059,6 @@ def apply_updates(params: _T, updates: object) -> _T:
 
 def _is_none_or_wrapper(x: object) -> bool:
     return x is None or is_wrapper(x)
-
-
-def _leaf_path(tree: object, index: int, is_leaf: Callable[[Any], bool] = is_wrapper) -> str:
-    path = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0][index][0]
-    return path_str(tree, path)
 
 
 # -- scale_blocks: a factor per leaf, or per block of a stacked leaf -----------------------
@@ -1189,19 +1095,21 @@ def _scale_one(
     return (update * factor).astype(jnp.result_type(update))
 
 
-def _compact_factor(factor: object) -> object:
+def _compact_factor(factor: object) -> tuple[object, tuple[int, ...] | None]:
     """`factor` with the trailing axes along which it is constant dropped (a number when
-    constant): factors built with `model.at[...].set(1.0)` would double the model's memory."""
-    if not isinstance(factor, np.ndarray | jax.Array) or isinstance(factor, Tracer):
-        return factor
-    if not readable_here(factor) or factor.size == 0:
-        return factor
+    constant: factors built with `model.at[...].set(1.0)` would double the model's memory),
+    and its shape as given (None for a number)."""
+    if not isinstance(factor, np.ndarray | jax.Array):
+        return factor, None
+    shape = tuple(factor.shape)
+    if isinstance(factor, Tracer) or not readable_here(factor) or factor.size == 0:
+        return factor, shape
     values = np.asarray(local_copy(factor))
     for kept in range(values.ndim):
         lead = values.reshape(values.shape[:kept] + (-1,))
         if bool((lead == lead[..., :1]).all()):
-            return lead[..., 0].item() if kept == 0 else lead[..., 0]
-    return factor
+            return (lead[..., 0].item() if kept == 0 else lead[..., 0]), shape
+    return factor, shape
 
 
 def scale_blocks(factors: object) -> Any:
@@ -1241,14 +1149,8 @@ def scale_blocks(factors: object) -> Any:
     """
     optax = _import_optax("scale_blocks")
     # flattened once; a frozen value in them stands where the updates hold no leaf
-    paths_and_factors, factors_def = jax.tree_util.tree_flatten_with_path(
-        factors, is_leaf=is_wrapper
-    )
-    shapes = [
-        tuple(factor.shape) if isinstance(factor, np.ndarray | jax.Array) else None
-        for _, factor in paths_and_factors
-    ]
-    paths_and_factors = [(path, _compact_factor(factor)) for path, factor in paths_and_factors]
+    flat, factors_def = jax.tree_util.tree_flatten_with_path(factors, is_leaf=is_wrapper)
+    compacted = [(path, *_compact_factor(factor)) for path, factor in flat]
 
     def update(updates: object, state: object, params: object = None) -> tuple[object, object]:
         try:
@@ -1265,7 +1167,7 @@ def scale_blocks(factors: object) -> Any:
                 ),
                 subtree,
             )
-            for (path, factor), shape, subtree in zip(paths_and_factors, shapes, subtrees)
+            for (path, factor, shape), subtree in zip(compacted, subtrees)
         ]
         return factors_def.unflatten(scaled), state
 
