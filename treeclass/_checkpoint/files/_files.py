@@ -10,19 +10,6 @@ import stat
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
-__all__ = [
-    "IO",
-    "SizedFile",
-    "open_for_reading",
-    "write_atomically",
-    "create_sized",
-    "discard",
-    "write_at",
-    "reworded",
-    "read_into",
-    "file_reader",
-]
-
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_HEADER_BYTES", "loads", "check_text", "nesting_depth"]
-
 # the reference reader's cap on a header (safetensors' MAX_HEADER_SIZE)
 MAX_HEADER_BYTES = 100_000_000
 # deeper than any checkpoint needs (a safetensors header nests 3 levels, our document a

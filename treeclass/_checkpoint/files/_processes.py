@@ -26,19 +26,6 @@ from ..._values import is_prng_key
 from ._files import write_at
 from ._source import OutTensor, PlannedTensor, SharedWrite
 
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "GAP_LIMIT",
-    "OVER_READ",
-    "GROUP_BYTES",
-    "balance",
-    "coalesce",
-    "host_view",
-    "save_from_processes",
-    "read_block",
-    "place_by_slices",
-]
-
 # `tc.save(..., timeout=)`: processes reach a save at nearly the same time (their steps
 # wait on each other), so a long wait means a call on some processes only, or one stopped
 DEFAULT_TIMEOUT_S = 300.0

@@ -14,25 +14,6 @@ import numpy as np
 from ..._values import is_prng_key
 from ._files import IO, reworded
 
-__all__ = [
-    "TensorInfo",
-    "CheckpointSource",
-    "WholeTensorCache",
-    "corrupt",
-    "FileSource",
-    "NOT_A_CHECKPOINT",
-    "OutTensor",
-    "PlannedTensor",
-    "SharedWrite",
-    "CheckpointWriter",
-    "numpy_dtype",
-    "dtype_name",
-    "is_weak",
-    "Format",
-    "register_format",
-    "formats",
-]
-
 
 class TensorInfo(NamedTuple):
     """One tensor as a source stores it (a dtype NumPy cannot hold by the format's name)."""

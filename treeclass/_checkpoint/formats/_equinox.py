@@ -22,8 +22,6 @@ from ._npz import (
     refuses,
 )
 
-__all__ = ["Slot", "EquinoxFile"]
-
 
 class Slot(NamedTuple):
     """One template leaf a record fills: its checkpoint name, key path, shape and dtype."""

@@ -22,8 +22,6 @@ from ..files._source import (
     register_format,
 )
 
-__all__ = ["FlaxFile"]
-
 _NEEDS_MSGPACK = (
     "Reading flax checkpoints needs the msgpack package, which is not installed:\n"
     "    pip install 'treeclass[msgpack]'   (or: pip install msgpack)"

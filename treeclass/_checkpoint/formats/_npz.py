@@ -20,17 +20,6 @@ from numpy.lib import format as npy_format
 from ..files._files import file_reader, read_into
 from ..files._source import FileSource, Format, TensorInfo, WholeTensorCache, register_format
 
-__all__ = [
-    "NpyHeader",
-    "read_npy_header",
-    "npy_array",
-    "object_array_error",
-    "refuses",
-    "ranges_read_directly",
-    "NpyRecords",
-    "NpzFile",
-]
-
 # numpy's own bound on a header it reads without `allow_pickle`-style trust
 _MAX_NPY_HEADER = 10_000
 # the most deflate expands its input (a run of one byte: 258 bytes per 2 bits, ~1032x)

@@ -20,8 +20,6 @@ from ..files._json import MAX_HEADER_BYTES
 from ..files._json import loads as strict_json
 from ..files._source import FileSource, Format, OutTensor, TensorInfo, numpy_dtype, register_format
 
-__all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
-
 # numpy dtype name -> safetensors dtype name, for the dtypes the format names
 _SAFETENSORS_NAMES = {
     "bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16",

@@ -21,8 +21,6 @@ from ..files._source import FileSource, Format, OutTensor, SharedWrite, TensorIn
 from ..names._document import METADATA_KEY
 from ._safetensors import SafetensorsFile, can_store, header_bytes
 
-__all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
-
 INDEX_SUFFIX = ".index.json"
 # the metadata key of the token an index and its shards share (treeclass's saves only)
 _SAVE_KEY = "treeclass.save"
