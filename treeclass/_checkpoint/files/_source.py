@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
+from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol, runtime_checkable
 
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
@@ -24,43 +24,26 @@ class TensorInfo(NamedTuple):
 
 
 class CheckpointSource(Protocol):
-    """An opened checkpoint: tensor keys, their dtype and shape, metadata, their bytes.
-    Bad bytes raise only `ValueError` naming `location` (`OSError` for I/O)."""
+    """An opened checkpoint, whatever its format: `location`, the file (or folder) it reads,
+    as messages name it; `format`, the format's name as messages say it (`"safetensors"`);
+    `keys()`, the tensor keys in the source's order; `info(key)`, a tensor's dtype, shape and
+    size (`KeyError` if there is none); `metadata()`, its string metadata (empty when the
+    format has none); `read(key)`, a tensor on the host in its stored dtype (little-endian)
+    and shape; `read_range(key, start, stop)`, bytes `start:stop` of what `read` returns,
+    flat `uint8`, checked exactly as `read` checks them (cut from it where the file's bytes
+    are not: `WholeTensorCache`); `close()`, the file released. Bad bytes raise only
+    `ValueError` naming `location` (`OSError` for I/O)."""
 
     @property
-    def location(self) -> str:
-        """The file (or folder) this source reads, as messages name it."""
-        ...
-
+    def location(self) -> str: ...
     @property
-    def format(self) -> str:
-        """The format's name, as messages say it (`"safetensors"`, `"npz"`)."""
-        ...
-
-    def keys(self) -> Iterable[str]:
-        """The tensor keys, in the source's order."""
-        ...
-
-    def info(self, key: str) -> TensorInfo:
-        """The dtype, shape and size of tensor `key` (`KeyError` if there is none)."""
-        ...
-
-    def metadata(self) -> Mapping[str, str]:
-        """The source's string metadata (empty when the format has none)."""
-        ...
-
-    def read(self, key: str) -> np.ndarray:
-        """Tensor `key` on the host: its stored dtype (little-endian) and shape."""
-        ...
-
-    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of what `read(key)` returns, flat `uint8`, checked exactly as
-        `read` checks them (cut from it where the file's bytes are not: `WholeTensorCache`)."""
-        ...
-
-    def close(self) -> None:
-        """Release the file."""
-        ...
+    def format(self) -> str: ...
+    def keys(self) -> Iterable[str]: ...
+    def info(self, key: str) -> TensorInfo: ...
+    def metadata(self) -> Mapping[str, str]: ...
+    def read(self, key: str) -> np.ndarray: ...
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray: ...
+    def close(self) -> None: ...
 
 
 class WholeTensorCache:
@@ -141,6 +124,13 @@ class OutTensor(NamedTuple):
     nbytes: int
     data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
 
+    def whole(self) -> np.ndarray:
+        """Its bytes (`data()`), refused if the tree changed under the save."""
+        data = self.data()
+        if data.nbytes != self.nbytes:
+            raise ValueError(f"{self.name!r} changed size while being saved")
+        return data
+
 
 class PlannedTensor(NamedTuple):
     """One tensor of a save as planned: its name, the value, and how it is stored."""
@@ -154,26 +144,20 @@ class PlannedTensor(NamedTuple):
     where: str  # its key path, for messages
 
 
-class SharedWrite:
-    """A save every process writes a share of, into files process 0 makes and places."""
+@runtime_checkable
+class SharedWrite(Protocol):
+    """A save every process writes a share of, into files process 0 makes and places:
+    `begin()`, on process 0, makes the files and returns what the others need to find them
+    (JSON); `places(state)`, where each tensor's bytes go (a file's path, the offset in it);
+    `finish(state)`, on process 0 once every process has written its share, puts the files
+    in place; `abort(state)`, on process 0 when some process failed, removes them."""
 
     tensors: Sequence[OutTensor]
 
-    def begin(self) -> dict[str, Any]:
-        """On process 0: make the files; what the others need to find them (JSON)."""
-        raise NotImplementedError
-
-    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
-        """Where each tensor's bytes go: a file's path and the offset in it."""
-        raise NotImplementedError
-
-    def finish(self, state: dict[str, Any]) -> None:
-        """On process 0, once every process has written its share: the files in place."""
-        raise NotImplementedError
-
-    def abort(self, state: dict[str, Any]) -> None:
-        """On process 0, when some process failed: the files of `begin` removed."""
-        raise NotImplementedError
+    def begin(self) -> dict[str, Any]: ...
+    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]: ...
+    def finish(self, state: dict[str, Any]) -> None: ...
+    def abort(self, state: dict[str, Any]) -> None: ...
 
 
 class CheckpointWriter(Protocol):

@@ -197,9 +197,7 @@ def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -
     """Write a whole safetensors file, one tensor's bytes on the host at a time."""
     file.write(header)
     for tensor in tensors:
-        data = tensor.data()
-        if data.nbytes != tensor.nbytes:  # the tree changed under us
-            raise ValueError(f"{tensor.name!r} changed size while being saved")
+        data = tensor.whole()
         file.write(data.data)
         del data  # free this tensor's host copy before the next is made
 
