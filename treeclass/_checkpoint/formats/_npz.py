@@ -42,9 +42,10 @@ _OBJECT_ARRAY = (
 )
 
 
-def object_array_error(location: str, key: str, dtype: np.dtype) -> ValueError:
-    """The error for a record of objects (or of a structured dtype) at `key`."""
-    return ValueError(_OBJECT_ARRAY.format(location=location, key=key, dtype=dtype))
+def refuse_objects(header: NpyHeader, location: str, key: str) -> None:
+    """Refuse a record of what tc.load never reads (objects, named fields) at `key`."""
+    if header.dtype.hasobject or header.dtype.fields is not None:
+        raise ValueError(_OBJECT_ARRAY.format(location=location, key=key, dtype=header.dtype))
 
 
 class NpyHeader(NamedTuple):
@@ -55,9 +56,6 @@ class NpyHeader(NamedTuple):
     fortran_order: bool
     size: int  # the header's own length in bytes: the data starts there
     nbytes: int  # the data's length
-
-    def info(self) -> TensorInfo:
-        return TensorInfo(self.dtype.name, self.shape, self.nbytes)
 
 
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
@@ -80,11 +78,6 @@ def read_npy_header(file: IO[bytes]) -> NpyHeader:
     return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, nbytes)
 
 
-def refuses(header: NpyHeader) -> bool:
-    """Whether a record holds what tc.load never reads: objects, or named fields."""
-    return header.dtype.hasobject or header.dtype.fields is not None
-
-
 def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     """A record's data (flat `uint8`) as its array: C order, little-endian."""
     array = data.view(header.dtype)
@@ -97,11 +90,6 @@ def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     return array
 
 
-def ranges_read_directly(header: NpyHeader) -> bool:
-    """Whether a record's bytes are already C order and little-endian."""
-    return not header.fortran_order and header.dtype.byteorder != ">"
-
-
 class NpyRecords(FileSource):
     """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key)."""
 
@@ -111,7 +99,8 @@ class NpyRecords(FileSource):
         return iter(self.records)
 
     def info(self, key: str) -> TensorInfo:
-        return self.records[key].header.info()
+        header = self.records[key].header
+        return TensorInfo(header.dtype.name, header.shape, header.nbytes)
 
 
 class _Member(NamedTuple):
@@ -149,8 +138,7 @@ class NpzFile(NpyRecords):
                 self._check_claims(key, info)
             start = self._stored_start(key, info) if stored else None
             header = self._header(key, info, start)
-            if refuses(header):
-                raise object_array_error(location, repr(key), header.dtype)
+            refuse_objects(header, location, repr(key))
             if info.file_size != header.size + header.nbytes:
                 self._corrupt(
                     f"its header for {key!r} describes {header.nbytes} bytes of "
@@ -211,43 +199,28 @@ class NpzFile(NpyRecords):
         member = self.records[key]
         if member.data is not None:
             return self._stored_data(key, member)
-        if member.info.compress_type != zipfile.ZIP_DEFLATED:
-            return self._pieces(key, member)
-        buffer = np.empty(member.header.nbytes, np.uint8)
-        extra = b""
+        nbytes = member.header.nbytes
+        # a deflated record is read in place (`_check_claims` bounds its size); one of
+        # unbounded expansion (bzip2, lzma: they raise OSError for bad data) piece by piece
+        deflated = member.info.compress_type == zipfile.ZIP_DEFLATED
+        errors = (*_ZIP_ERRORS, ValueError) + (() if deflated else (OSError,))
+        buffer = np.empty(nbytes if deflated else 0, np.uint8)
+        pieces: list[bytes] = []
         try:
             with self.zip.open(member.info) as stream:
                 stream.seek(member.header.size)
                 done = read_into(stream, buffer.data)  # type: ignore[arg-type]
-                if done == len(buffer):
-                    extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
-        except (*_ZIP_ERRORS, ValueError) as error:
-            self._corrupt(f"the data of {key!r} cannot be read ({error})")
-        if done < len(buffer):
-            self._corrupt(f"it ended inside the data of {key!r}")
-        if extra:
-            self._corrupt(f"the record {key!r} holds more bytes than its header says")
-        return buffer
-
-    def _pieces(self, key: str, member: _Member) -> np.ndarray:
-        """A record of unbounded expansion (bzip2, lzma), read piece by piece."""
-        pieces, done = [], 0
-        try:
-            with self.zip.open(member.info) as stream:
-                stream.seek(member.header.size)
-                while done <= member.header.nbytes:
-                    piece = stream.read(min(_PIECE, member.header.nbytes + 1 - done))
-                    if not piece:
-                        break
+                # reading to the end (a byte more) is where zipfile checks the CRC
+                while done <= nbytes and (piece := stream.read(min(_PIECE, nbytes + 1 - done))):
                     pieces.append(piece)
                     done += len(piece)
-        except (*_ZIP_ERRORS, ValueError, OSError) as error:  # (bz2 and lzma raise OSError)
+        except errors as error:
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
-        if done < member.header.nbytes:
+        if done < nbytes:
             self._corrupt(f"it ended inside the data of {key!r}")
-        if done > member.header.nbytes:
+        if done > nbytes:
             self._corrupt(f"the record {key!r} holds more bytes than its header says")
-        return np.frombuffer(b"".join(pieces), np.uint8).copy()
+        return np.frombuffer(b"".join(pieces), np.uint8).copy() if pieces else buffer
 
     def read(self, key: str) -> np.ndarray:
         return npy_array(self._data(key), self.records[key].header)
