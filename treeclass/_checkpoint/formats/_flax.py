@@ -54,6 +54,10 @@ class _Array(NamedTuple):
     pieces: tuple[tuple[int, int], ...]  # (file offset, length) of its bytes, in order
     value: np.ndarray | None = None  # a number of the document, held here
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
 
 class FlaxFile(FileSource):
     """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
@@ -183,6 +187,7 @@ class FlaxFile(FileSource):
 
     def _array(self, path: tuple, start: int, length: int) -> _Array:
         """The header of an ndarray extension at `start`: a msgpack `(shape, dtype, bytes)`."""
+        where = f"the array at {'.'.join(path)!r}"
         window = self._pread(start, min(length, _ARRAY_HEADER_WINDOW))
         reader = self.msgpack.Unpacker(raw=False, **self._limits(len(window)))
         reader.feed(window)
@@ -192,25 +197,22 @@ class FlaxFile(FileSource):
             shape, dtype_name = reader.unpack(), reader.unpack()
             at = reader.tell()
         except (ValueError, self.msgpack.UnpackException) as error:
-            self._corrupt(f"the array at {'.'.join(path)!r} has a malformed header ({error})")
+            self._corrupt(f"{where} has a malformed header ({error})")
         if isinstance(dtype_name, bytes):
             dtype_name = dtype_name.decode("ascii", "replace")
         ok = isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
         dtype = numpy_dtype(dtype_name) if isinstance(dtype_name, str) else None
         if not ok or len(shape) > MAX_DEPTH or dtype is None or dtype.hasobject:
-            self._corrupt(
-                f"the array at {'.'.join(path)!r} has a malformed header: shape {shape!r}, "
-                f"dtype {dtype_name!r}"
-            )
+            self._corrupt(f"{where} has a malformed header: shape {shape!r}, dtype {dtype_name!r}")
         kind = window[at] if at < len(window) else None
         if kind not in _BYTES:
-            self._corrupt(f"the array at {'.'.join(path)!r} has no bytes after its header")
+            self._corrupt(f"{where} has no bytes after its header")
         header, form = _BYTES[kind]
         (count,) = struct.unpack(form, window[at + 1 : at + header])
         shape = tuple(shape)
         if at + header + count != length or count != math.prod(shape) * dtype.itemsize:
             self._corrupt(
-                f"the array at {'.'.join(path)!r} is {dtype.name}{list(shape)}, which needs "
+                f"{where} is {dtype.name}{list(shape)}, which needs "
                 f"{math.prod(shape) * dtype.itemsize} bytes, but it holds {count}"
             )
         return _Array(dtype, shape, ((start + at + header, count),))
@@ -267,14 +269,13 @@ class FlaxFile(FileSource):
 
     def info(self, key: str) -> TensorInfo:
         array = self.arrays[key]
-        nbytes = math.prod(array.shape) * array.dtype.itemsize
-        return TensorInfo(array.dtype.name, array.shape, nbytes)
+        return TensorInfo(array.dtype.name, array.shape, array.nbytes)
 
     def read(self, key: str) -> np.ndarray:
         array = self.arrays[key]
         if array.value is not None:
             return array.value.copy()
-        data = self._stored(key, 0, sum(n for _, n in array.pieces))
+        data = self._stored(key, 0, array.nbytes)
         # in the byte order its dtype name gives (`>f4`), as flax's `np.frombuffer` reads
         # it; little-endian, as every source returns tensors
         values = data.view(array.dtype).reshape(array.shape)
@@ -292,7 +293,7 @@ class FlaxFile(FileSource):
 
     def _stored(self, key: str, start: int, stop: int) -> np.ndarray:
         array = self.arrays[key]
-        stop = min(stop, sum(n for _, n in array.pieces))
+        stop = min(stop, array.nbytes)
         buffer = np.empty(max(stop - start, 0), np.uint8)
         at = 0  # where the current piece starts in the tensor's bytes
         for offset, count in array.pieces:  # the pieces of a chunked array, in order
@@ -305,7 +306,7 @@ class FlaxFile(FileSource):
 
 def _is_msgpack_map(head: bytes, size: int) -> bool:
     """A msgpack map whose first key is a string (flax's keys are), or an empty map."""
-    if not head or not (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+    if not head or head[0] not in _MAPS:
         return False
     if head[0] == 0x80:
         return len(head) == 1
