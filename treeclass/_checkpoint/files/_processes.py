@@ -363,10 +363,11 @@ def _meet_as_process_0(
     seen: dict[int, int] = _counters["seen"]
     mine = _entries(tensors)
     arrived: dict[int, tuple[int, str]] = {}
+    said = {"path": path, "spread": spread, "timeout": timeout, "me": 0}
 
     def waiting() -> str:
         who = _named([p for p in range(1, count) if p not in arrived]) + " to call it too"
-        return _WAITING.format(path=path, me=0, who=who, spread=spread, timeout=timeout)
+        return _WAITING.format(**said, who=who)
 
     wait = _Notice(timeout, waiting)
     for process in range(1, count):
@@ -384,14 +385,11 @@ def _meet_as_process_0(
     difference = None if missing else next((d for d in found if d is not None), None)
     answer: dict[str, Any] = {"save": number}
     if missing:
-        text = _NOT_EVERYWHERE.format(
-            path=path, spread=spread, me=0, timeout=timeout, who=_named(missing),
-            verb="it did" if len(missing) == 1 else "they did",
-        )  # fmt: skip
+        verb = "it did" if len(missing) == 1 else "they did"
+        text = _NOT_EVERYWHERE.format(**said, who=_named(missing), verb=verb)
         answer = {"error": ["TimeoutError", text]}
     elif difference is not None:
-        text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
-        answer = {"error": ["ValueError", text]}
+        answer = {"error": ["ValueError", _DIFFERENT_CALLS.format(**said, difference=difference)]}
     for process, (k, _) in arrived.items():
         client.key_value_set(f"{_PREFIX}/reply/{process}/{k}", json.dumps(answer))
     _checked(answer)
@@ -406,22 +404,19 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
     k = _counters["arrivals"]
     _counters["arrivals"] += 1
     client.key_value_set(f"{_PREFIX}/arrive/{process}/{k}", _describe(path, _entries(tensors)))
+    said = {"path": path, "spread": spread, "timeout": timeout, "me": process}
     who = "process 0 to answer, which it does once every process has called it"
-    text = _WAITING.format(path=path, me=process, who=who, spread=spread, timeout=timeout)
+    text = _WAITING.format(**said, who=who)
     reply = _Notice(timeout, lambda: text).get(client, f"{_PREFIX}/reply/{process}/{k}")
     if reply is None:
         if client.key_value_increment(f"{_PREFIX}/claim/{process}/{k}", 1) == 1:
             who = "process 0 to answer (it answers once every process has called it)"
-            raise TimeoutError(
-                _NOT_EVERYWHERE.format(
-                    path=path, spread=spread, me=process, timeout=timeout, verb="it did", who=who
-                )
-            )
+            raise TimeoutError(_NOT_EVERYWHERE.format(**said, verb="it did", who=who))
         # process 0 claimed our arrival just now: its answer is on its way
         reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", timeout)
         if reply is None:
             what = "process 0 to answer its call, which process 0 had seen"
-            raise TimeoutError(_STOPPED.format(path=path, me=process, timeout=timeout, what=what))
+            raise TimeoutError(_STOPPED.format(**said, what=what))
     for key in ("arrive", "reply", "claim"):
         client.key_value_delete(f"{_PREFIX}/{key}/{process}/{k}")
     return _Save(client, path, _checked(json.loads(reply))["save"], timeout)
