@@ -8,7 +8,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
@@ -183,32 +183,25 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
     return path, descriptor, temp
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
-    """Call `write` on a new temporary file beside `path`, then rename it over `path`."""
+def write_atomically(path: str, write: Callable[[Callable[[Any], object]], object]) -> None:
+    """Call `write(put)`, `put` writing bytes (counted) to a new temporary file beside `path`,
+    then rename that file over `path`."""
     path, descriptor, temp = _temp_beside(path)
     try:
         with open(descriptor, "wb") as file:
+
+            def put(data: Any) -> None:
+                file.write(data)
+                IO.wrote(memoryview(data).nbytes)
+
             try:
-                write(cast(BinaryIO, _Counted(file)))  # (counts the bytes written)
+                write(put)
             except OSError as error:
                 raise reworded(error, f"cannot write {path} ({error.strerror})", path) from error
         os.replace(temp, path)
     except BaseException:
         discard(temp)
         raise
-
-
-class _Counted:
-    def __init__(self, file: BinaryIO) -> None:
-        self._file = file
-
-    def write(self, data: Any) -> int:
-        count = self._file.write(data)
-        IO.wrote(memoryview(data).nbytes)
-        return count
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
 
 
 def create_sized(path: str, size: int, head: bytes) -> str:

@@ -168,7 +168,7 @@ class SafetensorsSave:
     ) -> Callable[[], None]:
         header = header_bytes(dict(metadata), tensors)
         return functools.partial(
-            write_atomically, self.path, lambda file: write_tensors(file, header, tensors)
+            write_atomically, self.path, lambda put: write_tensors(put, header, tensors)
         )
 
 
@@ -193,13 +193,14 @@ def header_bytes(metadata: dict[str, str], tensors: Sequence[OutTensor]) -> byte
     return struct.pack("<Q", len(text)) + text
 
 
-def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -> None:
-    """Write a whole safetensors file, one tensor's bytes on the host at a time."""
-    file.write(header)
+def write_tensors(
+    put: Callable[[Any], object], header: bytes, tensors: Sequence[OutTensor]
+) -> None:
+    """Write a whole safetensors file by `put`, one tensor's bytes on the host at a time
+    (each freed when its `put` returns)."""
+    put(header)
     for tensor in tensors:
-        data = tensor.whole()
-        file.write(data.data)
-        del data  # free this tensor's host copy before the next is made
+        put(tensor.whole().data)
 
 
 def _is_safetensors(head: bytes, size: int) -> bool:

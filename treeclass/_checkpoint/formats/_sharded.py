@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files._files import create_sized, discard, open_for_reading, write_atomically
+from ..files._files import create_sized, discard, file_reader, open_for_reading, write_atomically
 from ..files._json import MAX_HEADER_BYTES
 from ..files._json import loads as strict_json
 from ..files._source import FileSource, Format, OutTensor, SharedWrite, TensorInfo, register_format
@@ -51,6 +51,9 @@ def parse_size(value: Any) -> int:
     if size <= 0:
         raise ValueError(_BAD_SIZE.format(value=value))
     return size
+
+
+_open_shard = file_reader(SafetensorsFile)
 
 
 def _plain_name(name: Any) -> bool:
@@ -102,7 +105,10 @@ class ShardedSafetensors(FileSource):
                     "(a plain file name: no folder, no NUL byte)"
                 )
             if shard not in self.shards:
-                self.shards[shard] = self._shard(os.path.join(folder, shard), shard)
+                try:
+                    self.shards[shard] = _open_shard(os.path.join(folder, shard), None)
+                except FileNotFoundError:
+                    self._corrupt(f"its shard {shard!r} does not exist (an incomplete download?)")
             if name not in self.shards[shard].tensors:
                 self._corrupt(f"it maps {name!r} to the shard {shard!r}, which does not hold it")
         for shard, source in self.shards.items():
@@ -116,17 +122,6 @@ class ShardedSafetensors(FileSource):
                     f"the shard {shard!r} was written by another save than the index (an "
                     "interrupted tc.save over an older checkpoint?)"
                 )
-
-    def _shard(self, path: str, shard: str) -> SafetensorsFile:
-        try:
-            file = open_for_reading(path)
-        except FileNotFoundError:
-            self._corrupt(f"its shard {shard!r} does not exist (an incomplete download?)")
-        try:
-            return SafetensorsFile(file, path)
-        except BaseException:
-            file.close()
-            raise
 
     def keys(self) -> Iterator[str]:
         return iter(self.weight_map)
@@ -157,16 +152,13 @@ class ShardedSafetensors(FileSource):
 
 def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     groups: list[list[OutTensor]] = []
-    current: list[OutTensor] = []
     size = 0
     for tensor in tensors:
-        if current and size + tensor.nbytes > limit:
-            groups.append(current)
-            current, size = [], 0
-        current.append(tensor)
+        if not groups or size + tensor.nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(tensor)
         size += tensor.nbytes
-    if current:
-        groups.append(current)
     return groups
 
 
@@ -274,7 +266,7 @@ class _ShardedWrite(SharedWrite):
             },
         }
         text = json.dumps(index, indent=2).encode("utf-8")
-        write_atomically(self.save.path, lambda file: file.write(text))
+        write_atomically(self.save.path, lambda put: put(text))
         for name in self.previous - set(self.names):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.folder, name))
