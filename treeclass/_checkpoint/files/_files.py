@@ -14,22 +14,13 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class IOCounters:
-    """The bytes and calls this process's checkpoint readers and writers moved since `reset`."""
-
-    __slots__ = ("read_bytes", "reads", "written_bytes", "writes")
+    """What this process's checkpoint files moved since `reset`: bytes read, reads, written."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.read_bytes = self.reads = self.written_bytes = self.writes = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def wrote(self, count: int) -> None:
-        self.written_bytes += count
-        self.writes += 1
+        self.read_bytes = self.reads = self.written_bytes = 0
 
     def read(self, count: int) -> None:
         self.read_bytes += count
@@ -64,7 +55,6 @@ class SizedFile:
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self.size = os.fstat(file.fileno()).st_size
-        self.name = getattr(file, "name", None)
 
     def _left(self) -> int:
         return max(self.size - self._file.tell(), 0)
@@ -145,12 +135,8 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
         except OSError as error:
             if error.errno == errno.ENAMETOOLONG and name is not names[-1]:
                 continue  # the filesystem's limit is lower than it said
-            raise type(error)(
-                error.errno,
-                f"cannot write {path}: creating a temporary file in {folder} failed "
-                f"({error.strerror})",
-                path,
-            ) from error
+            text = f"cannot write {path}: creating a temporary file in {folder} failed"
+            raise reworded(error, f"{text} ({error.strerror})", path) from error
     raise AssertionError("unreachable: the last name raises")
 
 
@@ -192,7 +178,7 @@ def write_atomically(path: str, write: Callable[[Callable[[Any], object]], objec
 
             def put(data: Any) -> None:
                 file.write(data)
-                IO.wrote(memoryview(data).nbytes)
+                IO.written_bytes += memoryview(data).nbytes
 
             try:
                 write(put)
@@ -209,7 +195,7 @@ def create_sized(path: str, size: int, head: bytes) -> str:
     _, descriptor, temp = _temp_beside(path)
     try:
         os.ftruncate(descriptor, size)
-        _write_all(descriptor, memoryview(head), 0)
+        write_at(descriptor, head, 0)
     except BaseException:
         os.close(descriptor)
         discard(temp)
@@ -218,7 +204,9 @@ def create_sized(path: str, size: int, head: bytes) -> str:
     return temp
 
 
-def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
+def write_at(descriptor: int, data: Any, offset: int) -> None:
+    """Write all of `data` (a bytes-like object) at `offset` of an open file, counted."""
+    data = memoryview(data).cast("B")
     done = 0
     while done < len(data):
         if hasattr(os, "pwrite"):
@@ -226,12 +214,7 @@ def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
         else:  # Windows: one writer per descriptor, so seeking first is safe
             os.lseek(descriptor, offset + done, os.SEEK_SET)
             done += os.write(descriptor, data[done:])
-    IO.wrote(len(data))
-
-
-def write_at(descriptor: int, data: Any, offset: int) -> None:
-    """Write all of `data` (a bytes-like object) at `offset` of an open file, counted."""
-    _write_all(descriptor, memoryview(data).cast("B"), offset)
+    IO.written_bytes += len(data)
 
 
 def reworded(error: OSError, text: str, filename: object) -> OSError:
