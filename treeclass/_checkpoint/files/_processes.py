@@ -113,8 +113,9 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 class _HostView:
     """What a save reads of an array not fully addressable here (see `host_view`)."""
 
-    def __init__(self, array: jax.Array, where: str, spread: bool, gathered: bool) -> None:
-        self.array, self.where, self.spread, self.gathered = array, where, spread, gathered
+    def __init__(self, array: jax.Array, where: str, blocks: list, spread: bool, gathered: bool):
+        self.array, self.where, self.blocks = array, where, blocks
+        self.spread, self.gathered = spread, gathered
         # set by the save it is part of
         self.progress: Callable[[], None] | None = None
         self.announce: Callable[[], None] | None = None
@@ -150,15 +151,18 @@ class _HostView:
 
 def host_view(array: jax.Array, where: str) -> _HostView:
     """What a save reads of `array`: this process's shards if they hold it all, else a gather."""
-    indices = array.sharding.devices_indices_map(array.shape)
+    blocks = sorted(  # (device id, its process, its block)
+        (device.id, device.process_index, _bounds(index, array.shape))
+        for device, index in array.sharding.devices_indices_map(array.shape).items()
+    )
     held: dict[int, set[Bounds]] = {}
-    for device, index in indices.items():
-        held.setdefault(device.process_index, set()).add(_bounds(index, array.shape))
+    for _, process, bounds in blocks:
+        held.setdefault(process, set()).add(bounds)
     # (the shards of one array are equal or disjoint)
     whole = {p: sum(math.prod(_extent(x)) for x in h) == array.size for p, h in held.items()}
     everywhere = len(whole) == jax.process_count() and all(whole.values())
     alone = everywhere or whole.get(0, False)  # process 0 can read it alone, when it writes
-    return _HostView(array, where, spread=not everywhere, gathered=not alone)
+    return _HostView(array, where, blocks, spread=not everywhere, gathered=not alone)
 
 
 # One save at a time per process, and the meetings' counters so far (the arrivals this
@@ -251,14 +255,9 @@ def _sharded(value: object) -> str:
     those tell whether process 0 can read it alone, too)."""
     if not isinstance(value, _HostView):
         return ""
-    array = value.array
-    blocks = sorted(
-        (device.id, _bounds(index, array.shape))
-        for device, index in array.sharding.devices_indices_map(array.shape).items()
-    )
-    digest = hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
-    spec = getattr(array.sharding, "spec", None)
-    sharding = type(array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
+    digest = hashlib.sha256(repr(value.blocks).encode()).hexdigest()[:12]
+    spec = getattr(value.array.sharding, "spec", None)
+    sharding = type(value.array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
     return f" sharded {sharding} (device blocks {digest})"
 
 
@@ -467,12 +466,10 @@ def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> 
     if alone or not isinstance(planned.value, _HostView) or out.nbytes == 0:
         writer = jax.process_index() if alone else 0
         return [_Piece(index, whole, (writer,), out.nbytes)] if out.nbytes else []
-    array = planned.value.array
-    shape = tuple(array.shape)
-    trailing = whole[len(shape) :]  # a key's data, or a raw-bytes axis: always whole
+    trailing = whole[planned.value.array.ndim :]  # a key's data, or a raw-bytes axis: whole
     holders: dict[Bounds, set[int]] = {}
-    for device, where in array.sharding.devices_indices_map(shape).items():
-        holders.setdefault(_bounds(where, shape) + trailing, set()).add(device.process_index)
+    for _, process, bounds in planned.value.blocks:
+        holders.setdefault(bounds + trailing, set()).add(process)
     itemsize = out.nbytes // math.prod(stored)
     pieces = [
         _Piece(index, bounds, tuple(sorted(who)), itemsize * math.prod(_extent(bounds)))
