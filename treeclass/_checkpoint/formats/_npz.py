@@ -133,10 +133,7 @@ class NpzFile(NpyRecords):
                 self._corrupt(f"it holds the record {info.filename!r} twice")
             if not 0 <= info.header_offset < self.size:
                 self._corrupt(f"its directory places the record {key!r} outside the file")
-            stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1
-            if not stored:
-                self._check_claims(key, info)
-            start = self._stored_start(key, info) if stored else None
+            start = self._start(key, info)
             header = self._header(key, info, start)
             refuse_objects(header, location, repr(key))
             if info.file_size != header.size + header.nbytes:
@@ -149,30 +146,28 @@ class NpzFile(NpyRecords):
             self.records[key] = _Member(info, header, data)
         self._whole = WholeTensorCache(self.read)
 
-    def _stored_start(self, key: str, info: zipfile.ZipInfo) -> int:
-        """Where the bytes of a stored member start, from its local header."""
-        self.file.seek(info.header_offset)
-        local = self.file.read(_LOCAL_HEADER.size)
-        if len(local) < _LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
-            self._corrupt(f"the local header of the record {key!r} is missing")
-        _, name, extra = _LOCAL_HEADER.unpack(local)
-        start = info.header_offset + _LOCAL_HEADER.size + name + extra
-        if start + info.file_size > self.size:
+    def _start(self, key: str, info: zipfile.ZipInfo) -> int | None:
+        """Where a stored member's bytes start (None for a compressed one), from its local
+        header; refused if its sizes claim more than the file's bytes can hold."""
+        stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1  # unencrypted
+        start, end = 0, info.header_offset + info.compress_size
+        if stored:
+            self.file.seek(info.header_offset)
+            local = self.file.read(_LOCAL_HEADER.size)
+            if len(local) < _LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
+                self._corrupt(f"the local header of the record {key!r} is missing")
+            _, name, extra = _LOCAL_HEADER.unpack(local)
+            start = info.header_offset + _LOCAL_HEADER.size + name + extra
+            end = start + info.file_size
+        if end > self.size:
             self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
-        return start
-
-    def _check_claims(self, key: str, info: zipfile.ZipInfo) -> None:
-        """Refuse a compressed record whose sizes its stored bytes cannot hold."""
-        if info.header_offset + info.compress_size > self.size:
-            self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
-        if (
-            info.compress_type == zipfile.ZIP_DEFLATED
-            and info.file_size > _DEFLATE_RATIO * info.compress_size + 64
-        ):
+        deflated = info.compress_type == zipfile.ZIP_DEFLATED
+        if deflated and info.file_size > _DEFLATE_RATIO * info.compress_size + 64:
             self._corrupt(
                 f"the record {key!r} claims {info.file_size} bytes, more than its "
                 f"{info.compress_size} compressed bytes can hold"
             )
+        return start if stored else None
 
     def _header(self, key: str, info: zipfile.ZipInfo, start: int | None) -> NpyHeader:
         try:
@@ -200,7 +195,7 @@ class NpzFile(NpyRecords):
         if member.data is not None:
             return self._stored_data(key, member)
         nbytes = member.header.nbytes
-        # a deflated record is read in place (`_check_claims` bounds its size); one of
+        # a deflated record is read in place (`_start` bounds its size); one of
         # unbounded expansion (bzip2, lzma: they raise OSError for bad data) piece by piece
         deflated = member.info.compress_type == zipfile.ZIP_DEFLATED
         errors = (*_ZIP_ERRORS, ValueError) + (() if deflated else (OSError,))

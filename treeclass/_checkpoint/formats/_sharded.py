@@ -60,10 +60,8 @@ def _plain_name(name: Any) -> bool:
     return (
         isinstance(name, str)
         and name not in ("", ".", "..")
+        and not {"/", "\\", "\0"} & set(name)
         and os.path.basename(name) == name
-        and "/" not in name
-        and "\\" not in name
-        and "\0" not in name
         and not os.path.isabs(name)
     )
 
@@ -140,14 +138,9 @@ class ShardedSafetensors(FileSource):
 
     def close(self) -> None:
         shards, self.shards = list(self.shards.values()), {}
-        errors = []
-        for shard in shards:
-            try:
-                shard.close()
-            except OSError as error:
-                errors.append(error)
-        if errors:
-            raise errors[0]
+        with contextlib.ExitStack() as closing:  # every shard closed, whichever fails
+            for shard in shards:
+                closing.callback(shard.close)
 
 
 def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
@@ -206,17 +199,12 @@ class _ShardedWrite(SharedWrite):
         # the user's metadata (`{"format": "pt"}`) in every shard's header too, where
         # other readers look for it; treeclass's document stays in the index alone
         self.shard_metadata = {k: v for k, v in metadata.items() if k != METADATA_KEY}
-        # treeclass's own layout ties its index and shards by a token of the save (so an
-        # interrupted save over an older one is caught); an export in another library's
-        # layout (no document) is that library's folder, metadata and all, byte for byte
-        self.tokened = METADATA_KEY in metadata
         self.groups = _groups(self.tensors, save.limit)
         count = len(self.groups)
         self.names = [
             f"{save.base}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)
         ]
         self.folder = os.path.dirname(save.path)
-        self.token = ""
 
     def begin(self) -> dict[str, Any]:
         # the safetensors files the index there names now (an index from elsewhere may
@@ -226,11 +214,15 @@ class _ShardedWrite(SharedWrite):
         self.previous = {
             n for n in names if not odd and _plain_name(n) and n.endswith(".safetensors")
         }
-        self.token = secrets.token_hex(8)
+        # treeclass's own layout ties its index and shards by a token of the save (so an
+        # interrupted save over an older one is caught); an export in another library's
+        # layout (no document) is that library's folder, metadata and all, byte for byte
+        tokened = METADATA_KEY in self.metadata
+        self.token = {_SAVE_KEY: secrets.token_hex(8)} if tokened else {}
         files: list[list[Any]] = []
         try:
             for name, group in zip(self.names, self.groups, strict=True):
-                header = header_bytes({**self.shard_metadata, **self._token()}, group)
+                header = header_bytes({**self.shard_metadata, **self.token}, group)
                 size = len(header) + sum(t.nbytes for t in group)
                 files.append(
                     [create_sized(os.path.join(self.folder, name), size, header), len(header)]
@@ -239,9 +231,6 @@ class _ShardedWrite(SharedWrite):
             self.abort({"files": files})
             raise
         return {"files": files}
-
-    def _token(self) -> dict[str, str]:
-        return {_SAVE_KEY: self.token} if self.tokened else {}
 
     def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
         out = []
@@ -259,7 +248,7 @@ class _ShardedWrite(SharedWrite):
             "metadata": {
                 "total_size": sum(t.nbytes for t in self.tensors),
                 **self.metadata,
-                **self._token(),
+                **self.token,
             },
             "weight_map": {
                 t.name: name for name, group in zip(self.names, self.groups) for t in group
