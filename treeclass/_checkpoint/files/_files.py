@@ -77,11 +77,18 @@ class SizedFile:
         self.close()
 
 
-def read_into(file: BinaryIO, view: memoryview) -> int:
-    """Fill `view` from `file`'s position on; the bytes read (fewer: the file ended)."""
+def read_into(file: BinaryIO, view: memoryview, offset: int | None = None) -> int:
+    """Fill `view` from `file` at `offset` (by positioned reads where the OS has them: a small
+    slice costs its size), else from its position; the bytes read (fewer: the file ended)."""
+    at = offset if hasattr(os, "preadv") else None
+    if offset is not None and at is None:
+        file.seek(offset)
     done = 0
     while done < len(view):
-        count = file.readinto(view[done:])  # type: ignore[attr-defined]
+        if at is not None:
+            count = os.preadv(file.fileno(), [view[done:]], at + done)
+        else:
+            count = file.readinto(view[done:])  # type: ignore[attr-defined]
         if not count:
             break
         done += count

@@ -524,11 +524,8 @@ def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.nda
     last = cut[-1]
     offsets = np.zeros(1, np.int64)
     for axis in range(last):
-        if extent[axis] > 1:
-            rows = np.arange(bounds[axis][0], bounds[axis][1], dtype=np.int64) * strides[axis]
-            offsets = np.add.outer(offsets, rows).reshape(-1)
-        else:
-            offsets = offsets + bounds[axis][0] * strides[axis]
+        rows = np.arange(bounds[axis][0], bounds[axis][1], dtype=np.int64) * strides[axis]
+        offsets = np.add.outer(offsets, rows).reshape(-1)
     return offsets + bounds[last][0] * strides[last], extent[last] * strides[last]
 
 
@@ -554,8 +551,8 @@ def _write_mine(
     write: SharedWrite,
     state: dict[str, Any],
     progress: Callable[[], None] | None = None,
-) -> int:
-    """Write this process's share of every tensor (all of it when alone); the bytes written."""
+) -> None:
+    """Write this process's share of every tensor (all of it when alone)."""
     me, count, alone = jax.process_index(), jax.process_count(), progress is None
     outs = list(write.tensors)
     pieces = [
@@ -566,7 +563,6 @@ def _write_mine(
     parts = balance([(p.nbytes, p.holders) for p in pieces], count)
     places = write.places(state)
     descriptors: dict[str, int] = {}
-    written = 0
     try:
         for piece, ranges in zip(pieces, parts, strict=True):
             mine = [(a, b) for process, a, b in ranges if process == me]
@@ -588,14 +584,12 @@ def _write_mine(
                     low, high = max(a, run * chunk), min(b, (run + 1) * chunk)
                     at = base + int(offsets[run]) + low - run * chunk
                     write_at(descriptors[file], data[low - start : high - start], at)
-                    written += high - low
             del data  # one block on the host at a time
             if progress is not None:
                 progress()
     finally:
         for descriptor in descriptors.values():
             os.close(descriptor)
-    return written
 
 
 def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
@@ -643,9 +637,9 @@ def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) ->
     what = f"process 0 to make the files of {save.path}"
     state = _checked(save.wait(what))["begin"]
     failure: BaseException | None = None
+    done: dict[str, Any] = {"done": True}
     try:
-        written = _write_mine(tensors, write, state, save.progress)
-        done: dict[str, Any] = {"written": written}
+        _write_mine(tensors, write, state, save.progress)
     except BaseException as error:
         failure, done = error, _outcome(save.path, error, process)
     save.post(done, f"done/{process}")

@@ -12,7 +12,7 @@ import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dty
 import numpy as np
 
 from ..._values import is_prng_key
-from ._files import IO, reworded
+from ._files import IO, read_into, reworded
 
 
 class TensorInfo(NamedTuple):
@@ -87,24 +87,16 @@ class FileSource:
 
     def read_at(self, key: str, offset: int, count: int, out: Any = None) -> np.ndarray:
         """`count` bytes of tensor `key`'s data at `offset` (into `out`, else a new `uint8`
-        array), with positioned reads where the OS has them: a small slice costs its size."""
+        array), read by `read_into` and counted."""
         out = np.empty(max(count, 0), np.uint8) if out is None else out
-        view, done = memoryview(out).cast("B"), 0
-        positioned = hasattr(os, "preadv")
-        if not positioned:
-            self.file.seek(offset)
+        view = memoryview(out).cast("B")
         try:
-            while done < len(view):
-                if positioned:
-                    got = os.preadv(self.file.fileno(), [view[done:]], offset + done)
-                else:
-                    got = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-                if not got:
-                    self._corrupt(f"it ended inside the data of tensor {key!r}")
-                done += got
+            done = read_into(self.file, view, offset)
         except OSError as error:  # a disk or network failure: the I/O error, naming the file
             message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
             raise reworded(error, message, self.location) from error
+        if done < len(view):
+            self._corrupt(f"it ended inside the data of tensor {key!r}")
         IO.read(done)
         return out
 
