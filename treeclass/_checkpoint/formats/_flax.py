@@ -227,9 +227,7 @@ class FlaxFile(FileSource):
                 self._name(child, (*path, key))
         elif isinstance(node, _Array):
             self._add(name, node)
-        elif isinstance(node, np.ndarray):  # a complex number
-            self._add(name, _Array(node.dtype, (), (), node))
-        elif type(node) in (bool, int, float):
+        elif type(node) in (bool, int, float, np.ndarray):  # (an ndarray: a complex number)
             dtype = None
             if type(node) is int:  # msgpack holds no integer outside int64 and uint64
                 dtype = np.int64 if -(2**63) <= node < 2**63 else np.uint64

@@ -155,19 +155,14 @@ def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     return groups
 
 
-def _mapped(index: str) -> list | None:
-    """The values of the index's weight map, or None if it cannot be read."""
+def shard_names(index: str) -> list | None:
+    """The shards the index at `index` names (its weight map's values, as they are), or None
+    if it cannot be read."""
     try:
         with open_for_reading(index) as file:
             return list(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-
-
-def shard_names(index: str) -> set[str] | None:
-    """The shards the index at `index` names, or None if it cannot be read."""
-    names = _mapped(index)
-    return None if names is None else {name for name in names if isinstance(name, str)}
 
 
 class ShardedSave:
@@ -209,7 +204,7 @@ class _ShardedWrite(SharedWrite):
     def begin(self) -> dict[str, Any]:
         # the safetensors files the index there names now (an index from elsewhere may
         # name anything, itself included)
-        names = _mapped(self.save.path) or []
+        names = shard_names(self.save.path) or []
         odd = any(isinstance(name, (list, dict)) for name in names)
         self.previous = {
             n for n in names if not odd and _plain_name(n) and n.endswith(".safetensors")
