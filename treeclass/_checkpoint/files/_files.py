@@ -36,17 +36,19 @@ _NOT_A_FILE = (
 )
 
 
-def _what(mode: int) -> str:
-    for test, what in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return what
-    return "not a regular file"
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if not stat.S_ISREG(mode):
+        what = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+        raise ValueError(_NOT_A_FILE.format(path=path, what=what))
 
 
 class SizedFile:
@@ -101,14 +103,11 @@ def open_for_reading(path: str) -> BinaryIO:
         mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
     except ValueError as error:  # a NUL byte in the name
         raise ValueError(f"{path!r} cannot name a file: {error}") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
+    _check_regular(mode, path)
     # non-blocking, so that a file swapped for a pipe after the check cannot hang the open
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | _NONBLOCK)
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
+        _check_regular(os.fstat(descriptor).st_mode, path)
         if _NONBLOCK:
             os.set_blocking(descriptor, True)
         file = open(descriptor, "rb")

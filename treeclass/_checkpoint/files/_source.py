@@ -31,7 +31,7 @@ class CheckpointSource(Protocol):
     format has none); `read(key)`, a tensor on the host in its stored dtype (little-endian)
     and shape; `read_range(key, start, stop)`, bytes `start:stop` of what `read` returns,
     flat `uint8`, checked exactly as `read` checks them (cut from it where the file's bytes
-    are not: `WholeTensorCache`); `close()`, the file released. Bad bytes raise only
+    are not: `FileSource.read_range`); `close()`, the file released. Bad bytes raise only
     `ValueError` naming `location` (`OSError` for I/O)."""
 
     @property
@@ -46,22 +46,6 @@ class CheckpointSource(Protocol):
     def close(self) -> None: ...
 
 
-class WholeTensorCache:
-    """Ranges cut from the last tensor read whole through `read`, with all its checks."""
-
-    def __init__(self, read: Callable[[str], np.ndarray]) -> None:
-        self._read = read
-        self._key: str | None = None
-        self._bytes: np.ndarray | None = None
-
-    def __call__(self, key: str, start: int, stop: int) -> np.ndarray:
-        if self._key != key or self._bytes is None:
-            self._bytes = None  # free the previous tensor first
-            self._bytes = np.ascontiguousarray(self._read(key)).reshape(-1).view(np.uint8)
-            self._key = key
-        return self._bytes[start:stop]
-
-
 NOT_A_CHECKPOINT = (
     "{location} is not a checkpoint tc.load can read: {reason}. The file is corrupted or "
     "truncated (an interrupted copy?), or it is not a {format} file."
@@ -74,13 +58,25 @@ def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn
 
 
 class FileSource:
-    """What the readers of an opened file share: its error, positioned reads, closing it."""
+    """What the readers of an opened file share: its error, positioned reads, ranges cut
+    from whole tensors, closing it."""
 
     format: str
+    read: Callable[[str], np.ndarray]  # (each format's own)
 
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.file, self.location = file, location
         self.size = os.fstat(file.fileno()).st_size  # (as the file was when opened)
+        self._cut: tuple[str, np.ndarray] | None = None
+
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Bytes `start:stop` cut from tensor `key` read whole by `read`, with all its checks
+        (the last tensor kept for the next range): for bytes in the file that are not `read`'s,
+        or a checksum that covers the whole tensor."""
+        if self._cut is None or self._cut[0] != key:
+            self._cut = None  # free the previous tensor first
+            self._cut = (key, np.ascontiguousarray(self.read(key)).reshape(-1).view(np.uint8))
+        return self._cut[1][start:stop]
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, self.format)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..._values import array_type, path_str
 from ..files._files import file_reader
-from ..files._source import Format, WholeTensorCache, dtype_name, register_format
+from ..files._source import Format, dtype_name, register_format
 from ..names._walk import NUMBER, STATIC, TENSOR, entries
 from ._npz import NpyHeader, NpyRecords, npy_array, read_npy_header, refuse_objects
 
@@ -66,7 +66,6 @@ class EquinoxFile(NpyRecords):
         if len(records) != len(slots):
             raise ValueError(self._count_message(records, slots))
         self.records = {slot.name: record for slot, record in zip(slots, records)}
-        self._whole = WholeTensorCache(self.read)
 
     def _count_message(self, records: list[_Record], slots: Sequence[Slot]) -> str:
         for slot, record in zip(slots, records):
@@ -96,7 +95,7 @@ class EquinoxFile(NpyRecords):
         stop = min(stop, record.header.nbytes)
         if not record.header.fortran_order and record.header.dtype.byteorder != ">":
             return self.read_at(key, record.start + start, stop - start)
-        return self._whole(key, start, stop)
+        return super().read_range(key, start, stop)
 
 
 def _open(path: str, like: object) -> EquinoxFile:

@@ -13,14 +13,7 @@ import numpy as np
 
 from ..files._files import file_reader
 from ..files._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ..files._source import (
-    FileSource,
-    Format,
-    TensorInfo,
-    WholeTensorCache,
-    numpy_dtype,
-    register_format,
-)
+from ..files._source import FileSource, Format, TensorInfo, numpy_dtype, register_format
 
 _NEEDS_MSGPACK = (
     "Reading flax checkpoints needs the msgpack package, which is not installed:\n"
@@ -80,7 +73,6 @@ class FlaxFile(FileSource):
             self._corrupt(f"{self.size - self._position()} bytes follow its msgpack document")
         self.arrays: dict[str, _Array] = {}
         self._name(document, ())
-        self._whole = WholeTensorCache(self.read)
 
     def _restart(self, position: int) -> None:
         self.file.seek(position)
@@ -283,10 +275,8 @@ class FlaxFile(FileSource):
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         array = self.arrays[key]
-        if array.value is not None:
-            return array.value.reshape(-1).view(np.uint8)[start:stop].copy()
-        if array.dtype.byteorder == ">":  # its stored bytes are not `read`'s
-            return self._whole(key, start, stop)
+        if array.value is not None or array.dtype.byteorder == ">":  # (not `read`'s bytes)
+            return super().read_range(key, start, stop)
         return self._stored(key, start, stop)
 
     def _stored(self, key: str, start: int, stop: int) -> np.ndarray:

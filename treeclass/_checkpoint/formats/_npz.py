@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from ..files._files import file_reader, read_into
-from ..files._source import FileSource, Format, TensorInfo, WholeTensorCache, register_format
+from ..files._source import FileSource, Format, TensorInfo, register_format
 
 # numpy's own bound on a header it reads without `allow_pickle`-style trust
 _MAX_NPY_HEADER = 10_000
@@ -114,7 +114,8 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile(NpyRecords):
-    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked."""
+    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked (a
+    range is cut from its record read whole: a record's CRC-32 covers all of it)."""
 
     format = "npz"
 
@@ -144,7 +145,6 @@ class NpzFile(NpyRecords):
                 )
             data = None if start is None else start + header.size
             self.records[key] = _Member(info, header, data)
-        self._whole = WholeTensorCache(self.read)
 
     def _start(self, key: str, info: zipfile.ZipInfo) -> int | None:
         """Where a stored member's bytes start (None for a compressed one), from its local
@@ -219,11 +219,6 @@ class NpzFile(NpyRecords):
 
     def read(self, key: str) -> np.ndarray:
         return npy_array(self._data(key), self.records[key].header)
-
-    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        # every record's CRC-32 covers all of it: a range is cut from the record read
-        # whole and checked (`read`), never read straight from the file unchecked
-        return self._whole(key, start, min(stop, self.records[key].header.nbytes))
 
     def close(self) -> None:
         try:
