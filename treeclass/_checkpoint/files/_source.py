@@ -152,7 +152,6 @@ class CheckpointWriter(Protocol):
     """How `tc.save` writes a format: the dtypes it names, and the checked write (`prepare`)."""
 
     def can_store(self, dtype: np.dtype) -> bool: ...
-
     def prepare(
         self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
     ) -> Callable[[], None] | SharedWrite: ...

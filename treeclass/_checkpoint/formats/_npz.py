@@ -181,19 +181,15 @@ class NpzFile(NpyRecords):
         except _ZIP_ERRORS as error:
             self._corrupt(f"the record {key!r} cannot be read ({error})")
 
-    def _stored_data(self, key: str, member: _Member) -> np.ndarray:
-        assert member.data is not None
-        buffer = self.read_at(key, member.data, member.header.nbytes)
-        self.file.seek(member.data - member.header.size)
-        head = self.file.read(member.header.size)
-        if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
-            self._corrupt(f"the data of {key!r} does not match its CRC-32: it is damaged")
-        return buffer
-
     def _data(self, key: str) -> np.ndarray:
         member = self.records[key]
-        if member.data is not None:
-            return self._stored_data(key, member)
+        if member.data is not None:  # a stored record: its bytes read in place, CRC-checked
+            buffer = self.read_at(key, member.data, member.header.nbytes)
+            self.file.seek(member.data - member.header.size)
+            head = self.file.read(member.header.size)
+            if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
+                self._corrupt(f"the data of {key!r} does not match its CRC-32: it is damaged")
+            return buffer
         nbytes = member.header.nbytes
         # a deflated record is read in place (`_start` bounds its size); one of
         # unbounded expansion (bzip2, lzma: they raise OSError for bad data) piece by piece
