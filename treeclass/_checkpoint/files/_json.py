@@ -30,9 +30,8 @@ def nesting_depth(value: Any, check_strings: bool = False) -> int:
         children = item.values() if type(item) is dict else item
         stack.extend((x, depth + 1) for x in children if type(x) is dict or type(x) is list)
         if check_strings:
-            _check_strings([x for x in children if type(x) is str])
-            if type(item) is dict:
-                _check_strings(list(item))
+            keys = list(item) if type(item) is dict else []
+            _check_strings([x for x in children if type(x) is str] + keys)
     return peak
 
 

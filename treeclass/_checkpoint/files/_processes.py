@@ -239,15 +239,13 @@ class _Save:
         """The next step (or the message at `name`), given up `bound` s after the last progress."""
         progress, bound, key = f"{self.key}/progress", bound or self.timeout, self._name(name)
         told = self.client.key_value_increment(progress, 0)
-        while True:
-            posted = _get(self.client, key, bound)
-            if posted is not None:
-                return json.loads(posted)
+        while (posted := _get(self.client, key, bound)) is None:
             now = self.client.key_value_increment(progress, 0)
             if now == told:
                 me = jax.process_index()
                 raise TimeoutError(_STOPPED.format(path=self.path, me=me, timeout=bound, what=what))
             told = now
+        return json.loads(posted)
 
 
 def _sharded(value: object) -> str:
