@@ -21,7 +21,7 @@ def _check_strings(strings: list[str]) -> None:
             check_text(text, "the string")
 
 
-def nesting_depth(value: Any, check_strings: bool = False) -> int:
+def nesting_depth(value: Any, check_strings: bool) -> int:
     """How deeply lists and dicts nest in a value (`check_strings`: refuse invalid Unicode)."""
     peak, stack = 0, [(value, 1)] if type(value) in (dict, list) else []
     while stack:

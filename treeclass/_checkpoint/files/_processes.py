@@ -315,7 +315,7 @@ def save_from_processes(
     path: str,
     tensors: Sequence[PlannedTensor],
     write: Callable[[], None] | SharedWrite,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float,
 ) -> None:
     """Write `path` by `write`: alone when no value needs another process, else with all."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):

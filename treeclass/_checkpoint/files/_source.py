@@ -52,7 +52,7 @@ NOT_A_CHECKPOINT = (
 )
 
 
-def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn:
+def corrupt(location: str, reason: str, format: str) -> NoReturn:
     """Raise the one error for a source that cannot be read: a `ValueError` naming it."""
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
 

@@ -121,9 +121,7 @@ _SHARDED_ONLY = (
 )
 
 
-def writer_for(
-    path: str, max_shard_size: object = None, format: str | None = None
-) -> CheckpointWriter:
+def writer_for(path: str, max_shard_size: object, format: str | None) -> CheckpointWriter:
     """The writer of `path` (refused for a name that could not be loaded back)."""
     if format is not None:
         given = _by_name(format)
