@@ -1012,7 +1012,7 @@ def test_a_sharded_save_counts_the_bytes_it_writes_and_a_load_those_it_reads(tmp
     IO.reset()
     tc.load(path, tree)
     assert IO.read_bytes == 4 * (5000 + 12) + 8 * 14  # each tensor's bytes, once
-    assert IO.snapshot()["reads"] == 6
+    assert IO.reads == 6
 
 
 def test_a_failed_sharded_save_leaves_the_previous_one_and_no_temporary(tmp_path):

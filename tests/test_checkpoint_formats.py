@@ -370,6 +370,20 @@ def test_npz_arrays_of_any_byte_order_memory_order_and_bfloat16_load_as_written(
     assert restored["brain"].dtype == jnp.bfloat16 and restored["big"].dtype == np.int32
 
 
+@pytest.mark.parametrize("method", ["ZIP_BZIP2", "ZIP_LZMA"])
+def test_an_npz_archive_of_another_compression_loads_its_records_whole(tmp_path, method):
+    import zipfile
+
+    record = io.BytesIO()
+    np.save(record, np.arange(6, dtype=">f4").reshape(2, 3))
+    path = str(tmp_path / "a.npz")
+    with zipfile.ZipFile(path, "w", compression=getattr(zipfile, method)) as archive:
+        archive.writestr("w.npy", record.getvalue())
+    restored = tc.load(path, {"w": np.zeros((2, 3), np.float32)})
+    np.testing.assert_array_equal(restored["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert restored["w"].dtype == np.float32
+
+
 def test_an_npz_object_array_is_an_error_naming_its_key(tmp_path):
     path = str(tmp_path / "a.npz")
     np.savez(path, w=np.ones(2), names=np.array(["a", None], dtype=object))

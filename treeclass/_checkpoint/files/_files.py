@@ -8,41 +8,19 @@ import os
 import secrets
 import stat
 from collections.abc import Callable
-from typing import Any, BinaryIO, cast
-
-__all__ = [
-    "IO",
-    "SizedFile",
-    "open_for_reading",
-    "write_atomically",
-    "create_sized",
-    "discard",
-    "write_at",
-    "reworded",
-    "read_into",
-    "file_reader",
-]
+from typing import Any, BinaryIO
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class IOCounters:
-    """The bytes and calls this process's checkpoint readers and writers moved since `reset`."""
-
-    __slots__ = ("read_bytes", "reads", "written_bytes", "writes")
+    """What this process's checkpoint files moved since `reset`: bytes read, reads, written."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.read_bytes = self.reads = self.written_bytes = self.writes = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def wrote(self, count: int) -> None:
-        self.written_bytes += count
-        self.writes += 1
+        self.read_bytes = self.reads = self.written_bytes = 0
 
     def read(self, count: int) -> None:
         self.read_bytes += count
@@ -58,17 +36,19 @@ _NOT_A_FILE = (
 )
 
 
-def _what(mode: int) -> str:
-    for test, what in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return what
-    return "not a regular file"
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _check_regular(mode: int, path: str) -> None:
+    if not stat.S_ISREG(mode):
+        what = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+        raise ValueError(_NOT_A_FILE.format(path=path, what=what))
 
 
 class SizedFile:
@@ -77,7 +57,6 @@ class SizedFile:
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self.size = os.fstat(file.fileno()).st_size
-        self.name = getattr(file, "name", None)
 
     def _left(self) -> int:
         return max(self.size - self._file.tell(), 0)
@@ -100,11 +79,18 @@ class SizedFile:
         self.close()
 
 
-def read_into(file: BinaryIO, view: memoryview) -> int:
-    """Fill `view` from `file`'s position on; the bytes read (fewer: the file ended)."""
+def read_into(file: BinaryIO, view: memoryview, offset: int | None = None) -> int:
+    """Fill `view` from `file` at `offset` (by positioned reads where the OS has them: a small
+    slice costs its size), else from its position; the bytes read (fewer: the file ended)."""
+    at = offset if hasattr(os, "preadv") else None
+    if offset is not None and at is None:
+        file.seek(offset)
     done = 0
     while done < len(view):
-        count = file.readinto(view[done:])  # type: ignore[attr-defined]
+        if at is not None:
+            count = os.preadv(file.fileno(), [view[done:]], at + done)
+        else:
+            count = file.readinto(view[done:])  # type: ignore[attr-defined]
         if not count:
             break
         done += count
@@ -117,14 +103,11 @@ def open_for_reading(path: str) -> BinaryIO:
         mode = os.stat(path).st_mode  # follows links; FileNotFoundError names the path
     except ValueError as error:  # a NUL byte in the name
         raise ValueError(f"{path!r} cannot name a file: {error}") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
+    _check_regular(mode, path)
     # non-blocking, so that a file swapped for a pipe after the check cannot hang the open
     descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | _NONBLOCK)
     try:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError(_NOT_A_FILE.format(path=path, what=_what(mode)))
+        _check_regular(os.fstat(descriptor).st_mode, path)
         if _NONBLOCK:
             os.set_blocking(descriptor, True)
         file = open(descriptor, "rb")
@@ -158,12 +141,8 @@ def _create_temp(folder: str, base: str, path: str) -> tuple[int, str]:
         except OSError as error:
             if error.errno == errno.ENAMETOOLONG and name is not names[-1]:
                 continue  # the filesystem's limit is lower than it said
-            raise type(error)(
-                error.errno,
-                f"cannot write {path}: creating a temporary file in {folder} failed "
-                f"({error.strerror})",
-                path,
-            ) from error
+            text = f"cannot write {path}: creating a temporary file in {folder} failed"
+            raise reworded(error, f"{text} ({error.strerror})", path) from error
     raise AssertionError("unreachable: the last name raises")
 
 
@@ -196,13 +175,19 @@ def _temp_beside(path: str) -> tuple[str, int, str]:
     return path, descriptor, temp
 
 
-def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
-    """Call `write` on a new temporary file beside `path`, then rename it over `path`."""
+def write_atomically(path: str, write: Callable[[Callable[[Any], object]], object]) -> None:
+    """Call `write(put)`, `put` writing bytes (counted) to a new temporary file beside `path`,
+    then rename that file over `path`."""
     path, descriptor, temp = _temp_beside(path)
     try:
         with open(descriptor, "wb") as file:
+
+            def put(data: Any) -> None:
+                file.write(data)
+                IO.written_bytes += memoryview(data).nbytes
+
             try:
-                write(cast(BinaryIO, _Counted(file)))  # (counts the bytes written)
+                write(put)
             except OSError as error:
                 raise reworded(error, f"cannot write {path} ({error.strerror})", path) from error
         os.replace(temp, path)
@@ -211,25 +196,12 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
-class _Counted:
-    def __init__(self, file: BinaryIO) -> None:
-        self._file = file
-
-    def write(self, data: Any) -> int:
-        count = self._file.write(data)
-        IO.wrote(memoryview(data).nbytes)
-        return count
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._file, name)
-
-
 def create_sized(path: str, size: int, head: bytes) -> str:
     """The name of a new temporary file beside `path`, `size` bytes long, starting `head`."""
     _, descriptor, temp = _temp_beside(path)
     try:
         os.ftruncate(descriptor, size)
-        _write_all(descriptor, memoryview(head), 0)
+        write_at(descriptor, head, 0)
     except BaseException:
         os.close(descriptor)
         discard(temp)
@@ -238,7 +210,9 @@ def create_sized(path: str, size: int, head: bytes) -> str:
     return temp
 
 
-def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
+def write_at(descriptor: int, data: Any, offset: int) -> None:
+    """Write all of `data` (a bytes-like object) at `offset` of an open file, counted."""
+    data = memoryview(data).cast("B")
     done = 0
     while done < len(data):
         if hasattr(os, "pwrite"):
@@ -246,12 +220,7 @@ def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
         else:  # Windows: one writer per descriptor, so seeking first is safe
             os.lseek(descriptor, offset + done, os.SEEK_SET)
             done += os.write(descriptor, data[done:])
-    IO.wrote(len(data))
-
-
-def write_at(descriptor: int, data: Any, offset: int) -> None:
-    """Write all of `data` (a bytes-like object) at `offset` of an open file, counted."""
-    _write_all(descriptor, memoryview(data).cast("B"), offset)
+    IO.written_bytes += len(data)
 
 
 def reworded(error: OSError, text: str, filename: object) -> OSError:

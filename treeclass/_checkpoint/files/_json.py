@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_HEADER_BYTES", "loads", "check_text", "nesting_depth"]
-
 # the reference reader's cap on a header (safetensors' MAX_HEADER_SIZE)
 MAX_HEADER_BYTES = 100_000_000
 # deeper than any checkpoint needs (a safetensors header nests 3 levels, our document a
@@ -23,7 +21,7 @@ def _check_strings(strings: list[str]) -> None:
             check_text(text, "the string")
 
 
-def nesting_depth(value: Any, check_strings: bool = False) -> int:
+def nesting_depth(value: Any, check_strings: bool) -> int:
     """How deeply lists and dicts nest in a value (`check_strings`: refuse invalid Unicode)."""
     peak, stack = 0, [(value, 1)] if type(value) in (dict, list) else []
     while stack:
@@ -32,9 +30,8 @@ def nesting_depth(value: Any, check_strings: bool = False) -> int:
         children = item.values() if type(item) is dict else item
         stack.extend((x, depth + 1) for x in children if type(x) is dict or type(x) is list)
         if check_strings:
-            _check_strings([x for x in children if type(x) is str])
-            if type(item) is dict:
-                _check_strings(list(item))
+            keys = list(item) if type(item) is dict else []
+            _check_strings([x for x in children if type(x) is str] + keys)
     return peak
 
 

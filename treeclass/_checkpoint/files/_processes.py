@@ -6,8 +6,8 @@ it; every wait ends `timeout` seconds after the last progress any process told o
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -25,19 +25,6 @@ from jax.experimental import multihost_utils
 from ..._values import is_prng_key
 from ._files import write_at
 from ._source import OutTensor, PlannedTensor, SharedWrite
-
-__all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "GAP_LIMIT",
-    "OVER_READ",
-    "GROUP_BYTES",
-    "balance",
-    "coalesce",
-    "host_view",
-    "save_from_processes",
-    "read_block",
-    "place_by_slices",
-]
 
 # `tc.save(..., timeout=)`: processes reach a save at nearly the same time (their steps
 # wait on each other), so a long wait means a call on some processes only, or one stopped
@@ -108,6 +95,10 @@ def _bounds(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Bounds:
     return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
 
 
+def _extent(bounds: Bounds) -> tuple[int, ...]:
+    return tuple(b - a for a, b in bounds)
+
+
 def _key_data(array: jax.Array) -> jax.Array:
     return jax.random.key_data(array) if is_prng_key(array) else array
 
@@ -122,8 +113,9 @@ def _local_shards(array: jax.Array) -> dict[Bounds, jax.Array]:
 class _HostView:
     """What a save reads of an array not fully addressable here (see `host_view`)."""
 
-    def __init__(self, array: jax.Array, where: str, spread: bool, gathered: bool = False) -> None:
-        self.array, self.where, self.spread, self.gathered = array, where, spread, gathered
+    def __init__(self, array: jax.Array, where: str, blocks: list, spread: bool, gathered: bool):
+        self.array, self.where, self.blocks = array, where, blocks
+        self.spread, self.gathered = spread, gathered
         # set by the save it is part of
         self.progress: Callable[[], None] | None = None
         self.announce: Callable[[], None] | None = None
@@ -159,18 +151,18 @@ class _HostView:
 
 def host_view(array: jax.Array, where: str) -> _HostView:
     """What a save reads of `array`: this process's shards if they hold it all, else a gather."""
-    indices = array.sharding.devices_indices_map(array.shape)
+    blocks = sorted(  # (device id, its process, its block)
+        (device.id, device.process_index, _bounds(index, array.shape))
+        for device, index in array.sharding.devices_indices_map(array.shape).items()
+    )
     held: dict[int, set[Bounds]] = {}
-    for device, index in indices.items():
-        held.setdefault(device.process_index, set()).add(_bounds(index, array.shape))
+    for _, process, bounds in blocks:
+        held.setdefault(process, set()).add(bounds)
     # (the shards of one array are equal or disjoint)
-    whole = {
-        p: sum(math.prod(b - a for a, b in x) for x in h) == array.size for p, h in held.items()
-    }
+    whole = {p: sum(math.prod(_extent(x)) for x in h) == array.size for p, h in held.items()}
     everywhere = len(whole) == jax.process_count() and all(whole.values())
-    if everywhere or whole.get(0, False):  # process 0 can read it alone, when it writes
-        return _HostView(array, where, spread=not everywhere)
-    return _HostView(array, where, spread=True, gathered=True)
+    alone = everywhere or whole.get(0, False)  # process 0 can read it alone, when it writes
+    return _HostView(array, where, blocks, spread=not everywhere, gathered=not alone)
 
 
 # One save at a time per process, and the meetings' counters so far (the arrivals this
@@ -220,10 +212,22 @@ class _Notice:
 
 
 class _Save:
+    """One save's messages: process 0 posts its numbered steps, the others read them in turn."""
+
     def __init__(self, client: _KeyValueStore, path: str, number: int, timeout: float) -> None:
         self.client, self.path, self.timeout = client, path, timeout
         self.key = f"{_PREFIX}/{number}"
+        self.steps = 0  # posted (on process 0) or read (on the others) so far
         self._told = -math.inf
+
+    def _name(self, name: str | None) -> str:
+        if name is None:
+            name, self.steps = f"step/{self.steps}", self.steps + 1
+        return f"{self.key}/{name}"
+
+    def post(self, message: dict[str, Any], name: str | None = None) -> None:
+        """Post `message` as the next step, or at `name`."""
+        self.client.key_value_set(self._name(name), json.dumps(message))
 
     def progress(self, now: bool = False) -> None:
         """Tell the others this process is at work (at most once a second, unless `now`)."""
@@ -231,40 +235,36 @@ class _Save:
             self._told = time.monotonic()
             self.client.key_value_increment(f"{self.key}/progress", 1)
 
-    def wait(self, name: str, what: str, bound: float | None = None) -> dict[str, Any]:
-        """The message posted at `name`, waited for `bound` s after the last progress."""
-        progress, bound = f"{self.key}/progress", bound or self.timeout
+    def wait(self, what: str, name: str | None = None, bound: float | None = None) -> dict:
+        """The next step (or the message at `name`), given up `bound` s after the last progress."""
+        progress, bound, key = f"{self.key}/progress", bound or self.timeout, self._name(name)
         told = self.client.key_value_increment(progress, 0)
-        while True:
-            posted = _get(self.client, f"{self.key}/{name}", bound)
-            if posted is not None:
-                return json.loads(posted)
+        while (posted := _get(self.client, key, bound)) is None:
             now = self.client.key_value_increment(progress, 0)
             if now == told:
                 me = jax.process_index()
                 raise TimeoutError(_STOPPED.format(path=self.path, me=me, timeout=bound, what=what))
             told = now
+        return json.loads(posted)
 
 
-def _kind(value: object) -> str:
+def _sharded(value: object) -> str:
+    """How a value is spread over devices, as a difference names it (a digest of its blocks:
+    those tell whether process 0 can read it alone, too)."""
     if not isinstance(value, _HostView):
-        return "local"
-    array = value.array
-    blocks = sorted(
-        (device.id, _bounds(index, array.shape))
-        for device, index in array.sharding.devices_indices_map(array.shape).items()
-    )
-    digest = hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
-    spec = getattr(array.sharding, "spec", None)
-    sharding = type(array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
-    return f"{'split' if value.gathered else 'held'}|{sharding}|{digest}"
+        return ""
+    digest = hashlib.sha256(repr(value.blocks).encode()).hexdigest()[:12]
+    spec = getattr(value.array.sharding, "spec", None)
+    sharding = type(value.array.sharding).__name__ if spec is None else f"P{tuple(spec)!r}"
+    return f" sharded {sharding} (device blocks {digest})"
 
 
-def _entries(tensors: Sequence[PlannedTensor]) -> list[list[Any]]:
-    return [[t.where, str(t.dtype), list(t.shape), _kind(t.value)] for t in tensors]
+def _entries(tensors: Sequence[PlannedTensor]) -> list[list[str]]:
+    """Each tensor's key path, and what must be the same of it on every process."""
+    return [[t.where, f"{t.dtype}{list(t.shape)}{_sharded(t.value)}"] for t in tensors]
 
 
-def _describe(path: str, entries: list[list[Any]]) -> str:
+def _describe(path: str, entries: list[list[str]]) -> str:
     """The path and tensors by a digest, with the list when small enough to name a difference."""
     text = json.dumps(entries).encode()
     digest, packed = hashlib.sha256(text).hexdigest(), base64.b64encode(zlib.compress(text))
@@ -272,15 +272,7 @@ def _describe(path: str, entries: list[list[Any]]) -> str:
     return json.dumps({"path": path, "digest": digest, "count": len(entries), "entries": shown})
 
 
-def _shown(entry: list[Any]) -> str:
-    where, dtype, shape, kind = entry
-    if kind == "local":
-        return f"{dtype}{shape}"
-    _, sharding, digest = kind.split("|")
-    return f"{dtype}{shape} sharded {sharding} (device blocks {digest})"
-
-
-def _difference(mine: list[list[Any]], path: str, theirs: str, process: int) -> str | None:
+def _difference(mine: list[list[str]], path: str, theirs: str, process: int) -> str | None:
     other = json.loads(theirs)
     if other["path"] != path:
         return f"process 0 saves to {path!r} but process {process} to {other['path']!r}"
@@ -300,8 +292,8 @@ def _difference(mine: list[list[Any]], path: str, theirs: str, process: int) -> 
             )
         if a != b:
             return (
-                f"the trees differ first at {a[0]}: {_shown(a)} on process 0, {_shown(b)} on "
-                f"process {process}"
+                f"the trees differ first at {a[0]}: {a[1]} on process 0, {b[1]} on process "
+                f"{process}"
             )
     if len(mine) > len(entries):
         return f"the trees differ first at {mine[len(entries)][0]}, which process {process}'s lacks"
@@ -311,13 +303,11 @@ def _difference(mine: list[list[Any]], path: str, theirs: str, process: int) -> 
 _REMOTE_ERRORS = {"ValueError": ValueError, "TimeoutError": TimeoutError, "OSError": OSError}
 
 
-def _raise_remote(kind: str, message: str) -> None:
-    raise _REMOTE_ERRORS.get(kind, RuntimeError)(message)
-
-
 def _checked(message: dict[str, Any]) -> dict[str, Any]:
+    """`message`, unless it tells of a failure: then that failure, raised here."""
     if "error" in message:
-        _raise_remote(*message["error"])
+        kind, text = message["error"]
+        raise _REMOTE_ERRORS.get(kind, RuntimeError)(text)
     return message
 
 
@@ -325,7 +315,7 @@ def save_from_processes(
     path: str,
     tensors: Sequence[PlannedTensor],
     write: Callable[[], None] | SharedWrite,
-    timeout: float = DEFAULT_TIMEOUT_S,
+    timeout: float,
 ) -> None:
     """Write `path` by `write`: alone when no value needs another process, else with all."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -370,10 +360,11 @@ def _meet_as_process_0(
     seen: dict[int, int] = _counters["seen"]
     mine = _entries(tensors)
     arrived: dict[int, tuple[int, str]] = {}
+    said = {"path": path, "spread": spread, "timeout": timeout, "me": 0}
 
     def waiting() -> str:
         who = _named([p for p in range(1, count) if p not in arrived]) + " to call it too"
-        return _WAITING.format(path=path, me=0, who=who, spread=spread, timeout=timeout)
+        return _WAITING.format(**said, who=who)
 
     wait = _Notice(timeout, waiting)
     for process in range(1, count):
@@ -387,24 +378,18 @@ def _meet_as_process_0(
                 arrived[process] = (k, theirs)
             # else: that process gave up on this arrival before we claimed it: its next
     missing = [p for p in range(1, count) if p not in arrived]
-    error: tuple[str, str] | None = None
+    found = (_difference(mine, path, theirs, p) for p, (_, theirs) in arrived.items())
+    difference = None if missing else next((d for d in found if d is not None), None)
+    answer: dict[str, Any] = {"save": number}
     if missing:
-        text = _NOT_EVERYWHERE.format(
-            path=path, spread=spread, me=0, timeout=timeout, who=_named(missing),
-            verb="it did" if len(missing) == 1 else "they did",
-        )  # fmt: skip
-        error = ("TimeoutError", text)
-    else:
-        found = (_difference(mine, path, theirs, p) for p, (_, theirs) in arrived.items())
-        difference = next((d for d in found if d is not None), None)
-        if difference is not None:
-            text = _DIFFERENT_CALLS.format(path=path, spread=spread, difference=difference)
-            error = ("ValueError", text)
+        verb = "it did" if len(missing) == 1 else "they did"
+        text = _NOT_EVERYWHERE.format(**said, who=_named(missing), verb=verb)
+        answer = {"error": ["TimeoutError", text]}
+    elif difference is not None:
+        answer = {"error": ["ValueError", _DIFFERENT_CALLS.format(**said, difference=difference)]}
     for process, (k, _) in arrived.items():
-        answer = {"save": number} if error is None else {"error": error}
         client.key_value_set(f"{_PREFIX}/reply/{process}/{k}", json.dumps(answer))
-    if error is not None:
-        _raise_remote(*error)
+    _checked(answer)
     if number > 0:  # every process has finished the previous save: its steps can go
         client.key_value_delete(f"{_PREFIX}/{number - 1}")
     return _Save(client, path, number, timeout)
@@ -416,46 +401,35 @@ def _meet(path: str, tensors: Sequence[PlannedTensor], spread: str, timeout: flo
     k = _counters["arrivals"]
     _counters["arrivals"] += 1
     client.key_value_set(f"{_PREFIX}/arrive/{process}/{k}", _describe(path, _entries(tensors)))
+    said = {"path": path, "spread": spread, "timeout": timeout, "me": process}
     who = "process 0 to answer, which it does once every process has called it"
-    text = _WAITING.format(path=path, me=process, who=who, spread=spread, timeout=timeout)
+    text = _WAITING.format(**said, who=who)
     reply = _Notice(timeout, lambda: text).get(client, f"{_PREFIX}/reply/{process}/{k}")
     if reply is None:
         if client.key_value_increment(f"{_PREFIX}/claim/{process}/{k}", 1) == 1:
             who = "process 0 to answer (it answers once every process has called it)"
-            raise TimeoutError(
-                _NOT_EVERYWHERE.format(
-                    path=path, spread=spread, me=process, timeout=timeout, verb="it did", who=who
-                )
-            )
+            raise TimeoutError(_NOT_EVERYWHERE.format(**said, verb="it did", who=who))
         # process 0 claimed our arrival just now: its answer is on its way
         reply = _get(client, f"{_PREFIX}/reply/{process}/{k}", timeout)
         if reply is None:
             what = "process 0 to answer its call, which process 0 had seen"
-            raise TimeoutError(_STOPPED.format(path=path, me=process, timeout=timeout, what=what))
-    answer = json.loads(reply)
+            raise TimeoutError(_STOPPED.format(**said, what=what))
     for key in ("arrive", "reply", "claim"):
         client.key_value_delete(f"{_PREFIX}/{key}/{process}/{k}")
-    return _Save(client, path, _checked(answer)["save"], timeout)
+    return _Save(client, path, _checked(json.loads(reply))["save"], timeout)
 
 
 def _outcome(path: str, failure: BaseException, process: int = 0) -> dict[str, Any]:
     kind = "OSError" if isinstance(failure, OSError) else type(failure).__name__
-    if process == 0:
-        return {"error": [kind, _FAILED_ELSEWHERE.format(path=path, error=failure)]}
-    return {"error": [kind, _FAILED_ON.format(path=path, process=process, error=failure)]}
+    text = _FAILED_ON if process else _FAILED_ELSEWHERE
+    return {"error": [kind, text.format(path=path, process=process, error=failure)]}
 
 
 def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Callable) -> None:
-    steps = itertools.count()
     views = [(i, t.value) for i, t in enumerate(tensors) if isinstance(t.value, _HostView)]
-
-    def announcer(index: int) -> Callable[[], None]:
-        step = json.dumps({"gather": index})
-        return lambda: save.client.key_value_set(f"{save.key}/step/{next(steps)}", step)
-
     for index, value in views:
         value.progress = save.progress
-        value.announce = announcer(index) if value.gathered else None
+        value.announce = functools.partial(save.post, {"gather": index}) if value.gathered else None
     outcome: dict[str, Any] = {"done": True}
     try:
         write()
@@ -465,19 +439,15 @@ def _write_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Ca
     finally:
         for _, value in views:
             value.progress = value.announce = None
-        save.client.key_value_set(f"{save.key}/step/{next(steps)}", json.dumps(outcome))
+        save.post(outcome)
 
 
 def _take_part(save: _Save, tensors: Sequence[PlannedTensor]) -> None:
-    for step in itertools.count():
-        what = f"process 0 to go on writing {save.path} (step {step})"
-        message = _checked(save.wait(f"step/{step}", what))
-        if "gather" in message:
-            gathered = tensors[message["gather"]].value
-            assert isinstance(gathered, _HostView) and gathered.gathered  # (planned alike)
-            gathered.gather()  # the result is process 0's to write
-        else:
-            return
+    what = f"process 0 to go on writing {save.path} (step {{}})"
+    while "gather" in (message := _checked(save.wait(what.format(save.steps)))):
+        gathered = tensors[message["gather"]].value
+        assert isinstance(gathered, _HostView) and gathered.gathered  # (planned alike)
+        gathered.gather()  # the result is process 0's to write
 
 
 class _Piece(NamedTuple):
@@ -494,15 +464,13 @@ def _pieces(index: int, planned: PlannedTensor, out: OutTensor, alone: bool) -> 
     if alone or not isinstance(planned.value, _HostView) or out.nbytes == 0:
         writer = jax.process_index() if alone else 0
         return [_Piece(index, whole, (writer,), out.nbytes)] if out.nbytes else []
-    array = planned.value.array
-    shape = tuple(array.shape)
-    trailing = whole[len(shape) :]  # a key's data, or a raw-bytes axis: always whole
+    trailing = whole[planned.value.array.ndim :]  # a key's data, or a raw-bytes axis: whole
     holders: dict[Bounds, set[int]] = {}
-    for device, where in array.sharding.devices_indices_map(shape).items():
-        holders.setdefault(_bounds(where, shape) + trailing, set()).add(device.process_index)
+    for _, process, bounds in planned.value.blocks:
+        holders.setdefault(bounds + trailing, set()).add(process)
     itemsize = out.nbytes // math.prod(stored)
     pieces = [
-        _Piece(index, bounds, tuple(sorted(who)), itemsize * math.prod(b - a for a, b in bounds))
+        _Piece(index, bounds, tuple(sorted(who)), itemsize * math.prod(_extent(bounds)))
         for bounds, who in sorted(holders.items())
     ]
     if sum(p.nbytes for p in pieces) != out.nbytes:  # blocks that overlap: not a tiling
@@ -544,7 +512,7 @@ def balance(pieces: Sequence[tuple[int, Sequence[int]]], count: int) -> list[lis
 
 def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.ndarray, int]:
     """The block `bounds` of a C-ordered tensor as `chunk` bytes at each of `offsets`."""
-    extent = [b - a for a, b in bounds]
+    extent = _extent(bounds)
     if 0 in extent:
         return np.zeros(0, np.int64), 0
     cut = [axis for axis in range(len(shape)) if bounds[axis] != (0, shape[axis])]
@@ -554,11 +522,8 @@ def _runs(bounds: Bounds, shape: tuple[int, ...], itemsize: int) -> tuple[np.nda
     last = cut[-1]
     offsets = np.zeros(1, np.int64)
     for axis in range(last):
-        if extent[axis] > 1:
-            rows = np.arange(bounds[axis][0], bounds[axis][1], dtype=np.int64) * strides[axis]
-            offsets = np.add.outer(offsets, rows).reshape(-1)
-        else:
-            offsets = offsets + bounds[axis][0] * strides[axis]
+        rows = np.arange(bounds[axis][0], bounds[axis][1], dtype=np.int64) * strides[axis]
+        offsets = np.add.outer(offsets, rows).reshape(-1)
     return offsets + bounds[last][0] * strides[last], extent[last] * strides[last]
 
 
@@ -566,11 +531,8 @@ def _block_bytes(
     planned: PlannedTensor, out: OutTensor, piece: _Piece, low: int, high: int, alone: bool
 ) -> tuple[np.ndarray, int]:
     """`(bytes, start)` spanning this process's bytes `low:high` of `piece`, copied sparingly."""
-    if alone or not isinstance(planned.value, _HostView):  # the whole tensor's bytes
-        data = out.data()
-        if data.nbytes != out.nbytes:  # the tree changed under us
-            raise ValueError(f"{out.name!r} changed size while being saved")
-        return data, 0
+    if alone or not isinstance(planned.value, _HostView):
+        return out.whole(), 0
     array = planned.value.array
     block = _local_shards(array)[piece.bounds[: array.ndim]]
     start = 0
@@ -587,8 +549,8 @@ def _write_mine(
     write: SharedWrite,
     state: dict[str, Any],
     progress: Callable[[], None] | None = None,
-) -> int:
-    """Write this process's share of every tensor (all of it when alone); the bytes written."""
+) -> None:
+    """Write this process's share of every tensor (all of it when alone)."""
     me, count, alone = jax.process_index(), jax.process_count(), progress is None
     outs = list(write.tensors)
     pieces = [
@@ -599,7 +561,6 @@ def _write_mine(
     parts = balance([(p.nbytes, p.holders) for p in pieces], count)
     places = write.places(state)
     descriptors: dict[str, int] = {}
-    written = 0
     try:
         for piece, ranges in zip(pieces, parts, strict=True):
             mine = [(a, b) for process, a, b in ranges if process == me]
@@ -621,36 +582,33 @@ def _write_mine(
                     low, high = max(a, run * chunk), min(b, (run + 1) * chunk)
                     at = base + int(offsets[run]) + low - run * chunk
                     write_at(descriptors[file], data[low - start : high - start], at)
-                    written += high - low
             del data  # one block on the host at a time
             if progress is not None:
                 progress()
     finally:
         for descriptor in descriptors.values():
             os.close(descriptor)
-    return written
 
 
 def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
-    step, client = f"{save.key}/step", save.client
     try:
         state = write.begin()
     except BaseException as begun:
-        client.key_value_set(f"{step}/0", json.dumps(_outcome(save.path, begun)))
+        save.post(_outcome(save.path, begun))
         raise
-    client.key_value_set(f"{step}/0", json.dumps({"begin": state}))
+    save.post({"begin": state})
     failure: BaseException | None = None
     try:
         _write_mine(tensors, write, state, save.progress)
     except BaseException as error:
         failure = error
     save.progress(now=True)
-    remote: dict[str, Any] | None = None
+    remote: dict[str, Any] = {}  # the first failure another process told of
     late = False
     for process in range(1, jax.process_count()):
         what = f"process {process} to finish its share of {save.path}"
         try:  # once one has not finished in time, the others are not waited for again
-            posted = save.wait(f"done/{process}", what, 0.001 if late else None)
+            posted = save.wait(what, f"done/{process}", 0.001 if late else None)
         except TimeoutError as error:
             posted, late = {"error": ["TimeoutError", str(error)]}, True
         else:
@@ -659,34 +617,32 @@ def _share_as_process_0(save: _Save, tensors: Sequence[PlannedTensor], write: Sh
             remote = remote or posted
     outcome: dict[str, Any] = {"done": True}
     try:
-        if failure is not None or remote is not None:
+        if failure is not None or remote:
             write.abort(state)
             if failure is not None:
                 raise failure
-            assert remote is not None
-            _raise_remote(*remote["error"])
+            _checked(remote)
         write.finish(state)
     except BaseException as error:
-        outcome = remote if remote is not None and failure is None else _outcome(save.path, error)
+        outcome = remote if remote and failure is None else _outcome(save.path, error)
         raise
     finally:
-        client.key_value_set(f"{step}/1", json.dumps(outcome))
+        save.post(outcome)
 
 
 def _share(save: _Save, tensors: Sequence[PlannedTensor], write: SharedWrite) -> None:
     process = jax.process_index()
     what = f"process 0 to make the files of {save.path}"
-    state = _checked(save.wait("step/0", what))["begin"]
+    state = _checked(save.wait(what))["begin"]
     failure: BaseException | None = None
+    done: dict[str, Any] = {"done": True}
     try:
-        written = _write_mine(tensors, write, state, save.progress)
-        done: dict[str, Any] = {"written": written}
+        _write_mine(tensors, write, state, save.progress)
     except BaseException as error:
         failure, done = error, _outcome(save.path, error, process)
-    save.client.key_value_set(f"{save.key}/done/{process}", json.dumps(done))
+    save.post(done, f"done/{process}")
     try:  # process 0 may wait `timeout` for another process before it answers
-        what = f"process 0 to put {save.path} in place"
-        _checked(save.wait("step/1", what, 2 * save.timeout))
+        _checked(save.wait(f"process 0 to put {save.path} in place", bound=2 * save.timeout))
     finally:
         if failure is not None:  # ours, once process 0 has removed the files
             raise failure
@@ -724,7 +680,7 @@ def read_block(
     read_range: Callable[[int, int], np.ndarray],
 ) -> np.ndarray:
     """The block `bounds` of a C-ordered tensor as `uint8` (one more axis), in few reads."""
-    extent = tuple(b - a for a, b in bounds)
+    extent = _extent(bounds)
     offsets, chunk = _runs(bounds, shape, itemsize)
     if len(offsets) == 1:
         start = int(offsets[0])
@@ -746,29 +702,22 @@ def place_by_slices(
 ) -> jax.Array:
     """A stored tensor placed with `sharding`, reading only this process's blocks, once."""
     stored = np.dtype(dtype).newbyteorder("<")
+
+    def values(bounds: Bounds) -> np.ndarray:
+        data = np.ascontiguousarray(read_block(bounds, shape, stored.itemsize, read_range))
+        return data.view(stored).reshape(_extent(bounds))
+
     indices = sharding.addressable_devices_indices_map(shape).values()
     held = {_bounds(index, shape) for index in indices}
     lows = [min(b[axis][0] for b in held) for axis in range(len(shape))]
     highs = [max(b[axis][1] for b in held) for axis in range(len(shape))]
     box = tuple(zip(lows, highs))
-    if sum(math.prod(b - a for a, b in bounds) for bounds in held) == math.prod(
-        b - a for a, b in box
-    ):
-        whole = _read_values(box, shape, stored, read_range)
+    if sum(math.prod(_extent(bounds)) for bounds in held) == math.prod(_extent(box)):
+        whole = values(box)
         blocks = {
             bounds: whole[tuple(slice(a - low, b - low) for (a, b), low in zip(bounds, lows))]
             for bounds in held
         }
     else:
-        blocks = {bounds: _read_values(bounds, shape, stored, read_range) for bounds in held}
+        blocks = {bounds: values(bounds) for bounds in held}
     return jax.make_array_from_callback(shape, sharding, lambda i: blocks[_bounds(i, shape)])
-
-
-def _read_values(
-    bounds: Bounds,
-    shape: tuple[int, ...],
-    dtype: np.dtype,
-    read_range: Callable[[int, int], np.ndarray],
-) -> np.ndarray:
-    data = np.ascontiguousarray(read_block(bounds, shape, dtype.itemsize, read_range))
-    return data.view(dtype).reshape(tuple(b - a for a, b in bounds))

@@ -6,32 +6,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol
+from typing import Any, BinaryIO, NamedTuple, NoReturn, Protocol, runtime_checkable
 
 import ml_dtypes  # a dependency of jax: the bfloat16, float8 and int4 numpy dtypes
 import numpy as np
 
 from ..._values import is_prng_key
-from ._files import IO, reworded
-
-__all__ = [
-    "TensorInfo",
-    "CheckpointSource",
-    "WholeTensorCache",
-    "corrupt",
-    "FileSource",
-    "NOT_A_CHECKPOINT",
-    "OutTensor",
-    "PlannedTensor",
-    "SharedWrite",
-    "CheckpointWriter",
-    "numpy_dtype",
-    "dtype_name",
-    "is_weak",
-    "Format",
-    "register_format",
-    "formats",
-]
+from ._files import IO, read_into, reworded
 
 
 class TensorInfo(NamedTuple):
@@ -43,59 +24,26 @@ class TensorInfo(NamedTuple):
 
 
 class CheckpointSource(Protocol):
-    """An opened checkpoint: tensor keys, their dtype and shape, metadata, their bytes.
-    Bad bytes raise only `ValueError` naming `location` (`OSError` for I/O)."""
+    """An opened checkpoint, whatever its format: `location`, the file (or folder) it reads,
+    as messages name it; `format`, the format's name as messages say it (`"safetensors"`);
+    `keys()`, the tensor keys in the source's order; `info(key)`, a tensor's dtype, shape and
+    size (`KeyError` if there is none); `metadata()`, its string metadata (empty when the
+    format has none); `read(key)`, a tensor on the host in its stored dtype (little-endian)
+    and shape; `read_range(key, start, stop)`, bytes `start:stop` of what `read` returns,
+    flat `uint8`, checked exactly as `read` checks them (cut from it where the file's bytes
+    are not: `FileSource.read_range`); `close()`, the file released. Bad bytes raise only
+    `ValueError` naming `location` (`OSError` for I/O)."""
 
     @property
-    def location(self) -> str:
-        """The file (or folder) this source reads, as messages name it."""
-        ...
-
+    def location(self) -> str: ...
     @property
-    def format(self) -> str:
-        """The format's name, as messages say it (`"safetensors"`, `"npz"`)."""
-        ...
-
-    def keys(self) -> Iterable[str]:
-        """The tensor keys, in the source's order."""
-        ...
-
-    def info(self, key: str) -> TensorInfo:
-        """The dtype, shape and size of tensor `key` (`KeyError` if there is none)."""
-        ...
-
-    def metadata(self) -> Mapping[str, str]:
-        """The source's string metadata (empty when the format has none)."""
-        ...
-
-    def read(self, key: str) -> np.ndarray:
-        """Tensor `key` on the host: its stored dtype (little-endian) and shape."""
-        ...
-
-    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        """Bytes `start:stop` of what `read(key)` returns, flat `uint8`, checked exactly as
-        `read` checks them (cut from it where the file's bytes are not: `WholeTensorCache`)."""
-        ...
-
-    def close(self) -> None:
-        """Release the file."""
-        ...
-
-
-class WholeTensorCache:
-    """Ranges cut from the last tensor read whole through `read`, with all its checks."""
-
-    def __init__(self, read: Callable[[str], np.ndarray]) -> None:
-        self._read = read
-        self._key: str | None = None
-        self._bytes: np.ndarray | None = None
-
-    def __call__(self, key: str, start: int, stop: int) -> np.ndarray:
-        if self._key != key or self._bytes is None:
-            self._bytes = None  # free the previous tensor first
-            self._bytes = np.ascontiguousarray(self._read(key)).reshape(-1).view(np.uint8)
-            self._key = key
-        return self._bytes[start:stop]
+    def format(self) -> str: ...
+    def keys(self) -> Iterable[str]: ...
+    def info(self, key: str) -> TensorInfo: ...
+    def metadata(self) -> Mapping[str, str]: ...
+    def read(self, key: str) -> np.ndarray: ...
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray: ...
+    def close(self) -> None: ...
 
 
 NOT_A_CHECKPOINT = (
@@ -104,43 +52,47 @@ NOT_A_CHECKPOINT = (
 )
 
 
-def corrupt(location: str, reason: str, format: str = "safetensors") -> NoReturn:
+def corrupt(location: str, reason: str, format: str) -> NoReturn:
     """Raise the one error for a source that cannot be read: a `ValueError` naming it."""
     raise ValueError(NOT_A_CHECKPOINT.format(location=location, reason=reason, format=format))
 
 
 class FileSource:
-    """What the readers of an opened file share: its error, positioned reads, closing it."""
+    """What the readers of an opened file share: its error, positioned reads, ranges cut
+    from whole tensors, closing it."""
 
     format: str
+    read: Callable[[str], np.ndarray]  # (each format's own)
 
     def __init__(self, file: BinaryIO, location: str) -> None:
         self.file, self.location = file, location
         self.size = os.fstat(file.fileno()).st_size  # (as the file was when opened)
+        self._cut: tuple[str, np.ndarray] | None = None
+
+    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
+        """Bytes `start:stop` cut from tensor `key` read whole by `read`, with all its checks
+        (the last tensor kept for the next range): for bytes in the file that are not `read`'s,
+        or a checksum that covers the whole tensor."""
+        if self._cut is None or self._cut[0] != key:
+            self._cut = None  # free the previous tensor first
+            self._cut = (key, np.ascontiguousarray(self.read(key)).reshape(-1).view(np.uint8))
+        return self._cut[1][start:stop]
 
     def _corrupt(self, reason: str) -> NoReturn:
         corrupt(self.location, reason, self.format)
 
     def read_at(self, key: str, offset: int, count: int, out: Any = None) -> np.ndarray:
         """`count` bytes of tensor `key`'s data at `offset` (into `out`, else a new `uint8`
-        array), with positioned reads where the OS has them: a small slice costs its size."""
+        array), read by `read_into` and counted."""
         out = np.empty(max(count, 0), np.uint8) if out is None else out
-        view, done = memoryview(out).cast("B"), 0
-        positioned = hasattr(os, "preadv")
-        if not positioned:
-            self.file.seek(offset)
+        view = memoryview(out).cast("B")
         try:
-            while done < len(view):
-                if positioned:
-                    got = os.preadv(self.file.fileno(), [view[done:]], offset + done)
-                else:
-                    got = self.file.readinto(view[done:])  # type: ignore[attr-defined]
-                if not got:
-                    self._corrupt(f"it ended inside the data of tensor {key!r}")
-                done += got
+            done = read_into(self.file, view, offset)
         except OSError as error:  # a disk or network failure: the I/O error, naming the file
             message = f"reading tensor {key!r} of {self.location} failed ({error.strerror})"
             raise reworded(error, message, self.location) from error
+        if done < len(view):
+            self._corrupt(f"it ended inside the data of tensor {key!r}")
         IO.read(done)
         return out
 
@@ -160,6 +112,13 @@ class OutTensor(NamedTuple):
     nbytes: int
     data: Callable[[], np.ndarray]  # the bytes, flat uint8, read when the tensor is written
 
+    def whole(self) -> np.ndarray:
+        """Its bytes (`data()`), refused if the tree changed under the save."""
+        data = self.data()
+        if data.nbytes != self.nbytes:
+            raise ValueError(f"{self.name!r} changed size while being saved")
+        return data
+
 
 class PlannedTensor(NamedTuple):
     """One tensor of a save as planned: its name, the value, and how it is stored."""
@@ -173,33 +132,26 @@ class PlannedTensor(NamedTuple):
     where: str  # its key path, for messages
 
 
-class SharedWrite:
-    """A save every process writes a share of, into files process 0 makes and places."""
+@runtime_checkable
+class SharedWrite(Protocol):
+    """A save every process writes a share of, into files process 0 makes and places:
+    `begin()`, on process 0, makes the files and returns what the others need to find them
+    (JSON); `places(state)`, where each tensor's bytes go (a file's path, the offset in it);
+    `finish(state)`, on process 0 once every process has written its share, puts the files
+    in place; `abort(state)`, on process 0 when some process failed, removes them."""
 
     tensors: Sequence[OutTensor]
 
-    def begin(self) -> dict[str, Any]:
-        """On process 0: make the files; what the others need to find them (JSON)."""
-        raise NotImplementedError
-
-    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
-        """Where each tensor's bytes go: a file's path and the offset in it."""
-        raise NotImplementedError
-
-    def finish(self, state: dict[str, Any]) -> None:
-        """On process 0, once every process has written its share: the files in place."""
-        raise NotImplementedError
-
-    def abort(self, state: dict[str, Any]) -> None:
-        """On process 0, when some process failed: the files of `begin` removed."""
-        raise NotImplementedError
+    def begin(self) -> dict[str, Any]: ...
+    def places(self, state: dict[str, Any]) -> list[tuple[str, int]]: ...
+    def finish(self, state: dict[str, Any]) -> None: ...
+    def abort(self, state: dict[str, Any]) -> None: ...
 
 
 class CheckpointWriter(Protocol):
     """How `tc.save` writes a format: the dtypes it names, and the checked write (`prepare`)."""
 
     def can_store(self, dtype: np.dtype) -> bool: ...
-
     def prepare(
         self, metadata: Mapping[str, str], tensors: Sequence[OutTensor]
     ) -> Callable[[], None] | SharedWrite: ...

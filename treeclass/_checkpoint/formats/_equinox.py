@@ -10,19 +10,9 @@ import numpy as np
 
 from ..._values import array_type, path_str
 from ..files._files import file_reader
-from ..files._source import Format, WholeTensorCache, dtype_name, register_format
+from ..files._source import Format, dtype_name, register_format
 from ..names._walk import NUMBER, STATIC, TENSOR, entries
-from ._npz import (
-    NpyHeader,
-    NpyRecords,
-    npy_array,
-    object_array_error,
-    ranges_read_directly,
-    read_npy_header,
-    refuses,
-)
-
-__all__ = ["Slot", "EquinoxFile"]
+from ._npz import NpyHeader, NpyRecords, npy_array, read_npy_header, refuse_objects
 
 
 class Slot(NamedTuple):
@@ -63,8 +53,7 @@ class EquinoxFile(NpyRecords):
                 header = read_npy_header(file)
             except ValueError as error:
                 self._corrupt(f"record {len(records)} (for {where}): {error}")
-            if refuses(header):
-                raise object_array_error(location, where, header.dtype)
+            refuse_objects(header, location, where)
             start = at + header.size
             if start + header.nbytes > size:
                 self._corrupt(
@@ -77,7 +66,6 @@ class EquinoxFile(NpyRecords):
         if len(records) != len(slots):
             raise ValueError(self._count_message(records, slots))
         self.records = {slot.name: record for slot, record in zip(slots, records)}
-        self._whole = WholeTensorCache(self.read)
 
     def _count_message(self, records: list[_Record], slots: Sequence[Slot]) -> str:
         for slot, record in zip(slots, records):
@@ -105,9 +93,9 @@ class EquinoxFile(NpyRecords):
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         record = self.records[key]
         stop = min(stop, record.header.nbytes)
-        if ranges_read_directly(record.header):
+        if not record.header.fortran_order and record.header.dtype.byteorder != ">":
             return self.read_at(key, record.start + start, stop - start)
-        return self._whole(key, start, stop)
+        return super().read_range(key, start, stop)
 
 
 def _open(path: str, like: object) -> EquinoxFile:

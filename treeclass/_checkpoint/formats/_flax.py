@@ -13,16 +13,7 @@ import numpy as np
 
 from ..files._files import file_reader
 from ..files._json import MAX_DEPTH, MAX_HEADER_BYTES
-from ..files._source import (
-    FileSource,
-    Format,
-    TensorInfo,
-    WholeTensorCache,
-    numpy_dtype,
-    register_format,
-)
-
-__all__ = ["FlaxFile"]
+from ..files._source import FileSource, Format, TensorInfo, numpy_dtype, register_format
 
 _NEEDS_MSGPACK = (
     "Reading flax checkpoints needs the msgpack package, which is not installed:\n"
@@ -56,6 +47,10 @@ class _Array(NamedTuple):
     pieces: tuple[tuple[int, int], ...]  # (file offset, length) of its bytes, in order
     value: np.ndarray | None = None  # a number of the document, held here
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
 
 class FlaxFile(FileSource):
     """An opened `to_bytes` file as a `CheckpointSource`; the document is checked here."""
@@ -78,7 +73,6 @@ class FlaxFile(FileSource):
             self._corrupt(f"{self.size - self._position()} bytes follow its msgpack document")
         self.arrays: dict[str, _Array] = {}
         self._name(document, ())
-        self._whole = WholeTensorCache(self.read)
 
     def _restart(self, position: int) -> None:
         self.file.seek(position)
@@ -185,6 +179,7 @@ class FlaxFile(FileSource):
 
     def _array(self, path: tuple, start: int, length: int) -> _Array:
         """The header of an ndarray extension at `start`: a msgpack `(shape, dtype, bytes)`."""
+        where = f"the array at {'.'.join(path)!r}"
         window = self._pread(start, min(length, _ARRAY_HEADER_WINDOW))
         reader = self.msgpack.Unpacker(raw=False, **self._limits(len(window)))
         reader.feed(window)
@@ -194,25 +189,22 @@ class FlaxFile(FileSource):
             shape, dtype_name = reader.unpack(), reader.unpack()
             at = reader.tell()
         except (ValueError, self.msgpack.UnpackException) as error:
-            self._corrupt(f"the array at {'.'.join(path)!r} has a malformed header ({error})")
+            self._corrupt(f"{where} has a malformed header ({error})")
         if isinstance(dtype_name, bytes):
             dtype_name = dtype_name.decode("ascii", "replace")
         ok = isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
         dtype = numpy_dtype(dtype_name) if isinstance(dtype_name, str) else None
         if not ok or len(shape) > MAX_DEPTH or dtype is None or dtype.hasobject:
-            self._corrupt(
-                f"the array at {'.'.join(path)!r} has a malformed header: shape {shape!r}, "
-                f"dtype {dtype_name!r}"
-            )
+            self._corrupt(f"{where} has a malformed header: shape {shape!r}, dtype {dtype_name!r}")
         kind = window[at] if at < len(window) else None
         if kind not in _BYTES:
-            self._corrupt(f"the array at {'.'.join(path)!r} has no bytes after its header")
+            self._corrupt(f"{where} has no bytes after its header")
         header, form = _BYTES[kind]
         (count,) = struct.unpack(form, window[at + 1 : at + header])
         shape = tuple(shape)
         if at + header + count != length or count != math.prod(shape) * dtype.itemsize:
             self._corrupt(
-                f"the array at {'.'.join(path)!r} is {dtype.name}{list(shape)}, which needs "
+                f"{where} is {dtype.name}{list(shape)}, which needs "
                 f"{math.prod(shape) * dtype.itemsize} bytes, but it holds {count}"
             )
         return _Array(dtype, shape, ((start + at + header, count),))
@@ -227,9 +219,7 @@ class FlaxFile(FileSource):
                 self._name(child, (*path, key))
         elif isinstance(node, _Array):
             self._add(name, node)
-        elif isinstance(node, np.ndarray):  # a complex number
-            self._add(name, _Array(node.dtype, (), (), node))
-        elif type(node) in (bool, int, float):
+        elif type(node) in (bool, int, float, np.ndarray):  # (an ndarray: a complex number)
             dtype = None
             if type(node) is int:  # msgpack holds no integer outside int64 and uint64
                 dtype = np.int64 if -(2**63) <= node < 2**63 else np.uint64
@@ -269,14 +259,13 @@ class FlaxFile(FileSource):
 
     def info(self, key: str) -> TensorInfo:
         array = self.arrays[key]
-        nbytes = math.prod(array.shape) * array.dtype.itemsize
-        return TensorInfo(array.dtype.name, array.shape, nbytes)
+        return TensorInfo(array.dtype.name, array.shape, array.nbytes)
 
     def read(self, key: str) -> np.ndarray:
         array = self.arrays[key]
         if array.value is not None:
             return array.value.copy()
-        data = self._stored(key, 0, sum(n for _, n in array.pieces))
+        data = self._stored(key, 0, array.nbytes)
         # in the byte order its dtype name gives (`>f4`), as flax's `np.frombuffer` reads
         # it; little-endian, as every source returns tensors
         values = data.view(array.dtype).reshape(array.shape)
@@ -286,15 +275,13 @@ class FlaxFile(FileSource):
 
     def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
         array = self.arrays[key]
-        if array.value is not None:
-            return array.value.reshape(-1).view(np.uint8)[start:stop].copy()
-        if array.dtype.byteorder == ">":  # its stored bytes are not `read`'s
-            return self._whole(key, start, stop)
+        if array.value is not None or array.dtype.byteorder == ">":  # (not `read`'s bytes)
+            return super().read_range(key, start, stop)
         return self._stored(key, start, stop)
 
     def _stored(self, key: str, start: int, stop: int) -> np.ndarray:
         array = self.arrays[key]
-        stop = min(stop, sum(n for _, n in array.pieces))
+        stop = min(stop, array.nbytes)
         buffer = np.empty(max(stop - start, 0), np.uint8)
         at = 0  # where the current piece starts in the tensor's bytes
         for offset, count in array.pieces:  # the pieces of a chunked array, in order
@@ -307,7 +294,7 @@ class FlaxFile(FileSource):
 
 def _is_msgpack_map(head: bytes, size: int) -> bool:
     """A msgpack map whose first key is a string (flax's keys are), or an empty map."""
-    if not head or not (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+    if not head or head[0] not in _MAPS:
         return False
     if head[0] == 0x80:
         return len(head) == 1

@@ -10,8 +10,6 @@ from ..files._files import open_for_reading
 from ..files._source import CheckpointSource, CheckpointWriter, Format, formats
 from ._sharded import INDEX_SUFFIX, shard_names
 
-__all__ = ["open_source", "writer_for", "format_names"]
-
 _UNKNOWN_FORMAT = (
     "tc.load cannot tell the format of {path}: its name has none of the formats' "
     "extensions, and its first bytes ({head!r}) begin none of the formats it reads "
@@ -123,9 +121,7 @@ _SHARDED_ONLY = (
 )
 
 
-def writer_for(
-    path: str, max_shard_size: object = None, format: str | None = None
-) -> CheckpointWriter:
+def writer_for(path: str, max_shard_size: object, format: str | None) -> CheckpointWriter:
     """The writer of `path` (refused for a name that could not be loaded back)."""
     if format is not None:
         given = _by_name(format)

@@ -18,18 +18,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from ..files._files import file_reader, read_into
-from ..files._source import FileSource, Format, TensorInfo, WholeTensorCache, register_format
-
-__all__ = [
-    "NpyHeader",
-    "read_npy_header",
-    "npy_array",
-    "object_array_error",
-    "refuses",
-    "ranges_read_directly",
-    "NpyRecords",
-    "NpzFile",
-]
+from ..files._source import FileSource, Format, TensorInfo, register_format
 
 # numpy's own bound on a header it reads without `allow_pickle`-style trust
 _MAX_NPY_HEADER = 10_000
@@ -53,9 +42,10 @@ _OBJECT_ARRAY = (
 )
 
 
-def object_array_error(location: str, key: str, dtype: np.dtype) -> ValueError:
-    """The error for a record of objects (or of a structured dtype) at `key`."""
-    return ValueError(_OBJECT_ARRAY.format(location=location, key=key, dtype=dtype))
+def refuse_objects(header: NpyHeader, location: str, key: str) -> None:
+    """Refuse a record of what tc.load never reads (objects, named fields) at `key`."""
+    if header.dtype.hasobject or header.dtype.fields is not None:
+        raise ValueError(_OBJECT_ARRAY.format(location=location, key=key, dtype=header.dtype))
 
 
 class NpyHeader(NamedTuple):
@@ -66,9 +56,6 @@ class NpyHeader(NamedTuple):
     fortran_order: bool
     size: int  # the header's own length in bytes: the data starts there
     nbytes: int  # the data's length
-
-    def info(self) -> TensorInfo:
-        return TensorInfo(self.dtype.name, self.shape, self.nbytes)
 
 
 def read_npy_header(file: IO[bytes]) -> NpyHeader:
@@ -91,11 +78,6 @@ def read_npy_header(file: IO[bytes]) -> NpyHeader:
     return NpyHeader(dtype, shape, bool(fortran_order), file.tell() - start, nbytes)
 
 
-def refuses(header: NpyHeader) -> bool:
-    """Whether a record holds what tc.load never reads: objects, or named fields."""
-    return header.dtype.hasobject or header.dtype.fields is not None
-
-
 def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     """A record's data (flat `uint8`) as its array: C order, little-endian."""
     array = data.view(header.dtype)
@@ -108,11 +90,6 @@ def npy_array(data: np.ndarray, header: NpyHeader) -> np.ndarray:
     return array
 
 
-def ranges_read_directly(header: NpyHeader) -> bool:
-    """Whether a record's bytes are already C order and little-endian."""
-    return not header.fortran_order and header.dtype.byteorder != ">"
-
-
 class NpyRecords(FileSource):
     """The `CheckpointSource` methods of a file of `.npy` records (`records`, by key)."""
 
@@ -122,7 +99,8 @@ class NpyRecords(FileSource):
         return iter(self.records)
 
     def info(self, key: str) -> TensorInfo:
-        return self.records[key].header.info()
+        header = self.records[key].header
+        return TensorInfo(header.dtype.name, header.shape, header.nbytes)
 
 
 class _Member(NamedTuple):
@@ -136,7 +114,8 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class NpzFile(NpyRecords):
-    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked."""
+    """An opened `.npz` archive as a `CheckpointSource`, every member's header checked (a
+    range is cut from its record read whole: a record's CRC-32 covers all of it)."""
 
     format = "npz"
 
@@ -155,13 +134,9 @@ class NpzFile(NpyRecords):
                 self._corrupt(f"it holds the record {info.filename!r} twice")
             if not 0 <= info.header_offset < self.size:
                 self._corrupt(f"its directory places the record {key!r} outside the file")
-            stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1
-            if not stored:
-                self._check_claims(key, info)
-            start = self._stored_start(key, info) if stored else None
+            start = self._start(key, info)
             header = self._header(key, info, start)
-            if refuses(header):
-                raise object_array_error(location, repr(key), header.dtype)
+            refuse_objects(header, location, repr(key))
             if info.file_size != header.size + header.nbytes:
                 self._corrupt(
                     f"its header for {key!r} describes {header.nbytes} bytes of "
@@ -170,32 +145,29 @@ class NpzFile(NpyRecords):
                 )
             data = None if start is None else start + header.size
             self.records[key] = _Member(info, header, data)
-        self._whole = WholeTensorCache(self.read)
 
-    def _stored_start(self, key: str, info: zipfile.ZipInfo) -> int:
-        """Where the bytes of a stored member start, from its local header."""
-        self.file.seek(info.header_offset)
-        local = self.file.read(_LOCAL_HEADER.size)
-        if len(local) < _LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
-            self._corrupt(f"the local header of the record {key!r} is missing")
-        _, name, extra = _LOCAL_HEADER.unpack(local)
-        start = info.header_offset + _LOCAL_HEADER.size + name + extra
-        if start + info.file_size > self.size:
+    def _start(self, key: str, info: zipfile.ZipInfo) -> int | None:
+        """Where a stored member's bytes start (None for a compressed one), from its local
+        header; refused if its sizes claim more than the file's bytes can hold."""
+        stored = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 1  # unencrypted
+        start, end = 0, info.header_offset + info.compress_size
+        if stored:
+            self.file.seek(info.header_offset)
+            local = self.file.read(_LOCAL_HEADER.size)
+            if len(local) < _LOCAL_HEADER.size or local[:4] != b"PK\x03\x04":
+                self._corrupt(f"the local header of the record {key!r} is missing")
+            _, name, extra = _LOCAL_HEADER.unpack(local)
+            start = info.header_offset + _LOCAL_HEADER.size + name + extra
+            end = start + info.file_size
+        if end > self.size:
             self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
-        return start
-
-    def _check_claims(self, key: str, info: zipfile.ZipInfo) -> None:
-        """Refuse a compressed record whose sizes its stored bytes cannot hold."""
-        if info.header_offset + info.compress_size > self.size:
-            self._corrupt(f"the record {key!r} runs past the end of the file: it is truncated")
-        if (
-            info.compress_type == zipfile.ZIP_DEFLATED
-            and info.file_size > _DEFLATE_RATIO * info.compress_size + 64
-        ):
+        deflated = info.compress_type == zipfile.ZIP_DEFLATED
+        if deflated and info.file_size > _DEFLATE_RATIO * info.compress_size + 64:
             self._corrupt(
                 f"the record {key!r} claims {info.file_size} bytes, more than its "
                 f"{info.compress_size} compressed bytes can hold"
             )
+        return start if stored else None
 
     def _header(self, key: str, info: zipfile.ZipInfo, start: int | None) -> NpyHeader:
         try:
@@ -209,64 +181,40 @@ class NpzFile(NpyRecords):
         except _ZIP_ERRORS as error:
             self._corrupt(f"the record {key!r} cannot be read ({error})")
 
-    def _stored_data(self, key: str, member: _Member) -> np.ndarray:
-        assert member.data is not None
-        buffer = self.read_at(key, member.data, member.header.nbytes)
-        self.file.seek(member.data - member.header.size)
-        head = self.file.read(member.header.size)
-        if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
-            self._corrupt(f"the data of {key!r} does not match its CRC-32: it is damaged")
-        return buffer
-
     def _data(self, key: str) -> np.ndarray:
         member = self.records[key]
-        if member.data is not None:
-            return self._stored_data(key, member)
-        if member.info.compress_type != zipfile.ZIP_DEFLATED:
-            return self._pieces(key, member)
-        buffer = np.empty(member.header.nbytes, np.uint8)
-        extra = b""
+        if member.data is not None:  # a stored record: its bytes read in place, CRC-checked
+            buffer = self.read_at(key, member.data, member.header.nbytes)
+            self.file.seek(member.data - member.header.size)
+            head = self.file.read(member.header.size)
+            if zlib.crc32(buffer.data, zlib.crc32(head)) != member.info.CRC:
+                self._corrupt(f"the data of {key!r} does not match its CRC-32: it is damaged")
+            return buffer
+        nbytes = member.header.nbytes
+        # a deflated record is read in place (`_start` bounds its size); one of
+        # unbounded expansion (bzip2, lzma: they raise OSError for bad data) piece by piece
+        deflated = member.info.compress_type == zipfile.ZIP_DEFLATED
+        errors = (*_ZIP_ERRORS, ValueError) + (() if deflated else (OSError,))
+        buffer = np.empty(nbytes if deflated else 0, np.uint8)
+        pieces: list[bytes] = []
         try:
             with self.zip.open(member.info) as stream:
                 stream.seek(member.header.size)
                 done = read_into(stream, buffer.data)  # type: ignore[arg-type]
-                if done == len(buffer):
-                    extra = stream.read(1)  # reading to the end is where zipfile checks the CRC
-        except (*_ZIP_ERRORS, ValueError) as error:
-            self._corrupt(f"the data of {key!r} cannot be read ({error})")
-        if done < len(buffer):
-            self._corrupt(f"it ended inside the data of {key!r}")
-        if extra:
-            self._corrupt(f"the record {key!r} holds more bytes than its header says")
-        return buffer
-
-    def _pieces(self, key: str, member: _Member) -> np.ndarray:
-        """A record of unbounded expansion (bzip2, lzma), read piece by piece."""
-        pieces, done = [], 0
-        try:
-            with self.zip.open(member.info) as stream:
-                stream.seek(member.header.size)
-                while done <= member.header.nbytes:
-                    piece = stream.read(min(_PIECE, member.header.nbytes + 1 - done))
-                    if not piece:
-                        break
+                # reading to the end (a byte more) is where zipfile checks the CRC
+                while done <= nbytes and (piece := stream.read(min(_PIECE, nbytes + 1 - done))):
                     pieces.append(piece)
                     done += len(piece)
-        except (*_ZIP_ERRORS, ValueError, OSError) as error:  # (bz2 and lzma raise OSError)
+        except errors as error:
             self._corrupt(f"the data of {key!r} cannot be read ({error})")
-        if done < member.header.nbytes:
+        if done < nbytes:
             self._corrupt(f"it ended inside the data of {key!r}")
-        if done > member.header.nbytes:
+        if done > nbytes:
             self._corrupt(f"the record {key!r} holds more bytes than its header says")
-        return np.frombuffer(b"".join(pieces), np.uint8).copy()
+        return np.frombuffer(b"".join(pieces), np.uint8).copy() if pieces else buffer
 
     def read(self, key: str) -> np.ndarray:
         return npy_array(self._data(key), self.records[key].header)
-
-    def read_range(self, key: str, start: int, stop: int) -> np.ndarray:
-        # every record's CRC-32 covers all of it: a range is cut from the record read
-        # whole and checked (`read`), never read straight from the file unchecked
-        return self._whole(key, start, min(stop, self.records[key].header.nbytes))
 
     def close(self) -> None:
         try:

@@ -20,8 +20,6 @@ from ..files._json import MAX_HEADER_BYTES
 from ..files._json import loads as strict_json
 from ..files._source import FileSource, Format, OutTensor, TensorInfo, numpy_dtype, register_format
 
-__all__ = ["SafetensorsFile", "SafetensorsSave", "can_store", "header_bytes", "write_tensors"]
-
 # numpy dtype name -> safetensors dtype name, for the dtypes the format names
 _SAFETENSORS_NAMES = {
     "bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16",
@@ -170,7 +168,7 @@ class SafetensorsSave:
     ) -> Callable[[], None]:
         header = header_bytes(dict(metadata), tensors)
         return functools.partial(
-            write_atomically, self.path, lambda file: write_tensors(file, header, tensors)
+            write_atomically, self.path, lambda put: write_tensors(put, header, tensors)
         )
 
 
@@ -195,15 +193,14 @@ def header_bytes(metadata: dict[str, str], tensors: Sequence[OutTensor]) -> byte
     return struct.pack("<Q", len(text)) + text
 
 
-def write_tensors(file: BinaryIO, header: bytes, tensors: Sequence[OutTensor]) -> None:
-    """Write a whole safetensors file, one tensor's bytes on the host at a time."""
-    file.write(header)
+def write_tensors(
+    put: Callable[[Any], object], header: bytes, tensors: Sequence[OutTensor]
+) -> None:
+    """Write a whole safetensors file by `put`, one tensor's bytes on the host at a time
+    (each freed when its `put` returns)."""
+    put(header)
     for tensor in tensors:
-        data = tensor.data()
-        if data.nbytes != tensor.nbytes:  # the tree changed under us
-            raise ValueError(f"{tensor.name!r} changed size while being saved")
-        file.write(data.data)
-        del data  # free this tensor's host copy before the next is made
+        put(tensor.whole().data)
 
 
 def _is_safetensors(head: bytes, size: int) -> bool:

@@ -14,14 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..files._files import create_sized, discard, open_for_reading, write_atomically
+from ..files._files import create_sized, discard, file_reader, open_for_reading, write_atomically
 from ..files._json import MAX_HEADER_BYTES
 from ..files._json import loads as strict_json
 from ..files._source import FileSource, Format, OutTensor, SharedWrite, TensorInfo, register_format
 from ..names._document import METADATA_KEY
 from ._safetensors import SafetensorsFile, can_store, header_bytes
-
-__all__ = ["INDEX_SUFFIX", "ShardedSafetensors", "ShardedSave", "shard_names"]
 
 INDEX_SUFFIX = ".index.json"
 # the metadata key of the token an index and its shards share (treeclass's saves only)
@@ -55,14 +53,15 @@ def parse_size(value: Any) -> int:
     return size
 
 
+_open_shard = file_reader(SafetensorsFile)
+
+
 def _plain_name(name: Any) -> bool:
     return (
         isinstance(name, str)
         and name not in ("", ".", "..")
+        and not {"/", "\\", "\0"} & set(name)
         and os.path.basename(name) == name
-        and "/" not in name
-        and "\\" not in name
-        and "\0" not in name
         and not os.path.isabs(name)
     )
 
@@ -104,7 +103,10 @@ class ShardedSafetensors(FileSource):
                     "(a plain file name: no folder, no NUL byte)"
                 )
             if shard not in self.shards:
-                self.shards[shard] = self._shard(os.path.join(folder, shard), shard)
+                try:
+                    self.shards[shard] = _open_shard(os.path.join(folder, shard), None)
+                except FileNotFoundError:
+                    self._corrupt(f"its shard {shard!r} does not exist (an incomplete download?)")
             if name not in self.shards[shard].tensors:
                 self._corrupt(f"it maps {name!r} to the shard {shard!r}, which does not hold it")
         for shard, source in self.shards.items():
@@ -118,17 +120,6 @@ class ShardedSafetensors(FileSource):
                     f"the shard {shard!r} was written by another save than the index (an "
                     "interrupted tc.save over an older checkpoint?)"
                 )
-
-    def _shard(self, path: str, shard: str) -> SafetensorsFile:
-        try:
-            file = open_for_reading(path)
-        except FileNotFoundError:
-            self._corrupt(f"its shard {shard!r} does not exist (an incomplete download?)")
-        try:
-            return SafetensorsFile(file, path)
-        except BaseException:
-            file.close()
-            raise
 
     def keys(self) -> Iterator[str]:
         return iter(self.weight_map)
@@ -147,44 +138,31 @@ class ShardedSafetensors(FileSource):
 
     def close(self) -> None:
         shards, self.shards = list(self.shards.values()), {}
-        errors = []
-        for shard in shards:
-            try:
-                shard.close()
-            except OSError as error:
-                errors.append(error)
-        if errors:
-            raise errors[0]
+        with contextlib.ExitStack() as closing:  # every shard closed, whichever fails
+            for shard in shards:
+                closing.callback(shard.close)
 
 
 def _groups(tensors: Sequence[OutTensor], limit: int) -> list[list[OutTensor]]:
     groups: list[list[OutTensor]] = []
-    current: list[OutTensor] = []
     size = 0
     for tensor in tensors:
-        if current and size + tensor.nbytes > limit:
-            groups.append(current)
-            current, size = [], 0
-        current.append(tensor)
+        if not groups or size + tensor.nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(tensor)
         size += tensor.nbytes
-    if current:
-        groups.append(current)
     return groups
 
 
-def _mapped(index: str) -> list | None:
-    """The values of the index's weight map, or None if it cannot be read."""
+def shard_names(index: str) -> list | None:
+    """The shards the index at `index` names (its weight map's values, as they are), or None
+    if it cannot be read."""
     try:
         with open_for_reading(index) as file:
             return list(strict_json(file.read(MAX_HEADER_BYTES + 1))["weight_map"].values())
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-
-
-def shard_names(index: str) -> set[str] | None:
-    """The shards the index at `index` names, or None if it cannot be read."""
-    names = _mapped(index)
-    return None if names is None else {name for name in names if isinstance(name, str)}
 
 
 class ShardedSave:
@@ -216,31 +194,30 @@ class _ShardedWrite(SharedWrite):
         # the user's metadata (`{"format": "pt"}`) in every shard's header too, where
         # other readers look for it; treeclass's document stays in the index alone
         self.shard_metadata = {k: v for k, v in metadata.items() if k != METADATA_KEY}
-        # treeclass's own layout ties its index and shards by a token of the save (so an
-        # interrupted save over an older one is caught); an export in another library's
-        # layout (no document) is that library's folder, metadata and all, byte for byte
-        self.tokened = METADATA_KEY in metadata
         self.groups = _groups(self.tensors, save.limit)
         count = len(self.groups)
         self.names = [
             f"{save.base}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)
         ]
         self.folder = os.path.dirname(save.path)
-        self.token = ""
 
     def begin(self) -> dict[str, Any]:
         # the safetensors files the index there names now (an index from elsewhere may
         # name anything, itself included)
-        names = _mapped(self.save.path) or []
+        names = shard_names(self.save.path) or []
         odd = any(isinstance(name, (list, dict)) for name in names)
         self.previous = {
             n for n in names if not odd and _plain_name(n) and n.endswith(".safetensors")
         }
-        self.token = secrets.token_hex(8)
+        # treeclass's own layout ties its index and shards by a token of the save (so an
+        # interrupted save over an older one is caught); an export in another library's
+        # layout (no document) is that library's folder, metadata and all, byte for byte
+        tokened = METADATA_KEY in self.metadata
+        self.token = {_SAVE_KEY: secrets.token_hex(8)} if tokened else {}
         files: list[list[Any]] = []
         try:
             for name, group in zip(self.names, self.groups, strict=True):
-                header = header_bytes({**self.shard_metadata, **self._token()}, group)
+                header = header_bytes({**self.shard_metadata, **self.token}, group)
                 size = len(header) + sum(t.nbytes for t in group)
                 files.append(
                     [create_sized(os.path.join(self.folder, name), size, header), len(header)]
@@ -249,9 +226,6 @@ class _ShardedWrite(SharedWrite):
             self.abort({"files": files})
             raise
         return {"files": files}
-
-    def _token(self) -> dict[str, str]:
-        return {_SAVE_KEY: self.token} if self.tokened else {}
 
     def places(self, state: dict[str, Any]) -> list[tuple[str, int]]:
         out = []
@@ -269,14 +243,14 @@ class _ShardedWrite(SharedWrite):
             "metadata": {
                 "total_size": sum(t.nbytes for t in self.tensors),
                 **self.metadata,
-                **self._token(),
+                **self.token,
             },
             "weight_map": {
                 t.name: name for name, group in zip(self.names, self.groups) for t in group
             },
         }
         text = json.dumps(index, indent=2).encode("utf-8")
-        write_atomically(self.save.path, lambda file: file.write(text))
+        write_atomically(self.save.path, lambda put: put(text))
         for name in self.previous - set(self.names):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.folder, name))
