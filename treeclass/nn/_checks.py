@@ -85,12 +85,9 @@ def check_number(
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):  # not a number, or an array of several elements
         raise _bad(TypeError, layer, name, expected, value) from None
-    inside = (
-        math.isfinite(number)
-        and (number > low if open_low else number >= low)
-        and (number < high if open_high else number <= high)
-    )
-    if not inside:
+    above = number > low if open_low else number >= low
+    below = number < high if open_high else number <= high
+    if not (math.isfinite(number) and above and below):
         raise _bad(ValueError, layer, name, expected, value)
     return number
 

@@ -173,10 +173,9 @@ def _momentum(value: float) -> float:
 
 
 class BatchNorm(Layer):
-    """Normalises each feature (the last axis) by its statistics over every other axis.
-
-    In training mode a call normalises by the batch's mean and (biased) variance and
-    assigns `running = momentum * running + (1 - momentum) * batch` to `running_mean` and
+    """Normalises each feature (the last axis) by its statistics over every other axis. In
+    training mode a call normalises by the batch's mean and (biased) variance and assigns
+    `running = momentum * running + (1 - momentum) * batch` to `running_mean` and
     `running_var` (fields of role state), so it runs on a mutable copy
     (`tc.value_and_tree`; the layers guide, "A ResNet block"); inference mode reads them.
 
