@@ -99,16 +99,19 @@ def check_input(
     size: int | None,
     *,
     leading: str = "...",
+    trailing: Sequence[str] = (),
     ndim: int = 1,
     what: str = "inputs",
 ) -> None:
-    """A `ValueError` unless `x` has at least `ndim` axes and its last is `size` (any, when
-    `size` is None: a sublayer that does not say its sizes)."""
+    """A `ValueError` unless `x` has at least `ndim` axes and the one before the axes named
+    `trailing` (none: its last) is `size` (any, when `size` is None: a sublayer that does
+    not say its sizes)."""
     if size is None:
         return
     shape = x.shape if hasattr(x, "shape") else jnp.shape(x)
-    if len(shape) < ndim or shape[-1] != size:
-        expected = f"({leading}, {name}={size})"
+    axis = len(shape) - 1 - len(trailing)
+    if len(shape) < ndim or axis < 0 or shape[axis] != size:
+        expected = f"({', '.join([leading, f'{name}={size}', *trailing])})"
         text = _INPUT_MSG.format(layer=layer, what=what, expected=expected, shape=tuple(shape))
         raise ValueError(text)
 

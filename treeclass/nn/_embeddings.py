@@ -91,29 +91,23 @@ class PatchEmbed(Layer):
     def __call__(self, x: jax.Array) -> jax.Array:
         """The patches of `x`, each a vector: shape `(*batch, num_patches, features)`."""
         x = jnp.asarray(x)
-        n = self.weight.ndim - 2
+        n, patch, first = self.weight.ndim - 2, self.patch_size, self.channels_first
         channels = self.weight.shape[1]
-        patch = self.patch_size
-        if self.channels_first:
-            if x.ndim < n + 1 or x.shape[x.ndim - n - 1] != channels:
-                spatial = ", ".join(f"s{i}" for i in range(n))
-                expected = f"(*batch, in_channels={channels}, {spatial})"
-                raise ValueError(
-                    f"`PatchEmbed` takes inputs of shape {expected} (channels first); got "
-                    f"one of shape {x.shape}."
-                )
-            spatial_axes = range(x.ndim - n, x.ndim)
-        else:
-            check_input("PatchEmbed", x, "in_channels", channels, leading="*batch, *spatial")
-            spatial_axes = range(x.ndim - n - 1, x.ndim - 1)
-        for axis, step in zip(spatial_axes, patch, strict=True):
+        after = [f"s{i}" for i in range(n)] if first else []  # the axes after the channels
+        lead = "*batch" if first else "*batch, *spatial"
+        what = "inputs (channels first)" if first else "inputs"
+        check_input(
+            "PatchEmbed", x, "in_channels", channels, leading=lead, trailing=after, what=what
+        )
+        start = x.ndim - n - (0 if first else 1)  # the first spatial axis
+        for axis, step in zip(range(start, start + n), patch, strict=True):
             if (size := x.shape[axis]) % step:
                 text = _IMAGE_MSG.format(
                     patch=patch, shape=x.shape, size=size, axis=axis, step=step
                 )
                 raise ValueError(text)
         letters = "DHW"[3 - n :]
-        spec = f"C{letters}" if self.channels_first else f"{letters}C"
+        spec = f"C{letters}" if first else f"{letters}C"
         y = convolve(self, x, spec, window_strides=patch, padding="VALID")
         return y.reshape((*y.shape[: y.ndim - n - 1], -1, y.shape[-1]))
 
