@@ -175,9 +175,8 @@ class MultiHeadAttention(Layer):
                 raise ValueError(_FEATURES_MSG.format(features=features, heads=num_heads))
             head_dim = features // num_heads
         head_dim = check_int(name, "head_dim", head_dim)
-        kv_features = check_int(
-            name, "kv_features", features if kv_features is None else kv_features
-        )
+        kv_features = features if kv_features is None else kv_features
+        kv_features = check_int(name, "kv_features", kv_features)
         sliding_window = _window(sliding_window)
         if rope_theta is None:
             for option, value in (("rope_dim", rope_dim), ("rope_interleaved", rope_interleaved)):

@@ -208,10 +208,7 @@ class _TransformerBlock(Layer):
         x = jnp.asarray(x)
         features = getattr(self.self_attn.q_proj, "in_features", None)
         check_input(type(self).__name__, x, "features", features, leading="*batch, seq", ndim=2)
-
-        def attend(h: jax.Array) -> jax.Array:
-            return self.self_attn(h, mask=mask, positions=positions)
-
+        attend = functools.partial(self.self_attn, mask=mask, positions=positions)
         # which norms a block holds follows from norm_position (set by __init__)
         norms = (self.input_layernorm, self.post_attention_layernorm, self.output_layernorm)
         first, second, last = (cast(Norm, n) for n in norms)
