@@ -14,8 +14,6 @@ from ._base import Layer, assign, check_key, dtype_field, named
 from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 
-__all__ = ["MultiHeadAttention", "rotary_embedding"]
-
 _HEADS_MSG = (
     "`MultiHeadAttention(num_heads={heads}, num_kv_heads={kv})`: the query heads must be a "
     "multiple of the key/value heads (each group of query heads shares one)."
@@ -89,11 +87,9 @@ def rotary_embedding(
 
 
 class MultiHeadAttention(Layer):
-    """Multi-head attention of a sequence over itself or over a context.
-
-    The projections' outputs are named `"query"`, `"key"`, `"value"` and the attention's
-    output `"attended"` (`jax.ad_checkpoint.checkpoint_name`), for a rematerialisation
-    policy that keeps them (see the stacked-layers guide).
+    """Multi-head attention of a sequence over itself or over a context. The projections'
+    outputs are named `"query"`, `"key"`, `"value"` and the attention's `"attended"`, for a
+    rematerialisation policy that keeps them (the stacked-layers guide).
 
     **Arguments**
 
@@ -112,9 +108,8 @@ class MultiHeadAttention(Layer):
       `10_000.0`); `None` (default): none. `rope_dim`, `rope_interleaved`: as for
       `rotary_embedding`.
     - `dtype`, `param_dtype`: the compute dtype and the dtype of the parameters.
-    - `key`: a PRNG key, split into four for the projections, `Linear`s (any layer of
-      their shapes may replace one, such as a `LoRA`; their field metadata `heads` tells
-      `tc.ShardingRules` not to cut a head across devices).
+    - `key`: a PRNG key, split among the four projections, `Linear`s (any layer of their
+      shapes, such as a `LoRA`, may replace one).
 
     A call `attention(x, context=None, *, mask=None, positions=None)` maps `x` of shape
     `(*batch, seq, features)` to that shape; `context` (`(*batch, kv_seq,
@@ -180,9 +175,8 @@ class MultiHeadAttention(Layer):
                 raise ValueError(_FEATURES_MSG.format(features=features, heads=num_heads))
             head_dim = features // num_heads
         head_dim = check_int(name, "head_dim", head_dim)
-        kv_features = check_int(
-            name, "kv_features", features if kv_features is None else kv_features
-        )
+        kv_features = features if kv_features is None else kv_features
+        kv_features = check_int(name, "kv_features", kv_features)
         sliding_window = _window(sliding_window)
         if rope_theta is None:
             for option, value in (("rope_dim", rope_dim), ("rope_interleaved", rope_interleaved)):
@@ -192,8 +186,7 @@ class MultiHeadAttention(Layer):
             rope_theta = check_number(name, "rope_theta", rope_theta, low=0.0, open_low=True)
             dim = _rope_dim(name, rope_dim, head_dim)
             rope_dim = None if dim == head_dim else dim
-        key = check_key(key, name)
-        qkey, kkey, vkey, okey = jax.random.split(key, 4)
+        qkey, kkey, vkey, okey = jax.random.split(check_key(key, name), 4)
         options: dict[str, Any] = dict(dtype=dtype, param_dtype=param_dtype)
         qkv = dict(options, use_bias=use_bias if use_qkv_bias is None else use_qkv_bias)
         out = dict(options, use_bias=use_bias if use_out_bias is None else use_out_bias)
@@ -227,23 +220,19 @@ class MultiHeadAttention(Layer):
         source = x if context is None else jnp.asarray(context)
         # the projections may be any layer of the right shapes (a LoRA around a Linear):
         # each says its sizes through `in_features` where it has one
-        name = "MultiHeadAttention"
-        features = getattr(self.q_proj, "in_features", None)
-        if features is not None:
-            check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
-        kv = getattr(self.k_proj, "in_features", None)
-        if context is not None and kv is not None:
+        name, features = "MultiHeadAttention", getattr(self.q_proj, "in_features", None)
+        check_input(name, x, "features", features, leading="*batch, seq", ndim=2)
+        if context is not None:
+            kv = getattr(self.k_proj, "in_features", None)
             check_input(
                 name, source, "kv_features", kv, leading="*batch, kv_seq", ndim=2, what="a context"
             )
         batch, seq, kv_seq = x.shape[:-2], x.shape[-2], source.shape[-2]
-        h = self.head_dim
+        h, kv_shape = self.head_dim, (*batch, kv_seq, self.num_kv_heads, self.head_dim)
         # the products a rematerialisation policy may keep by name (`save_only_these_names`)
         q = named(self.q_proj(x), "query").reshape((*batch, seq, self.num_heads, h))
-        k = named(self.k_proj(source), "key")
-        v = named(self.v_proj(source), "value")
-        k = k.reshape((*batch, kv_seq, self.num_kv_heads, h))
-        v = v.reshape((*batch, kv_seq, self.num_kv_heads, h))
+        k = named(self.k_proj(source), "key").reshape(kv_shape)
+        v = named(self.v_proj(source), "value").reshape(kv_shape)
         if self.rope_theta is not None:
             q_pos = jnp.arange(seq) if positions is None else positions
             k_pos = q_pos if context is None else jnp.arange(kv_seq)

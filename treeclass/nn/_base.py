@@ -17,19 +17,6 @@ from .._node import child_names, children
 from .._pprint_registry import register_printer
 from .._treeclass import TreeClass
 
-__all__ = [
-    "Layer",
-    "dtype_name",
-    "dtype_field",
-    "check_key",
-    "fan_in_params",
-    "normal_weight",
-    "scale_and_shift",
-    "cast",
-    "assign",
-    "named",
-]
-
 _DTYPE_MSG = (
     "`{where}` must be a floating dtype (such as jnp.float32 or jnp.bfloat16) or None, "
     "got {value!r}."
@@ -72,34 +59,25 @@ def check_key(key: object, layer: str) -> jax.Array:
     raise TypeError(_KEY_MSG.format(layer=layer, value=key))
 
 
-def scale_and_shift(
-    features: int, use_weight: bool, use_bias: bool, param_dtype: DTypeLike
-) -> dict[str, jax.Array | None]:
-    """A normalisation's `weight` (ones) and `bias` (zeros) of `features`, or None where off."""
-    param_dtype = dtype_name(param_dtype, "param_dtype")
-    return {
-        "weight": jnp.ones((features,), param_dtype) if use_weight else None,
-        "bias": jnp.zeros((features,), param_dtype) if use_bias else None,
-    }
-
-
 def fan_in_params(
-    key: jax.Array, shape: tuple[int, ...], fan_in: int, use_bias: bool, param_dtype: DTypeLike
+    layer: str, key: object, shape: tuple[int, ...], use_bias: bool, param_dtype: DTypeLike
 ) -> dict[str, jax.Array | None]:
-    """A `weight` of `shape` and a `bias` of `shape[0]` (or None), `uniform(±1/sqrt(fan_in))`."""
+    """A `weight` of `shape` and a `bias` of `shape[0]` (or None) drawn by `layer` from
+    `uniform(±1/sqrt(fan_in))`, `fan_in` the product of `shape[1:]`."""
     param_dtype = dtype_name(param_dtype, "param_dtype")
-    limit = 1.0 / math.sqrt(fan_in)
-    wkey, bkey = jax.random.split(key)
+    limit = 1.0 / math.sqrt(math.prod(shape[1:]))
+    wkey, bkey = jax.random.split(check_key(key, layer))
     weight = jax.random.uniform(wkey, shape, param_dtype, -limit, limit)
     bias = jax.random.uniform(bkey, shape[:1], param_dtype, -limit, limit) if use_bias else None
     return {"weight": weight, "bias": bias}
 
 
 def normal_weight(
-    key: jax.Array, shape: tuple[int, ...], param_dtype: DTypeLike, stddev: float = 1.0
+    layer: str, key: object, shape: tuple[int, ...], param_dtype: DTypeLike, stddev: float = 1.0
 ) -> jax.Array:
-    """A weight of `shape` drawn from `normal(0, stddev)` (embeddings, tokens, positions)."""
-    weight = jax.random.normal(key, shape, dtype_name(param_dtype, "param_dtype"))
+    """A weight of `shape` drawn by `layer` from `normal(0, stddev)` (embeddings, tokens)."""
+    param_dtype = dtype_name(param_dtype, "param_dtype")
+    weight = jax.random.normal(check_key(key, layer), shape, param_dtype)
     return weight if stddev == 1.0 else stddev * weight
 
 
@@ -152,16 +130,11 @@ def _type_name(layer: Layer) -> str:
         if spec.static and spec.repr:
             value = getattr(layer, spec.name, None)
             if not (spec.has_default and _same(value, spec.default)):
-                changed.append(f"{spec.name}={_config_text(value)}")
+                # a function (an activation) by its name: its repr holds an address
+                label = getattr(value, "__name__", None) if callable(value) else None
+                changed.append(f"{spec.name}={repr(value) if label is None else label}")
     name = type(layer).__name__
     return f"{name}[{', '.join(changed)}]" if changed else name
-
-
-def _config_text(value: object) -> str:
-    # a function (an activation) by its name: its repr holds an address, different each run
-    if callable(value) and hasattr(value, "__name__"):
-        return str(value.__name__)
-    return repr(value)
 
 
 def _same(value: object, default: object) -> bool:

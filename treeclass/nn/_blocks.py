@@ -1,9 +1,9 @@
-"""A transformer layer: `FeedForward` (its MLP, plain or gated, with Llama's names
-`gate_proj`, `up_proj`, `down_proj`), and `DecoderBlock` and `EncoderBlock`, one
-computation with Llama's field names and Llama's or BERT's defaults."""
+"""A transformer layer: `FeedForward` (plain or gated), and `DecoderBlock` and
+`EncoderBlock`, one computation with Llama's field names and Llama's or BERT's defaults."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -17,8 +17,6 @@ from ._base import Layer, assign, check_key, named
 from ._checks import check_input, check_int, check_number
 from ._linear import Linear
 from ._normalization import LayerNorm, RMSNorm
-
-__all__ = ["FeedForward", "gelu_exact", "DecoderBlock", "EncoderBlock"]
 
 
 def gelu_exact(x: jax.Array) -> jax.Array:
@@ -88,8 +86,7 @@ class FeedForward(Layer):
             raise TypeError(
                 f"`FeedForward(activation=...)` must be a function; got {activation!r}."
             )
-        key = check_key(key, "FeedForward")
-        gkey, ukey, dkey = jax.random.split(key, 3)
+        gkey, ukey, dkey = jax.random.split(check_key(key, "FeedForward"), 3)
         options: dict[str, Any] = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype)
         assign(
             self,
@@ -101,9 +98,7 @@ class FeedForward(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The hidden layer (gated or not), projected back to `features`."""
-        features = getattr(self.up_proj, "in_features", None)
-        if features is not None:
-            check_input("FeedForward", x, "features", features)
+        check_input("FeedForward", x, "features", getattr(self.up_proj, "in_features", None))
         up = named(self.up_proj(x), "up")  # a name a remat policy may keep
         if self.gate_proj is None:
             hidden = self.activation(up)
@@ -192,20 +187,15 @@ class _TransformerBlock(Layer):
         arguments = locals()
         attention = {name: arguments[name] for name in _ATTENTION_OPTIONS} | dtypes
         offset: dict[str, Any] = {"weight_offset": norm_weight_offset} if norm == "rms" else {}
-
-        def make_norm() -> Norm:
-            return _NORMS[norm](features, eps=norm_eps, **offset, **dtypes)
-
+        make_norm = functools.partial(_NORMS[norm], features, eps=norm_eps, **offset, **dtypes)
         pre = norm_position == "pre"
-        mlp_options: dict[str, Any] = dict(
-            gated=gated, activation=activation, use_bias=use_mlp_bias, **dtypes
-        )
+        mlp = dict(gated=gated, activation=activation, use_bias=use_mlp_bias, **dtypes)
         assign(
             self,
             input_layernorm=make_norm() if pre else None,
             self_attn=MultiHeadAttention(features, num_heads, key=akey, **attention),
             post_attention_layernorm=make_norm(),
-            mlp=FeedForward(features, hidden_features, key=mkey, **mlp_options),
+            mlp=FeedForward(features, hidden_features, key=mkey, **mlp),
             output_layernorm=None if pre else make_norm(),
             norm_position=norm_position,
             parallel_residual=parallel_residual,
@@ -217,12 +207,8 @@ class _TransformerBlock(Layer):
         """The block applied to `x` (`(*batch, seq, features)`); see `DecoderBlock`."""
         x = jnp.asarray(x)
         features = getattr(self.self_attn.q_proj, "in_features", None)
-        if features is not None:
-            check_input(type(self).__name__, x, "features", features, leading="*batch, seq", ndim=2)
-
-        def attend(h: jax.Array) -> jax.Array:
-            return self.self_attn(h, mask=mask, positions=positions)
-
+        check_input(type(self).__name__, x, "features", features, leading="*batch, seq", ndim=2)
+        attend = functools.partial(self.self_attn, mask=mask, positions=positions)
         # which norms a block holds follows from norm_position (set by __init__)
         norms = (self.input_layernorm, self.post_attention_layernorm, self.output_layernorm)
         first, second, last = (cast(Norm, n) for n in norms)
@@ -240,14 +226,10 @@ class DecoderBlock(_TransformerBlock):
     its norm and residual. The defaults are Llama's layer; the other families' keywords are
     in the layers guide, "Families as configuration".
 
-    **Computation** (the norm a position leaves unused is `None`)
-
-    - `norm_position="pre"` (default): `x + self_attn(input_layernorm(x))`, then
-      `x + mlp(post_attention_layernorm(x))`;
-    - `parallel_residual=True`: `x + self_attn(input_layernorm(x)) +
-      mlp(post_attention_layernorm(x))`, both from the same input (GPT-NeoX);
-    - `norm_position="post"`: `x = post_attention_layernorm(x + self_attn(x))`, then
-      `output_layernorm(x + mlp(x))` (BERT).
+    It computes `x + self_attn(input_layernorm(x))`, then `x + mlp(post_attention_layernorm(x))`
+    (pre-norm, the default); with `parallel_residual=True` both branches read the same `x`
+    (GPT-NeoX); with `norm_position="post"`, `x = post_attention_layernorm(x + self_attn(x))`,
+    then `output_layernorm(x + mlp(x))` (BERT). A norm its position leaves unused is `None`.
 
     **Arguments**
 
@@ -321,9 +303,4 @@ class EncoderBlock(_TransformerBlock):
         param_dtype: DTypeLike = jnp.float32,
         key: jax.Array,
     ) -> None:
-        super().__init__(**_arguments(locals()))
-
-
-def _arguments(local: dict[str, Any]) -> dict[str, Any]:
-    # an `__init__`'s arguments as keywords for the shared `__init__`
-    return {name: value for name, value in local.items() if name not in ("self", "__class__")}
+        _TransformerBlock.__init__(**locals())  # every argument (`self` too) by name

@@ -1,6 +1,5 @@
-"""Argument checks every layer shares (sizes, counts, rates when built; the input's feature
-size when called): each error names the layer, the argument, the value and what was
-expected, so a bad size fails where the layer was built, not inside XLA."""
+"""Argument checks every layer shares (when built; the input's feature size when called):
+each error names the layer, the argument, the value and what was expected."""
 
 from __future__ import annotations
 
@@ -11,10 +10,9 @@ from typing import Any
 
 import jax.numpy as jnp
 
-__all__ = ["check_int", "check_ints", "check_number", "check_input"]
-
 _ARGUMENT_MSG = "`{layer}({name}=...)` must be {expected}; got {value!r}."
 _INPUT_MSG = "`{layer}` takes {what} of shape {expected}; got one of shape {shape}."
+_INTEGER_MSG = "`{layer}` takes integer {what}, got an array of dtype {dtype}."
 
 
 def _int_or_none(value: object) -> int | None:
@@ -87,12 +85,9 @@ def check_number(
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):  # not a number, or an array of several elements
         raise _bad(TypeError, layer, name, expected, value) from None
-    inside = (
-        math.isfinite(number)
-        and (number > low if open_low else number >= low)
-        and (number < high if open_high else number <= high)
-    )
-    if not inside:
+    above = number > low if open_low else number >= low
+    below = number < high if open_high else number <= high
+    if not (math.isfinite(number) and above and below):
         raise _bad(ValueError, layer, name, expected, value)
     return number
 
@@ -101,15 +96,29 @@ def check_input(
     layer: str,
     x: Any,
     name: str,
-    size: int,
+    size: int | None,
     *,
     leading: str = "...",
+    trailing: Sequence[str] = (),
     ndim: int = 1,
     what: str = "inputs",
 ) -> None:
-    """A `ValueError` unless `x` has at least `ndim` axes and its last is `size`."""
+    """A `ValueError` unless `x` has at least `ndim` axes and the one before the axes named
+    `trailing` (none: its last) is `size` (any, when `size` is None: a sublayer that does
+    not say its sizes)."""
+    if size is None:
+        return
     shape = x.shape if hasattr(x, "shape") else jnp.shape(x)
-    if len(shape) < ndim or shape[-1] != size:
-        expected = f"({leading}, {name}={size})"
+    axis = len(shape) - 1 - len(trailing)
+    if len(shape) < ndim or axis < 0 or shape[axis] != size:
+        expected = f"({', '.join([leading, f'{name}={size}', *trailing])})"
         text = _INPUT_MSG.format(layer=layer, what=what, expected=expected, shape=tuple(shape))
         raise ValueError(text)
+
+
+def check_integers(layer: str, what: str, x: object) -> Any:
+    """`x` as an array, else a `TypeError` naming the layer if its dtype is not an integer."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(_INTEGER_MSG.format(layer=layer, what=what, dtype=x.dtype))
+    return x

@@ -3,7 +3,6 @@ layout `[out_channels, in_channels // groups, *kernel_size]` (README.md beside t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,10 +11,8 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params
+from ._base import Layer, assign, cast, dtype_field, fan_in_params
 from ._checks import check_input, check_int, check_ints
-
-__all__ = ["Conv", "convolve", "check_spatial"]
 
 _KERNEL_MSG = (
     "`Conv(kernel_size=...)` takes one positive size per spatial axis, 1 to 3 of them: (5,) "
@@ -59,21 +56,15 @@ def convolve(layer: Any, x: jax.Array, spec: str, **options: Any) -> jax.Array:
 
 
 def _padding(value: object, n: int) -> str | tuple[tuple[int, ...], ...]:
-    if isinstance(value, str):
-        if value.upper() in ("SAME", "VALID"):
-            return value.upper()
-    else:
-        try:
-            if (
-                isinstance(value, Sequence)
-                and len(value) == n
-                and all(isinstance(v, Sequence) and len(v) == 2 for v in value)
-            ):
-                return tuple(check_ints("Conv", "padding", v, 2, minimum=0) for v in value)
-            return tuple((p, p) for p in check_ints("Conv", "padding", value, n, minimum=0))
-        except (TypeError, ValueError):
-            pass
-    raise ValueError(_PADDING_MSG.format(n=n, value=value))
+    if isinstance(value, str) and value.upper() in ("SAME", "VALID"):
+        return value.upper()
+    pairs = value if isinstance(value, Sequence) and len(value) == n else ()
+    try:  # one (low, high) pair per axis, else one int for all axes or one per axis
+        if pairs and all(isinstance(v, Sequence) and len(v) == 2 for v in pairs):
+            return tuple(check_ints("Conv", "padding", v, 2, minimum=0) for v in pairs)
+        return tuple((p, p) for p in check_ints("Conv", "padding", value, n, minimum=0))
+    except (TypeError, ValueError):
+        raise ValueError(_PADDING_MSG.format(n=n, value=value)) from None
 
 
 class Conv(Layer):
@@ -137,12 +128,10 @@ class Conv(Layer):
         groups = check_int("Conv", "groups", groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(_GROUPS_MSG.format(groups=groups, cin=in_channels, cout=out_channels))
-        key = check_key(key, "Conv")
-        fan_in = in_channels // groups * math.prod(kernel)
         shape = (out_channels, in_channels // groups, *kernel)
         assign(
             self,
-            **fan_in_params(key, shape, fan_in, use_bias, param_dtype),
+            **fan_in_params("Conv", key, shape, use_bias, param_dtype),
             stride=stride,
             padding=padding,
             dilation=dilation,

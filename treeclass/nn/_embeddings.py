@@ -3,7 +3,6 @@ BERT have them: `PatchEmbed`, `ClassToken` and `PositionEmbedding`."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import jax
@@ -11,11 +10,9 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params, normal_weight
-from ._checks import check_input, check_int
+from ._base import Layer, assign, cast, dtype_field, fan_in_params, normal_weight
+from ._checks import check_input, check_int, check_integers
 from ._conv import check_spatial, convolve
-
-__all__ = ["PatchEmbed", "ClassToken", "PositionEmbedding"]
 
 _PATCH_MSG = (
     "`PatchEmbed(patch_size=...)` takes one positive size per spatial axis, 1 to 3 of them "
@@ -78,12 +75,10 @@ class PatchEmbed(Layer):
         in_channels = check_int("PatchEmbed", "in_channels", in_channels)
         features = check_int("PatchEmbed", "features", features)
         patch = check_spatial(patch_size, "PatchEmbed", "patch_size", _PATCH_MSG)
-        key = check_key(key, "PatchEmbed")
-        fan_in = in_channels * math.prod(patch)
         shape = (features, in_channels, *patch)
         assign(
             self,
-            **fan_in_params(key, shape, fan_in, use_bias, param_dtype),
+            **fan_in_params("PatchEmbed", key, shape, use_bias, param_dtype),
             channels_first=channels_first,
             dtype=dtype,
         )
@@ -96,30 +91,23 @@ class PatchEmbed(Layer):
     def __call__(self, x: jax.Array) -> jax.Array:
         """The patches of `x`, each a vector: shape `(*batch, num_patches, features)`."""
         x = jnp.asarray(x)
-        n = self.weight.ndim - 2
+        n, patch, first = self.weight.ndim - 2, self.patch_size, self.channels_first
         channels = self.weight.shape[1]
-        patch = self.patch_size
-        if self.channels_first:
-            if x.ndim < n + 1 or x.shape[x.ndim - n - 1] != channels:
-                spatial = ", ".join(f"s{i}" for i in range(n))
-                expected = f"(*batch, in_channels={channels}, {spatial})"
-                raise ValueError(
-                    f"`PatchEmbed` takes inputs of shape {expected} (channels first); got "
-                    f"one of shape {x.shape}."
-                )
-            spatial_axes = range(x.ndim - n, x.ndim)
-        else:
-            check_input("PatchEmbed", x, "in_channels", channels, leading="*batch, *spatial")
-            spatial_axes = range(x.ndim - n - 1, x.ndim - 1)
-        for axis, step in zip(spatial_axes, patch, strict=True):
-            if x.shape[axis] % step:
-                size = x.shape[axis]
+        after = [f"s{i}" for i in range(n)] if first else []  # the axes after the channels
+        lead = "*batch" if first else "*batch, *spatial"
+        what = "inputs (channels first)" if first else "inputs"
+        check_input(
+            "PatchEmbed", x, "in_channels", channels, leading=lead, trailing=after, what=what
+        )
+        start = x.ndim - n - (0 if first else 1)  # the first spatial axis
+        for axis, step in zip(range(start, start + n), patch, strict=True):
+            if (size := x.shape[axis]) % step:
                 text = _IMAGE_MSG.format(
                     patch=patch, shape=x.shape, size=size, axis=axis, step=step
                 )
                 raise ValueError(text)
         letters = "DHW"[3 - n :]
-        spec = f"C{letters}" if self.channels_first else f"{letters}C"
+        spec = f"C{letters}" if first else f"{letters}C"
         y = convolve(self, x, spec, window_strides=patch, padding="VALID")
         return y.reshape((*y.shape[: y.ndim - n - 1], -1, y.shape[-1]))
 
@@ -159,8 +147,8 @@ class ClassToken(Layer):
     ) -> None:
         features = check_int("ClassToken", "features", features)
         num_tokens = check_int("ClassToken", "num_tokens", num_tokens)
-        key = check_key(key, "ClassToken")
-        assign(self, weight=normal_weight(key, (num_tokens, features), param_dtype, _INIT_STDDEV))
+        weight = normal_weight("ClassToken", key, (num_tokens, features), param_dtype, _INIT_STDDEV)
+        assign(self, weight=weight)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` with the tokens in front of its sequence axis (the second to last)."""
@@ -210,8 +198,8 @@ class PositionEmbedding(Layer):
     ) -> None:
         num_positions = check_int("PositionEmbedding", "num_positions", num_positions)
         features = check_int("PositionEmbedding", "features", features)
-        key = check_key(key, "PositionEmbedding")
-        weight = normal_weight(key, (num_positions, features), param_dtype, _INIT_STDDEV)
+        shape = (num_positions, features)
+        weight = normal_weight("PositionEmbedding", key, shape, param_dtype, _INIT_STDDEV)
         assign(self, weight=weight, dtype=dtype)
 
     def __call__(self, x: jax.Array, *, positions: jax.Array | None = None) -> jax.Array:
@@ -225,11 +213,7 @@ class PositionEmbedding(Layer):
                 raise ValueError(_TOO_LONG_MSG.format(n=n, seq=seq, shape=x.shape))
             table = self.weight[:seq]
         else:
-            positions = jnp.asarray(positions)
-            if not jnp.issubdtype(positions.dtype, jnp.integer):
-                raise TypeError(
-                    f"`PositionEmbedding` takes integer positions, got dtype {positions.dtype}."
-                )
+            positions = check_integers("PositionEmbedding", "positions", positions)
             table = jnp.take(self.weight, positions, axis=0)
         x, table = cast(self.dtype, x, table)
         return x + table

@@ -1,6 +1,5 @@
 """`Linear`, `Embed` and `LoRA`: the affine map on the last axis, the lookup table of
-tokens, and a low-rank adapter around a frozen `Linear` (PEFT's names: `base_layer`,
-`lora_A`, `lora_B`), with PyTorch's weight layouts (README.md beside this)."""
+tokens, and a low-rank adapter around a frozen `Linear` (README.md beside this)."""
 
 from __future__ import annotations
 
@@ -12,11 +11,7 @@ from jax.typing import DTypeLike
 
 from .._fields import field
 from ._base import Layer, assign, cast, check_key, dtype_field, fan_in_params, normal_weight
-from ._checks import check_input, check_int, check_number
-
-__all__ = ["Linear", "Embed", "LoRA"]
-
-_INDEX_MSG = "`Embed` looks up integer token ids, got an array of dtype {dtype}."
+from ._checks import check_input, check_int, check_integers, check_number
 
 
 class Linear(Layer):
@@ -58,9 +53,8 @@ class Linear(Layer):
     ) -> None:
         in_features = check_int("Linear", "in_features", in_features)
         out_features = check_int("Linear", "out_features", out_features)
-        key = check_key(key, "Linear")
-        shape = (out_features, in_features)
-        assign(self, **fan_in_params(key, shape, in_features, use_bias, param_dtype), dtype=dtype)
+        params = fan_in_params("Linear", key, (out_features, in_features), use_bias, param_dtype)
+        assign(self, **params, dtype=dtype)
 
     @property
     def in_features(self) -> int:
@@ -90,9 +84,8 @@ class Embed(Layer):
     **Arguments**
 
     - `num_embeddings`, `features`: the rows and columns of the table.
-    - `scale`: multiply the vectors looked up by this number (default `None`); Gemma's
-      is `scale=features ** 0.5`, rounded to the vectors' dtype first as Gemma rounds it.
-      `attend` does not scale.
+    - `scale`: multiply the vectors looked up by this number, rounded to their dtype
+      first (default `None`; Gemma's is `features ** 0.5`); `attend` does not scale.
     - `dtype`: the compute dtype of the vectors returned (`None`: the table's).
     - `param_dtype`: the dtype the table is created in (default float32).
     - `key`: a PRNG key; the table is drawn from a standard normal.
@@ -123,9 +116,8 @@ class Embed(Layer):
     ) -> None:
         num_embeddings = check_int("Embed", "num_embeddings", num_embeddings)
         features = check_int("Embed", "features", features)
-        key = check_key(key, "Embed")
         scale = None if scale is None else check_number("Embed", "scale", scale)
-        weight = normal_weight(key, (num_embeddings, features), param_dtype)
+        weight = normal_weight("Embed", key, (num_embeddings, features), param_dtype)
         assign(self, weight=weight, scale=scale, dtype=dtype)
 
     @property
@@ -140,11 +132,8 @@ class Embed(Layer):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """The rows of the table at `ids`: shape `ids.shape + (features,)`."""
-        ids = jnp.asarray(ids)
-        if not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise TypeError(_INDEX_MSG.format(dtype=ids.dtype))
         (weight,) = cast(self.dtype, self.weight)
-        vectors = jnp.take(weight, ids, axis=0)
+        vectors = jnp.take(weight, check_integers("Embed", "token ids", ids), axis=0)
         if self.scale is None:
             return vectors
         return vectors * jnp.asarray(self.scale, vectors.dtype)

@@ -1,6 +1,5 @@
-"""Modes: training and inference, a static `training` field (each mode compiles once)
-switched on a whole model by `set_training`; and `Dropout`, whose training mode zeroes
-elements at random (the key is an argument of the call, as in equinox)."""
+"""Modes: a static `training` field (each mode compiles once) switched on a whole model by
+`set_training`; and `Dropout`, whose training mode zeroes elements at random."""
 
 from __future__ import annotations
 
@@ -16,8 +15,6 @@ from .._selectors import where
 from .._structure import TREECLASS, row_of
 from ._base import Layer
 from ._checks import check_number
-
-__all__ = ["set_training", "has_mode", "Dropout"]
 
 _T = TypeVar("_T")
 _FLAG_MSG = "`set_training(model, training)` takes a bool, got {value!r}."

@@ -1,6 +1,5 @@
-"""`LayerNorm`, `RMSNorm` (over the last axis, without state) and `BatchNorm` (by batch
-statistics, with running statistics as state): statistics in float32 or wider whatever
-the compute dtype, as flax does."""
+"""`LayerNorm`, `RMSNorm` (over the last axis) and `BatchNorm` (with running statistics
+as state): statistics in float32 or wider whatever the compute dtype."""
 
 from __future__ import annotations
 
@@ -12,10 +11,8 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 
 from .._fields import field
-from ._base import Layer, assign, cast, dtype_field, scale_and_shift
+from ._base import Layer, assign, cast, dtype_field, dtype_name
 from ._checks import check_input, check_int, check_number
-
-__all__ = ["LayerNorm", "RMSNorm", "BatchNorm"]
 
 
 def statistics_dtype(x: jax.Array) -> Any:
@@ -23,18 +20,26 @@ def statistics_dtype(x: jax.Array) -> Any:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def checked_norm_arguments(layer: str, features: object, eps: object) -> tuple[int, float]:
-    """A norm's `features` (a positive int) and `eps` (a number >= 0), checked."""
-    return check_int(layer, "features", features), check_number(layer, "eps", eps, low=0.0)
+def norm_fields(
+    layer: str, features: object, eps: object, use_weight: bool, use_bias: bool, dtype: DTypeLike
+) -> dict[str, Any]:
+    """A norm's `eps` (a number >= 0) and its `weight` (ones) and `bias` (zeros) of
+    `features` (a positive int) in the parameters' `dtype`, or None where off, checked."""
+    size = check_int(layer, "features", features)
+    eps = check_number(layer, "eps", eps, low=0.0)
+    dtype = dtype_name(dtype, "param_dtype")
+    weight = jnp.ones((size,), dtype) if use_weight else None
+    return {"weight": weight, "bias": jnp.zeros((size,), dtype) if use_bias else None, "eps": eps}
 
 
-def check_norm_input(norm: Any, x: jax.Array) -> None:
-    """A `ValueError` unless `x`'s last axis is the norm's features (when it knows them)."""
-    for name in ("weight", "bias", "running_mean"):
-        array = getattr(norm, name, None)
-        if array is not None:
-            check_input(type(norm).__name__, x, "features", array.shape[-1])
-            return
+def checked_input(norm: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`x` (its last axis checked against the norm's features, when it knows them) and `x`
+    in the statistics' dtype."""
+    x = jnp.asarray(x)
+    arrays = [getattr(norm, name, None) for name in ("weight", "bias", "running_mean")]
+    features = next((a.shape[-1] for a in arrays if a is not None), None)
+    check_input(type(norm).__name__, x, "features", features)
+    return x, x.astype(statistics_dtype(x))
 
 
 def scaled_and_shifted(norm: Any, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -88,15 +93,12 @@ class LayerNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
-        features, eps = checked_norm_arguments(type(self).__name__, features, eps)
-        params = scale_and_shift(features, use_weight, use_bias, param_dtype)
-        assign(self, **params, eps=eps, dtype=dtype)
+        params = norm_fields(type(self).__name__, features, eps, use_weight, use_bias, param_dtype)
+        assign(self, **params, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised over its last axis, scaled and shifted."""
-        x = jnp.asarray(x)
-        check_norm_input(self, x)
-        stats = x.astype(statistics_dtype(x))
+        x, stats = checked_input(self, x)
         mean = stats.mean(-1, keepdims=True)
         var = jnp.square(stats - mean).mean(-1, keepdims=True)
         return scaled_and_shifted(self, x, (stats - mean) * jax.lax.rsqrt(var + self.eps))
@@ -143,18 +145,15 @@ class RMSNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
-        features, eps = checked_norm_arguments(type(self).__name__, features, eps)
+        params = norm_fields(type(self).__name__, features, eps, use_weight, use_bias, param_dtype)
         weight_offset = check_number("RMSNorm", "weight_offset", weight_offset)
-        params = scale_and_shift(features, use_weight, use_bias, param_dtype)
         if (weight := params["weight"]) is not None and weight_offset:
             params["weight"] = weight - jnp.asarray(weight_offset, weight.dtype)
-        assign(self, **params, eps=eps, weight_offset=weight_offset, dtype=dtype)
+        assign(self, **params, weight_offset=weight_offset, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` divided by its root mean square over the last axis, scaled."""
-        x = jnp.asarray(x)
-        check_norm_input(self, x)
-        stats = x.astype(statistics_dtype(x))
+        x, stats = checked_input(self, x)
         y = stats * jax.lax.rsqrt(jnp.square(stats).mean(-1, keepdims=True) + self.eps)
         return scaled_and_shifted(self, x, y)
 
@@ -174,10 +173,9 @@ def _momentum(value: float) -> float:
 
 
 class BatchNorm(Layer):
-    """Normalises each feature (the last axis) by its statistics over every other axis.
-
-    In training mode a call normalises by the batch's mean and (biased) variance and
-    assigns `running = momentum * running + (1 - momentum) * batch` to `running_mean` and
+    """Normalises each feature (the last axis) by its statistics over every other axis. In
+    training mode a call normalises by the batch's mean and (biased) variance and assigns
+    `running = momentum * running + (1 - momentum) * batch` to `running_mean` and
     `running_var` (fields of role state), so it runs on a mutable copy
     (`tc.value_and_tree`; the layers guide, "A ResNet block"); inference mode reads them.
 
@@ -226,14 +224,12 @@ class BatchNorm(Layer):
         dtype: DTypeLike | None = None,
         param_dtype: DTypeLike = jnp.float32,
     ) -> None:
-        features, eps = checked_norm_arguments("BatchNorm", features, eps)
         assign(
             self,
-            **scale_and_shift(features, use_weight, use_bias, param_dtype),
+            **norm_fields("BatchNorm", features, eps, use_weight, use_bias, param_dtype),
             running_mean=jnp.zeros((features,), param_dtype),
             running_var=jnp.ones((features,), param_dtype),
             momentum=_momentum(momentum),
-            eps=eps,
             axis_name=axis_name,
             training=training,
             dtype=dtype,
@@ -241,9 +237,7 @@ class BatchNorm(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """`x` normalised per feature; in training mode, the statistics assigned too."""
-        x = jnp.asarray(x)
-        check_norm_input(self, x)
-        stats = x.astype(statistics_dtype(x))
+        x, stats = checked_input(self, x)
         if self.training:
             axes = tuple(range(x.ndim - 1))
 

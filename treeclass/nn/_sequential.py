@@ -19,8 +19,6 @@ from ._base import Layer, assign, check_key
 from ._checks import check_input, check_int
 from ._linear import Linear
 
-__all__ = ["Sequential", "MLP"]
-
 _NOT_CALLABLE_MSG = "`Sequential` layer {index} is not callable: got a {type}."
 
 
@@ -79,16 +77,10 @@ class Sequential(Layer):
     def __call__(self, x: object, *, key: jax.Array | None = None) -> Any:
         """Each layer applied to the previous one's output."""
         layers = [unwrap(layer) for layer in self.layers]
-        keyed = [
-            i
-            for i, layer in enumerate(layers)
-            if row_of(layer).kind == TREECLASS and _takes_key(type(layer).__call__)
-        ]
-        keys = (
-            dict(zip(keyed, jax.random.split(key, len(keyed)))) if key is not None and keyed else {}
-        )
-        for i, layer in enumerate(layers):
-            x = layer(x, key=keys[i]) if i in keys else layer(x)
+        keyed = [row_of(a).kind == TREECLASS and _takes_key(type(a).__call__) for a in layers]
+        keys = iter(jax.random.split(key, sum(keyed))) if key is not None and any(keyed) else None
+        for layer, takes_key in zip(layers, keyed, strict=True):
+            x = layer(x, key=next(keys)) if keys and takes_key else layer(x)
         return x
 
 
@@ -144,8 +136,7 @@ class MLP(Layer):
         out_features = check_int("MLP", "out_features", out_features)
         hidden_features = check_int("MLP", "hidden_features", hidden_features)
         depth = check_int("MLP", "depth", depth, minimum=0)
-        key = check_key(key, "MLP")
-        keys = jax.random.split(key, depth + 1)
+        keys = jax.random.split(check_key(key, "MLP"), depth + 1)
         sizes = [in_features, *([hidden_features] * depth), out_features]
         biases = [use_bias] * depth + [use_final_bias]
         assign(
@@ -160,9 +151,7 @@ class MLP(Layer):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """The layers in turn, the activation between them."""
-        features = getattr(self.layers[0], "in_features", None)
-        if features is not None:
-            check_input("MLP", x, "in_features", features)
+        check_input("MLP", x, "in_features", getattr(self.layers[0], "in_features", None))
         *hidden, last = self.layers
         for layer in hidden:
             x = self.activation(layer(x))
