@@ -12,8 +12,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["Glob", "glob", "parse", "Capture", "CAPTURE"]
-
 _GLOB_SYNTAX = (
     "Pattern syntax: segments separated by '.', each matched against a key's name with "
     "fnmatch wildcards ('*', '?'); '[0]' or '0' for a sequence index, \"['key']\" for a "

@@ -57,20 +57,6 @@ from ._structure import (
 )
 from ._util import add_leaf_note
 
-__all__ = [
-    "ARRAY_CLASSES",
-    "Selection",
-    "Spot",
-    "select",
-    "aligned_mask",
-    "and_masks",
-    "any_true",
-    "note_blocked",
-    "shape_of",
-    "broadcasts_to",
-    "check_element_mask",
-]
-
 ONLY_BLOCKED_MSG = (
     "The selection {selection} reaches no leaves: it only reaches {what}. Static fields "
     "(`tc.field(static=True)`) are part of the tree definition, and wrapped values (frozen "

@@ -60,31 +60,6 @@ from ._structure import (
 from ._util import add_leaf_note
 from ._values import closest, short_repr
 
-__all__ = [
-    # the package's: `tc.BaseKey`, `tc.where`, `tc.at.def_rule`, and the error a pytree
-    # selector with a non-bool leaf raises
-    "BaseKey",
-    "where",
-    "def_rule",
-    "NonBoolMaskError",
-    # what the walker (`_selection`) and method calls (`_calls`) use
-    "Matcher",
-    "Walk",
-    "NO",
-    "YES",
-    "EACH",
-    "ZIP",
-    "ONE",
-    "STATIC",
-    "NameMatcher",
-    "IndexMatcher",
-    "MaskMatcher",
-    "compile_selector",
-    "missing_key_error",
-    "slice_text",
-]
-
-
 # -- public selector types -------------------------------------------------------------------
 
 
@@ -813,9 +788,7 @@ _MASK_HOLDS = (
     "A mask holds Python bools or boolean arrays, e.g. built with "
     "`jax.tree_util.tree_map(lambda x: x > 0, tree)`."
 )
-MASK_LEAF_MSG = (
-    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf. " + _MASK_HOLDS
-)
+MASK_LEAF_MSG = "The mask leaf at {where} is {value}, a non-bool leaf. " + _MASK_HOLDS
 MASK_MISMATCH_MSG = (
     "The mask's structure does not match the tree at {where}: {reason}. A mask must have "
     "the structure of the tree it follows (or a prefix of it), with a bool or a boolean "
@@ -903,9 +876,7 @@ class MaskMatcher(Matcher):
         mask_opened = row_of(state).open(state)
         if mask_opened is None:
             raise ValueError(
-                MASK_LEAF_MSG.format(
-                    where=walk.where(path), value=short_repr(state), type=type(state).__name__
-                )
+                MASK_LEAF_MSG.format(where=walk.where(path), value=describe(state, None))
             )
         if opened is None or type(state) is not type(node) or mask_opened[0] != opened[0]:
             found = first_mismatch(
@@ -1005,9 +976,7 @@ SUPPORTED_SELECTORS = (
     "`tc.BaseKey.def_alias` or `tc.at.def_rule`, or a flat tuple of these (their union at one "
     "level)"
 )
-UNSUPPORTED_MSG = (
-    "Unsupported selector {selector} of type `{type}` in `{where}`. Supported: {supported}.{hint}"
-)
+UNSUPPORTED_MSG = "Unsupported selector {selector} in `{where}`. Supported: {supported}.{hint}"
 
 Compiler = Callable[[Any, Callable[[], str]], Matcher]
 
@@ -1025,7 +994,6 @@ def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) 
             raise NotImplementedError(
                 UNSUPPORTED_MSG.format(
                     selector=short_repr(selector),
-                    type="tuple",
                     where=where(),
                     supported=SUPPORTED_SELECTORS,
                     hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')].",
@@ -1126,9 +1094,9 @@ ALIAS_NODE_MSG = (
     "type that is not a pytree node."
 )
 ALIAS_RESULT_MSG = (
-    "The converter registered with `tc.BaseKey.def_alias({kind})` returned {result} (of type "
-    "`{type}`) for {selector}, which is not a built-in selector{why}. A converter must return "
-    "{supported}; aliases do not chain."
+    "The converter registered with `tc.BaseKey.def_alias({kind})` returned {result} for "
+    "{selector}, which is not a built-in selector{why}. A converter must return {supported}; "
+    "aliases do not chain."
 )
 
 
@@ -1305,8 +1273,7 @@ def _compile_alias(
     raise TypeError(
         ALIAS_RESULT_MSG.format(
             kind=_type_text(kind),
-            result=short_repr(result),
-            type=_type_text(type(result)),
+            result=describe(result),
             selector=short_repr(selector),
             why=why,
             supported=SUPPORTED_BUILTIN,
@@ -1370,8 +1337,7 @@ def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
         )
     raise NotImplementedError(
         UNSUPPORTED_MSG.format(
-            selector=short_repr(selector),
-            type=type(selector).__name__,
+            selector=describe(selector),
             where=where(),
             supported=SUPPORTED_SELECTORS,
             hint=hint,
