@@ -27,7 +27,7 @@ import abc
 import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -140,16 +140,6 @@ class BaseKey(abc.ABC):
         return register if converter is None else register(converter)
 
 
-class _Where:
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[tuple[Any, ...], Any], Any]) -> None:
-        self.fn = fn
-
-    def __repr__(self) -> str:
-        return f"where({getattr(self.fn, '__qualname__', repr(self.fn))})"
-
-
 def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     """A predicate selector: selects every node for which `fn(path, node)` is true.
 
@@ -180,7 +170,7 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     """
     if not callable(fn):
         raise TypeError(f"`where` expects a callable `(path, node) -> bool`, got {fn!r}.")
-    return _Where(fn)
+    return WhereMatcher(fn)
 
 
 # -- the matcher protocol ------------------------------------------------------------------------
@@ -191,21 +181,42 @@ _NO = (NO, None)
 _YES = (YES, None)
 
 
-class Walk(Protocol):
-    """What a matcher may ask of the walk that drives it (`_selection`'s walker)."""
+_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
 
-    is_leaf: Callable[[Any], bool] | None
-    hits: set[Matcher]  # the naming matchers that selected something
-    static_ok: Matcher | None  # the name that may end at a static field (`set`, `apply`)
 
-    def where(self, path: tuple[Any, ...]) -> str: ...  # `path` as text, after the root's name
+class Walk:
+    """What a matcher may ask of the walk that drives it (the base of `_selection`'s
+    `Selection`): `hits`, the naming matchers that selected something; `static_ok`, the
+    name that may end at a static field (`set`, `apply`); `blocked`, what held no leaves,
+    `(path, why, by_matcher)`, by a matcher (a static field or a wrapped value in a
+    pattern's way) or at a selected spot (only wrapped values there)."""
 
-    # where the selection could not go on (a static field, a wrapped value)
-    def record_blocked(self, path: tuple[Any, ...], why: str) -> None: ...
+    __slots__ = ("tree", "is_leaf", "static_ok", "hits", "kept", "blocked")
 
-    # what `matcher` keeps for its no-match error (the key names it looked at, where a glob
-    # started), for this walk
-    def notes(self, matcher: Matcher) -> list[Any]: ...
+    def __init__(self, tree: Any, is_leaf: Callable[[Any], bool] | None) -> None:
+        self.tree = tree
+        self.is_leaf = is_leaf
+        self.static_ok: Matcher | None = None
+        self.hits: set[Matcher] = set()
+        self.kept: dict[int, list[Any]] | None = None  # made when a matcher keeps notes
+        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = _NONE_BLOCKED
+
+    def where(self, path: tuple[Any, ...]) -> str:
+        """`path` as text, after the root's name."""
+        return path_str(self.tree, path)
+
+    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
+        """Where the selection could not go on (a static field, a wrapped value)."""
+        if self.blocked is _NONE_BLOCKED:
+            self.blocked = []
+        self.blocked.append((path, why, True))
+
+    def notes(self, matcher: Matcher) -> list[Any]:
+        """What `matcher` keeps for its no-match error in this walk (the key names it
+        looked at, where a glob started)."""
+        if self.kept is None:
+            self.kept = {}
+        return self.kept.setdefault(id(matcher), [])
 
 
 class Matcher:
@@ -465,19 +476,25 @@ class EllipsisMatcher(Matcher):
         return "..."
 
 
-class _NamingMatcher(Matcher):
-    """A level selector that names keys (regex, BaseKey): it must select something."""
+class EntryMatcher(Matcher):
+    """A level selector that names keys: the children for which `test(selector, entry,
+    child)` holds (a regex, a `BaseKey`, a key entry, a `def_rule` value). It must select
+    something; static fields it matches are named when it does not (`offers_statics`; not
+    for `def_rule`, whose `compare` may expect children, not fields)."""
 
-    __slots__ = ()
+    __slots__ = ("selector", "test", "offers_statics")
     names_something = naming = True
-    offers_statics = True  # static fields it matches are named when it selects nothing
 
-    def matches(self, entry: object, child: object = None) -> bool:
-        raise NotImplementedError
+    def __init__(
+        self, selector: Any, test: Callable[[Any, Any, Any], Any], offers_statics: bool = True
+    ) -> None:
+        self.selector = selector
+        self.test = test
+        self.offers_statics = offers_statics
 
     def match(self, walk, state, node, path):
         if state is not None:  # a child of the level's node
-            if self.matches(path[-1], node):
+            if self.test(self.selector, path[-1], node):
                 walk.hits.add(self)
                 return _YES
             return _NO
@@ -488,71 +505,31 @@ class _NamingMatcher(Matcher):
         if len(seen) < 64:
             seen.extend(n for n in map(entry_name, opened.entries) if n not in seen)
         if self.offers_statics:
-            _record_statics(node, path, walk, self.matches)
+            _record_statics(node, path, walk, lambda e: self.test(self.selector, e, None))
         return ZIP, (opened, [True] * len(opened.entries))
 
     def no_match_error(self, walk: Walk, selection: str) -> Exception:
         seen = walk.notes(self)
         if not seen:
             return _selects_nothing(self, selection)
-        close = self.closest(seen)
+        close = None
+        if isinstance(self.selector, re.Pattern):  # a regex: the closest name to its pattern
+            close = closest(self.selector.pattern, [str(n) for n in seen])
         hint = f"; did you mean {close!r}?" if close is not None else ""
         detail = f"no key matches it (keys there: {_listed(seen)})"
         return _selects_nothing(self, selection, detail, hint)
 
-    def closest(self, names: list[Any]) -> Any:
-        return None
-
-
-class PatternMatcher(_NamingMatcher):
-    """`re.compile(p)`: children whose name (as a string) fully matches `p`."""
-
-    __slots__ = ("pattern",)
-
-    def __init__(self, pattern: re.Pattern) -> None:
-        self.pattern = pattern
-
-    def matches(self, entry: object, child: object = None) -> bool:
-        return self.pattern.fullmatch(str(entry_name(entry))) is not None
-
-    def closest(self, names: list[Any]) -> Any:
-        return closest(self.pattern.pattern, [str(n) for n in names])
-
     def __repr__(self) -> str:
-        return f"re.compile({self.pattern.pattern!r})"
+        return repr(self.selector)
 
 
-class BaseKeyMatcher(_NamingMatcher):
-    """A `BaseKey` instance: children whose entry it says it equals."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: BaseKey) -> None:
-        self.key = key
-
-    def matches(self, entry: object, child: object = None) -> bool:
-        result = self.key.__eq__(entry)
-        return result is not NotImplemented and bool(result)
-
-    def __repr__(self) -> str:
-        return repr(self.key)
+def _name_matches(pattern: re.Pattern, entry: object, child: object) -> bool:
+    return pattern.fullmatch(str(entry_name(entry))) is not None
 
 
-class RuleMatcher(_NamingMatcher):
-    """A value of a type registered with `def_rule`: children its `compare` accepts."""
-
-    __slots__ = ("value", "compare")
-    offers_statics = False  # `compare` is the user's, and may expect children, not fields
-
-    def __init__(self, value: object, compare: Callable[[Any, Any, Any], Any]) -> None:
-        self.value = value
-        self.compare = compare
-
-    def matches(self, entry: object, child: object = None) -> bool:
-        return self.compare(self.value, entry, child)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
+def _key_equals(key: BaseKey, entry: object, child: object) -> bool:
+    result = key.__eq__(entry)
+    return result is not NotImplemented and bool(result)
 
 
 def _same_entry(key: object, entry: object, child: object) -> bool:
@@ -611,7 +588,7 @@ def def_rule(
 
     # the value itself is the matcher, whatever it is (a NamedTuple is not opened as a node)
     def compile_(selector: object, where: Callable[[], str]) -> Matcher:
-        return RuleMatcher(selector, compare)
+        return EntryMatcher(selector, compare, offers_statics=False)
 
     _register(kind, _UserType("a type registered with `tc.at.def_rule`", compile_))
 
@@ -660,7 +637,7 @@ class WhereMatcher(Matcher):
         return _YES if bool(result) else _EACH
 
     def __repr__(self) -> str:
-        return repr(_Where(self.fn))
+        return f"where({getattr(self.fn, '__qualname__', repr(self.fn))})"
 
 
 class GlobMatcher(Matcher):
@@ -814,9 +791,9 @@ def _is_other_selector(x: object) -> bool:
         isinstance(x, (str, bytes, int, float, complex, type)) and not isinstance(x, bool)
     ):
         return True
-    if isinstance(x, (re.Pattern, BaseKey, _Where, Glob, slice)):
+    if isinstance(x, (re.Pattern, BaseKey, WhereMatcher, Glob, slice)):
         return True
-    return _user_type(type(x)) is not None
+    return type(_compiler_of(x)) is _UserType
 
 
 def is_mask_like(x: object) -> bool:
@@ -981,11 +958,7 @@ UNSUPPORTED_MSG = "Unsupported selector {selector} in `{where}`. Supported: {sup
 Compiler = Callable[[Any, Callable[[], str]], Matcher]
 
 
-def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
-    return _compile_union(selector, where, compile_selector)
-
-
-def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) -> Matcher:
+def _compile_union(selector: Any, where: Callable[[], str], aliased: bool = False) -> Matcher:
     """A tuple selector: one mask for a tuple tree, or the union of its members."""
     if selector and all(is_mask_like(s) for s in selector):
         return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
@@ -999,7 +972,7 @@ def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) 
                     hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')].",
                 )
             )
-    return UnionMatcher(tuple(member(s, where) for s in selector))
+    return UnionMatcher(tuple(compile_selector(s, where, aliased) for s in selector))
 
 
 @functools.lru_cache(maxsize=256)
@@ -1019,7 +992,7 @@ def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
 
 
 def _compile_entry(selector: Any, where: Callable[[], str]) -> Matcher:
-    return RuleMatcher(selector, _same_entry)
+    return EntryMatcher(selector, _same_entry)
 
 
 _BOOL_MASKS = "boolean masks (select all or nothing)"
@@ -1035,10 +1008,13 @@ _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
     np.integer: (lambda s, where: IndexMatcher(int(s)), "sequence indices"),
     type(Ellipsis): (lambda s, where: EllipsisMatcher(), "`...` (every child)"),
     slice: (lambda s, where: SliceMatcher(s), "slices of sequence positions"),
-    tuple: (_compile_tuple, "unions of selectors, or masks of tuple trees"),
-    re.Pattern: (lambda s, where: PatternMatcher(s), "name patterns"),
-    BaseKey: (lambda s, where: BaseKeyMatcher(s), "key matchers through their own `__eq__`"),
-    _Where: (lambda s, where: WhereMatcher(s.fn), "`tc.where` predicates"),
+    tuple: (_compile_union, "unions of selectors, or masks of tuple trees"),
+    re.Pattern: (lambda s, where: EntryMatcher(s, _name_matches), "name patterns"),
+    BaseKey: (
+        lambda s, where: EntryMatcher(s, _key_equals),
+        "key matchers through their own `__eq__`",
+    ),
+    WhereMatcher: (lambda s, where: s, "`tc.where` predicates"),
     Glob: (lambda s, where: _glob_matcher(s), "`tc.glob` patterns"),
     type: (_compile_type, "classes (every instance at any depth)"),
     GetAttrKey: (_compile_entry, _ENTRIES),
@@ -1048,7 +1024,7 @@ _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
 _BUILTIN: dict[type, Compiler] = {kind: compile_ for kind, (compile_, _) in _BUILTIN_TYPES.items()}
 _DISPLAY_NAMES = {
     BaseKey: "tc.BaseKey",
-    _Where: "tc.where(...)",
+    WhereMatcher: "tc.where(...)",
     Glob: "tc.glob(...)",
     _node.TreeNode: "tc.TreeClass",
     type(Ellipsis): "type(...)",
@@ -1090,8 +1066,8 @@ RULE_BUILTIN_MSG = (
 )
 ALIAS_NODE_MSG = (
     "`tc.BaseKey.def_alias({kind})` cannot make {selector} a selector: it is a pytree node "
-    "(a `{type}` with children), and a pytree used as a selector is a boolean mask. Alias a "
-    "type that is not a pytree node."
+    "({what}), and a pytree used as a selector is a boolean mask. Alias a type that is not a "
+    "pytree node."
 )
 ALIAS_RESULT_MSG = (
     "The converter registered with `tc.BaseKey.def_alias({kind})` returned {result} for "
@@ -1168,23 +1144,6 @@ def _register(kind: type, user: _UserType) -> None:
     _compiler_for.cache_clear()
 
 
-def _user_type(cls: type) -> _UserType | None:
-    """The registered type `cls` falls under, along the MRO, then by `issubclass` (ABCs)."""
-    if not _USER_TYPES:
-        return None
-    for base in cls.__mro__:
-        found = _USER_TYPES.get(base)
-        if found is not None:
-            return found
-    for kind, found in list(_USER_TYPES.items()):
-        try:
-            if issubclass(cls, kind):
-                return found
-        except TypeError:
-            continue
-    return None
-
-
 @functools.lru_cache(maxsize=512)
 def _compiler_for(cls: type) -> Compiler | None:
     """The compiler of `cls`'s values: the first built-in or registered type along its MRO,
@@ -1193,7 +1152,13 @@ def _compiler_for(cls: type) -> Compiler | None:
         compiler: Compiler | None = _BUILTIN.get(base) or _USER_TYPES.get(base)
         if compiler is not None:
             return compiler
-    return _user_type(cls)
+    for kind, found in list(_USER_TYPES.items()):  # a registered ABC
+        try:
+            if issubclass(cls, kind):
+                return found
+        except TypeError:
+            continue
+    return None
 
 
 def _compiler_of(selector: object) -> Compiler | None:
@@ -1204,34 +1169,8 @@ def _compiler_of(selector: object) -> Compiler | None:
         return None
 
 
-def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
-    """What a converter returned, compiled without registered types (they do not chain)."""
-    compiler = _compiler_of(selector)
-    if type(compiler) is _UserType:
-        raise _AliasResultError(selector, f"is a value of {compiler.what}")
-    if compiler is _compile_tuple:
-        return _compile_union(selector, where, _compile_builtin)
-    if compiler is not None:
-        return compiler(selector, where)
-    if is_mask_like(selector):
-        return MaskMatcher(selector)
-    leaf = _non_bool_leaf(selector)
-    if leaf is not None:
-        path, value = leaf
-        raise _AliasResultError(
-            selector,
-            f"is a mask with a non-bool leaf at {path_str(selector, path)}: {short_repr(value)}",
-        )
-    raise _AliasResultError(selector, "")
-
-
 class _AliasResultError(Exception):
-    """A converter's result is not a built-in selector (turned into a `TypeError`)."""
-
-    def __init__(self, value: object, why: str) -> None:
-        super().__init__(why)
-        self.value = value
-        self.why = why
+    """A converter's result is not a built-in selector: `args` are `(value, why)`."""
 
 
 def _compile_alias(
@@ -1242,7 +1181,7 @@ def _compile_alias(
             ALIAS_NODE_MSG.format(
                 kind=_type_text(kind),
                 selector=short_repr(selector),
-                type=type(selector).__name__,
+                what=describe(selector),
             )
         )
     try:
@@ -1253,14 +1192,11 @@ def _compile_alias(
         )
         raise
     try:
-        return _compile_builtin(result, where)
+        return compile_selector(result, where, aliased=True)
     except _AliasResultError as error:
-        if not error.why:
-            why = ""
-        elif error.value is result:
-            why = f" (it {error.why})"
-        else:
-            why = f" (its member {short_repr(error.value)} {error.why})"
+        value, why = error.args
+        if why:
+            why = f" (it {why})" if value is result else f" (its member {short_repr(value)} {why})"
     except NotImplementedError:  # a nested tuple
         why = " (a union is one flat tuple)"
     except Exception as error:  # e.g. a BaseKey class instead of an instance
@@ -1289,7 +1225,7 @@ SUPPORTED_BUILTIN = (
 
 NON_BOOL_MASK_MSG = (
     "Unsupported selector {selector} in `{where}`: a pytree selector (here a `{type}`) is a "
-    "boolean mask, and this one has a non-bool leaf at {path}: {value}. " + _MASK_HOLDS + "{hint}"
+    "boolean mask, and this one has {leaf}. " + _MASK_HOLDS + "{hint}"
 )
 
 
@@ -1298,23 +1234,32 @@ class NonBoolMaskError(NotImplementedError, ValueError):
     error (as a mask with a non-bool leaf found during the walk is)."""
 
 
-def _non_bool_leaf(selector: object) -> tuple[tuple[Any, ...], Any] | None:
-    """The first leaf (with its path) of a pytree container selector that is not a bool."""
+def _non_bool_leaf(selector: object) -> str | None:
+    """The first leaf of a pytree container selector that is not a bool, where and what."""
     if type(selector) is tuple or open_node(selector, node_kind(selector)) is None:
         return None
     for path, leaf in jax.tree_util.tree_flatten_with_path(selector)[0]:
         if mask_leaf_value(leaf) is None:
-            return path, leaf
+            return f"a non-bool leaf at {path_str(selector, path)}: {describe(leaf)}"
     return None
 
 
-def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
-    """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
+def compile_selector(selector: object, where: Callable[[], str], aliased: bool = False) -> Matcher:
+    """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors.
+    `aliased`: what a `def_alias` converter returned, refused (`_AliasResultError`) unless
+    a built-in selector (aliases do not chain)."""
     compiler = _compiler_of(selector)
+    if aliased and type(compiler) is _UserType:
+        raise _AliasResultError(selector, f"is a value of {compiler.what}")
+    if compiler is _compile_union:
+        return _compile_union(selector, where, aliased)
     if compiler is not None:
         return compiler(selector, where)
     if is_mask_like(selector):
         return MaskMatcher(selector)
+    found = _non_bool_leaf(selector)
+    if aliased:
+        raise _AliasResultError(selector, "" if found is None else f"is a mask with {found}")
     hint = ""
     if isinstance(selector, list):
         hint = " For a union of keys use a tuple: .at['a', 'b']."
@@ -1322,16 +1267,13 @@ def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
         hint = f" An array selector must be boolean (a mask), got dtype {selector.dtype}."
     elif isinstance(selector, (float, complex)):
         hint = " Indices must be ints."
-    found = _non_bool_leaf(selector)
     if found is not None:
-        path, leaf = found
         raise NonBoolMaskError(
             NON_BOOL_MASK_MSG.format(
                 selector=short_repr(selector),
                 where=where(),
                 type=type(selector).__name__,
-                path=path_str(selector, path),
-                value=describe(leaf),
+                leaf=found,
                 hint=hint,
             )
         )
