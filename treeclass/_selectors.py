@@ -27,14 +27,13 @@ import abc
 import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
-from jax.typing import ArrayLike
 
 from . import _node
 from ._glob import Glob
@@ -46,6 +45,7 @@ from ._structure import (
     TUPLE,
     Kind,
     Mismatch,
+    NodeKind,
     Opened,
     describe,
     entry_name,
@@ -262,18 +262,14 @@ INDEX_OUT_OF_RANGE_MSG = (
     "index {key} out of range at {where}: a {type} of length {length} "
     "(valid indices: {low} to {high})."
 )
-INDEX_ON_NAMED_MSG = (
-    "index {key} is not a child of {where}: a `{type}` has named children ({names}); "
-    "select them by name, e.g. .at[{first!r}]."
+ON_NAMED_MSG = (
+    "{key} is not a child of {where}: a `{type}` has named children ({names}); select them "
+    "by name, e.g. .at[{first!r}]."
 )
 INDEXED_CHILDREN_MSG = (
     "{key!r} not found at {where}: a `{type}` has indexed children (0 to {high}); select "
     "them by index (.at[7]), by slice (.at[0:6]) or all of them (.at[...]), then {key!r}: "
     ".at[...][{key!r}]."
-)
-SLICE_ON_NAMED_MSG = (
-    "A slice selects positions of a sequence, but {where} is a `{type}` with named "
-    "children ({names}); select them by name, e.g. .at[{first!r}]."
 )
 NAMED_NOTHING_MSG = (
     "{selector} selects nothing in {selection}: {detail}{hint}\n"
@@ -298,16 +294,15 @@ def _listed(names: list[Any]) -> str:
     return ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
 
 
-def missing_key_error(
-    key: object, node: object, kind: Kind, opened: Opened | None, where: str
-) -> Exception:
-    """The error for a name or index selector that matched no child of `node`."""
+def missing_key_error(key: object, node: object, row: NodeKind, where: str) -> Exception:
+    """The error for a name, index or slice that matched no child of `node` (its `row`)."""
+    opened = row.open(node)
     if opened is None:
         return LookupError(
             LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=describe(node))
         )
-    entries = opened[0]
-    statics = row_of(node).static_names(node)
+    entries, kind = opened.entries, row.kind
+    statics = row.static_names(node)
     wrapper = wrapper_of(node)
     if not entries and wrapper is not None:
         return LookupError(
@@ -326,12 +321,7 @@ def missing_key_error(
             )
         )
     if isinstance(key, int) and names and all(isinstance(x, str) for x in names):
-        shown = ", ".join(repr(x) for x in names)
-        return IndexError(
-            INDEX_ON_NAMED_MSG.format(
-                key=key, where=where, type=type_name, names=shown, first=names[0]
-            )
-        )
+        return IndexError(_on_named(f"index {key}", node, names, where))
     hint = ""
     if isinstance(key, str) and indexed and kind not in (LIST, TUPLE):
         return LookupError(
@@ -342,17 +332,25 @@ def missing_key_error(
         if close is not None:
             hint += f"; did you mean {close!r}?"
     if names:
-        hint += f"{'' if hint else '.'} Children there: {', '.join(repr(x) for x in names)}."
+        hint += f"{'' if hint else '.'} Children there: {_listed(names)}."
     else:
         hint += f": a `{type_name}` with no children."
     if statics:
-        hint += f" Static fields (not selectable): {', '.join(repr(x) for x in statics)}."
+        hint += f" Static fields (not selectable): {_listed(list(statics))}."
     elif kind == GENERIC and isinstance(key, str) and hasattr(node, key):
         hint += (
             f" `{type_name}` has an attribute {key!r}, but it is not a child "
             "of the tree (a static field, a property or a method)."
         )
     return LookupError(NOT_FOUND_MSG.format(key=key, where=where, hint=hint))
+
+
+def _on_named(what: str, node: object, names: list[Any], where: str) -> str:
+    """The message of a position (`what`) given to a node with named children."""
+    first = names[0] if names else "name"
+    return ON_NAMED_MSG.format(
+        key=what, where=where, type=type(node).__name__, names=_listed(names), first=first
+    )
 
 
 def _record_statics(
@@ -390,7 +388,7 @@ class _SingleKeyMatcher(Matcher):
             return ONE, (found[0], found[1], row)
         if walk.static_ok is self and self.key in row.static_names(node):
             return STATIC, self.key
-        raise missing_key_error(self.key, node, row.kind, row.open(node), walk.where(path))
+        raise missing_key_error(self.key, node, row, walk.where(path))
 
     def __repr__(self) -> str:
         return repr(self.key)
@@ -434,20 +432,13 @@ class SliceMatcher(Matcher):
         row = row_of(node, walk.is_leaf)
         opened = row.open(node)
         if opened is None:
-            raise missing_key_error(self.slice, node, row.kind, opened, walk.where(path))
+            raise missing_key_error(self.slice, node, row, walk.where(path))
         entries = opened.entries
         if row.kind not in (LIST, TUPLE, NAMEDTUPLE) and not all(
             type(e) is SequenceKey for e in entries
         ):
             names = [entry_name(e) for e in entries]
-            raise TypeError(
-                SLICE_ON_NAMED_MSG.format(
-                    where=walk.where(path),
-                    type=type(node).__name__,
-                    names=", ".join(repr(n) for n in names[:12]),
-                    first=names[0] if names else "name",
-                )
-            )
+            raise TypeError(_on_named(f"the slice [{self!r}]", node, names, walk.where(path)))
         picked = set(range(len(entries))[self.slice])
         return ZIP, (opened, [k in picked for k in range(len(entries))])
 
@@ -695,25 +686,17 @@ class GlobMatcher(Matcher):
         return False
 
     def no_match_error(self, walk: Walk, selection: str) -> Exception:
-        names: set[Any] = set()
-        # (path, (node, state)) where the pattern matched so far, then found no children
-        dead_ends: list[tuple[tuple[Any, ...], Any]] = []
-        best_position = -1
-        for node, path in walk.notes(self):
-            for position, name, where in self._misses(node, self.glob.start, path):
-                if position > best_position:
-                    best_position, names, dead_ends = position, set(), []
-                if position == best_position:
-                    if where is None:
-                        names.add(name)
-                    else:
-                        dead_ends.append((where, name))
-        segments = self.glob.segments
-        if best_position < 0:
+        start = self.glob.start
+        misses = [m for node, path in walk.notes(self) for m in self._misses(node, start, path)]
+        if not misses:
             return _selects_nothing(self, selection)
-        failing = str(segments[best_position])
-        matched = ".".join(segments[:best_position]) or "(the start)"
-        shown = sorted(map(str, names))
+        best = max(m[0] for m in misses)  # the furthest position the pattern failed at
+        shown = sorted({str(name) for p, name, at in misses if p == best and at is None})
+        # where the pattern matched so far, then found no children: (path, (node, state))
+        dead_ends = [(at, name) for p, name, at in misses if p == best and at is not None]
+        segments = self.glob.segments
+        failing = str(segments[best])
+        matched = ".".join(segments[:best]) or "(the start)"
         if shown:
             found = f"no key matches {failing!r} (keys there: {_listed(shown)})"
         else:  # no name failed there: the pattern matched all the way to childless nodes
@@ -732,7 +715,7 @@ class GlobMatcher(Matcher):
         close = closest(failing, shown)
         if close is not None:
             fixed = [str(s) for s in segments]
-            fixed[best_position] = close
+            fixed[best] = close
             hint = f"; did you mean {'.'.join(fixed)!r}?"
         return _selects_nothing(self, selection, detail, hint)
 
@@ -905,7 +888,12 @@ class UnionMatcher(Matcher):
             else:
                 code, payload = member.match(walk, member_state, node, path)
             if code == YES:
-                element_mask = _union_masks(element_mask, payload, selected)
+                if not selected:
+                    element_mask = payload
+                elif element_mask is not None:  # `None` (every element) absorbs a mask
+                    element_mask = (
+                        None if payload is None else jnp.logical_or(element_mask, payload)
+                    )
                 selected = True
             elif code != NO:
                 going_on.append((i, code, payload))
@@ -930,15 +918,6 @@ class UnionMatcher(Matcher):
 
     def __repr__(self) -> str:
         return "(" + ", ".join(repr(m) for m in self.members_) + ")"
-
-
-def _union_masks(current: ArrayLike | None, new: ArrayLike | None, already_selected: bool) -> Any:
-    # `None` means "all elements": it absorbs any element mask
-    if not already_selected:
-        return new
-    if current is None or new is None:
-        return None
-    return jnp.logical_or(current, new)
 
 
 # -- compiling: a table from selector type to matcher ---------------------------------------------
@@ -1010,10 +989,7 @@ _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
     slice: (lambda s, where: SliceMatcher(s), "slices of sequence positions"),
     tuple: (_compile_union, "unions of selectors, or masks of tuple trees"),
     re.Pattern: (lambda s, where: EntryMatcher(s, _name_matches), "name patterns"),
-    BaseKey: (
-        lambda s, where: EntryMatcher(s, _key_equals),
-        "key matchers through their own `__eq__`",
-    ),
+    BaseKey: (lambda s, where: EntryMatcher(s, _key_equals), "key matchers (by their `__eq__`)"),
     WhereMatcher: (lambda s, where: s, "`tc.where` predicates"),
     Glob: (lambda s, where: _glob_matcher(s), "`tc.glob` patterns"),
     type: (_compile_type, "classes (every instance at any depth)"),
@@ -1023,7 +999,6 @@ _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
 }
 _BUILTIN: dict[type, Compiler] = {kind: compile_ for kind, (compile_, _) in _BUILTIN_TYPES.items()}
 _DISPLAY_NAMES = {
-    BaseKey: "tc.BaseKey",
     WhereMatcher: "tc.where(...)",
     Glob: "tc.glob(...)",
     _node.TreeNode: "tc.TreeClass",
@@ -1121,14 +1096,11 @@ def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
     return ""
 
 
-class _UserType:
+class _UserType(NamedTuple):
     """A compiler of a type registered by `def_alias` or `def_rule`, and its name (`what`)."""
 
-    __slots__ = ("what", "compile")
-
-    def __init__(self, what: str, compile_: Compiler) -> None:
-        self.what = what
-        self.compile = compile_
+    what: str
+    compile: Compiler
 
     def __call__(self, selector: object, where: Callable[[], str]) -> Matcher:
         return self.compile(selector, where)
