@@ -27,7 +27,7 @@ import abc
 import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -1096,11 +1096,14 @@ def _builtin_meaning(kind: type, *, namedtuple_ok: bool) -> str:
     return ""
 
 
-class _UserType(NamedTuple):
+class _UserType:
     """A compiler of a type registered by `def_alias` or `def_rule`, and its name (`what`)."""
 
-    what: str
-    compile: Compiler
+    __slots__ = ("what", "compile")
+
+    def __init__(self, what: str, compile_: Compiler) -> None:
+        self.what = what
+        self.compile = compile_
 
     def __call__(self, selector: object, where: Callable[[], str]) -> Matcher:
         return self.compile(selector, where)
