@@ -1,20 +1,15 @@
 """A selection as a value: what a chain of `.at` selectors reaches in a tree, found once.
 
-`select(tree, matchers)` is the one walker of the package: it asks each matcher
-(`_selectors`) for its verdict on the nodes of its level, from the root down, and keeps
-what it found as a `Selection`: a *trail* holding only the nodes on the way to a selected
-spot (with each node's row and opening, so that an edit rebuilds just those), the spots
-themselves (a node, its key path, and its element mask), and what blocked the way (static
-fields, wrapped values). Every operation reads that value: the `.at` operations hand
-`Selection.rebuild` what to put at each spot; `Selection.mask()` puts the flags (one per
-block along a stack's block axis, since a stack's row gathers its blocks' flags), and
-`flags()` / `paths()` read them per leaf in flatten order, which is what `tc.optim`, the
-sharding rules and a partial `tc.load` consume.
-
-A chain of names and indices follows one child per level (the row finds it without
-opening its node), so selecting a deep leaf costs what the path is deep. A mask with the
-tree's exact structure is a selection already: `aligned_mask` reads it leaf by leaf, with
-no walk at all. The flags of a selection that only structure decides are cached (below).
+`select(tree, matchers)` is the one walker of the package: each matcher (`_selectors`)
+gives its verdict on the nodes of its level, from the root down, and the `Selection` keeps
+a *trail* of only the nodes on the way to the selected spots (each with its row and
+opening, so that an edit rebuilds just those), the spots (a node, its key path, its
+element mask) and what blocked the way (static fields, wrapped values). The `.at`
+operations hand `Selection.rebuild` what to put at each spot; `mask()` puts flags there
+(a stack's row gathers one per block), which `flags()` / `paths()` read per leaf in
+flatten order for `tc.optim`, the sharding rules and a partial `tc.load`. A chain of
+names and indices costs what the path is deep; a mask of the tree's exact structure is
+read leaf by leaf (`aligned_mask`); the flags that structure alone decides are cached.
 """
 
 from __future__ import annotations
@@ -268,12 +263,8 @@ class Selection(Walk):
         wrapped values (`count`: the leaves the operation reached)."""
         self.trail  # noqa: B018  # the walk fills `blocked` and `hits`
         blocked = self.blocked + spot_blocked if spot_blocked else self.blocked
-        if not blocked:
-            for matcher in self.matchers:
-                if matcher.naming:
-                    break
-            else:
-                return
+        if not blocked and not any(matcher.naming for matcher in self.matchers):
+            return
         unmatched = self.unmatched()
         # Selected spots holding only wrapped values do not explain a glob, regex or
         # BaseKey that matched no key at all: the typo is said first.

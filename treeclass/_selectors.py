@@ -1,24 +1,17 @@
 """Selectors for `.at[...]`: what each kind of selector matches, one node at a time.
 
-A selector is compiled once (by `compile_selector`, when `.at[...]` is indexed) into a
-*matcher*: `compile_selector` looks the selector's type up in a table (`BaseKey.def_alias`
-and `at.def_rule` add types of the user's to it). A matcher has one method,
-`match(walk, state, node, path) -> verdict`, which the one walker (`_selection.select`)
-asks of the node a level starts at (`state` is the matcher's `start`) and then of the
-children its verdicts lead to, so that unions (`at["a", Linear]`) and chains combine
-freely. A verdict is `(code, payload)`:
-
-- `(NO, None)`: not selected, nothing below; `(YES, mask)`: selected (`mask`: an element
-  mask, or `None` for the whole node);
-- `(EACH, state)`: not selected; match every child with `state`; `(ZIP, (opened,
-  states))`: the same with one state per child of `opened` (the node's opening);
-- `(ONE, (entry, child, row))`: the one child a name or index selects, found by the
-  node's `row` without opening the node (a chain of names costs what the path is deep);
-- `(STATIC, name)`: a static field named last in a `set`/`apply` (`walk.static_ok`).
-
-A selector that *names* something (a glob, a regex, a `BaseKey`, a name) must select
-something: `no_match_error` explains an empty selection with the closest existing keys.
-Node access is the row of the node's kind (`_structure.row_of`).
+`compile_selector` turns a selector, once, into a *matcher*, by its type's entry in a
+table (`BaseKey.def_alias` and `at.def_rule` add the user's types to it). The one walker
+(`_selection`) asks `match(walk, state, node, path) -> (code, payload)` of the node a
+level starts at (`state`: the matcher's `start`), then of the children the verdicts lead
+to, so that unions (`at["a", Linear]`) and chains combine freely. The verdicts: `(NO,
+None)`, not selected, nothing below; `(YES, mask)`, selected (`mask`: an element mask,
+`None` for the whole node); `(EACH, state)`, match every child with `state`; `(ZIP,
+(opened, states))`, one state per child of the node's opening; `(ONE, (entry, child,
+row))`, the one child a name or index selects, found by the row without opening the
+node; `(STATIC, name)`, a static field named last in a `set`/`apply` (`walk.static_ok`).
+A selector that names something (a glob, a regex, a `BaseKey`) must select something:
+`no_match_error` explains an empty selection with the closest keys.
 """
 
 from __future__ import annotations
@@ -46,7 +39,6 @@ from ._structure import (
     Kind,
     Mismatch,
     NodeKind,
-    Opened,
     describe,
     entry_name,
     first_mismatch,
@@ -173,7 +165,7 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     return WhereMatcher(fn)
 
 
-# -- the matcher protocol ------------------------------------------------------------------------
+# -- the matcher protocol and the matchers ----------------------------------------------------
 
 # A verdict: `(code, payload)`, what a matcher says of one node (see the module docstring).
 NO, YES, EACH, ZIP, ONE, STATIC = range(6)
@@ -365,13 +357,6 @@ def _record_statics(
             walk.record_blocked(path + (GetAttrKey(name),), "a static field")
 
 
-def _opened(walk: Walk, node: object) -> Opened | None:
-    return row_of(node, walk.is_leaf).open(node)
-
-
-# -- one-key matchers ----------------------------------------------------------------------------
-
-
 class _SingleKeyMatcher(Matcher):
     """A name or an index: the row finds the one child without opening the node."""
 
@@ -446,9 +431,6 @@ class SliceMatcher(Matcher):
         return slice_text(self.slice)
 
 
-# -- level matchers -------------------------------------------------------------------------------
-
-
 class EllipsisMatcher(Matcher):
     """`...`: every child; on a leaf, the leaf itself."""
 
@@ -457,7 +439,7 @@ class EllipsisMatcher(Matcher):
     def match(self, walk, state, node, path):
         if state is not None:
             return _YES
-        opened = _opened(walk, node)
+        opened = row_of(node, walk.is_leaf).open(node)
         if opened is None:
             return _YES
         _record_statics(node, path, walk, lambda entry: True)
@@ -489,7 +471,7 @@ class EntryMatcher(Matcher):
                 walk.hits.add(self)
                 return _YES
             return _NO
-        opened = _opened(walk, node)
+        opened = row_of(node, walk.is_leaf).open(node)
         if opened is None:
             return _NO
         seen = walk.notes(self)
@@ -668,9 +650,7 @@ class GlobMatcher(Matcher):
             # match something inside the value (else the wrapped value is beside the point)
             if wrapper is not None and self.matches_below(state, unwrap(node)):
                 walk.record_blocked(path, wrapper.role)
-        if row.static_names(node):
-            accept = self.accept
-            _record_statics(node, path, walk, lambda e: accept in self.advance(state, e))
+        _record_statics(node, path, walk, lambda e: self.accept in self.advance(state, e))
         return ZIP, (opened, [state] * len(opened.entries))
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
@@ -741,8 +721,6 @@ class GlobMatcher(Matcher):
     def __repr__(self) -> str:
         return repr(self.glob)
 
-
-# -- masks -------------------------------------------------------------------------------------
 
 _MASK_HOLDS = (
     "A mask holds Python bools or boolean arrays, e.g. built with "
@@ -900,7 +878,9 @@ class UnionMatcher(Matcher):
         if selected:
             return YES, element_mask
         zipped = [payload[0] for _, code, payload in going_on if code == ZIP]
-        opened = zipped[0] if zipped else _opened(walk, node) if going_on else None
+        opened = (
+            zipped[0] if zipped else row_of(node, walk.is_leaf).open(node) if going_on else None
+        )
         if opened is None:
             return _NO
         # one state per child: a tuple of the members' states there
