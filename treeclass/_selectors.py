@@ -235,7 +235,6 @@ class Matcher:
 
 
 # Long messages, next to the checks that raise them (filled by `_at` with the key path).
-NOT_FOUND_MSG = "{key!r} not found at {where}{hint}"
 STATIC_FIELD_MSG = (
     "{key!r} at {where} is a static field (`tc.field(static=True)`): it is part of the tree "
     "definition, not a leaf. Named last in a selection, it can be set, which gives a tree "
@@ -264,7 +263,7 @@ INDEXED_CHILDREN_MSG = (
     ".at[...][{key!r}]."
 )
 NAMED_NOTHING_MSG = (
-    "{selector} selects nothing in {selection}: {detail}{hint}\n"
+    "{selector!r} selects nothing in {selection}: {detail}{hint}\n"
     "An empty selection here is almost always a typo; check the key names."
 )
 _REACHED_NO_CHILDREN = "the selectors before it reached no node with children"
@@ -275,9 +274,7 @@ def _selects_nothing(
 ) -> LookupError:
     """The error of a naming selector that selected nothing."""
     return LookupError(
-        NAMED_NOTHING_MSG.format(
-            selector=repr(matcher), selection=selection, detail=detail, hint=hint
-        )
+        NAMED_NOTHING_MSG.format(selector=matcher, selection=selection, detail=detail, hint=hint)
     )
 
 
@@ -288,37 +285,27 @@ def _listed(names: list[Any]) -> str:
 
 def missing_key_error(key: object, node: object, row: NodeKind, where: str) -> Exception:
     """The error for a name, index or slice that matched no child of `node` (its `row`)."""
+    type_name = type(node).__name__
+    said = {"key": key, "where": where, "type": type_name}  # what every message names
     opened = row.open(node)
     if opened is None:
-        return LookupError(
-            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=describe(node))
-        )
-    entries, kind = opened.entries, row.kind
+        return LookupError(LEAF_HAS_NO_CHILDREN_MSG.format(**said, leaf=describe(node)))
+    entries, kind, n = opened.entries, row.kind, len(opened.entries)
     statics = row.static_names(node)
     wrapper = wrapper_of(node)
     if not entries and wrapper is not None:
-        return LookupError(
-            WRAPPER_HAS_NO_CHILDREN_MSG.format(key=key, where=where, what=wrapper.what)
-        )
+        return LookupError(WRAPPER_HAS_NO_CHILDREN_MSG.format(**said, what=wrapper.what))
     if isinstance(key, str) and key in statics:
-        return LookupError(STATIC_FIELD_MSG.format(key=key, where=where))
+        return LookupError(STATIC_FIELD_MSG.format(**said))
     names = [entry_name(e) for e in entries]
-    type_name = type(node).__name__
     indexed = bool(entries) and all(type(e) is SequenceKey for e in entries)
     if isinstance(key, int) and (kind in (LIST, TUPLE, NAMEDTUPLE) or indexed):
-        n = len(entries)
-        return IndexError(
-            INDEX_OUT_OF_RANGE_MSG.format(
-                key=key, where=where, type=type_name, length=n, low=-n, high=n - 1
-            )
-        )
+        return IndexError(INDEX_OUT_OF_RANGE_MSG.format(**said, length=n, low=-n, high=n - 1))
     if isinstance(key, int) and names and all(isinstance(x, str) for x in names):
         return IndexError(_on_named(f"index {key}", node, names, where))
-    hint = ""
     if isinstance(key, str) and indexed and kind not in (LIST, TUPLE):
-        return LookupError(
-            INDEXED_CHILDREN_MSG.format(key=key, where=where, type=type_name, high=len(entries) - 1)
-        )
+        return LookupError(INDEXED_CHILDREN_MSG.format(**said, high=n - 1))
+    hint = ""
     if isinstance(key, str):
         close = closest(key, [x for x in names if isinstance(x, str)])
         if close is not None:
@@ -334,7 +321,7 @@ def missing_key_error(key: object, node: object, row: NodeKind, where: str) -> E
             f" `{type_name}` has an attribute {key!r}, but it is not a child "
             "of the tree (a static field, a property or a method)."
         )
-    return LookupError(NOT_FOUND_MSG.format(key=key, where=where, hint=hint))
+    return LookupError(f"{key!r} not found at {where}{hint}")
 
 
 def _on_named(what: str, node: object, names: list[Any], where: str) -> str:
