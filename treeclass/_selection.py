@@ -42,15 +42,7 @@ from ._selectors import (
     UnionMatcher,
     Walk,
 )
-from ._structure import (
-    LEAF,
-    NodeKind,
-    Opened,
-    is_wrapper,
-    node_kind,
-    row_of,
-    wrapper_of,
-)
+from ._structure import LEAF, NodeKind, Opened, is_wrapper, node_kind, row_of, wrapper_of
 from ._util import add_leaf_note
 
 ONLY_BLOCKED_MSG = (

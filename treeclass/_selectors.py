@@ -133,19 +133,16 @@ class BaseKey(abc.ABC):
 
 
 def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
-    """A predicate selector: selects every node for which `fn(path, node)` is true.
-
-    `path` is the node's full key path from the root (`jax.tree_util` key entries);
-    `node` is a subtree or a leaf. Nodes below the current level are visited parents
-    first; a match is selected whole and not looked into. `fn` may return a boolean array
-    for a leaf, which selects its elements as a mask would. Selecting nothing is a valid
-    (empty) selection; an error raised by `fn` names the node's key path. A frozen value
-    is shown to `fn` as the value inside it, so the selection that froze nodes thaws them
-    (the `.at` guide, "Model surgery").
+    """A predicate selector: every node below the current level for which `fn(path, node)`
+    is true, selected whole (not looked into); selecting nothing is a valid, empty selection.
 
     **Arguments**
 
-    - `fn`: a callable `(path, node) -> bool`.
+    - `fn`: a callable `(path, node) -> bool`, called parents first with the node's key
+      path from the root (`jax.tree_util` key entries) and the node, a subtree or a leaf (a
+      frozen value: the value inside, so the selection that froze nodes thaws them; the
+      `.at` guide, "Model surgery"). A boolean array returned for a leaf selects its
+      elements as a mask would; an error it raises names the node's key path.
 
     **Returns**
 
@@ -502,12 +499,10 @@ DEF_RULE_FLAG_MSG = "`def_rule` expects `broadcastable` to be True or False, got
 def def_rule(
     kind: type, compare: Callable[[Any, Any, Any], Any], *, broadcastable: bool = False
 ) -> None:
-    """Make values of type `kind` selectors matched by `compare(value, entry, child)`.
-
-    sepes's `at.def_rule`. At each level the selector is used at, the children for which
-    `compare(value, key entry, child)` is true are selected; as with a name, a rule that
-    selects nothing anywhere is an error (`LookupError`). Registering a type again (with
-    `def_rule` or `BaseKey.def_alias`) replaces what it meant.
+    """Make values of type `kind` selectors (sepes's `at.def_rule`): at each level, the
+    children for which `compare(value, entry, child)` is true. As with a name, a rule that
+    selects nothing anywhere is an error (`LookupError`); registering a type again (here or
+    with `BaseKey.def_alias`) replaces what it meant.
 
     **Arguments**
 
