@@ -231,7 +231,7 @@ class Matcher:
         return LookupError(f"{self!r} selects nothing in {selection}.")
 
 
-# Long messages, next to the checks that raise them (filled by `_at` with the key path).
+# Long messages, next to the checks that raise them.
 STATIC_FIELD_MSG = (
     "{key!r} at {where} is a static field (`tc.field(static=True)`): it is part of the tree "
     "definition, not a leaf. Named last in a selection, it can be set, which gives a tree "
