@@ -632,7 +632,8 @@ class GlobMatcher(Matcher):
             # match something inside the value (else the wrapped value is beside the point)
             if wrapper is not None and self.matches_below(state, unwrap(node)):
                 walk.record_blocked(path, wrapper.role)
-        _record_statics(node, path, walk, lambda e: self.accept in self.advance(state, e))
+        if row.static_names(node):  # (most nodes have none: no note to make)
+            _record_statics(node, path, walk, lambda e: self.accept in self.advance(state, e))
         return ZIP, (opened, [state] * len(opened.entries))
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
@@ -918,8 +919,7 @@ def _compile_union(selector: Any, where: Callable[[], str], aliased: bool = Fals
 
 @functools.lru_cache(maxsize=256)
 def _glob_matcher(selector: Glob) -> Matcher:
-    # one matcher per glob (`tc.glob` returns one object per pattern): compiling the same
-    # pattern again costs a cache hit
+    """One matcher per glob (`tc.glob` gives one object per pattern): each compiled once."""
     return GlobMatcher(selector)
 
 
