@@ -342,7 +342,7 @@ def test_def_alias_converter_must_return_a_built_in_selector(converter, why):
 
 def test_def_alias_converter_result_names_the_type_that_came_back():
     Token = _alias_of(lambda token: 1.5)
-    with pytest.raises(TypeError, match=r"returned 1\.5 \(of type `float`\) for Token\('a'\)"):
+    with pytest.raises(TypeError, match=r"returned 1\.5 \(a `float`\) for Token\('a'\)"):
         tc.at({"a": 1})[Token("a")].set(0)
 
 
@@ -499,7 +499,7 @@ def test_mask_with_non_bool_leaves_says_mask_and_names_the_leaf(mask, where, lea
     with pytest.raises(ValueError, match=r"(?s)mask.*non-bool leaf") as info:
         tc.at(_Point())[mask].get()
     assert re.search(rf"{where}\W.*{leaf}", str(info.value)), str(info.value)
-    assert "of type `_Point` in" not in str(info.value)
+    assert "Supported:" not in str(info.value)  # not the generic message
 
 
 class _Pair(tc.TreeClass):
@@ -514,8 +514,8 @@ class _Pair(tc.TreeClass):
         (lambda at: at[_Point(1, 1)], r"_Point\.x\W.*1"),
         (lambda at: at["point"][_Point(1, 0)], r"_Point\.x\W.*1"),
         (lambda at: tc.at(at.tree, where=["point", _Point(True, 0)]), r"point\.y\W.*0"),
-        (lambda at: at["arrays"][[jnp.array([1, 0]), True]], r"_Pair\.arrays\[0\]\W.*int32"),
-        (lambda at: at["arrays"][[jnp.array([1.0, 0.0]), True]], r"_Pair\.arrays\[0\].*float"),
+        (lambda at: at["arrays"][[jnp.array([1, 0]), True]], r"_Pair\.arrays\[0\]\W.*i32\[2\]"),
+        (lambda at: at["arrays"][[jnp.array([1.0, 0.0]), True]], r"_Pair\.arrays\[0\]\W.*f32\[2\]"),
         (lambda at: at["arrays"][[True, np.array([0, 1])]], r"_Pair\.arrays\[1\]\W.*array"),
     ],
 )

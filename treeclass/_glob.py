@@ -12,8 +12,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["Glob", "glob", "parse", "Capture", "CAPTURE"]
-
 _GLOB_SYNTAX = (
     "Pattern syntax: segments separated by '.', each matched against a key's name with "
     "fnmatch wildcards ('*', '?'); '[0]' or '0' for a sequence index, \"['key']\" for a "
@@ -105,10 +103,6 @@ def _name_regex(
     return "".join(parts)
 
 
-def _of_text(name: object) -> str:
-    return name if type(name) is str else str(name)
-
-
 class _Segment(str):
     """One segment of a pattern: its text, `match` (truthy for a key name it matches; None
     for `**`), `repeat` (`{name*}`: one name or more) and `tokens` (None for a quoted key,
@@ -131,9 +125,9 @@ class _Segment(str):
         if len(tokens) == 1 and isinstance(tokens[0], Capture) and tokens[0].many:
             return cls(text)._set(lambda name: True, tokens, repeat=True)
         if all(isinstance(t, str) for t in tokens):
-            return cls(text)._set(lambda name: _of_text(name) == text, tokens)
+            return cls(text)._set(lambda name: str(name) == text, tokens)
         regex = re.compile(f"(?s:{_name_regex(tokens, '.')})").fullmatch
-        return cls(text)._set(lambda name: regex(_of_text(name)), tokens)
+        return cls(text)._set(lambda name: regex(str(name)), tokens)
 
     @classmethod
     def bracket(cls, content: str, pattern: str) -> _Segment:

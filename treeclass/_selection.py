@@ -1,26 +1,22 @@
 """A selection as a value: what a chain of `.at` selectors reaches in a tree, found once.
 
-`select(tree, matchers)` is the one walker of the package: it asks each matcher
-(`_selectors`) for its verdict on the nodes of its level, from the root down, and keeps
-what it found as a `Selection`: a *trail* holding only the nodes on the way to a selected
-spot (with each node's row and opening, so that an edit rebuilds just those), the spots
-themselves (a node, its key path, and its element mask), and what blocked the way (static
-fields, wrapped values). Every operation reads that value: the `.at` operations hand
-`Selection.rebuild` what to put at each spot; `Selection.mask()` puts the flags (one per
-block along a stack's block axis, since a stack's row gathers its blocks' flags), and
-`flags()` / `paths()` read them per leaf in flatten order, which is what `tc.optim`, the
-sharding rules and a partial `tc.load` consume.
-
-A chain of names and indices follows one child per level (the row finds it without
-opening its node), so selecting a deep leaf costs what the path is deep. A mask with the
-tree's exact structure is a selection already: `aligned_mask` reads it leaf by leaf, with
-no walk at all. The flags of a selection that only structure decides are cached (below).
+`select(tree, matchers)` is the one walker of the package: each matcher (`_selectors`)
+gives its verdict on the nodes of its level, from the root down, and the `Selection` keeps
+a *trail* of only the nodes on the way to the selected spots (each with its row and
+opening, so that an edit rebuilds just those), the spots (a node, its key path, its
+element mask) and what blocked the way (static fields, wrapped values). The `.at`
+operations hand `Selection.rebuild` what to put at each spot; `mask()` puts flags there
+(a stack's row gathers one per block), which `flags()` / `paths()` read per leaf in
+flatten order for `tc.optim`, the sharding rules and a partial `tc.load`. A chain of
+names and indices costs what the path is deep; a mask of the tree's exact structure is
+read leaf by leaf (`aligned_mask`); the flags that structure alone decides are cached.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -36,40 +32,18 @@ from ._selectors import (
     STATIC,
     YES,
     EllipsisMatcher,
+    EntryMatcher,
     GlobMatcher,
     IndexMatcher,
     Matcher,
     NameMatcher,
-    PatternMatcher,
     SliceMatcher,
     TypeMatcher,
     UnionMatcher,
+    Walk,
 )
-from ._structure import (
-    LEAF,
-    NodeKind,
-    Opened,
-    is_wrapper,
-    node_kind,
-    path_str,
-    row_of,
-    wrapper_of,
-)
+from ._structure import LEAF, NodeKind, Opened, is_wrapper, node_kind, row_of, wrapper_of
 from ._util import add_leaf_note
-
-__all__ = [
-    "ARRAY_CLASSES",
-    "Selection",
-    "Spot",
-    "select",
-    "aligned_mask",
-    "and_masks",
-    "any_true",
-    "note_blocked",
-    "shape_of",
-    "broadcasts_to",
-    "check_element_mask",
-]
 
 ONLY_BLOCKED_MSG = (
     "The selection {selection} reaches no leaves: it only reaches {what}. Static fields "
@@ -139,54 +113,33 @@ _hops: Callable[[tuple], _Hops] = functools.partial(tuple.__new__, _Hops)
 ARRAY_CLASSES: set[type] = {np.ndarray}
 _BOOL = np.dtype(bool)
 
-_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
 _UNWALKED: Any = object()  # `trail` before the walk has run
 
 
-class Selection:
-    """What a chain of matchers selects in `tree`: see the module docstring.
+class Selection(Walk):
+    """What a chain of matchers (one per level, as `.at[a][b]`) selects in `tree`, and the
+    walk they report to: see the module docstring. With `statics`, a name given last may
+    be a static field (for `set` and `apply`); with `opens`, a node is opened even where a
+    name or index picks one child (for `get`, which fills the others: a stack then
+    rebuilds from its own blocks)."""
 
-    It is also the walk the matchers report to (`_selectors.Walk`): the naming matchers
-    that selected something (`hits`), their notes, what blocked the way (`blocked`).
-    """
-
-    __slots__ = (
-        "tree",
-        "matchers",
-        "n",
-        "is_leaf",
-        "static_ok",
-        "opens",
-        "hits",
-        "kept",
-        "blocked",
-        "selection",
-        "_trail",
-        "shaped",
-    )
+    __slots__ = ("matchers", "n", "opens", "selection", "_trail", "shaped")
 
     def __init__(
         self,
         tree: Any,
         matchers: tuple[Matcher, ...],
-        is_leaf: Callable[[Any], bool] | None,
-        selection: Callable[[], str],
-        static_ok: Matcher | None,
+        is_leaf: Callable[[Any], bool] | None = None,
+        selection: Callable[[], str] = lambda: "the selection",
+        statics: bool = False,
         opens: bool = False,
     ) -> None:
-        self.tree = tree
-        # whether a node left through one child is opened all the same (for `get`, which
-        # fills the others: a stack then rebuilds from its own blocks)
+        super().__init__(tree, is_leaf)
+        if statics and matchers:
+            self.static_ok = matchers[-1]
         self.opens = opens
         self.matchers = matchers
         self.n = len(matchers)
-        self.is_leaf = is_leaf
-        self.static_ok = static_ok
-        self.hits: set[Matcher] = set()
-        self.kept: dict[int, list[Any]] | None = None  # made when a matcher keeps notes
-        # what held no leaves: `(path, why, by_matcher)`, by a matcher (a static field or a
-        # wrapped value in a pattern's way) or at a selected spot (only wrapped values there)
-        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = _NONE_BLOCKED
         self.selection = selection
         self._trail: Any = _UNWALKED
         self.shaped = False  # whether a row with a stack part was passed (`_cache_key`)
@@ -197,20 +150,6 @@ class Selection:
         if self._trail is _UNWALKED:
             self._trail = self.walk(self.tree, (), 0, None)
         return self._trail
-
-    # -- what the matchers report to
-    def where(self, path: tuple[Any, ...]) -> str:
-        return path_str(self.tree, path)
-
-    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
-        if self.blocked is _NONE_BLOCKED:
-            self.blocked = []
-        self.blocked.append((path, why, True))
-
-    def notes(self, matcher: Matcher) -> list[Any]:
-        if self.kept is None:
-            self.kept = {}
-        return self.kept.setdefault(id(matcher), [])
 
     # -- the walk
     def walk(self, node: Any, path: tuple[Any, ...], i: int, emask: Any) -> Any:
@@ -316,12 +255,8 @@ class Selection:
         wrapped values (`count`: the leaves the operation reached)."""
         self.trail  # noqa: B018  # the walk fills `blocked` and `hits`
         blocked = self.blocked + spot_blocked if spot_blocked else self.blocked
-        if not blocked:
-            for matcher in self.matchers:
-                if matcher.naming:
-                    break
-            else:
-                return
+        if not blocked and not any(matcher.naming for matcher in self.matchers):
+            return
         unmatched = self.unmatched()
         # Selected spots holding only wrapped values do not explain a glob, regex or
         # BaseKey that matched no key at all: the typo is said first.
@@ -489,8 +424,8 @@ def _selector_key(matcher: Matcher) -> Any:
     if type(matcher) is SliceMatcher:
         part = matcher.slice
         return (SliceMatcher, part.start, part.stop, part.step)
-    if type(matcher) is PatternMatcher:
-        return (PatternMatcher, matcher.pattern)
+    if type(matcher) is EntryMatcher and type(matcher.selector) is re.Pattern:
+        return (EntryMatcher, matcher.selector)
     if type(matcher) is GlobMatcher:
         return (GlobMatcher, matcher.glob.pattern)
     if type(matcher) is TypeMatcher and type(matcher.cls).__instancecheck__ in _PLAIN_CHECKS:
@@ -534,21 +469,7 @@ def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> N
         blocked.append((s.path, getattr(wrapper_of(wrapped[0]), "role", "wrapped"), False))
 
 
-def select(
-    tree: Any,
-    matchers: tuple[Matcher, ...],
-    is_leaf: Callable[[Any], bool] | None = None,
-    selection: Callable[[], str] = lambda: "the selection",
-    statics: bool = False,
-    opens: bool = False,
-) -> Selection:
-    """The selection `matchers` (one per level, as `.at[a][b]`) make in `tree`.
-
-    With `statics`, a name given last may be a static field (for `set` and `apply`);
-    with `opens`, a node is opened even where a name or index picks one child (for `get`).
-    """
-    static_ok = matchers[-1] if statics and matchers else None
-    return Selection(tree, matchers, is_leaf, selection, static_ok, opens)
+select = Selection  # the one walker: `select(tree, matchers, ...)` is the selection
 
 
 def aligned_mask(tree: Any, mask: Any) -> tuple[list[Any], Any, list[Any], list[Any]] | None:

@@ -1,24 +1,17 @@
 """Selectors for `.at[...]`: what each kind of selector matches, one node at a time.
 
-A selector is compiled once (by `compile_selector`, when `.at[...]` is indexed) into a
-*matcher*: `compile_selector` looks the selector's type up in a table (`BaseKey.def_alias`
-and `at.def_rule` add types of the user's to it). A matcher has one method,
-`match(walk, state, node, path) -> verdict`, which the one walker (`_selection.select`)
-asks of the node a level starts at (`state` is the matcher's `start`) and then of the
-children its verdicts lead to, so that unions (`at["a", Linear]`) and chains combine
-freely. A verdict is `(code, payload)`:
-
-- `(NO, None)`: not selected, nothing below; `(YES, mask)`: selected (`mask`: an element
-  mask, or `None` for the whole node);
-- `(EACH, state)`: not selected; match every child with `state`; `(ZIP, (opened,
-  states))`: the same with one state per child of `opened` (the node's opening);
-- `(ONE, (entry, child, row))`: the one child a name or index selects, found by the
-  node's `row` without opening the node (a chain of names costs what the path is deep);
-- `(STATIC, name)`: a static field named last in a `set`/`apply` (`walk.static_ok`).
-
-A selector that *names* something (a glob, a regex, a `BaseKey`, a name) must select
-something: `no_match_error` explains an empty selection with the closest existing keys.
-Node access is the row of the node's kind (`_structure.row_of`).
+`compile_selector` turns a selector, once, into a *matcher*, by its type's entry in a
+table (`BaseKey.def_alias` and `at.def_rule` add the user's types to it). The one walker
+(`_selection`) asks `match(walk, state, node, path) -> (code, payload)` of the node a
+level starts at (`state`: the matcher's `start`), then of the children the verdicts lead
+to, so that unions (`at["a", Linear]`) and chains combine freely. The verdicts: `(NO,
+None)`, not selected, nothing below; `(YES, mask)`, selected (`mask`: an element mask,
+`None` for the whole node); `(EACH, state)`, match every child with `state`; `(ZIP,
+(opened, states))`, one state per child of the node's opening; `(ONE, (entry, child,
+row))`, the one child a name or index selects, found by the row without opening the
+node; `(STATIC, name)`, a static field named last in a `set`/`apply` (`walk.static_ok`).
+A selector that names something (a glob, a regex, a `BaseKey`) must select something:
+`no_match_error` explains an empty selection with the closest keys.
 """
 
 from __future__ import annotations
@@ -27,14 +20,13 @@ import abc
 import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
-from jax.typing import ArrayLike
 
 from . import _node
 from ._glob import Glob
@@ -46,7 +38,7 @@ from ._structure import (
     TUPLE,
     Kind,
     Mismatch,
-    Opened,
+    NodeKind,
     describe,
     entry_name,
     first_mismatch,
@@ -59,31 +51,6 @@ from ._structure import (
 )
 from ._util import add_leaf_note
 from ._values import closest, short_repr
-
-__all__ = [
-    # the package's: `tc.BaseKey`, `tc.where`, `tc.at.def_rule`, and the error a pytree
-    # selector with a non-bool leaf raises
-    "BaseKey",
-    "where",
-    "def_rule",
-    "NonBoolMaskError",
-    # what the walker (`_selection`) and method calls (`_calls`) use
-    "Matcher",
-    "Walk",
-    "NO",
-    "YES",
-    "EACH",
-    "ZIP",
-    "ONE",
-    "STATIC",
-    "NameMatcher",
-    "IndexMatcher",
-    "MaskMatcher",
-    "compile_selector",
-    "missing_key_error",
-    "slice_text",
-]
-
 
 # -- public selector types -------------------------------------------------------------------
 
@@ -165,30 +132,17 @@ class BaseKey(abc.ABC):
         return register if converter is None else register(converter)
 
 
-class _Where:
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[tuple[Any, ...], Any], Any]) -> None:
-        self.fn = fn
-
-    def __repr__(self) -> str:
-        return f"where({getattr(self.fn, '__qualname__', repr(self.fn))})"
-
-
 def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
-    """A predicate selector: selects every node for which `fn(path, node)` is true.
-
-    `path` is the node's full key path from the root (`jax.tree_util` key entries);
-    `node` is a subtree or a leaf. Nodes below the current level are visited parents
-    first; a match is selected whole and not looked into. `fn` may return a boolean array
-    for a leaf, which selects its elements as a mask would. Selecting nothing is a valid
-    (empty) selection; an error raised by `fn` names the node's key path. A frozen value
-    is shown to `fn` as the value inside it, so the selection that froze nodes thaws them
-    (the `.at` guide, "Model surgery").
+    """A predicate selector: every node below the current level for which `fn(path, node)`
+    is true, selected whole (not looked into); selecting nothing is a valid, empty selection.
 
     **Arguments**
 
-    - `fn`: a callable `(path, node) -> bool`.
+    - `fn`: a callable `(path, node) -> bool`, called parents first with the node's key
+      path from the root (`jax.tree_util` key entries) and the node, a subtree or a leaf (a
+      frozen value: the value inside, so the selection that froze nodes thaws them; the
+      `.at` guide, "Model surgery"). A boolean array returned for a leaf selects its
+      elements as a mask would; an error it raises names the node's key path.
 
     **Returns**
 
@@ -205,10 +159,10 @@ def where(fn: Callable[[tuple[Any, ...], Any], Any]) -> Any:
     """
     if not callable(fn):
         raise TypeError(f"`where` expects a callable `(path, node) -> bool`, got {fn!r}.")
-    return _Where(fn)
+    return WhereMatcher(fn)
 
 
-# -- the matcher protocol ------------------------------------------------------------------------
+# -- the matcher protocol and the matchers ----------------------------------------------------
 
 # A verdict: `(code, payload)`, what a matcher says of one node (see the module docstring).
 NO, YES, EACH, ZIP, ONE, STATIC = range(6)
@@ -216,21 +170,42 @@ _NO = (NO, None)
 _YES = (YES, None)
 
 
-class Walk(Protocol):
-    """What a matcher may ask of the walk that drives it (`_selection`'s walker)."""
+_NONE_BLOCKED: list[Any] = []  # shared, never written: `record_blocked` makes a list
 
-    is_leaf: Callable[[Any], bool] | None
-    hits: set[Matcher]  # the naming matchers that selected something
-    static_ok: Matcher | None  # the name that may end at a static field (`set`, `apply`)
 
-    def where(self, path: tuple[Any, ...]) -> str: ...  # `path` as text, after the root's name
+class Walk:
+    """What a matcher may ask of the walk that drives it (the base of `_selection`'s
+    `Selection`): `hits`, the naming matchers that selected something; `static_ok`, the
+    name that may end at a static field (`set`, `apply`); `blocked`, what held no leaves,
+    `(path, why, by_matcher)`, by a matcher (a static field or a wrapped value in a
+    pattern's way) or at a selected spot (only wrapped values there)."""
 
-    # where the selection could not go on (a static field, a wrapped value)
-    def record_blocked(self, path: tuple[Any, ...], why: str) -> None: ...
+    __slots__ = ("tree", "is_leaf", "static_ok", "hits", "kept", "blocked")
 
-    # what `matcher` keeps for its no-match error (the key names it looked at, where a glob
-    # started), for this walk
-    def notes(self, matcher: Matcher) -> list[Any]: ...
+    def __init__(self, tree: Any, is_leaf: Callable[[Any], bool] | None) -> None:
+        self.tree = tree
+        self.is_leaf = is_leaf
+        self.static_ok: Matcher | None = None
+        self.hits: set[Matcher] = set()
+        self.kept: dict[int, list[Any]] | None = None  # made when a matcher keeps notes
+        self.blocked: list[tuple[tuple[Any, ...], str, bool]] = _NONE_BLOCKED
+
+    def where(self, path: tuple[Any, ...]) -> str:
+        """`path` as text, after the root's name."""
+        return path_str(self.tree, path)
+
+    def record_blocked(self, path: tuple[Any, ...], why: str) -> None:
+        """Where the selection could not go on (a static field, a wrapped value)."""
+        if self.blocked is _NONE_BLOCKED:
+            self.blocked = []
+        self.blocked.append((path, why, True))
+
+    def notes(self, matcher: Matcher) -> list[Any]:
+        """What `matcher` keeps for its no-match error in this walk (the key names it
+        looked at, where a glob started)."""
+        if self.kept is None:
+            self.kept = {}
+        return self.kept.setdefault(id(matcher), [])
 
 
 class Matcher:
@@ -256,8 +231,7 @@ class Matcher:
         return LookupError(f"{self!r} selects nothing in {selection}.")
 
 
-# Long messages, next to the checks that raise them (filled by `_at` with the key path).
-NOT_FOUND_MSG = "{key!r} not found at {where}{hint}"
+# Long messages, next to the checks that raise them.
 STATIC_FIELD_MSG = (
     "{key!r} at {where} is a static field (`tc.field(static=True)`): it is part of the tree "
     "definition, not a leaf. Named last in a selection, it can be set, which gives a tree "
@@ -276,21 +250,17 @@ INDEX_OUT_OF_RANGE_MSG = (
     "index {key} out of range at {where}: a {type} of length {length} "
     "(valid indices: {low} to {high})."
 )
-INDEX_ON_NAMED_MSG = (
-    "index {key} is not a child of {where}: a `{type}` has named children ({names}); "
-    "select them by name, e.g. .at[{first!r}]."
+ON_NAMED_MSG = (
+    "{key} is not a child of {where}: a `{type}` has named children ({names}); select them "
+    "by name, e.g. .at[{first!r}]."
 )
 INDEXED_CHILDREN_MSG = (
     "{key!r} not found at {where}: a `{type}` has indexed children (0 to {high}); select "
     "them by index (.at[7]), by slice (.at[0:6]) or all of them (.at[...]), then {key!r}: "
     ".at[...][{key!r}]."
 )
-SLICE_ON_NAMED_MSG = (
-    "A slice selects positions of a sequence, but {where} is a `{type}` with named "
-    "children ({names}); select them by name, e.g. .at[{first!r}]."
-)
 NAMED_NOTHING_MSG = (
-    "{selector} selects nothing in {selection}: {detail}{hint}\n"
+    "{selector!r} selects nothing in {selection}: {detail}{hint}\n"
     "An empty selection here is almost always a typo; check the key names."
 )
 _REACHED_NO_CHILDREN = "the selectors before it reached no node with children"
@@ -301,9 +271,7 @@ def _selects_nothing(
 ) -> LookupError:
     """The error of a naming selector that selected nothing."""
     return LookupError(
-        NAMED_NOTHING_MSG.format(
-            selector=repr(matcher), selection=selection, detail=detail, hint=hint
-        )
+        NAMED_NOTHING_MSG.format(selector=matcher, selection=selection, detail=detail, hint=hint)
     )
 
 
@@ -312,61 +280,53 @@ def _listed(names: list[Any]) -> str:
     return ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
 
 
-def missing_key_error(
-    key: object, node: object, kind: Kind, opened: Opened | None, where: str
-) -> Exception:
-    """The error for a name or index selector that matched no child of `node`."""
+def missing_key_error(key: object, node: object, row: NodeKind, where: str) -> Exception:
+    """The error for a name, index or slice that matched no child of `node` (its `row`)."""
+    type_name = type(node).__name__
+    said = {"key": key, "where": where, "type": type_name}  # what every message names
+    opened = row.open(node)
     if opened is None:
-        return LookupError(
-            LEAF_HAS_NO_CHILDREN_MSG.format(key=key, where=where, leaf=describe(node))
-        )
-    entries = opened[0]
-    statics = row_of(node).static_names(node)
+        return LookupError(LEAF_HAS_NO_CHILDREN_MSG.format(**said, leaf=describe(node)))
+    entries, kind, n = opened.entries, row.kind, len(opened.entries)
+    statics = row.static_names(node)
     wrapper = wrapper_of(node)
     if not entries and wrapper is not None:
-        return LookupError(
-            WRAPPER_HAS_NO_CHILDREN_MSG.format(key=key, where=where, what=wrapper.what)
-        )
+        return LookupError(WRAPPER_HAS_NO_CHILDREN_MSG.format(**said, what=wrapper.what))
     if isinstance(key, str) and key in statics:
-        return LookupError(STATIC_FIELD_MSG.format(key=key, where=where))
+        return LookupError(STATIC_FIELD_MSG.format(**said))
     names = [entry_name(e) for e in entries]
-    type_name = type(node).__name__
     indexed = bool(entries) and all(type(e) is SequenceKey for e in entries)
     if isinstance(key, int) and (kind in (LIST, TUPLE, NAMEDTUPLE) or indexed):
-        n = len(entries)
-        return IndexError(
-            INDEX_OUT_OF_RANGE_MSG.format(
-                key=key, where=where, type=type_name, length=n, low=-n, high=n - 1
-            )
-        )
+        return IndexError(INDEX_OUT_OF_RANGE_MSG.format(**said, length=n, low=-n, high=n - 1))
     if isinstance(key, int) and names and all(isinstance(x, str) for x in names):
-        shown = ", ".join(repr(x) for x in names)
-        return IndexError(
-            INDEX_ON_NAMED_MSG.format(
-                key=key, where=where, type=type_name, names=shown, first=names[0]
-            )
-        )
-    hint = ""
+        return IndexError(_on_named(f"index {key}", node, names, where))
     if isinstance(key, str) and indexed and kind not in (LIST, TUPLE):
-        return LookupError(
-            INDEXED_CHILDREN_MSG.format(key=key, where=where, type=type_name, high=len(entries) - 1)
-        )
+        return LookupError(INDEXED_CHILDREN_MSG.format(**said, high=n - 1))
+    hint = ""
     if isinstance(key, str):
         close = closest(key, [x for x in names if isinstance(x, str)])
         if close is not None:
             hint += f"; did you mean {close!r}?"
     if names:
-        hint += f"{'' if hint else '.'} Children there: {', '.join(repr(x) for x in names)}."
+        hint += f"{'' if hint else '.'} Children there: {_listed(names)}."
     else:
         hint += f": a `{type_name}` with no children."
     if statics:
-        hint += f" Static fields (not selectable): {', '.join(repr(x) for x in statics)}."
+        hint += f" Static fields (not selectable): {_listed(list(statics))}."
     elif kind == GENERIC and isinstance(key, str) and hasattr(node, key):
         hint += (
             f" `{type_name}` has an attribute {key!r}, but it is not a child "
             "of the tree (a static field, a property or a method)."
         )
-    return LookupError(NOT_FOUND_MSG.format(key=key, where=where, hint=hint))
+    return LookupError(f"{key!r} not found at {where}{hint}")
+
+
+def _on_named(what: str, node: object, names: list[Any], where: str) -> str:
+    """The message of a position (`what`) given to a node with named children."""
+    first = names[0] if names else "name"
+    return ON_NAMED_MSG.format(
+        key=what, where=where, type=type(node).__name__, names=_listed(names), first=first
+    )
 
 
 def _record_statics(
@@ -379,13 +339,6 @@ def _record_statics(
     for name in row.static_values(node):
         if matches(GetAttrKey(name)):
             walk.record_blocked(path + (GetAttrKey(name),), "a static field")
-
-
-def _opened(walk: Walk, node: object) -> Opened | None:
-    return row_of(node, walk.is_leaf).open(node)
-
-
-# -- one-key matchers ----------------------------------------------------------------------------
 
 
 class _SingleKeyMatcher(Matcher):
@@ -404,7 +357,7 @@ class _SingleKeyMatcher(Matcher):
             return ONE, (found[0], found[1], row)
         if walk.static_ok is self and self.key in row.static_names(node):
             return STATIC, self.key
-        raise missing_key_error(self.key, node, row.kind, row.open(node), walk.where(path))
+        raise missing_key_error(self.key, node, row, walk.where(path))
 
     def __repr__(self) -> str:
         return repr(self.key)
@@ -448,28 +401,18 @@ class SliceMatcher(Matcher):
         row = row_of(node, walk.is_leaf)
         opened = row.open(node)
         if opened is None:
-            raise missing_key_error(self.slice, node, row.kind, opened, walk.where(path))
+            raise missing_key_error(self.slice, node, row, walk.where(path))
         entries = opened.entries
         if row.kind not in (LIST, TUPLE, NAMEDTUPLE) and not all(
             type(e) is SequenceKey for e in entries
         ):
             names = [entry_name(e) for e in entries]
-            raise TypeError(
-                SLICE_ON_NAMED_MSG.format(
-                    where=walk.where(path),
-                    type=type(node).__name__,
-                    names=", ".join(repr(n) for n in names[:12]),
-                    first=names[0] if names else "name",
-                )
-            )
+            raise TypeError(_on_named(f"the slice [{self!r}]", node, names, walk.where(path)))
         picked = set(range(len(entries))[self.slice])
         return ZIP, (opened, [k in picked for k in range(len(entries))])
 
     def __repr__(self) -> str:
         return slice_text(self.slice)
-
-
-# -- level matchers -------------------------------------------------------------------------------
 
 
 class EllipsisMatcher(Matcher):
@@ -480,7 +423,7 @@ class EllipsisMatcher(Matcher):
     def match(self, walk, state, node, path):
         if state is not None:
             return _YES
-        opened = _opened(walk, node)
+        opened = row_of(node, walk.is_leaf).open(node)
         if opened is None:
             return _YES
         _record_statics(node, path, walk, lambda entry: True)
@@ -490,94 +433,60 @@ class EllipsisMatcher(Matcher):
         return "..."
 
 
-class _NamingMatcher(Matcher):
-    """A level selector that names keys (regex, BaseKey): it must select something."""
+class EntryMatcher(Matcher):
+    """A level selector that names keys: the children for which `test(selector, entry,
+    child)` holds (a regex, a `BaseKey`, a key entry, a `def_rule` value). It must select
+    something; static fields it matches are named when it does not (`offers_statics`; not
+    for `def_rule`, whose `compare` may expect children, not fields)."""
 
-    __slots__ = ()
+    __slots__ = ("selector", "test", "offers_statics")
     names_something = naming = True
-    offers_statics = True  # static fields it matches are named when it selects nothing
 
-    def matches(self, entry: object, child: object = None) -> bool:
-        raise NotImplementedError
+    def __init__(
+        self, selector: Any, test: Callable[[Any, Any, Any], Any], offers_statics: bool = True
+    ) -> None:
+        self.selector = selector
+        self.test = test
+        self.offers_statics = offers_statics
 
     def match(self, walk, state, node, path):
         if state is not None:  # a child of the level's node
-            if self.matches(path[-1], node):
+            if self.test(self.selector, path[-1], node):
                 walk.hits.add(self)
                 return _YES
             return _NO
-        opened = _opened(walk, node)
+        opened = row_of(node, walk.is_leaf).open(node)
         if opened is None:
             return _NO
         seen = walk.notes(self)
         if len(seen) < 64:
             seen.extend(n for n in map(entry_name, opened.entries) if n not in seen)
         if self.offers_statics:
-            _record_statics(node, path, walk, self.matches)
+            _record_statics(node, path, walk, lambda e: self.test(self.selector, e, None))
         return ZIP, (opened, [True] * len(opened.entries))
 
     def no_match_error(self, walk: Walk, selection: str) -> Exception:
         seen = walk.notes(self)
         if not seen:
             return _selects_nothing(self, selection)
-        close = self.closest(seen)
+        close = None
+        if isinstance(self.selector, re.Pattern):  # a regex: the closest name to its pattern
+            close = closest(self.selector.pattern, [str(n) for n in seen])
         hint = f"; did you mean {close!r}?" if close is not None else ""
         detail = f"no key matches it (keys there: {_listed(seen)})"
         return _selects_nothing(self, selection, detail, hint)
 
-    def closest(self, names: list[Any]) -> Any:
-        return None
-
-
-class PatternMatcher(_NamingMatcher):
-    """`re.compile(p)`: children whose name (as a string) fully matches `p`."""
-
-    __slots__ = ("pattern",)
-
-    def __init__(self, pattern: re.Pattern) -> None:
-        self.pattern = pattern
-
-    def matches(self, entry: object, child: object = None) -> bool:
-        return self.pattern.fullmatch(str(entry_name(entry))) is not None
-
-    def closest(self, names: list[Any]) -> Any:
-        return closest(self.pattern.pattern, [str(n) for n in names])
-
     def __repr__(self) -> str:
-        return f"re.compile({self.pattern.pattern!r})"
+        return repr(self.selector)
 
 
-class BaseKeyMatcher(_NamingMatcher):
-    """A `BaseKey` instance: children whose entry it says it equals."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: BaseKey) -> None:
-        self.key = key
-
-    def matches(self, entry: object, child: object = None) -> bool:
-        result = self.key.__eq__(entry)
-        return result is not NotImplemented and bool(result)
-
-    def __repr__(self) -> str:
-        return repr(self.key)
+def _name_matches(pattern: re.Pattern, entry: object, child: object) -> bool:
+    return pattern.fullmatch(str(entry_name(entry))) is not None
 
 
-class RuleMatcher(_NamingMatcher):
-    """A value of a type registered with `def_rule`: children its `compare` accepts."""
-
-    __slots__ = ("value", "compare")
-    offers_statics = False  # `compare` is the user's, and may expect children, not fields
-
-    def __init__(self, value: object, compare: Callable[[Any, Any, Any], Any]) -> None:
-        self.value = value
-        self.compare = compare
-
-    def matches(self, entry: object, child: object = None) -> bool:
-        return self.compare(self.value, entry, child)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
+def _key_equals(key: BaseKey, entry: object, child: object) -> bool:
+    result = key.__eq__(entry)
+    return result is not NotImplemented and bool(result)
 
 
 def _same_entry(key: object, entry: object, child: object) -> bool:
@@ -590,12 +499,10 @@ DEF_RULE_FLAG_MSG = "`def_rule` expects `broadcastable` to be True or False, got
 def def_rule(
     kind: type, compare: Callable[[Any, Any, Any], Any], *, broadcastable: bool = False
 ) -> None:
-    """Make values of type `kind` selectors matched by `compare(value, entry, child)`.
-
-    sepes's `at.def_rule`. At each level the selector is used at, the children for which
-    `compare(value, key entry, child)` is true are selected; as with a name, a rule that
-    selects nothing anywhere is an error (`LookupError`). Registering a type again (with
-    `def_rule` or `BaseKey.def_alias`) replaces what it meant.
+    """Make values of type `kind` selectors (sepes's `at.def_rule`): at each level, the
+    children for which `compare(value, entry, child)` is true. As with a name, a rule that
+    selects nothing anywhere is an error (`LookupError`); registering a type again (here or
+    with `BaseKey.def_alias`) replaces what it meant.
 
     **Arguments**
 
@@ -636,7 +543,7 @@ def def_rule(
 
     # the value itself is the matcher, whatever it is (a NamedTuple is not opened as a node)
     def compile_(selector: object, where: Callable[[], str]) -> Matcher:
-        return RuleMatcher(selector, compare)
+        return EntryMatcher(selector, compare, offers_statics=False)
 
     _register(kind, _UserType("a type registered with `tc.at.def_rule`", compile_))
 
@@ -685,7 +592,7 @@ class WhereMatcher(Matcher):
         return _YES if bool(result) else _EACH
 
     def __repr__(self) -> str:
-        return repr(_Where(self.fn))
+        return f"where({getattr(self.fn, '__qualname__', repr(self.fn))})"
 
 
 class GlobMatcher(Matcher):
@@ -725,9 +632,8 @@ class GlobMatcher(Matcher):
             # match something inside the value (else the wrapped value is beside the point)
             if wrapper is not None and self.matches_below(state, unwrap(node)):
                 walk.record_blocked(path, wrapper.role)
-        if row.static_names(node):
-            accept = self.accept
-            _record_statics(node, path, walk, lambda e: accept in self.advance(state, e))
+        if row.static_names(node):  # (most nodes have none: no note to make)
+            _record_statics(node, path, walk, lambda e: self.accept in self.advance(state, e))
         return ZIP, (opened, [state] * len(opened.entries))
 
     def matches_below(self, state: frozenset[int], node: object) -> bool:
@@ -743,25 +649,17 @@ class GlobMatcher(Matcher):
         return False
 
     def no_match_error(self, walk: Walk, selection: str) -> Exception:
-        names: set[Any] = set()
-        # (path, (node, state)) where the pattern matched so far, then found no children
-        dead_ends: list[tuple[tuple[Any, ...], Any]] = []
-        best_position = -1
-        for node, path in walk.notes(self):
-            for position, name, where in self._misses(node, self.glob.start, path):
-                if position > best_position:
-                    best_position, names, dead_ends = position, set(), []
-                if position == best_position:
-                    if where is None:
-                        names.add(name)
-                    else:
-                        dead_ends.append((where, name))
-        segments = self.glob.segments
-        if best_position < 0:
+        start = self.glob.start
+        misses = [m for node, path in walk.notes(self) for m in self._misses(node, start, path)]
+        if not misses:
             return _selects_nothing(self, selection)
-        failing = str(segments[best_position])
-        matched = ".".join(segments[:best_position]) or "(the start)"
-        shown = sorted(map(str, names))
+        best = max(m[0] for m in misses)  # the furthest position the pattern failed at
+        shown = sorted({str(name) for p, name, at in misses if p == best and at is None})
+        # where the pattern matched so far, then found no children: (path, (node, state))
+        dead_ends = [(at, name) for p, name, at in misses if p == best and at is not None]
+        segments = self.glob.segments
+        failing = str(segments[best])
+        matched = ".".join(segments[:best]) or "(the start)"
         if shown:
             found = f"no key matches {failing!r} (keys there: {_listed(shown)})"
         else:  # no name failed there: the pattern matched all the way to childless nodes
@@ -780,7 +678,7 @@ class GlobMatcher(Matcher):
         close = closest(failing, shown)
         if close is not None:
             fixed = [str(s) for s in segments]
-            fixed[best_position] = close
+            fixed[best] = close
             hint = f"; did you mean {'.'.join(fixed)!r}?"
         return _selects_nothing(self, selection, detail, hint)
 
@@ -807,15 +705,11 @@ class GlobMatcher(Matcher):
         return repr(self.glob)
 
 
-# -- masks -------------------------------------------------------------------------------------
-
 _MASK_HOLDS = (
     "A mask holds Python bools or boolean arrays, e.g. built with "
     "`jax.tree_util.tree_map(lambda x: x > 0, tree)`."
 )
-MASK_LEAF_MSG = (
-    "The mask leaf at {where} is {value} (of type {type}), a non-bool leaf. " + _MASK_HOLDS
-)
+MASK_LEAF_MSG = "The mask leaf at {where} is {value}, a non-bool leaf. " + _MASK_HOLDS
 MASK_MISMATCH_MSG = (
     "The mask's structure does not match the tree at {where}: {reason}. A mask must have "
     "the structure of the tree it follows (or a prefix of it), with a bool or a boolean "
@@ -841,9 +735,9 @@ def _is_other_selector(x: object) -> bool:
         isinstance(x, (str, bytes, int, float, complex, type)) and not isinstance(x, bool)
     ):
         return True
-    if isinstance(x, (re.Pattern, BaseKey, _Where, Glob, slice)):
+    if isinstance(x, (re.Pattern, BaseKey, WhereMatcher, Glob, slice)):
         return True
-    return _user_type(type(x)) is not None
+    return type(_compiler_of(x)) is _UserType
 
 
 def is_mask_like(x: object) -> bool:
@@ -903,9 +797,7 @@ class MaskMatcher(Matcher):
         mask_opened = row_of(state).open(state)
         if mask_opened is None:
             raise ValueError(
-                MASK_LEAF_MSG.format(
-                    where=walk.where(path), value=short_repr(state), type=type(state).__name__
-                )
+                MASK_LEAF_MSG.format(where=walk.where(path), value=describe(state, None))
             )
         if opened is None or type(state) is not type(node) or mask_opened[0] != opened[0]:
             found = first_mismatch(
@@ -957,14 +849,21 @@ class UnionMatcher(Matcher):
             else:
                 code, payload = member.match(walk, member_state, node, path)
             if code == YES:
-                element_mask = _union_masks(element_mask, payload, selected)
+                if not selected:
+                    element_mask = payload
+                elif element_mask is not None:  # `None` (every element) absorbs a mask
+                    element_mask = (
+                        None if payload is None else jnp.logical_or(element_mask, payload)
+                    )
                 selected = True
             elif code != NO:
                 going_on.append((i, code, payload))
         if selected:
             return YES, element_mask
         zipped = [payload[0] for _, code, payload in going_on if code == ZIP]
-        opened = zipped[0] if zipped else _opened(walk, node) if going_on else None
+        opened = (
+            zipped[0] if zipped else row_of(node, walk.is_leaf).open(node) if going_on else None
+        )
         if opened is None:
             return _NO
         # one state per child: a tuple of the members' states there
@@ -984,15 +883,6 @@ class UnionMatcher(Matcher):
         return "(" + ", ".join(repr(m) for m in self.members_) + ")"
 
 
-def _union_masks(current: ArrayLike | None, new: ArrayLike | None, already_selected: bool) -> Any:
-    # `None` means "all elements": it absorbs any element mask
-    if not already_selected:
-        return new
-    if current is None or new is None:
-        return None
-    return jnp.logical_or(current, new)
-
-
 # -- compiling: a table from selector type to matcher ---------------------------------------------
 
 SUPPORTED_SELECTORS = (
@@ -1005,18 +895,12 @@ SUPPORTED_SELECTORS = (
     "`tc.BaseKey.def_alias` or `tc.at.def_rule`, or a flat tuple of these (their union at one "
     "level)"
 )
-UNSUPPORTED_MSG = (
-    "Unsupported selector {selector} of type `{type}` in `{where}`. Supported: {supported}.{hint}"
-)
+UNSUPPORTED_MSG = "Unsupported selector {selector} in `{where}`. Supported: {supported}.{hint}"
 
 Compiler = Callable[[Any, Callable[[], str]], Matcher]
 
 
-def _compile_tuple(selector: tuple, where: Callable[[], str]) -> Matcher:
-    return _compile_union(selector, where, compile_selector)
-
-
-def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) -> Matcher:
+def _compile_union(selector: Any, where: Callable[[], str], aliased: bool = False) -> Matcher:
     """A tuple selector: one mask for a tuple tree, or the union of its members."""
     if selector and all(is_mask_like(s) for s in selector):
         return MaskMatcher(selector)  # a tuple of bools is a mask for a tuple tree
@@ -1025,19 +909,17 @@ def _compile_union(selector: tuple, where: Callable[[], str], member: Compiler) 
             raise NotImplementedError(
                 UNSUPPORTED_MSG.format(
                     selector=short_repr(selector),
-                    type="tuple",
                     where=where(),
                     supported=SUPPORTED_SELECTORS,
                     hint=" A union is one flat tuple: .at['a', 'b'], not .at['a', ('b', 'c')].",
                 )
             )
-    return UnionMatcher(tuple(member(s, where) for s in selector))
+    return UnionMatcher(tuple(compile_selector(s, where, aliased) for s in selector))
 
 
 @functools.lru_cache(maxsize=256)
 def _glob_matcher(selector: Glob) -> Matcher:
-    # one matcher per glob (`tc.glob` returns one object per pattern): compiling the same
-    # pattern again costs a cache hit
+    """One matcher per glob (`tc.glob` gives one object per pattern): each compiled once."""
     return GlobMatcher(selector)
 
 
@@ -1051,7 +933,7 @@ def _compile_type(selector: type, where: Callable[[], str]) -> Matcher:
 
 
 def _compile_entry(selector: Any, where: Callable[[], str]) -> Matcher:
-    return RuleMatcher(selector, _same_entry)
+    return EntryMatcher(selector, _same_entry)
 
 
 _BOOL_MASKS = "boolean masks (select all or nothing)"
@@ -1067,10 +949,10 @@ _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
     np.integer: (lambda s, where: IndexMatcher(int(s)), "sequence indices"),
     type(Ellipsis): (lambda s, where: EllipsisMatcher(), "`...` (every child)"),
     slice: (lambda s, where: SliceMatcher(s), "slices of sequence positions"),
-    tuple: (_compile_tuple, "unions of selectors, or masks of tuple trees"),
-    re.Pattern: (lambda s, where: PatternMatcher(s), "name patterns"),
-    BaseKey: (lambda s, where: BaseKeyMatcher(s), "key matchers through their own `__eq__`"),
-    _Where: (lambda s, where: WhereMatcher(s.fn), "`tc.where` predicates"),
+    tuple: (_compile_union, "unions of selectors, or masks of tuple trees"),
+    re.Pattern: (lambda s, where: EntryMatcher(s, _name_matches), "name patterns"),
+    BaseKey: (lambda s, where: EntryMatcher(s, _key_equals), "key matchers (by their `__eq__`)"),
+    WhereMatcher: (lambda s, where: s, "`tc.where` predicates"),
     Glob: (lambda s, where: _glob_matcher(s), "`tc.glob` patterns"),
     type: (_compile_type, "classes (every instance at any depth)"),
     GetAttrKey: (_compile_entry, _ENTRIES),
@@ -1079,8 +961,7 @@ _BUILTIN_TYPES: dict[type, tuple[Compiler, str]] = {
 }
 _BUILTIN: dict[type, Compiler] = {kind: compile_ for kind, (compile_, _) in _BUILTIN_TYPES.items()}
 _DISPLAY_NAMES = {
-    BaseKey: "tc.BaseKey",
-    _Where: "tc.where(...)",
+    WhereMatcher: "tc.where(...)",
     Glob: "tc.glob(...)",
     _node.TreeNode: "tc.TreeClass",
     type(Ellipsis): "type(...)",
@@ -1122,13 +1003,13 @@ RULE_BUILTIN_MSG = (
 )
 ALIAS_NODE_MSG = (
     "`tc.BaseKey.def_alias({kind})` cannot make {selector} a selector: it is a pytree node "
-    "(a `{type}` with children), and a pytree used as a selector is a boolean mask. Alias a "
-    "type that is not a pytree node."
+    "({what}), and a pytree used as a selector is a boolean mask. Alias a type that is not a "
+    "pytree node."
 )
 ALIAS_RESULT_MSG = (
-    "The converter registered with `tc.BaseKey.def_alias({kind})` returned {result} (of type "
-    "`{type}`) for {selector}, which is not a built-in selector{why}. A converter must return "
-    "{supported}; aliases do not chain."
+    "The converter registered with `tc.BaseKey.def_alias({kind})` returned {result} for "
+    "{selector}, which is not a built-in selector{why}. A converter must return {supported}; "
+    "aliases do not chain."
 )
 
 
@@ -1200,23 +1081,6 @@ def _register(kind: type, user: _UserType) -> None:
     _compiler_for.cache_clear()
 
 
-def _user_type(cls: type) -> _UserType | None:
-    """The registered type `cls` falls under, along the MRO, then by `issubclass` (ABCs)."""
-    if not _USER_TYPES:
-        return None
-    for base in cls.__mro__:
-        found = _USER_TYPES.get(base)
-        if found is not None:
-            return found
-    for kind, found in list(_USER_TYPES.items()):
-        try:
-            if issubclass(cls, kind):
-                return found
-        except TypeError:
-            continue
-    return None
-
-
 @functools.lru_cache(maxsize=512)
 def _compiler_for(cls: type) -> Compiler | None:
     """The compiler of `cls`'s values: the first built-in or registered type along its MRO,
@@ -1225,7 +1089,13 @@ def _compiler_for(cls: type) -> Compiler | None:
         compiler: Compiler | None = _BUILTIN.get(base) or _USER_TYPES.get(base)
         if compiler is not None:
             return compiler
-    return _user_type(cls)
+    for kind, found in list(_USER_TYPES.items()):  # a registered ABC
+        try:
+            if issubclass(cls, kind):
+                return found
+        except TypeError:
+            continue
+    return None
 
 
 def _compiler_of(selector: object) -> Compiler | None:
@@ -1236,34 +1106,8 @@ def _compiler_of(selector: object) -> Compiler | None:
         return None
 
 
-def _compile_builtin(selector: Any, where: Callable[[], str]) -> Matcher:
-    """What a converter returned, compiled without registered types (they do not chain)."""
-    compiler = _compiler_of(selector)
-    if type(compiler) is _UserType:
-        raise _AliasResultError(selector, f"is a value of {compiler.what}")
-    if compiler is _compile_tuple:
-        return _compile_union(selector, where, _compile_builtin)
-    if compiler is not None:
-        return compiler(selector, where)
-    if is_mask_like(selector):
-        return MaskMatcher(selector)
-    leaf = _non_bool_leaf(selector)
-    if leaf is not None:
-        path, value = leaf
-        raise _AliasResultError(
-            selector,
-            f"is a mask with a non-bool leaf at {path_str(selector, path)}: {short_repr(value)}",
-        )
-    raise _AliasResultError(selector, "")
-
-
 class _AliasResultError(Exception):
-    """A converter's result is not a built-in selector (turned into a `TypeError`)."""
-
-    def __init__(self, value: object, why: str) -> None:
-        super().__init__(why)
-        self.value = value
-        self.why = why
+    """A converter's result is not a built-in selector: `args` are `(value, why)`."""
 
 
 def _compile_alias(
@@ -1274,7 +1118,7 @@ def _compile_alias(
             ALIAS_NODE_MSG.format(
                 kind=_type_text(kind),
                 selector=short_repr(selector),
-                type=type(selector).__name__,
+                what=describe(selector),
             )
         )
     try:
@@ -1285,14 +1129,11 @@ def _compile_alias(
         )
         raise
     try:
-        return _compile_builtin(result, where)
+        return compile_selector(result, where, aliased=True)
     except _AliasResultError as error:
-        if not error.why:
-            why = ""
-        elif error.value is result:
-            why = f" (it {error.why})"
-        else:
-            why = f" (its member {short_repr(error.value)} {error.why})"
+        value, why = error.args
+        if why:
+            why = f" (it {why})" if value is result else f" (its member {short_repr(value)} {why})"
     except NotImplementedError:  # a nested tuple
         why = " (a union is one flat tuple)"
     except Exception as error:  # e.g. a BaseKey class instead of an instance
@@ -1305,8 +1146,7 @@ def _compile_alias(
     raise TypeError(
         ALIAS_RESULT_MSG.format(
             kind=_type_text(kind),
-            result=short_repr(result),
-            type=_type_text(type(result)),
+            result=describe(result),
             selector=short_repr(selector),
             why=why,
             supported=SUPPORTED_BUILTIN,
@@ -1322,7 +1162,7 @@ SUPPORTED_BUILTIN = (
 
 NON_BOOL_MASK_MSG = (
     "Unsupported selector {selector} in `{where}`: a pytree selector (here a `{type}`) is a "
-    "boolean mask, and this one has a non-bool leaf at {path}: {value}. " + _MASK_HOLDS + "{hint}"
+    "boolean mask, and this one has {leaf}. " + _MASK_HOLDS + "{hint}"
 )
 
 
@@ -1331,23 +1171,32 @@ class NonBoolMaskError(NotImplementedError, ValueError):
     error (as a mask with a non-bool leaf found during the walk is)."""
 
 
-def _non_bool_leaf(selector: object) -> tuple[tuple[Any, ...], Any] | None:
-    """The first leaf (with its path) of a pytree container selector that is not a bool."""
+def _non_bool_leaf(selector: object) -> str | None:
+    """The first leaf of a pytree container selector that is not a bool, where and what."""
     if type(selector) is tuple or open_node(selector, node_kind(selector)) is None:
         return None
     for path, leaf in jax.tree_util.tree_flatten_with_path(selector)[0]:
         if mask_leaf_value(leaf) is None:
-            return path, leaf
+            return f"a non-bool leaf at {path_str(selector, path)}: {describe(leaf)}"
     return None
 
 
-def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
-    """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors."""
+def compile_selector(selector: object, where: Callable[[], str], aliased: bool = False) -> Matcher:
+    """The matcher for one `.at[...]` selector; `where()` shows the selection, for errors.
+    `aliased`: what a `def_alias` converter returned, refused (`_AliasResultError`) unless
+    a built-in selector (aliases do not chain)."""
     compiler = _compiler_of(selector)
+    if aliased and type(compiler) is _UserType:
+        raise _AliasResultError(selector, f"is a value of {compiler.what}")
+    if compiler is _compile_union:
+        return _compile_union(selector, where, aliased)
     if compiler is not None:
         return compiler(selector, where)
     if is_mask_like(selector):
         return MaskMatcher(selector)
+    found = _non_bool_leaf(selector)
+    if aliased:
+        raise _AliasResultError(selector, "" if found is None else f"is a mask with {found}")
     hint = ""
     if isinstance(selector, list):
         hint = " For a union of keys use a tuple: .at['a', 'b']."
@@ -1355,23 +1204,19 @@ def compile_selector(selector: object, where: Callable[[], str]) -> Matcher:
         hint = f" An array selector must be boolean (a mask), got dtype {selector.dtype}."
     elif isinstance(selector, (float, complex)):
         hint = " Indices must be ints."
-    found = _non_bool_leaf(selector)
     if found is not None:
-        path, leaf = found
         raise NonBoolMaskError(
             NON_BOOL_MASK_MSG.format(
                 selector=short_repr(selector),
                 where=where(),
                 type=type(selector).__name__,
-                path=path_str(selector, path),
-                value=describe(leaf),
+                leaf=found,
                 hint=hint,
             )
         )
     raise NotImplementedError(
         UNSUPPORTED_MSG.format(
-            selector=short_repr(selector),
-            type=type(selector).__name__,
+            selector=describe(selector),
             where=where(),
             supported=SUPPORTED_SELECTORS,
             hint=hint,
