@@ -1014,7 +1014,19 @@ def test_summary_has_a_row_per_leaf_and_diagram_a_line_per_entry(tree):
 
 @pytest.mark.parametrize(
     "obj",
-    [getattr(_pprint, n) for n in _pprint.__all__] + [tree_html, treescope_repr, register_printer],
+    [
+        tc.tree_repr,
+        tc.tree_str,
+        tc.tree_diagram,
+        tc.tree_summary,
+        tc.tree_graph,
+        tc.tree_mermaid,
+        tc.tree_repr_with_trace,
+        _pprint.array_repr,
+        tree_html,
+        treescope_repr,
+        register_printer,
+    ],
     ids=lambda obj: obj.__name__,
 )
 def test_docstring_examples_run(obj):

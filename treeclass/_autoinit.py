@@ -23,8 +23,6 @@ from ._fields import (
 )
 from ._values import PLAIN_TYPES
 
-__all__ = ["autoinit", "build_init"]
-
 # the order Python requires in a signature
 _KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}
 

@@ -31,27 +31,6 @@ from typing_extensions import Unpack
 from . import _node
 from ._util import add_leaf_note, equal_or_false
 
-__all__ = [
-    # the package's: `tc.Field`, `tc.field`, `tc.fields`, `tc.autoinit.register_excluded_type`
-    "Field",
-    "field",
-    "fields",
-    "register_excluded_type",
-    # what the `__init__` plan (`_autoinit`) and `TreeClass` use
-    "MISSING",
-    "KINDS",
-    "add_field_note",
-    "run_setters",
-    "check_name",
-    "collect_fields",
-    "declare_plain_fields",
-    # roles a field declares (read by `_roles`)
-    "ROLE_KEY",
-    "FIELD_ROLES",
-    "stop_gradient_if_traced",
-    "gradients_stopped",
-]
-
 # the metadata key of `tc.field` that holds a declared role, and the roles a field declares
 ROLE_KEY = "role"
 FIELD_ROLES = ("state", "frozen")

@@ -29,17 +29,6 @@ from ._pprint_registry import children_of, printer_alias, rule_for, view_of
 from ._structure import key_text, wrapper_of
 from ._values import array_type, local_copy, offer_display, readable_here, short_repr
 
-__all__ = [
-    "tree_repr",
-    "tree_str",
-    "tree_diagram",
-    "tree_summary",
-    "tree_graph",
-    "tree_mermaid",
-    "tree_repr_with_trace",
-    "array_repr",
-]
-
 _DEPTH_TYPE_MSG = (
     "`depth` must be a number (an int, or `float('inf')` for no limit), got {value!r}."
 )

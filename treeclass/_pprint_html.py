@@ -30,8 +30,6 @@ from ._values import offer_display
 if TYPE_CHECKING:  # an optional dependency: imported where a rendering is made
     from treescope.rendering_parts import RenderableTreePart
 
-__all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display", "Printed"]
-
 _OPEN_LINES = 40  # the first view opens as many levels as fit in this many lines
 
 _ROOT_STYLE = "font-family: monospace; white-space: pre; line-height: 1.45; color: inherit"

@@ -29,8 +29,6 @@ from ._structure import (
 from ._util import add_leaf_note
 from ._values import short_repr
 
-__all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
-
 PrintRule = Display  # the public name of a row's display part
 _FIELDS = tuple(f.name for f in dataclasses.fields(Display))
 

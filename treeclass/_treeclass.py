@@ -22,8 +22,6 @@ from ._pprint_html import Printed
 from ._util import is_tree_equal
 from ._values import closest
 
-__all__ = ["TreeClass"]
-
 _SETSTATE_MSG = (
     "Cannot call `__setstate__` on an immutable `{cls}` instance: it would replace its "
     "attributes in place. Unpickle or copy it instead (`copy.deepcopy(tree)`)."
