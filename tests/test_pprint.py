@@ -26,6 +26,7 @@ import treeclass as tc
 from treeclass import _pprint, _pprint_registry
 from treeclass._pprint_html import tree_html, treescope_repr
 from treeclass._pprint_registry import register_printer
+from treeclass._structure import describe
 
 # -- fixtures ----------------------------------------------------------------------------
 
@@ -1289,7 +1290,7 @@ def test_rule_with_a_wrong_result_names_the_rule_and_the_type(forget_ticket, fie
     register_printer(Ticket, **{field: lambda value: result})
     with pytest.raises(error, match=rf"`{field}` printer rule for `Ticket`") as info:
         _PRINTER_OF_FIELD[field]({"a": Ticket()})
-    assert f"(of type `{type(result).__name__}`)" in str(info.value)
+    assert f"returned {describe(result)} for a `Ticket`" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -1305,7 +1306,7 @@ def test_def_alias_rule_with_a_wrong_result_names_its_spelling(
     forget_ticket, alias, spelling, printer
 ):
     alias(Ticket, lambda value: object())
-    with pytest.raises(TypeError, match=r"\(of type `object`\) for a `Ticket`") as info:
+    with pytest.raises(TypeError, match=r"\(an `object`\) for a `Ticket`") as info:
         printer([Ticket()])
     assert f"`tc.{spelling}(Ticket)`" in str(info.value)
 

@@ -21,6 +21,7 @@ from ._fields import (
     field,
     register_excluded_type,
 )
+from ._structure import describe
 from ._values import PLAIN_TYPES
 
 # the order Python requires in a signature
@@ -221,7 +222,7 @@ def autoinit(cls: type) -> type:
     ```
     """
     if not isinstance(cls, type):
-        raise TypeError(f"`autoinit` expects a class, got {cls!r}.")
+        raise TypeError(f"`autoinit` expects a class, got {describe(cls)}.")
     info = _node.own_info(cls)
     is_treeclass = info is not None
     own = cls.__dict__.get("__init__")

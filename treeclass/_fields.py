@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import keyword
 import types
 from collections.abc import (
@@ -29,6 +30,7 @@ from jax.core import Tracer
 from typing_extensions import Unpack
 
 from . import _node
+from ._structure import describe
 from ._util import add_leaf_note, equal_or_false
 
 # the metadata key of `tc.field` that holds a declared role, and the roles a field declares
@@ -102,7 +104,7 @@ class _Missing:
 
 MISSING: Any = _Missing()
 
-_NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value!r} of type {type}."
+_NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value}."
 _RESERVED_NAME_MSG = "{cls}: {a_what} cannot be named {name!r}: {why}. {fix}"
 _RENAME_FIELD = "Rename the field (an `alias` can set the `__init__` parameter name)."
 _RENAME_ALIAS = "Choose another alias."
@@ -134,8 +136,7 @@ def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
     for item in items:
         if not callable(item):
             raise TypeError(
-                f"`{argname}` must be a callable or a sequence of callables, "
-                f"got {item!r} of type {type_name(item)}."
+                f"`{argname}` must be a callable or a sequence of callables, got {describe(item)}."
             )
     return items
 
@@ -157,21 +158,6 @@ class Field:
     ```
     """
 
-    __slots__ = (
-        "name",
-        "type",
-        "default",
-        "factory",
-        "init",
-        "repr",
-        "kind",
-        "alias",
-        "on_setattr",
-        "on_getattr",
-        "static",
-        "metadata",
-        "doc",
-    )
     # the slots, all set by `__init__` (`name` is `None` until the Field is in a class)
     name: str
     type: Any
@@ -186,6 +172,7 @@ class Field:
     static: bool
     metadata: Mapping[str, Any]
     doc: str
+    __slots__ = tuple(__annotations__)  # the attributes above, in this order
 
     def __init__(
         self,
@@ -206,24 +193,24 @@ class Field:
     ) -> None:
         for flag, value in (("init", init), ("repr", repr), ("static", static)):
             if not isinstance(value, bool):
-                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=value, type=type_name(value)))
+                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=describe(value)))
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
         if default is not MISSING and factory is not None:
             raise TypeError("Pass either `default` or `factory` to `field`, not both.")
         if factory is not None and not callable(factory):
-            raise TypeError(f"`factory` must be callable, got {factory!r}.")
+            raise TypeError(f"`factory` must be callable, got {describe(factory)}.")
         if alias is not None and not isinstance(alias, str):
-            raise TypeError(f"`alias` must be a str, got {alias!r} of type {type_name(alias)}.")
+            raise TypeError(f"`alias` must be a str, got {describe(alias)}.")
         if alias is not None and (not alias.isidentifier() or keyword.iskeyword(alias)):
             raise ValueError(
                 f"`alias` must be a valid identifier and not a Python keyword, got {alias!r}: "
                 "it is the name of an `__init__` parameter."
             )
         if not isinstance(doc, str):
-            raise TypeError(f"`doc` must be a str, got {type_name(doc)}.")
+            raise TypeError(f"`doc` must be a str, got {describe(doc)}.")
         if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
+            raise TypeError(f"`metadata` must be a mapping, got {describe(metadata)}.")
         on_set = _as_callables(on_setattr, "on_setattr")
         on_get = _as_callables(on_getattr, "on_getattr")
         mapping = types.MappingProxyType(dict(metadata or {}))
@@ -242,7 +229,7 @@ class Field:
         # slots behind an immutable __setattr__: pickle by the constructor's arguments
         kwargs = {slot: getattr(self, slot) for slot in Field.__slots__}
         kwargs["metadata"] = dict(kwargs["metadata"])
-        return (_field_from_kwargs, (kwargs,))
+        return (functools.partial(Field, **kwargs), ())
 
     def replace(self, **changes: object) -> Field:
         """Return a copy of this field with `changes` applied."""
@@ -314,10 +301,6 @@ class Field:
         return all(equal_or_false(getattr(self, s), getattr(other, s)) for s in Field.__slots__)
 
     __hash__ = object.__hash__
-
-
-def _field_from_kwargs(kwargs: dict[str, Any]) -> Field:
-    return Field(**kwargs)
 
 
 _UNNAMED_FIELD_MSG = (
@@ -437,16 +420,7 @@ def field(
     assert Tree(a=2.7).a == 2
     ```
     """
-    if role is not None:
-        if role not in FIELD_ROLES:
-            raise ValueError(_UNKNOWN_FIELD_ROLE_MSG.format(known=_KNOWN_ROLES, role=role))
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
-        other = (metadata or {}).get(ROLE_KEY, role)
-        if other != role:
-            raise TypeError(_ROLE_TWICE_MSG.format(role=role, other=other))
-        metadata = {**(metadata or {}), ROLE_KEY: role}
-    return Field(
+    item = Field(
         default=default,
         factory=factory,
         init=init,
@@ -459,6 +433,14 @@ def field(
         metadata=metadata,
         doc=doc,
     )
+    if role is None:
+        return item
+    if role not in FIELD_ROLES:
+        raise ValueError(_UNKNOWN_FIELD_ROLE_MSG.format(known=_KNOWN_ROLES, role=role))
+    other = item.metadata.get(ROLE_KEY, role)
+    if other != role:
+        raise TypeError(_ROLE_TWICE_MSG.format(role=role, other=other))
+    return item.replace(metadata={**item.metadata, ROLE_KEY: role})
 
 
 _CLASSVAR_NAMES = ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar")
@@ -603,9 +585,9 @@ def register_excluded_type(kind: type, reason: str | None = None) -> None:
     ```
     """
     if not isinstance(kind, type):
-        raise TypeError(f"`register_excluded_type` expects a type, got {kind!r}.")
+        raise TypeError(f"`register_excluded_type` expects a type, got {describe(kind)}.")
     if reason is not None and not isinstance(reason, str):
-        raise TypeError(f"`reason` must be a str or None, got {type_name(reason)}.")
+        raise TypeError(f"`reason` must be a str or None, got {describe(reason)}.")
     _EXCLUDED_DEFAULT_TYPES[kind] = reason
 
 

@@ -26,19 +26,17 @@ from jax.typing import DTypeLike
 
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
-from ._structure import key_text, wrapper_of
+from ._structure import describe, key_text, wrapper_of
 from ._values import array_type, local_copy, offer_display, readable_here, short_repr
 
-_DEPTH_TYPE_MSG = (
-    "`depth` must be a number (an int, or `float('inf')` for no limit), got {value!r}."
-)
+_DEPTH_TYPE_MSG = "`depth` must be a number (an int, or `float('inf')` for no limit), got {value}."
 _DEPTH_VALUE_MSG = "`depth` must be >= 0, got {value!r}."
-_INT_TYPE_MSG = "`{name}` must be an int, got {value!r}."
+_INT_TYPE_MSG = "`{name}` must be an int, got {value}."
 _INT_VALUE_MSG = "`{name}` must be >= {low}, got {value!r}."
-_IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value!r}."
+_IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value}."
 _REPEATS_MSG = (
     "`repeats` must be None (show every child) or an int >= 0 (how many children to keep at "
-    "each end of a run of siblings of one type and structure), got {value!r}."
+    "each end of a run of siblings of one type and structure), got {value}."
 )
 
 DEFAULT_REPEATS = 3  # children of a long run of siblings kept at each end
@@ -54,22 +52,22 @@ STATS_SAMPLE_SIZE = 1 << 16
 
 def _check_options(depth: object = 0, is_leaf: object = None, repeats: object = None) -> None:
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
-        raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))
+        raise TypeError(_DEPTH_TYPE_MSG.format(value=describe(depth)))
     if not depth >= 0:  # type: ignore[operator]  # (also rejects nan; numbers.Real has no <)
         raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
     if is_leaf is not None and not callable(is_leaf):
-        raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
+        raise TypeError(_IS_LEAF_MSG.format(value=describe(is_leaf)))
     if repeats is None:
         return
     if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
-        raise TypeError(_REPEATS_MSG.format(value=repeats))
+        raise TypeError(_REPEATS_MSG.format(value=describe(repeats)))
     if repeats < 0:
-        raise ValueError(_REPEATS_MSG.format(value=repeats))
+        raise ValueError(_REPEATS_MSG.format(value=describe(repeats)))
 
 
 def _check_int(value: object, name: str, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_INT_TYPE_MSG.format(name=name, value=value))
+        raise TypeError(_INT_TYPE_MSG.format(name=name, value=describe(value)))
     if value < low:
         raise ValueError(_INT_VALUE_MSG.format(name=name, low=low, value=value))
 
@@ -487,7 +485,7 @@ def _layout(
 ) -> str:
     _check_options(depth, None, repeats)
     if not isinstance(width, numbers.Real) or isinstance(width, bool):
-        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
+        raise TypeError(_INT_TYPE_MSG.format(name="width", value=describe(width)))
     _check_int(tabwidth, "tabwidth", 0)
     doc = _doc(tree, depth, as_str, repeats)
     out: list[str] = []

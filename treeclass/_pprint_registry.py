@@ -19,6 +19,7 @@ from ._structure import (
     LEAF,
     Display,
     NodeKind,
+    describe,
     inherited,
     jax_children,
     node_kind,
@@ -32,11 +33,11 @@ from ._values import short_repr
 PrintRule = Display  # the public name of a row's display part
 _FIELDS = tuple(f.name for f in dataclasses.fields(Display))
 
-_NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value!r}."
-_NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value!r}."
+_NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value}."
+_NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value}."
 _RULE_RESULT_MSG = (
-    "The `{field}` printer rule for `{cls}` ({spelling}) returned {result} (of type "
-    "`{type}`) for {value}{problem}; it must return {expected}."
+    "The `{field}` printer rule for `{cls}` ({spelling}) returned {result} for a `{value}`"
+    "{problem}; it must return {expected}."
 )
 _RULE_NOTE = "raised by the `{field}` printer rule for `{cls}` ({spelling})"
 _ALIAS_SPELLINGS = {
@@ -79,9 +80,8 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
                 field=field,
                 cls=cls.__name__,
                 spelling=_spelling(cls, field),
-                result=short_repr(result, 60),
-                type=type(result).__name__,
-                value=f"a `{type(value).__name__}`",
+                result=describe(result),
+                value=type(value).__name__,
                 expected=_EXPECTED[field],
                 problem=problem,
             )
@@ -116,13 +116,13 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
     style: dict[builtins.str, Any] = {}
     for name, item in result.items():  # checked before a name is hashed: it may not be
         if not isinstance(name, builtins.str):
-            raise fail(f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`")
+            raise fail(f": the attribute name is {describe(name)}")
         if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
             raise fail(
                 f": the attribute name {name!r} is not a graphviz attribute name", ValueError
             )
         if not isinstance(item, (builtins.str, int, float)):  # bool is an int
-            raise fail(f": the value of {name!r} is a `{type(item).__name__}`")
+            raise fail(f": the value of {name!r} is {describe(item)}")
         style[name] = item
     return style
 
@@ -206,11 +206,11 @@ def register_printer(
     ```
     """
     if not isinstance(cls, type):
-        raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
+        raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=describe(cls)))
     given = dict(zip(_FIELDS, (repr, str, type_name, count, size, nodestyle, children)))
     for name, value in given.items():
         if value is not None and not callable(value):
-            raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))
+            raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=describe(value)))
     checked = {name: _checking(cls, name, fn) for name, fn in given.items() if fn is not None}
     with _lock:
         own = getattr(type(registered_kind(cls)), "display", None)  # the kind's own display
@@ -266,7 +266,7 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
 
     def define(cls: type, func: object = _DECORATE, /) -> Any:
         if not isinstance(cls, type):
-            raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=cls))
+            raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=describe(cls)))
         if func is _DECORATE:
             return lambda func: define(cls, func)
         with _lock:  # the fields registered for exactly `cls`, as they were given

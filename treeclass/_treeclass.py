@@ -19,6 +19,7 @@ from ._autoinit import build_init
 from ._class_keywords import check_class_keywords
 from ._fields import MISSING, Field, add_field_note, collect_fields, field, run_setters
 from ._pprint_html import Printed
+from ._structure import describe
 from ._util import is_tree_equal
 from ._values import closest
 
@@ -38,7 +39,7 @@ _RESERVED_METHOD_MSG = (
     "validate or convert values on assignment, use a field callback instead:\n"
     "    x: float = tc.field(on_setattr=[check])"
 )
-_DICT_VALUE_MSG = "`__dict__` must be set to a dict, got {type}."
+_DICT_VALUE_MSG = "`__dict__` must be set to a dict, got {value}."
 _REPLACE_UNKNOWN_MSG = (
     "`{cls}.replace` got {name!r}, which is not an attribute of this instance.{hint} Its "
     "attributes: {names}."
@@ -62,7 +63,7 @@ class _AttributesView:
         if _node.is_sealed(obj):
             _node.refuse_write(obj, "__dict__", "set")
         if not isinstance(value, dict):
-            raise TypeError(_DICT_VALUE_MSG.format(type=type(value).__name__))
+            raise TypeError(_DICT_VALUE_MSG.format(value=describe(value)))
         _node.set_attributes(obj, value)
 
     def __delete__(self, obj: object) -> None:
