@@ -27,6 +27,7 @@ from treeclass import _pprint, _pprint_registry
 from treeclass._pprint_html import tree_html, treescope_repr
 from treeclass._pprint_registry import register_printer
 from treeclass._structure import describe
+from treeclass._values import size_text
 
 # -- fixtures ----------------------------------------------------------------------------
 
@@ -513,7 +514,7 @@ def test_summary_of_arrays_of_several_dtypes_and_frozen_arrays():
     [(0, "0B"), (1023, "1023B"), (1024, "1.00KiB"), (1536, "1.50KiB"), (5 * 2**30, "5.00GiB")],
 )
 def test_summary_sizes_use_binary_units(size, text):
-    assert _pprint._size_text(size) == text
+    assert size_text(size) == text
 
 
 def test_summary_of_empty_tree_has_only_totals():

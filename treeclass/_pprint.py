@@ -27,7 +27,7 @@ from jax.typing import DTypeLike
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
 from ._structure import describe, key_text, wrapper_of
-from ._values import array_type, local_copy, offer_display, readable_here, short_repr
+from ._values import array_type, local_copy, offer_display, readable_here, short_repr, size_text
 
 _DEPTH_TYPE_MSG = "`depth` must be a number (an int, or `float('inf')` for no limit), got {value}."
 _DEPTH_VALUE_MSG = "`depth` must be >= 0, got {value!r}."
@@ -842,16 +842,6 @@ def _sharding_text(x: object) -> str:
         return ""
 
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def _size_text(size: int) -> str:
-    if size < 1024:
-        return f"{size}B"
-    unit = min(int(math.log(size, 1024)), len(_UNITS) - 1)
-    return f"{size / 1024**unit:.2f}{_UNITS[unit]}"
-
-
 def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[int]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
 
@@ -880,7 +870,7 @@ def _row_role(roles: Iterable[str]) -> str:
 
 
 def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
-    return ["Σ", kind, f"{count:,}", _size_text(size), role, ""]
+    return ["Σ", kind, f"{count:,}", size_text(size), role, ""]
 
 
 def _stopped_role(x: object) -> str:
@@ -942,7 +932,7 @@ def tree_summary(
             totals[1] += s
         count, size = sum(c for _, c, _ in parts), sum(s for _, _, s in parts)
         role = _row_role(r for r, _, _ in parts)
-        rows.append([path, kind, f"{count:,}", _size_text(size), role, sharding])
+        rows.append([path, kind, f"{count:,}", size_text(size), role, sharding])
 
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
