@@ -467,9 +467,7 @@ def _doc(x: object, depth: float, as_str: bool, repeats: int | None) -> _Doc:
     parts = _node_parts(x)
     if parts is None:
         return _leaf_text(x, as_str)
-    if not parts.items:
-        return parts.open + parts.close
-    if depth <= 0:
+    if depth <= 0 and parts.items:
         return parts.cut
     items = [
         ("", item.text)
@@ -501,14 +499,11 @@ def tree_repr(
     depth: float = math.inf,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A compact text of a tree; `TreeClass.__repr__` uses it.
+    """A compact text of a tree, one line when it fits in `width`; `TreeClass.__repr__`.
 
-    One line when it fits in `width`, else one child per line. Arrays show dtype, shape
-    and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`, of a sample above
-    `STATS_EXACT_MAX` elements), tracers their dtype and shape, frozen values a `#`,
-    functions their signature; `repr=False` fields are hidden. The middle of a long run of
-    same-structure siblings is one `… 994 more Linear(...) …` entry (the printing guide,
-    "Big models").
+    Arrays show dtype, shape and statistics (of a sample above `STATS_EXACT_MAX`
+    elements), tracers dtype and shape, frozen values a `#`; `repr=False` fields are
+    hidden; a long run of same-structure siblings folds (the printing guide).
 
     **Arguments**
 
@@ -591,11 +586,8 @@ def picture_entries(
 
     def entries(x: object, key: str, depth: float) -> Entry:
         parts = _node_parts(x, is_leaf, hidden)
-        if parts is None or not parts.items or depth <= 0:
-            if parts is not None and parts.items:  # cut by depth
-                text = parts.cut
-            else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
-                text = _flat(_doc(x, depth, False, repeats))
+        if parts is None or not parts.items or depth <= 0:  # a frozen subtree obeys depth too
+            text = _flat(_doc(x, depth, False, repeats))
             return Entry(f"{key}={text}" if key else text, (), x)
         children = []
         for item in fold_runs(parts.items, repeats, is_leaf, hidden):
@@ -873,13 +865,6 @@ def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
     return ["Σ", kind, f"{count:,}", size_text(size), role, ""]
 
 
-def _stopped_role(x: object) -> str:
-    """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
-    if wrapper_of(x) is not None or children_of(x) is None:
-        return _roles.leaf_role(x, False)
-    return _row_role(_roles.leaf_roles(x))
-
-
 def tree_summary(
     tree: object,
     *,
@@ -887,15 +872,12 @@ def tree_summary(
     is_leaf: Callable[[Any], bool] | None = None,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A table of a tree's leaves: key path, type, role, element count and size, with totals.
+    """A table of a tree's leaves: key path, type, element count and bytes, with totals.
 
-    One row per leaf in `jax.tree_util` order (`repr=False` fields too), per node where
-    `depth` stops, or per folded run, and a final `Σ` row. Count is the number of
-    elements (1 for a Python number, 0 for other objects; other types through
-    `register_printer`), Size the bytes. A Sharding column shows sharded leaves' partition
-    specs. When not every leaf is trainable, a Role column gives each row's role
-    (`tc.roles`; `mixed` for a row summing several), and `Σ` rows sum each role and the
-    static fields apart (not in the total).
+    One row per leaf (`repr=False` fields too), per node where `depth` stops or per
+    folded run. Sharded leaves add a Sharding column; when not every leaf is trainable, a
+    Role column (`tc.roles`) and `Σ` rows per role and for static fields (the printing
+    guide).
 
     **Arguments**
 
@@ -962,7 +944,7 @@ def tree_summary(
                             for name in _roles.leaf_roles(flat[k][1], states[k], stop)
                         ]
                     else:  # the run's siblings share their classes: no state below any
-                        names = [_stopped_role(x) for x in leaves]
+                        names = [_row_role(_roles.leaf_roles(x, False, stop)) for x in leaves]
                     kind = f"{len(children)} × {what}"
                     add_row(_path_text(keys) + item.keys, kind, sized(leaves, names), "")
                 else:
@@ -979,15 +961,13 @@ def tree_summary(
             kind = type(x).__name__ if view is None else view.type_name(x)
             add_row(_path_text(keys), kind, sized(leaves, names), "")
             return
+        # a leaf, a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
+        names = _roles.leaf_roles(x, in_state, _summary_leaf)
         rule = rule_for(x)
-        if not _summary_leaf(x) and children_of(x) is None:  # a leaf
-            parts = [(_roles.leaf_role(x, in_state), *_leaf_count_size(x))]
-        else:  # a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
-            names = _roles.leaf_roles(x, in_state, _summary_leaf)
-            if _summary_leaf(x) or (rule is not None and (rule.count or rule.size) is not None):
-                parts = [(_row_role(names), *_leaf_count_size(x))]
-            else:  # the node's count is its leaves' unless a rule says it
-                parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
+        if _summary_leaf(x) or children_of(x) is None or (rule and (rule.count or rule.size)):
+            parts = [(_row_role(names), *_leaf_count_size(x))]
+        else:  # the node's count is its leaves' unless a rule says it
+            parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
         add_row(_path_text(keys), _leaf_type(x), parts, _sharding_text(x))
 
     visit(tree, False, (), depth)

@@ -274,12 +274,9 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
 
     def replace(self, /, **changes: object) -> Self:
         """A copy of this instance with the named attributes changed, each through its field's
-        `on_setattr` callbacks as `__init__` would (`.at[...].set` runs none: it edits the
-        structure leaf by leaf). A static field may change too (the copy gets a new layout).
-        Neither `__init__` nor `__post_init__` runs, so a hand-written `__init__` works the
-        same. `copy.replace(tree, **changes)` (Python 3.13+) and `tc.TreeClass.replace(tree,
-        ...)` call it even where an attribute named `replace`, set by a hand-written
-        `__init__`, hides the method (a field of that name is refused).
+        `on_setattr` callbacks (`.at[...].set` runs none); static fields may change too.
+        Neither `__init__` nor `__post_init__` runs. `copy.replace(tree, ...)` (3.13+) and
+        `tc.TreeClass.replace(tree, ...)` reach it where an attribute hides the method.
 
         **Arguments**
 
@@ -308,10 +305,36 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         assert opt.replace(name="adamw").name == "adamw"   # a static field: a new layout
         ```
         """
-        return _replace(self, changes)
+        attributes = _node.attributes(self)
+        info = _node.info(self)
+        setters = info.setters
+        statics = info.static_names
+        layout_changes = False
+        for name in changes:
+            if name not in attributes:
+                close = closest(name, attributes)
+                raise TypeError(
+                    _REPLACE_UNKNOWN_MSG.format(
+                        cls=type(self).__name__,
+                        name=name,
+                        hint="" if close is None else f" Did you mean {close!r}?",
+                        names=", ".join(attributes) or "none",
+                    )
+                )
+            callbacks = setters.get(name)
+            if callbacks:
+                changes[name] = run_setters(self, name, callbacks, changes[name])
+            if name in statics:
+                layout_changes = True
+        if not layout_changes:  # the same names and static values: the same layout
+            return _node.replace_children(self, changes)
+        new = object.__new__(type(self))
+        _node.set_attributes(new, {**attributes, **changes})
+        if _node.is_sealed(self):
+            _node.seal_like(new, self)  # the layout of the new static values (refusing unhashable)
+        return new
 
-    def __replace__(self, /, **changes: object) -> Self:
-        return _replace(self, changes)
+    __replace__ = replace
 
     # -- dunders -----------------------------------------------------------------------
 
@@ -345,35 +368,3 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             raise AttributeError(_SETSTATE_MSG.format(cls=type(self).__name__))
         _node.set_attributes(self, dict(state))
         _node.seal(self)
-
-
-def _replace(node: object, changes: dict[str, Any]) -> Any:
-    """`node.replace(**changes)`: `changes` is the call's own dict, updated in place."""
-    attributes = _node.attributes(node)
-    info = _node.info(node)
-    setters = info.setters
-    statics = info.static_names
-    layout_changes = False
-    for name in changes:
-        if name not in attributes:
-            close = closest(name, attributes)
-            raise TypeError(
-                _REPLACE_UNKNOWN_MSG.format(
-                    cls=type(node).__name__,
-                    name=name,
-                    hint="" if close is None else f" Did you mean {close!r}?",
-                    names=", ".join(attributes) or "none",
-                )
-            )
-        callbacks = setters.get(name)
-        if callbacks:
-            changes[name] = run_setters(node, name, callbacks, changes[name])
-        if name in statics:
-            layout_changes = True
-    if not layout_changes:  # the same names and static values: the same layout
-        return _node.replace_children(node, changes)
-    new = object.__new__(type(node))
-    _node.set_attributes(new, {**attributes, **changes})
-    if _node.is_sealed(node):
-        _node.seal_like(new, node)  # the layout of the new static values (refusing unhashable)
-    return new
