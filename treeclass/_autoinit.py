@@ -84,11 +84,8 @@ def _bind(namespace: dict[str, Any], what: str, name: str, value: object) -> str
 def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]:
     """The parameter list of the generated `__init__` (defaults go into `namespace`)."""
     signature: list[str] = []
-    has_pos_only = any(p.kind == "POS_ONLY" for p in params)
     for item in params:
         arg = item.alias or item.name
-        if has_pos_only and item.kind != "POS_ONLY" and "/" not in signature:
-            signature.append("/")
         if item.kind in ("VAR_POS", "VAR_KW"):
             signature.append(("*" if item.kind == "VAR_POS" else "**") + arg)
             continue
@@ -99,8 +96,9 @@ def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]
         elif item.factory is not None:
             arg += "=__tc_missing"
         signature.append(arg)
-    if has_pos_only and "/" not in signature:
-        signature.append("/")
+    positional_only = sum(p.kind == "POS_ONLY" for p in params)  # first: params are sorted
+    if positional_only:
+        signature.insert(positional_only, "/")
     return signature
 
 

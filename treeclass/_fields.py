@@ -364,21 +364,7 @@ def field(*, default: _T, **options: Unpack[_FieldOptions]) -> _T: ...
 def field(*, factory: Callable[[], _T], **options: Unpack[_FieldOptions]) -> _T: ...
 @overload
 def field(**options: Unpack[_FieldOptions]) -> Any: ...
-def field(
-    *,
-    default: object = MISSING,
-    factory: Callable[[], Any] | None = None,
-    init: bool = True,
-    repr: bool = True,
-    kind: FieldKind = "POS_OR_KW",
-    alias: str | None = None,
-    on_setattr: _Callbacks = None,
-    on_getattr: _Callbacks = None,
-    static: bool = False,
-    metadata: Mapping[str, Any] | None = None,
-    doc: str = "",
-    role: FieldRole | None = None,
-) -> Any:
+def field(*, role: FieldRole | None = None, **options: Any) -> Any:
     """Describe a field of a `TreeClass` (or an `autoinit` class).
 
     **Arguments**
@@ -400,11 +386,9 @@ def field(
       (so it takes part in `==`, `hash` and the `jax.jit` cache key).
     - `metadata`: a mapping of extra information, kept read-only.
     - `doc`: a documentation string for the field.
-    - `role`: the role of every leaf the field holds (`tc.roles`), whichever `__init__`
-      assigns it; stored as `metadata["role"]`. `"state"`: values the forward pass
-      updates (batch-norm statistics, counters); `"frozen"`: a pretrained value, traced
-      leaves whose reads stop gradients. `tc.optim.trainable` never updates, decays or
-      keeps optimizer state for either.
+    - `role`: `"state"` (values the forward pass updates: statistics, counters) or
+      `"frozen"` (a pretrained value; traced reads stop gradients): the role of every leaf
+      it holds (`tc.roles`; `metadata["role"]`), which `tc.optim.trainable` never trains.
 
     **Returns**
 
@@ -420,19 +404,10 @@ def field(
     assert Tree(a=2.7).a == 2
     ```
     """
-    item = Field(
-        default=default,
-        factory=factory,
-        init=init,
-        repr=repr,
-        kind=kind,
-        alias=alias,
-        on_setattr=on_setattr,
-        on_getattr=on_getattr,
-        static=static,
-        metadata=metadata,
-        doc=doc,
-    )
+    given = sorted(options.keys() & {"name", "type"})  # the class body gives these
+    if given:
+        raise TypeError(f"field() got an unexpected keyword argument {given[0]!r}")
+    item = Field(**options)
     if role is None:
         return item
     if role not in FIELD_ROLES:

@@ -160,27 +160,20 @@ def register_printer(
 
     **Arguments**
 
-    - `cls`: the class to register. Registering it again replaces its rule; registering it
-      with every argument `None` removes the rule.
-    - `repr`: `value -> str`, the compact text used by `tree_repr`, `tree_diagram`,
-      `tree_graph`, `tree_mermaid` and the notebook display.
-    - `str`: `value -> str`, the text used by `tree_str` (defaults to `repr`).
-    - `type_name`: `value -> str`, the summary's Type column (defaults to the class name).
-    - `count`: `value -> int`, the summary's Count column (defaults to 0 for objects
-      that are neither arrays nor numbers).
-    - `size`: `value -> int`, bytes for the summary's Size column (defaults to
-      `sys.getsizeof`).
+    - `cls`: the class. Registering it again replaces its rule; with every argument `None`,
+      removes it.
+    - `repr`: `value -> str`, the text of every printer but `tree_str`; a value with a
+      `repr` or `str` prints as a leaf, even a pytree node.
+    - `str`: `value -> str`, the text of `tree_str` (defaults to `repr`).
+    - `type_name`, `count`, `size`: `value -> str` / `int` / `int` (bytes), the summary's
+      Type, Count and Size (defaults: the class name, 0 for objects that are neither
+      arrays nor numbers, `sys.getsizeof`); with one (and no `children`), one summary row.
     - `nodestyle`: `value -> dict`, graphviz attributes of the value's node in
-      `tree_graph` (say `{"shape": "circle", "fillcolor": "lightblue", "style": "filled"}`):
-      names are graphviz attribute names (letters, digits, `_`), values `str`, `int`,
-      `float` or `bool` (written quoted and escaped).
-    - `children`: `value -> iterable of (key, child)`, the children the printers show the
-      value with, in place of the ones JAX flattens it into (keys are `jax.tree_util` key
-      entries, such as `GetAttrKey("weight")`); with it, `type_name` also names the node
-      in `tree_repr`, `tree_diagram` and the other pictures.
-
-    A value whose rule has a `repr` or `str` prints as a leaf, even a pytree node; one
-    with a `type_name`, `count` or `size` (and no `children`) gets one summary row.
+      `tree_graph` (`{"shape": "circle"}`): names are graphviz's (letters, digits, `_`),
+      values `str`, `int`, `float` or `bool`.
+    - `children`: `value -> iterable of (key, child)`, the children the printers show in
+      place of JAX's (keys are `jax.tree_util` key entries); with it, `type_name` also
+      names the node in `tree_repr` and the pictures.
 
     **Returns**
 
@@ -189,8 +182,8 @@ def register_printer(
     **Raises**
 
     When a printer calls a function: `TypeError` for a result of the wrong type
-    (`ValueError` for a negative count or size, or a name graphviz cannot read), naming
-    the rule; an error raised inside one gets a note naming the rule.
+    (`ValueError` for a negative number or a bad graphviz name), naming the rule; an
+    error raised inside one gets a note naming the rule.
 
     ```python
     import treeclass as tc

@@ -147,12 +147,10 @@ def _guard_fields(cls: type, items: dict[str, Field]) -> None:
 class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
     """Base class for classes whose instances are JAX pytrees.
 
-    Subclassing registers the class with `jax.tree_util` (keyed by `GetAttrKey`); the
-    children are the instance attributes in assignment order, except fields declared
-    with `field(static=True)`, which live in the tree definition. Annotated fields give a
-    generated `__init__` unless the class defines one or inherits one written by hand
-    (`autoinit` opts it in). Instances are immutable after `__init__`: edit them with
-    `.at[...]`.
+    Subclassing registers the class with `jax.tree_util`: the children are the instance
+    attributes in assignment order, but for `field(static=True)` ones (in the tree
+    definition). Annotated fields give an `__init__` unless the class has one written by
+    hand; instances are immutable after `__init__` (edit them with `.at[...]`).
 
     **Class keywords**
 
