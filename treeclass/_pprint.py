@@ -1058,10 +1058,10 @@ def tree_repr_with_trace(
 
 
 # PyTreeClass's spelling of `register_printer`: one rule per type, one field per alias.
-tree_summary.def_type = printer_alias("type_name", "tree_summary.def_type")  # type: ignore
-tree_summary.def_count = printer_alias("count", "tree_summary.def_count")  # type: ignore
-tree_summary.def_size = printer_alias("size", "tree_summary.def_size")  # type: ignore
-tree_graph.def_nodestyle = printer_alias("nodestyle", "tree_graph.def_nodestyle")  # type: ignore
+tree_summary.def_type = printer_alias("type_name")  # type: ignore[attr-defined]
+tree_summary.def_count = printer_alias("count")  # type: ignore[attr-defined]
+tree_summary.def_size = printer_alias("size")  # type: ignore[attr-defined]
+tree_graph.def_nodestyle = printer_alias("nodestyle")  # type: ignore[attr-defined]
 
 
 # a frozen value (a floor below) shows itself with these printers

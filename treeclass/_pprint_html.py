@@ -98,19 +98,9 @@ def tree_html(
     return "".join(out)  # no newlines: the root's `white-space: pre` would show them
 
 
-class _HtmlDisplay:
-    """`_repr_html_` for instances only (treescope draws a class with one twice)."""
-
-    def __get__(self, instance: object, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(tree_html, instance)
-
-    def __repr__(self) -> str:
-        return "<_repr_html_ of instances: treeclass._pprint_html.tree_html>"
-
-
-html_display = _HtmlDisplay()
+# `_repr_html_` for instances only: the class's is not callable (treescope would draw a
+# class with one twice)
+html_display = property(lambda self: types.MethodType(tree_html, self))
 
 
 # -- treescope ------------------------------------------------------------------------------
@@ -259,7 +249,7 @@ class Printed:
     def __str__(self) -> str:
         return tree_str(self)
 
-    _repr_html_ = html_display  # a method of instances only (see `_HtmlDisplay`)
+    _repr_html_ = html_display  # a method of instances only
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Callable[..., Any]) -> Any:
         # called by treescope only, once it is imported

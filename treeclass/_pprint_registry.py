@@ -40,11 +40,12 @@ _RULE_RESULT_MSG = (
     "{problem}; it must return {expected}."
 )
 _RULE_NOTE = "raised by the `{field}` printer rule for `{cls}` ({spelling})"
-_ALIAS_SPELLINGS = {
-    "type_name": "tree_summary.def_type",
-    "count": "tree_summary.def_count",
-    "size": "tree_summary.def_size",
-    "nodestyle": "tree_graph.def_nodestyle",
+# field -> its PyTreeClass spelling, what it sets, what `func` returns, an example's return
+_ALIASES = {
+    "type_name": ("tree_summary.def_type", "summary Type column text", "str", '"token"'),
+    "count": ("tree_summary.def_count", "summary element count", "int", "7"),
+    "size": ("tree_summary.def_size", "summary size in bytes", "int", "1024"),
+    "nodestyle": ("tree_graph.def_nodestyle", "graphviz node style", "dict", '{"shape": "box"}'),
 }
 _EXPECTED = {
     "repr": "a `str`",
@@ -67,8 +68,8 @@ _lock = threading.RLock()  # reentrant: `printer_alias` updates a rule under it
 
 def _spelling(cls: type, field: str) -> str:
     text = f"`tc.register_printer({cls.__name__}, {field}=...)`"
-    alias = _ALIAS_SPELLINGS.get(field)
-    return text if alias is None else f"{text} or `tc.{alias}({cls.__name__})`"
+    alias = _ALIASES.get(field)
+    return text if alias is None else f"{text} or `tc.{alias[0]}({cls.__name__})`"
 
 
 def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
@@ -243,18 +244,10 @@ print(tc.{printer}([Token()]))
 ```
 """
 
-_ALIAS_TEXT = {  # field -> what it sets, what `func` returns, an example's return value
-    "type_name": ("summary Type column text", "str", '"token"'),
-    "count": ("summary element count", "int", "7"),
-    "size": ("summary size in bytes", "int", "1024"),
-    "nodestyle": ("graphviz node attributes", "dict", '{"shape": "circle"}'),
-}
-
-
 _DECORATE = object()  # `def_type(T)` without a function: return a decorator
 
 
-def printer_alias(field: str, name: str) -> Callable[..., Any]:
+def printer_alias(field: str) -> Callable[..., Any]:
     """A PyTreeClass-style `def_*` function that sets one field of a type's rule."""
 
     def define(cls: type, func: object = _DECORATE, /) -> Any:
@@ -271,7 +264,7 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
             register_printer(cls, **current)
         return func
 
-    what, returns, example = _ALIAS_TEXT[field]
+    name, what, returns, example = _ALIASES[field]
     printer, _, define.__name__ = name.rpartition(".")
     define.__qualname__ = define.__name__
     define.__doc__ = _ALIAS_DOC.format(
