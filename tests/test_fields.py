@@ -104,7 +104,9 @@ def test_array_default_is_allowed_and_shared():
     ("value", "kind"), [([], "list"), ({}, "dict"), (set(), "set"), ([1, 2], "list")]
 )
 def test_mutable_default_raises_pointing_to_factory(value, kind):
-    with pytest.raises(TypeError, match=rf"Mutable default {kind} for field Tree\.a") as info:
+    with pytest.raises(
+        TypeError, match=rf"Tree\.a: a default of type `{kind}` .*\(it is mutable"
+    ) as info:
 
         class Tree(tc.TreeClass):
             a: Any = value
@@ -113,14 +115,14 @@ def test_mutable_default_raises_pointing_to_factory(value, kind):
 
 
 def test_mutable_default_given_to_field_raises():
-    with pytest.raises(TypeError, match=r"field Tree\.items.*\n.*\n.*\n.*field\(factory="):
+    with pytest.raises(TypeError, match=r"Tree\.items: a default.*\n.*\n.*\n.*field\(factory="):
 
         class Tree(tc.TreeClass):
             items: list = tc.field(default=[])
 
 
 def test_mutable_default_raises_on_autoinit_class():
-    with pytest.raises(TypeError, match=r"Mutable default dict for field Plain\.d"):
+    with pytest.raises(TypeError, match=r"Plain\.d: a default of type `dict` is not allowed"):
 
         @tc.autoinit
         class Plain:

@@ -22,7 +22,7 @@ from collections.abc import (
     MutableSet,
     Sequence,
 )
-from typing import Any, ClassVar, Literal, TypedDict, TypeVar, get_origin, overload
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar, get_args, get_origin, overload
 
 import jax
 import numpy as np
@@ -35,7 +35,8 @@ from ._util import add_leaf_note, equal_or_false
 
 # the metadata key of `tc.field` that holds a declared role, and the roles a field declares
 ROLE_KEY = "role"
-FIELD_ROLES = ("state", "frozen")
+FieldRole = Literal["state", "frozen"]
+FIELD_ROLES: tuple[str, ...] = get_args(FieldRole)
 _KNOWN_ROLES = ", ".join(f"'{role}'" for role in FIELD_ROLES)
 
 _UNKNOWN_FIELD_ROLE_MSG = (
@@ -89,7 +90,8 @@ def _stop(x: object) -> Any:
 
 
 # in the order Python requires in a signature
-KINDS = ("POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR")
+FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
+KINDS: tuple[str, ...] = get_args(FieldKind)
 
 
 class _Missing:
@@ -115,17 +117,11 @@ _RESERVED_NAMES = {
     "at": "it would hide the `.at` indexer",
     "replace": "it would hide the `.replace` method",
 }
-_EXCLUDED_DEFAULT_MSG = (
-    "{cls}.{name}: a default of type `{type}` is not allowed{reason}.\n"
+_DEFAULT_MSG = (
+    "{cls}.{name}: a default of type `{type}` is not allowed ({reason}).\n"
     "Use a factory instead:\n"
-    "    before: {name}: {type} = ...\n"
-    "    after:  {name}: {type} = tc.field(factory=lambda: ...)"
-)
-_MUTABLE_DEFAULT_MSG = (
-    "Mutable default {type} for field {cls}.{name}: it would be shared by every instance.\n"
-    "Use a factory instead:\n"
-    "    before: {name}: {type} = {value!r}\n"
-    "    after:  {name}: {type} = tc.field(factory=lambda: {value!r})"
+    "    before: {name}: {type} = {value}\n"
+    "    after:  {name}: {type} = tc.field(factory=lambda: {value})"
 )
 
 
@@ -340,9 +336,7 @@ def _setting_repr(value: object) -> str:
 # against the annotation (`x: int = tc.field(default="a")` is an error). Without one, the
 # field is required. `init` and `alias` are recognised by name too (in `options`).
 _T = TypeVar("_T")
-FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
 _Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
-FieldRole = Literal["state", "frozen"]
 
 
 class _FieldOptions(TypedDict, total=False):
@@ -502,31 +496,25 @@ _EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 # any mutable container (list, dict, set, bytearray, deque, UserDict, array.array, ...)
 _MUTABLE_CONTAINERS = (MutableSequence, MutableMapping, MutableSet, bytearray)
 _NUMPY_DEFAULT_REASON = (
-    ": a NumPy array is a buffer that every instance would share (and that can change in "
-    "place, even a read-only view of a writable one)"
+    "a NumPy array is a buffer that every instance would share, and that can change in "
+    "place, even a read-only view of a writable one"
 )
 
 
 def _check_default(cls: type, item: Field) -> None:
-    default = item.default
+    default, value = item.default, "..."
     if isinstance(default, _MUTABLE_CONTAINERS):
-        raise TypeError(
-            _MUTABLE_DEFAULT_MSG.format(
-                type=type_name(default), cls=cls.__name__, name=item.name, value=default
-            )
-        )
-    if _holds_numpy_array(default):
-        kind, reason = type(default), _NUMPY_DEFAULT_REASON
+        reason, value = "it is mutable: every instance would share it", repr(default)
+    elif _holds_numpy_array(default):
+        reason = _NUMPY_DEFAULT_REASON
     else:
-        found = [(k, why) for k, why in _EXCLUDED_DEFAULT_TYPES.items() if isinstance(default, k)]
+        found = [why for k, why in _EXCLUDED_DEFAULT_TYPES.items() if isinstance(default, k)]
         if not found:
             return
-        kind, why = found[0]
-        reason = f" ({why or 'excluded with `tc.autoinit.register_excluded_type`'})"
+        reason = found[0] or "excluded with `tc.autoinit.register_excluded_type`"
+    kind = type_name(default)
     raise TypeError(
-        _EXCLUDED_DEFAULT_MSG.format(
-            cls=cls.__name__, name=item.name, type=kind.__name__, reason=reason
-        )
+        _DEFAULT_MSG.format(cls=cls.__name__, name=item.name, type=kind, reason=reason, value=value)
     )
 
 
