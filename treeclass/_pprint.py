@@ -937,14 +937,9 @@ def tree_summary(
                     is_node = not stop(first) and children_of(first) is not None
                     what = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
-                    if any(states[k] for k in span) or _roles.declares_state(first):
-                        names = [
-                            name
-                            for k in span
-                            for name in _roles.leaf_roles(flat[k][1], states[k], stop)
-                        ]
-                    else:  # the run's siblings share their classes: no state below any
-                        names = [_row_role(_roles.leaf_roles(x, False, stop)) for x in leaves]
+                    names = [
+                        n for k in span for n in _roles.leaf_roles(flat[k][1], states[k], stop)
+                    ]
                     kind = f"{len(children)} × {what}"
                     add_row(_path_text(keys) + item.keys, kind, sized(leaves, names), "")
                 else:
