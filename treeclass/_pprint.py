@@ -1,10 +1,8 @@
-"""Text printers on any pytree: `tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`,
-`tree_graph`, `tree_mermaid` and `tree_repr_with_trace`.
-
-They share the text of a value (`_leaf_text`), the opening of a node (`view_of`), the
-folding of long runs of same-structure siblings (`fold_runs`) and, for the pictures, a
-tree of labelled entries (`Entry`). `tree_repr` lays out bottom-up: each node knows its
-one-line width before any text is built, so breaking lines costs one pass.
+"""Text printers on any pytree (`tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`,
+`tree_graph`, `tree_mermaid`, `tree_repr_with_trace`). They share a value's text
+(`_leaf_text`), a node's opening (`view_of`), the folding of long runs of siblings
+(`fold_runs`) and, for the pictures, a tree of labelled entries (`Entry`). `tree_repr` lays
+out bottom-up: each node knows its one-line width first, so line breaking is one pass.
 """
 
 from __future__ import annotations
@@ -610,10 +608,8 @@ def tree_diagram(
     tabwidth: int = 4,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A box-drawing diagram of a tree: one line per node or leaf, with its key.
-
-    Opened nodes show `key:Type`, leaves (and nodes cut by `depth`) `key=value`; unlike
-    `repr`, it shows `repr=False` fields too.
+    """A box-drawing diagram of a tree, one line per opened node (`key:Type`) or leaf
+    (`key=value`); unlike `repr`, it shows `repr=False` fields too.
 
     **Arguments**
 
@@ -783,8 +779,6 @@ def _leaf_type(x: object) -> str:
 def _leaf_count_size(x: object) -> tuple[int, int]:
     rule = rule_for(x)
     count_of, size_of = (None, None) if rule is None else (rule.count, rule.size)
-    if count_of is not None and size_of is not None:
-        return count_of(x), size_of(x)
     wrapper = wrapper_of(x)  # a rule may set one of the two: the other as if it had none
     if wrapper is not None:
         count, size = _leaf_count_size(wrapper.unwrap(x))
@@ -1010,10 +1004,8 @@ def _type_name(kind: object) -> str:
 def tree_repr_with_trace(
     tree: object, is_leaf: Callable[[Any], bool] | None = None, transpose: bool = False
 ) -> Any:
-    """The tree with each leaf replaced by a table of its value, name path and type path.
-
-    The paths are the trace `tc.tree_map_with_trace` passes, joined by `->` as PyTreeClass
-    v0.4 did (`.b->.c->[0]`, `list->int`); the tables print without quotes.
+    """The tree with each leaf replaced by a table of its value, name path and type path:
+    the trace `tc.tree_map_with_trace` passes, joined by `->` as in PyTreeClass v0.4.
 
     **Arguments**
 
