@@ -149,13 +149,12 @@ def _init_sealing(
     if has_post_init:
         return "dynamic", [], []
     names = tuple(store.name for store in stores)
+    shape = info.fix_shape(names)
     if any(name in info.static_names for name in names):
-        shape = info.fix_shape(names)
-        namespace["__tc_shape"] = shape
-        namespace["__tc_plain"] = PLAIN_TYPES
+        namespace.update(__tc_shape=shape, __tc_plain=PLAIN_TYPES)
         statics = list(shape.static_names)
         return "shape", [name for name in names if name not in statics], statics
-    namespace["__tc_layout"] = info.fix_shape(names).layout
+    namespace["__tc_layout"] = shape.layout
     return "fixed", list(names), []
 
 
