@@ -28,9 +28,8 @@ from ._structure import describe, key_text, wrapper_of
 from ._values import array_type, local_copy, offer_display, readable_here, short_repr, size_text
 
 _DEPTH_TYPE_MSG = "`depth` must be a number (an int, or `float('inf')` for no limit), got {value}."
-_DEPTH_VALUE_MSG = "`depth` must be >= 0, got {value!r}."
 _INT_TYPE_MSG = "`{name}` must be an int, got {value}."
-_INT_VALUE_MSG = "`{name}` must be >= {low}, got {value!r}."
+_LOW_MSG = "`{name}` must be >= {low}, got {value!r}."
 _IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value}."
 _REPEATS_MSG = (
     "`repeats` must be None (show every child) or an int >= 0 (how many children to keep at "
@@ -49,25 +48,26 @@ STATS_SAMPLE_SIZE = 1 << 16
 
 
 def _check_options(depth: object = 0, is_leaf: object = None, repeats: object = None) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
-        raise TypeError(_DEPTH_TYPE_MSG.format(value=describe(depth)))
-    if not depth >= 0:  # type: ignore[operator]  # (also rejects nan; numbers.Real has no <)
-        raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
+    _check_number(depth, "depth", 0, _DEPTH_TYPE_MSG, numbers.Real)
     if is_leaf is not None and not callable(is_leaf):
         raise TypeError(_IS_LEAF_MSG.format(value=describe(is_leaf)))
-    if repeats is None:
-        return
-    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
-        raise TypeError(_REPEATS_MSG.format(value=describe(repeats)))
-    if repeats < 0:
-        raise ValueError(_REPEATS_MSG.format(value=describe(repeats)))
+    if repeats is not None:
+        _check_number(repeats, "repeats", 0, _REPEATS_MSG, low_msg=_REPEATS_MSG)
 
 
-def _check_int(value: object, name: str, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_INT_TYPE_MSG.format(name=name, value=describe(value)))
-    if value < low:
-        raise ValueError(_INT_VALUE_MSG.format(name=name, low=low, value=value))
+def _check_number(
+    value: Any,
+    name: str,
+    low: int,
+    msg: str = _INT_TYPE_MSG,
+    kind: type = numbers.Integral,
+    low_msg: str = _LOW_MSG,
+) -> None:
+    """`value` is a `kind` (not a bool) and `>= low` (not nan), else `msg` or `low_msg`."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(msg.format(name=name, value=describe(value)))
+    if not value >= low:
+        raise ValueError(low_msg.format(name=name, low=low, value=value))
 
 
 # -- one value ---------------------------------------------------------------------------
@@ -482,7 +482,7 @@ def _layout(
     _check_options(depth, None, repeats)
     if not isinstance(width, numbers.Real) or isinstance(width, bool):
         raise TypeError(_INT_TYPE_MSG.format(name="width", value=describe(width)))
-    _check_int(tabwidth, "tabwidth", 0)
+    _check_number(tabwidth, "tabwidth", 0)
     doc = _doc(tree, depth, as_str, repeats)
     out: list[str] = []
     _render(doc, out, 0, 0, width, tabwidth, 0)
@@ -629,7 +629,7 @@ def tree_diagram(
     assert tc.tree_diagram({"a": 1, "b": (2.0,)}).splitlines() == lines
     ```
     """
-    _check_int(tabwidth, "tabwidth", 1)
+    _check_number(tabwidth, "tabwidth", 1)
     root = picture_entries(tree, depth, is_leaf, repeats)
     bar = "─" * (tabwidth - 2) + " " if tabwidth >= 2 else ""
     marks = ("├" + bar, "└" + bar, "│" + " " * (tabwidth - 1), " " * tabwidth)

@@ -208,12 +208,7 @@ def register_printer(
     checked = {name: _checking(cls, name, fn) for name, fn in given.items() if fn is not None}
     with _lock:
         own = getattr(type(registered_kind(cls)), "display", None)  # the kind's own display
-        if not checked:
-            rule = None
-        elif own is None:
-            rule = Display(**checked)
-        else:
-            rule = dataclasses.replace(own, **checked)
+        rule = dataclasses.replace(own or Display(), **checked) if checked else None
         write_part(cls, "display", rule)
 
 
