@@ -60,7 +60,7 @@ def _check_number(
     name: str,
     low: int,
     msg: str = _INT_TYPE_MSG,
-    kind: type = numbers.Integral,
+    kind: type[Any] = numbers.Integral,
     low_msg: str = _LOW_MSG,
 ) -> None:
     """`value` is a `kind` (not a bool) and `>= low` (not nan), else `msg` or `low_msg`."""
