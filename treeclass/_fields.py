@@ -1,9 +1,6 @@
-"""Field declarations: `Field`, `field()`, `fields()`, and a class's annotations made fields.
-
-A field is an annotated class attribute. Fields are collected once per class, when the
-class is created, in definition order with inherited fields first (a redefinition keeps
-the position of the original, as in `dataclasses`); a default is checked then (no shared
-mutable value). What the generated `__init__` does with the fields is `_autoinit.py`'s.
+"""Field declarations (`Field`, `field()`, `fields()`): a class's annotated attributes,
+collected once, when the class is created, inherited ones first (a redefinition keeps the
+original's place, as in `dataclasses`), defaults checked then; `_autoinit.py` uses them.
 """
 
 from __future__ import annotations

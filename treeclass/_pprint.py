@@ -965,11 +965,7 @@ def tree_summary(
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
     footer = []
     if show_roles:  # the `Σ` rows of each role present, then of the static values
-        footer = [
-            _sum_row(role, role_totals[role][0], role_totals[role][1])
-            for role in _ROLE_ORDER
-            if role in role_totals
-        ]
+        footer = [_sum_row(role, *role_totals[role]) for role in _ROLE_ORDER if role in role_totals]
         statics = [value for _, _, value in _roles.static_values(tree)]
         if statics:
             footer.append(_sum_row(_roles.STATIC, *_totals(statics)))

@@ -34,9 +34,9 @@ _SLOTS_MSG = (
 )
 _RESERVED_METHOD_MSG = (
     "`{cls}` defines (or inherits from a mixin) `{name}`: TreeClass reserves it, since it "
-    "keeps instances immutable "
-    "after `__init__` (and what JAX flattens equal to what attribute reads return). To "
-    "validate or convert values on assignment, use a field callback instead:\n"
+    "keeps instances immutable after `__init__` (and what JAX flattens equal to what "
+    "attribute reads return). To validate or convert values on assignment, use a field "
+    "callback instead:\n"
     "    x: float = tc.field(on_setattr=[check])"
 )
 _DICT_VALUE_MSG = "`__dict__` must be set to a dict, got {value}."
