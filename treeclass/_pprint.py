@@ -855,7 +855,7 @@ def _row_role(roles: Iterable[str]) -> str:
     return found.pop() if len(found) == 1 else _roles.MIXED
 
 
-def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
+def _sum_row(role: str, kind: str, count: int, size: int) -> list[str]:
     return ["Σ", kind, f"{count:,}", size_text(size), role, ""]
 
 
@@ -965,14 +965,16 @@ def tree_summary(
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
     footer = []
     if show_roles:  # the `Σ` rows of each role present, then of the static values
-        footer = [_sum_row(role, *role_totals[role]) for role in _ROLE_ORDER if role in role_totals]
+        footer = [
+            _sum_row(role, "", *role_totals[role]) for role in _ROLE_ORDER if role in role_totals
+        ]
         statics = [value for _, _, value in _roles.static_values(tree)]
         if statics:
-            footer.append(_sum_row(_roles.STATIC, *_totals(statics)))
+            footer.append(_sum_row(_roles.STATIC, "", *_totals(statics)))
     table += footer
     count = sum(c for c, _ in role_totals.values())
     size = sum(s for _, s in role_totals.values())
-    table.append(_sum_row("", count, size, type(tree).__name__))
+    table.append(_sum_row("", type(tree).__name__, count, size))
     keep = (True, True, True, True, show_roles, sharded)
     table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
     right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)
