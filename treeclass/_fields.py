@@ -562,9 +562,7 @@ def fields(item: object) -> tuple[Field, ...]:
     """
     cls = item if isinstance(item, type) else type(item)
     cached = _cached_fields(cls)
-    if cached is None:
-        cached = collect_fields(cls)
-    return tuple(cached.values())
+    return tuple((collect_fields(cls) if cached is None else cached).values())
 
 
 def add_field_note(error: BaseException, obj: object, name: str) -> None:

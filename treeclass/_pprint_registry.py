@@ -1,7 +1,6 @@
-"""Teaching the printers a new type: `register_printer` writes the display part of the
-type's row (`_structure.Display`), found along the MRO, over the kind's own display;
-`printer_alias` makes PyTreeClass's `def_*` spellings of one field each. Every printer
-opens a node with `view_of`: its display first, then the row of its kind.
+"""Teaching the printers a type: `register_printer` writes the display part of its row
+(found along the MRO, over the kind's own), `printer_alias` PyTreeClass's `def_*` spellings;
+every printer opens a node with `view_of` (its display, then the row of its kind).
 """
 
 from __future__ import annotations

@@ -134,9 +134,9 @@ def _guard_fields(cls: type, items: dict[str, Field]) -> None:
                     type.__setattr__(cls, name, item.default)
             continue
         if name in own or (current is not MISSING and not isinstance(current, _node.GUARDS)):
-            default = item.default if item.default is not MISSING else _node.NOTHING
-            if name not in own and current is not MISSING:
-                default = current  # a plain class attribute overriding an inherited default
+            # not annotated here: a plain class attribute overriding an inherited default
+            default = item.default if name in own else current
+            default = _node.NOTHING if default is MISSING else default
             _node.guard_field(cls, name, default, item.on_getattr)
 
 
