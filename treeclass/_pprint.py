@@ -1,6 +1,6 @@
 """Text printers on any pytree (`tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`,
 `tree_graph`, `tree_mermaid`, `tree_repr_with_trace`). They share a value's text
-(`_leaf_text`), a node's opening (`view_of`), the folding of long runs of siblings
+(`leaf_text`), a node's opening (`view_of`), the folding of long runs of siblings
 (`fold_runs`) and, for the pictures, a tree of labelled entries (`Entry`). `tree_repr` lays
 out bottom-up: each node knows its one-line width first, so line breaking is one pass.
 """
@@ -275,7 +275,7 @@ def function_text(fn: Callable[..., object]) -> str:
     return f"{name}{bare}"
 
 
-def _leaf_text(x: object, as_str: bool = False) -> str:
+def leaf_text(x: object, as_str: bool = False) -> str:
     """The text of a value shown as a leaf (not opened into children)."""
     rule = rule_for(x)
     if rule is not None:
@@ -464,7 +464,7 @@ def _doc(x: object, depth: float, as_str: bool, repeats: int | None) -> _Doc:
         return wrapper.mark + inner
     parts = _node_parts(x)
     if parts is None:
-        return _leaf_text(x, as_str)
+        return leaf_text(x, as_str)
     if depth <= 0 and parts.items:
         return parts.cut
     items = [

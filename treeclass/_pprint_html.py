@@ -17,8 +17,8 @@ from ._pprint import (
     Entry,
     Run,
     fold_runs,
-    function_text,
     is_function,
+    leaf_text,
     picture_entries,
     tree_repr,
     tree_str,
@@ -122,10 +122,8 @@ def _render_child(
     # our text where treescope would show a bare `<object at 0x…>`: a print rule's, or the
     # signature of a wrapped function (`jax.nn.relu` is a `custom_jvp`), as in `repr`
     rule = rule_for(value)
-    if rule is not None and rule.repr is not None:
-        return parts.build_one_line_tree_node(parts.text(rule.repr(value)), path=path)
-    if is_function(value) and not isinstance(value, types.FunctionType):
-        return parts.build_one_line_tree_node(parts.text(function_text(value)), path=path)
+    if (rule and rule.repr) or (is_function(value) and not isinstance(value, types.FunctionType)):
+        return parts.build_one_line_tree_node(parts.text(leaf_text(value)), path=path)
     # treescope never folds the dicts, lists and tuples it draws: those with runs are drawn here
     view = view_of(value)
     if repeats is not None and view is not None and not view.named:
