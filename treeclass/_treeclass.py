@@ -70,22 +70,28 @@ class _AttributesView:
         _node.refuse_write(obj, "__dict__", "delete")
 
 
-def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., None]:
+def _sealing_init(
+    init: Callable[..., None], *, body: bool, warning: str | None = None
+) -> Callable[..., None]:
     """Wrap a hand-written (or inherited foreign) `__init__` so that the outermost one seals
-    on return; `body`: written in the class body (`autoinit` never replaces it)."""
+    on return; `body`: written in the class body (`autoinit` never replaces it); `warning`:
+    said at each outermost call."""
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        outermost = type(self).__init__ is __init__
+        if warning is not None and outermost:
+            warnings.warn(warning, UserWarning, stacklevel=2)  # the caller's construction
         if not _node.attributes(self):
             # a fresh instance: mark it unsealed, so that each `self.x = ...` in `init`
             # finds the slot set (an unset slot costs a failed lookup per assignment)
             _node.set_layout(self, None)
         try:
             init(self, *args, **kwargs)
-            if type(self).__init__ is __init__:
+            if outermost:
                 _node.seal(self)  # inside the try: see `render_init` in _codegen.py
         except BaseException:
-            if type(self).__init__ is __init__:
+            if outermost:
                 _node.seal_after_error(self)
             raise
 
@@ -104,21 +110,6 @@ _UNRUN_POST_INIT_MSG = (
     "or define `__init__` in `{cls}` that calls `super().__init__(...)` and then "
     "`self.__post_init__()`."
 )
-
-
-def _warning_init(cls: type, inherited: Callable[..., None]) -> Callable[..., None]:
-    """`inherited`, warning at its first call that it never runs the class's `__post_init__`
-    (`autoinit` may still give the class an `__init__` of its own)."""
-    owner = next(k for k in cls.__mro__[1:] if "__init__" in k.__dict__)
-    message = _UNRUN_POST_INIT_MSG.format(cls=cls.__name__, owner=owner.__name__)
-
-    @functools.wraps(inherited)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if getattr(type(self).__init__, "__wrapped__", None) is __init__:  # the outermost
-            warnings.warn(message, UserWarning, stacklevel=3)  # the caller's construction
-        inherited(self, *args, **kwargs)
-
-    return __init__
 
 
 def _guard_fields(cls: type, items: dict[str, Field]) -> None:
@@ -214,8 +205,10 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         # with class-level defaults (`autoinit` opts in to generation).
         elif getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
             type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
-        elif "__post_init__" in cls.__dict__:
-            init = _sealing_init(_warning_init(cls, inherited), body=False)
+        elif "__post_init__" in cls.__dict__:  # the inherited `__init__` never calls it
+            owner = next(k for k in cls.__mro__[1:] if "__init__" in k.__dict__)
+            warning = _UNRUN_POST_INIT_MSG.format(cls=cls.__name__, owner=owner.__name__)
+            init = _sealing_init(inherited, body=False, warning=warning)
             type.__setattr__(cls, "__init__", init)
         elif not getattr(inherited, "__tc_sealing__", False):  # a plain mixin's: it must seal
             type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
