@@ -649,35 +649,34 @@ def _diagram_lines(entry: Entry, prefix: str, lines: list[str], marks: tuple[str
             _diagram_lines(child, below, lines, marks)
 
 
-def _numbered(root: Entry) -> tuple[list[Entry], list[tuple[int, int]]]:
-    """Entries by node number (the root is 0, parents before children) and the edges."""
-    labels: list[Entry] = []
-    edges: list[tuple[int, int]] = []
+def _chart(root: Entry, node: Callable[[int, Entry], str], edge: str) -> list[str]:
+    """A line per entry by node number (the root is 0, parents before children), then a
+    line per edge (`edge` formatted with the two numbers)."""
+    nodes: list[str] = []
+    edges: list[str] = []
     stack: list[tuple[Entry, int]] = [(root, -1)]
     while stack:
         entry, parent = stack.pop()
-        number = len(labels)
-        labels.append(entry)
         if parent >= 0:
-            edges.append((parent, number))
-        stack.extend((child, number) for child in reversed(entry.children))
-    return labels, edges
+            edges.append(edge.format(parent, len(nodes)))
+        stack.extend((child, len(nodes)) for child in reversed(entry.children))
+        nodes.append(node(len(nodes), entry))
+    return nodes + edges
 
 
 def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\l")
 
 
-def _dot_attributes(entry: Entry) -> str:
+def _dot_node(n: int, entry: Entry) -> str:
     rule = None if entry.run else rule_for(entry.value)
-    if rule is None or rule.nodestyle is None:
-        return ""
+    style = {} if rule is None or rule.nodestyle is None else rule.nodestyle(entry.value)
     # the rule checked that names are graphviz's: only values need quoting (bools as DOT's)
-    style = rule.nodestyle(entry.value)
-    return "".join(
+    attributes = "".join(
         f', {name}="{_dot_escape(str(value).lower() if type(value) is bool else str(value))}"'
         for name, value in style.items()
     )
+    return f'    {n} [label="{_dot_escape(entry.label)}"{attributes}];'
 
 
 def tree_graph(
@@ -705,22 +704,15 @@ def tree_graph(
     assert '0 [label="dict"];' in dot and "0 -> 1;" in dot
     ```
     """
-    entries, edges = _numbered(picture_entries(tree, depth, is_leaf, repeats))
-    lines = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
-    lines += [
-        f'    {n} [label="{_dot_escape(entry.label)}"{_dot_attributes(entry)}];'
-        for n, entry in enumerate(entries)
-    ]
-    lines += [f"    {a} -> {b};" for a, b in edges]
-    lines.append("}")
-    return "\n".join(lines)
+    lines = _chart(picture_entries(tree, depth, is_leaf, repeats), _dot_node, "    {} -> {};")
+    return "\n".join(["digraph tree {", '    node [shape=box, fontname="monospace"];', *lines, "}"])
 
 
-def _mermaid_escape(text: str) -> str:
-    # mermaid reads `#name;` as an entity, so `#` itself goes first
+def _mermaid_node(n: int, entry: Entry) -> str:
+    text = entry.label  # mermaid reads `#name;` as an entity, so `#` itself goes first
     for char, code in (("#", "#35;"), ('"', "#quot;"), ("<", "#lt;"), (">", "#gt;")):
         text = text.replace(char, code)
-    return text.replace("\n", "<br>")
+    return '    n{}["{}"]'.format(n, text.replace("\n", "<br>"))  # (no `\\` in an f-string)
 
 
 def tree_mermaid(
@@ -748,11 +740,8 @@ def tree_mermaid(
                                   "    n0 --> n1"]
     ```
     """
-    entries, edges = _numbered(picture_entries(tree, depth, is_leaf, repeats))
-    lines = ["flowchart LR"]
-    lines += [f'    n{n}["{_mermaid_escape(entry.label)}"]' for n, entry in enumerate(entries)]
-    lines += [f"    n{a} --> n{b}" for a, b in edges]
-    return "\n".join(lines)
+    lines = _chart(picture_entries(tree, depth, is_leaf, repeats), _mermaid_node, "    n{} --> n{}")
+    return "\n".join(["flowchart LR", *lines])
 
 
 # -- tree_summary ---------------------------------------------------------------------------
