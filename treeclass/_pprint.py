@@ -1023,10 +1023,8 @@ def tree_repr_with_trace(
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
         if transpose:
-            return _TraceTable(
-                _box_table([list(column) for column in zip(*rows)], (False, False, False), {0})
-            )
-        return _TraceTable(_box_table(rows, (False, False), {0, 1}))
+            rows = [list(column) for column in zip(*rows)]
+        return _TraceTable(_box_table(rows, (False,) * len(rows[0]), {0} if transpose else {0, 1}))
 
     return treedef.unflatten([table(trace, leaf) for trace, leaf in traced])
 

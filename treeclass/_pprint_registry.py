@@ -113,7 +113,6 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
     if not isinstance(result, Mapping):
         raise fail()
-    style: dict[builtins.str, Any] = {}
     for name, item in result.items():  # checked before a name is hashed: it may not be
         if not isinstance(name, builtins.str):
             raise fail(f": the attribute name is {describe(name)}")
@@ -123,8 +122,7 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
             )
         if not isinstance(item, (builtins.str, int, float)):  # bool is an int
             raise fail(f": the value of {name!r} is {describe(item)}")
-        style[name] = item
-    return style
+    return dict(result)
 
 
 def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
