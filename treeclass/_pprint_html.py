@@ -24,7 +24,7 @@ from ._pprint import (
     tree_str,
 )
 from ._pprint_registry import rule_for, view_of
-from ._structure import node_type, row_of, wrapper_of
+from ._structure import row_of, wrapper_of
 from ._values import offer_display
 
 if TYPE_CHECKING:  # an optional dependency: imported where a rendering is made
@@ -191,18 +191,15 @@ def treescope_repr(
     """
     from treescope import rendering_parts as parts
 
-    cls = type(tree)
+    row = row_of(tree)
     # a rule's children, else the fields (a rule's text is for the other printers)
-    view = view_of(tree) or node_type(tree)
-    items = (None if view is None else view.items(tree, False)) or []
-    static_labels = frozenset(f"{name}=" for name in row_of(tree).static_names(tree))
+    view = view_of(tree) or row
+    items = view.items(tree, False) or []
+    static_labels = frozenset(f"{name}=" for name in row.static_names(tree))
     # a rule may name the node otherwise (`Stacked[48×Block]`); else its qualified class
-    named = None if view is None else view.type_name(tree)
-    type_name = (
-        parts.maybe_qualified_type_name(cls)
-        if named is None or named == cls.__name__
-        else parts.text(named)
-    )
+    named = view.type_name(tree)
+    own = named == type(tree).__name__
+    type_name = parts.maybe_qualified_type_name(type(tree)) if own else parts.text(named)
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
     opening = parts.siblings(parts.roundtrip_condition(roundtrip=parts.text("<")), type_name, "(")
     closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))
