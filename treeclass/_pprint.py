@@ -747,10 +747,6 @@ def tree_mermaid(
 # -- tree_summary ---------------------------------------------------------------------------
 
 
-def _path_text(keys: tuple[Any, ...]) -> str:
-    return "".join(key_text(key)[1] for key in keys)
-
-
 def _leaf_type(x: object) -> str:
     rule = rule_for(x)
     if rule is not None and rule.type_name is not None:
@@ -902,14 +898,14 @@ def tree_summary(
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
 
-    def visit(x: object, in_state: bool | str, keys: tuple[Any, ...], remaining: float) -> None:
+    def visit(x: object, in_state: bool | str, path: str, remaining: float) -> None:
         # `in_state`: the role a field of a node above declares for `x` (or False)
         flat = None if stop(x) else children_of(x)
         if flat is not None and remaining > 0:
             declared = _roles.declared_children(x)
             states = [(declared.get(key.name) if declared else None) or in_state for key, _ in flat]
             items = [("", key_text(key)[1], child) for key, child in flat]
-            position = 0  # in `flat`, whose keys the rows need
+            position = 0  # in `flat` and `states`
             # hidden=True: runs are judged on every field, as JAX flattens them
             for item in fold_runs(items, repeats, stop, hidden=True):
                 if type(item) is Run:
@@ -924,10 +920,10 @@ def tree_summary(
                         n for k in span for n in _roles.leaf_roles(flat[k][1], states[k], stop)
                     ]
                     kind = f"{len(children)} × {what}"
-                    add_row(_path_text(keys) + item.keys, kind, sized(leaves, names), "")
+                    add_row(path + item.keys, kind, sized(leaves, names), "")
                 else:
-                    key, child = flat[position]
-                    visit(child, states[position], (*keys, key), remaining - 1)
+                    _, key, child = item
+                    visit(child, states[position], path + key, remaining - 1)
                     position += 1
             return
         if flat is not None:  # a node where depth stops: one row with its leaves' totals
@@ -937,7 +933,7 @@ def tree_summary(
             names = _roles.leaf_roles(x, in_state, stop)
             view = view_of(x)  # a rule with children may name the node
             kind = type(x).__name__ if view is None else view.type_name(x)
-            add_row(_path_text(keys), kind, sized(leaves, names), "")
+            add_row(path, kind, sized(leaves, names), "")
             return
         # a leaf, a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
         names = _roles.leaf_roles(x, in_state, _summary_leaf)
@@ -946,9 +942,9 @@ def tree_summary(
             parts = [(_row_role(names), *_leaf_count_size(x))]
         else:  # the node's count is its leaves' unless a rule says it
             parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
-        add_row(_path_text(keys), _leaf_type(x), parts, _sharding_text(x))
+        add_row(path, _leaf_type(x), parts, _sharding_text(x))
 
-    visit(tree, False, (), depth)
+    visit(tree, False, "", depth)
     show_roles = any(role != _roles.TRAINABLE for role in role_totals)
     sharded = any(row[5] for row in rows)
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
