@@ -24,9 +24,6 @@ from ._fields import (
 from ._structure import describe
 from ._values import PLAIN_TYPES
 
-# the order Python requires in a signature
-_KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}
-
 _DUPLICATE_PARAM_MSG = (
     "{cls}: fields {first!r} and {second!r} both use the `__init__` parameter name {arg!r}. "
     "Give one of them a different `alias`."
@@ -45,7 +42,7 @@ def _refuse_reinit(obj: object) -> None:
 
 def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
     """The fields that are `__init__` parameters, in signature order, checked."""
-    params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
+    params = sorted((f for f in instance_fields if f.init), key=lambda f: KINDS.index(f.kind))
     seen_default: Field | None = None
     seen_kinds: set[str] = set()
     owners: dict[str, str] = {}

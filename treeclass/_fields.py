@@ -230,8 +230,7 @@ class Field:
         return self.default is not MISSING or self.factory is not None
 
     def __repr__(self) -> str:
-        # every setting, defaults included (PyTreeClass's style): a printed Field says all
-        # that it does without a look at `field()`'s signature
+        # every setting, defaults included (PyTreeClass's style): it says all that it does
         shown = ", ".join(
             f"{slot}={_setting_repr(getattr(self, slot))}" for slot in Field.__slots__
         )
@@ -323,10 +322,8 @@ def _setting_repr(value: object) -> str:
 
 
 # The overloads are what type checkers read (`field` is a `dataclass_transform` field
-# specifier): `default` and `factory` are the parameter names they recognise, so a field
-# given either is optional in the generated `__init__`, and the value's type is checked
-# against the annotation (`x: int = tc.field(default="a")` is an error). Without one, the
-# field is required. `init` and `alias` are recognised by name too (in `options`).
+# specifier): with `default` or `factory` a field is optional in `__init__` and the value's
+# type is checked against the annotation; `init` and `alias` are recognised too.
 _T = TypeVar("_T")
 _Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
 

@@ -39,11 +39,9 @@ _REPEATS_MSG = (
 DEFAULT_REPEATS = 3  # children of a long run of siblings kept at each end
 _RUN_SIGNATURE_MAX = 72  # a folded run names its children's structure up to this, else `T(...)`
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-# accelerator arrays this big are reduced where they live; others on the host (no compile)
-_DEVICE_STATS_MIN_SIZE = 1 << 20
+_DEVICE_STATS_MIN_SIZE = 1 << 20  # accelerator arrays this big are reduced where they live
 _SMALL_ARRAY_SIZE = 1 << 16  # up to this size, a shortcut cheaper than `np.std`
-# host arrays above STATS_EXACT_MAX elements show statistics of a sample (milliseconds)
-STATS_EXACT_MAX = 1 << 20
+STATS_EXACT_MAX = 1 << 20  # host arrays above this show statistics of a sample (milliseconds)
 STATS_SAMPLE_SIZE = 1 << 16
 
 
