@@ -299,8 +299,7 @@ _UNNAMED_FIELD_MSG = (
 
 
 def _instance_dict(instance: object) -> dict[str, Any]:
-    # a TreeClass instance's `__dict__` attribute is a read-only view; its real dict is
-    # `_node.attributes` (reached here only through a plain mixin's Field)
+    # a TreeClass's `__dict__` is a read-only view (reached through a plain mixin's Field)
     if isinstance(instance, _node.TreeNode):
         return _node.attributes(instance)
     return instance.__dict__

@@ -1,7 +1,6 @@
-"""Notebook display of trees: HTML (`tree_html`) and treescope (`treescope_repr`), which
-`Printed` plugs in as `_repr_html_` and `__treescope_repr__` (treescope is imported only
-where a rendering is made). The HTML is `<details>` elements with inline styles: it folds
-without JavaScript, survives front ends that strip `<style>`, and takes the page's colours.
+"""Notebook display: HTML (`tree_html`) and treescope (`treescope_repr`, imported to render),
+`Printed`'s `_repr_html_` and `__treescope_repr__`. The HTML is `<details>` with inline
+styles: it folds without JavaScript, survives a stripped `<style>`, takes the page's colours.
 """
 
 from __future__ import annotations

@@ -132,10 +132,8 @@ def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any]
         try:
             result = fn(value)
         except Exception as error:
-            spelling = _spelling(cls, field)
-            add_leaf_note(
-                error, _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=spelling)
-            )
+            note = _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
+            add_leaf_note(error, note)
             raise
         return _checked_result(cls, field, value, result)
 

@@ -298,8 +298,6 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         """
         attributes = _node.attributes(self)
         info = _node.info(self)
-        setters = info.setters
-        statics = info.static_names
         layout_changes = False
         for name in changes:
             if name not in attributes:
@@ -312,10 +310,10 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
                         names=", ".join(attributes) or "none",
                     )
                 )
-            callbacks = setters.get(name)
+            callbacks = info.setters.get(name)
             if callbacks:
                 changes[name] = run_setters(self, name, callbacks, changes[name])
-            if name in statics:
+            if name in info.static_names:
                 layout_changes = True
         if not layout_changes:  # the same names and static values: the same layout
             return _node.replace_children(self, changes)
