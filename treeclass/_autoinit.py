@@ -192,8 +192,7 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     return init
 
 
-# eq_default=False: autoinit writes no `__eq__` (a type checker would otherwise take a plain
-# autoinit class to be unhashable, as a non-frozen dataclass with eq=True is)
+# eq_default=False: no `__eq__` is written (else checkers take a plain class to be unhashable)
 @dataclass_transform(field_specifiers=(field, Field), eq_default=False)
 def autoinit(cls: type) -> type:
     """Give `cls` an `__init__` generated from its annotated fields, and return `cls`.

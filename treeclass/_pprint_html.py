@@ -118,8 +118,7 @@ def _render_child(
 ) -> Any:
     from treescope import rendering_parts as parts
 
-    # our text where treescope would show a bare `<object at 0x…>`: a print rule's, or the
-    # signature of a wrapped function (`jax.nn.relu` is a `custom_jvp`), as in `repr`
+    # our text where treescope shows `<object at 0x…>`: a rule's, a wrapped function's
     rule = rule_for(value)
     if (rule and rule.repr) or (is_function(value) and not isinstance(value, types.FunctionType)):
         return parts.build_one_line_tree_node(parts.text(leaf_text(value)), path=path)

@@ -132,9 +132,8 @@ def _guard_fields(cls: type, items: dict[str, Field]) -> None:
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
-# The metaclass is plain ABCMeta (so `abc.abstractmethod` works), with no `__call__` of
-# ours: construction is the C-level `type.__call__`, and `__init__` seals the instance
-# itself (the generated one inline, a hand-written one through `_sealing_init`).
+# The metaclass is plain ABCMeta (`abc.abstractmethod` works): construction is the C-level
+# `type.__call__`, and `__init__` seals (generated inline, hand-written via `_sealing_init`).
 class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
     """Base class for classes whose instances are JAX pytrees.
 
@@ -199,10 +198,9 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         if own_init is not None:
             if not getattr(own_init, "__tc_generated__", False):
                 type.__setattr__(cls, "__init__", _sealing_init(own_init, body=True))
-        # A class without an `__init__` of its own generates one only below generated ones
-        # (or none): an `__init__` written by hand up the chain, in a TreeClass or a plain
-        # mixin, stays in charge, and the class's annotated fields are its typed attributes
-        # with class-level defaults (`autoinit` opts in to generation).
+        # Without an `__init__` of its own, one is generated only below generated ones (or
+        # none): one written by hand up the chain stays in charge, the annotated fields are
+        # its typed attributes with class-level defaults (`autoinit` opts in to generation).
         elif getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
             type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
         elif "__post_init__" in cls.__dict__:  # the inherited `__init__` never calls it
