@@ -104,7 +104,7 @@ class _Missing:
 MISSING: Any = _Missing()
 
 _NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value}."
-_RESERVED_NAME_MSG = "{cls}: {a_what} cannot be named {name!r}: {why}. {fix}"
+_RESERVED_NAME_MSG = "{cls}: {a_what} cannot be named {name!r}: {why}."
 _RENAME_FIELD = "Rename the field (an `alias` can set the `__init__` parameter name)."
 _RENAME_ALIAS = "Choose another alias."
 _RESERVED_NAMES = {
@@ -456,15 +456,9 @@ def check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") ->
         why = "names starting with `_tc_` or `__tc_` are treeclass's own"
     else:
         return
-    raise ValueError(
-        _RESERVED_NAME_MSG.format(
-            cls=cls.__name__,
-            a_what="a field" if what == "field" else "an alias",
-            name=name,
-            why=why,
-            fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
-        )
-    )
+    a_what, fix = ("a field", _RENAME_FIELD) if what == "field" else ("an alias", _RENAME_ALIAS)
+    message = _RESERVED_NAME_MSG.format(cls=cls.__name__, a_what=a_what, name=name, why=why)
+    raise ValueError(f"{message} {fix}")
 
 
 # Where `autoinit` keeps a plain class's fields (a TreeClass: in its `ClassInfo`)
