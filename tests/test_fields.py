@@ -1062,7 +1062,7 @@ def test_fields_of_class_without_fields_is_empty():
         ({"on_setattr": [int, "x"]}, TypeError, "`on_setattr` must be a callable.*got 'x'"),
         ({"on_getattr": [1]}, TypeError, "`on_getattr` must be a callable.*got 1"),
         ({"alias": 1}, TypeError, r"`alias` must be a str, got 1 \(an `int`\)"),
-        ({"alias": "not valid"}, ValueError, "an alias cannot be named 'not valid': it is not a"),
+        ({"alias": "not valid"}, ValueError, "`alias` must be a valid identifier"),
         ({"default": 1, "factory": list}, TypeError, "either `default` or `factory`"),
         ({"factory": 1}, TypeError, r"`factory` must be callable, got 1 \(an `int`\)"),
         ({"metadata": 1}, TypeError, r"`metadata` must be a mapping, got 1 \(an `int`\)"),

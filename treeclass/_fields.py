@@ -195,6 +195,11 @@ class Field:
             raise TypeError(f"`factory` must be callable, got {describe(factory)}.")
         if alias is not None and not isinstance(alias, str):
             raise TypeError(f"`alias` must be a str, got {describe(alias)}.")
+        if alias is not None and (not alias.isidentifier() or keyword.iskeyword(alias)):
+            raise ValueError(
+                f"`alias` must be a valid identifier and not a Python keyword, got {alias!r}: "
+                "it is the name of an `__init__` parameter."
+            )
         if not isinstance(doc, str):
             raise TypeError(f"`doc` must be a str, got {describe(doc)}.")
         if metadata is not None and not isinstance(metadata, Mapping):
