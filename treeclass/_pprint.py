@@ -24,7 +24,7 @@ from jax.typing import DTypeLike
 
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
-from ._structure import describe, key_text, wrapper_of
+from ._structure import describe, key_text, row_of, wrapper_of
 from ._values import array_type, local_copy, offer_display, readable_here, short_repr, size_text
 
 _DEPTH_TYPE_MSG = "`depth` must be a number (an int, or `float('inf')` for no limit), got {value}."
@@ -929,8 +929,7 @@ def tree_summary(
             if not leaves:
                 return
             names = _roles.leaf_roles(x, in_state, stop)
-            view = view_of(x)  # a rule with children may name the node
-            kind = type(x).__name__ if view is None else view.type_name(x)
+            kind = (view_of(x) or row_of(x)).type_name(x)  # a rule with children may name it
             add_row(path, kind, sized(leaves, names), "")
             return
         # a leaf, a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
@@ -971,9 +970,7 @@ class _TraceTable(str):
     """A leaf's trace table: a `str` that prints as itself, so tables show unquoted."""
 
     __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str(self)
+    __repr__ = str.__str__
 
 
 def _type_name(kind: object) -> str:

@@ -245,5 +245,4 @@ class Printed:
     _repr_html_ = html_display  # a method of instances only
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Callable[..., Any]) -> Any:
-        # called by treescope only, once it is imported
         return treescope_repr(self, path, subtree_renderer)
