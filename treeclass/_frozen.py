@@ -24,7 +24,6 @@ from ._values import (
     register_childless,
     sharding_spec,
     short_repr,
-    size_text,
 )
 
 __all__ = [
@@ -237,6 +236,10 @@ def _array_bytes(x: object) -> int:
     return total
 
 
+def _size_text(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB" if n < 1 << 30 else f"{n / (1 << 30):,.2f} GiB"
+
+
 def freeze(x: _T) -> _T:
     """Wrap `x` in a node without children, so JAX transformations do not see it.
 
@@ -270,7 +273,7 @@ def freeze(x: _T) -> _T:
     size = _array_bytes(x)
     if size > LARGE_FROZEN_BYTES:
         warnings.warn(
-            _LARGE_FROZEN_MSG.format(size=size_text(size)), FrozenArrayWarning, stacklevel=2
+            _LARGE_FROZEN_MSG.format(size=_size_text(size)), FrozenArrayWarning, stacklevel=2
         )
     # typed as `x`'s own type: a field keeps the annotation of what it holds
     return Frozen(snapshot(x))  # type: ignore[return-value]
