@@ -104,7 +104,9 @@ def test_array_default_is_allowed_and_shared():
     ("value", "kind"), [([], "list"), ({}, "dict"), (set(), "set"), ([1, 2], "list")]
 )
 def test_mutable_default_raises_pointing_to_factory(value, kind):
-    with pytest.raises(TypeError, match=rf"Mutable default {kind} for field Tree\.a") as info:
+    with pytest.raises(
+        TypeError, match=rf"Tree\.a: a default of type `{kind}` .*\(it is mutable"
+    ) as info:
 
         class Tree(tc.TreeClass):
             a: Any = value
@@ -113,14 +115,14 @@ def test_mutable_default_raises_pointing_to_factory(value, kind):
 
 
 def test_mutable_default_given_to_field_raises():
-    with pytest.raises(TypeError, match=r"field Tree\.items.*\n.*\n.*\n.*field\(factory="):
+    with pytest.raises(TypeError, match=r"Tree\.items: a default.*\n.*\n.*\n.*field\(factory="):
 
         class Tree(tc.TreeClass):
             items: list = tc.field(default=[])
 
 
 def test_mutable_default_raises_on_autoinit_class():
-    with pytest.raises(TypeError, match=r"Mutable default dict for field Plain\.d"):
+    with pytest.raises(TypeError, match=r"Plain\.d: a default of type `dict` is not allowed"):
 
         @tc.autoinit
         class Plain:
@@ -1055,16 +1057,16 @@ def test_fields_of_class_without_fields_is_empty():
         (
             {"on_setattr": 1},
             TypeError,
-            "`on_setattr` must be a callable or a sequence of callables, got 1 of type int",
+            r"`on_setattr` must be a callable or a sequence of callables, got 1 \(an `int`\)",
         ),
         ({"on_setattr": [int, "x"]}, TypeError, "`on_setattr` must be a callable.*got 'x'"),
         ({"on_getattr": [1]}, TypeError, "`on_getattr` must be a callable.*got 1"),
-        ({"alias": 1}, TypeError, "`alias` must be a str, got 1 of type int"),
+        ({"alias": 1}, TypeError, r"`alias` must be a str, got 1 \(an `int`\)"),
         ({"alias": "not valid"}, ValueError, "`alias` must be a valid identifier"),
         ({"default": 1, "factory": list}, TypeError, "either `default` or `factory`"),
-        ({"factory": 1}, TypeError, "`factory` must be callable, got 1"),
-        ({"metadata": 1}, TypeError, "`metadata` must be a mapping, got int"),
-        ({"doc": 1}, TypeError, "`doc` must be a str, got int"),
+        ({"factory": 1}, TypeError, r"`factory` must be callable, got 1 \(an `int`\)"),
+        ({"metadata": 1}, TypeError, r"`metadata` must be a mapping, got 1 \(an `int`\)"),
+        ({"doc": 1}, TypeError, r"`doc` must be a str, got 1 \(an `int`\)"),
     ],
 )
 def test_bad_field_arguments_raise_at_definition(kwargs, error, message):

@@ -26,6 +26,8 @@ import treeclass as tc
 from treeclass import _pprint, _pprint_registry
 from treeclass._pprint_html import tree_html, treescope_repr
 from treeclass._pprint_registry import register_printer
+from treeclass._structure import describe
+from treeclass._values import size_text
 
 # -- fixtures ----------------------------------------------------------------------------
 
@@ -512,7 +514,7 @@ def test_summary_of_arrays_of_several_dtypes_and_frozen_arrays():
     [(0, "0B"), (1023, "1023B"), (1024, "1.00KiB"), (1536, "1.50KiB"), (5 * 2**30, "5.00GiB")],
 )
 def test_summary_sizes_use_binary_units(size, text):
-    assert _pprint._size_text(size) == text
+    assert size_text(size) == text
 
 
 def test_summary_of_empty_tree_has_only_totals():
@@ -1014,7 +1016,19 @@ def test_summary_has_a_row_per_leaf_and_diagram_a_line_per_entry(tree):
 
 @pytest.mark.parametrize(
     "obj",
-    [getattr(_pprint, n) for n in _pprint.__all__] + [tree_html, treescope_repr, register_printer],
+    [
+        tc.tree_repr,
+        tc.tree_str,
+        tc.tree_diagram,
+        tc.tree_summary,
+        tc.tree_graph,
+        tc.tree_mermaid,
+        tc.tree_repr_with_trace,
+        _pprint.array_repr,
+        tree_html,
+        treescope_repr,
+        register_printer,
+    ],
     ids=lambda obj: obj.__name__,
 )
 def test_docstring_examples_run(obj):
@@ -1277,7 +1291,7 @@ def test_rule_with_a_wrong_result_names_the_rule_and_the_type(forget_ticket, fie
     register_printer(Ticket, **{field: lambda value: result})
     with pytest.raises(error, match=rf"`{field}` printer rule for `Ticket`") as info:
         _PRINTER_OF_FIELD[field]({"a": Ticket()})
-    assert f"(of type `{type(result).__name__}`)" in str(info.value)
+    assert f"returned {describe(result)} for a `Ticket`" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -1293,7 +1307,7 @@ def test_def_alias_rule_with_a_wrong_result_names_its_spelling(
     forget_ticket, alias, spelling, printer
 ):
     alias(Ticket, lambda value: object())
-    with pytest.raises(TypeError, match=r"\(of type `object`\) for a `Ticket`") as info:
+    with pytest.raises(TypeError, match=r"\(an `object`\) for a `Ticket`") as info:
         printer([Ticket()])
     assert f"`tc.{spelling}(Ticket)`" in str(info.value)
 

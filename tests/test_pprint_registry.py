@@ -138,7 +138,7 @@ def test_alias_works_as_a_decorator_and_returns_the_function():
 
 
 def test_printer_alias_makes_a_named_documented_setter():
-    define = _pprint_registry.printer_alias("size", "tree_summary.def_size")
+    define = _pprint_registry.printer_alias("size")
     assert define.__name__ == "def_size" and "register_printer" in define.__doc__
     define(Base, lambda b: 2048)
     assert "│ 2.00KiB │" in tc.tree_summary([Base()])

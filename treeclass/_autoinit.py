@@ -21,12 +21,8 @@ from ._fields import (
     field,
     register_excluded_type,
 )
+from ._structure import describe
 from ._values import PLAIN_TYPES
-
-__all__ = ["autoinit", "build_init"]
-
-# the order Python requires in a signature
-_KIND_ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
 _DUPLICATE_PARAM_MSG = (
     "{cls}: fields {first!r} and {second!r} both use the `__init__` parameter name {arg!r}. "
@@ -46,7 +42,7 @@ def _refuse_reinit(obj: object) -> None:
 
 def _init_params(cls: type, instance_fields: list[Field]) -> list[Field]:
     """The fields that are `__init__` parameters, in signature order, checked."""
-    params = sorted((f for f in instance_fields if f.init), key=lambda f: _KIND_ORDER[f.kind])
+    params = sorted((f for f in instance_fields if f.init), key=lambda f: KINDS.index(f.kind))
     seen_default: Field | None = None
     seen_kinds: set[str] = set()
     owners: dict[str, str] = {}
@@ -85,11 +81,8 @@ def _bind(namespace: dict[str, Any], what: str, name: str, value: object) -> str
 def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]:
     """The parameter list of the generated `__init__` (defaults go into `namespace`)."""
     signature: list[str] = []
-    has_pos_only = any(p.kind == "POS_ONLY" for p in params)
     for item in params:
         arg = item.alias or item.name
-        if has_pos_only and item.kind != "POS_ONLY" and "/" not in signature:
-            signature.append("/")
         if item.kind in ("VAR_POS", "VAR_KW"):
             signature.append(("*" if item.kind == "VAR_POS" else "**") + arg)
             continue
@@ -100,8 +93,9 @@ def _init_signature(params: list[Field], namespace: dict[str, Any]) -> list[str]
         elif item.factory is not None:
             arg += "=__tc_missing"
         signature.append(arg)
-    if has_pos_only and "/" not in signature:
-        signature.append("/")
+    positional_only = sum(p.kind == "POS_ONLY" for p in params)  # first: params are sorted
+    if positional_only:
+        signature.insert(positional_only, "/")
     return signature
 
 
@@ -152,13 +146,12 @@ def _init_sealing(
     if has_post_init:
         return "dynamic", [], []
     names = tuple(store.name for store in stores)
+    shape = info.fix_shape(names)
     if any(name in info.static_names for name in names):
-        shape = info.fix_shape(names)
-        namespace["__tc_shape"] = shape
-        namespace["__tc_plain"] = PLAIN_TYPES
+        namespace.update(__tc_shape=shape, __tc_plain=PLAIN_TYPES)
         statics = list(shape.static_names)
         return "shape", [name for name in names if name not in statics], statics
-    namespace["__tc_layout"] = info.fix_shape(names).layout
+    namespace["__tc_layout"] = shape.layout
     return "fixed", list(names), []
 
 
@@ -199,8 +192,7 @@ def build_init(cls: type, items: Mapping[str, Field], *, through_setattr: bool) 
     return init
 
 
-# eq_default=False: autoinit writes no `__eq__` (a type checker would otherwise take a plain
-# autoinit class to be unhashable, as a non-frozen dataclass with eq=True is)
+# eq_default=False: no `__eq__` is written (else checkers take a plain class to be unhashable)
 @dataclass_transform(field_specifiers=(field, Field), eq_default=False)
 def autoinit(cls: type) -> type:
     """Give `cls` an `__init__` generated from its annotated fields, and return `cls`.
@@ -223,7 +215,7 @@ def autoinit(cls: type) -> type:
     ```
     """
     if not isinstance(cls, type):
-        raise TypeError(f"`autoinit` expects a class, got {cls!r}.")
+        raise TypeError(f"`autoinit` expects a class, got {describe(cls)}.")
     info = _node.own_info(cls)
     is_treeclass = info is not None
     own = cls.__dict__.get("__init__")

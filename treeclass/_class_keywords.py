@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["offer_class_check", "check_class_keywords"]
-
 # keyword names, in the order the owner declared them -> the owner's check
 _CHECKS: dict[tuple[str, ...], Callable[..., None]] = {}
 

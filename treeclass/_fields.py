@@ -1,15 +1,13 @@
-"""Field declarations: `Field`, `field()`, `fields()`, and a class's annotations made fields.
-
-A field is an annotated class attribute. Fields are collected once per class, when the
-class is created, in definition order with inherited fields first (a redefinition keeps
-the position of the original, as in `dataclasses`); a default is checked then (no shared
-mutable value). What the generated `__init__` does with the fields is `_autoinit.py`'s.
+"""Field declarations (`Field`, `field()`, `fields()`): a class's annotated attributes,
+collected once, when the class is created, inherited ones first (a redefinition keeps the
+original's place, as in `dataclasses`), defaults checked then; `_autoinit.py` uses them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import keyword
 import types
 from collections.abc import (
@@ -21,7 +19,7 @@ from collections.abc import (
     MutableSet,
     Sequence,
 )
-from typing import Any, ClassVar, Literal, TypedDict, TypeVar, get_origin, overload
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar, get_args, get_origin, overload
 
 import jax
 import numpy as np
@@ -29,32 +27,13 @@ from jax.core import Tracer
 from typing_extensions import Unpack
 
 from . import _node
+from ._structure import describe
 from ._util import add_leaf_note, equal_or_false
-
-__all__ = [
-    # the package's: `tc.Field`, `tc.field`, `tc.fields`, `tc.autoinit.register_excluded_type`
-    "Field",
-    "field",
-    "fields",
-    "register_excluded_type",
-    # what the `__init__` plan (`_autoinit`) and `TreeClass` use
-    "MISSING",
-    "KINDS",
-    "add_field_note",
-    "run_setters",
-    "check_name",
-    "collect_fields",
-    "declare_plain_fields",
-    # roles a field declares (read by `_roles`)
-    "ROLE_KEY",
-    "FIELD_ROLES",
-    "stop_gradient_if_traced",
-    "gradients_stopped",
-]
 
 # the metadata key of `tc.field` that holds a declared role, and the roles a field declares
 ROLE_KEY = "role"
-FIELD_ROLES = ("state", "frozen")
+FieldRole = Literal["state", "frozen"]
+FIELD_ROLES: tuple[str, ...] = get_args(FieldRole)
 _KNOWN_ROLES = ", ".join(f"'{role}'" for role in FIELD_ROLES)
 
 _UNKNOWN_FIELD_ROLE_MSG = (
@@ -108,7 +87,8 @@ def _stop(x: object) -> Any:
 
 
 # in the order Python requires in a signature
-KINDS = ("POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR")
+FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
+KINDS: tuple[str, ...] = get_args(FieldKind)
 
 
 class _Missing:
@@ -123,8 +103,8 @@ class _Missing:
 
 MISSING: Any = _Missing()
 
-_NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value!r} of type {type}."
-_RESERVED_NAME_MSG = "{cls}: {a_what} cannot be named {name!r}: {why}. {fix}"
+_NOT_BOOL_MSG = "`{arg}` must be a bool (True or False), got {value}."
+_RESERVED_NAME_MSG = "{cls}: {a_what} cannot be named {name!r}: {why}."
 _RENAME_FIELD = "Rename the field (an `alias` can set the `__init__` parameter name)."
 _RENAME_ALIAS = "Choose another alias."
 _RESERVED_NAMES = {
@@ -134,17 +114,11 @@ _RESERVED_NAMES = {
     "at": "it would hide the `.at` indexer",
     "replace": "it would hide the `.replace` method",
 }
-_EXCLUDED_DEFAULT_MSG = (
-    "{cls}.{name}: a default of type `{type}` is not allowed{reason}.\n"
+_DEFAULT_MSG = (
+    "{cls}.{name}: a default of type `{type}` is not allowed ({reason}).\n"
     "Use a factory instead:\n"
-    "    before: {name}: {type} = ...\n"
-    "    after:  {name}: {type} = tc.field(factory=lambda: ...)"
-)
-_MUTABLE_DEFAULT_MSG = (
-    "Mutable default {type} for field {cls}.{name}: it would be shared by every instance.\n"
-    "Use a factory instead:\n"
-    "    before: {name}: {type} = {value!r}\n"
-    "    after:  {name}: {type} = tc.field(factory=lambda: {value!r})"
+    "    before: {name}: {type} = {value}\n"
+    "    after:  {name}: {type} = tc.field(factory=lambda: {value})"
 )
 
 
@@ -155,8 +129,7 @@ def _as_callables(value: Any, argname: str) -> tuple[Callable[[Any], Any], ...]:
     for item in items:
         if not callable(item):
             raise TypeError(
-                f"`{argname}` must be a callable or a sequence of callables, "
-                f"got {item!r} of type {type_name(item)}."
+                f"`{argname}` must be a callable or a sequence of callables, got {describe(item)}."
             )
     return items
 
@@ -178,21 +151,6 @@ class Field:
     ```
     """
 
-    __slots__ = (
-        "name",
-        "type",
-        "default",
-        "factory",
-        "init",
-        "repr",
-        "kind",
-        "alias",
-        "on_setattr",
-        "on_getattr",
-        "static",
-        "metadata",
-        "doc",
-    )
     # the slots, all set by `__init__` (`name` is `None` until the Field is in a class)
     name: str
     type: Any
@@ -207,6 +165,7 @@ class Field:
     static: bool
     metadata: Mapping[str, Any]
     doc: str
+    __slots__ = tuple(__annotations__)  # the attributes above, in this order
 
     def __init__(
         self,
@@ -227,24 +186,24 @@ class Field:
     ) -> None:
         for flag, value in (("init", init), ("repr", repr), ("static", static)):
             if not isinstance(value, bool):
-                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=value, type=type_name(value)))
+                raise TypeError(_NOT_BOOL_MSG.format(arg=flag, value=describe(value)))
         if kind not in KINDS:
             raise ValueError(f"`kind` must be one of {KINDS}, got {kind!r}.")
         if default is not MISSING and factory is not None:
             raise TypeError("Pass either `default` or `factory` to `field`, not both.")
         if factory is not None and not callable(factory):
-            raise TypeError(f"`factory` must be callable, got {factory!r}.")
+            raise TypeError(f"`factory` must be callable, got {describe(factory)}.")
         if alias is not None and not isinstance(alias, str):
-            raise TypeError(f"`alias` must be a str, got {alias!r} of type {type_name(alias)}.")
+            raise TypeError(f"`alias` must be a str, got {describe(alias)}.")
         if alias is not None and (not alias.isidentifier() or keyword.iskeyword(alias)):
             raise ValueError(
                 f"`alias` must be a valid identifier and not a Python keyword, got {alias!r}: "
                 "it is the name of an `__init__` parameter."
             )
         if not isinstance(doc, str):
-            raise TypeError(f"`doc` must be a str, got {type_name(doc)}.")
+            raise TypeError(f"`doc` must be a str, got {describe(doc)}.")
         if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
+            raise TypeError(f"`metadata` must be a mapping, got {describe(metadata)}.")
         on_set = _as_callables(on_setattr, "on_setattr")
         on_get = _as_callables(on_getattr, "on_getattr")
         mapping = types.MappingProxyType(dict(metadata or {}))
@@ -263,7 +222,7 @@ class Field:
         # slots behind an immutable __setattr__: pickle by the constructor's arguments
         kwargs = {slot: getattr(self, slot) for slot in Field.__slots__}
         kwargs["metadata"] = dict(kwargs["metadata"])
-        return (_field_from_kwargs, (kwargs,))
+        return (functools.partial(Field, **kwargs), ())
 
     def replace(self, **changes: object) -> Field:
         """Return a copy of this field with `changes` applied."""
@@ -276,8 +235,7 @@ class Field:
         return self.default is not MISSING or self.factory is not None
 
     def __repr__(self) -> str:
-        # every setting, defaults included (PyTreeClass's style): a printed Field says all
-        # that it does without a look at `field()`'s signature
+        # every setting, defaults included (PyTreeClass's style): it says all that it does
         shown = ", ".join(
             f"{slot}={_setting_repr(getattr(self, slot))}" for slot in Field.__slots__
         )
@@ -337,10 +295,6 @@ class Field:
     __hash__ = object.__hash__
 
 
-def _field_from_kwargs(kwargs: dict[str, Any]) -> Field:
-    return Field(**kwargs)
-
-
 _UNNAMED_FIELD_MSG = (
     "This Field has no name: it works as a descriptor only when assigned in a class body.\n"
     "    before: Cls.x = tc.field(...)   # after the class was created\n"
@@ -350,8 +304,7 @@ _UNNAMED_FIELD_MSG = (
 
 
 def _instance_dict(instance: object) -> dict[str, Any]:
-    # a TreeClass instance's `__dict__` attribute is a read-only view; its real dict is
-    # `_node.attributes` (reached here only through a plain mixin's Field)
+    # a TreeClass's `__dict__` is a read-only view (reached through a plain mixin's Field)
     if isinstance(instance, _node.TreeNode):
         return _node.attributes(instance)
     return instance.__dict__
@@ -373,14 +326,10 @@ def _setting_repr(value: object) -> str:
 
 
 # The overloads are what type checkers read (`field` is a `dataclass_transform` field
-# specifier): `default` and `factory` are the parameter names they recognise, so a field
-# given either is optional in the generated `__init__`, and the value's type is checked
-# against the annotation (`x: int = tc.field(default="a")` is an error). Without one, the
-# field is required. `init` and `alias` are recognised by name too (in `options`).
+# specifier): with `default` or `factory` a field is optional in `__init__` and the value's
+# type is checked against the annotation; `init` and `alias` are recognised too.
 _T = TypeVar("_T")
-FieldKind = Literal["POS_ONLY", "POS_OR_KW", "VAR_POS", "KW_ONLY", "VAR_KW", "CLASS_VAR"]
 _Callbacks = Sequence[Callable[[Any], Any]] | Callable[[Any], Any] | None
-FieldRole = Literal["state", "frozen"]
 
 
 class _FieldOptions(TypedDict, total=False):
@@ -402,21 +351,7 @@ def field(*, default: _T, **options: Unpack[_FieldOptions]) -> _T: ...
 def field(*, factory: Callable[[], _T], **options: Unpack[_FieldOptions]) -> _T: ...
 @overload
 def field(**options: Unpack[_FieldOptions]) -> Any: ...
-def field(
-    *,
-    default: object = MISSING,
-    factory: Callable[[], Any] | None = None,
-    init: bool = True,
-    repr: bool = True,
-    kind: FieldKind = "POS_OR_KW",
-    alias: str | None = None,
-    on_setattr: _Callbacks = None,
-    on_getattr: _Callbacks = None,
-    static: bool = False,
-    metadata: Mapping[str, Any] | None = None,
-    doc: str = "",
-    role: FieldRole | None = None,
-) -> Any:
+def field(*, role: FieldRole | None = None, **options: Any) -> Any:
     """Describe a field of a `TreeClass` (or an `autoinit` class).
 
     **Arguments**
@@ -438,11 +373,9 @@ def field(
       (so it takes part in `==`, `hash` and the `jax.jit` cache key).
     - `metadata`: a mapping of extra information, kept read-only.
     - `doc`: a documentation string for the field.
-    - `role`: the role of every leaf the field holds (`tc.roles`), whichever `__init__`
-      assigns it; stored as `metadata["role"]`. `"state"`: values the forward pass
-      updates (batch-norm statistics, counters); `"frozen"`: a pretrained value, traced
-      leaves whose reads stop gradients. `tc.optim.trainable` never updates, decays or
-      keeps optimizer state for either.
+    - `role`: `"state"` (values the forward pass updates: statistics, counters) or
+      `"frozen"` (a pretrained value; traced reads stop gradients): the role of every leaf
+      it holds (`tc.roles`; `metadata["role"]`), which `tc.optim.trainable` never trains.
 
     **Returns**
 
@@ -458,28 +391,18 @@ def field(
     assert Tree(a=2.7).a == 2
     ```
     """
-    if role is not None:
-        if role not in FIELD_ROLES:
-            raise ValueError(_UNKNOWN_FIELD_ROLE_MSG.format(known=_KNOWN_ROLES, role=role))
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"`metadata` must be a mapping, got {type_name(metadata)}.")
-        other = (metadata or {}).get(ROLE_KEY, role)
-        if other != role:
-            raise TypeError(_ROLE_TWICE_MSG.format(role=role, other=other))
-        metadata = {**(metadata or {}), ROLE_KEY: role}
-    return Field(
-        default=default,
-        factory=factory,
-        init=init,
-        repr=repr,
-        kind=kind,
-        alias=alias,
-        on_setattr=on_setattr,
-        on_getattr=on_getattr,
-        static=static,
-        metadata=metadata,
-        doc=doc,
-    )
+    given = sorted(options.keys() & {"name", "type"})  # the class body gives these
+    if given:
+        raise TypeError(f"field() got an unexpected keyword argument {given[0]!r}")
+    item = Field(**options)
+    if role is None:
+        return item
+    if role not in FIELD_ROLES:
+        raise ValueError(_UNKNOWN_FIELD_ROLE_MSG.format(known=_KNOWN_ROLES, role=role))
+    other = item.metadata.get(ROLE_KEY, role)
+    if other != role:
+        raise TypeError(_ROLE_TWICE_MSG.format(role=role, other=other))
+    return item.replace(metadata={**item.metadata, ROLE_KEY: role})
 
 
 _CLASSVAR_NAMES = ("ClassVar", "typing.ClassVar", "typing_extensions.ClassVar")
@@ -538,15 +461,9 @@ def check_name(cls: type, name: str, *, treeclass: bool, what: str = "field") ->
         why = "names starting with `_tc_` or `__tc_` are treeclass's own"
     else:
         return
-    raise ValueError(
-        _RESERVED_NAME_MSG.format(
-            cls=cls.__name__,
-            a_what="a field" if what == "field" else "an alias",
-            name=name,
-            why=why,
-            fix=_RENAME_FIELD if what == "field" else _RENAME_ALIAS,
-        )
-    )
+    a_what, fix = ("a field", _RENAME_FIELD) if what == "field" else ("an alias", _RENAME_ALIAS)
+    message = _RESERVED_NAME_MSG.format(cls=cls.__name__, a_what=a_what, name=name, why=why)
+    raise ValueError(f"{message} {fix}")
 
 
 # Where `autoinit` keeps a plain class's fields (a TreeClass: in its `ClassInfo`)
@@ -566,31 +483,25 @@ _EXCLUDED_DEFAULT_TYPES: dict[type, str | None] = {}
 # any mutable container (list, dict, set, bytearray, deque, UserDict, array.array, ...)
 _MUTABLE_CONTAINERS = (MutableSequence, MutableMapping, MutableSet, bytearray)
 _NUMPY_DEFAULT_REASON = (
-    ": a NumPy array is a buffer that every instance would share (and that can change in "
-    "place, even a read-only view of a writable one)"
+    "a NumPy array is a buffer that every instance would share, and that can change in "
+    "place, even a read-only view of a writable one"
 )
 
 
 def _check_default(cls: type, item: Field) -> None:
-    default = item.default
+    default, value = item.default, "..."
     if isinstance(default, _MUTABLE_CONTAINERS):
-        raise TypeError(
-            _MUTABLE_DEFAULT_MSG.format(
-                type=type_name(default), cls=cls.__name__, name=item.name, value=default
-            )
-        )
-    if _holds_numpy_array(default):
-        kind, reason = type(default), _NUMPY_DEFAULT_REASON
+        reason, value = "it is mutable: every instance would share it", repr(default)
+    elif _holds_numpy_array(default):
+        reason = _NUMPY_DEFAULT_REASON
     else:
-        found = [(k, why) for k, why in _EXCLUDED_DEFAULT_TYPES.items() if isinstance(default, k)]
+        found = [why for k, why in _EXCLUDED_DEFAULT_TYPES.items() if isinstance(default, k)]
         if not found:
             return
-        kind, why = found[0]
-        reason = f" ({why or 'excluded with `tc.autoinit.register_excluded_type`'})"
+        reason = found[0] or "excluded with `tc.autoinit.register_excluded_type`"
+    kind = type_name(default)
     raise TypeError(
-        _EXCLUDED_DEFAULT_MSG.format(
-            cls=cls.__name__, name=item.name, type=kind.__name__, reason=reason
-        )
+        _DEFAULT_MSG.format(cls=cls.__name__, name=item.name, type=kind, reason=reason, value=value)
     )
 
 
@@ -624,9 +535,9 @@ def register_excluded_type(kind: type, reason: str | None = None) -> None:
     ```
     """
     if not isinstance(kind, type):
-        raise TypeError(f"`register_excluded_type` expects a type, got {kind!r}.")
+        raise TypeError(f"`register_excluded_type` expects a type, got {describe(kind)}.")
     if reason is not None and not isinstance(reason, str):
-        raise TypeError(f"`reason` must be a str or None, got {type_name(reason)}.")
+        raise TypeError(f"`reason` must be a str or None, got {describe(reason)}.")
     _EXCLUDED_DEFAULT_TYPES[kind] = reason
 
 
@@ -646,9 +557,7 @@ def fields(item: object) -> tuple[Field, ...]:
     """
     cls = item if isinstance(item, type) else type(item)
     cached = _cached_fields(cls)
-    if cached is None:
-        cached = collect_fields(cls)
-    return tuple(cached.values())
+    return tuple((collect_fields(cls) if cached is None else cached).values())
 
 
 def add_field_note(error: BaseException, obj: object, name: str) -> None:

@@ -1,10 +1,8 @@
-"""Text printers on any pytree: `tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`,
-`tree_graph`, `tree_mermaid` and `tree_repr_with_trace`.
-
-They share the text of a value (`_leaf_text`), the opening of a node (`view_of`), the
-folding of long runs of same-structure siblings (`fold_runs`) and, for the pictures, a
-tree of labelled entries (`Entry`). `tree_repr` lays out bottom-up: each node knows its
-one-line width before any text is built, so breaking lines costs one pass.
+"""Text printers on any pytree (`tree_repr`, `tree_str`, `tree_diagram`, `tree_summary`,
+`tree_graph`, `tree_mermaid`, `tree_repr_with_trace`). They share a value's text
+(`leaf_text`), a node's opening (`view_of`), the folding of long runs of siblings
+(`fold_runs`) and, for the pictures, a tree of labelled entries (`Entry`). `tree_repr` lays
+out bottom-up: each node knows its one-line width first, so line breaking is one pass.
 """
 
 from __future__ import annotations
@@ -26,63 +24,48 @@ from jax.typing import DTypeLike
 
 from . import _roles, _trace
 from ._pprint_registry import children_of, printer_alias, rule_for, view_of
-from ._structure import key_text, wrapper_of
-from ._values import array_type, local_copy, offer_display, readable_here, short_repr
+from ._structure import describe, key_text, row_of, wrapper_of
+from ._values import array_type, local_copy, offer_display, readable_here, short_repr, size_text
 
-__all__ = [
-    "tree_repr",
-    "tree_str",
-    "tree_diagram",
-    "tree_summary",
-    "tree_graph",
-    "tree_mermaid",
-    "tree_repr_with_trace",
-    "array_repr",
-]
-
-_DEPTH_TYPE_MSG = (
-    "`depth` must be a number (an int, or `float('inf')` for no limit), got {value!r}."
-)
-_DEPTH_VALUE_MSG = "`depth` must be >= 0, got {value!r}."
-_INT_TYPE_MSG = "`{name}` must be an int, got {value!r}."
-_INT_VALUE_MSG = "`{name}` must be >= {low}, got {value!r}."
-_IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value!r}."
+_DEPTH_TYPE_MSG = "`depth` must be a number (an int, or `float('inf')` for no limit), got {value}."
+_INT_TYPE_MSG = "`{name}` must be an int, got {value}."
+_LOW_MSG = "`{name}` must be >= {low}, got {value!r}."
+_IS_LEAF_MSG = "`is_leaf` must be a callable or None, got {value}."
 _REPEATS_MSG = (
     "`repeats` must be None (show every child) or an int >= 0 (how many children to keep at "
-    "each end of a run of siblings of one type and structure), got {value!r}."
+    "each end of a run of siblings of one type and structure), got {value}."
 )
 
 DEFAULT_REPEATS = 3  # children of a long run of siblings kept at each end
 _RUN_SIGNATURE_MAX = 72  # a folded run names its children's structure up to this, else `T(...)`
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-# accelerator arrays this big are reduced where they live; others on the host (no compile)
-_DEVICE_STATS_MIN_SIZE = 1 << 20
+_DEVICE_STATS_MIN_SIZE = 1 << 20  # accelerator arrays this big are reduced where they live
 _SMALL_ARRAY_SIZE = 1 << 16  # up to this size, a shortcut cheaper than `np.std`
-# host arrays above STATS_EXACT_MAX elements show statistics of a sample (milliseconds)
-STATS_EXACT_MAX = 1 << 20
+STATS_EXACT_MAX = 1 << 20  # host arrays above this show statistics of a sample (milliseconds)
 STATS_SAMPLE_SIZE = 1 << 16
 
 
 def _check_options(depth: object = 0, is_leaf: object = None, repeats: object = None) -> None:
-    if isinstance(depth, bool) or not isinstance(depth, numbers.Real):
-        raise TypeError(_DEPTH_TYPE_MSG.format(value=depth))
-    if not depth >= 0:  # type: ignore[operator]  # (also rejects nan; numbers.Real has no <)
-        raise ValueError(_DEPTH_VALUE_MSG.format(value=depth))
+    _check_number(depth, "depth", 0, _DEPTH_TYPE_MSG, numbers.Real)
     if is_leaf is not None and not callable(is_leaf):
-        raise TypeError(_IS_LEAF_MSG.format(value=is_leaf))
-    if repeats is None:
-        return
-    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral):
-        raise TypeError(_REPEATS_MSG.format(value=repeats))
-    if repeats < 0:
-        raise ValueError(_REPEATS_MSG.format(value=repeats))
+        raise TypeError(_IS_LEAF_MSG.format(value=describe(is_leaf)))
+    if repeats is not None:
+        _check_number(repeats, "repeats", 0, _REPEATS_MSG, low_msg=_REPEATS_MSG)
 
 
-def _check_int(value: object, name: str, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(_INT_TYPE_MSG.format(name=name, value=value))
-    if value < low:
-        raise ValueError(_INT_VALUE_MSG.format(name=name, low=low, value=value))
+def _check_number(
+    value: Any,
+    name: str,
+    low: int,
+    msg: str = _INT_TYPE_MSG,
+    kind: type[Any] = numbers.Integral,
+    low_msg: str = _LOW_MSG,
+) -> None:
+    """`value` is a `kind` (not a bool) and `>= low` (not nan), else `msg` or `low_msg`."""
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(msg.format(name=name, value=describe(value)))
+    if not value >= low:
+        raise ValueError(low_msg.format(name=name, low=low, value=value))
 
 
 # -- one value ---------------------------------------------------------------------------
@@ -290,7 +273,7 @@ def function_text(fn: Callable[..., object]) -> str:
     return f"{name}{bare}"
 
 
-def _leaf_text(x: object, as_str: bool = False) -> str:
+def leaf_text(x: object, as_str: bool = False) -> str:
     """The text of a value shown as a leaf (not opened into children)."""
     rule = rule_for(x)
     if rule is not None:
@@ -479,10 +462,8 @@ def _doc(x: object, depth: float, as_str: bool, repeats: int | None) -> _Doc:
         return wrapper.mark + inner
     parts = _node_parts(x)
     if parts is None:
-        return _leaf_text(x, as_str)
-    if not parts.items:
-        return parts.open + parts.close
-    if depth <= 0:
+        return leaf_text(x, as_str)
+    if depth <= 0 and parts.items:
         return parts.cut
     items = [
         ("", item.text)
@@ -498,8 +479,8 @@ def _layout(
 ) -> str:
     _check_options(depth, None, repeats)
     if not isinstance(width, numbers.Real) or isinstance(width, bool):
-        raise TypeError(_INT_TYPE_MSG.format(name="width", value=width))
-    _check_int(tabwidth, "tabwidth", 0)
+        raise TypeError(_INT_TYPE_MSG.format(name="width", value=describe(width)))
+    _check_number(tabwidth, "tabwidth", 0)
     doc = _doc(tree, depth, as_str, repeats)
     out: list[str] = []
     _render(doc, out, 0, 0, width, tabwidth, 0)
@@ -514,14 +495,11 @@ def tree_repr(
     depth: float = math.inf,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A compact text of a tree; `TreeClass.__repr__` uses it.
+    """A compact text of a tree, one line when it fits in `width`; `TreeClass.__repr__`.
 
-    One line when it fits in `width`, else one child per line. Arrays show dtype, shape
-    and statistics (`f32[3](μ=5.00, σ=0.82, ∈[4.00,6.00])`, of a sample above
-    `STATS_EXACT_MAX` elements), tracers their dtype and shape, frozen values a `#`,
-    functions their signature; `repr=False` fields are hidden. The middle of a long run of
-    same-structure siblings is one `… 994 more Linear(...) …` entry (the printing guide,
-    "Big models").
+    Arrays show dtype, shape and statistics (of a sample above `STATS_EXACT_MAX`
+    elements), tracers dtype and shape, frozen values a `#`; `repr=False` fields are
+    hidden; a long run of same-structure siblings folds (the printing guide).
 
     **Arguments**
 
@@ -604,11 +582,8 @@ def picture_entries(
 
     def entries(x: object, key: str, depth: float) -> Entry:
         parts = _node_parts(x, is_leaf, hidden)
-        if parts is None or not parts.items or depth <= 0:
-            if parts is not None and parts.items:  # cut by depth
-                text = parts.cut
-            else:  # a leaf, an empty node, or a frozen subtree (which obeys depth too)
-                text = _flat(_doc(x, depth, False, repeats))
+        if parts is None or not parts.items or depth <= 0:  # a frozen subtree obeys depth too
+            text = _flat(_doc(x, depth, False, repeats))
             return Entry(f"{key}={text}" if key else text, (), x)
         children = []
         for item in fold_runs(parts.items, repeats, is_leaf, hidden):
@@ -631,10 +606,8 @@ def tree_diagram(
     tabwidth: int = 4,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A box-drawing diagram of a tree: one line per node or leaf, with its key.
-
-    Opened nodes show `key:Type`, leaves (and nodes cut by `depth`) `key=value`; unlike
-    `repr`, it shows `repr=False` fields too.
+    """A box-drawing diagram of a tree, one line per opened node (`key:Type`) or leaf
+    (`key=value`); unlike `repr`, it shows `repr=False` fields too.
 
     **Arguments**
 
@@ -654,7 +627,7 @@ def tree_diagram(
     assert tc.tree_diagram({"a": 1, "b": (2.0,)}).splitlines() == lines
     ```
     """
-    _check_int(tabwidth, "tabwidth", 1)
+    _check_number(tabwidth, "tabwidth", 1)
     root = picture_entries(tree, depth, is_leaf, repeats)
     bar = "─" * (tabwidth - 2) + " " if tabwidth >= 2 else ""
     marks = ("├" + bar, "└" + bar, "│" + " " * (tabwidth - 1), " " * tabwidth)
@@ -674,35 +647,34 @@ def _diagram_lines(entry: Entry, prefix: str, lines: list[str], marks: tuple[str
             _diagram_lines(child, below, lines, marks)
 
 
-def _numbered(root: Entry) -> tuple[list[Entry], list[tuple[int, int]]]:
-    """Entries by node number (the root is 0, parents before children) and the edges."""
-    labels: list[Entry] = []
-    edges: list[tuple[int, int]] = []
+def _chart(root: Entry, node: Callable[[int, Entry], str], edge: str) -> list[str]:
+    """A line per entry by node number (the root is 0, parents before children), then a
+    line per edge (`edge` formatted with the two numbers)."""
+    nodes: list[str] = []
+    edges: list[str] = []
     stack: list[tuple[Entry, int]] = [(root, -1)]
     while stack:
         entry, parent = stack.pop()
-        number = len(labels)
-        labels.append(entry)
         if parent >= 0:
-            edges.append((parent, number))
-        stack.extend((child, number) for child in reversed(entry.children))
-    return labels, edges
+            edges.append(edge.format(parent, len(nodes)))
+        stack.extend((child, len(nodes)) for child in reversed(entry.children))
+        nodes.append(node(len(nodes), entry))
+    return nodes + edges
 
 
 def _dot_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\l")
 
 
-def _dot_attributes(entry: Entry) -> str:
+def _dot_node(n: int, entry: Entry) -> str:
     rule = None if entry.run else rule_for(entry.value)
-    if rule is None or rule.nodestyle is None:
-        return ""
+    style = {} if rule is None or rule.nodestyle is None else rule.nodestyle(entry.value)
     # the rule checked that names are graphviz's: only values need quoting (bools as DOT's)
-    style = rule.nodestyle(entry.value)
-    return "".join(
+    attributes = "".join(
         f', {name}="{_dot_escape(str(value).lower() if type(value) is bool else str(value))}"'
         for name, value in style.items()
     )
+    return f'    {n} [label="{_dot_escape(entry.label)}"{attributes}];'
 
 
 def tree_graph(
@@ -730,22 +702,15 @@ def tree_graph(
     assert '0 [label="dict"];' in dot and "0 -> 1;" in dot
     ```
     """
-    entries, edges = _numbered(picture_entries(tree, depth, is_leaf, repeats))
-    lines = ["digraph tree {", '    node [shape=box, fontname="monospace"];']
-    lines += [
-        f'    {n} [label="{_dot_escape(entry.label)}"{_dot_attributes(entry)}];'
-        for n, entry in enumerate(entries)
-    ]
-    lines += [f"    {a} -> {b};" for a, b in edges]
-    lines.append("}")
-    return "\n".join(lines)
+    lines = _chart(picture_entries(tree, depth, is_leaf, repeats), _dot_node, "    {} -> {};")
+    return "\n".join(["digraph tree {", '    node [shape=box, fontname="monospace"];', *lines, "}"])
 
 
-def _mermaid_escape(text: str) -> str:
-    # mermaid reads `#name;` as an entity, so `#` itself goes first
+def _mermaid_node(n: int, entry: Entry) -> str:
+    text = entry.label  # mermaid reads `#name;` as an entity, so `#` itself goes first
     for char, code in (("#", "#35;"), ('"', "#quot;"), ("<", "#lt;"), (">", "#gt;")):
         text = text.replace(char, code)
-    return text.replace("\n", "<br>")
+    return '    n{}["{}"]'.format(n, text.replace("\n", "<br>"))  # (no `\\` in an f-string)
 
 
 def tree_mermaid(
@@ -773,18 +738,11 @@ def tree_mermaid(
                                   "    n0 --> n1"]
     ```
     """
-    entries, edges = _numbered(picture_entries(tree, depth, is_leaf, repeats))
-    lines = ["flowchart LR"]
-    lines += [f'    n{n}["{_mermaid_escape(entry.label)}"]' for n, entry in enumerate(entries)]
-    lines += [f"    n{a} --> n{b}" for a, b in edges]
-    return "\n".join(lines)
+    lines = _chart(picture_entries(tree, depth, is_leaf, repeats), _mermaid_node, "    n{} --> n{}")
+    return "\n".join(["flowchart LR", *lines])
 
 
 # -- tree_summary ---------------------------------------------------------------------------
-
-
-def _path_text(keys: tuple[Any, ...]) -> str:
-    return "".join(key_text(key)[1] for key in keys)
 
 
 def _leaf_type(x: object) -> str:
@@ -804,8 +762,6 @@ def _leaf_type(x: object) -> str:
 def _leaf_count_size(x: object) -> tuple[int, int]:
     rule = rule_for(x)
     count_of, size_of = (None, None) if rule is None else (rule.count, rule.size)
-    if count_of is not None and size_of is not None:
-        return count_of(x), size_of(x)
     wrapper = wrapper_of(x)  # a rule may set one of the two: the other as if it had none
     if wrapper is not None:
         count, size = _leaf_count_size(wrapper.unwrap(x))
@@ -855,16 +811,6 @@ def _sharding_text(x: object) -> str:
         return ""
 
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def _size_text(size: int) -> str:
-    if size < 1024:
-        return f"{size}B"
-    unit = min(int(math.log(size, 1024)), len(_UNITS) - 1)
-    return f"{size / 1024**unit:.2f}{_UNITS[unit]}"
-
-
 def _box_table(rows: list[list[str]], right: tuple[bool, ...], rules_after: set[int]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
 
@@ -892,15 +838,8 @@ def _row_role(roles: Iterable[str]) -> str:
     return found.pop() if len(found) == 1 else _roles.MIXED
 
 
-def _sum_row(role: str, count: int, size: int, kind: str = "") -> list[str]:
-    return ["Σ", kind, f"{count:,}", _size_text(size), role, ""]
-
-
-def _stopped_role(x: object) -> str:
-    """The role of a leaf, a frozen value or a node where the summary stops (no state)."""
-    if wrapper_of(x) is not None or children_of(x) is None:
-        return _roles.leaf_role(x, False)
-    return _row_role(_roles.leaf_roles(x))
+def _sum_row(role: str, kind: str, count: int, size: int) -> list[str]:
+    return ["Σ", kind, f"{count:,}", size_text(size), role, ""]
 
 
 def tree_summary(
@@ -910,15 +849,12 @@ def tree_summary(
     is_leaf: Callable[[Any], bool] | None = None,
     repeats: int | None = DEFAULT_REPEATS,
 ) -> str:
-    """A table of a tree's leaves: key path, type, role, element count and size, with totals.
+    """A table of a tree's leaves: key path, type, element count and bytes, with totals.
 
-    One row per leaf in `jax.tree_util` order (`repr=False` fields too), per node where
-    `depth` stops, or per folded run, and a final `Σ` row. Count is the number of
-    elements (1 for a Python number, 0 for other objects; other types through
-    `register_printer`), Size the bytes. A Sharding column shows sharded leaves' partition
-    specs. When not every leaf is trainable, a Role column gives each row's role
-    (`tc.roles`; `mixed` for a row summing several), and `Σ` rows sum each role and the
-    static fields apart (not in the total).
+    One row per leaf (`repr=False` fields too), per node where `depth` stops or per
+    folded run. Sharded leaves add a Sharding column; when not every leaf is trainable, a
+    Role column (`tc.roles`) and `Σ` rows per role and for static fields (the printing
+    guide).
 
     **Arguments**
 
@@ -955,19 +891,19 @@ def tree_summary(
             totals[1] += s
         count, size = sum(c for _, c, _ in parts), sum(s for _, _, s in parts)
         role = _row_role(r for r, _, _ in parts)
-        rows.append([path, kind, f"{count:,}", _size_text(size), role, sharding])
+        rows.append([path, kind, f"{count:,}", size_text(size), role, sharding])
 
     def sized(leaves: list[Any], names: list[str]) -> list[tuple[str, int, int]]:
         return [(name, *_leaf_count_size(x)) for x, name in zip(leaves, names, strict=True)]
 
-    def visit(x: object, in_state: bool | str, keys: tuple[Any, ...], remaining: float) -> None:
+    def visit(x: object, in_state: bool | str, path: str, remaining: float) -> None:
         # `in_state`: the role a field of a node above declares for `x` (or False)
         flat = None if stop(x) else children_of(x)
         if flat is not None and remaining > 0:
             declared = _roles.declared_children(x)
             states = [(declared.get(key.name) if declared else None) or in_state for key, _ in flat]
             items = [("", key_text(key)[1], child) for key, child in flat]
-            position = 0  # in `flat`, whose keys the rows need
+            position = 0  # in `flat` and `states`
             # hidden=True: runs are judged on every field, as JAX flattens them
             for item in fold_runs(items, repeats, stop, hidden=True):
                 if type(item) is Run:
@@ -978,19 +914,14 @@ def tree_summary(
                     is_node = not stop(first) and children_of(first) is not None
                     what = type(first).__name__ if is_node else _leaf_type(first)
                     leaves = jax.tree_util.tree_leaves(children, is_leaf=stop)
-                    if any(states[k] for k in span) or _roles.declares_state(first):
-                        names = [
-                            name
-                            for k in span
-                            for name in _roles.leaf_roles(flat[k][1], states[k], stop)
-                        ]
-                    else:  # the run's siblings share their classes: no state below any
-                        names = [_stopped_role(x) for x in leaves]
+                    names = [
+                        n for k in span for n in _roles.leaf_roles(flat[k][1], states[k], stop)
+                    ]
                     kind = f"{len(children)} × {what}"
-                    add_row(_path_text(keys) + item.keys, kind, sized(leaves, names), "")
+                    add_row(path + item.keys, kind, sized(leaves, names), "")
                 else:
-                    key, child = flat[position]
-                    visit(child, states[position], (*keys, key), remaining - 1)
+                    _, key, child = item
+                    visit(child, states[position], path + key, remaining - 1)
                     position += 1
             return
         if flat is not None:  # a node where depth stops: one row with its leaves' totals
@@ -998,39 +929,34 @@ def tree_summary(
             if not leaves:
                 return
             names = _roles.leaf_roles(x, in_state, stop)
-            view = view_of(x)  # a rule with children may name the node
-            kind = type(x).__name__ if view is None else view.type_name(x)
-            add_row(_path_text(keys), kind, sized(leaves, names), "")
+            kind = (view_of(x) or row_of(x)).type_name(x)  # a rule with children may name it
+            add_row(path, kind, sized(leaves, names), "")
             return
+        # a leaf, a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
+        names = _roles.leaf_roles(x, in_state, _summary_leaf)
         rule = rule_for(x)
-        if not _summary_leaf(x) and children_of(x) is None:  # a leaf
-            parts = [(_roles.leaf_role(x, in_state), *_leaf_count_size(x))]
-        else:  # a frozen value, a type a rule sums itself, or a node `is_leaf` stops at
-            names = _roles.leaf_roles(x, in_state, _summary_leaf)
-            if _summary_leaf(x) or (rule is not None and (rule.count or rule.size) is not None):
-                parts = [(_row_role(names), *_leaf_count_size(x))]
-            else:  # the node's count is its leaves' unless a rule says it
-                parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
-        add_row(_path_text(keys), _leaf_type(x), parts, _sharding_text(x))
+        if _summary_leaf(x) or children_of(x) is None or (rule and (rule.count or rule.size)):
+            parts = [(_row_role(names), *_leaf_count_size(x))]
+        else:  # the node's count is its leaves' unless a rule says it
+            parts = sized(jax.tree_util.tree_leaves(x, is_leaf=_summary_leaf), names)
+        add_row(path, _leaf_type(x), parts, _sharding_text(x))
 
-    visit(tree, False, (), depth)
+    visit(tree, False, "", depth)
     show_roles = any(role != _roles.TRAINABLE for role in role_totals)
     sharded = any(row[5] for row in rows)
     table = [["Name", "Type", "Count", "Size", "Role", "Sharding"], *rows]
     footer = []
     if show_roles:  # the `Σ` rows of each role present, then of the static values
         footer = [
-            _sum_row(role, role_totals[role][0], role_totals[role][1])
-            for role in _ROLE_ORDER
-            if role in role_totals
+            _sum_row(role, "", *role_totals[role]) for role in _ROLE_ORDER if role in role_totals
         ]
         statics = [value for _, _, value in _roles.static_values(tree)]
         if statics:
-            footer.append(_sum_row(_roles.STATIC, *_totals(statics)))
+            footer.append(_sum_row(_roles.STATIC, "", *_totals(statics)))
     table += footer
     count = sum(c for c, _ in role_totals.values())
     size = sum(s for _, s in role_totals.values())
-    table.append(_sum_row("", count, size, type(tree).__name__))
+    table.append(_sum_row("", type(tree).__name__, count, size))
     keep = (True, True, True, True, show_roles, sharded)
     table = [[cell for cell, k in zip(row, keep, strict=True) if k] for row in table]
     right = tuple(r for r, k in zip((False, False, True, True, False, False), keep) if k)
@@ -1044,9 +970,7 @@ class _TraceTable(str):
     """A leaf's trace table: a `str` that prints as itself, so tables show unquoted."""
 
     __slots__ = ()
-
-    def __repr__(self) -> str:
-        return str(self)
+    __repr__ = str.__str__
 
 
 def _type_name(kind: object) -> str:
@@ -1058,10 +982,8 @@ def _type_name(kind: object) -> str:
 def tree_repr_with_trace(
     tree: object, is_leaf: Callable[[Any], bool] | None = None, transpose: bool = False
 ) -> Any:
-    """The tree with each leaf replaced by a table of its value, name path and type path.
-
-    The paths are the trace `tc.tree_map_with_trace` passes, joined by `->` as PyTreeClass
-    v0.4 did (`.b->.c->[0]`, `list->int`); the tables print without quotes.
+    """The tree with each leaf replaced by a table of its value, name path and type path:
+    the trace `tc.tree_map_with_trace` passes, joined by `->` as in PyTreeClass v0.4.
 
     **Arguments**
 
@@ -1092,19 +1014,17 @@ def tree_repr_with_trace(
             ["Type path", "->".join(_type_name(kind) for kind in kinds)],
         ]
         if transpose:
-            return _TraceTable(
-                _box_table([list(column) for column in zip(*rows)], (False, False, False), {0})
-            )
-        return _TraceTable(_box_table(rows, (False, False), {0, 1}))
+            rows = [list(column) for column in zip(*rows)]
+        return _TraceTable(_box_table(rows, (False,) * len(rows[0]), {0} if transpose else {0, 1}))
 
     return treedef.unflatten([table(trace, leaf) for trace, leaf in traced])
 
 
 # PyTreeClass's spelling of `register_printer`: one rule per type, one field per alias.
-tree_summary.def_type = printer_alias("type_name", "tree_summary.def_type")  # type: ignore
-tree_summary.def_count = printer_alias("count", "tree_summary.def_count")  # type: ignore
-tree_summary.def_size = printer_alias("size", "tree_summary.def_size")  # type: ignore
-tree_graph.def_nodestyle = printer_alias("nodestyle", "tree_graph.def_nodestyle")  # type: ignore
+tree_summary.def_type = printer_alias("type_name")  # type: ignore[attr-defined]
+tree_summary.def_count = printer_alias("count")  # type: ignore[attr-defined]
+tree_summary.def_size = printer_alias("size")  # type: ignore[attr-defined]
+tree_graph.def_nodestyle = printer_alias("nodestyle")  # type: ignore[attr-defined]
 
 
 # a frozen value (a floor below) shows itself with these printers

@@ -1,7 +1,6 @@
-"""Notebook display of trees: HTML (`tree_html`) and treescope (`treescope_repr`), which
-`Printed` plugs in as `_repr_html_` and `__treescope_repr__` (treescope is imported only
-where a rendering is made). The HTML is `<details>` elements with inline styles: it folds
-without JavaScript, survives front ends that strip `<style>`, and takes the page's colours.
+"""Notebook display: HTML (`tree_html`) and treescope (`treescope_repr`, imported to render),
+`Printed`'s `_repr_html_` and `__treescope_repr__`. The HTML is `<details>` with inline
+styles: it folds without JavaScript, survives a stripped `<style>`, takes the page's colours.
 """
 
 from __future__ import annotations
@@ -17,20 +16,18 @@ from ._pprint import (
     Entry,
     Run,
     fold_runs,
-    function_text,
     is_function,
+    leaf_text,
     picture_entries,
     tree_repr,
     tree_str,
 )
 from ._pprint_registry import rule_for, view_of
-from ._structure import node_type, row_of, wrapper_of
+from ._structure import row_of, wrapper_of
 from ._values import offer_display
 
 if TYPE_CHECKING:  # an optional dependency: imported where a rendering is made
     from treescope.rendering_parts import RenderableTreePart
-
-__all__ = ["tree_html", "treescope_repr", "wrapper_treescope_repr", "html_display", "Printed"]
 
 _OPEN_LINES = 40  # the first view opens as many levels as fit in this many lines
 
@@ -100,19 +97,9 @@ def tree_html(
     return "".join(out)  # no newlines: the root's `white-space: pre` would show them
 
 
-class _HtmlDisplay:
-    """`_repr_html_` for instances only (treescope draws a class with one twice)."""
-
-    def __get__(self, instance: object, owner: type | None = None) -> Any:
-        if instance is None:
-            return self
-        return types.MethodType(tree_html, instance)
-
-    def __repr__(self) -> str:
-        return "<_repr_html_ of instances: treeclass._pprint_html.tree_html>"
-
-
-html_display = _HtmlDisplay()
+# `_repr_html_` for instances only: the class's is not callable (treescope would draw a
+# class with one twice)
+html_display = property(lambda self: types.MethodType(tree_html, self))
 
 
 # -- treescope ------------------------------------------------------------------------------
@@ -131,13 +118,10 @@ def _render_child(
 ) -> Any:
     from treescope import rendering_parts as parts
 
-    # our text where treescope would show a bare `<object at 0x…>`: a print rule's, or the
-    # signature of a wrapped function (`jax.nn.relu` is a `custom_jvp`), as in `repr`
+    # our text where treescope shows `<object at 0x…>`: a rule's, a wrapped function's
     rule = rule_for(value)
-    if rule is not None and rule.repr is not None:
-        return parts.build_one_line_tree_node(parts.text(rule.repr(value)), path=path)
-    if is_function(value) and not isinstance(value, types.FunctionType):
-        return parts.build_one_line_tree_node(parts.text(function_text(value)), path=path)
+    if (rule and rule.repr) or (is_function(value) and not isinstance(value, types.FunctionType)):
+        return parts.build_one_line_tree_node(parts.text(leaf_text(value)), path=path)
     # treescope never folds the dicts, lists and tuples it draws: those with runs are drawn here
     view = view_of(value)
     if repeats is not None and view is not None and not view.named:
@@ -205,18 +189,15 @@ def treescope_repr(
     """
     from treescope import rendering_parts as parts
 
-    cls = type(tree)
+    row = row_of(tree)
     # a rule's children, else the fields (a rule's text is for the other printers)
-    view = view_of(tree) or node_type(tree)
-    items = (None if view is None else view.items(tree, False)) or []
-    static_labels = frozenset(f"{name}=" for name in row_of(tree).static_names(tree))
+    view = view_of(tree) or row
+    items = view.items(tree, False) or []
+    static_labels = frozenset(f"{name}=" for name in row.static_names(tree))
     # a rule may name the node otherwise (`Stacked[48×Block]`); else its qualified class
-    named = None if view is None else view.type_name(tree)
-    type_name = (
-        parts.maybe_qualified_type_name(cls)
-        if named is None or named == cls.__name__
-        else parts.text(named)
-    )
+    named = view.type_name(tree)
+    own = named == type(tree).__name__
+    type_name = parts.maybe_qualified_type_name(type(tree)) if own else parts.text(named)
     # in treescope's round-trip mode the text must evaluate: `<...>` marks that it won't
     opening = parts.siblings(parts.roundtrip_condition(roundtrip=parts.text("<")), type_name, "(")
     closing = parts.siblings(")", parts.roundtrip_condition(roundtrip=parts.text(">")))
@@ -261,8 +242,7 @@ class Printed:
     def __str__(self) -> str:
         return tree_str(self)
 
-    _repr_html_ = html_display  # a method of instances only (see `_HtmlDisplay`)
+    _repr_html_ = html_display  # a method of instances only
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Callable[..., Any]) -> Any:
-        # called by treescope only, once it is imported
         return treescope_repr(self, path, subtree_renderer)

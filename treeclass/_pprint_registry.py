@@ -1,7 +1,6 @@
-"""Teaching the printers a new type: `register_printer` writes the display part of the
-type's row (`_structure.Display`), found along the MRO, over the kind's own display;
-`printer_alias` makes PyTreeClass's `def_*` spellings of one field each. Every printer
-opens a node with `view_of`: its display first, then the row of its kind.
+"""Teaching the printers a type: `register_printer` writes the display part of its row
+(found along the MRO, over the kind's own), `printer_alias` PyTreeClass's `def_*` spellings;
+every printer opens a node with `view_of` (its display, then the row of its kind).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from ._structure import (
     LEAF,
     Display,
     NodeKind,
+    describe,
     inherited,
     jax_children,
     node_kind,
@@ -29,23 +29,22 @@ from ._structure import (
 from ._util import add_leaf_note
 from ._values import short_repr
 
-__all__ = ["register_printer", "PrintRule", "printer_alias", "rule_for", "view_of", "children_of"]
-
 PrintRule = Display  # the public name of a row's display part
 _FIELDS = tuple(f.name for f in dataclasses.fields(Display))
 
-_NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value!r}."
-_NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value!r}."
+_NOT_A_TYPE_MSG = "`{name}` expects a class as its first argument, got {value}."
+_NOT_CALLABLE_MSG = "`register_printer(..., {name}=...)` expects a callable or None, got {value}."
 _RULE_RESULT_MSG = (
-    "The `{field}` printer rule for `{cls}` ({spelling}) returned {result} (of type "
-    "`{type}`) for {value}{problem}; it must return {expected}."
+    "The `{field}` printer rule for `{cls}` ({spelling}) returned {result} for a `{value}`"
+    "{problem}; it must return {expected}."
 )
 _RULE_NOTE = "raised by the `{field}` printer rule for `{cls}` ({spelling})"
-_ALIAS_SPELLINGS = {
-    "type_name": "tree_summary.def_type",
-    "count": "tree_summary.def_count",
-    "size": "tree_summary.def_size",
-    "nodestyle": "tree_graph.def_nodestyle",
+# field -> its PyTreeClass spelling, what it sets, what `func` returns, an example's return
+_ALIASES = {
+    "type_name": ("tree_summary.def_type", "summary Type column text", "str", '"token"'),
+    "count": ("tree_summary.def_count", "summary element count", "int", "7"),
+    "size": ("tree_summary.def_size", "summary size in bytes", "int", "1024"),
+    "nodestyle": ("tree_graph.def_nodestyle", "graphviz node style", "dict", '{"shape": "box"}'),
 }
 _EXPECTED = {
     "repr": "a `str`",
@@ -68,8 +67,8 @@ _lock = threading.RLock()  # reentrant: `printer_alias` updates a rule under it
 
 def _spelling(cls: type, field: str) -> str:
     text = f"`tc.register_printer({cls.__name__}, {field}=...)`"
-    alias = _ALIAS_SPELLINGS.get(field)
-    return text if alias is None else f"{text} or `tc.{alias}({cls.__name__})`"
+    alias = _ALIASES.get(field)
+    return text if alias is None else f"{text} or `tc.{alias[0]}({cls.__name__})`"
 
 
 def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
@@ -81,9 +80,8 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
                 field=field,
                 cls=cls.__name__,
                 spelling=_spelling(cls, field),
-                result=short_repr(result, 60),
-                type=type(result).__name__,
-                value=f"a `{type(value).__name__}`",
+                result=describe(result),
+                value=type(value).__name__,
                 expected=_EXPECTED[field],
                 problem=problem,
             )
@@ -115,18 +113,16 @@ def _checked_result(cls: type, field: str, value: object, result: Any) -> Any:
     # nodestyle: names are written into DOT as they are, values quoted by `tree_graph`
     if not isinstance(result, Mapping):
         raise fail()
-    style: dict[builtins.str, Any] = {}
     for name, item in result.items():  # checked before a name is hashed: it may not be
         if not isinstance(name, builtins.str):
-            raise fail(f": the attribute name {short_repr(name, 60)} is a `{type(name).__name__}`")
+            raise fail(f": the attribute name is {describe(name)}")
         if not _DOT_NAME.match(name) or name.lower() in _DOT_KEYWORDS:
             raise fail(
                 f": the attribute name {name!r} is not a graphviz attribute name", ValueError
             )
         if not isinstance(item, (builtins.str, int, float)):  # bool is an int
-            raise fail(f": the value of {name!r} is a `{type(item).__name__}`")
-        style[name] = item
-    return style
+            raise fail(f": the value of {name!r} is {describe(item)}")
+    return dict(result)
 
 
 def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -136,10 +132,8 @@ def _checking(cls: type, field: str, fn: Callable[[Any], Any]) -> Callable[[Any]
         try:
             result = fn(value)
         except Exception as error:
-            spelling = _spelling(cls, field)
-            add_leaf_note(
-                error, _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=spelling)
-            )
+            note = _RULE_NOTE.format(field=field, cls=cls.__name__, spelling=_spelling(cls, field))
+            add_leaf_note(error, note)
             raise
         return _checked_result(cls, field, value, result)
 
@@ -162,27 +156,20 @@ def register_printer(
 
     **Arguments**
 
-    - `cls`: the class to register. Registering it again replaces its rule; registering it
-      with every argument `None` removes the rule.
-    - `repr`: `value -> str`, the compact text used by `tree_repr`, `tree_diagram`,
-      `tree_graph`, `tree_mermaid` and the notebook display.
-    - `str`: `value -> str`, the text used by `tree_str` (defaults to `repr`).
-    - `type_name`: `value -> str`, the summary's Type column (defaults to the class name).
-    - `count`: `value -> int`, the summary's Count column (defaults to 0 for objects
-      that are neither arrays nor numbers).
-    - `size`: `value -> int`, bytes for the summary's Size column (defaults to
-      `sys.getsizeof`).
+    - `cls`: the class. Registering it again replaces its rule; with every argument `None`,
+      removes it.
+    - `repr`: `value -> str`, the text of every printer but `tree_str`; a value with a
+      `repr` or `str` prints as a leaf, even a pytree node.
+    - `str`: `value -> str`, the text of `tree_str` (defaults to `repr`).
+    - `type_name`, `count`, `size`: `value -> str` / `int` / `int` (bytes), the summary's
+      Type, Count and Size (defaults: the class name, 0 for objects that are neither
+      arrays nor numbers, `sys.getsizeof`); with one (and no `children`), one summary row.
     - `nodestyle`: `value -> dict`, graphviz attributes of the value's node in
-      `tree_graph` (say `{"shape": "circle", "fillcolor": "lightblue", "style": "filled"}`):
-      names are graphviz attribute names (letters, digits, `_`), values `str`, `int`,
-      `float` or `bool` (written quoted and escaped).
-    - `children`: `value -> iterable of (key, child)`, the children the printers show the
-      value with, in place of the ones JAX flattens it into (keys are `jax.tree_util` key
-      entries, such as `GetAttrKey("weight")`); with it, `type_name` also names the node
-      in `tree_repr`, `tree_diagram` and the other pictures.
-
-    A value whose rule has a `repr` or `str` prints as a leaf, even a pytree node; one
-    with a `type_name`, `count` or `size` (and no `children`) gets one summary row.
+      `tree_graph` (`{"shape": "circle"}`): names are graphviz's (letters, digits, `_`),
+      values `str`, `int`, `float` or `bool`.
+    - `children`: `value -> iterable of (key, child)`, the children the printers show in
+      place of JAX's (keys are `jax.tree_util` key entries); with it, `type_name` also
+      names the node in `tree_repr` and the pictures.
 
     **Returns**
 
@@ -191,8 +178,8 @@ def register_printer(
     **Raises**
 
     When a printer calls a function: `TypeError` for a result of the wrong type
-    (`ValueError` for a negative count or size, or a name graphviz cannot read), naming
-    the rule; an error raised inside one gets a note naming the rule.
+    (`ValueError` for a negative number or a bad graphviz name), naming the rule; an
+    error raised inside one gets a note naming the rule.
 
     ```python
     import treeclass as tc
@@ -208,20 +195,15 @@ def register_printer(
     ```
     """
     if not isinstance(cls, type):
-        raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=cls))
+        raise TypeError(_NOT_A_TYPE_MSG.format(name="register_printer", value=describe(cls)))
     given = dict(zip(_FIELDS, (repr, str, type_name, count, size, nodestyle, children)))
     for name, value in given.items():
         if value is not None and not callable(value):
-            raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=value))
+            raise TypeError(_NOT_CALLABLE_MSG.format(name=name, value=describe(value)))
     checked = {name: _checking(cls, name, fn) for name, fn in given.items() if fn is not None}
     with _lock:
         own = getattr(type(registered_kind(cls)), "display", None)  # the kind's own display
-        if not checked:
-            rule = None
-        elif own is None:
-            rule = Display(**checked)
-        else:
-            rule = dataclasses.replace(own, **checked)
+        rule = dataclasses.replace(own or Display(), **checked) if checked else None
         write_part(cls, "display", rule)
 
 
@@ -252,23 +234,15 @@ print(tc.{printer}([Token()]))
 ```
 """
 
-_ALIAS_TEXT = {  # field -> what it sets, what `func` returns, an example's return value
-    "type_name": ("summary Type column text", "str", '"token"'),
-    "count": ("summary element count", "int", "7"),
-    "size": ("summary size in bytes", "int", "1024"),
-    "nodestyle": ("graphviz node attributes", "dict", '{"shape": "circle"}'),
-}
-
-
 _DECORATE = object()  # `def_type(T)` without a function: return a decorator
 
 
-def printer_alias(field: str, name: str) -> Callable[..., Any]:
+def printer_alias(field: str) -> Callable[..., Any]:
     """A PyTreeClass-style `def_*` function that sets one field of a type's rule."""
 
     def define(cls: type, func: object = _DECORATE, /) -> Any:
         if not isinstance(cls, type):
-            raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=cls))
+            raise TypeError(_NOT_A_TYPE_MSG.format(name=name, value=describe(cls)))
         if func is _DECORATE:
             return lambda func: define(cls, func)
         with _lock:  # the fields registered for exactly `cls`, as they were given
@@ -280,7 +254,7 @@ def printer_alias(field: str, name: str) -> Callable[..., Any]:
             register_printer(cls, **current)
         return func
 
-    what, returns, example = _ALIAS_TEXT[field]
+    name, what, returns, example = _ALIASES[field]
     printer, _, define.__name__ = name.rpartition(".")
     define.__qualname__ = define.__name__
     define.__doc__ = _ALIAS_DOC.format(

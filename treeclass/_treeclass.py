@@ -19,10 +19,9 @@ from ._autoinit import build_init
 from ._class_keywords import check_class_keywords
 from ._fields import MISSING, Field, add_field_note, collect_fields, field, run_setters
 from ._pprint_html import Printed
+from ._structure import describe
 from ._util import is_tree_equal
 from ._values import closest
-
-__all__ = ["TreeClass"]
 
 _SETSTATE_MSG = (
     "Cannot call `__setstate__` on an immutable `{cls}` instance: it would replace its "
@@ -35,12 +34,12 @@ _SLOTS_MSG = (
 )
 _RESERVED_METHOD_MSG = (
     "`{cls}` defines (or inherits from a mixin) `{name}`: TreeClass reserves it, since it "
-    "keeps instances immutable "
-    "after `__init__` (and what JAX flattens equal to what attribute reads return). To "
-    "validate or convert values on assignment, use a field callback instead:\n"
+    "keeps instances immutable after `__init__` (and what JAX flattens equal to what "
+    "attribute reads return). To validate or convert values on assignment, use a field "
+    "callback instead:\n"
     "    x: float = tc.field(on_setattr=[check])"
 )
-_DICT_VALUE_MSG = "`__dict__` must be set to a dict, got {type}."
+_DICT_VALUE_MSG = "`__dict__` must be set to a dict, got {value}."
 _REPLACE_UNKNOWN_MSG = (
     "`{cls}.replace` got {name!r}, which is not an attribute of this instance.{hint} Its "
     "attributes: {names}."
@@ -64,29 +63,35 @@ class _AttributesView:
         if _node.is_sealed(obj):
             _node.refuse_write(obj, "__dict__", "set")
         if not isinstance(value, dict):
-            raise TypeError(_DICT_VALUE_MSG.format(type=type(value).__name__))
+            raise TypeError(_DICT_VALUE_MSG.format(value=describe(value)))
         _node.set_attributes(obj, value)
 
     def __delete__(self, obj: object) -> None:
         _node.refuse_write(obj, "__dict__", "delete")
 
 
-def _sealing_init(init: Callable[..., None], *, body: bool) -> Callable[..., None]:
+def _sealing_init(
+    init: Callable[..., None], *, body: bool, warning: str | None = None
+) -> Callable[..., None]:
     """Wrap a hand-written (or inherited foreign) `__init__` so that the outermost one seals
-    on return; `body`: written in the class body (`autoinit` never replaces it)."""
+    on return; `body`: written in the class body (`autoinit` never replaces it); `warning`:
+    said at each outermost call."""
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        outermost = type(self).__init__ is __init__
+        if warning is not None and outermost:
+            warnings.warn(warning, UserWarning, stacklevel=2)  # the caller's construction
         if not _node.attributes(self):
             # a fresh instance: mark it unsealed, so that each `self.x = ...` in `init`
             # finds the slot set (an unset slot costs a failed lookup per assignment)
             _node.set_layout(self, None)
         try:
             init(self, *args, **kwargs)
-            if type(self).__init__ is __init__:
+            if outermost:
                 _node.seal(self)  # inside the try: see `render_init` in _codegen.py
         except BaseException:
-            if type(self).__init__ is __init__:
+            if outermost:
                 _node.seal_after_error(self)
             raise
 
@@ -107,21 +112,6 @@ _UNRUN_POST_INIT_MSG = (
 )
 
 
-def _warning_init(cls: type, inherited: Callable[..., None]) -> Callable[..., None]:
-    """`inherited`, warning at its first call that it never runs the class's `__post_init__`
-    (`autoinit` may still give the class an `__init__` of its own)."""
-    owner = next(k for k in cls.__mro__[1:] if "__init__" in k.__dict__)
-    message = _UNRUN_POST_INIT_MSG.format(cls=cls.__name__, owner=owner.__name__)
-
-    @functools.wraps(inherited)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if getattr(type(self).__init__, "__wrapped__", None) is __init__:  # the outermost
-            warnings.warn(message, UserWarning, stacklevel=3)  # the caller's construction
-        inherited(self, *args, **kwargs)
-
-    return __init__
-
-
 def _guard_fields(cls: type, items: dict[str, Field]) -> None:
     """Put a guard on `cls` for each instance field it declares or gives a new default."""
     own = cls.__dict__.get("__annotations__", {})
@@ -135,25 +125,22 @@ def _guard_fields(cls: type, items: dict[str, Field]) -> None:
                     type.__setattr__(cls, name, item.default)
             continue
         if name in own or (current is not MISSING and not isinstance(current, _node.GUARDS)):
-            default = item.default if item.default is not MISSING else _node.NOTHING
-            if name not in own and current is not MISSING:
-                default = current  # a plain class attribute overriding an inherited default
+            # not annotated here: a plain class attribute overriding an inherited default
+            default = item.default if name in own else current
+            default = _node.NOTHING if default is MISSING else default
             _node.guard_field(cls, name, default, item.on_getattr)
 
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
-# The metaclass is plain ABCMeta (so `abc.abstractmethod` works), with no `__call__` of
-# ours: construction is the C-level `type.__call__`, and `__init__` seals the instance
-# itself (the generated one inline, a hand-written one through `_sealing_init`).
+# The metaclass is plain ABCMeta (`abc.abstractmethod` works): construction is the C-level
+# `type.__call__`, and `__init__` seals (generated inline, hand-written via `_sealing_init`).
 class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
     """Base class for classes whose instances are JAX pytrees.
 
-    Subclassing registers the class with `jax.tree_util` (keyed by `GetAttrKey`); the
-    children are the instance attributes in assignment order, except fields declared
-    with `field(static=True)`, which live in the tree definition. Annotated fields give a
-    generated `__init__` unless the class defines one or inherits one written by hand
-    (`autoinit` opts it in). Instances are immutable after `__init__`: edit them with
-    `.at[...]`.
+    Subclassing registers the class with `jax.tree_util`: the children are the instance
+    attributes in assignment order, but for `field(static=True)` ones (in the tree
+    definition). Annotated fields give an `__init__` unless the class has one written by
+    hand; instances are immutable after `__init__` (edit them with `.at[...]`).
 
     **Class keywords**
 
@@ -211,14 +198,15 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         if own_init is not None:
             if not getattr(own_init, "__tc_generated__", False):
                 type.__setattr__(cls, "__init__", _sealing_init(own_init, body=True))
-        # A class without an `__init__` of its own generates one only below generated ones
-        # (or none): an `__init__` written by hand up the chain, in a TreeClass or a plain
-        # mixin, stays in charge, and the class's annotated fields are its typed attributes
-        # with class-level defaults (`autoinit` opts in to generation).
+        # Without an `__init__` of its own, one is generated only below generated ones (or
+        # none): one written by hand up the chain stays in charge, the annotated fields are
+        # its typed attributes with class-level defaults (`autoinit` opts in to generation).
         elif getattr(inherited, "__tc_generated__", False) or inherited is object.__init__:
             type.__setattr__(cls, "__init__", build_init(cls, items, through_setattr=False))
-        elif "__post_init__" in cls.__dict__:
-            init = _sealing_init(_warning_init(cls, inherited), body=False)
+        elif "__post_init__" in cls.__dict__:  # the inherited `__init__` never calls it
+            owner = next(k for k in cls.__mro__[1:] if "__init__" in k.__dict__)
+            warning = _UNRUN_POST_INIT_MSG.format(cls=cls.__name__, owner=owner.__name__)
+            init = _sealing_init(inherited, body=False, warning=warning)
             type.__setattr__(cls, "__init__", init)
         elif not getattr(inherited, "__tc_sealing__", False):  # a plain mixin's: it must seal
             type.__setattr__(cls, "__init__", _sealing_init(inherited, body=False))
@@ -275,12 +263,9 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
 
     def replace(self, /, **changes: object) -> Self:
         """A copy of this instance with the named attributes changed, each through its field's
-        `on_setattr` callbacks as `__init__` would (`.at[...].set` runs none: it edits the
-        structure leaf by leaf). A static field may change too (the copy gets a new layout).
-        Neither `__init__` nor `__post_init__` runs, so a hand-written `__init__` works the
-        same. `copy.replace(tree, **changes)` (Python 3.13+) and `tc.TreeClass.replace(tree,
-        ...)` call it even where an attribute named `replace`, set by a hand-written
-        `__init__`, hides the method (a field of that name is refused).
+        `on_setattr` callbacks (`.at[...].set` runs none); static fields may change too.
+        Neither `__init__` nor `__post_init__` runs. `copy.replace(tree, ...)` (3.13+) and
+        `tc.TreeClass.replace(tree, ...)` reach it where an attribute hides the method.
 
         **Arguments**
 
@@ -309,10 +294,34 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
         assert opt.replace(name="adamw").name == "adamw"   # a static field: a new layout
         ```
         """
-        return _replace(self, changes)
+        attributes = _node.attributes(self)
+        info = _node.info(self)
+        layout_changes = False
+        for name in changes:
+            if name not in attributes:
+                close = closest(name, attributes)
+                raise TypeError(
+                    _REPLACE_UNKNOWN_MSG.format(
+                        cls=type(self).__name__,
+                        name=name,
+                        hint="" if close is None else f" Did you mean {close!r}?",
+                        names=", ".join(attributes) or "none",
+                    )
+                )
+            callbacks = info.setters.get(name)
+            if callbacks:
+                changes[name] = run_setters(self, name, callbacks, changes[name])
+            if name in info.static_names:
+                layout_changes = True
+        if not layout_changes:  # the same names and static values: the same layout
+            return _node.replace_children(self, changes)
+        new = object.__new__(type(self))
+        _node.set_attributes(new, {**attributes, **changes})
+        if _node.is_sealed(self):
+            _node.seal_like(new, self)  # the layout of the new static values (refusing unhashable)
+        return new
 
-    def __replace__(self, /, **changes: object) -> Self:
-        return _replace(self, changes)
+    __replace__ = replace
 
     # -- dunders -----------------------------------------------------------------------
 
@@ -346,35 +355,3 @@ class TreeClass(_node.TreeNode, Printed, metaclass=abc.ABCMeta):
             raise AttributeError(_SETSTATE_MSG.format(cls=type(self).__name__))
         _node.set_attributes(self, dict(state))
         _node.seal(self)
-
-
-def _replace(node: object, changes: dict[str, Any]) -> Any:
-    """`node.replace(**changes)`: `changes` is the call's own dict, updated in place."""
-    attributes = _node.attributes(node)
-    info = _node.info(node)
-    setters = info.setters
-    statics = info.static_names
-    layout_changes = False
-    for name in changes:
-        if name not in attributes:
-            close = closest(name, attributes)
-            raise TypeError(
-                _REPLACE_UNKNOWN_MSG.format(
-                    cls=type(node).__name__,
-                    name=name,
-                    hint="" if close is None else f" Did you mean {close!r}?",
-                    names=", ".join(attributes) or "none",
-                )
-            )
-        callbacks = setters.get(name)
-        if callbacks:
-            changes[name] = run_setters(node, name, callbacks, changes[name])
-        if name in statics:
-            layout_changes = True
-    if not layout_changes:  # the same names and static values: the same layout
-        return _node.replace_children(node, changes)
-    new = object.__new__(type(node))
-    _node.set_attributes(new, {**attributes, **changes})
-    if _node.is_sealed(node):
-        _node.seal_like(new, node)  # the layout of the new static values (refusing unhashable)
-    return new

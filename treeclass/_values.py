@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import math
 import numbers
 import struct
 import types
@@ -35,6 +36,7 @@ __all__ = [
     "is_bool_mask_leaf",
     "is_inexact_array",
     "short_repr",
+    "size_text",
     "array_type",
     "closest",
     "root_name",
@@ -294,6 +296,17 @@ def array_type(dtype: object, shape: tuple[int, ...]) -> str:
             name = short + name[len(long) :]
             break
     return f"{name}[{','.join(map(str, shape))}]"
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def size_text(size: int) -> str:
+    """A size in bytes as the printers and messages write it: `24B`, `2.00MiB`."""
+    if size < 1024:
+        return f"{size}B"
+    unit = min(int(math.log(size, 1024)), len(_UNITS) - 1)
+    return f"{size / 1024**unit:.2f}{_UNITS[unit]}"
 
 
 def closest(name: object, names: Iterable[_N]) -> _N | None:
