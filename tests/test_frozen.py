@@ -37,7 +37,7 @@ def test_frozen_array_still_refuses_computation():
 
 
 def test_freezing_more_than_a_mebibyte_of_arrays_warns_naming_the_frozen_field():
-    with pytest.warns(tc.FrozenArrayWarning, match=r'(?s)2\.0 MiB.*tc\.field\(role="frozen"\)'):
+    with pytest.warns(tc.FrozenArrayWarning, match=r'(?s)2\.00MiB.*tc\.field\(role="frozen"\)'):
         tc.freeze(jnp.zeros((512, 1024)))
     with pytest.warns(tc.FrozenArrayWarning):  # a subtree counts all its arrays
         tc.freeze({"a": np.zeros((256, 1024), np.float32), "b": np.zeros(8, np.float32)})

@@ -24,6 +24,7 @@ from ._values import (
     register_childless,
     sharding_spec,
     short_repr,
+    size_text,
 )
 
 _T = TypeVar("_T")
@@ -247,8 +248,9 @@ def freeze(x: _T) -> _T:
     _refuse_spread_arrays(x)
     size = _array_bytes(x)
     if size > LARGE_FROZEN_BYTES:
-        shown = f"{size / (1 << 20):,.1f} MiB" if size < 1 << 30 else f"{size / (1 << 30):,.2f} GiB"
-        warnings.warn(_LARGE_FROZEN_MSG.format(size=shown), FrozenArrayWarning, stacklevel=2)
+        warnings.warn(
+            _LARGE_FROZEN_MSG.format(size=size_text(size)), FrozenArrayWarning, stacklevel=2
+        )
     # typed as `x`'s own type: a field keeps the annotation of what it holds
     return Frozen(snapshot(x))  # type: ignore[return-value]
 
