@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._values import is_prng_key
-from ._plan import Group, Plan, Target
-from ._rules import Rule, outputs, run_on
+from ._plan import Plan, Target
+from ._rules import Rule, Run, outputs, run_on
 
 
 class ForeignTensor(NamedTuple):
@@ -141,16 +141,16 @@ class Exporter:
         # (one origin per name: the plan refuses a name load would not read back as written)
         for group in plan.groups.values():
             layouts = self._layouts(group)
-            for position, (source, layout) in enumerate(zip(group.sources(), layouts)):
+            for position, (source, layout) in enumerate(zip(group.names("sources"), layouts)):
                 self.layout[source], self.sources[source] = layout, (group, position)
         for target in plan.own:
             self.layout[target.name] = (np.dtype(target.dtype), target.shape)
             self.sources[target.name] = (target, 0)
         self._cached: tuple[Any, list[np.ndarray]] | None = None
 
-    def _layouts(self, group: Group) -> list[tuple[np.dtype, tuple]]:
+    def _layouts(self, group: Run) -> list[tuple[np.dtype, tuple]]:
         rule = group.rule
-        targets = [group.targets[k] for k in range(len(rule.targets))]
+        targets = [group.bound[k] for k in range(len(rule.targets))]
         keys = [t.where for t in targets if jnp.issubdtype(t.dtype, jax.dtypes.prng_key)]
         if keys and rule.inverse is None:
             raise ValueError(
@@ -231,15 +231,15 @@ class Exporter:
             self._cached = (origin, self._run(origin))
         return self._cached[1][position]
 
-    def _run(self, group: Group) -> list[np.ndarray]:
+    def _run(self, group: Run) -> list[np.ndarray]:
         rule = group.rule
-        values = [group.targets[k].get() for k in range(len(rule.targets))]
+        values = [group.bound[k].get() for k in range(len(rule.targets))]
         # on the host; a key array as it is (its inverse, `jax.random.key_data`, makes data)
         arrays = [v if is_prng_key(v) else np.asarray(v) for v in values]
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
-            layouts = [self.layout[name] for name in group.sources()]
+            layouts = [self.layout[name] for name in group.names("sources")]
             checked = [jax.ShapeDtypeStruct(shape, dtype) for dtype, shape in layouts]
             found = outputs(self._what(rule), rule, run_on, arrays, "sources", checked=checked)
             return [np.asarray(r) for r in found]
@@ -251,7 +251,7 @@ class Exporter:
         if gather.again.size:
             given, before = joined[gather.again], joined[gather.first]
             if given.tobytes() != before.tobytes():
-                wheres = [group.targets[k].where for k in range(len(rule.targets))]
+                wheres = [group.bound[k].where for k in range(len(rule.targets))]
                 raise ValueError(
                     f"{self.action}: key rule {rule.text()} reads one tensor for "
                     f"{wheres}, which hold different values where they should be copies "

@@ -12,7 +12,7 @@ from ..._values import is_prng_key, path_str
 from ._catalog import describe
 from ._rules import (
     Rule,
-    fill,
+    bind,
     layer_rules,
     pattern_choices,
     reads_layers,
@@ -40,72 +40,53 @@ class Target(NamedTuple):
         return self.value if self.slot is None else self.value[self.slot]
 
 
-class Group(NamedTuple):
-    """One run of a rule: its captures and the model arrays of its targets."""
-
-    rule: Rule
-    captures: dict[str, str]
-    targets: dict[int, Target]  # by the rule's target position
-
-    def sources(self) -> list[str]:
-        """The file's names this run writes, in the rule's order."""
-        return [fill(source, self.captures) for source in self.rule.sources]
-
-
 class Plan:
-    """The tensors of `tree` bound to the file's names: rules' runs, and arrays no rule takes."""
+    """The tensors of `tree` bound to the file's names: rules' runs (their targets bound),
+    and arrays no rule takes."""
 
     def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
         self.action = action
-        self.groups: dict[tuple, Group] = {}
-        self.own: list[Target] = []
-        for target in _targets(tree, rules, action):
-            hits = [hit for hit in target_hits(rules, target.name) if hit[0] not in target.skip]
-            if not hits:
-                self.own.append(target)
-                continue
-            if len({number for number, _, _ in hits}) > 1:
-                shown = " and ".join(rules[number].text() for number, _, _ in hits[:2])
-                raise ValueError(
-                    f"{action}: {target.where} (named {target.name!r}) is a target of key "
-                    f"rules {shown}, so export cannot tell which source to write it to. "
-                    "Tell the rules apart, by the values a capture takes where they differ "
-                    "(`'layers.{i}.self_attn.{n:q|k|v|o}_proj.weight'`)"
-                )
-            number, position, match = hits[0]
-            rule = rules[number]
-            values = match.groupdict()
-            # a capture the target does not use is known if its source allows one value
-            values.update(
-                {c: v[0] for c, v in pattern_choices(rule.sources).items() if len(v) == 1}
-            )
-            lacking = [c for c in rule.captures if c not in values]
-            if lacking:
-                raise ValueError(
-                    f"{action}: key rule {rule.text()} cannot be run backwards: its target "
-                    f"{rule.targets[position]!r} does not capture {lacking}, which its sources use"
-                )
-            values = {c: values[c] for c in rule.captures}
-            key = (number, tuple(values[c] for c in rule.captures))
-            group = self.groups.setdefault(key, Group(rule, values, {}))
-            group.targets[position] = target
+        targets = _targets(tree, rules, action)
+        self.groups, self.own = bind(rules, targets, lambda t: self._bound(rules, t))
         for (number, values), group in self.groups.items():
             rule = group.rule
-            if len(group.targets) < len(rule.targets):
-                have = [group.targets[k].where for k in sorted(group.targets)]
-                lack = [
-                    fill(t, group.captures)
-                    for k, t in enumerate(rule.targets)
-                    if k not in group.targets
-                ]
+            if len(group.bound) < len(rule.targets):
+                have = [group.bound[k].where for k in sorted(group.bound)]
+                lack = [n for k, n in enumerate(group.names("targets")) if k not in group.bound]
                 raise ValueError(
-                    f"{action}: key rule {rule.text()} writes {group.sources()} from all "
+                    f"{action}: key rule {rule.text()} writes {group.names('sources')} from all "
                     f"its targets; the model has {have} but not {lack}"
                 )
-            for position, source in enumerate(group.sources()):
+            for position, source in enumerate(group.names("sources")):
                 self._reads_back(rules, source, (number, position, values), rule.text())
         for target in self.own:
             self._reads_back(rules, target.name, None, f"{target.where} (under its own name)")
+
+    def _bound(self, rules: Sequence[Rule], target: Target) -> tuple | None:
+        """(rule number, target position, captured values) of the run giving `target`."""
+        hits = [hit for hit in target_hits(rules, target.name) if hit[0] not in target.skip]
+        if not hits:
+            return None
+        if len({number for number, _, _ in hits}) > 1:
+            shown = " and ".join(rules[number].text() for number, _, _ in hits[:2])
+            raise ValueError(
+                f"{self.action}: {target.where} (named {target.name!r}) is a target of key "
+                f"rules {shown}, so export cannot tell which source to write it to. "
+                "Tell the rules apart, by the values a capture takes where they differ "
+                "(`'layers.{i}.self_attn.{n:q|k|v|o}_proj.weight'`)"
+            )
+        number, position, match = hits[0]
+        rule = rules[number]
+        values = match.groupdict()
+        # a capture the target does not use is known if its source allows one value
+        values.update({c: v[0] for c, v in pattern_choices(rule.sources).items() if len(v) == 1})
+        lacking = [c for c in rule.captures if c not in values]
+        if lacking:
+            raise ValueError(
+                f"{self.action}: key rule {rule.text()} cannot be run backwards: its target "
+                f"{rule.targets[position]!r} does not capture {lacking}, which its sources use"
+            )
+        return number, position, tuple(values[c] for c in rule.captures)
 
     def _reads_back(self, rules: Sequence[Rule], name: str, expected: Any, what: str) -> None:
         """Refuse a name of the file that load would not read as the plan wrote it."""
