@@ -7,7 +7,8 @@ from typing import NamedTuple
 
 
 class FrozenMapping(Mapping[str, tuple[str, ...]]):
-    """A read-only mapping that is a value: hashable, equal to any mapping of its items."""
+    """A read-only mapping that is a value: hashable, equal (as any `Mapping`) to any mapping
+    of its items."""
 
     __slots__ = ("_items",)
 
@@ -25,9 +26,6 @@ class FrozenMapping(Mapping[str, tuple[str, ...]]):
 
     def __hash__(self) -> int:
         return hash(frozenset(self._items.items()))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Mapping) and self._items == dict(other.items())
 
     def __repr__(self) -> str:
         return repr(self._items)
