@@ -265,11 +265,11 @@ class Fixes:
                 taken = any((pattern, i) in used or i not in members for i in layers)
                 if taken or not _related(pattern, wanted):
                     continue
+                # every slot has a tensor of the block's shape, or of its transpose
                 shapes = {getattr(self.source.stored(members[i]), "shape", None) for i in layers}
-                if shapes == {rest}:  # every slot has a tensor of the block's shape
-                    fits.append((pattern, members, ""))
-                elif len(rest) == 2 and rest[0] != rest[1] and shapes == {rest[::-1]}:
-                    fits.append((pattern, members, ".T"))
+                flip = _flip(rest, shapes.pop()) if len(shapes) == 1 else None
+                if flip is not None:
+                    fits.append((pattern, flip))
             sibling = parents.get(_parent(wanted))
             fits.sort(key=lambda c: (_parent(c[0]) != sibling, -similarity(c[0], wanted), c[0]))
             if not fits:
@@ -277,7 +277,7 @@ class Fixes:
             if len(fits) > 1 and _parent(fits[0][0]) != sibling:
                 if similarity(fits[0][0], wanted) == similarity(fits[1][0], wanted):
                     continue  # two names fit alike (`attn.c_proj`, `mlp.c_proj`): no guess
-            pattern, members, flip = fits[0]
+            pattern, flip = fits[0]
             used.update((pattern, i) for i in layers)
             parents[_parent(wanted)] = _parent(pattern)
             if flip:
@@ -298,14 +298,20 @@ class Fixes:
         return found
 
 
+def _flip(shape: tuple, stored: tuple | None) -> str | None:
+    """`""` for a stored shape that is `shape`, `".T"` for a non-square 2-D one transposed (a
+    PyTorch-style [out, in] weight for an [in, out] one), else None."""
+    if stored == shape:
+        return ""
+    return ".T" if len(shape) == 2 and shape[0] != shape[1] and stored == shape[::-1] else None
+
+
 def _steps(entry: Any, theirs: Stored) -> str | None:
     """The methods making the stored tensor `theirs` fit `entry` (`.T`, `.astype(...)`, both,
     or none: `""`), or None if no transpose or conversion makes it fit."""
-    shape, dtype, steps = tuple(entry.value.shape), dtype_name(entry.value), ""
-    if tuple(theirs.shape) != shape:
-        if len(shape) != 2 or shape[0] == shape[1] or tuple(theirs.shape) != shape[::-1]:
-            return None
-        steps = ".T"  # a PyTorch-style [out, in] weight for an [in, out] one
+    steps, dtype = _flip(tuple(entry.value.shape), theirs.shape), dtype_name(entry.value)
+    if steps is None:
+        return None
     return steps + (f".astype(jnp.{dtype})" if theirs.dtype != dtype else "")
 
 
