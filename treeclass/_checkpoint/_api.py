@@ -20,10 +20,10 @@ from .files._processes import DEFAULT_TIMEOUT_S, save_from_processes
 from .files._source import CheckpointWriter, OutTensor
 from .formats._formats import open_source, writer_for
 from .names._catalog import Catalog
+from .names._check import LoadReport
 from .names._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from .names._export import ForeignTensor, export
 from .names._fixes import listed
-from .names._report import LoadReport
 from .names._restore import restore
 from .names._rules import Rule, RuledCatalog, compile_rules
 from .names._stacks import stacks_of

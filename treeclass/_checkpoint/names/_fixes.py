@@ -13,8 +13,7 @@ import jax
 
 from ..files._source import dtype_name
 from ._catalog import Catalog, Stored
-from ._check import Checker, similarity
-from ._report import LoadReport
+from ._check import Checker, LoadReport, similarity
 from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
 

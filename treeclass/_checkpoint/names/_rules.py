@@ -376,10 +376,10 @@ class RuledCatalog(Wrapping):
         via = f"key rule {mapped.rule.text()}" if mapped.rule is not None else "their own names"
         where = f"{whole!r} (a stack of {count} at {stack.prefix or 'the root'!r})"
         if len(slots) < count:
-            layers = stack.slots(whole)
-            assert layers is not None  # (`whole` is one of the stack's leaves)
-            known = layers[0][min(slots)]
-            lacking = [layer for slot, layer in enumerate(layers[0]) if slot not in slots]
+            held = stack.slots(whole)
+            assert held is not None  # (`whole` is one of the stack's leaves)
+            known = held[0][min(slots)]
+            lacking = [layer for slot, layer in enumerate(held[0]) if slot not in slots]
             # the file's name the first lacking layer would be read from, by analogy
             segments = mapped.sources[0].split(".")
             source = ".".join(str(lacking[0]) if s == str(known) else s for s in segments)
