@@ -116,10 +116,8 @@ class Checker:
             return SKIP
         where = path_str(self.like, entry.path)
         if stored is None:
-            # strings, objects and static values are not in state dicts or other tools'
-            # files; arrays and numbers are in every checkpoint
-            recorded = entry.category in (TENSOR, NUMBER) and entry.kind != STATIC
-            if not (recorded or self.source.records_values):
+            # strings, objects and static values are in treeclass's own files alone
+            if not (entry.is_data or self.source.records_values):
                 return KEEP
             return self._missing(where, entry)
         if entry.category == OBJECT:

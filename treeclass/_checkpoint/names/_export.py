@@ -31,7 +31,7 @@ from ._rules import (
     target_hits,
 )
 from ._stacks import stacks_of
-from ._walk import NO_DATA, NUMBER, STATIC, TENSOR, entries, is_abstract
+from ._walk import NO_DATA, NUMBER, TENSOR, entries, is_abstract
 
 
 class Target(NamedTuple):
@@ -122,7 +122,7 @@ def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
     stacks = stacks_of(tree)
     out = []
     for entry in entries(tree, action, f"{action}(path, value, rules=rules)"):
-        if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
+        if not entry.is_data:
             continue  # strings, functions, static fields: no foreign layout holds them
         where = path_str(tree, entry.path)
         value: Any = entry.value  # (a number's becomes an array below)
