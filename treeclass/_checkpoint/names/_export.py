@@ -223,13 +223,14 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
     """Source shapes the target shapes suggest for a rule with `count` sources."""
     out: list[tuple[tuple, ...]] = []
 
-    def add(*candidate: tuple) -> None:
-        if candidate not in out:
-            out.append(candidate)
+    def add(*candidate: tuple, flipped: bool = False) -> None:
+        """Suggest `candidate` (and, if `flipped`, it with each shape reversed next)."""
+        for shapes in (candidate, tuple(s[::-1] for s in candidate))[: 1 + flipped]:
+            if shapes not in out:
+                out.append(shapes)
 
     if count == len(shapes):  # one to one: as they are, or reversed (transposed)
-        add(*shapes)
-        add(*(s[::-1] for s in shapes))
+        add(*shapes, flipped=True)
         add(*(s[:-2] + s[-2:][::-1] for s in shapes))
     if count == 1 and len(shapes) == 1:
         t = shapes[0]
@@ -241,28 +242,24 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
         for a in range(len(t)):  # a reshape that split axes: them merged
             for b in range(a + 2, len(t) + 1):
                 merged = t[:a] + (math.prod(t[a:b]),) + t[b:]
-                add(merged)
-                add(merged[::-1])
+                add(merged, flipped=True)
     if count == 1 and len(shapes) > 1:  # a split: the targets joined along an axis
         rank = len(shapes[0])
         if all(len(s) == rank for s in shapes):
             for a in range(rank):
                 if all(s[:a] + s[a + 1 :] == shapes[0][:a] + shapes[0][a + 1 :] for s in shapes):
                     joined = shapes[0][:a] + (sum(s[a] for s in shapes),) + shapes[0][a + 1 :]
-                    add(joined)
-                    add(joined[::-1])
+                    add(joined, flipped=True)
             if all(s == shapes[0] for s in shapes):  # or stacked along a new axis
                 add((len(shapes), *shapes[0]))
         for s in shapes:  # or copied into each (tied weights, `lambda w: (w, w.T)`)
-            add(s)
-            add(s[::-1])
+            add(s, flipped=True)
     if count > 1 and len(shapes) == 1:  # a concatenation: the target cut in equal parts
         t = shapes[0]
         for a in range(len(t)):
             if t[a] % count == 0:
                 part = t[:a] + (t[a] // count,) + t[a + 1 :]
-                add(*[part] * count)
-                add(*[part[::-1]] * count)
+                add(*[part] * count, flipped=True)
         if t and t[0] == count:
             add(*[t[1:]] * count)
     return out
