@@ -13,12 +13,12 @@ from jax.extend.core import Var
 
 from ..._class_keywords import offer_class_check
 from ..._structure import TREECLASS, is_wrapper, row_of, unwrap
-from ..._values import entry_name
 from ..files._source import dtype_name, numpy_dtype
 from ._catalog import Catalog, Stored, Wrapping
+from ._fixes import listed
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._stacks import joined
-from ._walk import PLAIN, TENSOR, is_plain
+from ._walk import PLAIN, TENSOR, is_plain, key_name
 
 
 class _Step(NamedTuple):
@@ -116,7 +116,7 @@ def _nodes(tree: Any) -> Iterator[tuple[str, type]]:
         found = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)[0]
         for keys, child in reversed(found):
             if stop(child):
-                stack.append((child, (*path, *(str(entry_name(k)) for k in keys))))
+                stack.append((child, (*path, *map(key_name, keys))))
 
 
 def _classes(tree: Any) -> dict[str, tuple[type, list[str]]]:
@@ -371,10 +371,9 @@ class _Layer(Wrapping):
         self, inner: Catalog, prefixes: list[str], step: _Step, cls: str, start: int
     ) -> None:
         super().__init__(inner)
-        shown = ", ".join(p or "the root" for p in prefixes[:3])
-        more = f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else ""
+        shown = listed([p or "the root" for p in prefixes], 3)
         # the report's line, and the context of an error
-        self.migration = f"{cls} {start} -> {start + 1} ({step.label}) at {shown}{more}"
+        self.migration = f"{cls} {start} -> {start + 1} ({step.label}) at {shown}"
         self.context = (
             f"the migration of `{cls}` from version {start} to {start + 1} ({step.label}) at"
         )
