@@ -204,9 +204,9 @@ def bind(
             unbound.append(item)
             continue
         number, position, values = found
-        rule = rules[number]
-        run = runs.setdefault((number, values), Run(rule, dict(zip(rule.captures, values)), {}))
-        run.bound[position] = item
+        if (number, values) not in runs:
+            runs[number, values] = Run(rules[number], dict(zip(rules[number].captures, values)), {})
+        runs[number, values].bound[position] = item
     return runs, unbound
 
 
