@@ -695,6 +695,17 @@ def test_a_transposed_weight_under_its_own_name_suggests_the_transpose(tmp_path)
     assert "stored transposed ([3, 4] for [4, 3]): rules=[('w', 'w', lambda w: w.T)]" in message
 
 
+def test_a_transposed_weight_of_another_dtype_suggests_both_steps(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((3, 4), np.float16)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros((4, 3))})
+    suggested = "rules=[('w', 'w', lambda w: w.T.astype(jnp.float32))]"
+    assert f"stored transposed ([3, 4] for [4, 3]): {suggested}" in message
+    assert tc.load(
+        path, {"w": jnp.zeros((4, 3))}, rules=[("w", "w", lambda w: w.T.astype(jnp.float32))]
+    )["w"].shape == (4, 3)
+
+
 def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
     path = tmp_path / "m.safetensors"
     save_file({"w": np.ones(2, np.float32)}, str(path))

@@ -20,10 +20,10 @@ from .files._processes import DEFAULT_TIMEOUT_S, save_from_processes
 from .files._source import CheckpointWriter, OutTensor
 from .formats._formats import open_source, writer_for
 from .names._catalog import Catalog
+from .names._check import LoadReport
 from .names._document import METADATA_KEY, PlannedTensor, SourceCatalog, plan, tensor_bytes
 from .names._export import ForeignTensor, export
 from .names._fixes import listed
-from .names._report import LoadReport
 from .names._restore import restore
 from .names._rules import Rule, RuledCatalog, compile_rules
 from .names._stacks import stacks_of
@@ -205,19 +205,18 @@ def from_state_dict(
     - `like`: a tree of the right structure: a model, or an abstract one from
       `jax.eval_shape`.
     - `state`: a nested dict as made by `state_dict` (or restored by orbax).
-    - `strict`: if True, any missing key, unexpected key, or shape, dtype or type
-      mismatch raises. If False, restore what fits.
+    - `strict`: if True, any missing or unexpected key, or mismatch, raises; if False,
+      restore what fits.
     - `rules`, `where`, `missing`, `unexpected`, `dry_run`: as for `load` (key rules
       apply to the state dict's dot-joined names, `layers.0.weight`).
 
     **Returns**
 
-    The restored tree; with `strict=False`, a pair `(tree, report)` where `report` is a
-    `LoadReport` (see `load`).
+    The restored tree; with `strict=False`, a pair `(tree, report)` (see `load`).
 
     **Raises**
 
-    `ValueError` naming every key path that does not fit (with `strict=True`).
+    `ValueError` naming every key path that does not fit.
 
     ```python
     import jax.numpy as jnp
@@ -253,44 +252,39 @@ def save(
 
     Every array (frozen ones too) and numpy scalar is a tensor named by its key path
     joined with dots (`layers.0.weight`), bit-exact in any dtype; numbers, strings, `None`
-    and tuples or lists of them go into the header's metadata as JSON (`load` restores
-    them and checks static values); functions and other objects come from `load`'s
-    template. The write is atomic (a temporary file renamed over `path`), one array on
-    the host at a time.
+    and tuples or lists of them go into the header's metadata as JSON; functions and
+    other objects come from `load`'s template. The write is atomic, one array on the host
+    at a time.
 
     **Arguments**
 
     - `path`: the file to write (by convention `*.safetensors`); its folder must exist.
-    - `tree`: any pytree of arrays, numbers and TreeClass instances. Sharded arrays are
-      written whole.
-    - `max_shard_size`: if given, write sharded safetensors: `path` names the index
-      (`model.safetensors.index.json`), and the tensors go in the tree's order into shards
-      beside it of at most this many tensor bytes (an int, or a string such as `"5GB"` or
-      `"500MiB"`); shards of an earlier save that the new index no longer names are
-      removed (the reference guide, "Sharded safetensors").
-    - `rules`: write another library's layout: the key rules that load it (as `load`
-      takes them; a fourth element `(source, target, transform, inverse)` gives a
-      transform's inverse), run backwards; only tensors are written, in natural order of
-      their names (the checkpoints guide, "Export" and "The plan").
-    - `metadata`: strings for the header's `__metadata__` (with `max_shard_size`, the
-      index's `metadata` and every shard's), such as `{"format": "pt"}`.
-    - `format`: `"safetensors"` or `"sharded"` (with `max_shard_size`), as `load`'s
-      `format=` names them; by default told by `max_shard_size`. A format `load` only
-      reads (`"npz"`, `"flax"`, `"equinox"`) is an error before anything is written.
-    - `timeout`: with several processes, the most seconds a process waits for another
-      (to call `save`, or to go on with its part) before raising `TimeoutError`; 300 by
-      default. A tree holding arrays spread over processes is saved by every process
-      calling `save` with the same tree and path; any other by its caller alone (the
-      multihost recipe, "Checkpoints with `tc.save`").
+    - `tree`: any pytree of arrays, numbers and TreeClass instances (sharded arrays are
+      written whole).
+    - `max_shard_size`: write sharded safetensors: `path` names the index
+      (`model.safetensors.index.json`), the tensors going in the tree's order into shards
+      of at most this many bytes (an int, or `"5GB"`, `"500MiB"`); shards of an earlier
+      save the index no longer names are removed (the reference guide, "Sharded
+      safetensors").
+    - `rules`: write another library's layout: the key rules that load it, run backwards
+      (a fourth element, `(source, target, transform, inverse)`, gives a transform's
+      inverse); only tensors, in natural order of their names (the checkpoints guide,
+      "Export" and "The plan").
+    - `metadata`: strings for the header's `__metadata__` (sharded: the index's and every
+      shard's), such as `{"format": "pt"}`.
+    - `format`: `"safetensors"` or `"sharded"`, by default told by `max_shard_size`; a
+      format `load` only reads (`"npz"`, `"flax"`, `"equinox"`) is an error.
+    - `timeout`: with several processes, the most seconds one waits for another (300 by
+      default). A tree of arrays spread over processes is saved by every process calling
+      `save` with the same tree and path, any other by its caller alone (the multihost
+      recipe, "Checkpoints with `tc.save`").
 
     **Raises**
 
-    `ValueError` for an abstract value (a `jax.ShapeDtypeStruct`), two key paths with
-    the same name, or calls of several processes with different paths or trees (naming
-    the first key path that differs); with `rules`, a rule the plan cannot run
-    backwards, tied weights that differ, or an array spread over processes (gather it
-    first). `TimeoutError` for a call the other processes do not make, or a process that
-    stops. The file is untouched on any error.
+    `ValueError` for an abstract value, two key paths of one name, or processes calling
+    with different paths or trees; with `rules`, a rule the plan cannot run backwards,
+    tied weights that differ, or an array spread over processes. `TimeoutError` for a
+    process that does not call or stops. The file is untouched on any error.
 
     ```python
     import os, tempfile
@@ -446,12 +440,10 @@ def load(
     """Load the checkpoint at `path` into the template `like`.
 
     The template gives the structure, what is frozen, and every value the file does not
-    hold (functions, objects); the file gives the data, strings and frozen values, and is
-    checked against the template's static values. Arrays take the template's type: numpy
-    for a numpy leaf, else a `jax.Array` with the sharding of the template's leaf (a
-    `jax.ShapeDtypeStruct`'s, or a committed or sharded array's) or on the default device.
-    An abstract template (`jax.eval_shape(lambda: Model(...))`) has each tensor read once,
-    straight into place, each process reading only the bytes of its own shards.
+    hold (functions, objects); the file gives the data, and is checked against the
+    template's static values. Arrays take the template's type: numpy for a numpy leaf,
+    else a `jax.Array` with the template leaf's sharding (an abstract template's too: each
+    process reads only the bytes of its own shards) or on the default device.
 
     **Arguments**
 
@@ -459,43 +451,39 @@ def load(
       `.npz`, a flax `serialization.to_bytes` file (needs `msgpack`), an equinox
       `tree_serialise_leaves` file, or a folder holding one sharded checkpoint or one
       safetensors file (the reference guide, "Other formats").
-    - `like`: a tree of the right structure: a model, or an abstract one.
+    - `like`: a tree of the right structure: a model, or an abstract one
+      (`jax.eval_shape(lambda: Model(...))`).
     - `strict`: if True (the default), any missing or unexpected key, shape, dtype or
       type mismatch, or differing static value raises one `ValueError` naming every key
       path. If False, restore what fits and report the rest.
     - `rules`: key rules mapping the file's names to the template's key paths: a dict
       `{source: target}` or a list of `(source, target)` / `(source, target, transform)`
       tuples, e.g. `("h.{i}.mlp.c_fc.weight", "blocks[{i}].up", lambda w: w.T)`, tried in
-      order, the first match winning (the language, with splits, concatenations and
-      stacks: the checkpoints guide, "Loading weights from elsewhere").
+      order (the checkpoints guide, "Loading weights from elsewhere").
     - `where`: load only a selection of the template, `like.at["encoder"]` or any
-      selector (a bool mask tree, `tc.glob(...)`); the rest keeps its values and is
-      neither checked nor reported.
+      selector; the rest keeps its values, neither checked nor reported.
     - `missing`: `"error"`, `"keep"` (the template's value) or `"warn"` (keep, and warn)
-      for template paths the file lacks; by default an error when `strict`, and an error
-      whenever it is given as `"error"`, `strict=False` too.
+      for template paths the file lacks; `"error"` by default when `strict`, and given
+      so, an error with `strict=False` too.
     - `unexpected`: `"error"` or `"ignore"` for names in the file the template has no
-      place for; by default an error when `strict`, and whenever it is given as
-      `"error"`.
-    - `dry_run`: if True, return the `LoadReport` of what would be restored from where
-      (its `sources`), checked from names, dtypes and shapes alone: no tensor is read.
+      place for; defaults and `strict` as for `missing`.
+    - `dry_run`: if True, return the `LoadReport` of what would be restored from where,
+      checked from names, dtypes and shapes alone: no tensor is read.
     - `format`: `"safetensors"`, `"sharded"`, `"npz"`, `"flax"` or `"equinox"`; by
-      default told by the file's extension (`.safetensors`, `.index.json`, `.npz`,
-      `.msgpack`, `.eqx`), else by its first bytes.
+      default told by the file's extension, else by its first bytes.
 
     **Returns**
 
-    The restored tree. With `strict=False`, a pair `(tree, report)`: a `LoadReport` of
-    the paths left at the template's values, the names ignored, one message per problem
-    and where each restored path was read from. With `dry_run=True`, the report alone.
+    The restored tree; with `strict=False`, a pair `(tree, report)` (a `LoadReport`);
+    with `dry_run=True`, the report alone.
 
     **Raises**
 
-    `ValueError` for a strict load that does not fit, listing every problem and the fixes
-    that fit them (a non-strict load that could have restored more warns with them); for
-    a corrupted or truncated file, or one of no format `load` reads; and naming the leaves
-    of an abstract template the file did not fill, whatever `strict` and `missing` are.
-    `ImportError` for a flax file without the `msgpack` package.
+    `ValueError` for a load that does not fit, listing every problem and the fixes that
+    fit them (a non-strict load that could have restored more warns with them); for a
+    corrupted file, or one of no format `load` reads; and naming the leaves of an
+    abstract template the file did not fill. `ImportError` for a flax file without
+    `msgpack`.
 
     ```python
     import os, tempfile

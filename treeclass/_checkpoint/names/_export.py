@@ -1,5 +1,8 @@
-"""Export: a tree's data under another library's names, through the key rules that load it
-(a transform that only moves elements is inverted from a run on labels of its elements)."""
+"""Export: a tree's data under another library's names, through the key rules that load it.
+A plan first binds the template's tensors to the file's names, refusing what cannot be
+bound both ways before any is computed (the checkpoints guide, "The plan"); then each
+tensor is computed (a transform that only moves elements is inverted from a run on
+labels of its elements)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,143 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._values import is_prng_key
-from ._plan import Group, Plan, Target
-from ._rules import Rule, outputs, run_on
+from ..._values import is_prng_key, path_str
+from ._catalog import describe
+from ._rules import (
+    Rule,
+    Run,
+    bind,
+    layer_rules,
+    outputs,
+    pattern_choices,
+    reads_layers,
+    run_on,
+    source_hit,
+    target_hits,
+)
+from ._stacks import stacks_of
+from ._walk import NO_DATA, NUMBER, TENSOR, entries, is_abstract
+
+
+class Target(NamedTuple):
+    """A model array an export reads: its name, key path (for messages) and value (one
+    layer of it, `slot`, for a stack read by layers)."""
+
+    name: str
+    where: str
+    value: Any
+    slot: int | None
+    shape: tuple
+    dtype: Any
+    # the rules that cannot give it: those reading its stack by layers, for a stack whole
+    skip: frozenset[int] = frozenset()
+
+    def get(self) -> Any:
+        return self.value if self.slot is None else self.value[self.slot]
+
+
+class Plan:
+    """The tensors of `tree` bound to the file's names: rules' runs (their targets bound),
+    and arrays no rule takes."""
+
+    def __init__(self, tree: Any, rules: Sequence[Rule], action: str) -> None:
+        self.action = action
+        targets = _targets(tree, rules, action)
+        self.groups, self.own = bind(rules, targets, lambda t: self._bound(rules, t))
+        for (number, values), group in self.groups.items():
+            rule = group.rule
+            if len(group.bound) < len(rule.targets):
+                have = [group.bound[k].where for k in sorted(group.bound)]
+                lack = [n for k, n in enumerate(group.names("targets")) if k not in group.bound]
+                raise ValueError(
+                    f"{action}: key rule {rule.text()} writes {group.names('sources')} from all "
+                    f"its targets; the model has {have} but not {lack}"
+                )
+            for position, source in enumerate(group.names("sources")):
+                self._reads_back(rules, source, (number, position, values), rule.text())
+        for target in self.own:
+            self._reads_back(rules, target.name, None, f"{target.where} (under its own name)")
+
+    def _bound(self, rules: Sequence[Rule], target: Target) -> tuple | None:
+        """(rule number, target position, captured values) of the run giving `target`."""
+        hits = [hit for hit in target_hits(rules, target.name) if hit[0] not in target.skip]
+        if not hits:
+            return None
+        if len({number for number, _, _ in hits}) > 1:
+            shown = " and ".join(rules[number].text() for number, _, _ in hits[:2])
+            raise ValueError(
+                f"{self.action}: {target.where} (named {target.name!r}) is a target of key "
+                f"rules {shown}, so export cannot tell which source to write it to. "
+                "Tell the rules apart, by the values a capture takes where they differ "
+                "(`'layers.{i}.self_attn.{n:q|k|v|o}_proj.weight'`)"
+            )
+        number, position, match = hits[0]
+        rule = rules[number]
+        values = match.groupdict()
+        # a capture the target does not use is known if its source allows one value
+        values.update({c: v[0] for c, v in pattern_choices(rule.sources).items() if len(v) == 1})
+        lacking = [c for c in rule.captures if c not in values]
+        if lacking:
+            raise ValueError(
+                f"{self.action}: key rule {rule.text()} cannot be run backwards: its target "
+                f"{rule.targets[position]!r} does not capture {lacking}, which its sources use"
+            )
+        return number, position, tuple(values[c] for c in rule.captures)
+
+    def _reads_back(self, rules: Sequence[Rule], name: str, expected: Any, what: str) -> None:
+        """Refuse a name of the file that load would not read as the plan wrote it."""
+        hit = source_hit(rules, name)
+        if hit == expected:
+            return
+        if hit is None:  # (a capture limited on the source side only)
+            reader = "no key rule, so under its own name"
+        else:
+            reader = f"key rule {rules[hit[0]].text()}"
+            if expected is not None and hit[0] == expected[0]:
+                reader += f" with other captures ({dict(zip(rules[hit[0]].captures, hit[2]))})"
+        raise ValueError(
+            f"{self.action}: {what} writes {name!r}, which load reads through {reader}: the table "
+            "would not read back what it writes. Make the rules tell the names apart (limit a "
+            "capture, `{n:q|k|v}`, or order the rules so the narrower comes first)"
+        )
+
+
+def _targets(tree: Any, rules: Sequence[Rule], action: str) -> list[Target]:
+    """The tree's data by name; a stacked leaf by its layers unless the rules take it whole."""
+    stacks = stacks_of(tree)
+    out = []
+    for entry in entries(tree, action, f"{action}(path, value, rules=rules)"):
+        if not entry.is_data:
+            continue  # strings, functions, static fields: no foreign layout holds them
+        where = path_str(tree, entry.path)
+        value: Any = entry.value  # (a number's becomes an array below)
+        if is_abstract(value):
+            raise ValueError(NO_DATA.format(where=where, value=describe(value)))
+        if entry.category == NUMBER:
+            value = np.asarray(value)
+        stack = next((s for s in stacks if s.per_layer(entry.name)), None)
+        by_layers = (
+            entry.category == TENSOR
+            and stack is not None
+            and (reads_layers(rules, stack, entry.name) or not target_hits(rules, entry.name))
+        )
+        names = (stack.per_layer(entry.name) or []) if by_layers and stack else [entry.name]
+        if is_prng_key(value) and not any(target_hits(rules, name) for name in names):
+            raise ValueError(
+                f"{where} is a PRNG key array, which other libraries' layouts have no dtype "
+                "for: export its key data with a rule carrying both directions, (name, "
+                f"{entry.name!r}, jax.random.wrap_key_data, jax.random.key_data)"
+            )
+        if not by_layers:
+            skip = frozenset(layer_rules(rules, stack, entry.name) if stack else ())
+            out.append(
+                Target(entry.name, where, value, None, tuple(value.shape), value.dtype, skip)
+            )
+            continue
+        for slot, name in enumerate(names):
+            where_slot, shape = f"{where}[{slot}]", tuple(value.shape[1:])
+            out.append(Target(name, where_slot, value, slot, shape, value.dtype))
+    return out
 
 
 class ForeignTensor(NamedTuple):
@@ -86,13 +223,14 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
     """Source shapes the target shapes suggest for a rule with `count` sources."""
     out: list[tuple[tuple, ...]] = []
 
-    def add(*candidate: tuple) -> None:
-        if candidate not in out:
-            out.append(candidate)
+    def add(*candidate: tuple, flipped: bool = False) -> None:
+        """Suggest `candidate` (and, if `flipped`, it with each shape reversed next)."""
+        for shapes in (candidate, tuple(s[::-1] for s in candidate))[: 1 + flipped]:
+            if shapes not in out:
+                out.append(shapes)
 
     if count == len(shapes):  # one to one: as they are, or reversed (transposed)
-        add(*shapes)
-        add(*(s[::-1] for s in shapes))
+        add(*shapes, flipped=True)
         add(*(s[:-2] + s[-2:][::-1] for s in shapes))
     if count == 1 and len(shapes) == 1:
         t = shapes[0]
@@ -104,28 +242,24 @@ def _suggested(count: int, shapes: Sequence[tuple]) -> list[tuple[tuple, ...]]:
         for a in range(len(t)):  # a reshape that split axes: them merged
             for b in range(a + 2, len(t) + 1):
                 merged = t[:a] + (math.prod(t[a:b]),) + t[b:]
-                add(merged)
-                add(merged[::-1])
+                add(merged, flipped=True)
     if count == 1 and len(shapes) > 1:  # a split: the targets joined along an axis
         rank = len(shapes[0])
         if all(len(s) == rank for s in shapes):
             for a in range(rank):
                 if all(s[:a] + s[a + 1 :] == shapes[0][:a] + shapes[0][a + 1 :] for s in shapes):
                     joined = shapes[0][:a] + (sum(s[a] for s in shapes),) + shapes[0][a + 1 :]
-                    add(joined)
-                    add(joined[::-1])
+                    add(joined, flipped=True)
             if all(s == shapes[0] for s in shapes):  # or stacked along a new axis
                 add((len(shapes), *shapes[0]))
         for s in shapes:  # or copied into each (tied weights, `lambda w: (w, w.T)`)
-            add(s)
-            add(s[::-1])
+            add(s, flipped=True)
     if count > 1 and len(shapes) == 1:  # a concatenation: the target cut in equal parts
         t = shapes[0]
         for a in range(len(t)):
             if t[a] % count == 0:
                 part = t[:a] + (t[a] // count,) + t[a + 1 :]
-                add(*[part] * count)
-                add(*[part[::-1]] * count)
+                add(*[part] * count, flipped=True)
         if t and t[0] == count:
             add(*[t[1:]] * count)
     return out
@@ -141,16 +275,16 @@ class Exporter:
         # (one origin per name: the plan refuses a name load would not read back as written)
         for group in plan.groups.values():
             layouts = self._layouts(group)
-            for position, (source, layout) in enumerate(zip(group.sources(), layouts)):
+            for position, (source, layout) in enumerate(zip(group.names("sources"), layouts)):
                 self.layout[source], self.sources[source] = layout, (group, position)
         for target in plan.own:
             self.layout[target.name] = (np.dtype(target.dtype), target.shape)
             self.sources[target.name] = (target, 0)
         self._cached: tuple[Any, list[np.ndarray]] | None = None
 
-    def _layouts(self, group: Group) -> list[tuple[np.dtype, tuple]]:
+    def _layouts(self, group: Run) -> list[tuple[np.dtype, tuple]]:
         rule = group.rule
-        targets = [group.targets[k] for k in range(len(rule.targets))]
+        targets = [group.bound[k] for k in range(len(rule.targets))]
         keys = [t.where for t in targets if jnp.issubdtype(t.dtype, jax.dtypes.prng_key)]
         if keys and rule.inverse is None:
             raise ValueError(
@@ -231,15 +365,15 @@ class Exporter:
             self._cached = (origin, self._run(origin))
         return self._cached[1][position]
 
-    def _run(self, group: Group) -> list[np.ndarray]:
+    def _run(self, group: Run) -> list[np.ndarray]:
         rule = group.rule
-        values = [group.targets[k].get() for k in range(len(rule.targets))]
+        values = [group.bound[k].get() for k in range(len(rule.targets))]
         # on the host; a key array as it is (its inverse, `jax.random.key_data`, makes data)
         arrays = [v if is_prng_key(v) else np.asarray(v) for v in values]
         if rule.transform is None:
             return arrays
         if rule.inverse is not None:
-            layouts = [self.layout[name] for name in group.sources()]
+            layouts = [self.layout[name] for name in group.names("sources")]
             checked = [jax.ShapeDtypeStruct(shape, dtype) for dtype, shape in layouts]
             found = outputs(self._what(rule), rule, run_on, arrays, "sources", checked=checked)
             return [np.asarray(r) for r in found]
@@ -251,7 +385,7 @@ class Exporter:
         if gather.again.size:
             given, before = joined[gather.again], joined[gather.first]
             if given.tobytes() != before.tobytes():
-                wheres = [group.targets[k].where for k in range(len(rule.targets))]
+                wheres = [group.bound[k].where for k in range(len(rule.targets))]
                 raise ValueError(
                     f"{self.action}: key rule {rule.text()} reads one tensor for "
                     f"{wheres}, which hold different values where they should be copies "

@@ -12,9 +12,8 @@ from typing import Any
 import jax
 
 from ..files._source import dtype_name
-from ._catalog import Catalog
-from ._check import Checker, similarity
-from ._report import LoadReport
+from ._catalog import Catalog, Stored
+from ._check import Checker, LoadReport, similarity
 from ._stacks import StackAt, stacks_of
 from ._walk import STATIC, TENSOR
 
@@ -85,43 +84,44 @@ class Fixes:
         out: list[str] = []
         self.fixable: list[str] = []  # paths a suggested fix would restore
         renames: dict[tuple[str, ...], None] = {}
-        partnered: set[str] = set()
-        paired: set[str] = set()  # template names a suggested rule fills
+        partnered: set[str] = set()  # the file's names a suggested rule reads
         stacked = self._per_layer()
-        by_pattern = self._by_pattern()
+        done = set(stacked)  # template names a suggested rule fills
         missing = [(w, e) for k, w, e, _ in checker.problem_entries if k == "missing"]
+        by_pattern = self._by_pattern([e.name for _, e in missing])
+        self.fixable.extend(where for where, entry in missing if entry.name in stacked)
 
         def pair(where: str, entry: Any, name: str, rule: tuple[str, ...]) -> None:
             renames[rule] = None
             partnered.add(name)
-            paired.add(entry.name)
+            done.add(entry.name)
             if entry.kind != STATIC:  # (a static value is compared, not restored)
                 self.fixable.append(where)
 
-        for where, entry in missing:
-            if entry.name in stacked:
-                self.fixable.append(where)
-                continue
-            for close in (checker.closest(entry.name), by_pattern.get(entry.name)):
-                rule = None if close is None or close in partnered else self._rule(entry, close)
-                if close is not None and rule is not None:
-                    pair(where, entry, close, rule)
-                    break
-        # the one tensor that fits and whose name is related (`embed_tokens` for `embed`)
-        for where, entry in missing:
-            if entry.name in paired or entry.name in stacked or not _is_data(entry):
-                continue
-            found = [
+        def fitting(entry: Any, names: Iterable[str | None]) -> list[tuple[str, tuple]]:
+            return [
                 (name, rule)
-                for name in checker.unused
-                if name not in partnered and (rule := self._rule(entry, name)) is not None
+                for name in names
+                if name is not None
+                and name not in partnered
+                and (rule := self._rule(entry, name)) is not None
             ]
-            if len(found) == 1:
-                pair(where, entry, *found[0])
+
+        # a rename from the closest name, or the one of the same numbers, where it fits; then
+        # from the one related name that fits (`embed_tokens` for `embed`)
+        choices = (
+            lambda e: fitting(e, (checker.closest(e.name), by_pattern.get(e.name)))[:1],
+            lambda e: fitting(e, checker.unused) if _is_data(e) else [],
+        )
+        for choose in choices:
+            for where, entry in missing:
+                found = [] if entry.name in done else choose(entry)
+                if len(found) == 1:
+                    pair(where, entry, *found[0])
         # the one tensor of a shape and dtype on each side: a rename, whatever the names
         alone: dict[tuple, tuple[list[tuple[str, Any]], list[str]]] = {}
         for where, entry in missing:
-            if entry.name not in paired and entry.name not in stacked and _is_data(entry):
+            if entry.name not in done and _is_data(entry):
                 key = (tuple(entry.value.shape), dtype_name(entry.value))
                 alone.setdefault(key, ([], []))[0].append((where, entry))
         for name in checker.unused:
@@ -134,33 +134,30 @@ class Fixes:
                 (where, entry), name = mine[0], names[0]
                 pair(where, entry, name, _rule_between(name, entry.name))
         for kind, where, entry, stored in checker.problem_entries:
-            if kind == "dtype" and stored is not None:
-                self.fixable.append(where)
+            if kind not in ("dtype", "shape") or stored is None:
+                continue
+            steps = _steps(entry, stored)
+            shapes = f"{list(stored.shape)} for {list(entry.value.shape)}"
+            rule = f"rules=[({entry.name!r}, {entry.name!r}, lambda w: w{steps})]"
+            if steps is None:
+                out.append(
+                    f"- {where} has another shape in {self.source.label} ({shapes}): build "
+                    "the template with the configuration the checkpoint was saved with"
+                )
+                continue
+            self.fixable.append(where)
+            if kind == "shape":
+                out.append(f"- {where} is stored transposed ({shapes}): {rule}")
+            else:
                 out.append(
                     f"- {where} is {stored.dtype} in {self.source.label} and "
                     f"{dtype_name(entry.value)} in the template: convert it while loading "
-                    f"with a key rule, rules=[({entry.name!r}, {entry.name!r}, lambda w: "
-                    f"w.astype(jnp.{dtype_name(entry.value)}))], or build the template "
-                    f"with {stored.dtype}"
+                    f"with a key rule, {rule}, or build the template with {stored.dtype}"
                 )
-            elif kind == "shape" and stored is not None:
-                shape = tuple(entry.value.shape)
-                if len(shape) == 2 and tuple(stored.shape) == shape[::-1] and shape[0] != shape[1]:
-                    self.fixable.append(where)
-                    out.append(
-                        f"- {where} is stored transposed ({list(stored.shape)} for {list(shape)}): "
-                        f"rules=[({entry.name!r}, {entry.name!r}, lambda w: w.T)]"
-                    )
-                else:
-                    out.append(
-                        f"- {where} has another shape in {self.source.label} "
-                        f"({list(stored.shape)} for {list(shape)}): build the template "
-                        "with the configuration the checkpoint was saved with"
-                    )
         out.extend(self._renames(list(renames)))
         out.extend(stacked.values())
         out.extend(getattr(self.source, "fixes", ()))  # (a key rule catalog's own)
-        lonely_missing = [e for _, e in missing if e.name not in stacked and e.name not in paired]
+        lonely_missing = [e for _, e in missing if e.name not in done]
         shard = _index_of(self.source) if missing else None
         if shard is not None:
             out.append(
@@ -198,19 +195,12 @@ class Fixes:
         rule: tuple[str, ...] = _rule_between(close, entry.name)
         if not _is_tensor(entry):
             return None if theirs is not None and theirs.category == TENSOR else rule
-        if theirs is None or theirs.category != TENSOR:
+        steps = None if theirs is None or theirs.category != TENSOR else _steps(entry, theirs)
+        if steps is None:
             return None
-        shape, dtype = tuple(entry.value.shape), dtype_name(entry.value)
-        steps = []
-        if tuple(theirs.shape) != shape:
-            if len(shape) != 2 or shape[0] == shape[1] or tuple(theirs.shape) != shape[::-1]:
-                return None
-            steps.append(".T")  # a PyTorch-style [out, in] weight for an [in, out] one
-        if theirs.dtype != dtype:
-            steps.append(f".astype(jnp.{dtype})")
-        return (*rule, f"lambda w: w{''.join(steps)}") if steps else rule
+        return (*rule, f"lambda w: w{steps}") if steps else rule
 
-    def _by_pattern(self) -> dict[str, str]:
+    def _by_pattern(self, missing: list[str]) -> dict[str, str]:
         """Missing names paired with unused ones of the same numbers and last segment."""
 
         def patterns(names: Iterable[str]) -> dict[tuple[str, str], dict[tuple, str]]:
@@ -221,7 +211,6 @@ class Fixes:
                     out.setdefault((pattern, name.rsplit(".", 1)[-1]), {})[numbers] = name
             return out
 
-        missing = [e.name for k, _, e, _ in self.checker.problem_entries if k == "missing"]
         theirs = patterns(self.checker.unused)
         paired: dict[str, str] = {}
         for (_, last), mine in patterns(missing).items():
@@ -275,11 +264,11 @@ class Fixes:
                 taken = any((pattern, i) in used or i not in members for i in layers)
                 if taken or not _related(pattern, wanted):
                     continue
+                # every slot has a tensor of the block's shape, or of its transpose
                 shapes = {getattr(self.source.stored(members[i]), "shape", None) for i in layers}
-                if shapes == {rest}:  # every slot has a tensor of the block's shape
-                    fits.append((pattern, members, ""))
-                elif len(rest) == 2 and rest[0] != rest[1] and shapes == {rest[::-1]}:
-                    fits.append((pattern, members, ".T"))
+                flip = _flip(rest, shapes.pop()) if len(shapes) == 1 else None
+                if flip is not None:
+                    fits.append((pattern, flip))
             sibling = parents.get(_parent(wanted))
             fits.sort(key=lambda c: (_parent(c[0]) != sibling, -similarity(c[0], wanted), c[0]))
             if not fits:
@@ -287,7 +276,7 @@ class Fixes:
             if len(fits) > 1 and _parent(fits[0][0]) != sibling:
                 if similarity(fits[0][0], wanted) == similarity(fits[1][0], wanted):
                     continue  # two names fit alike (`attn.c_proj`, `mlp.c_proj`): no guess
-            pattern, members, flip = fits[0]
+            pattern, flip = fits[0]
             used.update((pattern, i) for i in layers)
             parents[_parent(wanted)] = _parent(pattern)
             if flip:
@@ -306,6 +295,23 @@ class Fixes:
                 f"the stack with a key rule, rules=[{rule}]"
             )
         return found
+
+
+def _flip(shape: tuple, stored: tuple | None) -> str | None:
+    """`""` for a stored shape that is `shape`, `".T"` for a non-square 2-D one transposed (a
+    PyTorch-style [out, in] weight for an [in, out] one), else None."""
+    if stored == shape:
+        return ""
+    return ".T" if len(shape) == 2 and shape[0] != shape[1] and stored == shape[::-1] else None
+
+
+def _steps(entry: Any, theirs: Stored) -> str | None:
+    """The methods making the stored tensor `theirs` fit `entry` (`.T`, `.astype(...)`, both,
+    or none: `""`), or None if no transpose or conversion makes it fit."""
+    steps, dtype = _flip(tuple(entry.value.shape), theirs.shape), dtype_name(entry.value)
+    if steps is None:
+        return None
+    return steps + (f".astype(jnp.{dtype})" if theirs.dtype != dtype else "")
 
 
 def _parent(pattern: str) -> str:

@@ -178,6 +178,38 @@ def fill(pattern: str, values: Mapping[str, str]) -> str:
     return CAPTURE.sub(lambda m: values[m.group(1)], pattern)
 
 
+class Run(NamedTuple):
+    """One run of a rule: its captures, and what is bound to its positions on one side."""
+
+    rule: Rule
+    captures: dict[str, str]
+    bound: dict[int, Any]  # by position among the rule's sources (load) or targets (export)
+
+    def names(self, side: str) -> list[str]:
+        """The rule's `"sources"` or `"targets"` with this run's captures filled in."""
+        return [fill(pattern, self.captures) for pattern in getattr(self.rule, side)]
+
+
+def bind(
+    rules: Sequence[Rule], items: Iterable[Any], hit: Callable[[Any], Any]
+) -> tuple[dict[tuple[int, tuple[str, ...]], Run], list[Any]]:
+    """`items` bound to the runs of `rules`, `hit(item)` giving (rule number, position,
+    captured values), or None for an item of no run: the runs by (number, values), in
+    order of their first item, and the items of no run."""
+    runs: dict[tuple[int, tuple[str, ...]], Run] = {}
+    unbound = []
+    for item in items:
+        found = hit(item)
+        if found is None:
+            unbound.append(item)
+            continue
+        number, position, values = found
+        if (number, values) not in runs:
+            runs[number, values] = Run(rules[number], dict(zip(rules[number].captures, values)), {})
+        runs[number, values].bound[position] = item
+    return runs, unbound
+
+
 class _Mapped(NamedTuple):
     rule: Rule | None  # None: a name no rule matched, under its own name
     sources: tuple[str, ...]  # the catalog's names read for it, in the rule's order
@@ -200,31 +232,23 @@ class RuledCatalog(Wrapping):
         self.rules = rules
         self.stacks = tuple(stacks)
         self.mapped: dict[str, _Mapped] = {}
-        groups: dict[tuple[int, tuple[str, ...]], dict[int, str]] = {}
-        taken: dict[str, int] = {}  # the names some rule reads: the first rule's number
-        for name in inner.names():
-            hit = source_hit(rules, name)
-            if hit is not None:
-                number, which, values = hit
-                groups.setdefault((number, values), {})[which] = name
-                taken[name] = number
-            else:
-                self._add(name, _Mapped(None, (name,), 0, (name,)))
-        self._refuse_shadowed(taken)
+        runs, own = bind(rules, inner.names(), lambda name: source_hit(rules, name))
+        for name in own:
+            self._add(name, _Mapped(None, (name,), 0, (name,)))
+        self._refuse_shadowed({n: key[0] for key, run in runs.items() for n in run.bound.values()})
         # names whose absence a problem line explains (a layout, a stack lacking layers)
         self.explained: set[str] = set()
-        for (number, values), found in groups.items():
-            rule = rules[number]
+        for run in runs.values():
+            found, rule = run.bound, run.rule
             if len(found) < len(rule.sources):  # a concatenation lacks a part
-                lacking = [fill(s, dict(zip(rule.captures, values))) for s in rule.sources]
+                lacking = [n for k, n in enumerate(run.names("sources")) if k not in found]
                 self.problems.append(
                     f"incomplete  key rule {rule.text()} found {sorted(found.values())} in "
-                    f"{self.label} but not {[n for n in lacking if n not in found.values()]}"
+                    f"{self.label} but not {lacking}"
                 )
                 continue
             sources = tuple(found[k] for k in range(len(rule.sources)))
-            captures = dict(zip(rule.captures, values))
-            names = tuple(fill(target, captures) for target in rule.targets)
+            names = tuple(run.names("targets"))
             for position, name in enumerate(names):
                 self._add(name, _Mapped(rule, sources, position, names))
         # per-layer names of the template's stacks: set aside, their stacked leaves offered
@@ -352,11 +376,10 @@ class RuledCatalog(Wrapping):
         via = f"key rule {mapped.rule.text()}" if mapped.rule is not None else "their own names"
         where = f"{whole!r} (a stack of {count} at {stack.prefix or 'the root'!r})"
         if len(slots) < count:
-            layer = stack.layer_of(first)
-            assert layer is not None  # (`first` is one of the stack's layers)
-            known = layer[0]
-            position = known % stack.period
-            lacking = [slot * stack.period + position for slot in range(count) if slot not in slots]
+            held = stack.slots(whole)
+            assert held is not None  # (`whole` is one of the stack's leaves)
+            known = held[0][min(slots)]
+            lacking = [layer for slot, layer in enumerate(held[0]) if slot not in slots]
             # the file's name the first lacking layer would be read from, by analogy
             segments = mapped.sources[0].split(".")
             source = ".".join(str(lacking[0]) if s == str(known) else s for s in segments)

@@ -10,7 +10,7 @@ from jax.core import Tracer
 
 from ..files._source import dtype_name
 from ._catalog import Stored
-from ._walk import NUMBER, PLAIN, STATIC, TENSOR, category, entries, state_key
+from ._walk import PLAIN, TENSOR, category, entries, state_key
 
 
 class StateCatalog:
@@ -60,7 +60,7 @@ def state_dict_of(tree: object) -> dict:
     """The data of `tree` as a nested dict (see `tc.state_dict`)."""
     out: dict = {}
     for entry in entries(tree, "tc.state_dict", "tc.state_dict(value)"):
-        if entry.kind == STATIC or entry.category not in (TENSOR, NUMBER):
+        if not entry.is_data:
             continue
         value = entry.value
         if isinstance(value, Tracer):  # a frozen array of an abstract model

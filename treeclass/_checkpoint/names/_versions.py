@@ -13,12 +13,12 @@ from jax.extend.core import Var
 
 from ..._class_keywords import offer_class_check
 from ..._structure import TREECLASS, is_wrapper, row_of, unwrap
-from ..._values import entry_name
 from ..files._source import dtype_name, numpy_dtype
 from ._catalog import Catalog, Stored, Wrapping
+from ._fixes import listed
 from ._rules import Rule, RuledCatalog, compile_rules, in_file_dtypes
 from ._stacks import joined
-from ._walk import PLAIN, TENSOR, is_plain
+from ._walk import PLAIN, TENSOR, is_plain, key_name
 
 
 class _Step(NamedTuple):
@@ -115,16 +115,15 @@ def _nodes(tree: Any) -> Iterator[tuple[str, type]]:
 
         found = jax.tree_util.tree_flatten_with_path(node, is_leaf=stop)[0]
         for keys, child in reversed(found):
-            if child is not node and (is_wrapper(child) or _classed(child)):
-                stack.append((child, (*path, *(str(entry_name(k)) for k in keys))))
+            if stop(child):
+                stack.append((child, (*path, *map(key_name, keys))))
 
 
-def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
-    """Every TreeClass class of `tree` by name: `{"Encoder": {"version": 2, "at": ["encoder"]}}`."""
-    found: dict[str, type] = {}
-    at: dict[str, list[str]] = {}
+def _classes(tree: Any) -> dict[str, tuple[type, list[str]]]:
+    """Every TreeClass class of `tree` by name, with the checkpoint names of its nodes."""
+    found: dict[str, tuple[type, list[str]]] = {}
     for name, cls in _nodes(tree):
-        other = found.setdefault(cls.__name__, cls)
+        other, at = found.setdefault(cls.__name__, (cls, []))
         if other is not cls and version_of(other) != version_of(cls):
             raise ValueError(
                 f"two classes named {cls.__name__} ({other.__module__}.{other.__qualname__}, "
@@ -132,8 +131,13 @@ def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
                 f"version {version_of(cls)}) are in the tree: a checkpoint records versions "
                 "by class name. Rename one of them."
             )
-        at.setdefault(cls.__name__, []).append(name)
-    return {name: {"version": version_of(cls), "at": at[name]} for name, cls in found.items()}
+        at.append(name)
+    return found
+
+
+def class_versions(tree: Any) -> dict[str, dict[str, Any]]:
+    """Every TreeClass class of `tree` by name: `{"Encoder": {"version": 2, "at": ["encoder"]}}`."""
+    return {name: {"version": version_of(c), "at": at} for name, (c, at) in _classes(tree).items()}
 
 
 _NEWER = (
@@ -149,19 +153,15 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
         return catalog
     stamps = getattr(catalog, "class_versions", None)
     location = getattr(catalog, "location", catalog.title)
-    classes: dict[str, type] = {}
-    placed: dict[str, list[str]] = {}
-    for name, cls in _nodes(like):
-        classes.setdefault(cls.__name__, cls)
-        placed.setdefault(cls.__name__, []).append(name)
+    classes = _classes(like)
     if stamps is None:
-        stamps = {name: {"version": 0, "at": at} for name, at in placed.items()}
+        stamps = {name: {"version": 0, "at": at} for name, (_, at) in classes.items()}
     # (depth, class name) -> the file's key paths of its nodes
     levels: dict[tuple[int, str], list[str]] = {}
     for name, stamp in stamps.items():
         if name not in classes:
             continue
-        saved, mine = stamp["version"], version_of(classes[name])
+        saved, mine = stamp["version"], version_of(classes[name][0])
         if saved > mine:
             raise ValueError(_NEWER.format(location=location, cls=name, saved=saved, mine=mine))
         if saved < mine:
@@ -170,7 +170,7 @@ def migrate(catalog: Catalog, like: Any) -> Catalog:
                 levels.setdefault((depth, name), []).append(prefix)
     # the deepest nodes first: a class's steps then see its nested nodes' current names
     for depth, name in sorted(levels, key=lambda level: -level[0]):
-        record: _Versions | None = getattr(classes[name], "_tc_versions", None)
+        record: _Versions | None = getattr(classes[name][0], "_tc_versions", None)
         assert record is not None
         for start in range(stamps[name]["version"], record.version):
             step = record.steps.get(start)
@@ -371,10 +371,9 @@ class _Layer(Wrapping):
         self, inner: Catalog, prefixes: list[str], step: _Step, cls: str, start: int
     ) -> None:
         super().__init__(inner)
-        shown = ", ".join(p or "the root" for p in prefixes[:3])
-        more = f" and {len(prefixes) - 3} more" if len(prefixes) > 3 else ""
+        shown = listed([p or "the root" for p in prefixes], 3)
         # the report's line, and the context of an error
-        self.migration = f"{cls} {start} -> {start + 1} ({step.label}) at {shown}{more}"
+        self.migration = f"{cls} {start} -> {start + 1} ({step.label}) at {shown}"
         self.context = (
             f"the migration of `{cls}` from version {start} to {start + 1} ({step.label}) at"
         )

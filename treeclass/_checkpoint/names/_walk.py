@@ -122,6 +122,11 @@ class Entry(NamedTuple):
     # a static value (or a part of one) that of the TreeClass holding the field
     node: tuple
 
+    @property
+    def is_data(self) -> bool:
+        """An array or a number outside static fields: what every checkpoint holds."""
+        return self.kind != STATIC and self.category in (TENSOR, NUMBER)
+
 
 _NO_KEYS = (
     "{action} needs a tree with keys, but got a single {type}: the checkpoint names its "
