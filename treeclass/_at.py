@@ -54,6 +54,7 @@ from ._selectors import (
     slice_text,
 )
 from ._structure import (
+    describe,
     entry_name,
     is_leaf_node,
     path_str,
@@ -63,8 +64,6 @@ from ._structure import (
 )
 from ._util import add_leaf_note, check_callable
 from ._values import readable_here, sharding_spec, short_repr
-
-__all__ = ["AtIndexer", "at", "selection"]
 
 T = TypeVar("T")
 _A = TypeVar("_A")  # a fold's initial accumulator
@@ -158,7 +157,7 @@ ITERATION_MSG = (
 )
 SCAN_RESULT_MSG = (
     "The scan function must return a pair `(new_leaf, new_state)`, but at {where} it "
-    "returned {value} of type {type}."
+    "returned {value}."
 )
 PARALLEL_ARG_MSG = (
     "`is_parallel` must be True, False, or a dict of `concurrent.futures.ThreadPoolExecutor` "
@@ -787,10 +786,8 @@ class _Scan(_Op):
         def one(x: object, where: tuple) -> Any:
             result = walker.call(self.fn, where, x, self.state)
             if not (isinstance(result, tuple) and len(result) == 2):
-                value, kind = _short_repr(result), type(result).__name__
-                raise TypeError(
-                    SCAN_RESULT_MSG.format(where=walker.where(where), value=value, type=kind)
-                )
+                value = describe(result)
+                raise TypeError(SCAN_RESULT_MSG.format(where=walker.where(where), value=value))
             new, self.state = result
             if emask is None:
                 return _keep_array(new, x, walker.where, where)

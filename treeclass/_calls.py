@@ -15,8 +15,6 @@ from . import _node
 from ._util import check_callable
 from ._values import closest, path_str
 
-__all__ = ["call_on_copy", "method_of", "value_and_tree"]
-
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 

@@ -11,8 +11,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["compile_function", "render_init", "render_build", "InitStore"]
-
 _serial = itertools.count(1)
 
 

@@ -18,8 +18,6 @@ import numpy as np
 
 from ._util import add_leaf_note, check_callable, leaf_path_str
 
-__all__ = ["leafwise", "bcmap"]
-
 _T = TypeVar("_T", bound=type)
 _Tree = TypeVar("_Tree")
 _flatten = jax.tree_util.tree_flatten

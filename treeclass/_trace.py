@@ -15,8 +15,6 @@ from jax.tree_util import PyTreeDef
 
 from ._util import add_leaf_note, check_callable, path_str
 
-__all__ = ["tree_flatten_with_trace", "tree_leaves_with_trace", "tree_map_with_trace"]
-
 Trace = tuple[tuple[Any, ...], tuple[type, ...]]
 
 _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path

@@ -14,6 +14,7 @@ import numpy as np
 from jax.core import Tracer as _Tracer
 
 from ._numbers import PYTHON_NUMBERS
+from ._structure import describe
 from ._values import (
     exact_key,
     local_copy,
@@ -22,10 +23,7 @@ from ._values import (
     register_childless,
     root_name,
     sharding_spec,
-    short_repr,
 )
-
-__all__ = ["is_tree_equal", "Partial"]
 
 _R = TypeVar("_R")
 
@@ -211,7 +209,7 @@ def leaf_path_str(tree: object, index: int, is_leaf: Callable[[Any], bool] | Non
     return path_str(tree, paths[index][0])
 
 
-_NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value} of type {type}."
+_NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value}."
 
 
 def check_callable(
@@ -223,9 +221,7 @@ def check_callable(
     if not callable(value):
         what += " (or None)" if optional else ""
         raise TypeError(
-            _NOT_CALLABLE_MSG.format(
-                where=where, arg=arg, what=what, value=short_repr(value), type=type(value).__name__
-            )
+            _NOT_CALLABLE_MSG.format(where=where, arg=arg, what=what, value=describe(value))
         )
 
 
