@@ -165,13 +165,8 @@ PARALLEL_ARG_MSG = (
 )
 PARALLEL_TRACED_MSG = (
     "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
-    "leaf at {where} is a tracer, and tracing on other threads would leak it. Run the "
-    "parallel operation outside the transformation, or drop `is_parallel`."
-)
-PARALLEL_TRACED_VALUE_MSG = (
-    "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
-    "value set at {where} is (or holds) a tracer. Run the parallel operation outside the "
-    "transformation, or drop `is_parallel`."
+    "{what} at {where} is (or holds) a tracer, and tracing on other threads would leak it. "
+    "Run the parallel operation outside the transformation, or drop `is_parallel`."
 )
 FN_NOTE = "raised by `{fn}` at {where} (in {selection})"
 NUMBER_MISFIT_MSG = (
@@ -335,6 +330,14 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
     return new
 
 
+def _put_new(new: object, leaf: Any, emask: Any, walker: _Run, path: tuple[Any, ...]) -> Any:
+    """`new`, computed for `leaf` at `path`, put in its place or into the elements `emask`
+    selects."""
+    if emask is None:
+        return _keep_array(new, leaf, walker.where, path)
+    return _masked(emask, new, leaf, lambda: walker.where(path))
+
+
 # -- running per-leaf functions on a thread pool -----------------------------------------------
 
 
@@ -347,16 +350,6 @@ class _Pending:
     finish: Callable[[Any], Any] | None  # applied to the result once it is there
 
 
-def _executor_args(is_parallel: object) -> dict[str, Any] | None:
-    if is_parallel is False or is_parallel is None:
-        return None
-    if is_parallel is True:
-        return {}
-    if isinstance(is_parallel, dict):
-        return dict(is_parallel)
-    raise TypeError(PARALLEL_ARG_MSG.format(value=is_parallel))
-
-
 # -- one operation over a selection -------------------------------------------------------------
 
 
@@ -364,17 +357,7 @@ class _Run:
     """One operation over a selection: what the op puts at each spot, and the leaves it
     reaches (`count`: none, and only wrapped values or static fields reached, is an error)."""
 
-    __slots__ = (
-        "tree",
-        "op",
-        "is_leaf",
-        "text",
-        "count",
-        "blocked",
-        "pool",
-        "pending",
-        "traced_value",
-    )
+    __slots__ = ("tree", "op", "is_leaf", "text", "count", "blocked", "pool", "pending", "traced")
 
     def __init__(
         self,
@@ -394,7 +377,7 @@ class _Run:
         self.pending = False
         # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
         # at once, and refused at the first selected spot
-        self.traced_value = (
+        self.traced = (
             pool is not None
             and type(op) is _Set
             and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
@@ -439,12 +422,16 @@ class _Run:
         return new
 
     def spot(self, s: Spot) -> Any:
-        if self.pool is not None:  # as `call` refuses `apply`'s traced leaves, for every op
+        if self.pool is not None:  # traced leaves and values are refused here, for every op
             for p, leaf in jax.tree_util.tree_flatten_with_path(s.node, is_leaf=self.is_leaf)[0]:
                 if isinstance(leaf, Tracer):
-                    raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(s.path + p)))
-            if self.traced_value:
-                raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(s.path)))
+                    raise ValueError(
+                        PARALLEL_TRACED_MSG.format(what="leaf", where=self.where(s.path + p))
+                    )
+            if self.traced:
+                raise ValueError(
+                    PARALLEL_TRACED_MSG.format(what="value set", where=self.where(s.path))
+                )
         before = self.count
         out = self.op.spot(self, s.node, s.path, s.emask)
         if self.count == before:
@@ -470,33 +457,23 @@ class _Run:
     ) -> Any:
         """`fn(*args)` for the leaf at `path` (then `finish` of it), errors naming the path;
         under `is_parallel`, a `_Pending` stands in for it until `resolve`."""
-        if self.pool is not None:
-            if isinstance(args[0], Tracer):
-                raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path)))
-            self.pending = True
-            return _Pending(self.pool.submit(fn, *args), path, finish)
-        try:
-            result = fn(*args)
-        except Exception as error:
-            self.note_failure(error, fn, path)
-            raise
-        return result if finish is None else finish(result)
+        if self.pool is None:
+            result = self.call_now(fn, path, *args)
+            return result if finish is None else finish(result)
+        self.pending = True
+        return _Pending(self.pool.submit(fn, *args), path, finish)
 
-    def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
-        _note_fn(error, fn, self.where(path), self.text())
+    def call_now(self, fn: Callable[..., Any], path: tuple[Any, ...], *args: Any) -> Any:
+        """`fn(*args)` here and now, an error it raises noted with the leaf at `path`."""
+        try:
+            return fn(*args)
+        except Exception as error:
+            _note_fn(error, fn, self.where(path), self.text())
+            raise
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
-        """The user's `fn` over the leaves of a selected subtree, counting them (key paths
-        are worked out only for an error, or for the thread pool's pending leaves)."""
-        if self.pool is not None:
-
-            def submit(x: object, where: tuple) -> Any:
-                def keep(new: object) -> Any:  # a number returned for an array leaf fills it
-                    return _keep_array(new, x, self.where, where)
-
-                return self.call(fn, where, x, finish=keep)
-
-            return _map_with_paths(self, submit, node, path)
+        """`fn` over the leaves of a selected subtree, here and now, counting them (key paths
+        are worked out only for an error)."""
         leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=self.is_leaf)
         self.count += len(leaves)
         out: list[Any] = []
@@ -514,7 +491,7 @@ class _Run:
                     new = _keep_array(new, leaf, lambda _: self.where(failed_path()), None)
                 out.append(new)
         except Exception as error:
-            self.note_failure(error, fn, failed_path())
+            _note_fn(error, fn, self.where(failed_path()), self.text())
             raise
         return treedef.unflatten(out)
 
@@ -693,23 +670,15 @@ class _Apply(_Op):
     def static_value(self, walker, old, path):
         # here and now, even under `is_parallel`: the value goes into the node's layout,
         # where no pending result would be resolved
-        try:
-            return self.fn(old)
-        except Exception as error:
-            walker.note_failure(error, self.fn, path)
-            raise
+        return walker.call_now(self.fn, path, old)
 
     def spot(self, walker, node, path, emask):
         fn = self.fn
-        if emask is None:
-            if walker.pool is None and is_leaf_node(node, walker.is_leaf):
-                # the common spot (a name chain ending at a leaf), without a frame to spare
+        if emask is None and walker.pool is None:
+            if is_leaf_node(node, walker.is_leaf):
+                # the common spot (a name chain ending at a leaf)
                 walker.count += 1
-                try:
-                    new = fn(node)
-                except Exception as error:
-                    walker.note_failure(error, fn, path)
-                    raise
+                new = walker.call_now(fn, path, node)
                 if type(new) in _FILLS:
                     return _keep_array(new, node, walker.where, path)
                 return new
@@ -717,7 +686,7 @@ class _Apply(_Op):
 
         def one(x: object, where: tuple) -> Any:
             def finish(new: object) -> Any:
-                return _masked(emask, new, x, lambda: walker.where(where))
+                return _put_new(new, x, emask, walker, where)
 
             return walker.call(fn, where, x, finish=finish)
 
@@ -736,22 +705,25 @@ class _ApplyWhole(_Apply):
         return walker.call(self.fn, path, node)
 
 
-class _Collect(_Op):
-    __slots__ = ("leaves", "paths")
+class _Reduce(_Op):
+    """Fold `fn(accumulator, leaf)` over the selected leaves (`_MISSING`: none yet)."""
 
-    def __init__(self) -> None:
-        self.leaves: list[Any] = []
-        self.paths: list[tuple[Any, ...]] = []
+    __slots__ = ("fn", "accumulator")
+
+    def __init__(self, fn: Callable[[Any, Any], Any], initializer: object) -> None:
+        self.fn, self.accumulator = fn, initializer
 
     def spot(self, walker, node, path, emask):
-        def collect(x: object, where: tuple) -> None:
+        def fold(x: object, where: tuple) -> None:
             if emask is not None:
                 at = functools.partial(walker.where, where)
                 x = _take(x, emask, None, at, TRACED_MASK_REDUCE_MSG)
-            self.leaves.append(x)
-            self.paths.append(where)
+            if self.accumulator is _MISSING:
+                self.accumulator = x
+            else:
+                self.accumulator = walker.call(self.fn, where, self.accumulator, x)
 
-        _map_with_paths(walker, collect, node, path)
+        _map_with_paths(walker, fold, node, path)
         return node
 
 
@@ -789,9 +761,7 @@ class _Scan(_Op):
                 value = describe(result)
                 raise TypeError(SCAN_RESULT_MSG.format(where=walker.where(where), value=value))
             new, self.state = result
-            if emask is None:
-                return _keep_array(new, x, walker.where, where)
-            return _masked(emask, new, x, lambda: walker.where(where))
+            return _put_new(new, x, emask, walker, where)
 
         return _map_with_paths(walker, one, node, path)
 
@@ -966,12 +936,13 @@ class AtIndexer(Generic[T]):
     def _run(
         self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
     ) -> Any:
-        pool_args = None if is_parallel is False else _executor_args(is_parallel)
-        if pool_args is not None:
+        if is_parallel is not False and is_parallel is not None:
+            if is_parallel is not True and not isinstance(is_parallel, dict):
+                raise TypeError(PARALLEL_ARG_MSG.format(value=is_parallel))
+            pool_args = {} if is_parallel is True else is_parallel
             with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-                return _Run(self.tree, op, is_leaf, self._selection, pool).run(
-                    self._select(is_leaf, op)
-                )
+                run = _Run(self.tree, op, is_leaf, self._selection, pool)
+                return run.run(self._select(is_leaf, op))
         matchers = self._matchers
         run = _Run(self.tree, op, is_leaf, self._selection)
         if is_leaf is None:
@@ -983,9 +954,7 @@ class AtIndexer(Generic[T]):
                 out = _aligned_mask_op(self.tree, matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
-        return run.run(
-            select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
-        )
+        return run.run(self._select(is_leaf, op))
 
     def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
@@ -1195,22 +1164,11 @@ class AtIndexer(Generic[T]):
         """
         check_callable(fn, "AtIndexer.reduce", "fn", " of (accumulator, leaf)")
         check_callable(is_leaf, "AtIndexer.reduce", "is_leaf", optional=True)
-        collect = _Collect()
-        self._run(collect, is_leaf)
-        leaves, paths = collect.leaves, collect.paths
-        if initializer is _MISSING:
-            if not leaves:
-                raise TypeError(EMPTY_REDUCE_MSG.format(selection=self._selection()))
-            accumulator, start = leaves[0], 1
-        else:
-            accumulator, start = initializer, 0
-        for index in range(start, len(leaves)):
-            try:
-                accumulator = fn(accumulator, leaves[index])
-            except Exception as error:
-                _note_fn(error, fn, path_str(self.tree, paths[index]), self._selection())
-                raise
-        return accumulator
+        fold = _Reduce(fn, initializer)
+        self._run(fold, is_leaf)
+        if fold.accumulator is _MISSING:
+            raise TypeError(EMPTY_REDUCE_MSG.format(selection=self._selection()))
+        return fold.accumulator
 
     def scan(
         self,

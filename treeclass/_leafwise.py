@@ -36,6 +36,7 @@ _OPERAND_STRUCTURE_MSG = (
     "To combine every leaf with one value, pass that value instead of a tree."
 )
 _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
+_UNARY_OPERAND: Any = object()  # `_leaf_map`'s `other` for a unary operator
 
 
 def _rounding(name: str) -> Callable[[Any], Any]:
@@ -50,51 +51,37 @@ def _rounding(name: str) -> Callable[[Any], Any]:
     return rounded
 
 
-def _note_leaf(
-    error: BaseException, tree: object, leaves: list, remaining: object, symbol: str
-) -> None:
-    index = len(leaves) - operator.length_hint(remaining) - 1  # the iterator is past it
-    leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
-    path = leaf_path_str(tree, index)
-    add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
-
-
-def _unary_map(fn: Callable[[Any], Any], tree: object, symbol: str) -> Any:
-    leaves, treedef = _flatten(tree)
-    remaining = iter(leaves)
-    try:
-        out = list(map(fn, remaining))
-    except Exception as error:
-        _note_leaf(error, tree, leaves, remaining, symbol)
-        raise
-    return treedef.unflatten(out)
-
-
-def _binary_map(
-    op: Callable[[Any, Any], Any],
+def _leaf_map(
+    op: Callable[..., Any],
     tree: object,
-    other: object,
     symbol: str,
-    cls: type,
-    reflected: bool,
+    other: object = _UNARY_OPERAND,
+    cls: type = object,
+    reflected: bool = False,
 ) -> Any:
+    """`op` of each leaf of `tree` (and of `other`'s leaf at the same place when it is a
+    `cls` tree, else of `other` itself; none for a unary operator)."""
     leaves, treedef = _flatten(tree)
-    others: Iterable[Any]
-    if isinstance(other, cls):
-        others, other_def = _flatten(other)
-        if other_def != treedef:
-            left, right = (other_def, treedef) if reflected else (treedef, other_def)
-            message = _OPERAND_STRUCTURE_MSG.format(
-                symbol=symbol, cls=cls.__name__, left=left, right=right
-            )
-            raise ValueError(message)
-    else:
-        others = repeat(other)
     remaining = iter(leaves)
+    columns: tuple[Iterable[Any], ...] = (remaining,)
+    if other is not _UNARY_OPERAND:
+        others: Iterable[Any] = repeat(other)
+        if isinstance(other, cls):
+            others, other_def = _flatten(other)
+            if other_def != treedef:
+                left, right = (other_def, treedef) if reflected else (treedef, other_def)
+                message = _OPERAND_STRUCTURE_MSG.format(
+                    symbol=symbol, cls=cls.__name__, left=left, right=right
+                )
+                raise ValueError(message)
+        columns = (others, remaining) if reflected else (remaining, others)
     try:
-        out = list(map(op, others, remaining) if reflected else map(op, remaining, others))
+        out = list(map(op, *columns))
     except Exception as error:
-        _note_leaf(error, tree, leaves, remaining, symbol)
+        index = len(leaves) - operator.length_hint(remaining) - 1  # the iterator is past it
+        leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
+        path = leaf_path_str(tree, index)
+        add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
         raise
     return treedef.unflatten(out)
 
@@ -137,37 +124,29 @@ _UNARY = (
 )
 
 
-def _binary_method(op: Callable[[Any, Any], Any], symbol: str, cls: type, reflected: bool):
-    def method(self: Any, other: object) -> Any:
-        return _binary_map(op, self, other, symbol, cls, reflected)
-
-    return method
-
-
-def _unary_method(fn: Callable[[Any], Any], symbol: str):
-    def method(self: Any) -> Any:
-        return _unary_map(fn, self, symbol)
-
-    return method
-
-
 def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    def binary(op: Callable[[Any, Any], Any], symbol: str, reflected: bool) -> Callable:
+        return lambda self, other: _leaf_map(op, self, symbol, other, cls, reflected)
+
+    def unary(fn: Callable[[Any], Any], symbol: str) -> Callable:
+        return lambda self: _leaf_map(fn, self, symbol)
+
     methods: dict[str, Callable[..., Any]] = {}
     for name, op, symbol in _BINARY:
-        methods[f"__{name}__"] = _binary_method(op, symbol, cls, reflected=False)
-        methods[f"__r{name}__"] = _binary_method(op, symbol, cls, reflected=True)
+        methods[f"__{name}__"] = binary(op, symbol, reflected=False)
+        methods[f"__r{name}__"] = binary(op, symbol, reflected=True)
     for name, op, symbol in _COMPARISONS:
-        methods[f"__{name}__"] = _binary_method(op, symbol, cls, reflected=False)
+        methods[f"__{name}__"] = binary(op, symbol, reflected=False)
     for name, fn, symbol in _UNARY:
-        methods[f"__{name}__"] = _unary_method(fn, symbol)
+        methods[f"__{name}__"] = unary(fn, symbol)
 
     def __pow__(self: Any, other: object, modulo: object = None) -> Any:
         op = operator.pow if modulo is None else (lambda x, y: pow(x, y, modulo))
-        return _binary_map(op, self, other, "**", cls, reflected=False)
+        return _leaf_map(op, self, "**", other, cls)
 
     def __round__(self: Any, ndigits: int | None = None) -> Any:
         fn = round if ndigits is None else (lambda x: round(x, ndigits))
-        return _unary_map(fn, self, "round")
+        return _leaf_map(fn, self, "round")
 
     for method in (__pow__, __round__):
         methods[method.__name__] = method
