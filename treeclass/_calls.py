@@ -89,11 +89,9 @@ def value_and_tree(
 ) -> Callable[..., tuple[Any, Any]]:
     """Run `func` on copies of its arguments that it may mutate: `(value, changed copies)`.
 
-    For code that changes its arguments in place (methods setting attributes on a
-    `TreeClass`, appends to lists, writes into NumPy arrays): every argument is copied
-    first, the copies' TreeClass nodes may be mutated and are immutable again once `func`
-    returns or raises; the inputs never change. `tree.at["method"](*args)` is the same for
-    one method of one tree.
+    For code that changes its arguments in place (setting attributes of a `TreeClass`,
+    appending to lists, writing into NumPy arrays): the copies' TreeClass nodes may be
+    mutated until `func` returns or raises; the inputs never change.
 
     **Arguments**
 
@@ -104,21 +102,15 @@ def value_and_tree(
 
     **Returns**
 
-    A function taking `func`'s arguments and returning `(func's value, copy)`.
-
-    **Raises**
-
-    `TypeError` when `func` is not callable, when `argnums` is not an int or a sequence
-    of ints, or, at the call, when it names a position the call did not pass.
+    A function taking `func`'s arguments and returning `(func's value, copy)`; it raises
+    `TypeError` when `argnums` names a position the call did not pass (as `value_and_tree`
+    does for a non-callable `func` or an `argnums` that is not int(s)).
 
     ```python
     import treeclass as tc
 
-    def push(items, item):
-        items.append(item)
-
     items = [1, 2]
-    _, (new, item) = tc.value_and_tree(push, argnums=(0, 1))(items, 3)
+    _, new = tc.value_and_tree(lambda xs: xs.append(3))(items)
     assert new == [1, 2, 3] and items == [1, 2]
     ```
     """

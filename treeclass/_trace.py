@@ -82,17 +82,16 @@ def tree_flatten_with_trace(
 ) -> tuple[list[tuple[Trace, Any]], PyTreeDef]:
     """Flatten `tree` into `(trace, leaf)` pairs and its tree definition.
 
-    A trace is `(keys, types)`, as in PyTreeClass v0.4: `keys` is the leaf's JAX key path;
-    `types[i]` is the type of the node `keys[: i + 1]` leads to, ending with the leaf's own
-    type (a leaf at the root has the trace `((), ())`). Leaves come in `tree_flatten` order.
+    A trace is `(keys, types)`, as in PyTreeClass v0.4: the leaf's JAX key path, and the
+    type of the node each prefix `keys[: i + 1]` leads to, ending with the leaf's own type
+    (a leaf at the root: `((), ())`). Leaves come in `tree_flatten` order.
 
     **Arguments**
 
     - `tree`: any pytree.
     - `is_leaf`: as in `jax.tree_util`.
-    - `is_trace_leaf`: called with the trace of every node (the root's is `((), ())`); the
-      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2);
-      it costs a Python call per node.
+    - `is_trace_leaf`: called with the trace of every node (a Python call per node); the
+      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2).
 
     **Returns**
 
@@ -154,9 +153,8 @@ def tree_map_with_trace(
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
 ) -> Any:
-    """Map `func(trace, leaf, *rest_leaves)` over the leaves of `tree`: `tree_map_with_path`
-    with the trace `(keys, types)` of `tree_flatten_with_trace` ("inside a `Dropout`" is
-    `Dropout in trace[1]`). An error raised by `func` gets a note naming the leaf.
+    """`tree_map_with_path` with the trace `(keys, types)` of `tree_flatten_with_trace`
+    ("inside a `Dropout`" is `Dropout in trace[1]`); `func`'s errors name the leaf.
 
     **Arguments**
 

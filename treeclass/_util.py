@@ -137,6 +137,11 @@ def _python_equal(a: object, b: object) -> Any:
         return False
 
 
+def equal_or_false(a: object, b: object) -> bool:
+    """`a == b` as a bool; False when `==` raises, has no truth value or is traced."""
+    return a is b or _python_equal(a, b) is True
+
+
 def is_tree_equal(*trees: object) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
@@ -160,7 +165,6 @@ def is_tree_equal(*trees: object) -> Any:
     import jax, jax.numpy as jnp
     import treeclass as tc
 
-    assert tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
     assert not tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(3)})
     assert tc.is_tree_equal((0, 1.5), jax.jit(lambda t: t)((0, 1.5)))   # Array(0) is 0
     ```
@@ -264,8 +268,7 @@ class Partial(Generic[_R]):
     import treeclass as tc
 
     sub_from_ten = tc.Partial(jnp.subtract, 10.0, ...)
-    assert sub_from_ten(3.0) == 7.0
-    assert jax.tree_util.tree_leaves(sub_from_ten) == []  # static: no leaves
+    assert sub_from_ten(3.0) == 7.0 and jax.tree_util.tree_leaves(sub_from_ten) == []
     ```
     """
 
@@ -358,16 +361,6 @@ class Partial(Generic[_R]):
 
 
 _set_slot = object.__setattr__
-
-
-def equal_or_false(a: object, b: object) -> bool:
-    """`a == b` as a bool; False when `==` has no truth value (arrays, leafwise trees)."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def _rebuild_partial(func: Callable[..., Any], args: tuple, keywords: dict[str, Any]) -> Partial:
