@@ -598,11 +598,10 @@ class _Set(_Op):
         value = self.value
         if self.mode == self.BROADCAST:
             return self._put(walker, value, node, path, emask)
-        if self.mode == self.ROOT:
-            return self._pairwise(walker, node, self._navigate(walker, value, path), emask, path)
-        fitted = self._pairwise(walker, node, value, emask, path)
-        if fitted is not _MISSING:
-            return fitted
+        if self.mode == self.SPOT:  # a tree of the subtree's structure first, then the root's
+            fitted = self._pairwise(walker, node, value, emask, path)
+            if fitted is not _MISSING:
+                return fitted
         whole = self._navigate(walker, value, path)
         if whole is not _MISSING:
             fitted = self._pairwise(walker, node, whole, emask, path)
@@ -618,9 +617,7 @@ class _Set(_Op):
         if emask is None:  # no function to run: the value at every leaf
             if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
-                if type(value) in _FILLS:
-                    return _keep_array(value, node, walker.where, path)
-                return value
+                return _keep_array(value, node, walker.where, path)
             if type(value) in _FILLS:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
             treedef = jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf)
@@ -678,10 +675,7 @@ class _Apply(_Op):
             if is_leaf_node(node, walker.is_leaf):
                 # the common spot (a name chain ending at a leaf)
                 walker.count += 1
-                new = walker.call_now(fn, path, node)
-                if type(new) in _FILLS:
-                    return _keep_array(new, node, walker.where, path)
-                return new
+                return _keep_array(walker.call_now(fn, path, node), node, walker.where, path)
             return walker.map_leaves(fn, node, path)
 
         def one(x: object, where: tuple) -> Any:
@@ -1212,14 +1206,12 @@ class AtIndexer(Generic[T]):
         assert tc.at({"a": 1, "b": [2, 3]})[...].pluck() == [1, [2, 3]]
         ```
         """
-        if count is None:
-            limit: float = float("inf")
-        elif isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-            limit = count
-        else:
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 0
+        ):
             raise TypeError(PLUCK_COUNT_MSG.format(value=count))
         check_callable(is_leaf, "AtIndexer.pluck", "is_leaf", optional=True)
-        pluck = _Pluck(limit)
+        pluck = _Pluck(math.inf if count is None else count)
         self._run(pluck, is_leaf, is_parallel)  # refuses traced leaves, as `get` does
         return pluck.found
 

@@ -344,11 +344,17 @@ def _reference(
     return _Reference(value, name, position, key, leaves, treedef)
 
 
-def _sort_arguments(
-    ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
-) -> tuple[list[tuple[int, list]], list[tuple[str, list]], list[tuple[str, Any]]]:
-    """The mapped positional and keyword arguments' leaves, and the other trees' treedefs."""
-    whole: list[tuple[str, Any]] = []
+def _broadcast_call(
+    func: Callable[..., Any],
+    broadcast_to: object,
+    is_leaf: Callable[[Any], bool] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    ref = _reference(broadcast_to, args, kwargs, is_leaf)
+    if ref is None:
+        return func(*args, **kwargs)
+    whole: list[tuple[str, Any]] = []  # the other trees, passed whole: (name, treedef)
 
     def leaves_if_mapped(arg: object, name: str) -> list | None:
         if arg is None or isinstance(arg, _LEAF_TYPES):
@@ -361,28 +367,13 @@ def _sort_arguments(
         return None
 
     def mapped(named: Iterable[tuple[Any, Any]], own: object, name: str) -> list[Any]:
-        pairs = [
-            (k, ref.leaves if k == own else leaves_if_mapped(arg, name.format(k)))
-            for k, arg in named
-        ]
+        pairs = (
+            (k, ref.leaves if k == own else leaves_if_mapped(a, name.format(k))) for k, a in named
+        )
         return [(k, leaves) for k, leaves in pairs if leaves is not None]
 
-    positional = mapped(enumerate(args), ref.position, "positional argument {}")
-    keywords = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
-    return positional, keywords, whole
-
-
-def _broadcast_call(
-    func: Callable[..., Any],
-    broadcast_to: object,
-    is_leaf: Callable[[Any], bool] | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    ref = _reference(broadcast_to, args, kwargs, is_leaf)
-    if ref is None:
-        return func(*args, **kwargs)
-    mapped_args, mapped_kwargs, whole = _sort_arguments(ref, args, kwargs, is_leaf)
+    mapped_args = mapped(enumerate(args), ref.position, "positional argument {}")
+    mapped_kwargs = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
     # one call per leaf of the reference, run in C (`map`/`starmap`) when no keyword is
     # mapped; when one raises, how far the counted iterator got says which leaf it was for
     count = ref.treedef.num_leaves
