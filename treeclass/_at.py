@@ -265,11 +265,8 @@ def _holds_numbers(leaf: object) -> bool:
 
 
 def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
-    """`value` (a number) as a Python number of `leaf`'s kind, or an error naming `where`.
-
-    The result is weakly typed where JAX and NumPy promote (`where(mask, 0, int8_leaf)` stays
-    int8), so it never widens the leaf's dtype: `0.0` for an int leaf is given as `0`.
-    """
+    """`value` (a number) as a weak Python number of `leaf`'s kind, which never widens its
+    dtype (`0.0` for an int leaf is `0`), or an error naming `where`."""
     dtype = leaf.dtype
     if type(value) is float:
         limit = plain_float_limit(dtype)
@@ -415,10 +412,7 @@ class _Run:
                 select(self.tree, matchers, None, self.text).check(0, self.blocked)
         where = self.where
         for row, node, path, (entry, child) in reversed(hops):
-            if new is not child:
-                new = row.replace(node, entry, child, new, path, where)
-            else:
-                new = node
+            new = node if new is child else row.replace(node, entry, child, new, path, where)
         return new
 
     def spot(self, s: Spot) -> Any:
@@ -557,11 +551,8 @@ class _Get(_Op):
 
 
 def _map_with_paths(walker: _Run, fn: Callable[..., Any], node: object, path: tuple) -> Any:
-    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them.
-
-    Key paths for the operations whose checks name the leaf's path themselves, or that run
-    the user's function through `walker.call` (which names it).
-    """
+    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them (for the
+    operations whose errors name the leaf's path)."""
     if is_leaf_node(node, walker.is_leaf):
         walker.count += 1
         return fn(node, path)
@@ -571,12 +562,8 @@ def _map_with_paths(walker: _Run, fn: Callable[..., Any], node: object, path: tu
 
 
 class _Set(_Op):
-    """Put `value` at the selection.
-
-    `value` is a leaf (every selected leaf gets it); a tree fitting the selected subtree
-    (or a prefix of it: leaf by leaf); a tree fitting the whole tree (read where
-    selected); or, fitting neither, one value put whole at each selected spot.
-    """
+    """Put `value` at the selection: a leaf at every selected leaf, a tree fitting the
+    selected subtree or the whole tree leaf by leaf, anything else whole at each spot."""
 
     __slots__ = ("value", "mode")
 
