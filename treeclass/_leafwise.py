@@ -63,9 +63,10 @@ def _leaf_map(
     `cls` tree, else of `other` itself; none for a unary operator)."""
     leaves, treedef = _flatten(tree)
     remaining = iter(leaves)
-    columns: tuple[Iterable[Any], ...] = (remaining,)
-    if other is not _UNARY_OPERAND:
-        others: Iterable[Any] = repeat(other)
+    if other is _UNARY_OPERAND:
+        mapped = map(op, remaining)
+    else:
+        others: Iterable[Any]
         if isinstance(other, cls):
             others, other_def = _flatten(other)
             if other_def != treedef:
@@ -74,9 +75,11 @@ def _leaf_map(
                     symbol=symbol, cls=cls.__name__, left=left, right=right
                 )
                 raise ValueError(message)
-        columns = (others, remaining) if reflected else (remaining, others)
+        else:
+            others = repeat(other)
+        mapped = map(op, others, remaining) if reflected else map(op, remaining, others)
     try:
-        out = list(map(op, *columns))
+        out = list(mapped)
     except Exception as error:
         index = len(leaves) - operator.length_hint(remaining) - 1  # the iterator is past it
         leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
