@@ -335,9 +335,6 @@ def _put_new(new: object, leaf: Any, emask: Any, walker: _Run, path: tuple[Any, 
     return _masked(emask, new, leaf, lambda: walker.where(path))
 
 
-# -- running per-leaf functions on a thread pool -----------------------------------------------
-
-
 @dataclasses.dataclass(slots=True)
 class _Pending:
     """A leaf whose new value is being computed on a thread pool (`is_parallel`)."""
@@ -345,9 +342,6 @@ class _Pending:
     future: concurrent.futures.Future[Any]
     path: tuple[Any, ...]
     finish: Callable[[Any], Any] | None  # applied to the result once it is there
-
-
-# -- one operation over a selection -------------------------------------------------------------
 
 
 class _Run:
@@ -506,9 +500,6 @@ class _Run:
             return result if x.finish is None else x.finish(result)
 
         return jax.tree_util.tree_map(value, tree, is_leaf=lambda x: type(x) is _Pending)
-
-
-# -- operations ----------------------------------------------------------------------------
 
 
 class _Op:
@@ -763,9 +754,6 @@ class _Call(_Op):
 
         self.value, new = call_on_copy(node, run)
         return new
-
-
-# -- the indexer -------------------------------------------------------------------------
 
 
 _NO_FAST_PATH = object()

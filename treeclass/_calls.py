@@ -49,9 +49,6 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
     return value, copy
 
 
-# -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
-
-
 def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
     """The method `name` of `node` (at `path` in `root`), or an error naming both."""
     where = path_str(root, path)
@@ -69,9 +66,6 @@ def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> C
             NOT_CALLABLE_MSG.format(where=f"{where}.{name}", type=type(method).__name__, name=name)
         )
     return method
-
-
-# -- value_and_tree ----------------------------------------------------------------------------
 
 
 def _argnums_tuple(argnums: object) -> tuple[int, ...]:

@@ -42,9 +42,6 @@ def _indent(lines: Sequence[str], levels: int = 1) -> list[str]:
     return [pad + line if line else line for line in lines]
 
 
-# -- __init__ --------------------------------------------------------------------------------
-
-
 class InitStore(NamedTuple):
     """One field set by a generated `__init__`: `name` gets the value of `expr`."""
 
@@ -137,9 +134,6 @@ def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list
         f"    __tc_set_layout({this}, __tc_layout)",
         f"    __tc_set_flat({this}, (({children}), __tc_layout))",
     ]
-
-
-# -- unflatten -------------------------------------------------------------------------------
 
 
 def render_build(names: Sequence[str], leaf_names: Sequence[str], *, inline_fixed: bool) -> str:

@@ -89,8 +89,6 @@ def _leaf_map(
     return treedef.unflatten(out)
 
 
-# -- method factories ----------------------------------------------------------------------
-
 _BINARY = (
     ("add", operator.add, "+"),
     ("sub", operator.sub, "-"),
@@ -200,8 +198,6 @@ def leafwise(cls: _T) -> _T:
         setattr(cls, name, method)
     return cls
 
-
-# -- bcmap ---------------------------------------------------------------------------------
 
 _BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
 _BCMAP_WHOLE_NOTE = (

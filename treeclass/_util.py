@@ -235,9 +235,6 @@ def add_leaf_note(error: BaseException, note: str) -> None:
         error.add_note(note)
 
 
-# -- Partial ----------------------------------------------------------------------------
-# `jax.jit` compares and hashes it on every call: arguments compare as statics, hashed once
-
 _PARTIAL_MISSING_MSG = (
     "{name} has {holes} placeholder(s) `...` to fill, but was called with only {given} "
     "positional argument(s). Pass one positional argument per `...`:\n"
@@ -278,7 +275,7 @@ class Partial(Generic[_R]):
     args: tuple[Any, ...]
     _keywords: dict[str, Any]
     _holes: tuple[int, ...]  # the positions of `...` in `args`
-    _hash: int | None  # computed on first use
+    _hash: int | None  # computed on first use: `jax.jit` hashes it on every call
     _key: Any  # the exact key of (func, args, keywords), computed on first use
 
     def __init__(self, func: Callable[..., _R], /, *args: Any, **kwargs: Any) -> None:
