@@ -62,7 +62,7 @@ from ._structure import (
     row_of,
     wrapper_of,
 )
-from ._util import add_leaf_note, check_callable
+from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import readable_here, sharding_spec, short_repr
 
 T = TypeVar("T")
@@ -492,10 +492,8 @@ class _Run:
             try:
                 result = x.future.result()
             except Exception as error:
-                selection = self.text()
-                add_leaf_note(
-                    error, f"raised at {self.where(x.path)} (in {selection}, run with is_parallel)"
-                )
+                where, selection = self.where(x.path), self.text()
+                add_leaf_note(error, f"raised at {where} (in {selection}, run with is_parallel)")
                 raise
             return result if x.finish is None else x.finish(result)
 
@@ -723,8 +721,7 @@ class _Scan(_Op):
     __slots__ = ("fn", "state")
 
     def __init__(self, fn: Callable[[Any, Any], tuple[Any, Any]], state: Any) -> None:
-        self.fn = fn
-        self.state = state
+        self.fn, self.state = fn, state
 
     def spot(self, walker, node, path, emask):
         def one(x: object, where: tuple) -> Any:
@@ -774,11 +771,7 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
         return _NO_FAST_PATH
     leaves, treedef, flags, spots = found
     out = []
-
-    def where(index: int) -> str:
-        path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
-        return path_str(tree, path)
-
+    where = functools.partial(leaf_path_str, tree)
     # a number is fitted to a dtype once: the same number (the value set) into the next leaf
     # of that dtype reuses it
     fitted: tuple[Any, Any, Any] = (_NO_FAST_PATH, None, None)  # (number, dtype, fit)

@@ -202,9 +202,6 @@ def is_tree_equal(*trees: object) -> Any:
     return jnp.all(jnp.stack(traced))
 
 
-# -- the note maps attach to an error raised at one leaf --------------------------------
-
-
 def leaf_path_str(tree: object, index: int, is_leaf: Callable[[Any], bool] | None = None) -> str:
     """`MLP.b[0]`-style name of the `index`-th leaf of `tree` (in `tree_flatten` order)."""
     paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]

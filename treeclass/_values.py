@@ -314,17 +314,14 @@ def path_str(root: object, path: Iterable[Hashable]) -> str:
     return root_name(root) + jax.tree_util.keystr(tuple(path))
 
 
+_ENTRY_NAMES = {GetAttrKey: "name", DictKey: "key", SequenceKey: "idx", FlattenedIndexKey: "key"}
+
+
 def entry_name(entry: Any) -> Any:
     """The name a key entry stands for: attribute name, dict key, or sequence index."""
-    cls = type(entry)
-    if cls is GetAttrKey:
-        return entry.name
-    if cls is DictKey:
-        return entry.key
-    if cls is SequenceKey:
-        return entry.idx
-    if cls is FlattenedIndexKey:
-        return entry.key
+    attribute = _ENTRY_NAMES.get(type(entry))
+    if attribute is not None:
+        return getattr(entry, attribute)
     for attribute in ("name", "key", "idx"):
         if hasattr(entry, attribute):
             return getattr(entry, attribute)
