@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from jax.tree_util import tree_flatten_with_path, tree_leaves, tree_structure
 from jax.typing import ArrayLike
 
 from ._calls import call_on_copy, method_of
@@ -247,9 +248,6 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_m
     return x[jnp.broadcast_to(mask, x.shape)]
 
 
-# -- numbers put at array leaves (the rule: `set`'s docstring) ---------------------------------
-
-
 # the numbers (`_numbers.is_number`) a whole array leaf is filled with: `True` and `False`
 # (and NumPy's) are flags there, put as they are; into elements (a mask) they are numbers
 _FLAGS = frozenset({bool, np.bool_})
@@ -371,7 +369,7 @@ class _Run:
         self.traced = (
             pool is not None
             and type(op) is _Set
-            and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
+            and any(isinstance(leaf, Tracer) for leaf in tree_leaves(op.value))
         )
 
     def where(self, path: tuple[Any, ...]) -> str:
@@ -411,7 +409,7 @@ class _Run:
 
     def spot(self, s: Spot) -> Any:
         if self.pool is not None:  # traced leaves and values are refused here, for every op
-            for p, leaf in jax.tree_util.tree_flatten_with_path(s.node, is_leaf=self.is_leaf)[0]:
+            for p, leaf in tree_flatten_with_path(s.node, is_leaf=self.is_leaf)[0]:
                 if isinstance(leaf, Tracer):
                     raise ValueError(
                         PARALLEL_TRACED_MSG.format(what="leaf", where=self.where(s.path + p))
@@ -467,10 +465,7 @@ class _Run:
         out: list[Any] = []
 
         def failed_path() -> tuple[Any, ...]:
-            return (
-                path
-                + jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0][len(out)][0]
-            )
+            return path + tree_flatten_with_path(node, is_leaf=self.is_leaf)[0][len(out)][0]
 
         try:
             for leaf in leaves:
@@ -526,10 +521,8 @@ class _Get(_Op):
 
     def spot(self, walker, node, path, emask):
         if emask is None:
-            if is_leaf_node(node, walker.is_leaf):
-                walker.count += 1
-            else:
-                walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
+            is_leaf = walker.is_leaf
+            walker.count += 1 if is_leaf_node(node, is_leaf) else len(tree_leaves(node, is_leaf))
             return node
         fill, traced_msg = self.fill_value, self.traced_msg
 
@@ -545,7 +538,7 @@ def _map_with_paths(walker: _Run, fn: Callable[..., Any], node: object, path: tu
     if is_leaf_node(node, walker.is_leaf):
         walker.count += 1
         return fn(node, path)
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
+    pairs, treedef = tree_flatten_with_path(node, is_leaf=walker.is_leaf)
     walker.count += len(pairs)
     return treedef.unflatten([fn(x, path + p) for p, x in pairs])
 
@@ -567,7 +560,7 @@ class _Set(_Op):
         if value is None or is_leaf_node(value, is_leaf):
             self.mode = self.BROADCAST
         else:
-            structure = functools.partial(jax.tree_util.tree_structure, is_leaf=is_leaf)
+            structure = functools.partial(tree_structure, is_leaf=is_leaf)
             self.mode = self.ROOT if structure(value) == structure(root) else self.SPOT
 
     def spot(self, walker, node, path, emask):
@@ -584,7 +577,7 @@ class _Set(_Op):
             if fitted is not _MISSING:
                 return fitted
         # fits neither: the value goes whole where the selection points
-        walker.count += max(1, len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf)))
+        walker.count += max(1, len(tree_leaves(node, is_leaf=walker.is_leaf)))
         if emask is not None:
             return _masked(emask, value, node, lambda: walker.where(path))
         return value
@@ -596,7 +589,7 @@ class _Set(_Op):
                 return _keep_array(value, node, walker.where, path)
             if type(value) in _FILLS:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
-            treedef = jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf)
+            treedef = tree_structure(node, is_leaf=walker.is_leaf)
             walker.count += treedef.num_leaves
             return treedef.unflatten([value] * treedef.num_leaves)
 
@@ -620,12 +613,10 @@ class _Set(_Op):
         if value is None or is_leaf_node(value, walker.is_leaf):
             return self._put(walker, value, node, path, emask)
         try:  # the fit first: a value that does not fit (every spot, maybe) is not flattened
-            subtrees = jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(
-                node
-            )
+            subtrees = tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(node)
         except (ValueError, TypeError):
             return _MISSING
-        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
+        pairs, treedef = tree_flatten_with_path(value, is_leaf=walker.is_leaf)
         out = [
             self._put(walker, v, sub, path + p, emask)
             for (p, v), sub in zip(pairs, subtrees, strict=True)

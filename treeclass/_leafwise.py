@@ -322,23 +322,23 @@ def _reference(
             )
             raise TypeError(message)
         position = int(broadcast_to) % count
-    elif broadcast_to is not None:
-        value, name = broadcast_to, "broadcast_to"
+    elif broadcast_to is not None:  # a given tree, mapped over even when it is a leaf
+        leaves, treedef = _flatten(broadcast_to, is_leaf)
+        return _Reference(broadcast_to, "broadcast_to", None, None, leaves, treedef)
     elif args:
         position = 0
     elif kwargs:
         key = next(iter(kwargs))
     else:
         return None
-    own = position is not None or key is not None  # one of the arguments, not a given tree
     if position is not None:
         value, name = args[position], f"positional argument {position}"
-    elif key is not None:
+    else:
         value, name = kwargs[key], f"keyword argument `{key}`"
-    if own and isinstance(value, _LEAF_TYPES):
+    if isinstance(value, _LEAF_TYPES):
         return None  # the argument fixing the structure is a leaf: one plain call
     leaves, treedef = _flatten(value, is_leaf)
-    if own and treedef.num_nodes == 1 and treedef.num_leaves == 1:
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
         return None  # a leaf of a custom type, or one `is_leaf` picked
     return _Reference(value, name, position, key, leaves, treedef)
 

@@ -27,7 +27,6 @@ from ._values import (
 
 _R = TypeVar("_R")
 
-# -- what kind of value a leaf is ---------------------------------------------------------
 # `isinstance(x, jax.Array)` costs about 1 us (an ABC check): a type's kind is cached
 
 _OTHER, _NUMBER, _NUMPY, _JAX = 0, 1, 2, 3

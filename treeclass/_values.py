@@ -67,9 +67,6 @@ class ByIdentity:
         return id(self.value)
 
 
-# -- arrays ---------------------------------------------------------------------------------
-
-
 def is_array(x: object) -> bool:
     """Whether `x` is a JAX array (a tracer too) or a NumPy array (not a NumPy scalar)."""
     return isinstance(x, (jax.Array, np.ndarray))
@@ -189,9 +186,6 @@ def register_childless(cls: type) -> None:
     jax.tree_util.register_pytree_with_keys(cls, _no_children, _itself, _no_children)
 
 
-# -- exact keys -----------------------------------------------------------------------------
-
-
 def _float_key(kind: type, value: float) -> tuple[Any, ...]:
     if value == value and value != 0.0:  # the common case: the value says it all
         return (kind, value)
@@ -263,9 +257,6 @@ def exact_key(value: Any) -> Any:
     return key
 
 
-# -- text for messages ----------------------------------------------------------------------
-
-
 def short_repr(x: object, limit: int | None = 40, show: Callable[[object], str] = repr) -> str:
     """`show(x)` on one line cut to `limit` characters (whole with None); never raises."""
     if x is Ellipsis:  # a placeholder in `tc.Partial` arguments and selectors
@@ -328,7 +319,6 @@ def entry_name(entry: Any) -> Any:
     return entry
 
 
-# -- the display protocol ---------------------------------------------------------------------
 # The printers (floors above) offer themselves here when they load; a low value (a frozen
 # value's `__repr__`) asks `display(format, value)`.
 
