@@ -68,16 +68,6 @@ def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> C
     return method
 
 
-def _argnums_tuple(argnums: object) -> tuple[int, ...]:
-    if isinstance(argnums, int) and not isinstance(argnums, bool):
-        return (argnums,)
-    if isinstance(argnums, Sequence) and not isinstance(argnums, str):
-        found = tuple(argnums)
-        if all(isinstance(a, int) and not isinstance(a, bool) for a in found):
-            return found
-    raise TypeError(ARGNUMS_TYPE_MSG.format(value=argnums))
-
-
 def value_and_tree(
     func: Callable[..., Any], argnums: int | Sequence[int] = 0
 ) -> Callable[..., tuple[Any, Any]]:
@@ -109,8 +99,11 @@ def value_and_tree(
     ```
     """
     check_callable(func, "value_and_tree", "func")
-    single = isinstance(argnums, int) and not isinstance(argnums, bool)
-    positions = _argnums_tuple(argnums)
+    single = isinstance(argnums, int)
+    sequence = isinstance(argnums, Sequence) and not isinstance(argnums, str)
+    positions: tuple[Any, ...] = tuple(argnums) if sequence else (argnums,)  # type: ignore[arg-type]
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in positions):
+        raise TypeError(ARGNUMS_TYPE_MSG.format(value=argnums))
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> tuple[Any, Any]:

@@ -65,11 +65,8 @@ UNREADABLE_LEAF_MSG = (
 
 
 class _UnreadableLeaf(Exception):
-    """A leaf JAX does not read on this process alone; `is_tree_equal` names its path."""
-
-    def __init__(self, array: Any) -> None:  # an array not `readable_here`: a jax.Array
-        super().__init__()
-        self.array = array
+    """A jax.Array (`args[0]`) JAX does not read on this process alone; `is_tree_equal`
+    names its path."""
 
 
 def _local(x: object) -> Any:
@@ -183,11 +180,9 @@ def is_tree_equal(*trees: object) -> Any:
             try:
                 equal = _leaves_equal(a, b)
             except _UnreadableLeaf as error:
-                sharding = f"sharding {sharding_spec(error.array)}"
-                where = leaf_path_str(first, index)
-                raise ValueError(
-                    UNREADABLE_LEAF_MSG.format(where=where, sharding=sharding)
-                ) from None
+                where, spec = leaf_path_str(first, index), sharding_spec(error.args[0])
+                message = UNREADABLE_LEAF_MSG.format(where=where, sharding=f"sharding {spec}")
+                raise ValueError(message) from None
             if equal is True:
                 continue
             if isinstance(equal, _Tracer):
