@@ -282,15 +282,11 @@ def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
         real = value.real if isinstance(value, complex) else value
         integral = dtype_kind(dtype) in "biu" and isinstance(real, int | float)
         fix = repr(round(real)) if integral and math.isfinite(real) else "<a number>"
-    raise error(
-        NUMBER_MISFIT_MSG.format(
-            value=number_repr(value),
-            where=where(),
-            leaf=f"{dtype_name(dtype)}{list(leaf.shape)}",
-            reason=reason,
-            fix=fix,
-        )
+    shown = f"{dtype_name(dtype)}{list(leaf.shape)}"
+    message = NUMBER_MISFIT_MSG.format(
+        value=number_repr(value), where=where(), leaf=shown, reason=reason, fix=fix
     )
+    raise error(message)
 
 
 def _fill(value: Any, leaf: Any, where: Callable[[Any], str], at: object) -> Any:
@@ -356,9 +352,7 @@ class _Run:
         text: Callable[[], str],
         pool: concurrent.futures.Executor | None = None,
     ):
-        self.tree = tree
-        self.op = op
-        self.is_leaf = is_leaf
+        self.tree, self.op, self.is_leaf = tree, op, is_leaf
         self.text = text  # the selection, as `tree.at[...]`
         self.count = 0
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []  # spots of wrapped values only
@@ -801,22 +795,18 @@ class AtIndexer(Generic[T]):
     level of the key path, applied to each node the levels before it selected
     (`model.at[Linear]["weight"]`); a tuple is a union at one level. Every operation
     returns a new tree and leaves the input untouched, even when it raises. The `.at`
-    guide shows every selector and operation at work.
-
-    **Selectors**
+    guide shows every selector and operation at work. **Selectors**:
 
     - `"name"`, `0`, `-1`, `1:3`, `...`: an attribute or dict key, a sequence index or
       slice (a `tc.Stacked` is indexed by block), every child (alone: the whole tree);
     - `re.compile(p)`: children whose name fully matches `p`; `tc.glob("layers.*.weight")`:
       nodes whose key path below matches the pattern;
-    - a boolean mask: a pytree of the tree's structure (or a prefix of it) holding bools
-      (whole leaves or subtrees) or boolean arrays of their leaf's shape (its elements:
-      `jnp.where` for `set`/`apply`/`scan`, `leaf[mask]` for `get`/`reduce`); after other
-      selectors it is matched against each node they selected; a tuple made only of
-      bools and masks is one mask, not a union;
+    - a boolean mask: a tree of the (selected) node's structure or a prefix of it holding
+      bools (whole leaves or subtrees) or bool arrays of a leaf's shape (its elements:
+      `jnp.where` for `set`/`apply`/`scan`, `leaf[mask]` for `get`/`reduce`); a tuple of
+      only bools and masks is one mask, not a union;
     - a class (`Linear`, `jax.Array`): every node below that is an instance of it, not
-      looking inside a match; `tc.where(fn)`: every node below for which `fn(path, node)`
-      is true;
+      looking inside a match; `tc.where(fn)`: every node below where `fn(path, node)`;
     - a `tc.BaseKey`, a value of a type registered with `tc.BaseKey.def_alias` or
       `tc.at.def_rule`, or a JAX key entry: children whose key entry it equals.
 
@@ -969,8 +959,7 @@ class AtIndexer(Generic[T]):
           element mask, `None` gives `leaf[mask]`, any other value
           `jnp.where(mask, leaf, fill_value)` (which also works with traced masks).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
-          traced selected leaf then raises `ValueError`.
+        - `is_parallel`: as for `apply` (same result; a traced leaf raises `ValueError`).
 
         **Returns**
 
@@ -1005,8 +994,7 @@ class AtIndexer(Generic[T]):
           array) raises `TypeError` / `OverflowError` naming the leaf: the `.at` guide's
           "Numbers at array leaves" has the whole rule.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
-          traced selected leaf or value then raises `ValueError`.
+        - `is_parallel`: as for `apply` (same result; a traced leaf or value raises `ValueError`).
 
         **Returns**
 

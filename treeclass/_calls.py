@@ -7,6 +7,7 @@ copied, sealed again when the function returns or raises); `.at`'s method call r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -40,10 +41,8 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
     try:
         value = fn(copy)
     except BaseException:
-        try:
+        with contextlib.suppress(Exception):  # the function's own error is the one to report
             _node.reseal(copy)
-        except Exception:  # the function's own error is the one to report
-            pass
         raise
     _node.reseal(copy)
     return value, copy
@@ -110,15 +109,11 @@ def value_and_tree(
         count = len(args)
         for argnum in positions:
             if not -count <= argnum < count:
-                raise TypeError(
-                    ARGNUMS_RANGE_MSG.format(
-                        func=getattr(func, "__name__", "func"),
-                        argnums=argnums,
-                        argnum=argnum,
-                        count=count,
-                        s="" if count == 1 else "s",
-                    )
+                name, s = getattr(func, "__name__", "func"), "" if count == 1 else "s"
+                message = ARGNUMS_RANGE_MSG.format(
+                    func=name, argnums=argnums, argnum=argnum, count=count, s=s
                 )
+                raise TypeError(message)
 
         def call(copied: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
             # the copy's dict is in flatten (sorted) order; the call keeps the caller's

@@ -18,7 +18,6 @@ from ._util import add_leaf_note, check_callable, path_str
 Trace = tuple[tuple[Any, ...], tuple[type, ...]]
 
 _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path
-_ROOT_TRACE: Trace = ((), ())
 
 
 def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
@@ -111,7 +110,7 @@ def tree_flatten_with_trace(
     else:
         pairs, treedef = _flatten_with_path_stopping(tree, is_leaf, is_trace_leaf)
     if treedef.num_nodes == 1:  # a leaf at the root (or no leaf at all)
-        return [(_ROOT_TRACE, leaf) for _, leaf in pairs], treedef
+        return [(((), ()), leaf) for _, leaf in pairs], treedef
     # strict=True would cost a keyword parse per call; the lengths agree by construction
     types = _node_types(treedef)
     return [((k, (*t, type(leaf))), leaf) for (k, leaf), t in zip(pairs, types)], treedef  # noqa: B905

@@ -331,11 +331,10 @@ class Partial(Generic[_R]):
         parts += [f"{k}={v!r}" for k, v in self._keywords.items()]
         return f"Partial({', '.join(parts)})"
 
-    def __setattr__(self, name: str, value: object) -> None:
+    def __setattr__(self, name: str, value: object = None) -> None:
         raise AttributeError(_PARTIAL_IMMUTABLE_MSG.format(name=name))
 
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(_PARTIAL_IMMUTABLE_MSG.format(name=name))
+    __delattr__ = __setattr__
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_partial, (self.func, self.args, self._keywords))
