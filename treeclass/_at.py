@@ -216,11 +216,8 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     check_element_mask(mask, old, where)
     old_shape, new_shape = shape_of(old), shape_of(new)
     if not broadcasts_to(new_shape, old_shape):
-        raise ValueError(
-            ELEMENT_VALUE_SHAPE_MSG.format(
-                where=where(), leaf_shape=old_shape, value_shape=new_shape
-            )
-        )
+        shapes = {"leaf_shape": old_shape, "value_shape": new_shape}
+        raise ValueError(ELEMENT_VALUE_SHAPE_MSG.format(where=where(), **shapes))
     if type(new) in NUMBER_TYPES and _holds_numbers(old):
         # checked against the leaf's dtype (a bool too: into elements it is a number), and
         # weak: `where` keeps that dtype
@@ -683,8 +680,7 @@ class _Reduce(_Op):
 
 
 class _Pluck(_Get):
-    """Keep the selected subtrees themselves (as `get` takes them, with no fill), in flatten
-    order, up to `limit` of them."""
+    """Keep the selected subtrees as `get` takes them (no fill), in flatten order, up to `limit`."""
 
     __slots__ = ("found", "limit")
     fills = False

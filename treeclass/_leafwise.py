@@ -149,8 +149,7 @@ def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
         fn = round if ndigits is None else (lambda x: round(x, ndigits))
         return _leaf_map(fn, self, "round")
 
-    for method in (__pow__, __round__):
-        methods[method.__name__] = method
+    methods.update(__pow__=__pow__, __round__=__round__)
     return methods
 
 
@@ -400,10 +399,8 @@ def _broadcast_call(
         path = leaf_path_str(ref.value, index, is_leaf)
         name = getattr(func, "__name__", None) or type(func).__name__
         add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=name, path=path))
-        for arg, treedef in whole:
-            note = _BCMAP_WHOLE_NOTE.format(
-                arg=arg, ref=ref.name, ref_def=ref.treedef, arg_def=treedef
-            )
-            add_leaf_note(error, note)
+        for arg, arg_def in whole:
+            fields = {"arg": arg, "ref": ref.name, "ref_def": ref.treedef, "arg_def": arg_def}
+            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(**fields))
         raise
     return ref.treedef.unflatten(out)

@@ -21,9 +21,7 @@ _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path
 
 
 def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
-    """For every leaf of `treedef`, the types of the nodes between the root and the leaf."""
-    if treedef.num_nodes == 1:  # the tree is a leaf, or a node without children
-        return ((),) * treedef.num_leaves
+    """The types of the nodes between the root of `treedef` (not a leaf) and each leaf."""
     out: list[tuple[type, ...]] = []
 
     def visit(node: PyTreeDef, below_root: tuple[type, ...]) -> None:
