@@ -150,7 +150,7 @@ EMPTY_REDUCE_MSG = (
 )
 CALL_NEEDS_NAME_MSG = (
     "Only a method name can be called: `tree.at['method'](*args, **kwargs)` (optionally "
-    "after names and indices, `tree.at['child']['method']()`), got `.at{selection}(...)`."
+    "after names and indices, `tree.at['child']['method']()`), got `{selection}(...)`."
 )
 ITERATION_MSG = (
     "An `AtIndexer` cannot be iterated: index it (`tree.at['name']`) and call an operation "
@@ -353,8 +353,7 @@ class _Run:
         self.text = text  # the selection, as `tree.at[...]`
         self.count = 0
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []  # spots of wrapped values only
-        self.pool = pool
-        self.pending = False
+        self.pool, self.pending = pool, False
         # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
         # at once, and refused at the first selected spot
         self.traced = (
@@ -577,7 +576,9 @@ class _Set(_Op):
         if emask is None:  # no function to run: the value at every leaf
             if is_leaf_node(node, walker.is_leaf):
                 walker.count += 1
-                return _keep_array(value, node, walker.where, path)
+                if type(value) in _FILLS:
+                    return _keep_array(value, node, walker.where, path)
+                return value
             if type(value) in _FILLS:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
             treedef = tree_structure(node, is_leaf=walker.is_leaf)
@@ -631,9 +632,14 @@ class _Apply(_Op):
         fn = self.fn
         if emask is None and walker.pool is None:
             if is_leaf_node(node, walker.is_leaf):
-                # the common spot (a name chain ending at a leaf)
+                # the common spot (a name chain ending at a leaf), without a frame to spare
                 walker.count += 1
-                return _keep_array(walker.call_now(fn, path, node), node, walker.where, path)
+                try:
+                    new = fn(node)
+                except Exception as error:
+                    _note_fn(error, fn, walker.where(path), walker.text())
+                    raise
+                return _keep_array(new, node, walker.where, path) if type(new) in _FILLS else new
             return walker.map_leaves(fn, node, path)
 
         def one(x: object, where: tuple) -> Any:
@@ -673,7 +679,7 @@ class _Reduce(_Op):
             if self.accumulator is _MISSING:
                 self.accumulator = x
             else:
-                self.accumulator = walker.call(self.fn, where, self.accumulator, x)
+                self.accumulator = walker.call_now(self.fn, where, self.accumulator, x)
 
         _map_with_paths(walker, fold, node, path)
         return node
@@ -832,8 +838,7 @@ class AtIndexer(Generic[T]):
             where = ()
         elif not isinstance(where, (tuple, list)):
             raise TypeError(WHERE_TYPE_MSG.format(value=_short_repr(where)))
-        self.tree = tree
-        self.where = tuple(where)
+        self.tree, self.where = tree, tuple(where)
         self._matchers = tuple(
             compile_selector(s, functools.partial(_selection_str, tree, self.where[: i + 1]))
             for i, s in enumerate(self.where)
@@ -1182,9 +1187,7 @@ class AtIndexer(Generic[T]):
         """
         where = self.where
         if not where or type(where[-1]) is not str or any(type(s) not in (str, int) for s in where):
-            raise TypeError(
-                CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
-            )
+            raise TypeError(CALL_NEEDS_NAME_MSG.format(selection=self._selection()))
         call = _Call(where[-1], args, kwargs)
         run, head = _Run(self.tree, call, None, self._selection), self._matchers[:-1]
         tree = run.chain(head)

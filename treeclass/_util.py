@@ -211,13 +211,10 @@ def check_callable(
     value: object, where: str, arg: str, what: str = "", optional: bool = False
 ) -> None:
     """Raise a `TypeError` naming the function and argument when `value` is not callable."""
-    if optional and value is None:
-        return
-    if not callable(value):
+    if not (optional and value is None) and not callable(value):
         what += " (or None)" if optional else ""
-        raise TypeError(
-            _NOT_CALLABLE_MSG.format(where=where, arg=arg, what=what, value=describe(value))
-        )
+        message = _NOT_CALLABLE_MSG.format(where=where, arg=arg, what=what, value=describe(value))
+        raise TypeError(message)
 
 
 def add_leaf_note(error: BaseException, note: str) -> None:
