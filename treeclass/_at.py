@@ -229,8 +229,7 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
 
 
 def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_msg: str) -> Any:
-    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill
-    (`traced_msg`: the operation's error for a traced mask)."""
+    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill."""
     check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
@@ -254,8 +253,7 @@ _NUMPY_NUMBERS = NUMBER_TYPES - _SCALARS
 
 
 def _holds_numbers(leaf: object) -> bool:
-    """Whether a number put at `leaf` is fitted into it: an array (a tracer too), or a
-    NumPy / ml_dtypes scalar of a number type."""
+    """Whether a number put at `leaf` is fitted into it: an array, or a NumPy number."""
     return isinstance(leaf, (jax.Array, np.ndarray)) or type(leaf) in _NUMPY_NUMBERS
 
 
@@ -319,8 +317,7 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
 
 
 def _put_new(new: object, leaf: Any, emask: Any, walker: _Run, path: tuple[Any, ...]) -> Any:
-    """`new`, computed for `leaf` at `path`, put in its place or into the elements `emask`
-    selects."""
+    """`new`, computed for `leaf` at `path`, put in its place or into `emask`'s elements."""
     if emask is None:
         return _keep_array(new, leaf, walker.where, path)
     return _masked(emask, new, leaf, lambda: walker.where(path))
@@ -372,9 +369,8 @@ class _Run:
         return self.resolve(out) if self.pending else out
 
     def chain(self, matchers: tuple[Matcher, ...]) -> Any:
-        """The run of a chain of names and indices with no `is_leaf`, found and rebuilt by
-        the rows alone (no selection is built); `_NO_FAST_PATH` for anything else (another
-        selector, a missing key, a static field: `select` says what, in its words)."""
+        """A chain of names and indices (no `is_leaf`) found and rebuilt by the rows alone;
+        `_NO_FAST_PATH` for anything else (a missing key: `select` says what, in its words)."""
         node = self.tree
         path: tuple[Any, ...] = ()
         hops: list[tuple[Any, ...]] = []
@@ -448,8 +444,7 @@ class _Run:
             raise
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
-        """`fn` over the leaves of a selected subtree, here and now, counting them (key paths
-        are worked out only for an error)."""
+        """`fn` over the leaves of a selected subtree, here and now, counting them."""
         leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=self.is_leaf)
         self.count += len(leaves)
         out: list[Any] = []
@@ -523,8 +518,7 @@ class _Get(_Op):
 
 
 def _map_with_paths(walker: _Run, fn: Callable[..., Any], node: object, path: tuple) -> Any:
-    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them (for the
-    operations whose errors name the leaf's path)."""
+    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them."""
     if is_leaf_node(node, walker.is_leaf):
         walker.count += 1
         return fn(node, path)
@@ -679,7 +673,11 @@ class _Reduce(_Op):
             if self.accumulator is _MISSING:
                 self.accumulator = x
             else:
-                self.accumulator = walker.call_now(self.fn, where, self.accumulator, x)
+                try:  # here, without a frame to spare (`call_now`'s work)
+                    self.accumulator = self.fn(self.accumulator, x)
+                except Exception as error:
+                    _note_fn(error, self.fn, walker.where(where), walker.text())
+                    raise
 
         _map_with_paths(walker, fold, node, path)
         return node
@@ -895,7 +893,9 @@ class AtIndexer(Generic[T]):
                 out = _aligned_mask_op(self.tree, matchers[0].mask, op, self._selection)
                 if out is not _NO_FAST_PATH:
                     return out
-        return run.run(self._select(is_leaf, op))
+        return run.run(
+            select(self.tree, matchers, is_leaf, self._selection, op.edits_static, op.fills)
+        )
 
     def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         """The selection as a boolean tree of the input's structure: `True` at every leaf it
