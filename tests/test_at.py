@@ -289,6 +289,11 @@ def test_scan_with_element_mask_keeps_unselected_elements():
     assert new["a"].tolist() == [-1.0, 0.0] and count == 1
 
 
+def test_scan_function_not_returning_a_pair_is_named_with_what_it_returned():
+    with pytest.raises(TypeError, match=r"at tree\['b'\] it returned 2 \(an `int`\)\."):
+        tc.at({"a": 1, "b": 2})["b"].scan(lambda x, n: x, 0)
+
+
 def test_is_leaf_is_accepted_by_every_operation():
     tree = {"a": (1, 2), "b": 3}
     is_pair = lambda x: isinstance(x, tuple)

@@ -617,7 +617,7 @@ def test_docstring_examples_run(example):
 
 
 def test_bcmap_rejects_a_non_callable():
-    with pytest.raises(TypeError, match="`bcmap` expects a callable `func`, got 3 of type int"):
+    with pytest.raises(TypeError, match=r"`bcmap` expects a callable `func`, got 3 \(an `int`\)"):
         tc.bcmap(3)
 
 

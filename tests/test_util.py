@@ -324,7 +324,7 @@ def test_partial_too_few_arguments_for_placeholders_raises():
 
 
 def test_partial_needs_a_callable():
-    with pytest.raises(TypeError, match="`Partial` expects a callable `func`, got 3 of type int"):
+    with pytest.raises(TypeError, match=r"`Partial` expects a callable `func`, got 3 \(an `int`\)"):
         tc.Partial(3)
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
+from jax.tree_util import tree_flatten_with_path, tree_leaves, tree_structure
 from jax.typing import ArrayLike
 
 from ._calls import call_on_copy, method_of
@@ -54,6 +55,7 @@ from ._selectors import (
     slice_text,
 )
 from ._structure import (
+    describe,
     entry_name,
     is_leaf_node,
     path_str,
@@ -61,10 +63,8 @@ from ._structure import (
     row_of,
     wrapper_of,
 )
-from ._util import add_leaf_note, check_callable
+from ._util import add_leaf_note, check_callable, leaf_path_str
 from ._values import readable_here, sharding_spec, short_repr
-
-__all__ = ["AtIndexer", "at", "selection"]
 
 T = TypeVar("T")
 _A = TypeVar("_A")  # a fold's initial accumulator
@@ -150,7 +150,7 @@ EMPTY_REDUCE_MSG = (
 )
 CALL_NEEDS_NAME_MSG = (
     "Only a method name can be called: `tree.at['method'](*args, **kwargs)` (optionally "
-    "after names and indices, `tree.at['child']['method']()`), got `.at{selection}(...)`."
+    "after names and indices, `tree.at['child']['method']()`), got `{selection}(...)`."
 )
 ITERATION_MSG = (
     "An `AtIndexer` cannot be iterated: index it (`tree.at['name']`) and call an operation "
@@ -158,7 +158,7 @@ ITERATION_MSG = (
 )
 SCAN_RESULT_MSG = (
     "The scan function must return a pair `(new_leaf, new_state)`, but at {where} it "
-    "returned {value} of type {type}."
+    "returned {value}."
 )
 PARALLEL_ARG_MSG = (
     "`is_parallel` must be True, False, or a dict of `concurrent.futures.ThreadPoolExecutor` "
@@ -166,13 +166,8 @@ PARALLEL_ARG_MSG = (
 )
 PARALLEL_TRACED_MSG = (
     "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
-    "leaf at {where} is a tracer, and tracing on other threads would leak it. Run the "
-    "parallel operation outside the transformation, or drop `is_parallel`."
-)
-PARALLEL_TRACED_VALUE_MSG = (
-    "`is_parallel` cannot be used on traced values (inside `jax.jit`, `vmap` or `grad`): the "
-    "value set at {where} is (or holds) a tracer. Run the parallel operation outside the "
-    "transformation, or drop `is_parallel`."
+    "{what} at {where} is (or holds) a tracer, and tracing on other threads would leak it. "
+    "Run the parallel operation outside the transformation, or drop `is_parallel`."
 )
 FN_NOTE = "raised by `{fn}` at {where} (in {selection})"
 NUMBER_MISFIT_MSG = (
@@ -221,11 +216,8 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
     check_element_mask(mask, old, where)
     old_shape, new_shape = shape_of(old), shape_of(new)
     if not broadcasts_to(new_shape, old_shape):
-        raise ValueError(
-            ELEMENT_VALUE_SHAPE_MSG.format(
-                where=where(), leaf_shape=old_shape, value_shape=new_shape
-            )
-        )
+        shapes = {"leaf_shape": old_shape, "value_shape": new_shape}
+        raise ValueError(ELEMENT_VALUE_SHAPE_MSG.format(where=where(), **shapes))
     if type(new) in NUMBER_TYPES and _holds_numbers(old):
         # checked against the leaf's dtype (a bool too: into elements it is a number), and
         # weak: `where` keeps that dtype
@@ -237,8 +229,7 @@ def _masked(mask: Any, new: Any, old: Any, where: Callable[[], str]) -> Any:
 
 
 def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_msg: str) -> Any:
-    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill
-    (`traced_msg`: the operation's error for a traced mask)."""
+    """The selected elements of leaf `x`: `x[mask]`, or `jnp.where` when there is a fill."""
     check_element_mask(mask, x, where)
     if fill_value is not None:
         return jnp.where(mask, x, fill_value)
@@ -253,9 +244,6 @@ def _take(x: Any, mask: Any, fill_value: Any, where: Callable[[], str], traced_m
     return x[jnp.broadcast_to(mask, x.shape)]
 
 
-# -- numbers put at array leaves (the rule: `set`'s docstring) ---------------------------------
-
-
 # the numbers (`_numbers.is_number`) a whole array leaf is filled with: `True` and `False`
 # (and NumPy's) are flags there, put as they are; into elements (a mask) they are numbers
 _FLAGS = frozenset({bool, np.bool_})
@@ -265,17 +253,13 @@ _NUMPY_NUMBERS = NUMBER_TYPES - _SCALARS
 
 
 def _holds_numbers(leaf: object) -> bool:
-    """Whether a number put at `leaf` is fitted into it: an array (a tracer too), or a
-    NumPy / ml_dtypes scalar of a number type."""
+    """Whether a number put at `leaf` is fitted into it: an array, or a NumPy number."""
     return isinstance(leaf, (jax.Array, np.ndarray)) or type(leaf) in _NUMPY_NUMBERS
 
 
 def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
-    """`value` (a number) as a Python number of `leaf`'s kind, or an error naming `where`.
-
-    The result is weakly typed where JAX and NumPy promote (`where(mask, 0, int8_leaf)` stays
-    int8), so it never widens the leaf's dtype: `0.0` for an int leaf is given as `0`.
-    """
+    """`value` (a number) as a weak Python number of `leaf`'s kind, which never widens its
+    dtype (`0.0` for an int leaf is `0`), or an error naming `where`."""
     dtype = leaf.dtype
     if type(value) is float:
         limit = plain_float_limit(dtype)
@@ -293,15 +277,11 @@ def _number_fit(value: Any, leaf: Any, where: Callable[[], str]) -> Any:
         real = value.real if isinstance(value, complex) else value
         integral = dtype_kind(dtype) in "biu" and isinstance(real, int | float)
         fix = repr(round(real)) if integral and math.isfinite(real) else "<a number>"
-    raise error(
-        NUMBER_MISFIT_MSG.format(
-            value=number_repr(value),
-            where=where(),
-            leaf=f"{dtype_name(dtype)}{list(leaf.shape)}",
-            reason=reason,
-            fix=fix,
-        )
+    shown = f"{dtype_name(dtype)}{list(leaf.shape)}"
+    message = NUMBER_MISFIT_MSG.format(
+        value=number_repr(value), where=where(), leaf=shown, reason=reason, fix=fix
     )
+    raise error(message)
 
 
 def _fill(value: Any, leaf: Any, where: Callable[[Any], str], at: object) -> Any:
@@ -336,7 +316,11 @@ def _keep_array(new: object, leaf: object, where: Callable[[Any], str], at: obje
     return new
 
 
-# -- running per-leaf functions on a thread pool -----------------------------------------------
+def _put_new(new: object, leaf: Any, emask: Any, walker: _Run, path: tuple[Any, ...]) -> Any:
+    """`new`, computed for `leaf` at `path`, put in its place or into `emask`'s elements."""
+    if emask is None:
+        return _keep_array(new, leaf, walker.where, path)
+    return _masked(emask, new, leaf, lambda: walker.where(path))
 
 
 @dataclasses.dataclass(slots=True)
@@ -348,34 +332,11 @@ class _Pending:
     finish: Callable[[Any], Any] | None  # applied to the result once it is there
 
 
-def _executor_args(is_parallel: object) -> dict[str, Any] | None:
-    if is_parallel is False or is_parallel is None:
-        return None
-    if is_parallel is True:
-        return {}
-    if isinstance(is_parallel, dict):
-        return dict(is_parallel)
-    raise TypeError(PARALLEL_ARG_MSG.format(value=is_parallel))
-
-
-# -- one operation over a selection -------------------------------------------------------------
-
-
 class _Run:
     """One operation over a selection: what the op puts at each spot, and the leaves it
     reaches (`count`: none, and only wrapped values or static fields reached, is an error)."""
 
-    __slots__ = (
-        "tree",
-        "op",
-        "is_leaf",
-        "text",
-        "count",
-        "blocked",
-        "pool",
-        "pending",
-        "traced_value",
-    )
+    __slots__ = ("tree", "op", "is_leaf", "text", "count", "blocked", "pool", "pending", "traced")
 
     def __init__(
         self,
@@ -385,20 +346,17 @@ class _Run:
         text: Callable[[], str],
         pool: concurrent.futures.Executor | None = None,
     ):
-        self.tree = tree
-        self.op = op
-        self.is_leaf = is_leaf
+        self.tree, self.op, self.is_leaf = tree, op, is_leaf
         self.text = text  # the selection, as `tree.at[...]`
         self.count = 0
         self.blocked: list[tuple[tuple[Any, ...], str, bool]] = []  # spots of wrapped values only
-        self.pool = pool
-        self.pending = False
+        self.pool, self.pending = pool, False
         # under `is_parallel`, whether the value `set` puts is (or holds) a tracer: looked
         # at once, and refused at the first selected spot
-        self.traced_value = (
+        self.traced = (
             pool is not None
             and type(op) is _Set
-            and any(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(op.value))
+            and any(isinstance(leaf, Tracer) for leaf in tree_leaves(op.value))
         )
 
     def where(self, path: tuple[Any, ...]) -> str:
@@ -411,9 +369,8 @@ class _Run:
         return self.resolve(out) if self.pending else out
 
     def chain(self, matchers: tuple[Matcher, ...]) -> Any:
-        """The run of a chain of names and indices with no `is_leaf`, found and rebuilt by
-        the rows alone (no selection is built); `_NO_FAST_PATH` for anything else (another
-        selector, a missing key, a static field: `select` says what, in its words)."""
+        """A chain of names and indices (no `is_leaf`) found and rebuilt by the rows alone;
+        `_NO_FAST_PATH` for anything else (a missing key: `select` says what, in its words)."""
         node = self.tree
         path: tuple[Any, ...] = ()
         hops: list[tuple[Any, ...]] = []
@@ -433,19 +390,20 @@ class _Run:
                 select(self.tree, matchers, None, self.text).check(0, self.blocked)
         where = self.where
         for row, node, path, (entry, child) in reversed(hops):
-            if new is not child:
-                new = row.replace(node, entry, child, new, path, where)
-            else:
-                new = node
+            new = node if new is child else row.replace(node, entry, child, new, path, where)
         return new
 
     def spot(self, s: Spot) -> Any:
-        if self.pool is not None:  # as `call` refuses `apply`'s traced leaves, for every op
-            for p, leaf in jax.tree_util.tree_flatten_with_path(s.node, is_leaf=self.is_leaf)[0]:
+        if self.pool is not None:  # traced leaves and values are refused here, for every op
+            for p, leaf in tree_flatten_with_path(s.node, is_leaf=self.is_leaf)[0]:
                 if isinstance(leaf, Tracer):
-                    raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(s.path + p)))
-            if self.traced_value:
-                raise ValueError(PARALLEL_TRACED_VALUE_MSG.format(where=self.where(s.path)))
+                    raise ValueError(
+                        PARALLEL_TRACED_MSG.format(what="leaf", where=self.where(s.path + p))
+                    )
+            if self.traced:
+                raise ValueError(
+                    PARALLEL_TRACED_MSG.format(what="value set", where=self.where(s.path))
+                )
         before = self.count
         out = self.op.spot(self, s.node, s.path, s.emask)
         if self.count == before:
@@ -471,42 +429,28 @@ class _Run:
     ) -> Any:
         """`fn(*args)` for the leaf at `path` (then `finish` of it), errors naming the path;
         under `is_parallel`, a `_Pending` stands in for it until `resolve`."""
-        if self.pool is not None:
-            if isinstance(args[0], Tracer):
-                raise ValueError(PARALLEL_TRACED_MSG.format(where=self.where(path)))
-            self.pending = True
-            return _Pending(self.pool.submit(fn, *args), path, finish)
-        try:
-            result = fn(*args)
-        except Exception as error:
-            self.note_failure(error, fn, path)
-            raise
-        return result if finish is None else finish(result)
+        if self.pool is None:
+            result = self.call_now(fn, path, *args)
+            return result if finish is None else finish(result)
+        self.pending = True
+        return _Pending(self.pool.submit(fn, *args), path, finish)
 
-    def note_failure(self, error: BaseException, fn: object, path: tuple[Any, ...]) -> None:
-        _note_fn(error, fn, self.where(path), self.text())
+    def call_now(self, fn: Callable[..., Any], path: tuple[Any, ...], *args: Any) -> Any:
+        """`fn(*args)` here and now, an error it raises noted with the leaf at `path`."""
+        try:
+            return fn(*args)
+        except Exception as error:
+            _note_fn(error, fn, self.where(path), self.text())
+            raise
 
     def map_leaves(self, fn: Callable[[Any], Any], node: Any, path: tuple[Any, ...]) -> Any:
-        """The user's `fn` over the leaves of a selected subtree, counting them (key paths
-        are worked out only for an error, or for the thread pool's pending leaves)."""
-        if self.pool is not None:
-
-            def submit(x: object, where: tuple) -> Any:
-                def keep(new: object) -> Any:  # a number returned for an array leaf fills it
-                    return _keep_array(new, x, self.where, where)
-
-                return self.call(fn, where, x, finish=keep)
-
-            return _map_with_paths(self, submit, node, path)
+        """`fn` over the leaves of a selected subtree, here and now, counting them."""
         leaves, treedef = jax.tree_util.tree_flatten(node, is_leaf=self.is_leaf)
         self.count += len(leaves)
         out: list[Any] = []
 
         def failed_path() -> tuple[Any, ...]:
-            return (
-                path
-                + jax.tree_util.tree_flatten_with_path(node, is_leaf=self.is_leaf)[0][len(out)][0]
-            )
+            return path + tree_flatten_with_path(node, is_leaf=self.is_leaf)[0][len(out)][0]
 
         try:
             for leaf in leaves:
@@ -515,7 +459,7 @@ class _Run:
                     new = _keep_array(new, leaf, lambda _: self.where(failed_path()), None)
                 out.append(new)
         except Exception as error:
-            self.note_failure(error, fn, failed_path())
+            _note_fn(error, fn, self.where(failed_path()), self.text())
             raise
         return treedef.unflatten(out)
 
@@ -528,17 +472,12 @@ class _Run:
             try:
                 result = x.future.result()
             except Exception as error:
-                selection = self.text()
-                add_leaf_note(
-                    error, f"raised at {self.where(x.path)} (in {selection}, run with is_parallel)"
-                )
+                where, selection = self.where(x.path), self.text()
+                add_leaf_note(error, f"raised at {where} (in {selection}, run with is_parallel)")
                 raise
             return result if x.finish is None else x.finish(result)
 
         return jax.tree_util.tree_map(value, tree, is_leaf=lambda x: type(x) is _Pending)
-
-
-# -- operations ----------------------------------------------------------------------------
 
 
 class _Op:
@@ -567,10 +506,8 @@ class _Get(_Op):
 
     def spot(self, walker, node, path, emask):
         if emask is None:
-            if is_leaf_node(node, walker.is_leaf):
-                walker.count += 1
-            else:
-                walker.count += len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf))
+            is_leaf = walker.is_leaf
+            walker.count += 1 if is_leaf_node(node, is_leaf) else len(tree_leaves(node, is_leaf))
             return node
         fill, traced_msg = self.fill_value, self.traced_msg
 
@@ -581,26 +518,18 @@ class _Get(_Op):
 
 
 def _map_with_paths(walker: _Run, fn: Callable[..., Any], node: object, path: tuple) -> Any:
-    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them.
-
-    Key paths for the operations whose checks name the leaf's path themselves, or that run
-    the user's function through `walker.call` (which names it).
-    """
+    """`fn(leaf, key_path)` over the leaves of a selected subtree, counting them."""
     if is_leaf_node(node, walker.is_leaf):
         walker.count += 1
         return fn(node, path)
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=walker.is_leaf)
+    pairs, treedef = tree_flatten_with_path(node, is_leaf=walker.is_leaf)
     walker.count += len(pairs)
     return treedef.unflatten([fn(x, path + p) for p, x in pairs])
 
 
 class _Set(_Op):
-    """Put `value` at the selection.
-
-    `value` is a leaf (every selected leaf gets it); a tree fitting the selected subtree
-    (or a prefix of it: leaf by leaf); a tree fitting the whole tree (read where
-    selected); or, fitting neither, one value put whole at each selected spot.
-    """
+    """Put `value` at the selection: a leaf at every selected leaf, a tree fitting the
+    selected subtree or the whole tree leaf by leaf, anything else whole at each spot."""
 
     __slots__ = ("value", "mode")
 
@@ -615,25 +544,24 @@ class _Set(_Op):
         if value is None or is_leaf_node(value, is_leaf):
             self.mode = self.BROADCAST
         else:
-            structure = functools.partial(jax.tree_util.tree_structure, is_leaf=is_leaf)
+            structure = functools.partial(tree_structure, is_leaf=is_leaf)
             self.mode = self.ROOT if structure(value) == structure(root) else self.SPOT
 
     def spot(self, walker, node, path, emask):
         value = self.value
         if self.mode == self.BROADCAST:
             return self._put(walker, value, node, path, emask)
-        if self.mode == self.ROOT:
-            return self._pairwise(walker, node, self._navigate(walker, value, path), emask, path)
-        fitted = self._pairwise(walker, node, value, emask, path)
-        if fitted is not _MISSING:
-            return fitted
+        if self.mode == self.SPOT:  # a tree of the subtree's structure first, then the root's
+            fitted = self._pairwise(walker, node, value, emask, path)
+            if fitted is not _MISSING:
+                return fitted
         whole = self._navigate(walker, value, path)
         if whole is not _MISSING:
             fitted = self._pairwise(walker, node, whole, emask, path)
             if fitted is not _MISSING:
                 return fitted
         # fits neither: the value goes whole where the selection points
-        walker.count += max(1, len(jax.tree_util.tree_leaves(node, is_leaf=walker.is_leaf)))
+        walker.count += max(1, len(tree_leaves(node, is_leaf=walker.is_leaf)))
         if emask is not None:
             return _masked(emask, value, node, lambda: walker.where(path))
         return value
@@ -647,7 +575,7 @@ class _Set(_Op):
                 return value
             if type(value) in _FILLS:  # arrays below are filled, other leaves replaced
                 return walker.map_leaves(lambda _: value, node, path)
-            treedef = jax.tree_util.tree_structure(node, is_leaf=walker.is_leaf)
+            treedef = tree_structure(node, is_leaf=walker.is_leaf)
             walker.count += treedef.num_leaves
             return treedef.unflatten([value] * treedef.num_leaves)
 
@@ -671,12 +599,10 @@ class _Set(_Op):
         if value is None or is_leaf_node(value, walker.is_leaf):
             return self._put(walker, value, node, path, emask)
         try:  # the fit first: a value that does not fit (every spot, maybe) is not flattened
-            subtrees = jax.tree_util.tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(
-                node
-            )
+            subtrees = tree_structure(value, is_leaf=walker.is_leaf).flatten_up_to(node)
         except (ValueError, TypeError):
             return _MISSING
-        pairs, treedef = jax.tree_util.tree_flatten_with_path(value, is_leaf=walker.is_leaf)
+        pairs, treedef = tree_flatten_with_path(value, is_leaf=walker.is_leaf)
         out = [
             self._put(walker, v, sub, path + p, emask)
             for (p, v), sub in zip(pairs, subtrees, strict=True)
@@ -694,31 +620,25 @@ class _Apply(_Op):
     def static_value(self, walker, old, path):
         # here and now, even under `is_parallel`: the value goes into the node's layout,
         # where no pending result would be resolved
-        try:
-            return self.fn(old)
-        except Exception as error:
-            walker.note_failure(error, self.fn, path)
-            raise
+        return walker.call_now(self.fn, path, old)
 
     def spot(self, walker, node, path, emask):
         fn = self.fn
-        if emask is None:
-            if walker.pool is None and is_leaf_node(node, walker.is_leaf):
+        if emask is None and walker.pool is None:
+            if is_leaf_node(node, walker.is_leaf):
                 # the common spot (a name chain ending at a leaf), without a frame to spare
                 walker.count += 1
                 try:
                     new = fn(node)
                 except Exception as error:
-                    walker.note_failure(error, fn, path)
+                    _note_fn(error, fn, walker.where(path), walker.text())
                     raise
-                if type(new) in _FILLS:
-                    return _keep_array(new, node, walker.where, path)
-                return new
+                return _keep_array(new, node, walker.where, path) if type(new) in _FILLS else new
             return walker.map_leaves(fn, node, path)
 
         def one(x: object, where: tuple) -> Any:
             def finish(new: object) -> Any:
-                return _masked(emask, new, x, lambda: walker.where(where))
+                return _put_new(new, x, emask, walker, where)
 
             return walker.call(fn, where, x, finish=finish)
 
@@ -737,28 +657,34 @@ class _ApplyWhole(_Apply):
         return walker.call(self.fn, path, node)
 
 
-class _Collect(_Op):
-    __slots__ = ("leaves", "paths")
+class _Reduce(_Op):
+    """Fold `fn(accumulator, leaf)` over the selected leaves (`_MISSING`: none yet)."""
 
-    def __init__(self) -> None:
-        self.leaves: list[Any] = []
-        self.paths: list[tuple[Any, ...]] = []
+    __slots__ = ("fn", "accumulator")
+
+    def __init__(self, fn: Callable[[Any, Any], Any], initializer: object) -> None:
+        self.fn, self.accumulator = fn, initializer
 
     def spot(self, walker, node, path, emask):
-        def collect(x: object, where: tuple) -> None:
+        def fold(x: object, where: tuple) -> None:
             if emask is not None:
                 at = functools.partial(walker.where, where)
                 x = _take(x, emask, None, at, TRACED_MASK_REDUCE_MSG)
-            self.leaves.append(x)
-            self.paths.append(where)
+            if self.accumulator is _MISSING:
+                self.accumulator = x
+            else:
+                try:  # here, without a frame to spare (`call_now`'s work)
+                    self.accumulator = self.fn(self.accumulator, x)
+                except Exception as error:
+                    _note_fn(error, self.fn, walker.where(where), walker.text())
+                    raise
 
-        _map_with_paths(walker, collect, node, path)
+        _map_with_paths(walker, fold, node, path)
         return node
 
 
 class _Pluck(_Get):
-    """Keep the selected subtrees themselves (as `get` takes them, with no fill), in flatten
-    order, up to `limit` of them."""
+    """Keep the selected subtrees as `get` takes them (no fill), in flatten order, up to `limit`."""
 
     __slots__ = ("found", "limit")
     fills = False
@@ -780,21 +706,16 @@ class _Scan(_Op):
     __slots__ = ("fn", "state")
 
     def __init__(self, fn: Callable[[Any, Any], tuple[Any, Any]], state: Any) -> None:
-        self.fn = fn
-        self.state = state
+        self.fn, self.state = fn, state
 
     def spot(self, walker, node, path, emask):
         def one(x: object, where: tuple) -> Any:
             result = walker.call(self.fn, where, x, self.state)
             if not (isinstance(result, tuple) and len(result) == 2):
-                value, kind = _short_repr(result), type(result).__name__
-                raise TypeError(
-                    SCAN_RESULT_MSG.format(where=walker.where(where), value=value, type=kind)
-                )
+                value = describe(result)
+                raise TypeError(SCAN_RESULT_MSG.format(where=walker.where(where), value=value))
             new, self.state = result
-            if emask is None:
-                return _keep_array(new, x, walker.where, where)
-            return _masked(emask, new, x, lambda: walker.where(where))
+            return _put_new(new, x, emask, walker, where)
 
         return _map_with_paths(walker, one, node, path)
 
@@ -817,9 +738,6 @@ class _Call(_Op):
         return new
 
 
-# -- the indexer -------------------------------------------------------------------------
-
-
 _NO_FAST_PATH = object()
 
 
@@ -838,11 +756,7 @@ def _aligned_mask_op(tree: Any, mask: Any, op: _Op, selection: Callable[[], str]
         return _NO_FAST_PATH
     leaves, treedef, flags, spots = found
     out = []
-
-    def where(index: int) -> str:
-        path = jax.tree_util.tree_flatten_with_path(tree)[0][index][0]
-        return path_str(tree, path)
-
+    where = functools.partial(leaf_path_str, tree)
     # a number is fitted to a dtype once: the same number (the value set) into the next leaf
     # of that dtype reuses it
     fitted: tuple[Any, Any, Any] = (_NO_FAST_PATH, None, None)  # (number, dtype, fit)
@@ -881,32 +795,25 @@ class AtIndexer(Generic[T]):
     level of the key path, applied to each node the levels before it selected
     (`model.at[Linear]["weight"]`); a tuple is a union at one level. Every operation
     returns a new tree and leaves the input untouched, even when it raises. The `.at`
-    guide shows every selector and operation at work.
-
-    **Selectors**
+    guide shows every selector and operation at work. **Selectors**:
 
     - `"name"`, `0`, `-1`, `1:3`, `...`: an attribute or dict key, a sequence index or
       slice (a `tc.Stacked` is indexed by block), every child (alone: the whole tree);
     - `re.compile(p)`: children whose name fully matches `p`; `tc.glob("layers.*.weight")`:
       nodes whose key path below matches the pattern;
-    - a boolean mask: a pytree of the tree's structure (or a prefix of it) holding bools
-      (whole leaves or subtrees) or boolean arrays of their leaf's shape (its elements:
-      `jnp.where` for `set`/`apply`/`scan`, `leaf[mask]` for `get`/`reduce`); after other
-      selectors it is matched against each node they selected; a tuple made only of
-      bools and masks is one mask, not a union;
+    - a boolean mask: a tree of the (selected) node's structure or a prefix of it holding
+      bools (whole leaves or subtrees) or bool arrays of a leaf's shape (its elements:
+      `jnp.where` for `set`/`apply`/`scan`, `leaf[mask]` for `get`/`reduce`); a tuple of
+      only bools and masks is one mask, not a union;
     - a class (`Linear`, `jax.Array`): every node below that is an instance of it, not
-      looking inside a match; `tc.where(fn)`: every node below for which `fn(path, node)`
-      is true;
+      looking inside a match; `tc.where(fn)`: every node below where `fn(path, node)`;
     - a `tc.BaseKey`, a value of a type registered with `tc.BaseKey.def_alias` or
       `tc.at.def_rule`, or a JAX key entry: children whose key entry it equals.
 
     A missing name or index, and a glob, regex or `BaseKey` that selects nothing, raise
     `LookupError` naming the closest keys; a mask or predicate selecting nothing is an
-    empty selection.
-
-    **Operations** (each documented on its method, each with `is_leaf=`): `.get`, `.set`,
-    `.apply`, `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, and
-    `tree.at["method"](*args, **kwargs)`.
+    empty selection. **Operations**, each on its method: `.get`, `.set`, `.apply`,
+    `.reduce`, `.scan`, `.pluck`, `.mask`, `.paths`, `tree.at["method"](*args, **kwargs)`.
 
     ```python
     import jax.numpy as jnp
@@ -929,8 +836,7 @@ class AtIndexer(Generic[T]):
             where = ()
         elif not isinstance(where, (tuple, list)):
             raise TypeError(WHERE_TYPE_MSG.format(value=_short_repr(where)))
-        self.tree = tree
-        self.where = tuple(where)
+        self.tree, self.where = tree, tuple(where)
         self._matchers = tuple(
             compile_selector(s, functools.partial(_selection_str, tree, self.where[: i + 1]))
             for i, s in enumerate(self.where)
@@ -969,12 +875,13 @@ class AtIndexer(Generic[T]):
     def _run(
         self, op: _Op, is_leaf: Callable[[Any], bool] | None, is_parallel: object = False
     ) -> Any:
-        pool_args = None if is_parallel is False else _executor_args(is_parallel)
-        if pool_args is not None:
+        if is_parallel is not False and is_parallel is not None:
+            if is_parallel is not True and not isinstance(is_parallel, dict):
+                raise TypeError(PARALLEL_ARG_MSG.format(value=is_parallel))
+            pool_args = {} if is_parallel is True else is_parallel
             with concurrent.futures.ThreadPoolExecutor(**pool_args) as pool:
-                return _Run(self.tree, op, is_leaf, self._selection, pool).run(
-                    self._select(is_leaf, op)
-                )
+                run = _Run(self.tree, op, is_leaf, self._selection, pool)
+                return run.run(self._select(is_leaf, op))
         matchers = self._matchers
         run = _Run(self.tree, op, is_leaf, self._selection)
         if is_leaf is None:
@@ -991,12 +898,10 @@ class AtIndexer(Generic[T]):
         )
 
     def mask(self, *, is_leaf: Callable[[Any], bool] | None = None) -> Any:
-        """The selection as a boolean tree: `True` at every leaf it selects, else `False`.
-
-        The mask has the tree's structure (nodes without children, such as frozen values,
-        stay as they are), so it lines up with the tree in `jax.tree.map` and selects the
-        same leaves again as `tree.at[mask]`. A leaf selected in part gets a bool array:
-        its element mask, or one flag per block of a stack (`tc.Stacked`).
+        """The selection as a boolean tree of the input's structure: `True` at every leaf it
+        selects, else `False`; `tree.at[mask]` selects the same leaves again. Nodes without
+        children (frozen values) stay as they are; a leaf selected in part gets a bool
+        array (its element mask, or one flag per block of a `tc.Stacked`).
 
         **Arguments**
 
@@ -1018,8 +923,8 @@ class AtIndexer(Generic[T]):
         return self._select(is_leaf).mask()
 
     def paths(self, *, is_leaf: Callable[[Any], bool] | None = None) -> list[tuple[Any, ...]]:
-        """The key paths of the leaves the selection reaches (in whole or in part, as `mask()`
-        says), in flatten order, as `jax.tree_util.tree_flatten_with_path` gives them.
+        """The key paths of the leaves the selection reaches (in whole or in part), in
+        flatten order, as `jax.tree_util.tree_flatten_with_path` gives them.
 
         **Arguments**
 
@@ -1055,8 +960,7 @@ class AtIndexer(Generic[T]):
           element mask, `None` gives `leaf[mask]`, any other value
           `jnp.where(mask, leaf, fill_value)` (which also works with traced masks).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
-          traced selected leaf then raises `ValueError`.
+        - `is_parallel`: as for `apply` (same result; a traced leaf raises `ValueError`).
 
         **Returns**
 
@@ -1084,32 +988,23 @@ class AtIndexer(Generic[T]):
 
         - `value`: a leaf, put at every selected leaf; a tree of each selected subtree's
           structure (or a prefix of it, broadcast); or a tree of the whole tree's
-          structure, read where selected. A value that fits none of these is put whole at
-          each selected spot (`(7, 8)` set at a leaf is that tuple). Under an element mask
-          the result is `jnp.where(mask, value, leaf)`, which keeps the leaf's shape. A
-          number (Python's, or any NumPy or ml_dtypes scalar) at an array leaf (a frozen
-          one selected with `is_leaf=tc.is_frozen` too) becomes an array of the leaf's
-          shape, dtype and type, as `x.at[...].set(0.0)` does in jax.numpy; one that would
-          change on the way in (`2.7` into an integer array, `300` into `int8`) raises
-          `TypeError` / `OverflowError` naming the leaf. `True` and `False` are flags, put
-          as they are, except into elements. The `.at` guide's "Numbers at array leaves"
-          has the whole rule; `.apply(lambda _: 0.0, whole=True)` puts a number in place
-          of an array.
+          structure, read where selected; anything else is put whole at each selected spot.
+          Under an element mask: `jnp.where(mask, value, leaf)`. A number at an array leaf
+          becomes an array of the leaf's shape, dtype and type (`True`/`False` are flags,
+          put as they are); one that would change on the way in (`2.7` into an integer
+          array) raises `TypeError` / `OverflowError` naming the leaf: the `.at` guide's
+          "Numbers at array leaves" has the whole rule.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
-        - `is_parallel`: accepted as for `apply` (the result is the same without it); a
-          traced selected leaf or value then raises `ValueError`.
+        - `is_parallel`: as for `apply` (same result; a traced leaf or value raises `ValueError`).
 
         **Returns**
 
         The new tree.
 
         ```python
-        import numpy as np
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["a"].set(10) == {"a": 10, "b": 2}
-        zeroed = tc.at({"w": np.ones(2, np.int8)})["w"].set(0)  # an array stays an array
-        assert zeroed["w"].dtype == np.int8 and zeroed["w"].tolist() == [0, 0]
         ```
         """
         check_callable(is_leaf, "AtIndexer.set", "is_leaf", optional=True)
@@ -1127,18 +1022,16 @@ class AtIndexer(Generic[T]):
 
         **Arguments**
 
-        - `fn`: a function of one leaf. Under an element mask the result is
-          `jnp.where(mask, fn(leaf), leaf)`; a number it returns for an array leaf fills
-          an array as for `set`. An error it raises gets a note naming the leaf's key path.
-        - `whole`: call `fn` once on each selected node, whole (a frozen value as it is),
-          and put what it returns in its place, as it is: model surgery,
-          `model.at[Attention]["out"].apply(to_lora, whole=True)`.
+        - `fn`: a function of one leaf (under an element mask,
+          `jnp.where(mask, fn(leaf), leaf)`; a number returned for an array leaf fills it
+          as for `set`); an error it raises gets a note naming the leaf's key path.
+        - `whole`: call `fn` on each selected node, whole (a frozen value as it is), and
+          put what it returns in its place, as it is (model surgery).
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
         - `is_parallel`: `True`, or a dict of `concurrent.futures.ThreadPoolExecutor`
-          arguments (`{"max_workers": 8}`), runs `fn` on a thread pool, one call per leaf,
-          with the same result (the first error re-raised with its leaf's key path): for
-          I/O-bound functions and those that release the GIL. Not inside
-          `jax.jit`/`vmap`/`grad`: a traced leaf raises `ValueError`.
+          arguments (`{"max_workers": 8}`): run `fn` on a thread pool, one call per leaf,
+          with the same result (for I/O or GIL-releasing functions); a traced leaf (inside
+          `jax.jit`/`vmap`/`grad`) raises `ValueError`.
 
         **Returns**
 
@@ -1148,7 +1041,6 @@ class AtIndexer(Generic[T]):
         import treeclass as tc
 
         assert tc.at({"a": 1, "b": 2})["b"].apply(lambda x: x * 10) == {"a": 1, "b": 20}
-        assert tc.at({"a": (1, 2)})["a"].apply(list, whole=True) == {"a": [1, 2]}
         ```
         """
         check_callable(fn, "AtIndexer.apply", "fn", " of one leaf" if not whole else " of one node")
@@ -1192,28 +1084,16 @@ class AtIndexer(Generic[T]):
         ```python
         import treeclass as tc
 
-        tree = {"a": 1, "b": 2, "c": 3}
-        assert tc.at(tree)["a", "c"].reduce(lambda acc, x: acc + x) == 4
+        assert tc.at({"a": 1, "b": 2, "c": 3})["a", "c"].reduce(lambda acc, x: acc + x) == 4
         ```
         """
         check_callable(fn, "AtIndexer.reduce", "fn", " of (accumulator, leaf)")
         check_callable(is_leaf, "AtIndexer.reduce", "is_leaf", optional=True)
-        collect = _Collect()
-        self._run(collect, is_leaf)
-        leaves, paths = collect.leaves, collect.paths
-        if initializer is _MISSING:
-            if not leaves:
-                raise TypeError(EMPTY_REDUCE_MSG.format(selection=self._selection()))
-            accumulator, start = leaves[0], 1
-        else:
-            accumulator, start = initializer, 0
-        for index in range(start, len(leaves)):
-            try:
-                accumulator = fn(accumulator, leaves[index])
-            except Exception as error:
-                _note_fn(error, fn, path_str(self.tree, paths[index]), self._selection())
-                raise
-        return accumulator
+        fold = _Reduce(fn, initializer)
+        self._run(fold, is_leaf)
+        if fold.accumulator is _MISSING:
+            raise TypeError(EMPTY_REDUCE_MSG.format(selection=self._selection()))
+        return fold.accumulator
 
     def scan(
         self,
@@ -1226,9 +1106,8 @@ class AtIndexer(Generic[T]):
 
         **Arguments**
 
-        - `fn`: `(leaf, state) -> (new_leaf, new_state)`; an error it raises gets a note
-          naming the leaf's key path. A number returned as `new_leaf` for an array leaf
-          fills an array of the leaf's shape and dtype, as for `set`.
+        - `fn`: `(leaf, state) -> (new_leaf, new_state)` (a number as `new_leaf` for an
+          array leaf fills it, as for `set`); an error it raises gets a note naming the leaf.
         - `state`: the initial state.
         - `is_leaf`: treat nodes for which it returns `True` as leaves.
 
@@ -1239,10 +1118,8 @@ class AtIndexer(Generic[T]):
         ```python
         import treeclass as tc
 
-        tree = {"a": 1, "b": 2}
-        def count(leaf, n):
-            return leaf * 10, n + 1
-        assert tc.at(tree)[...].scan(count, 0) == ({"a": 10, "b": 20}, 2)
+        tree, count = tc.at({"a": 1, "b": 2})[...].scan(lambda x, n: (x * 10, n + 1), 0)
+        assert tree == {"a": 10, "b": 20} and count == 2
         ```
         """
         check_callable(fn, "AtIndexer.scan", "fn", " of (leaf, state)")
@@ -1258,8 +1135,8 @@ class AtIndexer(Generic[T]):
         is_leaf: Callable[[Any], bool] | None = None,
         is_parallel: bool | dict[str, Any] = False,
     ) -> list[Any]:
-        """The selected subtrees themselves, in flatten order: each selected node once (under
-        an element mask, `leaf[mask]`), where `get` returns the whole tree.
+        """The selected subtrees themselves (under an element mask, `leaf[mask]`), in
+        flatten order, where `get` returns the whole tree.
 
         **Arguments**
 
@@ -1274,18 +1151,15 @@ class AtIndexer(Generic[T]):
         ```python
         import treeclass as tc
 
-        tree = {"a": 1, "b": [2, 3]}
-        assert tc.at(tree)[...].pluck() == [1, [2, 3]] and tc.at(tree)[...].pluck(1) == [1]
+        assert tc.at({"a": 1, "b": [2, 3]})[...].pluck() == [1, [2, 3]]
         ```
         """
-        if count is None:
-            limit: float = float("inf")
-        elif isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-            limit = count
-        else:
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 0
+        ):
             raise TypeError(PLUCK_COUNT_MSG.format(value=count))
         check_callable(is_leaf, "AtIndexer.pluck", "is_leaf", optional=True)
-        pluck = _Pluck(limit)
+        pluck = _Pluck(math.inf if count is None else count)
         self._run(pluck, is_leaf, is_parallel)  # refuses traced leaves, as `get` does
         return pluck.found
 
@@ -1294,10 +1168,9 @@ class AtIndexer(Generic[T]):
     def __call__(self, *args: object, **kwargs: object) -> tuple[Any, T]:
         """Call a method on a mutable copy: `tree.at["method"](*a, **k)` -> `(value, new_tree)`.
 
-        The method may set, delete or add attributes of the copy of its node (NumPy leaves
-        are copies too); the copy is immutable again once it returns or raises, and the
-        input is untouched. Names and indices before the method's name reach a nested
-        node: `tree.at["child"]["method"]()`.
+        The method may set, delete or add attributes of its node's copy (NumPy leaves are
+        copied too), immutable again once it returns or raises; the input is untouched.
+        Names and indices before the method's name reach a nested node.
 
         ```python
         import treeclass as tc
@@ -1314,9 +1187,7 @@ class AtIndexer(Generic[T]):
         """
         where = self.where
         if not where or type(where[-1]) is not str or any(type(s) not in (str, int) for s in where):
-            raise TypeError(
-                CALL_NEEDS_NAME_MSG.format(selection="".join(f"[{_short_repr(s)}]" for s in where))
-            )
+            raise TypeError(CALL_NEEDS_NAME_MSG.format(selection=self._selection()))
         call = _Call(where[-1], args, kwargs)
         run, head = _Run(self.tree, call, None, self._selection), self._matchers[:-1]
         tree = run.chain(head)
@@ -1342,8 +1213,7 @@ def at(tree: T, where: Sequence[Any] | None = ()) -> AtIndexer[T]:
 
     **Returns**
 
-    An `AtIndexer`. `tc.at.def_rule(kind, compare)` makes values of type `kind`
-    selectors (see `AtIndexer.def_rule`).
+    An `AtIndexer` (`tc.at.def_rule(kind, compare)` makes values of type `kind` selectors).
 
     ```python
     import treeclass as tc

@@ -7,6 +7,7 @@ copied, sealed again when the function returns or raises); `.at`'s method call r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -14,8 +15,6 @@ from typing import Any, TypeVar
 from . import _node
 from ._util import check_callable
 from ._values import closest, path_str
-
-__all__ = ["call_on_copy", "method_of", "value_and_tree"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -42,16 +41,11 @@ def call_on_copy(tree: _T, fn: Callable[[_T], _R]) -> tuple[_R, _T]:
     try:
         value = fn(copy)
     except BaseException:
-        try:
+        with contextlib.suppress(Exception):  # the function's own error is the one to report
             _node.reseal(copy)
-        except Exception:  # the function's own error is the one to report
-            pass
         raise
     _node.reseal(copy)
     return value, copy
-
-
-# -- `tree.at[...]["method"](*args, **kwargs)` -------------------------------------------------
 
 
 def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> Callable[..., Any]:
@@ -73,29 +67,14 @@ def method_of(root: object, node: object, path: tuple[Any, ...], name: str) -> C
     return method
 
 
-# -- value_and_tree ----------------------------------------------------------------------------
-
-
-def _argnums_tuple(argnums: object) -> tuple[int, ...]:
-    if isinstance(argnums, int) and not isinstance(argnums, bool):
-        return (argnums,)
-    if isinstance(argnums, Sequence) and not isinstance(argnums, str):
-        found = tuple(argnums)
-        if all(isinstance(a, int) and not isinstance(a, bool) for a in found):
-            return found
-    raise TypeError(ARGNUMS_TYPE_MSG.format(value=argnums))
-
-
 def value_and_tree(
     func: Callable[..., Any], argnums: int | Sequence[int] = 0
 ) -> Callable[..., tuple[Any, Any]]:
     """Run `func` on copies of its arguments that it may mutate: `(value, changed copies)`.
 
-    For code that changes its arguments in place (methods setting attributes on a
-    `TreeClass`, appends to lists, writes into NumPy arrays): every argument is copied
-    first, the copies' TreeClass nodes may be mutated and are immutable again once `func`
-    returns or raises; the inputs never change. `tree.at["method"](*args)` is the same for
-    one method of one tree.
+    For code that changes its arguments in place (setting attributes of a `TreeClass`,
+    appending to lists, writing into NumPy arrays): the copies' TreeClass nodes may be
+    mutated until `func` returns or raises; the inputs never change.
 
     **Arguments**
 
@@ -106,42 +85,35 @@ def value_and_tree(
 
     **Returns**
 
-    A function taking `func`'s arguments and returning `(func's value, copy)`.
-
-    **Raises**
-
-    `TypeError` when `func` is not callable, when `argnums` is not an int or a sequence
-    of ints, or, at the call, when it names a position the call did not pass.
+    A function taking `func`'s arguments and returning `(func's value, copy)`; it raises
+    `TypeError` when `argnums` names a position the call did not pass (as `value_and_tree`
+    does for a non-callable `func` or an `argnums` that is not int(s)).
 
     ```python
     import treeclass as tc
 
-    def push(items, item):
-        items.append(item)
-
     items = [1, 2]
-    _, (new, item) = tc.value_and_tree(push, argnums=(0, 1))(items, 3)
+    _, new = tc.value_and_tree(lambda xs: xs.append(3))(items)
     assert new == [1, 2, 3] and items == [1, 2]
     ```
     """
     check_callable(func, "value_and_tree", "func")
-    single = isinstance(argnums, int) and not isinstance(argnums, bool)
-    positions = _argnums_tuple(argnums)
+    single = isinstance(argnums, int)
+    sequence = isinstance(argnums, Sequence) and not isinstance(argnums, str)
+    positions: tuple[Any, ...] = tuple(argnums) if sequence else (argnums,)  # type: ignore[arg-type]
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in positions):
+        raise TypeError(ARGNUMS_TYPE_MSG.format(value=argnums))
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         count = len(args)
         for argnum in positions:
             if not -count <= argnum < count:
-                raise TypeError(
-                    ARGNUMS_RANGE_MSG.format(
-                        func=getattr(func, "__name__", "func"),
-                        argnums=argnums,
-                        argnum=argnum,
-                        count=count,
-                        s="" if count == 1 else "s",
-                    )
+                name, s = getattr(func, "__name__", "func"), "" if count == 1 else "s"
+                message = ARGNUMS_RANGE_MSG.format(
+                    func=name, argnums=argnums, argnum=argnum, count=count, s=s
                 )
+                raise TypeError(message)
 
         def call(copied: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
             # the copy's dict is in flatten (sorted) order; the call keeps the caller's

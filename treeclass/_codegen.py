@@ -11,8 +11,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["compile_function", "render_init", "render_build", "InitStore"]
-
 _serial = itertools.count(1)
 
 
@@ -42,9 +40,6 @@ def _forget(filename: str, lines: list[str]) -> None:
 def _indent(lines: Sequence[str], levels: int = 1) -> list[str]:
     pad = "    " * levels
     return [pad + line if line else line for line in lines]
-
-
-# -- __init__ --------------------------------------------------------------------------------
 
 
 class InitStore(NamedTuple):
@@ -139,9 +134,6 @@ def _shape_lookup(this: str, static_names: Sequence[str], children: str) -> list
         f"    __tc_set_layout({this}, __tc_layout)",
         f"    __tc_set_flat({this}, (({children}), __tc_layout))",
     ]
-
-
-# -- unflatten -------------------------------------------------------------------------------
 
 
 def render_build(names: Sequence[str], leaf_names: Sequence[str], *, inline_fixed: bool) -> str:

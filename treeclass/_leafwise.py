@@ -18,8 +18,6 @@ import numpy as np
 
 from ._util import add_leaf_note, check_callable, leaf_path_str
 
-__all__ = ["leafwise", "bcmap"]
-
 _T = TypeVar("_T", bound=type)
 _Tree = TypeVar("_Tree")
 _flatten = jax.tree_util.tree_flatten
@@ -38,6 +36,7 @@ _OPERAND_STRUCTURE_MSG = (
     "To combine every leaf with one value, pass that value instead of a tree."
 )
 _LEAF_NOTE = "raised by the leafwise `{symbol}` at the leaf `{path}` ({type})"
+_UNARY_OPERAND: Any = object()  # `_leaf_map`'s `other` for a unary operator
 
 
 def _rounding(name: str) -> Callable[[Any], Any]:
@@ -52,56 +51,43 @@ def _rounding(name: str) -> Callable[[Any], Any]:
     return rounded
 
 
-def _note_leaf(
-    error: BaseException, tree: object, leaves: list, remaining: object, symbol: str
-) -> None:
-    index = len(leaves) - operator.length_hint(remaining) - 1  # the iterator is past it
-    leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
-    path = leaf_path_str(tree, index)
-    add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
-
-
-def _unary_map(fn: Callable[[Any], Any], tree: object, symbol: str) -> Any:
-    leaves, treedef = _flatten(tree)
-    remaining = iter(leaves)
-    try:
-        out = list(map(fn, remaining))
-    except Exception as error:
-        _note_leaf(error, tree, leaves, remaining, symbol)
-        raise
-    return treedef.unflatten(out)
-
-
-def _binary_map(
-    op: Callable[[Any, Any], Any],
+def _leaf_map(
+    op: Callable[..., Any],
     tree: object,
-    other: object,
     symbol: str,
-    cls: type,
-    reflected: bool,
+    other: object = _UNARY_OPERAND,
+    cls: type = object,
+    reflected: bool = False,
 ) -> Any:
+    """`op` of each leaf of `tree` (and of `other`'s leaf at the same place when it is a
+    `cls` tree, else of `other` itself; none for a unary operator)."""
     leaves, treedef = _flatten(tree)
-    others: Iterable[Any]
-    if isinstance(other, cls):
-        others, other_def = _flatten(other)
-        if other_def != treedef:
-            left, right = (other_def, treedef) if reflected else (treedef, other_def)
-            message = _OPERAND_STRUCTURE_MSG.format(
-                symbol=symbol, cls=cls.__name__, left=left, right=right
-            )
-            raise ValueError(message)
-    else:
-        others = repeat(other)
     remaining = iter(leaves)
+    if other is _UNARY_OPERAND:
+        mapped = map(op, remaining)
+    else:
+        others: Iterable[Any]
+        if isinstance(other, cls):
+            others, other_def = _flatten(other)
+            if other_def != treedef:
+                left, right = (other_def, treedef) if reflected else (treedef, other_def)
+                message = _OPERAND_STRUCTURE_MSG.format(
+                    symbol=symbol, cls=cls.__name__, left=left, right=right
+                )
+                raise ValueError(message)
+        else:
+            others = repeat(other)
+        mapped = map(op, others, remaining) if reflected else map(op, remaining, others)
     try:
-        out = list(map(op, others, remaining) if reflected else map(op, remaining, others))
+        out = list(mapped)
     except Exception as error:
-        _note_leaf(error, tree, leaves, remaining, symbol)
+        index = len(leaves) - operator.length_hint(remaining) - 1  # the iterator is past it
+        leaf_type = type(leaves[index]).__name__ if 0 <= index < len(leaves) else "?"
+        path = leaf_path_str(tree, index)
+        add_leaf_note(error, _LEAF_NOTE.format(symbol=symbol, path=path, type=leaf_type))
         raise
     return treedef.unflatten(out)
 
-
-# -- method factories ----------------------------------------------------------------------
 
 _BINARY = (
     ("add", operator.add, "+"),
@@ -139,40 +125,31 @@ _UNARY = (
 )
 
 
-def _binary_method(op: Callable[[Any, Any], Any], symbol: str, cls: type, reflected: bool):
-    def method(self: Any, other: object) -> Any:
-        return _binary_map(op, self, other, symbol, cls, reflected)
-
-    return method
-
-
-def _unary_method(fn: Callable[[Any], Any], symbol: str):
-    def method(self: Any) -> Any:
-        return _unary_map(fn, self, symbol)
-
-    return method
-
-
 def _special_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    def binary(op: Callable[[Any, Any], Any], symbol: str, reflected: bool) -> Callable:
+        return lambda self, other: _leaf_map(op, self, symbol, other, cls, reflected)
+
+    def unary(fn: Callable[[Any], Any], symbol: str) -> Callable:
+        return lambda self: _leaf_map(fn, self, symbol)
+
     methods: dict[str, Callable[..., Any]] = {}
     for name, op, symbol in _BINARY:
-        methods[f"__{name}__"] = _binary_method(op, symbol, cls, reflected=False)
-        methods[f"__r{name}__"] = _binary_method(op, symbol, cls, reflected=True)
+        methods[f"__{name}__"] = binary(op, symbol, reflected=False)
+        methods[f"__r{name}__"] = binary(op, symbol, reflected=True)
     for name, op, symbol in _COMPARISONS:
-        methods[f"__{name}__"] = _binary_method(op, symbol, cls, reflected=False)
+        methods[f"__{name}__"] = binary(op, symbol, reflected=False)
     for name, fn, symbol in _UNARY:
-        methods[f"__{name}__"] = _unary_method(fn, symbol)
+        methods[f"__{name}__"] = unary(fn, symbol)
 
     def __pow__(self: Any, other: object, modulo: object = None) -> Any:
         op = operator.pow if modulo is None else (lambda x, y: pow(x, y, modulo))
-        return _binary_map(op, self, other, "**", cls, reflected=False)
+        return _leaf_map(op, self, "**", other, cls)
 
     def __round__(self: Any, ndigits: int | None = None) -> Any:
         fn = round if ndigits is None else (lambda x: round(x, ndigits))
-        return _unary_map(fn, self, "round")
+        return _leaf_map(fn, self, "round")
 
-    for method in (__pow__, __round__):
-        methods[method.__name__] = method
+    methods.update(__pow__=__pow__, __round__=__round__)
     return methods
 
 
@@ -182,13 +159,11 @@ def leafwise(cls: _T) -> _T:
     Adds `+ - * / // % ** @`, `divmod`, `& | ^ << >>` (with their reflected forms),
     `== != < <= > >=`, `-x`, `+x`, `abs`, `~`, `round`, `math.floor`, `math.ceil` and
     `math.trunc`. With another instance of `cls` (or of a subclass) a binary operator
-    combines the two trees leaf by leaf (same structure, else `ValueError`); with any other
-    value it applies that value to every leaf. `divmod` gives one tree of `(quotient,
-    remainder)` pairs. Comparisons give a tree of booleans (an `.at[...]` mask; tree
-    equality is `tc.is_tree_equal`). Static fields and frozen values stay as they are;
-    methods written in the class body win (`@dataclass` writes `__eq__`: pass `eq=False`).
-    An error at a leaf gets a note naming it. `class Tree(tc.TreeClass, leafwise=True)` is
-    the same as decorating the class.
+    combines the two trees leaf by leaf (same structure, else `ValueError`), with any other
+    value every leaf with it; `divmod` gives a tree of pairs, comparisons a tree of bools
+    (a mask; tree equality is `tc.is_tree_equal`). Static fields and frozen values stay as
+    they are; methods of the class body win (`@dataclass` writes `__eq__`: `eq=False`). An
+    error at a leaf gets a note naming it. Same as `class Tree(tc.TreeClass, leafwise=True)`.
 
     **Arguments**
 
@@ -209,7 +184,6 @@ def leafwise(cls: _T) -> _T:
 
     pair = Pair(1.0, jnp.array([2.0, 3.0]))
     assert (pair + pair * 2).b.tolist() == [6.0, 9.0]
-    assert (pair > 1.5).b.tolist() == [True, True]
     ```
     """
     if not isinstance(cls, type):
@@ -223,8 +197,6 @@ def leafwise(cls: _T) -> _T:
         setattr(cls, name, method)
     return cls
 
-
-# -- bcmap ---------------------------------------------------------------------------------
 
 _BCMAP_LEAF_NOTE = "raised by `{func}` (in bcmap) at the leaf `{path}`"
 _BCMAP_WHOLE_NOTE = (
@@ -284,11 +256,9 @@ def bcmap(
     """Map `func` over the leaves of its first argument, broadcasting other arguments.
 
     The first argument (positional, else the first keyword one) fixes the structure, as in
-    PyTreeClass: every other argument of exactly that structure is mapped leaf by leaf
-    along with it, and any other (a scalar, `None`, a tree of another structure such as
-    `axis=(0, 1)`) is passed whole to every call; when it is a leaf, that is one plain
-    call. An error raised by `func` gets a note naming the leaf, and the arguments passed
-    whole because their structure differs.
+    PyTreeClass: every other argument of that structure is mapped leaf by leaf with it, any
+    other (a scalar, `None`, `axis=(0, 1)`) is passed whole to every call; a leaf first
+    argument makes one plain call. `func`'s errors name the leaf, and the trees passed whole.
 
     **Arguments**
 
@@ -309,7 +279,6 @@ def bcmap(
     tree = {"a": jnp.array([1.0, 3.0]), "b": 5.0}
     out = tc.bcmap(jnp.where)(tc.bcmap(jnp.greater)(tree, 2), tree, 0.0)
     assert out["a"].tolist() == [0.0, 3.0] and out["b"] == 5.0
-    assert tc.bcmap(lambda x, y: x + y, broadcast_to=1)(1, [2, 3]) == [3, 4]
     ```
     """
     check_callable(func, "bcmap", "func")
@@ -352,53 +321,25 @@ def _reference(
             )
             raise TypeError(message)
         position = int(broadcast_to) % count
-    elif broadcast_to is not None:
-        value, name = broadcast_to, "broadcast_to"
+    elif broadcast_to is not None:  # a given tree, mapped over even when it is a leaf
+        leaves, treedef = _flatten(broadcast_to, is_leaf)
+        return _Reference(broadcast_to, "broadcast_to", None, None, leaves, treedef)
     elif args:
         position = 0
     elif kwargs:
         key = next(iter(kwargs))
     else:
         return None
-    own = position is not None or key is not None  # one of the arguments, not a given tree
     if position is not None:
         value, name = args[position], f"positional argument {position}"
-    elif key is not None:
+    else:
         value, name = kwargs[key], f"keyword argument `{key}`"
-    if own and isinstance(value, _LEAF_TYPES):
+    if isinstance(value, _LEAF_TYPES):
         return None  # the argument fixing the structure is a leaf: one plain call
     leaves, treedef = _flatten(value, is_leaf)
-    if own and treedef.num_nodes == 1 and treedef.num_leaves == 1:
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
         return None  # a leaf of a custom type, or one `is_leaf` picked
     return _Reference(value, name, position, key, leaves, treedef)
-
-
-def _sort_arguments(
-    ref: _Reference, args: tuple, kwargs: dict, is_leaf: Callable[[Any], bool] | None
-) -> tuple[list[tuple[int, list]], list[tuple[str, list]], list[tuple[str, Any]]]:
-    """The mapped positional and keyword arguments' leaves, and the other trees' treedefs."""
-    whole: list[tuple[str, Any]] = []
-
-    def leaves_if_mapped(arg: object, name: str) -> list | None:
-        if arg is None or isinstance(arg, _LEAF_TYPES):
-            return None
-        leaves, treedef = _flatten(arg, is_leaf)
-        if treedef == ref.treedef:
-            return leaves
-        if not (treedef.num_nodes == 1 and treedef.num_leaves == 1):
-            whole.append((name, treedef))
-        return None
-
-    def mapped(named: Iterable[tuple[Any, Any]], own: object, name: str) -> list[Any]:
-        pairs = [
-            (k, ref.leaves if k == own else leaves_if_mapped(arg, name.format(k)))
-            for k, arg in named
-        ]
-        return [(k, leaves) for k, leaves in pairs if leaves is not None]
-
-    positional = mapped(enumerate(args), ref.position, "positional argument {}")
-    keywords = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
-    return positional, keywords, whole
 
 
 def _broadcast_call(
@@ -411,7 +352,26 @@ def _broadcast_call(
     ref = _reference(broadcast_to, args, kwargs, is_leaf)
     if ref is None:
         return func(*args, **kwargs)
-    mapped_args, mapped_kwargs, whole = _sort_arguments(ref, args, kwargs, is_leaf)
+    whole: list[tuple[str, Any]] = []  # the other trees, passed whole: (name, treedef)
+
+    def leaves_if_mapped(arg: object, name: str) -> list | None:
+        if arg is None or isinstance(arg, _LEAF_TYPES):
+            return None
+        leaves, treedef = _flatten(arg, is_leaf)
+        if treedef == ref.treedef:
+            return leaves
+        if not (treedef.num_nodes == 1 and treedef.num_leaves == 1):
+            whole.append((name, treedef))
+        return None
+
+    def mapped(named: Iterable[tuple[Any, Any]], own: object, name: str) -> list[Any]:
+        pairs = (
+            (k, ref.leaves if k == own else leaves_if_mapped(a, name.format(k))) for k, a in named
+        )
+        return [(k, leaves) for k, leaves in pairs if leaves is not None]
+
+    mapped_args = mapped(enumerate(args), ref.position, "positional argument {}")
+    mapped_kwargs = mapped(kwargs.items(), ref.key, "keyword argument `{}`")
     # one call per leaf of the reference, run in C (`map`/`starmap`) when no keyword is
     # mapped; when one raises, how far the counted iterator got says which leaf it was for
     count = ref.treedef.num_leaves
@@ -439,10 +399,8 @@ def _broadcast_call(
         path = leaf_path_str(ref.value, index, is_leaf)
         name = getattr(func, "__name__", None) or type(func).__name__
         add_leaf_note(error, _BCMAP_LEAF_NOTE.format(func=name, path=path))
-        for arg, treedef in whole:
-            note = _BCMAP_WHOLE_NOTE.format(
-                arg=arg, ref=ref.name, ref_def=ref.treedef, arg_def=treedef
-            )
-            add_leaf_note(error, note)
+        for arg, arg_def in whole:
+            fields = {"arg": arg, "ref": ref.name, "ref_def": ref.treedef, "arg_def": arg_def}
+            add_leaf_note(error, _BCMAP_WHOLE_NOTE.format(**fields))
         raise
     return ref.treedef.unflatten(out)

@@ -109,11 +109,9 @@ def plain_number(x: Any) -> Any:
 
 def jax_holdable(array: np.ndarray) -> np.ndarray:
     """A NumPy array as one JAX can hold: `np.longdouble` ones rounded to 64 bits."""
-    return (
-        array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
-        if _wide(array.dtype)
-        else array
-    )
+    if not _wide(array.dtype):
+        return array
+    return array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
 
 
 def _overflowed(x: complex) -> bool:

@@ -15,18 +15,13 @@ from jax.tree_util import PyTreeDef
 
 from ._util import add_leaf_note, check_callable, path_str
 
-__all__ = ["tree_flatten_with_trace", "tree_leaves_with_trace", "tree_map_with_trace"]
-
 Trace = tuple[tuple[Any, ...], tuple[type, ...]]
 
 _tree_flatten_with_path = jax.tree_util.tree_flatten_with_path
-_ROOT_TRACE: Trace = ((), ())
 
 
 def _walk_node_types(treedef: PyTreeDef) -> tuple[tuple[type, ...], ...]:
-    """For every leaf of `treedef`, the types of the nodes between the root and the leaf."""
-    if treedef.num_nodes == 1:  # the tree is a leaf, or a node without children
-        return ((),) * treedef.num_leaves
+    """The types of the nodes between the root of `treedef` (not a leaf) and each leaf."""
     out: list[tuple[type, ...]] = []
 
     def visit(node: PyTreeDef, below_root: tuple[type, ...]) -> None:
@@ -84,30 +79,26 @@ def tree_flatten_with_trace(
 ) -> tuple[list[tuple[Trace, Any]], PyTreeDef]:
     """Flatten `tree` into `(trace, leaf)` pairs and its tree definition.
 
-    A trace is `(keys, types)`, as in PyTreeClass v0.4: `keys` is the leaf's JAX key path;
-    `types[i]` is the type of the node `keys[: i + 1]` leads to, ending with the leaf's own
-    type (a leaf at the root has the trace `((), ())`). Leaves come in `tree_flatten` order.
+    A trace is `(keys, types)`, as in PyTreeClass v0.4: the leaf's JAX key path, and the
+    type of the node each prefix `keys[: i + 1]` leads to, ending with the leaf's own type
+    (a leaf at the root: `((), ())`). Leaves come in `tree_flatten` order.
 
     **Arguments**
 
     - `tree`: any pytree.
     - `is_leaf`: as in `jax.tree_util`.
-    - `is_trace_leaf`: called with the trace of every node (the root's is `((), ())`); the
-      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2);
-      it costs a Python call per node.
+    - `is_trace_leaf`: called with the trace of every node (a Python call per node); the
+      descent stops where it returns True (`lambda t: len(t[0]) == 2` stops at depth 2).
 
     **Returns**
 
     `(traced_leaves, treedef)`: a list of `((keys, types), leaf)` and the `PyTreeDef`.
 
     ```python
-    import jax.numpy as jnp
     import treeclass as tc
-    from jax.tree_util import DictKey, SequenceKey
 
-    traced, treedef = tc.tree_flatten_with_trace({"a": [1.0, jnp.zeros(2)]})
-    (keys, types), leaf = traced[0]
-    assert keys == (DictKey("a"), SequenceKey(0)) and types == (list, float)
+    [((keys, types), leaf)], treedef = tc.tree_flatten_with_trace({"a": [1.0]})
+    assert len(keys) == 2 and types == (list, float) and leaf == 1.0
     ```
     """
     check_callable(is_leaf, "tree_flatten_with_trace", "is_leaf", optional=True)
@@ -117,7 +108,7 @@ def tree_flatten_with_trace(
     else:
         pairs, treedef = _flatten_with_path_stopping(tree, is_leaf, is_trace_leaf)
     if treedef.num_nodes == 1:  # a leaf at the root (or no leaf at all)
-        return [(_ROOT_TRACE, leaf) for _, leaf in pairs], treedef
+        return [(((), ()), leaf) for _, leaf in pairs], treedef
     # strict=True would cost a keyword parse per call; the lengths agree by construction
     types = _node_types(treedef)
     return [((k, (*t, type(leaf))), leaf) for (k, leaf), t in zip(pairs, types)], treedef  # noqa: B905
@@ -156,9 +147,8 @@ def tree_map_with_trace(
     is_leaf: Callable[[Any], bool] | None = None,
     is_trace_leaf: Callable[[Trace], bool] | None = None,
 ) -> Any:
-    """Map `func(trace, leaf, *rest_leaves)` over the leaves of `tree`: `tree_map_with_path`
-    with the trace `(keys, types)` of `tree_flatten_with_trace` ("inside a `Dropout`" is
-    `Dropout in trace[1]`). An error raised by `func` gets a note naming the leaf.
+    """`tree_map_with_path` with the trace `(keys, types)` of `tree_flatten_with_trace`
+    ("inside a `Dropout`" is `Dropout in trace[1]`); `func`'s errors name the leaf.
 
     **Arguments**
 

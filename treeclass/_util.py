@@ -14,6 +14,7 @@ import numpy as np
 from jax.core import Tracer as _Tracer
 
 from ._numbers import PYTHON_NUMBERS
+from ._structure import describe
 from ._values import (
     exact_key,
     local_copy,
@@ -22,14 +23,10 @@ from ._values import (
     register_childless,
     root_name,
     sharding_spec,
-    short_repr,
 )
-
-__all__ = ["is_tree_equal", "Partial"]
 
 _R = TypeVar("_R")
 
-# -- what kind of value a leaf is ---------------------------------------------------------
 # `isinstance(x, jax.Array)` costs about 1 us (an ABC check): a type's kind is cached
 
 _OTHER, _NUMBER, _NUMPY, _JAX = 0, 1, 2, 3
@@ -68,11 +65,8 @@ UNREADABLE_LEAF_MSG = (
 
 
 class _UnreadableLeaf(Exception):
-    """A leaf JAX does not read on this process alone; `is_tree_equal` names its path."""
-
-    def __init__(self, array: Any) -> None:  # an array not `readable_here`: a jax.Array
-        super().__init__()
-        self.array = array
+    """A jax.Array (`args[0]`) JAX does not read on this process alone; `is_tree_equal`
+    names its path."""
 
 
 def _local(x: object) -> Any:
@@ -139,6 +133,11 @@ def _python_equal(a: object, b: object) -> Any:
         return False
 
 
+def equal_or_false(a: object, b: object) -> bool:
+    """`a == b` as a bool; False when `==` raises, has no truth value or is traced."""
+    return a is b or _python_equal(a, b) is True
+
+
 def is_tree_equal(*trees: object) -> Any:
     """Whether all `trees` have the same structure and equal leaves.
 
@@ -162,7 +161,6 @@ def is_tree_equal(*trees: object) -> Any:
     import jax, jax.numpy as jnp
     import treeclass as tc
 
-    assert tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(2)})
     assert not tc.is_tree_equal({"a": jnp.ones(2)}, {"a": jnp.ones(3)})
     assert tc.is_tree_equal((0, 1.5), jax.jit(lambda t: t)((0, 1.5)))   # Array(0) is 0
     ```
@@ -182,11 +180,9 @@ def is_tree_equal(*trees: object) -> Any:
             try:
                 equal = _leaves_equal(a, b)
             except _UnreadableLeaf as error:
-                sharding = f"sharding {sharding_spec(error.array)}"
-                where = leaf_path_str(first, index)
-                raise ValueError(
-                    UNREADABLE_LEAF_MSG.format(where=where, sharding=sharding)
-                ) from None
+                where, spec = leaf_path_str(first, index), sharding_spec(error.args[0])
+                message = UNREADABLE_LEAF_MSG.format(where=where, sharding=f"sharding {spec}")
+                raise ValueError(message) from None
             if equal is True:
                 continue
             if isinstance(equal, _Tracer):
@@ -200,9 +196,6 @@ def is_tree_equal(*trees: object) -> Any:
     return jnp.all(jnp.stack(traced))
 
 
-# -- the note maps attach to an error raised at one leaf --------------------------------
-
-
 def leaf_path_str(tree: object, index: int, is_leaf: Callable[[Any], bool] | None = None) -> str:
     """`MLP.b[0]`-style name of the `index`-th leaf of `tree` (in `tree_flatten` order)."""
     paths = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]
@@ -211,22 +204,17 @@ def leaf_path_str(tree: object, index: int, is_leaf: Callable[[Any], bool] | Non
     return path_str(tree, paths[index][0])
 
 
-_NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value} of type {type}."
+_NOT_CALLABLE_MSG = "`{where}` expects a callable `{arg}`{what}, got {value}."
 
 
 def check_callable(
     value: object, where: str, arg: str, what: str = "", optional: bool = False
 ) -> None:
     """Raise a `TypeError` naming the function and argument when `value` is not callable."""
-    if optional and value is None:
-        return
-    if not callable(value):
+    if not (optional and value is None) and not callable(value):
         what += " (or None)" if optional else ""
-        raise TypeError(
-            _NOT_CALLABLE_MSG.format(
-                where=where, arg=arg, what=what, value=short_repr(value), type=type(value).__name__
-            )
-        )
+        message = _NOT_CALLABLE_MSG.format(where=where, arg=arg, what=what, value=describe(value))
+        raise TypeError(message)
 
 
 def add_leaf_note(error: BaseException, note: str) -> None:
@@ -234,9 +222,6 @@ def add_leaf_note(error: BaseException, note: str) -> None:
     if sys.version_info >= (3, 11):
         error.add_note(note)
 
-
-# -- Partial ----------------------------------------------------------------------------
-# `jax.jit` compares and hashes it on every call: arguments compare as statics, hashed once
 
 _PARTIAL_MISSING_MSG = (
     "{name} has {holes} placeholder(s) `...` to fill, but was called with only {given} "
@@ -268,8 +253,7 @@ class Partial(Generic[_R]):
     import treeclass as tc
 
     sub_from_ten = tc.Partial(jnp.subtract, 10.0, ...)
-    assert sub_from_ten(3.0) == 7.0
-    assert jax.tree_util.tree_leaves(sub_from_ten) == []  # static: no leaves
+    assert sub_from_ten(3.0) == 7.0 and jax.tree_util.tree_leaves(sub_from_ten) == []
     ```
     """
 
@@ -279,7 +263,7 @@ class Partial(Generic[_R]):
     args: tuple[Any, ...]
     _keywords: dict[str, Any]
     _holes: tuple[int, ...]  # the positions of `...` in `args`
-    _hash: int | None  # computed on first use
+    _hash: int | None  # computed on first use: `jax.jit` hashes it on every call
     _key: Any  # the exact key of (func, args, keywords), computed on first use
 
     def __init__(self, func: Callable[..., _R], /, *args: Any, **kwargs: Any) -> None:
@@ -344,11 +328,10 @@ class Partial(Generic[_R]):
         parts += [f"{k}={v!r}" for k, v in self._keywords.items()]
         return f"Partial({', '.join(parts)})"
 
-    def __setattr__(self, name: str, value: object) -> None:
+    def __setattr__(self, name: str, value: object = None) -> None:
         raise AttributeError(_PARTIAL_IMMUTABLE_MSG.format(name=name))
 
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(_PARTIAL_IMMUTABLE_MSG.format(name=name))
+    __delattr__ = __setattr__
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_partial, (self.func, self.args, self._keywords))
@@ -362,16 +345,6 @@ class Partial(Generic[_R]):
 
 
 _set_slot = object.__setattr__
-
-
-def equal_or_false(a: object, b: object) -> bool:
-    """`a == b` as a bool; False when `==` has no truth value (arrays, leafwise trees)."""
-    if a is b:
-        return True
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def _rebuild_partial(func: Callable[..., Any], args: tuple, keywords: dict[str, Any]) -> Partial:

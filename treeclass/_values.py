@@ -69,9 +69,6 @@ class ByIdentity:
         return id(self.value)
 
 
-# -- arrays ---------------------------------------------------------------------------------
-
-
 def is_array(x: object) -> bool:
     """Whether `x` is a JAX array (a tracer too) or a NumPy array (not a NumPy scalar)."""
     return isinstance(x, (jax.Array, np.ndarray))
@@ -191,9 +188,6 @@ def register_childless(cls: type) -> None:
     jax.tree_util.register_pytree_with_keys(cls, _no_children, _itself, _no_children)
 
 
-# -- exact keys -----------------------------------------------------------------------------
-
-
 def _float_key(kind: type, value: float) -> tuple[Any, ...]:
     if value == value and value != 0.0:  # the common case: the value says it all
         return (kind, value)
@@ -265,9 +259,6 @@ def exact_key(value: Any) -> Any:
     return key
 
 
-# -- text for messages ----------------------------------------------------------------------
-
-
 def short_repr(x: object, limit: int | None = 40, show: Callable[[object], str] = repr) -> str:
     """`show(x)` on one line cut to `limit` characters (whole with None); never raises."""
     if x is Ellipsis:  # a placeholder in `tc.Partial` arguments and selectors
@@ -327,24 +318,20 @@ def path_str(root: object, path: Iterable[Hashable]) -> str:
     return root_name(root) + jax.tree_util.keystr(tuple(path))
 
 
+_ENTRY_NAMES = {GetAttrKey: "name", DictKey: "key", SequenceKey: "idx", FlattenedIndexKey: "key"}
+
+
 def entry_name(entry: Any) -> Any:
     """The name a key entry stands for: attribute name, dict key, or sequence index."""
-    cls = type(entry)
-    if cls is GetAttrKey:
-        return entry.name
-    if cls is DictKey:
-        return entry.key
-    if cls is SequenceKey:
-        return entry.idx
-    if cls is FlattenedIndexKey:
-        return entry.key
+    attribute = _ENTRY_NAMES.get(type(entry))
+    if attribute is not None:
+        return getattr(entry, attribute)
     for attribute in ("name", "key", "idx"):
         if hasattr(entry, attribute):
             return getattr(entry, attribute)
     return entry
 
 
-# -- the display protocol ---------------------------------------------------------------------
 # The printers (floors above) offer themselves here when they load; a low value (a frozen
 # value's `__repr__`) asks `display(format, value)`.
 
