@@ -106,7 +106,8 @@ def _mask_leaves(
     if mask_def != treedef:
         split = _frozen_or(is_leaf) if frozen_may_be_leaves else is_leaf
         found = _structure.first_mismatch(tree, mask, is_leaf=split)
-        path, reason = (), "the structures differ"
+        path: tuple[object, ...] = ()
+        reason = "the structures differ"
         if found is not None:
             path, reason = found.path, found.explain("mask")
         raise ValueError(_MASK_DOES_NOT_FIT.format(path=path_str(tree, path), reason=reason))

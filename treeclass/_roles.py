@@ -16,7 +16,7 @@ import jax
 from . import _node
 from ._fields import FIELD_ROLES, ROLE_KEY
 from ._structure import LEAF, is_wrapper, node_kind, open_node, row_of, wrapper_of
-from ._values import is_array, is_inexact_array
+from ._values import entry_name, is_array, is_inexact_array
 
 _T = TypeVar("_T")
 
@@ -129,7 +129,8 @@ def _collect(
     declared = declared_children(node)
     for entry, child in zip(opened.entries, opened.children, strict=True):
         # the innermost declaration counts (a state field inside a frozen subtree is state)
-        _collect(child, (declared.get(entry.name) if declared else None) or in_state, is_leaf, out)
+        role = declared.get(entry_name(entry)) if declared else None
+        _collect(child, role or in_state, is_leaf, out)
 
 
 # Typed as the tree (as `tc.optim.mask` is): the same node types, with role names as leaves.

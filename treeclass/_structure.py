@@ -129,7 +129,7 @@ def node_kind(node: object, is_leaf: Callable[[Any], bool] | None = None) -> Kin
 class Opened(NamedTuple):
     """One node, opened: its children's key entries, the children, and what `rebuild` needs."""
 
-    entries: tuple[Any, ...]
+    entries: tuple[KeyEntry, ...]
     children: list[Any]  # a fresh list: callers may replace items, then `rebuild`
     aux: Any
 
@@ -618,16 +618,15 @@ def block_depths(tree: object, depth: int = 0) -> list[int]:
 # -- how the printers show each kind of node ---------------------------------------------------
 
 
-def key_text(entry: Any) -> tuple[str, str]:
+def key_text(entry: KeyEntry) -> tuple[str, str]:
     """`(label, path)` of a JAX key entry as printed: `("w=", ".w")`, `("'a': ", "['a']")`."""
+    name = entry_name(entry)
     if isinstance(entry, GetAttrKey):
-        return f"{entry.name}=", f".{entry.name}"
+        return f"{name}=", f".{name}"
     if isinstance(entry, DictKey):
-        return f"{entry.key!r}: ", f"[{entry.key!r}]"
-    if isinstance(entry, SequenceKey):
-        return "", f"[{entry.idx}]"
-    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
-        return "", f"[{entry.key}]"
+        return f"{name!r}: ", f"[{name!r}]"
+    if isinstance(entry, SequenceKey | jax.tree_util.FlattenedIndexKey):
+        return "", f"[{name}]"
     return "", str(entry)
 
 
@@ -812,7 +811,7 @@ def _side(x: object, opened: Opened | None) -> str:
 class Mismatch(NamedTuple):
     """Where a second tree stops fitting a first: the key path and what each has there."""
 
-    path: tuple[Any, ...]
+    path: KeyPath
     tree_has: str
     other_has: str
     only_tree: tuple[str, ...] = ()  # key entries (as `keystr` text) only the tree has
