@@ -47,8 +47,6 @@ __all__ = [
     "register_kind",
     "registered_kind",
     "row_of",
-    "selects",
-    "TREECLASS_KIND",
     "Wrapper",
     "Stack",
     "Display",
@@ -61,7 +59,6 @@ __all__ = [
     "unwrap",
     "node_type",
     "key_text",
-    "named",
     "jax_children",
 ]
 
@@ -305,7 +302,8 @@ class NodeKind(Generic[N]):
 
     def items(self, node: N, hidden: bool) -> Items | None:
         shown = None if self.display is None else self.display.children
-        return named(jax_children(node) if shown is None else shown(node))
+        pairs = jax_children(node) if shown is None else shown(node)
+        return None if pairs is None else [(*key_text(key), child) for key, child in pairs]
 
     def type_name(self, node: N) -> str:
         # a display's `type_name` names a node only with its `children`
@@ -630,11 +628,6 @@ def key_text(entry: KeyEntry) -> tuple[str, str]:
     return "", str(entry)
 
 
-def named(pairs: Iterable[tuple[Any, Any]] | None) -> Items | None:
-    """`(key entry, child)` pairs as `(label, path, child)` items (`key_text`)."""
-    return None if pairs is None else [(*key_text(key), child) for key, child in pairs]
-
-
 def jax_children(node: object) -> list[tuple[Any, Any]] | None:
     """`node`'s `(key entry, child)` pairs one level down as JAX flattens it; `None`: a leaf."""
     opened = open_node(node, node_kind(node))
@@ -704,13 +697,11 @@ def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
     """The row that shows `node` (of walker kind `kind`); `None`: it prints as a leaf
     (a leaf, `None`, or a value of a wrapper kind, shown as its mark and value)."""
     row = _KINDS.get(type(node))
-    if row is not None:
-        return None if row.wrapper is not None or row.kind in (LEAF, NONE) else row
-    if kind is None:
-        kind = node_kind(node)
-    if kind is not GENERIC:
-        return None if kind in (LEAF, NONE) else _BY_CODE[kind]
-    return next((row for test, row in _BY_TEST if test(node, False)), GENERIC_KIND)
+    if row is None:
+        kind = node_kind(node) if kind is None else kind
+        tested = (row for test, row in _BY_TEST if test(node, False))
+        row = _BY_CODE[kind] if kind is not GENERIC else next(tested, GENERIC_KIND)
+    return None if row.wrapper is not None or row.kind in (LEAF, NONE) else row
 
 
 def _class_row(cls: type) -> NodeKind:
