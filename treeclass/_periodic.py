@@ -64,7 +64,6 @@ class Periodic(StackBase):
     """
 
     __slots__ = ("_stack", "_period", "_flat", "__weakref__")
-    _IMMUTABLE = "A `Periodic` is immutable"
     _HOW_TO_CHANGE = "change layers with `.at`: `model.at['layers'][11]['w'].set(value)`."
 
     _stack: Stacked

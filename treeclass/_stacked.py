@@ -395,8 +395,7 @@ class StackBase(Printed):
     """What `Stacked` and `Periodic` share: immutable, iterated, called through a scan."""
 
     __slots__ = ()
-    _IMMUTABLE: ClassVar[str]  # "A `Stacked` is immutable"
-    _HOW_TO_CHANGE: ClassVar[str]  # the fix, after the `;`
+    _HOW_TO_CHANGE: ClassVar[str]  # the fix, after "A `Stacked` is immutable; "
 
     def scan(self, fn: Callable[..., tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
         raise NotImplementedError
@@ -418,10 +417,10 @@ class StackBase(Printed):
         return at(self)
 
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{self._IMMUTABLE}; {self._HOW_TO_CHANGE}")
+        raise AttributeError(f"A `{type(self).__name__}` is immutable; {self._HOW_TO_CHANGE}")
 
     def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{self._IMMUTABLE}.")
+        raise AttributeError(f"A `{type(self).__name__}` is immutable.")
 
 
 class Stacked(StackBase):
@@ -448,7 +447,6 @@ class Stacked(StackBase):
     """
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
-    _IMMUTABLE = "A `Stacked` is immutable"
     _HOW_TO_CHANGE = "change blocks with `.at`: `model.at['blocks'][7]['weight'].set(value)`."
 
     _tree: Any
@@ -672,11 +670,7 @@ class Stacked(StackBase):
             sliced, x = inputs
             parts = iter(sliced)
             block_leaves = [
-                next(parts)
-                if k == _ARRAY
-                else _rewrap(leaf, next(parts))
-                if k == _FROZEN_ARRAY
-                else leaf
+                leaf if k == _SHARED else next(parts) if k == _ARRAY else _rewrap(leaf, next(parts))
                 for leaf, k in zip(leaves, kinds)
             ]
             block = treedef.unflatten(block_leaves)

@@ -518,9 +518,6 @@ class _NamedTupleKind(NodeKind[_Named]):
     def replace(self, node: _Named, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> _Named:
         return node._replace(**{entry.name: new})
 
-    def items(self, node: _Named, hidden: bool) -> Items:
-        return [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
-
 
 LEAF_KIND = _LeafKind()
 TREECLASS_KIND = _TreeClassKind()
