@@ -152,6 +152,10 @@ def _materialize(node: object, shape: Shape) -> tuple[tuple[Any, ...], Layout]:
 # -- shapes and layouts ------------------------------------------------------------------------
 
 
+def _single(name: str) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    return lambda d: (d[name],)
+
+
 class Shape:
     """What every layout with one attribute order shares: names, keys, getter, unflatten."""
 
@@ -180,7 +184,7 @@ class Shape:
         if count == 0:
             self.get = lambda _: ()
         elif count == 1:
-            self.get = lambda d, name=self.leaf_names[0]: (d[name],)
+            self.get = _single(self.leaf_names[0])
         else:
             self.get = operator.itemgetter(*self.leaf_names)
         self.build = self.compile_build(inline=False)

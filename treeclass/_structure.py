@@ -258,10 +258,9 @@ class NodeKind(Generic[N]):
         if opened is None:
             return None
         entries = opened.entries
-        positional = self.kind in (LIST, TUPLE, NAMEDTUPLE)
         position = -1 if type(key) is not int else key + len(entries) if key < 0 else key
         for k, entry in enumerate(entries):
-            if selects(entry, key, k, position, positional):
+            if selects(entry, key, k == position):
                 return entry, opened.children[k]
         return None
 
@@ -316,9 +315,9 @@ class NodeKind(Generic[N]):
         return None
 
 
-def selects(entry: Any, key: str | int, k: int, position: int, positional: bool) -> bool:
-    """Whether the `k`-th child, under `entry`, is the one a name or an index `key` selects
-    (`position`: the index counted from the start; an int dict key, never a bool one)."""
+def selects(entry: Any, key: str | int, at_index: bool) -> bool:
+    """Whether the child under `entry` (`at_index`: the child at index `key`) is the one a
+    name or an index `key` selects; an int dict key, never a bool one."""
     cls = type(entry)
     if type(key) is str:
         if cls is GetAttrKey:
@@ -326,8 +325,8 @@ def selects(entry: Any, key: str | int, k: int, position: int, positional: bool)
         if cls is DictKey:
             return entry.key == key
         return entry_name(entry) == key
-    if positional or cls is SequenceKey or cls is jax.tree_util.FlattenedIndexKey:
-        return k == position
+    if cls is SequenceKey or cls is jax.tree_util.FlattenedIndexKey:
+        return at_index
     if cls is DictKey:
         return type(entry.key) is not bool and entry.key == key
     if cls is GetAttrKey:
@@ -824,14 +823,10 @@ def first_mismatch(
     other_covers: Callable[[Any], bool] | None = None,
     path: tuple[Any, ...] = (),
 ) -> Mismatch | None:
-    """The first place (in flatten order) where `other` does not fit `tree`, or `None`.
-
-    `other` fits when it has `tree`'s structure: the same node types with the same key
-    entries and the same static data, down to the leaves of `tree` (split with
-    `is_leaf`). With `other_covers`, a node of `other` for which it returns True stands
-    for the whole subtree of `tree` at its place (a prefix: a mask's `True`, a label);
-    without it, `other` must have a leaf exactly where `tree` has one.
-    """
+    """The first place (in flatten order) where `other` stops having `tree`'s structure (node
+    types, key entries, static data, down to `tree`'s leaves split by `is_leaf`), or `None`.
+    A node of `other` that `other_covers` accepts stands for `tree`'s whole subtree there
+    (a prefix: a mask's `True`, a label); without it, leaves must meet exactly."""
     tree_kind = node_kind(tree, is_leaf)
     tree_opened = None if tree_kind == LEAF else open_node(tree, tree_kind)
     if other_covers is not None and other_covers(other):
