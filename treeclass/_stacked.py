@@ -998,9 +998,7 @@ def unstack_all(tree: _T) -> _T:
     """
 
     def replace(x: Any) -> Any:
-        if _is_stack(x):
-            return tuple(unstack_all(block) for block in _unstacked(x))
-        return x
+        return tuple(unstack_all(block) for block in _unstacked(x)) if _is_stack(x) else x
 
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
 
