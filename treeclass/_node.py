@@ -655,15 +655,11 @@ def _immutable_error(node: object, name: str, action: str, before: str) -> Attri
     )
 
 
-def _snapshot(x: object) -> Any:
-    # a NumPy array is mutable in place: a method of the copy must not write into the
-    # caller's buffer (`self.buf[0] = -1`)
-    return x.copy() if type(x) is np.ndarray else x
-
-
 def unsealed_copy(tree: object) -> Any:
     """A copy of `tree` in which every TreeClass node may be mutated (and arrays are copies)."""
-    copy = jax.tree_util.tree_map(_snapshot, tree)
+    # a NumPy array is mutable in place: a method of the copy must not write into the
+    # caller's buffer (`self.buf[0] = -1`)
+    copy = jax.tree_util.tree_map(lambda x: x.copy() if type(x) is np.ndarray else x, tree)
     for node in treeclass_nodes(copy):
         unseal(node)
     return copy

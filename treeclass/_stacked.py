@@ -221,15 +221,6 @@ def _split(x: Any, kind: int, n: int) -> list[Any]:
     return parts if kind == _ARRAY else [_rewrap(x, p) for p in parts]
 
 
-def _stack_arrays(values: Sequence[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct((len(values), *first.shape), first.dtype)
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values)
-    return jnp.stack(values)
-
-
 def _same(a: object, b: object) -> bool:
     """Whether two shared values are interchangeable (typed: `1`, `1.0` and `True` differ)."""
     if a is b:
@@ -267,7 +258,12 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
                 raise TypeError(differs(MIXED_MSG, k))
             if (tuple(inner[k].shape), inner[k].dtype) != want:
                 raise ValueError(differs(SHAPE_MSG, k))
-        stacked = _stack_arrays(inner)
+        if isinstance(inner[0], jax.ShapeDtypeStruct):
+            stacked: Any = jax.ShapeDtypeStruct((len(inner), *inner[0].shape), inner[0].dtype)
+        elif all(isinstance(v, np.ndarray) for v in inner):
+            stacked = np.stack(inner)
+        else:
+            stacked = jnp.stack(inner)
         return _rewrap(first, stacked) if frozen else stacked
     for k, v in enumerate(values):
         if _is_array(_unfrozen(v)):
@@ -788,7 +784,11 @@ def _write_blocks(
         ]
         if not writes:
             continue
-        if kind != _SHARED and (len(writes) < n or _one_array(writes)):
+        # one array given to every block (a `set` through `...`) is a block write like one
+        # through an index, so it must fit a block; only per-block results re-stack
+        first = writes[0][1]
+        one_array = _is_array(_unfrozen(first)) and all(v is first for _, v in writes)
+        if kind != _SHARED and (len(writes) < n or one_array):
             out[j] = _write(leaf, kind, writes, where_of(j))
         else:
             column = [row[j] for row in aux.block_leaves]
@@ -796,13 +796,6 @@ def _write_blocks(
                 column[k] = value
             out[j] = _combine(column, where_of(j))
     return _make(aux.treedef.unflatten(out), n)
-
-
-def _one_array(writes: list[tuple[int, Any]]) -> bool:
-    """Whether every block is given the same array (a `set` through `...`): a block write
-    like one through an index, so it must fit a block; per-block results re-stack."""
-    first = writes[0][1]
-    return _is_array(_unfrozen(first)) and all(value is first for _, value in writes)
 
 
 def _make(tree: object, length: int, stack: Stacked | None = None) -> Stacked:
@@ -1003,10 +996,6 @@ def unstack_all(tree: _T) -> _T:
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
 
 
-def _has_stack(tree: object) -> bool:
-    return any(_is_stack(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
-
-
 def _stackdescribe(x: Any) -> str:
     kind = "a stack" if isinstance(x, Stacked) else f"a `{type(x).__name__}`"
     return f"{kind} of {_length(x)} blocks"
@@ -1070,7 +1059,7 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         if _is_stack(tree):
             return type(like)(blocks)
         return stack_of(like).restack(like, blocks)  # type: ignore[union-attr]
-    if not _has_stack(tree) and not _has_stack(like):
+    if not any(map(_is_stack, jax.tree_util.tree_leaves((tree, like), is_leaf=_is_stack))):
         return tree
     tree_kind, like_kind = node_kind(tree, is_wrapper), node_kind(like, is_wrapper)
     tree_opened, like_opened = open_node(tree, tree_kind), open_node(like, like_kind)
