@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 
-__all__ = ["backend_context"]
-
 JAX_ONLY_MSG = (
     "treeclass is JAX-only: its trees are JAX pytrees and it has no {name!r} backend, so "
     "`backend_context` accepts only 'jax' (where it changes nothing). Code written for "
@@ -21,16 +19,11 @@ def backend_context(backend_name: str) -> contextlib.AbstractContextManager[None
 
     **Arguments**
 
-    - `backend_name`: `"jax"`.
+    - `backend_name`: `"jax"`; any other name raises `ValueError` (treeclass is JAX-only).
 
     **Returns**
 
     A context manager that does nothing.
-
-    **Raises**
-
-    `ValueError` for any other name (when the context is made), saying that treeclass is
-    JAX-only.
 
     ```python
     import treeclass as tc

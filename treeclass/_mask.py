@@ -102,7 +102,8 @@ def _mask_leaves(
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=split)
     if mask_def != treedef:
         found = _structure.first_mismatch(tree, mask, is_leaf=split)
-        path, reason = (), "the structures differ"
+        path: tuple[object, ...] = ()
+        reason = "the structures differ"
         if found is not None:
             path, reason = found.path, found.explain("mask")
         raise ValueError(_MASK_DOES_NOT_FIT.format(path=path_str(tree, path), reason=reason))

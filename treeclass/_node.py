@@ -474,8 +474,7 @@ def _user_stacklevel() -> int:
 
 # -- attribute guards --------------------------------------------------------------------------
 
-_NOTHING: Any = object()
-NOTHING = _NOTHING  # "no such attribute / no class-level value"
+NOTHING: Any = object()  # "no such attribute / no class-level value"
 
 
 def _class_lookup(cls: type, name: str) -> Any:
@@ -483,14 +482,14 @@ def _class_lookup(cls: type, name: str) -> Any:
     for base in cls.__mro__:
         if name in base.__dict__:
             return base.__dict__[name]
-    return _NOTHING
+    return NOTHING
 
 
 def _is_foreign_data_descriptor(found: object) -> bool:
     """Whether a class attribute is a data descriptor (a property) other than our guards."""
     kind = type(found)
     return (
-        found is not _NOTHING
+        found is not NOTHING
         and not isinstance(found, _Attribute)
         and (hasattr(kind, "__set__") or hasattr(kind, "__delete__"))
     )
@@ -502,7 +501,7 @@ class _Attribute:
 
     __slots__ = ("name", "fallback")
 
-    def __init__(self, name: str, fallback: object = _NOTHING) -> None:
+    def __init__(self, name: str, fallback: object = NOTHING) -> None:
         self.name = name
         self.fallback = fallback
 
@@ -517,7 +516,7 @@ class _Attribute:
     def _fallback(self, obj: object, owner: object) -> Any:
         """The class-level value read for a class (`obj` None) or an instance without one."""
         fallback = self.fallback
-        if fallback is _NOTHING:
+        if fallback is NOTHING:
             if obj is None:
                 raise AttributeError(self.name)
             raise AttributeError(f"`{type(obj).__name__}` instance has no attribute {self.name!r}")
@@ -656,15 +655,11 @@ def _immutable_error(node: object, name: str, action: str, before: str) -> Attri
     )
 
 
-def _snapshot(x: object) -> Any:
-    # a NumPy array is mutable in place: a method of the copy must not write into the
-    # caller's buffer (`self.buf[0] = -1`)
-    return x.copy() if type(x) is np.ndarray else x
-
-
 def unsealed_copy(tree: object) -> Any:
     """A copy of `tree` in which every TreeClass node may be mutated (and arrays are copies)."""
-    copy = jax.tree_util.tree_map(_snapshot, tree)
+    # a NumPy array is mutable in place: a method of the copy must not write into the
+    # caller's buffer (`self.buf[0] = -1`)
+    copy = jax.tree_util.tree_map(lambda x: x.copy() if type(x) is np.ndarray else x, tree)
     for node in treeclass_nodes(copy):
         unseal(node)
     return copy
@@ -733,18 +728,16 @@ def static_values(node: Any) -> dict[str, Any]:
 
 
 def child(node: Any, name: str) -> Any:
-    """The child `name` of a TreeClass instance, or `_NOTHING` when it has no such child."""
+    """The child `name` of a TreeClass instance, or `NOTHING` when it has no such child."""
     d = attributes(node)
     if name in d and name not in type(node)._tc_info.static_names:
         return d[name]
-    return _NOTHING
+    return NOTHING
 
 
 def replace_children(node: object, changes: dict[str, Any]) -> Any:
     """A copy of `node`, sealed like it, with some children (by name) replaced."""
-    state = dict(attributes(node))
-    state.update(changes)
-    return _copy_with(node, state)
+    return _copy_with(node, dict(attributes(node), **changes))
 
 
 def replace_child(node: object, name: str, value: object) -> Any:

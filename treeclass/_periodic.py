@@ -1,15 +1,14 @@
 """Periodic stacks: a repeating pattern of different block kinds, scanned one pattern a step.
 
-A `Periodic` is a `Stacked` whose block is the pattern (a tuple of P blocks) and whose R
-blocks are the repeats; it adds the numbering of the unrolled model's layers (layer `i`
-is position `i % P` of repeat `i // P`), in `.at` through its row, registered here.
+A `Periodic` holds a `Stacked` of R patterns (tuples of P blocks) and numbers its layers as
+the unrolled model does (layer `i` is position `i % P` of repeat `i // P`), in `.at` too.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -19,8 +18,6 @@ from jax.tree_util import GetAttrKey, SequenceKey
 from ._stacked import STACKED_KIND, StackBase, Stacked, block_index, scan_result
 from ._structure import Display, NodeKind, Opened, Stack, describe, register_kind, stack_of
 from ._util import check_callable
-
-__all__ = ["Periodic"]
 
 _PATTERN = GetAttrKey("pattern")
 
@@ -46,10 +43,9 @@ OUTPUTS_MSG = (
 class Periodic(StackBase):
     """R repeats of a pattern of P blocks (of possibly different kinds), as one tree.
 
-    A `tc.Stacked` of R patterns (`.stack`, under the key `pattern` for JAX), applied in R
-    `lax.scan` steps of P blocks each. `p[i]`, `.at[i]` and key paths number the layers
-    as the unrolled model's: layer `i` is position `i % P` of repeat `i // P`. The stacked
-    guide, "Periodic stacks", shows a worked model.
+    A `tc.Stacked` of R patterns (`.stack`, the key `pattern` for JAX), applied in R
+    `lax.scan` steps. `p[i]`, `.at[i]` and key paths number the layers as the unrolled
+    model's. More in the stacked guide, "Periodic stacks".
 
     **Arguments**
 
@@ -61,15 +57,13 @@ class Periodic(StackBase):
     import treeclass as tc
 
     layers = [{"w": jnp.zeros(2)}, {"w": jnp.zeros(2), "b": jnp.zeros(2)}] * 3
-    periodic = tc.Periodic.from_layers(layers, period=2)
+    periodic = tc.Periodic.from_layers(layers, period=2).at[3]["b"].set(1.0)  # layer 3 only
     assert len(periodic) == 6 and periodic.repeats == 3 and periodic.period == 2
-    periodic = periodic.at[3]["b"].set(1.0)  # layer 3 only
     assert periodic[3]["b"].tolist() == [1.0, 1.0] and periodic[1]["b"].tolist() == [0.0, 0.0]
     ```
     """
 
     __slots__ = ("_stack", "_period", "_flat", "__weakref__")
-    _IMMUTABLE = "A `Periodic` is immutable"
     _HOW_TO_CHANGE = "change layers with `.at`: `model.at['layers'][11]['w'].set(value)`."
 
     _stack: Stacked
@@ -162,7 +156,7 @@ class Periodic(StackBase):
         return self._period * len(self._stack)
 
     def __getitem__(self, index: int) -> Any:
-        """Layer `index` (negative counts from the end) as an ordinary block."""
+        """Layer `index` (negative counts from the end)."""
         if isinstance(index, bool) or not isinstance(index, int | jnp.integer):
             raise TypeError(f"A periodic stack is indexed by an int, got {describe(index)}.")
         n = len(self)
@@ -172,7 +166,7 @@ class Periodic(StackBase):
         return self._stack[r][j]
 
     def layers(self) -> tuple[Any, ...]:
-        """Every layer in order, as a tuple of ordinary blocks (the unrolled model's)."""
+        """Every layer in order, as a tuple of blocks (the unrolled model's)."""
         return tuple(block for pattern in self._stack.unstack() for block in pattern)
 
     def scan(
@@ -200,10 +194,8 @@ class Periodic(StackBase):
         import jax.numpy as jnp
         import treeclass as tc
 
-        layers = tc.Periodic.from_layers(
-            [{"s": jnp.float32(i)} if i % 2 else {"t": jnp.float32(i)} for i in range(4)], 2)
-        add = lambda layer, c: (c + sum(layer.values()), c)
-        total, seen = layers.scan(add, jnp.float32(0.0))
+        layers = tc.Periodic.from_layers([{"s": jnp.float32(i)} for i in range(4)], 2)
+        total, seen = layers.scan(lambda layer, c: (c + layer["s"], c), jnp.float32(0.0))
         assert float(total) == 6.0 and seen.tolist() == [0.0, 0.0, 1.0, 3.0]
         ```
         """
@@ -227,11 +219,8 @@ class Periodic(StackBase):
         outputs = jax.tree_util.tree_map(lambda y: jnp.reshape(y, (r * p, *y.shape[2:])), outputs)
         return carry, outputs
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.layers())
-
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_make, (self._stack,))
+        return (_unflatten, (self._period, (self._stack,)))
 
 
 def _stack_outputs(outputs: list[Any]) -> Any:
@@ -244,10 +233,6 @@ def _stack_outputs(outputs: list[Any]) -> Any:
         if jax.tree_util.tree_structure(out) != first or shape != shapes[0]:
             raise ValueError(OUTPUTS_MSG.format(first=shapes[0], j=j, other=shape))
     return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *outputs)
-
-
-def _make(stack: Stacked) -> Periodic:
-    return _unflatten(len(stack.tree), (stack,))
 
 
 def _unflatten(period: int, children: Any, periodic: Periodic | None = None) -> Periodic:
@@ -305,7 +290,8 @@ class _PeriodicKind(NodeKind["Periodic"]):
         pattern = node._stack[r]
         changed = (*pattern[:j], new, *pattern[j + 1 :])
         where = _in_layers(node._period, path, where)
-        return _make(STACKED_KIND.replace(node._stack, SequenceKey(r), pattern, changed, (), where))
+        stack = STACKED_KIND.replace(node._stack, SequenceKey(r), pattern, changed, (), where)
+        return _unflatten(node._period, (stack,))
 
     def rebuild(
         self,
@@ -327,7 +313,7 @@ class _PeriodicKind(NodeKind["Periodic"]):
         out = STACKED_KIND.rebuild(node._stack, stack_aux, regrouped, partial, (), inner)
         if type(out) is tuple:  # a `get` whose fill values changed the structure
             return tuple(children)
-        return node if out is node._stack else _make(out)
+        return node if out is node._stack else _unflatten(p, (out,))
 
     # its leaves' block axis is the held stack's (`block_axes=0`: not counted twice)
     stack: Stack[Periodic] = Stack(

@@ -16,7 +16,7 @@ import jax
 from . import _node
 from ._fields import FIELD_ROLES, ROLE_KEY
 from ._structure import LEAF, is_wrapper, node_kind, open_node, row_of, wrapper_of
-from ._values import is_array, is_inexact_array
+from ._values import entry_name, is_array, is_inexact_array
 
 _T = TypeVar("_T")
 
@@ -108,7 +108,7 @@ def leaf_roles(
     out: list[str] = []
     for entry, child in zip(opened.entries, opened.children, strict=True):
         # the innermost declaration counts (a state field inside a frozen subtree is state)
-        held = (declared.get(entry.name) if declared else None) or in_state
+        held = (declared.get(entry_name(entry)) if declared else None) or in_state
         out += leaf_roles(child, held, is_leaf)
     return out
 

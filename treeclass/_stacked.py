@@ -1,10 +1,8 @@
 """Stacked blocks: N blocks of one structure kept as one tree whose arrays carry a block axis.
 
-JAX sees the block tree's children (one `f32[N, ...]` leaf per array), `.at` sees N blocks
-(its row of the table of node kinds, `StackedKind`, registered here), the printers a node
-`Stacked[N×Block]` with per-block shapes. Every array leaf (frozen ones too, and those of
-any wrapper kind whose row can wrap again) carries the block axis; every other value is
-shared by all blocks and kept once.
+JAX sees the block tree's children (one `f32[N, ...]` leaf per array), `.at` the N blocks
+(the row `StackedKind`), the printers `Stacked[N×Block]`. Arrays (wrapped ones too, when
+their wrapper can wrap again) carry the block axis; other values are shared by all blocks.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.core import Tracer
-from jax.tree_util import SequenceKey
+from jax.tree_util import SequenceKey, keystr
 
 from ._at import AtIndexer, at
 from ._fields import gradients_stopped, stop_gradient_if_traced
@@ -57,12 +55,9 @@ from ._structure import (
 from ._util import check_callable
 from ._values import array_type, exact_key, is_array
 
-__all__ = ["Stacked", "StackedKind", "unstack_all", "restack"]
-
 _T = TypeVar("_T")
 
-# How one leaf of the block tree is kept (the tree flattened with wrapped values as leaves;
-# `_FROZEN_ARRAY`: an array with the block axis in a wrapper that can wrap again, `_holder`).
+# How a leaf of the block tree is kept (`_FROZEN_ARRAY`: in a wrapper that can wrap again).
 _ARRAY, _FROZEN_ARRAY, _SHARED = range(3)
 
 # -- messages ---------------------------------------------------------------------------------
@@ -156,7 +151,7 @@ def scan_result(out: Any, method: str, where: str) -> tuple[Any, Any]:
 
 
 def _is_array(x: object) -> bool:
-    """Whether a leaf carries the block axis: a JAX or NumPy array, or an abstract one."""
+    """A JAX or NumPy array, or an abstract one."""
     return is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
@@ -166,27 +161,24 @@ def _has_axis(x: Any, n: int) -> bool:
 
 
 def _holder(x: object) -> Wrapper[Any, Any] | None:
-    """The wrapper part of a leaf whose value a stack may slice and wrap again (a frozen
-    value's, or any wrapper kind's with a `rewrap`), or `None`."""
+    """The wrapper part of a leaf a stack may slice and wrap again (it has a `rewrap`)."""
     wrapper = wrapper_of(x)
     return None if wrapper is None or wrapper.rewrap is None else wrapper
 
 
 def _unfrozen(x: Any) -> Any:
-    """The value a wrapped (frozen) leaf holds, or the leaf itself."""
     wrapper = _holder(x)
     return x if wrapper is None else wrapper.unwrap(x)
 
 
 def _rewrap(old: Any, value: object) -> Any:
-    """`value` wrapped as the wrapped leaf `old` is, its per-instance data kept."""
     rewrap = wrapper_of(old).rewrap  # type: ignore[union-attr]
     return rewrap(old, value)  # type: ignore[misc]
 
 
 def _leaf_kind(x: object, n: int) -> int:
-    """Whether a leaf carries the block axis (plain or frozen) or is shared (arrays without
-    it too: a `jax.tree.map(jnp.sum, stack)` makes them)."""
+    """How a leaf is kept; an array without the block axis (`jax.tree.map(jnp.sum, stack)`
+    makes them) is shared."""
     if _is_array(x):
         return _ARRAY if _has_axis(x, n) else _SHARED
     wrapper = _holder(x)
@@ -229,15 +221,6 @@ def _split(x: Any, kind: int, n: int) -> list[Any]:
     return parts if kind == _ARRAY else [_rewrap(x, p) for p in parts]
 
 
-def _stack_arrays(values: Sequence[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, jax.ShapeDtypeStruct):
-        return jax.ShapeDtypeStruct((len(values), *first.shape), first.dtype)
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values)
-    return jnp.stack(values)
-
-
 def _same(a: object, b: object) -> bool:
     """Whether two shared values are interchangeable (typed: `1`, `1.0` and `True` differ)."""
     if a is b:
@@ -248,6 +231,14 @@ def _same(a: object, b: object) -> bool:
         return bool(exact_key(a) == exact_key(b))
     except Exception:  # an `==` without a truth value
         return False
+
+
+def _check_frozen(value: object, frozen: bool, k: int, other: int, where: Callable) -> None:
+    """Refuse block `k`'s leaf `value` unless it is frozen as block `other`'s is."""
+    if (_holder(value) is not None) != frozen:
+        frozen_block, plain_block = (other, k) if frozen else (k, other)
+        text = FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
+        raise ValueError(text)
 
 
 def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
@@ -262,16 +253,17 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         inner = [_unfrozen(v) if frozen else v for v in values]
         want = (tuple(inner[0].shape), inner[0].dtype)
         for k, v in enumerate(values):
-            if (_holder(v) is not None) != frozen:
-                frozen_block, plain_block = (0, k) if frozen else (k, 0)
-                raise ValueError(
-                    FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
-                )
+            _check_frozen(v, frozen, k, 0, where)
             if not _is_array(inner[k]):
                 raise TypeError(differs(MIXED_MSG, k))
             if (tuple(inner[k].shape), inner[k].dtype) != want:
                 raise ValueError(differs(SHAPE_MSG, k))
-        stacked = _stack_arrays(inner)
+        if isinstance(inner[0], jax.ShapeDtypeStruct):
+            stacked: Any = jax.ShapeDtypeStruct((len(inner), *inner[0].shape), inner[0].dtype)
+        elif all(isinstance(v, np.ndarray) for v in inner):
+            stacked = np.stack(inner)
+        else:
+            stacked = jnp.stack(inner)
         return _rewrap(first, stacked) if frozen else stacked
     for k, v in enumerate(values):
         if _is_array(_unfrozen(v)):
@@ -336,13 +328,10 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
     target = _unfrozen(leaf) if frozen else leaf
     shape, dtype = tuple(target.shape[1:]), target.dtype
     values = []
+    written = {k for k, _ in writes}
+    other = next((b for b in range(target.shape[0]) if b not in written), 0)
     for k, value in writes:
-        if (_holder(value) is not None) != frozen:
-            other = next(b for b in range(target.shape[0]) if b not in dict(writes))
-            frozen_block, plain_block = (other, k) if frozen else (k, other)
-            raise ValueError(
-                FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
-            )
+        _check_frozen(value, frozen, k, other, where)
         value = _unfrozen(value) if frozen else value
 
         def fail(got: object, misfit: tuple[type, str] | None = None, k: int = k) -> Exception:
@@ -386,7 +375,7 @@ _UNOPENED = object()  # a block the row's `replace` did not open (it stays as it
 
 
 class _Opened(NamedTuple):
-    """What the row's `open` hands `.at`, for its `rebuild`."""
+    """What the row's `open` hands `.at` for its `rebuild`."""
 
     blocks: list[Any]
     block_leaves: list[list[Any]]
@@ -399,12 +388,10 @@ _S = TypeVar("_S", bound="StackBase")
 
 
 class StackBase(Printed):
-    """What the two stack kinds (`Stacked`, `Periodic`) share: they are immutable, iterate
-    over their blocks (or layers) and, called, run `x` through them in one scan."""
+    """What `Stacked` and `Periodic` share: immutable, iterated, called through a scan."""
 
     __slots__ = ()
-    _IMMUTABLE: ClassVar[str]  # "A `Stacked` is immutable"
-    _HOW_TO_CHANGE: ClassVar[str]  # the fix, after the `;`
+    _HOW_TO_CHANGE: ClassVar[str]  # the fix, after "A `Stacked` is immutable; "
 
     def scan(self, fn: Callable[..., tuple[Any, Any]], carry: Any) -> tuple[Any, Any]:
         raise NotImplementedError
@@ -417,25 +404,27 @@ class StackBase(Printed):
 
         return self.scan(step, x)[0]
 
+    def __iter__(self) -> Iterator[Any]:
+        return iter(stack_of(self).unstack(self))  # type: ignore[union-attr]
+
     @property
     def at(self: _S) -> AtIndexer[_S]:
         """The `.at` indexer of the stack itself: `stack.at[7]["weight"].set(0.0)`."""
         return at(self)
 
     def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{self._IMMUTABLE}; {self._HOW_TO_CHANGE}")
+        raise AttributeError(f"A `{type(self).__name__}` is immutable; {self._HOW_TO_CHANGE}")
 
     def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{self._IMMUTABLE}.")
+        raise AttributeError(f"A `{type(self).__name__}` is immutable.")
 
 
 class Stacked(StackBase):
     """N blocks of one structure as one tree: every array carries a leading block axis.
 
-    Applied with `scan` (or called), 48 blocks trace and compile one. JAX sees one
-    `f32[48, ...]` leaf per array; `stack[7]`, slices, iteration and `.at[7]` address
-    blocks (a write changes only that block's slice); other values are shared by all
-    blocks. The stacked guide shows each.
+    Scanned (or called), N blocks trace and compile as one. `stack[7]`, slices, iteration
+    and `.at[7]` address blocks; values that are not arrays are shared by all blocks. More
+    in the stacked guide.
 
     **Arguments**
 
@@ -443,27 +432,17 @@ class Stacked(StackBase):
     - `length`: the number of blocks; only needed when `tree` holds no array.
 
     ```python
-    import jax, jax.numpy as jnp
+    import jax.numpy as jnp
     import treeclass as tc
 
-    class Block(tc.TreeClass):
-        weight: jax.Array
-
-        def __call__(self, x):
-            return jnp.tanh(x @ self.weight)
-
-    blocks = tc.Stacked.from_init(lambda k: Block(jax.random.normal(k, (4, 4))),
-                                  jax.random.split(jax.random.key(0), 6))
-    assert len(blocks) == 6 and blocks.tree.weight.shape == (6, 4, 4)
-    assert blocks[2].weight.shape == (4, 4)
-    y = blocks(jnp.ones((1, 4)))             # the blocks in turn, in one `lax.scan`
-    blocks = blocks.at[2]["weight"].set(0.0)  # block 2 only
-    assert float(abs(blocks[2].weight).sum()) == 0.0
+    stack = tc.Stacked({"w": jnp.zeros((6, 4, 4)), "b": jnp.zeros((6, 4))})
+    assert len(stack) == 6 and stack[2]["w"].shape == (4, 4)
+    stack = stack.at[2]["w"].set(1.0)  # block 2 only
+    assert float(stack.tree["w"].sum()) == 16.0
     ```
     """
 
     __slots__ = ("_tree", "_length", "_flat", "__weakref__")
-    _IMMUTABLE = "A `Stacked` is immutable"
     _HOW_TO_CHANGE = "change blocks with `.at`: `model.at['blocks'][7]['weight'].set(value)`."
 
     _tree: Any
@@ -496,10 +475,9 @@ class Stacked(StackBase):
 
         **Arguments**
 
-        - `blocks`: a non-empty sequence of trees with one structure: the same node
-          types, fields and static values, the same leaves frozen, arrays of one shape
-          and dtype per leaf, and equal values wherever a leaf is not an array (numbers
-          that differ become one value per block).
+        - `blocks`: a non-empty sequence of trees with one structure (node types, fields,
+          static values, frozen leaves), arrays of one shape and dtype per leaf, equal
+          values where a leaf is not an array (differing numbers become one per block).
 
         **Returns**
 
@@ -514,8 +492,7 @@ class Stacked(StackBase):
         import jax.numpy as jnp
         import treeclass as tc
 
-        blocks = [{"w": jnp.full((2,), float(i))} for i in range(3)]
-        stack = tc.Stacked.from_blocks(blocks)
+        stack = tc.Stacked.from_blocks([{"w": jnp.full((2,), float(i))} for i in range(3)])
         assert stack.tree["w"].shape == (3, 2) and stack[1]["w"].tolist() == [1.0, 1.0]
         ```
         """
@@ -549,8 +526,7 @@ class Stacked(StackBase):
 
         **Returns**
 
-        A `Stacked` of n blocks; values that do not depend on the key are taken from the
-        one trace.
+        A `Stacked` of n blocks (values that do not depend on the key come from the trace).
         """
         check_callable(make, "Stacked.from_init", "make", " of one key")
         key_leaves = jax.tree_util.tree_leaves(keys)
@@ -655,8 +631,8 @@ class Stacked(StackBase):
         - `carry`: the initial carry (any pytree of arrays).
         - `xs`: optional per-block inputs: a pytree of arrays with a leading axis of
           length `len(self)`; block i gets their slice i.
-        - `remat`: rematerialise each block in the backward pass (`jax.checkpoint`):
-          `True`, or a policy such as `jax.checkpoint_policies.dots_saveable`.
+        - `remat`: `True`, or a `jax.checkpoint` policy: recompute each block's activations
+          in the backward pass.
         - `unroll`, `reverse`: as for `jax.lax.scan`.
 
         **Returns**
@@ -690,11 +666,7 @@ class Stacked(StackBase):
             sliced, x = inputs
             parts = iter(sliced)
             block_leaves = [
-                next(parts)
-                if k == _ARRAY
-                else _rewrap(leaf, next(parts))
-                if k == _FROZEN_ARRAY
-                else leaf
+                leaf if k == _SHARED else next(parts) if k == _ARRAY else _rewrap(leaf, next(parts))
                 for leaf, k in zip(leaves, kinds)
             ]
             block = treedef.unflatten(block_leaves)
@@ -712,9 +684,6 @@ class Stacked(StackBase):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_make, (self._tree, self._length))
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.unstack())
 
 
 class StackedKind(NodeKind["Stacked"]):
@@ -740,7 +709,7 @@ class StackedKind(NodeKind["Stacked"]):
         old: object,
         new: object,
         path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = jax.tree_util.keystr,
+        where: Callable[[tuple], str] = keystr,
     ) -> Any:
         """The stack with block `entry.idx` (`old`, from `child`) replaced by `new`."""
         i = entry.idx
@@ -764,7 +733,7 @@ class StackedKind(NodeKind["Stacked"]):
         children: Sequence[Any],
         partial: bool = False,
         path: tuple[Any, ...] = (),
-        where: Callable[[tuple], str] = jax.tree_util.keystr,
+        where: Callable[[tuple], str] = keystr,
     ) -> Any:
         n = node._length
         changed = [k for k in range(n) if children[k] is not aux.blocks[k]]
@@ -815,7 +784,11 @@ def _write_blocks(
         ]
         if not writes:
             continue
-        if kind != _SHARED and (len(writes) < n or _one_array(writes)):
+        # one array given to every block (a `set` through `...`) is a block write like one
+        # through an index, so it must fit a block; only per-block results re-stack
+        first = writes[0][1]
+        one_array = _is_array(_unfrozen(first)) and all(v is first for _, v in writes)
+        if kind != _SHARED and (len(writes) < n or one_array):
             out[j] = _write(leaf, kind, writes, where_of(j))
         else:
             column = [row[j] for row in aux.block_leaves]
@@ -823,13 +796,6 @@ def _write_blocks(
                 column[k] = value
             out[j] = _combine(column, where_of(j))
     return _make(aux.treedef.unflatten(out), n)
-
-
-def _one_array(writes: list[tuple[int, Any]]) -> bool:
-    """Whether every block is given the same array (a `set` through `...`): a block write
-    like one through an index, so it must fit a block; per-block results re-stack."""
-    first = writes[0][1]
-    return _is_array(_unfrozen(first)) and all(value is first for _, value in writes)
 
 
 def _make(tree: object, length: int, stack: Stacked | None = None) -> Stacked:
@@ -1012,7 +978,7 @@ def unstack_all(tree: _T) -> _T:
 
     **Returns**
 
-    The tree, with tuples of blocks in place of stacks.
+    `tree` with tuples of blocks in place of stacks.
 
     ```python
     import jax.numpy as jnp
@@ -1025,15 +991,9 @@ def unstack_all(tree: _T) -> _T:
     """
 
     def replace(x: Any) -> Any:
-        if _is_stack(x):
-            return tuple(unstack_all(block) for block in _unstacked(x))
-        return x
+        return tuple(unstack_all(block) for block in _unstacked(x)) if _is_stack(x) else x
 
     return jax.tree_util.tree_map(replace, tree, is_leaf=_is_stack)
-
-
-def _has_stack(tree: object) -> bool:
-    return any(_is_stack(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_stack))
 
 
 def _stackdescribe(x: Any) -> str:
@@ -1042,15 +1002,13 @@ def _stackdescribe(x: Any) -> str:
 
 
 def restack(tree: object, like: object) -> Any:
-    """`tree` converted to the stacking of `like`: stacks where `like` has a `Stacked` (or
-    `Periodic`), tuples or lists of blocks where `like` has those; exactly (the stacked
-    guide loads checkpoints both ways with it).
+    """`tree` converted exactly to the stacking of `like`: stacks (`Stacked`, `Periodic`)
+    where `like` has them, tuples or lists of blocks where `like` has those.
 
     **Arguments**
 
     - `tree`: the tree to convert (a model, or a loaded checkpoint).
-    - `like`: a tree of the layout wanted; where both have the same kind of node, only
-      their children are compared.
+    - `like`: a tree of the layout wanted.
 
     **Returns**
 
@@ -1066,10 +1024,8 @@ def restack(tree: object, like: object) -> Any:
     import treeclass as tc
 
     stacked = {"blocks": tc.Stacked({"w": jnp.arange(6.0).reshape(3, 2)})}
-    unstacked = tc.unstack_all(stacked)
-    back = tc.restack(unstacked, stacked)
+    back = tc.restack(tc.unstack_all(stacked), stacked)
     assert tc.is_tree_equal(back, stacked)
-    assert tc.is_tree_equal(tc.restack(back, unstacked), unstacked)
     ```
     """
     return _restack(tree, like, (), tree)
@@ -1103,7 +1059,7 @@ def _restack(tree: Any, like: Any, path: tuple[Any, ...], root: Any) -> Any:
         if _is_stack(tree):
             return type(like)(blocks)
         return stack_of(like).restack(like, blocks)  # type: ignore[union-attr]
-    if not _has_stack(tree) and not _has_stack(like):
+    if not any(map(_is_stack, jax.tree_util.tree_leaves((tree, like), is_leaf=_is_stack))):
         return tree
     tree_kind, like_kind = node_kind(tree, is_wrapper), node_kind(like, is_wrapper)
     tree_opened, like_opened = open_node(tree, tree_kind), open_node(like, like_kind)

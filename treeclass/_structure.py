@@ -47,8 +47,6 @@ __all__ = [
     "register_kind",
     "registered_kind",
     "row_of",
-    "selects",
-    "TREECLASS_KIND",
     "Wrapper",
     "Stack",
     "Display",
@@ -61,7 +59,6 @@ __all__ = [
     "unwrap",
     "node_type",
     "key_text",
-    "named",
     "jax_children",
 ]
 
@@ -129,7 +126,7 @@ def node_kind(node: object, is_leaf: Callable[[Any], bool] | None = None) -> Kin
 class Opened(NamedTuple):
     """One node, opened: its children's key entries, the children, and what `rebuild` needs."""
 
-    entries: tuple[Any, ...]
+    entries: tuple[KeyEntry, ...]
     children: list[Any]  # a fresh list: callers may replace items, then `rebuild`
     aux: Any
 
@@ -261,10 +258,9 @@ class NodeKind(Generic[N]):
         if opened is None:
             return None
         entries = opened.entries
-        positional = self.kind in (LIST, TUPLE, NAMEDTUPLE)
         position = -1 if type(key) is not int else key + len(entries) if key < 0 else key
         for k, entry in enumerate(entries):
-            if selects(entry, key, k, position, positional):
+            if selects(entry, key, k == position):
                 return entry, opened.children[k]
         return None
 
@@ -305,7 +301,8 @@ class NodeKind(Generic[N]):
 
     def items(self, node: N, hidden: bool) -> Items | None:
         shown = None if self.display is None else self.display.children
-        return named(jax_children(node) if shown is None else shown(node))
+        pairs = jax_children(node) if shown is None else shown(node)
+        return None if pairs is None else [(*key_text(key), child) for key, child in pairs]
 
     def type_name(self, node: N) -> str:
         # a display's `type_name` names a node only with its `children`
@@ -318,9 +315,9 @@ class NodeKind(Generic[N]):
         return None
 
 
-def selects(entry: Any, key: str | int, k: int, position: int, positional: bool) -> bool:
-    """Whether the `k`-th child, under `entry`, is the one a name or an index `key` selects
-    (`position`: the index counted from the start; an int dict key, never a bool one)."""
+def selects(entry: Any, key: str | int, at_index: bool) -> bool:
+    """Whether the child under `entry` (`at_index`: the child at index `key`) is the one a
+    name or an index `key` selects; an int dict key, never a bool one."""
     cls = type(entry)
     if type(key) is str:
         if cls is GetAttrKey:
@@ -328,8 +325,8 @@ def selects(entry: Any, key: str | int, k: int, position: int, positional: bool)
         if cls is DictKey:
             return entry.key == key
         return entry_name(entry) == key
-    if positional or cls is SequenceKey or cls is jax.tree_util.FlattenedIndexKey:
-        return k == position
+    if cls is SequenceKey or cls is jax.tree_util.FlattenedIndexKey:
+        return at_index
     if cls is DictKey:
         return type(entry.key) is not bool and entry.key == key
     if cls is GetAttrKey:
@@ -520,9 +517,6 @@ class _NamedTupleKind(NodeKind[_Named]):
     def replace(self, node: _Named, entry: Any, old: Any, new: Any, *_: Any, **__: Any) -> _Named:
         return node._replace(**{entry.name: new})
 
-    def items(self, node: _Named, hidden: bool) -> Items:
-        return [(f"{f}=", f".{f}", v) for f, v in zip(node._fields, node)]
-
 
 LEAF_KIND = _LeafKind()
 TREECLASS_KIND = _TreeClassKind()
@@ -618,22 +612,16 @@ def block_depths(tree: object, depth: int = 0) -> list[int]:
 # -- how the printers show each kind of node ---------------------------------------------------
 
 
-def key_text(entry: Any) -> tuple[str, str]:
+def key_text(entry: KeyEntry) -> tuple[str, str]:
     """`(label, path)` of a JAX key entry as printed: `("w=", ".w")`, `("'a': ", "['a']")`."""
+    name = entry_name(entry)
     if isinstance(entry, GetAttrKey):
-        return f"{entry.name}=", f".{entry.name}"
+        return f"{name}=", f".{name}"
     if isinstance(entry, DictKey):
-        return f"{entry.key!r}: ", f"[{entry.key!r}]"
-    if isinstance(entry, SequenceKey):
-        return "", f"[{entry.idx}]"
-    if isinstance(entry, jax.tree_util.FlattenedIndexKey):
-        return "", f"[{entry.key}]"
+        return f"{name!r}: ", f"[{name!r}]"
+    if isinstance(entry, SequenceKey | jax.tree_util.FlattenedIndexKey):
+        return "", f"[{name}]"
     return "", str(entry)
-
-
-def named(pairs: Iterable[tuple[Any, Any]] | None) -> Items | None:
-    """`(key entry, child)` pairs as `(label, path, child)` items (`key_text`)."""
-    return None if pairs is None else [(*key_text(key), child) for key, child in pairs]
 
 
 def jax_children(node: object) -> list[tuple[Any, Any]] | None:
@@ -705,13 +693,11 @@ def node_type(node: object, kind: Kind | None = None) -> NodeKind | None:
     """The row that shows `node` (of walker kind `kind`); `None`: it prints as a leaf
     (a leaf, `None`, or a value of a wrapper kind, shown as its mark and value)."""
     row = _KINDS.get(type(node))
-    if row is not None:
-        return None if row.wrapper is not None or row.kind in (LEAF, NONE) else row
-    if kind is None:
-        kind = node_kind(node)
-    if kind is not GENERIC:
-        return None if kind in (LEAF, NONE) else _BY_CODE[kind]
-    return next((row for test, row in _BY_TEST if test(node, False)), GENERIC_KIND)
+    if row is None:
+        kind = node_kind(node) if kind is None else kind
+        tested = (row for test, row in _BY_TEST if test(node, False))
+        row = _BY_CODE[kind] if kind is not GENERIC else next(tested, GENERIC_KIND)
+    return None if row.wrapper is not None or row.kind in (LEAF, NONE) else row
 
 
 def _class_row(cls: type) -> NodeKind:
@@ -812,7 +798,7 @@ def _side(x: object, opened: Opened | None) -> str:
 class Mismatch(NamedTuple):
     """Where a second tree stops fitting a first: the key path and what each has there."""
 
-    path: tuple[Any, ...]
+    path: KeyPath
     tree_has: str
     other_has: str
     only_tree: tuple[str, ...] = ()  # key entries (as `keystr` text) only the tree has
@@ -837,14 +823,10 @@ def first_mismatch(
     other_covers: Callable[[Any], bool] | None = None,
     path: tuple[Any, ...] = (),
 ) -> Mismatch | None:
-    """The first place (in flatten order) where `other` does not fit `tree`, or `None`.
-
-    `other` fits when it has `tree`'s structure: the same node types with the same key
-    entries and the same static data, down to the leaves of `tree` (split with
-    `is_leaf`). With `other_covers`, a node of `other` for which it returns True stands
-    for the whole subtree of `tree` at its place (a prefix: a mask's `True`, a label);
-    without it, `other` must have a leaf exactly where `tree` has one.
-    """
+    """The first place (in flatten order) where `other` stops having `tree`'s structure (node
+    types, key entries, static data, down to `tree`'s leaves split by `is_leaf`), or `None`.
+    A node of `other` that `other_covers` accepts stands for `tree`'s whole subtree there
+    (a prefix: a mask's `True`, a label); without it, leaves must meet exactly."""
     tree_kind = node_kind(tree, is_leaf)
     tree_opened = None if tree_kind == LEAF else open_node(tree, tree_kind)
     if other_covers is not None and other_covers(other):
