@@ -189,7 +189,9 @@ class _TransformerBlock(Layer):
         offset: dict[str, Any] = {"weight_offset": norm_weight_offset} if norm == "rms" else {}
         make_norm = functools.partial(_NORMS[norm], features, eps=norm_eps, **offset, **dtypes)
         pre = norm_position == "pre"
-        mlp = dict(gated=gated, activation=activation, use_bias=use_mlp_bias, **dtypes)
+        mlp: dict[str, Any] = dict(
+            gated=gated, activation=activation, use_bias=use_mlp_bias, **dtypes
+        )
         assign(
             self,
             input_layernorm=make_norm() if pre else None,

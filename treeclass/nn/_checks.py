@@ -8,6 +8,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 _ARGUMENT_MSG = "`{layer}({name}=...)` must be {expected}; got {value!r}."
@@ -116,7 +117,7 @@ def check_input(
         raise ValueError(text)
 
 
-def check_integers(layer: str, what: str, x: object) -> Any:
+def check_integers(layer: str, what: str, x: object) -> jax.Array:
     """`x` as an array, else a `TypeError` naming the layer if its dtype is not an integer."""
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer):
