@@ -318,14 +318,15 @@ def path_str(root: object, path: Iterable[Hashable]) -> str:
     return root_name(root) + jax.tree_util.keystr(tuple(path))
 
 
-_ENTRY_NAMES = {GetAttrKey: "name", DictKey: "key", SequenceKey: "idx", FlattenedIndexKey: "key"}
-
-
 def entry_name(entry: Any) -> Any:
     """The name a key entry stands for: attribute name, dict key, or sequence index."""
-    attribute = _ENTRY_NAMES.get(type(entry))
-    if attribute is not None:
-        return getattr(entry, attribute)
+    cls = type(entry)  # JAX's four key types by identity first: every walk asks this
+    if cls is GetAttrKey:
+        return entry.name
+    if cls is DictKey or cls is FlattenedIndexKey:
+        return entry.key
+    if cls is SequenceKey:
+        return entry.idx
     for attribute in ("name", "key", "idx"):
         if hasattr(entry, attribute):
             return getattr(entry, attribute)
