@@ -704,6 +704,16 @@ def init_like(fn: Callable[..., _T], tree: object, /, *args: Any, **kwargs: Any)
     `tc.init_like(opt.init, model)` makes the optimizer state with each leaf in the
     sharding `tc.shardings_like` gives it (plain `jit` would put zeros on one device).
 
+    **Arguments**
+
+    - `fn`: a function of the tree (and `args`, `kwargs`), such as an optimizer's `init`;
+    - `tree`: the tree whose leaves' shardings the result follows (positional only);
+    - `*args`, `**kwargs`: passed to `fn` after `tree`.
+
+    **Returns**
+
+    `fn`'s result, each leaf placed as `tc.shardings_like(result, tree)` says.
+
     ```python
     import jax, jax.numpy as jnp, optax
     from jax.sharding import NamedSharding, PartitionSpec as P

@@ -111,7 +111,7 @@ def tree_flatten_with_trace(
         return [(((), ()), leaf) for _, leaf in pairs], treedef
     # strict=True would cost a keyword parse per call; the lengths agree by construction
     types = _node_types(treedef)
-    return [((k, (*t, type(leaf))), leaf) for (k, leaf), t in zip(pairs, types)], treedef  # noqa: B905
+    return [((k, (*t, type(leaf))), leaf) for (k, leaf), t in zip(pairs, types)], treedef
 
 
 def tree_leaves_with_trace(
