@@ -281,6 +281,10 @@ CALLS = [
         "in_channels=2",
     ),
     ("PatchEmbed", lambda: BUILDERS["PatchEmbed"](), (3, 4, 4), "in_channels=2"),
+    # fewer axes than the spatial ones and the channels: the right channel count, no image
+    ("PatchEmbed", lambda: BUILDERS["PatchEmbed"](channels_first=False), (2,), "s1, in_channels"),
+    ("PatchEmbed", lambda: BUILDERS["PatchEmbed"](channels_first=False), (4, 2), "in_channels=2"),
+    ("PatchEmbed", lambda: BUILDERS["PatchEmbed"](), (2, 4), "in_channels=2, s0, s1"),
     ("ClassToken", lambda: BUILDERS["ClassToken"](), (2, 5), "features=4"),
     ("ClassToken", lambda: BUILDERS["ClassToken"](), (4,), "features=4"),
     ("PositionEmbedding", lambda: BUILDERS["PositionEmbedding"](), (2, 5), "features=4"),

@@ -93,11 +93,19 @@ class PatchEmbed(Layer):
         x = jnp.asarray(x)
         n, patch, first = self.weight.ndim - 2, self.patch_size, self.channels_first
         channels = self.weight.shape[1]
-        after = [f"s{i}" for i in range(n)] if first else []  # the axes after the channels
-        lead = "*batch" if first else "*batch, *spatial"
+        spatial = [f"s{i}" for i in range(n)]  # the axes cut into patches
+        after = spatial if first else []  # the axes after the channels
+        lead = "*batch" if first else ", ".join(["*batch", *spatial])
         what = "inputs (channels first)" if first else "inputs"
         check_input(
-            "PatchEmbed", x, "in_channels", channels, leading=lead, trailing=after, what=what
+            "PatchEmbed",
+            x,
+            "in_channels",
+            channels,
+            leading=lead,
+            trailing=after,
+            what=what,
+            ndim=n + 1,
         )
         start = x.ndim - n - (0 if first else 1)  # the first spatial axis
         for axis, step in zip(range(start, start + n), patch, strict=True):
