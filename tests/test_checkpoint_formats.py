@@ -474,6 +474,25 @@ def test_a_flax_state_with_numbers_lists_and_bfloat16_loads(tmp_path):
     np.testing.assert_array_equal(restored["stack"][1], [0, 1, 2])
 
 
+def test_flax_complex_arrays_and_scalars_load_as_flax_reads_them(tmp_path):
+    serialization = pytest.importorskip("flax.serialization")
+    rng = np.random.default_rng(0)
+    state = {
+        "c64": (rng.normal(size=(2, 3)) + 1j * rng.normal(size=(2, 3))).astype(np.complex64),
+        "c128": np.array([-0.0 + 1e-300j, np.inf - 2j, 3 - np.nan * 1j], np.complex128),
+        "scalar": np.complex64(0.5 - 4j),
+    }
+    data = serialization.to_bytes(state)
+    path = write(tmp_path / "complex.msgpack", data)
+    like = {"c64": np.zeros((2, 3), np.complex64), "c128": np.zeros(3, np.complex128)}
+    restored = tc.load(path, {**like, "scalar": np.complex64(0)})
+    expected = serialization.msgpack_restore(data)
+    for name in ("c64", "c128", "scalar"):
+        got, want = np.asarray(restored[name]), np.asarray(expected[name])
+        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+        assert got.tobytes() == want.tobytes(), name  # bit for bit: signs, inf and nan too
+
+
 def flax_document(values: dict[str, np.ndarray], order: str) -> bytes:
     """A flax msgpack document whose arrays name their dtypes with a byte order (`>f4`),
     laid out as `serialization.to_bytes` lays out an ndarray."""
