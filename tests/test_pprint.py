@@ -276,19 +276,20 @@ def test_depth_cuts_nodes_to_ellipsis_forms():
     )
 
 
+# every printer that takes a tree and the common options (depth, ...)
+PRINTERS = [
+    tc.tree_repr,
+    tc.tree_str,
+    tc.tree_diagram,
+    tc.tree_summary,
+    tc.tree_graph,
+    tc.tree_mermaid,
+    tree_html,
+]
+
+
 @pytest.mark.parametrize("depth", ["2", None, True, [1]])
-@pytest.mark.parametrize(
-    "printer",
-    [
-        tc.tree_repr,
-        tc.tree_str,
-        tc.tree_diagram,
-        tc.tree_summary,
-        tc.tree_graph,
-        tc.tree_mermaid,
-        tree_html,
-    ],
-)
+@pytest.mark.parametrize("printer", PRINTERS)
 def test_depth_that_is_not_a_number_raises_type_error(printer, depth):
     with pytest.raises(TypeError, match=r"`depth` must be a number .*got "):
         printer({"a": 1}, depth=depth)
@@ -1016,19 +1017,7 @@ def test_summary_has_a_row_per_leaf_and_diagram_a_line_per_entry(tree):
 
 @pytest.mark.parametrize(
     "obj",
-    [
-        tc.tree_repr,
-        tc.tree_str,
-        tc.tree_diagram,
-        tc.tree_summary,
-        tc.tree_graph,
-        tc.tree_mermaid,
-        tc.tree_repr_with_trace,
-        _pprint.array_repr,
-        tree_html,
-        treescope_repr,
-        register_printer,
-    ],
+    [*PRINTERS, tc.tree_repr_with_trace, _pprint.array_repr, treescope_repr, register_printer],
     ids=lambda obj: obj.__name__,
 )
 def test_docstring_examples_run(obj):
