@@ -72,11 +72,6 @@ def declared_children(node: object) -> dict[str, str]:
     return _declared_fields(cls)
 
 
-def declares_state(tree: object) -> bool:
-    """Whether a TreeClass node of `tree` has a field that declares a role."""
-    return any(declared_children(node) for node in _node.treeclass_nodes(tree))
-
-
 def leaf_role(x: object, in_state: bool | str) -> str:
     """The role of one leaf (or frozen value); `in_state`: the role its field declares
     (`True`: state), or a false value."""
