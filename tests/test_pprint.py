@@ -512,7 +512,17 @@ def test_summary_of_arrays_of_several_dtypes_and_frozen_arrays():
 
 @pytest.mark.parametrize(
     "size, text",
-    [(0, "0B"), (1023, "1023B"), (1024, "1.00KiB"), (1536, "1.50KiB"), (5 * 2**30, "5.00GiB")],
+    [
+        (0, "0B"),
+        (1023, "1023B"),
+        (1024, "1.00KiB"),
+        (1536, "1.50KiB"),
+        (5 * 2**30, "5.00GiB"),
+        (2**20 - 1, "1.00MiB"),  # rounds up to the next unit, never "1024.00KiB"
+        (2**50 - 1, "1.00PiB"),
+        (2**50 - 2**40, "1023.00TiB"),  # just below a unit: the lower one (no float log)
+        (2**70, "1048576.00PiB"),
+    ],
 )
 def test_summary_sizes_use_binary_units(size, text):
     assert size_text(size) == text

@@ -7,7 +7,6 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import math
 import numbers
 import struct
 import types
@@ -296,7 +295,9 @@ def size_text(size: int) -> str:
     """A size in bytes as the printers and messages write it: `24B`, `2.00MiB`."""
     if size < 1024:
         return f"{size}B"
-    unit = min(int(math.log(size, 1024)), len(_UNITS) - 1)
+    unit = min((size.bit_length() - 1) // 10, len(_UNITS) - 1)  # exact: no float log
+    if unit + 1 < len(_UNITS) and round(size / 1024**unit, 2) >= 1024:  # 1023.999 KiB
+        unit += 1
     return f"{size / 1024**unit:.2f}{_UNITS[unit]}"
 
 
