@@ -715,6 +715,38 @@ def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
     assert tc.load(path, {"w": jnp.zeros(2, jnp.bfloat16)}, rules=rules)["w"].dtype == jnp.bfloat16
 
 
+def test_a_weight_of_another_shape_suggests_the_saved_configuration_not_a_rule(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((3, 5), np.float32)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros((4, 3))})
+    assert "tree['w'] has another shape in the file ([3, 5] for [4, 3])" in message
+    assert "the configuration the checkpoint was saved with" in message
+    assert "rules=" not in message
+
+
+def test_a_path_an_abstract_template_cannot_fill_suggests_concrete_arrays(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones(3, np.float32)}, str(path))
+    like = {"w": jnp.zeros(3), "v": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    message = _refusal(path, like)
+    assert 'build the template with concrete arrays and load with missing="keep"' in message
+    assert "leaf left unrestored" not in message  # keeping is no fix for an abstract leaf
+
+
+def test_a_renamed_tensor_among_others_of_its_shape_is_paired_by_its_related_name(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tensors = {"model.embed_tokens": np.ones((3, 2), np.float32), "zz": np.ones((3, 2), np.float32)}
+    save_file(tensors, str(path))
+    like = {"embed": jnp.zeros((3, 2))}
+    message = _refusal(path, like)
+    assert "rules=[('model.embed_tokens', 'embed')]" in message
+    assert "('zz', 'embed')" not in message  # the other tensor of that shape is no match
+    rules = [("model.embed_tokens", "embed")]
+    assert (
+        tc.load(path, like, rules=rules, unexpected="ignore")["embed"].tolist() == [[1.0] * 2] * 3
+    )
+
+
 def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_stack_rule(tmp_path):
     class Block(tc.TreeClass):
         w: jax.Array
