@@ -765,6 +765,34 @@ def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_stack_rule(tmp
     assert restored.blocks.tree.w.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
 
 
+def test_per_layer_weights_stored_out_in_suggest_the_transpose_for_the_square_ones_too(tmp_path):
+    class Block(tc.TreeClass):
+        up: jax.Array
+        sq: jax.Array
+
+    class Net(tc.TreeClass):
+        blocks: tc.Stacked
+
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for i in range(3):  # stored [out, in], as PyTorch does
+        tensors[f"h.{i}.up"] = rng.normal(size=(3, 2)).astype(np.float32)
+        tensors[f"h.{i}.sq"] = rng.normal(size=(2, 2)).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    blocks = [Block(jnp.zeros((2, 3)), jnp.zeros((2, 2))) for _ in range(3)]
+    like = Net(tc.Stacked.from_blocks(blocks))
+    message = _refusal(path, like)
+    rules = [
+        ("h.{i}.up", "blocks[{i}].up", lambda w: w.T),
+        ("h.{i}.sq", "blocks[{i}].sq", lambda w: w.T),  # square: the file's others tell
+    ]
+    for rule in rules:
+        assert f"rules=[({rule[0]!r}, {rule[1]!r}, lambda w: w.T)]" in message
+    restored = tc.load(path, like, rules=rules)  # the fixes, run
+    assert restored.blocks.tree.sq[2].tolist() == tensors["h.2.sq"].T.tolist()
+
+
 def test_a_rename_in_a_treeclass_file_suggests_a_migration_too(tmp_path):
     class Linear(tc.TreeClass):
         dense_weight: jax.Array
