@@ -1,9 +1,9 @@
 """Key rules both ways: the plan export writes by is the plan load reads by.
 
 The laws, over generated rule tables (renames, transposes, splits, concatenations, tied
-weights, dtype casts with inverses, per-layer names for an unrolled, a stacked and a
-periodic model): `export(load(file)) == file` (names, dtypes, bytes; the metadata in
-every shard's header) and `load(export(model)) == model`.
+weights, dtype casts alone or after a transpose with their inverses, per-layer names for an
+unrolled, a stacked and a periodic model): `export(load(file)) == file` (names, dtypes,
+bytes; the metadata in every shard's header) and `load(export(model)) == model`.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ class Net(tc.TreeClass):
     layers: Any
 
 
-def _block(ln_dtype=jnp.float32) -> Block:
-    return Block(jnp.zeros((WIDTH, WIDTH)), jnp.zeros((WIDTH, WIDTH)), jnp.zeros(WIDTH, ln_dtype))
+def _block() -> Block:
+    return Block(jnp.zeros((WIDTH, WIDTH)), jnp.zeros((WIDTH, WIDTH)), jnp.zeros(WIDTH))
 
 
-def _templates(depth: int, ln_dtype=jnp.float32) -> dict[str, Net]:
+def _templates(depth: int) -> dict[str, Net]:
     """The same model unrolled, stacked and periodic (a pattern of two layers)."""
-    blocks = [_block(ln_dtype) for _ in range(depth)]
+    blocks = [_block() for _ in range(depth)]
     make = lambda layers: Net(jnp.zeros((VOCAB, WIDTH)), jnp.zeros((WIDTH, VOCAB)), layers)  # noqa: E731
     return {
         "unrolled": make(blocks),
@@ -72,6 +72,11 @@ def _table(q: str, k: str, ln: str, tied: bool) -> tuple[list[tuple], dict[str, 
         elif kind == "transpose":
             rules.append((source, f"layers[{{i}}].{field}", lambda w: w.T))
             names[source] = (f32, (WIDTH, WIDTH))
+        elif kind == "transpose+cast":  # bfloat16 [in, out] in the file: both directions given
+            load = lambda w: w.T.astype(jnp.float32)  # noqa: E731
+            back = lambda w: w.T.astype(jnp.bfloat16)  # noqa: E731
+            rules.append((source, f"layers[{{i}}].{field}", load, back))
+            names[source] = (np.dtype(jnp.bfloat16), (WIDTH, WIDTH))
         elif kind == "halves":  # one model array from two file tensors
             parts = [f"{source}.a", f"{source}.b"]
             join = lambda a, b: jnp.concatenate([a, b])  # noqa: E731
@@ -111,8 +116,8 @@ def _same_file(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
 
 
 TABLES = st.tuples(
-    st.sampled_from(["rename", "transpose", "fused", "halves"]),
-    st.sampled_from(["rename", "transpose", "fused"]),
+    st.sampled_from(["rename", "transpose", "transpose+cast", "fused", "halves"]),
+    st.sampled_from(["rename", "transpose", "transpose+cast", "fused"]),
     st.sampled_from(["cast", "catch-all"]),
     st.booleans(),
 )
@@ -123,9 +128,8 @@ TABLES = st.tuples(
 def test_export_of_a_load_is_the_file_and_load_of_an_export_is_the_model(table, depth, seed):
     rules, names = _table(*table)
     file = _file(names, depth, seed)
-    ln_dtype = jnp.float32
     exports = {}
-    for layout, template in _templates(depth, ln_dtype).items():
+    for layout, template in _templates(depth).items():
         model = tc.from_state_dict(template, file, rules=rules)
         exported = tc.state_dict(model, rules=rules)
         _same_file(exported, file)

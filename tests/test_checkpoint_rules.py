@@ -715,6 +715,38 @@ def test_another_dtype_suggests_astype_in_a_rule(tmp_path):
     assert tc.load(path, {"w": jnp.zeros(2, jnp.bfloat16)}, rules=rules)["w"].dtype == jnp.bfloat16
 
 
+def test_a_weight_of_another_shape_suggests_the_saved_configuration_not_a_rule(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones((3, 5), np.float32)}, str(path))
+    message = _refusal(path, {"w": jnp.zeros((4, 3))})
+    assert "tree['w'] has another shape in the file ([3, 5] for [4, 3])" in message
+    assert "the configuration the checkpoint was saved with" in message
+    assert "rules=" not in message
+
+
+def test_a_path_an_abstract_template_cannot_fill_suggests_concrete_arrays(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.ones(3, np.float32)}, str(path))
+    like = {"w": jnp.zeros(3), "v": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    message = _refusal(path, like)
+    assert 'build the template with concrete arrays and load with missing="keep"' in message
+    assert "leaf left unrestored" not in message  # keeping is no fix for an abstract leaf
+
+
+def test_a_renamed_tensor_among_others_of_its_shape_is_paired_by_its_related_name(tmp_path):
+    path = tmp_path / "m.safetensors"
+    tensors = {"model.embed_tokens": np.ones((3, 2), np.float32), "zz": np.ones((3, 2), np.float32)}
+    save_file(tensors, str(path))
+    like = {"embed": jnp.zeros((3, 2))}
+    message = _refusal(path, like)
+    assert "rules=[('model.embed_tokens', 'embed')]" in message
+    assert "('zz', 'embed')" not in message  # the other tensor of that shape is no match
+    rules = [("model.embed_tokens", "embed")]
+    assert (
+        tc.load(path, like, rules=rules, unexpected="ignore")["embed"].tolist() == [[1.0] * 2] * 3
+    )
+
+
 def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_stack_rule(tmp_path):
     class Block(tc.TreeClass):
         w: jax.Array
@@ -731,6 +763,34 @@ def test_a_per_layer_checkpoint_into_a_stacked_model_suggests_the_stack_rule(tmp
     assert "rules=[('blocks.{i}.w', 'blocks[{i}].w')]" in message
     restored = tc.load(path, stacked, rules=[("blocks.{i}.w", "blocks[{i}].w")])  # the fix, run
     assert restored.blocks.tree.w.tolist() == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_per_layer_weights_stored_out_in_suggest_the_transpose_for_the_square_ones_too(tmp_path):
+    class Block(tc.TreeClass):
+        up: jax.Array
+        sq: jax.Array
+
+    class Net(tc.TreeClass):
+        blocks: tc.Stacked
+
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for i in range(3):  # stored [out, in], as PyTorch does
+        tensors[f"h.{i}.up"] = rng.normal(size=(3, 2)).astype(np.float32)
+        tensors[f"h.{i}.sq"] = rng.normal(size=(2, 2)).astype(np.float32)
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    blocks = [Block(jnp.zeros((2, 3)), jnp.zeros((2, 2))) for _ in range(3)]
+    like = Net(tc.Stacked.from_blocks(blocks))
+    message = _refusal(path, like)
+    rules = [
+        ("h.{i}.up", "blocks[{i}].up", lambda w: w.T),
+        ("h.{i}.sq", "blocks[{i}].sq", lambda w: w.T),  # square: the file's others tell
+    ]
+    for rule in rules:
+        assert f"rules=[({rule[0]!r}, {rule[1]!r}, lambda w: w.T)]" in message
+    restored = tc.load(path, like, rules=rules)  # the fixes, run
+    assert restored.blocks.tree.sq[2].tolist() == tensors["h.2.sq"].T.tolist()
 
 
 def test_a_rename_in_a_treeclass_file_suggests_a_migration_too(tmp_path):
