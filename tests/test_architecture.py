@@ -293,3 +293,71 @@ def test_the_shared_vocabularies_list_every_name_others_use(module):
     mod = importlib.import_module(f"treeclass.{module}")
     used = {n for n in _names_used_from(module) if not n.startswith("_")}
     assert not used - set(mod.__all__), sorted(used - set(mod.__all__))
+
+
+# a node kind's type is its own module's business: everything else asks the kind's row
+# (`row_of(node).stack`, `.wrapper`, ...), so a new kind of the same shape works everywhere
+_KIND_TYPES = {
+    "Stacked": "_stacked",
+    "StackBase": "_stacked",
+    "Periodic": "_periodic",
+    "Frozen": "_frozen",
+}
+
+
+def _type_tests(tree: ast.Module) -> list[tuple[int, str]]:
+    """`(line, type name)` of every `isinstance`/`issubclass`/`type(x) is` test in `tree`."""
+
+    def names(node: ast.expr) -> list[str]:
+        if isinstance(node, ast.Tuple):
+            return [n for element in node.elts for n in names(element)]
+        if isinstance(node, ast.Attribute):
+            return [node.attr]
+        return [node.id] if isinstance(node, ast.Name) else []
+
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+        ):
+            found += [(node.lineno, n) for n in names(node.args[1])]
+        elif isinstance(node, ast.Compare) and any(
+            isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)) for op in node.ops
+        ):
+            sides = [node.left, *node.comparators]
+            if any(
+                isinstance(s, ast.Call) and isinstance(s.func, ast.Name) and s.func.id == "type"
+                for s in sides
+            ):
+                found += [(node.lineno, n) for s in sides for n in names(s)]
+    return found
+
+
+def test_no_module_outside_a_kinds_own_tests_for_its_type():
+    offenders = [
+        f"{module}:{line} tests for `{name}` (ask the node's row instead)"
+        for module, path in _modules().items()
+        for line, name in _type_tests(_tree(path))
+        if name in _KIND_TYPES and module != _KIND_TYPES[name]
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_kind_type_check_sees_every_spelling_of_a_type_test():
+    source = """
+isinstance(x, Stacked)
+isinstance(x, (int, _periodic.Periodic))
+issubclass(cls, StackBase)
+type(x) is Frozen
+"""
+    assert sorted(n for _, n in _type_tests(ast.parse(source))) == [
+        "Frozen",
+        "Periodic",
+        "StackBase",
+        "Stacked",
+        "int",
+    ]
+    assert [n for _, n in _type_tests(ast.parse("type(x) == Frozen"))] == ["Frozen"]
