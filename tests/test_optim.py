@@ -1599,3 +1599,82 @@ def test_a_mask_selection_trains_exactly_its_parameters(picks, name):
     assert same_bits(opt.init(model), tx.init(alone))
     new, _ = _step(opt, model, grads=_ones_for_every_leaf(model))
     assert _changed(new, model) == wanted
+
+
+# a selection of every kind, drawn at random; the role decides whether a leaf is trained
+_SELECTORS = st.one_of(
+    st.just(...),
+    st.just(Linear),
+    st.lists(st.sampled_from(["head", "base", "stats", "fixed"]), min_size=1, unique=True).map(
+        tuple
+    ),
+    st.sampled_from(["**.weight", "**.bias", "**", "*"]).map(tc.glob),
+    st.lists(st.booleans(), min_size=len(_ROLED_PATHS), max_size=len(_ROLED_PATHS)).map(
+        lambda picks: jax.tree.unflatten(jax.tree.structure(Roled()), picks)
+    ),
+    st.integers(0, 2).map(lambda ndim: tc.where(lambda path, x: np.ndim(x) == ndim)),
+)
+_HEAD_ONLY = {".head.weight", ".head.bias"}
+
+
+@settings(max_examples=20, deadline=None)
+@given(_SELECTORS)
+def test_no_selection_reaches_a_frozen_or_state_leaf_through_any_tool(selector):
+    model = Roled()
+    indexer = model.at[selector]
+    picked = set(_paths(optim.mask(indexer, strict=False)))
+    assert picked <= _HEAD_ONLY
+    labels = optim.labels(model, {"a": indexer}, default="b", strict=False)
+    assert set(_paths(labels.tree, lambda x: x == "a")) == picked
+    params, _ = optim.split(indexer, strict=False)
+    assert set(_paths(params, lambda x: x is not None)) == picked
+    tools = {
+        "trainable": optim.trainable(optax.sgd(1.0), indexer, strict=False),
+        "partition": optim.trainable(
+            optim.partition(
+                {"a": optax.sgd(1.0), "b": optax.set_to_zero()},
+                model,
+                {"a": indexer},
+                default="b",
+                strict=False,
+            ),
+            model,
+        ),
+    }
+    for name, opt in tools.items():
+        new, _ = _step(opt, model, grads=_ones_for_every_leaf(model))
+        changed = set(_changed(new, model))
+        # the partition's other label zeroes its updates, which turns a -0.0 into 0.0
+        assert changed == picked if name == "trainable" else picked <= changed <= _HEAD_ONLY
+        assert same_bits(_never_trained(new), _never_trained(model)), name
+
+
+def test_trainable_names_a_refrozen_leaf_of_a_split_gradient_at_the_models_key_path():
+    # the gradient holds `None` before the leaf: the path is the model's, not shifted
+    class Late(tc.TreeClass):
+        base: Linear = tc.field(role="frozen")
+
+        def __init__(self):
+            self.base = Linear(jnp.ones((2, 2)), jnp.ones(2))
+            self.head = Linear(jnp.ones((2, 1)), jnp.ones(1))
+
+    model = Late()
+    opt = optim.trainable(optax.sgd(1.0), model)
+    grads, _ = optim.split(model)
+    refrozen = grads.at["head"]["bias"].apply(tc.freeze)
+    with pytest.raises(ValueError, match=r"(?s)`Late\.head\.bias`.*frozen"):
+        opt.update(refrozen, opt.init(model), model)
+
+
+def test_trainable_steps_an_abstract_model_with_a_split_gradient_as_the_concrete_one():
+    model = Roled()
+    opt = optim.trainable(optax.adam(0.1), model)
+    grads, _ = optim.split(_ones_for_every_leaf(model))
+    state = opt.init(model)
+    updates, new_state = opt.update(grads, state, model)
+    shapes = jax.eval_shape(opt.update, grads, jax.eval_shape(opt.init, model), model)
+    assert jax.tree.structure(shapes) == jax.tree.structure((updates, new_state))
+    assert updates.base.weight is None and updates.fixed is None
+    assert [x.shape for x in jax.tree.leaves(shapes)] == [
+        np.shape(x) for x in jax.tree.leaves((updates, new_state))
+    ]

@@ -453,6 +453,16 @@ def test_a_function_of_each_block_may_still_recast_every_block():
     assert new.blocks.tree.up.bias.shape == net.blocks.tree.up.bias.shape
 
 
+def test_one_plain_array_set_in_every_block_of_a_frozen_leaf_unfreezes_it_in_all():
+    stack = tc.Stacked({"w": tc.freeze(jnp.zeros((3, 2))), "b": jnp.zeros((3, 2))})
+    new = stack.at[...]["w"].set(jnp.ones(2), is_leaf=tc.is_frozen)
+    assert not tc.is_frozen(new.tree["w"]) and np.array_equal(new.tree["w"], np.ones((3, 2)))
+    # some blocks only: refused, naming a block left frozen
+    with pytest.raises(ValueError, match=r"frozen in block 0 but not in block 1"):
+        stack.at[1:]["w"].set(jnp.ones(2), is_leaf=tc.is_frozen)
+    assert tc.is_frozen(stack.tree["w"])  # the input is unchanged
+
+
 def _below_block_selectors():
     """One selector chain per selector kind, used below a block index (block 1, say)."""
     block = Block(jax.random.key(0))

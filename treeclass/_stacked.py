@@ -233,10 +233,12 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def _check_frozen(value: object, frozen: bool, k: int, other: int, where: Callable) -> None:
-    """Refuse block `k`'s leaf `value` unless it is frozen as block `other`'s is."""
+def _check_frozen(
+    value: object, frozen: bool, k: int, other: Callable[[], int], where: Callable
+) -> None:
+    """Refuse block `k`'s leaf `value` unless it is frozen as block `other()`'s is."""
     if (_holder(value) is not None) != frozen:
-        frozen_block, plain_block = (other, k) if frozen else (k, other)
+        frozen_block, plain_block = (other(), k) if frozen else (k, other())
         text = FROZEN_SOME_MSG.format(where=where(k), frozen=frozen_block, plain=plain_block)
         raise ValueError(text)
 
@@ -253,7 +255,7 @@ def _combine(values: Sequence[Any], where: Callable[[int], str]) -> Any:
         inner = [_unfrozen(v) if frozen else v for v in values]
         want = (tuple(inner[0].shape), inner[0].dtype)
         for k, v in enumerate(values):
-            _check_frozen(v, frozen, k, 0, where)
+            _check_frozen(v, frozen, k, lambda: 0, where)
             if not _is_array(inner[k]):
                 raise TypeError(differs(MIXED_MSG, k))
             if (tuple(inner[k].shape), inner[k].dtype) != want:
@@ -328,8 +330,11 @@ def _write(leaf: Any, kind: int, writes: list[tuple[int, Any]], where: Callable[
     target = _unfrozen(leaf) if frozen else leaf
     shape, dtype = tuple(target.shape[1:]), target.dtype
     values = []
-    written = {k for k, _ in writes}
-    other = next((b for b in range(target.shape[0]) if b not in written), 0)
+
+    def other() -> int:  # a block not written, for the error only
+        written = {k for k, _ in writes}
+        return next(b for b in range(target.shape[0]) if b not in written)
+
     for k, value in writes:
         _check_frozen(value, frozen, k, other, where)
         value = _unfrozen(value) if frozen else value
@@ -785,9 +790,14 @@ def _write_blocks(
         if not writes:
             continue
         # one array given to every block (a `set` through `...`) is a block write like one
-        # through an index, so it must fit a block; only per-block results re-stack
+        # through an index, so it must fit a block; only per-block results re-stack, and so
+        # does a value frozen unlike the leaf (every block written: none is left unlike it)
         first = writes[0][1]
-        one_array = _is_array(_unfrozen(first)) and all(v is first for _, v in writes)
+        one_array = (
+            _is_array(_unfrozen(first))
+            and (_holder(first) is not None) == (kind == _FROZEN_ARRAY)
+            and all(v is first for _, v in writes)
+        )
         if kind != _SHARED and (len(writes) < n or one_array):
             out[j] = _write(leaf, kind, writes, where_of(j))
         else:
