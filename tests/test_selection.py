@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import abc
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -262,3 +264,34 @@ def test_selectors_that_read_values_are_never_answered_from_the_kept_ones():
             assert tc.at(tree)[tc.where(lambda path, x: x > 0)].mask() == want
             assert tc.at(tree)[{k: bool(v) for k, v in want.items()}].mask() == want
             assert tc.at(tree)[Positive()].mask() == want
+
+
+def test_a_kept_class_selection_follows_a_newly_registered_virtual_subclass():
+    # an ABC's `register` changes what its `isinstance` says for the same leaf types
+    class Marked(abc.ABC):
+        @abc.abstractmethod
+        def mark(self) -> None: ...
+
+    Marked.register(int)
+    tree = {"a": 1.0, "b": 1}
+    for _ in range(2):
+        assert tc.at(tree)[Marked].mask() == {"a": False, "b": True}
+    Marked.register(float)
+    assert tc.at(tree)[Marked].mask() == {"a": True, "b": True}
+
+
+def test_a_protocol_selection_reads_each_leaf_and_is_never_kept():
+    # a runtime-checkable `Protocol` decides by a leaf's attributes, not its type alone
+    @typing.runtime_checkable
+    class Named(typing.Protocol):
+        name: str
+
+    class Thing:
+        pass
+
+    named = Thing()
+    named.name = "x"
+    first, second = {"a": named, "b": Thing()}, {"a": Thing(), "b": named}
+    for _ in range(2):
+        assert tc.at(first)[Named].mask() == {"a": True, "b": False}
+        assert tc.at(second)[Named].mask() == {"a": False, "b": True}
