@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import re
 import typing
 
 import jax
@@ -214,6 +215,7 @@ _STRUCTURAL = st.sampled_from(
         (slice(None, None, 2),),
         ((0, "b"),),
         (tc.glob("**.w"),),
+        (re.compile("[ab]"), ...),
         (jax.Array,),
         (float, ...),
         (Layer,),
@@ -295,3 +297,27 @@ def test_a_protocol_selection_reads_each_leaf_and_is_never_kept():
     for _ in range(2):
         assert tc.at(first)[Named].mask() == {"a": True, "b": False}
         assert tc.at(second)[Named].mask() == {"a": False, "b": True}
+
+
+def test_kept_selections_of_one_kind_are_told_apart_by_what_they_select_by():
+    # on one tree, selectors of a kind that differ only in their pattern, bounds or key
+    tree = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0]}
+    chains = [
+        [re.compile("a"), ...],
+        [re.compile("b"), ...],
+        [tc.glob("a.*")],
+        [tc.glob("b.*")],
+        [..., slice(0, 2)],
+        [..., slice(1, None)],
+        [..., slice(None, None, 2)],
+        [..., slice(None, None)],
+        [..., 0],
+        [..., -1],
+        [..., (0, 2)],
+        [..., (1, 2)],
+        [("a", re.compile("b")), 2],
+    ]
+    fresh = [_uncached(tc.at(tree, where=chain)) for chain in chains]
+    for _ in range(2):
+        for chain, want in zip(chains, fresh, strict=True):
+            assert tc.at(tree, where=chain).mask() == want
