@@ -321,3 +321,22 @@ def test_kept_selections_of_one_kind_are_told_apart_by_what_they_select_by():
     for _ in range(2):
         for chain, want in zip(chains, fresh, strict=True):
             assert tc.at(tree, where=chain).mask() == want
+
+
+class _NeverLeaf:
+    """An `is_leaf` that does not hash (it defines `==`, as a dataclass does)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other):
+        return isinstance(other, _NeverLeaf)
+
+    def __call__(self, _):
+        return False
+
+
+def test_an_is_leaf_that_does_not_hash_selects_all_the_same():
+    tree = {"a": [1.0, 2.0], "b": 3.0}
+    for _ in range(2):
+        assert tc.at(tree)["a"][...].mask(is_leaf=_NeverLeaf()) == {"a": [True, True], "b": False}
+        assert selection(tc.at(tree)[tc.glob("a.*")], _NeverLeaf()).flags() == [True, True, False]

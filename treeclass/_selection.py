@@ -142,7 +142,7 @@ class Selection(Walk):
         self.n = len(matchers)
         self.selection = selection
         self._trail: Any = _UNWALKED
-        self.shaped = False  # whether a row with a stack part was passed (`_cache_key`)
+        self.shaped = False  # whether a row with a stack part was passed (`_kept`)
 
     @property
     def trail(self) -> Any:
@@ -342,8 +342,7 @@ class Selection(Walk):
         """The selection as a boolean tree: `True` at every selected leaf (an element mask
         broadcast to its leaf), `False` elsewhere; nodes without children stay as they are,
         and a stack gathers one flag per block along its block axis."""
-        key = _cache_key(self)
-        flags = None if key is None else _CACHE.get(key)
+        key, flags = _kept(self)
         if flags is not None:
             return jax.tree_util.tree_structure(self.tree, is_leaf=self.is_leaf).unflatten(flags)
         return self.made_mask(key)
@@ -381,8 +380,7 @@ class Selection(Walk):
     def flags(self) -> list[Any]:
         """One flag per leaf of the tree (split by `is_leaf`), in flatten order: `False`,
         `True`, or a bool array (an element mask, or one flag per block of a stack)."""
-        key = _cache_key(self)
-        found = None if key is None else _CACHE.get(key)
+        key, found = _kept(self)
         if found is not None:
             return list(found)
         return jax.tree_util.tree_leaves(self.made_mask(key), is_leaf=self.is_leaf)
@@ -441,25 +439,26 @@ def _leaf_type(leaf: object) -> Any:
     return type(leaf) if wrapper is None else (type(leaf), type(wrapper.unwrap(leaf)))
 
 
-def _cache_key(found: Selection) -> Any:
-    """`(structure, leaf types, selectors, is_leaf)` for a structural selection, else `None`.
+def _kept(found: Selection) -> tuple[Any, tuple[bool, ...] | None]:
+    """`(key, flags kept under it)` for a structural selection (`flags` `None` when none
+    are kept yet), the key being `(structure, leaf types, selectors, is_leaf)`; `(None,
+    None)` for any other selection.
 
     Wrapped values count as leaves here, typed with the value inside (a class selector
     sees into them), whatever their own `==` says.
     """
     selectors = tuple(_selector_key(m) for m in found.matchers)
     if None in selectors:
-        return None
+        return None, None
     is_leaf = found.is_leaf
     stop = is_wrapper if is_leaf is None else lambda x: is_leaf(x) or is_wrapper(x)
     leaves, treedef = jax.tree_util.tree_flatten(found.tree, is_leaf=stop)
     # an ABC's virtual subclasses may change: the token changes with them
     key = (treedef, tuple(map(_leaf_type, leaves)), selectors, is_leaf, abc.get_cache_token())
-    try:
-        hash(key)
-    except TypeError:  # a node's auxiliary data that does not hash: no cache
-        return None
-    return key
+    try:  # the lookup hashes the key once (a structure's hash walks all of it)
+        return key, _CACHE.get(key)
+    except TypeError:  # a part that does not hash (an `is_leaf` defining `==`): no cache
+        return None, None
 
 
 def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
