@@ -340,3 +340,21 @@ def test_an_is_leaf_that_does_not_hash_selects_all_the_same():
     for _ in range(2):
         assert tc.at(tree)["a"][...].mask(is_leaf=_NeverLeaf()) == {"a": [True, True], "b": False}
         assert selection(tc.at(tree)[tc.glob("a.*")], _NeverLeaf()).flags() == [True, True, False]
+
+
+def test_kept_selections_of_stacks_follow_their_count_of_blocks():
+    # `[:2]` takes all of a stack of two blocks and half of one of four: a stack's count of
+    # blocks is part of its structure, so each reading answers for its own stack
+    block = {"w": jnp.ones(2)}
+    trees = [
+        tc.Stacked({"w": jnp.ones((2, 2))}),
+        tc.Stacked({"w": jnp.ones((4, 2))}),
+        tc.Periodic.from_layers([block, block], 2),
+        tc.Periodic.from_layers([block] * 4, 2),
+    ]
+    want = [[True], [[True, True, False, False]], [True, True], [[True, False]] * 2]
+    for _ in range(2):
+        for tree, flags in zip(trees, want, strict=True):
+            got = selection(tc.at(tree)[:2]).flags()
+            assert [np.asarray(f).tolist() for f in got] == flags
+            assert tc.is_tree_equal(tc.at(tree)[:2].mask(), _uncached(tc.at(tree)[:2]))

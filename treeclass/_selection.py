@@ -123,7 +123,7 @@ class Selection(Walk):
     name or index picks one child (for `get`, which fills the others: a stack then
     rebuilds from its own blocks)."""
 
-    __slots__ = ("matchers", "n", "opens", "selection", "_trail", "shaped")
+    __slots__ = ("matchers", "n", "opens", "selection", "_trail")
 
     def __init__(
         self,
@@ -142,7 +142,6 @@ class Selection(Walk):
         self.n = len(matchers)
         self.selection = selection
         self._trail: Any = _UNWALKED
-        self.shaped = False  # whether a row with a stack part was passed (`_kept`)
 
     @property
     def trail(self) -> Any:
@@ -170,8 +169,6 @@ class Selection(Walk):
                 found = verdict[1]
                 row = found[2]
             # one child, the node left unopened
-            if row.stack is not None:
-                self.shaped = True
             entry, child = found[0], found[1]
             if hops is None:
                 hops = []
@@ -191,8 +188,6 @@ class Selection(Walk):
         if code == YES:
             return self.walk(node, path, i + 1, and_masks(emask, payload))
         row = row_of(node, self.is_leaf)
-        if row.stack is not None:
-            self.shaped = True
         if code == ONE:  # a node opened all the same (`opens`)
             opened = row.open(node)
             assert opened is not None  # the row found a child in it
@@ -371,7 +366,7 @@ class Selection(Walk):
 
         out = self.rebuild(flag, fills=True, fill=False)
         self.check(count, spot_blocked)
-        if key is not None and not self.shaped:
+        if key is not None:
             flags = tuple(jax.tree_util.tree_leaves(out, is_leaf=is_leaf))
             if all(f is True or f is False for f in flags):
                 _remember(key, flags)
@@ -396,7 +391,7 @@ class Selection(Walk):
 # tree's structure and its leaves' types (a wrapped value's: the type inside), so their flags
 # are kept per (structure, leaf types, selectors, `is_leaf`). Masks, predicates, `BaseKey`s and
 # `def_rule` selectors read values or run user code: never kept; nor is a selection that
-# passed a stack (its blocks' count is its leaves' shapes) or that gives a leaf an array.
+# gives a leaf an array. (A stack's count of blocks is part of its structure.)
 
 _CACHE: dict[Any, tuple[bool, ...]] = {}
 _CACHE_SIZE = 256
