@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import abc
 import functools
+import re
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -212,6 +215,7 @@ _STRUCTURAL = st.sampled_from(
         (slice(None, None, 2),),
         ((0, "b"),),
         (tc.glob("**.w"),),
+        (re.compile("[ab]"), ...),
         (jax.Array,),
         (float, ...),
         (Layer,),
@@ -262,3 +266,95 @@ def test_selectors_that_read_values_are_never_answered_from_the_kept_ones():
             assert tc.at(tree)[tc.where(lambda path, x: x > 0)].mask() == want
             assert tc.at(tree)[{k: bool(v) for k, v in want.items()}].mask() == want
             assert tc.at(tree)[Positive()].mask() == want
+
+
+def test_a_kept_class_selection_follows_a_newly_registered_virtual_subclass():
+    # an ABC's `register` changes what its `isinstance` says for the same leaf types
+    class Marked(abc.ABC):
+        @abc.abstractmethod
+        def mark(self) -> None: ...
+
+    Marked.register(int)
+    tree = {"a": 1.0, "b": 1}
+    for _ in range(2):
+        assert tc.at(tree)[Marked].mask() == {"a": False, "b": True}
+    Marked.register(float)
+    assert tc.at(tree)[Marked].mask() == {"a": True, "b": True}
+
+
+def test_a_protocol_selection_reads_each_leaf_and_is_never_kept():
+    # a runtime-checkable `Protocol` decides by a leaf's attributes, not its type alone
+    @typing.runtime_checkable
+    class Named(typing.Protocol):
+        name: str
+
+    class Thing:
+        pass
+
+    named = Thing()
+    named.name = "x"
+    first, second = {"a": named, "b": Thing()}, {"a": Thing(), "b": named}
+    for _ in range(2):
+        assert tc.at(first)[Named].mask() == {"a": True, "b": False}
+        assert tc.at(second)[Named].mask() == {"a": False, "b": True}
+
+
+def test_kept_selections_of_one_kind_are_told_apart_by_what_they_select_by():
+    # on one tree, selectors of a kind that differ only in their pattern, bounds or key
+    tree = {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0]}
+    chains = [
+        [re.compile("a"), ...],
+        [re.compile("b"), ...],
+        [tc.glob("a.*")],
+        [tc.glob("b.*")],
+        [..., slice(0, 2)],
+        [..., slice(1, None)],
+        [..., slice(None, None, 2)],
+        [..., slice(None, None)],
+        [..., 0],
+        [..., -1],
+        [..., (0, 2)],
+        [..., (1, 2)],
+        [("a", re.compile("b")), 2],
+    ]
+    fresh = [_uncached(tc.at(tree, where=chain)) for chain in chains]
+    for _ in range(2):
+        for chain, want in zip(chains, fresh, strict=True):
+            assert tc.at(tree, where=chain).mask() == want
+
+
+class _NeverLeaf:
+    """An `is_leaf` that does not hash (it defines `==`, as a dataclass does)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other):
+        return isinstance(other, _NeverLeaf)
+
+    def __call__(self, _):
+        return False
+
+
+def test_an_is_leaf_that_does_not_hash_selects_all_the_same():
+    tree = {"a": [1.0, 2.0], "b": 3.0}
+    for _ in range(2):
+        assert tc.at(tree)["a"][...].mask(is_leaf=_NeverLeaf()) == {"a": [True, True], "b": False}
+        assert selection(tc.at(tree)[tc.glob("a.*")], _NeverLeaf()).flags() == [True, True, False]
+
+
+def test_kept_selections_of_stacks_follow_their_count_of_blocks():
+    # `[:2]` takes all of a stack of two blocks and half of one of four: a stack's count of
+    # blocks is part of its structure, so each reading answers for its own stack
+    block = {"w": jnp.ones(2)}
+    trees = [
+        tc.Stacked({"w": jnp.ones((2, 2))}),
+        tc.Stacked({"w": jnp.ones((4, 2))}),
+        tc.Periodic.from_layers([block, block], 2),
+        tc.Periodic.from_layers([block] * 4, 2),
+    ]
+    want = [[True], [[True, True, False, False]], [True, True], [[True, False]] * 2]
+    for _ in range(2):
+        for tree, flags in zip(trees, want, strict=True):
+            got = selection(tc.at(tree)[:2]).flags()
+            assert [np.asarray(f).tolist() for f in got] == flags
+            assert tc.is_tree_equal(tc.at(tree)[:2].mask(), _uncached(tc.at(tree)[:2]))

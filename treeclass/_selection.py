@@ -123,7 +123,7 @@ class Selection(Walk):
     name or index picks one child (for `get`, which fills the others: a stack then
     rebuilds from its own blocks)."""
 
-    __slots__ = ("matchers", "n", "opens", "selection", "_trail", "shaped")
+    __slots__ = ("matchers", "n", "opens", "selection", "_trail")
 
     def __init__(
         self,
@@ -142,7 +142,6 @@ class Selection(Walk):
         self.n = len(matchers)
         self.selection = selection
         self._trail: Any = _UNWALKED
-        self.shaped = False  # whether a row with a stack part was passed (`_cache_key`)
 
     @property
     def trail(self) -> Any:
@@ -170,8 +169,6 @@ class Selection(Walk):
                 found = verdict[1]
                 row = found[2]
             # one child, the node left unopened
-            if row.stack is not None:
-                self.shaped = True
             entry, child = found[0], found[1]
             if hops is None:
                 hops = []
@@ -191,8 +188,6 @@ class Selection(Walk):
         if code == YES:
             return self.walk(node, path, i + 1, and_masks(emask, payload))
         row = row_of(node, self.is_leaf)
-        if row.stack is not None:
-            self.shaped = True
         if code == ONE:  # a node opened all the same (`opens`)
             opened = row.open(node)
             assert opened is not None  # the row found a child in it
@@ -342,8 +337,7 @@ class Selection(Walk):
         """The selection as a boolean tree: `True` at every selected leaf (an element mask
         broadcast to its leaf), `False` elsewhere; nodes without children stay as they are,
         and a stack gathers one flag per block along its block axis."""
-        key = _cache_key(self)
-        flags = None if key is None else _CACHE.get(key)
+        key, flags = _kept(self)
         if flags is not None:
             return jax.tree_util.tree_structure(self.tree, is_leaf=self.is_leaf).unflatten(flags)
         return self.made_mask(key)
@@ -372,7 +366,7 @@ class Selection(Walk):
 
         out = self.rebuild(flag, fills=True, fill=False)
         self.check(count, spot_blocked)
-        if key is not None and not self.shaped:
+        if key is not None:
             flags = tuple(jax.tree_util.tree_leaves(out, is_leaf=is_leaf))
             if all(f is True or f is False for f in flags):
                 _remember(key, flags)
@@ -381,8 +375,7 @@ class Selection(Walk):
     def flags(self) -> list[Any]:
         """One flag per leaf of the tree (split by `is_leaf`), in flatten order: `False`,
         `True`, or a bool array (an element mask, or one flag per block of a stack)."""
-        key = _cache_key(self)
-        found = None if key is None else _CACHE.get(key)
+        key, found = _kept(self)
         if found is not None:
             return list(found)
         return jax.tree_util.tree_leaves(self.made_mask(key), is_leaf=self.is_leaf)
@@ -398,7 +391,7 @@ class Selection(Walk):
 # tree's structure and its leaves' types (a wrapped value's: the type inside), so their flags
 # are kept per (structure, leaf types, selectors, `is_leaf`). Masks, predicates, `BaseKey`s and
 # `def_rule` selectors read values or run user code: never kept; nor is a selection that
-# passed a stack (its blocks' count is its leaves' shapes) or that gives a leaf an array.
+# gives a leaf an array. (A stack's count of blocks is part of its structure.)
 
 _CACHE: dict[Any, tuple[bool, ...]] = {}
 _CACHE_SIZE = 256
@@ -441,25 +434,26 @@ def _leaf_type(leaf: object) -> Any:
     return type(leaf) if wrapper is None else (type(leaf), type(wrapper.unwrap(leaf)))
 
 
-def _cache_key(found: Selection) -> Any:
-    """`(structure, leaf types, selectors, is_leaf)` for a structural selection, else `None`.
+def _kept(found: Selection) -> tuple[Any, tuple[bool, ...] | None]:
+    """`(key, flags kept under it)` for a structural selection (`flags` `None` when none
+    are kept yet), the key being `(structure, leaf types, selectors, is_leaf)`; `(None,
+    None)` for any other selection.
 
     Wrapped values count as leaves here, typed with the value inside (a class selector
     sees into them), whatever their own `==` says.
     """
     selectors = tuple(_selector_key(m) for m in found.matchers)
     if None in selectors:
-        return None
+        return None, None
     is_leaf = found.is_leaf
     stop = is_wrapper if is_leaf is None else lambda x: is_leaf(x) or is_wrapper(x)
     leaves, treedef = jax.tree_util.tree_flatten(found.tree, is_leaf=stop)
     # an ABC's virtual subclasses may change: the token changes with them
     key = (treedef, tuple(map(_leaf_type, leaves)), selectors, is_leaf, abc.get_cache_token())
-    try:
-        hash(key)
-    except TypeError:  # a node's auxiliary data that does not hash: no cache
-        return None
-    return key
+    try:  # the lookup hashes the key once (a structure's hash walks all of it)
+        return key, _CACHE.get(key)
+    except TypeError:  # a part that does not hash (an `is_leaf` defining `==`): no cache
+        return None, None
 
 
 def note_blocked(s: Spot, blocked: list[tuple[tuple[Any, ...], str, bool]]) -> None:
