@@ -1237,3 +1237,19 @@ def test_a_stack_of_attention_layers_has_its_heads_checked_through_its_block():
     assert fits.specs(jax.eval_shape(build), mesh).tree.k_proj.weight == jax.sharding.PartitionSpec(
         None, "data", None
     )
+
+
+def test_a_set_over_a_frozen_leaf_through_every_block_answers_as_one_block_does():
+    # a frozen spot is a node: a frozen value replaces it whole, a plain array reaches no
+    # leaf; the stack's every-block route and one unstacked block give the same answer
+    block = Linear(tc.freeze(jnp.ones(2)), jnp.zeros(2))
+    stack = tc.Stacked.from_blocks([block] * 3)
+    for indexer in (block.at["weight"], stack.at[...]["weight"]):
+        with pytest.raises(LookupError, match="reaches no leaves"):
+            indexer.set(jnp.zeros(2))
+    one = block.at["weight"].set(tc.freeze(jnp.zeros(2)))
+    every = stack.at[...]["weight"].set(tc.freeze(jnp.zeros(2)))
+    assert tc.is_frozen(one.weight)
+    for b in every:
+        assert tc.is_frozen(b.weight)
+        np.testing.assert_array_equal(tc.unfreeze(b.weight), np.zeros(2))
